@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages rolloutd's runtimes and tests need, once.
+# Idempotent: does nothing when every package is already installed.
+set -euo pipefail
+PKGS=(bubblewrap tmux)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${missing[*]} (run as root, or install them: apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

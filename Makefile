@@ -1,0 +1,35 @@
+# The two front-door commands (see README.md):
+#   make demo   sets everything up and runs the main job on the embedded default
+#   make test   sets everything up and runs the whole test suite
+# Both are idempotent: a second run reuses what the first installed.
+
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+
+.PHONY: demo test setup system-packages venv bench clean
+
+setup: system-packages venv
+
+system-packages:
+	@bash .ci/system-packages.sh
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

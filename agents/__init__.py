@@ -1,0 +1,1 @@
+"""The node daemon side: INIT/RUN/EVAL pipeline, agent loop, task handlers, LLM client."""

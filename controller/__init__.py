@@ -1,0 +1,1 @@
+"""The controller: API, SQLite store, reconcile loop, scheduler, executors. One per cluster."""

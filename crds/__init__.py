@@ -1,0 +1,1 @@
+"""RolloutJob and trajectory resource definitions (pydantic v2). Imported by every other part."""

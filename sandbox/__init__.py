@@ -1,0 +1,1 @@
+"""Sandbox runtimes (bwrap, apptainer, process) and the in-sandbox execution server."""

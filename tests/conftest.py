@@ -1,0 +1,1 @@
+"""Shared pytest configuration. Part-specific fixtures live in tests/<part>/conftest.py."""
