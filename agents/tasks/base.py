@@ -1,0 +1,226 @@
+"""The `TaskHandler` seam: one dataset kind = one handler (load, prompt, INIT, RUN, EVAL).
+
+Sits between the node daemon's INIT/RUN/EVAL pools (`rolloutd.agents`, the callers) and the
+sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop`) it drives. Handlers are looked
+up by `get_handler(kind)` through the `rolloutd.tasks` entry-point group, so the built-ins
+(math, stem, code, swe, registered in pyproject.toml) and third-party plug-ins go the same way.
+
+How the agent's answer reaches EVAL: `run` stores it in `trajectory.reward_details` under
+`"submitted"` (what the agent handed in via a submit tool, or None) and `"final_text"` (the text of
+its last assistant message). `answer_text(trajectory)` reads it back (submitted first, then
+final_text, then the last assistant message in `trajectory.messages`), so EVAL also works on a
+trajectory produced by some other caller of the agent loop. Every `Reward.details` repeats the
+extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
+
+Errors: `DatasetError` (a bad dataset row: names the file, line and field), `EvalError` (the
+evaluator itself failed: an infrastructure failure, never reward 0), `UnknownTaskKind`.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from rolloutd.crds.trajectory import Trajectory
+
+ENTRY_POINT_GROUP = "rolloutd.tasks"
+
+
+class Reward(BaseModel):
+    """What EVAL returns: the scalar reward and a JSON-able account of how it was reached."""
+
+    value: float
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class DatasetError(ValueError):
+    """A dataset file or row is malformed. The message names the file, the line and the field."""
+
+
+class EvalError(RuntimeError):
+    """The evaluator itself failed (sandbox died, test harness crashed, repository unusable).
+
+    An infrastructure failure: the pipeline marks the rollout `infra` and retries or excludes it;
+    it is never turned into reward 0.
+    """
+
+
+class UnknownTaskKind(LookupError):
+    """No handler is registered under the requested kind."""
+
+
+class TaskHandler(ABC):
+    """Base of every task kind. Subclasses set `name`, `fields` and override what differs.
+
+    - `fields`: required row fields and their accepted types, checked by `load`.
+    - `validate_row(row)`: extra per-row checks; raise `ValueError("field 'x': ...")`.
+    - `messages(task, tools)`: the initial chat (system + user).
+    - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing).
+    - `run(...)`: the agent loop; the default suits every built-in.
+    - `eval(task, sandbox, trajectory)`: the reward (abstract in spirit: the default raises).
+    """
+
+    name: ClassVar[str] = ""
+    needs_sandbox: ClassVar[bool] = True
+    fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
+    id_field: ClassVar[str] = "id"
+
+    # ------------------------------------------------------------------ dataset
+    def load(self, source: str | Path, limit: int | None = None) -> list[dict]:
+        """Read up to `limit` rows of a JSON-lines file, each validated for this kind.
+
+        Blank lines are skipped. Any problem raises `DatasetError` naming `file:line` and field.
+        """
+        path = Path(source)
+        if not path.is_file():
+            raise DatasetError(f"{path}: dataset file not found")
+        rows: list[dict] = []
+        seen: dict[str, int] = {}
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+                for field, types in self.fields.items():
+                    if field not in row:
+                        raise DatasetError(f"{where}: missing field '{field}' (a {self.name} row needs {sorted(self.fields)})")
+                    if not isinstance(row[field], types) or isinstance(row[field], bool):
+                        raise DatasetError(
+                            f"{where}: field '{field}' must be {_type_names(types)}, got {type(row[field]).__name__}"
+                        )
+                try:
+                    self.validate_row(row, base_dir=path.parent)
+                except (ValueError, TypeError) as e:
+                    raise DatasetError(f"{where}: {e}") from None
+                key = str(row[self.id_field])
+                if key in seen:
+                    raise DatasetError(f"{where}: field '{self.id_field}': duplicate id {key!r} (first on line {seen[key]})")
+                seen[key] = lineno
+                rows.append(row)
+        return rows
+
+    def validate_row(self, row: dict, *, base_dir: Path) -> None:
+        """Kind-specific checks beyond field presence and type; may normalise the row in place."""
+
+    def task_id(self, task: dict) -> str:
+        return str(task[self.id_field])
+
+    # ------------------------------------------------------------------ rollout
+    def messages(self, task: dict, tools: list[str]) -> list[dict]:
+        raise NotImplementedError(f"task kind {self.name!r} does not build messages")
+
+    async def init(self, task: dict, sandbox: Any) -> None:
+        """Stage task files into the sandbox workspace. Nothing by default."""
+
+    async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+        """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
+        from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
+
+        result = await run_agent_loop(
+            self.messages(task, list(config.tools)),
+            sandbox=sandbox, llm=llm, tokenizer=tokenizer, config=config, ctx=ctx,
+        )
+        return stash_answer(result.trajectory, submitted=result.submitted, final_text=result.final_text)
+
+    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+        raise NotImplementedError(f"task kind {self.name!r} does not evaluate")
+
+
+# ---------------------------------------------------------------------- the answer seam
+def stash_answer(trajectory: Trajectory, *, submitted: str | None, final_text: str | None) -> Trajectory:
+    """Record the agent's answer where EVAL finds it (see the module docstring)."""
+    details = dict(trajectory.reward_details)
+    details["submitted"] = submitted
+    details["final_text"] = final_text or ""
+    trajectory.reward_details = details
+    return trajectory
+
+
+def answer_text(trajectory: Trajectory) -> str:
+    """The agent's answer: the submitted text, else its final text, else its last assistant message."""
+    details = trajectory.reward_details
+    if details.get("submitted"):
+        return str(details["submitted"])
+    if details.get("final_text"):
+        return str(details["final_text"])
+    for message in reversed(trajectory.messages):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):  # content parts
+                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+# ---------------------------------------------------------------------- lookup
+def _entry_points() -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        same = found.setdefault(ep.name, [])
+        if all(ep.value != other.value for other in same):
+            same.append(ep)
+    return found
+
+
+def known_kinds() -> list[str]:
+    """Every task kind registered in the `rolloutd.tasks` entry-point group."""
+    return sorted(_entry_points())
+
+
+def get_handler(kind: str, **options: Any) -> TaskHandler:
+    """The handler registered as `kind`, instantiated with `options` (e.g. `reward="all"`).
+
+    The entry point may name a `TaskHandler` subclass, a factory returning one, or an instance
+    (then `options` must be empty).
+    """
+    registered = _entry_points()
+    if kind not in registered:
+        raise UnknownTaskKind(
+            f"unknown task kind {kind!r}; known kinds: {', '.join(sorted(registered)) or '(none)'} "
+            f"(plug-ins register in the {ENTRY_POINT_GROUP!r} entry-point group)"
+        )
+    candidates = registered[kind]
+    if len(candidates) > 1:
+        raise UnknownTaskKind(
+            f"task kind {kind!r} is registered more than once: {', '.join(ep.value for ep in candidates)}"
+        )
+    ep = candidates[0]
+    try:
+        target = ep.load()
+    except Exception as e:  # noqa: BLE001 - a broken plug-in must say which one
+        raise UnknownTaskKind(f"task kind {kind!r}: cannot load {ep.value}: {e}") from e
+    if isinstance(target, TaskHandler):
+        if options:
+            raise TypeError(f"task kind {kind!r} is a ready-made instance; it takes no options")
+        return target
+    if not callable(target):
+        raise UnknownTaskKind(f"task kind {kind!r}: {ep.value} is neither a TaskHandler nor a factory")
+    handler = target(**options)
+    if not isinstance(handler, TaskHandler):
+        raise UnknownTaskKind(f"task kind {kind!r}: {ep.value} returned {type(handler).__name__}, not a TaskHandler")
+    return handler
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "DatasetError", "EvalError", "Reward", "TaskHandler", "UnknownTaskKind",
+    "answer_text", "get_handler", "known_kinds", "stash_answer",
+]
