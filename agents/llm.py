@@ -1,0 +1,220 @@
+"""The token-in/token-out LLM client: one `LLMBackend` interface, one vLLM implementation.
+
+Where it sits: the agent loop (agents/loop.py) calls `generate(prompt_ids, sampling, request_id)`
+once per turn on the backend the scheduler pinned to the task, and `abort(request_id)` when the
+rollout is cancelled (DAPO surplus, job deleted). The daemon builds one `VLLMBackend` per backend
+URL and shares it between rollouts.
+
+Failure classes: `BackendError` is an *infrastructure* failure (timeout, connection loss, 5xx, a
+request the server dropped): the rollout is retried or excluded, never scored. A context overflow
+is not an error: it is a normal truncated ending (`finish_reason="length"`, possibly no tokens).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """The job's sampling parameters. Every field that is set is sent to the engine; None = the
+    engine's default. `seed` is the job's base seed (see `derive_seed`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int = 256
+    min_tokens: int | None = None
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The /v1/completions fields for these parameters (unset optional fields left out)."""
+        body = self.model_dump(exclude_none=True)
+        for key in ("stop", "stop_token_ids"):
+            if not body.get(key):
+                body.pop(key, None)
+        return body
+
+
+def derive_seed(base: int | None, *parts: int | str) -> int | None:
+    """A deterministic per-request seed from the job's base seed and (prompt, sample, turn):
+    distinct samples of a group get distinct streams, a rerun of the job gets the same ones."""
+    if base is None:
+        return None
+    digest = hashlib.sha256(":".join(map(str, (base, *parts))).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class Generation:
+    """One turn's output: exactly the generated ids, one logprob per id."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    prompt_token_ids: list[int] | None = None
+    cached_tokens: int | None = None
+    stop_reason: int | str | None = None
+
+
+class BackendError(Exception):
+    """Infrastructure failure talking to an LLM backend (never a reward)."""
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+_OVERFLOW = re.compile(r"maximum context length|context length|max_model_len|too long", re.I)
+
+
+class VLLMBackend:
+    """vLLM's OpenAI-compatible server (`/v1/completions` with a token-id prompt).
+
+    `model` is discovered from `/v1/models` when not given (with its `max_model_len`, used to
+    clamp `max_tokens` so a long conversation ends as `length` instead of a 400). `timeout` bounds
+    one request end to end.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        *,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.max_model_len: int | None = None
+        self.timeout = timeout
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._owns_client = client is None
+        self._discover_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> "VLLMBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self._client.request(method, f"{self.url}{path}", **kw)
+        except httpx.TimeoutException as e:
+            raise BackendError(f"{self.url}{path}: timed out ({type(e).__name__})") from e
+        except httpx.HTTPError as e:  # connect refused, reset, closed mid-response, ...
+            raise BackendError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+        if resp.status_code >= 500:
+            raise BackendError(f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:500]}")
+        return resp
+
+    async def discover(self) -> str:
+        """Fill `model` and `max_model_len` from /v1/models (once)."""
+        async with self._discover_lock:
+            if self.model is not None and self.max_model_len is not None:
+                return self.model
+            resp = await self._request("GET", "/v1/models")
+            if resp.status_code != 200:
+                raise BackendError(f"{self.url}/v1/models: HTTP {resp.status_code}: {resp.text[:300]}")
+            data = resp.json().get("data") or []
+            if not data:
+                raise BackendError(f"{self.url} serves no model")
+            entry = next((d for d in data if d.get("id") == self.model), data[0]) if self.model else data[0]
+            self.model = self.model or entry["id"]
+            self.max_model_len = entry.get("max_model_len")
+            return self.model
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
+        model = await self.discover()
+        max_tokens = sampling.max_tokens
+        if self.max_model_len is not None:
+            room = self.max_model_len - len(prompt_ids)
+            if room <= 0:  # nothing fits: a truncated ending, not an error
+                return Generation([], [], "length", list(prompt_ids), None)
+            max_tokens = min(max_tokens, room)
+        body = {
+            **sampling.request_fields(),
+            "model": model,
+            "prompt": list(prompt_ids),
+            "max_tokens": max_tokens,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "request_id": request_id,
+        }
+        try:
+            resp = await self._request("POST", "/v1/completions", json=body)
+        except asyncio.CancelledError:
+            # the rollout was cancelled: stop the work on the server too, not just the wait
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.abort(request_id))
+            raise
+        if resp.status_code != 200:
+            text = resp.text
+            if resp.status_code == 400 and _OVERFLOW.search(text):
+                return Generation([], [], "length", list(prompt_ids), None)
+            raise BackendError(f"/v1/completions: HTTP {resp.status_code}: {text[:500]}")
+        return self._parse(resp.json(), prompt_ids)
+
+    @staticmethod
+    def _parse(data: dict[str, Any], prompt_ids: list[int]) -> Generation:
+        try:
+            choice = data["choices"][0]
+            ids = [int(i) for i in choice["token_ids"]]
+            lp = choice.get("logprobs") or {}
+            logprobs = lp.get("token_logprobs") or []
+            tokens = lp.get("tokens") or []
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BackendError(f"malformed completion response: {e!r}: {str(data)[:300]}") from e
+        finish = choice.get("finish_reason") or "stop"
+        if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
+            raise BackendError("request aborted by the server")
+        if len(logprobs) != len(ids):
+            raise BackendError(f"{len(logprobs)} logprobs for {len(ids)} generated ids")
+        if tokens and tokens != [f"token_id:{i}" for i in ids]:
+            raise BackendError("logprob tokens do not match the generated ids")
+        returned_prompt = choice.get("prompt_token_ids")
+        if returned_prompt is not None and list(returned_prompt) != list(prompt_ids):
+            raise BackendError("the engine did not use the prompt ids as sent")
+        logprobs = [float(x) if x is not None else -math.inf for x in logprobs]
+        usage = data.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Generation(ids, logprobs, finish, returned_prompt, cached, choice.get("stop_reason"))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a running request server-side (needs VLLM_SERVER_DEV_MODE=1; best effort).
+
+        The completions endpoint registers choice i of request R as `cmpl-R-i` in the engine
+        (vllm 0.32, entrypoints/openai/completion/serving.py); we send one choice per request."""
+        ids = [f"cmpl-{request_id}-0", request_id]
+        with contextlib.suppress(BackendError):
+            await self._request("POST", "/abort_requests", json={"request_ids": ids}, timeout=10.0)

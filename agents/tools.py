@@ -1,0 +1,235 @@
+"""The agent's tools: their specs, the parser of tool calls in generated text, and their execution
+in a sandbox.
+
+Where it sits: the agent loop (agents/loop.py) calls `tool_specs` / `tool_instructions` to describe
+the tools in the prompt, `parse_tool_calls` on every assistant turn's decoded text, and
+`execute` for each call; `execute` talks to the sandbox interface (`rolloutd.sandbox`:
+`bash`, `ipython`, `read_file`, `write_file`, `edit_file`).
+
+Formats parsed: the Hermes/Qwen `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (several
+per turn allowed; an unclosed last one is accepted if its JSON is complete), and, only when there is
+no `<tool_call>` at all, a fenced-code fallback: a ```bash / ```sh block is a bash call, a
+```python block an ipython call. A malformed call is not an exception for the episode: it becomes
+a `ToolCall` with `error` set, whose observation tells the model what was wrong.
+
+Tools: `bash(command)`, `ipython(code)`, `editor(command=view|create|str_replace, path, ...)`,
+`submit(answer)` (ends the episode).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_NAMES = ("bash", "ipython", "editor", "submit")
+MAX_OBSERVATION_CHARS = 8000
+
+_SPECS: dict[str, dict[str, Any]] = {
+    "bash": {
+        "description": "Run a bash command in a persistent shell; returns its output and exit code.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+    "ipython": {
+        "description": "Run Python code in a persistent IPython kernel; returns stdout, stderr and the result.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+    "editor": {
+        "description": "View, create or edit a file. command=view (optional view_range [start, end]), "
+                       "create (file_text), str_replace (old_str -> new_str, old_str must be unique).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "enum": ["view", "create", "str_replace"]},
+                "path": {"type": "string"},
+                "file_text": {"type": "string"},
+                "old_str": {"type": "string"},
+                "new_str": {"type": "string"},
+                "view_range": {"type": "array", "items": {"type": "integer"}},
+            },
+            "required": ["command", "path"],
+        },
+    },
+    "submit": {
+        "description": "Submit the final answer and end the episode.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    },
+}
+_REQUIRED = {name: spec["parameters"]["required"] for name, spec in _SPECS.items()}
+
+
+def tool_specs(names: list[str]) -> list[dict[str, Any]]:
+    """OpenAI-style function specs (what `apply_chat_template(tools=...)` takes)."""
+    unknown = [n for n in names if n not in _SPECS]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown}; known: {list(_SPECS)}")
+    return [{"type": "function", "function": {"name": n, **_SPECS[n]}} for n in names]
+
+
+def tool_instructions(names: list[str]) -> str:
+    """A plain-text tool description for chat templates that do not render `tools=`."""
+    lines = ["You can use these tools:"]
+    for spec in tool_specs(names):
+        fn = spec["function"]
+        args = ", ".join(fn["parameters"]["properties"])
+        lines.append(f"- {fn['name']}({args}): {fn['description']}")
+    lines.append('To call a tool, write <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+                 " and wait for its result.")
+    if "bash" in names:
+        lines.append("A ```bash code block is also run as a bash command.")
+    if "submit" in names:
+        lines.append('When done, call <tool_call>{"name": "submit", "arguments": {"answer": "..."}}</tool_call>.')
+    return "\n".join(lines)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # set when the call is malformed; the observation reports it
+    format: str = "hermes"  # "hermes" | "fenced"
+
+    def wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "arguments": self.arguments, "format": self.format}
+        if self.error:
+            d["error"] = self.error
+        return d
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
+_FENCE_TOOL = {"bash": "bash", "sh": "bash", "shell": "bash", "console": "bash",
+               "python": "ipython", "py": "ipython", "ipython": "ipython", "python3": "ipython"}
+
+
+def _validate(name: Any, args: Any, allowed: list[str]) -> str | None:
+    if not isinstance(name, str) or not name:
+        return 'the call has no "name"'
+    if name not in allowed:
+        return f"unknown tool {name!r}; available: {', '.join(allowed)}"
+    if not isinstance(args, dict):
+        return f'"arguments" of {name} must be a JSON object'
+    missing = [k for k in _REQUIRED.get(name, []) if k not in args]
+    if missing:
+        return f"{name} needs {', '.join(missing)}"
+    return None
+
+
+def parse_tool_calls(text: str, allowed: list[str]) -> list[ToolCall]:
+    """All tool calls in one assistant turn, in order. Empty list: a final answer."""
+    calls: list[ToolCall] = []
+    if "<tool_call>" in text:
+        for m in _TOOL_CALL.finditer(text):
+            raw = m.group(1).strip()
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                calls.append(ToolCall("", {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"))
+                continue
+            if not isinstance(obj, dict):
+                calls.append(ToolCall("", {}, "the tool call must be a JSON object"))
+                continue
+            name = obj.get("name")
+            args = obj.get("arguments", obj.get("parameters", {}))
+            if isinstance(args, str):  # some models emit arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            err = _validate(name, args, allowed)
+            calls.append(ToolCall(name if isinstance(name, str) else "", args if isinstance(args, dict) else {}, err))
+        return calls
+    for m in _FENCE.finditer(text):
+        tool = _FENCE_TOOL.get(m.group(1).lower())
+        if tool is None or tool not in allowed:
+            continue
+        body = m.group(2).rstrip("\n")
+        if not body.strip():
+            continue
+        key = "command" if tool == "bash" else "code"
+        calls.append(ToolCall(tool, {key: body}, None, "fenced"))
+    return calls
+
+
+@dataclass
+class ToolResult:
+    observation: str
+    submitted: str | None = None  # set by `submit`
+    ok: bool = True
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_OBSERVATION_CHARS:
+        return text
+    half = MAX_OBSERVATION_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _is_infra(exc: BaseException) -> bool:
+    """Sandbox infrastructure failures propagate (the rollout is retried, never scored)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"SandboxError", "SandboxDied"})
+
+
+async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
+    """Run one (well-formed) call. Policy mistakes (bad path, command fails, timeout) come back
+    as observations; sandbox failures (SandboxError/SandboxDied) and a hung sandbox propagate."""
+    if call.error:
+        return ToolResult(f"Error: {call.error}", ok=False)
+    a = call.arguments
+    if call.name == "submit":
+        return ToolResult("Submitted.", submitted=str(a.get("answer", "")))
+    if sandbox is None:
+        return ToolResult(f"Error: the {call.name} tool is not available in this task (no sandbox).", ok=False)
+    # the sandbox enforces `timeout` itself; the outer bound only catches a sandbox that hangs
+    guard = timeout + 30.0
+    try:
+        if call.name == "bash":
+            r = await asyncio.wait_for(sandbox.bash(str(a["command"]), timeout=timeout), guard)
+            out = _clip(r.output or "")
+            if r.timed_out:
+                return ToolResult(f"{out}\n[command timed out after {timeout:g}s]".lstrip(), ok=False)
+            return ToolResult(f"{out}\n[exit code {r.exit_code}]".lstrip(), ok=r.exit_code == 0)
+        if call.name == "ipython":
+            r = await asyncio.wait_for(sandbox.ipython(str(a["code"]), timeout=timeout), guard)
+            parts = [r.stdout or "", r.stderr or ""]
+            if r.result:
+                parts.append(f"Out: {r.result}")
+            if r.error:
+                parts.append(r.error)
+            text = "\n".join(p for p in parts if p) or "[no output]"
+            return ToolResult(_clip(text), ok=not r.error)
+        if call.name == "editor":
+            return await asyncio.wait_for(_editor(a, sandbox), guard)
+    except asyncio.TimeoutError as e:
+        raise ToolHung(f"{call.name} did not return within {guard:g}s") from e
+    except Exception as e:  # noqa: BLE001 - classified below
+        if _is_infra(e):
+            raise
+        return ToolResult(f"Error: {type(e).__name__}: {e}", ok=False)
+    return ToolResult(f"Error: unknown tool {call.name!r}", ok=False)
+
+
+class ToolHung(Exception):
+    """The sandbox did not answer within the action timeout plus a grace period (infra)."""
+
+
+async def _editor(a: dict[str, Any], sandbox: Any) -> ToolResult:
+    cmd, path = a.get("command"), str(a.get("path", ""))
+    if cmd == "view":
+        rng = a.get("view_range")
+        start, end = (int(rng[0]), int(rng[1])) if isinstance(rng, list) and len(rng) == 2 else (None, None)
+        text = await sandbox.read_file(path, start_line=start, end_line=end)
+        return ToolResult(_clip(text if isinstance(text, str) else str(text)))
+    if cmd == "create":
+        if "file_text" not in a:
+            return ToolResult("Error: create needs file_text", ok=False)
+        await sandbox.write_file(path, str(a["file_text"]))
+        return ToolResult(f"File created: {path}")
+    if cmd == "str_replace":
+        if "old_str" not in a:
+            return ToolResult("Error: str_replace needs old_str", ok=False)
+        await sandbox.edit_file(path, str(a["old_str"]), str(a.get("new_str", "")))
+        return ToolResult(f"File edited: {path}")
+    return ToolResult(f"Error: editor command must be view, create or str_replace, not {cmd!r}", ok=False)
