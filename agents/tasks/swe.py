@@ -1,0 +1,328 @@
+"""The `swe` task kind: fix an issue in a git repository; EVAL replays the agent's diff in a FRESH
+sandbox and runs the repository's tests (SWE-bench semantics).
+
+Registered as entry point `swe` (see `base.get_handler`); the node daemon's INIT/RUN/EVAL pools call
+`SweTask.init` / `run` / `eval`. Sandboxes come from `rolloutd.sandbox`.
+
+Rows: SWE-bench's fields `instance_id`, `problem_statement`, `base_commit`, `FAIL_TO_PASS`,
+`PASS_TO_PASS` (lists of pytest node ids, or SWE-bench's JSON-encoded strings of them),
+`test_patch`, plus `repo_path` (a git repository — bare or not — or a tarball of one; relative paths
+are taken from the dataset file's folder and made absolute by `load`) and `test_command` (a shell
+command run in the repository with the test ids appended; `{python}` in it becomes the handler's
+interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
+
+INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
+history, so the fix cannot be read from the log), built host-side with `git archive` into the
+sandbox's `workspace` before the agent starts. The commit is deterministic, so EVAL can rebuild it.
+
+EVAL:
+1. the agent's diff: `git add -A && git diff --cached <staged commit>` run INSIDE the RUN sandbox
+   (git never runs on the host over a repository the agent controlled), read back with `read_file`;
+2. a FRESH sandbox (see below), the same staging, `git apply` of the agent's diff (a diff that does
+   not apply scores 0), the files touched by `test_patch` reset to base, `test_patch` applied;
+3. `test_command FAIL_TO_PASS... PASS_TO_PASS...`, its `-rA` summary parsed (PASSED/XFAIL = pass).
+Reward 1 only when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks. `details` holds
+the patch, the per-test outcomes and the log tail.
+
+Where the fresh sandbox comes from, first match wins:
+- `eval(..., sandbox_factory=f)`: an async callable returning a new sandbox;
+- `SweTask(sandbox_factory=f)` (e.g. `get_handler("swe", sandbox_factory=f)`);
+- `SweTask(runtime=r, spec=s)`: `await r.create(s)`;
+- the RUN sandbox's own `runtime` and `spec` attributes, when it has both (same image by definition).
+Without any, EVAL raises `EvalError` (an infrastructure failure, never reward 0). The factory must
+return a sandbox of the same image as the RUN one; EVAL closes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rolloutd.crds.trajectory import Trajectory
+
+from .base import EvalError, Reward, TaskHandler
+
+SandboxFactory = Callable[[], Awaitable[Any]]
+
+WORKSPACE = "/workspace"
+REPO_DIR = "repo"                      # the repository lives at /workspace/repo
+REPO = f"{WORKSPACE}/{REPO_DIR}"
+EVAL_DIR = f"{WORKSPACE}/.rolloutd-swe"
+MAX_PATCH_BYTES = 2_000_000
+
+# Host-side git: no user or system config (hooks, signing, templates), fixed identity and dates.
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "rolloutd", "GIT_AUTHOR_EMAIL": "rolloutd@localhost",
+    "GIT_COMMITTER_NAME": "rolloutd", "GIT_COMMITTER_EMAIL": "rolloutd@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+00:00", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+00:00",
+    "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+}
+# In-sandbox git over the agent's repository: nothing of its config may run code or reshape output.
+_SAFE_GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' "
+             "-c core.quotePath=false")
+
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing an issue in a Python repository. Explore the code, make the "
+    "smallest change that resolves the issue, and check it by running the tests. Do not change the "
+    "existing tests. When you are done, say so."
+)
+
+_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.M)
+
+
+class SweTask(TaskHandler):
+    name: ClassVar[str] = "swe"
+    needs_sandbox: ClassVar[bool] = True
+    id_field: ClassVar[str] = "instance_id"
+    fields: ClassVar[dict] = {
+        "instance_id": str, "problem_statement": str, "base_commit": str,
+        "FAIL_TO_PASS": (list, str), "PASS_TO_PASS": (list, str), "test_patch": str,
+        "repo_path": str, "test_command": str,
+    }
+
+    def __init__(self, *, sandbox_factory: SandboxFactory | None = None, runtime: Any = None, spec: Any = None,
+                 python: str | None = None, timeout: float = 300.0, system_prompt: str = SYSTEM_PROMPT) -> None:
+        self.sandbox_factory = sandbox_factory
+        self.runtime = runtime
+        self.spec = spec
+        self.python = python or sys.executable
+        self.timeout = timeout
+        self.system_prompt = system_prompt
+
+    # ------------------------------------------------------------------ dataset
+    def validate_row(self, row: dict, *, base_dir: Path) -> None:
+        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            value = row[key]
+            if isinstance(value, str):  # SWE-bench on Hugging Face stores these JSON-encoded
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    raise ValueError(f"field '{key}' is a string but not a JSON list") from None
+            if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+                raise ValueError(f"field '{key}' must be a list of test ids")
+            row[key] = value
+        if not row["FAIL_TO_PASS"]:
+            raise ValueError("field 'FAIL_TO_PASS' is empty: nothing would show the fix")
+        if not re.fullmatch(r"[0-9a-fA-F]{7,40}", row["base_commit"]):
+            raise ValueError(f"field 'base_commit' must be a commit id, got {row['base_commit']!r}")
+        repo = Path(row["repo_path"])
+        repo = repo if repo.is_absolute() else (base_dir / repo).resolve()
+        if not repo.exists():
+            raise ValueError(f"field 'repo_path': {repo} does not exist")
+        row["repo_path"] = str(repo)
+
+    def messages(self, task: dict, tools: list[str]) -> list[dict]:
+        user = (f"The repository is checked out at {REPO}. Resolve this issue:\n\n"
+                f"{task['problem_statement'].strip()}\n\n"
+                f"Edit the files in {REPO}; your changes are collected with `git diff` when you finish.")
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
+
+    # ------------------------------------------------------------------ INIT
+    async def init(self, task: dict, sandbox: Any) -> None:
+        await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(sandbox.workspace) / REPO_DIR)
+
+    # ------------------------------------------------------------------ EVAL
+    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
+        if sandbox is None:
+            raise EvalError("swe: eval needs the RUN sandbox to collect the agent's diff")
+        patch = await agent_diff(sandbox, task)
+        details: dict[str, Any] = {"patch": patch}
+        if len(patch.encode()) > MAX_PATCH_BYTES:
+            return Reward(value=0.0, details={**details, "patch": patch[:2000], "reason": "patch too large"})
+
+        fresh = await self._fresh_sandbox(sandbox, sandbox_factory)
+        try:
+            return await self._score(task, fresh, patch, details)
+        finally:
+            try:
+                await fresh.close()
+            except Exception:  # noqa: BLE001 - closing is best effort; the score stands
+                pass
+
+    async def _fresh_sandbox(self, run_sandbox: Any, factory: SandboxFactory | None) -> Any:
+        factory = factory or self.sandbox_factory
+        try:
+            if factory is not None:
+                return await factory()
+            if self.runtime is not None and self.spec is not None:
+                return await self.runtime.create(self.spec)
+            runtime, spec = getattr(run_sandbox, "runtime", None), getattr(run_sandbox, "spec", None)
+            if runtime is not None and spec is not None:
+                return await runtime.create(spec)
+        except EvalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - cannot get a sandbox: infrastructure
+            raise EvalError(f"swe: cannot create the evaluation sandbox: {e}") from e
+        raise EvalError("swe: eval needs a fresh sandbox: pass sandbox_factory= (to eval or SweTask) "
+                        "or runtime= and spec=, or give the RUN sandbox `runtime` and `spec` attributes")
+
+    async def _score(self, task: dict, sb: Any, patch: str, details: dict[str, Any]) -> Reward:
+        await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(sb.workspace) / REPO_DIR)
+        await _bash_ok(sb, f"mkdir -p {EVAL_DIR}", "prepare")
+        if patch.strip():
+            await sb.write_file(f"{EVAL_DIR}/agent.diff", patch)
+            applied = await sb.bash(f"cd {REPO} && {_SAFE_GIT} apply --whitespace=nowarn {EVAL_DIR}/agent.diff 2>&1",
+                                    timeout=60)
+            if applied.exit_code != 0:
+                return Reward(value=0.0, details={**details, "reason": "the agent's patch does not apply",
+                                                  "log": applied.output[-2000:]})
+        # the instance's tests win over whatever the agent did to those files
+        reset = []
+        for path in patch_paths(task["test_patch"]):
+            q = _shq(path)
+            reset.append(f"if {_SAFE_GIT} cat-file -e HEAD:{q} 2>/dev/null; then {_SAFE_GIT} checkout -q HEAD -- {q}; "
+                         f"else rm -rf -- {q}; fi")
+        await sb.write_file(f"{EVAL_DIR}/test.diff", task["test_patch"])
+        await _bash_ok(sb, f"cd {REPO} && {' && '.join(reset) or 'true'} && "
+                           f"{_SAFE_GIT} apply --whitespace=nowarn {EVAL_DIR}/test.diff", "apply test_patch")
+
+        f2p, p2p = list(task["FAIL_TO_PASS"]), list(task["PASS_TO_PASS"])
+        command = task["test_command"].replace("{python}", self.python)
+        ids = " ".join(_shq(t) for t in dict.fromkeys(f2p + p2p))
+        timeout = float(task.get("timeout", self.timeout))
+        run = await sb.bash(f"cd {REPO} && {command} {ids} > {EVAL_DIR}/test.log 2>&1; echo exit=$?", timeout=timeout)
+        if run.timed_out:
+            return Reward(value=0.0, details={**details, "reason": f"tests timed out after {timeout:g}s"})
+        m = re.search(r"exit=(\d+)", run.output)
+        exit_code = int(m.group(1)) if m else run.exit_code
+        if exit_code in (126, 127):
+            raise EvalError(f"swe: the test command cannot run in the sandbox (exit {exit_code}): {command!r}")
+        try:
+            log = await sb.read_file(f"{EVAL_DIR}/test.log")
+        except Exception as e:  # noqa: BLE001 - we wrote it: its absence is ours
+            raise EvalError(f"swe: the test log is missing: {e}") from e
+        outcome = parse_test_log(log)
+        passed = {t: outcome.get(t) in ("PASSED", "XFAIL") for t in f2p + p2p}
+        ok = all(passed[t] for t in f2p) and all(passed[t] for t in p2p)
+        details.update(
+            exit_code=exit_code,
+            fail_to_pass={t: outcome.get(t, "MISSING") for t in f2p},
+            pass_to_pass_broken=[t for t in p2p if not passed[t]],
+            log=log[-3000:],
+        )
+        return Reward(value=1.0 if ok else 0.0, details=details)
+
+
+# ---------------------------------------------------------------------- repository staging (host side)
+_extract_lock = threading.Lock()
+
+
+def _git(cwd: Path | str, *args: str, input: bytes | None = None) -> bytes:
+    try:
+        return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, input=input, check=True,
+                              capture_output=True, env={**os.environ, **_GIT_ENV}).stdout
+    except subprocess.CalledProcessError as e:
+        raise EvalError(f"git {' '.join(args[:2])} failed in {cwd}: {e.stderr.decode(errors='replace')[-500:]}") from None
+
+
+def _unpacked(repo_path: str) -> Path:
+    """A git directory for `repo_path`; a tarball is extracted once (per file version) into a cache."""
+    path = Path(repo_path)
+    if path.is_dir():
+        return path
+    if not path.is_file() or not tarfile.is_tarfile(path):
+        raise EvalError(f"swe: repo_path {path} is neither a directory nor a tarball")
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"rolloutd-swe-{os.getuid()}"
+    dest = cache / key
+    with _extract_lock:
+        if not dest.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache))
+            with tarfile.open(path) as tar:
+                tar.extractall(tmp, filter="data")
+            try:
+                tmp.rename(dest)  # atomic: another process may have won the race, which is fine
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+    entries = list(dest.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+def stage_repo(repo_path: str, base_commit: str, dest: Path) -> str:
+    """Write the tree of `base_commit` at `dest` as a fresh one-commit repository; return its id.
+
+    Runs on the host, into a workspace nothing untrusted has touched yet. The commit's identity and
+    date are fixed, so staging the same base twice gives the same commit id.
+    """
+    source = _unpacked(repo_path)
+    archive = _git(source, "archive", "--format=tar", base_commit)
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise EvalError(f"swe: staging target {dest} is not empty")
+    _git(dest.parent, "init", "-q", "--template=", "-b", "main", str(dest))
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-q", "--allow-empty", "-m", f"base {base_commit[:12]}")
+    return _git(dest, "rev-parse", "HEAD").decode().strip()
+
+
+async def agent_diff(sandbox: Any, task: dict) -> str:
+    """The agent's changes against the staged commit, computed inside the RUN sandbox."""
+    out = f"{EVAL_DIR}/agent.diff"
+    # the staged commit is the repository's root commit; recompute it rather than trust HEAD
+    root = await _staged_commit(task)
+    cmd = (f"mkdir -p {EVAL_DIR} && cd {REPO} && {_SAFE_GIT} add -A && "
+           f"{_SAFE_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color {root} > {out}")
+    result = await sandbox.bash(cmd, timeout=120)
+    if result.timed_out or result.exit_code != 0:
+        # the agent broke its repository (deleted .git, ...): nothing gradable was handed in
+        return ""
+    return await sandbox.read_file(out)
+
+
+_staged_cache: dict[tuple[str, str], str] = {}
+
+
+async def _staged_commit(task: dict) -> str:
+    key = (task["repo_path"], task["base_commit"])
+    if key not in _staged_cache:
+        with tempfile.TemporaryDirectory(prefix="rolloutd-swe-stage-") as tmp:
+            _staged_cache[key] = await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(tmp) / "r")
+    return _staged_cache[key]
+
+
+# ---------------------------------------------------------------------- helpers
+def patch_paths(patch: str) -> list[str]:
+    """Paths a unified git diff touches (both sides of renames)."""
+    paths: list[str] = []
+    for m in re.finditer(r"^diff --git a/(\S+) b/(\S+)$", patch, re.M):
+        for p in m.groups():
+            if p not in paths:
+                paths.append(p)
+    return paths
+
+
+def parse_test_log(log: str) -> dict[str, str]:
+    """Outcome per test id from pytest's `-rA` short summary (`PASSED tests/x.py::test_y`)."""
+    return {m.group(2): m.group(1) for m in _SUMMARY.finditer(log)}
+
+
+def _shq(s: str) -> str:
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+async def _bash_ok(sb: Any, command: str, what: str) -> str:
+    result = await sb.bash(command, timeout=120)
+    if result.timed_out or result.exit_code != 0:
+        raise EvalError(f"swe: {what} failed in the evaluation sandbox: {result.output[-1000:]}")
+    return result.output
+
+
+async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)

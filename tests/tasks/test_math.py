@@ -1,0 +1,96 @@
+"""math handler: answer extraction, equivalence, EVAL 1 for a right answer and 0 for a wrong one."""
+import asyncio
+
+import pytest
+
+from rolloutd.agents.tasks.base import stash_answer
+from rolloutd.agents.tasks.math import MathTask, extract_answer, is_equiv, last_boxed
+from rolloutd.crds.trajectory import Trajectory
+
+
+def _traj(final_text=None, submitted=None, messages=()):
+    t = Trajectory(job="j", prompt=0, sample=0, messages=list(messages))
+    if final_text is not None or submitted is not None:
+        stash_answer(t, submitted=submitted, final_text=final_text)
+    return t
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("1/2", "0.5"), ("0.5", "2/4"), ("2/4", "1/2"),
+    ("\\frac{1}{2}", "0.5"), ("\\dfrac{1}{2}", "1/2"), ("\\tfrac12", "0.5"), ("\\frac12", "2/4"),
+    ("-3", "-3.0"), ("-\\frac{3}{4}", "-0.75"), ("−3".replace("−", "-"), "-3"),
+    ("1,000", "1000"), ("x = 5", "5"), ("7.", "7"), ("$42$", "42"),
+    ("\\sqrt{8}", "2\\sqrt{2}"), ("\\frac{\\sqrt{3}}{2}", "sqrt(3)/2"), ("2^{10}", "1024"),
+    ("50\\%", "50"), ("90^\\circ", "90"), ("\\text{5 cm}", "5"), ("\\left(3\\right)", "3"),
+    ("2, 3", "3,2"), ("x^2+1", "1+x^2"),
+])
+def test_equivalent(given, expected):
+    assert is_equiv(given, expected)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("3", "4"), ("0.333", "1/3"), ("-1/2", "1/2"), ("2, 3", "2, 4"), ("", "1"), ("banana", "1"),
+])
+def test_not_equivalent(given, expected):
+    assert not is_equiv(given, expected)
+
+
+def test_agent_text_never_reaches_eval():
+    # sympy parses with eval(); anything outside the arithmetic whitelist is compared as text only
+    assert not is_equiv("__import__('os').system('false')", "0")
+    assert not is_equiv("(1).__class__", "1")
+    assert not is_equiv("9**9**9**9", "1")  # huge powers are refused, not computed
+
+
+def test_boxed_extraction():
+    assert last_boxed("so \\boxed{\\frac{1}{2}}.") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{\\{1, \\{2\\}\\}}") == "\\{1, \\{2\\}\\}"  # nested braces
+    assert last_boxed("first \\boxed{1}, then \\boxed{2}") == "2"  # last boxed wins
+    assert last_boxed("\\boxed 5.") == "5"
+    assert last_boxed("\\fbox{-7}") == "-7"
+    assert last_boxed("no box") is None
+    assert last_boxed("broken \\boxed{1 and \\boxed{2}") == "2"
+
+
+def test_extraction_without_box():
+    assert extract_answer("5") == "5"                       # "Answer with just the number."
+    assert extract_answer(" -12. ") == "-12"
+    assert extract_answer("2 + 3 makes 5 apples") == "5"    # last number
+    assert extract_answer("The total is 1,234.") == "1,234"
+    assert extract_answer("no number at all") is None
+    assert extract_answer("5", require_boxed=True) is None
+    assert extract_answer("x \\boxed{-4} y 9") == "-4"      # a box beats later numbers
+
+
+def _eval(task, traj, **kw):
+    return asyncio.run(MathTask(**kw).eval(task, None, traj))
+
+
+def test_eval_known_good_and_bad():
+    task = {"id": "m1", "question": "What is 1/2 + 0?", "answer": "0.5"}
+    good = _eval(task, _traj("We get \\boxed{\\dfrac{2}{4}}"))
+    assert good.value == 1.0 and good.details["extracted"] == "\\dfrac{2}{4}"
+    assert _eval(task, _traj("Hence \\boxed{\\frac{1}{3}}")).value == 0.0
+    assert _eval(task, _traj("")).value == 0.0
+
+
+def test_eval_reads_submitted_then_final_text_then_messages():
+    task = {"id": "m1", "question": "What is 3 + 4?", "answer": 7}
+    assert _eval(task, _traj(final_text="I think 6", submitted="7")).value == 1.0
+    assert _eval(task, _traj(final_text="\\boxed{7}")).value == 1.0
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "7"}, {"role": "tool", "content": "6"}]
+    assert _eval(task, _traj(messages=msgs)).value == 1.0
+
+
+def test_messages_system_and_user():
+    msgs = MathTask().messages({"id": 1, "question": "What is 2 + 2?", "answer": "4"}, tools=[])
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    assert "\\boxed" in msgs[0]["content"] and msgs[1]["content"] == "What is 2 + 2?"
+
+
+def test_shipped_dataset():
+    rows = MathTask().load("examples/math/train.jsonl", limit=None)
+    assert len(rows) >= 32
+    assert any(r["question"].startswith("What is") and "Answer with just the number" in r["question"] for r in rows)
+    for r in rows:  # every reference answer is equivalent to itself once boxed
+        assert _eval(r, _traj(f"\\boxed{{{r['answer']}}}")).value == 1.0
