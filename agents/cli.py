@@ -1,8 +1,74 @@
-"""Sub-commands the node side contributes to `rolloutd` (serve-model, later node)."""
+"""Sub-commands the node side contributes to `rolloutd` (serve-model, later node).
+
+Where it sits: `rolloutd`'s main (controller/main.py) calls `register(app)`. `serve-model` drives
+agents/engine.py (engine venv + vLLM server) and agents/models.py (model directories).
+"""
 from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Attach the agents' commands to the `rolloutd` app."""
+    app.command("serve-model")(serve_model)
+
+
+def serve_model(
+    model: Optional[list[str]] = typer.Option(
+        None, "--model", "-m",
+        help="smollm2, tiny or a Hugging Face directory (default smollm2). Repeat with --prepare-only.",
+    ),
+    host: str = typer.Option("127.0.0.1", help="Bind address. Dev-mode endpoints are on: keep it local."),
+    port: int = typer.Option(8000, help="Port (0 = any free port)."),
+    dtype: Optional[str] = typer.Option(None, help="vLLM --dtype (default: the engine's choice)."),
+    max_model_len: Optional[int] = typer.Option(None, help="vLLM --max-model-len."),
+    prepare_only: bool = typer.Option(
+        False, "--prepare-only", help="Install the engine venv and prepare the model(s), then exit.",
+    ),
+) -> None:
+    """Install the vLLM engine (once), prepare the model, serve it until SIGINT/SIGTERM."""
+    from .engine import EngineEnv, EngineError, EngineServer
+    from .models import prepare_model
+
+    names = model or ["smollm2"]
+    engine = EngineEnv()
+    try:
+        if prepare_only:
+            if not engine.installed():
+                typer.echo(f"installing the engine venv in {engine.venv} (once; a few minutes)", err=True)
+            engine.install()
+            for name in names:
+                typer.echo(f"{name}: {prepare_model(name, engine)}")
+            return
+        if len(names) != 1:
+            raise typer.BadParameter("serve one model at a time (several only with --prepare-only)")
+        server = EngineServer(names[0], host=host, port=port, dtype=dtype, max_model_len=max_model_len)
+        if not engine.installed():
+            typer.echo(f"installing the engine venv in {engine.venv} (once; a few minutes)", err=True)
+
+        def _stop(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        try:
+            server.start()
+            typer.echo(server.url, nl=True)
+            sys.stdout.flush()
+            typer.echo(f"serving {server.served_name} from {server.model_dir} "
+                       f"(ready in {server.started_in:.1f}s; log {server.log_path})", err=True)
+            while server.alive():
+                time.sleep(0.5)
+            raise EngineError(f"vLLM exited unexpectedly; log {server.log_path}:\n{server.log_tail()}")
+        except KeyboardInterrupt:
+            typer.echo("stopping the engine", err=True)
+        finally:
+            server.stop()
+    except EngineError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None

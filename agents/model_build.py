@@ -63,10 +63,11 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tiny(out: Path) -> None:
-    import torch
+def build_tiny_tokenizer(out: Path):
+    """The tiny model's tokenizer alone (needs tokenizers + transformers, not torch: the unit
+    tests build it in the main venv)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
@@ -87,8 +88,16 @@ def build_tiny(out: Path) -> None:
         pad_token="<|endoftext|>",
     )
     fast.chat_template = TINY_CHAT_TEMPLATE
-    vocab = len(fast)
+    fast.save_pretrained(out)
+    return fast
 
+
+def build_tiny(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fast = build_tiny_tokenizer(out)
+    vocab = len(fast)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab,
@@ -106,7 +115,6 @@ def build_tiny(out: Path) -> None:
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
-    fast.save_pretrained(out)
     model.generation_config.save_pretrained(out)
 
 

@@ -166,7 +166,7 @@ def _clip(text: str) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
-def _is_infra(exc: BaseException) -> bool:
+def is_infra_error(exc: BaseException) -> bool:
     """Sandbox infrastructure failures propagate (the rollout is retried, never scored)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"SandboxError", "SandboxDied"})
@@ -205,7 +205,7 @@ async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
     except asyncio.TimeoutError as e:
         raise ToolHung(f"{call.name} did not return within {guard:g}s") from e
     except Exception as e:  # noqa: BLE001 - classified below
-        if _is_infra(e):
+        if is_infra_error(e):
             raise
         return ToolResult(f"Error: {type(e).__name__}: {e}", ok=False)
     return ToolResult(f"Error: unknown tool {call.name!r}", ok=False)

