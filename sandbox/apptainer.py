@@ -1,0 +1,79 @@
+"""The `apptainer` runtime: Apptainer/Singularity ``.sif`` images, rootless.
+
+Where it sits: `get_runtime("apptainer")`. Usable only where an ``apptainer``
+(or ``singularity``) binary exists; otherwise `create` raises
+`RuntimeUnavailable` with the reason (its tests skip with that reason). Neither
+is installable on Debian 12 from its archive or PyPI, so this runtime is not
+exercised on the project's own machines.
+
+The container runs ``apptainer exec --containall --cleanenv`` with ``--net
+--network none`` unless ``spec.network``; the workspace is bound at
+/workspace and the control directory at /.rolloutd. The execution server runs
+with the host's Python, bound at its host paths (so the image needs a
+compatible glibc), exactly as for a bwrap root filesystem image.
+
+Why not spython: spython's ``Client.execute`` runs a command to completion
+and returns its output; the execution server is a long-lived process whose
+group the node must own and kill by id, so the command line is built here
+(spython's ``Client.instance`` would add a second process tree to track).
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+
+from .base import Sandbox, SandboxRuntime, sandbox_env, server_argv
+from .bwrap import runtime_paths
+from .errors import RuntimeUnavailable, SandboxCreateError
+from .limits import Cgroup, rlimits_for
+from .models import SandboxSpec
+
+
+def _binary() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+class ApptainerRuntime(SandboxRuntime):
+    name = "apptainer"
+
+    @classmethod
+    def available(cls) -> str | None:
+        if _binary() is None:
+            return "neither apptainer nor singularity is installed on this machine"
+        return None
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        reason = self.available()
+        if reason:
+            raise RuntimeUnavailable(reason)
+        if not spec.image.endswith(".sif"):
+            raise SandboxCreateError(f"the apptainer runtime needs a .sif image, not {spec.image!r}")
+        sandbox_id, root, workspace, ctl = Sandbox.layout()
+        env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
+        rlimits = rlimits_for(spec, nproc=True)
+        cfg = {
+            "socket": "/.rolloutd/exec.sock",
+            "workspace": "/workspace",
+            "ctl_dir": "/.rolloutd",
+            "runtime_dir": "/tmp/.rolloutd",
+            "env": env,
+            "rlimits": rlimits,
+            "wall_seconds": spec.wall_seconds,
+        }
+        argv = [_binary(), "exec", "--containall", "--cleanenv", "--pwd", "/workspace"]
+        if not spec.network:
+            argv += ["--net", "--network", "none"]
+        argv += ["--bind", f"{workspace}:/workspace", "--bind", f"{ctl}:/.rolloutd"]
+        for path in runtime_paths():
+            argv += ["--bind", f"{path}:{path}:ro"]
+        for bind in spec.binds:
+            src, _, dest = bind.partition(":")
+            argv += ["--bind", f"{src}:{dest or src}:ro"]
+        for key, value in env.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += [spec.image, *server_argv(sys.executable, cfg)]
+        cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
+        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else []}
+        return await Sandbox.start(
+            sandbox_id=sandbox_id, spec=spec, root=root, argv=argv, cgroup=cgroup, limits=limits
+        )

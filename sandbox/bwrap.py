@@ -1,0 +1,168 @@
+"""The default runtime: bubblewrap, rootless.
+
+Where it sits: `get_runtime("bwrap")` returns `BwrapRuntime`; its `create`
+builds the bwrap command line around the execution server's argv and hands it
+to `Sandbox.start` (base.py), which does the rest.
+
+What the sandbox sees:
+
+* ``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces): only a
+  loopback interface unless ``spec.network``; only its own processes in
+  /proc. ``--die-with-parent``: the sandbox dies with the node daemon.
+  ``--new-session``: no TIOCSTI into the daemon's terminal.
+* a read-only root: a tmpfs ``/`` on which the image's top-level entries are
+  bound read-only (the host's for ``image: host``; a root filesystem directory
+  otherwise), then remounted read-only. The host's /tmp, /run and the sandbox
+  base directory are never visible.
+* writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
+  and a private tmpfs ``/tmp`` of ``spec.tmp_mb``.
+* ``/.rolloutd``: the control directory (the server's 0600 socket).
+
+A root filesystem image must be able to run the host's Python: its interpreter
+and the server's packages are bound at their host paths (same glibc family —
+e.g. a debootstrap of the host's release — is the practical requirement).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .base import Sandbox, SandboxRuntime, sandbox_base_dir, sandbox_env, server_argv, server_site_dirs
+from .errors import RuntimeUnavailable, SandboxCreateError
+from .limits import Cgroup, rlimits_for
+from .models import SandboxSpec
+
+INNER_WORKSPACE = "/workspace"
+INNER_CTL = "/.rolloutd"
+SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+found"}
+
+
+def _bwrap_binary() -> str | None:
+    return shutil.which("bwrap")
+
+
+def runtime_paths() -> list[str]:
+    """Host paths the execution server needs inside the sandbox (interpreter, packages)."""
+    paths = {
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        str(Path(__file__).resolve().parent),  # this package: the bare `server` package's parent
+        *(os.path.realpath(p) for p in server_site_dirs()),
+    }
+    # keep only the outermost paths
+    out = sorted(paths)
+    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
+
+
+def image_mounts(image: Path, keep: list[str]) -> list[str]:
+    """bwrap args laying `image`'s entries on the tmpfs root, leaving room for `keep` paths.
+
+    Each top-level entry is bound read-only (symlinks recreated); a directory
+    on the way to a `keep` path is recreated and descended into instead, so the
+    host paths in `keep` can be bound at the same place afterwards.
+    """
+    args: list[str] = []
+
+    def walk(rel: str) -> None:
+        try:
+            names = sorted(os.listdir(image / rel if rel else image))
+        except OSError as e:
+            raise SandboxCreateError(f"cannot read image {image}: {e}") from None
+        for name in names:
+            if not rel and name in SKIP_TOP:
+                continue
+            sub = f"{rel}/{name}" if rel else name
+            src = image / sub
+            dest = "/" + sub
+            hit = [k for k in keep if k == dest or k.startswith(dest + "/")]
+            if hit:
+                if dest in hit or src.is_symlink() or not src.is_dir():
+                    continue  # the host path replaces it
+                args.extend(["--dir", dest])
+                walk(sub)
+                continue
+            if src.is_symlink():
+                args.extend(["--symlink", os.readlink(src), dest])
+            elif src.is_dir() or src.is_file():
+                args.extend(["--ro-bind", str(src), dest])
+
+    walk("")
+    return args
+
+
+class BwrapRuntime(SandboxRuntime):
+    name = "bwrap"
+
+    @classmethod
+    def available(cls) -> str | None:
+        if _bwrap_binary() is None:
+            return "bwrap is not installed (apt-get install bubblewrap; see .ci/system-packages.sh)"
+        return None
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        reason = self.available()
+        if reason:
+            raise RuntimeUnavailable(reason)
+        if spec.image == "host":
+            image = Path("/")
+            keep: list[str] = []
+        else:
+            image = Path(spec.image)
+            if not image.is_dir():
+                raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+            keep = runtime_paths()
+        sandbox_id, root, workspace, ctl = Sandbox.layout()
+        env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
+        rlimits = rlimits_for(spec, nproc=True)
+        cfg = {
+            "socket": f"{INNER_CTL}/exec.sock",
+            "workspace": INNER_WORKSPACE,
+            "ctl_dir": INNER_CTL,
+            "runtime_dir": "/tmp/.rolloutd",
+            "env": env,
+            "rlimits": rlimits,
+            "wall_seconds": spec.wall_seconds,
+        }
+        try:
+            argv = [_bwrap_binary(), *self._options(spec, image, keep, workspace, ctl, env), "--", *server_argv(sys.executable, cfg)]
+        except SandboxCreateError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
+        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else []}
+        return await Sandbox.start(
+            sandbox_id=sandbox_id, spec=spec, root=root, argv=argv, cgroup=cgroup, limits=limits,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
+
+    @staticmethod
+    def _options(
+        spec: SandboxSpec, image: Path, keep: list[str], workspace: Path, ctl: Path, env: dict[str, str]
+    ) -> list[str]:
+        opts = ["--die-with-parent", "--new-session", "--unshare-all"]
+        if spec.network:
+            opts.append("--share-net")
+        opts.append("--clearenv")
+        for key, value in env.items():
+            opts.extend(["--setenv", key, value])
+        opts.extend(["--tmpfs", "/"])
+        opts.extend(image_mounts(image, keep))
+        for path in keep:
+            opts.extend(["--ro-bind", path, path])
+        if Path("/sys").is_dir():
+            opts.extend(["--ro-bind", "/sys", "/sys"])
+        opts.extend(["--proc", "/proc", "--dev", "/dev"])
+        if spec.tmp_mb:
+            opts.extend(["--size", str(spec.tmp_mb * 1024 * 1024)])
+        opts.extend(["--tmpfs", "/tmp", "--tmpfs", "/run"])
+        opts.extend(["--bind", str(workspace), INNER_WORKSPACE, "--bind", str(ctl), INNER_CTL])
+        base = str(sandbox_base_dir())
+        if image == Path("/") and not base.startswith(("/tmp/", "/run/")):
+            opts.extend(["--tmpfs", base])  # other sandboxes' workspaces stay hidden
+        for bind in spec.binds:
+            src, _, dest = bind.partition(":")
+            opts.extend(["--ro-bind", src, dest or src])
+        opts.extend(["--remount-ro", "/", "--chdir", INNER_WORKSPACE])
+        return opts

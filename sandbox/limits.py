@@ -1,0 +1,179 @@
+"""Resource limits of a sandbox: rlimits everywhere, cgroups where the process may create them.
+
+Where it sits: the runtimes (`bwrap.py`, `process.py`, `apptainer.py`) call
+`rlimits_for(spec)` (the numbers are passed to the execution server, which
+applies them to every bash session and kernel it starts) and `Cgroup.create`
+(joined by the runtime's process just before exec, so everything in the
+sandbox, the server included, is inside it).
+
+Which mechanism stops what:
+
+* memory — ``RLIMIT_AS`` = ``memory_mb`` per process (a single runaway process
+  gets ENOMEM / MemoryError); the cgroup limit, where available, bounds the
+  whole sandbox at ``memory_mb`` + `SERVER_HEADROOM_MB` (room for the
+  execution server and the IPython kernel).
+* processes — a cgroup ``pids.max`` where available. ``RLIMIT_NPROC`` is set
+  too, but the kernel never enforces it for root, and outside a user namespace
+  it counts *all* processes of the user, so it is only applied in runtimes that
+  give the sandbox its own user namespace (`nproc=True`).
+* file size — ``RLIMIT_FSIZE``.
+* wall time — the server's own watchdog plus a node-side timer (`Sandbox`).
+
+cgroups are created *below the caller's own cgroup* (read from
+/proc/self/cgroup), never elsewhere in the hierarchy, so a sandbox always stays
+inside whatever limits its daemon already runs under. cgroup v1 (memory, pids)
+and v2 (when the caller's cgroup delegates those controllers) are handled; when
+none can be created the sandbox runs with rlimits only and says so in
+`Sandbox.limits`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from .models import SandboxSpec
+
+SERVER_HEADROOM_MB = 256
+PIDS_HEADROOM = 64  # the server's threads and the kernel's count as tasks
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def rlimits_for(spec: SandboxSpec, *, nproc: bool) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    if spec.memory_mb:
+        limits["AS"] = spec.memory_mb * 1024 * 1024
+    if spec.file_size_mb:
+        limits["FSIZE"] = spec.file_size_mb * 1024 * 1024
+    if spec.processes and nproc and os.geteuid() != 0:
+        limits["NPROC"] = spec.processes + PIDS_HEADROOM
+    return limits
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller name (or "" for v2) → this process's cgroup path."""
+    out: dict[str, str] = {}
+    try:
+        text = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+class Cgroup:
+    """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory)."""
+
+    def __init__(self, dirs: list[Path], kinds: list[str]) -> None:
+        self.dirs = dirs
+        self.kinds = kinds  # e.g. ["memory", "pids"]
+
+    @classmethod
+    def create(cls, name: str, memory_mb: int | None, processes: int | None) -> "Cgroup | None":
+        own = _own_cgroups()
+        dirs: list[Path] = []
+        kinds: list[str] = []
+        wants = {}
+        if memory_mb:
+            wants["memory"] = (memory_mb + SERVER_HEADROOM_MB) * 1024 * 1024
+        if processes:
+            wants["pids"] = processes + PIDS_HEADROOM
+        if not wants:
+            return None
+        if (CGROUP_ROOT / "cgroup.controllers").exists():  # pure v2
+            d = CGROUP_ROOT / own.get("", "/").lstrip("/") / f"rolloutd-{name}"
+            try:
+                d.mkdir()
+            except OSError:
+                return None
+            files = {"memory": "memory.max", "pids": "pids.max"}
+            for kind, value in wants.items():
+                try:
+                    (d / files[kind]).write_text(str(value))
+                    kinds.append(kind)
+                except OSError:
+                    pass
+            if not kinds:
+                _rmdir(d)
+                return None
+            return cls([d], kinds)
+        files = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
+        for kind, value in wants.items():
+            if kind not in own or not (CGROUP_ROOT / kind).is_dir():
+                continue
+            d = CGROUP_ROOT / kind / own[kind].lstrip("/") / f"rolloutd-{name}"
+            try:
+                d.mkdir()
+            except OSError:
+                continue
+            try:
+                (d / files[kind]).write_text(str(value))
+            except OSError:
+                _rmdir(d)
+                continue
+            dirs.append(d)
+            kinds.append(kind)
+        return cls(dirs, kinds) if dirs else None
+
+    def join(self) -> None:
+        """Move the calling process into every directory (used right before exec)."""
+        pid = str(os.getpid())
+        for d in self.dirs:
+            with open(d / "cgroup.procs", "w") as f:
+                f.write(pid)
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return out
+
+    def oom_killed(self) -> bool:
+        for d in self.dirs:
+            for name in ("memory.oom_control", "memory.events"):
+                try:
+                    text = (d / name).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip() not in ("", "0"):
+                        return True
+        return False
+
+    def destroy(self, timeout: float = 5.0) -> None:
+        """Kill whatever is still inside, then remove the directories."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.pids()
+            if not left or time.monotonic() > deadline:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        for d in self.dirs:
+            _rmdir(d, deadline)
+
+
+def _rmdir(d: Path, deadline: float | None = None) -> None:
+    deadline = deadline or time.monotonic() + 2.0
+    while True:
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)

@@ -1,0 +1,343 @@
+"""Persistent bash sessions on a pseudo-terminal, inside the sandbox.
+
+Where it sits: the in-sandbox execution server (`server/main.py`) keeps one
+`BashSession` per session name and calls `run`, `send_input` and `interrupt`
+from its request threads. Nothing on the node side imports this module; it is
+stdlib + ptyprocess only, because the server must start in milliseconds.
+
+How a command runs
+------------------
+bash runs interactive on a pty (``--noediting``: no readline, so no bracketed
+paste or line-editing escapes; the tty does not echo). Its prompt is a marker
+``\\x1eRD<tag>:<$?>\\x1e`` where ``<tag>`` is the value of ``$__rd_t``. For
+each command the server writes the command text to a file and types one short
+line, ``__rd_t=<fresh tag>; . <file>``: the command runs in the session's own
+shell (so ``cd``, variables and functions persist), may span many lines or be
+longer than the tty's 4 KiB line limit, and ends exactly when the prompt with
+*that* tag appears. A command that prints a marker-looking string cannot end
+itself early: it would have to know the fresh random tag. Output that does not
+end a line is fine: the marker is searched anywhere in the byte stream.
+
+Timeouts escalate, each step followed by a short grace wait for the prompt:
+Ctrl-C → SIGKILL of the terminal's foreground process group → SIGKILL of every
+process in the session but bash → the session itself is killed (the next
+command starts a fresh one). The session stays usable in all but the last case.
+
+Output policy (documented in the README): at most ``max_output`` bytes are
+kept — the first half and the last half of the stream — with a marker line
+``[... rolloutd: N bytes truncated ...]`` between them; ANSI escapes and
+control characters other than tab and newline are removed, CRLF becomes LF and
+a carriage-return overwrite keeps the last segment of the line.
+"""
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import threading
+import time
+
+import ptyprocess
+
+MARKER = re.compile(rb"\x1eRD([0-9a-f]+):(\d+)\x1e")
+PS1 = "\x1eRD${__rd_t}:$?\x1e"
+HOLD = 96  # bytes held back so that a marker split across reads is still found
+GRACE = 1.0  # seconds to wait for the prompt after each escalation step
+
+ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI (colours, cursor moves)
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks)
+    r"|\x1b[PX^_][^\x1b]*\x1b\\"  # DCS / SOS / PM / APC strings
+    r"|\x1b[@-Z\\-_]"  # two-byte escapes
+)
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+class SessionDead(Exception):
+    """The bash process of this session has exited."""
+
+
+def clean_output(raw: bytes) -> str:
+    """Bytes from the pty → text an LLM can read (see the module docstring)."""
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
+    text = ANSI.sub("", text)
+    if "\r" in text:
+        lines = []
+        for line in text.split("\n"):
+            if "\r" in line:
+                parts = [p for p in line.split("\r") if p]
+                line = parts[-1] if parts else ""
+            lines.append(line)
+        text = "\n".join(lines)
+    return CONTROL.sub("", text)
+
+
+class Capture:
+    """Collects one command's output until its prompt marker; bounded memory."""
+
+    def __init__(self, tag: str, max_output: int) -> None:
+        self.tag = tag.encode()
+        self.head_limit = max_output // 2
+        self.tail_limit = max_output - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.hold = b""
+        self.done = False
+        self.exit_code: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        buf = self.hold + data
+        for m in MARKER.finditer(buf):
+            if m.group(1) == self.tag:
+                self._commit(buf[: m.start()])
+                self.hold = b""
+                self.exit_code = int(m.group(2))
+                self.done = True
+                return
+        if len(buf) > HOLD:
+            self._commit(buf[:-HOLD])
+            self.hold = buf[-HOLD:]
+        else:
+            self.hold = buf
+
+    def flush(self) -> None:
+        """The stream ended without a marker: keep what was held back."""
+        self._commit(self.hold)
+        self.hold = b""
+
+    def _commit(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_limit + 65536:
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    def output(self) -> tuple[str, bool]:
+        """(cleaned text, truncated?)"""
+        kept_tail = bytes(self.tail[-self.tail_limit :]) if self.tail_limit else b""
+        cut = self.total - len(self.head) - len(kept_tail)
+        if cut <= 0:
+            return clean_output(bytes(self.head) + bytes(self.tail)), False
+        note = (
+            f"\n[... rolloutd: {cut} bytes truncated; kept the first {len(self.head)} "
+            f"and the last {len(kept_tail)} of {self.total} bytes ...]\n"
+        )
+        return clean_output(bytes(self.head)) + note + clean_output(kept_tail), True
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids whose session id is `sid` (the processes a bash session started)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+class BashSession:
+    """One named, persistent bash on a pty. Thread-safe; one command at a time."""
+
+    def __init__(
+        self,
+        name: str,
+        cwd: str,
+        env: dict[str, str],
+        cmd_dir: str,
+        preexec_fn=None,
+    ) -> None:
+        self.name = name
+        self.cmd_file = os.path.join(cmd_dir, f"{name}.sh")
+        self._cmd_dir = cmd_dir
+        self._secret = os.urandom(4).hex()
+        self._seq = 0
+        self._lock = threading.Lock()  # serialises commands
+        self._cond = threading.Condition()  # guards _capture / dead
+        self._capture: Capture | None = None
+        self.dead = False
+        self.proc = ptyprocess.PtyProcess.spawn(
+            ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"],
+            cwd=cwd,
+            env=env,
+            echo=False,
+            dimensions=(40, 200),
+            preexec_fn=preexec_fn,
+        )
+        self.pid = self.proc.pid
+        self.fd = self.proc.fd
+        os.set_blocking(self.fd, False)
+        threading.Thread(target=self._read_loop, name=f"pty-{name}", daemon=True).start()
+        init = (
+            "stty -onlcr 2>/dev/null; unset HISTFILE PROMPT_COMMAND; set +o history; "
+            f"PS2=''; PS1='{PS1}'"
+        )
+        result = self._run_line(init, timeout=10.0, max_output=4096)
+        if result["exit_code"] is None:
+            self.kill()
+            raise SessionDead(f"bash did not start: {result['output'][-500:]!r}")
+
+    # -- public operations -------------------------------------------------
+
+    def run(self, command: str, timeout: float, max_output: int) -> dict:
+        os.makedirs(self._cmd_dir, exist_ok=True)
+        with open(self.cmd_file, "w", encoding="utf-8") as f:
+            f.write(command)
+            if not command.endswith("\n"):
+                f.write("\n")
+        return self._run_line(f". '{self.cmd_file}'", timeout, max_output)
+
+    def send_input(self, text: str) -> None:
+        self._write(text.encode())
+
+    def interrupt(self) -> None:
+        self._write(b"\x03")
+
+    def kill(self) -> None:
+        """Kill bash and every process of its session."""
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()
+        for _ in range(20):
+            members = _session_members(self.pid)
+            if not members:
+                break
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        try:
+            self.proc.close(force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    # -- internals ---------------------------------------------------------
+
+    def _run_line(self, line: str, timeout: float, max_output: int) -> dict:
+        with self._lock:
+            if self.dead:
+                raise SessionDead(self.name)
+            self._seq += 1
+            tag = f"{self._secret}{self._seq:x}"
+            cap = Capture(tag, max_output)
+            with self._cond:
+                self._capture = cap
+            start = time.monotonic()
+            self._write(f" __rd_t={tag}; {line}\n".encode())
+            timed_out = False
+            ended = False
+            if not self._wait(cap, timeout):
+                timed_out = True
+                ended = not self._escalate(cap)
+            duration = time.monotonic() - start
+            with self._cond:
+                self._capture = None
+                if not cap.done:
+                    cap.flush()
+            output, truncated = cap.output()
+            exit_code = cap.exit_code
+            if self.dead:
+                ended = True
+                status = self.proc.exitstatus if self.proc.exitstatus is not None else None
+                if exit_code is None:
+                    exit_code = status if status is not None else -1
+                output += "\n[rolloutd: the bash session ended; the next command starts a new one]"
+            return {
+                "output": output,
+                "exit_code": exit_code,
+                "duration": duration,
+                "truncated": truncated,
+                "timed_out": timed_out,
+                "session_ended": ended,
+            }
+
+    def _escalate(self, cap: Capture) -> bool:
+        """Stop a command past its timeout. True when the session survived."""
+        self.interrupt()
+        if self._wait(cap, GRACE):
+            return True
+        try:
+            fg = os.tcgetpgrp(self.fd)
+        except OSError:
+            fg = -1
+        if fg > 0 and fg != self.pid:
+            try:
+                os.killpg(fg, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self._wait(cap, GRACE):
+                return True
+        for _ in range(50):  # fork bombs: repeat until nothing is left
+            members = [p for p in _session_members(self.pid) if p != self.pid]
+            if not members:
+                break
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self._wait(cap, GRACE):
+            return True
+        self.kill()
+        return False
+
+    def _wait(self, cap: Capture, timeout: float) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: cap.done or self.dead, timeout)
+            return cap.done
+
+    def _write(self, data: bytes) -> None:
+        while data:
+            if self.dead:
+                raise SessionDead(self.name)
+            _, writable, _ = select.select([], [self.fd], [], 1.0)
+            if not writable:
+                continue
+            try:
+                n = os.write(self.fd, data)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                raise SessionDead(f"{self.name}: {e}") from e
+            data = data[n:]
+
+    def _read_loop(self) -> None:
+        fd = self.fd
+        while True:
+            try:
+                select.select([fd], [], [])
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._cond:
+                cap = self._capture
+                if cap is not None and not cap.done:
+                    cap.feed(data)
+                    if cap.done:
+                        self._cond.notify_all()
+        # EOF: bash exited (or was killed)
+        try:
+            self.proc.wait()
+        except Exception:  # noqa: BLE001 - ptyprocess raises if already reaped
+            pass
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()

@@ -1,0 +1,110 @@
+"""File operations inside the sandbox: read (line ranges), write, str_replace, list.
+
+Where it sits: called by the in-sandbox execution server (`server/main.py`)
+for the ``read_file``, ``write_file``, ``edit_file`` and ``list_dir``
+requests. Relative paths are resolved against the workspace. A failure the
+caller caused (missing file, ambiguous edit) raises `FileOpError`, which the
+server returns as an ``ExecError``: it is a normal tool result for the agent,
+not an infrastructure failure.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+
+class FileOpError(Exception):
+    """A file operation failed because of its arguments (not the sandbox)."""
+
+
+def resolve(workspace: str, path: str) -> str:
+    return os.path.normpath(os.path.join(workspace, path))
+
+
+def read_file(workspace: str, path: str, start_line: int | None, end_line: int | None) -> dict:
+    """Lines are numbered from 1; both ends are inclusive; None means open-ended."""
+    full = resolve(workspace, path)
+    try:
+        with open(full, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileOpError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise FileOpError(f"is a directory: {path}") from None
+    except OSError as e:
+        raise FileOpError(f"cannot read {path}: {e.strerror}") from None
+    text = data.decode("utf-8", "replace")
+    if start_line is None and end_line is None:
+        return {"content": text, "total_lines": text.count("\n") + (0 if text.endswith("\n") or not text else 1)}
+    lines = text.splitlines(keepends=True)
+    start = 1 if start_line is None else start_line
+    end = len(lines) if end_line is None else end_line
+    if start < 1 or end < start - 1:
+        raise FileOpError(f"bad line range {start_line}..{end_line}")
+    return {"content": "".join(lines[start - 1 : end]), "total_lines": len(lines)}
+
+
+def write_file(workspace: str, path: str, content: str) -> dict:
+    full = resolve(workspace, path)
+    try:
+        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(content)
+    except OSError as e:
+        raise FileOpError(f"cannot write {path}: {e.strerror}") from None
+    return {"path": full, "bytes": len(content.encode())}
+
+
+def edit_file(workspace: str, path: str, old: str, new: str) -> dict:
+    """str_replace: `old` must occur exactly once (and must not be empty)."""
+    if not old:
+        raise FileOpError("old must not be empty")
+    full = resolve(workspace, path)
+    try:
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise FileOpError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileOpError(f"cannot read {path}: {e}") from None
+    count = text.count(old)
+    if count == 0:
+        raise FileOpError(f"old text not found in {path}")
+    if count > 1:
+        raise FileOpError(f"old text occurs {count} times in {path}; make it unique")
+    at = text.index(old)
+    text = text[:at] + new + text[at + len(old) :]
+    try:
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise FileOpError(f"cannot write {path}: {e.strerror}") from None
+    return {"path": full, "line": text.count("\n", 0, at) + 1}
+
+
+def list_dir(workspace: str, path: str) -> dict:
+    full = resolve(workspace, path)
+    try:
+        names = sorted(os.listdir(full))
+    except FileNotFoundError:
+        raise FileOpError(f"no such directory: {path}") from None
+    except NotADirectoryError:
+        raise FileOpError(f"not a directory: {path}") from None
+    except OSError as e:
+        raise FileOpError(f"cannot list {path}: {e.strerror}") from None
+    entries = []
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(full, name))
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            kind = "symlink"
+        elif stat.S_ISDIR(st.st_mode):
+            kind = "dir"
+        elif stat.S_ISREG(st.st_mode):
+            kind = "file"
+        else:
+            kind = "other"
+        entries.append({"name": name, "type": kind, "size": st.st_size})
+    return {"entries": entries}

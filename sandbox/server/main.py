@@ -1,0 +1,281 @@
+"""The in-sandbox execution server: bash sessions, an IPython kernel and files over a Unix socket.
+
+Where it sits: every runtime (`bwrap.py`, `apptainer.py`, `process.py`)
+starts this as the sandbox's first process with `launch_command()`'s command
+line; the node side talks to it through `rolloutd.sandbox.client.ExecClient`.
+It imports only the standard library and ptyprocess (jupyter_client lazily),
+and runs with ``python -S`` from a bare ``server`` package on ``sys.path``:
+importing asyncio or pydantic would cost more than the whole 50 ms start
+budget. Concurrency is therefore plain threads: one per connection, one per
+long request (bash, ipython), one reader per pty.
+
+Wire protocol (one JSON object per line, both ways)::
+
+    → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
+    ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
+
+Replies carry the request's id and may come back out of order (a ``send_input``
+is answered while the ``bash`` it feeds is still running). Operations:
+``bash``, ``send_input``, ``interrupt``, ``close_session``, ``ipython``,
+``ipython_interrupt``, ``read_file``, ``write_file``, ``edit_file``,
+``list_dir``, ``health``, ``shutdown``.
+
+Start-up: it binds the socket (mode 0600, in the 0700 control directory bound
+into the sandbox), starts the default bash session in the background and
+writes ``READY <pid>`` on stdout, which is what the node side waits for.
+It exits when its client disconnects, on ``shutdown``, or at ``wall_seconds``;
+it then kills every process it started, by process session.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .bash import BashSession, SessionDead
+from .files import FileOpError, edit_file, list_dir, read_file, write_file
+from .kernel import IPythonKernel
+
+SESSION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DEFAULT_MAX_OUTPUT = 16384
+RLIMITS = {"AS": resource.RLIMIT_AS, "NPROC": resource.RLIMIT_NPROC, "FSIZE": resource.RLIMIT_FSIZE}
+
+
+class ExecError(Exception):
+    """Returned to the client as an ExecError: the request, not the sandbox, failed."""
+
+
+class Server:
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.workspace = cfg["workspace"]
+        self.env = dict(cfg.get("env", {}))
+        self.rlimits = {RLIMITS[k]: int(v) for k, v in (cfg.get("rlimits") or {}).items()}
+        self.cmd_dir = os.path.join(cfg["ctl_dir"], "cmd")
+        self.runtime_dir = cfg.get("runtime_dir") or os.path.join(cfg["ctl_dir"], "rt")
+        self.started = time.monotonic()
+        self.sessions: dict[str, BashSession] = {}
+        self.sessions_lock = threading.Lock()
+        self.kernel = IPythonKernel(self.workspace, self.env, self.runtime_dir, self._preexec)
+        self.connections = 0
+        self.stopping = False
+
+    def _preexec(self) -> None:
+        """Runs in each child (bash, kernel) before exec: the spec's rlimits.
+
+        Python ignores SIGPIPE and the disposition survives exec: restore it, or
+        `yes | head` prints "Broken pipe" instead of ending quietly.
+        """
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for res, value in self.rlimits.items():
+            try:
+                resource.setrlimit(res, (value, value))
+            except (ValueError, OSError):
+                pass
+
+    # -- bash --------------------------------------------------------------
+
+    def session(self, name: str, create: bool = True) -> BashSession | None:
+        if not SESSION_NAME.match(name):
+            raise ExecError(f"bad session name {name!r}: use 1-64 of [A-Za-z0-9_.-]")
+        with self.sessions_lock:
+            s = self.sessions.get(name)
+            if s is not None and s.dead:
+                s.kill()
+                s = None
+                del self.sessions[name]
+            if s is None and create:
+                try:
+                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self._preexec)
+                except (OSError, SessionDead) as e:
+                    raise ExecError(f"cannot start bash session {name!r}: {e}") from None
+                self.sessions[name] = s
+            return s
+
+    def op_bash(self, command: str, session: str = "default", timeout: float = 30.0,
+                max_output: int = DEFAULT_MAX_OUTPUT) -> dict:
+        s = self.session(session)
+        try:
+            return s.run(command, float(timeout), int(max_output))
+        except SessionDead:
+            raise ExecError(f"bash session {session!r} ended") from None
+
+    def op_send_input(self, text: str, session: str = "default") -> dict:
+        s = self.session(session, create=False)
+        if s is None:
+            raise ExecError(f"no bash session {session!r}")
+        try:
+            s.send_input(text)
+        except SessionDead:
+            raise ExecError(f"bash session {session!r} ended") from None
+        return {}
+
+    def op_interrupt(self, session: str = "default") -> dict:
+        s = self.session(session, create=False)
+        if s is not None and not s.dead:
+            s.interrupt()
+        return {}
+
+    def op_close_session(self, session: str = "default") -> dict:
+        with self.sessions_lock:
+            s = self.sessions.pop(session, None)
+        if s is not None:
+            s.kill()
+        return {}
+
+    # -- ipython -----------------------------------------------------------
+
+    def op_ipython(self, code: str, timeout: float = 30.0) -> dict:
+        try:
+            return self.kernel.execute(code, float(timeout))
+        except ImportError as e:
+            raise ExecError(f"IPython is not available in this sandbox: {e}") from None
+        except RuntimeError as e:
+            raise ExecError(f"the IPython kernel did not start: {e}") from None
+
+    def op_ipython_interrupt(self) -> dict:
+        self.kernel.interrupt()
+        return {}
+
+    # -- files -------------------------------------------------------------
+
+    def op_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
+        return read_file(self.workspace, path, start_line, end_line)
+
+    def op_write_file(self, path: str, content: str) -> dict:
+        return write_file(self.workspace, path, content)
+
+    def op_edit_file(self, path: str, old: str, new: str) -> dict:
+        return edit_file(self.workspace, path, old, new)
+
+    def op_list_dir(self, path: str = ".") -> dict:
+        return list_dir(self.workspace, path)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def op_health(self) -> dict:
+        with self.sessions_lock:
+            sessions = sorted(n for n, s in self.sessions.items() if not s.dead)
+        return {
+            "pid": os.getpid(),
+            "uptime": time.monotonic() - self.started,
+            "sessions": sessions,
+            "kernel": self.kernel.running,
+        }
+
+    def op_shutdown(self) -> dict:
+        self.stop_children()
+        return {}
+
+    def stop_children(self) -> None:
+        self.stopping = True
+        with self.sessions_lock:
+            sessions = list(self.sessions.values())
+            self.sessions.clear()
+        for s in sessions:
+            s.kill()
+        self.kernel.shutdown()
+
+    # -- transport ---------------------------------------------------------
+
+    LONG_OPS = {"bash", "ipython", "shutdown"}
+
+    def dispatch(self, req: dict) -> dict:
+        rid = req.pop("id", None)
+        op = req.pop("op", None)
+        fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+        try:
+            if fn is None:
+                raise ExecError(f"unknown op {op!r}")
+            return {"id": rid, "result": fn(**req)}
+        except (ExecError, FileOpError) as e:
+            return {"id": rid, "error": {"type": "ExecError", "message": str(e)}}
+        except TypeError as e:
+            return {"id": rid, "error": {"type": "ExecError", "message": f"bad request for {op}: {e}"}}
+        except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
+            return {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
+
+    def serve_connection(self, conn: socket.socket) -> None:
+        lock = threading.Lock()
+
+        def reply(req: dict) -> None:
+            op = req.get("op")
+            resp = self.dispatch(req)
+            data = json.dumps(resp, ensure_ascii=False).encode() + b"\n"
+            with lock:
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    pass
+            if op == "shutdown":
+                self.exit(0)
+
+        with conn, conn.makefile("rb") as stream:
+            for line in stream:
+                try:
+                    req = json.loads(line)
+                except ValueError:
+                    continue
+                if req.get("op") in self.LONG_OPS:
+                    threading.Thread(target=reply, args=(req,), daemon=True).start()
+                else:
+                    reply(req)
+        # the node side hung up: nobody can reach this sandbox any more
+        self.exit(0)
+
+    def exit(self, code: int) -> None:
+        try:
+            self.stop_children()
+        finally:
+            os._exit(code)
+
+
+def main(cfg: dict) -> None:
+    server = Server(cfg)
+    os.makedirs(cfg["ctl_dir"], mode=0o700, exist_ok=True)
+    sock_path = cfg["socket"]
+    try:
+        os.unlink(sock_path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(sock_path)
+    finally:
+        os.umask(old)
+    os.chmod(sock_path, 0o600)
+    listener.listen(8)
+
+    def warm() -> None:  # the first command should not pay for bash's start
+        try:
+            server.session("default")
+        except ExecError:
+            pass
+
+    home = server.env.get("HOME")
+    if home:
+        try:
+            os.makedirs(home, exist_ok=True)
+        except OSError:
+            pass
+    threading.Thread(target=warm, daemon=True).start()
+    wall = cfg.get("wall_seconds")
+    if wall:
+        timer = threading.Timer(float(wall), server.exit, args=(124,))
+        timer.daemon = True
+        timer.start()
+    os.write(1, f"READY {os.getpid()}\n".encode())
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=server.serve_connection, args=(conn,), daemon=True).start()
+
+
+if __name__ == "__main__":  # pragma: no cover - started through launch_command
+    main(json.loads(sys.argv[1]))
