@@ -1,9 +1,401 @@
-"""`rolloutctl`: the user's CLI (placeholder until the foundation lands)."""
-import typer
+"""`rolloutctl`: the user's CLI, kubectl-shaped.
 
-app = typer.Typer(no_args_is_help=True, add_completion=False)
+    rolloutctl apply -f FILE|-                     create or update (prints created/configured/unchanged)
+    rolloutctl get rolloutjobs [NAME] [-l SEL] [-o wide|yaml|json]
+    rolloutctl describe rolloutjob NAME
+    rolloutctl delete rolloutjob NAME [--wait]
+    rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
+    rolloutctl watch rolloutjob NAME               live per-stage progress
+
+Talks to the controller through `apiclient.ApiClient`. Exit codes: 0 success, 1 error
+(from the server or the connection), 2 usage error, 3 `wait` timed out.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from .apiclient import ApiClient, ClientError, resolve
+
+app = typer.Typer(
+    help="rolloutctl: declare RolloutJobs and follow them (kubectl-style).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+_RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
+_TERMINAL = {"Succeeded", "Failed", "Cancelled"}
+_STAGES = ("total", "queued", "init", "run", "eval", "succeeded", "failed", "cancelled")
+
+
+class _State:
+    server: str | None = None
+    token_file: Path | None = None
 
 
 @app.callback()
-def _main() -> None:
-    """rolloutctl."""
+def _global(
+    server: Optional[str] = typer.Option(None, "--server", envvar="ROLLOUTD_SERVER", help="controller URL"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token"),
+) -> None:
+    _State.server = server
+    _State.token_file = token_file
+
+
+def _client() -> ApiClient:
+    return ApiClient(resolve(_State.server, _State.token_file))
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}" if sys.stderr.isatty() else f"error: {message}", markup=sys.stderr.isatty())
+    return typer.Exit(code)
+
+
+def _check_resource(resource: str) -> None:
+    if resource.lower() not in _RESOURCE:
+        raise _fail(f"unknown resource type {resource!r}; this CLI knows rolloutjobs (aliases: rolloutjob, rj)", 2)
+
+
+def _run(fn):
+    try:
+        return fn()
+    except ClientError as e:
+        causes = e.status.get("details", {}).get("causes", [])
+        lines = [str(e)] + [f"  {c.get('field')}: {c.get('message')}" for c in causes if len(causes) > 1]
+        raise _fail("\n".join(lines)) from None
+
+
+def _age(ts: str | None) -> str:
+    if not ts:
+        return "-"
+    then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    s = int((datetime.now(timezone.utc) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{max(s, 0)}s"
+
+
+def _print_obj(obj: Any, output: str) -> None:
+    if output == "json":
+        out.print_json(json.dumps(obj)) if sys.stdout.isatty() else print(json.dumps(obj, indent=2))
+    else:
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
+
+
+# ---------------------------------------------------------------- apply
+
+
+def _load_documents(filename: str) -> list[dict[str, Any]]:
+    try:
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+    except OSError as e:
+        raise _fail(f"cannot read {filename}: {e.strerror}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise _fail(f"{filename}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    if not docs:
+        raise _fail(f"{filename}: no documents")
+    for d in docs:
+        if not isinstance(d, dict):
+            raise _fail(f"{filename}: expected a RolloutJob mapping, got {type(d).__name__}")
+    return docs
+
+
+@app.command()
+def apply(
+    filename: str = typer.Option(..., "-f", "--filename", help="YAML/JSON file, or - for stdin"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="json|yaml: print the stored objects"),
+) -> None:
+    """Create or update RolloutJobs from a file (server-side apply)."""
+    docs = _load_documents(filename)
+    client = _client()
+    for doc in docs:
+        obj, outcome = _run(lambda: client.apply(doc))
+        if output in ("json", "yaml"):
+            _print_obj(obj, output)
+        else:
+            print(f"rolloutjob.rolloutd.io/{obj['metadata']['name']} {outcome}")
+
+
+# ---------------------------------------------------------------- get
+
+
+def _counts(obj: dict[str, Any]) -> dict[str, int]:
+    return obj.get("status", {}).get("counts", {}) or {}
+
+
+@app.command()
+def get(
+    resource: str = typer.Argument(..., help="rolloutjobs"),
+    name: Optional[str] = typer.Argument(None),
+    selector: Optional[str] = typer.Option(None, "-l", "--selector", help="label selector, e.g. team=rl,env!=dev"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="wide|yaml|json"),
+) -> None:
+    """List RolloutJobs or show one."""
+    _check_resource(resource)
+    if output not in (None, "wide", "yaml", "json"):
+        raise _fail(f"unknown output format {output!r} (wide, yaml, json)", 2)
+    client = _client()
+    if name:
+        items = [_run(lambda: client.get(name))]
+        if output in ("yaml", "json"):
+            return _print_obj(items[0], output)
+    else:
+        listing = _run(lambda: client.list(selector))
+        if output in ("yaml", "json"):
+            return _print_obj(listing, output)
+        items = listing["items"]
+        if not items:
+            err.print("No resources found.")
+            return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    cols = ["NAME", "PHASE", "NODES", "DONE", "TOTAL", "AGE"]
+    if output == "wide":
+        cols += ["EXECUTOR", "TASKS", "SAMPLES", "GENERATION", "MESSAGE"]
+    for c in cols:
+        table.add_column(c, no_wrap=True)
+    for o in items:
+        st, spec, c = o.get("status", {}), o["spec"], _counts(o)
+        row = [o["metadata"]["name"], st.get("phase", "Pending"), f"{st.get('nodes', 0)}/{spec['executor']['nodes']}",
+               str(c.get("succeeded", 0) + c.get("failed", 0)), str(c.get("total", 0)),
+               _age(o["metadata"].get("creationTimestamp"))]
+        if output == "wide":
+            msg = next((x["message"] for x in reversed(st.get("conditions", [])) if x.get("status") != "True"), "")
+            row += [spec["executor"]["kind"], f"{spec['tasks']['kind']}:{spec['tasks']['source']}",
+                    str(spec["samplesPerPrompt"]), str(o["metadata"].get("generation")), msg]
+        table.add_row(*row)
+    out.print(table)
+
+
+# ---------------------------------------------------------------- describe
+
+
+@app.command()
+def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...)) -> None:
+    """Show a RolloutJob: spec summary, status, conditions and events."""
+    _check_resource(resource)
+    client = _client()
+    obj = _run(lambda: client.get(name))
+    events = _run(lambda: client.events(name))
+    m, spec, st = obj["metadata"], obj["spec"], obj.get("status", {})
+    labels = ",".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items()) or "<none>"
+    lines = [
+        f"Name:          {m['name']}",
+        f"Labels:        {labels}",
+        f"UID:           {m.get('uid')}",
+        f"Generation:    {m.get('generation')} (observed {st.get('observedGeneration', 0)})",
+        f"Created:       {m.get('creationTimestamp')}",
+    ]
+    if m.get("deletionTimestamp"):
+        lines.append(f"Deleting since: {m['deletionTimestamp']}")
+    smp = spec["agent"]["sampling"]
+    lines += [
+        "Spec:",
+        f"  Tasks:       {spec['tasks']['kind']} from {spec['tasks']['source']}"
+        + (f" (first {spec['tasks']['limit']})" if spec['tasks'].get('limit') else ""),
+        f"  Samples:     {spec['samplesPerPrompt']} per prompt"
+        + (f"; DAPO target {spec['dapo']['targetGroups']} informative groups" if spec['dapo']['enabled'] else ""),
+        f"  Agent:       {spec['agent']['maxTurns']} turns, tools {', '.join(spec['agent']['tools'])}; "
+        f"temperature {smp['temperature']}, {smp['maxTokensPerTurn']} tokens/turn, seed {smp.get('seed')}",
+        f"  LLM:         {len(spec['llm']['backends'])} backend(s): "
+        + (", ".join(b["url"] for b in spec["llm"]["backends"]) or "<none>"),
+        f"  Sandbox:     {spec['sandbox']['runtime']} image={spec['sandbox']['image']} "
+        f"network={'on' if spec['sandbox']['network'] else 'off'}",
+        f"  Executor:    {spec['executor']['kind']}, {spec['executor']['nodes']} node(s)",
+        "Status:",
+        f"  Phase:       {st.get('phase', 'Pending')}",
+        f"  Nodes:       {st.get('nodes', 0)}",
+        f"  Started:     {st.get('startTime') or '-'}",
+        f"  Completed:   {st.get('completionTime') or '-'}",
+        "  Rollouts:    " + ", ".join(f"{k} {_counts(obj).get(k, 0)}" for k in _STAGES),
+        "Conditions:",
+    ]
+    for c in st.get("conditions", []):
+        lines.append(f"  {c['type']:<14} {c['status']:<7} {c.get('reason', ''):<22} {c.get('message', '')}")
+    if not st.get("conditions"):
+        lines.append("  <none>")
+    lines.append("Events:")
+    for e in events[-20:]:
+        lines.append(f"  {e['time']}  {e['type']:<7} {e['reason']:<16} {e['message']}")
+    if not events:
+        lines.append("  <none>")
+    print("\n".join(lines))
+
+
+# ---------------------------------------------------------------- delete
+
+
+@app.command()
+def delete(
+    resource: str = typer.Argument(...),
+    name: str = typer.Argument(...),
+    wait: bool = typer.Option(False, "--wait", help="return only once the job is gone"),
+    timeout: str = typer.Option("300s", "--timeout"),
+) -> None:
+    """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
+    _check_resource(resource)
+    client = _client()
+    obj = _run(lambda: client.delete(name))
+    print(f'rolloutjob.rolloutd.io "{name}" deleted')
+    if wait:
+        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout), obj["metadata"]["resourceVersion"]))
+
+
+# ---------------------------------------------------------------- wait
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", text.strip())
+    if not m:
+        raise _fail(f"invalid duration {text!r} (examples: 30s, 10m, 1h)", 2)
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def _met(obj: dict[str, Any], want: str) -> tuple[bool, str | None]:
+    """(condition met?, reason it can never be met)."""
+    st = obj.get("status", {})
+    phase = st.get("phase", "Pending")
+    kind, _, arg = want.partition("=")
+    if kind == "condition":
+        ctype, _, value = arg.partition("=")
+        value = value or "True"
+        cond = next((c for c in st.get("conditions", []) if c["type"].lower() == ctype.lower()), None)
+        if cond and cond["status"].lower() == value.lower():
+            return True, None
+        if phase in _TERMINAL:
+            why = next((c.get("message") for c in st.get("conditions", []) if c["type"] == "Complete"), "")
+            return False, f"job ended {phase}" + (f": {why}" if why else "")
+        return False, None
+    if kind == "phase":
+        if phase.lower() == arg.lower():
+            return True, None
+        if phase in _TERMINAL:
+            return False, f"job ended {phase}"
+        return False, None
+    return False, None
+
+
+def _wait_for(client: ApiClient, name: str, want: str, timeout: float, since: str | None = None) -> int:
+    try:
+        obj = client.get(name)
+    except ClientError as e:
+        if want == "delete" and e.code == 404:
+            return 0
+        raise
+    if want != "delete":
+        ok, never = _met(obj, want)
+        if ok:
+            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
+            return 0
+        if never:
+            err.print(f"error: {never}")
+            return 1
+    for type_, obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+        if type_ == "DELETED":
+            if want == "delete":
+                print(f"rolloutjob.rolloutd.io/{name} deleted")
+                return 0
+            err.print(f"error: rolloutjob {name} was deleted")
+            return 1
+        if want == "delete":
+            continue
+        ok, never = _met(obj, want)
+        if ok:
+            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
+            return 0
+        if never:
+            err.print(f"error: {never}")
+            return 1
+    err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
+    return 3
+
+
+@app.command()
+def wait(
+    resource: str = typer.Argument(...),
+    name: str = typer.Argument(...),
+    for_: str = typer.Option("condition=Complete", "--for",
+                             help="condition=TYPE[=True|False], phase=PHASE, or delete"),
+    timeout: str = typer.Option("600s", "--timeout", help="e.g. 30s, 10m"),
+) -> None:
+    """Block until a condition holds. Exit 0 when met, 1 if the job failed/ended otherwise, 3 on timeout."""
+    _check_resource(resource)
+    if not (for_ == "delete" or re.fullmatch(r"(condition|phase)=[A-Za-z]+(=(True|False|Unknown))?", for_)):
+        raise _fail(f"invalid --for {for_!r}: use condition=Complete, phase=Running or delete", 2)
+    client = _client()
+    raise typer.Exit(_run(lambda: _wait_for(client, name, for_, _seconds(timeout))))
+
+
+# ---------------------------------------------------------------- watch
+
+
+def _progress_table(obj: dict[str, Any]) -> Table:
+    st, c = obj.get("status", {}), _counts(obj)
+    total = max(c.get("total", 0), 1)
+    table = Table(title=f"rolloutjob/{obj['metadata']['name']}  phase {st.get('phase', 'Pending')}  "
+                        f"nodes {st.get('nodes', 0)}/{obj['spec']['executor']['nodes']}", title_justify="left")
+    table.add_column("stage")
+    table.add_column("rollouts", justify="right")
+    table.add_column("", min_width=30)
+    for stage in ("queued", "init", "run", "eval", "succeeded", "failed", "cancelled"):
+        n = c.get(stage, 0)
+        bar = "█" * round(30 * n / total)
+        table.add_row(stage, str(n), bar)
+    table.add_row("total", str(c.get("total", 0)), "")
+    return table
+
+
+@app.command()
+def watch(
+    resource: str = typer.Argument(...),
+    name: str = typer.Argument(...),
+    timeout: str = typer.Option("24h", "--timeout"),
+) -> None:
+    """Follow a RolloutJob live (per-stage counts) until it ends."""
+    from rich.live import Live
+
+    _check_resource(resource)
+    client = _client()
+    obj = _run(lambda: client.get(name))
+    deadline = _seconds(timeout)
+
+    def follow() -> int:
+        nonlocal obj
+        with Live(_progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
+            if obj.get("status", {}).get("phase") in _TERMINAL:
+                return 0 if obj["status"]["phase"] == "Succeeded" else 1
+            for type_, new, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=deadline):
+                if type_ == "DELETED":
+                    return 1
+                obj = new
+                live.update(_progress_table(obj), refresh=True)
+                phase = obj.get("status", {}).get("phase")
+                if phase in _TERMINAL:
+                    return 0 if phase == "Succeeded" else 1
+        return 3
+
+    raise typer.Exit(_run(follow))
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

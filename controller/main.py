@@ -6,6 +6,8 @@ that each part keeps its CLI next to its code.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from rolloutd.agents.cli import register as register_agent_commands
@@ -18,6 +20,36 @@ app = typer.Typer(
 )
 app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
 register_agent_commands(app)
+
+
+@app.command()
+def controller(
+    data_dir: Path = typer.Option(None, help="database and token live here [default: $ROLLOUTD_DATA_DIR or ~/.local/share/rolloutd]"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(7350, help="TCP port of the API"),
+    log_level: str = typer.Option("info"),
+) -> None:
+    """Run the controller: API, SQLite store and reconcile loop."""
+    from .config import default_data_dir
+    from .server import run_controller
+
+    run_controller(data_dir or default_data_dir(), host, port, log_level)
+
+
+@app.command()
+def crd(
+    output: Path = typer.Option(None, "-o", "--output", help="write here instead of crds/rolloutjob.yaml; '-' for stdout"),
+) -> None:
+    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml) from the pydantic models."""
+    from rolloutd.crds.crd import CRD_PATH, render_crd
+
+    text = render_crd()
+    if output is not None and str(output) == "-":
+        typer.echo(text, nl=False)
+        return
+    target = output or CRD_PATH
+    target.write_text(text)
+    typer.echo(f"wrote {target}")
 
 
 @app.command()

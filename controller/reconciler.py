@@ -1,0 +1,204 @@
+"""The reconcile loop: level-triggered, idempotent, one pass per job.
+
+Runs inside the controller process (`server.py` starts it). On every store change and every
+`resync` seconds it compares each RolloutJob's desired state (spec) with what is observed
+(executor: node daemons; work: rollouts per stage) and takes the next idempotent step:
+
+    Pending → Provisioning (executor.ensure) → Running (a daemon is up) → Succeeded/Failed
+    deletionTimestamp set → Cancelling → executor.release → Cancelled → removed from the store
+
+Executors (`local`, `slurm`) and the work tracker (the scheduler) plug in through the two
+small protocols below; later issues provide them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal, Protocol
+
+from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus, StageCounts
+
+from .errors import ApiError, Conflict, NotFound
+from .store import Store
+
+log = logging.getLogger("rolloutd.reconciler")
+
+
+@dataclass
+class NodeState:
+    name: str
+    state: Literal["pending", "running", "lost", "finished"]
+    reason: str = ""
+
+
+class ExecutorError(Exception):
+    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job."""
+
+    def __init__(self, message: str, *, reason: str = "ExecutorError", permanent: bool = False):
+        super().__init__(message)
+        self.reason = reason
+        self.permanent = permanent
+
+
+class Executor(Protocol):
+    async def ensure(self, job: RolloutJob, nodes: int) -> None: ...
+    async def observe(self, job: RolloutJob) -> list[NodeState]: ...
+    async def release(self, job: RolloutJob) -> None: ...
+
+
+@dataclass
+class Progress:
+    counts: StageCounts
+    done: bool = False          # every rollout is finished (or the DAPO target is met)
+    failed: str | None = None   # a reason when the job cannot finish
+
+
+class WorkTracker(Protocol):
+    async def progress(self, job: RolloutJob) -> Progress: ...
+    async def forget(self, job: RolloutJob) -> None: ...
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def set_condition(status: RolloutJobStatus, type_: str, value: bool | None, reason: str, message: str = "") -> None:
+    state = "Unknown" if value is None else ("True" if value else "False")
+    cur = status.condition(type_)
+    if cur is not None and cur.status == state and cur.reason == reason and cur.message == message:
+        return
+    changed = cur is None or cur.status != state
+    new = Condition(
+        type=type_, status=state, reason=reason, message=message,
+        last_transition_time=now() if changed else cur.last_transition_time,
+    )
+    status.conditions = [c for c in status.conditions if c.type != type_] + [new]
+
+
+class Reconciler:
+    def __init__(self, store: Store, executors: dict[str, Executor] | None = None,
+                 work: WorkTracker | None = None, resync: float = 2.0):
+        self.store = store
+        self.executors = executors or {}
+        self.work = work
+        self.resync = resync
+        self._stopped = asyncio.Event()
+
+    async def run(self) -> None:
+        wake = self.store.subscribe()
+        try:
+            while not self._stopped.is_set():
+                wake.clear()
+                await self.reconcile_all()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=self.resync)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.store.unsubscribe(wake)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def reconcile_all(self) -> None:
+        for job in await asyncio.to_thread(self.store.list):
+            try:
+                await self.reconcile(job)
+            except (Conflict, NotFound):
+                pass  # changed or gone under us: the next pass sees the new state
+            except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
+                log.exception("reconcile %s failed", job.metadata.name)
+                await self._event(job, "ReconcileError", f"{type(e).__name__}: {e}", "Warning")
+
+    async def _event(self, job: RolloutJob, reason: str, message: str, type_: str = "Normal") -> None:
+        await asyncio.to_thread(self.store.add_event, job.metadata.name, reason, message, type_)
+
+    async def _save(self, job: RolloutJob, status: RolloutJobStatus) -> None:
+        await asyncio.to_thread(
+            self.store.update_status, job.metadata.name, status, expect_rv=int(job.metadata.resource_version)
+        )
+
+    async def reconcile(self, job: RolloutJob) -> None:
+        name = job.metadata.name
+        status = job.status.model_copy(deep=True)
+        executor = self.executors.get(job.spec.executor.kind)
+
+        if job.metadata.deletion_timestamp is not None:
+            if executor is not None:
+                await executor.release(job)
+            if self.work is not None:
+                await self.work.forget(job)
+            if status.phase != Phase.cancelled and not (status.phase.terminal and status.phase != Phase.cancelling):
+                status.phase = Phase.cancelled
+                status.completion_time = status.completion_time or now()
+                set_condition(status, "Complete", False, "Cancelled", "deleted by the user")
+                await self._save(job, status)
+            await asyncio.to_thread(self.store.remove, name)
+            return
+
+        if status.phase.terminal:
+            if executor is not None:
+                await executor.release(job)  # idempotent: makes sure nothing is left running
+            return
+
+        status.observed_generation = job.metadata.generation or 0
+        if executor is None:
+            set_condition(status, "ExecutorReady", False, "ExecutorUnavailable",
+                          f"no {job.spec.executor.kind!r} executor is configured in this controller")
+            await self._save(job, status)
+            return
+        set_condition(status, "ExecutorReady", True, "Configured")
+
+        try:
+            await executor.ensure(job, job.spec.executor.nodes)
+            nodes = await executor.observe(job)
+        except ExecutorError as e:
+            set_condition(status, "Provisioned", False, e.reason, str(e))
+            if e.permanent:
+                await self._finish(job, status, Phase.failed, e.reason, str(e))
+            else:
+                await self._save(job, status)
+            return
+
+        running = [n for n in nodes if n.state == "running"]
+        status.nodes = len(running)
+        if status.phase == Phase.pending:
+            status.phase = Phase.provisioning
+            await self._event(job, "Provisioning", f"requested {job.spec.executor.nodes} node(s) from {job.spec.executor.kind}")
+        if running:
+            set_condition(status, "Provisioned", True, "NodesRunning", f"{len(running)}/{job.spec.executor.nodes} node daemons running")
+            if status.phase == Phase.provisioning:
+                status.phase = Phase.running
+                status.start_time = status.start_time or now()
+                await self._event(job, "Running", f"{len(running)} node daemon(s) registered")
+        else:
+            pending = [n.reason for n in nodes if n.reason]
+            set_condition(status, "Provisioned", False, "Waiting", "; ".join(pending) or "waiting for node daemons")
+
+        if self.work is not None:
+            progress = await self.work.progress(job)
+            status.counts = progress.counts
+            if progress.failed:
+                await executor.release(job)
+                await self._finish(job, status, Phase.failed, "WorkFailed", progress.failed)
+                return
+            if progress.done:
+                await executor.release(job)
+                await self._finish(job, status, Phase.succeeded, "AllRolloutsFinished",
+                                   f"{progress.counts.succeeded} rollouts finished, {progress.counts.failed} failed")
+                return
+        await self._save(job, status)
+
+    async def _finish(self, job: RolloutJob, status: RolloutJobStatus, phase: Phase, reason: str, message: str) -> None:
+        status.phase = phase
+        status.completion_time = now()
+        status.nodes = 0
+        if phase == Phase.succeeded:
+            set_condition(status, "Complete", True, reason, message)
+        else:
+            set_condition(status, "Complete", False, reason, message)
+            set_condition(status, "Failed", True, reason, message)
+        await self._save(job, status)
+        await self._event(job, phase.value, message, "Normal" if phase == Phase.succeeded else "Warning")

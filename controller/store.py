@@ -1,0 +1,395 @@
+"""Durable state of the controller: RolloutJobs, their watch log and events, in SQLite (WAL).
+
+Called by the API handlers and the reconciler; nothing else touches the database (node
+daemons never do). Every mutation appends one row to the `changes` log inside the same
+transaction; that row's id *is* the new resourceVersion, so resourceVersions grow
+monotonically and a watcher that resumes from version N sees every later change exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from sqlalchemy import event, func
+from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from rolloutd.crds.rolloutjob import IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
+
+from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
+
+SCHEMA_VERSION = 1
+# Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
+CHANGE_LOG_KEEP = 50_000
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+class SchemaVersionRow(SQLModel, table=True):
+    __tablename__ = "schema_version"
+    id: int = Field(default=1, primary_key=True)
+    version: int
+
+
+class JobRow(SQLModel, table=True):
+    __tablename__ = "jobs"
+    name: str = Field(primary_key=True)
+    uid: str
+    generation: int
+    resource_version: int
+    labels: str  # JSON
+    annotations: str  # JSON
+    spec: str  # JSON, wire form (camelCase)
+    status: str  # JSON, wire form
+    created: datetime
+    deleted: datetime | None = None
+
+
+class ChangeRow(SQLModel, table=True):
+    __tablename__ = "changes"
+    rv: int | None = Field(default=None, primary_key=True)
+    type: str  # ADDED | MODIFIED | DELETED
+    name: str = Field(index=True)
+    object: str  # JSON, the whole resource after the change
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True)
+    time: datetime
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Change:
+    rv: int
+    type: str
+    name: str
+    object: dict[str, Any]
+
+
+def _to_resource(row: JobRow) -> RolloutJob:
+    return RolloutJob.model_validate(_to_wire(row))
+
+
+def _to_wire(row: JobRow) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": row.name,
+        "uid": row.uid,
+        "generation": row.generation,
+        "resourceVersion": str(row.resource_version),
+        "creationTimestamp": _ts(row.created),
+    }
+    if json.loads(row.labels):
+        meta["labels"] = json.loads(row.labels)
+    if json.loads(row.annotations):
+        meta["annotations"] = json.loads(row.annotations)
+    if row.deleted:
+        meta["deletionTimestamp"] = _ts(row.deleted)
+    return {
+        "apiVersion": "rolloutd.io/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": meta,
+        "spec": json.loads(row.spec),
+        "status": json.loads(row.status),
+    }
+
+
+def _ts(dt: datetime) -> str:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def parse_selector(selector: str | None) -> list[tuple[str, str, str | None]]:
+    """`a=b,c!=d,e` → [(key, op, value)]; ops: =, ==, !=, exists, !exists."""
+    out: list[tuple[str, str, str | None]] = []
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        elif "==" in term:
+            k, v = term.split("==", 1)
+            out.append((k.strip(), "=", v.strip()))
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            out.append((k.strip(), "=", v.strip()))
+        elif term.startswith("!"):
+            out.append((term[1:].strip(), "!exists", None))
+        else:
+            out.append((term, "exists", None))
+    return out
+
+
+def matches(labels: dict[str, str], selector: list[tuple[str, str, str | None]]) -> bool:
+    for key, op, value in selector:
+        if op == "=" and labels.get(key) != value:
+            return False
+        if op == "!=" and labels.get(key) == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!exists" and key in labels:
+            return False
+    return True
+
+
+class Store:
+    """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(
+            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
+        )
+
+        @event.listens_for(self.engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        self._lock = threading.RLock()
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._migrate()
+
+    # ------------------------------------------------------------ schema
+
+    def _migrate(self) -> None:
+        SQLModel.metadata.create_all(self.engine)
+        with Session(self.engine) as s:
+            row = s.get(SchemaVersionRow, 1)
+            if row is None:
+                s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
+            elif row.version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"database {self.path} has schema version {row.version}, newer than this "
+                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
+                )
+            # Future migrations: `while row.version < SCHEMA_VERSION: MIGRATIONS[row.version](s); row.version += 1`
+            s.commit()
+
+    def schema_version(self) -> int:
+        with Session(self.engine) as s:
+            return s.get(SchemaVersionRow, 1).version
+
+    # ------------------------------------------------------------ notifications
+
+    def subscribe(self) -> asyncio.Event:
+        ev = asyncio.Event()
+        self._listeners.add((asyncio.get_running_loop(), ev))
+        return ev
+
+    def unsubscribe(self, ev: asyncio.Event) -> None:
+        self._listeners = {(lp, e) for lp, e in self._listeners if e is not ev}
+
+    def _notify(self) -> None:
+        for loop, ev in list(self._listeners):
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # loop closed
+                self._listeners.discard((loop, ev))
+
+    # ------------------------------------------------------------ reads
+
+    def get(self, name: str) -> RolloutJob:
+        with Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            return _to_resource(row)
+
+    def get_wire(self, name: str) -> dict[str, Any]:
+        with Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            return _to_wire(row)
+
+    def list_wire(self, selector: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        sel = parse_selector(selector)
+        with Session(self.engine) as s:
+            rows = s.exec(select(JobRow).order_by(JobRow.name)).all()
+            rv = s.exec(select(func.max(ChangeRow.rv))).one() or 0
+        items = [_to_wire(r) for r in rows if matches(json.loads(r.labels), sel)]
+        return items, rv
+
+    def list(self, selector: str | None = None) -> list[RolloutJob]:
+        return [RolloutJob.model_validate(w) for w in self.list_wire(selector)[0]]
+
+    def current_rv(self) -> int:
+        with Session(self.engine) as s:
+            return s.exec(select(func.max(ChangeRow.rv))).one() or 0
+
+    def changes_since(self, rv: int, name: str | None = None, limit: int = 500) -> list[Change]:
+        with Session(self.engine) as s:
+            oldest = s.exec(select(func.min(ChangeRow.rv))).one()
+            if oldest is not None and rv < oldest - 1:
+                raise Gone(f"resourceVersion {rv} is too old (oldest kept: {oldest}); list again and watch from there")
+            q = select(ChangeRow).where(ChangeRow.rv > rv)
+            if name:
+                q = q.where(ChangeRow.name == name)
+            rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
+        return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        with Session(self.engine) as s:
+            rows = s.exec(select(EventRow).where(EventRow.name == name).order_by(EventRow.id)).all()
+        return [{"time": _ts(r.time), "type": r.type, "reason": r.reason, "message": r.message} for r in rows]
+
+    # ------------------------------------------------------------ writes
+
+    def _record(self, s: Session, row: JobRow, type_: str) -> dict[str, Any]:
+        """Append the change-log row, stamp its id as the resource's new resourceVersion."""
+        change = ChangeRow(type=type_, name=row.name, object="{}")
+        s.add(change)
+        s.flush()
+        row.resource_version = change.rv
+        wire = _to_wire(row)
+        change.object = _dumps(wire)
+        s.add(change)
+        if change.rv % 1000 == 0:  # bounded history
+            s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
+        return wire
+
+    def apply(self, job: RolloutJob, *, create_only: bool = False) -> tuple[dict[str, Any], str]:
+        """Server-side apply. Returns (resource, outcome) with outcome created|configured|unchanged."""
+        spec = job.spec.wire()
+        name = job.metadata.name
+        with self._lock, Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                row = JobRow(
+                    name=name,
+                    uid=str(uuid.uuid4()),
+                    generation=1,
+                    resource_version=0,
+                    labels=_dumps(job.metadata.labels),
+                    annotations=_dumps(job.metadata.annotations),
+                    spec=_dumps(spec),
+                    status=_dumps(RolloutJobStatus().wire()),
+                    created=utcnow(),
+                )
+                s.add(row)
+                wire = self._record(s, row, "ADDED")
+                s.commit()
+                outcome = "created"
+            else:
+                if create_only:
+                    raise AlreadyExists(f'rolloutjobs "{name}" already exists', name=name)
+                if row.deleted is not None:
+                    raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
+                old_spec = json.loads(row.spec)
+                spec_changed = old_spec != spec
+                meta_changed = (
+                    json.loads(row.labels) != job.metadata.labels
+                    or json.loads(row.annotations) != job.metadata.annotations
+                )
+                if not spec_changed and not meta_changed:
+                    return _to_wire(row), "unchanged"
+                if spec_changed:
+                    causes = [
+                        {
+                            "field": "spec." + ".".join(path),
+                            "reason": "FieldValueForbidden",
+                            "message": "field is immutable once the job exists; delete and re-create the job",
+                        }
+                        for path in IMMUTABLE_FIELDS
+                        if spec_value(old_spec, path) != spec_value(spec, path)
+                    ]
+                    if causes:
+                        raise Invalid(
+                            "RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
+                            causes=causes,
+                            name=name,
+                        )
+                    row.spec = _dumps(spec)
+                    row.generation += 1
+                row.labels = _dumps(job.metadata.labels)
+                row.annotations = _dumps(job.metadata.annotations)
+                s.add(row)
+                wire = self._record(s, row, "MODIFIED")
+                s.commit()
+                outcome = "configured"
+        self._notify()
+        return wire, outcome
+
+    def update_status(
+        self, name: str, status: RolloutJobStatus, *, expect_rv: int | None = None
+    ) -> dict[str, Any]:
+        """Replace the status; with `expect_rv`, fail with Conflict if the job changed since."""
+        with self._lock, Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            if expect_rv is not None and row.resource_version != expect_rv:
+                raise Conflict(
+                    f'rolloutjobs "{name}" changed (resourceVersion {row.resource_version}, expected {expect_rv})',
+                    name=name,
+                )
+            new = _dumps(status.wire())
+            if new == row.status:
+                return _to_wire(row)
+            row.status = new
+            s.add(row)
+            wire = self._record(s, row, "MODIFIED")
+            s.commit()
+        self._notify()
+        return wire
+
+    def mark_deleted(self, name: str) -> dict[str, Any]:
+        """Deletion is two-phase: mark (phase Cancelling) here, the reconciler releases and removes."""
+        with self._lock, Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            if row.deleted is not None:
+                return _to_wire(row)
+            row.deleted = utcnow()
+            status = RolloutJobStatus.model_validate(json.loads(row.status))
+            if not status.phase.terminal:
+                status.phase = Phase.cancelling
+            row.status = _dumps(status.wire())
+            s.add(row)
+            wire = self._record(s, row, "MODIFIED")
+            s.commit()
+        self._notify()
+        return wire
+
+    def remove(self, name: str) -> None:
+        with self._lock, Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is None:
+                return
+            self._record(s, row, "DELETED")
+            s.delete(row)
+            for ev in s.exec(select(EventRow).where(EventRow.name == name)).all():
+                s.delete(ev)
+            s.commit()
+        self._notify()
+
+    def add_event(self, name: str, reason: str, message: str, type_: str = "Normal") -> None:
+        with self._lock, Session(self.engine) as s:
+            s.add(EventRow(name=name, time=utcnow(), type=type_, reason=reason, message=message))
+            s.commit()
+
+    def names(self) -> Iterable[str]:
+        with Session(self.engine) as s:
+            return list(s.exec(select(JobRow.name)).all())

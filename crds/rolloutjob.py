@@ -1,0 +1,275 @@
+"""The RolloutJob resource (apiVersion rolloutd.io/v1alpha1): metadata, spec, status.
+
+The user's declaration of what they want, reconciled by the controller into allocations,
+daemons, queued work and results. Validated here once (unknown fields rejected), used by
+the API (`rolloutd.controller.api`), the reconciler, the CLI and the CRD generator (`crd.py`).
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import Model
+
+GROUP = "rolloutd.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RolloutJob"
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(infinite|UNLIMITED)$")
+
+
+def validate_name(name: str) -> str:
+    if len(name) > 63 or not _DNS1123.match(name):
+        raise ValueError(
+            "must be a DNS-1123 label: at most 63 characters, lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (e.g. 'math-demo')"
+        )
+    return name
+
+
+# ---------------------------------------------------------------- metadata
+
+
+class ObjectMeta(Model):
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    # Server-set; accepted on input (so `get -o yaml | apply -f -` works) but never trusted.
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return validate_name(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if len(key) > 253 or not _LABEL_KEY.match(key):
+                raise ValueError(f"label key {key!r} is not a valid label key")
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise ValueError(f"label {key}={value!r}: value must be ≤63 chars of [A-Za-z0-9-_.]")
+        return v
+
+
+# ---------------------------------------------------------------- spec
+
+
+class TasksSpec(Model):
+    kind: str = Field(description="math | stem | code | swe | a plug-in name (entry point group rolloutd.tasks)",
+                      pattern=r"^[a-z][a-z0-9_-]*$")
+    source: str = Field(description="JSON-lines dataset (path on the controller's filesystem)")
+    limit: int | None = Field(default=None, ge=1, description="use only the first N prompts")
+
+
+class SamplingSpec(Model):
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, description="-1 or null disables")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_tokens_per_turn: int = Field(default=256, ge=1)
+    max_total_tokens: int = Field(default=2048, ge=1)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+Tool = Literal["bash", "ipython", "editor", "submit"]
+
+
+class AgentSpec(Model):
+    max_turns: int = Field(default=4, ge=1)
+    tools: list[Tool] = Field(default_factory=lambda: ["bash", "ipython", "editor", "submit"])
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    drift_check: bool = Field(default=False, description="re-tokenize decoded conversations and report drift")
+
+
+class BackendSpec(Model):
+    url: str = Field(pattern=r"^https?://")
+    name: str | None = None
+
+
+class LLMSpec(Model):
+    tokenizer: str = Field(description="Hugging Face tokenizer directory (the model's own chat template)")
+    model: str | None = Field(default=None, description="model name sent to the backends (default: discovered)")
+    backends: list[BackendSpec] = Field(default_factory=list)
+
+
+class SandboxLimits(Model):
+    memory_mb: int = Field(default=1024, ge=16, alias="memoryMB")
+    processes: int = Field(default=256, ge=8)
+    file_size_mb: int = Field(default=1024, ge=1, alias="fileSizeMB")
+    wall_seconds: int = Field(default=600, ge=1)
+
+
+class SandboxSpec(Model):
+    runtime: Literal["bwrap", "apptainer", "process"] = "bwrap"
+    image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
+    network: bool = False
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
+class SlurmSpec(Model):
+    partition: str | None = None
+    time_limit: str | None = Field(default=None, description="Slurm time limit, e.g. 01:00:00 or 2-00:00:00")
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    extra_args: list[str] = Field(default_factory=list, description="extra sbatch arguments")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before the daemons (module load …)")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_TIME.match(v):
+            raise ValueError("must be a Slurm time limit such as 30, 01:00:00 or 1-12:00:00")
+        return v
+
+
+class ExecutorSpec(Model):
+    kind: Literal["local", "slurm"] = "local"
+    nodes: int = Field(default=1, ge=0, le=4096)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+
+
+class WorkersPerNode(Model):
+    init: int = Field(default=8, ge=1)
+    run: int = Field(default=32, ge=1)
+    eval: int = Field(default=8, ge=1)
+
+
+class PipelineSpec(Model):
+    workers_per_node: WorkersPerNode = Field(default_factory=WorkersPerNode)
+    max_attempts: int = Field(default=3, ge=1, description="attempts per rollout for infrastructure failures")
+
+
+class DapoSpec(Model):
+    enabled: bool = False
+    target_groups: int = Field(default=16, ge=1)
+    max_in_flight_groups: int | None = Field(default=None, ge=1)
+    filter: Literal["zeroVariance", "band"] = "zeroVariance"
+    band: tuple[float, float] | None = Field(default=None, description="[low, high] mean-reward band for filter: band")
+    carry_over: bool = False
+
+
+class TimeoutsSpec(Model):
+    init_seconds: float = Field(default=120, gt=0)
+    run_seconds: float = Field(default=900, gt=0)
+    eval_seconds: float = Field(default=600, gt=0)
+    action_seconds: float = Field(default=60, gt=0)
+
+
+class RolloutJobSpec(Model):
+    tasks: TasksSpec
+    samples_per_prompt: int = Field(default=1, ge=1, le=1024)
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    llm: LLMSpec
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
+    dapo: DapoSpec = Field(default_factory=DapoSpec)
+    timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+
+
+# Paths (camelCase, as in YAML) that cannot change once the job exists.
+IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("tasks",),
+    ("samplesPerPrompt",),
+    ("executor", "kind"),
+    ("sandbox", "runtime"),
+)
+
+# ---------------------------------------------------------------- status
+
+
+class Phase(str, Enum):
+    pending = "Pending"
+    provisioning = "Provisioning"
+    running = "Running"
+    succeeded = "Succeeded"
+    failed = "Failed"
+    cancelling = "Cancelling"
+    cancelled = "Cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.succeeded, Phase.failed, Phase.cancelled)
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+
+
+class StageCounts(Model):
+    """Rollouts per stage; `total` = prompts × samplesPerPrompt once the job is expanded."""
+
+    total: int = 0
+    queued: int = 0
+    init: int = 0
+    run: int = 0
+    eval: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class RolloutJobStatus(Model):
+    phase: Phase = Phase.pending
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int = 0
+    counts: StageCounts = Field(default_factory=StageCounts)
+    nodes: int = Field(default=0, description="node daemons registered and alive")
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    message: str = ""
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# ---------------------------------------------------------------- the resource
+
+
+class RolloutJob(Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    metadata: ObjectMeta
+    spec: RolloutJobSpec
+    status: RolloutJobStatus = Field(default_factory=RolloutJobStatus)
+
+    @model_validator(mode="after")
+    def _type(self) -> "RolloutJob":
+        if self.api_version != API_VERSION:
+            raise ValueError(f"apiVersion must be {API_VERSION!r}, got {self.api_version!r}")
+        if self.kind != KIND:
+            raise ValueError(f"kind must be {KIND!r}, got {self.kind!r}")
+        return self
+
+
+def spec_value(spec: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at a camelCase path of a wire-form spec, or None."""
+    cur: Any = spec
+    for key in path:
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(key)
+    return cur

@@ -1,0 +1,77 @@
+"""The trajectory record: what a node daemon reports for one rollout and a trainer receives.
+
+Produced by the agent loop (`rolloutd.agents`), stored by the controller, streamed to trainers.
+Token-exact: `token_ids` are the ids the engine was fed or generated, never a re-tokenization.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from .base import Model
+
+
+class FailureKind(str, Enum):
+    none = "none"
+    agent = "agent"   # the policy's fault: bad format, turn or token limit; a legitimate reward
+    infra = "infra"   # our fault: sandbox died, backend unreachable, INIT/EVAL crashed; never a reward
+
+
+class Failure(Model):
+    kind: FailureKind = FailureKind.none
+    reason: str = ""
+
+
+class Turn(Model):
+    """One assistant turn: half-open slices [start, end) into `Trajectory.token_ids`."""
+
+    generated_start: int
+    generated_end: int
+    observation_start: int | None = None
+    observation_end: int | None = None
+    finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Timings(Model):
+    queue: float = 0.0
+    init: float = 0.0
+    run: float = 0.0
+    eval: float = 0.0
+
+
+class Trajectory(Model):
+    job: str
+    prompt: int = Field(description="index of the prompt in the dataset")
+    sample: int = Field(description="sample index within the prompt's group")
+    task_id: str | None = None
+    token_ids: list[int] = Field(default_factory=list)
+    prompt_length: int = 0
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float | None] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    reward: float | None = None
+    reward_details: dict[str, Any] = Field(default_factory=dict)
+    failure: Failure = Field(default_factory=Failure)
+    finish_reason: str | None = None
+    policy_version: int | str | None = None
+    policy_versions: list[int | str] = Field(default_factory=list)
+    backend: str | None = None
+    node: str | None = None
+    attempt: int = 0
+    timings: Timings = Field(default_factory=Timings)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Trajectory":
+        n = len(self.token_ids)
+        if self.loss_mask and len(self.loss_mask) != n:
+            raise ValueError(f"lossMask has {len(self.loss_mask)} entries, tokenIds has {n}")
+        if self.logprobs and len(self.logprobs) != n:
+            raise ValueError(f"logprobs has {len(self.logprobs)} entries, tokenIds has {n}")
+        if self.failure.kind == FailureKind.infra and self.reward is not None:
+            raise ValueError("an infrastructure failure carries no reward (it is retried or excluded)")
+        return self

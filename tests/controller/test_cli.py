@@ -1,0 +1,124 @@
+"""`rolloutctl` end to end: a real controller process and the CLI as a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import yaml
+
+
+def ctl(controller, *args, stdin: str | None = None, env: dict | None = None, timeout: float = 60):
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "rolloutd.controller.ctl", *args], input=stdin,
+                          capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def test_apply_get_describe_delete(controller, example_yaml, tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text(example_yaml)
+    r = ctl(controller, "apply", "-f", str(f))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "rolloutjob.rolloutd.io/math-demo created"
+    assert ctl(controller, "apply", "-f", str(f)).stdout.strip().endswith("unchanged")
+    changed = example_yaml.replace("nodes: 2", "nodes: 3")
+    assert ctl(controller, "apply", "-f", "-", stdin=changed).stdout.strip().endswith("configured")
+
+    table = ctl(controller, "get", "rolloutjobs")
+    assert table.returncode == 0
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["NAME", "PHASE", "NODES"]
+    assert row.split()[0] == "math-demo" and row.split()[2] == "0/3"
+
+    obj = json.loads(ctl(controller, "get", "rj", "math-demo", "-o", "json").stdout)
+    assert obj["metadata"]["generation"] == 2 and obj["spec"]["executor"]["nodes"] == 3
+    listing = yaml.safe_load(ctl(controller, "get", "rolloutjobs", "-l", "team=rl", "-o", "yaml").stdout)
+    assert [i["metadata"]["name"] for i in listing["items"]] == ["math-demo"]
+    assert "No resources found" in ctl(controller, "get", "rolloutjobs", "-l", "team=none").stderr
+
+    desc = ctl(controller, "describe", "rolloutjob", "math-demo").stdout
+    assert "Name:          math-demo" in desc and "Executor:    local, 3 node(s)" in desc
+    assert "Conditions:" in desc and "Events:" in desc
+
+    gone = ctl(controller, "delete", "rolloutjob", "math-demo", "--wait", "--timeout", "30s")
+    assert gone.returncode == 0, gone.stderr
+    assert "deleted" in gone.stdout
+    missing = ctl(controller, "get", "rj", "math-demo")
+    assert missing.returncode == 1 and "NotFound" in missing.stderr
+
+
+def test_bad_input_is_one_clear_line_and_exit_1(controller, example_yaml, tmp_path):
+    bad = example_yaml.replace("maxTurns: 4", "maxTurnz: 4")
+    r = ctl(controller, "apply", "-f", "-", stdin=bad)
+    assert r.returncode == 1 and "spec.agent.maxTurnz" in r.stderr and "Traceback" not in r.stderr
+    r = ctl(controller, "apply", "-f", "-", stdin="kind: [\n")
+    assert r.returncode == 1 and "malformed YAML" in r.stderr
+    r = ctl(controller, "apply", "-f", str(tmp_path / "absent.yaml"))
+    assert r.returncode == 1 and "cannot read" in r.stderr
+    r = ctl(controller, "get", "pods")
+    assert r.returncode == 2 and "unknown resource type" in r.stderr
+
+
+def test_wrong_token_and_unreachable_server(controller):
+    r = ctl(controller, "get", "rj", env={"ROLLOUTD_TOKEN": "nope"})
+    assert r.returncode == 1 and "Unauthorized" in r.stderr
+    r = ctl(controller, "get", "rj", env={"ROLLOUTD_SERVER": "http://127.0.0.1:9"})
+    assert r.returncode == 1 and "cannot reach the controller" in r.stderr
+
+
+def test_token_file_and_config_file(controller, tmp_path):
+    env = {"ROLLOUTD_TOKEN": ""}
+    r = ctl(controller, "--token-file", str(controller.data_dir / "token"), "get", "rj", env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"server": controller.url, "tokenFile": str(controller.data_dir / "token")}))
+    r = ctl(controller, "get", "rj", env={"ROLLOUTD_TOKEN": "", "ROLLOUTD_SERVER": "", "ROLLOUTD_CONFIG": str(cfg)})
+    assert r.returncode == 0, r.stderr
+
+
+def test_wait_times_out_then_succeeds_when_condition_is_met(controller, example_yaml):
+    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    r = ctl(controller, "wait", "rj", "math-demo", "--for=condition=Complete", "--timeout=1s")
+    assert r.returncode == 3 and "timed out" in r.stderr
+
+    # another party (the scheduler, later) completes the job while `wait` blocks
+    result = {}
+
+    def waiter():
+        result["r"] = ctl(controller, "wait", "rj", "math-demo", "--for=condition=Complete", "--timeout=60s")
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    with controller.client() as api:
+        # Whether this write lands before or after the waiter connects, the outcome is the same:
+        # `wait` reads the object first, then watches from its resourceVersion, so nothing is missed.
+        status = {"phase": "Succeeded", "conditions": [{"type": "Complete", "status": "True", "reason": "Done"}]}
+        r = api.put("/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status", json={"status": status})
+        assert r.status_code == 200
+    t.join(60)
+    assert result["r"].returncode == 0, result["r"].stderr
+    assert "math-demo condition met" in result["r"].stdout
+
+
+def test_wait_reports_failure(controller, example_yaml):
+    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    with controller.client() as api:
+        api.put("/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status", json={"status": {
+            "phase": "Failed", "conditions": [{"type": "Complete", "status": "False", "reason": "Boom", "message": "all broke"}]}})
+    r = ctl(controller, "wait", "rj", "math-demo", "--timeout=30s")
+    assert r.returncode == 1 and "Failed" in r.stderr and "all broke" in r.stderr
+
+
+def test_watch_shows_progress_until_the_end(controller, example_yaml):
+    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    with controller.client() as api:
+        api.put("/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status", json={"status": {
+            "phase": "Succeeded", "counts": {"total": 8, "succeeded": 7, "failed": 1}}})
+    r = ctl(controller, "watch", "rj", "math-demo", "--timeout=30s")
+    assert r.returncode == 0, r.stderr
+    assert "phase Succeeded" in r.stdout
+    assert re.search(r"succeeded\W+7\W", r.stdout) and re.search(r"failed\W+1\W", r.stdout), r.stdout

@@ -1,0 +1,127 @@
+"""The reconcile loop's phase machine, with a scripted executor and work tracker (logic only;
+the real executors have their own end-to-end tests)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rolloutd.controller.errors import NotFound
+from rolloutd.controller.reconciler import ExecutorError, NodeState, Progress, Reconciler
+from rolloutd.controller.store import Store
+from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+
+
+class ScriptedExecutor:
+    def __init__(self):
+        self.nodes: list[NodeState] = []
+        self.ensured: list[int] = []
+        self.released = 0
+        self.error: ExecutorError | None = None
+
+    async def ensure(self, job, nodes):
+        if self.error:
+            raise self.error
+        self.ensured.append(nodes)
+
+    async def observe(self, job):
+        return list(self.nodes)
+
+    async def release(self, job):
+        self.released += 1
+
+
+class ScriptedWork:
+    def __init__(self):
+        self.progress_value = Progress(StageCounts(total=8, queued=8))
+        self.forgotten = 0
+
+    async def progress(self, job):
+        return self.progress_value
+
+    async def forget(self, job):
+        self.forgotten += 1
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    ex, work = ScriptedExecutor(), ScriptedWork()
+    job = RolloutJob.model_validate(yaml.safe_load(EXAMPLE.read_text()))
+    store.apply(job)
+    return store, ex, work, Reconciler(store, {"local": ex}, work)
+
+
+def phase(store):
+    return store.get("math-demo").status.phase.value
+
+
+def test_phases_to_success(setup):
+    store, ex, work, rec = setup
+
+    async def go():
+        await rec.reconcile_all()
+        assert phase(store) == "Provisioning" and ex.ensured == [2]
+        assert store.get("math-demo").status.condition("Provisioned").status == "False"
+        ex.nodes = [NodeState("n1", "running")]
+        await rec.reconcile_all()
+        st = store.get("math-demo").status
+        assert st.phase.value == "Running" and st.nodes == 1 and st.start_time is not None
+        work.progress_value = Progress(StageCounts(total=8, succeeded=8), done=True)
+        await rec.reconcile_all()
+        st = store.get("math-demo").status
+        assert st.phase.value == "Succeeded" and st.condition("Complete").status == "True"
+        assert st.completion_time is not None and ex.released == 1
+        rv = store.get("math-demo").metadata.resource_version
+        await rec.reconcile_all()  # idempotent: nothing changes on a finished job
+        assert store.get("math-demo").metadata.resource_version == rv
+        reasons = [e["reason"] for e in store.events("math-demo")]
+        assert reasons == ["Provisioning", "Running", "Succeeded"]
+
+    asyncio.run(go())
+
+
+def test_permanent_executor_error_fails_with_message(setup):
+    store, ex, work, rec = setup
+    ex.error = ExecutorError("sbatch: error: invalid partition specified: nope", reason="InvalidPartition", permanent=True)
+    asyncio.run(rec.reconcile_all())
+    st = store.get("math-demo").status
+    assert st.phase.value == "Failed"
+    assert st.condition("Failed").reason == "InvalidPartition"
+    assert "invalid partition" in st.condition("Failed").message
+
+
+def test_transient_executor_error_is_retried(setup):
+    store, ex, work, rec = setup
+    ex.error = ExecutorError("slurmctld not responding", reason="SlurmUnavailable")
+    asyncio.run(rec.reconcile_all())
+    assert phase(store) == "Pending"
+    assert store.get("math-demo").status.condition("Provisioned").reason == "SlurmUnavailable"
+    ex.error = None
+    asyncio.run(rec.reconcile_all())
+    assert phase(store) == "Provisioning"
+
+
+def test_delete_releases_and_removes(setup):
+    store, ex, work, rec = setup
+    asyncio.run(rec.reconcile_all())
+    store.mark_deleted("math-demo")
+    assert phase(store) == "Cancelling"
+    asyncio.run(rec.reconcile_all())
+    with pytest.raises(NotFound):
+        store.get("math-demo")
+    assert ex.released == 1 and work.forgotten == 1
+    kinds = [(c.type, c.object["status"]["phase"]) for c in store.changes_since(0)][-2:]
+    assert kinds == [("MODIFIED", "Cancelled"), ("DELETED", "Cancelled")]
+
+
+def test_missing_executor_is_a_condition_not_a_crash(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    store.apply(RolloutJob.model_validate(yaml.safe_load(EXAMPLE.read_text())))
+    asyncio.run(Reconciler(store, {}).reconcile_all())
+    cond = store.get("math-demo").status.condition("ExecutorReady")
+    assert cond.status == "False" and cond.reason == "ExecutorUnavailable"
