@@ -3,8 +3,9 @@ engines (tests/engine_fixtures.py, shared per session) and against fakes (tests/
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
+HERE = Path(__file__).resolve().parent
+for path in (HERE.parent, HERE):  # engine_fixtures, agent_fakes (pytest runs with --import-mode=importlib)
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 from engine_fixtures import engine_pool, smollm2_engine, tiny_engine  # noqa: E402,F401
