@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rolloutd.sandbox.errors import SandboxError
+
 TOOL_NAMES = ("bash", "ipython", "editor", "submit")
 MAX_OBSERVATION_CHARS = 8000
 
@@ -167,9 +169,9 @@ def _clip(text: str) -> str:
 
 
 def is_infra_error(exc: BaseException) -> bool:
-    """Sandbox infrastructure failures propagate (the rollout is retried, never scored)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"SandboxError", "SandboxDied"})
+    """Sandbox infrastructure failures (`SandboxError` and subclasses: died, timed out, could not
+    start) propagate: the rollout is retried, never scored. `ExecError` is a tool result."""
+    return isinstance(exc, SandboxError)
 
 
 async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
@@ -198,8 +200,10 @@ async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
                 parts.append(f"Out: {r.result}")
             if r.error:
                 parts.append(r.error)
+            if getattr(r, "timed_out", False):
+                parts.append(f"[cell timed out after {timeout:g}s]")
             text = "\n".join(p for p in parts if p) or "[no output]"
-            return ToolResult(_clip(text), ok=not r.error)
+            return ToolResult(_clip(text), ok=not r.error and not getattr(r, "timed_out", False))
         if call.name == "editor":
             return await asyncio.wait_for(_editor(a, sandbox), guard)
     except asyncio.TimeoutError as e:

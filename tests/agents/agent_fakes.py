@@ -56,16 +56,7 @@ class IPythonResult:
     error: str | None = None
 
 
-class SandboxDied(Exception):  # named like rolloutd.sandbox's; the loop classifies by class name
-    pass
-
-
-class SandboxError(Exception):
-    pass
-
-
-class ExecError(Exception):  # a request failure the agent should see (not infra)
-    pass
+from rolloutd.sandbox.errors import ExecError, SandboxDied, SandboxError  # noqa: E402
 
 
 @dataclass
