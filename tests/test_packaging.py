@@ -14,7 +14,7 @@ PARTS = {"crds": "rolloutd.crds", "controller": "rolloutd.controller", "agents":
 
 def test_every_package_folder_is_listed():
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert cfg["package-dir"] == PARTS
+    assert cfg["package-dir"] == {pkg: folder for folder, pkg in PARTS.items()}
     listed = set(cfg["packages"])
     found = set()
     for folder, pkg in PARTS.items():
