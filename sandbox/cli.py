@@ -1,5 +1,20 @@
-"""`rolloutd sandbox ...`: debugging entry points for the sandbox runtimes."""
+"""`rolloutd sandbox ...`: debugging entry points for the sandbox runtimes.
+
+Where it sits: registered as the ``sandbox`` sub-command of ``rolloutd`` by
+`rolloutd.controller.main`. ``rolloutd sandbox exec -- COMMAND`` runs one bash
+command through the full production path (runtime → execution server → pty)
+and exits with the command's exit code: the way to check an image or a limit
+by hand, e.g.::
+
+    rolloutd sandbox exec --memory-mb 256 -- python3 -c 'x = bytearray(10**9)'
+    rolloutd sandbox exec --image /srv/rootfs/bookworm -- cat /etc/os-release
+"""
 from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from typing import List, Optional
 
 import typer
 
@@ -9,3 +24,57 @@ app = typer.Typer(no_args_is_help=True)
 @app.callback()
 def _group() -> None:
     """Sandbox tools."""
+
+
+@app.command(
+    "exec",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def exec_(
+    command: List[str] = typer.Argument(..., help="the bash command (put it after --)"),
+    runtime: str = typer.Option("bwrap", "--runtime", help="bwrap | apptainer | process"),
+    image: str = typer.Option("host", "--image", help="host, a root filesystem directory, or a .sif"),
+    network: bool = typer.Option(False, "--network", help="give the sandbox the host's network"),
+    memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="memory limit (MB)"),
+    processes: Optional[int] = typer.Option(None, "--processes", help="process limit"),
+    timeout: float = typer.Option(60.0, "--timeout", help="command timeout (s); Ctrl-C, then kill"),
+) -> None:
+    """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
+    from .errors import ExecError, SandboxError
+    from .models import SandboxSpec
+
+    fields = {"runtime": runtime, "image": image, "network": network}
+    if memory_mb is not None:
+        fields["memory_mb"] = memory_mb
+    if processes is not None:
+        fields["processes"] = processes
+    try:
+        spec = SandboxSpec(**fields)
+    except ValueError as e:
+        typer.echo(f"rolloutd sandbox exec: {e}", err=True)
+        raise typer.Exit(2) from None
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    try:
+        code = asyncio.run(_run(spec, text, timeout))
+    except (SandboxError, ExecError) as e:
+        typer.echo(f"rolloutd sandbox exec: {type(e).__name__}: {e}", err=True)
+        raise typer.Exit(125) from None
+    raise typer.Exit(code)
+
+
+async def _run(spec, command: str, timeout: float) -> int:
+    from .base import create_sandbox
+
+    sandbox = await create_sandbox(spec)
+    try:
+        result = await sandbox.bash(command, timeout=timeout, max_output=1 << 20)
+    finally:
+        await sandbox.close()
+    sys.stdout.write(result.output)
+    if result.output and not result.output.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if result.timed_out:
+        typer.echo(f"rolloutd sandbox exec: timed out after {timeout:g}s", err=True)
+        return 124
+    return result.exit_code if result.exit_code is not None else 125

@@ -192,18 +192,22 @@ class BashSession:
     # -- public operations -------------------------------------------------
 
     def run(self, command: str, timeout: float, max_output: int) -> dict:
-        os.makedirs(self._cmd_dir, exist_ok=True)
-        with open(self.cmd_file, "w", encoding="utf-8") as f:
-            f.write(command)
-            if not command.endswith("\n"):
-                f.write("\n")
-        return self._run_line(f". '{self.cmd_file}'", timeout, max_output)
+        """Run one command to its end (or timeout); waits while another command runs."""
+        self._lock.acquire()
+        try:
+            self._write_command_file(command)
+            started = self._begin(f". '{self.cmd_file}'", max_output)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self.finish(started, timeout)
 
     def send_input(self, text: str) -> None:
         self._write(text.encode())
 
     def interrupt(self) -> None:
-        self._write(b"\x03")
+        if not self.dead:
+            self._write(b"\x03")
 
     def kill(self) -> None:
         """Kill bash and every process of its session."""
@@ -228,19 +232,58 @@ class BashSession:
     # -- internals ---------------------------------------------------------
 
     def _run_line(self, line: str, timeout: float, max_output: int) -> dict:
-        with self._lock:
-            if self.dead:
-                raise SessionDead(self.name)
-            self._seq += 1
-            tag = f"{self._secret}{self._seq:x}"
-            cap = Capture(tag, max_output)
-            with self._cond:
-                self._capture = cap
-            start = time.monotonic()
-            self._write(f" __rd_t={tag}; {line}\n".encode())
+        self._lock.acquire()
+        try:
+            started = self._begin(line, max_output)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self.finish(started, timeout)
+
+    def try_begin(self, command: str, max_output: int) -> tuple[Capture, float] | None:
+        """Start `command` now if the session is idle (the caller then calls `finish`).
+
+        Used by the server's connection thread so that the command line reaches
+        the terminal before any later request on the same connection (a
+        ``send_input`` or ``interrupt`` sent right after the ``bash``) does.
+        None when another command is running; then use `run`.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._write_command_file(command)
+            return self._begin(f". '{self.cmd_file}'", max_output)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _write_command_file(self, command: str) -> None:
+        os.makedirs(self._cmd_dir, exist_ok=True)
+        with open(self.cmd_file, "w", encoding="utf-8") as f:
+            f.write(command)
+            if not command.endswith("\n"):
+                f.write("\n")
+
+    def _begin(self, line: str, max_output: int) -> tuple[Capture, float]:
+        """With the lock held: type the line that runs a command."""
+        if self.dead:
+            raise SessionDead(self.name)
+        self._seq += 1
+        tag = f"{self._secret}{self._seq:x}"
+        cap = Capture(tag, max_output)
+        with self._cond:
+            self._capture = cap
+        start = time.monotonic()
+        self._write(f" __rd_t={tag}; {line}\n".encode())
+        return cap, start
+
+    def finish(self, started: tuple[Capture, float], timeout: float) -> dict:
+        """Wait for the command begun by `_begin` / `try_begin`; releases the lock."""
+        cap, start = started
+        try:
             timed_out = False
             ended = False
-            if not self._wait(cap, timeout):
+            if not self._wait(cap, timeout) and not self.dead:
                 timed_out = True
                 ended = not self._escalate(cap)
             duration = time.monotonic() - start
@@ -252,8 +295,8 @@ class BashSession:
             exit_code = cap.exit_code
             if self.dead:
                 ended = True
-                status = self.proc.exitstatus if self.proc.exitstatus is not None else None
                 if exit_code is None:
+                    status = self.proc.exitstatus
                     exit_code = status if status is not None else -1
                 output += "\n[rolloutd: the bash session ended; the next command starts a new one]"
             return {
@@ -264,6 +307,8 @@ class BashSession:
                 "timed_out": timed_out,
                 "session_ended": ended,
             }
+        finally:
+            self._lock.release()
 
     def _escalate(self, cap: Capture) -> bool:
         """Stop a command past its timeout. True when the session survived."""

@@ -99,12 +99,31 @@ class Server:
             return s
 
     def op_bash(self, command: str, session: str = "default", timeout: float = 30.0,
-                max_output: int = DEFAULT_MAX_OUTPUT) -> dict:
-        s = self.session(session)
+                max_output: int = DEFAULT_MAX_OUTPUT, _started=None) -> dict:
         try:
+            if _started is not None:
+                s, started = _started
+                return s.finish(started, float(timeout))
+            s = self.session(session)
             return s.run(command, float(timeout), int(max_output))
         except SessionDead:
             raise ExecError(f"bash session {session!r} ended") from None
+
+    def begin_bash(self, req: dict) -> None:
+        """On the connection thread: type the command now if its session is idle.
+
+        This keeps a connection's requests in order at the terminal: a
+        ``send_input`` sent right after a ``bash`` reaches the pty after the
+        command line, never before it. The wait for the result happens on
+        another thread (``op_bash`` with ``_started``).
+        """
+        try:
+            s = self.session(req.get("session", "default"))
+            started = s.try_begin(req["command"], int(req.get("max_output", DEFAULT_MAX_OUTPUT)))
+        except (ExecError, SessionDead, KeyError, TypeError, ValueError, OSError):
+            return  # op_bash reports it
+        if started is not None:
+            req["_started"] = (s, started)
 
     def op_send_input(self, text: str, session: str = "default") -> dict:
         s = self.session(session, create=False)
@@ -222,6 +241,8 @@ class Server:
                     req = json.loads(line)
                 except ValueError:
                     continue
+                if req.get("op") == "bash":
+                    self.begin_bash(req)
                 if req.get("op") in self.LONG_OPS:
                     threading.Thread(target=reply, args=(req,), daemon=True).start()
                 else:
