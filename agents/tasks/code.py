@@ -36,6 +36,7 @@ from .base import EvalError, Reward, TaskHandler, answer_text
 
 WORKSPACE = "/workspace"
 SOLUTION = f"{WORKSPACE}/solution.py"
+SESSION = {"session": "rolloutd-eval"}  # EVAL's own bash session, untouched by the agent's shell
 
 SYSTEM_PROMPT = "You are an expert Python programmer. Write correct, simple code."
 
@@ -79,14 +80,22 @@ class CodeTask(TaskHandler):
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
         if sandbox is None:
             raise EvalError("code: eval needs the rollout's sandbox to run the tests in")
+        try:
+            return await self._eval(task, sandbox, trajectory)
+        except EvalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the evaluator crashed: infrastructure, never reward 0
+            raise EvalError(f"code: evaluation failed: {e!r}") from e
+
+    async def _eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
         text = answer_text(trajectory)
         edir = f"{WORKSPACE}/.rolloutd-eval-{secrets.token_hex(6)}"
         details: dict[str, Any] = {"reward_mode": self.reward, "submitted": trajectory.reward_details.get("submitted")}
 
-        has_file = (await sandbox.bash(f"test -f {SOLUTION}", timeout=30)).exit_code == 0
+        has_file = (await sandbox.bash(f"test -f {SOLUTION}", timeout=30, **SESSION)).exit_code == 0
         if has_file:
             details["source"] = SOLUTION
-            copy = await sandbox.bash(f"mkdir -p {edir} && cp {SOLUTION} {edir}/solution.py", timeout=30)
+            copy = await sandbox.bash(f"mkdir -p {edir} && cp {SOLUTION} {edir}/solution.py", timeout=30, **SESSION)
             if copy.exit_code != 0:
                 raise EvalError(f"code: cannot stage the solution: {copy.output[-500:]}")
         else:
@@ -94,7 +103,7 @@ class CodeTask(TaskHandler):
             if not blocks:
                 return Reward(value=0.0, details={**details, "reason": "no solution.py and no code block", "passed": 0})
             details["source"] = "code block"
-            await sandbox.bash(f"mkdir -p {edir}", timeout=30)
+            await sandbox.bash(f"mkdir -p {edir}", timeout=30, **SESSION)
             await sandbox.write_file(f"{edir}/solution.py", blocks[-1])
         await sandbox.write_file(f"{edir}/test_hidden.py", task["tests"])
         await sandbox.write_file(f"{edir}/pytest.ini", "[pytest]\naddopts =\n")
@@ -103,7 +112,7 @@ class CodeTask(TaskHandler):
         cmd = (f"cd {edir} && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {self.python} -I -m pytest -q -p no:cacheprovider "
                f"-c {edir}/pytest.ini --rootdir {edir} --confcutdir {edir} --junitxml {edir}/junit.xml "
                f"test_hidden.py > {edir}/pytest.log 2>&1; echo exit=$?")
-        result = await sandbox.bash(cmd, timeout=timeout)
+        result = await sandbox.bash(cmd, timeout=timeout, **SESSION)
         static_total = count_tests(ast.parse(task["tests"]))
         if result.timed_out:
             return Reward(value=0.0, details={**details, "reason": f"tests timed out after {timeout:g}s",

@@ -28,7 +28,8 @@ Where the fresh sandbox comes from, first match wins:
 - `eval(..., sandbox_factory=f)`: an async callable returning a new sandbox;
 - `SweTask(sandbox_factory=f)` (e.g. `get_handler("swe", sandbox_factory=f)`);
 - `SweTask(runtime=r, spec=s)`: `await r.create(s)`;
-- the RUN sandbox's own `runtime` and `spec` attributes, when it has both (same image by definition).
+- the RUN sandbox's own `spec` (a `rolloutd.sandbox` `SandboxSpec`: same image, runtime and limits),
+  created through its `runtime` attribute if it has one, else `rolloutd.sandbox.get_runtime(spec.runtime)`.
 Without any, EVAL raises `EvalError` (an infrastructure failure, never reward 0). The factory must
 return a sandbox of the same image as the RUN one; EVAL closes it.
 """
@@ -61,6 +62,7 @@ REPO_DIR = "repo"                      # the repository lives at /workspace/repo
 REPO = f"{WORKSPACE}/{REPO_DIR}"
 EVAL_DIR = f"{WORKSPACE}/.rolloutd-swe"
 MAX_PATCH_BYTES = 2_000_000
+SESSION = {"session": "rolloutd-eval"}  # EVAL's own bash session, untouched by the agent
 
 # Host-side git: no user or system config (hooks, signing, templates), fixed identity and dates.
 _GIT_ENV = {
@@ -138,14 +140,25 @@ class SweTask(TaskHandler):
                    sandbox_factory: SandboxFactory | None = None) -> Reward:
         if sandbox is None:
             raise EvalError("swe: eval needs the RUN sandbox to collect the agent's diff")
-        patch = await agent_diff(sandbox, task)
+        try:
+            patch, problem = await agent_diff(sandbox, task)
+        except EvalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the RUN sandbox failed us: infrastructure
+            raise EvalError(f"swe: cannot collect the agent's diff: {e!r}") from e
         details: dict[str, Any] = {"patch": patch}
+        if problem:
+            return Reward(value=0.0, details={**details, "reason": problem})
         if len(patch.encode()) > MAX_PATCH_BYTES:
             return Reward(value=0.0, details={**details, "patch": patch[:2000], "reason": "patch too large"})
 
         fresh = await self._fresh_sandbox(sandbox, sandbox_factory)
         try:
             return await self._score(task, fresh, patch, details)
+        except EvalError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the evaluator crashed: infrastructure, never reward 0
+            raise EvalError(f"swe: evaluation failed: {e!r}") from e
         finally:
             try:
                 await fresh.close()
@@ -159,15 +172,16 @@ class SweTask(TaskHandler):
                 return await factory()
             if self.runtime is not None and self.spec is not None:
                 return await self.runtime.create(self.spec)
-            runtime, spec = getattr(run_sandbox, "runtime", None), getattr(run_sandbox, "spec", None)
-            if runtime is not None and spec is not None:
+            spec = getattr(run_sandbox, "spec", None)
+            if spec is not None:
+                runtime = getattr(run_sandbox, "runtime", None) or _runtime_named(spec.runtime)
                 return await runtime.create(spec)
         except EvalError:
             raise
         except Exception as e:  # noqa: BLE001 - cannot get a sandbox: infrastructure
             raise EvalError(f"swe: cannot create the evaluation sandbox: {e}") from e
         raise EvalError("swe: eval needs a fresh sandbox: pass sandbox_factory= (to eval or SweTask) "
-                        "or runtime= and spec=, or give the RUN sandbox `runtime` and `spec` attributes")
+                        "or runtime= and spec=, or give the RUN sandbox a `spec` attribute")
 
     async def _score(self, task: dict, sb: Any, patch: str, details: dict[str, Any]) -> Reward:
         await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(sb.workspace) / REPO_DIR)
@@ -175,7 +189,7 @@ class SweTask(TaskHandler):
         if patch.strip():
             await sb.write_file(f"{EVAL_DIR}/agent.diff", patch)
             applied = await sb.bash(f"cd {REPO} && {_SAFE_GIT} apply --whitespace=nowarn {EVAL_DIR}/agent.diff 2>&1",
-                                    timeout=60)
+                                    timeout=60, **SESSION)
             if applied.exit_code != 0:
                 return Reward(value=0.0, details={**details, "reason": "the agent's patch does not apply",
                                                   "log": applied.output[-2000:]})
@@ -193,7 +207,7 @@ class SweTask(TaskHandler):
         command = task["test_command"].replace("{python}", self.python)
         ids = " ".join(_shq(t) for t in dict.fromkeys(f2p + p2p))
         timeout = float(task.get("timeout", self.timeout))
-        run = await sb.bash(f"cd {REPO} && {command} {ids} > {EVAL_DIR}/test.log 2>&1; echo exit=$?", timeout=timeout)
+        run = await sb.bash(f"cd {REPO} && {command} {ids} > {EVAL_DIR}/test.log 2>&1; echo exit=$?", timeout=timeout, **SESSION)
         if run.timed_out:
             return Reward(value=0.0, details={**details, "reason": f"tests timed out after {timeout:g}s"})
         m = re.search(r"exit=(\d+)", run.output)
@@ -272,18 +286,22 @@ def stage_repo(repo_path: str, base_commit: str, dest: Path) -> str:
     return _git(dest, "rev-parse", "HEAD").decode().strip()
 
 
-async def agent_diff(sandbox: Any, task: dict) -> str:
-    """The agent's changes against the staged commit, computed inside the RUN sandbox."""
+async def agent_diff(sandbox: Any, task: dict) -> tuple[str, str | None]:
+    """(diff, problem): the agent's changes against the staged commit, computed inside the RUN sandbox.
+
+    Runs in a bash session of its own, so nothing the agent did to its shell (aliases, functions,
+    `cd`, `set -e`) applies. `problem` says why no diff could be taken (the agent broke its repository).
+    """
     out = f"{EVAL_DIR}/agent.diff"
     # the staged commit is the repository's root commit; recompute it rather than trust HEAD
     root = await _staged_commit(task)
     cmd = (f"mkdir -p {EVAL_DIR} && cd {REPO} && {_SAFE_GIT} add -A && "
            f"{_SAFE_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color {root} > {out}")
-    result = await sandbox.bash(cmd, timeout=120)
+    result = await sandbox.bash(cmd, timeout=120, **SESSION)
     if result.timed_out or result.exit_code != 0:
         # the agent broke its repository (deleted .git, ...): nothing gradable was handed in
-        return ""
-    return await sandbox.read_file(out)
+        return "", f"cannot take the diff: {result.output[-500:]}"
+    return await sandbox.read_file(out), None
 
 
 _staged_cache: dict[tuple[str, str], str] = {}
@@ -318,10 +336,19 @@ def _shq(s: str) -> str:
 
 
 async def _bash_ok(sb: Any, command: str, what: str) -> str:
-    result = await sb.bash(command, timeout=120)
+    result = await sb.bash(command, timeout=120, **SESSION)
     if result.timed_out or result.exit_code != 0:
         raise EvalError(f"swe: {what} failed in the evaluation sandbox: {result.output[-1000:]}")
     return result.output
+
+
+def _runtime_named(name: str) -> Any:
+    import rolloutd.sandbox as sandbox_pkg
+
+    get_runtime = getattr(sandbox_pkg, "get_runtime", None)
+    if get_runtime is None:
+        from rolloutd.sandbox.base import get_runtime
+    return get_runtime(name)
 
 
 async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:

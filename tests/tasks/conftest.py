@@ -1,4 +1,6 @@
-"""tests/tasks: run from the repository root so the shipped examples/ paths resolve."""
+"""Fixtures for tests/tasks: the repository root as cwd (the shipped examples/ paths resolve) and
+real bwrap sandboxes (`rolloutd.sandbox`) for the handlers whose EVAL runs tests (code, swe)."""
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,3 +12,23 @@ ROOT = Path(__file__).resolve().parents[2]
 def _repo_root_cwd(monkeypatch):
     monkeypatch.chdir(ROOT)
     yield
+
+
+class Sandboxes:
+    """Creates real sandboxes: `await sandboxes.create()`; `spec`/`runtime` for handler options."""
+
+    def __init__(self, runtime, spec):
+        self.runtime, self.spec = runtime, spec
+
+    async def create(self):
+        return await self.runtime.create(self.spec)
+
+
+@pytest.fixture
+def sandboxes():
+    if importlib.util.find_spec("rolloutd.sandbox.bwrap") is None:
+        pytest.skip("rolloutd.sandbox has no bwrap runtime yet (issue 3 in progress)")
+    from rolloutd.sandbox.base import get_runtime
+    from rolloutd.sandbox.models import SandboxSpec
+
+    return Sandboxes(get_runtime("bwrap"), SandboxSpec(runtime="bwrap", image="host", network=False))
