@@ -41,6 +41,8 @@ import time
 import ptyprocess
 
 MARKER = re.compile(rb"\x1eRD([0-9a-f]+):(\d+)\x1e")
+START = re.compile(rb"\x1eRS([0-9a-f]+)\x1e")  # printed first by each command file
+START_LINE = "printf '\\036RS%s\\036' \"$__rd_t\"\n"
 PS1 = "\x1eRD${__rd_t}:$?\x1e"
 HOLD = 96  # bytes held back so that a marker split across reads is still found
 GRACE = 1.0  # seconds to wait for the prompt after each escalation step
@@ -60,6 +62,7 @@ class SessionDead(Exception):
 
 def clean_output(raw: bytes) -> str:
     """Bytes from the pty → text an LLM can read (see the module docstring)."""
+    raw = START.sub(b"", MARKER.sub(b"", raw))  # a stale prompt (e.g. after typed-ahead input) is not output
     text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
     text = ANSI.sub("", text)
     if "\r" in text:
@@ -84,11 +87,18 @@ class Capture:
         self.tail = bytearray()
         self.total = 0
         self.hold = b""
+        self.started = False  # bash has read the command line and is running the command
         self.done = False
         self.exit_code: int | None = None
 
     def feed(self, data: bytes) -> None:
         buf = self.hold + data
+        if not self.started:
+            for m in START.finditer(buf):
+                if m.group(1) == self.tag:
+                    buf = buf[: m.start()] + buf[m.end() :]
+                    self.started = True
+                    break
         for m in MARKER.finditer(buf):
             if m.group(1) == self.tag:
                 self._commit(buf[: m.start()])
@@ -206,6 +216,13 @@ class BashSession:
         self._write(text.encode())
 
     def interrupt(self) -> None:
+        """Ctrl-C. If a command was just typed, wait until bash has read it:
+        a Ctrl-C while the line is still in the tty's input queue would flush
+        the line (the command would silently never run)."""
+        with self._cond:
+            cap = self._capture
+            if cap is not None:
+                self._cond.wait_for(lambda: cap.started or cap.done or self.dead, GRACE)
         if not self.dead:
             self._write(b"\x03")
 
@@ -260,6 +277,7 @@ class BashSession:
     def _write_command_file(self, command: str) -> None:
         os.makedirs(self._cmd_dir, exist_ok=True)
         with open(self.cmd_file, "w", encoding="utf-8") as f:
+            f.write(START_LINE)
             f.write(command)
             if not command.endswith("\n"):
                 f.write("\n")
@@ -375,8 +393,9 @@ class BashSession:
             with self._cond:
                 cap = self._capture
                 if cap is not None and not cap.done:
+                    was_started = cap.started
                     cap.feed(data)
-                    if cap.done:
+                    if cap.done or cap.started != was_started:
                         self._cond.notify_all()
         # EOF: bash exited (or was killed)
         try:

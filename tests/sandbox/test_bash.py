@@ -1,0 +1,132 @@
+"""Bash semantics through the whole path: client → UDS → exec server → pty bash."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rolloutd.sandbox import ExecError
+
+
+def test_exit_codes(sandbox, run):
+    assert run(sandbox.bash("true")).exit_code == 0
+    assert run(sandbox.bash("false")).exit_code == 1
+    r = run(sandbox.bash("(exit 42)"))
+    assert (r.exit_code, r.timed_out, r.session_ended) == (42, False, False)
+    assert run(sandbox.bash("ls /nonexistent-dir")).exit_code == 2
+
+
+def test_multiline_command_and_output(sandbox, run):
+    r = run(sandbox.bash("for i in 1 2 3\ndo\n  echo line $i\ndone\ncat <<'EOF'\nheredoc $HOME\nEOF"))
+    assert r.output == "line 1\nline 2\nline 3\nheredoc $HOME\n"
+    assert r.exit_code == 0
+
+
+def test_output_without_final_newline(sandbox, run):
+    r = run(sandbox.bash("printf 'no newline'"))
+    assert r.output == "no newline"
+    assert r.exit_code == 0
+
+
+def test_binaryish_output_and_ansi(sandbox, run):
+    r = run(sandbox.bash(r"printf 'a\x00b\xff\xfec\n'; printf '\033[31mred\033[0m\n'; printf 'progress 10%%\rprogress 100%%\n'"))
+    lines = r.output.split("\n")
+    assert lines[0] == "ab\ufffd\ufffdc"
+    assert lines[1] == "red"
+    assert lines[2] == "progress 100%"
+    assert r.exit_code == 0
+
+
+def test_prompt_marker_lookalikes_do_not_end_a_command(sandbox, run):
+    r = run(sandbox.bash(r"""echo "$PS1"; printf '\x1eRDdeadbeef1:0\x1e'; echo after; (exit 7)"""))
+    assert "after" in r.output
+    assert r.exit_code == 7
+
+
+def test_long_command_beyond_tty_line_limit(sandbox, run):
+    payload = "x" * 20000
+    r = run(sandbox.bash(f"s={payload}; echo ${{#s}}"))
+    assert r.output == "20000\n"
+
+
+def test_cwd_and_environment_persist(sandbox, run):
+    run(sandbox.bash("mkdir -p /tmp/deep/er && cd /tmp/deep/er && export FOO=bar && greet() { echo hi $1; }"))
+    assert run(sandbox.bash("pwd")).output == "/tmp/deep/er\n"
+    assert run(sandbox.bash("echo $FOO; greet you")).output == "bar\nhi you\n"
+    run(sandbox.bash("cd /workspace"))
+
+
+def test_named_sessions_are_independent(sandbox, run):
+    run(sandbox.bash("cd /tmp", session="other"))
+    assert run(sandbox.bash("pwd", session="other")).output == "/tmp\n"
+    assert run(sandbox.bash("pwd")).output == "/workspace\n"
+    with pytest.raises(ExecError):
+        run(sandbox.bash("true", session="bad name!"))
+    run(sandbox.close_session("other"))
+    assert run(sandbox.bash("pwd", session="other")).output == "/workspace\n"
+
+
+def test_read_answered_by_send_input(sandbox, run):
+    async def scenario():
+        task = asyncio.ensure_future(sandbox.bash("read -p 'name? ' x; echo got:$x", timeout=30))
+        await asyncio.sleep(0)  # let the task send its request first (requests keep their order)
+        await sandbox.send_input("rollout\n")
+        return await task
+
+    r = run(scenario())
+    assert "got:rollout" in r.output
+    assert (r.exit_code, r.timed_out) == (0, False)
+
+
+def test_send_input_without_session_is_an_exec_error(sandbox, run):
+    with pytest.raises(ExecError):
+        run(sandbox.send_input("x\n", session="never-started"))
+
+
+def test_interrupt_sleep(sandbox, run):
+    async def scenario():
+        task = asyncio.ensure_future(sandbox.bash("sleep 100", timeout=60))
+        await asyncio.sleep(0)
+        await sandbox.interrupt()
+        return await task
+
+    r = run(scenario())
+    assert r.exit_code == 130
+    assert not r.timed_out
+    assert r.duration < 30
+    assert run(sandbox.bash("echo still here")).output == "still here\n"
+
+
+def test_timeout_interrupts_and_session_stays_usable(sandbox, run):
+    run(sandbox.bash("cd /tmp"))
+    r = run(sandbox.bash("sleep 100", timeout=0.5))
+    assert r.timed_out and r.exit_code == 130 and not r.session_ended
+    after = run(sandbox.bash("echo ok; pwd"))
+    assert after.output == "ok\n/tmp\n"  # same shell: cwd kept
+    run(sandbox.bash("cd /workspace"))
+
+
+def test_timeout_of_a_program_that_ignores_ctrl_c(sandbox, run):
+    r = run(sandbox.bash("trap '' INT; sleep 100", session="stubborn", timeout=0.5))
+    assert r.timed_out
+    # the trap was set in the shell itself: the session may have been restarted, never stuck
+    after = run(sandbox.bash("echo ok", session="stubborn"))
+    assert after.output == "ok\n" and after.exit_code == 0
+
+
+def test_output_flood_is_truncated_with_marker(sandbox, run):
+    r = run(sandbox.bash("echo START; head -c 10000000 /dev/zero | tr '\\0' 'y'; echo; echo END", max_output=8192, timeout=60))
+    assert r.truncated
+    assert r.output.startswith("START\nyyyy")
+    assert r.output.endswith("yyyy\nEND\n")
+    assert "bytes truncated" in r.output
+    assert len(r.output) < 8192 + 300
+    assert r.exit_code == 0
+
+
+def test_exit_ends_session_and_next_command_gets_a_new_one(sandbox, run):
+    run(sandbox.bash("cd /tmp", session="ephemeral"))
+    r = run(sandbox.bash("echo bye; exit 3", session="ephemeral"))
+    assert r.exit_code == 3 and r.session_ended
+    assert r.output.startswith("bye\n")
+    assert run(sandbox.bash("pwd", session="ephemeral")).output == "/workspace\n"
