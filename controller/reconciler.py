@@ -87,30 +87,57 @@ class Reconciler:
         self._stopped = asyncio.Event()
 
     async def run(self) -> None:
+        """Reconcile the jobs that changed as soon as they change, and every job every `resync` s."""
         wake = self.store.subscribe()
+        cursor = await asyncio.to_thread(self.store.current_rv)
+        next_full = 0.0
+        loop = asyncio.get_running_loop()
         try:
             while not self._stopped.is_set():
                 wake.clear()
-                await self.reconcile_all()
+                if loop.time() >= next_full:
+                    cursor = await asyncio.to_thread(self.store.current_rv)
+                    await self.reconcile_all()
+                    next_full = loop.time() + self.resync
+                else:
+                    cursor = await self._reconcile_changed(cursor)
                 try:
-                    await asyncio.wait_for(wake.wait(), timeout=self.resync)
+                    await asyncio.wait_for(wake.wait(), timeout=max(next_full - loop.time(), 0.01))
                 except asyncio.TimeoutError:
                     pass
         finally:
             self.store.unsubscribe(wake)
+
+    async def _reconcile_changed(self, cursor: int) -> int:
+        try:
+            changes = await asyncio.to_thread(self.store.changes_since, cursor, None, 10_000)
+        except ApiError:  # history trimmed under us: fall back to a full pass
+            await self.reconcile_all()
+            return await asyncio.to_thread(self.store.current_rv)
+        names = dict.fromkeys(c.name for c in changes if c.type != "DELETED")
+        for name in names:
+            try:
+                job = await asyncio.to_thread(self.store.get, name)
+            except NotFound:
+                continue
+            await self._reconcile_one(job)
+        return changes[-1].rv if changes else cursor
 
     def stop(self) -> None:
         self._stopped.set()
 
     async def reconcile_all(self) -> None:
         for job in await asyncio.to_thread(self.store.list):
-            try:
-                await self.reconcile(job)
-            except (Conflict, NotFound):
-                pass  # changed or gone under us: the next pass sees the new state
-            except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
-                log.exception("reconcile %s failed", job.metadata.name)
-                await self._event(job, "ReconcileError", f"{type(e).__name__}: {e}", "Warning")
+            await self._reconcile_one(job)
+
+    async def _reconcile_one(self, job: RolloutJob) -> None:
+        try:
+            await self.reconcile(job)
+        except (Conflict, NotFound):
+            pass  # changed or gone under us: the next pass sees the new state
+        except Exception as e:  # noqa: BLE001 - one job's bug must not stop the others
+            log.exception("reconcile %s failed", job.metadata.name)
+            await self._event(job, "ReconcileError", f"{type(e).__name__}: {e}", "Warning")
 
     async def _event(self, job: RolloutJob, reason: str, message: str, type_: str = "Normal") -> None:
         await asyncio.to_thread(self.store.add_event, job.metadata.name, reason, message, type_)
