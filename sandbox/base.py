@@ -225,7 +225,7 @@ class Sandbox:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self._died is None
+        return not self._closed and self._died is None and self._client.closed_reason is None
 
     @property
     def died(self) -> str | None:
@@ -256,9 +256,17 @@ class Sandbox:
         try:
             return await self._client.call(request, timeout)
         except SandboxDied as e:
-            # the connection may end a moment before the process is reaped: say why
-            await asyncio.sleep(0)
-            raise SandboxDied(self._died or str(e)) from None
+            if self._closed:
+                raise
+            # the connection ends a moment before the process is reaped: wait for
+            # the exit so that the reason (wall time, memory limit, crash) is known
+            try:
+                await asyncio.wait_for(asyncio.shield(self._watch), 2.0)
+            except asyncio.TimeoutError:
+                pass
+            if self._died is None:
+                self._died = str(e)
+            raise SandboxDied(self._died) from None
 
     # -- bash -----------------------------------------------------------------
 

@@ -63,8 +63,8 @@ class Server:
         self.sessions: dict[str, BashSession] = {}
         self.sessions_lock = threading.Lock()
         self.kernel = IPythonKernel(self.workspace, self.env, self.runtime_dir, self._preexec)
-        self.connections = 0
         self.stopping = False
+        self.exiting = False
 
     def _preexec(self) -> None:
         """Runs in each child (bash, kernel) before exec: the spec's rlimits.
@@ -226,6 +226,8 @@ class Server:
         def reply(req: dict) -> None:
             op = req.get("op")
             resp = self.dispatch(req)
+            if self.exiting and op != "shutdown":
+                return  # results cut short by the exit (wall time) must not look normal
             data = json.dumps(resp, ensure_ascii=False).encode() + b"\n"
             with lock:
                 try:
@@ -251,6 +253,7 @@ class Server:
         self.exit(0)
 
     def exit(self, code: int) -> None:
+        self.exiting = True
         try:
             self.stop_children()
         finally:

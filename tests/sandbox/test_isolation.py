@@ -1,0 +1,168 @@
+"""Isolation and limits of the bwrap runtime, shown with real attacks on a real sandbox."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox import SandboxDied
+
+from .conftest import host_pids_of, is_root
+
+
+def test_writes_outside_the_workspace_fail(make_sandbox, run):
+    sb = make_sandbox()
+    for target in ("/etc/rolloutd-x", "/rolloutd-x", "/usr/rolloutd-x", str(Path.cwd() / "rolloutd-x")):
+        r = run(sb.bash(f"echo x > {target}"))
+        assert r.exit_code != 0, target
+        assert "Read-only file system" in r.output or "No such file" in r.output
+        assert not os.path.exists(target)
+    r = run(sb.bash("echo inside > note.txt && echo tmp > /tmp/scratch && cat /tmp/scratch"))
+    assert r.exit_code == 0 and r.output == "tmp\n"
+    assert (sb.workspace / "note.txt").read_text() == "inside\n"
+
+
+def test_private_tmp_and_no_other_sandbox_visible(make_sandbox, run, tmp_path):
+    a, b = make_sandbox(), make_sandbox()
+    run(a.bash("echo secret > /tmp/a-only && echo ws > mine"))
+    assert run(b.bash("cat /tmp/a-only")).exit_code != 0
+    assert run(b.bash(f"ls {a.workspace}")).exit_code != 0  # the host's sandbox dirs are hidden
+    marker = Path("/tmp") / f"rolloutd-host-{os.getpid()}"
+    marker.write_text("host")
+    try:
+        assert run(a.bash(f"cat {marker}")).exit_code != 0
+    finally:
+        marker.unlink()
+
+
+def _listener():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    accepted = []
+
+    def accept():
+        try:
+            while True:
+                conn, _ = srv.accept()
+                accepted.append(conn)
+        except OSError:
+            pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, srv.getsockname()[1], accepted
+
+
+def test_no_network_by_default(make_sandbox, run):
+    srv, port, accepted = _listener()
+    try:
+        sb = make_sandbox()
+        r = run(sb.bash(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"))
+        assert r.exit_code != 0 and "connected" not in r.output
+        assert accepted == []
+        ifaces = run(sb.bash("ls /sys/class/net 2>/dev/null; cat /proc/net/dev | tail -n +3 | cut -d: -f1"))
+        assert ifaces.exit_code == 0
+        assert [l.strip() for l in ifaces.output.split("\n")[-2:] if l.strip()] == ["lo"]
+    finally:
+        srv.close()
+
+
+def test_network_true_reaches_the_host(make_sandbox, run):
+    srv, port, accepted = _listener()
+    try:
+        sb = make_sandbox(network=True)
+        r = run(sb.bash(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"))
+        assert r.output == "connected\n"
+    finally:
+        srv.close()
+
+
+def test_host_processes_are_invisible(make_sandbox, run):
+    sb = make_sandbox()
+    r = run(sb.bash("for p in /proc/[0-9]*; do cat $p/comm; done"))
+    names = set(r.output.split())
+    assert names <= {"bwrap", "python", "python3", "bash", "cat"}, names
+    assert len(r.output.split()) < 10
+    assert run(sb.bash(f"grep -l pytest /proc/[0-9]*/cmdline")).exit_code != 0
+
+
+def test_fork_bomb_is_contained(make_sandbox, run):
+    sb = make_sandbox(processes=64)
+    if is_root() and "pids" not in sb.limits["cgroup"]:
+        pytest.skip("running as root without a pids cgroup: RLIMIT_NPROC is not enforced for root")
+    r = run(sb.bash("bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout=2))
+    assert r.timed_out
+    # the node is fine: it can still start processes
+    assert subprocess.run(["true"]).returncode == 0
+    # the sandbox stays usable (possibly with a fresh session) or is reported dead: never stuck
+    try:
+        after = run(sb.bash("echo alive; ls / > /dev/null && echo forked"))
+    except SandboxDied:
+        assert not sb.alive
+    else:
+        assert after.output == "alive\nforked\n"
+    pids = host_pids_of(sb.id)
+    run(sb.close())
+    assert host_pids_of(sb.id) == []
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_memory_bomb_is_stopped(make_sandbox, run):
+    sb = make_sandbox(memory_mb=256)
+    r = run(sb.bash("python3 -c 'a = []\nwhile True: a.append(bytearray(10**7))'", timeout=60))
+    assert r.exit_code != 0 and not r.timed_out
+    assert "MemoryError" in r.output or r.exit_code == 137
+    assert run(sb.bash("echo ok")).output == "ok\n"
+
+
+def test_file_size_limit(make_sandbox, run):
+    sb = make_sandbox(file_size_mb=1)
+    r = run(sb.bash("head -c 3000000 /dev/zero > big; echo rc=$?"))
+    assert "rc=0" not in r.output
+    assert (sb.workspace / "big").stat().st_size <= 1024 * 1024
+
+
+def test_wall_time_kills_the_sandbox_and_reports_it(make_sandbox, run):
+    sb = make_sandbox(wall_seconds=1)
+    with pytest.raises(SandboxDied, match="wall time"):
+        run(sb.bash("sleep 30", timeout=60))
+    assert not sb.alive
+    with pytest.raises(SandboxDied):
+        run(sb.bash("true"))
+
+
+def test_killed_server_is_reported_dead_not_as_a_command_failure(make_sandbox, run):
+    sb = make_sandbox()
+    with pytest.raises(SandboxDied):
+        run(sb.bash("kill -9 $PPID; sleep 10", timeout=30))
+    assert not sb.alive and sb.died
+
+
+def test_close_kills_everything_and_removes_dirs(make_sandbox, run):
+    sb = make_sandbox()
+    run(sb.bash("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &"))
+    run(sb.bash("sleep 1003 &", session="second"))
+    run(sb.ipython("import subprocess; p = subprocess.Popen(['sleep', '1004'])"))
+    pids = host_pids_of(sb.id)
+    assert len(pids) >= 8  # bwrap init, server, 2 bash, 5 sleeps, kernel
+    cgroups = list(sb._cgroup.dirs) if sb._cgroup else []
+    run(sb.close())
+    run(sb.close())  # idempotent
+    assert host_pids_of(sb.id) == []
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)  # not even as zombies
+    assert not sb.root.exists()
+    assert not any(d.exists() for d in cgroups)
+    with pytest.raises(SandboxDied):
+        run(sb.bash("true"))
+
+
+def test_socket_is_private(make_sandbox, run):
+    sb = make_sandbox()
+    sock = sb.root / "ctl" / "exec.sock"
+    assert (sock.stat().st_mode & 0o777) == 0o600
+    assert (sb.root.stat().st_mode & 0o777) == 0o700
+    assert ((sb.root / "ctl").stat().st_mode & 0o777) == 0o700
