@@ -46,8 +46,10 @@ class MathTask(TaskHandler):
 
     def messages(self, task: dict, tools: list[str]) -> list[dict]:
         system = self.system_prompt
-        if tools:
+        if set(tools) - {"submit"}:
             system += " You may use the tools to compute; they run in a sandbox."
+        if "submit" in tools:
+            system += " When you are done, call submit with the final answer."
         return [{"role": "system", "content": system}, {"role": "user", "content": task["question"]}]
 
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:

@@ -56,8 +56,11 @@ class StemTask(TaskHandler):
             row["answer"] = letter
 
     def messages(self, task: dict, tools: list[str]) -> list[dict]:
+        system = self.system_prompt
+        if "submit" in tools:
+            system += " Or call submit with the letter."
         return [
-            {"role": "system", "content": self.system_prompt},
+            {"role": "system", "content": system},
             {"role": "user", "content": format_question(task["question"], task["choices"])},
         ]
 

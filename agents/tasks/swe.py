@@ -343,11 +343,8 @@ async def _bash_ok(sb: Any, command: str, what: str) -> str:
 
 
 def _runtime_named(name: str) -> Any:
-    import rolloutd.sandbox as sandbox_pkg
+    from rolloutd.sandbox import get_runtime
 
-    get_runtime = getattr(sandbox_pkg, "get_runtime", None)
-    if get_runtime is None:
-        from rolloutd.sandbox.base import get_runtime
     return get_runtime(name)
 
 

@@ -1,9 +1,10 @@
 """Fixtures for tests/tasks: the repository root as cwd (the shipped examples/ paths resolve) and
 real bwrap sandboxes (`rolloutd.sandbox`) for the handlers whose EVAL runs tests (code, swe)."""
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from rolloutd.sandbox import SandboxSpec, get_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +27,4 @@ class Sandboxes:
 
 @pytest.fixture
 def sandboxes():
-    if importlib.util.find_spec("rolloutd.sandbox.bwrap") is None:
-        pytest.skip("rolloutd.sandbox has no bwrap runtime yet (issue 3 in progress)")
-    from rolloutd.sandbox.base import get_runtime
-    from rolloutd.sandbox.models import SandboxSpec
-
     return Sandboxes(get_runtime("bwrap"), SandboxSpec(runtime="bwrap", image="host", network=False))

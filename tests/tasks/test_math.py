@@ -86,6 +86,8 @@ def test_messages_system_and_user():
     msgs = MathTask().messages({"id": 1, "question": "What is 2 + 2?", "answer": "4"}, tools=[])
     assert [m["role"] for m in msgs] == ["system", "user"]
     assert "\\boxed" in msgs[0]["content"] and msgs[1]["content"] == "What is 2 + 2?"
+    assert "submit" not in msgs[0]["content"]
+    assert "call submit" in MathTask().messages({"question": "q"}, tools=["submit"])[0]["content"]
 
 
 def test_shipped_dataset():

@@ -137,6 +137,23 @@ def test_stage_repo_is_deterministic(tmp_path, rows):
         stage_repo(row["repo_path"], row["base_commit"], tmp_path / "a")
 
 
+def test_fresh_sandbox_from_the_run_sandboxs_spec(sandboxes, rows):
+    """No factory given: EVAL makes its fresh sandbox from the RUN sandbox's own spec."""
+    row = rows[2]
+
+    async def main():
+        handler = SweTask()
+        sb = await sandboxes.create()
+        try:
+            await handler.init(row, sb)
+            await apply_gold(row)(sb)
+            return await handler.eval(row, sb, _traj())
+        finally:
+            await sb.close()
+
+    assert asyncio.run(main()).value == 1.0
+
+
 def test_without_a_way_to_make_sandboxes_eval_is_an_infra_error(rows):
     class Bare:   # a RUN sandbox with no spec, and no factory given
         workspace = Path("/nonexistent")
