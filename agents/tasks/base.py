@@ -42,7 +42,8 @@ class DatasetError(ValueError):
 
 
 class EvalError(RuntimeError):
-    """The evaluator itself failed (sandbox died, test harness crashed, repository unusable).
+    """The evaluator itself failed (sandbox died, test harness crashed, repository unusable), or
+    staging the task in INIT did (e.g. `swe` cannot check out its repository).
 
     An infrastructure failure: the pipeline marks the rollout `infra` and retries or excludes it;
     it is never turned into reward 0.
