@@ -113,7 +113,7 @@ class _JobsCollector:
         yield g
 
 
-def create_app(store: Store, token: str) -> FastAPI:
+def create_app(store: Store, token: str, *, join_token: str | None = None, scheduler=None) -> FastAPI:
     app = FastAPI(
         title="rolloutd controller",
         version="v1alpha1",
@@ -131,7 +131,11 @@ def create_app(store: Store, token: str) -> FastAPI:
     @app.middleware("http")
     async def auth_and_metrics(request: Request, call_next):
         start = time.perf_counter()
-        if request.url.path != "/healthz" and not token_matches(request.headers.get("authorization"), token):
+        header = request.headers.get("authorization")
+        path = request.url.path
+        node_call = join_token is not None and path.startswith(PREFIX + "/nodes/") \
+            and token_matches(header, join_token)
+        if path != "/healthz" and not node_call and not token_matches(header, token):
             missing = "authorization" not in request.headers
             err = Unauthorized(
                 "missing bearer token: send 'Authorization: Bearer <token>' (the token is in the controller's "
@@ -242,6 +246,10 @@ def create_app(store: Store, token: str) -> FastAPI:
         await asyncio.to_thread(store.get_wire, name)  # 404 for unknown jobs
         return {"items": await asyncio.to_thread(store.events, name)}
 
+    if scheduler is not None:
+        from .nodeapi import node_router
+
+        app.include_router(node_router(store, scheduler))
     return app
 
 

@@ -14,10 +14,14 @@ from pathlib import Path
 TOKEN_FILE = "token"
 
 
-def ensure_token(data_dir: Path) -> str:
+def ensure_token(data_dir: Path, filename: str = TOKEN_FILE) -> str:
+    """The token in `data_dir/filename`, created (random, 0600) on first use.
+
+    Two exist: `token` (the API, full access) and `join-token` (node daemons: only the node
+    protocol), so a compromised node cannot read or change other jobs."""
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
-    path = data_dir / TOKEN_FILE
+    path = data_dir / filename
     if path.exists():
         os.chmod(path, 0o600)
         token = path.read_text().strip()

@@ -28,12 +28,17 @@ def controller(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(7350, help="TCP port of the API"),
     log_level: str = typer.Option("info"),
+    executors: str = typer.Option("local", help="comma-separated executor kinds this controller runs ('' for none)"),
 ) -> None:
-    """Run the controller: API, SQLite store and reconcile loop."""
+    """Run the controller: API, SQLite store, scheduler and reconcile loop."""
     from .config import default_data_dir
-    from .server import run_controller
+    from .server import EXECUTOR_KINDS, run_controller
 
-    run_controller(data_dir or default_data_dir(), host, port, log_level)
+    kinds = tuple(k.strip() for k in executors.split(",") if k.strip())
+    unknown = set(kinds) - set(EXECUTOR_KINDS)
+    if unknown:
+        raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(EXECUTOR_KINDS)}")
+    run_controller(data_dir or default_data_dir(), host, port, log_level, kinds)
 
 
 @app.command()

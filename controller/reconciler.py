@@ -57,6 +57,7 @@ class Progress:
 
 class WorkTracker(Protocol):
     async def progress(self, job: RolloutJob) -> Progress: ...
+    async def registered(self, job: RolloutJob) -> int: ...   # node daemons registered and alive
     async def forget(self, job: RolloutJob) -> None: ...
 
 
@@ -178,6 +179,19 @@ class Reconciler:
             return
         set_condition(status, "ExecutorReady", True, "Configured")
 
+        progress = await self.work.progress(job) if self.work is not None else None
+        if progress is not None:
+            status.counts = progress.counts
+            if progress.failed:
+                await executor.release(job)
+                await self._finish(job, status, Phase.failed, "WorkFailed", progress.failed)
+                return
+            if progress.done:
+                await executor.release(job)
+                await self._finish(job, status, Phase.succeeded, "AllRolloutsFinished",
+                                   f"{progress.counts.succeeded} rollouts finished, {progress.counts.failed} failed")
+                return
+
         try:
             await executor.ensure(job, job.spec.executor.nodes)
             nodes = await executor.observe(job)
@@ -189,33 +203,23 @@ class Reconciler:
                 await self._save(job, status)
             return
 
-        running = [n for n in nodes if n.state == "running"]
-        status.nodes = len(running)
+        if self.work is not None and hasattr(self.work, "registered"):
+            ready = await self.work.registered(job)
+        else:
+            ready = len([n for n in nodes if n.state == "running"])
+        status.nodes = ready
         if status.phase == Phase.pending:
             status.phase = Phase.provisioning
             await self._event(job, "Provisioning", f"requested {job.spec.executor.nodes} node(s) from {job.spec.executor.kind}")
-        if running:
-            set_condition(status, "Provisioned", True, "NodesRunning", f"{len(running)}/{job.spec.executor.nodes} node daemons running")
+        if ready:
+            set_condition(status, "Provisioned", True, "NodesRunning", f"{ready}/{job.spec.executor.nodes} node daemons registered")
             if status.phase == Phase.provisioning:
                 status.phase = Phase.running
                 status.start_time = status.start_time or now()
-                await self._event(job, "Running", f"{len(running)} node daemon(s) registered")
+                await self._event(job, "Running", f"{ready} node daemon(s) registered")
         else:
             pending = [n.reason for n in nodes if n.reason]
             set_condition(status, "Provisioned", False, "Waiting", "; ".join(pending) or "waiting for node daemons")
-
-        if self.work is not None:
-            progress = await self.work.progress(job)
-            status.counts = progress.counts
-            if progress.failed:
-                await executor.release(job)
-                await self._finish(job, status, Phase.failed, "WorkFailed", progress.failed)
-                return
-            if progress.done:
-                await executor.release(job)
-                await self._finish(job, status, Phase.succeeded, "AllRolloutsFinished",
-                                   f"{progress.counts.succeeded} rollouts finished, {progress.counts.failed} failed")
-                return
         await self._save(job, status)
 
     async def _finish(self, job: RolloutJob, status: RolloutJobStatus, phase: Phase, reason: str, message: str) -> None:

@@ -1,8 +1,10 @@
-"""Runs the controller process: store + API + reconcile loop under one uvicorn server.
+"""Runs the controller process: store + API + scheduler + reconcile loop under one uvicorn server.
 
-Called by `rolloutd controller`. The data dir holds the SQLite database (`rolloutd.db`) and
-the API token (`token`, 0600); both survive restarts, so stopping the controller at any
-point and starting it again finds every job and its status where it was.
+Called by `rolloutd controller`. The data dir holds the SQLite database (`rolloutd.db`), the
+API token (`token`) and the node join token (`join-token`), both 0600, the node daemons' logs
+(`logs/`) and the local executor's record of the daemons it started. All of it survives
+restarts: stop the controller at any point, start it again, and every job, lease and result
+is where it was (local daemons keep running and are adopted).
 """
 from __future__ import annotations
 
@@ -16,38 +18,55 @@ import uvicorn
 from .api import create_app
 from .auth import ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (re-exported)
-from .reconciler import Executor, Reconciler, WorkTracker
+from .executors.local import LocalExecutor
+from .reconciler import Reconciler
+from .scheduler import Scheduler
 from .store import Store
 
 DB_FILE = "rolloutd.db"
 
 
-def build_app(data_dir: Path, executors: dict[str, Executor] | None = None,
-              work: WorkTracker | None = None, resync: float = 2.0):
+EXECUTOR_KINDS = ("local",)
+
+
+def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
+              node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS):
+    data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(data_dir)
+    join_token = ensure_token(data_dir, "join-token")
     store = Store(data_dir / DB_FILE)
-    app = create_app(store, token)
-    reconciler = Reconciler(store, executors or {}, work, resync=resync)
-    app.state.reconciler = reconciler
+    scheduler = Scheduler(store)
+    app = create_app(store, token, join_token=join_token, scheduler=scheduler)
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    local = LocalExecutor(f"http://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds)
+    enabled = {k: v for k, v in {"local": local}.items() if k in executors}
+    reconciler = Reconciler(store, enabled, scheduler, resync=resync)
+    app.state.reconciler, app.state.scheduler, app.state.executors = reconciler, scheduler, enabled
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        task = asyncio.create_task(reconciler.run(), name="reconciler")
+        tasks = [asyncio.create_task(reconciler.run(), name="reconciler"),
+                 asyncio.create_task(scheduler.run(), name="scheduler")]
         try:
             yield
         finally:
             reconciler.stop()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            scheduler.stop()
+            await local.shutdown()
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
 
     app.router.lifespan_context = lifespan
     return app
 
 
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                   log_level: str = "info") -> None:
+                   log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = build_app(data_dir)
+    app = build_app(data_dir, host=host, port=port, executors=executors)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, data_dir / "token")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=5)

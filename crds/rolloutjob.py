@@ -156,6 +156,8 @@ class WorkersPerNode(Model):
 class PipelineSpec(Model):
     workers_per_node: WorkersPerNode = Field(default_factory=WorkersPerNode)
     max_attempts: int = Field(default=3, ge=1, description="attempts per rollout for infrastructure failures")
+    lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0,
+                                 description="a lease not extended by a heartbeat for this long goes back to the queue")
 
 
 class DapoSpec(Model):

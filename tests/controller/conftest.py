@@ -1,4 +1,8 @@
-"""Fixtures for the controller tests: a real `rolloutd controller` process on a free port."""
+"""Fixtures for the controller tests: a real `rolloutd controller` process on a free port.
+
+These tests exercise the API and CLI mechanics, so the controller runs with no executor
+(`--executors ''`): jobs stay Pending with an ExecutorUnavailable condition and no daemon
+is started. The end-to-end tests (tests/e2e) run the real executors."""
 from __future__ import annotations
 
 import os
@@ -25,8 +29,9 @@ def free_port() -> int:
 class ControllerProcess:
     """`rolloutd controller` as a subprocess: start, stop (SIGTERM or SIGKILL), restart on the same data."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, executors: str = ""):
         self.data_dir = data_dir
+        self.executors = executors
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -42,7 +47,7 @@ class ControllerProcess:
         log = open(self.data_dir.parent / f"controller-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--log-level", "warning"],
+             "--port", str(self.port), "--log-level", "warning", "--executors", self.executors],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 30

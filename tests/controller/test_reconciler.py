@@ -43,6 +43,9 @@ class ScriptedWork:
     async def progress(self, job):
         return self.progress_value
 
+    async def registered(self, job):
+        return len([n for n in self.executor.nodes if n.state == "running"])
+
     async def forget(self, job):
         self.forgotten += 1
 
@@ -51,6 +54,7 @@ class ScriptedWork:
 def setup(tmp_path):
     store = Store(tmp_path / "db.sqlite")
     ex, work = ScriptedExecutor(), ScriptedWork()
+    work.executor = ex
     job = RolloutJob.model_validate(yaml.safe_load(EXAMPLE.read_text()))
     store.apply(job)
     return store, ex, work, Reconciler(store, {"local": ex}, work)

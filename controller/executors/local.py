@@ -1,0 +1,185 @@
+"""The local executor (embedded default): node daemons as subprocesses of the controller.
+
+Called by the reconciler. `ensure(job, n)` keeps exactly `n` daemons (`rolloutd node --slot K`)
+alive for the job, restarting one that dies (with back-off when it keeps dying) and stopping
+surplus slots with SIGTERM so they drain; `release(job)` sends SIGTERM to every daemon of the
+job and SIGKILL after a grace period. Daemons run in their own process groups and are tracked
+by pid + start time in `state_file`, so a restarted controller adopts the daemons it started
+instead of starting duplicates, and only ever signals processes it started.
+
+The daemon's side is identical to Slurm's: it gets the controller URL, the job and the join
+token through its environment (never on the command line).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rolloutd.crds.rolloutjob import RolloutJob
+
+from ..reconciler import NodeState
+
+log = logging.getLogger("rolloutd.executor.local")
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):  # PID 1 here does not reap: a zombie is dead
+        return None
+    return fields[19]
+
+
+@dataclass
+class _Daemon:
+    slot: int
+    pid: int
+    start_time: str
+    popen: subprocess.Popen | None = None
+    started: float = 0.0
+    restarts: int = 0
+
+    def alive(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        return _proc_start_time(self.pid) == self.start_time
+
+    def exit_code(self) -> int | None:
+        return self.popen.returncode if self.popen is not None else None
+
+
+class LocalExecutor:
+    def __init__(self, controller_url: str, join_token: str, data_dir: Path, *,
+                 grace_seconds: float = 30.0, python: str = sys.executable, extra_env: dict[str, str] | None = None):
+        self.controller_url = controller_url
+        self.join_token = join_token
+        self.log_dir = data_dir / "logs"
+        self.state_file = data_dir / "local-executor.json"
+        self.grace = grace_seconds
+        self.python = python
+        self.extra_env = extra_env or {}
+        self.daemons: dict[str, dict[int, _Daemon]] = {}
+        self._stopping: set[asyncio.Task] = set()
+        self._adopt()
+
+    # ------------------------------------------------------------ persistence
+
+    def _adopt(self) -> None:
+        try:
+            saved = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return
+        for job, slots in saved.items():
+            for slot, d in slots.items():
+                if _proc_start_time(d["pid"]) == d["startTime"]:
+                    self.daemons.setdefault(job, {})[int(slot)] = _Daemon(int(slot), d["pid"], d["startTime"],
+                                                                          started=time.monotonic())
+                    log.info("adopted node daemon pid %s (job %s slot %s)", d["pid"], job, slot)
+
+    def _save(self) -> None:
+        data = {job: {str(s): {"pid": d.pid, "startTime": d.start_time} for s, d in slots.items()}
+                for job, slots in self.daemons.items() if slots}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.state_file)
+
+    # ------------------------------------------------------------ Executor
+
+    def _spawn(self, job: str, slot: int, restarts: int) -> _Daemon:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.extra_env, "ROLLOUTD_CONTROLLER": self.controller_url,
+               "ROLLOUTD_JOB": job, "ROLLOUTD_JOIN_TOKEN": self.join_token}
+        env.pop("ROLLOUTD_TOKEN", None)  # a daemon needs only the join token
+        logf = open(self.log_dir / f"{job}-node{slot}.log", "ab")
+        popen = subprocess.Popen([self.python, "-m", "rolloutd.controller.main", "node", "--slot", str(slot)],
+                                 env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        logf.close()
+        start = _proc_start_time(popen.pid) or ""
+        log.info("started node daemon pid %s for job %s slot %s", popen.pid, job, slot)
+        return _Daemon(slot, popen.pid, start, popen, time.monotonic(), restarts)
+
+    async def ensure(self, job: RolloutJob, nodes: int) -> None:
+        name = job.metadata.name
+        slots = self.daemons.setdefault(name, {})
+        changed = False
+        for slot in range(nodes):
+            d = slots.get(slot)
+            if d is not None and d.alive():
+                continue
+            restarts = 0
+            if d is not None:
+                quick = time.monotonic() - d.started < 10
+                restarts = d.restarts + 1 if quick else 0
+                backoff = min(2.0 ** restarts, 30.0) if quick else 0.0
+                if time.monotonic() - d.started < backoff:
+                    continue
+                log.warning("node daemon slot %s of job %s exited (code %s); restarting", slot, name, d.exit_code())
+            slots[slot] = self._spawn(name, slot, restarts)
+            changed = True
+        for slot in [s for s in slots if s >= nodes]:  # scale down: the daemon drains on SIGTERM
+            self._terminate(slots.pop(slot))
+            changed = True
+        if changed:
+            self._save()
+
+    async def observe(self, job: RolloutJob) -> list[NodeState]:
+        out = []
+        for slot, d in sorted(self.daemons.get(job.metadata.name, {}).items()):
+            alive = d.alive()
+            reason = "" if alive else f"exited with code {d.exit_code()}"
+            out.append(NodeState(f"{job.metadata.name}-node{slot}", "running" if alive else "lost", reason))
+        return out
+
+    async def release(self, job: RolloutJob) -> None:
+        slots = self.daemons.pop(job.metadata.name, {})
+        for d in slots.values():
+            self._terminate(d)
+        if slots:
+            self._save()
+
+    def _terminate(self, d: _Daemon) -> None:
+        if not d.alive():
+            return
+        try:
+            os.killpg(d.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        task = asyncio.get_running_loop().create_task(self._kill_after_grace(d))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _kill_after_grace(self, d: _Daemon) -> None:
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline and d.alive():
+            await asyncio.sleep(0.1)
+        if d.alive():
+            log.warning("node daemon pid %s ignored SIGTERM for %.0f s; killing it", d.pid, self.grace)
+            try:
+                os.killpg(d.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if d.popen is not None:
+            d.popen.poll()
+
+    def kill(self, job: str, slot: int) -> int:
+        """SIGKILL one daemon (tests and `rolloutctl debug`): returns its pid."""
+        d = self.daemons[job][slot]
+        os.killpg(d.pid, signal.SIGKILL)
+        return d.pid
+
+    async def shutdown(self) -> None:
+        """Controller exit: leave daemons running (they are adopted after a restart)."""
+        for task in list(self._stopping):
+            task.cancel()

@@ -1,0 +1,150 @@
+"""HTTP routes that need the scheduler: the node-daemon protocol, trajectories for trainers,
+and the per-job LLM backend pool.
+
+    POST /apis/rolloutd.io/v1alpha1/nodes/register | /{node}/lease | /{node}/heartbeat
+         | /{node}/results | /{node}/return | /{node}/deregister       (join token or admin token)
+    GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
+    GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
+    GET | POST | DELETE …/rolloutjobs/{name}/backends                      list / add / remove
+
+Mounted by `api.create_app` when a scheduler is given. Wire models: `rolloutd.crds.node`.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
+from rolloutd.crds.rolloutjob import BackendSpec
+
+from .config import API_PREFIX as PREFIX
+from .errors import BadRequest, NotFound, from_validation_error
+from .scheduler import Scheduler, validate_backend_url
+from .store import Store
+
+
+async def _body(request: Request, model: type[BaseModel]) -> Any:
+    from .api import parse_document  # the same size limit and parse errors as the main API
+
+    doc = await parse_document(request)
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        raise from_validation_error(e, root=model) from None
+
+
+def _ok(model: BaseModel) -> JSONResponse:
+    return JSONResponse(model.model_dump(mode="json", by_alias=True))
+
+
+def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
+    r = APIRouter()
+    N = f"{PREFIX}/nodes"
+
+    @r.post(f"{N}/register")
+    async def register(request: Request):
+        return _ok(scheduler.register(await _body(request, RegisterRequest)))
+
+    @r.post(f"{N}/{{node_id}}/lease")
+    async def lease(node_id: str, request: Request):
+        req = await _body(request, LeaseRequest)
+        return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
+
+    @r.post(f"{N}/{{node_id}}/heartbeat")
+    async def heartbeat(node_id: str, request: Request):
+        return _ok(scheduler.heartbeat(node_id, await _body(request, Heartbeat)))
+
+    @r.post(f"{N}/{{node_id}}/results")
+    async def results(node_id: str, request: Request):
+        return _ok(scheduler.results(node_id, await _body(request, ResultBatch)))
+
+    @r.post(f"{N}/{{node_id}}/return")
+    async def give_back(node_id: str, request: Request):
+        req = await _body(request, ReturnRequest)
+        return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
+
+    @r.post(f"{N}/{{node_id}}/deregister")
+    async def deregister(node_id: str):
+        scheduler.deregister(node_id)
+        return {}
+
+    # ------------------------------------------------------------ trajectories
+
+    J = f"{PREFIX}/rolloutjobs"
+
+    def finished(name: str) -> bool:
+        try:
+            job = store.get(name)
+        except NotFound:
+            return True
+        return job.status.phase.terminal
+
+    @r.get(f"{J}/{{name}}/trajectories")
+    async def trajectories(name: str, cursor: int = Query(0, ge=0), follow: bool = False,
+                           limit: int = Query(1000, ge=1, le=100_000),
+                           timeoutSeconds: float | None = Query(None, gt=0)):
+        await asyncio.to_thread(store.get, name)  # 404 for an unknown job
+        if not follow:
+            rows = scheduler.trajectories(name, cursor, limit)
+            body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
+            last = rows[-1][0] if rows else cursor
+            return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
+                                     headers={"X-Rolloutd-Cursor": str(last)})
+
+        async def stream():
+            async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
+                yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @r.get(f"{J}/{{name}}/groups")
+    async def groups(name: str):
+        job = await asyncio.to_thread(store.get, name)
+        return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
+
+    # ------------------------------------------------------------ backends
+
+    def describe_backends(name: str) -> dict[str, Any]:
+        job = store.get(name)
+        pinned = scheduler.pinned(name)
+        items = []
+        for b in job.spec.llm.backends:
+            url = b.url.rstrip("/")
+            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy,
+                          "reason": scheduler.pool.unhealthy.get(url, ""),
+                          "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
+        return {"items": items}
+
+    @r.get(f"{J}/{{name}}/backends")
+    async def list_backends(name: str):
+        return describe_backends(name)
+
+    @r.post(f"{J}/{{name}}/backends")
+    async def add_backend(name: str, request: Request):
+        doc = await _body(request, BackendSpec)
+        url = validate_backend_url(doc.url)
+        job = store.get(name)
+        if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
+            job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
+            await asyncio.to_thread(store.apply, job)
+        scheduler.pool.add(url)
+        return describe_backends(name)
+
+    @r.delete(f"{J}/{{name}}/backends")
+    async def remove_backend(name: str, url: str):
+        url = validate_backend_url(url)
+        job = store.get(name)
+        kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
+        if len(kept) == len(job.spec.llm.backends):
+            raise NotFound(f"backend {url} is not in rolloutjob {name}")
+        if not kept:
+            raise BadRequest("cannot remove the last backend of a job; add another first")
+        job.spec.llm.backends = kept
+        await asyncio.to_thread(store.apply, job)
+        return describe_backends(name)
+
+    return r

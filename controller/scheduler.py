@@ -1,0 +1,594 @@
+"""The central scheduler: work items with leases, exactly-once results, backend pinning.
+
+Where it sits: inside the controller process. The reconciler calls `progress`/`forget` (it is
+the reconciler's `WorkTracker`); the node API (`nodeapi.py`) calls `register`, `lease`,
+`heartbeat`, `results`, `give_back`; the trajectories API reads `trajectories`/`groups`.
+All state lives in SQLite (tables below, beside the jobs), so a restarted controller resumes
+with every lease, result and backend pin where it was.
+
+Work items = prompt × samplesPerPrompt (a prompt's samples form one GRPO group). An item is
+`queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats extend)
+→ `done` | `failed` | `cancelled`. A lease that expires goes back to the queue with attempt+1.
+A result is accepted only from the attempt that currently holds the lease, so a late duplicate
+from an expired attempt is dropped and every rollout reaches the trainer exactly once.
+Infrastructure failures are retried up to `pipeline.maxAttempts`, then delivered as
+`failure.kind = infra` with no reward — never as a reward of 0.
+
+All methods run on the event loop; each is one short SQLite transaction, so there is no
+locking between them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+from sqlalchemy import func, update
+from sqlmodel import Field, Session, SQLModel, select
+
+from rolloutd.crds.node import (
+    Heartbeat,
+    HeartbeatResponse,
+    Lease,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultBatch,
+)
+from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from rolloutd.crds.trajectory import FailureKind
+
+from .backends import BackendPool
+from .errors import BadRequest, Conflict, NotFound
+from .reconciler import Progress
+from .store import Store
+
+log = logging.getLogger("rolloutd.scheduler")
+
+LIVE = ("queued", "leased")
+
+
+class TaskRow(SQLModel, table=True):
+    __tablename__ = "tasks"
+    job: str = Field(primary_key=True)
+    prompt: int = Field(primary_key=True)
+    data: str  # JSON: the dataset row
+
+
+class ItemRow(SQLModel, table=True):
+    __tablename__ = "items"
+    id: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    prompt: int
+    sample: int
+    state: str = Field(default="queued", index=True)  # queued | leased | done | failed | cancelled
+    stage: str | None = None  # leased | init | run | eval (while leased)
+    attempt: int = 0
+    attempt_id: str | None = Field(default=None, index=True)
+    node_id: str | None = Field(default=None, index=True)
+    deadline: float | None = None
+    backend: str | None = None
+    holds_backend: bool = False  # counted in the backend min-heap (pinned, RUN not over)
+    queued_at: float = 0.0
+    last_error: str = ""
+
+
+class TrajectoryRow(SQLModel, table=True):
+    __tablename__ = "trajectories"
+    seq: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    item: int = Field(unique=True)
+    prompt: int
+    sample: int
+    reward: float | None = None
+    failure: str = "none"
+    data: str  # JSON, wire form of the Trajectory
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "nodes"
+    id: str = Field(primary_key=True)
+    job: str = Field(index=True)
+    name: str
+    host: str = ""
+    pid: int = 0
+    slot: int | None = None
+    slurm_job_id: str | None = None
+    slurm_node_id: int | None = None
+    registered: float
+    last_seen: float
+    state: str = "active"  # active | draining | gone
+
+
+class ExpansionRow(SQLModel, table=True):
+    __tablename__ = "expansions"
+    job: str = Field(primary_key=True)
+    uid: str
+    prompts: int
+    total: int
+    error: str = ""
+
+
+@dataclass
+class _JobCache:
+    generation: int
+    backends: list[str]
+    max_attempts: int
+    lease_seconds: float
+
+
+class Scheduler:
+    def __init__(self, store: Store, *, health_interval: float = 2.0,
+                 health_check: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.engine = store.engine
+        SQLModel.metadata.create_all(self.engine)
+        self.pool = BackendPool()
+        self.health_interval = health_interval
+        self._health_check = health_check
+        self.clock = clock
+        self._wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self._traj_wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self._jobs: dict[str, _JobCache] = {}
+        self._stopped = False
+        with Session(self.engine) as s:  # restore backend pins after a restart
+            for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
+                self.pool.take(item.backend)
+
+    # ------------------------------------------------------------ job bookkeeping
+
+    def _job(self, name: str) -> RolloutJob:
+        job = self.store.get(name)
+        self._sync(job)
+        return job
+
+    def _sync(self, job: RolloutJob) -> _JobCache:
+        cache = self._jobs.get(job.metadata.name)
+        if cache is None or cache.generation != job.metadata.generation:
+            urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
+            for u in urls:
+                self.pool.add(u)
+            cache = _JobCache(job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
+                              job.spec.pipeline.lease_seconds)
+            self._jobs[job.metadata.name] = cache
+        return cache
+
+    def expand(self, job: RolloutJob) -> ExpansionRow:
+        """Load the dataset once and create prompt × samples items (idempotent, restart-safe)."""
+        name = job.metadata.name
+        with Session(self.engine) as s:
+            row = s.get(ExpansionRow, name)
+            if row is not None and row.uid == job.metadata.uid:
+                return row
+            if row is not None:  # a job re-created under the same name: start clean
+                self._purge(s, name)
+            try:
+                from rolloutd.agents.tasks import get_handler
+
+                rows = get_handler(job.spec.tasks.kind).load(job.spec.tasks.source, job.spec.tasks.limit)
+                error = "" if rows else f"dataset {job.spec.tasks.source} has no rows"
+            except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message
+                rows, error = [], f"{type(e).__name__}: {e}"
+            n = job.spec.samples_per_prompt
+            now = self.clock()
+            for p, data in enumerate(rows):
+                s.add(TaskRow(job=name, prompt=p, data=json.dumps(data)))
+                for k in range(n):
+                    s.add(ItemRow(job=name, prompt=p, sample=k, queued_at=now))
+            row = ExpansionRow(job=name, uid=job.metadata.uid or "", prompts=len(rows), total=len(rows) * n,
+                               error=error)
+            s.add(row)
+            s.commit()
+            s.refresh(row)
+        self._wake[name].set()
+        return row
+
+    def _purge(self, s: Session, name: str) -> None:
+        for model in (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow):
+            s.exec(model.__table__.delete().where(model.job == name))
+
+    # ------------------------------------------------------------ WorkTracker (reconciler)
+
+    async def progress(self, job: RolloutJob) -> Progress:
+        exp = self.expand(job)
+        self._sync(job)
+        counts = StageCounts(total=exp.total)
+        with Session(self.engine) as s:
+            q = select(ItemRow.state, ItemRow.stage, func.count()).where(ItemRow.job == job.metadata.name)
+            for state, stage, n in s.exec(q.group_by(ItemRow.state, ItemRow.stage)):
+                if state == "queued" or (state == "leased" and stage == "leased"):
+                    counts.queued += n
+                elif state == "leased":
+                    setattr(counts, stage, getattr(counts, stage) + n)
+                elif state == "done":
+                    counts.succeeded += n
+                elif state == "failed":
+                    counts.failed += n
+                elif state == "cancelled":
+                    counts.cancelled += n
+        if exp.error:
+            return Progress(counts, failed=exp.error)
+        live = counts.queued + counts.init + counts.run + counts.eval
+        return Progress(counts, done=exp.total > 0 and live == 0)
+
+    async def registered(self, job: RolloutJob) -> int:
+        return len([n for n in self.nodes(job.metadata.name) if n.state == "active"])
+
+    def nodes(self, job: str) -> list[NodeRow]:
+        with Session(self.engine) as s:
+            return list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != "gone")))
+
+    async def forget(self, job: RolloutJob) -> None:
+        """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
+        name = job.metadata.name
+        with Session(self.engine) as s:
+            for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
+                self._release_backend(item)
+                item.state, item.deadline = "cancelled", None
+                s.add(item)
+            s.commit()
+        self._wake[name].set()
+
+    def purge(self, name: str) -> None:
+        with Session(self.engine) as s:
+            self._purge(s, name)
+            s.commit()
+        self._jobs.pop(name, None)
+
+    # ------------------------------------------------------------ node protocol
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        job = self._job(req.job)
+        if job.metadata.deletion_timestamp is not None or job.status.phase.terminal:
+            raise Conflict(f'rolloutjobs "{req.job}" is {job.status.phase.value}; it takes no more nodes', name=req.job)
+        now = self.clock()
+        node = NodeRow(id=f"{req.name}-{uuid.uuid4().hex[:8]}", job=req.job, name=req.name, host=req.host,
+                       pid=req.pid, slot=req.slot, slurm_job_id=req.slurm_job_id, slurm_node_id=req.slurm_node_id,
+                       registered=now, last_seen=now)
+        with Session(self.engine) as s:
+            s.add(node)
+            s.commit()
+        lease = job.spec.pipeline.lease_seconds
+        log.info("node %s registered for job %s", node.id, req.job)
+        return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
+                                lease_seconds=lease, heartbeat_seconds=min(2.0, lease / 4))
+
+    def _node(self, s: Session, node_id: str) -> NodeRow:
+        node = s.get(NodeRow, node_id)
+        if node is None or node.state == "gone":
+            raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
+        node.last_seen = self.clock()
+        s.add(node)
+        return node
+
+    def _release_backend(self, item: ItemRow) -> None:
+        if item.holds_backend:
+            self.pool.release(item.backend)
+            item.holds_backend = False
+
+    def _requeue(self, item: ItemRow, error: str, max_attempts: int) -> str:
+        """Back to the queue, or failed-infra when the attempts are used up. Returns the new state."""
+        self._release_backend(item)
+        item.last_error = error
+        item.node_id, item.deadline, item.stage = None, None, None
+        if item.attempt >= max_attempts:
+            item.state = "failed"
+        else:
+            item.state, item.attempt_id, item.backend = "queued", None, None
+            item.queued_at = self.clock()
+        return item.state
+
+    def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
+        with Session(self.engine) as s:
+            node = self._node(s, node_id)
+            try:
+                job = self._job(node.job)
+            except NotFound:
+                s.commit()
+                return LeaseResponse(done=True)
+            cache = self._sync(job)
+            if job.metadata.deletion_timestamp is not None or job.status.phase.terminal:
+                s.commit()
+                return LeaseResponse(done=True)
+            if node.state == "draining":
+                s.commit()
+                return LeaseResponse(drain=True)
+            leases: list[Lease] = []
+            now = self.clock()
+            if max_items > 0:
+                q = (select(ItemRow).where(ItemRow.job == node.job, ItemRow.state == "queued")
+                     .order_by(ItemRow.prompt, ItemRow.sample).limit(max_items))
+                for item in s.exec(q).all():
+                    backend = self.pool.acquire(cache.backends) if cache.backends else None
+                    if cache.backends and backend is None:
+                        break  # no healthy backend: leave the work queued
+                    item.state, item.stage, item.node_id = "leased", "leased", node.id
+                    item.attempt += 1
+                    item.attempt_id = f"{item.id}.{item.attempt}.{uuid.uuid4().hex[:6]}"
+                    item.deadline = now + cache.lease_seconds
+                    item.backend, item.holds_backend = backend, backend is not None
+                    s.add(item)
+                    task = json.loads(s.get(TaskRow, (node.job, item.prompt)).data)
+                    leases.append(Lease(attempt_id=item.attempt_id, item=item.id, prompt=item.prompt,
+                                        sample=item.sample, attempt=item.attempt, task=task, backend=backend,
+                                        queued_seconds=max(now - item.queued_at, 0.0)))
+            live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
+            s.commit()
+        exp = self.expand(job)
+        return LeaseResponse(leases=leases, done=exp.total > 0 and live == 0 and not leases)
+
+    async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
+        deadline = time.monotonic() + wait
+        while True:
+            with Session(self.engine) as s:
+                job_name = self._node(s, node_id).job
+                s.commit()
+            ev = self._wake[job_name]
+            ev.clear()
+            resp = self._lease_now(node_id, max_items)
+            left = deadline - time.monotonic()
+            if resp.leases or resp.done or resp.drain or max_items == 0 or left <= 0 or self._stopped:
+                return resp
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+
+    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+        resp = HeartbeatResponse()
+        with Session(self.engine) as s:
+            node = self._node(s, node_id)
+            try:
+                job = self._job(node.job)
+            except NotFound:  # the job was deleted: everything still running is to be cancelled
+                s.commit()
+                return HeartbeatResponse(cancel=list(hb.stages), drain=True)
+            cache = self._sync(job)
+            resp.lease_seconds = cache.lease_seconds
+            resp.drain = node.state == "draining"
+            now = self.clock()
+            ids = set(hb.stages) | set(hb.left_run)
+            items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))} if ids else {}
+            for aid in hb.left_run:
+                item = items.get(aid)
+                if item is not None and item.node_id == node.id:
+                    self._release_backend(item)
+                    s.add(item)
+            for aid, stage in hb.stages.items():
+                item = items.get(aid)
+                if item is None or item.node_id != node.id or item.state != "leased":
+                    if item is not None and item.state == "cancelled":
+                        resp.cancel.append(aid)
+                    else:
+                        resp.unknown.append(aid)
+                    continue
+                item.deadline = now + cache.lease_seconds
+                if stage != item.stage:
+                    item.stage = stage
+                if stage in ("leased", "init") and item.backend and not self.pool.healthy(item.backend) \
+                        or (item.backend and item.backend not in cache.backends and stage in ("leased", "init")):
+                    new = self.pool.acquire(cache.backends)
+                    if new is not None:
+                        self._release_backend(item)
+                        item.backend, item.holds_backend = new, True
+                        resp.repin[aid] = new
+                s.add(item)
+            # every other lease of this node is extended too (a lease may be in flight to it)
+            s.exec(update(ItemRow).where(ItemRow.node_id == node.id, ItemRow.state == "leased")
+                   .values(deadline=now + cache.lease_seconds))
+            s.commit()
+        return resp
+
+    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+        ack = ResultAck()
+        woke: set[str] = set()
+        with Session(self.engine) as s:
+            node = self._node(s, node_id)
+            try:
+                cache = self._sync(self._job(node.job))
+            except NotFound:
+                s.commit()
+                return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
+            for res in batch.results:
+                item = s.exec(select(ItemRow).where(ItemRow.attempt_id == res.attempt_id)).first()
+                if item is None or item.state != "leased" or item.node_id != node.id:
+                    why = "stale attempt: the lease expired or the item was re-leased"
+                    if item is not None and item.state == "cancelled":
+                        why = "cancelled"
+                    ack.dropped[res.attempt_id] = why
+                    continue
+                t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
+                                                       "attempt": item.attempt})
+                if t.failure.kind == FailureKind.infra:
+                    state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts)
+                    if state == "failed":
+                        self._deliver(s, item, t)
+                    woke.add(item.job)
+                else:
+                    self._release_backend(item)
+                    item.state, item.stage, item.deadline = "done", None, None
+                    self._deliver(s, item, t)
+                s.add(item)
+                ack.accepted.append(res.attempt_id)
+            s.commit()
+        for job in woke:
+            self._wake[job].set()
+        return ack
+
+    def _deliver(self, s: Session, item: ItemRow, t) -> None:
+        s.add(TrajectoryRow(job=item.job, item=item.id, prompt=item.prompt, sample=item.sample, reward=t.reward,
+                            failure=t.failure.kind.value, data=json.dumps(t.wire(), separators=(",", ":"))))
+        self._traj_wake[item.job].set()
+
+    def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
+        """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
+        n = 0
+        with Session(self.engine) as s:
+            node = s.get(NodeRow, node_id)
+            if node is None:
+                return 0
+            for item in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(attempt_ids))):
+                if item.node_id == node.id and item.state == "leased":
+                    self._release_backend(item)
+                    item.state, item.stage, item.node_id, item.deadline = "queued", None, None, None
+                    item.attempt_id, item.backend, item.queued_at = None, None, self.clock()
+                    item.attempt = max(item.attempt - 1, 0)
+                    item.last_error = reason
+                    s.add(item)
+                    n += 1
+            s.commit()
+            self._wake[node.job].set()
+        return n
+
+    def deregister(self, node_id: str) -> None:
+        with Session(self.engine) as s:
+            node = s.get(NodeRow, node_id)
+            if node is not None:
+                node.state = "gone"
+                s.add(node)
+                s.commit()
+
+    def drain(self, job: str, node_ids: list[str]) -> None:
+        with Session(self.engine) as s:
+            for node in s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.id.in_(node_ids))):
+                node.state = "draining"
+                s.add(node)
+            s.commit()
+
+    # ------------------------------------------------------------ background duties
+
+    def expire(self) -> int:
+        """Leases past their deadline go back to the queue (node killed, network lost)."""
+        now = self.clock()
+        n = 0
+        with Session(self.engine) as s:
+            expired = s.exec(select(ItemRow).where(ItemRow.state == "leased", ItemRow.deadline < now)).all()
+            for item in expired:
+                cache = self._jobs.get(item.job)
+                node = item.node_id
+                state = self._requeue(item, f"lease expired on node {node}", cache.max_attempts if cache else 3)
+                if state == "failed":
+                    from rolloutd.crds.trajectory import Failure, Trajectory
+
+                    t = Trajectory(job=item.job, prompt=item.prompt, sample=item.sample, attempt=item.attempt,
+                                   failure=Failure(kind=FailureKind.infra, reason=item.last_error))
+                    self._deliver(s, item, t)
+                s.add(item)
+                self._wake[item.job].set()
+                n += 1
+            # nodes silent for longer than a lease are gone
+            for node in s.exec(select(NodeRow).where(NodeRow.state != "gone")):
+                cache = self._jobs.get(node.job)
+                if now - node.last_seen > (cache.lease_seconds if cache else 30.0):
+                    node.state = "gone"
+                    s.add(node)
+            s.commit()
+        if n:
+            log.info("requeued %d expired lease(s)", n)
+        return n
+
+    async def check_health(self) -> None:
+        urls = self.pool.known()
+        if not urls:
+            return
+
+        async def probe(client: httpx.AsyncClient, url: str) -> tuple[str, bool, str]:
+            if self._health_check is not None:
+                ok = await self._health_check(url)
+                return url, bool(ok), "" if ok else "health check failed"
+            try:
+                r = await client.get(url + "/health", timeout=3.0)
+                return url, r.status_code == 200, f"HTTP {r.status_code}"
+            except httpx.HTTPError as e:
+                return url, False, f"{type(e).__name__}: {e}"
+
+        async with httpx.AsyncClient() as client:
+            for url, ok, why in await asyncio.gather(*(probe(client, u) for u in urls)):
+                if self.pool.set_health(url, ok, why):
+                    log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
+                    for job in list(self._jobs):
+                        self._wake[job].set()
+
+    async def run(self) -> None:
+        last_health = 0.0
+        while not self._stopped:
+            try:
+                self.expire()
+                if time.monotonic() - last_health >= self.health_interval:
+                    last_health = time.monotonic()
+                    await self.check_health()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad pass
+                log.exception("scheduler background pass failed")
+            await asyncio.sleep(0.5)
+
+    def stop(self) -> None:
+        self._stopped = True
+        for ev in list(self._wake.values()) + list(self._traj_wake.values()):
+            ev.set()
+
+    # ------------------------------------------------------------ results for trainers
+
+    def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
+        with Session(self.engine) as s:
+            q = (select(TrajectoryRow.seq, TrajectoryRow.data).where(TrajectoryRow.job == job, TrajectoryRow.seq > cursor)
+                 .order_by(TrajectoryRow.seq).limit(limit))
+            return list(s.exec(q).all())
+
+    async def follow(self, job: str, cursor: int, finished: Callable[[], bool],
+                     timeout: float | None = None) -> AsyncIterator[tuple[int, str]]:
+        """Every trajectory after `cursor`, as it arrives, until the job is finished and all are sent."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self._traj_wake[job]
+            ev.clear()
+            rows = self.trajectories(job, cursor)
+            for seq, data in rows:
+                cursor = seq
+                yield seq, data
+            if rows:
+                continue
+            if finished() or self._stopped:
+                if not self.trajectories(job, cursor, 1):
+                    return
+                continue
+            wait = 5.0 if deadline is None else min(5.0, deadline - time.monotonic())
+            if wait <= 0:
+                return
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=wait)
+            except asyncio.TimeoutError:
+                yield 0, ""  # keep-alive tick
+
+    def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
+        with Session(self.engine) as s:
+            rows = s.exec(select(TrajectoryRow).where(TrajectoryRow.job == job)
+                          .order_by(TrajectoryRow.prompt, TrajectoryRow.sample)).all()
+        out: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            g = out.setdefault(r.prompt, {"prompt": r.prompt, "samples": [], "rewards": [], "complete": False})
+            g["samples"].append(json.loads(r.data))
+            g["rewards"].append(r.reward)
+        for g in out.values():
+            g["complete"] = len(g["samples"]) == samples
+        return [out[k] for k in sorted(out)]
+
+    def pinned(self, job: str) -> dict[str, int]:
+        """Backend URL → tasks of this job currently pinned to it (for status and tests)."""
+        with Session(self.engine) as s:
+            q = (select(ItemRow.backend, func.count()).where(ItemRow.job == job, ItemRow.holds_backend == True)  # noqa: E712
+                 .group_by(ItemRow.backend))
+            return {b: n for b, n in s.exec(q)}
+
+
+def validate_backend_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise BadRequest(f"backend url must start with http:// or https://, got {url!r}",
+                         causes=[{"field": "url", "reason": "FieldValueInvalid", "message": "must be http(s)"}])
+    return url.rstrip("/")

@@ -1,0 +1,100 @@
+"""Wire models of the node-daemon protocol (controller ⇄ `rolloutd node`).
+
+The daemon (`rolloutd.agents.node`) *pulls* work; the controller (`rolloutd.controller.nodeapi`
++ `scheduler`) owns every decision. All calls are POSTs under
+`/apis/rolloutd.io/v1alpha1/nodes`, authenticated with the join token (`Authorization: Bearer`):
+
+    POST /nodes/register                 RegisterRequest  → RegisterResponse
+    POST /nodes/{node}/lease             LeaseRequest     → LeaseResponse     (long-poll up to `wait` s)
+    POST /nodes/{node}/heartbeat         Heartbeat        → HeartbeatResponse (extends every lease)
+    POST /nodes/{node}/results           ResultBatch      → ResultAck
+    POST /nodes/{node}/return            ReturnRequest    → {}                (unstarted leases handed back)
+    POST /nodes/{node}/deregister        {}               → {}
+
+Exactly-once delivery rests on `attemptId`: a result is accepted only from the attempt that
+currently holds the item's lease; a late duplicate from an expired attempt is dropped.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Model
+from .trajectory import Trajectory
+
+Stage = Literal["leased", "init", "run", "eval"]
+
+
+class RegisterRequest(Model):
+    job: str
+    name: str = Field(description="host or Slurm node name")
+    host: str = ""
+    pid: int = 0
+    slurm_job_id: str | None = None
+    slurm_node_id: int | None = None
+    slot: int | None = Field(default=None, description="executor slot this daemon fills (local executor)")
+
+
+class RegisterResponse(Model):
+    node_id: str
+    job: str
+    spec: dict[str, Any] = Field(description="the RolloutJob spec (wire form) at registration time")
+    generation: int
+    lease_seconds: float
+    heartbeat_seconds: float
+
+
+class LeaseRequest(Model):
+    max_items: int = Field(ge=0)
+    wait: float = Field(default=0.0, ge=0.0, le=30.0, description="long-poll this long for work")
+
+
+class Lease(Model):
+    attempt_id: str
+    item: int
+    prompt: int
+    sample: int
+    attempt: int
+    task: dict[str, Any]
+    backend: str | None = Field(description="the LLM backend URL pinned to this task")
+    policy_version: int | str | None = None
+    queued_seconds: float = 0.0
+
+
+class LeaseResponse(Model):
+    leases: list[Lease] = Field(default_factory=list)
+    done: bool = Field(default=False, description="the job needs no more work from this daemon")
+    drain: bool = Field(default=False, description="stop leasing (scale-down or job ending)")
+
+
+class Heartbeat(Model):
+    stages: dict[str, Stage] = Field(default_factory=dict, description="attemptId → stage of every live lease")
+    left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
+
+
+class HeartbeatResponse(Model):
+    cancel: list[str] = Field(default_factory=list, description="attempts to cancel now (kill sandbox, abort LLM)")
+    repin: dict[str, str] = Field(default_factory=dict, description="attemptId → new backend (its backend was removed)")
+    unknown: list[str] = Field(default_factory=list, description="attempts the controller no longer leases to you")
+    drain: bool = False
+    lease_seconds: float = 30.0
+
+
+class Result(Model):
+    attempt_id: str
+    trajectory: Trajectory
+
+
+class ResultBatch(Model):
+    results: list[Result]
+
+
+class ResultAck(Model):
+    accepted: list[str] = Field(default_factory=list)
+    dropped: dict[str, str] = Field(default_factory=dict, description="attemptId → why it was not accepted")
+
+
+class ReturnRequest(Model):
+    attempt_ids: list[str]
+    reason: str = "returned"
