@@ -106,6 +106,45 @@ class ApiClient:
     def events(self, name: str) -> list[dict[str, Any]]:
         return self._request("GET", f"{PREFIX}/rolloutjobs/{name}/events").json()["items"]
 
+    def trajectories(self, name: str, cursor: int = 0, follow: bool = False,
+                     timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Every trajectory after `cursor` (each carries its `seq`); with `follow`, until the job ends.
+        A dropped stream is resumed from the last `seq` received, so nothing is lost or repeated."""
+        failures = 0
+        while True:
+            params: dict[str, Any] = {"cursor": cursor}
+            if follow:
+                params["follow"] = "true"
+                if timeout:
+                    params["timeoutSeconds"] = timeout
+            try:
+                with self.http.stream("GET", f"{PREFIX}/rolloutjobs/{name}/trajectories", params=params,
+                                      timeout=httpx.Timeout(30.0, read=60.0)) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise _status_error(r)
+                    for line in r.iter_lines():
+                        if line.strip():
+                            obj = json.loads(line)
+                            cursor = obj["seq"]
+                            yield obj
+                    failures = 0
+                return
+            except httpx.TransportError as e:
+                failures += 1
+                if failures > 5:
+                    raise ClientError(f"trajectory stream from {self.conn.server} keeps failing: {e}") from None
+                time.sleep(min(0.2 * 2 ** failures, 5.0))
+
+    def backends(self, name: str) -> list[dict[str, Any]]:
+        return self._request("GET", f"{PREFIX}/rolloutjobs/{name}/backends").json()["items"]
+
+    def add_backend(self, name: str, url: str) -> list[dict[str, Any]]:
+        return self._request("POST", f"{PREFIX}/rolloutjobs/{name}/backends", json={"url": url}).json()["items"]
+
+    def remove_backend(self, name: str, url: str) -> list[dict[str, Any]]:
+        return self._request("DELETE", f"{PREFIX}/rolloutjobs/{name}/backends", params={"url": url}).json()["items"]
+
     def watch(self, name: str | None = None, since: str | None = None,
               timeout: float | None = None) -> Iterator[tuple[str, dict[str, Any], str]]:
         """Yields (type, object, resourceVersion); reconnects from the last seen version if the stream drops."""

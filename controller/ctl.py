@@ -6,6 +6,8 @@
     rolloutctl delete rolloutjob NAME [--wait]
     rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
     rolloutctl watch rolloutjob NAME               live per-stage progress
+    rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
+    rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
 
 Talks to the controller through `apiclient.ApiClient`. Exit codes: 0 success, 1 error
 (from the server or the connection), 2 usage error, 3 `wait` timed out.
@@ -391,6 +393,78 @@ def watch(
         return 3
 
     raise typer.Exit(_run(follow))
+
+
+# ---------------------------------------------------------------- trajectories
+
+
+@app.command()
+def trajectories(
+    name: str = typer.Argument(..., help="the RolloutJob"),
+    output: str = typer.Option("table", "-o", "--output", help="jsonl|table"),
+    follow: bool = typer.Option(False, "-f", "--follow", help="stream new ones until the job ends"),
+    cursor: int = typer.Option(0, "--cursor", help="start after this seq (resume)"),
+) -> None:
+    """Print a job's trajectories (JSON lines for programs, a table for people)."""
+    if output not in ("jsonl", "table"):
+        raise _fail(f"unknown output format {output!r} (jsonl, table)", 2)
+    client = _client()
+
+    def go() -> None:
+        table_rows = []
+        for t in client.trajectories(name, cursor=cursor, follow=follow):
+            if output == "jsonl":
+                sys.stdout.write(json.dumps(t, separators=(",", ":")) + "\n")
+                sys.stdout.flush()
+            elif follow:
+                print(_traj_line(t), flush=True)
+            else:
+                table_rows.append(_traj_line(t))
+        if output == "table" and not follow:
+            print(f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON")
+            print("\n".join(table_rows))
+
+    _run(go)
+
+
+def _traj_line(t: dict[str, Any]) -> str:
+    reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
+    fail = t.get("failure", {})
+    return (f"{t['seq']:>5} {t['prompt']:>6} {t['sample']:>6} {reward:>7} {fail.get('kind', 'none'):<8} "
+            f"{len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} {fail.get('reason', '')}")
+
+
+# ---------------------------------------------------------------- backends
+
+backends_app = typer.Typer(help="List, add or remove a job's LLM backends while it runs.", no_args_is_help=True)
+app.add_typer(backends_app, name="backends")
+
+
+def _print_backends(items: list[dict[str, Any]]) -> None:
+    print(f"{'URL':<40} {'HEALTHY':<8} {'INFLIGHT':>8} {'PINNED':>7}  REASON")
+    for b in items:
+        print(f"{b['url']:<40} {str(b['healthy']).lower():<8} {b['inflight']:>8} {b['pinnedToJob']:>7}  {b['reason']}")
+
+
+@backends_app.command("list")
+def backends_list(name: str = typer.Argument(..., help="the RolloutJob")) -> None:
+    """The job's backends with health and in-flight tasks."""
+    client = _client()
+    _print_backends(_run(lambda: client.backends(name)))
+
+
+@backends_app.command("add")
+def backends_add(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
+    """Add a backend (the job's spec is updated; new tasks may be pinned to it at once)."""
+    client = _client()
+    _print_backends(_run(lambda: client.add_backend(name, url)))
+
+
+@backends_app.command("remove")
+def backends_remove(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
+    """Remove a backend: tasks not yet running move elsewhere; running ones finish on it."""
+    client = _client()
+    _print_backends(_run(lambda: client.remove_backend(name, url)))
 
 
 def main() -> None:  # pragma: no cover

@@ -138,7 +138,7 @@ class Scheduler:
         self._traj_wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self._jobs: dict[str, _JobCache] = {}
         self._stopped = False
-        with Session(self.engine) as s:  # restore backend pins after a restart
+        with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
                 self.pool.take(item.backend)
 
@@ -163,7 +163,7 @@ class Scheduler:
     def expand(self, job: RolloutJob) -> ExpansionRow:
         """Load the dataset once and create prompt × samples items (idempotent, restart-safe)."""
         name = job.metadata.name
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             row = s.get(ExpansionRow, name)
             if row is not None and row.uid == job.metadata.uid:
                 return row
@@ -200,7 +200,7 @@ class Scheduler:
         exp = self.expand(job)
         self._sync(job)
         counts = StageCounts(total=exp.total)
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             q = select(ItemRow.state, ItemRow.stage, func.count()).where(ItemRow.job == job.metadata.name)
             for state, stage, n in s.exec(q.group_by(ItemRow.state, ItemRow.stage)):
                 if state == "queued" or (state == "leased" and stage == "leased"):
@@ -222,13 +222,13 @@ class Scheduler:
         return len([n for n in self.nodes(job.metadata.name) if n.state == "active"])
 
     def nodes(self, job: str) -> list[NodeRow]:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             return list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != "gone")))
 
     async def forget(self, job: RolloutJob) -> None:
         """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
         name = job.metadata.name
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
                 self._release_backend(item)
                 item.state, item.deadline = "cancelled", None
@@ -237,7 +237,7 @@ class Scheduler:
         self._wake[name].set()
 
     def purge(self, name: str) -> None:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             self._purge(s, name)
             s.commit()
         self._jobs.pop(name, None)
@@ -252,7 +252,7 @@ class Scheduler:
         node = NodeRow(id=f"{req.name}-{uuid.uuid4().hex[:8]}", job=req.job, name=req.name, host=req.host,
                        pid=req.pid, slot=req.slot, slurm_job_id=req.slurm_job_id, slurm_node_id=req.slurm_node_id,
                        registered=now, last_seen=now)
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             s.add(node)
             s.commit()
         lease = job.spec.pipeline.lease_seconds
@@ -286,7 +286,7 @@ class Scheduler:
         return item.state
 
     def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             node = self._node(s, node_id)
             try:
                 job = self._job(node.job)
@@ -327,7 +327,7 @@ class Scheduler:
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         deadline = time.monotonic() + wait
         while True:
-            with Session(self.engine) as s:
+            with Session(self.engine, expire_on_commit=False) as s:
                 job_name = self._node(s, node_id).job
                 s.commit()
             ev = self._wake[job_name]
@@ -343,7 +343,7 @@ class Scheduler:
 
     def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
         resp = HeartbeatResponse()
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             node = self._node(s, node_id)
             try:
                 job = self._job(node.job)
@@ -389,8 +389,13 @@ class Scheduler:
     def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
         ack = ResultAck()
         woke: set[str] = set()
-        with Session(self.engine) as s:
-            node = self._node(s, node_id)
+        with Session(self.engine, expire_on_commit=False) as s:
+            node = s.get(NodeRow, node_id)
+            if node is None:
+                raise NotFound(f"node {node_id} is not registered")
+            if node.state == "gone":  # declared lost: its leases went back to the queue
+                return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
+            node.last_seen = self.clock()
             try:
                 cache = self._sync(self._job(node.job))
             except NotFound:
@@ -430,7 +435,7 @@ class Scheduler:
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
         n = 0
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             node = s.get(NodeRow, node_id)
             if node is None:
                 return 0
@@ -448,7 +453,7 @@ class Scheduler:
         return n
 
     def deregister(self, node_id: str) -> None:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             node = s.get(NodeRow, node_id)
             if node is not None:
                 node.state = "gone"
@@ -456,7 +461,7 @@ class Scheduler:
                 s.commit()
 
     def drain(self, job: str, node_ids: list[str]) -> None:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             for node in s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.id.in_(node_ids))):
                 node.state = "draining"
                 s.add(node)
@@ -468,7 +473,7 @@ class Scheduler:
         """Leases past their deadline go back to the queue (node killed, network lost)."""
         now = self.clock()
         n = 0
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             expired = s.exec(select(ItemRow).where(ItemRow.state == "leased", ItemRow.deadline < now)).all()
             for item in expired:
                 cache = self._jobs.get(item.job)
@@ -536,7 +541,7 @@ class Scheduler:
     # ------------------------------------------------------------ results for trainers
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             q = (select(TrajectoryRow.seq, TrajectoryRow.data).where(TrajectoryRow.job == job, TrajectoryRow.seq > cursor)
                  .order_by(TrajectoryRow.seq).limit(limit))
             return list(s.exec(q).all())
@@ -567,7 +572,7 @@ class Scheduler:
                 yield 0, ""  # keep-alive tick
 
     def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             rows = s.exec(select(TrajectoryRow).where(TrajectoryRow.job == job)
                           .order_by(TrajectoryRow.prompt, TrajectoryRow.sample)).all()
         out: dict[int, dict[str, Any]] = {}
@@ -581,7 +586,7 @@ class Scheduler:
 
     def pinned(self, job: str) -> dict[str, int]:
         """Backend URL → tasks of this job currently pinned to it (for status and tests)."""
-        with Session(self.engine) as s:
+        with Session(self.engine, expire_on_commit=False) as s:
             q = (select(ItemRow.backend, func.count()).where(ItemRow.job == job, ItemRow.holds_backend == True)  # noqa: E712
                  .group_by(ItemRow.backend))
             return {b: n for b, n in s.exec(q)}

@@ -1,0 +1,215 @@
+"""The scheduler's logic in-process with a controllable clock: leases, expiry, exactly-once
+results, infra retries, the backend min-heap. (The end-to-end tests in tests/e2e run the same
+code under real node daemons.)"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rolloutd.controller.backends import BackendPool
+from rolloutd.controller.scheduler import Scheduler
+from rolloutd.controller.store import Store
+from rolloutd.crds.node import Heartbeat, RegisterRequest, Result, ResultBatch
+from rolloutd.crds.rolloutjob import RolloutJob
+from rolloutd.crds.trajectory import Failure, Trajectory
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(prompts)))
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
+    doc["spec"]["samplesPerPrompt"] = samples
+    doc["spec"]["llm"]["backends"] = [{"url": u} for u in backends]
+    doc["spec"]["pipeline"]["maxAttempts"] = max_attempts
+    doc["spec"]["pipeline"]["leaseSeconds"] = 10
+    store = Store(tmp_path / "db.sqlite")
+    store.apply(RolloutJob.model_validate(doc))
+    clock = Clock()
+    sched = Scheduler(store, clock=clock)
+    job = store.get("math-demo")
+    sched.expand(job)
+    return store, sched, clock, job
+
+
+def reg(sched, name="n1"):
+    return sched.register(RegisterRequest(job="math-demo", name=name)).node_id
+
+
+def ok(lease, reward=1.0):
+    return Result(attempt_id=lease.attempt_id, trajectory=Trajectory(job="x", prompt=0, sample=0, reward=reward))
+
+
+def infra(lease):
+    return Result(attempt_id=lease.attempt_id,
+                  trajectory=Trajectory(job="x", prompt=0, sample=0, failure=Failure(kind="infra", reason="sandbox died")))
+
+
+def lease(sched, node, n):
+    return asyncio.run(sched.lease(node, n)).leases
+
+
+def test_every_item_delivered_exactly_once(tmp_path):
+    store, sched, clock, job = make(tmp_path)
+    node = reg(sched)
+    leases = lease(sched, node, 100)
+    assert sorted((l.prompt, l.sample) for l in leases) == [(p, s) for p in range(3) for s in range(2)]
+    assert lease(sched, node, 100) == []  # nothing left to lease
+    ack = sched.results(node, ResultBatch(results=[ok(l) for l in leases]))
+    assert len(ack.accepted) == 6
+    again = sched.results(node, ResultBatch(results=[ok(leases[0])]))  # a duplicate report
+    assert again.accepted == [] and leases[0].attempt_id in again.dropped
+    rows = sched.trajectories("math-demo")
+    assert len(rows) == 6
+    got = sorted((json.loads(d)["prompt"], json.loads(d)["sample"]) for _, d in rows)
+    assert got == [(p, s) for p in range(3) for s in range(2)]  # job/prompt/sample come from the item
+    prog = asyncio.run(sched.progress(job))
+    assert prog.done and prog.counts.succeeded == 6
+
+
+def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    n1, n2 = reg(sched, "n1"), reg(sched, "n2")
+    [first] = lease(sched, n1, 1)
+    clock.t += 11  # n1 went silent past its lease; n2 kept beating
+    sched.heartbeat(n2, Heartbeat())
+    assert sched.expire() == 1
+    [second] = lease(sched, n2, 1)
+    assert second.item == first.item and second.attempt == 2 and second.attempt_id != first.attempt_id
+    late = sched.results(n1, ResultBatch(results=[ok(first)]))
+    assert late.accepted == [] and "stale" in late.dropped[first.attempt_id]
+    assert sched.results(n2, ResultBatch(results=[ok(second)])).accepted == [second.attempt_id]
+    assert len(sched.trajectories("math-demo")) == 1
+
+
+def test_heartbeat_extends_leases(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    node = reg(sched)
+    [l] = lease(sched, node, 1)
+    for _ in range(5):
+        clock.t += 6
+        sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
+        assert sched.expire() == 0
+    assert asyncio.run(sched.progress(job)).counts.run == 1
+
+
+def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1, max_attempts=2)
+    node = reg(sched)
+    [a1] = lease(sched, node, 1)
+    sched.results(node, ResultBatch(results=[infra(a1)]))
+    assert sched.trajectories("math-demo") == []  # retried, not delivered
+    [a2] = lease(sched, node, 1)
+    assert a2.attempt == 2
+    sched.results(node, ResultBatch(results=[infra(a2)]))
+    [(_, data)] = sched.trajectories("math-demo")
+    t = json.loads(data)
+    assert t["failure"]["kind"] == "infra" and t["reward"] is None
+    prog = asyncio.run(sched.progress(job))
+    assert prog.done and prog.counts.failed == 1 and prog.counts.succeeded == 0
+
+
+def test_give_back_requeues_without_using_an_attempt(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+    node = reg(sched)
+    leases = lease(sched, node, 2)
+    assert sched.give_back(node, [l.attempt_id for l in leases], "SIGTERM") == 2
+    again = lease(sched, reg(sched, "n2"), 2)
+    assert [l.attempt for l in again] == [1, 1]
+
+
+def test_min_heap_balances_inflight_within_one_and_releases_on_leaving_run(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=10, samples=2, backends=("http://a", "http://b", "http://c"))
+    node = reg(sched)
+    live = []
+    for step in range(10):
+        live += lease(sched, node, 2)
+        counts = [sched.pool.inflight[u] for u in ("http://a", "http://b", "http://c")]
+        assert max(counts) - min(counts) <= 1, counts
+        if step % 3 == 2:  # some tasks leave RUN: their backend slot is freed at once
+            done, live = live[:3], live[3:]
+            sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "eval" for l in done},
+                                            left_run=[l.attempt_id for l in done]))
+    assert sum(sched.pool.inflight.values()) == len(live)
+
+
+def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=2)
+    node = reg(sched)
+    leases = lease(sched, node, 4)
+    on_a = [l for l in leases if l.backend == "http://a"]
+    assert len(on_a) == 2
+    sched.pool.set_health("http://a", False, "connection refused")
+    resp = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "init" for l in on_a}))
+    assert set(resp.repin) == {l.attempt_id for l in on_a}
+    assert set(resp.repin.values()) == {"http://b"}
+    assert sched.pool.inflight["http://b"] == 4 and sched.pool.inflight["http://a"] == 0
+
+
+def test_removed_backend_repins_tasks_not_yet_running(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=1)
+    node = reg(sched)
+    l1, l2 = lease(sched, node, 2)
+    job = store.get("math-demo")
+    job.spec.llm.backends = [b for b in job.spec.llm.backends if b.url != l1.backend]
+    store.apply(job)
+    resp = sched.heartbeat(node, Heartbeat(stages={l1.attempt_id: "leased", l2.attempt_id: "run"}))
+    assert resp.repin == {l1.attempt_id: l2.backend}  # the running one keeps its backend
+
+
+def test_deleting_a_job_cancels_live_attempts(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+    node = reg(sched)
+    a, b = lease(sched, node, 2)
+    asyncio.run(sched.forget(job))
+    resp = sched.heartbeat(node, Heartbeat(stages={a.attempt_id: "run", b.attempt_id: "init"}))
+    assert sorted(resp.cancel) == sorted([a.attempt_id, b.attempt_id])
+    assert sched.results(node, ResultBatch(results=[ok(a)])).dropped[a.attempt_id] == "cancelled"
+    assert sum(sched.pool.inflight.values()) == 0
+
+
+def test_restart_restores_backend_pins(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=1)
+    node = reg(sched)
+    lease(sched, node, 2)
+    again = Scheduler(store)
+    assert again.pool.inflight["http://a"] == 1 and again.pool.inflight["http://b"] == 1
+
+
+def test_bad_dataset_fails_the_job_with_its_message(tmp_path):
+    store, sched, clock, job = make(tmp_path)
+    doc = job.wire()
+    doc["metadata"] = {"name": "broken"}
+    doc["spec"]["tasks"]["source"] = str(tmp_path / "missing.jsonl")
+    store.apply(RolloutJob.model_validate(doc))
+    prog = asyncio.run(sched.progress(store.get("broken")))
+    assert prog.failed and "not found" in prog.failed
+
+
+def test_pool_skips_stale_entries_and_respects_allowed():
+    pool = BackendPool()
+    for u in ("x", "y"):
+        pool.add(u)
+    assert pool.acquire({"y"}) == "y"
+    assert pool.acquire({"x", "y"}) == "x"
+    assert pool.acquire({"x", "y"}) in ("x", "y")
+    pool.set_health("x", False)
+    assert pool.acquire({"x"}) is None
+    pool.set_health("x", True)
+    assert pool.acquire({"x"}) == "x"
+    assert pool.acquire({"z"}) == "z"  # a backend a job lists is added on first use
