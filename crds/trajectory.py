@@ -36,10 +36,14 @@ class Turn(Model):
 
 
 class Timings(Model):
+    """Seconds per stage, plus wall-clock stamps (epoch seconds) of each stage's start and the end:
+    `stamps = {"init": t0, "run": t1, "eval": t2, "end": t3}` shows how stages overlapped on a node."""
+
     queue: float = 0.0
     init: float = 0.0
     run: float = 0.0
     eval: float = 0.0
+    stamps: dict[str, float] = Field(default_factory=dict)
 
 
 class Trajectory(Model):
