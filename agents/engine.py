@@ -104,6 +104,24 @@ class EngineEnv:
         return self.python
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """Pids in process group `pgid` that are still running (zombies excluded: on machines whose
+    PID 1 does not reap, killed orphans linger as zombies and `kill -0` still succeeds)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -240,14 +258,16 @@ class EngineServer:
         """SIGTERM the server's process group, SIGKILL it if it lingers, reap the leader."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        pgid = self.proc.pid
+        if live_group_members(pgid):
             self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.monotonic() + timeout
+            while live_group_members(pgid) and time.monotonic() < deadline:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(0.2)
         # the engine-core children share the group; make sure none outlives the leader
-        self._signal_group(signal.SIGKILL)
+        if live_group_members(pgid):
+            self._signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self.proc = None
@@ -258,6 +278,9 @@ class EngineServer:
             self._signal_group(signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
+            deadline = time.monotonic() + 10
+            while live_group_members(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def __enter__(self) -> "EngineServer":
         return self.start()

@@ -1,0 +1,148 @@
+"""Real engines end to end: a backend killed mid-request, the serve-model command, the agent loop
+on the tiny model (token exactness through several turns), the chat template vs vLLM's own."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from engine_fixtures import fresh_engine
+from rolloutd.agents.engine import live_group_members
+from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.loop import run_agent_loop
+from rolloutd.agents.models import model_dir
+from rolloutd.agents.tokenizer import ChatTokenizer
+from rolloutd.agents.tools import tool_specs
+from rolloutd.agents.types import AgentConfig, RolloutContext
+from rolloutd.crds.trajectory import FailureKind
+
+from agent_fakes import FakeSandbox
+from test_llm_vllm import metric, wait_until
+
+MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List the files."}]
+
+
+def test_backend_killed_mid_request_is_an_infra_failure_never_a_reward():
+    tok = ChatTokenizer(model_dir("tiny"))
+    with fresh_engine("tiny") as engine:
+        pgid = engine.proc.pid
+
+        async def go():
+            async with VLLMBackend(engine.url) as llm:
+                config = AgentConfig(max_turns=2, max_tokens_per_turn=3500, max_total_tokens=4000, tools=["bash"],
+                                     sampling=SamplingParams(ignore_eos=True, seed=1))
+                loop = asyncio.create_task(run_agent_loop(
+                    MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config,
+                    ctx=RolloutContext(job="kill", prompt=0, sample=0)))
+                await asyncio.to_thread(wait_until, lambda: metric(engine, "vllm:num_requests_running") >= 1,
+                                        60, "the request to run")
+                engine.kill()  # SIGKILL the whole engine process group mid-generation
+                result = await loop
+                # and a fresh request to the dead backend is an infra error too
+                with pytest.raises(BackendError):
+                    await llm.generate([1, 2, 3], SamplingParams(max_tokens=2), "after")
+                return result
+
+        result = asyncio.run(go())
+        traj = result.trajectory
+        assert traj.failure.kind == FailureKind.infra and "LLM backend" in traj.failure.reason
+        assert traj.reward is None
+        assert traj.turns == [] and sum(traj.loss_mask) == 0  # nothing half-recorded
+        assert not engine.alive()
+        assert live_group_members(pgid) == []  # the whole group is gone
+
+
+def test_agent_loop_on_a_real_engine_is_token_exact(tiny_engine, monkeypatch):
+    """Several real turns: the engine saw exactly prompt + generated + observation ids each turn, and
+    re-scoring the final sequence gives back every reported logprob at the masked positions.
+
+    The tiny random model cannot write tool calls, so the parser is told that its first two turns
+    were bash calls; the generated ids themselves are the engine's, verbatim."""
+    import rolloutd.agents.loop as loop_mod
+    from rolloutd.agents.tools import ToolCall
+
+    tok = ChatTokenizer(model_dir("tiny"))
+    parsed: list[str] = []
+
+    def parse(text, allowed):
+        parsed.append(text)
+        return [ToolCall("bash", {"command": f"echo turn {len(parsed)}"})] if len(parsed) <= 2 else []
+
+    monkeypatch.setattr(loop_mod, "parse_tool_calls", parse)
+    sandbox = FakeSandbox()
+    sent: list[list[int]] = []
+
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm:
+            real_generate = llm.generate
+
+            async def generate(prompt_ids, sampling, request_id):
+                sent.append(list(prompt_ids))
+                return await real_generate(prompt_ids, sampling, request_id)
+
+            llm.generate = generate  # type: ignore[method-assign]
+            # a random model rarely says EOS: 400 of its 1024 ids end a turn (a stop id is kept in the
+            # output, but is no end-of-turn token, so the observation ids also close the turn)
+            config = AgentConfig(max_turns=4, max_tokens_per_turn=64, tools=["bash", "submit"],
+                                 sampling=SamplingParams(seed=7, stop_token_ids=list(range(100, 500))),
+                                 drift_check=True)
+            return await run_agent_loop(MESSAGES, sandbox=sandbox, llm=llm, tokenizer=tok, config=config,
+                                        ctx=RolloutContext(job="exact", prompt=1, sample=2))
+
+    result = asyncio.run(go())
+    traj = result.trajectory
+    assert traj.failure.kind != FailureKind.infra
+    assert len(traj.turns) == 3 and sandbox.commands == ["echo turn 1", "echo turn 2"]
+    assert sent[0] == traj.token_ids[: traj.prompt_length] == tok.encode_chat(MESSAGES, tools=tool_specs(["bash", "submit"]))
+    for i, turn in enumerate(traj.turns):
+        assert sent[i] == traj.token_ids[: turn.generated_start]
+        if i < 2:
+            obs = tok.decode(traj.token_ids[turn.observation_start:turn.observation_end])
+            assert f"turn {i + 1}" in obs and obs.endswith("<|im_start|>assistant\n")
+    generated = [i for i, m in enumerate(traj.loss_mask) if m]
+    assert len(generated) == sum(t.generated_end - t.generated_start for t in traj.turns) > 0
+    r = httpx.post(f"{tiny_engine.url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": traj.token_ids, "max_tokens": 1, "prompt_logprobs": 0, "return_token_ids": True,
+    }).json()["choices"][0]
+    assert r["prompt_token_ids"] == traj.token_ids
+    rescored = [r["prompt_logprobs"][i][str(traj.token_ids[i])]["logprob"] for i in generated]
+    assert rescored == pytest.approx([traj.logprobs[i] for i in generated], abs=1e-3)
+    assert all(traj.logprobs[i] is None for i in range(len(traj.token_ids)) if not traj.loss_mask[i])
+    assert traj.metrics["drift_mismatches"] >= 0
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_chat_template_matches_the_engines(model, request):
+    """Our prompt ids are the ids vLLM's own chat rendering gives (same template, same tokenizer)."""
+    engine = request.getfixturevalue(f"{model}_engine")
+    tok = ChatTokenizer(model_dir(model))
+    r = httpx.post(f"{engine.url}/tokenize", timeout=60,
+                   json={"model": engine.served_name, "messages": MESSAGES, "add_generation_prompt": True})
+    assert r.status_code == 200, r.text
+    assert tok.encode_chat(MESSAGES) == r.json()["tokens"]
+
+
+def test_serve_model_command_serves_and_stops_on_sigterm(tmp_path):
+    """`rolloutd serve-model --model tiny` prints its URL once it answers; SIGTERM stops the engine."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutd.controller.main", "serve-model", "--model", "tiny", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "wb"), text=True, start_new_session=True)
+    try:
+        url = proc.stdout.readline().strip()  # printed only once /health answered
+        assert url.startswith("http://127.0.0.1:"), (tmp_path / "err").read_text()[-2000:]
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in models] == ["tiny"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
