@@ -26,7 +26,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, 
 
 from .llm import BackendError, LLMBackend, derive_seed
 from .tokenizer import ChatTokenizer
-from .tools import ToolHung, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
+from .tools import ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
 from .types import AgentConfig, AgentResult, RolloutContext
 
 if TYPE_CHECKING:  # the sandbox interface (rolloutd.sandbox.Sandbox); duck-typed at run time
@@ -174,8 +174,8 @@ async def run_agent_loop(
     except BackendError as e:
         failure = Failure(kind=FailureKind.infra, reason=f"LLM backend: {e}")
         finish = "error"
-    except ToolHung as e:
-        failure = Failure(kind=FailureKind.infra, reason=f"sandbox hung: {e}")
+    except ToolInfraError as e:
+        failure = Failure(kind=FailureKind.infra, reason=f"tool execution: {e}")
         finish = "error"
     except asyncio.TimeoutError:
         failure = Failure(kind=FailureKind.infra, reason=f"RUN stage exceeded {config.run_timeout:g}s")

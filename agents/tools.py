@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rolloutd.sandbox.errors import SandboxError
+from rolloutd.sandbox.errors import ExecError, SandboxError
 
 TOOL_NAMES = ("bash", "ipython", "editor", "submit")
 MAX_OBSERVATION_CHARS = 8000
@@ -176,7 +176,8 @@ def is_infra_error(exc: BaseException) -> bool:
 
 async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
     """Run one (well-formed) call. Policy mistakes (bad path, command fails, timeout) come back
-    as observations; sandbox failures (SandboxError/SandboxDied) and a hung sandbox propagate."""
+    as observations (`ExecError` included); sandbox failures (`SandboxError`), a hung sandbox and
+    any other exception propagate (`ToolInfraError`): they are infrastructure failures."""
     if call.error:
         return ToolResult(f"Error: {call.error}", ok=False)
     a = call.arguments
@@ -208,22 +209,32 @@ async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
             return await asyncio.wait_for(_editor(a, sandbox), guard)
     except asyncio.TimeoutError as e:
         raise ToolHung(f"{call.name} did not return within {guard:g}s") from e
-    except Exception as e:  # noqa: BLE001 - classified below
-        if is_infra_error(e):
-            raise
-        return ToolResult(f"Error: {type(e).__name__}: {e}", ok=False)
+    except ExecError as e:  # the request failed for a reason the agent controls: show it
+        return ToolResult(f"Error: {e}", ok=False)
+    except SandboxError:
+        raise
+    except Exception as e:  # our machinery broke, not the policy: never an observation
+        raise ToolInfraError(f"{call.name}: {type(e).__name__}: {e}") from e
     return ToolResult(f"Error: unknown tool {call.name!r}", ok=False)
 
 
-class ToolHung(Exception):
-    """The sandbox did not answer within the action timeout plus a grace period (infra)."""
+class ToolInfraError(Exception):
+    """Executing a tool failed for a reason that is not the policy's (infra, never a reward)."""
+
+
+class ToolHung(ToolInfraError):
+    """The sandbox did not answer within the action timeout plus a grace period."""
 
 
 async def _editor(a: dict[str, Any], sandbox: Any) -> ToolResult:
     cmd, path = a.get("command"), str(a.get("path", ""))
     if cmd == "view":
         rng = a.get("view_range")
-        start, end = (int(rng[0]), int(rng[1])) if isinstance(rng, list) and len(rng) == 2 else (None, None)
+        start = end = None
+        if rng is not None:
+            if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) for x in rng)):
+                return ToolResult("Error: view_range must be [start_line, end_line]", ok=False)
+            start, end = rng
         text = await sandbox.read_file(path, start_line=start, end_line=end)
         return ToolResult(_clip(text if isinstance(text, str) else str(text)))
     if cmd == "create":

@@ -219,3 +219,14 @@ def test_drift_check_reports_non_canonical_tokenizations(tok):
     ok = asyncio.run(run_agent_loop(MESSAGES, sandbox=None, llm=ScriptedLLM(tok, ["hello"]), tokenizer=tok,
                                     config=AgentConfig(tools=[], drift_check=True), ctx=CTX))
     assert ok.trajectory.metrics["drift_mismatches"] == 0
+
+
+def test_unexpected_sandbox_exception_is_infra_not_an_observation(tok):
+    class Broken(FakeSandbox):
+        async def bash(self, command, timeout=None):
+            raise RuntimeError("future belongs to a different loop")
+
+    result, _ = run(tok, [call("bash", command="ls")], sandbox=Broken())
+    traj = result.trajectory
+    assert traj.failure.kind == FailureKind.infra and "different loop" in traj.failure.reason
+    assert traj.turns[0].observation_start is None  # the model never saw our bug
