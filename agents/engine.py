@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -122,6 +123,13 @@ def live_group_members(pgid: int) -> list[int]:
     return alive
 
 
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -213,10 +221,16 @@ class EngineServer:
         }
         for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the main venv's, not the engine's
             env.pop(var, None)
+        # An engine never outlives its owner: if the owner dies without stop() (SIGKILL, a
+        # SIGTERM without handler), the kernel sends SIGTERM to the server, which takes its engine
+        # core down with it. PDEATHSIG fires when the *thread* that started it ends, so only when
+        # started from the main thread.
+        preexec = _die_with_parent if threading.current_thread() is threading.main_thread() else None
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,  # its own process group, killed by id in stop()
+                preexec_fn=preexec,
             )
         try:
             self._wait_ready(t0)
