@@ -216,15 +216,54 @@ class BashSession:
         self._write(text.encode())
 
     def interrupt(self) -> None:
-        """Ctrl-C. If a command was just typed, wait until bash has read it:
-        a Ctrl-C while the line is still in the tty's input queue would flush
-        the line (the command would silently never run)."""
+        """Ctrl-C, sent when the terminal's foreground is in a stable state.
+
+        Two windows swallow a Ctrl-C: while the command line is still in the
+        tty's input queue (the line is flushed: the command never runs), and
+        while a program bash just forked holds the terminal but still runs
+        bash's code, before its exec (bash's handler eats the signal). So wait
+        until bash has read the line, then until the foreground is either a
+        program that has exec'd or bash itself for 20 ms (builtins, loops);
+        after `GRACE` send anyway.
+        """
         with self._cond:
             cap = self._capture
             if cap is not None:
                 self._cond.wait_for(lambda: cap.started or cap.done or self.dead, GRACE)
-        if not self.dead:
-            self._write(b"\x03")
+        if self.dead:
+            return
+        if cap is not None:
+            bash_exe = self._exe(self.pid)
+            deadline = time.monotonic() + GRACE
+            bash_since = None
+            while time.monotonic() < deadline and not (cap.done or self.dead):
+                fg = self._foreground()
+                if fg == self.pid:
+                    bash_since = bash_since or time.monotonic()
+                    if time.monotonic() - bash_since >= 0.02:
+                        break
+                else:
+                    bash_since = None
+                    if fg > 0 and self._exe(fg) not in (bash_exe, None):
+                        break
+                with self._cond:
+                    self._cond.wait_for(lambda: cap.done or self.dead, 0.002)
+            if cap.done or self.dead:
+                return
+        self._write(b"\x03")
+
+    def _foreground(self) -> int:
+        try:
+            return os.tcgetpgrp(self.fd)
+        except OSError:
+            return -1
+
+    @staticmethod
+    def _exe(pid: int) -> str | None:
+        try:
+            return os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return None
 
     def kill(self) -> None:
         """Kill bash and every process of its session."""
@@ -333,10 +372,7 @@ class BashSession:
         self.interrupt()
         if self._wait(cap, GRACE):
             return True
-        try:
-            fg = os.tcgetpgrp(self.fd)
-        except OSError:
-            fg = -1
+        fg = self._foreground()
         if fg > 0 and fg != self.pid:
             try:
                 os.killpg(fg, signal.SIGKILL)

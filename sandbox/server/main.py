@@ -203,7 +203,7 @@ class Server:
 
     # -- transport ---------------------------------------------------------
 
-    LONG_OPS = {"bash", "ipython", "shutdown"}
+    LONG_OPS = {"bash", "ipython", "shutdown", "interrupt"}
 
     def dispatch(self, req: dict) -> dict:
         rid = req.pop("id", None)
