@@ -1,0 +1,152 @@
+"""The runtimes behind one interface: process (dev only), apptainer (skipped without a binary),
+root filesystem images for bwrap, many sandboxes at once, and the `rolloutd sandbox exec` CLI."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox import RuntimeUnavailable, SandboxSpec, create_sandbox, get_runtime
+from rolloutd.sandbox.apptainer import ApptainerRuntime
+from rolloutd.sandbox.base import sandbox_base_dir
+
+from .conftest import host_pids_of, require_bwrap
+
+
+def test_unknown_runtime():
+    with pytest.raises(ValueError, match="unknown sandbox runtime"):
+        get_runtime("docker")
+
+
+def test_spec_defaults_are_safe_and_job_fields_map():
+    spec = SandboxSpec()
+    assert (spec.runtime, spec.image, spec.network) == ("bwrap", "host", False)
+    mapped = SandboxSpec.from_limits(runtime="bwrap", limits={"memoryMB": 512, "processes": 32, "wallSeconds": 60})
+    assert (mapped.memory_mb, mapped.processes, mapped.wall_seconds) == (512, 32, 60)
+    with pytest.raises(ValueError):
+        SandboxSpec(binds=["relative/path"])
+
+
+def test_process_runtime_warns_and_works(run):
+    with pytest.warns(RuntimeWarning, match="NO ISOLATION"):
+        sb = run(create_sandbox(SandboxSpec(runtime="process")))
+    try:
+        r = run(sb.bash("pwd; echo hi > f"))
+        assert r.output == f"{sb.workspace}\n"
+        assert (sb.workspace / "f").read_text() == "hi\n"
+        run(sb.bash("sleep 1000 &"))
+        assert len(host_pids_of(sb.id)) >= 3
+    finally:
+        run(sb.close())
+    assert host_pids_of(sb.id) == []
+    assert not sb.root.exists()
+
+
+@pytest.mark.skipif(ApptainerRuntime.available() is None, reason="apptainer is installed: see test_apptainer_runs")
+def test_apptainer_unavailable_is_a_typed_error(run):
+    with pytest.raises(RuntimeUnavailable, match="apptainer"):
+        run(create_sandbox(SandboxSpec(runtime="apptainer", image="/nonexistent.sif")))
+
+
+@pytest.mark.skipif(ApptainerRuntime.available() is not None, reason=str(ApptainerRuntime.available()))
+def test_apptainer_runs(run, tmp_path):  # pragma: no cover - needs an apptainer binary and an image
+    image = os.environ.get("ROLLOUTD_TEST_SIF")
+    if not image:
+        pytest.skip("set ROLLOUTD_TEST_SIF to a .sif image to run the apptainer test")
+    sb = run(create_sandbox(SandboxSpec(runtime="apptainer", image=image)))
+    try:
+        assert run(sb.bash("echo hi")).output == "hi\n"
+    finally:
+        run(sb.close())
+
+
+def _copy_with_libs(binary: str, root: Path) -> None:
+    """Copy a host binary and the shared libraries it loads into `root`."""
+    real = os.path.realpath(binary)
+    dest = root / real.lstrip("/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(real, dest)
+    out = subprocess.run(["ldd", real], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        for p in parts:
+            if p.startswith("/"):
+                lib = root / p.lstrip("/")
+                lib.parent.mkdir(parents=True, exist_ok=True)
+                if not lib.exists():
+                    shutil.copy2(os.path.realpath(p), lib)
+
+
+def test_rootfs_image(make_sandbox, run, tmp_path):
+    """A root filesystem directory replaces the host's root (read-only)."""
+    require_bwrap()
+    root = tmp_path / "rootfs"
+    for tool in ("bash", "cat", "ls"):
+        _copy_with_libs(shutil.which(tool), root)
+    # the server needs the interpreter's C libraries too
+    _copy_with_libs(os.path.realpath(sys.executable), root)
+    for d in ("bin", "lib", "lib64"):
+        if (root / "usr" / d).exists() and not (root / d).exists():
+            (root / d).symlink_to(f"usr/{d}")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc" / "os-release").write_text("NAME=rolloutd-test-rootfs\n")
+    sb = make_sandbox(image=str(root))
+    r = run(sb.bash("cat /etc/os-release; ls -1 /usr/bin"))
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("NAME=rolloutd-test-rootfs\n")
+    assert set(r.output.split("\n")[1:]) - {""} == {"bash", "cat", "ls"}
+    assert run(sb.bash("test -e /usr/bin/python3.11 || test -e /etc/passwd")).exit_code == 1
+    assert run(sb.bash("echo x > /etc/os-release")).exit_code != 0
+    assert run(sb.bash("echo x > note && cat note")).output == "x\n"
+
+
+def test_32_sandboxes_at_once_all_closed_without_leftovers(run):
+    require_bwrap()
+    before = set(os.listdir(sandbox_base_dir()))
+
+    async def one(i: int):
+        sb = await create_sandbox(SandboxSpec())
+        try:
+            r = await sb.bash(f"echo sandbox-{i} > id && cat id")
+            await sb.write_file("f.txt", str(i))
+            return sb, r.output, await sb.read_file("f.txt")
+        except BaseException:
+            await sb.close()
+            raise
+
+    async def scenario():
+        made = await asyncio.gather(*(one(i) for i in range(32)))
+        ids = [sb.id for sb, _, _ in made]
+        workspaces = {sb.workspace for sb, _, _ in made}
+        await asyncio.gather(*(sb.close() for sb, _, _ in made))
+        return made, ids, workspaces
+
+    made, ids, workspaces = run(scenario(), timeout=300)
+    assert [out for _, out, _ in made] == [f"sandbox-{i}\n" for i in range(32)]
+    assert [content for _, _, content in made] == [str(i) for i in range(32)]
+    assert len(workspaces) == 32
+    assert all(host_pids_of(i) == [] for i in ids)
+    assert set(os.listdir(sandbox_base_dir())) - before == set()
+    assert not any(sb.alive for sb, _, _ in made)
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rolloutd.controller.main", "sandbox", "exec", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_cli_exec_prints_output_and_exits_with_the_exit_code():
+    require_bwrap()
+    p = _cli("--", "echo hello from $PWD; exit 3")
+    assert p.returncode == 3, p.stderr
+    assert p.stdout.startswith("hello from /workspace\n")
+    p = _cli("--timeout", "0.5", "--", "sleep 30")
+    assert p.returncode == 124
+    assert "timed out" in p.stderr
