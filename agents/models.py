@@ -63,7 +63,9 @@ def prepare_model(name: str, engine: EngineEnv | None = None) -> Path:
         script = Path(__file__).with_name("model_build.py")
         with open(log, "w") as fh:
             proc = subprocess.run(
-                [str(engine.python), str(script), name, str(tmp)],
+                # -I: the script's folder (agents/, whose types.py would shadow the stdlib's) is
+                # not put on sys.path, nor user site-packages
+                [str(engine.python), "-I", str(script), name, str(tmp)],
                 stdout=fh, stderr=subprocess.STDOUT,
                 env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
                      "HOME": str(Path.home())},
