@@ -141,7 +141,12 @@ class BwrapRuntime(SandboxRuntime):
     def _options(
         spec: SandboxSpec, image: Path, keep: list[str], workspace: Path, ctl: Path, env: dict[str, str]
     ) -> list[str]:
-        opts = ["--die-with-parent", "--new-session", "--unshare-all"]
+        # --as-pid-1: the execution server is the namespace's init. Without it
+        # bwrap's own init reports the exit through an eventfd and the outer bwrap
+        # exits without reaping it: a zombie on hosts whose pid 1 does not reap.
+        # As init the server cannot be killed from inside (even by SIGKILL), and
+        # its death takes every process of the sandbox with it.
+        opts = ["--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1"]
         if spec.network:
             opts.append("--share-net")
         opts.append("--clearenv")

@@ -192,6 +192,37 @@ class Server:
         self.stop_children()
         return {}
 
+    def known_children(self) -> set[int]:
+        with self.sessions_lock:
+            pids = {s.pid for s in self.sessions.values()}
+        km = self.kernel.km
+        if km is not None and getattr(km, "provisioner", None) is not None:
+            pid = getattr(km.provisioner, "pid", None)
+            if pid:
+                pids.add(pid)
+        return pids
+
+    def reap_orphans(self) -> None:
+        """As the pid namespace's init, reap orphaned zombies (not our own
+        children: ptyprocess and jupyter_client wait for those themselves)."""
+        while not self.exiting:
+            time.sleep(0.5)
+            mine = self.known_children()
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) in mine:
+                    continue
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                fields = stat[stat.rfind(b")") + 2 :].split()
+                if fields[0] == b"Z" and int(fields[1]) == os.getpid():
+                    try:
+                        os.waitpid(int(entry), os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
     def stop_children(self) -> None:
         self.stopping = True
         with self.sessions_lock:
@@ -290,6 +321,8 @@ def main(cfg: dict) -> None:
         except OSError:
             pass
     threading.Thread(target=warm, daemon=True).start()
+    if os.getpid() == 1:
+        threading.Thread(target=server.reap_orphans, daemon=True).start()
     wall = cfg.get("wall_seconds")
     if wall:
         timer = threading.Timer(float(wall), server.exit, args=(124,))

@@ -1,7 +1,9 @@
 """Isolation and limits of the bwrap runtime, shown with real attacks on a real sandbox."""
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -135,10 +137,28 @@ def test_wall_time_kills_the_sandbox_and_reports_it(make_sandbox, run):
         run(sb.bash("true"))
 
 
-def test_killed_server_is_reported_dead_not_as_a_command_failure(make_sandbox, run):
+def test_sandboxed_code_cannot_kill_its_server(make_sandbox, run):
     sb = make_sandbox()
+    r = run(sb.bash("kill -9 $PPID; kill -9 1; echo still"))
+    assert r.output.endswith("still\n")
+    assert run(sb.bash("echo ok")).output == "ok\n"
+
+
+def test_crashed_server_is_reported_dead_not_as_a_command_failure(make_sandbox, run):
+    from rolloutd.sandbox.base import _children
+
+    sb = make_sandbox()
+
+    async def scenario():
+        task = asyncio.ensure_future(sb.bash("sleep 30", timeout=60))
+        await asyncio.sleep(0)
+        await sb.health()  # the bash request has reached the server
+        for pid in _children(sb._proc.pid):  # the server: bwrap's only child
+            os.kill(pid, signal.SIGKILL)
+        return await task
+
     with pytest.raises(SandboxDied):
-        run(sb.bash("kill -9 $PPID; sleep 10", timeout=30))
+        run(scenario())
     assert not sb.alive and sb.died
 
 
@@ -147,8 +167,8 @@ def test_close_kills_everything_and_removes_dirs(make_sandbox, run):
     run(sb.bash("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &"))
     run(sb.bash("sleep 1003 &", session="second"))
     run(sb.ipython("import subprocess; p = subprocess.Popen(['sleep', '1004'])"))
-    pids = host_pids_of(sb.id)
-    assert len(pids) >= 8  # bwrap init, server, 2 bash, 5 sleeps, kernel
+    pids = host_pids_of(sb.id) + [sb._proc.pid]
+    assert len(pids) >= 9  # bwrap, server, 2 bash, 5 sleeps, kernel
     cgroups = list(sb._cgroup.dirs) if sb._cgroup else []
     run(sb.close())
     run(sb.close())  # idempotent
