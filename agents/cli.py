@@ -1,7 +1,8 @@
-"""Sub-commands the node side contributes to `rolloutd` (serve-model, later node).
+"""Sub-commands the node side contributes to `rolloutd` (serve-model, node).
 
 Where it sits: `rolloutd`'s main (controller/main.py) calls `register(app)`. `serve-model` drives
-agents/engine.py (engine venv + vLLM server) and agents/models.py (model directories).
+agents/engine.py (engine venv + vLLM server) and agents/models.py (model directories); `node` runs
+the node daemon (agents/node.py), as Slurm's srun or the controller's local executor start it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,42 @@ import typer
 def register(app: typer.Typer) -> None:
     """Attach the agents' commands to the `rolloutd` app."""
     app.command("serve-model")(serve_model)
+    app.command("node")(node)
+
+
+def node(
+    controller: Optional[str] = typer.Option(
+        None, "--controller", help="Controller URL (default: $ROLLOUTD_CONTROLLER).", show_default=False,
+    ),
+    job: Optional[str] = typer.Option(None, "--job", help="RolloutJob name (default: $ROLLOUTD_JOB).", show_default=False),
+    name: Optional[str] = typer.Option(
+        None, "--name", help="Node name (default: $SLURMD_NODENAME, else the hostname).", show_default=False,
+    ),
+    slot: Optional[int] = typer.Option(None, "--slot", help="Executor slot this daemon fills (local executor)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run a node daemon: register, lease rollouts, run INIT/RUN/EVAL, report (until the job is done).
+
+    The join token is read from $ROLLOUTD_JOIN_TOKEN only (never from the command line, which other
+    users of a shared node can read). SIGTERM: hand back unstarted work, drain for
+    $ROLLOUTD_DRAIN_SECONDS (default 30), exit 0.
+    """
+    import asyncio
+    import logging
+
+    from .node import NodeError, NodeOptions, run_node
+
+    try:
+        options = NodeOptions.from_env(controller=controller, job=job, name=name, slot=slot)
+    except NodeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        stream=sys.stderr, level=getattr(logging, log_level.upper(), logging.INFO),
+        format=f"%(asctime)s rolloutd-node {options.name} %(levelname)s %(name)s: %(message)s",
+    )
+    code = asyncio.run(run_node(options))
+    raise typer.Exit(code)
 
 
 def serve_model(

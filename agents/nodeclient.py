@@ -1,0 +1,119 @@
+"""The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`).
+
+Where it sits: `rolloutd.agents.node.NodeDaemon` calls these six POSTs; the controller side is
+`rolloutd.controller.nodeapi`. Every call carries the join token as `Authorization: Bearer`.
+Bodies are the wire (camelCase) forms of the `crds.node` models, replies are validated with them.
+
+Errors: every failure is a `ControllerError`; `retryable` tells a controller that is briefly away
+(connection refused or reset, timeout, 5xx, 429) from one that refuses the request (other 4xx).
+The caller decides how long to retry (see `Backoff`).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from rolloutd.crds.node import (
+    Heartbeat,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultBatch,
+    ReturnRequest,
+)
+
+NODES_PREFIX = "/apis/rolloutd.io/v1alpha1/nodes"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ControllerError(Exception):
+    """A call to the controller failed. `status` is the HTTP status (None: no answer at all)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status >= 500 or self.status in (408, 429)
+
+    @property
+    def gone(self) -> bool:
+        """The controller does not know this node (or job) any more."""
+        return self.status in (404, 410)
+
+
+class Backoff:
+    """Exponential back-off with jitter: `next()` gives the next delay, `reset()` after a success."""
+
+    def __init__(self, initial: float = 0.1, maximum: float = 5.0, factor: float = 2.0) -> None:
+        self.initial, self.maximum, self.factor = initial, maximum, factor
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * self.factor, self.maximum)
+        return delay * (0.75 + random.random() * 0.5)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class ControllerClient:
+    """The six calls of the node protocol. `transport` is a test seam (e.g. httpx.MockTransport)."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url + NODES_PREFIX,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: BaseModel | dict, reply: type[M] | None,
+                    timeout: float | None = None) -> Any:
+        payload = body.wire() if hasattr(body, "wire") else body
+        try:
+            resp = await self._http.post(path, json=payload, timeout=timeout or self.timeout)
+        except httpx.HTTPError as e:
+            raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        if resp.status_code >= 400:
+            raise ControllerError(f"POST {path}: HTTP {resp.status_code}: {resp.text[:300]}", resp.status_code)
+        if reply is None:
+            return None
+        try:
+            return reply.model_validate(resp.json() if resp.content else {})
+        except (ValueError, ValidationError) as e:
+            # a controller of another version, or a proxy's error page with status 200
+            raise ControllerError(f"POST {path}: unexpected reply: {e}"[:500], resp.status_code) from None
+
+    async def register(self, req: RegisterRequest) -> RegisterResponse:
+        return await self._post("/register", req, RegisterResponse)
+
+    async def lease(self, node_id: str, req: LeaseRequest) -> LeaseResponse:
+        return await self._post(f"/{node_id}/lease", req, LeaseResponse, timeout=req.wait + self.timeout)
+
+    async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+        return await self._post(f"/{node_id}/heartbeat", hb, HeartbeatResponse)
+
+    async def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+        return await self._post(f"/{node_id}/results", batch, ResultAck)
+
+    async def give_back(self, node_id: str, req: ReturnRequest) -> None:
+        await self._post(f"/{node_id}/return", req, None)
+
+    async def deregister(self, node_id: str) -> None:
+        await self._post(f"/{node_id}/deregister", {}, None, timeout=10.0)

@@ -1,0 +1,293 @@
+"""A scripted stand-in for the controller's node API (`rolloutd.crds.node`), for the daemon's tests.
+
+An in-process FastAPI app served by uvicorn on a free port, in its own thread (so the daemon under
+test may run in the test's event loop or in a subprocess). It validates every request with the
+wire models, checks the join token, hands out queued work items as leases, and records everything
+it receives. Scripted behaviour: `cancel(aid)` (sent with the next heartbeat that lists it),
+`repin`, `drain`, `results_script` (answers for successive /results calls: 503 = refused unseen,
+"lose" = accepted but answered 503, so the daemon resends), `hold_next_lease` (the next /lease
+blocks until `release_lease` is set), `stop()`/`start()` (a real outage on the same port).
+
+The real scheduler's rules it mirrors: attempt ids are unique per lease; a result is accepted only
+for the attempt holding the lease, a duplicate comes back in `dropped`; returned work is re-queued.
+Infrastructure results are recorded and resolve the item (no re-queue: the tests count them).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rolloutd.crds.node import (
+    Heartbeat,
+    HeartbeatResponse,
+    Lease,
+    LeaseRequest,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultBatch,
+    ReturnRequest,
+)
+from rolloutd.crds.rolloutjob import RolloutJobSpec
+
+P = "/apis/rolloutd.io/v1alpha1/nodes"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeController:
+    def __init__(self, spec: dict, *, token: str = "join-secret", job: str = "demo",
+                 heartbeat_seconds: float = 0.2, lease_seconds: float = 30.0,
+                 policy_version: Any = 7, backend: str = "http://127.0.0.1:9/llm") -> None:
+        RolloutJobSpec.model_validate(spec)  # the tests' specs must be valid wire specs
+        self.spec, self.token, self.job = spec, token, job
+        self.heartbeat_seconds, self.lease_seconds = heartbeat_seconds, lease_seconds
+        self.policy_version, self.backend = policy_version, backend
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cond = threading.Condition()
+        # work
+        self.queue: list[dict] = []                 # {"item", "prompt", "sample", "task"}
+        self.leased: dict[str, dict] = {}           # aid → item (live leases)
+        self.lease_log: list[Lease] = []            # every lease handed out
+        self.attempts: Counter[int] = Counter()
+        self._ids = itertools.count(1)
+        # records
+        self.registers: list[RegisterRequest] = []
+        self.register_headers: list[dict] = []
+        self.heartbeats: list[Heartbeat] = []
+        self.accepted: dict[str, dict] = {}         # aid → trajectory (wire)
+        self.receipts: Counter[str] = Counter()     # aid → times a result reached us (not refused)
+        self.results_calls = 0
+        self.returns: list[ReturnRequest] = []
+        self.deregistered = 0
+        self.cancelled: set[str] = set()
+        # script
+        self.to_cancel: set[str] = set()
+        self.repins: dict[str, str] = {}
+        self.drain = False
+        self.say_unknown = True                     # heartbeat: attempts not leased → unknown
+        self.results_script: list[Any] = []
+        self.hold_next_lease = False
+        self.lease_held = threading.Event()
+        self.release_lease = threading.Event()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = self._make_app()
+
+    # ------------------------------------------------------------------ work and waiting
+    def add(self, *tasks: dict, samples: int = 1) -> None:
+        with self.cond:
+            base = len(self.attempts) + len(self.queue)
+            for i, task in enumerate(tasks):
+                for s in range(samples):
+                    item = base + i * samples + s
+                    self.queue.append({"item": item, "prompt": base + i, "sample": s, "task": task,
+                                       "queued_at": time.monotonic()})
+            self.cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                value = predicate()
+                if value:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+                self.cond.wait(min(left, 0.05))
+
+    def cancel(self, aid: str) -> None:
+        with self.cond:
+            self.to_cancel.add(aid)
+
+    def forget(self, aid: str) -> None:
+        """Drop a lease as if it had expired here: the next heartbeat calls it unknown."""
+        with self.cond:
+            self.leased.pop(aid, None)
+
+    def lease_of(self, task_id: str) -> Lease:
+        return next(lease for lease in self.lease_log if lease.task.get("id") == task_id)
+
+    def stages(self) -> dict[str, str]:
+        """The stages of the most recent heartbeat."""
+        with self.cond:
+            return dict(self.heartbeats[-1].stages) if self.heartbeats else {}
+
+    def done(self) -> bool:
+        return not self.queue and not self.leased
+
+    # ------------------------------------------------------------------ server
+    def start(self) -> "FakeController":
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="fake-controller", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the fake controller did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self.release_lease.set()
+            self._thread.join(10)
+            self._server = None
+
+    # ------------------------------------------------------------------ the six endpoints
+    def _make_app(self) -> FastAPI:
+        app = FastAPI()
+
+        def authorized(request: Request) -> bool:
+            return request.headers.get("authorization") == f"Bearer {self.token}"
+
+        def ok(model) -> JSONResponse:
+            return JSONResponse(model.wire())
+
+        unauthorized = JSONResponse({"message": "bad token"}, status_code=401)
+
+        @app.post(f"{P}/register")
+        async def register(request: Request):
+            if not authorized(request):
+                return unauthorized
+            req = RegisterRequest.model_validate(await request.json())
+            with self.cond:
+                self.registers.append(req)
+                self.register_headers.append(dict(request.headers))
+                self.cond.notify_all()
+            if req.job != self.job:
+                return JSONResponse({"message": f"no job {req.job}"}, status_code=404)
+            return ok(RegisterResponse(node_id=f"node-{len(self.registers)}", job=self.job, spec=self.spec,
+                                       generation=1, lease_seconds=self.lease_seconds,
+                                       heartbeat_seconds=self.heartbeat_seconds))
+
+        @app.post(f"{P}/{{node_id}}/lease")
+        async def lease(node_id: str, request: Request):
+            if not authorized(request):
+                return unauthorized
+            req = LeaseRequest.model_validate(await request.json())
+            if self.hold_next_lease:
+                self.hold_next_lease = False
+                with self.cond:
+                    self.lease_held.set()
+                    self.cond.notify_all()
+                await asyncio.to_thread(self.release_lease.wait, 30)
+            deadline = time.monotonic() + req.wait
+            while True:
+                with self.cond:
+                    leases = [self._lease(item) for item in self.queue[: req.max_items]]
+                    del self.queue[: len(leases)]
+                    done = not leases and self.done()
+                    self.cond.notify_all()
+                if leases or done or time.monotonic() >= deadline or req.max_items == 0:
+                    return ok(LeaseResponse(leases=leases, done=done))
+                await asyncio.sleep(0.01)
+
+        @app.post(f"{P}/{{node_id}}/heartbeat")
+        async def heartbeat(node_id: str, request: Request):
+            if not authorized(request):
+                return unauthorized
+            hb = Heartbeat.model_validate(await request.json())
+            resp = HeartbeatResponse(lease_seconds=self.lease_seconds, drain=self.drain)
+            with self.cond:
+                self.heartbeats.append(hb)
+                for aid in hb.stages:
+                    if aid in self.to_cancel:
+                        self.to_cancel.discard(aid)
+                        self.cancelled.add(aid)
+                        self.leased.pop(aid, None)
+                        resp.cancel.append(aid)
+                    elif aid in self.cancelled:
+                        resp.cancel.append(aid)
+                    elif aid not in self.leased:
+                        if self.say_unknown:
+                            resp.unknown.append(aid)
+                    elif aid in self.repins:
+                        resp.repin[aid] = self.repins.pop(aid)
+                self.cond.notify_all()
+            return ok(resp)
+
+        @app.post(f"{P}/{{node_id}}/results")
+        async def results(node_id: str, request: Request):
+            if not authorized(request):
+                return unauthorized
+            body = await request.json()
+            with self.cond:
+                self.results_calls += 1
+                action = self.results_script.pop(0) if self.results_script else None
+                self.cond.notify_all()
+            if action == 503:
+                return JSONResponse({"message": "controller restarting"}, status_code=503)
+            batch = ResultBatch.model_validate(body)
+            ack = ResultAck()
+            with self.cond:
+                for res in batch.results:
+                    self.receipts[res.attempt_id] += 1
+                    if res.attempt_id in self.leased:
+                        del self.leased[res.attempt_id]
+                        self.accepted[res.attempt_id] = res.trajectory.wire()
+                        ack.accepted.append(res.attempt_id)
+                    elif res.attempt_id in self.cancelled:
+                        ack.dropped[res.attempt_id] = "cancelled"
+                    else:
+                        ack.dropped[res.attempt_id] = "stale attempt"
+                self.cond.notify_all()
+            if action == "lose":
+                return JSONResponse({"message": "reply lost"}, status_code=503)
+            return ok(ack)
+
+        @app.post(f"{P}/{{node_id}}/return")
+        async def give_back(node_id: str, request: Request):
+            if not authorized(request):
+                return unauthorized
+            req = ReturnRequest.model_validate(await request.json())
+            with self.cond:
+                self.returns.append(req)
+                for aid in req.attempt_ids:
+                    item = self.leased.pop(aid, None)
+                    if item is not None:
+                        self.queue.append(item)
+                self.cond.notify_all()
+            return {"returned": len(req.attempt_ids)}
+
+        @app.post(f"{P}/{{node_id}}/deregister")
+        async def deregister(node_id: str, request: Request):
+            if not authorized(request):
+                return unauthorized
+            with self.cond:
+                self.deregistered += 1
+                self.cond.notify_all()
+            return {}
+
+        return app
+
+    def _lease(self, item: dict) -> Lease:
+        self.attempts[item["item"]] += 1
+        attempt = self.attempts[item["item"]]
+        aid = f"{item['item']}.{attempt}.{next(self._ids):04d}"
+        lease = Lease(attempt_id=aid, item=item["item"], prompt=item["prompt"], sample=item["sample"],
+                      attempt=attempt, task=item["task"], backend=self.backend,
+                      policy_version=self.policy_version,
+                      queued_seconds=round(0.25 + 0.01 * item["item"], 4))
+        self.leased[aid] = item
+        self.lease_log.append(lease)
+        return lease

@@ -1,0 +1,71 @@
+"""Helpers shared by the tests/node modules: job specs, daemon options, waiting with a deadline."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from fake_controller import FakeController
+
+TOKEN = "join-secret"
+
+BASE_SPEC: dict[str, Any] = {
+    "tasks": {"kind": "scripted", "source": "/dev/null"},
+    "llm": {"tokenizer": "", "backends": [{"url": "http://127.0.0.1:9/llm"}]},
+    "agent": {"maxTurns": 2, "tools": ["bash"], "sampling": {"maxTokensPerTurn": 32, "maxTotalTokens": 1024, "seed": 3}},
+    "sandbox": {"runtime": "bwrap", "image": "host", "limits": {"wallSeconds": 300, "memoryMB": 2048}},
+    "pipeline": {"workersPerNode": {"init": 2, "run": 2, "eval": 2}},
+    "timeouts": {"initSeconds": 30, "runSeconds": 60, "evalSeconds": 30, "actionSeconds": 10},
+}
+
+
+def tiny_dir() -> Path:
+    from rolloutd.agents.models import is_ready, model_dir
+
+    if not is_ready("tiny"):
+        pytest.skip("the tiny model is not prepared (rolloutd serve-model --prepare-only -m tiny)")
+    return model_dir("tiny")
+
+
+def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> dict:
+    """BASE_SPEC with the tiny tokenizer, the given pool sizes and shallow-merged sections."""
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["llm"]["tokenizer"] = str(tiny_dir())
+    spec["pipeline"]["workersPerNode"] = dict(zip(("init", "run", "eval"), workers))
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def options(fake: FakeController, name: str = "node-a", **kw: Any):
+    from rolloutd.agents.node import NodeOptions
+
+    kw.setdefault("lease_wait", 0.5)
+    kw.setdefault("retry_max", 0.3)
+    return NodeOptions(controller=fake.url, job=fake.job, token=TOKEN, name=name, **kw)
+
+
+async def until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
+    """Wait (in the event loop) until `predicate()` is truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def sandbox_pids(sandbox_id: str) -> list[int]:
+    """Processes still carrying this sandbox's id (the sandbox package's own leftover check)."""
+    from rolloutd.sandbox.base import _pids_with_id
+
+    return _pids_with_id(sandbox_id)

@@ -1,0 +1,288 @@
+"""The node daemon in-process (`NodeDaemon` with seams: scripted handler, scripted LLMs) against
+the fake controller, with real bwrap sandboxes. See test_sigterm.py for the `rolloutd node`
+subprocess."""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections import Counter
+
+import pytest
+
+from fake_controller import FakeController
+from node_helpers import make_spec, options, sandbox_pids, until
+from rolloutd.agents.node import NodeDaemon
+from rolloutd.crds.trajectory import Trajectory
+from scripted_tasks import BlockingLLM, ReplyLLM, ScriptedTask
+
+
+def daemon(fake: FakeController, handler: ScriptedTask, llm=None, tokenizer=None, **opts) -> NodeDaemon:
+    return NodeDaemon(options(fake, **opts), handler=handler, tokenizer=tokenizer,
+                      llm_factory=(lambda url: llm) if llm is not None else None)
+
+
+def phases(d: NodeDaemon, phase: str) -> dict[str, float]:
+    """attemptId → time it entered `phase` (first time)."""
+    out: dict[str, float] = {}
+    for t, aid, p in d.transitions:
+        if p == phase:
+            out.setdefault(aid, t)
+    return out
+
+
+def max_concurrent(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    best = cur = 0
+    for _, step in points:
+        cur += step
+        best = max(best, cur)
+    return best
+
+
+def intervals(d: NodeDaemon, start: str, ends: tuple[str, ...]) -> list[tuple[float, float]]:
+    began: dict[str, float] = {}
+    out = []
+    for t, aid, p in d.transitions:
+        if p == start:
+            began[aid] = t
+        elif p in ends and aid in began:
+            out.append((began.pop(aid), t))
+    return out
+
+
+# ------------------------------------------------------------------------------------- (1)
+def test_every_lease_reported_once_with_attempt_timings_and_node(controller, sandbox_dir, tokenizer):
+    """Six rollouts through the real agent loop (scripted LLM, real tokenizer, real sandboxes):
+    each reported exactly once under its attempt id, with the lease's data and per-stage timings."""
+    fake = controller(make_spec(workers=(2, 2, 2)))
+    fake.add(*[{"id": f"t{i}", "mode": "loop", "question": f"What is {i} + {i}?"} for i in range(3)], samples=2)
+    handler, llm = ScriptedTask(), ReplyLLM(tokenizer)
+
+    async def scenario():
+        d = daemon(fake, handler, llm, tokenizer, name="gpu-node-7", slot=3)
+        code = await asyncio.wait_for(d.run(), 60)
+        return d, code
+
+    d, code = asyncio.run(scenario())
+    assert code == 0
+    assert fake.deregistered == 1
+    reg = fake.registers[0]
+    assert (reg.name, reg.slot, reg.pid, reg.job) == ("gpu-node-7", 3, os.getpid(), "demo")
+    assert fake.register_headers[0]["authorization"] == "Bearer join-secret"
+
+    leases = {lease.attempt_id: lease for lease in fake.lease_log}
+    assert len(leases) == 6 and set(fake.accepted) == set(leases)
+    assert all(n == 1 for n in fake.receipts.values()), fake.receipts
+    for aid, wire in fake.accepted.items():
+        lease, t = leases[aid], Trajectory.model_validate(wire)
+        assert (t.prompt, t.sample, t.attempt) == (lease.prompt, lease.sample, lease.attempt)
+        assert (t.node, t.backend, t.policy_version, t.job) == ("gpu-node-7", fake.backend, 7, "demo")
+        assert t.task_id == lease.task["id"]
+        assert t.failure.kind.value == "none" and t.reward == 1.0 and t.reward_details["checked"]
+        assert t.timings.queue == lease.queued_seconds
+        assert t.timings.init > 0 and t.timings.run > 0 and t.timings.eval > 0
+        # the real loop ran: prompt from the chat template, generated ids masked in
+        assert t.prompt_length > 0 and sum(t.loss_mask) == len(t.token_ids) - t.prompt_length
+        assert t.metrics["turns"] == 1
+    # the sandbox made in INIT is the one RUN and EVAL used; every sandbox is gone
+    for seen in handler.sandbox_ids.values():
+        assert seen["init"] and seen["init"] == seen["run"] == seen["eval"]
+    assert list(sandbox_dir.iterdir()) == []
+    # the seeds and limits of the spec reached the loop
+    assert len(llm.request_ids) == 6 and not llm.aborted
+    # every attempt that ran was reported as having left RUN (the controller frees its backend slot)
+    left = {aid for hb in fake.heartbeats for aid in hb.left_run}
+    assert left == set(leases)
+
+
+# ------------------------------------------------------------------------------------- (2)
+def test_slow_eval_does_not_stop_run(controller, sandbox_dir):
+    """EVAL pool of 1 held by a slow evaluation: RUN keeps taking new rollouts meanwhile."""
+    fake = controller(make_spec(workers=(2, 2, 1)))
+    fake.add(*[{"id": f"s{i}", "eval_gate": "slow"} for i in range(6)])
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = daemon(fake, handler)
+        run = asyncio.create_task(d.run())
+
+        def runs_during_first_eval() -> int:
+            evals = phases(d, "eval")
+            if not evals:
+                return 0
+            first = min(evals.values())
+            return sum(1 for t in phases(d, "run").values() if t > first)
+
+        # the first EVAL blocks until three other rollouts have STARTED RUN after it began
+        await until(lambda: runs_during_first_eval() >= 3, 30, "RUN starts while EVAL is busy")
+        assert len(handler.evals) == 1  # EVAL is still held by the first rollout
+        handler.gate("slow").set()
+        code = await asyncio.wait_for(run, 60)
+        return d, code
+
+    d, code = asyncio.run(scenario())
+    assert code == 0 and len(fake.accepted) == 6
+    # measured from the recorded stage timestamps
+    (first_start, first_end) = min(handler.evals.values())
+    run_starts = phases(d, "run")
+    overlapping = [aid for aid, t in run_starts.items() if first_start < t < first_end]
+    assert len(overlapping) >= 3, (first_start, first_end, run_starts)
+    assert max_concurrent([tuple(v) for v in handler.evals.values()]) == 1
+    assert max_concurrent(intervals(d, "run", ("wait_eval",))) <= 2
+    assert max_concurrent(intervals(d, "init", ("wait_run",))) <= 2
+
+
+# ------------------------------------------------------------------------------------- (3)
+def test_controller_cancel_kills_sandbox_aborts_llm_and_reports_nothing(controller, sandbox_dir):
+    fake = controller(make_spec(workers=(2, 1, 1)))
+    fake.add({"id": "victim", "llm": True}, {"id": "after-1"}, {"id": "after-2"})
+    handler, llm = ScriptedTask(), BlockingLLM()
+
+    async def scenario():
+        d = daemon(fake, handler, llm)
+        run = asyncio.create_task(d.run())
+        await until(lambda: llm.started, 30, "the victim's LLM request in flight")
+        victim = fake.lease_of("victim").attempt_id
+        sandbox = handler.sandboxes["victim"]
+        assert sandbox.root.exists() and sandbox_pids(sandbox.id)
+        fake.cancel(victim)
+        await until(lambda: llm.aborted, 10, "the in-flight request aborted")
+        await until(lambda: not sandbox.root.exists() and not sandbox_pids(sandbox.id), 10, "the sandbox gone")
+        code = await asyncio.wait_for(run, 60)
+        return d, code, victim, sandbox
+
+    d, code, victim, sandbox = asyncio.run(scenario())
+    assert code == 0
+    assert llm.aborted == llm.started == ["req-victim"]
+    assert victim in fake.cancelled and victim not in fake.receipts
+    # its RUN slot was freed: the two rollouts after it (RUN pool of 1) ran and were reported
+    assert {Trajectory.model_validate(w).task_id for w in fake.accepted.values()} == {"after-1", "after-2"}
+    assert d.stats["cancels"] == 1 and d.stats["aborts"] == 1
+    assert list(sandbox_dir.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------- (5)
+def test_init_failure_is_infra_never_a_reward(controller, sandbox_dir):
+    """The sandbox image does not exist: INIT fails, RUN never runs, reported infra, reward None."""
+    fake = controller(make_spec(sandbox={"image": "/nonexistent/rootfs"}))
+    fake.add({"id": "a"}, {"id": "b"})
+    handler = ScriptedTask()
+
+    code = asyncio.run(asyncio.wait_for(daemon(fake, handler).run(), 60))
+    assert code == 0 and len(fake.accepted) == 2
+    for wire in fake.accepted.values():
+        t = Trajectory.model_validate(wire)
+        assert t.failure.kind.value == "infra" and t.reward is None
+        assert "INIT" in t.failure.reason and "/nonexistent/rootfs" in t.failure.reason
+        assert t.node == "node-a" and t.attempt == 1 and t.timings.run == 0
+    assert handler.ran == []
+    assert list(sandbox_dir.iterdir()) == []
+
+
+def test_eval_crash_is_infra_agent_failure_is_scored(controller, sandbox_dir):
+    fake = controller(make_spec(timeouts={"evalSeconds": 1.5}))
+    fake.add({"id": "harness", "eval_error": "EvalError"}, {"id": "bug", "eval_error": "crash"},
+             {"id": "died", "eval_error": "sandbox"}, {"id": "slow", "eval_gate": "never"},
+             {"id": "stage", "init_fail": True}, {"id": "no-answer", "agent_fail": True}, {"id": "ok"})
+    handler = ScriptedTask()
+
+    code = asyncio.run(asyncio.wait_for(daemon(fake, handler).run(), 60))
+    assert code == 0
+    by_task = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert set(by_task) == {"harness", "bug", "died", "slow", "stage", "no-answer", "ok"}
+    for tid, reason in [("harness", "EvalError"), ("bug", "ZeroDivisionError"), ("died", "SandboxDied"),
+                        ("slow", "EVAL exceeded 1.5s"), ("stage", "INIT: RuntimeError")]:
+        t = by_task[tid]
+        assert t.failure.kind.value == "infra" and t.reward is None, tid
+        assert reason in t.failure.reason, (tid, t.failure.reason)
+    # the policy's own failure goes through EVAL and is a legitimate reward
+    assert by_task["no-answer"].failure.kind.value == "agent" and by_task["no-answer"].reward == 0.0
+    assert by_task["ok"].reward == 1.0
+    assert by_task["slow"].timings.eval >= 1.5
+    assert list(sandbox_dir.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------- (6)
+def test_results_survive_503_and_a_lost_reply(controller, sandbox_dir):
+    fake = controller(make_spec())
+    # two refusals (never seen), then one accepted whose reply is lost: the daemon resends, the
+    # controller's attemptId dedup drops the copy, the daemon forgets it
+    fake.results_script = [503, 503, "lose"]
+    fake.say_unknown = False   # else a heartbeat may tell the daemon to forget it before it resends
+    fake.add({"id": "r0"})
+
+    async def scenario():
+        d = daemon(fake, ScriptedTask())
+        return d, await asyncio.wait_for(d.run(), 60)
+
+    d, code = asyncio.run(scenario())
+    assert code == 0
+    (aid,) = [lease.attempt_id for lease in fake.lease_log]
+    assert list(fake.accepted) == [aid]
+    assert fake.receipts[aid] == 2          # the lost reply's copy, dropped as a duplicate
+    assert fake.results_calls == 4
+    assert d.stats["result_failures"] == 3 and d.stats["results_dropped"] == 1
+    assert not d._outbox
+
+
+def test_results_survive_the_controller_being_down(controller, sandbox_dir):
+    fake = controller(make_spec())
+    fake.add({"id": "during-outage", "eval_gate": "go"})
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = daemon(fake, handler)
+        run = asyncio.create_task(d.run())
+        await until(lambda: "during-outage" in handler.evals, 30, "EVAL started")
+        await asyncio.to_thread(fake.stop)               # the controller goes away
+        handler.gate("go").set()
+        await until(lambda: d.stats["result_failures"] >= 2, 20, "the daemon failing to deliver")
+        assert fake.accepted == {} and d._outbox
+        await asyncio.to_thread(fake.start)              # ... and comes back on the same port
+        code = await asyncio.wait_for(run, 30)
+        return d, code
+
+    d, code = asyncio.run(scenario())
+    assert code == 0
+    (aid,) = [lease.attempt_id for lease in fake.lease_log]
+    assert list(fake.accepted) == [aid] and fake.receipts[aid] == 1
+    assert Trajectory.model_validate(fake.accepted[aid]).reward == 1.0
+
+
+# ------------------------------------------------------------------------------------- control
+def test_repin_unknown_and_drain(controller, sandbox_dir):
+    """repin before RUN moves the rollout to the new backend; `unknown` drops a rollout (sandbox
+    closed, nothing reported); drain stops leasing and the daemon exits 0 once in-flight work is in."""
+    fake = controller(make_spec(workers=(1, 1, 1)))
+    fake.add({"id": "p0", "eval_gate": "g"}, {"id": "p1", "init_gate": "i"}, {"id": "p2", "run_gate": "r"},
+             {"id": "p3"})
+    handler, other = ScriptedTask(), "http://127.0.0.1:9/other"
+
+    async def scenario():
+        d = daemon(fake, handler)
+        run = asyncio.create_task(d.run())
+        await until(lambda: "p0" in handler.evals, 30, "p0 in EVAL")
+        await until(lambda: "p1" in handler.sandboxes, 30, "p1 in INIT")
+        p1 = fake.lease_of("p1").attempt_id
+        fake.repins[p1] = other
+        await until(lambda: d._rollouts[p1].backend == other, 10, "the repin applied")
+        handler.gate("i").set()
+        await until(lambda: "p2" in handler.ran, 30, "p2 in RUN")
+        p2 = fake.lease_of("p2").attempt_id
+        sandbox = handler.sandboxes["p2"]
+        fake.forget(p2)           # its lease expired on the controller: the next beat says unknown
+        fake.drain = True         # ... and, in the same reply, drain
+        await until(lambda: p2 not in d._rollouts, 10, "p2 dropped")
+        await until(lambda: not sandbox.root.exists(), 10, "p2's sandbox closed")
+        handler.gate("g").set()
+        return d, await asyncio.wait_for(run, 30), p2
+
+    d, code, p2 = asyncio.run(scenario())
+    assert code == 0 and fake.deregistered == 1
+    got = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert set(got) == {"p0", "p1"} and p2 not in fake.receipts
+    assert got["p1"].backend == other and got["p0"].backend == fake.backend
+    assert [item["task"]["id"] for item in fake.queue] == ["p3"]   # never leased: drained
+    assert max_concurrent(intervals(d, "run", ("wait_eval",))) == 1
+    assert list(sandbox_dir.iterdir()) == []
