@@ -102,9 +102,12 @@ class ChatTokenizer:
         text = self.render(base)
         cut = text.rindex(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT)
         after = text[cut:]
-        eos = self.hf.eos_token or ""
-        if eos and eos in after:
-            i = after.index(eos) + len(eos)
+        # the end-of-turn token the template writes: the earliest of the model's eos tokens (Llama 3
+        # closes turns with <|eot_id|> although its tokenizer's eos may be <|end_of_text|>)
+        ends = {self.hf.convert_ids_to_tokens(i) for i in self.eos_token_ids} | {self.hf.eos_token}
+        found = sorted((after.find(e), e) for e in ends if e and e in after)
+        if found:
+            i = found[0][0] + len(found[0][1])
             return after[:i], after[i:]
         return "", after
 
