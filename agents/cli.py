@@ -51,6 +51,7 @@ def node(
         stream=sys.stderr, level=getattr(logging, log_level.upper(), logging.INFO),
         format=f"%(asctime)s rolloutd-node {options.name} %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
     code = asyncio.run(run_node(options))
     raise typer.Exit(code)
 

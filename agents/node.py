@@ -466,7 +466,8 @@ class NodeDaemon:
                 backoff.reset()
                 if resp.leases:
                     if self._stopping:  # SIGTERM arrived during the long-poll: never start these
-                        await self._give_back([lease.attempt_id for lease in resp.leases], "node shutting down")
+                        await self._give_back([lease.attempt_id for lease in resp.leases],
+                                              "node shutting down: not started")
                     else:
                         for lease in resp.leases:
                             self._start(lease)
