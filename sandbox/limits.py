@@ -119,13 +119,6 @@ class Cgroup:
             kinds.append(kind)
         return cls(dirs, kinds) if dirs else None
 
-    def join(self) -> None:
-        """Move the calling process into every directory (used right before exec)."""
-        pid = str(os.getpid())
-        for d in self.dirs:
-            with open(d / "cgroup.procs", "w") as f:
-                f.write(pid)
-
     def pids(self) -> set[int]:
         out: set[int] = set()
         for d in self.dirs:

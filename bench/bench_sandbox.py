@@ -1,0 +1,277 @@
+"""Sandbox benchmarks, each side by side with its baseline in the same run.
+
+Where it sits: run by the bench runner (`python -m bench sandbox`) through
+`run(quick)`, or alone as ``python -m bench.bench_sandbox [--quick]`` (prints
+its own table). Rows: ``{benchmark, ours, baseline, ratio, target, met}``.
+
+1. bash action round trip through the whole node-side path
+   (`Sandbox.bash`: client → Unix socket → exec server → pty bash → back) for
+   ``true``, ``echo``, ``ls /`` — against the same commands driven through tmux
+   the way OpenHands and SWE-agent drive a shell (send-keys, then capture-pane
+   polled every 5 ms until an end marker shows), and against one
+   ``subprocess.run(["bash", "-c", cmd])`` per command. Targets: median ≤ 2 ms
+   and ≥ 4× faster than tmux.
+2. sandbox ready: `create_sandbox` → the first command answered (then closed,
+   untimed). Targets: p50 ≤ 50 ms, p95 ≤ 150 ms. Baseline: a bare
+   ``bwrap --ro-bind / / true`` start-to-exit.
+3. an IPython cell (``x = x + 1``) through `Sandbox.ipython` against a bare
+   jupyter_client `BlockingKernelClient` on a host kernel. Target: ≤ 1.2×.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from rolloutd.sandbox import SandboxSpec, create_sandbox
+
+COMMANDS = {"true": "true", "echo": "echo hello", "ls /": "ls /"}
+
+
+def _ms(xs: list[float]) -> tuple[float, float]:
+    xs = sorted(xs)
+    p95 = xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+    return statistics.median(xs) * 1000, p95 * 1000
+
+
+def _fmt(xs: list[float]) -> str:
+    med, p95 = _ms(xs)
+    return f"{med:.2f} ms (p95 {p95:.2f})"
+
+
+# -- 1. bash round trip ---------------------------------------------------------
+
+
+async def _ours_bash(n: int) -> dict[str, list[float]]:
+    sb = await create_sandbox(SandboxSpec())
+    try:
+        out: dict[str, list[float]] = {}
+        for name, cmd in COMMANDS.items():
+            for _ in range(5):
+                await sb.bash(cmd)
+            ts = []
+            for _ in range(n):
+                t = time.perf_counter()
+                r = await sb.bash(cmd)
+                ts.append(time.perf_counter() - t)
+                assert r.exit_code == 0
+            out[name] = ts
+        return out
+    finally:
+        await sb.close()
+
+
+class _Tmux:
+    """A bash in a private tmux server (own socket name), driven by send-keys + capture-pane."""
+
+    def __init__(self) -> None:
+        self.sock = f"rolloutd-bench-{os.getpid()}"
+        self._tmux("new-session", "-d", "-s", "b", "-x", "200", "-y", "50", "bash --norc --noprofile")
+        self._tmux("set-option", "-t", "b", "history-limit", "100")
+        self.n = 0
+        self.run("true")
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True, check=True).stdout
+
+    def run(self, cmd: str, poll: float = 0.005) -> str:
+        self.n += 1
+        marker = f"__DONE_{self.n}_"
+        self._tmux("send-keys", "-t", "b", f"{cmd}; echo {marker}$?", "Enter")
+        while True:
+            screen = self._tmux("capture-pane", "-p", "-t", "b")
+            if f"{marker}0" in screen.replace(f"echo {marker}$?", ""):
+                self._tmux("clear-history", "-t", "b")
+                self._tmux("send-keys", "-t", "b", "clear", "Enter")
+                return screen
+            time.sleep(poll)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
+
+
+def _tmux_bash(n: int) -> dict[str, list[float]]:
+    tmux = _Tmux()
+    try:
+        out = {}
+        for name, cmd in COMMANDS.items():
+            ts = []
+            for _ in range(n):
+                t = time.perf_counter()
+                tmux.run(cmd)
+                ts.append(time.perf_counter() - t)
+            out[name] = ts
+        return out
+    finally:
+        tmux.close()
+
+
+def _subprocess_bash(n: int) -> dict[str, list[float]]:
+    out = {}
+    for name, cmd in COMMANDS.items():
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            subprocess.run(["bash", "-c", cmd], capture_output=True, check=True)
+            ts.append(time.perf_counter() - t)
+        out[name] = ts
+    return out
+
+
+# -- 2. sandbox ready -------------------------------------------------------------
+
+
+async def _ready(n: int) -> list[float]:
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sb = await create_sandbox(SandboxSpec())
+        r = await sb.bash("true")
+        ts.append(time.perf_counter() - t)
+        assert r.exit_code == 0
+        await sb.close()
+    return ts
+
+
+def _bare_bwrap(n: int) -> list[float]:
+    ts = []
+    argv = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True)
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
+# -- 3. IPython -----------------------------------------------------------------
+
+
+async def _ours_ipython(n: int) -> list[float]:
+    sb = await create_sandbox(SandboxSpec())
+    try:
+        await sb.ipython("x = 0")
+        for _ in range(5):
+            await sb.ipython("x = x + 1")
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await sb.ipython("x = x + 1")
+            ts.append(time.perf_counter() - t)
+            assert r.error is None
+        return ts
+    finally:
+        await sb.close()
+
+
+def _bare_ipython(n: int) -> list[float]:
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+
+        def cell(code: str) -> None:
+            msg_id = kc.execute(code)
+            while True:
+                msg = kc.get_iopub_msg(timeout=30)
+                if (
+                    msg["parent_header"].get("msg_id") == msg_id
+                    and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"
+                ):
+                    return
+
+        cell("x = 0")
+        for _ in range(5):
+            cell("x = x + 1")
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            cell("x = x + 1")
+            ts.append(time.perf_counter() - t)
+        return ts
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+# -- the rows ---------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> list[dict]:
+    n_bash = 60 if quick else 300
+    n_tmux = 20 if quick else 100
+    n_ready = 10 if quick else 40
+    n_ipy = 20 if quick else 100
+    rows: list[dict] = []
+
+    ours = asyncio.run(_ours_bash(n_bash))
+    tmux = _tmux_bash(n_tmux) if shutil.which("tmux") else None
+    subp = _subprocess_bash(n_bash // 3)
+    for name in COMMANDS:
+        med = _ms(ours[name])[0]
+        if tmux is not None:
+            tmed = _ms(tmux[name])[0]
+            rows.append({
+                "benchmark": f"bash `{name}` round trip vs tmux",
+                "ours": _fmt(ours[name]),
+                "baseline": f"tmux send-keys+capture-pane {_fmt(tmux[name])}",
+                "ratio": round(tmed / med, 2),
+                "target": "≤ 2 ms and ≥ 4× faster",
+                "met": med <= 2.0 and tmed / med >= 4.0,
+            })
+        smed = _ms(subp[name])[0]
+        rows.append({
+            "benchmark": f"bash `{name}` round trip vs subprocess.run",
+            "ours": _fmt(ours[name]),
+            "baseline": f"subprocess.run {_fmt(subp[name])}",
+            "ratio": round(smed / med, 2),
+            "target": "(reference)",
+            "met": None,
+        })
+
+    ready = asyncio.run(_ready(n_ready))
+    bare = _bare_bwrap(n_ready)
+    r50, r95 = _ms(ready)
+    rows.append({
+        "benchmark": "sandbox ready (create → first command answered)",
+        "ours": f"p50 {r50:.1f} ms, p95 {r95:.1f} ms",
+        "baseline": f"bare `bwrap … true` {_fmt(bare)}",
+        "ratio": round(r50 / _ms(bare)[0], 2),
+        "target": "p50 ≤ 50 ms, p95 ≤ 150 ms",
+        "met": r50 <= 50.0 and r95 <= 150.0,
+    })
+
+    ours_ipy = asyncio.run(_ours_ipython(n_ipy))
+    bare_ipy = _bare_ipython(n_ipy)
+    o, b = _ms(ours_ipy)[0], _ms(bare_ipy)[0]
+    rows.append({
+        "benchmark": "IPython cell `x = x + 1`",
+        "ours": _fmt(ours_ipy),
+        "baseline": f"bare jupyter_client {_fmt(bare_ipy)}",
+        "ratio": round(o / b, 2),
+        "target": "≤ 1.2× bare",
+        "met": o / b <= 1.2,
+    })
+    return rows
+
+
+def main() -> None:
+    rows = run(quick="--quick" in sys.argv)
+    print("| benchmark | ours | baseline | ratio | target | met |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        print(f"| {r['benchmark']} | {r['ours']} | {r['baseline']} | {ratio} | {r['target']} | {met} |")
+
+
+if __name__ == "__main__":
+    main()
