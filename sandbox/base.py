@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import os
 import secrets
 import shutil
@@ -93,9 +94,23 @@ def server_site_dirs() -> list[str]:
     return [str(Path(ptyprocess.__file__).resolve().parent.parent)]
 
 
+@functools.cache
+def _compile_server() -> None:
+    """Byte-compile the server once, here on the host: inside the sandbox the
+    tree is read-only, so a stale .pyc would be recompiled at every start."""
+    import compileall
+
+    compileall.compile_dir(str(Path(SERVER_PARENT) / "server"), quiet=2)
+
+
 def server_argv(python: str, cfg: dict[str, Any]) -> list[str]:
     """The argv that starts the execution server with `cfg` (see server/main.py)."""
     import json
+
+    try:
+        _compile_server()
+    except OSError:
+        pass
 
     cfg = dict(cfg, path=[SERVER_PARENT, *server_site_dirs()])
     return [python, "-S", "-c", LAUNCHER, json.dumps(cfg)]
