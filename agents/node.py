@@ -62,7 +62,6 @@ from rolloutd.crds.node import (
     RegisterRequest,
     RegisterResponse,
     Result,
-    ResultBatch,
     ReturnRequest,
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
@@ -70,7 +69,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, SandboxSpec, get_runtime
 
 from .llm import LLMBackend, SamplingParams, VLLMBackend
-from .nodeclient import Backoff, ControllerClient, ControllerError
+from .nodeclient import Backoff, ControllerClient, ControllerError, result_json
 from .tasks.base import EvalError, TaskHandler, get_handler
 from .types import AgentConfig, RolloutContext
 
@@ -111,7 +110,8 @@ class NodeOptions:
     register_timeout: float = 120.0      # keep trying to register this long (controller starting)
     flush_seconds: float = 15.0          # at exit, keep trying to deliver results this long
     result_coalesce: float = 0.005       # results finished this close together go in one batch
-    result_batch: int = 64
+    result_batch: int = 64               # results per /results call at most ...
+    result_batch_bytes: int = 512 * 1024  # ... and bytes (the controller limits request bodies)
     heartbeat_min_gap: float = 0.05
     retry_max: float = 5.0               # longest back-off between retries to an unreachable controller
 
@@ -223,7 +223,7 @@ class NodeDaemon:
         self._llms: dict[str, LLMBackend] = {}
         self._rollouts: dict[str, Rollout] = {}
         self._left_run: set[str] = set()
-        self._outbox: dict[str, Result] = {}           # finished, not yet acknowledged
+        self._outbox: dict[str, _Outgoing] = {}        # finished, not yet acknowledged
         self._bg: set[asyncio.Task] = set()             # aborts, sandbox closes, cancels
         self._loops: list[asyncio.Task] = []
         self._lease_task: asyncio.Task | None = None
@@ -775,7 +775,7 @@ class NodeDaemon:
     # ------------------------------------------------------------------ results
     def _submit(self, r: Rollout, t: Trajectory) -> None:
         r.reported = True
-        self._outbox[r.aid] = Result(attempt_id=r.aid, trajectory=t)
+        self._outbox[r.aid] = _Outgoing(result_json(Result(attempt_id=r.aid, trajectory=t)), r.lease)
         self.stats["finished"] += 1
         self._outbox_event.set()
 
@@ -799,32 +799,89 @@ class NodeDaemon:
                 if self._outbox:
                     self._outbox_event.set()
 
+    def _next_batch(self) -> list[tuple[str, bytes]]:
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        for aid, out in self._outbox.items():
+            body = out.body
+            if batch and (len(batch) >= self.opts.result_batch or size + len(body) > self.opts.result_batch_bytes):
+                break
+            batch.append((aid, body))
+            size += len(body) + 1
+        return batch
+
     async def _send_results(self) -> bool:
         """Send one batch; False when the controller could not be reached (the batch stays)."""
         assert self.node_id is not None
-        batch = list(self._outbox.values())[: self.opts.result_batch]
+        batch = self._next_batch()
         if not batch:
             return True
         try:
-            ack = await self.client.results(self.node_id, ResultBatch(results=batch))
+            ack = await self.client.results(self.node_id, [body for _, body in batch])
         except ControllerError as e:
             self.stats["result_failures"] += 1
             if e.retryable:
                 self.log.warning("results: %s; %d result(s) kept for a retry", e, len(self._outbox))
                 return False
-            self.log.error("results refused (%s); dropping %s", e, [res.attempt_id for res in batch])
-            ack = None
+            if e.status == 413 and len(batch) > 1:
+                # too large together: send them one by one (each alone may still fit)
+                self.log.warning("results: %d result(s) too large as one batch; sending them singly", len(batch))
+                return await self._send_singly(batch)
+            for aid, body in batch:
+                self._refused(aid, body, e)
+            return True
+        self._acked([aid for aid, _ in batch], ack)
+        return True
+
+    async def _send_singly(self, batch: list[tuple[str, bytes]]) -> bool:
+        for aid, body in batch:
+            try:
+                ack = await self.client.results(self.node_id, [body])
+            except ControllerError as e:
+                self.stats["result_failures"] += 1
+                if e.retryable:
+                    return False
+                self._refused(aid, body, e)
+                continue
+            self._acked([aid], ack)
+        return True
+
+    def _refused(self, aid: str, body: bytes, error: ControllerError) -> None:
+        """The controller refuses a result for good (too large, invalid): report the attempt as an
+        infrastructure failure instead, so the item is retried or given up, never stuck leased.
+        A refused stand-in is dropped."""
+        self.stats["results_refused"] += 1
+        out = self._outbox.get(aid)
+        if out is None:
+            return
+        if out.stub:
+            self.log.error("result %s refused again (%s); dropping it", aid, error)
+            self._outbox.pop(aid, None)
+            self._changed()
+            return
+        self.log.error("result %s refused (%s, %d bytes); reporting an infrastructure failure instead",
+                       aid, error, len(body))
+        lease = out.lease
+        stub = Trajectory(job=self.opts.job, prompt=lease.prompt, sample=lease.sample, attempt=lease.attempt,
+                          task_id=self._task_id(lease.task),
+                          node=self.name, backend=lease.backend, policy_version=lease.policy_version,
+                          finish_reason="error",
+                          failure=Failure(kind=FailureKind.infra,
+                                          reason=f"the controller refused the result ({len(body)} bytes): {error}"[:2000]))
+        self._outbox[aid] = _Outgoing(result_json(Result(attempt_id=aid, trajectory=stub)), lease, stub=True)
+        self._outbox_event.set()
+
+    def _acked(self, aids: list[str], ack: Any) -> None:
         self.stats["result_batches"] += 1
-        for res in batch:
+        for aid in aids:
             # a result cancelled after it was sent is gone from the outbox already
-            self._outbox.pop(res.attempt_id, None)
+            self._outbox.pop(aid, None)
         if ack is not None:
             self.stats["results_accepted"] += len(ack.accepted)
             for aid, why in ack.dropped.items():
                 self.stats["results_dropped"] += 1
                 self.log.info("result %s dropped by the controller: %s", aid, why)
         self._changed()
-        return True
 
     async def _flush_results(self) -> None:
         deadline = time.monotonic() + self.opts.flush_seconds
@@ -902,6 +959,13 @@ class NodeDaemon:
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         await _wait_event(self._stop_event, seconds)
+
+
+@dataclass
+class _Outgoing:
+    body: bytes          # the Result's wire JSON, serialized once
+    lease: Lease
+    stub: bool = False   # a stand-in infra failure for a result the controller refused
 
 
 class _Infra(Exception):

@@ -10,6 +10,7 @@ The caller decides how long to retry (see `Backoff`).
 """
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from rolloutd.crds.node import (
     LeaseResponse,
     RegisterRequest,
     RegisterResponse,
+    Result,
     ResultAck,
     ResultBatch,
     ReturnRequest,
@@ -66,6 +68,11 @@ class Backoff:
         self._next = self.initial
 
 
+def result_json(result: Result) -> bytes:
+    """One result's wire JSON, as `results` sends it inside a batch."""
+    return json.dumps(result.wire(), separators=(",", ":")).encode()
+
+
 class ControllerClient:
     """The six calls of the node protocol. `transport` is a test seam (e.g. httpx.MockTransport)."""
 
@@ -83,11 +90,14 @@ class ControllerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: BaseModel | dict, reply: type[M] | None,
+    async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
                     timeout: float | None = None) -> Any:
-        payload = body.wire() if hasattr(body, "wire") else body
+        if isinstance(body, bytes):  # already serialized JSON
+            kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json"}}
+        else:
+            kw = {"json": body.wire() if hasattr(body, "wire") else body}
         try:
-            resp = await self._http.post(path, json=payload, timeout=timeout or self.timeout)
+            resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
         except httpx.HTTPError as e:
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
         if resp.status_code >= 400:
@@ -109,7 +119,11 @@ class ControllerClient:
     async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
         return await self._post(f"/{node_id}/heartbeat", hb, HeartbeatResponse)
 
-    async def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+    async def results(self, node_id: str, batch: ResultBatch | list[bytes]) -> ResultAck:
+        """A `ResultBatch`, or its results already serialized one by one (`result_json`)."""
+        if isinstance(batch, list):
+            body = b'{"results":[' + b",".join(batch) + b"]}"
+            return await self._post(f"/{node_id}/results", body, ResultAck)
         return await self._post(f"/{node_id}/results", batch, ResultAck)
 
     async def give_back(self, node_id: str, req: ReturnRequest) -> None:

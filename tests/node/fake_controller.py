@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import socket
 import threading
 import time
@@ -73,6 +74,8 @@ class FakeController:
         self.accepted: dict[str, dict] = {}         # aid → trajectory (wire)
         self.receipts: Counter[str] = Counter()     # aid → times a result reached us (not refused)
         self.results_calls = 0
+        self.batch_sizes: list[tuple[int, int]] = []  # (results, bytes) of each /results call
+        self.max_body: int | None = None             # /results bodies above this get 413
         self.returns: list[ReturnRequest] = []
         self.deregistered = 0
         self.cancelled: set[str] = set()
@@ -230,9 +233,16 @@ class FakeController:
         async def results(node_id: str, request: Request):
             if not authorized(request):
                 return unauthorized
-            body = await request.json()
+            raw = await request.body()
+            if self.max_body is not None and len(raw) > self.max_body:
+                with self.cond:
+                    self.results_calls += 1
+                    self.batch_sizes.append((raw.count(b'"attemptId"'), len(raw)))
+                return JSONResponse({"message": "request body too large"}, status_code=413)
+            body = json.loads(raw)
             with self.cond:
                 self.results_calls += 1
+                self.batch_sizes.append((len(body["results"]), len(raw)))
                 action = self.results_script.pop(0) if self.results_script else None
                 self.cond.notify_all()
             if action == 503:

@@ -7,7 +7,7 @@ so a sandbox not handed from stage to stage fails the rollout. Row keys:
   - llm: RUN calls `llm.generate` once (a blocking LLM then holds it in flight);
   - run_file: RUN waits until this file exists (drives a daemon in a subprocess);
   - init_fail, eval_error ("EvalError" | "crash" | "sandbox"), eval_gate (an asyncio.Event name),
-    init_gate / run_gate (asyncio.Event names), agent_fail, reward.
+    init_gate / run_gate (asyncio.Event names), agent_fail, reward, pad (bytes of padding).
 It records per task id the sandbox ids seen by each stage and (monotonic) EVAL intervals.
 Used in-process (`NodeDaemon(handler=ScriptedTask())`) and in a `rolloutd node` subprocess through
 a test-time entry point (`scripted = scripted_tasks:ScriptedTask`).
@@ -73,7 +73,8 @@ class ScriptedTask(TaskHandler):
         return Trajectory(
             job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=str(task["id"]),
             token_ids=[5, 6, 7], prompt_length=1, loss_mask=[0, 1, 1], logprobs=[None, -0.5, -0.25],
-            messages=[{"role": "assistant", "content": "42"}], failure=failure, finish_reason="stop",
+            messages=[{"role": "assistant", "content": "42" + "x" * int(task.get("pad", 0))}],
+            failure=failure, finish_reason="stop",
             node=ctx.node, backend=ctx.backend, attempt=ctx.attempt, policy_version=ctx.policy_version,
             reward_details={"submitted": None if task.get("agent_fail") else "42"},
         )

@@ -250,6 +250,53 @@ def test_results_survive_the_controller_being_down(controller, sandbox_dir):
     assert Trajectory.model_validate(fake.accepted[aid]).reward == 1.0
 
 
+def test_large_results_are_split_and_an_oversized_one_is_refused_alone(controller, sandbox_dir):
+    """The controller caps request bodies: results are batched by bytes, a batch refused as too
+    large (413) is resent one by one; a result that alone is too large is replaced by an infra
+    failure for its attempt (so the controller retries or gives up the item; never stuck leased)."""
+    fake = controller(make_spec(workers=(4, 4, 4)))
+    fake.max_body = 150_000
+    fake.add(*[{"id": f"m{i}", "pad": 60_000, "eval_gate": "all"} for i in range(3)],
+             {"id": "huge", "pad": 400_000, "eval_gate": "all"})
+    handler = ScriptedTask()
+
+    async def scenario():
+        # a wide coalescing window: the four results, finished together, go out as one batch
+        d = daemon(fake, handler, result_coalesce=0.3, result_batch_bytes=4 << 20)
+        run = asyncio.create_task(d.run())
+        await until(lambda: len(handler.evals) == 4, 30, "all four in EVAL")
+        handler.gate("all").set()
+        return d, await asyncio.wait_for(run, 30)
+
+    d, code = asyncio.run(scenario())
+    assert code == 0
+    got = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert set(got) == {"m0", "m1", "m2", "huge"} and all(n == 1 for n in fake.receipts.values())
+    stub = got["huge"]
+    huge = fake.lease_of("huge")
+    assert (stub.prompt, stub.sample, stub.attempt) == (huge.prompt, huge.sample, huge.attempt)
+    assert stub.failure.kind.value == "infra" and stub.reward is None and "413" in stub.failure.reason
+    assert huge.attempt_id in fake.accepted
+    assert fake.batch_sizes[0][0] == 4                        # one batch of four: too large ...
+    assert sorted(n for n, _ in fake.batch_sizes[1:]) == [1, 1, 1, 1, 1]   # ... one by one, + the stand-in
+    assert d.stats["results_refused"] == 1 and not d._outbox
+
+
+def test_result_batches_are_capped_by_bytes(controller):
+    from rolloutd.agents.node import NodeDaemon, _Outgoing
+
+    d = NodeDaemon(options(controller(make_spec()), result_batch_bytes=1000, result_batch=3))
+    def out(n: int, c: bytes = b"x"):
+        return _Outgoing(c * n, lease=None)
+
+    d._outbox = {f"a{i}": out(300) for i in range(5)}
+    assert [aid for aid, _ in d._next_batch()] == ["a0", "a1", "a2"]          # count cap
+    d.opts.result_batch = 64
+    assert [aid for aid, _ in d._next_batch()] == ["a0", "a1", "a2"]          # bytes cap (3 × 301)
+    d._outbox = {"big": out(5000, b"y"), "z": out(1)}
+    assert [aid for aid, _ in d._next_batch()] == ["big"]                     # alone, even if over
+
+
 # ------------------------------------------------------------------------------------- control
 def test_repin_unknown_and_drain(controller, sandbox_dir):
     """repin before RUN moves the rollout to the new backend; `unknown` drops a rollout (sandbox
