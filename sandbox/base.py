@@ -62,9 +62,11 @@ SERVER_PARENT = str(Path(__file__).resolve().parent)  # holds the bare `server` 
 ID_VAR = "ROLLOUTD_SANDBOX_ID"  # set in every sandbox process; how leftovers are found
 READY_TIMEOUT = 30.0
 REPLY_MARGIN = 15.0  # infrastructure deadline = the request's own timeout + this
+# the config travels as marshal (a builtin: no json/re import before bash is forked)
 LAUNCHER = (
-    "import sys,json;c=json.loads(sys.argv[1]);sys.path[:0]=c['path'][:1];"
-    "sys.path+=c['path'][1:];from server.main import main;main(c)"
+    "import sys,marshal;c=marshal.loads(bytes.fromhex(sys.argv[1]));sys.path[:0]=c['path'][:1];"
+    "from server.early import fork_bash;b=fork_bash(c);"
+    "sys.path+=c['path'][1:];from server.main import main;main(c,b)"
 )
 CGROUP_JOIN = (
     'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
@@ -105,15 +107,14 @@ def _compile_server() -> None:
 
 def server_argv(python: str, cfg: dict[str, Any]) -> list[str]:
     """The argv that starts the execution server with `cfg` (see server/main.py)."""
-    import json
+    import marshal
 
     try:
         _compile_server()
     except OSError:
         pass
-
     cfg = dict(cfg, path=[SERVER_PARENT, *server_site_dirs()])
-    return [python, "-S", "-c", LAUNCHER, json.dumps(cfg)]
+    return [python, "-S", "-c", LAUNCHER, marshal.dumps(cfg).hex()]
 
 
 def _pids_with_id(sandbox_id: str) -> list[int]:

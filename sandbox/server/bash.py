@@ -40,6 +40,8 @@ import time
 
 import ptyprocess
 
+from .early import BASH_ARGV, COLS, ROWS
+
 MARKER = re.compile(rb"\x1eRD([0-9a-f]+):(\d+)\x1e")
 START = re.compile(rb"\x1eRS([0-9a-f]+)\x1e")  # printed first by each command file
 START_LINE = "printf '\\036RS%s\\036' \"$__rd_t\"\n"
@@ -168,6 +170,7 @@ class BashSession:
         env: dict[str, str],
         cmd_dir: str,
         preexec_fn=None,
+        adopt: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
         self.cmd_file = os.path.join(cmd_dir, f"{name}.sh")
@@ -178,14 +181,12 @@ class BashSession:
         self._cond = threading.Condition()  # guards _capture / dead
         self._capture: Capture | None = None
         self.dead = False
-        self.proc = ptyprocess.PtyProcess.spawn(
-            ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"],
-            cwd=cwd,
-            env=env,
-            echo=False,
-            dimensions=(40, 200),
-            preexec_fn=preexec_fn,
-        )
+        if adopt is not None:  # a bash started early by server/early.py
+            self.proc = ptyprocess.PtyProcess(*adopt)
+        else:
+            self.proc = ptyprocess.PtyProcess.spawn(
+                BASH_ARGV, cwd=cwd, env=env, echo=False, dimensions=(ROWS, COLS), preexec_fn=preexec_fn
+            )
         self.pid = self.proc.pid
         self.fd = self.proc.fd
         os.set_blocking(self.fd, False)

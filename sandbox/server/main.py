@@ -31,20 +31,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
-import signal
 import socket
 import sys
 import threading
 import time
 
 from .bash import BashSession, SessionDead
+from .early import apply_limits
 from .files import FileOpError, edit_file, list_dir, read_file, write_file
 from .kernel import IPythonKernel
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_MAX_OUTPUT = 16384
-RLIMITS = {"AS": resource.RLIMIT_AS, "NPROC": resource.RLIMIT_NPROC, "FSIZE": resource.RLIMIT_FSIZE}
 
 
 class ExecError(Exception):
@@ -56,7 +54,6 @@ class Server:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
         self.env = dict(cfg.get("env", {}))
-        self.rlimits = {RLIMITS[k]: int(v) for k, v in (cfg.get("rlimits") or {}).items()}
         self.cmd_dir = os.path.join(cfg["ctl_dir"], "cmd")
         self.runtime_dir = cfg.get("runtime_dir") or os.path.join(cfg["ctl_dir"], "rt")
         self.started = time.monotonic()
@@ -67,21 +64,12 @@ class Server:
         self.exiting = False
 
     def _preexec(self) -> None:
-        """Runs in each child (bash, kernel) before exec: the spec's rlimits.
-
-        Python ignores SIGPIPE and the disposition survives exec: restore it, or
-        `yes | head` prints "Broken pipe" instead of ending quietly.
-        """
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        for res, value in self.rlimits.items():
-            try:
-                resource.setrlimit(res, (value, value))
-            except (ValueError, OSError):
-                pass
+        """Runs in each child (bash, kernel) before exec: the spec's rlimits, SIGPIPE default."""
+        apply_limits(self.cfg.get("rlimits") or {})
 
     # -- bash --------------------------------------------------------------
 
-    def session(self, name: str, create: bool = True) -> BashSession | None:
+    def session(self, name: str, create: bool = True, adopt: tuple[int, int] | None = None) -> BashSession | None:
         if not SESSION_NAME.match(name):
             raise ExecError(f"bad session name {name!r}: use 1-64 of [A-Za-z0-9_.-]")
         with self.sessions_lock:
@@ -92,7 +80,7 @@ class Server:
                 del self.sessions[name]
             if s is None and create:
                 try:
-                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self._preexec)
+                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self._preexec, adopt)
                 except (OSError, SessionDead) as e:
                     raise ExecError(f"cannot start bash session {name!r}: {e}") from None
                 self.sessions[name] = s
@@ -291,7 +279,7 @@ class Server:
             os._exit(code)
 
 
-def main(cfg: dict) -> None:
+def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
     server = Server(cfg)
     os.makedirs(cfg["ctl_dir"], mode=0o700, exist_ok=True)
     sock_path = cfg["socket"]
@@ -310,7 +298,7 @@ def main(cfg: dict) -> None:
 
     def warm() -> None:  # the first command should not pay for bash's start
         try:
-            server.session("default")
+            server.session("default", adopt=early_bash)
         except ExecError:
             pass
 
@@ -335,4 +323,4 @@ def main(cfg: dict) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - started through launch_command
-    main(json.loads(sys.argv[1]))
+    main(json.loads(sys.argv[1]))  # no early bash: the server starts it itself
