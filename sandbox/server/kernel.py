@@ -47,6 +47,9 @@ class IPythonKernel:
         env.setdefault("JUPYTER_RUNTIME_DIR", self.runtime_dir)
         env.setdefault("MPLCONFIGDIR", os.path.join(self.runtime_dir, "mpl"))
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        # one malloc arena: ipykernel's threads would each reserve 64 MB of address
+        # space, and the kernel would not start under a small RLIMIT_AS
+        env.setdefault("MALLOC_ARENA_MAX", "1")
         km = KernelManager(
             kernel_name="python3",
             transport="ipc",

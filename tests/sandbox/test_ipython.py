@@ -65,3 +65,16 @@ def test_kernel_death_is_reported_and_next_cell_gets_a_new_kernel(sandbox, run):
     assert r.kernel_restarted and "died" in (r.error or "")
     r = run(sandbox.ipython("'doomed' in dir()"))
     assert r.result == "False"
+
+
+def test_memory_bomb_in_a_cell_under_a_small_limit(make_sandbox, run):
+    sb = make_sandbox(memory_mb=256)
+    run(sb.ipython("survivor = 1"))
+    r = run(sb.ipython("hog = []\nwhile True:\n    hog.append(bytearray(10**7))", timeout=60))
+    assert not r.timed_out
+    if r.kernel_restarted:  # killed by the cgroup: reported, and the next cell works
+        assert "died" in (r.error or "")
+        assert run(sb.ipython("1 + 1")).result == "2"
+    else:  # stopped by RLIMIT_AS: an ordinary exception, state kept
+        assert "MemoryError" in (r.error or "")
+        assert run(sb.ipython("del hog; survivor")).result == "1"
