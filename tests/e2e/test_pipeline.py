@@ -133,14 +133,18 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine):
 
 
 def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine):
-    cluster.apply(job_doc("e2e-restart", tiny_engine, limit=6, samples=2, nodes=2, max_turns=2, tokens=16))
+    # small pools so the job is still running when the controller dies
+    cluster.apply(job_doc("e2e-restart", tiny_engine, limit=12, samples=2, nodes=2, max_turns=3, tokens=24,
+                          workers=(1, 2, 1)))
     cluster.wait_until("e2e-restart", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
-    before = len(cluster.trajectories("e2e-restart"))
     pids = cluster.daemon_pids()
     cluster.kill()
+    with cluster.db() as db:
+        done_at_kill = db.execute("SELECT count(*) FROM items WHERE job='e2e-restart' AND state='done'").fetchone()[0]
+    assert done_at_kill < 24, "the controller died mid-job"
     cluster.start()  # same data dir and port: daemons reconnect, the executor adopts them
-    assert cluster.daemon_pids() == pids
+    assert cluster.daemon_pids() == pids, "the running daemons were adopted, none started twice"
     cluster.wait_done("e2e-restart", timeout=300)
     trajs = cluster.trajectories("e2e-restart")
-    assert len(trajs) >= before
-    assert_exactly_once(trajs, 6, 2)
+    assert len(trajs) == 24 >= done_at_kill
+    assert_exactly_once(trajs, 12, 2)
