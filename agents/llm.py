@@ -114,6 +114,7 @@ class VLLMBackend:
         )
         self._owns_client = client is None
         self._discover_lock = asyncio.Lock()
+        self._discovered = False
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -138,8 +139,10 @@ class VLLMBackend:
 
     async def discover(self) -> str:
         """Fill `model` and `max_model_len` from /v1/models (once)."""
+        if self._discovered and self.model is not None:
+            return self.model
         async with self._discover_lock:
-            if self.model is not None and self.max_model_len is not None:
+            if self._discovered and self.model is not None:
                 return self.model
             resp = await self._request("GET", "/v1/models")
             if resp.status_code != 200:
@@ -150,6 +153,7 @@ class VLLMBackend:
             entry = next((d for d in data if d.get("id") == self.model), data[0]) if self.model else data[0]
             self.model = self.model or entry["id"]
             self.max_model_len = entry.get("max_model_len")
+            self._discovered = True
             return self.model
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:

