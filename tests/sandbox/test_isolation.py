@@ -186,3 +186,11 @@ def test_socket_is_private(make_sandbox, run):
     assert (sock.stat().st_mode & 0o777) == 0o600
     assert (sb.root.stat().st_mode & 0o777) == 0o700
     assert ((sb.root / "ctl").stat().st_mode & 0o777) == 0o700
+
+
+def test_extra_binds_are_read_only(make_sandbox, run, tmp_path):
+    (tmp_path / "data.txt").write_text("payload\n")
+    sb = make_sandbox(binds=[f"{tmp_path}:/data"])
+    assert run(sb.bash("cat /data/data.txt")).output == "payload\n"
+    assert run(sb.bash("echo x > /data/new")).exit_code != 0
+    assert not (tmp_path / "new").exists()

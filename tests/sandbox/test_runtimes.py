@@ -150,3 +150,15 @@ def test_cli_exec_prints_output_and_exits_with_the_exit_code():
     p = _cli("--timeout", "0.5", "--", "sleep 30")
     assert p.returncode == 124
     assert "timed out" in p.stderr
+
+
+def test_create_failures_are_typed_and_leave_nothing(run):
+    require_bwrap()
+    from rolloutd.sandbox import SandboxCreateError
+
+    before = set(os.listdir(sandbox_base_dir()))
+    with pytest.raises(SandboxCreateError, match="nonexistent"):
+        run(create_sandbox(SandboxSpec(binds=["/nonexistent-rolloutd-path"])))
+    with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
+        run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
+    assert set(os.listdir(sandbox_base_dir())) - before == set()
