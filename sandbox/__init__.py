@@ -11,7 +11,7 @@ Layout: base.py (the seam and `Sandbox`), models.py (pydantic spec, results,
 wire requests), errors.py, client.py (async UDS client), limits.py (rlimits,
 cgroups), one file per runtime (bwrap.py, apptainer.py, process.py), cli.py
 (`rolloutd sandbox exec`), and server/ — the execution server that runs inside
-the sandbox (stdlib + ptyprocess; never imports the rest of rolloutd).
+the sandbox (stdlib only; never imports the rest of rolloutd).
 """
 from .base import Sandbox, SandboxRuntime, create_sandbox, get_runtime
 from .errors import ExecError, RuntimeUnavailable, SandboxCreateError, SandboxDied, SandboxError, SandboxTimeout

@@ -90,10 +90,13 @@ def sandbox_base_dir() -> Path:
 
 
 def server_site_dirs() -> list[str]:
-    """Where the server's one third-party import (ptyprocess) and jupyter_client live."""
-    import ptyprocess
+    """Where the server's one third-party import, jupyter_client (first IPython cell), lives."""
+    import importlib.util
 
-    return [str(Path(ptyprocess.__file__).resolve().parent.parent)]
+    spec = importlib.util.find_spec("jupyter_client")
+    if spec is None or spec.origin is None:
+        return []
+    return [str(Path(spec.origin).resolve().parent.parent)]
 
 
 @functools.cache

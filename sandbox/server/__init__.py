@@ -1,4 +1,4 @@
-"""The in-sandbox execution server (stdlib + ptyprocess; jupyter_client lazily).
+"""The in-sandbox execution server (stdlib only; jupyter_client on the first IPython cell).
 
 Where it sits: started inside every sandbox as a bare ``server`` package (see
 `main.py`); the node side never imports it except in tests. It must not import

@@ -3,7 +3,8 @@
 Where it sits: the in-sandbox execution server (`server/main.py`) keeps one
 `BashSession` per session name and calls `run`, `send_input` and `interrupt`
 from its request threads. Nothing on the node side imports this module; it is
-stdlib + ptyprocess only, because the server must start in milliseconds.
+stdlib only (the pty comes from `early.spawn_bash`, i.e. `os.forkpty`), because
+the server must start in milliseconds.
 
 How a command runs
 ------------------
@@ -34,13 +35,10 @@ from __future__ import annotations
 import os
 import re
 import select
-import signal
 import threading
 import time
 
-import ptyprocess
-
-from .early import BASH_ARGV, COLS, ROWS
+from .early import SIGKILL, spawn_bash
 
 MARKER = re.compile(rb"\x1eRD([0-9a-f]+):(\d+)\x1e")
 START = re.compile(rb"\x1eRS([0-9a-f]+)\x1e")  # printed first by each command file
@@ -169,7 +167,7 @@ class BashSession:
         cwd: str,
         env: dict[str, str],
         cmd_dir: str,
-        preexec_fn=None,
+        rlimits: dict,
         adopt: tuple[int, int] | None = None,
     ) -> None:
         self.name = name
@@ -181,14 +179,11 @@ class BashSession:
         self._cond = threading.Condition()  # guards _capture / dead
         self._capture: Capture | None = None
         self.dead = False
-        if adopt is not None:  # a bash started early by server/early.py
-            self.proc = ptyprocess.PtyProcess(*adopt)
-        else:
-            self.proc = ptyprocess.PtyProcess.spawn(
-                BASH_ARGV, cwd=cwd, env=env, echo=False, dimensions=(ROWS, COLS), preexec_fn=preexec_fn
-            )
-        self.pid = self.proc.pid
-        self.fd = self.proc.fd
+        if adopt is None:
+            adopt = spawn_bash(cwd, env, rlimits)
+        self.pid, self.fd = adopt  # `adopt`: a bash started early by server/early.py
+        self.exit_status: int | None = None
+        self._reaped = threading.Lock()
         os.set_blocking(self.fd, False)
         threading.Thread(target=self._read_loop, name=f"pty-{name}", daemon=True).start()
         init = (
@@ -277,14 +272,15 @@ class BashSession:
                 break
             for pid in members:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.01)
         try:
-            self.proc.close(force=True)
-        except Exception:  # noqa: BLE001 - already gone
+            os.kill(self.pid, SIGKILL)
+        except ProcessLookupError:
             pass
+        self._reap()
 
     # -- internals ---------------------------------------------------------
 
@@ -354,7 +350,7 @@ class BashSession:
             if self.dead:
                 ended = True
                 if exit_code is None:
-                    status = self.proc.exitstatus
+                    status = self.exit_status
                     exit_code = status if status is not None else -1
                 output += "\n[rolloutd: the bash session ended; the next command starts a new one]"
             return {
@@ -376,7 +372,7 @@ class BashSession:
         fg = self._foreground()
         if fg > 0 and fg != self.pid:
             try:
-                os.killpg(fg, signal.SIGKILL)
+                os.killpg(fg, SIGKILL)
             except ProcessLookupError:
                 pass
             if self._wait(cap, GRACE):
@@ -387,13 +383,27 @@ class BashSession:
                 break
             for pid in members:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, SIGKILL)
                 except ProcessLookupError:
                     pass
         if self._wait(cap, GRACE):
             return True
         self.kill()
         return False
+
+    def _reap(self) -> None:
+        """Collect bash's exit status (once). The pty is closed by the reader
+        thread alone (closing it under a blocked reader could hand its number
+        to another file)."""
+        with self._reaped:
+            if self.exit_status is not None:
+                return
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                code = os.waitstatus_to_exitcode(status)
+                self.exit_status = code if code >= 0 else 128 - code
+            except ChildProcessError:
+                self.exit_status = -1
 
     def _wait(self, cap: Capture, timeout: float) -> bool:
         with self._cond:
@@ -435,9 +445,10 @@ class BashSession:
                     if cap.done or cap.started != was_started:
                         self._cond.notify_all()
         # EOF: bash exited (or was killed)
+        self._reap()
         try:
-            self.proc.wait()
-        except Exception:  # noqa: BLE001 - ptyprocess raises if already reaped
+            os.close(fd)
+        except OSError:
             pass
         with self._cond:
             self.dead = True

@@ -3,15 +3,17 @@
 Where it sits: the launcher (`rolloutd.sandbox.base.LAUNCHER`) calls `fork_bash`
 first thing, with only builtin modules loaded; `server.main.main` then adopts
 the running bash as the ``default`` session. bash's start (~10 ms) thus
-overlaps the server's own imports instead of following them: it is the larger
-part of "sandbox ready". Everything here is what ptyprocess.spawn does, with
-builtin modules only (no enum, re, json, or ptyprocess yet).
+overlaps the server's own imports instead of following them. `spawn_bash` is
+also how every later session starts. Builtin modules only: importing
+ptyprocess (it pulls in shutil, collections, ...) would cost more than the
+whole start budget on a busy node.
 """
 from __future__ import annotations
 
 import os
 
 BASH_ARGV = ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"]
+SIGKILL = 9
 ROWS, COLS = 40, 200
 
 
@@ -30,12 +32,14 @@ def apply_limits(rlimits: dict) -> None:
             pass
 
 
-def fork_bash(cfg: dict) -> tuple[int, int] | None:
-    """(pid, pty master fd) of a bash on a new pty, or None if it could not start."""
-    try:
-        pid, fd = os.forkpty()
-    except OSError:
-        return None
+def spawn_bash(cwd: str, env: dict, rlimits: dict) -> tuple[int, int]:
+    """(pid, pty master fd) of a new interactive bash on its own pty and session.
+
+    What ``ptyprocess.PtyProcess.spawn(..., echo=False)`` does, with builtin
+    modules only: `os.forkpty` (new session, the pty as controlling terminal
+    and stdio), echo off, the window size, the limits, then exec.
+    """
+    pid, fd = os.forkpty()
     if pid == 0:  # child
         try:
             import fcntl
@@ -46,9 +50,17 @@ def fork_bash(cfg: dict) -> tuple[int, int] | None:
             attrs[3] &= ~termios.ECHO
             termios.tcsetattr(0, termios.TCSANOW, attrs)
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
-            apply_limits(cfg.get("rlimits") or {})
-            os.chdir(cfg["workspace"])
-            os.execve(BASH_ARGV[0], BASH_ARGV, cfg.get("env") or {})
+            apply_limits(rlimits)
+            os.chdir(cwd)
+            os.execve(BASH_ARGV[0], BASH_ARGV, env)
         finally:
             os._exit(127)
     return pid, fd
+
+
+def fork_bash(cfg: dict) -> tuple[int, int] | None:
+    """The default session's bash, started by the launcher; None if it could not start."""
+    try:
+        return spawn_bash(cfg["workspace"], cfg.get("env") or {}, cfg.get("rlimits") or {})
+    except OSError:
+        return None

@@ -3,7 +3,7 @@
 Where it sits: every runtime (`bwrap.py`, `apptainer.py`, `process.py`)
 starts this as the sandbox's first process with `launch_command()`'s command
 line; the node side talks to it through `rolloutd.sandbox.client.ExecClient`.
-It imports only the standard library and ptyprocess (jupyter_client lazily),
+It imports only the standard library (jupyter_client on the first IPython cell),
 and runs with ``python -S`` from a bare ``server`` package on ``sys.path``:
 importing asyncio or pydantic would cost more than the whole 50 ms start
 budget. Concurrency is therefore plain threads: one per connection, one per
@@ -39,7 +39,6 @@ import time
 from .bash import BashSession, SessionDead
 from .early import apply_limits
 from .files import FileOpError, edit_file, list_dir, read_file, write_file
-from .kernel import IPythonKernel
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEFAULT_MAX_OUTPUT = 16384
@@ -59,9 +58,17 @@ class Server:
         self.started = time.monotonic()
         self.sessions: dict[str, BashSession] = {}
         self.sessions_lock = threading.Lock()
-        self.kernel = IPythonKernel(self.workspace, self.env, self.runtime_dir, self._preexec)
+        self._kernel = None  # server.kernel is imported on the first cell (it pulls in queue, re)
         self.stopping = False
         self.exiting = False
+
+    @property
+    def kernel(self):
+        if self._kernel is None:
+            from .kernel import IPythonKernel
+
+            self._kernel = IPythonKernel(self.workspace, self.env, self.runtime_dir, self._preexec)
+        return self._kernel
 
     def _preexec(self) -> None:
         """Runs in each child (bash, kernel) before exec: the spec's rlimits, SIGPIPE default."""
@@ -80,7 +87,7 @@ class Server:
                 del self.sessions[name]
             if s is None and create:
                 try:
-                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self._preexec, adopt)
+                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self.cfg.get("rlimits") or {}, adopt)
                 except (OSError, SessionDead) as e:
                     raise ExecError(f"cannot start bash session {name!r}: {e}") from None
                 self.sessions[name] = s
@@ -147,7 +154,8 @@ class Server:
             raise ExecError(f"the IPython kernel did not start: {e}") from None
 
     def op_ipython_interrupt(self) -> dict:
-        self.kernel.interrupt()
+        if self._kernel is not None:
+            self._kernel.interrupt()
         return {}
 
     # -- files -------------------------------------------------------------
@@ -173,7 +181,7 @@ class Server:
             "pid": os.getpid(),
             "uptime": time.monotonic() - self.started,
             "sessions": sessions,
-            "kernel": self.kernel.running,
+            "kernel": self._kernel is not None and self._kernel.running,
         }
 
     def op_shutdown(self) -> dict:
@@ -183,7 +191,7 @@ class Server:
     def known_children(self) -> set[int]:
         with self.sessions_lock:
             pids = {s.pid for s in self.sessions.values()}
-        km = self.kernel.km
+        km = self._kernel.km if self._kernel is not None else None
         if km is not None and getattr(km, "provisioner", None) is not None:
             pid = getattr(km.provisioner, "pid", None)
             if pid:
@@ -192,7 +200,7 @@ class Server:
 
     def reap_orphans(self) -> None:
         """As the pid namespace's init, reap orphaned zombies (not our own
-        children: ptyprocess and jupyter_client wait for those themselves)."""
+        children: the sessions and jupyter_client wait for those themselves)."""
         while not self.exiting:
             time.sleep(0.5)
             mine = self.known_children()
@@ -218,7 +226,8 @@ class Server:
             self.sessions.clear()
         for s in sessions:
             s.kill()
-        self.kernel.shutdown()
+        if self._kernel is not None:
+            self._kernel.shutdown()
 
     # -- transport ---------------------------------------------------------
 
