@@ -61,6 +61,14 @@ async def parse_document(request: Request) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequest(f"request body is not UTF-8 text: {e}") from None
+    if ctype == "application/json" or text.lstrip()[:1] in ("{", "["):
+        try:  # JSON bodies (every machine client) take the fast parser; YAML is for people
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        if not isinstance(doc, dict):
+            raise BadRequest(f"expected a RolloutJob object, got {type(doc).__name__}")
+        return doc
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:

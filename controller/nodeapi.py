@@ -127,7 +127,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
     async def add_backend(name: str, request: Request):
         doc = await _body(request, BackendSpec)
         url = validate_backend_url(doc.url)
-        job = store.get(name)
+        job = store.get(name).model_copy(deep=True)
         if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
             await asyncio.to_thread(store.apply, job)
@@ -137,7 +137,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
     @r.delete(f"{J}/{{name}}/backends")
     async def remove_backend(name: str, url: str):
         url = validate_backend_url(url)
-        job = store.get(name)
+        job = store.get(name).model_copy(deep=True)
         kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
         if len(kept) == len(job.spec.llm.backends):
             raise NotFound(f"backend {url} is not in rolloutjob {name}")

@@ -137,6 +137,9 @@ class Scheduler:
         self._wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self._traj_wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self._jobs: dict[str, _JobCache] = {}
+        self._expansions: dict[str, ExpansionRow] = {}
+        self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
+        self._http: httpx.AsyncClient | None = None
         self._stopped = False
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
@@ -163,12 +166,17 @@ class Scheduler:
     def expand(self, job: RolloutJob) -> ExpansionRow:
         """Load the dataset once and create prompt × samples items (idempotent, restart-safe)."""
         name = job.metadata.name
+        cached = self._expansions.get(name)
+        if cached is not None and cached.uid == job.metadata.uid:
+            return cached
         with Session(self.engine, expire_on_commit=False) as s:
             row = s.get(ExpansionRow, name)
             if row is not None and row.uid == job.metadata.uid:
+                self._expansions[name] = row
                 return row
             if row is not None:  # a job re-created under the same name: start clean
                 self._purge(s, name)
+                self._expansions.pop(name, None)
             try:
                 from rolloutd.agents.tasks import get_handler
 
@@ -187,6 +195,7 @@ class Scheduler:
             s.add(row)
             s.commit()
             s.refresh(row)
+        self._expansions[name] = row
         self._wake[name].set()
         return row
 
@@ -237,6 +246,7 @@ class Scheduler:
         self._wake[name].set()
 
     def purge(self, name: str) -> None:
+        self._expansions.pop(name, None)
         with Session(self.engine, expire_on_commit=False) as s:
             self._purge(s, name)
             s.commit()
@@ -255,6 +265,7 @@ class Scheduler:
         with Session(self.engine, expire_on_commit=False) as s:
             s.add(node)
             s.commit()
+        self._seen[node.id] = now
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
@@ -264,8 +275,7 @@ class Scheduler:
         node = s.get(NodeRow, node_id)
         if node is None or node.state == "gone":
             raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
-        node.last_seen = self.clock()
-        s.add(node)
+        self._seen[node_id] = self.clock()  # liveness is kept in memory: no write per call
         return node
 
     def _release_backend(self, item: ItemRow) -> None:
@@ -401,8 +411,10 @@ class Scheduler:
             except NotFound:
                 s.commit()
                 return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
+            ids = [r.attempt_id for r in batch.results]
+            items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
             for res in batch.results:
-                item = s.exec(select(ItemRow).where(ItemRow.attempt_id == res.attempt_id)).first()
+                item = items.get(res.attempt_id)
                 if item is None or item.state != "leased" or item.node_id != node.id:
                     why = "stale attempt: the lease expired or the item was re-leased"
                     if item is not None and item.state == "cancelled":
@@ -491,8 +503,9 @@ class Scheduler:
             # nodes silent for longer than a lease are gone
             for node in s.exec(select(NodeRow).where(NodeRow.state != "gone")):
                 cache = self._jobs.get(node.job)
-                if now - node.last_seen > (cache.lease_seconds if cache else 30.0):
-                    node.state = "gone"
+                seen = self._seen.setdefault(node.id, now)
+                if now - seen > (cache.lease_seconds if cache else 30.0):
+                    node.state, node.last_seen = "gone", seen
                     s.add(node)
             s.commit()
         if n:
@@ -514,12 +527,14 @@ class Scheduler:
             except httpx.HTTPError as e:
                 return url, False, f"{type(e).__name__}: {e}"
 
-        async with httpx.AsyncClient() as client:
-            for url, ok, why in await asyncio.gather(*(probe(client, u) for u in urls)):
-                if self.pool.set_health(url, ok, why):
-                    log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
-                    for job in list(self._jobs):
-                        self._wake[job].set()
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        client = self._http
+        for url, ok, why in await asyncio.gather(*(probe(client, u) for u in urls)):
+            if self.pool.set_health(url, ok, why):
+                log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
+                for job in list(self._jobs):
+                    self._wake[job].set()
 
     async def run(self) -> None:
         last_health = 0.0

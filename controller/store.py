@@ -167,6 +167,8 @@ class Store:
             cur.close()
 
         self._lock = threading.RLock()
+        self._cache: dict[str, RolloutJob] = {}
+        self._epoch = 0  # bumped by every write; a read that straddles a write is not cached
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._migrate()
 
@@ -210,11 +212,21 @@ class Store:
     # ------------------------------------------------------------ reads
 
     def get(self, name: str) -> RolloutJob:
+        """The job, parsed. Shared and cached until the next write: treat it as read-only
+        (`model_copy(deep=True)` before changing it). The store is the database's only writer."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        epoch = self._epoch
         with Session(self.engine) as s:
             row = s.get(JobRow, name)
             if row is None:
                 raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            return _to_resource(row)
+            job = _to_resource(row)
+        with self._lock:
+            if epoch == self._epoch:  # no write happened while we read: safe to cache
+                self._cache[name] = job
+        return job
 
     def get_wire(self, name: str) -> dict[str, Any]:
         with Session(self.engine) as s:
@@ -258,6 +270,8 @@ class Store:
 
     def _record(self, s: Session, row: JobRow, type_: str) -> dict[str, Any]:
         """Append the change-log row, stamp its id as the resource's new resourceVersion."""
+        self._epoch += 1
+        self._cache.pop(row.name, None)
         change = ChangeRow(type=type_, name=row.name, object="{}")
         s.add(change)
         s.flush()
@@ -328,6 +342,9 @@ class Store:
                 wire = self._record(s, row, "MODIFIED")
                 s.commit()
                 outcome = "configured"
+        with self._lock:
+            self._epoch += 1
+            self._cache.pop(name, None)
         self._notify()
         return wire, outcome
 
@@ -351,6 +368,9 @@ class Store:
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             s.commit()
+        with self._lock:
+            self._epoch += 1
+            self._cache.pop(name, None)
         self._notify()
         return wire
 
@@ -370,6 +390,9 @@ class Store:
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             s.commit()
+        with self._lock:
+            self._epoch += 1
+            self._cache.pop(name, None)
         self._notify()
         return wire
 
@@ -383,6 +406,9 @@ class Store:
             for ev in s.exec(select(EventRow).where(EventRow.name == name)).all():
                 s.delete(ev)
             s.commit()
+        with self._lock:
+            self._epoch += 1
+            self._cache.pop(name, None)
         self._notify()
 
     def add_event(self, name: str, reason: str, message: str, type_: str = "Normal") -> None:

@@ -1,0 +1,61 @@
+"""An instant LLM backend for overhead benchmarks: speaks the slice of vLLM's OpenAI-compatible
+API the node daemons use (/health, /v1/models, /v1/completions with token ids) and answers
+every request at once with the same short reply. Only for measuring *our* overhead
+(bench_pipeline.py) — never a stand-in for the engine in a test of behaviour.
+
+    python -m bench.stub_backend --port 8100 --tokenizer DIR
+"""
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+from fastapi import FastAPI, Request
+
+
+def create_app(reply_ids: list[int]) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "stub", "object": "model", "max_model_len": 4096}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        n = min(len(reply_ids), int(body.get("max_tokens") or 16))
+        ids = reply_ids[:n]
+        return {
+            "id": "cmpl-stub", "object": "text_completion", "model": "stub",
+            "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
+                         "token_ids": ids, "prompt_token_ids": body["prompt"],
+                         "logprobs": {"token_logprobs": [-0.1] * n, "tokens": [f"token_id:{i}" for i in ids],
+                                      "top_logprobs": None, "text_offset": [0] * n}}],
+            "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": 0},
+        }
+
+    return app
+
+
+def reply_for(tokenizer_dir: str, text: str = "The answer is \\boxed{2}.") -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--tokenizer", required=True)
+    args = ap.parse_args()
+    uvicorn.run(create_app(reply_for(args.tokenizer)), host="127.0.0.1", port=args.port, log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    main()
