@@ -22,7 +22,9 @@ end a line is fine: the marker is searched anywhere in the byte stream.
 Timeouts escalate, each step followed by a short grace wait for the prompt:
 Ctrl-C → SIGKILL of the terminal's foreground process group → SIGKILL of every
 process in the session but bash → the session itself is killed (the next
-command starts a fresh one). The session stays usable in all but the last case.
+command starts a fresh one). The session stays usable in all but the last case;
+once its prompt is back, whatever the timed-out command left running in the
+background (processes of the session started since it began) is killed too.
 
 Output policy (documented in the README): at most ``max_output`` bytes are
 kept — the first half and the last half of the stream — with a marker line
@@ -141,8 +143,27 @@ class Capture:
         return clean_output(bytes(self.head)) + note + clean_output(kept_tail), True
 
 
-def _session_members(sid: int) -> list[int]:
-    """Pids whose session id is `sid` (the processes a bash session started)."""
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def boot_ticks() -> int:
+    """Now, in the unit of a process's start time in /proc/PID/stat."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK)
+
+
+def last_pid() -> int:
+    """The last pid allocated in this pid namespace (pids only grow until they wrap)."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def _session_members(sid: int, since: tuple[int, int] | None = None) -> list[int]:
+    """Pids whose session id is `sid` (the processes a bash session started);
+    with `since` = (last pid, boot tick) taken at some moment, only the
+    processes started after it (a larger pid, not started before that tick)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -153,8 +174,9 @@ def _session_members(sid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            pids.append(int(entry))
+        if len(fields) > 19 and int(fields[3]) == sid:
+            if since is None or (int(entry) > since[0] and int(fields[19]) >= since[1]):
+                pids.append(int(entry))
     return pids
 
 
@@ -328,6 +350,7 @@ class BashSession:
         with self._cond:
             self._capture = cap
         start = time.monotonic()
+        self._started_at = (last_pid(), boot_ticks())
         self._write(f" __rd_t={tag}; {line}\n".encode())
         return cap, start
 
@@ -340,6 +363,8 @@ class BashSession:
             if not self._wait(cap, timeout) and not self.dead:
                 timed_out = True
                 ended = not self._escalate(cap)
+                if not ended:
+                    self._kill_leftovers_of_command()
             duration = time.monotonic() - start
             with self._cond:
                 self._capture = None
@@ -404,6 +429,21 @@ class BashSession:
                 self.exit_status = code if code >= 0 else 128 - code
             except ChildProcessError:
                 self.exit_status = -1
+
+    def _kill_leftovers_of_command(self) -> None:
+        """After a timed-out command: kill what it started in the background too
+        (every process of the session started since the command began; e.g. a
+        fork bomb's `&` jobs, which would otherwise hold the process limit).
+        Processes from earlier commands are left alone."""
+        for _ in range(50):
+            members = [p for p in _session_members(self.pid, self._started_at) if p != self.pid]
+            if not members:
+                return
+            for pid in members:
+                try:
+                    os.kill(pid, SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _wait(self, cap: Capture, timeout: float) -> bool:
         with self._cond:

@@ -21,8 +21,9 @@ is answered while the ``bash`` it feeds is still running). Operations:
 ``list_dir``, ``health``, ``shutdown``.
 
 Start-up: it binds the socket (mode 0600, in the 0700 control directory bound
-into the sandbox), starts the default bash session in the background and
-writes ``READY <pid>`` on stdout, which is what the node side waits for.
+into the sandbox), adopts the default bash session (forked by the launcher,
+see `early.py`) and writes ``READY <pid>`` on stdout, which is what the node
+side waits for. It accepts exactly one connection, then removes the socket.
 It exits when its client disconnects, on ``shutdown``, or at ``wall_seconds``;
 it then kills every process it started, by process session.
 """
@@ -326,9 +327,13 @@ def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
         timer.daemon = True
         timer.start()
     os.write(1, f"READY {os.getpid()}\n".encode())
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=server.serve_connection, args=(conn,), daemon=True).start()
+    # exactly one client, the node that started us (it connects before any user
+    # code runs): then the socket is gone, so code inside the sandbox can neither
+    # drive the server nor end the sandbox by connecting and hanging up
+    conn, _ = listener.accept()
+    listener.close()
+    os.unlink(sock_path)
+    server.serve_connection(conn)
 
 
 if __name__ == "__main__":  # pragma: no cover - started through launch_command

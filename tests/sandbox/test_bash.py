@@ -130,3 +130,12 @@ def test_exit_ends_session_and_next_command_gets_a_new_one(sandbox, run):
     assert r.exit_code == 3 and r.session_ended
     assert r.output.startswith("bye\n")
     assert run(sandbox.bash("pwd", session="ephemeral")).output == "/workspace\n"
+
+
+def test_timeout_kills_what_the_command_left_in_the_background_only(sandbox, run):
+    run(sandbox.bash("sleep 600 & echo $! > /tmp/earlier.pid", session="bg"))
+    r = run(sandbox.bash("sleep 700 & echo $! > /tmp/mine.pid; sleep 100", session="bg", timeout=0.5))
+    assert r.timed_out and not r.session_ended
+    alive = run(sandbox.bash("kill -0 $(cat /tmp/earlier.pid) && echo earlier-alive; kill -0 $(cat /tmp/mine.pid) 2>/dev/null || echo mine-gone", session="bg"))
+    assert alive.output.startswith("earlier-alive\nmine-gone\n")  # then bash's job notice
+    run(sandbox.close_session("bg"))

@@ -180,17 +180,38 @@ def test_close_kills_everything_and_removes_dirs(make_sandbox, run):
         run(sb.bash("true"))
 
 
-def test_socket_is_private(make_sandbox, run):
+def test_control_socket_is_private_and_single_use(make_sandbox, run):
     sb = make_sandbox()
-    sock = sb.root / "ctl" / "exec.sock"
-    assert (sock.stat().st_mode & 0o777) == 0o600
     assert (sb.root.stat().st_mode & 0o777) == 0o700
     assert ((sb.root / "ctl").stat().st_mode & 0o777) == 0o700
+    # the node is the only client ever: code inside cannot reach the server
+    # (the server unlinks the socket before it serves its first request)
+    run(sb.health())
+    assert not (sb.root / "ctl" / "exec.sock").exists()
+    assert run(sb.bash("ls -A /.rolloutd; test -S /.rolloutd/exec.sock")).exit_code == 1
+    assert run(sb.bash("echo ok")).output == "ok\n"
 
 
-def test_extra_binds_are_read_only(make_sandbox, run, tmp_path):
-    (tmp_path / "data.txt").write_text("payload\n")
-    sb = make_sandbox(binds=[f"{tmp_path}:/data"])
-    assert run(sb.bash("cat /data/data.txt")).output == "payload\n"
-    assert run(sb.bash("echo x > /data/new")).exit_code != 0
-    assert not (tmp_path / "new").exists()
+def test_socket_is_created_0600(tmp_path):
+    """Before its one client connects, the server's socket is 0600 in a 0700 directory."""
+    import subprocess
+    import sys
+
+    from rolloutd.sandbox.base import server_argv
+
+    ctl = tmp_path / "ctl"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cfg = {"socket": str(ctl / "exec.sock"), "workspace": str(ws), "ctl_dir": str(ctl), "env": {"PATH": "/usr/bin:/bin"}}
+    proc = subprocess.Popen(server_argv(sys.executable, cfg), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout.readline().startswith(b"READY")
+        assert ((ctl / "exec.sock").stat().st_mode & 0o777) == 0o600
+        assert (ctl.stat().st_mode & 0o777) == 0o700
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(str(ctl / "exec.sock"))
+        client.close()  # the client hangs up: the server exits and ends its sessions
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
