@@ -177,6 +177,7 @@ class Rollout:
     llm: TrackedLLM | None = None
     silent: bool = False          # cancelled / unknown / returned: report nothing
     reported: bool = False        # its result is in the outbox (the rollout is only closing up)
+    closing: bool = False         # in its final clean-up (sandboxes being closed)
     ran: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     waits: dict[str, float] = field(default_factory=dict)
@@ -304,9 +305,10 @@ class NodeDaemon:
             else:
                 self.log.info("%s and nothing in flight: exiting", reason)
             await self._flush_results()
+            if self._left_run and not self._fatal:
+                await self._beat()    # the last attempts that left RUN: their backend slots
             for task in self._loops:  # no heartbeat after deregistering
-                task.cancel()
-            await asyncio.wait(self._loops, timeout=10)
+                await _insist_cancel(task, timeout=10)
             await self._deregister()
             return code
         finally:
@@ -519,6 +521,7 @@ class NodeDaemon:
             if not r.silent:
                 self._submit(r, self._infra(r, None, f"node: internal error: {type(e).__name__}: {e}"))
         finally:
+            r.closing = True
             try:
                 await self._close(r)
             finally:  # even when cancelled again while closing
@@ -594,7 +597,7 @@ class NodeDaemon:
 
         # ---- EVAL: score (agent failures too: a legitimate reward)
         if self._eval_takes_sandbox and not self._eval_pool.locked():
-            r.eval_sandbox = asyncio.create_task(self._runtime.create(self._sandbox_spec))
+            r.eval_sandbox = self._start_sandbox()
         t_wait = time.monotonic()
         reward: Any = None
         async with self._eval_pool:
@@ -607,7 +610,7 @@ class NodeDaemon:
                     pre = r.eval_sandbox
 
                     async def fresh() -> Any:
-                        return await pre
+                        return await asyncio.shield(pre)  # closed in _close if EVAL is cut short
 
                     kwargs["sandbox_factory"] = fresh
                 async with asyncio.timeout(timeouts.eval_seconds):
@@ -633,8 +636,21 @@ class NodeDaemon:
 
     async def _init(self, r: Rollout) -> None:
         if self._needs_sandbox:
-            r.sandbox = await self._runtime.create(self._sandbox_spec)
+            r.sandbox = await self._create_sandbox()
         await self._handler.init(r.lease.task, r.sandbox)
+
+    def _start_sandbox(self) -> asyncio.Task:
+        return self._spawn(self._runtime.create(self._sandbox_spec))
+
+    async def _create_sandbox(self) -> Any:
+        """A new sandbox. Its start-up is never cancelled half-way (rolloutd.sandbox would leave its
+        directory behind): if we are cancelled meanwhile, it is closed as soon as it is up."""
+        task = self._start_sandbox()
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._spawn(_close_pending(task))
+            raise
 
     def _task_id(self, task: dict) -> str | None:
         try:
@@ -704,6 +720,10 @@ class NodeDaemon:
         request_ids = sorted(r.llm.in_flight) if r.llm is not None else []
         if r.task is not None:
             r.task.cancel()
+            # code below us may swallow a cancel (3.11's asyncio.wait_for does when the awaited
+            # reply lands at the same moment): insist until the rollout reaches its clean-up
+            # (every 2 s: longer than a sandbox close a handler may be doing in its own finally)
+            self._spawn(_insist_cancel(r.task, lambda: not r.closing, interval=2.0))
         for rid in request_ids:
             self._spawn(self._abort(r.llm, rid))
         self._changed(stage=True)
@@ -972,6 +992,18 @@ class _Infra(Exception):
     """An infrastructure problem found by the node itself (reported as `infra`)."""
 
 
+async def _insist_cancel(task: asyncio.Task, still: Callable[[], bool] = lambda: True, *,
+                         interval: float = 0.2, timeout: float | None = None) -> None:
+    """Cancel `task` again every `interval` s while `still()` holds, until it is done."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not task.done():
+        if still():
+            task.cancel()
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        await asyncio.wait([task], timeout=interval)
+
+
 async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
     """Wait for `event` at most `timeout` s. (Not `asyncio.wait_for`: on 3.11 it can swallow a
     cancellation that arrives as the event fires, and the loop calling it would never stop.)"""
@@ -984,12 +1016,14 @@ async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
 
 
 async def _close_pending(task: asyncio.Task) -> None:
-    """Close a sandbox that is being (or was) created in the background."""
-    if not task.done():
-        task.cancel()
+    """Close a sandbox that is being (or was) created in the background, once it is up."""
     try:
-        sandbox = await task
-    except BaseException:  # noqa: BLE001 - creation failed or was cancelled: nothing to close
+        sandbox = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():  # we were cancelled, not the creation: let it finish elsewhere
+            asyncio.get_running_loop().create_task(_close_pending(task))
+        raise
+    except Exception:  # noqa: BLE001 - creation failed: nothing to close
         return
     await sandbox.close()
 

@@ -8,7 +8,8 @@ so a sandbox not handed from stage to stage fails the rollout. Row keys:
   - run_file: RUN waits until this file exists (drives a daemon in a subprocess);
   - init_fail, eval_error ("EvalError" | "crash" | "sandbox"), eval_gate (an asyncio.Event name),
     init_gate / run_gate (asyncio.Event names), agent_fail, reward, pad (bytes of padding).
-It records per task id the sandbox ids seen by each stage and (monotonic) EVAL intervals.
+It records per task id the sandbox ids seen by each stage, per rollout the sandbox each stage
+used (`chains`, proven by a token INIT leaves in the sandbox), and (monotonic) EVAL intervals.
 Used in-process (`NodeDaemon(handler=ScriptedTask())`) and in a `rolloutd node` subprocess through
 a test-time entry point (`scripted = scripted_tasks:ScriptedTask`).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from typing import Any, ClassVar
 
 from rolloutd.agents.llm import Generation
@@ -33,6 +35,8 @@ class ScriptedTask(TaskHandler):
     def __init__(self) -> None:
         self.gates: dict[str, asyncio.Event] = {}
         self.sandbox_ids: dict[str, dict[str, str | None]] = {}
+        self.init_tokens: dict[str, str] = {}              # INIT's token → its sandbox id
+        self.chains: dict[str, dict[str, str | None]] = {}  # rollout (prompt-sample-attempt) → stage → sandbox
         self.sandboxes: dict[str, Any] = {}
         self.evals: dict[str, list[float]] = {}
         self.ran: list[str] = []
@@ -54,12 +58,18 @@ class ScriptedTask(TaskHandler):
         if task.get("init_fail"):
             raise RuntimeError("task files could not be staged")
         await sandbox.write_file("task.txt", str(task["id"]))
+        token = uuid.uuid4().hex
+        self.init_tokens[token] = sandbox.id
+        await sandbox.write_file("init.txt", token)
 
     async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
         self._seen(task, "run", sandbox)
         self.ran.append(str(task["id"]))
-        out = await sandbox.bash("cat task.txt && echo ran > ran.txt", timeout=10)
+        key = f"{ctx.prompt}-{ctx.sample}-{ctx.attempt}"
+        out = await sandbox.bash(f"cat task.txt && echo {key} > ran.txt", timeout=10)
         assert out.output.strip() == str(task["id"]), out
+        token = (await sandbox.read_file("init.txt")).strip()
+        self.chains[key] = {"init": self.init_tokens.get(token), "run": sandbox.id}
         if task.get("mode") == "loop":
             return await super().run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         if task.get("llm"):
@@ -76,7 +86,7 @@ class ScriptedTask(TaskHandler):
             messages=[{"role": "assistant", "content": "42" + "x" * int(task.get("pad", 0))}],
             failure=failure, finish_reason="stop",
             node=ctx.node, backend=ctx.backend, attempt=ctx.attempt, policy_version=ctx.policy_version,
-            reward_details={"submitted": None if task.get("agent_fail") else "42"},
+            reward_details={"submitted": None if task.get("agent_fail") else "42", "key": key},
         )
 
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
@@ -92,9 +102,13 @@ class ScriptedTask(TaskHandler):
                 raise ZeroDivisionError("evaluator bug")
             if error == "sandbox":
                 raise SandboxDied("the sandbox died during EVAL")
-            ran = await sandbox.read_file("ran.txt")
-            if ran.strip() != "ran":
-                raise EvalError(f"RUN's file is missing from the sandbox: {ran!r}")
+            ran = (await sandbox.read_file("ran.txt")).strip()
+            key = trajectory.reward_details.get("key")
+            if key is None:  # the real agent loop's trajectory: find the rollout by its sandbox
+                key = next(k for k, c in self.chains.items() if c["run"] == sandbox.id)
+            if ran != key:
+                raise EvalError(f"EVAL got another rollout's sandbox: ran.txt says {ran!r}, expected {key!r}")
+            self.chains[key]["eval"] = sandbox.id
             if trajectory.failure.kind == FailureKind.agent:
                 return Reward(value=0.0, details={"reason": "no answer"})
             return Reward(value=float(task.get("reward", 1.0)), details={"checked": True})
@@ -134,3 +148,25 @@ class BlockingLLM:
 
     async def abort(self, request_id):
         self.aborted.append(request_id)
+
+
+class FreshEvalTask(ScriptedTask):
+    """Like the swe kind: EVAL takes `sandbox_factory` and scores in a FRESH sandbox (which it
+    closes); rows with `skip_fresh` never ask for it (the daemon must close the pre-started one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh: dict[str, dict] = {}
+
+    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory, *, sandbox_factory=None) -> Reward:
+        tid = str(task["id"])
+        self.fresh[tid] = {"factory": sandbox_factory is not None}
+        if task.get("skip_fresh") or sandbox_factory is None:
+            return Reward(value=0.5)
+        fresh = await sandbox_factory()
+        try:
+            clean = await fresh.bash("test -e ran.txt && echo dirty || echo clean", timeout=10)
+            self.fresh[tid].update(id=fresh.id, root=fresh.root, clean=clean.output.strip())
+            return Reward(value=1.0)
+        finally:
+            await fresh.close()

@@ -14,7 +14,7 @@ from fake_controller import FakeController
 from node_helpers import make_spec, options, sandbox_pids, until
 from rolloutd.agents.node import NodeDaemon
 from rolloutd.crds.trajectory import Trajectory
-from scripted_tasks import BlockingLLM, ReplyLLM, ScriptedTask
+from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
 
 
 def daemon(fake: FakeController, handler: ScriptedTask, llm=None, tokenizer=None, **opts) -> NodeDaemon:
@@ -86,8 +86,9 @@ def test_every_lease_reported_once_with_attempt_timings_and_node(controller, san
         assert t.prompt_length > 0 and sum(t.loss_mask) == len(t.token_ids) - t.prompt_length
         assert t.metrics["turns"] == 1
     # the sandbox made in INIT is the one RUN and EVAL used; every sandbox is gone
-    for seen in handler.sandbox_ids.values():
-        assert seen["init"] and seen["init"] == seen["run"] == seen["eval"]
+    assert len(handler.chains) == 6
+    for chain in handler.chains.values():
+        assert chain["init"] and chain["init"] == chain["run"] == chain["eval"]
     assert list(sandbox_dir.iterdir()) == []
     # the seeds and limits of the spec reached the loop
     assert len(llm.request_ids) == 6 and not llm.aborted
@@ -177,6 +178,20 @@ def test_init_failure_is_infra_never_a_reward(controller, sandbox_dir):
         assert "INIT" in t.failure.reason and "/nonexistent/rootfs" in t.failure.reason
         assert t.node == "node-a" and t.attempt == 1 and t.timings.run == 0
     assert handler.ran == []
+    assert list(sandbox_dir.iterdir()) == []
+
+
+def test_init_timeout_during_sandbox_start_leaves_nothing_behind(controller, sandbox_dir):
+    """INIT's deadline expires while the sandbox is still starting: infra, and the sandbox is
+    closed once it is up (a start-up cut half-way would leave its directory behind)."""
+    fake = controller(make_spec(timeouts={"initSeconds": 0.001}))
+    fake.add({"id": "a"}, {"id": "b"}, {"id": "c"})
+    code = asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 60))
+    assert code == 0 and len(fake.accepted) == 3
+    for wire in fake.accepted.values():
+        t = Trajectory.model_validate(wire)
+        assert t.failure.kind.value == "infra" and t.reward is None
+        assert t.failure.reason == "INIT exceeded 0.001s"
     assert list(sandbox_dir.iterdir()) == []
 
 
@@ -295,6 +310,22 @@ def test_result_batches_are_capped_by_bytes(controller):
     assert [aid for aid, _ in d._next_batch()] == ["a0", "a1", "a2"]          # bytes cap (3 × 301)
     d._outbox = {"big": out(5000, b"y"), "z": out(1)}
     assert [aid for aid, _ in d._next_batch()] == ["big"]                     # alone, even if over
+
+
+def test_fresh_eval_sandbox_started_as_run_ends(controller, sandbox_dir):
+    """A handler whose EVAL takes `sandbox_factory` (swe) gets a fresh sandbox, created when RUN
+    ends; one EVAL did not use is closed by the daemon."""
+    fake = controller(make_spec(workers=(2, 2, 2)))
+    fake.add({"id": "uses"}, {"id": "skips", "skip_fresh": True})
+    handler = FreshEvalTask()
+
+    code = asyncio.run(asyncio.wait_for(daemon(fake, handler).run(), 60))
+    assert code == 0 and len(fake.accepted) == 2
+    uses = handler.fresh["uses"]
+    assert uses["factory"] and uses["clean"] == "clean"              # not the RUN sandbox
+    assert uses["id"] != handler.sandbox_ids["uses"]["run"]
+    assert handler.fresh["skips"]["factory"]
+    assert list(sandbox_dir.iterdir()) == []                          # both fresh ones closed too
 
 
 # ------------------------------------------------------------------------------------- control
