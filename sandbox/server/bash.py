@@ -200,6 +200,7 @@ class BashSession:
         self._lock = threading.Lock()  # serialises commands
         self._cond = threading.Condition()  # guards _capture / dead
         self._capture: Capture | None = None
+        self._start_waiters = 0  # interrupts waiting for the command to start
         self.dead = False
         if adopt is None:
             adopt = spawn_bash(cwd, env, rlimits)
@@ -247,7 +248,11 @@ class BashSession:
         with self._cond:
             cap = self._capture
             if cap is not None:
-                self._cond.wait_for(lambda: cap.started or cap.done or self.dead, GRACE)
+                self._start_waiters += 1
+                try:
+                    self._cond.wait_for(lambda: cap.started or cap.done or self.dead, GRACE)
+                finally:
+                    self._start_waiters -= 1
         if self.dead:
             return
         if cap is not None:
@@ -482,7 +487,9 @@ class BashSession:
                 if cap is not None and not cap.done:
                     was_started = cap.started
                     cap.feed(data)
-                    if cap.done or cap.started != was_started:
+                    # wake the waiting request only for what it waits for: the
+                    # end, or the start when an interrupt is waiting for it
+                    if cap.done or (self._start_waiters and cap.started != was_started):
                         self._cond.notify_all()
         # EOF: bash exited (or was killed)
         self._reap()

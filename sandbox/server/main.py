@@ -36,6 +36,7 @@ import socket
 import sys
 import threading
 import time
+from _queue import SimpleQueue
 
 from .bash import BashSession, SessionDead
 from .early import apply_limits
@@ -47,6 +48,36 @@ DEFAULT_MAX_OUTPUT = 16384
 
 class ExecError(Exception):
     """Returned to the client as an ExecError: the request, not the sandbox, failed."""
+
+
+class Workers:
+    """Threads for long requests, reused: `Thread.start()` waits for the new
+    thread to run (two context switches per request on a busy node); a parked
+    worker takes a job with one."""
+
+    def __init__(self) -> None:
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn, *args) -> None:
+        with self.lock:
+            spawn = self.idle == 0
+            if not spawn:
+                self.idle -= 1
+        self.jobs.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args = self.jobs.get()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - reply() reports its own errors
+                pass
+            with self.lock:
+                self.idle += 1
 
 
 class Server:
@@ -62,6 +93,7 @@ class Server:
         self._kernel = None  # server.kernel is imported on the first cell (it pulls in queue, re)
         self.stopping = False
         self.exiting = False
+        self.workers = Workers()
 
     @property
     def kernel(self):
@@ -275,7 +307,7 @@ class Server:
                 if req.get("op") == "bash":
                     self.begin_bash(req)
                 if req.get("op") in self.LONG_OPS:
-                    threading.Thread(target=reply, args=(req,), daemon=True).start()
+                    self.workers.submit(reply, req)
                 else:
                     reply(req)
         # the node side hung up: nobody can reach this sandbox any more
