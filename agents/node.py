@@ -181,6 +181,7 @@ class Rollout:
     ran: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     waits: dict[str, float] = field(default_factory=dict)
+    stamps: dict[str, float] = field(default_factory=dict)   # epoch seconds each stage began
 
     @property
     def aid(self) -> str:
@@ -538,6 +539,7 @@ class NodeDaemon:
         failure: str | None = None
         async with self._init_pool:
             self._set_phase(r, "init")
+            r.stamps["init"] = time.time()
             t0 = time.monotonic()
             r.waits["init"] = t0 - r.leased_at
             try:
@@ -560,6 +562,7 @@ class NodeDaemon:
         trajectory: Trajectory | None = None
         async with self._run_pool:
             self._set_phase(r, "run")
+            r.stamps["run"] = time.time()
             r.ran = True
             t0 = time.monotonic()
             r.waits["run"] = t0 - t_wait
@@ -602,6 +605,7 @@ class NodeDaemon:
         reward: Any = None
         async with self._eval_pool:
             self._set_phase(r, "eval")
+            r.stamps["eval"] = time.time()
             t0 = time.monotonic()
             r.waits["eval"] = t0 - t_wait
             try:
@@ -666,7 +670,8 @@ class NodeDaemon:
         if t.task_id is None:
             t.task_id = self._task_id(lease.task)
         t.timings = Timings(queue=lease.queued_seconds, init=r.timings.get("init", 0.0),
-                            run=r.timings.get("run", 0.0), eval=r.timings.get("eval", 0.0))
+                            run=r.timings.get("run", 0.0), eval=r.timings.get("eval", 0.0),
+                            stamps={**r.stamps, "end": time.time()})
         t.metrics = {**t.metrics, **{f"node_wait_{k}_seconds": round(v, 6) for k, v in r.waits.items()}}
         return t
 

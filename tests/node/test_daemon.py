@@ -82,6 +82,9 @@ def test_every_lease_reported_once_with_attempt_timings_and_node(controller, san
         assert t.failure.kind.value == "none" and t.reward == 1.0 and t.reward_details["checked"]
         assert t.timings.queue == lease.queued_seconds
         assert t.timings.init > 0 and t.timings.run > 0 and t.timings.eval > 0
+        st = t.timings.stamps   # wall-clock stage starts: ordered, durations consistent
+        assert st["init"] < st["run"] < st["eval"] < st["end"]
+        assert st["run"] - st["init"] >= t.timings.init and st["end"] - st["eval"] >= t.timings.eval
         # the real loop ran: prompt from the chat template, generated ids masked in
         assert t.prompt_length > 0 and sum(t.loss_mask) == len(t.token_ids) - t.prompt_length
         assert t.metrics["turns"] == 1
@@ -124,12 +127,16 @@ def test_slow_eval_does_not_stop_run(controller, sandbox_dir):
 
     d, code = asyncio.run(scenario())
     assert code == 0 and len(fake.accepted) == 6
-    # measured from the recorded stage timestamps
+    # measured from the recorded stage timestamps: the daemon's transitions ...
     (first_start, first_end) = min(handler.evals.values())
     run_starts = phases(d, "run")
     overlapping = [aid for aid, t in run_starts.items() if first_start < t < first_end]
     assert len(overlapping) >= 3, (first_start, first_end, run_starts)
     assert max_concurrent([tuple(v) for v in handler.evals.values()]) == 1
+    # ... and the wall-clock stamps every trajectory carries (what a trainer-side analysis sees)
+    stamps = [Trajectory.model_validate(w).timings.stamps for w in fake.accepted.values()]
+    first = min(stamps, key=lambda st: st["eval"])
+    assert sum(1 for st in stamps if first["eval"] < st["run"] < first["end"]) >= 3
     assert max_concurrent(intervals(d, "run", ("wait_eval",))) <= 2
     assert max_concurrent(intervals(d, "init", ("wait_run",))) <= 2
 
