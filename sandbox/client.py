@@ -2,7 +2,9 @@
 
 Where it sits: `Sandbox` (base.py) owns one `ExecClient` per sandbox and calls
 `call()` with a request model from `models.py`. One Unix-socket connection
-carries every request; each carries an id and its reply is matched by that id,
+carries every request (length-prefixed marshal: node → server is the trusted
+direction) and every reply (JSON lines, parsed with json because they come out
+of the sandbox). Each request carries an id and its reply is matched by that id,
 so concurrent calls (a ``bash`` still running while ``send_input`` feeds it)
 never receive each other's answers. When the connection ends every pending
 and future call fails with `SandboxDied`.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import marshal
 from typing import Any
 
 from .errors import ExecError, SandboxDied, SandboxError, SandboxTimeout
@@ -43,8 +46,9 @@ class ExecClient:
         self._pending[rid] = fut
         payload = request.model_dump()
         payload["id"] = rid
+        frame = marshal.dumps(payload)
         try:
-            self._writer.write(json.dumps(payload, ensure_ascii=False).encode() + b"\n")
+            self._writer.write(len(frame).to_bytes(4, "big") + frame)
             try:
                 reply = await asyncio.wait_for(fut, timeout)
             except asyncio.TimeoutError:

@@ -9,10 +9,15 @@ importing asyncio or pydantic would cost more than the whole 50 ms start
 budget. Concurrency is therefore plain threads: one per connection, one per
 long request (bash, ipython), one reader per pty.
 
-Wire protocol (one JSON object per line, both ways)::
+Wire protocol: requests are length-prefixed marshal dicts (node → server:
+trusted, and marshal is builtin), replies are JSON lines (server → node: a
+sandbox is untrusted, so the node parses its replies with json, never marshal)::
 
     → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
     ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
+
+Neither json nor socket nor re is imported on the start path (they pull in
+enum, functools, collections: more than the whole start budget on a busy node).
 
 Replies carry the request's id and may come back out of order (a ``send_input``
 is answered while the ``bash`` it feeds is still running). Operations:
@@ -29,25 +34,77 @@ it then kills every process it started, by process session.
 """
 from __future__ import annotations
 
-import json
+import marshal
 import os
-import re
-import socket
 import sys
 import threading
 import time
+from _json import encode_basestring_ascii as encode_string
 from _queue import SimpleQueue
+
+import _socket  # not `socket`: it imports enum
 
 from .bash import BashSession, SessionDead
 from .early import apply_limits
 from .files import FileOpError, edit_file, list_dir, read_file, write_file
 
-SESSION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 DEFAULT_MAX_OUTPUT = 16384
 
 
 class ExecError(Exception):
     """Returned to the client as an ExecError: the request, not the sandbox, failed."""
+
+
+def read_frames(conn):
+    """Requests: a 4-byte big-endian length, then a marshal payload (from the node,
+    trusted; marshal is builtin, json would import re and enum)."""
+    buf = bytearray()
+    while True:
+        while len(buf) >= 4:
+            n = int.from_bytes(buf[:4], "big")
+            if len(buf) < 4 + n:
+                break
+            payload = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            try:
+                yield marshal.loads(payload)
+            except (ValueError, EOFError, TypeError):
+                continue
+        try:
+            data = conn.recv(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        buf += data
+
+
+def to_json(obj) -> str:
+    """Replies are JSON lines: the node parses what comes out of a sandbox with a
+    safe parser (never marshal). Strings are escaped to ASCII, so a reply holds
+    no raw newline; non-finite floats become null."""
+    if obj is None:
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
+    if isinstance(obj, str):
+        return encode_string(obj)
+    if isinstance(obj, int):
+        return int.__repr__(obj)
+    if isinstance(obj, float):
+        return float.__repr__(obj) if obj == obj and obj not in (float("inf"), float("-inf")) else "null"
+    if isinstance(obj, dict):
+        return "{" + ",".join(encode_string(str(k)) + ":" + to_json(v) for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(to_json(v) for v in obj) + "]"
+    return encode_string(str(obj))
+
+
+def valid_session_name(name: str) -> bool:
+    return isinstance(name, str) and 0 < len(name) <= 64 and all(c in SESSION_CHARS for c in name)
 
 
 class Workers:
@@ -110,7 +167,7 @@ class Server:
     # -- bash --------------------------------------------------------------
 
     def session(self, name: str, create: bool = True, adopt: tuple[int, int] | None = None) -> BashSession | None:
-        if not SESSION_NAME.match(name):
+        if not valid_session_name(name):
             raise ExecError(f"bad session name {name!r}: use 1-64 of [A-Za-z0-9_.-]")
         with self.sessions_lock:
             s = self.sessions.get(name)
@@ -281,7 +338,7 @@ class Server:
         except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
             return {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
 
-    def serve_connection(self, conn: socket.socket) -> None:
+    def serve_connection(self, conn) -> None:
         lock = threading.Lock()
 
         def reply(req: dict) -> None:
@@ -289,7 +346,7 @@ class Server:
             resp = self.dispatch(req)
             if self.exiting and op != "shutdown":
                 return  # results cut short by the exit (wall time) must not look normal
-            data = json.dumps(resp, ensure_ascii=False).encode() + b"\n"
+            data = to_json(resp).encode() + b"\n"
             with lock:
                 try:
                     conn.sendall(data)
@@ -298,18 +355,15 @@ class Server:
             if op == "shutdown":
                 self.exit(0)
 
-        with conn, conn.makefile("rb") as stream:
-            for line in stream:
-                try:
-                    req = json.loads(line)
-                except ValueError:
-                    continue
-                if req.get("op") == "bash":
-                    self.begin_bash(req)
-                if req.get("op") in self.LONG_OPS:
-                    self.workers.submit(reply, req)
-                else:
-                    reply(req)
+        for req in read_frames(conn):
+            if not isinstance(req, dict):
+                continue
+            if req.get("op") == "bash":
+                self.begin_bash(req)
+            if req.get("op") in self.LONG_OPS:
+                self.workers.submit(reply, req)
+            else:
+                reply(req)
         # the node side hung up: nobody can reach this sandbox any more
         self.exit(0)
 
@@ -329,7 +383,7 @@ def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
         os.unlink(sock_path)
     except FileNotFoundError:
         pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
         listener.bind(sock_path)
@@ -362,11 +416,12 @@ def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
     # exactly one client, the node that started us (it connects before any user
     # code runs): then the socket is gone, so code inside the sandbox can neither
     # drive the server nor end the sandbox by connecting and hanging up
-    conn, _ = listener.accept()
+    fd, _ = listener._accept()
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
     listener.close()
     os.unlink(sock_path)
     server.serve_connection(conn)
 
 
 if __name__ == "__main__":  # pragma: no cover - started through launch_command
-    main(json.loads(sys.argv[1]))  # no early bash: the server starts it itself
+    main(marshal.loads(bytes.fromhex(sys.argv[1])))  # no early bash: the server starts it itself
