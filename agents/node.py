@@ -30,8 +30,15 @@ node. SIGTERM/SIGINT: stop leasing, hand back unstarted leases, give in-flight r
 `ROLLOUTD_DRAIN_SECONDS` (default 30) to finish, cancel and hand back the rest, deregister, exit 0.
 A second signal cuts the grace period short.
 
-Results are buffered and resent with back-off until the controller answers (it deduplicates by
-attemptId); an attempt it no longer leases comes back in `dropped` and is forgotten.
+Results are serialized once, buffered and resent with back-off until the controller answers (it
+deduplicates by attemptId); an attempt it no longer leases comes back in `dropped` and is forgotten.
+Batches are capped by count and bytes; a batch refused as too large (413) is resent one by one, and
+a result refused for good becomes an `infra` failure of its attempt (retried or given up, never
+left leased). Trajectories carry `timings.stamps` (wall-clock start of each stage and the end).
+
+Sandboxes: a sandbox start is never cancelled half-way (closed once it is up instead); a cancel
+that lower layers swallow (3.11's `asyncio.wait_for` does when a reply lands at the same moment)
+is repeated until the rollout reaches its clean-up.
 
 Test seams (all keyword arguments of `NodeDaemon`): `client` (a `ControllerClient`), `handler` (a
 `TaskHandler` instead of `get_handler(spec.tasks.kind)`), `llm_factory(url) -> LLMBackend`,
