@@ -39,24 +39,24 @@ def _error(err: ApiError) -> JSONResponse:
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 
-async def _read_body(request: Request) -> bytes:
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise TooLarge(f"request body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        if len(body) > limit:
+            raise TooLarge(f"request body exceeds the limit of {limit} bytes")
     return bytes(body)
 
 
-async def parse_document(request: Request) -> dict[str, Any]:
+async def parse_document(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """YAML or JSON body → a mapping, with a 4xx naming the line for malformed input."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in _TEXT_TYPES:
         raise UnsupportedMediaType(f"content type {ctype!r} not supported; send application/json or application/yaml")
-    raw = await _read_body(request)
+    raw = await _read_body(request, limit)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

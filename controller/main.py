@@ -28,7 +28,7 @@ def controller(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(7350, help="TCP port of the API"),
     log_level: str = typer.Option("info"),
-    executors: str = typer.Option("local", help="comma-separated executor kinds this controller runs ('' for none)"),
+    executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
 ) -> None:
     """Run the controller: API, SQLite store, scheduler and reconcile loop."""
     from .config import default_data_dir

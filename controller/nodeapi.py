@@ -27,10 +27,14 @@ from .scheduler import Scheduler, validate_backend_url
 from .store import Store
 
 
-async def _body(request: Request, model: type[BaseModel]) -> Any:
-    from .api import parse_document  # the same size limit and parse errors as the main API
+# Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
+RESULTS_MAX_BYTES = 64 << 20
 
-    doc = await parse_document(request)
+
+async def _body(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:
+    from .api import MAX_BODY_BYTES, parse_document  # the same parse errors as the main API
+
+    doc = await parse_document(request, limit or MAX_BODY_BYTES)
     try:
         return model.model_validate(doc)
     except ValidationError as e:
@@ -60,7 +64,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
 
     @r.post(f"{N}/{{node_id}}/results")
     async def results(node_id: str, request: Request):
-        return _ok(scheduler.results(node_id, await _body(request, ResultBatch)))
+        return _ok(scheduler.results(node_id, await _body(request, ResultBatch, RESULTS_MAX_BYTES)))
 
     @r.post(f"{N}/{{node_id}}/return")
     async def give_back(node_id: str, request: Request):

@@ -19,6 +19,7 @@ from .api import create_app
 from .auth import ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (re-exported)
 from .executors.local import LocalExecutor
+from .executors.slurm import SlurmExecutor, advertised_url
 from .reconciler import Reconciler
 from .scheduler import Scheduler
 from .store import Store
@@ -26,7 +27,7 @@ from .store import Store
 DB_FILE = "rolloutd.db"
 
 
-EXECUTOR_KINDS = ("local",)
+EXECUTOR_KINDS = ("local", "slurm")
 
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
@@ -39,7 +40,12 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     app = create_app(store, token, join_token=join_token, scheduler=scheduler)
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     local = LocalExecutor(f"http://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds)
-    enabled = {k: v for k, v in {"local": local}.items() if k in executors}
+    executors_by_kind = {"local": local}
+    if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
+        executors_by_kind["slurm"] = SlurmExecutor(
+            advertised_url(host, port), join_token, data_dir, scheduler=scheduler,
+            event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
+    enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     reconciler = Reconciler(store, enabled, scheduler, resync=resync)
     app.state.reconciler, app.state.scheduler, app.state.executors = reconciler, scheduler, enabled
 
@@ -52,7 +58,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         finally:
             reconciler.stop()
             scheduler.stop()
-            await local.shutdown()
+            for ex in executors_by_kind.values():
+                await ex.shutdown()
             for t in tasks:
                 t.cancel()
             for t in tasks:

@@ -342,3 +342,14 @@ def test_restart_keeps_every_job_and_status(controller, example_yaml):
         assert api.get(f"{P}/job-3").json()["status"]["counts"]["run"] == 2
         nxt = put(api, doc(example_yaml, "job-new")).json()
         assert int(nxt["metadata"]["resourceVersion"]) > int(before["metadata"]["resourceVersion"])
+
+
+def test_trajectory_reports_may_exceed_the_spec_body_limit(shared_controller):
+    """A long rollout's report is bigger than a RolloutJob may be: /results has its own limit."""
+    with shared_controller.client() as api:
+        traj = {"job": "x", "prompt": 0, "sample": 0, "tokenIds": list(range(300_000))}
+        body = {"results": [{"attemptId": "a", "trajectory": traj}]}
+        r = api.post("/apis/rolloutd.io/v1alpha1/nodes/nope/results", json=body)
+        assert r.status_code == 404 and "not registered" in r.json()["message"]  # parsed, then refused
+        r = api.post("/apis/rolloutd.io/v1alpha1/nodes/register", json={"job": "x", "name": "n", "pad": "a" * (2 << 20)})
+        assert r.status_code == 413  # everything else keeps the 1 MiB limit
