@@ -105,9 +105,9 @@ def test_rootfs_image(make_sandbox, run, tmp_path):
     assert run(sb.bash("echo x > note && cat note")).output == "x\n"
 
 
-def test_32_sandboxes_at_once_all_closed_without_leftovers(run):
+def test_32_sandboxes_at_once_all_closed_without_leftovers(run, tmp_path, monkeypatch):
     require_bwrap()
-    before = set(os.listdir(sandbox_base_dir()))
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))  # ours alone
 
     async def one(i: int):
         sb = await create_sandbox(SandboxSpec())
@@ -131,7 +131,7 @@ def test_32_sandboxes_at_once_all_closed_without_leftovers(run):
     assert [content for _, _, content in made] == [str(i) for i in range(32)]
     assert len(workspaces) == 32
     assert all(host_pids_of(i) == [] for i in ids)
-    assert set(os.listdir(sandbox_base_dir())) - before == set()
+    assert os.listdir(sandbox_base_dir()) == []
     assert not any(sb.alive for sb, _, _ in made)
 
 
@@ -152,13 +152,13 @@ def test_cli_exec_prints_output_and_exits_with_the_exit_code():
     assert "timed out" in p.stderr
 
 
-def test_create_failures_are_typed_and_leave_nothing(run):
+def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch):
     require_bwrap()
     from rolloutd.sandbox import SandboxCreateError
 
-    before = set(os.listdir(sandbox_base_dir()))
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
     with pytest.raises(SandboxCreateError, match="nonexistent"):
         run(create_sandbox(SandboxSpec(binds=["/nonexistent-rolloutd-path"])))
     with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
         run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
-    assert set(os.listdir(sandbox_base_dir())) - before == set()
+    assert os.listdir(sandbox_base_dir()) == []
