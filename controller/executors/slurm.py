@@ -440,6 +440,9 @@ class SlurmExecutor:
                     meta["nodelist"] = sj.nodelist
                     self._dirty = True
                     self._emit(name, "SlurmRunning", f"Slurm job {aid} is running on {sj.nodelist}")
+                elif sj.running and st["failures"] and self.clock() - meta["started"] >= self.stable_seconds:
+                    st["failures"], st["last_error"] = 0, ""  # healthy again: the crash-loop count starts anew
+                    self._dirty = True
                 continue
             if sj is None and self.clock() - meta.get("submitted", 0) < 10:
                 continue  # just submitted: not in this snapshot yet
@@ -452,12 +455,13 @@ class SlurmExecutor:
             st["last_error"] = msg
             backoff = 0.0 if st["failures"] <= 1 else min(2.0 ** (st["failures"] - 1), self.max_backoff)
             st["next_submit"] = self.clock() + backoff
-            self._emit(name, "SlurmAllocationLost", f"{msg}; replacing it"
-                       + (f" in {backoff:.0f}s" if backoff else ""), "Warning")
             if st["failures"] > self.max_failures:
+                self._emit(name, "SlurmAllocationLost", msg, "Warning")
                 raise ExecutorError(f"{st['failures']} Slurm allocations in a row ended within "
                                     f"{self.stable_seconds:.0f}s of starting; last: {msg}",
                                     reason="SlurmAllocationFailed", permanent=True)
+            self._emit(name, "SlurmAllocationLost", f"{msg}; replacing it"
+                       + (f" in {backoff:.0f}s" if backoff else ""), "Warning")
 
     async def _permanent_pending(self, job: RolloutJob, st: dict[str, Any], snap: dict[str, SlurmJob]) -> None:
         for aid in list(st["allocs"]):
