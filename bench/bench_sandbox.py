@@ -31,6 +31,7 @@ import time
 from rolloutd.sandbox import SandboxSpec, create_sandbox
 
 COMMANDS = {"true": "true", "echo": "echo hello", "ls /": "ls /"}
+BLOCK = 10
 
 
 def _ms(xs: list[float]) -> tuple[float, float]:
@@ -45,25 +46,6 @@ def _fmt(xs: list[float]) -> str:
 
 
 # -- 1. bash round trip ---------------------------------------------------------
-
-
-async def _ours_bash(n: int) -> dict[str, list[float]]:
-    sb = await create_sandbox(SandboxSpec())
-    try:
-        out: dict[str, list[float]] = {}
-        for name, cmd in COMMANDS.items():
-            for _ in range(5):
-                await sb.bash(cmd)
-            ts = []
-            for _ in range(n):
-                t = time.perf_counter()
-                r = await sb.bash(cmd)
-                ts.append(time.perf_counter() - t)
-                assert r.exit_code == 0
-            out[name] = ts
-        return out
-    finally:
-        await sb.close()
 
 
 class _Tmux:
@@ -95,32 +77,38 @@ class _Tmux:
         subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
 
 
-def _tmux_bash(n: int) -> dict[str, list[float]]:
-    tmux = _Tmux()
+async def _bash_side_by_side(n: int, with_tmux: bool) -> dict[str, dict[str, list[float]]]:
+    """For each command, blocks of `BLOCK` back-to-back actions alternate: our
+    path, tmux, subprocess.run — each measured warm, all three spread over the
+    same stretch of time (the same load on a shared machine)."""
+    sb = await create_sandbox(SandboxSpec())
+    tmux = _Tmux() if with_tmux else None
     try:
-        out = {}
+        out: dict[str, dict[str, list[float]]] = {}
         for name, cmd in COMMANDS.items():
-            ts = []
-            for _ in range(n):
-                t = time.perf_counter()
-                tmux.run(cmd)
-                ts.append(time.perf_counter() - t)
-            out[name] = ts
+            for _ in range(5):
+                await sb.bash(cmd)
+            times: dict[str, list[float]] = {"ours": [], "tmux": [], "subprocess": []}
+            for _ in range(max(1, n // BLOCK)):
+                for _ in range(BLOCK):
+                    t = time.perf_counter()
+                    r = await sb.bash(cmd)
+                    times["ours"].append(time.perf_counter() - t)
+                    assert r.exit_code == 0
+                for _ in range(BLOCK if tmux is not None else 0):
+                    t = time.perf_counter()
+                    tmux.run(cmd)
+                    times["tmux"].append(time.perf_counter() - t)
+                for _ in range(BLOCK):
+                    t = time.perf_counter()
+                    subprocess.run(["bash", "-c", cmd], capture_output=True, check=True)
+                    times["subprocess"].append(time.perf_counter() - t)
+            out[name] = times
         return out
     finally:
-        tmux.close()
-
-
-def _subprocess_bash(n: int) -> dict[str, list[float]]:
-    out = {}
-    for name, cmd in COMMANDS.items():
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            subprocess.run(["bash", "-c", cmd], capture_output=True, check=True)
-            ts.append(time.perf_counter() - t)
-        out[name] = ts
-    return out
+        if tmux is not None:
+            tmux.close()
+        await sb.close()
 
 
 # -- 2. sandbox ready -------------------------------------------------------------
@@ -204,32 +192,31 @@ async def _ipython_side_by_side(n: int) -> tuple[list[float], list[float]]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    n_bash = 60 if quick else 300
-    n_tmux = 20 if quick else 100
+    n_bash = 30 if quick else 150
     n_ready = 10 if quick else 40
     n_ipy = 20 if quick else 100
     rows: list[dict] = []
 
-    ours = asyncio.run(_ours_bash(n_bash))
-    tmux = _tmux_bash(n_tmux) if shutil.which("tmux") else None
-    subp = _subprocess_bash(n_bash // 3)
+    have_tmux = shutil.which("tmux") is not None
+    bash = asyncio.run(_bash_side_by_side(n_bash, have_tmux))
     for name in COMMANDS:
-        med = _ms(ours[name])[0]
-        if tmux is not None:
-            tmed = _ms(tmux[name])[0]
+        ours, tmux, subp = bash[name]["ours"], bash[name]["tmux"], bash[name]["subprocess"]
+        med = _ms(ours)[0]
+        if have_tmux:
+            tmed = _ms(tmux)[0]
             rows.append({
                 "benchmark": f"bash `{name}` round trip vs tmux",
-                "ours": _fmt(ours[name]),
-                "baseline": f"tmux send-keys+capture-pane {_fmt(tmux[name])}",
+                "ours": _fmt(ours),
+                "baseline": f"tmux send-keys+capture-pane {_fmt(tmux)}",
                 "ratio": round(tmed / med, 2),
                 "target": "≤ 2 ms and ≥ 4× faster",
                 "met": med <= 2.0 and tmed / med >= 4.0,
             })
-        smed = _ms(subp[name])[0]
+        smed = _ms(subp)[0]
         rows.append({
             "benchmark": f"bash `{name}` round trip vs subprocess.run",
-            "ours": _fmt(ours[name]),
-            "baseline": f"subprocess.run {_fmt(subp[name])}",
+            "ours": _fmt(ours),
+            "baseline": f"subprocess.run {_fmt(subp)}",
             "ratio": round(smed / med, 2),
             "target": "(reference)",
             "met": None,
