@@ -219,6 +219,7 @@ class SlurmExecutor:
         self.grace = grace_seconds if grace_seconds is not None else drain + 15.0
         self.max_failures = max_failures
         self.finish_grace = finish_grace
+        self.exit_settle = 5.0  # after a drained daemon deregisters, before its node goes back
         self.stable_seconds = stable_seconds
         self.max_backoff = max_backoff
         self.poll_interval = poll_interval
@@ -298,6 +299,9 @@ class SlurmExecutor:
         if now - self._snap_at <= max_age:
             return self._snap
         rc, out, err = await self._cli("squeue", "--me", "-h", "-t", "all", "-o", SQUEUE_FORMAT)
+        if rc == 127:
+            raise ExecutorError(f"Slurm is not available on this controller: {_last_lines(err)}",
+                                reason="SlurmUnavailable", permanent=True)
         if rc != 0:
             raise ExecutorError(f"cannot query Slurm (squeue exit {rc}): {_last_lines(err) or 'no output'}",
                                 reason="SlurmUnavailable")
@@ -395,8 +399,17 @@ class SlurmExecutor:
 
     async def release(self, job: RolloutJob) -> None:
         name = job.metadata.name
-        if name not in self.state and self._adopted:
-            return  # nothing of this job runs in Slurm (cheap: called on every pass over a finished job)
+        if name not in self.state:  # cheap: called on every pass over a finished job
+            if self._adopted:
+                return
+            try:
+                async with self._lock:
+                    await self._snapshot()  # a restarted controller first adopts what runs
+            except ExecutorError as e:
+                log.warning("releasing %s: %s", name, e)
+                return
+            if name not in self.state:
+                return
         async with self._lock:
             try:
                 snap = await self._snapshot()
@@ -560,6 +573,11 @@ class SlurmExecutor:
             if still and self.clock() - meta.get("drain_at", 0) < self.grace:
                 self._drain_daemons(job.metadata.name, aid, drained)  # one that registered since
                 continue
+            if not still:  # deregistered: give the processes a moment to exit before Slurm kills them
+                meta.setdefault("left_at", self.clock())
+                self._dirty = True
+                if self.clock() - meta["left_at"] < self.exit_settle:
+                    continue
             keep = [n for n in expand_hostlist(sj.nodelist) if n not in drained]
             if not keep:
                 continue
@@ -573,6 +591,7 @@ class SlurmExecutor:
                            f"back to Slurm")
                 meta["nodes"] = len(keep)
                 meta["drained"] = []
+                meta.pop("left_at", None)
             self._dirty = True
 
     async def _sweep_retired(self, snap: dict[str, SlurmJob]) -> None:

@@ -171,3 +171,28 @@ def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 
         if obj["status"].get("phase") == phase:
             return obj
     raise AssertionError(f"{name} never reached {phase}")
+
+
+def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(scluster: SlurmCluster, tiny_engine):
+    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=16, samples=2, max_turns=3, tokens=24,
+                        workers=(1, 2, 1))
+    scluster.apply(doc)
+    uid = scluster.uid("s-shrink")
+    scluster.wait_until("s-shrink", lambda o: o["status"].get("nodes", 0) == 3
+                        and o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    (alloc,) = scluster.allocations(uid)
+    doc["spec"]["executor"]["nodes"] = 1
+    scluster.apply(doc)
+    # the daemons on the last two nodes drain (finishing what they hold) and leave; Slurm gets them back
+    shrunk = wait_for(lambda: [a for a in scluster.allocations(uid) if a["nodes"] == "1"], 90,
+                      "the allocation to shrink to one node")
+    assert shrunk[0]["id"] == alloc["id"] and shrunk[0]["state"] == "RUNNING"
+    final = scluster.wait_done("s-shrink", timeout=300)
+    assert final["status"]["counts"]["succeeded"] == 32
+    assert_exactly_once(scluster.trajectories("s-shrink"), 16, 2)
+    assert [a["id"] for a in scluster.allocations(uid)] == [alloc["id"]], "shrinking never resubmits"
+    nodes = {n["slurm_node_id"]: n for n in scluster.nodes("s-shrink")}
+    assert set(nodes) == {0, 1, 2}
+    reasons = [e["message"] for e in scluster.events_of("s-shrink") if e["reason"] == "SlurmScaleDown"]
+    assert any("draining" in m for m in reasons) and any("back to Slurm" in m for m in reasons), reasons
+    scluster.wait_no_allocations(uid)
