@@ -118,18 +118,23 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine):
     # one real engine under two URLs = two backends for the min-heap
     a = tiny_engine.url
     b = a.replace("127.0.0.1", "localhost")
-    cluster.apply(job_doc("e2e-rm", tiny_engine, limit=8, samples=2, nodes=1, backends=[a, b],
-                          workers=(2, 4, 2), max_turns=2, tokens=16))
-    cluster.wait_until("e2e-rm", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
+    cluster.apply(job_doc("e2e-rm", tiny_engine, limit=12, samples=2, nodes=1, backends=[a, b],
+                          workers=(1, 2, 1), max_turns=3, tokens=24))
+    # remove A as soon as work is flowing: most rollouts are still queued then
+    cluster.wait_until("e2e-rm", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
     r = cluster.api.delete(f"{P}/rolloutjobs/e2e-rm/backends", params={"url": a})
     assert r.status_code == 200, r.text
+    assert [x["url"] for x in r.json()["items"]] == [b]
     removed_at = time.time()
     cluster.wait_done("e2e-rm", timeout=300)
     trajs = cluster.trajectories("e2e-rm")
-    assert_exactly_once(trajs, 8, 2)
-    assert {t["backend"] for t in trajs} == {a, b}
-    late = [t for t in trajs if t["timings"]["stamps"]["init"] > removed_at + 1.0]
-    assert late and all(t["backend"] == b for t in late)
+    assert_exactly_once(trajs, 12, 2)
+    # a task pinned to A before the removal is re-pinned at its next heartbeat (≤ 2 s) unless it
+    # was already in RUN, where it finishes on A; everything that starts later runs on B
+    late = [t for t in trajs if t["timings"]["stamps"]["init"] > removed_at + 3.0]
+    assert len(late) >= 10, "most of the job ran after the removal"
+    assert all(t["backend"] == b for t in late)
+    assert all(t["failure"]["kind"] != "infra" for t in trajs)
 
 
 def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine):
