@@ -3,17 +3,18 @@ API the node daemons use (/health, /v1/models, /v1/completions with token ids) a
 every request at once with the same short reply. Only for measuring *our* overhead
 (bench_pipeline.py) — never a stand-in for the engine in a test of behaviour.
 
-    python -m bench.stub_backend --port 8100 --tokenizer DIR
+    python -m bench.stub_backend --port 8100 --tokenizer DIR [--latency-ms 250]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import uvicorn
 from fastapi import FastAPI, Request
 
 
-def create_app(reply_ids: list[int]) -> FastAPI:
+def create_app(reply_ids: list[int], latency: float = 0.0) -> FastAPI:
     app = FastAPI()
 
     @app.get("/health")
@@ -27,6 +28,8 @@ def create_app(reply_ids: list[int]) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await request.json()
+        if latency > 0:  # an I/O-bound backend: each completion takes this long, concurrently
+            await asyncio.sleep(latency)
         n = min(len(reply_ids), int(body.get("max_tokens") or 16))
         ids = reply_ids[:n]
         return {
@@ -52,9 +55,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="answer each completion after this long")
     args = ap.parse_args()
-    uvicorn.run(create_app(reply_for(args.tokenizer)), host="127.0.0.1", port=args.port, log_level="warning",
-                access_log=False)
+    uvicorn.run(create_app(reply_for(args.tokenizer), args.latency_ms / 1000.0), host="127.0.0.1", port=args.port,
+                log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":
