@@ -204,21 +204,21 @@ class Sandbox:
             # join the cgroup before exec through a tiny sh, not a preexec_fn: a
             # preexec_fn forces a full fork of the daemon (~10 ms) instead of vfork
             argv = ["/bin/sh", "-c", CGROUP_JOIN, "sh", *(str(d) for d in cgroup.dirs), "--", *argv]
+        proc: asyncio.subprocess.Process | None = None
         try:
-            with open(log_path, "wb") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log,
-                    cwd=str(cwd) if cwd else None,
-                    env=env,
-                    start_new_session=True,  # its own process group: what close() kills
-                )
-        except OSError as e:
-            _cleanup_dirs(root, cgroup)
-            raise SandboxCreateError(f"cannot start {argv[0]}: {e}") from None
-        try:
+            try:
+                with open(log_path, "wb") as log:
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log,
+                        cwd=str(cwd) if cwd else None,
+                        env=env,
+                        start_new_session=True,  # its own process group: what close() kills
+                    )
+            except OSError as e:
+                raise SandboxCreateError(f"cannot start {argv[0]}: {e}") from None
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT)
             except asyncio.TimeoutError:
@@ -229,7 +229,10 @@ class Sandbox:
                 )
             client = await ExecClient.connect(str(socket_path))
         except BaseException:
-            await _stop(proc, grace=0.0)
+            # synchronous on purpose: a cancelled start (the caller's timeout, a
+            # second cancel) must still leave no process, cgroup or directory
+            if proc is not None and proc.returncode is None:
+                _terminate(proc.pid)
             _reap_leftovers(sandbox_id)
             _cleanup_dirs(root, cgroup)
             raise
@@ -359,20 +362,28 @@ class Sandbox:
         _live.pop(self.id, None)
         if self._wall_timer is not None:
             self._wall_timer.cancel()
-        if self._died is None and self._proc.returncode is None:
-            try:
-                await self._client.call(ShutdownRequest(), 2.0)
-            except (SandboxDied, SandboxTimeout, ExecError, OSError):
-                pass
-        # After a shutdown the server exits and each parent reaps its child, up to
-        # our own process. Otherwise kill bottom-up: the runtime process's children
-        # first (for bwrap: the pid namespace's init, which takes the whole
-        # namespace with it and is reaped by bwrap), then the process group.
-        await _stop(self._proc, grace=1.0)
-        await self._watch
-        await self._client.close()
-        await asyncio.to_thread(_reap_leftovers, self.id)
-        await asyncio.to_thread(_cleanup_dirs, self.root, self._cgroup)
+        try:
+            if self._died is None and self._proc.returncode is None:
+                try:
+                    await self._client.call(ShutdownRequest(), 2.0)
+                except (SandboxDied, SandboxTimeout, ExecError, OSError):
+                    pass
+            # After a shutdown the server exits and each parent reaps its child, up
+            # to our own process. Otherwise kill bottom-up: the runtime process's
+            # children first (for bwrap: the pid namespace's init, which takes the
+            # whole namespace with it and is reaped by bwrap), then the group.
+            await _stop(self._proc, grace=1.0)
+        finally:
+            # even when this close is cancelled half-way: nothing may be left
+            if self._proc.returncode is None:
+                self._kill_group()
+            self._client.close_nowait()
+            release = asyncio.get_running_loop().run_in_executor(None, self._release)
+            await asyncio.shield(release)  # a cancel here still lets the release finish
+
+    def _release(self) -> None:
+        _reap_leftovers(self.id)
+        _cleanup_dirs(self.root, self._cgroup)
 
     async def __aenter__(self) -> "Sandbox":
         return self

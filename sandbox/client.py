@@ -91,10 +91,13 @@ class ExecClient:
         """The sandbox is known to be gone (e.g. its process exited): fail calls with this reason."""
         self._fail_all(reason)
 
-    async def close(self) -> None:
+    def close_nowait(self) -> None:
         self._fail_all("the sandbox was closed")
         self._task.cancel()
         self._writer.close()
+
+    async def close(self) -> None:
+        self.close_nowait()
         try:
             await self._writer.wait_closed()
         except (OSError, ConnectionError):

@@ -162,3 +162,46 @@ def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch)
     with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
         run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
     assert os.listdir(sandbox_base_dir()) == []
+
+
+def test_cancelled_create_and_close_leave_nothing(run, tmp_path, monkeypatch):
+    """A caller's timeout may cancel create() or close() half-way: no directory, no process."""
+    require_bwrap()
+    from rolloutd.sandbox.base import _live
+
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
+
+    async def cancel_create_after(seconds: float):
+        task = asyncio.ensure_future(create_sandbox(SandboxSpec()))
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+        if not done:
+            task.cancel()
+        try:
+            sb = await task
+        except asyncio.CancelledError:
+            return None
+        return sb
+
+    leftovers = []
+    for delay in (0.0, 0.005, 0.02):
+        sb = run(cancel_create_after(delay))
+        if sb is not None:  # it finished first: close it, cancelling the close right away
+            leftovers.append(sb.id)
+
+            async def cancel_close(sb=sb):
+                task = asyncio.ensure_future(sb.close())
+                await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                deadline = asyncio.get_running_loop().time() + 10
+                while sb.root.exists() and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.01)  # the release goes on in its thread after the cancel
+
+            run(cancel_close())
+    assert all(host_pids_of(i) == [] for i in leftovers)
+    assert not any(sb_id in _live for sb_id in leftovers)
+    base = tmp_path / "sandboxes"
+    assert not base.exists() or os.listdir(base) == []
