@@ -74,7 +74,13 @@ class _Tmux:
             time.sleep(poll)
 
     def close(self) -> None:
+        path = self._tmux("display-message", "-p", "#{socket_path}").strip()
         subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
+        if path:
+            try:
+                os.unlink(path)  # tmux leaves its socket file behind
+            except FileNotFoundError:
+                pass
 
 
 async def _bash_side_by_side(n: int, with_tmux: bool) -> dict[str, dict[str, list[float]]]:
