@@ -498,7 +498,8 @@ class SlurmExecutor:
                             ("qos", s.qos), ("constraint", s.constraint)):
             if value:
                 argv.append(f"--{flag}={value}")
-        if s.time_limit:  # daemons drain before the hard end of the allocation
+        limit = slurm_minutes(s.time_limit) if s.time_limit else None
+        if limit is not None and limit * 60 >= 4 * (self.grace + 30):  # daemons drain before the hard end
             argv.append(f"--signal=TERM@{int(self.grace) + 30}")
         argv += list(s.extra_args)
         script = SCRIPT.format(job=name, uid=uid, setup="\n".join(s.setup), python=shlex.quote(self.python))
@@ -670,6 +671,21 @@ class SlurmExecutor:
     def _daemons_on(self, job: str, aid: str, hosts: list[str]) -> list[str]:
         return [n.id for n in self._nodes(job)
                 if str(getattr(n, "slurm_job_id", "")) == aid and n.name in hosts and n.state != "gone"]
+
+
+def slurm_minutes(limit: str) -> float | None:
+    """A Slurm time limit in minutes ('30', '1:30:00', '2-12', '2-12:00:00'); None for unlimited/unknown."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit.strip())
+    if not m:
+        return None
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        return days * 1440 + a * 60 + (b or 0) + (c or 0) / 60
+    if c is not None:  # HH:MM:SS
+        return a * 60 + b + c / 60
+    if b is not None:  # MM:SS
+        return a + b / 60
+    return float(a)  # MM
 
 
 def _last_lines(text: str, n: int = 2) -> str:

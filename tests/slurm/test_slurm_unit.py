@@ -14,6 +14,7 @@ from rolloutd.controller.executors.slurm import (
     parse_scontrol,
     parse_squeue,
     sanitized_env,
+    slurm_minutes,
 )
 from rolloutd.controller.reconciler import ExecutorError
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -94,6 +95,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def test_time_limits_in_minutes():
+    assert [slurm_minutes(x) for x in ("30", "1:30", "01:00:00", "2-12", "1-00:30:00", "UNLIMITED")] == \
+        [30, 1.5, 60, 3600, 1470, None]
+
+
 def test_hostlists_expand():
     assert expand_hostlist("n[1-3,5],gpu01") == ["n1", "n2", "n3", "n5", "gpu01"]
     assert expand_hostlist("node[08-10]") == ["node08", "node09", "node10"]
@@ -117,13 +123,14 @@ def test_the_token_travels_in_the_environment_never_on_argv(fake, monkeypatch):
     slurm, _, ex, tmp = fake
     monkeypatch.setenv("ROLLOUTD_TOKEN", "ADMIN-SECRET")
     monkeypatch.setenv("SLURM_JOB_ID", "999")  # a controller that itself runs inside an allocation
-    run(ex.ensure(make_job(nodes=3, partition="debug", timeLimit="30", account="acct", qos="q", constraint="c",
+    run(ex.ensure(make_job(nodes=3, partition="debug", timeLimit="8:00:00", account="acct", qos="q", constraint="c",
                            extraArgs=["--exclusive"], setup=["module load foo"]), 3))
     (argv, env, script), = [c for c in slurm.calls if c[0][0] == "sbatch"]
     assert not any("SECRET" in a for a in argv)
     assert env["ROLLOUTD_JOIN_TOKEN"] == "JOIN-SECRET" and env["ROLLOUTD_CONTROLLER"] == "http://ctl:7350"
     assert "ROLLOUTD_TOKEN" not in env and "SLURM_JOB_ID" not in env
-    for flag in ("--nodes=3", "--partition=debug", "--time=30", "--account=acct", "--qos=q", "--constraint=c",
+    assert any(a.startswith("--signal=TERM@") for a in argv)  # drain before the time limit
+    for flag in ("--nodes=3", "--partition=debug", "--time=8:00:00", "--account=acct", "--qos=q", "--constraint=c",
                  "--exclusive", "--export=ALL", "--ntasks-per-node=1"):
         assert flag in argv
     assert "module load foo\n" in script and "srun --ntasks-per-node=1" in script
