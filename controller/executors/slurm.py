@@ -205,7 +205,8 @@ def sanitized_env(base: dict[str, str]) -> dict[str, str]:
 class SlurmExecutor:
     def __init__(self, controller_url: str, join_token: str, data_dir: Path, *,
                  python: str = sys.executable, grace_seconds: float | None = None, max_failures: int = 5,
-                 stable_seconds: float = 60.0, finish_grace: float = 15.0, max_backoff: float = 60.0, poll_interval: float = 1.0,
+                 stable_seconds: float = 60.0, finish_grace: float = 15.0, max_backoff: float = 60.0,
+                 poll_interval: float = 1.0,
                  extra_env: dict[str, str] | None = None, scheduler: Any = None,
                  event: Callable[[str, str, str, str], None] | None = None,
                  run: Runner | None = None, clock: Callable[[], float] = time.time):
@@ -289,7 +290,8 @@ class SlurmExecutor:
     def _env(self) -> dict[str, str]:
         return sanitized_env(dict(os.environ))
 
-    async def _cli(self, *argv: str, input_: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    async def _cli(self, *argv: str, input_: str | None = None,
+                   env: dict[str, str] | None = None) -> tuple[int, str, str]:
         return await self._run(list(argv), env or self._env(), input_)
 
     async def _snapshot(self, max_age: float | None = None) -> dict[str, SlurmJob]:
@@ -616,7 +618,8 @@ class SlurmExecutor:
                     self._dirty = True
                     if rc != 0:
                         log.warning("scancel --signal=TERM %s: %s", aid, _last_lines(err))
-                elif (not sj.running or now - term_at > self.grace) and (not r.get("hard") or now - r.get("hard_at", 0) > 30):
+                elif (not sj.running or now - term_at > self.grace) \
+                        and (not r.get("hard") or now - r.get("hard_at", 0) > 30):
                     rc, _, err = await self._cli("scancel", aid)
                     r["hard"], r["hard_at"] = True, now
                     self._dirty = True

