@@ -62,7 +62,7 @@ def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(s
     scluster.wait_until("s-cancel", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
     first = wait_for(lambda: [a for a in scluster.allocations(uid) if a["state"] == "RUNNING"], 30, "a running allocation")
     assert scluster.slurm.run("scancel", first[0]["id"]).returncode == 0
-    scluster.wait_until("s-cancel", lambda o: len(scluster.allocations(uid)) >= 2, timeout=60)
+    wait_for(lambda: len(scluster.allocations(uid)) >= 2, 60, "a replacement allocation")
     final = scluster.wait_done("s-cancel", timeout=300)
     assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 12
     assert_exactly_once(scluster.trajectories("s-cancel"), 6, 2)
