@@ -53,6 +53,11 @@ def test_three_nodes_get_a_daemon_each_and_the_job_completes(scluster: SlurmClus
     assert scluster.allocations(uid)[0]["state"] == "COMPLETED"
     reasons = [e["reason"] for e in scluster.events_of("s-three")]
     assert "SlurmSubmitted" in reasons and "SlurmRunning" in reasons
+    # the join token reached the daemons through the environment only: Slurm's job record does not show it
+    token = (scluster.data_dir / "join-token").read_text().strip()
+    for argv in (["scontrol", "show", "job", "-dd", allocs[0]["id"]], ["squeue", "--json"]):
+        out = scluster.slurm.run(*argv).stdout
+        assert allocs[0]["id"] in out and token not in out, argv
 
 
 def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(scluster: SlurmCluster, tiny_engine):
