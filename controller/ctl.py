@@ -128,7 +128,7 @@ def apply(
     docs = _load_documents(filename)
     client = _client()
     for doc in docs:
-        obj, outcome = _run(lambda: client.apply(doc))
+        obj, outcome = _run(lambda: client.apply_with_outcome(doc))
         if output in ("json", "yaml"):
             _print_obj(obj, output)
         else:

@@ -8,8 +8,17 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# folder → package; a nested folder may be its own top-level package (controller/client is
+# `rolloutd.client`, the trainer client, not `rolloutd.controller.client`)
 PARTS = {"crds": "rolloutd.crds", "controller": "rolloutd.controller", "agents": "rolloutd.agents",
-         "sandbox": "rolloutd.sandbox"}
+         "sandbox": "rolloutd.sandbox", "controller/client": "rolloutd.client"}
+
+
+def package_of(folder: Path) -> str:
+    """The package a source folder installs as: the most specific PARTS entry containing it."""
+    rel = folder.relative_to(REPO)
+    owner = max((f for f in PARTS if rel.parts[:len(Path(f).parts)] == Path(f).parts), key=lambda f: len(Path(f).parts))
+    return ".".join([PARTS[owner], *rel.parts[len(Path(owner).parts):]])
 
 
 def test_every_package_folder_is_listed():
@@ -17,11 +26,30 @@ def test_every_package_folder_is_listed():
     assert cfg["package-dir"] == {pkg: folder for folder, pkg in PARTS.items()}
     listed = set(cfg["packages"])
     found = set()
-    for folder, pkg in PARTS.items():
+    for folder in PARTS:
         for init in (REPO / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(REPO / folder)
-            found.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
+            found.add(package_of(init.parent))
     assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed but no such folder: {sorted(listed - found)}"
+
+
+def test_nested_folder_maps_to_its_own_package():
+    assert package_of(REPO / "controller" / "client") == "rolloutd.client"
+    assert package_of(REPO / "controller" / "executors") == "rolloutd.controller.executors"
+    assert package_of(REPO / "controller") == "rolloutd.controller"
+
+
+def test_trainer_client_imports_only_httpx_and_the_standard_library(tmp_path):
+    """A trainer's environment: importing rolloutd.client pulls in no numpy, torch, yaml,
+    pydantic or controller machinery."""
+    code = ("import sys, httpx; base = set(sys.modules); import rolloutd.client; "  # httpx may pull in rich
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - base} & {'numpy','torch','yaml','pydantic',"
+            "'fastapi','sqlmodel','typer','rich','transformers'})); "
+            "print(sorted(m for m in sys.modules if m.startswith('rolloutd.') and not m.startswith('rolloutd.client')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    heavy, ours = out.stdout.splitlines()
+    assert heavy == "[]"
+    assert ours == "['rolloutd.controller', 'rolloutd.controller.config']"
 
 
 def test_no_bare_top_level_modules_are_importable_outside_the_repo(tmp_path):

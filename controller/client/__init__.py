@@ -1,0 +1,27 @@
+"""rolloutd's trainer client (installed as `rolloutd.client`): submit RolloutJobs, stream
+trajectories and groups, take batches, announce policy versions, manage LLM backends.
+
+    from rolloutd.client import RolloutClient          # or AsyncRolloutClient
+    with RolloutClient() as rc:
+        rc.apply("job.yaml")
+        batch = rc.next_batch("my-job")
+        arrays = batch.to_arrays(pad_id=0)            # lists ready for torch.tensor(...)
+        rc.announce_policy("my-job", version=1, weights_path="/ckpt/step-1")
+
+Imports only httpx and the standard library (PyYAML lazily, for YAML files), so it installs in a
+trainer's environment without the controller's dependencies being imported. Modules: `core`
+(connection, errors, requests), `sync`, `aio`, `batch` (`Batch.to_arrays`).
+"""
+from .aio import AsyncRolloutClient
+from .batch import Batch, Group, grpo_advantages
+from .core import (
+    BadRequest, Conflict, Connection, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized,
+    WaitTimeout, resolve,
+)
+from .sync import RolloutClient
+
+__all__ = [
+    "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",
+    "Invalid", "JobEnded", "NotFound", "RolloutClient", "RolloutdError", "Unauthorized", "WaitTimeout",
+    "grpo_advantages", "resolve",
+]

@@ -1,0 +1,267 @@
+"""`RolloutClient`: the synchronous trainer client (and the engine under `rolloutctl`).
+
+Every single-request method builds its request with `core.Calls` (shared with the async client,
+`aio.AsyncRolloutClient`, which has the same methods as coroutines / async iterators); the loops
+(streams, long-polls, waits) are written once here and once there, over the same pure helpers.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from .batch import Batch, Group
+from .core import (
+    POLL_SLICE_SECONDS, STREAM_RETRIES, Call, Calls, Connection, ConnectionFailed, GroupAssembler, JobEnded, NotFound,
+    RolloutdError, SSEParser, WaitTimeout, client_options, condition_met, resolve, status_error, trajectory_line,
+    unreachable,
+)
+
+
+class RolloutClient:
+    """Talks to one rolloutd controller.
+
+        with RolloutClient() as rc:                 # server/token resolved like rolloutctl
+            rc.apply("job.yaml")
+            batch = rc.next_batch("my-job")
+            arrays = batch.to_arrays(pad_id=tok.pad_token_id)
+
+    Errors are `RolloutdError` subclasses carrying the server's Status (`reason`, `code`,
+    `causes`); `ConnectionFailed` when the controller cannot be reached.
+    `transport=` (an `httpx.BaseTransport`) is the test seam.
+    """
+
+    def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
+                 connection: Connection | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None):
+        self.conn = connection or resolve(server, token_file, token)
+        self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
+        self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (max 5 s)
+        self._pending: dict[str, int] = {}  # job → batch requested by next_batch but not yet returned
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "RolloutClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _do(self, call: Call) -> Any:
+        try:
+            r = self.http.request(call.method, call.path, **call.kwargs())
+        except httpx.TransportError as e:
+            raise unreachable(self.conn.server, e) from None
+        if r.status_code >= 400:
+            raise status_error(r)
+        return call.result(r)
+
+    def _backoff(self, failures: int, what: str, e: Exception) -> None:
+        if failures > STREAM_RETRIES:
+            raise ConnectionFailed(f"{what} from {self.conn.server} keeps failing: {e}") from None
+        time.sleep(min(self.retry_backoff * 2 ** (failures - 1), 5.0))
+
+    # ------------------------------------------------------------ jobs
+
+    def apply(self, job: dict[str, Any] | str | Path) -> dict[str, Any]:
+        """Create or update a job (server-side apply) from a dict, a YAML/JSON file path or text;
+        returns the stored object."""
+        return self._do(Calls.apply(job))[0]
+
+    def apply_with_outcome(self, job: dict[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
+        """`apply`, plus the outcome: `created`, `configured` or `unchanged`."""
+        return self._do(Calls.apply(job))
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self._do(Calls.get(name))
+
+    def list(self, selector: str | None = None) -> dict[str, Any]:
+        return self._do(Calls.list(selector))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return self._do(Calls.events(name))
+
+    def delete(self, name: str, wait: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        """Delete a job (its live rollouts are cancelled on the daemons). With `wait`, return
+        only once it is gone (`WaitTimeout` after `timeout` seconds)."""
+        obj = self._do(Calls.delete(name))
+        if wait:
+            try:
+                for type_, _obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+                    if type_ == "DELETED":
+                        return obj
+            except NotFound:
+                return obj
+            try:
+                self.get(name)
+            except NotFound:
+                return obj
+            raise WaitTimeout(f"rolloutjob {name} still exists after {timeout:g}s", obj)
+        return obj
+
+    def wait(self, name: str, condition: str = "Complete", timeout: float | None = None) -> dict[str, Any]:
+        """Block until `condition` holds (a condition type such as `Complete`, or `phase=Running`);
+        returns the job. `JobEnded` if it ends (or is deleted) without it, `WaitTimeout` after `timeout`."""
+        obj = self.get(name)
+        ok, never = condition_met(obj, condition)
+        if ok:
+            return obj
+        if never:
+            raise JobEnded(f"rolloutjob {name}: {never}", obj)
+        for type_, new, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+            if type_ == "DELETED":
+                raise JobEnded(f"rolloutjob {name} was deleted", new)
+            obj = new
+            ok, never = condition_met(obj, condition)
+            if ok:
+                return obj
+            if never:
+                raise JobEnded(f"rolloutjob {name}: {never}", obj)
+        raise WaitTimeout(f"timed out after {timeout:g}s waiting for {condition} on rolloutjob/{name}", obj)
+
+    def watch(self, name: str | None = None, since: str | None = None,
+              timeout: float | None = None) -> Iterator[tuple[str, dict[str, Any], str | None]]:
+        """(type, object, resourceVersion) per change; reconnects from the last version seen if the
+        stream drops. Without `since`, starts with a synthetic ADDED per existing job."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        last, failures = since, 0
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            call = Calls.watch(name, last, left)
+            try:
+                with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise status_error(r)
+                    parser = SSEParser()
+                    for line in r.iter_lines():
+                        ev = parser.feed(line)
+                        if ev is None:
+                            continue
+                        failures = 0
+                        last = ev[2] or last
+                        if ev[0] != "BOOKMARK":
+                            yield ev
+                if deadline is None:
+                    continue  # the server ended the stream (restart?): reconnect from `last`
+            except (httpx.TransportError, ValueError) as e:
+                failures += 1
+                self._backoff(failures, "the watch stream", e)
+
+    # ------------------------------------------------------------ results
+
+    def trajectories(self, name: str, cursor: int = 0, follow: bool = False,
+                     timeout: float | None = None, page: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every trajectory after `cursor` (each carries its `seq`, the cursor to resume from).
+        Without `follow`: what exists now, fetched page by page. With `follow`: as they arrive,
+        until the job ends (or `timeout`). A dropped stream is resumed after the last `seq`
+        received, so nothing is lost or repeated."""
+        if not follow:
+            while True:
+                rows = self._do(Calls.trajectory_page(name, cursor, page))
+                yield from rows
+                if len(rows) < page:
+                    return
+                cursor = rows[-1]["seq"]
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        failures = 0
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            call = Calls.follow(name, cursor, left)
+            try:
+                with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise status_error(r)
+                    for line in r.iter_lines():
+                        t = trajectory_line(line)
+                        if t is not None:
+                            failures = 0
+                            cursor = t["seq"]
+                            yield t
+                return
+            except (httpx.TransportError, ValueError) as e:
+                failures += 1
+                self._backoff(failures, "the trajectory stream", e)
+
+    def groups(self, name: str) -> list[dict[str, Any]]:
+        """Every trajectory so far, grouped per prompt: `[{prompt, samples, rewards, complete}]`."""
+        return self._do(Calls.groups(name))
+
+    def iter_groups(self, name: str, cursor: int = 0, follow: bool = True,
+                    timeout: float | None = None) -> Iterator[Group]:
+        """Whole groups as their last sample arrives (built from the trajectory stream)."""
+        samples = int(self.get(name)["spec"].get("samplesPerPrompt", 1))
+        asm = GroupAssembler(samples)
+        for t in self.trajectories(name, cursor=cursor, follow=follow, timeout=timeout):
+            g = asm.add(t)
+            if g is not None:
+                yield g
+
+    # ------------------------------------------------------------ batches
+
+    def request_batch(self, name: str, batch: int | None = None) -> dict[str, Any]:
+        """Ask for the next batch (or batch `batch`); idempotent for the current batch.
+        Returns `{batch, state, target, counted, …}` without the groups."""
+        return self._do(Calls.request_batch(name, batch))
+
+    def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
+              all_groups: bool = False) -> Batch:
+        """Batch `k`. With `wait`, blocks until it is complete or `timeout` seconds passed, and
+        returns its state then (check `Batch.complete`)."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            slice_ = POLL_SLICE_SECONDS if left is None else min(POLL_SLICE_SECONDS, left)
+            b = Batch.from_wire(self._do(Calls.batch(name, k, wait, slice_, all_groups)))
+            if not wait or b.complete or (deadline is not None and time.monotonic() >= deadline):
+                return b
+
+    def next_batch(self, name: str, timeout: float | None = None, all_groups: bool = False) -> Batch:
+        """Request the next batch and wait until it is full; `WaitTimeout` (with `.last`, the
+        partial batch) after `timeout`. After a timeout, the next call waits for the same batch
+        again rather than requesting another one."""
+        k = self._pending.get(name)
+        if k is None:
+            k = int(self.request_batch(name)["batch"])
+            self._pending[name] = k
+        b = self.batch(name, k, wait=True, timeout=timeout, all_groups=all_groups)
+        if not b.complete:
+            raise WaitTimeout(f"batch {k} of rolloutjob {name}: {b.counted}/{b.target} groups after {timeout:g}s", b)
+        del self._pending[name]
+        return b
+
+    # ------------------------------------------------------------ policy and backends
+
+    def announce_policy(self, name: str, version: int | str, weights_path: str | Path | None = None,
+                        pause: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        """Tag new rollouts with `version`; with `pause`, hold new LLM calls, drain in-flight ones,
+        reload `weights_path` on every backend, reset prefix caches, resume. Blocks until applied;
+        returns `{version, pausedSeconds, backends: [{url, reloaded, error}]}`."""
+        return self._do(Calls.announce_policy(name, version, weights_path, pause, timeout))
+
+    def policy(self, name: str) -> dict[str, Any]:
+        """`{version, history}`."""
+        return self._do(Calls.policy(name))
+
+    def backends(self, name: str) -> list[dict[str, Any]]:
+        """`[{url, healthy, reason, inflight, pinnedToJob}]`."""
+        return self._do(Calls.backends(name))
+
+    def add_backend(self, name: str, url: str) -> list[dict[str, Any]]:
+        return self._do(Calls.add_backend(name, url))
+
+    def remove_backend(self, name: str, url: str) -> list[dict[str, Any]]:
+        return self._do(Calls.remove_backend(name, url))
+
+
+__all__ = ["RolloutClient", "RolloutdError"]
