@@ -150,20 +150,65 @@ class NodeOptions:
 
 
 # ---------------------------------------------------------------------------------- per rollout
+class PolicyGate:
+    """The node's view of the job's policy: the version new LLM requests are tagged with, and
+    whether new requests must wait (the weights are being updated). The controller sets both
+    through heartbeat replies and waits until `inflight` reaches 0 before it touches the weights,
+    so no request ever spans two versions."""
+
+    def __init__(self, version: int | str | None = None) -> None:
+        self.version = version
+        self.inflight = 0
+        self.on_change: Callable[[], None] = lambda: None  # tell the controller soon (a heartbeat)
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def set(self, version: int | str | None, paused: bool) -> None:
+        self.version = version if version is not None else self.version
+        if paused and self._open.is_set():
+            self._open.clear()
+            self.on_change()  # report "held, N in flight" without waiting for the next beat
+        elif not paused:
+            self._open.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def enter(self) -> int | str | None:
+        while True:
+            await self._open.wait()
+            if self._open.is_set():  # still open after the wake-up
+                self.inflight += 1
+                return self.version
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self.paused:
+            self.on_change()
+
+
 class TrackedLLM:
     """Wraps the shared backend for one rollout: remembers which request ids are in flight, so a
-    cancel can abort them server-side (`abort_in_flight`)."""
+    cancel can abort them server-side (`abort_in_flight`), holds new requests while the policy is
+    being updated, and records the policy version of every turn."""
 
-    def __init__(self, inner: LLMBackend) -> None:
+    def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None) -> None:
         self.inner = inner
+        self.gate = gate or PolicyGate()
         self.in_flight: set[str] = set()
+        self.versions: list[int | str | None] = []
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str):
+        version = await self.gate.enter()
         self.in_flight.add(request_id)
         try:
-            return await self.inner.generate(prompt_ids, sampling, request_id)
+            gen = await self.inner.generate(prompt_ids, sampling, request_id)
+            self.versions.append(version)
+            return gen
         finally:
             self.in_flight.discard(request_id)
+            self.gate.leave()
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
@@ -230,6 +275,7 @@ class NodeDaemon:
         self.spec: RolloutJobSpec | None = None
         self.registration: RegisterResponse | None = None
         self._llms: dict[str, LLMBackend] = {}
+        self.gate = PolicyGate()
         self._rollouts: dict[str, Rollout] = {}
         self._left_run: set[str] = set()
         self._outbox: dict[str, _Outgoing] = {}        # finished, not yet acknowledged
@@ -258,6 +304,7 @@ class NodeDaemon:
         self._outbox_event = asyncio.Event()
         self._stop_event = asyncio.Event()
         self._hard_event = asyncio.Event()
+        self.gate.on_change = self._hb_wake.set
 
     def _changed(self, *, stage: bool = False) -> None:
         self._wake.set()
@@ -576,7 +623,7 @@ class NodeDaemon:
             try:
                 if r.backend is None:
                     raise _Infra("no LLM backend is pinned to this task and the job lists none")
-                r.llm = TrackedLLM(self._llm(r.backend))
+                r.llm = TrackedLLM(self._llm(r.backend), self.gate)
                 ctx = RolloutContext(
                     job=self.opts.job, prompt=lease.prompt, sample=lease.sample, task_id=self._task_id(task),
                     node=self.name, policy_version=lease.policy_version, backend=r.backend, attempt=lease.attempt,
@@ -674,6 +721,9 @@ class NodeDaemon:
         lease = r.lease
         t.job, t.prompt, t.sample, t.attempt = self.opts.job, lease.prompt, lease.sample, lease.attempt
         t.node, t.backend, t.policy_version = self.name, r.backend, lease.policy_version
+        if r.llm is not None and r.llm.versions:  # the versions that actually generated each turn
+            t.policy_versions = [v for v in r.llm.versions if v is not None]
+            t.policy_version = r.llm.versions[0] if r.llm.versions[0] is not None else lease.policy_version
         if t.task_id is None:
             t.task_id = self._task_id(lease.task)
         t.timings = Timings(queue=lease.queued_seconds, init=r.timings.get("init", 0.0),
@@ -777,7 +827,9 @@ class NodeDaemon:
         left = set(self._left_run)
         self._last_hb = time.monotonic()
         try:
-            resp = await self.client.heartbeat(self.node_id, Heartbeat(stages=stages, left_run=sorted(left)))
+            resp = await self.client.heartbeat(self.node_id, Heartbeat(
+                stages=stages, left_run=sorted(left), llm_inflight=self.gate.inflight,
+                llm_held=self.gate.paused, policy_version=self.gate.version))
         except ControllerError as e:
             self.stats["heartbeat_failures"] += 1
             if e.gone:
@@ -792,6 +844,9 @@ class NodeDaemon:
 
     def _apply(self, resp: HeartbeatResponse) -> None:
         self._lease_seconds = resp.lease_seconds
+        if resp.llm_paused != self.gate.paused or resp.policy_version != self.gate.version:
+            self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
+        self.gate.set(resp.policy_version, resp.llm_paused)
         for aid in resp.cancel:
             self.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

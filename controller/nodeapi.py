@@ -110,6 +110,38 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
         job = await asyncio.to_thread(store.get, name)
         return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
 
+    # ------------------------------------------------------------ batches and policy versions
+
+    class BatchRequest(BaseModel):
+        batch: int | None = None
+        model_config = {"extra": "forbid"}
+
+    class PolicyRequest(BaseModel):
+        version: int | str
+        weightsPath: str | None = None
+        pause: bool | None = None
+        model_config = {"extra": "forbid"}
+
+    @r.post(f"{J}/{{name}}/batches")
+    async def request_batch(name: str, request: Request):
+        req = await _body(request, BatchRequest)
+        return scheduler.request_batch(name, req.batch)
+
+    @r.get(f"{J}/{{name}}/batches/{{k}}")
+    async def get_batch(name: str, k: int, wait: bool = False, all: bool = False,
+                        timeoutSeconds: float | None = Query(None, gt=0)):
+        store.get(name)
+        return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
+
+    @r.post(f"{J}/{{name}}/policy")
+    async def announce_policy(name: str, request: Request):
+        req = await _body(request, PolicyRequest)
+        return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
+
+    @r.get(f"{J}/{{name}}/policy")
+    async def get_policy(name: str):
+        return scheduler.policy(name)
+
     # ------------------------------------------------------------ backends
 
     def describe_backends(name: str) -> dict[str, Any]:

@@ -51,8 +51,9 @@ class Executor(Protocol):
 @dataclass
 class Progress:
     counts: StageCounts
-    done: bool = False          # every rollout is finished (or the DAPO target is met)
+    done: bool = False          # every rollout is finished (batch mode: the last batch is complete)
     failed: str | None = None   # a reason when the job cannot finish
+    extra: dict | None = None   # status fields the work tracker owns: {"batch": …, "policyVersion": …}
 
 
 class WorkTracker(Protocol):
@@ -182,6 +183,11 @@ class Reconciler:
         progress = await self.work.progress(job) if self.work is not None else None
         if progress is not None:
             status.counts = progress.counts
+            if progress.extra:
+                if "batch" in progress.extra:
+                    status.batch = progress.extra["batch"]
+                if "policyVersion" in progress.extra:
+                    status.policy_version = progress.extra["policyVersion"]
             if progress.failed:
                 await executor.release(job)
                 await self._finish(job, status, Phase.failed, "WorkFailed", progress.failed)

@@ -46,6 +46,7 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from rolloutd.crds.trajectory import FailureKind
 
 from .backends import BackendPool
+from .batches import Batches
 from .errors import BadRequest, Conflict, NotFound
 from .reconciler import Progress
 from .store import Store
@@ -78,6 +79,7 @@ class ItemRow(SQLModel, table=True):
     holds_backend: bool = False  # counted in the backend min-heap (pinned, RUN not over)
     queued_at: float = 0.0
     last_error: str = ""
+    group_id: int | None = Field(default=None, index=True)  # batch mode: the group (batches.GroupRow)
 
 
 class TrajectoryRow(SQLModel, table=True):
@@ -90,6 +92,15 @@ class TrajectoryRow(SQLModel, table=True):
     reward: float | None = None
     failure: str = "none"
     data: str  # JSON, wire form of the Trajectory
+    group_id: int | None = Field(default=None, index=True)
+
+
+class PolicyRow(SQLModel, table=True):
+    __tablename__ = "policies"
+    job: str = Field(primary_key=True)
+    version: str = "null"  # JSON: the current policy version
+    history: str = "[]"  # JSON: every version announced, in order (staleness is measured in this list)
+    paused: bool = False
 
 
 class NodeRow(SQLModel, table=True):
@@ -140,6 +151,9 @@ class Scheduler:
         self._expansions: dict[str, ExpansionRow] = {}
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
         self._http: httpx.AsyncClient | None = None
+        self._node_llm: dict[str, tuple[float, int, bool]] = {}  # node id → (beat time, LLM calls in flight, held)
+        self._policy_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.batches = Batches(self)
         self._stopped = False
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
@@ -186,12 +200,14 @@ class Scheduler:
                 rows, error = [], f"{type(e).__name__}: {e}"
             n = job.spec.samples_per_prompt
             now = self.clock()
+            batch_mode = job.spec.batch_mode  # groups are opened batch by batch, on request
             for p, data in enumerate(rows):
                 s.add(TaskRow(job=name, prompt=p, data=json.dumps(data)))
-                for k in range(n):
-                    s.add(ItemRow(job=name, prompt=p, sample=k, queued_at=now))
-            row = ExpansionRow(job=name, uid=job.metadata.uid or "", prompts=len(rows), total=len(rows) * n,
-                               error=error)
+                if not batch_mode:
+                    for k in range(n):
+                        s.add(ItemRow(job=name, prompt=p, sample=k, queued_at=now))
+            row = ExpansionRow(job=name, uid=job.metadata.uid or "", prompts=len(rows),
+                               total=0 if batch_mode else len(rows) * n, error=error)
             s.add(row)
             s.commit()
             s.refresh(row)
@@ -200,8 +216,23 @@ class Scheduler:
         return row
 
     def _purge(self, s: Session, name: str) -> None:
-        for model in (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow):
+        from .batches import BatchRow, CursorRow, GroupRow
+
+        for model in (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, CursorRow, PolicyRow):
             s.exec(model.__table__.delete().where(model.job == name))
+
+    # ------------------------------------------------------------ hooks used by batches.py
+
+    def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None:
+        for k in range(samples):
+            s.add(ItemRow(job=job, prompt=prompt, sample=k, queued_at=now, group_id=group_id))
+
+    def cancel_item(self, item: ItemRow) -> None:
+        self._release_backend(item)
+        item.state, item.deadline = "cancelled", None
+
+    def wake(self, job: str) -> None:
+        self._wake[job].set()
 
     # ------------------------------------------------------------ WorkTracker (reconciler)
 
@@ -225,7 +256,15 @@ class Scheduler:
         if exp.error:
             return Progress(counts, failed=exp.error)
         live = counts.queued + counts.init + counts.run + counts.eval
-        return Progress(counts, done=exp.total > 0 and live == 0)
+        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.name)}
+        if job.spec.batch_mode:
+            with Session(self.engine, expire_on_commit=False) as s:
+                counts.total = counts.queued + counts.init + counts.run + counts.eval + counts.succeeded \
+                    + counts.failed + counts.cancelled
+                extra["batch"] = self.batches.status(s, job.metadata.name)
+                done = self.batches.finished(s, job) and live == 0
+            return Progress(counts, done=done, extra=extra)
+        return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
 
     async def registered(self, job: RolloutJob) -> int:
         return len([n for n in self.nodes(job.metadata.name) if n.state == "active"])
@@ -269,7 +308,7 @@ class Scheduler:
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
-                                lease_seconds=lease, heartbeat_seconds=min(2.0, lease / 4))
+                                lease_seconds=lease, heartbeat_seconds=min(0.5, lease / 4))
 
     def _node(self, s: Session, node_id: str) -> NodeRow:
         node = s.get(NodeRow, node_id)
@@ -312,9 +351,10 @@ class Scheduler:
                 return LeaseResponse(drain=True)
             leases: list[Lease] = []
             now = self.clock()
+            version = self.policy_version(node.job)
             if max_items > 0:
                 q = (select(ItemRow).where(ItemRow.job == node.job, ItemRow.state == "queued")
-                     .order_by(ItemRow.prompt, ItemRow.sample).limit(max_items))
+                     .order_by(ItemRow.id).limit(max_items))
                 for item in s.exec(q).all():
                     backend = self.pool.acquire(cache.backends) if cache.backends else None
                     if cache.backends and backend is None:
@@ -328,10 +368,14 @@ class Scheduler:
                     task = json.loads(s.get(TaskRow, (node.job, item.prompt)).data)
                     leases.append(Lease(attempt_id=item.attempt_id, item=item.id, prompt=item.prompt,
                                         sample=item.sample, attempt=item.attempt, task=task, backend=backend,
-                                        queued_seconds=max(now - item.queued_at, 0.0)))
+                                        policy_version=version, queued_seconds=max(now - item.queued_at, 0.0)))
             live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
             s.commit()
         exp = self.expand(job)
+        if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
+            with Session(self.engine, expire_on_commit=False) as s:
+                done = self.batches.finished(s, job) and live == 0 and not leases
+            return LeaseResponse(leases=leases, done=done)
         return LeaseResponse(leases=leases, done=exp.total > 0 and live == 0 and not leases)
 
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
@@ -364,6 +408,9 @@ class Scheduler:
             resp.lease_seconds = cache.lease_seconds
             resp.drain = node.state == "draining"
             now = self.clock()
+            self._node_llm[node.id] = (time.monotonic(), hb.llm_inflight, hb.llm_held)
+            pol = self._policy_row(s, node.job)
+            resp.policy_version, resp.llm_paused = json.loads(pol.version), pol.paused
             ids = set(hb.stages) | set(hb.left_run)
             items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))} if ids else {}
             for aid in hb.left_run:
@@ -407,10 +454,15 @@ class Scheduler:
                 return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
             node.last_seen = self.clock()
             try:
-                cache = self._sync(self._job(node.job))
+                job = self._job(node.job)
+                cache = self._sync(job)
             except NotFound:
                 s.commit()
                 return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
+            pol = self._policy_row(s, node.job)
+            history = json.loads(pol.history)
+            max_stale = job.spec.policy.max_staleness
+            settled: list[int] = []
             ids = [r.attempt_id for r in batch.results]
             items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
             for res in batch.results:
@@ -427,13 +479,25 @@ class Scheduler:
                     state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts)
                     if state == "failed":
                         self._deliver(s, item, t)
+                        settled.append(item.group_id)
+                    woke.add(item.job)
+                elif max_stale is not None and self._staleness(t, history) > max_stale:
+                    self._release_backend(item)  # too old for the trainer: run it again, with the current policy
+                    item.state, item.stage, item.node_id, item.deadline = "queued", None, None, None
+                    item.attempt_id, item.backend, item.queued_at = None, None, self.clock()
+                    item.last_error = f"stale: generated by policy {t.policy_versions or t.policy_version}"
                     woke.add(item.job)
                 else:
                     self._release_backend(item)
                     item.state, item.stage, item.deadline = "done", None, None
                     self._deliver(s, item, t)
+                    settled.append(item.group_id)
                 s.add(item)
                 ack.accepted.append(res.attempt_id)
+            s.flush()
+            for gid in settled:
+                if gid is not None:
+                    self.batches.group_settled(s, job, gid)
             s.commit()
         for job in woke:
             self._wake[job].set()
@@ -441,8 +505,18 @@ class Scheduler:
 
     def _deliver(self, s: Session, item: ItemRow, t) -> None:
         s.add(TrajectoryRow(job=item.job, item=item.id, prompt=item.prompt, sample=item.sample, reward=t.reward,
-                            failure=t.failure.kind.value, data=json.dumps(t.wire(), separators=(",", ":"))))
+                            failure=t.failure.kind.value, data=json.dumps(t.wire(), separators=(",", ":")),
+                            group_id=item.group_id))
         self._traj_wake[item.job].set()
+
+    @staticmethod
+    def _staleness(t, history: list) -> int:
+        """How many announced versions ago the oldest turn of `t` was generated (0 = current)."""
+        versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
+        if not history or not versions:
+            return 0
+        idx = [history.index(v) for v in versions if v in history]
+        return len(history) - 1 - min(idx) if idx else len(history)
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
@@ -479,6 +553,143 @@ class Scheduler:
                 s.add(node)
             s.commit()
 
+    # ------------------------------------------------------------ batches (trainer API)
+
+    def request_batch(self, name: str, k: int | None = None) -> dict[str, Any]:
+        job = self._job(name)
+        if not job.spec.batch_mode:
+            raise BadRequest(f'rolloutjobs "{name}" is not a batch job: set spec.dapo.enabled or spec.batches')
+        if job.metadata.deletion_timestamp is not None or job.status.phase.terminal:
+            raise Conflict(f'rolloutjobs "{name}" is {job.status.phase.value}; it serves no more batches')
+        self.expand(job)
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = self.batches.request(s, job, k)
+            s.commit()
+            out = self.batches.snapshot(s, name, row.k)
+        out.pop("groups")
+        return out
+
+    async def batch(self, name: str, k: int, wait: bool = False, timeout: float | None = None,
+                    include_all: bool = False) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self._traj_wake[name]
+            ev.clear()
+            with Session(self.engine, expire_on_commit=False) as s:
+                snap = self.batches.snapshot(s, name, k, include_all)
+            if not wait or snap["state"] == "complete" or self._stopped:
+                return snap
+            left = 30.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return snap
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=min(left, 30.0))
+            except asyncio.TimeoutError:
+                pass
+
+    # ------------------------------------------------------------ policy versions
+
+    def _policy_row(self, s: Session, job: str) -> PolicyRow:
+        row = s.get(PolicyRow, job)
+        if row is None:
+            row = PolicyRow(job=job)
+            s.add(row)
+            s.flush()
+        return row
+
+    def policy_version(self, job: str) -> int | str | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(PolicyRow, job)
+            return json.loads(row.version) if row else None
+
+    def policy(self, job: str) -> dict[str, Any]:
+        self.store.get(job)  # 404 for unknown jobs
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(PolicyRow, job) or PolicyRow(job=job)
+            return {"version": json.loads(row.version), "history": json.loads(row.history), "paused": row.paused}
+
+    def _set_policy(self, job: str, **changes: Any) -> None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = self._policy_row(s, job)
+            for k, v in changes.items():
+                setattr(row, k, v)
+            s.add(row)
+            s.commit()
+
+    async def announce_policy(self, name: str, version: int | str, weights_path: str | None = None,
+                              pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
+        """Switch the job to policy `version`: hold new LLM calls on every daemon, wait for the
+        in-flight ones to finish, then on every backend pause → reload weights → reset the prefix
+        cache → resume, and release the daemons with the new version. No request spans two versions."""
+        job = self._job(name)
+        pause = job.spec.policy.pause_on_update if pause is None else pause
+        async with self._policy_lock[name]:
+            t0 = time.monotonic()
+            drained = True
+            if pause:
+                self._set_policy(name, paused=True)
+                asked = time.monotonic()
+                drained = await self._wait_llm_drained(name, asked, drain_timeout)
+            report = []
+            for url in self._jobs[name].backends:
+                report.append(await self._update_backend(url, weights_path, pause))
+            with Session(self.engine, expire_on_commit=False) as s:
+                row = self._policy_row(s, name)
+                history = json.loads(row.history)
+                if version not in history:
+                    history.append(version)
+                row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
+                s.add(row)
+                s.commit()
+            self._wake[name].set()
+        errors = [b for b in report if b.get("error")]
+        if errors:
+            log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
+        return {"version": version, "pausedSeconds": round(time.monotonic() - t0, 3), "drained": drained,
+                "backends": report}
+
+    async def _wait_llm_drained(self, name: str, since: float, timeout: float) -> bool:
+        """True once every active daemon of the job reported, after `since`, that it holds new LLM
+        calls (it saw the pause) and has none in flight."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = [n.id for n in self.nodes(name) if n.state == "active"]
+            beats = [self._node_llm.get(n) for n in nodes]
+            if all(b is not None and b[0] > since and b[2] and b[1] == 0 for b in beats):
+                return True
+            await asyncio.sleep(0.05)
+        log.warning("policy update of %s: daemons still had LLM calls in flight after %.0f s", name, timeout)
+        return False
+
+    async def _update_backend(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
+        try:
+            if pause:
+                await self._http.post(f"{url}/pause", params={"mode": "wait"}, timeout=120)
+            if weights_path:
+                t = time.monotonic()
+                r = await self._http.post(f"{url}/collective_rpc", timeout=300, json={
+                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})
+                if r.status_code != 200:
+                    raise RuntimeError(f"reload_weights: HTTP {r.status_code}: {r.text[:300]}")
+                out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            for _ in range(20):  # false while blocks are still held by requests finishing
+                r = await self._http.post(f"{url}/reset_prefix_cache", timeout=30)
+                if r.status_code != 200 or "false" not in r.text.lower():
+                    break
+                await asyncio.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
+            out["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            if pause:
+                try:
+                    await self._http.post(f"{url}/resume", timeout=30)
+                except httpx.HTTPError as e:
+                    out["error"] = out["error"] or f"resume: {e}"
+        return out
+
     # ------------------------------------------------------------ background duties
 
     def expire(self) -> int:
@@ -497,6 +708,13 @@ class Scheduler:
                     t = Trajectory(job=item.job, prompt=item.prompt, sample=item.sample, attempt=item.attempt,
                                    failure=Failure(kind=FailureKind.infra, reason=item.last_error))
                     self._deliver(s, item, t)
+                    if item.group_id is not None:
+                        s.add(item)
+                        s.flush()
+                        try:
+                            self.batches.group_settled(s, self._job(item.job), item.group_id)
+                        except NotFound:
+                            pass
                 s.add(item)
                 self._wake[item.job].set()
                 n += 1

@@ -40,6 +40,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             if len(options) == 1:
                 out.update(_structural(options[0], defs))
                 continue
+            if sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+                out["x-kubernetes-int-or-string"] = True
+                continue
             out[key] = _structural(options, defs)
             continue
         if key == "prefixItems":  # tuples (e.g. the DAPO band): a plain array with fixed length

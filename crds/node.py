@@ -71,6 +71,9 @@ class LeaseResponse(Model):
 class Heartbeat(Model):
     stages: dict[str, Stage] = Field(default_factory=dict, description="attemptId → stage of every live lease")
     left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
+    llm_inflight: int = Field(default=0, description="LLM requests this node has in flight right now")
+    llm_held: bool = Field(default=False, description="this node holds new LLM requests (it saw llmPaused)")
+    policy_version: int | str | None = Field(default=None, description="the version this node tags new requests with")
 
 
 class HeartbeatResponse(Model):
@@ -79,6 +82,8 @@ class HeartbeatResponse(Model):
     unknown: list[str] = Field(default_factory=list, description="attempts the controller no longer leases to you")
     drain: bool = False
     lease_seconds: float = 30.0
+    policy_version: int | str | None = None
+    llm_paused: bool = Field(default=False, description="hold new LLM requests (weights are being updated)")
 
 
 class Result(Model):

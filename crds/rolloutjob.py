@@ -169,6 +169,22 @@ class DapoSpec(Model):
     carry_over: bool = False
 
 
+class BatchesSpec(Model):
+    """Serve batch after batch (a trainer asks for each): a batch = `groups` complete groups."""
+
+    groups: int = Field(ge=1, description="groups (prompts × samplesPerPrompt) per batch")
+    count: int | None = Field(default=None, ge=1, description="stop after this many batches (null: until deleted)")
+    max_in_flight_groups: int | None = Field(default=None, ge=1)
+    carry_over: bool = Field(default=False, description="unfinished groups continue into the next batch")
+
+
+class PolicySpec(Model):
+    pause_on_update: bool = Field(default=True, description="hold new LLM calls and drain in-flight ones while "
+                                                            "the weights change")
+    max_staleness: int | None = Field(default=None, ge=0,
+                                      description="re-run a sample generated more than this many versions ago")
+
+
 class TimeoutsSpec(Model):
     init_seconds: float = Field(default=120, gt=0)
     run_seconds: float = Field(default=900, gt=0)
@@ -185,7 +201,13 @@ class RolloutJobSpec(Model):
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
     dapo: DapoSpec = Field(default_factory=DapoSpec)
+    batches: BatchesSpec | None = None
+    policy: PolicySpec = Field(default_factory=PolicySpec)
     timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+
+    @property
+    def batch_mode(self) -> bool:
+        return self.dapo.enabled or self.batches is not None
 
 
 # Paths (camelCase, as in YAML) that cannot change once the job exists.
@@ -194,6 +216,7 @@ IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("samplesPerPrompt",),
     ("executor", "kind"),
     ("sandbox", "runtime"),
+    ("dapo", "enabled"),
 )
 
 # ---------------------------------------------------------------- status
@@ -234,6 +257,14 @@ class StageCounts(Model):
     cancelled: int = 0
 
 
+class BatchStatus(Model):
+    current: int = 0
+    state: str = "idle"  # idle | running | complete
+    counted: int = 0
+    target: int = 0
+    completed: int = Field(default=0, description="batches completed so far")
+
+
 class RolloutJobStatus(Model):
     phase: Phase = Phase.pending
     conditions: list[Condition] = Field(default_factory=list)
@@ -243,6 +274,8 @@ class RolloutJobStatus(Model):
     start_time: datetime | None = None
     completion_time: datetime | None = None
     message: str = ""
+    batch: BatchStatus | None = None
+    policy_version: int | str | None = None
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

@@ -384,15 +384,17 @@ class SlurmExecutor:
                 sj = snap.get(aid)
                 if sj is None:
                     out.append(NodeState(f"slurm-{aid}", "pending", f"Slurm job {aid} submitted"))
-                elif sj.running:
-                    names = expand_hostlist(sj.nodelist)
+                elif sj.running:  # one reason per allocation (the reconciler joins them when none registered)
+                    names = expand_hostlist(sj.nodelist) or [f"slurm-{aid}"]
                     drained = set(meta.get("drained", []))
-                    for n in names or [f"slurm-{aid}"]:
-                        out.append(NodeState(n, "finished" if n in drained else "running", f"Slurm job {aid}"))
+                    for i, n in enumerate(names):
+                        why = f"Slurm job {aid} RUNNING on {sj.nodelist}; daemons starting" if i == 0 else ""
+                        out.append(NodeState(n, "finished" if n in drained else "running", why))
                 elif sj.live:
                     why = f"Slurm job {aid} {sj.state} (reason {sj.reason})" if sj.reason not in ("", "None") \
                         else f"Slurm job {aid} {sj.state}"
-                    out += [NodeState(f"slurm-{aid}-{i}", "pending", why) for i in range(max(meta["nodes"], 1))]
+                    out += [NodeState(f"slurm-{aid}-{i}", "pending", why if i == 0 else "")
+                            for i in range(max(meta["nodes"], 1))]
             if not out and st.get("last_error"):
                 wait = max(st["next_submit"] - self.clock(), 0)
                 why = st["last_error"] + (f"; resubmitting in {wait:.0f}s" if wait >= 1 else "; resubmitting")

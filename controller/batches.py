@@ -1,0 +1,264 @@
+"""Batch mode and DAPO dynamic sampling: which prompts run, which groups count, when to stop.
+
+Where it sits: inside the scheduler (`scheduler.py` calls `fill` when a batch is requested,
+`group_settled` when a group's last sample is final, and `snapshot` for the batch API). A job is
+in batch mode when `spec.dapo.enabled` or `spec.batches` is set; a trainer asks for batch k and
+the job opens groups (one prompt × samplesPerPrompt each, prompts in dataset order, cycling,
+the cursor persisted) until k is full:
+
+- plain batches: a group counts when all its samples are scored;
+- DAPO: a group counts only when *informative* (rewards not all equal, or the mean inside
+  `dapo.band`); a non-informative group is replaced at once by the next prompt (asynchronous
+  replenishment), with up to `maxInFlightGroups` groups running.
+
+A sample that failed for infrastructure reasons (after its retries) makes its group
+`incomplete`: it never counts and is never padded with a reward. When the batch is full every
+surplus rollout is cancelled on the daemons (the next heartbeat, ≤ 0.5 s) — or, with
+`carryOver`, its group moves to the next batch and keeps running.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+from sqlmodel import Field, Session, SQLModel, select
+
+from rolloutd.crds.rolloutjob import RolloutJob
+
+from .errors import BadRequest, Conflict, NotFound
+
+
+class GroupRow(SQLModel, table=True):
+    __tablename__ = "groups"
+    id: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    batch: int = Field(index=True)
+    prompt: int  # dataset index
+    state: str = "running"  # running | counted | uninformative | incomplete | cancelled
+    rewards: str = "[]"
+    opened: float = 0.0
+    settled: float | None = None
+
+
+class BatchRow(SQLModel, table=True):
+    __tablename__ = "batches"
+    job: str = Field(primary_key=True)
+    k: int = Field(primary_key=True)
+    state: str = "running"  # running | complete
+    target: int = 0
+    counted: int = 0
+    opened_groups: int = 0
+    created: float = 0.0
+    completed: float | None = None
+    cancelled_rollouts: int = 0
+    never_started: int = 0
+    saved_tokens: int = 0
+
+
+class CursorRow(SQLModel, table=True):
+    __tablename__ = "cursors"
+    job: str = Field(primary_key=True)
+    next_prompt: int = 0  # grows forever; the dataset index is next_prompt % prompts
+
+
+def batch_target(job: RolloutJob) -> int:
+    spec = job.spec
+    return spec.dapo.target_groups if spec.dapo.enabled else spec.batches.groups
+
+
+def max_in_flight(job: RolloutJob) -> int:
+    spec = job.spec
+    if spec.dapo.enabled:
+        return spec.dapo.max_in_flight_groups or 2 * spec.dapo.target_groups
+    return spec.batches.max_in_flight_groups or spec.batches.groups
+
+
+def carry_over(job: RolloutJob) -> bool:
+    spec = job.spec
+    return spec.dapo.carry_over if spec.dapo.enabled else spec.batches.carry_over
+
+
+def informative(job: RolloutJob, rewards: list[float]) -> bool:
+    if not job.spec.dapo.enabled:
+        return True
+    if job.spec.dapo.filter == "band" and job.spec.dapo.band is not None:
+        lo, hi = job.spec.dapo.band
+        return lo <= statistics.fmean(rewards) <= hi
+    return max(rewards) != min(rewards)
+
+
+class Batches:
+    """Stateless helpers over the batch tables; the scheduler passes its session and callbacks."""
+
+    def __init__(self, scheduler: Any):
+        self.sched = scheduler
+
+    # ------------------------------------------------------------ requests
+
+    def current(self, s: Session, job: str) -> BatchRow | None:
+        return s.exec(select(BatchRow).where(BatchRow.job == job).order_by(BatchRow.k.desc())).first()
+
+    def request(self, s: Session, job: RolloutJob, k: int | None) -> BatchRow:
+        name = job.metadata.name
+        cur = self.current(s, name)
+        want = (cur.k + 1 if cur and cur.state == "complete" else (cur.k if cur else 1)) if k is None else k
+        if cur is not None and want == cur.k:
+            return cur
+        if cur is not None and want < cur.k:
+            return s.get(BatchRow, (name, want)) or self._gone(name, want)
+        if cur is not None and cur.state != "complete":
+            raise Conflict(f"batch {cur.k} of rolloutjobs \"{name}\" is still running; batch {want} comes after it")
+        expected = cur.k + 1 if cur else 1
+        if want != expected:
+            raise BadRequest(f"the next batch of rolloutjobs \"{name}\" is {expected}, not {want}")
+        limit = job.spec.batches.count if job.spec.batches else None
+        if limit is not None and want > limit:
+            raise Conflict(f"rolloutjobs \"{name}\" serves {limit} batches; all are done")
+        row = BatchRow(job=name, k=want, target=batch_target(job), created=self.sched.clock())
+        s.add(row)
+        # groups carried over from the previous batch are already running for this one
+        carried = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == want)).all()
+        row.opened_groups = len(carried)
+        s.flush()
+        self.fill(s, job, row)
+        return row
+
+    def _gone(self, name: str, k: int) -> BatchRow:
+        raise NotFound(f"batch {k} of rolloutjobs \"{name}\" does not exist")
+
+    # ------------------------------------------------------------ opening groups
+
+    def fill(self, s: Session, job: RolloutJob, batch: BatchRow) -> int:
+        """Open groups until the batch has enough running (DAPO: up to maxInFlightGroups)."""
+        if batch.state != "running":
+            return 0
+        name = job.metadata.name
+        running = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == batch.k,
+                                                       GroupRow.state == "running")).all())
+        cap = max_in_flight(job) - running
+        if not job.spec.dapo.enabled:
+            cap = min(cap, batch.target - batch.counted - running)
+        if cap <= 0:
+            return 0
+        exp = self.sched.expand(job)
+        if exp.prompts == 0:
+            return 0
+        cursor = s.get(CursorRow, name) or CursorRow(job=name)
+        now = self.sched.clock()
+        for _ in range(cap):
+            prompt = cursor.next_prompt % exp.prompts
+            cursor.next_prompt += 1
+            group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
+            s.add(group)
+            s.flush()
+            self.sched.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
+            batch.opened_groups += 1
+        s.add(cursor)
+        s.add(batch)
+        self.sched.wake(name)
+        return cap
+
+    # ------------------------------------------------------------ settling groups
+
+    def group_settled(self, s: Session, job: RolloutJob, group_id: int) -> None:
+        """Called when an item of the group became final; settles the group once all are."""
+        from .scheduler import ItemRow, TrajectoryRow
+
+        group = s.get(GroupRow, group_id)
+        if group is None or group.state != "running":
+            return
+        items = s.exec(select(ItemRow).where(ItemRow.group_id == group_id)).all()
+        if any(i.state in ("queued", "leased") for i in items):
+            return
+        rows = s.exec(select(TrajectoryRow.reward, TrajectoryRow.failure).where(TrajectoryRow.group_id == group_id)).all()
+        rewards = [r for r, f in rows if r is not None and f != "infra"]
+        group.settled = self.sched.clock()
+        group.rewards = json.dumps(rewards)
+        if len(rewards) < len(items):
+            group.state = "incomplete"
+        elif informative(job, rewards):
+            group.state = "counted"
+        else:
+            group.state = "uninformative"
+        s.add(group)
+        batch = s.get(BatchRow, (group.job, group.batch))
+        if batch is None or batch.state != "running":
+            return
+        if group.state == "counted":
+            batch.counted += 1
+        if batch.counted >= batch.target:
+            self._complete(s, job, batch)
+        else:
+            self.fill(s, job, batch)  # replenish at once
+        s.add(batch)
+
+    def _complete(self, s: Session, job: RolloutJob, batch: BatchRow) -> None:
+        from .scheduler import ItemRow, TrajectoryRow
+
+        name = job.metadata.name
+        batch.state, batch.completed = "complete", self.sched.clock()
+        surplus = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
+                                                GroupRow.state == "running")).all()
+        if carry_over(job):
+            for g in surplus:
+                g.batch = batch.k + 1
+                s.add(g)
+            return
+        cancelled = never = 0
+        for g in surplus:
+            g.state, g.settled = "cancelled", self.sched.clock()
+            s.add(g)
+            for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(("queued", "leased")))):
+                cancelled += 1
+                if item.state == "queued" or item.stage in ("leased", "init"):
+                    never += 1
+                self.sched.cancel_item(item)
+                s.add(item)
+        done_tokens = [json.loads(d).get("lossMask", []) for d in s.exec(
+            select(TrajectoryRow.data).join(GroupRow, TrajectoryRow.group_id == GroupRow.id)
+            .where(GroupRow.job == name, GroupRow.batch == batch.k).limit(64)).all()] if cancelled else []
+        per = statistics.fmean(sum(m) for m in done_tokens) if done_tokens else 0.0
+        batch.cancelled_rollouts, batch.never_started = cancelled, never
+        batch.saved_tokens = int(per * cancelled)
+
+    # ------------------------------------------------------------ reading
+
+    def snapshot(self, s: Session, name: str, k: int, include_all: bool = False) -> dict[str, Any]:
+        from .scheduler import TrajectoryRow
+
+        batch = s.get(BatchRow, (name, k))
+        if batch is None:
+            raise NotFound(f"batch {k} of rolloutjobs \"{name}\" does not exist; request it first")
+        q = select(GroupRow).where(GroupRow.job == name, GroupRow.batch == k)
+        if not include_all:
+            q = q.where(GroupRow.state == "counted")
+        groups = []
+        for g in s.exec(q.order_by(GroupRow.id)).all():
+            samples = [json.loads(d) for d in s.exec(
+                select(TrajectoryRow.data).where(TrajectoryRow.group_id == g.id).order_by(TrajectoryRow.sample)).all()]
+            groups.append({"group": g.id, "prompt": g.prompt, "state": g.state, "rewards": json.loads(g.rewards),
+                           "samples": samples})
+        versions = sorted({str(t.get("policyVersion")) for g in groups for t in g["samples"]})
+        return {
+            "batch": k, "state": batch.state, "target": batch.target, "counted": batch.counted,
+            "openedGroups": batch.opened_groups, "groups": groups,
+            "cancelledRollouts": batch.cancelled_rollouts, "neverStarted": batch.never_started,
+            "savedTokensEstimate": batch.saved_tokens,
+            "secondsToFill": (batch.completed - batch.created) if batch.completed else None,
+            "policyVersions": versions,
+        }
+
+    def status(self, s: Session, name: str) -> dict[str, Any] | None:
+        cur = self.current(s, name)
+        if cur is None:
+            return {"current": 0, "state": "idle", "counted": 0, "target": 0, "completed": 0}
+        done = len(s.exec(select(BatchRow.k).where(BatchRow.job == name, BatchRow.state == "complete")).all())
+        return {"current": cur.k, "state": cur.state, "counted": cur.counted, "target": cur.target, "completed": done}
+
+    def finished(self, s: Session, job: RolloutJob) -> bool:
+        limit = job.spec.batches.count if job.spec.batches else None
+        if limit is None:
+            return False
+        row = s.get(BatchRow, (job.metadata.name, limit))
+        return row is not None and row.state == "complete"
