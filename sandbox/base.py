@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from .client import ExecClient
 from .errors import ExecError, SandboxCreateError, SandboxDied, SandboxTimeout
-from .limits import Cgroup
+from .limits import Cgroup, candidate_parents
 from .models import (
     BashRequest,
     BashResult,
@@ -120,6 +120,70 @@ def server_argv(python: str, cfg: dict[str, Any]) -> list[str]:
     return [python, "-S", "-c", LAUNCHER, marshal.dumps(cfg).hex()]
 
 
+OWNER_FILE = "owner"  # "<pid> <start time>" of the daemon that created the sandbox
+
+
+def _process_identity(pid: int) -> str | None:
+    """"<pid> <start time>": names one process, even after its pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    if stat[stat.rfind(b")") + 2 :].split()[0] == b"Z":
+        return None
+    return f"{pid} {int(stat[stat.rfind(b')') + 2 :].split()[19])}"
+
+
+def sweep_stale() -> list[str]:
+    """Remove what sandboxes of dead daemons left behind (a daemon killed with
+    SIGKILL never runs its clean-up; its sandboxes die with it, by
+    --die-with-parent, but their directories and cgroups stay): directories
+    whose owner process is gone, and our empty ``rolloutd-*`` cgroups that
+    have no directory any more. Returns the ids removed."""
+    removed = []
+    base = sandbox_base_dir()
+    for entry in os.listdir(base):
+        root = base / entry
+        try:
+            owner = (root / OWNER_FILE).read_text().strip()
+        except OSError:
+            # being created or removed right now, or left without an owner file:
+            # stale only if old and nothing of it runs (its owner is unknown)
+            try:
+                if time.time() - root.stat().st_mtime < 60 or _pids_with_id(entry):
+                    continue
+            except OSError:
+                continue
+            owner = ""
+        pid = owner.split()[0] if owner else ""
+        if owner and pid.isdigit() and _process_identity(int(pid)) == owner:
+            continue  # its daemon is alive: not ours to touch
+        _reap_leftovers(entry, timeout=1.0)
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(entry)
+    for parent in candidate_parents():
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith("rolloutd-")]
+        except OSError:
+            continue
+        for name in names:
+            if not (base / name[len("rolloutd-") :]).exists():
+                try:
+                    (parent / name).rmdir()  # fails (and is left) while it holds processes
+                except OSError:
+                    pass
+    return removed
+
+
+@functools.cache
+def _sweep_once() -> None:
+    try:
+        sweep_stale()
+    except OSError:
+        pass
+
+
 def _pids_with_id(sandbox_id: str) -> list[int]:
     """Processes whose environment carries this sandbox's id (ours: same user)."""
     needle = f"{ID_VAR}={sandbox_id}".encode()
@@ -177,9 +241,11 @@ class Sandbox:
     @staticmethod
     def layout() -> tuple[str, Path, Path, Path]:
         """A fresh id and its private directories: (id, root, workspace, ctl)."""
+        _sweep_once()
         sandbox_id = secrets.token_hex(6)
         root = sandbox_base_dir() / sandbox_id
         root.mkdir(mode=0o700)
+        (root / OWNER_FILE).write_text(_process_identity(os.getpid()) or "")
         (root / "workspace").mkdir()
         (root / "ctl").mkdir(mode=0o700)
         return sandbox_id, root, root / "workspace", root / "ctl"

@@ -65,6 +65,14 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
+def candidate_parents() -> list[Path]:
+    """The directories our sandboxes' cgroups are created in (below our own cgroups)."""
+    own = _own_cgroups()
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return [CGROUP_ROOT / own.get("", "/").lstrip("/")]
+    return [CGROUP_ROOT / kind / own[kind].lstrip("/") for kind in ("memory", "pids") if kind in own]
+
+
 class Cgroup:
     """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory)."""
 

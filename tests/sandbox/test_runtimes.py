@@ -205,3 +205,37 @@ def test_cancelled_create_and_close_leave_nothing(run, tmp_path, monkeypatch):
     assert not any(sb_id in _live for sb_id in leftovers)
     base = tmp_path / "sandboxes"
     assert not base.exists() or os.listdir(base) == []
+
+
+def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
+    """A daemon killed with SIGKILL leaves directories and cgroups: the next one sweeps them."""
+    require_bwrap()
+    from rolloutd.sandbox.base import sweep_stale
+    from rolloutd.sandbox.limits import candidate_parents
+
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
+    live = run(create_sandbox(SandboxSpec()))  # a live sandbox of this process must survive the sweep
+    script = (
+        "import asyncio, os, sys\n"
+        "from rolloutd.sandbox import SandboxSpec, create_sandbox\n"
+        "async def main():\n"
+        "    sb = await create_sandbox(SandboxSpec())\n"
+        "    print(sb.id, flush=True)\n"
+        "    await sb.bash('true')\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "asyncio.run(main())\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    dead_id = p.stdout.split()[0]
+    base = tmp_path / "sandboxes"
+    try:
+        assert (base / dead_id).exists()  # left behind
+        removed = sweep_stale()
+        assert dead_id in removed and live.id not in removed
+        assert not (base / dead_id).exists() and live.root.exists()
+        assert not any((parent / f"rolloutd-{dead_id}").exists() for parent in candidate_parents())
+        assert host_pids_of(dead_id) == []
+        assert run(live.bash("echo ok")).output == "ok\n"
+    finally:
+        run(live.close())
