@@ -18,7 +18,8 @@ class Group:
 
     `group` is the server's group id, `prompt` the dataset index, `state` one of
     `counted` (part of the batch), `uninformative`, `incomplete`, `cancelled`, `running`.
-    `rewards[i]` is `samples[i]["reward"]`: `None` for an infrastructure failure."""
+    `rewards[i]` is `samples[i]["reward"]` (`None` for an infrastructure failure), aligned with
+    `samples` (the server's own `rewards` list leaves infrastructure failures out)."""
 
     group: Any
     prompt: int
@@ -29,21 +30,21 @@ class Group:
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> "Group":
         samples = list(d.get("samples") or [])
-        rewards = d.get("rewards")
-        if rewards is None:
-            rewards = [s.get("reward") for s in samples]
+        rewards = [s.get("reward") for s in samples] if samples else list(d.get("rewards") or [])
         return cls(group=d.get("group"), prompt=d.get("prompt", -1), samples=samples, rewards=list(rewards),
                    state=d.get("state", "counted"))
 
 
 @dataclass
 class Batch:
-    """One batch of a batch-server job (`spec.dapo.enabled` or `spec.batches`).
+    """One batch of a batch-server job (`spec.dapo.enabled` or `spec.batches`); batches are
+    numbered from 1.
 
     `groups` holds the counted groups only (what to train on), unless the batch was fetched with
     `all_groups=True`. Counters come from the server: `cancelled_rollouts` (surplus rollouts
     cancelled on the daemons once the batch was full), `never_started`, `saved_tokens_estimate`,
-    `seconds_to_fill`. `raw` is the server's answer as received."""
+    `seconds_to_fill`, `opened_groups` (groups started for it, DAPO replacements included),
+    `policy_versions` (of the trajectories in it). `raw` is the server's answer as received."""
 
     batch: int
     state: str
@@ -54,6 +55,8 @@ class Batch:
     never_started: int = 0
     saved_tokens_estimate: int = 0
     seconds_to_fill: float | None = None
+    opened_groups: int = 0
+    policy_versions: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -62,6 +65,7 @@ class Batch:
                    counted=d.get("counted", 0), groups=[Group.from_wire(g) for g in d.get("groups") or []],
                    cancelled_rollouts=d.get("cancelledRollouts", 0), never_started=d.get("neverStarted", 0),
                    saved_tokens_estimate=d.get("savedTokensEstimate", 0), seconds_to_fill=d.get("secondsToFill"),
+                   opened_groups=d.get("openedGroups", 0), policy_versions=list(d.get("policyVersions") or []),
                    raw=d)
 
     @property

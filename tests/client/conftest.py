@@ -49,3 +49,10 @@ def fake() -> FakeController:
 @pytest.fixture(params=["sync", "async"])
 def api(request, fake) -> Driver:
     return Driver(request.param, fake)
+
+
+# the end-to-end tests use the real-cluster helpers (tests/e2e/cluster.py, tests/engine_fixtures.py)
+_TESTS = Path(__file__).resolve().parents[1]
+for _p in (_TESTS, _TESTS / "e2e"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
