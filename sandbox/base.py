@@ -271,10 +271,13 @@ class Sandbox:
             # preexec_fn forces a full fork of the daemon (~10 ms) instead of vfork
             argv = ["/bin/sh", "-c", CGROUP_JOIN, "sh", *(str(d) for d in cgroup.dirs), "--", *argv]
         proc: asyncio.subprocess.Process | None = None
+        spawn: asyncio.Future | None = None
         try:
-            try:
-                with open(log_path, "wb") as log:
-                    proc = await asyncio.create_subprocess_exec(
+            with open(log_path, "wb") as log:
+                # shielded: asyncio's own clean-up of a subprocess creation cancelled
+                # half-way was seen to hang (3.11); a late process is killed below
+                spawn = asyncio.ensure_future(
+                    asyncio.create_subprocess_exec(
                         *argv,
                         stdin=asyncio.subprocess.DEVNULL,
                         stdout=asyncio.subprocess.PIPE,
@@ -283,8 +286,11 @@ class Sandbox:
                         env=env,
                         start_new_session=True,  # its own process group: what close() kills
                     )
-            except OSError as e:
-                raise SandboxCreateError(f"cannot start {argv[0]}: {e}") from None
+                )
+                try:
+                    proc = await asyncio.shield(spawn)
+                except OSError as e:
+                    raise SandboxCreateError(f"cannot start {argv[0]}: {e}") from None
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT)
             except asyncio.TimeoutError:
@@ -299,6 +305,8 @@ class Sandbox:
             # second cancel) must still leave no process, cgroup or directory
             if proc is not None and proc.returncode is None:
                 _terminate(proc.pid)
+            elif spawn is not None and not spawn.done():
+                spawn.add_done_callback(lambda f: _kill_late_spawn(f, sandbox_id, root, cgroup))
             _reap_leftovers(sandbox_id)
             _cleanup_dirs(root, cgroup)
             raise
@@ -543,6 +551,15 @@ def _kill_children(pid: int) -> None:
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _kill_late_spawn(fut: asyncio.Future, sandbox_id: str, root: Path, cgroup: Cgroup | None) -> None:
+    """The start was cancelled while its process was being created: kill it now."""
+    if fut.cancelled() or fut.exception() is not None:
+        return
+    _terminate(fut.result().pid)
+    _reap_leftovers(sandbox_id)
+    _cleanup_dirs(root, cgroup)
 
 
 def _terminate(pid: int) -> None:
