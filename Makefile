@@ -7,7 +7,7 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv engine bench clean
+.PHONY: demo test setup system-packages venv engine bench clean train-demo
 
 setup: system-packages venv engine
 
@@ -31,6 +31,15 @@ test: setup
 
 demo: setup
 	$(BIN)/python examples/demo.py
+
+# GRPO through rolloutd on this CPU (examples/train_grpo.py; ~25 min per run, two runs): SmolLM2
+# learns single-digit addition, DAPO off then on; curves and reports in examples/rl/results/
+ENGINE_PY ?= $(HOME)/.cache/rolloutd/engine/venv/bin/python
+
+train-demo: setup
+	$(BIN)/python examples/train_grpo.py
+	$(BIN)/python examples/train_grpo.py --dapo
+	$(ENGINE_PY) examples/rl/report.py examples/rl/results/train-grpo examples/rl/results/train-grpo-dapo
 
 bench: setup
 	$(BIN)/python -m bench
