@@ -54,6 +54,7 @@ from .store import Store
 log = logging.getLogger("rolloutd.scheduler")
 
 LIVE = ("queued", "leased")
+NODE_SILENCE_SECONDS = 60.0
 
 
 class TaskRow(SQLModel, table=True):
@@ -718,11 +719,13 @@ class Scheduler:
                 s.add(item)
                 self._wake[item.job].set()
                 n += 1
-            # nodes silent for longer than a lease are gone
+            # nodes silent for long are gone. Their leases expire on their own deadlines above; this
+            # only retires the node record, so it can wait out a daemon's start-up (imports and the
+            # tokenizer take several seconds on a busy node, before its first beat)
             for node in s.exec(select(NodeRow).where(NodeRow.state != "gone")):
                 cache = self._jobs.get(node.job)
                 seen = self._seen.setdefault(node.id, now)
-                if now - seen > (cache.lease_seconds if cache else 30.0):
+                if now - seen > max(cache.lease_seconds if cache else 30.0, NODE_SILENCE_SECONDS):
                     node.state, node.last_seen = "gone", seen
                     s.add(node)
             s.commit()
