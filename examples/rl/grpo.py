@@ -116,12 +116,27 @@ def rows_from_groups(groups: Iterable[dict[str, Any]], *, pad_id: int = 0, skip_
 # ------------------------------------------------------------------ the loss
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token t | tokens < t) for t = 1..L-1, shape [B, L-1], in the model's dtype (fp32)."""
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(token t | tokens < t) for t = 1..L-1, shape [B, L-1], in fp32.
+
+    With `mask` ([B, L-1], the loss mask shifted like the targets) the LM head runs only where
+    the mask is set, other positions are 0: the same numbers for the tokens that are trained,
+    without projecting every prompt position onto the 49k-entry vocabulary (Llama-family models,
+    whose logits are the plain LM-head projection of the last hidden state; others take the full
+    path)."""
+    targets = input_ids[:, 1:]
+    if mask is not None and getattr(model.config, "model_type", "") == "llama":
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        sel = mask > 0
+        logits = model.get_output_embeddings()(hidden[:, :-1][sel]).float()
+        tgt = targets[sel]
+        picked = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        out = torch.zeros(sel.shape, dtype=picked.dtype)
+        out[sel] = picked
+        return out
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
     logits = logits.float()
-    targets = input_ids[:, 1:]
-    # log_softmax then gather, without keeping a second [B, L, V] tensor alive longer than needed
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - lse
@@ -177,7 +192,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: R
         width = int(rows.attention_mask[idx].sum(dim=1).max())
         ids = rows.input_ids[idx, :width]
         attn = rows.attention_mask[idx, :width]
-        new_lp = token_logprobs(model, ids, attn)
+        new_lp = token_logprobs(model, ids, attn, rows.loss_mask[idx, 1:width])
         loss, st = clipped_pg_loss(new_lp, rows.old_logprobs[idx, 1:width], rows.advantages[idx],
                                    rows.loss_mask[idx, 1:width], clip=clip, clip_high=clip_high, denom=total_tokens)
         if not torch.isfinite(loss):

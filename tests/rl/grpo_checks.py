@@ -67,6 +67,9 @@ attn = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
 with torch.no_grad():
     lp = grpo.token_logprobs(model, ids, attn)
 lmask = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 0, 0]], dtype=torch.float)
+with torch.no_grad():  # the LM head on masked positions only: the same numbers there
+    lp_masked = grpo.token_logprobs(model, ids, attn, lmask[:, 1:])
+assert torch.allclose(lp_masked, lp * lmask[:, 1:], atol=1e-6) and lp_masked[0, 0] == 0
 old_full = torch.zeros(2, 6)
 old_full[:, 1:] = lp * lmask[:, 1:]
 r = grpo.Rows(ids, attn, lmask, old_full, torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]), [0, 0], [0, 0])
