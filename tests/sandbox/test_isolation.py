@@ -106,7 +106,10 @@ def test_fork_bomb_is_contained(make_sandbox, run):
     except SandboxDied:
         assert not sb.alive
     else:
-        assert after.output == "alive\nforked\n"
+        # bash may print "fork: retry" while the bomb's last processes are being reaped: it then
+        # succeeds, which is what "usable" means
+        lines = [line for line in after.output.splitlines() if "fork: retry" not in line]
+        assert lines == ["alive", "forked"], after.output
     pids = host_pids_of(sb.id)
     run(sb.close())
     assert host_pids_of(sb.id) == []
