@@ -48,7 +48,8 @@ def run(quick: bool = False) -> list[dict]:
     # through the API
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir",
-                             str(tmp / "api"), "--port", str(port), "--log-level", "warning"],
+                             str(tmp / "api"), "--port", str(port), "--log-level", "warning",
+                             "--executors", ""],  # measure the API and store, not 800 daemons
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
