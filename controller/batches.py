@@ -79,6 +79,11 @@ def carry_over(job: RolloutJob) -> bool:
     return spec.dapo.carry_over if spec.dapo.enabled else spec.batches.carry_over
 
 
+def incomplete_limit(target: int) -> int:
+    """Groups a batch may lose to infrastructure failures before it fails instead of replacing them."""
+    return 2 * target + 4
+
+
 def informative(job: RolloutJob, rewards: list[float]) -> bool:
     if not job.spec.dapo.enabled:
         return True
@@ -187,6 +192,17 @@ class Batches:
             return
         if group.state == "counted":
             batch.counted += 1
+        if group.state == "incomplete":
+            lost = len(s.exec(select(GroupRow.id).where(GroupRow.job == group.job, GroupRow.batch == batch.k,
+                                                        GroupRow.state == "incomplete")).all())
+            if lost > incomplete_limit(batch.target):
+                # infrastructure keeps failing: replacing groups forever would hide it from the trainer
+                batch.state, batch.completed = "failed", self.sched.clock()
+                for g in s.exec(select(GroupRow).where(GroupRow.job == group.job, GroupRow.batch == batch.k,
+                                                       GroupRow.state == "running")):
+                    self._cancel_group(s, g)
+                s.add(batch)
+                return
         if batch.counted >= batch.target:
             self._complete(s, job, batch)
         else:
@@ -207,20 +223,36 @@ class Batches:
             return
         cancelled = never = 0
         for g in surplus:
-            g.state, g.settled = "cancelled", self.sched.clock()
-            s.add(g)
-            for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(("queued", "leased")))):
-                cancelled += 1
-                if item.state == "queued" or item.stage in ("leased", "init"):
-                    never += 1
-                self.sched.cancel_item(item)
-                s.add(item)
+            c, n = self._cancel_group(s, g)
+            cancelled, never = cancelled + c, never + n
         done_tokens = [json.loads(d).get("lossMask", []) for d in s.exec(
             select(TrajectoryRow.data).join(GroupRow, TrajectoryRow.group_id == GroupRow.id)
             .where(GroupRow.job == name, GroupRow.batch == batch.k).limit(64)).all()] if cancelled else []
         per = statistics.fmean(sum(m) for m in done_tokens) if done_tokens else 0.0
         batch.cancelled_rollouts, batch.never_started = cancelled, never
         batch.saved_tokens = int(per * cancelled)
+
+    def _cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
+        """Cancel a running group's live rollouts (daemons learn it at their next beat)."""
+        from .scheduler import ItemRow
+
+        cancelled = never = 0
+        g.state, g.settled = "cancelled", self.sched.clock()
+        s.add(g)
+        for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(("queued", "leased")))):
+            cancelled += 1
+            if item.state == "queued" or item.stage in ("leased", "init"):
+                never += 1
+            self.sched.cancel_item(item)
+            s.add(item)
+        return cancelled, never
+
+    def failure(self, s: Session, name: str) -> str | None:
+        bad = s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == "failed")).first()
+        if bad is None:
+            return None
+        return (f"batch {bad.k}: more than {incomplete_limit(bad.target)} groups lost samples to infrastructure "
+                "failures (see the trajectories' failure reasons); the batch cannot be filled")
 
     # ------------------------------------------------------------ reading
 

@@ -264,6 +264,9 @@ class Scheduler:
                     + counts.failed + counts.cancelled
                 extra["batch"] = self.batches.status(s, job.metadata.name)
                 done = self.batches.finished(s, job) and live == 0
+                failed = self.batches.failure(s, job.metadata.name)
+            if failed:
+                return Progress(counts, failed=failed, extra=extra)
             return Progress(counts, done=done, extra=extra)
         return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
 
@@ -505,6 +508,8 @@ class Scheduler:
         return ack
 
     def _deliver(self, s: Session, item: ItemRow, t) -> None:
+        if item.group_id is not None:
+            t.group = item.group_id
         s.add(TrajectoryRow(job=item.job, item=item.id, prompt=item.prompt, sample=item.sample, reward=t.reward,
                             failure=t.failure.kind.value, data=json.dumps(t.wire(), separators=(",", ":")),
                             group_id=item.group_id))

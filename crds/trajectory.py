@@ -50,6 +50,7 @@ class Trajectory(Model):
     job: str
     prompt: int = Field(description="index of the prompt in the dataset")
     sample: int = Field(description="sample index within the prompt's group")
+    group: int | None = Field(default=None, description="batch mode: the group's id (a prompt may recur across batches)")
     task_id: str | None = None
     token_ids: list[int] = Field(default_factory=list)
     prompt_length: int = 0

@@ -197,3 +197,20 @@ def test_stale_samples_are_re_run(tmp_path):
     assert len(ack.accepted) == 4 and sched.trajectories("math-demo") == []  # re-queued, not delivered
     again = lease_all(sched, node)
     assert len(again) == 4 and all(l.policy_version == 2 for l in again)
+
+
+def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_looping(tmp_path):
+    store, sched, node = make(tmp_path, target=1, in_flight=2)
+    sched.request_batch("math-demo")
+    for _ in range(60):
+        leases = lease_all(sched, node)
+        if not leases:
+            break
+        report(sched, node, leases, mixed_every_third, infra=set(range(1000)))
+    every = asyncio.run(sched.batch("math-demo", 1, include_all=True))
+    assert every["state"] == "failed"
+    prog = asyncio.run(sched.progress(store.get("math-demo")))
+    assert prog.failed and "infrastructure" in prog.failed
+    delivered = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    assert delivered and all(t["reward"] is None and t["failure"]["kind"] == "infra" for t in delivered)
+    assert all(t["group"] is not None for t in delivered)
