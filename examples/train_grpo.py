@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="results folder (default examples/rl/results/<name>)")
     p.add_argument("--controller-env", default="", help="extra PYTHONPATH for a started controller (test plug-ins)")
     p.add_argument("--keep-weights", action="store_true", help="keep every version's weights, not just the last")
+    p.add_argument("--eval-weights", metavar="DIR",
+                   help="no training: score the held-out prompts with the base model, then with the weights in DIR "
+                        "(reloaded into the engine), and add both to <out>/summary.json (rebuilt from steps.csv "
+                        "when a run was interrupted before writing it)")
+    p.add_argument("--data-dir", help="the started controller's data dir (default .rolloutd/<run name>)")
     return p.parse_args(argv)
 
 
@@ -240,6 +245,38 @@ def batch_rewards(batch) -> tuple[list[float], int, int]:
     return rewards, settled, informative
 
 
+def eval_only(args: argparse.Namespace, rc, name: str, out: Path, engine_url: str, model_dir: Path) -> int:
+    doc = job(f"{name}-heldout", args, args.heldout, engine_url, model_dir, batch_mode=False,
+              samples=args.heldout_samples)
+    path = out / "summary.json"
+    if path.exists():
+        summary = json.loads(path.read_text())
+    else:  # an interrupted run: its steps.csv and settings
+        with open(out / "steps.csv") as f:
+            steps = [{k: report.parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        summary = {"name": name, "dapo": args.dapo, "model": args.model, "groups": args.groups,
+                   "samples": args.samples, "max_tokens": args.max_tokens, "lr": args.lr, "clip": args.clip,
+                   "started": "(interrupted run, rebuilt from steps.csv)", "load_before": float("nan"),
+                   "train_seconds": steps[-1]["elapsed_s"], "final_version": steps[-1]["trained_on_version"] + 1,
+                   "weights": str(args.eval_weights), "steps": steps}
+    summary.setdefault("heldout_runs", [])
+    print("held-out prompts, base model …", flush=True)
+    before = score_heldout(rc, f"{name}-heldout", doc)
+    print(f"  held-out reward {before['mean']:.3f}", flush=True)
+    print(f"reloading {args.eval_weights} into {engine_url} …", flush=True)
+    grpo.engine_reload(engine_url, args.eval_weights)
+    after = score_heldout(rc, f"{name}-heldout", doc)
+    print(f"  held-out reward {after['mean']:.3f}", flush=True)
+    summary.setdefault("heldout_before", before)
+    summary.setdefault("heldout_after", after)
+    summary["heldout_runs"].append({"base": before, "trained": after, "weights": str(args.eval_weights)})
+    summary["load_after"] = os.getloadavg()[0]
+    grpo.write_json(path, summary)
+    report.write_report(out, summary)
+    print(f"results in {out}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -250,15 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "examples" / "rl" / "results" / name
     out.mkdir(parents=True, exist_ok=True)
     weights_root = HOME / "rl" / name
-    shutil.rmtree(weights_root, ignore_errors=True)
-    weights_root.mkdir(parents=True)
+    if not args.eval_weights:
+        shutil.rmtree(weights_root, ignore_errors=True)
+        weights_root.mkdir(parents=True)
     torch.manual_seed(0)
 
-    with engine(args) as (engine_url, model_dir), controller(args, REPO / ".rolloutd" / name) as (url, token):
+    data_dir = Path(args.data_dir) if args.data_dir else REPO / ".rolloutd" / name
+    with engine(args) as (engine_url, model_dir), controller(args, data_dir) as (url, token):
         from rolloutd.agents.models import model_dir as prepared_dir
 
         model_dir = model_dir or prepared_dir(args.model)
         rc = RolloutClient(url, token_file=token) if token else RolloutClient(url)
+        if args.eval_weights:
+            return eval_only(args, rc, name, out, engine_url, model_dir)
         summary: dict = {"name": name, "dapo": args.dapo, "model": args.model, "groups": args.groups,
                          "samples": args.samples, "max_tokens": args.max_tokens, "lr": args.lr, "clip": args.clip,
                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg()[0]}

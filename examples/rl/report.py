@@ -22,6 +22,18 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
+def parse_cell(v: str) -> Any:
+    """A steps.csv cell back to int / float / bool / str."""
+    if v in ("True", "False"):
+        return v == "True"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
 def window_stats(rewards: Sequence[float], k: int = 5) -> dict[str, float]:
     """First-k and last-k step means, and the noise of a k-step mean at the start: the standard
     deviation of the first k per-step means divided by sqrt(k)."""
@@ -93,7 +105,7 @@ def write_report(out: Path, s: dict[str, Any]) -> None:
         f"Started {s['started']}; model {s['model']} (fp32 in vLLM and in the trainer); "
         f"{s['groups']} groups × {s['samples']} samples per step, ≤{s['max_tokens']} tokens per reply, "
         f"AdamW lr {s['lr']}, clip {s['clip']}. Load average (2 cores) {s['load_before']:.1f} at the start, "
-        f"{s['load_after']:.1f} at the end.",
+        f"{s['load_after']:.1f} at the end; per step in `steps.csv` (`load`).",
         "",
         f"- steps: {len(steps)} in {s['train_seconds'] / 60:.1f} min (policy versions 0 → {s['final_version']})",
         f"- seconds per step (mean): rollout {mean('rollout_s'):.1f}, train {mean('train_s'):.1f}, "

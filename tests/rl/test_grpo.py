@@ -49,7 +49,7 @@ def test_one_training_step_end_to_end(tmp_path, tiny_engine):
         str(REPO / "examples" / "train_grpo.py"), "--model", "tiny", "--engine-url", tiny_engine.url,
         "--kind", "scripted", "--train", str(source), "--heldout", "", "--controller-env", str(PLUGINS),
         "--steps", "2", "--groups", "2", "--samples", "2", "--max-tokens", "6", "--lr", "1e-2",
-        "--threads", "1", "--name", name, "--out", str(out))
+        "--threads", "1", "--name", name, "--out", str(out), "--data-dir", str(tmp_path / "data"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     s = json.loads((out / "summary.json").read_text())
     first, second = s["steps"]
