@@ -182,7 +182,9 @@ def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 
 
 
 def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(scluster: SlurmCluster, tiny_engine):
-    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=16, samples=2, max_turns=3, tokens=24,
+    # long enough that the one remaining daemon is still busy when the two drained nodes go back
+    # (drain + exit settle + a reconcile pass take ~8 s)
+    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=48, samples=2, max_turns=3, tokens=32,
                         workers=(1, 2, 1))
     scluster.apply(doc)
     uid = scluster.uid("s-shrink")
@@ -196,8 +198,8 @@ def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(sclu
                       "the allocation to shrink to one node")
     assert shrunk[0]["id"] == alloc["id"] and shrunk[0]["state"] == "RUNNING"
     final = scluster.wait_done("s-shrink", timeout=300)
-    assert final["status"]["counts"]["succeeded"] == 32
-    assert_exactly_once(scluster.trajectories("s-shrink"), 16, 2)
+    assert final["status"]["counts"]["succeeded"] == 96
+    assert_exactly_once(scluster.trajectories("s-shrink"), 48, 2)
     assert [a["id"] for a in scluster.allocations(uid)] == [alloc["id"]], "shrinking never resubmits"
     nodes = {n["slurm_node_id"]: n for n in scluster.nodes("s-shrink")}
     assert set(nodes) == {0, 1, 2}
