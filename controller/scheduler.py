@@ -583,7 +583,7 @@ class Scheduler:
             ev.clear()
             with Session(self.engine, expire_on_commit=False) as s:
                 snap = self.batches.snapshot(s, name, k, include_all)
-            if not wait or snap["state"] == "complete" or self._stopped:
+            if not wait or snap["state"] in ("complete", "failed") or self._stopped:
                 return snap
             left = 30.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:

@@ -170,6 +170,10 @@ def sweep_stale() -> list[str]:
         for name in names:
             if not (base / name[len("rolloutd-") :]).exists():
                 try:
+                    # another daemon may be creating this sandbox right now (cgroup made, its
+                    # process not in it yet): only old, empty cgroups are leftovers
+                    if time.time() - (parent / name).stat().st_mtime < 60:
+                        continue
                     (parent / name).rmdir()  # fails (and is left) while it holds processes
                 except OSError:
                     pass
