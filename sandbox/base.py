@@ -172,7 +172,8 @@ def sweep_stale() -> list[str]:
                 try:
                     # another daemon may be creating this sandbox right now (cgroup made, its
                     # process not in it yet): only old, empty cgroups are leftovers
-                    if time.time() - (parent / name).stat().st_mtime < 60:
+                    sid = name[len("rolloutd-") :]
+                    if sid not in removed and time.time() - (parent / name).stat().st_mtime < 60:
                         continue
                     (parent / name).rmdir()  # fails (and is left) while it holds processes
                 except OSError:
