@@ -162,6 +162,9 @@ class BwrapRuntime(SandboxRuntime):
         if spec.tmp_mb:
             opts.extend(["--size", str(spec.tmp_mb * 1024 * 1024)])
         opts.extend(["--tmpfs", "/tmp", "--tmpfs", "/run"])
+        for path in runtime_paths():  # an interpreter or checkout under /tmp or /run (a CI clone)
+            if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
+                opts.extend(["--ro-bind", path, path])
         opts.extend(["--bind", str(workspace), INNER_WORKSPACE, "--bind", str(ctl), INNER_CTL])
         base = str(sandbox_base_dir())
         if image == Path("/") and not base.startswith(("/tmp/", "/run/")):

@@ -239,3 +239,28 @@ def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
         assert run(live.bash("echo ok")).output == "ok\n"
     finally:
         run(live.close())
+
+
+def test_an_interpreter_under_tmp_stays_visible_inside_the_sandbox(run, tmp_path):
+    """The sandbox gets a private /tmp; a venv or checkout living under /tmp (a CI clone) must still
+    be reachable, or the exec server cannot start. Checked with a real venv made under /tmp."""
+    require_bwrap()
+    import tempfile
+    import venv
+
+    where = Path(tempfile.mkdtemp(prefix="rolloutd-venv-", dir="/tmp"))
+    venv.create(where, system_site_packages=True, with_pip=False)
+    py = where / "bin" / "python"
+    import sysconfig
+
+    site_dir = sysconfig.get_paths()["purelib"]  # this venv's packages (and rolloutd's editable finder)
+    code = (f"import site; site.addsitedir({site_dir!r})\n"
+            "import asyncio\nfrom rolloutd.sandbox import SandboxSpec, create_sandbox\n"
+            "async def main():\n    sb = await create_sandbox(SandboxSpec())\n"
+            "    print((await sb.bash('echo inside')).output, end='')\n    await sb.close()\nasyncio.run(main())\n")
+    try:
+        r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout == "inside\n"
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
