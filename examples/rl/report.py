@@ -121,7 +121,7 @@ def write_report(out: Path, s: dict[str, Any]) -> None:
         f"{sum(r['groups_settled'] for r in steps)} settled ({join('informative_frac', '{:.2f}')})",
         f"- tokens trained: {sum(r['tokens_trained'] for r in steps)} "
         f"({join('tokens_trained')})",
-        f"- rollouts cancelled by DAPO as groups saturated: {sum(r['cancelled_rollouts'] for r in steps)} "
+        f"- surplus rollouts cancelled on the daemons once the batch was full (DAPO): {sum(r['cancelled_rollouts'] for r in steps)} "
         f"({join('cancelled_rollouts')}); groups opened "
         f"{sum(r['opened_groups'] for r in steps)}",
         f"- trained samples whose policyVersion differed from the trainer's: "
