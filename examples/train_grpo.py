@@ -1,7 +1,7 @@
 """A real GRPO loop through rolloutd, on this CPU: SmolLM2-135M-Instruct learns single-digit addition.
 
     make train-demo                                  # DAPO off, then the same run with DAPO on
-    python examples/train_grpo.py [--dapo] [--steps 20] [--max-minutes 30]
+    python examples/train_grpo.py [--dapo] [--steps 20] [--max-minutes 25]
 
 Runs in the engine venv (`~/.cache/rolloutd/engine/venv`: torch + transformers; the main venv
 never gets torch). Started with another Python, it installs rolloutd there (`pip install
@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dapo", action="store_true", help="DAPO dynamic sampling (8 informative groups per batch)")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--max-minutes", type=float, default=30.0, help="stop training after this wall time")
+    p.add_argument("--max-minutes", type=float, default=25.0,
+                   help="start no new step after this much training time (checked between steps)")
     p.add_argument("--groups", type=int, default=8, help="groups (prompts) per batch")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt (group size)")
     p.add_argument("--max-in-flight", type=int, default=16, help="DAPO: groups running at once")
