@@ -134,7 +134,7 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine):
     # a task pinned to A before the removal is re-pinned at its next heartbeat (≤ 2 s) unless it
     # was already in RUN, where it finishes on A; everything that starts later runs on B
     late = [t for t in trajs if t["timings"]["stamps"]["init"] > removed_at + 3.0]
-    assert len(late) >= 10, "most of the job ran after the removal"
+    assert len(late) >= 3, "part of the job ran after the removal"
     assert all(t["backend"] == b for t in late)
     assert all(t["failure"]["kind"] != "infra" for t in trajs)
 
