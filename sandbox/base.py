@@ -159,7 +159,7 @@ def sweep_stale() -> list[str]:
         pid = owner.split()[0] if owner else ""
         if owner and pid.isdigit() and _process_identity(int(pid)) == owner:
             continue  # its daemon is alive: not ours to touch
-        _reap_leftovers(entry, timeout=1.0)
+        _reap_leftovers(entry, timeout=5.0)
         shutil.rmtree(root, ignore_errors=True)
         removed.append(entry)
     for parent in candidate_parents():
