@@ -202,6 +202,14 @@ class Store:
     def unsubscribe(self, ev: asyncio.Event) -> None:
         self._listeners = {(lp, e) for lp, e in self._listeners if e is not ev}
 
+    def _changed(self, name: str) -> None:
+        """After a committed write: drop the cached job (a reader may have cached the old row while
+        the write was in flight) and wake the watchers."""
+        with self._lock:
+            self._epoch += 1
+            self._cache.pop(name, None)
+        self._notify()
+
     def _notify(self) -> None:
         for loop, ev in list(self._listeners):
             try:
@@ -342,10 +350,7 @@ class Store:
                 wire = self._record(s, row, "MODIFIED")
                 s.commit()
                 outcome = "configured"
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(name, None)
-        self._notify()
+        self._changed(name)
         return wire, outcome
 
     def update_status(
@@ -368,10 +373,7 @@ class Store:
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             s.commit()
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(name, None)
-        self._notify()
+        self._changed(name)
         return wire
 
     def mark_deleted(self, name: str) -> dict[str, Any]:
@@ -390,10 +392,7 @@ class Store:
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             s.commit()
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(name, None)
-        self._notify()
+        self._changed(name)
         return wire
 
     def remove(self, name: str) -> None:
@@ -406,10 +405,7 @@ class Store:
             for ev in s.exec(select(EventRow).where(EventRow.name == name)).all():
                 s.delete(ev)
             s.commit()
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(name, None)
-        self._notify()
+        self._changed(name)
 
     def add_event(self, name: str, reason: str, message: str, type_: str = "Normal") -> None:
         with self._lock, Session(self.engine) as s:
