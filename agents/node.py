@@ -385,7 +385,10 @@ class NodeDaemon:
             if self._owns_client:
                 await self.client.aclose()
             for sig in signals:
+                # From here on the daemon is exiting with its code: a late SIGTERM (Slurm's scancel
+                # racing a daemon that already finished) must not turn exit 0 into "killed by signal"
                 loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
 
     async def _supervise(self) -> str:
         while True:
@@ -413,6 +416,9 @@ class NodeDaemon:
                 resp = await self.client.register(req)
                 break
             except ControllerError as e:
+                if e.status == 409:  # the job finished or is being deleted: nothing to do, not a failure
+                    self.log.info("not registering: %s", e)
+                    return False
                 if not e.retryable:
                     raise NodeError(f"registration refused by {o.controller}: {e}") from None
                 if time.monotonic() > deadline:

@@ -78,6 +78,7 @@ class FakeController:
         self.max_body: int | None = None             # /results bodies above this get 413
         self.returns: list[ReturnRequest] = []
         self.deregistered = 0
+        self.register_conflict: str | None = None    # answer /register with 409 and this message
         self.cancelled: set[str] = set()
         # script
         self.to_cancel: set[str] = set()
@@ -177,6 +178,8 @@ class FakeController:
                 self.registers.append(req)
                 self.register_headers.append(dict(request.headers))
                 self.cond.notify_all()
+            if self.register_conflict:
+                return JSONResponse({"message": self.register_conflict}, status_code=409)
             if req.job != self.job:
                 return JSONResponse({"message": f"no job {req.job}"}, status_code=404)
             return ok(RegisterResponse(node_id=f"node-{len(self.registers)}", job=self.job, spec=self.spec,

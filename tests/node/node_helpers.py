@@ -49,7 +49,8 @@ def options(fake: FakeController, name: str = "node-a", **kw: Any):
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)
-    return NodeOptions(controller=fake.url, job=fake.job, token=TOKEN, name=name, **kw)
+    kw.setdefault("job", fake.job)
+    return NodeOptions(controller=fake.url, token=TOKEN, name=name, **kw)
 
 
 async def until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:

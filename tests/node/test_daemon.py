@@ -371,3 +371,18 @@ def test_repin_unknown_and_drain(controller, sandbox_dir):
     assert [item["task"]["id"] for item in fake.queue] == ["p3"]   # never leased: drained
     assert max_concurrent(intervals(d, "run", ("wait_eval",))) == 1
     assert list(sandbox_dir.iterdir()) == []
+
+
+def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(controller):
+    """A daemon that starts after its job finished or began deletion (a late Slurm node) has
+    nothing to do: exit 0, so the allocation ends COMPLETED. A job the controller never heard of
+    is a misconfiguration: exit 1."""
+    fake = controller(make_spec())
+    fake.add({"id": "p0"})
+    fake.register_conflict = 'rolloutjobs "demo" is Cancelling; it takes no more nodes'
+    assert asyncio.run(daemon(fake, ScriptedTask()).run()) == 0
+    assert len(fake.registers) == 1 and fake.lease_log == [] and fake.deregistered == 0
+
+    fake.register_conflict = None
+    assert asyncio.run(daemon(fake, ScriptedTask(), job="no-such-job").run()) == 1
+    assert fake.lease_log == []

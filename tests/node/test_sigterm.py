@@ -94,3 +94,21 @@ def test_sigterm_returns_unstarted_drains_in_flight_exits_0(controller, sandbox_
     # C's sandbox (and every other) is closed
     assert list(sandbox_dir.iterdir()) == []
     assert "sn1" in out  # logs carry the node name
+
+
+def test_a_sigterm_that_arrives_as_the_daemon_exits_does_not_kill_it(controller):
+    """Slurm's scancel --signal=TERM can reach a daemon that has just finished on its own (the job
+    was done): its exit code must stay 0, or srun fails the allocation for a clean exit."""
+    fake = controller(make_spec())
+    fake.register_conflict = 'rolloutjobs "demo" is Cancelling; it takes no more nodes'
+    script = (
+        "import asyncio, os, signal, sys\n"
+        "from rolloutd.agents.node import NodeDaemon, NodeOptions\n"
+        f"opts = NodeOptions(controller={fake.url!r}, job={fake.job!r}, token={TOKEN!r}, name='late')\n"
+        "code = asyncio.run(NodeDaemon(opts, install_signals=True).run())\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.exit(code)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(fake.registers) == 1
