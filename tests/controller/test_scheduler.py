@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,36 @@ def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp
     assert set(resp.repin) == {l.attempt_id for l in on_a}
     assert set(resp.repin.values()) == {"http://b"}
     assert sched.pool.inflight["http://b"] == 4 and sched.pool.inflight["http://a"] == 0
+
+
+def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
+    """Real sockets: one backend accepts connections but never answers (a vLLM API server stalled
+    while streaming), one refuses them (dead). Only the dead one is unhealthy at once; the silent
+    one is declared unhealthy after `slow_grace` seconds of silence."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshakes; nobody ever reads the requests
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    busy, dead = (f"http://127.0.0.1:{s.getsockname()[1]}" for s in (silent, closed))
+    try:
+        store, sched, clock, job = make(tmp_path, backends=(busy, dead))
+        reg(sched)  # the job's backends join the pool
+        sched.health_timeout, sched.slow_grace = 0.2, 10.0
+
+        async def go():
+            await sched.check_health()
+            first = (sched.pool.healthy(busy), sched.pool.healthy(dead))
+            clock.t += 11.0
+            await sched.check_health()
+            return first
+
+        assert asyncio.run(go()) == (True, False)
+        assert not sched.pool.healthy(busy) and "unanswered for 11s" in sched.pool.unhealthy[busy]
+        assert "ConnectError" in sched.pool.unhealthy[dead]
+    finally:
+        silent.close()
+        closed.close()
 
 
 def test_removed_backend_repins_tasks_not_yet_running(tmp_path):
