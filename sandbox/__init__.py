@@ -10,12 +10,14 @@ subclass; request failures raise `ExecError` (see errors.py).
 Layout: base.py (the seam and `Sandbox`), models.py (pydantic spec, results,
 wire requests), errors.py, client.py (async UDS client), limits.py (rlimits,
 cgroups), one file per runtime (bwrap.py, apptainer.py, process.py), cli.py
-(`rolloutd sandbox exec`), and server/ — the execution server that runs inside
+(`rolloutd sandbox exec`), pool.py (`WarmPool`: sandboxes started ahead of
+need, one per rollout), and server/ — the execution server that runs inside
 the sandbox (stdlib only; never imports the rest of rolloutd).
 """
 from .base import Sandbox, SandboxRuntime, create_sandbox, get_runtime
 from .errors import ExecError, RuntimeUnavailable, SandboxCreateError, SandboxDied, SandboxError, SandboxTimeout
 from .models import BashResult, DirEntry, FileContent, Health, IPythonResult, SandboxSpec
+from .pool import WarmPool
 
 __all__ = [
     "BashResult",
@@ -32,6 +34,7 @@ __all__ = [
     "SandboxRuntime",
     "SandboxSpec",
     "SandboxTimeout",
+    "WarmPool",
     "create_sandbox",
     "get_runtime",
 ]
