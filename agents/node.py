@@ -36,9 +36,11 @@ Batches are capped by count and bytes; a batch refused as too large (413) is res
 a result refused for good becomes an `infra` failure of its attempt (retried or given up, never
 left leased). Trajectories carry `timings.stamps` (wall-clock start of each stage and the end).
 
-Sandboxes: a sandbox start is never cancelled half-way (closed once it is up instead); a cancel
-that lower layers swallow (3.11's `asyncio.wait_for` does when a reply lands at the same moment)
-is repeated until the rollout reaches its clean-up.
+Sandboxes: INIT takes one from the daemon's warm pool (`rolloutd.sandbox.WarmPool`: `spec.sandbox.warm`
+sandboxes started ahead of need, each handed out once; created cold when the pool is empty); the pool is
+closed on every way out of `run`. A sandbox start is never cancelled half-way (closed once it is up
+instead); a cancel that lower layers swallow (3.11's `asyncio.wait_for` does when a reply lands at the
+same moment) is repeated until the rollout reaches its clean-up.
 
 Test seams (all keyword arguments of `NodeDaemon`): `client` (a `ControllerClient`), `handler` (a
 `TaskHandler` instead of `get_handler(spec.tasks.kind)`), `llm_factory(url) -> LLMBackend`,
@@ -73,7 +75,7 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
-from rolloutd.sandbox import SandboxError, SandboxSpec, get_runtime
+from rolloutd.sandbox import SandboxError, SandboxSpec, WarmPool, get_runtime
 
 from .llm import LLMBackend, SamplingParams, VLLMBackend
 from .nodeclient import Backoff, ControllerClient, ControllerError, result_json
@@ -269,6 +271,7 @@ class NodeDaemon:
         self._llm_factory = llm_factory
         self._tokenizer = tokenizer
         self._runtime = sandbox_runtime
+        self._pool: WarmPool | None = None   # sandboxes started ahead of need (spec.sandbox.warm)
         self._install_signals = install_signals
 
         self.node_id: str | None = None
@@ -377,6 +380,8 @@ class NodeDaemon:
                 await asyncio.wait(pending, timeout=30)
             if self._bg:
                 await asyncio.wait(list(self._bg), timeout=30)
+            if self._pool is not None:  # every path out (done, drain, SIGTERM, fatal): no warm sandbox left
+                await self._pool.close()
             for llm in self._llms.values():
                 with contextlib.suppress(Exception):
                     aclose = getattr(llm, "aclose", None)
@@ -481,9 +486,12 @@ class NodeDaemon:
             params = {}
         # a handler whose EVAL takes a fresh sandbox (swe) gets one started as RUN ends
         self._eval_takes_sandbox = self._needs_sandbox and "sandbox_factory" in params
-        self.log.info("job %s: tasks %s, sandbox %s (%s), pools init=%d run=%d eval=%d", self.opts.job,
+        if self._needs_sandbox:  # last: nothing after it can fail and leave the pool running
+            self._pool = WarmPool(self._runtime, self._sandbox_spec, spec.sandbox.warm)
+            self._pool.start()
+        self.log.info("job %s: tasks %s, sandbox %s (%s, %d warm), pools init=%d run=%d eval=%d", self.opts.job,
                       spec.tasks.kind, spec.sandbox.runtime if self._needs_sandbox else "none",
-                      spec.sandbox.image, w.init, w.run, w.eval)
+                      spec.sandbox.image, spec.sandbox.warm if self._needs_sandbox else 0, w.init, w.run, w.eval)
 
     def _llm(self, url: str) -> LLMBackend:
         llm = self._llms.get(url)
@@ -704,7 +712,8 @@ class NodeDaemon:
         await self._handler.init(r.lease.task, r.sandbox)
 
     def _start_sandbox(self) -> asyncio.Task:
-        return self._spawn(self._runtime.create(self._sandbox_spec))
+        """A sandbox for one rollout: from the warm pool (a fresh, already-started one), or created cold."""
+        return self._spawn(self._pool.acquire())
 
     async def _create_sandbox(self) -> Any:
         """A new sandbox. Its start-up is never cancelled half-way (rolloutd.sandbox would leave its

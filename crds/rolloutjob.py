@@ -122,6 +122,8 @@ class SandboxSpec(Model):
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
     network: bool = False
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    warm: int = Field(default=2, ge=0, le=64,
+                      description="sandboxes each node starts ahead of need (0: start one per rollout)")
 
 
 class SlurmSpec(Model):

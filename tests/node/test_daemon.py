@@ -190,8 +190,9 @@ def test_init_failure_is_infra_never_a_reward(controller, sandbox_dir):
 
 def test_init_timeout_during_sandbox_start_leaves_nothing_behind(controller, sandbox_dir):
     """INIT's deadline expires while the sandbox is still starting: infra, and the sandbox is
-    closed once it is up (a start-up cut half-way would leave its directory behind)."""
-    fake = controller(make_spec(timeouts={"initSeconds": 0.001}))
+    closed once it is up (a start-up cut half-way would leave its directory behind). No warm pool:
+    every INIT starts its sandbox cold."""
+    fake = controller(make_spec(timeouts={"initSeconds": 0.001}, sandbox={"warm": 0}))
     fake.add({"id": "a"}, {"id": "b"}, {"id": "c"})
     code = asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 60))
     assert code == 0 and len(fake.accepted) == 3
@@ -333,6 +334,48 @@ def test_fresh_eval_sandbox_started_as_run_ends(controller, sandbox_dir):
     assert uses["id"] != handler.sandbox_ids["uses"]["run"]
     assert handler.fresh["skips"]["factory"]
     assert list(sandbox_dir.iterdir()) == []                          # both fresh ones closed too
+
+
+def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sandbox_dir):
+    """spec.sandbox.warm = 2: rollouts leased while the pool is full get its sandboxes (fresh ones,
+    each to one rollout); when the daemon exits, the idle ones and any being started are closed."""
+    from rolloutd.sandbox import get_runtime
+
+    class Recording:   # the real bwrap runtime; remembers every sandbox it made
+        def __init__(self) -> None:
+            self.inner, self.made = get_runtime("bwrap"), []
+
+        async def create(self, spec):
+            sb = await self.inner.create(spec)
+            self.made.append(sb)
+            return sb
+
+    fake = controller(make_spec(workers=(1, 3, 1), sandbox={"warm": 2}))
+    fake.add({"id": "first", "run_gate": "go"})
+    handler, runtime = ScriptedTask(), Recording()
+
+    async def scenario():
+        d = NodeDaemon(options(fake), handler=handler, sandbox_runtime=runtime)
+        run = asyncio.create_task(d.run())
+        await until(lambda: "first" in handler.ran, 30, "the first rollout in RUN")
+        await until(lambda: d._pool.idle == 2, 30, "the pool full")
+        warm = {sb.id for sb, _ in d._pool._idle}
+        fake.add({"id": "a"}, {"id": "b"})     # leased now: both INITs find a warm sandbox
+        await until(lambda: {"a", "b"} <= set(handler.ran), 30, "a and b in RUN")
+        handler.gate("go").set()
+        return d, await asyncio.wait_for(run, 60), warm
+
+    d, code, warm = asyncio.run(scenario())
+    assert code == 0 and len(fake.accepted) == 3
+    used = {tid: ids["init"] for tid, ids in handler.sandbox_ids.items()}
+    assert {used["a"], used["b"]} == warm and len(set(used.values())) == 3
+    assert d._pool.stats["warm"] >= 2 and d._pool.closed
+    for chain in handler.chains.values():   # each rollout kept its one sandbox through every stage
+        assert chain["init"] == chain["run"] == chain["eval"]
+    made = {sb.id: sb for sb in runtime.made}
+    assert set(used.values()) <= set(made) and len(made) > len(used)   # the pool refilled after a and b
+    assert all(not sb.root.exists() and not sandbox_pids(i) for i, sb in made.items())
+    assert list(sandbox_dir.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------- control
