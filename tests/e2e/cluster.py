@@ -123,12 +123,35 @@ class Cluster:
         raise TimeoutError(f"job {name}: no terminal phase within {timeout}s")
 
     def wait_until(self, name: str, pred, timeout: float = 300) -> dict[str, Any]:
-        for obj in self.events(name, timeout):
-            if pred(obj):
-                return obj
-            if obj["status"].get("phase") in ("Failed", "Cancelled"):
-                raise AssertionError(f"job {name} ended {obj['status']['phase']}: {obj['status']}")
-        raise TimeoutError(name)
+        try:
+            for obj in self.events(name, timeout):
+                if pred(obj):
+                    return obj
+                if obj["status"].get("phase") in ("Failed", "Cancelled"):
+                    raise AssertionError(f"job {name} ended {obj['status']['phase']}: {obj['status']}")
+        except TimeoutError:
+            pass
+        raise TimeoutError(f"job {name}: condition not met within {timeout:g}s\n{self.diagnose(name)}")
+
+    def diagnose(self, name: str, chars: int = 3000) -> str:
+        """What a failed wait needs to be understood from CI output alone: the job's status, the
+        item states, and the ends of the controller's and the daemons' logs."""
+        out = []
+        try:
+            out.append(f"status: {json.dumps(self.get(name).get('status'))[:chars]}")
+        except Exception as e:  # noqa: BLE001 - the controller may be the problem
+            out.append(f"status: unavailable ({e!r})")
+        try:
+            with self.db() as db:
+                rows = db.execute("SELECT state, count(*) FROM items WHERE job=? GROUP BY state", (name,)).fetchall()
+            out.append(f"items: {dict(rows)}")
+        except Exception as e:  # noqa: BLE001
+            out.append(f"items: unavailable ({e!r})")
+        logs = [self.root / "controller.log", *sorted((self.data_dir / "logs").glob(f"{name}-*.log"))]
+        for path in logs:
+            if path.exists():
+                out.append(f"--- {path.name} (tail)\n{path.read_text(errors='replace')[-chars:]}")
+        return "\n".join(out)
 
     def wait_done(self, name: str, timeout: float = 300) -> dict[str, Any]:
         return self.wait_until(name, lambda o: o["status"].get("phase") == "Succeeded", timeout)

@@ -12,6 +12,10 @@ import pytest
 
 from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
 
+# the waits below (up to 300 s each, for a loaded machine) must end before pytest-timeout does, so
+# that a stuck job fails with Cluster.diagnose's status and log tails rather than a bare stack
+pytestmark = pytest.mark.timeout(660)
+
 
 def assert_exactly_once(trajs, prompts: int, samples: int):
     keys = Counter((t["prompt"], t["sample"]) for t in trajs)
