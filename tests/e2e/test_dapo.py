@@ -37,6 +37,9 @@ def dapo_job(name, engine, source, *, target=2, in_flight=6, carry=False, **kw):
     doc = job_doc(name, engine, kind="scripted", source=str(source), limit=None, samples=4, nodes=1,
                   workers=(8, 8, 8), tools=("bash",), max_turns=2, tokens=48, **kw)
     doc["spec"]["tasks"].pop("limit")
+    # no warm pool: "nothing left running" then means no sandbox at all (idle pooled sandboxes
+    # are not rollouts, and keeping them between batches is the pool's point)
+    doc["spec"].setdefault("sandbox", {})["warm"] = 0
     doc["spec"]["dapo"] = {"enabled": True, "targetGroups": target, "maxInFlightGroups": in_flight,
                            "carryOver": carry}
     return doc
