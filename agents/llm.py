@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import h11  # httpx's own HTTP/1.1 parser (through httpcore), used by KeepAliveTransport
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -99,8 +100,6 @@ class _Conn:
     __slots__ = ("reader", "writer", "h11", "idle_since")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        import h11
-
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
@@ -129,8 +128,6 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        import h11
-
         url = request.url
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol(f"KeepAliveTransport speaks plain http only, not {url.scheme}://")
