@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutd.crds.node import (
+    NODE_PROTOCOL,
     Heartbeat,
     HeartbeatResponse,
     Lease,
@@ -410,8 +411,8 @@ class NodeDaemon:
     # ------------------------------------------------------------------ registration and set-up
     async def _register(self) -> bool:
         o = self.opts
-        req = RegisterRequest(job=o.job, name=o.name, host=o.host, pid=o.pid, slurm_job_id=o.slurm_job_id,
-                              slurm_node_id=o.slurm_node_id, slot=o.slot)
+        req = RegisterRequest(job=o.job, protocol=NODE_PROTOCOL, name=o.name, host=o.host, pid=o.pid,
+                              slurm_job_id=o.slurm_job_id, slurm_node_id=o.slurm_node_id, slot=o.slot)
         backoff = Backoff(0.2, self.opts.retry_max)
         deadline = time.monotonic() + o.register_timeout
         while True:

@@ -26,8 +26,16 @@ from .trajectory import Trajectory
 Stage = Literal["leased", "init", "run", "eval"]
 
 
+# The node protocol's version: a daemon and a controller of different rolloutd versions may not
+# agree on these messages (a field one side does not know is a 422 at every call), so registration
+# refuses a mismatch up front with a message that says so. Bump it on any incompatible change.
+NODE_PROTOCOL = 1
+
+
 class RegisterRequest(Model):
     job: str
+    protocol: int | None = Field(default=None, description="NODE_PROTOCOL of the daemon (None: a daemon from "
+                                                           "before the check)")
     name: str = Field(description="host or Slurm node name")
     host: str = ""
     pid: int = 0

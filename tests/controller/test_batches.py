@@ -12,7 +12,7 @@ import yaml
 from rolloutd.controller.errors import BadRequest, Conflict
 from rolloutd.controller.scheduler import Scheduler
 from rolloutd.controller.store import Store
-from rolloutd.crds.node import Heartbeat, RegisterRequest, Result, ResultBatch
+from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
 
@@ -37,7 +37,7 @@ def make(tmp_path, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, c
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(doc))
     sched = Scheduler(store)
-    node = sched.register(RegisterRequest(job="math-demo", name="n")).node_id
+    node = sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n")).node_id
     return store, sched, node
 
 
@@ -167,7 +167,7 @@ def test_cursor_survives_a_restart(tmp_path):
     while leases := lease_all(sched, node):
         report(sched, node, leases, lambda p, s: 1.0)
     again = Scheduler(store)
-    node2 = again.register(RegisterRequest(job="math-demo", name="n2")).node_id
+    node2 = again.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n2")).node_id
     assert again.request_batch("math-demo")["batch"] == 2
     assert sorted({l.prompt for l in lease_all(again, node2)}) == [2, 3]
 

@@ -14,7 +14,7 @@ import yaml
 from rolloutd.controller.backends import BackendPool
 from rolloutd.controller.scheduler import Scheduler
 from rolloutd.controller.store import Store
-from rolloutd.crds.node import Heartbeat, RegisterRequest, Result, ResultBatch
+from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
 
@@ -49,7 +49,7 @@ def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_
 
 
 def reg(sched, name="n1"):
-    return sched.register(RegisterRequest(job="math-demo", name=name)).node_id
+    return sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name=name)).node_id
 
 
 def ok(lease, reward=1.0):
@@ -190,6 +190,16 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
     finally:
         silent.close()
         closed.close()
+
+
+def test_a_daemon_of_another_protocol_is_refused_with_a_clear_reason(tmp_path):
+    from rolloutd.controller.errors import BadRequest
+
+    store, sched, clock, job = make(tmp_path)
+    for protocol in (None, NODE_PROTOCOL + 1):  # a daemon from before the check; a newer one
+        with pytest.raises(BadRequest, match="same rolloutd version"):
+            sched.register(RegisterRequest(job="math-demo", protocol=protocol, name="old"))
+    assert sched.nodes("math-demo") == []
 
 
 def test_removed_backend_repins_tasks_not_yet_running(tmp_path):
