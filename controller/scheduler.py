@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import httpx
-from sqlalchemy import func, update
+from sqlalchemy import func, insert, update
 from sqlmodel import Field, Session, SQLModel, select
 
 from rolloutd.crds.node import (
@@ -505,6 +505,7 @@ class Scheduler:
             history = json.loads(pol.history)
             max_stale = job.spec.policy.max_staleness
             settled: list[int] = []
+            delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
             ids = [r.attempt_id for r in batch.results]
             items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
             for res in batch.results:
@@ -520,7 +521,7 @@ class Scheduler:
                 if t.failure.kind == FailureKind.infra:
                     state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts)
                     if state == "failed":
-                        self._deliver(s, item, t)
+                        self._deliver(s, item, t, delivered)
                         settled.append(item.group_id)
                     woke.add(item.job)
                 elif max_stale is not None and self._staleness(t, history) > max_stale:
@@ -532,10 +533,12 @@ class Scheduler:
                 else:
                     self._release_backend(item)
                     item.state, item.stage, item.deadline = "done", None, None
-                    self._deliver(s, item, t)
+                    self._deliver(s, item, t, delivered)
                     settled.append(item.group_id)
                 s.add(item)
                 ack.accepted.append(res.attempt_id)
+            if delivered:
+                s.exec(insert(TrajectoryRow), params=delivered)  # in order: their seqs follow the batch
             s.flush()
             for gid in settled:
                 if gid is not None:
@@ -545,12 +548,18 @@ class Scheduler:
             self._wake[job].set()
         return ack
 
-    def _deliver(self, s: Session, item: ItemRow, t) -> None:
+    def _deliver(self, s: Session, item: ItemRow, t, into: list[dict[str, Any]] | None = None) -> None:
+        """Store `t` as the item's trajectory; with `into`, only append the row (the caller inserts
+        a batch of them in one statement: an ORM object per row cost more than the JSON)."""
         if item.group_id is not None:
             t.group = item.group_id
-        s.add(TrajectoryRow(job=item.job, item=item.id, prompt=item.prompt, sample=item.sample, reward=t.reward,
-                            failure=t.failure.kind.value, data=json.dumps(t.wire(), separators=(",", ":")),
-                            group_id=item.group_id))
+        row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample, "reward": t.reward,
+               "failure": t.failure.kind.value, "data": json.dumps(t.wire(), separators=(",", ":")),
+               "group_id": item.group_id}
+        if into is None:
+            s.add(TrajectoryRow(**row))
+        else:
+            into.append(row)
         self._traj_wake[item.job].set()
 
     @staticmethod
