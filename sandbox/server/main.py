@@ -142,8 +142,10 @@ class Server:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
         self.env = dict(cfg.get("env", {}))
-        self.cmd_dir = os.path.join(cfg["ctl_dir"], "cmd")
         self.runtime_dir = cfg.get("runtime_dir") or os.path.join(cfg["ctl_dir"], "rt")
+        # command files: on the sandbox's /tmp (a tmpfs under bwrap), else the control directory
+        self.cmd_dir = os.path.join(self.runtime_dir, "cmd")
+        self.fallback_cmd_dir = os.path.join(cfg["ctl_dir"], "cmd")
         self.started = time.monotonic()
         self.sessions: dict[str, BashSession] = {}
         self.sessions_lock = threading.Lock()
@@ -177,7 +179,10 @@ class Server:
                 del self.sessions[name]
             if s is None and create:
                 try:
-                    s = BashSession(name, self.workspace, self.env, self.cmd_dir, self.cfg.get("rlimits") or {}, adopt)
+                    s = BashSession(
+                        name, self.workspace, self.env, self.cmd_dir, self.cfg.get("rlimits") or {}, adopt,
+                        fallback_cmd_dir=self.fallback_cmd_dir,
+                    )
                 except (OSError, SessionDead) as e:
                     raise ExecError(f"cannot start bash session {name!r}: {e}") from None
                 self.sessions[name] = s

@@ -139,3 +139,21 @@ def test_timeout_kills_what_the_command_left_in_the_background_only(sandbox, run
     alive = run(sandbox.bash("kill -0 $(cat /tmp/earlier.pid) && echo earlier-alive; kill -0 $(cat /tmp/mine.pid) 2>/dev/null || echo mine-gone", session="bg"))
     assert alive.output.startswith("earlier-alive\nmine-gone\n")  # then bash's job notice
     run(sandbox.close_session("bg"))
+
+
+def test_commands_run_when_the_command_file_directory_is_removed(sandbox, run):
+    # command files live on the sandbox's /tmp (tmpfs); an agent may wipe it
+    assert run(sandbox.bash("rm -rf /tmp/.rolloutd /tmp/* 2>/dev/null; echo wiped")).output == "wiped\n"
+    r = run(sandbox.bash("echo again; ls -d /tmp/.rolloutd/cmd"))
+    assert r.output == "again\n/tmp/.rolloutd/cmd\n" and r.exit_code == 0
+
+
+def test_commands_run_when_tmp_is_full(make_sandbox, run):
+    sb = make_sandbox(tmp_mb=4)
+    r = run(sb.bash("cat /dev/zero > /tmp/fill; df -k /tmp | tail -1"))
+    assert "No space left" in r.output, r.output
+    # the command file no longer fits on /tmp: the control directory takes it
+    r = run(sb.bash("test -s /.rolloutd/cmd/default.sh && echo fallback; cat <<'EOF'\nlong line " + "x" * 8000 + "\nEOF"))
+    assert r.output == "fallback\nlong line " + "x" * 8000 + "\n" and r.exit_code == 0
+    run(sb.bash("rm /tmp/fill"))
+    assert run(sb.bash("echo freed")).output == "freed\n"
