@@ -157,3 +157,66 @@ def test_commands_run_when_tmp_is_full(make_sandbox, run):
     assert r.output == "fallback\nlong line " + "x" * 8000 + "\n" and r.exit_code == 0
     run(sb.bash("rm /tmp/fill"))
     assert run(sb.bash("echo freed")).output == "freed\n"
+
+
+def test_timeout_kills_a_pipeline_and_the_session_stays_usable(sandbox, run):
+    run(sandbox.bash("true", session="pipe", timeout=600))  # a later, shorter deadline must still fire
+    r = run(sandbox.bash("sleep 100 | cat", session="pipe", timeout=0.5))
+    assert r.timed_out and not r.session_ended and r.exit_code == 130
+    assert r.duration < 5
+    left = run(sandbox.bash("ps -o comm= -s $$", session="pipe"))  # this session's processes
+    assert sorted(left.output.split()) == ["bash", "ps"], left.output
+    run(sandbox.close_session("pipe"))
+
+
+def test_interrupt_ends_a_loop_of_programs(sandbox, run):
+    async def scenario():
+        task = asyncio.ensure_future(sandbox.bash("for i in 1 2 3 4 5 6 7 8; do sleep 1; echo $i; done", timeout=60))
+        await asyncio.sleep(0.3)
+        await sandbox.interrupt()
+        return await task
+
+    r = run(scenario())
+    assert (r.exit_code, r.timed_out) == (130, False)
+    assert r.duration < 5 and "8" not in r.output
+    assert run(sandbox.bash("echo next")).output == "next\n"
+
+
+def test_closing_a_session_answers_its_running_command(sandbox, run):
+    async def scenario():
+        # the setsid'd sleep leaves the session but keeps the terminal open: the
+        # answer cannot wait for the terminal's end
+        task = asyncio.ensure_future(sandbox.bash("setsid sleep 1000 & sleep 100", session="closing", timeout=60))
+        await asyncio.sleep(0.3)
+        await sandbox.close_session("closing")
+        return await asyncio.wait_for(task, 10)
+
+    r = run(scenario())
+    assert r.session_ended and not r.timed_out
+    assert run(sandbox.bash("echo fresh", session="closing")).output == "fresh\n"
+    run(sandbox.close_session("closing"))
+
+
+def test_commands_sent_together_to_one_session_run_in_turn(sandbox, run):
+    async def scenario():
+        return await asyncio.gather(
+            sandbox.bash("sleep 0.2; echo first", session="turns"),
+            sandbox.bash("echo second", session="turns"),  # waits for the session
+        )
+
+    outputs = [r.output for r in run(scenario())]
+    assert outputs == ["first\n", "second\n"]
+    run(sandbox.close_session("turns"))
+
+
+def test_timeouts_still_fire_after_thousands_of_commands(sandbox, run):
+    # every command leaves a deadline entry behind (dropped when they pile up): the
+    # next command's timeout must still fire
+    async def many():
+        for _ in range(4200):
+            await sandbox.bash("true", session="many", timeout=3600)
+
+    run(many(), timeout=300)
+    r = run(sandbox.bash("sleep 100", session="many", timeout=0.5))
+    assert r.timed_out and r.duration < 5
+    run(sandbox.close_session("many"))

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,13 @@ def test_cancelled_create_and_close_leave_nothing(run, tmp_path, monkeypatch):
     assert not base.exists() or os.listdir(base) == []
 
 
+def _cgroup_procs(d: Path) -> list[str]:
+    try:
+        return (d / "cgroup.procs").read_text().split()
+    except OSError:
+        return []
+
+
 def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     """A daemon killed with SIGKILL leaves directories and cgroups: the next one sweeps them."""
     require_bwrap()
@@ -231,6 +239,14 @@ def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     base = tmp_path / "sandboxes"
     try:
         assert (base / dead_id).exists()  # left behind
+        # the kernel is still tearing the dead daemon's sandbox down for a few ms (its
+        # server, init of the pid namespace, waits for the namespace's other processes,
+        # then for its own reaper); a next daemon starts later than that. The sweep tries
+        # each cgroup once, so wait here until the dead sandbox's cgroups hold no process.
+        dead_cgroups = [parent / f"rolloutd-{dead_id}" for parent in candidate_parents()]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_cgroup_procs(d) for d in dead_cgroups):
+            time.sleep(0.005)
         removed = sweep_stale()
         assert dead_id in removed and live.id not in removed
         assert not (base / dead_id).exists() and live.root.exists()
