@@ -9,8 +9,11 @@ its own table). Rows: ``{benchmark, ours, baseline, ratio, target, met}``.
    ``true``, ``echo``, ``ls /`` — against the same commands driven through tmux
    the way OpenHands and SWE-agent drive a shell (send-keys, then capture-pane
    polled every 5 ms until an end marker shows), and against one
-   ``subprocess.run(["bash", "-c", cmd])`` per command. Targets: median ≤ 2 ms
-   and ≥ 4× faster than tmux.
+   ``subprocess.run(["bash", "-c", cmd])`` per command, and against the floor:
+   the same bash (same flags, environment and prompt marker) on a pty in this
+   process, driven by a tight write/select/read loop — no server, no socket, no
+   sandbox, no client — which is what running the command on a pty costs by
+   itself. Targets: median ≤ 2 ms and ≥ 4× faster than tmux.
 2. sandbox ready: `create_sandbox` → the first command answered (then closed,
    untimed), cold, and from a warm pool (`WarmPool.acquire` → the first command
    answered; the refill that acquire starts runs meanwhile and is included).
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import shutil
 import statistics
 import subprocess
 import sys
+import termios
 import time
 
 from rolloutd.sandbox import SandboxSpec, WarmPool, create_sandbox, get_runtime
@@ -89,18 +94,54 @@ class _Tmux:
                 pass
 
 
+class _BarePty:
+    """The floor of a bash action: bash with the sandbox's flags and environment on
+    a pty, driven by a tight loop in this process (type the line, select/read
+    until the prompt marker). No server, socket, sandbox or asyncio client."""
+
+    def __init__(self) -> None:
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+               "TERM": "dumb", "HOME": "/tmp"}
+        pid, fd = os.forkpty()
+        if pid == 0:  # child
+            try:
+                attrs = termios.tcgetattr(0)
+                attrs[3] &= ~termios.ECHO
+                termios.tcsetattr(0, termios.TCSANOW, attrs)
+                os.execve("/bin/bash", ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"], env)
+            finally:
+                os._exit(127)
+        self.pid, self.fd = pid, fd
+        self.run("stty -onlcr; unset HISTFILE; set +o history; PS2=''; PS1=$'\\x1eP'\\$?$'\\x1e'")
+
+    def run(self, cmd: str) -> bytes:
+        os.write(self.fd, (cmd + "\n").encode())
+        buf = b""
+        while not (buf.endswith(b"\x1e") and b"\x1eP" in buf):
+            select.select([self.fd], [], [])
+            buf += os.read(self.fd, 65536)
+        return buf
+
+    def close(self) -> None:
+        os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
 async def _bash_side_by_side(n: int, with_tmux: bool) -> dict[str, dict[str, list[float]]]:
     """For each command, blocks of `BLOCK` back-to-back actions alternate: our
-    path, tmux, subprocess.run — each measured warm, all three spread over the
-    same stretch of time (the same load on a shared machine)."""
+    path, tmux, subprocess.run, the bare pty — each measured warm, all spread
+    over the same stretch of time (the same load on a shared machine)."""
     sb = await create_sandbox(SandboxSpec())
     tmux = _Tmux() if with_tmux else None
+    bare = _BarePty()
     try:
         out: dict[str, dict[str, list[float]]] = {}
         for name, cmd in COMMANDS.items():
             for _ in range(5):
                 await sb.bash(cmd)
-            times: dict[str, list[float]] = {"ours": [], "tmux": [], "subprocess": []}
+                bare.run(cmd)
+            times: dict[str, list[float]] = {"ours": [], "tmux": [], "subprocess": [], "bare": []}
             for _ in range(max(1, n // BLOCK)):
                 for _ in range(BLOCK):
                     t = time.perf_counter()
@@ -115,9 +156,14 @@ async def _bash_side_by_side(n: int, with_tmux: bool) -> dict[str, dict[str, lis
                     t = time.perf_counter()
                     subprocess.run(["bash", "-c", cmd], capture_output=True, check=True)
                     times["subprocess"].append(time.perf_counter() - t)
+                for _ in range(BLOCK):
+                    t = time.perf_counter()
+                    bare.run(cmd)
+                    times["bare"].append(time.perf_counter() - t)
             out[name] = times
         return out
     finally:
+        bare.close()
         if tmux is not None:
             tmux.close()
         await sb.close()
@@ -256,6 +302,15 @@ def run(quick: bool = False) -> list[dict]:
             "ours": _fmt(ours),
             "baseline": f"subprocess.run {_fmt(subp)}",
             "ratio": round(smed / med, 2),
+            "target": "(reference)",
+            "met": None,
+        })
+        bare = bash[name]["bare"]
+        rows.append({
+            "benchmark": f"bash `{name}` round trip vs the bare pty floor (same bash on a pty, tight loop, no server)",
+            "ours": _fmt(ours),
+            "baseline": f"bare pty {_fmt(bare)}",
+            "ratio": round(_ms(bare)[0] / med, 2),
             "target": "(reference)",
             "met": None,
         })
