@@ -64,16 +64,16 @@ def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(s
     # leaseSeconds 10, not less: a daemon is silent from registering until its tokenizer is loaded, and
     # the scheduler declares a node silent for longer than a lease lost (on a loaded 2-core machine
     # that start-up took 6-9 s, and the daemons exited 1 again and again)
-    scluster.apply(slurm_job_doc("s-cancel", tiny_engine, nodes=2, limit=6, samples=2, lease_seconds=10,
-                                 max_turns=3, tokens=24, workers=(2, 3, 2)))
+    scluster.apply(slurm_job_doc("s-cancel", tiny_engine, nodes=2, limit=20, samples=2, lease_seconds=10,
+                                 max_turns=3, tokens=64, workers=(2, 3, 2)))
     uid = scluster.uid("s-cancel")
-    scluster.wait_until("s-cancel", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    scluster.wait_until("s-cancel", _working, timeout=240)
     first = wait_for(lambda: [a for a in scluster.allocations(uid) if a["state"] == "RUNNING"], 30, "a running allocation")
     assert scluster.slurm.run("scancel", first[0]["id"]).returncode == 0
     wait_for(lambda: len(scluster.allocations(uid)) >= 2, 60, "a replacement allocation")
     final = scluster.wait_done("s-cancel", timeout=300)
-    assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 12
-    assert_exactly_once(scluster.trajectories("s-cancel"), 6, 2)
+    assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 40
+    assert_exactly_once(scluster.trajectories("s-cancel"), 20, 2)
     allocs = scluster.allocations(uid)
     assert allocs[0]["state"] == "CANCELLED" and len(allocs) == 2, allocs
     lost = [e for e in scluster.events_of("s-cancel") if e["reason"] == "SlurmAllocationLost"]
@@ -105,13 +105,21 @@ def test_controller_restart_adopts_the_allocation_and_submits_nothing_twice(sclu
     scluster.wait_no_allocations(uid)
 
 
+def _working(obj) -> bool:
+    """Rollouts are flowing. (Status counts refresh every few seconds: a rollout can pass through
+    RUN between two refreshes, so a finished one counts as well.)"""
+    counts = obj["status"].get("counts") or {}
+    return counts.get("run", 0) + counts.get("eval", 0) + counts.get("succeeded", 0) > 0
+
+
 def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: SlurmCluster, tiny_engine):
     # whole nodes (extraArgs reach sbatch), so that the four daemons are on four different nodes
-    doc = slurm_job_doc("s-grow", tiny_engine, nodes=2, limit=24, samples=2, max_turns=3, tokens=24, workers=(1, 2, 1),
+    # long enough (80 rollouts of up to 3 × 64 tokens) to still be running once two more nodes start
+    doc = slurm_job_doc("s-grow", tiny_engine, nodes=2, limit=40, samples=2, max_turns=3, tokens=64, workers=(1, 2, 1),
                         slurm={"extraArgs": ["--exclusive"]})
     scluster.apply(doc)
     uid = scluster.uid("s-grow")
-    scluster.wait_until("s-grow", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    scluster.wait_until("s-grow", _working, timeout=240)
     assert len(scluster.nodes("s-grow")) == 2
     doc["spec"]["executor"]["nodes"] = 4
     scluster.apply(doc)
@@ -119,8 +127,8 @@ def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: Slur
                                 or o["status"]["phase"] == "Succeeded", timeout=120)
     assert grown["status"]["phase"] == "Running", "the job was still running when it grew"
     final = scluster.wait_done("s-grow", timeout=300)
-    assert final["status"]["counts"]["succeeded"] == 48
-    assert_exactly_once(scluster.trajectories("s-grow"), 24, 2)
+    assert final["status"]["counts"]["succeeded"] == 80
+    assert_exactly_once(scluster.trajectories("s-grow"), 40, 2)
     allocs = scluster.allocations(uid)
     assert [a["nodes"] for a in allocs] == ["2", "2"], allocs  # the running two were left alone
     nodes = scluster.nodes("s-grow")
@@ -163,10 +171,10 @@ def test_a_down_partition_is_a_waiting_condition_with_slurms_reason_and_delete_c
 
 
 def test_delete_mid_run_drains_the_daemons_and_leaves_nothing_in_squeue(scluster: SlurmCluster, tiny_engine):
-    scluster.apply(slurm_job_doc("s-delete", tiny_engine, nodes=2, limit=12, samples=2, max_turns=3, tokens=24,
+    scluster.apply(slurm_job_doc("s-delete", tiny_engine, nodes=2, limit=40, samples=2, max_turns=3, tokens=64,
                                  workers=(1, 2, 1)))
     uid = scluster.uid("s-delete")
-    scluster.wait_until("s-delete", lambda o: o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    scluster.wait_until("s-delete", _working, timeout=240)
     r = scluster.api.delete(f"{P}/rolloutjobs/s-delete")
     assert r.status_code in (200, 202), r.text
     scluster.wait_no_allocations(uid, timeout=60)
@@ -184,12 +192,11 @@ def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 
 def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(scluster: SlurmCluster, tiny_engine):
     # long enough that the one remaining daemon is still busy when the two drained nodes go back
     # (drain + exit settle + a reconcile pass take ~8 s)
-    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=48, samples=2, max_turns=3, tokens=32,
+    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=48, samples=2, max_turns=3, tokens=64,
                         workers=(1, 2, 1))
     scluster.apply(doc)
     uid = scluster.uid("s-shrink")
-    scluster.wait_until("s-shrink", lambda o: o["status"].get("nodes", 0) == 3
-                        and o["status"]["counts"].get("run", 0) > 0, timeout=240)
+    scluster.wait_until("s-shrink", lambda o: o["status"].get("nodes", 0) == 3 and _working(o), timeout=240)
     (alloc,) = scluster.allocations(uid)
     doc["spec"]["executor"]["nodes"] = 1
     scluster.apply(doc)
