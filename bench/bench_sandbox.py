@@ -36,10 +36,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import termios
 import time
 
 from rolloutd.sandbox import SandboxSpec, WarmPool, create_sandbox, get_runtime
+from rolloutd.sandbox.base import DEFAULT_ENV
+from rolloutd.sandbox.server.early import spawn_bash
 
 COMMANDS = {"true": "true", "echo": "echo hello", "ls /": "ls /"}
 BLOCK = 10
@@ -100,17 +101,8 @@ class _BarePty:
     until the prompt marker). No server, socket, sandbox or asyncio client."""
 
     def __init__(self) -> None:
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-               "TERM": "dumb", "HOME": "/tmp"}
-        pid, fd = os.forkpty()
-        if pid == 0:  # child
-            try:
-                attrs = termios.tcgetattr(0)
-                attrs[3] &= ~termios.ECHO
-                termios.tcsetattr(0, termios.TCSANOW, attrs)
-                os.execve("/bin/bash", ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"], env)
-            finally:
-                os._exit(127)
+        # the very spawn the exec server uses (same flags, pty settings), with no rlimits
+        pid, fd = spawn_bash("/tmp", {**DEFAULT_ENV, "HOME": "/tmp"}, {})
         self.pid, self.fd = pid, fd
         self.run("stty -onlcr; unset HISTFILE; set +o history; PS2=''; PS1=$'\\x1eP'\\$?$'\\x1e'")
 
