@@ -1,15 +1,14 @@
 """Helpers shared by the tests/node modules: job specs, daemon options, waiting with a deadline."""
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from fake_controller import FakeController
+from waiting import until  # noqa: F401  (re-exported for the node tests)
 
 TOKEN = "join-secret"
 
@@ -51,18 +50,6 @@ def options(fake: FakeController, name: str = "node-a", **kw: Any):
     kw.setdefault("retry_max", 0.3)
     kw.setdefault("job", fake.job)
     return NodeOptions(controller=fake.url, token=TOKEN, name=name, **kw)
-
-
-async def until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
-    """Wait (in the event loop) until `predicate()` is truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def sandbox_pids(sandbox_id: str) -> list[int]:

@@ -13,6 +13,8 @@ import pytest
 
 from rolloutd.sandbox import SandboxDied
 
+from waiting import wait_until
+
 from .conftest import host_pids_of, is_root
 
 
@@ -180,8 +182,12 @@ def test_close_kills_everything_and_removes_dirs(make_sandbox, run):
     run(sb.bash("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &"))
     run(sb.bash("sleep 1003 &", session="second"))
     run(sb.ipython("import subprocess; p = subprocess.Popen(['sleep', '1004'])"))
-    pids = host_pids_of(sb.id) + [sb._proc.pid]
-    assert len(pids) >= 9  # bwrap, server, 2 bash, 5 sleeps, kernel
+    # bwrap, server, 2 bash, 5 sleeps, kernel (a sleep still inside execve reads as no environment)
+    def all_started() -> list[int]:
+        pids = host_pids_of(sb.id)
+        return pids if len(pids) >= 8 else []
+
+    pids = wait_until(all_started, 10, "all nine processes") + [sb._proc.pid]
     cgroups = list(sb._cgroup.dirs) if sb._cgroup else []
     run(sb.close())
     run(sb.close())  # idempotent

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from typing import Any, Callable
 
 import pytest
 
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
 from rolloutd.sandbox.base import sandbox_base_dir
+
+from waiting import until, wait_until
 
 from .conftest import host_pids_of, require_bwrap
 
@@ -31,17 +31,6 @@ def leftovers(base, ids) -> tuple[list[str], dict[str, list[int]]]:
     dirs = sorted(os.listdir(base)) if base.exists() else []
     pids = {i: host_pids_of(i) for i in ids}
     return dirs, {i: p for i, p in pids.items() if p}
-
-
-async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def idle_ids(pool: WarmPool) -> list[str]:
@@ -95,10 +84,7 @@ def test_an_idle_sandbox_killed_behind_the_pools_back_is_never_handed_out(run, b
         # Wait until they are reaped (gone from /proc, not just dying: a dying process may still hold
         # the server's socket) WITHOUT giving the event loop a turn: the pool's own watch of its idle
         # sandboxes cannot run, so only acquire()'s check can keep the dead one from being handed out.
-        deadline = time.monotonic() + 10
-        while any(os.path.exists(f"/proc/{pid}") for pid in pids):
-            assert time.monotonic() < deadline, "the killed processes were not reaped"
-            time.sleep(0.005)
+        wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), 10, "the killed processes reaped")
         assert victim.alive                     # as far as the event loop knows, it still is
         got = [await pool.acquire(), await pool.acquire()]
         try:

@@ -16,6 +16,8 @@ from rolloutd.sandbox import RuntimeUnavailable, SandboxSpec, create_sandbox, ge
 from rolloutd.sandbox.apptainer import ApptainerRuntime
 from rolloutd.sandbox.base import sandbox_base_dir
 
+from waiting import wait_until
+
 from .conftest import host_pids_of, require_bwrap
 
 
@@ -41,7 +43,9 @@ def test_process_runtime_warns_and_works(run):
         assert r.output == f"{sb.workspace}\n"
         assert (sb.workspace / "f").read_text() == "hi\n"
         run(sb.bash("sleep 1000 &"))
-        assert len(host_pids_of(sb.id)) >= 3
+        # the prompt can come back while the background sleep is still inside execve, when
+        # /proc/PID/environ reads empty for a moment: wait for it rather than count once
+        wait_until(lambda: len(host_pids_of(sb.id)) >= 3, 10, "server, bash and the sleep")
     finally:
         run(sb.close())
     assert host_pids_of(sb.id) == []

@@ -1,0 +1,30 @@
+"""Waiting on a condition with a deadline, for every test folder: poll, never sleep-and-hope."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `predicate()` until it is truthy (returned), or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """`wait_until` inside an event loop: other tasks run between the polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
