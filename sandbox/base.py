@@ -73,7 +73,10 @@ CGROUP_JOIN = (
 )
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG": "C.UTF-8",
+    # UTF-8 text without LANG: with LANG every program's setlocale() opens all 12 category files
+    # (an image without a locale-archive), 0.2 ms of a 1.4 ms `ls`; the other categories of
+    # C.UTF-8 behave as C anyway (English messages, code-point collation)
+    "LC_CTYPE": "C.UTF-8",
     "TERM": "dumb",
     "PAGER": "cat",
     "GIT_PAGER": "cat",

@@ -37,6 +37,14 @@ def test_binaryish_output_and_ansi(sandbox, run):
     assert r.exit_code == 0
 
 
+def test_text_is_utf8_by_default(sandbox, run):
+    # the default environment sets LC_CTYPE only (cheaper than LANG for every program that calls
+    # setlocale): characters, file names and Python's streams must still be UTF-8
+    r = run(sandbox.bash("touch /tmp/café.txt; ls /tmp | grep caf; printf 'é' | wc -m; "
+                         "python3 -c 'import sys; print(sys.stdout.encoding, len(\"é\"))'"))
+    assert r.output == "café.txt\n1\nutf-8 1\n", r.output
+
+
 def test_prompt_marker_lookalikes_do_not_end_a_command(sandbox, run):
     r = run(sandbox.bash(r"""echo "$PS1"; printf '\x1eRDdeadbeef1:0\x1e'; echo after; (exit 7)"""))
     assert "after" in r.output
