@@ -8,6 +8,10 @@ of the sandbox). Each request carries an id and its reply is matched by that id,
 so concurrent calls (a ``bash`` still running while ``send_input`` feeds it)
 never receive each other's answers. When the connection ends every pending
 and future call fails with `SandboxDied`.
+
+The connection is an asyncio `Protocol`, not a stream reader: a reply resolves
+its caller's future in the same event-loop turn that reads it (two loop turns
+per call instead of four; a builtin's round trip is ~0.4 ms, so this shows).
 """
 from __future__ import annotations
 
@@ -23,19 +27,24 @@ from .models import _Req
 LINE_LIMIT = 256 * 1024 * 1024  # largest reply line (a big read_file)
 
 
-class ExecClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+class ExecClient(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._partial: list[bytes] = []  # the reply line being received, in pieces
+        self._partial_size = 0
         self.closed_reason: str | None = None
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
     async def connect(cls, path: str) -> "ExecClient":
-        reader, writer = await asyncio.open_unix_connection(path, limit=LINE_LIMIT)
-        return cls(reader, writer)
+        _, client = await asyncio.get_running_loop().create_unix_connection(cls, path)
+        return client
+
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed): for a cheap poll() of a hang-up."""
+        sock = self._transport.get_extra_info("socket") if self._transport else None
+        return sock.fileno() if sock is not None else -1
 
     async def call(self, request: _Req, timeout: float | None = None) -> dict[str, Any]:
         """Send one request and wait for its reply; `timeout` is an infrastructure deadline."""
@@ -48,11 +57,15 @@ class ExecClient:
         payload["id"] = rid
         frame = marshal.dumps(payload)
         try:
-            self._writer.write(len(frame).to_bytes(4, "big") + frame)
-            try:
-                reply = await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
-                raise SandboxTimeout(f"no reply to {request.op!r} within {timeout:.1f}s") from None
+            self._transport.write(len(frame).to_bytes(4, "big") + frame)
+            if timeout is None:
+                reply = await fut
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        reply = await fut
+                except TimeoutError:
+                    raise SandboxTimeout(f"no reply to {request.op!r} within {timeout:.1f}s") from None
         finally:
             self._pending.pop(rid, None)
         err = reply.get("error")
@@ -62,23 +75,46 @@ class ExecClient:
             raise SandboxError(f"execution server error: {err.get('message')}")
         return reply["result"]
 
-    async def _read_loop(self) -> None:
-        reason = "the execution server closed the connection"
-        try:
-            while True:
-                line = await self._reader.readline()
-                if not line:
-                    break
-                reply = json.loads(line)
-                fut = self._pending.get(reply.get("id"))
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
-        except (OSError, ValueError, asyncio.LimitOverrunError) as e:
-            reason = f"connection to the execution server failed: {e}"
-        except asyncio.CancelledError:
-            reason = "the client was closed"
-        self._fail_all(reason)
+    # -- asyncio.Protocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
 
+    def data_received(self, data: bytes) -> None:
+        try:
+            end = data.find(b"\n")
+            while end != -1:
+                if self._partial:
+                    line = b"".join(self._partial) + data[:end]
+                    self._partial.clear()
+                    self._partial_size = 0
+                else:
+                    line = data[:end]
+                reply = json.loads(line)
+                if not isinstance(reply, dict):
+                    raise ValueError(f"a reply is not an object: {line[:80]!r}")
+                self._resolve(reply)
+                data = data[end + 1 :]
+                end = data.find(b"\n")
+            if data:
+                self._partial.append(data)
+                self._partial_size += len(data)
+                if self._partial_size > LINE_LIMIT:
+                    raise ValueError(f"a reply line is longer than {LINE_LIMIT} bytes")
+        except ValueError as e:  # includes json's decode error
+            self._fail_all(f"connection to the execution server failed: {e}")
+            self._transport.close()
+
+    def _resolve(self, reply: dict[str, Any]) -> None:
+        fut = self._pending.get(reply.get("id"))
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._fail_all(f"connection to the execution server failed: {exc}")
+        self._fail_all("the execution server closed the connection")
+
+    # -- ending ---------------------------------------------------------------------
     def _fail_all(self, reason: str) -> None:
         if self.closed_reason is None:
             self.closed_reason = reason
@@ -93,12 +129,9 @@ class ExecClient:
 
     def close_nowait(self) -> None:
         self._fail_all("the sandbox was closed")
-        self._task.cancel()
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
 
     async def close(self) -> None:
         self.close_nowait()
-        try:
-            await self._writer.wait_closed()
-        except (OSError, ConnectionError):
-            pass
+        await asyncio.sleep(0)  # let the transport's close run (it is scheduled, not done in place)

@@ -115,7 +115,7 @@ class WarmPool:
         if not sb.alive or proc.returncode is not None or _process_identity(proc.pid) is None:
             return "dead"
         try:
-            fd = sb._client._writer.get_extra_info("socket").fileno()
+            fd = sb._client.fileno()
             poller = select.poll()
             poller.register(fd, select.POLLIN | _HANGUP)
             if fd < 0 or any(ev & _HANGUP for _, ev in poller.poll(0)):
