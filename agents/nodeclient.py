@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
 from rolloutd.crds.node import (
     Heartbeat,
     HeartbeatResponse,
@@ -85,6 +86,9 @@ class ControllerClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             transport=transport,
+            # plain http through the keep-alive pool the LLM client uses (httpx's costs a daemon
+            # CPU on every call); https and a proxied environment keep httpx's own
+            mounts=None if transport or http_proxy_configured() else {"http://": KeepAliveTransport()},
         )
 
     async def aclose(self) -> None:

@@ -1,0 +1,133 @@
+"""KeepAliveTransport (agents/keepalive.py) against a real HTTP/1.1 server on a TCP socket: connections
+are reused only after a complete exchange, and every failure is httpx's error, never a hang."""
+from __future__ import annotations
+
+import asyncio
+
+import h11
+import httpx
+import pytest
+
+from rolloutd.agents.keepalive import KeepAliveTransport
+from waiting import until
+
+
+class Server:
+    """A small asyncio HTTP/1.1 server (h11). Paths: `/ok` answers "ok", `/slow` answers after
+    `release` is set, `/close` answers and then closes the connection without saying so."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.disconnects = 0
+        self.release = asyncio.Event()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def __aenter__(self) -> "Server":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.release.set()
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    path = event.target.decode()
+                elif isinstance(event, h11.EndOfMessage):
+                    if path == "/slow":
+                        await self.release.wait()
+                    body = path.encode()
+                    writer.write(conn.send(h11.Response(status_code=200, headers=[("content-length", str(len(body)))]))
+                                 + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+                    await writer.drain()
+                    if path == "/close":
+                        return
+                    conn.start_next_cycle()
+        except (ConnectionError, h11.RemoteProtocolError):
+            pass
+        finally:
+            self.disconnects += 1
+            writer.close()
+
+
+def client(transport: KeepAliveTransport | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=transport or KeepAliveTransport(), timeout=httpx.Timeout(5.0))
+
+
+def test_sequential_requests_share_one_connection():
+    async def scenario():
+        async with Server() as srv, client() as http:
+            for _ in range(5):
+                r = await http.post(srv.url + "/ok", content=b"x" * 100)
+                assert (r.status_code, r.content) == (200, b"/ok")
+            assert srv.connections == 1
+            # concurrent requests get a connection each, all kept for the next round
+            await asyncio.gather(*(http.get(srv.url + "/ok") for _ in range(3)))
+            await asyncio.gather(*(http.get(srv.url + "/ok") for _ in range(3)))
+            assert srv.connections == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_the_server_closed_is_not_reused():
+    async def scenario():
+        transport = KeepAliveTransport()
+        async with Server() as srv, client(transport) as http:
+            assert (await http.get(srv.url + "/close")).content == b"/close"
+            idle = [c for conns in transport._idle.values() for c in conns]
+            assert len(idle) == 1  # kept: the server did not say it would close
+            await until(lambda: idle[0].reader.at_eof(), 5, "the server's close seen by the idle connection")
+            assert (await http.get(srv.url + "/ok")).content == b"/ok"
+            assert srv.connections == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_read_timeout_is_httpx_s_and_closes_the_connection():
+    async def scenario():
+        async with Server() as srv, client() as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.get(srv.url + "/slow", timeout=0.2)
+            assert (await http.get(srv.url + "/ok")).content == b"/ok"
+            assert srv.connections == 2  # the timed-out one was not handed out again
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_request_disconnects_so_the_server_sees_it():
+    async def scenario():
+        async with Server() as srv, client() as http:
+            task = asyncio.ensure_future(http.get(srv.url + "/slow"))
+            await until(lambda: srv.connections, 5, "the request at the server")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            srv.release.set()  # the server answers, then reads the next request: end of stream
+            await until(lambda: srv.disconnects, 5, "the server to see the disconnect")
+            assert (await http.get(srv.url + "/ok")).content == b"/ok"
+
+    asyncio.run(scenario())
+
+
+def test_unreachable_server_and_https_are_clear_errors():
+    async def scenario():
+        async with Server() as srv:
+            url = srv.url
+        async with client() as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.get(url + "/ok")
+            with pytest.raises(httpx.UnsupportedProtocol, match="plain http"):
+                await http.get("https://127.0.0.1:9/ok")
+
+    asyncio.run(scenario())
