@@ -30,13 +30,27 @@ def node(
     ),
     slot: Optional[int] = typer.Option(None, "--slot", help="Executor slot this daemon fills (local executor)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    restarts: int = typer.Option(
+        0, "--restarts", min=0,
+        help="Run the daemon as a child and start it again when it crashes, at most N times in 10 minutes "
+             "(the Slurm executor's batch script uses 5). Exit 0 and refusals (exit 2) are final.",
+    ),
 ) -> None:
     """Run a node daemon: register, lease rollouts, run INIT/RUN/EVAL, report (until the job is done).
 
     The join token is read from $ROLLOUTD_JOIN_TOKEN only (never from the command line, which other
     users of a shared node can read). SIGTERM: hand back unstarted work, drain for
-    $ROLLOUTD_DRAIN_SECONDS (default 30), exit 0.
+    $ROLLOUTD_DRAIN_SECONDS (default 30), exit 0. Exit 2: refused by the controller or misconfigured.
     """
+    if restarts:
+        from .supervise import supervise
+
+        argv = [sys.executable, "-m", "rolloutd.controller.main", "node", "--log-level", log_level]
+        for flag, value in (("--controller", controller), ("--job", job), ("--name", name), ("--slot", slot)):
+            if value is not None:
+                argv += [flag, str(value)]
+        raise typer.Exit(supervise(argv, restarts))
+
     import asyncio
     import logging
 

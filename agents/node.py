@@ -80,6 +80,7 @@ from rolloutd.sandbox import SandboxError, SandboxSpec, WarmPool, get_runtime
 
 from .llm import LLMBackend, SamplingParams, VLLMBackend
 from .nodeclient import Backoff, ControllerClient, ControllerError, result_json
+from .supervise import EXIT_REFUSED
 from .tasks.base import EvalError, TaskHandler, get_handler
 from .types import AgentConfig, RolloutContext
 
@@ -98,7 +99,7 @@ WIRE_STAGE = {"leased": "leased", "init": "init", "wait_run": "init", "run": "ru
 
 
 class NodeError(Exception):
-    """The daemon cannot go on (bad token, unknown job, unusable spec): exit non-zero."""
+    """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`."""
 
 
 # ---------------------------------------------------------------------------------- options
@@ -343,16 +344,17 @@ class NodeDaemon:
             try:
                 if not await self._register():
                     return 0
+                # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
+                self._loops = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat")]
+                await self._load_tokenizer()
                 self._build()
             except NodeError as e:
                 self.log.error("%s", e)
                 if self.node_id is not None:
                     await self._deregister()
-                return 1
+                return EXIT_REFUSED  # a restart cannot help (agents/supervise.py does not retry it)
             self._lease_task = asyncio.create_task(self._lease_loop(), name="lease")
-            self._loops = [self._lease_task,
-                           asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                           asyncio.create_task(self._result_loop(), name="results")]
+            self._loops += [self._lease_task, asyncio.create_task(self._result_loop(), name="results")]
             reason = await self._supervise()
             code = 0
             if reason == "stop":
@@ -440,20 +442,34 @@ class NodeDaemon:
                       resp.job, resp.generation)
         return True
 
-    def _build(self) -> None:
+    def _spec(self) -> RolloutJobSpec:
         assert self.registration is not None
         try:
-            spec = RolloutJobSpec.model_validate(self.registration.spec)
+            return RolloutJobSpec.model_validate(self.registration.spec)
         except Exception as e:  # noqa: BLE001 - a spec this version cannot read
             raise NodeError(f"the job's spec is not valid for this node: {e}") from None
-        self.spec = spec
+
+    async def _load_tokenizer(self) -> None:
+        """In a thread: importing transformers and reading a tokenizer blocks for seconds."""
+        if self._tokenizer is not None:
+            return
+        path = self._spec().llm.tokenizer
+
+        def load():
+            from .tokenizer import ChatTokenizer
+            return ChatTokenizer(path)
+
+        try:
+            self._tokenizer = await asyncio.to_thread(load)
+        except Exception as e:  # noqa: BLE001 - a missing or unreadable tokenizer: nothing can run
+            raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}") from None
+
+    def _build(self) -> None:
+        self.spec = spec = self._spec()
         try:
             if self._handler is None:
                 self._handler = get_handler(spec.tasks.kind)
-            if self._tokenizer is None:
-                from .tokenizer import ChatTokenizer
-                self._tokenizer = ChatTokenizer(spec.llm.tokenizer)
-        except Exception as e:  # noqa: BLE001 - unknown kind, missing tokenizer: nothing can run
+        except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
             raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}") from None
         tools = list(spec.agent.tools)
         self._needs_sandbox = bool(self._handler.needs_sandbox or SANDBOX_TOOLS & set(tools))

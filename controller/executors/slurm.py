@@ -96,12 +96,13 @@ SUBMIT_ERRORS: list[tuple[re.Pattern, str]] = [
 
 SCRIPT = """#!/bin/bash
 # rolloutd node daemons for RolloutJob "{job}" (uid {uid}), written by the controller's slurm executor.
-# One daemon per allocated node. The controller URL and the join token come in through the
+# One daemon per allocated node, started again if it crashes. The controller URL and the join token come in through the
 # environment (sbatch --export=ALL), never on a command line.
 set -e
 {setup}
-exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 {python} -m rolloutd.controller.main node
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 {python} -m rolloutd.controller.main node --restarts {restarts}
 """
+RESTARTS = 5  # a daemon that crashes is started again on its node (agents/supervise.py), this often per 10 min
 
 Runner = Callable[[list[str], dict[str, str], str | None], Awaitable[tuple[int, str, str]]]
 
@@ -506,7 +507,8 @@ class SlurmExecutor:
         if limit is not None and limit * 60 >= 4 * (self.grace + 30):  # daemons drain before the hard end
             argv.append(f"--signal=TERM@{int(self.grace) + 30}")
         argv += list(s.extra_args)
-        script = SCRIPT.format(job=name, uid=uid, setup="\n".join(s.setup), python=shlex.quote(self.python))
+        script = SCRIPT.format(job=name, uid=uid, setup="\n".join(s.setup), python=shlex.quote(self.python),
+                               restarts=RESTARTS)
         env = {**self._env(), **self.extra_env, "ROLLOUTD_CONTROLLER": self.controller_url, "ROLLOUTD_JOB": name,
                "ROLLOUTD_JOIN_TOKEN": self.join_token}
         rc, out, err = await self._cli(*argv, input_=script, env=env)

@@ -13,6 +13,7 @@ import pytest
 from fake_controller import FakeController
 from node_helpers import make_spec, options, sandbox_pids, until
 from rolloutd.agents.node import NodeDaemon
+from rolloutd.agents.supervise import EXIT_REFUSED
 from rolloutd.crds.trajectory import Trajectory
 from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
 
@@ -419,7 +420,7 @@ def test_repin_unknown_and_drain(controller, sandbox_dir):
 def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(controller):
     """A daemon that starts after its job finished or began deletion (a late Slurm node) has
     nothing to do: exit 0, so the allocation ends COMPLETED. A job the controller never heard of
-    is a misconfiguration: exit 1."""
+    is a misconfiguration: exit 2 (EXIT_REFUSED: a supervisor does not restart it)."""
     fake = controller(make_spec())
     fake.add({"id": "p0"})
     fake.register_conflict = 'rolloutjobs "demo" is Cancelling; it takes no more nodes'
@@ -427,5 +428,5 @@ def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(co
     assert len(fake.registers) == 1 and fake.lease_log == [] and fake.deregistered == 0
 
     fake.register_conflict = None
-    assert asyncio.run(daemon(fake, ScriptedTask(), job="no-such-job").run()) == 1
+    assert asyncio.run(daemon(fake, ScriptedTask(), job="no-such-job").run()) == EXIT_REFUSED
     assert fake.lease_log == []
