@@ -36,7 +36,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+
+from bench.bench_pipeline import _port, _wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -176,23 +177,6 @@ def stub_main(argv: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer")
 
 
 def _children() -> dict[int, list[int]]:

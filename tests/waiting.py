@@ -6,8 +6,9 @@ import time
 from typing import Any, Callable
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `predicate()` until it is truthy (returned), or fail after `timeout` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
+               every: float = 0.005) -> Any:
+    """Poll `predicate()` every `every` s until it is truthy (returned), or fail after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -15,7 +16,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(every)
 
 
 async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

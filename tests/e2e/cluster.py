@@ -28,6 +28,8 @@ def free_port() -> int:
 class Cluster:
     """A `rolloutd controller --executors local` process and helpers to drive jobs through its API."""
 
+    executors = "local"
+
     def __init__(self, root: Path, env: dict[str, str] | None = None):
         self.root = root
         self.data_dir = root / "data"
@@ -43,7 +45,7 @@ class Cluster:
         log = open(self.root / "controller.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--executors", "local", "--log-level", "info"],
+             "--port", str(self.port), "--executors", self.executors, "--log-level", "info"],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.env, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

