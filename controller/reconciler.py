@@ -87,10 +87,19 @@ class Reconciler:
         self.work = work
         self.resync = resync
         self._stopped = asyncio.Event()
+        self._nudged: set[str] = set()
+        self._wake: asyncio.Event | None = None
+
+    def nudge(self, name: str) -> None:
+        """Reconcile this job now rather than at the next resync (e.g. its last rollout just
+        finished). Call from the event loop's thread."""
+        self._nudged.add(name)
+        if self._wake is not None:
+            self._wake.set()
 
     async def run(self) -> None:
         """Reconcile the jobs that changed as soon as they change, and every job every `resync` s."""
-        wake = self.store.subscribe()
+        wake = self._wake = self.store.subscribe()
         cursor = await asyncio.to_thread(self.store.current_rv)
         next_full = 0.0
         loop = asyncio.get_running_loop()
@@ -108,6 +117,7 @@ class Reconciler:
                 except asyncio.TimeoutError:
                     pass
         finally:
+            self._wake = None
             self.store.unsubscribe(wake)
 
     async def _reconcile_changed(self, cursor: int) -> int:
@@ -117,6 +127,8 @@ class Reconciler:
             await self.reconcile_all()
             return await asyncio.to_thread(self.store.current_rv)
         names = dict.fromkeys(c.name for c in changes if c.type != "DELETED")
+        names.update(dict.fromkeys(self._nudged))
+        self._nudged.clear()
         for name in names:
             try:
                 job = await asyncio.to_thread(self.store.get, name)

@@ -144,6 +144,8 @@ class Scheduler:
         self.store = store
         self.engine = store.engine
         SQLModel.metadata.create_all(self.engine)
+        with self.engine.begin() as c:  # "a job's live items": leases, completion (also in older databases)
+            c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
         self.pool = BackendPool()
         self.health_interval = health_interval
         self._health_check = health_check
@@ -162,6 +164,7 @@ class Scheduler:
         self._node_llm: dict[str, tuple[float, int, bool]] = {}  # node id → (beat time, LLM calls in flight, held)
         self._policy_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.batches = Batches(self)
+        self.on_idle: Callable[[str], None] | None = None  # a job has no queued or leased item left
         self._stopped = False
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
@@ -544,8 +547,12 @@ class Scheduler:
                 if gid is not None:
                     self.batches.group_settled(s, job, gid)
             s.commit()
-        for job in woke:
-            self._wake[job].set()
+            if settled and self.on_idle is not None and s.exec(
+                    select(ItemRow.id).where(ItemRow.job == job.metadata.name, ItemRow.state.in_(LIVE)).limit(1)
+            ).first() is None:
+                self.on_idle(job.metadata.name)  # its last rollout: the job may be complete now
+        for name in woke:
+            self._wake[name].set()
         return ack
 
     def _deliver(self, s: Session, item: ItemRow, t, into: list[dict[str, Any]] | None = None) -> None:

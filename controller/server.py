@@ -47,6 +47,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     reconciler = Reconciler(store, enabled, scheduler, resync=resync)
+    scheduler.on_idle = reconciler.nudge  # a finished job is marked Succeeded now, not at the next resync
     app.state.reconciler, app.state.scheduler, app.state.executors = reconciler, scheduler, enabled
 
     @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
+from waiting import until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
@@ -81,6 +82,42 @@ def test_every_item_delivered_exactly_once(tmp_path):
     assert got == [(p, s) for p in range(3) for s in range(2)]  # job/prompt/sample come from the item
     prog = asyncio.run(sched.progress(job))
     assert prog.done and prog.counts.succeeded == 6
+
+
+def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resync(tmp_path):
+    """The scheduler tells the reconciler when a job has nothing queued or leased left; the job is
+    Succeeded at once, although the reconciler's periodic pass is a minute away."""
+    from rolloutd.controller.reconciler import NodeState, Reconciler
+
+    class OneNode:  # an executor whose one node is up
+        async def ensure(self, job, nodes): pass
+        async def observe(self, job): return [NodeState("n1", "running")]
+        async def release(self, job): pass
+
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=2)
+    idle: list[str] = []
+
+    def phase() -> str:
+        return store.get("math-demo").status.phase.value
+
+    async def scenario():
+        rec = Reconciler(store, {"local": OneNode()}, sched, resync=60.0)
+        sched.on_idle = lambda name: (idle.append(name), rec.nudge(name))
+        task = asyncio.create_task(rec.run())
+        try:
+            node = reg(sched)
+            await until(lambda: phase() == "Running", 5, "the first (full) pass")
+            leases = (await sched.lease(node, 100)).leases
+            sched.results(node, ResultBatch(results=[ok(l) for l in leases[:3]]))
+            assert idle == []  # one item still leased
+            sched.results(node, ResultBatch(results=[ok(leases[3])]))
+            assert idle == ["math-demo"]
+            await until(lambda: phase() == "Succeeded", 5, "Succeeded (the next resync is 60 s away)")
+        finally:
+            rec.stop()
+            task.cancel()
+
+    asyncio.run(scenario())
 
 
 def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path):
