@@ -36,6 +36,7 @@ from .models import SandboxSpec
 
 INNER_WORKSPACE = "/workspace"
 INNER_CTL = "/.rolloutd"
+RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data
 SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+found"}
 
 
@@ -158,10 +159,12 @@ class BwrapRuntime(SandboxRuntime):
             opts.extend(["--ro-bind", path, path])
         if Path("/sys").is_dir():
             opts.extend(["--ro-bind", "/sys", "/sys"])
-        opts.extend(["--proc", "/proc", "--dev", "/dev"])
-        if spec.tmp_mb:
-            opts.extend(["--size", str(spec.tmp_mb * 1024 * 1024)])
-        opts.extend(["--tmpfs", "/tmp", "--tmpfs", "/run"])
+        # /dev: bwrap's minimal device tmpfs, read-only below (the devices still work); its /dev/shm
+        # and /run are tmpfs of their own with a size, like /tmp: without a cgroup nothing else
+        # would bound what a sandbox keeps in memory-backed files
+        tmp_size = ["--size", str(spec.tmp_mb * 1024 * 1024)] if spec.tmp_mb else []
+        opts.extend(["--proc", "/proc", "--dev", "/dev", *tmp_size, "--tmpfs", "/dev/shm"])
+        opts.extend([*tmp_size, "--tmpfs", "/tmp", "--size", str(RUN_MB * 1024 * 1024), "--tmpfs", "/run"])
         for path in runtime_paths():  # an interpreter or checkout under /tmp or /run (a CI clone)
             if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
                 opts.extend(["--ro-bind", path, path])
@@ -172,5 +175,5 @@ class BwrapRuntime(SandboxRuntime):
         for bind in spec.binds:
             src, _, dest = bind.partition(":")
             opts.extend(["--ro-bind", src, dest or src])
-        opts.extend(["--remount-ro", "/", "--chdir", INNER_WORKSPACE])
+        opts.extend(["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", INNER_WORKSPACE])
         return opts

@@ -20,7 +20,7 @@ from .conftest import host_pids_of, is_root
 
 def test_writes_outside_the_workspace_fail(make_sandbox, run):
     sb = make_sandbox()
-    targets = ["/etc/rolloutd-x", "/rolloutd-x", "/usr/rolloutd-x"]
+    targets = ["/etc/rolloutd-x", "/rolloutd-x", "/usr/rolloutd-x", "/dev/rolloutd-x"]
     if not str(Path.cwd()).startswith(("/tmp/", "/run/")):  # those are the sandbox's private tmpfs
         targets.append(str(Path.cwd() / "rolloutd-x"))
     for target in targets:
@@ -34,6 +34,19 @@ def test_writes_outside_the_workspace_fail(make_sandbox, run):
     r = run(sb.bash("echo inside > note.txt && echo tmp > /tmp/scratch && cat /tmp/scratch"))
     assert r.exit_code == 0 and r.output == "tmp\n"
     assert (sb.workspace / "note.txt").read_text() == "inside\n"
+
+
+def test_memory_backed_scratch_space_is_bounded(make_sandbox, run):
+    """/tmp and /dev/shm hold at most tmp_mb each and /run 16 MB: without a cgroup (non-root) nothing
+    else would stop a task from filling the node's memory with files. Devices still work."""
+    sb = make_sandbox(tmp_mb=8)
+    for place, mb in (("/tmp", 8), ("/dev/shm", 8), ("/run", 16)):
+        r = run(sb.bash(f"dd if=/dev/zero of={place}/fill bs=1M count={mb + 4} 2>&1; rm -f {place}/fill"))
+        assert "No space left on device" in r.output, (place, r.output)
+    r = run(sb.bash("echo ok > /dev/null && head -c 4 /dev/urandom | wc -c && "
+                    "python3 -c 'from multiprocessing import shared_memory as s; m = s.SharedMemory(create=True, "
+                    "size=1 << 20); m.close(); m.unlink(); print(\"shm\")'"))
+    assert r.output == "4\nshm\n" and r.exit_code == 0, r.output
 
 
 def test_private_tmp_and_no_other_sandbox_visible(make_sandbox, run, tmp_path):
