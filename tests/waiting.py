@@ -6,26 +6,25 @@ import time
 from typing import Any, Callable
 
 
+def _check(predicate: Callable[[], Any], deadline: float, timeout: float, what: str) -> Any:
+    value = predicate()
+    if not value and time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
                every: float = 0.005) -> Any:
     """Poll `predicate()` every `every` s until it is truthy (returned), or fail after `timeout` s."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    while not (value := _check(predicate, deadline, timeout, what)):
         time.sleep(every)
+    return value
 
 
 async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """`wait_until` inside an event loop: other tasks run between the polls."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    while not (value := _check(predicate, deadline, timeout, what)):
         await asyncio.sleep(0.01)
+    return value
