@@ -98,6 +98,9 @@ WIRE_STAGE = {"leased": "leased", "init": "init", "wait_run": "init", "run": "ru
               "wait_eval": "eval", "eval": "eval"}
 
 
+SAME_SIGNAL_SECONDS = 1.0  # a second SIGTERM sooner than this is a duplicate, not "hurry"
+
+
 class NodeError(Exception):
     """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`."""
 
@@ -289,6 +292,7 @@ class NodeDaemon:
         self._lease_task: asyncio.Task | None = None
 
         self._stop_requested = False
+        self._stop_requested_at = 0.0
         self._hard_stop = False
         self._stopping = False     # no more leasing (SIGTERM)
         self._draining = False     # no more leasing (controller's drain)
@@ -318,8 +322,14 @@ class NodeDaemon:
             self._hb_wake.set()
 
     def request_stop(self, why: str = "SIGTERM") -> None:
-        """Begin the graceful shutdown (what SIGTERM does); a second call skips the grace period."""
+        """Begin the graceful shutdown (what SIGTERM does); a second call skips the grace period.
+
+        A second call within `SAME_SIGNAL_SECONDS` is the same stop delivered twice — Slurm signals
+        every process of a step, so a daemon under `--restarts` gets it directly and forwarded by
+        its supervisor — and is ignored."""
         if self._stop_requested:
+            if time.monotonic() - self._stop_requested_at < SAME_SIGNAL_SECONDS:
+                return
             if not self._hard_stop:
                 self.log.warning("%s again: cancelling in-flight rollouts now", why)
             self._hard_stop = True
@@ -327,6 +337,7 @@ class NodeDaemon:
             return
         self.log.info("%s: stop leasing, hand back unstarted work, drain in-flight rollouts", why)
         self._stop_requested = True
+        self._stop_requested_at = time.monotonic()
         self._stopping = True
         self._stop_event.set()
         self._changed()

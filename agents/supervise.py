@@ -12,9 +12,10 @@ crash and the daemon is started again after a back-off, at most `restarts` times
 seconds. Once SIGTERM or SIGINT arrived nothing is restarted and the supervisor exits with the
 daemon's code.
 
-Signals are NOT forwarded: Slurm signals every process of a step (scancel, the time limit) and a
-terminal signals the foreground process group, so the daemon receives them itself — forwarding
-would deliver a second SIGTERM, which the daemon takes as "skip the grace period".
+SIGTERM and SIGINT are forwarded to the daemon: whoever signals only the supervisor still stops the
+daemon. Under Slurm (which signals every process of a step) the daemon then sees the signal twice
+within a moment and ignores the copy (`NodeDaemon.request_stop`); a second signal a second or more
+later still means "skip the grace period".
 """
 from __future__ import annotations
 
@@ -31,9 +32,12 @@ def supervise(argv: list[str], restarts: int, window: float = 600.0, backoff: fl
               max_backoff: float = 30.0) -> int:
     """Run `argv` until it ends for good; the code to exit with."""
     stopping: list[str] = []
+    child: subprocess.Popen | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signal.Signals(signum).name)
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)

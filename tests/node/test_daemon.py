@@ -12,7 +12,7 @@ import pytest
 
 from fake_controller import FakeController
 from node_helpers import make_spec, options, sandbox_pids, until
-from rolloutd.agents.node import NodeDaemon
+from rolloutd.agents.node import SAME_SIGNAL_SECONDS, NodeDaemon
 from rolloutd.agents.supervise import EXIT_REFUSED
 from rolloutd.crds.trajectory import Trajectory
 from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
@@ -430,3 +430,17 @@ def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(co
     fake.register_conflict = None
     assert asyncio.run(daemon(fake, ScriptedTask(), job="no-such-job").run()) == EXIT_REFUSED
     assert fake.lease_log == []
+
+
+def test_the_same_sigterm_twice_is_one_stop_a_later_one_skips_the_grace(controller):
+    """Under Slurm with a supervisor the daemon gets one SIGTERM twice within a moment (directly and
+    forwarded): still a graceful drain. A second SIGTERM a second or more later means hurry."""
+    d = daemon(controller(make_spec()), ScriptedTask())
+    d._events()  # what run() sets up first
+    d.request_stop("SIGTERM")
+    d.request_stop("SIGTERM")
+    assert d._stopping and not d._hard_stop
+    d._stop_requested_at -= SAME_SIGNAL_SECONDS  # as if the second one came a second later
+    d.request_stop("SIGTERM")
+    assert d._hard_stop
+

@@ -1,5 +1,6 @@
 """The node daemon's supervisor (agents/supervise.py) with real child processes: a crash is restarted,
-exit 0 and refusals are final, too many crashes give up, and SIGTERM stops restarting."""
+exit 0 and refusals are final, too many crashes give up, SIGTERM reaches the daemon and stops the
+restarts."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from rolloutd.agents.supervise import EXIT_REFUSED, supervise
 from waiting import wait_until
@@ -54,10 +57,12 @@ def test_too_many_crashes_in_the_window_give_up_with_the_last_code(tmp_path, cap
     assert "crashed 3 times within 60s" in capfd.readouterr().err
 
 
-def test_sigterm_stops_the_restarts_and_the_daemon_drains_itself(tmp_path):
-    """As under Slurm: the signal reaches the supervisor and the daemon (one process group here, every
-    process of the step there). The supervisor does not forward it (the daemon would see two) and does
-    not restart the daemon after it, even when the daemon's exit is not clean."""
+@pytest.mark.parametrize("to_whom", ["group", "supervisor"])
+def test_sigterm_reaches_the_daemon_and_stops_the_restarts(tmp_path, to_whom):
+    """Under Slurm the signal reaches every process of the step (`group`: the daemon sees it twice,
+    directly and forwarded, and takes the copy for the same signal); whoever signals the supervisor
+    alone (`supervisor`) still stops the daemon. Either way the daemon drains and exits with its own
+    code, and nothing is restarted after it, even when that code is not 0."""
     (tmp_path / "c.py").write_text(textwrap.dedent(f"""
         import os, signal, sys, time
         from rolloutd.agents.supervise import supervise
@@ -66,14 +71,16 @@ def test_sigterm_stops_the_restarts_and_the_daemon_drains_itself(tmp_path):
             signal.signal(signal.SIGTERM, lambda *a: got.append(1))
             open(runs + ".ready", "w").close()
             while not got: time.sleep(0.01)
-            time.sleep(0.2)             # a second SIGTERM would land here
-            sys.exit(7 if len(got) == 1 else 9)   # 7: drained after exactly one SIGTERM
+            sys.exit(7)
         ''')!r}, restarts=5, backoff=0.01))
     """))
     proc = subprocess.Popen([sys.executable, str(tmp_path / "c.py")], start_new_session=True)
     try:
         wait_until(lambda: (tmp_path / "runs.ready").exists(), 30, "the daemon started")
-        os.killpg(proc.pid, signal.SIGTERM)
+        if to_whom == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(30) == 7
     finally:
         if proc.poll() is None:
