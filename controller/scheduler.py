@@ -462,6 +462,7 @@ class Scheduler:
                 item = items.get(aid)
                 if item is not None and item["node_id"] == node.id:
                     release(item)
+            alive: list[str] = []
             for aid, stage in hb.stages.items():
                 item = items.get(aid)
                 if item is None or item["node_id"] != node.id or item["state"] != "leased":
@@ -470,6 +471,7 @@ class Scheduler:
                     else:
                         resp.unknown.append(aid)
                     continue
+                alive.append(aid)
                 if stage != item["stage"]:
                     change(item, stage=stage)
                 backend = item["backend"]
@@ -482,9 +484,13 @@ class Scheduler:
                         resp.repin[aid] = new
             if changes:
                 s.exec(update(ItemRow), params=list(changes.values()))  # ORM bulk UPDATE by primary key
-            # every lease of this node is extended (one may be in flight to it, not in this beat yet)
-            s.exec(update(ItemRow).where(ItemRow.node_id == node.id, ItemRow.state == "leased")
-                   .values(deadline=now + cache.lease_seconds))
+            # Only the leases the daemon names are extended. One granted but not yet in a beat is
+            # covered by its own deadline (lease_seconds from the grant); one whose lease answer
+            # never reached the daemon (the controller died while sending it) is named by nobody
+            # and goes back to the queue when that deadline passes.
+            if alive:
+                s.exec(update(ItemRow).where(ItemRow.attempt_id.in_(alive), ItemRow.state == "leased")
+                       .values(deadline=now + cache.lease_seconds))
             s.commit()
         return resp
 

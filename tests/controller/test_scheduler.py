@@ -146,6 +146,24 @@ def test_heartbeat_extends_leases(tmp_path):
     assert asyncio.run(sched.progress(job)).counts.run == 1
 
 
+def test_a_lease_the_daemon_never_received_expires_although_the_node_beats(tmp_path):
+    """The controller commits a lease and dies before its answer reaches the daemon: the daemon
+    keeps beating without it. That lease must go back to the queue when its deadline passes
+    (before, every lease of a beating node was extended, and the job never completed)."""
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+    node = reg(sched)
+    got, lost = lease(sched, node, 2)
+    for _ in range(3):
+        clock.t += 6  # leaseSeconds is 10
+        sched.heartbeat(node, Heartbeat(stages={got.attempt_id: "run"}))
+    assert sched.expire() == 1
+    again = lease(sched, node, 5)
+    assert [(l.prompt, l.sample) for l in again] == [(lost.prompt, lost.sample)]
+    assert again[0].attempt_id != lost.attempt_id
+    ack = sched.results(node, ResultBatch(results=[ok(got), ok(again[0])]))
+    assert len(ack.accepted) == 2 and asyncio.run(sched.progress(job)).done
+
+
 def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path):
     store, sched, clock, job = make(tmp_path, prompts=1, samples=1, max_attempts=2)
     node = reg(sched)
