@@ -4,8 +4,8 @@ httpx's default pool (httpcore 1.0) rescans every pooled connection — with a s
 request, which costs 1–3 ms of CPU per request at the 32–64 connections a daemon keeps to one
 backend, and its locks retry a failing `import sniffio` each time. These clients send small bodies
 and read whole replies, so a pool of asyncio streams driven by h11 (httpx's own HTTP/1.1 parser)
-does the job. Plain http only: https and
-a configured proxy stay on httpx's transport (see `http_proxy_configured`).
+does the job. Plain http only: https and a configured proxy stay on httpx's transport (see
+`http_proxy_configured`).
 """
 from __future__ import annotations
 

@@ -355,6 +355,7 @@ class NodeDaemon:
             try:
                 if not await self._register():
                     return 0
+                self.spec = self._spec()
                 # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
                 self._loops = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat")]
                 await self._load_tokenizer()
@@ -454,6 +455,7 @@ class NodeDaemon:
         return True
 
     def _spec(self) -> RolloutJobSpec:
+        """The registration's job spec, validated (once, by `run`: it is `self.spec` from then on)."""
         assert self.registration is not None
         try:
             return RolloutJobSpec.model_validate(self.registration.spec)
@@ -464,7 +466,7 @@ class NodeDaemon:
         """In a thread: importing transformers and reading a tokenizer blocks for seconds."""
         if self._tokenizer is not None:
             return
-        path = self._spec().llm.tokenizer
+        path = self.spec.llm.tokenizer
 
         def load():
             from .tokenizer import ChatTokenizer
@@ -476,7 +478,7 @@ class NodeDaemon:
             raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}") from None
 
     def _build(self) -> None:
-        self.spec = spec = self._spec()
+        spec = self.spec
         try:
             if self._handler is None:
                 self._handler = get_handler(spec.tasks.kind)

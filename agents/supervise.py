@@ -46,12 +46,7 @@ def supervise(argv: list[str], restarts: int, window: float = 600.0, backoff: fl
     while True:
         started = time.monotonic()
         child = subprocess.Popen(argv)
-        while True:
-            try:
-                rc = child.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - SIGINT is handled above; belt and braces
-                continue
+        rc = child.wait()
         code = rc if rc >= 0 else 128 - rc  # killed by signal N → 128+N, as a shell reports it
         if rc in (0, EXIT_REFUSED) or stopping:
             return code
