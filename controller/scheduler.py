@@ -440,7 +440,7 @@ class Scheduler:
             resp.policy_version, resp.llm_paused = json.loads(pol.version), pol.paused
             # A beat names every live lease of the node, several times a second: read them as plain
             # rows and write only what changed (a stage, a released or re-pinned backend); the
-            # deadlines of all the node's leases move in the one UPDATE below.
+            # deadlines of the named leases move in the one UPDATE below.
             ids = set(hb.stages) | set(hb.left_run)
             items: dict[str, dict[str, Any]] = {}
             if ids:
