@@ -19,12 +19,14 @@ import asyncio
 import itertools
 import json
 import marshal
+import select
 from typing import Any
 
 from .errors import ExecError, SandboxDied, SandboxError, SandboxTimeout
 from .models import _Req
 
 LINE_LIMIT = 256 * 1024 * 1024  # largest reply line (a big read_file)
+_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 
 
 class ExecClient(asyncio.Protocol):
@@ -41,10 +43,16 @@ class ExecClient(asyncio.Protocol):
         _, client = await asyncio.get_running_loop().create_unix_connection(cls, path)
         return client
 
-    def fileno(self) -> int:
-        """The socket's descriptor (-1 once closed): for a cheap poll() of a hang-up."""
+    def hung_up(self) -> bool:
+        """The server's end of the connection is gone (or ours is closed), by a poll() of the
+        socket: no round trip, and true even before the event loop has seen the hang-up."""
         sock = self._transport.get_extra_info("socket") if self._transport else None
-        return sock.fileno() if sock is not None else -1
+        fd = sock.fileno() if sock is not None else -1
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | _HANGUP)
+        return any(ev & _HANGUP for _, ev in poller.poll(0))
 
     async def call(self, request: _Req, timeout: float | None = None) -> dict[str, Any]:
         """Send one request and wait for its reply; `timeout` is an infrastructure deadline."""

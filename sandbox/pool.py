@@ -29,16 +29,12 @@ import asyncio
 import collections
 import logging
 import math
-import select
 import time
 
 from .base import Sandbox, SandboxRuntime, _process_identity
 from .models import SandboxSpec
 
 log = logging.getLogger("rolloutd.sandbox.pool")
-
-_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-
 
 def default_max_idle(wall_seconds: float | None) -> float | None:
     """How long a sandbox may wait in the pool: 10 % of its wall time, within [5, 60] s (None: forever)."""
@@ -115,10 +111,7 @@ class WarmPool:
         if not sb.alive or proc.returncode is not None or _process_identity(proc.pid) is None:
             return "dead"
         try:
-            fd = sb._client.fileno()
-            poller = select.poll()
-            poller.register(fd, select.POLLIN | _HANGUP)
-            if fd < 0 or any(ev & _HANGUP for _, ev in poller.poll(0)):
+            if sb._client.hung_up():
                 return "dead"
         except (AttributeError, OSError, ValueError):
             return "dead"
