@@ -111,6 +111,26 @@ def valid_session_name(name: str) -> bool:
     return isinstance(name, str) and 0 < len(name) <= 64 and all(c in SESSION_CHARS for c in name)
 
 
+def reply_to(rid, call) -> dict:
+    """The reply to request `rid`: what `call()` returns, or the error it raises —
+    `ExecError` for the request's own failure (the node shows it to the agent),
+    `ServerError` for anything else (the node treats it as infrastructure)."""
+    try:
+        return {"id": rid, "result": call()}
+    except (ExecError, FileOpError) as e:
+        return {"id": rid, "error": {"type": "ExecError", "message": str(e)}}
+    except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
+        return {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
+
+
+def bash_result(produce, session: str) -> dict:
+    """A bash command's result dict from `produce()`; a session that ended is the request's error."""
+    try:
+        return produce()
+    except SessionDead:
+        raise ExecError(f"bash session {session!r} ended") from None
+
+
 class Workers:
     """Threads for long requests, reused: `Thread.start()` waits for the new
     thread to run (two context switches per request on a busy node); a parked
@@ -260,11 +280,7 @@ class Server:
                 max_output: int = DEFAULT_MAX_OUTPUT) -> dict:
         """A command whose session was busy (or a request `start_bash` left to
         `dispatch`): waits on a worker thread for the session, then for the command."""
-        try:
-            s = self.session(session)
-            return s.run(command, float(timeout), int(max_output))
-        except SessionDead:
-            raise ExecError(f"bash session {session!r} ended") from None
+        return bash_result(lambda: self.session(session).run(command, float(timeout), int(max_output)), session)
 
     BASH_FIELDS = frozenset({"id", "op", "command", "session", "timeout", "max_output"})
 
@@ -296,13 +312,7 @@ class Server:
         rid = req.get("id")
 
         def on_done(produce) -> None:
-            try:
-                resp = {"id": rid, "result": produce()}
-            except SessionDead:
-                resp = {"id": rid, "error": {"type": "ExecError", "message": f"bash session {name!r} ended"}}
-            except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
-                resp = {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
-            send(resp)
+            send(reply_to(rid, lambda: bash_result(produce, name)))
 
         try:
             job = s.start(req["command"], max_output, on_done)
@@ -431,16 +441,16 @@ class Server:
         rid = req.pop("id", None)
         op = req.pop("op", None)
         fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
-        try:
+
+        def call():
             if fn is None:
                 raise ExecError(f"unknown op {op!r}")
-            return {"id": rid, "result": fn(**req)}
-        except (ExecError, FileOpError) as e:
-            return {"id": rid, "error": {"type": "ExecError", "message": str(e)}}
-        except TypeError as e:
-            return {"id": rid, "error": {"type": "ExecError", "message": f"bad request for {op}: {e}"}}
-        except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
-            return {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
+            try:
+                return fn(**req)
+            except TypeError as e:
+                raise ExecError(f"bad request for {op}: {e}") from None
+
+        return reply_to(rid, call)
 
     def serve_connection(self, conn) -> None:
         lock = threading.Lock()
