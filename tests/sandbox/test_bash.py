@@ -91,14 +91,20 @@ def test_send_input_without_session_is_an_exec_error(sandbox, run):
         run(sandbox.send_input("x\n", session="never-started"))
 
 
-def test_interrupt_sleep(sandbox, run):
+def interrupted(sandbox, run, command: str, after: float = 0.0):
+    """Run `command`, send an interrupt `after` s later (requests keep their order at the
+    terminal, so the interrupt never overtakes the command line), and return its result."""
     async def scenario():
-        task = asyncio.ensure_future(sandbox.bash("sleep 100", timeout=60))
-        await asyncio.sleep(0)
+        task = asyncio.ensure_future(sandbox.bash(command, timeout=60))
+        await asyncio.sleep(after)
         await sandbox.interrupt()
         return await task
 
-    r = run(scenario())
+    return run(scenario())
+
+
+def test_interrupt_sleep(sandbox, run):
+    r = interrupted(sandbox, run, "sleep 100")
     assert r.exit_code == 130
     assert not r.timed_out
     assert r.duration < 30
@@ -178,13 +184,7 @@ def test_timeout_kills_a_pipeline_and_the_session_stays_usable(sandbox, run):
 
 
 def test_interrupt_ends_a_loop_of_programs(sandbox, run):
-    async def scenario():
-        task = asyncio.ensure_future(sandbox.bash("for i in 1 2 3 4 5 6 7 8; do sleep 1; echo $i; done", timeout=60))
-        await asyncio.sleep(0.3)
-        await sandbox.interrupt()
-        return await task
-
-    r = run(scenario())
+    r = interrupted(sandbox, run, "for i in 1 2 3 4 5 6 7 8; do sleep 1; echo $i; done", after=0.3)
     assert (r.exit_code, r.timed_out) == (130, False)
     assert r.duration < 5 and "8" not in r.output
     assert run(sandbox.bash("echo next")).output == "next\n"

@@ -33,15 +33,21 @@ def leftovers(base, ids) -> tuple[list[str], dict[str, list[int]]]:
     return dirs, {i: p for i, p in pids.items() if p}
 
 
+async def warm_pool(spec: SandboxSpec | None = None, **kw) -> WarmPool:
+    """A started bwrap pool of 2, once both sandboxes are idle in it."""
+    pool = WarmPool(get_runtime("bwrap"), spec or SandboxSpec(), size=2, **kw)
+    pool.start()
+    await until(lambda: pool.idle == 2, what="the pool warm")
+    return pool
+
+
 def idle_ids(pool: WarmPool) -> list[str]:
     return [sb.id for sb, _ in pool._idle]
 
 
 def test_warm_sandboxes_are_fresh_distinct_and_the_pool_refills(run, base):
     async def scenario():
-        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
-        pool.start()
-        await until(lambda: pool.idle == 2, what="the pool warm")
+        pool = await warm_pool()
         warmed = idle_ids(pool)
         a, b = await pool.acquire(), await pool.acquire()
         try:
@@ -70,9 +76,7 @@ def test_warm_sandboxes_are_fresh_distinct_and_the_pool_refills(run, base):
 
 def test_an_idle_sandbox_killed_behind_the_pools_back_is_never_handed_out(run, base):
     async def scenario():
-        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
-        pool.start()
-        await until(lambda: pool.idle == 2, what="the pool warm")
+        pool = await warm_pool()
         victim = pool._idle[0][0]
         pids = host_pids_of(victim.id)          # its exec server and everything under it
         assert pids
@@ -129,9 +133,7 @@ def test_acquire_on_an_empty_pool_creates_cold_and_size_0_is_no_pool(run, base):
 def test_close_leaves_nothing_even_with_a_creation_in_progress(run, base):
     async def scenario():
         # a full pool
-        full = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
-        full.start()
-        await until(lambda: full.idle == 2, what="the pool warm")
+        full = await warm_pool()
         ids = idle_ids(full)
         await full.close()
         assert full.idle == 0
@@ -179,10 +181,8 @@ def test_failing_creations_back_off_and_acquire_raises_the_cold_error(run, base,
 
 def test_idle_sandboxes_older_than_max_idle_are_recycled(run, base):
     async def scenario():
-        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(wall_seconds=30), size=2, max_idle=0.5)
+        pool = await warm_pool(SandboxSpec(wall_seconds=30), max_idle=0.5)
         assert pool.warm_spec.wall_seconds == 31 and pool.spec.wall_seconds == 30
-        pool.start()
-        await until(lambda: pool.idle == 2, what="the pool warm")
         first = idle_ids(pool)
         await until(lambda: pool.idle == 2 and not set(first) & set(idle_ids(pool)), 30, "both recycled")
         await until(lambda: pool.stats["expired"] >= 2 and not any((base / i).exists() for i in first),
