@@ -15,6 +15,29 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 RuntimeName = Literal["bwrap", "apptainer", "process"]
 
 
+class Mount(BaseModel):
+    """A host path shown in the sandbox. Secrets and rolloutd's own state are refused at creation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host_path: str
+    path: str | None = Field(None, description="where it appears inside (default: host_path)")
+    read_only: bool = True
+
+    @field_validator("host_path", "path")
+    @classmethod
+    def _plain_absolute(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.startswith("/") or ".." in value.split("/") or "\0" in value:
+            raise ValueError(f"mount paths must be absolute, without '..': {value!r}")
+        return value
+
+    @property
+    def inside(self) -> str:
+        return self.path or self.host_path
+
+
 class SandboxSpec(BaseModel):
     """What a sandbox must be. Defaults are safe: bwrap, host image read-only, no network."""
 
@@ -32,19 +55,9 @@ class SandboxSpec(BaseModel):
     wall_seconds: float | None = Field(3600.0, gt=0, description="the sandbox is killed this long after it starts")
     tmp_mb: int | None = Field(1024, ge=1, description="size of the private /tmp (tmpfs)")
     env: dict[str, str] = Field(default_factory=dict)
-    binds: list[str] = Field(
-        default_factory=list,
-        description='extra read-only binds, "HOST_PATH" or "HOST_PATH:SANDBOX_PATH"',
+    mounts: list["Mount"] = Field(
+        default_factory=list, description="host paths a task really needs (read-only unless said otherwise)"
     )
-
-    @field_validator("binds")
-    @classmethod
-    def _absolute_binds(cls, binds: list[str]) -> list[str]:
-        for b in binds:
-            for part in b.split(":", 1):
-                if not part.startswith("/"):
-                    raise ValueError(f"bind paths must be absolute: {b!r}")
-        return binds
 
     @classmethod
     def from_limits(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.sandbox import RuntimeUnavailable, SandboxSpec, create_sandbox, get_runtime
+from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
 from rolloutd.sandbox.apptainer import ApptainerRuntime
 from rolloutd.sandbox.base import sandbox_base_dir
 
@@ -32,7 +32,9 @@ def test_spec_defaults_are_safe_and_job_fields_map():
     mapped = SandboxSpec.from_limits(runtime="bwrap", limits={"memoryMB": 512, "processes": 32, "wallSeconds": 60})
     assert (mapped.memory_mb, mapped.processes, mapped.wall_seconds) == (512, 32, 60)
     with pytest.raises(ValueError):
-        SandboxSpec(binds=["relative/path"])
+        SandboxSpec(mounts=[{"host_path": "relative/path"}])
+    with pytest.raises(ValueError, match="'..'"):
+        SandboxSpec(mounts=[{"host_path": "/srv/data/../../etc"}])
 
 
 def test_process_runtime_warns_and_works(run):
@@ -163,7 +165,7 @@ def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch)
 
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
     with pytest.raises(SandboxCreateError, match="nonexistent"):
-        run(create_sandbox(SandboxSpec(binds=["/nonexistent-rolloutd-path"])))
+        run(create_sandbox(SandboxSpec(mounts=[{"host_path": "/nonexistent-rolloutd-path"}])))
     with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
         run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
     assert os.listdir(sandbox_base_dir()) == []
@@ -284,3 +286,22 @@ def test_an_interpreter_under_tmp_stays_visible_inside_the_sandbox(run, tmp_path
         assert r.stdout == "inside\n"
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, run, tmp_path, monkeypatch):
+    shared = tmp_path / "dataset"
+    shared.mkdir()
+    (shared / "rows.txt").write_text("row\n")
+    os.chmod(tmp_path, 0o755)  # the sandbox's own user (nobody, for a root node) walks to it
+    sb = make_sandbox(mounts=[{"host_path": str(shared), "path": "/data"}])
+    assert run(sb.bash("cat /data/rows.txt")).output == "row\n"
+    assert run(sb.bash("touch /data/new")).exit_code != 0 and not (shared / "new").exists()
+    data_dir = tmp_path / "rolloutd-data"
+    data_dir.mkdir()
+    monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(data_dir))
+    for host_path, why in ((str(data_dir), "never mounted"), (str(tmp_path), "never mounted"),
+                           ("/etc/shadow", "never mounted"), ("/etc", "never mounted"), ("/", "never mounted"),
+                           (str(shared), "sandbox's own")):
+        inside = "/workspace" if why == "sandbox's own" else None
+        with pytest.raises(SandboxCreateError, match=why):
+            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path, "path": inside}])))
