@@ -4,23 +4,27 @@ Where it sits: `get_runtime("bwrap")` returns `BwrapRuntime`; its `create`
 builds the bwrap command line around the execution server's argv and hands it
 to `Sandbox.start` (base.py), which does the rest.
 
-What the sandbox sees:
+What the sandbox sees (the full list and the reasons: README.md, "Containment"):
 
-* ``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces): only a
-  loopback interface unless ``spec.network``; only its own processes in
-  /proc. ``--die-with-parent``: the sandbox dies with the node daemon.
+* its own ipc, pid, net, uts and cgroup namespaces: only a loopback
+  interface unless ``spec.network``; only its own processes in /proc.
+  ``--die-with-parent``: the sandbox dies with the node daemon.
   ``--new-session``: no TIOCSTI into the daemon's terminal.
-* a read-only root: a tmpfs ``/`` on which the image's top-level entries are
-  bound read-only (the host's for ``image: host``; a root filesystem directory
-  otherwise), then remounted read-only. The host's /tmp, /run and the sandbox
-  base directory are never visible.
+* no privileges: under a root daemon no user namespace, and the server drops
+  to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
+  namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
+  on every process.
+* a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
+  (`hostview.host_mounts`) for ``image: host``, or a root filesystem
+  directory's entries, then remounted read-only.
 * writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
-  and a private tmpfs ``/tmp`` of ``spec.tmp_mb``.
+  and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
 * ``/.rolloutd``: the control directory (the server's 0600 socket).
+* ``spec.mounts``, checked by `hostview.check_mounts`.
 
-A root filesystem image must be able to run the host's Python: its interpreter
-and the server's packages are bound at their host paths (same glibc family —
-e.g. a debootstrap of the host's release — is the practical requirement).
+The server's interpreter and packages are bound at their host paths
+(`runtime_paths`), so a root filesystem image must be able to run the host's
+Python (same glibc family — e.g. a debootstrap of the host's release).
 """
 from __future__ import annotations
 
@@ -188,7 +192,7 @@ class BwrapRuntime(SandboxRuntime):
             # root: no user namespace (root inside one is still root to every file it can reach);
             # the server keeps only what it needs to become `uid` (which clears them), see early.become
             opts.extend(["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"])
-            opts.extend(["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"])
+            opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
         if spec.network:
             opts.append("--share-net")
         opts.append("--clearenv")

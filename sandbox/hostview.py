@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .errors import SandboxCreateError
 
 HOST_ALLOW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -31,14 +32,6 @@ ETC_SECRETS = (
     "rolloutd",
 )
 SSH_HOST_KEY_PREFIX = "ssh/ssh_host_"
-# never mounted into a sandbox, even when a job asks (besides the data dirs, see forbidden_paths)
-SECRET_HOST_PATHS = (
-    "/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh", "/etc/munge", "/etc/ssl/private",
-    "/etc/slurm", "/run/munge", "/var/run/munge", "/var/lib/munge", "/var/log/munge", "/var/spool/slurm",
-    "/var/lib/slurm", "/proc", "/sys", "/dev", "/boot", "/root/.ssh",
-)
-INNER_RESERVED = ("/", "/tmp", "/run", "/workspace")  # a mount may go below these, not on them
-INNER_FORBIDDEN = ("/proc", "/dev", "/sys", "/.rolloutd")  # nor anywhere below these
 ETC_TTL = 60.0  # /etc is walked at most this often (a few ms on a normal host)
 _etc_cache: tuple[float, list[str], list[str]] | None = None
 
@@ -116,20 +109,17 @@ def forbidden_paths() -> list[str]:
     return [*SECRET_HOST_PATHS, *data_dirs(), os.path.realpath(base)]
 
 
-def _overlaps(a: str, b: str) -> bool:
-    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
-
-
 def check_mounts(mounts: list) -> None:
     """Refuse a mount of (or above) a secret or rolloutd's own state, and one that does not exist."""
     forbidden = forbidden_paths()
     for m in mounts:
+        try:
+            check_mount_paths(m.host_path, m.inside)
+        except ValueError as e:
+            raise SandboxCreateError(f"sandbox {e}") from None
         real = os.path.realpath(m.host_path)
         for bad in forbidden:
-            if _overlaps(real, bad) or _overlaps(m.host_path, bad):
+            if overlaps(real, bad):
                 raise SandboxCreateError(f"sandbox mount {m.host_path!r}: {bad} (or a part of it) is never mounted")
-        inside = m.inside.rstrip("/") or "/"
-        if inside in INNER_RESERVED or any(_overlaps(inside, p) for p in INNER_FORBIDDEN):
-            raise SandboxCreateError(f"sandbox mount {m.host_path!r}: {inside} is the sandbox's own")
         if not os.path.exists(real):
             raise SandboxCreateError(f"sandbox mount {m.host_path!r} does not exist on this node")

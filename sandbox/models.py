@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..crds.mounts import check_mount_paths
 
 RuntimeName = Literal["bwrap", "apptainer", "process"]
 
@@ -24,14 +26,10 @@ class Mount(BaseModel):
     path: str | None = Field(None, description="where it appears inside (default: host_path)")
     read_only: bool = True
 
-    @field_validator("host_path", "path")
-    @classmethod
-    def _plain_absolute(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not value.startswith("/") or ".." in value.split("/") or "\0" in value:
-            raise ValueError(f"mount paths must be absolute, without '..': {value!r}")
-        return value
+    @model_validator(mode="after")
+    def _policy(self) -> "Mount":
+        check_mount_paths(self.host_path, self.inside)
+        return self
 
     @property
     def inside(self) -> str:

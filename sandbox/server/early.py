@@ -19,13 +19,27 @@ ROWS, COLS = 40, 200
 
 def become(cfg: dict) -> None:
     """First thing in the sandbox, before any child: a root runtime's server drops to the
-    sandbox's own uid (no groups); changing uid clears every capability it still had."""
+    sandbox's own uid (no groups); changing uid clears every capability it still had.
+    The bounding and inheritable sets are emptied too (no_new_privs already makes them
+    unusable; where the image's libffi cannot load ctypes they stay, harmless)."""
     uid = cfg.get("uid")
     if uid is None:
         return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        libc = None
+    if libc is not None:
+        cap = 0
+        while libc.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP, up to the kernel's last capability
+            cap += 1
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    if libc is not None:  # capset(v3 header, all three sets empty): the inheritable set bwrap left
+        libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
 
 
 def undumpable(cfg: dict) -> None:

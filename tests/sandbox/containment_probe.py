@@ -80,8 +80,8 @@ def status_field(key):
 
 
 # -- privileges ---------------------------------------------------------------------------------
-case("no capabilities", lambda: None if int(status_field("CapEff"), 16) == 0 and int(status_field("CapPrm"), 16) == 0
-     else f"CapEff {status_field('CapEff')}")
+CAP_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+case("no capabilities", lambda: ", ".join(f"{k} {status_field(k)}" for k in CAP_SETS if int(status_field(k), 16)))
 case("not root inside", lambda: None if os.geteuid() != 0 and os.getuid() != 0 else "uid 0")
 case("no_new_privs", lambda: None if status_field("NoNewPrivs") == "1" else "NoNewPrivs 0")
 case("seccomp filter", lambda: None if status_field("Seccomp") == "2" else f"Seccomp {status_field('Seccomp')}")
@@ -109,6 +109,8 @@ os.makedirs("/tmp/mnt", exist_ok=True)
 case("mount tmpfs", must_fail("mount", b"none", b"/tmp/mnt", b"tmpfs", 0, None))
 case("mount binary (setuid)", lambda: None if subprocess.run(["mount", "-t", "tmpfs", "none", "/tmp/mnt"],
                                                              capture_output=True).returncode else "mounted")
+case("su (setuid)", lambda: None if subprocess.run(["su", "-c", "true", "root"], capture_output=True,
+                                                   stdin=subprocess.DEVNULL).returncode else "su to root worked")
 case("umount2", must_fail("umount2", b"/tmp/mnt", 2, want=errno.EPERM))  # not a mount point: EINVAL unfiltered
 case("pivot_root", must_fail("pivot_root", b"/nonexistent-a", b"/nonexistent-b", want=errno.EPERM))
 case("chroot", must_fail("chroot", b"/tmp"))

@@ -299,9 +299,42 @@ def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, ru
     data_dir = tmp_path / "rolloutd-data"
     data_dir.mkdir()
     monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(data_dir))
-    for host_path, why in ((str(data_dir), "never mounted"), (str(tmp_path), "never mounted"),
-                           ("/etc/shadow", "never mounted"), ("/etc", "never mounted"), ("/", "never mounted"),
-                           (str(shared), "sandbox's own")):
-        inside = "/workspace" if why == "sandbox's own" else None
-        with pytest.raises(SandboxCreateError, match=why):
-            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path, "path": inside}])))
+    for host_path in (str(data_dir), str(tmp_path)):  # the node's data dir, or a directory above it
+        with pytest.raises(SandboxCreateError, match="never mounted"):
+            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path}])))
+    for host_path, inside, why in (("/etc/shadow", None, "never mounted"), ("/etc", None, "never mounted"),
+                                   ("/", None, "never mounted"), (str(shared), "/workspace", "sandbox's own"),
+                                   (str(shared), "/proc/x", "sandbox's own")):
+        with pytest.raises(ValueError, match=why):
+            SandboxSpec(mounts=[{"host_path": host_path, "path": inside}])
+
+
+def test_a_jobs_sandbox_mounts_become_the_sandbox_spec_and_secrets_are_refused_at_apply_time():
+    from rolloutd.crds.rolloutjob import SandboxSpec as JobSandbox
+
+    job = JobSandbox.model_validate({"mounts": [{"hostPath": "/srv/data", "path": "/data"}, {"hostPath": "/opt/x",
+                                                                                          "readOnly": False}]})
+    spec = SandboxSpec.from_limits(mounts=[m.model_dump() for m in job.mounts])  # what the node daemon does
+    assert [(m.host_path, m.inside, m.read_only) for m in spec.mounts] == [("/srv/data", "/data", True),
+                                                                          ("/opt/x", "/opt/x", False)]
+    for bad in ({"hostPath": "/etc/munge/munge.key"}, {"hostPath": "data"}, {"hostPath": "/srv/../etc/shadow"},
+                {"hostPath": "/srv/data", "path": "/.rolloutd/x"}):
+        with pytest.raises(ValueError):
+            JobSandbox.model_validate({"mounts": [bad]})
+
+
+def test_no_seccomp_filter_means_no_sandbox(run, tmp_path, monkeypatch):
+    """Fail closed: where libseccomp cannot compile the filter, bwrap refuses to start sandboxes."""
+    from rolloutd.sandbox import syscall_filter
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached program
+    monkeypatch.setattr(syscall_filter, "SYSTEM_PYTHON", "/nonexistent/python3")
+    monkeypatch.setattr(syscall_filter, "build", lambda out: (_ for _ in ()).throw(ImportError("no seccomp")))
+    syscall_filter.program.cache_clear()
+    try:
+        with pytest.raises(RuntimeUnavailable, match="seccomp"):
+            run(create_sandbox(SandboxSpec()))
+    finally:
+        syscall_filter.program.cache_clear()
