@@ -213,7 +213,7 @@ class BwrapRuntime(SandboxRuntime):
         opts.extend([*sticky, *tmp_size, "--tmpfs", "/tmp", *sticky, "--size", str(RUN_MB * 1024 * 1024), "--tmpfs", "/run"])
         for path in keep:  # an interpreter or checkout under /tmp or /run (a CI clone)
             if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
-                opts.extend(["--ro-bind", path, path])
+                opts.extend([*_parents(path), "--ro-bind", path, path])
         opts.extend(["--bind", str(workspace), INNER_WORKSPACE, "--bind", str(ctl), INNER_CTL])
         base = str(sandbox_base_dir())
         if not base.startswith(("/tmp/", "/run/")):
