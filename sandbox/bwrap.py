@@ -145,8 +145,8 @@ class BwrapRuntime(SandboxRuntime):
         keep = runtime_paths()
         uid = sandbox_uid()
         sandbox_id, root, workspace, ctl = Sandbox.layout()
-        void = root / "void"  # what hidden directories show: nothing
-        void.mkdir(mode=0)
+        void = root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
+        void.mkdir(mode=0o555)
         if uid is not None:
             for d in (workspace, ctl):
                 os.chown(d, uid, uid)

@@ -62,6 +62,7 @@ async def main(runtime: str, out: str) -> None:
     results["host writes"] = f"ESCAPED: reached {reached}" if reached else "contained"
     left = _pids_with_id(sb.id) + _pids_with_env(f"ROLLOUTD_PROBE={tag}")
     results["leftover processes"] = f"ESCAPED: {left}" if left else "contained"
+    results["sandbox directory removed"] = f"ESCAPED: {sb.root} is left" if sb.root.exists() else "contained"
     Path(out).write_text(json.dumps(results))
 
 
