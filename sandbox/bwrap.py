@@ -146,10 +146,6 @@ class BwrapRuntime(SandboxRuntime):
         uid = sandbox_uid()
         sandbox_id, root, workspace, ctl = Sandbox.layout()
         void = root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
-        void.mkdir(mode=0o555)
-        if uid is not None:
-            for d in (workspace, ctl):
-                os.chown(d, uid, uid)
         env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
         rlimits = rlimits_for(spec, nproc=uid is None)
         cfg = {
@@ -163,10 +159,16 @@ class BwrapRuntime(SandboxRuntime):
             "uid": uid,
         }
         try:
+            void.mkdir(mode=0o555)
+            if uid is not None:
+                for d in (workspace, ctl):
+                    os.chown(d, uid, uid)
             opts = self._options(spec, image, keep, workspace, ctl, env, uid, str(void))
             argv = [_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(sys.executable, cfg)]
-        except SandboxCreateError:
+        except (SandboxCreateError, OSError) as e:
             shutil.rmtree(root, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise SandboxCreateError(f"cannot prepare the sandbox directory: {e}") from None
             raise
         cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
         limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], "uid": uid, "seccomp": True}
