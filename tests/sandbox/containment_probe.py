@@ -189,6 +189,35 @@ for name, a in {
 }.items():
     case(f"syscall {name}", must_fail(name, *a, want=errno.EPERM))
 
+
+
+def i386_abi():
+    """The classic filter bypass: the same kernel entered through the 32-bit ABI (int 0x80)."""
+    import mmap
+
+    code = b"\xb8\x14\x00\x00\x00\xcd\x80\xc3"  # mov eax, 20 (getpid on i386); int 0x80; ret
+    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    pid = ctypes.CFUNCTYPE(ctypes.c_int)(addr)()  # a filter that knows its ABI kills us here (SIGSYS)
+    return f"an i386 syscall answered ({pid})"
+
+
+
+
+def i386_abi_killed():
+    pid = os.fork()
+    if pid == 0:
+        i386_abi()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS:
+        return None  # the filter killed it
+    return f"an i386 syscall ran (child status {status:#x})"
+
+
+case("i386 syscall ABI", i386_abi_killed, fork=False)
+
 # -- files: writes outside the workspace, secrets ----------------------------------------------------
 
 
