@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
+from .base import sandbox_base_dir
 from .errors import SandboxCreateError
 
 HOST_ALLOW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -94,7 +94,10 @@ def host_mounts(void_dir: str) -> list[str]:
 
 def data_dirs() -> list[str]:
     """rolloutd's own state on this node (controller and daemon: the API and join tokens)."""
-    home = Path.home()
+    try:
+        home = Path.home()
+    except (KeyError, RuntimeError):  # no $HOME and no passwd entry: only the explicit ones are known
+        home = Path("/nonexistent")
     dirs = [
         os.environ.get("ROLLOUTD_DATA_DIR"),
         str(Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "rolloutd"),
@@ -105,8 +108,7 @@ def data_dirs() -> list[str]:
 
 
 def forbidden_paths() -> list[str]:
-    base = os.environ.get("ROLLOUTD_SANDBOX_DIR") or os.path.join(tempfile.gettempdir(), f"rolloutd-sandboxes-{os.getuid()}")
-    return [*SECRET_HOST_PATHS, *data_dirs(), os.path.realpath(base)]
+    return [*SECRET_HOST_PATHS, *data_dirs(), os.path.realpath(sandbox_base_dir())]
 
 
 def check_mounts(mounts: list) -> None:
