@@ -55,7 +55,7 @@ def validate_job(doc: dict[str, Any], url_name: str | None = None) -> RolloutJob
     body_name = meta.get("name") if isinstance(meta, dict) else None
     if url_name is not None and body_name is not None and body_name != url_name:
         raise BadRequest(
-            f"metadata.name {body_name!r} does not match the name in the URL {url_name!r}",
+            f"metadata.name {str(body_name)[:100]!r} does not match the name in the URL {url_name!r}",
             causes=[{"field": "metadata.name", "reason": "FieldValueInvalid", "message": "does not match the URL"}],
         )
     if url_name is not None and isinstance(meta, dict) and body_name is None:
@@ -64,7 +64,8 @@ def validate_job(doc: dict[str, Any], url_name: str | None = None) -> RolloutJob
     try:
         job = RolloutJob.model_validate(doc)
     except ValidationError as e:
-        raise from_validation_error(e, name=body_name or url_name, root=RolloutJob) from None
+        named = body_name if isinstance(body_name, str) else None  # Status.details.name is a string
+        raise from_validation_error(e, name=named or url_name, root=RolloutJob) from None
     check_policy(job)
     return job
 

@@ -7,6 +7,7 @@ recurse) and integers outside SQLite's int64. Non-finite floats are the models' 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi import Request
 from .errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a RolloutJob is a few KB; datasets are referenced, not inlined
+OFFLOAD_BYTES = 64 << 10
 MAX_DEPTH = 64  # a RolloutJob nests ~6 deep; a trajectory's tool-call arguments a little more
 MAX_VALUES = 1 << 20  # a 1 MiB JSON body holds fewer; YAML aliases ("billion laughs") could hold far more
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -49,7 +51,14 @@ async def parse_document(request: Request, limit: int = MAX_BODY_BYTES, *, walk:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequest(f"request body is not UTF-8 text: {e}") from None
-    doc = _parse(text, json_=ctype == "application/json" or text.lstrip()[:1] in ("{", "["))
+    json_ = ctype == "application/json" or text.lstrip()[:1] in ("{", "[")
+    if len(raw) > OFFLOAD_BYTES:  # parsing (and walking) a large body takes long: not on the event loop
+        return await asyncio.to_thread(_document, text, json_, walk)
+    return _document(text, json_, walk)
+
+
+def _document(text: str, json_: bool, walk: bool) -> dict[str, Any]:
+    doc = _parse(text, json_=json_)
     if not isinstance(doc, dict):
         raise BadRequest(f"expected an object, got {type(doc).__name__}")
     if walk:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, RegisterRequest,
                                 RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
-from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob, RolloutJobStatus
+from rolloutd.crds.rolloutjob import _DNS1123, API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
 from .config import API_PREFIX
 from .nodeapi import BatchRequest, PolicyRequest
@@ -39,6 +39,7 @@ STATUS = {
     },
 }
 OBJECT = {"type": "object"}
+NAME_PATTERN = _DNS1123.pattern  # what crds.rolloutjob.validate_name checks
 SSE_EVENT = {"type": "object", "description": "ADDED | MODIFIED | DELETED (data: the RolloutJob) or BOOKMARK",
              "properties": {"id": {"type": "string"}, "event": {"type": "string"}, "data": {"type": "string"}}}
 
@@ -52,6 +53,10 @@ class StatusUpdate(BaseModel):
 def _ref(model: type[BaseModel], defs: dict[str, Any], mode: str) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True, mode=mode, ref_template="#/components/schemas/{model}")
     defs.update(schema.pop("$defs", {}))
+    if model is RolloutJob:  # what the validators check beyond the types (api.validate_job, ObjectMeta)
+        schema["properties"]["apiVersion"] |= {"enum": [API_VERSION]}
+        schema["properties"]["kind"] |= {"enum": [KIND]}
+        defs["ObjectMeta"]["properties"]["name"] |= {"pattern": NAME_PATTERN, "maxLength": 63}
     name = model.__name__ if mode == "validation" else f"{model.__name__}Out"
     defs[name] = schema
     return {"$ref": f"#/components/schemas/{name}"}

@@ -175,3 +175,6 @@ def test_cli_errors_are_one_line_and_exit_1(controller, example_yaml, tmp_path):
             assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
     r = ctl(controller, "get", "rj", "-l", "a b")
     assert r.returncode == 1 and "labelSelector" in r.stderr and "Traceback" not in r.stderr
+    assert ctl(controller, "apply", "-f", "-", stdin=example_yaml).returncode == 0
+    r = ctl(controller, "backends", "add", "math-demo", "http://169.254.169.254")
+    assert r.returncode == 1 and "link-local" in r.stderr and r.stderr.count("\n") == 1, r.stderr
