@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -34,6 +35,7 @@ from .policy import backend_url_problem, tokenizer_problem
 from .store import Store, matches, parse_selector
 
 KEEPALIVE_SECONDS = 15.0
+log = logging.getLogger("rolloutd.api")
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -249,7 +251,7 @@ def _name_from_field_selector(selector: str | None) -> str | None:
 
 
 def _sse(rv: int, type_: str, obj: dict[str, Any]) -> bytes:
-    return f"id: {rv}\nevent: {type_}\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+    return f"id: {rv}\nevent: {type_}\ndata: {json.dumps(obj, separators=(',', ':'), allow_nan=False)}\n\n".encode()
 
 
 def _watch_response(store: Store, since: str | None, selector: str | None, name: str | None,
@@ -278,7 +280,10 @@ def _watch_response(store: Store, since: str | None, selector: str | None, name:
                 for ch in changes:
                     cursor = ch.rv
                     if matches(ch.object["metadata"].get("labels", {}), sel):
-                        yield _sse(ch.rv, ch.type, ch.object)
+                        try:
+                            yield _sse(ch.rv, ch.type, ch.object)
+                        except ValueError as e:  # NaN/Infinity in a row an older version stored
+                            log.error("watch skips change %d of %s: %s", ch.rv, ch.name, e)
                 if changes and len(changes) >= 500:
                     continue
                 wait = KEEPALIVE_SECONDS
