@@ -15,6 +15,7 @@ Talks to the controller through `apiclient.ApiClient`. Exit codes: 0 success, 1 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
@@ -57,7 +58,7 @@ def _global(
 
 
 def _client() -> ApiClient:
-    return ApiClient(resolve(_State.server, _State.token_file))
+    return _run(lambda: ApiClient(resolve(_State.server, _State.token_file)))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -77,6 +78,24 @@ def _run(fn):
         causes = e.status.get("details", {}).get("causes", [])
         lines = [str(e)] + [f"  {c.get('field')}: {c.get('message')}" for c in causes if len(causes) > 1]
         raise _fail("\n".join(lines)) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a malformed server URL: one line, never a traceback
+        raise _fail(f"{type(e).__name__}: {e}") from None
+
+
+def _non_finite(doc: Any, path: str = "") -> str | None:
+    """The path of the first NaN/Infinity in `doc` (JSON, and so the API, has neither), or None."""
+    stack = [(doc, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return f"{where}: {node} is not a finite number"
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
 
 
 def _age(ts: str | None) -> str:
@@ -116,6 +135,8 @@ def _load_documents(filename: str) -> list[dict[str, Any]]:
     for d in docs:
         if not isinstance(d, dict):
             raise _fail(f"{filename}: expected a RolloutJob mapping, got {type(d).__name__}")
+        if problem := _non_finite(d):
+            raise _fail(f"{filename}: {problem} (JSON, and so the API, has no NaN or infinities)")
     return docs
 
 

@@ -120,4 +120,5 @@ def from_validation_error(err: ValidationError, *, prefix: tuple[str, ...] = (),
             message = e["msg"].removeprefix("Value error, ")
         causes.append({"field": field, "reason": _REASONS.get(e["type"], "FieldValueInvalid"), "message": message})
     summary = "; ".join(f"{c['field'] or '<root>'}: {c['message']}" for c in causes)
-    return Invalid(f"RolloutJob is invalid: {summary}", causes=causes, name=name)
+    what = "RolloutJob" if root is None or root.__name__.startswith("RolloutJob") else root.__name__
+    return Invalid(f"{what} is invalid: {summary}", causes=causes, name=name)

@@ -14,16 +14,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
 from rolloutd.crds.rolloutjob import BackendSpec
 
+from .bodies import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, parse_document
 from .config import API_PREFIX as PREFIX
-from .errors import BadRequest, NotFound, from_validation_error
-from .scheduler import Scheduler, validate_backend_url
+from .errors import BadRequest, Invalid, NotFound, from_validation_error
+from .policy import backend_url_problem
+from .scheduler import Scheduler
 from .store import Store
 
 
@@ -32,13 +34,23 @@ RESULTS_MAX_BYTES = 64 << 20
 
 
 async def _body(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:
-    from .api import MAX_BODY_BYTES, parse_document  # the same parse errors as the main API
-
-    doc = await parse_document(request, limit or MAX_BODY_BYTES)
+    doc = await parse_document(request, limit or MAX_BODY_BYTES, walk=limit is None)
     try:
         return model.model_validate(doc)
     except ValidationError as e:
         raise from_validation_error(e, root=model) from None
+
+
+class BatchRequest(BaseModel):
+    batch: int | None = Field(default=None, description="the batch to open (default: the next one)")
+    model_config = {"extra": "forbid"}
+
+
+class PolicyRequest(BaseModel):
+    version: int | str
+    weightsPath: str | None = None
+    pause: bool | None = None
+    model_config = {"extra": "forbid"}
 
 
 def _ok(model: BaseModel) -> JSONResponse:
@@ -88,9 +100,9 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return job.status.phase.terminal
 
     @r.get(f"{J}/{{name}}/trajectories")
-    async def trajectories(name: str, cursor: int = Query(0, ge=0), follow: bool = False,
+    async def trajectories(name: str, cursor: int = Query(0, ge=0, le=INT64_MAX), follow: bool = False,
                            limit: int = Query(1000, ge=1, le=100_000),
-                           timeoutSeconds: float | None = Query(None, gt=0)):
+                           timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         await asyncio.to_thread(store.get, name)  # 404 for an unknown job
         if not follow:
             rows = scheduler.trajectories(name, cursor, limit)
@@ -112,24 +124,14 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
 
     # ------------------------------------------------------------ batches and policy versions
 
-    class BatchRequest(BaseModel):
-        batch: int | None = None
-        model_config = {"extra": "forbid"}
-
-    class PolicyRequest(BaseModel):
-        version: int | str
-        weightsPath: str | None = None
-        pause: bool | None = None
-        model_config = {"extra": "forbid"}
-
     @r.post(f"{J}/{{name}}/batches")
     async def request_batch(name: str, request: Request):
         req = await _body(request, BatchRequest)
         return scheduler.request_batch(name, req.batch)
 
     @r.get(f"{J}/{{name}}/batches/{{k}}")
-    async def get_batch(name: str, k: int, wait: bool = False, all: bool = False,
-                        timeoutSeconds: float | None = Query(None, gt=0)):
+    async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
+                        all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         store.get(name)
         return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
 
@@ -162,7 +164,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
     @r.post(f"{J}/{{name}}/backends")
     async def add_backend(name: str, request: Request):
         doc = await _body(request, BackendSpec)
-        url = validate_backend_url(doc.url)
+        url = validate_backend_url(doc.url, "url")
         job = store.get(name).model_copy(deep=True)
         if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
@@ -172,7 +174,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
 
     @r.delete(f"{J}/{{name}}/backends")
     async def remove_backend(name: str, url: str):
-        url = validate_backend_url(url)
+        url = validate_backend_url(url, "url")
         job = store.get(name).model_copy(deep=True)
         kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
         if len(kept) == len(job.spec.llm.backends):
@@ -184,3 +186,11 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return describe_backends(name)
 
     return r
+
+
+def validate_backend_url(url: str, field: str) -> str:
+    """The URL without its trailing slash, or 422 when the backend policy (`policy.py`) refuses it."""
+    if problem := backend_url_problem(url):
+        raise Invalid(f"backend url {url[:200]!r}: {problem}",
+                      causes=[{"field": field, "reason": "FieldValueForbidden", "message": problem}])
+    return url.rstrip("/")

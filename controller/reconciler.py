@@ -132,7 +132,7 @@ class Reconciler:
         for name in names:
             try:
                 job = await asyncio.to_thread(self.store.get, name)
-            except NotFound:
+            except ApiError:  # gone, or a row it cannot read (logged by the store): the others go on
                 continue
             await self._reconcile_one(job)
         return changes[-1].rv if changes else cursor

@@ -900,9 +900,3 @@ class Scheduler:
                  .group_by(ItemRow.backend))
             return {b: n for b, n in s.exec(q)}
 
-
-def validate_backend_url(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise BadRequest(f"backend url must start with http:// or https://, got {url!r}",
-                         causes=[{"field": "url", "reason": "FieldValueInvalid", "message": "must be http(s)"}])
-    return url.rstrip("/")

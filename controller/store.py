@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import threading
 import uuid
 from dataclasses import dataclass
@@ -19,9 +21,12 @@ from typing import Any, Iterable
 from sqlalchemy import event, func
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
-from rolloutd.crds.rolloutjob import IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
+from rolloutd.crds.rolloutjob import (IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value,
+                                     valid_label_key, valid_label_value)
 
-from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
+from .errors import AlreadyExists, ApiError, BadRequest, Conflict, Gone, Invalid, NotFound
+
+log = logging.getLogger("rolloutd.store")
 
 SCHEMA_VERSION = 1
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
@@ -78,11 +83,38 @@ class Change:
     object: dict[str, Any]
 
 
+class Unservable(ApiError):
+    """A stored row that cannot be rendered (written by hand or by an older, laxer version)."""
+
+    def __init__(self, name: str, cause: Exception):
+        super().__init__(f'rolloutjobs "{name}" is stored in a form this controller cannot serve '
+                         f'({type(cause).__name__}: {str(cause)[:200]}); delete it and apply it again', name=name)
+
+
+def _no_constant(value: str) -> Any:
+    raise ValueError(f"non-finite number {value} (JSON has none)")
+
+
 def _to_resource(row: JobRow) -> RolloutJob:
-    return RolloutJob.model_validate(_to_wire(row))
+    try:
+        return RolloutJob.model_validate(_to_wire(row))
+    except ValueError as e:  # pydantic's ValidationError is one
+        raise Unservable(row.name, e) from None
 
 
-def _to_wire(row: JobRow) -> dict[str, Any]:
+def _servable_wire(row: JobRow) -> dict[str, Any]:
+    """`_to_wire`, refusing what cannot be sent as JSON (NaN, Infinity) or parsed at all."""
+    try:
+        return _to_wire(row, loads=_strict_loads)
+    except ValueError as e:  # json.JSONDecodeError is one
+        raise Unservable(row.name, e) from None
+
+
+def _strict_loads(text: str) -> Any:
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _to_wire(row: JobRow, loads=json.loads) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": row.name,
         "uid": row.uid,
@@ -90,18 +122,18 @@ def _to_wire(row: JobRow) -> dict[str, Any]:
         "resourceVersion": str(row.resource_version),
         "creationTimestamp": _ts(row.created),
     }
-    if json.loads(row.labels):
-        meta["labels"] = json.loads(row.labels)
-    if json.loads(row.annotations):
-        meta["annotations"] = json.loads(row.annotations)
+    if loads(row.labels):
+        meta["labels"] = loads(row.labels)
+    if loads(row.annotations):
+        meta["annotations"] = loads(row.annotations)
     if row.deleted:
         meta["deletionTimestamp"] = _ts(row.deleted)
     return {
         "apiVersion": "rolloutd.io/v1alpha1",
         "kind": "RolloutJob",
         "metadata": meta,
-        "spec": json.loads(row.spec),
-        "status": json.loads(row.status),
+        "spec": loads(row.spec),
+        "status": loads(row.status),
     }
 
 
@@ -115,23 +147,29 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+_SELECTOR_TERM = re.compile(r"^\s*(?P<neg>!)?\s*(?P<key>[^!=\s]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[^!=\s]*))?\s*$")
+
+
 def parse_selector(selector: str | None) -> list[tuple[str, str, str | None]]:
-    """`a=b,c!=d,e` → [(key, op, value)]; ops: =, ==, !=, exists, !exists."""
+    """`a=b,c!=d,e,!f` → [(key, op, value)]; ops: =, ==, !=, exists, !exists. 400 for anything else
+    (set-based `in (…)` is not supported), naming the term and why."""
     out: list[tuple[str, str, str | None]] = []
     for term in filter(None, (t.strip() for t in (selector or "").split(","))):
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            out.append((k.strip(), "!=", v.strip()))
-        elif "==" in term:
-            k, v = term.split("==", 1)
-            out.append((k.strip(), "=", v.strip()))
-        elif "=" in term:
-            k, v = term.split("=", 1)
-            out.append((k.strip(), "=", v.strip()))
-        elif term.startswith("!"):
-            out.append((term[1:].strip(), "!exists", None))
+        m = _SELECTOR_TERM.match(term)
+        why = None
+        if m is None or (m["neg"] and m["op"]):
+            why = "expected KEY, !KEY, KEY=VALUE, KEY==VALUE or KEY!=VALUE"
+        elif not valid_label_key(m["key"]):
+            why = f"{m['key']!r} is not a valid label key"
+        elif m["op"] and not valid_label_value(m["value"]):
+            why = f"{m['value']!r} is not a valid label value (≤63 chars of [A-Za-z0-9-_.])"
+        if why:
+            raise BadRequest(f"invalid labelSelector term {term[:100]!r}: {why}",
+                             causes=[{"field": "labelSelector", "reason": "FieldValueInvalid", "message": why}])
+        if m["op"]:
+            out.append((m["key"], "=" if m["op"] == "==" else m["op"], m["value"]))
         else:
-            out.append((term, "exists", None))
+            out.append((m["key"], "!exists" if m["neg"] else "exists", None))
     return out
 
 
@@ -241,18 +279,34 @@ class Store:
             row = s.get(JobRow, name)
             if row is None:
                 raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            return _to_wire(row)
+            return _servable_wire(row)
 
     def list_wire(self, selector: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Every servable job matching `selector`; a row that cannot be served is skipped (and logged)
+        so that one bad row never takes the whole list down."""
         sel = parse_selector(selector)
         with Session(self.engine) as s:
             rows = s.exec(select(JobRow).order_by(JobRow.name)).all()
             rv = s.exec(select(func.max(ChangeRow.rv))).one() or 0
-        items = [_to_wire(r) for r in rows if matches(json.loads(r.labels), sel)]
+        items = []
+        for row in rows:
+            try:
+                wire = _servable_wire(row)
+            except Unservable as e:
+                log.error("list skips a row: %s", e.message)
+                continue
+            if matches(wire["metadata"].get("labels", {}), sel):
+                items.append(wire)
         return items, rv
 
     def list(self, selector: str | None = None) -> list[RolloutJob]:
-        return [RolloutJob.model_validate(w) for w in self.list_wire(selector)[0]]
+        jobs = []
+        for wire in self.list_wire(selector)[0]:
+            try:
+                jobs.append(RolloutJob.model_validate(wire))
+            except ValueError as e:
+                log.error("list skips rolloutjobs %r: %s", wire["metadata"]["name"], e)
+        return jobs
 
     def current_rv(self) -> int:
         with Session(self.engine) as s:
@@ -384,6 +438,16 @@ class Store:
                 raise NotFound(f'rolloutjobs "{name}" not found', name=name)
             if row.deleted is not None:
                 return _to_wire(row)
+            try:
+                _to_resource(row)
+            except Unservable as e:  # the reconciler cannot read it either: nothing to wind down
+                log.error("deleting an unservable row at once: %s", e.message)
+                self._record(s, row, "DELETED")
+                s.delete(row)
+                s.commit()
+                self._changed(name)
+                return {"apiVersion": "v1", "kind": "Status", "status": "Success",
+                        "details": {"kind": "rolloutjobs", "name": name}}
             row.deleted = utcnow()
             status = RolloutJobStatus.model_validate(json.loads(row.status))
             if not status.phase.terminal:

@@ -27,6 +27,14 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(infinite|UNLIMITED)$")
 
 
+def valid_label_key(key: str) -> bool:
+    return len(key) <= 253 and _LABEL_KEY.match(key) is not None
+
+
+def valid_label_value(value: str) -> bool:
+    return len(value) <= 63 and _LABEL_VALUE.match(value) is not None
+
+
 def validate_name(name: str) -> str:
     if len(name) > 63 or not _DNS1123.match(name):
         raise ValueError(
@@ -59,9 +67,9 @@ class ObjectMeta(Model):
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if len(key) > 253 or not _LABEL_KEY.match(key):
+            if not valid_label_key(key):
                 raise ValueError(f"label key {key!r} is not a valid label key")
-            if len(value) > 63 or not _LABEL_VALUE.match(value):
+            if not valid_label_value(value):
                 raise ValueError(f"label {key}={value!r}: value must be ≤63 chars of [A-Za-z0-9-_.]")
         return v
 

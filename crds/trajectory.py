@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from .base import Model
 
@@ -47,6 +47,10 @@ class Timings(Model):
 
 
 class Trajectory(Model):
+    # A daemon's report is accepted whole: a -inf logprob (a token the engine's processing masked) must
+    # not make the controller refuse, and so lose, a finished rollout. Specs are strict (crds.base).
+    model_config = ConfigDict(allow_inf_nan=True)
+
     job: str
     prompt: int = Field(description="index of the prompt in the dataset")
     sample: int = Field(description="sample index within the prompt's group")

@@ -1,0 +1,116 @@
+"""Request bodies and query values → Python data, with a 4xx for everything malformed.
+
+Used by every route that reads a body (`api.py`, `nodeapi.py`). Beyond the parsers' own errors it
+bounds what SQLite and the interpreter cannot take: nesting deeper than `MAX_DEPTH` (the parsers
+recurse) and integers outside SQLite's int64. Non-finite floats are the models' job
+(`crds.base.Model` sets `allow_inf_nan=False`, so the 422 names the field).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import yaml
+from fastapi import Request
+
+from .errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a RolloutJob is a few KB; datasets are referenced, not inlined
+OFFLOAD_BYTES = 64 << 10
+MAX_DEPTH = 64  # a RolloutJob nests ~6 deep; a trajectory's tool-call arguments a little more
+MAX_VALUES = 1 << 20  # a 1 MiB JSON body holds fewer; YAML aliases ("billion laughs") could hold far more
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+BODY_TYPES = ("application/json", "application/yaml", "application/x-yaml", "text/yaml")
+_DIGITS = re.compile(r"^[0-9]{1,19}$")
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and _DIGITS.match(declared) and int(declared) > limit:
+        raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+    return bytes(body)
+
+
+async def parse_document(request: Request, limit: int = MAX_BODY_BYTES, *, walk: bool = True) -> dict[str, Any]:
+    """YAML or JSON body → a mapping, with a 4xx naming the line for malformed input.
+    No Content-Type: sniffed (JSON if it starts with `{`/`[`, else YAML); any other type is 415.
+    `walk=False` skips `check_bounds` (the bulk trajectory reports: their models bound every integer
+    field, and walking millions of token ids would stall the event loop)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and ctype not in BODY_TYPES:
+        raise UnsupportedMediaType(f"content type {ctype!r} not supported; send application/json or application/yaml")
+    raw = await read_body(request, limit)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"request body is not UTF-8 text: {e}") from None
+    json_ = ctype == "application/json" or text.lstrip()[:1] in ("{", "[")
+    if len(raw) > OFFLOAD_BYTES:  # parsing (and walking) a large body takes long: not on the event loop
+        return await asyncio.to_thread(_document, text, json_, walk)
+    return _document(text, json_, walk)
+
+
+def _document(text: str, json_: bool, walk: bool) -> dict[str, Any]:
+    doc = _parse(text, json_=json_)
+    if not isinstance(doc, dict):
+        raise BadRequest(f"expected an object, got {type(doc).__name__}")
+    if walk:
+        check_bounds(doc)
+    return doc
+
+
+def _parse(text: str, *, json_: bool) -> Any:
+    try:
+        if json_:  # JSON bodies (every machine client) take the fast parser; YAML is for people
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise BadRequest(f"request body nests too deeply (the limit is {MAX_DEPTH} levels)") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise BadRequest(f"malformed YAML/JSON{where}: {problem}") from None
+
+
+def check_bounds(doc: Any) -> None:
+    """Iteratively: depth ≤ MAX_DEPTH, at most MAX_VALUES values, every integer within int64
+    (else 400/422 naming the field)."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    seen = 0
+    while stack:
+        node, path, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise TooLarge(f"request body holds more than {MAX_VALUES} values (YAML aliases count once per use)")
+        if depth > MAX_DEPTH:
+            raise BadRequest(f"request body nests too deeply at {path or '<root>'} (the limit is {MAX_DEPTH} levels)")
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and not INT64_MIN <= node <= INT64_MAX:
+            message = f"integer out of range (the limit is ±2^63): {str(node)[:30]}…"
+            raise Invalid(f"request is invalid: {path}: {message}",
+                          causes=[{"field": path, "reason": "FieldValueInvalid", "message": message}])
+
+
+def parse_version(value: Any, field: str) -> int | None:
+    """A resourceVersion as sent (string or int; None/absent: no check) → int, or 400."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX:
+        return value
+    if isinstance(value, str) and _DIGITS.match(value) and int(value) <= INT64_MAX:
+        return int(value)
+    message = f"must be a resourceVersion (a decimal integer as a string), got {str(value)[:40]!r}"
+    raise BadRequest(f"{field} {message}", causes=[{"field": field, "reason": "FieldValueInvalid", "message": message}])

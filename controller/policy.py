@@ -1,0 +1,83 @@
+"""What a RolloutJob may point the cluster at: LLM backend URLs and the tokenizer path.
+
+Applied by the API to every created or applied job (`api.validate_job`) and to backends added
+while a job runs (`nodeapi`, `rolloutctl backends add|remove`). The lists are the controller's
+config (`config.backend_allow_nets`, `config.tokenizer_roots`, set from the environment).
+
+- backend URL: http/https with a host; a literal address must not be link-local (169.254/16 holds
+  cloud metadata services, fe80::/10), unspecified (0.0.0.0, ::), multicast or broadcast, unless
+  an allowed network contains it; the cloud metadata host names are refused too. Host names are
+  not resolved here (that would not stop DNS rebinding): egress firewalls remain the real fence.
+- tokenizer: a model name or a path relative to the node daemon's working directory without `..`,
+  or an absolute path under one of the tokenizer roots.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import posixpath
+import socket
+from urllib.parse import urlsplit
+
+from .config import backend_allow_nets, tokenizer_roots
+
+METADATA_HOSTS = {"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
+                  "instance-data.ec2.internal", "metadata.azure.com"}
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The literal address `host` denotes, in any form a resolver accepts (also 2852039166, 0xa9.0xfe.…)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))  # the legacy forms getaddrinfo takes
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def backend_url_problem(url: str) -> str | None:
+    """Why `url` may not be a backend, or None when it may."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").rstrip(".").lower()
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as e:
+        return f"not a valid URL: {e}"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if not host:
+        return "has no host"
+    if host in METADATA_HOSTS:
+        return f"{host} is a cloud metadata service"
+    ip = _address(host)
+    if ip is None or any(ip in net for net in backend_allow_nets()):
+        return None
+    if ip.is_link_local:
+        return f"{ip} is link-local (cloud metadata services live there); allow it with ROLLOUTD_BACKEND_ALLOW_NETS"
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        return f"{ip} is not a unicast address a backend can have"
+    return None
+
+
+def tokenizer_problem(path: str) -> str | None:
+    """Why `path` may not be a tokenizer, or None when it may."""
+    if not path.strip():
+        return "must name a tokenizer directory or model"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if path.startswith("~"):
+        return "must not start with ~ (the daemon's home is not the controller's): give an absolute path"
+    if not path.startswith("/"):
+        if ".." in path.split("/"):
+            return "a relative path must not contain '..'"
+        return None
+    normal = posixpath.normpath(path)
+    roots = tokenizer_roots()
+    if any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):
+        return None
+    return (f"{normal} is outside the tokenizer roots ({os.pathsep.join(roots) or 'none'}); "
+            "add its directory to ROLLOUTD_TOKENIZER_ROOTS")
