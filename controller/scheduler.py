@@ -339,17 +339,55 @@ class Scheduler:
             self.pool.release(item.backend)
             item.holds_backend = False
 
-    def _requeue(self, item: ItemRow, error: str, max_attempts: int) -> str:
-        """Back to the queue, or failed-infra when the attempts are used up. Returns the new state."""
+    def _requeue(self, item: ItemRow, error: str, max_attempts: int, keep_attempt: bool = False) -> str:
+        """Back to the queue, or failed-infra when the attempts are used up. Returns the new state.
+        `keep_attempt`: the failure was the backend's outage, not the rollout's: no attempt is used."""
         self._release_backend(item)
         item.last_error = error
         item.node_id, item.deadline, item.stage = None, None, None
+        if keep_attempt:
+            item.attempt = max(item.attempt - 1, 0)
         if item.attempt >= max_attempts:
             item.state = "failed"
         else:
             item.state, item.attempt_id, item.backend = "queued", None, None
             item.queued_at = self.clock()
         return item.state
+
+    def _outage(self, item: ItemRow, cache: _JobCache) -> bool:
+        """The item's backend is down and so is every other backend of its job: its failure is the
+        outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
+        return bool(item.backend) and not self.pool.healthy(item.backend) \
+            and not any(self.pool.healthy(u) for u in cache.backends)
+
+    def _fail_job(self, s: Session, name: str, reason: str) -> None:
+        """A configuration error: the job fails with `reason` (which names the spec field) and its
+        other rollouts are cancelled (they would fail the same way; daemons learn it at their next beat)."""
+        row = s.get(ExpansionRow, name)
+        if row is not None and not row.error:
+            row.error = reason
+            s.add(row)
+            self._expansions[name] = row
+        for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
+            self._release_backend(item)
+            item.state, item.stage, item.deadline = "cancelled", None, None
+            s.add(item)
+        log.error("job %s fails: %s", name, reason)
+
+    def _fair_share(self, s: Session, node: NodeRow, job: RolloutJob, live: int, asked: int) -> int:
+        """How many of the `asked` items (its free slots) a node may lease: its share of the job's
+        live work, divided by the nodes the job asked for (or has, if more), minus what it holds.
+        The first daemon up must not take a small job whole before the others registered; with
+        a long queue the share exceeds any node's free slots and changes nothing."""
+        nodes = max(job.spec.executor.nodes, self._active_nodes(s, node.job))
+        if nodes <= 1 or asked <= 0:
+            return asked
+        held = s.exec(select(func.count()).where(ItemRow.node_id == node.id, ItemRow.state == "leased")).one()
+        return max(0, min(asked, -(-live // nodes) - held))
+
+    @staticmethod
+    def _active_nodes(s: Session, job: str) -> int:
+        return s.exec(select(func.count()).where(NodeRow.job == job, NodeRow.state == "active")).one()
 
     def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -370,6 +408,8 @@ class Scheduler:
             now = self.clock()
             pol = s.get(PolicyRow, node.job)
             version = json.loads(pol.version) if pol else None
+            live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
+            max_items = self._fair_share(s, node, job, live, max_items)
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
@@ -396,7 +436,6 @@ class Scheduler:
                                         queued_seconds=max(now - row.queued_at, 0.0)))
                 if changes:
                     s.exec(update(ItemRow), params=changes)  # ORM bulk UPDATE by primary key
-            live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
             s.commit()
         exp = self.expand(job)
         if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
@@ -514,6 +553,7 @@ class Scheduler:
             history = json.loads(pol.history)
             max_stale = job.spec.policy.max_staleness
             settled: list[int] = []
+            config_error = ""
             delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
             ids = [r.attempt_id for r in batch.results]
             items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
@@ -527,8 +567,14 @@ class Scheduler:
                     continue
                 t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
                                                        "attempt": item.attempt})
-                if t.failure.kind == FailureKind.infra:
-                    state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts)
+                if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
+                    self._release_backend(item)
+                    item.state, item.stage, item.deadline = "failed", None, None
+                    self._deliver(s, item, t, delivered)
+                    config_error = config_error or t.failure.reason or "configuration error"
+                elif t.failure.kind == FailureKind.infra:
+                    state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
+                                          keep_attempt=self._outage(item, cache))
                     if state == "failed":
                         self._deliver(s, item, t, delivered)
                         settled.append(item.group_id)
@@ -552,7 +598,11 @@ class Scheduler:
             for gid in settled:
                 if gid is not None:
                     self.batches.group_settled(s, job, gid)
+            if config_error:
+                self._fail_job(s, job.metadata.name, config_error)
             s.commit()
+            if config_error and self.on_idle is not None:
+                self.on_idle(job.metadata.name)  # the reconciler marks it Failed now
             if settled and self.on_idle is not None and s.exec(
                     select(ItemRow.id).where(ItemRow.job == job.metadata.name, ItemRow.state.in_(LIVE)).limit(1)
             ).first() is None:

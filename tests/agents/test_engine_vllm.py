@@ -20,6 +20,7 @@ from rolloutd.agents.types import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from agent_fakes import FakeSandbox
+from waiting import wait_until
 
 MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List the files."}]
 
@@ -32,7 +33,7 @@ def test_backend_killed_mid_request_is_an_infra_failure_never_a_reward():
         async def go():
             async with VLLMBackend(engine.url) as llm:
                 config = AgentConfig(max_turns=2, max_tokens_per_turn=3500, max_total_tokens=4000, tools=["bash"],
-                                     sampling=SamplingParams(ignore_eos=True, seed=1))
+                                     sampling=SamplingParams(ignore_eos=True, seed=1), backend_wait=1.0)
                 loop = asyncio.create_task(run_agent_loop(
                     MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config,
                     ctx=RolloutContext(job="kill", prompt=0, sample=0)))
@@ -142,3 +143,57 @@ def test_serve_model_command_serves_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """Live (non-zombie) descendants of `root`: pid → command line."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                out[child] = open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            todo.append(child)
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_kill_9_of_serve_model_takes_every_engine_process_with_it(tmp_path):
+    """vLLM's EngineCore is a grandchild of serve-model (PR_SET_PDEATHSIG alone cannot reach it):
+    after `kill -9` of serve-model no process of its tree may survive, reparented to PID 1."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutd.controller.main", "serve-model", "--model", "tiny", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "wb"), text=True, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (tmp_path / "err").read_text()[-2000:]
+        tree = _descendants(proc.pid)
+        assert any("api_server" in cmd for cmd in tree.values()) and len(tree) >= 3, tree  # + EngineCore
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not [p for p in tree if _running(p)], 60, "every engine process to end", every=0.1)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=5)
+    finally:
+        for pid in [proc.pid, *tree]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

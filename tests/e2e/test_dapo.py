@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py
+from cluster import P, Cluster, job_doc, plugin_env  # tests/e2e/cluster.py
 from waiting import wait_until
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
 SCRIPTS = ["right", "wrong", "mixed"]  # prompt i gets SCRIPTS[i % 3]: every third group is informative
 
 
@@ -28,8 +27,7 @@ def dataset(tmp_path: Path, n: int = 30) -> Path:
 
 @pytest.fixture
 def dapo_cluster(tmp_path):
-    env = {"PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"}
-    c = Cluster(tmp_path, env).start()
+    c = Cluster(tmp_path, plugin_env()).start()
     yield c
     c.stop()
 

@@ -227,6 +227,25 @@ def test_eval_crash_is_infra_agent_failure_is_scored(controller, sandbox_dir):
     assert list(sandbox_dir.iterdir()) == []
 
 
+def test_config_failures_skip_eval_and_are_reported_unscored(controller, sandbox_dir, tokenizer):
+    """A handler rejecting its configuration in INIT, and a prompt longer than maxTotalTokens in
+    the real agent loop: reported as `config` with no reward, EVAL never runs, nothing is retried."""
+    fake = controller(make_spec(agent={"maxTurns": 2, "tools": ["bash"],
+                                       "sampling": {"maxTokensPerTurn": 4, "maxTotalTokens": 8}}))
+    fake.add({"id": "cfg", "init_config": True}, {"id": "long", "mode": "loop"}, {"id": "fine"})
+    handler, llm = ScriptedTask(), ReplyLLM(tokenizer)
+    code = asyncio.run(asyncio.wait_for(daemon(fake, handler, llm=llm, tokenizer=tokenizer).run(), 60))
+    assert code == 0
+    by_task = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert by_task["cfg"].failure.kind.value == "config" and by_task["cfg"].reward is None
+    assert by_task["cfg"].failure.reason.startswith("spec.tasks.source: ")
+    assert by_task["long"].failure.kind.value == "config" and by_task["long"].reward is None
+    assert by_task["long"].failure.reason.startswith("spec.agent.sampling.maxTotalTokens: the prompt of task long has")
+    assert llm.request_ids == []  # nothing was sent to the backend
+    assert set(handler.evals) == {"fine"} and by_task["fine"].reward == 1.0
+    assert list(sandbox_dir.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------- (6)
 def test_results_survive_503_and_a_lost_reply(controller, sandbox_dir):
     fake = controller(make_spec())
