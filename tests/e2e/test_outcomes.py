@@ -2,7 +2,6 @@
 error fails the job and is never scored; an outage of the only backend loses no rollout."""
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
