@@ -105,7 +105,12 @@ SAME_SIGNAL_SECONDS = 1.0  # a second SIGTERM sooner than this is a duplicate, n
 
 
 class NodeError(Exception):
-    """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`."""
+    """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
+    `config`: the job's spec is at fault (a reason naming the field): reported so the job fails."""
+
+    def __init__(self, message: str, *, config: str | None = None) -> None:
+        super().__init__(message)
+        self.config = config
 
 
 # ---------------------------------------------------------------------------------- options
@@ -365,6 +370,8 @@ class NodeDaemon:
                 self._build()
             except NodeError as e:
                 self.log.error("%s", e)
+                if e.config and self.node_id is not None:
+                    await self._report_config(e.config)
                 if self.node_id is not None:
                     await self._deregister()
                 return EXIT_REFUSED  # a restart cannot help (agents/supervise.py does not retry it)
@@ -478,7 +485,8 @@ class NodeDaemon:
         try:
             self._tokenizer = await asyncio.to_thread(load)
         except Exception as e:  # noqa: BLE001 - a missing or unreadable tokenizer: nothing can run
-            raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}") from None
+            raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}",
+                            config=f"spec.llm.tokenizer: cannot load {path!r}: {type(e).__name__}: {e}") from None
 
     def _build(self) -> None:
         spec = self.spec
@@ -797,6 +805,20 @@ class NodeDaemon:
         if t.finish_reason is None:
             t.finish_reason = "error"
         return self._finish(r, t)
+
+    async def _report_config(self, reason: str) -> None:
+        """The job's spec cannot work here (its tokenizer does not load): report that on one leased
+        rollout, as its first rollout would, so the controller fails the job instead of daemons
+        being started again and again."""
+        try:
+            resp = await self.client.lease(self.node_id, LeaseRequest(max_items=1, wait=self.opts.lease_wait))
+        except ControllerError as e:
+            self.log.warning("could not report the configuration error: %s", e)
+            return
+        for lease in resp.leases:
+            r = Rollout(lease=lease, backend=lease.backend, leased_at=time.monotonic())
+            self._submit(r, self._config_failure(r, None, reason))
+        await self._flush_results()
 
     def _config_failure(self, r: Rollout, t: Trajectory | None, reason: str) -> Trajectory:
         """The job's configuration made the rollout impossible: reported unscored (the controller

@@ -451,6 +451,19 @@ def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(co
     assert fake.lease_log == []
 
 
+def test_a_tokenizer_that_does_not_load_is_reported_as_a_config_error_of_the_job(controller, tmp_path):
+    """Nothing can run, and restarting the daemon cannot help: it reports the reason (naming the
+    field) on one leased rollout, unscored, so the controller fails the job; then exits 2."""
+    missing = str(tmp_path / "no-tokenizer")
+    fake = controller(make_spec(llm={"tokenizer": missing, "backends": [{"url": "http://127.0.0.1:9/llm"}]}))
+    fake.add({"id": "p0"}, {"id": "p1"})
+    assert asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 60)) == EXIT_REFUSED
+    [t] = [Trajectory.model_validate(w) for w in fake.accepted.values()]
+    assert t.failure.kind.value == "config" and t.reward is None
+    assert t.failure.reason.startswith(f"spec.llm.tokenizer: cannot load {missing!r}")
+    assert fake.deregistered == 1
+
+
 def test_the_same_sigterm_twice_is_one_stop_a_later_one_skips_the_grace(controller):
     """Under Slurm with a supervisor the daemon gets one SIGTERM twice within a moment (directly and
     forwarded): still a graceful drain. A second SIGTERM a second or more later means hurry."""
