@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc, plugin_env  # tests/e2e/cluster.py
+from cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc  # tests/e2e/cluster.py
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(660)
@@ -36,18 +36,11 @@ def test_a_prompt_over_max_total_tokens_fails_the_job_naming_the_field_and_nothi
     assert final["status"]["counts"]["succeeded"] == 0
 
 
-@pytest.fixture
-def gated_cluster(tmp_path):
-    c = Cluster(tmp_path, plugin_env()).start()
-    yield c
-    c.stop()
-
-
-def test_an_outage_of_the_only_backend_loses_no_rollout(gated_cluster, tiny_engine, tmp_path):
+def test_an_outage_of_the_only_backend_loses_no_rollout(cluster, tiny_engine, tmp_path):
     """The engine is killed while every started rollout waits at INIT's gate, the gate opens (so
     rollouts reach RUN during the outage, whatever the machine's speed), then the engine starts again
     on the same port. maxAttempts 1: a single attempt used up by the outage would lose a rollout."""
-    c, gate = gated_cluster, tmp_path / "gate"
+    c, gate = cluster, tmp_path / "gate"
     c.apply(gated_job_doc("outage", tiny_engine, gate, limit=8, samples=2, nodes=1, workers=(6, 16, 4),
                           max_attempts=1, tools=(), max_turns=1, tokens=8))
     wait_until(lambda: held_at_gate(c, "outage") == 6, 240, "6 rollouts held at the gate", every=0.1)
