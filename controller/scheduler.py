@@ -374,20 +374,19 @@ class Scheduler:
             s.add(item)
         log.error("job %s fails: %s", name, reason)
 
-    def _fair_share(self, s: Session, node: NodeRow, job: RolloutJob, live: int, asked: int) -> int:
-        """How many of the `asked` items (its free slots) a node may lease: its share of the job's
-        live work, divided by the nodes the job asked for (or has, if more), minus what it holds.
-        The first daemon up must not take a small job whole before the others registered; with
-        a long queue the share exceeds any node's free slots and changes nothing."""
-        nodes = max(job.spec.executor.nodes, self._active_nodes(s, node.job))
-        if nodes <= 1 or asked <= 0:
-            return asked
-        held = s.exec(select(func.count()).where(ItemRow.node_id == node.id, ItemRow.state == "leased")).one()
-        return max(0, min(asked, -(-live // nodes) - held))
-
     @staticmethod
-    def _active_nodes(s: Session, job: str) -> int:
-        return s.exec(select(func.count()).where(NodeRow.job == job, NodeRow.state == "active")).one()
+    def _fair_share(s: Session, node: NodeRow, job: RolloutJob, live: int, leased: int, asked: int) -> int:
+        """How many of the `asked` items (its free slots) a node may lease: its share of the job's
+        live work, ⌈live ÷ executor.nodes⌉, minus what it holds. The first daemon up must not take
+        a small job whole before the others registered; with a long queue the share exceeds any
+        node's free slots and nothing more is read."""
+        nodes = job.spec.executor.nodes
+        share = -(-live // nodes)
+        if nodes <= 1 or asked <= 0 or share >= asked + leased:  # it holds at most `leased`: no cap
+            return asked
+        held = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state == "leased",
+                                                 ItemRow.node_id == node.id)).one()
+        return max(0, min(asked, share - held))
 
     def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -408,8 +407,10 @@ class Scheduler:
             now = self.clock()
             pol = s.get(PolicyRow, node.job)
             version = json.loads(pol.version) if pol else None
-            live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
-            max_items = self._fair_share(s, node, job, live, max_items)
+            by_state = dict(s.exec(select(ItemRow.state, func.count()).where(
+                ItemRow.job == node.job, ItemRow.state.in_(LIVE)).group_by(ItemRow.state)).all())
+            live = sum(by_state.values())
+            max_items = self._fair_share(s, node, job, live, by_state.get("leased", 0), max_items)
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
