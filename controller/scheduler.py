@@ -12,7 +12,10 @@ Work items = prompt × samplesPerPrompt (a prompt's samples form one GRPO group)
 A result is accepted only from the attempt that currently holds the lease, so a late duplicate
 from an expired attempt is dropped and every rollout reaches the trainer exactly once.
 Infrastructure failures are retried up to `pipeline.maxAttempts`, then delivered as
-`failure.kind = infra` with no reward — never as a reward of 0.
+`failure.kind = infra` with no reward — never as a reward of 0; one that happens while every
+backend of the job is down uses no attempt (leasing pauses until a backend is healthy). A
+`failure.kind = config` result fails the job with its reason (which names the spec field) and
+cancels the job's other rollouts. A lease answer is capped at the node's fair share of the work.
 
 All methods run on the event loop; each is one short SQLite transaction, so there is no
 locking between them.
