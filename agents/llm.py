@@ -6,8 +6,12 @@ rollout is cancelled (DAPO surplus, job deleted). The daemon builds one `VLLMBac
 URL and shares it between rollouts.
 
 Failure classes: `BackendError` is an *infrastructure* failure (timeout, connection loss, 5xx, a
-request the server dropped): the rollout is retried or excluded, never scored. A context overflow
-is not an error: it is a normal truncated ending (`finish_reason="length"`, possibly no tokens).
+request the server dropped): the rollout is retried or excluded, never scored; `unreachable` says
+the server did not answer at all (the caller may wait for it: `wait_healthy`). `RequestRejected`
+(HTTP 400/404/422 other than a context overflow) is the job's *configuration*: never scored, it
+fails the job. A context overflow is not an error: it is a normal truncated ending
+(`finish_reason="length"`, possibly no tokens; the agent loop treats "no room for the first turn"
+as a configuration error).
 
 Plain-http backends go through `KeepAliveTransport` (agents/keepalive.py): httpx's default pool
 costs 1–3 ms of CPU per request at the 32–64 connections a daemon keeps to one backend.
@@ -79,7 +83,17 @@ class Generation:
 
 
 class BackendError(Exception):
-    """Infrastructure failure talking to an LLM backend (never a reward)."""
+    """Infrastructure failure talking to an LLM backend (never a reward). `unreachable`: the server
+    did not answer (refused, reset, closed, connect timeout), as when it is down or restarting."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+class RequestRejected(Exception):
+    """The backend refused the request as invalid (the job's sampling fields or model name): a
+    configuration error, neither the policy's nor the infrastructure's."""
 
 
 @runtime_checkable
@@ -139,10 +153,13 @@ class VLLMBackend:
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             resp = await self._client.request(method, f"{self.url}{path}", **kw)
+        except httpx.ConnectTimeout as e:
+            raise BackendError(f"{self.url}{path}: connect timed out", unreachable=True) from e
         except httpx.TimeoutException as e:
             raise BackendError(f"{self.url}{path}: timed out ({type(e).__name__})") from e
         except httpx.HTTPError as e:  # connect refused, reset, closed mid-response, ...
-            raise BackendError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+            raise BackendError(f"{self.url}{path}: {type(e).__name__}: {e}",
+                               unreachable=isinstance(e, httpx.TransportError)) from e
         if resp.status_code >= 500:
             raise BackendError(f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:500]}")
         return resp
@@ -196,6 +213,8 @@ class VLLMBackend:
             text = resp.text
             if resp.status_code == 400 and _OVERFLOW.search(text):
                 return Generation([], [], "length", list(prompt_ids), None)
+            if resp.status_code in (400, 404, 422):
+                raise RequestRejected(f"{self.url}/v1/completions: HTTP {resp.status_code}: {text[:500]}")
             raise BackendError(f"/v1/completions: HTTP {resp.status_code}: {text[:500]}")
         return self._parse(resp.json(), prompt_ids)
 
@@ -223,6 +242,18 @@ class VLLMBackend:
         usage = data.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         return Generation(ids, logprobs, finish, returned_prompt, cached, choice.get("stop_reason"))
+
+    async def wait_healthy(self, timeout: float, every: float = 1.0) -> bool:
+        """Poll `/health` until it answers 200 (True) or `timeout` seconds pass (False)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            with contextlib.suppress(BackendError):
+                if (await self._request("GET", "/health", timeout=min(every * 5, 10.0))).status_code == 200:
+                    return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(every, left))
 
     async def abort(self, request_id: str) -> None:
         """Abort a running request server-side (needs VLLM_SERVER_DEV_MODE=1; best effort).

@@ -12,6 +12,10 @@ generated ids; `logprobs` holds the engine's logprob on generated ids and None e
 
 Failure classes: `BackendError`, a sandbox infrastructure error (`SandboxError` and subclasses
 such as `SandboxDied`), a hung sandbox, or the RUN stage timeout -> `infra` (never a reward).
+A backend that stops answering (`BackendError.unreachable`: killed, restarting) is waited for
+within the RUN budget and the turn is sent again. A prompt with no room for a first turn (over
+`maxTotalTokens` or the model's context) or a request the backend refuses (`RequestRejected`)
+-> `config`: the job's configuration, never a reward (the controller fails the job).
 Turn limit without a final answer, token limit, a truncated turn -> `agent` (a legitimate outcome
 the handler may score). A malformed tool call is an error observation, counted in the metrics.
 """
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn
 
-from .llm import BackendError, LLMBackend, derive_seed
+from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer
 from .tools import ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
 from .types import AgentConfig, AgentResult, RolloutContext
@@ -91,10 +95,40 @@ async def run_agent_loop(
     finish: str | None = None
     rid_base = f"{ctx.job}-p{ctx.prompt}-s{ctx.sample}-a{ctx.attempt}-{uuid.uuid4().hex[:8]}"
 
+    task = ctx.task_id if ctx.task_id is not None else f"#{ctx.prompt}"
+    outage: list[float] = []  # when the pinned backend stopped answering (empty while it answers)
+
+    def too_long(field: str, limit: int, what: str = "") -> Failure:
+        n = len(prompt_ids)
+        return Failure(kind=FailureKind.config, reason=f"{field}: the prompt of task {task} has {n} tokens, "
+                                                       f"{'more than' if n > limit else 'as many as'} {limit}{what}")
+
+    async def generate(prompt: list[int], sampling: Any, request_id: str) -> Any:
+        """One turn; while the backend does not answer, wait for it (the RUN budget bounds this)."""
+        tries = 0
+        while True:
+            try:
+                gen = await llm.generate(prompt, sampling, request_id if not tries else f"{request_id}-r{tries}")
+                outage.clear()
+                return gen
+            except BackendError as e:
+                wait = getattr(llm, "wait_healthy", None)
+                if not e.unreachable or wait is None:
+                    raise
+                outage[:] = outage or [time.monotonic()]
+                metrics["backend_waits"] = metrics.get("backend_waits", 0) + 1
+                tries += 1
+                bound = config.backend_wait if config.backend_wait is not None else config.run_timeout
+                if not await wait(timeout=float("inf") if bound is None else bound):
+                    raise
+
     async def turns_loop() -> None:
         nonlocal failure, submitted, final_text, finish
         for turn in range(config.max_turns):
             room = config.max_total_tokens - len(ids)
+            if room <= 0 and turn == 0:
+                failure, finish = too_long("spec.agent.sampling.maxTotalTokens", config.max_total_tokens), "error"
+                return
             if room <= 0:
                 failure = Failure(kind=FailureKind.agent, reason=f"token limit: {config.max_total_tokens} tokens")
                 finish = "length"
@@ -104,8 +138,16 @@ async def run_agent_loop(
                 "seed": derive_seed(config.sampling.seed, ctx.prompt, ctx.sample, turn),
             })
             t = time.monotonic()
-            gen = await llm.generate(list(ids), sampling, f"{rid_base}-t{turn}")
+            gen = await generate(list(ids), sampling, f"{rid_base}-t{turn}")
             metrics["llm_seconds"] += time.monotonic() - t
+            if turn == 0 and gen.finish_reason == "length" and not gen.token_ids:  # no room in the context
+                limit = getattr(llm, "max_model_len", None)
+                failure = too_long("spec.llm.backends", limit, f" (the context of the model at {ctx.backend})") \
+                    if isinstance(limit, int) else Failure(kind=FailureKind.config, reason=(
+                        f"spec.llm.backends: the prompt of task {task} ({len(prompt_ids)} tokens) leaves no room "
+                        f"in the context of the model at {ctx.backend}"))
+                finish = "error"
+                return
             if len(gen.logprobs) != len(gen.token_ids):
                 raise BackendError(f"{len(gen.logprobs)} logprobs for {len(gen.token_ids)} ids")
             start = len(ids)
@@ -174,11 +216,17 @@ async def run_agent_loop(
     except BackendError as e:
         failure = Failure(kind=FailureKind.infra, reason=f"LLM backend: {e}")
         finish = "error"
+    except RequestRejected as e:
+        failure = Failure(kind=FailureKind.config, reason=f"spec.agent.sampling: the backend refused the request: {e}")
+        finish = "error"
     except ToolInfraError as e:
         failure = Failure(kind=FailureKind.infra, reason=f"tool execution: {e}")
         finish = "error"
     except asyncio.TimeoutError:
-        failure = Failure(kind=FailureKind.infra, reason=f"RUN stage exceeded {config.run_timeout:g}s")
+        reason = f"RUN stage exceeded {config.run_timeout:g}s"
+        if outage:
+            reason += f", the last {time.monotonic() - outage[0]:.0f}s waiting for the unreachable backend {ctx.backend}"
+        failure = Failure(kind=FailureKind.infra, reason=reason)
         finish = "error"
     except Exception as e:
         if not is_infra_error(e):

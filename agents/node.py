@@ -19,8 +19,11 @@ Work is leased only while (leased + init) < init workers and (wait_run + run) < 
 
 Failure classes: INIT failing or timing out, a RUN trajectory marked `infra`, a handler crashing,
 EVAL raising (`EvalError`, `SandboxError`, anything) or timing out → the trajectory is reported with
-`failure.kind = infra` and `reward = None` (the controller retries or excludes it). Agent failures
-go through EVAL and get a reward.
+`failure.kind = infra` and `reward = None` (the controller retries or excludes it). A rollout the
+job's configuration made impossible (`ConfigError` from INIT or RUN, a trajectory marked `config`:
+the prompt does not fit the token budget, the backend refuses the request) skips EVAL and is
+reported unscored as `config` (the controller fails the job). Agent failures go through EVAL and
+get a reward.
 
 Control: heartbeats every `heartbeatSeconds` and promptly (≥ `heartbeat_min_gap` apart) on stage
 changes carry each live attempt's stage and the attempts that left RUN. The reply may `cancel` an
@@ -81,7 +84,7 @@ from rolloutd.sandbox import SandboxError, SandboxSpec, WarmPool, get_runtime
 from .llm import LLMBackend, SamplingParams, VLLMBackend
 from .nodeclient import Backoff, ControllerClient, ControllerError, result_json
 from .supervise import EXIT_REFUSED
-from .tasks.base import EvalError, TaskHandler, get_handler
+from .tasks.base import ConfigError, EvalError, TaskHandler, get_handler
 from .types import AgentConfig, RolloutContext
 
 log = logging.getLogger("rolloutd.node")
@@ -102,7 +105,12 @@ SAME_SIGNAL_SECONDS = 1.0  # a second SIGTERM sooner than this is a duplicate, n
 
 
 class NodeError(Exception):
-    """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`."""
+    """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
+    `config`: the job's spec is at fault (a reason naming the field): reported so the job fails."""
+
+    def __init__(self, message: str, *, config: str | None = None) -> None:
+        super().__init__(message)
+        self.config = config
 
 
 # ---------------------------------------------------------------------------------- options
@@ -362,6 +370,8 @@ class NodeDaemon:
                 self._build()
             except NodeError as e:
                 self.log.error("%s", e)
+                if e.config and self.node_id is not None:
+                    await self._report_config(e.config)
                 if self.node_id is not None:
                     await self._deregister()
                 return EXIT_REFUSED  # a restart cannot help (agents/supervise.py does not retry it)
@@ -475,7 +485,8 @@ class NodeDaemon:
         try:
             self._tokenizer = await asyncio.to_thread(load)
         except Exception as e:  # noqa: BLE001 - a missing or unreadable tokenizer: nothing can run
-            raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}") from None
+            raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}",
+                            config=f"spec.llm.tokenizer: cannot load {path!r}: {type(e).__name__}: {e}") from None
 
     def _build(self) -> None:
         spec = self.spec
@@ -646,6 +657,8 @@ class NodeDaemon:
                     await self._init(r)
             except TimeoutError:
                 failure = f"INIT exceeded {timeouts.init_seconds:g}s"
+            except ConfigError as e:
+                return self._config_failure(r, None, str(e))
             except SandboxError as e:
                 failure = f"INIT: sandbox: {type(e).__name__}: {e}"
             except Exception as e:  # noqa: BLE001 - the task files could not be staged
@@ -682,6 +695,9 @@ class NodeDaemon:
                     raise _Infra(f"the handler's run returned {type(trajectory).__name__}, not a Trajectory")
             except TimeoutError:
                 failure = f"RUN exceeded {timeouts.run_seconds:g}s"
+            except ConfigError as e:
+                trajectory = Trajectory(job=self.opts.job, prompt=lease.prompt, sample=lease.sample,
+                                        failure=Failure(kind=FailureKind.config, reason=str(e)[:2000]))
             except _Infra as e:
                 failure = f"RUN: {e}"
             except Exception as e:  # noqa: BLE001 - the handler crashed: not the policy's fault
@@ -696,6 +712,8 @@ class NodeDaemon:
         if trajectory.failure.kind == FailureKind.infra:
             self.log.warning("rollout %s: RUN: %s", r.aid, trajectory.failure.reason)
             return self._infra(r, trajectory, trajectory.failure.reason or "RUN: infrastructure failure")
+        if trajectory.failure.kind == FailureKind.config:  # not the policy's doing: nothing to score
+            return self._config_failure(r, trajectory, trajectory.failure.reason)
 
         # ---- EVAL: score (agent failures too: a legitimate reward)
         if self._eval_takes_sandbox and not self._eval_pool.locked():
@@ -787,6 +805,32 @@ class NodeDaemon:
         t.failure = Failure(kind=FailureKind.infra, reason=reason[:2000])
         if t.finish_reason is None:
             t.finish_reason = "error"
+        return self._finish(r, t)
+
+    async def _report_config(self, reason: str) -> None:
+        """The job's spec cannot work here (its tokenizer does not load): report that on one leased
+        rollout, as its first rollout would, so the controller fails the job instead of daemons
+        being started again and again."""
+        try:
+            resp = await self.client.lease(self.node_id, LeaseRequest(max_items=1, wait=self.opts.lease_wait))
+        except ControllerError as e:
+            self.log.warning("could not report the configuration error: %s", e)
+            return
+        for lease in resp.leases:
+            r = Rollout(lease=lease, backend=lease.backend, leased_at=time.monotonic())
+            self._submit(r, self._config_failure(r, None, reason))
+        await self._flush_results()
+
+    def _config_failure(self, r: Rollout, t: Trajectory | None, reason: str) -> Trajectory:
+        """The job's configuration made the rollout impossible: reported unscored (the controller
+        fails the job with `reason`, which names the spec field)."""
+        self.stats["config"] += 1
+        self.log.error("rollout %s: configuration: %s", r.aid, reason)
+        if t is None:
+            t = Trajectory(job=self.opts.job, prompt=r.lease.prompt, sample=r.lease.sample)
+        t.reward = None
+        t.failure = Failure(kind=FailureKind.config, reason=reason[:2000])
+        t.finish_reason = t.finish_reason or "error"
         return self._finish(r, t)
 
     async def _close(self, r: Rollout) -> None:

@@ -25,6 +25,8 @@ class AgentConfig:
     - `run_timeout`: seconds for the whole RUN stage (None = unbounded). Actions are bounded one by
       one, so hitting it means the backend or sandbox is too slow: an infrastructure failure.
     - `drift_check`: re-tokenize the decoded conversation and report mismatches in the metrics.
+    - `backend_wait`: seconds to wait for a backend that stopped answering before the turn fails
+      as `infra` (None = as long as the RUN budget allows).
     """
 
     max_turns: int = 4
@@ -35,6 +37,7 @@ class AgentConfig:
     action_timeout: float = 60.0
     drift_check: bool = False
     run_timeout: float | None = None
+    backend_wait: float | None = None
 
 
 @dataclass

@@ -12,7 +12,10 @@ Work items = prompt × samplesPerPrompt (a prompt's samples form one GRPO group)
 A result is accepted only from the attempt that currently holds the lease, so a late duplicate
 from an expired attempt is dropped and every rollout reaches the trainer exactly once.
 Infrastructure failures are retried up to `pipeline.maxAttempts`, then delivered as
-`failure.kind = infra` with no reward — never as a reward of 0.
+`failure.kind = infra` with no reward — never as a reward of 0; one that happens while every
+backend of the job is down uses no attempt (leasing pauses until a backend is healthy). A
+`failure.kind = config` result fails the job with its reason (which names the spec field) and
+cancels the job's other rollouts. A lease answer is capped at the node's fair share of the work.
 
 All methods run on the event loop; each is one short SQLite transaction, so there is no
 locking between them.
@@ -339,17 +342,54 @@ class Scheduler:
             self.pool.release(item.backend)
             item.holds_backend = False
 
-    def _requeue(self, item: ItemRow, error: str, max_attempts: int) -> str:
-        """Back to the queue, or failed-infra when the attempts are used up. Returns the new state."""
+    def _requeue(self, item: ItemRow, error: str, max_attempts: int, keep_attempt: bool = False) -> str:
+        """Back to the queue, or failed-infra when the attempts are used up. Returns the new state.
+        `keep_attempt`: the failure was the backend's outage, not the rollout's: no attempt is used."""
         self._release_backend(item)
         item.last_error = error
         item.node_id, item.deadline, item.stage = None, None, None
+        if keep_attempt:
+            item.attempt = max(item.attempt - 1, 0)
         if item.attempt >= max_attempts:
             item.state = "failed"
         else:
             item.state, item.attempt_id, item.backend = "queued", None, None
             item.queued_at = self.clock()
         return item.state
+
+    def _outage(self, item: ItemRow, cache: _JobCache) -> bool:
+        """The item's backend is down and so is every other backend of its job: its failure is the
+        outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
+        return bool(item.backend) and not self.pool.healthy(item.backend) \
+            and not any(self.pool.healthy(u) for u in cache.backends)
+
+    def _fail_job(self, s: Session, name: str, reason: str) -> None:
+        """A configuration error: the job fails with `reason` (which names the spec field) and its
+        other rollouts are cancelled (they would fail the same way; daemons learn it at their next beat)."""
+        row = s.get(ExpansionRow, name)
+        if row is not None and not row.error:
+            row.error = reason
+            s.add(row)
+            self._expansions[name] = row
+        for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
+            self._release_backend(item)
+            item.state, item.stage, item.deadline = "cancelled", None, None
+            s.add(item)
+        log.error("job %s fails: %s", name, reason)
+
+    @staticmethod
+    def _fair_share(s: Session, node: NodeRow, job: RolloutJob, live: int, leased: int, asked: int) -> int:
+        """How many of the `asked` items (its free slots) a node may lease: its share of the job's
+        live work, ⌈live ÷ executor.nodes⌉, minus what it holds. The first daemon up must not take
+        a small job whole before the others registered; with a long queue the share exceeds any
+        node's free slots and nothing more is read."""
+        nodes = job.spec.executor.nodes
+        share = -(-live // nodes)
+        if nodes <= 1 or asked <= 0 or share >= asked + leased:  # it holds at most `leased`: no cap
+            return asked
+        held = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state == "leased",
+                                                 ItemRow.node_id == node.id)).one()
+        return max(0, min(asked, share - held))
 
     def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -370,6 +410,10 @@ class Scheduler:
             now = self.clock()
             pol = s.get(PolicyRow, node.job)
             version = json.loads(pol.version) if pol else None
+            by_state = dict(s.exec(select(ItemRow.state, func.count()).where(
+                ItemRow.job == node.job, ItemRow.state.in_(LIVE)).group_by(ItemRow.state)).all())
+            live = sum(by_state.values())
+            max_items = self._fair_share(s, node, job, live, by_state.get("leased", 0), max_items)
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
@@ -396,7 +440,6 @@ class Scheduler:
                                         queued_seconds=max(now - row.queued_at, 0.0)))
                 if changes:
                     s.exec(update(ItemRow), params=changes)  # ORM bulk UPDATE by primary key
-            live = s.exec(select(func.count()).where(ItemRow.job == node.job, ItemRow.state.in_(LIVE))).one()
             s.commit()
         exp = self.expand(job)
         if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
@@ -514,6 +557,7 @@ class Scheduler:
             history = json.loads(pol.history)
             max_stale = job.spec.policy.max_staleness
             settled: list[int] = []
+            config_error = ""
             delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
             ids = [r.attempt_id for r in batch.results]
             items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
@@ -527,8 +571,14 @@ class Scheduler:
                     continue
                 t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
                                                        "attempt": item.attempt})
-                if t.failure.kind == FailureKind.infra:
-                    state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts)
+                if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
+                    self._release_backend(item)
+                    item.state, item.stage, item.deadline = "failed", None, None
+                    self._deliver(s, item, t, delivered)
+                    config_error = config_error or t.failure.reason or "configuration error"
+                elif t.failure.kind == FailureKind.infra:
+                    state = self._requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
+                                          keep_attempt=self._outage(item, cache))
                     if state == "failed":
                         self._deliver(s, item, t, delivered)
                         settled.append(item.group_id)
@@ -552,7 +602,11 @@ class Scheduler:
             for gid in settled:
                 if gid is not None:
                     self.batches.group_settled(s, job, gid)
+            if config_error:
+                self._fail_job(s, job.metadata.name, config_error)
             s.commit()
+            if config_error and self.on_idle is not None:
+                self.on_idle(job.metadata.name)  # the reconciler marks it Failed now
             if settled and self.on_idle is not None and s.exec(
                     select(ItemRow.id).where(ItemRow.job == job.metadata.name, ItemRow.state.in_(LIVE)).limit(1)
             ).first() is None:

@@ -97,6 +97,14 @@ class SamplingSpec(Model):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
+    @model_validator(mode="after")
+    def _turn_fits(self) -> "SamplingSpec":
+        # caught at apply time; a prompt longer than maxTotalTokens is caught by the first rollout
+        if self.max_tokens_per_turn > self.max_total_tokens:
+            raise ValueError(f"maxTokensPerTurn ({self.max_tokens_per_turn}) is larger than maxTotalTokens "
+                             f"({self.max_total_tokens}), which bounds the prompt and every turn together")
+        return self
+
 
 Tool = Literal["bash", "ipython", "editor", "submit"]
 

@@ -17,6 +17,8 @@ class FailureKind(str, Enum):
     none = "none"
     agent = "agent"   # the policy's fault: bad format, turn or token limit; a legitimate reward
     infra = "infra"   # our fault: sandbox died, backend unreachable, INIT/EVAL crashed; never a reward
+    config = "config"  # the job's configuration: the prompt exceeds the token budget or the model's
+    #                    context, the backend refuses the request; never a reward, fails the job
 
 
 class Failure(Model):
@@ -81,6 +83,6 @@ class Trajectory(Model):
             raise ValueError(f"lossMask has {len(self.loss_mask)} entries, tokenIds has {n}")
         if self.logprobs and len(self.logprobs) != n:
             raise ValueError(f"logprobs has {len(self.logprobs)} entries, tokenIds has {n}")
-        if self.failure.kind == FailureKind.infra and self.reward is not None:
-            raise ValueError("an infrastructure failure carries no reward (it is retried or excluded)")
+        if self.failure.kind in (FailureKind.infra, FailureKind.config) and self.reward is not None:
+            raise ValueError(f"a failure of kind {self.failure.kind.value} carries no reward (it is not the policy's)")
         return self

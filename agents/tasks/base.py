@@ -13,7 +13,8 @@ trajectory produced by some other caller of the agent loop. Every `Reward.detail
 extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
 
 Errors: `DatasetError` (a bad dataset row: names the file, line and field), `EvalError` (the
-evaluator itself failed: an infrastructure failure, never reward 0), `UnknownTaskKind`.
+evaluator itself failed: an infrastructure failure, never reward 0), `ConfigError` (the job's
+configuration cannot work: fails the job, never a reward), `UnknownTaskKind`.
 """
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ class EvalError(RuntimeError):
     An infrastructure failure: the pipeline marks the rollout `infra` and retries or excludes it;
     it is never turned into reward 0.
     """
+
+
+class ConfigError(ValueError):
+    """The job's configuration cannot work for this task (a handler rejecting its settings, a file
+    the spec names missing). Raised from INIT or RUN: never a reward, the controller fails the job.
+    The message starts with the spec field at fault (`spec.tasks.source: ...`)."""
 
 
 class UnknownTaskKind(LookupError):

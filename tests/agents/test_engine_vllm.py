@@ -1,6 +1,7 @@
 """Real engines end to end: a backend killed mid-request, the serve-model command, the agent loop
 on the tiny model (token exactness through several turns), the chat template vs vLLM's own."""
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from rolloutd.agents.types import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from agent_fakes import FakeSandbox
+from waiting import wait_until
 
 MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List the files."}]
 
@@ -32,7 +34,7 @@ def test_backend_killed_mid_request_is_an_infra_failure_never_a_reward():
         async def go():
             async with VLLMBackend(engine.url) as llm:
                 config = AgentConfig(max_turns=2, max_tokens_per_turn=3500, max_total_tokens=4000, tools=["bash"],
-                                     sampling=SamplingParams(ignore_eos=True, seed=1))
+                                     sampling=SamplingParams(ignore_eos=True, seed=1), backend_wait=1.0)
                 loop = asyncio.create_task(run_agent_loop(
                     MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config,
                     ctx=RolloutContext(job="kill", prompt=0, sample=0)))
@@ -142,3 +144,54 @@ def test_serve_model_command_serves_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Live (non-zombie) processes: pid → (parent pid, session id, name)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if fields[0] not in ("Z", "X"):
+                out[int(entry)] = (int(fields[1]), int(fields[3]), name)
+    return out
+
+
+def test_kill_9_of_serve_model_takes_every_engine_process_with_it(tmp_path):
+    """vLLM's EngineCore is a grandchild of serve-model (PR_SET_PDEATHSIG alone cannot reach it):
+    `kill -9` of serve-model while the engine starts (EngineCore up, model loading) must leave no
+    process of the engine's session alive, reparented to PID 1."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rolloutd.controller.main", "serve-model", "--model", "tiny", "--port", "0"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "err", "wb"), start_new_session=True)
+
+    def engine_session() -> int | None:
+        """The engine's session (its own, apart from serve-model's) once EngineCore runs."""
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-2000:]
+        procs = _processes()
+        for pid, (ppid, sid, name) in procs.items():
+            if name.startswith("VLLM::EngineCor") and sid != proc.pid:
+                while ppid in procs and ppid != proc.pid:  # EngineCore descends from serve-model
+                    ppid = procs[ppid][0]
+                if ppid == proc.pid:
+                    return sid
+        return None
+
+    def members(sid: int) -> list[int]:
+        return [pid for pid, (_, s, _) in _processes().items() if s == sid]
+
+    sid = None
+    try:
+        sid = wait_until(engine_session, 600, "vLLM's EngineCore to start", every=0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: not members(sid), 60, "every engine process to end", every=0.1)
+    finally:
+        for pid in [proc.pid, *(members(sid) if sid else [])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rolloutd.agents.llm import BackendError, SamplingParams, derive_seed
+from rolloutd.agents.llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
 from rolloutd.agents.loop import run_agent_loop
 from rolloutd.agents.model_build import build_tiny_tokenizer
 from rolloutd.agents.tokenizer import ChatTokenizer
@@ -148,6 +148,68 @@ def test_backend_failure_is_infra_never_a_reward(tok):
     traj = result.trajectory
     assert traj.failure.kind == FailureKind.infra and "connection reset" in traj.failure.reason
     assert traj.reward is None and len(traj.turns) == 1
+
+
+def test_a_prompt_longer_than_the_token_budget_is_a_config_error_not_a_reward(tok):
+    prompt_len = len(tok.encode_chat(MESSAGES, tools=None))
+    result, llm = run(tok, ["never sent"], tools=[], max_total_tokens=prompt_len - 1, max_tokens_per_turn=1)
+    traj = result.trajectory
+    assert traj.failure.kind == FailureKind.config and traj.reward is None and llm.prompts == []
+    assert traj.failure.reason == (f"spec.agent.sampling.maxTotalTokens: the prompt of task t3 has {prompt_len} "
+                                   f"tokens, more than {prompt_len - 1}")
+
+
+class ContextTooSmall(ScriptedLLM):
+    """A backend whose model context cannot hold the prompt (VLLMBackend answers so: no tokens, length)."""
+    max_model_len = 8
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        self.prompts.append(list(prompt_ids))
+        return Generation([], [], "length", list(prompt_ids), None)
+
+
+def test_a_prompt_longer_than_the_model_context_or_a_refused_request_is_a_config_error(tok):
+    config = AgentConfig(tools=[], sampling=SamplingParams(seed=11))
+    result = asyncio.run(run_agent_loop(MESSAGES, sandbox=FakeSandbox(), llm=ContextTooSmall(tok, []),
+                                        tokenizer=tok, config=config, ctx=CTX))
+    failure = result.trajectory.failure
+    assert failure.kind == FailureKind.config and failure.reason.startswith("spec.llm.backends: the prompt of task t3")
+    assert "more than 8 (the context of the model at b0)" in failure.reason
+    result, _ = run(tok, [RequestRejected("HTTP 400: top_k must be -1 or at least 1")], tools=[])
+    failure = result.trajectory.failure
+    assert failure.kind == FailureKind.config and "top_k must be" in failure.reason and result.trajectory.reward is None
+
+
+class RestartingLLM(ScriptedLLM):
+    """Unreachable for its first `down` calls (killed, restarting); `wait_healthy` counts the waits."""
+
+    def __init__(self, tok, replies, down):
+        super().__init__(tok, replies)
+        self.down, self.waits = down, 0
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        if self.down:
+            self.down -= 1
+            self.request_ids.append(request_id)
+            raise BackendError("connection refused", unreachable=True)
+        return await super().generate(prompt_ids, sampling, request_id)
+
+    async def wait_healthy(self, timeout):
+        self.waits += 1
+        return True
+
+
+def test_an_unreachable_backend_is_waited_for_and_the_turn_sent_again(tok):
+    llm = RestartingLLM(tok, ["5"], down=3)
+    config = AgentConfig(tools=[], sampling=SamplingParams(seed=11), run_timeout=60)
+    result = asyncio.run(run_agent_loop(MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config, ctx=CTX))
+    traj = result.trajectory
+    assert traj.failure.kind == FailureKind.none and result.final_text == "5" and llm.waits == 3
+    assert len(set(llm.request_ids)) == 4 and traj.metrics["backend_waits"] == 3
+    # an answer that is not "unreachable" (a 5xx) is not waited for
+    llm = RestartingLLM(tok, [BackendError("HTTP 500")], down=0)
+    result = asyncio.run(run_agent_loop(MESSAGES, sandbox=FakeSandbox(), llm=llm, tokenizer=tok, config=config, ctx=CTX))
+    assert result.trajectory.failure.kind == FailureKind.infra and llm.waits == 0
 
 
 def test_sandbox_death_is_infra(tok):

@@ -30,7 +30,7 @@ class Clock:
         return self.t
 
 
-def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2):
+def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2, nodes=1):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(prompts)))
@@ -40,6 +40,7 @@ def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_
     doc["spec"]["llm"]["backends"] = [{"url": u} for u in backends]
     doc["spec"]["pipeline"]["maxAttempts"] = max_attempts
     doc["spec"]["pipeline"]["leaseSeconds"] = 10
+    doc["spec"]["executor"]["nodes"] = nodes  # more: leases are capped at each node's fair share
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(doc))
     clock = Clock()
@@ -185,6 +186,7 @@ def test_give_back_requeues_without_using_an_attempt(tmp_path):
     node = reg(sched)
     leases = lease(sched, node, 2)
     assert sched.give_back(node, [l.attempt_id for l in leases], "SIGTERM") == 2
+    sched.deregister(node)  # what a SIGTERMed daemon does next (else n2's fair share would be 1 of 2)
     again = lease(sched, reg(sched, "n2"), 2)
     assert [l.attempt for l in again] == [1, 1]
 
@@ -309,3 +311,62 @@ def test_pool_skips_stale_entries_and_respects_allowed():
     pool.set_health("x", True)
     assert pool.acquire({"x"}) == "x"
     assert pool.acquire({"z"}) == "z"  # a backend a job lists is added on first use
+
+
+def test_a_config_failure_fails_the_job_unscored_and_cancels_the_rest(tmp_path):
+    store, sched, clock, job = make(tmp_path)
+    node = reg(sched)
+    leases = lease(sched, node, 100)
+    why = "spec.agent.sampling.maxTotalTokens: the prompt of task q0 has 1017 tokens, more than 512"
+    bad = Result(attempt_id=leases[0].attempt_id, trajectory=Trajectory(
+        job="x", prompt=0, sample=0, failure=Failure(kind="config", reason=why)))
+    assert sched.results(node, ResultBatch(results=[bad])).accepted == [leases[0].attempt_id]
+    progress = asyncio.run(sched.progress(store.get("math-demo")))
+    assert progress.failed == why and not progress.done
+    [row] = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    assert row["reward"] is None and row["failure"] == {"kind": "config", "reason": why}
+    # the other rollouts would fail the same way: cancelled on the daemon at its next beat, not scored
+    beat = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in leases[1:]}))
+    assert sorted(beat.cancel) == sorted(l.attempt_id for l in leases[1:])
+    late = sched.results(node, ResultBatch(results=[ok(leases[1])]))
+    assert late.dropped == {leases[1].attempt_id: "cancelled"} and len(sched.trajectories("math-demo")) == 1
+    assert lease(sched, reg(sched, "n2"), 10) == []
+
+
+def test_a_failure_during_an_outage_of_every_backend_uses_no_attempt(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1, backends=("http://a",), max_attempts=1)
+    node = reg(sched)
+    [first] = lease(sched, node, 1)
+    sched.pool.set_health("http://a", False, "connection refused")
+    ack = sched.results(node, ResultBatch(results=[infra(first)]))
+    assert ack.accepted == [first.attempt_id]
+    assert sched.trajectories("math-demo") == []  # not given up although maxAttempts is 1
+    assert lease(sched, node, 1) == []  # leasing pauses while no backend is healthy
+    sched.pool.set_health("http://a", True)
+    [again] = lease(sched, node, 1)
+    assert again.attempt == 1 and again.backend == "http://a"
+    # with a healthy backend the same failure is the rollout's: its one attempt is used up
+    sched.results(node, ResultBatch(results=[infra(again)]))
+    [row] = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    assert row["failure"]["kind"] == "infra" and row["reward"] is None
+
+
+def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=3, samples=2, nodes=3)
+    first = reg(sched, "n1")
+    got = {first: lease(sched, first, 100)}
+    assert len(got[first]) == 2  # 6 items, 3 nodes: the first daemon up does not take them all
+    assert lease(sched, first, 100) == []
+    for name in ("n2", "n3"):
+        node = reg(sched, name)
+        got[node] = lease(sched, node, 100)
+    assert [len(v) for v in got.values()] == [2, 2, 2]
+    leased = [(l.prompt, l.sample) for v in got.values() for l in v]
+    assert sorted(leased) == [(p, k) for p in range(3) for k in range(2)]
+    # a node that gives its share back (SIGTERM) leaves it to the others
+    sched.give_back(first, [l.attempt_id for l in got[first]], "SIGTERM")
+    sched.deregister(first)
+    second = list(got)[1]
+    assert lease(sched, second, 100) == []  # 6 live over the 3 nodes the job asked for: it holds its 2
+    sched.results(second, ResultBatch(results=[ok(l) for l in got[second]]))
+    assert len(lease(sched, second, 100)) == 2  # 4 live: ceil(4 / 3) = 2, so the queue never stalls

@@ -15,6 +15,12 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 P = "/apis/rolloutd.io/v1alpha1"
+PLUGINS = Path(__file__).resolve().parent / "plugins"  # test-only task plug-ins (scripted, gated)
+
+
+def plugin_env() -> dict[str, str]:
+    """Environment for a controller (and so its daemons) that can load the test plug-ins."""
+    return {"PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"}
 
 
 def free_port() -> int:
@@ -193,3 +199,22 @@ def job_doc(name: str, engine, *, limit: int = 4, samples: int = 2, nodes: int =
             "timeouts": {"initSeconds": 60, "runSeconds": 300, "evalSeconds": 60, "actionSeconds": 20},
         },
     }
+
+
+def gated_job_doc(name: str, engine, gate: Path, *, limit: int = 4, **kw) -> dict[str, Any]:
+    """`job_doc` whose rollouts wait in INIT until the file `gate` exists (plug-in `gated`, needs
+    `plugin_env()`): the job cannot finish before the test creates it, however fast the machine."""
+    rows = [json.loads(line) for line in (REPO / "examples" / "math" / "train.jsonl").read_text().splitlines()
+            if line.strip()][:limit]
+    source = gate.parent / f"{name}-gated.jsonl"
+    source.write_text("".join(json.dumps({**row, "gate": str(gate)}) + "\n" for row in rows))
+    doc = job_doc(name, engine, kind="gated", source=str(source), limit=limit, **kw)
+    doc["spec"]["timeouts"]["initSeconds"] = 900  # the gate is part of INIT
+    return doc
+
+
+def held_at_gate(cluster: "Cluster", name: str) -> int:
+    """Rollouts of the job in INIT (what a gated job's rollouts do until the gate opens)."""
+    with cluster.db() as db:
+        return db.execute("SELECT count(*) FROM items WHERE job=? AND state='leased' AND stage='init'",
+                          (name,)).fetchone()[0]

@@ -13,12 +13,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import Cluster  # noqa: E402
+from cluster import Cluster, plugin_env  # noqa: E402
 from engine_fixtures import engine_pool, tiny_engine  # noqa: E402,F401
 
 
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path).start()
+    c = Cluster(tmp_path, plugin_env()).start()  # its daemons can load the test plug-ins (gated, scripted)
     yield c
     c.stop()

@@ -11,25 +11,25 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py
+from cluster import P, Cluster, job_doc, plugin_env  # tests/e2e/cluster.py
 from waiting import wait_until
 
-PLUGINS = Path(__file__).resolve().parent / "plugins"
 SCRIPTS = ["right", "wrong", "mixed"]  # prompt i gets SCRIPTS[i % 3]: every third group is informative
 
 
-def dataset(tmp_path: Path, n: int = 30) -> Path:
+def dataset(tmp_path: Path, n: int = 30, gate: Path | None = None, gate_from: int = 0) -> Path:
+    """Prompts from `gate_from` on wait in INIT until `gate` exists (the batch cannot fill before)."""
     path = tmp_path / "scripted.jsonl"
     path.write_text("".join(json.dumps({"id": f"s{i}", "question": f"What is {i % 9} + 1?",
-                                        "answer": str(i % 9 + 1), "script": SCRIPTS[i % 3]}) + "\n"
+                                        "answer": str(i % 9 + 1), "script": SCRIPTS[i % 3],
+                                        **({"gate": str(gate)} if gate and i >= gate_from else {})}) + "\n"
                             for i in range(n)))
     return path
 
 
 @pytest.fixture
 def dapo_cluster(tmp_path):
-    env = {"PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"}
-    c = Cluster(tmp_path, env).start()
+    c = Cluster(tmp_path, plugin_env()).start()
     yield c
     c.stop()
 
@@ -43,6 +43,7 @@ def dapo_job(name, engine, source, *, target=2, in_flight=6, carry=False, **kw):
     doc["spec"].setdefault("sandbox", {})["warm"] = 0
     doc["spec"]["dapo"] = {"enabled": True, "targetGroups": target, "maxInFlightGroups": in_flight,
                            "carryOver": carry}
+    doc["spec"]["timeouts"]["initSeconds"] = 900  # a gated prompt waits in INIT
     return doc
 
 
@@ -112,8 +113,10 @@ def test_dapo_batch_fills_the_target_and_leaves_nothing_running(dapo_cluster, ti
 
 
 def test_policy_versions_are_tagged_across_pause_and_resume(dapo_cluster, tiny_engine, tmp_path):
-    c = dapo_cluster
-    c.apply(dapo_job("pol", tiny_engine, dataset(tmp_path), target=2, in_flight=4))
+    c, gate = dapo_cluster, tmp_path / "gate"
+    # informative prompts are 2, 5, 8, …: from prompt 3 on everything waits for the gate, so batch 1
+    # (2 groups) cannot fill before version 2 is announced
+    c.apply(dapo_job("pol", tiny_engine, dataset(tmp_path, gate=gate, gate_from=3), target=2, in_flight=4))
     c.wait_until("pol", lambda o: o["status"]["phase"] == "Running", timeout=120)
     r = c.api.post(f"{P}/rolloutjobs/pol/policy", json={"version": 1}, timeout=200)
     assert r.status_code == 200 and r.json()["version"] == 1, r.text
@@ -124,6 +127,7 @@ def test_policy_versions_are_tagged_across_pause_and_resume(dapo_cluster, tiny_e
     announced = time.time()
     assert r.status_code == 200 and r.json()["drained"] is True, r.text
     assert all(b["error"] is None for b in r.json()["backends"])
+    gate.touch()
     c.api.get(f"{P}/rolloutjobs/pol/batches/1", params={"wait": "true", "timeoutSeconds": 240}, timeout=300)
     trajs = c.trajectories("pol")
     assert trajs
@@ -133,18 +137,22 @@ def test_policy_versions_are_tagged_across_pause_and_resume(dapo_cluster, tiny_e
         assert t["policyVersion"] == vs[0]
         if t["timings"]["stamps"]["run"] > announced:
             assert set(vs) == {2}
+    assert any(t["timings"]["stamps"]["run"] > announced for t in trajs), "rollouts ran after the announcement"
     assert {1, 2} >= {v for t in trajs for v in t["policyVersions"]}
     assert c.api.get(f"{P}/rolloutjobs/pol/policy").json()["history"] == [1, 2]
 
 
 def test_restart_mid_batch_continues_the_batch(dapo_cluster, tiny_engine, tmp_path):
-    c = dapo_cluster
-    c.apply(dapo_job("rst", tiny_engine, dataset(tmp_path, 60), target=4, in_flight=3))
+    c, gate = dapo_cluster, tmp_path / "gate"
+    # prompts 0-5 run (informative: 2 and 5), the rest wait for the gate: the batch of 4 cannot
+    # fill before the controller is killed
+    c.apply(dapo_job("rst", tiny_engine, dataset(tmp_path, 60, gate=gate, gate_from=6), target=4, in_flight=3))
     c.wait_until("rst", lambda o: o["status"]["phase"] == "Running", timeout=120)
     c.api.post(f"{P}/rolloutjobs/rst/batches", json={})
     c.wait_until("rst", lambda o: (o["status"].get("batch") or {}).get("counted", 0) >= 1, timeout=240)
     c.kill()
     c.start()
+    gate.touch()
     snap = c.api.get(f"{P}/rolloutjobs/rst/batches/1", params={"wait": "true", "timeoutSeconds": 240},
                      timeout=300).json()
     assert snap["state"] == "complete" and snap["counted"] == 4

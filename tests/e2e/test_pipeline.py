@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from cluster import P, Cluster, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
+from cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
+from waiting import wait_until
 
 # the waits below (up to 300 s each, for a loaded machine) must end before pytest-timeout does, so
 # that a stuck job fails with Cluster.diagnose's status and log tails rather than a bare stack
@@ -62,34 +62,21 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _leases_in_run(cluster: Cluster, job: str) -> list[tuple[str, int]]:
+def _wait_held(cluster: Cluster, job: str, n: int) -> None:
+    """`n` rollouts of a gated job wait at INIT's gate: the job cannot finish before the test opens it."""
+    wait_until(lambda: held_at_gate(cluster, job) == n, 240, f"{n} rollouts of {job} held at the gate", every=0.05)
+
+
+def test_kill_9_of_a_daemon_mid_job_re_leases_its_items(cluster, tiny_engine, tmp_path):
+    gate = tmp_path / "gate"
+    cluster.apply(gated_job_doc("e2e-kill", tiny_engine, gate, limit=6, samples=2, nodes=2, lease_seconds=3,
+                                max_turns=3, tokens=24))
+    _wait_held(cluster, "e2e-kill", 8)  # 4 per daemon (INIT pool of 4): the victim holds work
     with cluster.db() as db:
-        return db.execute("SELECT n.id, n.pid FROM items i JOIN nodes n ON i.node_id = n.id "
-                          "WHERE i.job = ? AND i.state = 'leased' AND i.stage = 'run'", (job,)).fetchall()
-
-
-def _wait_for_run(cluster: Cluster, job: str, timeout: float = 240) -> list[tuple[str, int]]:
-    """The (node id, daemon pid) of leases in RUN, as soon as there is one, read from the database
-    (the job's status counts refresh only every few seconds, and a short job can pass through RUN
-    between two refreshes)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            found = _leases_in_run(cluster, job)
-        except sqlite3.OperationalError:  # the job's tables are not there yet
-            found = []
-        if found:
-            return found
-        if time.monotonic() > deadline or cluster.get(job)["status"].get("phase") in ("Succeeded", "Failed"):
-            raise AssertionError(f"no rollout of {job} seen in RUN\n{cluster.diagnose(job)}")
-        time.sleep(0.02)
-
-
-def test_kill_9_of_a_daemon_mid_run_re_leases_its_items(cluster, tiny_engine):
-    cluster.apply(job_doc("e2e-kill", tiny_engine, limit=6, samples=2, nodes=2, lease_seconds=3,
-                          max_turns=3, tokens=24))
-    node_id, pid = _wait_for_run(cluster, "e2e-kill")[0]
+        pid = db.execute("SELECT n.pid FROM items i JOIN nodes n ON i.node_id = n.id "
+                         "WHERE i.job = 'e2e-kill' AND i.state = 'leased'").fetchone()[0]
     os.killpg(pid, signal.SIGKILL)
+    gate.touch()
     final = cluster.wait_done("e2e-kill", timeout=300)
     assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 12
     trajs = cluster.trajectories("e2e-kill")
@@ -135,42 +122,45 @@ def test_slow_eval_does_not_stop_run_from_starting_rollouts(tmp_path, tiny_engin
         cluster.stop()
 
 
-def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine):
+def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, tmp_path):
     # one real engine under two URLs = two backends for the min-heap
     a = tiny_engine.url
     b = a.replace("127.0.0.1", "localhost")
-    cluster.apply(job_doc("e2e-rm", tiny_engine, limit=20, samples=2, nodes=1, backends=[a, b],
-                          workers=(1, 2, 1), max_turns=3, tokens=48))
-    # remove A as soon as work is flowing: most rollouts are still queued then
-    _wait_for_run(cluster, "e2e-rm")
+    gate = tmp_path / "gate"
+    cluster.apply(gated_job_doc("e2e-rm", tiny_engine, gate, limit=20, samples=2, nodes=1, backends=[a, b],
+                                workers=(4, 4, 2), max_turns=3, tokens=48))
+    _wait_held(cluster, "e2e-rm", 4)  # 4 tasks pinned (2 on each backend), none in RUN yet
     r = cluster.api.delete(f"{P}/rolloutjobs/e2e-rm/backends", params={"url": a})
     assert r.status_code == 200, r.text
     assert [x["url"] for x in r.json()["items"]] == [b]
-    removed_at = time.time()
+
+    def pinned_to_a() -> int:
+        with cluster.db() as db:
+            return db.execute("SELECT count(*) FROM items WHERE job='e2e-rm' AND state='leased' AND backend=?",
+                              (a,)).fetchone()[0]
+
+    # tasks not in RUN yet are re-pinned at their next heartbeat
+    wait_until(lambda: pinned_to_a() == 0, 30, "the tasks pinned to A re-pinned", every=0.05)
+    gate.touch()
     cluster.wait_done("e2e-rm", timeout=300)
     trajs = cluster.trajectories("e2e-rm")
     assert_exactly_once(trajs, 20, 2)
-    # a task pinned to A before the removal is re-pinned at its next heartbeat (≤ 2 s) unless it
-    # was already in RUN, where it finishes on A; everything that starts later runs on B
-    late = [t for t in trajs if t["timings"]["stamps"]["init"] > removed_at + 3.0]
-    assert len(late) >= 3, "part of the job ran after the removal"
-    assert all(t["backend"] == b for t in late)
+    assert all(t["backend"] == b for t in trajs)  # every RUN started after the removal
     assert all(t["failure"]["kind"] != "infra" for t in trajs)
 
 
-def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine):
-    # small pools so the job is still running when the controller dies
-    cluster.apply(job_doc("e2e-restart", tiny_engine, limit=12, samples=2, nodes=2, max_turns=3, tokens=48,
-                          workers=(1, 2, 1)))
-    _wait_for_run(cluster, "e2e-restart")  # work is flowing (read from the database, not the status)
+def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine, tmp_path):
+    # gated: each daemon holds one rollout at INIT's gate, so the controller dies mid-job
+    gate = tmp_path / "gate"
+    cluster.apply(gated_job_doc("e2e-restart", tiny_engine, gate, limit=12, samples=2, nodes=2, max_turns=3,
+                                tokens=48, workers=(1, 2, 1)))
+    _wait_held(cluster, "e2e-restart", 2)
     pids = cluster.daemon_pids()
     cluster.kill()
-    with cluster.db() as db:
-        done_at_kill = db.execute("SELECT count(*) FROM items WHERE job='e2e-restart' AND state='done'").fetchone()[0]
-    assert done_at_kill < 24, "the controller died mid-job"
     cluster.start()  # same data dir and port: daemons reconnect, the executor adopts them
     assert cluster.daemon_pids() == pids, "the running daemons were adopted, none started twice"
+    gate.touch()
     cluster.wait_done("e2e-restart", timeout=300)
     trajs = cluster.trajectories("e2e-restart")
-    assert len(trajs) == 24 >= done_at_kill
+    assert len(trajs) == 24
     assert_exactly_once(trajs, 12, 2)

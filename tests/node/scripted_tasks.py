@@ -6,7 +6,7 @@ so a sandbox not handed from stage to stage fails the rollout. Row keys:
   - mode "loop": RUN is the real agent loop (`TaskHandler.run`) with the daemon's LLM/tokenizer;
   - llm: RUN calls `llm.generate` once (a blocking LLM then holds it in flight);
   - run_file: RUN waits until this file exists (drives a daemon in a subprocess);
-  - init_fail, eval_error ("EvalError" | "crash" | "sandbox"), eval_gate (an asyncio.Event name),
+  - init_fail, init_config (INIT raises ConfigError), eval_error ("EvalError" | "crash" | "sandbox"), eval_gate (an asyncio.Event name),
     init_gate / run_gate (asyncio.Event names), agent_fail, reward, pad (bytes of padding).
 It records per task id the sandbox ids seen by each stage, per rollout the sandbox each stage
 used (`chains`, proven by a token INIT leaves in the sandbox), and (monotonic) EVAL intervals.
@@ -22,7 +22,7 @@ import uuid
 from typing import Any, ClassVar
 
 from rolloutd.agents.llm import Generation
-from rolloutd.agents.tasks.base import EvalError, Reward, TaskHandler
+from rolloutd.agents.tasks.base import ConfigError, EvalError, Reward, TaskHandler
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxDied
 
@@ -57,6 +57,8 @@ class ScriptedTask(TaskHandler):
             await self.gate(task["init_gate"]).wait()
         if task.get("init_fail"):
             raise RuntimeError("task files could not be staged")
+        if task.get("init_config"):
+            raise ConfigError("spec.tasks.source: row 'cfg' names a repository this handler cannot use")
         await sandbox.write_file("task.txt", str(task["id"]))
         token = uuid.uuid4().hex
         self.init_tokens[token] = sandbox.id

@@ -227,6 +227,25 @@ def test_eval_crash_is_infra_agent_failure_is_scored(controller, sandbox_dir):
     assert list(sandbox_dir.iterdir()) == []
 
 
+def test_config_failures_skip_eval_and_are_reported_unscored(controller, sandbox_dir, tokenizer):
+    """A handler rejecting its configuration in INIT, and a prompt longer than maxTotalTokens in
+    the real agent loop: reported as `config` with no reward, EVAL never runs, nothing is retried."""
+    fake = controller(make_spec(agent={"maxTurns": 2, "tools": ["bash"],
+                                       "sampling": {"maxTokensPerTurn": 4, "maxTotalTokens": 8}}))
+    fake.add({"id": "cfg", "init_config": True}, {"id": "long", "mode": "loop"}, {"id": "fine"})
+    handler, llm = ScriptedTask(), ReplyLLM(tokenizer)
+    code = asyncio.run(asyncio.wait_for(daemon(fake, handler, llm=llm, tokenizer=tokenizer).run(), 60))
+    assert code == 0
+    by_task = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert by_task["cfg"].failure.kind.value == "config" and by_task["cfg"].reward is None
+    assert by_task["cfg"].failure.reason.startswith("spec.tasks.source: ")
+    assert by_task["long"].failure.kind.value == "config" and by_task["long"].reward is None
+    assert by_task["long"].failure.reason.startswith("spec.agent.sampling.maxTotalTokens: the prompt of task long has")
+    assert llm.request_ids == []  # nothing was sent to the backend
+    assert set(handler.evals) == {"fine"} and by_task["fine"].reward == 1.0
+    assert list(sandbox_dir.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------- (6)
 def test_results_survive_503_and_a_lost_reply(controller, sandbox_dir):
     fake = controller(make_spec())
@@ -430,6 +449,19 @@ def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(co
     fake.register_conflict = None
     assert asyncio.run(daemon(fake, ScriptedTask(), job="no-such-job").run()) == EXIT_REFUSED
     assert fake.lease_log == []
+
+
+def test_a_tokenizer_that_does_not_load_is_reported_as_a_config_error_of_the_job(controller, tmp_path):
+    """Nothing can run, and restarting the daemon cannot help: it reports the reason (naming the
+    field) on one leased rollout, unscored, so the controller fails the job; then exits 2."""
+    missing = str(tmp_path / "no-tokenizer")
+    fake = controller(make_spec(llm={"tokenizer": missing, "backends": [{"url": "http://127.0.0.1:9/llm"}]}))
+    fake.add({"id": "p0"}, {"id": "p1"})
+    assert asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 60)) == EXIT_REFUSED
+    [t] = [Trajectory.model_validate(w) for w in fake.accepted.values()]
+    assert t.failure.kind.value == "config" and t.reward is None
+    assert t.failure.reason.startswith(f"spec.llm.tokenizer: cannot load {missing!r}")
+    assert fake.deregistered == 1
 
 
 def test_the_same_sigterm_twice_is_one_stop_a_later_one_skips_the_grace(controller):

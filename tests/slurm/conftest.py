@@ -23,6 +23,7 @@ for path in (HERE.parent, HERE.parent / "e2e", HERE):  # engine_fixtures, cluste
 
 from engine_fixtures import engine_pool, tiny_engine  # noqa: E402,F401
 from minicluster import MiniSlurm, missing_binaries  # noqa: E402
+from cluster import plugin_env  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def slurm() -> Iterator[MiniSlurm]:
 
 @pytest.fixture
 def scluster(tmp_path, slurm) -> Iterator[SlurmCluster]:
-    c = SlurmCluster(tmp_path, slurm).start()
+    c = SlurmCluster(tmp_path, slurm, plugin_env()).start()  # the daemons can load the gated plug-in
     yield c
     c.stop()
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster import Cluster, job_doc
+from cluster import Cluster, gated_job_doc, job_doc
 from minicluster import MiniSlurm
 
 
@@ -76,5 +76,13 @@ def _tag(row: dict[str, str]) -> dict[str, str]:
 
 def slurm_job_doc(name: str, engine, *, nodes: int, slurm: dict[str, Any] | None = None, **kw) -> dict[str, Any]:
     doc = job_doc(name, engine, nodes=nodes, **kw)
+    doc["spec"]["executor"] = {"kind": "slurm", "nodes": nodes, "slurm": slurm or {}}
+    return doc
+
+
+def slurm_gated_doc(name: str, engine, gate: Path, *, nodes: int, slurm: dict[str, Any] | None = None,
+                    **kw) -> dict[str, Any]:
+    """`slurm_job_doc` whose rollouts wait in INIT until `gate` exists (tests/e2e/cluster.py)."""
+    doc = gated_job_doc(name, engine, gate, nodes=nodes, **kw)
     doc["spec"]["executor"] = {"kind": "slurm", "nodes": nodes, "slurm": slurm or {}}
     return doc

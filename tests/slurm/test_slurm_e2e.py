@@ -8,7 +8,8 @@ import os
 import signal
 from collections import Counter
 
-from slurm_cluster import SlurmCluster, slurm_job_doc  # tests/slurm (on sys.path)
+from cluster import held_at_gate  # tests/e2e
+from slurm_cluster import SlurmCluster, slurm_gated_doc, slurm_job_doc  # tests/slurm (on sys.path)
 from waiting import wait_until
 
 P = "/apis/rolloutd.io/v1alpha1"
@@ -24,16 +25,34 @@ def wait_for(pred, timeout: float, what: str):
     return wait_until(pred, timeout, what, every=0.2)  # through the API and squeue: not too often
 
 
+def wait_held(scluster: SlurmCluster, name: str, n: int, timeout: float = 240) -> None:
+    """`n` rollouts of a gated job wait at the gate: the job cannot finish before the test opens it."""
+    wait_for(lambda: held_at_gate(scluster, name) == n, timeout, f"{n} rollouts of {name} held at the gate")
+
+
+def holders(scluster: SlurmCluster, name: str) -> set[str]:
+    """The nodes (daemon ids) that hold leases of the job."""
+    with scluster.db() as db:
+        return {r[0] for r in db.execute("SELECT node_id FROM items WHERE job=? AND state='leased'", (name,))}
+
+
 def condition(obj, type_: str) -> dict | None:
     return next((c for c in obj["status"].get("conditions", []) if c["type"] == type_), None)
 
 
-def test_three_nodes_get_a_daemon_each_and_the_job_completes(scluster: SlurmCluster, tiny_engine):
-    scluster.apply(slurm_job_doc("s-three", tiny_engine, nodes=3, limit=4, samples=2))
+def test_three_nodes_get_a_daemon_each_and_a_small_job_spreads_over_all_three(scluster: SlurmCluster, tiny_engine):
+    # 6 rollouts, each daemon with room for 4: the first daemon up takes its fair share (2), not 4
+    gate = scluster.root / "gate"
+    scluster.apply(slurm_gated_doc("s-three", tiny_engine, gate, nodes=3, limit=3, samples=2))
     uid = scluster.uid("s-three")
+    wait_held(scluster, "s-three", 6)
+    assert len(holders(scluster, "s-three")) == 3
+    gate.touch()
     final = scluster.wait_done("s-three", timeout=300)
-    assert final["status"]["counts"]["succeeded"] == 8
-    assert_exactly_once(scluster.trajectories("s-three"), 4, 2)
+    assert final["status"]["counts"]["succeeded"] == 6
+    trajs = scluster.trajectories("s-three")
+    assert_exactly_once(trajs, 3, 2)
+    assert sorted(Counter(t["node"] for t in trajs).values()) == [2, 2, 2]  # each node ran its share
     allocs = scluster.allocations(uid)
     assert len(allocs) == 1 and allocs[0]["nodes"] == "3", allocs
     assert allocs[0]["name"] == "rolloutd-s-three"
@@ -59,13 +78,15 @@ def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(s
     # leaseSeconds 10, not less: a daemon is silent from registering until its tokenizer is loaded, and
     # the scheduler declares a node silent for longer than a lease lost (on a loaded 2-core machine
     # that start-up took 6-9 s, and the daemons exited 1 again and again)
-    scluster.apply(slurm_job_doc("s-cancel", tiny_engine, nodes=2, limit=20, samples=2, lease_seconds=10,
-                                 max_turns=3, tokens=64, workers=(2, 3, 2)))
+    gate = scluster.root / "gate"
+    scluster.apply(slurm_gated_doc("s-cancel", tiny_engine, gate, nodes=2, limit=20, samples=2, lease_seconds=10,
+                                   max_turns=3, tokens=64, workers=(2, 3, 2)))
     uid = scluster.uid("s-cancel")
-    scluster.wait_until("s-cancel", _working, timeout=240)
+    wait_held(scluster, "s-cancel", 4)  # mid-job whatever the machine's speed
     first = wait_for(lambda: [a for a in scluster.allocations(uid) if a["state"] == "RUNNING"], 30, "a running allocation")
     assert scluster.slurm.run("scancel", first[0]["id"]).returncode == 0
     wait_for(lambda: len(scluster.allocations(uid)) >= 2, 60, "a replacement allocation")
+    gate.touch()
     final = scluster.wait_done("s-cancel", timeout=300)
     assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 40
     assert_exactly_once(scluster.trajectories("s-cancel"), 20, 2)
@@ -77,19 +98,20 @@ def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(s
 
 
 def test_controller_restart_adopts_the_allocation_and_submits_nothing_twice(scluster: SlurmCluster, tiny_engine):
-    scluster.apply(slurm_job_doc("s-restart", tiny_engine, nodes=2, limit=10, samples=2, max_turns=3, tokens=24,
-                                 workers=(1, 2, 1)))
+    # gated: both daemons hold a rollout at INIT's gate, so the controller dies mid-job however fast
+    # the machine is (it used to wait for 2 results and lose the race on a fast one: `assert 20 < 20`)
+    gate = scluster.root / "gate"
+    scluster.apply(slurm_gated_doc("s-restart", tiny_engine, gate, nodes=2, limit=10, samples=2, max_turns=3,
+                                   tokens=24, workers=(1, 2, 1)))
     uid = scluster.uid("s-restart")
-    scluster.wait_until("s-restart", lambda o: o["status"]["counts"].get("succeeded", 0) >= 2, timeout=240)
+    wait_held(scluster, "s-restart", 2)
     before = scluster.allocations(uid)
     assert len(before) == 1 and before[0]["state"] == "RUNNING"
     scluster.kill()
-    with scluster.db() as db:
-        done_at_kill = db.execute("SELECT count(*) FROM items WHERE job='s-restart' AND state='done'").fetchone()[0]
-    assert done_at_kill < 20, "the controller died mid-job"
     # the allocation outlives the controller ...
     assert [a["state"] for a in scluster.allocations(uid)] == ["RUNNING"]
     scluster.start()  # same data dir and port: daemons reconnect, the executor adopts the allocation
+    gate.touch()
     final = scluster.wait_done("s-restart", timeout=300)
     assert final["status"]["counts"]["succeeded"] == 20
     assert_exactly_once(scluster.trajectories("s-restart"), 10, 2)
@@ -100,27 +122,22 @@ def test_controller_restart_adopts_the_allocation_and_submits_nothing_twice(sclu
     scluster.wait_no_allocations(uid)
 
 
-def _working(obj) -> bool:
-    """Rollouts are flowing. (Status counts refresh every few seconds: a rollout can pass through
-    RUN between two refreshes, so a finished one counts as well.)"""
-    counts = obj["status"].get("counts") or {}
-    return counts.get("run", 0) + counts.get("eval", 0) + counts.get("succeeded", 0) > 0
-
-
 def test_a_daemon_killed_mid_run_is_started_again_on_its_node(scluster: SlurmCluster, tiny_engine):
     """SIGKILL (the OOM killer) of one node's daemon inside a running allocation: its supervisor starts
     a new daemon on the same Slurm node, the allocation keeps running and ends COMPLETED, the killed
     daemon's leases go back to the queue and every rollout arrives exactly once."""
-    scluster.apply(slurm_job_doc("s-crash", tiny_engine, nodes=2, limit=20, samples=2, lease_seconds=10,
-                                 max_turns=3, tokens=64, workers=(2, 3, 2)))
+    gate = scluster.root / "gate"
+    scluster.apply(slurm_gated_doc("s-crash", tiny_engine, gate, nodes=2, limit=20, samples=2, lease_seconds=10,
+                                   max_turns=3, tokens=64, workers=(2, 3, 2)))
     uid = scluster.uid("s-crash")
-    scluster.wait_until("s-crash", _working, timeout=240)
+    wait_held(scluster, "s-crash", 4)  # the victim holds work: it cannot have finished and exited
     victim = wait_for(lambda: len(scluster.nodes("s-crash")) == 2 and scluster.nodes("s-crash")[0], 60, "two daemons")
     os.kill(victim["pid"], signal.SIGKILL)
     again = wait_for(lambda: [n for n in scluster.nodes("s-crash")
                               if n["slurm_node_id"] == victim["slurm_node_id"] and n["id"] != victim["id"]],
                      120, "a new daemon on the killed one's node")
     assert again[0]["name"] == victim["name"] and again[0]["pid"] != victim["pid"]
+    gate.touch()
     final = scluster.wait_done("s-crash", timeout=300)
     assert final["status"]["counts"]["succeeded"] + final["status"]["counts"]["failed"] == 40
     assert_exactly_once(scluster.trajectories("s-crash"), 20, 2)
@@ -131,18 +148,19 @@ def test_a_daemon_killed_mid_run_is_started_again_on_its_node(scluster: SlurmClu
 
 def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: SlurmCluster, tiny_engine):
     # whole nodes (extraArgs reach sbatch), so that the four daemons are on four different nodes
-    # long enough (80 rollouts of up to 3 × 64 tokens) to still be running once two more nodes start
-    doc = slurm_job_doc("s-grow", tiny_engine, nodes=2, limit=40, samples=2, max_turns=3, tokens=64, workers=(1, 2, 1),
-                        slurm={"extraArgs": ["--exclusive"]})
+    # gated: every daemon holds one rollout (INIT pool of 1) until all four are up
+    gate = scluster.root / "gate"
+    doc = slurm_gated_doc("s-grow", tiny_engine, gate, nodes=2, limit=40, samples=2, max_turns=3, tokens=64,
+                          workers=(1, 2, 1), slurm={"extraArgs": ["--exclusive"]})
     scluster.apply(doc)
     uid = scluster.uid("s-grow")
-    scluster.wait_until("s-grow", _working, timeout=240)
+    wait_held(scluster, "s-grow", 2)
     assert len(scluster.nodes("s-grow")) == 2
     doc["spec"]["executor"]["nodes"] = 4
     scluster.apply(doc)
-    grown = scluster.wait_until("s-grow", lambda o: o["status"].get("nodes", 0) == 4
-                                or o["status"]["phase"] == "Succeeded", timeout=120)
-    assert grown["status"]["phase"] == "Running", "the job was still running when it grew"
+    wait_held(scluster, "s-grow", 4)
+    assert len(holders(scluster, "s-grow")) == 4
+    gate.touch()
     final = scluster.wait_done("s-grow", timeout=300)
     assert final["status"]["counts"]["succeeded"] == 80
     assert_exactly_once(scluster.trajectories("s-grow"), 40, 2)
@@ -152,7 +170,7 @@ def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: Slur
     assert len({n["name"] for n in nodes}) == 4 and len(nodes) == 4, nodes
     assert {n["slurm_job_id"] for n in nodes} == {a["id"] for a in allocs}
     trajs = scluster.trajectories("s-grow")
-    assert len({t["node"] for t in trajs}) >= 3, "the new daemons took work"
+    assert len({t["node"] for t in trajs}) == 4, "the new daemons took work"
     scluster.wait_no_allocations(uid)
 
 
@@ -188,10 +206,10 @@ def test_a_down_partition_is_a_waiting_condition_with_slurms_reason_and_delete_c
 
 
 def test_delete_mid_run_drains_the_daemons_and_leaves_nothing_in_squeue(scluster: SlurmCluster, tiny_engine):
-    scluster.apply(slurm_job_doc("s-delete", tiny_engine, nodes=2, limit=40, samples=2, max_turns=3, tokens=64,
-                                 workers=(1, 2, 1)))
+    scluster.apply(slurm_gated_doc("s-delete", tiny_engine, scluster.root / "gate", nodes=2, limit=40, samples=2,
+                                   max_turns=3, tokens=64, workers=(1, 2, 1)))  # the gate never opens
     uid = scluster.uid("s-delete")
-    scluster.wait_until("s-delete", _working, timeout=240)
+    wait_held(scluster, "s-delete", 2)
     r = scluster.api.delete(f"{P}/rolloutjobs/s-delete")
     assert r.status_code in (200, 202), r.text
     scluster.wait_no_allocations(uid, timeout=60)
@@ -207,13 +225,13 @@ def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 
 
 
 def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(scluster: SlurmCluster, tiny_engine):
-    # long enough that the one remaining daemon is still busy when the two drained nodes go back
-    # (drain + exit settle + a reconcile pass take ~8 s)
-    doc = slurm_job_doc("s-shrink", tiny_engine, nodes=3, limit=48, samples=2, max_turns=3, tokens=64,
-                        workers=(1, 2, 1))
+    # gated: the one remaining daemon is still busy when the two drained nodes go back
+    gate = scluster.root / "gate"
+    doc = slurm_gated_doc("s-shrink", tiny_engine, gate, nodes=3, limit=48, samples=2, max_turns=3, tokens=64,
+                          workers=(1, 2, 1))
     scluster.apply(doc)
     uid = scluster.uid("s-shrink")
-    scluster.wait_until("s-shrink", lambda o: o["status"].get("nodes", 0) == 3 and _working(o), timeout=240)
+    wait_held(scluster, "s-shrink", 3)
     (alloc,) = scluster.allocations(uid)
     doc["spec"]["executor"]["nodes"] = 1
     scluster.apply(doc)
@@ -221,6 +239,7 @@ def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(sclu
     shrunk = wait_for(lambda: [a for a in scluster.allocations(uid) if a["nodes"] == "1"], 90,
                       "the allocation to shrink to one node")
     assert shrunk[0]["id"] == alloc["id"] and shrunk[0]["state"] == "RUNNING"
+    gate.touch()
     final = scluster.wait_done("s-shrink", timeout=300)
     assert final["status"]["counts"]["succeeded"] == 96
     assert_exactly_once(scluster.trajectories("s-shrink"), 48, 2)
