@@ -118,7 +118,7 @@ class Controller:
         _wait_http(self.url + "/healthz")
         token = (root / "data" / "token").read_text().strip()
         self.join_token = (root / "data" / "join-token").read_text().strip()
-        self.api = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        self.api = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=300)
 
     def db_bytes(self) -> dict[str, int]:
         data = self.root / "data"
@@ -137,7 +137,7 @@ class Controller:
         self.log.close()
 
 
-def _wait_expanded(api: httpx.Client, name: str, items: int, timeout: float = 180) -> None:
+def _wait_expanded(api: httpx.Client, name: str, items: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = api.get(f"{P}/rolloutjobs/{name}").json().get("status", {})
@@ -277,14 +277,21 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                 s.wait(5)
         ctl.stop()
         health.close()
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("ROLLOUTD_SCALE_KEEP"):
+            print(f"   kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile_seconds: float = 15.0) -> list[dict]:
     points = []
     for n in ns:
         t0 = time.monotonic()
-        p = point(n, time_factor, window, profile_seconds if n == max(ns) else 0.0)
+        try:
+            p = point(n, time_factor, window, profile_seconds if n == max(ns) else 0.0)
+        except Exception as e:  # noqa: BLE001 - one failed point (a busy machine) does not void the others
+            print(f"   N={n}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            continue
         print(f"   N={n}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores, p99 {p['p99_ms']}, "
               f"audit {p['audit']}, load {p['load_avg']} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
         points.append(p)
