@@ -146,6 +146,8 @@ class Scheduler:
         SQLModel.metadata.create_all(self.engine)
         with self.engine.begin() as c:  # "a job's live items": leases, completion (also in older databases)
             c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
+            # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
+            c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_state_deadline ON items (state, deadline)")
         self.pool = BackendPool()
         self.health_interval = health_interval
         self._health_check = health_check
