@@ -214,11 +214,13 @@ class Scheduler:
             n = job.spec.samples_per_prompt
             now = self.clock()
             batch_mode = job.spec.batch_mode  # groups are opened batch by batch, on request
-            for p, data in enumerate(rows):
-                s.add(TaskRow(job=name, prompt=p, data=json.dumps(data)))
-                if not batch_mode:
-                    for k in range(n):
-                        s.add(ItemRow(job=name, prompt=p, sample=k, queued_at=now))
+            # plain executemany INSERTs: an ORM object per item took minutes (and 800 MB) for 200k items
+            if rows:
+                s.exec(insert(TaskRow), params=[{"job": name, "prompt": p, "data": json.dumps(data)}
+                                                for p, data in enumerate(rows)])
+            if rows and not batch_mode:
+                s.exec(insert(ItemRow), params=[{"job": name, "prompt": p, "sample": k, "queued_at": now}
+                                                for p in range(len(rows)) for k in range(n)])
             row = ExpansionRow(job=name, uid=job.metadata.uid or "", prompts=len(rows),
                                total=0 if batch_mode else len(rows) * n, error=error)
             s.add(row)
