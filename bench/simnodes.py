@@ -210,7 +210,7 @@ class SimNode:
                 await asyncio.wait_for(self.hb_wake.wait(), self.hb_interval)
             except TimeoutError:
                 pass
-            gap = self.last_hb + HEARTBEAT_MIN_GAP / self.sim.factor - time.monotonic()
+            gap = self.last_hb + self.sim.min_gap(self.hb_interval) - time.monotonic()
             if gap > 0:
                 await asyncio.sleep(gap)  # coalesce a burst of stage changes into one beat
             self.hb_wake.clear()
@@ -273,6 +273,15 @@ class Shard:
         self.empty_leases = self.cancelled = 0
         self.stopping = False
         self.template = self._template()
+
+    def min_gap(self, interval: float) -> float:
+        """The daemon's least gap between beats (`scaled_gap`: the rule of crds.node, else the fixed 50 ms
+        of daemons before it), in simulated seconds."""
+        if self.cfg.get("scaled_gap", True):
+            from rolloutd.crds.node import heartbeat_min_gap
+
+            return max(HEARTBEAT_MIN_GAP, heartbeat_min_gap(interval * self.factor)) / self.factor
+        return HEARTBEAT_MIN_GAP / self.factor
 
     def duration(self, length_biased: bool = False) -> float:
         """Seconds of one rollout: lognormal around `median_seconds`, divided by the time factor.

@@ -42,6 +42,7 @@ from rolloutd.crds.node import (
     RegisterResponse,
     ResultAck,
     ResultBatch,
+    heartbeat_seconds,
 )
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from rolloutd.crds.trajectory import FailureKind
@@ -325,11 +326,13 @@ class Scheduler:
         with Session(self.engine, expire_on_commit=False) as s:
             s.add(node)
             s.commit()
+            active = s.exec(select(func.count()).where(NodeRow.job == req.job, NodeRow.state == "active")).one()
         self._seen[node.id] = now
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
-                                lease_seconds=lease, heartbeat_seconds=min(0.5, lease / 4))
+                                lease_seconds=lease,
+                                heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease))
 
     def _node(self, s: Session, node_id: str) -> NodeRow:
         node = s.get(NodeRow, node_id)
