@@ -34,7 +34,7 @@ NODE_PROTOCOL = 1
 
 def heartbeat_seconds(nodes: int, lease_seconds: float) -> float:
     """The beat interval the controller gives each of a job's `nodes` daemons at registration: 0.5 s up
-    to 50 nodes, then growing with the count (1000 nodes: 5 s, so together they send about 200 timed
+    to 100 nodes, then growing with the count (1000 nodes: 5 s, so together they send about 200 timed
     beats/s instead of 2000), at most a sixth of the lease (a lease outlives several missed beats)."""
     return min(max(0.5, nodes / 200), lease_seconds / 6)
 
