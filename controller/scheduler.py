@@ -490,19 +490,20 @@ class Scheduler:
                         release(item)
                         change(item, backend=new, holds_backend=True)
                         resp.repin[aid] = new
-            if changes:
-                s.exec(update(ItemRow), params=list(changes.values()))  # ORM bulk UPDATE by primary key
             # Only the leases the daemon names are extended. One granted but not yet in a beat is
             # covered by its own deadline (lease_seconds from the grant); one whose lease answer
             # never reached the daemon (the controller died while sending it) is named by nobody
             # and goes back to the queue when that deadline passes.
             # A deadline is rewritten once half the lease is used, not at every beat (rewriting every
             # live row several times a second was most of the database's writes at scale): a named
-            # lease always keeps at least half of leaseSeconds, and beats come every quarter or less.
-            extend = [aid for aid in alive if (items[aid]["deadline"] or 0.0) < now + cache.lease_seconds / 2]
-            if extend:
-                s.exec(update(ItemRow).where(ItemRow.attempt_id.in_(extend), ItemRow.state == "leased")
-                       .values(deadline=now + cache.lease_seconds))
+            # lease always keeps at least half of leaseSeconds, and beats come every sixth or less.
+            # By primary key, with the other changes (an UPDATE … WHERE attempt_id IN … AND state
+            # = 'leased' lets SQLite walk the state index: every leased row of the database).
+            for aid in alive:
+                if (items[aid]["deadline"] or 0.0) < now + cache.lease_seconds / 2:
+                    change(items[aid], deadline=now + cache.lease_seconds)
+            if changes:
+                s.exec(update(ItemRow), params=list(changes.values()))  # ORM bulk UPDATE by primary key
             s.commit()
         return resp
 
