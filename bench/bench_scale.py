@@ -1,22 +1,25 @@
 """One controller, a simulated cluster: N node daemons × 64 slots against a real `rolloutd controller`.
 
-For each N (10, 100, 300, 1000): a fresh controller process (the production one: uvicorn, SQLite
-WAL, the local executor asked for 0 nodes), one `bench-noop` job with enough items for the run,
-and N simulated daemons (`simnodes.py`, 1–2 processes) speaking the real node protocol with the
-daemon's own timing: rollouts last lognormal(median 40 s, σ 0.5) / `time_factor`; leases long-poll
-1.5 s; beats every `heartbeatSeconds` (0.5 s, from registration) and ≥ 50 ms apart on stage
-changes; results coalesced 5 ms, ≤ 64 per call (every daemon timing is divided by the same
-factor). The first 64 rollouts of each node start at a random point of their life, so the cluster
-is in a steady state from the first second and a 30 s window measures it.
+For each N (10, 100, 300, 1000; `$ROLLOUTD_SCALE_NODES`): a fresh controller process (the
+production one: uvicorn, SQLite WAL, the local executor asked for 0 nodes), one `bench-noop` job
+with 4 backends (a `/health` stub) and enough items for the run, and N simulated daemons
+(`simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
+rollouts last lognormal(median 40 s, σ 0.5) / `$ROLLOUTD_SCALE_TIME_FACTOR` (default 1); leases
+long-poll 1.5 s; beats every `heartbeatSeconds` (from registration) and on stage changes at most
+every `heartbeat_min_gap`; results coalesced 5 ms, ≤ 64 per call (every daemon timing is divided
+by the same factor). The first 64 rollouts of each node start at a random point of their life,
+so the cluster is in a steady state from the first second and a 30 s window measures it.
 
-Reported per N, over the window (after a warm-up): rollouts/s accepted, controller CPU (cores and
-ms per rollout, /proc/PID/stat), client-side p50/p99 of lease, heartbeat and results calls, bytes
-the controller wrote (/proc/PID/io write_bytes: the db, its WAL, checkpoints) per rollout, the db +
-WAL size, and an audit of the trajectories the controller serves against the results it accepted
-(lost, duplicated, phantom: all must be 0). With py-spy installed (`pip install py-spy`), the
-largest N is also profiled for `profile_seconds` after its window (`--format raw`, top frames
-written to the JSON). Raw numbers go to `bench/scale-results/LABEL.json` (LABEL from
-`$ROLLOUTD_SCALE_LABEL`, default `latest`); `plot_scale.py` draws the curve from them.
+Reported per N, over the window (after a warm-up): rollouts/s accepted, controller CPU (cores,
+ms per rollout and per call, /proc/PID/stat), client-side p50/p99 of lease, heartbeat and results
+calls, bytes the controller wrote (/proc/PID/io write_bytes: the db, its WAL, checkpoints) per
+rollout, the db + WAL size, and an audit of the trajectories the controller serves against the
+results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pip install
+py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
+`$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
+`$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. Raw numbers:
+`bench/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
+`python -m bench.bench_scale --table FILE` prints the table. Results: bench/RESULTS-scale.md.
 Goals (issue 16): at 1000 nodes p99 ≤ 50 ms for every node call, the controller below one core,
 ≥ 1000 rollouts/s sustained.
 """
