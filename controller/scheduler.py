@@ -448,7 +448,7 @@ class Scheduler:
             resp.policy_version, resp.llm_paused = json.loads(pol.version), pol.paused
             # A beat names every live lease of the node, several times a second: read them as plain
             # rows and write only what changed (a stage, a released or re-pinned backend); the
-            # deadlines of the named leases move in one UPDATE below, once half used.
+            # deadlines of the named leases move with them below, once half used.
             ids = set(hb.stages) | set(hb.left_run)
             items: dict[str, dict[str, Any]] = {}
             if ids:
