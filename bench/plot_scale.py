@@ -24,7 +24,8 @@ def main(*files: str) -> None:
     for spec in files:
         path, _, label = spec.partition("=")
         for p in json.loads(Path(path).read_text())["points"]:
-            points.append({**p, "variant": label if label and p["variant"] == "after" else p["variant"]})
+            variant = p.get("variant", "before")  # the first run (before.json) had one variant
+            points.append({**p, "variant": label if label and variant == "after" else variant})
     variants = list(dict.fromkeys(p["variant"] for p in points))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     for variant, style in zip(variants, ("o--", "s:", "D-", "^-")):
