@@ -25,13 +25,14 @@ the prompt does not fit the token budget, the backend refuses the request) skips
 reported unscored as `config` (the controller fails the job). Agent failures go through EVAL and
 get a reward.
 
-Control: heartbeats every `heartbeatSeconds` and promptly (≥ `heartbeat_min_gap` apart) on stage
-changes carry each live attempt's stage and the attempts that left RUN. The reply may `cancel` an
-attempt (sandbox closed, in-flight LLM request aborted server-side, slots freed, nothing reported),
-`repin` it to another backend (if not in RUN yet), declare it `unknown` (dropped) or `drain` the
-node. SIGTERM/SIGINT: stop leasing, hand back unstarted leases, give in-flight rollouts
-`ROLLOUTD_DRAIN_SECONDS` (default 30) to finish, cancel and hand back the rest, deregister, exit 0.
-A second signal cuts the grace period short.
+Control: heartbeats every `heartbeatSeconds` (longer in a big job) and promptly on stage changes (≥
+`crds.node.heartbeat_min_gap` apart: a fifth of the interval, 50 ms at least) carry each live
+attempt's stage and the attempts that left RUN. The reply may `cancel` an attempt (sandbox closed,
+in-flight LLM request aborted server-side, slots freed, nothing reported), `repin` it to another
+backend (if not in RUN yet), declare it `unknown` (dropped) or `drain` the node. SIGTERM/SIGINT:
+stop leasing, hand back unstarted leases, give in-flight rollouts `ROLLOUTD_DRAIN_SECONDS` (default
+30) to finish, cancel and hand back the rest, deregister, exit 0. A second signal cuts the grace
+period short.
 
 Results are serialized once, buffered and resent with back-off until the controller answers (it
 deduplicates by attemptId); an attempt it no longer leases comes back in `dropped` and is forgotten.
@@ -76,6 +77,7 @@ from rolloutd.crds.node import (
     RegisterResponse,
     Result,
     ReturnRequest,
+    heartbeat_min_gap,
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
@@ -903,7 +905,8 @@ class NodeDaemon:
     async def _heartbeat_loop(self) -> None:
         while True:
             await _wait_event(self._hb_wake, self._hb_interval)
-            gap = self._last_hb + self.opts.heartbeat_min_gap - time.monotonic()
+            least = max(self.opts.heartbeat_min_gap, heartbeat_min_gap(self._hb_interval))
+            gap = self._last_hb + least - time.monotonic()
             if gap > 0:
                 await asyncio.sleep(gap)   # coalesce a burst of stage changes into one beat
             self._hb_wake.clear()
