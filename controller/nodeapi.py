@@ -114,6 +114,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
 
     class BatchRequest(BaseModel):
         batch: int | None = None
+        prompts: list[int] | None = None  # dataset indices the trainer picked, one group each
         model_config = {"extra": "forbid"}
 
     class PolicyRequest(BaseModel):
@@ -125,7 +126,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
     @r.post(f"{J}/{{name}}/batches")
     async def request_batch(name: str, request: Request):
         req = await _body(request, BatchRequest)
-        return scheduler.request_batch(name, req.batch)
+        return scheduler.request_batch(name, req.batch, req.prompts)
 
     @r.get(f"{J}/{{name}}/batches/{{k}}")
     async def get_batch(name: str, k: int, wait: bool = False, all: bool = False,
