@@ -107,7 +107,7 @@ class StepLog:
         from transformers import TrainerCallback
 
         self.out, self.src, self.sync, self.gap, self.trained_ids = out, src, sync, gap, trained_ids
-        self.max_minutes, self.rows, self.logs = max_minutes, [], {}
+        self.max_minutes, self.rows = max_minutes, []
         self.t_start = self.t_step = time.monotonic()
         log = self
 
@@ -115,8 +115,12 @@ class StepLog:
             def on_step_begin(self, args, state, control, **kw):
                 log.t_step = time.monotonic()
 
-            def on_log(self, args, state, control, logs=None, **kw):
-                log.logs.update(logs or {})
+            def on_log(self, args, state, control, logs=None, **kw):  # after that step's on_step_end
+                logs = logs or {}
+                if log.rows and log.rows[-1]["step"] == state.global_step and "loss" in logs:
+                    log.rows[-1]["loss"] = round(float(logs["loss"]), 6)
+                    log.rows[-1]["grad_norm"] = round(float(logs.get("grad_norm", float("nan"))), 4)
+                    report.write_csv(log.out / "steps.csv", log.rows)
 
             def on_step_end(self, args, state, control, **kw):
                 log.step(state.global_step)
@@ -125,10 +129,6 @@ class StepLog:
                     control.should_training_stop = True
                 return control
 
-            def on_train_end(self, args, state, control, **kw):
-                if log.rows:  # TRL logs the last step's metrics after its on_step_end
-                    log.rows[-1]["loss"] = round(float(log.logs.get("loss", log.rows[-1]["loss"])), 6)
-                    report.write_csv(log.out / "steps.csv", log.rows)
 
         self.callback = _CB()
 
@@ -157,8 +157,7 @@ class StepLog:
             "elapsed_s": round(now - self.t_start, 1), "opened_groups": len(groups), "cancelled_rollouts": 0,
             "stale_samples": call.stale, "batch_policy_versions": "|".join(call.versions),
             "reloaded": sync["reloaded"], "trained_ids_equal_rolloutd": got == want,
-            "loss": round(float(self.logs.get("loss", float("nan"))), 6),
-            "grad_norm": round(float(self.logs.get("grad_norm", float("nan"))), 4),
+            "loss": float("nan"), "grad_norm": float("nan"),  # TRL logs them next (on_log)
             # TRL's ratio is 1 by construction here (on-policy); these bound vLLM's against TRL's
             "ratio_min": round(math.exp(-gap), 6), "ratio_max": round(math.exp(gap), 6),
             "clipped_frac": 0.0, "logprob_diff_max": gap, "load": round(os.getloadavg()[0], 1),
