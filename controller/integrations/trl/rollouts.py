@@ -74,6 +74,7 @@ class RolloutSource:
                                  "not be told apart")
             self.index[q] = i
         self.calls: list[CallStats] = []
+        self._samples_per_prompt: int | None = None
 
     @classmethod
     def from_jsonl(cls, client: RolloutClient, job: str, path: str | Path, **kw: Any) -> "RolloutSource":
@@ -90,6 +91,11 @@ class RolloutSource:
         t0 = time.monotonic()
         g = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         distinct = self._distinct(prompts, g)
+        if self._samples_per_prompt is None:
+            self._samples_per_prompt = int(self.client.get(self.job)["spec"].get("samplesPerPrompt", 1))
+        if self._samples_per_prompt != g:
+            raise ValueError(f"rolloutjob {self.job} runs samplesPerPrompt={self._samples_per_prompt}, but TRL "
+                             f"wants num_generations={g} per prompt")
         indices = []
         for p in distinct:
             q = question_of(p)
