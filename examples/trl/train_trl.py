@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             max_steps=args.steps, learning_rate=args.lr, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0,
             max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=args.clip,
             loss_type="dapo", scale_rewards="group", max_completion_length=args.max_tokens, logging_steps=1,
+            gradient_checkpointing=False,  # TRL's default (True) recomputes the forward: 135M fits without it
             report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
         trainer = GRPOTrainer(model=model, reward_funcs=[src.reward], args=config,
                               train_dataset=Dataset.from_list(src.dataset()), processing_class=tok,
