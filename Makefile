@@ -7,9 +7,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv engine bench clean train-demo
+.PHONY: demo test setup system-packages venv engine trl-venv bench clean train-demo trl-demo
 
-setup: system-packages venv engine
+setup: system-packages venv engine trl-venv
 
 system-packages:
 	@bash .ci/system-packages.sh
@@ -26,6 +26,19 @@ $(BIN)/.installed: pyproject.toml
 engine: venv
 	$(BIN)/rolloutd serve-model --prepare-only --model tiny --model smollm2
 
+# The TRL trainer's own venv (torch + trl, pinned in pyproject's [trl] extra; not the core venv, not the
+# engine venv, which pins vLLM's libraries): reinstalled when those pins change (the stamp is their hash).
+TRL_VENV ?= $(HOME)/.cache/rolloutd/trl/venv
+TRL_KEY  := $(shell grep '^trl = ' pyproject.toml | sha256sum | cut -c1-12)
+
+trl-venv: $(TRL_VENV)/.installed-$(TRL_KEY)
+
+$(TRL_VENV)/.installed-$(TRL_KEY):
+	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl]'
+	rm -f $(TRL_VENV)/.installed-*
+	touch $@
+
 test: setup
 	$(BIN)/python -m pytest -q tests
 
@@ -40,6 +53,10 @@ train-demo: setup
 	$(BIN)/python examples/train_grpo.py
 	$(BIN)/python examples/train_grpo.py --dapo
 	$(ENGINE_PY) examples/rl/report.py examples/rl/results/train-grpo examples/rl/results/train-grpo-dapo
+
+# TRL's GRPOTrainer through rolloutd (examples/trl/; ~25 min): results in examples/trl/results/
+trl-demo: setup
+	$(TRL_VENV)/bin/python examples/trl/train_trl.py
 
 bench: setup
 	$(BIN)/python -m bench

@@ -15,6 +15,11 @@ A sample that failed for infrastructure reasons (after its retries) makes its gr
 `incomplete`: it never counts and is never padded with a reward. When the batch is full every
 surplus rollout is cancelled on the daemons (the next heartbeat, ≤ 0.5 s) — or, with
 `carryOver`, its group moves to the next batch and keeps running.
+
+A trainer that picks its own prompts (TRL's GRPOTrainer: `rolloutd.integrations.trl`) names them
+when it requests a batch (`prompts`: dataset indices, one group each, repeats allowed; plain
+batches only): exactly those groups run, none is replaced, and the batch completes when every one
+has settled — an incomplete group (infrastructure failure) stays in it for the trainer to see.
 """
 from __future__ import annotations
 
@@ -54,6 +59,14 @@ class BatchRow(SQLModel, table=True):
     cancelled_rollouts: int = 0
     never_started: int = 0
     saved_tokens: int = 0
+
+
+class BatchPromptsRow(SQLModel, table=True):
+    """The prompts a trainer named for a batch (its own table: older databases gain it as is)."""
+    __tablename__ = "batch_prompts"
+    job: str = Field(primary_key=True)
+    k: int = Field(primary_key=True)
+    prompts: str = "[]"  # JSON list of dataset indices, in the trainer's order
 
 
 class CursorRow(SQLModel, table=True):
@@ -104,11 +117,15 @@ class Batches:
     def current(self, s: Session, job: str) -> BatchRow | None:
         return s.exec(select(BatchRow).where(BatchRow.job == job).order_by(BatchRow.k.desc())).first()
 
-    def request(self, s: Session, job: RolloutJob, k: int | None) -> BatchRow:
+    def request(self, s: Session, job: RolloutJob, k: int | None, prompts: list[int] | None = None) -> BatchRow:
         name = job.metadata.name
+        if prompts is not None:
+            self._check_prompts(job, prompts)
         cur = self.current(s, name)
         want = (cur.k + 1 if cur and cur.state == "complete" else (cur.k if cur else 1)) if k is None else k
         if cur is not None and want == cur.k:
+            if prompts is not None and self.named_prompts(s, name, cur.k) != prompts:
+                raise Conflict(f"batch {cur.k} of rolloutjobs \"{name}\" was requested with other prompts")
             return cur
         if cur is not None and want < cur.k:
             return s.get(BatchRow, (name, want)) or self._gone(name, want)
@@ -120,8 +137,14 @@ class Batches:
         limit = job.spec.batches.count if job.spec.batches else None
         if limit is not None and want > limit:
             raise Conflict(f"rolloutjobs \"{name}\" serves {limit} batches; all are done")
-        row = BatchRow(job=name, k=want, target=batch_target(job), created=self.sched.clock())
+        row = BatchRow(job=name, k=want, target=batch_target(job) if prompts is None else len(prompts),
+                       created=self.sched.clock())
         s.add(row)
+        if prompts is not None:
+            s.add(BatchPromptsRow(job=name, k=want, prompts=json.dumps(prompts)))
+            s.flush()
+            self._open(s, job, row, prompts)
+            return row
         # groups carried over from the previous batch are already running for this one
         carried = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == want)).all()
         row.opened_groups = len(carried)
@@ -132,12 +155,29 @@ class Batches:
     def _gone(self, name: str, k: int) -> BatchRow:
         raise NotFound(f"batch {k} of rolloutjobs \"{name}\" does not exist")
 
+    def _check_prompts(self, job: RolloutJob, prompts: list[int]) -> None:
+        name = job.metadata.name
+        if job.spec.dapo.enabled:
+            raise BadRequest(f"rolloutjobs \"{name}\" uses DAPO, which picks its own prompts; "
+                             "name prompts only with spec.batches")
+        if carry_over(job):
+            raise BadRequest(f"rolloutjobs \"{name}\" carries groups over; name prompts only without carryOver")
+        n = self.sched.expand(job).prompts
+        bad = [p for p in prompts if not 0 <= p < n]
+        if not prompts or bad:
+            raise BadRequest(f"prompts must be a non-empty list of dataset indices 0…{n - 1} of rolloutjobs "
+                             f"\"{name}\"" + (f"; out of range: {bad[:10]}" if bad else ""))
+
+    def named_prompts(self, s: Session, name: str, k: int) -> list[int] | None:
+        row = s.get(BatchPromptsRow, (name, k))
+        return None if row is None else json.loads(row.prompts)
+
     # ------------------------------------------------------------ opening groups
 
     def fill(self, s: Session, job: RolloutJob, batch: BatchRow) -> int:
         """Open groups until the batch has enough running (DAPO: up to maxInFlightGroups)."""
-        if batch.state != "running":
-            return 0
+        if batch.state != "running" or self.named_prompts(s, batch.job, batch.k) is not None:
+            return 0  # a batch of named prompts opened all its groups at once and replaces none
         name = job.metadata.name
         running = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == batch.k,
                                                        GroupRow.state == "running")).all())
@@ -150,19 +190,24 @@ class Batches:
         if exp.prompts == 0:
             return 0
         cursor = s.get(CursorRow, name) or CursorRow(job=name)
-        now = self.sched.clock()
+        prompts = []
         for _ in range(cap):
-            prompt = cursor.next_prompt % exp.prompts
+            prompts.append(cursor.next_prompt % exp.prompts)
             cursor.next_prompt += 1
+        s.add(cursor)
+        self._open(s, job, batch, prompts)
+        return cap
+
+    def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int]) -> None:
+        name, now = job.metadata.name, self.sched.clock()
+        for prompt in prompts:
             group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
             s.add(group)
             s.flush()
             self.sched.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
             batch.opened_groups += 1
-        s.add(cursor)
         s.add(batch)
         self.sched.wake(name)
-        return cap
 
     # ------------------------------------------------------------ settling groups
 
@@ -203,11 +248,16 @@ class Batches:
                     self._cancel_group(s, g)
                 s.add(batch)
                 return
-        if batch.counted >= batch.target:
+        named = self.named_prompts(s, group.job, batch.k) is not None
+        if batch.counted >= batch.target or (named and self._all_settled(s, group.job, batch.k)):
             self._complete(s, job, batch)
         else:
             self.fill(s, job, batch)  # replenish at once
         s.add(batch)
+
+    def _all_settled(self, s: Session, name: str, k: int) -> bool:
+        return s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == k,
+                                                GroupRow.state == "running")).first() is None
 
     def _complete(self, s: Session, job: RolloutJob, batch: BatchRow) -> None:
         from .scheduler import ItemRow, TrajectoryRow
@@ -274,6 +324,7 @@ class Batches:
         versions = sorted({str(t.get("policyVersion")) for g in groups for t in g["samples"]})
         return {
             "batch": k, "state": batch.state, "target": batch.target, "counted": batch.counted,
+            "prompts": self.named_prompts(s, name, k),
             "openedGroups": batch.opened_groups, "groups": groups,
             "cancelledRollouts": batch.cancelled_rollouts, "neverStarted": batch.never_started,
             "savedTokensEstimate": batch.saved_tokens,

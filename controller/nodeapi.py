@@ -12,7 +12,7 @@ Mounted by `api.create_app` when a scheduler is given. Wire models: `rolloutd.cr
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -43,6 +43,8 @@ async def _body(request: Request, model: type[BaseModel], limit: int | None = No
 
 class BatchRequest(BaseModel):
     batch: int | None = Field(default=None, description="the batch to open (default: the next one)")
+    prompts: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = Field(
+        default=None, description="dataset indices the trainer picked, one group each (plain batches only)")
     model_config = {"extra": "forbid"}
 
 
@@ -127,7 +129,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
     @r.post(f"{J}/{{name}}/batches")
     async def request_batch(name: str, request: Request):
         req = await _body(request, BatchRequest)
-        return scheduler.request_batch(name, req.batch)
+        return scheduler.request_batch(name, req.batch, req.prompts)
 
     @r.get(f"{J}/{{name}}/batches/{{k}}")
     async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,

@@ -687,7 +687,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ batches (trainer API)
 
-    def request_batch(self, name: str, k: int | None = None) -> dict[str, Any]:
+    def request_batch(self, name: str, k: int | None = None, prompts: list[int] | None = None) -> dict[str, Any]:
         job = self._job(name)
         if not job.spec.batch_mode:
             raise BadRequest(f'rolloutjobs "{name}" is not a batch job: set spec.dapo.enabled or spec.batches')
@@ -695,7 +695,7 @@ class Scheduler:
             raise Conflict(f'rolloutjobs "{name}" is {job.status.phase.value}; it serves no more batches')
         self.expand(job)
         with Session(self.engine, expire_on_commit=False) as s:
-            row = self.batches.request(s, job, k)
+            row = self.batches.request(s, job, k, prompts)
             s.commit()
             out = self.batches.snapshot(s, name, row.k)
         out.pop("groups")

@@ -380,16 +380,21 @@ def main(argv: list[str] | None = None) -> int:
         summary["final_version"] = version
         summary["weights"] = str(weights_root / f"v{version}")
         rc.delete(name, wait=True, timeout=300)
-        if heldout_doc:
-            print(f"held-out prompts, policy version {version} …", flush=True)
-            summary["heldout_after"] = score_heldout(rc, f"{name}-heldout", heldout_doc)
-            print(f"  held-out reward {summary['heldout_after']['mean']:.3f}", flush=True)
-        summary["load_after"] = os.getloadavg()[0]
-        summary["steps"] = steps
-        grpo.write_json(out / "summary.json", summary)
-        report.write_report(out, summary)
-        print(f"results in {out}", flush=True)
+        finish(rc, name, summary, heldout_doc, steps, out)
     return 0
+
+
+def finish(rc, name: str, summary: dict, heldout_doc: dict | None, steps: list[dict], out: Path) -> None:
+    """After training: the held-out prompts again (the backends hold the last version), then the results."""
+    if heldout_doc:
+        print(f"held-out prompts, policy version {summary['final_version']} …", flush=True)
+        summary["heldout_after"] = score_heldout(rc, f"{name}-heldout", heldout_doc)
+        print(f"  held-out reward {summary['heldout_after']['mean']:.3f}", flush=True)
+    summary["load_after"] = os.getloadavg()[0]
+    summary["steps"] = steps
+    grpo.write_json(out / "summary.json", summary)
+    report.write_report(out, summary)
+    print(f"results in {out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 # folder → package; a nested folder may be its own top-level package (controller/client is
 # `rolloutd.client`, the trainer client, not `rolloutd.controller.client`)
 PARTS = {"crds": "rolloutd.crds", "controller": "rolloutd.controller", "agents": "rolloutd.agents",
-         "sandbox": "rolloutd.sandbox", "controller/client": "rolloutd.client"}
+         "sandbox": "rolloutd.sandbox", "controller/client": "rolloutd.client",
+         "controller/integrations": "rolloutd.integrations"}
 
 
 def package_of(folder: Path) -> str:

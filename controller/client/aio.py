@@ -182,8 +182,9 @@ class AsyncRolloutClient:
 
     # ------------------------------------------------------------ batches
 
-    async def request_batch(self, name: str, batch: int | None = None) -> dict[str, Any]:
-        return await self._do(Calls.request_batch(name, batch))
+    async def request_batch(self, name: str, batch: int | None = None,
+                            prompts: list[int] | None = None) -> dict[str, Any]:
+        return await self._do(Calls.request_batch(name, batch, prompts))
 
     async def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
                     all_groups: bool = False) -> Batch:

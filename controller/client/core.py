@@ -377,8 +377,11 @@ class Calls:
         return Call("GET", job_path(name, "trajectories"), params={"cursor": cursor, "limit": limit}, decode=decode)
 
     @staticmethod
-    def request_batch(name: str, batch: int | None = None) -> Call:
-        return Call("POST", job_path(name, "batches"), json={} if batch is None else {"batch": batch})
+    def request_batch(name: str, batch: int | None = None, prompts: list[int] | None = None) -> Call:
+        body: dict[str, Any] = {} if batch is None else {"batch": batch}
+        if prompts is not None:
+            body["prompts"] = [int(p) for p in prompts]
+        return Call("POST", job_path(name, "batches"), json=body)
 
     @staticmethod
     def batch(name: str, k: int, wait: bool, timeout: float | None, all_groups: bool) -> Call:

@@ -209,10 +209,12 @@ class RolloutClient:
 
     # ------------------------------------------------------------ batches
 
-    def request_batch(self, name: str, batch: int | None = None) -> dict[str, Any]:
+    def request_batch(self, name: str, batch: int | None = None, prompts: list[int] | None = None) -> dict[str, Any]:
         """Ask for the next batch (or batch `batch`); idempotent for the current batch.
-        Returns `{batch, state, target, counted, …}` without the groups."""
-        return self._do(Calls.request_batch(name, batch))
+        `prompts` (plain batches only): the dataset indices to run, one group each; the batch is
+        then complete when every one of those groups settled, none replaced.
+        Returns `{batch, state, target, counted, prompts, …}` without the groups."""
+        return self._do(Calls.request_batch(name, batch, prompts))
 
     def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
               all_groups: bool = False) -> Batch:

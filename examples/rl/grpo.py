@@ -23,6 +23,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from rolloutd.integrations.weights import save_weights  # noqa: F401  (re-exported: one file, HF names)
+
 
 # ------------------------------------------------------------------ batches → rows
 
@@ -242,27 +244,6 @@ def load_policy(model_dir: str | Path, *, threads: int | None = None) -> torch.n
 def make_optimizer(model: torch.nn.Module, lr: float = 1e-5) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-
-
-def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
-    """The whole state dict with Hugging Face names as one safetensors file (what vLLM's
-    `reload_weights(weights_path=DIR)` reads), written to a temporary name and renamed."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {}
-    seen: dict[int, str] = {}
-    for name, t in model.state_dict().items():
-        ptr = t.data_ptr()
-        if ptr in seen:  # tied weights: save the storage once (lm_head.weight == embed_tokens.weight)
-            continue
-        seen[ptr] = name
-        state[name] = t.detach().contiguous()
-    tmp = out / ".model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.rename(out / "model.safetensors")
-    return out
 
 
 def engine_reload(url: str, weights_dir: str | Path, *, timeout: float = 300.0) -> float:

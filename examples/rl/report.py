@@ -91,16 +91,17 @@ def plot(path: Path, series: dict[str, list[tuple[float, float]]], *, title: str
 def write_report(out: Path, s: dict[str, Any]) -> None:
     steps = s["steps"]
     rewards = [r["reward_mean"] for r in steps]
+    mode = s.get("trainer") or ("DAPO on" if s["dapo"] else "DAPO off")  # e.g. trl.GRPOTrainer (examples/trl)
     plot(out / "reward.png", {"mean reward per step (all settled groups)": [(r["step"], r["reward_mean"]) for r in steps],
                               "fraction of informative groups": [(r["step"], r["informative_frac"]) for r in steps]},
-         title=f"{s['name']}: SmolLM2-135M, single-digit addition, {'DAPO on' if s['dapo'] else 'DAPO off'}")
+         title=f"{s['name']}: SmolLM2-135M, single-digit addition, {mode}")
     w = window_stats(rewards) if len(rewards) >= 2 else {}
     def join(key: str, fmt: str = "{}") -> str:
         return ", ".join(fmt.format(r[key]) for r in steps)
 
     mean = lambda key: statistics.fmean(r[key] for r in steps) if steps else float("nan")  # noqa: E731
     lines = [
-        f"# {s['name']} ({'DAPO on' if s['dapo'] else 'DAPO off'})",
+        f"# {s['name']} ({mode})",
         "",
         f"Started {s['started']}; model {s['model']} (fp32 in vLLM and in the trainer); "
         f"{s['groups']} groups × {s['samples']} samples per step, ≤{s['max_tokens']} tokens per reply, "

@@ -214,3 +214,36 @@ def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_loo
     delivered = [json.loads(d) for _, d in sched.trajectories("math-demo")]
     assert delivered and all(t["reward"] is None and t["failure"]["kind"] == "infra" for t in delivered)
     assert all(t["group"] is not None for t in delivered)
+
+
+def test_named_prompts_run_exactly_those_groups_and_an_infra_failure_is_not_replaced(tmp_path):
+    """A trainer that picks its prompts (TRL) gets exactly those groups, in its order; a group lost
+    to infrastructure stays in the batch as incomplete (never replaced by another prompt, never 0)."""
+    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 2})
+    info = sched.request_batch("math-demo", prompts=[7, 3, 7])
+    assert info["target"] == 3 and info["prompts"] == [7, 3, 7]
+    assert sched.request_batch("math-demo", prompts=[7, 3, 7])["batch"] == 1  # idempotent
+    with pytest.raises(Conflict):
+        sched.request_batch("math-demo", prompts=[1, 2, 3])
+    for _ in range(5):  # prompt 3 fails until its attempts are used up
+        leases = lease_all(sched, node)
+        if not leases:
+            break
+        assert {l.prompt for l in leases} <= {7, 3}
+        report(sched, node, leases, lambda p, s: float(s % 2), infra={3})
+    snap = asyncio.run(sched.batch("math-demo", 1, include_all=True))
+    assert snap["state"] == "complete" and snap["counted"] == 2
+    assert [(g["prompt"], g["state"]) for g in snap["groups"]] == [(7, "counted"), (3, "incomplete"), (7, "counted")]
+    assert all(t["reward"] is None for t in snap["groups"][1]["samples"])
+    assert sched.request_batch("math-demo")["batch"] == 2  # the next batch (cursor order) still works
+
+
+def test_named_prompts_are_checked(tmp_path):
+    _, sched, _ = make(tmp_path, prompts=5, dapo=False, batches={"groups": 2})
+    for bad in ([], [5], [-1]):
+        with pytest.raises(BadRequest):
+            sched.request_batch("math-demo", prompts=bad)
+    (tmp_path / "dapo").mkdir()
+    _, dapo_sched, _ = make(tmp_path / "dapo", dapo=True)
+    with pytest.raises(BadRequest, match="DAPO"):
+        dapo_sched.request_batch("math-demo", prompts=[0])
