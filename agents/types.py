@@ -25,6 +25,7 @@ class AgentConfig:
     - `run_timeout`: seconds for the whole RUN stage (None = unbounded). Actions are bounded one by
       one, so hitting it means the backend or sandbox is too slow: an infrastructure failure.
     - `drift_check`: re-tokenize the decoded conversation and report mismatches in the metrics.
+    - `agent_kind`: the job's `agent.kind` ("loop": this loop; "oracle": the task's own solution).
     """
 
     max_turns: int = 4
@@ -35,6 +36,7 @@ class AgentConfig:
     action_timeout: float = 60.0
     drift_check: bool = False
     run_timeout: float | None = None
+    agent_kind: str = "loop"
 
 
 @dataclass
