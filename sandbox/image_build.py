@@ -123,6 +123,7 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
         t0 = time.monotonic()
         base = base_rootfs(cache_dir, log=log)
         work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache_dir))
+        work.chmod(0o755)  # readable by every user of a shared cache, like the base
         try:
             image = _build(parsed, context, base, work, key, timeout, log)
             image.seconds = round(time.monotonic() - t0, 2)

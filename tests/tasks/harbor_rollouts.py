@@ -1,0 +1,45 @@
+"""Oracle and no-op rollouts of every task under a directory, in real bwrap sandboxes from the tasks'
+own images: JSON `{task_id: {"oracle": reward, "noop": reward}}` on stdout. Run by test_harbor.py in
+process (as root) and as an unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import site
+import sys
+
+
+async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
+    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.types import AgentConfig, RolloutContext
+    from rolloutd.crds.trajectory import Trajectory
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    handler = get_handler("harbor")
+
+    async def one(task: dict, agent: str) -> float:
+        sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec(env=env or {})))
+        try:
+            await handler.init(task, sandbox)
+            ctx = RolloutContext(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
+            if agent == "oracle":
+                trajectory = await handler.run(task, sandbox, None, tokenizer=None,
+                                               config=AgentConfig(agent_kind="oracle"), ctx=ctx)
+            else:  # the no-op agent: hands in the untouched environment
+                trajectory = Trajectory(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
+            return (await handler.eval(task, sandbox, trajectory)).value
+        finally:
+            await sandbox.close()
+
+    tasks = handler.load(source)
+    values = await asyncio.gather(*(one(t, a) for t in tasks for a in ("oracle", "noop")))
+    return {t["id"]: {"oracle": values[2 * i], "noop": values[2 * i + 1]} for i, t in enumerate(tasks)}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        site.addsitedir(sys.argv[2])  # the project's venv, seen by an interpreter outside it
+    # an interpreter whose libpython is found through LD_LIBRARY_PATH needs it in the sandbox too
+    env = {"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]} if os.environ.get("LD_LIBRARY_PATH") else {}
+    print(json.dumps(asyncio.run(rollouts(sys.argv[1], env))))
