@@ -1,0 +1,33 @@
+"""agent.kind: the oracle job omits `llm`; any other agent without `llm.tokenizer` is refused naming the field."""
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from rolloutd.crds.rolloutjob import RolloutJob
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_harbor_oracle_example_needs_no_llm():
+    job = RolloutJob.model_validate(yaml.safe_load((ROOT / "examples/harbor/oracle-job.yaml").read_text()))
+    assert job.spec.agent.kind == "oracle" and job.spec.llm.tokenizer is None and job.spec.llm.backends == []
+
+
+@pytest.mark.parametrize("agent", [{}, {"kind": "loop"}])
+def test_an_llm_agent_without_llm_names_the_field(agent):
+    doc = yaml.safe_load((ROOT / "examples/harbor/oracle-job.yaml").read_text())
+    doc["spec"]["agent"] = agent
+    with pytest.raises(ValidationError) as e:
+        RolloutJob.model_validate(doc)
+    [error] = e.value.errors()
+    assert error["loc"] == ("spec", "llm") and "llm.tokenizer is required" in error["msg"]
+
+
+def test_unknown_agent_kind_is_refused():
+    doc = yaml.safe_load((ROOT / "examples/harbor/oracle-job.yaml").read_text())
+    doc["spec"]["agent"]["kind"] = "harness-x"
+    with pytest.raises(ValidationError) as e:
+        RolloutJob.model_validate(doc)
+    assert ("spec", "agent", "kind") in [tuple(x["loc"]) for x in e.value.errors()]
