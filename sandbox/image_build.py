@@ -112,6 +112,10 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
     context, dockerfile = find_dockerfile(Path(directory).resolve())
     build_args = dict(build_args or {})
     parsed = load_dockerfile(dockerfile, build_args)  # errors name the line before anything is built
+    for step in parsed.steps:
+        if step.op in ("COPY", "ADD"):
+            for pattern in step.args[:-1]:
+                _context_matches(context, pattern, step.line)
     cache_dir = image_cache_dir(cache)
     key = image_key(context, dockerfile, build_args)
     dest = cache_dir / key
