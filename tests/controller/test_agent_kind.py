@@ -31,3 +31,12 @@ def test_unknown_agent_kind_is_refused():
     with pytest.raises(ValidationError) as e:
         RolloutJob.model_validate(doc)
     assert ("spec", "agent", "kind") in [tuple(x["loc"]) for x in e.value.errors()]
+
+
+def test_the_api_answers_422_naming_spec_llm(bad_api):
+    doc = yaml.safe_load((ROOT / "examples/harbor/oracle-job.yaml").read_text())
+    doc["spec"]["agent"] = {"kind": "loop"}
+    r = bad_api.put(f"/apis/rolloutd.io/v1alpha1/rolloutjobs/{doc['metadata']['name']}", json=doc)
+    assert r.status_code == 422, r.text
+    assert [c["field"] for c in r.json()["details"]["causes"]] == ["spec.llm"]
+    assert "llm.tokenizer is required" in r.json()["message"]
