@@ -9,7 +9,8 @@ reused by `rolloutd.sandbox.image_build`, under a lock, once per node or shared 
 (`{"path": "tasks/hello"}`, relative to the index; optional `"id"`). A task directory holds
 `instruction.md`, `task.toml`, `environment/Dockerfile` (+ build context), `tests/test.sh` and
 optionally `solution/solve.sh`. task.toml fields read: `[agent] timeout_sec`, `[verifier] timeout_sec`
-and `env`, `[solution] env`; the rest is kept in the row (`config`).
+and `env`, `[solution] env`, `[environment] memory_mb` (or `memory = "2G"`: the sandbox's memory limit
+instead of the job's); the rest is kept in the row (`config`).
 
 In the sandbox (see image_build.py): WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
 in the sandbox's private /tmp. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
@@ -98,7 +99,10 @@ class HarborTask(TaskHandler):
         """The job's sandbox spec with the task's own image and its Dockerfile's ENV."""
         image = await self.image(task)
         task["workdir"] = image.workdir if image.writable_workdir else "/workspace"
-        return base.model_copy(update={"image": str(image.rootfs), "env": {**image.env, **base.env}})
+        update = {"image": str(image.rootfs), "env": {**image.env, **base.env}}
+        if task.get("memory_mb"):  # the task's declared need, as Harbor gives its container
+            update["memory_mb"] = task["memory_mb"]
+        return base.model_copy(update=update)
 
     async def image(self, task: dict) -> Any:
         """The task's image, built at most once per handler at a time (and once per cache, by its lock)."""
@@ -194,6 +198,7 @@ def read_task(task_dir: Path, task_id: str, where: str) -> dict:
                                      "verifier.timeout_sec"),
         "verifier_env": _env(section("verifier").get("env", {}), where, "verifier.env"),
         "solution_env": _env(section("solution").get("env", {}), where, "solution.env"),
+        "memory_mb": _memory_mb(section("environment"), where),
         "config": config,
     }
 
@@ -253,6 +258,19 @@ def _seconds(value: Any, where: str, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise DatasetError(f"{where}: task.toml {field} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def _memory_mb(environment: dict, where: str) -> int | None:
+    """[environment] memory_mb, or the older `memory = "4G"` spelling; None when absent."""
+    if "memory_mb" in environment:
+        return int(_seconds(environment["memory_mb"], where, "environment.memory_mb"))
+    memory = environment.get("memory")
+    if memory is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([MG])i?B?\s*", str(memory), re.I)
+    if not m:
+        raise DatasetError(f"{where}: task.toml environment.memory must look like '2G' or '512M', got {memory!r}")
+    return int(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1))
 
 
 def _env(value: Any, where: str, field: str) -> dict[str, str]:

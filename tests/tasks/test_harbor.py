@@ -194,7 +194,7 @@ def test_jsonl_index_and_task_toml_fields(tmp_path):
     rows = get_handler("harbor").load(index)
     assert [(r["id"], r["agent_timeout"], r["verifier_timeout"]) for r in rows] == [
         ("orders", 300.0, 120.0), ("word-count", 120.0, 60.0)]
-    assert rows[0]["config"]["environment"]["memory_mb"] == 1024
+    assert rows[0]["config"]["environment"]["memory_mb"] == rows[0]["memory_mb"] == 1024 and rows[1]["memory_mb"] == 1024
     index.write_text('{"id": "x"}\n')
     with pytest.raises(DatasetError, match=r"index.jsonl:1: field 'path'"):
         get_handler("harbor").load(index)
@@ -207,3 +207,15 @@ def test_parse_reward():
     assert parse_reward("yes", None) is None
     assert parse_reward(None, '{"a": 1, "b": 0}') is None
     assert parse_reward(None, None) is None
+
+
+def test_task_memory_becomes_the_sandbox_limit(tmp_path):
+    task = tmp_path / "tasks" / "t"
+    shutil.copytree(TASKS / "config-port", task)
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "2G"\n')
+    row = get_handler("harbor").load(tmp_path / "tasks")[0]
+    assert row["memory_mb"] == 2048
+    (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "lots"\n')
+    with pytest.raises(DatasetError, match=r"environment.memory must look like"):
+        get_handler("harbor").load(tmp_path / "tasks")
