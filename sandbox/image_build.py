@@ -124,6 +124,8 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
     with locked(dest):
         if (dest / "image.json").is_file():
             return _cached(dest)
+        for stale in cache_dir.glob(f"{key}-*"):  # a build of this key killed half-way (we hold its lock)
+            shutil.rmtree(stale, ignore_errors=True)
         t0 = time.monotonic()
         base = base_rootfs(cache_dir, log=log)
         work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache_dir))

@@ -97,6 +97,9 @@ class HarborTask(TaskHandler):
     # ------------------------------------------------------------------ INIT
     async def sandbox_spec(self, task: dict, base: Any) -> Any:
         """The job's sandbox spec with the task's own image and its Dockerfile's ENV."""
+        if base.runtime != "bwrap":
+            raise EvalError(f"harbor tasks run on sandbox.runtime bwrap (their images are root filesystems), "
+                            f"not {base.runtime!r}")
         image = await self.image(task)
         task["workdir"] = image.workdir if image.writable_workdir else "/workspace"
         update = {"image": str(image.rootfs), "env": {**image.env, **base.env}}

@@ -219,3 +219,10 @@ def test_task_memory_becomes_the_sandbox_limit(tmp_path):
     (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "lots"\n')
     with pytest.raises(DatasetError, match=r"environment.memory must look like"):
         get_handler("harbor").load(tmp_path / "tasks")
+
+
+def test_other_runtimes_are_refused_with_the_reason():
+    handler = get_handler("harbor")
+    task = handler.load(TASKS)[0]
+    with pytest.raises(EvalError, match="sandbox.runtime bwrap"):
+        asyncio.run(handler.sandbox_spec(task, SandboxSpec(runtime="process")))
