@@ -504,7 +504,7 @@ class NodeDaemon:
             max_turns=spec.agent.max_turns, max_tokens_per_turn=s.max_tokens_per_turn,
             max_total_tokens=s.max_total_tokens, tools=tools, sampling=sampling,
             action_timeout=t.action_seconds, drift_check=spec.agent.drift_check, run_timeout=t.run_seconds,
-            agent_kind=spec.agent.kind,
+            agent_kind=spec.agent.kind, agent_command=spec.agent.command,
         )
         w = spec.pipeline.workers_per_node
         self.workers = {"init": w.init, "run": w.run, "eval": w.eval}

@@ -25,7 +25,8 @@ class AgentConfig:
     - `run_timeout`: seconds for the whole RUN stage (None = unbounded). Actions are bounded one by
       one, so hitting it means the backend or sandbox is too slow: an infrastructure failure.
     - `drift_check`: re-tokenize the decoded conversation and report mismatches in the metrics.
-    - `agent_kind`: the job's `agent.kind` ("loop": this loop; "oracle": the task's own solution).
+    - `agent_kind`: the job's `agent.kind` ("loop": this loop; "oracle": the task's own solution;
+      "harness": `agent_command` through agents/gateway.py).
     """
 
     max_turns: int = 4
@@ -37,6 +38,7 @@ class AgentConfig:
     drift_check: bool = False
     run_timeout: float | None = None
     agent_kind: str = "loop"
+    agent_command: str | None = None
 
 
 @dataclass

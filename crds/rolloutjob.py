@@ -92,17 +92,31 @@ class SamplingSpec(Model):
 Tool = Literal["bash", "ipython", "editor", "submit"]
 
 
-AgentKind = Literal["loop", "oracle"]
+AgentKind = Literal["loop", "oracle", "harness"]
 LLM_FREE_AGENTS = ("oracle",)  # agent kinds that make no LLM call: `llm` may be omitted
 
 
 class AgentSpec(Model):
     kind: AgentKind = Field(default="loop", description="loop: rolloutd's multi-turn agent loop on `llm`; "
-                            "oracle: the task's reference solution (harbor: solution/solve.sh), to validate a task set")
+                            "oracle: the task's reference solution (harbor: solution/solve.sh), to validate a task set; "
+                            "harness: `command`, a black-box agent calling `llm` through an OpenAI-compatible gateway")
+    command: str | None = Field(default=None, validate_default=True,
+                                description="harness: the command line run in the sandbox (OPENAI_BASE_URL set, "
+                                            "the instruction on stdin and in $ROLLOUTD_INSTRUCTION_FILE)")
     max_turns: int = Field(default=4, ge=1)
     tools: list[Tool] = Field(default_factory=lambda: ["bash", "ipython", "editor", "submit"])
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     drift_check: bool = Field(default=False, description="re-tokenize decoded conversations and report drift")
+
+    @field_validator("command")
+    @classmethod
+    def _command_for_harness(cls, command: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind", "loop")
+        if kind == "harness" and not (command and command.strip()):
+            raise ValueError("agent.kind harness needs agent.command (the harness's command line)")
+        if kind != "harness" and command is not None:
+            raise ValueError(f"agent.command is only for agent.kind harness, not {kind!r}")
+        return command
 
 
 class BackendSpec(Model):

@@ -126,7 +126,14 @@ class HarborTask(TaskHandler):
 
     # ------------------------------------------------------------------ RUN
     async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
-        if getattr(config, "agent_kind", "loop") != "oracle":
+        kind = getattr(config, "agent_kind", "loop")
+        if kind == "harness":
+            from .harness import run_harness  # the gateway's side: only harness jobs load it
+
+            return await run_harness(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx,
+                                     workdir=task.get("workdir", "/workspace"),
+                                     timeout=_limit(task["agent_timeout"], getattr(config, "run_timeout", None)))
+        if kind != "oracle":
             return await super().run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         solution = Path(task["path"]) / "solution"
         if not (solution / "solve.sh").is_file():

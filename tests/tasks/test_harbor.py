@@ -20,12 +20,11 @@ import pytest
 from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
 from rolloutd.agents.tasks.harbor import parse_reward
 from rolloutd.crds.trajectory import Trajectory
-from rolloutd.sandbox import SandboxSpec, get_runtime
+from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
 from rolloutd.sandbox.rootfs import image_cache_dir
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harbor_rollouts import rollouts  # noqa: E402  (also run as a script, as another user)
+from harbor_rollouts import rollouts, task_sandbox  # tests/ (also run as a script, as another user)
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "harbor" / "tasks"
@@ -61,15 +60,11 @@ def test_image_is_the_dockerfiles(built):
     task = {t["id"]: t for t in handler.load(TASKS)}["config-port"]
 
     async def main():
-        sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec()))
-        try:
-            await handler.init(task, sandbox)
+        async with task_sandbox(handler, task) as sandbox:
             output = (await sandbox.bash("cd /opt/webapp-work && pwd && echo $APP_HOME && touch written && "
                                          "grep -c bookworm /etc/os-release && python3 -c 'import pytest' && "
                                          "echo ok")).output
             return output, await handler.image(task)
-        finally:
-            await sandbox.close()
 
     output, image = asyncio.run(main())
     assert output.split() == ["/opt/webapp-work", "/opt/webapp-work", "3", "ok"]
@@ -98,13 +93,9 @@ def test_a_verifier_without_a_reward_is_infra_not_0(built, tmp_path, test_sh, wh
     task = handler.load(_copy_task(tmp_path, test_sh))[0]
 
     async def main():
-        sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec()))
-        try:
-            await handler.init(task, sandbox)
+        async with task_sandbox(handler, task) as sandbox:
             await sandbox.bash("echo '{\"orders\": 4, \"total\": 50.74}' > /app/total.json")  # a right answer
             return await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
-        finally:
-            await sandbox.close()
 
     with pytest.raises(EvalError, match=why):
         asyncio.run(main())
@@ -115,14 +106,10 @@ def test_the_agent_cannot_plant_the_reward_or_the_tests(built):
     task = {t["id"]: t for t in handler.load(TASKS)}["csv-total"]
 
     async def main():
-        sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec()))
-        try:
-            await handler.init(task, sandbox)
+        async with task_sandbox(handler, task) as sandbox:
             await sandbox.bash("echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; "
                                "printf 'def test_ok():\\n    pass\\n' > /tests/test_outputs.py")
             return await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
-        finally:
-            await sandbox.close()
 
     assert asyncio.run(main()).value == 0.0
 
@@ -167,7 +154,7 @@ def test_oracle_1_noop_0_as_an_unprivileged_user(built):
         (shared / "sandboxes").mkdir(mode=0o700)
         os.chown(shared / "sandboxes", user.pw_uid, user.pw_gid)
         proc = subprocess.run([shutil.which("runuser"), "-u", user.pw_name, "--", str(interpreter),
-                               str(Path(__file__).parent / "harbor_rollouts.py"), str(TASKS), site_dir],
+                               str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(TASKS), site_dir],
                               env=env, capture_output=True, text=True, timeout=600, cwd=shared)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout) == EXPECTED

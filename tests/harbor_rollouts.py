@@ -1,27 +1,39 @@
-"""Oracle and no-op rollouts of every task under a directory, in real bwrap sandboxes from the tasks'
-own images: JSON `{task_id: {"oracle": reward, "noop": reward}}` on stdout. Run by test_harbor.py in
-process (as root) and as an unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`)."""
+"""Harbor task rollouts for tests: `task_sandbox` (a task's sandbox from its own image, INIT done) and
+`rollouts` (oracle and no-op rollouts of every task under a directory: JSON `{task_id: {"oracle": reward,
+"noop": reward}}` on stdout). Used by tests/tasks/test_harbor.py in process (as root) and as an
+unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`), and by tests/agents/test_gateway.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import site
 import sys
 
 
+@contextlib.asynccontextmanager
+async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None):
+    """A bwrap sandbox in the task's image, INIT done; closed on the way out."""
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec(env=env or {})))
+    try:
+        await handler.init(task, sandbox)
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
 async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
     from rolloutd.agents.tasks import get_handler
     from rolloutd.agents.types import AgentConfig, RolloutContext
     from rolloutd.crds.trajectory import Trajectory
-    from rolloutd.sandbox import SandboxSpec, get_runtime
 
     handler = get_handler("harbor")
 
     async def one(task: dict, agent: str) -> float:
-        sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec(env=env or {})))
-        try:
-            await handler.init(task, sandbox)
+        async with task_sandbox(handler, task, env) as sandbox:
             ctx = RolloutContext(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
             if agent == "oracle":
                 trajectory = await handler.run(task, sandbox, None, tokenizer=None,
@@ -29,8 +41,6 @@ async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
             else:  # the no-op agent: hands in the untouched environment
                 trajectory = Trajectory(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
             return (await handler.eval(task, sandbox, trajectory)).value
-        finally:
-            await sandbox.close()
 
     tasks = handler.load(source)
     values = await asyncio.gather(*(one(t, a) for t in tasks for a in ("oracle", "noop")))
