@@ -105,6 +105,7 @@ class Gateway:
         self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
+        self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self._server: Any = None
         self._task: asyncio.Task | None = None
 

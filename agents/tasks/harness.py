@@ -67,7 +67,7 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
         "harness_timed_out": bool(result.timed_out),
         "harness_output": result.output[-1000:],
     }
-    error = getattr(gateway, "backend_error", None)
+    error = gateway.backend_error
     if error:
         t.failure = Failure(kind=FailureKind.infra, reason=f"RUN: an LLM call through the gateway failed: {error}")
     elif result.timed_out:

@@ -105,3 +105,30 @@ def test_black_box_harness_through_the_gateway_is_token_exact(tiny_engine):
         rescored = [r["prompt_logprobs"][i][str(seg["token_ids"][i])]["logprob"] for i in generated]
         assert rescored == pytest.approx([seg["logprobs"][i] for i in generated], abs=1e-3)
     assert reward.value == 0.0  # the harness never solved the task: EVAL scores it like any agent
+
+
+def test_a_backend_failure_behind_a_call_is_infra():
+    """The backend fails (a real sandbox and gateway; an LLM double that raises): the harness sees a
+    502 and the rollout is infra, never an agent failure or a reward."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    from rolloutd.agents.llm import BackendError
+
+    class DownLLM:
+        async def generate(self, prompt_ids, sampling, request_id):
+            raise BackendError("connection refused")
+
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.write_file("/tmp/harness.py", HARNESS)
+            config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
+                                 sampling=SamplingParams(max_tokens=8))
+            return await handler.run(task, sandbox, DownLLM(), tokenizer=ChatTokenizer(model_dir("tiny")),
+                                     config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0))
+
+    trajectory = asyncio.run(go())
+    assert trajectory.failure.kind.value == "infra" and "connection refused" in trajectory.failure.reason
+    assert trajectory.metrics["gateway_calls"] == 0 and trajectory.token_ids == []
