@@ -476,7 +476,7 @@ class NodeDaemon:
 
     async def _load_tokenizer(self) -> None:
         """In a thread: importing transformers and reading a tokenizer blocks for seconds."""
-        if self._tokenizer is not None:
+        if self._tokenizer is not None or self.spec.llm.tokenizer is None:  # None: an agent without LLM (oracle)
             return
         path = self.spec.llm.tokenizer
 
@@ -518,6 +518,7 @@ class NodeDaemon:
             max_turns=spec.agent.max_turns, max_tokens_per_turn=s.max_tokens_per_turn,
             max_total_tokens=s.max_total_tokens, tools=tools, sampling=sampling,
             action_timeout=t.action_seconds, drift_check=spec.agent.drift_check, run_timeout=t.run_seconds,
+            agent_kind=spec.agent.kind, agent_command=spec.agent.command,
         )
         w = spec.pipeline.workers_per_node
         self.workers = {"init": w.init, "run": w.run, "eval": w.eval}
@@ -531,7 +532,9 @@ class NodeDaemon:
         # a handler whose EVAL takes a fresh sandbox (swe) gets one started as RUN ends
         self._eval_takes_sandbox = self._needs_sandbox and "sandbox_factory" in params
         if self._needs_sandbox:  # last: nothing after it can fail and leave the pool running
-            self._pool = WarmPool(self._runtime, self._sandbox_spec, spec.sandbox.warm)
+            # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
+            warm = 0 if hasattr(self._handler, "sandbox_spec") else spec.sandbox.warm
+            self._pool = WarmPool(self._runtime, self._sandbox_spec, warm)
             self._pool.start()
         self.log.info("job %s: tasks %s, sandbox %s (%s, %d warm), pools init=%d run=%d eval=%d", self.opts.job,
                       spec.tasks.kind, spec.sandbox.runtime if self._needs_sandbox else "none",
@@ -681,9 +684,9 @@ class NodeDaemon:
             t0 = time.monotonic()
             r.waits["run"] = t0 - t_wait
             try:
-                if r.backend is None:
+                if r.backend is None and self.spec.llm.tokenizer is not None:
                     raise _Infra("no LLM backend is pinned to this task and the job lists none")
-                r.llm = TrackedLLM(self._llm(r.backend), self.gate)
+                r.llm = TrackedLLM(self._llm(r.backend), self.gate) if r.backend is not None else None
                 ctx = RolloutContext(
                     job=self.opts.job, prompt=lease.prompt, sample=lease.sample, task_id=self._task_id(task),
                     node=self.name, policy_version=lease.policy_version, backend=r.backend, attempt=lease.attempt,
@@ -759,17 +762,22 @@ class NodeDaemon:
 
     async def _init(self, r: Rollout) -> None:
         if self._needs_sandbox:
-            r.sandbox = await self._create_sandbox()
+            per_task = getattr(self._handler, "sandbox_spec", None)  # e.g. harbor: the task's own image
+            if per_task is not None:
+                spec = await per_task(r.lease.task, self._sandbox_spec)
+                r.sandbox = await self._create_sandbox(lambda: self._runtime.create(spec))
+            else:
+                r.sandbox = await self._create_sandbox()
         await self._handler.init(r.lease.task, r.sandbox)
 
     def _start_sandbox(self) -> asyncio.Task:
         """A sandbox for one rollout: from the warm pool (a fresh, already-started one), or created cold."""
         return self._spawn(self._pool.acquire())
 
-    async def _create_sandbox(self) -> Any:
-        """A new sandbox. Its start-up is never cancelled half-way (rolloutd.sandbox would leave its
-        directory behind): if we are cancelled meanwhile, it is closed as soon as it is up."""
-        task = self._start_sandbox()
+    async def _create_sandbox(self, create: Any = None) -> Any:
+        """A new sandbox (`create()`, default the warm pool). Its start-up is never cancelled half-way
+        (rolloutd.sandbox would leave its directory behind): if cancelled meanwhile, it is closed once up."""
+        task = self._spawn(create()) if create is not None else self._start_sandbox()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -27,6 +27,8 @@ class AgentConfig:
     - `drift_check`: re-tokenize the decoded conversation and report mismatches in the metrics.
     - `backend_wait`: seconds to wait for a backend that stopped answering before the turn fails
       as `infra` (None = as long as the RUN budget allows).
+    - `agent_kind`: the job's `agent.kind` ("loop": this loop; "oracle": the task's own solution;
+      "harness": `agent_command` through agents/gateway.py).
     """
 
     max_turns: int = 4
@@ -38,6 +40,8 @@ class AgentConfig:
     drift_check: bool = False
     run_timeout: float | None = None
     backend_wait: float | None = None
+    agent_kind: str = "loop"
+    agent_command: str | None = None
 
 
 @dataclass

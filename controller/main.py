@@ -12,6 +12,7 @@ import typer
 
 from rolloutd.agents.cli import register as register_agent_commands
 from rolloutd.sandbox.cli import app as sandbox_app
+from rolloutd.sandbox.image_cli import app as image_app
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
@@ -19,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
+app.add_typer(image_app, name="image", help="Build root filesystem images from Dockerfiles (rolloutd image build DIR).")
 register_agent_commands(app)
 
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
 from .mounts import check_mount_paths
@@ -109,11 +109,31 @@ class SamplingSpec(Model):
 Tool = Literal["bash", "ipython", "editor", "submit"]
 
 
+AgentKind = Literal["loop", "oracle", "harness"]
+LLM_FREE_AGENTS = ("oracle",)  # agent kinds that make no LLM call: `llm` may be omitted
+
+
 class AgentSpec(Model):
+    kind: AgentKind = Field(default="loop", description="loop: rolloutd's multi-turn agent loop on `llm`; "
+                            "oracle: the task's reference solution (harbor: solution/solve.sh), to validate a task set; "
+                            "harness: `command`, a black-box agent calling `llm` through an OpenAI-compatible gateway")
+    command: str | None = Field(default=None, validate_default=True,
+                                description="harness: the command line run in the sandbox (OPENAI_BASE_URL set, "
+                                            "the instruction on stdin and in $ROLLOUTD_INSTRUCTION_FILE)")
     max_turns: int = Field(default=4, ge=1)
     tools: list[Tool] = Field(default_factory=lambda: ["bash", "ipython", "editor", "submit"])
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     drift_check: bool = Field(default=False, description="re-tokenize decoded conversations and report drift")
+
+    @field_validator("command")
+    @classmethod
+    def _command_for_harness(cls, command: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("kind", "loop")
+        if kind == "harness" and not (command and command.strip()):
+            raise ValueError("agent.kind harness needs agent.command (the harness's command line)")
+        if kind != "harness" and command is not None:
+            raise ValueError(f"agent.command is only for agent.kind harness, not {kind!r}")
+        return command
 
 
 class BackendSpec(Model):
@@ -122,7 +142,8 @@ class BackendSpec(Model):
 
 
 class LLMSpec(Model):
-    tokenizer: str = Field(description="Hugging Face tokenizer directory (the model's own chat template)")
+    tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer directory (the model's own chat "
+                                  "template); required unless agent.kind makes no LLM call (oracle)")
     model: str | None = Field(default=None, description="model name sent to the backends (default: discovered)")
     backends: list[BackendSpec] = Field(default_factory=list)
 
@@ -228,7 +249,7 @@ class RolloutJobSpec(Model):
     tasks: TasksSpec
     samples_per_prompt: int = Field(default=1, ge=1, le=1024)
     agent: AgentSpec = Field(default_factory=AgentSpec)
-    llm: LLMSpec
+    llm: LLMSpec = Field(default_factory=LLMSpec, validate_default=True)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
@@ -236,6 +257,16 @@ class RolloutJobSpec(Model):
     batches: BatchesSpec | None = None
     policy: PolicySpec = Field(default_factory=PolicySpec)
     timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+
+    @field_validator("llm")
+    @classmethod
+    def _llm_needed(cls, llm: LLMSpec, info: ValidationInfo) -> LLMSpec:
+        agent = info.data.get("agent")
+        kind = agent.kind if agent is not None else "loop"
+        if llm.tokenizer is None and kind not in LLM_FREE_AGENTS:
+            raise ValueError(f"llm.tokenizer is required: agent.kind {kind!r} calls an LLM "
+                             f"(only agent.kind {' or '.join(LLM_FREE_AGENTS)} may omit llm)")
+        return llm
 
     @property
     def batch_mode(self) -> bool:

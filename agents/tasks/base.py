@@ -136,6 +136,9 @@ class TaskHandler(ABC):
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
 
+        kind = getattr(config, "agent_kind", "loop")
+        if kind != "loop":
+            raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
             self.messages(task, list(config.tools)),
             sandbox=sandbox, llm=llm, tokenizer=tokenizer, config=config, ctx=ctx,

@@ -15,7 +15,7 @@ from rolloutd.crds.trajectory import Trajectory
 
 
 def test_builtins_resolve_through_entry_points():
-    assert {"math", "stem", "code", "swe"} <= set(known_kinds())
+    assert {"math", "stem", "code", "swe", "harbor"} <= set(known_kinds())
     assert isinstance(get_handler("math"), MathTask)
     assert isinstance(get_handler("stem"), StemTask)
     assert isinstance(get_handler("code"), CodeTask)
@@ -24,7 +24,7 @@ def test_builtins_resolve_through_entry_points():
 
 
 def test_unknown_kind_lists_the_known_ones():
-    with pytest.raises(UnknownTaskKind, match=r"unknown task kind 'poetry'; known kinds: .*code, math, stem, swe"):
+    with pytest.raises(UnknownTaskKind, match=r"unknown task kind 'poetry'; known kinds: .*code, harbor, math, stem, swe"):
         get_handler("poetry")
 
 

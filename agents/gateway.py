@@ -1,0 +1,262 @@
+"""The per-rollout OpenAI-compatible gateway for black-box harnesses: text in, token ids recorded.
+
+Where it sits: a handler's RUN for `agent.kind: harness` (agents/tasks/harbor.py) starts one
+`Gateway` per rollout on a Unix socket in the sandbox's control directory (`/.rolloutd` inside), a
+relay inside the sandbox (`RELAY`) serves it on the sandbox's own loopback, and the harness gets
+`OPENAI_BASE_URL`. Every call is rendered with the model's chat template (agents/tokenizer.py), sent
+token-in/token-out to the rollout's pinned backend (agents/llm.py) and recorded; `stitch` turns the
+calls into the trajectory's token sequence. Next step: the trajectory goes to EVAL like any other.
+
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (tools: `<tool_call>{json}</tool_call>` in
+the model's text, Hermes/Qwen style, becomes `tool_calls`; `stream: true` answers in server-sent
+events, the whole completion in one chunk), `POST /v1/completions` (a text or token-id prompt).
+Sampling is the job's (`agent.sampling`), not the harness's: the policy's distribution is the
+trainer's to choose; the harness's `max_tokens` only lowers the job's limit.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .llm import BackendError, SamplingParams, derive_seed
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+# Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2).
+RELAY = r"""
+import asyncio, sys
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data); await w.drain()
+    finally:
+        w.close()
+async def serve(cr, cw):
+    ur, uw = await asyncio.open_unix_connection(sys.argv[1])
+    await asyncio.gather(pipe(cr, uw), pipe(ur, cw), return_exceptions=True)
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[2]))
+    print("relay ready", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+@dataclass
+class Call:
+    """One LLM call the harness made, exactly as the engine saw and produced it."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class Segment:
+    """A run of calls each extending the previous tokens: one token sequence with its loss mask."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    prompt_length: int = 0
+    calls: int = 0
+    drift: bool = False  # started because a re-tokenized history no longer matched the recorded ids
+
+
+def stitch(calls: list[Call], decode=None) -> list[Segment]:
+    """Calls → segments. A call whose prompt starts with the segment's tokens continues it (the new
+    prompt tokens get mask 0, the generated ones mask 1); any other starts a new segment. With
+    `decode`, a new segment whose text still starts with the previous one's is marked `drift` (the
+    harness kept the history, the tokens changed) rather than a rewrite (summarised, truncated)."""
+    segments: list[Segment] = []
+    for call in calls:
+        cur = segments[-1] if segments else None
+        if cur is not None and call.prompt_ids[: len(cur.token_ids)] == cur.token_ids:
+            extra = call.prompt_ids[len(cur.token_ids):]
+        else:
+            drift = bool(cur is not None and decode is not None
+                         and decode(call.prompt_ids).startswith(decode(cur.token_ids)))
+            cur = Segment(prompt_length=len(call.prompt_ids), drift=drift)
+            segments.append(cur)
+            extra = call.prompt_ids
+        cur.token_ids += extra
+        cur.loss_mask += [0] * len(extra)
+        cur.logprobs += [None] * len(extra)
+        cur.token_ids += call.token_ids
+        cur.loss_mask += [1] * len(call.token_ids)
+        cur.logprobs += list(call.logprobs)
+        cur.calls += 1
+    return segments
+
+
+class Gateway:
+    """An OpenAI-compatible server over a Unix socket, for one rollout. `calls` records every call."""
+
+    def __init__(self, llm: Any, tokenizer: Any, sampling: SamplingParams, *, model: str = "policy",
+                 seed_parts: tuple = (), request_prefix: str = "gw") -> None:
+        self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
+        self.seed_parts, self.request_prefix = seed_parts, request_prefix
+        self.calls: list[Call] = []
+        self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, socket_path: str | Path) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(self._app(), uds=str(socket_path), log_level="warning", lifespan="off",
+                                access_log=False)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the node daemon owns the signals
+        self._task = asyncio.create_task(self._server.serve(), name="gateway")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True  # in-flight calls end with the harness (cancelled, aborted)
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 5)
+
+    # ------------------------------------------------------------------ the calls
+    async def generate(self, prompt_ids: list[int], max_tokens: Any) -> Call:
+        index = len(self.calls)
+        limit = self.sampling.max_tokens
+        if isinstance(max_tokens, int) and max_tokens > 0:
+            limit = min(limit, max_tokens)
+        sampling = self.sampling.model_copy(update={
+            "max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)})
+        request_id = f"{self.request_prefix}-{index}-{uuid.uuid4().hex[:8]}"
+        gen = await self.llm.generate(list(prompt_ids), sampling, request_id)
+        call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason)
+        self.calls.append(call)
+        return call
+
+    def _app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
+
+        async def chat(request):
+            body = await _json(request)
+            messages = [_plain(m) for m in body.get("messages") or []]
+            if not messages:
+                return _error(400, "messages is required")
+            prompt = self.tokenizer.encode_chat(messages, tools=body.get("tools") or None)
+            call = await self._call(prompt, body.get("max_completion_tokens") or body.get("max_tokens"))
+            if isinstance(call, JSONResponse):
+                return call
+            text = self.tokenizer.decode_content(call.token_ids)
+            content, tool_calls = parse_tool_calls(text) if body.get("tools") else (text, [])
+            finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
+            message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
+                     "total_tokens": len(prompt) + len(call.token_ids)}
+            head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": self.model}
+            if body.get("stream"):
+                chunks = [{**head, "object": "chat.completion.chunk",
+                           "choices": [{"index": 0, "delta": message, "finish_reason": None}]},
+                          {**head, "object": "chat.completion.chunk",
+                           "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage}]
+                return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+            return JSONResponse({**head, "object": "chat.completion", "usage": usage,
+                                 "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+
+        async def completions(request):
+            body = await _json(request)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode_text(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+                ids = prompt
+            else:
+                return _error(400, "prompt must be a string or a list of token ids")
+            call = await self._call(ids, body.get("max_tokens"))
+            if isinstance(call, JSONResponse):
+                return call
+            return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
+                                 "created": int(time.time()), "model": self.model,
+                                 "choices": [{"index": 0, "text": self.tokenizer.decode(call.token_ids),
+                                              "finish_reason": call.finish_reason}],
+                                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
+                                           "total_tokens": len(ids) + len(call.token_ids)}})
+
+        return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
+                                 Route("/v1/completions", completions, methods=["POST"])])
+
+    async def _call(self, prompt: list[int], max_tokens: Any):
+        from starlette.responses import JSONResponse
+
+        try:
+            return await self.generate(prompt, max_tokens)
+        except BackendError as e:  # the harness sees a 502; the rollout's RUN reports it as infra
+            self.backend_error = str(e)
+            return JSONResponse({"error": {"message": f"backend: {e}", "type": "backend_error"}}, status_code=502)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks → OpenAI `tool_calls`."""
+    calls = []
+    for m in _TOOL_CALL.finditer(text):
+        try:
+            data = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            arguments = data.get("arguments", {})
+            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                          "function": {"name": data["name"], "arguments": json.dumps(arguments)
+                                       if not isinstance(arguments, str) else arguments}})
+    if not calls:
+        return text, []
+    content = _TOOL_CALL.sub("", text).strip()
+    return content or None, calls
+
+
+def _plain(message: dict) -> dict:
+    """Content parts (`[{"type": "text", "text": ...}]`) joined into one string for the template."""
+    content = message.get("content")
+    if isinstance(content, list):
+        message = {**message, "content": "".join(p.get("text", "") for p in content if isinstance(p, dict))}
+    return message
+
+
+async def _json(request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _error(status: int, message: str):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+
+async def _sse(chunks: list[dict]):
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+__all__ = ["Call", "Gateway", "RELAY", "Segment", "parse_tool_calls", "stitch"]

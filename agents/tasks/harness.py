@@ -1,0 +1,91 @@
+"""RUN for `agent.kind: harness`: a black-box agent command in the sandbox, its LLM calls through the
+per-rollout gateway (agents/gateway.py), the trajectory stitched from the recorded calls.
+
+Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rollout's sandbox, its
+pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
+`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` (a relay on the sandbox's own loopback to the gateway's
+socket in /.rolloutd: the sandbox still has no network), `OPENAI_API_KEY`, the instruction on stdin
+and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
+
+Trajectory: one segment (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
+`logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
+`metrics["segments"]` holds every segment (never a silently re-tokenized sequence). A backend error
+behind any call makes the rollout `infra`.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rolloutd.agents.gateway import RELAY, Gateway, stitch
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory, Turn
+
+from .base import stash_answer
+
+PORT = 41400          # on the sandbox's private loopback: no clash between sandboxes
+SESSION = {"session": "rolloutd-gateway"}
+INSTRUCTION = "/tmp/.harbor/instruction.md"
+
+
+async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any,
+                      workdir: str, timeout: float) -> Trajectory:
+    gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
+                      request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
+    await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")
+    try:
+        await sandbox.write_file(INSTRUCTION, task["instruction"])
+        relay = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} /.rolloutd/gateway.sock {PORT} "
+                 f"> /tmp/.harbor/relay.log 2>&1 &\nfor i in $(seq 200); do grep -q ready /tmp/.harbor/relay.log "
+                 f"&& exit 0; sleep 0.02; done; cat /tmp/.harbor/relay.log; exit 1")
+        started = await sandbox.bash(f"bash -c {shlex.quote(relay)}", timeout=30, **SESSION)
+        if started.exit_code != 0:
+            raise RuntimeError(f"the gateway relay did not start in the sandbox: {started.output[-500:]}")
+        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1", "OPENAI_API_BASE": f"http://127.0.0.1:{PORT}/v1",
+               "OPENAI_API_KEY": "rolloutd", "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+        result = await sandbox.bash(f"{exports}cd {shlex.quote(workdir)} && ({config.agent_command}) < {INSTRUCTION} "
+                                    f"> /logs/agent/harness.txt 2>&1; echo \"harness-exit=$?\"", timeout=timeout)
+    finally:
+        await gateway.stop()
+    return _trajectory(gateway, tokenizer, ctx, result)
+
+
+def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Trajectory:
+    segments = stitch(gateway.calls, decode=tokenizer.decode)
+    t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
+                   attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
+    if len(segments) == 1:
+        seg = segments[0]
+        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length = seg.token_ids, seg.loss_mask, seg.logprobs, seg.prompt_length
+        t.turns = _turns(seg.loss_mask, gateway)
+    t.metrics = {
+        "gateway_calls": len(gateway.calls),
+        "segments": [{"token_ids": s.token_ids, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
+                      "prompt_length": s.prompt_length, "calls": s.calls, "drift": s.drift} for s in segments],
+        "harness_timed_out": bool(result.timed_out),
+        "harness_output": result.output[-1000:],
+    }
+    error = gateway.backend_error
+    if error:
+        t.failure = Failure(kind=FailureKind.infra, reason=f"RUN: an LLM call through the gateway failed: {error}")
+    elif result.timed_out:
+        t.failure = Failure(kind=FailureKind.agent, reason="the harness did not finish within its time")
+    return stash_answer(t, submitted=None, final_text="")
+
+
+def _turns(mask: list[int], gateway: Gateway) -> list[Turn]:
+    """Generated runs of the single segment, one per call, with the call's finish reason."""
+    turns, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            turns.append([start, i])
+            start = None
+    calls = [c for c in gateway.calls if c.token_ids]
+    return [Turn(generated_start=a, generated_end=b, finish_reason=c.finish_reason) for (a, b), c in zip(turns, calls)]
+
+
+__all__ = ["run_harness"]

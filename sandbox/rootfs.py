@@ -1,0 +1,177 @@
+"""Root filesystems for `rolloutd image build`: the cached Debian bookworm base, and bwrap steps in a rootfs.
+
+Where it sits: `image_build.build_image` asks `base_rootfs(cache)` for the base (made once per set
+of parameters with mmdebstrap, else debootstrap) and copies it; `run_in_rootfs` executes one
+Dockerfile step inside a copy (writable, network for the build only). Image *use* is bwrap.py's.
+
+Builds run as root with Docker's default capability set (no CAP_SYS_ADMIN: a step cannot mount);
+as an unprivileged user the base needs mmdebstrap's unshare mode (subuid ranges) and steps run as
+root of a user namespace that maps only that user (a package chown-ing to another uid fails there).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+SOURCES = (f"deb {MIRROR} {SUITE} main", f"deb {MIRROR} {SUITE}-updates main",
+           f"deb http://deb.debian.org/debian-security {SUITE}-security main")
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+# Docker's default capabilities for a build step (moby's oci/caps/defaults.go)
+DOCKER_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
+               "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+
+
+class ImageBuildError(RuntimeError):
+    """An image could not be built: a step failed, a tool is missing, the base could not be made."""
+
+
+def image_cache_dir(override: str | Path | None = None) -> Path:
+    """Where images live: `override`, else $ROLLOUTD_IMAGE_DIR (e.g. a cluster filesystem), else
+    ~/.cache/rolloutd/images."""
+    path = override or os.environ.get("ROLLOUTD_IMAGE_DIR") or Path.home() / ".cache" / "rolloutd" / "images"
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`.lock: one builder per image, across processes and nodes sharing `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def base_params() -> dict:
+    return {"suite": SUITE, "variant": "minbase", "packages": list(BASE_PACKAGES), "sources": list(SOURCES),
+            "format": 1}
+
+
+def base_rootfs(cache: Path, *, log=print) -> Path:
+    """The base root filesystem for these parameters, built once (under a lock) and then reused."""
+    params = base_params()
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    home = cache / f"base-{key}"
+    done = home / "base.json"
+    if done.is_file():
+        return home / "rootfs"
+    with locked(home):
+        if done.is_file():
+            return home / "rootfs"
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=home))
+        t0 = time.monotonic()
+        log(f"building the {SUITE} base root filesystem (once; {', '.join(BASE_PACKAGES)}) in {home}")
+        _bootstrap(work / "rootfs")
+        (work / "rootfs").rename(home / "rootfs")
+        shutil.rmtree(work, ignore_errors=True)
+        done.write_text(json.dumps({**params, "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+        return home / "rootfs"
+
+
+def _bootstrap(target: Path) -> None:
+    include = ",".join(BASE_PACKAGES)
+    if shutil.which("mmdebstrap"):
+        mode = "root" if os.geteuid() == 0 else "unshare"
+        argv = ["mmdebstrap", f"--mode={mode}", "--variant=minbase", f"--include={include}", SUITE, str(target), *SOURCES]
+    elif shutil.which("debootstrap") and os.geteuid() == 0:
+        argv = ["debootstrap", "--variant=minbase", f"--include={include}", SUITE, str(target), MIRROR]
+    else:
+        raise ImageBuildError("no way to make a Debian root filesystem: install mmdebstrap (bash .ci/system-packages.sh)"
+                              + ("" if os.geteuid() == 0 else "; as a non-root user it needs subuid ranges"))
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageBuildError(f"{argv[0]} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    if argv[0] == "debootstrap":  # mmdebstrap writes the sources itself
+        (target / "etc/apt/sources.list").write_text("\n".join(SOURCES) + "\n")
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """A full copy (reflinks where the filesystem has them): steps may rewrite files in place."""
+    proc = subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dest)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ImageBuildError(f"cannot copy {src} to {dest}: {proc.stderr[-1000:]}")
+
+
+def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: str = "/", network: bool = True,
+                  binds: list[tuple[str, str]] = (), user: tuple[int, int] | None = None,
+                  timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run `argv` with `rootfs` as a writable root: a Dockerfile step. Output is returned, not raised."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise ImageBuildError("bwrap is not installed (bash .ci/system-packages.sh)")
+    opts = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if os.geteuid() == 0:
+        opts += ["--cap-drop", "ALL", *(a for c in DOCKER_CAPS for a in ("--cap-add", f"CAP_{c}"))]
+    else:
+        opts += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL"]
+    if not network:
+        opts.append("--unshare-net")
+    opts += ["--bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    if network:  # the host's resolver and trust store (a site's TLS-intercepting proxy CA included)
+        for path in ("/etc/resolv.conf", CA_BUNDLE):
+            if Path(path).exists() and (path == "/etc/resolv.conf" or (rootfs / path.lstrip("/")).exists()):
+                opts += ["--ro-bind", os.path.realpath(path), path]
+        env = {**{k: v for k, v in os.environ.items() if k.lower() in PROXY_VARS}, **env}
+    for src, dest in binds:
+        opts += ["--ro-bind", src, dest]
+    opts += ["--clearenv", *(a for k, v in env.items() for a in ("--setenv", k, v)), "--chdir", cwd]
+    if user is not None:  # USER: drop to it inside, as Docker does for the following RUN steps
+        argv = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--init-groups", *argv]
+    try:
+        return subprocess.run([*opts, "--", *argv], capture_output=True, text=True, errors="replace", timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise ImageBuildError(f"the step did not finish within {timeout:g}s") from e
+
+
+def lookup_user(rootfs: Path, spec: str) -> tuple[int, int]:
+    """(uid, gid) of a USER spec (`name`, `uid`, `name:group`, `uid:gid`) from the rootfs' own databases."""
+    name, _, group = spec.partition(":")
+    passwd = _table(rootfs / "etc/passwd")
+    groups = _table(rootfs / "etc/group")
+    if name.isdigit():
+        uid = int(name)
+        gid = next((int(f[3]) for f in passwd.values() if f[2] == name), uid)
+    elif name in passwd:
+        uid, gid = int(passwd[name][2]), int(passwd[name][3])
+    else:
+        raise ImageBuildError(f"user {name!r} does not exist in the image (create it in a RUN step first)")
+    if group:
+        if group.isdigit():
+            gid = int(group)
+        elif group in groups:
+            gid = int(groups[group][2])
+        else:
+            raise ImageBuildError(f"group {group!r} does not exist in the image")
+    return uid, gid
+
+
+def _table(path: Path) -> dict[str, list[str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return {f[0]: f for f in (line.split(":") for line in lines) if len(f) >= 4}
+
+
+__all__ = ["ImageBuildError", "base_rootfs", "copy_tree", "image_cache_dir", "locked", "lookup_user", "run_in_rootfs"]

@@ -1,0 +1,134 @@
+"""The harness gateway (agents/gateway.py, agents/tasks/harness.py): stitching rules, and a black-box
+harness — a stdlib script that only knows OPENAI_BASE_URL — run in a Harbor task's sandbox against the
+real tiny vLLM engine: every call is recorded token-exactly (the engine re-scores the stitched ids to
+the recorded logprobs), a rewritten history starts a new segment, the sandbox keeps no network."""
+import asyncio
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rolloutd.agents.gateway import Call, parse_tool_calls, stitch
+from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.models import model_dir
+from rolloutd.agents.tasks import get_handler
+from rolloutd.agents.tokenizer import ChatTokenizer
+from rolloutd.agents.types import AgentConfig, RolloutContext
+
+from harbor_rollouts import task_sandbox  # tests/
+
+TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
+
+HARNESS = r'''
+import json, os, sys, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+def post(path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=120).read().decode()
+task = sys.stdin.read()
+msgs = [{"role": "user", "content": task}]
+first = json.loads(post("/chat/completions", {"model": "any", "messages": msgs, "max_tokens": 8}))
+msgs += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+second = json.loads(post("/chat/completions", {"model": "any", "messages": msgs, "max_tokens": 8}))
+# the harness summarises: a rewritten history, streamed
+stream = post("/chat/completions", {"messages": [{"role": "user", "content": "Summary: count words."}], "stream": True})
+chunks = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+models = json.loads(urllib.request.urlopen(base + "/models").read())
+try:
+    urllib.request.urlopen("http://example.org", timeout=5)
+    net = "reachable"
+except Exception:
+    net = "unreachable"
+print(json.dumps({"finish": [first["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["finish_reason"]],
+                  "model": models["data"][0]["id"], "net": net}))
+'''
+
+
+def test_stitch_continues_extensions_and_splits_rewrites():
+    calls = [Call([1, 2], [3, 4], [-0.1, -0.2], "stop"),
+             Call([1, 2, 3, 4, 5], [6], [-0.3], "stop"),       # extends: +5 as context, 6 generated
+             Call([9, 1], [7], [-0.4], "length")]              # rewritten: a new segment
+    one, two = stitch(calls)
+    assert (one.token_ids, one.loss_mask, one.logprobs) == (
+        [1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 0, 1], [None, None, -0.1, -0.2, None, -0.3])
+    assert (one.prompt_length, one.calls, one.drift) == (2, 2, False)
+    assert (two.token_ids, two.loss_mask, two.calls, two.drift) == ([9, 1, 7], [0, 0, 1], 1, False)
+    # same text, other ids (a re-tokenized history): marked as drift, still a new segment
+    text = {(1, 2, 3, 4): "ab", (1, 2, 34): "ab!"}
+    _, drifted = stitch([calls[0], Call([1, 2, 34], [8], [-0.5], "stop")], decode=lambda ids: text[tuple(ids)])
+    assert drifted.drift
+
+
+def test_tool_call_blocks_become_openai_tool_calls():
+    content, calls = parse_tool_calls('Let me look.<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>')
+    assert content == "Let me look." and calls[0]["function"] == {"name": "bash", "arguments": '{"cmd": "ls"}'}
+    assert parse_tool_calls("no call here") == ("no call here", [])
+
+
+def test_black_box_harness_through_the_gateway_is_token_exact(tiny_engine):
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    tok = ChatTokenizer(model_dir("tiny"))
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.write_file("/tmp/harness.py", HARNESS)
+            async with VLLMBackend(tiny_engine.url) as llm:
+                config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
+                                     sampling=SamplingParams(seed=7, max_tokens=16, stop_token_ids=list(range(100, 500))))
+                trajectory = await handler.run(task, sandbox, llm, tokenizer=tok, config=config,
+                                               ctx=RolloutContext(job="gw", prompt=0, sample=0, task_id=task["id"]))
+            output = await sandbox.read_file("/logs/agent/harness.txt")
+            reward = await handler.eval(task, sandbox, trajectory)
+            return trajectory, output, reward
+
+    trajectory, output, reward = asyncio.run(go())
+    assert trajectory.failure.kind.value == "none", (trajectory.failure, output)
+    report = __import__("json").loads(output.strip().splitlines()[-1])
+    assert report["model"] == "policy" and report["net"] == "unreachable" and report["finish"][1] in ("stop", "length")
+    segments = trajectory.metrics["segments"]
+    assert trajectory.metrics["gateway_calls"] == 3 and sum(s["calls"] for s in segments) == 3
+    assert len(segments) >= 2 and segments[-1]["calls"] == 1  # the summary rewrote the history
+    first = segments[0]
+    assert first["token_ids"][: first["prompt_length"]] == tok.encode_chat([{"role": "user", "content": task["instruction"]}])
+    assert segments[-1]["token_ids"][: segments[-1]["prompt_length"]] == tok.encode_chat(
+        [{"role": "user", "content": "Summary: count words."}])
+    for seg in segments:  # token-exact: the engine re-scores the stitched ids to the recorded logprobs
+        r = httpx.post(f"{tiny_engine.url}/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": seg["token_ids"], "max_tokens": 1, "prompt_logprobs": 0,
+            "return_token_ids": True}).json()["choices"][0]
+        generated = [i for i, m in enumerate(seg["loss_mask"]) if m]
+        assert generated and r["prompt_token_ids"] == seg["token_ids"]
+        rescored = [r["prompt_logprobs"][i][str(seg["token_ids"][i])]["logprob"] for i in generated]
+        assert rescored == pytest.approx([seg["logprobs"][i] for i in generated], abs=1e-3)
+    assert reward.value == 0.0  # the harness never solved the task: EVAL scores it like any agent
+
+
+def test_a_backend_failure_behind_a_call_is_infra():
+    """The backend fails (a real sandbox and gateway; an LLM double that raises): the harness sees a
+    502 and the rollout is infra, never an agent failure or a reward."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    from rolloutd.agents.llm import BackendError
+
+    class DownLLM:
+        async def generate(self, prompt_ids, sampling, request_id):
+            raise BackendError("connection refused")
+
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.write_file("/tmp/harness.py", HARNESS)
+            config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
+                                 sampling=SamplingParams(max_tokens=8))
+            return await handler.run(task, sandbox, DownLLM(), tokenizer=ChatTokenizer(model_dir("tiny")),
+                                     config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0))
+
+    trajectory = asyncio.run(go())
+    assert trajectory.failure.kind.value == "infra" and "connection refused" in trajectory.failure.reason
+    assert trajectory.metrics["gateway_calls"] == 0 and trajectory.token_ids == []

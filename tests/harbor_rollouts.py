@@ -1,0 +1,55 @@
+"""Harbor task rollouts for tests: `task_sandbox` (a task's sandbox from its own image, INIT done) and
+`rollouts` (oracle and no-op rollouts of every task under a directory: JSON `{task_id: {"oracle": reward,
+"noop": reward}}` on stdout). Used by tests/tasks/test_harbor.py in process (as root) and as an
+unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`), and by tests/agents/test_gateway.py."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import site
+import sys
+
+
+@contextlib.asynccontextmanager
+async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None):
+    """A bwrap sandbox in the task's image, INIT done; closed on the way out."""
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec(env=env or {})))
+    try:
+        await handler.init(task, sandbox)
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
+    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.types import AgentConfig, RolloutContext
+    from rolloutd.crds.trajectory import Trajectory
+
+    handler = get_handler("harbor")
+
+    async def one(task: dict, agent: str) -> float:
+        async with task_sandbox(handler, task, env) as sandbox:
+            ctx = RolloutContext(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
+            if agent == "oracle":
+                trajectory = await handler.run(task, sandbox, None, tokenizer=None,
+                                               config=AgentConfig(agent_kind="oracle"), ctx=ctx)
+            else:  # the no-op agent: hands in the untouched environment
+                trajectory = Trajectory(job="harbor-test", prompt=0, sample=0, task_id=task["id"])
+            return (await handler.eval(task, sandbox, trajectory)).value
+
+    tasks = handler.load(source)
+    values = await asyncio.gather(*(one(t, a) for t in tasks for a in ("oracle", "noop")))
+    return {t["id"]: {"oracle": values[2 * i], "noop": values[2 * i + 1]} for i, t in enumerate(tasks)}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        site.addsitedir(sys.argv[2])  # the project's venv, seen by an interpreter outside it
+    # an interpreter whose libpython is found through LD_LIBRARY_PATH needs it in the sandbox too
+    env = {"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]} if os.environ.get("LD_LIBRARY_PATH") else {}
+    print(json.dumps(asyncio.run(rollouts(sys.argv[1], env))))

@@ -1,0 +1,215 @@
+"""harbor handler: Harbor task directories in the public layout (examples/harbor/tasks: python:3.12-slim,
+ubuntu:24.04 and debian:bookworm Dockerfiles with apt-get/pip installs, COPY, WORKDIR, ENV, ARG, USER;
+pytest verifiers) built into bwrap images; the oracle scores 1 and a no-op agent 0, as root and as an
+unprivileged user; a verifier without a reward is infra, never 0.
+
+The first run builds the bookworm base and three images (~2-3 min, cached under ~/.cache/rolloutd/images
+by content); later runs reuse them."""
+import asyncio
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
+from rolloutd.agents.tasks.harbor import parse_reward
+from rolloutd.crds.trajectory import Trajectory
+from rolloutd.sandbox import SandboxSpec
+from rolloutd.sandbox.image_build import find_dockerfile, image_key
+from rolloutd.sandbox.rootfs import image_cache_dir
+
+from harbor_rollouts import rollouts, task_sandbox  # tests/ (also run as a script, as another user)
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "examples" / "harbor" / "tasks"
+EXPECTED = {"config-port": {"oracle": 1.0, "noop": 0.0}, "csv-total": {"oracle": 1.0, "noop": 0.0},
+            "word-count": {"oracle": 1.0, "noop": 0.0}}
+
+
+def _needs_builders():
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    if os.geteuid() != 0 and not all((image_cache_dir() / _key(d)).is_dir() for d in TASKS.iterdir()):
+        pytest.skip("building a base root filesystem needs root (or prebuilt images in $ROLLOUTD_IMAGE_DIR)")
+
+
+def _key(task_dir: Path) -> str:
+    context, dockerfile = find_dockerfile(task_dir)
+    return image_key(context, dockerfile, {})
+
+
+@pytest.fixture(scope="module")
+def built():
+    _needs_builders()
+    return asyncio.run(rollouts(str(TASKS)))
+
+
+def test_oracle_scores_1_and_noop_scores_0_in_each_tasks_own_image(built):
+    assert built == EXPECTED
+
+
+def test_image_is_the_dockerfiles(built):
+    """The build did what each Dockerfile says: ENV, WORKDIR (writable), USER, COPY --chown, bookworm."""
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["config-port"]
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            output = (await sandbox.bash("cd /opt/webapp-work && pwd && echo $APP_HOME && touch written && "
+                                         "grep -c bookworm /etc/os-release && python3 -c 'import pytest' && "
+                                         "echo ok")).output
+            return output, await handler.image(task)
+
+    output, image = asyncio.run(main())
+    assert output.split() == ["/opt/webapp-work", "/opt/webapp-work", "3", "ok"]
+    webapp = next(line.split(":") for line in (image.rootfs / "etc/passwd").read_text().splitlines()
+                  if line.startswith("webapp:"))
+    # made by `RUN touch` after `USER webapp`, and by `COPY --chown=webapp` (uids of the image, not the host)
+    assert (image.rootfs / "home/webapp/made-as-user").stat().st_uid == int(webapp[2])
+    assert (image.rootfs / "etc/webapp/app.ini").stat().st_uid == int(webapp[2])
+    assert image.base == "debian:bookworm" and image.env["APP_HOME"] == "/opt/webapp-work"
+
+
+def _copy_task(tmp_path: Path, test_sh: str) -> Path:
+    task = tmp_path / "tasks" / "csv-total"
+    shutil.copytree(TASKS / "csv-total", task)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    return tmp_path / "tasks"
+
+
+@pytest.mark.parametrize("test_sh, why", [
+    ("#!/bin/bash\npython -m pytest /tests/test_outputs.py\n", "wrote no reward"),
+    ("#!/bin/bash\nkill -SEGV $$\n", "wrote no reward"),
+    ("#!/bin/bash\necho maybe > /logs/verifier/reward.txt\n", "wrote no reward"),
+])
+def test_a_verifier_without_a_reward_is_infra_not_0(built, tmp_path, test_sh, why):
+    handler = get_handler("harbor")
+    task = handler.load(_copy_task(tmp_path, test_sh))[0]
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.bash("echo '{\"orders\": 4, \"total\": 50.74}' > /app/total.json")  # a right answer
+            return await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
+
+    with pytest.raises(EvalError, match=why):
+        asyncio.run(main())
+
+
+def test_the_agent_cannot_plant_the_reward_or_the_tests(built):
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["csv-total"]
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.bash("echo 1 > /logs/verifier/reward.txt; mkdir -p /tests; "
+                               "printf 'def test_ok():\\n    pass\\n' > /tests/test_outputs.py")
+            return await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
+
+    assert asyncio.run(main()).value == 0.0
+
+
+def _unprivileged_user() -> str:
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("switching to an unprivileged user needs root and runuser")
+    return "nobody"
+
+
+def _link_interpreter(prefix: Path, dest: Path) -> None:
+    """Hard links of the interpreter and its standard library (not its site-packages: ours come from
+    the venv), so the copy is cheap."""
+    stdlib = f"lib/python{sys.version_info.major}.{sys.version_info.minor}"
+    (dest / stdlib).mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(prefix / "bin"), str(dest)], check=True)
+    subprocess.run(["cp", "-al", *map(str, (prefix / "lib").glob("libpython*")), str(dest / "lib")], check=True)
+    subprocess.run(["cp", "-al", *(str(p) for p in (prefix / stdlib).iterdir() if p.name != "site-packages"),
+                    str(dest / stdlib)], check=True)
+
+
+def test_oracle_1_noop_0_as_an_unprivileged_user(built):
+    """The daemon as `nobody`: its own interpreter (a hard-linked copy of ours: /root is not readable)
+    and the images in a directory it can read, as a cluster filesystem cache would be."""
+    user = pwd.getpwnam(_unprivileged_user())
+    shared = Path(tempfile.mkdtemp(prefix="rolloutd-harbor-user-", dir="/var/tmp"))
+    try:
+        os.chmod(shared, 0o755)
+        python = shared / "python"
+        _link_interpreter(Path(sys.base_prefix), python)
+        images = shared / "images"
+        images.mkdir()
+        for task_dir in TASKS.iterdir():
+            subprocess.run(["cp", "-al", str(image_cache_dir() / _key(task_dir)), str(images)], check=True)
+        os.chown(images, user.pw_uid, user.pw_gid)
+        site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+        interpreter = python / Path(sys.executable).resolve().relative_to(Path(sys.base_prefix).resolve())
+        # LD_LIBRARY_PATH: the copy's libpython (its RUNPATH names the original, under /root)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(shared), "ROLLOUTD_IMAGE_DIR": str(images),
+               "LD_LIBRARY_PATH": str(python / "lib"),
+               "ROLLOUTD_SANDBOX_DIR": str(shared / "sandboxes")}
+        (shared / "sandboxes").mkdir(mode=0o700)
+        os.chown(shared / "sandboxes", user.pw_uid, user.pw_gid)
+        proc = subprocess.run([shutil.which("runuser"), "-u", user.pw_name, "--", str(interpreter),
+                               str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(TASKS), site_dir],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=shared)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout) == EXPECTED
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_dataset_errors_name_the_task_and_line(tmp_path):
+    bad = tmp_path / "tasks" / "bad"
+    shutil.copytree(TASKS / "word-count", bad)
+    dockerfile = bad / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "HEALTHCHECK CMD true\n")
+    with pytest.raises(DatasetError, match=r"task bad: environment/Dockerfile:12: HEALTHCHECK is not supported"):
+        get_handler("harbor").load(tmp_path / "tasks")
+    (bad / "tests" / "test.sh").unlink()
+    with pytest.raises(DatasetError, match=r"tests/test.sh is missing"):
+        get_handler("harbor").load(tmp_path / "tasks")
+
+
+def test_jsonl_index_and_task_toml_fields(tmp_path):
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"path": str(TASKS / "csv-total"), "id": "orders"}) + "\n\n"
+                     + json.dumps({"path": os.path.relpath(TASKS / "word-count", tmp_path)}) + "\n")
+    rows = get_handler("harbor").load(index)
+    assert [(r["id"], r["agent_timeout"], r["verifier_timeout"]) for r in rows] == [
+        ("orders", 300.0, 120.0), ("word-count", 120.0, 60.0)]
+    assert rows[0]["config"]["environment"]["memory_mb"] == rows[0]["memory_mb"] == 1024 and rows[1]["memory_mb"] == 1024
+    index.write_text('{"id": "x"}\n')
+    with pytest.raises(DatasetError, match=r"index.jsonl:1: field 'path'"):
+        get_handler("harbor").load(index)
+
+
+def test_parse_reward():
+    assert parse_reward("1\n", None) == 1.0
+    assert parse_reward(None, '{"reward": 0.5}') == 0.5
+    assert parse_reward(None, '{"accuracy": 1}') == 1.0
+    assert parse_reward("yes", None) is None
+    assert parse_reward(None, '{"a": 1, "b": 0}') is None
+    assert parse_reward(None, None) is None
+
+
+def test_task_memory_becomes_the_sandbox_limit(tmp_path):
+    task = tmp_path / "tasks" / "t"
+    shutil.copytree(TASKS / "config-port", task)
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "2G"\n')
+    row = get_handler("harbor").load(tmp_path / "tasks")[0]
+    assert row["memory_mb"] == 2048
+    (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "lots"\n')
+    with pytest.raises(DatasetError, match=r"environment.memory must look like"):
+        get_handler("harbor").load(tmp_path / "tasks")
+
+
+def test_other_runtimes_are_refused_with_the_reason():
+    handler = get_handler("harbor")
+    task = handler.load(TASKS)[0]
+    with pytest.raises(EvalError, match="sandbox.runtime bwrap"):
+        asyncio.run(handler.sandbox_spec(task, SandboxSpec(runtime="process")))
