@@ -190,3 +190,40 @@ def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_fp3
         worst = max([worst, *(abs(a - seg["logprobs"][i]) for a, i in zip(rescored, generated))])
     assert worst < 1e-3, worst
     assert reward.value in (0.0, 1.0)
+
+
+def test_cancelling_the_rollout_cancels_the_harness_calls():
+    """DAPO or a delete cancels RUN: the gateway's in-flight backend call is cancelled (VLLMBackend then
+    aborts it server-side) and the sandbox close ends the harness."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    class HangingLLM:
+        started, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def generate(self, prompt_ids, sampling, request_id):
+            self.started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+    async def go():
+        llm = HangingLLM()
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.write_file("/tmp/harness.py", HARNESS)
+            config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
+                                 sampling=SamplingParams(max_tokens=8))
+            run = asyncio.ensure_future(handler.run(task, sandbox, llm, tokenizer=ChatTokenizer(model_dir("tiny")),
+                                                    config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0)))
+            await asyncio.wait_for(llm.started.wait(), 120)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            await asyncio.wait_for(llm.cancelled.wait(), 10)
+        return llm.cancelled.is_set()
+
+    assert asyncio.run(go())
