@@ -3,7 +3,7 @@
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
-PKGS=(bubblewrap tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap)
+PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

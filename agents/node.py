@@ -489,6 +489,7 @@ class NodeDaemon:
         self._sandbox_spec = SandboxSpec.from_limits(
             runtime=spec.sandbox.runtime, image=spec.sandbox.image, network=spec.sandbox.network,
             limits=spec.sandbox.limits.wire(),
+            mounts=[m.model_dump() for m in spec.sandbox.mounts],  # the same fields as sandbox.models.Mount
         )
         if self._needs_sandbox and self._runtime is None:
             self._runtime = get_runtime(spec.sandbox.runtime)

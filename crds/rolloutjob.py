@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
+from .mounts import check_mount_paths
 
 GROUP = "rolloutd.io"
 VERSION = "v1alpha1"
@@ -138,11 +139,24 @@ class SandboxLimits(Model):
     wall_seconds: int = Field(default=600, ge=1)
 
 
+class MountSpec(Model):
+    host_path: str = Field(description="absolute host path; secrets and rolloutd's data dirs are refused")
+    path: str | None = Field(default=None, description="where it appears in the sandbox (default: hostPath)")
+    read_only: bool = True
+
+    @model_validator(mode="after")
+    def _policy(self) -> "MountSpec":
+        check_mount_paths(self.host_path, self.path or self.host_path)
+        return self
+
+
 class SandboxSpec(Model):
     runtime: Literal["bwrap", "apptainer", "process"] = "bwrap"
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
     network: bool = False
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    mounts: list[MountSpec] = Field(default_factory=list, max_length=32,
+                                    description="host paths a task needs (read-only unless readOnly: false)")
     warm: int = Field(default=2, ge=0, le=64,
                       description="sandboxes each node starts ahead of need (0: start one per rollout)")
 

@@ -6,8 +6,10 @@ Where it sits: `get_runtime("apptainer")`. Usable only where an ``apptainer``
 is installable on Debian 12 from its archive or PyPI, so this runtime is not
 exercised on the project's own machines.
 
-The container runs ``apptainer exec --containall --cleanenv`` with ``--net
---network none`` unless ``spec.network``; the workspace is bound at
+The container runs ``apptainer exec --containall --cleanenv --no-privs`` with
+``--net --network none`` unless ``spec.network`` (Apptainer itself runs the
+container as the caller, with no_new_privs and no capabilities; it has no
+seccomp file here, so the bwrap filter does not apply); the workspace is bound at
 /workspace and the control directory at /.rolloutd. The execution server runs
 with the host's Python, bound at its host paths (so the image needs a
 compatible glibc), exactly as for a bwrap root filesystem image.
@@ -25,6 +27,7 @@ import sys
 from .base import Sandbox, SandboxRuntime, sandbox_env, server_argv
 from .bwrap import runtime_paths
 from .errors import RuntimeUnavailable, SandboxCreateError
+from .hostview import check_mounts
 from .limits import Cgroup, rlimits_for
 from .models import SandboxSpec
 
@@ -48,6 +51,7 @@ class ApptainerRuntime(SandboxRuntime):
             raise RuntimeUnavailable(reason)
         if not spec.image.endswith(".sif"):
             raise SandboxCreateError(f"the apptainer runtime needs a .sif image, not {spec.image!r}")
+        check_mounts(spec.mounts)
         sandbox_id, root, workspace, ctl = Sandbox.layout()
         env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
         rlimits = rlimits_for(spec, nproc=True)
@@ -60,15 +64,14 @@ class ApptainerRuntime(SandboxRuntime):
             "rlimits": rlimits,
             "wall_seconds": spec.wall_seconds,
         }
-        argv = [_binary(), "exec", "--containall", "--cleanenv", "--pwd", "/workspace"]
+        argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", "/workspace"]
         if not spec.network:
             argv += ["--net", "--network", "none"]
         argv += ["--bind", f"{workspace}:/workspace", "--bind", f"{ctl}:/.rolloutd"]
         for path in runtime_paths():
             argv += ["--bind", f"{path}:{path}:ro"]
-        for bind in spec.binds:
-            src, _, dest = bind.partition(":")
-            argv += ["--bind", f"{src}:{dest or src}:ro"]
+        for m in spec.mounts:
+            argv += ["--bind", f"{m.host_path}:{m.inside}:{'ro' if m.read_only else 'rw'}"]
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
         argv += [spec.image, *server_argv(sys.executable, cfg)]

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .client import ExecClient
-from .errors import ExecError, SandboxCreateError, SandboxDied, SandboxTimeout
+from .errors import ExecError, SandboxCreateError, SandboxDied, SandboxError, SandboxTimeout
 from .limits import Cgroup, candidate_parents
 from .models import (
     BashRequest,
@@ -65,7 +65,7 @@ REPLY_MARGIN = 15.0  # infrastructure deadline = the request's own timeout + thi
 # the config travels as marshal (a builtin: no json/re import before bash is forked)
 LAUNCHER = (
     "import sys,marshal;c=marshal.loads(bytes.fromhex(sys.argv[1]));sys.path[:0]=c['path'][:1];"
-    "from server.early import fork_bash;b=fork_bash(c);"
+    "from server.early import fork_bash,become;become(c);b=fork_bash(c);"
     "sys.path+=c['path'][1:];from server.main import main;main(c,b)"
 )
 CGROUP_JOIN = (
@@ -225,8 +225,10 @@ class Sandbox:
         cgroup: Cgroup | None,
         limits: dict[str, Any],
         log_path: Path,
+        owner: int | None = None,
     ) -> None:
         self.id = sandbox_id
+        self.owner = owner  # host uid of the sandboxed code when it is not ours (a root daemon's sandbox)
         self.spec = spec
         self.root = root
         self.workspace = workspace  # host path of the writable workspace
@@ -270,6 +272,8 @@ class Sandbox:
         cgroup: Cgroup | None,
         limits: dict[str, Any],
         env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+        owner: int | None = None,
     ) -> "Sandbox":
         """Start `argv` (a runtime wrapped around `server_argv`) and connect to its server."""
         log_path = root / "server.log"
@@ -293,6 +297,7 @@ class Sandbox:
                         cwd=str(cwd) if cwd else None,
                         env=env,
                         start_new_session=True,  # its own process group: what close() kills
+                        pass_fds=pass_fds,
                     )
                 )
                 try:
@@ -328,6 +333,7 @@ class Sandbox:
             cgroup=cgroup,
             limits=limits,
             log_path=log_path,
+            owner=owner,
         )
 
     # -- state --------------------------------------------------------------
@@ -431,6 +437,20 @@ class Sandbox:
         result = await self._call(ListDirRequest(path=path), REPLY_MARGIN)
         return [DirEntry.model_validate(e) for e in result["entries"]]
 
+    def give(self, path: Path | str) -> None:
+        """Hand host files the node put in the workspace (e.g. a staged repository) to the
+        sandbox's user, so that sandboxed code may change them. Nothing to do unless the
+        sandbox runs as another uid than the node (a root daemon's sandboxes)."""
+        if self.owner is None:
+            return
+        top = Path(path)
+        if not top.resolve().is_relative_to(self.workspace.resolve()):
+            raise ValueError(f"{path} is not in the sandbox's workspace")
+        os.lchown(top, self.owner, self.owner)
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, name), self.owner, self.owner)
+
     # -- lifecycle --------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -448,7 +468,7 @@ class Sandbox:
             if self._died is None and self._proc.returncode is None:
                 try:
                     await self._client.call(ShutdownRequest(), 2.0)
-                except (SandboxDied, SandboxTimeout, ExecError, OSError):
+                except (SandboxError, ExecError, OSError):  # a wrecked server must not stop the clean-up
                     pass
             # After a shutdown the server exits and each parent reaps its child, up
             # to our own process. Otherwise kill bottom-up: the runtime process's

@@ -4,23 +4,27 @@ Where it sits: `get_runtime("bwrap")` returns `BwrapRuntime`; its `create`
 builds the bwrap command line around the execution server's argv and hands it
 to `Sandbox.start` (base.py), which does the rest.
 
-What the sandbox sees:
+What the sandbox sees (the full list and the reasons: README.md, "Containment"):
 
-* ``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces): only a
-  loopback interface unless ``spec.network``; only its own processes in
-  /proc. ``--die-with-parent``: the sandbox dies with the node daemon.
+* its own ipc, pid, net, uts and cgroup namespaces: only a loopback
+  interface unless ``spec.network``; only its own processes in /proc.
+  ``--die-with-parent``: the sandbox dies with the node daemon.
   ``--new-session``: no TIOCSTI into the daemon's terminal.
-* a read-only root: a tmpfs ``/`` on which the image's top-level entries are
-  bound read-only (the host's for ``image: host``; a root filesystem directory
-  otherwise), then remounted read-only. The host's /tmp, /run and the sandbox
-  base directory are never visible.
+* no privileges: under a root daemon no user namespace, and the server drops
+  to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
+  namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
+  on every process.
+* a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
+  (`hostview.host_mounts`) for ``image: host``, or a root filesystem
+  directory's entries, then remounted read-only.
 * writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
-  and a private tmpfs ``/tmp`` of ``spec.tmp_mb``.
+  and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
 * ``/.rolloutd``: the control directory (the server's 0600 socket).
+* ``spec.mounts``, checked by `hostview.check_mounts`.
 
-A root filesystem image must be able to run the host's Python: its interpreter
-and the server's packages are bound at their host paths (same glibc family —
-e.g. a debootstrap of the host's release — is the practical requirement).
+The server's interpreter and packages are bound at their host paths
+(`runtime_paths`), so a root filesystem image must be able to run the host's
+Python (same glibc family — e.g. a debootstrap of the host's release).
 """
 from __future__ import annotations
 
@@ -31,12 +35,15 @@ from pathlib import Path
 
 from .base import Sandbox, SandboxRuntime, sandbox_base_dir, sandbox_env, server_argv, server_site_dirs
 from .errors import RuntimeUnavailable, SandboxCreateError
+from .hostview import check_mounts, host_mounts
 from .limits import Cgroup, rlimits_for
 from .models import SandboxSpec
+from .syscall_filter import filter_fd
 
 INNER_WORKSPACE = "/workspace"
 INNER_CTL = "/.rolloutd"
 RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data
+SANDBOX_UID = 65534  # nobody: what sandboxed code runs as when the daemon is root (ROLLOUTD_SANDBOX_UID)
 SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+found"}
 
 
@@ -93,6 +100,19 @@ def image_mounts(image: Path, keep: list[str]) -> list[str]:
     return args
 
 
+def _parents(path: str) -> list[str]:
+    """``--dir`` for each ancestor of `path`: bwrap would create missing ones 0700, closed to the sandbox's user."""
+    parts = Path(path).parents
+    return [arg for parent in reversed(list(parts)[:-1]) for arg in ("--dir", str(parent))]
+
+
+def sandbox_uid() -> int | None:
+    """The host uid sandboxed code runs as when the daemon is root (None: the daemon's own uid)."""
+    if os.geteuid() != 0:
+        return None
+    return int(os.environ.get("ROLLOUTD_SANDBOX_UID") or SANDBOX_UID)
+
+
 class BwrapRuntime(SandboxRuntime):
     name = "bwrap"
 
@@ -106,17 +126,28 @@ class BwrapRuntime(SandboxRuntime):
         reason = self.available()
         if reason:
             raise RuntimeUnavailable(reason)
-        if spec.image == "host":
-            image = Path("/")
-            keep: list[str] = []
-        else:
+        check_mounts(spec.mounts)
+        image: Path | None = None
+        if spec.image != "host":
             image = Path(spec.image)
             if not image.is_dir():
                 raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
-            keep = runtime_paths()
+        try:
+            seccomp_fd = filter_fd()
+        except RuntimeError as e:  # fail closed: no filter, no sandbox
+            raise RuntimeUnavailable(str(e)) from None
+        try:
+            return await self._start(spec, image, seccomp_fd)
+        finally:
+            os.close(seccomp_fd)
+
+    async def _start(self, spec: SandboxSpec, image: Path | None, seccomp_fd: int) -> Sandbox:
+        keep = runtime_paths()
+        uid = sandbox_uid()
         sandbox_id, root, workspace, ctl = Sandbox.layout()
+        void = root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
         env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
-        rlimits = rlimits_for(spec, nproc=True)
+        rlimits = rlimits_for(spec, nproc=uid is None)
         cfg = {
             "socket": f"{INNER_CTL}/exec.sock",
             "workspace": INNER_WORKSPACE,
@@ -125,55 +156,71 @@ class BwrapRuntime(SandboxRuntime):
             "env": env,
             "rlimits": rlimits,
             "wall_seconds": spec.wall_seconds,
+            "uid": uid,
         }
         try:
-            argv = [_bwrap_binary(), *self._options(spec, image, keep, workspace, ctl, env), "--", *server_argv(sys.executable, cfg)]
-        except SandboxCreateError:
+            void.mkdir(mode=0o555)
+            if uid is not None:
+                for d in (workspace, ctl):
+                    os.chown(d, uid, uid)
+            opts = self._options(spec, image, keep, workspace, ctl, env, uid, str(void))
+            argv = [_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(sys.executable, cfg)]
+        except (SandboxCreateError, OSError) as e:
             shutil.rmtree(root, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise SandboxCreateError(f"cannot prepare the sandbox directory: {e}") from None
             raise
         cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
-        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else []}
+        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], "uid": uid, "seccomp": True}
         return await Sandbox.start(
             sandbox_id=sandbox_id, spec=spec, root=root, argv=argv, cgroup=cgroup, limits=limits,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=(seccomp_fd,), owner=uid,
         )
 
     @staticmethod
     def _options(
-        spec: SandboxSpec, image: Path, keep: list[str], workspace: Path, ctl: Path, env: dict[str, str]
+        spec: SandboxSpec, image: Path | None, keep: list[str], workspace: Path, ctl: Path, env: dict[str, str],
+        uid: int | None, void: str,
     ) -> list[str]:
         # --as-pid-1: the execution server is the namespace's init. Without it
         # bwrap's own init reports the exit through an eventfd and the outer bwrap
         # exits without reaping it: a zombie on hosts whose pid 1 does not reap.
         # As init the server cannot be killed from inside (even by SIGKILL), and
         # its death takes every process of the sandbox with it.
-        opts = ["--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1"]
+        opts = ["--die-with-parent", "--new-session", "--as-pid-1"]
+        if uid is None:  # unprivileged: a user namespace, and bwrap keeps no capability
+            opts.extend(["--unshare-all", "--cap-drop", "ALL"])
+        else:
+            # root: no user namespace (root inside one is still root to every file it can reach);
+            # the server keeps only what it needs to become `uid` (which clears them), see early.become
+            opts.extend(["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"])
+            opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
         if spec.network:
             opts.append("--share-net")
         opts.append("--clearenv")
         for key, value in env.items():
             opts.extend(["--setenv", key, value])
         opts.extend(["--tmpfs", "/"])
-        opts.extend(image_mounts(image, keep))
+        opts.extend(host_mounts(void) if image is None else image_mounts(image, keep))
         for path in keep:
-            opts.extend(["--ro-bind", path, path])
+            opts.extend([*_parents(path), "--ro-bind", path, path])
         if Path("/sys").is_dir():
             opts.extend(["--ro-bind", "/sys", "/sys"])
         # /dev: bwrap's minimal device tmpfs, read-only below (the devices still work); its /dev/shm
         # and /run are tmpfs of their own with a size, like /tmp: without a cgroup nothing else
-        # would bound what a sandbox keeps in memory-backed files
+        # would bound what a sandbox keeps in memory-backed files. 1777: the sandbox's user writes there
         tmp_size = ["--size", str(spec.tmp_mb * 1024 * 1024)] if spec.tmp_mb else []
-        opts.extend(["--proc", "/proc", "--dev", "/dev", *tmp_size, "--tmpfs", "/dev/shm"])
-        opts.extend([*tmp_size, "--tmpfs", "/tmp", "--size", str(RUN_MB * 1024 * 1024), "--tmpfs", "/run"])
-        for path in runtime_paths():  # an interpreter or checkout under /tmp or /run (a CI clone)
+        sticky = ["--perms", "01777"]
+        opts.extend(["--proc", "/proc", "--dev", "/dev", *sticky, *tmp_size, "--tmpfs", "/dev/shm"])
+        opts.extend([*sticky, *tmp_size, "--tmpfs", "/tmp", *sticky, "--size", str(RUN_MB * 1024 * 1024), "--tmpfs", "/run"])
+        for path in keep:  # an interpreter or checkout under /tmp or /run (a CI clone)
             if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
-                opts.extend(["--ro-bind", path, path])
+                opts.extend([*_parents(path), "--ro-bind", path, path])
         opts.extend(["--bind", str(workspace), INNER_WORKSPACE, "--bind", str(ctl), INNER_CTL])
         base = str(sandbox_base_dir())
-        if image == Path("/") and not base.startswith(("/tmp/", "/run/")):
+        if not base.startswith(("/tmp/", "/run/")):
             opts.extend(["--tmpfs", base])  # other sandboxes' workspaces stay hidden
-        for bind in spec.binds:
-            src, _, dest = bind.partition(":")
-            opts.extend(["--ro-bind", src, dest or src])
+        for m in spec.mounts:
+            opts.extend([*_parents(m.inside), "--ro-bind" if m.read_only else "--bind", m.host_path, m.inside])
         opts.extend(["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", INNER_WORKSPACE])
         return opts

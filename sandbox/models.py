@@ -10,9 +10,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..crds.mounts import check_mount_paths
 
 RuntimeName = Literal["bwrap", "apptainer", "process"]
+
+
+class Mount(BaseModel):
+    """A host path shown in the sandbox. Secrets and rolloutd's own state are refused at creation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host_path: str
+    path: str | None = Field(None, description="where it appears inside (default: host_path)")
+    read_only: bool = True
+
+    @model_validator(mode="after")
+    def _policy(self) -> "Mount":
+        check_mount_paths(self.host_path, self.inside)
+        return self
+
+    @property
+    def inside(self) -> str:
+        return self.path or self.host_path
 
 
 class SandboxSpec(BaseModel):
@@ -32,19 +53,9 @@ class SandboxSpec(BaseModel):
     wall_seconds: float | None = Field(3600.0, gt=0, description="the sandbox is killed this long after it starts")
     tmp_mb: int | None = Field(1024, ge=1, description="size of the private /tmp (tmpfs)")
     env: dict[str, str] = Field(default_factory=dict)
-    binds: list[str] = Field(
-        default_factory=list,
-        description='extra read-only binds, "HOST_PATH" or "HOST_PATH:SANDBOX_PATH"',
+    mounts: list["Mount"] = Field(
+        default_factory=list, description="host paths a task really needs (read-only unless said otherwise)"
     )
-
-    @field_validator("binds")
-    @classmethod
-    def _absolute_binds(cls, binds: list[str]) -> list[str]:
-        for b in binds:
-            for part in b.split(":", 1):
-                if not part.startswith("/"):
-                    raise ValueError(f"bind paths must be absolute: {b!r}")
-        return binds
 
     @classmethod
     def from_limits(

@@ -133,7 +133,7 @@ class SweTask(TaskHandler):
 
     # ------------------------------------------------------------------ INIT
     async def init(self, task: dict, sandbox: Any) -> None:
-        await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(sandbox.workspace) / REPO_DIR)
+        await _stage(task, sandbox)
 
     # ------------------------------------------------------------------ EVAL
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory, *,
@@ -184,7 +184,7 @@ class SweTask(TaskHandler):
                         "or runtime= and spec=, or give the RUN sandbox a `spec` attribute")
 
     async def _score(self, task: dict, sb: Any, patch: str, details: dict[str, Any]) -> Reward:
-        await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(sb.workspace) / REPO_DIR)
+        await _stage(task, sb)
         await _bash_ok(sb, f"mkdir -p {EVAL_DIR}", "prepare")
         if patch.strip():
             await sb.write_file(f"{EVAL_DIR}/agent.diff", patch)
@@ -265,6 +265,14 @@ def _unpacked(repo_path: str) -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
     entries = list(dest.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+async def _stage(task: dict, sandbox: Any) -> None:
+    """The repository at /workspace/repo, owned by the sandbox's user (a root node's sandboxes run as nobody)."""
+    dest = Path(sandbox.workspace) / REPO_DIR
+    await _to_thread(stage_repo, task["repo_path"], task["base_commit"], dest)
+    if hasattr(sandbox, "give"):
+        await _to_thread(sandbox.give, dest)
 
 
 def stage_repo(repo_path: str, base_commit: str, dest: Path) -> str:

@@ -17,6 +17,51 @@ SIGKILL = 9
 ROWS, COLS = 40, 200
 
 
+def become(cfg: dict) -> None:
+    """First thing in the sandbox, before any child: a root runtime's server drops to the
+    sandbox's own uid (no groups); changing uid clears every capability it still had.
+    The bounding and inheritable sets are emptied too (no_new_privs already makes them
+    unusable; where the image's libffi cannot load ctypes they stay, harmless)."""
+    uid = cfg.get("uid")
+    if uid is None:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        libc = None
+    if libc is not None:
+        cap = 0
+        while libc.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP, up to the kernel's last capability
+            cap += 1
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if libc is not None:  # capset(v3 header, all three sets empty): the inheritable set bwrap left
+        libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
+
+
+def undumpable(cfg: dict) -> None:
+    """No process of the sandbox (same uid) may trace the server or read its memory, fds or
+    environment. Its children become dumpable again when they exec (same credentials).
+
+    After `become` the kernel has done it already (a change of uid sets the flag from
+    fs.suid_dumpable, 0 by default): no ctypes import (4 ms) then, and none needed in an
+    image whose libffi the host's ctypes cannot find."""
+    if cfg.get("uid") is not None:
+        try:
+            with open("/proc/sys/fs/suid_dumpable") as f:
+                if f.read().strip() == "0":
+                    return
+        except OSError:
+            pass
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def apply_limits(rlimits: dict) -> None:
     """In a child before exec: the spec's rlimits, and SIGPIPE back to default
     (Python ignores it, and the disposition would survive exec)."""

@@ -49,7 +49,7 @@ from _queue import SimpleQueue
 import _socket  # not `socket`: it imports enum
 
 from .bash import BashSession, SessionDead
-from .early import apply_limits
+from .early import apply_limits, undumpable
 from .files import FileOpError, edit_file, list_dir, read_file, write_file
 
 SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -492,6 +492,7 @@ class Server:
 
 
 def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
+    undumpable(cfg)  # before READY: no sandboxed code runs before the node's first request
     server = Server(cfg)
     os.makedirs(cfg["ctl_dir"], mode=0o700, exist_ok=True)
     sock_path = cfg["socket"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.sandbox import RuntimeUnavailable, SandboxSpec, create_sandbox, get_runtime
+from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
 from rolloutd.sandbox.apptainer import ApptainerRuntime
 from rolloutd.sandbox.base import sandbox_base_dir
 
@@ -32,7 +32,9 @@ def test_spec_defaults_are_safe_and_job_fields_map():
     mapped = SandboxSpec.from_limits(runtime="bwrap", limits={"memoryMB": 512, "processes": 32, "wallSeconds": 60})
     assert (mapped.memory_mb, mapped.processes, mapped.wall_seconds) == (512, 32, 60)
     with pytest.raises(ValueError):
-        SandboxSpec(binds=["relative/path"])
+        SandboxSpec(mounts=[{"host_path": "relative/path"}])
+    with pytest.raises(ValueError, match="'..'"):
+        SandboxSpec(mounts=[{"host_path": "/srv/data/../../etc"}])
 
 
 def test_process_runtime_warns_and_works(run):
@@ -163,7 +165,7 @@ def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch)
 
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
     with pytest.raises(SandboxCreateError, match="nonexistent"):
-        run(create_sandbox(SandboxSpec(binds=["/nonexistent-rolloutd-path"])))
+        run(create_sandbox(SandboxSpec(mounts=[{"host_path": "/nonexistent-rolloutd-path"}])))
     with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
         run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
     assert os.listdir(sandbox_base_dir()) == []
@@ -284,3 +286,55 @@ def test_an_interpreter_under_tmp_stays_visible_inside_the_sandbox(run, tmp_path
         assert r.stdout == "inside\n"
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, run, tmp_path, monkeypatch):
+    shared = tmp_path / "dataset"
+    shared.mkdir()
+    (shared / "rows.txt").write_text("row\n")
+    os.chmod(tmp_path, 0o755)  # the sandbox's own user (nobody, for a root node) walks to it
+    sb = make_sandbox(mounts=[{"host_path": str(shared), "path": "/data"}])
+    assert run(sb.bash("cat /data/rows.txt")).output == "row\n"
+    assert run(sb.bash("touch /data/new")).exit_code != 0 and not (shared / "new").exists()
+    data_dir = tmp_path / "rolloutd-data"
+    data_dir.mkdir()
+    monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(data_dir))
+    for host_path in (str(data_dir), str(tmp_path)):  # the node's data dir, or a directory above it
+        with pytest.raises(SandboxCreateError, match="never mounted"):
+            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path}])))
+    for host_path, inside, why in (("/etc/shadow", None, "never mounted"), ("/etc", None, "never mounted"),
+                                   ("/", None, "never mounted"), (str(shared), "/workspace", "sandbox's own"),
+                                   (str(shared), "/proc/x", "sandbox's own")):
+        with pytest.raises(ValueError, match=why):
+            SandboxSpec(mounts=[{"host_path": host_path, "path": inside}])
+
+
+def test_a_jobs_sandbox_mounts_become_the_sandbox_spec_and_secrets_are_refused_at_apply_time():
+    from rolloutd.crds.rolloutjob import SandboxSpec as JobSandbox
+
+    job = JobSandbox.model_validate({"mounts": [{"hostPath": "/srv/data", "path": "/data"}, {"hostPath": "/opt/x",
+                                                                                          "readOnly": False}]})
+    spec = SandboxSpec.from_limits(mounts=[m.model_dump() for m in job.mounts])  # what the node daemon does
+    assert [(m.host_path, m.inside, m.read_only) for m in spec.mounts] == [("/srv/data", "/data", True),
+                                                                          ("/opt/x", "/opt/x", False)]
+    for bad in ({"hostPath": "/etc/munge/munge.key"}, {"hostPath": "data"}, {"hostPath": "/srv/../etc/shadow"},
+                {"hostPath": "/srv/data", "path": "/.rolloutd/x"}):
+        with pytest.raises(ValueError):
+            JobSandbox.model_validate({"mounts": [bad]})
+
+
+def test_no_seccomp_filter_means_no_sandbox(run, tmp_path, monkeypatch):
+    """Fail closed: where libseccomp cannot compile the filter, bwrap refuses to start sandboxes."""
+    from rolloutd.sandbox import syscall_filter
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached program
+    monkeypatch.setattr(syscall_filter, "SYSTEM_PYTHON", "/nonexistent/python3")
+    monkeypatch.setattr(syscall_filter, "build", lambda out: (_ for _ in ()).throw(ImportError("no seccomp")))
+    syscall_filter.program.cache_clear()
+    try:
+        with pytest.raises(RuntimeUnavailable, match="seccomp"):
+            run(create_sandbox(SandboxSpec()))
+    finally:
+        syscall_filter.program.cache_clear()
