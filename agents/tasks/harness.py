@@ -14,6 +14,7 @@ behind any call makes the rollout `infra`.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -33,7 +34,10 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
                       workdir: str, timeout: float) -> Trajectory:
     gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
                       request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
-    await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")
+    socket_path = Path(sandbox.root) / "ctl" / "gateway.sock"
+    await gateway.start(socket_path)
+    if getattr(sandbox, "owner", None) is not None:  # a root daemon's sandbox runs as another uid: let it connect
+        os.lchown(socket_path, sandbox.owner, sandbox.owner)
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
         relay = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} /.rolloutd/gateway.sock {PORT} "
