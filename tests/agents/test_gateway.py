@@ -142,22 +142,12 @@ MINI = ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore
         "-t \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
 
 
-@pytest.fixture(scope="module")
-def smollm2_fp32():
-    """SmolLM2 in float32 (a dedicated engine): in bf16 the engine's own re-score differs by up to ~0.3."""
-    from engine_fixtures import fresh_engine
-
-    with fresh_engine("smollm2", dtype="float32", max_model_len=4096) as engine:
-        yield engine
-
-
-def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_fp32):
+def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_engine):
     """mini-swe-agent 2.4.6 (PyPI, through litellm), installed by the task's Dockerfile, run unchanged
     as `agent.command` in the task's sandbox: each of its LLM calls is recorded exactly once and token-exactly
     (the fp32 engine re-scores the stitched ids to the recorded logprobs within fp32 noise)."""
     if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
-    smollm2_engine = smollm2_fp32
     tok = ChatTokenizer(model_dir("smollm2"))
     handler = get_handler("harbor")
     [task] = handler.load(Path(__file__).parent / "harness_tasks")
