@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
-from rolloutd.agents.tasks.harbor import parse_reward
+from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
@@ -112,6 +112,31 @@ def test_the_agent_cannot_plant_the_reward_or_the_tests(built):
             return await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
 
     assert asyncio.run(main()).value == 0.0
+
+
+def test_the_task_runs_contained_and_owns_what_is_staged(built, tmp_path):
+    """The agent and verifier never run as root (uid 65534 under a root daemon), cannot write into the
+    image, and own what the node stages (a 0700 host dir, 0600 file): readable, changeable, no leftover."""
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["csv-total"]
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret-ish.txt").write_text("staged\n")
+    (private / "secret-ish.txt").chmod(0o600)
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            await stage_dir(sandbox, private, "/tests")
+            out = (await sandbox.bash("id -u; stat -c %u /tests/secret-ish.txt; cat /tests/secret-ish.txt; "
+                                      "echo more >> /tests/secret-ish.txt && echo changed; "
+                                      "touch /usr/local/planted 2>/dev/null || echo image-read-only; "
+                                      "ls -A /workspace | grep -c rolloutd-stage")).output.split()
+            return out, [p.name for p in Path(sandbox.workspace).iterdir()]
+
+    out, host_listing = asyncio.run(main())
+    uid = str(65534 if os.geteuid() == 0 else os.geteuid())
+    assert out == [uid, uid, "staged", "changed", "image-read-only", "0"]
+    assert not any(name.startswith(".rolloutd-stage") for name in host_listing)
 
 
 def _unprivileged_user() -> str:
