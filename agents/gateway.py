@@ -108,6 +108,7 @@ class Gateway:
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self._server: Any = None
         self._task: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()  # backend calls, cancelled by stop (VLLMBackend aborts them)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, socket_path: str | Path) -> None:
@@ -124,6 +125,8 @@ class Gateway:
             await asyncio.sleep(0.005)
 
     async def stop(self) -> None:
+        for task in list(self._inflight):  # the rollout ended or was cancelled: its calls end too
+            task.cancel()
         if self._server is not None:
             self._server.should_exit = True
             self._server.force_exit = True  # in-flight calls end with the harness (cancelled, aborted)
@@ -140,7 +143,12 @@ class Gateway:
         sampling = self.sampling.model_copy(update={
             "max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)})
         request_id = f"{self.request_prefix}-{index}-{uuid.uuid4().hex[:8]}"
-        gen = await self.llm.generate(list(prompt_ids), sampling, request_id)
+        task = asyncio.ensure_future(self.llm.generate(list(prompt_ids), sampling, request_id))
+        self._inflight.add(task)
+        try:
+            gen = await task
+        finally:
+            self._inflight.discard(task)
         call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason)
         self.calls.append(call)
         return call

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .syscall_filter import filter_fd
+
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 SOURCES = (f"deb {MIRROR} {SUITE} main", f"deb {MIRROR} {SUITE}-updates main",
@@ -137,11 +139,14 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
     opts += ["--clearenv", *(a for k, v in env.items() for a in ("--setenv", k, v)), "--chdir", cwd]
     if user is not None:  # USER: drop to it inside, as Docker does for the following RUN steps
         argv = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--init-groups", *argv]
+    seccomp_fd = filter_fd()  # the sandbox's filter (bwrap sets no_new_privs with it): apt and pip need none of it
     try:
-        return subprocess.run([*opts, "--", *argv], capture_output=True, text=True, errors="replace", timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run([*opts, "--seccomp", str(seccomp_fd), "--", *argv], capture_output=True, text=True,
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, pass_fds=(seccomp_fd,))
     except subprocess.TimeoutExpired as e:
         raise ImageBuildError(f"the step did not finish within {timeout:g}s") from e
+    finally:
+        os.close(seccomp_fd)
 
 
 def lookup_user(rootfs: Path, spec: str) -> tuple[int, int]:

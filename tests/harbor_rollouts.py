@@ -47,9 +47,31 @@ async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
     return {t["id"]: {"oracle": values[2 * i], "noop": values[2 * i + 1]} for i, t in enumerate(tasks)}
 
 
+PROBE = ("python3 -c 'import json, os, urllib.request; base = os.environ[\"OPENAI_BASE_URL\"]; "
+         "print(json.loads(urllib.request.urlopen(base + \"/models\", timeout=30).read())[\"data\"][0][\"id\"])'")
+
+
+async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
+    """A harness that needs no LLM (`agent.kind: harness`, no `llm`) asks the gateway for its models
+    from inside each task's sandbox: the socket, the relay and the sandbox user's access to them."""
+    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.types import AgentConfig, RolloutContext
+
+    handler = get_handler("harbor")
+    out = {}
+    for task in handler.load(source)[:1]:
+        async with task_sandbox(handler, task, env) as sandbox:
+            trajectory = await handler.run(task, sandbox, None, tokenizer=None,
+                                           config=AgentConfig(agent_kind="harness", agent_command=PROBE),
+                                           ctx=RolloutContext(job="harbor-test", prompt=0, sample=0, task_id=task["id"]))
+            out[task["id"]] = (await sandbox.read_file("/logs/agent/harness.txt")).strip()
+    return out
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2:
         site.addsitedir(sys.argv[2])  # the project's venv, seen by an interpreter outside it
     # an interpreter whose libpython is found through LD_LIBRARY_PATH needs it in the sandbox too
     env = {"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]} if os.environ.get("LD_LIBRARY_PATH") else {}
-    print(json.dumps(asyncio.run(rollouts(sys.argv[1], env))))
+    probe = os.environ.get("ROLLOUTD_TEST_HARNESS_PROBE") == "1"
+    print(json.dumps(asyncio.run((harness_probe if probe else rollouts)(sys.argv[1], env))))

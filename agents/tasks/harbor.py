@@ -27,6 +27,7 @@ import re
 import secrets
 import shlex
 import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -122,6 +123,7 @@ class HarborTask(TaskHandler):
     async def init(self, task: dict, sandbox: Any) -> None:
         image = await self.image(task)
         await asyncio.to_thread(image.seed_workspace, Path(sandbox.workspace))
+        await asyncio.to_thread(sandbox.give, sandbox.workspace)  # before any agent code: no path to race
         await _bash_ok(sandbox, "mkdir -p /tmp/.harbor/logs/agent /tmp/.harbor/logs/verifier", "prepare /logs", 30)
 
     # ------------------------------------------------------------------ RUN
@@ -232,17 +234,35 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
 
 
 async def stage_dir(sandbox: Any, source: Path, target: str) -> None:
-    """Copy a host directory to `target` inside the sandbox (binary-safe: through the workspace, then moved)."""
+    """Copy a host directory to `target` inside the sandbox (binary-safe: through the workspace, then copied
+    by the sandbox's own user, so that the files are its own whatever uid it runs as)."""
     name = f".rolloutd-stage-{secrets.token_hex(6)}"
     staging = Path(sandbox.workspace) / name
     await asyncio.to_thread(_copy_fresh, source, staging)
     inner = shlex.quote(f"/tmp/.harbor{target}")
-    await _bash_ok(sandbox, f"rm -rf {inner} && mv /workspace/{name} {inner}", f"stage {target}", 60)
+    try:
+        await _bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /workspace/{name} {inner}",
+                       f"stage {target}", 60)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, staging, True)
 
 
 def _copy_fresh(source: Path, staging: Path) -> None:
-    os.mkdir(staging)  # a fresh name: fails rather than follow anything planted in the workspace
-    shutil.copytree(source, staging, symlinks=True, dirs_exist_ok=True)
+    """Copy `source` to `staging`, readable by any uid. Prepared beside the workspace (sandboxed code cannot
+    reach it there), then renamed in whole, so that no host step touches a path sandboxed code could swap."""
+    private = Path(tempfile.mkdtemp(dir=staging.parent.parent))
+    try:
+        tree = private / "tree"
+        shutil.copytree(source, tree, symlinks=True)
+        for dirpath, dirnames, filenames in os.walk(tree):
+            os.chmod(dirpath, os.stat(dirpath).st_mode | 0o555)
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    os.chmod(path, os.stat(path).st_mode | 0o444)
+        os.rename(tree, staging)  # fails on anything but an empty directory planted at that fresh name
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 async def _bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> None:

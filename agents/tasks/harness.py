@@ -33,7 +33,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
                       workdir: str, timeout: float) -> Trajectory:
     gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
                       request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
-    await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")
+    await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")  # uvicorn makes it 0666, in a 0700 dir
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
         relay = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} /.rolloutd/gateway.sock {PORT} "
@@ -53,7 +53,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
 
 
 def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Trajectory:
-    segments = stitch(gateway.calls, decode=tokenizer.decode)
+    segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
     if len(segments) == 1:

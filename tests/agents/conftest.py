@@ -13,7 +13,7 @@ from engine_fixtures import engine_pool, smollm2_engine, tiny_engine  # noqa: E4
 import pytest  # noqa: E402
 
 ENGINE_FIXTURES = {"tiny_engine", "smollm2_engine", "engine_pool"}
-ENGINE_MODULES = {"test_engine_vllm.py", "test_llm_vllm.py", "test_smollm2_rollout.py"}
+ENGINE_MODULES = {"test_engine_vllm.py", "test_llm_vllm.py", "test_smollm2_rollout.py", "test_gateway.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -132,3 +132,88 @@ def test_a_backend_failure_behind_a_call_is_infra():
     trajectory = asyncio.run(go())
     assert trajectory.failure.kind.value == "infra" and "connection refused" in trajectory.failure.reason
     assert trajectory.metrics["gateway_calls"] == 0 and trajectory.token_ids == []
+
+
+MINI = ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
+        "LITELLM_LOCAL_MODEL_COST_MAP=True HOME=/tmp/home "
+        "mini --agent-class default --model-class litellm_textbased -m openai/policy -c mini_textbased.yaml "
+        "-c agent.step_limit=3 -c agent.cost_limit=0 -c model.model_kwargs.api_base=$OPENAI_BASE_URL "
+        "-c model.model_kwargs.api_key=$OPENAI_API_KEY -o /logs/agent/mini.traj.json "
+        "-t \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
+
+
+def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_engine):
+    """mini-swe-agent 2.4.6 (PyPI, through litellm), installed by the task's Dockerfile, run unchanged
+    as `agent.command` in the task's sandbox: each of its LLM calls is recorded exactly once and token-exactly
+    (the fp32 engine re-scores the stitched ids to the recorded logprobs within fp32 noise)."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    tok = ChatTokenizer(model_dir("smollm2"))
+    handler = get_handler("harbor")
+    [task] = handler.load(Path(__file__).parent / "harness_tasks")
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            async with VLLMBackend(smollm2_engine.url) as llm:
+                config = AgentConfig(agent_kind="harness", agent_command=MINI,
+                                     sampling=SamplingParams(seed=3, max_tokens=64))
+                trajectory = await handler.run(task, sandbox, llm, tokenizer=tok, config=config,
+                                               ctx=RolloutContext(job="mini", prompt=0, sample=0, task_id=task["id"]))
+            mini_traj = await sandbox.read_file("/logs/agent/mini.traj.json")
+            return trajectory, mini_traj, await handler.eval(task, sandbox, trajectory)
+
+    trajectory, mini_traj, reward = asyncio.run(go())
+    assert trajectory.failure.kind.value != "infra", (trajectory.failure, trajectory.metrics["harness_output"])
+    calls = trajectory.metrics["gateway_calls"]
+    counted = __import__("json").loads(mini_traj)["info"]["model_stats"]["api_calls"]  # mini's own count
+    assert calls >= 1 and counted == calls  # every call the harness made, recorded exactly once
+    segments = trajectory.metrics["segments"]
+    assert sum(s["calls"] for s in segments) == calls
+    worst = 0.0
+    for seg in segments:
+        r = httpx.post(f"{smollm2_engine.url}/v1/completions", timeout=300, json={
+            "model": smollm2_engine.served_name, "prompt": seg["token_ids"], "max_tokens": 1, "prompt_logprobs": 0,
+            "return_token_ids": True}).json()["choices"][0]
+        assert r["prompt_token_ids"] == seg["token_ids"]
+        generated = [i for i, m in enumerate(seg["loss_mask"]) if m]
+        rescored = [r["prompt_logprobs"][i][str(seg["token_ids"][i])]["logprob"] for i in generated]
+        worst = max([worst, *(abs(a - seg["logprobs"][i]) for a, i in zip(rescored, generated))])
+    assert worst < 1e-3, worst
+    assert reward.value in (0.0, 1.0)
+
+
+def test_cancelling_the_rollout_cancels_the_harness_calls():
+    """DAPO or a delete cancels RUN: the gateway's in-flight backend call is cancelled (VLLMBackend then
+    aborts it server-side) and the sandbox close ends the harness."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    class HangingLLM:
+        started, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def generate(self, prompt_ids, sampling, request_id):
+            self.started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+    async def go():
+        llm = HangingLLM()
+        async with task_sandbox(handler, task) as sandbox:
+            await sandbox.write_file("/tmp/harness.py", HARNESS)
+            config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
+                                 sampling=SamplingParams(max_tokens=8))
+            run = asyncio.ensure_future(handler.run(task, sandbox, llm, tokenizer=ChatTokenizer(model_dir("tiny")),
+                                                    config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0)))
+            await asyncio.wait_for(llm.started.wait(), 120)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            await asyncio.wait_for(llm.cancelled.wait(), 10)
+        return llm.cancelled.is_set()
+
+    assert asyncio.run(go())

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
-from rolloutd.agents.tasks.harbor import parse_reward
+from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
 from rolloutd.sandbox.rootfs import image_cache_dir
 
-from harbor_rollouts import rollouts, task_sandbox  # tests/ (also run as a script, as another user)
+from harbor_rollouts import harness_probe, rollouts, task_sandbox  # tests/ (also run as a script, as another user)
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "harbor" / "tasks"
@@ -114,6 +114,31 @@ def test_the_agent_cannot_plant_the_reward_or_the_tests(built):
     assert asyncio.run(main()).value == 0.0
 
 
+def test_the_task_runs_contained_and_owns_what_is_staged(built, tmp_path):
+    """The agent and verifier never run as root (uid 65534 under a root daemon), cannot write into the
+    image, and own what the node stages (a 0700 host dir, 0600 file): readable, changeable, no leftover."""
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["csv-total"]
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret-ish.txt").write_text("staged\n")
+    (private / "secret-ish.txt").chmod(0o600)
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            await stage_dir(sandbox, private, "/tests")
+            out = (await sandbox.bash("id -u; stat -c %u /tests/secret-ish.txt; cat /tests/secret-ish.txt; "
+                                      "echo more >> /tests/secret-ish.txt && echo changed; "
+                                      "touch /usr/local/planted 2>/dev/null || echo image-read-only; "
+                                      "ls -A /workspace | grep -c rolloutd-stage")).output.split()
+            return out, [p.name for p in Path(sandbox.workspace).iterdir()]
+
+    out, host_listing = asyncio.run(main())
+    uid = str(65534 if os.geteuid() == 0 else os.geteuid())
+    assert out == [uid, uid, "staged", "changed", "image-read-only", "0"]
+    assert not any(name.startswith(".rolloutd-stage") for name in host_listing)
+
+
 def _unprivileged_user() -> str:
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("switching to an unprivileged user needs root and runuser")
@@ -131,9 +156,9 @@ def _link_interpreter(prefix: Path, dest: Path) -> None:
                     str(dest / stdlib)], check=True)
 
 
-def test_oracle_1_noop_0_as_an_unprivileged_user(built):
-    """The daemon as `nobody`: its own interpreter (a hard-linked copy of ours: /root is not readable)
-    and the images in a directory it can read, as a cluster filesystem cache would be."""
+def _as_unprivileged_daemon(extra_env: dict[str, str]):
+    """Runs tests/harbor_rollouts.py as `nobody`: its own interpreter (a hard-linked copy of ours: /root
+    is not readable) and the images in a directory it can read, as a cluster filesystem cache would be."""
     user = pwd.getpwnam(_unprivileged_user())
     shared = Path(tempfile.mkdtemp(prefix="rolloutd-harbor-user-", dir="/var/tmp"))
     try:
@@ -150,16 +175,26 @@ def test_oracle_1_noop_0_as_an_unprivileged_user(built):
         # LD_LIBRARY_PATH: the copy's libpython (its RUNPATH names the original, under /root)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(shared), "ROLLOUTD_IMAGE_DIR": str(images),
                "LD_LIBRARY_PATH": str(python / "lib"),
-               "ROLLOUTD_SANDBOX_DIR": str(shared / "sandboxes")}
+               "ROLLOUTD_SANDBOX_DIR": str(shared / "sandboxes"), **extra_env}
         (shared / "sandboxes").mkdir(mode=0o700)
         os.chown(shared / "sandboxes", user.pw_uid, user.pw_gid)
         proc = subprocess.run([shutil.which("runuser"), "-u", user.pw_name, "--", str(interpreter),
                                str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(TASKS), site_dir],
                               env=env, capture_output=True, text=True, timeout=600, cwd=shared)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert json.loads(proc.stdout) == EXPECTED
+        return json.loads(proc.stdout)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_oracle_1_noop_0_as_an_unprivileged_user(built):
+    assert _as_unprivileged_daemon({}) == EXPECTED
+
+
+def test_a_harness_reaches_its_gateway_as_root_and_as_an_unprivileged_user(built):
+    """The gateway's socket and relay serve the sandbox's user: uid 65534 under root, the daemon's otherwise."""
+    assert asyncio.run(harness_probe(str(TASKS))) == {"config-port": "policy"}
+    assert _as_unprivileged_daemon({"ROLLOUTD_TEST_HARNESS_PROBE": "1"}) == {"config-port": "policy"}
 
 
 def test_dataset_errors_name_the_task_and_line(tmp_path):
