@@ -19,7 +19,7 @@ from ..weights import save_weights
 
 
 class PolicySync(TrainerCallback):
-    """On every optimizer step's end: save the policy to `weights_dir/v<global_step>` and
+    """At the start of training, and on every optimizer step's end: save the policy to `weights_dir/v<global_step>` and
     `announce_policy(job, version=global_step, weights_path=…)`: rolloutd holds new LLM calls,
     drains, has every backend reload the file, resets prefix caches and tags later trajectories
     with the version, which `RolloutSource` then checks against TRL's `global_step`.
@@ -29,23 +29,31 @@ class PolicySync(TrainerCallback):
                  timeout: float = 600.0):
         self.client, self.job, self.weights_dir = client, job, Path(weights_dir)
         self.keep, self.timeout = keep, timeout
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # one entry per optimizer step
+        self.initial: dict[str, Any] | None = None  # the weights TRL started from (version 0)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # the backends may serve other weights than TRL starts from (an earlier run's, a reloaded
+        # checkpoint): publish TRL's own before the first rollouts, or version tags would lie
+        self.initial = self._publish(model, int(state.global_step))
+        return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        version = int(state.global_step)
+        self.history.append(self._publish(model, int(state.global_step)))
+        return control
+
+    def _publish(self, model, version: int) -> dict[str, Any]:
         t0 = time.monotonic()
         path = save_weights(model, self.weights_dir / f"v{version}")
         t1 = time.monotonic()
         applied = self.client.announce_policy(self.job, version, weights_path=path, pause=True, timeout=self.timeout)
         backends = applied.get("backends", [])
         failed = [b for b in backends if not b.get("reloaded")]
-        self.history.append({"version": version, "save_s": t1 - t0, "sync_s": time.monotonic() - t0,
-                             "paused_s": float(applied.get("pausedSeconds") or 0.0),
-                             "reloaded": bool(backends) and not failed})
         if failed:
             raise RuntimeError(f"version {version} was not reloaded by {failed} (rolloutjob {self.job})")
         shutil.rmtree(self.weights_dir / f"v{version - self.keep}", ignore_errors=True)
-        return control
+        return {"version": version, "save_s": t1 - t0, "sync_s": time.monotonic() - t0,
+                "paused_s": float(applied.get("pausedSeconds") or 0.0), "reloaded": bool(backends)}
 
 
 class LogprobGap:
