@@ -42,6 +42,21 @@ class DatasetError(ValueError):
     """A dataset file or row is malformed. The message names the file, the line and the field."""
 
 
+def json_lines(path: Path):
+    """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file;
+    a line that is not JSON raises `DatasetError` naming `file:line`. Read lazily."""
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
+            yield lineno, where, value
+
+
 class EvalError(RuntimeError):
     """The evaluator itself failed (sandbox died, test harness crashed, repository unusable), or
     staging the task in INIT did (e.g. `swe` cannot check out its repository).
@@ -88,35 +103,29 @@ class TaskHandler(ABC):
             raise DatasetError(f"{path}: dataset file not found")
         rows: list[dict] = []
         seen: dict[str, int] = {}
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if limit is not None and len(rows) >= limit:
-                    break
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                for field, types in self.fields.items():
-                    if field not in row:
-                        raise DatasetError(f"{where}: missing field '{field}' (a {self.name} row needs {sorted(self.fields)})")
-                    if not isinstance(row[field], types) or isinstance(row[field], bool):
-                        raise DatasetError(
-                            f"{where}: field '{field}' must be {_type_names(types)}, got {type(row[field]).__name__}"
-                        )
-                try:
-                    self.validate_row(row, base_dir=path.parent)
-                except (ValueError, TypeError) as e:
-                    raise DatasetError(f"{where}: {e}") from None
-                key = str(row[self.id_field])
-                if key in seen:
-                    raise DatasetError(f"{where}: field '{self.id_field}': duplicate id {key!r} (first on line {seen[key]})")
-                seen[key] = lineno
-                rows.append(row)
+        if limit is not None and limit <= 0:
+            return rows
+        for lineno, where, row in json_lines(path):
+            if not isinstance(row, dict):
+                raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            for field, types in self.fields.items():
+                if field not in row:
+                    raise DatasetError(f"{where}: missing field '{field}' (a {self.name} row needs {sorted(self.fields)})")
+                if not isinstance(row[field], types) or isinstance(row[field], bool):
+                    raise DatasetError(
+                        f"{where}: field '{field}' must be {_type_names(types)}, got {type(row[field]).__name__}"
+                    )
+            try:
+                self.validate_row(row, base_dir=path.parent)
+            except (ValueError, TypeError) as e:
+                raise DatasetError(f"{where}: {e}") from None
+            key = str(row[self.id_field])
+            if key in seen:
+                raise DatasetError(f"{where}: field '{self.id_field}': duplicate id {key!r} (first on line {seen[key]})")
+            seen[key] = lineno
+            rows.append(row)
+            if limit is not None and len(rows) >= limit:
+                break  # read no further: a bad line past the limit is not the job's problem
         return rows
 
     def validate_row(self, row: dict, *, base_dir: Path) -> None:

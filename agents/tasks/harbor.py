@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import DatasetError, EvalError, Reward, TaskHandler, stash_answer
+from .base import DatasetError, EvalError, Reward, TaskHandler, json_lines, stash_answer
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
@@ -76,14 +76,7 @@ class HarborTask(TaskHandler):
     @staticmethod
     def _index(path: Path) -> tuple[list[tuple[str, Path]], dict[Path, str]]:
         dirs, where = [], {}
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            at = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{at}: not valid JSON ({e.msg})") from None
+        for _, at, row in json_lines(path):
             if not isinstance(row, dict) or not isinstance(row.get("path"), str):
                 raise DatasetError(f"{at}: field 'path' (a task directory) is required")
             task_dir = (path.parent / row["path"]).resolve()
