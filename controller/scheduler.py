@@ -299,12 +299,15 @@ class Scheduler:
         """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
         name = job.metadata.name
         with Session(self.engine, expire_on_commit=False) as s:
-            for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
-                self._release_backend(item)
-                item.state, item.deadline = "cancelled", None
-                s.add(item)
+            self._cancel_live(s, name)
             s.commit()
         self._wake[name].set()
+
+    def _cancel_live(self, s: Session, name: str) -> None:
+        """Cancel every live item of job `name` (daemons learn it at their next beat)."""
+        for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
+            self.cancel_item(item)
+            s.add(item)
 
     def purge(self, name: str) -> None:
         self._expansions.pop(name, None)
@@ -378,10 +381,7 @@ class Scheduler:
             row.error = reason
             s.add(row)
             self._expansions[name] = row
-        for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state.in_(LIVE))):
-            self._release_backend(item)
-            item.state, item.stage, item.deadline = "cancelled", None, None
-            s.add(item)
+        self._cancel_live(s, name)
         log.error("job %s fails: %s", name, reason)
 
     @staticmethod
