@@ -84,7 +84,8 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, SandboxSpec, WarmPool, get_runtime
 
 from .llm import LLMBackend, SamplingParams, VLLMBackend
-from .nodeclient import Backoff, ControllerClient, ControllerError, result_json
+from .aiokit import Backoff
+from .nodeclient import ControllerClient, ControllerError, result_json
 from .supervise import EXIT_REFUSED
 from .tasks.base import ConfigError, EvalError, TaskHandler, get_handler
 from .types import AgentConfig, RolloutContext

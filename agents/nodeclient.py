@@ -6,12 +6,11 @@ Bodies are the wire (camelCase) forms of the `crds.node` models, replies are val
 
 Errors: every failure is a `ControllerError`; `retryable` tells a controller that is briefly away
 (connection refused or reset, timeout, 5xx, 429) from one that refuses the request (other 4xx).
-The caller decides how long to retry (see `Backoff`).
+The caller decides how long to retry (see `aiokit.Backoff`).
 """
 from __future__ import annotations
 
 import json
-import random
 from typing import Any, TypeVar
 
 import httpx
@@ -51,22 +50,6 @@ class ControllerError(Exception):
     def gone(self) -> bool:
         """The controller does not know this node (or job) any more."""
         return self.status in (404, 410)
-
-
-class Backoff:
-    """Exponential back-off with jitter: `next()` gives the next delay, `reset()` after a success."""
-
-    def __init__(self, initial: float = 0.1, maximum: float = 5.0, factor: float = 2.0) -> None:
-        self.initial, self.maximum, self.factor = initial, maximum, factor
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * self.factor, self.maximum)
-        return delay * (0.75 + random.random() * 0.5)
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 def result_json(result: Result) -> bytes:
