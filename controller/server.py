@@ -18,6 +18,7 @@ import uvicorn
 from .api import create_app
 from .auth import ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (re-exported)
+from .executors.kubernetes import KubernetesExecutor
 from .executors.local import LocalExecutor
 from .executors.slurm import SlurmExecutor, advertised_url
 from .reconciler import Reconciler
@@ -27,7 +28,7 @@ from .store import Store
 DB_FILE = "rolloutd.db"
 
 
-EXECUTOR_KINDS = ("local", "slurm")
+EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
@@ -45,6 +46,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         executors_by_kind["slurm"] = SlurmExecutor(
             advertised_url(host, port), join_token, data_dir, scheduler=scheduler,
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
+    if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
+        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port), join_token)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     reconciler = Reconciler(store, enabled, scheduler, resync=resync)
     scheduler.on_idle = reconciler.nudge  # a finished job is marked Succeeded now, not at the next resync

@@ -1,0 +1,333 @@
+"""The Kubernetes executor: a RolloutJob's node daemons as one Indexed Job (a pod per node).
+
+Called by the reconciler (`ensure` / `observe` / `release`, the `Executor` protocol) for jobs with
+`executor.kind: kubernetes`. `job_manifest` builds the batch/v1 Job as a pure function (tested against
+the Kubernetes schemas); the executor creates it with the official `kubernetes` client (the
+`[kubernetes]` extra, imported on first use: a controller without it fails such a job with a condition
+saying what to install), scales it by patching `parallelism` and `completions` together (elastic
+Indexed Job), maps its pods to NodeStates and deletes it (propagationPolicy Background: the pods get
+SIGTERM and drain) on release.
+
+The daemon's side is the local and Slurm executors' contract: `rolloutd node --slot <index>` with
+ROLLOUTD_CONTROLLER / ROLLOUTD_JOB in its environment and ROLLOUTD_JOIN_TOKEN from a Secret the
+executor writes beside the Job (never in the Job's spec, which anyone who may read Jobs can see).
+Test seam: `api_client` (a `kubernetes.client.ApiClient` factory).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from rolloutd.crds.rolloutjob import RolloutJob
+
+from ..reconciler import ExecutorError, NodeState
+
+log = logging.getLogger("rolloutd.executor.kubernetes")
+
+CONTAINER = "node"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+RESTARTS_PER_NODE = 5  # like the Slurm batch script's supervisor: a crashing daemon's pod is replaced this often
+SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+INSTALL_HINT = "pip install 'rolloutd[kubernetes]'"
+
+
+def resource_name(job: str) -> str:
+    """The Job's (and its Secret's) name: `rolloutd-<job>`, shortened with a hash so that the pods'
+    hostnames (`<name>-<index>`) stay within 63 characters."""
+    name = f"rolloutd-{job}"
+    if len(name) <= 52:
+        return name
+    return f"{name[:43]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
+
+
+def labels(job: RolloutJob) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "rolloutd-node", "app.kubernetes.io/managed-by": "rolloutd",
+            "rolloutd.io/job": job.metadata.name, "rolloutd.io/uid": job.metadata.uid or ""}
+
+
+def secret_manifest(job: RolloutJob, *, namespace: str, join_token: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": resource_name(job.metadata.name), "namespace": namespace, "labels": labels(job)},
+            "stringData": {"join-token": join_token}}
+
+
+def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url: str,
+                 drain_seconds: float = 30.0) -> dict[str, Any]:
+    """The Indexed Job running `spec.executor.nodes` node daemons of `job` (pure: no API call)."""
+    k = job.spec.executor.kubernetes
+    nodes = job.spec.executor.nodes
+    name = resource_name(job.metadata.name)
+    env = [{"name": "ROLLOUTD_CONTROLLER", "value": controller_url},
+           {"name": "ROLLOUTD_JOB", "value": job.metadata.name},
+           {"name": "ROLLOUTD_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "join-token"}}},
+           {"name": "ROLLOUTD_DRAIN_SECONDS", "value": f"{drain_seconds:g}"}]
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": k.image or image,
+        # JOB_COMPLETION_INDEX is set by the Job controller in every pod of an Indexed Job
+        "command": ["rolloutd", "node", "--slot", "$(JOB_COMPLETION_INDEX)"],
+        "env": env,
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            **({"procMount": "Unmasked"} if k.user_namespace else {})},
+    }
+    if k.image_pull_policy:
+        container["imagePullPolicy"] = k.image_pull_policy
+    resources = {key: dict(value) for key, value in (("requests", k.resources.requests),
+                                                       ("limits", k.resources.limits)) if value}
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",  # a failed pod is replaced by the Job (backoffLimitPerIndex), exit 2 fails it
+        "automountServiceAccountToken": False,  # a daemon talks to rolloutd, never to the Kubernetes API
+        "terminationGracePeriodSeconds": int(drain_seconds) + 15,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": k.run_as_user, "runAsGroup": k.run_as_user,
+                            "seccompProfile": {"type": k.seccomp_profile},
+                            "appArmorProfile": {"type": k.app_armor_profile}},
+        "containers": [container],
+    }
+    if k.user_namespace:
+        pod["hostUsers"] = False
+    if k.service_account:
+        pod["serviceAccountName"] = k.service_account
+    if k.node_selector:
+        pod["nodeSelector"] = dict(k.node_selector)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(job)},
+        "spec": {
+            "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
+            "backoffLimitPerIndex": RESTARTS_PER_NODE,
+            "podFailurePolicy": {"rules": [
+                # `rolloutd node` exits 2 when the controller refuses it or it is misconfigured: final
+                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [2]}},
+                # evicted or preempted pods do not count against the per-node budget
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "template": {"metadata": {"labels": labels(job)}, "spec": pod},
+        },
+    }
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
+            return f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".rstrip(": ")
+    return ""
+
+
+def _terminated(pod: dict[str, Any]) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return f"exited with code {term.get('exitCode')}" + (f" ({term['reason']})" if term.get("reason") else "")
+    return (pod.get("status") or {}).get("reason") or "failed"
+
+
+def node_states(job_name: str, pods: list[dict[str, Any]]) -> list[NodeState]:
+    """Pods of the Job → one NodeState per completion index (its newest pod), sorted by index."""
+    newest: dict[int, dict[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(INDEX_ANNOTATION) or (meta.get("labels") or {}).get(INDEX_ANNOTATION)
+        if raw is None or not str(raw).isdigit():
+            continue
+        index = int(raw)
+        if index not in newest or meta.get("creationTimestamp", "") >= newest[index]["metadata"].get("creationTimestamp", ""):
+            newest[index] = pod
+    out = []
+    for index, pod in sorted(newest.items()):
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        name = f"{job_name}-{index}"
+        if pod["metadata"].get("deletionTimestamp"):
+            out.append(NodeState(name, "lost", "pod is being deleted"))
+        elif phase == "Running":
+            out.append(NodeState(name, "running"))
+        elif phase == "Succeeded":
+            out.append(NodeState(name, "finished"))
+        elif phase == "Failed":
+            out.append(NodeState(name, "lost", _terminated(pod)))
+        else:
+            out.append(NodeState(name, "pending", _waiting_reason(pod)))
+    return out
+
+
+def _failed_condition(job: dict[str, Any]) -> str | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return f"{cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip(": ")
+    return None
+
+
+def default_api_client() -> Any:
+    """In a pod: its service account; elsewhere: $KUBECONFIG / ~/.kube/config."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class KubernetesExecutor:
+    def __init__(self, controller_url: str, join_token: str, *, namespace: str | None = None,
+                 image: str | None = None, drain_seconds: float | None = None,
+                 api_client: Callable[[], Any] = default_api_client):
+        self.controller_url = controller_url
+        self.join_token = join_token
+        self.namespace = namespace or os.environ.get("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
+        self.image = image or os.environ.get("ROLLOUTD_K8S_NODE_IMAGE") or ""
+        self.drain = drain_seconds if drain_seconds is not None else float(
+            os.environ.get("ROLLOUTD_DRAIN_SECONDS", "30") or 30)
+        self._api_factory = api_client
+        self._api: Any = None
+        self._released: set[str] = set()  # uids whose Job is gone: release() is called on every pass
+
+    # ------------------------------------------------------------ client
+
+    def _client(self) -> tuple[Any, Any, type[Exception]]:
+        try:
+            from kubernetes import client
+            from kubernetes.client.exceptions import ApiException
+        except ImportError:
+            raise ExecutorError(f"the kubernetes executor needs the kubernetes Python client on the controller: "
+                                f"{INSTALL_HINT}", reason="KubernetesClientMissing", permanent=True) from None
+        if self._api is None:
+            try:
+                self._api = self._api_factory()
+            except Exception as e:  # noqa: BLE001 - no kubeconfig, unreadable service account token...
+                raise ExecutorError(f"cannot configure the Kubernetes client: {e}", reason="KubernetesUnavailable",
+                                    permanent=True) from None
+        return client.BatchV1Api(self._api), client.CoreV1Api(self._api), ApiException
+
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False, **kw: Any) -> Any:
+        """One API call in a thread; API errors become ExecutorErrors (4xx that no retry fixes: permanent)."""
+        _, _, api_exception = self._client()
+        try:
+            return await asyncio.to_thread(fn, *args, **kw)
+        except api_exception as e:
+            if missing_ok and e.status == 404:
+                return None
+            message = _status_message(e)
+            permanent = e.status in (400, 401, 403, 404, 422)
+            reason = "Kubernetes" + (e.reason or str(e.status)).title().replace(" ", "")
+            raise ExecutorError(f"{what}: {message}", reason=reason, permanent=permanent) from None
+        except Exception as e:  # noqa: BLE001 - connection refused, TLS, timeouts: retried at the next pass
+            raise ExecutorError(f"{what}: {type(e).__name__}: {e}", reason="KubernetesUnreachable") from None
+
+    def _target(self, job: RolloutJob) -> tuple[str, str]:
+        namespace = job.spec.executor.kubernetes.namespace or self.namespace
+        if not namespace:
+            raise ExecutorError("no namespace for the node daemons: set spec.executor.kubernetes.namespace or "
+                                "$ROLLOUTD_K8S_NAMESPACE", reason="KubernetesNamespaceUnset", permanent=True)
+        return namespace, resource_name(job.metadata.name)
+
+    # ------------------------------------------------------------ Executor
+
+    async def ensure(self, job: RolloutJob, nodes: int) -> None:
+        batch, core, _ = self._client()
+        namespace, name = self._target(job)
+        uid = job.metadata.uid or ""
+        self._released.discard(uid)
+        if nodes < 1:
+            await self.release(job)
+            return
+        current = await self._call(f"reading Job {namespace}/{name}", batch.read_namespaced_job, name, namespace,
+                                   missing_ok=True)
+        if current is None:
+            image = job.spec.executor.kubernetes.image or self.image
+            if not image:
+                raise ExecutorError("no image for the node daemons: set spec.executor.kubernetes.image or "
+                                    "$ROLLOUTD_K8S_NODE_IMAGE", reason="KubernetesImageUnset", permanent=True)
+            await self._write_secret(core, job, namespace)
+            body = job_manifest(job, namespace=namespace, image=image, controller_url=self.controller_url,
+                                drain_seconds=self.drain)
+            await self._call(f"creating Job {namespace}/{name}", batch.create_namespaced_job, namespace, body)
+            log.info("created Job %s/%s for %s (%d node(s))", namespace, name, job.metadata.name, nodes)
+            return
+        current = batch.api_client.sanitize_for_serialization(current)
+        if (current["metadata"].get("labels") or {}).get("rolloutd.io/uid") != uid:
+            # the Job of an earlier RolloutJob of the same name: let it go first, create ours next pass
+            await self._delete(batch, core, namespace, name)
+            raise ExecutorError(f"Job {namespace}/{name} belongs to an earlier RolloutJob of this name; "
+                                f"deleting it", reason="KubernetesJobReplaced")
+        failed = _failed_condition(current)
+        if failed:
+            raise ExecutorError(f"Job {namespace}/{name} failed: {failed}", reason="KubernetesJobFailed",
+                                permanent=True)
+        spec = current.get("spec") or {}
+        if spec.get("parallelism") != nodes or spec.get("completions") != nodes:
+            # elastic Indexed Job: both change together (Kubernetes refuses them apart)
+            await self._call(f"scaling Job {namespace}/{name} to {nodes}", batch.patch_namespaced_job, name,
+                             namespace, {"spec": {"parallelism": nodes, "completions": nodes}},
+                             _content_type="application/merge-patch+json")
+            log.info("scaled Job %s/%s to %d node(s)", namespace, name, nodes)
+
+    async def _write_secret(self, core: Any, job: RolloutJob, namespace: str) -> None:
+        body = secret_manifest(job, namespace=namespace, join_token=self.join_token)
+        name = body["metadata"]["name"]
+        try:
+            await self._call(f"creating Secret {namespace}/{name}", core.create_namespaced_secret, namespace, body)
+        except ExecutorError as e:
+            if e.reason != "KubernetesConflict":  # left by an earlier attempt: overwrite (no `get` on Secrets needed)
+                raise
+            await self._call(f"updating Secret {namespace}/{name}", core.replace_namespaced_secret, name, namespace,
+                             body)
+
+    async def observe(self, job: RolloutJob) -> list[NodeState]:
+        _, core, _ = self._client()
+        namespace, name = self._target(job)
+        pods = await self._call(f"listing the pods of Job {namespace}/{name}", core.list_namespaced_pod, namespace,
+                                label_selector=f"{JOB_NAME_LABEL}={name}")
+        items = core.api_client.sanitize_for_serialization(pods).get("items") or []
+        return node_states(name, items)
+
+    async def release(self, job: RolloutJob) -> None:
+        uid = job.metadata.uid or ""
+        if uid in self._released:
+            return
+        batch, core, _ = self._client()
+        namespace, name = self._target(job)
+        await self._delete(batch, core, namespace, name)
+        self._released.add(uid)
+
+    async def _delete(self, batch: Any, core: Any, namespace: str, name: str) -> None:
+        # Background: the Job goes at once, the garbage collector deletes its pods, each gets SIGTERM and drains
+        # within terminationGracePeriodSeconds (the daemon's ROLLOUTD_DRAIN_SECONDS + 15)
+        gone = await self._call(f"deleting Job {namespace}/{name}", batch.delete_namespaced_job, name, namespace,
+                                propagation_policy="Background", missing_ok=True)
+        await self._call(f"deleting Secret {namespace}/{name}", core.delete_namespaced_secret, name, namespace,
+                         missing_ok=True)
+        if gone is not None:
+            log.info("deleted Job %s/%s", namespace, name)
+
+    async def shutdown(self) -> None:
+        """Controller exit: the Job keeps running (a restarted controller finds it by name)."""
+
+
+def _own_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NS.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _status_message(e: Any) -> str:
+    """The API server's Status message when there is one, else the HTTP reason."""
+    import json
+
+    try:
+        body = json.loads(e.body or "")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return f"HTTP {e.status} {e.reason or ''}".strip()
