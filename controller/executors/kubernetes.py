@@ -159,10 +159,11 @@ def node_states(job_name: str, pods: list[dict[str, Any]]) -> list[NodeState]:
     return out
 
 
-def _failed_condition(job: dict[str, Any]) -> str | None:
+def _condition(job: dict[str, Any], type_: str) -> str | None:
+    """`reason: message` of the Job's condition `type_` when it is True, else None."""
     for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return f"{cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip(": ")
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return f"{cond.get('reason') or type_}: {cond.get('message') or ''}".rstrip(": ")
     return None
 
 
@@ -259,10 +260,15 @@ class KubernetesExecutor:
             await self._delete(batch, core, namespace, name)
             raise ExecutorError(f"Job {namespace}/{name} belongs to an earlier RolloutJob of this name; "
                                 f"deleting it", reason="KubernetesJobReplaced")
-        failed = _failed_condition(current)
+        failed = _condition(current, "Failed")
         if failed:
             raise ExecutorError(f"Job {namespace}/{name} failed: {failed}", reason="KubernetesJobFailed",
                                 permanent=True)
+        if _condition(current, "Complete"):
+            # every daemon exited 0 (drained) while rollouts remain: a completed Job never starts pods again
+            await self._delete(batch, core, namespace, name)
+            raise ExecutorError(f"every node daemon of Job {namespace}/{name} exited while rollouts remain; "
+                                f"replacing the Job", reason="KubernetesJobReplaced")
         spec = current.get("spec") or {}
         if spec.get("parallelism") != nodes or spec.get("completions") != nodes:
             # elastic Indexed Job: both change together (Kubernetes refuses them apart)

@@ -334,7 +334,7 @@ def test_a_leftover_secret_is_overwritten_and_an_earlier_jobs_job_replaced(apise
     asyncio.run(go())
 
 
-def test_api_refusals_fail_the_job_and_outages_are_retried(apiserver):
+def test_refusals_fail_the_job_drained_or_unreachable_is_retried(apiserver):
     ex = executor(apiserver.url)
     apiserver.forbidden.add("locked")
 
@@ -350,6 +350,14 @@ def test_api_refusals_fail_the_job_and_outages_are_retried(apiserver):
         with pytest.raises(ExecutorError, match="exit code 2") as e:
             await ex.ensure(make_job(), 1)
         assert e.value.permanent and e.value.reason == "KubernetesJobFailed"
+
+        apiserver.jobs[("rl", "rolloutd-math-demo")]["status"] = {"conditions": [
+            {"type": "Complete", "status": "True", "reason": "CompletionsReached"}]}
+        with pytest.raises(ExecutorError, match="replacing the Job") as e:  # drained daemons, rollouts left
+            await ex.ensure(make_job(), 1)
+        assert not e.value.permanent and not apiserver.jobs
+        await ex.ensure(make_job(), 1)
+        assert ("rl", "rolloutd-math-demo") in apiserver.jobs
 
         down = executor("http://127.0.0.1:9")  # nothing listens: transient, the next pass tries again
         with pytest.raises(ExecutorError, match="reading Job") as e:
