@@ -300,9 +300,15 @@ class KubernetesExecutor:
         uid = job.metadata.uid or ""
         if uid in self._released:
             return
-        batch, core, _ = self._client()
-        namespace, name = self._target(job)
-        await self._delete(batch, core, namespace, name)
+        try:
+            batch, core, _ = self._client()
+            namespace, name = self._target(job)
+            await self._delete(batch, core, namespace, name)
+        except ExecutorError as e:
+            if not e.permanent:
+                raise  # API server unreachable: the next pass tries again
+            # no client, no namespace, or the API refuses: retrying every pass changes nothing
+            log.error("cannot release the node daemons of %s: %s", job.metadata.name, e)
         self._released.add(uid)
 
     async def _delete(self, batch: Any, core: Any, namespace: str, name: str) -> None:

@@ -398,6 +398,12 @@ def test_without_the_client_a_job_fails_with_what_to_install(tmp_path, monkeypat
     status = store.get("math-demo").status
     assert status.phase.value == "Failed"
     assert INSTALL_HINT in status.condition("Failed").message
+    events = len(store.events("math-demo"))
+    asyncio.run(rec.reconcile_all())  # a failed job is released on every pass: no error loop
+    assert len(store.events("math-demo")) == events
+    store.mark_deleted("math-demo")
+    asyncio.run(rec.reconcile_all())
+    assert "math-demo" not in list(store.names())
 
 
 def test_the_core_does_not_import_the_client():
