@@ -105,6 +105,17 @@ def test_a_manifest_kubernetes_would_refuse_is_caught():
         kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
 
+def test_schema_check_needs_no_network(monkeypatch):
+    """kubernetes-validate reads the schemas it bundles: with every connection refused it still validates."""
+    import socket
+
+    def refuse(*a, **k):
+        raise OSError("network disabled in this test")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert kubernetes_validate.validate(one(render("defaults"), "Deployment"), K8S_VERSION, strict=True) == K8S_VERSION
+
+
 def test_chart_crd_is_the_generated_one():
     assert (CHART / "crds" / "rolloutjob.yaml").read_text() == render_crd(), \
         "charts/rolloutd/crds/rolloutjob.yaml is stale: cp crds/rolloutjob.yaml charts/rolloutd/crds/ after `rolloutd crd`"
