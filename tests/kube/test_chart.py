@@ -212,13 +212,16 @@ def test_bring_your_own_secret_and_volume():
     assert pod["automountServiceAccountToken"] is False  # the local executor needs no Kubernetes API
 
 
-def test_given_tokens_are_used_and_a_bad_mode_is_refused():
+def test_given_tokens_are_used_and_bad_values_are_refused():
     out = subprocess.run([helm(), "template", "r", str(CHART), "--set", "auth.token=abc", "--set", "auth.joinToken=xyz"],
                          capture_output=True, text=True, check=True).stdout
     secret = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Secret")
     assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {"token": "abc", "join-token": "xyz"}
-    bad = subprocess.run([helm(), "template", "r", str(CHART), "--set", "mode=serverless"], capture_output=True, text=True)
-    assert bad.returncode != 0 and 'mode must be controller or operator, not "serverless"' in bad.stderr
+    for flag, message in (("mode=serverless", "at '/mode': value must be one of 'controller', 'operator'"),
+                          ("serviceMonitor.enable=true", "at '/serviceMonitor': additional properties 'enable' not allowed"),
+                          ("executor.kinds={kubernetes,k8s}", "at '/executor/kinds/1': value must be one of")):
+        bad = subprocess.run([helm(), "template", "r", str(CHART), "--set", flag], capture_output=True, text=True)
+        assert bad.returncode != 0 and message in bad.stderr, (flag, bad.stderr)
 
 
 def test_notes_tell_how_to_reach_the_api():
