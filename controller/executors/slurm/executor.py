@@ -1,39 +1,10 @@
 """The Slurm executor: a RolloutJob's node daemons as Slurm allocations, watched and healed.
 
 Called by the reconcile (`ensure` / `observe` / `release`, the `Executor` of `executors/base.py`) on every
-pass over a job with `executor.kind: slurm`. Next steps: `script.py` builds what sbatch submits,
-`cli.py` runs Slurm's commands, `retire.py` takes allocations away, `state.py` is what it remembers.
-
-Desired vs observed, level-triggered:
-
-- **Allocations.** A job owns one or more Slurm jobs ("allocations"); the first one asks for
-  `spec.executor.nodes` nodes, and its batch script runs `srun --ntasks-per-node=1` → one
-  `rolloutd node` per node (each registers with SLURM_JOB_ID / SLURM_NODEID / SLURMD_NODENAME).
-  Every allocation carries `rolloutd uid=<job uid> job=<name>` in its Slurm comment.
-- **Grow**: a running job whose `nodes` goes up gets one more allocation for the difference; the
-  running daemons are not touched. **Shrink** (`retire.py`): whole allocations are retired newest
-  first (SIGTERM to their daemons: they hand back unstarted work, finish what is in flight, exit 0);
-  when only part of an allocation must go, the daemons on its last nodes are drained through the
-  scheduler and, once they have left, those nodes are given back to Slurm.
-- **Loss**: an allocation that ends without being retired (FAILED, TIMEOUT, NODE_FAIL, PREEMPTED,
-  OUT_OF_MEMORY, CANCELLED by someone else, BOOT_FAIL, its record gone) is replaced by a new one,
-  at once the first time and with exponential back-off when allocations keep dying young; after
-  `max_failures` quick deaths in a row the job fails with the last one's message. Its daemons'
-  leases go back to the queue when they are not extended; an expired attempt's late result is
-  dropped by the scheduler, so every rollout arrives exactly once.
-- **Adoption**: the allocations of each job are recorded in `slurm-executor.json` in the data dir,
-  and Slurm itself is asked too (`squeue` by comment), so a restarted controller — even one that
-  died between `sbatch` and writing that file — adopts what runs and never submits a duplicate.
-- **Release** (deletion, completion): every allocation is retired; escalation survives a restart.
-- **Refusals**: sbatch errors that no retry will fix and pending reasons that never resolve fail
-  the job with Slurm's own words; other errors (controller unreachable) are retried with back-off
-  and shown as a condition. A Slurm that cannot be queried never counts as a lost allocation.
-
-The join token never appears on a command line or in Slurm's job record: sbatch runs with a
-sanitised copy of the controller's environment plus the daemon contract (crds/nodeenv.py), and
-`--export=ALL` hands it to the batch script and srun's tasks. The script comes in on sbatch's stdin.
-
-Test seams: `run(argv, env, input) -> (rc, stdout, stderr)` (a fake Slurm CLI), `clock`.
+pass over a job with `executor.kind: slurm`, level-triggered. Next steps: `script.py` builds what sbatch
+submits, `cli.py` runs Slurm's commands, `retire.py` takes allocations away (shrink, release), `state.py`
+is what survives a restart. What it does for each event (grow, shrink, loss, restart, refusal) is the
+table in examples/slurm/README.md. Test seams: `run(argv, env, input) -> (rc, stdout, stderr)`, `clock`.
 """
 from __future__ import annotations
 
@@ -97,6 +68,8 @@ class SlurmExecutor:
     # ------------------------------------------------------------ Executor
 
     async def ensure(self, job: RolloutJob, nodes: int) -> None:
+        """Losses are counted (and replaced after the crash back-off), hopeless pending ones fail the job,
+        a surplus is retired, a shortfall gets one more allocation for the difference."""
         async with self._lock:
             try:
                 snap = await self._snapshot()
@@ -131,6 +104,7 @@ class SlurmExecutor:
             return out
 
     async def release(self, job: RolloutJob) -> None:
+        """Every allocation is retired (the follow-up sweep escalates to scancel); cheap once done."""
         name = job.metadata.name
         if name not in self.state:  # cheap: called on every pass over a finished job
             if self._adopted:
@@ -285,6 +259,8 @@ class SlurmExecutor:
                                     reason=sj.reason, permanent=True)
 
     async def _submit(self, job: RolloutJob, rec: JobRecord, count: int) -> None:
+        """sbatch with the daemon contract in its environment (`--export=ALL` hands it to srun's tasks):
+        the join token never appears on a command line or in Slurm's job record."""
         name, uid = job.metadata.name, job.metadata.uid or ""
         spec = job.spec.executor.slurm
         self.log_dir.mkdir(parents=True, exist_ok=True)
