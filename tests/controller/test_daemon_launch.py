@@ -50,3 +50,23 @@ def test_the_state_file_is_replaced_whole_and_unreadable_means_none(tmp_path):
     assert f.load() == {"a": {"1": {"pid": 5}}} and not (tmp_path / "sub" / "state.tmp").exists()
     f.path.write_text("{not json")
     assert f.load() is None
+
+
+def test_executors_and_the_reconcile_ports_import_nothing_of_the_controller_around_them():
+    """So the reconcile loop can be replaced whole (kopf handlers) and a new executor needs only
+    `executors/base.py`: executors import their own package, crds and shared kits; ports.py only crds."""
+    import ast
+    from pathlib import Path
+
+    controller = Path(__file__).resolve().parents[2] / "controller"
+    for path in [controller / "ports.py", *sorted((controller / "executors").rglob("*.py"))]:
+        package = path.parent.relative_to(controller).parts  # () for ports.py, ("executors", …) below
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level <= len(package), f"{path.name} imports {'.' * node.level}{node.module}"
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                assert not name.startswith("rolloutd.controller") or name.startswith("rolloutd.controller.executors"), \
+                    f"{path.name} imports {name}"
+                assert not name.startswith("rolloutd.agents") or name == "rolloutd.agents.aiokit", f"{path.name}: {name}"
