@@ -1,14 +1,8 @@
 """The local executor (embedded default): node daemons as subprocesses of the controller.
 
-Called by the reconciler. `ensure(job, n)` keeps exactly `n` daemons (`rolloutd node --slot K`)
-alive for the job, restarting one that dies (with back-off when it keeps dying) and stopping
-surplus slots with SIGTERM so they drain; `release(job)` sends SIGTERM to every daemon of the
-job and SIGKILL after a grace period. Daemons run in their own process groups and are tracked
-by pid + start time in `state_file`, so a restarted controller adopts the daemons it started
-instead of starting duplicates, and only ever signals processes it started.
-
-The daemon's side is identical to Slurm's: it gets the controller URL, the job and the join
-token through its environment (never on the command line): `base.daemon_env`, crds/nodeenv.py.
+Called by the reconcile through `Executor` (base.py); each daemon is `rolloutd node --slot K` with the
+contract in its environment (`base.daemon_env`), in its own process group, tracked by pid + start time
+in `local-executor.json`: a restarted controller adopts them and only ever signals what it started.
 """
 from __future__ import annotations
 
@@ -108,6 +102,8 @@ class LocalExecutor:
         return _Daemon(slot, popen.pid, start, popen, time.monotonic(), restarts)
 
     async def ensure(self, job: RolloutJob, nodes: int) -> None:
+        """Exactly `nodes` daemons: a dead one is restarted (after a back-off when it keeps dying young),
+        surplus slots get SIGTERM and drain."""
         name = job.metadata.name
         slots = self.daemons.setdefault(name, {})
         changed = False
@@ -138,6 +134,7 @@ class LocalExecutor:
         return out
 
     async def release(self, job: RolloutJob) -> None:
+        """SIGTERM to every daemon of the job, SIGKILL after the grace period."""
         slots = self.daemons.pop(job.metadata.name, {})
         for d in slots.values():
             self._terminate(d)
