@@ -7,59 +7,23 @@ Runs inside the controller process (`server.py` starts it). On every store chang
     Pending → Provisioning (executor.ensure) → Running (a daemon is up) → Succeeded/Failed
     deletionTimestamp set → Cancelling → executor.release → Cancelled → removed from the store
 
-Executors (`local`, `slurm`) and the work tracker (the scheduler) plug in through the two
-small protocols below; later issues provide them.
+Its ports are in their own modules, so a different driver (kopf handlers) can replace this loop
+whole: the executors (`executors/base.py`: `Executor`) and the work tracker and store calls
+(`ports.py`: `WorkTracker`, `JobStore`). Next step: the executor's `ensure`/`observe`/`release`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal, Protocol
 
-from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus, StageCounts
+from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus
 
 from .errors import ApiError, Conflict, NotFound
-from .store import Store
+from .executors.base import Executor, ExecutorError
+from .ports import JobStore, WorkTracker
 
 log = logging.getLogger("rolloutd.reconciler")
-
-
-@dataclass
-class NodeState:
-    name: str
-    state: Literal["pending", "running", "lost", "finished"]
-    reason: str = ""
-
-
-class ExecutorError(Exception):
-    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job."""
-
-    def __init__(self, message: str, *, reason: str = "ExecutorError", permanent: bool = False):
-        super().__init__(message)
-        self.reason = reason
-        self.permanent = permanent
-
-
-class Executor(Protocol):
-    async def ensure(self, job: RolloutJob, nodes: int) -> None: ...
-    async def observe(self, job: RolloutJob) -> list[NodeState]: ...
-    async def release(self, job: RolloutJob) -> None: ...
-
-
-@dataclass
-class Progress:
-    counts: StageCounts
-    done: bool = False          # every rollout is finished (batch mode: the last batch is complete)
-    failed: str | None = None   # a reason when the job cannot finish
-    extra: dict | None = None   # status fields the work tracker owns: {"batch": …, "policyVersion": …}
-
-
-class WorkTracker(Protocol):
-    async def progress(self, job: RolloutJob) -> Progress: ...
-    async def registered(self, job: RolloutJob) -> int: ...   # node daemons registered and alive
-    async def forget(self, job: RolloutJob) -> None: ...
 
 
 def now() -> datetime:
@@ -80,7 +44,7 @@ def set_condition(status: RolloutJobStatus, type_: str, value: bool | None, reas
 
 
 class Reconciler:
-    def __init__(self, store: Store, executors: dict[str, Executor] | None = None,
+    def __init__(self, store: JobStore, executors: dict[str, Executor] | None = None,
                  work: WorkTracker | None = None, resync: float = 2.0):
         self.store = store
         self.executors = executors or {}

@@ -53,7 +53,7 @@ from rolloutd.crds.trajectory import FailureKind
 from .backends import BackendPool
 from .batches import Batches
 from .errors import BadRequest, Conflict, NotFound
-from .reconciler import Progress
+from .ports import Progress
 from .store import Store
 
 log = logging.getLogger("rolloutd.scheduler")

@@ -20,7 +20,8 @@ from .auth import ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (re-exported)
 from .executors.kubernetes import KubernetesExecutor
 from .executors.local import LocalExecutor
-from .executors.slurm import SlurmExecutor, advertised_url
+from .executors.base import advertised_url
+from .executors.slurm.executor import SlurmExecutor
 from .reconciler import Reconciler
 from .scheduler import Scheduler
 from .store import Store

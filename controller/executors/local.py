@@ -1,19 +1,12 @@
 """The local executor (embedded default): node daemons as subprocesses of the controller.
 
-Called by the reconciler. `ensure(job, n)` keeps exactly `n` daemons (`rolloutd node --slot K`)
-alive for the job, restarting one that dies (with back-off when it keeps dying) and stopping
-surplus slots with SIGTERM so they drain; `release(job)` sends SIGTERM to every daemon of the
-job and SIGKILL after a grace period. Daemons run in their own process groups and are tracked
-by pid + start time in `state_file`, so a restarted controller adopts the daemons it started
-instead of starting duplicates, and only ever signals processes it started.
-
-The daemon's side is identical to Slurm's: it gets the controller URL, the job and the join
-token through its environment (never on the command line).
+Called by the reconcile through `Executor` (base.py); each daemon is `rolloutd node --slot K` with the
+contract in its environment (`base.daemon_env`), in its own process group, tracked by pid + start time
+in `local-executor.json`: a restarted controller adopts them and only ever signals what it started.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -25,9 +18,12 @@ from pathlib import Path
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from ..reconciler import NodeState
+from .base import NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
 
 log = logging.getLogger("rolloutd.executor.local")
+
+QUICK_EXIT_SECONDS = 10.0   # a daemon that dies sooner after its start is a crash in a row
+MAX_RESTART_DELAY = 30.0
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -48,7 +44,7 @@ class _Daemon:
     start_time: str
     popen: subprocess.Popen | None = None
     started: float = 0.0
-    restarts: int = 0
+    restarts: int = 0  # quick deaths in a row before this start
 
     def alive(self) -> bool:
         if self.popen is not None and self.popen.poll() is not None:
@@ -65,7 +61,7 @@ class LocalExecutor:
         self.controller_url = controller_url
         self.join_token = join_token
         self.log_dir = data_dir / "logs"
-        self.state_file = data_dir / "local-executor.json"
+        self.state_file = StateFile(data_dir / "local-executor.json")
         self.grace = grace_seconds
         self.python = python
         self.extra_env = extra_env or {}
@@ -76,9 +72,8 @@ class LocalExecutor:
     # ------------------------------------------------------------ persistence
 
     def _adopt(self) -> None:
-        try:
-            saved = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
+        saved = self.state_file.load()
+        if not isinstance(saved, dict):
             return
         for job, slots in saved.items():
             for slot, d in slots.items():
@@ -90,20 +85,16 @@ class LocalExecutor:
     def _save(self) -> None:
         data = {job: {str(s): {"pid": d.pid, "startTime": d.start_time} for s, d in slots.items()}
                 for job, slots in self.daemons.items() if slots}
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.state_file)
+        self.state_file.save(data)
 
     # ------------------------------------------------------------ Executor
 
     def _spawn(self, job: str, slot: int, restarts: int) -> _Daemon:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.extra_env, "ROLLOUTD_CONTROLLER": self.controller_url,
-               "ROLLOUTD_JOB": job, "ROLLOUTD_JOIN_TOKEN": self.join_token}
-        env.pop("ROLLOUTD_TOKEN", None)  # a daemon needs only the join token
+        env = daemon_env(os.environ, self.extra_env, self.controller_url, job, self.join_token)
         logf = open(self.log_dir / f"{job}-node{slot}.log", "ab")
-        popen = subprocess.Popen([self.python, "-m", "rolloutd.controller.main", "node", "--slot", str(slot)],
-                                 env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        popen = subprocess.Popen(daemon_argv(self.python, "--slot", str(slot)), env=env,
+                                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         logf.close()
         start = _proc_start_time(popen.pid) or ""
@@ -111,6 +102,8 @@ class LocalExecutor:
         return _Daemon(slot, popen.pid, start, popen, time.monotonic(), restarts)
 
     async def ensure(self, job: RolloutJob, nodes: int) -> None:
+        """Exactly `nodes` daemons: a dead one is restarted (after a back-off when it keeps dying young),
+        surplus slots get SIGTERM and drain."""
         name = job.metadata.name
         slots = self.daemons.setdefault(name, {})
         changed = False
@@ -120,10 +113,8 @@ class LocalExecutor:
                 continue
             restarts = 0
             if d is not None:
-                quick = time.monotonic() - d.started < 10
-                restarts = d.restarts + 1 if quick else 0
-                backoff = min(2.0 ** restarts, 30.0) if quick else 0.0
-                if time.monotonic() - d.started < backoff:
+                restarts = crash_count(d.restarts, d.started, time.monotonic(), QUICK_EXIT_SECONDS, reset=0)
+                if time.monotonic() - d.started < crash_delay(restarts, MAX_RESTART_DELAY, free=0):
                     continue
                 log.warning("node daemon slot %s of job %s exited (code %s); restarting", slot, name, d.exit_code())
             slots[slot] = self._spawn(name, slot, restarts)
@@ -143,6 +134,7 @@ class LocalExecutor:
         return out
 
     async def release(self, job: RolloutJob) -> None:
+        """SIGTERM to every daemon of the job, SIGKILL after the grace period."""
         slots = self.daemons.pop(job.metadata.name, {})
         for d in slots.values():
             self._terminate(d)

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from rolloutd.controller.errors import NotFound
-from rolloutd.controller.reconciler import ExecutorError, NodeState, Progress, Reconciler
+from rolloutd.controller.executors.base import ExecutorError, NodeState
+from rolloutd.controller.ports import Progress
+from rolloutd.controller.reconciler import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 

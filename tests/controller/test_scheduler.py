@@ -88,7 +88,8 @@ def test_every_item_delivered_exactly_once(tmp_path):
 def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resync(tmp_path):
     """The scheduler tells the reconciler when a job has nothing queued or leased left; the job is
     Succeeded at once, although the reconciler's periodic pass is a minute away."""
-    from rolloutd.controller.reconciler import NodeState, Reconciler
+    from rolloutd.controller.executors.base import NodeState
+    from rolloutd.controller.reconciler import Reconciler
 
     class OneNode:  # an executor whose one node is up
         async def ensure(self, job, nodes): pass

@@ -3,20 +3,16 @@ back-off, adoption without a state file, a Slurm that cannot be queried, where t
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from rolloutd.controller.executors.slurm import (
-    SlurmExecutor,
-    expand_hostlist,
-    parse_scontrol,
-    parse_squeue,
-    sanitized_env,
-    slurm_minutes,
-)
-from rolloutd.controller.reconciler import ExecutorError
+from rolloutd.controller.executors.base import ExecutorError
+from rolloutd.controller.executors.slurm.cli import expand_hostlist, parse_scontrol, parse_squeue, sanitized_env
+from rolloutd.controller.executors.slurm.executor import SlurmExecutor
+from rolloutd.controller.executors.slurm.script import slurm_minutes
 from rolloutd.crds.rolloutjob import RolloutJob
 
 
@@ -287,3 +283,41 @@ def test_shrinking_retires_whole_allocations_newest_first(fake):
     scancels = [argv for argv, _, _ in slurm.calls if argv[0] == "scancel"]
     assert scancels == [["scancel", "--signal=TERM", "101"]]
     assert len(slurm.sbatches()) == 2
+
+
+def test_a_state_file_of_the_untyped_format_still_loads_and_drives_the_executor(fake):
+    """slurm-executor.json as the executor wrote it before its record was typed: same keys, optional ones
+    absent (`term_at`, `hard_at`, `drain_at`, `released`). The allocation it names is adopted as is (no
+    duplicate sbatch); the retired one still gets its SIGTERM and is forgotten once Slurm ends it."""
+    slurm, clock, _, data = fake
+    slurm.jobs["100"] = {"name": "rolloutd-j", "state": "RUNNING", "reason": "None", "nodes": 2,
+                         "nodelist": "n[1-2]", "comment": "rolloutd uid=u-1 job=j"}
+    slurm.jobs["99"] = {"name": "rolloutd-j", "state": "RUNNING", "reason": "None", "nodes": 1,
+                        "nodelist": "n3", "comment": "rolloutd uid=u-1 job=j"}
+    (data / "slurm-executor.json").write_text(json.dumps({"j": {
+        "uid": "u-1", "failures": 0, "next_submit": 0.0, "last_error": "", "submits": 2,
+        "allocs": {"100": {"nodes": 2, "submitted": 900.0, "started": 950.0, "nodelist": "n[1-2]", "drained": []}},
+        "retired": {"99": {"at": 990.0, "term": False, "hard": False}},
+    }}))
+    ex = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", data, run=slurm, clock=clock, poll_interval=0)
+    rec = ex.state["j"]
+    assert rec.allocs["100"].started == 950.0 and rec.retired["99"].sigterm_due == 990.0 and rec.submits == 2
+    run(ex.ensure(make_job(nodes=2), 2))
+    assert slurm.sbatches() == []
+    assert ["scancel", "--signal=TERM", "99"] in [argv for argv, _, _ in slurm.calls]
+    assert [s.state for s in run(ex.observe(make_job(nodes=2)))] == ["running", "running"]
+    slurm.jobs["99"]["state"] = "COMPLETED"
+    run(ex.ensure(make_job(nodes=2), 2))
+    saved = json.loads((data / "slurm-executor.json").read_text())
+    assert saved["j"]["retired"] == {} and saved["j"]["allocs"]["100"]["nodes"] == 2  # same keys on disk
+
+
+def test_an_unreadable_record_is_dropped_and_its_allocation_adopted_from_slurm(fake):
+    slurm, clock, _, data = fake
+    slurm.jobs["100"] = {"name": "rolloutd-j", "state": "RUNNING", "reason": "None", "nodes": 2,
+                         "nodelist": "n[1-2]", "comment": "rolloutd uid=u-1 job=j"}
+    (data / "slurm-executor.json").write_text(json.dumps({"j": {"uid": "u-1", "allocs": {"100": {"nodes": "two"}}}}))
+    ex = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", data, run=slurm, clock=clock, poll_interval=0)
+    assert "j" not in ex.state
+    run(ex.ensure(make_job(nodes=2), 2))
+    assert slurm.sbatches() == [] and list(ex.state["j"].allocs) == ["100"]

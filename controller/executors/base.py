@@ -1,0 +1,113 @@
+"""What an executor is (the `Executor` interface the reconcile calls) and what every executor shares
+to launch node daemons: their environment and argv, a crash back-off, an atomic JSON state file.
+
+Implementations: `local.py`, `slurm/executor.py`. Callers: the reconcile loop (`controller/reconciler.py`)
+and the controller's wiring (`server.py`, which also calls `shutdown`). Imports nothing of the controller.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Protocol, Sequence
+
+from rolloutd.agents.aiokit import backoff_delay
+from rolloutd.crds import nodeenv
+from rolloutd.crds.rolloutjob import RolloutJob
+
+
+@dataclass
+class NodeState:
+    """One node daemon as an executor sees it (the reconcile counts the running ones)."""
+    name: str
+    state: Literal["pending", "running", "lost", "finished"]
+    reason: str = ""
+
+
+class ExecutorError(Exception):
+    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job."""
+
+    def __init__(self, message: str, *, reason: str = "ExecutorError", permanent: bool = False):
+        super().__init__(message)
+        self.reason = reason
+        self.permanent = permanent
+
+
+class Executor(Protocol):
+    """Keeps a job's node daemons running. Every call is idempotent (level-triggered)."""
+
+    async def ensure(self, job: RolloutJob, nodes: int) -> None: ...     # exactly `nodes` daemons, healed
+    async def observe(self, job: RolloutJob) -> list[NodeState]: ...     # what runs now
+    async def release(self, job: RolloutJob) -> None: ...                # drain, then stop everything
+    async def shutdown(self) -> None: ...                                # controller exit: daemons stay
+
+
+class NodeRegistry(Protocol):
+    """The scheduler's view of the registered daemons, for executors that drain single nodes."""
+
+    def nodes(self, job: str) -> Sequence[Any]: ...    # rows with id, name, state, slurm_job_id
+    def drain(self, job: str, node_ids: list[str]) -> None: ...
+
+
+# ---------------------------------------------------------------- daemon launch
+
+def daemon_argv(python: str, *options: str) -> list[str]:
+    """The command line of one node daemon (`rolloutd node …`); never carries a secret."""
+    return [python, "-m", "rolloutd.controller.main", "node", *options]
+
+
+def daemon_env(base: Mapping[str, str], extra: Mapping[str, str], controller: str, job: str,
+               join_token: str) -> dict[str, str]:
+    """The daemon's environment: `base` (the controller's, possibly sanitised), `extra`, then the
+    contract (crds/nodeenv.py). The admin API token is removed: a daemon needs only the join token."""
+    env = {**base, **extra, **nodeenv.node_env(controller, job, join_token)}
+    env.pop(nodeenv.ADMIN_TOKEN, None)
+    return env
+
+
+def crash_count(count: int, started: float | None, now: float, stable_seconds: float, *, reset: int = 1) -> int:
+    """Crashes in a row after one more death: `count + 1` when it died within `stable_seconds` of
+    starting (or never started), else `reset` (the Slurm executor counts a lone loss as 1, the local
+    one as 0)."""
+    young = started is None or now - started < stable_seconds
+    return count + 1 if young else reset
+
+
+def crash_delay(count: int, maximum: float, *, free: int = 1) -> float:
+    """Before replacing a daemon (or allocation) after `count` crashes in a row: at once for the
+    first `free` ones, then 2, 4, 8 … seconds up to `maximum`."""
+    return backoff_delay(count, initial=2.0, maximum=maximum, free=free)
+
+
+def advertised_url(host: str, port: int) -> str:
+    """The controller URL the daemons on other hosts use: $ROLLOUTD_ADVERTISE_URL, else this host's
+    name when listening on every address, else the address it listens on."""
+    url = os.environ.get("ROLLOUTD_ADVERTISE_URL")
+    if url:
+        return url.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        return f"http://{socket.getfqdn()}:{port}"
+    return f"http://{host}:{port}"
+
+
+class StateFile:
+    """An executor's record of what it started, in the data dir, so a restarted controller adopts
+    it. Written atomically (temporary file + rename): a crash leaves the old or the new record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> Any:
+        """The saved JSON value; None when there is none or it cannot be read."""
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save(self, data: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(self.path)
