@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from ..reconciler import ExecutorError, NodeState
+from .base import ExecutorError, NodeState
 
 log = logging.getLogger("rolloutd.executor.kubernetes")
 

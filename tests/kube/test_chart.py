@@ -18,7 +18,7 @@ import yaml
 
 from rolloutd.controller.config import backend_allow_nets
 from rolloutd.controller.executors.kubernetes import KubernetesExecutor
-from rolloutd.controller.executors.slurm import advertised_url
+from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app
 from rolloutd.controller.server import EXECUTOR_KINDS
 from rolloutd.crds.crd import render_crd

@@ -19,7 +19,8 @@ import yaml
 from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesExecutor, job_manifest, node_states,
                                                       resource_name)
 from rolloutd.controller.main import app as rolloutd_app
-from rolloutd.controller.reconciler import ExecutorError, Reconciler
+from rolloutd.controller.executors.base import ExecutorError
+from rolloutd.controller.reconciler import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob
 
