@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .base import ExecutorError, NodeState
@@ -62,10 +63,11 @@ def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url:
     k = job.spec.executor.kubernetes
     nodes = job.spec.executor.nodes
     name = resource_name(job.metadata.name)
-    env = [{"name": "ROLLOUTD_CONTROLLER", "value": controller_url},
-           {"name": "ROLLOUTD_JOB", "value": job.metadata.name},
-           {"name": "ROLLOUTD_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "join-token"}}},
-           {"name": "ROLLOUTD_DRAIN_SECONDS", "value": f"{drain_seconds:g}"}]
+    # the daemon's contract (crds/nodeenv.py); the join token comes from the Secret, never the Job spec
+    env = [{"name": nodeenv.CONTROLLER, "value": controller_url},
+           {"name": nodeenv.JOB, "value": job.metadata.name},
+           {"name": nodeenv.JOIN_TOKEN, "valueFrom": {"secretKeyRef": {"name": name, "key": "join-token"}}},
+           {"name": nodeenv.DRAIN_SECONDS, "value": f"{drain_seconds:g}"}]
     container: dict[str, Any] = {
         "name": CONTAINER, "image": k.image or image,
         # JOB_COMPLETION_INDEX is set by the Job controller in every pod of an Indexed Job
@@ -186,8 +188,7 @@ class KubernetesExecutor:
         self.join_token = join_token
         self.namespace = namespace or os.environ.get("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
         self.image = image or os.environ.get("ROLLOUTD_K8S_NODE_IMAGE") or ""
-        self.drain = drain_seconds if drain_seconds is not None else float(
-            os.environ.get("ROLLOUTD_DRAIN_SECONDS", "30") or 30)
+        self.drain = drain_seconds if drain_seconds is not None else nodeenv.drain_seconds(os.environ)
         self._api_factory = api_client
         self._api: Any = None
         self._released: set[str] = set()  # uids whose Job is gone: release() is called on every pass
