@@ -1,9 +1,10 @@
 """What the sync and the async trainer clients share: where the controller is, typed errors,
 request building and response decoding, the SSE parser. No I/O happens here.
 
-Used by `rolloutd.client.sync.RolloutClient`, `rolloutd.client.aio.AsyncRolloutClient` and by
-`rolloutd.controller.apiclient` (the CLI's client). Imports only httpx and the standard library:
-PyYAML is imported lazily, only to read a YAML job file or config file.
+Used by `rolloutd.client.sync.RolloutClient` (also `rolloutctl`'s client) and
+`rolloutd.client.aio.AsyncRolloutClient`. Imports only httpx, the standard library and rolloutd's
+import-light modules (`crds.names`, `controller.config`, `controller.documents`): PyYAML is imported
+lazily, only to read a YAML job file or config file.
 
 Connection resolution (first hit wins, per item):
   server: argument, `ROLLOUTD_SERVER`, config `server`, `http://127.0.0.1:7350`;
@@ -23,7 +24,9 @@ from urllib.parse import quote
 
 import httpx
 
-from rolloutd.controller.config import API_PREFIX, DEFAULT_HOST, DEFAULT_PORT, default_data_dir
+from rolloutd.controller.config import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
+from rolloutd.controller.documents import load_documents, malformed_yaml
+from rolloutd.crds.names import API_PREFIX, TERMINAL_PHASES
 
 JOBS = f"{API_PREFIX}/rolloutjobs"
 # Long-polls are cut into slices of this many seconds (the server answers with the current state
@@ -153,7 +156,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise RolloutdError(f"config file {path} is not valid YAML: {e}") from None
+        raise RolloutdError(f"config file {path}: {malformed_yaml(e)}") from None
     if not isinstance(cfg, dict):
         raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile)")
     return cfg
@@ -167,7 +170,7 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
     if not token and not token_file:
         token = os.environ.get("ROLLOUTD_TOKEN") or cfg.get("token")
     if not token:
-        tf = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or default_data_dir() / "token"
+        tf = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or DataDir(default_data_dir()).token
         tf = Path(tf).expanduser()
         try:
             token = tf.read_text().strip()
@@ -212,21 +215,12 @@ def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
 
 
 def _parse_text(text: str, where: str) -> Any:
-    if text.lstrip()[:1] == "{":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            pass  # YAML flow mappings start with '{' too
     try:
-        import yaml
+        docs = load_documents(text, where)
     except ImportError:
         raise RolloutdError(f"{where}: reading YAML needs PyYAML; pass the job as a dict or JSON") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RolloutdError(f"{where}: malformed YAML{at}: {getattr(e, 'problem', e)}") from None
+    except ValueError as e:
+        raise RolloutdError(str(e)) from None
     if len(docs) != 1:
         raise RolloutdError(f"{where}: expected exactly one RolloutJob document, found {len(docs)}")
     return docs[0]
@@ -280,9 +274,6 @@ class SSEParser:
 # ---------------------------------------------------------------- conditions
 
 
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
-
-
 def condition_met(obj: dict[str, Any], condition: str) -> tuple[bool, str | None]:
     """(met, why it never will be). `condition`: a condition type (`Complete`, `Provisioned`, …,
     met when its status is True) or `phase=PHASE`."""
@@ -298,7 +289,7 @@ def condition_met(obj: dict[str, Any], condition: str) -> tuple[bool, str | None
         cond = next((c for c in st.get("conditions", []) if c.get("type", "").lower() == ctype.lower()), None)
         if cond and str(cond.get("status", "")).lower() == value.lower():
             return True, None
-    if phase in TERMINAL:
+    if phase in TERMINAL_PHASES:
         why = next((c.get("message") for c in st.get("conditions", []) if c.get("type") == "Complete"), "") \
             or st.get("message", "")
         return False, f"job ended {phase}" + (f": {why}" if why else "")

@@ -1,198 +1,60 @@
-"""HTTP routes that need the scheduler: the node-daemon protocol, trajectories for trainers,
-and the per-job LLM backend pool.
+"""The node-daemon protocol: thin routes over the scheduler's node methods.
 
     POST /apis/rolloutd.io/v1alpha1/nodes/register | /{node}/lease | /{node}/heartbeat
          | /{node}/results | /{node}/return | /{node}/deregister       (join token or admin token)
-    GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
-    GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
-    GET | POST | DELETE …/rolloutjobs/{name}/backends                      list / add / remove
 
-Mounted by `api.create_app` when a scheduler is given. Wire models: `rolloutd.crds.node`.
+Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. Wire models:
+`rolloutd.crds.node`; the daemon's side is `rolloutd.agents.nodeclient`.
 """
 from __future__ import annotations
 
-import asyncio
-from typing import Annotated, Any
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
-from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
-
+from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
-from rolloutd.crds.rolloutjob import BackendSpec
 
-from .bodies import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, parse_document
-from .config import API_PREFIX as PREFIX
-from .errors import BadRequest, Invalid, NotFound, from_validation_error
-from .policy import backend_url_problem
-from .scheduler import Scheduler
-from .store import Store
-
+from ..scheduler import Scheduler
+from .bodies import read_model
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
 RESULTS_MAX_BYTES = 64 << 20
-
-
-async def _body(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:
-    doc = await parse_document(request, limit or MAX_BODY_BYTES, walk=limit is None)
-    try:
-        return model.model_validate(doc)
-    except ValidationError as e:
-        raise from_validation_error(e, root=model) from None
-
-
-class BatchRequest(BaseModel):
-    batch: int | None = Field(default=None, description="the batch to open (default: the next one)")
-    prompts: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = Field(
-        default=None, description="dataset indices the trainer picked, one group each (plain batches only)")
-    model_config = {"extra": "forbid"}
-
-
-class PolicyRequest(BaseModel):
-    version: int | str
-    weightsPath: str | None = None
-    pause: bool | None = None
-    model_config = {"extra": "forbid"}
+NODES = f"{API_PREFIX}/nodes"
 
 
 def _ok(model: BaseModel) -> JSONResponse:
     return JSONResponse(model.model_dump(mode="json", by_alias=True))
 
 
-def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
+def node_router(scheduler: Scheduler) -> APIRouter:
     r = APIRouter()
-    N = f"{PREFIX}/nodes"
 
-    @r.post(f"{N}/register")
+    @r.post(f"{NODES}/register")
     async def register(request: Request):
-        return _ok(scheduler.register(await _body(request, RegisterRequest)))
+        return _ok(scheduler.register(await read_model(request, RegisterRequest)))
 
-    @r.post(f"{N}/{{node_id}}/lease")
+    @r.post(f"{NODES}/{{node_id}}/lease")
     async def lease(node_id: str, request: Request):
-        req = await _body(request, LeaseRequest)
+        req = await read_model(request, LeaseRequest)
         return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
 
-    @r.post(f"{N}/{{node_id}}/heartbeat")
+    @r.post(f"{NODES}/{{node_id}}/heartbeat")
     async def heartbeat(node_id: str, request: Request):
-        return _ok(scheduler.heartbeat(node_id, await _body(request, Heartbeat)))
+        return _ok(scheduler.heartbeat(node_id, await read_model(request, Heartbeat)))
 
-    @r.post(f"{N}/{{node_id}}/results")
+    @r.post(f"{NODES}/{{node_id}}/results")
     async def results(node_id: str, request: Request):
-        return _ok(scheduler.results(node_id, await _body(request, ResultBatch, RESULTS_MAX_BYTES)))
+        return _ok(scheduler.results(node_id, await read_model(request, ResultBatch, RESULTS_MAX_BYTES)))
 
-    @r.post(f"{N}/{{node_id}}/return")
+    @r.post(f"{NODES}/{{node_id}}/return")
     async def give_back(node_id: str, request: Request):
-        req = await _body(request, ReturnRequest)
+        req = await read_model(request, ReturnRequest)
         return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
 
-    @r.post(f"{N}/{{node_id}}/deregister")
+    @r.post(f"{NODES}/{{node_id}}/deregister")
     async def deregister(node_id: str):
         scheduler.deregister(node_id)
         return {}
 
-    # ------------------------------------------------------------ trajectories
-
-    J = f"{PREFIX}/rolloutjobs"
-
-    def finished(name: str) -> bool:
-        try:
-            job = store.get(name)
-        except NotFound:
-            return True
-        return job.status.phase.terminal
-
-    @r.get(f"{J}/{{name}}/trajectories")
-    async def trajectories(name: str, cursor: int = Query(0, ge=0, le=INT64_MAX), follow: bool = False,
-                           limit: int = Query(1000, ge=1, le=100_000),
-                           timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
-        await asyncio.to_thread(store.get, name)  # 404 for an unknown job
-        if not follow:
-            rows = scheduler.trajectories(name, cursor, limit)
-            body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
-            last = rows[-1][0] if rows else cursor
-            return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
-                                     headers={"X-Rolloutd-Cursor": str(last)})
-
-        async def stream():
-            async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
-                yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
-
-        return StreamingResponse(stream(), media_type="application/x-ndjson")
-
-    @r.get(f"{J}/{{name}}/groups")
-    async def groups(name: str):
-        job = await asyncio.to_thread(store.get, name)
-        return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
-
-    # ------------------------------------------------------------ batches and policy versions
-
-    @r.post(f"{J}/{{name}}/batches")
-    async def request_batch(name: str, request: Request):
-        req = await _body(request, BatchRequest)
-        return scheduler.request_batch(name, req.batch, req.prompts)
-
-    @r.get(f"{J}/{{name}}/batches/{{k}}")
-    async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
-                        all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
-        store.get(name)
-        return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
-
-    @r.post(f"{J}/{{name}}/policy")
-    async def announce_policy(name: str, request: Request):
-        req = await _body(request, PolicyRequest)
-        return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
-
-    @r.get(f"{J}/{{name}}/policy")
-    async def get_policy(name: str):
-        return scheduler.policy(name)
-
-    # ------------------------------------------------------------ backends
-
-    def describe_backends(name: str) -> dict[str, Any]:
-        job = store.get(name)
-        pinned = scheduler.pinned(name)
-        items = []
-        for b in job.spec.llm.backends:
-            url = b.url.rstrip("/")
-            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy,
-                          "reason": scheduler.pool.unhealthy.get(url, ""),
-                          "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
-        return {"items": items}
-
-    @r.get(f"{J}/{{name}}/backends")
-    async def list_backends(name: str):
-        return describe_backends(name)
-
-    @r.post(f"{J}/{{name}}/backends")
-    async def add_backend(name: str, request: Request):
-        doc = await _body(request, BackendSpec)
-        url = validate_backend_url(doc.url, "url")
-        job = store.get(name).model_copy(deep=True)
-        if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
-            job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
-            await asyncio.to_thread(store.apply, job)
-        scheduler.pool.add(url)
-        return describe_backends(name)
-
-    @r.delete(f"{J}/{{name}}/backends")
-    async def remove_backend(name: str, url: str):
-        url = validate_backend_url(url, "url")
-        job = store.get(name).model_copy(deep=True)
-        kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
-        if len(kept) == len(job.spec.llm.backends):
-            raise NotFound(f"backend {url} is not in rolloutjob {name}")
-        if not kept:
-            raise BadRequest("cannot remove the last backend of a job; add another first")
-        job.spec.llm.backends = kept
-        await asyncio.to_thread(store.apply, job)
-        return describe_backends(name)
-
     return r
-
-
-def validate_backend_url(url: str, field: str) -> str:
-    """The URL without its trailing slash, or 422 when the backend policy (`policy.py`) refuses it."""
-    if problem := backend_url_problem(url):
-        raise Invalid(f"backend url {url[:200]!r}: {problem}",
-                      causes=[{"field": field, "reason": "FieldValueForbidden", "message": problem}])
-    return url.rstrip("/")

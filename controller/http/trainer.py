@@ -1,0 +1,151 @@
+"""The trainer's routes: trajectories, groups, batches, policy versions and the job's LLM backends.
+
+    GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
+    GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
+    POST …/rolloutjobs/{name}/batches · GET …/batches/{k}                 batch server (DAPO)
+    POST | GET …/rolloutjobs/{name}/policy                               policy versions
+    GET | POST | DELETE …/rolloutjobs/{name}/backends                    list / add / remove
+
+Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. The client
+side is `rolloutd.client` (`core.Calls` builds these requests).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.rolloutjob import BackendSpec
+
+from ..errors import BadRequest, Invalid, NotFound
+from ..policy import backend_url_problem
+from ..scheduler import Scheduler
+from ..store import Store
+from .bodies import INT64_MAX, INT64_MIN, read_model
+
+JOBS = f"{API_PREFIX}/rolloutjobs"
+
+
+class BatchRequest(BaseModel):
+    batch: int | None = Field(default=None, description="the batch to open (default: the next one)")
+    prompts: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = Field(
+        default=None, description="dataset indices the trainer picked, one group each (plain batches only)")
+    model_config = {"extra": "forbid"}
+
+
+class PolicyRequest(BaseModel):
+    version: int | str
+    weightsPath: str | None = None
+    pause: bool | None = None
+    model_config = {"extra": "forbid"}
+
+
+def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
+    r = APIRouter()
+
+    def finished(name: str) -> bool:
+        try:
+            job = store.get(name)
+        except NotFound:
+            return True
+        return job.status.phase.terminal
+
+    @r.get(f"{JOBS}/{{name}}/trajectories")
+    async def trajectories(name: str, cursor: int = Query(0, ge=0, le=INT64_MAX), follow: bool = False,
+                           limit: int = Query(1000, ge=1, le=100_000),
+                           timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
+        await asyncio.to_thread(store.get, name)  # 404 for an unknown job
+        if not follow:
+            rows = scheduler.trajectories(name, cursor, limit)
+            body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
+            last = rows[-1][0] if rows else cursor
+            return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
+                                     headers={"X-Rolloutd-Cursor": str(last)})
+
+        async def stream():
+            async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
+                yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @r.get(f"{JOBS}/{{name}}/groups")
+    async def groups(name: str):
+        job = await asyncio.to_thread(store.get, name)
+        return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
+
+    # ------------------------------------------------------------ batches and policy versions
+
+    @r.post(f"{JOBS}/{{name}}/batches")
+    async def request_batch(name: str, request: Request):
+        req = await read_model(request, BatchRequest)
+        return scheduler.request_batch(name, req.batch, req.prompts)
+
+    @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
+    async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
+                        all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
+        store.get(name)
+        return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
+
+    @r.post(f"{JOBS}/{{name}}/policy")
+    async def announce_policy(name: str, request: Request):
+        req = await read_model(request, PolicyRequest)
+        return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
+
+    @r.get(f"{JOBS}/{{name}}/policy")
+    async def get_policy(name: str):
+        return scheduler.policy(name)
+
+    # ------------------------------------------------------------ backends
+
+    def describe_backends(name: str) -> dict[str, Any]:
+        job = store.get(name)
+        pinned = scheduler.pinned(name)
+        items = []
+        for b in job.spec.llm.backends:
+            url = b.url.rstrip("/")
+            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy,
+                          "reason": scheduler.pool.unhealthy.get(url, ""),
+                          "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
+        return {"items": items}
+
+    @r.get(f"{JOBS}/{{name}}/backends")
+    async def list_backends(name: str):
+        return describe_backends(name)
+
+    @r.post(f"{JOBS}/{{name}}/backends")
+    async def add_backend(name: str, request: Request):
+        doc = await read_model(request, BackendSpec)
+        url = validate_backend_url(doc.url, "url")
+        job = store.get(name).model_copy(deep=True)
+        if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
+            job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
+            await asyncio.to_thread(store.apply, job)
+        scheduler.pool.add(url)
+        return describe_backends(name)
+
+    @r.delete(f"{JOBS}/{{name}}/backends")
+    async def remove_backend(name: str, url: str):
+        url = validate_backend_url(url, "url")
+        job = store.get(name).model_copy(deep=True)
+        kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
+        if len(kept) == len(job.spec.llm.backends):
+            raise NotFound(f"backend {url} is not in rolloutjob {name}")
+        if not kept:
+            raise BadRequest("cannot remove the last backend of a job; add another first")
+        job.spec.llm.backends = kept
+        await asyncio.to_thread(store.apply, job)
+        return describe_backends(name)
+
+    return r
+
+
+def validate_backend_url(url: str, field: str) -> str:
+    """The URL without its trailing slash, or 422 when the backend policy (`policy.py`) refuses it."""
+    if problem := backend_url_problem(url):
+        raise Invalid(f"backend url {url[:200]!r}: {problem}",
+                      causes=[{"field": field, "reason": "FieldValueForbidden", "message": problem}])
+    return url.rstrip("/")
