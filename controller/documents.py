@@ -1,5 +1,5 @@
 """YAML/JSON documents from text, with errors that name the line: once for the API's body parser
-(`http.bodies`), `rolloutctl apply` and the trainer client (`rolloutd.client.core.load_job`).
+(`http.bodies`), `rolloutctl apply` and the trainer client (`rolloutd.client.calls.load_job`).
 
 Import-light (no rolloutd import; PyYAML imported when YAML is parsed): the trainer client uses it.
 """

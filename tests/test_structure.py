@@ -39,7 +39,6 @@ SIZE_ALLOWED: dict[str, str] = {
     "rolloutd.controller.executors.slurm": "issue 12: s-exec splits slurm/{cli, script, executor}",
     "rolloutd.controller.scheduler": "issue 12: s-work splits the Scheduler into controller/work/",
     "rolloutd.controller.store": "issue 12: k8s-api reworks the store for the Kubernetes API",
-    "rolloutd.client.core": "issue 12: s-http folds the clients' stream loops into one core",
 }
 # What a part may import of rolloutd (prefixes of module names); everything else of rolloutd is refused.
 ALLOWED_IMPORTS: dict[str, tuple[str, ...]] = {
