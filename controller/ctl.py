@@ -25,8 +25,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from rolloutd.client import RolloutClient, RolloutdError, resolve
-from rolloutd.client.core import condition_met
+from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
 from rolloutd.crds.names import TERMINAL_PHASES
 
 from . import ctl_views as views
@@ -192,10 +191,10 @@ def delete(
     """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
     _check_resource(resource)
     client = _client()
-    obj = _run(lambda: client.delete(name))
+    _run(lambda: client.delete(name))
     print(f'rolloutjob.rolloutd.io "{name}" deleted')
     if wait:
-        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout), obj["metadata"]["resourceVersion"]))
+        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout)))
 
 
 # ---------------------------------------------------------------- wait
@@ -208,44 +207,33 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def _met(obj: dict[str, Any], want: str) -> tuple[bool, str | None]:
-    """(condition met?, reason it can never be met) for `--for=condition=TYPE[=VALUE]` or `phase=PHASE`."""
+def _wait_for(client: RolloutClient, name: str, want: str, timeout: float) -> int:
+    """`--for=condition=TYPE[=VALUE]`, `phase=PHASE` or `delete` → exit code: 0 met, 1 never will be, 3 timed out."""
+    if want == "delete":
+        return _wait_deleted(client, name, timeout)
     kind, _, arg = want.partition("=")
-    return condition_met(obj, arg if kind == "condition" else want)
+    try:
+        client.wait(name, arg if kind == "condition" else want, timeout)
+    except JobEnded as e:
+        err.print(f"error: {e}")
+        return 1
+    except WaitTimeout:
+        err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
+        return 3
+    print(f"rolloutjob.rolloutd.io/{name} {kind} met")
+    return 0
 
 
-def _wait_for(client: RolloutClient, name: str, want: str, timeout: float, since: str | None = None) -> int:
+def _wait_deleted(client: RolloutClient, name: str, timeout: float) -> int:
     try:
         obj = client.get(name)
-    except RolloutdError as e:
-        if want == "delete" and e.code == 404:
-            return 0
-        raise
-    if want != "delete":
-        ok, never = _met(obj, want)
-        if ok:
-            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
-            return 0
-        if never:
-            err.print(f"error: {never}")
-            return 1
-    for type_, obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+    except NotFound:
+        return 0
+    for type_, _obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
         if type_ == "DELETED":
-            if want == "delete":
-                print(f"rolloutjob.rolloutd.io/{name} deleted")
-                return 0
-            err.print(f"error: rolloutjob {name} was deleted")
-            return 1
-        if want == "delete":
-            continue
-        ok, never = _met(obj, want)
-        if ok:
-            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
+            print(f"rolloutjob.rolloutd.io/{name} deleted")
             return 0
-        if never:
-            err.print(f"error: {never}")
-            return 1
-    err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
+    err.print(f"error: timed out after {timeout:g}s waiting for delete on rolloutjob/{name}")
     return 3
 
 
