@@ -13,16 +13,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, RegisterRequest,
                                 RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
 from rolloutd.crds.rolloutjob import _DNS1123, API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
-from .trainer import BatchRequest, PolicyRequest
+from .nodes import NODES as N
+from .trainer import JOBS as J, BatchRequest, PolicyRequest
 
 BODY_TYPES = ("application/json", "application/yaml")
-J = f"{API_PREFIX}/rolloutjobs"
-N = f"{API_PREFIX}/nodes"
 BODY_ERRORS = (400, 404, 409, 413, 415, 422)
 STATUS = {
     "type": "object",
