@@ -24,13 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import ValidationError
 
+from rolloutd.crds.names import API_PREFIX as PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, Phase, RolloutJob, RolloutJobStatus
 
 from .auth import token_matches
-from .config import API_PREFIX as PREFIX
-from .bodies import parse_document, parse_version
+from .http.bodies import parse_document, parse_version
 from .errors import ApiError, BadRequest, Invalid, Unauthorized, from_validation_error
-from .openapi import describe
+from .http.openapi import describe
 from .policy import backend_url_problem, tokenizer_problem
 from .store import Store, matches, parse_selector
 
@@ -253,9 +253,11 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
         return {"items": await asyncio.to_thread(store.events, name)}
 
     if scheduler is not None:
-        from .nodeapi import node_router
+        from .http.nodes import node_router
+        from .http.trainer import trainer_router
 
-        app.include_router(node_router(store, scheduler))
+        app.include_router(node_router(scheduler))
+        app.include_router(trainer_router(store, scheduler))
     describe(app)
     return app
 

@@ -1,8 +1,8 @@
 """Bearer-token auth for the controller API.
 
-`ensure_token(data_dir)` runs at controller start: it creates `DIR/token` (0600, random) once
-and reuses it afterwards. The API middleware (`api.py`) compares every request's
-`Authorization: Bearer …` with it in constant time. The CLI and clients read the same file.
+`ensure_token(path)` runs at controller start for the two token files (`config.DataDir`): it creates
+each (0600, random) once and reuses it afterwards. The API middleware (`api.py`) compares every
+request's `Authorization: Bearer …` with them in constant time. The CLI and clients read the files.
 """
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ import os
 import secrets
 from pathlib import Path
 
-TOKEN_FILE = "token"
 
+def ensure_token(path: Path) -> str:
+    """The token in `path`, created (random, 0600) on first use; its directory is made 0700.
 
-def ensure_token(data_dir: Path, filename: str = TOKEN_FILE) -> str:
-    """The token in `data_dir/filename`, created (random, 0600) on first use.
-
-    Two exist: `token` (the API, full access) and `join-token` (node daemons: only the node
+    Two exist: the API token (full access) and the join token (node daemons: only the node
     protocol), so a compromised node cannot read or change other jobs."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(data_dir, 0o700)
-    path = data_dir / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
     if path.exists():
         os.chmod(path, 0o600)
         token = path.read_text().strip()

@@ -1,10 +1,13 @@
-"""Defaults shared by the controller and its clients (kept import-light for the CLI)."""
+"""Defaults shared by the controller and its clients: address, data dir and every file in it, the
+environment's allow-lists. Kept import-light (the CLI and the trainer client import it); `server.py`
+wires the controller from it. The API's prefix is `rolloutd.crds.names.API_PREFIX`.
+"""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-API_PREFIX = "/apis/rolloutd.io/v1alpha1"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7350
 
@@ -15,6 +18,37 @@ def default_data_dir() -> Path:
         return Path(env)
     base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
     return base / "rolloutd"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """Every path in the controller's data dir, named once. All of it survives restarts."""
+
+    root: Path
+
+    @property
+    def db(self) -> Path:
+        """The SQLite database (WAL: `-wal` and `-shm` files beside it)."""
+        return self.root / "rolloutd.db"
+
+    @property
+    def token(self) -> Path:
+        """The API token (0600): full access; rolloutctl and the trainer client read it."""
+        return self.root / "token"
+
+    @property
+    def join_token(self) -> Path:
+        """The node join token (0600): the node protocol only, so a node cannot touch other jobs."""
+        return self.root / "join-token"
+
+    @property
+    def logs(self) -> Path:
+        """The node daemons' logs, one file per daemon."""
+        return self.root / "logs"
+
+    def executor_state(self, kind: str) -> Path:
+        """An executor's record of what it started (`local`: daemon pids, `slurm`: allocations)."""
+        return self.root / f"{kind}-executor.json"
 
 
 def backend_allow_nets() -> list:

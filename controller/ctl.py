@@ -9,8 +9,9 @@
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
 
-Talks to the controller through `apiclient.ApiClient`. Exit codes: 0 success, 1 error
-(from the server or the connection), 2 usage error, 3 `wait` timed out.
+Talks to the controller through the trainer client (`rolloutd.client.RolloutClient`); what it
+prints is built in `ctl_views.py`. Exit codes: 0 success, 1 error (from the server or the
+connection), 2 usage error, 3 `wait` timed out.
 """
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ import json
 import math
 import re
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import yaml
 from rich.console import Console
-from rich.table import Table
 
-from .apiclient import ApiClient, ClientError, resolve
+from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
+from rolloutd.crds.names import TERMINAL_PHASES
+
+from . import ctl_views as views
+from .documents import load_documents
 
 app = typer.Typer(
     help="rolloutctl: declare RolloutJobs and follow them (kubectl-style).",
@@ -39,8 +40,6 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
-_TERMINAL = {"Succeeded", "Failed", "Cancelled"}
-_STAGES = ("total", "queued", "init", "run", "eval", "succeeded", "failed", "cancelled")
 
 
 class _State:
@@ -57,8 +56,8 @@ def _global(
     _State.token_file = token_file
 
 
-def _client() -> ApiClient:
-    return _run(lambda: ApiClient(resolve(_State.server, _State.token_file)))
+def _client() -> RolloutClient:
+    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file)))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -74,7 +73,7 @@ def _check_resource(resource: str) -> None:
 def _run(fn):
     try:
         return fn()
-    except ClientError as e:
+    except RolloutdError as e:
         causes = e.status.get("details", {}).get("causes", [])
         lines = [str(e)] + [f"  {c.get('field')}: {c.get('message')}" for c in causes if len(causes) > 1]
         raise _fail("\n".join(lines)) from None
@@ -98,24 +97,6 @@ def _non_finite(doc: Any, path: str = "") -> str | None:
     return None
 
 
-def _age(ts: str | None) -> str:
-    if not ts:
-        return "-"
-    then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    s = int((datetime.now(timezone.utc) - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{max(s, 0)}s"
-
-
-def _print_obj(obj: Any, output: str) -> None:
-    if output == "json":
-        out.print_json(json.dumps(obj)) if sys.stdout.isatty() else print(json.dumps(obj, indent=2))
-    else:
-        print(yaml.safe_dump(obj, sort_keys=False), end="")
-
-
 # ---------------------------------------------------------------- apply
 
 
@@ -125,11 +106,9 @@ def _load_documents(filename: str) -> list[dict[str, Any]]:
     except OSError as e:
         raise _fail(f"cannot read {filename}: {e.strerror}") from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise _fail(f"{filename}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+        docs = load_documents(text, filename)
+    except ValueError as e:
+        raise _fail(str(e)) from None
     if not docs:
         raise _fail(f"{filename}: no documents")
     for d in docs:
@@ -151,16 +130,12 @@ def apply(
     for doc in docs:
         obj, outcome = _run(lambda: client.apply_with_outcome(doc))
         if output in ("json", "yaml"):
-            _print_obj(obj, output)
+            views.print_obj(out, obj, output)
         else:
             print(f"rolloutjob.rolloutd.io/{obj['metadata']['name']} {outcome}")
 
 
 # ---------------------------------------------------------------- get
-
-
-def _counts(obj: dict[str, Any]) -> dict[str, int]:
-    return obj.get("status", {}).get("counts", {}) or {}
 
 
 @app.command()
@@ -178,32 +153,16 @@ def get(
     if name:
         items = [_run(lambda: client.get(name))]
         if output in ("yaml", "json"):
-            return _print_obj(items[0], output)
+            return views.print_obj(out, items[0], output)
     else:
         listing = _run(lambda: client.list(selector))
         if output in ("yaml", "json"):
-            return _print_obj(listing, output)
+            return views.print_obj(out, listing, output)
         items = listing["items"]
         if not items:
             err.print("No resources found.")
             return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    cols = ["NAME", "PHASE", "NODES", "DONE", "TOTAL", "AGE"]
-    if output == "wide":
-        cols += ["EXECUTOR", "TASKS", "SAMPLES", "GENERATION", "MESSAGE"]
-    for c in cols:
-        table.add_column(c, no_wrap=True)
-    for o in items:
-        st, spec, c = o.get("status", {}), o["spec"], _counts(o)
-        row = [o["metadata"]["name"], st.get("phase", "Pending"), f"{st.get('nodes', 0)}/{spec['executor']['nodes']}",
-               str(c.get("succeeded", 0) + c.get("failed", 0)), str(c.get("total", 0)),
-               _age(o["metadata"].get("creationTimestamp"))]
-        if output == "wide":
-            msg = next((x["message"] for x in reversed(st.get("conditions", [])) if x.get("status") != "True"), "")
-            row += [spec["executor"]["kind"], f"{spec['tasks']['kind']}:{spec['tasks']['source']}",
-                    str(spec["samplesPerPrompt"]), str(o["metadata"].get("generation")), msg]
-        table.add_row(*row)
-    out.print(table)
+    out.print(views.jobs_table(items, wide=output == "wide"))
 
 
 # ---------------------------------------------------------------- describe
@@ -216,49 +175,7 @@ def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...
     client = _client()
     obj = _run(lambda: client.get(name))
     events = _run(lambda: client.events(name))
-    m, spec, st = obj["metadata"], obj["spec"], obj.get("status", {})
-    labels = ",".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items()) or "<none>"
-    lines = [
-        f"Name:          {m['name']}",
-        f"Labels:        {labels}",
-        f"UID:           {m.get('uid')}",
-        f"Generation:    {m.get('generation')} (observed {st.get('observedGeneration', 0)})",
-        f"Created:       {m.get('creationTimestamp')}",
-    ]
-    if m.get("deletionTimestamp"):
-        lines.append(f"Deleting since: {m['deletionTimestamp']}")
-    smp = spec["agent"]["sampling"]
-    lines += [
-        "Spec:",
-        f"  Tasks:       {spec['tasks']['kind']} from {spec['tasks']['source']}"
-        + (f" (first {spec['tasks']['limit']})" if spec['tasks'].get('limit') else ""),
-        f"  Samples:     {spec['samplesPerPrompt']} per prompt"
-        + (f"; DAPO target {spec['dapo']['targetGroups']} informative groups" if spec['dapo']['enabled'] else ""),
-        f"  Agent:       {spec['agent']['maxTurns']} turns, tools {', '.join(spec['agent']['tools'])}; "
-        f"temperature {smp['temperature']}, {smp['maxTokensPerTurn']} tokens/turn, seed {smp.get('seed')}",
-        f"  LLM:         {len(spec['llm']['backends'])} backend(s): "
-        + (", ".join(b["url"] for b in spec["llm"]["backends"]) or "<none>"),
-        f"  Sandbox:     {spec['sandbox']['runtime']} image={spec['sandbox']['image']} "
-        f"network={'on' if spec['sandbox']['network'] else 'off'}",
-        f"  Executor:    {spec['executor']['kind']}, {spec['executor']['nodes']} node(s)",
-        "Status:",
-        f"  Phase:       {st.get('phase', 'Pending')}",
-        f"  Nodes:       {st.get('nodes', 0)}",
-        f"  Started:     {st.get('startTime') or '-'}",
-        f"  Completed:   {st.get('completionTime') or '-'}",
-        "  Rollouts:    " + ", ".join(f"{k} {_counts(obj).get(k, 0)}" for k in _STAGES),
-        "Conditions:",
-    ]
-    for c in st.get("conditions", []):
-        lines.append(f"  {c['type']:<14} {c['status']:<7} {c.get('reason', ''):<22} {c.get('message', '')}")
-    if not st.get("conditions"):
-        lines.append("  <none>")
-    lines.append("Events:")
-    for e in events[-20:]:
-        lines.append(f"  {e['time']}  {e['type']:<7} {e['reason']:<16} {e['message']}")
-    if not events:
-        lines.append("  <none>")
-    print("\n".join(lines))
+    print(views.describe_text(obj, events))
 
 
 # ---------------------------------------------------------------- delete
@@ -274,10 +191,10 @@ def delete(
     """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
     _check_resource(resource)
     client = _client()
-    obj = _run(lambda: client.delete(name))
+    _run(lambda: client.delete(name))
     print(f'rolloutjob.rolloutd.io "{name}" deleted')
     if wait:
-        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout), obj["metadata"]["resourceVersion"]))
+        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout)))
 
 
 # ---------------------------------------------------------------- wait
@@ -290,62 +207,33 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def _met(obj: dict[str, Any], want: str) -> tuple[bool, str | None]:
-    """(condition met?, reason it can never be met)."""
-    st = obj.get("status", {})
-    phase = st.get("phase", "Pending")
+def _wait_for(client: RolloutClient, name: str, want: str, timeout: float) -> int:
+    """`--for=condition=TYPE[=VALUE]`, `phase=PHASE` or `delete` → exit code: 0 met, 1 never will be, 3 timed out."""
+    if want == "delete":
+        return _wait_deleted(client, name, timeout)
     kind, _, arg = want.partition("=")
-    if kind == "condition":
-        ctype, _, value = arg.partition("=")
-        value = value or "True"
-        cond = next((c for c in st.get("conditions", []) if c["type"].lower() == ctype.lower()), None)
-        if cond and cond["status"].lower() == value.lower():
-            return True, None
-        if phase in _TERMINAL:
-            why = next((c.get("message") for c in st.get("conditions", []) if c["type"] == "Complete"), "")
-            return False, f"job ended {phase}" + (f": {why}" if why else "")
-        return False, None
-    if kind == "phase":
-        if phase.lower() == arg.lower():
-            return True, None
-        if phase in _TERMINAL:
-            return False, f"job ended {phase}"
-        return False, None
-    return False, None
+    try:
+        client.wait(name, arg if kind == "condition" else want, timeout)
+    except JobEnded as e:
+        err.print(f"error: {e}")
+        return 1
+    except WaitTimeout:
+        err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
+        return 3
+    print(f"rolloutjob.rolloutd.io/{name} {kind} met")
+    return 0
 
 
-def _wait_for(client: ApiClient, name: str, want: str, timeout: float, since: str | None = None) -> int:
+def _wait_deleted(client: RolloutClient, name: str, timeout: float) -> int:
     try:
         obj = client.get(name)
-    except ClientError as e:
-        if want == "delete" and e.code == 404:
-            return 0
-        raise
-    if want != "delete":
-        ok, never = _met(obj, want)
-        if ok:
-            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
-            return 0
-        if never:
-            err.print(f"error: {never}")
-            return 1
-    for type_, obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+    except NotFound:
+        return 0
+    for type_, _obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
         if type_ == "DELETED":
-            if want == "delete":
-                print(f"rolloutjob.rolloutd.io/{name} deleted")
-                return 0
-            err.print(f"error: rolloutjob {name} was deleted")
-            return 1
-        if want == "delete":
-            continue
-        ok, never = _met(obj, want)
-        if ok:
-            print(f"rolloutjob.rolloutd.io/{name} {want.split('=', 1)[0]} met")
+            print(f"rolloutjob.rolloutd.io/{name} deleted")
             return 0
-        if never:
-            err.print(f"error: {never}")
-            return 1
-    err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
+    err.print(f"error: timed out after {timeout:g}s waiting for delete on rolloutjob/{name}")
     return 3
 
 
@@ -368,22 +256,6 @@ def wait(
 # ---------------------------------------------------------------- watch
 
 
-def _progress_table(obj: dict[str, Any]) -> Table:
-    st, c = obj.get("status", {}), _counts(obj)
-    total = max(c.get("total", 0), 1)
-    table = Table(title=f"rolloutjob/{obj['metadata']['name']}  phase {st.get('phase', 'Pending')}  "
-                        f"nodes {st.get('nodes', 0)}/{obj['spec']['executor']['nodes']}", title_justify="left")
-    table.add_column("stage")
-    table.add_column("rollouts", justify="right")
-    table.add_column("", min_width=30)
-    for stage in ("queued", "init", "run", "eval", "succeeded", "failed", "cancelled"):
-        n = c.get(stage, 0)
-        bar = "█" * round(30 * n / total)
-        table.add_row(stage, str(n), bar)
-    table.add_row("total", str(c.get("total", 0)), "")
-    return table
-
-
 @app.command()
 def watch(
     resource: str = typer.Argument(...),
@@ -400,16 +272,16 @@ def watch(
 
     def follow() -> int:
         nonlocal obj
-        with Live(_progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
-            if obj.get("status", {}).get("phase") in _TERMINAL:
+        with Live(views.progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
+            if obj.get("status", {}).get("phase") in TERMINAL_PHASES:
                 return 0 if obj["status"]["phase"] == "Succeeded" else 1
             for type_, new, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=deadline):
                 if type_ == "DELETED":
                     return 1
                 obj = new
-                live.update(_progress_table(obj), refresh=True)
+                live.update(views.progress_table(obj), refresh=True)
                 phase = obj.get("status", {}).get("phase")
-                if phase in _TERMINAL:
+                if phase in TERMINAL_PHASES:
                     return 0 if phase == "Succeeded" else 1
         return 3
 
@@ -438,21 +310,14 @@ def trajectories(
                 sys.stdout.write(json.dumps(t, separators=(",", ":")) + "\n")
                 sys.stdout.flush()
             elif follow:
-                print(_traj_line(t), flush=True)
+                print(views.trajectory_line(t), flush=True)
             else:
-                table_rows.append(_traj_line(t))
+                table_rows.append(views.trajectory_line(t))
         if output == "table" and not follow:
-            print(f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON")
+            print(views.TRAJECTORY_HEADER)
             print("\n".join(table_rows))
 
     _run(go)
-
-
-def _traj_line(t: dict[str, Any]) -> str:
-    reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
-    fail = t.get("failure", {})
-    return (f"{t['seq']:>5} {t['prompt']:>6} {t['sample']:>6} {reward:>7} {fail.get('kind', 'none'):<8} "
-            f"{len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} {fail.get('reason', '')}")
 
 
 # ---------------------------------------------------------------- backends
@@ -461,31 +326,25 @@ backends_app = typer.Typer(help="List, add or remove a job's LLM backends while 
 app.add_typer(backends_app, name="backends")
 
 
-def _print_backends(items: list[dict[str, Any]]) -> None:
-    print(f"{'URL':<40} {'HEALTHY':<8} {'INFLIGHT':>8} {'PINNED':>7}  REASON")
-    for b in items:
-        print(f"{b['url']:<40} {str(b['healthy']).lower():<8} {b['inflight']:>8} {b['pinnedToJob']:>7}  {b['reason']}")
-
-
 @backends_app.command("list")
 def backends_list(name: str = typer.Argument(..., help="the RolloutJob")) -> None:
     """The job's backends with health and in-flight tasks."""
     client = _client()
-    _print_backends(_run(lambda: client.backends(name)))
+    views.print_backends(_run(lambda: client.backends(name)))
 
 
 @backends_app.command("add")
 def backends_add(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
     """Add a backend (the job's spec is updated; new tasks may be pinned to it at once)."""
     client = _client()
-    _print_backends(_run(lambda: client.add_backend(name, url)))
+    views.print_backends(_run(lambda: client.add_backend(name, url)))
 
 
 @backends_app.command("remove")
 def backends_remove(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
     """Remove a backend: tasks not yet running move elsewhere; running ones finish on it."""
     client = _client()
-    _print_backends(_run(lambda: client.remove_backend(name, url)))
+    views.print_backends(_run(lambda: client.remove_backend(name, url)))
 
 
 def main() -> None:  # pragma: no cover

@@ -1,8 +1,8 @@
 """The `rolloutd` command: the daemons and operator tools.
 
-`rolloutd controller` runs the controller; the other parts contribute their own
-sub-commands (`sandbox`, `serve-model`, later `node`) from their own folders so
-that each part keeps its CLI next to its code.
+`rolloutd controller` runs the controller (`server.run_controller`); the other parts contribute
+their own sub-commands (`sandbox`, `image`, `serve-model`, `node`) from their own folders so that
+each part keeps its CLI next to its code.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import typer
 from rolloutd.agents.cli import register as register_agent_commands
 from rolloutd.sandbox.cli import app as sandbox_app
 from rolloutd.sandbox.image_cli import app as image_app
+
+from .config import DEFAULT_HOST, DEFAULT_PORT
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
@@ -27,8 +29,8 @@ register_agent_commands(app)
 @app.command()
 def controller(
     data_dir: Path = typer.Option(None, help="database and token live here [default: $ROLLOUTD_DATA_DIR or ~/.local/share/rolloutd]"),
-    host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(7350, help="TCP port of the API"),
+    host: str = typer.Option(DEFAULT_HOST, help="address to listen on"),
+    port: int = typer.Option(DEFAULT_PORT, help="TCP port of the API"),
     log_level: str = typer.Option("info"),
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
 ) -> None:

@@ -1,10 +1,8 @@
-"""Runs the controller process: store + API + scheduler + reconcile loop under one uvicorn server.
+"""Wires the controller process: store + API + scheduler + executors + reconcile loop, one uvicorn server.
 
-Called by `rolloutd controller`. The data dir holds the SQLite database (`rolloutd.db`), the
-API token (`token`) and the node join token (`join-token`), both 0600, the node daemons' logs
-(`logs/`) and the local executor's record of the daemons it started. All of it survives
-restarts: stop the controller at any point, start it again, and every job, lease and result
-is where it was (local daemons keep running and are adopted).
+Called by `rolloutd controller` (`main.py`). Everything lives in the data dir (`config.DataDir`
+names each file) and survives restarts: stop the controller at any point, start it again, and
+every job, lease and result is where it was (local daemons keep running and are adopted).
 """
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ import uvicorn
 
 from .api import create_app
 from .auth import ensure_token
-from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (re-exported)
+from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
@@ -26,18 +24,16 @@ from .reconciler import Reconciler
 from .scheduler import Scheduler
 from .store import Store
 
-DB_FILE = "rolloutd.db"
-
-
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS):
+    paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = ensure_token(data_dir)
-    join_token = ensure_token(data_dir, "join-token")
-    store = Store(data_dir / DB_FILE)
+    token = ensure_token(paths.token)
+    join_token = ensure_token(paths.join_token)
+    store = Store(paths.db)
     scheduler = Scheduler(store)
     app = create_app(store, token, join_token=join_token, scheduler=scheduler)
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -79,6 +75,6 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                    log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(data_dir, host=host, port=port, executors=executors)
-    logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, data_dir / "token")
+    logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=5)

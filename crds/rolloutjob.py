@@ -15,9 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
 from .mounts import check_mount_paths
-
-GROUP = "rolloutd.io"
-VERSION = "v1alpha1"
+from .names import GROUP, TERMINAL_PHASES, VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
 
@@ -338,7 +336,7 @@ class Phase(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (Phase.succeeded, Phase.failed, Phase.cancelled)
+        return self.value in TERMINAL_PHASES
 
 
 class Condition(Model):

@@ -8,15 +8,16 @@ trajectories and groups, take batches, announce policy versions, manage LLM back
         arrays = batch.to_arrays(pad_id=0)            # lists ready for torch.tensor(...)
         rc.announce_policy("my-job", version=1, weights_path="/ckpt/step-1")
 
-Imports only httpx and the standard library (PyYAML lazily, for YAML files), so it installs in a
-trainer's environment without the controller's dependencies being imported. Modules: `core`
-(connection, errors, requests), `sync`, `aio`, `batch` (`Batch.to_arrays`).
+Imports only httpx and the standard library (PyYAML lazily, for YAML files) besides rolloutd's
+import-light modules, so it installs in a trainer's environment without the controller's dependencies
+being imported. Modules: `connection` (server and token), `errors`, `calls` (one request each),
+`core` (the loops' state: streams with retry, waits, long-polls), `sync`, `aio`, `batch` (`Batch.to_arrays`).
 """
 from .aio import AsyncRolloutClient
 from .batch import Batch, Group, grpo_advantages
-from .core import (
-    BadRequest, Conflict, Connection, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized,
-    WaitTimeout, resolve,
+from .connection import Connection, resolve
+from .errors import (
+    BadRequest, Conflict, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized, WaitTimeout,
 )
 from .sync import RolloutClient
 

@@ -1,21 +1,21 @@
 """`AsyncRolloutClient`: the asyncio twin of `sync.RolloutClient` — the same methods, as
 coroutines (and async iterators for `trajectories`, `iter_groups`, `watch`), for trainers whose
-loop is async. Requests come from `core.Calls`, shared with the sync client.
+loop is async. Requests come from `calls.Calls` and the loops' state from `core`, both shared with
+the sync client.
 """
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
 
 from .batch import Batch, Group
-from .core import (
-    POLL_SLICE_SECONDS, STREAM_RETRIES, Call, Calls, Connection, ConnectionFailed, GroupAssembler, JobEnded, NotFound,
-    SSEParser, WaitTimeout, client_options, condition_met, resolve, status_error, trajectory_line, unreachable,
-)
+from .calls import Call, Calls
+from .connection import Connection, client_options, resolve
+from .core import BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, still_exists, unfilled
+from .errors import NotFound, status_error, unreachable
 
 
 class AsyncRolloutClient:
@@ -49,10 +49,22 @@ class AsyncRolloutClient:
             raise status_error(r)
         return call.result(r)
 
-    async def _backoff(self, failures: int, what: str, e: Exception) -> None:
-        if failures > STREAM_RETRIES:
-            raise ConnectionFailed(f"{what} from {self.conn.server} keeps failing: {e}") from None
-        await asyncio.sleep(min(self.retry_backoff * 2 ** (failures - 1), 5.0))
+    async def _stream(self, stream: Stream):
+        """Run a core stream: open, feed lines, resume after a drop (back-off from the stream)."""
+        while (call := stream.next_call()) is not None:
+            try:
+                async with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        raise status_error(r)
+                    stream.opened()
+                    async for line in r.aiter_lines():
+                        if (item := stream.feed(line)) is not None:
+                            yield item
+                if stream.final:
+                    return
+            except (httpx.TransportError, ValueError) as e:
+                await asyncio.sleep(stream.failed(self.conn.server, e))
 
     # ------------------------------------------------------------ jobs
 
@@ -79,94 +91,41 @@ class AsyncRolloutClient:
                                                        timeout=timeout):
                     if type_ == "DELETED":
                         return obj
-            except NotFound:
-                return obj
-            try:
                 await self.get(name)
             except NotFound:
                 return obj
-            raise WaitTimeout(f"rolloutjob {name} still exists after {timeout:g}s", obj)
+            raise still_exists(name, obj, timeout)
         return obj
 
     async def wait(self, name: str, condition: str = "Complete", timeout: float | None = None) -> dict[str, Any]:
+        check = JobWait(name, condition, timeout)
         obj = await self.get(name)
-        ok, never = condition_met(obj, condition)
-        if ok:
+        if check.met(obj):
             return obj
-        if never:
-            raise JobEnded(f"rolloutjob {name}: {never}", obj)
-        async for type_, new, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
-            if type_ == "DELETED":
-                raise JobEnded(f"rolloutjob {name} was deleted", new)
-            obj = new
-            ok, never = condition_met(obj, condition)
-            if ok:
+        async for type_, obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+            if check.met(obj, type_):
                 return obj
-            if never:
-                raise JobEnded(f"rolloutjob {name}: {never}", obj)
-        raise WaitTimeout(f"timed out after {timeout:g}s waiting for {condition} on rolloutjob/{name}", obj)
+        raise check.timed_out(obj)
 
-    async def watch(self, name: str | None = None, since: str | None = None,
-                    timeout: float | None = None) -> AsyncIterator[tuple[str, dict[str, Any], str | None]]:
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        last, failures = since, 0
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            call = Calls.watch(name, last, left)
-            try:
-                async with self.http.stream(call.method, call.path, **call.kwargs()) as r:
-                    if r.status_code >= 400:
-                        await r.aread()
-                        raise status_error(r)
-                    parser = SSEParser()
-                    async for line in r.aiter_lines():
-                        ev = parser.feed(line)
-                        if ev is None:
-                            continue
-                        failures = 0
-                        last = ev[2] or last
-                        if ev[0] != "BOOKMARK":
-                            yield ev
-            except (httpx.TransportError, ValueError) as e:
-                failures += 1
-                await self._backoff(failures, "the watch stream", e)
+    def watch(self, name: str | None = None, since: str | None = None,
+              timeout: float | None = None) -> AsyncIterator[tuple[str, dict[str, Any], str | None]]:
+        return self._stream(WatchStream(name, since, timeout, self.retry_backoff))
 
     # ------------------------------------------------------------ results
 
     async def trajectories(self, name: str, cursor: int = 0, follow: bool = False,
                            timeout: float | None = None, page: int = 1000) -> AsyncIterator[dict[str, Any]]:
-        if not follow:
-            while True:
-                rows = await self._do(Calls.trajectory_page(name, cursor, page))
-                for t in rows:
-                    yield t
-                if len(rows) < page:
-                    return
-                cursor = rows[-1]["seq"]
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        failures = 0
+        if follow:
+            async for t in self._stream(TrajectoryStream(name, cursor, timeout, self.retry_backoff)):
+                yield t
+            return
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            rows = await self._do(Calls.trajectory_page(name, cursor, page))
+            for t in rows:
+                yield t
+            if len(rows) < page:
                 return
-            call = Calls.follow(name, cursor, left)
-            try:
-                async with self.http.stream(call.method, call.path, **call.kwargs()) as r:
-                    if r.status_code >= 400:
-                        await r.aread()
-                        raise status_error(r)
-                    async for line in r.aiter_lines():
-                        t = trajectory_line(line)
-                        if t is not None:
-                            failures = 0
-                            cursor = t["seq"]
-                            yield t
-                return
-            except (httpx.TransportError, ValueError) as e:
-                failures += 1
-                await self._backoff(failures, "the trajectory stream", e)
+            cursor = rows[-1]["seq"]
 
     async def groups(self, name: str) -> list[dict[str, Any]]:
         return await self._do(Calls.groups(name))
@@ -188,12 +147,10 @@ class AsyncRolloutClient:
 
     async def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
                     all_groups: bool = False) -> Batch:
-        deadline = time.monotonic() + timeout if timeout is not None else None
+        poll = BatchPoll(name, k, wait, timeout, all_groups)
         while True:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            slice_ = POLL_SLICE_SECONDS if left is None else min(POLL_SLICE_SECONDS, left)
-            b = Batch.from_wire(await self._do(Calls.batch(name, k, wait, slice_, all_groups)))
-            if not wait or b.complete or (deadline is not None and time.monotonic() >= deadline):
+            b = Batch.from_wire(await self._do(poll.call()))
+            if poll.done(b):
                 return b
 
     async def next_batch(self, name: str, timeout: float | None = None, all_groups: bool = False) -> Batch:
@@ -203,7 +160,7 @@ class AsyncRolloutClient:
             self._pending[name] = k
         b = await self.batch(name, k, wait=True, timeout=timeout, all_groups=all_groups)
         if not b.complete:
-            raise WaitTimeout(f"batch {k} of rolloutjob {name}: {b.counted}/{b.target} groups after {timeout:g}s", b)
+            raise unfilled(name, k, b, timeout)
         del self._pending[name]
         return b
 

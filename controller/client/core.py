@@ -1,256 +1,33 @@
-"""What the sync and the async trainer clients share: where the controller is, typed errors,
-request building and response decoding, the SSE parser. No I/O happens here.
+"""The one core of the trainer clients' loops: resumable streams with retry and back-off, waits on a
+job's condition, long-polls for a batch, groups assembled from trajectories. State and decisions only;
+`sync.RolloutClient` and `aio.AsyncRolloutClient` each drive them with a few lines of their own I/O.
 
-Used by `rolloutd.client.sync.RolloutClient`, `rolloutd.client.aio.AsyncRolloutClient` and by
-`rolloutd.controller.apiclient` (the CLI's client). Imports only httpx and the standard library:
-PyYAML is imported lazily, only to read a YAML job file or config file.
-
-Connection resolution (first hit wins, per item):
-  server: argument, `ROLLOUTD_SERVER`, config `server`, `http://127.0.0.1:7350`;
-  token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
-          config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
-          local controller's `<data dir>/token`.
-The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`.
+A stream (`WatchStream`, `TrajectoryStream`) says which request to (re)open next (`next_call`; None
+once its deadline passed), what each line yields (`feed`), whether a clean end is the end (`final`),
+and how long to back off after a failure (`failed`; `ConnectionFailed` after `STREAM_RETRIES` in a row).
 """
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Iterator
-from urllib.parse import quote
+import time
+from typing import Any
 
-import httpx
+from rolloutd.agents.aiokit import backoff_delay
+from rolloutd.crds.names import TERMINAL_PHASES
 
-from rolloutd.controller.config import API_PREFIX, DEFAULT_HOST, DEFAULT_PORT, default_data_dir
+from .calls import POLL_SLICE_SECONDS, Call, Calls, trajectory_line
+from .errors import ConnectionFailed, JobEnded, WaitTimeout
 
-JOBS = f"{API_PREFIX}/rolloutjobs"
-# Long-polls are cut into slices of this many seconds (the server answers with the current state
-# when a slice ends), so no proxy or idle timeout ever sees a silent connection for long.
-POLL_SLICE_SECONDS = 30.0
-STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)  # the server sends a keep-alive every 5 s
 STREAM_RETRIES = 5
+MAX_RETRY_DELAY = 5.0  # seconds
 
 
-# ---------------------------------------------------------------- errors
+def deadline_after(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
 
 
-class RolloutdError(Exception):
-    """A failure of a controller call. `status` is the server's Kubernetes `Status` object
-    (`{kind: Status, reason, message, code, details: {causes: [{field, reason, message}]}}`) or
-    `{}` when the controller never answered (see `ConnectionFailed`)."""
-
-    def __init__(self, message: str, status: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status or {}
-
-    @property
-    def code(self) -> int | None:
-        return self.status.get("code")
-
-    @property
-    def reason(self) -> str | None:
-        return self.status.get("reason")
-
-    @property
-    def causes(self) -> list[dict[str, Any]]:
-        return list((self.status.get("details") or {}).get("causes") or [])
-
-
-class BadRequest(RolloutdError):
-    """400: malformed body or parameters."""
-
-
-class Unauthorized(RolloutdError):
-    """401: missing or wrong token."""
-
-
-class NotFound(RolloutdError):
-    """404: no such job (or batch, or backend)."""
-
-
-class Conflict(RolloutdError):
-    """409: already exists, or a concurrent update won."""
-
-
-class Gone(RolloutdError):
-    """410: a watch resumed from a version the server no longer keeps."""
-
-
-class Invalid(RolloutdError):
-    """422: the job does not validate; `causes` name each field."""
-
-
-class ConnectionFailed(RolloutdError):
-    """The controller could not be reached (or a stream kept failing after retries)."""
-
-
-class WaitTimeout(RolloutdError, TimeoutError):
-    """A client-side wait ended before its condition held. `last` is the last state seen
-    (the job object, or the `Batch` for `next_batch`)."""
-
-    def __init__(self, message: str, last: Any = None):
-        super().__init__(message)
-        self.last = last
-
-
-class JobEnded(RolloutdError):
-    """`wait` for a condition on a job that ended (Failed/Cancelled/deleted) without it."""
-
-    def __init__(self, message: str, job: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.job = job
-
-
-_BY_CODE: dict[int, type[RolloutdError]] = {400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict,
-                                            410: Gone, 422: Invalid}
-
-
-def status_error(r: httpx.Response) -> RolloutdError:
-    """The typed error for a ≥400 response (its body read already)."""
-    try:
-        status = r.json()
-    except ValueError:
-        status = None
-    if not isinstance(status, dict) or status.get("kind") != "Status":
-        cls = _BY_CODE.get(r.status_code, RolloutdError)
-        return cls(f"HTTP {r.status_code} from the controller: {r.text[:200]}",
-                   {"code": r.status_code, "reason": r.reason_phrase, "message": r.text[:200]})
-    status.setdefault("code", r.status_code)
-    cls = _BY_CODE.get(int(status["code"]), RolloutdError)
-    return cls(f"Error from server ({status.get('reason', r.status_code)}): {status.get('message', '')}", status)
-
-
-def unreachable(server: str, e: Exception) -> ConnectionFailed:
-    return ConnectionFailed(f"cannot reach the controller at {server}: {e} "
-                            "(is `rolloutd controller` running? see server= / ROLLOUTD_SERVER)")
-
-
-# ---------------------------------------------------------------- connection
-
-
-def config_path() -> Path:
-    return Path(os.environ.get("ROLLOUTD_CONFIG") or Path.home() / ".config" / "rolloutd" / "config.yaml")
-
-
-@dataclass
-class Connection:
-    server: str
-    token: str
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    text = path.read_text()
-    try:
-        import yaml
-    except ImportError:  # a trainer image without PyYAML: the file is flat `key: value` lines
-        return {k.strip(): v.strip().strip("'\"") for k, _, v in
-                (ln.partition(":") for ln in text.splitlines() if ":" in ln and not ln.lstrip().startswith("#"))}
-    try:
-        cfg = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise RolloutdError(f"config file {path} is not valid YAML: {e}") from None
-    if not isinstance(cfg, dict):
-        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile)")
-    return cfg
-
-
-def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None) -> Connection:
-    """Where the controller is and which bearer token to send (see the module docstring)."""
-    path = config_path()
-    cfg = _read_config(path)
-    server = server or os.environ.get("ROLLOUTD_SERVER") or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
-    if not token and not token_file:
-        token = os.environ.get("ROLLOUTD_TOKEN") or cfg.get("token")
-    if not token:
-        tf = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or default_data_dir() / "token"
-        tf = Path(tf).expanduser()
-        try:
-            token = tf.read_text().strip()
-        except OSError as e:
-            raise RolloutdError(
-                f"no API token: cannot read {tf} ({e.strerror}); pass token= or token_file=, set ROLLOUTD_TOKEN, "
-                f"or write 'token:' / 'tokenFile:' in {path}"
-            ) from None
-    return Connection(str(server).rstrip("/"), token)
-
-
-def client_options(conn: Connection, timeout: float) -> dict[str, Any]:
-    return {"base_url": conn.server, "timeout": timeout, "headers": {"Authorization": f"Bearer {conn.token}"}}
-
-
-# ---------------------------------------------------------------- requests
-
-
-def job_path(name: str, *sub: str) -> str:
-    return "/".join([JOBS, quote(name, safe=""), *sub])
-
-
-def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
-    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text."""
-    if isinstance(job, dict):
-        doc = job
-    else:
-        text = None
-        if isinstance(job, Path) or ("\n" not in job and len(job) < 4096 and Path(job).expanduser().is_file()):
-            try:
-                text = Path(job).expanduser().read_text()
-            except OSError as e:
-                raise RolloutdError(f"cannot read {job}: {e.strerror}") from None
-        else:
-            text = job
-        doc = _parse_text(text, str(job) if text is not job else "<text>")
-    if not isinstance(doc, dict):
-        raise RolloutdError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
-    if not (doc.get("metadata") or {}).get("name"):
-        raise RolloutdError("metadata.name is required")
-    return doc
-
-
-def _parse_text(text: str, where: str) -> Any:
-    if text.lstrip()[:1] == "{":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            pass  # YAML flow mappings start with '{' too
-    try:
-        import yaml
-    except ImportError:
-        raise RolloutdError(f"{where}: reading YAML needs PyYAML; pass the job as a dict or JSON") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RolloutdError(f"{where}: malformed YAML{at}: {getattr(e, 'problem', e)}") from None
-    if len(docs) != 1:
-        raise RolloutdError(f"{where}: expected exactly one RolloutJob document, found {len(docs)}")
-    return docs[0]
-
-
-def trajectory_line(line: str) -> dict[str, Any] | None:
-    """One JSON line of the trajectory stream (None for a keep-alive). A line cut short by a
-    dropped connection raises ValueError: the caller resumes from the last complete `seq`."""
-    line = line.strip()
-    if not line:
-        return None
-    obj = json.loads(line)
-    if not isinstance(obj, dict) or "seq" not in obj:
-        raise ValueError(f"not a trajectory line: {line[:80]}")
-    return obj
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[tuple[str, dict[str, Any], str | None]]:
-    """Server-sent events → (event, data, id); comments (keep-alives) skipped."""
-    parser = SSEParser()
-    for line in lines:
-        ev = parser.feed(line)
-        if ev is not None:
-            yield ev
+def time_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
 
 
 class SSEParser:
@@ -277,10 +54,85 @@ class SSEParser:
         return None
 
 
-# ---------------------------------------------------------------- conditions
+class Stream:
+    """A server stream resumed after drops until its deadline; subclasses say what a line means."""
+
+    what = "the stream"
+    final = True  # a clean end of the response ends the stream (False: reconnect until the deadline)
+
+    def __init__(self, timeout: float | None, retry_backoff: float):
+        self.deadline = deadline_after(timeout)
+        self.retry_backoff = retry_backoff
+        self.failures = 0
+
+    def next_call(self) -> Call | None:
+        left = time_left(self.deadline)
+        if left is not None and left <= 0:
+            return None
+        return self.call(left)
+
+    def call(self, left: float | None) -> Call:
+        raise NotImplementedError
+
+    def opened(self) -> None:
+        """A response started (its status was fine)."""
+
+    def feed(self, line: str) -> Any:
+        """What `line` yields to the caller, or None."""
+        raise NotImplementedError
+
+    def failed(self, server: str, e: Exception) -> float:
+        """The delay before reconnecting after `e` (a transport error or a torn line)."""
+        self.failures += 1
+        if self.failures > STREAM_RETRIES:
+            raise ConnectionFailed(f"{self.what} from {server} keeps failing: {e}") from None
+        return backoff_delay(self.failures, initial=self.retry_backoff, maximum=MAX_RETRY_DELAY)
 
 
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
+class WatchStream(Stream):
+    """`watch`: (type, object, resourceVersion) per change, resumed from the last version seen."""
+
+    what = "the watch stream"
+    final = False  # the server ends a watch (restart, its timeout): reconnect from `last`
+
+    def __init__(self, name: str | None, since: str | None, timeout: float | None, retry_backoff: float):
+        super().__init__(timeout, retry_backoff)
+        self.name, self.last = name, since
+        self.parser = SSEParser()
+
+    def call(self, left: float | None) -> Call:
+        return Calls.watch(self.name, self.last, left)
+
+    def opened(self) -> None:
+        self.parser = SSEParser()
+
+    def feed(self, line: str) -> tuple[str, dict[str, Any], str | None] | None:
+        ev = self.parser.feed(line)
+        if ev is None:
+            return None
+        self.failures = 0
+        self.last = ev[2] or self.last
+        return None if ev[0] == "BOOKMARK" else ev
+
+
+class TrajectoryStream(Stream):
+    """`trajectories(follow=True)`: each trajectory once, resumed after the last `seq` received."""
+
+    what = "the trajectory stream"
+
+    def __init__(self, name: str, cursor: int, timeout: float | None, retry_backoff: float):
+        super().__init__(timeout, retry_backoff)
+        self.name, self.cursor = name, cursor
+
+    def call(self, left: float | None) -> Call:
+        return Calls.follow(self.name, self.cursor, left)
+
+    def feed(self, line: str) -> dict[str, Any] | None:
+        t = trajectory_line(line)
+        if t is not None:
+            self.failures = 0
+            self.cursor = t["seq"]
+        return t
 
 
 def condition_met(obj: dict[str, Any], condition: str) -> tuple[bool, str | None]:
@@ -298,144 +150,56 @@ def condition_met(obj: dict[str, Any], condition: str) -> tuple[bool, str | None
         cond = next((c for c in st.get("conditions", []) if c.get("type", "").lower() == ctype.lower()), None)
         if cond and str(cond.get("status", "")).lower() == value.lower():
             return True, None
-    if phase in TERMINAL:
+    if phase in TERMINAL_PHASES:
         why = next((c.get("message") for c in st.get("conditions", []) if c.get("type") == "Complete"), "") \
             or st.get("message", "")
         return False, f"job ended {phase}" + (f": {why}" if why else "")
     return False, None
 
 
-# ---------------------------------------------------------------- one call = one request + a decoder
+class JobWait:
+    """`wait`'s decisions on each state of the job seen: met (return it), never (`JobEnded`), or watch on."""
+
+    def __init__(self, name: str, condition: str, timeout: float | None):
+        self.name, self.condition, self.timeout = name, condition, timeout
+
+    def met(self, obj: dict[str, Any], type_: str = "MODIFIED") -> bool:
+        if type_ == "DELETED":
+            raise JobEnded(f"rolloutjob {self.name} was deleted", obj)
+        ok, never = condition_met(obj, self.condition)
+        if never and not ok:
+            raise JobEnded(f"rolloutjob {self.name}: {never}", obj)
+        return ok
+
+    def timed_out(self, obj: dict[str, Any]) -> WaitTimeout:
+        return WaitTimeout(f"timed out after {self.timeout:g}s waiting for {self.condition} on rolloutjob/{self.name}",
+                           obj)
 
 
-@dataclass
-class Call:
-    """One request to the controller and how to read its answer; run by either client."""
+class BatchPoll:
+    """`batch(wait=True)`: long-polls cut into slices until the batch is complete or the deadline passed."""
 
-    method: str
-    path: str
-    params: dict[str, Any] | None = None
-    json: Any = None
-    timeout: Any = "default"      # "default": the client's; else an httpx timeout (None = wait forever)
-    decode: Any = None            # callable(httpx.Response) -> value; default: the JSON body
+    def __init__(self, name: str, k: int, wait: bool, timeout: float | None, all_groups: bool):
+        self.name, self.k, self.wait, self.all_groups = name, k, wait, all_groups
+        self.deadline = deadline_after(timeout)
 
-    def kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {}
-        if self.params:
-            kw["params"] = self.params
-        if self.json is not None:
-            kw["json"] = self.json
-        if self.timeout != "default":
-            kw["timeout"] = self.timeout
-        return kw
+    def call(self) -> Call:
+        left = time_left(self.deadline)
+        slice_ = POLL_SLICE_SECONDS if left is None else min(POLL_SLICE_SECONDS, max(left, 0.0))
+        return Calls.batch(self.name, self.k, self.wait, slice_, self.all_groups)
 
-    def result(self, r: httpx.Response) -> Any:
-        return self.decode(r) if self.decode else r.json()
+    def done(self, batch: Any) -> bool:
+        return not self.wait or batch.complete or (self.deadline is not None and time.monotonic() >= self.deadline)
 
 
-def _items(r: httpx.Response) -> list[dict[str, Any]]:
-    return r.json()["items"]
+def unfilled(name: str, k: int, batch: Any, timeout: float | None) -> WaitTimeout:
+    """`next_batch`'s error when batch `k` did not fill in time (`.last`: the partial batch)."""
+    return WaitTimeout(f"batch {k} of rolloutjob {name}: {batch.counted}/{batch.target} groups after {timeout:g}s",
+                       batch)
 
 
-def _with_outcome(r: httpx.Response) -> tuple[dict[str, Any], str]:
-    return r.json(), r.headers.get("x-rolloutd-outcome", "configured")
-
-
-class Calls:
-    """The request of every single-request method, shared by `RolloutClient` and
-    `AsyncRolloutClient` (so the two cannot drift apart)."""
-
-    @staticmethod
-    def apply(job: dict[str, Any] | str | Path) -> Call:
-        doc = load_job(job)
-        return Call("PUT", job_path(doc["metadata"]["name"]), json=doc, decode=_with_outcome)
-
-    @staticmethod
-    def get(name: str) -> Call:
-        return Call("GET", job_path(name))
-
-    @staticmethod
-    def list(selector: str | None = None) -> Call:
-        return Call("GET", JOBS, params={"labelSelector": selector} if selector else None)
-
-    @staticmethod
-    def delete(name: str) -> Call:
-        return Call("DELETE", job_path(name))
-
-    @staticmethod
-    def events(name: str) -> Call:
-        return Call("GET", job_path(name, "events"), decode=_items)
-
-    @staticmethod
-    def groups(name: str) -> Call:
-        return Call("GET", job_path(name, "groups"), decode=_items)
-
-    @staticmethod
-    def trajectory_page(name: str, cursor: int, limit: int) -> Call:
-        def decode(r: httpx.Response) -> list[dict[str, Any]]:
-            return [t for t in map(trajectory_line, r.text.splitlines()) if t is not None]
-        return Call("GET", job_path(name, "trajectories"), params={"cursor": cursor, "limit": limit}, decode=decode)
-
-    @staticmethod
-    def request_batch(name: str, batch: int | None = None, prompts: list[int] | None = None) -> Call:
-        body: dict[str, Any] = {} if batch is None else {"batch": batch}
-        if prompts is not None:
-            body["prompts"] = [int(p) for p in prompts]
-        return Call("POST", job_path(name, "batches"), json=body)
-
-    @staticmethod
-    def batch(name: str, k: int, wait: bool, timeout: float | None, all_groups: bool) -> Call:
-        params: dict[str, Any] = {}
-        if wait:
-            params["wait"] = "true"
-            params["timeoutSeconds"] = f"{max(timeout or POLL_SLICE_SECONDS, 0.001):g}"
-        if all_groups:
-            params["all"] = "true"
-        read = (timeout or POLL_SLICE_SECONDS) + 30.0 if wait else 30.0
-        return Call("GET", job_path(name, "batches", str(int(k))), params=params,
-                    timeout=httpx.Timeout(30.0, read=read))
-
-    @staticmethod
-    def announce_policy(name: str, version: int | str, weights_path: str | Path | None, pause: bool,
-                        timeout: float | None) -> Call:
-        body = {"version": version, "weightsPath": None if weights_path is None else str(weights_path),
-                "pause": pause}
-        # blocks until every backend has reloaded: no read timeout unless the caller sets one
-        return Call("POST", job_path(name, "policy"), json=body, timeout=httpx.Timeout(30.0, read=timeout))
-
-    @staticmethod
-    def policy(name: str) -> Call:
-        return Call("GET", job_path(name, "policy"))
-
-    @staticmethod
-    def backends(name: str) -> Call:
-        return Call("GET", job_path(name, "backends"), decode=_items)
-
-    @staticmethod
-    def add_backend(name: str, url: str) -> Call:
-        return Call("POST", job_path(name, "backends"), json={"url": url}, decode=_items)
-
-    @staticmethod
-    def remove_backend(name: str, url: str) -> Call:
-        return Call("DELETE", job_path(name, "backends"), params={"url": url}, decode=_items)
-
-    @staticmethod
-    def watch(name: str | None, since: str | None, timeout: float | None) -> Call:
-        params: dict[str, Any] = {"watch": "true"}
-        if name:
-            params["fieldSelector"] = f"metadata.name={name}"
-        if since is not None:
-            params["resourceVersion"] = since
-        if timeout is not None:
-            params["timeoutSeconds"] = f"{max(timeout, 0.01):g}"
-        return Call("GET", JOBS, params=params, timeout=STREAM_TIMEOUT)
-
-    @staticmethod
-    def follow(name: str, cursor: int, timeout: float | None) -> Call:
-        params: dict[str, Any] = {"cursor": cursor, "follow": "true"}
-        if timeout is not None:
-            params["timeoutSeconds"] = f"{max(timeout, 0.01):g}"
-        return Call("GET", job_path(name, "trajectories"), params=params, timeout=STREAM_TIMEOUT)
+def still_exists(name: str, obj: dict[str, Any], timeout: float | None) -> WaitTimeout:
+    return WaitTimeout(f"rolloutjob {name} still exists after {timeout:g}s", obj)
 
 
 class GroupAssembler:

@@ -1,8 +1,8 @@
 """`RolloutClient`: the synchronous trainer client (and the engine under `rolloutctl`).
 
-Every single-request method builds its request with `core.Calls` (shared with the async client,
+Every single-request method sends a `calls.Calls` request (shared with the async client,
 `aio.AsyncRolloutClient`, which has the same methods as coroutines / async iterators); the loops
-(streams, long-polls, waits) are written once here and once there, over the same pure helpers.
+(streams with retry, long-polls, waits) are `core`'s state, driven here by a few lines of I/O.
 """
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ from typing import Any, Iterator
 import httpx
 
 from .batch import Batch, Group
-from .core import (
-    POLL_SLICE_SECONDS, STREAM_RETRIES, Call, Calls, Connection, ConnectionFailed, GroupAssembler, JobEnded, NotFound,
-    RolloutdError, SSEParser, WaitTimeout, client_options, condition_met, resolve, status_error, trajectory_line,
-    unreachable,
-)
+from .calls import Call, Calls
+from .connection import Connection, client_options, resolve
+from .core import BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, still_exists, unfilled
+from .errors import NotFound, RolloutdError, status_error, unreachable
 
 
 class RolloutClient:
@@ -38,7 +37,7 @@ class RolloutClient:
                  transport: httpx.BaseTransport | None = None):
         self.conn = connection or resolve(server, token_file, token)
         self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
-        self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (max 5 s)
+        self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (`core.Stream.failed`)
         self._pending: dict[str, int] = {}  # job → batch requested by next_batch but not yet returned
 
     def close(self) -> None:
@@ -61,10 +60,22 @@ class RolloutClient:
             raise status_error(r)
         return call.result(r)
 
-    def _backoff(self, failures: int, what: str, e: Exception) -> None:
-        if failures > STREAM_RETRIES:
-            raise ConnectionFailed(f"{what} from {self.conn.server} keeps failing: {e}") from None
-        time.sleep(min(self.retry_backoff * 2 ** (failures - 1), 5.0))
+    def _stream(self, stream: Stream):
+        """Run a core stream: open, feed lines, resume after a drop (back-off from the stream)."""
+        while (call := stream.next_call()) is not None:
+            try:
+                with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise status_error(r)
+                    stream.opened()
+                    for line in r.iter_lines():
+                        if (item := stream.feed(line)) is not None:
+                            yield item
+                if stream.final:
+                    return
+            except (httpx.TransportError, ValueError) as e:
+                time.sleep(stream.failed(self.conn.server, e))
 
     # ------------------------------------------------------------ jobs
 
@@ -95,65 +106,29 @@ class RolloutClient:
                 for type_, _obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
                     if type_ == "DELETED":
                         return obj
-            except NotFound:
-                return obj
-            try:
                 self.get(name)
             except NotFound:
                 return obj
-            raise WaitTimeout(f"rolloutjob {name} still exists after {timeout:g}s", obj)
+            raise still_exists(name, obj, timeout)
         return obj
 
     def wait(self, name: str, condition: str = "Complete", timeout: float | None = None) -> dict[str, Any]:
         """Block until `condition` holds (a condition type such as `Complete`, or `phase=Running`);
         returns the job. `JobEnded` if it ends (or is deleted) without it, `WaitTimeout` after `timeout`."""
+        check = JobWait(name, condition, timeout)
         obj = self.get(name)
-        ok, never = condition_met(obj, condition)
-        if ok:
+        if check.met(obj):
             return obj
-        if never:
-            raise JobEnded(f"rolloutjob {name}: {never}", obj)
-        for type_, new, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
-            if type_ == "DELETED":
-                raise JobEnded(f"rolloutjob {name} was deleted", new)
-            obj = new
-            ok, never = condition_met(obj, condition)
-            if ok:
+        for type_, obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
+            if check.met(obj, type_):
                 return obj
-            if never:
-                raise JobEnded(f"rolloutjob {name}: {never}", obj)
-        raise WaitTimeout(f"timed out after {timeout:g}s waiting for {condition} on rolloutjob/{name}", obj)
+        raise check.timed_out(obj)
 
     def watch(self, name: str | None = None, since: str | None = None,
               timeout: float | None = None) -> Iterator[tuple[str, dict[str, Any], str | None]]:
         """(type, object, resourceVersion) per change; reconnects from the last version seen if the
         stream drops. Without `since`, starts with a synthetic ADDED per existing job."""
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        last, failures = since, 0
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            call = Calls.watch(name, last, left)
-            try:
-                with self.http.stream(call.method, call.path, **call.kwargs()) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        raise status_error(r)
-                    parser = SSEParser()
-                    for line in r.iter_lines():
-                        ev = parser.feed(line)
-                        if ev is None:
-                            continue
-                        failures = 0
-                        last = ev[2] or last
-                        if ev[0] != "BOOKMARK":
-                            yield ev
-                if deadline is None:
-                    continue  # the server ended the stream (restart?): reconnect from `last`
-            except (httpx.TransportError, ValueError) as e:
-                failures += 1
-                self._backoff(failures, "the watch stream", e)
+        return self._stream(WatchStream(name, since, timeout, self.retry_backoff))
 
     # ------------------------------------------------------------ results
 
@@ -163,35 +138,15 @@ class RolloutClient:
         Without `follow`: what exists now, fetched page by page. With `follow`: as they arrive,
         until the job ends (or `timeout`). A dropped stream is resumed after the last `seq`
         received, so nothing is lost or repeated."""
-        if not follow:
-            while True:
-                rows = self._do(Calls.trajectory_page(name, cursor, page))
-                yield from rows
-                if len(rows) < page:
-                    return
-                cursor = rows[-1]["seq"]
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        failures = 0
+        if follow:
+            yield from self._stream(TrajectoryStream(name, cursor, timeout, self.retry_backoff))
+            return
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            rows = self._do(Calls.trajectory_page(name, cursor, page))
+            yield from rows
+            if len(rows) < page:
                 return
-            call = Calls.follow(name, cursor, left)
-            try:
-                with self.http.stream(call.method, call.path, **call.kwargs()) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        raise status_error(r)
-                    for line in r.iter_lines():
-                        t = trajectory_line(line)
-                        if t is not None:
-                            failures = 0
-                            cursor = t["seq"]
-                            yield t
-                return
-            except (httpx.TransportError, ValueError) as e:
-                failures += 1
-                self._backoff(failures, "the trajectory stream", e)
+            cursor = rows[-1]["seq"]
 
     def groups(self, name: str) -> list[dict[str, Any]]:
         """Every trajectory so far, grouped per prompt: `[{prompt, samples, rewards, complete}]`."""
@@ -220,12 +175,10 @@ class RolloutClient:
               all_groups: bool = False) -> Batch:
         """Batch `k`. With `wait`, blocks until it is complete or `timeout` seconds passed, and
         returns its state then (check `Batch.complete`)."""
-        deadline = time.monotonic() + timeout if timeout is not None else None
+        poll = BatchPoll(name, k, wait, timeout, all_groups)
         while True:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            slice_ = POLL_SLICE_SECONDS if left is None else min(POLL_SLICE_SECONDS, left)
-            b = Batch.from_wire(self._do(Calls.batch(name, k, wait, slice_, all_groups)))
-            if not wait or b.complete or (deadline is not None and time.monotonic() >= deadline):
+            b = Batch.from_wire(self._do(poll.call()))
+            if poll.done(b):
                 return b
 
     def next_batch(self, name: str, timeout: float | None = None, all_groups: bool = False) -> Batch:
@@ -238,7 +191,7 @@ class RolloutClient:
             self._pending[name] = k
         b = self.batch(name, k, wait=True, timeout=timeout, all_groups=all_groups)
         if not b.complete:
-            raise WaitTimeout(f"batch {k} of rolloutjob {name}: {b.counted}/{b.target} groups after {timeout:g}s", b)
+            raise unfilled(name, k, b, timeout)
         del self._pending[name]
         return b
 

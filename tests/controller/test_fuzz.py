@@ -23,7 +23,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from rolloutd.controller.config import API_PREFIX
+from rolloutd.crds.names import API_PREFIX
 
 EXAMPLES = 12
 SEED_JOB = "fuzz-seed"  # a batch-mode job: most cases address it, so they reach past the 404

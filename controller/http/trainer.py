@@ -1,13 +1,13 @@
-"""HTTP routes that need the scheduler: the node-daemon protocol, trajectories for trainers,
-and the per-job LLM backend pool.
+"""The trainer's routes: trajectories, groups, batches, policy versions and the job's LLM backends.
 
-    POST /apis/rolloutd.io/v1alpha1/nodes/register | /{node}/lease | /{node}/heartbeat
-         | /{node}/results | /{node}/return | /{node}/deregister       (join token or admin token)
     GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
     GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
-    GET | POST | DELETE …/rolloutjobs/{name}/backends                      list / add / remove
+    POST …/rolloutjobs/{name}/batches · GET …/batches/{k}                 batch server (DAPO)
+    POST | GET …/rolloutjobs/{name}/policy                               policy versions
+    GET | POST | DELETE …/rolloutjobs/{name}/backends                    list / add / remove
 
-Mounted by `api.create_app` when a scheduler is given. Wire models: `rolloutd.crds.node`.
+Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. The client
+side is `rolloutd.client` (`core.Calls` builds these requests).
 """
 from __future__ import annotations
 
@@ -15,30 +15,19 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
 
-from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
+from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import BackendSpec
 
-from .bodies import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, parse_document
-from .config import API_PREFIX as PREFIX
-from .errors import BadRequest, Invalid, NotFound, from_validation_error
-from .policy import backend_url_problem
-from .scheduler import Scheduler
-from .store import Store
+from ..errors import BadRequest, Invalid, NotFound
+from ..policy import backend_url_problem
+from ..scheduler import Scheduler
+from ..store import Store
+from .bodies import INT64_MAX, INT64_MIN, read_model
 
-
-# Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
-RESULTS_MAX_BYTES = 64 << 20
-
-
-async def _body(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:
-    doc = await parse_document(request, limit or MAX_BODY_BYTES, walk=limit is None)
-    try:
-        return model.model_validate(doc)
-    except ValidationError as e:
-        raise from_validation_error(e, root=model) from None
+JOBS = f"{API_PREFIX}/rolloutjobs"
 
 
 class BatchRequest(BaseModel):
@@ -55,44 +44,8 @@ class PolicyRequest(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-def _ok(model: BaseModel) -> JSONResponse:
-    return JSONResponse(model.model_dump(mode="json", by_alias=True))
-
-
-def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
+def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
     r = APIRouter()
-    N = f"{PREFIX}/nodes"
-
-    @r.post(f"{N}/register")
-    async def register(request: Request):
-        return _ok(scheduler.register(await _body(request, RegisterRequest)))
-
-    @r.post(f"{N}/{{node_id}}/lease")
-    async def lease(node_id: str, request: Request):
-        req = await _body(request, LeaseRequest)
-        return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
-
-    @r.post(f"{N}/{{node_id}}/heartbeat")
-    async def heartbeat(node_id: str, request: Request):
-        return _ok(scheduler.heartbeat(node_id, await _body(request, Heartbeat)))
-
-    @r.post(f"{N}/{{node_id}}/results")
-    async def results(node_id: str, request: Request):
-        return _ok(scheduler.results(node_id, await _body(request, ResultBatch, RESULTS_MAX_BYTES)))
-
-    @r.post(f"{N}/{{node_id}}/return")
-    async def give_back(node_id: str, request: Request):
-        req = await _body(request, ReturnRequest)
-        return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
-
-    @r.post(f"{N}/{{node_id}}/deregister")
-    async def deregister(node_id: str):
-        scheduler.deregister(node_id)
-        return {}
-
-    # ------------------------------------------------------------ trajectories
-
-    J = f"{PREFIX}/rolloutjobs"
 
     def finished(name: str) -> bool:
         try:
@@ -101,7 +54,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
             return True
         return job.status.phase.terminal
 
-    @r.get(f"{J}/{{name}}/trajectories")
+    @r.get(f"{JOBS}/{{name}}/trajectories")
     async def trajectories(name: str, cursor: int = Query(0, ge=0, le=INT64_MAX), follow: bool = False,
                            limit: int = Query(1000, ge=1, le=100_000),
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
@@ -119,30 +72,30 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
-    @r.get(f"{J}/{{name}}/groups")
+    @r.get(f"{JOBS}/{{name}}/groups")
     async def groups(name: str):
         job = await asyncio.to_thread(store.get, name)
         return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
 
     # ------------------------------------------------------------ batches and policy versions
 
-    @r.post(f"{J}/{{name}}/batches")
+    @r.post(f"{JOBS}/{{name}}/batches")
     async def request_batch(name: str, request: Request):
-        req = await _body(request, BatchRequest)
+        req = await read_model(request, BatchRequest)
         return scheduler.request_batch(name, req.batch, req.prompts)
 
-    @r.get(f"{J}/{{name}}/batches/{{k}}")
+    @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
     async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
                         all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         store.get(name)
         return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
 
-    @r.post(f"{J}/{{name}}/policy")
+    @r.post(f"{JOBS}/{{name}}/policy")
     async def announce_policy(name: str, request: Request):
-        req = await _body(request, PolicyRequest)
+        req = await read_model(request, PolicyRequest)
         return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
 
-    @r.get(f"{J}/{{name}}/policy")
+    @r.get(f"{JOBS}/{{name}}/policy")
     async def get_policy(name: str):
         return scheduler.policy(name)
 
@@ -159,13 +112,13 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
                           "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
         return {"items": items}
 
-    @r.get(f"{J}/{{name}}/backends")
+    @r.get(f"{JOBS}/{{name}}/backends")
     async def list_backends(name: str):
         return describe_backends(name)
 
-    @r.post(f"{J}/{{name}}/backends")
+    @r.post(f"{JOBS}/{{name}}/backends")
     async def add_backend(name: str, request: Request):
-        doc = await _body(request, BackendSpec)
+        doc = await read_model(request, BackendSpec)
         url = validate_backend_url(doc.url, "url")
         job = store.get(name).model_copy(deep=True)
         if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
@@ -174,7 +127,7 @@ def node_router(store: Store, scheduler: Scheduler) -> APIRouter:
         scheduler.pool.add(url)
         return describe_backends(name)
 
-    @r.delete(f"{J}/{{name}}/backends")
+    @r.delete(f"{JOBS}/{{name}}/backends")
     async def remove_backend(name: str, url: str):
         url = validate_backend_url(url, "url")
         job = store.get(name).model_copy(deep=True)

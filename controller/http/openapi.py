@@ -1,6 +1,6 @@
 """The OpenAPI document (/openapi.json): request bodies and every status code each route answers.
 
-The routes read their bodies by hand (YAML or JSON, `bodies.py`), so FastAPI sees none; this module
+The routes read their bodies by hand (YAML or JSON, `http.bodies`), so FastAPI sees none; this module
 describes them from the pydantic models, with the Kubernetes `Status` schema for every error code a
 route really returns (the schemathesis run in tests/controller/test_fuzz.py holds the two together).
 Installed by `api.create_app` through `describe(app)`.
@@ -17,12 +17,10 @@ from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, Leas
                                 RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
 from rolloutd.crds.rolloutjob import _DNS1123, API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
-from .config import API_PREFIX
-from .nodeapi import BatchRequest, PolicyRequest
+from .nodes import NODES as N
+from .trainer import JOBS as J, BatchRequest, PolicyRequest
 
 BODY_TYPES = ("application/json", "application/yaml")
-J = f"{API_PREFIX}/rolloutjobs"
-N = f"{API_PREFIX}/nodes"
 BODY_ERRORS = (400, 404, 409, 413, 415, 422)
 STATUS = {
     "type": "object",

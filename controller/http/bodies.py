@@ -1,6 +1,6 @@
 """Request bodies and query values → Python data, with a 4xx for everything malformed.
 
-Used by every route that reads a body (`api.py`, `nodeapi.py`). Beyond the parsers' own errors it
+Used by every route that reads a body (`api.py`, `http.nodes`, `http.trainer`). Beyond the parsers' own errors it
 bounds what SQLite and the interpreter cannot take: nesting deeper than `MAX_DEPTH` (the parsers
 recurse) and integers outside SQLite's int64. Non-finite floats are the models' job
 (`crds.base.Model` sets `allow_inf_nan=False`, so the 422 names the field).
@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 
-from .errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType
+from ..documents import malformed_yaml
+from ..errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType, from_validation_error
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a RolloutJob is a few KB; datasets are referenced, not inlined
 OFFLOAD_BYTES = 64 << 10
@@ -76,10 +78,17 @@ def _parse(text: str, *, json_: bool) -> Any:
     except json.JSONDecodeError as e:
         raise BadRequest(f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise BadRequest(f"malformed YAML/JSON{where}: {problem}") from None
+        raise BadRequest(malformed_yaml(e, "YAML/JSON")) from None
+
+
+async def read_model(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:
+    """The body validated as `model` (422 naming each field). A `limit` above the default marks a bulk
+    report: its model bounds every integer, so `check_bounds` is skipped (see `parse_document`)."""
+    doc = await parse_document(request, limit or MAX_BODY_BYTES, walk=limit is None)
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        raise from_validation_error(e, root=model) from None
 
 
 def check_bounds(doc: Any) -> None:

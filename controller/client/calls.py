@@ -1,0 +1,205 @@
+"""Every single-request call of the trainer client: the request to send and how to read its answer.
+
+`Calls.x(...)` builds a `Call`; the sync and the async client (`sync`, `aio`) send it with their own
+httpx client, so the two cannot drift apart. Also the job document loader (a dict, a file or text) and
+the trajectory line decoder. No I/O happens here but reading a job file.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from rolloutd.controller.documents import load_documents
+from rolloutd.crds.names import API_PREFIX
+
+from .errors import RolloutdError
+
+JOBS = f"{API_PREFIX}/rolloutjobs"
+# Long-polls are cut into slices of this many seconds (the server answers with the current state
+# when a slice ends), so no proxy or idle timeout ever sees a silent connection for long.
+POLL_SLICE_SECONDS = 30.0
+STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)  # the server sends a keep-alive every 5 s
+
+
+def job_path(name: str, *sub: str) -> str:
+    return "/".join([JOBS, quote(name, safe=""), *sub])
+
+
+def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
+    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text."""
+    if isinstance(job, dict):
+        doc = job
+    else:
+        text = None
+        if isinstance(job, Path) or ("\n" not in job and len(job) < 4096 and Path(job).expanduser().is_file()):
+            try:
+                text = Path(job).expanduser().read_text()
+            except OSError as e:
+                raise RolloutdError(f"cannot read {job}: {e.strerror}") from None
+        else:
+            text = job
+        doc = _parse_text(text, str(job) if text is not job else "<text>")
+    if not isinstance(doc, dict):
+        raise RolloutdError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
+    if not (doc.get("metadata") or {}).get("name"):
+        raise RolloutdError("metadata.name is required")
+    return doc
+
+
+def _parse_text(text: str, where: str) -> Any:
+    try:
+        docs = load_documents(text, where)
+    except ImportError:
+        raise RolloutdError(f"{where}: reading YAML needs PyYAML; pass the job as a dict or JSON") from None
+    except ValueError as e:
+        raise RolloutdError(str(e)) from None
+    if len(docs) != 1:
+        raise RolloutdError(f"{where}: expected exactly one RolloutJob document, found {len(docs)}")
+    return docs[0]
+
+
+def trajectory_line(line: str) -> dict[str, Any] | None:
+    """One JSON line of the trajectory stream (None for a keep-alive). A line cut short by a
+    dropped connection raises ValueError: the caller resumes from the last complete `seq`."""
+    line = line.strip()
+    if not line:
+        return None
+    obj = json.loads(line)
+    if not isinstance(obj, dict) or "seq" not in obj:
+        raise ValueError(f"not a trajectory line: {line[:80]}")
+    return obj
+
+
+@dataclass
+class Call:
+    """One request to the controller and how to read its answer; run by either client."""
+
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    json: Any = None
+    timeout: Any = "default"      # "default": the client's; else an httpx timeout (None = wait forever)
+    decode: Any = None            # callable(httpx.Response) -> value; default: the JSON body
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.params:
+            kw["params"] = self.params
+        if self.json is not None:
+            kw["json"] = self.json
+        if self.timeout != "default":
+            kw["timeout"] = self.timeout
+        return kw
+
+    def result(self, r: httpx.Response) -> Any:
+        return self.decode(r) if self.decode else r.json()
+
+
+def _items(r: httpx.Response) -> list[dict[str, Any]]:
+    return r.json()["items"]
+
+
+def _with_outcome(r: httpx.Response) -> tuple[dict[str, Any], str]:
+    return r.json(), r.headers.get("x-rolloutd-outcome", "configured")
+
+
+class Calls:
+    """The request of every single-request method, shared by `RolloutClient` and
+    `AsyncRolloutClient` (so the two cannot drift apart)."""
+
+    @staticmethod
+    def apply(job: dict[str, Any] | str | Path) -> Call:
+        doc = load_job(job)
+        return Call("PUT", job_path(doc["metadata"]["name"]), json=doc, decode=_with_outcome)
+
+    @staticmethod
+    def get(name: str) -> Call:
+        return Call("GET", job_path(name))
+
+    @staticmethod
+    def list(selector: str | None = None) -> Call:
+        return Call("GET", JOBS, params={"labelSelector": selector} if selector else None)
+
+    @staticmethod
+    def delete(name: str) -> Call:
+        return Call("DELETE", job_path(name))
+
+    @staticmethod
+    def events(name: str) -> Call:
+        return Call("GET", job_path(name, "events"), decode=_items)
+
+    @staticmethod
+    def groups(name: str) -> Call:
+        return Call("GET", job_path(name, "groups"), decode=_items)
+
+    @staticmethod
+    def trajectory_page(name: str, cursor: int, limit: int) -> Call:
+        def decode(r: httpx.Response) -> list[dict[str, Any]]:
+            return [t for t in map(trajectory_line, r.text.splitlines()) if t is not None]
+        return Call("GET", job_path(name, "trajectories"), params={"cursor": cursor, "limit": limit}, decode=decode)
+
+    @staticmethod
+    def request_batch(name: str, batch: int | None = None, prompts: list[int] | None = None) -> Call:
+        body: dict[str, Any] = {} if batch is None else {"batch": batch}
+        if prompts is not None:
+            body["prompts"] = [int(p) for p in prompts]
+        return Call("POST", job_path(name, "batches"), json=body)
+
+    @staticmethod
+    def batch(name: str, k: int, wait: bool, timeout: float | None, all_groups: bool) -> Call:
+        params: dict[str, Any] = {}
+        if wait:
+            params["wait"] = "true"
+            params["timeoutSeconds"] = f"{max(timeout or POLL_SLICE_SECONDS, 0.001):g}"
+        if all_groups:
+            params["all"] = "true"
+        read = (timeout or POLL_SLICE_SECONDS) + 30.0 if wait else 30.0
+        return Call("GET", job_path(name, "batches", str(int(k))), params=params,
+                    timeout=httpx.Timeout(30.0, read=read))
+
+    @staticmethod
+    def announce_policy(name: str, version: int | str, weights_path: str | Path | None, pause: bool,
+                        timeout: float | None) -> Call:
+        body = {"version": version, "weightsPath": None if weights_path is None else str(weights_path),
+                "pause": pause}
+        # blocks until every backend has reloaded: no read timeout unless the caller sets one
+        return Call("POST", job_path(name, "policy"), json=body, timeout=httpx.Timeout(30.0, read=timeout))
+
+    @staticmethod
+    def policy(name: str) -> Call:
+        return Call("GET", job_path(name, "policy"))
+
+    @staticmethod
+    def backends(name: str) -> Call:
+        return Call("GET", job_path(name, "backends"), decode=_items)
+
+    @staticmethod
+    def add_backend(name: str, url: str) -> Call:
+        return Call("POST", job_path(name, "backends"), json={"url": url}, decode=_items)
+
+    @staticmethod
+    def remove_backend(name: str, url: str) -> Call:
+        return Call("DELETE", job_path(name, "backends"), params={"url": url}, decode=_items)
+
+    @staticmethod
+    def watch(name: str | None, since: str | None, timeout: float | None) -> Call:
+        params: dict[str, Any] = {"watch": "true"}
+        if name:
+            params["fieldSelector"] = f"metadata.name={name}"
+        if since is not None:
+            params["resourceVersion"] = since
+        if timeout is not None:
+            params["timeoutSeconds"] = f"{max(timeout, 0.01):g}"
+        return Call("GET", JOBS, params=params, timeout=STREAM_TIMEOUT)
+
+    @staticmethod
+    def follow(name: str, cursor: int, timeout: float | None) -> Call:
+        params: dict[str, Any] = {"cursor": cursor, "follow": "true"}
+        if timeout is not None:
+            params["timeoutSeconds"] = f"{max(timeout, 0.01):g}"
+        return Call("GET", job_path(name, "trajectories"), params=params, timeout=STREAM_TIMEOUT)

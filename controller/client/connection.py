@@ -1,0 +1,73 @@
+"""Where the controller is and which token to send, resolved once for both clients and `rolloutctl`.
+
+Resolution (first hit wins, per item):
+  server: argument, `ROLLOUTD_SERVER`, config `server`, `http://127.0.0.1:7350`;
+  token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
+          config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
+          local controller's token file (`controller.config.DataDir`).
+The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. The clients (`sync`,
+`aio`) build their httpx client from `client_options`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rolloutd.controller.config import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
+from rolloutd.controller.documents import malformed_yaml
+
+from .errors import RolloutdError
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("ROLLOUTD_CONFIG") or Path.home() / ".config" / "rolloutd" / "config.yaml")
+
+
+@dataclass
+class Connection:
+    server: str
+    token: str
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    try:
+        import yaml
+    except ImportError:  # a trainer image without PyYAML: the file is flat `key: value` lines
+        return {k.strip(): v.strip().strip("'\"") for k, _, v in
+                (ln.partition(":") for ln in text.splitlines() if ":" in ln and not ln.lstrip().startswith("#"))}
+    try:
+        cfg = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise RolloutdError(f"config file {path}: {malformed_yaml(e)}") from None
+    if not isinstance(cfg, dict):
+        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile)")
+    return cfg
+
+
+def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None) -> Connection:
+    """Where the controller is and which bearer token to send (see the module docstring)."""
+    path = config_path()
+    cfg = _read_config(path)
+    server = server or os.environ.get("ROLLOUTD_SERVER") or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+    if not token and not token_file:
+        token = os.environ.get("ROLLOUTD_TOKEN") or cfg.get("token")
+    if not token:
+        tf = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or DataDir(default_data_dir()).token
+        tf = Path(tf).expanduser()
+        try:
+            token = tf.read_text().strip()
+        except OSError as e:
+            raise RolloutdError(
+                f"no API token: cannot read {tf} ({e.strerror}); pass token= or token_file=, set ROLLOUTD_TOKEN, "
+                f"or write 'token:' / 'tokenFile:' in {path}"
+            ) from None
+    return Connection(str(server).rstrip("/"), token)
+
+
+def client_options(conn: Connection, timeout: float) -> dict[str, Any]:
+    return {"base_url": conn.server, "timeout": timeout, "headers": {"Authorization": f"Bearer {conn.token}"}}

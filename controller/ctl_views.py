@@ -1,0 +1,133 @@
+"""What `rolloutctl` shows: job tables, the `describe` text, the live progress table, trajectory and
+backend lines. Pure functions from the API's wire objects to text or rich tables; `ctl.py` calls them.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+STAGES = ("total", "queued", "init", "run", "eval", "succeeded", "failed", "cancelled")
+TRAJECTORY_HEADER = f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON"
+
+
+def counts(obj: dict[str, Any]) -> dict[str, int]:
+    return obj.get("status", {}).get("counts", {}) or {}
+
+
+def age(ts: str | None) -> str:
+    if not ts:
+        return "-"
+    then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    s = int((datetime.now(timezone.utc) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{max(s, 0)}s"
+
+
+def print_obj(out: Console, obj: Any, output: str) -> None:
+    if output == "json":
+        out.print_json(json.dumps(obj)) if sys.stdout.isatty() else print(json.dumps(obj, indent=2))
+    else:
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
+
+
+def jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    cols = ["NAME", "PHASE", "NODES", "DONE", "TOTAL", "AGE"]
+    if wide:
+        cols += ["EXECUTOR", "TASKS", "SAMPLES", "GENERATION", "MESSAGE"]
+    for c in cols:
+        table.add_column(c, no_wrap=True)
+    for o in items:
+        st, spec, c = o.get("status", {}), o["spec"], counts(o)
+        row = [o["metadata"]["name"], st.get("phase", "Pending"), f"{st.get('nodes', 0)}/{spec['executor']['nodes']}",
+               str(c.get("succeeded", 0) + c.get("failed", 0)), str(c.get("total", 0)),
+               age(o["metadata"].get("creationTimestamp"))]
+        if wide:
+            msg = next((x["message"] for x in reversed(st.get("conditions", [])) if x.get("status") != "True"), "")
+            row += [spec["executor"]["kind"], f"{spec['tasks']['kind']}:{spec['tasks']['source']}",
+                    str(spec["samplesPerPrompt"]), str(o["metadata"].get("generation")), msg]
+        table.add_row(*row)
+    return table
+
+
+def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    m, spec, st = obj["metadata"], obj["spec"], obj.get("status", {})
+    labels = ",".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items()) or "<none>"
+    lines = [
+        f"Name:          {m['name']}",
+        f"Labels:        {labels}",
+        f"UID:           {m.get('uid')}",
+        f"Generation:    {m.get('generation')} (observed {st.get('observedGeneration', 0)})",
+        f"Created:       {m.get('creationTimestamp')}",
+    ]
+    if m.get("deletionTimestamp"):
+        lines.append(f"Deleting since: {m['deletionTimestamp']}")
+    smp = spec["agent"]["sampling"]
+    lines += [
+        "Spec:",
+        f"  Tasks:       {spec['tasks']['kind']} from {spec['tasks']['source']}"
+        + (f" (first {spec['tasks']['limit']})" if spec['tasks'].get('limit') else ""),
+        f"  Samples:     {spec['samplesPerPrompt']} per prompt"
+        + (f"; DAPO target {spec['dapo']['targetGroups']} informative groups" if spec['dapo']['enabled'] else ""),
+        f"  Agent:       {spec['agent']['maxTurns']} turns, tools {', '.join(spec['agent']['tools'])}; "
+        f"temperature {smp['temperature']}, {smp['maxTokensPerTurn']} tokens/turn, seed {smp.get('seed')}",
+        f"  LLM:         {len(spec['llm']['backends'])} backend(s): "
+        + (", ".join(b["url"] for b in spec["llm"]["backends"]) or "<none>"),
+        f"  Sandbox:     {spec['sandbox']['runtime']} image={spec['sandbox']['image']} "
+        f"network={'on' if spec['sandbox']['network'] else 'off'}",
+        f"  Executor:    {spec['executor']['kind']}, {spec['executor']['nodes']} node(s)",
+        "Status:",
+        f"  Phase:       {st.get('phase', 'Pending')}",
+        f"  Nodes:       {st.get('nodes', 0)}",
+        f"  Started:     {st.get('startTime') or '-'}",
+        f"  Completed:   {st.get('completionTime') or '-'}",
+        "  Rollouts:    " + ", ".join(f"{k} {counts(obj).get(k, 0)}" for k in STAGES),
+        "Conditions:",
+    ]
+    for c in st.get("conditions", []):
+        lines.append(f"  {c['type']:<14} {c['status']:<7} {c.get('reason', ''):<22} {c.get('message', '')}")
+    if not st.get("conditions"):
+        lines.append("  <none>")
+    lines.append("Events:")
+    for e in events[-20:]:
+        lines.append(f"  {e['time']}  {e['type']:<7} {e['reason']:<16} {e['message']}")
+    if not events:
+        lines.append("  <none>")
+    return "\n".join(lines)
+
+
+def progress_table(obj: dict[str, Any]) -> Table:
+    st, c = obj.get("status", {}), counts(obj)
+    total = max(c.get("total", 0), 1)
+    table = Table(title=f"rolloutjob/{obj['metadata']['name']}  phase {st.get('phase', 'Pending')}  "
+                        f"nodes {st.get('nodes', 0)}/{obj['spec']['executor']['nodes']}", title_justify="left")
+    table.add_column("stage")
+    table.add_column("rollouts", justify="right")
+    table.add_column("", min_width=30)
+    for stage in ("queued", "init", "run", "eval", "succeeded", "failed", "cancelled"):
+        n = c.get(stage, 0)
+        bar = "█" * round(30 * n / total)
+        table.add_row(stage, str(n), bar)
+    table.add_row("total", str(c.get("total", 0)), "")
+    return table
+
+
+def trajectory_line(t: dict[str, Any]) -> str:
+    reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
+    fail = t.get("failure", {})
+    return (f"{t['seq']:>5} {t['prompt']:>6} {t['sample']:>6} {reward:>7} {fail.get('kind', 'none'):<8} "
+            f"{len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} {fail.get('reason', '')}")
+
+
+def print_backends(items: list[dict[str, Any]]) -> None:
+    print(f"{'URL':<40} {'HEALTHY':<8} {'INFLIGHT':>8} {'PINNED':>7}  REASON")
+    for b in items:
+        print(f"{b['url']:<40} {str(b['healthy']).lower():<8} {b['inflight']:>8} {b['pinnedToJob']:>7}  {b['reason']}")

@@ -1,0 +1,32 @@
+"""YAML/JSON documents from text, with errors that name the line: once for the API's body parser
+(`http.bodies`), `rolloutctl apply` and the trainer client (`rolloutd.client.calls.load_job`).
+
+Import-light (no rolloutd import; PyYAML imported when YAML is parsed): the trainer client uses it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def malformed_yaml(e: Exception, what: str = "YAML") -> str:
+    """`malformed YAML at line L, column C: problem` for a PyYAML error (line and column when known)."""
+    mark = getattr(e, "problem_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"malformed {what}{at}: {getattr(e, 'problem', None) or e}"
+
+
+def load_documents(text: str, where: str) -> list[Any]:
+    """Every non-empty document in `text` (YAML, or JSON, which is tried first when it starts with `{`).
+    ValueError naming `where` and the line for malformed text."""
+    if text.lstrip()[:1] == "{":
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError:
+            pass  # YAML flow mappings start with '{' too
+    import yaml
+
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: {malformed_yaml(e)}") from None

@@ -1,0 +1,210 @@
+"""The structure rules of issue 12, checked over the product packages (crds, sandbox, agents, controller):
+no import cycles, imports that flow crds ← sandbox ← agents ← controller, small modules and classes, a
+docstring at the top of every module.
+
+Reads the sources with `ast` (nothing is imported). The allow-lists name today's offenders with the
+reason; a module that stops offending must leave its list (the test says so), so the lists only shrink.
+"""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCT = ("crds", "sandbox", "agents", "controller")
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 300
+
+# Modules in an import cycle today → why (trimmed as the structure re-cut lands).
+CYCLES_ALLOWED: dict[str, str] = {
+    "rolloutd.sandbox.base": "issue 12: base imports every runtime, which import base (s-sandbox: lazy registry)",
+    "rolloutd.sandbox.bwrap": "issue 12: the runtimes ↔ base cycle (s-sandbox)",
+    "rolloutd.sandbox.apptainer": "issue 12: the runtimes ↔ base cycle; apptainer imports bwrap (s-sandbox)",
+    "rolloutd.sandbox.process": "issue 12: the runtimes ↔ base cycle (s-sandbox)",
+    "rolloutd.sandbox.hostview": "issue 12: the runtimes ↔ base cycle (s-sandbox)",
+    "rolloutd.agents.engine": "engine ↔ models: the engine prepares models, models use the engine's home and lock",
+    "rolloutd.agents.models": "engine ↔ models (see rolloutd.agents.engine)",
+    "rolloutd.controller.scheduler": "issue 12: Scheduler ↔ Batches call each other (s-work: a narrow port)",
+    "rolloutd.controller.batches": "issue 12: Scheduler ↔ Batches (s-work)",
+}
+# Modules over MAX_MODULE_LINES, or holding a class over MAX_CLASS_LINES, today → why.
+SIZE_ALLOWED: dict[str, str] = {
+    "rolloutd.sandbox.base": "issue 12: s-sandbox splits the runtimes (runtimes/{base, bwrap, …})",
+    "rolloutd.sandbox.server.bash": "issue 12: s-sandbox (BashSession 394 lines)",
+    "rolloutd.sandbox.server.main": "issue 12: s-sandbox",
+    "rolloutd.agents.node": "issue 12: s-daemon splits NodeDaemon into agents/daemon/",
+    "rolloutd.controller.executors.slurm": "issue 12: s-exec splits slurm/{cli, script, executor}",
+    "rolloutd.controller.scheduler": "issue 12: s-work splits the Scheduler into controller/work/",
+    "rolloutd.controller.store": "issue 12: k8s-api reworks the store for the Kubernetes API",
+}
+# What a part may import of rolloutd (prefixes of module names); everything else of rolloutd is refused.
+ALLOWED_IMPORTS: dict[str, tuple[str, ...]] = {
+    "crds": ("rolloutd.crds",),
+    "sandbox": ("rolloutd.crds", "rolloutd.sandbox"),
+    "agents": ("rolloutd.crds", "rolloutd.sandbox", "rolloutd.agents"),
+    # the controller side uses the node side's dataset expansion and its waiting kit, nothing else
+    "controller": ("rolloutd.crds", "rolloutd.sandbox", "rolloutd.agents.tasks", "rolloutd.agents.aiokit",
+                   "rolloutd.controller", "rolloutd.client", "rolloutd.integrations"),
+}
+# Imports outside ALLOWED_IMPORTS that stay for a reason (importer, imported) → why.
+LAYERS_ALLOWED: dict[tuple[str, str], str] = {
+    ("rolloutd.controller.main", "rolloutd.agents.cli"):
+        "the `rolloutd` command is the composition root: every part adds its sub-commands there",
+    ("rolloutd.controller.config", "rolloutd.agents.models"):
+        "the tokenizer policy needs rolloutd's models dir; to go once models_dir leaves agents.engine/models",
+}
+
+
+def _modules() -> dict[str, tuple[str, Path]]:
+    """Module name → (part, file), the names as installed (pyproject's package-dir)."""
+    package_dir = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = {Path(folder): package for package, folder in package_dir.items()}
+    out = {}
+    for part in PRODUCT:
+        for path in sorted((REPO / part).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            owner = max((f for f in folders if rel.parts[:len(f.parts)] == f.parts), key=lambda f: len(f.parts))
+            rest = list(rel.with_suffix("").parts[len(owner.parts):])
+            if rest[-1:] == ["__init__"]:
+                rest = rest[:-1]
+            out[".".join([folders[owner], *rest])] = (part, path)
+    return out
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, (_, path) in MODULES.items()}
+
+
+def _imports(name: str) -> set[str]:
+    """The rolloutd modules `name` imports anywhere in its body (module level, functions, TYPE_CHECKING),
+    each resolved to the module file it loads (`from pkg import mod` → pkg.mod)."""
+    package = name if MODULES[name][1].name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # `import rolloutd.x.y` of a name inside a module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _size_problems(source: str) -> list[str]:
+    problems = []
+    lines = len(source.splitlines())
+    if lines > MAX_MODULE_LINES:
+        problems.append(f"{lines} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+            problems.append(f"class {node.name} {node.end_lineno - node.lineno + 1} lines")
+    return problems
+
+
+def _oversized() -> dict[str, str]:
+    return {name: ", ".join(problems) for name, (_, path) in MODULES.items()
+            if (problems := _size_problems(path.read_text()))}
+
+
+def test_the_checker_sees_every_part_and_resolves_imports():
+    assert {part for part, _ in MODULES.values()} == set(PRODUCT)
+    assert "rolloutd.client.core" in MODULES and "rolloutd.controller.http.nodes" in MODULES
+    assert "rolloutd.crds.names" in GRAPH["rolloutd.controller.http.nodes"]  # absolute import
+    assert "rolloutd.controller.http.bodies" in GRAPH["rolloutd.controller.http.nodes"]  # relative, same package
+    assert "rolloutd.controller.errors" in GRAPH["rolloutd.controller.http.trainer"]  # relative, parent package
+    assert "rolloutd.client.batch" in GRAPH["rolloutd.client.core"]  # function-level import
+
+
+def test_no_import_cycles():
+    in_cycles = {m: cycle for cycle in _cycles(GRAPH) for m in cycle}
+    new = {m: c for m, c in in_cycles.items() if m not in CYCLES_ALLOWED}
+    assert not new, f"import cycles (break them with a module both sides import): {sorted(map(tuple, new.values()))}"
+    fixed = sorted(set(CYCLES_ALLOWED) - set(in_cycles))
+    assert not fixed, f"no longer in a cycle: remove from CYCLES_ALLOWED: {fixed}"
+
+
+def test_imports_flow_crds_sandbox_agents_controller():
+    crossing = {(name, target) for name, (part, _) in MODULES.items() for target in GRAPH[name]
+                if not target.startswith(ALLOWED_IMPORTS[part])}
+    assert sorted(crossing - set(LAYERS_ALLOWED)) == []
+    assert sorted(set(LAYERS_ALLOWED) - crossing) == [], "no longer imported: remove from LAYERS_ALLOWED"
+
+
+def test_modules_and_classes_stay_small():
+    oversized = _oversized()
+    new = {m: why for m, why in oversized.items() if m not in SIZE_ALLOWED}
+    assert not new, f"over {MAX_MODULE_LINES} lines per module / {MAX_CLASS_LINES} per class: {new}"
+    fixed = sorted(set(SIZE_ALLOWED) - set(oversized))
+    assert not fixed, f"small enough now: remove from SIZE_ALLOWED: {fixed}"
+
+
+@pytest.mark.parametrize("listing", [CYCLES_ALLOWED, SIZE_ALLOWED], ids=["cycles", "sizes"])
+def test_allow_lists_name_real_modules(listing):
+    assert sorted(set(listing) - set(MODULES)) == []
+
+
+def test_the_checks_catch_what_they_claim_to():
+    """The cycle finder and the size measure on made-up input (the real tree may have no offender left)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "d"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _size_problems("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES) == [f"class Big {MAX_CLASS_LINES + 1} lines"]
+    assert _size_problems("x = 1\n" * (MAX_MODULE_LINES + 1)) == [f"{MAX_MODULE_LINES + 1} lines"]
+    assert _size_problems("x = 1\n" * MAX_MODULE_LINES) == []
