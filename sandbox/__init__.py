@@ -7,17 +7,23 @@ creates a sandbox with ``await get_runtime(spec.runtime).create(spec)`` (or
 / list_dir / health / close). Infrastructure failures raise a `SandboxError`
 subclass; request failures raise `ExecError` (see errors.py).
 
-Layout: base.py (the seam and `Sandbox`), models.py (pydantic spec, results,
-wire requests), errors.py, client.py (async UDS client), limits.py (rlimits,
-cgroups), one file per runtime (bwrap.py, apptainer.py, process.py), cli.py
-(`rolloutd sandbox exec`), pool.py (`WarmPool`: sandboxes started ahead of
-need, one per rollout), and server/ — the execution server that runs inside
-the sandbox (stdlib only; never imports the rest of rolloutd).
+Layout: sandbox.py (`Sandbox`), runtimes/ (the registry in __init__, the create
+template in base.py, one module per runtime: bwrap, apptainer, process),
+launch.py (the server's typed launch config), footprint.py (a sandbox's
+directory, cgroup and processes on the host), limits.py (rlimits, cgroups),
+protocol.py (requests and results), client.py (async UDS client), errors.py,
+pool.py (`WarmPool`: sandboxes started ahead of need, one per rollout),
+cli.py (`rolloutd sandbox exec`), and server/ — the execution server that runs
+inside the sandbox (stdlib only; never imports the rest of rolloutd; its
+procs.py is the one /proc reader, used on both sides). `SandboxSpec` is the
+RolloutJob's own ``spec.sandbox`` (`rolloutd.crds.rolloutjob`).
 """
-from .base import Sandbox, SandboxRuntime, create_sandbox, get_runtime
+from ..crds.rolloutjob import MountSpec, SandboxLimits, SandboxSpec
 from .errors import ExecError, RuntimeUnavailable, SandboxCreateError, SandboxDied, SandboxError, SandboxTimeout
-from .models import BashResult, DirEntry, FileContent, Health, IPythonResult, SandboxSpec
 from .pool import WarmPool
+from .protocol import BashResult, DirEntry, FileContent, Health, IPythonResult
+from .runtimes import SandboxRuntime, create_sandbox, get_runtime
+from .sandbox import Sandbox
 
 __all__ = [
     "BashResult",
@@ -26,11 +32,13 @@ __all__ = [
     "FileContent",
     "Health",
     "IPythonResult",
+    "MountSpec",
     "RuntimeUnavailable",
     "Sandbox",
     "SandboxCreateError",
     "SandboxDied",
     "SandboxError",
+    "SandboxLimits",
     "SandboxRuntime",
     "SandboxSpec",
     "SandboxTimeout",

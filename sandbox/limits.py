@@ -1,10 +1,10 @@
 """Resource limits of a sandbox: rlimits everywhere, cgroups where the process may create them.
 
-Where it sits: the runtimes (`bwrap.py`, `process.py`, `apptainer.py`) call
-`rlimits_for(spec)` (the numbers are passed to the execution server, which
-applies them to every bash session and kernel it starts) and `Cgroup.create`
-(joined by the runtime's process just before exec, so everything in the
-sandbox, the server included, is inside it).
+Where it sits: the create template (`runtimes/base.py`) calls
+`rlimits_for(spec.limits)` (the numbers go to the execution server in its
+`launch.LaunchConfig`; it applies them to every bash session and kernel it
+starts) and `Cgroup.create` (joined by the runtime's process just before exec,
+so everything in the sandbox, the server included, is inside it).
 
 Which mechanism stops what:
 
@@ -29,26 +29,27 @@ none can be created the sandbox runs with rlimits only and says so in
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
-from .models import SandboxSpec
+from ..crds.rolloutjob import SandboxLimits
+from .server.procs import kill_until_gone
 
 SERVER_HEADROOM_MB = 256
 PIDS_HEADROOM = 64  # the server's threads and the kernel's count as tasks
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def rlimits_for(spec: SandboxSpec, *, nproc: bool) -> dict[str, int]:
-    limits: dict[str, int] = {}
-    if spec.memory_mb:
-        limits["AS"] = spec.memory_mb * 1024 * 1024
-    if spec.file_size_mb:
-        limits["FSIZE"] = spec.file_size_mb * 1024 * 1024
-    if spec.processes and nproc and os.geteuid() != 0:
-        limits["NPROC"] = spec.processes + PIDS_HEADROOM
-    return limits
+def rlimits_for(limits: SandboxLimits, *, nproc: bool) -> dict[str, int]:
+    """The execution server's rlimits: ``{"AS", "FSIZE", "NPROC"} → value``."""
+    out: dict[str, int] = {}
+    if limits.memory_mb:
+        out["AS"] = limits.memory_mb * 1024 * 1024
+    if limits.file_size_mb:
+        out["FSIZE"] = limits.file_size_mb * 1024 * 1024
+    if limits.processes and nproc and os.geteuid() != 0:
+        out["NPROC"] = limits.processes + PIDS_HEADROOM
+    return out
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -152,16 +153,7 @@ class Cgroup:
     def destroy(self, timeout: float = 5.0) -> None:
         """Kill whatever is still inside, then remove the directories."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = self.pids()
-            if not left or time.monotonic() > deadline:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)
+        kill_until_gone(self.pids, timeout=timeout, pause=0.005)
         for d in self.dirs:
             _rmdir(d, deadline)
 

@@ -1,6 +1,6 @@
 """The `apptainer` runtime: Apptainer/Singularity ``.sif`` images, rootless.
 
-Where it sits: `get_runtime("apptainer")`. Usable only where an ``apptainer``
+Where it sits: `get_runtime("apptainer")`; the create template (`base.py`) calls its hooks. Usable only where an ``apptainer``
 (or ``singularity``) binary exists; otherwise `create` raises
 `RuntimeUnavailable` with the reason (its tests skip with that reason). Neither
 is installable on Debian 12 from its archive or PyPI, so this runtime is not
@@ -22,14 +22,13 @@ group the node must own and kill by id, so the command line is built here
 from __future__ import annotations
 
 import shutil
-import sys
 
-from .base import Sandbox, SandboxRuntime, sandbox_env, server_argv
-from .bwrap import runtime_paths
-from .errors import RuntimeUnavailable, SandboxCreateError
-from .hostview import check_mounts
-from .limits import Cgroup, rlimits_for
-from .models import SandboxSpec
+from ...crds.rolloutjob import SandboxSpec
+from ..errors import SandboxCreateError
+from ..footprint import Layout
+from ..hostview import check_mounts
+from ..launch import LaunchConfig, runtime_paths, server_argv
+from .base import CONTAINED, Launch, SandboxRuntime
 
 
 def _binary() -> str | None:
@@ -45,38 +44,20 @@ class ApptainerRuntime(SandboxRuntime):
             return "neither apptainer nor singularity is installed on this machine"
         return None
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
-        reason = self.available()
-        if reason:
-            raise RuntimeUnavailable(reason)
+    def check(self, spec: SandboxSpec) -> None:
         if not spec.image.endswith(".sif"):
             raise SandboxCreateError(f"the apptainer runtime needs a .sif image, not {spec.image!r}")
         check_mounts(spec.mounts)
-        sandbox_id, root, workspace, ctl = Sandbox.layout()
-        env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
-        rlimits = rlimits_for(spec, nproc=True)
-        cfg = {
-            "socket": "/.rolloutd/exec.sock",
-            "workspace": "/workspace",
-            "ctl_dir": "/.rolloutd",
-            "runtime_dir": "/tmp/.rolloutd",
-            "env": env,
-            "rlimits": rlimits,
-            "wall_seconds": spec.wall_seconds,
-        }
-        argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", "/workspace"]
+
+    def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
+        argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", CONTAINED.workspace]
         if not spec.network:
             argv += ["--net", "--network", "none"]
-        argv += ["--bind", f"{workspace}:/workspace", "--bind", f"{ctl}:/.rolloutd"]
+        argv += ["--bind", f"{layout.workspace}:{CONTAINED.workspace}", "--bind", f"{layout.ctl}:{CONTAINED.ctl}"]
         for path in runtime_paths():
             argv += ["--bind", f"{path}:{path}:ro"]
         for m in spec.mounts:
             argv += ["--bind", f"{m.host_path}:{m.inside}:{'ro' if m.read_only else 'rw'}"]
-        for key, value in env.items():
+        for key, value in config.env.items():
             argv += ["--env", f"{key}={value}"]
-        argv += [spec.image, *server_argv(sys.executable, cfg)]
-        cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
-        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else []}
-        return await Sandbox.start(
-            sandbox_id=sandbox_id, spec=spec, root=root, argv=argv, cgroup=cgroup, limits=limits
-        )
+        return Launch(argv=[*argv, spec.image, *server_argv(config)])

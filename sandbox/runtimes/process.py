@@ -1,6 +1,6 @@
 """The `process` runtime: no isolation at all. For development only.
 
-Where it sits: `get_runtime("process")`; never the default. The execution
+Where it sits: `get_runtime("process")`, through the create template (`base.py`); never the default. The execution
 server runs as a plain child process on the host, in the sandbox's workspace
 directory: commands can read and write anything the daemon can, reach the
 network and see every host process. Paths inside this "sandbox" are host
@@ -14,12 +14,12 @@ every process of the daemon's user).
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
-from .base import Sandbox, SandboxRuntime, sandbox_env, server_argv
-from .limits import Cgroup, rlimits_for
-from .models import SandboxSpec
+from ...crds.rolloutjob import SandboxSpec
+from ..footprint import Layout
+from ..launch import LaunchConfig, server_argv
+from .base import Inside, Launch, SandboxRuntime
 
 log = logging.getLogger(__name__)
 WARNING = (
@@ -31,31 +31,17 @@ WARNING = (
 class ProcessRuntime(SandboxRuntime):
     name = "process"
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
-        warnings.warn(WARNING, RuntimeWarning, stacklevel=2)
+    def check(self, spec: SandboxSpec) -> None:
+        warnings.warn(WARNING, RuntimeWarning, stacklevel=3)
         log.warning(WARNING)
-        sandbox_id, root, workspace, ctl = Sandbox.layout()
-        env = sandbox_env(spec, sandbox_id, HOME=str(root / "home"), TMPDIR=str(root / "tmp"))
-        (root / "tmp").mkdir()
-        rlimits = rlimits_for(spec, nproc=False)
-        cfg = {
-            "socket": str(ctl / "exec.sock"),
-            "workspace": str(workspace),
-            "ctl_dir": str(ctl),
-            "runtime_dir": str(root / "tmp" / ".rolloutd"),
-            "env": env,
-            "rlimits": rlimits,
-            "wall_seconds": spec.wall_seconds,
-        }
-        cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
-        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], "isolation": "none"}
-        return await Sandbox.start(
-            sandbox_id=sandbox_id,
-            spec=spec,
-            root=root,
-            argv=server_argv(sys.executable, cfg),
-            cwd=workspace,
-            cgroup=cgroup,
-            limits=limits,
-            env=env,
-        )
+
+    def rlimit_nproc(self, uid: int | None) -> bool:
+        return False  # without a user namespace it would count every process of the daemon's user
+
+    def inside(self, layout: Layout) -> Inside:
+        tmp = layout.root / "tmp"
+        return Inside(str(layout.workspace), str(layout.ctl), str(tmp / ".rolloutd"), str(layout.root / "home"), str(tmp))
+
+    def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
+        (layout.root / "tmp").mkdir()
+        return Launch(argv=server_argv(config), env=config.env, cwd=layout.workspace, enforced={"isolation": "none"})
