@@ -1,26 +1,7 @@
-"""Persistent bash sessions on a pseudo-terminal, inside the sandbox.
+"""Persistent bash sessions on a pseudo-terminal, inside the sandbox: one `BashSession` per session name.
 
-Where it sits: the in-sandbox execution server (`server/main.py`) keeps one
-`BashSession` per session name; its connection thread begins a command with
-`start` when the session is idle (the pty's reader thread then hands the
-result over as soon as the prompt is back: no thread waits per command), and
-its request threads call `run` (session busy), `send_input` and `interrupt`.
-The output goes through `server.output.Capture`; a command past its timeout is
-stopped by `server.stopping`. Stdlib only (the pty comes from
-`early.spawn_bash`, i.e. `os.forkpty`), because the server must start in milliseconds.
-
-How a command runs
-------------------
-bash runs interactive on a pty (``--noediting``: no readline, so no bracketed
-paste or line-editing escapes; the tty does not echo). Its prompt is a marker
-``\\x1eRD<tag>:<$?>\\x1e`` where ``<tag>`` is the value of ``$__rd_t``. For
-each command the server writes the command text to a file and types one short
-line, ``__rd_t=<fresh tag>; . <file>``: the command runs in the session's own
-shell (so ``cd``, variables and functions persist), may span many lines or be
-longer than the tty's 4 KiB line limit, and ends exactly when the prompt with
-*that* tag appears. A command that prints a marker-looking string cannot end
-itself early: it would have to know the fresh random tag. Output that does not
-end a line is fine: the marker is searched anywhere in the byte stream.
+Where it sits: `server.main.Server` starts commands here; each command's output goes through
+`server.output.Capture`, and a command past its timeout is stopped by `server.stopping`.
 """
 from __future__ import annotations
 
@@ -60,6 +41,27 @@ def _rewrite(path: str, data: bytes) -> None:
         os.close(fd)
 
 
+def write_command_file(paths: list[str], command: str) -> str:
+    """Write the command's text for bash to source, at the first of `paths` that works; returns it.
+
+    The first choice is a tmpfs (the sandbox's /tmp): on a disk file system
+    the rewrite costs far more (ext4 allocates and starts writing back a
+    truncated-and-rewritten file at close, and the next truncate waits for
+    that: 0.2-1.5 ms per command on a busy node, against ~10 us on tmpfs).
+    If it fails (/tmp full, or removed and not re-creatable) the control
+    directory is used for this command."""
+    data = (START_LINE + command + ("" if command.endswith("\n") else "\n")).encode("utf-8")
+    error: OSError | None = None
+    for path in paths:
+        try:
+            _rewrite(path, data)
+            return path
+        except OSError as e:
+            error = e
+    assert error is not None
+    raise error
+
+
 class ShellCommand:
     """A command begun by `BashSession.start`: nobody waits for it; its result is
     handed to `on_done` exactly once, by whoever claims it first (the pty reader
@@ -75,7 +77,24 @@ class ShellCommand:
 
 
 class BashSession:
-    """One named, persistent bash on a pty. Thread-safe; one command at a time."""
+    """One named, persistent bash on a pty. Thread-safe; one command at a time.
+
+    The server's connection thread begins a command with `start` when the session is idle (the
+    pty's reader thread then hands the result over as soon as the prompt is back: no thread waits
+    per command); its request threads call `run` (session busy), `send_input` and `interrupt`.
+    The pty comes from `early.spawn_bash` (``os.forkpty``: stdlib only, the server starts in ms).
+
+    bash runs interactive on a pty (``--noediting``: no readline, so no bracketed
+    paste or line-editing escapes; the tty does not echo). Its prompt is a marker
+    ``\\x1eRD<tag>:<$?>\\x1e`` where ``<tag>`` is the value of ``$__rd_t``. For
+    each command the server writes the command text to a file and types one short
+    line, ``__rd_t=<fresh tag>; . <file>``: the command runs in the session's own
+    shell (so ``cd``, variables and functions persist), may span many lines or be
+    longer than the tty's 4 KiB line limit, and ends exactly when the prompt with
+    *that* tag appears. A command that prints a marker-looking string cannot end
+    itself early: it would have to know the fresh random tag. Output that does not
+    end a line is fine: the marker is searched anywhere in the byte stream.
+    """
 
     def __init__(
         self,
@@ -120,7 +139,7 @@ class BashSession:
         """Run one command to its end (or timeout); waits while another command runs."""
         self._lock.acquire()
         try:
-            path = self._write_command_file(command)
+            path = write_command_file(self._cmd_files, command)
             started = self._begin(f". '{path}'", max_output)
         except BaseException:
             self._lock.release()
@@ -145,7 +164,7 @@ class BashSession:
             return None
         job = ShellCommand(on_done)
         try:
-            path = self._write_command_file(command)
+            path = write_command_file(self._cmd_files, command)
             self._begin(f". '{path}'", max_output, job)
         except BaseException:
             with self.cond:
@@ -227,26 +246,6 @@ class BashSession:
             self._lock.release()
             raise
         return self.finish(started, timeout)
-
-    def _write_command_file(self, command: str) -> str:
-        """Write the command's text for bash to source; returns the file's path.
-
-        The first choice is a tmpfs (the sandbox's /tmp): on a disk file system
-        the rewrite costs far more (ext4 allocates and starts writing back a
-        truncated-and-rewritten file at close, and the next truncate waits for
-        that: 0.2-1.5 ms per command on a busy node, against ~10 us on tmpfs).
-        If it fails (/tmp full, or removed and not re-creatable) the control
-        directory is used for this command."""
-        data = (START_LINE + command + ("" if command.endswith("\n") else "\n")).encode("utf-8")
-        error: OSError | None = None
-        for path in self._cmd_files:
-            try:
-                _rewrite(path, data)
-                return path
-            except OSError as e:
-                error = e
-        assert error is not None
-        raise error
 
     def _begin(self, line: str, max_output: int, job: ShellCommand | None = None) -> tuple[Capture, float]:
         """With the lock held: type the line that runs a command."""

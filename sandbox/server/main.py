@@ -1,34 +1,8 @@
-"""The in-sandbox execution server: bash sessions, an IPython kernel and files over a Unix socket.
+"""The in-sandbox execution server's entry and request dispatch: `main` starts it, `Server` answers requests.
 
-Where it sits: every runtime starts this as the sandbox's first process through the launcher in
-`rolloutd.sandbox.launch` (with a `LaunchConfig`); requests arrive through `wire.read_frames` from
-the node's `rolloutd.sandbox.client.ExecClient`, and `Server` answers each with the module that
-does the work (`bash`, `kernel`, `files`). It imports only the standard library (jupyter_client
-on the first IPython cell) and runs with ``python -S`` from a bare ``server`` package on
-``sys.path``: importing asyncio or pydantic would cost more than the whole 50 ms start budget.
-Concurrency is therefore plain threads (`threads.py`): one per connection, one reader per pty,
-reused workers for long requests (ipython, a bash whose session is busy, a timeout's escalation)
-and one for bash timeouts. A bash command on an idle session is typed by the connection thread
-and answered by its pty's reader when the prompt is back (no hand-off between threads: about
-3 context switches per command instead of 10).
-
-Replies carry the request's id and may come back out of order (a ``send_input``
-is answered while the ``bash`` it feeds is still running)::
-
-    → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
-    ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
-
-Operations: ``bash``, ``send_input``, ``interrupt``, ``close_session``, ``ipython``,
-``ipython_interrupt``, ``read_file``, ``write_file``, ``edit_file``, ``list_dir``, ``health``,
-``shutdown``. Neither json nor socket nor re is imported on the start path (they pull in
-enum, functools, collections: more than the whole start budget on a busy node).
-
-Start-up: it binds the socket (mode 0600, in the 0700 control directory bound
-into the sandbox), adopts the default bash session (forked by the launcher,
-see `early.py`) and writes ``READY <pid>`` on stdout, which is what the node
-side waits for. It accepts exactly one connection, then removes the socket.
-It exits when its client disconnects, on ``shutdown``, or at ``wall_seconds``;
-it then kills every process it started, by process session.
+Where it sits: the launcher in `rolloutd.sandbox.launch` calls `main` as the sandbox's first process;
+requests come in through `wire.read_frames` and each goes to the module that does the work
+(`bash`, `kernel`, `files`), long ones on `threads.Workers`.
 """
 from __future__ import annotations
 
@@ -64,6 +38,24 @@ def bash_result(produce, session: str) -> dict:
 
 
 class Server:
+    """Requests → operations. Stdlib only (jupyter_client on the first IPython cell), run with
+    ``python -S`` from a bare ``server`` package: importing asyncio or pydantic would cost more
+    than the whole 50 ms start budget, and neither json nor socket nor re is imported on the start
+    path (they pull in enum, functools, collections). Concurrency is therefore plain threads: one
+    per connection, one reader per pty, reused workers for long requests (ipython, a bash whose
+    session is busy, a timeout's escalation) and one for bash timeouts. A bash command on an idle
+    session is typed by the connection thread and answered by its pty's reader when the prompt is
+    back (no hand-off between threads: about 3 context switches per command instead of 10).
+
+    Replies carry the request's id and may come back out of order (a ``send_input`` is answered
+    while the ``bash`` it feeds is still running)::
+
+        → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
+        ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
+
+    Operations: the ``op_*`` methods below (``bash`` also through `start_bash`).
+    """
+
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
@@ -324,6 +316,11 @@ class Server:
 
 
 def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
+    """Bind the socket (0600, in the 0700 control directory bound into the sandbox), adopt the
+    default bash session (forked by the launcher, see `early.py`) and write ``READY <pid>`` on
+    stdout, which is what the node side waits for. Accept exactly one connection, then remove the
+    socket. Exit when the client disconnects, on ``shutdown``, or at ``wall_seconds``, killing
+    every process started, by process session."""
     undumpable(cfg)  # before READY: no sandboxed code runs before the node's first request
     server = Server(cfg)
     os.makedirs(cfg["ctl_dir"], mode=0o700, exist_ok=True)
