@@ -1,30 +1,8 @@
 """Resource limits of a sandbox: rlimits everywhere, cgroups where the process may create them.
 
-Where it sits: the create template (`runtimes/base.py`) calls
-`rlimits_for(spec.limits)` (the numbers go to the execution server in its
-`launch.LaunchConfig`; it applies them to every bash session and kernel it
-starts) and `Cgroup.create` (joined by the runtime's process just before exec,
-so everything in the sandbox, the server included, is inside it).
-
-Which mechanism stops what:
-
-* memory — ``RLIMIT_AS`` = ``memory_mb`` per process (a single runaway process
-  gets ENOMEM / MemoryError); the cgroup limit, where available, bounds the
-  whole sandbox at ``memory_mb`` + `SERVER_HEADROOM_MB` (room for the
-  execution server and the IPython kernel).
-* processes — a cgroup ``pids.max`` where available. ``RLIMIT_NPROC`` is set
-  too, but the kernel never enforces it for root, and outside a user namespace
-  it counts *all* processes of the user, so it is only applied in runtimes that
-  give the sandbox its own user namespace (`nproc=True`).
-* file size — ``RLIMIT_FSIZE``.
-* wall time — the server's own watchdog plus a node-side timer (`Sandbox`).
-
-cgroups are created *below the caller's own cgroup* (read from
-/proc/self/cgroup), never elsewhere in the hierarchy, so a sandbox always stays
-inside whatever limits its daemon already runs under. cgroup v1 (memory, pids)
-and v2 (when the caller's cgroup delegates those controllers) are handled; when
-none can be created the sandbox runs with rlimits only and says so in
-`Sandbox.limits`.
+Where it sits: the create template (`runtimes/base.py`) calls `rlimits_for(spec.limits)` (the numbers
+go to the execution server in its `launch.LaunchConfig`, which applies them to every child) and
+`Cgroup.create` (joined by the runtime's process just before exec, the server included).
 """
 from __future__ import annotations
 
@@ -41,7 +19,21 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def rlimits_for(limits: SandboxLimits, *, nproc: bool) -> dict[str, int]:
-    """The execution server's rlimits: ``{"AS", "FSIZE", "NPROC"} → value``."""
+    """The execution server's rlimits: ``{"AS", "FSIZE", "NPROC"} → value``.
+
+    Which mechanism stops what:
+
+    * memory — ``RLIMIT_AS`` = ``memory_mb`` per process (a single runaway process
+      gets ENOMEM / MemoryError); the cgroup limit, where available, bounds the
+      whole sandbox at ``memory_mb`` + `SERVER_HEADROOM_MB` (room for the
+      execution server and the IPython kernel).
+    * processes — a cgroup ``pids.max`` where available. ``RLIMIT_NPROC`` is set
+      too, but the kernel never enforces it for root, and outside a user namespace
+      it counts *all* processes of the user, so it is only applied in runtimes that
+      give the sandbox its own user namespace (`nproc=True`).
+    * file size — ``RLIMIT_FSIZE``.
+    * wall time — the server's own watchdog plus a node-side timer (`Sandbox`).
+    """
     out: dict[str, int] = {}
     if limits.memory_mb:
         out["AS"] = limits.memory_mb * 1024 * 1024
@@ -75,7 +67,15 @@ def candidate_parents() -> list[Path]:
 
 
 class Cgroup:
-    """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory)."""
+    """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory).
+
+    cgroups are created *below the caller's own cgroup* (read from
+    /proc/self/cgroup), never elsewhere in the hierarchy, so a sandbox always stays
+    inside whatever limits its daemon already runs under. cgroup v1 (memory, pids)
+    and v2 (when the caller's cgroup delegates those controllers) are handled; when
+    none can be created the sandbox runs with rlimits only and says so in
+    `Sandbox.limits`.
+    """
 
     def __init__(self, dirs: list[Path], kinds: list[str]) -> None:
         self.dirs = dirs

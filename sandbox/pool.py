@@ -1,27 +1,7 @@
 """A warm pool: sandboxes started ahead of need, so a rollout's INIT gets one in ~1 ms.
 
-Where it sits: the node daemon (`rolloutd.agents`) keeps one `WarmPool` per job (one
-`SandboxSpec`) and calls ``await pool.acquire()`` instead of ``runtime.create(spec)``, which starts each one.
-
-    pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
-    pool.start()                 # begin warming (needs a running event loop; acquire() starts it too)
-    sb = await pool.acquire()    # a started, never-used sandbox: the caller owns it and closes it
-    ...
-    await pool.close()           # idle sandboxes closed, a creation in progress closed once it is up
-
-* A sandbox is handed out once and never taken back (each rollout gets a fresh one).
-* Before one is handed out it is checked cheaply (no round trip): its runtime process is
-  running and not a zombie, and the exec server still holds its end of the connection (a dead
-  server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
-* Refill runs in one background task, one creation at a time (it never competes with rollouts for
-  the node's cores by more than one sandbox start), up to `size` idle sandboxes. A creation that
-  fails is logged and retried with back-off; `acquire` then simply creates one cold and raises
-  that creation's error as usual.
-* Wall time: a sandbox's wall clock starts when it is created, not when it is handed out. Idle
-  sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
-  created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
-  (at most `max_idle` more). Cold ones get exactly the spec.
-* `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+Where it sits: the node daemon (`rolloutd.agents`) keeps one `WarmPool` per job (one `SandboxSpec`)
+and calls ``await pool.acquire()``; each sandbox is started by ``runtime.create`` (`runtimes/base.py`).
 """
 from __future__ import annotations
 
@@ -46,7 +26,28 @@ def default_max_idle(wall_seconds: float | None) -> float | None:
 
 
 class WarmPool:
-    """Up to `size` started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one)."""
+    """Up to `size` started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one).
+
+        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
+        pool.start()                 # begin warming (needs a running event loop; acquire() starts it too)
+        sb = await pool.acquire()    # a started, never-used sandbox: the caller owns it and closes it
+        ...
+        await pool.close()           # idle sandboxes closed, a creation in progress closed once it is up
+
+    * A sandbox is handed out once and never taken back (each rollout gets a fresh one).
+    * Before one is handed out it is checked cheaply (no round trip): its runtime process is
+      running and not a zombie, and the exec server still holds its end of the connection (a dead
+      server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
+    * Refill runs in one background task, one creation at a time (it never competes with rollouts for
+      the node's cores by more than one sandbox start), up to `size` idle sandboxes. A creation that
+      fails is logged and retried with back-off; `acquire` then simply creates one cold and raises
+      that creation's error as usual.
+    * Wall time: a sandbox's wall clock starts when it is created, not when it is handed out. Idle
+      sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
+      created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
+      (at most `max_idle` more). Cold ones get exactly the spec.
+    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+    """
 
     def __init__(self, runtime: SandboxRuntime, spec: SandboxSpec, size: int, *,
                  max_idle: float | None = None, backoff: tuple[float, float] = (0.5, 30.0)) -> None:

@@ -1,23 +1,7 @@
 """The `apptainer` runtime: Apptainer/Singularity ``.sif`` images, rootless.
 
-Where it sits: `get_runtime("apptainer")`; the create template (`base.py`) calls its hooks. Usable only where an ``apptainer``
-(or ``singularity``) binary exists; otherwise `create` raises
-`RuntimeUnavailable` with the reason (its tests skip with that reason). Neither
-is installable on Debian 12 from its archive or PyPI, so this runtime is not
-exercised on the project's own machines.
-
-The container runs ``apptainer exec --containall --cleanenv --no-privs`` with
-``--net --network none`` unless ``spec.network`` (Apptainer itself runs the
-container as the caller, with no_new_privs and no capabilities; it has no
-seccomp file here, so the bwrap filter does not apply); the workspace is bound at
-/workspace and the control directory at /.rolloutd. The execution server runs
-with the host's Python, bound at its host paths (so the image needs a
-compatible glibc), exactly as for a bwrap root filesystem image.
-
-Why not spython: spython's ``Client.execute`` runs a command to completion
-and returns its output; the execution server is a long-lived process whose
-group the node must own and kill by id, so the command line is built here
-(spython's ``Client.instance`` would add a second process tree to track).
+Where it sits: `get_runtime("apptainer")`; the create template (`base.py`) calls the hooks of
+`ApptainerRuntime` and starts the result.
 """
 from __future__ import annotations
 
@@ -36,6 +20,26 @@ def _binary() -> str | None:
 
 
 class ApptainerRuntime(SandboxRuntime):
+    """Usable only where an ``apptainer``
+    (or ``singularity``) binary exists; otherwise `create` raises
+    `RuntimeUnavailable` with the reason (its tests skip with that reason). Neither
+    is installable on Debian 12 from its archive or PyPI, so this runtime is not
+    exercised on the project's own machines.
+
+    The container runs ``apptainer exec --containall --cleanenv --no-privs`` with
+    ``--net --network none`` unless ``spec.network`` (Apptainer itself runs the
+    container as the caller, with no_new_privs and no capabilities; it has no
+    seccomp file here, so the bwrap filter does not apply); the workspace is bound at
+    /workspace and the control directory at /.rolloutd. The execution server runs
+    with the host's Python, bound at its host paths (so the image needs a
+    compatible glibc), exactly as for a bwrap root filesystem image.
+
+    Why not spython: spython's ``Client.execute`` runs a command to completion
+    and returns its output; the execution server is a long-lived process whose
+    group the node must own and kill by id, so the command line is built here
+    (spython's ``Client.instance`` would add a second process tree to track).
+    """
+
     name = "apptainer"
 
     @classmethod

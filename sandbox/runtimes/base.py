@@ -1,16 +1,7 @@
 """The create template: every runtime starts a sandbox through the same sequence, filling small hooks.
 
-Where it sits: `runtimes.get_runtime(name).create(spec)` runs `SandboxRuntime.create` below; a runtime
-module (bwrap.py, apptainer.py, process.py) only says how the execution server is wrapped; the
-started server is then driven through the `sandbox.Sandbox` this returns.
-
-1. check the runtime and the spec (hooks `available`, `check`; `open_fds` for what the runtime passes);
-2. lay out a private directory ``<ROLLOUTD_SANDBOX_DIR>/<id>/`` (`footprint.Layout`) holding
-   ``workspace/`` and ``ctl/`` (the server's socket and command files);
-3. fill the server's `launch.LaunchConfig` (paths as the sandbox sees them: hook `inside`) and let
-   the runtime wrap the server's command line in its own (hook `launch`);
-4. create the cgroup (where possible) and start that command in a new process group, joined to
-   the cgroup before exec; wait for the server's ``READY`` line and connect to its 0600 socket.
+Where it sits: `runtimes.get_runtime(name).create(spec)` runs `SandboxRuntime.create`; a runtime module
+(bwrap.py, apptainer.py, process.py) fills the hooks; the started server is driven through `sandbox.Sandbox`.
 """
 from __future__ import annotations
 
@@ -78,7 +69,16 @@ class SandboxRuntime(ABC):
     name: ClassVar[str]
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        """Start a sandbox for `spec`; raises SandboxCreateError (or RuntimeUnavailable)."""
+        """Start a sandbox for `spec`; raises SandboxCreateError (or RuntimeUnavailable).
+
+        1. check the runtime and the spec (hooks `available`, `check`; `open_fds` for what the runtime passes);
+        2. lay out a private directory ``<ROLLOUTD_SANDBOX_DIR>/<id>/`` (`footprint.Layout`) holding
+           ``workspace/`` and ``ctl/`` (the server's socket and command files);
+        3. fill the server's `launch.LaunchConfig` (paths as the sandbox sees them: hook `inside`) and let
+           the runtime wrap the server's command line in its own (hook `launch`);
+        4. create the cgroup (where possible) and start that command in a new process group, joined to
+           the cgroup before exec; wait for the server's ``READY`` line and connect to its 0600 socket.
+        """
         reason = self.available()
         if reason:
             raise RuntimeUnavailable(reason)

@@ -1,30 +1,7 @@
-"""The default runtime: bubblewrap, rootless.
+"""The default runtime: bubblewrap, rootless; its hooks build the bwrap command line around the server's.
 
-Where it sits: `get_runtime("bwrap")` returns `BwrapRuntime`; the create
-template (`base.py`) calls its hooks, `launch` building the bwrap command line
-around the execution server's argv, and does the rest.
-
-What the sandbox sees (the full list and the reasons: README.md, "Containment"):
-
-* its own ipc, pid, net, uts and cgroup namespaces: only a loopback
-  interface unless ``spec.network``; only its own processes in /proc.
-  ``--die-with-parent``: the sandbox dies with the node daemon.
-  ``--new-session``: no TIOCSTI into the daemon's terminal.
-* no privileges: under a root daemon no user namespace, and the server drops
-  to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
-  namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
-  on every process.
-* a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
-  (`hostview.host_mounts`) for ``image: host``, or a root filesystem
-  directory's entries, then remounted read-only.
-* writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
-  and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
-* ``/.rolloutd``: the control directory (the server's 0600 socket).
-* ``spec.mounts``, checked by `hostview.check_mounts`.
-
-The server's interpreter and packages are bound at their host paths
-(`launch.runtime_paths`), so a root filesystem image must be able to run the host's
-Python (same glibc family — e.g. a debootstrap of the host's release).
+Where it sits: `get_runtime("bwrap")`; the create template (`base.py`) calls the hooks of `BwrapRuntime`
+and starts the result; what a sandbox may see is laid out by `hostview.py`, filtered by `syscall_filter.py`.
 """
 from __future__ import annotations
 
@@ -99,6 +76,29 @@ def sandbox_uid() -> int | None:
 
 
 class BwrapRuntime(SandboxRuntime):
+    """What the sandbox sees (the full list and the reasons: README.md, "Containment"):
+
+    * its own ipc, pid, net, uts and cgroup namespaces: only a loopback
+      interface unless ``spec.network``; only its own processes in /proc.
+      ``--die-with-parent``: the sandbox dies with the node daemon.
+      ``--new-session``: no TIOCSTI into the daemon's terminal.
+    * no privileges: under a root daemon no user namespace, and the server drops
+      to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
+      namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
+      on every process.
+    * a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
+      (`hostview.host_mounts`) for ``image: host``, or a root filesystem
+      directory's entries, then remounted read-only.
+    * writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
+      and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
+    * ``/.rolloutd``: the control directory (the server's 0600 socket).
+    * ``spec.mounts``, checked by `hostview.check_mounts`.
+
+    The server's interpreter and packages are bound at their host paths
+    (`launch.runtime_paths`), so a root filesystem image must be able to run the host's
+    Python (same glibc family — e.g. a debootstrap of the host's release).
+    """
+
     name = "bwrap"
 
     @classmethod
