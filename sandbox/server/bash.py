@@ -10,7 +10,6 @@ import select
 import threading
 import time
 
-from . import stopping
 from .early import spawn_bash
 from .output import Capture
 from .procs import boot_ticks, last_pid
@@ -213,6 +212,8 @@ class BashSession:
 
     def interrupt(self) -> None:
         """Ctrl-C, once the terminal's foreground is in a stable state (`stopping.interrupt`)."""
+        from . import stopping  # off the server's start path, like every use of it here
+
         stopping.interrupt(self)
 
     def foreground(self) -> int:
@@ -227,6 +228,8 @@ class BashSession:
         with self.cond:
             self.dead = True
             self.cond.notify_all()
+        from . import stopping
+
         stopping.kill_session_processes(self)
         self._reap()
         # a started command's result, now (the pty's EOF may never come: a
@@ -272,6 +275,8 @@ class BashSession:
             ended = False
             if not self.wait(cap, timeout) and not self.dead:
                 timed_out = True
+                from . import stopping
+
                 ended = not stopping.escalate(self, cap)
                 if not ended:
                     stopping.kill_leftovers_of_command(self)

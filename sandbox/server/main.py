@@ -16,7 +16,6 @@ import _socket  # not `socket`: it imports enum
 
 from .bash import BashSession, SessionDead
 from .early import apply_limits, undumpable
-from .files import edit_file, list_dir, read_file, write_file
 from .procs import all_stats
 from .threads import Deadlines, Workers
 from .wire import RequestError, read_frames, reply_to, to_json
@@ -195,17 +194,24 @@ class Server:
 
     # -- files -------------------------------------------------------------
 
+    @property
+    def files(self):
+        """`server.files`, imported on the first file request: not on the start path."""
+        from . import files
+
+        return files
+
     def op_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
-        return read_file(self.workspace, path, start_line, end_line)
+        return self.files.read_file(self.workspace, path, start_line, end_line)
 
     def op_write_file(self, path: str, content: str) -> dict:
-        return write_file(self.workspace, path, content)
+        return self.files.write_file(self.workspace, path, content)
 
     def op_edit_file(self, path: str, old: str, new: str) -> dict:
-        return edit_file(self.workspace, path, old, new)
+        return self.files.edit_file(self.workspace, path, old, new)
 
     def op_list_dir(self, path: str = ".") -> dict:
-        return list_dir(self.workspace, path)
+        return self.files.list_dir(self.workspace, path)
 
     # -- lifecycle ---------------------------------------------------------
 
