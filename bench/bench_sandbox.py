@@ -39,7 +39,7 @@ import sys
 import time
 
 from rolloutd.sandbox import SandboxSpec, WarmPool, create_sandbox, get_runtime
-from rolloutd.sandbox.base import DEFAULT_ENV
+from rolloutd.sandbox.runtimes.base import DEFAULT_ENV
 from rolloutd.sandbox.server.early import spawn_bash
 
 COMMANDS = {"true": "true", "echo": "echo hello", "ls /": "ls /"}

@@ -147,10 +147,16 @@ class LLMSpec(Model):
 
 
 class SandboxLimits(Model):
-    memory_mb: int = Field(default=1024, ge=16, alias="memoryMB")
-    processes: int = Field(default=256, ge=8)
-    file_size_mb: int = Field(default=1024, ge=1, alias="fileSizeMB")
-    wall_seconds: int = Field(default=600, ge=1)
+    """What one sandbox may use."""
+
+    memory_mb: int = Field(default=1024, ge=16, alias="memoryMB",
+                           description="address-space rlimit per process and, where possible, a cgroup memory limit")
+    processes: int = Field(default=256, ge=8,
+                           description="process limit (cgroup pids.max where possible; RLIMIT_NPROC for non-root)")
+    file_size_mb: int = Field(default=1024, ge=1, alias="fileSizeMB",
+                              description="largest file a process may write (RLIMIT_FSIZE)")
+    wall_seconds: int = Field(default=600, ge=1, description="the sandbox is killed this long after it starts")
+    tmp_mb: int = Field(default=1024, ge=1, alias="tmpMB", description="size of the private /tmp and /dev/shm (tmpfs)")
 
 
 class MountSpec(Model):
@@ -160,19 +166,34 @@ class MountSpec(Model):
 
     @model_validator(mode="after")
     def _policy(self) -> "MountSpec":
-        check_mount_paths(self.host_path, self.path or self.host_path)
+        check_mount_paths(self.host_path, self.inside)
         return self
 
+    @property
+    def inside(self) -> str:
+        return self.path or self.host_path
 
+
+# The one sandbox spec: a job's `spec.sandbox` is also what `rolloutd.sandbox` runtimes create (its
+# limits enforced as sandbox/README.md "Isolation and limits" says).
 class SandboxSpec(Model):
+    """Where a rollout's commands run: one sandbox per rollout."""
+
     runtime: Literal["bwrap", "apptainer", "process"] = "bwrap"
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
     network: bool = False
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    env: dict[str, str] = Field(default_factory=dict, description="added to the sandbox's default environment")
     mounts: list[MountSpec] = Field(default_factory=list, max_length=32,
                                     description="host paths a task needs (read-only unless readOnly: false)")
     warm: int = Field(default=2, ge=0, le=64,
                       description="sandboxes each node starts ahead of need (0: start one per rollout)")
+
+    @classmethod
+    def from_limits(cls, *, limits: dict[str, Any] | None = None, **fields: Any) -> "SandboxSpec":
+        """``SandboxSpec(limits=..., **fields)``, the node daemon's call today (limits as the camelCase dict).
+        To go once the daemon hands its job's ``spec.sandbox`` to the runtime as it is."""
+        return cls(limits=limits or {}, **fields)
 
 
 class SlurmSpec(Model):

@@ -40,16 +40,16 @@ def exec_(
     timeout: float = typer.Option(60.0, "--timeout", help="command timeout (s); Ctrl-C, then kill"),
 ) -> None:
     """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
+    from ..crds.rolloutjob import SandboxSpec
     from .errors import ExecError, SandboxError
-    from .models import SandboxSpec
 
-    fields = {"runtime": runtime, "image": image, "network": network}
+    limits = {}
     if memory_mb is not None:
-        fields["memory_mb"] = memory_mb
+        limits["memory_mb"] = memory_mb
     if processes is not None:
-        fields["processes"] = processes
+        limits["processes"] = processes
     try:
-        spec = SandboxSpec(**fields)
+        spec = SandboxSpec(runtime=runtime, image=image, network=network, limits=limits)
     except ValueError as e:
         typer.echo(f"rolloutd sandbox exec: {e}", err=True)
         raise typer.Exit(2) from None
@@ -63,7 +63,7 @@ def exec_(
 
 
 async def _run(spec, command: str, timeout: float) -> int:
-    from .base import create_sandbox
+    from .runtimes import create_sandbox
 
     sandbox = await create_sandbox(spec)
     try:

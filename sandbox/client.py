@@ -1,7 +1,7 @@
 """Async client of the in-sandbox execution server (node side).
 
-Where it sits: `Sandbox` (base.py) owns one `ExecClient` per sandbox and calls
-`call()` with a request model from `models.py`. One Unix-socket connection
+Where it sits: `Sandbox` (sandbox.py) owns one `ExecClient` per sandbox and calls
+`call()` with a request model from `protocol.py`; the server's end is `server/wire.py`. One Unix-socket connection
 carries every request (length-prefixed marshal: node → server is the trusted
 direction) and every reply (JSON lines, parsed with json because they come out
 of the sandbox). Each request carries an id and its reply is matched by that id,
@@ -23,7 +23,7 @@ import select
 from typing import Any
 
 from .errors import ExecError, SandboxDied, SandboxError, SandboxTimeout
-from .models import _Req
+from .protocol import RequestModel
 
 LINE_LIMIT = 256 * 1024 * 1024  # largest reply line (a big read_file)
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
@@ -54,7 +54,7 @@ class ExecClient(asyncio.Protocol):
         poller.register(fd, select.POLLIN | _HANGUP)
         return any(ev & _HANGUP for _, ev in poller.poll(0))
 
-    async def call(self, request: _Req, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, request: RequestModel, timeout: float | None = None) -> dict[str, Any]:
         """Send one request and wait for its reply; `timeout` is an infrastructure deadline."""
         if self.closed_reason is not None:
             raise SandboxDied(self.closed_reason)

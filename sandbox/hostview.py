@@ -1,6 +1,6 @@
 """What of the host a sandbox may see: the `image: host` allow-list, the secrets hidden in it, the mounts refused.
 
-Where it sits: `bwrap.py` lays `host_mounts()` on the sandbox's tmpfs root for
+Where it sits: `runtimes/bwrap.py` lays `host_mounts()` on the sandbox's tmpfs root for
 ``image: host`` and calls `check_mounts()` on ``spec.mounts`` before it starts
 anything (apptainer does the same for its binds).
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
-from .base import sandbox_base_dir
+from .footprint import sandbox_base_dir
 from .errors import SandboxCreateError
 
 HOST_ALLOW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")

@@ -1,54 +1,47 @@
 """Resource limits of a sandbox: rlimits everywhere, cgroups where the process may create them.
 
-Where it sits: the runtimes (`bwrap.py`, `process.py`, `apptainer.py`) call
-`rlimits_for(spec)` (the numbers are passed to the execution server, which
-applies them to every bash session and kernel it starts) and `Cgroup.create`
-(joined by the runtime's process just before exec, so everything in the
-sandbox, the server included, is inside it).
-
-Which mechanism stops what:
-
-* memory — ``RLIMIT_AS`` = ``memory_mb`` per process (a single runaway process
-  gets ENOMEM / MemoryError); the cgroup limit, where available, bounds the
-  whole sandbox at ``memory_mb`` + `SERVER_HEADROOM_MB` (room for the
-  execution server and the IPython kernel).
-* processes — a cgroup ``pids.max`` where available. ``RLIMIT_NPROC`` is set
-  too, but the kernel never enforces it for root, and outside a user namespace
-  it counts *all* processes of the user, so it is only applied in runtimes that
-  give the sandbox its own user namespace (`nproc=True`).
-* file size — ``RLIMIT_FSIZE``.
-* wall time — the server's own watchdog plus a node-side timer (`Sandbox`).
-
-cgroups are created *below the caller's own cgroup* (read from
-/proc/self/cgroup), never elsewhere in the hierarchy, so a sandbox always stays
-inside whatever limits its daemon already runs under. cgroup v1 (memory, pids)
-and v2 (when the caller's cgroup delegates those controllers) are handled; when
-none can be created the sandbox runs with rlimits only and says so in
-`Sandbox.limits`.
+Where it sits: the create template (`runtimes/base.py`) calls `rlimits_for(spec.limits)` (the numbers
+go to the execution server in its `launch.LaunchConfig`, which applies them to every child) and
+`Cgroup.create` (joined by the runtime's process just before exec, the server included).
 """
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
-from .models import SandboxSpec
+from ..crds.rolloutjob import SandboxLimits
+from .server.procs import kill_until_gone
 
 SERVER_HEADROOM_MB = 256
 PIDS_HEADROOM = 64  # the server's threads and the kernel's count as tasks
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def rlimits_for(spec: SandboxSpec, *, nproc: bool) -> dict[str, int]:
-    limits: dict[str, int] = {}
-    if spec.memory_mb:
-        limits["AS"] = spec.memory_mb * 1024 * 1024
-    if spec.file_size_mb:
-        limits["FSIZE"] = spec.file_size_mb * 1024 * 1024
-    if spec.processes and nproc and os.geteuid() != 0:
-        limits["NPROC"] = spec.processes + PIDS_HEADROOM
-    return limits
+def rlimits_for(limits: SandboxLimits, *, nproc: bool) -> dict[str, int]:
+    """The execution server's rlimits: ``{"AS", "FSIZE", "NPROC"} → value``.
+
+    Which mechanism stops what:
+
+    * memory — ``RLIMIT_AS`` = ``memory_mb`` per process (a single runaway process
+      gets ENOMEM / MemoryError); the cgroup limit, where available, bounds the
+      whole sandbox at ``memory_mb`` + `SERVER_HEADROOM_MB` (room for the
+      execution server and the IPython kernel).
+    * processes — a cgroup ``pids.max`` where available. ``RLIMIT_NPROC`` is set
+      too, but the kernel never enforces it for root, and outside a user namespace
+      it counts *all* processes of the user, so it is only applied in runtimes that
+      give the sandbox its own user namespace (`nproc=True`).
+    * file size — ``RLIMIT_FSIZE``.
+    * wall time — the server's own watchdog plus a node-side timer (`Sandbox`).
+    """
+    out: dict[str, int] = {}
+    if limits.memory_mb:
+        out["AS"] = limits.memory_mb * 1024 * 1024
+    if limits.file_size_mb:
+        out["FSIZE"] = limits.file_size_mb * 1024 * 1024
+    if limits.processes and nproc and os.geteuid() != 0:
+        out["NPROC"] = limits.processes + PIDS_HEADROOM
+    return out
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -74,7 +67,15 @@ def candidate_parents() -> list[Path]:
 
 
 class Cgroup:
-    """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory)."""
+    """The cgroup directories of one sandbox (one per v1 controller, or one v2 directory).
+
+    cgroups are created *below the caller's own cgroup* (read from
+    /proc/self/cgroup), never elsewhere in the hierarchy, so a sandbox always stays
+    inside whatever limits its daemon already runs under. cgroup v1 (memory, pids)
+    and v2 (when the caller's cgroup delegates those controllers) are handled; when
+    none can be created the sandbox runs with rlimits only and says so in
+    `Sandbox.limits`.
+    """
 
     def __init__(self, dirs: list[Path], kinds: list[str]) -> None:
         self.dirs = dirs
@@ -152,16 +153,7 @@ class Cgroup:
     def destroy(self, timeout: float = 5.0) -> None:
         """Kill whatever is still inside, then remove the directories."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = self.pids()
-            if not left or time.monotonic() > deadline:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)
+        kill_until_gone(self.pids, timeout=timeout, pause=0.005)
         for d in self.dirs:
             _rmdir(d, deadline)
 

@@ -1,27 +1,7 @@
 """A warm pool: sandboxes started ahead of need, so a rollout's INIT gets one in ~1 ms.
 
-Where it sits: the node daemon (`rolloutd.agents.node`) keeps one `WarmPool` per job (one
-`SandboxSpec`) and calls ``await pool.acquire()`` where it used to call ``runtime.create(spec)``.
-
-    pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
-    pool.start()                 # begin warming (needs a running event loop; acquire() starts it too)
-    sb = await pool.acquire()    # a started, never-used sandbox: the caller owns it and closes it
-    ...
-    await pool.close()           # idle sandboxes closed, a creation in progress closed once it is up
-
-* A sandbox is handed out once and never taken back (each rollout gets a fresh one).
-* Before one is handed out it is checked cheaply (no round trip): its runtime process is
-  running and not a zombie, and the exec server still holds its end of the connection (a dead
-  server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
-* Refill runs in one background task, one creation at a time (it never competes with rollouts for
-  the node's cores by more than one sandbox start), up to `size` idle sandboxes. A creation that
-  fails is logged and retried with back-off; `acquire` then simply creates one cold and raises
-  that creation's error as usual.
-* Wall time: a sandbox's wall clock starts when it is created, not when it is handed out. Idle
-  sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
-  created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
-  (at most `max_idle` more). Cold ones get exactly the spec.
-* `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+Where it sits: the node daemon (`rolloutd.agents`) keeps one `WarmPool` per job (one `SandboxSpec`)
+and calls ``await pool.acquire()``; each sandbox is started by ``runtime.create`` (`runtimes/base.py`).
 """
 from __future__ import annotations
 
@@ -31,10 +11,12 @@ import logging
 import math
 import time
 
-from .base import Sandbox, SandboxRuntime, _process_identity
-from .models import SandboxSpec
+from ..crds.rolloutjob import SandboxSpec
+from .runtimes.base import SandboxRuntime
+from .sandbox import Sandbox
 
 log = logging.getLogger("rolloutd.sandbox.pool")
+
 
 def default_max_idle(wall_seconds: float | None) -> float | None:
     """How long a sandbox may wait in the pool: 10 % of its wall time, within [5, 60] s (None: forever)."""
@@ -44,7 +26,28 @@ def default_max_idle(wall_seconds: float | None) -> float | None:
 
 
 class WarmPool:
-    """Up to `size` started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one)."""
+    """Up to `size` started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one).
+
+        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
+        pool.start()                 # begin warming (needs a running event loop; acquire() starts it too)
+        sb = await pool.acquire()    # a started, never-used sandbox: the caller owns it and closes it
+        ...
+        await pool.close()           # idle sandboxes closed, a creation in progress closed once it is up
+
+    * A sandbox is handed out once and never taken back (each rollout gets a fresh one).
+    * Before one is handed out it is checked cheaply (no round trip): its runtime process is
+      running and not a zombie, and the exec server still holds its end of the connection (a dead
+      server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
+    * Refill runs in one background task, one creation at a time (it never competes with rollouts for
+      the node's cores by more than one sandbox start), up to `size` idle sandboxes. A creation that
+      fails is logged and retried with back-off; `acquire` then simply creates one cold and raises
+      that creation's error as usual.
+    * Wall time: a sandbox's wall clock starts when it is created, not when it is handed out. Idle
+      sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
+      created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
+      (at most `max_idle` more). Cold ones get exactly the spec.
+    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+    """
 
     def __init__(self, runtime: SandboxRuntime, spec: SandboxSpec, size: int, *,
                  max_idle: float | None = None, backoff: tuple[float, float] = (0.5, 30.0)) -> None:
@@ -52,10 +55,12 @@ class WarmPool:
         self.spec = spec
         self.size = max(0, int(size))
         # None: derived from the wall time (`default_max_idle`); math.inf: never recycle
-        max_idle = default_max_idle(spec.wall_seconds) if max_idle is None else max_idle
+        wall = spec.limits.wall_seconds
+        max_idle = default_max_idle(wall) if max_idle is None else max_idle
         self.max_idle = max_idle if max_idle is not None and math.isfinite(max_idle) else None
-        extra = math.ceil(self.max_idle) if self.max_idle is not None and spec.wall_seconds else 0
-        self.warm_spec = spec.model_copy(update={"wall_seconds": spec.wall_seconds + extra}) if extra else spec
+        extra = math.ceil(self.max_idle) if self.max_idle is not None and wall else 0
+        longer = spec.limits.model_copy(update={"wall_seconds": wall + extra})
+        self.warm_spec = spec.model_copy(update={"limits": longer}) if extra else spec
         self.stats: collections.Counter[str] = collections.Counter()  # warm, cold, dead, expired, failures
         self._backoff = backoff
         self._idle: collections.deque[tuple[Sandbox, float]] = collections.deque()  # (sandbox, created at)
@@ -107,13 +112,7 @@ class WarmPool:
     # ------------------------------------------------------------------ internals
     def _unusable(self, sb: Sandbox, born: float) -> str | None:
         """Why `sb` must not be handed out (None: it is fine). Cheap: a /proc read and a poll()."""
-        proc = sb._proc
-        if not sb.alive or proc.returncode is not None or _process_identity(proc.pid) is None:
-            return "dead"
-        try:
-            if sb._client.hung_up():
-                return "dead"
-        except (AttributeError, OSError, ValueError):
+        if sb.gone():
             return "dead"
         if self.max_idle is not None and time.monotonic() - born > self.max_idle:
             return "expired"
@@ -177,7 +176,7 @@ class WarmPool:
     async def _wait_for_need(self) -> None:
         """Until an acquire took one, an idle sandbox died, or the oldest one is due for recycling."""
         waiters: list[asyncio.Future] = [asyncio.ensure_future(self._need.wait())]
-        waiters += [sb._watch for sb, _ in self._idle]  # done when the sandbox's process exits
+        waiters += [sb.exited for sb, _ in self._idle]  # done when the sandbox's process exits
         timeout = None
         if self.max_idle is not None and self._idle:
             timeout = max(0.0, self._idle[0][1] + self.max_idle - time.monotonic()) + 0.01

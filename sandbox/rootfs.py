@@ -2,7 +2,7 @@
 
 Where it sits: `image_build.build_image` asks `base_rootfs(cache)` for the base (made once per set
 of parameters with mmdebstrap, else debootstrap) and copies it; `run_in_rootfs` executes one
-Dockerfile step inside a copy (writable, network for the build only). Image *use* is bwrap.py's.
+Dockerfile step inside a copy (writable, network for the build only). Image *use* is runtimes/bwrap.py's.
 
 Builds run as root with Docker's default capability set (no CAP_SYS_ADMIN: a step cannot mount);
 as an unprivileged user the base needs mmdebstrap's unshare mode (subuid ranges) and steps run as

@@ -1,6 +1,6 @@
 """The sandbox's seccomp filter: syscalls that only serve an escape answer EPERM.
 
-Where it sits: `bwrap.py` passes `filter_fd()` to ``bwrap --seccomp FD``; bwrap
+Where it sits: `runtimes/bwrap.py` passes `filter_fd()` to ``bwrap --seccomp FD``; bwrap
 loads it (after no_new_privs) on the execution server, so every process of the
 sandbox inherits it. The program is compiled by libseccomp (Debian's
 ``python3-seccomp``, see .ci/system-packages.sh): in this process if the

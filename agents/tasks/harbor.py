@@ -98,7 +98,7 @@ class HarborTask(TaskHandler):
         task["workdir"] = image.workdir if image.writable_workdir else "/workspace"
         update = {"image": str(image.rootfs), "env": {**image.env, **base.env}}
         if task.get("memory_mb"):  # the task's declared need, as Harbor gives its container
-            update["memory_mb"] = task["memory_mb"]
+            update["limits"] = base.limits.model_copy(update={"memory_mb": task["memory_mb"]})
         return base.model_copy(update=update)
 
     async def image(self, task: dict) -> Any:

@@ -1,6 +1,7 @@
 """The in-sandbox execution server (stdlib only; jupyter_client on the first IPython cell).
 
-Where it sits: started inside every sandbox as a bare ``server`` package (see
-`main.py`); the node side never imports it except in tests. It must not import
-anything from ``rolloutd``: it runs before, and apart from, the rest of the code.
+Where it sits: started inside every sandbox as a bare ``server`` package by the launcher in
+`rolloutd.sandbox.launch`; `main.py` is its entry. It must not import anything from ``rolloutd``: it
+runs before, and apart from, the rest of the code. The node side imports only `procs.py` (the one
+/proc reader and kill loop, stdlib only so that both sides share it) and, in tests and benches, `early.py`.
 """

@@ -1,6 +1,6 @@
 """Start the default bash session before the server has finished importing.
 
-Where it sits: the launcher (`rolloutd.sandbox.base.LAUNCHER`) calls `fork_bash`
+Where it sits: the launcher (`rolloutd.sandbox.launch.LAUNCHER`) calls `fork_bash`
 first thing, with only builtin modules loaded; `server.main.main` then adopts
 the running bash as the ``default`` session. bash's start (~10 ms) thus
 overlaps the server's own imports instead of following them. `spawn_bash` is

@@ -3,7 +3,7 @@
 Where it sits: called by the in-sandbox execution server (`server/main.py`)
 for the ``read_file``, ``write_file``, ``edit_file`` and ``list_dir``
 requests. Relative paths are resolved against the workspace. A failure the
-caller caused (missing file, ambiguous edit) raises `FileOpError`, which the
+caller caused (missing file, ambiguous edit) raises `wire.RequestError`, which the
 server returns as an ``ExecError``: it is a normal tool result for the agent,
 not an infrastructure failure.
 """
@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-
-class FileOpError(Exception):
-    """A file operation failed because of its arguments (not the sandbox)."""
+from .wire import RequestError
 
 
 def resolve(workspace: str, path: str) -> str:
@@ -28,11 +26,11 @@ def read_file(workspace: str, path: str, start_line: int | None, end_line: int |
         with open(full, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise FileOpError(f"no such file: {path}") from None
+        raise RequestError(f"no such file: {path}") from None
     except IsADirectoryError:
-        raise FileOpError(f"is a directory: {path}") from None
+        raise RequestError(f"is a directory: {path}") from None
     except OSError as e:
-        raise FileOpError(f"cannot read {path}: {e.strerror}") from None
+        raise RequestError(f"cannot read {path}: {e.strerror}") from None
     text = data.decode("utf-8", "replace")
     if start_line is None and end_line is None:
         return {"content": text, "total_lines": text.count("\n") + (0 if text.endswith("\n") or not text else 1)}
@@ -40,7 +38,7 @@ def read_file(workspace: str, path: str, start_line: int | None, end_line: int |
     start = 1 if start_line is None else start_line
     end = len(lines) if end_line is None else end_line
     if start < 1 or end < start - 1:
-        raise FileOpError(f"bad line range {start_line}..{end_line}")
+        raise RequestError(f"bad line range {start_line}..{end_line}")
     return {"content": "".join(lines[start - 1 : end]), "total_lines": len(lines)}
 
 
@@ -51,34 +49,34 @@ def write_file(workspace: str, path: str, content: str) -> dict:
         with open(full, "w", encoding="utf-8") as f:
             f.write(content)
     except OSError as e:
-        raise FileOpError(f"cannot write {path}: {e.strerror}") from None
+        raise RequestError(f"cannot write {path}: {e.strerror}") from None
     return {"path": full, "bytes": len(content.encode())}
 
 
 def edit_file(workspace: str, path: str, old: str, new: str) -> dict:
     """str_replace: `old` must occur exactly once (and must not be empty)."""
     if not old:
-        raise FileOpError("old must not be empty")
+        raise RequestError("old must not be empty")
     full = resolve(workspace, path)
     try:
         with open(full, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise FileOpError(f"no such file: {path}") from None
+        raise RequestError(f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise FileOpError(f"cannot read {path}: {e}") from None
+        raise RequestError(f"cannot read {path}: {e}") from None
     count = text.count(old)
     if count == 0:
-        raise FileOpError(f"old text not found in {path}")
+        raise RequestError(f"old text not found in {path}")
     if count > 1:
-        raise FileOpError(f"old text occurs {count} times in {path}; make it unique")
+        raise RequestError(f"old text occurs {count} times in {path}; make it unique")
     at = text.index(old)
     text = text[:at] + new + text[at + len(old) :]
     try:
         with open(full, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        raise FileOpError(f"cannot write {path}: {e.strerror}") from None
+        raise RequestError(f"cannot write {path}: {e.strerror}") from None
     return {"path": full, "line": text.count("\n", 0, at) + 1}
 
 
@@ -87,11 +85,11 @@ def list_dir(workspace: str, path: str) -> dict:
     try:
         names = sorted(os.listdir(full))
     except FileNotFoundError:
-        raise FileOpError(f"no such directory: {path}") from None
+        raise RequestError(f"no such directory: {path}") from None
     except NotADirectoryError:
-        raise FileOpError(f"not a directory: {path}") from None
+        raise RequestError(f"not a directory: {path}") from None
     except OSError as e:
-        raise FileOpError(f"cannot list {path}: {e.strerror}") from None
+        raise RequestError(f"cannot list {path}: {e.strerror}") from None
     entries = []
     for name in names:
         try:

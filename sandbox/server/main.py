@@ -1,40 +1,8 @@
-"""The in-sandbox execution server: bash sessions, an IPython kernel and files over a Unix socket.
+"""The in-sandbox execution server's entry and request dispatch: `main` starts it, `Server` answers requests.
 
-Where it sits: every runtime (`bwrap.py`, `apptainer.py`, `process.py`)
-starts this as the sandbox's first process with `launch_command()`'s command
-line; the node side talks to it through `rolloutd.sandbox.client.ExecClient`.
-It imports only the standard library (jupyter_client on the first IPython cell),
-and runs with ``python -S`` from a bare ``server`` package on ``sys.path``:
-importing asyncio or pydantic would cost more than the whole 50 ms start
-budget. Concurrency is therefore plain threads: one per connection, one
-reader per pty, reused workers for long requests (ipython, a bash whose
-session is busy, a timeout's escalation) and one for bash timeouts. A bash
-command on an idle session is typed by the connection thread and answered by
-its pty's reader when the prompt is back (no hand-off between threads: about
-3 context switches per command instead of 10).
-
-Wire protocol: requests are length-prefixed marshal dicts (node → server:
-trusted, and marshal is builtin), replies are JSON lines (server → node: a
-sandbox is untrusted, so the node parses its replies with json, never marshal)::
-
-    → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
-    ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
-
-Neither json nor socket nor re is imported on the start path (they pull in
-enum, functools, collections: more than the whole start budget on a busy node).
-
-Replies carry the request's id and may come back out of order (a ``send_input``
-is answered while the ``bash`` it feeds is still running). Operations:
-``bash``, ``send_input``, ``interrupt``, ``close_session``, ``ipython``,
-``ipython_interrupt``, ``read_file``, ``write_file``, ``edit_file``,
-``list_dir``, ``health``, ``shutdown``.
-
-Start-up: it binds the socket (mode 0600, in the 0700 control directory bound
-into the sandbox), adopts the default bash session (forked by the launcher,
-see `early.py`) and writes ``READY <pid>`` on stdout, which is what the node
-side waits for. It accepts exactly one connection, then removes the socket.
-It exits when its client disconnects, on ``shutdown``, or at ``wall_seconds``;
-it then kills every process it started, by process session.
+Where it sits: the launcher in `rolloutd.sandbox.launch` calls `main` as the sandbox's first process;
+requests come in through `wire.read_frames` and each goes to the module that does the work
+(`bash`, `kernel`, `files`), long ones on `threads.Workers`.
 """
 from __future__ import annotations
 
@@ -43,84 +11,21 @@ import os
 import sys
 import threading
 import time
-from _json import encode_basestring_ascii as encode_string
-from _queue import SimpleQueue
 
 import _socket  # not `socket`: it imports enum
 
 from .bash import BashSession, SessionDead
 from .early import apply_limits, undumpable
-from .files import FileOpError, edit_file, list_dir, read_file, write_file
+from .procs import all_stats
+from .threads import Deadlines, Workers
+from .wire import RequestError, read_frames, reply_to, to_json
 
 SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 DEFAULT_MAX_OUTPUT = 16384
 
 
-class ExecError(Exception):
-    """Returned to the client as an ExecError: the request, not the sandbox, failed."""
-
-
-def read_frames(conn):
-    """Requests: a 4-byte big-endian length, then a marshal payload (from the node,
-    trusted; marshal is builtin, json would import re and enum)."""
-    buf = bytearray()
-    while True:
-        while len(buf) >= 4:
-            n = int.from_bytes(buf[:4], "big")
-            if len(buf) < 4 + n:
-                break
-            payload = bytes(buf[4 : 4 + n])
-            del buf[: 4 + n]
-            try:
-                yield marshal.loads(payload)
-            except (ValueError, EOFError, TypeError):
-                continue
-        try:
-            data = conn.recv(1 << 20)
-        except OSError:
-            return
-        if not data:
-            return
-        buf += data
-
-
-def to_json(obj) -> str:
-    """Replies are JSON lines: the node parses what comes out of a sandbox with a
-    safe parser (never marshal). Strings are escaped to ASCII, so a reply holds
-    no raw newline; non-finite floats become null."""
-    if obj is None:
-        return "null"
-    if obj is True:
-        return "true"
-    if obj is False:
-        return "false"
-    if isinstance(obj, str):
-        return encode_string(obj)
-    if isinstance(obj, int):
-        return int.__repr__(obj)
-    if isinstance(obj, float):
-        return float.__repr__(obj) if obj == obj and obj not in (float("inf"), float("-inf")) else "null"
-    if isinstance(obj, dict):
-        return "{" + ",".join(encode_string(str(k)) + ":" + to_json(v) for k, v in obj.items()) + "}"
-    if isinstance(obj, (list, tuple)):
-        return "[" + ",".join(to_json(v) for v in obj) + "]"
-    return encode_string(str(obj))
-
-
 def valid_session_name(name: str) -> bool:
     return isinstance(name, str) and 0 < len(name) <= 64 and all(c in SESSION_CHARS for c in name)
-
-
-def reply_to(rid, call) -> dict:
-    """The reply to request `rid`: what `call()` returns, or the error it raises —
-    `ExecError` for the request's own failure (the node shows it to the agent),
-    `ServerError` for anything else (the node treats it as infrastructure)."""
-    try:
-        return {"id": rid, "result": call()}
-    except (ExecError, FileOpError) as e:
-        return {"id": rid, "error": {"type": "ExecError", "message": str(e)}}
-    except Exception as e:  # noqa: BLE001 - reported, the server keeps serving
-        return {"id": rid, "error": {"type": "ServerError", "message": f"{type(e).__name__}: {e}"}}
 
 
 def bash_result(produce, session: str) -> dict:
@@ -128,103 +33,28 @@ def bash_result(produce, session: str) -> dict:
     try:
         return produce()
     except SessionDead:
-        raise ExecError(f"bash session {session!r} ended") from None
-
-
-class Workers:
-    """Threads for long requests, reused: `Thread.start()` waits for the new
-    thread to run (two context switches per request on a busy node); a parked
-    worker takes a job with one."""
-
-    def __init__(self) -> None:
-        self.jobs: SimpleQueue = SimpleQueue()
-        self.idle = 0
-        self.lock = threading.Lock()
-
-    def submit(self, fn, *args) -> None:
-        """Run fn(*args) on a worker. Raises RuntimeError, with the job not queued,
-        if a thread is needed and cannot be started (the process limit is reached)."""
-        with self.lock:
-            spawn = self.idle == 0
-            if not spawn:
-                self.idle -= 1
-        if spawn:
-            threading.Thread(target=self._loop, args=((fn, args),), daemon=True).start()
-        else:
-            self.jobs.put((fn, args))
-
-    def _loop(self, job) -> None:
-        while True:
-            fn, args = job
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - reply() reports its own errors
-                pass
-            with self.lock:
-                self.idle += 1
-            job = self.jobs.get()
-
-
-class Deadlines:
-    """Timeouts of started bash commands, all on one thread (started with the first command).
-
-    A command that ends in time leaves its entry behind (`expire` would do
-    nothing): adding one wakes the thread only when it is the new earliest,
-    and the thread drops every ended entry whenever it wakes (or when many
-    pile up). There is at most one running command per session, so the thread
-    wakes about once per timeout period of a busy session, not per command."""
-
-    def __init__(self, workers: Workers) -> None:
-        self.workers = workers
-        self._entries: list = []  # (when, session, job)
-        self._earliest = float("inf")  # when the thread wakes next
-        self._cond = threading.Condition(threading.Lock())
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the thread (before the first command: once a command runs, a fork
-        bomb may hold the process limit). Raises RuntimeError if it cannot."""
-        with self._cond:
-            if self._thread is None:
-                thread = threading.Thread(target=self._loop, name="deadlines", daemon=True)
-                thread.start()
-                self._thread = thread
-
-    def add(self, when: float, session: BashSession, job) -> None:
-        with self._cond:
-            if len(self._entries) >= 4096:
-                self._entries = [e for e in self._entries if not e[2].claimed]
-            self._entries.append((when, session, job))
-            if when < self._earliest:
-                self._earliest = when
-                self._cond.notify()
-
-    def _loop(self) -> None:
-        inf = float("inf")
-        due: list = []
-        while True:
-            for session, job in due:
-                if session.expire(job):  # it still runs: escalate on a worker (that blocks)
-                    try:
-                        self.workers.submit(session.complete, job)
-                    except RuntimeError:  # no thread to be had (a fork bomb?): escalate here
-                        session.complete(job)
-            with self._cond:
-                now = time.monotonic()
-                keep, due = [], []
-                for entry in self._entries:
-                    if not entry[2].claimed:
-                        if entry[0] <= now:
-                            due.append(entry[1:])
-                        else:
-                            keep.append(entry)
-                self._entries = keep
-                self._earliest = min([e[0] for e in keep], default=inf)
-                if not due:
-                    self._cond.wait(None if self._earliest == inf else self._earliest - now)
+        raise RequestError(f"bash session {session!r} ended") from None
 
 
 class Server:
+    """Requests → operations. Stdlib only (jupyter_client on the first IPython cell), run with
+    ``python -S`` from a bare ``server`` package: importing asyncio or pydantic would cost more
+    than the whole 50 ms start budget, and neither json nor socket nor re is imported on the start
+    path (they pull in enum, functools, collections). Concurrency is therefore plain threads: one
+    per connection, one reader per pty, reused workers for long requests (ipython, a bash whose
+    session is busy, a timeout's escalation) and one for bash timeouts. A bash command on an idle
+    session is typed by the connection thread and answered by its pty's reader when the prompt is
+    back (no hand-off between threads: about 3 context switches per command instead of 10).
+
+    Replies carry the request's id and may come back out of order (a ``send_input`` is answered
+    while the ``bash`` it feeds is still running)::
+
+        → {"id": 7, "op": "bash", "command": "ls", "session": "default", "timeout": 30}
+        ← {"id": 7, "result": {...}}   or   {"id": 7, "error": {"type": "ExecError", "message": "..."}}
+
+    Operations: the ``op_*`` methods below (``bash`` also through `start_bash`).
+    """
+
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
         self.workspace = cfg["workspace"]
@@ -258,7 +88,7 @@ class Server:
 
     def session(self, name: str, create: bool = True, adopt: tuple[int, int] | None = None) -> BashSession | None:
         if not valid_session_name(name):
-            raise ExecError(f"bad session name {name!r}: use 1-64 of [A-Za-z0-9_.-]")
+            raise RequestError(f"bad session name {name!r}: use 1-64 of [A-Za-z0-9_.-]")
         with self.sessions_lock:
             s = self.sessions.get(name)
             if s is not None and s.dead:
@@ -272,7 +102,7 @@ class Server:
                         fallback_cmd_dir=self.fallback_cmd_dir,
                     )
                 except (OSError, SessionDead) as e:
-                    raise ExecError(f"cannot start bash session {name!r}: {e}") from None
+                    raise RequestError(f"cannot start bash session {name!r}: {e}") from None
                 self.sessions[name] = s
             return s
 
@@ -303,7 +133,7 @@ class Server:
             if timeout != timeout:  # NaN
                 return False
             s = self.session(name)
-        except (ExecError, TypeError, ValueError, OverflowError):
+        except (RequestError, TypeError, ValueError, OverflowError):
             return False
         try:
             self.deadlines.start()
@@ -327,11 +157,11 @@ class Server:
     def op_send_input(self, text: str, session: str = "default") -> dict:
         s = self.session(session, create=False)
         if s is None:
-            raise ExecError(f"no bash session {session!r}")
+            raise RequestError(f"no bash session {session!r}")
         try:
             s.send_input(text)
         except SessionDead:
-            raise ExecError(f"bash session {session!r} ended") from None
+            raise RequestError(f"bash session {session!r} ended") from None
         return {}
 
     def op_interrupt(self, session: str = "default") -> dict:
@@ -353,9 +183,9 @@ class Server:
         try:
             return self.kernel.execute(code, float(timeout))
         except ImportError as e:
-            raise ExecError(f"IPython is not available in this sandbox: {e}") from None
+            raise RequestError(f"IPython is not available in this sandbox: {e}") from None
         except RuntimeError as e:
-            raise ExecError(f"the IPython kernel did not start: {e}") from None
+            raise RequestError(f"the IPython kernel did not start: {e}") from None
 
     def op_ipython_interrupt(self) -> dict:
         if self._kernel is not None:
@@ -364,17 +194,24 @@ class Server:
 
     # -- files -------------------------------------------------------------
 
+    @property
+    def files(self):
+        """`server.files`, imported on the first file request: not on the start path."""
+        from . import files
+
+        return files
+
     def op_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
-        return read_file(self.workspace, path, start_line, end_line)
+        return self.files.read_file(self.workspace, path, start_line, end_line)
 
     def op_write_file(self, path: str, content: str) -> dict:
-        return write_file(self.workspace, path, content)
+        return self.files.write_file(self.workspace, path, content)
 
     def op_edit_file(self, path: str, old: str, new: str) -> dict:
-        return edit_file(self.workspace, path, old, new)
+        return self.files.edit_file(self.workspace, path, old, new)
 
     def op_list_dir(self, path: str = ".") -> dict:
-        return list_dir(self.workspace, path)
+        return self.files.list_dir(self.workspace, path)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -408,18 +245,11 @@ class Server:
         while not self.exiting:
             time.sleep(0.5)
             mine = self.known_children()
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit() or int(entry) in mine:
-                    continue
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                fields = stat[stat.rfind(b")") + 2 :].split()
-                if fields[0] == b"Z" and int(fields[1]) == os.getpid():
+            me = os.getpid()
+            for st in all_stats():
+                if st.state == "Z" and st.ppid == me and st.pid not in mine:
                     try:
-                        os.waitpid(int(entry), os.WNOHANG)
+                        os.waitpid(st.pid, os.WNOHANG)
                     except ChildProcessError:
                         pass
 
@@ -444,11 +274,11 @@ class Server:
 
         def call():
             if fn is None:
-                raise ExecError(f"unknown op {op!r}")
+                raise RequestError(f"unknown op {op!r}")
             try:
                 return fn(**req)
             except TypeError as e:
-                raise ExecError(f"bad request for {op}: {e}") from None
+                raise RequestError(f"bad request for {op}: {e}") from None
 
         return reply_to(rid, call)
 
@@ -492,6 +322,11 @@ class Server:
 
 
 def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
+    """Bind the socket (0600, in the 0700 control directory bound into the sandbox), adopt the
+    default bash session (forked by the launcher, see `early.py`) and write ``READY <pid>`` on
+    stdout, which is what the node side waits for. Accept exactly one connection, then remove the
+    socket. Exit when the client disconnects, on ``shutdown``, or at ``wall_seconds``, killing
+    every process started, by process session."""
     undumpable(cfg)  # before READY: no sandboxed code runs before the node's first request
     server = Server(cfg)
     os.makedirs(cfg["ctl_dir"], mode=0o700, exist_ok=True)
@@ -512,7 +347,7 @@ def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
     def warm() -> None:  # the first command should not pay for bash's start
         try:
             server.session("default", adopt=early_bash)
-        except ExecError:
+        except RequestError:
             pass
 
     home = server.env.get("HOME")
@@ -540,5 +375,5 @@ def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
     server.serve_connection(conn)
 
 
-if __name__ == "__main__":  # pragma: no cover - started through launch_command
+if __name__ == "__main__":  # pragma: no cover - started through launch.LAUNCHER
     main(marshal.loads(bytes.fromhex(sys.argv[1])))  # no early bash: the server starts it itself

@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import pytest
 
-from rolloutd.sandbox import Sandbox, SandboxSpec, get_runtime
+from rolloutd.sandbox import Sandbox, SandboxLimits, SandboxSpec, get_runtime
 
 T = TypeVar("T")
 
@@ -40,6 +40,12 @@ def require_bwrap() -> None:
         pytest.skip("bwrap is not installed (bash .ci/system-packages.sh installs it)")
 
 
+def spec_of(**fields: Any) -> SandboxSpec:
+    """A spec from flat fields: `SandboxLimits`' (memory_mb, wall_seconds, ...) go to its ``limits``."""
+    limits = {k: fields.pop(k) for k in list(fields) if k in SandboxLimits.model_fields}
+    return SandboxSpec(limits=limits, **fields)
+
+
 @pytest.fixture
 def make_sandbox(run):
     """Create sandboxes from specs; every one is closed at the end of the test."""
@@ -47,7 +53,7 @@ def make_sandbox(run):
     made: list[Sandbox] = []
 
     def _make(**fields: Any) -> Sandbox:
-        spec = SandboxSpec(**fields)
+        spec = spec_of(**fields)
         sb = run(get_runtime(spec.runtime).create(spec))
         made.append(sb)
         return sb
@@ -67,9 +73,9 @@ def sandbox(run):
 
 
 def host_pids_of(sandbox_id: str) -> list[int]:
-    from rolloutd.sandbox.base import _pids_with_id
+    from rolloutd.sandbox.footprint import pids_with_id
 
-    return _pids_with_id(sandbox_id)
+    return pids_with_id(sandbox_id)
 
 
 def is_root() -> bool:

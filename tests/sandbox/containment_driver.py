@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
-from rolloutd.sandbox.base import _pids_with_id
-from rolloutd.sandbox.bwrap import runtime_paths
+from rolloutd.sandbox.footprint import pids_with_id
+from rolloutd.sandbox.launch import runtime_paths
 from rolloutd.sandbox.limits import PIDS_HEADROOM
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +40,7 @@ async def main(runtime: str, out: str) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
-    spec = SandboxSpec(runtime=runtime, **SPEC)
+    spec = SandboxSpec(runtime=runtime, limits=SPEC)
     sb = await get_runtime(runtime).create(spec)
     results: dict[str, str] = {}
     try:
@@ -60,7 +60,7 @@ async def main(runtime: str, out: str) -> None:
         for d in reached:  # remove what an escape left on the host, whatever happened
             os.unlink(os.path.join(d, f"rolloutd-probe-{tag}"))
     results["host writes"] = f"ESCAPED: reached {reached}" if reached else "contained"
-    left = _pids_with_id(sb.id) + _pids_with_env(f"ROLLOUTD_PROBE={tag}")
+    left = pids_with_id(sb.id) + _pids_with_env(f"ROLLOUTD_PROBE={tag}")
     results["leftover processes"] = f"ESCAPED: {left}" if left else "contained"
     results["sandbox directory removed"] = f"ESCAPED: {sb.root} is left" if sb.root.exists() else "contained"
     Path(out).write_text(json.dumps(results))

@@ -173,7 +173,7 @@ def test_sandboxed_code_cannot_kill_its_server(make_sandbox, run):
 
 
 def test_crashed_server_is_reported_dead_not_as_a_command_failure(make_sandbox, run):
-    from rolloutd.sandbox.base import _children
+    from rolloutd.sandbox.server.procs import children
 
     sb = make_sandbox()
 
@@ -181,7 +181,7 @@ def test_crashed_server_is_reported_dead_not_as_a_command_failure(make_sandbox, 
         task = asyncio.ensure_future(sb.bash("sleep 30", timeout=60))
         await asyncio.sleep(0)
         await sb.health()  # the bash request has reached the server
-        for pid in _children(sb._proc.pid):  # the server: bwrap's only child
+        for pid in children(sb._proc.pid):  # the server: bwrap's only child
             os.kill(pid, signal.SIGKILL)
         return await task
 
@@ -229,13 +229,13 @@ def test_socket_is_created_0600(tmp_path):
     import subprocess
     import sys
 
-    from rolloutd.sandbox.base import server_argv
+    from rolloutd.sandbox.launch import LaunchConfig, server_argv
 
     ctl = tmp_path / "ctl"
     ws = tmp_path / "ws"
     ws.mkdir()
-    cfg = {"socket": str(ctl / "exec.sock"), "workspace": str(ws), "ctl_dir": str(ctl), "env": {"PATH": "/usr/bin:/bin"}}
-    proc = subprocess.Popen(server_argv(sys.executable, cfg), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    cfg = LaunchConfig(socket=str(ctl / "exec.sock"), workspace=str(ws), ctl_dir=str(ctl), env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(server_argv(cfg, sys.executable), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         assert proc.stdout.readline().startswith(b"READY")
         assert ((ctl / "exec.sock").stat().st_mode & 0o777) == 0o600

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
-from rolloutd.sandbox.base import sandbox_base_dir
+from rolloutd.sandbox.footprint import sandbox_base_dir
 
 from waiting import until, wait_until
 
@@ -64,7 +64,7 @@ def test_warm_sandboxes_are_fresh_distinct_and_the_pool_refills(run, base):
             assert not set(refilled) & {a.id, b.id}
             assert pool.stats["warm"] == 2 and pool.stats["cold"] == 0
             # a pooled sandbox's wall clock started early: it gets the extra idle allowance
-            assert a.spec.wall_seconds == pool.spec.wall_seconds + 60 == pool.warm_spec.wall_seconds
+            assert a.spec.limits.wall_seconds == pool.spec.limits.wall_seconds + 60 == pool.warm_spec.limits.wall_seconds
         finally:
             await asyncio.gather(a.close(), b.close())
             await pool.close()
@@ -181,8 +181,8 @@ def test_failing_creations_back_off_and_acquire_raises_the_cold_error(run, base,
 
 def test_idle_sandboxes_older_than_max_idle_are_recycled(run, base):
     async def scenario():
-        pool = await warm_pool(SandboxSpec(wall_seconds=30), max_idle=0.5)
-        assert pool.warm_spec.wall_seconds == 31 and pool.spec.wall_seconds == 30
+        pool = await warm_pool(SandboxSpec(limits={"wall_seconds": 30}), max_idle=0.5)
+        assert pool.warm_spec.limits.wall_seconds == 31 and pool.spec.limits.wall_seconds == 30
         first = idle_ids(pool)
         await until(lambda: pool.idle == 2 and not set(first) & set(idle_ids(pool)), 30, "both recycled")
         await until(lambda: pool.stats["expired"] >= 2 and not any((base / i).exists() for i in first),

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
-from rolloutd.sandbox.apptainer import ApptainerRuntime
-from rolloutd.sandbox.base import sandbox_base_dir
+from rolloutd.sandbox.footprint import sandbox_base_dir
+from rolloutd.sandbox.runtimes.apptainer import ApptainerRuntime
 
 from waiting import wait_until
 
@@ -30,7 +30,7 @@ def test_spec_defaults_are_safe_and_job_fields_map():
     spec = SandboxSpec()
     assert (spec.runtime, spec.image, spec.network) == ("bwrap", "host", False)
     mapped = SandboxSpec.from_limits(runtime="bwrap", limits={"memoryMB": 512, "processes": 32, "wallSeconds": 60})
-    assert (mapped.memory_mb, mapped.processes, mapped.wall_seconds) == (512, 32, 60)
+    assert (mapped.limits.memory_mb, mapped.limits.processes, mapped.limits.wall_seconds) == (512, 32, 60)
     with pytest.raises(ValueError):
         SandboxSpec(mounts=[{"host_path": "relative/path"}])
     with pytest.raises(ValueError, match="'..'"):
@@ -174,7 +174,7 @@ def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch)
 def test_cancelled_create_and_close_leave_nothing(run, tmp_path, monkeypatch):
     """A caller's timeout may cancel create() or close() half-way: no directory, no process."""
     require_bwrap()
-    from rolloutd.sandbox.base import _live
+    from rolloutd.sandbox.sandbox import _live
 
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
 
@@ -224,7 +224,7 @@ def _cgroup_procs(d: Path) -> list[str]:
 def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     """A daemon killed with SIGKILL leaves directories and cgroups: the next one sweeps them."""
     require_bwrap()
-    from rolloutd.sandbox.base import sweep_stale
+    from rolloutd.sandbox.footprint import sweep_stale
     from rolloutd.sandbox.limits import candidate_parents
 
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))

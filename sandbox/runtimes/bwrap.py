@@ -1,47 +1,22 @@
-"""The default runtime: bubblewrap, rootless.
+"""The default runtime: bubblewrap, rootless; its hooks build the bwrap command line around the server's.
 
-Where it sits: `get_runtime("bwrap")` returns `BwrapRuntime`; its `create`
-builds the bwrap command line around the execution server's argv and hands it
-to `Sandbox.start` (base.py), which does the rest.
-
-What the sandbox sees (the full list and the reasons: README.md, "Containment"):
-
-* its own ipc, pid, net, uts and cgroup namespaces: only a loopback
-  interface unless ``spec.network``; only its own processes in /proc.
-  ``--die-with-parent``: the sandbox dies with the node daemon.
-  ``--new-session``: no TIOCSTI into the daemon's terminal.
-* no privileges: under a root daemon no user namespace, and the server drops
-  to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
-  namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
-  on every process.
-* a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
-  (`hostview.host_mounts`) for ``image: host``, or a root filesystem
-  directory's entries, then remounted read-only.
-* writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
-  and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
-* ``/.rolloutd``: the control directory (the server's 0600 socket).
-* ``spec.mounts``, checked by `hostview.check_mounts`.
-
-The server's interpreter and packages are bound at their host paths
-(`runtime_paths`), so a root filesystem image must be able to run the host's
-Python (same glibc family — e.g. a debootstrap of the host's release).
+Where it sits: `get_runtime("bwrap")`; the create template (`base.py`) calls the hooks of `BwrapRuntime`
+and starts the result; what a sandbox may see is laid out by `hostview.py`, filtered by `syscall_filter.py`.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
-from .base import Sandbox, SandboxRuntime, sandbox_base_dir, sandbox_env, server_argv, server_site_dirs
-from .errors import RuntimeUnavailable, SandboxCreateError
-from .hostview import check_mounts, host_mounts
-from .limits import Cgroup, rlimits_for
-from .models import SandboxSpec
-from .syscall_filter import filter_fd
+from ...crds.rolloutjob import SandboxSpec
+from ..errors import RuntimeUnavailable, SandboxCreateError
+from ..footprint import Layout, sandbox_base_dir
+from ..hostview import check_mounts, host_mounts
+from ..launch import LaunchConfig, runtime_paths, server_argv
+from ..syscall_filter import filter_fd
+from .base import CONTAINED, Launch, SandboxRuntime
 
-INNER_WORKSPACE = "/workspace"
-INNER_CTL = "/.rolloutd"
 RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data
 SANDBOX_UID = 65534  # nobody: what sandboxed code runs as when the daemon is root (ROLLOUTD_SANDBOX_UID)
 SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+found"}
@@ -49,19 +24,6 @@ SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+
 
 def _bwrap_binary() -> str | None:
     return shutil.which("bwrap")
-
-
-def runtime_paths() -> list[str]:
-    """Host paths the execution server needs inside the sandbox (interpreter, packages)."""
-    paths = {
-        os.path.realpath(sys.base_prefix),
-        os.path.realpath(sys.prefix),
-        str(Path(__file__).resolve().parent),  # this package: the bare `server` package's parent
-        *(os.path.realpath(p) for p in server_site_dirs()),
-    }
-    # keep only the outermost paths
-    out = sorted(paths)
-    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
 
 
 def image_mounts(image: Path, keep: list[str]) -> list[str]:
@@ -114,6 +76,29 @@ def sandbox_uid() -> int | None:
 
 
 class BwrapRuntime(SandboxRuntime):
+    """What the sandbox sees (the full list and the reasons: README.md, "Containment"):
+
+    * its own ipc, pid, net, uts and cgroup namespaces: only a loopback
+      interface unless ``spec.network``; only its own processes in /proc.
+      ``--die-with-parent``: the sandbox dies with the node daemon.
+      ``--new-session``: no TIOCSTI into the daemon's terminal.
+    * no privileges: under a root daemon no user namespace, and the server drops
+      to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
+      namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
+      on every process.
+    * a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
+      (`hostview.host_mounts`) for ``image: host``, or a root filesystem
+      directory's entries, then remounted read-only.
+    * writable: ``/workspace`` (the per-sandbox host directory `Sandbox.workspace`)
+      and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
+    * ``/.rolloutd``: the control directory (the server's 0600 socket).
+    * ``spec.mounts``, checked by `hostview.check_mounts`.
+
+    The server's interpreter and packages are bound at their host paths
+    (`launch.runtime_paths`), so a root filesystem image must be able to run the host's
+    Python (same glibc family — e.g. a debootstrap of the host's release).
+    """
+
     name = "bwrap"
 
     @classmethod
@@ -122,66 +107,42 @@ class BwrapRuntime(SandboxRuntime):
             return "bwrap is not installed (apt-get install bubblewrap; see .ci/system-packages.sh)"
         return None
 
-    async def create(self, spec: SandboxSpec) -> Sandbox:
-        reason = self.available()
-        if reason:
-            raise RuntimeUnavailable(reason)
+    def check(self, spec: SandboxSpec) -> None:
         check_mounts(spec.mounts)
-        image: Path | None = None
-        if spec.image != "host":
-            image = Path(spec.image)
-            if not image.is_dir():
-                raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+        if spec.image != "host" and not Path(spec.image).is_dir():
+            raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+
+    def open_fds(self) -> tuple[int, ...]:
         try:
-            seccomp_fd = filter_fd()
+            return (filter_fd(),)
         except RuntimeError as e:  # fail closed: no filter, no sandbox
             raise RuntimeUnavailable(str(e)) from None
-        try:
-            return await self._start(spec, image, seccomp_fd)
-        finally:
-            os.close(seccomp_fd)
 
-    async def _start(self, spec: SandboxSpec, image: Path | None, seccomp_fd: int) -> Sandbox:
-        keep = runtime_paths()
-        uid = sandbox_uid()
-        sandbox_id, root, workspace, ctl = Sandbox.layout()
-        void = root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
-        env = sandbox_env(spec, sandbox_id, HOME="/tmp/home", TMPDIR="/tmp")
-        rlimits = rlimits_for(spec, nproc=uid is None)
-        cfg = {
-            "socket": f"{INNER_CTL}/exec.sock",
-            "workspace": INNER_WORKSPACE,
-            "ctl_dir": INNER_CTL,
-            "runtime_dir": "/tmp/.rolloutd",
-            "env": env,
-            "rlimits": rlimits,
-            "wall_seconds": spec.wall_seconds,
-            "uid": uid,
-        }
-        try:
-            void.mkdir(mode=0o555)
-            if uid is not None:
-                for d in (workspace, ctl):
-                    os.chown(d, uid, uid)
-            opts = self._options(spec, image, keep, workspace, ctl, env, uid, str(void))
-            argv = [_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(sys.executable, cfg)]
-        except (SandboxCreateError, OSError) as e:
-            shutil.rmtree(root, ignore_errors=True)
-            if isinstance(e, OSError):
-                raise SandboxCreateError(f"cannot prepare the sandbox directory: {e}") from None
-            raise
-        cgroup = Cgroup.create(sandbox_id, spec.memory_mb, spec.processes)
-        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], "uid": uid, "seccomp": True}
-        return await Sandbox.start(
-            sandbox_id=sandbox_id, spec=spec, root=root, argv=argv, cgroup=cgroup, limits=limits,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=(seccomp_fd,), owner=uid,
+    def sandbox_uid(self) -> int | None:
+        return sandbox_uid()
+
+    def rlimit_nproc(self, uid: int | None) -> bool:
+        return uid is None  # a root daemon's sandboxes all run as one `nobody`: no shared count
+
+    def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
+        uid = config.uid
+        void = layout.root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
+        void.mkdir(mode=0o555)
+        if uid is not None:
+            for d in (layout.workspace, layout.ctl):
+                os.chown(d, uid, uid)
+        image = None if spec.image == "host" else Path(spec.image)
+        opts = self._options(spec, image, runtime_paths(), layout, config.env, uid, str(void))
+        (seccomp_fd,) = fds
+        return Launch(
+            argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(config)],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds,
+            enforced={"uid": uid, "seccomp": True},
         )
 
     @staticmethod
-    def _options(
-        spec: SandboxSpec, image: Path | None, keep: list[str], workspace: Path, ctl: Path, env: dict[str, str],
-        uid: int | None, void: str,
-    ) -> list[str]:
+    def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout, env: dict[str, str],
+                 uid: int | None, void: str) -> list[str]:
         # --as-pid-1: the execution server is the namespace's init. Without it
         # bwrap's own init reports the exit through an eventfd and the outer bwrap
         # exits without reaping it: a zombie on hosts whose pid 1 does not reap.
@@ -209,18 +170,18 @@ class BwrapRuntime(SandboxRuntime):
         # /dev: bwrap's minimal device tmpfs, read-only below (the devices still work); its /dev/shm
         # and /run are tmpfs of their own with a size, like /tmp: without a cgroup nothing else
         # would bound what a sandbox keeps in memory-backed files. 1777: the sandbox's user writes there
-        tmp_size = ["--size", str(spec.tmp_mb * 1024 * 1024)] if spec.tmp_mb else []
+        tmp_size = ["--size", str(spec.limits.tmp_mb * 1024 * 1024)] if spec.limits.tmp_mb else []
         sticky = ["--perms", "01777"]
         opts.extend(["--proc", "/proc", "--dev", "/dev", *sticky, *tmp_size, "--tmpfs", "/dev/shm"])
         opts.extend([*sticky, *tmp_size, "--tmpfs", "/tmp", *sticky, "--size", str(RUN_MB * 1024 * 1024), "--tmpfs", "/run"])
         for path in keep:  # an interpreter or checkout under /tmp or /run (a CI clone)
             if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
                 opts.extend([*_parents(path), "--ro-bind", path, path])
-        opts.extend(["--bind", str(workspace), INNER_WORKSPACE, "--bind", str(ctl), INNER_CTL])
+        opts.extend(["--bind", str(layout.workspace), CONTAINED.workspace, "--bind", str(layout.ctl), CONTAINED.ctl])
         base = str(sandbox_base_dir())
         if not base.startswith(("/tmp/", "/run/")):
             opts.extend(["--tmpfs", base])  # other sandboxes' workspaces stay hidden
         for m in spec.mounts:
             opts.extend([*_parents(m.inside), "--ro-bind" if m.read_only else "--bind", m.host_path, m.inside])
-        opts.extend(["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", INNER_WORKSPACE])
+        opts.extend(["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", CONTAINED.workspace])
         return opts

@@ -1,0 +1,80 @@
+"""How the execution server is launched: its typed configuration and the command line that carries it.
+
+Where it sits: a runtime (`runtimes/base.py`) fills a `LaunchConfig` and wraps `server_argv(config)`
+in its own command line; inside the sandbox the launcher below hands the config to `server.main.main`.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import marshal
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SANDBOX_PACKAGE = str(Path(__file__).resolve().parent)  # holds the bare `server` package
+# the config travels as marshal (a builtin: no json/re import before bash is forked)
+LAUNCHER = (
+    "import sys,marshal;c=marshal.loads(bytes.fromhex(sys.argv[1]));sys.path[:0]=c['path'][:1];"
+    "from server.early import fork_bash,become;become(c);b=fork_bash(c);"
+    "sys.path+=c['path'][1:];from server.main import main;main(c,b)"
+)
+
+
+class LaunchConfig(BaseModel):
+    """What the server needs to know, with the paths as the sandbox sees them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    socket: str = Field(description="the Unix socket the node connects to (0600)")
+    workspace: str = Field(description="the bash sessions' cwd; relative file paths resolve here")
+    ctl_dir: str = Field(description="the control directory (socket; command files when /tmp is full)")
+    runtime_dir: str | None = Field(None, description="the server's scratch directory (default: <ctl_dir>/rt)")
+    env: dict[str, str] = Field(default_factory=dict, description="the environment of every bash session and kernel")
+    rlimits: dict[str, int] = Field(default_factory=dict, description='"AS", "FSIZE", "NPROC" → value, set in every child')
+    wall_seconds: float | None = Field(None, description="the server exits (124) this long after it starts")
+    uid: int | None = Field(None, description="a root runtime's server drops to this uid first")
+    path: list[str] = Field(default_factory=list, description="sys.path: the server's parent, then its site dirs")
+
+
+def server_site_dirs() -> list[str]:
+    """Where the server's one third-party import, jupyter_client (first IPython cell), lives."""
+    spec = importlib.util.find_spec("jupyter_client")
+    if spec is None or spec.origin is None:
+        return []
+    return [str(Path(spec.origin).resolve().parent.parent)]
+
+
+def runtime_paths() -> list[str]:
+    """Host paths the execution server needs inside the sandbox (interpreter, packages): the
+    outermost of the Python prefixes, this package and the server's site dirs."""
+    paths = {
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        SANDBOX_PACKAGE,
+        *(os.path.realpath(p) for p in server_site_dirs()),
+    }
+    out = sorted(paths)
+    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
+
+
+@functools.cache
+def _compile_server() -> None:
+    """Byte-compile the server once, here on the host: inside the sandbox the
+    tree is read-only, so a stale .pyc would be recompiled at every start."""
+    import compileall
+
+    compileall.compile_dir(str(Path(SANDBOX_PACKAGE) / "server"), quiet=2)
+
+
+def server_argv(config: LaunchConfig, python: str = sys.executable) -> list[str]:
+    """The argv that starts the execution server with `config` (see server/main.py)."""
+    try:
+        _compile_server()
+    except OSError:
+        pass
+    wire = config.model_dump()
+    wire["path"] = [SANDBOX_PACKAGE, *server_site_dirs()]
+    return [python, "-S", "-c", LAUNCHER, marshal.dumps(wire).hex()]
