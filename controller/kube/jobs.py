@@ -88,7 +88,8 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
             store, since=request.headers.get("last-event-id") or q.get("resourceVersion") or None,
             label_selector=label_selector, field_selector=field_selector, namespace=namespace,
             timeout=_timeout(q.get("timeoutSeconds")), bookmarks=q.get("allowWatchBookmarks") == "true",
-            sse_mode=sse_mode, render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
+            sse_mode=sse_mode, send_initial_events=q.get("sendInitialEvents") == "true",
+            render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
     limit = _limit(q.get("limit"))
     items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
                                         field_selector=field_selector)
@@ -192,7 +193,8 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
         elif ptype == patches.JSON_PATCH:
             patched = patches.json_patch(current, body)
         else:
-            patched = patches.server_side_apply(current, body, manager, force, subresource)
+            patched = patches.server_side_apply(current, body, manager, force, subresource,
+                                                normalize=_normalizer(name, namespace, subresource))
         precondition = parse_version(patched.get("metadata", {}).get("resourceVersion") or None,
                                      "metadata.resourceVersion") if ptype != patches.APPLY else None
         if precondition is not None and precondition != rv:
@@ -218,16 +220,42 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
 
 async def _apply_create(store: Store, request: Request, namespace: str, name: str, body: dict[str, Any],
                         manager: str, force: bool, opts: Options) -> Response:
-    created = patches.server_side_apply(None, body, manager, force)
+    created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, ""))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
     wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
                                    managed_fields=created["metadata"]["managedFields"])
     return respond(request, wire, 201, opts)
 
 
+def _normalizer(name: str, namespace: str, subresource: str):
+    """The defaulted form of a candidate object (422 if it is invalid), for apply's conflict check."""
+    def normalize(doc: dict[str, Any]) -> dict[str, Any]:
+        if subresource == "status":
+            return {**doc, "status": validate_status(doc.get("status") or {}, name).wire()}
+        return {**doc, "spec": validate_job(doc, url_name=name, namespace=namespace).spec.wire()}
+    return normalize
+
+
 async def delete(store: Store, request: Request, namespace: str | None, name: str, code: int = 200) -> Response:
+    """DeleteOptions come as query parameters or as a body (kubectl and the kubernetes client send one):
+    `dryRun: [All]` and `preconditions: {uid, resourceVersion}` are honoured."""
     opts = options(request)
-    wire = await asyncio.to_thread(store.mark_deleted, name, namespace, dry_run=opts.dry_run)
+    raw = await read_body(request)
+    body = _parse(raw.decode("utf-8", "replace"), json_=True) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise BadRequest("the body of a delete must be DeleteOptions (an object)")
+    dry = body.get("dryRun") or []
+    if dry not in ([], ["All"]):
+        raise BadRequest(f"dryRun must be ['All'], got {str(dry)[:40]}",
+                         causes=[{"field": "dryRun", "reason": "FieldValueNotSupported", "message": "supported: All"}])
+    pre = body.get("preconditions") or {}
+    if pre:
+        current = await asyncio.to_thread(store.get_wire, name, namespace)
+        for key in ("uid", "resourceVersion"):
+            if pre.get(key) is not None and str(pre[key]) != current["metadata"][key]:
+                raise Conflict(f'Precondition failed for rolloutjobs.rolloutd.io "{name}": {key} is '
+                               f"{current['metadata'][key]}, the request expects {pre[key]}", name=name)
+    wire = await asyncio.to_thread(store.mark_deleted, name, namespace, dry_run=opts.dry_run or bool(dry))
     return respond(request, wire, code, opts)
 
 

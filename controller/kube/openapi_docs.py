@@ -13,7 +13,8 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from rolloutd.crds.crd import PLURAL, build_crd
 from rolloutd.crds.rolloutjob import API_VERSION, GROUP, KIND, VERSION, ObjectMeta
@@ -134,9 +135,22 @@ def document(v3: bool) -> dict[str, Any]:
     return _document(v3)
 
 
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes([number << 3 | 2, len(payload)]) + payload  # length-delimited, payload < 128 bytes
+
+
+# kubectl asks for /openapi/v2 only as protobuf (gnostic's openapi_v2.Document) to validate on the
+# client; we validate on the server (fieldValidation, advertised in /openapi/v3), so the protobuf
+# form is the document's header alone and kubectl finds no client-side schema to apply.
+PROTO_V2 = _field(1, b"2.0") + _field(2, _field(1, b"rolloutd") + _field(2, API_VERSION.encode()))
+PROTO_V2_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+
+
 def openapi_routes(r: APIRouter) -> None:
     @r.get("/openapi/v2")
-    async def v2():
+    async def v2(request: Request):
+        if "protobuf" in request.headers.get("accept", ""):
+            return Response(PROTO_V2, media_type=PROTO_V2_TYPE)
         return document(False)
 
     @r.get("/openapi/v3")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import jsonpatch
 
@@ -162,19 +162,31 @@ def record_update(before: dict[str, Any], after: dict[str, Any], manager: str, s
 
 
 def server_side_apply(current: dict[str, Any] | None, applied: dict[str, Any], manager: str, force: bool,
-                      subresource: str = "") -> dict[str, Any]:
-    """The object after `manager` applies `applied` (its full intent) to `current` (None: create)."""
+                      subresource: str = "", normalize: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d
+                      ) -> dict[str, Any]:
+    """The object after `manager` applies `applied` (its full intent) to `current` (None: create).
+    `normalize` validates and defaults a candidate; a conflict is a field another manager owns whose
+    value the apply would change once defaulted (so re-stating a defaulted value is no conflict)."""
     current = copy.deepcopy(current) if current is not None else {
         "apiVersion": applied.get("apiVersion"), "kind": applied.get("kind"), "metadata": {}}
     want = _tracked(applied, subresource)
     entries = _owned(current)
-    conflicts: list[tuple[str, Path]] = []
+    previously: set[Path] = set()
     for e in entries:
-        if e["manager"] == manager and e["operation"] == "Apply":
-            continue
-        for p in paths_of(e.get("fieldsV1", {})) & set(want):
-            if _get(current, p) != want[p]:
-                conflicts.append((e["manager"], p))
+        if e["manager"] == manager and e["operation"] == "Apply" and e.get("subresource", "") == subresource:
+            previously = paths_of(e.get("fieldsV1", {}))
+    others_before = [e for e in entries if not (e["manager"] == manager and e["operation"] == "Apply"
+                                                and e.get("subresource", "") == subresource)]
+    owned_by_others = set().union(*(paths_of(e.get("fieldsV1", {})) for e in others_before)) \
+        if others_before else set()
+    result = copy.deepcopy(current)
+    for p in previously - set(want) - owned_by_others:  # dropped from the intent and owned by nobody else
+        _remove(result, p)
+    for p, v in want.items():
+        _set(result, p, copy.deepcopy(v))
+    result = normalize(result)
+    changed = {p for p in want if _get(current, p) != _get(result, p)}
+    conflicts = [(e["manager"], p) for e in others_before for p in sorted(paths_of(e.get("fieldsV1", {})) & changed)]
     if conflicts and not force:
         causes = [{"field": ".".join(p), "reason": "FieldManagerConflict",
                    "message": f'conflict with "{m}"'} for m, p in conflicts]
@@ -183,23 +195,11 @@ def server_side_apply(current: dict[str, Any] | None, applied: dict[str, Any], m
                                                      "; ".join(f'conflict with "{m}": .{".".join(p)}'
                                                                for m, p in conflicts))
             + " (re-apply with force=true to take them over)", causes=causes)
-    previously = set()
     out = []
-    for e in entries:
-        paths = paths_of(e.get("fieldsV1", {}))
-        if e["manager"] == manager and e["operation"] == "Apply" and e.get("subresource", "") == subresource:
-            previously = paths
-            continue
-        if force:  # forced: the others lose what was taken from them
-            paths = {p for p in paths if not (p in want and _get(current, p) != want[p])}
+    for e in others_before:
+        paths = paths_of(e.get("fieldsV1", {})) - changed  # forced: the others lose what changed under them
         if paths:
             out.append({**e, "fieldsV1": fields_v1(paths)})
-    others = set().union(*(paths_of(e["fieldsV1"]) for e in out)) if out else set()
-    result = current
-    for p in previously - set(want) - others:  # dropped from the intent and owned by nobody else
-        _remove(result, p)
-    for p, v in want.items():
-        _set(result, p, copy.deepcopy(v))
     result.setdefault("metadata", {})["managedFields"] = out + [
         _entry(manager, "Apply", applied.get("apiVersion", ""), set(want), subresource)]
     return result

@@ -37,19 +37,24 @@ def sse(rv: int, type_: str, obj: dict[str, Any]) -> bytes:
     return f"id: {rv}\nevent: {type_}\ndata: {_json(obj)}\n\n".encode()
 
 
-def bookmark(rv: int) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"resourceVersion": str(rv)}}
+def bookmark(rv: int, initial_events_end: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if initial_events_end:  # watch-list (sendInitialEvents=true): the current state has been sent
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
 
 
 def watch_response(store: Store, *, since: str | None, label_selector: str | None, field_selector: str | None,
                    namespace: str | None, timeout: float | None, bookmarks: bool, sse_mode: bool,
+                   send_initial_events: bool = False,
                    render: Callable[[dict[str, Any]], dict[str, Any]] = lambda o: o) -> StreamingResponse:
     """`since` None (or "0" in JSON mode): synthetic ADDED for what exists, then changes; "N": every change after N.
     A version older than the kept log: HTTP 410 (SSE) or an ERROR event carrying a 410 Status
-    (JSON lines, as Kubernetes streams it). `render` turns an object into what the client asked for
+    (JSON lines, as Kubernetes streams it). `send_initial_events` (watch-list, what `kubectl wait` asks
+    for) ends the current state with a BOOKMARK annotated k8s.io/initial-events-end. `render` turns an object into what the client asked for
     (a Table row for `kubectl get -w`)."""
     since_rv = parse_version(since, "resourceVersion")
-    if since_rv == 0 and not sse_mode:  # Kubernetes: "0" is "any version": the current state first
+    if (since_rv == 0 and not sse_mode) or send_initial_events:  # "0": any version, the current state first
         since_rv = None
     sel = parse_selector(label_selector)
     fsel = parse_field_selector(field_selector, FIELD_SELECTABLE)
@@ -86,8 +91,8 @@ def watch_response(store: Store, *, since: str | None, label_selector: str | Non
                 cursor = rv
                 if sse_mode:
                     yield f"id: {rv}\nevent: BOOKMARK\ndata: {{}}\n\n".encode()
-                elif bookmarks:
-                    yield encode(rv, "BOOKMARK", bookmark(rv))
+                elif bookmarks or send_initial_events:
+                    yield encode(rv, "BOOKMARK", bookmark(rv, send_initial_events))
             else:
                 cursor = since_rv
             while True:
