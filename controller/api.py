@@ -19,6 +19,7 @@ import time
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -120,6 +121,14 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
         return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):  # no such route or method
+        err = ApiError(f"the server could not find the requested resource ({request.method} {request.url.path})"
+                       if exc.status_code == 404 else str(exc.detail))
+        err.code, err.reason = exc.status_code, {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code,
+                                                                                                 "BadRequest")
+        return _error(err)
 
     @app.exception_handler(Exception)
     async def _crash(_request: Request, exc: Exception):  # a bug, not bad input

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import uuid
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ SCHEMA_VERSION = 2  # 2: namespace, finalizers, ownerReferences, managedFields
 RELEASE_FINALIZER = "rolloutd.io/release"
 FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
-CHANGE_LOG_KEEP = 50_000
+CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
+_TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
 
 
 def utcnow() -> datetime:
@@ -342,7 +344,7 @@ class Store:
         wire = _to_wire(row)
         change.object = _dumps(wire)
         s.add(change)
-        if change.rv % 1000 == 0:  # bounded history
+        if change.rv % _TRIM_EVERY == 0:  # bounded history
             s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
         return wire
 

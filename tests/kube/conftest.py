@@ -19,7 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from kube_tools import kubectl_binary  # noqa: E402
+from kube_tools import WATCH_HISTORY, kubectl_binary  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("controller_fixtures", HERE.parent / "controller" / "conftest.py")
 controller_fixtures = importlib.util.module_from_spec(_spec)
@@ -40,8 +40,13 @@ def kube(tmp_path_factory):
     """A running controller over https, its kubeconfig written beside it."""
     base = tmp_path_factory.mktemp("kube")
     cert, key = self_signed(base)
+    os.environ["ROLLOUTD_WATCH_HISTORY"] = str(WATCH_HISTORY)  # inherited by the controller: 410 is reachable
     c = ControllerProcess(base / "data", extra_args=("--tls-cert-file", str(cert), "--tls-key-file", str(key)),
-                          scheme="https", verify=ssl.create_default_context(cafile=str(cert))).start()
+                          scheme="https", verify=ssl.create_default_context(cafile=str(cert)))
+    try:
+        c.start()
+    finally:
+        del os.environ["ROLLOUTD_WATCH_HISTORY"]
     c.cert = cert
     c.kubeconfig = base / "kubeconfig"
     c.kubeconfig.write_text(yaml.safe_dump({

@@ -11,6 +11,7 @@ KUBE_BIN = Path.home() / ".cache" / "rolloutd" / "kube" / "bin"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NS = "/apis/rolloutd.io/v1alpha1/namespaces"
 MERGE = {"Content-Type": "application/merge-patch+json"}
+WATCH_HISTORY = 100  # changes the test controller keeps for resuming watches (ROLLOUTD_WATCH_HISTORY)
 
 
 def kubectl_binary() -> str | None:
