@@ -13,161 +13,25 @@ import logging
 import os
 import threading
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from sqlalchemy import event, func
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Session, SQLModel, create_engine, select
 
-from rolloutd.crds.rolloutjob import (API_VERSION, DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, KIND, Phase, RolloutJob,
-                                     RolloutJobStatus, spec_value)
+from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
-from .errors import AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound
+from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from .kube.selectors import fields_match, matches, parse_field_selector, parse_selector
+from .store_schema import (MIGRATIONS, RELEASE_FINALIZER, SCHEMA_VERSION, Change, ChangeRow, EventRow, JobRow,
+                           SchemaVersionRow, Unservable, dumps, servable_wire, timestamp, to_resource, to_wire, utcnow)
 
 log = logging.getLogger("rolloutd.store")
 
-SCHEMA_VERSION = 2  # 2: namespace, finalizers, ownerReferences, managedFields
-# Held by every job until the reconciler released what the executor started (`remove`).
-RELEASE_FINALIZER = "rolloutd.io/release"
 FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
 CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
 _TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(microsecond=0)
-
-
-class SchemaVersionRow(SQLModel, table=True):
-    __tablename__ = "schema_version"
-    id: int = Field(default=1, primary_key=True)
-    version: int
-
-
-class JobRow(SQLModel, table=True):
-    __tablename__ = "jobs"
-    name: str = Field(primary_key=True)  # unique across namespaces in this version (README: Kubernetes)
-    namespace: str = Field(default=DEFAULT_NAMESPACE, sa_column_kwargs={"server_default": DEFAULT_NAMESPACE})
-    uid: str
-    generation: int
-    resource_version: int
-    labels: str  # JSON
-    annotations: str  # JSON
-    spec: str  # JSON, wire form (camelCase)
-    status: str  # JSON, wire form
-    created: datetime
-    deleted: datetime | None = None
-    finalizers: str = Field(default="[]", sa_column_kwargs={"server_default": "[]"})  # JSON
-    owner_refs: str = Field(default="[]", sa_column_kwargs={"server_default": "[]"})  # JSON
-    managed: str = Field(default="[]", sa_column_kwargs={"server_default": "[]"})  # JSON: managedFields (SSA)
-
-
-class ChangeRow(SQLModel, table=True):
-    __tablename__ = "changes"
-    rv: int | None = Field(default=None, primary_key=True)
-    type: str  # ADDED | MODIFIED | DELETED
-    name: str = Field(index=True)
-    object: str  # JSON, the whole resource after the change
-
-
-class EventRow(SQLModel, table=True):
-    __tablename__ = "events"
-    id: int | None = Field(default=None, primary_key=True)
-    name: str = Field(index=True)
-    time: datetime
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Change:
-    rv: int
-    type: str
-    name: str
-    object: dict[str, Any]
-
-
-class Unservable(ApiError):
-    """A stored row that cannot be rendered (written by hand or by an older, laxer version)."""
-
-    def __init__(self, name: str, cause: Exception):
-        super().__init__(f'rolloutjobs "{name}" is stored in a form this controller cannot serve '
-                         f'({type(cause).__name__}: {str(cause)[:200]}); delete it and apply it again', name=name)
-
-
-def _no_constant(value: str) -> Any:
-    raise ValueError(f"non-finite number {value} (JSON has none)")
-
-
-def _to_resource(row: JobRow) -> RolloutJob:
-    try:
-        return RolloutJob.model_validate(_to_wire(row))
-    except ValueError as e:  # pydantic's ValidationError is one
-        raise Unservable(row.name, e) from None
-
-
-def _servable_wire(row: JobRow) -> dict[str, Any]:
-    """`_to_wire`, refusing what cannot be sent as JSON (NaN, Infinity) or parsed at all."""
-    try:
-        return _to_wire(row, loads=_strict_loads)
-    except ValueError as e:  # json.JSONDecodeError is one
-        raise Unservable(row.name, e) from None
-
-
-def _strict_loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_no_constant)
-
-
-def _to_wire(row: JobRow, loads=json.loads) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": row.name,
-        "namespace": row.namespace,
-        "uid": row.uid,
-        "generation": row.generation,
-        "resourceVersion": str(row.resource_version),
-        "creationTimestamp": _ts(row.created),
-    }
-    for key, column in (("labels", row.labels), ("annotations", row.annotations), ("finalizers", row.finalizers),
-                        ("ownerReferences", row.owner_refs), ("managedFields", row.managed)):
-        if loads(column):
-            meta[key] = loads(column)
-    if row.deleted:
-        meta["deletionTimestamp"] = _ts(row.deleted)
-        meta["deletionGracePeriodSeconds"] = 0
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": meta,
-        "spec": loads(row.spec),
-        "status": loads(row.status),
-    }
-
-
-def _ts(dt: datetime) -> str:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def _to_v2(s: Session) -> None:
-    """v1 → v2: every job lands in `default`, holds the release finalizer, owns nothing."""
-    for ddl in ("ALTER TABLE jobs ADD COLUMN namespace VARCHAR NOT NULL DEFAULT 'default'",
-                f"ALTER TABLE jobs ADD COLUMN finalizers VARCHAR NOT NULL DEFAULT '[\"{RELEASE_FINALIZER}\"]'",
-                "ALTER TABLE jobs ADD COLUMN owner_refs VARCHAR NOT NULL DEFAULT '[]'",
-                "ALTER TABLE jobs ADD COLUMN managed VARCHAR NOT NULL DEFAULT '[]'"):
-        s.connection().exec_driver_sql(ddl)
-
-
-_MIGRATIONS = {1: _to_v2}
 
 
 class Store:
@@ -209,7 +73,7 @@ class Store:
                 )
             else:
                 while row.version < SCHEMA_VERSION:
-                    _MIGRATIONS[row.version](s)
+                    MIGRATIONS[row.version](s)
                     row.version += 1
                     s.add(row)
             s.commit()
@@ -256,7 +120,7 @@ class Store:
             row = s.get(JobRow, name)
             if row is None:
                 raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            job = _to_resource(row)
+            job = to_resource(row)
         with self._lock:
             if epoch == self._epoch:  # no write happened while we read: safe to cache
                 self._cache[name] = job
@@ -264,7 +128,7 @@ class Store:
 
     def get_wire(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         with Session(self.engine) as s:
-            return _servable_wire(_row(s, name, namespace))
+            return servable_wire(_row(s, name, namespace))
 
     def list_wire(self, selector: str | None = None, *, namespace: str | None = None,
                   field_selector: str | None = None) -> tuple[list[dict[str, Any]], int]:
@@ -281,7 +145,7 @@ class Store:
         items = []
         for row in rows:
             try:
-                wire = _servable_wire(row)
+                wire = servable_wire(row)
             except Unservable as e:
                 log.error("list skips a row: %s", e.message)
                 continue
@@ -328,7 +192,7 @@ class Store:
             if names is not None:
                 q = q.where(EventRow.name.in_(names))
             rows = s.exec(q.order_by(EventRow.id)).all()
-        return [{"id": r.id, "name": r.name, "time": _ts(r.time), "type": r.type, "reason": r.reason,
+        return [{"id": r.id, "name": r.name, "time": timestamp(r.time), "type": r.type, "reason": r.reason,
                  "message": r.message} for r in rows]
 
     # ------------------------------------------------------------ writes
@@ -341,8 +205,8 @@ class Store:
         s.add(change)
         s.flush()
         row.resource_version = change.rv
-        wire = _to_wire(row)
-        change.object = _dumps(wire)
+        wire = to_wire(row)
+        change.object = dumps(wire)
         s.add(change)
         if change.rv % _TRIM_EVERY == 0:  # bounded history
             s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
@@ -367,11 +231,11 @@ class Store:
                 raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists{where}', name=meta.name)
             row = JobRow(
                 name=meta.name, namespace=meta.namespace, uid=str(uuid.uuid4()), generation=1, resource_version=0,
-                labels=_dumps(meta.labels), annotations=_dumps(meta.annotations),
-                finalizers=_dumps([RELEASE_FINALIZER, *(f for f in meta.finalizers if f != RELEASE_FINALIZER)]),
-                owner_refs=_dumps([o.wire(exclude_none=True) for o in meta.owner_references]),
-                managed=_dumps(managed_fields or []),
-                spec=_dumps(job.spec.wire()), status=_dumps(RolloutJobStatus().wire()), created=utcnow(),
+                labels=dumps(meta.labels), annotations=dumps(meta.annotations),
+                finalizers=dumps([RELEASE_FINALIZER, *(f for f in meta.finalizers if f != RELEASE_FINALIZER)]),
+                owner_refs=dumps([o.wire(exclude_none=True) for o in meta.owner_references]),
+                managed=dumps(managed_fields or []),
+                spec=dumps(job.spec.wire()), status=dumps(RolloutJobStatus().wire()), created=utcnow(),
             )
             s.add(row)
             wire = self._record(s, row, "ADDED")
@@ -391,14 +255,14 @@ class Store:
                     f'Operation cannot be fulfilled on rolloutjobs.rolloutd.io "{meta.name}": the object has been '
                     f"modified (resourceVersion {row.resource_version}, expected {expect_rv}); "
                     "please apply your changes to the latest version and try again", name=meta.name)
-            before = _to_wire(row)
+            before = to_wire(row)
             if status_only:
-                row.status = _dumps(job.status.wire())
+                row.status = dumps(job.status.wire())
             else:
                 self._update_main(row, job)
                 if managed_fields is not None:
-                    row.managed = _dumps(managed_fields)
-            after = _to_wire(row)
+                    row.managed = dumps(managed_fields)
+            after = to_wire(row)
             if after == before:
                 s.rollback()
                 return before
@@ -420,13 +284,13 @@ class Store:
             if causes:
                 raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
                               causes=causes, name=row.name)
-            row.spec = _dumps(spec)
+            row.spec = dumps(spec)
             row.generation += 1
         held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) else []
-        row.finalizers = _dumps(held + [f for f in meta.finalizers if f != RELEASE_FINALIZER])
-        row.labels = _dumps(meta.labels)
-        row.annotations = _dumps(meta.annotations)
-        row.owner_refs = _dumps([o.wire(exclude_none=True) for o in meta.owner_references])
+        row.finalizers = dumps(held + [f for f in meta.finalizers if f != RELEASE_FINALIZER])
+        row.labels = dumps(meta.labels)
+        row.annotations = dumps(meta.annotations)
+        row.owner_refs = dumps([o.wire(exclude_none=True) for o in meta.owner_references])
 
     def apply(self, job: RolloutJob, *, create_only: bool = False) -> tuple[dict[str, Any], str]:
         """rolloutctl's apply (PUT): create, or update labels/annotations/spec (the user's finalizers
@@ -457,9 +321,9 @@ class Store:
                     f'rolloutjobs "{name}" changed (resourceVersion {row.resource_version}, expected {expect_rv})',
                     name=name,
                 )
-            new = _dumps(status.wire())
+            new = dumps(status.wire())
             if new == row.status:
-                return _to_wire(row)
+                return to_wire(row)
             row.status = new
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
@@ -473,9 +337,9 @@ class Store:
         with self._lock, Session(self.engine) as s:
             row = _row(s, name, namespace)
             if row.deleted is not None:
-                return _to_wire(row)
+                return to_wire(row)
             try:
-                _to_resource(row)
+                to_resource(row)
             except Unservable as e:  # the reconciler cannot read it either: nothing to wind down
                 log.error("deleting an unservable row at once: %s", e.message)
                 self._delete_row(s, row, dry_run)
@@ -485,7 +349,7 @@ class Store:
             status = RolloutJobStatus.model_validate(json.loads(row.status))
             if not status.phase.terminal:
                 status.phase = Phase.cancelling
-            row.status = _dumps(status.wire())
+            row.status = dumps(status.wire())
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             self._finish(s, name, dry_run)
@@ -508,7 +372,7 @@ class Store:
             left = [f for f in json.loads(row.finalizers) if f != RELEASE_FINALIZER]
             if left and len(left) == len(json.loads(row.finalizers)):
                 return
-            row.finalizers = _dumps(left)
+            row.finalizers = dumps(left)
             if left:
                 s.add(row)
                 self._record(s, row, "MODIFIED")

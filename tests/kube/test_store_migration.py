@@ -7,7 +7,8 @@ import sqlite3
 
 from kube_tools import job_doc
 
-from rolloutd.controller.store import RELEASE_FINALIZER, SCHEMA_VERSION, Store
+from rolloutd.controller.store import Store
+from rolloutd.controller.store_schema import RELEASE_FINALIZER, SCHEMA_VERSION
 from rolloutd.crds.rolloutjob import RolloutJob
 
 V1_TABLES = """
