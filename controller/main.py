@@ -33,6 +33,8 @@ def controller(
     port: int = typer.Option(DEFAULT_PORT, help="TCP port of the API"),
     log_level: str = typer.Option("info"),
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
+    tls_cert_file: Path = typer.Option(None, help="serve HTTPS with this certificate (kubectl sends tokens over TLS only)"),
+    tls_key_file: Path = typer.Option(None, help="the certificate's private key"),
 ) -> None:
     """Run the controller: API, SQLite store, scheduler and reconcile loop."""
     from .config import default_data_dir
@@ -42,7 +44,10 @@ def controller(
     unknown = set(kinds) - set(EXECUTOR_KINDS)
     if unknown:
         raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(EXECUTOR_KINDS)}")
-    run_controller(data_dir or default_data_dir(), host, port, log_level, kinds)
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+    run_controller(data_dir or default_data_dir(), host, port, log_level, kinds,
+                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None)
 
 
 @app.command()

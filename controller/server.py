@@ -72,9 +72,10 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
 
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                   log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS) -> None:
+                   log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS,
+                   tls: tuple[Path, Path] | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = build_app(data_dir, host=host, port=port, executors=executors)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))

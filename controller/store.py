@@ -10,180 +10,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
+import os
 import threading
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from sqlalchemy import event, func
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Session, SQLModel, create_engine, select
 
-from rolloutd.crds.rolloutjob import (IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value,
-                                     valid_label_key, valid_label_value)
+from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
-from .errors import AlreadyExists, ApiError, BadRequest, Conflict, Gone, Invalid, NotFound
+from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
+from .kube.selectors import fields_match, matches, parse_field_selector, parse_selector
+from .store_schema import (MIGRATIONS, RELEASE_FINALIZER, SCHEMA_VERSION, Change, ChangeRow, EventRow, JobRow,
+                           SchemaVersionRow, Unservable, dumps, servable_wire, timestamp, to_resource, to_wire, utcnow)
 
 log = logging.getLogger("rolloutd.store")
 
-SCHEMA_VERSION = 1
+FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
-CHANGE_LOG_KEEP = 50_000
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(microsecond=0)
-
-
-class SchemaVersionRow(SQLModel, table=True):
-    __tablename__ = "schema_version"
-    id: int = Field(default=1, primary_key=True)
-    version: int
-
-
-class JobRow(SQLModel, table=True):
-    __tablename__ = "jobs"
-    name: str = Field(primary_key=True)
-    uid: str
-    generation: int
-    resource_version: int
-    labels: str  # JSON
-    annotations: str  # JSON
-    spec: str  # JSON, wire form (camelCase)
-    status: str  # JSON, wire form
-    created: datetime
-    deleted: datetime | None = None
-
-
-class ChangeRow(SQLModel, table=True):
-    __tablename__ = "changes"
-    rv: int | None = Field(default=None, primary_key=True)
-    type: str  # ADDED | MODIFIED | DELETED
-    name: str = Field(index=True)
-    object: str  # JSON, the whole resource after the change
-
-
-class EventRow(SQLModel, table=True):
-    __tablename__ = "events"
-    id: int | None = Field(default=None, primary_key=True)
-    name: str = Field(index=True)
-    time: datetime
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Change:
-    rv: int
-    type: str
-    name: str
-    object: dict[str, Any]
-
-
-class Unservable(ApiError):
-    """A stored row that cannot be rendered (written by hand or by an older, laxer version)."""
-
-    def __init__(self, name: str, cause: Exception):
-        super().__init__(f'rolloutjobs "{name}" is stored in a form this controller cannot serve '
-                         f'({type(cause).__name__}: {str(cause)[:200]}); delete it and apply it again', name=name)
-
-
-def _no_constant(value: str) -> Any:
-    raise ValueError(f"non-finite number {value} (JSON has none)")
-
-
-def _to_resource(row: JobRow) -> RolloutJob:
-    try:
-        return RolloutJob.model_validate(_to_wire(row))
-    except ValueError as e:  # pydantic's ValidationError is one
-        raise Unservable(row.name, e) from None
-
-
-def _servable_wire(row: JobRow) -> dict[str, Any]:
-    """`_to_wire`, refusing what cannot be sent as JSON (NaN, Infinity) or parsed at all."""
-    try:
-        return _to_wire(row, loads=_strict_loads)
-    except ValueError as e:  # json.JSONDecodeError is one
-        raise Unservable(row.name, e) from None
-
-
-def _strict_loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_no_constant)
-
-
-def _to_wire(row: JobRow, loads=json.loads) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": row.name,
-        "uid": row.uid,
-        "generation": row.generation,
-        "resourceVersion": str(row.resource_version),
-        "creationTimestamp": _ts(row.created),
-    }
-    if loads(row.labels):
-        meta["labels"] = loads(row.labels)
-    if loads(row.annotations):
-        meta["annotations"] = loads(row.annotations)
-    if row.deleted:
-        meta["deletionTimestamp"] = _ts(row.deleted)
-    return {
-        "apiVersion": "rolloutd.io/v1alpha1",
-        "kind": "RolloutJob",
-        "metadata": meta,
-        "spec": loads(row.spec),
-        "status": loads(row.status),
-    }
-
-
-def _ts(dt: datetime) -> str:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-_SELECTOR_TERM = re.compile(r"^\s*(?P<neg>!)?\s*(?P<key>[^!=\s]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[^!=\s]*))?\s*$")
-
-
-def parse_selector(selector: str | None) -> list[tuple[str, str, str | None]]:
-    """`a=b,c!=d,e,!f` → [(key, op, value)]; ops: =, ==, !=, exists, !exists. 400 for anything else
-    (set-based `in (…)` is not supported), naming the term and why."""
-    out: list[tuple[str, str, str | None]] = []
-    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
-        m = _SELECTOR_TERM.match(term)
-        why = None
-        if m is None or (m["neg"] and m["op"]):
-            why = "expected KEY, !KEY, KEY=VALUE, KEY==VALUE or KEY!=VALUE"
-        elif not valid_label_key(m["key"]):
-            why = f"{m['key']!r} is not a valid label key"
-        elif m["op"] and not valid_label_value(m["value"]):
-            why = f"{m['value']!r} is not a valid label value (≤63 chars of [A-Za-z0-9-_.])"
-        if why:
-            raise BadRequest(f"invalid labelSelector term {term[:100]!r}: {why}",
-                             causes=[{"field": "labelSelector", "reason": "FieldValueInvalid", "message": why}])
-        if m["op"]:
-            out.append((m["key"], "=" if m["op"] == "==" else m["op"], m["value"]))
-        else:
-            out.append((m["key"], "!exists" if m["neg"] else "exists", None))
-    return out
-
-
-def matches(labels: dict[str, str], selector: list[tuple[str, str, str | None]]) -> bool:
-    for key, op, value in selector:
-        if op == "=" and labels.get(key) != value:
-            return False
-        if op == "!=" and labels.get(key) == value:
-            return False
-        if op == "exists" and key not in labels:
-            return False
-        if op == "!exists" and key in labels:
-            return False
-    return True
+CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
+_TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
 
 
 class Store:
@@ -223,7 +71,11 @@ class Store:
                     f"database {self.path} has schema version {row.version}, newer than this "
                     f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
                 )
-            # Future migrations: `while row.version < SCHEMA_VERSION: MIGRATIONS[row.version](s); row.version += 1`
+            else:
+                while row.version < SCHEMA_VERSION:
+                    MIGRATIONS[row.version](s)
+                    row.version += 1
+                    s.add(row)
             s.commit()
 
     def schema_version(self) -> int:
@@ -268,34 +120,36 @@ class Store:
             row = s.get(JobRow, name)
             if row is None:
                 raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            job = _to_resource(row)
+            job = to_resource(row)
         with self._lock:
             if epoch == self._epoch:  # no write happened while we read: safe to cache
                 self._cache[name] = job
         return job
 
-    def get_wire(self, name: str) -> dict[str, Any]:
+    def get_wire(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         with Session(self.engine) as s:
-            row = s.get(JobRow, name)
-            if row is None:
-                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            return _servable_wire(row)
+            return servable_wire(_row(s, name, namespace))
 
-    def list_wire(self, selector: str | None = None) -> tuple[list[dict[str, Any]], int]:
-        """Every servable job matching `selector`; a row that cannot be served is skipped (and logged)
-        so that one bad row never takes the whole list down."""
+    def list_wire(self, selector: str | None = None, *, namespace: str | None = None,
+                  field_selector: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Every servable job matching the selectors, ordered by (namespace, name); a row that cannot be
+        served is skipped (and logged) so that one bad row never takes the whole list down."""
         sel = parse_selector(selector)
+        fsel = parse_field_selector(field_selector, FIELD_SELECTABLE)
         with Session(self.engine) as s:
-            rows = s.exec(select(JobRow).order_by(JobRow.name)).all()
+            q = select(JobRow)
+            if namespace is not None:
+                q = q.where(JobRow.namespace == namespace)
+            rows = s.exec(q.order_by(JobRow.namespace, JobRow.name)).all()
             rv = s.exec(select(func.max(ChangeRow.rv))).one() or 0
         items = []
         for row in rows:
             try:
-                wire = _servable_wire(row)
+                wire = servable_wire(row)
             except Unservable as e:
                 log.error("list skips a row: %s", e.message)
                 continue
-            if matches(wire["metadata"].get("labels", {}), sel):
+            if matches(wire["metadata"].get("labels", {}), sel) and fields_match(wire, fsel):
                 items.append(wire)
         return items, rv
 
@@ -307,6 +161,11 @@ class Store:
             except ValueError as e:
                 log.error("list skips rolloutjobs %r: %s", wire["metadata"]["name"], e)
         return jobs
+
+    def namespaces(self) -> list[str]:
+        with Session(self.engine) as s:
+            used = set(s.exec(select(JobRow.namespace).distinct()).all())
+        return sorted(used | {DEFAULT_NAMESPACE})
 
     def current_rv(self) -> int:
         with Session(self.engine) as s:
@@ -324,9 +183,17 @@ class Store:
         return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
 
     def events(self, name: str) -> list[dict[str, Any]]:
+        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([name])]
+
+    def event_records(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Events with their id and job name (the core/v1 Event view builds on these)."""
         with Session(self.engine) as s:
-            rows = s.exec(select(EventRow).where(EventRow.name == name).order_by(EventRow.id)).all()
-        return [{"time": _ts(r.time), "type": r.type, "reason": r.reason, "message": r.message} for r in rows]
+            q = select(EventRow)
+            if names is not None:
+                q = q.where(EventRow.name.in_(names))
+            rows = s.exec(q.order_by(EventRow.id)).all()
+        return [{"id": r.id, "name": r.name, "time": timestamp(r.time), "type": r.type, "reason": r.reason,
+                 "message": r.message} for r in rows]
 
     # ------------------------------------------------------------ writes
 
@@ -338,91 +205,125 @@ class Store:
         s.add(change)
         s.flush()
         row.resource_version = change.rv
-        wire = _to_wire(row)
-        change.object = _dumps(wire)
+        wire = to_wire(row)
+        change.object = dumps(wire)
         s.add(change)
-        if change.rv % 1000 == 0:  # bounded history
+        if change.rv % _TRIM_EVERY == 0:  # bounded history
             s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
         return wire
 
-    def apply(self, job: RolloutJob, *, create_only: bool = False) -> tuple[dict[str, Any], str]:
-        """Server-side apply. Returns (resource, outcome) with outcome created|configured|unchanged."""
-        spec = job.spec.wire()
-        name = job.metadata.name
-        with self._lock, Session(self.engine) as s:
-            row = s.get(JobRow, name)
-            if row is None:
-                row = JobRow(
-                    name=name,
-                    uid=str(uuid.uuid4()),
-                    generation=1,
-                    resource_version=0,
-                    labels=_dumps(job.metadata.labels),
-                    annotations=_dumps(job.metadata.annotations),
-                    spec=_dumps(spec),
-                    status=_dumps(RolloutJobStatus().wire()),
-                    created=utcnow(),
-                )
-                s.add(row)
-                wire = self._record(s, row, "ADDED")
-                s.commit()
-                outcome = "created"
-            else:
-                if create_only:
-                    raise AlreadyExists(f'rolloutjobs "{name}" already exists', name=name)
-                if row.deleted is not None:
-                    raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
-                old_spec = json.loads(row.spec)
-                spec_changed = old_spec != spec
-                meta_changed = (
-                    json.loads(row.labels) != job.metadata.labels
-                    or json.loads(row.annotations) != job.metadata.annotations
-                )
-                if not spec_changed and not meta_changed:
-                    return _to_wire(row), "unchanged"
-                if spec_changed:
-                    causes = [
-                        {
-                            "field": "spec." + ".".join(path),
-                            "reason": "FieldValueForbidden",
-                            "message": "field is immutable once the job exists; delete and re-create the job",
-                        }
-                        for path in IMMUTABLE_FIELDS
-                        if spec_value(old_spec, path) != spec_value(spec, path)
-                    ]
-                    if causes:
-                        raise Invalid(
-                            "RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
-                            causes=causes,
-                            name=name,
-                        )
-                    row.spec = _dumps(spec)
-                    row.generation += 1
-                row.labels = _dumps(job.metadata.labels)
-                row.annotations = _dumps(job.metadata.annotations)
-                s.add(row)
-                wire = self._record(s, row, "MODIFIED")
-                s.commit()
-                outcome = "configured"
+    def _finish(self, s: Session, name: str, dry_run: bool) -> None:
+        if dry_run:
+            s.rollback()
+            return
+        s.commit()
         self._changed(name)
-        return wire, outcome
+
+    def create(self, job: RolloutJob, *, dry_run: bool = False,
+               managed_fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A new job (409 if the name exists, in any namespace: names are unique in this version)."""
+        meta = job.metadata
+        with self._lock, Session(self.engine) as s:
+            old = s.get(JobRow, meta.name)
+            if old is not None:
+                where = "" if old.namespace == meta.namespace else \
+                    f" in namespace {old.namespace!r} (job names are unique across namespaces)"
+                raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists{where}', name=meta.name)
+            row = JobRow(
+                name=meta.name, namespace=meta.namespace, uid=str(uuid.uuid4()), generation=1, resource_version=0,
+                labels=dumps(meta.labels), annotations=dumps(meta.annotations),
+                finalizers=dumps([RELEASE_FINALIZER, *(f for f in meta.finalizers if f != RELEASE_FINALIZER)]),
+                owner_refs=dumps([o.wire(exclude_none=True) for o in meta.owner_references]),
+                managed=dumps(managed_fields or []),
+                spec=dumps(job.spec.wire()), status=dumps(RolloutJobStatus().wire()), created=utcnow(),
+            )
+            s.add(row)
+            wire = self._record(s, row, "ADDED")
+            self._finish(s, meta.name, dry_run)
+        return wire
+
+    def update(self, job: RolloutJob, *, expect_rv: int | None = None, dry_run: bool = False,
+               status_only: bool = False, managed_fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Replace metadata + spec (or, with `status_only`, the status) of an existing job, as a
+        Kubernetes update does. 409 when `expect_rv` is stale; a no-op keeps the resourceVersion.
+        The last finalizer removed from a job being deleted deletes it."""
+        meta = job.metadata
+        with self._lock, Session(self.engine) as s:
+            row = _row(s, meta.name, meta.namespace)
+            if expect_rv is not None and row.resource_version != expect_rv:
+                raise Conflict(
+                    f'Operation cannot be fulfilled on rolloutjobs.rolloutd.io "{meta.name}": the object has been '
+                    f"modified (resourceVersion {row.resource_version}, expected {expect_rv}); "
+                    "please apply your changes to the latest version and try again", name=meta.name)
+            before = to_wire(row)
+            if status_only:
+                row.status = dumps(job.status.wire())
+            else:
+                self._update_main(row, job)
+                if managed_fields is not None:
+                    row.managed = dumps(managed_fields)
+            after = to_wire(row)
+            if after == before:
+                s.rollback()
+                return before
+            if row.deleted is not None and not json.loads(row.finalizers):
+                return self._delete_row(s, row, dry_run)
+            wire = self._record(s, row, "MODIFIED")
+            self._finish(s, meta.name, dry_run)
+        return wire
+
+    def _update_main(self, row: JobRow, job: RolloutJob) -> None:
+        meta, spec = job.metadata, job.spec.wire()
+        old_spec = json.loads(row.spec)
+        if old_spec != spec:
+            if row.deleted is not None:
+                raise Conflict(f'rolloutjobs "{row.name}" is being deleted; its spec cannot change', name=row.name)
+            causes = [{"field": "spec." + ".".join(path), "reason": "FieldValueForbidden",
+                       "message": "field is immutable once the job exists; delete and re-create the job"}
+                      for path in IMMUTABLE_FIELDS if spec_value(old_spec, path) != spec_value(spec, path)]
+            if causes:
+                raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
+                              causes=causes, name=row.name)
+            row.spec = dumps(spec)
+            row.generation += 1
+        held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) else []
+        row.finalizers = dumps(held + [f for f in meta.finalizers if f != RELEASE_FINALIZER])
+        row.labels = dumps(meta.labels)
+        row.annotations = dumps(meta.annotations)
+        row.owner_refs = dumps([o.wire(exclude_none=True) for o in meta.owner_references])
+
+    def apply(self, job: RolloutJob, *, create_only: bool = False) -> tuple[dict[str, Any], str]:
+        """rolloutctl's apply (PUT): create, or update labels/annotations/spec (the user's finalizers
+        and owners are kept unless the document names some). Returns (resource, created|configured|unchanged)."""
+        name = job.metadata.name
+        with Session(self.engine) as s:
+            row = s.get(JobRow, name)
+            if row is not None:
+                row_ns, deleted, rv = row.namespace, row.deleted, row.resource_version
+        if row is None or create_only:
+            return self.create(job), "created"
+        if row_ns != job.metadata.namespace:
+            raise AlreadyExists(f'rolloutjobs "{name}" already exists in namespace {row_ns!r} '
+                                "(job names are unique across namespaces)", name=name)
+        if deleted is not None:
+            raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
+        wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
+        return wire, "unchanged" if wire["metadata"]["resourceVersion"] == str(rv) else "configured"
 
     def update_status(
         self, name: str, status: RolloutJobStatus, *, expect_rv: int | None = None
     ) -> dict[str, Any]:
         """Replace the status; with `expect_rv`, fail with Conflict if the job changed since."""
         with self._lock, Session(self.engine) as s:
-            row = s.get(JobRow, name)
-            if row is None:
-                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            row = _row(s, name)
             if expect_rv is not None and row.resource_version != expect_rv:
                 raise Conflict(
                     f'rolloutjobs "{name}" changed (resourceVersion {row.resource_version}, expected {expect_rv})',
                     name=name,
                 )
-            new = _dumps(status.wire())
+            new = dumps(status.wire())
             if new == row.status:
-                return _to_wire(row)
+                return to_wire(row)
             row.status = new
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
@@ -430,46 +331,54 @@ class Store:
         self._changed(name)
         return wire
 
-    def mark_deleted(self, name: str) -> dict[str, Any]:
-        """Deletion is two-phase: mark (phase Cancelling) here, the reconciler releases and removes."""
+    def mark_deleted(self, name: str, namespace: str | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+        """Deletion is two-phase: set deletionTimestamp (phase Cancelling) here; the reconciler releases
+        and drops the release finalizer (`remove`); the job is gone once no finalizer is left."""
         with self._lock, Session(self.engine) as s:
-            row = s.get(JobRow, name)
-            if row is None:
-                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
+            row = _row(s, name, namespace)
             if row.deleted is not None:
-                return _to_wire(row)
+                return to_wire(row)
             try:
-                _to_resource(row)
+                to_resource(row)
             except Unservable as e:  # the reconciler cannot read it either: nothing to wind down
                 log.error("deleting an unservable row at once: %s", e.message)
-                self._record(s, row, "DELETED")
-                s.delete(row)
-                s.commit()
-                self._changed(name)
+                self._delete_row(s, row, dry_run)
                 return {"apiVersion": "v1", "kind": "Status", "status": "Success",
                         "details": {"kind": "rolloutjobs", "name": name}}
             row.deleted = utcnow()
             status = RolloutJobStatus.model_validate(json.loads(row.status))
             if not status.phase.terminal:
                 status.phase = Phase.cancelling
-            row.status = _dumps(status.wire())
+            row.status = dumps(status.wire())
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
-            s.commit()
-        self._changed(name)
+            self._finish(s, name, dry_run)
+        return wire
+
+    def _delete_row(self, s: Session, row: JobRow, dry_run: bool) -> dict[str, Any]:
+        wire = self._record(s, row, "DELETED")
+        s.delete(row)
+        for ev in s.exec(select(EventRow).where(EventRow.name == row.name)).all():
+            s.delete(ev)
+        self._finish(s, row.name, dry_run)
         return wire
 
     def remove(self, name: str) -> None:
+        """The reconciler released everything: drop the release finalizer; other finalizers hold the job."""
         with self._lock, Session(self.engine) as s:
             row = s.get(JobRow, name)
             if row is None:
                 return
-            self._record(s, row, "DELETED")
-            s.delete(row)
-            for ev in s.exec(select(EventRow).where(EventRow.name == name)).all():
-                s.delete(ev)
-            s.commit()
-        self._changed(name)
+            left = [f for f in json.loads(row.finalizers) if f != RELEASE_FINALIZER]
+            if left and len(left) == len(json.loads(row.finalizers)):
+                return
+            row.finalizers = dumps(left)
+            if left:
+                s.add(row)
+                self._record(s, row, "MODIFIED")
+                self._finish(s, name, False)
+            else:
+                self._delete_row(s, row, False)
 
     def add_event(self, name: str, reason: str, message: str, type_: str = "Normal") -> None:
         with self._lock, Session(self.engine) as s:
@@ -479,3 +388,14 @@ class Store:
     def names(self) -> Iterable[str]:
         with Session(self.engine) as s:
             return list(s.exec(select(JobRow.name)).all())
+
+
+def _row(s: Session, name: str, namespace: str | None = None) -> JobRow:
+    row = s.get(JobRow, name)
+    if row is None or (namespace is not None and row.namespace != namespace):
+        raise NotFound(f'rolloutjobs.rolloutd.io "{name}" not found', name=name)
+    return row
+
+
+def _parse_rv(rv: str | None) -> int | None:
+    return int(rv) if rv and rv.isdigit() and len(rv) < 19 else None

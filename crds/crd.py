@@ -71,7 +71,8 @@ def build_crd() -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "plural": PLURAL, "singular": "rolloutjob", "shortNames": ["rj"]},
+            "names": {"kind": KIND, "plural": PLURAL, "singular": "rolloutjob", "shortNames": ["rj"],
+                      "categories": ["rolloutd"]},
             "versions": [
                 {
                     "name": VERSION,

@@ -45,21 +45,47 @@ def validate_name(name: str) -> str:
 # ---------------------------------------------------------------- metadata
 
 
+DEFAULT_NAMESPACE = "default"
+
+
+class OwnerReference(Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
 class ObjectMeta(Model):
     name: str
+    namespace: str = DEFAULT_NAMESPACE
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    # Server-set; accepted on input (so `get -o yaml | apply -f -` works) but never trusted.
+    finalizers: list[str] = Field(default_factory=list)
+    owner_references: list[OwnerReference] = Field(default_factory=list)
+    # Server-set; accepted on input (so `get -o yaml | apply -f -` works) but never trusted
+    # (resourceVersion, when sent on an update, is the precondition of optimistic concurrency).
     uid: str | None = None
     generation: int | None = None
     resource_version: str | None = None
     creation_timestamp: datetime | None = None
     deletion_timestamp: datetime | None = None
+    deletion_grace_period_seconds: int | None = None
+    managed_fields: list[dict[str, Any]] = Field(default_factory=list)
 
-    @field_validator("name")
+    @field_validator("name", "namespace")
     @classmethod
     def _name(cls, v: str) -> str:
         return validate_name(v)
+
+    @field_validator("finalizers")
+    @classmethod
+    def _finalizers(cls, v: list[str]) -> list[str]:
+        for f in v:
+            if not valid_label_key(f):
+                raise ValueError(f"finalizer {f!r} must be a qualified name such as 'example.com/hold'")
+        return list(dict.fromkeys(v))
 
     @field_validator("labels")
     @classmethod

@@ -60,7 +60,7 @@ async def parse_document(request: Request, limit: int = MAX_BODY_BYTES, *, walk:
 
 
 def _document(text: str, json_: bool, walk: bool) -> dict[str, Any]:
-    doc = _parse(text, json_=json_)
+    doc = parse_text(text, json_=json_)
     if not isinstance(doc, dict):
         raise BadRequest(f"expected an object, got {type(doc).__name__}")
     if walk:
@@ -68,7 +68,7 @@ def _document(text: str, json_: bool, walk: bool) -> dict[str, Any]:
     return doc
 
 
-def _parse(text: str, *, json_: bool) -> Any:
+def parse_text(text: str, *, json_: bool) -> Any:
     try:
         if json_:  # JSON bodies (every machine client) take the fast parser; YAML is for people
             return json.loads(text)

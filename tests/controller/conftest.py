@@ -29,15 +29,18 @@ def free_port() -> int:
 class ControllerProcess:
     """`rolloutd controller` as a subprocess: start, stop (SIGTERM or SIGKILL), restart on the same data."""
 
-    def __init__(self, data_dir: Path, executors: str = ""):
+    def __init__(self, data_dir: Path, executors: str = "", extra_args: tuple[str, ...] = (), scheme: str = "http",
+                 verify: str | bool = True):
         self.data_dir = data_dir
         self.executors = executors
+        # https: extra_args name the certificate, `verify` is the CA file that signed it
+        self.extra_args, self.scheme, self.verify = extra_args, scheme, verify
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def token(self) -> str:
@@ -47,7 +50,7 @@ class ControllerProcess:
         log = open(self.data_dir.parent / f"controller-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--log-level", "warning", "--executors", self.executors],
+             "--port", str(self.port), "--log-level", "warning", "--executors", self.executors, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 30
@@ -55,7 +58,7 @@ class ControllerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited with {self.proc.returncode}; see {log.name}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return self
             except httpx.TransportError:
                 time.sleep(0.05)
@@ -71,7 +74,7 @@ class ControllerProcess:
         self.start()
 
     def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30,
+        return httpx.Client(base_url=self.url, timeout=30, verify=self.verify,
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
 

@@ -1,0 +1,307 @@
+"""RolloutJob verbs on the Kubernetes paths: get, list (selectors, limit/continue), watch, create, update,
+patch (merge, JSON, server-side apply), delete, the status subresource, dryRun and fieldValidation.
+
+Mounted by `api.create_app` at /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs[/{name}[/status]],
+plus the cluster-wide list/watch and rolloutctl's routes at …/v1alpha1/rolloutjobs. Writes go
+through `store.py`; bodies are validated by `validate.py`. Next step: kopf handlers as the client.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
+
+from ..errors import BadRequest, Conflict, NotFound
+from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
+from ..store import Store
+from . import patch as patches
+from .table import table, wants_table
+from .validate import Options, options, validate_job, validate_status
+from .watch import watch_response
+
+NS = API_PREFIX + "/namespaces/{namespace}/rolloutjobs"
+
+
+def respond(request: Request, obj: dict[str, Any], code: int = 200, opts: Options | None = None,
+            headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if opts is not None and opts.warnings:
+        headers["Warning"] = ", ".join(f'299 - "{w}"' for w in opts.warnings)
+    body = table([obj], include_object=request.query_params.get("includeObject", "Metadata")) \
+        if wants_table(request.headers.get("accept")) and obj.get("kind") == "RolloutJob" else obj
+    return JSONResponse(body, status_code=code, headers=headers or None)
+
+
+def _continue_token(rv: int, last: dict[str, Any]) -> str:
+    raw = json.dumps({"rv": rv, "ns": last["metadata"]["namespace"], "name": last["metadata"]["name"]})
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _parse_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), (str(data["ns"]), str(data["name"]))
+    except (ValueError, KeyError, TypeError):
+        raise BadRequest("continue key is not valid: list again without it", causes=[
+            {"field": "continue", "reason": "FieldValueInvalid", "message": "not a continue token from this server"}
+        ]) from None
+
+
+def _limit(value: str | None) -> int | None:
+    if value in (None, "", "0"):
+        return None
+    if not value.isdigit() or len(value) > 9:
+        raise BadRequest(f"limit must be a non-negative integer, got {value[:20]!r}",
+                         causes=[{"field": "limit", "reason": "FieldValueInvalid", "message": "not an integer"}])
+    return int(value)
+
+
+def _timeout(value: str | None) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        t = -1.0
+    if not 0 < t < 1e9:
+        raise BadRequest(f"timeoutSeconds must be a positive number, got {value[:20]!r}",
+                         causes=[{"field": "timeoutSeconds", "reason": "FieldValueInvalid", "message": "out of range"}])
+    return t
+
+
+async def list_or_watch(store: Store, request: Request, namespace: str | None, *, sse_ok: bool) -> Response:
+    q = request.query_params
+    label_selector, field_selector = q.get("labelSelector"), q.get("fieldSelector")
+    if q.get("watch") in ("true", "1", "True"):
+        accept = request.headers.get("accept", "")
+        sse_mode = sse_ok and "application/json" not in accept
+        as_table = wants_table(accept)
+        include = q.get("includeObject", "Metadata")
+        return watch_response(
+            store, since=request.headers.get("last-event-id") or q.get("resourceVersion") or None,
+            label_selector=label_selector, field_selector=field_selector, namespace=namespace,
+            timeout=_timeout(q.get("timeoutSeconds")), bookmarks=q.get("allowWatchBookmarks") == "true",
+            sse_mode=sse_mode, send_initial_events=q.get("sendInitialEvents") == "true",
+            render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
+    limit = _limit(q.get("limit"))
+    items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
+                                        field_selector=field_selector)
+    if q.get("continue"):
+        rv, after = _parse_continue(q["continue"])
+        items = [i for i in items if (i["metadata"]["namespace"], i["metadata"]["name"]) > after]
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if limit is not None and len(items) > limit:
+        meta["remainingItemCount"] = len(items) - limit
+        items = items[:limit]
+        meta["continue"] = _continue_token(rv, items[-1])
+    if wants_table(request.headers.get("accept")):
+        return JSONResponse(table(items, str(rv), meta.get("continue"), q.get("includeObject", "Metadata")))
+    return JSONResponse({"apiVersion": API_VERSION, "kind": "RolloutJobList", "metadata": meta, "items": items})
+
+
+def _manager(request: Request, default: str) -> str:
+    manager = request.query_params.get("fieldManager")
+    if manager is None:
+        agent = request.headers.get("user-agent", "")
+        manager = agent.split("/")[0] or default
+    if not manager or len(manager) > 128:
+        raise BadRequest("fieldManager must be 1-128 characters",
+                         causes=[{"field": "fieldManager", "reason": "FieldValueInvalid", "message": "bad length"}])
+    return manager
+
+
+async def create(store: Store, request: Request, namespace: str | None) -> Response:
+    opts = options(request)
+    doc = await parse_document(request)
+    job = validate_job(doc, namespace=namespace, opts=opts)
+    managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
+    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run, managed_fields=managed)
+    return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
+
+
+async def replace(store: Store, request: Request, namespace: str, name: str) -> Response:
+    opts = options(request)
+    doc = await parse_document(request)
+    job = validate_job(doc, url_name=name, namespace=namespace, opts=opts)
+    current = await asyncio.to_thread(store.get_wire, name, namespace)
+    managed = patches.record_update(current, doc, _manager(request, "unknown"))
+    expect = parse_version(job.metadata.resource_version or None, "metadata.resourceVersion")
+    wire = await asyncio.to_thread(store.update, job, expect_rv=expect, dry_run=opts.dry_run,
+                                   managed_fields=managed)
+    return respond(request, wire, 200, opts)
+
+
+async def replace_status(store: Store, request: Request, namespace: str | None, name: str) -> Response:
+    opts = options(request)
+    doc = await parse_document(request)
+    if "status" not in doc or not isinstance(doc["status"], dict):
+        raise BadRequest("body must contain a 'status' object", causes=[
+            {"field": "status", "reason": "FieldValueRequired", "message": "required"}])
+    status = validate_status(doc["status"], name)
+    meta = doc.get("metadata")
+    expect = parse_version(meta.get("resourceVersion") if isinstance(meta, dict) else None,
+                           "metadata.resourceVersion")
+    current = await asyncio.to_thread(store.get_wire, name, namespace)
+    job = RolloutJob.model_validate({**current, "status": status.wire()})
+    wire = await asyncio.to_thread(store.update, job, expect_rv=expect, status_only=True, dry_run=opts.dry_run)
+    return respond(request, wire, 200, opts)
+
+
+async def _patch_body(request: Request, ptype: str) -> Any:
+    raw = await read_body(request)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"request body is not UTF-8 text: {e}") from None
+    body = parse_text(text, json_=ptype != patches.APPLY or text.lstrip()[:1] in ("{", "["))
+    check_bounds(body)
+    if ptype != patches.JSON_PATCH and not isinstance(body, dict):
+        raise BadRequest(f"expected an object, got {type(body).__name__}")
+    return body
+
+
+async def patch(store: Store, request: Request, namespace: str, name: str, subresource: str = "") -> Response:
+    opts = options(request)
+    ptype = patches.patch_type(request.headers.get("content-type"))
+    body = await _patch_body(request, ptype)
+    force = request.query_params.get("force") == "true"
+    if ptype == patches.APPLY:
+        if "fieldManager" not in request.query_params:
+            raise BadRequest("fieldManager is required for apply requests (server-side apply)",
+                             causes=[{"field": "fieldManager", "reason": "FieldValueRequired", "message": "required"}])
+        body.setdefault("metadata", {}).setdefault("name", name)
+    elif force:
+        raise BadRequest("force is only allowed for apply patches (application/apply-patch+yaml)")
+    manager = _manager(request, "unknown")
+    for _attempt in range(5):  # a concurrent write between our read and our write: read again
+        try:
+            current = await asyncio.to_thread(store.get_wire, name, namespace)
+        except NotFound:
+            if ptype != patches.APPLY or subresource:
+                raise
+            return await _apply_create(store, request, namespace, name, body, manager, force, opts)
+        rv = int(current["metadata"]["resourceVersion"])
+        if ptype == patches.MERGE:
+            patched = patches.merge_patch(current, body)
+        elif ptype == patches.JSON_PATCH:
+            patched = patches.json_patch(current, body)
+        else:
+            patched = patches.server_side_apply(current, body, manager, force, subresource,
+                                                normalize=_normalizer(name, namespace, subresource))
+        precondition = parse_version(patched.get("metadata", {}).get("resourceVersion") or None,
+                                     "metadata.resourceVersion") if ptype != patches.APPLY else None
+        if precondition is not None and precondition != rv:
+            raise Conflict(f'Operation cannot be fulfilled on rolloutjobs.rolloutd.io "{name}": the object has been '
+                           f"modified (resourceVersion {rv}, the patch expects {precondition})", name=name)
+        managed = patched["metadata"].get("managedFields") if ptype == patches.APPLY else \
+            patches.record_update(current, patched, manager, subresource)
+        try:
+            if subresource == "status":
+                status = validate_status(patched.get("status") or {}, name)
+                job = RolloutJob.model_validate({**current, "status": status.wire()})
+                wire = await asyncio.to_thread(store.update, job, expect_rv=rv, status_only=True,
+                                               dry_run=opts.dry_run)
+            else:
+                job = validate_job(patched, url_name=name, namespace=namespace, opts=opts)
+                wire = await asyncio.to_thread(store.update, job, expect_rv=rv, dry_run=opts.dry_run,
+                                               managed_fields=managed)
+        except Conflict:
+            continue
+        return respond(request, wire, 200, opts)
+    raise Conflict(f'rolloutjobs.rolloutd.io "{name}" kept changing while it was patched; try again', name=name)
+
+
+async def _apply_create(store: Store, request: Request, namespace: str, name: str, body: dict[str, Any],
+                        manager: str, force: bool, opts: Options) -> Response:
+    created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, ""))
+    job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
+    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
+                                   managed_fields=created["metadata"]["managedFields"])
+    return respond(request, wire, 201, opts)
+
+
+def _normalizer(name: str, namespace: str, subresource: str):
+    """The defaulted form of a candidate object (422 if it is invalid), for apply's conflict check."""
+    def normalize(doc: dict[str, Any]) -> dict[str, Any]:
+        if subresource == "status":
+            return {**doc, "status": validate_status(doc.get("status") or {}, name).wire()}
+        return {**doc, "spec": validate_job(doc, url_name=name, namespace=namespace).spec.wire()}
+    return normalize
+
+
+async def delete(store: Store, request: Request, namespace: str | None, name: str, code: int = 200) -> Response:
+    """DeleteOptions come as query parameters or as a body (kubectl and the kubernetes client send one):
+    `dryRun: [All]` and `preconditions: {uid, resourceVersion}` are honoured."""
+    opts = options(request)
+    raw = await read_body(request)
+    body = parse_text(raw.decode("utf-8", "replace"), json_=True) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise BadRequest("the body of a delete must be DeleteOptions (an object)")
+    dry = body.get("dryRun") or []
+    if dry not in ([], ["All"]):
+        raise BadRequest(f"dryRun must be ['All'], got {str(dry)[:40]}",
+                         causes=[{"field": "dryRun", "reason": "FieldValueNotSupported", "message": "supported: All"}])
+    pre = body.get("preconditions") or {}
+    if pre:
+        current = await asyncio.to_thread(store.get_wire, name, namespace)
+        for key in ("uid", "resourceVersion"):
+            if pre.get(key) is not None and str(pre[key]) != current["metadata"][key]:
+                raise Conflict(f'Precondition failed for rolloutjobs.rolloutd.io "{name}": {key} is '
+                               f"{current['metadata'][key]}, the request expects {pre[key]}", name=name)
+    wire = await asyncio.to_thread(store.mark_deleted, name, namespace, dry_run=opts.dry_run or bool(dry))
+    return respond(request, wire, code, opts)
+
+
+def namespaced_router(store: Store) -> APIRouter:
+    """The namespaced routes (documented by /openapi/v2 and /openapi/v3, not by /openapi.json)."""
+    r = APIRouter(include_in_schema=False)
+
+    @r.get(NS)
+    async def _list(namespace: str, request: Request):
+        return await list_or_watch(store, request, _ns(namespace), sse_ok=False)
+
+    @r.post(NS)
+    async def _create(namespace: str, request: Request):
+        return await create(store, request, _ns(namespace))
+
+    @r.get(NS + "/{name}")
+    @r.get(NS + "/{name}/status")
+    async def _get(namespace: str, name: str, request: Request):
+        return respond(request, await asyncio.to_thread(store.get_wire, name, _ns(namespace)))
+
+    @r.put(NS + "/{name}")
+    async def _replace(namespace: str, name: str, request: Request):
+        return await replace(store, request, _ns(namespace), name)
+
+    @r.put(NS + "/{name}/status")
+    async def _replace_status(namespace: str, name: str, request: Request):
+        return await replace_status(store, request, _ns(namespace), name)
+
+    @r.patch(NS + "/{name}")
+    async def _patch(namespace: str, name: str, request: Request):
+        return await patch(store, request, _ns(namespace), name)
+
+    @r.patch(NS + "/{name}/status")
+    async def _patch_status(namespace: str, name: str, request: Request):
+        return await patch(store, request, _ns(namespace), name, "status")
+
+    @r.delete(NS + "/{name}")
+    async def _delete(namespace: str, name: str, request: Request):
+        return await delete(store, request, _ns(namespace), name)
+
+    return r
+
+
+def _ns(namespace: str) -> str:
+    from rolloutd.crds.rolloutjob import validate_name
+    try:
+        return validate_name(namespace)
+    except ValueError as e:
+        raise NotFound(f'namespaces "{namespace[:63]}" not found ({e})') from None

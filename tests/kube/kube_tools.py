@@ -1,0 +1,36 @@
+"""Helpers of the Kubernetes-API tests: where kubectl is (the machine's own, else the one `make kube-tools`,
+.ci/kube-tools.sh, installed), the example job under another name, and a status write as an operator makes it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+KUBE_BIN = Path.home() / ".cache" / "rolloutd" / "kube" / "bin"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+NS = "/apis/rolloutd.io/v1alpha1/namespaces"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+WATCH_HISTORY = 100  # changes the test controller keeps for resuming watches (ROLLOUTD_WATCH_HISTORY)
+
+
+def kubectl_binary() -> str | None:
+    return shutil.which("kubectl") or next((str(p) for p in [KUBE_BIN / "kubectl"] if p.exists()), None)
+
+
+def job_doc(name: str, **labels: str) -> dict:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["metadata"].setdefault("labels", {}).update(labels)
+    return doc
+
+
+def job_yaml(name: str, **labels: str) -> str:
+    return yaml.safe_dump(job_doc(name, **labels))
+
+
+def set_status(api, name: str, status: dict, namespace: str = "default") -> dict:
+    """A merge patch of the status subresource (what the reconciler does), through `api` (an httpx client)."""
+    r = api.patch(f"{NS}/{namespace}/rolloutjobs/{name}/status", json={"status": status}, headers=MERGE)
+    assert r.status_code == 200, r.text
+    return r.json()

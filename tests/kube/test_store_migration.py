@@ -1,0 +1,45 @@
+"""A schema-1 database (before namespaces) opens in this version: its jobs land in `default`, hold the
+release finalizer and keep everything else; the schema version is recorded."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from kube_tools import job_doc
+
+from rolloutd.controller.store import Store
+from rolloutd.controller.store_schema import RELEASE_FINALIZER, SCHEMA_VERSION
+from rolloutd.crds.rolloutjob import RolloutJob
+
+V1_TABLES = """
+CREATE TABLE schema_version (id INTEGER NOT NULL PRIMARY KEY, version INTEGER NOT NULL);
+CREATE TABLE jobs (name VARCHAR NOT NULL PRIMARY KEY, uid VARCHAR NOT NULL, generation INTEGER NOT NULL,
+    resource_version INTEGER NOT NULL, labels VARCHAR NOT NULL, annotations VARCHAR NOT NULL, spec VARCHAR NOT NULL,
+    status VARCHAR NOT NULL, created DATETIME NOT NULL, deleted DATETIME);
+CREATE TABLE changes (rv INTEGER NOT NULL PRIMARY KEY, type VARCHAR NOT NULL, name VARCHAR NOT NULL,
+    object VARCHAR NOT NULL);
+CREATE TABLE events (id INTEGER NOT NULL PRIMARY KEY, name VARCHAR NOT NULL, time DATETIME NOT NULL,
+    type VARCHAR NOT NULL, reason VARCHAR NOT NULL, message VARCHAR NOT NULL);
+INSERT INTO schema_version VALUES (1, 1);
+"""
+
+
+def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
+    db = tmp_path / "rolloutd.db"
+    spec = RolloutJob.model_validate(job_doc("old-job")).spec.wire()
+    with sqlite3.connect(db) as conn:
+        conn.executescript(V1_TABLES)
+        conn.execute("INSERT INTO jobs VALUES ('old-job', 'u-1', 3, 7, ?, '{}', ?, ?, '2026-01-01 00:00:00', NULL)",
+                     (json.dumps({"team": "rl"}), json.dumps(spec), json.dumps({"phase": "Running"})))
+        conn.execute("INSERT INTO changes VALUES (7, 'MODIFIED', 'old-job', '{}')")
+    store = Store(db)
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    wire = store.get_wire("old-job", "default")
+    meta = wire["metadata"]
+    assert meta["namespace"] == "default" and meta["finalizers"] == [RELEASE_FINALIZER]
+    assert (meta["uid"], meta["generation"], meta["resourceVersion"], meta["labels"]) == ("u-1", 3, "7", {"team": "rl"})
+    assert wire["spec"] == spec and wire["status"]["phase"] == "Running"
+    store.mark_deleted("old-job")  # the reconciler's release removes it, as for a job created now
+    store.remove("old-job")
+    assert store.names() == []
+    assert Store(db).schema_version() == 2  # opening again migrates nothing twice
