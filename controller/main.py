@@ -54,16 +54,17 @@ def controller(
 def crd(
     output: Path = typer.Option(None, "-o", "--output", help="write here instead of crds/rolloutjob.yaml; '-' for stdout"),
 ) -> None:
-    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml) from the pydantic models."""
-    from rolloutd.crds.crd import CRD_PATH, render_crd
+    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) from the pydantic models."""
+    from rolloutd.crds.crd import CHART_CRD_PATH, CRD_PATH, render_crd
 
     text = render_crd()
     if output is not None and str(output) == "-":
         typer.echo(text, nl=False)
         return
-    target = output or CRD_PATH
-    target.write_text(text)
-    typer.echo(f"wrote {target}")
+    targets = [output] if output else [CRD_PATH] + ([CHART_CRD_PATH] if CHART_CRD_PATH.parent.is_dir() else [])
+    for target in targets:  # the chart's folder exists in a checkout, not in an installed package
+        target.write_text(text)
+        typer.echo(f"wrote {target}")
 
 
 @app.command()

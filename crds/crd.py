@@ -14,6 +14,8 @@ import yaml
 from .rolloutjob import GROUP, KIND, VERSION, RolloutJobSpec, RolloutJobStatus
 
 CRD_PATH = Path(__file__).with_name("rolloutjob.yaml")
+# the Helm chart ships the same file (Helm installs what its crds/ folder holds): `rolloutd crd` writes both
+CHART_CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "rolloutd" / "crds" / "rolloutjob.yaml"
 PLURAL = "rolloutjobs"
 _DROP = {"title", "$defs", "discriminator"}
 
@@ -53,6 +55,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = {k: _structural(v, defs) for k, v in value.items()}
             continue
         out[key] = _structural(value, defs)
+    for bound, exclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        # JSON Schema 2020 (pydantic) gives the bound as a number; OpenAPI v3.0 (an API server) wants the
+        # bound in minimum/maximum and exclusive*: true, and refuses the CRD otherwise
+        if isinstance(out.get(bound), (int, float)) and not isinstance(out[bound], bool):
+            out[exclusive], out[bound] = out[bound], True
     if out.get("type") == "string" and out.get("format") == "date-time":
         out.pop("default", None)
     return out

@@ -19,7 +19,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from kube_tools import WATCH_HISTORY, kubectl_binary  # noqa: E402
+from kube_helpers import WATCH_HISTORY  # noqa: E402
+import kube_tools  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("controller_fixtures", HERE.parent / "controller" / "conftest.py")
 controller_fixtures = importlib.util.module_from_spec(_spec)
@@ -63,9 +64,7 @@ def kube(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def kubectl(kube):
-    binary = kubectl_binary()
-    if binary is None:
-        pytest.skip("no kubectl: /usr/bin/kubectl is absent and `make kube-tools` has not installed one")
+    binary = kube_tools.kubectl()
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.kubeconfig.parent)}
 
     def run(*args: str, input: str | None = None, timeout: float = 60, check: bool = True):

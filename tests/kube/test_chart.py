@@ -118,13 +118,10 @@ def test_schema_check_needs_no_network(monkeypatch):
 
 def test_chart_crd_is_the_generated_one():
     assert (CHART / "crds" / "rolloutjob.yaml").read_text() == render_crd(), \
-        "charts/rolloutd/crds/rolloutjob.yaml is stale: cp crds/rolloutjob.yaml charts/rolloutd/crds/ after `rolloutd crd`"
+        "charts/rolloutd/crds/rolloutjob.yaml is stale: run `rolloutd crd` (it writes both copies)"
     assert one(render("defaults"), "CustomResourceDefinition")["metadata"]["name"] == "rolloutjobs.rolloutd.io"
 
 
-@pytest.mark.xfail(strict=True, raises=kubernetes_validate.ValidationError, reason="crds/crd.py writes pydantic's numeric exclusiveMinimum (JSON Schema 2020); "
-                   "Kubernetes' OpenAPI v3.0 wants `minimum: N` + `exclusiveMinimum: true`, so an API server would "
-                   "refuse this CRD. Fixed in crd.py (issue 13, k8s-api): then drop this mark")
 def test_chart_crd_is_valid_kubernetes():
     kubernetes_validate.validate(one(render("defaults"), "CustomResourceDefinition"), K8S_VERSION, strict=True)
 

@@ -5,7 +5,7 @@ import subprocess
 import threading
 
 import yaml
-from kube_tools import EXAMPLE, job_yaml, set_status
+from kube_helpers import EXAMPLE, job_yaml, set_status
 from waiting import wait_until
 
 from rolloutd.controller.store import Store

@@ -1,21 +1,16 @@
-"""Helpers of the Kubernetes-API tests: where kubectl is (the machine's own, else the one `make kube-tools`,
-.ci/kube-tools.sh, installed), the example job under another name, and a status write as an operator makes it."""
+"""Helpers of the Kubernetes-API tests: the example job under another name, and a status write as an operator
+makes it. Where kubectl is: tests/kube_tools.py."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import yaml
 
-KUBE_BIN = Path.home() / ".cache" / "rolloutd" / "kube" / "bin"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NS = "/apis/rolloutd.io/v1alpha1/namespaces"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 WATCH_HISTORY = 100  # changes the test controller keeps for resuming watches (ROLLOUTD_WATCH_HISTORY)
 
-
-def kubectl_binary() -> str | None:
-    return shutil.which("kubectl") or next((str(p) for p in [KUBE_BIN / "kubectl"] if p.exists()), None)
 
 
 def job_doc(name: str, **labels: str) -> dict:
