@@ -114,7 +114,8 @@ def check_policy(job: RolloutJob) -> None:
     """422 for a backend or tokenizer the controller's policy refuses (`policy.py`)."""
     llm = job.spec.llm
     problems = [(f"spec.llm.backends[{i}].url", backend_url_problem(b.url)) for i, b in enumerate(llm.backends)]
-    problems.append(("spec.llm.tokenizer", tokenizer_problem(llm.tokenizer)))
+    if llm.tokenizer is not None:  # absent for agents that make no LLM call (oracle)
+        problems.append(("spec.llm.tokenizer", tokenizer_problem(llm.tokenizer)))
     causes = [{"field": f, "reason": "FieldValueForbidden", "message": p} for f, p in problems if p]
     if causes:
         raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),

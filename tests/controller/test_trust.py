@@ -135,6 +135,16 @@ def test_tokenizer_outside_the_roots_is_refused(bad_api, example_yaml):
     assert bad_api.put(f"{P}/tok", json=d).status_code in (200, 201)
 
 
+def test_a_job_without_a_tokenizer_is_created_not_a_500(bad_api):
+    """The oracle agent makes no LLM call and names no tokenizer: the policy check crashed on it (500)."""
+    from pathlib import Path
+    oracle = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/harbor/oracle-job.yaml").read_text())
+    oracle["metadata"]["name"] = "oracle-no-tokenizer"
+    created = bad_api.post(P, json=oracle)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["agent"]["kind"] == "oracle"
+
+
 def test_the_allow_lists_come_from_the_controllers_config(tmp_path, monkeypatch, example_yaml):
     monkeypatch.setenv("ROLLOUTD_BACKEND_ALLOW_NETS", "169.254.0.0/16")
     monkeypatch.setenv("ROLLOUTD_TOKENIZER_ROOTS", "/srv/tokenizers")
