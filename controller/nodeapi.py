@@ -25,7 +25,7 @@ from .bodies import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, parse_document
 from .config import API_PREFIX as PREFIX
 from .errors import BadRequest, Invalid, NotFound, from_validation_error
 from .policy import backend_url_problem
-from .scheduler import Scheduler
+from .work.scheduler import Scheduler
 from .store import Store
 
 

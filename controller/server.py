@@ -21,7 +21,7 @@ from .config import DEFAULT_HOST, DEFAULT_PORT, default_data_dir  # noqa: F401 (
 from .executors.local import LocalExecutor
 from .executors.slurm import SlurmExecutor, advertised_url
 from .reconciler import Reconciler
-from .scheduler import Scheduler
+from .work.scheduler import Scheduler
 from .store import Store
 
 DB_FILE = "rolloutd.db"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rolloutd.controller.backends import BackendPool
-from rolloutd.controller.scheduler import Scheduler
+from rolloutd.controller.work.backends import BackendPool
+from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -232,7 +232,7 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
     try:
         store, sched, clock, job = make(tmp_path, backends=(busy, dead))
         reg(sched)  # the job's backends join the pool
-        sched.health_timeout, sched.slow_grace = 0.2, 10.0
+        sched.health.timeout, sched.health.slow_grace = 0.2, 10.0
 
         async def go():
             await sched.check_health()
