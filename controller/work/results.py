@@ -37,7 +37,7 @@ from .tables import ItemRow, NodeRow, TrajectoryRow
 log = logging.getLogger("rolloutd.scheduler")
 
 
-class Results:
+class ResultIntake:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float],
                  idle: Callable[[str], None]) -> None:

@@ -13,11 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
 
 from rolloutd.agents.aiokit import wait_event
+from rolloutd.crds.node import (
+    Heartbeat,
+    HeartbeatResponse,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultBatch,
+)
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
 from ..errors import BadRequest, Conflict
@@ -33,8 +42,9 @@ from .leases import Leases
 from .nodes import NodeRegistry
 from .policy import PolicyVersions
 from .queue import ItemQueue
-from .results import Results
+from .results import ResultIntake
 from .states import BatchState, DaemonState, ItemState
+from .tables import ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
 
@@ -59,24 +69,69 @@ class Scheduler:
         self.batches = Batches(self.queue, self.expansions.prompts)
         self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                              self.batches, clock)
-        self.outcomes = Results(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
-                                self.batches, self.feed, clock, self._idle)
+        self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
+                                   self.expansions, self.batches, self.feed, clock, self._idle)
         self.on_idle: Callable[[str], None] | None = None  # a job has no queued or leased item left
-        # the node and trainer routes' calls, answered by the part that owns them
-        self.register, self.nodes, self.deregister, self.drain = (
-            self.registry.register, self.registry.nodes, self.registry.deregister, self.registry.drain)
-        self.lease, self.heartbeat, self.give_back = self.leases.lease, self.leases.heartbeat, self.leases.give_back
-        self.results, self.expire = self.outcomes.results, self.outcomes.expire
-        self.expand, self.pinned = self.expansions.expand, self.queue.pinned
-        self.trajectories, self.follow, self.groups = self.feed.trajectories, self.feed.follow, self.feed.groups
-        self.policy, self.policy_version = self.policies.describe, self.policies.version
-        self.announce_policy = self.policies.announce
 
     def _idle(self, job: str) -> None:
         if self.on_idle is not None:
             self.on_idle(job)
 
+    # ------------------------------------------------------------ node protocol (node routes)
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        return self.registry.register(req)
+
+    async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
+        return await self.leases.lease(node_id, max_items, wait)
+
+    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+        return self.leases.heartbeat(node_id, hb)
+
+    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+        return self.intake.results(node_id, batch)
+
+    def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
+        return self.leases.give_back(node_id, attempt_ids, reason)
+
+    def deregister(self, node_id: str) -> None:
+        self.registry.deregister(node_id)
+
+    def nodes(self, job: str) -> list[NodeRow]:
+        return self.registry.nodes(job)
+
+    def drain(self, job: str, node_ids: list[str]) -> None:
+        self.registry.drain(job, node_ids)
+
+    # ------------------------------------------------------------ results, policy (trainer routes)
+
+    def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
+        return self.feed.trajectories(job, cursor, limit)
+
+    def follow(self, job: str, cursor: int, finished: Callable[[], bool],
+               timeout: float | None = None) -> AsyncIterator[tuple[int, str]]:
+        return self.feed.follow(job, cursor, finished, timeout)
+
+    def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
+        return self.feed.groups(job, samples)
+
+    def pinned(self, job: str) -> dict[str, int]:
+        return self.queue.pinned(job)
+
+    def policy(self, job: str) -> dict[str, Any]:
+        return self.policies.describe(job)
+
+    def policy_version(self, job: str) -> int | str | None:
+        return self.policies.version(job)
+
+    async def announce_policy(self, name: str, version: int | str, weights_path: str | None = None,
+                              pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
+        return await self.policies.announce(name, version, weights_path, pause, drain_timeout)
+
     # ------------------------------------------------------------ WorkTracker (reconciler)
+
+    def expand(self, job: RolloutJob) -> ExpansionRow:
+        return self.expansions.expand(job)
 
     async def progress(self, job: RolloutJob) -> Progress:
         exp = self.expand(job)
@@ -159,6 +214,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ background duties
 
+    def expire(self) -> int:
+        return self.intake.expire()
+
     async def check_health(self) -> None:
         for url, ok, why in await self.health.check():
             log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
@@ -169,7 +227,7 @@ class Scheduler:
         last_health = 0.0
         while not self.queue.stopped:
             try:
-                self.expire()
+                self.intake.expire()
                 if time.monotonic() - last_health >= self.health_interval:
                     last_health = time.monotonic()
                     await self.check_health()
