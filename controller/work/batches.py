@@ -1,6 +1,6 @@
 """Batch mode and DAPO dynamic sampling: which prompts run, which groups count, when to stop.
 
-The scheduler calls `request` and `snapshot` (batch API), `results` calls `group_settled`; groups' items go through `Items` (`queue`).
+The scheduler calls `request`/`snapshot` (batch API), `results` calls `group_settled`; items go via `Items` (`queue`).
 
 A job is in batch mode when `spec.dapo.enabled` or `spec.batches` is set; a trainer asks for batch k and
 the job opens groups (one prompt × samplesPerPrompt each, prompts in dataset order, cycling,

@@ -1,6 +1,6 @@
 """Dataset expansion: a job's dataset loaded once into tasks and prompt × samples queued items (restart-safe).
 
-Called by the scheduler before a job's work is read; `batches` opens its items group by group instead; `queue` runs them.
+Called by the scheduler before a job's work is read (`batches` opens batch jobs' items by group); `queue` runs them.
 """
 from __future__ import annotations
 

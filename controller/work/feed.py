@@ -1,6 +1,6 @@
 """The trainer feed: the trajectories table, written once per final item and read in order (or followed).
 
-`results` (and a lease's expiry) call `deliver`; the trajectory routes in `..nodeapi` read `trajectories`/`follow`/`groups`.
+`results` (and a lease's expiry) call `deliver`; the trainer routes read `trajectories`/`follow`/`groups`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The item state machine: every change of a work item's state is written here once (add, back to the queue, cancel, finish).
+"""The item state machine: add, back to the queue, cancel, finish, each written here once.
 
-`leases` grants and extends leases, `results` applies an attempt's outcome, `batches` adds and cancels groups' items.
+`leases` grants leases (a bulk UPDATE on the hot path) and extends them, `results` applies an attempt's outcome.
 
 An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
 extend) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure

@@ -1,6 +1,6 @@
 """The central scheduler: one façade over the work core, for the routes, the reconciler and the server.
 
-It wires `expansion`, `queue`, `leases`, `results`, `nodes`, `policy`, `feed`, `batches` and `backends`, which do the work.
+It wires `expansion`, `queue`, `leases`, `results`, `nodes`, `policy`, `feed`, `batches`, `backends`: they do the work.
 
 All state lives in SQLite (`tables`, beside the jobs), so a restarted controller resumes with every
 lease, result and backend pin where it was. The reconciler calls `progress`/`registered`/`forget`
