@@ -39,11 +39,10 @@ log = logging.getLogger("rolloutd.scheduler")
 
 class ResultIntake:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
-                 expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float],
-                 idle: Callable[[str], None]) -> None:
+                 expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float]) -> None:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.feed, self.clock = expansions, batches, feed, clock
-        self.idle = idle  # the job may be finished now (its last rollout settled, or it failed)
+        self.on_idle: Callable[[str], None] | None = None  # the job may be finished now (last rollout, or failed)
 
     def _outage(self, item: ItemRow, cache: JobCache) -> bool:
         """The item's backend is down and so is every other backend of its job: its failure is the
@@ -116,10 +115,10 @@ class ResultIntake:
                 self.expansions.fail(s, job.metadata.name, config_error)
                 self.queue.cancel_live(s, job.metadata.name)  # they would fail the same way
             s.commit()
-            if config_error:
-                self.idle(job.metadata.name)  # the reconciler marks it Failed now
-            if settled and not self.queue.has_live(s, job.metadata.name):
-                self.idle(job.metadata.name)  # its last rollout: the job may be complete now
+            if config_error and self.on_idle is not None:
+                self.on_idle(job.metadata.name)  # the reconciler marks it Failed now
+            if settled and self.on_idle is not None and not self.queue.has_live(s, job.metadata.name):
+                self.on_idle(job.metadata.name)  # its last rollout: the job may be complete now
         for name in woke:
             self.queue.wake(name)
         return ack

@@ -70,12 +70,16 @@ class Scheduler:
         self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                              self.batches, clock)
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
-                                   self.expansions, self.batches, self.feed, clock, self._idle)
-        self.on_idle: Callable[[str], None] | None = None  # a job has no queued or leased item left
+                                   self.expansions, self.batches, self.feed, clock)
 
-    def _idle(self, job: str) -> None:
-        if self.on_idle is not None:
-            self.on_idle(job)
+    @property
+    def on_idle(self) -> Callable[[str], None] | None:
+        """Called with a job's name when it has no queued or leased item left (or failed)."""
+        return self.intake.on_idle
+
+    @on_idle.setter
+    def on_idle(self, listener: Callable[[str], None] | None) -> None:
+        self.intake.on_idle = listener
 
     # ------------------------------------------------------------ node protocol (node routes)
 
