@@ -127,8 +127,8 @@ PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, Bat
 
 
 def create(engine: Engine) -> None:
-    """Create the tables and indexes that are missing (older databases gain them as they are)."""
-    SQLModel.metadata.create_all(engine)
+    """Create the work tables and indexes that are missing (older databases gain them as they are)."""
+    SQLModel.metadata.create_all(engine, tables=[model.__table__ for model in PER_JOB])
     with engine.begin() as c:  # "a job's live items": leases, completion (also in older databases)
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
         # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
