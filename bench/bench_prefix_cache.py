@@ -30,7 +30,7 @@ def _texts(seed: int, n: int, words: int) -> list[str]:
 
 async def _run_policy(policy: str, urls: list[str], tok, tasks: list[str]) -> tuple[int, int]:
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
-    from rolloutd.controller.backends import BackendPool
+    from rolloutd.controller.work.backends import BackendPool
 
     pool = BackendPool()
     for u in urls:

@@ -21,7 +21,7 @@ from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
 from .reconciler import Reconciler
-from .scheduler import Scheduler
+from .work.scheduler import Scheduler
 from .store import Store
 
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
 
-from ..scheduler import Scheduler
+from ..work.scheduler import Scheduler
 from .bodies import read_model
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).

@@ -23,7 +23,7 @@ from rolloutd.crds.rolloutjob import BackendSpec
 
 from ..errors import BadRequest, Invalid, NotFound
 from ..policy import backend_url_problem
-from ..scheduler import Scheduler
+from ..work.scheduler import Scheduler
 from ..store import Store
 from .bodies import INT64_MAX, INT64_MIN, read_model
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rolloutd.controller.errors import BadRequest, Conflict
-from rolloutd.controller.scheduler import Scheduler
+from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rolloutd.controller.backends import BackendPool
-from rolloutd.controller.scheduler import Scheduler
+from rolloutd.controller.work.backends import BackendPool
+from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -233,7 +233,7 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
     try:
         store, sched, clock, job = make(tmp_path, backends=(busy, dead))
         reg(sched)  # the job's backends join the pool
-        sched.health_timeout, sched.slow_grace = 0.2, 10.0
+        sched.health.timeout, sched.health.slow_grace = 0.2, 10.0
 
         async def go():
             await sched.check_health()
@@ -371,3 +371,13 @@ def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path):
     assert lease(sched, second, 100) == []  # 6 live over the 3 nodes the job asked for: it holds its 2
     sched.results(second, ResultBatch(results=[ok(l) for l in got[second]]))
     assert len(lease(sched, second, 100)) == 2  # 4 live: ceil(4 / 3) = 2, so the queue never stalls
+
+
+def test_a_long_queue_leaves_every_node_its_free_slots_and_a_short_one_caps_them(tmp_path):
+    """The fair share is only counted as far as it matters: with a queue long enough for every
+    node, a lease gets all it asks; once it is short, the count is exact and caps the lease."""
+    store, sched, clock, job = make(tmp_path, prompts=20, samples=2, nodes=2)  # 40 items
+    node = reg(sched, "n1")
+    assert len(lease(sched, node, 4)) == 4  # 40 live over 2 nodes: 20 each, far more than 4
+    assert len(lease(sched, node, 100)) == 16  # ceil(40 / 2) = 20, minus the 4 it holds
+    assert lease(sched, node, 100) == []

@@ -1,8 +1,8 @@
 """Batch mode and DAPO dynamic sampling: which prompts run, which groups count, when to stop.
 
-Where it sits: inside the scheduler (`scheduler.py` calls `fill` when a batch is requested,
-`group_settled` when a group's last sample is final, and `snapshot` for the batch API). A job is
-in batch mode when `spec.dapo.enabled` or `spec.batches` is set; a trainer asks for batch k and
+The scheduler calls `request`/`snapshot` (batch API), `results` calls `group_settled`; items go via `Items` (`queue`).
+
+A job is in batch mode when `spec.dapo.enabled` or `spec.batches` is set; a trainer asks for batch k and
 the job opens groups (one prompt × samplesPerPrompt each, prompts in dataset order, cycling,
 the cursor persisted) until k is full:
 
@@ -25,54 +25,27 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Any
+from typing import Any, Callable, Protocol
 
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from .errors import BadRequest, Conflict, NotFound
+from ..errors import BadRequest, Conflict, NotFound
+from .states import LIVE, BatchState, GroupState, ItemState
+from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
 
 
-class GroupRow(SQLModel, table=True):
-    __tablename__ = "groups"
-    id: int | None = Field(default=None, primary_key=True)
-    job: str = Field(index=True)
-    batch: int = Field(index=True)
-    prompt: int  # dataset index
-    state: str = "running"  # running | counted | uninformative | incomplete | cancelled
-    rewards: str = "[]"
-    opened: float = 0.0
-    settled: float | None = None
+class Items(Protocol):
+    """What batches need of the item queue (`queue.ItemQueue`): add a group's items, cancel one, wake leasing."""
 
+    clock: Callable[[], float]
 
-class BatchRow(SQLModel, table=True):
-    __tablename__ = "batches"
-    job: str = Field(primary_key=True)
-    k: int = Field(primary_key=True)
-    state: str = "running"  # running | complete
-    target: int = 0
-    counted: int = 0
-    opened_groups: int = 0
-    created: float = 0.0
-    completed: float | None = None
-    cancelled_rollouts: int = 0
-    never_started: int = 0
-    saved_tokens: int = 0
+    def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None: ...
 
+    def cancel_item(self, item: ItemRow) -> None: ...
 
-class BatchPromptsRow(SQLModel, table=True):
-    """The prompts a trainer named for a batch (its own table: older databases gain it as is)."""
-    __tablename__ = "batch_prompts"
-    job: str = Field(primary_key=True)
-    k: int = Field(primary_key=True)
-    prompts: str = "[]"  # JSON list of dataset indices, in the trainer's order
-
-
-class CursorRow(SQLModel, table=True):
-    __tablename__ = "cursors"
-    job: str = Field(primary_key=True)
-    next_prompt: int = 0  # grows forever; the dataset index is next_prompt % prompts
+    def wake(self, job: str) -> None: ...
 
 
 def batch_target(job: RolloutJob) -> int:
@@ -107,10 +80,10 @@ def informative(job: RolloutJob, rewards: list[float]) -> bool:
 
 
 class Batches:
-    """Stateless helpers over the batch tables; the scheduler passes its session and callbacks."""
+    """Helpers over the batch tables; callers pass their session. `prompts(job)`: the job's dataset rows."""
 
-    def __init__(self, scheduler: Any):
-        self.sched = scheduler
+    def __init__(self, items: Items, prompts: Callable[[RolloutJob], int]) -> None:
+        self.items, self.prompts = items, prompts
 
     # ------------------------------------------------------------ requests
 
@@ -122,14 +95,14 @@ class Batches:
         if prompts is not None:
             self._check_prompts(job, prompts)
         cur = self.current(s, name)
-        want = (cur.k + 1 if cur and cur.state == "complete" else (cur.k if cur else 1)) if k is None else k
+        want = (cur.k + 1 if cur and cur.state == BatchState.complete else (cur.k if cur else 1)) if k is None else k
         if cur is not None and want == cur.k:
             if prompts is not None and self.named_prompts(s, name, cur.k) != prompts:
                 raise Conflict(f"batch {cur.k} of rolloutjobs \"{name}\" was requested with other prompts")
             return cur
         if cur is not None and want < cur.k:
             return s.get(BatchRow, (name, want)) or self._gone(name, want)
-        if cur is not None and cur.state != "complete":
+        if cur is not None and cur.state != BatchState.complete:
             raise Conflict(f"batch {cur.k} of rolloutjobs \"{name}\" is still running; batch {want} comes after it")
         expected = cur.k + 1 if cur else 1
         if want != expected:
@@ -138,7 +111,7 @@ class Batches:
         if limit is not None and want > limit:
             raise Conflict(f"rolloutjobs \"{name}\" serves {limit} batches; all are done")
         row = BatchRow(job=name, k=want, target=batch_target(job) if prompts is None else len(prompts),
-                       created=self.sched.clock())
+                       created=self.items.clock())
         s.add(row)
         if prompts is not None:
             s.add(BatchPromptsRow(job=name, k=want, prompts=json.dumps(prompts)))
@@ -162,7 +135,7 @@ class Batches:
                              "name prompts only with spec.batches")
         if carry_over(job):
             raise BadRequest(f"rolloutjobs \"{name}\" carries groups over; name prompts only without carryOver")
-        n = self.sched.expand(job).prompts
+        n = self.prompts(job)
         bad = [p for p in prompts if not 0 <= p < n]
         if not prompts or bad:
             raise BadRequest(f"prompts must be a non-empty list of dataset indices 0…{n - 1} of rolloutjobs "
@@ -176,75 +149,73 @@ class Batches:
 
     def fill(self, s: Session, job: RolloutJob, batch: BatchRow) -> int:
         """Open groups until the batch has enough running (DAPO: up to maxInFlightGroups)."""
-        if batch.state != "running" or self.named_prompts(s, batch.job, batch.k) is not None:
+        if batch.state != BatchState.running or self.named_prompts(s, batch.job, batch.k) is not None:
             return 0  # a batch of named prompts opened all its groups at once and replaces none
         name = job.metadata.name
         running = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == batch.k,
-                                                       GroupRow.state == "running")).all())
+                                                       GroupRow.state == GroupState.running)).all())
         cap = max_in_flight(job) - running
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
         if cap <= 0:
             return 0
-        exp = self.sched.expand(job)
-        if exp.prompts == 0:
+        prompts_in_dataset = self.prompts(job)
+        if prompts_in_dataset == 0:
             return 0
         cursor = s.get(CursorRow, name) or CursorRow(job=name)
         prompts = []
         for _ in range(cap):
-            prompts.append(cursor.next_prompt % exp.prompts)
+            prompts.append(cursor.next_prompt % prompts_in_dataset)
             cursor.next_prompt += 1
         s.add(cursor)
         self._open(s, job, batch, prompts)
         return cap
 
     def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int]) -> None:
-        name, now = job.metadata.name, self.sched.clock()
+        name, now = job.metadata.name, self.items.clock()
         for prompt in prompts:
             group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
             s.add(group)
             s.flush()
-            self.sched.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
+            self.items.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
             batch.opened_groups += 1
         s.add(batch)
-        self.sched.wake(name)
+        self.items.wake(name)
 
     # ------------------------------------------------------------ settling groups
 
     def group_settled(self, s: Session, job: RolloutJob, group_id: int) -> None:
         """Called when an item of the group became final; settles the group once all are."""
-        from .scheduler import ItemRow, TrajectoryRow
-
         group = s.get(GroupRow, group_id)
-        if group is None or group.state != "running":
+        if group is None or group.state != GroupState.running:
             return
         items = s.exec(select(ItemRow).where(ItemRow.group_id == group_id)).all()
-        if any(i.state in ("queued", "leased") for i in items):
+        if any(i.state in LIVE for i in items):
             return
         rows = s.exec(select(TrajectoryRow.reward, TrajectoryRow.failure).where(TrajectoryRow.group_id == group_id)).all()
         rewards = [r for r, f in rows if r is not None and f != "infra"]
-        group.settled = self.sched.clock()
+        group.settled = self.items.clock()
         group.rewards = json.dumps(rewards)
         if len(rewards) < len(items):
-            group.state = "incomplete"
+            group.state = GroupState.incomplete
         elif informative(job, rewards):
-            group.state = "counted"
+            group.state = GroupState.counted
         else:
-            group.state = "uninformative"
+            group.state = GroupState.uninformative
         s.add(group)
         batch = s.get(BatchRow, (group.job, group.batch))
-        if batch is None or batch.state != "running":
+        if batch is None or batch.state != BatchState.running:
             return
-        if group.state == "counted":
+        if group.state == GroupState.counted:
             batch.counted += 1
-        if group.state == "incomplete":
+        if group.state == GroupState.incomplete:
             lost = len(s.exec(select(GroupRow.id).where(GroupRow.job == group.job, GroupRow.batch == batch.k,
-                                                        GroupRow.state == "incomplete")).all())
+                                                        GroupRow.state == GroupState.incomplete)).all())
             if lost > incomplete_limit(batch.target):
                 # infrastructure keeps failing: replacing groups forever would hide it from the trainer
-                batch.state, batch.completed = "failed", self.sched.clock()
+                batch.state, batch.completed = BatchState.failed, self.items.clock()
                 for g in s.exec(select(GroupRow).where(GroupRow.job == group.job, GroupRow.batch == batch.k,
-                                                       GroupRow.state == "running")):
+                                                       GroupRow.state == GroupState.running)):
                     self._cancel_group(s, g)
                 s.add(batch)
                 return
@@ -257,15 +228,13 @@ class Batches:
 
     def _all_settled(self, s: Session, name: str, k: int) -> bool:
         return s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == k,
-                                                GroupRow.state == "running")).first() is None
+                                                GroupRow.state == GroupState.running)).first() is None
 
     def _complete(self, s: Session, job: RolloutJob, batch: BatchRow) -> None:
-        from .scheduler import ItemRow, TrajectoryRow
-
         name = job.metadata.name
-        batch.state, batch.completed = "complete", self.sched.clock()
+        batch.state, batch.completed = BatchState.complete, self.items.clock()
         surplus = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
-                                                GroupRow.state == "running")).all()
+                                                GroupRow.state == GroupState.running)).all()
         if carry_over(job):
             for g in surplus:
                 g.batch = batch.k + 1
@@ -284,21 +253,19 @@ class Batches:
 
     def _cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
         """Cancel a running group's live rollouts (daemons learn it at their next beat)."""
-        from .scheduler import ItemRow
-
         cancelled = never = 0
-        g.state, g.settled = "cancelled", self.sched.clock()
+        g.state, g.settled = GroupState.cancelled, self.items.clock()
         s.add(g)
-        for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(("queued", "leased")))):
+        for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(LIVE))):
             cancelled += 1
-            if item.state == "queued" or item.stage in ("leased", "init"):
+            if item.state == ItemState.queued or item.stage in ("leased", "init"):
                 never += 1
-            self.sched.cancel_item(item)
+            self.items.cancel_item(item)
             s.add(item)
         return cancelled, never
 
     def failure(self, s: Session, name: str) -> str | None:
-        bad = s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == "failed")).first()
+        bad = s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == BatchState.failed)).first()
         if bad is None:
             return None
         return (f"batch {bad.k}: more than {incomplete_limit(bad.target)} groups lost samples to infrastructure "
@@ -307,14 +274,12 @@ class Batches:
     # ------------------------------------------------------------ reading
 
     def snapshot(self, s: Session, name: str, k: int, include_all: bool = False) -> dict[str, Any]:
-        from .scheduler import TrajectoryRow
-
         batch = s.get(BatchRow, (name, k))
         if batch is None:
             raise NotFound(f"batch {k} of rolloutjobs \"{name}\" does not exist; request it first")
         q = select(GroupRow).where(GroupRow.job == name, GroupRow.batch == k)
         if not include_all:
-            q = q.where(GroupRow.state == "counted")
+            q = q.where(GroupRow.state == GroupState.counted)
         groups = []
         for g in s.exec(q.order_by(GroupRow.id)).all():
             samples = [json.loads(d) for d in s.exec(
@@ -336,7 +301,7 @@ class Batches:
         cur = self.current(s, name)
         if cur is None:
             return {"current": 0, "state": "idle", "counted": 0, "target": 0, "completed": 0}
-        done = len(s.exec(select(BatchRow.k).where(BatchRow.job == name, BatchRow.state == "complete")).all())
+        done = len(s.exec(select(BatchRow.k).where(BatchRow.job == name, BatchRow.state == BatchState.complete)).all())
         return {"current": cur.k, "state": cur.state, "counted": cur.counted, "target": cur.target, "completed": done}
 
     def finished(self, s: Session, job: RolloutJob) -> bool:
@@ -344,4 +309,4 @@ class Batches:
         if limit is None:
             return False
         row = s.get(BatchRow, (job.metadata.name, limit))
-        return row is not None and row.state == "complete"
+        return row is not None and row.state == BatchState.complete

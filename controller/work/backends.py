@@ -1,0 +1,183 @@
+"""The LLM backends: the min-heap of in-flight tasks, health probing, and vLLM's admin calls.
+
+`queue` pins a backend at lease time (`BackendPool.acquire`) and releases it when a task leaves RUN;
+the scheduler's background loop runs `HealthProbe.check`; `policy` drives `BackendHttp.update`.
+Unlike the seed system's heap, the key is the number of tasks *currently* pinned (not cumulative
+assignments), unhealthy backends are skipped, and backends can be added and removed while jobs
+run. Counts are global per URL: two jobs sharing a vLLM server see each other's load.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import defaultdict
+from typing import Any, Awaitable, Callable, Iterable
+
+import httpx
+
+
+class BackendPool:
+    def __init__(self) -> None:
+        self.inflight: dict[str, int] = defaultdict(int)
+        self.unhealthy: dict[str, str] = {}  # url → reason
+        self._heap: list[tuple[int, int, str]] = []
+        self._seq = itertools.count()
+        self._known: set[str] = set()
+
+    def add(self, url: str) -> None:
+        if url not in self._known:
+            self._known.add(url)
+            self._push(url)
+
+    def discard(self, url: str) -> None:
+        """Forget a backend that no job lists any more (its in-flight count stays until released)."""
+        self._known.discard(url)
+
+    def known(self) -> set[str]:
+        return set(self._known)
+
+    def healthy(self, url: str) -> bool:
+        return url in self._known and url not in self.unhealthy
+
+    def set_health(self, url: str, ok: bool, reason: str = "") -> bool:
+        """Returns True when the state changed."""
+        was = url not in self.unhealthy
+        if ok:
+            self.unhealthy.pop(url, None)
+            if not was:
+                self._push(url)
+        else:
+            self.unhealthy[url] = reason or "unhealthy"
+        return was != ok
+
+    def _push(self, url: str) -> None:
+        heapq.heappush(self._heap, (self.inflight[url], next(self._seq), url))
+
+    def acquire(self, allowed: Iterable[str]) -> str | None:
+        """Pin the least-loaded healthy backend among `allowed`; None if there is none."""
+        allowed = set(allowed)
+        aside: list[tuple[int, int, str]] = []
+        chosen = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            count, _, url = entry
+            if url not in self._known or url in self.unhealthy or count != self.inflight[url]:
+                continue  # stale entry: a fresher one exists or the backend is out
+            if url in allowed:
+                chosen = url
+                break
+            aside.append(entry)
+        for entry in aside:
+            heapq.heappush(self._heap, entry)
+        if chosen is None:
+            # `allowed` may hold backends never added (e.g. just listed by a job): add and retry once
+            fresh = [u for u in allowed if u not in self._known]
+            for u in fresh:
+                self.add(u)
+            if fresh:
+                return self.acquire(allowed)  # terminates: nothing is fresh the second time
+            return None
+        self.inflight[chosen] += 1
+        self._push(chosen)
+        return chosen
+
+    def take(self, url: str) -> None:
+        """Count a pin restored from the database (controller restart)."""
+        self.inflight[url] += 1
+        if url in self._known:
+            self._push(url)
+
+    def release(self, url: str | None) -> None:
+        if not url:
+            return
+        if self.inflight[url] > 0:
+            self.inflight[url] -= 1
+        if url in self._known and url not in self.unhealthy:
+            self._push(url)
+
+
+class BackendHttp:
+    """The controller's one HTTP client to the backends (created on first use, shared by the calls below)."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        return self._client
+
+    async def update(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
+        """vLLM's admin sequence for a new policy: pause → reload weights → reset the prefix cache →
+        resume. Errors are reported in the answer (the other backends still update)."""
+        http = self.client
+        out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
+        try:
+            if pause:
+                await http.post(f"{url}/pause", params={"mode": "wait"}, timeout=120)
+            if weights_path:
+                t = time.monotonic()
+                r = await http.post(f"{url}/collective_rpc", timeout=300, json={
+                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})
+                if r.status_code != 200:
+                    raise RuntimeError(f"reload_weights: HTTP {r.status_code}: {r.text[:300]}")
+                out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            for _ in range(20):  # false while blocks are still held by requests finishing
+                r = await http.post(f"{url}/reset_prefix_cache", timeout=30)
+                if r.status_code != 200 or "false" not in r.text.lower():
+                    break
+                await asyncio.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
+            out["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            if pause:
+                try:
+                    await http.post(f"{url}/resume", timeout=30)
+                except httpx.HTTPError as e:
+                    out["error"] = out["error"] or f"resume: {e}"
+        return out
+
+
+class HealthProbe:
+    """Probes every known backend's /health and marks it healthy or not in the pool.
+
+    A backend that refuses or errors is unhealthy at once; one that only answers /health too
+    slowly is busy, not dead (vLLM's API server can stall while it streams a fast generation),
+    and is declared unhealthy only once it has been unanswering for `slow_grace` seconds.
+    `check` (a test seam) replaces the HTTP probe: url → truthy when healthy."""
+
+    def __init__(self, pool: BackendPool, http: BackendHttp, clock: Callable[[], float], *,
+                 check: Callable[[str], Awaitable[Any]] | None = None, timeout: float = 3.0,
+                 slow_grace: float = 20.0) -> None:
+        self.pool, self.http, self.clock, self._check = pool, http, clock, check
+        self.timeout, self.slow_grace = timeout, slow_grace
+        self._slow_since: dict[str, float] = {}
+
+    async def _probe(self, url: str) -> tuple[str, bool, str]:
+        if self._check is not None:
+            ok = await self._check(url)
+            return url, bool(ok), "" if ok else "health check failed"
+        try:
+            r = await self.http.client.get(url + "/health", timeout=self.timeout)
+        except httpx.TimeoutException:
+            now = self.clock()
+            since = self._slow_since.setdefault(url, now)
+            if now - since < self.slow_grace:
+                return url, self.pool.healthy(url), ""  # busy: keep its state for now
+            return url, False, f"/health unanswered for {now - since:.0f}s"
+        except httpx.HTTPError as e:
+            self._slow_since.pop(url, None)
+            return url, False, f"{type(e).__name__}: {e}"
+        self._slow_since.pop(url, None)
+        return url, r.status_code == 200, f"HTTP {r.status_code}"
+
+    async def check(self) -> list[tuple[str, bool, str]]:
+        """Probe all backends at once; returns those whose health changed (url, healthy, why)."""
+        urls = self.pool.known()
+        if not urls:
+            return []
+        results = await asyncio.gather(*(self._probe(u) for u in urls))
+        return [(url, ok, why) for url, ok, why in results if self.pool.set_health(url, ok, why)]

@@ -1,0 +1,85 @@
+"""The trainer feed: the trajectories table, written once per final item and read in order (or followed).
+
+`results` (and a lease's expiry) call `deliver`; the trainer routes read `trajectories`/`follow`/`groups`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, AsyncIterator, Callable
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from rolloutd.agents.aiokit import wait_event
+from rolloutd.crds.trajectory import Trajectory
+
+from .jobs import Wakeups
+from .tables import ItemRow, TrajectoryRow
+
+
+class Feed:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.arrived = Wakeups()  # set when a job's trajectory is stored or its batch changes
+        self.stopped = False
+
+    def deliver(self, s: Session, item: ItemRow, t: Trajectory, into: list[dict[str, Any]] | None = None) -> None:
+        """Store `t` as the item's trajectory; with `into`, only append the row (the caller inserts
+        a batch of them in one statement: an ORM object per row cost more than the JSON)."""
+        if item.group_id is not None:
+            t.group = item.group_id
+        row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample, "reward": t.reward,
+               "failure": t.failure.kind.value, "data": json.dumps(t.wire(), separators=(",", ":")),
+               "group_id": item.group_id}
+        if into is None:
+            s.add(TrajectoryRow(**row))
+        else:
+            into.append(row)
+        self.arrived.set(item.job)
+
+    def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(TrajectoryRow.seq, TrajectoryRow.data).where(TrajectoryRow.job == job, TrajectoryRow.seq > cursor)
+                 .order_by(TrajectoryRow.seq).limit(limit))
+            return list(s.exec(q).all())
+
+    async def follow(self, job: str, cursor: int, finished: Callable[[], bool],
+                     timeout: float | None = None) -> AsyncIterator[tuple[int, str]]:
+        """Every trajectory after `cursor`, as it arrives, until the job is finished and all are sent."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self.arrived.event(job)
+            ev.clear()
+            rows = self.trajectories(job, cursor)
+            for seq, data in rows:
+                cursor = seq
+                yield seq, data
+            if rows:
+                continue
+            if finished() or self.stopped:
+                if not self.trajectories(job, cursor, 1):
+                    return
+                continue
+            wait = 5.0 if deadline is None else min(5.0, deadline - time.monotonic())
+            if wait <= 0:
+                return
+            if not await wait_event(ev, wait):
+                yield 0, ""  # keep-alive tick
+
+    def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            rows = s.exec(select(TrajectoryRow).where(TrajectoryRow.job == job)
+                          .order_by(TrajectoryRow.prompt, TrajectoryRow.sample)).all()
+        out: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            g = out.setdefault(r.prompt, {"prompt": r.prompt, "samples": [], "rewards": [], "complete": False})
+            g["samples"].append(json.loads(r.data))
+            g["rewards"].append(r.reward)
+        for g in out.values():
+            g["complete"] = len(g["samples"]) == samples
+        return [out[k] for k in sorted(out)]
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.arrived.set_all()

@@ -1,0 +1,94 @@
+"""The registry of node daemons: registration, liveness (kept in memory), draining, retiring the silent.
+
+`leases` and `results` look a caller up with `node`; `policy` waits on the active daemons; `..executors.slurm` drains.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Callable
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest, RegisterResponse, heartbeat_seconds
+
+from ..errors import BadRequest, Conflict, NotFound
+from .jobs import Jobs, closed
+from .states import DaemonState
+from .tables import NodeRow
+
+log = logging.getLogger("rolloutd.scheduler")
+
+NODE_SILENCE_SECONDS = 60.0
+
+
+class NodeRegistry:
+    def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
+        self.engine, self.jobs, self.clock = engine, jobs, clock
+        self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        if req.protocol != NODE_PROTOCOL:
+            raise BadRequest(f"node {req.name!r} speaks node protocol {req.protocol}, this controller "
+                             f"{NODE_PROTOCOL}: run the same rolloutd version on the controller and the nodes")
+        job = self.jobs.get(req.job)
+        if closed(job):
+            raise Conflict(f'rolloutjobs "{req.job}" is {job.status.phase.value}; it takes no more nodes', name=req.job)
+        now = self.clock()
+        node = NodeRow(id=f"{req.name}-{uuid.uuid4().hex[:8]}", job=req.job, name=req.name, host=req.host,
+                       pid=req.pid, slot=req.slot, slurm_job_id=req.slurm_job_id, slurm_node_id=req.slurm_node_id,
+                       registered=now, last_seen=now)
+        with Session(self.engine, expire_on_commit=False) as s:
+            s.add(node)
+            s.commit()
+            active = s.exec(select(func.count()).where(NodeRow.job == req.job,
+                                                       NodeRow.state == DaemonState.active)).one()
+        self._seen[node.id] = now
+        lease = job.spec.pipeline.lease_seconds
+        log.info("node %s registered for job %s", node.id, req.job)
+        return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
+                                lease_seconds=lease,
+                                heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease))
+
+    def node(self, s: Session, node_id: str) -> NodeRow:
+        """The calling daemon's record (NotFound when it is not registered or was declared lost)."""
+        node = s.get(NodeRow, node_id)
+        if node is None or node.state == DaemonState.gone:
+            raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
+        self._seen[node_id] = self.clock()  # liveness is kept in memory: no write per call
+        return node
+
+    def nodes(self, job: str) -> list[NodeRow]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != DaemonState.gone)))
+
+    def active(self, job: str) -> list[str]:
+        return [n.id for n in self.nodes(job) if n.state == DaemonState.active]
+
+    def deregister(self, node_id: str) -> None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            node = s.get(NodeRow, node_id)
+            if node is not None:
+                node.state = DaemonState.gone
+                s.add(node)
+                s.commit()
+
+    def drain(self, job: str, node_ids: list[str]) -> None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            for node in s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.id.in_(node_ids))):
+                node.state = DaemonState.draining
+                s.add(node)
+            s.commit()
+
+    def retire_silent(self, s: Session, now: float) -> None:
+        """Nodes silent for long are gone. Their leases expire on their own deadlines; this only
+        retires the node record, so it can wait out a daemon's start-up (imports and the tokenizer
+        take several seconds on a busy node, before its first beat)."""
+        for node in s.exec(select(NodeRow).where(NodeRow.state != DaemonState.gone)):
+            cache = self.jobs.cached(node.job)
+            seen = self._seen.setdefault(node.id, now)
+            if now - seen > max(cache.lease_seconds if cache else 30.0, NODE_SILENCE_SECONDS):
+                node.state, node.last_seen = DaemonState.gone, seen
+                s.add(node)

@@ -1,0 +1,117 @@
+"""Policy versions: the version every lease and beat carries, and the switch to a new one around weight sync.
+
+Called by the policy routes (`announce`, `describe`); `leases` reads the version, `results` measures staleness.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from rolloutd.crds.trajectory import Trajectory
+
+from .backends import BackendHttp
+from .jobs import Jobs
+from .nodes import NodeRegistry
+from .tables import PolicyRow
+
+log = logging.getLogger("rolloutd.scheduler")
+
+
+def staleness(t: Trajectory, history: list) -> int:
+    """How many announced versions ago the oldest turn of `t` was generated (0 = current)."""
+    versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
+    if not history or not versions:
+        return 0
+    idx = [history.index(v) for v in versions if v in history]
+    return len(history) - 1 - min(idx) if idx else len(history)
+
+
+class PolicyVersions:
+    def __init__(self, engine: Engine, jobs: Jobs, nodes: NodeRegistry, http: BackendHttp,
+                 wake: Callable[[str], None]) -> None:
+        self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
+        self._llm: dict[str, tuple[float, int, bool]] = {}  # node id → (beat time, LLM calls in flight, held)
+        self._lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    def row(self, s: Session, job: str) -> PolicyRow:
+        """The job's policy row, created (and flushed) on first use."""
+        row = s.get(PolicyRow, job)
+        if row is None:
+            row = PolicyRow(job=job)
+            s.add(row)
+            s.flush()
+        return row
+
+    def version(self, job: str) -> int | str | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(PolicyRow, job)
+            return json.loads(row.version) if row else None
+
+    def describe(self, job: str) -> dict[str, Any]:
+        self.jobs.store.get(job)  # 404 for unknown jobs
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(PolicyRow, job) or PolicyRow(job=job)
+            return {"version": json.loads(row.version), "history": json.loads(row.history), "paused": row.paused}
+
+    def note_beat(self, node_id: str, llm_inflight: int, llm_held: bool) -> None:
+        """A daemon's beat: how many LLM calls it has in flight and whether it holds new ones."""
+        self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held)
+
+    def _set(self, job: str, **changes: Any) -> None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = self.row(s, job)
+            for k, v in changes.items():
+                setattr(row, k, v)
+            s.add(row)
+            s.commit()
+
+    async def announce(self, name: str, version: int | str, weights_path: str | None = None,
+                       pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
+        """Switch the job to policy `version`: hold new LLM calls on every daemon, wait for the
+        in-flight ones to finish, then on every backend pause → reload weights → reset the prefix
+        cache → resume, and release the daemons with the new version. No request spans two versions."""
+        job = self.jobs.get(name)
+        pause = job.spec.policy.pause_on_update if pause is None else pause
+        async with self._lock[name]:
+            t0 = time.monotonic()
+            drained = True
+            if pause:
+                self._set(name, paused=True)
+                asked = time.monotonic()
+                drained = await self._wait_llm_drained(name, asked, drain_timeout)
+            report = []
+            for url in self.jobs.sync(job).backends:
+                report.append(await self.http.update(url, weights_path, pause))
+            with Session(self.engine, expire_on_commit=False) as s:
+                row = self.row(s, name)
+                history = json.loads(row.history)
+                if version not in history:
+                    history.append(version)
+                row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
+                s.add(row)
+                s.commit()
+            self.wake(name)
+        errors = [b for b in report if b.get("error")]
+        if errors:
+            log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
+        return {"version": version, "pausedSeconds": round(time.monotonic() - t0, 3), "drained": drained,
+                "backends": report}
+
+    async def _wait_llm_drained(self, name: str, since: float, timeout: float) -> bool:
+        """True once every active daemon of the job reported, after `since`, that it holds new LLM
+        calls (it saw the pause) and has none in flight."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            beats = [self._llm.get(n) for n in self.nodes.active(name)]
+            if all(b is not None and b[0] > since and b[2] and b[1] == 0 for b in beats):
+                return True
+            await asyncio.sleep(0.05)
+        log.warning("policy update of %s: daemons still had LLM calls in flight after %.0f s", name, timeout)
+        return False

@@ -1,0 +1,105 @@
+"""The item state machine: add, back to the queue, cancel, finish, each written here once.
+
+`leases` grants leases (a bulk UPDATE on the hot path) and extends them, `results` applies an attempt's outcome.
+
+An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
+extend) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure
+reasons goes back to the queue with attempt+1, until `pipeline.maxAttempts`. All methods run on
+the event loop inside the caller's short SQLite transaction, so nothing locks between them.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from .backends import BackendPool
+from .jobs import Wakeups
+from .states import LIVE, ItemState
+from .tables import ItemRow
+
+
+class ItemQueue:
+    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float]) -> None:
+        self.engine, self.pool, self.clock = engine, pool, clock
+        self.changed = Wakeups()  # set when a job's queue changed: a waiting lease looks again
+        self.stopped = False
+        with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
+            for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
+                self.pool.take(item.backend)
+
+    def wake(self, job: str) -> None:
+        self.changed.set(job)
+
+    def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None:
+        """Queue the `samples` items of one batch group."""
+        for k in range(samples):
+            s.add(ItemRow(job=job, prompt=prompt, sample=k, queued_at=now, group_id=group_id))
+
+    def release(self, item: ItemRow) -> None:
+        """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
+        if item.holds_backend:
+            self.pool.release(item.backend)
+            item.holds_backend = False
+
+    def requeue(self, item: ItemRow, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:
+        """Back to the queue, or failed (infra) once `max_attempts` are used up. Returns the new state.
+        `keep_attempt`: the attempt was not the rollout's fault (given back unstarted, or the
+        backend's outage): it is not counted."""
+        self.release(item)
+        item.last_error = reason
+        item.node_id, item.deadline, item.stage = None, None, None
+        if keep_attempt:
+            item.attempt = max(item.attempt - 1, 0)
+        if max_attempts is not None and item.attempt >= max_attempts:
+            item.state = ItemState.failed
+        else:
+            item.state, item.attempt_id, item.backend = ItemState.queued, None, None
+            item.queued_at = self.clock()
+        return item.state
+
+    def finish(self, item: ItemRow, state: ItemState) -> None:
+        """The attempt's result is final: done, or failed (a configuration error)."""
+        self.release(item)
+        item.state, item.stage, item.deadline = state, None, None
+
+    def cancel_item(self, item: ItemRow) -> None:
+        """Cancelled (a deleted or failed job, a surplus group); daemons learn it at their next beat."""
+        self.release(item)
+        item.state, item.deadline = ItemState.cancelled, None
+
+    def cancel_live(self, s: Session, job: str) -> None:
+        """Cancel every live item of `job`."""
+        for item in s.exec(select(ItemRow).where(ItemRow.job == job, ItemRow.state.in_(LIVE))):
+            self.cancel_item(item)
+            s.add(item)
+
+    def has_live(self, s: Session, job: str) -> bool:
+        """Whether `job` has an item still queued or leased."""
+        return s.exec(select(ItemRow.id).where(ItemRow.job == job, ItemRow.state.in_(LIVE)).limit(1)).first() \
+            is not None
+
+    def count_live(self, s: Session, job: str, at_most: int) -> int:
+        """The job's live items, counted up to `at_most` (reads at most that many index entries)."""
+        capped = select(ItemRow.id).where(ItemRow.job == job, ItemRow.state.in_(LIVE)).limit(at_most).subquery()
+        return s.exec(select(func.count()).select_from(capped)).one()
+
+    def held(self, s: Session, job: str, node_id: str) -> int:
+        """The items node `node_id` holds leased."""
+        return s.exec(select(func.count()).where(ItemRow.job == job, ItemRow.state == ItemState.leased,
+                                                 ItemRow.node_id == node_id)).one()
+
+    def counts(self, job: str) -> list[tuple[str, str | None, int]]:
+        """(state, stage, items) of the job."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(ItemRow.state, ItemRow.stage, func.count()).where(ItemRow.job == job)
+            return list(s.exec(q.group_by(ItemRow.state, ItemRow.stage)))
+
+    def pinned(self, job: str) -> dict[str, int]:
+        """Backend URL → tasks of this job currently pinned to it (for status and tests)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (select(ItemRow.backend, func.count()).where(ItemRow.job == job, ItemRow.holds_backend == True)  # noqa: E712
+                 .group_by(ItemRow.backend))
+            return {b: n for b, n in s.exec(q)}

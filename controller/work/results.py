@@ -1,0 +1,154 @@
+"""An attempt's end: its result arrives (exactly once, from the attempt holding the lease) or its lease runs out.
+
+Called by the node routes (`results`) and the scheduler's background loop (`expire`); `feed` stores what is final.
+
+A result is accepted only from the attempt that currently holds the lease, so a late duplicate
+from an expired attempt is dropped and every rollout reaches the trainer exactly once.
+Infrastructure failures are retried up to `pipeline.maxAttempts`, then delivered as
+`failure.kind = infra` with no reward — never as a reward of 0; one that happens while every
+backend of the job is down uses no attempt (leasing pauses until a backend is healthy). A
+`failure.kind = config` result fails the job with its reason (which names the spec field) and
+cancels the job's other rollouts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+from sqlalchemy import insert
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from rolloutd.crds.node import ResultAck, ResultBatch
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+
+from ..errors import NotFound
+from .batches import Batches
+from .expansion import Expansions
+from .feed import Feed
+from .jobs import JobCache, Jobs
+from .nodes import NodeRegistry
+from .policy import PolicyVersions, staleness
+from .queue import ItemQueue
+from .states import DaemonState, ItemState
+from .tables import ItemRow, NodeRow, TrajectoryRow
+
+log = logging.getLogger("rolloutd.scheduler")
+
+
+class ResultIntake:
+    def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
+                 expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float]) -> None:
+        self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
+        self.expansions, self.batches, self.feed, self.clock = expansions, batches, feed, clock
+        self.on_idle: Callable[[str], None] | None = None  # the job may be finished now (last rollout, or failed)
+
+    def _outage(self, item: ItemRow, cache: JobCache) -> bool:
+        """The item's backend is down and so is every other backend of its job: its failure is the
+        outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
+        pool = self.queue.pool
+        return bool(item.backend) and not pool.healthy(item.backend) \
+            and not any(pool.healthy(u) for u in cache.backends)
+
+    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+        ack = ResultAck()
+        woke: set[str] = set()
+        with Session(self.engine, expire_on_commit=False) as s:
+            node = s.get(NodeRow, node_id)
+            if node is None:
+                raise NotFound(f"node {node_id} is not registered")
+            if node.state == DaemonState.gone:  # declared lost: its leases went back to the queue
+                return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
+            node.last_seen = self.clock()
+            try:
+                job = self.jobs.get(node.job)
+                cache = self.jobs.sync(job)
+            except NotFound:
+                s.commit()
+                return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
+            history = json.loads(self.policy.row(s, node.job).history)
+            max_stale = job.spec.policy.max_staleness
+            settled: list[int] = []
+            config_error = ""
+            delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
+            ids = [r.attempt_id for r in batch.results]
+            items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
+            for res in batch.results:
+                item = items.get(res.attempt_id)
+                if item is None or item.state != ItemState.leased or item.node_id != node.id:
+                    why = "stale attempt: the lease expired or the item was re-leased"
+                    if item is not None and item.state == ItemState.cancelled:
+                        why = "cancelled"
+                    ack.dropped[res.attempt_id] = why
+                    continue
+                t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
+                                                       "attempt": item.attempt})
+                if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
+                    self.queue.finish(item, ItemState.failed)
+                    self.feed.deliver(s, item, t, delivered)
+                    config_error = config_error or t.failure.reason or "configuration error"
+                elif t.failure.kind == FailureKind.infra:
+                    state = self.queue.requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
+                                               keep_attempt=self._outage(item, cache))
+                    if state == ItemState.failed:
+                        self.feed.deliver(s, item, t, delivered)
+                        settled.append(item.group_id)
+                    woke.add(item.job)
+                elif max_stale is not None and staleness(t, history) > max_stale:
+                    # too old for the trainer: run it again, with the current policy
+                    self.queue.requeue(item, f"stale: generated by policy {t.policy_versions or t.policy_version}")
+                    woke.add(item.job)
+                else:
+                    self.queue.finish(item, ItemState.done)
+                    self.feed.deliver(s, item, t, delivered)
+                    settled.append(item.group_id)
+                s.add(item)
+                ack.accepted.append(res.attempt_id)
+            if delivered:
+                s.exec(insert(TrajectoryRow), params=delivered)  # in order: their seqs follow the batch
+            s.flush()
+            for gid in settled:
+                if gid is not None:
+                    self.batches.group_settled(s, job, gid)
+            if config_error:
+                self.expansions.fail(s, job.metadata.name, config_error)
+                self.queue.cancel_live(s, job.metadata.name)  # they would fail the same way
+            s.commit()
+            if config_error and self.on_idle is not None:
+                self.on_idle(job.metadata.name)  # the reconciler marks it Failed now
+            if settled and self.on_idle is not None and not self.queue.has_live(s, job.metadata.name):
+                self.on_idle(job.metadata.name)  # its last rollout: the job may be complete now
+        for name in woke:
+            self.queue.wake(name)
+        return ack
+
+    def expire(self) -> int:
+        """Leases past their deadline go back to the queue (node killed, network lost)."""
+        now = self.clock()
+        n = 0
+        with Session(self.engine, expire_on_commit=False) as s:
+            expired = s.exec(select(ItemRow).where(ItemRow.state == ItemState.leased, ItemRow.deadline < now)).all()
+            for item in expired:
+                cache = self.jobs.cached(item.job)
+                state = self.queue.requeue(item, f"lease expired on node {item.node_id}",
+                                           cache.max_attempts if cache else 3)
+                if state == ItemState.failed:
+                    t = Trajectory(job=item.job, prompt=item.prompt, sample=item.sample, attempt=item.attempt,
+                                   failure=Failure(kind=FailureKind.infra, reason=item.last_error))
+                    self.feed.deliver(s, item, t)
+                    if item.group_id is not None:
+                        s.add(item)
+                        s.flush()
+                        try:
+                            self.batches.group_settled(s, self.jobs.get(item.job), item.group_id)
+                        except NotFound:
+                            pass
+                s.add(item)
+                self.queue.wake(item.job)
+                n += 1
+            self.nodes.retire_silent(s, now)
+            s.commit()
+        if n:
+            log.info("requeued %d expired lease(s)", n)
+        return n

@@ -1,0 +1,245 @@
+"""The central scheduler: one façade over the work core, for the routes, the reconciler and the server.
+
+It wires `expansion`, `queue`, `leases`, `results`, `nodes`, `policy`, `feed`, `batches`, `backends`: they do the work.
+
+All state lives in SQLite (`tables`, beside the jobs), so a restarted controller resumes with every
+lease, result and backend pin where it was. The reconciler calls `progress`/`registered`/`forget`
+(the scheduler is its `WorkTracker`); the node routes call `register`, `lease`, `heartbeat`,
+`results`, `give_back`, `deregister`; the trainer routes read `trajectories`/`follow`/`groups`,
+take batches and announce policy versions.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from sqlmodel import Session
+
+from rolloutd.agents.aiokit import wait_event
+from rolloutd.crds.node import (
+    Heartbeat,
+    HeartbeatResponse,
+    LeaseResponse,
+    RegisterRequest,
+    RegisterResponse,
+    ResultAck,
+    ResultBatch,
+)
+from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+
+from ..errors import BadRequest, Conflict
+from ..ports import Progress
+from ..store import Store
+from . import tables
+from .backends import BackendHttp, BackendPool, HealthProbe
+from .batches import Batches
+from .expansion import Expansions
+from .feed import Feed
+from .jobs import Jobs, closed
+from .leases import Leases
+from .nodes import NodeRegistry
+from .policy import PolicyVersions
+from .queue import ItemQueue
+from .results import ResultIntake
+from .states import BatchState, DaemonState, ItemState
+from .tables import ExpansionRow, NodeRow
+
+log = logging.getLogger("rolloutd.scheduler")
+
+
+class Scheduler:
+    def __init__(self, store: Store, *, health_interval: float = 2.0,
+                 health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
+                 health_timeout: float = 3.0, slow_grace: float = 20.0):
+        self.store, self.engine, self.clock = store, store.engine, clock
+        tables.create(self.engine)
+        self.pool = BackendPool()
+        self.health_interval = health_interval
+        http = BackendHttp()
+        self.health = HealthProbe(self.pool, http, clock, check=health_check, timeout=health_timeout,
+                                  slow_grace=slow_grace)
+        self.jobs = Jobs(store, self.pool)
+        self.queue = ItemQueue(self.engine, self.pool, clock)
+        self.expansions = Expansions(self.engine, clock, self.queue.wake)
+        self.feed = Feed(self.engine)
+        self.registry = NodeRegistry(self.engine, self.jobs, clock)
+        self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
+        self.batches = Batches(self.queue, self.expansions.prompts)
+        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
+                             self.batches, clock)
+        self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
+                                   self.expansions, self.batches, self.feed, clock)
+
+    @property
+    def on_idle(self) -> Callable[[str], None] | None:
+        """Called with a job's name when it has no queued or leased item left (or failed)."""
+        return self.intake.on_idle
+
+    @on_idle.setter
+    def on_idle(self, listener: Callable[[str], None] | None) -> None:
+        self.intake.on_idle = listener
+
+    # ------------------------------------------------------------ node protocol (node routes)
+
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        return self.registry.register(req)
+
+    async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
+        return await self.leases.lease(node_id, max_items, wait)
+
+    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+        return self.leases.heartbeat(node_id, hb)
+
+    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+        return self.intake.results(node_id, batch)
+
+    def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
+        return self.leases.give_back(node_id, attempt_ids, reason)
+
+    def deregister(self, node_id: str) -> None:
+        self.registry.deregister(node_id)
+
+    def nodes(self, job: str) -> list[NodeRow]:
+        return self.registry.nodes(job)
+
+    def drain(self, job: str, node_ids: list[str]) -> None:
+        self.registry.drain(job, node_ids)
+
+    # ------------------------------------------------------------ results, policy (trainer routes)
+
+    def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
+        return self.feed.trajectories(job, cursor, limit)
+
+    def follow(self, job: str, cursor: int, finished: Callable[[], bool],
+               timeout: float | None = None) -> AsyncIterator[tuple[int, str]]:
+        return self.feed.follow(job, cursor, finished, timeout)
+
+    def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
+        return self.feed.groups(job, samples)
+
+    def pinned(self, job: str) -> dict[str, int]:
+        return self.queue.pinned(job)
+
+    def policy(self, job: str) -> dict[str, Any]:
+        return self.policies.describe(job)
+
+    def policy_version(self, job: str) -> int | str | None:
+        return self.policies.version(job)
+
+    async def announce_policy(self, name: str, version: int | str, weights_path: str | None = None,
+                              pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
+        return await self.policies.announce(name, version, weights_path, pause, drain_timeout)
+
+    # ------------------------------------------------------------ WorkTracker (reconciler)
+
+    def expand(self, job: RolloutJob) -> ExpansionRow:
+        return self.expansions.expand(job)
+
+    async def progress(self, job: RolloutJob) -> Progress:
+        exp = self.expand(job)
+        self.jobs.sync(job)
+        counts = StageCounts(total=exp.total)
+        for state, stage, n in self.queue.counts(job.metadata.name):
+            if state == ItemState.queued or (state == ItemState.leased and stage == "leased"):
+                counts.queued += n
+            elif state == ItemState.leased:
+                setattr(counts, stage, getattr(counts, stage) + n)
+            elif state == ItemState.done:
+                counts.succeeded += n
+            elif state == ItemState.failed:
+                counts.failed += n
+            elif state == ItemState.cancelled:
+                counts.cancelled += n
+        if exp.error:
+            return Progress(counts, failed=exp.error)
+        live = counts.queued + counts.init + counts.run + counts.eval
+        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.name)}
+        if job.spec.batch_mode:
+            with Session(self.engine, expire_on_commit=False) as s:
+                counts.total = live + counts.succeeded + counts.failed + counts.cancelled
+                extra["batch"] = self.batches.status(s, job.metadata.name)
+                done = self.batches.finished(s, job) and live == 0
+                failed = self.batches.failure(s, job.metadata.name)
+            if failed:
+                return Progress(counts, failed=failed, extra=extra)
+            return Progress(counts, done=done, extra=extra)
+        return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
+
+    async def registered(self, job: RolloutJob) -> int:
+        return len([n for n in self.nodes(job.metadata.name) if n.state == DaemonState.active])
+
+    async def forget(self, job: RolloutJob) -> None:
+        """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
+        name = job.metadata.name
+        with Session(self.engine, expire_on_commit=False) as s:
+            self.queue.cancel_live(s, name)
+            s.commit()
+        self.queue.wake(name)
+
+    def purge(self, name: str) -> None:
+        self.expansions.forget(name)
+        with Session(self.engine, expire_on_commit=False) as s:
+            tables.purge(s, name)
+            s.commit()
+        self.jobs.forget(name)
+
+    # ------------------------------------------------------------ batches (trainer API)
+
+    def request_batch(self, name: str, k: int | None = None, prompts: list[int] | None = None) -> dict[str, Any]:
+        job = self.jobs.get(name)
+        if not job.spec.batch_mode:
+            raise BadRequest(f'rolloutjobs "{name}" is not a batch job: set spec.dapo.enabled or spec.batches')
+        if closed(job):
+            raise Conflict(f'rolloutjobs "{name}" is {job.status.phase.value}; it serves no more batches')
+        self.expand(job)
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = self.batches.request(s, job, k, prompts)
+            s.commit()
+            out = self.batches.snapshot(s, name, row.k)
+        out.pop("groups")
+        return out
+
+    async def batch(self, name: str, k: int, wait: bool = False, timeout: float | None = None,
+                    include_all: bool = False) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self.feed.arrived.event(name)
+            ev.clear()
+            with Session(self.engine, expire_on_commit=False) as s:
+                snap = self.batches.snapshot(s, name, k, include_all)
+            if not wait or snap["state"] in (BatchState.complete, BatchState.failed) or self.feed.stopped:
+                return snap
+            left = 30.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return snap
+            await wait_event(ev, min(left, 30.0))
+
+    # ------------------------------------------------------------ background duties
+
+    def expire(self) -> int:
+        return self.intake.expire()
+
+    async def check_health(self) -> None:
+        for url, ok, why in await self.health.check():
+            log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
+            for job in self.jobs.names():
+                self.queue.wake(job)
+
+    async def run(self) -> None:
+        last_health = 0.0
+        while not self.queue.stopped:
+            try:
+                self.intake.expire()
+                if time.monotonic() - last_health >= self.health_interval:
+                    last_health = time.monotonic()
+                    await self.check_health()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad pass
+                log.exception("scheduler background pass failed")
+            await asyncio.sleep(0.5)
+
+    def stop(self) -> None:
+        self.queue.stopped = True
+        self.queue.changed.set_all()
+        self.feed.stop()

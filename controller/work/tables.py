@@ -1,0 +1,141 @@
+"""The work core's SQLite tables (beside the store's jobs): tasks, items, trajectories, nodes, policies, batches.
+
+Created by `create` when the scheduler starts; `queue`, `nodes`, `feed`, `policy` and `batches` read and write them.
+"""
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel
+
+from .states import BatchState, DaemonState, GroupState, ItemState
+
+
+class TaskRow(SQLModel, table=True):
+    __tablename__ = "tasks"
+    job: str = Field(primary_key=True)
+    prompt: int = Field(primary_key=True)
+    data: str  # JSON: the dataset row
+
+
+class ItemRow(SQLModel, table=True):
+    __tablename__ = "items"
+    id: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    prompt: int
+    sample: int
+    state: str = Field(default=ItemState.queued, index=True)  # an ItemState
+    stage: str | None = None  # leased | init | run | eval (while leased)
+    attempt: int = 0
+    attempt_id: str | None = Field(default=None, index=True)
+    node_id: str | None = Field(default=None, index=True)
+    deadline: float | None = None
+    backend: str | None = None
+    holds_backend: bool = False  # counted in the backend min-heap (pinned, RUN not over)
+    queued_at: float = 0.0
+    last_error: str = ""
+    group_id: int | None = Field(default=None, index=True)  # batch mode: the group (GroupRow)
+
+
+class TrajectoryRow(SQLModel, table=True):
+    __tablename__ = "trajectories"
+    seq: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    item: int = Field(unique=True)
+    prompt: int
+    sample: int
+    reward: float | None = None
+    failure: str = "none"
+    data: str  # JSON, wire form of the Trajectory
+    group_id: int | None = Field(default=None, index=True)
+
+
+class PolicyRow(SQLModel, table=True):
+    __tablename__ = "policies"
+    job: str = Field(primary_key=True)
+    version: str = "null"  # JSON: the current policy version
+    history: str = "[]"  # JSON: every version announced, in order (staleness is measured in this list)
+    paused: bool = False
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "nodes"
+    id: str = Field(primary_key=True)
+    job: str = Field(index=True)
+    name: str
+    host: str = ""
+    pid: int = 0
+    slot: int | None = None
+    slurm_job_id: str | None = None
+    slurm_node_id: int | None = None
+    registered: float
+    last_seen: float
+    state: str = DaemonState.active  # a DaemonState
+
+
+class ExpansionRow(SQLModel, table=True):
+    __tablename__ = "expansions"
+    job: str = Field(primary_key=True)
+    uid: str
+    prompts: int
+    total: int
+    error: str = ""
+
+
+class GroupRow(SQLModel, table=True):
+    __tablename__ = "groups"
+    id: int | None = Field(default=None, primary_key=True)
+    job: str = Field(index=True)
+    batch: int = Field(index=True)
+    prompt: int  # dataset index
+    state: str = GroupState.running  # a GroupState
+    rewards: str = "[]"
+    opened: float = 0.0
+    settled: float | None = None
+
+
+class BatchRow(SQLModel, table=True):
+    __tablename__ = "batches"
+    job: str = Field(primary_key=True)
+    k: int = Field(primary_key=True)
+    state: str = BatchState.running  # a BatchState
+    target: int = 0
+    counted: int = 0
+    opened_groups: int = 0
+    created: float = 0.0
+    completed: float | None = None
+    cancelled_rollouts: int = 0
+    never_started: int = 0
+    saved_tokens: int = 0
+
+
+class BatchPromptsRow(SQLModel, table=True):
+    """The prompts a trainer named for a batch (its own table: older databases gain it as is)."""
+    __tablename__ = "batch_prompts"
+    job: str = Field(primary_key=True)
+    k: int = Field(primary_key=True)
+    prompts: str = "[]"  # JSON list of dataset indices, in the trainer's order
+
+
+class CursorRow(SQLModel, table=True):
+    __tablename__ = "cursors"
+    job: str = Field(primary_key=True)
+    next_prompt: int = 0  # grows forever; the dataset index is next_prompt % prompts
+
+
+PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, BatchPromptsRow, CursorRow,
+           PolicyRow)
+
+
+def create(engine: Engine) -> None:
+    """Create the work tables and indexes that are missing (older databases gain them as they are)."""
+    SQLModel.metadata.create_all(engine, tables=[model.__table__ for model in PER_JOB])
+    with engine.begin() as c:  # "a job's live items": leases, completion (also in older databases)
+        c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
+        # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
+        c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_state_deadline ON items (state, deadline)")
+
+
+def purge(s: Session, job: str) -> None:
+    """Delete every row of `job` from the work tables (a deleted job, or one re-created under its name)."""
+    for model in PER_JOB:
+        s.exec(model.__table__.delete().where(model.job == job))
