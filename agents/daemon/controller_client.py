@@ -1,6 +1,6 @@
 """The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`).
 
-Where it sits: `rolloutd.agents.node.NodeDaemon` calls these six POSTs; the controller side is
+Where it sits: `rolloutd.agents.daemon.daemon.NodeDaemon` calls these six POSTs; the controller side is
 `rolloutd.controller.nodeapi`. Every call carries the join token as `Authorization: Bearer`.
 Bodies are the wire (camelCase) forms of the `crds.node` models, replies are validated with them.
 

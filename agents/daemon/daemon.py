@@ -3,7 +3,7 @@ through INIT → RUN → EVAL on three independent worker pools, reports traject
 
 Where it sits: started once per allocated node, by Slurm (`srun rolloutd node`) or by the controller's
 local executor (a subprocess; the same code path). It talks to the controller only through the node
-protocol (`rolloutd.crds.node`, client in `agents/nodeclient.py`), drives sandboxes through
+protocol (`rolloutd.crds.node`, client in `agents/daemon/controller_client.py`), drives sandboxes through
 `rolloutd.sandbox`, task handlers through `rolloutd.agents.tasks` and LLM backends through
 `rolloutd.agents.llm`. It never touches SQLite; the controller owns every scheduling decision.
 
@@ -83,12 +83,12 @@ from rolloutd.crds.rolloutjob import RolloutJobSpec
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, SandboxSpec, WarmPool, get_runtime
 
-from .llm import LLMBackend, SamplingParams, VLLMBackend
-from .aiokit import Backoff
-from .nodeclient import ControllerClient, ControllerError, result_json
+from ..llm import LLMBackend, SamplingParams, VLLMBackend
+from ..aiokit import Backoff
+from .controller_client import ControllerClient, ControllerError, result_json
 from .supervise import EXIT_REFUSED
-from .tasks.base import ConfigError, EvalError, TaskHandler, get_handler
-from .types import AgentConfig, RolloutContext
+from ..tasks.base import ConfigError, EvalError, TaskHandler, get_handler
+from ..rollout import AgentConfig, RolloutContext
 
 log = logging.getLogger("rolloutd.node")
 
@@ -377,7 +377,7 @@ class NodeDaemon:
                     await self._report_config(e.config)
                 if self.node_id is not None:
                     await self._deregister()
-                return EXIT_REFUSED  # a restart cannot help (agents/supervise.py does not retry it)
+                return EXIT_REFUSED  # a restart cannot help (agents/daemon/supervise.py does not retry it)
             self._lease_task = asyncio.create_task(self._lease_loop(), name="lease")
             self._loops += [self._lease_task, asyncio.create_task(self._result_loop(), name="results")]
             reason = await self._supervise()
@@ -482,7 +482,7 @@ class NodeDaemon:
         path = self.spec.llm.tokenizer
 
         def load():
-            from .tokenizer import ChatTokenizer
+            from ..tokenizer import ChatTokenizer
             return ChatTokenizer(path)
 
         try:

@@ -12,8 +12,8 @@ import pytest
 
 from fake_controller import FakeController
 from node_helpers import make_spec, options, sandbox_pids, until
-from rolloutd.agents.node import SAME_SIGNAL_SECONDS, NodeDaemon
-from rolloutd.agents.supervise import EXIT_REFUSED
+from rolloutd.agents.daemon.daemon import SAME_SIGNAL_SECONDS, NodeDaemon
+from rolloutd.agents.daemon.supervise import EXIT_REFUSED
 from rolloutd.crds.trajectory import Trajectory
 from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
 
@@ -326,7 +326,7 @@ def test_large_results_are_split_and_an_oversized_one_is_refused_alone(controlle
 
 
 def test_result_batches_are_capped_by_bytes(controller):
-    from rolloutd.agents.node import NodeDaemon, _Outgoing
+    from rolloutd.agents.daemon.daemon import NodeDaemon, _Outgoing
 
     d = NodeDaemon(options(controller(make_spec()), result_batch_bytes=1000, result_batch=3))
     def out(n: int, c: bytes = b"x"):
