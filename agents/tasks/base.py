@@ -85,10 +85,14 @@ class TaskHandler(ABC):
     - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing).
     - `run(...)`: the agent loop; the default suits every built-in.
     - `eval(task, sandbox, trajectory)`: the reward (abstract in spirit: the default raises).
+    - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
+      agent left behind). The node daemon then starts one as RUN ends and passes
+      `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
     """
 
     name: ClassVar[str] = ""
     needs_sandbox: ClassVar[bool] = True
+    eval_sandbox: ClassVar[bool] = False
     fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
     id_field: ClassVar[str] = "id"
 
