@@ -54,7 +54,8 @@ def node(
     import asyncio
     import logging
 
-    from .daemon.daemon import NodeError, NodeOptions, run_node
+    from .daemon.daemon import run_node
+    from .daemon.options import NodeError, NodeOptions
 
     try:
         options = NodeOptions.from_env(controller=controller, job=job, name=name, slot=slot)
