@@ -70,7 +70,7 @@ class JobConfig:
             agent_kind=spec.agent.kind, agent_command=spec.agent.command,
         )
         # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
-        warm = 0 if hasattr(handler, "sandbox_spec") else spec.sandbox.warm
+        warm = 0 if handler.sandbox_spec is not None else spec.sandbox.warm
         return cls(job=job, node=node, spec=spec, handler=handler, agent=agent, sandbox=sandbox,
                    needs_sandbox=needs_sandbox, eval_sandbox=needs_sandbox and handler.eval_sandbox, warm=warm)
 

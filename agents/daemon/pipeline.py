@@ -186,9 +186,8 @@ class Pipeline:
     async def _init(self, r: Rollout) -> None:
         handler = self.config.handler
         if self.config.needs_sandbox:
-            per_task = getattr(handler, "sandbox_spec", None)  # e.g. harbor: the task's own image
-            if per_task is not None:
-                spec = await per_task(r.lease.task, self.config.sandbox)
+            if handler.sandbox_spec is not None:  # e.g. harbor: the task's own image
+                spec = await handler.sandbox_spec(r.lease.task, self.config.sandbox)
                 r.sandbox = await self._create_sandbox(lambda: self.runtime.create(spec))
             else:
                 r.sandbox = await self._create_sandbox()
