@@ -1,19 +1,14 @@
-"""The node daemon's lifecycle: register, set the job up, run the loops, and leave in one of the `Shutdown` ways.
+"""The node daemon's lifecycle (`rolloutd node`): register, set the job up, run the loops, leave in a `Shutdown` way.
 
-Started once per allocated node, by Slurm (`srun rolloutd node`) or the controller's local executor (a
-subprocess, the same code path), from agents/cli.py (`run_node`). It talks to the controller only through the
-node protocol (`rolloutd.crds.node`, client in controller_client.py) and never touches SQLite. The work is in
-the modules beside it: lease.py (pull work) → pipeline.py (INIT → RUN → EVAL) → outbox.py (report), with
-heartbeat.py (stages, cancels, drain, policy) and rollouts.py (what is live); jobconfig.py reads the spec once.
+Next: lease.py pulls work → pipeline.py runs INIT → RUN → EVAL → outbox.py reports; heartbeat.py carries stages,
+cancels and drains; rollouts.py holds what is live; jobconfig.py reads the spec once, options.py the environment.
+Started per allocated node by Slurm (`srun`) or the local executor, from agents/cli.py; it never touches SQLite.
 
-Shutdown: SIGTERM/SIGINT stop leasing, hand back unstarted leases, give in-flight rollouts `drain_seconds`
-(ROLLOUTD_DRAIN_SECONDS, default 30) to finish, cancel and hand back the rest, deregister, exit 0; a second
-signal (a second or more later) cuts the grace period short. The controller's drain or "no more work" lets
-in-flight rollouts finish, then exit 0; a controller that no longer knows the node cancels everything, exit 1.
-
-Test seams (keyword arguments of `NodeDaemon`): `client` (a `ControllerClient`), `handler` (a `TaskHandler`
-instead of `get_handler(spec.tasks.kind)`), `llm_factory(url) -> LLMBackend`, `tokenizer`, `sandbox_runtime`;
-`rollouts.transitions` records every (monotonic time, attemptId, phase), `stats` counts calls and failures.
+Leaving: SIGTERM stops leasing, hands back unstarted leases, lets in-flight rollouts finish for `drain_seconds`,
+cancels and hands back the rest, exit 0 (a second signal a second or more later ends the grace period); the
+controller's drain or "no more work": finish in flight, exit 0; a controller that forgot the node: exit 1.
+Test seams (keyword arguments): `client`, `handler`, `llm_factory(url)`, `tokenizer`, `sandbox_runtime`; what
+happened: `rollouts.transitions` (monotonic time, attemptId, phase) and `stats` (counts).
 """
 from __future__ import annotations
 
