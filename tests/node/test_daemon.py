@@ -475,3 +475,18 @@ def test_the_same_sigterm_twice_is_one_stop_a_later_one_skips_the_grace(controll
     d.request_stop("SIGTERM")
     assert d.state is Shutdown.HURRY
 
+
+
+def test_the_shutdown_state_only_moves_up(controller):
+    """One state instead of six flags: a weaker reason to leave never undoes a stronger one (a drain
+    after "no more work", a lost controller after SIGTERM: the SIGTERM's graceful drain goes on)."""
+    d = daemon(controller(make_spec()), ScriptedTask())
+    assert d.state is Shutdown.RUNNING
+    d._start_drain("the controller asked")
+    assert d.state is Shutdown.DRAINING and d.reason == "drained"
+    d._reach(Shutdown.DONE, "the job is done")
+    d._start_drain("asked again")
+    assert d.state is Shutdown.DONE and d.reason == "the job is done"
+    d.request_stop("SIGTERM")
+    d._lost("heartbeat: HTTP 404")
+    assert d.state is Shutdown.STOPPING and d.reason == "SIGTERM"
