@@ -46,7 +46,10 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     if timeout is not None and timeout <= 0:
         return False
     try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
+        # not `asyncio.wait_for`: on 3.11 it can swallow a cancellation that arrives as the event
+        # fires, and a loop that calls this would never stop
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
         return False
     return True

@@ -1,8 +1,8 @@
 """Sub-commands the node side contributes to `rolloutd` (serve-model, node).
 
 Where it sits: `rolloutd`'s main (controller/main.py) calls `register(app)`. `serve-model` drives
-agents/engine.py (engine venv + vLLM server) and agents/models.py (model directories); `node` runs
-the node daemon (agents/node.py), as Slurm's srun or the controller's local executor start it.
+agents/engine.py (engine venv + vLLM server) and agents/model_dirs.py (model directories); `node` runs
+the node daemon (agents/daemon/daemon.py), as Slurm's srun or the controller's local executor start it.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def node(
     $ROLLOUTD_DRAIN_SECONDS (default 30), exit 0. Exit 2: refused by the controller or misconfigured.
     """
     if restarts:
-        from .supervise import supervise
+        from .daemon.supervise import supervise
 
         argv = [sys.executable, "-m", "rolloutd.controller.main", "node", "--log-level", log_level]
         for flag, value in (("--controller", controller), ("--job", job), ("--name", name), ("--slot", slot)):
@@ -54,7 +54,8 @@ def node(
     import asyncio
     import logging
 
-    from .node import NodeError, NodeOptions, run_node
+    from .daemon.daemon import run_node
+    from .daemon.options import NodeError, NodeOptions
 
     try:
         options = NodeOptions.from_env(controller=controller, job=job, name=name, slot=slot)
@@ -85,7 +86,7 @@ def serve_model(
 ) -> None:
     """Install the vLLM engine (once), prepare the model, serve it until SIGINT/SIGTERM."""
     from .engine import EngineEnv, EngineError, EngineServer
-    from .models import prepare_model
+    from .model_dirs import prepare_model
 
     names = model or ["smollm2"]
     engine = EngineEnv()

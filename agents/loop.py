@@ -31,7 +31,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, 
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer
 from .tools import ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
-from .types import AgentConfig, AgentResult, RolloutContext
+from .rollout import AgentConfig, AgentResult, RolloutContext
 
 if TYPE_CHECKING:  # the sandbox interface (rolloutd.sandbox.Sandbox); duck-typed at run time
     from rolloutd.sandbox import Sandbox  # noqa: F401

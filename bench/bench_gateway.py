@@ -29,7 +29,7 @@ MESSAGES = [{"role": "system", "content": "You are a terminal agent."},
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.agents.gateway import Gateway
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
-    from rolloutd.agents.models import prepare_model
+    from rolloutd.agents.model_dirs import prepare_model
     from rolloutd.agents.tokenizer import ChatTokenizer
 
     tokenizer = str(prepare_model("tiny"))

@@ -61,7 +61,7 @@ def run(quick: bool = False) -> list[dict]:
     sys.path.insert(0, str(REPO / "tests" / "slurm"))
     from minicluster import MiniSlurm  # noqa: E402
 
-    from rolloutd.agents.models import prepare_model
+    from rolloutd.agents.model_dirs import prepare_model
 
     slurm = MiniSlurm().start()
     prompts, samples = (20, 8) if quick else (50, 8)

@@ -1,7 +1,7 @@
 """The node daemon's environment contract: the one table of variables that launch `rolloutd node`.
 
 Executors build the environment with `node_env` (controller/executors/base.py); the daemon reads it
-back with `read_node_env` (agents/node.py). Secrets travel here, never on a command line.
+back with `read_node_env` (agents/daemon/options.py). Secrets travel here, never on a command line.
 """
 from __future__ import annotations
 

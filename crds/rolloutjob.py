@@ -215,12 +215,6 @@ class SandboxSpec(Model):
     warm: int = Field(default=2, ge=0, le=64,
                       description="sandboxes each node starts ahead of need (0: start one per rollout)")
 
-    @classmethod
-    def from_limits(cls, *, limits: dict[str, Any] | None = None, **fields: Any) -> "SandboxSpec":
-        """``SandboxSpec(limits=..., **fields)``, the node daemon's call today (limits as the camelCase dict).
-        To go once the daemon hands its job's ``spec.sandbox`` to the runtime as it is."""
-        return cls(limits=limits or {}, **fields)
-
 
 class SlurmSpec(Model):
     partition: str | None = None

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data_dir = Path(args.data_dir) if args.data_dir else REPO / ".rolloutd" / name
     with engine(args) as (engine_url, model_dir), controller(args, data_dir) as (url, token):
-        from rolloutd.agents.models import model_dir as prepared_dir
+        from rolloutd.agents.model_dirs import model_dir as prepared_dir
 
         model_dir = model_dir or prepared_dir(args.model)
         rc = RolloutClient(url, token_file=token) if token else RolloutClient(url)

@@ -85,10 +85,18 @@ class TaskHandler(ABC):
     - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing).
     - `run(...)`: the agent loop; the default suits every built-in.
     - `eval(task, sandbox, trajectory)`: the reward (abstract in spirit: the default raises).
+    - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
+      agent left behind). The node daemon then starts one as RUN ends and passes
+      `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
+    - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
+      its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
+      sandbox of the job's spec from the warm pool (which the daemon then leaves empty).
     """
 
     name: ClassVar[str] = ""
     needs_sandbox: ClassVar[bool] = True
+    eval_sandbox: ClassVar[bool] = False
+    sandbox_spec: ClassVar[Any] = None
     fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
     id_field: ClassVar[str] = "id"
 

@@ -25,7 +25,8 @@ Reward 1 only when every FAIL_TO_PASS test passes and no PASS_TO_PASS test break
 the patch, the per-test outcomes and the log tail.
 
 Where the fresh sandbox comes from, first match wins:
-- `eval(..., sandbox_factory=f)`: an async callable returning a new sandbox;
+- `eval(..., sandbox_factory=f)`: an async callable returning a new sandbox (the node daemon passes
+  one, started as RUN ends, because `eval_sandbox` is set);
 - `SweTask(sandbox_factory=f)` (e.g. `get_handler("swe", sandbox_factory=f)`);
 - `SweTask(runtime=r, spec=s)`: `await r.create(s)`;
 - the RUN sandbox's own `spec` (a `rolloutd.sandbox` `SandboxSpec`: same image, runtime and limits),
@@ -87,6 +88,7 @@ _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.
 class SweTask(TaskHandler):
     name: ClassVar[str] = "swe"
     needs_sandbox: ClassVar[bool] = True
+    eval_sandbox: ClassVar[bool] = True   # the tests run in a fresh checkout, not the agent's sandbox
     id_field: ClassVar[str] = "instance_id"
     fields: ClassVar[dict] = {
         "instance_id": str, "problem_statement": str, "base_commit": str,

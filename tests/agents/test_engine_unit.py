@@ -4,7 +4,7 @@ import subprocess
 import pytest
 
 from rolloutd.agents import engine as engine_mod
-from rolloutd.agents import models
+from rolloutd.agents import model_dirs
 from rolloutd.agents.engine import INSTALL_KEY, EngineEnv, EngineError
 
 
@@ -38,15 +38,15 @@ def test_a_failed_install_leaves_no_marker(tmp_path, monkeypatch):
 
 def test_prepared_models_are_not_rebuilt(tmp_path, monkeypatch):
     env = EngineEnv(tmp_path)
-    out = models.model_dir("tiny", tmp_path)
+    out = model_dirs.model_dir("tiny", tmp_path)
     out.mkdir(parents=True)
-    (out / models.READY).write_text(models.MODEL_VERSIONS["tiny"])
+    (out / model_dirs.READY).write_text(model_dirs.MODEL_VERSIONS["tiny"])
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("rebuilt a prepared model"))
-    assert models.prepare_model("tiny", env) == out
+    assert model_dirs.prepare_model("tiny", env) == out
 
 
 def test_a_directory_model_is_used_as_is(tmp_path):
     with pytest.raises(EngineError, match="config.json"):
-        models.prepare_model(str(tmp_path))
+        model_dirs.prepare_model(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    assert models.prepare_model(str(tmp_path)) == tmp_path.resolve()
+    assert model_dirs.prepare_model(str(tmp_path)) == tmp_path.resolve()

@@ -14,10 +14,10 @@ from engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
 from rolloutd.agents.engine import live_group_members
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.loop import run_agent_loop
-from rolloutd.agents.models import model_dir
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.tools import tool_specs
-from rolloutd.agents.types import AgentConfig, RolloutContext
+from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from agent_fakes import FakeSandbox

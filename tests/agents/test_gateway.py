@@ -11,10 +11,10 @@ import pytest
 
 from rolloutd.agents.gateway import Call, parse_tool_calls, stitch
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
-from rolloutd.agents.models import model_dir
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.types import AgentConfig, RolloutContext
+from rolloutd.agents.rollout import AgentConfig, RolloutContext
 
 from harbor_rollouts import task_sandbox  # tests/
 

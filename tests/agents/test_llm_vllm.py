@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
-from rolloutd.agents.models import model_dir
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 from engine_fixtures import log_mark, metric, wait_engine_took, wait_until

@@ -10,7 +10,7 @@ from rolloutd.agents.llm import BackendError, Generation, RequestRejected, Sampl
 from rolloutd.agents.loop import run_agent_loop
 from rolloutd.agents.model_build import build_tiny_tokenizer
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.types import AgentConfig, RolloutContext
+from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from agent_fakes import FakeSandbox, ScriptedLLM

@@ -6,9 +6,9 @@ import pytest
 
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.agents.loop import run_agent_loop
-from rolloutd.agents.models import model_dir
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.types import AgentConfig, RolloutContext
+from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec, get_runtime
 

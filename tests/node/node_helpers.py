@@ -23,7 +23,7 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def tiny_dir() -> Path:
-    from rolloutd.agents.models import is_ready, model_dir
+    from rolloutd.agents.model_dirs import is_ready, model_dir
 
     if not is_ready("tiny"):
         pytest.skip("the tiny model is not prepared (rolloutd serve-model --prepare-only -m tiny)")
@@ -44,7 +44,7 @@ def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> 
 
 
 def options(fake: FakeController, name: str = "node-a", **kw: Any):
-    from rolloutd.agents.node import NodeOptions
+    from rolloutd.agents.daemon.options import NodeOptions
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)

@@ -156,6 +156,8 @@ class FreshEvalTask(ScriptedTask):
     """Like the swe kind: EVAL takes `sandbox_factory` and scores in a FRESH sandbox (which it
     closes); rows with `skip_fresh` never ask for it (the daemon must close the pre-started one)."""
 
+    eval_sandbox: ClassVar[bool] = True
+
     def __init__(self) -> None:
         super().__init__()
         self.fresh: dict[str, dict] = {}

@@ -12,8 +12,8 @@ import pytest
 
 from fake_controller import FakeController
 from node_helpers import make_spec, options, sandbox_pids, until
-from rolloutd.agents.node import SAME_SIGNAL_SECONDS, NodeDaemon
-from rolloutd.agents.supervise import EXIT_REFUSED
+from rolloutd.agents.daemon.daemon import SAME_SIGNAL_SECONDS, NodeDaemon, Shutdown
+from rolloutd.agents.daemon.supervise import EXIT_REFUSED
 from rolloutd.crds.trajectory import Trajectory
 from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
 
@@ -26,7 +26,7 @@ def daemon(fake: FakeController, handler: ScriptedTask, llm=None, tokenizer=None
 def phases(d: NodeDaemon, phase: str) -> dict[str, float]:
     """attemptId → time it entered `phase` (first time)."""
     out: dict[str, float] = {}
-    for t, aid, p in d.transitions:
+    for t, aid, p in d.rollouts.transitions:
         if p == phase:
             out.setdefault(aid, t)
     return out
@@ -44,7 +44,7 @@ def max_concurrent(intervals: list[tuple[float, float]]) -> int:
 def intervals(d: NodeDaemon, start: str, ends: tuple[str, ...]) -> list[tuple[float, float]]:
     began: dict[str, float] = {}
     out = []
-    for t, aid, p in d.transitions:
+    for t, aid, p in d.rollouts.transitions:
         if p == start:
             began[aid] = t
         elif p in ends and aid in began:
@@ -266,7 +266,7 @@ def test_results_survive_503_and_a_lost_reply(controller, sandbox_dir):
     assert fake.receipts[aid] == 2          # the lost reply's copy, dropped as a duplicate
     assert fake.results_calls == 4
     assert d.stats["result_failures"] == 3 and d.stats["results_dropped"] == 1
-    assert not d._outbox
+    assert not d.outbox.pending
 
 
 def test_results_survive_the_controller_being_down(controller, sandbox_dir):
@@ -281,7 +281,7 @@ def test_results_survive_the_controller_being_down(controller, sandbox_dir):
         await asyncio.to_thread(fake.stop)               # the controller goes away
         handler.gate("go").set()
         await until(lambda: d.stats["result_failures"] >= 2, 20, "the daemon failing to deliver")
-        assert fake.accepted == {} and d._outbox
+        assert fake.accepted == {} and d.outbox.pending
         await asyncio.to_thread(fake.start)              # ... and comes back on the same port
         code = await asyncio.wait_for(run, 30)
         return d, code
@@ -322,22 +322,22 @@ def test_large_results_are_split_and_an_oversized_one_is_refused_alone(controlle
     assert huge.attempt_id in fake.accepted
     assert fake.batch_sizes[0][0] == 4                        # one batch of four: too large ...
     assert sorted(n for n, _ in fake.batch_sizes[1:]) == [1, 1, 1, 1, 1]   # ... one by one, + the stand-in
-    assert d.stats["results_refused"] == 1 and not d._outbox
+    assert d.stats["results_refused"] == 1 and not d.outbox.pending
 
 
 def test_result_batches_are_capped_by_bytes(controller):
-    from rolloutd.agents.node import NodeDaemon, _Outgoing
+    from rolloutd.agents.daemon.outbox import Outgoing
 
     d = NodeDaemon(options(controller(make_spec()), result_batch_bytes=1000, result_batch=3))
     def out(n: int, c: bytes = b"x"):
-        return _Outgoing(c * n, lease=None)
+        return Outgoing(c * n, lease=None)
 
-    d._outbox = {f"a{i}": out(300) for i in range(5)}
-    assert [aid for aid, _ in d._next_batch()] == ["a0", "a1", "a2"]          # count cap
+    d.outbox.pending = {f"a{i}": out(300) for i in range(5)}
+    assert [aid for aid, _ in d.outbox.next_batch()] == ["a0", "a1", "a2"]          # count cap
     d.opts.result_batch = 64
-    assert [aid for aid, _ in d._next_batch()] == ["a0", "a1", "a2"]          # bytes cap (3 × 301)
-    d._outbox = {"big": out(5000, b"y"), "z": out(1)}
-    assert [aid for aid, _ in d._next_batch()] == ["big"]                     # alone, even if over
+    assert [aid for aid, _ in d.outbox.next_batch()] == ["a0", "a1", "a2"]          # bytes cap (3 × 301)
+    d.outbox.pending = {"big": out(5000, b"y"), "z": out(1)}
+    assert [aid for aid, _ in d.outbox.next_batch()] == ["big"]                     # alone, even if over
 
 
 def test_fresh_eval_sandbox_started_as_run_ends(controller, sandbox_dir):
@@ -378,8 +378,8 @@ def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sa
         d = NodeDaemon(options(fake), handler=handler, sandbox_runtime=runtime)
         run = asyncio.create_task(d.run())
         await until(lambda: "first" in handler.ran, 30, "the first rollout in RUN")
-        await until(lambda: d._pool.idle == 2, 30, "the pool full")
-        warm = {sb.id for sb, _ in d._pool._idle}
+        await until(lambda: d.pipeline.pool.idle == 2, 30, "the pool full")
+        warm = {sb.id for sb, _ in d.pipeline.pool._idle}
         fake.add({"id": "a"}, {"id": "b"})     # leased now: both INITs find a warm sandbox
         await until(lambda: {"a", "b"} <= set(handler.ran), 30, "a and b in RUN")
         handler.gate("go").set()
@@ -389,7 +389,7 @@ def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sa
     assert code == 0 and len(fake.accepted) == 3
     used = {tid: ids["init"] for tid, ids in handler.sandbox_ids.items()}
     assert {used["a"], used["b"]} == warm and len(set(used.values())) == 3
-    assert d._pool.stats["warm"] >= 2 and d._pool.closed
+    assert d.pipeline.pool.stats["warm"] >= 2 and d.pipeline.pool.closed
     for chain in handler.chains.values():   # each rollout kept its one sandbox through every stage
         assert chain["init"] == chain["run"] == chain["eval"]
     made = {sb.id: sb for sb in runtime.made}
@@ -414,14 +414,14 @@ def test_repin_unknown_and_drain(controller, sandbox_dir):
         await until(lambda: "p1" in handler.sandboxes, 30, "p1 in INIT")
         p1 = fake.lease_of("p1").attempt_id
         fake.repins[p1] = other
-        await until(lambda: d._rollouts[p1].backend == other, 10, "the repin applied")
+        await until(lambda: d.rollouts.live[p1].backend == other, 10, "the repin applied")
         handler.gate("i").set()
         await until(lambda: "p2" in handler.ran, 30, "p2 in RUN")
         p2 = fake.lease_of("p2").attempt_id
         sandbox = handler.sandboxes["p2"]
         fake.forget(p2)           # its lease expired on the controller: the next beat says unknown
         fake.drain = True         # ... and, in the same reply, drain
-        await until(lambda: p2 not in d._rollouts, 10, "p2 dropped")
+        await until(lambda: p2 not in d.rollouts.live, 10, "p2 dropped")
         await until(lambda: not sandbox.root.exists(), 10, "p2's sandbox closed")
         handler.gate("g").set()
         return d, await asyncio.wait_for(run, 30), p2
@@ -468,11 +468,25 @@ def test_the_same_sigterm_twice_is_one_stop_a_later_one_skips_the_grace(controll
     """Under Slurm with a supervisor the daemon gets one SIGTERM twice within a moment (directly and
     forwarded): still a graceful drain. A second SIGTERM a second or more later means hurry."""
     d = daemon(controller(make_spec()), ScriptedTask())
-    d._events()  # what run() sets up first
     d.request_stop("SIGTERM")
     d.request_stop("SIGTERM")
-    assert d._stopping and not d._hard_stop
+    assert d.state is Shutdown.STOPPING
     d._stop_requested_at -= SAME_SIGNAL_SECONDS  # as if the second one came a second later
     d.request_stop("SIGTERM")
-    assert d._hard_stop
+    assert d.state is Shutdown.HURRY
 
+
+
+def test_the_shutdown_state_only_moves_up(controller):
+    """One state instead of six flags: a weaker reason to leave never undoes a stronger one (a drain
+    after "no more work", a lost controller after SIGTERM: the SIGTERM's graceful drain goes on)."""
+    d = daemon(controller(make_spec()), ScriptedTask())
+    assert d.state is Shutdown.RUNNING
+    d._start_drain("the controller asked")
+    assert d.state is Shutdown.DRAINING and d.reason == "drained"
+    d._reach(Shutdown.DONE, "the job is done")
+    d._start_drain("asked again")
+    assert d.state is Shutdown.DONE and d.reason == "the job is done"
+    d.request_stop("SIGTERM")
+    d._lost("heartbeat: HTTP 404")
+    assert d.state is Shutdown.STOPPING and d.reason == "SIGTERM"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node_helpers import BASE_SPEC, options
-from rolloutd.agents.node import NodeDaemon
+from rolloutd.agents.daemon.daemon import NodeDaemon
 from rolloutd.agents.tasks.harbor import HarborTask
 from rolloutd.crds.trajectory import Trajectory
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rolloutd.agents.node import NodeError, NodeOptions
+from rolloutd.agents.daemon.options import NodeError, NodeOptions
 
 
 def test_options_from_env_and_flags():

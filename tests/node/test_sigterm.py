@@ -103,7 +103,8 @@ def test_a_sigterm_that_arrives_as_the_daemon_exits_does_not_kill_it(controller)
     fake.register_conflict = 'rolloutjobs "demo" is Cancelling; it takes no more nodes'
     script = (
         "import asyncio, os, signal, sys\n"
-        "from rolloutd.agents.node import NodeDaemon, NodeOptions\n"
+        "from rolloutd.agents.daemon.daemon import NodeDaemon\n"
+        "from rolloutd.agents.daemon.options import NodeOptions\n"
         f"opts = NodeOptions(controller={fake.url!r}, job={fake.job!r}, token={TOKEN!r}, name='late')\n"
         "code = asyncio.run(NodeDaemon(opts, install_signals=True).run())\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"

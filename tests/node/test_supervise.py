@@ -1,4 +1,4 @@
-"""The node daemon's supervisor (agents/supervise.py) with real child processes: a crash is restarted,
+"""The node daemon's supervisor (agents/daemon/supervise.py) with real child processes: a crash is restarted,
 exit 0 and refusals are final, too many crashes give up, SIGTERM reaches the daemon and stops the
 restarts."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.agents.supervise import EXIT_REFUSED, supervise
+from rolloutd.agents.daemon.supervise import EXIT_REFUSED, supervise
 from waiting import wait_until
 
 
@@ -65,7 +65,7 @@ def test_sigterm_reaches_the_daemon_and_stops_the_restarts(tmp_path, to_whom):
     code, and nothing is restarted after it, even when that code is not 0."""
     (tmp_path / "c.py").write_text(textwrap.dedent(f"""
         import os, signal, sys, time
-        from rolloutd.agents.supervise import supervise
+        from rolloutd.agents.daemon.supervise import supervise
         sys.exit(supervise({child(tmp_path, '''
             got = []
             signal.signal(signal.SIGTERM, lambda *a: got.append(1))

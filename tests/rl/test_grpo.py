@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from rolloutd.agents.engine import EngineEnv
-from rolloutd.agents.models import model_dir
+from rolloutd.agents.model_dirs import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "e2e" / "plugins"

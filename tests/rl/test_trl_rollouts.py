@@ -139,10 +139,10 @@ def test_a_real_multi_turn_bash_rollout_becomes_one_trl_row(tiny_engine, monkeyp
 
     import rolloutd.agents.loop as loop_mod
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
-    from rolloutd.agents.models import model_dir
+    from rolloutd.agents.model_dirs import model_dir
     from rolloutd.agents.tokenizer import ChatTokenizer
     from rolloutd.agents.tools import ToolCall
-    from rolloutd.agents.types import AgentConfig, RolloutContext
+    from rolloutd.agents.rollout import AgentConfig, RolloutContext
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
     reason = get_runtime("bwrap").available()

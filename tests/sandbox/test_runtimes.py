@@ -29,7 +29,8 @@ def test_unknown_runtime():
 def test_spec_defaults_are_safe_and_job_fields_map():
     spec = SandboxSpec()
     assert (spec.runtime, spec.image, spec.network) == ("bwrap", "host", False)
-    mapped = SandboxSpec.from_limits(runtime="bwrap", limits={"memoryMB": 512, "processes": 32, "wallSeconds": 60})
+    mapped = SandboxSpec.model_validate({"runtime": "bwrap", "limits": {"memoryMB": 512, "processes": 32,
+                                                                         "wallSeconds": 60}})
     assert (mapped.limits.memory_mb, mapped.limits.processes, mapped.limits.wall_seconds) == (512, 32, 60)
     with pytest.raises(ValueError):
         SandboxSpec(mounts=[{"host_path": "relative/path"}])
@@ -312,15 +313,15 @@ def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, ru
 def test_a_jobs_sandbox_mounts_become_the_sandbox_spec_and_secrets_are_refused_at_apply_time():
     from rolloutd.crds.rolloutjob import SandboxSpec as JobSandbox
 
-    job = JobSandbox.model_validate({"mounts": [{"hostPath": "/srv/data", "path": "/data"}, {"hostPath": "/opt/x",
-                                                                                          "readOnly": False}]})
-    spec = SandboxSpec.from_limits(mounts=[m.model_dump() for m in job.mounts])  # what the node daemon does
+    assert JobSandbox is SandboxSpec  # one SandboxSpec: the node daemon hands the job's spec.sandbox to the runtime
+    spec = JobSandbox.model_validate({"mounts": [{"hostPath": "/srv/data", "path": "/data"}, {"hostPath": "/opt/x",
+                                                                                           "readOnly": False}]})
     assert [(m.host_path, m.inside, m.read_only) for m in spec.mounts] == [("/srv/data", "/data", True),
                                                                           ("/opt/x", "/opt/x", False)]
     for bad in ({"hostPath": "/etc/munge/munge.key"}, {"hostPath": "data"}, {"hostPath": "/srv/../etc/shadow"},
                 {"hostPath": "/srv/data", "path": "/.rolloutd/x"}):
         with pytest.raises(ValueError):
-            JobSandbox.model_validate({"mounts": [bad]})
+            SandboxSpec.model_validate({"mounts": [bad]})
 
 
 def test_no_seccomp_filter_means_no_sandbox(run, tmp_path, monkeypatch):

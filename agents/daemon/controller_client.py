@@ -1,12 +1,9 @@
-"""The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`).
+"""The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`): six POSTs, one error.
 
-Where it sits: `rolloutd.agents.node.NodeDaemon` calls these six POSTs; the controller side is
-`rolloutd.controller.nodeapi`. Every call carries the join token as `Authorization: Bearer`.
-Bodies are the wire (camelCase) forms of the `crds.node` models, replies are validated with them.
-
-Errors: every failure is a `ControllerError`; `retryable` tells a controller that is briefly away
-(connection refused or reset, timeout, 5xx, 429) from one that refuses the request (other 4xx).
-The caller decides how long to retry (see `aiokit.Backoff`).
+Callers: daemon.py (register, deregister), lease.py, heartbeat.py, outbox.py; the server side is the controller's
+node routes. Every call carries the join token as `Authorization: Bearer`; bodies and replies are the `crds.node`
+models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
+refusal (other 4xx); callers retry with `aiokit.Backoff`.
 """
 from __future__ import annotations
 

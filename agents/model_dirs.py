@@ -63,8 +63,8 @@ def prepare_model(name: str, engine: EngineEnv | None = None) -> Path:
         script = Path(__file__).with_name("model_build.py")
         with open(log, "w") as fh:
             proc = subprocess.run(
-                # -I: the script's folder (agents/, whose types.py would shadow the stdlib's) is
-                # not put on sys.path, nor user site-packages
+                # -I: neither the script's folder (agents/: its modules must not shadow the
+                # engine venv's) nor user site-packages go on sys.path
                 [str(engine.python), "-I", str(script), name, str(tmp)],
                 stdout=fh, stderr=subprocess.STDOUT,
                 env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",

@@ -1,21 +1,9 @@
-"""Keep one node daemon running on a node for the life of an allocation: restart it when it crashes.
+"""Keep one node daemon running for the life of an allocation: restart it, after a back-off, when it crashes.
 
-Where it sits: `rolloutd node --restarts N` (agents/cli.py) runs this instead of the daemon; the
-Slurm executor's batch script uses it, so a daemon killed by the OOM killer, a segfault or a bug
-does not leave its node idle until the allocation ends. The daemon runs as a child process with
-the same command line minus `--restarts`.
-
-Exit codes of the daemon decide: 0 (job done, drained, no more nodes wanted) and `EXIT_REFUSED` (the
-controller refused it or its configuration is wrong: a restart cannot help) end the supervisor with
-that code; anything else (an exception, a signal, "the controller no longer knows this node") is a
-crash and the daemon is started again after a back-off, at most `restarts` times within `window`
-seconds. Once SIGTERM or SIGINT arrived nothing is restarted and the supervisor exits with the
-daemon's code.
-
-SIGTERM and SIGINT are forwarded to the daemon: whoever signals only the supervisor still stops the
-daemon. Under Slurm (which signals every process of a step) the daemon then sees the signal twice
-within a moment and ignores the copy (`NodeDaemon.request_stop`); a second signal a second or more
-later still means "skip the grace period".
+`rolloutd node --restarts N` (agents/cli.py; the Slurm batch script uses it) runs this; the child runs daemon.py.
+Exit 0 and `EXIT_REFUSED` (refused or misconfigured: a restart cannot help) are final; any other exit is a crash,
+restarted at most `restarts` times within `window` seconds. SIGTERM/SIGINT are forwarded to the daemon and end
+the supervision (under Slurm the daemon also gets the signal itself and ignores the copy: `request_stop`).
 """
 from __future__ import annotations
 
@@ -24,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from ..aiokit import backoff_delay
 
 EXIT_REFUSED = 2
 
@@ -42,7 +32,7 @@ def supervise(argv: list[str], restarts: int, window: float = 600.0, backoff: fl
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     crashes: collections.deque[float] = collections.deque()
-    delay = backoff
+    streak = 0  # crashes since the daemon last ran for a whole window: the back-off grows with it
     while True:
         started = time.monotonic()
         child = subprocess.Popen(argv)
@@ -59,7 +49,9 @@ def supervise(argv: list[str], restarts: int, window: float = 600.0, backoff: fl
                  "giving up")
             return code
         if now - started > window:
-            delay = backoff  # it had been running fine for a while: start again at once-ish
+            streak = 0  # it had been running fine for a while: start again at once-ish
+        streak += 1
+        delay = backoff_delay(streak, initial=backoff, maximum=max_backoff)
         _say(f"the node daemon exited with {_describe(rc)}; starting it again in {delay:g}s "
              f"({len(crashes)} of {restarts} restarts within {window:g}s)")
         deadline = time.monotonic() + delay
@@ -67,7 +59,6 @@ def supervise(argv: list[str], restarts: int, window: float = 600.0, backoff: fl
             time.sleep(0.05)
         if stopping:
             return code
-        delay = min(delay * 2, max_backoff)
 
 
 def _describe(rc: int) -> str:

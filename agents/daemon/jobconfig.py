@@ -1,0 +1,107 @@
+"""The job's spec read once for the node: `JobConfig` (handler, AgentConfig, SandboxSpec, pools) and a rollout's identity.
+
+`daemon.NodeDaemon` builds it after registering; `pipeline.Pipeline` runs every rollout with it, and every
+trajectory the node reports (scored, failed or a stand-in, see outbox.py) is stamped by `JobConfig.stamp`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rolloutd.crds.node import Lease
+from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+from rolloutd.sandbox import SandboxSpec
+
+from ..llm import SamplingParams
+from ..rollout import AgentConfig, RolloutContext
+from ..tasks.base import TaskHandler, get_handler
+from .options import NodeError
+
+SANDBOX_TOOLS = frozenset({"bash", "ipython", "editor"})
+
+
+def load_spec(wire: dict) -> RolloutJobSpec:
+    """The registration's job spec, validated; a spec this version cannot read is a `NodeError`."""
+    try:
+        return RolloutJobSpec.model_validate(wire)
+    except Exception as e:  # noqa: BLE001 - a spec this version cannot read
+        raise NodeError(f"the job's spec is not valid for this node: {e}") from None
+
+
+def sampling_params(s: SamplingSpec) -> SamplingParams:
+    """The spec's sampling as the LLM client's; only the per-turn limit changes its name."""
+    fields = s.model_dump(exclude={"max_tokens_per_turn", "max_total_tokens"})
+    return SamplingParams(**fields, max_tokens=s.max_tokens_per_turn)
+
+
+@dataclass
+class JobConfig:
+    """What every rollout of this job on this node shares, derived from the spec once."""
+
+    job: str
+    node: str
+    spec: RolloutJobSpec
+    handler: TaskHandler
+    agent: AgentConfig
+    sandbox: SandboxSpec
+    needs_sandbox: bool   # the handler or one of the agent's tools needs one
+    eval_sandbox: bool    # EVAL scores in a fresh sandbox (`TaskHandler.eval_sandbox`)
+    warm: int             # sandboxes the warm pool keeps started
+
+    @classmethod
+    def build(cls, spec: RolloutJobSpec, *, job: str, node: str, handler: TaskHandler | None = None) -> "JobConfig":
+        try:
+            handler = handler if handler is not None else get_handler(spec.tasks.kind)
+        except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
+            raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
+        tools = list(spec.agent.tools)
+        needs_sandbox = bool(handler.needs_sandbox or SANDBOX_TOOLS & set(tools))
+        sandbox = spec.sandbox  # the job's own spec.sandbox is what the runtimes take (one SandboxSpec)
+        s, t = spec.agent.sampling, spec.timeouts
+        agent = AgentConfig(
+            max_turns=spec.agent.max_turns, max_tokens_per_turn=s.max_tokens_per_turn,
+            max_total_tokens=s.max_total_tokens, tools=tools, sampling=sampling_params(s),
+            action_timeout=t.action_seconds, drift_check=spec.agent.drift_check, run_timeout=t.run_seconds,
+            agent_kind=spec.agent.kind, agent_command=spec.agent.command,
+        )
+        # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
+        warm = 0 if handler.sandbox_spec is not None else spec.sandbox.warm
+        return cls(job=job, node=node, spec=spec, handler=handler, agent=agent, sandbox=sandbox,
+                   needs_sandbox=needs_sandbox, eval_sandbox=needs_sandbox and handler.eval_sandbox, warm=warm)
+
+    def default_backend(self) -> str | None:
+        """The backend of a lease that names none: the job's first."""
+        return self.spec.llm.backends[0].url if self.spec.llm.backends else None
+
+    def task_id(self, task: dict) -> str | None:
+        try:
+            return self.handler.task_id(task)
+        except Exception:  # noqa: BLE001 - a task without the id field
+            return None
+
+    # ------------------------------------------------------------------ a rollout's identity
+    def context(self, lease: Lease, backend: str | None) -> RolloutContext:
+        """Which rollout this is, as the agent loop copies it into the trajectory."""
+        return RolloutContext(job=self.job, prompt=lease.prompt, sample=lease.sample, task_id=self.task_id(lease.task),
+                              node=self.node, policy_version=lease.policy_version, backend=backend,
+                              attempt=lease.attempt)
+
+    def blank(self, lease: Lease) -> Trajectory:
+        """A trajectory with nothing in it yet (a failure before or instead of RUN's)."""
+        return Trajectory(job=self.job, prompt=lease.prompt, sample=lease.sample)
+
+    def stamp(self, t: Trajectory, lease: Lease, backend: str | None) -> Trajectory:
+        """Fill what the node knows better than the handler: which job, prompt, sample, attempt, node, backend."""
+        t.job, t.prompt, t.sample, t.attempt = self.job, lease.prompt, lease.sample, lease.attempt
+        t.node, t.backend, t.policy_version = self.node, backend, lease.policy_version
+        if t.task_id is None:
+            t.task_id = self.task_id(lease.task)
+        return t
+
+    def stand_in(self, lease: Lease, reason: str) -> Trajectory:
+        """An infrastructure failure reported instead of a result the controller refused (see outbox.py)."""
+        t = self.stamp(self.blank(lease), lease, lease.backend)
+        t.finish_reason = "error"
+        t.failure = Failure(kind=FailureKind.infra, reason=reason[:2000])
+        return t

@@ -1,0 +1,307 @@
+"""One rollout's way through the node: INIT (sandbox, task files) → RUN (agent loop) → EVAL (reward), then report.
+
+Each stage waits for a slot in its own pool (`asyncio.Semaphore`, `spec.pipeline.workersPerNode`), so a slow EVAL
+never stops RUN; `Pipeline._stage` is the one place a stage is stamped, timed, bounded and its failure classed.
+The result goes to `outbox.Outbox`; the sandbox made in INIT serves RUN and EVAL and is closed when the rollout ends.
+
+Failure classes: INIT failing or timing out, a RUN trajectory marked `infra`, a handler crashing, EVAL raising or
+timing out → `failure.kind = infra`, `reward = None` (the controller retries or excludes it). `ConfigError` from
+INIT or RUN, or a trajectory marked `config`, skips EVAL and is reported unscored as `config` (the job fails).
+Agent failures go through EVAL and get a reward.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
+from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
+
+from ..llm import LLMBackend, VLLMBackend
+from ..tasks.base import ConfigError, EvalError
+from .jobconfig import JobConfig
+from .llmgate import PolicyGate, TrackedLLM
+from .outbox import Outbox
+from .rollouts import Phase, Rollout, Rollouts
+
+
+class _Infra(Exception):
+    """An infrastructure problem found by the node itself (reported as `infra`)."""
+
+
+class _StageFailed(Exception):
+    """A stage failed for a reason that is not the policy's (reported as `infra` with `reason`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _describe(phase: Phase, e: Exception) -> str:
+    """The failure reason of a stage that raised `e` (the words trajectories have always carried)."""
+    name = phase.name
+    if isinstance(e, _Infra):
+        return f"{name}: {e}"
+    if phase is Phase.INIT and isinstance(e, SandboxError):
+        return f"INIT: sandbox: {type(e).__name__}: {e}"
+    if phase is Phase.EVAL and not isinstance(e, (EvalError, SandboxError)):
+        return f"EVAL crashed: {type(e).__name__}: {e}"   # the evaluator itself: never reward 0
+    return f"{name}: {type(e).__name__}: {e}"
+
+
+class Pipeline:
+    """Runs the rollouts of one job on this node (`run(rollout)` is each rollout's task).
+
+    Seams: `llm_factory(url) -> LLMBackend` (default `VLLMBackend`), `runtime` (a `SandboxRuntime`, default the
+    spec's), `tokenizer` (set by the daemon once loaded)."""
+
+    def __init__(self, config: JobConfig, rollouts: Rollouts, outbox: Outbox, gate: PolicyGate, *,
+                 log: logging.LoggerAdapter, stats: collections.Counter[str],
+                 llm_factory: Callable[[str], LLMBackend] | None = None, runtime: Any = None,
+                 tokenizer: Any = None) -> None:
+        self.config, self.rollouts, self.outbox, self.gate = config, rollouts, outbox, gate
+        self.log, self.stats = log, stats
+        self.tokenizer = tokenizer
+        self.runtime = runtime
+        self.pool: WarmPool | None = None   # sandboxes started ahead of need (spec.sandbox.warm)
+        self._llm_factory = llm_factory
+        self._llms: dict[str, LLMBackend] = {}
+        w = config.spec.pipeline.workers_per_node
+        self.workers = {Phase.INIT: w.init, Phase.RUN: w.run, Phase.EVAL: w.eval}
+        self._pools = {phase: asyncio.Semaphore(n) for phase, n in self.workers.items()}
+
+    def start(self) -> None:
+        """Start the warm pool (last in the set-up: nothing after it can fail and leave it running)."""
+        if self.config.needs_sandbox:
+            if self.runtime is None:
+                self.runtime = get_runtime(self.config.spec.sandbox.runtime)
+            self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm)
+            self.pool.start()
+
+    async def aclose(self) -> None:
+        """Every way out of the daemon: no warm sandbox left, LLM clients closed."""
+        if self.pool is not None:
+            await self.pool.close()
+        for llm in self._llms.values():
+            aclose = getattr(llm, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:  # noqa: BLE001 - closing at exit: nothing left to do about it
+                    pass
+
+    def room(self) -> int:
+        return self.rollouts.room(self.workers[Phase.INIT], self.workers[Phase.RUN])
+
+    def report(self, r: Rollout, t: Trajectory) -> None:
+        r.reported = True
+        self.outbox.submit(r.aid, r.lease, t)
+
+    # ------------------------------------------------------------------ one rollout
+    async def run(self, r: Rollout) -> None:
+        try:
+            trajectory = await self._stages(r)
+            if not r.silent:
+                self.report(r, trajectory)
+        except asyncio.CancelledError:
+            self.stats["cancelled"] += 1
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug here must not take the node down
+            self.log.exception("rollout %s: internal error", r.aid)
+            if not r.silent:
+                self.report(r, self.infra(r, None, f"node: internal error: {type(e).__name__}: {e}"))
+        finally:
+            r.closing = True
+            try:
+                await self._close(r)
+            finally:  # even when cancelled again while closing
+                self.rollouts.remove(r)
+
+    async def _stages(self, r: Rollout) -> Trajectory:
+        timeouts = self.config.spec.timeouts
+        # the loop enforces runSeconds; the stage's bound only stops a handler that ignores it
+        backstop = timeouts.run_seconds + max(30.0, timeouts.run_seconds * 0.1)
+        try:
+            await self._stage(r, Phase.INIT, lambda: self._init(r), r.leased_at, timeouts.init_seconds)
+            self.rollouts.set_phase(r, Phase.WAIT_RUN)   # repins apply until RUN starts
+            trajectory = await self._stage(r, Phase.RUN, lambda: self._run(r), time.monotonic(),
+                                           timeouts.run_seconds, bound=backstop, leave=lambda: self._left_run(r))
+        except ConfigError as e:
+            return self.config_failure(r, None, str(e))
+        except _StageFailed as f:
+            self.log.warning("rollout %s: %s", r.aid, f.reason)
+            return self.infra(r, None, f.reason)
+        if trajectory.failure.kind == FailureKind.infra:
+            self.log.warning("rollout %s: RUN: %s", r.aid, trajectory.failure.reason)
+            return self.infra(r, trajectory, trajectory.failure.reason or "RUN: infrastructure failure")
+        if trajectory.failure.kind == FailureKind.config:  # not the policy's doing: nothing to score
+            return self.config_failure(r, trajectory, trajectory.failure.reason)
+
+        # EVAL scores agent failures too: a legitimate reward
+        if self.config.eval_sandbox and not self._pools[Phase.EVAL].locked():
+            r.eval_sandbox = self._start_sandbox()
+        try:
+            value, details = await self._stage(r, Phase.EVAL, lambda: self._eval(r, trajectory), time.monotonic(),
+                                               timeouts.eval_seconds)
+        except _StageFailed as f:
+            self.log.warning("rollout %s: %s", r.aid, f.reason)
+            return self.infra(r, trajectory, f.reason)
+        trajectory.reward = value
+        trajectory.reward_details = {**trajectory.reward_details, **details}
+        return self.finish(r, trajectory)
+
+    async def _stage(self, r: Rollout, phase: Phase, work: Callable[[], Awaitable[Any]], since: float,
+                     seconds: float, *, bound: float | None = None, leave: Callable[[], None] | None = None) -> Any:
+        """Run `work()` as `phase` of `r` in the phase's pool: stamped, timed, bounded by `bound` (default
+        `seconds`). A failure raises `_StageFailed`; `ConfigError` from INIT or RUN passes through.
+        `leave()` runs as the stage ends, however it ends, while the slot is still held."""
+        async with self._pools[phase]:
+            self.rollouts.set_phase(r, phase)
+            r.stamps[phase.value] = time.time()
+            t0 = time.monotonic()
+            r.waits[phase.value] = t0 - since
+            try:
+                async with asyncio.timeout(bound if bound is not None else seconds):
+                    return await work()
+            except TimeoutError:
+                raise _StageFailed(f"{phase.name} exceeded {seconds:g}s") from None
+            except Exception as e:  # noqa: BLE001 - classed by _describe: never the policy's fault
+                if isinstance(e, ConfigError) and phase is not Phase.EVAL:
+                    raise
+                raise _StageFailed(_describe(phase, e)) from None
+            finally:
+                r.timings[phase.value] = time.monotonic() - t0
+                if leave is not None:
+                    leave()
+
+    def _left_run(self, r: Rollout) -> None:
+        self.rollouts.left(r)                 # the controller releases the backend slot
+        self.rollouts.set_phase(r, Phase.WAIT_EVAL)
+
+    async def _init(self, r: Rollout) -> None:
+        handler = self.config.handler
+        if self.config.needs_sandbox:
+            if handler.sandbox_spec is not None:  # e.g. harbor: the task's own image
+                spec = await handler.sandbox_spec(r.lease.task, self.config.sandbox)
+                r.sandbox = await self._create_sandbox(lambda: self.runtime.create(spec))
+            else:
+                r.sandbox = await self._create_sandbox()
+        await handler.init(r.lease.task, r.sandbox)
+
+    async def _run(self, r: Rollout) -> Trajectory:
+        cfg = self.config
+        if r.backend is None and cfg.spec.llm.tokenizer is not None:
+            raise _Infra("no LLM backend is pinned to this task and the job lists none")
+        r.llm = TrackedLLM(self._llm(r.backend), self.gate) if r.backend is not None else None
+        trajectory = await cfg.handler.run(r.lease.task, r.sandbox, r.llm, tokenizer=self.tokenizer,
+                                           config=cfg.agent, ctx=cfg.context(r.lease, r.backend))
+        if not isinstance(trajectory, Trajectory):
+            raise _Infra(f"the handler's run returned {type(trajectory).__name__}, not a Trajectory")
+        return trajectory
+
+    async def _eval(self, r: Rollout, trajectory: Trajectory) -> tuple[float, dict]:
+        kwargs: dict[str, Any] = {}
+        if r.eval_sandbox is not None:   # started as RUN ended (`TaskHandler.eval_sandbox`)
+            pre = r.eval_sandbox
+
+            async def fresh() -> Any:
+                return await asyncio.shield(pre)  # closed in _close if EVAL is cut short
+
+            kwargs["sandbox_factory"] = fresh
+        reward = await self.config.handler.eval(r.lease.task, r.sandbox, trajectory, **kwargs)
+        value = float(reward.value if hasattr(reward, "value") else reward)
+        if not math.isfinite(value):
+            raise EvalError(f"EVAL returned a non-finite reward {value!r}")
+        return value, dict(getattr(reward, "details", None) or {})
+
+    def _llm(self, url: str) -> LLMBackend:
+        llm = self._llms.get(url)
+        if llm is None:
+            llm = self._llm_factory(url) if self._llm_factory else VLLMBackend(url, model=self.config.spec.llm.model)
+            self._llms[url] = llm
+        return llm
+
+    # ------------------------------------------------------------------ sandboxes
+    def _start_sandbox(self) -> asyncio.Task:
+        """A sandbox for one rollout: from the warm pool (a fresh, already-started one), or created cold."""
+        return self.rollouts.spawn(self.pool.acquire())
+
+    async def _create_sandbox(self, create: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        """A new sandbox (`create()`, default the warm pool). Its start-up is never cancelled half-way
+        (rolloutd.sandbox would leave its directory behind): if cancelled meanwhile, it is closed once up."""
+        task = self.rollouts.spawn(create()) if create is not None else self._start_sandbox()
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self.rollouts.spawn(close_pending(task))
+            raise
+
+    async def _close(self, r: Rollout) -> None:
+        """Close the rollout's sandboxes; survives a second cancel (the close runs in its own task)."""
+        closers = []
+        if r.sandbox is not None:
+            closers.append(r.sandbox.close())
+        if r.eval_sandbox is not None:
+            closers.append(close_pending(r.eval_sandbox))
+        if not closers:
+            return
+        task = self.rollouts.spawn(asyncio.gather(*closers, return_exceptions=True))
+        try:
+            results = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task], timeout=30)
+            raise
+        for res in results:
+            if isinstance(res, BaseException):
+                self.log.warning("rollout %s: closing a sandbox: %r", r.aid, res)
+
+    # ------------------------------------------------------------------ what is reported
+    def finish(self, r: Rollout, t: Trajectory) -> Trajectory:
+        """Fill what the node knows better than the handler: identity, backend, policy versions, timings."""
+        lease = r.lease
+        self.config.stamp(t, lease, r.backend)
+        if r.llm is not None and r.llm.versions:  # the versions that actually generated each turn
+            t.policy_versions = [v for v in r.llm.versions if v is not None]
+            t.policy_version = r.llm.versions[0] if r.llm.versions[0] is not None else lease.policy_version
+        t.timings = Timings(queue=lease.queued_seconds, init=r.timings.get("init", 0.0),
+                            run=r.timings.get("run", 0.0), eval=r.timings.get("eval", 0.0),
+                            stamps={**r.stamps, "end": time.time()})
+        t.metrics = {**t.metrics, **{f"node_wait_{k}_seconds": round(v, 6) for k, v in r.waits.items()}}
+        return t
+
+    def infra(self, r: Rollout, t: Trajectory | None, reason: str) -> Trajectory:
+        """An infrastructure failure: reported, never a reward."""
+        self.stats["infra"] += 1
+        return self._failed(r, t, FailureKind.infra, reason)
+
+    def config_failure(self, r: Rollout, t: Trajectory | None, reason: str) -> Trajectory:
+        """The job's configuration made the rollout impossible: reported unscored (the controller
+        fails the job with `reason`, which names the spec field)."""
+        self.stats["config"] += 1
+        self.log.error("rollout %s: configuration: %s", r.aid, reason)
+        return self._failed(r, t, FailureKind.config, reason)
+
+    def _failed(self, r: Rollout, t: Trajectory | None, kind: FailureKind, reason: str) -> Trajectory:
+        t = t if t is not None else self.config.blank(r.lease)
+        t.reward = None
+        t.failure = Failure(kind=kind, reason=reason[:2000])
+        t.finish_reason = t.finish_reason or "error"
+        return self.finish(r, t)
+
+
+async def close_pending(task: asyncio.Task) -> None:
+    """Close a sandbox that is being (or was) created in the background, once it is up."""
+    try:
+        sandbox = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():  # we were cancelled, not the creation: let it finish elsewhere
+            asyncio.get_running_loop().create_task(close_pending(task))
+        raise
+    except Exception:  # noqa: BLE001 - creation failed: nothing to close
+        return
+    await sandbox.close()
