@@ -85,7 +85,8 @@ def serve_model(
     ),
 ) -> None:
     """Install the vLLM engine (once), prepare the model, serve it until SIGINT/SIGTERM."""
-    from .engine import EngineEnv, EngineError, EngineServer
+    from .engine import EngineServer
+    from .engine_venv import EngineEnv, EngineError
     from .model_dirs import prepare_model
 
     names = model or ["smollm2"]

@@ -16,16 +16,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .engine import EngineEnv, EngineError, file_lock, rolloutd_home
+from rolloutd.crds.paths import models_dir
+
+from .engine_venv import EngineEnv, EngineError, file_lock
 
 BUILT_MODELS = ("smollm2", "tiny")
 # Bump a model's version to rebuild it everywhere.
 MODEL_VERSIONS = {"smollm2": "1", "tiny": "1"}
 READY = ".rolloutd-ready"
-
-
-def models_dir(home: Path | None = None) -> Path:
-    return (home or rolloutd_home()) / "models"
 
 
 def model_dir(name: str, home: Path | None = None) -> Path:

@@ -63,7 +63,7 @@ def backend_allow_nets() -> list:
 def tokenizer_roots() -> list[str]:
     """Directories an absolute `llm.tokenizer` may be under: `$ROLLOUTD_TOKENIZER_ROOTS` (os.pathsep-
     separated) added to rolloutd's models dir (`$ROLLOUTD_HOME/models`) and the Hugging Face cache."""
-    from rolloutd.agents.model_dirs import models_dir
+    from rolloutd.crds.paths import models_dir
 
     hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     extra = [p for p in os.environ.get("ROLLOUTD_TOKENIZER_ROOTS", "").split(os.pathsep) if p.strip()]

@@ -6,7 +6,6 @@ the API (`rolloutd.controller.api`), the reconciler, the CLI and the CRD generat
 """
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
@@ -15,32 +14,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
 from .mounts import check_mount_paths
+from .executor import ExecutorSpec
+from .k8s_names import valid_label_key, valid_label_value, validate_name
 from .names import GROUP, TERMINAL_PHASES, VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
-
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(infinite|UNLIMITED)$")
-
-
-def valid_label_key(key: str) -> bool:
-    return len(key) <= 253 and _LABEL_KEY.match(key) is not None
-
-
-def valid_label_value(value: str) -> bool:
-    return len(value) <= 63 and _LABEL_VALUE.match(value) is not None
-
-
-def validate_name(name: str) -> str:
-    if len(name) > 63 or not _DNS1123.match(name):
-        raise ValueError(
-            "must be a DNS-1123 label: at most 63 characters, lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit (e.g. 'math-demo')"
-        )
-    return name
-
 
 # ---------------------------------------------------------------- metadata
 
@@ -214,70 +192,6 @@ class SandboxSpec(Model):
                                     description="host paths a task needs (read-only unless readOnly: false)")
     warm: int = Field(default=2, ge=0, le=64,
                       description="sandboxes each node starts ahead of need (0: start one per rollout)")
-
-
-class SlurmSpec(Model):
-    partition: str | None = None
-    time_limit: str | None = Field(default=None, description="Slurm time limit, e.g. 01:00:00 or 2-00:00:00")
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    extra_args: list[str] = Field(default_factory=list, description="extra sbatch arguments")
-    setup: list[str] = Field(default_factory=list, description="shell lines run before the daemons (module load …)")
-
-    @field_validator("time_limit")
-    @classmethod
-    def _time(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_TIME.match(v):
-            raise ValueError("must be a Slurm time limit such as 30, 01:00:00 or 1-12:00:00")
-        return v
-
-
-_QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
-_DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-
-class PodResources(Model):
-    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: '2', memory: 8Gi}")
-    limits: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("requests", "limits")
-    @classmethod
-    def _quantities(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not valid_label_key(key):
-                raise ValueError(f"{key!r} is not a resource name")
-            if not re.match(_QUANTITY, value):
-                raise ValueError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 500m, 2, 8Gi)")
-        return v
-
-
-class KubernetesSpec(Model):
-    """The node daemons as one Indexed Job (a pod per node). Defaults come from the controller's
-    environment ($ROLLOUTD_K8S_NODE_IMAGE, $ROLLOUTD_K8S_NAMESPACE: the Helm chart sets both)."""
-
-    image: str | None = Field(default=None, min_length=1, description="node daemon image (default: the controller's)")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    namespace: str | None = Field(default=None, max_length=63, pattern=_DNS1123.pattern,
-                                  description="where the Job runs (default: the controller's executor namespace)")
-    service_account: str | None = Field(default=None, max_length=253, pattern=_DNS1123_SUBDOMAIN)
-    resources: PodResources = Field(default_factory=PodResources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    # bwrap builds each sandbox from user namespaces: an unprivileged daemon, and a pod whose seccomp and
-    # AppArmor profiles allow unshare/mount (RuntimeDefault forbids both) - see the README's Kubernetes section
-    run_as_user: int = Field(default=1000, ge=1, description="the daemon's uid (not root: bwrap then uses user "
-                             "namespaces)")
-    seccomp_profile: Literal["Unconfined", "RuntimeDefault"] = "Unconfined"
-    app_armor_profile: Literal["Unconfined", "RuntimeDefault"] = "Unconfined"
-    user_namespace: bool = Field(default=True, description="hostUsers: false + procMount: Unmasked, so bwrap can "
-                                 "mount a fresh /proc (Kubernetes >= 1.33)")
-
-
-class ExecutorSpec(Model):
-    kind: Literal["local", "slurm", "kubernetes"] = "local"
-    nodes: int = Field(default=1, ge=0, le=4096)
-    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
-    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
 
 
 class WorkersPerNode(Model):

@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, RegisterRequest,
                                 RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
-from rolloutd.crds.rolloutjob import _DNS1123, API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
+from rolloutd.crds.k8s_names import DNS1123_LABEL
+from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
 from .nodes import NODES as N
 from .trainer import JOBS as J, BatchRequest, PolicyRequest
@@ -37,7 +38,7 @@ STATUS = {
     },
 }
 OBJECT = {"type": "object"}
-NAME_PATTERN = _DNS1123.pattern  # what crds.rolloutjob.validate_name checks
+NAME_PATTERN = DNS1123_LABEL.pattern  # what crds.k8s_names.validate_name checks
 SSE_EVENT = {"type": "object", "description": "ADDED | MODIFIED | DELETED (data: the RolloutJob) or BOOKMARK",
              "properties": {"id": {"type": "string"}, "event": {"type": "string"}, "data": {"type": "string"}}}
 

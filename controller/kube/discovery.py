@@ -14,7 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from rolloutd.crds.crd import PLURAL
-from rolloutd.crds.rolloutjob import API_VERSION, GROUP, KIND, VERSION, validate_name
+from rolloutd.crds.k8s_names import validate_name
+from rolloutd.crds.names import GROUP, VERSION
+from rolloutd.crds.rolloutjob import API_VERSION, KIND
 
 from ..errors import NotFound
 from ..store import Store

@@ -300,7 +300,7 @@ def namespaced_router(store: Store) -> APIRouter:
 
 
 def _ns(namespace: str) -> str:
-    from rolloutd.crds.rolloutjob import validate_name
+    from rolloutd.crds.k8s_names import validate_name
     try:
         return validate_name(namespace)
     except ValueError as e:

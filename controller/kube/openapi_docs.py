@@ -17,7 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rolloutd.crds.crd import PLURAL, build_crd
-from rolloutd.crds.rolloutjob import API_VERSION, GROUP, KIND, VERSION, ObjectMeta
+from rolloutd.crds.names import GROUP, VERSION
+from rolloutd.crds.rolloutjob import API_VERSION, KIND, ObjectMeta
 
 GVK = {"group": GROUP, "version": VERSION, "kind": KIND}
 REF_NAME = f"io.rolloutd.{VERSION}.{KIND}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rolloutd.crds.rolloutjob import valid_label_key, valid_label_value
+from rolloutd.crds.k8s_names import valid_label_key, valid_label_value
 
 from ..errors import BadRequest
 

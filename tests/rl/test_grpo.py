@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rolloutd.agents.engine import EngineEnv
+from rolloutd.agents.engine_venv import EngineEnv
 from rolloutd.agents.model_dirs import model_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rolloutd.controller.executors.slurm.script import allocation_tag, batch_script, parse_tag, sbatch_argv
-from rolloutd.crds.rolloutjob import SlurmSpec
+from rolloutd.crds.executor import SlurmSpec
 
 GOLDEN_SCRIPT = """#!/bin/bash
 # rolloutd node daemons for RolloutJob "math" (uid u-1), written by the controller's slurm executor.

@@ -9,7 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
-from rolloutd.crds.rolloutjob import SlurmSpec
+from rolloutd.crds.executor import SlurmSpec
 
 from ..base import daemon_argv
 
