@@ -1,6 +1,6 @@
 """Small waiting kits shared by the node side and the controller: one back-off, one wait-with-timeout.
 
-Imports nothing of rolloutd (the controller may use it: see tests/test_structure.py once it exists).
+Imports nothing of rolloutd, so the controller may use it (tests/test_structure.py allows it).
 Callers: the node daemon's retries, the executors' restart and resubmit delays, the trainer clients.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a RolloutJob may point the cluster at: LLM backend URLs and the tokenizer path.
 
-Applied by the API to every created or applied job (`api.validate_job`) and to backends added
-while a job runs (`nodeapi`, `rolloutctl backends add|remove`). The lists are the controller's
+Applied by the API to every created or applied job (`kube/validate.py`) and to backends added
+while a job runs (`http/trainer.py`, `rolloutctl backends add|remove`). The lists are the controller's
 config (`config.backend_allow_nets`, `config.tokenizer_roots`, set from the environment).
 
 - backend URL: http/https with a host; a literal address must not be link-local (169.254/16 holds

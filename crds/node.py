@@ -1,7 +1,7 @@
 """Wire models of the node-daemon protocol (controller ⇄ `rolloutd node`).
 
-The daemon (`rolloutd.agents.node`) *pulls* work; the controller (`rolloutd.controller.nodeapi`
-+ `scheduler`) owns every decision. All calls are POSTs under
+The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.controller.http.nodes`
++ `controller/work/`) owns every decision. All calls are POSTs under
 `/apis/rolloutd.io/v1alpha1/nodes`, authenticated with the join token (`Authorization: Bearer`):
 
     POST /nodes/register                 RegisterRequest  → RegisterResponse

@@ -4,7 +4,7 @@
          | /{node}/results | /{node}/return | /{node}/deregister       (join token or admin token)
 
 Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. Wire models:
-`rolloutd.crds.node`; the daemon's side is `rolloutd.agents.nodeclient`.
+`rolloutd.crds.node`; the daemon's side is `rolloutd.agents.daemon.controller_client`.
 """
 from __future__ import annotations
 

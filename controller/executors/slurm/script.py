@@ -21,7 +21,7 @@ set -e
 {setup}
 exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 {daemon}
 """
-RESTARTS = 5  # a daemon that crashes is started again on its node (agents/supervise.py), this often per 10 min
+RESTARTS = 5  # a daemon that crashes is started again on its node (agents/daemon/supervise.py), this often per 10 min
 
 
 def allocation_tag(job: str, uid: str) -> str:
