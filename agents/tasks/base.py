@@ -19,6 +19,7 @@ configuration cannot work: fails the job, never a reward), `UnknownTaskKind`.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -167,6 +168,16 @@ class TaskHandler(ABC):
 
 
 # ---------------------------------------------------------------------- the answer seam
+def checked_exit(output: str, fallback: int, cannot_run: str) -> int:
+    """The exit status a test command printed as `exit=N` (else the shell's own); 126/127 — the command
+    could not be started in the sandbox — raise `EvalError` with `cannot_run` and the status, never reward 0."""
+    m = re.search(r"exit=(\d+)", output)
+    exit_code = int(m.group(1)) if m else fallback
+    if exit_code in (126, 127):
+        raise EvalError(f"{cannot_run} (exit {exit_code})")
+    return exit_code
+
+
 def stash_answer(trajectory: Trajectory, *, submitted: str | None, final_text: str | None) -> Trajectory:
     """Record the agent's answer where EVAL finds it (see the module docstring)."""
     details = dict(trajectory.reward_details)

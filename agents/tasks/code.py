@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler, answer_text
+from .base import EvalError, Reward, TaskHandler, answer_text, checked_exit
 
 WORKSPACE = "/workspace"
 SOLUTION = f"{WORKSPACE}/solution.py"
@@ -117,10 +117,7 @@ class CodeTask(TaskHandler):
         if result.timed_out:
             return Reward(value=0.0, details={**details, "reason": f"tests timed out after {timeout:g}s",
                                               "passed": 0, "total": static_total})
-        m = re.search(r"exit=(\d+)", result.output)
-        exit_code = int(m.group(1)) if m else result.exit_code
-        if exit_code in (126, 127):
-            raise EvalError(f"code: cannot run {self.python!r} in the sandbox (exit {exit_code})")
+        exit_code = checked_exit(result.output, result.exit_code, f"code: cannot run {self.python!r} in the sandbox")
         try:
             report = await sandbox.read_file(f"{edir}/junit.xml")
             passed, total = parse_junit(report)

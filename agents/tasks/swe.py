@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler
+from .base import EvalError, Reward, TaskHandler, checked_exit
 
 SandboxFactory = Callable[[], Awaitable[Any]]
 
@@ -212,10 +212,8 @@ class SweTask(TaskHandler):
         run = await sb.bash(f"cd {REPO} && {command} {ids} > {EVAL_DIR}/test.log 2>&1; echo exit=$?", timeout=timeout, **SESSION)
         if run.timed_out:
             return Reward(value=0.0, details={**details, "reason": f"tests timed out after {timeout:g}s"})
-        m = re.search(r"exit=(\d+)", run.output)
-        exit_code = int(m.group(1)) if m else run.exit_code
-        if exit_code in (126, 127):
-            raise EvalError(f"swe: the test command cannot run in the sandbox (exit {exit_code}): {command!r}")
+        exit_code = checked_exit(run.output, run.exit_code,
+                                 f"swe: the test command cannot run in the sandbox: {command!r}")
         try:
             log = await sb.read_file(f"{EVAL_DIR}/test.log")
         except Exception as e:  # noqa: BLE001 - we wrote it: its absence is ours
