@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rolloutd.crds.rolloutjob import RolloutJob
+from rolloutd.sandbox.server.procs import read_stat
 
 from .base import NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
 
@@ -27,14 +28,9 @@ MAX_RESTART_DELAY = 30.0
 
 
 def _proc_start_time(pid: int) -> str | None:
-    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):  # PID 1 here does not reap: a zombie is dead
-        return None
-    return fields[19]
+    """Start time (clock ticks since boot) of a live, non-zombie process, as the state file keeps it; None otherwise."""
+    st = read_stat(pid)  # PID 1 here does not reap: a zombie counts as dead
+    return None if st is None or st.dead else str(st.start)
 
 
 @dataclass
