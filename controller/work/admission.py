@@ -36,7 +36,8 @@ class Admission:
         self.admitted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → episodes
         self._jobs: dict[str, JobShare] = {}
         self._caps: dict[str, int | None] = {}  # url → the smallest explicit cap of its jobs (cache)
-        self._wanting: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)  # url → job → node → since
+        # url → job → (its nodes refused there, the latest refusal): what `waiting` reads on every admission
+        self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
         self.on_free: Callable[[Iterable[str]], None] = lambda jobs: None  # wake these jobs' waiting leases
 
@@ -51,6 +52,8 @@ class Admission:
             self._caps.clear()
         for wanting in self._wanting.values():
             wanting.pop(name, None)
+        for node in [n for n, (job, _) in self._marks.items() if job == name]:
+            del self._marks[node]
 
     def cap(self, url: str) -> int:
         if url not in self._caps:
@@ -82,19 +85,13 @@ class Admission:
         return (self.admitted[url][job] + 1) / self._weight(job)
 
     def waiting(self, url: str) -> list[str]:
-        """Jobs with a node that was refused on `url` and still asks (marks of silent nodes are dropped)."""
+        """Jobs with a node that was refused on `url` and asked again within WANT_SECONDS (a job whose
+        waiting nodes all went silent stops holding slots)."""
         wanting = self._wanting.get(url)
         if not wanting:
             return []
         old = self.clock() - WANT_SECONDS
-        for job, nodes in list(wanting.items()):
-            for node, since in list(nodes.items()):
-                if since < old:
-                    del nodes[node]
-                    self._marks.pop(node, None)
-            if not nodes:
-                del wanting[job]
-        return list(wanting)
+        return [job for job, (nodes, last) in wanting.items() if nodes and last >= old]
 
     def admits(self, url: str, job: str | None, inflight: int) -> bool:
         """Whether `job` may start one more episode on `url`, which has `inflight` episodes."""
@@ -132,15 +129,17 @@ class Admission:
         if old is not None:
             old_job, old_urls = old
             for url in old_urls:
-                nodes = self._wanting.get(url, {}).get(old_job)
-                if nodes is not None:
-                    nodes.pop(node, None)
-                    if not nodes:
+                entry = self._wanting.get(url, {}).get(old_job)
+                if entry is not None:
+                    entry[0].discard(node)
+                    if not entry[0]:
                         del self._wanting[url][old_job]
         if urls:
             now = self.clock()
             for url in urls:
-                self._wanting[url].setdefault(job, {})[node] = now
+                nodes = self._wanting[url].get(job, (set(), now))[0]
+                nodes.add(node)
+                self._wanting[url][job] = (nodes, now)
             self._marks[node] = (job, urls)
         if old is not None:
             for url in set(old[1]) - set(urls):

@@ -163,6 +163,7 @@ class HealthProbe:
         self.pool, self.http, self.clock, self._check = pool, http, clock, check
         self.timeout, self.slow_grace = timeout, slow_grace
         self._slow_since: dict[str, float] = {}
+        self._asked: dict[str, int] = {}  # url → /server_info calls that got no answer
 
     async def _probe(self, url: str) -> tuple[str, bool, str]:
         if self._check is not None:
@@ -183,19 +184,28 @@ class HealthProbe:
             return url, False, f"{type(e).__name__}: {e}"
         self._slow_since.pop(url, None)
         if r.status_code == 200 and url not in self.pool.admission.reported:
-            self.pool.admission.learned(url, await self._max_num_seqs(url))
+            await self._learn_max_num_seqs(url)
         return url, r.status_code == 200, f"HTTP {r.status_code}"
 
-    async def _max_num_seqs(self, url: str) -> int | None:
+    async def _learn_max_num_seqs(self, url: str) -> None:
         """The engine's `max_num_seqs`, which vLLM reports only on `/server_info` (VLLM_SERVER_DEV_MODE=1,
-        as `rolloutd serve-model` runs it); None when it does not say (the admission falls back)."""
+        as `rolloutd serve-model` runs it); None when it does not say (the admission falls back). An answer
+        that does not come (its first call collects the engine's environment: slow) is asked again at the
+        next probe, three times at most."""
         try:
             r = await self.http.client.get(url + "/server_info", params={"config_format": "json"},
                                            timeout=max(self.timeout, 10.0))
+        except httpx.HTTPError:
+            self._asked[url] = self._asked.get(url, 0) + 1
+            if self._asked[url] >= 3:
+                self.pool.admission.learned(url, None)
+            return
+        self._asked.pop(url, None)
+        try:
             seqs = r.json()["vllm_config"]["scheduler_config"]["max_num_seqs"] if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return None
-        return seqs if isinstance(seqs, int) and seqs > 0 else None
+        except (ValueError, KeyError, TypeError):
+            seqs = None
+        self.pool.admission.learned(url, seqs if isinstance(seqs, int) and seqs > 0 else None)
 
     async def check(self) -> list[tuple[str, bool, str]]:
         """Probe all backends at once; returns those whose health changed (url, healthy, why)."""

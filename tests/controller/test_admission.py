@@ -222,3 +222,20 @@ def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path):
     other.jobs.get("j")
     asyncio.run(other.check_health())
     assert other.pool.admission.cap(URL) == FALLBACK_EPISODES
+
+
+def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(tmp_path):
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/server_info":
+            raise httpx.ReadTimeout("collecting the environment", request=request)
+        return httpx.Response(200)
+
+    _, sched, _ = make(tmp_path, {"j": dict(prompts=10)})
+    sched.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    sched.jobs.get("j")
+    sched.pool.admission.learning = True
+    for _ in range(2):
+        asyncio.run(sched.check_health())
+        assert sched.pool.admission.cap(URL) == 0  # not known yet: episodes wait for the answer
+    asyncio.run(sched.check_health())
+    assert sched.pool.admission.cap(URL) == FALLBACK_EPISODES
