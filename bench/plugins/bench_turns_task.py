@@ -1,5 +1,5 @@
 """A benchmark-only task plug-in (kind `bench-turns`): RUN is a fixed multi-turn episode against the pinned
-backend (`turns` calls of exactly `tokens` tokens each, the context growing), no sandbox, no grading.
+backend (row `turns` calls of exactly row `tokens` tokens each, the context growing), no sandbox, no grading.
 
 Registered through the dist-info beside it; `bench_admission.py` puts this folder on the controller's PYTHONPATH
 (its local daemons inherit it). RUN is bounded by `timeouts.runSeconds` like the agent loop: an episode whose
@@ -15,7 +15,7 @@ from rolloutd.agents.llm import SamplingParams
 from rolloutd.agents.tasks.base import Reward, TaskHandler
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
-TURNS, TOKENS = 3, 16
+TURNS, TOKENS = 3, 16  # unless the row says
 
 
 class TurnsTask(TaskHandler):
@@ -29,8 +29,9 @@ class TurnsTask(TaskHandler):
 
         async def turns() -> None:
             nonlocal ids
-            for turn in range(TURNS):
-                sp = SamplingParams(max_tokens=TOKENS, min_tokens=TOKENS, seed=ctx.prompt * 10 + turn)
+            tokens = task.get("tokens", TOKENS)
+            for turn in range(task.get("turns", TURNS)):
+                sp = SamplingParams(max_tokens=tokens, min_tokens=tokens, seed=ctx.prompt * 10 + turn)
                 gen = await llm.generate(list(ids), sp, f"bt-{ctx.job}-p{ctx.prompt}-s{ctx.sample}-t{turn}")
                 ids = ids + gen.token_ids + tokenizer.encode_observation("go on")
 
