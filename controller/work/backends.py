@@ -1,7 +1,7 @@
 """The LLM backends: the min-heap of in-flight tasks, health probing, and vLLM's admin calls.
 
-`queue` pins a backend at lease time (`BackendPool.acquire`, within `admission`'s caps) and releases it when a task leaves RUN;
-the scheduler's background loop runs `HealthProbe.check`; `policy` drives `BackendHttp.update`.
+`queue` pins a backend at lease time (`BackendPool.acquire`, within `admission`'s caps) and releases it when a
+task leaves RUN; the scheduler's background loop runs `HealthProbe.check`; `policy` drives `BackendHttp.update`.
 Unlike the seed system's heap, the key is the number of tasks *currently* pinned (not cumulative
 assignments), unhealthy backends are skipped, and backends can be added and removed while jobs
 run. Counts are global per URL: two jobs sharing a vLLM server see each other's load.
