@@ -35,7 +35,6 @@ class Admission:
         self.reported: dict[str, int | None] = {}  # url → max_num_seqs (None: the backend does not say)
         self.admitted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → episodes
         self._jobs: dict[str, JobShare] = {}
-        self._caps: dict[str, int | None] = {}  # url → the smallest explicit cap of its jobs (cache)
         # url → job → (its nodes refused there, the latest refusal): what `waiting` reads on every admission
         self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
@@ -45,23 +44,23 @@ class Admission:
 
     def set_job(self, name: str, urls: Iterable[str], cap: int | None, weight: int) -> None:
         self._jobs[name] = JobShare(frozenset(urls), cap, max(weight, 1))
-        self._caps.clear()
 
     def forget_job(self, name: str) -> None:
-        if self._jobs.pop(name, None) is not None:
-            self._caps.clear()
+        self._jobs.pop(name, None)
         for wanting in self._wanting.values():
             wanting.pop(name, None)
         for node in [n for n, (job, _) in self._marks.items() if job == name]:
             del self._marks[node]
 
-    def cap(self, url: str) -> int:
-        if url not in self._caps:
-            caps = [j.cap for j in self._jobs.values() if j.cap is not None and url in j.urls]
-            self._caps[url] = min(caps) if caps else None
-        explicit = self._caps[url]
-        if explicit is not None:
-            return explicit
+    def cap(self, url: str, job: str | None = None) -> int:
+        """The episodes `url` admits at once, as `job` asks: the smallest cap set by the jobs that use it now
+        (hold or wait for its admissions; a finished job's setting no longer counts), else the defaults."""
+        active = {k for k, n in self.admitted[url].items() if n > 0} | set(self._wanting.get(url, ()))
+        if job is not None:
+            active.add(job)
+        caps = [self._jobs[k].cap for k in active if k in self._jobs and self._jobs[k].cap is not None]
+        if caps:
+            return min(caps)
         if self.default is not None:
             return self.default
         if url in self.reported:
@@ -95,7 +94,7 @@ class Admission:
 
     def admits(self, url: str, job: str | None, inflight: int) -> bool:
         """Whether `job` may start one more episode on `url`, which has `inflight` episodes."""
-        free = self.cap(url) - inflight
+        free = self.cap(url, job) - inflight
         if free <= 0 or job is None:
             return free > 0
         others = [k for k in self.waiting(url) if k != job]

@@ -110,6 +110,13 @@ def test_admission_is_released_on_leaving_run_failure_cancel_and_expiry(tmp_path
     assert sched.pool.inflight[URL] == 0 and sched.pool.admission.admitted[URL]["j"] == 0
 
 
+def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path):
+    _, sched, _ = make(tmp_path, {"wide": dict(prompts=1, cap=100), "default": dict(prompts=10)}, max_episodes=3)
+    w = reg(sched, "wide", "w")
+    sched.results(w, ResultBatch(results=[ok(x) for x in lease(sched, w, 4)]))  # done: holds and wants nothing
+    assert len(lease(sched, reg(sched, "default", "d"), 8)) == 3
+
+
 def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path):
     _, sched, _ = make(tmp_path, {"big": dict(prompts=100, cap=4), "small": dict(prompts=3)})
     big, small = reg(sched, "big", "b"), reg(sched, "small", "s")
