@@ -173,7 +173,7 @@ class LLMSpec(Model):
     max_episodes_per_backend: int | None = Field(
         default=None, ge=1, le=1_000_000, description="episodes in RUN at once per backend, each from its lease until its "
         "RUN ends (default: the controller's, else the max_num_seqs vLLM reports, else 256; jobs sharing a backend: "
-        "the smallest of their values)")
+        "the smallest value among those using it now)")
 
 
 class SandboxLimits(Model):
