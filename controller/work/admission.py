@@ -8,11 +8,12 @@ backend never has more episodes in RUN than its cap and no agent waits mid-episo
 queue. The cap of a backend: the smallest `llm.maxEpisodesPerBackend` among the jobs listing it,
 else the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the vLLM server
 reports (`/server_info`, learned by the health probe), else `FALLBACK_EPISODES`.
-Jobs sharing a backend share its cap by `spec.priority`: a job is admitted only if every slot left
-is not owed to a waiting job whose next admission would bring it less far, `(admitted + 1) / weight`.
+Jobs sharing a backend share its cap by `spec.priority`: a job is admitted only if a slot is left once the
+waiting jobs whose next admission would bring them less far, `(admitted + 1) / weight`, had theirs.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -100,8 +101,10 @@ class Admission:
         others = [k for k in self.waiting(url) if k != job]
         if not others:
             return True
+        # the free slots, given one by one to the smallest tag, go to waiting jobs ahead of `job` as long as
+        # their tag stays below its: a job of weight w with a admitted takes ⌈mine·w − a − 1⌉ of them first
         mine = self._tag(url, job)
-        ahead = sum(1 for k in others if self._tag(url, k) < mine)
+        ahead = sum(max(0, math.ceil(mine * self._weight(k) - self.admitted[url][k] - 1 - 1e-9)) for k in others)
         return free > ahead
 
     def take(self, url: str, job: str | None) -> None:

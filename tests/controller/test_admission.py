@@ -174,6 +174,17 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path):
     assert sched.pool.inflight[URL] == 0
 
 
+def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path):
+    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=20, priority=3, cap=4), "light": dict(prompts=20)})
+    heavy, light = reg(sched, "heavy", "h"), reg(sched, "light", "l")
+    running = lease(sched, heavy, 3)
+    running_light = lease(sched, light, 8)
+    assert len(running) == 3 and len(running_light) == 1 and lease(sched, heavy, 8) == []  # 3:1, both waiting
+    sched.results(heavy, ResultBatch(results=[ok(x) for x in running[:2]]))  # two heavy slots free in one report
+    assert lease(sched, light, 8) == []  # light asks first: both slots are heavy's (its tags 2/3 and 1 < 2)
+    assert len(lease(sched, heavy, 8)) == 2
+
+
 def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path):
     _, sched, clock = make(tmp_path, {"a": dict(prompts=10, cap=2), "b": dict(prompts=10)})
     a, b = reg(sched, "a", "a1"), reg(sched, "b", "b1")
