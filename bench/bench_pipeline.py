@@ -193,14 +193,7 @@ def run(quick: bool = False) -> list[dict]:
         _wait_http(backend + "/health")
         base = {kind: n / _in_process(source, tokenizer, backend, prompts, samples, kind) for kind in (NOOP, "math")}
 
-        ctl = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir",
-                                str(tmp / "data"), "--port", str(cport), "--log-level", "warning"],
-                               cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{cport}"
-        _wait_http(url + "/healthz")
-        token = (tmp / "data" / "token").read_text().strip()
-        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        ctl, api = start_controller(tmp / "data", cport, env)
         # warm-up job (page cache, the controller's first requests); not measured
         api.put(f"{P}/rolloutjobs/warm", json=_job("warm", source, tokenizer, backend, 2, 2)).raise_for_status()
         _wait_phase(api, "warm", "Succeeded")
@@ -229,6 +222,18 @@ def run(quick: bool = False) -> list[dict]:
                              f"stub {m['stub_ms']:.2f} ms)",
                      "baseline": "-", "ratio": None, "target": "≤ 5 ms", "met": m["ctl_ms"] <= 5})
     return rows
+
+
+def start_controller(data_dir: Path, port: int, env: dict[str, str]) -> tuple[subprocess.Popen, httpx.Client]:
+    """A real `rolloutd controller` (its own session: killpg ends it and its local daemons) and a client."""
+    ctl = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir",
+                            str(data_dir), "--port", str(port), "--log-level", "warning"],
+                           cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/healthz")
+    token = (data_dir / "token").read_text().strip()
+    return ctl, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
 
 def _wait_phase(api: httpx.Client, name: str, phase: str, timeout: float = 600) -> None:

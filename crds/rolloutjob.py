@@ -148,6 +148,10 @@ class LLMSpec(Model):
                                   "template); required unless agent.kind makes no LLM call (oracle)")
     model: str | None = Field(default=None, description="model name sent to the backends (default: discovered)")
     backends: list[BackendSpec] = Field(default_factory=list)
+    max_episodes_per_backend: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="episodes in RUN at once per backend, each from its lease until its "
+        "RUN ends (default: the controller's, else the max_num_seqs vLLM reports, else 256; jobs sharing a backend: "
+        "the smallest value among those using it now)")
 
 
 class SandboxLimits(Model):
@@ -242,6 +246,8 @@ class TimeoutsSpec(Model):
 class RolloutJobSpec(Model):
     tasks: TasksSpec
     samples_per_prompt: int = Field(default=1, ge=1, le=1024)
+    priority: int = Field(default=1, ge=1, le=1000, description="weight of this job's share of the backends it "
+                          "shares with other jobs (weighted fair queueing of their episode admissions)")
     agent: AgentSpec = Field(default_factory=AgentSpec)
     llm: LLMSpec = Field(default_factory=LLMSpec, validate_default=True)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)

@@ -1,7 +1,7 @@
 """The LLM backends: the min-heap of in-flight tasks, health probing, and vLLM's admin calls.
 
-`queue` pins a backend at lease time (`BackendPool.acquire`) and releases it when a task leaves RUN;
-the scheduler's background loop runs `HealthProbe.check`; `policy` drives `BackendHttp.update`.
+`queue` pins a backend at lease time (`BackendPool.acquire`, within `admission`'s caps) and releases it when a
+task leaves RUN; the scheduler's background loop runs `HealthProbe.check`; `policy` drives `BackendHttp.update`.
 Unlike the seed system's heap, the key is the number of tasks *currently* pinned (not cumulative
 assignments), unhealthy backends are skipped, and backends can be added and removed while jobs
 run. Counts are global per URL: two jobs sharing a vLLM server see each other's load.
@@ -17,9 +17,12 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import httpx
 
+from .admission import Admission
+
 
 class BackendPool:
-    def __init__(self) -> None:
+    def __init__(self, admission: Admission | None = None) -> None:
+        self.admission = admission if admission is not None else Admission(time.time)
         self.inflight: dict[str, int] = defaultdict(int)
         self.unhealthy: dict[str, str] = {}  # url → reason
         self._heap: list[tuple[int, int, str]] = []
@@ -50,13 +53,15 @@ class BackendPool:
                 self._push(url)
         else:
             self.unhealthy[url] = reason or "unhealthy"
+            self.admission.unlearn(url)  # it may come back with another max_num_seqs
         return was != ok
 
     def _push(self, url: str) -> None:
         heapq.heappush(self._heap, (self.inflight[url], next(self._seq), url))
 
-    def acquire(self, allowed: Iterable[str]) -> str | None:
-        """Pin the least-loaded healthy backend among `allowed`; None if there is none."""
+    def acquire(self, allowed: Iterable[str], job: str | None = None) -> str | None:
+        """Pin the least-loaded healthy backend among `allowed` that admits one more episode of `job`;
+        None if there is none."""
         allowed = set(allowed)
         aside: list[tuple[int, int, str]] = []
         chosen = None
@@ -65,7 +70,7 @@ class BackendPool:
             count, _, url = entry
             if url not in self._known or url in self.unhealthy or count != self.inflight[url]:
                 continue  # stale entry: a fresher one exists or the backend is out
-            if url in allowed:
+            if url in allowed and self.admission.admits(url, job, count):
                 chosen = url
                 break
             aside.append(entry)
@@ -77,25 +82,28 @@ class BackendPool:
             for u in fresh:
                 self.add(u)
             if fresh:
-                return self.acquire(allowed)  # terminates: nothing is fresh the second time
+                return self.acquire(allowed, job)  # terminates: nothing is fresh the second time
             return None
         self.inflight[chosen] += 1
+        self.admission.take(chosen, job)
         self._push(chosen)
         return chosen
 
-    def take(self, url: str) -> None:
+    def take(self, url: str, job: str | None = None) -> None:
         """Count a pin restored from the database (controller restart)."""
         self.inflight[url] += 1
+        self.admission.take(url, job)
         if url in self._known:
             self._push(url)
 
-    def release(self, url: str | None) -> None:
+    def release(self, url: str | None, job: str | None = None) -> None:
         if not url:
             return
         if self.inflight[url] > 0:
             self.inflight[url] -= 1
         if url in self._known and url not in self.unhealthy:
             self._push(url)
+        self.admission.give(url, job)
 
 
 class BackendHttp:
@@ -155,10 +163,13 @@ class HealthProbe:
         self.pool, self.http, self.clock, self._check = pool, http, clock, check
         self.timeout, self.slow_grace = timeout, slow_grace
         self._slow_since: dict[str, float] = {}
+        self._asked: dict[str, int] = {}  # url → /server_info calls that got no answer
 
     async def _probe(self, url: str) -> tuple[str, bool, str]:
         if self._check is not None:
             ok = await self._check(url)
+            if ok and url not in self.pool.admission.reported:
+                self.pool.admission.learned(url, None)  # a test seam: nothing to ask
             return url, bool(ok), "" if ok else "health check failed"
         try:
             r = await self.http.client.get(url + "/health", timeout=self.timeout)
@@ -172,7 +183,29 @@ class HealthProbe:
             self._slow_since.pop(url, None)
             return url, False, f"{type(e).__name__}: {e}"
         self._slow_since.pop(url, None)
+        if r.status_code == 200 and url not in self.pool.admission.reported:
+            await self._learn_max_num_seqs(url)
         return url, r.status_code == 200, f"HTTP {r.status_code}"
+
+    async def _learn_max_num_seqs(self, url: str) -> None:
+        """The engine's `max_num_seqs`, which vLLM reports only on `/server_info` (VLLM_SERVER_DEV_MODE=1,
+        as `rolloutd serve-model` runs it); None when it does not say (the admission falls back). An answer
+        that does not come (its first call collects the engine's environment: slow) is asked again at the
+        next probe, three times at most."""
+        try:
+            r = await self.http.client.get(url + "/server_info", params={"config_format": "json"},
+                                           timeout=max(self.timeout, 10.0))
+        except httpx.HTTPError:
+            self._asked[url] = self._asked.get(url, 0) + 1
+            if self._asked[url] >= 3:
+                self.pool.admission.learned(url, None)
+            return
+        self._asked.pop(url, None)
+        try:
+            seqs = r.json()["vllm_config"]["scheduler_config"]["max_num_seqs"] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            seqs = None
+        self.pool.admission.learned(url, seqs if isinstance(seqs, int) and seqs > 0 else None)
 
     async def check(self) -> list[tuple[str, bool, str]]:
         """Probe all backends at once; returns those whose health changed (url, healthy, why)."""

@@ -47,6 +47,8 @@ class Jobs:
             urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
             for u in urls:
                 self.pool.add(u)
+            self.pool.admission.set_job(job.metadata.name, urls, job.spec.llm.max_episodes_per_backend,
+                                        job.spec.priority)
             cache = JobCache(job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
                              job.spec.pipeline.lease_seconds)
             self._cache[job.metadata.name] = cache
@@ -60,6 +62,7 @@ class Jobs:
 
     def forget(self, name: str) -> None:
         self._cache.pop(name, None)
+        self.pool.admission.forget_job(name)
 
 
 class Wakeups:

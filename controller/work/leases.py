@@ -71,6 +71,7 @@ class Leases:
             pol = s.get(PolicyRow, node.job)
             version = json.loads(pol.version) if pol else None
             max_items, live = self._fair_share(s, node, job, max_items)
+            refused: list[str] = []
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
@@ -83,9 +84,10 @@ class Leases:
                     TaskRow.job == node.job, TaskRow.prompt.in_(prompts))).all()) if prompts else {}
                 changes: list[dict[str, Any]] = []
                 for row in queued:
-                    backend = self.pool.acquire(cache.backends) if cache.backends else None
+                    backend = self.pool.acquire(cache.backends, node.job) if cache.backends else None
                     if cache.backends and backend is None:
-                        break  # no healthy backend: leave the work queued
+                        refused = cache.backends  # no healthy backend admits it: the rest waits queued
+                        break
                     attempt = row.attempt + 1
                     attempt_id = f"{row.id}.{attempt}.{uuid.uuid4().hex[:6]}"
                     changes.append({"id": row.id, "state": ItemState.leased, "stage": "leased", "node_id": node.id,
@@ -98,6 +100,7 @@ class Leases:
                                         queued_seconds=max(now - row.queued_at, 0.0)))
                 if changes:
                     s.exec(update(ItemRow), params=changes)  # ORM bulk UPDATE by primary key
+            self.pool.admission.note(node.id, node.job, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
             idle = not leases and (live == 0 if live is not None else not self.queue.has_live(s, node.job))
             s.commit()
@@ -144,7 +147,7 @@ class Leases:
             ids = set(hb.stages) | set(hb.left_run)
             items: dict[str, dict[str, Any]] = {}
             if ids:
-                q = select(ItemRow.id, ItemRow.attempt_id, ItemRow.node_id, ItemRow.state, ItemRow.stage,
+                q = select(ItemRow.id, ItemRow.job, ItemRow.attempt_id, ItemRow.node_id, ItemRow.state, ItemRow.stage,
                            ItemRow.backend, ItemRow.holds_backend, ItemRow.deadline).where(ItemRow.attempt_id.in_(ids))
                 items = {r.attempt_id: r._asdict() for r in s.exec(q)}
             changes: dict[int, dict[str, Any]] = {}
@@ -155,7 +158,7 @@ class Leases:
 
             def release(item: dict[str, Any]) -> None:  # ItemQueue.release on a plain row
                 if item["holds_backend"]:
-                    self.pool.release(item["backend"])
+                    self.pool.release(item["backend"], item["job"])
                     change(item, holds_backend=False)
 
             for aid in hb.left_run:
@@ -177,7 +180,7 @@ class Leases:
                 backend = item["backend"]
                 if stage in ("leased", "init") and backend \
                         and (not self.pool.healthy(backend) or backend not in cache.backends):
-                    new = self.pool.acquire(cache.backends)
+                    new = self.pool.acquire(cache.backends, node.job)
                     if new is not None:
                         release(item)
                         change(item, backend=new, holds_backend=True)

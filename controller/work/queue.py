@@ -26,9 +26,10 @@ class ItemQueue:
         self.engine, self.pool, self.clock = engine, pool, clock
         self.changed = Wakeups()  # set when a job's queue changed: a waiting lease looks again
         self.stopped = False
+        pool.admission.on_free = lambda jobs: [self.wake(job) for job in jobs]  # a slot they wait for is free
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
-                self.pool.take(item.backend)
+                self.pool.take(item.backend, item.job)
 
     def wake(self, job: str) -> None:
         self.changed.set(job)
@@ -41,7 +42,7 @@ class ItemQueue:
     def release(self, item: ItemRow) -> None:
         """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
         if item.holds_backend:
-            self.pool.release(item.backend)
+            self.pool.release(item.backend, item.job)
             item.holds_backend = False
 
     def requeue(self, item: ItemRow, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -33,6 +34,7 @@ from ..errors import BadRequest, Conflict
 from ..ports import Progress
 from ..store import Store
 from . import tables
+from .admission import Admission
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
 from .expansion import Expansions
@@ -49,13 +51,23 @@ from .tables import ExpansionRow, NodeRow
 log = logging.getLogger("rolloutd.scheduler")
 
 
+def _env_max_episodes() -> int | None:
+    """The controller-wide default of llm.maxEpisodesPerBackend (ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
+    raw = os.environ.get("ROLLOUTD_MAX_EPISODES_PER_BACKEND", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"ROLLOUTD_MAX_EPISODES_PER_BACKEND={raw!r}: expected a whole number ≥ 1")
+    return int(raw)
+
+
 class Scheduler:
     def __init__(self, store: Store, *, health_interval: float = 2.0,
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
-                 health_timeout: float = 3.0, slow_grace: float = 20.0):
+                 health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None):
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
-        self.pool = BackendPool()
+        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
         self.health_interval = health_interval
         http = BackendHttp()
         self.health = HealthProbe(self.pool, http, clock, check=health_check, timeout=health_timeout,
@@ -222,17 +234,29 @@ class Scheduler:
         return self.intake.expire()
 
     async def check_health(self) -> None:
-        for url, ok, why in await self.health.check():
+        asked = dict(self.pool.admission.reported)
+        changed = await self.health.check()
+        for url, ok, why in changed:
             log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
+        learned = {u: n for u, n in self.pool.admission.reported.items() if u not in asked}
+        for url, seqs in learned.items():
+            log.info("backend %s admits %d episodes at once (max_num_seqs %s)", url, self.pool.admission.cap(url),
+                     seqs if seqs is not None else "not reported")
+        if changed or learned:
             for job in self.jobs.names():
                 self.queue.wake(job)
 
+    def _unasked(self) -> bool:
+        """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
+        return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
+
     async def run(self) -> None:
         last_health = 0.0
+        self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
         while not self.queue.stopped:
             try:
                 self.intake.expire()
-                if time.monotonic() - last_health >= self.health_interval:
+                if time.monotonic() - last_health >= self.health_interval or self._unasked():
                     last_health = time.monotonic()
                     await self.check_health()
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass

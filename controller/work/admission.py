@@ -1,0 +1,148 @@
+"""Whole-episode admission per backend, shared among jobs by weighted fair queueing.
+
+`backends.BackendPool.acquire` asks `Admission.admits` before it pins a task; `leases` notes which nodes wait.
+
+An episode is admitted when its task is pinned to a backend at lease time and keeps the admission
+until its RUN ends (the pin's release: RUN left, result, cancel, give-back or lease expiry), so a
+backend never has more episodes in RUN than its cap and no agent waits mid-episode in the engine's
+queue. The cap of a backend: the smallest `llm.maxEpisodesPerBackend` among the jobs listing it,
+else the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the vLLM server
+reports (`/server_info`, learned by the health probe), else `FALLBACK_EPISODES`.
+Jobs sharing a backend share its cap by `spec.priority`: a job is admitted only if a slot is left once the
+waiting jobs whose next admission would bring them less far, `(admitted + 1) / weight`, had theirs.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+FALLBACK_EPISODES = 256  # vLLM's --max-num-seqs on most GPUs (128 on CPU): used when a backend does not say
+WANT_SECONDS = 10.0  # a waiting node re-asks every lease long-poll (1.5 s): a mark older than this is a dead node's
+
+
+@dataclass
+class JobShare:
+    urls: frozenset[str]
+    cap: int | None  # llm.maxEpisodesPerBackend
+    weight: int  # spec.priority
+
+
+class Admission:
+    def __init__(self, clock: Callable[[], float], default: int | None = None) -> None:
+        self.clock, self.default = clock, default
+        self.learning = False  # a health probe asks backends their max_num_seqs: an unasked one waits for it
+        self.reported: dict[str, int | None] = {}  # url → max_num_seqs (None: the backend does not say)
+        self.admitted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → episodes
+        self._jobs: dict[str, JobShare] = {}
+        # url → job → (its nodes refused there, the latest refusal): what `waiting` reads on every admission
+        self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
+        self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
+        self.on_free: Callable[[Iterable[str]], None] = lambda jobs: None  # wake these jobs' waiting leases
+
+    # ---------------------------------------------------------------- jobs and caps
+
+    def set_job(self, name: str, urls: Iterable[str], cap: int | None, weight: int) -> None:
+        self._jobs[name] = JobShare(frozenset(urls), cap, max(weight, 1))
+
+    def forget_job(self, name: str) -> None:
+        self._jobs.pop(name, None)
+        for wanting in self._wanting.values():
+            wanting.pop(name, None)
+        for node in [n for n, (job, _) in self._marks.items() if job == name]:
+            del self._marks[node]
+
+    def cap(self, url: str, job: str | None = None) -> int:
+        """The episodes `url` admits at once, as `job` asks: the smallest cap set by the jobs that use it now
+        (hold or wait for its admissions; a finished job's setting no longer counts), else the defaults."""
+        active = {k for k, n in self.admitted[url].items() if n > 0} | set(self._wanting.get(url, ()))
+        if job is not None:
+            active.add(job)
+        caps = [self._jobs[k].cap for k in active if k in self._jobs and self._jobs[k].cap is not None]
+        if caps:
+            return min(caps)
+        if self.default is not None:
+            return self.default
+        if url in self.reported:
+            return self.reported[url] or FALLBACK_EPISODES
+        return 0 if self.learning else FALLBACK_EPISODES  # its probe comes within half a second
+
+    def learned(self, url: str, max_num_seqs: int | None) -> None:
+        self.reported[url] = max_num_seqs
+
+    def unlearn(self, url: str) -> None:
+        """The backend went down: it may come back with another max_num_seqs."""
+        self.reported.pop(url, None)
+
+    # ---------------------------------------------------------------- admitting
+
+    def _weight(self, job: str) -> int:
+        share = self._jobs.get(job)
+        return share.weight if share is not None else 1
+
+    def _tag(self, url: str, job: str) -> float:
+        return (self.admitted[url][job] + 1) / self._weight(job)
+
+    def waiting(self, url: str) -> list[str]:
+        """Jobs with a node that was refused on `url` and asked again within WANT_SECONDS (a job whose
+        waiting nodes all went silent stops holding slots)."""
+        wanting = self._wanting.get(url)
+        if not wanting:
+            return []
+        old = self.clock() - WANT_SECONDS
+        return [job for job, (nodes, last) in wanting.items() if nodes and last >= old]
+
+    def admits(self, url: str, job: str | None, inflight: int) -> bool:
+        """Whether `job` may start one more episode on `url`, which has `inflight` episodes."""
+        free = self.cap(url, job) - inflight
+        if free <= 0 or job is None:
+            return free > 0
+        others = [k for k in self.waiting(url) if k != job]
+        if not others:
+            return True
+        # the free slots, given one by one to the smallest tag, go to waiting jobs ahead of `job` as long as
+        # their tag stays below its: a job of weight w with a admitted takes ⌈mine·w − a − 1⌉ of them first
+        mine = self._tag(url, job)
+        ahead = sum(max(0, math.ceil(mine * self._weight(k) - self.admitted[url][k] - 1 - 1e-9)) for k in others)
+        return free > ahead
+
+    def take(self, url: str, job: str | None) -> None:
+        if job is not None:
+            self.admitted[url][job] += 1
+
+    def give(self, url: str, job: str | None) -> None:
+        if job is not None and self.admitted[url][job] > 0:
+            self.admitted[url][job] -= 1
+        self._wake(url)
+
+    def _wake(self, url: str) -> None:
+        jobs = self.waiting(url)
+        if jobs:
+            self.on_free(jobs)
+
+    # ---------------------------------------------------------------- who waits
+
+    def note(self, node: str, job: str, refused: Iterable[str]) -> None:
+        """A lease of `node` (of `job`) was cut short by admission on the backends `refused` (none: it got
+        what it asked for, or the queue is empty). A node that stops waiting frees what it was owed."""
+        urls = tuple(refused)
+        old = self._marks.pop(node, None)
+        if old is not None:
+            old_job, old_urls = old
+            for url in old_urls:
+                entry = self._wanting.get(url, {}).get(old_job)
+                if entry is not None:
+                    entry[0].discard(node)
+                    if not entry[0]:
+                        del self._wanting[url][old_job]
+        if urls:
+            now = self.clock()
+            for url in urls:
+                nodes = self._wanting[url].get(job, (set(), now))[0]
+                nodes.add(node)
+                self._wanting[url][job] = (nodes, now)
+            self._marks[node] = (job, urls)
+        if old is not None:
+            for url in set(old[1]) - set(urls):
+                self._wake(url)
