@@ -286,7 +286,8 @@ class Store:
                               causes=causes, name=row.name)
             row.spec = dumps(spec)
             row.generation += 1
-        held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) else []
+        held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) and (  # only the operator
+            row.deleted is None or RELEASE_FINALIZER in meta.finalizers) else []  # drops it, once it released
         row.finalizers = dumps(held + [f for f in meta.finalizers if f != RELEASE_FINALIZER])
         row.labels = dumps(meta.labels)
         row.annotations = dumps(meta.annotations)
