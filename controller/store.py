@@ -32,6 +32,7 @@ FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
 CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
 _TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
+OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedded.py): kept by rolloutctl apply
 
 
 class Store:
@@ -301,6 +302,7 @@ class Store:
             row = s.get(JobRow, name)
             if row is not None:
                 row_ns, deleted, rv = row.namespace, row.deleted, row.resource_version
+                kept = {k: v for k, v in json.loads(row.annotations).items() if k.startswith(OPERATOR_ANNOTATIONS)}
         if row is None or create_only:
             return self.create(job), "created"
         if row_ns != job.metadata.namespace:
@@ -308,6 +310,7 @@ class Store:
                                 "(job names are unique across namespaces)", name=name)
         if deleted is not None:
             raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
+        job.metadata.annotations = {**kept, **job.metadata.annotations}  # the operator's state (kopf) stays
         wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
         return wire, "unchanged" if wire["metadata"]["resourceVersion"] == str(rv) else "configured"
 
