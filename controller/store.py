@@ -220,9 +220,10 @@ class Store:
         s.commit()
         self._changed(name)
 
-    def create(self, job: RolloutJob, *, dry_run: bool = False,
-               managed_fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A new job (409 if the name exists, in any namespace: names are unique in this version)."""
+    def create(self, job: RolloutJob, *, dry_run: bool = False, managed_fields: list[dict[str, Any]] | None = None,
+               uid: str | None = None) -> dict[str, Any]:
+        """A new job (409 if the name exists, in any namespace: names are unique in this version). `uid`:
+        the operator's copy of a job stored elsewhere keeps that job's (the scheduler keys work on it)."""
         meta = job.metadata
         with self._lock, Session(self.engine) as s:
             old = s.get(JobRow, meta.name)
@@ -231,7 +232,7 @@ class Store:
                     f" in namespace {old.namespace!r} (job names are unique across namespaces)"
                 raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists{where}', name=meta.name)
             row = JobRow(
-                name=meta.name, namespace=meta.namespace, uid=str(uuid.uuid4()), generation=1, resource_version=0,
+                name=meta.name, namespace=meta.namespace, uid=uid or str(uuid.uuid4()), generation=1, resource_version=0,
                 labels=dumps(meta.labels), annotations=dumps(meta.annotations),
                 finalizers=dumps([RELEASE_FINALIZER, *(f for f in meta.finalizers if f != RELEASE_FINALIZER)]),
                 owner_refs=dumps([o.wire(exclude_none=True) for o in meta.owner_references]),

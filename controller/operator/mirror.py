@@ -23,9 +23,14 @@ class StoreMirror:
         local.metadata.resource_version = None
         local.metadata.finalizers = []
         try:
-            self.store.get(name)
+            current = self.store.get(name)
         except NotFound:
-            self.store.create(local)
+            current = None
+        if current is not None and current.metadata.uid != job.metadata.uid:  # re-created under the same name
+            self.drop(current)
+            current = None
+        if current is None:
+            self.store.create(local, uid=job.metadata.uid)
         else:
             self.store.update(local)
         self.store.update_status(name, job.status)

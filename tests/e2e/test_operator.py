@@ -67,8 +67,11 @@ def test_operator_runs_a_job_stored_on_another_api_server(pair, tiny_engine):
     st = final["status"]
     assert st["counts"]["succeeded"] == 4
     assert {c["type"]: c["reason"] for c in st["conditions"]}["ExecutorReady"] == "Configured"  # not the API's own
-    reasons = [e["reason"] for e in api.api.get(f"{P}/rolloutjobs/op-job/events").json()["items"]]
-    assert reasons[:1] == ["Provisioning"] and "Succeeded" in reasons
+    def reasons() -> list[str]:  # events are posted right after the status they tell of
+        return [e["reason"] for e in api.api.get(f"{P}/rolloutjobs/op-job/events").json()["items"]]
+
+    wait_until(lambda: "Succeeded" in reasons(), 30, "the operator's Succeeded event on the API server")
+    assert reasons()[:2] == ["Provisioning", "Running"]
     assert len(op.trajectories("op-job")) == 4  # the trainer API beside the handlers serves the results
     assert api.get("op-job")["metadata"]["finalizers"] == ["rolloutd.io/release"]
 
