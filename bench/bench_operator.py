@@ -40,12 +40,14 @@ class PhaseWatch:
         self.thread.start()
 
     def _run(self) -> None:
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(httpx.TransportError):
             with self.client.stream("GET", f"{P}/rolloutjobs", params={"watch": "true"},
                                     headers={"Accept": "text/event-stream"}) as s:
                 for line in s.iter_lines():
                     if line.startswith("data: "):
                         obj = json.loads(line[6:])
+                        if "metadata" not in obj or "name" not in obj["metadata"]:  # a BOOKMARK
+                            continue
                         key = (obj["metadata"]["name"], obj.get("status", {}).get("phase", "Pending"))
                         with self.cond:
                             self.seen.setdefault(key, time.perf_counter())
@@ -54,7 +56,7 @@ class PhaseWatch:
     def wait(self, name: str, phase: str, timeout: float = 30.0) -> float:
         with self.cond:
             if not self.cond.wait_for(lambda: (name, phase) in self.seen, timeout):
-                raise TimeoutError(f"{name}: no {phase} within {timeout}s")
+                raise TimeoutError(f"{name}: no {phase} within {timeout}s (seen: {sorted(self.seen)[-5:]})")
             return self.seen[(name, phase)]
 
     def close(self) -> None:
