@@ -1,6 +1,7 @@
 """The `rolloutd` command: the daemons and operator tools.
 
-`rolloutd controller` runs the controller (`server.run_controller`); the other parts contribute
+`rolloutd controller` runs the controller (`server.run_controller`), `rolloutd operator` its kopf handlers
+against another API server; the other parts contribute
 their own sub-commands (`sandbox`, `image`, `serve-model`, `node`) from their own folders so that
 each part keeps its CLI next to its code.
 """
@@ -35,19 +36,50 @@ def controller(
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
     tls_cert_file: Path = typer.Option(None, help="serve HTTPS with this certificate (kubectl sends tokens over TLS only)"),
     tls_key_file: Path = typer.Option(None, help="the certificate's private key"),
+    operator: bool = typer.Option(True, help="reconcile this controller's RolloutJobs with the embedded kopf "
+                                             "operator (--no-operator: another one does, `rolloutd operator`)"),
 ) -> None:
-    """Run the controller: API, SQLite store, scheduler and reconcile loop."""
+    """Run the controller: API, SQLite store, scheduler and the kopf operator."""
     from .config import default_data_dir
-    from .server import EXECUTOR_KINDS, run_controller
+    from .server import run_controller
+
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+    run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors),
+                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator)
+
+
+@app.command()
+def operator(
+    kubeconfig: Path = typer.Option(..., exists=True, dir_okay=False, help="the API server whose RolloutJobs to reconcile"),
+    context: str = typer.Option(None, help="kubeconfig context [default: its current-context]"),
+    data_dir: Path = typer.Option(None, help="SQLite for work items and trajectories, tokens [default: as controller]"),
+    host: str = typer.Option(DEFAULT_HOST, help="address of the scheduler and trainer API (node daemons, trainers)"),
+    port: int = typer.Option(DEFAULT_PORT, help="TCP port of that API"),
+    log_level: str = typer.Option("info"),
+    executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this operator runs"),
+) -> None:
+    """Run the kopf operator against another API server (a cluster, or a `rolloutd controller --no-operator`),
+    with the scheduler and trainer API beside it."""
+    from .config import default_data_dir
+    from .operator.kubeapi import Connection
+    from .server import run_controller
+
+    try:
+        kube = Connection.from_kubeconfig(kubeconfig, context)
+    except (ValueError, KeyError, OSError) as e:
+        raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}") from None
+    run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors), kube=kube)
+
+
+def _kinds(executors: str) -> tuple[str, ...]:
+    from .server import EXECUTOR_KINDS
 
     kinds = tuple(k.strip() for k in executors.split(",") if k.strip())
     unknown = set(kinds) - set(EXECUTOR_KINDS)
     if unknown:
         raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(EXECUTOR_KINDS)}")
-    if (tls_cert_file is None) != (tls_key_file is None):
-        raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
-    run_controller(data_dir or default_data_dir(), host, port, log_level, kinds,
-                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None)
+    return kinds
 
 
 @app.command()

@@ -1,6 +1,7 @@
-"""Wires the controller process: store + API + scheduler + executors + reconcile loop, one uvicorn server.
+"""Wires the controller process: store + API + scheduler + executors + the kopf operator, one uvicorn server.
 
-Called by `rolloutd controller` (`main.py`). Everything lives in the data dir (`config.DataDir`
+Called by `rolloutd controller` (`main.py`; the operator reconciles this controller's own API) and
+`rolloutd operator` (it reconciles another API server's RolloutJobs into a local mirror the scheduler reads). Everything lives in the data dir (`config.DataDir`
 names each file) and survives restarts: stop the controller at any point, start it again, and
 every job, lease and result is where it was (local daemons keep running and are adopted).
 """
@@ -20,7 +21,10 @@ from .executors.kubernetes import KubernetesExecutor
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
-from .reconciler import Reconciler
+from .operator import embedded
+from .operator.handlers import Reconciler
+from .operator.kubeapi import Connection, JobApi
+from .operator.mirror import StoreMirror
 from .work.scheduler import Scheduler
 from .store import Store
 
@@ -28,7 +32,10 @@ EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
-              node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS):
+              node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
+              operator: bool = True, kube: Connection | None = None, tls: bool = False):
+    """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
+    mirrored into this controller's store), else against this controller's own API."""
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(paths.token)
@@ -46,19 +53,35 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
         executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port), join_token)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
-    reconciler = Reconciler(store, enabled, scheduler, resync=resync)
-    scheduler.on_idle = reconciler.nudge  # a finished job is marked Succeeded now, not at the next resync
-    app.state.reconciler, app.state.scheduler, app.state.executors = reconciler, scheduler, enabled
+    own = Connection(f"{'https' if tls else 'http'}://{reach}:{port}", token, insecure=True)
+    mirror = StoreMirror(store) if kube is not None else None
+    app.state.scheduler, app.state.executors = scheduler, enabled
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        tasks = [asyncio.create_task(reconciler.run(), name="reconciler"),
-                 asyncio.create_task(scheduler.run(), name="scheduler")]
+        tasks = [asyncio.create_task(scheduler.run(), name="scheduler")]
+        stop = asyncio.Event()
+        if operator:
+            api = JobApi(kube or own)
+            reconciler = Reconciler(api, enabled, scheduler, interval=resync,
+                                    mirror=mirror and mirror.put, forget=mirror and mirror.drop)
+            scheduler.on_idle = reconciler.nudge  # a finished job is marked Succeeded now, not at the next pass
+            app.state.reconciler = reconciler
+            tasks.append(asyncio.create_task(embedded.run(kube or own, reconciler, stop), name="operator"))
+
+        async def stop_operator() -> None:  # before the server waits for open connections (kopf's watch)
+            stop.set()
+            if operator:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
+        app.state.stop_operator = stop_operator
         try:
             yield
         finally:
-            reconciler.stop()
+            await stop_operator()
             scheduler.stop()
+            if operator:
+                await api.aclose()
             for ex in executors_by_kind.values():
                 await ex.shutdown()
             for t in tasks:
@@ -73,9 +96,24 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                    log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS,
-                   tls: tuple[Path, Path] | None = None) -> None:
+                   tls: tuple[Path, Path] | None = None, operator: bool = True,
+                   kube: Connection | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = build_app(data_dir, host=host, port=port, executors=executors)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
+    app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
+                    tls=tls is not None)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=5, ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5, ssl_certfile=tls and str(tls[0]),
+                            ssl_keyfile=tls and str(tls[1]))
+    _Server(config).run()
+
+
+class _Server(uvicorn.Server):
+    """Stops the operator first on exit: its watch is an open connection the server would wait for."""
+
+    async def shutdown(self, sockets=None) -> None:
+        stop = getattr(self.config.app.state, "stop_operator", None)
+        if stop is not None:
+            await stop()
+        await super().shutdown(sockets=sockets)

@@ -32,6 +32,7 @@ FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
 # Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
 CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
 _TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
+OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedded.py): kept by rolloutctl apply
 
 
 class Store:
@@ -219,9 +220,10 @@ class Store:
         s.commit()
         self._changed(name)
 
-    def create(self, job: RolloutJob, *, dry_run: bool = False,
-               managed_fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A new job (409 if the name exists, in any namespace: names are unique in this version)."""
+    def create(self, job: RolloutJob, *, dry_run: bool = False, managed_fields: list[dict[str, Any]] | None = None,
+               uid: str | None = None) -> dict[str, Any]:
+        """A new job (409 if the name exists, in any namespace: names are unique in this version). `uid`:
+        the operator's copy of a job stored elsewhere keeps that job's (the scheduler keys work on it)."""
         meta = job.metadata
         with self._lock, Session(self.engine) as s:
             old = s.get(JobRow, meta.name)
@@ -230,7 +232,7 @@ class Store:
                     f" in namespace {old.namespace!r} (job names are unique across namespaces)"
                 raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists{where}', name=meta.name)
             row = JobRow(
-                name=meta.name, namespace=meta.namespace, uid=str(uuid.uuid4()), generation=1, resource_version=0,
+                name=meta.name, namespace=meta.namespace, uid=uid or str(uuid.uuid4()), generation=1, resource_version=0,
                 labels=dumps(meta.labels), annotations=dumps(meta.annotations),
                 finalizers=dumps([RELEASE_FINALIZER, *(f for f in meta.finalizers if f != RELEASE_FINALIZER)]),
                 owner_refs=dumps([o.wire(exclude_none=True) for o in meta.owner_references]),
@@ -286,7 +288,8 @@ class Store:
                               causes=causes, name=row.name)
             row.spec = dumps(spec)
             row.generation += 1
-        held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) else []
+        held = [RELEASE_FINALIZER] if RELEASE_FINALIZER in json.loads(row.finalizers) and (  # only the operator
+            row.deleted is None or RELEASE_FINALIZER in meta.finalizers) else []  # drops it, once it released
         row.finalizers = dumps(held + [f for f in meta.finalizers if f != RELEASE_FINALIZER])
         row.labels = dumps(meta.labels)
         row.annotations = dumps(meta.annotations)
@@ -300,6 +303,7 @@ class Store:
             row = s.get(JobRow, name)
             if row is not None:
                 row_ns, deleted, rv = row.namespace, row.deleted, row.resource_version
+                kept = {k: v for k, v in json.loads(row.annotations).items() if k.startswith(OPERATOR_ANNOTATIONS)}
         if row is None or create_only:
             return self.create(job), "created"
         if row_ns != job.metadata.namespace:
@@ -307,6 +311,7 @@ class Store:
                                 "(job names are unique across namespaces)", name=name)
         if deleted is not None:
             raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
+        job.metadata.annotations = {**kept, **job.metadata.annotations}  # the operator's state (kopf) stays
         wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
         return wire, "unchanged" if wire["metadata"]["resourceVersion"] == str(rv) else "configured"
 

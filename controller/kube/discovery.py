@@ -3,7 +3,7 @@ and the OpenAPI documents (`kube/openapi_docs.py`).
 
 Mounted by `api.create_app`. Namespaces are implicit (every valid name exists, as in k3s' kine a
 namespace costs nothing here); core/v1 Events are the store's job events, so `kubectl describe`
-shows them. Next step: aggregated discovery (apidiscovery.k8s.io/v2) if a client needs it.
+shows them; a POSTed Event about a RolloutJob (the operator's) joins them. Next step: aggregated discovery (apidiscovery.k8s.io/v2) if a client needs it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from rolloutd.crds.k8s_names import validate_name
 from rolloutd.crds.names import GROUP, VERSION
 from rolloutd.crds.rolloutjob import API_VERSION, KIND
 
-from ..errors import NotFound
+from ..errors import Invalid, NotFound
+from ..http.bodies import parse_document
 from ..store import Store
 from .openapi_docs import openapi_routes
 from .selectors import fields_match, parse_field_selector
@@ -54,7 +55,7 @@ def core_resources() -> dict[str, Any]:
             {"name": "namespaces", "singularName": "namespace", "namespaced": False, "kind": "Namespace",
              "verbs": ["get", "list"], "shortNames": ["ns"]},
             {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
-             "verbs": ["get", "list"], "shortNames": ["ev"]},
+             "verbs": ["create", "get", "list"], "shortNames": ["ev"]},
         ],
     }
 
@@ -81,6 +82,22 @@ def core_events(store: Store, namespace_: str | None) -> list[dict[str, Any]]:
             "source": {"component": "rolloutd-controller"}, "reportingComponent": "rolloutd-controller",
         })
     return out
+
+
+def _event_fields(doc: dict[str, Any], ns: str) -> tuple[str, str, str, str]:
+    """(object name, type, reason, message) of a posted core/v1 Event; 422 naming the field otherwise."""
+    obj = doc.get("involvedObject") if isinstance(doc.get("involvedObject"), dict) else {}
+    checks = [("involvedObject.kind", obj.get("kind") == KIND, f"only {KIND} events are kept here"),
+              ("involvedObject.name", isinstance(obj.get("name"), str) and obj.get("name"), "required"),
+              ("involvedObject.namespace", obj.get("namespace") in (None, ns), "must be the URL's namespace"),
+              ("type", doc.get("type", "Normal") in ("Normal", "Warning"), "must be Normal or Warning"),
+              ("reason", isinstance(doc.get("reason"), str) and 0 < len(doc["reason"]) <= 128, "1-128 characters"),
+              ("message", isinstance(doc.get("message", ""), str) and len(doc.get("message", "")) <= 4096,
+               "a string of at most 4096 characters")]
+    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, ok, m in checks if not ok]
+    if causes:
+        raise Invalid("Event is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes), causes=causes)
+    return obj["name"], doc.get("type", "Normal"), doc["reason"], doc.get("message", "")
 
 
 def discovery_router(store: Store) -> APIRouter:
@@ -139,6 +156,18 @@ def discovery_router(store: Store) -> APIRouter:
     @r.get("/api/v1/namespaces/{ns}/events")
     async def ns_events(ns: str, request: Request):
         return await _events(request, ns)
+
+    @r.post("/api/v1/namespaces/{ns}/events", status_code=201)
+    async def post_event(ns: str, request: Request):
+        """An Event about a RolloutJob (the operator's, and kopf's when a handler fails) joins the job's events."""
+        name, type_, reason, message = _event_fields(await parse_document(request), ns)
+        try:
+            job = await asyncio.to_thread(store.get_wire, name, ns)
+        except NotFound:
+            raise NotFound(f'rolloutjobs.rolloutd.io "{name}" not found: an Event needs its object') from None
+        await asyncio.to_thread(store.add_event, name, reason, message, type_)
+        events = await asyncio.to_thread(core_events, store, job["metadata"]["namespace"])
+        return JSONResponse([e for e in events if e["involvedObject"]["name"] == name][-1], status_code=201)
 
     openapi_routes(r)
     return r

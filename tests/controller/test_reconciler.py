@@ -1,5 +1,5 @@
-"""The reconcile loop's phase machine, with a scripted executor and work tracker (logic only;
-the real executors have their own end-to-end tests)."""
+"""The reconcile's phase machine as the kopf handlers drive it (`operator.handlers.Reconciler`), with a
+scripted executor and work tracker over a store (logic only; kopf itself runs in the e2e and kube tests)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +11,10 @@ import yaml
 from rolloutd.controller.errors import NotFound
 from rolloutd.controller.executors.base import ExecutorError, NodeState
 from rolloutd.controller.ports import Progress
-from rolloutd.controller.reconciler import Reconciler
+from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from store_api import StoreApi, reconcile_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
@@ -59,7 +60,7 @@ def setup(tmp_path):
     work.executor = ex
     job = RolloutJob.model_validate(yaml.safe_load(EXAMPLE.read_text()))
     store.apply(job)
-    return store, ex, work, Reconciler(store, {"local": ex}, work)
+    return store, ex, work, Reconciler(StoreApi(store), {"local": ex}, work)
 
 
 def phase(store):
@@ -70,20 +71,20 @@ def test_phases_to_success(setup):
     store, ex, work, rec = setup
 
     async def go():
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         assert phase(store) == "Provisioning" and ex.ensured == [2]
         assert store.get("math-demo").status.condition("Provisioned").status == "False"
         ex.nodes = [NodeState("n1", "running")]
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         st = store.get("math-demo").status
         assert st.phase.value == "Running" and st.nodes == 1 and st.start_time is not None
         work.progress_value = Progress(StageCounts(total=8, succeeded=8), done=True)
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         st = store.get("math-demo").status
         assert st.phase.value == "Succeeded" and st.condition("Complete").status == "True"
         assert st.completion_time is not None and ex.released == 1
         rv = store.get("math-demo").metadata.resource_version
-        await rec.reconcile_all()  # idempotent: nothing changes on a finished job
+        await reconcile_all(rec)  # idempotent: nothing changes on a finished job
         assert store.get("math-demo").metadata.resource_version == rv
         reasons = [e["reason"] for e in store.events("math-demo")]
         assert reasons == ["Provisioning", "Running", "Succeeded"]
@@ -94,7 +95,7 @@ def test_phases_to_success(setup):
 def test_permanent_executor_error_fails_with_message(setup):
     store, ex, work, rec = setup
     ex.error = ExecutorError("sbatch: error: invalid partition specified: nope", reason="InvalidPartition", permanent=True)
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     st = store.get("math-demo").status
     assert st.phase.value == "Failed"
     assert st.condition("Failed").reason == "InvalidPartition"
@@ -104,20 +105,20 @@ def test_permanent_executor_error_fails_with_message(setup):
 def test_transient_executor_error_is_retried(setup):
     store, ex, work, rec = setup
     ex.error = ExecutorError("slurmctld not responding", reason="SlurmUnavailable")
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     assert phase(store) == "Pending"
     assert store.get("math-demo").status.condition("Provisioned").reason == "SlurmUnavailable"
     ex.error = None
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     assert phase(store) == "Provisioning"
 
 
 def test_delete_releases_and_removes(setup):
     store, ex, work, rec = setup
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     store.mark_deleted("math-demo")
     assert phase(store) == "Cancelling"
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     with pytest.raises(NotFound):
         store.get("math-demo")
     assert ex.released == 1 and work.forgotten == 1
@@ -128,6 +129,6 @@ def test_delete_releases_and_removes(setup):
 def test_missing_executor_is_a_condition_not_a_crash(tmp_path):
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(yaml.safe_load(EXAMPLE.read_text())))
-    asyncio.run(Reconciler(store, {}).reconcile_all())
+    asyncio.run(reconcile_all(Reconciler(StoreApi(store), {})))
     cond = store.get("math-demo").status.condition("ExecutorReady")
     assert cond.status == "False" and cond.reason == "ExecutorUnavailable"

@@ -86,10 +86,12 @@ def test_every_item_delivered_exactly_once(tmp_path):
 
 
 def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resync(tmp_path):
-    """The scheduler tells the reconciler when a job has nothing queued or leased left; the job is
-    Succeeded at once, although the reconciler's periodic pass is a minute away."""
+    """The scheduler tells the operator when a job has nothing queued or leased left; the job's
+    observing daemon (the kopf handler, run by hand here) marks it Succeeded at once, although its next
+    periodic pass is a minute away."""
     from rolloutd.controller.executors.base import NodeState
-    from rolloutd.controller.reconciler import Reconciler
+    from rolloutd.controller.operator.handlers import Reconciler, observe
+    from store_api import Stopped, StoreApi
 
     class OneNode:  # an executor whose one node is up
         async def ensure(self, job, nodes): pass
@@ -103,20 +105,22 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
         return store.get("math-demo").status.phase.value
 
     async def scenario():
-        rec = Reconciler(store, {"local": OneNode()}, sched, resync=60.0)
+        rec = Reconciler(StoreApi(store), {"local": OneNode()}, sched, interval=60.0)
         sched.on_idle = lambda name: (idle.append(name), rec.nudge(name))
-        task = asyncio.create_task(rec.run())
+        stopped = Stopped()
+        node = reg(sched)
+        task = asyncio.create_task(observe("math-demo", "default", rec, stopped))
         try:
-            node = reg(sched)
-            await until(lambda: phase() == "Running", 5, "the first (full) pass")
+            await until(lambda: phase() == "Running", 5, "the first pass")
             leases = (await sched.lease(node, 100)).leases
             sched.results(node, ResultBatch(results=[ok(l) for l in leases[:3]]))
             assert idle == []  # one item still leased
             sched.results(node, ResultBatch(results=[ok(leases[3])]))
             assert idle == ["math-demo"]
-            await until(lambda: phase() == "Succeeded", 5, "Succeeded (the next resync is 60 s away)")
+            await until(lambda: phase() == "Succeeded", 5, "Succeeded (the next periodic pass is 60 s away)")
+            await asyncio.wait_for(task, 5)  # a finished job's daemon ends by itself
         finally:
-            rec.stop()
+            stopped.set()
             task.cancel()
 
     asyncio.run(scenario())

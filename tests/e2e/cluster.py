@@ -47,11 +47,14 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
+                "--port", str(self.port), "--executors", self.executors, "--log-level", "info"]
+
     def start(self) -> "Cluster":
         log = open(self.root / "controller.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--executors", self.executors, "--log-level", "info"],
+            self.argv(),
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.env, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -80,7 +80,8 @@ def test_wait_for_condition_complete(kube, kubectl):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kubectl.env)
     try:  # whether kubectl lists the job before or after the condition is set, it must see it met
         with kube.client() as api:
-            set_status(api, "waited", {"phase": "Succeeded", "conditions": [
+            # observedGeneration as an operator writes it: kubectl ignores conditions of an older generation
+            set_status(api, "waited", {"phase": "Succeeded", "observedGeneration": 1, "conditions": [
                 {"type": "Complete", "status": "True", "reason": "Succeeded", "message": "4 rollouts finished"}]})
         out, err = proc.communicate(timeout=60)
     finally:

@@ -20,12 +20,13 @@ from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesEx
                                                       resource_name)
 from rolloutd.controller.main import app as rolloutd_app
 from rolloutd.controller.executors.base import ExecutorError
-from rolloutd.controller.reconciler import Reconciler
+from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from kube.apiserver_double import K8S_VERSION, FakeApiServer
 from kube_tools import helm
+from store_api import StoreApi, reconcile_all
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "join-secret-abc123"
@@ -258,21 +259,21 @@ def test_refusals_fail_the_job_drained_or_unreachable_is_retried(apiserver):
 
 
 def test_reconciler_runs_and_releases_a_kubernetes_job(apiserver, tmp_path):
-    """The real reconcile pass with this executor: Job created on apply, deleted on delete."""
+    """The operator's reconcile pass with this executor: Job created on apply, deleted on delete."""
     store = Store(tmp_path / "db.sqlite")
     job = make_job(nodes=2)
     store.apply(job)
-    rec = Reconciler(store, {"kubernetes": executor(apiserver.url)})
+    rec = Reconciler(StoreApi(store), {"kubernetes": executor(apiserver.url)})
 
     async def go():
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         assert store.get("math-demo").status.phase.value == "Provisioning"
         assert ("rl", "rolloutd-math-demo") in apiserver.jobs
         apiserver.add_pod("rolloutd-math-demo", 0, "Running")
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         assert store.get("math-demo").status.phase.value == "Running"
         store.mark_deleted("math-demo")
-        await rec.reconcile_all()
+        await reconcile_all(rec)
         assert not apiserver.jobs and not apiserver.secrets
         assert "math-demo" not in list(store.names())
 
@@ -283,16 +284,16 @@ def test_without_the_client_a_job_fails_with_what_to_install(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` raises ImportError
     store = Store(tmp_path / "db.sqlite")
     store.apply(make_job())
-    rec = Reconciler(store, {"kubernetes": KubernetesExecutor("http://c:7350", TOKEN, namespace="rl", image="i")})
-    asyncio.run(rec.reconcile_all())
+    rec = Reconciler(StoreApi(store), {"kubernetes": KubernetesExecutor("http://c:7350", TOKEN, namespace="rl", image="i")})
+    asyncio.run(reconcile_all(rec))
     status = store.get("math-demo").status
     assert status.phase.value == "Failed"
     assert INSTALL_HINT in status.condition("Failed").message
     events = len(store.events("math-demo"))
-    asyncio.run(rec.reconcile_all())  # a failed job is released on every pass: no error loop
+    asyncio.run(reconcile_all(rec))  # a failed job is released on every pass: no error loop
     assert len(store.events("math-demo")) == events
     store.mark_deleted("math-demo")
-    asyncio.run(rec.reconcile_all())
+    asyncio.run(reconcile_all(rec))
     assert "math-demo" not in list(store.names())
 
 

@@ -1,0 +1,146 @@
+"""The kopf handlers that reconcile RolloutJobs: create/update/resume ensure the job's daemons at once, a
+daemon per job observes it (progress, nodes, phase, conditions) until it is finished, delete releases.
+
+Registered on a fresh `kopf.OperatorRegistry` by `build_registry`; run by `embedded.py` against the
+controller's own API or any Kubernetes API server. Each pass is `reconcile.py`'s; its status goes through
+the status subresource and its events as core/v1 Events (`kubeapi.JobApi`). Next step: `reconcile.py`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import httpx
+import kopf
+
+from rolloutd.crds.names import GROUP, VERSION
+from rolloutd.crds.rolloutjob import RolloutJob
+
+from ..executors.base import Executor
+from ..ports import WorkTracker
+from . import reconcile
+from .kubeapi import JobApi
+
+log = logging.getLogger("rolloutd.operator")
+PLURAL = "rolloutjobs"
+
+
+class Reconciler:
+    """What the handlers share (kopf's `memo`): executors, the work tracker, the API writer, the
+    operator-mode mirror, and one wake-up per observed job so that `nudge` ends its wait at once."""
+
+    def __init__(self, api: JobApi, executors: dict[str, Executor], work: WorkTracker | None = None, *,
+                 interval: float = 2.0, mirror: Callable[[RolloutJob], Any] | None = None,
+                 forget: Callable[[RolloutJob], Any] | None = None):
+        self.api, self.executors, self.work, self.interval = api, executors, work, interval
+        self.mirror, self.forget = mirror, forget   # operator mode: the local copy the scheduler reads
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __copy__(self) -> "Reconciler":  # kopf copies its memo per object: all of them share this one
+        return self
+
+    def nudge(self, name: str) -> None:
+        """Observe this job now rather than at the end of its wait (its last rollout just finished).
+        Safe from any thread."""
+        wake, loop = self._wakes.get(name), self._loop
+        if wake is not None and loop is not None:
+            loop.call_soon_threadsafe(wake.set)
+
+    def wake(self, name: str) -> asyncio.Event:
+        self._loop = asyncio.get_running_loop()
+        return self._wakes.setdefault(name, asyncio.Event())
+
+    async def step(self, namespace: str, name: str) -> RolloutJob | None:
+        """One pass over the job as stored now; returns it (None once it is gone or being deleted)."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            job = await self.api.get(namespace, name)
+            if job is None or job.metadata.deletion_timestamp is not None:
+                return None
+            if self.mirror is not None:
+                await asyncio.to_thread(self.mirror, job)
+            try:
+                result = await reconcile.reconcile(job, self.executors.get(job.spec.executor.kind), self.work)
+                stored = await self._write(job, result)
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code in (404, 409):  # changed or gone under us: the next pass reads again
+                    return job
+                raise
+            except Exception as e:  # noqa: BLE001 - one job's trouble must not stop its observation
+                log.exception("reconcile %s failed", name)
+                await self.api.post_event(job, "ReconcileError", f"{type(e).__name__}: {e}", "Warning")
+                return job
+            return stored or job
+
+    async def _write(self, job: RolloutJob, result: reconcile.Step) -> RolloutJob | None:
+        wire = await self.api.patch_status(job, result.status)
+        stored = RolloutJob.model_validate(wire) if wire is not None else None
+        if stored is not None and self.mirror is not None:
+            await asyncio.to_thread(self.mirror, stored)
+        for reason, message, type_ in result.events:
+            await self.api.post_event(job, reason, message, type_)
+        return stored
+
+    async def release(self, namespace: str, name: str) -> None:
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            job = await self.api.get(namespace, name)
+            if job is None:
+                return
+            result = await reconcile.release(job, self.executors.get(job.spec.executor.kind), self.work)
+            try:
+                await self._write(job, result)
+            except httpx.HTTPStatusError as e:
+                if e.response.status_code != 409:
+                    raise
+                latest = await self.api.get(namespace, name)  # a user's write came between: once more on it
+                if latest is not None:
+                    await self._write(latest, reconcile.Step(result.status))
+            if self.forget is not None:
+                await asyncio.to_thread(self.forget, job)
+        self._locks.pop(name, None)
+
+
+async def ensure(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:
+    """Created, changed, or found at start-up: take the first step now (apply → Provisioning)."""
+    await memo.step(namespace, name)
+
+
+async def observe(name: str, namespace: str, memo: Reconciler, stopped: Any, **_: Any) -> None:
+    """While the job lives: a pass every `interval` seconds, or at once when nudged; ends when the job
+    has finished (its executor released) or is being deleted (the delete handler takes over)."""
+    wake = memo.wake(name)
+    try:
+        while not stopped:
+            wake.clear()
+            job = await memo.step(namespace, name)
+            if job is None or job.status.phase.terminal:
+                return
+            waits = [asyncio.ensure_future(stopped.wait()), asyncio.ensure_future(wake.wait())]
+            try:
+                await asyncio.wait(waits, timeout=memo.interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+    finally:
+        memo._wakes.pop(name, None)
+
+
+async def release(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:
+    """deletionTimestamp set: release the executor's daemons and the job's work, mark it Cancelled;
+    kopf then drops the finalizer (`rolloutd.io/release`, see `embedded.settings`)."""
+    await memo.release(namespace, name)
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    """A registry holding the handlers (a fresh one each time: two operators in one process, as in tests,
+    must not share handlers)."""
+    registry = kopf.OperatorRegistry()
+    on = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    kopf.on.resume(**on, id="ensure-on-resume")(ensure)
+    kopf.on.create(**on, id="ensure-on-create")(ensure)
+    kopf.on.update(**on, id="ensure-on-update")(ensure)
+    kopf.on.delete(**on, id="release")(release)
+    kopf.daemon(**on, id="observe", cancellation_timeout=10.0)(observe)
+    return registry
