@@ -1,8 +1,9 @@
 """What an executor is (the `Executor` interface the reconcile calls) and what every executor shares
 to launch node daemons: their environment and argv, a crash back-off, an atomic JSON state file.
 
-Implementations: `local.py`, `slurm/executor.py`. Callers: the reconcile loop (`controller/reconciler.py`)
-and the controller's wiring (`server.py`, which also calls `shutdown`). Imports nothing of the controller.
+Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`. Callers: the kopf handlers
+(`controller/operator/handlers.py`, through `operator/reconcile.py`) and the controller's wiring
+(`server.py`, which also calls `shutdown`). Imports nothing of the controller.
 """
 from __future__ import annotations
 
