@@ -118,15 +118,15 @@ class Reconciler:
             await self._event(job, "ReconcileError", f"{type(e).__name__}: {e}", "Warning")
 
     async def _event(self, job: RolloutJob, reason: str, message: str, type_: str = "Normal") -> None:
-        await asyncio.to_thread(self.store.add_event, job.metadata.name, reason, message, type_)
+        await asyncio.to_thread(self.store.add_event, job.metadata.key, reason, message, type_)
 
     async def _save(self, job: RolloutJob, status: RolloutJobStatus) -> None:
         await asyncio.to_thread(
-            self.store.update_status, job.metadata.name, status, expect_rv=int(job.metadata.resource_version)
+            self.store.update_status, job.metadata.key, status, expect_rv=int(job.metadata.resource_version)
         )
 
     async def reconcile(self, job: RolloutJob) -> None:
-        name = job.metadata.name
+        name = job.metadata.key
         status = job.status.model_copy(deep=True)
         executor = self.executors.get(job.spec.executor.kind)
 

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
 from .mounts import check_mount_paths
-from .names import GROUP, TERMINAL_PHASES, VERSION
+from .names import DEFAULT_NAMESPACE, GROUP, TERMINAL_PHASES, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
 
@@ -45,9 +45,6 @@ def validate_name(name: str) -> str:
 # ---------------------------------------------------------------- metadata
 
 
-DEFAULT_NAMESPACE = "default"
-
-
 class OwnerReference(Model):
     api_version: str = Field(alias="apiVersion")
     kind: str
@@ -73,6 +70,11 @@ class ObjectMeta(Model):
     deletion_timestamp: datetime | None = None
     deletion_grace_period_seconds: int | None = None
     managed_fields: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """The controller's identity of the job (`names.job_key`): work rows, executors, node env."""
+        return job_key(self.namespace, self.name)
 
     @field_validator("name", "namespace")
     @classmethod
