@@ -6,6 +6,9 @@
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/events   GET (what `rolloutctl describe` shows)
+    …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends}   trainer (`http/trainer.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
+    The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
