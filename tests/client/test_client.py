@@ -239,3 +239,27 @@ def test_the_async_client_has_every_method_of_the_sync_one_with_the_same_paramet
         if name != "close":
             assert list(aio[name].parameters) == list(sig.parameters), name
             assert [p.default for p in aio[name].parameters.values()] == [p.default for p in sig.parameters.values()]
+
+
+# ---------------------------------------------------------------- namespaces
+
+
+def test_a_client_of_a_namespace_names_its_jobs_there_and_a_document_s_namespace_wins(api, fake):
+    from rolloutd.client import Connection
+
+    api.client.namespace = "team-a"  # as RolloutClient(namespace="team-a") or the config's `namespace` set it
+    team = "/apis/rolloutd.io/v1alpha1/namespaces/team-a/rolloutjobs"
+    fake.on("GET", f"{team}/j", httpx.Response(200, json=obj()))
+    fake.on("GET", f"{team}/j/policy", httpx.Response(200, json={"version": 3}))
+    fake.on("PUT", f"{team}/j", httpx.Response(201, json=obj()))
+    other = "/apis/rolloutd.io/v1alpha1/namespaces/other/rolloutjobs/j"
+    fake.on("PUT", other, httpx.Response(201, json=obj()))
+    fake.on("GET", P, httpx.Response(200, json={"items": []}))
+    assert api("get", "j")["metadata"]["name"] == "j" and api("policy", "j") == {"version": 3}
+    api("apply", JOB)
+    api("apply", {**JOB, "metadata": {"name": "j", "namespace": "other"}})
+    assert len(fake.calls("PUT", f"{team}/j")) == len(fake.calls("PUT", other)) == 1
+    assert all(r.headers["x-rolloutd-apply"] == "true" for r in fake.calls("PUT", f"{team}/j"))
+    api("list")
+    assert fake.calls("GET", P)[0].url.params["fieldSelector"] == "metadata.namespace=team-a"
+    assert Connection("http://c", "t").namespace == "default"
