@@ -6,15 +6,19 @@
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/events   GET (what `rolloutctl describe` shows)
+    …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends}   trainer (`http/trainer.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
+    The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
-the bearer token. Errors are Kubernetes `Status` objects (see `errors.py`).
+a bearer token: the admin token, the join token (node paths only) or a scoped one (`http/access.py`: 403 beyond it). Errors are Kubernetes `Status` objects (see `errors.py`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 from fastapi import FastAPI, Query, Request
@@ -26,8 +30,9 @@ from prometheus_client.core import GaugeMetricFamily
 from rolloutd.crds.names import API_PREFIX as PREFIX
 from rolloutd.crds.rolloutjob import Phase
 
-from .auth import token_matches
-from .errors import ApiError, BadRequest, Unauthorized
+from .auth import TokenBook, token_matches
+from .errors import ApiError, BadRequest, Forbidden, Unauthorized
+from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.openapi import describe
 from .kube import jobs
@@ -36,6 +41,16 @@ from .kube.validate import validate_job
 from .store import Store
 
 log = logging.getLogger("rolloutd.api")
+# The trainer routes of the previous version (no namespace) are served as the `default` namespace's.
+_OLD_TRAINER_PATH = re.compile(PREFIX + r"/rolloutjobs/([^/]+)/(trajectories|groups|batches|policy|backends)(/.*)?")
+
+
+_NODE_PATH = re.compile(PREFIX + r"(/namespaces/[^/]+/rolloutjobs/[^/]+)?/nodes/")
+
+
+def _namespaced(path: str) -> str:
+    m = _OLD_TRAINER_PATH.fullmatch(path)
+    return path if m is None else f"{PREFIX}/namespaces/default/rolloutjobs/{m[1]}/{m[2]}{m[3] or ''}"
 
 
 def _error(err: ApiError) -> JSONResponse:
@@ -49,16 +64,19 @@ class _AuthAndMetrics:
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
     response starts (a watch stream is counted once, not for its whole life)."""
 
-    def __init__(self, app, *, token: str, join_token: str | None, requests_total: Counter, latency: Histogram):
-        self.app, self.token, self.join_token = app, token, join_token
+    def __init__(self, app, *, token: str, join_token: str | None, tokens: TokenBook, requests_total: Counter,
+                 latency: Histogram):
+        self.app, self.token, self.join_token, self.tokens = app, token, join_token, tokens
         self.requests_total, self.latency = requests_total, latency
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, method, path = time.perf_counter(), scope["method"], scope["path"]
+        start, method, path = time.perf_counter(), scope["method"], _namespaced(scope["path"])
+        if path != scope["path"]:
+            scope = {**scope, "path": path, "raw_path": path.encode()}
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-        node_call = self.join_token is not None and path.startswith(PREFIX + "/nodes/") \
+        node_call = self.join_token is not None and _NODE_PATH.match(path) is not None \
             and token_matches(header, self.join_token)
         started = False
 
@@ -71,13 +89,17 @@ class _AuthAndMetrics:
             await send(message)
 
         if path != "/healthz" and not node_call and not token_matches(header, self.token):
-            err = Unauthorized(
-                "missing bearer token: send 'Authorization: Bearer <token>' (the token is in the controller's "
-                "data dir, file 'token'; rolloutctl reads it via --token-file or ROLLOUTD_TOKEN)"
-                if header is None
-                else "invalid bearer token"
-            )
-            return await _error(err)(scope, receive, send_and_count)
+            scoped = self.tokens.find(header)
+            if scoped is None:
+                err: ApiError = Unauthorized(
+                    "missing bearer token: send 'Authorization: Bearer <token>' (the token is in the controller's "
+                    "data dir, file 'token'; rolloutctl reads it via --token-file or ROLLOUTD_TOKEN)"
+                    if header is None
+                    else "invalid bearer token"
+                )
+                return await _error(err)(scope, receive, send_and_count)
+            if problem := forbidden(scoped, method, path):
+                return await _error(Forbidden(problem))(scope, receive, send_and_count)
         try:
             await self.app(scope, receive, send_and_count)
         except ApiError as e:
@@ -100,7 +122,9 @@ class _JobsCollector:
         yield g
 
 
-def create_app(store: Store, token: str, *, join_token: str | None = None, scheduler=None) -> FastAPI:
+def create_app(store: Store, token: str, *, join_token: str | None = None, scheduler=None,
+               tokens: TokenBook | None = None) -> FastAPI:
+    """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted)."""
     app = FastAPI(
         title="rolloutd controller",
         version="v1alpha1",
@@ -115,8 +139,8 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
     app.state.store = store
     app.state.registry = registry
 
-    app.add_middleware(_AuthAndMetrics, token=token, join_token=join_token, requests_total=requests_total,
-                       latency=latency)
+    app.add_middleware(_AuthAndMetrics, token=token, join_token=join_token, tokens=tokens or TokenBook(None),
+                       requests_total=requests_total, latency=latency)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -170,10 +194,7 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}")
     async def apply(name: str, request: Request):
-        job = validate_job(await parse_document(request), url_name=name)
-        wire, outcome = await asyncio.to_thread(store.apply, job)
-        return JSONResponse(wire, status_code=201 if outcome == "created" else 200,
-                            headers={"X-Rolloutd-Outcome": outcome})
+        return await jobs.rolloutctl_apply(store, request, None, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}")
     async def get(name: str, request: Request):

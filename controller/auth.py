@@ -1,15 +1,25 @@
-"""Bearer-token auth for the controller API.
+"""Bearer-token auth for the controller API: the admin and join tokens, and scoped tokens.
 
 `ensure_token(path)` runs at controller start for the two token files (`config.DataDir`): it creates
-each (0600, random) once and reuses it afterwards. The API middleware (`api.py`) compares every
-request's `Authorization: Bearer …` with them in constant time. The CLI and clients read the files.
+each (0600, random) once and reuses it afterwards. Scoped tokens (read-only, limited to namespaces) are
+files in `DataDir.tokens`, written by `rolloutd token create` and looked up by `TokenBook`; what a scoped
+token may do is `access.py`'s call. The API middleware (`api.py`) compares tokens in constant time.
 """
 from __future__ import annotations
 
 import hmac
+import json
+import logging
 import os
+import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
+
+from rolloutd.crds.rolloutjob import validate_name
+
+log = logging.getLogger("rolloutd.auth")
+_TOKEN_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def ensure_token(path: Path) -> str:
@@ -35,3 +45,63 @@ def token_matches(header: str | None, token: str) -> bool:
     if not header or not header.startswith("Bearer "):
         return False
     return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
+
+
+@dataclass(frozen=True)
+class ScopedToken:
+    """A token less than the admin's: `read_only` (get, list, watch) and/or limited to `namespaces` (empty: all)."""
+
+    name: str
+    token: str
+    read_only: bool = False
+    namespaces: tuple[str, ...] = ()
+
+    def wire(self) -> dict[str, object]:
+        return {"name": self.name, "token": self.token, "readOnly": self.read_only, "namespaces": list(self.namespaces)}
+
+
+def create_scoped_token(tokens_dir: Path, name: str, *, read_only: bool, namespaces: list[str]) -> ScopedToken:
+    """A new random token, written to `tokens_dir/<name>.json` (0600; the directory 0700). The running
+    controller picks it up on the next request it sees from it; deleting the file revokes it."""
+    if not _TOKEN_NAME.fullmatch(name):
+        raise ValueError(f"token name {name!r}: use lowercase letters, digits and '-' (at most 63)")
+    for ns in namespaces:
+        validate_name(ns)
+    scoped = ScopedToken(name, secrets.token_urlsafe(32), read_only, tuple(dict.fromkeys(namespaces)))
+    tokens_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(tokens_dir, 0o700)
+    fd = os.open(tokens_dir / f"{name}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(scoped.wire(), f)
+    return scoped
+
+
+class TokenBook:
+    """The scoped tokens of `tokens_dir` (one JSON file each), read again whenever the directory changed."""
+
+    def __init__(self, tokens_dir: Path | None):
+        self.dir, self._mtime, self._tokens = tokens_dir, None, ()
+
+    def find(self, header: str | None) -> ScopedToken | None:
+        if self.dir is None or not header:
+            return None
+        self._refresh()
+        return next((t for t in self._tokens if token_matches(header, t.token)), None)
+
+    def _refresh(self) -> None:
+        try:
+            mtime = self.dir.stat().st_mtime_ns
+        except OSError:
+            self._tokens = ()
+            return
+        if mtime == self._mtime:
+            return
+        tokens = []
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+                tokens.append(ScopedToken(str(doc["name"]), str(doc["token"]), bool(doc.get("readOnly")),
+                                          tuple(str(n) for n in doc.get("namespaces") or ())))
+            except (OSError, ValueError, KeyError, TypeError) as e:  # a bad file grants nothing
+                log.error("ignoring token file %s: %s", path, e)
+        self._mtime, self._tokens = mtime, tuple(t for t in tokens if t.token)

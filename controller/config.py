@@ -42,6 +42,11 @@ class DataDir:
         return self.root / "join-token"
 
     @property
+    def tokens(self) -> Path:
+        """Scoped tokens (read-only, limited to namespaces), one JSON file each (0600): `rolloutd token create`."""
+        return self.root / "tokens"
+
+    @property
     def logs(self) -> Path:
         """The node daemons' logs, one file per daemon."""
         return self.root / "logs"

@@ -45,19 +45,23 @@ _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rollo
 class _State:
     server: str | None = None
     token_file: Path | None = None
+    namespace: str | None = None
 
 
 @app.callback()
 def _global(
     server: Optional[str] = typer.Option(None, "--server", envvar="ROLLOUTD_SERVER", help="controller URL"),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token"),
+    namespace: Optional[str] = typer.Option(None, "-n", "--namespace", envvar="ROLLOUTD_NAMESPACE",
+                                            help="the jobs' namespace (default: the config's, else 'default')"),
 ) -> None:
     _State.server = server
     _State.token_file = token_file
+    _State.namespace = namespace
 
 
 def _client() -> RolloutClient:
-    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file)))
+    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace)))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

@@ -46,6 +46,10 @@ class Unauthorized(ApiError):
     code, reason = 401, "Unauthorized"
 
 
+class Forbidden(ApiError):
+    code, reason = 403, "Forbidden"
+
+
 class NotFound(ApiError):
     code, reason = 404, "NotFound"
 

@@ -25,6 +25,8 @@ app = typer.Typer(
 app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
 app.add_typer(image_app, name="image", help="Build root filesystem images from Dockerfiles (rolloutd image build DIR).")
 register_agent_commands(app)
+token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True)
+app.add_typer(token_app, name="token")
 
 
 @app.command()
@@ -80,6 +82,37 @@ def _kinds(executors: str) -> tuple[str, ...]:
     if unknown:
         raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(EXECUTOR_KINDS)}")
     return kinds
+
+
+@token_app.command("create")
+def token_create(
+    name: str = typer.Argument(..., help="the token's name (shown in 403 messages); its file is tokens/NAME.json"),
+    read_only: bool = typer.Option(False, "--read-only", help="get, list and watch only (dashboards)"),
+    namespace: list[str] = typer.Option([], "-n", "--namespace", help="limit to this namespace (repeat for more)"),
+    data_dir: Path = typer.Option(None, help="the controller's data dir [default: $ROLLOUTD_DATA_DIR or ~/.local/share/rolloutd]"),
+    output: Path = typer.Option(None, "-o", "--output", help="also write the bare token here (0600), for --token-file"),
+) -> None:
+    """Create a scoped token; the running controller accepts it at once. Prints the token unless -o is given."""
+    import os
+
+    from .auth import create_scoped_token
+    from .config import DataDir, default_data_dir
+
+    try:
+        scoped = create_scoped_token(DataDir(data_dir or default_data_dir()).tokens, name, read_only=read_only,
+                                     namespaces=namespace)
+    except FileExistsError:
+        raise typer.BadParameter(f"a token named {name!r} exists; delete its file to revoke it first") from None
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if output is None:
+        typer.echo(scoped.token)
+        return
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(scoped.token + "\n")
+    os.chmod(output, 0o600)
+    typer.echo(f"wrote {output}")
 
 
 @app.command()

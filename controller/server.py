@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from .api import create_app
-from .auth import ensure_token
+from .auth import TokenBook, ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor
 from .executors.local import LocalExecutor
@@ -42,7 +42,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     join_token = ensure_token(paths.join_token)
     store = Store(paths.db)
     scheduler = Scheduler(store)
-    app = create_app(store, token, join_token=join_token, scheduler=scheduler)
+    app = create_app(store, token, join_token=join_token, scheduler=scheduler, tokens=TokenBook(paths.tokens))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     local = LocalExecutor(f"http://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds)
     executors_by_kind = {"local": local}

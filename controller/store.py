@@ -19,6 +19,7 @@ from typing import Any, Iterable
 from sqlalchemy import event, func
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from rolloutd.crds.names import job_key, split_key
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
 from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
@@ -93,12 +94,12 @@ class Store:
     def unsubscribe(self, ev: asyncio.Event) -> None:
         self._listeners = {(lp, e) for lp, e in self._listeners if e is not ev}
 
-    def _changed(self, name: str) -> None:
+    def _changed(self, key: str) -> None:
         """After a committed write: drop the cached job (a reader may have cached the old row while
         the write was in flight) and wake the watchers."""
         with self._lock:
             self._epoch += 1
-            self._cache.pop(name, None)
+            self._cache.pop(key, None)
         self._notify()
 
     def _notify(self) -> None:
@@ -110,21 +111,18 @@ class Store:
 
     # ------------------------------------------------------------ reads
 
-    def get(self, name: str) -> RolloutJob:
-        """The job, parsed. Shared and cached until the next write: treat it as read-only
-        (`model_copy(deep=True)` before changing it). The store is the database's only writer."""
-        cached = self._cache.get(name)
+    def get(self, key: str) -> RolloutJob:
+        """The job of a `job_key` ("namespace/name"; a bare name is in `default`), parsed. Shared and
+        cached until the next write: treat it as read-only (`model_copy(deep=True)` before changing it)."""
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
         epoch = self._epoch
         with Session(self.engine) as s:
-            row = s.get(JobRow, name)
-            if row is None:
-                raise NotFound(f'rolloutjobs "{name}" not found', name=name)
-            job = to_resource(row)
+            job = to_resource(_row(s, *reversed(split_key(key))))
         with self._lock:
             if epoch == self._epoch:  # no write happened while we read: safe to cache
-                self._cache[name] = job
+                self._cache[key] = job
         return job
 
     def get_wire(self, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -173,6 +171,7 @@ class Store:
             return s.exec(select(func.max(ChangeRow.rv))).one() or 0
 
     def changes_since(self, rv: int, name: str | None = None, limit: int = 500) -> list[Change]:
+        """The changes after `rv` (of one job when `name`, a `job_key`, is given)."""
         with Session(self.engine) as s:
             oldest = s.exec(select(func.min(ChangeRow.rv))).one()
             if oldest is not None and rv < oldest - 1:
@@ -183,11 +182,11 @@ class Store:
             rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
         return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
 
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([name])]
+    def events(self, key: str) -> list[dict[str, Any]]:
+        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
 
     def event_records(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        """Events with their id and job name (the core/v1 Event view builds on these)."""
+        """Events with their id and job key (the core/v1 Event view builds on these)."""
         with Session(self.engine) as s:
             q = select(EventRow)
             if names is not None:
@@ -201,8 +200,8 @@ class Store:
     def _record(self, s: Session, row: JobRow, type_: str) -> dict[str, Any]:
         """Append the change-log row, stamp its id as the resource's new resourceVersion."""
         self._epoch += 1
-        self._cache.pop(row.name, None)
-        change = ChangeRow(type=type_, name=row.name, object="{}")
+        self._cache.pop(job_key(row.namespace, row.name), None)
+        change = ChangeRow(type=type_, name=job_key(row.namespace, row.name), object="{}")
         s.add(change)
         s.flush()
         row.resource_version = change.rv
@@ -213,24 +212,22 @@ class Store:
             s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
         return wire
 
-    def _finish(self, s: Session, name: str, dry_run: bool) -> None:
+    def _finish(self, s: Session, row: JobRow, dry_run: bool) -> None:
         if dry_run:
             s.rollback()
             return
+        key = job_key(row.namespace, row.name)
         s.commit()
-        self._changed(name)
+        self._changed(key)
 
     def create(self, job: RolloutJob, *, dry_run: bool = False, managed_fields: list[dict[str, Any]] | None = None,
                uid: str | None = None) -> dict[str, Any]:
-        """A new job (409 if the name exists, in any namespace: names are unique in this version). `uid`:
-        the operator's copy of a job stored elsewhere keeps that job's (the scheduler keys work on it)."""
+        """A new job (409 if its namespace holds one of that name already). `uid`: the operator's copy of a
+        job stored elsewhere keeps that job's."""
         meta = job.metadata
         with self._lock, Session(self.engine) as s:
-            old = s.get(JobRow, meta.name)
-            if old is not None:
-                where = "" if old.namespace == meta.namespace else \
-                    f" in namespace {old.namespace!r} (job names are unique across namespaces)"
-                raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists{where}', name=meta.name)
+            if _find(s, meta.name, meta.namespace) is not None:
+                raise AlreadyExists(f'rolloutjobs "{meta.name}" already exists', name=meta.name)
             row = JobRow(
                 name=meta.name, namespace=meta.namespace, uid=uid or str(uuid.uuid4()), generation=1, resource_version=0,
                 labels=dumps(meta.labels), annotations=dumps(meta.annotations),
@@ -241,7 +238,7 @@ class Store:
             )
             s.add(row)
             wire = self._record(s, row, "ADDED")
-            self._finish(s, meta.name, dry_run)
+            self._finish(s, row, dry_run)
         return wire
 
     def update(self, job: RolloutJob, *, expect_rv: int | None = None, dry_run: bool = False,
@@ -271,7 +268,7 @@ class Store:
             if row.deleted is not None and not json.loads(row.finalizers):
                 return self._delete_row(s, row, dry_run)
             wire = self._record(s, row, "MODIFIED")
-            self._finish(s, meta.name, dry_run)
+            self._finish(s, row, dry_run)
         return wire
 
     def _update_main(self, row: JobRow, job: RolloutJob) -> None:
@@ -300,32 +297,26 @@ class Store:
         and owners are kept unless the document names some). Returns (resource, created|configured|unchanged)."""
         name = job.metadata.name
         with Session(self.engine) as s:
-            row = s.get(JobRow, name)
+            row = _find(s, name, job.metadata.namespace)
             if row is not None:
-                row_ns, deleted, rv = row.namespace, row.deleted, row.resource_version
+                deleted, rv = row.deleted, row.resource_version
                 kept = {k: v for k, v in json.loads(row.annotations).items() if k.startswith(OPERATOR_ANNOTATIONS)}
         if row is None or create_only:
             return self.create(job), "created"
-        if row_ns != job.metadata.namespace:
-            raise AlreadyExists(f'rolloutjobs "{name}" already exists in namespace {row_ns!r} '
-                                "(job names are unique across namespaces)", name=name)
         if deleted is not None:
             raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
         job.metadata.annotations = {**kept, **job.metadata.annotations}  # the operator's state (kopf) stays
         wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
         return wire, "unchanged" if wire["metadata"]["resourceVersion"] == str(rv) else "configured"
 
-    def update_status(
-        self, name: str, status: RolloutJobStatus, *, expect_rv: int | None = None
-    ) -> dict[str, Any]:
-        """Replace the status; with `expect_rv`, fail with Conflict if the job changed since."""
+    def update_status(self, key: str, status: RolloutJobStatus, *, expect_rv: int | None = None) -> dict[str, Any]:
+        """Replace the status of the job `key`; with `expect_rv`, fail with Conflict if the job changed since."""
+        namespace, name = split_key(key)
         with self._lock, Session(self.engine) as s:
-            row = _row(s, name)
+            row = _row(s, name, namespace)
             if expect_rv is not None and row.resource_version != expect_rv:
-                raise Conflict(
-                    f'rolloutjobs "{name}" changed (resourceVersion {row.resource_version}, expected {expect_rv})',
-                    name=name,
-                )
+                raise Conflict(f'rolloutjobs "{name}" changed (resourceVersion {row.resource_version}, '
+                               f'expected {expect_rv})', name=name)
             new = dumps(status.wire())
             if new == row.status:
                 return to_wire(row)
@@ -333,7 +324,7 @@ class Store:
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
             s.commit()
-        self._changed(name)
+        self._changed(key)
         return wire
 
     def mark_deleted(self, name: str, namespace: str | None = None, *, dry_run: bool = False) -> dict[str, Any]:
@@ -357,21 +348,21 @@ class Store:
             row.status = dumps(status.wire())
             s.add(row)
             wire = self._record(s, row, "MODIFIED")
-            self._finish(s, name, dry_run)
+            self._finish(s, row, dry_run)
         return wire
 
     def _delete_row(self, s: Session, row: JobRow, dry_run: bool) -> dict[str, Any]:
         wire = self._record(s, row, "DELETED")
         s.delete(row)
-        for ev in s.exec(select(EventRow).where(EventRow.name == row.name)).all():
+        for ev in s.exec(select(EventRow).where(EventRow.name == job_key(row.namespace, row.name))).all():
             s.delete(ev)
-        self._finish(s, row.name, dry_run)
+        self._finish(s, row, dry_run)
         return wire
 
-    def remove(self, name: str) -> None:
+    def remove(self, key: str) -> None:
         """The reconciler released everything: drop the release finalizer; other finalizers hold the job."""
         with self._lock, Session(self.engine) as s:
-            row = s.get(JobRow, name)
+            row = _find(s, *reversed(split_key(key)))
             if row is None:
                 return
             left = [f for f in json.loads(row.finalizers) if f != RELEASE_FINALIZER]
@@ -381,23 +372,29 @@ class Store:
             if left:
                 s.add(row)
                 self._record(s, row, "MODIFIED")
-                self._finish(s, name, False)
+                self._finish(s, row, False)
             else:
                 self._delete_row(s, row, False)
 
-    def add_event(self, name: str, reason: str, message: str, type_: str = "Normal") -> None:
+    def add_event(self, key: str, reason: str, message: str, type_: str = "Normal") -> None:
         with self._lock, Session(self.engine) as s:
-            s.add(EventRow(name=name, time=utcnow(), type=type_, reason=reason, message=message))
+            s.add(EventRow(name=key, time=utcnow(), type=type_, reason=reason, message=message))
             s.commit()
 
     def names(self) -> Iterable[str]:
+        """Every job's `job_key`."""
         with Session(self.engine) as s:
-            return list(s.exec(select(JobRow.name)).all())
+            return [job_key(ns, name) for ns, name in s.exec(select(JobRow.namespace, JobRow.name)).all()]
+
+
+def _find(s: Session, name: str, namespace: str | None = None) -> JobRow | None:
+    """The row of `name` in `namespace` (None: `default`, as the paths without a namespace mean)."""
+    return s.get(JobRow, (namespace or DEFAULT_NAMESPACE, name))
 
 
 def _row(s: Session, name: str, namespace: str | None = None) -> JobRow:
-    row = s.get(JobRow, name)
-    if row is None or (namespace is not None and row.namespace != namespace):
+    row = _find(s, name, namespace)
+    if row is None:
         raise NotFound(f'rolloutjobs.rolloutd.io "{name}" not found', name=name)
     return row
 

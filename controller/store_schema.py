@@ -16,7 +16,7 @@ from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, Rollo
 
 from .errors import ApiError
 
-SCHEMA_VERSION = 2  # 2: namespace, finalizers, ownerReferences, managedFields
+SCHEMA_VERSION = 3  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).
 RELEASE_FINALIZER = "rolloutd.io/release"
 
@@ -33,8 +33,8 @@ class SchemaVersionRow(SQLModel, table=True):
 
 class JobRow(SQLModel, table=True):
     __tablename__ = "jobs"
-    name: str = Field(primary_key=True)  # unique across namespaces in this version (README: Kubernetes)
-    namespace: str = Field(default=DEFAULT_NAMESPACE, sa_column_kwargs={"server_default": DEFAULT_NAMESPACE})
+    namespace: str = Field(default=DEFAULT_NAMESPACE, primary_key=True, sa_column_kwargs={"server_default": DEFAULT_NAMESPACE})
+    name: str = Field(primary_key=True)
     uid: str
     generation: int
     resource_version: int
@@ -53,14 +53,14 @@ class ChangeRow(SQLModel, table=True):
     __tablename__ = "changes"
     rv: int | None = Field(default=None, primary_key=True)
     type: str  # ADDED | MODIFIED | DELETED
-    name: str = Field(index=True)
+    name: str = Field(index=True)  # the job's key (`names.job_key`)
     object: str  # JSON, the whole resource after the change
 
 
 class EventRow(SQLModel, table=True):
     __tablename__ = "events"
     id: int | None = Field(default=None, primary_key=True)
-    name: str = Field(index=True)
+    name: str = Field(index=True)  # the job's key (`names.job_key`)
     time: datetime
     type: str  # Normal | Warning
     reason: str
@@ -150,4 +150,30 @@ def _to_v2(s: Session) -> None:
         s.connection().exec_driver_sql(ddl)
 
 
-MIGRATIONS = {1: _to_v2}
+# The tables whose `job` (or `name`) column holds a job key; the work core's (controller/work/tables.py) are
+# named here rather than imported: the store never depends on the work core.
+KEYED_COLUMNS = (("changes", "name"), ("events", "name"), ("tasks", "job"), ("items", "job"), ("trajectories", "job"),
+                 ("nodes", "job"), ("expansions", "job"), ("groups", "job"), ("batches", "job"),
+                 ("batch_prompts", "job"), ("cursors", "job"), ("policies", "job"))
+_JOB_COLUMNS = "namespace, name, uid, generation, resource_version, labels, annotations, spec, status, created, " \
+               "deleted, finalizers, owner_refs, managed"
+
+
+def _to_v3(s: Session) -> None:
+    """v2 → v3: jobs are keyed by (namespace, name), so one name may live in two namespaces. The rows of a
+    job outside `default` (v2 kept names unique, so the name alone identified it) take its "namespace/name" key."""
+    conn = s.connection()
+    tables = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
+    for table, column in KEYED_COLUMNS:
+        if table in tables:
+            conn.exec_driver_sql(
+                f"UPDATE {table} SET {column} = (SELECT j.namespace || '/' || j.name FROM jobs j "
+                f"WHERE j.name = {table}.{column}) WHERE {column} IN "
+                f"(SELECT name FROM jobs WHERE namespace != '{DEFAULT_NAMESPACE}')")
+    conn.exec_driver_sql("ALTER TABLE jobs RENAME TO jobs_v2")
+    JobRow.__table__.create(conn)
+    conn.exec_driver_sql(f"INSERT INTO jobs ({_JOB_COLUMNS}) SELECT {_JOB_COLUMNS} FROM jobs_v2")
+    conn.exec_driver_sql("DROP TABLE jobs_v2")
+
+
+MIGRATIONS = {1: _to_v2, 2: _to_v3}

@@ -16,14 +16,11 @@ from .base import Model
 from .mounts import check_mount_paths
 from .executor import ExecutorSpec
 from .k8s_names import valid_label_key, valid_label_value, validate_name
-from .names import GROUP, TERMINAL_PHASES, VERSION
+from .names import DEFAULT_NAMESPACE, GROUP, TERMINAL_PHASES, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
 
 # ---------------------------------------------------------------- metadata
-
-
-DEFAULT_NAMESPACE = "default"
 
 
 class OwnerReference(Model):
@@ -51,6 +48,11 @@ class ObjectMeta(Model):
     deletion_timestamp: datetime | None = None
     deletion_grace_period_seconds: int | None = None
     managed_fields: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """The controller's identity of the job (`names.job_key`): work rows, executors, node env."""
+        return job_key(self.namespace, self.name)
 
     @field_validator("name", "namespace")
     @classmethod

@@ -9,6 +9,7 @@ import httpx
 from rolloutd.controller.errors import Conflict, NotFound
 from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
+from rolloutd.crds.names import job_key
 
 
 class StoreApi:
@@ -17,7 +18,7 @@ class StoreApi:
 
     async def get(self, namespace, name):
         try:
-            return self.store.get(name)
+            return self.store.get(job_key(namespace, name))
         except NotFound:
             return None
 
@@ -25,14 +26,14 @@ class StoreApi:
         if job.status.wire() == status.wire():
             return None
         try:
-            return self.store.update_status(job.metadata.name, status, expect_rv=int(job.metadata.resource_version))
+            return self.store.update_status(job.metadata.key, status, expect_rv=int(job.metadata.resource_version))
         except (Conflict, NotFound) as e:
             code = 409 if isinstance(e, Conflict) else 404
             raise httpx.HTTPStatusError(str(e), request=httpx.Request("PATCH", "http://store"),
                                         response=httpx.Response(code)) from None
 
     async def post_event(self, job, reason, message, type_="Normal"):
-        self.store.add_event(job.metadata.name, reason, message, type_)
+        self.store.add_event(job.metadata.key, reason, message, type_)
 
 
 async def reconcile_all(rec: Reconciler) -> None:
@@ -45,7 +46,7 @@ async def reconcile_all(rec: Reconciler) -> None:
             await rec.step(ns, name)
         else:
             await rec.release(ns, name)
-            await asyncio.to_thread(store.remove, name)
+            await asyncio.to_thread(store.remove, job.metadata.key)
 
 
 class Stopped:

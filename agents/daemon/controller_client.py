@@ -14,6 +14,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
+from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
     Heartbeat,
     HeartbeatResponse,
@@ -27,7 +28,7 @@ from rolloutd.crds.node import (
     ReturnRequest,
 )
 
-NODES_PREFIX = "/apis/rolloutd.io/v1alpha1/nodes"
+NODES_PREFIX = "/apis/rolloutd.io/v1alpha1/nodes"  # the previous version's paths; the controller serves both
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -55,14 +56,15 @@ def result_json(result: Result) -> bytes:
 
 
 class ControllerClient:
-    """The six calls of the node protocol. `transport` is a test seam (e.g. httpx.MockTransport)."""
+    """The six calls of the node protocol, under the job's namespaced path when `job` (its key,
+    "namespace/name" or a bare name in `default`) is given. `transport` is a test seam (e.g. httpx.MockTransport)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
+    def __init__(self, base_url: str, token: str, *, job: str | None = None, timeout: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._http = httpx.AsyncClient(
-            base_url=self.base_url + NODES_PREFIX,
+            base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             transport=transport,

@@ -11,6 +11,8 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+from rolloutd.crds.names import job_key
+
 from .batch import Batch, Group
 from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
@@ -22,9 +24,11 @@ class AsyncRolloutClient:
     """See `RolloutClient`; use as `async with AsyncRolloutClient() as rc: ...`."""
 
     def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
+                 namespace: str | None = None,
                  connection: Connection | None = None, timeout: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None):
-        self.conn = connection or resolve(server, token_file, token)
+        self.conn = connection or resolve(server, token_file, token, namespace)
+        self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
         self.http = httpx.AsyncClient(**client_options(self.conn, timeout), transport=transport)
         self.retry_backoff = 0.2
         self._pending: dict[str, int] = {}
@@ -39,6 +43,9 @@ class AsyncRolloutClient:
         await self.aclose()
 
     # ------------------------------------------------------------ plumbing
+
+    def _key(self, name: str) -> str:
+        return job_key(self.namespace, name)
 
     async def _do(self, call: Call) -> Any:
         try:
@@ -69,22 +76,22 @@ class AsyncRolloutClient:
     # ------------------------------------------------------------ jobs
 
     async def apply(self, job: dict[str, Any] | str | Path) -> dict[str, Any]:
-        return (await self._do(Calls.apply(job)))[0]
+        return (await self._do(Calls.apply(job, self.namespace)))[0]
 
     async def apply_with_outcome(self, job: dict[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
-        return await self._do(Calls.apply(job))
+        return await self._do(Calls.apply(job, self.namespace))
 
     async def get(self, name: str) -> dict[str, Any]:
-        return await self._do(Calls.get(name))
+        return await self._do(Calls.get(self._key(name)))
 
     async def list(self, selector: str | None = None) -> dict[str, Any]:
-        return await self._do(Calls.list(selector))
+        return await self._do(Calls.list(selector, self.namespace))
 
     async def events(self, name: str) -> list[dict[str, Any]]:
-        return await self._do(Calls.events(name))
+        return await self._do(Calls.events(self._key(name)))
 
     async def delete(self, name: str, wait: bool = False, timeout: float | None = None) -> dict[str, Any]:
-        obj = await self._do(Calls.delete(name))
+        obj = await self._do(Calls.delete(self._key(name)))
         if wait:
             try:
                 async for type_, _obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"],
@@ -109,18 +116,18 @@ class AsyncRolloutClient:
 
     def watch(self, name: str | None = None, since: str | None = None,
               timeout: float | None = None) -> AsyncIterator[tuple[str, dict[str, Any], str | None]]:
-        return self._stream(WatchStream(name, since, timeout, self.retry_backoff))
+        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff))
 
     # ------------------------------------------------------------ results
 
     async def trajectories(self, name: str, cursor: int = 0, follow: bool = False,
                            timeout: float | None = None, page: int = 1000) -> AsyncIterator[dict[str, Any]]:
         if follow:
-            async for t in self._stream(TrajectoryStream(name, cursor, timeout, self.retry_backoff)):
+            async for t in self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff)):
                 yield t
             return
         while True:
-            rows = await self._do(Calls.trajectory_page(name, cursor, page))
+            rows = await self._do(Calls.trajectory_page(self._key(name), cursor, page))
             for t in rows:
                 yield t
             if len(rows) < page:
@@ -128,7 +135,7 @@ class AsyncRolloutClient:
             cursor = rows[-1]["seq"]
 
     async def groups(self, name: str) -> list[dict[str, Any]]:
-        return await self._do(Calls.groups(name))
+        return await self._do(Calls.groups(self._key(name)))
 
     async def iter_groups(self, name: str, cursor: int = 0, follow: bool = True,
                           timeout: float | None = None) -> AsyncIterator[Group]:
@@ -143,11 +150,11 @@ class AsyncRolloutClient:
 
     async def request_batch(self, name: str, batch: int | None = None,
                             prompts: list[int] | None = None) -> dict[str, Any]:
-        return await self._do(Calls.request_batch(name, batch, prompts))
+        return await self._do(Calls.request_batch(self._key(name), batch, prompts))
 
     async def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
                     all_groups: bool = False) -> Batch:
-        poll = BatchPoll(name, k, wait, timeout, all_groups)
+        poll = BatchPoll(self._key(name), k, wait, timeout, all_groups)
         while True:
             b = Batch.from_wire(await self._do(poll.call()))
             if poll.done(b):
@@ -168,19 +175,19 @@ class AsyncRolloutClient:
 
     async def announce_policy(self, name: str, version: int | str, weights_path: str | Path | None = None,
                               pause: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        return await self._do(Calls.announce_policy(name, version, weights_path, pause, timeout))
+        return await self._do(Calls.announce_policy(self._key(name), version, weights_path, pause, timeout))
 
     async def policy(self, name: str) -> dict[str, Any]:
-        return await self._do(Calls.policy(name))
+        return await self._do(Calls.policy(self._key(name)))
 
     async def backends(self, name: str) -> list[dict[str, Any]]:
-        return await self._do(Calls.backends(name))
+        return await self._do(Calls.backends(self._key(name)))
 
     async def add_backend(self, name: str, url: str) -> list[dict[str, Any]]:
-        return await self._do(Calls.add_backend(name, url))
+        return await self._do(Calls.add_backend(self._key(name), url))
 
     async def remove_backend(self, name: str, url: str) -> list[dict[str, Any]]:
-        return await self._do(Calls.remove_backend(name, url))
+        return await self._do(Calls.remove_backend(self._key(name), url))
 
 
 __all__ = ["AsyncRolloutClient"]

@@ -10,12 +10,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
 from rolloutd.controller.documents import load_documents
-from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.names import API_PREFIX, job_key, job_path, split_key
 
 from .errors import RolloutdError
 
@@ -26,8 +25,7 @@ POLL_SLICE_SECONDS = 30.0
 STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)  # the server sends a keep-alive every 5 s
 
 
-def job_path(name: str, *sub: str) -> str:
-    return "/".join([JOBS, quote(name, safe=""), *sub])
+APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates (controller/kube/jobs.py)
 
 
 def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
@@ -84,6 +82,7 @@ class Call:
     params: dict[str, Any] | None = None
     json: Any = None
     timeout: Any = "default"      # "default": the client's; else an httpx timeout (None = wait forever)
+    headers: dict[str, str] | None = None
     decode: Any = None            # callable(httpx.Response) -> value; default: the JSON body
 
     def kwargs(self) -> dict[str, Any]:
@@ -94,6 +93,8 @@ class Call:
             kw["json"] = self.json
         if self.timeout != "default":
             kw["timeout"] = self.timeout
+        if self.headers:
+            kw["headers"] = self.headers
         return kw
 
     def result(self, r: httpx.Response) -> Any:
@@ -113,17 +114,21 @@ class Calls:
     `AsyncRolloutClient` (so the two cannot drift apart)."""
 
     @staticmethod
-    def apply(job: dict[str, Any] | str | Path) -> Call:
+    def apply(job: dict[str, Any] | str | Path, namespace: str) -> Call:
+        """PUT to the job's namespaced path: the document's namespace, else the client's."""
         doc = load_job(job)
-        return Call("PUT", job_path(doc["metadata"]["name"]), json=doc, decode=_with_outcome)
+        meta = doc["metadata"]
+        key = job_key(meta.get("namespace") or namespace, meta["name"])
+        return Call("PUT", job_path(key), json=doc, headers={APPLY_HEADER: "true"}, decode=_with_outcome)
 
     @staticmethod
     def get(name: str) -> Call:
         return Call("GET", job_path(name))
 
     @staticmethod
-    def list(selector: str | None = None) -> Call:
-        return Call("GET", JOBS, params={"labelSelector": selector} if selector else None)
+    def list(selector: str | None, namespace: str) -> Call:
+        params = {"fieldSelector": f"metadata.namespace={namespace}"}
+        return Call("GET", JOBS, params={**params, "labelSelector": selector} if selector else params)
 
     @staticmethod
     def delete(name: str) -> Call:
@@ -187,10 +192,12 @@ class Calls:
         return Call("DELETE", job_path(name, "backends"), params={"url": url}, decode=_items)
 
     @staticmethod
-    def watch(name: str | None, since: str | None, timeout: float | None) -> Call:
-        params: dict[str, Any] = {"watch": "true"}
-        if name:
-            params["fieldSelector"] = f"metadata.name={name}"
+    def watch(key: str | None, namespace: str, since: str | None, timeout: float | None) -> Call:
+        """The cluster-wide watch (server-sent events), narrowed to the namespace (and to one job by `key`)."""
+        params: dict[str, Any] = {"watch": "true", "fieldSelector": f"metadata.namespace={namespace}"}
+        if key:
+            namespace, name = split_key(key)
+            params["fieldSelector"] = f"metadata.namespace={namespace},metadata.name={name}"
         if since is not None:
             params["resourceVersion"] = since
         if timeout is not None:

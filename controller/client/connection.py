@@ -2,6 +2,7 @@
 
 Resolution (first hit wins, per item):
   server: argument, `ROLLOUTD_SERVER`, config `server`, `http://127.0.0.1:7350`;
+  namespace: argument, `ROLLOUTD_NAMESPACE`, config `namespace`, `default`;
   token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
           config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
           local controller's token file (`controller.config.DataDir`).
@@ -29,6 +30,7 @@ def config_path() -> Path:
 class Connection:
     server: str
     token: str
+    namespace: str = "default"
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -45,11 +47,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise RolloutdError(f"config file {path}: {malformed_yaml(e)}") from None
     if not isinstance(cfg, dict):
-        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile)")
+        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile, namespace)")
     return cfg
 
 
-def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None) -> Connection:
+def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None,
+            namespace: str | None = None) -> Connection:
     """Where the controller is and which bearer token to send (see the module docstring)."""
     path = config_path()
     cfg = _read_config(path)
@@ -66,7 +69,8 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
                 f"no API token: cannot read {tf} ({e.strerror}); pass token= or token_file=, set ROLLOUTD_TOKEN, "
                 f"or write 'token:' / 'tokenFile:' in {path}"
             ) from None
-    return Connection(str(server).rstrip("/"), token)
+    namespace = namespace or os.environ.get("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
+    return Connection(str(server).rstrip("/"), token, str(namespace))
 
 
 def client_options(conn: Connection, timeout: float) -> dict[str, Any]:

@@ -95,13 +95,14 @@ class WatchStream(Stream):
     what = "the watch stream"
     final = False  # the server ends a watch (restart, its timeout): reconnect from `last`
 
-    def __init__(self, name: str | None, since: str | None, timeout: float | None, retry_backoff: float):
+    def __init__(self, name: str | None, namespace: str, since: str | None, timeout: float | None,
+                 retry_backoff: float):
         super().__init__(timeout, retry_backoff)
-        self.name, self.last = name, since
+        self.name, self.namespace, self.last = name, namespace, since
         self.parser = SSEParser()
 
     def call(self, left: float | None) -> Call:
-        return Calls.watch(self.name, self.last, left)
+        return Calls.watch(self.name, self.namespace, self.last, left)
 
     def opened(self) -> None:
         self.parser = SSEParser()

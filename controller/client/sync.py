@@ -12,6 +12,8 @@ from typing import Any, Iterator
 
 import httpx
 
+from rolloutd.crds.names import job_key
+
 from .batch import Batch, Group
 from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
@@ -33,9 +35,11 @@ class RolloutClient:
     """
 
     def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
+                 namespace: str | None = None,
                  connection: Connection | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None):
-        self.conn = connection or resolve(server, token_file, token)
+        self.conn = connection or resolve(server, token_file, token, namespace)
+        self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
         self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
         self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (`core.Stream.failed`)
         self._pending: dict[str, int] = {}  # job → batch requested by next_batch but not yet returned
@@ -50,6 +54,9 @@ class RolloutClient:
         self.close()
 
     # ------------------------------------------------------------ plumbing
+
+    def _key(self, name: str) -> str:
+        return job_key(self.namespace, name)
 
     def _do(self, call: Call) -> Any:
         try:
@@ -82,25 +89,25 @@ class RolloutClient:
     def apply(self, job: dict[str, Any] | str | Path) -> dict[str, Any]:
         """Create or update a job (server-side apply) from a dict, a YAML/JSON file path or text;
         returns the stored object."""
-        return self._do(Calls.apply(job))[0]
+        return self._do(Calls.apply(job, self.namespace))[0]
 
     def apply_with_outcome(self, job: dict[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
         """`apply`, plus the outcome: `created`, `configured` or `unchanged`."""
-        return self._do(Calls.apply(job))
+        return self._do(Calls.apply(job, self.namespace))
 
     def get(self, name: str) -> dict[str, Any]:
-        return self._do(Calls.get(name))
+        return self._do(Calls.get(self._key(name)))
 
     def list(self, selector: str | None = None) -> dict[str, Any]:
-        return self._do(Calls.list(selector))
+        return self._do(Calls.list(selector, self.namespace))
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return self._do(Calls.events(name))
+        return self._do(Calls.events(self._key(name)))
 
     def delete(self, name: str, wait: bool = False, timeout: float | None = None) -> dict[str, Any]:
         """Delete a job (its live rollouts are cancelled on the daemons). With `wait`, return
         only once it is gone (`WaitTimeout` after `timeout` seconds)."""
-        obj = self._do(Calls.delete(name))
+        obj = self._do(Calls.delete(self._key(name)))
         if wait:
             try:
                 for type_, _obj, _ in self.watch(name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
@@ -128,7 +135,7 @@ class RolloutClient:
               timeout: float | None = None) -> Iterator[tuple[str, dict[str, Any], str | None]]:
         """(type, object, resourceVersion) per change; reconnects from the last version seen if the
         stream drops. Without `since`, starts with a synthetic ADDED per existing job."""
-        return self._stream(WatchStream(name, since, timeout, self.retry_backoff))
+        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff))
 
     # ------------------------------------------------------------ results
 
@@ -139,10 +146,10 @@ class RolloutClient:
         until the job ends (or `timeout`). A dropped stream is resumed after the last `seq`
         received, so nothing is lost or repeated."""
         if follow:
-            yield from self._stream(TrajectoryStream(name, cursor, timeout, self.retry_backoff))
+            yield from self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff))
             return
         while True:
-            rows = self._do(Calls.trajectory_page(name, cursor, page))
+            rows = self._do(Calls.trajectory_page(self._key(name), cursor, page))
             yield from rows
             if len(rows) < page:
                 return
@@ -150,7 +157,7 @@ class RolloutClient:
 
     def groups(self, name: str) -> list[dict[str, Any]]:
         """Every trajectory so far, grouped per prompt: `[{prompt, samples, rewards, complete}]`."""
-        return self._do(Calls.groups(name))
+        return self._do(Calls.groups(self._key(name)))
 
     def iter_groups(self, name: str, cursor: int = 0, follow: bool = True,
                     timeout: float | None = None) -> Iterator[Group]:
@@ -169,13 +176,13 @@ class RolloutClient:
         `prompts` (plain batches only): the dataset indices to run, one group each; the batch is
         then complete when every one of those groups settled, none replaced.
         Returns `{batch, state, target, counted, prompts, …}` without the groups."""
-        return self._do(Calls.request_batch(name, batch, prompts))
+        return self._do(Calls.request_batch(self._key(name), batch, prompts))
 
     def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
               all_groups: bool = False) -> Batch:
         """Batch `k`. With `wait`, blocks until it is complete or `timeout` seconds passed, and
         returns its state then (check `Batch.complete`)."""
-        poll = BatchPoll(name, k, wait, timeout, all_groups)
+        poll = BatchPoll(self._key(name), k, wait, timeout, all_groups)
         while True:
             b = Batch.from_wire(self._do(poll.call()))
             if poll.done(b):
@@ -202,21 +209,21 @@ class RolloutClient:
         """Tag new rollouts with `version`; with `pause`, hold new LLM calls, drain in-flight ones,
         reload `weights_path` on every backend, reset prefix caches, resume. Blocks until applied;
         returns `{version, pausedSeconds, backends: [{url, reloaded, error}]}`."""
-        return self._do(Calls.announce_policy(name, version, weights_path, pause, timeout))
+        return self._do(Calls.announce_policy(self._key(name), version, weights_path, pause, timeout))
 
     def policy(self, name: str) -> dict[str, Any]:
         """`{version, history}`."""
-        return self._do(Calls.policy(name))
+        return self._do(Calls.policy(self._key(name)))
 
     def backends(self, name: str) -> list[dict[str, Any]]:
         """`[{url, healthy, reason, inflight, pinnedToJob}]`."""
-        return self._do(Calls.backends(name))
+        return self._do(Calls.backends(self._key(name)))
 
     def add_backend(self, name: str, url: str) -> list[dict[str, Any]]:
-        return self._do(Calls.add_backend(name, url))
+        return self._do(Calls.add_backend(self._key(name), url))
 
     def remove_backend(self, name: str, url: str) -> list[dict[str, Any]]:
-        return self._do(Calls.remove_backend(name, url))
+        return self._do(Calls.remove_backend(self._key(name), url))
 
 
 __all__ = ["RolloutClient", "RolloutdError"]

@@ -38,22 +38,24 @@ INSTALL_HINT = "pip install 'rolloutd[kubernetes]'"
 
 
 def resource_name(job: str) -> str:
-    """The Job's (and its Secret's) name: `rolloutd-<job>`, shortened with a hash so that the pods'
-    hostnames (`<name>-<index>`) stay within 63 characters."""
-    name = f"rolloutd-{job}"
-    if len(name) <= 52:
+    """The Job's (and its Secret's) name for a job key: `rolloutd-<job>`, shortened with a hash so that the
+    pods' hostnames (`<name>-<index>`) stay within 63 characters; a key outside `default` always has the hash
+    ("a-b/c" and "a/b-c" must not meet)."""
+    name = f"rolloutd-{job.replace('/', '-')}"
+    if len(name) <= 52 and "/" not in job:
         return name
     return f"{name[:43]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
 
 
 def labels(job: RolloutJob) -> dict[str, str]:
     return {"app.kubernetes.io/name": "rolloutd-node", "app.kubernetes.io/managed-by": "rolloutd",
-            "rolloutd.io/job": job.metadata.name, "rolloutd.io/uid": job.metadata.uid or ""}
+            "rolloutd.io/job": job.metadata.name,
+            "rolloutd.io/namespace": job.metadata.namespace, "rolloutd.io/uid": job.metadata.uid or ""}
 
 
 def secret_manifest(job: RolloutJob, *, namespace: str, join_token: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": resource_name(job.metadata.name), "namespace": namespace, "labels": labels(job)},
+            "metadata": {"name": resource_name(job.metadata.key), "namespace": namespace, "labels": labels(job)},
             "stringData": {"join-token": join_token}}
 
 
@@ -62,10 +64,10 @@ def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url:
     """The Indexed Job running `spec.executor.nodes` node daemons of `job` (pure: no API call)."""
     k = job.spec.executor.kubernetes
     nodes = job.spec.executor.nodes
-    name = resource_name(job.metadata.name)
+    name = resource_name(job.metadata.key)
     # the daemon's contract (crds/nodeenv.py); the join token comes from the Secret, never the Job spec
     env = [{"name": nodeenv.CONTROLLER, "value": controller_url},
-           {"name": nodeenv.JOB, "value": job.metadata.name},
+           {"name": nodeenv.JOB, "value": job.metadata.key},
            {"name": nodeenv.JOIN_TOKEN, "valueFrom": {"secretKeyRef": {"name": name, "key": "join-token"}}},
            {"name": nodeenv.DRAIN_SECONDS, "value": f"{drain_seconds:g}"}]
     container: dict[str, Any] = {
@@ -230,7 +232,7 @@ class KubernetesExecutor:
         if not namespace:
             raise ExecutorError("no namespace for the node daemons: set spec.executor.kubernetes.namespace or "
                                 "$ROLLOUTD_K8S_NAMESPACE", reason="KubernetesNamespaceUnset", permanent=True)
-        return namespace, resource_name(job.metadata.name)
+        return namespace, resource_name(job.metadata.key)
 
     # ------------------------------------------------------------ Executor
 

@@ -88,7 +88,7 @@ class LocalExecutor:
     def _spawn(self, job: str, slot: int, restarts: int) -> _Daemon:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = daemon_env(os.environ, self.extra_env, self.controller_url, job, self.join_token)
-        logf = open(self.log_dir / f"{job}-node{slot}.log", "ab")
+        logf = open(self.log_dir / f"{job.replace('/', '_')}-node{slot}.log", "ab")
         popen = subprocess.Popen(daemon_argv(self.python, "--slot", str(slot)), env=env,
                                  stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
@@ -100,7 +100,7 @@ class LocalExecutor:
     async def ensure(self, job: RolloutJob, nodes: int) -> None:
         """Exactly `nodes` daemons: a dead one is restarted (after a back-off when it keeps dying young),
         surplus slots get SIGTERM and drain."""
-        name = job.metadata.name
+        name = job.metadata.key
         slots = self.daemons.setdefault(name, {})
         changed = False
         for slot in range(nodes):
@@ -123,15 +123,15 @@ class LocalExecutor:
 
     async def observe(self, job: RolloutJob) -> list[NodeState]:
         out = []
-        for slot, d in sorted(self.daemons.get(job.metadata.name, {}).items()):
+        for slot, d in sorted(self.daemons.get(job.metadata.key, {}).items()):
             alive = d.alive()
             reason = "" if alive else f"exited with code {d.exit_code()}"
-            out.append(NodeState(f"{job.metadata.name}-node{slot}", "running" if alive else "lost", reason))
+            out.append(NodeState(f"{job.metadata.key}-node{slot}", "running" if alive else "lost", reason))
         return out
 
     async def release(self, job: RolloutJob) -> None:
         """SIGTERM to every daemon of the job, SIGKILL after the grace period."""
-        slots = self.daemons.pop(job.metadata.name, {})
+        slots = self.daemons.pop(job.metadata.key, {})
         for d in slots.values():
             self._terminate(d)
         if slots:

@@ -1,7 +1,9 @@
 """The node-daemon protocol: thin routes over the scheduler's node methods.
 
-    POST /apis/rolloutd.io/v1alpha1/nodes/register | /{node}/lease | /{node}/heartbeat
-         | /{node}/results | /{node}/return | /{node}/deregister       (join token or admin token)
+    POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register | /{node}/lease
+         | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister   (join token or admin token)
+    POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
+         unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
 Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. Wire models:
 `rolloutd.crds.node`; the daemon's side is `rolloutd.agents.daemon.controller_client`.
@@ -12,15 +14,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.names import API_PREFIX, job_key, split_key
 from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
 
+from ..errors import BadRequest
 from ..work.scheduler import Scheduler
 from .bodies import read_model
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
 RESULTS_MAX_BYTES = 64 << 20
 NODES = f"{API_PREFIX}/nodes"
+JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 
 def _ok(model: BaseModel) -> JSONResponse:
@@ -30,31 +34,40 @@ def _ok(model: BaseModel) -> JSONResponse:
 def node_router(scheduler: Scheduler) -> APIRouter:
     r = APIRouter()
 
+    @r.post(f"{JOB_NODES}/register")
+    async def register_namespaced(namespace: str, name: str, request: Request):
+        req = await read_model(request, RegisterRequest)
+        if split_key(req.job) not in ((namespace, name), ("default", name)):
+            raise BadRequest(f"the body's job {req.job!r} is not the path's rolloutjob {namespace}/{name}")
+        req.job = job_key(namespace, name)
+        return _ok(scheduler.register(req))
+
     @r.post(f"{NODES}/register")
     async def register(request: Request):
         return _ok(scheduler.register(await read_model(request, RegisterRequest)))
 
-    @r.post(f"{NODES}/{{node_id}}/lease")
-    async def lease(node_id: str, request: Request):
-        req = await read_model(request, LeaseRequest)
-        return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
+    for prefix in (JOB_NODES, NODES):  # after registration a node id names the job: the path's is not read
+        @r.post(f"{prefix}/{{node_id}}/lease")
+        async def lease(node_id: str, request: Request):
+            req = await read_model(request, LeaseRequest)
+            return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
 
-    @r.post(f"{NODES}/{{node_id}}/heartbeat")
-    async def heartbeat(node_id: str, request: Request):
-        return _ok(scheduler.heartbeat(node_id, await read_model(request, Heartbeat)))
+        @r.post(f"{prefix}/{{node_id}}/heartbeat")
+        async def heartbeat(node_id: str, request: Request):
+            return _ok(scheduler.heartbeat(node_id, await read_model(request, Heartbeat)))
 
-    @r.post(f"{NODES}/{{node_id}}/results")
-    async def results(node_id: str, request: Request):
-        return _ok(scheduler.results(node_id, await read_model(request, ResultBatch, RESULTS_MAX_BYTES)))
+        @r.post(f"{prefix}/{{node_id}}/results")
+        async def results(node_id: str, request: Request):
+            return _ok(scheduler.results(node_id, await read_model(request, ResultBatch, RESULTS_MAX_BYTES)))
 
-    @r.post(f"{NODES}/{{node_id}}/return")
-    async def give_back(node_id: str, request: Request):
-        req = await read_model(request, ReturnRequest)
-        return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
+        @r.post(f"{prefix}/{{node_id}}/return")
+        async def give_back(node_id: str, request: Request):
+            req = await read_model(request, ReturnRequest)
+            return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
 
-    @r.post(f"{NODES}/{{node_id}}/deregister")
-    async def deregister(node_id: str):
-        scheduler.deregister(node_id)
-        return {}
+        @r.post(f"{prefix}/{{node_id}}/deregister")
+        async def deregister(node_id: str):
+            scheduler.deregister(node_id)
+            return {}
 
     return r

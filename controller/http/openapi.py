@@ -16,10 +16,13 @@ from pydantic import BaseModel, Field
 from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, RegisterRequest,
                                 RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
 from rolloutd.crds.k8s_names import DNS1123_LABEL
+from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
-from .nodes import NODES as N
-from .trainer import JOBS as J, BatchRequest, PolicyRequest
+from .nodes import JOB_NODES, NODES
+from .trainer import JOBS as T, BatchRequest, PolicyRequest
+
+J = f"{API_PREFIX}/rolloutjobs"  # the cluster-wide paths (api.py); T: the namespaced trainer routes
 
 BODY_TYPES = ("application/json", "application/yaml")
 BODY_ERRORS = (400, 404, 409, 413, 415, 422)
@@ -74,7 +77,19 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         "apiVersion": {"type": "string"}, "kind": {"const": "RolloutJobList"}, "metadata": OBJECT,
         "items": {"type": "array", "items": job_out["application/json"]}}}
     obj = {"application/json": OBJECT}
+    nodes = {}
+    for N in (JOB_NODES, NODES):  # the namespaced node protocol and the previous version's paths
+        nodes.update({
+            ("post", N + "/register"): dict(body=inp(RegisterRequest), ok={200: out(RegisterResponse)}, errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/lease"): dict(body=inp(LeaseRequest), ok={200: out(LeaseResponse)}, errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/heartbeat"): dict(body=inp(Heartbeat), ok={200: out(HeartbeatResponse)},
+                                                       errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/results"): dict(body=inp(ResultBatch), ok={200: out(ResultAck)}, errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/return"): dict(body=inp(ReturnRequest), ok={200: obj}, errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/deregister"): dict(ok={200: obj}, errors=(404,)),
+        })
     return {
+        **nodes,
         ("post", J): dict(body=inp(RolloutJob), ok={201: job_out}, errors=(400, 409, 413, 415, 422)),
         ("get", J): dict(ok={200: {"application/json": job_list, "text/event-stream": SSE_EVENT}},
                          errors=(400, 410)),
@@ -85,23 +100,16 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         ("get", J + "/{name}/status"): dict(ok={200: job_out}, errors=(404,)),
         ("put", J + "/{name}/status"): dict(body=inp(StatusUpdate), ok={200: job_out}, errors=BODY_ERRORS),
         ("get", J + "/{name}/events"): dict(ok={200: obj}, errors=(404,)),
-        ("post", N + "/register"): dict(body=inp(RegisterRequest), ok={200: out(RegisterResponse)}, errors=BODY_ERRORS),
-        ("post", N + "/{node_id}/lease"): dict(body=inp(LeaseRequest), ok={200: out(LeaseResponse)}, errors=BODY_ERRORS),
-        ("post", N + "/{node_id}/heartbeat"): dict(body=inp(Heartbeat), ok={200: out(HeartbeatResponse)},
-                                                   errors=BODY_ERRORS),
-        ("post", N + "/{node_id}/results"): dict(body=inp(ResultBatch), ok={200: out(ResultAck)}, errors=BODY_ERRORS),
-        ("post", N + "/{node_id}/return"): dict(body=inp(ReturnRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("post", N + "/{node_id}/deregister"): dict(ok={200: obj}, errors=(404,)),
-        ("get", J + "/{name}/trajectories"): dict(ok={200: {"application/x-ndjson": {"type": "string"}}},
+        ("get", T + "/{name}/trajectories"): dict(ok={200: {"application/x-ndjson": {"type": "string"}}},
                                                   errors=(400, 404)),
-        ("get", J + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
-        ("post", J + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("get", J + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410)),
-        ("post", J + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("get", J + "/{name}/policy"): dict(ok={200: obj}, errors=(400, 404)),
-        ("get", J + "/{name}/backends"): dict(ok={200: obj}, errors=(404,)),
-        ("post", J + "/{name}/backends"): dict(body=inp(BackendSpec), ok={200: obj}, errors=BODY_ERRORS),
-        ("delete", J + "/{name}/backends"): dict(ok={200: obj}, errors=(400, 404, 422)),
+        ("get", T + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
+        ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: obj}, errors=BODY_ERRORS),
+        ("get", T + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410)),
+        ("post", T + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: obj}, errors=BODY_ERRORS),
+        ("get", T + "/{name}/policy"): dict(ok={200: obj}, errors=(400, 404)),
+        ("get", T + "/{name}/backends"): dict(ok={200: obj}, errors=(404,)),
+        ("post", T + "/{name}/backends"): dict(body=inp(BackendSpec), ok={200: obj}, errors=BODY_ERRORS),
+        ("delete", T + "/{name}/backends"): dict(ok={200: obj}, errors=(400, 404, 422)),
     }
 
 

@@ -1,5 +1,7 @@
 """The trainer's routes: trajectories, groups, batches, policy versions and the job's LLM backends.
 
+Under /apis/rolloutd.io/v1alpha1/namespaces/{ns}/ (the per-job paths without a namespace are rewritten
+to `default` by `api.py`, for clients of the previous version):
     GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
     GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
     POST …/rolloutjobs/{name}/batches · GET …/batches/{k}                 batch server (DAPO)
@@ -18,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import BackendSpec
 
 from ..errors import BadRequest, Invalid, NotFound
@@ -27,7 +29,7 @@ from ..work.scheduler import Scheduler
 from ..store import Store
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
-JOBS = f"{API_PREFIX}/rolloutjobs"
+JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
 
 
 class BatchRequest(BaseModel):
@@ -55,9 +57,10 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return job.status.phase.terminal
 
     @r.get(f"{JOBS}/{{name}}/trajectories")
-    async def trajectories(name: str, cursor: int = Query(0, ge=0, le=INT64_MAX), follow: bool = False,
-                           limit: int = Query(1000, ge=1, le=100_000),
+    async def trajectories(namespace: str, name: str, cursor: int = Query(0, ge=0, le=INT64_MAX),
+                           follow: bool = False, limit: int = Query(1000, ge=1, le=100_000),
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
+        name = job_key(namespace, name)
         await asyncio.to_thread(store.get, name)  # 404 for an unknown job
         if not follow:
             rows = scheduler.trajectories(name, cursor, limit)
@@ -73,30 +76,35 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
     @r.get(f"{JOBS}/{{name}}/groups")
-    async def groups(name: str):
+    async def groups(namespace: str, name: str):
+        name = job_key(namespace, name)
         job = await asyncio.to_thread(store.get, name)
         return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
 
     # ------------------------------------------------------------ batches and policy versions
 
     @r.post(f"{JOBS}/{{name}}/batches")
-    async def request_batch(name: str, request: Request):
+    async def request_batch(namespace: str, name: str, request: Request):
+        name = job_key(namespace, name)
         req = await read_model(request, BatchRequest)
         return scheduler.request_batch(name, req.batch, req.prompts)
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
-    async def get_batch(name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
+    async def get_batch(namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
                         all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
+        name = job_key(namespace, name)
         store.get(name)
         return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
 
     @r.post(f"{JOBS}/{{name}}/policy")
-    async def announce_policy(name: str, request: Request):
+    async def announce_policy(namespace: str, name: str, request: Request):
+        name = job_key(namespace, name)
         req = await read_model(request, PolicyRequest)
         return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
 
     @r.get(f"{JOBS}/{{name}}/policy")
-    async def get_policy(name: str):
+    async def get_policy(namespace: str, name: str):
+        name = job_key(namespace, name)
         return scheduler.policy(name)
 
     # ------------------------------------------------------------ backends
@@ -113,11 +121,13 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return {"items": items}
 
     @r.get(f"{JOBS}/{{name}}/backends")
-    async def list_backends(name: str):
+    async def list_backends(namespace: str, name: str):
+        name = job_key(namespace, name)
         return describe_backends(name)
 
     @r.post(f"{JOBS}/{{name}}/backends")
-    async def add_backend(name: str, request: Request):
+    async def add_backend(namespace: str, name: str, request: Request):
+        name = job_key(namespace, name)
         doc = await read_model(request, BackendSpec)
         url = validate_backend_url(doc.url, "url")
         job = store.get(name).model_copy(deep=True)
@@ -128,7 +138,8 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return describe_backends(name)
 
     @r.delete(f"{JOBS}/{{name}}/backends")
-    async def remove_backend(name: str, url: str):
+    async def remove_backend(namespace: str, name: str, url: str):
+        name = job_key(namespace, name)
         url = validate_backend_url(url, "url")
         job = store.get(name).model_copy(deep=True)
         kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]

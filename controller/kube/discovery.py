@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from rolloutd.crds.crd import PLURAL
 from rolloutd.crds.k8s_names import validate_name
-from rolloutd.crds.names import GROUP, VERSION
+from rolloutd.crds.names import GROUP, VERSION, job_key
 from rolloutd.crds.rolloutjob import API_VERSION, KIND
 
 from ..errors import Invalid, NotFound
@@ -67,15 +67,16 @@ def namespace(name: str) -> dict[str, Any]:
 
 def core_events(store: Store, namespace_: str | None) -> list[dict[str, Any]]:
     """The store's job events as core/v1 Events of their RolloutJob."""
-    jobs = {j["metadata"]["name"]: j["metadata"] for j in store.list_wire(namespace=namespace_)[0]}
+    jobs = {job_key(j["metadata"]["namespace"], j["metadata"]["name"]): j["metadata"]
+            for j in store.list_wire(namespace=namespace_)[0]}
     out = []
     for e in store.event_records(list(jobs)):
         meta = jobs[e["name"]]
         out.append({
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{e['name']}.{e['id']:x}", "namespace": meta["namespace"],
+            "metadata": {"name": f"{meta['name']}.{e['id']:x}", "namespace": meta["namespace"],
                          "resourceVersion": str(e["id"]), "creationTimestamp": e["time"]},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": e["name"],
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta["uid"]},
             "reason": e["reason"], "message": e["message"], "type": e["type"], "count": 1,
             "firstTimestamp": e["time"], "lastTimestamp": e["time"],

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rolloutd.crds.names import API_PREFIX
+from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
 
 from ..errors import BadRequest, Conflict, NotFound
@@ -27,6 +27,7 @@ from .validate import Options, options, validate_job, validate_status
 from .watch import watch_response
 
 NS = API_PREFIX + "/namespaces/{namespace}/rolloutjobs"
+APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates, as rolloutctl apply wants
 
 
 def respond(request: Request, obj: dict[str, Any], code: int = 200, opts: Options | None = None,
@@ -124,6 +125,14 @@ async def create(store: Store, request: Request, namespace: str | None) -> Respo
     managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
     wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run, managed_fields=managed)
     return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
+
+
+async def rolloutctl_apply(store: Store, request: Request, namespace: str | None, name: str) -> Response:
+    """rolloutctl's apply, a PUT that creates or updates (`Store.apply`), with X-Rolloutd-Outcome; on a
+    namespaced path only when the request carries APPLY_HEADER (a plain PUT replaces, as Kubernetes does)."""
+    job = validate_job(await parse_document(request), url_name=name, namespace=namespace)
+    wire, outcome = await asyncio.to_thread(store.apply, job)
+    return JSONResponse(wire, status_code=201 if outcome == "created" else 200, headers={"X-Rolloutd-Outcome": outcome})
 
 
 async def replace(store: Store, request: Request, namespace: str, name: str) -> Response:
@@ -278,7 +287,14 @@ def namespaced_router(store: Store) -> APIRouter:
 
     @r.put(NS + "/{name}")
     async def _replace(namespace: str, name: str, request: Request):
+        if request.headers.get(APPLY_HEADER):
+            return await rolloutctl_apply(store, request, _ns(namespace), name)
         return await replace(store, request, _ns(namespace), name)
+
+    @r.get(NS + "/{name}/events")
+    async def _events(namespace: str, name: str):  # what `rolloutctl describe` shows
+        await asyncio.to_thread(store.get_wire, name, _ns(namespace))  # 404 for unknown jobs
+        return {"items": await asyncio.to_thread(store.events, job_key(namespace, name))}
 
     @r.put(NS + "/{name}/status")
     async def _replace_status(namespace: str, name: str, request: Request):

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
+from rolloutd.crds.names import job_key
 from rolloutd.crds.rolloutjob import API_VERSION, KIND
 
 from ..http.bodies import parse_version
@@ -59,6 +60,9 @@ def watch_response(store: Store, *, since: str | None, label_selector: str | Non
     sel = parse_selector(label_selector)
     fsel = parse_field_selector(field_selector, FIELD_SELECTABLE)
     name = next((v for k, op, v in fsel if k == "metadata.name" and op == "="), None)
+    in_ns = namespace or next((v for k, op, v in fsel if k == "metadata.namespace" and op == "="), None)
+    # the change log names jobs by key: narrow to one only when its namespace is known (`wanted` checks the rest)
+    name = job_key(in_ns, name) if name and in_ns else None
     expired: ApiError | None = None
     if since_rv is not None:
         try:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import httpx
 import kopf
 
-from rolloutd.crds.names import GROUP, VERSION
+from rolloutd.crds.names import GROUP, VERSION, job_key
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..executors.base import Executor
@@ -42,20 +42,20 @@ class Reconciler:
     def __copy__(self) -> "Reconciler":  # kopf copies its memo per object: all of them share this one
         return self
 
-    def nudge(self, name: str) -> None:
-        """Observe this job now rather than at the end of its wait (its last rollout just finished).
-        Safe from any thread."""
-        wake, loop = self._wakes.get(name), self._loop
+    def nudge(self, key: str) -> None:
+        """Observe this job (its key: `crds.names.job_key`) now rather than at the end of its wait (its last
+        rollout just finished). Safe from any thread."""
+        wake, loop = self._wakes.get(key), self._loop
         if wake is not None and loop is not None:
             loop.call_soon_threadsafe(wake.set)
 
-    def wake(self, name: str) -> asyncio.Event:
+    def wake(self, key: str) -> asyncio.Event:
         self._loop = asyncio.get_running_loop()
-        return self._wakes.setdefault(name, asyncio.Event())
+        return self._wakes.setdefault(key, asyncio.Event())
 
     async def step(self, namespace: str, name: str) -> RolloutJob | None:
         """One pass over the job as stored now; returns it (None once it is gone or being deleted)."""
-        async with self._locks.setdefault(name, asyncio.Lock()):
+        async with self._locks.setdefault(job_key(namespace, name), asyncio.Lock()):
             job = await self.api.get(namespace, name)
             if job is None or job.metadata.deletion_timestamp is not None:
                 return None
@@ -84,7 +84,8 @@ class Reconciler:
         return stored
 
     async def release(self, namespace: str, name: str) -> None:
-        async with self._locks.setdefault(name, asyncio.Lock()):
+        key = job_key(namespace, name)
+        async with self._locks.setdefault(key, asyncio.Lock()):
             job = await self.api.get(namespace, name)
             if job is None:
                 return
@@ -99,7 +100,7 @@ class Reconciler:
                     await self._write(latest, reconcile.Step(result.status))
             if self.forget is not None:
                 await asyncio.to_thread(self.forget, job)
-        self._locks.pop(name, None)
+        self._locks.pop(key, None)
 
 
 async def ensure(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:
@@ -110,7 +111,8 @@ async def ensure(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:
 async def observe(name: str, namespace: str, memo: Reconciler, stopped: Any, **_: Any) -> None:
     """While the job lives: a pass every `interval` seconds, or at once when nudged; ends when the job
     has finished (its executor released) or is being deleted (the delete handler takes over)."""
-    wake = memo.wake(name)
+    key = job_key(namespace, name)
+    wake = memo.wake(key)
     try:
         while not stopped:
             wake.clear()
@@ -124,7 +126,7 @@ async def observe(name: str, namespace: str, memo: Reconciler, stopped: Any, **_
                 for w in waits:
                     w.cancel()
     finally:
-        memo._wakes.pop(name, None)
+        memo._wakes.pop(key, None)
 
 
 async def release(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:

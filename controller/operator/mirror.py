@@ -18,7 +18,7 @@ class StoreMirror:
 
     def put(self, job: RolloutJob) -> None:
         """Create or update the local copy: spec, labels, annotations and status as the API server has them."""
-        name = job.metadata.name
+        name = job.metadata.key  # the store's key: the name in `default`, else namespace/name
         local = job.model_copy(deep=True)
         local.metadata.resource_version = None
         local.metadata.finalizers = []
@@ -38,7 +38,7 @@ class StoreMirror:
     def drop(self, job: RolloutJob) -> None:
         """The job was released on the API server: delete the local copy (trajectories included)."""
         try:
-            self.store.mark_deleted(job.metadata.name)
+            self.store.mark_deleted(job.metadata.key)
         except NotFound:
             return
-        self.store.remove(job.metadata.name)
+        self.store.remove(job.metadata.key)

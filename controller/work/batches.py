@@ -91,7 +91,7 @@ class Batches:
         return s.exec(select(BatchRow).where(BatchRow.job == job).order_by(BatchRow.k.desc())).first()
 
     def request(self, s: Session, job: RolloutJob, k: int | None, prompts: list[int] | None = None) -> BatchRow:
-        name = job.metadata.name
+        name = job.metadata.key
         if prompts is not None:
             self._check_prompts(job, prompts)
         cur = self.current(s, name)
@@ -129,7 +129,7 @@ class Batches:
         raise NotFound(f"batch {k} of rolloutjobs \"{name}\" does not exist")
 
     def _check_prompts(self, job: RolloutJob, prompts: list[int]) -> None:
-        name = job.metadata.name
+        name = job.metadata.key
         if job.spec.dapo.enabled:
             raise BadRequest(f"rolloutjobs \"{name}\" uses DAPO, which picks its own prompts; "
                              "name prompts only with spec.batches")
@@ -151,7 +151,7 @@ class Batches:
         """Open groups until the batch has enough running (DAPO: up to maxInFlightGroups)."""
         if batch.state != BatchState.running or self.named_prompts(s, batch.job, batch.k) is not None:
             return 0  # a batch of named prompts opened all its groups at once and replaces none
-        name = job.metadata.name
+        name = job.metadata.key
         running = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == batch.k,
                                                        GroupRow.state == GroupState.running)).all())
         cap = max_in_flight(job) - running
@@ -172,7 +172,7 @@ class Batches:
         return cap
 
     def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int]) -> None:
-        name, now = job.metadata.name, self.items.clock()
+        name, now = job.metadata.key, self.items.clock()
         for prompt in prompts:
             group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
             s.add(group)
@@ -231,7 +231,7 @@ class Batches:
                                                 GroupRow.state == GroupState.running)).first() is None
 
     def _complete(self, s: Session, job: RolloutJob, batch: BatchRow) -> None:
-        name = job.metadata.name
+        name = job.metadata.key
         batch.state, batch.completed = BatchState.complete, self.items.clock()
         surplus = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
                                                 GroupRow.state == GroupState.running)).all()
@@ -308,5 +308,5 @@ class Batches:
         limit = job.spec.batches.count if job.spec.batches else None
         if limit is None:
             return False
-        row = s.get(BatchRow, (job.metadata.name, limit))
+        row = s.get(BatchRow, (job.metadata.key, limit))
         return row is not None and row.state == BatchState.complete

@@ -28,7 +28,7 @@ class Expansions:
 
     def expand(self, job: RolloutJob) -> ExpansionRow:
         """Load the dataset once and create prompt × samples items (idempotent, restart-safe)."""
-        name = job.metadata.name
+        name = job.metadata.key
         cached = self._rows.get(name)
         if cached is not None and cached.uid == job.metadata.uid:
             return cached

@@ -42,7 +42,7 @@ class Jobs:
         return job
 
     def sync(self, job: RolloutJob) -> JobCache:
-        cache = self._cache.get(job.metadata.name)
+        cache = self._cache.get(job.metadata.key)
         if cache is None or cache.generation != job.metadata.generation:
             urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
             for u in urls:
@@ -51,7 +51,7 @@ class Jobs:
                                         job.spec.priority)
             cache = JobCache(job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
                              job.spec.pipeline.lease_seconds)
-            self._cache[job.metadata.name] = cache
+            self._cache[job.metadata.key] = cache
         return cache
 
     def cached(self, name: str) -> JobCache | None:

@@ -112,13 +112,13 @@ class ResultIntake:
                 if gid is not None:
                     self.batches.group_settled(s, job, gid)
             if config_error:
-                self.expansions.fail(s, job.metadata.name, config_error)
-                self.queue.cancel_live(s, job.metadata.name)  # they would fail the same way
+                self.expansions.fail(s, job.metadata.key, config_error)
+                self.queue.cancel_live(s, job.metadata.key)  # they would fail the same way
             s.commit()
             if config_error and self.on_idle is not None:
-                self.on_idle(job.metadata.name)  # the reconciler marks it Failed now
-            if settled and self.on_idle is not None and not self.queue.has_live(s, job.metadata.name):
-                self.on_idle(job.metadata.name)  # its last rollout: the job may be complete now
+                self.on_idle(job.metadata.key)  # the reconciler marks it Failed now
+            if settled and self.on_idle is not None and not self.queue.has_live(s, job.metadata.key):
+                self.on_idle(job.metadata.key)  # its last rollout: the job may be complete now
         for name in woke:
             self.queue.wake(name)
         return ack

@@ -153,7 +153,7 @@ class Scheduler:
         exp = self.expand(job)
         self.jobs.sync(job)
         counts = StageCounts(total=exp.total)
-        for state, stage, n in self.queue.counts(job.metadata.name):
+        for state, stage, n in self.queue.counts(job.metadata.key):
             if state == ItemState.queued or (state == ItemState.leased and stage == "leased"):
                 counts.queued += n
             elif state == ItemState.leased:
@@ -167,24 +167,24 @@ class Scheduler:
         if exp.error:
             return Progress(counts, failed=exp.error)
         live = counts.queued + counts.init + counts.run + counts.eval
-        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.name)}
+        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key)}
         if job.spec.batch_mode:
             with Session(self.engine, expire_on_commit=False) as s:
                 counts.total = live + counts.succeeded + counts.failed + counts.cancelled
-                extra["batch"] = self.batches.status(s, job.metadata.name)
+                extra["batch"] = self.batches.status(s, job.metadata.key)
                 done = self.batches.finished(s, job) and live == 0
-                failed = self.batches.failure(s, job.metadata.name)
+                failed = self.batches.failure(s, job.metadata.key)
             if failed:
                 return Progress(counts, failed=failed, extra=extra)
             return Progress(counts, done=done, extra=extra)
         return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
 
     async def registered(self, job: RolloutJob) -> int:
-        return len([n for n in self.nodes(job.metadata.name) if n.state == DaemonState.active])
+        return len([n for n in self.nodes(job.metadata.key) if n.state == DaemonState.active])
 
     async def forget(self, job: RolloutJob) -> None:
         """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
-        name = job.metadata.name
+        name = job.metadata.key
         with Session(self.engine, expire_on_commit=False) as s:
             self.queue.cancel_live(s, name)
             s.commit()

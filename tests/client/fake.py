@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 import httpx
 
-P = "/apis/rolloutd.io/v1alpha1/rolloutjobs"
+P = "/apis/rolloutd.io/v1alpha1/rolloutjobs"  # the cluster-wide list and watch
+J = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"  # a job of the client's namespace
 
 
 class Stream(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -59,7 +60,7 @@ class FakeController:
         self.requests: list[httpx.Request] = []
 
     def on(self, method: str, path: str, *answers: Any) -> "FakeController":
-        self.routes[(method, path if path.startswith("/") else f"{P}/{path}")].extend(answers)
+        self.routes[(method, path if path.startswith("/") else f"{J}/{path}")].extend(answers)
         return self
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -74,7 +75,7 @@ class FakeController:
         return answer(request) if callable(answer) else answer
 
     def calls(self, method: str, path: str) -> list[httpx.Request]:
-        path = path if path.startswith("/") else f"{P}/{path}"
+        path = path if path.startswith("/") else f"{J}/{path}"
         return [r for r in self.requests if r.method == method and r.url.path == path]
 
 

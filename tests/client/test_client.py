@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from fake import P, Stream, ndjson, status, traj
+from fake import J, P, Stream, ndjson, status, traj
 
 from rolloutd.client import (
     Batch, ConnectionFailed, Invalid, JobEnded, NotFound, RolloutdError, WaitTimeout,
@@ -78,10 +78,10 @@ def test_wait_follows_the_watch_until_the_condition_and_fails_fast_when_the_job_
     fake.on("GET", P, lambda r: httpx.Response(200, stream=Stream([sse])))
     assert api("wait", "j")["metadata"]["resourceVersion"] == "9"
     watch = fake.calls("GET", P)[0]
-    assert watch.url.params["resourceVersion"] == "5" and watch.url.params["fieldSelector"] == "metadata.name=j"
+    assert watch.url.params["resourceVersion"] == "5" and watch.url.params["fieldSelector"] == "metadata.namespace=default,metadata.name=j"
 
     failed = obj(3, "Failed", [{"type": "Complete", "status": "False", "message": "dataset missing"}])
-    fake.routes[("GET", f"{P}/j")] = [httpx.Response(200, json=failed)]
+    fake.routes[("GET", f"{J}/j")] = [httpx.Response(200, json=failed)]
     with pytest.raises(JobEnded, match="dataset missing"):
         api("wait", "j")
 
@@ -183,7 +183,7 @@ def test_next_batch_after_a_timeout_waits_for_the_same_batch(api, fake):
     with pytest.raises(WaitTimeout) as e:
         api("next_batch", "j", timeout=0.05)
     assert e.value.last.batch == 7 and e.value.last.counted == 1
-    fake.routes[("GET", f"{P}/j/batches/7")] = [httpx.Response(200, json=wire_batch(7, "complete", 2))]
+    fake.routes[("GET", f"{J}/j/batches/7")] = [httpx.Response(200, json=wire_batch(7, "complete", 2))]
     assert api("next_batch", "j").batch == 7
     assert len(fake.calls("POST", "j/batches")) == 1   # not a second request: batch 7 would be skipped
 
@@ -239,3 +239,27 @@ def test_the_async_client_has_every_method_of_the_sync_one_with_the_same_paramet
         if name != "close":
             assert list(aio[name].parameters) == list(sig.parameters), name
             assert [p.default for p in aio[name].parameters.values()] == [p.default for p in sig.parameters.values()]
+
+
+# ---------------------------------------------------------------- namespaces
+
+
+def test_a_client_of_a_namespace_names_its_jobs_there_and_a_document_s_namespace_wins(api, fake):
+    from rolloutd.client import Connection
+
+    api.client.namespace = "team-a"  # as RolloutClient(namespace="team-a") or the config's `namespace` set it
+    team = "/apis/rolloutd.io/v1alpha1/namespaces/team-a/rolloutjobs"
+    fake.on("GET", f"{team}/j", httpx.Response(200, json=obj()))
+    fake.on("GET", f"{team}/j/policy", httpx.Response(200, json={"version": 3}))
+    fake.on("PUT", f"{team}/j", httpx.Response(201, json=obj()))
+    other = "/apis/rolloutd.io/v1alpha1/namespaces/other/rolloutjobs/j"
+    fake.on("PUT", other, httpx.Response(201, json=obj()))
+    fake.on("GET", P, httpx.Response(200, json={"items": []}))
+    assert api("get", "j")["metadata"]["name"] == "j" and api("policy", "j") == {"version": 3}
+    api("apply", JOB)
+    api("apply", {**JOB, "metadata": {"name": "j", "namespace": "other"}})
+    assert len(fake.calls("PUT", f"{team}/j")) == len(fake.calls("PUT", other)) == 1
+    assert all(r.headers["x-rolloutd-apply"] == "true" for r in fake.calls("PUT", f"{team}/j"))
+    api("list")
+    assert fake.calls("GET", P)[0].url.params["fieldSelector"] == "metadata.namespace=team-a"
+    assert Connection("http://c", "t").namespace == "default"

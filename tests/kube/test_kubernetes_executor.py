@@ -101,6 +101,16 @@ def test_long_job_names_give_valid_hostnames():
     assert resource_name(name) != resource_name("a" * 62)
 
 
+def test_a_job_outside_default_gets_its_own_valid_resources_and_its_key_in_the_contract():
+    job = RolloutJob.model_validate({**make_job("j").wire(), "metadata": {"name": "j", "namespace": "a-b", "uid": "u"}})
+    m = job_manifest(job, namespace="rl", image="img", controller_url="http://c:1")
+    validate(m)
+    names = {resource_name(k) for k in ("j", "a-b/j", "a/b-j")}  # "a-b/j" and "a/b-j" must not meet
+    assert len(names) == 3 and not any("/" in n for n in names) and m["metadata"]["name"] == resource_name("a-b/j")
+    env = {e["name"]: e.get("value") for e in m["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROLLOUTD_JOB"] == "a-b/j" and m["metadata"]["labels"]["rolloutd.io/namespace"] == "a-b"
+
+
 def test_spec_refuses_what_kubernetes_would():
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         make_job(resources={"requests": {"memory": "8 GB"}})

@@ -33,7 +33,7 @@ def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
                      (json.dumps({"team": "rl"}), json.dumps(spec), json.dumps({"phase": "Running"})))
         conn.execute("INSERT INTO changes VALUES (7, 'MODIFIED', 'old-job', '{}')")
     store = Store(db)
-    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.schema_version() == SCHEMA_VERSION == 3
     wire = store.get_wire("old-job", "default")
     meta = wire["metadata"]
     assert meta["namespace"] == "default" and meta["finalizers"] == [RELEASE_FINALIZER]
@@ -42,4 +42,37 @@ def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
     store.mark_deleted("old-job")  # the reconciler's release removes it, as for a job created now
     store.remove("old-job")
     assert store.names() == []
-    assert Store(db).schema_version() == 2  # opening again migrates nothing twice
+    assert Store(db).schema_version() == 3  # opening again migrates nothing twice
+
+
+def test_a_v2_database_rekeys_jobs_outside_default_and_one_name_then_lives_in_two_namespaces(tmp_path):
+    db = tmp_path / "rolloutd.db"
+    store = Store(db)  # a fresh database, then put back to v2 by hand: the v2 jobs table and v2 keys
+    spec = json.dumps(RolloutJob.model_validate(job_doc("a")).spec.wire())
+    with sqlite3.connect(db) as conn:
+        conn.executescript("DROP TABLE jobs; UPDATE schema_version SET version = 2;"
+                           "DROP TABLE IF EXISTS items; CREATE TABLE items (id INTEGER PRIMARY KEY, job VARCHAR NOT NULL);")
+        conn.executescript(V1_TABLES.split(";")[1] + ";")  # the v1/v2 jobs table: name alone is the key
+        for ddl in ("namespace VARCHAR NOT NULL DEFAULT 'default'", "finalizers VARCHAR NOT NULL DEFAULT '[]'",
+                    "owner_refs VARCHAR NOT NULL DEFAULT '[]'", "managed VARCHAR NOT NULL DEFAULT '[]'"):
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {ddl}")
+        for name, ns in (("a", "team"), ("b", "default")):
+            conn.execute("INSERT INTO jobs (name, namespace, uid, generation, resource_version, labels, annotations, "
+                         "spec, status, created) VALUES (?, ?, 'u', 1, 1, '{}', '{}', ?, '{}', '2026-01-01 00:00:00')",
+                         (name, ns, spec))
+            conn.execute("INSERT INTO items (job) VALUES (?)", (name,))
+            conn.execute("INSERT INTO events (name, time, type, reason, message) VALUES (?, '2026-01-01', 'Normal', "
+                         "'Made', 'x')", (name,))
+    del store
+    store = Store(db)
+    assert store.schema_version() == 3
+    assert sorted(store.names()) == ["b", "team/a"]
+    with sqlite3.connect(db) as conn:
+        assert sorted(r[0] for r in conn.execute("SELECT job FROM items")) == ["b", "team/a"]
+    assert [e["reason"] for e in store.events("team/a")] == ["Made"]
+    assert store.get("team/a").metadata.namespace == "team"
+    store.create(RolloutJob.model_validate(job_doc("a")))  # the same name, now in `default` too
+    assert store.get("a").metadata.namespace == "default" and store.get("team/a").metadata.namespace == "team"
+    store.mark_deleted("a", "team")
+    store.remove("team/a")
+    assert sorted(store.names()) == ["a", "b"]

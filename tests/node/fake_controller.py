@@ -41,7 +41,7 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 
-P = "/apis/rolloutd.io/v1alpha1/nodes"
+P = "/apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{job_name}/nodes"  # the daemon names its job in the path
 
 
 def free_port() -> int:

@@ -78,11 +78,11 @@ class SlurmExecutor:
                 await self._account(job, rec, snap)
                 await self._permanent_pending(rec, snap)
                 if rec.size > nodes:
-                    await self.retirer.shrink(job.metadata.name, rec, snap, rec.size - nodes)
+                    await self.retirer.shrink(job.metadata.key, rec, snap, rec.size - nodes)
                     if self.state.dirty:
                         await self.retirer.sweep(snap)
                         self._follow_up()
-                await self.retirer.finish_partial_shrinks(job.metadata.name, rec, snap)
+                await self.retirer.finish_partial_shrinks(job.metadata.key, rec, snap)
                 if rec.size < nodes and self.clock() >= rec.next_submit:
                     await self._submit(job, rec, nodes - rec.size)
             finally:
@@ -91,7 +91,7 @@ class SlurmExecutor:
     async def observe(self, job: RolloutJob) -> list[NodeState]:
         async with self._lock:
             snap = await self._snapshot()
-            rec = self.state.get(job.metadata.name)
+            rec = self.state.get(job.metadata.key)
             if rec is None:
                 return []
             out: list[NodeState] = []
@@ -100,12 +100,12 @@ class SlurmExecutor:
             if not out and rec.last_error:
                 wait = max(rec.next_submit - self.clock(), 0)
                 why = rec.last_error + (f"; resubmitting in {wait:.0f}s" if wait >= 1 else "; resubmitting")
-                out.append(NodeState(f"{job.metadata.name}-slurm", "lost", why))
+                out.append(NodeState(f"{job.metadata.key}-slurm", "lost", why))
             return out
 
     async def release(self, job: RolloutJob) -> None:
         """Every allocation is retired (the follow-up sweep escalates to scancel); cheap once done."""
-        name = job.metadata.name
+        name = job.metadata.key
         if name not in self.state:  # cheap: called on every pass over a finished job
             if self._adopted:
                 return
@@ -144,7 +144,7 @@ class SlurmExecutor:
     # ------------------------------------------------------------ record
 
     def _record(self, job: RolloutJob) -> JobRecord:
-        name, uid = job.metadata.name, job.metadata.uid or ""
+        name, uid = job.metadata.key, job.metadata.uid or ""
         rec = self.state.get(name)
         if rec is None or rec.uid != uid:
             new = self.state[name] = JobRecord(uid=uid)
@@ -218,7 +218,7 @@ class SlurmExecutor:
 
     async def _account(self, job: RolloutJob, rec: JobRecord, snap: dict[str, SlurmJob]) -> None:
         """Allocations that ended without being retired are losses: counted, their daemons forgotten."""
-        name = job.metadata.name
+        name = job.metadata.key
         for aid, alloc in list(rec.allocs.items()):
             sj = snap.get(aid)
             if sj is not None and sj.live:
@@ -261,7 +261,7 @@ class SlurmExecutor:
     async def _submit(self, job: RolloutJob, rec: JobRecord, count: int) -> None:
         """sbatch with the daemon contract in its environment (`--export=ALL` hands it to srun's tasks):
         the join token never appears on a command line or in Slurm's job record."""
-        name, uid = job.metadata.name, job.metadata.uid or ""
+        name, uid = job.metadata.key, job.metadata.uid or ""
         spec = job.spec.executor.slurm
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = sbatch_argv(name, uid, count, spec, data_dir=self.data_dir, log_dir=self.log_dir, grace=self.grace)

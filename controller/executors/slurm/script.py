@@ -46,9 +46,10 @@ def sbatch_argv(job: str, uid: str, count: int, spec: SlurmSpec, *, data_dir: Pa
                 grace: float) -> list[str]:
     """`sbatch` for one allocation of `count` nodes. With a time limit long enough, Slurm sends SIGTERM
     `grace` + 30 s before the end, so the daemons drain before the hard kill."""
+    log_name = job.replace("/", "_")  # a job key outside `default` is "namespace/name"
     argv = ["sbatch", "--parsable", f"--job-name=rolloutd-{job}", f"--comment={allocation_tag(job, uid)}",
             f"--nodes={count}", "--ntasks-per-node=1", "--export=ALL", f"--chdir={data_dir}",
-            f"--output={log_dir / f'slurm-{job}-%j.out'}"]
+            f"--output={log_dir / f'slurm-{log_name}-%j.out'}"]
     for flag, value in (("partition", spec.partition), ("time", spec.time_limit), ("account", spec.account),
                         ("qos", spec.qos), ("constraint", spec.constraint)):
         if value:

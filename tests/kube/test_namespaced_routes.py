@@ -1,0 +1,63 @@
+"""One job name in two namespaces: the trainer routes and the node protocol under
+/namespaces/{ns}/rolloutjobs/{name}/… reach each job's own work; the previous version's paths mean `default`."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from kube_helpers import job_doc
+
+from rolloutd.controller.api import create_app
+from rolloutd.controller.store import Store
+from rolloutd.controller.work.scheduler import Scheduler
+from rolloutd.crds.node import NODE_PROTOCOL
+
+P = "/apis/rolloutd.io/v1alpha1"
+TEAM, DEFAULT = f"{P}/namespaces/team-a/rolloutjobs/j", f"{P}/namespaces/default/rolloutjobs/j"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = Store(tmp_path / "rolloutd.db")
+    scheduler = Scheduler(store)
+    app = create_app(store, "admin", join_token="join", scheduler=scheduler)
+    with TestClient(app, headers={"Authorization": "Bearer admin"}) as api:
+        for ns in ("default", "team-a"):
+            assert api.post(f"{P}/namespaces/{ns}/rolloutjobs", json=job_doc("j")).status_code == 201
+        yield api, scheduler
+
+
+def _register(api, path: str, job: str, name: str = "n1"):
+    return api.post(path, json={"job": job, "name": name, "protocol": NODE_PROTOCOL},
+                    headers={"Authorization": "Bearer join"})
+
+
+def test_the_node_protocol_under_the_job_registers_with_that_namespace_s_job(setup):
+    api, scheduler = setup
+    reg = _register(api, f"{TEAM}/nodes/register", "j")
+    assert reg.status_code == 200, reg.text
+    node = reg.json()["nodeId"]
+    assert [n.id for n in scheduler.nodes("team-a/j")] == [node] and scheduler.nodes("j") == []
+    assert api.post(f"{TEAM}/nodes/{node}/heartbeat", json={}, headers={"Authorization": "Bearer join"}).status_code == 200
+    refused = _register(api, f"{TEAM}/nodes/register", "other")
+    assert refused.status_code == 400 and "team-a/j" in refused.json()["message"]
+    old = _register(api, f"{P}/nodes/register", "team-a/j", "n2")  # a daemon of the previous version, by key
+    assert old.status_code == 200 and len(scheduler.nodes("team-a/j")) == 2
+    assert _register(api, f"{P}/nodes/register", "j", "n3").status_code == 200  # a bare name: `default`
+    assert [n.name for n in scheduler.nodes("j")] == ["n3"]
+    assert api.post(f"{TEAM}/nodes/register", json={"job": "j", "name": "x", "protocol": NODE_PROTOCOL}).status_code == 200
+    assert api.get(TEAM, headers={"Authorization": "Bearer join"}).status_code == 401  # the join token: nodes/ only
+
+
+def test_the_trainer_routes_of_one_namespace_leave_the_other_s_job_alone(setup):
+    api, _ = setup
+    added = api.post(f"{TEAM}/backends", json={"url": "http://127.0.0.1:9100"})
+    assert added.status_code == 200, added.text
+    urls = lambda path: [b["url"] for b in api.get(f"{path}/backends").json()["items"]]  # noqa: E731
+    assert "http://127.0.0.1:9100" in urls(TEAM) and "http://127.0.0.1:9100" not in urls(DEFAULT)
+    assert urls(f"{P}/rolloutjobs/j") == urls(DEFAULT)  # the path without a namespace is `default`'s
+    assert api.post(f"{TEAM}/policy", json={"version": 7}).json()["version"] == 7
+    assert api.get(f"{DEFAULT}/policy").json()["version"] != 7
+    for path in (TEAM, DEFAULT):
+        assert api.get(f"{path}/trajectories").status_code == 200 and api.get(f"{path}/groups").status_code == 200
+        assert api.get(f"{path}/events").status_code == 200
+    assert api.get(f"{P}/namespaces/nope/rolloutjobs/j/policy").status_code == 404
