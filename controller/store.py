@@ -1,31 +1,30 @@
-"""Durable state of the controller: RolloutJobs, their watch log and events, in SQLite (WAL).
+"""RolloutJobs' reads and writes: get, list (selectors, paging), create, update, apply, status, delete with
+finalizers, each write logged in the same transaction (the row's id is the new resourceVersion).
 
-Called by the API handlers and the reconciler; nothing else touches the database (node
-daemons never do). Every mutation appends one row to the `changes` log inside the same
-transaction; that row's id *is* the new resourceVersion, so resourceVersions grow
-monotonically and a watcher that resumes from version N sees every later change exactly once.
+Called by the Kubernetes routes (`kube/`), the operator and the scheduler's job reads. The database, its
+schema version (which also migrates the work tables of `controller/work/tables.py`: they live in the same
+file) and the change log are `store_db.StoreDB`'s.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import threading
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from sqlalchemy import event, func
-from sqlmodel import Session, SQLModel, create_engine, select
+from sqlalchemy import func
+from sqlmodel import Session, select
 
 from rolloutd.crds.names import job_key, split_key
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
-from .errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
+from .errors import AlreadyExists, Conflict, Invalid, NotFound
 from .kube.selectors import fields_match, matches, parse_field_selector, parse_selector
-from .store_schema import (MIGRATIONS, RELEASE_FINALIZER, SCHEMA_VERSION, Change, ChangeRow, EventRow, JobRow,
-                           SchemaVersionRow, Unservable, dumps, servable_wire, timestamp, to_resource, to_wire, utcnow)
+from .store_db import StoreDB
+from .store_schema import (RELEASE_FINALIZER, ChangeRow, EventRow, JobRow, Unservable, dumps, servable_wire,
+                           to_resource, to_wire, utcnow)
 
 log = logging.getLogger("rolloutd.store")
 
@@ -36,63 +35,13 @@ _TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
 OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedded.py): kept by rolloutctl apply
 
 
-class Store:
-    """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
+class Store(StoreDB):
+    """RolloutJobs' reads and writes over the database and change log of `StoreDB`."""
 
     def __init__(self, path: Path | str):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(
-            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
-        )
-
-        @event.listens_for(self.engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
-        self._lock = threading.RLock()
+        super().__init__(path)
         self._cache: dict[str, RolloutJob] = {}
         self._epoch = 0  # bumped by every write; a read that straddles a write is not cached
-        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
-        self._migrate()
-
-    # ------------------------------------------------------------ schema
-
-    def _migrate(self) -> None:
-        SQLModel.metadata.create_all(self.engine)
-        with Session(self.engine) as s:
-            row = s.get(SchemaVersionRow, 1)
-            if row is None:
-                s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
-            elif row.version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"database {self.path} has schema version {row.version}, newer than this "
-                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
-                )
-            else:
-                while row.version < SCHEMA_VERSION:
-                    MIGRATIONS[row.version](s)
-                    row.version += 1
-                    s.add(row)
-            s.commit()
-
-    def schema_version(self) -> int:
-        with Session(self.engine) as s:
-            return s.get(SchemaVersionRow, 1).version
-
-    # ------------------------------------------------------------ notifications
-
-    def subscribe(self) -> asyncio.Event:
-        ev = asyncio.Event()
-        self._listeners.add((asyncio.get_running_loop(), ev))
-        return ev
-
-    def unsubscribe(self, ev: asyncio.Event) -> None:
-        self._listeners = {(lp, e) for lp, e in self._listeners if e is not ev}
 
     def _changed(self, key: str) -> None:
         """After a committed write: drop the cached job (a reader may have cached the old row while
@@ -101,13 +50,6 @@ class Store:
             self._epoch += 1
             self._cache.pop(key, None)
         self._notify()
-
-    def _notify(self) -> None:
-        for loop, ev in list(self._listeners):
-            try:
-                loop.call_soon_threadsafe(ev.set)
-            except RuntimeError:  # loop closed
-                self._listeners.discard((loop, ev))
 
     # ------------------------------------------------------------ reads
 
@@ -165,35 +107,6 @@ class Store:
         with Session(self.engine) as s:
             used = set(s.exec(select(JobRow.namespace).distinct()).all())
         return sorted(used | {DEFAULT_NAMESPACE})
-
-    def current_rv(self) -> int:
-        with Session(self.engine) as s:
-            return s.exec(select(func.max(ChangeRow.rv))).one() or 0
-
-    def changes_since(self, rv: int, name: str | None = None, limit: int = 500) -> list[Change]:
-        """The changes after `rv` (of one job when `name`, a `job_key`, is given)."""
-        with Session(self.engine) as s:
-            oldest = s.exec(select(func.min(ChangeRow.rv))).one()
-            if oldest is not None and rv < oldest - 1:
-                raise Gone(f"resourceVersion {rv} is too old (oldest kept: {oldest}); list again and watch from there")
-            q = select(ChangeRow).where(ChangeRow.rv > rv)
-            if name:
-                q = q.where(ChangeRow.name == name)
-            rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
-        return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
-
-    def events(self, key: str) -> list[dict[str, Any]]:
-        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
-
-    def event_records(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        """Events with their id and job key (the core/v1 Event view builds on these)."""
-        with Session(self.engine) as s:
-            q = select(EventRow)
-            if names is not None:
-                q = q.where(EventRow.name.in_(names))
-            rows = s.exec(q.order_by(EventRow.id)).all()
-        return [{"id": r.id, "name": r.name, "time": timestamp(r.time), "type": r.type, "reason": r.reason,
-                 "message": r.message} for r in rows]
 
     # ------------------------------------------------------------ writes
 
@@ -375,11 +288,6 @@ class Store:
                 self._finish(s, row, False)
             else:
                 self._delete_row(s, row, False)
-
-    def add_event(self, key: str, reason: str, message: str, type_: str = "Normal") -> None:
-        with self._lock, Session(self.engine) as s:
-            s.add(EventRow(name=key, time=utcnow(), type=type_, reason=reason, message=message))
-            s.commit()
 
     def names(self) -> Iterable[str]:
         """Every job's `job_key`."""

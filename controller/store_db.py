@@ -1,0 +1,119 @@
+"""The store's database and its watch side: SQLite (WAL) with its schema version, watchers' wake-ups,
+the change log (each row's id is a resourceVersion) and the events.
+
+`store.Store` builds RolloutJobs' reads and writes on it; `kube/watch.py` reads the change log.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, func
+from sqlmodel import Session, SQLModel, create_engine, select
+
+from .errors import Gone
+from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
+                           utcnow)
+
+
+class StoreDB:
+    """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(
+            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
+        )
+
+        @event.listens_for(self.engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        self._lock = threading.RLock()
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._migrate()
+
+    # ------------------------------------------------------------ schema
+
+    def _migrate(self) -> None:
+        SQLModel.metadata.create_all(self.engine)
+        with Session(self.engine) as s:
+            row = s.get(SchemaVersionRow, 1)
+            if row is None:
+                s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
+            elif row.version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"database {self.path} has schema version {row.version}, newer than this "
+                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
+                )
+            else:
+                while row.version < SCHEMA_VERSION:
+                    MIGRATIONS[row.version](s)
+                    row.version += 1
+                    s.add(row)
+            s.commit()
+
+    def schema_version(self) -> int:
+        with Session(self.engine) as s:
+            return s.get(SchemaVersionRow, 1).version
+
+    # ------------------------------------------------------------ notifications
+
+    def subscribe(self) -> asyncio.Event:
+        ev = asyncio.Event()
+        self._listeners.add((asyncio.get_running_loop(), ev))
+        return ev
+
+    def unsubscribe(self, ev: asyncio.Event) -> None:
+        self._listeners = {(lp, e) for lp, e in self._listeners if e is not ev}
+
+    def _notify(self) -> None:
+        for loop, ev in list(self._listeners):
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:  # loop closed
+                self._listeners.discard((loop, ev))
+
+    # ------------------------------------------------------------ the change log and events
+
+    def current_rv(self) -> int:
+        with Session(self.engine) as s:
+            return s.exec(select(func.max(ChangeRow.rv))).one() or 0
+
+    def changes_since(self, rv: int, name: str | None = None, limit: int = 500) -> list[Change]:
+        """The changes after `rv` (of one job when `name`, a `job_key`, is given)."""
+        with Session(self.engine) as s:
+            oldest = s.exec(select(func.min(ChangeRow.rv))).one()
+            if oldest is not None and rv < oldest - 1:
+                raise Gone(f"resourceVersion {rv} is too old (oldest kept: {oldest}); list again and watch from there")
+            q = select(ChangeRow).where(ChangeRow.rv > rv)
+            if name:
+                q = q.where(ChangeRow.name == name)
+            rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
+        return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
+
+    def events(self, key: str) -> list[dict[str, Any]]:
+        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
+
+    def event_records(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Events with their id and job key (the core/v1 Event view builds on these)."""
+        with Session(self.engine) as s:
+            q = select(EventRow)
+            if names is not None:
+                q = q.where(EventRow.name.in_(names))
+            rows = s.exec(q.order_by(EventRow.id)).all()
+        return [{"id": r.id, "name": r.name, "time": timestamp(r.time), "type": r.type, "reason": r.reason,
+                 "message": r.message} for r in rows]
+
+    def add_event(self, key: str, reason: str, message: str, type_: str = "Normal") -> None:
+        with self._lock, Session(self.engine) as s:
+            s.add(EventRow(name=key, time=utcnow(), type=type_, reason=reason, message=message))
+            s.commit()
