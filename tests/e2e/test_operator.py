@@ -71,7 +71,9 @@ def test_operator_runs_a_job_stored_on_another_api_server(pair, tiny_engine):
         return [e["reason"] for e in api.api.get(f"{P}/rolloutjobs/op-job/events").json()["items"]]
 
     wait_until(lambda: "Succeeded" in reasons(), 30, "the operator's Succeeded event on the API server")
-    assert reasons()[:2] == ["Provisioning", "Running"]
+    phases = [r for r in reasons() if r in ("Provisioning", "Running", "Succeeded")]
+    # Running is told only when an observation finds the job running: a job this small may be done first
+    assert phases in (["Provisioning", "Running", "Succeeded"], ["Provisioning", "Succeeded"]), phases
     assert len(op.trajectories("op-job")) == 4  # the trainer API beside the handlers serves the results
     assert api.get("op-job")["metadata"]["finalizers"] == ["rolloutd.io/release"]
 
