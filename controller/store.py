@@ -209,17 +209,21 @@ class Store(StoreDB):
         """rolloutctl's apply (PUT): create, or update labels/annotations/spec (the user's finalizers
         and owners are kept unless the document names some). Returns (resource, created|configured|unchanged)."""
         name = job.metadata.name
-        with Session(self.engine) as s:
-            row = _find(s, name, job.metadata.namespace)
-            if row is not None:
-                deleted, rv = row.deleted, row.resource_version
-                kept = {k: v for k, v in json.loads(row.annotations).items() if k.startswith(OPERATOR_ANNOTATIONS)}
-        if row is None or create_only:
-            return self.create(job), "created"
-        if deleted is not None:
-            raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
-        job.metadata.annotations = {**kept, **job.metadata.annotations}  # the operator's state (kopf) stays
-        wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
+        # one writer from the read to the write: the operator's status or annotation write landing between
+        # them would turn "unchanged" into "configured" and have its annotations overwritten by older ones
+        with self._lock:
+            with Session(self.engine) as s:
+                row = _find(s, name, job.metadata.namespace)
+                if row is not None:
+                    deleted, rv = row.deleted, row.resource_version
+                    kept = {k: v for k, v in json.loads(row.annotations).items()
+                            if k.startswith(OPERATOR_ANNOTATIONS)}
+            if row is None or create_only:
+                return self.create(job), "created"
+            if deleted is not None:
+                raise Conflict(f'rolloutjobs "{name}" is being deleted; wait until it is gone', name=name)
+            job.metadata.annotations = {**kept, **job.metadata.annotations}  # the operator's state (kopf) stays
+            wire = self.update(job, expect_rv=_parse_rv(job.metadata.resource_version))
         return wire, "unchanged" if wire["metadata"]["resourceVersion"] == str(rv) else "configured"
 
     def update_status(self, key: str, status: RolloutJobStatus, *, expect_rv: int | None = None) -> dict[str, Any]:
