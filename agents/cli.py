@@ -1,6 +1,6 @@
 """Sub-commands the node side contributes to `rolloutd` (serve-model, node).
 
-Where it sits: `rolloutd`'s main (controller/main.py) calls `register(app)`. `serve-model` drives
+Where it sits: `register(app)` is a `rolloutd.commands` entry point that `rolloutd`'s main loads. `serve-model` drives
 agents/engine.py (engine venv + vLLM server) and agents/model_dirs.py (model directories); `node` runs
 the node daemon (agents/daemon/daemon.py), as Slurm's srun or the controller's local executor start it.
 """

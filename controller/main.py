@@ -1,19 +1,16 @@
 """The `rolloutd` command: the daemons and operator tools.
 
 `rolloutd controller` runs the controller (`server.run_controller`), `rolloutd operator` its kopf handlers
-against another API server; the other parts contribute
-their own sub-commands (`sandbox`, `image`, `serve-model`, `node`) from their own folders so that
-each part keeps its CLI next to its code.
+against another API server; the other parts contribute their own sub-commands (`sandbox`, `image`,
+`serve-model`, `node`) through the `rolloutd.commands` entry points (pyproject.toml), so each part keeps its
+CLI next to its code and the controller imports none of them.
 """
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import typer
-
-from rolloutd.agents.cli import register as register_agent_commands
-from rolloutd.sandbox.cli import app as sandbox_app
-from rolloutd.sandbox.image_cli import app as image_app
 
 from .config import DEFAULT_HOST, DEFAULT_PORT
 
@@ -22,9 +19,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
-app.add_typer(image_app, name="image", help="Build root filesystem images from Dockerfiles (rolloutd image build DIR).")
-register_agent_commands(app)
+for _part in sorted(entry_points(group="rolloutd.commands"), key=lambda e: e.name):
+    _part.load()(app)  # each part's `register(app)` adds its sub-commands
 token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 

@@ -1,7 +1,7 @@
 """`rolloutd sandbox ...`: debugging entry points for the sandbox runtimes.
 
-Where it sits: registered as the ``sandbox`` sub-command of ``rolloutd`` by
-`rolloutd.controller.main`. ``rolloutd sandbox exec -- COMMAND`` runs one bash
+Where it sits: the ``sandbox`` sub-command of ``rolloutd`` (``register``, a ``rolloutd.commands``
+entry point). ``rolloutd sandbox exec -- COMMAND`` runs one bash
 command through the full production path (runtime → execution server → pty)
 and exits with the command's exit code: the way to check an image or a limit
 by hand, e.g.::
@@ -78,3 +78,12 @@ async def _run(spec, command: str, timeout: float) -> int:
         typer.echo(f"rolloutd sandbox exec: timed out after {timeout:g}s", err=True)
         return 124
     return result.exit_code if result.exit_code is not None else 125
+
+
+def register(root: typer.Typer) -> None:
+    """Attach `rolloutd sandbox …` and `rolloutd image …` (the `rolloutd.commands` entry point)."""
+    from .image_cli import app as image_app
+
+    root.add_typer(app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
+    root.add_typer(image_app, name="image",
+                   help="Build root filesystem images from Dockerfiles (rolloutd image build DIR).")

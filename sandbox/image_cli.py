@@ -1,7 +1,7 @@
 """`rolloutd image build DIR`: build (or find cached) the root filesystem of a Dockerfile.
 
-Where it sits: registered as the ``image`` sub-command of ``rolloutd`` by
-`rolloutd.controller.main`; the work is `image_build.build_image`. Prints the rootfs path on
+Where it sits: the ``image`` sub-command of ``rolloutd``, attached by `cli.register` (an entry point);
+the work is `image_build.build_image`. Prints the rootfs path on
 stdout (for ``sandbox.image``), notes and progress on stderr::
 
     rolloutd image build examples/harbor/tasks/csv-total
