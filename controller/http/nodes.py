@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
 from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
 
-from ..errors import BadRequest
+from ..errors import BadRequest, NotFound
 from ..work.scheduler import Scheduler
 from .bodies import read_model
 
@@ -29,6 +29,17 @@ JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 def _ok(model: BaseModel) -> JSONResponse:
     return JSONResponse(model.model_dump(mode="json", by_alias=True))
+
+
+def _owned(scheduler: Scheduler, node_id: str, request: Request) -> str:
+    """`node_id`, once sure it belongs to the rolloutjob of a namespaced path: a namespace token reaches the
+    namespaced paths of its own namespace, and must not act on another namespace's node by naming its id."""
+    path = request.path_params
+    if "namespace" in path:
+        job = scheduler.node_job(node_id)
+        if job is not None and job != job_key(path["namespace"], path["name"]):
+            raise NotFound(f"node {node_id} is not a node of rolloutjob {path['namespace']}/{path['name']}")
+    return node_id
 
 
 def node_router(scheduler: Scheduler) -> APIRouter:
@@ -46,28 +57,30 @@ def node_router(scheduler: Scheduler) -> APIRouter:
     async def register(request: Request):
         return _ok(scheduler.register(await read_model(request, RegisterRequest)))
 
-    for prefix in (JOB_NODES, NODES):  # after registration a node id names the job: the path's is not read
+    for prefix in (JOB_NODES, NODES):  # a node id names its job; a namespaced path must name the same one
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
             req = await read_model(request, LeaseRequest)
-            return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
+            return _ok(await scheduler.lease(_owned(scheduler, node_id, request), req.max_items, req.wait))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request):
-            return _ok(scheduler.heartbeat(node_id, await read_model(request, Heartbeat)))
+            hb = await read_model(request, Heartbeat)
+            return _ok(scheduler.heartbeat(_owned(scheduler, node_id, request), hb))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request):
-            return _ok(scheduler.results(node_id, await read_model(request, ResultBatch, RESULTS_MAX_BYTES)))
+            batch = await read_model(request, ResultBatch, RESULTS_MAX_BYTES)
+            return _ok(scheduler.results(_owned(scheduler, node_id, request), batch))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):
             req = await read_model(request, ReturnRequest)
-            return {"returned": scheduler.give_back(node_id, req.attempt_ids, req.reason)}
+            return {"returned": scheduler.give_back(_owned(scheduler, node_id, request), req.attempt_ids, req.reason)}
 
         @r.post(f"{prefix}/{{node_id}}/deregister")
-        async def deregister(node_id: str):
-            scheduler.deregister(node_id)
+        async def deregister(node_id: str, request: Request):
+            scheduler.deregister(_owned(scheduler, node_id, request))
             return {}
 
     return r

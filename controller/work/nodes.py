@@ -28,6 +28,7 @@ class NodeRegistry:
     def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.engine, self.jobs, self.clock = engine, jobs, clock
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
+        self._job_of: dict[str, str] = {}  # node id → its job's key: a node never changes job
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
         if req.protocol != NODE_PROTOCOL:
@@ -46,6 +47,7 @@ class NodeRegistry:
             active = s.exec(select(func.count()).where(NodeRow.job == req.job,
                                                        NodeRow.state == DaemonState.active)).one()
         self._seen[node.id] = now
+        self._job_of[node.id] = req.job
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
@@ -59,6 +61,16 @@ class NodeRegistry:
             raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
         self._seen[node_id] = self.clock()  # liveness is kept in memory: no write per call
         return node
+
+    def job_of(self, node_id: str) -> str | None:
+        """The key of the job `node_id` registered for; None for a node never registered."""
+        if node_id not in self._job_of:
+            with Session(self.engine) as s:
+                node = s.get(NodeRow, node_id)
+                if node is None:
+                    return None
+                self._job_of[node_id] = node.job
+        return self._job_of[node_id]
 
     def nodes(self, job: str) -> list[NodeRow]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -113,6 +113,9 @@ class Scheduler:
     def deregister(self, node_id: str) -> None:
         self.registry.deregister(node_id)
 
+    def node_job(self, node_id: str) -> str | None:
+        return self.registry.job_of(node_id)
+
     def nodes(self, job: str) -> list[NodeRow]:
         return self.registry.nodes(job)
 

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 from kube_helpers import job_doc
 
 from rolloutd.controller.api import create_app
+from rolloutd.controller.auth import TokenBook, create_scoped_token
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL
@@ -19,10 +20,12 @@ TEAM, DEFAULT = f"{P}/namespaces/team-a/rolloutjobs/j", f"{P}/namespaces/default
 def setup(tmp_path):
     store = Store(tmp_path / "rolloutd.db")
     scheduler = Scheduler(store)
-    app = create_app(store, "admin", join_token="join", scheduler=scheduler)
+    team = create_scoped_token(tmp_path / "tokens", "team", read_only=False, namespaces=["team-a"]).token
+    app = create_app(store, "admin", join_token="join", scheduler=scheduler, tokens=TokenBook(tmp_path / "tokens"))
     with TestClient(app, headers={"Authorization": "Bearer admin"}) as api:
         for ns in ("default", "team-a"):
             assert api.post(f"{P}/namespaces/{ns}/rolloutjobs", json=job_doc("j")).status_code == 201
+        api.team_token = team
         yield api, scheduler
 
 
@@ -61,3 +64,21 @@ def test_the_trainer_routes_of_one_namespace_leave_the_other_s_job_alone(setup):
         assert api.get(f"{path}/trajectories").status_code == 200 and api.get(f"{path}/groups").status_code == 200
         assert api.get(f"{path}/events").status_code == 200
     assert api.get(f"{P}/namespaces/nope/rolloutjobs/j/policy").status_code == 404
+
+
+def test_a_namespaced_node_path_acts_only_on_that_job_s_nodes(setup):
+    """A team-a token reaches team-a's node paths; naming a `default` node's id there must not lease, beat,
+    report, give back or deregister for it (404, the node untouched)."""
+    api, scheduler = setup
+    node = _register(api, f"{DEFAULT}/nodes/register", "j").json()["nodeId"]
+    team = {"Authorization": f"Bearer {api.team_token}"}
+    calls = {"lease": {"maxItems": 1}, "heartbeat": {}, "results": {"results": []},
+             "return": {"attemptIds": [], "reason": "x"}, "deregister": None}
+    for verb, body in calls.items():
+        for headers in (team, {"Authorization": "Bearer join"}):
+            r = api.post(f"{TEAM}/nodes/{node}/{verb}", json=body, headers=headers)
+            assert r.status_code == 404 and "team-a/j" in r.json()["message"], (verb, r.text)
+    assert [n.id for n in scheduler.nodes("j")] == [node] and scheduler.nodes("j")[0].state == "active"
+    own = api.post(f"{DEFAULT}/nodes/{node}/heartbeat", json={}, headers={"Authorization": "Bearer join"})
+    assert own.status_code == 200, own.text
+    assert api.post(f"{P}/nodes/{node}/heartbeat", json={}, headers=team).status_code == 403  # cluster scope
