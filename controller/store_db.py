@@ -100,6 +100,13 @@ class StoreDB:
             rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
         return [Change(r.rv, r.type, r.name, json.loads(r.object)) for r in rows]
 
+    def change_before(self, name: str, rv: int) -> Change | None:
+        """The last change of job `name` at or before `rv` (None when the kept log has none)."""
+        with Session(self.engine) as s:
+            r = s.exec(select(ChangeRow).where(ChangeRow.name == name, ChangeRow.rv <= rv)
+                       .order_by(ChangeRow.rv.desc()).limit(1)).first()
+        return None if r is None else Change(r.rv, r.type, r.name, json.loads(r.object))
+
     def events(self, key: str) -> list[dict[str, Any]]:
         return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
 

@@ -20,6 +20,7 @@ from rolloutd.crds.rolloutjob import API_VERSION, KIND
 from ..http.bodies import parse_version
 from ..errors import ApiError
 from ..store import FIELD_SELECTABLE, Store
+from ..store_schema import Change
 from .selectors import fields_match, matches, parse_field_selector, parse_selector
 
 KEEPALIVE_SECONDS = 15.0
@@ -77,6 +78,25 @@ def watch_response(store: Store, *, since: str | None, label_selector: str | Non
         return (namespace is None or meta.get("namespace") == namespace) \
             and matches(meta.get("labels", {}), sel) and fields_match(obj, fsel)
 
+    filtered = bool(sel or fsel or namespace)
+    matched: dict[str, bool] = {}  # job key → whether this watcher's last view of it matched
+
+    def matched_before(key: str, rv: int) -> bool:
+        if key not in matched:  # after a list, an unlisted object did not match; after a resume, the kept log says
+            prior = None if since_rv is None else store.change_before(key, rv)
+            matched[key] = prior is not None and prior.type != "DELETED" and wanted(prior.object)
+        return matched[key]
+
+    def seen_as(ch: Change) -> str | None:
+        """The event this watcher gets for a change, as Kubernetes filters a watch: an object that starts
+        matching the selectors is ADDED, one that stops matching is DELETED, others pass unless they never match."""
+        now = ch.type != "DELETED" and wanted(ch.object)
+        before = matched_before(ch.name, ch.rv - 1)
+        matched[ch.name] = now
+        if now:
+            return "MODIFIED" if before and ch.type == "MODIFIED" else "ADDED"
+        return "DELETED" if before else None
+
     def encode(rv: int, type_: str, obj: dict[str, Any]) -> bytes:
         return sse(rv, type_, obj) if sse_mode else json_line(type_, render(obj) if type_ != "BOOKMARK" else obj)
 
@@ -91,6 +111,7 @@ def watch_response(store: Store, *, since: str | None, label_selector: str | Non
                 items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
                                                     field_selector=field_selector)
                 for item in items:
+                    matched[job_key(item["metadata"]["namespace"], item["metadata"]["name"])] = True
                     yield encode(int(item["metadata"]["resourceVersion"]), "ADDED", item)
                 cursor = rv
                 if sse_mode:
@@ -109,9 +130,10 @@ def watch_response(store: Store, *, since: str | None, label_selector: str | Non
                     return
                 for ch in changes:
                     cursor = ch.rv
-                    if wanted(ch.object):
+                    type_ = await asyncio.to_thread(seen_as, ch) if filtered else ch.type
+                    if type_:
                         try:
-                            yield encode(ch.rv, ch.type, ch.object)
+                            yield encode(ch.rv, type_, ch.object)
                         except ValueError as e:  # NaN/Infinity in a row an older version stored
                             log.error("watch skips change %d of %s: %s", ch.rv, ch.name, e)
                 if changes and len(changes) >= 500:

@@ -161,3 +161,30 @@ def test_bad_input_is_a_4xx_status_never_5xx(kube):
             body = response.json()
             assert body["kind"] == "Status" and body["code"] == code and body["message"]
         assert 'rolloutjobs "b" already exists' in cases[-1][0].json()["message"]
+
+
+def test_a_label_selected_watch_sees_an_object_leave_and_come_back(kube):
+    """As Kubernetes filters a watch: an object that stops matching the selector is DELETED for the watcher,
+    one that starts matching is ADDED; a job that never matches is never seen (from a list and from a resume)."""
+    with kube.client() as api:
+        base = f"{NS}/selected/rolloutjobs"
+        api.post(base, json={**job_doc("ls"), "metadata": {"name": "ls", "labels": {"tier": "a"}}})
+        api.post(base, json={**job_doc("other"), "metadata": {"name": "other", "labels": {"tier": "z"}}})
+        rv = api.get(base).json()["metadata"]["resourceVersion"]
+        for tier in ("b", "a"):
+            api.patch(f"{base}/ls", json={"metadata": {"labels": {"tier": tier}}}, headers=MERGE)
+        api.patch(f"{base}/ls", json={"metadata": {"labels": {"more": "1"}}}, headers=MERGE)
+        api.patch(f"{base}/other", json={"metadata": {"labels": {"more": "1"}}}, headers=MERGE)
+        for since in ({"resourceVersion": rv}, {}):
+            r = api.get(base, params={"watch": "true", "timeoutSeconds": "1", "labelSelector": "tier=a", **since},
+                        headers={"Accept": "application/json"})
+            events = [json.loads(line) for line in r.text.splitlines()]
+            assert {e["object"]["metadata"]["name"] for e in events} == {"ls"}, events
+            kinds = [e["type"] for e in events]
+            if since:  # resumed: the object leaves (DELETED, carrying tier=b), comes back (ADDED), then changes
+                gone = kinds.index("DELETED")
+                assert events[gone]["object"]["metadata"]["labels"]["tier"] == "b"
+                assert kinds[gone + 1] == "ADDED" and set(kinds[gone + 2:]) == {"MODIFIED"}
+                assert set(kinds[:gone]) <= {"MODIFIED"}
+            else:  # from the current state: one ADDED, then only MODIFIED
+                assert kinds[0] == "ADDED" and set(kinds[1:]) <= {"MODIFIED"}
