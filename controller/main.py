@@ -49,7 +49,9 @@ def controller(
 
 @app.command()
 def operator(
-    kubeconfig: Path = typer.Option(..., exists=True, dir_okay=False, help="the API server whose RolloutJobs to reconcile"),
+    kubeconfig: Path = typer.Option(None, exists=True, dir_okay=False,
+                                    help="the API server whose RolloutJobs to reconcile [default in a pod: its "
+                                         "cluster, through the pod's service account]"),
     context: str = typer.Option(None, help="kubeconfig context [default: its current-context]"),
     data_dir: Path = typer.Option(None, help="SQLite for work items and trajectories, tokens [default: as controller]"),
     host: str = typer.Option(DEFAULT_HOST, help="address of the scheduler and trainer API (node daemons, trainers)"),
@@ -64,9 +66,9 @@ def operator(
     from .server import run_controller
 
     try:
-        kube = Connection.from_kubeconfig(kubeconfig, context)
+        kube = Connection.from_kubeconfig(kubeconfig, context) if kubeconfig else Connection.in_cluster()
     except (ValueError, KeyError, OSError) as e:
-        raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}") from None
+        raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}" if kubeconfig else str(e)) from None
     run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors), kube=kube)
 
 

@@ -17,7 +17,7 @@ import uvicorn
 from .api import create_app
 from .auth import TokenBook, ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
-from .executors.kubernetes import KubernetesExecutor
+from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
@@ -51,7 +51,11 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             advertised_url(host, port), join_token, data_dir, scheduler=scheduler,
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
-        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port), join_token)
+        # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
+        client = default_api_client if kube is None else api_client_for(kube.server, kube.token, kube.ca_path,
+                                                                         kube.insecure)
+        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port), join_token, api_client=client,
+                                                             in_job_namespace=kube is not None)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     own = Connection(f"{'https' if tls else 'http'}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
