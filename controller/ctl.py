@@ -81,6 +81,7 @@ class _State:
     server: str | None = None
     token_file: Path | None = None
     namespace: str | None = None
+    ca_file: Path | None = None
 
 
 @app.callback()
@@ -89,14 +90,19 @@ def _global(
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token"),
     namespace: Optional[str] = typer.Option(None, "-n", "--namespace", envvar="ROLLOUTD_NAMESPACE",
                                             help="the jobs' namespace (default: the config's, else 'default')"),
+    ca_file: Optional[Path] = typer.Option(None, "--certificate-authority",
+                                           help="CA bundle of an https controller [default: $ROLLOUTD_CA_FILE, "
+                                                "config caFile, else the system's]"),
 ) -> None:
     _State.server = server
     _State.token_file = token_file
     _State.namespace = namespace
+    _State.ca_file = ca_file
 
 
 def _client() -> RolloutClient:
-    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace)))
+    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
+                                                         ca_file=_State.ca_file)))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

@@ -34,6 +34,9 @@ def controller(
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
     tls_cert_file: Path = typer.Option(None, help="serve HTTPS with this certificate (kubectl sends tokens over TLS only)"),
     tls_key_file: Path = typer.Option(None, help="the certificate's private key"),
+    tls_ca_file: Path = typer.Option(None, exists=True, dir_okay=False,
+                                     help="the CA that signed the certificate, for the node daemons this controller "
+                                          "starts (their ROLLOUTD_CA_FILE) [default: the certificate: self-signed]"),
     operator: bool = typer.Option(True, help="reconcile this controller's RolloutJobs with the embedded kopf "
                                              "operator (--no-operator: another one does, `rolloutd operator`)"),
 ) -> None:
@@ -43,8 +46,11 @@ def controller(
 
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+    if tls_ca_file and not tls_cert_file:
+        raise typer.BadParameter("--tls-ca-file needs --tls-cert-file and --tls-key-file")
     run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors),
-                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator)
+                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator,
+                   ca_file=tls_ca_file)
 
 
 @app.command()
