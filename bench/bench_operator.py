@@ -1,7 +1,8 @@
 """Reconcile latency: apply → `Provisioning` and last rollout → `Succeeded`, with this checkout's kopf
 handlers side by side with the hand-written loop they replaced (the branch's base, from `git archive`).
 
-    python -m bench operator            (ROLLOUTD_BENCH_BASE=<rev> picks the "before" revision)
+    python -m bench operator            (ROLLOUTD_BENCH_BASE=<rev> picks the "before" revision;
+                                         writes bench/RESULTS-operator.md)
 
 One controller per variant (`--executors local`, jobs of `nodes: 0`: no daemon process, the node is
 simulated over the real node protocol as in `bench_scale.py`). Per job: the time from the apply request
@@ -14,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
 import statistics
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -26,6 +29,7 @@ import httpx
 from bench.bench_scale import P, Controller, HealthServer, _job, older_source
 
 BASE_REV = os.environ.get("ROLLOUTD_BENCH_BASE", "f4c6f7a")  # `integrate` before the kopf handlers
+HERE = Path(__file__).resolve().parent
 NODES = P + "/nodes"
 
 
@@ -115,23 +119,46 @@ def _p50_ms(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1000, 1)
 
 
+def _p95_ms(xs: list[float]) -> float:
+    return round(statistics.quantiles(xs, n=20)[-1] * 1000, 1)
+
+
 def run(quick: bool = False) -> list[dict]:
     jobs = 8 if quick else 30
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-operator-"))
+    load = [os.getloadavg()[0]]
     try:
         with older_source(BASE_REV) as before:
             old_prov, old_done = measure(tmp / "before", before, jobs)
+        load.append(os.getloadavg()[0])
         new_prov, new_done = measure(tmp / "after", None, jobs)
+        load.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for what, new, old, target in (("apply → Provisioning p50 (ms)", new_prov, old_prov, 100.0),
                                    ("last rollout → Succeeded p50 (ms)", new_done, old_done, 200.0)):
         ours, base = _p50_ms(new), _p50_ms(old)
-        rows.append({"benchmark": f"operator: {what}, {jobs} jobs (kopf vs hand-written loop @{BASE_REV})",
+        base_name = "the hand-written loop " if BASE_REV == "f4c6f7a" else ""
+        rows.append({"benchmark": f"operator: {what}, {jobs} jobs (kopf handlers vs {base_name}@{BASE_REV})",
                      "ours": ours, "baseline": base, "ratio": round(ours / base, 2) if base else None,
                      "target": f"≤ {target:g} ms", "met": ours <= target})
+    p95 = {"ours": (_p95_ms(new_prov), _p95_ms(new_done)), "base": (_p95_ms(old_prov), _p95_ms(old_done))}
+    _write(rows, quick, load, p95)
     return rows
+
+
+def _write(rows: list[dict], quick: bool, load: list[float], p95: dict) -> None:
+    from bench.__main__ import render
+
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    (HERE / "RESULTS-operator.md").write_text(
+        f"# Reconcile latency: kopf handlers and the hand-written loop\n\n"
+        f"`python -m bench operator{' --quick' if quick else ''}` (base {BASE_REV}) on {platform.node()} "
+        f"({os.cpu_count()} cores), {stamp}. Load average (1 min) at start, between the variants, at the end: "
+        f"{', '.join(f'{x:.1f}' for x in load)}.\n\n{render(rows)}\n"
+        f"p95 (ms), Provisioning / Succeeded: kopf {p95['ours'][0]} / {p95['ours'][1]}, "
+        f"@{BASE_REV} {p95['base'][0]} / {p95['base'][1]}.\n\n{__doc__}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
 
+`-n/--namespace NS` goes before or after the verb, as with kubectl.
+
 Talks to the controller through the trainer client (`rolloutd.client.RolloutClient`); what it
 prints is built in `ctl_views.py`. Exit codes: 0 success, 1 error (from the server or the
 connection), 2 usage error, 3 `wait` timed out.
@@ -24,6 +26,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
 from rolloutd.crds.names import TERMINAL_PHASES
@@ -31,7 +34,39 @@ from rolloutd.crds.names import TERMINAL_PHASES
 from . import ctl_views as views
 from .documents import load_documents
 
+_NAMESPACE_FLAGS = ("-n", "--namespace")
+
+
+def hoist_namespace(args: list[str]) -> list[str]:
+    """`-n NS` / `--namespace[=]NS` wherever it stands (kubectl takes it after the verb too), moved in front
+    of the verb where the global option parses it; nothing after `--` moves."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg in _NAMESPACE_FLAGS:
+            front.extend(args[i:i + 2])
+            i += 2
+            continue
+        if arg.startswith("--namespace=") or (arg.startswith("-n") and not arg.startswith("--") and len(arg) > 2):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+class _NamespaceAnywhere(TyperGroup):
+    def parse_args(self, ctx, args):  # noqa: ANN001 - click's signature
+        return super().parse_args(ctx, hoist_namespace(args))
+
+
 app = typer.Typer(
+    cls=_NamespaceAnywhere,
     help="rolloutctl: declare RolloutJobs and follow them (kubectl-style).",
     no_args_is_help=True,
     add_completion=False,
@@ -46,6 +81,7 @@ class _State:
     server: str | None = None
     token_file: Path | None = None
     namespace: str | None = None
+    ca_file: Path | None = None
 
 
 @app.callback()
@@ -54,14 +90,19 @@ def _global(
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token"),
     namespace: Optional[str] = typer.Option(None, "-n", "--namespace", envvar="ROLLOUTD_NAMESPACE",
                                             help="the jobs' namespace (default: the config's, else 'default')"),
+    ca_file: Optional[Path] = typer.Option(None, "--certificate-authority",
+                                           help="CA bundle of an https controller [default: $ROLLOUTD_CA_FILE, "
+                                                "config caFile, else the system's]"),
 ) -> None:
     _State.server = server
     _State.token_file = token_file
     _State.namespace = namespace
+    _State.ca_file = ca_file
 
 
 def _client() -> RolloutClient:
-    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace)))
+    return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
+                                                         ca_file=_State.ca_file)))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

@@ -34,6 +34,9 @@ def controller(
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this controller runs ('' for none)"),
     tls_cert_file: Path = typer.Option(None, help="serve HTTPS with this certificate (kubectl sends tokens over TLS only)"),
     tls_key_file: Path = typer.Option(None, help="the certificate's private key"),
+    tls_ca_file: Path = typer.Option(None, exists=True, dir_okay=False,
+                                     help="the CA that signed the certificate, for the node daemons this controller "
+                                          "starts (their ROLLOUTD_CA_FILE) [default: the certificate: self-signed]"),
     operator: bool = typer.Option(True, help="reconcile this controller's RolloutJobs with the embedded kopf "
                                              "operator (--no-operator: another one does, `rolloutd operator`)"),
 ) -> None:
@@ -43,13 +46,18 @@ def controller(
 
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+    if tls_ca_file and not tls_cert_file:
+        raise typer.BadParameter("--tls-ca-file needs --tls-cert-file and --tls-key-file")
     run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors),
-                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator)
+                   tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator,
+                   ca_file=tls_ca_file)
 
 
 @app.command()
 def operator(
-    kubeconfig: Path = typer.Option(..., exists=True, dir_okay=False, help="the API server whose RolloutJobs to reconcile"),
+    kubeconfig: Path = typer.Option(None, exists=True, dir_okay=False,
+                                    help="the API server whose RolloutJobs to reconcile [default in a pod: its "
+                                         "cluster, through the pod's service account]"),
     context: str = typer.Option(None, help="kubeconfig context [default: its current-context]"),
     data_dir: Path = typer.Option(None, help="SQLite for work items and trajectories, tokens [default: as controller]"),
     host: str = typer.Option(DEFAULT_HOST, help="address of the scheduler and trainer API (node daemons, trainers)"),
@@ -64,9 +72,9 @@ def operator(
     from .server import run_controller
 
     try:
-        kube = Connection.from_kubeconfig(kubeconfig, context)
+        kube = Connection.from_kubeconfig(kubeconfig, context) if kubeconfig else Connection.in_cluster()
     except (ValueError, KeyError, OSError) as e:
-        raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}") from None
+        raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}" if kubeconfig else str(e)) from None
     run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors), kube=kube)
 
 

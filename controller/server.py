@@ -14,10 +14,12 @@ from pathlib import Path
 
 import uvicorn
 
+from rolloutd.crds import nodeenv
+
 from .api import create_app
 from .auth import TokenBook, ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
-from .executors.kubernetes import KubernetesExecutor
+from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
@@ -33,9 +35,11 @@ EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
-              operator: bool = True, kube: Connection | None = None, tls: bool = False):
+              operator: bool = True, kube: Connection | None = None, tls: bool = False,
+              ca_file: Path | None = None):
     """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
-    mirrored into this controller's store), else against this controller's own API."""
+    mirrored into this controller's store), else against this controller's own API. `tls`: served over
+    https, the local daemons trusting `ca_file` (the CA that signed the certificate)."""
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(paths.token)
@@ -44,16 +48,22 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     scheduler = Scheduler(store)
     app = create_app(store, token, join_token=join_token, scheduler=scheduler, tokens=TokenBook(paths.tokens))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    local = LocalExecutor(f"http://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds)
+    scheme = "https" if tls else "http"
+    local = LocalExecutor(f"{scheme}://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds,
+                          extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
     executors_by_kind = {"local": local}
     if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
         executors_by_kind["slurm"] = SlurmExecutor(
-            advertised_url(host, port), join_token, data_dir, scheduler=scheduler,
+            advertised_url(host, port, scheme), join_token, data_dir, scheduler=scheduler,
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
-        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port), join_token)
+        # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
+        client = default_api_client if kube is None else api_client_for(kube.server, kube.token, kube.ca_path,
+                                                                         kube.insecure)
+        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), join_token,
+                                                             api_client=client, in_job_namespace=kube is not None)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
-    own = Connection(f"{'https' if tls else 'http'}://{reach}:{port}", token, insecure=True)
+    own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
     app.state.scheduler, app.state.executors = scheduler, enabled
 
@@ -97,11 +107,11 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                    log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS,
                    tls: tuple[Path, Path] | None = None, operator: bool = True,
-                   kube: Connection | None = None) -> None:
+                   kube: Connection | None = None, ca_file: Path | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
-                    tls=tls is not None)
+                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]))
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5, ssl_certfile=tls and str(tls[0]),

@@ -91,6 +91,7 @@ def build_crd() -> dict[str, Any]:
                         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.executor.nodes"},
                         {"name": "Done", "type": "integer", "jsonPath": ".status.counts.succeeded"},
                         {"name": "Total", "type": "integer", "jsonPath": ".status.counts.total"},
+                        {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {

@@ -16,6 +16,7 @@ SLURM_JOB_ID = "SLURM_JOB_ID"
 SLURM_NODE_ID = "SLURM_NODEID"
 SLURM_NODE_NAME = "SLURMD_NODENAME"
 ADMIN_TOKEN = "ROLLOUTD_TOKEN"
+CA_FILE = "ROLLOUTD_CA_FILE"
 
 DEFAULT_DRAIN_SECONDS = 30.0
 
@@ -29,6 +30,7 @@ TABLE: dict[str, tuple[str, str]] = {
     SLURM_JOB_ID: ("Slurm", "the allocation the daemon runs in (shrinks drain daemons by it)"),
     SLURM_NODE_ID: ("Slurm", "the daemon's node index within the allocation"),
     SLURM_NODE_NAME: ("Slurm", "the node's name: the daemon's name (else the host name)"),
+    CA_FILE: ("executor", "CA bundle that signed an https controller's certificate (default: the system's)"),
     ADMIN_TOKEN: ("never", "the controller's admin API token: removed before a daemon starts"),
 }
 
@@ -48,6 +50,7 @@ class NodeEnv:
     slurm_job_id: str | None = None
     slurm_node_id: int | None = None
     node_name: str | None = None
+    ca_file: str | None = None
 
 
 def node_env(controller: str, job: str, join_token: str) -> dict[str, str]:
@@ -77,4 +80,5 @@ def read_node_env(environ: Mapping[str, str]) -> NodeEnv:
         slurm_job_id=environ.get(SLURM_JOB_ID) or None,
         slurm_node_id=int(node_id) if node_id.isdigit() else None,
         node_name=environ.get(SLURM_NODE_NAME) or None,
+        ca_file=environ.get(CA_FILE) or None,
     )

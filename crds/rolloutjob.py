@@ -342,6 +342,8 @@ class RolloutJobStatus(Model):
     message: str = ""
     batch: BatchStatus | None = None
     policy_version: int | str | None = None
+    reward_mean: float | None = Field(default=None, description="mean reward of the job's scored rollouts so far "
+                                      "(infrastructure failures, which carry no reward, left out); null before the first")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

@@ -8,6 +8,7 @@ refusal (other 4xx); callers retry with `aiokit.Backoff`.
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any, TypeVar
 
 import httpx
@@ -60,7 +61,7 @@ class ControllerClient:
     "namespace/name" or a bare name in `default`) is given. `transport` is a test seam (e.g. httpx.MockTransport)."""
 
     def __init__(self, base_url: str, token: str, *, job: str | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, ca_file: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._http = httpx.AsyncClient(
@@ -68,6 +69,7 @@ class ControllerClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             transport=transport,
+            verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
             # plain http through the keep-alive pool the LLM client uses (httpx's costs a daemon
             # CPU on every call); https and a proxied environment keep httpx's own
             mounts=None if transport or http_proxy_configured() else {"http://": KeepAliveTransport()},

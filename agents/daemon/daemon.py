@@ -67,7 +67,8 @@ class NodeDaemon:
         self.opts = options
         self.name = options.name
         self.log = _NodeLog(log, {"node": options.name})
-        self.client = client or ControllerClient(options.controller, options.token, job=options.job)
+        self.client = client or ControllerClient(options.controller, options.token, job=options.job,
+                                                    ca_file=options.ca_file)
         self._owns_client = client is None
         self._handler, self._llm_factory, self._tokenizer = handler, llm_factory, tokenizer
         self._runtime = sandbox_runtime

@@ -34,6 +34,7 @@ class NodeOptions:
     slurm_job_id: str | None = None
     slurm_node_id: int | None = None
     drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS  # SIGTERM grace period for in-flight rollouts
+    ca_file: str | None = None           # CA bundle for an https controller (else the system's)
     lease_wait: float = 1.5              # long-poll of one /lease call
     register_timeout: float = 120.0      # keep trying to register this long (controller starting)
     flush_seconds: float = 15.0          # at exit, keep trying to deliver results this long
@@ -58,9 +59,11 @@ class NodeOptions:
             raise NodeError(f"no job: pass --job or set {nodeenv.JOB}")
         if not env.join_token:
             raise NodeError(f"no join token: set {nodeenv.JOIN_TOKEN} (never on the command line)")
+        if env.ca_file and not os.access(env.ca_file, os.R_OK):
+            raise NodeError(f"{nodeenv.CA_FILE}={env.ca_file}: no such readable file")
         return cls(
             controller=controller, job=job, token=env.join_token,
             name=name or env.node_name or socket.gethostname(),
             slot=slot, slurm_job_id=env.slurm_job_id, slurm_node_id=env.slurm_node_id,
-            drain_seconds=env.drain_seconds,
+            drain_seconds=env.drain_seconds, ca_file=env.ca_file,
         )

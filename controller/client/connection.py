@@ -3,6 +3,8 @@
 Resolution (first hit wins, per item):
   server: argument, `ROLLOUTD_SERVER`, config `server`, `http://127.0.0.1:7350`;
   namespace: argument, `ROLLOUTD_NAMESPACE`, config `namespace`, `default`;
+  CA file (https: the bundle that signed the controller's certificate): argument `ca_file`,
+          `ROLLOUTD_CA_FILE`, config `caFile`, else the system's;
   token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
           config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
           local controller's token file (`controller.config.DataDir`).
@@ -12,6 +14,7 @@ The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. Th
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ class Connection:
     server: str
     token: str
     namespace: str = "default"
+    ca_file: str | None = None
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -47,12 +51,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise RolloutdError(f"config file {path}: {malformed_yaml(e)}") from None
     if not isinstance(cfg, dict):
-        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile, namespace)")
+        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile, namespace, caFile)")
     return cfg
 
 
 def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None,
-            namespace: str | None = None) -> Connection:
+            namespace: str | None = None, ca_file: str | Path | None = None) -> Connection:
     """Where the controller is and which bearer token to send (see the module docstring)."""
     path = config_path()
     cfg = _read_config(path)
@@ -70,8 +74,20 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
                 f"or write 'token:' / 'tokenFile:' in {path}"
             ) from None
     namespace = namespace or os.environ.get("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
-    return Connection(str(server).rstrip("/"), token, str(namespace))
+    ca_file = ca_file or os.environ.get("ROLLOUTD_CA_FILE") or cfg.get("caFile") or None
+    return Connection(str(server).rstrip("/"), token, str(namespace), str(Path(ca_file).expanduser()) if ca_file else None)
 
 
 def client_options(conn: Connection, timeout: float) -> dict[str, Any]:
-    return {"base_url": conn.server, "timeout": timeout, "headers": {"Authorization": f"Bearer {conn.token}"}}
+    return {"base_url": conn.server, "timeout": timeout, "headers": {"Authorization": f"Bearer {conn.token}"},
+            "verify": trust(conn.ca_file)}
+
+
+def trust(ca_file: str | None) -> ssl.SSLContext | bool:
+    """httpx's `verify`: the system's CAs, or only the bundle in `ca_file` (ROLLOUTD_CA_FILE / config caFile)."""
+    if not ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise RolloutdError(f"CA file {ca_file} (ROLLOUTD_CA_FILE / config caFile): cannot use it: {e}") from None

@@ -35,10 +35,10 @@ class RolloutClient:
     """
 
     def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
-                 namespace: str | None = None,
+                 namespace: str | None = None, ca_file: str | Path | None = None,
                  connection: Connection | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None):
-        self.conn = connection or resolve(server, token_file, token, namespace)
+        self.conn = connection or resolve(server, token_file, token, namespace, ca_file)
         self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
         self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
         self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (`core.Stream.failed`)

@@ -82,15 +82,15 @@ def crash_delay(count: int, maximum: float, *, free: int = 1) -> float:
     return backoff_delay(count, initial=2.0, maximum=maximum, free=free)
 
 
-def advertised_url(host: str, port: int) -> str:
+def advertised_url(host: str, port: int, scheme: str = "http") -> str:
     """The controller URL the daemons on other hosts use: $ROLLOUTD_ADVERTISE_URL, else this host's
-    name when listening on every address, else the address it listens on."""
+    name when listening on every address, else the address it listens on (`scheme`: https when it serves TLS)."""
     url = os.environ.get("ROLLOUTD_ADVERTISE_URL")
     if url:
         return url.rstrip("/")
     if host in ("0.0.0.0", "::", ""):
-        return f"http://{socket.getfqdn()}:{port}"
-    return f"http://{host}:{port}"
+        return f"{scheme}://{socket.getfqdn()}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 class StateFile:

@@ -53,15 +53,31 @@ def labels(job: RolloutJob) -> dict[str, str]:
             "rolloutd.io/namespace": job.metadata.namespace, "rolloutd.io/uid": job.metadata.uid or ""}
 
 
-def secret_manifest(job: RolloutJob, *, namespace: str, join_token: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": resource_name(job.metadata.key), "namespace": namespace, "labels": labels(job)},
+def secret_manifest(job: RolloutJob, *, namespace: str, join_token: str, owned: bool = False) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": _metadata(job, namespace, owned),
             "stringData": {"join-token": join_token}}
 
 
+def owner_references(job: RolloutJob, namespace: str) -> list[dict[str, Any]]:
+    """The RolloutJob as the owner of its Job and Secret when they share its namespace on the same cluster
+    (operator mode): Kubernetes' garbage collector then removes them even if the RolloutJob is force-deleted."""
+    if namespace != job.metadata.namespace or not job.metadata.uid:
+        return []
+    return [{"apiVersion": job.api_version, "kind": job.kind, "name": job.metadata.name, "uid": job.metadata.uid,
+             "controller": True, "blockOwnerDeletion": False}]
+
+
+def _metadata(job: RolloutJob, namespace: str, owned: bool) -> dict[str, Any]:
+    meta = {"name": resource_name(job.metadata.key), "namespace": namespace, "labels": labels(job)}
+    if owned and (refs := owner_references(job, namespace)):
+        meta["ownerReferences"] = refs
+    return meta
+
+
 def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url: str,
-                 drain_seconds: float = 30.0) -> dict[str, Any]:
-    """The Indexed Job running `spec.executor.nodes` node daemons of `job` (pure: no API call)."""
+                 drain_seconds: float = 30.0, owned: bool = False) -> dict[str, Any]:
+    """The Indexed Job running `spec.executor.nodes` node daemons of `job` (pure: no API call); `owned`: the
+    RolloutJob is an object of the same cluster (operator mode), named as its owner."""
     k = job.spec.executor.kubernetes
     nodes = job.spec.executor.nodes
     name = resource_name(job.metadata.key)
@@ -101,7 +117,7 @@ def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url:
         pod["nodeSelector"] = dict(k.node_selector)
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels(job)},
+        "metadata": _metadata(job, namespace, owned),
         "spec": {
             "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
             "backoffLimitPerIndex": RESTARTS_PER_NODE,
@@ -182,12 +198,31 @@ def default_api_client() -> Any:
     return client.ApiClient()
 
 
+def api_client_for(server: str, token: str | None = None, ca_path: str | None = None,
+                   insecure: bool = False) -> Callable[[], Any]:
+    """A client factory for one API server (operator mode: the one in `rolloutd operator --kubeconfig`)."""
+    def make() -> Any:
+        from kubernetes import client
+
+        conf = client.Configuration()
+        conf.host = server
+        if token:
+            conf.api_key, conf.api_key_prefix = {"authorization": token}, {"authorization": "Bearer"}
+        conf.ssl_ca_cert, conf.verify_ssl = ca_path, not insecure
+        return client.ApiClient(conf)
+    return make
+
+
 class KubernetesExecutor:
+    """`in_job_namespace`: operator mode, where RolloutJobs are objects of the cluster the Jobs go to: a job's
+    daemons run in the RolloutJob's own namespace (else in `namespace`, the controller's), owned by it."""
+
     def __init__(self, controller_url: str, join_token: str, *, namespace: str | None = None,
                  image: str | None = None, drain_seconds: float | None = None,
-                 api_client: Callable[[], Any] = default_api_client):
+                 api_client: Callable[[], Any] = default_api_client, in_job_namespace: bool = False):
         self.controller_url = controller_url
         self.join_token = join_token
+        self.in_job_namespace = in_job_namespace
         self.namespace = namespace or os.environ.get("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
         self.image = image or os.environ.get("ROLLOUTD_K8S_NODE_IMAGE") or ""
         self.drain = drain_seconds if drain_seconds is not None else nodeenv.drain_seconds(os.environ)
@@ -228,7 +263,8 @@ class KubernetesExecutor:
             raise ExecutorError(f"{what}: {type(e).__name__}: {e}", reason="KubernetesUnreachable") from None
 
     def _target(self, job: RolloutJob) -> tuple[str, str]:
-        namespace = job.spec.executor.kubernetes.namespace or self.namespace
+        own = job.metadata.namespace if self.in_job_namespace else self.namespace
+        namespace = job.spec.executor.kubernetes.namespace or own
         if not namespace:
             raise ExecutorError("no namespace for the node daemons: set spec.executor.kubernetes.namespace or "
                                 "$ROLLOUTD_K8S_NAMESPACE", reason="KubernetesNamespaceUnset", permanent=True)
@@ -253,7 +289,7 @@ class KubernetesExecutor:
                                     "$ROLLOUTD_K8S_NODE_IMAGE", reason="KubernetesImageUnset", permanent=True)
             await self._write_secret(core, job, namespace)
             body = job_manifest(job, namespace=namespace, image=image, controller_url=self.controller_url,
-                                drain_seconds=self.drain)
+                                drain_seconds=self.drain, owned=self.in_job_namespace)
             await self._call(f"creating Job {namespace}/{name}", batch.create_namespaced_job, namespace, body)
             log.info("created Job %s/%s for %s (%d node(s))", namespace, name, job.metadata.name, nodes)
             return
@@ -281,7 +317,7 @@ class KubernetesExecutor:
             log.info("scaled Job %s/%s to %d node(s)", namespace, name, nodes)
 
     async def _write_secret(self, core: Any, job: RolloutJob, namespace: str) -> None:
-        body = secret_manifest(job, namespace=namespace, join_token=self.join_token)
+        body = secret_manifest(job, namespace=namespace, join_token=self.join_token, owned=self.in_job_namespace)
         name = body["metadata"]["name"]
         try:
             await self._call(f"creating Secret {namespace}/{name}", core.create_namespaced_secret, namespace, body)

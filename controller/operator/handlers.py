@@ -8,8 +8,9 @@ the status subresource and its events as core/v1 Events (`kubeapi.JobApi`). Next
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import httpx
 import kopf
@@ -53,10 +54,12 @@ class Reconciler:
         self._loop = asyncio.get_running_loop()
         return self._wakes.setdefault(key, asyncio.Event())
 
-    async def step(self, namespace: str, name: str) -> RolloutJob | None:
-        """One pass over the job as stored now; returns it (None once it is gone or being deleted)."""
+    async def step(self, namespace: str, name: str, body: Mapping[str, Any] | None = None) -> RolloutJob | None:
+        """One pass over the job as stored now, or as `body` (kopf's copy from the event that called the
+        handler: no GET; a copy gone stale meanwhile makes the status write a 409, the next pass reads
+        again); returns it (None once it is gone or being deleted)."""
         async with self._locks.setdefault(job_key(namespace, name), asyncio.Lock()):
-            job = await self.api.get(namespace, name)
+            job = RolloutJob.model_validate(copy.deepcopy(dict(body))) if body else await self.api.get(namespace, name)
             if job is None or job.metadata.deletion_timestamp is not None:
                 return None
             if self.mirror is not None:
@@ -103,9 +106,10 @@ class Reconciler:
         self._locks.pop(key, None)
 
 
-async def ensure(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:
-    """Created, changed, or found at start-up: take the first step now (apply → Provisioning)."""
-    await memo.step(namespace, name)
+async def ensure(name: str, namespace: str, memo: Reconciler, body: Mapping[str, Any], **_: Any) -> None:
+    """Created, changed, or found at start-up: take the first step now (apply → Provisioning), on the object
+    kopf's event carried."""
+    await memo.step(namespace, name, body)
 
 
 async def observe(name: str, namespace: str, memo: Reconciler, stopped: Any, **_: Any) -> None:

@@ -7,6 +7,7 @@ status subresource, core/v1 Events). Next step: the API's routes (`controller/ku
 from __future__ import annotations
 
 import base64
+import os
 import ssl
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import yaml
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, RolloutJob, RolloutJobStatus
 
 GROUP_VERSION_PATH = "/apis/" + API_VERSION
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # A rolloutd controller answers a watch without this header as server-sent events (its trainer
 # clients' default); Kubernetes clients ask for JSON, and so must kopf's session.
 JSON_HEADERS = {"Accept": "application/json"}
@@ -49,6 +51,19 @@ class Connection:
             f.close()
             ca = f.name
         return cls(cluster["server"].rstrip("/"), token, ca, bool(cluster.get("insecure-skip-tls-verify")))
+
+    @classmethod
+    def in_cluster(cls, account: Path = SERVICE_ACCOUNT, env: dict[str, str] | None = None) -> "Connection":
+        """Inside a pod: the cluster's API through the pod's service account (its token and CA files)."""
+        env = os.environ if env is None else env
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise ValueError("not in a pod (no $KUBERNETES_SERVICE_HOST): give --kubeconfig")
+        host = f"[{host}]" if ":" in host else host
+        # read once: kubelet refreshes the file hourly, but the API server accepts a pod's token for a year by
+        # default (--service-account-extend-token-expiration); a longer-lived operator restarts with a fresh one
+        token = (Path(account) / "token").read_text().strip()
+        return cls(f"https://{host}:{port}", token, str(Path(account) / "ca.crt"))
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):

@@ -89,6 +89,8 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
                 status.batch = progress.extra["batch"]
             if "policyVersion" in progress.extra:
                 status.policy_version = progress.extra["policyVersion"]
+            if "rewardMean" in progress.extra:
+                status.reward_mean = progress.extra["rewardMean"]
         if progress.failed:
             await executor.release(job)
             return _finish(step, Phase.failed, "WorkFailed", progress.failed)

@@ -9,7 +9,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, func, select
 
 from rolloutd.agents.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
@@ -66,6 +66,14 @@ class Feed:
                 return
             if not await wait_event(ev, wait):
                 yield 0, ""  # keep-alive tick
+
+    def reward_mean(self, job: str) -> float | None:
+        """The mean reward of the job's scored trajectories (None before the first); infrastructure
+        failures carry no reward and are left out."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            mean = s.exec(select(func.avg(TrajectoryRow.reward)).where(
+                TrajectoryRow.job == job, TrajectoryRow.reward.is_not(None), TrajectoryRow.failure != "infra")).one()
+        return None if mean is None else round(float(mean), 4)
 
     def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -170,7 +170,8 @@ class Scheduler:
         if exp.error:
             return Progress(counts, failed=exp.error)
         live = counts.queued + counts.init + counts.run + counts.eval
-        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key)}
+        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key),
+                                 "rewardMean": self.feed.reward_mean(job.metadata.key)}
         if job.spec.batch_mode:
             with Session(self.engine, expire_on_commit=False) as s:
                 counts.total = live + counts.succeeded + counts.failed + counts.cancelled

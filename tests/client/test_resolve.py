@@ -8,7 +8,7 @@ from rolloutd.client import RolloutdError, resolve
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
-    for var in ("ROLLOUTD_SERVER", "ROLLOUTD_TOKEN", "ROLLOUTD_TOKEN_FILE", "ROLLOUTD_NAMESPACE"):
+    for var in ("ROLLOUTD_SERVER", "ROLLOUTD_TOKEN", "ROLLOUTD_TOKEN_FILE", "ROLLOUTD_NAMESPACE", "ROLLOUTD_CA_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ROLLOUTD_CONFIG", str(tmp_path / "none.yaml"))
     monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(tmp_path / "data"))
@@ -55,3 +55,19 @@ def test_namespace_from_argument_environment_config_else_default(monkeypatch, tm
     monkeypatch.delenv("ROLLOUTD_NAMESPACE")
     cfg.write_text("token: t\n")
     assert resolve().namespace == "default"
+
+
+def test_ca_file_from_environment_then_config_and_a_bad_one_is_a_clear_error(monkeypatch, tmp_path):
+    from rolloutd.client import RolloutClient
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("token: t\ncaFile: ~/ca.pem\n")
+    monkeypatch.setenv("ROLLOUTD_CONFIG", str(cfg))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve().ca_file == str(tmp_path / "ca.pem")
+    monkeypatch.setenv("ROLLOUTD_CA_FILE", str(tmp_path / "env-ca.pem"))
+    assert resolve().ca_file == str(tmp_path / "env-ca.pem")
+    assert resolve("https://x:1", token="t").ca_file == str(tmp_path / "env-ca.pem")
+    assert resolve(token="t", ca_file=tmp_path / "arg.pem").ca_file == str(tmp_path / "arg.pem")  # the argument wins
+    with pytest.raises(RolloutdError, match="env-ca.pem.*cannot use it"):  # absent: said at once, no traceback
+        RolloutClient("https://127.0.0.1:9", token="t")

@@ -66,6 +66,23 @@ def test_namespace_flag_keeps_one_name_apart_in_two_namespaces(controller, examp
     assert ctl(controller, "delete", "rj", "ns-demo").returncode == 0
 
 
+def test_namespace_flag_after_the_verb(controller, example_yaml):
+    doc = example_yaml.replace("name: math-demo", "name: ns-after")
+    assert ctl(controller, "apply", "-f", "-", "-n", "team-b", stdin=doc).stdout.strip().endswith("created")
+    assert ctl(controller, "get", "rj", "ns-after", "-n", "team-a").returncode == 1  # not in the other namespace
+    for args in (("get", "rj", "ns-after", "-n", "team-b", "-o", "json"),
+                 ("get", "rj", "ns-after", "--namespace=team-b", "-o", "json"),
+                 ("get", "-nteam-b", "rj", "ns-after", "-o", "json")):
+        r = ctl(controller, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert json.loads(r.stdout)["metadata"]["namespace"] == "team-b"
+    # after the verb it wins over the one before (kubectl: the last one given)
+    r = ctl(controller, "-n", "team-a", "get", "rj", "ns-after", "-n", "team-b", "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["metadata"]["namespace"] == "team-b"
+    assert ctl(controller, "get", "rj", "-n").returncode == 2  # no value: a usage error, not a crash
+    assert ctl(controller, "delete", "rj", "ns-after", "--namespace", "team-b").returncode == 0
+
+
 def test_bad_input_is_one_clear_line_and_exit_1(controller, example_yaml, tmp_path):
     bad = example_yaml.replace("maxTurns: 4", "maxTurnz: 4")
     r = ctl(controller, "apply", "-f", "-", stdin=bad)

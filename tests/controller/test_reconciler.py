@@ -11,6 +11,7 @@ import yaml
 from rolloutd.controller.errors import NotFound
 from rolloutd.controller.executors.base import ExecutorError, NodeState
 from rolloutd.controller.ports import Progress
+from rolloutd.controller.operator import handlers
 from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
@@ -132,3 +133,29 @@ def test_missing_executor_is_a_condition_not_a_crash(tmp_path):
     asyncio.run(reconcile_all(Reconciler(StoreApi(store), {})))
     cond = store.get("math-demo").status.condition("ExecutorReady")
     assert cond.status == "False" and cond.reason == "ExecutorUnavailable"
+
+
+def test_the_handlers_first_pass_uses_kopfs_body_and_a_stale_one_changes_nothing(setup):
+    """ensure (create/update/resume) works on the object kopf's event carried, without reading it again; when
+    that copy is stale (another pass wrote first), its status write is refused (409) and nothing regresses."""
+    store, ex, work, rec = setup
+    reads = []
+    get = rec.api.get
+
+    async def counted_get(namespace, name):
+        reads.append(name)
+        return await get(namespace, name)
+    rec.api.get = counted_get
+    body = store.get("math-demo").wire()  # what kopf hands the create handler
+
+    async def go():
+        await handlers.ensure(name="math-demo", namespace="default", memo=rec, body=body)
+        assert reads == [] and phase(store) == "Provisioning" and ex.ensured == [2]
+        ex.nodes = [NodeState("n1", "running")]
+        await rec.step("default", "math-demo")  # the observing daemon: Running
+        assert phase(store) == "Running"
+        events = len(store.events("math-demo"))
+        await handlers.ensure(name="math-demo", namespace="default", memo=rec, body=body)  # the stale copy
+        assert phase(store) == "Running" and len(store.events("math-demo")) == events
+
+    asyncio.run(go())

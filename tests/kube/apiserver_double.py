@@ -44,7 +44,8 @@ class FakeApiServer:
                 body = json.loads(self.rfile.read(length)) if length else None
                 with server.lock:
                     server.requests.append({"method": self.command, "path": url.path, "query": parse_qs(url.query),
-                                            "contentType": self.headers.get("Content-Type"), "body": body})
+                                            "contentType": self.headers.get("Content-Type"), "body": body,
+                                            "authorization": self.headers.get("Authorization")})
                     code, obj = server.route(self.command, url.path, parse_qs(url.query),
                                              self.headers.get("Content-Type"), body)
                 self._reply(code, obj)

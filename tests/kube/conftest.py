@@ -36,18 +36,25 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory):
-    """A running controller over https, its kubeconfig written beside it."""
-    base = tmp_path_factory.mktemp("kube")
+def https_controller(base: Path, executors: str = "", env: dict[str, str] | None = None) -> ControllerProcess:
+    """A running controller over https (`executors`: its executor kinds; `env`: added to its environment),
+    its kubeconfig written beside it."""
     cert, key = self_signed(base)
-    os.environ["ROLLOUTD_WATCH_HISTORY"] = str(WATCH_HISTORY)  # inherited by the controller: 410 is reachable
-    c = ControllerProcess(base / "data", extra_args=("--tls-cert-file", str(cert), "--tls-key-file", str(key)),
+    # inherited by the controller: ROLLOUTD_WATCH_HISTORY makes 410 reachable
+    added = {"ROLLOUTD_WATCH_HISTORY": str(WATCH_HISTORY), **(env or {})}
+    saved = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    c = ControllerProcess(base / "data", executors=executors,
+                          extra_args=("--tls-cert-file", str(cert), "--tls-key-file", str(key)),
                           scheme="https", verify=ssl.create_default_context(cafile=str(cert)))
     try:
         c.start()
     finally:
-        del os.environ["ROLLOUTD_WATCH_HISTORY"]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     c.cert = cert
     c.kubeconfig = base / "kubeconfig"
     c.kubeconfig.write_text(yaml.safe_dump({
@@ -58,12 +65,11 @@ def kube(tmp_path_factory):
         "contexts": [{"name": "rolloutd", "context": {"cluster": "rolloutd", "user": "rolloutd",
                                                       "namespace": "default"}}],
     }))
-    yield c
-    c.stop()
+    return c
 
 
-@pytest.fixture(scope="module")
-def kubectl(kube):
+def kubectl_for(kube: ControllerProcess):
+    """`run(*args)`: kubectl with `kube`'s kubeconfig; asserts success unless check=False."""
     binary = kube_tools.kubectl()
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.kubeconfig.parent)}
 
@@ -75,3 +81,40 @@ def kubectl(kube):
 
     run.binary, run.env = binary, env
     return run
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory):
+    """A running controller over https with no executor, its kubeconfig written beside it."""
+    c = https_controller(tmp_path_factory.mktemp("kube"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def kubectl(kube):
+    return kubectl_for(kube)
+
+
+@pytest.fixture(scope="module")
+def local_kube(tmp_path_factory):
+    """The same with the local executor: jobs of `nodes: 0` run, their node simulated over the node protocol."""
+    c = https_controller(tmp_path_factory.mktemp("kube-local"), executors="local")
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def local_kubectl(local_kube):
+    return kubectl_for(local_kube)
+
+
+@pytest.fixture(scope="module")
+def plugin_kube(tmp_path_factory):
+    """The local executor, with the benchmarks' task plug-ins (bench/plugins: bench-noop) on the controller's
+    and so its daemons' PYTHONPATH: a real job that needs no LLM."""
+    plugins = str(HERE.parents[1] / "bench" / "plugins")
+    path = os.pathsep.join(filter(None, [plugins, os.environ.get("PYTHONPATH")]))
+    c = https_controller(tmp_path_factory.mktemp("kube-plugins"), executors="local", env={"PYTHONPATH": path})
+    yield c
+    c.stop()

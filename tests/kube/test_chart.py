@@ -20,6 +20,7 @@ from rolloutd.controller.config import backend_allow_nets
 from rolloutd.controller.executors.kubernetes import KubernetesExecutor
 from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app
+from rolloutd.controller.operator.kubeapi import Connection
 from rolloutd.controller.server import EXECUTOR_KINDS
 from rolloutd.crds.crd import render_crd
 
@@ -189,12 +190,27 @@ def test_executor_and_backend_values_reach_the_controller(monkeypatch):
     assert (pvc["storageClassName"], pvc["resources"]["requests"]["storage"]) == ("fast", "50Gi")
 
 
-def test_operator_mode_gets_its_cluster_role():
+def test_operator_mode_gets_its_cluster_role(tmp_path, monkeypatch):
     docs = render("operator")
     dep = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert dep["command"] == ["rolloutd", "operator"] and not any(a.startswith("--executors") for a in dep["args"])
+    assert dep["command"] == ["rolloutd", "operator"]
+    # the operator's own CLI takes the arguments; with no --kubeconfig, in a pod, the service account's cluster
+    params = typer.main.get_command(rolloutd_app).commands["operator"].make_context("operator", dep["args"]).params
+    assert params["kubeconfig"] is None and params["executors"] == "kubernetes"
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("sa-token\n")
+    conn = Connection.in_cluster(account, {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert (conn.server, conn.token, conn.ca_path) == ("https://10.96.0.1:443", "sa-token", str(account / "ca.crt"))
+    with pytest.raises(ValueError, match="give --kubeconfig"):
+        Connection.in_cluster(account, {})
     rules = one(docs, "ClusterRole")["rules"]
     assert {"apiGroups": ["rolloutd.io"], "resources": ["rolloutjobs/status"], "verbs": ["get", "patch", "update"]} in rules
+    # the kubernetes executor creates its Jobs in each RolloutJob's namespace: granted cluster-wide, no Role
+    executor = [r for r in rules if r["apiGroups"] in (["batch"], [""]) and r["resources"] != ["events"]
+                and r["resources"] != ["namespaces"]]
+    controller_role = one(render("defaults"), "Role")["rules"]
+    assert executor == controller_role and not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
 

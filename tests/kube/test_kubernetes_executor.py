@@ -21,6 +21,8 @@ from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesEx
 from rolloutd.controller.main import app as rolloutd_app
 from rolloutd.controller.executors.base import ExecutorError
 from rolloutd.controller.operator.handlers import Reconciler
+from rolloutd.controller.operator.kubeapi import Connection
+from rolloutd.controller.server import build_app
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob
 
@@ -264,6 +266,45 @@ def test_refusals_fail_the_job_drained_or_unreachable_is_retried(apiserver):
         with pytest.raises(ExecutorError, match="reading Job") as e:
             await down.ensure(make_job(), 1)
         assert not e.value.permanent and e.value.reason == "KubernetesUnreachable"
+
+    asyncio.run(go())
+
+
+def test_operator_mode_runs_the_daemons_in_the_rolloutjobs_own_namespace(apiserver, tmp_path, monkeypatch):
+    """`rolloutd operator --kubeconfig`: the Job and its Secret go to the RolloutJob's namespace on the
+    kubeconfig's cluster (with its token), owned by the RolloutJob; the controller's namespace is not used."""
+    monkeypatch.setenv("ROLLOUTD_K8S_NAMESPACE", "rl")  # the controller's own: only the embedded mode's default
+    monkeypatch.setenv("ROLLOUTD_K8S_NODE_IMAGE", "rolloutd:0.1.0")
+    app = build_app(tmp_path / "data", executors=("kubernetes",), kube=Connection(apiserver.url, "op-token"))
+    ex = app.state.executors["kubernetes"]
+    job = RolloutJob.model_validate({**make_job("j", uid="uid-9").wire(),
+                                     "metadata": {"name": "j", "namespace": "team-a", "uid": "uid-9"}})
+    name = resource_name("team-a/j")
+    jobs, secrets = "/apis/batch/v1/namespaces/team-a/jobs", "/api/v1/namespaces/team-a/secrets"
+
+    async def go():
+        await ex.ensure(job, 2)
+        assert {r["authorization"] for r in apiserver.requests} == {"Bearer op-token"}
+        assert apiserver.calls() == [("GET", f"{jobs}/{name}"), ("POST", secrets), ("POST", jobs)]
+        created, secret = apiserver.jobs[("team-a", name)], apiserver.secrets[("team-a", name)]
+        validate({k: v for k, v in created.items() if k != "status"})
+        owner = [{"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "name": "j", "uid": "uid-9",
+                  "controller": True, "blockOwnerDeletion": False}]
+        assert created["metadata"]["ownerReferences"] == owner and secret["metadata"]["ownerReferences"] == owner
+        await ex.release(job)
+        assert apiserver.calls() == [("DELETE", f"{jobs}/{name}"), ("DELETE", f"{secrets}/{name}")]
+
+        elsewhere = RolloutJob.model_validate({**make_job("k", uid="uid-10", namespace="rl").wire(),
+                                               "metadata": {"name": "k", "namespace": "team-a", "uid": "uid-10"}})
+        await ex.ensure(elsewhere, 1)  # spec.executor.kubernetes.namespace wins; no owner across namespaces
+        other = apiserver.jobs[("rl", resource_name("team-a/k"))]
+        assert "ownerReferences" not in other["metadata"]
+
+        embedded = executor(apiserver.url)  # `rolloutd controller`: its RolloutJobs are not the cluster's objects
+        apiserver.calls()
+        await embedded.ensure(job, 1)
+        assert ("POST", "/apis/batch/v1/namespaces/rl/jobs") in apiserver.calls()
+        assert "ownerReferences" not in apiserver.jobs[("rl", name)]["metadata"]
 
     asyncio.run(go())
 

@@ -41,3 +41,13 @@ def test_cli_has_no_token_flag_and_needs_the_env():
     assert proc.returncode == 0 and "--controller" in proc.stdout and "--token" not in proc.stdout
     proc = subprocess.run(base, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "ROLLOUTD_JOIN_TOKEN" in proc.stderr
+
+
+def test_ca_file_from_env_and_an_unreadable_one_refused(tmp_path):
+    env = {"ROLLOUTD_CONTROLLER": "https://c", "ROLLOUTD_JOB": "j", "ROLLOUTD_JOIN_TOKEN": "t"}
+    assert NodeOptions.from_env(environ=env).ca_file is None  # the system's CAs
+    (tmp_path / "ca.pem").write_text("x")
+    assert NodeOptions.from_env(environ={**env, "ROLLOUTD_CA_FILE": str(tmp_path / "ca.pem")}).ca_file == \
+        str(tmp_path / "ca.pem")
+    with pytest.raises(NodeError, match="ROLLOUTD_CA_FILE=.*absent.pem: no such readable file"):
+        NodeOptions.from_env(environ={**env, "ROLLOUTD_CA_FILE": str(tmp_path / "absent.pem")})

@@ -52,3 +52,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "rolloutd.url" -}}
 {{- printf "http://%s.%s.svc:%v" (include "rolloutd.fullname" .) .Release.Namespace .Values.service.port -}}
 {{- end -}}
+
+{{/* What the kubernetes executor calls: a Role's rules in controller mode, the ClusterRole's in operator mode */}}
+{{- define "rolloutd.executorRules" -}}
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create, update, delete]
+{{- end -}}

@@ -1,0 +1,92 @@
+"""The reward mean in `kubectl get rj`: a controller with the local executor runs a job whose node daemon is
+simulated over the real node protocol (as bench/bench_operator.py does); the embedded operator's observation
+writes status.rewardMean, the CRD's printer column shows it. An infrastructure failure carries no reward and
+must not pull the mean down."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from kube_helpers import EXAMPLE, job_yaml
+from waiting import wait_until
+
+from rolloutd.crds.node import NODE_PROTOCOL
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench` is a folder, not installed
+from bench.bench_scale import HealthServer  # noqa: E402
+
+NODES = "/apis/rolloutd.io/v1alpha1/nodes"
+
+
+@pytest.fixture(scope="module")
+def health_url():
+    """An LLM backend's /health, nothing more: leasing waits for a healthy backend; nobody generates here."""
+    server = HealthServer()
+    yield server.urls[0]
+    server.close()
+
+
+def _job(name: str, backend: str) -> str:
+    doc = yaml.safe_load(job_yaml(name))
+    spec = doc["spec"]
+    spec["tasks"].update(source=str(EXAMPLE.parent / "math" / "train.jsonl"), limit=2)
+    spec["samplesPerPrompt"] = 2
+    spec["llm"] = {"tokenizer": "none", "backends": [{"url": backend}]}
+    spec["executor"]["nodes"] = 0  # no daemon process: the test is the node
+    spec["pipeline"]["maxAttempts"] = 1  # an infrastructure failure is final at once
+    return yaml.safe_dump(doc)
+
+
+def _reward_cell(table: str) -> str:
+    """The REWARD cell of the table's first row, by the header's column position (an empty cell has no word)."""
+    header, row = table.splitlines()[:2]
+    names = header.split()
+    start = header.index("REWARD")
+    after = names[names.index("REWARD") + 1]
+    return row[start:header.index(after, start)].strip()
+
+
+def _result(lease: dict, reward: float | None) -> dict:
+    failure = Failure(kind=FailureKind.infra, reason="sandbox died") if reward is None else Failure()
+    t = Trajectory(job="", prompt=lease["prompt"], sample=lease["sample"], task_id=str(lease["task"].get("id")),
+                   finish_reason="stop", reward=reward, failure=failure, node="sim", attempt=lease["attempt"])
+    return {"attemptId": lease["attemptId"], "trajectory": t.wire()}
+
+
+def test_get_shows_the_reward_mean_of_scored_rollouts(local_kube, local_kubectl, health_url):
+    kubectl = local_kubectl
+    kubectl("apply", "-f", "-", input=_job("rewarded", health_url))
+    wait_until(lambda: kubectl("get", "rj", "rewarded", "-o", "jsonpath={.status.phase}").stdout == "Provisioning",
+               60, "the operator's first pass")
+    assert _reward_cell(kubectl("get", "rj", "rewarded").stdout) == ""  # nothing scored yet: null, not 0
+
+    join = (local_kube.data_dir / "join-token").read_text().strip()
+    with httpx.Client(base_url=local_kube.url, verify=local_kube.verify, timeout=30,
+                      headers={"Authorization": f"Bearer {join}"}) as node:
+        reg = node.post(f"{NODES}/register", json={"job": "rewarded", "protocol": NODE_PROTOCOL, "name": "sim0",
+                                                    "host": "sim", "pid": 0, "slot": 0})
+        assert reg.status_code == 200, reg.text
+        node_id = reg.json()["nodeId"]
+        leases: list[dict] = []
+
+        def leased() -> bool:
+            r = node.post(f"{NODES}/{node_id}/lease", json={"maxItems": 4, "wait": 2.0})
+            r.raise_for_status()
+            leases.extend(r.json().get("leases", []))
+            return len(leases) == 4
+        wait_until(leased, 60, "the job's 4 rollouts leased")
+        rewards = [1.0, 0.0, 1.0, None]  # the last: an infrastructure failure, no reward
+        ack = node.post(f"{NODES}/{node_id}/results",
+                        json={"results": [_result(lease, r) for lease, r in zip(leases, rewards)]})
+        assert ack.status_code == 200 and len(ack.json()["accepted"]) == 4, ack.text
+
+    wait_until(lambda: kubectl("get", "rj", "rewarded", "-o", "jsonpath={.status.phase}").stdout == "Succeeded",
+               60, "the job to finish")
+    status = yaml.safe_load(kubectl("get", "rj", "rewarded", "-o", "yaml").stdout)["status"]
+    assert status["rewardMean"] == pytest.approx(2 / 3, abs=1e-4)  # the infra failure is not a 0
+    assert status["counts"]["succeeded"] == 3 and status["counts"]["failed"] == 1
+    assert _reward_cell(kubectl("get", "rj", "rewarded").stdout) == "0.6667"
