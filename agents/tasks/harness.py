@@ -7,9 +7,9 @@ pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agen
 socket in /.rolloutd: the sandbox still has no network), `OPENAI_API_KEY`, the instruction on stdin
 and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
-Trajectory: one segment (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
+Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
-`metrics["segments"]` holds every segment (never a silently re-tokenized sequence). A backend error
+`Trajectory.segments` holds every sequence (never a silently re-tokenized one). A backend error
 behind any call makes the rollout `infra`.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.agents.gateway import RELAY, Gateway, stitch
-from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory, Turn
+from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
 
 from .base import stash_answer
 
@@ -56,14 +56,19 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
-    if len(segments) == 1:
-        seg = segments[0]
-        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length = seg.token_ids, seg.loss_mask, seg.logprobs, seg.prompt_length
-        t.turns = _turns(seg.loss_mask, gateway)
+    calls = iter(c for c in gateway.calls if c.token_ids)  # in order: each segment's generated runs, one per call
+    sequences = [Segment(token_ids=s.token_ids, prompt_length=s.prompt_length, loss_mask=s.loss_mask,
+                         logprobs=s.logprobs, turns=_turns(s.loss_mask, calls), calls=s.calls, drift=s.drift)
+                 for s in segments]
+    if len(sequences) == 1:
+        one = sequences[0]
+        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length, t.turns = (
+            one.token_ids, one.loss_mask, one.logprobs, one.prompt_length, one.turns)
+    else:
+        t.segments = sequences
     t.metrics = {
         "gateway_calls": len(gateway.calls),
-        "segments": [{"token_ids": s.token_ids, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
-                      "prompt_length": s.prompt_length, "calls": s.calls, "drift": s.drift} for s in segments],
+        "drifted_segments": sum(s.drift for s in segments),
         "harness_timed_out": bool(result.timed_out),
         "harness_output": result.output[-1000:],
     }
@@ -75,8 +80,8 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     return stash_answer(t, submitted=None, final_text="")
 
 
-def _turns(mask: list[int], gateway: Gateway) -> list[Turn]:
-    """Generated runs of the single segment, one per call, with the call's finish reason."""
+def _turns(mask: list[int], calls: Any) -> list[Turn]:
+    """The generated runs of one sequence, one per call (from `calls`), with the call's finish reason."""
     turns, start = [], None
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
@@ -84,8 +89,7 @@ def _turns(mask: list[int], gateway: Gateway) -> list[Turn]:
         elif not m and start is not None:
             turns.append([start, i])
             start = None
-    calls = [c for c in gateway.calls if c.token_ids]
-    return [Turn(generated_start=a, generated_end=b, finish_reason=c.finish_reason) for (a, b), c in zip(turns, calls)]
+    return [Turn(generated_start=a, generated_end=b, finish_reason=next(calls).finish_reason) for a, b in turns]
 
 
 __all__ = ["run_harness"]

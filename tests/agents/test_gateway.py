@@ -89,9 +89,11 @@ def test_black_box_harness_through_the_gateway_is_token_exact(tiny_engine):
     assert trajectory.failure.kind.value == "none", (trajectory.failure, output)
     report = __import__("json").loads(output.strip().splitlines()[-1])
     assert report["model"] == "policy" and report["net"] == "unreachable" and report["finish"][1] in ("stop", "length")
-    segments = trajectory.metrics["segments"]
+    segments = [seg.model_dump() for seg in trajectory.segments]  # the history was rewritten: several sequences
+    assert trajectory.token_ids == [] and trajectory.wire()["segments"][0]["tokenIds"] == segments[0]["token_ids"]
     assert trajectory.metrics["gateway_calls"] == 3 and sum(s["calls"] for s in segments) == 3
     assert len(segments) >= 2 and segments[-1]["calls"] == 1  # the summary rewrote the history
+    assert sum(len(s["turns"]) for s in segments) == 3  # one generated run per call, in its own sequence
     first = segments[0]
     assert first["token_ids"][: first["prompt_length"]] == tok.encode_chat([{"role": "user", "content": task["instruction"]}])
     assert segments[-1]["token_ids"][: segments[-1]["prompt_length"]] == tok.encode_chat(
