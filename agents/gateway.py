@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import json
 import re
+import shlex
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,6 +65,16 @@ while True:
     conn, _ = server.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 """
+
+
+async def start_relay(sandbox: Any, socket: str, port: int, log: str, session: dict) -> None:
+    """Start `RELAY` in the sandbox (its python: the host's, bound in) from 127.0.0.1:`port` to `socket` (a path
+    inside); returns once it listens. RuntimeError when it does not start."""
+    script = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} {shlex.quote(socket)} {port} "
+              f"> {log} 2>&1 &\nfor i in $(seq 200); do grep -q ready {log} && exit 0; sleep 0.02; done; cat {log}; exit 1")
+    started = await sandbox.bash(f"bash -c {shlex.quote(script)}", timeout=30, **session)
+    if started.exit_code != 0:
+        raise RuntimeError(f"the relay to {socket} did not start in the sandbox: {started.output[-500:]}")
 
 
 @dataclass
@@ -113,6 +125,50 @@ def stitch(calls: list[Call], decode=None) -> list[Segment]:
     return segments
 
 
+class PieceEncoder:
+    """Ids of rendered chat text, each stretch between the tokenizer's added tokens (`<|im_end|>`...) encoded
+    once per rollout: a harness re-sends its whole history every call, and the tokenizer splits on added
+    tokens before anything else, so the stretches are independent and the ids those of one `encode_text`.
+    Used only where that holds (no strip/normalized added tokens, checked on a probe); else `encode_text`."""
+
+    LIMIT = 4096  # stretches kept per rollout
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[str, list[int]] = {}
+        self._split: re.Pattern | None = None
+        backend = getattr(getattr(tokenizer, "hf", None), "_tokenizer", None)
+        try:
+            added = backend.get_added_tokens_decoder()
+        except AttributeError:
+            return
+        if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
+            return
+        self._backend, self._ids = backend, {t.content: i for i, t in added.items()}
+        self._split = re.compile("(" + "|".join(map(re.escape, sorted(self._ids, key=len, reverse=True))) + ")")
+        special = sorted(self._ids)
+        probe = f"{special[0]} Hé llo\n  {special[-1]}\n\tx{special[0]}{special[-1]}y  "
+        if self.encode(probe) != tokenizer.encode_text(probe):  # e.g. a prefix space only at the text's start
+            self._split = None
+        self._cache.clear()
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            return self.tokenizer.encode_text(text)
+        out: list[int] = []
+        for i, piece in enumerate(self._split.split(text)):
+            if i % 2:
+                out.append(self._ids[piece])
+            elif piece:
+                ids = self._cache.get(piece)
+                if ids is None:
+                    ids = self.tokenizer.encode_text(piece)
+                    if len(self._cache) < self.LIMIT:
+                        self._cache[piece] = ids
+                out += ids
+        return out
+
+
 class Gateway:
     """An OpenAI-compatible server over a Unix socket, for one rollout. `calls` records every call."""
 
@@ -121,6 +177,7 @@ class Gateway:
         self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
+        self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -200,7 +257,8 @@ class Gateway:
         messages = [_plain(m) for m in body.get("messages") or [] if isinstance(m, dict)]
         if not messages:
             return await _respond(send, 400, _invalid("messages is required"))
-        prompt = self.tokenizer.encode_chat(messages, tools=body.get("tools") or None)
+        prompt = self._pieces.encode(self.tokenizer.render(messages, tools=body.get("tools") or None,
+                                                           add_generation_prompt=True))
         call = await self._call(prompt, body.get("max_completion_tokens") or body.get("max_tokens"), send)
         if call is None:
             return
@@ -294,4 +352,4 @@ async def _respond(send: Any, status: int, payload: dict) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-__all__ = ["Call", "Gateway", "RELAY", "Segment", "parse_tool_calls", "stitch"]
+__all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "parse_tool_calls", "start_relay", "stitch"]

@@ -15,11 +15,10 @@ behind any call makes the rollout `infra`.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-from rolloutd.agents.gateway import RELAY, Gateway, stitch
+from rolloutd.agents.gateway import Gateway, start_relay, stitch
 from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
 
 from .base import stash_answer
@@ -36,12 +35,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")  # uvicorn makes it 0666, in a 0700 dir
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
-        relay = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} /.rolloutd/gateway.sock {PORT} "
-                 f"> /tmp/.harbor/relay.log 2>&1 &\nfor i in $(seq 200); do grep -q ready /tmp/.harbor/relay.log "
-                 f"&& exit 0; sleep 0.02; done; cat /tmp/.harbor/relay.log; exit 1")
-        started = await sandbox.bash(f"bash -c {shlex.quote(relay)}", timeout=30, **SESSION)
-        if started.exit_code != 0:
-            raise RuntimeError(f"the gateway relay did not start in the sandbox: {started.output[-500:]}")
+        await start_relay(sandbox, "/.rolloutd/gateway.sock", PORT, "/tmp/.harbor/relay.log", SESSION)
         env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1", "OPENAI_API_BASE": f"http://127.0.0.1:{PORT}/v1",
                "OPENAI_API_KEY": "rolloutd", "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())

@@ -60,6 +60,26 @@ def test_stitch_continues_extensions_and_splits_rewrites():
     assert drifted.drift
 
 
+def test_piecewise_prompt_ids_equal_one_encoding_of_the_whole_text():
+    """The gateway encodes each stretch between added tokens once per rollout: the ids must be exactly those
+    of encoding the whole rendered text, whatever the conversation (spaces, newlines, unicode, tools)."""
+    from rolloutd.agents.gateway import PieceEncoder
+
+    tok = ChatTokenizer(model_dir("tiny"))
+    pieces = PieceEncoder(tok)
+    assert pieces._split is not None  # the fast path is the one under test
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    history = [{"role": "system", "content": "You are  a terminal agent.\n"}]
+    for i, text in enumerate(["Count words in  words.txt ", "  état: ok\n\n", "<tool_call>{\"name\": \"bash\"}</tool_call>",
+                              "日本語 and emoji 🚀", "trailing space ", "\tTabbed\r\nCRLF", ""]):
+        history.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+        for tool_list in (None, tools):
+            rendered = tok.render(history, tools=tool_list, add_generation_prompt=True)
+            assert pieces.encode(rendered) == tok.encode_text(rendered)
+            assert pieces.encode(rendered) == tok.encode_text(rendered)  # again, from the cache
+    assert len(pieces._cache) > 3
+
+
 def test_tool_call_blocks_become_openai_tool_calls():
     content, calls = parse_tool_calls('Let me look.<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>')
     assert content == "Let me look." and calls[0]["function"] == {"name": "bash", "arguments": '{"cmd": "ls"}'}
