@@ -15,6 +15,7 @@ from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.client import sequences
 
 from harbor_rollouts import task_sandbox  # tests/
 
@@ -189,16 +190,16 @@ def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_eng
     calls = trajectory.metrics["gateway_calls"]
     counted = __import__("json").loads(mini_traj)["info"]["model_stats"]["api_calls"]  # mini's own count
     assert calls >= 1 and counted == calls  # every call the harness made, recorded exactly once
-    segments = trajectory.metrics["segments"]
-    assert sum(s["calls"] for s in segments) == calls
+    segments = sequences(trajectory.wire())  # as a trainer reads it: the segments, or the one flat sequence
+    assert sum(len(s["turns"]) for s in segments) == calls  # one generated run per call
     worst = 0.0
     for seg in segments:
         r = httpx.post(f"{smollm2_engine.url}/v1/completions", timeout=300, json={
-            "model": smollm2_engine.served_name, "prompt": seg["token_ids"], "max_tokens": 1, "prompt_logprobs": 0,
+            "model": smollm2_engine.served_name, "prompt": seg["tokenIds"], "max_tokens": 1, "prompt_logprobs": 0,
             "return_token_ids": True}).json()["choices"][0]
-        assert r["prompt_token_ids"] == seg["token_ids"]
-        generated = [i for i, m in enumerate(seg["loss_mask"]) if m]
-        rescored = [r["prompt_logprobs"][i][str(seg["token_ids"][i])]["logprob"] for i in generated]
+        assert r["prompt_token_ids"] == seg["tokenIds"]
+        generated = [i for i, m in enumerate(seg["lossMask"]) if m]
+        rescored = [r["prompt_logprobs"][i][str(seg["tokenIds"][i])]["logprob"] for i in generated]
         worst = max([worst, *(abs(a - seg["logprobs"][i]) for a, i in zip(rescored, generated))])
     assert worst < 1e-3, worst
     assert reward.value in (0.0, 1.0)
