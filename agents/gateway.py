@@ -32,7 +32,8 @@ from .llm import BackendError, SamplingParams, derive_seed
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 # Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2). Two blocking
-# threads per connection: a call crosses it in ~30 µs, an event loop's read/write/drain cost several times that.
+# threads per connection: it adds ~0.05 ms per call, an asyncio pipe (read/write/drain) added ~0.3 ms
+# (bench/RESULTS-gateway.md).
 RELAY = r"""
 import socket, sys, threading
 def pipe(src, dst):
