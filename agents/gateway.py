@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import json
 import re
+import shlex
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,24 +31,51 @@ from .llm import BackendError, SamplingParams, derive_seed
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
-# Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2).
+# Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2). Two blocking
+# threads per connection: it adds ~0.05 ms per call, an asyncio pipe (read/write/drain) added ~0.3 ms
+# (bench/RESULTS-gateway.md).
 RELAY = r"""
-import asyncio, sys
-async def pipe(r, w):
+import socket, sys, threading
+def pipe(src, dst):
     try:
-        while data := await r.read(65536):
-            w.write(data); await w.drain()
-    finally:
-        w.close()
-async def serve(cr, cw):
-    ur, uw = await asyncio.open_unix_connection(sys.argv[1])
-    await asyncio.gather(pipe(cr, uw), pipe(ur, cw), return_exceptions=True)
-async def main():
-    server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[2]))
-    print("relay ready", flush=True)
-    await server.serve_forever()
-asyncio.run(main())
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def serve(client):
+    try:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.connect(sys.argv[1])
+    except OSError:
+        client.close()
+        return
+    back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
+    back.start()
+    pipe(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+server = socket.create_server(("127.0.0.1", int(sys.argv[2])), backlog=64)
+print("relay ready", flush=True)
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
 """
+
+
+async def start_relay(sandbox: Any, socket: str, port: int, log: str, session: dict) -> None:
+    """Start `RELAY` in the sandbox (its python: the host's, bound in) from 127.0.0.1:`port` to `socket` (a path
+    inside); returns once it listens. RuntimeError when it does not start."""
+    script = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} {shlex.quote(socket)} {port} "
+              f"> {log} 2>&1 &\nfor i in $(seq 200); do grep -q ready {log} && exit 0; sleep 0.02; done; cat {log}; exit 1")
+    started = await sandbox.bash(f"bash -c {shlex.quote(script)}", timeout=30, **session)
+    if started.exit_code != 0:
+        raise RuntimeError(f"the relay to {socket} did not start in the sandbox: {started.output[-500:]}")
 
 
 @dataclass
@@ -97,6 +126,50 @@ def stitch(calls: list[Call], decode=None) -> list[Segment]:
     return segments
 
 
+class PieceEncoder:
+    """Ids of rendered chat text, each stretch between the tokenizer's added tokens (`<|im_end|>`...) encoded
+    once per rollout: a harness re-sends its whole history every call, and the tokenizer splits on added
+    tokens before anything else, so the stretches are independent and the ids those of one `encode_text`.
+    Used only where that holds (no strip/normalized added tokens, checked on a probe); else `encode_text`."""
+
+    LIMIT = 4096  # stretches kept per rollout
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[str, list[int]] = {}
+        self._split: re.Pattern | None = None
+        backend = getattr(getattr(tokenizer, "hf", None), "_tokenizer", None)
+        try:
+            added = backend.get_added_tokens_decoder()
+        except AttributeError:
+            return
+        if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
+            return
+        self._backend, self._ids = backend, {t.content: i for i, t in added.items()}
+        self._split = re.compile("(" + "|".join(map(re.escape, sorted(self._ids, key=len, reverse=True))) + ")")
+        special = sorted(self._ids)
+        probe = f"{special[0]} Hé llo\n  {special[-1]}\n\tx{special[0]}{special[-1]}y  "
+        if self.encode(probe) != tokenizer.encode_text(probe):  # e.g. a prefix space only at the text's start
+            self._split = None
+        self._cache.clear()
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            return self.tokenizer.encode_text(text)
+        out: list[int] = []
+        for i, piece in enumerate(self._split.split(text)):
+            if i % 2:
+                out.append(self._ids[piece])
+            elif piece:
+                ids = self._cache.get(piece)
+                if ids is None:
+                    ids = self.tokenizer.encode_text(piece)
+                    if len(self._cache) < self.LIMIT:
+                        self._cache[piece] = ids
+                out += ids
+        return out
+
+
 class Gateway:
     """An OpenAI-compatible server over a Unix socket, for one rollout. `calls` records every call."""
 
@@ -105,6 +178,7 @@ class Gateway:
         self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
+        self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -114,7 +188,7 @@ class Gateway:
     async def start(self, socket_path: str | Path) -> None:
         import uvicorn
 
-        config = uvicorn.Config(self._app(), uds=str(socket_path), log_level="warning", lifespan="off",
+        config = uvicorn.Config(self, uds=str(socket_path), log_level="warning", lifespan="off",
                                 access_log=False)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the node daemon owns the signals
@@ -153,71 +227,92 @@ class Gateway:
         self.calls.append(call)
         return call
 
-    def _app(self):
-        from starlette.applications import Starlette
-        from starlette.responses import JSONResponse, StreamingResponse
-        from starlette.routing import Route
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        """The ASGI app: a plain path dispatch (a framework's middleware and routing cost more per call
+        than the whole goal; FACTS and bench/RESULTS-gateway.md)."""
+        if scope["type"] != "http":
+            return
+        route = _ROUTES.get(scope["path"].rstrip("/"))
+        if route is None:
+            return await _respond(send, 404, {"error": {"message": f"no route {scope['path']}", "type": "not_found"}})
+        method, handler = route
+        if scope["method"] != method:
+            return await _respond(send, 405, {"error": {"message": f"use {method}", "type": "invalid_request_error"}})
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            request = json.loads(body) if body else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            request = {}
+        await handler(self, request if isinstance(request, dict) else {}, send)
 
-        async def models(request):
-            return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
+    async def _models(self, body: dict, send: Any) -> None:
+        await _respond(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
 
-        async def chat(request):
-            body = await _json(request)
-            messages = [_plain(m) for m in body.get("messages") or []]
-            if not messages:
-                return _error(400, "messages is required")
-            prompt = self.tokenizer.encode_chat(messages, tools=body.get("tools") or None)
-            call = await self._call(prompt, body.get("max_completion_tokens") or body.get("max_tokens"))
-            if isinstance(call, JSONResponse):
-                return call
-            text = self.tokenizer.decode_content(call.token_ids)
-            content, tool_calls = parse_tool_calls(text) if body.get("tools") else (text, [])
-            finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
-            message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
-                     "total_tokens": len(prompt) + len(call.token_ids)}
-            head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": self.model}
-            if body.get("stream"):
-                chunks = [{**head, "object": "chat.completion.chunk",
-                           "choices": [{"index": 0, "delta": message, "finish_reason": None}]},
-                          {**head, "object": "chat.completion.chunk",
-                           "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage}]
-                return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-            return JSONResponse({**head, "object": "chat.completion", "usage": usage,
-                                 "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+    async def _chat(self, body: dict, send: Any) -> None:
+        messages = [_plain(m) for m in body.get("messages") or [] if isinstance(m, dict)]
+        if not messages:
+            return await _respond(send, 400, _invalid("messages is required"))
+        prompt = self._pieces.encode(self.tokenizer.render(messages, tools=body.get("tools") or None,
+                                                           add_generation_prompt=True))
+        call = await self._call(prompt, body.get("max_completion_tokens") or body.get("max_tokens"), send)
+        if call is None:
+            return
+        text = self.tokenizer.decode_content(call.token_ids)
+        content, tool_calls = parse_tool_calls(text) if body.get("tools") else (text, [])
+        finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
+        message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
+                 "total_tokens": len(prompt) + len(call.token_ids)}
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": self.model}
+        if not body.get("stream"):
+            return await _respond(send, 200, {**head, "object": "chat.completion", "usage": usage,
+                                              "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+        chunks = [{**head, "object": "chat.completion.chunk",
+                   "choices": [{"index": 0, "delta": message, "finish_reason": None}]},
+                  {**head, "object": "chat.completion.chunk",
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage}]
+        events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": events.encode()})
 
-        async def completions(request):
-            body = await _json(request)
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode_text(prompt)
-            elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
-                ids = prompt
-            else:
-                return _error(400, "prompt must be a string or a list of token ids")
-            call = await self._call(ids, body.get("max_tokens"))
-            if isinstance(call, JSONResponse):
-                return call
-            return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
-                                 "created": int(time.time()), "model": self.model,
-                                 "choices": [{"index": 0, "text": self.tokenizer.decode(call.token_ids),
-                                              "finish_reason": call.finish_reason}],
-                                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
-                                           "total_tokens": len(ids) + len(call.token_ids)}})
+    async def _completions(self, body: dict, send: Any) -> None:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode_text(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            ids = prompt
+        else:
+            return await _respond(send, 400, _invalid("prompt must be a string or a list of token ids"))
+        call = await self._call(ids, body.get("max_tokens"), send)
+        if call is None:
+            return
+        await _respond(send, 200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
+                                   "created": int(time.time()), "model": self.model,
+                                   "choices": [{"index": 0, "text": self.tokenizer.decode(call.token_ids),
+                                                "finish_reason": call.finish_reason}],
+                                   "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
+                                             "total_tokens": len(ids) + len(call.token_ids)}})
 
-        return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"]),
-                                 Route("/v1/completions", completions, methods=["POST"])])
-
-    async def _call(self, prompt: list[int], max_tokens: Any):
-        from starlette.responses import JSONResponse
-
+    async def _call(self, prompt: list[int], max_tokens: Any, send: Any) -> Call | None:
         try:
             return await self.generate(prompt, max_tokens)
         except BackendError as e:  # the harness sees a 502; the rollout's RUN reports it as infra
             self.backend_error = str(e)
-            return JSONResponse({"error": {"message": f"backend: {e}", "type": "backend_error"}}, status_code=502)
+            await _respond(send, 502, {"error": {"message": f"backend: {e}", "type": "backend_error"}})
+            return None
+
+
+_ROUTES = {"/v1/models": ("GET", Gateway._models), "/v1/chat/completions": ("POST", Gateway._chat),
+           "/v1/completions": ("POST", Gateway._completions)}
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
@@ -247,24 +342,15 @@ def _plain(message: dict) -> dict:
     return message
 
 
-async def _json(request) -> dict:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return body if isinstance(body, dict) else {}
+def _invalid(message: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
 
 
-def _error(status: int, message: str):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
-
-
-async def _sse(chunks: list[dict]):
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
+async def _respond(send: Any, status: int, payload: dict) -> None:
+    data = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
 
 
-__all__ = ["Call", "Gateway", "RELAY", "Segment", "parse_tool_calls", "stitch"]
+__all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "parse_tool_calls", "start_relay", "stitch"]

@@ -192,6 +192,13 @@ class SandboxSpec(Model):
     runtime: Literal["bwrap", "apptainer", "process"] = "bwrap"
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
     network: bool = False
+    user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
+                             description="run sandboxed code as this non-root user of the image (name or uid[:group], "
+                                         "from the rootfs image's /etc/passwd; HOME is its home); default: the "
+                                         "runtime's unprivileged user. harbor tasks set it from the task")
+    verifier_network: bool = Field(default=False, description="consent: a harbor task that allows the internet "
+                                   "([environment] allow_internet, Harbor's default) gets an egress proxy to the host's "
+                                   "network in EVAL (its verifier), never while the agent runs")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     env: dict[str, str] = Field(default_factory=dict, description="added to the sandbox's default environment")
     mounts: list[MountSpec] = Field(default_factory=list, max_length=32,

@@ -1,7 +1,8 @@
 """The trajectory record: what a node daemon reports for one rollout and a trainer receives.
 
 Produced by the agent loop (`rolloutd.agents`), stored by the controller, streamed to trainers.
-Token-exact: `token_ids` are the ids the engine was fed or generated, never a re-tokenization.
+Token-exact: `token_ids` are the ids the engine was fed or generated, never a re-tokenization. An agent
+that rewrote its history (a harness) leaves several sequences: `segments`, the flat fields empty.
 """
 from __future__ import annotations
 
@@ -48,6 +49,35 @@ class Timings(Model):
     stamps: dict[str, float] = Field(default_factory=dict)
 
 
+def _check_aligned(ids: list[int], mask: list[int], logprobs: list) -> None:
+    n = len(ids)
+    if mask and len(mask) != n:
+        raise ValueError(f"lossMask has {len(mask)} entries, tokenIds has {n}")
+    if logprobs and len(logprobs) != n:
+        raise ValueError(f"logprobs has {len(logprobs)} entries, tokenIds has {n}")
+
+
+class Segment(Model):
+    """One token sequence of a trajectory whose agent rewrote its history (a harness that summarised or
+    truncated its conversation): the fields mean what the trajectory's flat fields of the same name mean."""
+
+    model_config = ConfigDict(allow_inf_nan=True)
+
+    token_ids: list[int] = Field(default_factory=list, description="prompt ids, then generated and context ids")
+    prompt_length: int = Field(default=0, description="ids before the first generated id")
+    loss_mask: list[int] = Field(default_factory=list, description="1 on generated ids, 0 on the rest")
+    logprobs: list[float | None] = Field(default_factory=list, description="sampling logprob of each generated id")
+    turns: list[Turn] = Field(default_factory=list)
+    calls: int = Field(default=0, description="LLM calls this sequence holds")
+    drift: bool = Field(default=False, description="started because a re-tokenized history no longer matched the "
+                        "recorded ids (the text was kept), not because the agent rewrote it")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Segment":
+        _check_aligned(self.token_ids, self.loss_mask, self.logprobs)
+        return self
+
+
 class Trajectory(Model):
     # A daemon's report is accepted whole: a -inf logprob (a token the engine's processing masked) must
     # not make the controller refuse, and so lose, a finished rollout. Specs are strict (crds.base).
@@ -75,14 +105,16 @@ class Trajectory(Model):
     attempt: int = 0
     timings: Timings = Field(default_factory=Timings)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    segments: list[Segment] = Field(default_factory=list, description=(
+        "several token sequences (the agent rewrote its history): each one here, tokenIds/lossMask/logprobs/"
+        "turns left empty; empty when the trajectory is one sequence (the flat fields)"))
 
     @model_validator(mode="after")
     def _aligned(self) -> "Trajectory":
-        n = len(self.token_ids)
-        if self.loss_mask and len(self.loss_mask) != n:
-            raise ValueError(f"lossMask has {len(self.loss_mask)} entries, tokenIds has {n}")
-        if self.logprobs and len(self.logprobs) != n:
-            raise ValueError(f"logprobs has {len(self.logprobs)} entries, tokenIds has {n}")
+        _check_aligned(self.token_ids, self.loss_mask, self.logprobs)
+        if self.segments and self.token_ids:
+            raise ValueError("a trajectory holds its tokens in tokenIds or, when there are several sequences, "
+                             "in segments, not both")
         if self.failure.kind in (FailureKind.infra, FailureKind.config) and self.reward is not None:
             raise ValueError(f"a failure of kind {self.failure.kind.value} carries no reward (it is not the policy's)")
         return self

@@ -179,8 +179,6 @@ def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, 
             user = step.args[0]
     image = Image(key=key, path=work, base=parsed.base.ref, python=parsed.base.python, env=env, workdir=cwd,
                   user=user, notes=list(parsed.notes))
-    if user and user.split(":")[0] not in ("root", "0"):
-        image.notes.append(f"USER {user}: sandboxes run as one user (the node's); the agent is not switched to it")
     _finalize(image, rootfs, work)
     _apptainer(image, work, log)
     return image

@@ -36,6 +36,7 @@ class LaunchConfig(BaseModel):
     rlimits: dict[str, int] = Field(default_factory=dict, description='"AS", "FSIZE", "NPROC" → value, set in every child')
     wall_seconds: float | None = Field(None, description="the server exits (124) this long after it starts")
     uid: int | None = Field(None, description="a root runtime's server drops to this uid first")
+    gid: int | None = Field(None, description="... and this gid (default: the uid)")
     path: list[str] = Field(default_factory=list, description="sys.path: the server's parent, then its site dirs")
 
 

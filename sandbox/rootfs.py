@@ -171,6 +171,15 @@ def lookup_user(rootfs: Path, spec: str) -> tuple[int, int]:
     return uid, gid
 
 
+def user_home(rootfs: Path, spec: str) -> str:
+    """The home directory /etc/passwd gives a USER spec's user ("/" when it names none)."""
+    name = spec.partition(":")[0]
+    for fields in _table(rootfs / "etc/passwd").values():
+        if (fields[2] if name.isdigit() else fields[0]) == name and len(fields) >= 6 and fields[5].startswith("/"):
+            return fields[5]
+    return "/"
+
+
 def _table(path: Path) -> dict[str, list[str]]:
     try:
         lines = path.read_text().splitlines()
@@ -179,4 +188,4 @@ def _table(path: Path) -> dict[str, list[str]]:
     return {f[0]: f for f in (line.split(":") for line in lines) if len(f) >= 4}
 
 
-__all__ = ["ImageBuildError", "base_rootfs", "copy_tree", "image_cache_dir", "locked", "lookup_user", "run_in_rootfs"]
+__all__ = ["ImageBuildError", "base_rootfs", "copy_tree", "image_cache_dir", "locked", "lookup_user", "run_in_rootfs", "user_home"]

@@ -63,9 +63,11 @@ class Sandbox:
         limits: dict[str, Any],
         log_path: Path,
         owner: int | None = None,
+        owner_gid: int | None = None,
     ) -> None:
         self.id = sandbox_id
         self.owner = owner  # host uid of the sandboxed code when it is not ours (a root daemon's sandbox)
+        self.owner_gid = owner if owner_gid is None else owner_gid
         self.spec = spec
         self.root = root
         self.workspace = workspace  # host path of the writable workspace
@@ -208,10 +210,10 @@ class Sandbox:
         top = Path(path)
         if not top.resolve().is_relative_to(self.workspace.resolve()):
             raise ValueError(f"{path} is not in the sandbox's workspace")
-        os.lchown(top, self.owner, self.owner)
+        os.lchown(top, self.owner, self.owner_gid)
         for dirpath, dirnames, filenames in os.walk(top):
             for name in dirnames + filenames:
-                os.lchown(os.path.join(dirpath, name), self.owner, self.owner)
+                os.lchown(os.path.join(dirpath, name), self.owner, self.owner_gid)
 
     # -- lifecycle --------------------------------------------------------------
 

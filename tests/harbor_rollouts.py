@@ -1,7 +1,8 @@
 """Harbor task rollouts for tests: `task_sandbox` (a task's sandbox from its own image, INIT done) and
 `rollouts` (oracle and no-op rollouts of every task under a directory: JSON `{task_id: {"oracle": reward,
 "noop": reward}}` on stdout). Used by tests/tasks/test_harbor.py in process (as root) and as an
-unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`), and by tests/agents/test_gateway.py."""
+unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`; `ROLLOUTD_TEST_COMMAND=...`: that command's
+output in each task's sandbox instead), and by tests/agents/test_gateway.py."""
 from __future__ import annotations
 
 import asyncio
@@ -13,11 +14,12 @@ import sys
 
 
 @contextlib.asynccontextmanager
-async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None):
-    """A bwrap sandbox in the task's image, INIT done; closed on the way out."""
+async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None, **spec):
+    """A bwrap sandbox in the task's image (`spec`: more of the job's sandbox fields), INIT done; closed on the way out."""
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
-    sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, SandboxSpec(env=env or {})))
+    base = SandboxSpec(env=env or {}, **spec)
+    sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, base))
     try:
         await handler.init(task, sandbox)
         yield sandbox
@@ -68,10 +70,25 @@ async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
     return out
 
 
+async def probe_command(source: str, command: str, env: dict[str, str] | None = None) -> dict:
+    """`command`'s output in each task's sandbox (INIT done): who the sandbox's code is."""
+    from rolloutd.agents.tasks import get_handler
+
+    handler = get_handler("harbor")
+    out = {}
+    for task in handler.load(source):
+        async with task_sandbox(handler, task, env) as sandbox:
+            out[task["id"]] = (await sandbox.bash(command)).output.split()
+    return out
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2:
         site.addsitedir(sys.argv[2])  # the project's venv, seen by an interpreter outside it
     # an interpreter whose libpython is found through LD_LIBRARY_PATH needs it in the sandbox too
     env = {"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]} if os.environ.get("LD_LIBRARY_PATH") else {}
     probe = os.environ.get("ROLLOUTD_TEST_HARNESS_PROBE") == "1"
-    print(json.dumps(asyncio.run((harness_probe if probe else rollouts)(sys.argv[1], env))))
+    if os.environ.get("ROLLOUTD_TEST_COMMAND"):
+        print(json.dumps(asyncio.run(probe_command(sys.argv[1], os.environ["ROLLOUTD_TEST_COMMAND"], env))))
+    else:
+        print(json.dumps(asyncio.run((harness_probe if probe else rollouts)(sys.argv[1], env))))

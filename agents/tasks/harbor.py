@@ -8,15 +8,18 @@ reused by `rolloutd.sandbox.image_build`, under a lock, once per node or shared 
 `tasks.source`: a directory of task directories, or a JSON-lines index whose rows name one each
 (`{"path": "tasks/hello"}`, relative to the index; optional `"id"`). A task directory holds
 `instruction.md`, `task.toml`, `environment/Dockerfile` (+ build context), `tests/test.sh` and
-optionally `solution/solve.sh`. task.toml fields read: `[agent] timeout_sec`, `[verifier] timeout_sec`
+optionally `solution/solve.sh`. task.toml fields read: `[agent] timeout_sec` and `user`, `[verifier] timeout_sec`
 and `env`, `[solution] env`, `[environment] memory_mb` (or `memory = "2G"`: the sandbox's memory limit
-instead of the job's); the rest is kept in the row (`config`).
+instead of the job's) and `allow_internet`; the rest is kept in the row (`config`).
 
-In the sandbox (see image_build.py): WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
+In the sandbox (see image_build.py): everything runs as the task's user (`[agent] user`, else the Dockerfile's
+last USER) when that is not root, else as the runtime's unprivileged user; WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
 in the sandbox's private /tmp. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
 `bash /tests/test.sh` in a shell of its own with the verifier's timeout, and reads
 `/logs/verifier/reward.txt` (or `reward.json`). A verifier that leaves no reward, crashes, or times
-out is an infrastructure failure (`EvalError`), never reward 0.
+out is an infrastructure failure (`EvalError`), never reward 0. The verifier has no network unless the job
+consents (`sandbox.verifierNetwork`) and the task allows it (`[environment] allow_internet`, default true):
+then it gets an egress proxy (agents/egress.py) once the agent's processes are gone.
 """
 from __future__ import annotations
 
@@ -34,12 +37,14 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import DatasetError, EvalError, Reward, TaskHandler, json_lines, stash_answer
+from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, json_lines, stash_answer
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
 EVAL_SESSION = {"session": "rolloutd-harbor-eval"}
+EGRESS_PORT = 41401  # the verifier's proxy, on the sandbox's own loopback
+PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 SYSTEM_PROMPT = ("You are an agent working in a Linux terminal. Complete the task below; your working "
                  "directory is {workdir}. When you are done, say so.")
 
@@ -96,7 +101,10 @@ class HarborTask(TaskHandler):
                             f"not {base.runtime!r}")
         image = await self.image(task)
         task["workdir"] = image.workdir if image.writable_workdir else "/workspace"
-        update = {"image": str(image.rootfs), "env": {**image.env, **base.env}}
+        # the verifier's egress: only with the job's consent, and only for a task that allows the internet
+        task["verifier_network"] = bool(base.verifier_network and task.get("allow_internet", True))
+        update = {"image": str(image.rootfs), "env": {**image.env, **base.env},
+                  "user": run_as(image, task.get("agent_user") or image.user, task["id"]) or base.user}
         if task.get("memory_mb"):  # the task's declared need, as Harbor gives its container
             update["limits"] = base.limits.model_copy(update={"memory_mb": task["memory_mb"]})
         return base.model_copy(update=update)
@@ -150,11 +158,16 @@ class HarborTask(TaskHandler):
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
         if sandbox is None:
             raise EvalError("harbor: eval needs the rollout's sandbox")
+        egress = None
         try:
             await _bash_ok(sandbox, "rm -rf /tmp/.harbor/tests && rm -f /logs/verifier/reward.txt "
                                     "/logs/verifier/reward.json && mkdir -p /logs/verifier", "prepare /tests", 60)
             await stage_dir(sandbox, Path(task["path"]) / "tests", "/tests")
-            run = await sandbox.bash(f"{_exports(task.get('verifier_env', {}))}cd "
+            exports = _exports(task.get('verifier_env', {}))
+            if task.get("verifier_network"):
+                egress = await _open_egress(sandbox)
+                exports += _exports({k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS})
+            run = await sandbox.bash(f"{exports}cd "
                                      f"{shlex.quote(task.get('workdir', '/workspace'))} && bash /tests/test.sh "
                                      f"> /logs/verifier/test-output.txt 2>&1; echo \"verifier-exit=$?\"",
                                      timeout=task["verifier_timeout"], **EVAL_SESSION)
@@ -162,17 +175,35 @@ class HarborTask(TaskHandler):
             raise
         except Exception as e:  # noqa: BLE001 - the sandbox failed us: infrastructure
             raise EvalError(f"harbor: cannot run the verifier: {e!r}") from e
+        finally:
+            if egress is not None:
+                await egress.stop()
         log = await _read(sandbox, "/logs/verifier/test-output.txt") or ""
         if run.timed_out:
             raise EvalError(f"harbor: the verifier did not finish within {task['verifier_timeout']:g}s: {log[-1000:]}")
         m = re.search(r"verifier-exit=(\d+)", run.output)
-        details: dict[str, Any] = {"verifier_exit": int(m.group(1)) if m else None, "verifier_output": log[-3000:]}
+        details: dict[str, Any] = {"verifier_exit": int(m.group(1)) if m else None, "verifier_output": log[-3000:],
+                                   "verifier_network": bool(task.get("verifier_network"))}
         value = parse_reward(await _read(sandbox, "/logs/verifier/reward.txt"),
                              await _read(sandbox, "/logs/verifier/reward.json"))
         if value is None:
             raise EvalError(f"harbor: the verifier wrote no reward to /logs/verifier/reward.txt "
                             f"(exit {details['verifier_exit']}): {log[-1500:]}")
         return Reward(value=value, details=details)
+
+
+def run_as(image: Any, user: str | None, task_id: str) -> str | None:
+    """The task's user (task.toml `[agent] user`, else the Dockerfile's last USER) when it is not root: the
+    sandbox runs as it. One the image lacks is the job's configuration at fault, never the policy's."""
+    from rolloutd.sandbox.rootfs import ImageBuildError, lookup_user
+
+    if not user:
+        return None
+    try:
+        uid, _ = lookup_user(image.rootfs, user)
+    except ImageBuildError as e:
+        raise ConfigError(f"spec.tasks.source: task {task_id}: the agent's user {user!r}: {e}") from None
+    return user if uid != 0 else None
 
 
 # ---------------------------------------------------------------------- task directories
@@ -204,6 +235,8 @@ def read_task(task_dir: Path, task_id: str, where: str) -> dict:
         "verifier_env": _env(section("verifier").get("env", {}), where, "verifier.env"),
         "solution_env": _env(section("solution").get("env", {}), where, "solution.env"),
         "memory_mb": _memory_mb(section("environment"), where),
+        "agent_user": _user(section("agent").get("user"), where),
+        "allow_internet": _flag(section("environment").get("allow_internet", True), where, "environment.allow_internet"),
         "config": config,
     }
 
@@ -258,6 +291,23 @@ def _copy_fresh(source: Path, staging: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
+async def _open_egress(sandbox: Any) -> Any:
+    """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
+    killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it."""
+    from rolloutd.agents.egress import EgressProxy
+    from rolloutd.agents.gateway import start_relay
+
+    await _bash_ok(sandbox, "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; true", "end the agent's processes", 30)
+    egress = EgressProxy()
+    await egress.start(Path(sandbox.root) / "ctl" / "egress.sock")
+    try:
+        await start_relay(sandbox, "/.rolloutd/egress.sock", EGRESS_PORT, "/tmp/.harbor/egress.log", EVAL_SESSION)
+    except BaseException:
+        await egress.stop()
+        raise
+    return egress
+
+
 async def _bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> None:
     result = await sandbox.bash(command, timeout=timeout, **EVAL_SESSION)
     if result.timed_out or result.exit_code != 0:
@@ -294,6 +344,21 @@ def _memory_mb(environment: dict, where: str) -> int | None:
     if not m:
         raise DatasetError(f"{where}: task.toml environment.memory must look like '2G' or '512M', got {memory!r}")
     return int(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1))
+
+
+def _flag(value: Any, where: str, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise DatasetError(f"{where}: task.toml {field} must be true or false, got {value!r}")
+    return value
+
+
+def _user(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, int)) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?",
+                                                               str(value)):
+        raise DatasetError(f"{where}: task.toml agent.user must be a user name or uid[:group], got {value!r}")
+    return str(value)
 
 
 def _env(value: Any, where: str, field: str) -> dict[str, str]:

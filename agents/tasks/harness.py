@@ -7,20 +7,19 @@ pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agen
 socket in /.rolloutd: the sandbox still has no network), `OPENAI_API_KEY`, the instruction on stdin
 and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
-Trajectory: one segment (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
+Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
-`metrics["segments"]` holds every segment (never a silently re-tokenized sequence). A backend error
+`Trajectory.segments` holds every sequence (never a silently re-tokenized one). A backend error
 behind any call makes the rollout `infra`.
 """
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-from rolloutd.agents.gateway import RELAY, Gateway, stitch
-from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory, Turn
+from rolloutd.agents.gateway import Gateway, start_relay, stitch
+from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
 
 from .base import stash_answer
 
@@ -36,12 +35,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")  # uvicorn makes it 0666, in a 0700 dir
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
-        relay = (f"nohup {shlex.quote(sys.executable)} -I -c {shlex.quote(RELAY)} /.rolloutd/gateway.sock {PORT} "
-                 f"> /tmp/.harbor/relay.log 2>&1 &\nfor i in $(seq 200); do grep -q ready /tmp/.harbor/relay.log "
-                 f"&& exit 0; sleep 0.02; done; cat /tmp/.harbor/relay.log; exit 1")
-        started = await sandbox.bash(f"bash -c {shlex.quote(relay)}", timeout=30, **SESSION)
-        if started.exit_code != 0:
-            raise RuntimeError(f"the gateway relay did not start in the sandbox: {started.output[-500:]}")
+        await start_relay(sandbox, "/.rolloutd/gateway.sock", PORT, "/tmp/.harbor/relay.log", SESSION)
         env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1", "OPENAI_API_BASE": f"http://127.0.0.1:{PORT}/v1",
                "OPENAI_API_KEY": "rolloutd", "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
@@ -56,14 +50,19 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
-    if len(segments) == 1:
-        seg = segments[0]
-        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length = seg.token_ids, seg.loss_mask, seg.logprobs, seg.prompt_length
-        t.turns = _turns(seg.loss_mask, gateway)
+    calls = iter(c for c in gateway.calls if c.token_ids)  # in order: each segment's generated runs, one per call
+    sequences = [Segment(token_ids=s.token_ids, prompt_length=s.prompt_length, loss_mask=s.loss_mask,
+                         logprobs=s.logprobs, turns=_turns(s.loss_mask, calls), calls=s.calls, drift=s.drift)
+                 for s in segments]
+    if len(sequences) == 1:
+        one = sequences[0]
+        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length, t.turns = (
+            one.token_ids, one.loss_mask, one.logprobs, one.prompt_length, one.turns)
+    else:
+        t.segments = sequences
     t.metrics = {
         "gateway_calls": len(gateway.calls),
-        "segments": [{"token_ids": s.token_ids, "loss_mask": s.loss_mask, "logprobs": s.logprobs,
-                      "prompt_length": s.prompt_length, "calls": s.calls, "drift": s.drift} for s in segments],
+        "drifted_segments": sum(s.drift for s in segments),
         "harness_timed_out": bool(result.timed_out),
         "harness_output": result.output[-1000:],
     }
@@ -75,8 +74,8 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     return stash_answer(t, submitted=None, final_text="")
 
 
-def _turns(mask: list[int], gateway: Gateway) -> list[Turn]:
-    """Generated runs of the single segment, one per call, with the call's finish reason."""
+def _turns(mask: list[int], calls: Any) -> list[Turn]:
+    """The generated runs of one sequence, one per call (from `calls`), with the call's finish reason."""
     turns, start = [], None
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
@@ -84,8 +83,7 @@ def _turns(mask: list[int], gateway: Gateway) -> list[Turn]:
         elif not m and start is not None:
             turns.append([start, i])
             start = None
-    calls = [c for c in gateway.calls if c.token_ids]
-    return [Turn(generated_start=a, generated_end=b, finish_reason=c.finish_reason) for (a, b), c in zip(turns, calls)]
+    return [Turn(generated_start=a, generated_end=b, finish_reason=next(calls).finish_reason) for a, b in turns]
 
 
 __all__ = ["run_harness"]

@@ -14,7 +14,7 @@ being imported. Modules: `connection` (server and token), `errors`, `calls` (one
 `core` (the loops' state: streams with retry, waits, long-polls), `sync`, `aio`, `batch` (`Batch.to_arrays`).
 """
 from .aio import AsyncRolloutClient
-from .batch import Batch, Group, grpo_advantages
+from .batch import Batch, Group, grpo_advantages, sequences
 from .connection import Connection, resolve
 from .errors import (
     BadRequest, Conflict, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized, WaitTimeout,
@@ -24,5 +24,5 @@ from .sync import RolloutClient
 __all__ = [
     "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",
     "Invalid", "JobEnded", "NotFound", "RolloutClient", "RolloutdError", "Unauthorized", "WaitTimeout",
-    "grpo_advantages", "resolve",
+    "grpo_advantages", "resolve", "sequences",
 ]

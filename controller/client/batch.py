@@ -83,7 +83,8 @@ class Batch:
 
     def to_arrays(self, pad_id: int = 0, pad_to: int | None = None, eps: float = 1e-4,
                   numpy: bool = False) -> dict[str, Any]:
-        """The batch as equal-length rows, one row per usable trajectory, in group order.
+        """The batch as equal-length rows, one row per token sequence of each usable trajectory (one, or one
+        per entry of its `segments` when its agent rewrote its history: see `sequences`), in group order.
 
         A trajectory is usable when its `reward` is not None and its `failure.kind` is not
         `infra`; the others (infrastructure failures: never a reward, never a 0) are left out and
@@ -106,6 +107,8 @@ class Batch:
         - `group_index` [N] int: index of the row's group in `self.groups` (0 … G−1).
         - `prompt_index` [N] int: the dataset index of the row's prompt.
         - `sample_index` [N] int: the sample number within its group.
+        - `segment_index` [N] int: which of the trajectory's sequences the row is (0 for a single one);
+          every row of a trajectory carries its reward and advantage.
         - `prompt_lengths` [N] int: tokens before the first generated token (`promptLength`).
         - `response_lengths` [N] int: generated tokens (sum of `loss_mask`).
         - `policy_versions` [N]: the policy version of the row's first turn (`policyVersion`;
@@ -114,24 +117,26 @@ class Batch:
         With `numpy=True` (numpy must be importable) the 2-D and numeric arrays are numpy arrays:
         int64 for ids and masks, float32 for logprobs, rewards and advantages.
         """
-        rows: list[tuple[int, dict[str, Any]]] = []
+        rows: list[tuple[int, dict[str, Any], dict[str, Any], int]] = []
         advantages: list[float] = []
         for gi, g in enumerate(self.groups):
             usable = [s for s in g.samples if _usable(s)]
-            advantages += grpo_advantages([float(s["reward"]) for s in usable], eps)
-            rows += [(gi, s) for s in usable]
-        longest = max((len(s.get("tokenIds") or []) for _, s in rows), default=0)
+            for s, adv in zip(usable, grpo_advantages([float(s["reward"]) for s in usable], eps)):
+                for j, seq in enumerate(sequences(s)):
+                    rows.append((gi, s, seq, j))
+                    advantages.append(adv)
+        longest = max((len(seq.get("tokenIds") or []) for _, _, seq, _ in rows), default=0)
         if pad_to is not None and pad_to < longest:
             raise ValueError(f"pad_to={pad_to} is shorter than the longest trajectory ({longest} tokens)")
         width = pad_to if pad_to is not None else longest
         out: dict[str, list] = {k: [] for k in (
             "input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "advantages", "group_index",
-            "prompt_index", "sample_index", "prompt_lengths", "response_lengths", "policy_versions")}
-        for (gi, s), adv in zip(rows, advantages):
-            ids = list(s.get("tokenIds") or [])
+            "prompt_index", "sample_index", "segment_index", "prompt_lengths", "response_lengths", "policy_versions")}
+        for (gi, s, seq, j), adv in zip(rows, advantages):
+            ids = list(seq.get("tokenIds") or [])
             n, pad = len(ids), width - len(ids)
-            logprobs = s.get("logprobs") or [None] * n
-            mask = s.get("lossMask") or [0 if lp is None else 1 for lp in logprobs]
+            logprobs = seq.get("logprobs") or [None] * n
+            mask = seq.get("lossMask") or [0 if lp is None else 1 for lp in logprobs]
             mask = [1 if m else 0 for m in mask]
             lps = [float(lp) if m and lp is not None else 0.0 for m, lp in zip(mask, logprobs)]
             out["input_ids"].append(ids + [pad_id] * pad)
@@ -143,7 +148,8 @@ class Batch:
             out["group_index"].append(gi)
             out["prompt_index"].append(s.get("prompt", self.groups[gi].prompt))
             out["sample_index"].append(s.get("sample", 0))
-            out["prompt_lengths"].append(s.get("promptLength", 0))
+            out["segment_index"].append(j)
+            out["prompt_lengths"].append(seq.get("promptLength", 0))
             out["response_lengths"].append(sum(mask))
             out["policy_versions"].append(s.get("policyVersion"))
         if not numpy:
@@ -154,13 +160,19 @@ class Batch:
             raise ImportError("to_arrays(numpy=True) needs numpy; call to_arrays() for plain lists") from None
         conv: dict[str, Any] = dict(out)
         for k in ("input_ids", "attention_mask", "loss_mask", "group_index", "prompt_index", "sample_index",
-                  "prompt_lengths", "response_lengths"):
+                  "segment_index", "prompt_lengths", "response_lengths"):
             conv[k] = np.asarray(out[k], dtype=np.int64).reshape((len(rows), width) if k in (
                 "input_ids", "attention_mask", "loss_mask") else (len(rows),))
         for k in ("rollout_logprobs", "rewards", "advantages"):
             conv[k] = np.asarray(out[k], dtype=np.float32).reshape(
                 (len(rows), width) if k == "rollout_logprobs" else (len(rows),))
         return conv
+
+
+def sequences(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
+    """A trajectory's token sequences (wire dicts with tokenIds, promptLength, lossMask, logprobs, turns):
+    its `segments` when it has several (a harness rewrote its history), else the trajectory itself."""
+    return list(trajectory.get("segments") or []) or [trajectory]
 
 
 def grpo_advantages(rewards: Sequence[float], eps: float = 1e-4) -> list[float]:

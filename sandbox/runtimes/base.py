@@ -52,6 +52,16 @@ class Inside:
 CONTAINED = Inside("/workspace", "/.rolloutd", "/tmp/.rolloutd", "/tmp/home", "/tmp")  # bwrap, apptainer
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who sandboxed code is: the host `uid`/`gid` a root runtime's server drops to (None: the daemon's own),
+    and its HOME inside (None: `Inside.home`)."""
+
+    uid: int | None = None
+    gid: int | None = None
+    home: str | None = None
+
+
 @dataclass
 class Launch:
     """The runtime's command line around the server's, and how to start it."""
@@ -91,14 +101,16 @@ class SandboxRuntime(ABC):
                 os.close(fd)
 
     async def _start(self, spec: SandboxSpec, fds: tuple[int, ...]) -> Sandbox:
-        uid = self.sandbox_uid()
+        who = self.identity(spec)
+        uid = who.uid
         layout = Layout.new()
         inside = self.inside(layout)
-        env = sandbox_env(spec, layout.id, HOME=inside.home, TMPDIR=inside.tmp)
+        env = sandbox_env(spec, layout.id, HOME=who.home or inside.home, TMPDIR=inside.tmp)
         rlimits = rlimits_for(spec.limits, nproc=self.rlimit_nproc(uid))
         config = LaunchConfig(
             socket=f"{inside.ctl}/exec.sock", workspace=inside.workspace, ctl_dir=inside.ctl,
             runtime_dir=inside.runtime_dir, env=env, rlimits=rlimits, wall_seconds=spec.limits.wall_seconds, uid=uid,
+            gid=who.gid,
         )
         try:
             launch = self.launch(spec, layout, config, fds)
@@ -109,7 +121,7 @@ class SandboxRuntime(ABC):
             raise
         cgroup = Cgroup.create(layout.id, spec.limits.memory_mb, spec.limits.processes)
         limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], **launch.enforced}
-        return await start(layout, spec, launch, cgroup, limits, owner=uid)
+        return await start(layout, spec, launch, cgroup, limits, owner=uid, owner_gid=who.gid)
 
     # -- hooks -------------------------------------------------------------------
 
@@ -125,9 +137,11 @@ class SandboxRuntime(ABC):
         """Descriptors the runtime's process inherits (closed here once it has started)."""
         return ()
 
-    def sandbox_uid(self) -> int | None:
-        """The host uid sandboxed code runs as, when it is not the daemon's own."""
-        return None
+    def identity(self, spec: SandboxSpec) -> Identity:
+        """Who sandboxed code runs as (SandboxCreateError for a `spec.user` it cannot be)."""
+        if spec.user is not None:
+            raise SandboxCreateError(f"sandbox.user is for the bwrap runtime with a root filesystem image, not {self.name}")
+        return Identity()
 
     def rlimit_nproc(self, uid: int | None) -> bool:
         """Whether RLIMIT_NPROC may be set: only where the sandbox's user is its own (a user namespace)."""
@@ -150,7 +164,7 @@ def sandbox_env(spec: SandboxSpec, sandbox_id: str, **overrides: str) -> dict[st
 
 
 async def start(layout: Layout, spec: SandboxSpec, launch: Launch, cgroup: Cgroup | None,
-                limits: dict[str, Any], owner: int | None) -> Sandbox:
+                limits: dict[str, Any], owner: int | None, owner_gid: int | None = None) -> Sandbox:
     """Start the runtime's command and connect to its server; nothing is left if this fails or is cancelled."""
     log_path = layout.root / "server.log"
     argv = launch.argv
@@ -198,7 +212,8 @@ async def start(layout: Layout, spec: SandboxSpec, launch: Launch, cgroup: Cgrou
         remove(layout.root, cgroup)
         raise
     return Sandbox(sandbox_id=layout.id, spec=spec, root=layout.root, workspace=layout.workspace, proc=proc,
-                   client=client, cgroup=cgroup, limits=limits, log_path=log_path, owner=owner)
+                   client=client, cgroup=cgroup, limits=limits, log_path=log_path, owner=owner,
+                   owner_gid=owner_gid)
 
 
 def _kill_late_spawn(fut: asyncio.Future, layout: Layout, cgroup: Cgroup | None) -> None:

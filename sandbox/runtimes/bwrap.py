@@ -14,8 +14,9 @@ from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout, sandbox_base_dir
 from ..hostview import check_mounts, host_mounts
 from ..launch import LaunchConfig, runtime_paths, server_argv
+from ..rootfs import ImageBuildError, lookup_user, user_home
 from ..syscall_filter import filter_fd
-from .base import CONTAINED, Launch, SandboxRuntime
+from .base import CONTAINED, Identity, Launch, SandboxRuntime
 
 RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data
 SANDBOX_UID = 65534  # nobody: what sandboxed code runs as when the daemon is root (ROLLOUTD_SANDBOX_UID)
@@ -62,6 +63,20 @@ def image_mounts(image: Path, keep: list[str]) -> list[str]:
     return args
 
 
+def _copy_home(source: Path, dest: Path, uid: int | None, gid: int | None) -> None:
+    """The image user's home as a private writable directory (its files, owned by the sandbox's user)."""
+    try:
+        shutil.copytree(source, dest, symlinks=True)
+    except OSError:  # none in the image, or not readable by an unprivileged daemon: an empty home
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+    if uid is not None:
+        for dirpath, dirnames, filenames in os.walk(dest):
+            os.lchown(dirpath, uid, gid)
+            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
 def _parents(path: str) -> list[str]:
     """``--dir`` for each ancestor of `path`: bwrap would create missing ones 0700, closed to the sandbox's user."""
     parts = Path(path).parents
@@ -73,6 +88,28 @@ def sandbox_uid() -> int | None:
     if os.geteuid() != 0:
         return None
     return int(os.environ.get("ROLLOUTD_SANDBOX_UID") or SANDBOX_UID)
+
+
+def image_user(spec: SandboxSpec) -> tuple[int, int, str] | None:
+    """(uid, gid, home) of `spec.user` in the image's /etc/passwd; None without one. A user the image
+    lacks, root, or a user without a rootfs image: SandboxCreateError."""
+    if spec.user is None:
+        return None
+    if spec.image == "host":
+        raise SandboxCreateError("sandbox.user needs a root filesystem image (its /etc/passwd names the user)")
+    try:
+        uid, gid = lookup_user(Path(spec.image), spec.user)
+    except ImageBuildError as e:
+        raise SandboxCreateError(f"sandbox.user {spec.user!r}: {e}") from None
+    if uid == 0:
+        raise SandboxCreateError(f"sandbox.user {spec.user!r} is root: sandboxed code never runs as root")
+    return uid, gid, user_home(Path(spec.image), spec.user)
+
+
+def _writable_home(home: str) -> bool:
+    """Whether `home` gets a private writable copy: not /, not in the sandbox's own writable places."""
+    return home != "/" and not any(home == p or home.startswith(p + "/") for p in ("/tmp", "/workspace", "/run",
+                                                                                    "/dev", "/proc", "/sys"))
 
 
 class BwrapRuntime(SandboxRuntime):
@@ -93,6 +130,9 @@ class BwrapRuntime(SandboxRuntime):
       and private tmpfs ``/tmp``, ``/dev/shm``, ``/run`` with a size.
     * ``/.rolloutd``: the control directory (the server's 0600 socket).
     * ``spec.mounts``, checked by `hostview.check_mounts`.
+    * ``spec.user`` (a user of the image): the server drops to its uid and gid (root daemon) or
+      bwrap maps the daemon's uid to them (``--uid``/``--gid`` in the user namespace); HOME is
+      its home, a private writable copy of the image's.
 
     The server's interpreter and packages are bound at their host paths
     (`launch.runtime_paths`), so a root filesystem image must be able to run the host's
@@ -111,6 +151,7 @@ class BwrapRuntime(SandboxRuntime):
         check_mounts(spec.mounts)
         if spec.image != "host" and not Path(spec.image).is_dir():
             raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+        image_user(spec)
 
     def open_fds(self) -> tuple[int, ...]:
         try:
@@ -118,21 +159,34 @@ class BwrapRuntime(SandboxRuntime):
         except RuntimeError as e:  # fail closed: no filter, no sandbox
             raise RuntimeUnavailable(str(e)) from None
 
-    def sandbox_uid(self) -> int | None:
-        return sandbox_uid()
+    def identity(self, spec: SandboxSpec) -> Identity:
+        user = image_user(spec)
+        home = user[2] if user and user[2] != "/" else None
+        if os.geteuid() != 0:
+            return Identity(home=home)  # the user namespace maps the daemon's uid to the image user's
+        if user is None:
+            return Identity(uid=sandbox_uid(), gid=sandbox_uid())
+        return Identity(uid=user[0], gid=user[1], home=home)
 
     def rlimit_nproc(self, uid: int | None) -> bool:
         return uid is None  # a root daemon's sandboxes all run as one `nobody`: no shared count
 
     def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
-        uid = config.uid
+        uid, gid = config.uid, config.gid if config.gid is not None else config.uid
         void = layout.root / "void"  # what hidden directories show: nothing (readable, so that rmtree can remove it)
         void.mkdir(mode=0o555)
         if uid is not None:
             for d in (layout.workspace, layout.ctl):
-                os.chown(d, uid, uid)
+                os.chown(d, uid, gid)
         image = None if spec.image == "host" else Path(spec.image)
-        opts = self._options(spec, image, runtime_paths(), layout, config.env, uid, str(void))
+        user = image_user(spec)
+        home = user[2] if user and image is not None and _writable_home(user[2]) and not (
+            image / user[2].lstrip("/")).is_symlink() else None
+        if home is not None:
+            _copy_home(image / home.lstrip("/"), layout.root / "home", uid, gid)
+        opts = self._options(spec, image, runtime_paths(), layout, config.env, uid, str(void), home)
+        if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
+            opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]
         (seccomp_fd,) = fds
         return Launch(
             argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(config)],
@@ -142,7 +196,7 @@ class BwrapRuntime(SandboxRuntime):
 
     @staticmethod
     def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout, env: dict[str, str],
-                 uid: int | None, void: str) -> list[str]:
+                 uid: int | None, void: str, home: str | None = None) -> list[str]:
         # --as-pid-1: the execution server is the namespace's init. Without it
         # bwrap's own init reports the exit through an eventfd and the outer bwrap
         # exits without reaping it: a zombie on hosts whose pid 1 does not reap.
@@ -162,7 +216,7 @@ class BwrapRuntime(SandboxRuntime):
         for key, value in env.items():
             opts.extend(["--setenv", key, value])
         opts.extend(["--tmpfs", "/"])
-        opts.extend(host_mounts(void) if image is None else image_mounts(image, keep))
+        opts.extend(host_mounts(void) if image is None else image_mounts(image, [*keep, *([home] if home else [])]))
         for path in keep:
             opts.extend([*_parents(path), "--ro-bind", path, path])
         if Path("/sys").is_dir():
@@ -178,6 +232,8 @@ class BwrapRuntime(SandboxRuntime):
             if path.startswith(("/tmp/", "/run/")):  # would be hidden by the private tmpfs above
                 opts.extend([*_parents(path), "--ro-bind", path, path])
         opts.extend(["--bind", str(layout.workspace), CONTAINED.workspace, "--bind", str(layout.ctl), CONTAINED.ctl])
+        if home is not None:
+            opts.extend([*_parents(home), "--bind", str(layout.root / "home"), home])
         base = str(sandbox_base_dir())
         if not base.startswith(("/tmp/", "/run/")):
             opts.extend(["--tmpfs", base])  # other sandboxes' workspaces stay hidden

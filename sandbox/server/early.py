@@ -35,8 +35,9 @@ def become(cfg: dict) -> None:
         cap = 0
         while libc.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP, up to the kernel's last capability
             cap += 1
+    gid = uid if cfg.get("gid") is None else cfg["gid"]
     os.setgroups([])
-    os.setresgid(uid, uid, uid)
+    os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if libc is not None:  # capset(v3 header, all three sets empty): the inheritable set bwrap left
         libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())

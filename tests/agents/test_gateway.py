@@ -15,6 +15,7 @@ from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.client import sequences
 
 from harbor_rollouts import task_sandbox  # tests/
 
@@ -60,6 +61,26 @@ def test_stitch_continues_extensions_and_splits_rewrites():
     assert drifted.drift
 
 
+def test_piecewise_prompt_ids_equal_one_encoding_of_the_whole_text():
+    """The gateway encodes each stretch between added tokens once per rollout: the ids must be exactly those
+    of encoding the whole rendered text, whatever the conversation (spaces, newlines, unicode, tools)."""
+    from rolloutd.agents.gateway import PieceEncoder
+
+    tok = ChatTokenizer(model_dir("tiny"))
+    pieces = PieceEncoder(tok)
+    assert pieces._split is not None  # the fast path is the one under test
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    history = [{"role": "system", "content": "You are  a terminal agent.\n"}]
+    for i, text in enumerate(["Count words in  words.txt ", "  état: ok\n\n", "<tool_call>{\"name\": \"bash\"}</tool_call>",
+                              "日本語 and emoji 🚀", "trailing space ", "\tTabbed\r\nCRLF", ""]):
+        history.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+        for tool_list in (None, tools):
+            rendered = tok.render(history, tools=tool_list, add_generation_prompt=True)
+            assert pieces.encode(rendered) == tok.encode_text(rendered)
+            assert pieces.encode(rendered) == tok.encode_text(rendered)  # again, from the cache
+    assert len(pieces._cache) > 3
+
+
 def test_tool_call_blocks_become_openai_tool_calls():
     content, calls = parse_tool_calls('Let me look.<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>')
     assert content == "Let me look." and calls[0]["function"] == {"name": "bash", "arguments": '{"cmd": "ls"}'}
@@ -89,9 +110,11 @@ def test_black_box_harness_through_the_gateway_is_token_exact(tiny_engine):
     assert trajectory.failure.kind.value == "none", (trajectory.failure, output)
     report = __import__("json").loads(output.strip().splitlines()[-1])
     assert report["model"] == "policy" and report["net"] == "unreachable" and report["finish"][1] in ("stop", "length")
-    segments = trajectory.metrics["segments"]
+    segments = [seg.model_dump() for seg in trajectory.segments]  # the history was rewritten: several sequences
+    assert trajectory.token_ids == [] and trajectory.wire()["segments"][0]["tokenIds"] == segments[0]["token_ids"]
     assert trajectory.metrics["gateway_calls"] == 3 and sum(s["calls"] for s in segments) == 3
     assert len(segments) >= 2 and segments[-1]["calls"] == 1  # the summary rewrote the history
+    assert sum(len(s["turns"]) for s in segments) == 3  # one generated run per call, in its own sequence
     first = segments[0]
     assert first["token_ids"][: first["prompt_length"]] == tok.encode_chat([{"role": "user", "content": task["instruction"]}])
     assert segments[-1]["token_ids"][: segments[-1]["prompt_length"]] == tok.encode_chat(
@@ -167,16 +190,16 @@ def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_eng
     calls = trajectory.metrics["gateway_calls"]
     counted = __import__("json").loads(mini_traj)["info"]["model_stats"]["api_calls"]  # mini's own count
     assert calls >= 1 and counted == calls  # every call the harness made, recorded exactly once
-    segments = trajectory.metrics["segments"]
-    assert sum(s["calls"] for s in segments) == calls
+    segments = sequences(trajectory.wire())  # as a trainer reads it: the segments, or the one flat sequence
+    assert sum(len(s["turns"]) for s in segments) == calls  # one generated run per call
     worst = 0.0
     for seg in segments:
         r = httpx.post(f"{smollm2_engine.url}/v1/completions", timeout=300, json={
-            "model": smollm2_engine.served_name, "prompt": seg["token_ids"], "max_tokens": 1, "prompt_logprobs": 0,
+            "model": smollm2_engine.served_name, "prompt": seg["tokenIds"], "max_tokens": 1, "prompt_logprobs": 0,
             "return_token_ids": True}).json()["choices"][0]
-        assert r["prompt_token_ids"] == seg["token_ids"]
-        generated = [i for i, m in enumerate(seg["loss_mask"]) if m]
-        rescored = [r["prompt_logprobs"][i][str(seg["token_ids"][i])]["logprob"] for i in generated]
+        assert r["prompt_token_ids"] == seg["tokenIds"]
+        generated = [i for i, m in enumerate(seg["lossMask"]) if m]
+        rescored = [r["prompt_logprobs"][i][str(seg["tokenIds"][i])]["logprob"] for i in generated]
         worst = max([worst, *(abs(a - seg["logprobs"][i]) for a, i in zip(rescored, generated))])
     assert worst < 1e-3, worst
     assert reward.value in (0.0, 1.0)

@@ -90,3 +90,25 @@ def test_numpy_on_request():
     assert a["input_ids"].shape == (5, 6) and a["input_ids"].dtype == np.int64
     assert a["rollout_logprobs"].dtype == np.float32 and a["advantages"].shape == (5,)
     assert a["policy_versions"] == [0, 0, 1, 1, 1]
+
+
+def test_a_trajectory_with_segments_gives_one_row_per_sequence_with_its_reward_and_advantage():
+    """A harness that rewrote its history: `segments` (validated by the Trajectory model), flat fields empty."""
+    from rolloutd.crds.trajectory import Segment, Trajectory
+
+    segs = [Segment(token_ids=[1, 2, 3, 4], prompt_length=2, loss_mask=[0, 0, 1, 1], logprobs=[None, None, -0.5, -0.6],
+                    calls=1),
+            Segment(token_ids=[9, 3], prompt_length=1, loss_mask=[0, 1], logprobs=[None, -0.7], calls=1)]
+    wire = Trajectory(job="j", prompt=3, sample=1, reward=1.0, segments=segs).wire()
+    assert wire["tokenIds"] == [] and wire["segments"][1]["tokenIds"] == [9, 3]
+    b = Batch.from_wire({"batch": 1, "state": "complete", "target": 1, "counted": 1, "groups": [
+        {"group": "g", "prompt": 3, "samples": [row(3, 0, 0.0, [1, 5], 1), {**wire, "reward": 1.0}]}]})
+    a = b.to_arrays(pad_id=0)
+    assert a["input_ids"] == [[1, 5, 0, 0], [1, 2, 3, 4], [9, 3, 0, 0]]
+    assert a["loss_mask"][1:] == [[0, 0, 1, 1], [0, 1, 0, 0]] and a["rollout_logprobs"][2] == [0.0, -0.7, 0.0, 0.0]
+    assert a["segment_index"] == [0, 0, 1] and a["sample_index"] == [0, 1, 1] and a["prompt_lengths"] == [1, 2, 1]
+    assert a["rewards"] == [0.0, 1.0, 1.0] and a["advantages"][1] == a["advantages"][2] > 0 > a["advantages"][0]
+    with pytest.raises(ValueError, match="not both"):
+        Trajectory(job="j", prompt=0, sample=0, token_ids=[1], segments=segs)
+    with pytest.raises(ValueError, match="lossMask"):
+        Segment(token_ids=[1, 2], loss_mask=[1])

@@ -156,7 +156,7 @@ def _link_interpreter(prefix: Path, dest: Path) -> None:
                     str(dest / stdlib)], check=True)
 
 
-def _as_unprivileged_daemon(extra_env: dict[str, str]):
+def _as_unprivileged_daemon(extra_env: dict[str, str], tasks: Path = TASKS):
     """Runs tests/harbor_rollouts.py as `nobody`: its own interpreter (a hard-linked copy of ours: /root
     is not readable) and the images in a directory it can read, as a cluster filesystem cache would be."""
     user = pwd.getpwnam(_unprivileged_user())
@@ -167,7 +167,7 @@ def _as_unprivileged_daemon(extra_env: dict[str, str]):
         _link_interpreter(Path(sys.base_prefix), python)
         images = shared / "images"
         images.mkdir()
-        for task_dir in TASKS.iterdir():
+        for task_dir in tasks.iterdir():
             subprocess.run(["cp", "-al", str(image_cache_dir() / _key(task_dir)), str(images)], check=True)
         os.chown(images, user.pw_uid, user.pw_gid)
         site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
@@ -179,7 +179,7 @@ def _as_unprivileged_daemon(extra_env: dict[str, str]):
         (shared / "sandboxes").mkdir(mode=0o700)
         os.chown(shared / "sandboxes", user.pw_uid, user.pw_gid)
         proc = subprocess.run([shutil.which("runuser"), "-u", user.pw_name, "--", str(interpreter),
-                               str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(TASKS), site_dir],
+                               str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(tasks), site_dir],
                               env=env, capture_output=True, text=True, timeout=600, cwd=shared)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout)
@@ -195,6 +195,62 @@ def test_a_harness_reaches_its_gateway_as_root_and_as_an_unprivileged_user(built
     """The gateway's socket and relay serve the sandbox's user: uid 65534 under root, the daemon's otherwise."""
     assert asyncio.run(harness_probe(str(TASKS))) == {"config-port": "policy"}
     assert _as_unprivileged_daemon({"ROLLOUTD_TEST_HARNESS_PROBE": "1"}) == {"config-port": "policy"}
+
+
+WHO = "id -u; id -g; echo $HOME; cat $HOME/marker; touch $HOME/new && echo home-writable; touch x && stat -c %u x"
+
+
+@pytest.fixture(scope="module")
+def user_tasks():
+    """Tasks whose agent runs as the image's user: the Dockerfile's last USER (`last-user`), task.toml's
+    `[agent] user` over a `USER root` (`toml-user`); `root-user` ends as root (today's unprivileged user).
+    Under /var/tmp, readable by the unprivileged daemon of the test below."""
+    _needs_builders()
+    if os.geteuid() != 0:
+        pytest.skip("building the test images needs root")
+    top = Path(tempfile.mkdtemp(prefix="rolloutd-harbor-users-", dir="/var/tmp"))
+    os.chmod(top, 0o755)
+    base = ("FROM debian:bookworm\nRUN useradd --create-home --uid 1234 agent && echo hi > /home/agent/marker\n"
+            "USER {}\nWORKDIR /app\n")
+    for name, user, toml in (("last-user", "agent", ""), ("toml-user", "root", '[agent]\nuser = "agent"\n'),
+                             ("root-user", "root", "")):
+        (top / name / "environment").mkdir(parents=True)
+        (top / name / "tests").mkdir()
+        (top / name / "instruction.md").write_text("Say hi.\n")
+        (top / name / "task.toml").write_text(toml)
+        (top / name / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+        (top / name / "environment" / "Dockerfile").write_text(base.format(user))
+    handler = get_handler("harbor")
+    for task in handler.load(top):  # build the images (cached by content)
+        asyncio.run(handler.image(task))
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_agent_runs_as_the_tasks_user_under_a_root_and_an_unprivileged_daemon(user_tasks):
+    """uid, gid and HOME (a writable copy of the image's home) are the image user's, for both kinds of daemon;
+    a root image user leaves today's unprivileged uid. The containment tests (tests/sandbox) still hold."""
+    from harbor_rollouts import probe_command
+
+    as_agent = ["1234", "1234", "/home/agent", "hi", "home-writable", "1234"]
+    root_out = asyncio.run(probe_command(str(user_tasks), WHO))
+    assert root_out["last-user"] == as_agent and root_out["toml-user"] == as_agent
+    assert root_out["root-user"][:2] == ["65534", "65534"] and root_out["root-user"][-1] == "65534"
+    nobody = pwd.getpwnam(_unprivileged_user()).pw_uid
+    user_out = _as_unprivileged_daemon({"ROLLOUTD_TEST_COMMAND": WHO}, tasks=user_tasks)
+    assert user_out["last-user"] == as_agent and user_out["toml-user"] == as_agent
+    assert user_out["root-user"][0] == str(nobody) != "0"
+
+
+def test_a_user_the_image_lacks_is_a_config_error(user_tasks, tmp_path):
+    from rolloutd.agents.tasks.base import ConfigError
+
+    task = tmp_path / "tasks" / "no-such-user"
+    shutil.copytree(user_tasks / "root-user", task)
+    (task / "task.toml").write_text('[agent]\nuser = "ghost"\n')
+    handler = get_handler("harbor")
+    with pytest.raises(ConfigError, match="'ghost'.*does not exist"):
+        asyncio.run(handler.sandbox_spec(handler.load(tmp_path / "tasks")[0], SandboxSpec()))
 
 
 def test_dataset_errors_name_the_task_and_line(tmp_path):
