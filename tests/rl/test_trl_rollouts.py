@@ -43,6 +43,17 @@ def test_infra_failure_is_unscored_and_out_of_the_loss():
     assert row["completion_ids"] == [10, 11] and row["env_mask"] == [0, 0] and row["rolloutd_reward"] is None
 
 
+def test_a_trajectory_of_several_segments_is_left_out_of_the_loss_not_refused():
+    """A harness that rewrote its history reports several sequences; TRL takes one per sample: the row is
+    unscored with no trained token (failure "segmented"), where reading the empty flat fields used to raise."""
+    seg = {k: traj(0, 0)[k] for k in ("tokenIds", "promptLength", "lossMask", "logprobs")}
+    t = {**traj(0, 0, reward=1.0), "tokenIds": [], "promptLength": 0, "lossMask": [], "logprobs": [],
+         "segments": [seg, seg]}
+    row = to_trl(t, fallback_prompt=[1, 2, 3], pad_id=7)
+    assert row["rolloutd_reward"] is None and row["rolloutd_failure"] == "segmented"
+    assert row["prompt_ids"] == [1, 2, 3] and row["completion_ids"] == [7] and row["env_mask"] == [0]
+
+
 def test_bad_trajectories_are_refused():
     t = traj(0, 0)
     t["lossMask"][0] = 1

@@ -197,11 +197,16 @@ def to_trl(t: dict[str, Any], *, fallback_prompt: list[int], pad_id: int) -> dic
     generated tokens, 0 on observations), logprobs = rolloutd's (0.0 where not generated).
 
     An infrastructure failure keeps whatever tokens it has (or one pad token) with `env_mask` 0
-    and reward None: TRL then neither scores it nor trains on a token of it."""
+    and reward None: TRL then neither scores it nor trains on a token of it. So does a trajectory of
+    several `segments` (failure "segmented"): rolloutd's own `to_arrays` trains on each of them."""
     ids = list(t.get("tokenIds") or [])
     p = int(t.get("promptLength") or 0)
     failure = (t.get("failure") or {}).get("kind", "none")
-    if usable(t):
+    if len(t.get("segments") or []) > 1:  # a harness rewrote its history: no single sequence to hand TRL
+        log.warning("trajectory %s#%s has %d token sequences (segments); TRL takes one per sample, so it is left "
+                    "out of the loss", t.get("taskId"), t.get("sample"), len(t["segments"]))
+        ids, p, failure = [], 0, "segmented"
+    elif usable(t):
         mask, lps = list(t["lossMask"]), list(t["logprobs"])
         if not (len(ids) == len(mask) == len(lps)) or not 0 < p < len(ids):
             raise ValueError(f"trajectory {t.get('taskId')}#{t.get('sample')}: tokenIds/lossMask/logprobs lengths "
