@@ -146,7 +146,10 @@ class Controller:
     def __init__(self, root: Path, src: Path | None = None) -> None:
         self.root, self.port = root, _port()
         path = [str(src)] if src else []  # an older rolloutd (see `older_source`) instead of this checkout
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
+               # the stub backends report no max_num_seqs: admission would cap them at 4 × 256 episodes
+               # (~30 rollouts/s); the bench measures the node protocol, not the admission
+               "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000"}
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),
