@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import uuid
 from typing import Callable
 
@@ -28,6 +29,7 @@ class NodeRegistry:
     def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.engine, self.jobs, self.clock = engine, jobs, clock
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
+        self._job: dict[str, str] = {}  # node id → its job
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
         if req.protocol != NODE_PROTOCOL:
@@ -59,6 +61,25 @@ class NodeRegistry:
             raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
         self._seen[node_id] = self.clock()  # liveness is kept in memory: no write per call
         return node
+
+    def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
+        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life."""
+        row = db.execute("SELECT job, state FROM nodes WHERE id = ?", (node_id,)).fetchone()
+        if row is not None and row[1] != DaemonState.gone:
+            self._seen[node_id] = self.clock()
+            self._job[node_id] = row[0]
+        return row
+
+    def job_of(self, node_id: str) -> str | None:
+        """The job of a node seen before (a node's job never changes), None if not seen yet."""
+        return self._job.get(node_id)
+
+    def caller(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str]:
+        """`node` as plain (job, state)."""
+        row = self.lookup(db, node_id)
+        if row is None or row[1] == DaemonState.gone:
+            raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
+        return row
 
     def nodes(self, job: str) -> list[NodeRow]:
         with Session(self.engine, expire_on_commit=False) as s:
