@@ -11,7 +11,7 @@ Mounted by `api.create_app` when a scheduler is given; the scheduler does the wo
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
@@ -19,7 +19,7 @@ from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultB
 
 from ..errors import BadRequest
 from ..work.scheduler import Scheduler
-from .bodies import read_model
+from .bodies import read_model, read_model_fast
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
 RESULTS_MAX_BYTES = 64 << 20
@@ -27,8 +27,8 @@ NODES = f"{API_PREFIX}/nodes"
 JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 
-def _ok(model: BaseModel) -> JSONResponse:
-    return JSONResponse(model.model_dump(mode="json", by_alias=True))
+def _ok(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(by_alias=True), media_type="application/json")
 
 
 def node_router(scheduler: Scheduler) -> APIRouter:
@@ -49,16 +49,16 @@ def node_router(scheduler: Scheduler) -> APIRouter:
     for prefix in (JOB_NODES, NODES):  # after registration a node id names the job: the path's is not read
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
-            req = await read_model(request, LeaseRequest)
+            req = await read_model_fast(request, LeaseRequest)
             return _ok(await scheduler.lease(node_id, req.max_items, req.wait))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request):
-            return _ok(scheduler.heartbeat(node_id, await read_model(request, Heartbeat)))
+            return _ok(scheduler.heartbeat(node_id, await read_model_fast(request, Heartbeat)))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request):
-            return _ok(scheduler.results(node_id, await read_model(request, ResultBatch, RESULTS_MAX_BYTES)))
+            return _ok(scheduler.results(node_id, await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):
