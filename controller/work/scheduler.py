@@ -70,7 +70,8 @@ class Scheduler:
         self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
         self.health_interval = health_interval
         http = BackendHttp()
-        self.health = HealthProbe(self.pool, http, clock, check=health_check, timeout=health_timeout,
+        # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
+        self.health = HealthProbe(self.pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
         self.queue = ItemQueue(self.engine, self.pool, clock)
@@ -264,6 +265,7 @@ class Scheduler:
             await asyncio.sleep(0.5)
 
     def stop(self) -> None:
+        self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()
         self.feed.stop()
