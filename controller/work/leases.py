@@ -53,8 +53,10 @@ class Leases:
             return asked, live
         return max(0, min(asked, -(-live // nodes) - held)), live
 
-    def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
-        with plain.transaction(self.engine) as tx:
+    def lease_now(self, node_id: str, max_items: int, tx: plain.Tx | None = None) -> LeaseResponse:
+        """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
+        in that call's transaction `tx`)."""
+        with plain.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = self.nodes.caller(db, node_id)
             try:
@@ -114,13 +116,14 @@ class Leases:
                     job_name = self.nodes.caller(tx.db, node_id)[0]
             ev = self.queue.changed.event(job_name)
             ev.clear()
-            resp = self._lease_now(node_id, max_items)
+            resp = self.lease_now(node_id, max_items)
             left = deadline - time.monotonic()
             if resp.leases or resp.done or resp.drain or max_items == 0 or left <= 0 or self.queue.stopped:
                 return resp
             await wait_event(ev, left)
 
-    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+    def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
         resp = HeartbeatResponse()
         with plain.transaction(self.engine) as tx:
             job_name, state = self.nodes.caller(tx.db, node_id)
@@ -140,6 +143,7 @@ class Leases:
             # deadlines of the named leases move with them below, once half used.
             items = plain.items_by_attempt(tx.db, set(hb.stages) | set(hb.left_run))
             changed: dict[int, plain.Item] = {}
+            moved: set[int] = set()  # their deadline changed
 
             def release(item: plain.Item) -> None:
                 if item.holds_backend:
@@ -182,8 +186,11 @@ class Leases:
                 if (item.deadline or 0.0) < now + cache.lease_seconds / 2:
                     item.deadline = now + cache.lease_seconds
                     changed[item.id] = item
+                    moved.add(item.id)
             if changed:
-                plain.save(tx.db, changed.values())
+                plain.save_beat(tx.db, changed.values(), moved)
+            if lease is not None:
+                resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx)
         return resp
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:

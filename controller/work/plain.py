@@ -48,6 +48,16 @@ def transaction(engine: Engine) -> Iterator[Tx]:
                 tx._session.close()
 
 
+@contextmanager
+def joined(engine: Engine, tx: Tx | None) -> Iterator[Tx]:
+    """The caller's transaction when it has one (a lease riding on a beat or results call), else a new one."""
+    if tx is not None:
+        yield tx
+    else:
+        with transaction(engine) as new:
+            yield new
+
+
 def in_list(n: int) -> str:
     return "(" + ",".join("?" * n) + ")"
 
@@ -90,6 +100,16 @@ def items_by_attempt(db: sqlite3.Connection, attempt_ids: Iterable[str]) -> dict
 def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
     """Write back every field a state change may touch, by primary key."""
     db.executemany(_SAVE, [[getattr(i, c) for c in _SAVED] + [i.id] for i in items])
+
+
+def save_beat(db: sqlite3.Connection, items: Iterable[Item], moved: set[int]) -> None:
+    """A beat's changes: stage and backend pin, and the deadline only where it `moved` (an indexed column:
+    rewriting it unchanged still rewrites its index entries)."""
+    rows = list(items)
+    db.executemany("UPDATE items SET stage = ?, backend = ?, holds_backend = ? WHERE id = ?",
+                   [(i.stage, i.backend, i.holds_backend, i.id) for i in rows])
+    if moved:
+        db.executemany("UPDATE items SET deadline = ? WHERE id = ?", [(i.deadline, i.id) for i in rows if i.id in moved])
 
 
 def has_live(db: sqlite3.Connection, job: str) -> bool:

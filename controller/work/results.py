@@ -19,7 +19,7 @@ from typing import Any, Callable
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.node import ResultAck, ResultBatch
+from rolloutd.crds.node import LeaseResponse, ResultAck, ResultBatch
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..errors import NotFound
@@ -52,7 +52,10 @@ class ResultIntake:
         return bool(item.backend) and not pool.healthy(item.backend) \
             and not any(pool.healthy(u) for u in cache.backends)
 
-    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+    def results(self, node_id: str, batch: ResultBatch,
+                also: Callable[[plain.Tx], LeaseResponse] | None = None) -> ResultAck:
+        """Apply a batch of results; `also` (the lease riding on the reply) runs in the same transaction once
+        they are, not when the batch is refused whole."""
         ack = ResultAck()
         woke: set[str] = set()
         with plain.transaction(self.engine) as tx:
@@ -116,6 +119,8 @@ class ResultIntake:
                 self.expansions.fail(tx.session(), job_name, config_error)
                 self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
             idle = bool(settled) and self.on_idle is not None and not plain.has_live(tx.db, job_name)
+            if also is not None:
+                ack.lease = also(tx)
         if config_error and self.on_idle is not None:
             self.on_idle(job_name)  # the reconciler marks it Failed now
         if idle:

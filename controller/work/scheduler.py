@@ -30,10 +30,10 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
-from ..errors import BadRequest, Conflict
+from ..errors import BadRequest, Conflict, NotFound
 from ..ports import Progress
 from ..store import Store
-from . import tables
+from . import plain, tables
 from .admission import Admission
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
@@ -102,11 +102,22 @@ class Scheduler:
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         return await self.leases.lease(node_id, max_items, wait)
 
-    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
-        return self.leases.heartbeat(node_id, hb)
+    def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
+        return self.leases.heartbeat(node_id, hb, lease)
 
-    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
-        return self.intake.results(node_id, batch)
+    def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
+        def also(tx: plain.Tx) -> LeaseResponse:  # in the results' transaction: one commit for both
+            return self.leases.lease_now(node_id, lease, tx)
+
+        ack = self.intake.results(node_id, batch, also if lease is not None else None)
+        if lease is not None and ack.lease is None:  # the results were refused whole (node lost, job deleted)
+            try:
+                ack.lease = self.leases.lease_now(node_id, lease)
+            except NotFound:  # a node declared lost still gets its results' answer; its lease call says 404
+                ack.lease = LeaseResponse()
+        return ack
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         return self.leases.give_back(node_id, attempt_ids, reason)
