@@ -423,3 +423,17 @@ def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
         sched.stop()
         server.shutdown()
         server.server_close()
+
+
+def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path):
+    from rolloutd.controller.errors import NotFound
+    from rolloutd.controller.work.nodes import NODE_SILENCE_SECONDS
+
+    store, sched, clock, job = make(tmp_path)
+    quiet, talking = reg(sched, "quiet"), reg(sched, "talking")
+    clock.t += NODE_SILENCE_SECONDS + 1
+    sched.heartbeat(talking, Heartbeat())
+    sched.expire()
+    assert [(n.id, n.state) for n in sched.nodes("math-demo")] == [(talking, "active")]  # `nodes` omits the gone
+    with pytest.raises(NotFound):
+        sched.heartbeat(quiet, Heartbeat())
