@@ -53,14 +53,16 @@ class Leases:
             return asked, live
         return max(0, min(asked, -(-live // nodes) - held)), live
 
-    def lease_now(self, node_id: str, max_items: int, tx: plain.Tx | None = None) -> LeaseResponse:
+    def lease_now(self, node_id: str, max_items: int, tx: plain.Tx | None = None,
+                  job: RolloutJob | None = None) -> LeaseResponse:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
-        in that call's transaction `tx`)."""
+        in that call's transaction `tx`, with the `job` it read before writing: reading it after may wait on
+        the store's lock, held by a thread that waits on our write lock — a 30 s stall)."""
         with plain.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = self.nodes.caller(db, node_id)
             try:
-                job = self.jobs.get(job_name)
+                job = job if job is not None else self.jobs.get(job_name)
             except NotFound:
                 return LeaseResponse(done=True)
             cache = self.jobs.sync(job)
@@ -190,7 +192,7 @@ class Leases:
             if changed:
                 plain.save_beat(tx.db, changed.values(), moved)
             if lease is not None:
-                resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx)
+                resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
         return resp
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:

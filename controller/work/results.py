@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from rolloutd.crds.node import LeaseResponse, ResultAck, ResultBatch
+from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..errors import NotFound
@@ -53,7 +54,7 @@ class ResultIntake:
             and not any(pool.healthy(u) for u in cache.backends)
 
     def results(self, node_id: str, batch: ResultBatch,
-                also: Callable[[plain.Tx], LeaseResponse] | None = None) -> ResultAck:
+                also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None) -> ResultAck:
         """Apply a batch of results; `also` (the lease riding on the reply) runs in the same transaction once
         they are, not when the batch is refused whole."""
         ack = ResultAck()
@@ -120,7 +121,7 @@ class ResultIntake:
                 self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
             idle = bool(settled) and self.on_idle is not None and not plain.has_live(tx.db, job_name)
             if also is not None:
-                ack.lease = also(tx)
+                ack.lease = also(tx, job)
         if config_error and self.on_idle is not None:
             self.on_idle(job_name)  # the reconciler marks it Failed now
         if idle:

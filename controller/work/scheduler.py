@@ -108,8 +108,8 @@ class Scheduler:
 
     def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
-        def also(tx: plain.Tx) -> LeaseResponse:  # in the results' transaction: one commit for both
-            return self.leases.lease_now(node_id, lease, tx)
+        def also(tx: plain.Tx, job: RolloutJob) -> LeaseResponse:  # in the results' transaction: one commit
+            return self.leases.lease_now(node_id, lease, tx, job)
 
         ack = self.intake.results(node_id, batch, also if lease is not None else None)
         if lease is not None and ack.lease is None:  # the results were refused whole (node lost, job deleted)
