@@ -146,7 +146,10 @@ class Controller:
     def __init__(self, root: Path, src: Path | None = None) -> None:
         self.root, self.port = root, _port()
         path = [str(src)] if src else []  # an older rolloutd (see `older_source`) instead of this checkout
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
+               # the stub backends report no max_num_seqs: admission would cap them at 4 × 256 episodes
+               # (~30 rollouts/s); the bench measures the node protocol, not the admission
+               "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000"}
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),
@@ -262,7 +265,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             cfg = {"url": ctl.url, "join_token": ctl.join_token, "job": name, "slots": SLOTS, "nodes": per[i],
                    "first": sum(per[:i]), "time_factor": time_factor, "median_seconds": MEDIAN_SECONDS,
                    "sigma": SIGMA, "seed": i, "start_at": start_at, "stop_at": stop_at,
-                   "scaled_gap": src is None}  # daemons before the fix beat ≥ 50 ms apart at any scale
+                   # daemons before the fixes beat ≥ 50 ms apart and coalesced results 5 ms at any scale, and
+                   # leased by their own calls only
+                   "scaled_gap": src is None, "piggyback": src is None}
             (root / f"shard{i}.json").write_text(json.dumps(cfg))
             shards.append(subprocess.Popen([sys.executable, "-m", "bench.simnodes", str(root / f"shard{i}.json"),
                                             str(root / f"shard{i}.out.json")], cwd=REPO, start_new_session=True))
@@ -311,6 +316,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "errors": {k2: v for o in outs for k2, v in o["errors"].items()},
             "failed_loops": sum(o["n_failed_loops"] for o in outs),
             "empty_leases": sum(o["empty_leases"] for o in outs), "cancelled": sum(o["cancelled"] for o in outs),
+            "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
             "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof,
         }
     finally:

@@ -6,7 +6,9 @@ Where it sits: `bench_scale.py` starts a controller and one or a few of these pr
 copies `rolloutd.agents.daemon.NodeDaemon`'s traffic without its work: leases while it has room
 (long-poll `leaseWait` s), beats every `heartbeatSeconds` (what registration answers) and
 promptly on a stage change (≥ `heartbeat_min_gap` apart) naming every live attempt's stage and
-those that left RUN, and sends finished results in batches (coalesced 5 ms, ≤ 64 per call).
+those that left RUN, and sends finished results in batches (coalesced `result_coalesce`: 5–250 ms by
+cluster size, ≤ 64 per call); the next leases ride on beat and results replies (`?lease=N`) once the
+controller answers them, the lease long-poll serving only when those come back short.
 A rollout sleeps instead of running: INIT/RUN/EVAL take 5/80/15 % of a lognormal duration.
 The calls go through the repo's keep-alive transport (`agents/keepalive.py`), without the
 daemon's pydantic models, so a thousand nodes fit in a core or two.
@@ -135,31 +137,72 @@ class SimNode:
         self.hb_wake = asyncio.Event()
         self.out_wake = asyncio.Event()
         self.last_hb = 0.0
+        # leases riding on beat and results replies, as the daemon's `Leaser` does (None: support not known yet)
+        self.piggyback: bool | None = None if sim.cfg.get("piggyback", True) else False
+        self.asking = 0
+        self.starved = False
 
     async def register(self) -> None:
         body = json.dumps({"job": self.sim.job, "protocol": self.sim.protocol, "name": self.name,
                            "host": "sim", "pid": 0, "slot": self.slot}).encode()
         resp = await self.sim.wire.post("register", "/register", body)
         self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.factor, 0.005)
+        self.coalesce = self.sim.coalesce(resp["heartbeatSeconds"])
+
+    def free(self) -> int:
+        return self.sim.slots - self.live - self.asking
 
     async def lease_loop(self) -> None:
         while True:
-            room = self.sim.slots - self.live
-            if room <= 0:
+            room = self.free()
+            if room <= 0 or (self.piggyback and not self.starved):
+                if room > 0:
+                    self.hb_wake.set()  # the next beat or results call asks for the room
                 self.room.clear()
                 await self.room.wait()
                 continue
             body = json.dumps({"maxItems": room, "wait": LEASE_WAIT / self.sim.factor}).encode()
+            self.asking += room
             try:
                 resp = await self.sim.wire.post("lease", f"/{self.node_id}/lease", body)
             except Exception:  # noqa: BLE001 - counted in Wire.errors; the daemon retries too
                 await asyncio.sleep(0.2)
                 continue
+            finally:
+                self.asking -= room
             leases = resp.get("leases", [])
             if not leases:
                 self.sim.empty_leases += 1
+            self.starved = len(leases) < room
             for lease in leases:
                 self.start(lease)
+
+    def ask(self) -> str:
+        """`?lease=N` for a beat or results call (the daemon's `Leaser.ask`), with `asking` counted."""
+        if self.piggyback is False:
+            return ""
+        n = self.free()
+        if n <= 0:
+            return "?lease=0" if self.piggyback is None else ""
+        self.asking += n
+        return f"?lease={n}"
+
+    def answered(self, query: str, resp: dict | None) -> None:
+        if not query:
+            return
+        asked = int(query.split("=")[1])
+        self.asking -= asked
+        if resp is not None:
+            if "lease" not in resp:
+                self.piggyback = False  # an older controller: lease by our own calls
+            else:
+                self.piggyback = True
+                leases = resp["lease"].get("leases", [])
+                self.starved = len(leases) < asked
+                self.sim.piggybacked += len(leases)
+                for lease in leases:
+                    self.start(lease)
+        self.room.set()
 
     def start(self, lease: dict) -> None:
         aid = lease["attemptId"]
@@ -221,10 +264,13 @@ class SimNode:
             self.last_hb = time.monotonic()
             body = json.dumps({"stages": stages, "leftRun": left, "llmInflight": 0, "llmHeld": False,
                                "policyVersion": None}, separators=(",", ":")).encode()
+            query = self.ask()
             try:
-                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat", body)
+                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body)
             except Exception:  # noqa: BLE001
+                self.answered(query, None)
                 continue
+            self.answered(query, resp)
             self.left_run.difference_update(left)
             for aid in resp.get("cancel", []) + resp.get("unknown", []):
                 if self.stages.pop(aid, None) is not None:  # forgotten: its timers find nothing to do
@@ -236,18 +282,21 @@ class SimNode:
     async def result_loop(self) -> None:
         while True:
             await self.out_wake.wait()
-            await asyncio.sleep(RESULT_COALESCE / self.sim.factor)
+            await asyncio.sleep(self.coalesce)
             if self.sim.stopping:  # the run is over: nothing new is sent (a call in flight was answered)
                 return
             self.out_wake.clear()
             batch = list(self.outbox.items())[:RESULT_BATCH]
             body = b'{"results":[' + b",".join(b for _, b in batch) + b"]}"
+            query = "" if self.sim.stopping else self.ask()
             try:
-                ack = await self.sim.wire.post("results", f"/{self.node_id}/results", body)
+                ack = await self.sim.wire.post("results", f"/{self.node_id}/results{query}", body)
             except Exception:  # noqa: BLE001 - kept in the outbox, sent again
+                self.answered(query, None)
                 await asyncio.sleep(0.2)
                 self.out_wake.set()
                 continue
+            self.answered(query, ack)
             now = time.time()
             for aid, _ in batch:
                 self.outbox.pop(aid, None)
@@ -270,7 +319,7 @@ class Shard:
         self.wire = Wire(cfg["url"], cfg["join_token"], connections=4 * cfg["nodes"] + 8)
         self.ledger = Ledger()
         self.accepted_at: list[float] = []
-        self.empty_leases = self.cancelled = 0
+        self.empty_leases = self.cancelled = self.piggybacked = 0
         self.stopping = False
         self.template = self._template()
 
@@ -282,6 +331,15 @@ class Shard:
 
             return max(HEARTBEAT_MIN_GAP, heartbeat_min_gap(interval * self.factor)) / self.factor
         return HEARTBEAT_MIN_GAP / self.factor
+
+    def coalesce(self, heartbeat_seconds: float) -> float:
+        """The daemon's results coalescing window (grown with the cluster, `crds.node.result_coalesce`;
+        a fixed 5 ms for daemons before it), in simulated seconds."""
+        if self.cfg.get("piggyback", True):
+            from rolloutd.crds.node import result_coalesce
+
+            return max(RESULT_COALESCE, result_coalesce(heartbeat_seconds)) / self.factor
+        return RESULT_COALESCE / self.factor
 
     def duration(self, length_biased: bool = False) -> float:
         """Seconds of one rollout: lognormal around `median_seconds`, divided by the time factor.
@@ -342,7 +400,7 @@ class Shard:
         return {"ledger": self.ledger.to_json(), "accepted_at": self.accepted_at,
                 "latency": {k: v for k, v in self.wire.latency.items()}, "errors": dict(self.wire.errors),
                 "failed_loops": failed[:10], "n_failed_loops": len(failed),
-                "empty_leases": self.empty_leases, "cancelled": self.cancelled}
+                "empty_leases": self.empty_leases, "cancelled": self.cancelled, "piggybacked": self.piggybacked}
 
 
 def main(argv: list[str]) -> int:

@@ -8,6 +8,7 @@ The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.co
     POST /nodes/{node}/lease             LeaseRequest     → LeaseResponse     (long-poll up to `wait` s)
     POST /nodes/{node}/heartbeat         Heartbeat        → HeartbeatResponse (extends every lease)
     POST /nodes/{node}/results           ResultBatch      → ResultAck
+         (both take `?lease=N`: the next leases ride on the reply, see LEASE_PARAM)
     POST /nodes/{node}/return            ReturnRequest    → {}                (unstarted leases handed back)
     POST /nodes/{node}/deregister        {}               → {}
 
@@ -44,6 +45,13 @@ def heartbeat_min_gap(interval: float) -> float:
     fifth of the interval, at least 50 ms. A node's stage changes every few hundred ms at 64 slots;
     at 1000 nodes an unscaled gap let them send several thousand beats/s."""
     return max(0.05, interval / 5)
+
+
+def result_coalesce(interval: float) -> float:
+    """How long a daemon gathers finished results into one call, from its beat interval (which grows with the
+    cluster, see `heartbeat_seconds`): 5 ms up to 100 nodes, growing to 250 ms at a thousand, so a big
+    cluster sends fewer, fuller calls while a rollout's result waits a quarter second at most."""
+    return min(0.25, max(0.005, (interval - 0.5) / 18))
 
 
 class RegisterRequest(Model):
@@ -90,6 +98,13 @@ class LeaseResponse(Model):
     drain: bool = Field(default=False, description="stop leasing (scale-down or job ending)")
 
 
+# A lease may ride on a beat's or a results call's reply: the daemon adds `?lease=N` (its free slots) and the
+# reply's `lease` field answers it as `POST …/lease` with `wait` 0 would. A controller that does not know the
+# parameter ignores it and answers without the field (the daemon then leases by its own calls), and the field
+# is only sent to a daemon that asked, so neither side meets a field it does not know.
+LEASE_PARAM = "lease"
+
+
 class Heartbeat(Model):
     stages: dict[str, Stage] = Field(default_factory=dict, description="attemptId → stage of every live lease")
     left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
@@ -106,6 +121,7 @@ class HeartbeatResponse(Model):
     lease_seconds: float = 30.0
     policy_version: int | str | None = None
     llm_paused: bool = Field(default=False, description="hold new LLM requests (weights are being updated)")
+    lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
 
 
 class Result(Model):
@@ -120,6 +136,7 @@ class ResultBatch(Model):
 class ResultAck(Model):
     accepted: list[str] = Field(default_factory=list)
     dropped: dict[str, str] = Field(default_factory=dict, description="attemptId → why it was not accepted")
+    lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
 
 
 class ReturnRequest(Model):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
 from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
+    LEASE_PARAM,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -54,6 +55,10 @@ class ControllerError(Exception):
 def result_json(result: Result) -> bytes:
     """One result's wire JSON, as `results` sends it inside a batch."""
     return json.dumps(result.wire(), separators=(",", ":")).encode()
+
+
+def _asking(path: str, lease: int | None) -> str:
+    return path if lease is None else f"{path}?{LEASE_PARAM}={lease}"
 
 
 class ControllerClient:
@@ -104,15 +109,18 @@ class ControllerClient:
     async def lease(self, node_id: str, req: LeaseRequest) -> LeaseResponse:
         return await self._post(f"/{node_id}/lease", req, LeaseResponse, timeout=req.wait + self.timeout)
 
-    async def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
-        return await self._post(f"/{node_id}/heartbeat", hb, HeartbeatResponse)
+    async def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat; `lease`: ask for that many leases on the reply (`crds.node.LEASE_PARAM`)."""
+        return await self._post(_asking(f"/{node_id}/heartbeat", lease), hb, HeartbeatResponse)
 
-    async def results(self, node_id: str, batch: ResultBatch | list[bytes]) -> ResultAck:
-        """A `ResultBatch`, or its results already serialized one by one (`result_json`)."""
+    async def results(self, node_id: str, batch: ResultBatch | list[bytes], lease: int | None = None) -> ResultAck:
+        """A `ResultBatch`, or its results already serialized one by one (`result_json`); `lease` as in
+        `heartbeat`."""
+        path = _asking(f"/{node_id}/results", lease)
         if isinstance(batch, list):
             body = b'{"results":[' + b",".join(batch) + b"]}"
-            return await self._post(f"/{node_id}/results", body, ResultAck)
-        return await self._post(f"/{node_id}/results", batch, ResultAck)
+            return await self._post(path, body, ResultAck)
+        return await self._post(path, batch, ResultAck)
 
     async def give_back(self, node_id: str, req: ReturnRequest) -> None:
         await self._post(f"/{node_id}/return", req, None)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rolloutd.crds.node import NODE_PROTOCOL, Lease, RegisterRequest, RegisterResponse
+from rolloutd.crds.node import NODE_PROTOCOL, Lease, RegisterRequest, RegisterResponse, result_coalesce
 
 from ..aiokit import Backoff, wait_event
 from ..llm import LLMBackend
@@ -98,6 +98,8 @@ class NodeDaemon:
                              room=lambda: self.pipeline.room(), start=self._start, on_gone=self._lost,
                              on_done=lambda: self._reach(Shutdown.DONE, "the job is done"),
                              on_drain=self._start_drain, stop_event=self._stop_event)
+        self.heart.leaser = self.outbox.leaser = self.leaser  # leases ride on beats' and results' replies
+        self.leaser.want_beat = self.heart.wake.set
         self._loops: list[asyncio.Task] = []
         self._lease_task: asyncio.Task | None = None
 
@@ -239,6 +241,7 @@ class NodeDaemon:
         self.registration = resp
         self.node_id = self.outbox.node_id = self.heart.node_id = self.leaser.node_id = resp.node_id
         self.heart.interval = max(resp.heartbeat_seconds, 0.05)
+        self.outbox.coalesce = max(o.result_coalesce, result_coalesce(resp.heartbeat_seconds))
         self.log.info("registered with %s as node %s for job %s (generation %s)", o.controller, resp.node_id,
                       resp.job, resp.generation)
         return True

@@ -15,6 +15,7 @@ from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap
 
 from ..aiokit import wait_event
 from .controller_client import ControllerClient, ControllerError
+from .lease import Leaser
 from .llmgate import PolicyGate
 from .options import NodeOptions
 from .outbox import Outbox
@@ -36,6 +37,7 @@ class Heartbeater:
         self.node_id: str | None = None   # set once registered
         self.interval = 5.0               # from the registration
         self.wake = asyncio.Event()       # a stage changed: beat soon
+        self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self._last = 0.0
 
     async def loop(self) -> None:
@@ -55,11 +57,14 @@ class Heartbeater:
             stages.setdefault(aid, "eval")
         left = set(self.rollouts.left_run)
         self._last = time.monotonic()
+        ask = self.leaser.ask() if self.leaser is not None else None
         try:
             resp = await self.client.heartbeat(self.node_id, Heartbeat(
                 stages=stages, left_run=sorted(left), llm_inflight=self.gate.inflight,
-                llm_held=self.gate.paused, policy_version=self.gate.version))
+                llm_held=self.gate.paused, policy_version=self.gate.version), lease=ask)
         except ControllerError as e:
+            if self.leaser is not None:
+                self.leaser.failed(ask)
             self.stats["heartbeat_failures"] += 1
             if e.gone:
                 self._on_gone(f"heartbeat: {e}")
@@ -69,6 +74,8 @@ class Heartbeater:
         self.stats["heartbeats"] += 1
         self.rollouts.left_run -= left
         self.apply(resp)
+        if self.leaser is not None:
+            await self.leaser.answered(ask, resp.lease, "beats")
 
     def apply(self, resp: HeartbeatResponse) -> None:
         if resp.llm_paused != self.gate.paused or resp.policy_version != self.gate.version:

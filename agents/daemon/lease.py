@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from rolloutd.crds.node import Lease, LeaseRequest, ReturnRequest
+from rolloutd.crds.node import Lease, LeaseRequest, LeaseResponse, ReturnRequest
 
 from ..aiokit import Backoff, wait_event
 from .controller_client import ControllerClient, ControllerError
@@ -34,17 +34,38 @@ class Leaser:
         self._stop_event = stop_event     # SIGTERM: a back-off sleep ends at once
         self.node_id: str | None = None   # set once registered
         self.room = asyncio.Event()       # a rollout moved on or ended: re-check the room
+        # Leases ride on beat and results replies when the controller answers `?lease=N` (None: not known
+        # yet, False: an older controller). `asking`: slots asked for by calls in flight; `starved`: the
+        # last answer brought fewer than asked (queue empty): the loop long-polls until work comes.
+        self.piggyback: bool | None = None
+        self.active = False               # the lease loop runs: others' calls may ask for it
+        self.asking = 0
+        self.starved = False
+        self.want_beat: Callable[[], None] = lambda: None  # a beat soon, to carry the ask
+
+    def free(self) -> int:
+        return self._room_left() - self.asking
 
     async def loop(self) -> None:
         assert self.node_id is not None
+        self.active = True
+        try:
+            await self._loop()
+        finally:
+            self.active = False
+
+    async def _loop(self) -> None:
         backoff = Backoff(0.2, self.opts.retry_max)
         while self._leasing():
-            room = self._room_left()
-            if room <= 0:
+            room = self.free()
+            if room <= 0 or (self.piggyback and not self.starved):
+                if room > 0:
+                    self.want_beat()  # the next beat (or results call) asks for the room
                 self.room.clear()
-                if self._room_left() <= 0:
+                if self.free() <= 0 or (self.piggyback and not self.starved):
                     await self.room.wait()
                 continue
+            self.asking += room
             try:
                 resp = await self.client.lease(self.node_id, LeaseRequest(max_items=room, wait=self.opts.lease_wait))
                 self.stats["lease_calls"] += 1
@@ -56,18 +77,57 @@ class Leaser:
                 self.log.warning("lease: %s; retrying", e)
                 await wait_event(self._stop_event, backoff.next())
                 continue
+            finally:
+                self.asking -= room
             backoff.reset()
-            if resp.leases:
-                if self._stopping():  # SIGTERM arrived during the long-poll: never start these
-                    await self.give_back([lease.attempt_id for lease in resp.leases], UNSTARTED)
-                else:
-                    for lease in resp.leases:
-                        self._start(lease)
-            if resp.done:
-                self.log.info("the controller has no more work for this node")
-                self._on_done()
-            if resp.drain:
-                self._on_drain("the controller asked this node to drain (lease)")
+            self.starved = len(resp.leases) < room
+            await self.take(resp, "lease")
+
+    async def take(self, resp: LeaseResponse, how: str) -> None:
+        """Start what a lease answer brought (or hand it back when stopping); act on done and drain."""
+        if resp.leases:
+            if self._stopping():  # SIGTERM arrived during the call: never start these
+                await self.give_back([lease.attempt_id for lease in resp.leases], UNSTARTED)
+            else:
+                for lease in resp.leases:
+                    self._start(lease)
+        if resp.done:
+            self.log.info("the controller has no more work for this node")
+            self._on_done()
+        if resp.drain:
+            self._on_drain(f"the controller asked this node to drain ({how})")
+
+    def ask(self) -> int | None:
+        """Leases for a beat or results call to ask for (`?lease=N`): the free room; 0 while the controller's
+        support is not known yet (its answer tells); None: ask nothing."""
+        if not self.active or not self._leasing() or self.piggyback is False:
+            return None
+        n = self.free()
+        if n <= 0:
+            return 0 if self.piggyback is None else None
+        self.asking += n
+        return n
+
+    async def answered(self, asked: int | None, resp: LeaseResponse | None, how: str) -> None:
+        """The reply to a call that asked for `asked` leases (`resp`: its `lease` field; None: the call failed
+        when `failed`)."""
+        if asked is None:
+            return
+        self.asking -= asked
+        if resp is None:  # a controller that ignores the parameter: lease by our own calls
+            self.piggyback = False
+        else:
+            self.piggyback = True
+            self.stats["leases_on_" + how] += len(resp.leases)
+            self.starved = len(resp.leases) < asked
+            await self.take(resp, how)
+        self.room.set()
+
+    def failed(self, asked: int | None) -> None:
+        """The call that asked could not be made: the room is free again."""
+        if asked:
+            self.asking -= asked
+            self.room.set()
 
     async def lease_one(self) -> list[Lease]:
         """One lease outside the loop (to report a configuration error on); none when the call fails."""

@@ -19,6 +19,7 @@ from rolloutd.crds.trajectory import Trajectory
 
 from ..aiokit import Backoff
 from .controller_client import ControllerClient, ControllerError, result_json
+from .lease import Leaser
 from .options import NodeOptions
 
 
@@ -41,6 +42,8 @@ class Outbox:
         self._changed, self._stand_in = changed, stand_in
         self.node_id: str | None = None     # set once registered
         self.pending: dict[str, Outgoing] = {}
+        self.coalesce = opts.result_coalesce  # grows with the cluster (`crds.node.result_coalesce`) at registration
+        self.leaser: Leaser | None = None    # set by the daemon: results calls carry its lease asks
         self._ready = asyncio.Event()        # something to send
 
     def submit(self, aid: str, lease: Lease, t: Trajectory) -> None:
@@ -58,7 +61,7 @@ class Outbox:
         backoff = Backoff(0.1, self.opts.retry_max)
         while True:
             await self._ready.wait()
-            await asyncio.sleep(self.opts.result_coalesce)
+            await asyncio.sleep(self.coalesce)
             self._ready.clear()
             if not await self._send():
                 await asyncio.sleep(backoff.next())
@@ -95,9 +98,12 @@ class Outbox:
         batch = self.next_batch()
         if not batch:
             return True
+        ask = self.leaser.ask() if self.leaser is not None else None
         try:
-            ack = await self.client.results(self.node_id, [body for _, body in batch])
+            ack = await self.client.results(self.node_id, [body for _, body in batch], lease=ask)
         except ControllerError as e:
+            if self.leaser is not None:
+                self.leaser.failed(ask)
             self.stats["result_failures"] += 1
             if e.retryable:
                 self.log.warning("results: %s; %d result(s) kept for a retry", e, len(self.pending))
@@ -110,6 +116,8 @@ class Outbox:
                 self._refused(aid, body, e)
             return True
         self._acked([aid for aid, _ in batch], ack)
+        if self.leaser is not None:
+            await self.leaser.answered(ask, ack.lease, "results")
         return True
 
     async def _send_singly(self, batch: list[tuple[str, bytes]]) -> bool:

@@ -2,6 +2,7 @@
 
     POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register | /{node}/lease
          | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister   (join token or admin token)
+         (heartbeat and results take `?lease=N`: leases ride on the reply, `crds.node.LEASE_PARAM`)
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
          unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
@@ -10,8 +11,8 @@ Mounted by `api.create_app` when a scheduler is given; the scheduler does the wo
 """
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
@@ -19,16 +20,19 @@ from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultB
 
 from ..errors import BadRequest, NotFound
 from ..work.scheduler import Scheduler
-from .bodies import read_model
+from .bodies import read_model, read_model_fast
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
 RESULTS_MAX_BYTES = 64 << 20
+MAX_LEASE = 1 << 16  # `?lease=N`: a node's free slots
 NODES = f"{API_PREFIX}/nodes"
 JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 
-def _ok(model: BaseModel) -> JSONResponse:
-    return JSONResponse(model.model_dump(mode="json", by_alias=True))
+def _ok(model: BaseModel) -> Response:
+    # a reply's `lease` only goes to a daemon that asked for it (an older one does not know the field)
+    unasked = {"lease"} if getattr(model, "lease", True) is None else None
+    return Response(model.model_dump_json(by_alias=True, exclude=unasked), media_type="application/json")
 
 
 def _owned(scheduler: Scheduler, node_id: str, request: Request) -> str:
@@ -60,18 +64,18 @@ def node_router(scheduler: Scheduler) -> APIRouter:
     for prefix in (JOB_NODES, NODES):  # a node id names its job; a namespaced path must name the same one
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
-            req = await read_model(request, LeaseRequest)
+            req = await read_model_fast(request, LeaseRequest)
             return _ok(await scheduler.lease(_owned(scheduler, node_id, request), req.max_items, req.wait))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
-        async def heartbeat(node_id: str, request: Request):
-            hb = await read_model(request, Heartbeat)
-            return _ok(scheduler.heartbeat(_owned(scheduler, node_id, request), hb))
+        async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
+            hb = await read_model_fast(request, Heartbeat)
+            return _ok(scheduler.heartbeat(_owned(scheduler, node_id, request), hb, lease))
 
         @r.post(f"{prefix}/{{node_id}}/results")
-        async def results(node_id: str, request: Request):
-            batch = await read_model(request, ResultBatch, RESULTS_MAX_BYTES)
-            return _ok(scheduler.results(_owned(scheduler, node_id, request), batch))
+        async def results(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
+            batch = await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)
+            return _ok(scheduler.results(_owned(scheduler, node_id, request), batch, lease))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):

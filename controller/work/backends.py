@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import threading
 import time
 from collections import defaultdict
 from typing import Any, Awaitable, Callable, Iterable
@@ -164,6 +165,7 @@ class HealthProbe:
         self.timeout, self.slow_grace = timeout, slow_grace
         self._slow_since: dict[str, float] = {}
         self._asked: dict[str, int] = {}  # url → /server_info calls that got no answer
+        self._loop: asyncio.AbstractEventLoop | None = None  # the probes' own (see `check`)
 
     async def _probe(self, url: str) -> tuple[str, bool, str]:
         if self._check is not None:
@@ -208,9 +210,33 @@ class HealthProbe:
         self.pool.admission.learned(url, seqs if isinstance(seqs, int) and seqs > 0 else None)
 
     async def check(self) -> list[tuple[str, bool, str]]:
-        """Probe all backends at once; returns those whose health changed (url, healthy, why)."""
+        """Probe all backends at once; returns those whose health changed (url, healthy, why).
+
+        The HTTP probes run on an event loop of their own, in a thread: on the controller's loop, when it
+        was merely slow (a thousand nodes' calls queued), a backend's answer waited behind them until its
+        timeout fired, and after `slow_grace` every backend was declared down, which stops all leasing.
+        (The thread only sets single dict entries — the slow clock, a learned max_num_seqs — which the
+        GIL keeps whole; health itself is set here, on the controller's loop.)"""
         urls = self.pool.known()
         if not urls:
             return []
-        results = await asyncio.gather(*(self._probe(u) for u in urls))
+        if self._check is not None:  # the test seam: no HTTP, no thread
+            results = await asyncio.gather(*(self._probe(u) for u in urls))
+        else:
+            results = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._probe_all(urls),
+                                                                                 self._own_loop()))
         return [(url, ok, why) for url, ok, why in results if self.pool.set_health(url, ok, why)]
+
+    async def _probe_all(self, urls: set[str]) -> list[tuple[str, bool, str]]:
+        return await asyncio.gather(*(self._probe(u) for u in urls))
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="rolloutd-health", daemon=True).start()
+        return self._loop
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -15,6 +16,7 @@ from rolloutd.agents.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
 from .jobs import Wakeups
+from .plain import Item
 from .tables import ItemRow, TrajectoryRow
 
 
@@ -24,8 +26,9 @@ class Feed:
         self.arrived = Wakeups()  # set when a job's trajectory is stored or its batch changes
         self.stopped = False
 
-    def deliver(self, s: Session, item: ItemRow, t: Trajectory, into: list[dict[str, Any]] | None = None) -> None:
-        """Store `t` as the item's trajectory; with `into`, only append the row (the caller inserts
+    def deliver(self, s: Session | None, item: ItemRow | Item, t: Trajectory,
+                into: list[dict[str, Any]] | None = None) -> None:
+        """Store `t` as the item's trajectory; with `into`, only append the row (the caller `insert`s
         a batch of them in one statement: an ORM object per row cost more than the JSON)."""
         if item.group_id is not None:
             t.group = item.group_id
@@ -37,6 +40,12 @@ class Feed:
         else:
             into.append(row)
         self.arrived.set(item.job)
+
+    @staticmethod
+    def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+        """The rows `deliver` collected, in order (their seqs follow it)."""
+        db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id) "
+                       "VALUES (:job, :item, :prompt, :sample, :reward, :failure, :data, :group_id)", rows)
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -5,11 +5,11 @@ Called by the node routes through the scheduler (`lease`, `heartbeat`, `give_bac
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid
 from typing import Any, Callable
 
-from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -18,6 +18,7 @@ from rolloutd.crds.node import Heartbeat, HeartbeatResponse, Lease, LeaseRespons
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import NotFound
+from . import plain
 from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
@@ -26,7 +27,7 @@ from .nodes import NodeRegistry
 from .policy import PolicyVersions
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
-from .tables import ItemRow, NodeRow, PolicyRow, TaskRow
+from .tables import ItemRow, NodeRow
 
 
 class Leases:
@@ -36,7 +37,8 @@ class Leases:
         self.expansions, self.batches, self.clock = expansions, batches, clock
         self.pool: BackendPool = queue.pool
 
-    def _fair_share(self, s: Session, node: NodeRow, job: RolloutJob, asked: int) -> tuple[int, int | None]:
+    def _fair_share(self, db: sqlite3.Connection, node_id: str, job_name: str, job: RolloutJob,
+                    asked: int) -> tuple[int, int | None]:
         """How many of the `asked` items (its free slots) a node may lease, and the job's live items
         if they were counted: its share of the job's live work, ⌈live ÷ executor.nodes⌉, minus what
         it holds. The first daemon up must not take a small job whole before the others registered;
@@ -44,66 +46,62 @@ class Leases:
         nodes = job.spec.executor.nodes
         if nodes <= 1 or asked <= 0:
             return asked, None
-        held = self.queue.held(s, node.job, node.id)
+        held = self.queue.held(db, job_name, node_id)
         enough = nodes * (asked + held - 1) + 1  # this many live items give a share of asked + held
-        live = self.queue.count_live(s, node.job, enough)
+        live = self.queue.count_live(db, job_name, enough)
         if live >= enough:
             return asked, live
         return max(0, min(asked, -(-live // nodes) - held)), live
 
-    def _lease_now(self, node_id: str, max_items: int) -> LeaseResponse:
-        with Session(self.engine, expire_on_commit=False) as s:
-            node = self.nodes.node(s, node_id)
+    def lease_now(self, node_id: str, max_items: int, tx: plain.Tx | None = None,
+                  job: RolloutJob | None = None) -> LeaseResponse:
+        """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
+        in that call's transaction `tx`, with the `job` it read before writing: reading it after may wait on
+        the store's lock, held by a thread that waits on our write lock — a 30 s stall)."""
+        with plain.joined(self.engine, tx) as tx:
+            db = tx.db
+            job_name, state = self.nodes.caller(db, node_id)
             try:
-                job = self.jobs.get(node.job)
+                job = job if job is not None else self.jobs.get(job_name)
             except NotFound:
-                s.commit()
                 return LeaseResponse(done=True)
             cache = self.jobs.sync(job)
             if closed(job):
-                s.commit()
                 return LeaseResponse(done=True)
-            if node.state == DaemonState.draining:
-                s.commit()
+            if state == DaemonState.draining:
                 return LeaseResponse(drain=True)
             leases: list[Lease] = []
             now = self.clock()
-            pol = s.get(PolicyRow, node.job)
-            version = json.loads(pol.version) if pol else None
-            max_items, live = self._fair_share(s, node, job, max_items)
+            version = json.loads(self.policy.plain(db, job_name)[0])
+            max_items, live = self._fair_share(db, node_id, job_name, job, max_items)
             refused: list[str] = []
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
-                q = (select(ItemRow.id, ItemRow.prompt, ItemRow.sample, ItemRow.attempt, ItemRow.queued_at)
-                     .where(ItemRow.job == node.job, ItemRow.state == ItemState.queued)
-                     .order_by(ItemRow.id).limit(max_items))
-                queued = s.exec(q).all()
-                prompts = {row.prompt for row in queued}
-                tasks = dict(s.exec(select(TaskRow.prompt, TaskRow.data).where(
-                    TaskRow.job == node.job, TaskRow.prompt.in_(prompts))).all()) if prompts else {}
-                changes: list[dict[str, Any]] = []
-                for row in queued:
-                    backend = self.pool.acquire(cache.backends, node.job) if cache.backends else None
+                queued = db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+                                    " ORDER BY id LIMIT ?", (job_name, ItemState.queued.value, max_items)).fetchall()
+                prompts = sorted({row[1] for row in queued})
+                tasks = dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN "
+                                        f"{plain.in_list(len(prompts))}", (job_name, *prompts))) if prompts else {}
+                changes: list[tuple[Any, ...]] = []
+                for item, prompt, sample, attempt, queued_at in queued:
+                    backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
                     if cache.backends and backend is None:
                         refused = cache.backends  # no healthy backend admits it: the rest waits queued
                         break
-                    attempt = row.attempt + 1
-                    attempt_id = f"{row.id}.{attempt}.{uuid.uuid4().hex[:6]}"
-                    changes.append({"id": row.id, "state": ItemState.leased, "stage": "leased", "node_id": node.id,
-                                    "attempt": attempt, "attempt_id": attempt_id,
-                                    "deadline": now + cache.lease_seconds,
-                                    "backend": backend, "holds_backend": backend is not None})
-                    leases.append(Lease(attempt_id=attempt_id, item=row.id, prompt=row.prompt,
-                                        sample=row.sample, attempt=attempt, task=json.loads(tasks[row.prompt]),
-                                        backend=backend, policy_version=version,
-                                        queued_seconds=max(now - row.queued_at, 0.0)))
+                    attempt += 1
+                    attempt_id = f"{item}.{attempt}.{uuid.uuid4().hex[:6]}"
+                    changes.append((node_id, attempt, attempt_id, now + cache.lease_seconds, backend,
+                                    backend is not None, item))
+                    leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
+                                        attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
+                                        policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
                 if changes:
-                    s.exec(update(ItemRow), params=changes)  # ORM bulk UPDATE by primary key
-            self.pool.admission.note(node.id, node.job, refused)  # in memory: who waits for a slot
+                    db.executemany("UPDATE items SET state = 'leased', stage = 'leased', node_id = ?, attempt = ?, "
+                                   "attempt_id = ?, deadline = ?, backend = ?, holds_backend = ? WHERE id = ?", changes)
+            self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
-            idle = not leases and (live == 0 if live is not None else not self.queue.has_live(s, node.job))
-            s.commit()
+            idle = not leases and (live == 0 if live is not None else not plain.has_live(db, job_name))
         exp = self.expansions.expand(job)
         if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
             with Session(self.engine, expire_on_commit=False) as s:
@@ -114,92 +112,87 @@ class Leases:
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         deadline = time.monotonic() + wait
         while True:
-            with Session(self.engine, expire_on_commit=False) as s:
-                job_name = self.nodes.node(s, node_id).job
-                s.commit()
+            job_name = self.nodes.job_of(node_id)
+            if job_name is None:
+                with plain.transaction(self.engine) as tx:
+                    job_name = self.nodes.caller(tx.db, node_id)[0]
             ev = self.queue.changed.event(job_name)
             ev.clear()
-            resp = self._lease_now(node_id, max_items)
+            resp = self.lease_now(node_id, max_items)
             left = deadline - time.monotonic()
             if resp.leases or resp.done or resp.drain or max_items == 0 or left <= 0 or self.queue.stopped:
                 return resp
             await wait_event(ev, left)
 
-    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
+    def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
         resp = HeartbeatResponse()
-        with Session(self.engine, expire_on_commit=False) as s:
-            node = self.nodes.node(s, node_id)
+        with plain.transaction(self.engine) as tx:
+            job_name, state = self.nodes.caller(tx.db, node_id)
             try:
-                job = self.jobs.get(node.job)
+                job = self.jobs.get(job_name)
             except NotFound:  # the job was deleted: everything still running is to be cancelled
-                s.commit()
                 return HeartbeatResponse(cancel=list(hb.stages), drain=True)
             cache = self.jobs.sync(job)
             resp.lease_seconds = cache.lease_seconds
-            resp.drain = node.state == DaemonState.draining
+            resp.drain = state == DaemonState.draining
             now = self.clock()
-            self.policy.note_beat(node.id, hb.llm_inflight, hb.llm_held)
-            pol = self.policy.row(s, node.job)
-            resp.policy_version, resp.llm_paused = json.loads(pol.version), pol.paused
+            self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
+            version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+            resp.policy_version = json.loads(version)
             # A beat names every live lease of the node, several times a second: read them as plain
             # rows and write only what changed (a stage, a released or re-pinned backend); the
             # deadlines of the named leases move with them below, once half used.
-            ids = set(hb.stages) | set(hb.left_run)
-            items: dict[str, dict[str, Any]] = {}
-            if ids:
-                q = select(ItemRow.id, ItemRow.job, ItemRow.attempt_id, ItemRow.node_id, ItemRow.state, ItemRow.stage,
-                           ItemRow.backend, ItemRow.holds_backend, ItemRow.deadline).where(ItemRow.attempt_id.in_(ids))
-                items = {r.attempt_id: r._asdict() for r in s.exec(q)}
-            changes: dict[int, dict[str, Any]] = {}
+            items = plain.items_by_attempt(tx.db, set(hb.stages) | set(hb.left_run))
+            changed: dict[int, plain.Item] = {}
+            moved: set[int] = set()  # their deadline changed
 
-            def change(item: dict[str, Any], **values: Any) -> None:
-                item.update(values)
-                changes.setdefault(item["id"], {"id": item["id"]}).update(values)
-
-            def release(item: dict[str, Any]) -> None:  # ItemQueue.release on a plain row
-                if item["holds_backend"]:
-                    self.pool.release(item["backend"], item["job"])
-                    change(item, holds_backend=False)
+            def release(item: plain.Item) -> None:
+                if item.holds_backend:
+                    self.queue.release(item)
+                    changed[item.id] = item
 
             for aid in hb.left_run:
                 item = items.get(aid)
-                if item is not None and item["node_id"] == node.id:
+                if item is not None and item.node_id == node_id:
                     release(item)
-            alive: list[str] = []
             for aid, stage in hb.stages.items():
                 item = items.get(aid)
-                if item is None or item["node_id"] != node.id or item["state"] != ItemState.leased:
-                    if item is not None and item["state"] == ItemState.cancelled:
+                if item is None or item.node_id != node_id or item.state != ItemState.leased:
+                    if item is not None and item.state == ItemState.cancelled:
                         resp.cancel.append(aid)
                     else:
                         resp.unknown.append(aid)
                     continue
-                alive.append(aid)
-                if stage != item["stage"]:
-                    change(item, stage=stage)
-                backend = item["backend"]
+                if stage != item.stage:
+                    item.stage = stage
+                    changed[item.id] = item
+                backend = item.backend
                 if stage in ("leased", "init") and backend \
                         and (not self.pool.healthy(backend) or backend not in cache.backends):
-                    new = self.pool.acquire(cache.backends, node.job)
+                    new = self.pool.acquire(cache.backends, job_name)
                     if new is not None:
                         release(item)
-                        change(item, backend=new, holds_backend=True)
+                        item.backend, item.holds_backend = new, True
+                        changed[item.id] = item
                         resp.repin[aid] = new
-            # Only the leases the daemon names are extended. One granted but not yet in a beat is
-            # covered by its own deadline (lease_seconds from the grant); one whose lease answer
-            # never reached the daemon (the controller died while sending it) is named by nobody
-            # and goes back to the queue when that deadline passes.
-            # A deadline is rewritten once half the lease is used, not at every beat (rewriting every
-            # live row several times a second was most of the database's writes at scale): a named
-            # lease always keeps at least half of leaseSeconds, and beats come every sixth or less.
-            # By primary key, with the other changes (an UPDATE … WHERE attempt_id IN … AND state
-            # = 'leased' lets SQLite walk the state index: every leased row of the database).
-            for aid in alive:
-                if (items[aid]["deadline"] or 0.0) < now + cache.lease_seconds / 2:
-                    change(items[aid], deadline=now + cache.lease_seconds)
-            if changes:
-                s.exec(update(ItemRow), params=list(changes.values()))  # ORM bulk UPDATE by primary key
-            s.commit()
+                # Only the leases the daemon names are extended. One granted but not yet in a beat is
+                # covered by its own deadline (lease_seconds from the grant); one whose lease answer
+                # never reached the daemon (the controller died while sending it) is named by nobody
+                # and goes back to the queue when that deadline passes.
+                # A deadline is rewritten once half the lease is used, not at every beat (rewriting every
+                # live row several times a second was most of the database's writes at scale): a named
+                # lease always keeps at least half of leaseSeconds, and beats come every sixth or less.
+                # By primary key, with the other changes (an UPDATE … WHERE attempt_id IN … AND state
+                # = 'leased' lets SQLite walk the state index: every leased row of the database).
+                if (item.deadline or 0.0) < now + cache.lease_seconds / 2:
+                    item.deadline = now + cache.lease_seconds
+                    changed[item.id] = item
+                    moved.add(item.id)
+            if changed:
+                plain.save_beat(tx.db, changed.values(), moved)
+            if lease is not None:
+                resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
         return resp
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import uuid
 from typing import Callable
 
@@ -28,7 +29,7 @@ class NodeRegistry:
     def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.engine, self.jobs, self.clock = engine, jobs, clock
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
-        self._job_of: dict[str, str] = {}  # node id → its job's key: a node never changes job
+        self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
 
     def register(self, req: RegisterRequest) -> RegisterResponse:
         if req.protocol != NODE_PROTOCOL:
@@ -47,7 +48,7 @@ class NodeRegistry:
             active = s.exec(select(func.count()).where(NodeRow.job == req.job,
                                                        NodeRow.state == DaemonState.active)).one()
         self._seen[node.id] = now
-        self._job_of[node.id] = req.job
+        self._job[node.id] = req.job
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
@@ -62,15 +63,30 @@ class NodeRegistry:
         self._seen[node_id] = self.clock()  # liveness is kept in memory: no write per call
         return node
 
+    def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
+        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life."""
+        row = db.execute("SELECT job, state FROM nodes WHERE id = ?", (node_id,)).fetchone()
+        if row is not None and row[1] != DaemonState.gone:
+            self._seen[node_id] = self.clock()
+            self._job[node_id] = row[0]
+        return row
+
     def job_of(self, node_id: str) -> str | None:
-        """The key of the job `node_id` registered for; None for a node never registered."""
-        if node_id not in self._job_of:
+        """The key of the job `node_id` registered for (a node's job never changes); None for one never registered."""
+        if node_id not in self._job:
             with Session(self.engine) as s:
                 node = s.get(NodeRow, node_id)
                 if node is None:
                     return None
-                self._job_of[node_id] = node.job
-        return self._job_of[node_id]
+                self._job[node_id] = node.job
+        return self._job[node_id]
+
+    def caller(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str]:
+        """`node` as plain (job, state)."""
+        row = self.lookup(db, node_id)
+        if row is None or row[1] == DaemonState.gone:
+            raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
+        return row
 
     def nodes(self, job: str) -> list[NodeRow]:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -97,10 +113,14 @@ class NodeRegistry:
     def retire_silent(self, s: Session, now: float) -> None:
         """Nodes silent for long are gone. Their leases expire on their own deadlines; this only
         retires the node record, so it can wait out a daemon's start-up (imports and the tokenizer
-        take several seconds on a busy node, before its first beat)."""
-        for node in s.exec(select(NodeRow).where(NodeRow.state != DaemonState.gone)):
-            cache = self.jobs.cached(node.job)
-            seen = self._seen.setdefault(node.id, now)
+        take several seconds on a busy node, before its first beat). Plain rows: this runs every half
+        second over every node (a thousand ORM objects each time, at a thousand nodes)."""
+        db = s.connection().connection.driver_connection
+        silent = []
+        for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):
+            cache = self.jobs.cached(job)
+            seen = self._seen.setdefault(node_id, now)
             if now - seen > max(cache.lease_seconds if cache else 30.0, NODE_SILENCE_SECONDS):
-                node.state, node.last_seen = DaemonState.gone, seen
-                s.add(node)
+                silent.append((DaemonState.gone.value, seen, node_id))
+        if silent:
+            db.executemany("UPDATE nodes SET state = ?, last_seen = ? WHERE id = ?", silent)

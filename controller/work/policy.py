@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -48,6 +49,15 @@ class PolicyVersions:
             s.add(row)
             s.flush()
         return row
+
+    def plain(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
+        """`row` as plain (version JSON, history JSON, paused), the row created on first use."""
+        row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
+        if row is None:
+            default = PolicyRow(job=job)
+            row = (default.version, default.history, default.paused)
+            db.execute("INSERT INTO policies (job, version, history, paused) VALUES (?, ?, ?, ?)", (job, *row))
+        return row[0], row[1], bool(row[2])
 
     def version(self, job: str) -> int | str | None:
         with Session(self.engine, expire_on_commit=False) as s:

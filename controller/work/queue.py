@@ -9,6 +9,7 @@ the event loop inside the caller's short SQLite transaction, so nothing locks be
 """
 from __future__ import annotations
 
+import sqlite3
 from typing import Callable
 
 from sqlalchemy import func
@@ -17,6 +18,7 @@ from sqlmodel import Session, select
 
 from .backends import BackendPool
 from .jobs import Wakeups
+from .plain import LIVE_SQL, Item
 from .states import LIVE, ItemState
 from .tables import ItemRow
 
@@ -39,13 +41,13 @@ class ItemQueue:
         for k in range(samples):
             s.add(ItemRow(job=job, prompt=prompt, sample=k, queued_at=now, group_id=group_id))
 
-    def release(self, item: ItemRow) -> None:
+    def release(self, item: ItemRow | Item) -> None:
         """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
         if item.holds_backend:
             self.pool.release(item.backend, item.job)
             item.holds_backend = False
 
-    def requeue(self, item: ItemRow, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:
+    def requeue(self, item: ItemRow | Item, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:
         """Back to the queue, or failed (infra) once `max_attempts` are used up. Returns the new state.
         `keep_attempt`: the attempt was not the rollout's fault (given back unstarted, or the
         backend's outage): it is not counted."""
@@ -61,7 +63,7 @@ class ItemQueue:
             item.queued_at = self.clock()
         return item.state
 
-    def finish(self, item: ItemRow, state: ItemState) -> None:
+    def finish(self, item: ItemRow | Item, state: ItemState) -> None:
         """The attempt's result is final: done, or failed (a configuration error)."""
         self.release(item)
         item.state, item.stage, item.deadline = state, None, None
@@ -77,20 +79,16 @@ class ItemQueue:
             self.cancel_item(item)
             s.add(item)
 
-    def has_live(self, s: Session, job: str) -> bool:
-        """Whether `job` has an item still queued or leased."""
-        return s.exec(select(ItemRow.id).where(ItemRow.job == job, ItemRow.state.in_(LIVE)).limit(1)).first() \
-            is not None
-
-    def count_live(self, s: Session, job: str, at_most: int) -> int:
+    def count_live(self, db: sqlite3.Connection, job: str, at_most: int) -> int:
         """The job's live items, counted up to `at_most` (reads at most that many index entries)."""
-        capped = select(ItemRow.id).where(ItemRow.job == job, ItemRow.state.in_(LIVE)).limit(at_most).subquery()
-        return s.exec(select(func.count()).select_from(capped)).one()
+        return db.execute(f"SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT ?)",
+                          (job, at_most)).fetchone()[0]
 
-    def held(self, s: Session, job: str, node_id: str) -> int:
+    def held(self, db: sqlite3.Connection, job: str, node_id: str) -> int:
         """The items node `node_id` holds leased."""
-        return s.exec(select(func.count()).where(ItemRow.job == job, ItemRow.state == ItemState.leased,
-                                                 ItemRow.node_id == node_id)).one()
+        # by the node's index (`+`: not the (job, state) one, which holds every leased item of the job)
+        return db.execute("SELECT count(*) FROM items WHERE node_id = ? AND +job = ? AND +state = ?",
+                          (node_id, job, ItemState.leased.value)).fetchone()[0]
 
     def counts(self, job: str) -> list[tuple[str, str | None, int]]:
         """(state, stage, items) of the job."""

@@ -16,23 +16,25 @@ import json
 import logging
 from typing import Any, Callable
 
-from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.node import ResultAck, ResultBatch
+from rolloutd.crds.node import LeaseResponse, ResultAck, ResultBatch
+from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..errors import NotFound
+from . import plain
 from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed
 from .jobs import JobCache, Jobs
 from .nodes import NodeRegistry
+from .plain import Item
 from .policy import PolicyVersions, staleness
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
-from .tables import ItemRow, NodeRow, TrajectoryRow
+from .tables import ItemRow
 
 log = logging.getLogger("rolloutd.scheduler")
 
@@ -44,39 +46,41 @@ class ResultIntake:
         self.expansions, self.batches, self.feed, self.clock = expansions, batches, feed, clock
         self.on_idle: Callable[[str], None] | None = None  # the job may be finished now (last rollout, or failed)
 
-    def _outage(self, item: ItemRow, cache: JobCache) -> bool:
+    def _outage(self, item: Item, cache: JobCache) -> bool:
         """The item's backend is down and so is every other backend of its job: its failure is the
         outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
         pool = self.queue.pool
         return bool(item.backend) and not pool.healthy(item.backend) \
             and not any(pool.healthy(u) for u in cache.backends)
 
-    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
+    def results(self, node_id: str, batch: ResultBatch,
+                also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None) -> ResultAck:
+        """Apply a batch of results; `also` (the lease riding on the reply) runs in the same transaction once
+        they are, not when the batch is refused whole."""
         ack = ResultAck()
         woke: set[str] = set()
-        with Session(self.engine, expire_on_commit=False) as s:
-            node = s.get(NodeRow, node_id)
+        with plain.transaction(self.engine) as tx:
+            node = self.nodes.lookup(tx.db, node_id)
             if node is None:
                 raise NotFound(f"node {node_id} is not registered")
-            if node.state == DaemonState.gone:  # declared lost: its leases went back to the queue
+            job_name, node_state = node
+            if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue
                 return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
-            node.last_seen = self.clock()
             try:
-                job = self.jobs.get(node.job)
+                job = self.jobs.get(job_name)
                 cache = self.jobs.sync(job)
             except NotFound:
-                s.commit()
                 return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
-            history = json.loads(self.policy.row(s, node.job).history)
             max_stale = job.spec.policy.max_staleness
+            history = json.loads(self.policy.plain(tx.db, job_name)[1]) if max_stale is not None else []
             settled: list[int] = []
             config_error = ""
             delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
-            ids = [r.attempt_id for r in batch.results]
-            items = {i.attempt_id: i for i in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(ids)))}
+            items = plain.items_by_attempt(tx.db, [r.attempt_id for r in batch.results])
+            changed: dict[int, Item] = {}
             for res in batch.results:
                 item = items.get(res.attempt_id)
-                if item is None or item.state != ItemState.leased or item.node_id != node.id:
+                if item is None or item.state != ItemState.leased or item.node_id != node_id:
                     why = "stale attempt: the lease expired or the item was re-leased"
                     if item is not None and item.state == ItemState.cancelled:
                         why = "cancelled"
@@ -86,13 +90,13 @@ class ResultIntake:
                                                        "attempt": item.attempt})
                 if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
                     self.queue.finish(item, ItemState.failed)
-                    self.feed.deliver(s, item, t, delivered)
+                    self.feed.deliver(None, item, t, delivered)
                     config_error = config_error or t.failure.reason or "configuration error"
                 elif t.failure.kind == FailureKind.infra:
                     state = self.queue.requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
                                                keep_attempt=self._outage(item, cache))
                     if state == ItemState.failed:
-                        self.feed.deliver(s, item, t, delivered)
+                        self.feed.deliver(None, item, t, delivered)
                         settled.append(item.group_id)
                     woke.add(item.job)
                 elif max_stale is not None and staleness(t, history) > max_stale:
@@ -101,24 +105,27 @@ class ResultIntake:
                     woke.add(item.job)
                 else:
                     self.queue.finish(item, ItemState.done)
-                    self.feed.deliver(s, item, t, delivered)
+                    self.feed.deliver(None, item, t, delivered)
                     settled.append(item.group_id)
-                s.add(item)
+                changed[item.id] = item
                 ack.accepted.append(res.attempt_id)
-            if delivered:
-                s.exec(insert(TrajectoryRow), params=delivered)  # in order: their seqs follow the batch
-            s.flush()
+            if changed:
+                plain.save(tx.db, changed.values())
+            if delivered:  # in order: their seqs follow the batch
+                self.feed.insert(tx.db, delivered)
             for gid in settled:
                 if gid is not None:
-                    self.batches.group_settled(s, job, gid)
+                    self.batches.group_settled(tx.session(), job, gid)
             if config_error:
-                self.expansions.fail(s, job.metadata.key, config_error)
-                self.queue.cancel_live(s, job.metadata.key)  # they would fail the same way
-            s.commit()
-            if config_error and self.on_idle is not None:
-                self.on_idle(job.metadata.key)  # the reconciler marks it Failed now
-            if settled and self.on_idle is not None and not self.queue.has_live(s, job.metadata.key):
-                self.on_idle(job.metadata.key)  # its last rollout: the job may be complete now
+                self.expansions.fail(tx.session(), job_name, config_error)
+                self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
+            idle = bool(settled) and self.on_idle is not None and not plain.has_live(tx.db, job_name)
+            if also is not None:
+                ack.lease = also(tx, job)
+        if config_error and self.on_idle is not None:
+            self.on_idle(job_name)  # the reconciler marks it Failed now
+        if idle:
+            self.on_idle(job_name)  # its last rollout: the job may be complete now
         for name in woke:
             self.queue.wake(name)
         return ack

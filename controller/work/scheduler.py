@@ -30,10 +30,10 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
-from ..errors import BadRequest, Conflict
+from ..errors import BadRequest, Conflict, NotFound
 from ..ports import Progress
 from ..store import Store
-from . import tables
+from . import plain, tables
 from .admission import Admission
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
@@ -70,7 +70,8 @@ class Scheduler:
         self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
         self.health_interval = health_interval
         http = BackendHttp()
-        self.health = HealthProbe(self.pool, http, clock, check=health_check, timeout=health_timeout,
+        # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
+        self.health = HealthProbe(self.pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
         self.queue = ItemQueue(self.engine, self.pool, clock)
@@ -101,11 +102,22 @@ class Scheduler:
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         return await self.leases.lease(node_id, max_items, wait)
 
-    def heartbeat(self, node_id: str, hb: Heartbeat) -> HeartbeatResponse:
-        return self.leases.heartbeat(node_id, hb)
+    def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
+        return self.leases.heartbeat(node_id, hb, lease)
 
-    def results(self, node_id: str, batch: ResultBatch) -> ResultAck:
-        return self.intake.results(node_id, batch)
+    def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
+        def also(tx: plain.Tx, job: RolloutJob) -> LeaseResponse:  # in the results' transaction: one commit
+            return self.leases.lease_now(node_id, lease, tx, job)
+
+        ack = self.intake.results(node_id, batch, also if lease is not None else None)
+        if lease is not None and ack.lease is None:  # the results were refused whole (node lost, job deleted)
+            try:
+                ack.lease = self.leases.lease_now(node_id, lease)
+            except NotFound:  # a node declared lost still gets its results' answer; its lease call says 404
+                ack.lease = LeaseResponse()
+        return ack
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         return self.leases.give_back(node_id, attempt_ids, reason)
@@ -268,6 +280,7 @@ class Scheduler:
             await asyncio.sleep(0.5)
 
     def stop(self) -> None:
+        self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()
         self.feed.stop()

@@ -385,3 +385,55 @@ def test_a_long_queue_leaves_every_node_its_free_slots_and_a_short_one_caps_them
     assert len(lease(sched, node, 4)) == 4  # 40 live over 2 nodes: 20 each, far more than 4
     assert len(lease(sched, node, 100)) == 16  # ceil(40 / 2) = 20, minus the 4 it holds
     assert lease(sched, node, 100) == []
+
+
+def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
+    """The controller's loop stuck for a second (a thousand nodes' calls queued) while a probe waits: the
+    backend answered at once, so it stays healthy even with no grace for slowness at all."""
+    import http.server
+    import threading
+    import time
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        store, sched, clock, job = make(tmp_path, backends=(url,))
+        reg(sched)
+        sched.health.timeout, sched.health.slow_grace = 0.2, 0.0  # a timeout would mark it down at once
+
+        async def go():
+            probe = asyncio.create_task(sched.check_health())
+            await asyncio.sleep(0.02)  # the probe is on its way
+            time.sleep(1.0)  # the loop does not come back for a second
+            await probe
+
+        asyncio.run(go())
+        assert sched.pool.healthy(url), sched.pool.unhealthy
+    finally:
+        sched.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path):
+    from rolloutd.controller.errors import NotFound
+    from rolloutd.controller.work.nodes import NODE_SILENCE_SECONDS
+
+    store, sched, clock, job = make(tmp_path)
+    quiet, talking = reg(sched, "quiet"), reg(sched, "talking")
+    clock.t += NODE_SILENCE_SECONDS + 1
+    sched.heartbeat(talking, Heartbeat())
+    sched.expire()
+    assert [(n.id, n.state) for n in sched.nodes("math-demo")] == [(talking, "active")]  # `nodes` omits the gone
+    with pytest.raises(NotFound):
+        sched.heartbeat(quiet, Heartbeat())

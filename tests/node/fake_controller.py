@@ -86,6 +86,9 @@ class FakeController:
         self.drain = False
         self.say_unknown = True                     # heartbeat: attempts not leased → unknown
         self.results_script: list[Any] = []
+        self.piggyback = False                      # answer `?lease=N` on beats and results (else ignore it)
+        self.piggybacked = 0                        # leases that rode on those replies
+        self.lease_calls = 0
         self.hold_next_lease = False
         self.lease_held = threading.Event()
         self.release_lease = threading.Event()
@@ -164,8 +167,20 @@ class FakeController:
         def authorized(request: Request) -> bool:
             return request.headers.get("authorization") == f"Bearer {self.token}"
 
-        def ok(model) -> JSONResponse:
-            return JSONResponse(model.wire())
+        def ok(model) -> JSONResponse:  # as the controller: `lease` only for a caller that asked
+            return JSONResponse(model.wire(exclude={"lease"} if getattr(model, "lease", True) is None else None))
+
+        def riding(request: Request):
+            """`?lease=N` answered (with `piggyback` on; else ignored, as an older controller does)."""
+            asked = request.query_params.get("lease")
+            if not self.piggyback or asked is None:
+                return None
+            with self.cond:
+                leases = [self._lease(item) for item in self.queue[: int(asked)]]
+                del self.queue[: len(leases)]
+                self.piggybacked += len(leases)
+                self.cond.notify_all()
+                return LeaseResponse(leases=leases, done=not leases and self.done())
 
         unauthorized = JSONResponse({"message": "bad token"}, status_code=401)
 
@@ -191,6 +206,7 @@ class FakeController:
             if not authorized(request):
                 return unauthorized
             req = LeaseRequest.model_validate(await request.json())
+            self.lease_calls += 1
             if self.hold_next_lease:
                 self.hold_next_lease = False
                 with self.cond:
@@ -230,6 +246,7 @@ class FakeController:
                     elif aid in self.repins:
                         resp.repin[aid] = self.repins.pop(aid)
                 self.cond.notify_all()
+            resp.lease = riding(request)
             return ok(resp)
 
         @app.post(f"{P}/{{node_id}}/results")
@@ -266,6 +283,7 @@ class FakeController:
                 self.cond.notify_all()
             if action == "lose":
                 return JSONResponse({"message": "reply lost"}, status_code=503)
+            ack.lease = riding(request)
             return ok(ack)
 
         @app.post(f"{P}/{{node_id}}/return")
