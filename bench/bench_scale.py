@@ -5,8 +5,10 @@ production one: uvicorn, SQLite WAL, the local executor asked for 0 nodes), one 
 with 4 backends (a `/health` stub) and enough items for the run, and N simulated daemons
 (`simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
 rollouts last lognormal(median 40 s, σ 0.5) / `$ROLLOUTD_SCALE_TIME_FACTOR` (default 1); leases
-long-poll 1.5 s; beats every `heartbeatSeconds` (from registration) and on stage changes at most
-every `heartbeat_min_gap`; results coalesced 5 ms, ≤ 64 per call (every daemon timing is divided
+ride on beat and results replies (a 1.5 s long-poll after a short answer); beats every
+`heartbeatSeconds` (from registration) and on stage changes at most every `heartbeat_min_gap`;
+results coalesced by `crds.node.result_coalesce` (5 ms up to 100 nodes, 250 ms at 1000), ≤ 64 per
+call (every daemon timing is divided
 by the same factor). The first 64 rollouts of each node start at a random point of their life,
 so the cluster is in a steady state from the first second and a 30 s window measures it.
 
