@@ -79,7 +79,9 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
             seen = [(await sandbox.bash(probe)).output.split()[-1] for probe in (agent_probe, proxied_probe)]
             leftover = (await sandbox.bash("sleep 1000 > /dev/null 2>&1 & echo $!")).output.split()[-1]
             reward = await handler.eval(task, sandbox, Trajectory(job="j", prompt=0, sample=0))
-            alive = (await sandbox.bash(f"kill -0 {leftover} 2>/dev/null && echo alive || echo gone",
+            # a zombie runs nothing (init reaps it within a moment): only another state is alive
+            alive = (await sandbox.bash(f"read -r s < /proc/{leftover}/stat 2>/dev/null && s=${{s##*) }} && "
+                                        f"[ ${{s%% *}} != Z ] && echo alive || echo gone",
                                         session="after")).output.split()[-1]
             return seen, reward, alive
 
