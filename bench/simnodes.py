@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -395,8 +397,10 @@ class Shard:
         await asyncio.wait(senders, timeout=60)
         for t in senders:
             t.cancel()
-        await asyncio.gather(*tasks, *senders, return_exceptions=True)
-        await self.wire.transport.aclose()
+        # bounded: a cancelled call inside the keep-alive pool sometimes never returned, and the shard hung
+        await asyncio.wait(tasks + senders, timeout=30)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.wire.transport.aclose(), 10)
         return {"ledger": self.ledger.to_json(), "accepted_at": self.accepted_at,
                 "latency": {k: v for k, v in self.wire.latency.items()}, "errors": dict(self.wire.errors),
                 "failed_loops": failed[:10], "n_failed_loops": len(failed),
@@ -405,10 +409,12 @@ class Shard:
 
 def main(argv: list[str]) -> int:
     cfg = json.loads(open(argv[0]).read())
-    out = asyncio.run(Shard(cfg).run())
+    # not asyncio.run: its clean-up waits for every leftover task, and one stuck in a cancelled call hung the shard
+    out = asyncio.new_event_loop().run_until_complete(Shard(cfg).run())
     with open(argv[1], "w") as f:
         json.dump(out, f)
-    return 0
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
