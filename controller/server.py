@@ -69,7 +69,6 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        stop_checkpoints = store.checkpoint_in_background()
         tasks = [asyncio.create_task(scheduler.run(), name="scheduler")]
         stop = asyncio.Event()
         if operator:
@@ -100,7 +99,6 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-            stop_checkpoints()
 
     app.router.lifespan_context = lifespan
     return app

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import event, func
 from sqlmodel import Session, SQLModel, create_engine, select
@@ -26,7 +25,6 @@ class StoreDB:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._autocheckpoint = 1000  # SQLite's default (pages); 0 while `checkpoint_in_background` runs
         self.engine = create_engine(
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
         )
@@ -37,7 +35,6 @@ class StoreDB:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute(f"PRAGMA wal_autocheckpoint={self._autocheckpoint}")
             cur.close()
 
         self._lock = threading.RLock()
@@ -63,36 +60,6 @@ class StoreDB:
                     row.version += 1
                     s.add(row)
             s.commit()
-
-    def checkpoint_in_background(self, interval: float = 0.25) -> Callable[[], None]:
-        """Copy the WAL into the database from a thread of its own until the returned function is called.
-        By default the commit that fills the WAL does it (4 MB, then an fsync) on the caller's thread: the
-        controller's event loop, where every node call queued behind it. sqlite3 releases the GIL while
-        it checkpoints, so here it takes the other core; PASSIVE never blocks readers or writers."""
-        stop = threading.Event()
-        self._autocheckpoint = 0
-        self.engine.dispose()  # pooled connections reopen without their own checkpoints
-
-        def run() -> None:
-            db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            try:
-                while not stop.wait(interval):
-                    try:
-                        db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    except sqlite3.Error:  # busy at worst: the next round copies what this one could not
-                        pass
-            finally:
-                db.close()
-
-        thread = threading.Thread(target=run, name="wal-checkpoint", daemon=True)
-        thread.start()
-
-        def done() -> None:
-            stop.set()
-            thread.join(5)
-            self._autocheckpoint = 1000
-            self.engine.dispose()
-        return done
 
     def schema_version(self) -> int:
         with Session(self.engine) as s:
