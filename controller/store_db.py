@@ -19,6 +19,12 @@ from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventR
                            utcnow)
 
 
+# Per connection: a page cache that holds the node protocol's working set at a thousand nodes (the items and
+# their indexes, ~100 MB of database), and the file mapped so a page missing from it costs no read call.
+CACHE_KIB = 64 << 10
+MMAP_BYTES = 1 << 30
+
+
 class StoreDB:
     """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
 
@@ -26,7 +32,10 @@ class StoreDB:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.engine = create_engine(
-            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30}
+            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30},
+            # LIFO: the event loop's calls, one after another, reuse the connection the last one returned, whose
+            # page cache is warm (a FIFO pool rotates them, and each starts cold: ~90 page reads per node call)
+            pool_use_lifo=True,
         )
 
         @event.listens_for(self.engine, "connect")
@@ -35,6 +44,8 @@ class StoreDB:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            cur.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
             cur.close()
 
         self._lock = threading.RLock()
