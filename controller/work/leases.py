@@ -140,12 +140,11 @@ class Leases:
             self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
             version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
             resp.policy_version = json.loads(version)
-            # A beat names every live lease of the node, several times a second: read them as plain
-            # rows and write only what changed (a stage, a released or re-pinned backend); the
-            # deadlines of the named leases move with them below, once half used.
+            # A beat names every live lease of the node: read them as plain rows and write only what
+            # changed (a stage, a released or re-pinned backend); their renewals are kept in memory.
             items = plain.items_by_attempt(tx.db, set(hb.stages) | set(hb.left_run))
             changed: dict[int, plain.Item] = {}
-            moved: set[int] = set()  # their deadline changed
+            renew, until = self.queue.renewals.renew, now + cache.lease_seconds
 
             def release(item: plain.Item) -> None:
                 if item.holds_backend:
@@ -179,18 +178,11 @@ class Leases:
                 # Only the leases the daemon names are extended. One granted but not yet in a beat is
                 # covered by its own deadline (lease_seconds from the grant); one whose lease answer
                 # never reached the daemon (the controller died while sending it) is named by nobody
-                # and goes back to the queue when that deadline passes.
-                # A deadline is rewritten once half the lease is used, not at every beat (rewriting every
-                # live row several times a second was most of the database's writes at scale): a named
-                # lease always keeps at least half of leaseSeconds, and beats come every sixth or less.
-                # By primary key, with the other changes (an UPDATE … WHERE attempt_id IN … AND state
-                # = 'leased' lets SQLite walk the state index: every leased row of the database).
-                if (item.deadline or 0.0) < now + cache.lease_seconds / 2:
-                    item.deadline = now + cache.lease_seconds
-                    changed[item.id] = item
-                    moved.add(item.id)
+                # and goes back to the queue when that deadline passes. In memory: the expiry pass writes
+                # a renewal down once half the stored lease is used (`renewals`).
+                renew(aid, until)
             if changed:
-                plain.save_beat(tx.db, changed.values(), moved)
+                plain.save_beat(tx.db, changed.values())
             if lease is not None:
                 resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
         return resp

@@ -102,14 +102,10 @@ def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
     db.executemany(_SAVE, [[getattr(i, c) for c in _SAVED] + [i.id] for i in items])
 
 
-def save_beat(db: sqlite3.Connection, items: Iterable[Item], moved: set[int]) -> None:
-    """A beat's changes: stage and backend pin, and the deadline only where it `moved` (an indexed column:
-    rewriting it unchanged still rewrites its index entries)."""
-    rows = list(items)
+def save_beat(db: sqlite3.Connection, items: Iterable[Item]) -> None:
+    """A beat's changes: stage and backend pin (its renewals stay in memory, see `renewals`)."""
     db.executemany("UPDATE items SET stage = ?, backend = ?, holds_backend = ? WHERE id = ?",
-                   [(i.stage, i.backend, i.holds_backend, i.id) for i in rows])
-    if moved:
-        db.executemany("UPDATE items SET deadline = ? WHERE id = ?", [(i.deadline, i.id) for i in rows if i.id in moved])
+                   [(i.stage, i.backend, i.holds_backend, i.id) for i in items])
 
 
 def has_live(db: sqlite3.Connection, job: str) -> bool:
