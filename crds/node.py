@@ -4,7 +4,7 @@ The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.co
 + `controller/work/`) owns every decision. All calls are POSTs under
 `/apis/rolloutd.io/v1alpha1/nodes`, authenticated with the join token (`Authorization: Bearer`):
 
-    POST /nodes/register                 RegisterRequest  → RegisterResponse
+    POST /nodes/register                 RegisterRequest  → RegisterResponse  (`?features=…`: see FEATURES)
     POST /nodes/{node}/lease             LeaseRequest     → LeaseResponse     (long-poll up to `wait` s)
     POST /nodes/{node}/heartbeat         Heartbeat        → HeartbeatResponse (extends every lease)
     POST /nodes/{node}/results           ResultBatch      → ResultAck
@@ -54,6 +54,32 @@ def result_coalesce(interval: float) -> float:
     return min(0.25, max(0.005, (interval - 0.5) / 18))
 
 
+# Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with
+# those it serves in `RegisterResponse.features` (absent: an older controller, which ignores the parameter, or a
+# daemon that did not ask), so neither side meets a field it does not know, as with LEASE_PARAM.
+#   beat-results  a beat carries the node's finished results (`Heartbeat.results`) and its reply acknowledges
+#                 them (`HeartbeatResponse.accepted`/`dropped`): one call per beat instead of a beat and a
+#                 results call; beats come at most every `HeartbeatResponse.beatGap` s (the controller's pacing)
+#   beat-deltas   a beat prompted by a change names only what changed since the last answered beat
+#                 (`Heartbeat.full` false); the timed beats, every `heartbeatSeconds`, name every live lease
+#                 and are the ones that renew leases
+FEATURES_PARAM = "features"
+BEAT_RESULTS, BEAT_DELTAS = "beat-results", "beat-deltas"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS)
+
+# The controller paces daemons that send results on beats: together they send at most this many beats a
+# second (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats at most every (active nodes ÷ budget) s: 5 ms for
+# a handful of nodes, 2 s at a thousand. One Python event loop answers ~1000 such calls a second; half of
+# that keeps it unsaturated, which is what keeps every call's latency low (a saturated loop queues them all).
+NODE_CALLS_PER_SECOND = 500.0
+MIN_BEAT_GAP = 0.005
+
+
+def beat_gap(active_nodes: int, calls_per_second: float = NODE_CALLS_PER_SECOND) -> float:
+    """The least gap between two beats of one daemon when `active_nodes` daemons share the budget."""
+    return max(MIN_BEAT_GAP, active_nodes / max(calls_per_second, 1.0))
+
+
 class RegisterRequest(Model):
     job: str
     protocol: int | None = Field(default=None, description="NODE_PROTOCOL of the daemon (None: a daemon from "
@@ -73,6 +99,8 @@ class RegisterResponse(Model):
     generation: int
     lease_seconds: float
     heartbeat_seconds: float
+    features: list[str] | None = Field(default=None, description="the asked FEATURES this controller serves "
+                                                                  "(absent: none asked)")
 
 
 class LeaseRequest(Model):
@@ -105,12 +133,21 @@ class LeaseResponse(Model):
 LEASE_PARAM = "lease"
 
 
+class Result(Model):
+    attempt_id: str
+    trajectory: Trajectory
+
+
 class Heartbeat(Model):
     stages: dict[str, Stage] = Field(default_factory=dict, description="attemptId → stage of every live lease")
     left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
     llm_inflight: int = Field(default=0, description="LLM requests this node has in flight right now")
     llm_held: bool = Field(default=False, description="this node holds new LLM requests (it saw llmPaused)")
     policy_version: int | str | None = Field(default=None, description="the version this node tags new requests with")
+    full: bool = Field(default=True, description="`stages` names every live lease, and the beat renews them; false "
+                                                 "(beat-deltas): only the stages changed since the last answered beat")
+    results: list[Result] = Field(default_factory=list, description="finished results (beat-results), applied as "
+                                                                    "POST …/results applies them")
 
 
 class HeartbeatResponse(Model):
@@ -122,11 +159,10 @@ class HeartbeatResponse(Model):
     policy_version: int | str | None = None
     llm_paused: bool = Field(default=False, description="hold new LLM requests (weights are being updated)")
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
-
-
-class Result(Model):
-    attempt_id: str
-    trajectory: Trajectory
+    # beat-results only (absent for a daemon that did not register with the feature):
+    accepted: list[str] | None = Field(default=None, description="the beat's results accepted")
+    dropped: dict[str, str] | None = Field(default=None, description="attemptId → why the beat's result was not accepted")
+    beat_gap: float | None = Field(default=None, description="beat at most this often (s): the controller's pacing")
 
 
 class ResultBatch(Model):
