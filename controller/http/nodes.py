@@ -1,6 +1,6 @@
 """The node-daemon protocol: thin routes over the scheduler's node methods.
 
-    POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register | /{node}/lease
+    POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register (`?features=…`) | /{node}/lease
          | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister   (join token or admin token)
          (heartbeat and results take `?lease=N`: leases ride on the reply, `crds.node.LEASE_PARAM`)
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
-from rolloutd.crds.node import Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
+from rolloutd.crds.node import FEATURES_PARAM, Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
 
 from ..errors import BadRequest, NotFound
 from ..work.scheduler import Scheduler
@@ -29,10 +29,20 @@ NODES = f"{API_PREFIX}/nodes"
 JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 
+# reply fields that only go to a daemon that asked for them (`?lease=N`, `?features=…`): an older one does not
+# know them, and its models refuse unknown fields
+ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap")
+
+
 def _ok(model: BaseModel) -> Response:
-    # a reply's `lease` only goes to a daemon that asked for it (an older one does not know the field)
-    unasked = {"lease"} if getattr(model, "lease", True) is None else None
+    unasked = {f for f in ASKED_ONLY if f in type(model).model_fields and getattr(model, f) is None} or None
     return Response(model.model_dump_json(by_alias=True, exclude=unasked), media_type="application/json")
+
+
+def _features(request: Request) -> list[str] | None:
+    """`?features=a,b` of a register call (None: not asked)."""
+    raw = request.query_params.get(FEATURES_PARAM)
+    return None if raw is None else [f for f in raw.split(",") if f]
 
 
 def _owned(scheduler: Scheduler, node_id: str, request: Request) -> str:
@@ -55,11 +65,11 @@ def node_router(scheduler: Scheduler) -> APIRouter:
         if split_key(req.job) not in ((namespace, name), ("default", name)):
             raise BadRequest(f"the body's job {req.job!r} is not the path's rolloutjob {namespace}/{name}")
         req.job = job_key(namespace, name)
-        return _ok(scheduler.register(req))
+        return _ok(scheduler.register(req, _features(request)))
 
     @r.post(f"{NODES}/register")
     async def register(request: Request):
-        return _ok(scheduler.register(await read_model(request, RegisterRequest)))
+        return _ok(scheduler.register(await read_model(request, RegisterRequest), _features(request)))
 
     for prefix in (JOB_NODES, NODES):  # a node id names its job; a namespaced path must name the same one
         @r.post(f"{prefix}/{{node_id}}/lease")
@@ -69,7 +79,7 @@ def node_router(scheduler: Scheduler) -> APIRouter:
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
-            hb = await read_model_fast(request, Heartbeat)
+            hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
             return _ok(scheduler.heartbeat(_owned(scheduler, node_id, request), hb, lease))
 
         @r.post(f"{prefix}/{{node_id}}/results")

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from rolloutd.agents.aiokit import wait_event
-from rolloutd.crds.node import Heartbeat, HeartbeatResponse, Lease, LeaseResponse
+from rolloutd.crds.node import BEAT_RESULTS, Heartbeat, HeartbeatResponse, Lease, LeaseResponse, Result, ResultAck
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import NotFound
@@ -36,6 +36,9 @@ class Leases:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.clock = expansions, batches, clock
         self.pool: BackendPool = queue.pool
+        # results riding on a beat (beat-results), applied in the beat's transaction: `results.ResultIntake.apply`
+        self.intake: Callable[[plain.Tx, str, RolloutJob, Any, list[Result]],
+                              tuple[ResultAck, Callable[[], None]]] | None = None
 
     def _fair_share(self, db: sqlite3.Connection, node_id: str, job_name: str, job: RolloutJob,
                     asked: int) -> tuple[int, int | None]:
@@ -125,24 +128,41 @@ class Leases:
             await wait_event(ev, left)
 
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
+        """A beat; with `lease` (the node's free slots) the next leases ride on the reply. A beat may carry the
+        node's finished results (beat-results: applied first, in the same transaction) and may name only the
+        stages that changed (`hb.full` false, beat-deltas): only a full beat renews the leases it names."""
         resp = HeartbeatResponse()
+        after = None
         with plain.transaction(self.engine) as tx:
             job_name, state = self.nodes.caller(tx.db, node_id)
+            paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
+            if paced:
+                resp.beat_gap = self.nodes.beat_gap()
             try:
                 job = self.jobs.get(job_name)
             except NotFound:  # the job was deleted: everything still running is to be cancelled
-                return HeartbeatResponse(cancel=list(hb.stages), drain=True)
+                resp.cancel, resp.drain = list(hb.stages), True
+                if hb.results:
+                    resp.accepted, resp.dropped = [], {r.attempt_id: "job deleted" for r in hb.results}
+                return resp
             cache = self.jobs.sync(job)
             resp.lease_seconds = cache.lease_seconds
             resp.drain = state == DaemonState.draining
             now = self.clock()
+            ended: set[str] = set()
+            if hb.results and self.intake is not None:
+                ack, after = self.intake(tx, node_id, job, cache, hb.results)
+                resp.accepted, resp.dropped = ack.accepted, ack.dropped
+                ended = set(ack.accepted) | set(ack.dropped)
+            elif paced:
+                resp.accepted, resp.dropped = [], {}
             self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
             version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
             resp.policy_version = json.loads(version)
-            # A beat names every live lease of the node: read them as plain rows and write only what
-            # changed (a stage, a released or re-pinned backend); their renewals are kept in memory.
-            items = plain.items_by_attempt(tx.db, set(hb.stages) | set(hb.left_run))
+            # A beat names the node's live leases (every one in a full beat): read them as plain rows and write
+            # only what changed (a stage, a released or re-pinned backend); their renewals are kept in memory.
+            named = {aid: stage for aid, stage in hb.stages.items() if aid not in ended}
+            items = plain.items_by_attempt(tx.db, set(named) | (set(hb.left_run) - ended))
             changed: dict[int, plain.Item] = {}
             renew, until = self.queue.renewals.renew, now + cache.lease_seconds
 
@@ -155,7 +175,7 @@ class Leases:
                 item = items.get(aid)
                 if item is not None and item.node_id == node_id:
                     release(item)
-            for aid, stage in hb.stages.items():
+            for aid, stage in named.items():
                 item = items.get(aid)
                 if item is None or item.node_id != node_id or item.state != ItemState.leased:
                     if item is not None and item.state == ItemState.cancelled:
@@ -175,16 +195,19 @@ class Leases:
                         item.backend, item.holds_backend = new, True
                         changed[item.id] = item
                         resp.repin[aid] = new
-                # Only the leases the daemon names are extended. One granted but not yet in a beat is
+                # Only the leases a full beat names are extended. One granted but not yet in a beat is
                 # covered by its own deadline (lease_seconds from the grant); one whose lease answer
                 # never reached the daemon (the controller died while sending it) is named by nobody
                 # and goes back to the queue when that deadline passes. In memory: the expiry pass writes
                 # a renewal down once half the stored lease is used (`renewals`).
-                renew(aid, until)
+                if hb.full:
+                    renew(aid, until)
             if changed:
                 plain.save_beat(tx.db, changed.values())
             if lease is not None:
                 resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
+        if after is not None:
+            after()
         return resp
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import uuid
 from typing import Callable
@@ -13,7 +14,8 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest, RegisterResponse, heartbeat_seconds
+from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest, RegisterResponse,
+                                beat_gap, heartbeat_seconds)
 
 from ..errors import BadRequest, Conflict, NotFound
 from .jobs import Jobs, closed
@@ -25,13 +27,29 @@ log = logging.getLogger("rolloutd.scheduler")
 NODE_SILENCE_SECONDS = 60.0
 
 
+def _calls_budget() -> float:
+    raw = os.environ.get("ROLLOUTD_NODE_CALLS_PER_SECOND", "")
+    try:
+        return float(raw) if raw else NODE_CALLS_PER_SECOND
+    except ValueError:
+        raise ValueError(f"ROLLOUTD_NODE_CALLS_PER_SECOND={raw!r}: expected a number of calls per second") from None
+
+
 class NodeRegistry:
     def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.engine, self.jobs, self.clock = engine, jobs, clock
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
         self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
+        self.features: dict[str, frozenset[str]] = {}  # node id → the protocol features it registered with
+        self.budget = _calls_budget()  # beats per second all beat-results daemons may send together
+        self.live = 0  # daemons not gone, counted by the silent-node pass (every half second)
 
-    def register(self, req: RegisterRequest) -> RegisterResponse:
+    def beat_gap(self) -> float:
+        """The least gap between two beats of one beat-results daemon: the controller's pacing."""
+        return beat_gap(self.live, self.budget)
+
+    def register(self, req: RegisterRequest, features: list[str] | None = None) -> RegisterResponse:
+        """`features`: those the daemon asked for (`crds.node.FEATURES_PARAM`); the answer names the ones served."""
         if req.protocol != NODE_PROTOCOL:
             raise BadRequest(f"node {req.name!r} speaks node protocol {req.protocol}, this controller "
                              f"{NODE_PROTOCOL}: run the same rolloutd version on the controller and the nodes")
@@ -49,11 +67,15 @@ class NodeRegistry:
                                                        NodeRow.state == DaemonState.active)).one()
         self._seen[node.id] = now
         self._job[node.id] = req.job
+        served = None if features is None else [f for f in features if f in FEATURES]
+        self.features[node.id] = frozenset(served or ())
+        self.live += 1
         lease = job.spec.pipeline.lease_seconds
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
                                 lease_seconds=lease,
-                                heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease))
+                                heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease),
+                                features=served)
 
     def node(self, s: Session, node_id: str) -> NodeRow:
         """The calling daemon's record (NotFound when it is not registered or was declared lost)."""
@@ -117,10 +139,13 @@ class NodeRegistry:
         second over every node (a thousand ORM objects each time, at a thousand nodes)."""
         db = s.connection().connection.driver_connection
         silent = []
+        live = 0
         for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):
+            live += 1
             cache = self.jobs.cached(job)
             seen = self._seen.setdefault(node_id, now)
             if now - seen > max(cache.lease_seconds if cache else 30.0, NODE_SILENCE_SECONDS):
                 silent.append((DaemonState.gone.value, seen, node_id))
+        self.live = live - len(silent)
         if silent:
             db.executemany("UPDATE nodes SET state = ?, last_seen = ? WHERE id = ?", silent)

@@ -84,6 +84,7 @@ class Scheduler:
                              self.batches, clock)
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
                                    self.expansions, self.batches, self.feed, clock)
+        self.leases.intake = self.intake.apply  # results riding on beats
 
     @property
     def on_idle(self) -> Callable[[str], None] | None:
@@ -96,8 +97,8 @@ class Scheduler:
 
     # ------------------------------------------------------------ node protocol (node routes)
 
-    def register(self, req: RegisterRequest) -> RegisterResponse:
-        return self.registry.register(req)
+    def register(self, req: RegisterRequest, features: list[str] | None = None) -> RegisterResponse:
+        return self.registry.register(req, features)
 
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         return await self.leases.lease(node_id, max_items, wait)
