@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import ssl
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
 from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
+    FEATURES_PARAM,
     LEASE_PARAM,
     Heartbeat,
     HeartbeatResponse,
@@ -103,14 +105,18 @@ class ControllerClient:
             # a controller of another version, or a proxy's error page with status 200
             raise ControllerError(f"POST {path}: unexpected reply: {e}"[:500], resp.status_code) from None
 
-    async def register(self, req: RegisterRequest) -> RegisterResponse:
-        return await self._post("/register", req, RegisterResponse)
+    async def register(self, req: RegisterRequest, features: Sequence[str] = ()) -> RegisterResponse:
+        """`features`: the `crds.node.FEATURES` to ask for (`?features=a,b`); the reply's `features` are those
+        served (None: an older controller, which ignores the parameter)."""
+        path = f"/register?{FEATURES_PARAM}={','.join(features)}" if features else "/register"
+        return await self._post(path, req, RegisterResponse)
 
     async def lease(self, node_id: str, req: LeaseRequest) -> LeaseResponse:
         return await self._post(f"/{node_id}/lease", req, LeaseResponse, timeout=req.wait + self.timeout)
 
-    async def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """A beat; `lease`: ask for that many leases on the reply (`crds.node.LEASE_PARAM`)."""
+    async def heartbeat(self, node_id: str, hb: Heartbeat | bytes, lease: int | None = None) -> HeartbeatResponse:
+        """A beat (a `Heartbeat`, or its body already serialized: `beatbody.beat_body`); `lease`: ask for that
+        many leases on the reply (`crds.node.LEASE_PARAM`)."""
         return await self._post(_asking(f"/{node_id}/heartbeat", lease), hb, HeartbeatResponse)
 
     async def results(self, node_id: str, batch: ResultBatch | list[bytes], lease: int | None = None) -> ResultAck:

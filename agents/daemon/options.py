@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass, field
 
 from rolloutd.crds import nodeenv
+from rolloutd.crds.node import FEATURES
 
 class NodeError(Exception):
     """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
@@ -43,6 +44,7 @@ class NodeOptions:
     result_batch_bytes: int = 512 * 1024  # ... and bytes (the controller limits request bodies)
     heartbeat_min_gap: float = 0.05
     retry_max: float = 5.0               # longest back-off between retries to an unreachable controller
+    features: tuple[str, ...] = FEATURES  # node-protocol features asked for at registration (crds.node)
 
     @classmethod
     def from_env(cls, *, controller: str | None = None, job: str | None = None, name: str | None = None,
