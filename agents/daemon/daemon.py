@@ -21,7 +21,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rolloutd.crds.node import NODE_PROTOCOL, Lease, RegisterRequest, RegisterResponse, result_coalesce
+from rolloutd.crds.node import (
+    BEAT_DELTAS,
+    BEAT_RESULTS,
+    NODE_PROTOCOL,
+    Lease,
+    RegisterRequest,
+    RegisterResponse,
+    result_coalesce,
+)
 
 from ..aiokit import Backoff, wait_event
 from ..llm import LLMBackend
@@ -99,6 +107,7 @@ class NodeDaemon:
                              on_done=lambda: self._reach(Shutdown.DONE, "the job is done"),
                              on_drain=self._start_drain, stop_event=self._stop_event)
         self.heart.leaser = self.outbox.leaser = self.leaser  # leases ride on beats' and results' replies
+        self.outbox.beat_soon = self.heart.wake.set               # results ride on beats (beat-results)
         self.leaser.want_beat = self.heart.wake.set
         self._loops: list[asyncio.Task] = []
         self._lease_task: asyncio.Task | None = None
@@ -225,7 +234,7 @@ class NodeDaemon:
             if self._stop_requested_at is not None:
                 return False
             try:
-                resp = await self.client.register(req)
+                resp = await self.client.register(req, features=o.features)
                 break
             except ControllerError as e:
                 if e.status == 409:  # the job finished or is being deleted: nothing to do, not a failure
@@ -242,8 +251,11 @@ class NodeDaemon:
         self.node_id = self.outbox.node_id = self.heart.node_id = self.leaser.node_id = resp.node_id
         self.heart.interval = max(resp.heartbeat_seconds, 0.05)
         self.outbox.coalesce = max(o.result_coalesce, result_coalesce(resp.heartbeat_seconds))
-        self.log.info("registered with %s as node %s for job %s (generation %s)", o.controller, resp.node_id,
-                      resp.job, resp.generation)
+        served = set(resp.features or ()) & set(o.features)
+        self.outbox.on_beats = BEAT_RESULTS in served
+        self.heart.deltas = BEAT_DELTAS in served
+        self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,
+                      resp.node_id, resp.job, resp.generation, ",".join(sorted(served)) or "none")
         return True
 
     async def _set_up(self) -> None:

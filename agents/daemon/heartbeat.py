@@ -1,7 +1,11 @@
 """Heartbeats: every `heartbeatSeconds` and promptly on stage changes, the node tells the controller each live
 attempt's stage and which left RUN; the reply may cancel, repin, forget attempts, drain the node or hold the policy.
 
-`daemon.NodeDaemon` runs `Heartbeater.loop`; replies act on `rollouts.Rollouts` and `llmgate.PolicyGate`.
+With the features the controller serves (`crds.node.FEATURES`): beat-results, beats carry finished results (from
+`outbox.Outbox`, acknowledged by the reply) and come no closer than the reply's `beatGap`; beat-deltas, a beat
+prompted by a change names only the stages changed since the last answered beat (`beatbody.ToldStages`), the
+timed ones every live lease. `daemon.NodeDaemon` runs `Heartbeater.loop`; replies act on `rollouts.Rollouts` and
+`llmgate.PolicyGate`.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap
 
 from ..aiokit import wait_event
+from .beatbody import ToldStages, beat_body
 from .controller_client import ControllerClient, ControllerError
 from .lease import Leaser
 from .llmgate import PolicyGate
@@ -38,44 +43,90 @@ class Heartbeater:
         self.interval = 5.0               # from the registration
         self.wake = asyncio.Event()       # a stage changed: beat soon
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
-        self._last = 0.0
+        self.deltas = False                # beat-deltas served (set at registration)
+        self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
+        self._told = ToldStages()
+        self._last = 0.0                   # when the last beat was sent
+        self._last_full = 0.0              # ... and the last full one (beat-deltas: the next timed beat is due)
+        self._one_at_a_time = asyncio.Lock()  # the loop's beat and the daemon's last one at exit
+
+    def least_gap(self) -> float:
+        """Beats come no closer than this: the controller's `beatGap` once it gave one, else a share of the interval."""
+        pacing = self.beat_gap if self.beat_gap is not None else heartbeat_min_gap(self.interval)
+        return max(self.opts.heartbeat_min_gap, pacing)
+
+    def _until_timed_beat(self) -> float:
+        if not self.deltas:
+            return self.interval
+        # change-prompted beats do not renew leases: the timed beat is due an interval after the last full one
+        return self._last_full + self.interval - time.monotonic()
 
     async def loop(self) -> None:
         while True:
-            await wait_event(self.wake, self.interval)
-            least = max(self.opts.heartbeat_min_gap, heartbeat_min_gap(self.interval))
-            gap = self._last + least - time.monotonic()
-            if gap > 0:
-                await asyncio.sleep(gap)   # coalesce a burst of stage changes into one beat
-            self.wake.clear()
-            await self.beat()
+            timed = not await wait_event(self.wake, self._until_timed_beat())
+            await self.beat(timed=timed)
 
-    async def beat(self) -> None:
+    async def beat(self, *, timed: bool = False) -> None:
+        async with self._one_at_a_time:
+            gap = self._last + self.least_gap() - time.monotonic()
+            if gap > 0:
+                await asyncio.sleep(gap)   # coalesce a burst of stage changes (and results) into one beat
+            self.wake.clear()
+            await self._beat(timed)
+
+    async def _beat(self, timed: bool) -> None:
         assert self.node_id is not None
         stages = self.rollouts.stages()
         for aid in self.outbox.pending:  # finished, result not acknowledged yet: keep the lease alive
             stages.setdefault(aid, "eval")
         left = set(self.rollouts.left_run)
-        self._last = time.monotonic()
+        now = self._last = time.monotonic()
+        full = not self.deltas or timed or self._told.full_due(now, self.interval)
+        if full:
+            self._last_full = now
+        carried = self.outbox.take_for_beat()
+        aids = [aid for aid, _ in carried]
+        hb = Heartbeat(stages=stages if full else self._told.changed(stages), left_run=sorted(left),
+                       llm_inflight=self.gate.inflight, llm_held=self.gate.paused, policy_version=self.gate.version,
+                       full=full)
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
-            resp = await self.client.heartbeat(self.node_id, Heartbeat(
-                stages=stages, left_run=sorted(left), llm_inflight=self.gate.inflight,
-                llm_held=self.gate.paused, policy_version=self.gate.version), lease=ask)
+            resp = await self.client.heartbeat(self.node_id, beat_body(hb, [body for _, body in carried],
+                                                                       deltas=self.deltas), lease=ask)
         except ControllerError as e:
-            if self.leaser is not None:
-                self.leaser.failed(ask)
-            self.stats["heartbeat_failures"] += 1
-            if e.gone:
-                self._on_gone(f"heartbeat: {e}")
-            else:
-                self.log.warning("heartbeat: %s", e)
+            self._failed(e, ask, aids)
             return
+        finally:
+            self.outbox.release(aids)  # settled below, before any other task runs
         self.stats["heartbeats"] += 1
+        if self.deltas:
+            self.stats["full_beats" if full else "delta_beats"] += 1
+            self._told.answered(stages, full=full, sent_at=now)
         self.rollouts.left_run -= left
+        if aids:
+            self.outbox.beat_answered(aids, resp)
+        if resp.beat_gap is not None:
+            self.beat_gap = resp.beat_gap
         self.apply(resp)
         if self.leaser is not None:
             await self.leaser.answered(ask, resp.lease, "beats")
+
+    def _failed(self, e: ControllerError, ask: int | None, carried: list[str]) -> None:
+        """Nothing the beat carried counts as told: the next beat carries its stages and results again."""
+        if self.leaser is not None:
+            self.leaser.failed(ask)
+        self.stats["heartbeat_failures"] += 1
+        if e.gone:
+            self._on_gone(f"heartbeat: {e}")
+            return
+        self.log.warning("heartbeat: %s", e)
+        if carried and not e.retryable:
+            # refused (too large, or a result it cannot take): the results go by POST …/results, which splits a
+            # batch and stands in for a result refused alone; the stages go again on the next beat, without them
+            self.log.warning("heartbeat refused with %d result(s) on it: sending them by POST …/results",
+                             len(carried))
+            self.outbox.beat_refused(carried)
+            self.wake.set()
 
     def apply(self, resp: HeartbeatResponse) -> None:
         if resp.llm_paused != self.gate.paused or resp.policy_version != self.gate.version:

@@ -3,6 +3,9 @@
 `pipeline.Pipeline` puts results in (`submit`); the controller's ack (or `dropped`) takes them out. Batches
 are capped by count and bytes; a batch refused as too large (413) is resent one by one, and a result refused
 for good becomes an `infra` failure of its attempt (a stand-in), so no item is ever left leased.
+With beat-results served (`on_beats`), `heartbeat.Heartbeater` carries them on beats instead; the outbox's
+own POST …/results is left for those a beat cannot carry (too large, refused on a beat) and for `flush`.
+A result is on one call at most at a time (`in_flight`).
 """
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutd.crds.node import Lease, Result
+from rolloutd.crds.node import HeartbeatResponse, Lease, Result, ResultAck
 from rolloutd.crds.trajectory import Trajectory
 
-from ..aiokit import Backoff
+from ..aiokit import Backoff, wait_event
 from .controller_client import ControllerClient, ControllerError, result_json
 from .lease import Leaser
 from .options import NodeOptions
@@ -28,6 +31,15 @@ class Outgoing:
     body: bytes          # the Result's wire JSON, serialized once
     lease: Lease
     stub: bool = False   # a stand-in infra failure for a result the controller refused
+    direct: bool = False  # by POST …/results even when results ride on beats (too large for a beat, or refused on one)
+
+
+def _any(out: Outgoing) -> bool:
+    return True
+
+
+def _for_beats(out: Outgoing) -> bool:
+    return not out.direct
 
 
 class Outbox:
@@ -44,12 +56,21 @@ class Outbox:
         self.pending: dict[str, Outgoing] = {}
         self.coalesce = opts.result_coalesce  # grows with the cluster (`crds.node.result_coalesce`) at registration
         self.leaser: Leaser | None = None    # set by the daemon: results calls carry its lease asks
+        self.on_beats = False                # beat-results served: beats carry results (set at registration)
+        self.beat_soon: Callable[[], None] = lambda: None  # set by the daemon: a result waits for a beat
+        self.in_flight: set[str] = set()     # on a call (beat or results) not answered yet
         self._ready = asyncio.Event()        # something to send
+        self._released = asyncio.Event()     # a call's results are no longer in flight
 
     def submit(self, aid: str, lease: Lease, t: Trajectory) -> None:
-        self.pending[aid] = Outgoing(result_json(Result(attempt_id=aid, trajectory=t)), lease)
+        body = result_json(Result(attempt_id=aid, trajectory=t))
+        direct = self.on_beats and len(body) > self.opts.result_batch_bytes  # no beat may carry it
+        self.pending[aid] = Outgoing(body, lease, direct=direct)
         self.stats["finished"] += 1
-        self._ready.set()
+        if self.on_beats and not direct:
+            self.beat_soon()
+        else:
+            self._ready.set()
 
     def drop(self, aid: str) -> None:
         """Forget an undelivered result (cancelled, or the controller no longer leases it)."""
@@ -57,34 +78,45 @@ class Outbox:
             self.log.info("result %s not sent: the controller cancelled or forgot the attempt", aid)
             self._changed()
 
+    def _loop_sends(self, out: Outgoing) -> bool:
+        return out.direct or not self.on_beats
+
     async def loop(self) -> None:
         backoff = Backoff(0.1, self.opts.retry_max)
         while True:
             await self._ready.wait()
             await asyncio.sleep(self.coalesce)
             self._ready.clear()
-            if not await self._send():
+            if not await self._send(self._loop_sends):
                 await asyncio.sleep(backoff.next())
                 self._ready.set()
             else:
                 backoff.reset()
-                if self.pending:
+                if self.next_batch(self._loop_sends):
                     self._ready.set()
 
     async def flush(self) -> None:
-        """At exit: keep sending for `flush_seconds` at most."""
+        """At exit: keep sending (by POST …/results, whatever `on_beats`) for `flush_seconds` at most."""
         deadline = time.monotonic() + self.opts.flush_seconds
         backoff = Backoff(0.1, min(2.0, self.opts.retry_max))
         while self.pending and time.monotonic() < deadline:
+            self._released.clear()
+            if not self.next_batch():  # all on a call in flight: its answer settles them
+                await wait_event(self._released, deadline - time.monotonic())
+                continue
             if not await self._send():
                 await asyncio.sleep(min(backoff.next(), max(deadline - time.monotonic(), 0)))
         if self.pending:
             self.log.error("could not deliver %d result(s): %s", len(self.pending), sorted(self.pending))
 
-    def next_batch(self) -> list[tuple[str, bytes]]:
+    def next_batch(self, wanted: Callable[[Outgoing], bool] = _any) -> list[tuple[str, bytes]]:
+        """The next results to send (those `wanted`, not in flight), capped by count and bytes (the first one
+        goes even if over the byte cap)."""
         batch: list[tuple[str, bytes]] = []
         size = 0
         for aid, out in self.pending.items():
+            if aid in self.in_flight or not wanted(out):
+                continue
             body = out.body
             if batch and (len(batch) >= self.opts.result_batch or size + len(body) > self.opts.result_batch_bytes):
                 break
@@ -92,12 +124,53 @@ class Outbox:
             size += len(body) + 1
         return batch
 
-    async def _send(self) -> bool:
+    # ------------------------------------------------------------------ on beats (beat-results)
+    def take_for_beat(self) -> list[tuple[str, bytes]]:
+        """Results for the next beat, in flight until `release`; none unless beat-results is served."""
+        if not self.on_beats:
+            return []
+        batch = self.next_batch(_for_beats)
+        self.in_flight.update(aid for aid, _ in batch)
+        return batch
+
+    def release(self, aids: list[str]) -> None:
+        """The call that carried `aids` is over (answered or not): what is still pending may go again."""
+        if not aids:
+            return
+        self.in_flight.difference_update(aids)
+        self._released.set()
+        if self.next_batch(self._loop_sends):
+            self._ready.set()
+
+    def beat_answered(self, aids: list[str], resp: HeartbeatResponse) -> None:
+        self.stats["results_on_beats"] += len(aids)
+        self._acked(aids, ResultAck(accepted=resp.accepted or [], dropped=resp.dropped or {}))
+
+    def beat_refused(self, aids: list[str]) -> None:
+        """The controller refused (413, invalid) a beat that carried `aids`: they go by POST …/results, where a
+        batch too large is split and a result refused alone becomes a stand-in."""
+        for aid in aids:
+            out = self.pending.get(aid)
+            if out is not None:
+                out.direct = True
+        self.stats["results_off_beats"] += len(aids)
+        self._ready.set()
+
+    # ------------------------------------------------------------------ by POST …/results
+    async def _send(self, wanted: Callable[[Outgoing], bool] = _any) -> bool:
         """Send one batch; False when the controller could not be reached (the batch stays)."""
         assert self.node_id is not None
-        batch = self.next_batch()
+        batch = self.next_batch(wanted)
         if not batch:
             return True
+        aids = [aid for aid, _ in batch]
+        self.in_flight.update(aids)
+        try:
+            return await self._post(batch)
+        finally:
+            self.release(aids)
+
+    async def _post(self, batch: list[tuple[str, bytes]]) -> bool:
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
             ack = await self.client.results(self.node_id, [body for _, body in batch], lease=ask)
@@ -149,7 +222,8 @@ class Outbox:
         self.log.error("result %s refused (%s, %d bytes); reporting an infrastructure failure instead",
                        aid, error, len(body))
         stub = self._stand_in(out.lease, f"the controller refused the result ({len(body)} bytes): {error}")
-        self.pending[aid] = Outgoing(result_json(Result(attempt_id=aid, trajectory=stub)), out.lease, stub=True)
+        self.pending[aid] = Outgoing(result_json(Result(attempt_id=aid, trajectory=stub)), out.lease, stub=True,
+                                     direct=True)
         self._ready.set()
 
     def _acked(self, aids: list[str], ack: Any) -> None:
