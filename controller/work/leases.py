@@ -22,7 +22,8 @@ from . import plain
 from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
-from .jobs import Jobs, closed
+from .jobs import JobCache, Jobs, closed
+from .live import Live
 from .nodes import NodeRegistry
 from .policy import PolicyVersions
 from .queue import ItemQueue
@@ -96,6 +97,8 @@ class Leases:
                     attempt_id = f"{item}.{attempt}.{uuid.uuid4().hex[:6]}"
                     changes.append((node_id, attempt, attempt_id, now + cache.lease_seconds, backend,
                                     backend is not None, item))
+                    self.queue.live.add(attempt_id, Live(item, job_name, node_id, "leased", backend,
+                                                         backend is not None, now + cache.lease_seconds))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
                                         policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
@@ -159,56 +162,68 @@ class Leases:
             self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
             version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
             resp.policy_version = json.loads(version)
-            # A beat names the node's live leases (every one in a full beat): read them as plain rows and write
-            # only what changed (a stage, a released or re-pinned backend); their renewals are kept in memory.
-            named = {aid: stage for aid, stage in hb.stages.items() if aid not in ended}
-            items = plain.items_by_attempt(tx.db, set(named) | (set(hb.left_run) - ended))
-            changed: dict[int, plain.Item] = {}
-            renew, until = self.queue.renewals.renew, now + cache.lease_seconds
-
-            def release(item: plain.Item) -> None:
-                if item.holds_backend:
-                    self.queue.release(item)
-                    changed[item.id] = item
-
-            for aid in hb.left_run:
-                item = items.get(aid)
-                if item is not None and item.node_id == node_id:
-                    release(item)
-            for aid, stage in named.items():
-                item = items.get(aid)
-                if item is None or item.node_id != node_id or item.state != ItemState.leased:
-                    if item is not None and item.state == ItemState.cancelled:
-                        resp.cancel.append(aid)
-                    else:
-                        resp.unknown.append(aid)
-                    continue
-                if stage != item.stage:
-                    item.stage = stage
-                    changed[item.id] = item
-                backend = item.backend
-                if stage in ("leased", "init") and backend \
-                        and (not self.pool.healthy(backend) or backend not in cache.backends):
-                    new = self.pool.acquire(cache.backends, job_name)
-                    if new is not None:
-                        release(item)
-                        item.backend, item.holds_backend = new, True
-                        changed[item.id] = item
-                        resp.repin[aid] = new
-                # Only the leases a full beat names are extended. One granted but not yet in a beat is
-                # covered by its own deadline (lease_seconds from the grant); one whose lease answer
-                # never reached the daemon (the controller died while sending it) is named by nobody
-                # and goes back to the queue when that deadline passes. In memory: the expiry pass writes
-                # a renewal down once half the stored lease is used (`renewals`).
-                if hb.full:
-                    renew(aid, until)
-            if changed:
-                plain.save_beat(tx.db, changed.values())
+            self._beat(tx.db, node_id, job_name, cache, hb, ended, now, resp)
             if lease is not None:
                 resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
         if after is not None:
             after()
         return resp
+
+    def _beat(self, db: sqlite3.Connection, node_id: str, job_name: str, cache: JobCache, hb: Heartbeat,
+              ended: set[str], now: float, resp: HeartbeatResponse) -> None:
+        """The beat's stages, against the leases held in memory (`live`): a stage, a released or re-pinned
+        backend is written when it changed; a full beat renews what it names. An attempt not held in memory is
+        no lease of this node's any more: cancelled (its job or group was) or unknown (it expired, or is not
+        this node's)."""
+        live = self.queue.live
+        changed: dict[int, Live] = {}
+        until = now + cache.lease_seconds
+
+        def release(held: Live) -> None:
+            if held.holds_backend:
+                self.pool.release(held.backend, held.job)
+                held.holds_backend = False
+                changed[held.item] = held
+
+        for aid in hb.left_run:
+            held = live.get(aid)
+            if held is not None and held.node_id == node_id:
+                release(held)
+        gone = []
+        for aid, stage in hb.stages.items():
+            if aid in ended:
+                continue
+            held = live.get(aid)
+            if held is None or held.node_id != node_id:
+                gone.append(aid)
+                continue
+            if stage != held.stage:
+                held.stage = stage
+                changed[held.item] = held
+            backend = held.backend
+            if stage in ("leased", "init") and backend \
+                    and (not self.pool.healthy(backend) or backend not in cache.backends):
+                new = self.pool.acquire(cache.backends, job_name)
+                if new is not None:
+                    release(held)
+                    held.backend, held.holds_backend = new, True
+                    changed[held.item] = held
+                    resp.repin[aid] = new
+            # Only the leases a full beat names are extended. One granted but not yet in a beat is
+            # covered by its own deadline (lease_seconds from the grant); one whose lease answer
+            # never reached the daemon (the controller died while sending it) is named by nobody
+            # and goes back to the queue when that deadline passes.
+            if hb.full:
+                held.until = until
+        if gone:
+            cancelled = {aid for (aid,) in db.execute(
+                f"SELECT attempt_id FROM items WHERE attempt_id IN {plain.in_list(len(gone))} AND state = ?",
+                (*gone, ItemState.cancelled.value))}
+            for aid in gone:
+                (resp.cancel if aid in cancelled else resp.unknown).append(aid)
+        if changed:
+            db.executemany("UPDATE items SET stage = ?, backend = ?, holds_backend = ? WHERE id = ?",
+                           [(h.stage, h.backend, h.holds_backend, h.item) for h in changed.values()])
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""

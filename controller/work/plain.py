@@ -102,12 +102,6 @@ def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
     db.executemany(_SAVE, [[getattr(i, c) for c in _SAVED] + [i.id] for i in items])
 
 
-def save_beat(db: sqlite3.Connection, items: Iterable[Item]) -> None:
-    """A beat's changes: stage and backend pin (its renewals stay in memory, see `renewals`)."""
-    db.executemany("UPDATE items SET stage = ?, backend = ?, holds_backend = ? WHERE id = ?",
-                   [(i.stage, i.backend, i.holds_backend, i.id) for i in items])
-
-
 def has_live(db: sqlite3.Connection, job: str) -> bool:
     """Whether `job` has an item still queued or leased."""
     return db.execute(f"SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT 1", (job,)).fetchone() \

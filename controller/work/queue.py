@@ -3,7 +3,7 @@
 `leases` grants leases (a bulk UPDATE on the hot path) and extends them, `results` applies an attempt's outcome.
 
 An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
-extend, see `renewals`) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure
+extend in memory, see `live`) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure
 reasons goes back to the queue with attempt+1, until `pipeline.maxAttempts`. All methods run on
 the event loop inside the caller's short SQLite transaction, so nothing locks between them.
 """
@@ -19,7 +19,7 @@ from sqlmodel import Session, select
 from .backends import BackendPool
 from .jobs import Wakeups
 from .plain import LIVE_SQL, Item
-from .renewals import Renewals
+from .live import LiveLeases
 from .states import LIVE, ItemState
 from .tables import ItemRow
 
@@ -28,7 +28,7 @@ class ItemQueue:
     def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float]) -> None:
         self.engine, self.pool, self.clock = engine, pool, clock
         self.changed = Wakeups()  # set when a job's queue changed: a waiting lease looks again
-        self.renewals = Renewals()  # lease deadlines beats extended, written down by the expiry pass
+        self.live = LiveLeases()  # the leases held now, in memory: what beats read and renew
         self.stopped = False
         pool.admission.on_free = lambda jobs: [self.wake(job) for job in jobs]  # a slot they wait for is free
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
@@ -54,7 +54,7 @@ class ItemQueue:
         `keep_attempt`: the attempt was not the rollout's fault (given back unstarted, or the
         backend's outage): it is not counted."""
         self.release(item)
-        self.renewals.forget(item.attempt_id)
+        self.live.forget(item.attempt_id)
         item.last_error = reason
         item.node_id, item.deadline, item.stage = None, None, None
         if keep_attempt:
@@ -69,13 +69,13 @@ class ItemQueue:
     def finish(self, item: ItemRow | Item, state: ItemState) -> None:
         """The attempt's result is final: done, or failed (a configuration error)."""
         self.release(item)
-        self.renewals.forget(item.attempt_id)
+        self.live.forget(item.attempt_id)
         item.state, item.stage, item.deadline = state, None, None
 
     def cancel_item(self, item: ItemRow) -> None:
         """Cancelled (a deleted or failed job, a surplus group); daemons learn it at their next beat."""
         self.release(item)
-        self.renewals.forget(item.attempt_id)
+        self.live.forget(item.attempt_id)
         item.state, item.deadline = ItemState.cancelled, None
 
     def cancel_live(self, s: Session, job: str) -> None:

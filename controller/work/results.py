@@ -33,7 +33,6 @@ from .nodes import NodeRegistry
 from .plain import Item
 from .policy import PolicyVersions, staleness
 from .queue import ItemQueue
-from .renewals import sort_out
 from .states import DaemonState, ItemState
 from .tables import ItemRow
 
@@ -46,7 +45,6 @@ class ResultIntake:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.feed, self.clock = expansions, batches, feed, clock
         self.on_idle: Callable[[str], None] | None = None  # the job may be finished now (last rollout, or failed)
-        self._passes = 0
 
     def _outage(self, item: Item, cache: JobCache) -> bool:
         """The item's backend is down and so is every other backend of its job: its failure is the
@@ -145,24 +143,18 @@ class ResultIntake:
         return ack, after
 
     def expire(self) -> int:
-        """Leases past their deadline go back to the queue (node killed, network lost); a lease that beats
-        renewed gets its renewal written down once half of its stored lease is used (`renewals`)."""
+        """Leases past their deadline go back to the queue (node killed, network lost): those no full beat
+        renewed in time (`live`, in memory)."""
         now = self.clock()
         n = 0
-        halves = {name: c.lease_seconds / 2 for name in self.jobs.names() if (c := self.jobs.cached(name))}
-        horizon = now + max(halves.values(), default=15.0)
-        renewals = self.queue.renewals
         with Session(self.engine, expire_on_commit=False) as s:
-            db = s.connection().connection.driver_connection
-            rows = db.execute("SELECT id, job, attempt_id, deadline FROM items WHERE state = ? AND deadline < ?",
-                              (ItemState.leased.value, horizon)).fetchall()
-            persist, dead = sort_out([(i, aid, d, halves.get(job, 15.0)) for i, job, aid, d in rows], renewals, now)
-            if persist:
-                db.executemany("UPDATE items SET deadline = ? WHERE id = ?", persist)
-            if self._passes % 120 == 0:  # once a minute: renewals of attempts that ended unannounced
-                renewals.prune(now - 2 * max(halves.values(), default=15.0))
-            self._passes += 1
-            expired = s.exec(select(ItemRow).where(ItemRow.id.in_(dead))).all() if dead else []
+            late = dict(self.queue.live.expired(now))
+            expired = []
+            if late:
+                rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late)))).all()
+                expired = [r for r in rows if r.state == ItemState.leased]
+                for aid in late.keys() - {r.attempt_id for r in expired}:
+                    self.queue.live.forget(aid)  # not leased in the database (its grant was rolled back)
             for item in expired:
                 cache = self.jobs.cached(item.job)
                 state = self.queue.requeue(item, f"lease expired on node {item.node_id}",

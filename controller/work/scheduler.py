@@ -85,6 +85,14 @@ class Scheduler:
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
                                    self.expansions, self.batches, self.feed, clock)
         self.leases.intake = self.intake.apply  # results riding on beats
+        with plain.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
+            self.queue.live.load(tx.db, clock(), self._lease_seconds)
+
+    def _lease_seconds(self, name: str) -> float:
+        try:
+            return self.jobs.get(name).spec.pipeline.lease_seconds
+        except NotFound:
+            return 30.0
 
     @property
     def on_idle(self) -> Callable[[str], None] | None:

@@ -91,10 +91,11 @@ def test_a_delta_beat_renews_nothing_and_a_full_beat_renews_what_it_names(api):
     named, unnamed = (l.attempt_id for l in
                       LeaseResponse.model_validate(call(client, f"{nid}/lease", {"maxItems": 2})).leases)
     clock.t += 6  # leaseSeconds 10
+    granted = scheduler.queue.live.get(named).until
     call(client, f"{nid}/heartbeat", {"full": False, "stages": {named: "run", unnamed: "run"}})
-    assert scheduler.queue.renewals.until(named) is None  # a delta beat is no sign the lease is still held
+    assert scheduler.queue.live.get(named).until == granted  # a delta beat is no sign the lease is still held
     call(client, f"{nid}/heartbeat", {"full": True, "stages": {named: "run"}})
-    assert scheduler.queue.renewals.until(named) == clock.t + 10
+    assert scheduler.queue.live.get(named).until == clock.t + 10
     clock.t += 5
     assert scheduler.expire() == 1  # the one no full beat named: back to the queue
     reply = call(client, f"{nid}/heartbeat", {"full": False, "stages": {unnamed: "eval"}})

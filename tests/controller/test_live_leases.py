@@ -1,0 +1,72 @@
+"""The leases held now live in memory (`controller/work/live.py`): a beat reads and renews them there (no
+deadline written), every way out of `leased` forgets them, and a restarted controller loads them back from
+the database and gives each a whole lease."""
+from __future__ import annotations
+
+from rolloutd.controller.work.live import Live
+from rolloutd.controller.work.scheduler import Scheduler
+from rolloutd.crds.node import Heartbeat, ResultBatch
+
+from .test_scheduler import lease, make, ok, reg
+
+
+def stored(sched, attempt_id, column="deadline"):
+    with sched.engine.connect() as c:
+        return c.exec_driver_sql(f"SELECT {column} FROM items WHERE attempt_id = ?", (attempt_id,)).scalar_one()
+
+
+def test_a_beat_renews_in_memory_and_writes_only_a_changed_stage(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)  # leaseSeconds 10
+    node = reg(sched)
+    [l] = lease(sched, node, 1)
+    granted = stored(sched, l.attempt_id)
+    assert granted == clock.t + 10 and sched.queue.live.get(l.attempt_id).until == granted
+    clock.t += 6
+    sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
+    assert stored(sched, l.attempt_id) == granted  # the beat wrote no deadline
+    assert stored(sched, l.attempt_id, "stage") == "run"  # but the stage that changed
+    assert sched.queue.live.get(l.attempt_id).until == clock.t + 10
+    clock.t += 6  # past the stored deadline, within the renewed one
+    assert sched.expire() == 0
+    clock.t += 5
+    assert sched.expire() == 1  # no beat since: back to the queue
+
+
+def test_a_restarted_controller_gives_the_leases_it_finds_a_whole_lease(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+    node = reg(sched)
+    kept, silent = lease(sched, node, 2)
+    clock.t += 9  # both stored deadlines are 1 s ahead
+    again = Scheduler(store, clock=clock)  # a restart
+    assert len(again.queue.live) == 2
+    clock.t += 6
+    assert again.expire() == 0  # a whole lease from the restart
+    again.heartbeat(node, Heartbeat(stages={kept.attempt_id: "run"}))
+    clock.t += 6
+    assert again.expire() == 1  # the one no beat named since the restart
+    assert again.results(node, ResultBatch(results=[ok(kept)])).accepted == [kept.attempt_id]
+
+
+def test_every_way_out_of_leased_forgets_the_lease(tmp_path):
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=2, nodes=1)
+    node = reg(sched)
+    done, back, cancelled, _ = lease(sched, node, 4)
+    sched.results(node, ResultBatch(results=[ok(done)]))
+    sched.give_back(node, [back.attempt_id], "not started")
+    assert sched.queue.live.get(done.attempt_id) is None and sched.queue.live.get(back.attempt_id) is None
+    import asyncio
+    asyncio.run(sched.forget(job))  # the job is deleted: its live items are cancelled
+    assert len(sched.queue.live) == 0
+    reply = sched.heartbeat(node, Heartbeat(stages={cancelled.attempt_id: "run"}))
+    assert reply.cancel == [cancelled.attempt_id] and reply.unknown == []
+
+
+def test_a_lease_held_in_memory_but_not_in_the_database_is_forgotten_not_requeued(tmp_path):
+    """A grant whose transaction did not commit leaves a lease in memory only: the expiry pass drops it and
+    leaves the item as the database has it."""
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    reg(sched)
+    sched.queue.live.add("1.1.abcdef", Live(1, "math-demo", "n1-x", "leased", None, False, clock.t - 1))
+    assert sched.expire() == 0 and len(sched.queue.live) == 0
+    with sched.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT state, attempt FROM items WHERE id = 1").one() == ("queued", 0)
