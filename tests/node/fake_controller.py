@@ -7,6 +7,11 @@ it receives. Scripted behaviour: `cancel(aid)` (sent with the next heartbeat tha
 `repin`, `drain`, `results_script` (answers for successive /results calls: 503 = refused unseen,
 "lose" = accepted but answered 503, so the daemon resends), `hold_next_lease` (the next /lease
 blocks until `release_lease` is set), `stop()`/`start()` (a real outage on the same port).
+Node-protocol features (`crds.node.FEATURES`): `features` names those served to a daemon that asks at
+registration (none: an older controller, which ignores the parameter and answers 422 to a body field it does
+not know, as its models forbid extra fields); beats carrying results are answered as /results answers, with
+`beat_gap`; `fail_beat(hb)` may refuse a beat unseen (its status), `max_beat_body` refuses larger beats (413);
+`beat_log` records each beat with its receive time, the leases live before it and its status.
 
 The real scheduler's rules it mirrors: attempt ids are unique per lease; a result is accepted only
 for the attempt holding the lease, a duplicate comes back in `dropped`; returned work is re-queued.
@@ -28,6 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rolloutd.crds.node import (
+    BEAT_DELTAS,
+    BEAT_RESULTS,
+    FEATURES_PARAM,
     Heartbeat,
     HeartbeatResponse,
     Lease,
@@ -37,6 +45,7 @@ from rolloutd.crds.node import (
     RegisterResponse,
     ResultAck,
     ResultBatch,
+    Result,
     ReturnRequest,
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
@@ -89,6 +98,16 @@ class FakeController:
         self.piggyback = False                      # answer `?lease=N` on beats and results (else ignore it)
         self.piggybacked = 0                        # leases that rode on those replies
         self.lease_calls = 0
+        # node-protocol features
+        self.features: tuple[str, ...] = ()          # served to a daemon that asks (else ignored: an older controller)
+        self.node_features: dict[str, set[str]] = {}  # node id → what it was told is served
+        self.register_queries: list[str | None] = []  # each registration's ?features=
+        self.beat_gap = 0.01                         # beatGap of replies to beat-results daemons
+        self.fail_beat: Callable[[Heartbeat], int | None] | None = None  # a status: the beat refused unseen
+        self.max_beat_body: int | None = None        # beats above this get 413
+        self.beat_log: list[tuple[float, Heartbeat | None, frozenset[str], int]] = []  # (received, hb, leased, status)
+        self.beat_fields: list[set[str]] = []        # the body fields of every beat
+        self.results_on_beats: list[str] = []        # attempts whose result came on a beat (accepted or not)
         self.hold_next_lease = False
         self.lease_held = threading.Event()
         self.release_lease = threading.Event()
@@ -167,8 +186,10 @@ class FakeController:
         def authorized(request: Request) -> bool:
             return request.headers.get("authorization") == f"Bearer {self.token}"
 
-        def ok(model) -> JSONResponse:  # as the controller: `lease` only for a caller that asked
-            return JSONResponse(model.wire(exclude={"lease"} if getattr(model, "lease", True) is None else None))
+        def ok(model) -> JSONResponse:  # as the controller: `lease`, the features' fields only for a caller that asked
+            unasked = {f for f in ("lease", "features", "accepted", "dropped", "beat_gap")
+                       if f in type(model).model_fields and getattr(model, f) is None}
+            return JSONResponse(model.wire(exclude=unasked or None))
 
         def riding(request: Request):
             """`?lease=N` answered (with `piggyback` on; else ignored, as an older controller does)."""
@@ -189,17 +210,24 @@ class FakeController:
             if not authorized(request):
                 return unauthorized
             req = RegisterRequest.model_validate(await request.json())
+            asked = request.query_params.get(FEATURES_PARAM)
             with self.cond:
                 self.registers.append(req)
                 self.register_headers.append(dict(request.headers))
+                self.register_queries.append(asked)
+                node_id = f"node-{len(self.registers)}"
+                served = None
+                if asked is not None and self.features:
+                    served = [f for f in asked.split(",") if f in self.features]
+                    self.node_features[node_id] = set(served)
                 self.cond.notify_all()
             if self.register_conflict:
                 return JSONResponse({"message": self.register_conflict}, status_code=409)
             if req.job != self.job:
                 return JSONResponse({"message": f"no job {req.job}"}, status_code=404)
-            return ok(RegisterResponse(node_id=f"node-{len(self.registers)}", job=self.job, spec=self.spec,
-                                       generation=1, lease_seconds=self.lease_seconds,
-                                       heartbeat_seconds=self.heartbeat_seconds))
+            return ok(RegisterResponse(node_id=node_id, job=self.job, spec=self.spec, generation=1,
+                                       lease_seconds=self.lease_seconds, heartbeat_seconds=self.heartbeat_seconds,
+                                       features=served))
 
         @app.post(f"{P}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
@@ -228,7 +256,29 @@ class FakeController:
         async def heartbeat(node_id: str, request: Request):
             if not authorized(request):
                 return unauthorized
-            hb = Heartbeat.model_validate(await request.json())
+            received = time.monotonic()
+            raw = await request.body()
+            body = json.loads(raw)
+            served = self.node_features.get(node_id, set())
+            unknown = {f for f, feature in (("results", BEAT_RESULTS), ("full", BEAT_DELTAS))
+                       if feature not in served and f in body}
+            too_large = self.max_beat_body is not None and len(raw) > self.max_beat_body
+            with self.cond:
+                self.beat_fields.append(set(body))
+                leased = frozenset(self.leased)
+                if unknown or too_large:
+                    self.beat_log.append((received, None, leased, 422 if unknown else 413))
+            if unknown:  # as a controller whose models do not know the field
+                return JSONResponse({"detail": f"extra fields not permitted: {sorted(unknown)}"}, status_code=422)
+            if too_large:
+                return JSONResponse({"message": "request body too large"}, status_code=413)
+            hb = Heartbeat.model_validate(body)
+            refused = self.fail_beat(hb) if self.fail_beat is not None else None
+            with self.cond:
+                self.beat_log.append((received, hb, leased, refused or 200))
+                self.cond.notify_all()
+            if refused:
+                return JSONResponse({"message": "scripted failure"}, status_code=refused)
             resp = HeartbeatResponse(lease_seconds=self.lease_seconds, drain=self.drain)
             with self.cond:
                 self.heartbeats.append(hb)
@@ -245,6 +295,10 @@ class FakeController:
                             resp.unknown.append(aid)
                     elif aid in self.repins:
                         resp.repin[aid] = self.repins.pop(aid)
+                if BEAT_RESULTS in served:
+                    self.results_on_beats += [res.attempt_id for res in hb.results]
+                    ack = self._take(hb.results)
+                    resp.accepted, resp.dropped, resp.beat_gap = ack.accepted, ack.dropped, self.beat_gap
                 self.cond.notify_all()
             resp.lease = riding(request)
             return ok(resp)
@@ -268,18 +322,8 @@ class FakeController:
             if action == 503:
                 return JSONResponse({"message": "controller restarting"}, status_code=503)
             batch = ResultBatch.model_validate(body)
-            ack = ResultAck()
             with self.cond:
-                for res in batch.results:
-                    self.receipts[res.attempt_id] += 1
-                    if res.attempt_id in self.leased:
-                        del self.leased[res.attempt_id]
-                        self.accepted[res.attempt_id] = res.trajectory.wire()
-                        ack.accepted.append(res.attempt_id)
-                    elif res.attempt_id in self.cancelled:
-                        ack.dropped[res.attempt_id] = "cancelled"
-                    else:
-                        ack.dropped[res.attempt_id] = "stale attempt"
+                ack = self._take(batch.results)
                 self.cond.notify_all()
             if action == "lose":
                 return JSONResponse({"message": "reply lost"}, status_code=503)
@@ -310,6 +354,21 @@ class FakeController:
             return {}
 
         return app
+
+    def _take(self, results: list[Result]) -> ResultAck:
+        """Results applied as the scheduler applies them (under `cond`), from /results or a beat."""
+        ack = ResultAck()
+        for res in results:
+            self.receipts[res.attempt_id] += 1
+            if res.attempt_id in self.leased:
+                del self.leased[res.attempt_id]
+                self.accepted[res.attempt_id] = res.trajectory.wire()
+                ack.accepted.append(res.attempt_id)
+            elif res.attempt_id in self.cancelled:
+                ack.dropped[res.attempt_id] = "cancelled"
+            else:
+                ack.dropped[res.attempt_id] = "stale attempt"
+        return ack
 
     def _lease(self, item: dict) -> Lease:
         self.attempts[item["item"]] += 1
