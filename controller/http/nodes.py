@@ -80,12 +80,12 @@ def node_router(scheduler: Scheduler) -> APIRouter:
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
-            return _ok(scheduler.heartbeat(_owned(scheduler, node_id, request), hb, lease))
+            return _ok(await scheduler.heartbeat_grouped(_owned(scheduler, node_id, request), hb, lease))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             batch = await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)
-            return _ok(scheduler.results(_owned(scheduler, node_id, request), batch, lease))
+            return _ok(await scheduler.results_grouped(_owned(scheduler, node_id, request), batch, lease))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
+from ..errors import NotFound
 from ..store import Store
 from .backends import BackendPool
 
@@ -53,6 +54,15 @@ class Jobs:
                              job.spec.pipeline.lease_seconds)
             self._cache[job.metadata.key] = cache
         return cache
+
+    def find(self, name: str | None) -> RolloutJob | None:
+        """`get`, None for a deleted job (or no name)."""
+        if name is None:
+            return None
+        try:
+            return self.get(name)
+        except NotFound:
+            return None
 
     def cached(self, name: str) -> JobCache | None:
         return self._cache.get(name)

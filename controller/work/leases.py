@@ -31,6 +31,10 @@ from .states import DaemonState, ItemState
 from .tables import ItemRow, NodeRow
 
 
+def _nothing() -> None:
+    pass
+
+
 class Leases:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, clock: Callable[[], float]) -> None:
@@ -131,43 +135,49 @@ class Leases:
             await wait_event(ev, left)
 
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """A beat; with `lease` (the node's free slots) the next leases ride on the reply. A beat may carry the
-        node's finished results (beat-results: applied first, in the same transaction) and may name only the
-        stages that changed (`hb.full` false, beat-deltas): only a full beat renews the leases it names."""
-        resp = HeartbeatResponse()
-        after = None
+        """A beat in a transaction of its own (`heartbeat_in` says what it does)."""
+        job = self.jobs.find(self.nodes.job_of(node_id))
         with plain.transaction(self.engine) as tx:
-            job_name, state = self.nodes.caller(tx.db, node_id)
-            paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
-            if paced:
-                resp.beat_gap = self.nodes.beat_gap()
-            try:
-                job = self.jobs.get(job_name)
-            except NotFound:  # the job was deleted: everything still running is to be cancelled
-                resp.cancel, resp.drain = list(hb.stages), True
-                if hb.results:
-                    resp.accepted, resp.dropped = [], {r.attempt_id: "job deleted" for r in hb.results}
-                return resp
-            cache = self.jobs.sync(job)
-            resp.lease_seconds = cache.lease_seconds
-            resp.drain = state == DaemonState.draining
-            now = self.clock()
-            ended: set[str] = set()
-            if hb.results and self.intake is not None:
-                ack, after = self.intake(tx, node_id, job, cache, hb.results)
-                resp.accepted, resp.dropped = ack.accepted, ack.dropped
-                ended = set(ack.accepted) | set(ack.dropped)
-            elif paced:
-                resp.accepted, resp.dropped = [], {}
-            self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
-            version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
-            resp.policy_version = json.loads(version)
-            self._beat(tx.db, node_id, job_name, cache, hb, ended, now, resp)
-            if lease is not None:
-                resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
-        if after is not None:
-            after()
+            resp, after = self.heartbeat_in(tx, node_id, hb, lease, job)
+        after()
         return resp
+
+    def heartbeat_in(self, tx: plain.Tx, node_id: str, hb: Heartbeat, lease: int | None,
+                     job: RolloutJob | None) -> tuple[HeartbeatResponse, Callable[[], None]]:
+        """A beat in the caller's transaction `tx`, with its node's `job` read before (None: deleted) — reading
+        it inside may wait on the store's lock, held by a thread that waits on our write lock. With `lease` (the
+        node's free slots) the next leases ride on the reply. A beat may carry the node's finished results
+        (beat-results: applied first) and may name only the stages that changed (`hb.full` false, beat-deltas):
+        only a full beat renews the leases it names. Returns the reply and what to do once committed."""
+        resp = HeartbeatResponse()
+        after: Callable[[], None] = _nothing
+        job_name, state = self.nodes.caller(tx.db, node_id)
+        paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
+        if paced:
+            resp.beat_gap = self.nodes.beat_gap()
+        if job is None or job.metadata.key != job_name:  # deleted: everything still running is to be cancelled
+            resp.cancel, resp.drain = list(hb.stages), True
+            if hb.results:
+                resp.accepted, resp.dropped = [], {r.attempt_id: "job deleted" for r in hb.results}
+            return resp, after
+        cache = self.jobs.sync(job)
+        resp.lease_seconds = cache.lease_seconds
+        resp.drain = state == DaemonState.draining
+        now = self.clock()
+        ended: set[str] = set()
+        if hb.results and self.intake is not None:
+            ack, after = self.intake(tx, node_id, job, cache, hb.results)
+            resp.accepted, resp.dropped = ack.accepted, ack.dropped
+            ended = set(ack.accepted) | set(ack.dropped)
+        elif paced:
+            resp.accepted, resp.dropped = [], {}
+        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
+        version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        resp.policy_version = json.loads(version)
+        self._beat(tx.db, node_id, job_name, cache, hb, ended, now, resp)
+        if lease is not None:
+            resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job)
+        return resp, after
 
     def _beat(self, db: sqlite3.Connection, node_id: str, job_name: str, cache: JobCache, hb: Heartbeat,
               ended: set[str], now: float, resp: HeartbeatResponse) -> None:

@@ -1,4 +1,5 @@
-"""Plain sqlite3 for the node protocol's hot paths: one transaction per call, rows as tuples, statements by text.
+"""Plain sqlite3 for the node protocol's hot paths: rows as tuples, statements by text, calls' transactions
+committed together (`GroupCommit`).
 
 Used by `leases` (lease, beat) and `results`, thousands of calls a second at a thousand nodes, where an ORM
 Session and its statements cost ~6 ms of CPU per call; their rare branches (batch groups, a configuration
@@ -6,10 +7,11 @@ error) join the same transaction through `Tx.session`. sqlite3 keeps each statem
 """
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -106,3 +108,77 @@ def has_live(db: sqlite3.Connection, job: str) -> bool:
     """Whether `job` has an item still queued or leased."""
     return db.execute(f"SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT 1", (job,)).fetchone() \
         is not None
+
+
+# ------------------------------------------------------------------ group commit
+
+T = TypeVar("T")
+Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
+
+
+class GroupCommit:
+    """Node calls' transactions committed together. A call's work (`submit`) waits for the next turn of the
+    event loop, where every call submitted meanwhile runs in one transaction, each in a savepoint of its own (a
+    call that fails is rolled back alone and gets its error), then one commit; then each caller gets its answer,
+    and each call's after-commit step runs. A thousand daemons' beats arrive together: at ~500 calls a second,
+    one commit per call was a third of the controller's time (WAL frames, locks, checkpoints).
+
+    Nothing awaits inside a group: no other code of the loop runs while its transaction is open. The work must
+    not take the store's lock either (a thread holding it may be waiting for our write lock): callers read their
+    job before they submit."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._pending: list[tuple[Work, asyncio.Future]] = []
+        self.groups = self.calls = 0  # for the metrics and the bench
+
+    def submit(self, work: Work) -> "asyncio.Future[Any]":
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._run)
+        self._pending.append((work, future))
+        return future
+
+    def _run(self) -> None:
+        group, self._pending = self._pending, []
+        done: list[tuple[asyncio.Future, Any, BaseException | None, Callable[[], None] | None]] = []
+        try:
+            with self.engine.begin() as conn:
+                db = conn.connection.driver_connection
+                db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
+                for work, future in group:
+                    tx = Tx(conn)
+                    db.execute("SAVEPOINT call")
+                    try:
+                        value, after = work(tx)
+                        if tx._session is not None:
+                            tx._session.flush()
+                    except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
+                        db.execute("ROLLBACK TO call")
+                        done.append((future, None, e, None))
+                    else:
+                        done.append((future, value, None, after))
+                    finally:
+                        db.execute("RELEASE call")
+                        if tx._session is not None:
+                            tx._session.close()
+        except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
+            error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self.groups, self.calls = self.groups + 1, self.calls + len(group)
+        for future, value, error, _ in done:
+            if future.done():  # its caller went away (the request was cancelled)
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+        for _, _, error, after in done:
+            if after is not None:
+                after()

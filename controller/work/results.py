@@ -39,6 +39,10 @@ from .tables import ItemRow
 log = logging.getLogger("rolloutd.scheduler")
 
 
+def _nothing() -> None:
+    pass
+
+
 class ResultIntake:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float]) -> None:
@@ -55,25 +59,32 @@ class ResultIntake:
 
     def results(self, node_id: str, batch: ResultBatch,
                 also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None) -> ResultAck:
-        """Apply a batch of results; `also` (the lease riding on the reply) runs in the same transaction once
-        they are, not when the batch is refused whole."""
+        """A batch of results in a transaction of its own (`results_in` says what it does)."""
+        job = self.jobs.find(self.nodes.job_of(node_id))
         with plain.transaction(self.engine) as tx:
-            node = self.nodes.lookup(tx.db, node_id)
-            if node is None:
-                raise NotFound(f"node {node_id} is not registered")
-            job_name, node_state = node
-            if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue
-                return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
-            try:
-                job = self.jobs.get(job_name)
-                cache = self.jobs.sync(job)
-            except NotFound:
-                return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
-            ack, after = self.apply(tx, node_id, job, cache, batch.results)
-            if also is not None:
-                ack.lease = also(tx, job)
+            ack, after = self.results_in(tx, node_id, batch, job, also)
         after()
         return ack
+
+    def results_in(self, tx: plain.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
+                   also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None,
+                   ) -> tuple[ResultAck, Callable[[], None]]:
+        """Apply a batch of results in the caller's transaction `tx`, with the node's `job` read before (None:
+        deleted); `also` (the lease riding on the reply) runs once they are, not when the batch is refused whole.
+        Returns the ack and what to do once committed."""
+        node = self.nodes.lookup(tx.db, node_id)
+        if node is None:
+            raise NotFound(f"node {node_id} is not registered")
+        job_name, node_state = node
+        if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue
+            return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost"
+                                      for r in batch.results}), _nothing
+        if job is None or job.metadata.key != job_name:
+            return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results}), _nothing
+        ack, after = self.apply(tx, node_id, job, self.jobs.sync(job), batch.results)
+        if also is not None:
+            ack.lease = also(tx, job)
+        return ack, after
 
     def apply(self, tx: plain.Tx, node_id: str, job: RolloutJob, cache: JobCache,
               results: list[Result]) -> tuple[ResultAck, Callable[[], None]]:

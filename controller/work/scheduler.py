@@ -85,6 +85,7 @@ class Scheduler:
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
                                    self.expansions, self.batches, self.feed, clock)
         self.leases.intake = self.intake.apply  # results riding on beats
+        self.group = plain.GroupCommit(self.engine)  # node calls committed together
         with plain.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
 
@@ -114,6 +115,24 @@ class Scheduler:
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
         """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
         return self.leases.heartbeat(node_id, hb, lease)
+
+    async def heartbeat_grouped(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """`heartbeat`, its transaction committed with the other calls of this turn of the loop (`plain.GroupCommit`)."""
+        job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
+        return await self.group.submit(lambda tx: self.leases.heartbeat_in(tx, node_id, hb, lease, job))
+
+    async def results_grouped(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """`results`, committed with the other calls of this turn of the loop."""
+        job = self.jobs.find(self.registry.job_of(node_id))
+
+        def work(tx: plain.Tx) -> tuple[ResultAck, Callable[[], None]]:
+            also = (lambda tx, job: self.leases.lease_now(node_id, lease, tx, job)) if lease is not None else None
+            ack, after = self.intake.results_in(tx, node_id, batch, job, also)
+            if lease is not None and ack.lease is None:  # refused whole: node lost (its lease call says 404) or job gone
+                ack.lease = LeaseResponse(done=job is None)
+            return ack, after
+
+        return await self.group.submit(work)
 
     def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
@@ -177,7 +196,10 @@ class Scheduler:
         exp = self.expand(job)
         self.jobs.sync(job)
         counts = StageCounts(total=exp.total)
-        for state, stage, n in self.queue.counts(job.metadata.key):
+        # the reads below walk every item and trajectory of the job (~100 ms at a thousand nodes): in a thread,
+        # on a connection of their own (WAL readers do not wait on the writer), not on the event loop
+        rows = await asyncio.to_thread(self.queue.counts, job.metadata.key)
+        for state, stage, n in rows:
             if state == ItemState.queued or (state == ItemState.leased and stage == "leased"):
                 counts.queued += n
             elif state == ItemState.leased:
@@ -192,7 +214,7 @@ class Scheduler:
             return Progress(counts, failed=exp.error)
         live = counts.queued + counts.init + counts.run + counts.eval
         extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key),
-                                 "rewardMean": self.feed.reward_mean(job.metadata.key)}
+                                 "rewardMean": await asyncio.to_thread(self.feed.reward_mean, job.metadata.key)}
         if job.spec.batch_mode:
             with Session(self.engine, expire_on_commit=False) as s:
                 counts.total = live + counts.succeeded + counts.failed + counts.cancelled
@@ -205,7 +227,7 @@ class Scheduler:
         return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
 
     async def registered(self, job: RolloutJob) -> int:
-        return len([n for n in self.nodes(job.metadata.key) if n.state == DaemonState.active])
+        return await asyncio.to_thread(self.registry.count_active, job.metadata.key)
 
     async def forget(self, job: RolloutJob) -> None:
         """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
