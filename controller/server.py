@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                     await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
         app.state.stop_operator = stop_operator
+        tune_gc()
         try:
             yield
         finally:
@@ -102,6 +104,21 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
     app.router.lifespan_context = lifespan
     return app
+
+
+# The cyclic garbage collector, tuned for a server that keeps tens of thousands of leases in memory and makes
+# thousands of short-lived objects per node call: at 1000 simulated nodes, with Python's defaults, a full
+# collection ran about once a second and took ~190 ms (73 in 90 s: 14 s of the event loop, every node call
+# behind it waiting). Objects that exist once the controller is up are frozen out of every collection, and the
+# young generation is collected every 50 000 allocations instead of 700: almost all of a call's objects are
+# freed by their reference counts before then, so fewer survive to be promoted and re-scanned.
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
