@@ -114,6 +114,10 @@ class NodeRegistry:
         with Session(self.engine, expire_on_commit=False) as s:
             return list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != DaemonState.gone)))
 
+    def count_active(self, job: str) -> int:
+        with Session(self.engine) as s:
+            return s.exec(select(func.count()).where(NodeRow.job == job, NodeRow.state == DaemonState.active)).one()
+
     def active(self, job: str) -> list[str]:
         return [n.id for n in self.nodes(job) if n.state == DaemonState.active]
 
