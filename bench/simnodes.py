@@ -143,13 +143,22 @@ class SimNode:
         self.piggyback: bool | None = None if sim.cfg.get("piggyback", True) else False
         self.asking = 0
         self.starved = False
+        # one call per beat (beat-results + beat-deltas, when the controller serves them): results ride on beats,
+        # change-prompted beats name only what changed since the last answered one, beats ≥ `gap` apart
+        self.sync = False
+        self.gap = 0.0
+        self.told: dict[str, str] = {}  # attemptId → the stage the last answered beat told
+        self.last_full = 0.0
 
     async def register(self) -> None:
         body = json.dumps({"job": self.sim.job, "protocol": self.sim.protocol, "name": self.name,
                            "host": "sim", "pid": 0, "slot": self.slot}).encode()
-        resp = await self.sim.wire.post("register", "/register", body)
+        query = "?features=beat-results,beat-deltas" if self.sim.cfg.get("sync", True) else ""
+        resp = await self.sim.wire.post("register", f"/register{query}", body)
         self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.factor, 0.005)
         self.coalesce = self.sim.coalesce(resp["heartbeatSeconds"])
+        self.sync = "beat-results" in (resp.get("features") or ())
+        self.gap = self.sim.min_gap(self.hb_interval)
 
     def free(self) -> int:
         return self.sim.slots - self.live - self.asking
@@ -247,7 +256,7 @@ class SimNode:
         self.room.set()
         self.hb_wake.set()
         self.outbox[aid] = self.sim.result(aid, lease, self.name, stamps, d)
-        self.out_wake.set()
+        (self.hb_wake if self.sync else self.out_wake).set()
 
     async def heartbeat_loop(self) -> None:
         while True:
@@ -280,6 +289,68 @@ class SimNode:
                     self.live -= 1
                     self.room.set()
                 self.outbox.pop(aid, None)
+
+    async def sync_loop(self) -> None:
+        """The daemon's beats with beat-results and beat-deltas: every change (a stage, a finished result, free
+        room) prompts a beat at most every `gap` (the controller's beatGap); every `hb_interval` a full one."""
+        inflight: set[str] = set()
+        while not self.sim.stopping:
+            due = self.last_full + self.hb_interval - time.monotonic()
+            if due > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.hb_wake.wait(), due)
+            wait = self.last_hb + self.gap - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self.sim.stopping:  # the run is over: nothing new is sent (a call in flight was answered)
+                return
+            self.hb_wake.clear()
+            now = time.monotonic()
+            full = now - self.last_full >= self.hb_interval
+            batch = [(aid, b) for aid, b in self.outbox.items() if aid not in inflight][:RESULT_BATCH]
+            if full:
+                stages = dict(self.stages)
+                for aid in self.outbox:
+                    stages.setdefault(aid, "eval")
+            else:
+                stages = {aid: st for aid, st in self.stages.items() if self.told.get(aid) != st}
+            left = sorted(self.left_run)
+            head = json.dumps({"stages": stages, "leftRun": left, "llmInflight": 0, "llmHeld": False,
+                               "policyVersion": None, "full": full}, separators=(",", ":")).encode()
+            body = head[:-1] + b',"results":[' + b",".join(b for _, b in batch) + b"]}"
+            query = self.ask()
+            inflight.update(aid for aid, _ in batch)
+            self.last_hb = now
+            try:
+                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body)
+            except Exception:  # noqa: BLE001 - counted in Wire.errors; the next beat carries it all again
+                self.answered(query, None)
+                inflight.difference_update(aid for aid, _ in batch)
+                continue
+            inflight.difference_update(aid for aid, _ in batch)
+            if full:
+                self.last_full = now
+                self.told = dict(stages)
+            else:
+                self.told.update(stages)
+            self.gap = max(resp.get("beatGap") or 0.0, 0.0) / self.sim.factor
+            self.answered(query, resp)
+            self.left_run.difference_update(left)
+            accepted, dropped = resp.get("accepted") or [], resp.get("dropped") or {}
+            for aid, _ in batch:
+                self.outbox.pop(aid, None)
+                self.told.pop(aid, None)
+            self.sim.ledger.acked(accepted, dropped)
+            self.sim.accepted_at.extend([time.time()] * len(accepted))
+            for aid in resp.get("cancel", []) + resp.get("unknown", []):
+                if self.stages.pop(aid, None) is not None:
+                    self.sim.cancelled += 1
+                    self.live -= 1
+                    self.room.set()
+                self.told.pop(aid, None)
+                self.outbox.pop(aid, None)
+            if self.outbox or any(self.told.get(a) != st for a, st in self.stages.items()):
+                self.hb_wake.set()
 
     async def result_loop(self) -> None:
         while True:
@@ -378,8 +449,9 @@ class Shard:
 
         await asyncio.gather(*(register(n) for n in nodes))
         await asyncio.sleep(max(cfg["start_at"] - time.time(), 0))
-        tasks = [asyncio.create_task(loop()) for n in nodes for loop in (n.lease_loop, n.heartbeat_loop)]
-        senders = [asyncio.create_task(n.result_loop()) for n in nodes]
+        tasks = [asyncio.create_task(n.lease_loop()) for n in nodes]
+        tasks += [asyncio.create_task(n.heartbeat_loop()) for n in nodes if not n.sync]
+        senders = [asyncio.create_task(n.sync_loop() if n.sync else n.result_loop()) for n in nodes]
         failed: list[str] = []
 
         def watch(t: asyncio.Task) -> None:
@@ -394,6 +466,7 @@ class Shard:
         self.stopping = True  # results in flight get their answer (else accepted but not in the ledger)
         for n in nodes:
             n.out_wake.set()
+            n.hb_wake.set()
         await asyncio.wait(senders, timeout=60)
         for t in senders:
             t.cancel()
