@@ -125,6 +125,13 @@ class Wire:
 
 # ------------------------------------------------------------------ one simulated node
 
+def spaced(gap: float, rng: random.Random) -> float:
+    """The daemon's wait before its next paced beat (`rolloutd.crds.node.spaced_gap`)."""
+    from rolloutd.crds.node import spaced_gap
+
+    return spaced_gap(gap, rng.random())
+
+
 class SimNode:
     def __init__(self, sim: "Shard", name: str, slot: int) -> None:
         self.sim, self.name, self.slot = sim, name, slot
@@ -146,7 +153,7 @@ class SimNode:
         # one call per beat (beat-results + beat-deltas, when the controller serves them): results ride on beats,
         # change-prompted beats name only what changed since the last answered one, beats ≥ `gap` apart
         self.sync = False
-        self.gap = 0.0
+        self.gap = self.spaced = 0.0
         self.told: dict[str, str] = {}  # attemptId → the stage the last answered beat told
         self.last_full = 0.0
 
@@ -299,7 +306,7 @@ class SimNode:
             if due > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.hb_wake.wait(), due)
-            wait = self.last_hb + self.gap - time.monotonic()
+            wait = self.last_hb + self.spaced - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             if self.sim.stopping:  # the run is over: nothing new is sent (a call in flight was answered)
@@ -334,6 +341,7 @@ class SimNode:
             else:
                 self.told.update(stages)
             self.gap = max(resp.get("beatGap") or 0.0, 0.0) / self.sim.factor
+            self.spaced = spaced(self.gap, self.sim.rng)
             self.answered(query, resp)
             self.left_run.difference_update(left)
             accepted, dropped = resp.get("accepted") or [], resp.get("dropped") or {}

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import time
 from collections.abc import Callable
 
-from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap
+from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap, spaced_gap
 
 from ..aiokit import wait_event
 from .beatbody import ToldStages, beat_body
@@ -51,7 +52,8 @@ class Heartbeater:
         self._one_at_a_time = asyncio.Lock()  # the loop's beat and the daemon's last one at exit
 
     def least_gap(self) -> float:
-        """Beats come no closer than this: the controller's `beatGap` once it gave one, else a share of the interval."""
+        """Beats come no closer than this: the controller's `beatGap` once it gave one (`spaced_gap` of it, drawn
+        at each reply), else a share of the interval."""
         pacing = self.beat_gap if self.beat_gap is not None else heartbeat_min_gap(self.interval)
         return max(self.opts.heartbeat_min_gap, pacing)
 
@@ -105,8 +107,8 @@ class Heartbeater:
         self.rollouts.left_run -= left
         if aids:
             self.outbox.beat_answered(aids, resp)
-        if resp.beat_gap is not None:
-            self.beat_gap = resp.beat_gap
+        if resp.beat_gap is not None:  # paced: a random share of it, so daemons answered together spread out
+            self.beat_gap = spaced_gap(resp.beat_gap, random.random())
         self.apply(resp)
         if self.leaser is not None:
             await self.leaser.answered(ask, resp.lease, "beats")
