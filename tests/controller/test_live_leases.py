@@ -70,3 +70,23 @@ def test_a_lease_held_in_memory_but_not_in_the_database_is_forgotten_not_requeue
     assert sched.expire() == 0 and len(sched.queue.live) == 0
     with sched.engine.connect() as c:
         assert c.exec_driver_sql("SELECT state, attempt FROM items WHERE id = 1").one() == ("queued", 0)
+
+
+def test_a_result_writes_back_only_the_columns_it_changed(tmp_path):
+    """SQLite rewrites every index of a column an UPDATE sets, changed or not: `plain.save` sets only what
+    changed (a finished attempt keeps its attempt and node ids, whose indexes are then left alone)."""
+    from rolloutd.controller.work import plain
+
+    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    node = reg(sched)
+    [l] = lease(sched, node, 1)
+    with plain.transaction(sched.engine) as tx:
+        statements: list[str] = []
+        tx.db.set_trace_callback(statements.append)
+        item = plain.items_by_attempt(tx.db, [l.attempt_id])[l.attempt_id]
+        sched.queue.finish(item, "done")
+        plain.save(tx.db, [item])
+        tx.db.set_trace_callback(None)
+    [update] = [s for s in statements if s.startswith("UPDATE")]
+    assert "state = " in update and "attempt_id" not in update and "node_id" not in update, update
+    assert stored(sched, l.attempt_id, "state") == "done"
