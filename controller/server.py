@@ -116,7 +116,6 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def tune_gc() -> None:
-    gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 
