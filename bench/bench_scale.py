@@ -267,11 +267,13 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             cfg = {"url": ctl.url, "join_token": ctl.join_token, "job": name, "slots": SLOTS, "nodes": per[i],
                    "first": sum(per[:i]), "time_factor": time_factor, "median_seconds": MEDIAN_SECONDS,
                    "sigma": SIGMA, "seed": i, "start_at": start_at, "stop_at": stop_at,
-                   # daemons before the fixes beat ≥ 50 ms apart and coalesced results 5 ms at any scale, and
-                   # leased by their own calls only
-                   "scaled_gap": src is None, "piggyback": src is None,
-                   # results ride on paced beats that name only changes (beat-results, beat-deltas)
-                   "sync": src is None and os.environ.get("ROLLOUTD_SCALE_SYNC", "1") != "0"}
+                   # today's daemon against either controller: leases riding on replies and results on paced
+                   # beats are asked for, and fall back to the older calls when the controller does not answer
+                   # them; $ROLLOUTD_SCALE_OLD_DAEMON=1 for a `before` older than 2026-11-23's third pass (its
+                   # daemons beat ≥ 50 ms apart and leased by their own calls only)
+                   "scaled_gap": src is None or not os.environ.get("ROLLOUTD_SCALE_OLD_DAEMON"),
+                   "piggyback": src is None or not os.environ.get("ROLLOUTD_SCALE_OLD_DAEMON"),
+                   "sync": os.environ.get("ROLLOUTD_SCALE_SYNC", "1") != "0"}
             (root / f"shard{i}.json").write_text(json.dumps(cfg))
             shards.append(subprocess.Popen([sys.executable, "-m", "bench.simnodes", str(root / f"shard{i}.json"),
                                             str(root / f"shard{i}.out.json")], cwd=REPO, start_new_session=True))
