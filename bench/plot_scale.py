@@ -1,6 +1,6 @@
 """Draws bench/RESULTS-scale.png from the scale sweep's JSON (`bench/scale-results/LABEL.json`).
 
-    python bench/plot_scale.py bench/scale-results/final.json [OTHER.json=LABEL ...]
+    python bench/plot_scale.py bench/scale-results/final.json [OTHER.json=AFTER_LABEL[,BEFORE_LABEL] ...]
     (needs matplotlib: not a rolloutd dependency; any venv that has it)
 
 Three panels against the node count: rollouts/s (and the load offered), controller cores, and the
@@ -22,18 +22,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main(*files: str) -> None:
     points = []
     for spec in files:
-        path, _, label = spec.partition("=")
+        path, _, labels = spec.partition("=")  # FILE=AFTER[,BEFORE]: its variants drawn under those labels
+        after, _, before = labels.partition(",")
+        names = {"after": after or "after", "before": before or "before"}
         for p in json.loads(Path(path).read_text())["points"]:
             variant = p.get("variant", "before")  # the first run (before.json) had one variant
-            points.append({**p, "variant": label if label and variant == "after" else variant})
+            points.append({**p, "variant": names.get(variant, variant)})
     variants = list(dict.fromkeys(p["variant"] for p in points))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    for variant, style in zip(variants, ("o--", "s:", "D-", "^-")):
+    for variant, style in zip(variants, ("o--", "s:", "D-", "^-", "v-", "P-", "x:", "*-")):
         ps = sorted((p for p in points if p["variant"] == variant), key=lambda p: p["nodes"])
         n = [p["nodes"] for p in ps]
         axes[0].plot(n, [p["rollouts_per_s"] for p in ps], style, label=variant)
         axes[1].plot(n, [p["ctl_cores"] for p in ps], style, label=variant)
-        axes[2].plot(n, [max(p["p99_ms"].values()) for p in ps], style, label=variant)
+        axes[2].plot(n, [max(v for v in p["p99_ms"].values() if v == v) for p in ps], style, label=variant)  # not nan
     ps = sorted({p["nodes"]: p for p in points}.values(), key=lambda p: p["nodes"])
     axes[0].plot([p["nodes"] for p in ps], [p["offered_per_s"] for p in ps], "-", color="grey", lw=0.8, label="offered")
     axes[0].axhline(1000, color="red", lw=0.8, label="goal ≥ 1000/s at 1000 nodes")
