@@ -6,7 +6,8 @@ The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.co
 
     POST /nodes/register                 RegisterRequest  → RegisterResponse  (`?features=…`: see FEATURES)
     POST /nodes/{node}/lease             LeaseRequest     → LeaseResponse     (long-poll up to `wait` s)
-    POST /nodes/{node}/heartbeat         Heartbeat        → HeartbeatResponse (extends every lease)
+    POST /nodes/{node}/heartbeat         Heartbeat        → HeartbeatResponse (a full beat renews the leases it
+                                                                           names; may carry results: FEATURES)
     POST /nodes/{node}/results           ResultBatch      → ResultAck
          (both take `?lease=N`: the next leases ride on the reply, see LEASE_PARAM)
     POST /nodes/{node}/return            ReturnRequest    → {}                (unstarted leases handed back)
