@@ -31,10 +31,6 @@ from .states import DaemonState, ItemState
 from .tables import ItemRow, NodeRow
 
 
-def _nothing() -> None:
-    pass
-
-
 class Leases:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, clock: Callable[[], float]) -> None:
@@ -137,10 +133,7 @@ class Leases:
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
         """A beat in a transaction of its own (`heartbeat_in` says what it does)."""
         job = self.jobs.find(self.nodes.job_of(node_id))
-        with plain.transaction(self.engine) as tx:
-            resp, after = self.heartbeat_in(tx, node_id, hb, lease, job)
-        after()
-        return resp
+        return plain.run_alone(self.engine, lambda tx: self.heartbeat_in(tx, node_id, hb, lease, job))
 
     def heartbeat_in(self, tx: plain.Tx, node_id: str, hb: Heartbeat, lease: int | None,
                      job: RolloutJob | None) -> tuple[HeartbeatResponse, Callable[[], None]]:
@@ -150,7 +143,7 @@ class Leases:
         (beat-results: applied first) and may name only the stages that changed (`hb.full` false, beat-deltas):
         only a full beat renews the leases it names. Returns the reply and what to do once committed."""
         resp = HeartbeatResponse()
-        after: Callable[[], None] = _nothing
+        after: Callable[[], None] = plain.nothing
         job_name, state = self.nodes.caller(tx.db, node_id)
         paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
         if paced:
@@ -191,8 +184,7 @@ class Leases:
 
         def release(held: Live) -> None:
             if held.holds_backend:
-                self.pool.release(held.backend, held.job)
-                held.holds_backend = False
+                self.queue.release(held)
                 changed[held.item] = held
 
         for aid in hb.left_run:

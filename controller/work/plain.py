@@ -125,6 +125,21 @@ def has_live(db: sqlite3.Connection, job: str) -> bool:
         is not None
 
 
+# ------------------------------------------------------------------ a call's work: alone or grouped
+
+def nothing() -> None:
+    """The after-commit step of a call that has none."""
+
+
+def run_alone(engine: Engine, work: "Work") -> Any:
+    """A call's work in a transaction of its own, then its after-commit step (`GroupCommit` runs many together)."""
+    with transaction(engine) as tx:
+        value, after = work(tx)
+    if after is not None:
+        after()
+    return value
+
+
 # ------------------------------------------------------------------ group commit
 
 T = TypeVar("T")

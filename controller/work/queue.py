@@ -19,7 +19,7 @@ from sqlmodel import Session, select
 from .backends import BackendPool
 from .jobs import Wakeups
 from .plain import LIVE_SQL, Item
-from .live import LiveLeases
+from .live import Live, LiveLeases
 from .states import LIVE, ItemState
 from .tables import ItemRow
 
@@ -43,7 +43,7 @@ class ItemQueue:
         for k in range(samples):
             s.add(ItemRow(job=job, prompt=prompt, sample=k, queued_at=now, group_id=group_id))
 
-    def release(self, item: ItemRow | Item) -> None:
+    def release(self, item: ItemRow | Item | Live) -> None:
         """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
         if item.holds_backend:
             self.pool.release(item.backend, item.job)

@@ -39,10 +39,6 @@ from .tables import ItemRow
 log = logging.getLogger("rolloutd.scheduler")
 
 
-def _nothing() -> None:
-    pass
-
-
 class ResultIntake:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float]) -> None:
@@ -61,10 +57,7 @@ class ResultIntake:
                 also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None) -> ResultAck:
         """A batch of results in a transaction of its own (`results_in` says what it does)."""
         job = self.jobs.find(self.nodes.job_of(node_id))
-        with plain.transaction(self.engine) as tx:
-            ack, after = self.results_in(tx, node_id, batch, job, also)
-        after()
-        return ack
+        return plain.run_alone(self.engine, lambda tx: self.results_in(tx, node_id, batch, job, also))
 
     def results_in(self, tx: plain.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
                    also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None,
@@ -78,9 +71,9 @@ class ResultIntake:
         job_name, node_state = node
         if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue
             return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost"
-                                      for r in batch.results}), _nothing
+                                      for r in batch.results}), plain.nothing
         if job is None or job.metadata.key != job_name:
-            return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results}), _nothing
+            return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results}), plain.nothing
         ack, after = self.apply(tx, node_id, job, self.jobs.sync(job), batch.results)
         if also is not None:
             ack.lease = also(tx, job)
