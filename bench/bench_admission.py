@@ -9,9 +9,11 @@ plug-in (bench/plugins): 2 turns of exactly 8 tokens against the pinned backend,
 - **on**: no setting: the cap comes from the engine's own `max_num_seqs` (4, read from `/server_info`), so
   episodes wait for admission in the controller's queue (not in RUN) and no turn queues in the engine.
 runSeconds = 4 × the mean episode measured alone in the warm-up (the machine's speed sets the scale).
-- **fair share**: jobs `heavy` (priority 3) and `light` (priority 1), the same backend, both backlogged
-  (episodes of 1 turn × 4 tokens, so that many are counted):
-  episodes started per job while both still had work queued, past each job's first 4; target ratio 3 ± 10 %.
+- **fair share**: jobs `heavy` (priority 3) and `light` (priority 1), the same backend, both backlogged with
+  the calibrated episodes, each job's backlog sized from the warm-up so that both stay backlogged for about
+  FAIR_WINDOW seconds (the light job then starts ~60 counted episodes, so one more or less moves the ratio by
+  under 2 %): episodes started per job while both still had work queued, past each job's first 4; target
+  ratio 3 ± 10 %.
 
     python -m bench admission [--quick]      (writes bench/RESULTS-admission.md)
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -36,7 +39,9 @@ from bench.bench_pipeline import P, _port, _wait_phase, start_controller
 HERE = Path(__file__).resolve().parent
 PLUGINS = HERE / "plugins"
 MAX_NUM_SEQS = 4
-TURNS, TOKENS = 2, 8  # per episode (the fair-share jobs: 1 turn of 4 tokens, to count many episodes)
+TURNS, TOKENS = 2, 8  # per episode
+FAIR_WINDOW = {False: 60.0, True: 30.0}  # s both fair-share jobs stay backlogged (full run, --quick)
+RUNS_HEADING = "\n## Runs of "  # the hand-written history below the generated part, kept when it is rewritten
 
 
 def _job(name: str, source: Path, tokenizer: str, backend: str, n: int, run_seconds: float,
@@ -77,9 +82,16 @@ def _episodes(api: httpx.Client, name: str, job: dict, n: int) -> dict:
             "mean_ok": statistics.mean(ok) if ok else float("nan"), "wall": wall}
 
 
+def fair_backlog(window: float, episode_seconds: float, weights: dict[str, int], cap: int = MAX_NUM_SEQS) -> int:
+    """Rollouts per job so that the heaviest job, holding its weighted share of the cap, is still backlogged
+    `window` seconds in (every job gets the same backlog, so the lighter ones outlast it)."""
+    share = cap * max(weights.values()) / sum(weights.values())
+    return cap + math.ceil(window * share / episode_seconds)
+
+
 def _fair_share(api: httpx.Client, source: Path, tokenizer: str, backend: str, n: int, run_seconds: float) -> dict:
     jobs = {"heavy": 3, "light": 1}
-    source.write_text("".join(json.dumps({"id": i, "turns": 1, "tokens": 4}) + "\n" for i in range(n)))
+    source.write_text("".join(json.dumps({"id": i, "turns": TURNS, "tokens": TOKENS}) + "\n" for i in range(n)))
     for name, weight in jobs.items():
         api.put(f"{P}/rolloutjobs/{name}", json=_job(name, source, tokenizer, backend, n, run_seconds,
                                                      priority=weight)).raise_for_status()
@@ -100,7 +112,7 @@ def _fair_share(api: httpx.Client, source: Path, tokenizer: str, backend: str, n
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.agents.engine import EngineServer
 
-    n, n_fair = (24, 64) if quick else (40, 120)
+    n = 24 if quick else 40
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-admission-"))
     source = tmp / "ids.jsonl"
     source.write_text("".join(json.dumps({"id": i, "turns": TURNS, "tokens": TOKENS}) + "\n" for i in range(n)))
@@ -123,7 +135,8 @@ def run(quick: bool = False) -> list[dict]:
         off = _episodes(api, "off", _job("off", source, tokenizer, engine.url, n, run_seconds, cap=1_000_000), n)
         on = _episodes(api, "on", _job("on", source, tokenizer, engine.url, n, run_seconds), n)
         load.append(os.getloadavg())
-        fair = _fair_share(api, tmp / "short.jsonl", tokenizer, engine.url, n_fair, run_seconds * 10)
+        n_fair = fair_backlog(FAIR_WINDOW[quick], warm["mean_ok"], {"heavy": 3, "light": 1})
+        fair = _fair_share(api, tmp / "fair.jsonl", tokenizer, engine.url, n_fair, run_seconds * 10)
         load.append(os.getloadavg())
     finally:
         if ctl is not None:  # its local daemons have sessions of their own: an interrupted job's would linger
@@ -164,13 +177,16 @@ def _write(rows: list[dict], load: list[tuple[float, float, float]], warm: dict,
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = ", ".join(f"{a:.1f}" for a, _, _ in load)
-    (HERE / "RESULTS-admission.md").write_text(
+    out = HERE / "RESULTS-admission.md"
+    old = out.read_text() if out.exists() else ""
+    history = old[old.index(RUNS_HEADING):] if RUNS_HEADING in old else ""
+    out.write_text(
         f"# Whole-episode admission and fair share\n\n`python -m bench admission{' --quick' if quick else ''}` on "
         f"{platform.node()} ({os.cpu_count()} cores), {stamp}. Load average (1 min) at start, after the warm-up, "
         f"after on/off, at the end: {loads} (the machine is shared: other helpers' tests and engines ran).\n\n"
         f"Warm-up: {MAX_NUM_SEQS} episodes alone at the cap, mean {warm['mean_ok']:.2f} s each; runSeconds = 4 × "
         f"that = {run_seconds:g} s for on and off alike (fair share: 10 ×, no time-outs wanted there).\n\n"
-        f"{render(rows)}\n{__doc__}")
+        f"{render(rows)}\n{__doc__}{history}")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ class Leases:
         nodes = job.spec.executor.nodes
         if nodes <= 1 or asked <= 0:
             return asked, None
-        held = self.queue.held(db, job_name, node_id)
+        held = self.queue.live.held(node_id)
         enough = nodes * (asked + held - 1) + 1  # this many live items give a share of asked + held
         live = self.queue.count_live(db, job_name, enough)
         if live >= enough:
@@ -174,8 +174,8 @@ class Leases:
 
     def _beat(self, db: sqlite3.Connection, node_id: str, job_name: str, cache: JobCache, hb: Heartbeat,
               ended: set[str], now: float, resp: HeartbeatResponse) -> None:
-        """The beat's stages, against the leases held in memory (`live`): a stage, a released or re-pinned
-        backend is written when it changed; a full beat renews what it names. An attempt not held in memory is
+        """The beat's stages, against the leases held in memory (`live`), where a stage changes and a full beat
+        renews what it names; a released or re-pinned backend is also written to the database. An attempt not held in memory is
         no lease of this node's any more: cancelled (its job or group was) or unknown (it expired, or is not
         this node's)."""
         live = self.queue.live
@@ -199,9 +199,8 @@ class Leases:
             if held is None or held.node_id != node_id:
                 gone.append(aid)
                 continue
-            if stage != held.stage:
-                held.stage = stage
-                changed[held.item] = held
+            if stage != held.stage:  # in memory only: the database keeps the stage of the grant
+                live.set_stage(held, stage)
             backend = held.backend
             if stage in ("leased", "init") and backend \
                     and (not self.pool.healthy(backend) or backend not in cache.backends):
@@ -216,16 +215,16 @@ class Leases:
             # never reached the daemon (the controller died while sending it) is named by nobody
             # and goes back to the queue when that deadline passes.
             if hb.full:
-                held.until = until
+                live.renew(aid, held, until)
         if gone:
             cancelled = {aid for (aid,) in db.execute(
                 f"SELECT attempt_id FROM items WHERE attempt_id IN {plain.in_list(len(gone))} AND state = ?",
                 (*gone, ItemState.cancelled.value))}
             for aid in gone:
                 (resp.cancel if aid in cancelled else resp.unknown).append(aid)
-        if changed:
-            db.executemany("UPDATE items SET stage = ?, backend = ?, holds_backend = ? WHERE id = ?",
-                           [(h.stage, h.backend, h.holds_backend, h.item) for h in changed.values()])
+        if changed:  # a backend released or re-pinned: admission is restored from these after a restart
+            db.executemany("UPDATE items SET backend = ?, holds_backend = ? WHERE id = ?",
+                           [(h.backend, h.holds_backend, h.item) for h in changed.values()])
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""

@@ -89,17 +89,11 @@ class ItemQueue:
         return db.execute(f"SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT ?)",
                           (job, at_most)).fetchone()[0]
 
-    def held(self, db: sqlite3.Connection, job: str, node_id: str) -> int:
-        """The items node `node_id` holds leased."""
-        # by the node's index (`+`: not the (job, state) one, which holds every leased item of the job)
-        return db.execute("SELECT count(*) FROM items WHERE node_id = ? AND +job = ? AND +state = ?",
-                          (node_id, job, ItemState.leased.value)).fetchone()[0]
-
-    def counts(self, job: str) -> list[tuple[str, str | None, int]]:
-        """(state, stage, items) of the job."""
+    def counts(self, job: str) -> dict[str, int]:
+        """State → the job's items (from the (job, state) index alone: no row is read)."""
         with Session(self.engine, expire_on_commit=False) as s:
-            q = select(ItemRow.state, ItemRow.stage, func.count()).where(ItemRow.job == job)
-            return list(s.exec(q.group_by(ItemRow.state, ItemRow.stage)))
+            q = select(ItemRow.state, func.count()).where(ItemRow.job == job).group_by(ItemRow.state)
+            return {state: n for state, n in s.exec(q)}
 
     def pinned(self, job: str) -> dict[str, int]:
         """Backend URL → tasks of this job currently pinned to it (for status and tests)."""

@@ -196,20 +196,18 @@ class Scheduler:
         exp = self.expand(job)
         self.jobs.sync(job)
         counts = StageCounts(total=exp.total)
-        # the reads below walk every item and trajectory of the job (~100 ms at a thousand nodes): in a thread,
+        # the reads below walk the job's index and trajectories (tens of ms at a thousand nodes): in a thread,
         # on a connection of their own (WAL readers do not wait on the writer), not on the event loop
-        rows = await asyncio.to_thread(self.queue.counts, job.metadata.key)
-        for state, stage, n in rows:
-            if state == ItemState.queued or (state == ItemState.leased and stage == "leased"):
-                counts.queued += n
-            elif state == ItemState.leased:
-                setattr(counts, stage, getattr(counts, stage) + n)
-            elif state == ItemState.done:
-                counts.succeeded += n
-            elif state == ItemState.failed:
-                counts.failed += n
-            elif state == ItemState.cancelled:
-                counts.cancelled += n
+        states = await asyncio.to_thread(self.queue.counts, job.metadata.key)
+        # the stages of leased items live in memory (`live`); the database says how many are leased: those no
+        # beat has placed in a stage yet (or held in memory a moment longer) count as queued, as before a lease
+        stages = self.queue.live.stages(job.metadata.key)
+        counts.init, counts.run, counts.eval = (stages.get(stage, 0) for stage in ("init", "run", "eval"))
+        started = counts.init + counts.run + counts.eval
+        counts.queued = states.get(ItemState.queued, 0) + max(states.get(ItemState.leased, 0) - started, 0)
+        counts.succeeded = states.get(ItemState.done, 0)
+        counts.failed = states.get(ItemState.failed, 0)
+        counts.cancelled = states.get(ItemState.cancelled, 0)
         if exp.error:
             return Progress(counts, failed=exp.error)
         live = counts.queued + counts.init + counts.run + counts.eval

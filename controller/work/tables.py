@@ -27,7 +27,7 @@ class ItemRow(SQLModel, table=True):
     stage: str | None = None  # leased | init | run | eval (while leased)
     attempt: int = 0
     attempt_id: str | None = Field(default=None, index=True)
-    node_id: str | None = Field(default=None, index=True)
+    node_id: str | None = None  # not indexed: the leases a node holds are counted in memory (`live`)
     deadline: float | None = None
     backend: str | None = None
     holds_backend: bool = False  # counted in the backend min-heap (pinned, RUN not over)
@@ -136,6 +136,7 @@ def create(engine: Engine) -> None:
         # every index an item's state change rewrites is WAL pages written; these two repeat the prefixes above
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_state")
+        c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_node_id")  # a lease wrote it at the node's place in it
 
 
 def purge(s: Session, job: str) -> None:

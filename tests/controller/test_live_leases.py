@@ -3,7 +3,9 @@ deadline written), every way out of `leased` forgets them, and a restarted contr
 the database and gives each a whole lease."""
 from __future__ import annotations
 
-from rolloutd.controller.work.live import Live
+import asyncio
+
+from rolloutd.controller.work.live import Live, LiveLeases
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import Heartbeat, ResultBatch
 
@@ -15,16 +17,22 @@ def stored(sched, attempt_id, column="deadline"):
         return c.exec_driver_sql(f"SELECT {column} FROM items WHERE attempt_id = ?", (attempt_id,)).scalar_one()
 
 
-def test_a_beat_renews_in_memory_and_writes_only_a_changed_stage(tmp_path):
+def test_a_beat_renews_and_moves_stages_in_memory_and_writes_nothing(tmp_path):
     store, sched, clock, job = make(tmp_path, prompts=1, samples=1)  # leaseSeconds 10
     node = reg(sched)
     [l] = lease(sched, node, 1)
     granted = stored(sched, l.attempt_id)
     assert granted == clock.t + 10 and sched.queue.live.get(l.attempt_id).until == granted
     clock.t += 6
+    with sched.engine.connect() as c:
+        before = c.exec_driver_sql("SELECT total_changes()").scalar_one()
     sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
     assert stored(sched, l.attempt_id) == granted  # the beat wrote no deadline
-    assert stored(sched, l.attempt_id, "stage") == "run"  # but the stage that changed
+    assert stored(sched, l.attempt_id, "stage") == "leased"  # nor the stage: that is in memory
+    assert sched.queue.live.get(l.attempt_id).stage == "run"
+    assert sched.queue.live.stages(job.metadata.key) == {"run": 1}
+    counts = asyncio.run(sched.progress(job)).counts  # progress counts the stage from memory
+    assert (counts.queued, counts.run) == (0, 1)
     assert sched.queue.live.get(l.attempt_id).until == clock.t + 10
     clock.t += 6  # past the stored deadline, within the renewed one
     assert sched.expire() == 0
@@ -54,7 +62,6 @@ def test_every_way_out_of_leased_forgets_the_lease(tmp_path):
     sched.results(node, ResultBatch(results=[ok(done)]))
     sched.give_back(node, [back.attempt_id], "not started")
     assert sched.queue.live.get(done.attempt_id) is None and sched.queue.live.get(back.attempt_id) is None
-    import asyncio
     asyncio.run(sched.forget(job))  # the job is deleted: its live items are cancelled
     assert len(sched.queue.live) == 0
     reply = sched.heartbeat(node, Heartbeat(stages={cancelled.attempt_id: "run"}))
@@ -90,3 +97,34 @@ def test_a_result_writes_back_only_the_columns_it_changed(tmp_path):
     [update] = [s for s in statements if s.startswith("UPDATE")]
     assert "state = " in update and "attempt_id" not in update and "node_id" not in update, update
     assert stored(sched, l.attempt_id, "state") == "done"
+
+
+def test_the_expiry_pass_finds_what_ran_out_by_the_second_it_runs_out():
+    """Leases are filed by the second their `until` falls in: renewing one moves it, forgetting one removes it,
+    and `expired` names exactly those past their `until` (also within the current second)."""
+    live = LiveLeases()
+    for i, until in enumerate((100.2, 100.7, 101.5, 130.0)):
+        live.add(f"a{i}", Live(i, "j", "n", "leased", None, False, until))
+    assert [aid for aid, _ in live.expired(100.5)] == ["a0"]
+    assert sorted(aid for aid, _ in live.expired(102.0)) == ["a0", "a1", "a2"]
+    live.renew("a1", live.get("a1"), 140.0)
+    live.forget("a2")
+    assert [aid for aid, _ in live.expired(102.0)] == ["a0"]
+    assert sorted(aid for aid, _ in live.expired(141.0)) == ["a0", "a1", "a3"]
+    live.forget("a0"), live.forget("a1"), live.forget("a3"), live.forget("a3")
+    assert live.expired(1e9) == [] and not live._due and len(live) == 0
+
+
+def test_stage_and_node_counts_follow_every_lease_in_and_out():
+    live = LiveLeases()
+    live.add("a", Live(1, "j", "n", "leased", None, False, 10.0))
+    live.add("b", Live(2, "j", "n", "leased", None, False, 10.0))
+    live.add("c", Live(3, "k", "m", "leased", None, False, 10.0))
+    assert (live.held("n"), live.held("m"), live.held("o")) == (2, 1, 0)
+    live.set_stage(live.get("a"), "run")
+    live.set_stage(live.get("b"), "init")
+    live.set_stage(live.get("b"), "run")
+    assert live.stages("j") == {"run": 2} and live.stages("k") == {"leased": 1}
+    live.forget("a"), live.forget("c")
+    assert live.stages("j") == {"run": 1} and live.stages("k") == {}
+    assert (live.held("n"), live.held("m")) == (1, 0)
