@@ -16,6 +16,7 @@ from pathlib import Path
 import uvicorn
 
 from rolloutd.crds import nodeenv
+from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
 
 from .api import create_app
 from .auth import TokenBook, ensure_token
@@ -129,10 +130,15 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                     tls=tls is not None, ca_file=ca_file or (tls and tls[0]))
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=5, ssl_certfile=tls and str(tls[0]),
-                            ssl_keyfile=tls and str(tls[1]))
-    _Server(config).run()
+    _Server(server_config(app, host, port, log_level, tls)).run()
+
+
+def server_config(app: object, host: str, port: int, log_level: str = "info",
+                  tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
+    """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one)."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
+                          ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
 
 
 class _Server(uvicorn.Server):

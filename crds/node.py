@@ -55,6 +55,14 @@ def result_coalesce(interval: float) -> float:
     return min(0.25, max(0.005, (interval - 0.5) / 18))
 
 
+# A daemon's connection to the controller stays open between beats: paced beats come every 2–6 s at a thousand
+# nodes (`beat_gap`), past uvicorn's default of 5 s idle and the 4 s the LLM pool keeps a connection, so half of
+# them reconnected. The daemon closes an idle connection first (before the controller does: a request sent as
+# the server closes it would fail), and one idle longer than any beat gap is not needed.
+DAEMON_KEEP_ALIVE_SECONDS = 60.0
+CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
+
+
 # Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with
 # those it serves in `RegisterResponse.features` (absent: an older controller, which ignores the parameter, or a
 # daemon that did not ask), so neither side meets a field it does not know, as with LEASE_PARAM.

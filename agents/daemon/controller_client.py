@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
 from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
+    DAEMON_KEEP_ALIVE_SECONDS,
     FEATURES_PARAM,
     LEASE_PARAM,
     Heartbeat,
@@ -75,11 +76,14 @@ class ControllerClient:
             base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                keepalive_expiry=DAEMON_KEEP_ALIVE_SECONDS),
             transport=transport,
             verify=ssl.create_default_context(cafile=ca_file) if ca_file else True,
             # plain http through the keep-alive pool the LLM client uses (httpx's costs a daemon
             # CPU on every call); https and a proxied environment keep httpx's own
-            mounts=None if transport or http_proxy_configured() else {"http://": KeepAliveTransport()},
+            mounts=None if transport or http_proxy_configured()
+            else {"http://": KeepAliveTransport(keepalive_expiry=DAEMON_KEEP_ALIVE_SECONDS)},
         )
 
     async def aclose(self) -> None:
