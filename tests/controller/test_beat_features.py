@@ -4,57 +4,25 @@ what changed and renews nothing). A daemon that does not ask meets none of the n
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
-from fastapi.testclient import TestClient
 
-from rolloutd.controller.api import create_app
-from rolloutd.controller.store import Store
-from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, LeaseResponse, beat_gap
-from rolloutd.crds.rolloutjob import RolloutJob
 
+from .node_api import call, node_api, result
 from .test_scheduler import Clock
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
-NODES = "/apis/rolloutd.io/v1alpha1/nodes"
-JOIN = {"Authorization": "Bearer join"}
 
 
 @pytest.fixture
 def api(tmp_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
-                            for i in range(4)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
-    doc["spec"]["samplesPerPrompt"] = 2
-    doc["spec"]["executor"]["nodes"] = 1
-    doc["spec"]["pipeline"]["leaseSeconds"] = 10
-    store = Store(tmp_path / "db.sqlite")
-    store.apply(RolloutJob.model_validate(doc))
     clock = Clock()
-    scheduler = Scheduler(store, clock=clock)
-    scheduler.expand(store.get("math-demo"))
-    with TestClient(create_app(store, "admin", join_token="join", scheduler=scheduler)) as client:
+    with node_api(tmp_path, clock=clock, lease_seconds=10) as (client, scheduler):
         yield client, scheduler, clock
-
-
-def call(api, path, body):
-    r = api.post(f"{NODES}/{path}", json=body, headers=JOIN)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def register(api, features=None):
     query = "" if features is None else f"?features={features}"
     return call(api, f"register{query}", {"job": "math-demo", "name": "n1", "protocol": NODE_PROTOCOL})
-
-
-def result(attempt_id, reward=1.0):
-    return {"attemptId": attempt_id, "trajectory": {"job": "x", "prompt": 0, "sample": 0, "reward": reward}}
 
 
 def test_only_a_daemon_that_asks_meets_the_features_fields(api):

@@ -3,51 +3,21 @@ older daemon never meets it), the leases it brings are ordinary ones, and every 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
-from fastapi.testclient import TestClient
 
-from rolloutd.controller.api import create_app
-from rolloutd.controller.store import Store
-from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, HeartbeatResponse, LeaseResponse, ResultAck
-from rolloutd.crds.rolloutjob import RolloutJob
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
-NODES = "/apis/rolloutd.io/v1alpha1/nodes"
-JOIN = {"Authorization": "Bearer join"}
+from .node_api import JOIN, NODES, call, node_api, result
 
 
 @pytest.fixture
 def node(tmp_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
-                            for i in range(4)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
-    doc["spec"]["samplesPerPrompt"] = 2
-    doc["spec"]["executor"]["nodes"] = 1
-    store = Store(tmp_path / "db.sqlite")
-    store.apply(RolloutJob.model_validate(doc))
-    scheduler = Scheduler(store)
-    scheduler.expand(store.get("math-demo"))
-    with TestClient(create_app(store, "admin", join_token="join", scheduler=scheduler)) as api:
+    with node_api(tmp_path) as (api, scheduler):
         reg = api.post(f"{NODES}/register", json={"job": "math-demo", "name": "n1", "protocol": NODE_PROTOCOL},
                        headers=JOIN)
         assert reg.status_code == 200, reg.text
         yield api, scheduler, reg.json()["nodeId"]
-
-
-def call(api, path, body):
-    r = api.post(f"{NODES}/{path}", json=body, headers=JOIN)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def result(attempt_id):
-    return {"attemptId": attempt_id, "trajectory": {"job": "x", "prompt": 0, "sample": 0, "reward": 1.0}}
 
 
 def test_a_lease_rides_on_a_reply_only_when_asked_and_every_result_lands_once(node):
