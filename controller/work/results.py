@@ -53,12 +53,6 @@ class ResultIntake:
         return bool(item.backend) and not pool.healthy(item.backend) \
             and not any(pool.healthy(u) for u in cache.backends)
 
-    def results(self, node_id: str, batch: ResultBatch,
-                also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None) -> ResultAck:
-        """A batch of results in a transaction of its own (`results_in` says what it does)."""
-        job = self.jobs.find(self.nodes.job_of(node_id))
-        return plain.run_alone(self.engine, lambda tx: self.results_in(tx, node_id, batch, job, also))
-
     def results_in(self, tx: plain.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
                    also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None,
                    ) -> tuple[ResultAck, Callable[[], None]]:

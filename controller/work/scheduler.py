@@ -123,7 +123,14 @@ class Scheduler:
 
     async def results_grouped(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """`results`, committed with the other calls of this turn of the loop."""
-        job = self.jobs.find(self.registry.job_of(node_id))
+        return await self.group.submit(self._results(node_id, batch, lease))
+
+    def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
+        return plain.run_alone(self.engine, self._results(node_id, batch, lease))
+
+    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> plain.Work:
+        job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
 
         def work(tx: plain.Tx) -> tuple[ResultAck, Callable[[], None]]:
             also = (lambda tx, job: self.leases.lease_now(node_id, lease, tx, job)) if lease is not None else None
@@ -132,20 +139,7 @@ class Scheduler:
                 ack.lease = LeaseResponse(done=job is None)
             return ack, after
 
-        return await self.group.submit(work)
-
-    def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
-        """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
-        def also(tx: plain.Tx, job: RolloutJob) -> LeaseResponse:  # in the results' transaction: one commit
-            return self.leases.lease_now(node_id, lease, tx, job)
-
-        ack = self.intake.results(node_id, batch, also if lease is not None else None)
-        if lease is not None and ack.lease is None:  # the results were refused whole (node lost, job deleted)
-            try:
-                ack.lease = self.leases.lease_now(node_id, lease)
-            except NotFound:  # a node declared lost still gets its results' answer; its lease call says 404
-                ack.lease = LeaseResponse()
-        return ack
+        return work
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         return self.leases.give_back(node_id, attempt_ids, reason)
