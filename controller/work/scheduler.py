@@ -45,7 +45,7 @@ from .nodes import NodeRegistry
 from .policy import PolicyVersions
 from .queue import ItemQueue
 from .results import ResultIntake
-from .states import BatchState, DaemonState, ItemState
+from .states import BatchState, ItemState
 from .tables import ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")

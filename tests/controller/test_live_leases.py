@@ -24,9 +24,10 @@ def test_a_beat_renews_and_moves_stages_in_memory_and_writes_nothing(tmp_path):
     granted = stored(sched, l.attempt_id)
     assert granted == clock.t + 10 and sched.queue.live.get(l.attempt_id).until == granted
     clock.t += 6
-    with sched.engine.connect() as c:
-        before = c.exec_driver_sql("SELECT total_changes()").scalar_one()
-    sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
+    with sched.engine.connect() as c:  # data_version: moves when another connection commits a change
+        before = c.exec_driver_sql("PRAGMA data_version").scalar_one()
+        sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
+        assert c.exec_driver_sql("PRAGMA data_version").scalar_one() == before  # the beat wrote nothing
     assert stored(sched, l.attempt_id) == granted  # the beat wrote no deadline
     assert stored(sched, l.attempt_id, "stage") == "leased"  # nor the stage: that is in memory
     assert sched.queue.live.get(l.attempt_id).stage == "run"
