@@ -216,8 +216,12 @@ def gated_job_doc(name: str, engine, gate: Path, *, limit: int = 4, **kw) -> dic
     return doc
 
 
+def in_stage(cluster: "Cluster", name: str, stage: str) -> int:
+    """Rollouts of the job in `stage` (init, run, eval), as its status counts them (the controller holds the
+    stages daemons report in memory, not in the database; the status is refreshed every 2 s or on a change)."""
+    return cluster.get(name).get("status", {}).get("counts", {}).get(stage, 0)
+
+
 def held_at_gate(cluster: "Cluster", name: str) -> int:
     """Rollouts of the job in INIT (what a gated job's rollouts do until the gate opens)."""
-    with cluster.db() as db:
-        return db.execute("SELECT count(*) FROM items WHERE job=? AND state='leased' AND stage='init'",
-                          (name,)).fetchone()[0]
+    return in_stage(cluster, name, "init")

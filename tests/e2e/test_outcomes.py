@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc  # tests/e2e/cluster.py
+from cluster import P, gated_job_doc, held_at_gate, in_stage, job_doc  # tests/e2e/cluster.py
 from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(660)
@@ -49,7 +49,7 @@ def test_an_outage_of_the_only_backend_loses_no_rollout(cluster, tiny_engine, tm
         wait_until(lambda: "is unhealthy" in (c.root / "controller.log").read_text(), 30,
                    "the controller to see the backend down", every=0.1)
         gate.touch()
-        wait_until(lambda: _in_run(c, "outage") > 0, 60, "rollouts in RUN during the outage", every=0.1)
+        wait_until(lambda: in_stage(c, "outage", "run") > 0, 60, "rollouts in RUN during the outage", every=0.1)
         with c.db() as db:  # leasing paused: the 10 rollouts that were queued at the kill still are
             queued = db.execute("SELECT count(*) FROM items WHERE job='outage' AND state='queued'").fetchone()[0]
         assert queued >= 10 - 1  # (at most one lease answered between the kill and the health check)
@@ -64,7 +64,4 @@ def test_an_outage_of_the_only_backend_loses_no_rollout(cluster, tiny_engine, tm
     assert any(t["metrics"].get("backend_waits") for t in trajs), "some rollouts waited for the backend"
 
 
-def _in_run(c: Cluster, job: str) -> int:
-    with c.db() as db:
-        return db.execute("SELECT count(*) FROM items WHERE job=? AND state='leased' AND stage='run'",
-                          (job,)).fetchone()[0]
+
