@@ -81,9 +81,10 @@ def test_results_ride_on_paced_beats_and_change_beats_name_only_changes(controll
     # beat after the first is sent at least 0.25 s after the one before; measured where the fake receives them,
     # on average over the run and over four gaps at a time (a beat received late, on a busy test machine,
     # shortens the gap after it)
-    times = [t for t, _ in beats][1:]
-    assert len(times) > 4 and (times[-1] - times[0]) / (len(times) - 1) > 0.25 * 0.8, times
-    assert min(b - a for a, b in zip(times, times[4:])) > 4 * 0.25 - 0.3, times
+    times = [t for t, _ in beats][1:]  # the run takes 3 or more of them: RUN told, then two timed beats
+    assert len(times) >= 3 and (times[-1] - times[0]) / (len(times) - 1) > 0.25 * 0.8, times
+    k = min(4, len(times) - 1)
+    assert min(b - a for a, b in zip(times, times[k:])) > k * 0.25 - 0.3, times
 
     held, stages, seen = aid_of(fake, "held"), None, set()
     fulls, deltas, held_left_out = [], [], 0
