@@ -53,14 +53,25 @@ def test_results_ride_on_paced_beats_and_change_beats_name_only_changes(controll
     monkeypatch.setattr(heartbeat, "random", SimpleNamespace(random=lambda: 0.5))
     fake = controller(make_spec(workers=(2, 2, 2)), heartbeat_seconds=0.5)
     fake.features, fake.beat_gap, fake.piggyback = FEATURES, 0.25, True
-    fake.add({"id": "held", "run_gate": "hold"}, *[{"id": f"r{i}"} for i in range(8)])
+    # each of the others waits in INIT for a gate of its own, so that they change one by one around the held one
+    fake.add({"id": "held", "run_gate": "hold"}, *[{"id": f"r{i}", "init_gate": f"g{i}"} for i in range(8)])
     handler = ScriptedTask()
 
     async def steer(d: NodeDaemon) -> None:
-        # the held rollout stays in RUN across timed beats while the others change around it
-        await until(lambda: told(fake).get(aid_of(fake, "held")) == "run", 30, "the held rollout told in RUN")
+        # the held rollout stays in RUN across timed beats while the others change around it, released one at a
+        # time until a change beat has left the (unchanged) held rollout out
+        held = await until(lambda: told(fake).get(aid_of(fake, "held")) == "run" and aid_of(fake, "held"), 30,
+                           "the held rollout told in RUN")
         since = answered(fake)[-1][0]
-        await until(lambda: sum(hb.full for t, hb in answered(fake) if t > since) >= 2, 30, "two timed beats")
+        after = lambda: [hb for t, hb in answered(fake) if t > since]  # noqa: E731
+        for i in range(8):
+            if any(not hb.full and held not in hb.stages for hb in after()) and sum(hb.full for hb in after()) >= 2:
+                break
+            handler.gate(f"g{i}").set()
+            await until(lambda: aid_of(fake, f"r{i}") in fake.accepted, 30, f"r{i} done")
+        await until(lambda: sum(hb.full for hb in after()) >= 2, 30, "two timed beats")
+        for i in range(8):
+            handler.gate(f"g{i}").set()
         handler.gate("hold").set()
 
     d, code = run_daemon(fake, handler, steer)
