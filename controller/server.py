@@ -60,7 +60,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
         # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
-        client = default_api_client if kube is None else api_client_for(kube.server, kube.token, kube.ca_path,
+        client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
                                                                          kube.insecure)
         executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), join_token,
                                                              api_client=client, in_job_namespace=kube is not None)

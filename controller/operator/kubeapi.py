@@ -10,7 +10,7 @@ import base64
 import os
 import ssl
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,28 @@ JSON_HEADERS = {"Accept": "application/json"}
 
 @dataclass(frozen=True)
 class Connection:
+    """`token_file`: read again whenever it changes (kubelet rotates a pod's service-account token in place,
+    and kubectl re-reads a kubeconfig's `tokenFile`); `token` is what it held at start, kept if it vanishes."""
+
     server: str
     token: str | None = None
     ca_path: str | None = None
     insecure: bool = False
+    token_file: str | None = None
+    _seen: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def bearer(self) -> str | None:
+        """The token to send now: the token file's current contents (when it has one), else `token`."""
+        if not self.token_file:
+            return self.token
+        try:
+            st = os.stat(self.token_file)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._seen.get("stamp") != stamp:
+                self._seen.update(stamp=stamp, token=Path(self.token_file).read_text().strip() or None)
+        except OSError:  # between kubelet's swap of the file, or removed: the last token read
+            pass
+        return self._seen.get("token") or self.token
 
     @classmethod
     def from_kubeconfig(cls, path: Path, context: str | None = None) -> "Connection":
@@ -43,14 +61,15 @@ class Connection:
         ctx = _named(doc, "contexts", name, path)["context"]
         cluster = _named(doc, "clusters", ctx["cluster"], path)["cluster"]
         user = _named(doc, "users", ctx["user"], path).get("user") or {}
-        token = user.get("token") or (Path(user["tokenFile"]).read_text().strip() if user.get("tokenFile") else None)
+        token_file = None if user.get("token") else user.get("tokenFile")
+        token = user.get("token") or (Path(token_file).read_text().strip() if token_file else None)
         ca = cluster.get("certificate-authority")
         if cluster.get("certificate-authority-data"):  # kept in a private file for the two TLS stacks
             f = tempfile.NamedTemporaryFile("wb", prefix="rolloutd-ca-", suffix=".crt", delete=False)
             f.write(base64.b64decode(cluster["certificate-authority-data"]))
             f.close()
             ca = f.name
-        return cls(cluster["server"].rstrip("/"), token, ca, bool(cluster.get("insecure-skip-tls-verify")))
+        return cls(cluster["server"].rstrip("/"), token, ca, bool(cluster.get("insecure-skip-tls-verify")), token_file)
 
     @classmethod
     def in_cluster(cls, account: Path = SERVICE_ACCOUNT, env: dict[str, str] | None = None) -> "Connection":
@@ -60,10 +79,11 @@ class Connection:
         if not host:
             raise ValueError("not in a pod (no $KUBERNETES_SERVICE_HOST): give --kubeconfig")
         host = f"[{host}]" if ":" in host else host
-        # read once: kubelet refreshes the file hourly, but the API server accepts a pod's token for a year by
-        # default (--service-account-extend-token-expiration); a longer-lived operator restarts with a fresh one
-        token = (Path(account) / "token").read_text().strip()
-        return cls(f"https://{host}:{port}", token, str(Path(account) / "ca.crt"))
+        # kubelet rewrites the token file before the token expires (an hour, where the API server does not
+        # extend it): every request sends the file's current token, and kopf logs in again after a 401
+        token_file = str(Path(account) / "token")
+        token = Path(token_file).read_text().strip()
+        return cls(f"https://{host}:{port}", token, str(Path(account) / "ca.crt"), token_file=token_file)
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -74,10 +94,12 @@ class Connection:
         return ctx
 
     def headers(self) -> dict[str, str]:
-        return {**JSON_HEADERS, **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+        token = self.bearer()
+        return {**JSON_HEADERS, **({"Authorization": f"Bearer {token}"} if token else {})}
 
     def aiohttp_session(self) -> aiohttp.ClientSession:
-        """kopf's session (returned by its login handler): the token and the JSON Accept header."""
+        """kopf's session (returned by its login handler, called again after a 401): the token as it is now
+        and the JSON Accept header."""
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
                                      headers=self.headers())
 
@@ -89,14 +111,27 @@ def _named(doc: dict[str, Any], section: str, name: str | None, path: Path) -> d
     raise ValueError(f"kubeconfig {path}: no {section[:-1]} named {name!r}")
 
 
+class BearerAuth(httpx.Auth):
+    """The connection's current token on every request (`Connection.bearer`)."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def auth_flow(self, request: httpx.Request):
+        token = self.conn.bearer()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
 class JobApi:
     """The handlers' writes: the status subresource (a merge patch that names the resourceVersion it
     read, so a concurrent writer makes it a 409 and the next pass reads again) and core/v1 Events."""
 
     def __init__(self, conn: Connection, timeout: float = 30.0):
         self.conn = conn
-        self.http = httpx.AsyncClient(base_url=conn.server, headers=conn.headers(), verify=conn.ssl_context(),
-                                      timeout=timeout)
+        self.http = httpx.AsyncClient(base_url=conn.server, headers=JSON_HEADERS, auth=BearerAuth(conn),
+                                      verify=conn.ssl_context(), timeout=timeout)
 
     def _url(self, namespace: str, name: str = "") -> str:
         return f"{GROUP_VERSION_PATH}/namespaces/{namespace}/rolloutjobs" + (f"/{name}" if name else "")

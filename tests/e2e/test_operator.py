@@ -3,6 +3,7 @@ against a real cluster: the jobs live on that API server, the operator's kopf ha
 local executor's daemons and its scheduler do the work, and status and events go back through the API."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import yaml
 
 from cluster import P, Cluster, job_doc, plugin_env  # tests/e2e/cluster.py (on sys.path via conftest)
 from waiting import wait_until
+
+from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.config import DataDir
 
 pytestmark = pytest.mark.timeout(660)
 NS = P + "/namespaces/default/rolloutjobs"
@@ -38,11 +42,12 @@ class Operator(Cluster):
                 "--log-level", "info"]
 
 
-def kubeconfig(path: Path, server: str, token: str) -> Path:
+def kubeconfig(path: Path, server: str, token: str | None = None, token_file: Path | None = None) -> Path:
+    user = {"token": token} if token else {"tokenFile": str(token_file)}
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "rolloutd",
         "clusters": [{"name": "api", "cluster": {"server": server}}],
-        "users": [{"name": "op", "user": {"token": token}}],
+        "users": [{"name": "op", "user": user}],
         "contexts": [{"name": "rolloutd", "context": {"cluster": "api", "user": "op", "namespace": "default"}}]}))
     return path
 
@@ -82,3 +87,46 @@ def test_operator_runs_a_job_stored_on_another_api_server(pair, tiny_engine):
                "the operator to release the job and drop its finalizer on the API server")
     wait_until(lambda: op.api.get(f"{NS}/op-job").status_code == 404, 30, "the operator's local copy to go")
     assert "kopf" not in (api.root / "controller.log").read_text()  # --no-operator: the API server ran none
+
+
+def write_token(path: Path, token: str) -> None:
+    """As kubelet rotates a projected token: a new file renamed over the old one."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(token + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def test_the_operator_follows_a_rotated_token_file(tmp_path, tiny_engine):
+    """The kubeconfig names a token file (in a pod: the service account's, which kubelet rewrites before the
+    token expires). After the file gets a new token and the old one is revoked, the operator still runs,
+    finishes and releases a job: its own writes send the new token, and kopf logs in again after a 401."""
+    (tmp_path / "api").mkdir()
+    (tmp_path / "op").mkdir()
+    api = ApiServer(tmp_path / "api").start()
+    tokens = DataDir(api.data_dir).tokens
+    token_file = tmp_path / "token"
+    first = create_scoped_token(tokens, "operator-1", read_only=False, namespaces=[])
+    write_token(token_file, first.token)
+    op = Operator(tmp_path / "op", kubeconfig(tmp_path / "kubeconfig", api.url, token_file=token_file), plugin_env())
+    try:
+        op.start()
+        api.apply(job_doc("before", tiny_engine, limit=1, samples=2, nodes=1))
+        assert api.wait_done("before")["status"]["counts"]["succeeded"] == 2
+
+        second = create_scoped_token(tokens, "operator-2", read_only=False, namespaces=[])
+        write_token(token_file, second.token)
+        (tokens / "operator-1.json").unlink()  # revoked: the first token is refused from now on
+        refused = api.api.get(f"{NS}", headers={"Authorization": f"Bearer {first.token}"})
+        assert refused.status_code == 401, refused.text
+
+        api.apply(job_doc("after", tiny_engine, limit=1, samples=2, nodes=1))
+        final = api.wait_done("after")
+        assert final["status"]["counts"]["succeeded"] == 2
+        assert final["metadata"]["finalizers"] == ["rolloutd.io/release"]
+        assert api.api.delete(f"{NS}/after").status_code == 200
+        wait_until(lambda: api.api.get(f"{NS}/after").status_code == 404, 60,
+                   "the operator to release the job with the rotated token")
+    finally:
+        op.stop()
+        api.stop()
