@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .llm import BackendError, SamplingParams, derive_seed
+from .llm import BackendError, RequestRejected, SamplingParams, derive_seed
+from .openai_wire import (Invalid, chat_messages, chat_tools, completion_prompt, max_tokens, parse_tool_calls,
+                          read_body, respond)
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 
 # Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2). Two blocking
 # threads per connection: it adds ~0.05 ms per call, an asyncio pipe (read/write/drain) added ~0.3 ms
@@ -180,6 +182,8 @@ class Gateway:
         self.calls: list[Call] = []
         self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
+        self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
+        self._long_texts = asyncio.Semaphore(1)
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # backend calls, cancelled by stop (VLLMBackend aborts them)
@@ -209,10 +213,10 @@ class Gateway:
                 await asyncio.wait_for(self._task, 5)
 
     # ------------------------------------------------------------------ the calls
-    async def generate(self, prompt_ids: list[int], max_tokens: Any) -> Call:
+    async def generate(self, prompt_ids: list[int], max_tokens: int | None) -> Call:
         index = len(self.calls)
         limit = self.sampling.max_tokens
-        if isinstance(max_tokens, int) and max_tokens > 0:
+        if max_tokens is not None:
             limit = min(limit, max_tokens)
         sampling = self.sampling.model_copy(update={
             "max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)})
@@ -229,50 +233,54 @@ class Gateway:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """The ASGI app: a plain path dispatch (a framework's middleware and routing cost more per call
-        than the whole goal; FACTS and bench/RESULTS-gateway.md)."""
+        than the whole goal; FACTS and bench/RESULTS-gateway.md). A malformed request is a 4xx
+        (`openai_wire`), never a 500."""
         if scope["type"] != "http":
             return
         route = _ROUTES.get(scope["path"].rstrip("/"))
         if route is None:
-            return await _respond(send, 404, {"error": {"message": f"no route {scope['path']}", "type": "not_found"}})
+            return await respond(send, 404, {"error": {"message": f"no route {scope['path']}", "type": "not_found"}})
         method, handler = route
         if scope["method"] != method:
-            return await _respond(send, 405, {"error": {"message": f"use {method}", "type": "invalid_request_error"}})
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+            return await respond(send, 405, {"error": {"message": f"use {method}", "type": "invalid_request_error"}})
         try:
-            request = json.loads(body) if body else {}
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            request = {}
-        await handler(self, request if isinstance(request, dict) else {}, send)
+            request = await read_body(scope, receive)
+            if request is None:
+                return
+            await handler(self, request, send)
+        except Invalid as e:  # raised before anything is sent
+            await respond(send, e.status, e.payload())
+
+    async def _encode(self, text: str) -> list[int]:
+        if len(text) <= INLINE_CHARS:
+            return self._pieces.encode(text)
+        async with self._long_texts:  # a rollout's long texts one at a time: a harness cannot take every core
+            return await asyncio.to_thread(self.tokenizer.encode_text_in_thread, text)
 
     async def _models(self, body: dict, send: Any) -> None:
-        await _respond(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
+        await respond(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
 
     async def _chat(self, body: dict, send: Any) -> None:
-        messages = [_plain(m) for m in body.get("messages") or [] if isinstance(m, dict)]
-        if not messages:
-            return await _respond(send, 400, _invalid("messages is required"))
-        prompt = self._pieces.encode(self.tokenizer.render(messages, tools=body.get("tools") or None,
-                                                           add_generation_prompt=True))
-        call = await self._call(prompt, body.get("max_completion_tokens") or body.get("max_tokens"), send)
+        messages, tools = chat_messages(body), chat_tools(body)
+        limit = max_tokens(body.get("max_completion_tokens") or body.get("max_tokens"))
+        try:
+            text = self.tokenizer.render(messages, tools=tools, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - the template's own checks (roles, tool shapes) on the harness's input
+            raise Invalid(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
+        prompt = await self._encode(text)
+        call = await self._call(prompt, limit, send)
         if call is None:
             return
         text = self.tokenizer.decode_content(call.token_ids)
-        content, tool_calls = parse_tool_calls(text) if body.get("tools") else (text, [])
+        content, tool_calls = parse_tool_calls(text) if tools else (text, [])
         finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
         message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
                  "total_tokens": len(prompt) + len(call.token_ids)}
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": self.model}
         if not body.get("stream"):
-            return await _respond(send, 200, {**head, "object": "chat.completion", "usage": usage,
-                                              "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+            return await respond(send, 200, {**head, "object": "chat.completion", "usage": usage,
+                                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
         chunks = [{**head, "object": "chat.completion.chunk",
                    "choices": [{"index": 0, "delta": message, "finish_reason": None}]},
                   {**head, "object": "chat.completion.chunk",
@@ -283,74 +291,34 @@ class Gateway:
         await send({"type": "http.response.body", "body": events.encode()})
 
     async def _completions(self, body: dict, send: Any) -> None:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode_text(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
-            ids = prompt
-        else:
-            return await _respond(send, 400, _invalid("prompt must be a string or a list of token ids"))
-        call = await self._call(ids, body.get("max_tokens"), send)
+        prompt = completion_prompt(body, getattr(self.tokenizer, "vocab_size", None))
+        limit = max_tokens(body.get("max_tokens"))
+        ids = await self._encode(prompt) if isinstance(prompt, str) else prompt
+        call = await self._call(ids, limit, send)
         if call is None:
             return
-        await _respond(send, 200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
-                                   "created": int(time.time()), "model": self.model,
-                                   "choices": [{"index": 0, "text": self.tokenizer.decode(call.token_ids),
-                                                "finish_reason": call.finish_reason}],
-                                   "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
-                                             "total_tokens": len(ids) + len(call.token_ids)}})
+        await respond(send, 200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
+                                  "created": int(time.time()), "model": self.model,
+                                  "choices": [{"index": 0, "text": self.tokenizer.decode(call.token_ids),
+                                               "finish_reason": call.finish_reason}],
+                                  "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
+                                            "total_tokens": len(ids) + len(call.token_ids)}})
 
-    async def _call(self, prompt: list[int], max_tokens: Any, send: Any) -> Call | None:
+    async def _call(self, prompt: list[int], limit: int | None, send: Any) -> Call | None:
         try:
-            return await self.generate(prompt, max_tokens)
+            return await self.generate(prompt, limit)
         except BackendError as e:  # the harness sees a 502; the rollout's RUN reports it as infra
             self.backend_error = str(e)
-            await _respond(send, 502, {"error": {"message": f"backend: {e}", "type": "backend_error"}})
-            return None
+            await respond(send, 502, {"error": {"message": f"backend: {e}", "type": "backend_error"}})
+        except RequestRejected as e:  # the prompt is checked above: the job's sampling fields; RUN reports config
+            self.rejected = str(e)
+            await respond(send, 400, {"error": {"message": f"backend refused the request: {e}",
+                                                "type": "invalid_request_error"}})
+        return None
 
 
 _ROUTES = {"/v1/models": ("GET", Gateway._models), "/v1/chat/completions": ("POST", Gateway._chat),
            "/v1/completions": ("POST", Gateway._completions)}
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks → OpenAI `tool_calls`."""
-    calls = []
-    for m in _TOOL_CALL.finditer(text):
-        try:
-            data = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            arguments = data.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                          "function": {"name": data["name"], "arguments": json.dumps(arguments)
-                                       if not isinstance(arguments, str) else arguments}})
-    if not calls:
-        return text, []
-    content = _TOOL_CALL.sub("", text).strip()
-    return content or None, calls
-
-
-def _plain(message: dict) -> dict:
-    """Content parts (`[{"type": "text", "text": ...}]`) joined into one string for the template."""
-    content = message.get("content")
-    if isinstance(content, list):
-        message = {**message, "content": "".join(p.get("text", "") for p in content if isinstance(p, dict))}
-    return message
-
-
-def _invalid(message: str) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error"}}
-
-
-async def _respond(send: Any, status: int, payload: dict) -> None:
-    data = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
-__all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "parse_tool_calls", "start_relay", "stitch"]
+__all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "start_relay", "stitch"]

@@ -58,14 +58,34 @@ class ChatTokenizer:
             messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
         )
 
-    def encode_text(self, text: str) -> list[int]:
-        """Tokenize already-templated text (special tokens parsed, none added)."""
+    def _plain_backend(self) -> Tokenizer | None:
+        """The fast tokenizer `hf.encode` ends in, when nothing (truncation, padding) changes its ids."""
         backend = getattr(self.hf, "_tokenizer", None)
         if (isinstance(backend, Tokenizer) and backend.truncation is None and backend.padding is None
                 and backend.encode_special_tokens == bool(getattr(self.hf, "split_special_tokens", False))):
-            # what `hf.encode` ends in for a fast tokenizer, without its ~40 µs of Python around it
+            return backend
+        return None
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize already-templated text (special tokens parsed, none added)."""
+        backend = self._plain_backend()
+        if backend is not None:  # without `hf.encode`'s ~40 µs of Python around it
             return backend.encode(text, add_special_tokens=False).ids
         return list(self.hf.encode(text, add_special_tokens=False))
+
+    def encode_text_in_thread(self, text: str) -> list[int]:
+        """`encode_text` for a long text, called from a worker thread: the fast tokenizer's batch call
+        releases the GIL while it works (its one-text call holds it: ~10 s for 8 MB of random letters),
+        so the caller's event loop runs meanwhile. The same ids."""
+        backend = self._plain_backend()
+        if backend is not None:
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.encode_text(text)
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """Ids below this are the tokenizer's (its added tokens included)."""
+        return len(self.hf)
 
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
         """The prompt ids: the conversation templated once, with the assistant generation prompt."""

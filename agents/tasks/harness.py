@@ -10,7 +10,8 @@ and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
 `Trajectory.segments` holds every sequence (never a silently re-tokenized one). A backend error
-behind any call makes the rollout `infra`.
+behind any call makes the rollout `infra`; a call the backend refuses as invalid, `config` (the gateway
+checks the harness's part of a request first, so what is left is the job's sampling).
 """
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     error = gateway.backend_error
     if error:
         t.failure = Failure(kind=FailureKind.infra, reason=f"RUN: an LLM call through the gateway failed: {error}")
+    elif gateway.rejected:
+        t.failure = Failure(kind=FailureKind.config, reason="spec.agent.sampling: the backend refused a call "
+                                                            f"through the gateway: {gateway.rejected}")
     elif result.timed_out:
         t.failure = Failure(kind=FailureKind.agent, reason="the harness did not finish within its time")
     return stash_answer(t, submitted=None, final_text="")
