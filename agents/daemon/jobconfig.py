@@ -6,7 +6,6 @@ trajectory the node reports (scored, failed or a stand-in, see outbox.py) is sta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
