@@ -36,6 +36,7 @@ class IPythonResult(BaseModel):
 class FileContent(BaseModel):
     content: str
     total_lines: int
+    truncated: bool = False  # more of the file than `max_bytes` was left unread
 
 
 class DirEntry(BaseModel):
@@ -97,6 +98,8 @@ class ReadFileRequest(RequestModel):
     path: str
     start_line: int | None = None
     end_line: int | None = None
+    max_bytes: int | None = Field(default=None, ge=0)  # read at most this much (the file's start, or its end)
+    tail: bool = False
 
 
 class WriteFileRequest(RequestModel):

@@ -43,6 +43,9 @@ from .protocol import (
 from .server.procs import children, identity
 
 REPLY_MARGIN = 15.0  # infrastructure deadline = the request's own timeout + this
+# What one read_file brings to the node by default: sandboxed code decides how large its files are, and the
+# node daemon holds every reply of up to 64 rollouts at once (a 1 GB file would have been read whole).
+READ_LIMIT = 16 << 20
 
 _live: dict[str, "Sandbox"] = {}  # id → open sandbox, for the exit-time safety net
 
@@ -180,14 +183,15 @@ class Sandbox:
 
     # -- files ----------------------------------------------------------------
 
-    async def read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
-        """Text of `path` (relative to the workspace); lines from 1, both ends inclusive."""
-        return (await self.read_file_info(path, start_line, end_line)).content
+    async def read_file(self, path: str, start_line: int | None = None, end_line: int | None = None, *,
+                        max_bytes: int = READ_LIMIT, tail: bool = False) -> str:
+        """Text of `path` (relative to the workspace); lines from 1, both ends inclusive. At most `max_bytes`
+        of the file are read: its first ones, or with `tail` its last ones (a log's end)."""
+        return (await self.read_file_info(path, start_line, end_line, max_bytes=max_bytes, tail=tail)).content
 
-    async def read_file_info(
-        self, path: str, start_line: int | None = None, end_line: int | None = None
-    ) -> FileContent:
-        req = ReadFileRequest(path=path, start_line=start_line, end_line=end_line)
+    async def read_file_info(self, path: str, start_line: int | None = None, end_line: int | None = None, *,
+                             max_bytes: int = READ_LIMIT, tail: bool = False) -> FileContent:
+        req = ReadFileRequest(path=path, start_line=start_line, end_line=end_line, max_bytes=max_bytes, tail=tail)
         return FileContent.model_validate(await self._call(req, REPLY_MARGIN))
 
     async def write_file(self, path: str, content: str) -> None:

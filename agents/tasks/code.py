@@ -155,6 +155,6 @@ def parse_junit(xml_text: str) -> tuple[int, int]:
 
 async def _tail(sandbox: Any, path: str, n: int = 2000) -> str:
     try:
-        return (await sandbox.read_file(path))[-n:]
+        return (await sandbox.read_file(path, max_bytes=4 * n, tail=True))[-n:]
     except Exception:  # noqa: BLE001 - the log is a courtesy
         return ""

@@ -178,7 +178,7 @@ class HarborTask(TaskHandler):
         finally:
             if egress is not None:
                 await egress.stop()
-        log = await _read(sandbox, "/logs/verifier/test-output.txt") or ""
+        log = await _read(sandbox, "/logs/verifier/test-output.txt", tail=True) or ""
         if run.timed_out:
             raise EvalError(f"harbor: the verifier did not finish within {task['verifier_timeout']:g}s: {log[-1000:]}")
         m = re.search(r"verifier-exit=(\d+)", run.output)
@@ -332,9 +332,10 @@ async def _bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> Non
         raise EvalError(f"harbor: {what} failed in the sandbox: {result.output[-1000:]}")
 
 
-async def _read(sandbox: Any, path: str) -> str | None:
+async def _read(sandbox: Any, path: str, *, tail: bool = False) -> str | None:
+    """A regular file's first (or with `tail` last) 64 KiB: the verifier's output is the agent's to inflate."""
     exists = await sandbox.bash(f"test -f {path}", timeout=30, **EVAL_SESSION)
-    return await sandbox.read_file(path) if exists.exit_code == 0 else None
+    return await sandbox.read_file(path, max_bytes=1 << 16, tail=tail) if exists.exit_code == 0 else None
 
 
 def _exports(env: dict[str, str]) -> str:

@@ -215,7 +215,7 @@ class SweTask(TaskHandler):
         exit_code = checked_exit(run.output, run.exit_code,
                                  f"swe: the test command cannot run in the sandbox: {command!r}")
         try:
-            log = await sb.read_file(f"{EVAL_DIR}/test.log")
+            log = await sb.read_file(f"{EVAL_DIR}/test.log", tail=True)  # a huge log: its end (pytest's summary)
         except Exception as e:  # noqa: BLE001 - we wrote it: its absence is ours
             raise EvalError(f"swe: the test log is missing: {e}") from e
         outcome = parse_test_log(log)
@@ -309,7 +309,10 @@ async def agent_diff(sandbox: Any, task: dict) -> tuple[str, str | None]:
     if result.timed_out or result.exit_code != 0:
         # the agent broke its repository (deleted .git, ...): nothing gradable was handed in
         return "", f"cannot take the diff: {result.output[-500:]}"
-    return await sandbox.read_file(out), None
+    diff = await sandbox.read_file_info(out)
+    if diff.truncated:
+        return "", "the diff is larger than rolloutd reads from a sandbox (16 MiB)"
+    return diff.content, None
 
 
 _staged_cache: dict[tuple[str, str], str] = {}

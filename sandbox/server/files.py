@@ -19,27 +19,49 @@ def resolve(workspace: str, path: str) -> str:
     return os.path.normpath(os.path.join(workspace, path))
 
 
-def read_file(workspace: str, path: str, start_line: int | None, end_line: int | None) -> dict:
-    """Lines are numbered from 1; both ends are inclusive; None means open-ended."""
-    full = resolve(workspace, path)
+def _open_regular(full: str, path: str, **text):
+    """`full` opened for reading if it is a regular file: a FIFO would block the server and a device
+    (/dev/zero) never end. Returns (file, size)."""
     try:
-        with open(full, "rb") as f:
-            data = f.read()
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open does not wait for a writer
     except FileNotFoundError:
         raise RequestError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise RequestError(f"is a directory: {path}") from None
     except OSError as e:
         raise RequestError(f"cannot read {path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise RequestError(f"is a directory: {path}" if stat.S_ISDIR(st.st_mode) else f"not a regular file: {path}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r" if text else "rb", **text), st.st_size
+
+
+def read_file(workspace: str, path: str, start_line: int | None, end_line: int | None,
+              max_bytes: int | None = None, tail: bool = False) -> dict:
+    """Lines are numbered from 1; both ends are inclusive; None means open-ended. With `max_bytes`, at most
+    that many bytes of the file are read: its first ones, or with `tail` its last ones (`truncated`)."""
+    full = resolve(workspace, path)
+    f, size = _open_regular(full, path)
+    try:
+        with f:
+            if max_bytes is not None and tail and size > max_bytes:
+                f.seek(size - max_bytes)
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    except OSError as e:
+        raise RequestError(f"cannot read {path}: {e.strerror}") from None
+    truncated = max_bytes is not None and (len(data) > max_bytes or (tail and size > max_bytes))
+    if max_bytes is not None:
+        data = data[:max_bytes]
     text = data.decode("utf-8", "replace")
     if start_line is None and end_line is None:
-        return {"content": text, "total_lines": text.count("\n") + (0 if text.endswith("\n") or not text else 1)}
+        return {"content": text, "total_lines": text.count("\n") + (0 if text.endswith("\n") or not text else 1),
+                "truncated": truncated}
     lines = text.splitlines(keepends=True)
     start = 1 if start_line is None else start_line
     end = len(lines) if end_line is None else end_line
     if start < 1 or end < start - 1:
         raise RequestError(f"bad line range {start_line}..{end_line}")
-    return {"content": "".join(lines[start - 1 : end]), "total_lines": len(lines)}
+    return {"content": "".join(lines[start - 1 : end]), "total_lines": len(lines), "truncated": truncated}
 
 
 def write_file(workspace: str, path: str, content: str) -> dict:
@@ -58,11 +80,10 @@ def edit_file(workspace: str, path: str, old: str, new: str) -> dict:
     if not old:
         raise RequestError("old must not be empty")
     full = resolve(workspace, path)
+    f, _ = _open_regular(full, path, encoding="utf-8")
     try:
-        with open(full, encoding="utf-8") as f:
+        with f:
             text = f.read()
-    except FileNotFoundError:
-        raise RequestError(f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise RequestError(f"cannot read {path}: {e}") from None
     count = text.count(old)

@@ -201,8 +201,9 @@ class Server:
 
         return files
 
-    def op_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> dict:
-        return self.files.read_file(self.workspace, path, start_line, end_line)
+    def op_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None,
+                     max_bytes: int | None = None, tail: bool = False) -> dict:
+        return self.files.read_file(self.workspace, path, start_line, end_line, max_bytes, tail)
 
     def op_write_file(self, path: str, content: str) -> dict:
         return self.files.write_file(self.workspace, path, content)

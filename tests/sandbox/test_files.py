@@ -55,3 +55,26 @@ def test_list_dir(sandbox, run):
     assert entries["link"][0] == "symlink"
     with pytest.raises(ExecError):
         run(sandbox.list_dir("ls/f"))
+
+
+def test_reads_are_bounded_whatever_sandboxed_code_makes_of_a_file(sandbox, run):
+    """Sandboxed code decides how large its files are; the node reads at most `max_bytes` of one (16 MiB by
+    default): the start, or the end of a log. A FIFO or a device is refused at once (it would block the
+    server or never end), for reads and edits alike."""
+    from rolloutd.sandbox.sandbox import READ_LIMIT
+
+    run(sandbox.bash("head -c 100 /dev/zero | tr '\\0' a > big.log; printf 'THE END\\n' >> big.log; "
+                     f"truncate -s {READ_LIMIT + (1 << 20)} sparse.bin; mkfifo pipe"))
+    head = run(sandbox.read_file_info("big.log", max_bytes=10))
+    assert (head.content, head.truncated) == ("a" * 10, True)
+    end = run(sandbox.read_file_info("big.log", max_bytes=8, tail=True))
+    assert (end.content, end.truncated) == ("THE END\n", True)
+    whole = run(sandbox.read_file_info("big.log", max_bytes=108))
+    assert (len(whole.content), whole.truncated) == (108, False)
+    sparse = run(sandbox.read_file_info("sparse.bin"))  # larger than the default bound
+    assert sparse.truncated and len(sparse.content) == READ_LIMIT
+    for path in ("pipe", "/dev/zero"):
+        with pytest.raises(ExecError, match="not a regular file"):
+            run(sandbox.read_file(path))
+    with pytest.raises(ExecError, match="not a regular file"):
+        run(sandbox.edit_file("pipe", "a", "b"))

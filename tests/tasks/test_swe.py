@@ -11,6 +11,7 @@ import pytest
 from rolloutd.agents.tasks import DatasetError, EvalError
 from rolloutd.agents.tasks.swe import SweTask, parse_test_log, patch_paths, stage_repo
 from rolloutd.crds.trajectory import Trajectory
+from rolloutd.sandbox.protocol import FileContent
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "examples" / "swe" / "train.jsonl"
@@ -161,8 +162,11 @@ def test_without_a_way_to_make_sandboxes_eval_is_an_infra_error(rows):
         async def bash(self, command, **kw):
             return type("R", (), {"exit_code": 0, "timed_out": False, "output": ""})()
 
-        async def read_file(self, path):
+        async def read_file(self, path, **kw):
             return ""
+
+        async def read_file_info(self, path, **kw):
+            return FileContent(content="", total_lines=0)
 
     with pytest.raises(EvalError, match="needs a fresh sandbox"):
         asyncio.run(SweTask().eval(rows[0], Bare(), _traj()))
