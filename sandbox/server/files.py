@@ -9,6 +9,7 @@ not an infrastructure failure.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -64,14 +65,30 @@ def read_file(workspace: str, path: str, start_line: int | None, end_line: int |
     return {"content": "".join(lines[start - 1 : end]), "total_lines": len(lines), "truncated": truncated}
 
 
-def write_file(workspace: str, path: str, content: str) -> dict:
-    full = resolve(workspace, path)
+def _write_regular(full: str, path: str, content: str) -> None:
+    """Write `content` to `full`, a regular file or a new one: a FIFO without a reader would block the server."""
     try:
         os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-        with open(full, "w", encoding="utf-8") as f:
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise RequestError(f"not a regular file: {path}") from None
+        raise RequestError(f"cannot write {path}: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RequestError(f"not a regular file: {path}")
+    try:
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
     except OSError as e:
         raise RequestError(f"cannot write {path}: {e.strerror}") from None
+
+
+def write_file(workspace: str, path: str, content: str) -> dict:
+    full = resolve(workspace, path)
+    _write_regular(full, path, content)
     return {"path": full, "bytes": len(content.encode())}
 
 
@@ -93,11 +110,7 @@ def edit_file(workspace: str, path: str, old: str, new: str) -> dict:
         raise RequestError(f"old text occurs {count} times in {path}; make it unique")
     at = text.index(old)
     text = text[:at] + new + text[at + len(old) :]
-    try:
-        with open(full, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise RequestError(f"cannot write {path}: {e.strerror}") from None
+    _write_regular(full, path, text)
     return {"path": full, "line": text.count("\n", 0, at) + 1}
 
 

@@ -78,3 +78,7 @@ def test_reads_are_bounded_whatever_sandboxed_code_makes_of_a_file(sandbox, run)
             run(sandbox.read_file(path))
     with pytest.raises(ExecError, match="not a regular file"):
         run(sandbox.edit_file("pipe", "a", "b"))
+    with pytest.raises(ExecError, match="not a regular file"):
+        run(sandbox.write_file("pipe", "x"))
+    run(sandbox.write_file("big.log", "short"))  # a regular file is still rewritten whole
+    assert run(sandbox.read_file("big.log")) == "short"
