@@ -8,7 +8,8 @@ Rows: `{"id", "prompt", "tests"}`; `tests` is the text of a pytest file that doe
 The agent hands in its solution either as `/workspace/solution.py` (written with its tools) or, when
 that file does not exist, as the last fenced code block of its answer (`base.answer_text`).
 
-EVAL, inside the RUN sandbox (the tests are never visible to the agent before EVAL): a fresh
+EVAL, inside the RUN sandbox (the tests are never visible to the agent before EVAL): every process the
+agent left is ended first (`leftovers.py`: one could rewrite the report), then a fresh
 directory `/workspace/.rolloutd-eval-<random>/` receives a copy of the solution, the tests and an
 empty `pytest.ini`; `<python> -I -m pytest` runs there with plugin autoload off, `--confcutdir` and
 `-c` pinned to that directory (a conftest.py or pytest.ini the agent left in the workspace is not
@@ -33,6 +34,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import EvalError, Reward, TaskHandler, answer_text, checked_exit
+from .leftovers import end_agent_processes
 
 WORKSPACE = "/workspace"
 SOLUTION = f"{WORKSPACE}/solution.py"
@@ -91,6 +93,7 @@ class CodeTask(TaskHandler):
         text = answer_text(trajectory)
         edir = f"{WORKSPACE}/.rolloutd-eval-{secrets.token_hex(6)}"
         details: dict[str, Any] = {"reward_mode": self.reward, "submitted": trajectory.reward_details.get("submitted")}
+        details["agent_processes_ended"] = await end_agent_processes(sandbox, SESSION, "code")
 
         has_file = (await sandbox.bash(f"test -f {SOLUTION}", timeout=30, **SESSION)).exit_code == 0
         if has_file:

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, json_lines, stash_answer
+from .leftovers import end_agent_processes
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
@@ -291,31 +292,13 @@ def _copy_fresh(source: Path, staging: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-# `kill -9 -1` until nothing but this session's shell and init (the server) runs: one pass can miss a child forked
-# while it runs. A zombie counts as ended: it runs nothing, and init reaps it within a moment.
-END_AGENT_PROCESSES = r"""_rolloutd_end_agent() {
-  local _ stat line pid state left
-  for _ in $(seq 200); do
-    kill -9 -1 2>/dev/null; left=
-    for stat in /proc/[0-9]*/stat; do
-      read -r line < "$stat" 2>/dev/null || continue
-      pid=${line%% *}; state=${line##*) }; state=${state%% *}
-      [ "$pid" = 1 ] || [ "$pid" = $$ ] || [ "$state" = Z ] || [ "$state" = X ] || left="$left $pid"
-    done
-    [ -z "$left" ] && return 0
-    sleep 0.05
-  done
-  echo "still running:$left"; return 1
-}; _rolloutd_end_agent"""
-
-
 async def _open_egress(sandbox: Any) -> Any:
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
     killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it."""
     from rolloutd.agents.egress import EgressProxy
     from rolloutd.agents.gateway import start_relay
 
-    await _bash_ok(sandbox, END_AGENT_PROCESSES, "end the agent's processes", 30)
+    await end_agent_processes(sandbox, EVAL_SESSION, "harbor")
     egress = EgressProxy()
     await egress.start(Path(sandbox.root) / "ctl" / "egress.sock")
     try:

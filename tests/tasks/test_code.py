@@ -158,3 +158,27 @@ def test_parse_junit():
     xml = ('<testsuites><testsuite><testcase name="a"/><testcase name="b"><failure/></testcase>'
            '<testcase name="c"><skipped/></testcase><testcase name="d"><error/></testcase></testsuite></testsuites>')
     assert parse_junit(xml) == (1, 4)
+
+
+# Left running by the agent: waits for EVAL's directory, then keeps writing a JUnit report of all passes.
+FAKE_REPORT = ('<testsuites><testsuite name="pytest" tests="3">' + '<testcase name="t{}"/>' * 3 + '</testsuite></testsuites>'
+               ).format(1, 2, 3)
+FORGER = f"""while true; do for d in /workspace/.rolloutd-eval-*; do
+  [ -d "$d" ] && echo '{FAKE_REPORT}' > "$d/junit.xml" 2>/dev/null; done; sleep 0.005; done
+"""
+
+
+def test_a_process_the_agent_left_cannot_forge_the_test_report(sandboxes):
+    """The tests run in the agent's sandbox: every process the agent left is ended before EVAL, so one
+    cannot rewrite the JUnit report the reward is read from (with it running, a wrong answer scored 1)."""
+    async def body(sb):
+        await sb.write_file("solution.py", "def add(a, b):\n    return None\n")
+        await sb.write_file("forger.sh", FORGER)
+        await sb.bash("nohup bash forger.sh > /dev/null 2>&1 &", session="agent")
+        reward = await CodeTask().eval(TASK, sb, _traj())
+        left = await sb.bash("pgrep -fc forger.sh || true")
+        return reward, left.output.strip()
+
+    reward, left = run(body, sandboxes)
+    assert reward.value == 0.0 and reward.details["passed"] == 0 and reward.details["total"] == 3
+    assert reward.details["agent_processes_ended"] is True and left == "0"
