@@ -10,7 +10,7 @@ every context file's path, mode and content). A finished image has `image.json`;
 
 Made for bwrap's read-only root: the final WORKDIR becomes a symlink to `/workspace` (its files are
 kept in `<key>/workdir/` and copied into each sandbox's workspace by the caller: `seed_workspace`),
-and `/logs`, `/tests`, `/solution` are symlinks into the sandbox's private `/tmp/.harbor/`. An
+and `/logs`, `/tests`, `/solution` are symlinks into the sandbox's control directory (`HARBOR_ROOT`). An
 Apptainer definition (`Apptainer.def`, bootstrapping from the rootfs) is written beside it; a `.sif`
 is built through spython where an apptainer binary exists.
 """
@@ -31,9 +31,13 @@ from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_do
 from .rootfs import (STEP_PATH, ImageBuildError, base_params, base_rootfs, copy_tree, image_cache_dir, locked,
                      lookup_user, run_in_rootfs)
 
-FORMAT = 1
+FORMAT = 2  # 2: /logs, /tests and /solution point into the control directory (was /tmp/.harbor)
 CONTEXT = "/.rolloutd-context"
 HARBOR_DIRS = ("logs", "tests", "solution")
+# In the sandbox's control directory, which a confined agent cannot write (sandbox/server/confine.py): what
+# the verifier reads and writes there is out of reach of any process the agent left. /logs/agent is a
+# symlink the task's INIT makes to /tmp/.harbor/logs-agent, where the agent writes.
+HARBOR_ROOT = "/.rolloutd/harbor"
 HARBOR_TMP = "/tmp/.harbor"
 # a WORKDIR that is one of these stays a plain (read-only) directory: replacing it would break the system
 SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
@@ -260,7 +264,7 @@ def _finalize(image: Image, rootfs: Path, work: Path) -> None:
         image.writable_workdir = True
     for name in HARBOR_DIRS:
         if not os.path.lexists(rootfs / name):
-            (rootfs / name).symlink_to(f"{HARBOR_TMP}/{name}")
+            (rootfs / name).symlink_to(f"{HARBOR_ROOT}/{name}")
         else:
             image.notes.append(f"/{name} exists in the image and is read-only in the sandbox")
 

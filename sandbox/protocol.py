@@ -83,6 +83,19 @@ class CloseSessionRequest(RequestModel):
     session: str = "default"
 
 
+class ConfineRequest(RequestModel):
+    """Confine every session and kernel started from now on, but `exempt` sessions (server/confine.py)."""
+    op: Literal["confine"] = "confine"
+    exempt: list[str] = []
+
+
+class Confinement(BaseModel):
+    confined: bool
+    reason: str | None = None  # why not
+    abi: int | None = None
+    signals_scoped: bool = False  # ABI 6+: a confined process cannot signal one outside its domain
+
+
 class IPythonRequest(RequestModel):
     op: Literal["ipython"] = "ipython"
     code: str
@@ -134,6 +147,7 @@ Request = Annotated[
         SendInputRequest,
         InterruptRequest,
         CloseSessionRequest,
+        ConfineRequest,
         IPythonRequest,
         IPythonInterruptRequest,
         ReadFileRequest,

@@ -25,6 +25,8 @@ from .protocol import (
     BashRequest,
     BashResult,
     CloseSessionRequest,
+    ConfineRequest,
+    Confinement,
     DirEntry,
     EditFileRequest,
     FileContent,
@@ -169,6 +171,12 @@ class Sandbox:
 
     async def close_session(self, session: str) -> None:
         await self._call(CloseSessionRequest(session=session), REPLY_MARGIN)
+
+    async def confine(self, exempt: list[str]) -> Confinement:
+        """From now on the sandbox's sessions (but `exempt`) and kernel write only outside the control
+        directory and cannot signal or trace other processes (Landlock; `confined` False where the kernel
+        lacks it). The sessions running now end: their next command starts a confined one."""
+        return Confinement.model_validate(await self._call(ConfineRequest(exempt=exempt), REPLY_MARGIN))
 
     # -- ipython --------------------------------------------------------------
 

@@ -14,7 +14,8 @@ instead of the job's) and `allow_internet`; the rest is kept in the row (`config
 
 In the sandbox (see image_build.py): everything runs as the task's user (`[agent] user`, else the Dockerfile's
 last USER) when that is not root, else as the runtime's unprivileged user; WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
-in the sandbox's private /tmp. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
+in the control directory (`/logs/agent` links to /tmp), which the agent's sessions, confined from RUN on
+(sandbox/server/confine.py), cannot write: no process the agent leaves can forge the reward. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
 `bash /tests/test.sh` in a shell of its own with the verifier's timeout, and reads
 `/logs/verifier/reward.txt` (or `reward.json`). A verifier that leaves no reward, crashes, or times
 out is an infrastructure failure (`EvalError`), never reward 0. The verifier has no network unless the job
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -43,9 +45,12 @@ from .leftovers import end_agent_processes
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
-EVAL_SESSION = {"session": "rolloutd-harbor-eval"}
+EVAL_SESSION = {"session": "rolloutd-harbor-eval"}  # never confined: the verifier's
+HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image_build.py)
+HARBOR_TMP = "/tmp/.harbor"        # the agent's side: /logs/agent, the instruction, the relay's log
 EGRESS_PORT = 41401  # the verifier's proxy, on the sandbox's own loopback
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+log = logging.getLogger("rolloutd.tasks.harbor")
 SYSTEM_PROMPT = ("You are an agent working in a Linux terminal. Complete the task below; your working "
                  "directory is {workdir}. When you are done, say so.")
 
@@ -126,10 +131,17 @@ class HarborTask(TaskHandler):
         image = await self.image(task)
         await asyncio.to_thread(image.seed_workspace, Path(sandbox.workspace))
         await asyncio.to_thread(sandbox.give, sandbox.workspace)  # before any agent code: no path to race
-        await _bash_ok(sandbox, "mkdir -p /tmp/.harbor/logs/agent /tmp/.harbor/logs/verifier", "prepare /logs", 30)
+        await _bash_ok(sandbox, f"mkdir -p {HARBOR_ROOT}/logs/verifier {HARBOR_TMP}/logs-agent && "
+                                f"ln -sfn {HARBOR_TMP}/logs-agent {HARBOR_ROOT}/logs/agent", "prepare /logs", 30)
 
     # ------------------------------------------------------------------ RUN
     async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+        confined = await _confine_agent(sandbox)
+        trajectory = await self._run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
+        trajectory.metrics["agent_confined"] = confined
+        return trajectory
+
+    async def _run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
         kind = getattr(config, "agent_kind", "loop")
         if kind == "harness":
             from .harness import run_harness  # the gateway's side: only harness jobs load it
@@ -161,7 +173,7 @@ class HarborTask(TaskHandler):
             raise EvalError("harbor: eval needs the rollout's sandbox")
         egress = None
         try:
-            await _bash_ok(sandbox, "rm -rf /tmp/.harbor/tests && rm -f /logs/verifier/reward.txt "
+            await _bash_ok(sandbox, f"rm -rf {HARBOR_ROOT}/tests && rm -f /logs/verifier/reward.txt "
                                     "/logs/verifier/reward.json && mkdir -p /logs/verifier", "prepare /tests", 60)
             await stage_dir(sandbox, Path(task["path"]) / "tests", "/tests")
             exports = _exports(task.get('verifier_env', {}))
@@ -184,7 +196,8 @@ class HarborTask(TaskHandler):
             raise EvalError(f"harbor: the verifier did not finish within {task['verifier_timeout']:g}s: {log[-1000:]}")
         m = re.search(r"verifier-exit=(\d+)", run.output)
         details: dict[str, Any] = {"verifier_exit": int(m.group(1)) if m else None, "verifier_output": log[-3000:],
-                                   "verifier_network": bool(task.get("verifier_network"))}
+                                   "verifier_network": bool(task.get("verifier_network")),
+                                   "agent_confined": trajectory.metrics.get("agent_confined")}
         value = parse_reward(await _read(sandbox, "/logs/verifier/reward.txt"),
                              await _read(sandbox, "/logs/verifier/reward.json"))
         if value is None:
@@ -266,7 +279,7 @@ async def stage_dir(sandbox: Any, source: Path, target: str) -> None:
     name = f".rolloutd-stage-{secrets.token_hex(6)}"
     staging = Path(sandbox.workspace) / name
     await asyncio.to_thread(_copy_fresh, source, staging)
-    inner = shlex.quote(f"/tmp/.harbor{target}")
+    inner = shlex.quote(f"{HARBOR_ROOT}{target}")
     try:
         await _bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /workspace/{name} {inner}",
                        f"stage {target}", 60)
@@ -290,6 +303,20 @@ def _copy_fresh(source: Path, staging: Path) -> None:
         os.rename(tree, staging)  # fails on anything but an empty directory planted at that fresh name
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+async def _confine_agent(sandbox: Any) -> bool:
+    """Before the agent runs: every session but EVAL's is confined (sandbox/server/confine.py), so no process
+    it leaves can write what the verifier reads (/logs/verifier, /tests) nor signal the verifier. False where
+    the kernel has no Landlock: then such a process could still rewrite the reward (README, Harbor)."""
+    confine = getattr(sandbox, "confine", None)
+    if confine is None:
+        return False
+    result = await confine([EVAL_SESSION["session"]])
+    if not result.confined:
+        log.warning("harbor: the agent runs unconfined (%s): a process it leaves could rewrite the reward",
+                    result.reason)
+    return bool(result.confined)
 
 
 async def _open_egress(sandbox: Any) -> Any:

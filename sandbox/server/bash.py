@@ -104,6 +104,7 @@ class BashSession:
         rlimits: dict,
         adopt: tuple[int, int] | None = None,
         fallback_cmd_dir: str | None = None,
+        landlock: int | None = None,
     ) -> None:
         self.name = name
         # where each command's text goes: `cmd_dir` (a tmpfs), else `fallback_cmd_dir`
@@ -117,7 +118,7 @@ class BashSession:
         self.start_waiters = 0  # interrupts waiting for the command to start
         self.dead = False
         if adopt is None:
-            adopt = spawn_bash(cwd, env, rlimits)
+            adopt = spawn_bash(cwd, env, rlimits, landlock)
         self.pid, self.fd = adopt  # `adopt`: a bash started early by server/early.py
         self.exit_status: int | None = None
         self._reaped = threading.Lock()

@@ -78,12 +78,12 @@ def apply_limits(rlimits: dict) -> None:
             pass
 
 
-def spawn_bash(cwd: str, env: dict, rlimits: dict) -> tuple[int, int]:
+def spawn_bash(cwd: str, env: dict, rlimits: dict, landlock: int | None = None) -> tuple[int, int]:
     """(pid, pty master fd) of a new interactive bash on its own pty and session.
 
     What ``ptyprocess.PtyProcess.spawn(..., echo=False)`` does, with builtin
     modules only: `os.forkpty` (new session, the pty as controlling terminal
-    and stdio), echo off, the window size, the limits, then exec.
+    and stdio), echo off, the window size, the limits, `landlock` (a ruleset fd), then exec.
     """
     pid, fd = os.forkpty()
     if pid == 0:  # child
@@ -97,6 +97,9 @@ def spawn_bash(cwd: str, env: dict, rlimits: dict) -> tuple[int, int]:
             termios.tcsetattr(0, termios.TCSANOW, attrs)
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
             apply_limits(rlimits)
+            if landlock is not None:  # a confined session (server/confine.py): no exec without it
+                from .confine import enter
+                enter(landlock)
             os.chdir(cwd)
             os.execve(BASH_ARGV[0], BASH_ARGV, env)
         finally:

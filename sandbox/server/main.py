@@ -71,6 +71,8 @@ class Server:
         self.exiting = False
         self.workers = Workers()
         self.deadlines = Deadlines(self.workers)
+        self.landlock: int | None = None      # set by `op_confine`: the agent's ruleset fd
+        self.exempt: frozenset[str] = frozenset()  # sessions it does not apply to (EVAL's)
 
     @property
     def kernel(self):
@@ -81,8 +83,34 @@ class Server:
         return self._kernel
 
     def _preexec(self) -> None:
-        """Runs in each child (bash, kernel) before exec: the spec's rlimits, SIGPIPE default."""
+        """Runs in each child (bash, kernel) before exec: the spec's rlimits, SIGPIPE default; a kernel
+        started after `op_confine` is confined."""
         apply_limits(self.cfg.get("rlimits") or {})
+        if self.landlock is not None:
+            from .confine import enter
+            enter(self.landlock)
+
+    def op_confine(self, exempt: list[str] | None = None) -> dict:
+        """From now on every session (but `exempt`) and kernel started is confined (`confine.py`); the ones
+        running are ended, so that the next command starts a confined one. `confined` False: the kernel has
+        no Landlock (the reason says so) and nothing changed."""
+        from . import confine
+
+        if self.landlock is None:
+            try:
+                self.landlock, version = confine.ruleset(confine.writable_places(self.cfg["ctl_dir"]))
+            except OSError as e:
+                return {"confined": False, "reason": str(e)}
+            self.landlock_abi = version
+        self.exempt = frozenset(exempt or ())
+        with self.sessions_lock:
+            ended = [self.sessions.pop(n) for n in list(self.sessions) if n not in self.exempt]
+        for s in ended:
+            s.kill()
+        if self._kernel is not None:
+            kernel, self._kernel = self._kernel, None
+            kernel.shutdown()
+        return {"confined": True, "abi": self.landlock_abi, "signals_scoped": self.landlock_abi >= 6}
 
     # -- bash --------------------------------------------------------------
 
@@ -100,6 +128,7 @@ class Server:
                     s = BashSession(
                         name, self.workspace, self.env, self.cmd_dir, self.cfg.get("rlimits") or {}, adopt,
                         fallback_cmd_dir=self.fallback_cmd_dir,
+                        landlock=None if name in self.exempt else self.landlock,
                     )
                 except (OSError, SessionDead) as e:
                     raise RequestError(f"cannot start bash session {name!r}: {e}") from None

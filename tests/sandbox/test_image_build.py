@@ -70,7 +70,7 @@ def test_docker_rules(needs_builder, tmp_path):
     assert (root / "srv/app/greeting.txt").read_text() == "hello from /srv/app/sub a b\n"
     assert (root / "srv/app/uid.txt").read_text() == "0\n"
     assert os.readlink(root / "srv/app/sub") == "/workspace" and list(seed.iterdir()) == []
-    assert os.readlink(root / "logs") == "/tmp/.harbor/logs"
+    assert os.readlink(root / "logs") == "/.rolloutd/harbor/logs"  # the control directory: agents cannot write it
     assert image.env == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                          "TARGET": "/srv/app", "LIST": "a b"}
     assert "Bootstrap: localimage" in (image.path / "Apptainer.def").read_text()

@@ -304,3 +304,67 @@ def test_other_runtimes_are_refused_with_the_reason():
     task = handler.load(TASKS)[0]
     with pytest.raises(EvalError, match="sandbox.runtime bwrap"):
         asyncio.run(handler.sandbox_spec(task, SandboxSpec(runtime="process")))
+
+
+# What a reward-hacking agent leaves behind (its "solution" here, run as the oracle agent in RUN): a wrong
+# answer, a loop forging the reward, one planting a passing test file, one killing the verifier, a service.
+FORGING_SOLVE = r"""#!/bin/bash
+echo '{"orders": 1, "total": 0}' > /app/total.json
+nohup bash -c 'while true; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt;
+  printf "def test_ok():\n    pass\n" > /tests/test_outputs.py; sleep 0.002; done' > /dev/null 2>&1 &
+nohup bash -c 'while true; do pkill -9 -f test_outputs; sleep 0.002; done' > /dev/null 2>&1 &
+nohup python3 -m http.server 8765 --bind 127.0.0.1 > /dev/null 2>&1 &
+sleep 0.5
+"""
+SERVICE_TEST = """#!/bin/bash
+python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8765/', timeout=5)" \\
+  && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+
+
+COUNT_LOOPS = ("python3 -c \"import glob; print(sum(b'while ' b'true' in open(p, 'rb').read() "
+               "for p in glob.glob('/proc/[0-9]*/cmdline')))\"")
+
+
+def _forging_task(tmp_path: Path, test_sh: str | None = None) -> Path:
+    task = tmp_path / "tasks" / "csv-total"
+    shutil.copytree(TASKS / "csv-total", task)
+    (task / "solution" / "solve.sh").write_text(FORGING_SOLVE)
+    if test_sh:
+        (task / "tests" / "test.sh").write_text(test_sh)
+    return tmp_path / "tasks"
+
+
+def _oracle_then_eval(task: dict):
+    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+
+    handler = get_handler("harbor")
+
+    async def main():
+        async with task_sandbox(handler, task) as sandbox:
+            trajectory = await handler.run(task, sandbox, None, tokenizer=None, config=AgentConfig(agent_kind="oracle"),
+                                           ctx=RolloutContext(job="j", prompt=0, sample=0, task_id=task["id"]))
+            reward = await handler.eval(task, sandbox, trajectory)
+            alive = (await sandbox.bash(COUNT_LOOPS)).output.strip()
+            return trajectory, reward, alive
+    return asyncio.run(main())
+
+
+def test_what_the_agent_leaves_running_cannot_forge_plant_or_kill_the_verifier(built, tmp_path):
+    """The agent's sessions are confined (Landlock) from RUN on: a wrong answer with a reward forger, a test
+    planter and a verifier killer left running scores 0 (on the code before, the forger alone scored 1);
+    they were still running through the verifier."""
+    task = get_handler("harbor").load(_forging_task(tmp_path))[0]
+    trajectory, reward, alive = _oracle_then_eval(task)
+    if not trajectory.metrics["agent_confined"]:
+        pytest.skip("this kernel has no Landlock: the agent runs unconfined (README: Known gap)")
+    assert alive == "2"  # not ended: a service the agent started must keep serving the verifier
+    assert reward.value == 0.0 and reward.details["agent_confined"] is True
+    output = reward.details["verifier_output"]
+    assert " failed" in output and "test_ok" not in output  # the real tests ran (not the planted one) and failed
+
+
+def test_a_service_the_agent_left_still_serves_the_verifier(built, tmp_path):
+    task = get_handler("harbor").load(_forging_task(tmp_path, SERVICE_TEST))[0]
+    trajectory, reward, _ = _oracle_then_eval(task)
+    assert reward.value == 1.0, reward.details
