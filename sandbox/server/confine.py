@@ -99,4 +99,24 @@ def enter(fd: int) -> None:
     _check(_libc.syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)), "restrict_self")
 
 
-__all__ = ["abi", "enter", "ruleset", "writable_places"]
+def confine_server(server, exempt: frozenset[str]) -> dict:
+    """`Server.op_confine`: build the ruleset once (the control directory left out), spare `exempt`, and end
+    the sessions and kernel running now, so that the next command starts a confined one. `confined` False:
+    no Landlock (the reason says why), nothing changed."""
+    if server.landlock is None:
+        try:
+            server.landlock, server.landlock_abi = ruleset(writable_places(server.cfg["ctl_dir"]))
+        except OSError as e:
+            return {"confined": False, "reason": str(e)}
+    server.exempt = exempt
+    with server.sessions_lock:
+        ended = [server.sessions.pop(n) for n in list(server.sessions) if n not in exempt]
+    for session in ended:
+        session.kill()
+    if server._kernel is not None:
+        kernel, server._kernel = server._kernel, None
+        kernel.shutdown()
+    return {"confined": True, "abi": server.landlock_abi, "signals_scoped": server.landlock_abi >= 6}
+
+
+__all__ = ["abi", "confine_server", "enter", "ruleset", "writable_places"]

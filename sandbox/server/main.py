@@ -71,8 +71,8 @@ class Server:
         self.exiting = False
         self.workers = Workers()
         self.deadlines = Deadlines(self.workers)
-        self.landlock: int | None = None      # set by `op_confine`: the agent's ruleset fd
-        self.exempt: frozenset[str] = frozenset()  # sessions it does not apply to (EVAL's)
+        self.landlock: int | None = None  # `op_confine`: the agent's ruleset fd, and the sessions it spares
+        self.exempt: frozenset[str] = frozenset()
 
     @property
     def kernel(self):
@@ -83,34 +83,17 @@ class Server:
         return self._kernel
 
     def _preexec(self) -> None:
-        """Runs in each child (bash, kernel) before exec: the spec's rlimits, SIGPIPE default; a kernel
-        started after `op_confine` is confined."""
+        """In each child (bash, kernel) before exec: the spec's rlimits; after `op_confine`, the ruleset."""
         apply_limits(self.cfg.get("rlimits") or {})
         if self.landlock is not None:
             from .confine import enter
             enter(self.landlock)
 
     def op_confine(self, exempt: list[str] | None = None) -> dict:
-        """From now on every session (but `exempt`) and kernel started is confined (`confine.py`); the ones
-        running are ended, so that the next command starts a confined one. `confined` False: the kernel has
-        no Landlock (the reason says so) and nothing changed."""
-        from . import confine
+        """Confine every session (but `exempt`) and kernel started from now on (`confine.confine_server`)."""
+        from .confine import confine_server
 
-        if self.landlock is None:
-            try:
-                self.landlock, version = confine.ruleset(confine.writable_places(self.cfg["ctl_dir"]))
-            except OSError as e:
-                return {"confined": False, "reason": str(e)}
-            self.landlock_abi = version
-        self.exempt = frozenset(exempt or ())
-        with self.sessions_lock:
-            ended = [self.sessions.pop(n) for n in list(self.sessions) if n not in self.exempt]
-        for s in ended:
-            s.kill()
-        if self._kernel is not None:
-            kernel, self._kernel = self._kernel, None
-            kernel.shutdown()
-        return {"confined": True, "abi": self.landlock_abi, "signals_scoped": self.landlock_abi >= 6}
+        return confine_server(self, frozenset(exempt or ()))
 
     # -- bash --------------------------------------------------------------
 
