@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same number on every architecture
 _VERSION = 1 << 0
@@ -21,6 +22,7 @@ MAKE = sum(1 << b for b in range(6, 13))  # char, dir, reg, sock, fifo, block, s
 REFER, TRUNCATE = 1 << 13, 1 << 14       # ABI 2, ABI 3
 SCOPE_SIGNAL = 1 << 1                     # ABI 6
 
+_OCTAL = re.compile(r"\\([0-7]{3})")  # how mountinfo escapes a space, tab, newline or backslash
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -55,7 +57,7 @@ def writable_places(protect: str, always: tuple[str, ...] = ("/dev",)) -> list[s
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # \040 and friends
+            point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 (space) and friends
             if "rw" in fields[5].split(","):
                 places.add(point)
     fenced = protect.rstrip("/")

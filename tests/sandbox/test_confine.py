@@ -9,11 +9,16 @@ import pytest
 from rolloutd.sandbox.server import confine
 
 
+WRITABLE_MOUNT = "/data set é"  # mountinfo escapes the space (\040) and leaves the é as UTF-8
+
+
 @pytest.fixture
-def confined(make_sandbox, run):
+def confined(make_sandbox, run, tmp_path):
     if confine.abi() < 1:
         pytest.skip("this kernel has no Landlock")
-    sb = make_sandbox()
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared").chmod(0o777)  # the sandbox's user writes there
+    sb = make_sandbox(mounts=[{"hostPath": str(tmp_path / "shared"), "path": WRITABLE_MOUNT, "readOnly": False}])
     run(sb.bash("mkdir -p /.rolloutd/guarded && echo kept > /.rolloutd/guarded/f && echo $$ > /tmp/before"))
     result = run(sb.confine(["trusted"]))
     assert result.confined and result.abi >= 1
@@ -21,11 +26,12 @@ def confined(make_sandbox, run):
 
 
 def test_confined_sessions_write_their_places_but_not_the_control_directory(confined, run):
+    """Their places: /workspace, /tmp, /dev and every read-write mount, even one whose path mountinfo escapes."""
     sb, _ = confined
     out = run(sb.bash("echo $$ > /tmp/after; cmp -s /tmp/before /tmp/after && echo same-shell; "
                       "echo x > /.rolloutd/guarded/f; echo forge=$?; rm -f /.rolloutd/guarded/f; echo rm=$?; "
                       "mkdir /.rolloutd/new; echo mkdir=$?; echo w > /workspace/w && echo t > /tmp/t && "
-                      "echo n > /dev/null && echo usual-places-ok")).output
+                      "echo n > /dev/null && echo m > '/data set é/m' && echo usual-places-ok")).output
     assert "same-shell" not in out  # the shell that ran before the call was ended: this one is confined
     assert "forge=1" in out and "rm=1" in out and "mkdir=1" in out and "usual-places-ok" in out
     assert run(sb.bash("cat /.rolloutd/guarded/f", session="other")).output == "kept\n"
