@@ -343,9 +343,14 @@ async def _bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> Non
 
 
 async def _read(sandbox: Any, path: str, *, tail: bool = False) -> str | None:
-    """A regular file's first (or with `tail` last) 64 KiB: the verifier's output is the agent's to inflate."""
-    exists = await sandbox.bash(f"test -f {path}", timeout=30, **EVAL_SESSION)
-    return await sandbox.read_file(path, max_bytes=1 << 16, tail=tail) if exists.exit_code == 0 else None
+    """A regular file's first (or with `tail` last) 64 KiB: the verifier's output is the agent's to inflate.
+    None when there is none (the server refuses a missing file, a directory, a FIFO or a device)."""
+    from rolloutd.sandbox.errors import ExecError
+
+    try:
+        return await sandbox.read_file(path, max_bytes=1 << 16, tail=tail)
+    except ExecError:
+        return None
 
 
 def _exports(env: dict[str, str]) -> str:
