@@ -15,7 +15,7 @@ instead of the job's) and `allow_internet`; the rest is kept in the row (`config
 In the sandbox (see image_build.py): everything runs as the task's user (`[agent] user`, else the Dockerfile's
 last USER) when that is not root, else as the runtime's unprivileged user; WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
 in the control directory (`/logs/agent` links to /tmp), which the agent's sessions, confined from RUN on
-(sandbox/server/confine.py), cannot write: no process the agent leaves can forge the reward. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
+(sandbox/server/confine.py), cannot write. EVAL copies `tests/` to `/tests` (replacing whatever is there), runs
 `bash /tests/test.sh` in a shell of its own with the verifier's timeout, and reads
 `/logs/verifier/reward.txt` (or `reward.json`). A verifier that leaves no reward, crashes, or times
 out is an infrastructure failure (`EvalError`), never reward 0. The verifier has no network unless the job
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import re
 import secrets
@@ -40,7 +39,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, json_lines, stash_answer
-from .leftovers import end_agent_processes
+from .leftovers import confine_agent, end_agent_processes
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
@@ -50,7 +49,6 @@ HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution 
 HARBOR_TMP = "/tmp/.harbor"        # the agent's side: /logs/agent, the instruction, the relay's log
 EGRESS_PORT = 41401  # the verifier's proxy, on the sandbox's own loopback
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-log = logging.getLogger("rolloutd.tasks.harbor")
 SYSTEM_PROMPT = ("You are an agent working in a Linux terminal. Complete the task below; your working "
                  "directory is {workdir}. When you are done, say so.")
 
@@ -136,7 +134,7 @@ class HarborTask(TaskHandler):
 
     # ------------------------------------------------------------------ RUN
     async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
-        confined = await _confine_agent(sandbox)
+        confined = await confine_agent(sandbox, EVAL_SESSION, "harbor")
         trajectory = await self._run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         trajectory.metrics["agent_confined"] = confined
         return trajectory
@@ -305,20 +303,6 @@ def _copy_fresh(source: Path, staging: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-async def _confine_agent(sandbox: Any) -> bool:
-    """Before the agent runs: every session but EVAL's is confined (sandbox/server/confine.py), so no process
-    it leaves can write what the verifier reads (/logs/verifier, /tests) nor signal the verifier. False where
-    the kernel has no Landlock: then such a process could still rewrite the reward (README, Harbor)."""
-    confine = getattr(sandbox, "confine", None)
-    if confine is None:
-        return False
-    result = await confine([EVAL_SESSION["session"]])
-    if not result.confined:
-        log.warning("harbor: the agent runs unconfined (%s): a process it leaves could rewrite the reward",
-                    result.reason)
-    return bool(result.confined)
-
-
 async def _open_egress(sandbox: Any) -> Any:
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
     killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it."""
@@ -343,10 +327,9 @@ async def _bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> Non
 
 
 async def _read(sandbox: Any, path: str, *, tail: bool = False) -> str | None:
-    """A regular file's first (or with `tail` last) 64 KiB: the verifier's output is the agent's to inflate.
-    None when there is none (the server refuses a missing file, a directory, a FIFO or a device)."""
+    """A regular file's first (`tail`: last) 64 KiB, the verifier's output being the agent's to inflate; None
+    when there is none (the server refuses a missing file, a directory, a FIFO or a device)."""
     from rolloutd.sandbox.errors import ExecError
-
     try:
         return await sandbox.read_file(path, max_bytes=1 << 16, tail=tail)
     except ExecError:

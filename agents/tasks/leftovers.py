@@ -1,14 +1,17 @@
-"""Ends every process the agent left in its sandbox before EVAL runs tests there: a process left running has
-the tests' user and could rewrite what they write (a JUnit report, a reward file) before it is read.
-
-Used by the handlers whose EVAL shares the RUN sandbox (`code.py`; `harbor.py` before a verifier gets the
-network). Next step: the handler stages the tests and runs them in its own session.
+"""What the agent leaves running in its sandbox, kept away from a same-sandbox EVAL: a process left running has
+the tests' user and could rewrite what they write (a JUnit report, a reward file) before it is read. Either
+every such process ends before EVAL (`end_agent_processes`: `code.py`; `harbor.py` before a verifier gets the
+network), or the agent is confined from RUN on and its processes may go on serving (`confine_agent`: Harbor).
+Next step: the handler stages the tests and runs them in its own session.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .base import EvalError
+
+log = logging.getLogger("rolloutd.tasks")
 
 # `kill -9 -1` until nothing but this session's shell and init (the server) runs: one pass can miss a child forked
 # while it runs. A zombie counts as ended: it runs nothing, and init reaps it within a moment.
@@ -45,4 +48,17 @@ async def end_agent_processes(sandbox: Any, session: dict, what: str) -> bool:
     return True
 
 
-__all__ = ["END_AGENT_PROCESSES", "end_agent_processes", "has_own_pids"]
+async def confine_agent(sandbox: Any, eval_session: dict, what: str) -> bool:
+    """Before the agent runs, every session but `eval_session` is confined (sandbox/server/confine.py): nothing
+    it leaves can write the control directory, where the verifier's files are, or signal the verifier. False
+    where the kernel has no Landlock (a warning: such a process could then still rewrite the reward)."""
+    if not hasattr(sandbox, "confine"):
+        return False
+    result = await sandbox.confine([eval_session["session"]])
+    if not result.confined:
+        log.warning("%s: the agent runs unconfined (%s): a process it leaves could rewrite the reward",
+                    what, result.reason)
+    return bool(result.confined)
+
+
+__all__ = ["END_AGENT_PROCESSES", "confine_agent", "end_agent_processes", "has_own_pids"]
