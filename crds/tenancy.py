@@ -1,0 +1,183 @@
+"""The TenantPolicy resource: what one namespace's jobs may ask of the cluster, set by the admin.
+
+The analogue of Pod Security Admission, PersistentVolumes, ResourceQuota and NetworkPolicy for rolloutd.
+One policy per namespace (cluster-scoped, `metadata.name` is the namespace it governs); a namespace without
+one gets `RESTRICTED`. The controller checks a job against it at apply (`violations`, a 422 naming the field
+and the policy) and sends it to the job's node daemons, which check again before they start a sandbox.
+A job last written with the admin token is `unrestricted` (None): the admin keeps every power.
+"""
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator
+
+from .base import Model
+from .names import GROUP, VERSION
+
+if TYPE_CHECKING:
+    from .rolloutjob import RolloutJobSpec
+
+POLICY_KIND = "TenantPolicy"
+POLICY_PLURAL = "tenantpolicies"
+RESTRICTED_NAME = "restricted"  # how a namespace without a policy of its own names its profile
+# Set by the controller on every write of a job: "admin", or the scoped token's name. Never taken from a client.
+ADMITTED_BY = f"{GROUP}/admitted-by"
+# sandbox.env names no policy can allow: they steer the dynamic loader or rolloutd's own processes
+NEVER_ENV = ("LD_*", "ROLLOUTD_*")
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/") or "\0" in path or ".." in path.split("/"):
+        raise ValueError(f"must be an absolute path without '..': {path!r}")
+    return posixpath.normpath(path)
+
+
+def beneath(path: str, root: str) -> bool:
+    """`path` is `root` or lies below it (both normalised absolute paths; no link is resolved here)."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root + "/") or root == "/"
+
+
+class VolumeGrant(Model):
+    """A host path the admin lets this namespace's jobs mount (`spec.sandbox.mounts`), or anything below it."""
+
+    host_path: str = Field(description="absolute host path; a job may mount it or a directory below it")
+    read_only: bool = Field(default=True, description="false: jobs may mount it writable (readOnly: false)")
+
+    _abs = field_validator("host_path")(classmethod(lambda cls, v: _absolute(v)))
+
+
+class TenantQuotas(Model):
+    """Bounds on what a namespace holds at once."""
+
+    jobs: int = Field(default=16, ge=0, le=100_000, description="RolloutJobs stored in the namespace")
+    items_per_job: int = Field(default=100_000, ge=1, description="rollouts (prompts × samplesPerPrompt) one job "
+                               "expands to; the expansion stops and the job fails with QuotaExceeded past it")
+    nodes: int = Field(default=2, ge=0, le=4096, description="node daemons of all the namespace's jobs together "
+                       "(the sum of executor.nodes)")
+    sandboxes_per_node: int = Field(default=64, ge=1, description="sandboxes one node daemon may hold at once "
+                                    "(pipeline.workersPerNode init + run + eval, plus sandbox.warm)")
+    watches: int = Field(default=16, ge=0, description="open watches by the namespace's tokens (more: 429)")
+
+
+class TenantPolicySpec(Model):
+    """What a namespace's jobs may use. The defaults are the restricted profile."""
+
+    runtimes: list[Literal["bwrap", "apptainer", "process"]] = Field(
+        default_factory=lambda: ["bwrap"], description="sandbox.runtime values allowed (process runs tool calls on "
+        "the host as the daemon's user: give it to no tenant you do not trust with the node)")
+    images: list[str] = Field(default_factory=lambda: ["host"], description="sandbox.image values allowed: 'host', "
+                              "or absolute paths (a rootfs directory or .sif file, or a directory holding them). "
+                              "Images a harbor task builds from its own Dockerfile are always allowed")
+    volumes: list[VolumeGrant] = Field(default_factory=list, description="host paths sandbox.mounts may name")
+    users: list[str] = Field(default_factory=list, description="sandbox.user values allowed with image: host (host "
+                             "users); a user of a rootfs image is the image's own and needs no grant")
+    env: list[str] = Field(default_factory=lambda: ["*"], description="sandbox.env names allowed (fnmatch patterns); "
+                           f"{', '.join(NEVER_ENV)} are never allowed")
+    network: bool = Field(default=False, description="sandbox.network: true (outbound only, through its own network "
+                          "namespace; never the host's loopback)")
+    verifier_network: bool = Field(default=False, description="sandbox.verifierNetwork: true")
+    data_roots: list[str] = Field(default_factory=list, description="directories tasks.source (datasets, harbor task "
+                                  "directories) must lie beneath; read without following links out of them")
+    backends: list[str] = Field(default_factory=list, description="URL prefixes llm.backends must start with "
+                                "(empty: any URL the controller's own backend policy allows)")
+    owned_backends: list[str] = Field(default_factory=list, description="URL prefixes of backends this namespace "
+                                      "owns: its trainer may pause, resume and reload them (announce a policy with "
+                                      "pause or reload); a backend it does not own is shared and stays as it is")
+    executor_overrides: bool = Field(default=False, description="jobs may set executor.slurm.setup and extraArgs "
+                                     "and executor.kubernetes image and serviceAccount, runAsUser 0 or userNamespace false")
+    quotas: TenantQuotas = Field(default_factory=TenantQuotas)
+
+    _abs_roots = field_validator("data_roots")(classmethod(lambda cls, v: [_absolute(p) for p in v]))
+
+    @field_validator("images")
+    @classmethod
+    def _images(cls, images: list[str]) -> list[str]:
+        return [i if i == "host" else _absolute(i) for i in images]
+
+
+RESTRICTED = TenantPolicySpec()
+
+
+class TenantPolicy(Model):
+    """apiVersion rolloutd.io/v1alpha1, kind TenantPolicy; metadata.name is the namespace it governs."""
+
+    api_version: str = Field(default=f"{GROUP}/{VERSION}", alias="apiVersion")
+    kind: Literal["TenantPolicy"] = POLICY_KIND
+    metadata: dict = Field(default_factory=dict)
+    spec: TenantPolicySpec = Field(default_factory=TenantPolicySpec)
+
+
+def _url_allowed(url: str, prefixes: list[str]) -> bool:
+    return any(url == p or url.startswith(p if p.endswith("/") else p + "/") for p in prefixes)
+
+
+def owns_backend(policy: TenantPolicySpec | None, url: str) -> bool:
+    """The namespace may pause, resume and reload the backend at `url` (None: the admin's job, always)."""
+    return policy is None or _url_allowed(url, policy.owned_backends)
+
+
+def violations(spec: "RolloutJobSpec", policy: TenantPolicySpec | None) -> list[tuple[str, str]]:
+    """(field, why) for each part of `spec` that `policy` does not allow; empty when it allows all of it.
+
+    Checks what the spec alone shows; quotas over the namespace (jobs, nodes, watches) and the rows a dataset
+    holds are the controller's to count, links under a data root the reader's to refuse."""
+    if policy is None:
+        return []
+    out: list[tuple[str, str]] = []
+    box = spec.sandbox
+    if box.runtime not in policy.runtimes:
+        out.append(("spec.sandbox.runtime", f"{box.runtime!r} is not allowed (allowed: {', '.join(policy.runtimes)})"))
+    if box.image != "host":
+        image = posixpath.normpath(box.image) if box.image.startswith("/") else box.image
+        if not any(i != "host" and image.startswith("/") and beneath(image, i) for i in policy.images):
+            out.append(("spec.sandbox.image", f"{box.image!r} is not an allowed image"))
+    elif "host" not in policy.images:
+        out.append(("spec.sandbox.image", "'host' is not an allowed image"))
+    for i, m in enumerate(box.mounts):
+        grant = next((g for g in policy.volumes if beneath(posixpath.normpath(m.host_path), g.host_path)), None)
+        if grant is None:
+            out.append((f"spec.sandbox.mounts[{i}].hostPath", f"{m.host_path!r} is not beneath a volume the policy grants"))
+        elif not m.read_only and grant.read_only:
+            out.append((f"spec.sandbox.mounts[{i}].readOnly", f"{grant.host_path!r} is granted read-only"))
+    if box.user is not None and box.image == "host" and box.user not in policy.users:
+        out.append(("spec.sandbox.user", f"host user {box.user!r} is not allowed"))
+    for name in box.env:
+        if any(fnmatch.fnmatchcase(name, p) for p in NEVER_ENV) or not any(
+                fnmatch.fnmatchcase(name, p) for p in policy.env):
+            out.append((f"spec.sandbox.env.{name}", "this variable is not allowed"))
+    if box.network and not policy.network:
+        out.append(("spec.sandbox.network", "network is not allowed"))
+    if box.verifier_network and not policy.verifier_network:
+        out.append(("spec.sandbox.verifierNetwork", "the verifier's network is not allowed"))
+    source = spec.tasks.source
+    if not source.startswith("/") or not any(beneath(posixpath.normpath(source), r) for r in policy.data_roots):
+        roots = ", ".join(policy.data_roots) or "none granted"
+        out.append(("spec.tasks.source", f"must be an absolute path beneath a data root ({roots})"))
+    if policy.backends:
+        for i, b in enumerate(spec.llm.backends):
+            if not _url_allowed(b.url, policy.backends):
+                out.append((f"spec.llm.backends[{i}].url", "is not an allowed backend"))
+    ex = spec.executor
+    if not policy.executor_overrides:
+        if ex.slurm.setup:
+            out.append(("spec.executor.slurm.setup", "executor overrides are not allowed"))
+        if ex.slurm.extra_args:
+            out.append(("spec.executor.slurm.extraArgs", "executor overrides are not allowed"))
+        k8s = ex.kubernetes
+        for field, loosened in (("image", k8s.image is not None), ("serviceAccount", k8s.service_account is not None),
+                                ("runAsUser", k8s.run_as_user == 0), ("userNamespace", not k8s.user_namespace)):
+            if loosened:
+                out.append((f"spec.executor.kubernetes.{field}", "executor overrides are not allowed"))
+    q = policy.quotas
+    if ex.nodes > q.nodes:
+        out.append(("spec.executor.nodes", f"{ex.nodes} is over the namespace's node quota ({q.nodes})"))
+    w = spec.pipeline.workers_per_node
+    held = w.init + w.run + w.eval + box.warm
+    if held > q.sandboxes_per_node:
+        out.append(("spec.pipeline.workersPerNode", f"init + run + eval + sandbox.warm = {held} sandboxes per node, "
+                    f"over the quota ({q.sandboxes_per_node})"))
+    return out
