@@ -8,7 +8,8 @@
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/events   GET (what `rolloutctl describe` shows)
     …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends}   trainer (`http/trainer.py`)
     …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
-    The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's.
+    The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
+    naming another namespace there is a 400.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
@@ -28,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 
 from rolloutd.crds.names import API_PREFIX as PREFIX
+from rolloutd.crds.names import DEFAULT_NAMESPACE, job_key
 from rolloutd.crds.rolloutjob import Phase
 
 from .auth import TokenBook, token_matches
@@ -194,28 +196,28 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}")
     async def apply(name: str, request: Request):
-        return await jobs.rolloutctl_apply(store, request, None, name)
+        return await jobs.rolloutctl_apply(store, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}")
     async def get(name: str, request: Request):
-        return jobs.respond(request, await asyncio.to_thread(store.get_wire, name))
+        return jobs.respond(request, await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE))
 
     @app.delete(f"{PREFIX}/rolloutjobs/{{name}}")
     async def delete(name: str, request: Request):
-        return await jobs.delete(store, request, None, name, code=202)
+        return await jobs.delete(store, request, DEFAULT_NAMESPACE, name, code=202)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def get_status(name: str):
-        return await asyncio.to_thread(store.get_wire, name)
+        return await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE)
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def put_status(name: str, request: Request):
-        return await jobs.replace_status(store, request, None, name)
+        return await jobs.replace_status(store, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/events")
     async def events(name: str):
-        await asyncio.to_thread(store.get_wire, name)  # 404 for unknown jobs
-        return {"items": await asyncio.to_thread(store.events, name)}
+        await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE)  # 404 for unknown jobs
+        return {"items": await asyncio.to_thread(store.events, job_key(DEFAULT_NAMESPACE, name))}
 
     app.include_router(jobs.namespaced_router(store))
     app.include_router(discovery_router(store))

@@ -77,10 +77,15 @@ def create_scoped_token(tokens_dir: Path, name: str, *, read_only: bool, namespa
 
 
 class TokenBook:
-    """The scoped tokens of `tokens_dir` (one JSON file each), read again whenever the directory changed."""
+    """The scoped tokens of `tokens_dir` (one JSON file each), read again whenever a file's content changed.
+
+    Every lookup reads the files (a few small ones): a token file narrowed in place keeps its size and even its
+    mtime can be set back, so neither the directory's nor the file's mtime says it changed; its bytes do."""
 
     def __init__(self, tokens_dir: Path | None):
-        self.dir, self._mtime, self._tokens = tokens_dir, None, ()
+        self.dir = tokens_dir
+        self._seen: tuple[tuple[str, bytes], ...] | None = None
+        self._tokens: tuple[ScopedToken, ...] = ()
 
     def find(self, header: str | None) -> ScopedToken | None:
         if self.dir is None or not header:
@@ -88,20 +93,29 @@ class TokenBook:
         self._refresh()
         return next((t for t in self._tokens if token_matches(header, t.token)), None)
 
-    def _refresh(self) -> None:
-        try:
-            mtime = self.dir.stat().st_mtime_ns
-        except OSError:
-            self._tokens = ()
-            return
-        if mtime == self._mtime:
-            return
-        tokens = []
+    def _read(self) -> tuple[tuple[str, bytes], ...]:
+        out = []
         for path in sorted(self.dir.glob("*.json")):
             try:
-                doc = json.loads(path.read_text())
+                out.append((path.name, path.read_bytes()))
+            except OSError as e:  # gone between the listing and the read, or unreadable: it grants nothing
+                log.error("ignoring token file %s: %s", path, e.strerror)
+        return tuple(out)
+
+    def _refresh(self) -> None:
+        try:
+            seen = self._read()
+        except OSError:
+            self._seen, self._tokens = None, ()
+            return
+        if seen == self._seen:
+            return
+        tokens = []
+        for name, raw in seen:
+            try:
+                doc = json.loads(raw)
                 tokens.append(ScopedToken(str(doc["name"]), str(doc["token"]), bool(doc.get("readOnly")),
                                           tuple(str(n) for n in doc.get("namespaces") or ())))
-            except (OSError, ValueError, KeyError, TypeError) as e:  # a bad file grants nothing
-                log.error("ignoring token file %s: %s", path, e)
-        self._mtime, self._tokens = mtime, tuple(t for t in tokens if t.token)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:  # a bad file grants nothing
+                log.error("ignoring token file %s: %s", name, type(e).__name__)
+        self._seen, self._tokens = seen, tuple(t for t in tokens if t.token)

@@ -166,7 +166,8 @@ def discovery_router(store: Store) -> APIRouter:
             job = await asyncio.to_thread(store.get_wire, name, ns)
         except NotFound:
             raise NotFound(f'rolloutjobs.rolloutd.io "{name}" not found: an Event needs its object') from None
-        await asyncio.to_thread(store.add_event, name, reason, message, type_)
+        # the event belongs to the job of this namespace: its key is (namespace, name), never the bare name
+        await asyncio.to_thread(store.add_event, job_key(ns, name), reason, message, type_)
         events = await asyncio.to_thread(core_events, store, job["metadata"]["namespace"])
         return JSONResponse([e for e in events if e["involvedObject"]["name"] == name][-1], status_code=201)
 

@@ -22,6 +22,7 @@ def closed(job: RolloutJob) -> bool:
 
 @dataclass
 class JobCache:
+    uid: str  # a job deleted and created again under its name is another job: nothing of the old one carries over
     generation: int
     backends: list[str]
     max_attempts: int
@@ -43,16 +44,17 @@ class Jobs:
         return job
 
     def sync(self, job: RolloutJob) -> JobCache:
-        cache = self._cache.get(job.metadata.key)
-        if cache is None or cache.generation != job.metadata.generation:
+        key, uid = job.metadata.key, job.metadata.uid or ""
+        cache = self._cache.get(key)
+        if cache is None or cache.uid != uid or cache.generation != job.metadata.generation:
             urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
             for u in urls:
                 self.pool.add(u)
-            self.pool.admission.set_job(job.metadata.name, urls, job.spec.llm.max_episodes_per_backend,
-                                        job.spec.priority)
-            cache = JobCache(job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
+            # keyed by (namespace, name): team-a's `train` never sets default's `train` cap or weight
+            self.pool.admission.set_job(key, urls, job.spec.llm.max_episodes_per_backend, job.spec.priority)
+            cache = JobCache(uid, job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
                              job.spec.pipeline.lease_seconds)
-            self._cache[job.metadata.key] = cache
+            self._cache[key] = cache
         return cache
 
     def find(self, name: str | None) -> RolloutJob | None:
