@@ -162,10 +162,11 @@ class VLLMBackend:
         except httpx.TimeoutException as e:
             raise BackendError(f"{self.url}{path}: timed out ({type(e).__name__})") from e
         except httpx.HTTPError as e:  # connect refused, reset, closed mid-response, ...
-            raise BackendError(f"{self.url}{path}: {type(e).__name__}: {e}",
+            # the kind only: an exception's text can quote what the server sent (a malformed status line)
+            raise BackendError(f"{self.url}{path}: {type(e).__name__}",
                                unreachable=isinstance(e, httpx.TransportError)) from e
-        if resp.status_code >= 500:
-            raise BackendError(f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:500]}")
+        if resp.status_code >= 500:  # a status, never the body (the URL may be any service the node reaches)
+            raise BackendError(f"{self.url}{path}: HTTP {resp.status_code}")
         return resp
 
     async def _send(self, method: str, url: str, *, json: Any = None, timeout: float | None = None) -> httpx.Response:
@@ -187,8 +188,11 @@ class VLLMBackend:
                 return self.model
             resp = await self._request("GET", "/v1/models")
             if resp.status_code != 200:
-                raise BackendError(f"{self.url}/v1/models: HTTP {resp.status_code}: {resp.text[:300]}")
-            data = resp.json().get("data") or []
+                raise BackendError(f"{self.url}/v1/models: HTTP {resp.status_code}")
+            try:
+                data = resp.json().get("data") or []
+            except (ValueError, AttributeError):
+                raise BackendError(f"{self.url}/v1/models: not a model list") from None
             if not data:
                 raise BackendError(f"{self.url} serves no model")
             entry = next((d for d in data if d.get("id") == self.model), data[0]) if self.model else data[0]
@@ -228,9 +232,13 @@ class VLLMBackend:
             if resp.status_code == 400 and _OVERFLOW.search(text):
                 return Generation([], [], "length", list(prompt_ids), None)
             if resp.status_code in (400, 404, 422):
-                raise RequestRejected(f"{self.url}/v1/completions: HTTP {resp.status_code}: {text[:500]}")
-            raise BackendError(f"/v1/completions: HTTP {resp.status_code}: {text[:500]}")
-        return self._parse(resp.json(), prompt_ids)
+                raise RequestRejected(f"{self.url}/v1/completions: HTTP {resp.status_code}")
+            raise BackendError(f"/v1/completions: HTTP {resp.status_code}")
+        try:
+            data = resp.json()
+        except ValueError:
+            raise BackendError("malformed completion response: not JSON") from None
+        return self._parse(data, prompt_ids)
 
     @staticmethod
     def _parse(data: dict[str, Any], prompt_ids: list[int]) -> Generation:
@@ -241,7 +249,7 @@ class VLLMBackend:
             logprobs = lp.get("token_logprobs") or []
             tokens = lp.get("tokens") or []
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise BackendError(f"malformed completion response: {e!r}: {str(data)[:300]}") from e
+            raise BackendError(f"malformed completion response ({type(e).__name__})") from e
         finish = choice.get("finish_reason") or "stop"
         if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
             raise BackendError("request aborted by the server")

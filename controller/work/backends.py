@@ -107,8 +107,22 @@ class BackendPool:
         self.admission.give(url, job)
 
 
+def failure(e: BaseException) -> str:
+    """A fixed reason for a failed call to a backend: the error's kind, never its text (an exception's message
+    can quote what the server sent, e.g. a malformed status line, and a backend URL may be any loopback service)."""
+    if isinstance(e, httpx.TimeoutException):
+        return "timed out"
+    if isinstance(e, httpx.ConnectError):
+        return "connection failed"
+    if isinstance(e, httpx.HTTPError):
+        return f"request failed ({type(e).__name__})"
+    return "failed"
+
+
 class BackendHttp:
-    """The controller's one HTTP client to the backends (created on first use, shared by the calls below)."""
+    """The controller's one HTTP client to the backends (created on first use, shared by the calls below).
+
+    What it reports of an answer is its status and a fixed reason, never the body."""
 
     def __init__(self) -> None:
         self._client: httpx.AsyncClient | None = None
@@ -121,32 +135,36 @@ class BackendHttp:
 
     async def update(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
         """vLLM's admin sequence for a new policy: pause → reload weights → reset the prefix cache →
-        resume. Errors are reported in the answer (the other backends still update)."""
+        resume. Errors are reported in the answer as the step, a status and a fixed reason (the other
+        backends still update)."""
         http = self.client
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
+        step = "pause"
         try:
             if pause:
                 await http.post(f"{url}/pause", params={"mode": "wait"}, timeout=120)
             if weights_path:
-                t = time.monotonic()
+                step, t = "reload_weights", time.monotonic()
                 r = await http.post(f"{url}/collective_rpc", timeout=300, json={
                     "method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})
                 if r.status_code != 200:
-                    raise RuntimeError(f"reload_weights: HTTP {r.status_code}: {r.text[:300]}")
+                    out["error"] = f"reload_weights: HTTP {r.status_code}"
+                    return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            step = "reset_prefix_cache"
             for _ in range(20):  # false while blocks are still held by requests finishing
                 r = await http.post(f"{url}/reset_prefix_cache", timeout=30)
                 if r.status_code != 200 or "false" not in r.text.lower():
                     break
                 await asyncio.sleep(0.1)
         except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
-            out["error"] = f"{type(e).__name__}: {e}"
+            out["error"] = f"{step}: {failure(e)}"
         finally:
             if pause:
                 try:
                     await http.post(f"{url}/resume", timeout=30)
                 except httpx.HTTPError as e:
-                    out["error"] = out["error"] or f"resume: {e}"
+                    out["error"] = out["error"] or f"resume: {failure(e)}"
         return out
 
 
@@ -183,7 +201,7 @@ class HealthProbe:
             return url, False, f"/health unanswered for {now - since:.0f}s"
         except httpx.HTTPError as e:
             self._slow_since.pop(url, None)
-            return url, False, f"{type(e).__name__}: {e}"
+            return url, False, f"/health: {failure(e)}"
         self._slow_since.pop(url, None)
         if r.status_code == 200 and url not in self.pool.admission.reported:
             await self._learn_max_num_seqs(url)
