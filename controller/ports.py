@@ -17,10 +17,12 @@ class Progress:
     counts: StageCounts
     done: bool = False          # every rollout is finished (batch mode: the last batch is complete)
     failed: str | None = None   # a reason when the job cannot finish
+    reason: str = "WorkFailed"  # the Failed condition's reason (QuotaExceeded: a quota of the job's policy)
     extra: dict | None = None   # status fields the work tracker owns: {"batch": …, "policyVersion": …}
 
 
 class WorkTracker(Protocol):
+    async def admit(self, job: RolloutJob) -> object: ...       # the step that expands the job into work items
     async def progress(self, job: RolloutJob) -> Progress: ...
     async def registered(self, job: RolloutJob) -> int: ...   # node daemons registered and alive
     async def forget(self, job: RolloutJob) -> None: ...

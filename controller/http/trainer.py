@@ -87,6 +87,7 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
     async def request_batch(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
         req = await read_model(request, BatchRequest)
+        await scheduler.admit(await asyncio.to_thread(store.get, name))  # step by step, before the batch opens
         return scheduler.request_batch(name, req.batch, req.prompts)
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")

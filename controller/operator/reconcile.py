@@ -81,6 +81,8 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
         return step
     set_condition(status, "ExecutorReady", True, "Configured")
 
+    if work is not None:
+        await work.admit(job)  # the dataset into work items, step by step (a read below never expands)
     progress = await work.progress(job) if work is not None else None
     if progress is not None:
         status.counts = progress.counts
@@ -93,7 +95,7 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
                 status.reward_mean = progress.extra["rewardMean"]
         if progress.failed:
             await executor.release(job)
-            return _finish(step, Phase.failed, "WorkFailed", progress.failed)
+            return _finish(step, Phase.failed, progress.reason, progress.failed)
         if progress.done:
             await executor.release(job)
             return _finish(step, Phase.succeeded, "AllRolloutsFinished",

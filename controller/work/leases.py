@@ -108,12 +108,12 @@ class Leases:
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
             idle = not leases and (live == 0 if live is not None else not plain.has_live(db, job_name))
-        exp = self.expansions.expand(job)
+        exp = self.expansions.row(job)  # a read: the expansion is the reconcile's step (`Scheduler.admit`)
         if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
             with Session(self.engine, expire_on_commit=False) as s:
                 done = idle and self.batches.finished(s, job)
             return LeaseResponse(leases=leases, done=done)
-        return LeaseResponse(leases=leases, done=exp.total > 0 and idle)
+        return LeaseResponse(leases=leases, done=exp is not None and not exp.pending and exp.total > 0 and idle)
 
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         deadline = time.monotonic() + wait

@@ -37,7 +37,7 @@ from . import plain, tables
 from .admission import Admission
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
-from .expansion import Expansions
+from .expansion import Expansions, PolicyFor
 from .feed import Feed
 from .jobs import Jobs, closed
 from .leases import Leases
@@ -64,7 +64,8 @@ def _env_max_episodes() -> int | None:
 class Scheduler:
     def __init__(self, store: Store, *, health_interval: float = 2.0,
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
-                 health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None):
+                 health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None,
+                 policy_for: PolicyFor = lambda job: None):
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
         self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
@@ -75,7 +76,8 @@ class Scheduler:
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
         self.queue = ItemQueue(self.engine, self.pool, clock)
-        self.expansions = Expansions(self.engine, clock, self.queue.wake)
+        # policy_for: the job's effective TenantPolicy (None: unrestricted), for its item quota
+        self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self.feed = Feed(self.engine)
         self.registry = NodeRegistry(self.engine, self.jobs, clock)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
@@ -184,12 +186,23 @@ class Scheduler:
     # ------------------------------------------------------------ WorkTracker (reconciler)
 
     def expand(self, job: RolloutJob) -> ExpansionRow:
+        """The whole expansion at once (tests, tools); the reconcile's step is `admit`."""
         return self.expansions.expand(job)
 
+    async def admit(self, job: RolloutJob) -> ExpansionRow:
+        """The step "admit": the job's dataset into queued items, at most `expansion.CHUNK` rows per
+        transaction with the event loop free between them (other tenants' calls go on meanwhile)."""
+        row = self.expansions.admit(job)
+        while row.pending and not row.error:
+            await asyncio.sleep(0)
+            row = self.expansions.admit(job)
+        return row
+
     async def progress(self, job: RolloutJob) -> Progress:
-        exp = self.expand(job)
+        """The job's counts and whether it is done or failed; reads only (the expansion is `admit`'s)."""
+        exp = self.expansions.row(job)
         self.jobs.sync(job)
-        counts = StageCounts(total=exp.total)
+        counts = StageCounts(total=exp.total if exp is not None else 0)
         # the reads below walk the job's index and trajectories (tens of ms at a thousand nodes): in a thread,
         # on a connection of their own (WAL readers do not wait on the writer), not on the event loop
         states = await asyncio.to_thread(self.queue.counts, job.metadata.key)
@@ -202,8 +215,9 @@ class Scheduler:
         counts.succeeded = states.get(ItemState.done, 0)
         counts.failed = states.get(ItemState.failed, 0)
         counts.cancelled = states.get(ItemState.cancelled, 0)
-        if exp.error:
-            return Progress(counts, failed=exp.error)
+        if exp is not None and exp.error:
+            return Progress(counts, failed=exp.error, reason=exp.reason or "WorkFailed")
+        expanded = exp is not None and not exp.pending
         live = counts.queued + counts.init + counts.run + counts.eval
         extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key),
                                  "rewardMean": await asyncio.to_thread(self.feed.reward_mean, job.metadata.key)}
@@ -216,7 +230,7 @@ class Scheduler:
             if failed:
                 return Progress(counts, failed=failed, extra=extra)
             return Progress(counts, done=done, extra=extra)
-        return Progress(counts, done=exp.total > 0 and live == 0, extra=extra)
+        return Progress(counts, done=expanded and exp.total > 0 and live == 0, extra=extra)
 
     async def registered(self, job: RolloutJob) -> int:
         return await asyncio.to_thread(self.registry.count_active, job.metadata.key)
@@ -228,6 +242,8 @@ class Scheduler:
             self.queue.cancel_live(s, name)
             s.commit()
         self.queue.wake(name)
+        self.expansions.forget(name)  # nothing the job kept in memory outlives it (a re-created job starts clean)
+        self.jobs.forget(name)
 
     def purge(self, name: str) -> None:
         self.expansions.forget(name)

@@ -79,6 +79,8 @@ class ExpansionRow(SQLModel, table=True):
     prompts: int
     total: int
     error: str = ""
+    reason: str = ""  # the condition's reason when `error` fails the job (QuotaExceeded, WorkFailed)
+    pending: int = 0  # prompts not expanded yet (`expansion.Expansions.admit` goes on from prompts - pending)
 
 
 class GroupRow(SQLModel, table=True):
@@ -137,6 +139,10 @@ def create(engine: Engine) -> None:
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_state")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_node_id")  # a lease wrote it at the node's place in it
+        have = {r[1] for r in c.exec_driver_sql("PRAGMA table_info(expansions)")}  # older databases: complete
+        for column, ddl in (("reason", "VARCHAR NOT NULL DEFAULT ''"), ("pending", "INTEGER NOT NULL DEFAULT 0")):
+            if column not in have:
+                c.exec_driver_sql(f"ALTER TABLE expansions ADD COLUMN {column} {ddl}")
 
 
 def purge(s: Session, job: str) -> None:

@@ -44,6 +44,9 @@ class ScriptedWork:
         self.progress_value = Progress(StageCounts(total=8, queued=8))
         self.forgotten = 0
 
+    async def admit(self, job):
+        return None
+
     async def progress(self, job):
         return self.progress_value
 
