@@ -63,14 +63,19 @@ class Expansions:
 
     # ------------------------------------------------------------ the step "admit"
 
-    def admit(self, job: RolloutJob) -> ExpansionRow:
+    def admit(self, job: RolloutJob, wake: bool = True) -> ExpansionRow:
         """Start the job's expansion, or continue it by one step of at most CHUNK rows (a no-op once it is
-        complete or failed). Returns the row; `pending` 0 means every item is queued."""
+        complete or failed). Returns the row; `pending` 0 means every item is queued. Safe in a worker thread
+        with `wake=False` (one step of a job at a time; the caller wakes the job's waiters on its loop)."""
         row = self.row(job)
         if row is None:
-            return self._start(job)
-        if row.pending and not row.error:
-            return self._step(job, row)
+            row = self._start(job)
+        elif row.pending and not row.error:
+            row = self._step(job, row)
+        else:
+            return row
+        if wake:
+            self.wake(job.metadata.key)
         return row
 
     def expand(self, job: RolloutJob) -> ExpansionRow:
@@ -118,7 +123,6 @@ class Expansions:
             self._data[key] = (row.uid, rows)
         if error:
             log.error("job %s fails: %s", key, error)
-        self.wake(key)
         return row
 
     def _step(self, job: RolloutJob, row: ExpansionRow) -> ExpansionRow:
@@ -140,21 +144,24 @@ class Expansions:
             if not job.spec.batch_mode:
                 s.exec(insert(ItemRow), params=[{"job": key, "prompt": p, "sample": k, "queued_at": now}
                                                 for p in range(first, last) for k in range(n)])
-            row.pending = row.prompts - last
-            s.add(row)
+            fresh = s.get(ExpansionRow, key)  # a new object: readers on the loop keep theirs until the swap
+            fresh.pending = row.prompts - last
+            s.add(fresh)
             s.commit()
-        if not row.pending:
+        self._rows[key] = fresh
+        if not fresh.pending:
             self._data.pop(key, None)
-        self.wake(key)
-        return row
+        return fresh
 
     def _failed(self, row: ExpansionRow, error: str) -> ExpansionRow:
         with Session(self.engine, expire_on_commit=False) as s:
-            row.error, row.reason = error, row.reason or "WorkFailed"
-            s.add(row)
+            fresh = s.get(ExpansionRow, row.job)
+            fresh.error, fresh.reason = error, fresh.reason or "WorkFailed"
+            s.add(fresh)
             s.commit()
+        self._rows[row.job] = fresh
         log.error("job %s fails: %s", row.job, error)
-        return row
+        return fresh
 
     # ------------------------------------------------------------ failures and deletion
 

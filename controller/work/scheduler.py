@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
@@ -78,6 +79,7 @@ class Scheduler:
         self.queue = ItemQueue(self.engine, self.pool, clock)
         # policy_for: the job's effective TenantPolicy (None: unrestricted), for its item quota
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
+        self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.feed = Feed(self.engine)
         self.registry = NodeRegistry(self.engine, self.jobs, clock)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
@@ -191,12 +193,18 @@ class Scheduler:
 
     async def admit(self, job: RolloutJob) -> ExpansionRow:
         """The step "admit": the job's dataset into queued items, at most `expansion.CHUNK` rows per
-        transaction with the event loop free between them (other tenants' calls go on meanwhile)."""
-        row = self.expansions.admit(job)
-        while row.pending and not row.error:
-            await asyncio.sleep(0)
-            row = self.expansions.admit(job)
-        return row
+        transaction, each in a worker thread (the event loop serves other tenants' calls meanwhile), one
+        admission of a job at a time; its leases are woken after each step."""
+        key = job.metadata.key
+        row = self.expansions.row(job)
+        if row is not None and (not row.pending or row.error):
+            return row  # admitted already: a read
+        async with self._admitting[key]:
+            while True:
+                row = await asyncio.to_thread(self.expansions.admit, job, False)
+                self.queue.wake(key)
+                if not row.pending or row.error:
+                    return row
 
     async def progress(self, job: RolloutJob) -> Progress:
         """The job's counts and whether it is done or failed; reads only (the expansion is `admit`'s)."""
@@ -243,6 +251,7 @@ class Scheduler:
             s.commit()
         self.queue.wake(name)
         self.expansions.forget(name)  # nothing the job kept in memory outlives it (a re-created job starts clean)
+        self._admitting.pop(name, None)
         self.jobs.forget(name)
 
     def purge(self, name: str) -> None:
