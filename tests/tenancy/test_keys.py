@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_until
 
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.operator.reconcile import reconcile
@@ -86,6 +87,28 @@ def test_an_event_posted_in_team_a_lands_on_team_a_job_not_on_defaults(controlle
         assert all(e["reason"] != "Forged" for e in theirs), theirs
         listed = _ok(admin.get("/api/v1/namespaces/default/events"))["items"]
         assert all(e["reason"] != "Forged" for e in listed)
+
+
+def test_the_operators_own_events_of_a_team_a_job_land_on_it(tmp_path):
+    """The embedded operator posts its events through the API, in the job's namespace: with the local executor
+    (asked for no node, so nothing starts) each job gets its own Provisioning event, none lands on default's."""
+    c = _fixtures.ControllerProcess(tmp_path / "data", executors="local").start()
+    data = dataset(tmp_path, "d", 2)
+    try:
+        with c.client() as admin:
+            for ns in ("default", "team-a"):
+                doc = job_doc("train", source=data)
+                doc["spec"]["executor"]["nodes"] = 0
+                _ok(admin.post(f"{P}/namespaces/{ns}/rolloutjobs", json=doc), 201)
+
+            def reasons(ns: str) -> list[str]:
+                return [e["reason"] for e in _ok(admin.get(f"{P}/namespaces/{ns}/rolloutjobs/train/events"))["items"]]
+
+            wait_until(lambda: "Provisioning" in reasons("team-a") and "Provisioning" in reasons("default"),
+                       timeout=60, what="each job's Provisioning event")
+            assert reasons("default").count("Provisioning") == 1 and reasons("team-a").count("Provisioning") == 1
+    finally:
+        c.stop()
 
 
 def test_an_old_path_put_naming_another_namespace_is_a_400_and_changes_nothing(controller):
