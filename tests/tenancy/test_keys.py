@@ -265,3 +265,19 @@ def test_the_item_quota_of_the_jobs_policy_fails_it_with_quota_exceeded(tmp_path
     assert _items(tmp_path / "db.sqlite", "team-a/train") == 0  # stopped before a single item
     admin = asyncio.run(reconcile(store.get("train"), _Executor(), sched)).status  # unrestricted: 128 items
     assert admin.phase.value != "Failed" and admin.counts.total == 128
+
+
+def test_a_controller_restarted_mid_expansion_goes_on_where_it_stopped(tmp_path):
+    store, sched = _sched(tmp_path)
+    store.apply(RolloutJob.model_validate(job_doc("big", "team-a", source=dataset(tmp_path, "big", 300), samples=64)))
+    job = store.get("team-a/big")
+    sched.expansions.admit(job)  # the start: the dataset read, nothing queued yet
+    row = sched.expansions.admit(job)  # one step
+    assert 0 < _items(tmp_path / "db.sqlite", "team-a/big") < 300 * 64 and row.pending
+    again = Scheduler(Store(tmp_path / "db.sqlite"))  # a new controller process on the same database
+    done = asyncio.run(again.admit(job))
+    assert done.pending == 0 and not done.error
+    with sqlite3.connect(tmp_path / "db.sqlite") as c:
+        rows = c.execute("SELECT prompt, sample FROM items WHERE job = ?", ("team-a/big",)).fetchall()
+        tasks = c.execute("SELECT count(*) FROM tasks WHERE job = ?", ("team-a/big",)).fetchone()[0]
+    assert len(rows) == len(set(rows)) == 300 * 64 and tasks == 300
