@@ -52,9 +52,12 @@ class Jobs:
                 self.pool.add(u)
             # keyed by (namespace, name): team-a's `train` never sets default's `train` cap or weight
             self.pool.admission.set_job(key, urls, job.spec.llm.max_episodes_per_backend, job.spec.priority)
+            old = self._cache.get(key)
             cache = JobCache(uid, job.metadata.generation or 0, urls, job.spec.pipeline.max_attempts,
                              job.spec.pipeline.lease_seconds)
             self._cache[key] = cache
+            if old is not None:
+                self._unlist(old.backends)
         return cache
 
     def find(self, name: str | None) -> RolloutJob | None:
@@ -73,8 +76,17 @@ class Jobs:
         return list(self._cache)
 
     def forget(self, name: str) -> None:
-        self._cache.pop(name, None)
+        """The job is gone (or going): nothing of it stays in memory, and a backend no other job lists is no
+        longer probed (a deleted job's URL must not keep the controller calling it)."""
+        old = self._cache.pop(name, None)
         self.pool.admission.forget_job(name)
+        if old is not None:
+            self._unlist(old.backends)
+
+    def _unlist(self, urls: list[str]) -> None:
+        listed = {u for c in self._cache.values() for u in c.backends}
+        for url in set(urls) - listed:
+            self.pool.discard(url)
 
 
 class Wakeups:

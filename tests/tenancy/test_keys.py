@@ -193,6 +193,7 @@ def test_a_job_deleted_and_created_again_does_not_inherit_its_backends(tmp_path)
     store.mark_deleted("train", "team-a")  # what the operator does: release, then drop the finalizer
     asyncio.run(sched.forget(store.get("team-a/train")))
     store.remove("team-a/train")
+    assert old_url not in sched.pool.known()  # no job lists it now: no longer probed
     store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, backends=(new_url,))))
     new = store.get("team-a/train")
     assert new.metadata.uid != old.metadata.uid and new.metadata.generation == old.metadata.generation
