@@ -1,8 +1,9 @@
 """The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`): six POSTs, one error.
 
 Callers: daemon.py (register, deregister), lease.py, heartbeat.py, outbox.py; the server side is the controller's
-node routes. Every call carries the join token as `Authorization: Bearer`; bodies and replies are the `crds.node`
-models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
+node routes. `register` carries the job's node credential as `Authorization: Bearer`, every later call the
+node's own token from the reply (feature node-token; the credential when the reply has none); bodies and replies
+are the `crds.node` models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
 refusal (other 4xx); callers retry with `aiokit.Backoff`.
 """
 from __future__ import annotations
@@ -72,6 +73,7 @@ class ControllerClient:
                  transport: httpx.AsyncBaseTransport | None = None, ca_file: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self._credential = f"Bearer {token}"  # registers; the node's own token makes the other calls
         self._http = httpx.AsyncClient(
             base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
             headers={"Authorization": f"Bearer {token}"},
@@ -90,11 +92,11 @@ class ControllerClient:
         await self._http.aclose()
 
     async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
-                    timeout: float | None = None) -> Any:
+                    timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
         if isinstance(body, bytes):  # already serialized JSON
-            kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json"}}
+            kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json", **(headers or {})}}
         else:
-            kw = {"json": body.wire() if hasattr(body, "wire") else body}
+            kw = {"json": body.wire() if hasattr(body, "wire") else body, "headers": headers}
         try:
             resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
         except httpx.HTTPError as e:
@@ -113,7 +115,9 @@ class ControllerClient:
         """`features`: the `crds.node.FEATURES` to ask for (`?features=a,b`); the reply's `features` are those
         served (None: an older controller, which ignores the parameter)."""
         path = f"/register?{FEATURES_PARAM}={','.join(features)}" if features else "/register"
-        return await self._post(path, req, RegisterResponse)
+        resp = await self._post(path, req, RegisterResponse, headers={"Authorization": self._credential})
+        self._http.headers["Authorization"] = f"Bearer {resp.node_token}" if resp.node_token else self._credential
+        return resp
 
     async def lease(self, node_id: str, req: LeaseRequest) -> LeaseResponse:
         return await self._post(f"/{node_id}/lease", req, LeaseResponse, timeout=req.wait + self.timeout)
