@@ -5,6 +5,8 @@
          register: the job's node credential (its job only) or the admin token; the rest: the node's own token
          (`nodeauth.py`, checked in the API middleware before these routes run) or the admin token
          (heartbeat and results take `?lease=N`: leases ride on the reply, `crds.node.LEASE_PARAM`)
+    POST …/namespaces/{ns}/rolloutjobs/{name}/nodes/credential   the job's node credential, for daemons started by
+         hand (admin token only: the middleware lets no other token through here; revoked on the job's release)
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
          unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
@@ -21,8 +23,9 @@ from rolloutd.crds.names import API_PREFIX, job_key, split_key
 from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, Heartbeat, LeaseRequest, RegisterRequest, ResultBatch,
                                 ReturnRequest)
 
-from ..errors import BadRequest, Forbidden, NotFound
+from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from ..nodeauth import NodeCredentials
+from ..work.jobs import closed
 from ..work.scheduler import Scheduler
 from .bodies import read_model, read_model_fast
 
@@ -82,6 +85,14 @@ def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter
                 token = credentials.node_token(resp.job, resp.node_id)
             resp.node_token = token
         return _ok(resp)
+
+    @r.post(f"{JOB_NODES}/credential")
+    async def credential(namespace: str, name: str):
+        job = scheduler.jobs.get(job_key(namespace, name))
+        if closed(job):
+            raise Conflict(f'rolloutjobs "{job.metadata.key}" is {job.status.phase.value}; it takes no more nodes',
+                           name=job.metadata.key)
+        return {"credential": credentials.mint(job)}
 
     @r.post(f"{JOB_NODES}/register")
     async def register_namespaced(namespace: str, name: str, request: Request):
