@@ -10,6 +10,7 @@ runs a job end to end with a stub backend (no engine): its daemon works with the
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -143,6 +144,21 @@ def test_a_namespace_token_cannot_use_the_node_protocol(two_teams):
     for verb in VERBS:
         r = post(two_teams, ns_path(A, "nodes", alpha_node, verb), team_a, BODIES[verb])
         assert r.status_code == 403, (verb, r.text)
+
+
+def test_only_the_admin_hands_out_a_job_credential(two_teams):
+    """For daemons started by hand: `rolloutd node-credential` (the admin token) prints the job's credential;
+    neither a namespace token nor a node credential gets one."""
+    cred_a = daemon_credential(two_teams, "team-a/alpha")
+    team_a = create_scoped_token(two_teams.data_dir / "tokens", "team-a-creds", read_only=False,
+                                 namespaces=["team-a"]).token
+    assert post(two_teams, ns_path(A, "nodes", "credential"), team_a, {}).status_code == 403
+    assert post(two_teams, ns_path(A, "nodes", "credential"), cred_a, {}).status_code == 401
+    assert post(two_teams, ns_path(B, "nodes", "credential"), cred_a, {}).status_code == 401
+    out = subprocess.run([sys.executable, "-m", "rolloutd.controller.main", "node-credential", "alpha", "-n", "team-a",
+                          "--controller", two_teams.url, "--token-file", str(two_teams.data_dir / "token")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == cred_a, out.stderr
 
 
 def test_a_node_acts_only_as_itself(two_teams):
