@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from cluster import P, REPO, Cluster, free_port  # noqa: E402
+from stub_llm import StubLLM  # noqa: E402
 
 from rolloutd.agents.model_dirs import model_dir  # noqa: E402
 from rolloutd.controller.auth import create_scoped_token  # noqa: E402
@@ -37,7 +36,7 @@ def ns_path(job: tuple[str, str], *rest: str) -> str:
     return "/".join([f"{P}/namespaces/{job[0]}/rolloutjobs/{job[1]}", *rest])
 
 
-def job_doc(name: str, backend: str, *, limit: int = 40) -> dict:
+def job_doc(name: str, backend: str, *, limit: int = 40, executor: str = "local") -> dict:
     return {
         "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
         "spec": {
@@ -48,7 +47,7 @@ def job_doc(name: str, backend: str, *, limit: int = 40) -> dict:
             "llm": {"tokenizer": str(model_dir("tiny")), "backends": [{"url": backend}]},
             "sandbox": {"runtime": "bwrap", "image": "host", "network": False,
                         "limits": {"memoryMB": 1024, "processes": 256, "wallSeconds": 120}},
-            "executor": {"kind": "local", "nodes": 1},
+            "executor": {"kind": executor, "nodes": 1},
             "pipeline": {"workersPerNode": {"init": 2, "run": 2, "eval": 2}},
             "timeouts": {"initSeconds": 60, "runSeconds": 60, "evalSeconds": 60, "actionSeconds": 20},
         },
@@ -202,41 +201,15 @@ def test_release_revokes_the_credential_and_a_recreated_job_gets_a_new_one(two_t
     assert wait(lambda: (c := daemon_credential(two_teams, "team-b/beta")) != cred_b and c, "a new credential")
 
 
-class _StubBackend(BaseHTTPRequestHandler):
-    """Just enough of vLLM's OpenAI API for one short turn: every completion is one token."""
-
-    def _send(self, doc: dict) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._send({"data": [{"id": "stub", "max_model_len": 4096}]} if self.path.startswith("/v1/models") else {})
-
-    def do_POST(self) -> None:  # noqa: N802
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if not self.path.startswith("/v1/completions"):
-            return self._send({})
-        self._send({"choices": [{"token_ids": [2], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop",
-                                 "prompt_token_ids": req.get("prompt")}]})
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_a_local_job_runs_end_to_end_with_its_own_credentials(tmp_path):
-    stub = ThreadingHTTPServer(("127.0.0.1", 0), _StubBackend)
-    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    stub = StubLLM()
     cluster = Cluster(tmp_path).start()
     try:
-        doc = job_doc("solo", f"http://127.0.0.1:{stub.server_address[1]}", limit=3)
+        doc = job_doc("solo", stub.url, limit=3)
         cluster.apply(doc)
         cluster.wait_done("solo", timeout=240)
         assert len(cluster.trajectories("solo")) == 6
         assert not (cluster.data_dir / "join-token").exists()  # no controller-wide join token any more
     finally:
         cluster.stop()
-        stub.shutdown()
+        stub.close()
