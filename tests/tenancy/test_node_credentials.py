@@ -213,3 +213,27 @@ def test_a_local_job_runs_end_to_end_with_its_own_credentials(tmp_path):
     finally:
         cluster.stop()
         stub.close()
+
+
+def test_a_node_reports_only_the_rollouts_leased_to_it(tmp_path):
+    """In-process app and scheduler (tests/controller/node_api.py): node 1, with its own token, names a rollout
+    leased to node 2 in its results; it is dropped, and node 2's own report of it is accepted."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
+    from node_api import NODES, node_api, result
+
+    with node_api(tmp_path) as (api, _):
+        def reg(name: str) -> dict:
+            r = api.post(f"{NODES}/register?features=node-token", headers={"Authorization": "Bearer admin"},
+                         json={"job": "math-demo", "protocol": 1, "name": name})
+            assert r.status_code == 200, r.text
+            return r.json()
+        one, two = reg("n1"), reg("n2")
+        as_one, as_two = ({"Authorization": f"Bearer {n['nodeToken']}"} for n in (one, two))
+        r = api.post(f"{NODES}/{two['nodeId']}/lease", json={"maxItems": 1}, headers=as_two)
+        [lease] = r.json()["leases"]
+        forged = api.post(f"{NODES}/{one['nodeId']}/results", headers=as_one,
+                          json={"results": [result(lease["attemptId"], reward=1.0)]}).json()
+        assert forged["accepted"] == [] and lease["attemptId"] in forged["dropped"]
+        own = api.post(f"{NODES}/{two['nodeId']}/results", headers=as_two,
+                       json={"results": [result(lease["attemptId"], reward=0.0)]}).json()
+        assert own["accepted"] == [lease["attemptId"]]
