@@ -72,6 +72,11 @@ class NodeCredentials:
             self._by_token.pop(rec[1], None)
             self._save()
 
+    def minted_for(self, job: RolloutJob) -> bool:
+        """The job's credential was minted for this very job (not an earlier one of the same name)."""
+        rec = self._by_job.get(job.metadata.key)
+        return rec is not None and rec[0] == (job.metadata.uid or "")
+
     def job_of(self, token: str) -> str | None:
         """The job a credential registers nodes for; None for anything else."""
         return self._by_token.get(token)

@@ -74,6 +74,8 @@ def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter
         req.job = job_key(*split_key(req.job))
         if job is not None and req.job != job:
             raise Forbidden(f"this node credential is rolloutjob {job}'s: it cannot register for {req.job}")
+        if job is not None and not credentials.minted_for(scheduler.jobs.get(job)):
+            raise Forbidden(f"this node credential was minted for an earlier rolloutjob {job}")
         if job is not None and NODE_TOKEN not in (features or ()):
             raise BadRequest(f"each node gets a token of its own: ask for feature {NODE_TOKEN!r} "
                              "(run the same rolloutd version on the controller and the nodes)")

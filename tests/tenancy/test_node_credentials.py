@@ -237,3 +237,26 @@ def test_a_node_reports_only_the_rollouts_leased_to_it(tmp_path):
         own = api.post(f"{NODES}/{two['nodeId']}/results", headers=as_two,
                        json={"results": [result(lease["attemptId"], reward=0.0)]}).json()
         assert own["accepted"] == [lease["attemptId"]]
+
+
+class _NoExecutor(Cluster):
+    executors = ""  # no executor mints or revokes: only the admin's credential route does
+
+
+def test_a_credential_of_an_earlier_job_of_the_same_name_registers_nothing(tmp_path):
+    cluster = _NoExecutor(tmp_path).start()
+    try:
+        doc = job_doc("again", "http://127.0.0.1:9")
+        cluster.apply(doc)
+        r = cluster.api.post(f"{P}/namespaces/default/rolloutjobs/again/nodes/credential")
+        assert r.status_code == 200, r.text
+        old = r.json()["credential"]
+        register(cluster, ("default", "again"), old)
+        assert cluster.api.delete(f"{P}/rolloutjobs/again").status_code in (200, 202)
+        wait(lambda: cluster.api.get(f"{P}/rolloutjobs/again").status_code == 404, "the job deleted")
+        cluster.apply(doc)
+        r = post(cluster, ns_path(("default", "again"), "nodes", "register") + "?features=node-token", old,
+                 {**REGISTER, "job": "again"})
+        assert r.status_code == 403 and "earlier" in r.json()["message"], r.text
+    finally:
+        cluster.stop()
