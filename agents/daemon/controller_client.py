@@ -52,8 +52,9 @@ class ControllerError(Exception):
 
     @property
     def gone(self) -> bool:
-        """The controller does not know this node (or job) any more."""
-        return self.status in (404, 410)
+        """The controller does not know this node (or job) any more; 401 on a per-node call: the job's node
+        credential was revoked, so the job was released (finished or deleted)."""
+        return self.status in (401, 404, 410)
 
 
 def result_json(result: Result) -> bytes:
@@ -74,6 +75,7 @@ class ControllerClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._credential = f"Bearer {token}"  # registers; the node's own token makes the other calls
+        self.revoked = False  # a per-node call was refused 401: the job was released, nothing is wrong here
         self._http = httpx.AsyncClient(
             base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
             headers={"Authorization": f"Bearer {token}"},
@@ -101,6 +103,8 @@ class ControllerClient:
             resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
         except httpx.HTTPError as e:
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        if resp.status_code == 401 and not path.startswith("/register"):
+            self.revoked = True
         if resp.status_code >= 400:
             raise ControllerError(f"POST {path}: HTTP {resp.status_code}: {resp.text[:300]}", resp.status_code)
         if reply is None:

@@ -41,6 +41,9 @@ def test_a_slurm_jobs_daemons_use_its_own_credential_and_release_revokes_it(sclu
         assert {n["slurm_job_id"] for n in scluster.nodes("s-creds")} == {alloc["id"]}  # Slurm's daemon did it
         assert not (scluster.data_dir / "join-token").exists()
         wait_until(lambda: _credential(scluster, "s-creds") is None, 60, "the credential revoked on release")
+        # the daemons took the revocation for the job's end: they left by themselves, the allocation COMPLETED
+        scluster.wait_no_allocations(uid, timeout=60)
+        assert scluster.allocations(uid)[0]["state"] == "COMPLETED", scluster.allocations(uid)
         r = httpx.post(scluster.url + f"{NODES}/register?features=node-token", timeout=30,
                        headers={"Authorization": f"Bearer {credential}"},
                        json={"job": "s-creds", "protocol": 1, "name": "late", "host": "h", "pid": 1})

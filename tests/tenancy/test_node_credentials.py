@@ -260,3 +260,30 @@ def test_a_credential_of_an_earlier_job_of_the_same_name_registers_nothing(tmp_p
         assert r.status_code == 403 and "earlier" in r.json()["message"], r.text
     finally:
         cluster.stop()
+
+
+def test_a_daemon_started_by_hand_serves_its_job_and_leaves_cleanly_when_the_job_is_released(tmp_path):
+    """`rolloutd node` with the credential the admin fetched, for a job whose executor starts no daemon
+    (`nodes: 0`): it registers; when the job is deleted its token is revoked and it exits 0 (not 1, 'lost')."""
+    import os
+
+    cluster = Cluster(tmp_path).start()
+    daemon = None
+    try:
+        doc = job_doc("byo", "http://127.0.0.1:9")
+        doc["spec"]["executor"]["nodes"] = 0
+        cluster.apply(doc)
+        cred = subprocess.run([sys.executable, "-m", "rolloutd.controller.main", "node-credential", "byo",
+                               "--controller", cluster.url, "--token-file", str(cluster.data_dir / "token")],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        env = {**os.environ, "ROLLOUTD_CONTROLLER": cluster.url, "ROLLOUTD_JOB": "byo", "ROLLOUTD_JOIN_TOKEN": cred}
+        log = open(tmp_path / "byo-node.log", "wb")
+        daemon = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.main", "node", "--name", "byo-1"],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        node_of(cluster, "byo")
+        assert cluster.api.delete(f"{P}/rolloutjobs/byo").status_code in (200, 202)
+        assert daemon.wait(timeout=90) == 0, (tmp_path / "byo-node.log").read_text()[-2000:]
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+        cluster.stop()
