@@ -38,8 +38,8 @@ def node(
 ) -> None:
     """Run a node daemon: register, lease rollouts, run INIT/RUN/EVAL, report (until the job is done).
 
-    The join token is read from $ROLLOUTD_JOIN_TOKEN only (never from the command line, which other
-    users of a shared node can read). SIGTERM: hand back unstarted work, drain for
+    The job's node credential is read from $ROLLOUTD_JOIN_TOKEN only (never from the command line, which
+    other users of a shared node can read). SIGTERM: hand back unstarted work, drain for
     $ROLLOUTD_DRAIN_SECONDS (default 30), exit 0. Exit 2: refused by the controller or misconfigured.
     """
     if restarts:

@@ -89,7 +89,8 @@ def measure(root: Path, src: Path | None, jobs: int) -> tuple[list[float], list[
     source.write_text('{"id":"r0"}\n')
     health, ctl = HealthServer(), Controller(root, src)
     watch = PhaseWatch(ctl)
-    node = httpx.Client(base_url=ctl.url, headers={"Authorization": f"Bearer {ctl.join_token}"}, timeout=60)
+    # the admin token acts as any node (per-job credentials and node tokens: bench_scale, tests/tenancy)
+    node = httpx.Client(base_url=ctl.url, headers={"Authorization": f"Bearer {ctl.token}"}, timeout=60)
     provisioning, succeeded = [], []
     try:
         time.sleep(1.0)  # the watch is open and the operator has listed (its first pass is not measured)

@@ -160,9 +160,18 @@ class Controller:
         _prioritize(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}"
         _wait_http(self.url + "/healthz")
-        token = (root / "data" / "token").read_text().strip()
-        self.join_token = (root / "data" / "join-token").read_text().strip()
+        token = self.token = (root / "data" / "token").read_text().strip()
         self.api = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=300)
+
+    def node_credential(self, name: str) -> str:
+        """What the executor hands a job's daemons: its node credential (a `before` controller older than
+        per-job credentials: its controller-wide join token)."""
+        old = self.root / "data" / "join-token"
+        if old.exists():
+            return old.read_text().strip()
+        r = self.api.post(f"{P}/namespaces/default/rolloutjobs/{name}/nodes/credential")
+        r.raise_for_status()
+        return r.json()["credential"]
 
     def db_bytes(self) -> dict[str, int]:
         data = self.root / "data"
@@ -264,7 +273,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         stop_at = start_at + run_for
         per = [nodes // k + (1 if i < nodes % k else 0) for i in range(k)]
         for i in range(k):
-            cfg = {"url": ctl.url, "join_token": ctl.join_token, "job": name, "slots": SLOTS, "nodes": per[i],
+            cfg = {"url": ctl.url, "credential": ctl.node_credential(name), "job": name, "slots": SLOTS, "nodes": per[i],
                    "first": sum(per[:i]), "time_factor": time_factor, "median_seconds": MEDIAN_SECONDS,
                    "sigma": SIGMA, "seed": i, "start_at": start_at, "stop_at": stop_at,
                    # today's daemon against either controller: leases riding on replies and results on paced

@@ -107,8 +107,10 @@ class Wire:
         self.latency: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)  # kind → (start, s)
         self.errors: collections.Counter[str] = collections.Counter()
 
-    async def post(self, kind: str, path: str, body: bytes, timeout: float = 60.0) -> dict:
-        req = httpx.Request("POST", self.base + path, content=body, headers=self.headers,
+    async def post(self, kind: str, path: str, body: bytes, timeout: float = 60.0, token: str | None = None) -> dict:
+        """`token`: the node's own (per-node calls); else the job's node credential (register)."""
+        headers = self.headers if token is None else {**self.headers, "Authorization": f"Bearer {token}"}
+        req = httpx.Request("POST", self.base + path, content=body, headers=headers,
                             extensions={"timeout": {"connect": 10, "read": timeout, "write": 10, "pool": timeout}})
         t0 = time.time()
         try:
@@ -136,6 +138,7 @@ class SimNode:
     def __init__(self, sim: "Shard", name: str, slot: int) -> None:
         self.sim, self.name, self.slot = sim, name, slot
         self.node_id = ""
+        self.token: str | None = None  # the node's own token (a controller that hands none out: the job's)
         self.hb_interval = 0.5
         self.stages: dict[str, str] = {}  # attemptId → wire stage of every live rollout
         self.left_run: set[str] = set()
@@ -160,8 +163,10 @@ class SimNode:
     async def register(self) -> None:
         body = json.dumps({"job": self.sim.job, "protocol": self.sim.protocol, "name": self.name,
                            "host": "sim", "pid": 0, "slot": self.slot}).encode()
-        query = "?features=beat-results,beat-deltas" if self.sim.cfg.get("sync", True) else ""
+        query = "?features=beat-results,beat-deltas,node-token" if self.sim.cfg.get("sync", True) \
+            else "?features=node-token"
         resp = await self.sim.wire.post("register", f"/register{query}", body)
+        self.token = resp.get("nodeToken")
         self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.factor, 0.005)
         self.coalesce = self.sim.coalesce(resp["heartbeatSeconds"])
         self.sync = "beat-results" in (resp.get("features") or ())
@@ -182,7 +187,7 @@ class SimNode:
             body = json.dumps({"maxItems": room, "wait": LEASE_WAIT / self.sim.factor}).encode()
             self.asking += room
             try:
-                resp = await self.sim.wire.post("lease", f"/{self.node_id}/lease", body)
+                resp = await self.sim.wire.post("lease", f"/{self.node_id}/lease", body, token=self.token)
             except Exception:  # noqa: BLE001 - counted in Wire.errors; the daemon retries too
                 await asyncio.sleep(0.2)
                 continue
@@ -284,7 +289,7 @@ class SimNode:
                                "policyVersion": None}, separators=(",", ":")).encode()
             query = self.ask()
             try:
-                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body)
+                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body, token=self.token)
             except Exception:  # noqa: BLE001
                 self.answered(query, None)
                 continue
@@ -329,7 +334,7 @@ class SimNode:
             inflight.update(aid for aid, _ in batch)
             self.last_hb = now
             try:
-                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body)
+                resp = await self.sim.wire.post("heartbeat", f"/{self.node_id}/heartbeat{query}", body, token=self.token)
             except Exception:  # noqa: BLE001 - counted in Wire.errors; the next beat carries it all again
                 self.answered(query, None)
                 inflight.difference_update(aid for aid, _ in batch)
@@ -371,7 +376,7 @@ class SimNode:
             body = b'{"results":[' + b",".join(b for _, b in batch) + b"]}"
             query = "" if self.sim.stopping else self.ask()
             try:
-                ack = await self.sim.wire.post("results", f"/{self.node_id}/results{query}", body)
+                ack = await self.sim.wire.post("results", f"/{self.node_id}/results{query}", body, token=self.token)
             except Exception:  # noqa: BLE001 - kept in the outbox, sent again
                 self.answered(query, None)
                 await asyncio.sleep(0.2)
@@ -397,7 +402,7 @@ class Shard:
         self.job, self.slots, self.factor = cfg["job"], cfg["slots"], cfg["time_factor"]
         self.protocol = NODE_PROTOCOL
         self.rng = random.Random(cfg.get("seed", 0))
-        self.wire = Wire(cfg["url"], cfg["join_token"], connections=4 * cfg["nodes"] + 8)
+        self.wire = Wire(cfg["url"], cfg["credential"], connections=4 * cfg["nodes"] + 8)
         self.ledger = Ledger()
         self.accepted_at: list[float] = []
         self.empty_leases = self.cancelled = self.piggybacked = 0

@@ -13,7 +13,8 @@
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
-a bearer token: the admin token, the join token (node paths only) or a scoped one (`http/access.py`: 403 beyond it). Errors are Kubernetes `Status` objects (see `errors.py`).
+a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
+scoped one (`http/access.py`: 403 beyond it; never on node paths). Errors are Kubernetes `Status` objects (see `errors.py`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from rolloutd.crds.names import DEFAULT_NAMESPACE, job_key
 from rolloutd.crds.rolloutjob import Phase
 
 from .auth import TokenBook, token_matches
+from .nodeauth import NodeCredentials, NodeGate
 from .errors import ApiError, BadRequest, Forbidden, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document
@@ -46,8 +48,6 @@ log = logging.getLogger("rolloutd.api")
 # The trainer routes of the previous version (no namespace) are served as the `default` namespace's.
 _OLD_TRAINER_PATH = re.compile(PREFIX + r"/rolloutjobs/([^/]+)/(trajectories|groups|batches|policy|backends)(/.*)?")
 
-
-_NODE_PATH = re.compile(PREFIX + r"(/namespaces/[^/]+/rolloutjobs/[^/]+)?/nodes/")
 
 
 def _namespaced(path: str) -> str:
@@ -66,9 +66,9 @@ class _AuthAndMetrics:
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
     response starts (a watch stream is counted once, not for its whole life)."""
 
-    def __init__(self, app, *, token: str, join_token: str | None, tokens: TokenBook, requests_total: Counter,
+    def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
                  latency: Histogram):
-        self.app, self.token, self.join_token, self.tokens = app, token, join_token, tokens
+        self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
 
     async def __call__(self, scope, receive, send) -> None:
@@ -78,8 +78,6 @@ class _AuthAndMetrics:
         if path != scope["path"]:
             scope = {**scope, "path": path, "raw_path": path.encode()}
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-        node_call = self.join_token is not None and _NODE_PATH.match(path) is not None \
-            and token_matches(header, self.join_token)
         started = False
 
         async def send_and_count(message) -> None:
@@ -90,10 +88,21 @@ class _AuthAndMetrics:
                 self.latency.labels(method).observe(time.perf_counter() - start)
             await send(message)
 
-        if path != "/healthz" and not node_call and not token_matches(header, self.token):
+        admin = path == "/healthz" or token_matches(header, self.token)
+        if not admin and NodeGate.is_node_path(path):
+            bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
+            allowed, job = self.nodes.check(path, bearer) if self.nodes is not None else (False, None)
+            if not allowed:
+                err: ApiError = Forbidden("namespace tokens cannot use the node protocol: nodes use their job's node "
+                                "credential") if self.tokens.find(header) is not None else Unauthorized(
+                    "not a node credential of this job, nor this node's token")
+                return await _error(err)(scope, receive, send_and_count)
+            if job is not None:  # a job credential registering: the route checks the body's job against it
+                scope = {**scope, "state": {**(scope.get("state") or {}), "node_job": job}}
+        elif not admin:
             scoped = self.tokens.find(header)
             if scoped is None:
-                err: ApiError = Unauthorized(
+                err = Unauthorized(
                     "missing bearer token: send 'Authorization: Bearer <token>' (the token is in the controller's "
                     "data dir, file 'token'; rolloutctl reads it via --token-file or ROLLOUTD_TOKEN)"
                     if header is None
@@ -124,9 +133,10 @@ class _JobsCollector:
         yield g
 
 
-def create_app(store: Store, token: str, *, join_token: str | None = None, scheduler=None,
+def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
                tokens: TokenBook | None = None) -> FastAPI:
-    """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted)."""
+    """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
+    (`nodeauth.py`; in memory when omitted)."""
     app = FastAPI(
         title="rolloutd controller",
         version="v1alpha1",
@@ -141,7 +151,9 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
     app.state.store = store
     app.state.registry = registry
 
-    app.add_middleware(_AuthAndMetrics, token=token, join_token=join_token, tokens=tokens or TokenBook(None),
+    credentials = node_credentials or NodeCredentials(None)
+    gate = NodeGate(credentials, scheduler.node_job) if scheduler is not None else None
+    app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens or TokenBook(None),
                        requests_total=requests_total, latency=latency)
 
     @app.exception_handler(ApiError)
@@ -225,7 +237,7 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
         from .http.nodes import node_router
         from .http.trainer import trainer_router
 
-        app.include_router(node_router(scheduler))
+        app.include_router(node_router(scheduler, credentials))
         app.include_router(trainer_router(store, scheduler))
     describe(app)
     return app

@@ -1,6 +1,6 @@
-"""Bearer-token auth for the controller API: the admin and join tokens, and scoped tokens.
+"""Bearer-token auth for the controller API: the admin token and scoped tokens (node credentials: `nodeauth.py`).
 
-`ensure_token(path)` runs at controller start for the two token files (`config.DataDir`): it creates
+`ensure_token(path)` runs at controller start for the admin token file (`config.DataDir`): it creates
 each (0600, random) once and reuses it afterwards. Scoped tokens (read-only, limited to namespaces) are
 files in `DataDir.tokens`, written by `rolloutd token create` and looked up by `TokenBook`; what a scoped
 token may do is `access.py`'s call. The API middleware (`api.py`) compares tokens in constant time.
@@ -23,10 +23,8 @@ _TOKEN_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def ensure_token(path: Path) -> str:
-    """The token in `path`, created (random, 0600) on first use; its directory is made 0700.
-
-    Two exist: the API token (full access) and the join token (node daemons: only the node
-    protocol), so a compromised node cannot read or change other jobs."""
+    """The token in `path`, created (random, 0600) on first use; its directory is made 0700 (the API
+    token: full access). Node daemons never get it: each job has its own node credential (`nodeauth.py`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     if path.exists():

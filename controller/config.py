@@ -37,9 +37,9 @@ class DataDir:
         return self.root / "token"
 
     @property
-    def join_token(self) -> Path:
-        """The node join token (0600): the node protocol only, so a node cannot touch other jobs."""
-        return self.root / "join-token"
+    def node_credentials(self) -> Path:
+        """The jobs' node credentials (0600; `nodeauth.py`): each registers nodes for its own job only."""
+        return self.root / "node-credentials.json"
 
     @property
     def tokens(self) -> Path:

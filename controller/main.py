@@ -119,6 +119,36 @@ def token_create(
     typer.echo(f"wrote {output}")
 
 
+@app.command("node-credential")
+def node_credential(
+    job: str = typer.Argument(..., help="the RolloutJob: NAME (namespace from -n, else default) or NAMESPACE/NAME"),
+    namespace: str = typer.Option("default", "-n", "--namespace", help="the job's namespace"),
+    controller: str = typer.Option(f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", envvar="ROLLOUTD_CONTROLLER",
+                                   help="the controller's URL"),
+    token_file: Path = typer.Option(None, help="the admin token [default: the data dir's file 'token']"),
+    ca_file: Path = typer.Option(None, envvar="ROLLOUTD_CA_FILE", help="CA of an https controller's certificate"),
+) -> None:
+    """Print a job's node credential, for daemons started by hand ($ROLLOUTD_JOIN_TOKEN of `rolloutd node`):
+    it registers nodes for that job only and is revoked when the job finishes or is deleted. Admin token only."""
+    import httpx
+
+    from rolloutd.crds.names import job_path
+
+    from .config import DataDir, default_data_dir
+
+    token = (token_file or DataDir(default_data_dir()).token).read_text().strip()
+    key = job if "/" in job else f"{namespace}/{job}"
+    try:
+        r = httpx.post(controller.rstrip("/") + job_path(key, "nodes", "credential"), timeout=30,
+                       headers={"Authorization": f"Bearer {token}"}, verify=str(ca_file) if ca_file else True)
+    except httpx.HTTPError as e:
+        raise typer.BadParameter(f"cannot reach {controller}: {e}") from None
+    if r.status_code != 200:
+        typer.echo(f"{controller}: HTTP {r.status_code}: {r.text[:300]}", err=True)
+        raise typer.Exit(1)
+    typer.echo(r.json()["credential"])
+
+
 @app.command()
 def crd(
     output: Path = typer.Option(None, "-o", "--output", help="write here instead of crds/rolloutjob.yaml; '-' for stdout"),

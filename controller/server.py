@@ -25,6 +25,7 @@ from .executors.kubernetes import KubernetesExecutor, api_client_for, default_ap
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
+from .nodeauth import NodeCredentials
 from .operator import embedded
 from .operator.handlers import Reconciler
 from .operator.kubeapi import Connection, JobApi
@@ -45,24 +46,24 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(paths.token)
-    join_token = ensure_token(paths.join_token)
+    credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
     store = Store(paths.db)
     scheduler = Scheduler(store)
-    app = create_app(store, token, join_token=join_token, scheduler=scheduler, tokens=TokenBook(paths.tokens))
+    app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
-    local = LocalExecutor(f"{scheme}://{reach}:{port}", join_token, data_dir, grace_seconds=node_grace_seconds,
+    local = LocalExecutor(f"{scheme}://{reach}:{port}", credentials, data_dir, grace_seconds=node_grace_seconds,
                           extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
     executors_by_kind = {"local": local}
     if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
         executors_by_kind["slurm"] = SlurmExecutor(
-            advertised_url(host, port, scheme), join_token, data_dir, scheduler=scheduler,
+            advertised_url(host, port, scheme), credentials, data_dir, scheduler=scheduler,
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
         # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
         client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
                                                                          kube.insecure)
-        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), join_token,
+        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), credentials,
                                                              api_client=client, in_job_namespace=kube is not None)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)

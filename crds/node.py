@@ -2,7 +2,8 @@
 
 The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.controller.http.nodes`
 + `controller/work/`) owns every decision. All calls are POSTs under
-`/apis/rolloutd.io/v1alpha1/nodes`, authenticated with the join token (`Authorization: Bearer`):
+`/apis/rolloutd.io/v1alpha1/nodes` (or the job's namespaced `…/rolloutjobs/{name}/nodes`): register with the
+job's node credential, every other call with the node's own token (feature node-token) as `Authorization: Bearer`:
 
     POST /nodes/register                 RegisterRequest  → RegisterResponse  (`?features=…`: see FEATURES)
     POST /nodes/{node}/lease             LeaseRequest     → LeaseResponse     (long-poll up to `wait` s)
@@ -72,9 +73,12 @@ CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
 #   beat-deltas   a beat prompted by a change names only what changed since the last answered beat
 #                 (`Heartbeat.full` false); the timed beats, every `heartbeatSeconds`, name every live lease
 #                 and are the ones that renew leases
+#   node-token    the reply carries the node's own token (`RegisterResponse.nodeToken`): its per-node calls
+#                 (lease, heartbeat, results, return, deregister) send it instead of the job's credential, which
+#                 only registers. A job credential must ask for it (a node acts only as itself)
 FEATURES_PARAM = "features"
-BEAT_RESULTS, BEAT_DELTAS = "beat-results", "beat-deltas"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS)
+BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN = "beat-results", "beat-deltas", "node-token"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN)
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average: 5 ms for a
@@ -118,6 +122,8 @@ class RegisterResponse(Model):
     heartbeat_seconds: float
     features: list[str] | None = Field(default=None, description="the asked FEATURES this controller serves "
                                                                   "(absent: none asked)")
+    node_token: str | None = Field(default=None, description="the node's own bearer token for its per-node calls "
+                                                             "(feature node-token; absent: not asked)")
 
 
 class LeaseRequest(Model):

@@ -24,7 +24,8 @@ DEFAULT_DRAIN_SECONDS = 30.0
 TABLE: dict[str, tuple[str, str]] = {
     CONTROLLER: ("executor", "the controller URL the daemon registers with"),
     JOB: ("executor", "the RolloutJob the daemon works for"),
-    JOIN_TOKEN: ("executor", "the node join token (Bearer) for the node protocol"),
+    JOIN_TOKEN: ("executor", "the job's node credential (Bearer): registers nodes for this job only, minted when "
+                             "the executor starts the job's daemons and revoked on release"),
     DRAIN_SECONDS: ("operator", f"SIGTERM grace for in-flight rollouts, seconds (default {DEFAULT_DRAIN_SECONDS:g}); "
                                 "the Slurm executor reads it too, to time its scancel"),
     SLURM_JOB_ID: ("Slurm", "the allocation the daemon runs in (shrinks drain daemons by it)"),

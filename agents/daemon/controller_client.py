@@ -1,8 +1,9 @@
 """The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`): six POSTs, one error.
 
 Callers: daemon.py (register, deregister), lease.py, heartbeat.py, outbox.py; the server side is the controller's
-node routes. Every call carries the join token as `Authorization: Bearer`; bodies and replies are the `crds.node`
-models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
+node routes. `register` carries the job's node credential as `Authorization: Bearer`, every later call the
+node's own token from the reply (feature node-token; the credential when the reply has none); bodies and replies
+are the `crds.node` models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
 refusal (other 4xx); callers retry with `aiokit.Backoff`.
 """
 from __future__ import annotations
@@ -51,8 +52,9 @@ class ControllerError(Exception):
 
     @property
     def gone(self) -> bool:
-        """The controller does not know this node (or job) any more."""
-        return self.status in (404, 410)
+        """The controller does not know this node (or job) any more; 401 on a per-node call: the job's node
+        credential was revoked, so the job was released (finished or deleted)."""
+        return self.status in (401, 404, 410)
 
 
 def result_json(result: Result) -> bytes:
@@ -72,6 +74,8 @@ class ControllerClient:
                  transport: httpx.AsyncBaseTransport | None = None, ca_file: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self._credential = f"Bearer {token}"  # registers; the node's own token makes the other calls
+        self.revoked = False  # a per-node call was refused 401: the job was released, nothing is wrong here
         self._http = httpx.AsyncClient(
             base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
             headers={"Authorization": f"Bearer {token}"},
@@ -90,15 +94,17 @@ class ControllerClient:
         await self._http.aclose()
 
     async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
-                    timeout: float | None = None) -> Any:
+                    timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
         if isinstance(body, bytes):  # already serialized JSON
-            kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json"}}
+            kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json", **(headers or {})}}
         else:
-            kw = {"json": body.wire() if hasattr(body, "wire") else body}
+            kw = {"json": body.wire() if hasattr(body, "wire") else body, "headers": headers}
         try:
             resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
         except httpx.HTTPError as e:
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        if resp.status_code == 401 and not path.startswith("/register"):
+            self.revoked = True
         if resp.status_code >= 400:
             raise ControllerError(f"POST {path}: HTTP {resp.status_code}: {resp.text[:300]}", resp.status_code)
         if reply is None:
@@ -113,7 +119,9 @@ class ControllerClient:
         """`features`: the `crds.node.FEATURES` to ask for (`?features=a,b`); the reply's `features` are those
         served (None: an older controller, which ignores the parameter)."""
         path = f"/register?{FEATURES_PARAM}={','.join(features)}" if features else "/register"
-        return await self._post(path, req, RegisterResponse)
+        resp = await self._post(path, req, RegisterResponse, headers={"Authorization": self._credential})
+        self._http.headers["Authorization"] = f"Bearer {resp.node_token}" if resp.node_token else self._credential
+        return resp
 
     async def lease(self, node_id: str, req: LeaseRequest) -> LeaseResponse:
         return await self._post(f"/{node_id}/lease", req, LeaseResponse, timeout=req.wait + self.timeout)

@@ -56,7 +56,7 @@ class Shutdown(enum.IntEnum):
     RUNNING = 0    # leasing
     DRAINING = 1   # the controller asked this node to drain: finish in-flight rollouts, exit 0
     DONE = 2       # the controller has no more work for this node: the same
-    LOST = 3       # the controller no longer knows this node: cancel everything, exit 1
+    LOST = 3       # the controller no longer knows this node: cancel everything, exit 1 (0: its job was released)
     STOPPING = 4   # SIGTERM/SIGINT: hand back, drain for `drain_seconds`, exit 0
     HURRY = 5      # a second signal: the grace period is over
 
@@ -177,9 +177,14 @@ class NodeDaemon:
             if state >= Shutdown.STOPPING:
                 await self._shutdown()
             elif state is Shutdown.LOST:
-                self.log.error("%s", self.reason)
+                # a revoked node token: the job was released (it finished, or was deleted): a clean end
+                released = getattr(self.client, "revoked", False)
+                if released:
+                    self.log.info("the job was released (its node credential revoked): exiting")
+                else:
+                    self.log.error("%s", self.reason)
                 await self.rollouts.cancel_all("the controller no longer knows this node")
-                code = 1
+                code = 0 if released else 1
             else:
                 self.log.info("%s and nothing in flight: exiting", self.reason)
             await self.outbox.flush()

@@ -45,6 +45,14 @@ class Executor(Protocol):
     async def shutdown(self) -> None: ...                                # controller exit: daemons stay
 
 
+class Credentials(Protocol):
+    """The jobs' node credentials (`controller/nodeauth.NodeCredentials`): an executor mints the job's when it
+    starts the job's daemons and revokes it on release."""
+
+    def mint(self, job: RolloutJob) -> str: ...      # the job's credential (the same one until revoked)
+    def revoke(self, job: RolloutJob) -> None: ...   # that job's (not a re-created one's of the same name)
+
+
 class NodeRegistry(Protocol):
     """The scheduler's view of the registered daemons, for executors that drain single nodes."""
 
@@ -60,10 +68,10 @@ def daemon_argv(python: str, *options: str) -> list[str]:
 
 
 def daemon_env(base: Mapping[str, str], extra: Mapping[str, str], controller: str, job: str,
-               join_token: str) -> dict[str, str]:
+               credential: str) -> dict[str, str]:
     """The daemon's environment: `base` (the controller's, possibly sanitised), `extra`, then the
-    contract (crds/nodeenv.py). The admin API token is removed: a daemon needs only the join token."""
-    env = {**base, **extra, **nodeenv.node_env(controller, job, join_token)}
+    contract (crds/nodeenv.py). The admin API token is removed: a daemon needs only its job's credential."""
+    env = {**base, **extra, **nodeenv.node_env(controller, job, credential)}
     env.pop(nodeenv.ADMIN_TOKEN, None)
     return env
 

@@ -9,8 +9,9 @@ Indexed Job), maps its pods to NodeStates and deletes it (propagationPolicy Back
 SIGTERM and drain) on release.
 
 The daemon's side is the local and Slurm executors' contract: `rolloutd node --slot <index>` with
-ROLLOUTD_CONTROLLER / ROLLOUTD_JOB in its environment and ROLLOUTD_JOIN_TOKEN from a Secret the
-executor writes beside the Job (never in the Job's spec, which anyone who may read Jobs can see).
+ROLLOUTD_CONTROLLER / ROLLOUTD_JOB in its environment and ROLLOUTD_JOIN_TOKEN (the job's node credential,
+minted on the Job's creation and revoked on release) from a Secret the executor writes beside the Job (never
+in the Job's spec, which anyone who may read Jobs can see).
 Test seam: `api_client` (a `kubernetes.client.ApiClient` factory).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from .base import ExecutorError, NodeState
+from .base import Credentials, ExecutorError, NodeState
 
 log = logging.getLogger("rolloutd.executor.kubernetes")
 
@@ -53,9 +54,10 @@ def labels(job: RolloutJob) -> dict[str, str]:
             "rolloutd.io/namespace": job.metadata.namespace, "rolloutd.io/uid": job.metadata.uid or ""}
 
 
-def secret_manifest(job: RolloutJob, *, namespace: str, join_token: str, owned: bool = False) -> dict[str, Any]:
+def secret_manifest(job: RolloutJob, *, namespace: str, credential: str, owned: bool = False) -> dict[str, Any]:
+    """The Secret holding the job's node credential (key `join-token`, as daemons of earlier versions read it)."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": _metadata(job, namespace, owned),
-            "stringData": {"join-token": join_token}}
+            "stringData": {"join-token": credential}}
 
 
 def owner_references(job: RolloutJob, namespace: str) -> list[dict[str, Any]]:
@@ -225,11 +227,11 @@ class KubernetesExecutor:
     """`in_job_namespace`: operator mode, where RolloutJobs are objects of the cluster the Jobs go to: a job's
     daemons run in the RolloutJob's own namespace (else in `namespace`, the controller's), owned by it."""
 
-    def __init__(self, controller_url: str, join_token: str, *, namespace: str | None = None,
+    def __init__(self, controller_url: str, credentials: Credentials, *, namespace: str | None = None,
                  image: str | None = None, drain_seconds: float | None = None,
                  api_client: Callable[[], Any] = default_api_client, in_job_namespace: bool = False):
         self.controller_url = controller_url
-        self.join_token = join_token
+        self.credentials = credentials
         self.in_job_namespace = in_job_namespace
         self.namespace = namespace or os.environ.get("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
         self.image = image or os.environ.get("ROLLOUTD_K8S_NODE_IMAGE") or ""
@@ -325,7 +327,8 @@ class KubernetesExecutor:
             log.info("scaled Job %s/%s to %d node(s)", namespace, name, nodes)
 
     async def _write_secret(self, core: Any, job: RolloutJob, namespace: str) -> None:
-        body = secret_manifest(job, namespace=namespace, join_token=self.join_token, owned=self.in_job_namespace)
+        body = secret_manifest(job, namespace=namespace, credential=self.credentials.mint(job),
+                               owned=self.in_job_namespace)
         name = body["metadata"]["name"]
         try:
             await self._call(f"creating Secret {namespace}/{name}", core.create_namespaced_secret, namespace, body)
@@ -347,6 +350,7 @@ class KubernetesExecutor:
         uid = job.metadata.uid or ""
         if uid in self._released:
             return
+        self.credentials.revoke(job)
         try:
             batch, core, _ = self._client()
             namespace, name = self._target(job)

@@ -1,7 +1,8 @@
 """The local executor (embedded default): node daemons as subprocesses of the controller.
 
 Called by the reconcile through `Executor` (base.py); each daemon is `rolloutd node --slot K` with the
-contract in its environment (`base.daemon_env`), in its own process group, tracked by pid + start time
+contract in its environment (`base.daemon_env`, with the job's node credential, minted on `ensure` and revoked on
+`release`), in its own process group, tracked by pid + start time
 in `local-executor.json`: a restarted controller adopts them and only ever signals what it started.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.sandbox.server.procs import read_stat
 
-from .base import NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
+from .base import Credentials, NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
 
 log = logging.getLogger("rolloutd.executor.local")
 
@@ -52,10 +53,10 @@ class _Daemon:
 
 
 class LocalExecutor:
-    def __init__(self, controller_url: str, join_token: str, data_dir: Path, *,
+    def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
                  grace_seconds: float = 30.0, python: str = sys.executable, extra_env: dict[str, str] | None = None):
         self.controller_url = controller_url
-        self.join_token = join_token
+        self.credentials = credentials
         self.log_dir = data_dir / "logs"
         self.state_file = StateFile(data_dir / "local-executor.json")
         self.grace = grace_seconds
@@ -85,9 +86,9 @@ class LocalExecutor:
 
     # ------------------------------------------------------------ Executor
 
-    def _spawn(self, job: str, slot: int, restarts: int) -> _Daemon:
+    def _spawn(self, job: str, credential: str, slot: int, restarts: int) -> _Daemon:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = daemon_env(os.environ, self.extra_env, self.controller_url, job, self.join_token)
+        env = daemon_env(os.environ, self.extra_env, self.controller_url, job, credential)
         logf = open(self.log_dir / f"{job.replace('/', '_')}-node{slot}.log", "ab")
         popen = subprocess.Popen(daemon_argv(self.python, "--slot", str(slot)), env=env,
                                  stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -113,7 +114,7 @@ class LocalExecutor:
                 if time.monotonic() - d.started < crash_delay(restarts, MAX_RESTART_DELAY, free=0):
                     continue
                 log.warning("node daemon slot %s of job %s exited (code %s); restarting", slot, name, d.exit_code())
-            slots[slot] = self._spawn(name, slot, restarts)
+            slots[slot] = self._spawn(name, self.credentials.mint(job), slot, restarts)
             changed = True
         for slot in [s for s in slots if s >= nodes]:  # scale down: the daemon drains on SIGTERM
             self._terminate(slots.pop(slot))
@@ -130,7 +131,8 @@ class LocalExecutor:
         return out
 
     async def release(self, job: RolloutJob) -> None:
-        """SIGTERM to every daemon of the job, SIGKILL after the grace period."""
+        """SIGTERM to every daemon of the job, SIGKILL after the grace period; the job's credential is revoked."""
+        self.credentials.revoke(job)
         slots = self.daemons.pop(job.metadata.key, {})
         for d in slots.values():
             self._terminate(d)

@@ -1,7 +1,7 @@
 """What a scoped token may do: read-only tokens get, list and watch; namespace tokens stay in their namespaces.
 
 Called by the API middleware (`api.py`) for a request carrying a scoped token (`auth.ScopedToken`); the
-answer is None (allowed) or the message of a 403 Forbidden Status. The admin and join tokens never come here.
+answer is None (allowed) or the message of a 403 Forbidden Status. The admin token never comes here; on node paths a scoped token is refused before (`api.py`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,12 @@
 """The node-daemon protocol: thin routes over the scheduler's node methods.
 
     POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register (`?features=…`) | /{node}/lease
-         | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister   (join token or admin token)
+         | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister
+         register: the job's node credential (its job only) or the admin token; the rest: the node's own token
+         (`nodeauth.py`, checked in the API middleware before these routes run) or the admin token
          (heartbeat and results take `?lease=N`: leases ride on the reply, `crds.node.LEASE_PARAM`)
+    POST …/namespaces/{ns}/rolloutjobs/{name}/nodes/credential   the job's node credential, for daemons started by
+         hand (admin token only: the middleware lets no other token through here; revoked on the job's release)
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
          unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
@@ -16,9 +20,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
-from rolloutd.crds.node import FEATURES_PARAM, Heartbeat, LeaseRequest, RegisterRequest, ResultBatch, ReturnRequest
+from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, Heartbeat, LeaseRequest, RegisterRequest, ResultBatch,
+                                ReturnRequest)
 
-from ..errors import BadRequest, NotFound
+from ..errors import BadRequest, Conflict, Forbidden, NotFound
+from ..nodeauth import NodeCredentials
+from ..work.jobs import closed
 from ..work.scheduler import Scheduler
 from .bodies import read_model, read_model_fast
 
@@ -31,7 +38,7 @@ JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 
 # reply fields that only go to a daemon that asked for them (`?lease=N`, `?features=…`): an older one does not
 # know them, and its models refuse unknown fields
-ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap")
+ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap", "node_token")
 
 
 def _ok(model: BaseModel) -> Response:
@@ -56,8 +63,38 @@ def _owned(scheduler: Scheduler, node_id: str, request: Request) -> str:
     return node_id
 
 
-def node_router(scheduler: Scheduler) -> APIRouter:
+def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter:
     r = APIRouter()
+
+    def admit(req: RegisterRequest, request: Request) -> Response:
+        """Register `req` (its job resolved): a job credential only for its own job, and only as a node that
+        takes a token of its own (feature node-token), so it never acts as another node."""
+        features = _features(request)
+        job = getattr(request.state, "node_job", None)  # None: the admin token
+        req.job = job_key(*split_key(req.job))
+        if job is not None and req.job != job:
+            raise Forbidden(f"this node credential is rolloutjob {job}'s: it cannot register for {req.job}")
+        if job is not None and not credentials.minted_for(scheduler.jobs.get(job)):
+            raise Forbidden(f"this node credential was minted for an earlier rolloutjob {job}")
+        if job is not None and NODE_TOKEN not in (features or ()):
+            raise BadRequest(f"each node gets a token of its own: ask for feature {NODE_TOKEN!r} "
+                             "(run the same rolloutd version on the controller and the nodes)")
+        resp = scheduler.register(req, features)
+        if NODE_TOKEN in (resp.features or ()):
+            token = credentials.node_token(resp.job, resp.node_id)
+            if token is None:  # the admin registering for a job whose daemons no executor started
+                credentials.mint(scheduler.jobs.get(resp.job))
+                token = credentials.node_token(resp.job, resp.node_id)
+            resp.node_token = token
+        return _ok(resp)
+
+    @r.post(f"{JOB_NODES}/credential")
+    async def credential(namespace: str, name: str):
+        job = scheduler.jobs.get(job_key(namespace, name))
+        if closed(job):
+            raise Conflict(f'rolloutjobs "{job.metadata.key}" is {job.status.phase.value}; it takes no more nodes',
+                           name=job.metadata.key)
+        return {"credential": credentials.mint(job)}
 
     @r.post(f"{JOB_NODES}/register")
     async def register_namespaced(namespace: str, name: str, request: Request):
@@ -65,11 +102,11 @@ def node_router(scheduler: Scheduler) -> APIRouter:
         if split_key(req.job) not in ((namespace, name), ("default", name)):
             raise BadRequest(f"the body's job {req.job!r} is not the path's rolloutjob {namespace}/{name}")
         req.job = job_key(namespace, name)
-        return _ok(scheduler.register(req, _features(request)))
+        return admit(req, request)
 
     @r.post(f"{NODES}/register")
     async def register(request: Request):
-        return _ok(scheduler.register(await read_model(request, RegisterRequest), _features(request)))
+        return admit(await read_model(request, RegisterRequest), request)
 
     for prefix in (JOB_NODES, NODES):  # a node id names its job; a namespaced path must name the same one
         @r.post(f"{prefix}/{{node_id}}/lease")

@@ -17,7 +17,7 @@ from rolloutd.crds.rolloutjob import RolloutJob
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"
-JOIN = {"Authorization": "Bearer join"}
+JOIN = {"Authorization": "Bearer admin"}  # the admin acts as any node (tests/tenancy: node tokens)
 
 
 @contextlib.contextmanager
@@ -35,7 +35,7 @@ def node_api(tmp_path: Path, clock=None, lease_seconds: float | None = None) -> 
     store.apply(RolloutJob.model_validate(doc))
     scheduler = Scheduler(store, clock=clock) if clock is not None else Scheduler(store)
     scheduler.expand(store.get("math-demo"))
-    with TestClient(create_app(store, "admin", join_token="join", scheduler=scheduler)) as client:
+    with TestClient(create_app(store, "admin", scheduler=scheduler)) as client:
         yield client, scheduler
 
 

@@ -139,10 +139,10 @@ def test_deployment_starts_the_real_controller(monkeypatch):
     assert params["executors"] == "kubernetes" and set(params["executors"].split(",")) <= set(EXECUTOR_KINDS)
     # its tokens are in that data dir before it starts (copied from the Secret by the init container)
     init = " ".join(pod["initContainers"][0]["command"])
-    assert "/data/rolloutd/token" in init and "/data/rolloutd/join-token" in init
+    assert "/data/rolloutd/token" in init and "join-token" not in init  # node credentials are per job
     secret = one(docs, "Secret")
     assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {secret["metadata"]["name"]}
-    assert set(secret["data"]) == {"token", "join-token"}
+    assert set(secret["data"]) == {"token"}
     assert {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v} == \
         {one(docs, "PersistentVolumeClaim")["metadata"]["name"]}
     # the Service reaches it, and the kubernetes executor tells node daemons that Service's address
@@ -229,7 +229,7 @@ def test_given_tokens_are_used_and_bad_values_are_refused():
     out = subprocess.run([helm(), "template", "r", str(CHART), "--set", "auth.token=abc", "--set", "auth.joinToken=xyz"],
                          capture_output=True, text=True, check=True).stdout
     secret = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Secret")
-    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {"token": "abc", "join-token": "xyz"}
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {"token": "abc"}  # joinToken: ignored
     for flag, message in (("mode=serverless", "at '/mode': value must be one of 'controller', 'operator'"),
                           ("serviceMonitor.enable=true", "at '/serviceMonitor': additional properties 'enable' not allowed"),
                           ("executor.kinds={kubernetes,k8s}", "at '/executor/kinds/1': value must be one of")):

@@ -34,6 +34,19 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "join-secret-abc123"
 
 
+class OneCredential:
+    """The executors' credentials port with one fixed credential (tests/tenancy tests the real ones)."""
+
+    def __init__(self) -> None:
+        self.revoked: list[str] = []
+
+    def mint(self, job: RolloutJob) -> str:
+        return TOKEN
+
+    def revoke(self, job: RolloutJob) -> None:
+        self.revoked.append(job.metadata.key)
+
+
 def make_job(name: str = "math-demo", nodes: int = 2, uid: str = "uid-1", **kube) -> RolloutJob:
     return RolloutJob.model_validate({
         "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name, "uid": uid},
@@ -171,7 +184,7 @@ def client_for(url: str):
 
 
 def executor(url: str) -> KubernetesExecutor:
-    return KubernetesExecutor("http://rolloutd.rolloutd.svc:7350", TOKEN, namespace="rl", image="rolloutd:0.1.0",
+    return KubernetesExecutor("http://rolloutd.rolloutd.svc:7350", OneCredential(), namespace="rl", image="rolloutd:0.1.0",
                               drain_seconds=30, api_client=client_for(url))
 
 
@@ -212,7 +225,7 @@ def test_create_scale_observe_release_through_the_client(apiserver):
         deletes = [r for r in apiserver.requests if r["method"] == "DELETE"]
         assert apiserver.calls() == [("DELETE", f"{JOBS}/{name}"), ("DELETE", f"{SECRETS}/{name}")]
         assert deletes[0]["query"]["propagationPolicy"] == ["Background"]
-        assert not apiserver.jobs and not apiserver.secrets
+        assert not apiserver.jobs and not apiserver.secrets and ex.credentials.revoked == ["math-demo"]
         await ex.release(job)  # the reconciler calls release on every pass over a finished job
         assert apiserver.calls() == []
 
@@ -335,7 +348,7 @@ def test_without_the_client_a_job_fails_with_what_to_install(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` raises ImportError
     store = Store(tmp_path / "db.sqlite")
     store.apply(make_job())
-    rec = Reconciler(StoreApi(store), {"kubernetes": KubernetesExecutor("http://c:7350", TOKEN, namespace="rl", image="i")})
+    rec = Reconciler(StoreApi(store), {"kubernetes": KubernetesExecutor("http://c:7350", OneCredential(), namespace="rl", image="i")})
     asyncio.run(reconcile_all(rec))
     status = store.get("math-demo").status
     assert status.phase.value == "Failed"

@@ -8,6 +8,7 @@ from kube_helpers import job_doc
 
 from rolloutd.controller.api import create_app
 from rolloutd.controller.auth import TokenBook, create_scoped_token
+from rolloutd.controller.nodeauth import NodeCredentials
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL
@@ -21,17 +22,23 @@ def setup(tmp_path):
     store = Store(tmp_path / "rolloutd.db")
     scheduler = Scheduler(store)
     team = create_scoped_token(tmp_path / "tokens", "team", read_only=False, namespaces=["team-a"]).token
-    app = create_app(store, "admin", join_token="join", scheduler=scheduler, tokens=TokenBook(tmp_path / "tokens"))
+    creds = NodeCredentials(None)
+    app = create_app(store, "admin", node_credentials=creds, scheduler=scheduler, tokens=TokenBook(tmp_path / "tokens"))
     with TestClient(app, headers={"Authorization": "Bearer admin"}) as api:
         for ns in ("default", "team-a"):
             assert api.post(f"{P}/namespaces/{ns}/rolloutjobs", json=job_doc("j")).status_code == 201
         api.team_token = team
+        api.creds = {key: creds.mint(store.get(key)) for key in ("j", "team-a/j")}  # as the executors do
         yield api, scheduler
 
 
-def _register(api, path: str, job: str, name: str = "n1"):
-    return api.post(path, json={"job": job, "name": name, "protocol": NODE_PROTOCOL},
-                    headers={"Authorization": "Bearer join"})
+def _register(api, path: str, job: str, name: str = "n1", cred: str = "team-a/j"):
+    return api.post(path + "?features=node-token", json={"job": job, "name": name, "protocol": NODE_PROTOCOL},
+                    headers={"Authorization": f"Bearer {api.creds[cred]}"})
+
+
+def _as(reg) -> dict[str, str]:
+    return {"Authorization": f"Bearer {reg.json()['nodeToken']}"}
 
 
 def test_the_node_protocol_under_the_job_registers_with_that_namespace_s_job(setup):
@@ -40,15 +47,17 @@ def test_the_node_protocol_under_the_job_registers_with_that_namespace_s_job(set
     assert reg.status_code == 200, reg.text
     node = reg.json()["nodeId"]
     assert [n.id for n in scheduler.nodes("team-a/j")] == [node] and scheduler.nodes("j") == []
-    assert api.post(f"{TEAM}/nodes/{node}/heartbeat", json={}, headers={"Authorization": "Bearer join"}).status_code == 200
+    assert api.post(f"{TEAM}/nodes/{node}/heartbeat", json={}, headers=_as(reg)).status_code == 200
     refused = _register(api, f"{TEAM}/nodes/register", "other")
     assert refused.status_code == 400 and "team-a/j" in refused.json()["message"]
     old = _register(api, f"{P}/nodes/register", "team-a/j", "n2")  # a daemon of the previous version, by key
     assert old.status_code == 200 and len(scheduler.nodes("team-a/j")) == 2
-    assert _register(api, f"{P}/nodes/register", "j", "n3").status_code == 200  # a bare name: `default`
+    assert _register(api, f"{P}/nodes/register", "j", "n3").status_code == 403  # team-a's credential: not default's
+    assert _register(api, f"{P}/nodes/register", "j", "n3", cred="j").status_code == 200  # a bare name: `default`
     assert [n.name for n in scheduler.nodes("j")] == ["n3"]
     assert api.post(f"{TEAM}/nodes/register", json={"job": "j", "name": "x", "protocol": NODE_PROTOCOL}).status_code == 200
-    assert api.get(TEAM, headers={"Authorization": "Bearer join"}).status_code == 401  # the join token: nodes/ only
+    node_creds = {"Authorization": f"Bearer {api.creds['team-a/j']}"}
+    assert api.get(TEAM, headers=node_creds).status_code == 401  # a node credential: nodes/ only
 
 
 def test_the_trainer_routes_of_one_namespace_leave_the_other_s_job_alone(setup):
@@ -67,18 +76,21 @@ def test_the_trainer_routes_of_one_namespace_leave_the_other_s_job_alone(setup):
 
 
 def test_a_namespaced_node_path_acts_only_on_that_job_s_nodes(setup):
-    """A team-a token reaches team-a's node paths; naming a `default` node's id there must not lease, beat,
-    report, give back or deregister for it (404, the node untouched)."""
+    """Naming a `default` node's id on team-a's node paths must not lease, beat, report, give back or
+    deregister for it (the node untouched): the admin gets 404, the node's own token 401 there, a team-a
+    token 403 (namespace tokens never speak the node protocol)."""
     api, scheduler = setup
-    node = _register(api, f"{DEFAULT}/nodes/register", "j").json()["nodeId"]
+    reg = _register(api, f"{DEFAULT}/nodes/register", "j", cred="j")
+    node = reg.json()["nodeId"]
     team = {"Authorization": f"Bearer {api.team_token}"}
     calls = {"lease": {"maxItems": 1}, "heartbeat": {}, "results": {"results": []},
              "return": {"attemptIds": [], "reason": "x"}, "deregister": None}
     for verb, body in calls.items():
-        for headers in (team, {"Authorization": "Bearer join"}):
-            r = api.post(f"{TEAM}/nodes/{node}/{verb}", json=body, headers=headers)
-            assert r.status_code == 404 and "team-a/j" in r.json()["message"], (verb, r.text)
+        for headers, code in ((team, 403), (_as(reg), 401), ({}, 404)):
+            r = api.post(f"{TEAM}/nodes/{node}/{verb}", json=body, headers=headers)  # {}: the admin's
+            assert r.status_code == code, (verb, r.text)
+            assert code != 404 or "team-a/j" in r.json()["message"]
     assert [n.id for n in scheduler.nodes("j")] == [node] and scheduler.nodes("j")[0].state == "active"
-    own = api.post(f"{DEFAULT}/nodes/{node}/heartbeat", json={}, headers={"Authorization": "Bearer join"})
+    own = api.post(f"{DEFAULT}/nodes/{node}/heartbeat", json={}, headers=_as(reg))
     assert own.status_code == 200, own.text
     assert api.post(f"{P}/nodes/{node}/heartbeat", json={}, headers=team).status_code == 403  # cluster scope

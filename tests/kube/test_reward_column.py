@@ -64,9 +64,9 @@ def test_get_shows_the_reward_mean_of_scored_rollouts(local_kube, local_kubectl,
                60, "the operator's first pass")
     assert _reward_cell(kubectl("get", "rj", "rewarded").stdout) == ""  # nothing scored yet: null, not 0
 
-    join = (local_kube.data_dir / "join-token").read_text().strip()
+    admin = (local_kube.data_dir / "token").read_text().strip()  # the admin acts as any node (a simulated one)
     with httpx.Client(base_url=local_kube.url, verify=local_kube.verify, timeout=30,
-                      headers={"Authorization": f"Bearer {join}"}) as node:
+                      headers={"Authorization": f"Bearer {admin}"}) as node:
         reg = node.post(f"{NODES}/register", json={"job": "rewarded", "protocol": NODE_PROTOCOL, "name": "sim0",
                                                     "host": "sim", "pid": 0, "slot": 0})
         assert reg.status_code == 200, reg.text

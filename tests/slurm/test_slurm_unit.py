@@ -13,6 +13,7 @@ from rolloutd.controller.executors.base import ExecutorError
 from rolloutd.controller.executors.slurm.cli import expand_hostlist, parse_scontrol, parse_squeue, sanitized_env
 from rolloutd.controller.executors.slurm.executor import SlurmExecutor
 from rolloutd.controller.executors.slurm.script import slurm_minutes
+from rolloutd.controller.nodeauth import NodeCredentials
 from rolloutd.crds.rolloutjob import RolloutJob
 
 
@@ -82,7 +83,7 @@ class Clock:
 @pytest.fixture
 def fake(tmp_path: Path):
     slurm, clock = FakeSlurm(), Clock()
-    ex = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", tmp_path, run=slurm, clock=clock, poll_interval=0,
+    ex = SlurmExecutor("http://ctl:7350", NodeCredentials(None), tmp_path, run=slurm, clock=clock, poll_interval=0,
                        python="/opt/py/bin/python")
     return slurm, clock, ex, tmp_path
 
@@ -122,8 +123,9 @@ def test_the_token_travels_in_the_environment_never_on_argv(fake, monkeypatch):
     run(ex.ensure(make_job(nodes=3, partition="debug", timeLimit="8:00:00", account="acct", qos="q", constraint="c",
                            extraArgs=["--exclusive"], setup=["module load foo"]), 3))
     (argv, env, script), = [c for c in slurm.calls if c[0][0] == "sbatch"]
-    assert not any("SECRET" in a for a in argv)
-    assert env["ROLLOUTD_JOIN_TOKEN"] == "JOIN-SECRET" and env["ROLLOUTD_CONTROLLER"] == "http://ctl:7350"
+    credential = env["ROLLOUTD_JOIN_TOKEN"]
+    assert not any("SECRET" in a or credential in a for a in argv) and credential not in script
+    assert ex.credentials.job_of(credential) == "j" and env["ROLLOUTD_CONTROLLER"] == "http://ctl:7350"
     assert "ROLLOUTD_TOKEN" not in env and "SLURM_JOB_ID" not in env
     assert any(a.startswith("--signal=TERM@") for a in argv)  # drain before the time limit
     for flag in ("--nodes=3", "--partition=debug", "--time=8:00:00", "--account=acct", "--qos=q", "--constraint=c",
@@ -215,7 +217,7 @@ def test_a_restarted_controller_adopts_allocations_even_without_its_state_file(f
     job = make_job(nodes=2)
     run(ex.ensure(job, 2))
     (data / "slurm-executor.json").unlink()  # died between sbatch and writing its record
-    ex2 = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", data, run=slurm, clock=clock, poll_interval=0)
+    ex2 = SlurmExecutor("http://ctl:7350", NodeCredentials(None), data, run=slurm, clock=clock, poll_interval=0)
     run(ex2.ensure(job, 2))
     assert len(slurm.sbatches()) == 1
     assert [s.state for s in run(ex2.observe(job))] == ["running", "running"]
@@ -299,7 +301,7 @@ def test_a_state_file_of_the_untyped_format_still_loads_and_drives_the_executor(
         "allocs": {"100": {"nodes": 2, "submitted": 900.0, "started": 950.0, "nodelist": "n[1-2]", "drained": []}},
         "retired": {"99": {"at": 990.0, "term": False, "hard": False}},
     }}))
-    ex = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", data, run=slurm, clock=clock, poll_interval=0)
+    ex = SlurmExecutor("http://ctl:7350", NodeCredentials(None), data, run=slurm, clock=clock, poll_interval=0)
     rec = ex.state["j"]
     assert rec.allocs["100"].started == 950.0 and rec.retired["99"].sigterm_due == 990.0 and rec.submits == 2
     run(ex.ensure(make_job(nodes=2), 2))
@@ -317,7 +319,7 @@ def test_an_unreadable_record_is_dropped_and_its_allocation_adopted_from_slurm(f
     slurm.jobs["100"] = {"name": "rolloutd-j", "state": "RUNNING", "reason": "None", "nodes": 2,
                          "nodelist": "n[1-2]", "comment": "rolloutd uid=u-1 job=j"}
     (data / "slurm-executor.json").write_text(json.dumps({"j": {"uid": "u-1", "allocs": {"100": {"nodes": "two"}}}}))
-    ex = SlurmExecutor("http://ctl:7350", "JOIN-SECRET", data, run=slurm, clock=clock, poll_interval=0)
+    ex = SlurmExecutor("http://ctl:7350", NodeCredentials(None), data, run=slurm, clock=clock, poll_interval=0)
     assert "j" not in ex.state
     run(ex.ensure(make_job(nodes=2), 2))
     assert slurm.sbatches() == [] and list(ex.state["j"].allocs) == ["100"]

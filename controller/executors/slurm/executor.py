@@ -20,7 +20,7 @@ from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from ..base import ExecutorError, NodeRegistry, NodeState, StateFile, crash_count, crash_delay, daemon_env
+from ..base import Credentials, ExecutorError, NodeRegistry, NodeState, StateFile, crash_count, crash_delay, daemon_env
 from .cli import PERMANENT_PENDING, Runner, SlurmCli, SlurmJob, expand_hostlist, last_lines, read_tail, refusal, \
     unavailable
 from .retire import Retirer
@@ -33,7 +33,7 @@ JUST_SUBMITTED_SECONDS = 10.0  # an allocation squeue does not list yet is not l
 
 
 class SlurmExecutor:
-    def __init__(self, controller_url: str, join_token: str, data_dir: Path, *,
+    def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
                  python: str = sys.executable, grace_seconds: float | None = None, max_failures: int = 5,
                  stable_seconds: float = 60.0, finish_grace: float = 15.0, max_backoff: float = 60.0,
                  poll_interval: float = 1.0,
@@ -41,7 +41,7 @@ class SlurmExecutor:
                  event: Callable[[str, str, str, str], None] | None = None,
                  run: Runner | None = None, clock: Callable[[], float] = time.time):
         self.controller_url = controller_url
-        self.join_token = join_token
+        self.credentials = credentials
         self.data_dir = data_dir
         self.log_dir = data_dir / "logs"
         self.file = StateFile(data_dir / "slurm-executor.json")
@@ -104,8 +104,10 @@ class SlurmExecutor:
             return out
 
     async def release(self, job: RolloutJob) -> None:
-        """Every allocation is retired (the follow-up sweep escalates to scancel); cheap once done."""
+        """Every allocation is retired (the follow-up sweep escalates to scancel); cheap once done. The job's
+        node credential is revoked first: a daemon still draining can no longer act for it."""
         name = job.metadata.key
+        self.credentials.revoke(job)
         if name not in self.state:  # cheap: called on every pass over a finished job
             if self._adopted:
                 return
@@ -260,13 +262,14 @@ class SlurmExecutor:
 
     async def _submit(self, job: RolloutJob, rec: JobRecord, count: int) -> None:
         """sbatch with the daemon contract in its environment (`--export=ALL` hands it to srun's tasks):
-        the join token never appears on a command line or in Slurm's job record."""
+        the job's node credential never appears on a command line or in Slurm's job record."""
         name, uid = job.metadata.key, job.metadata.uid or ""
         spec = job.spec.executor.slurm
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = sbatch_argv(name, uid, count, spec, data_dir=self.data_dir, log_dir=self.log_dir, grace=self.grace)
         script = batch_script(name, uid, spec.setup, self.python)
-        env = daemon_env(self.cli.env(), self.extra_env, self.controller_url, name, self.join_token)
+        env = daemon_env(self.cli.env(), self.extra_env, self.controller_url, name,
+                         self.credentials.mint(job))
         aid, rc, text = await self.cli.sbatch(argv, script, env)
         self.cli.invalidate()
         if aid is not None:
