@@ -23,10 +23,11 @@ import re
 from abc import ABC
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from pydantic import BaseModel, Field
 
+from rolloutd.crds.safe_read import DataReadError, kind as path_kind, open_file
 from rolloutd.crds.trajectory import Trajectory
 
 ENTRY_POINT_GROUP = "rolloutd.tasks"
@@ -43,19 +44,31 @@ class DatasetError(ValueError):
     """A dataset file or row is malformed. The message names the file, the line and the field."""
 
 
-def json_lines(path: Path):
-    """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file;
-    a line that is not JSON raises `DatasetError` naming `file:line`. Read lazily."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+def json_lines(path: str | Path, roots: Sequence[str] | None = None):
+    """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file, read through
+    `rolloutd.crds.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
+    `DatasetError` naming `file:line`, never its content. Read lazily."""
+    try:
+        f = open_file(path, roots)
+    except DataReadError as e:
+        raise refused(e) from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                value = json.loads(line)
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
+                raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             yield lineno, where, value
+
+
+def refused(e: DataReadError, where: str = "") -> "DatasetError":
+    """The reader's refusal as a `DatasetError`: the spec field, where in the dataset, the path and why."""
+    return DatasetError(f"{e.field}: {where + ': ' if where else ''}{e.path}: {e.why}")
 
 
 class EvalError(RuntimeError):
@@ -95,6 +108,7 @@ class TaskHandler(ABC):
     """
 
     name: ClassVar[str] = ""
+    roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
     sandbox_spec: ClassVar[Any] = None
@@ -102,19 +116,27 @@ class TaskHandler(ABC):
     id_field: ClassVar[str] = "id"
 
     # ------------------------------------------------------------------ dataset
-    def load(self, source: str | Path, limit: int | None = None) -> list[dict]:
+    def load(self, source: str | Path, limit: int | None = None, *, roots: Sequence[str] | None = None) -> list[dict]:
         """Read up to `limit` rows of a JSON-lines file, each validated for this kind.
 
-        Blank lines are skipped. Any problem raises `DatasetError` naming `file:line` and field.
+        `roots`: the job's data roots (its policy's `data_roots`; None for an admin's job): the file is read
+        beneath them through `rolloutd.crds.safe_read`, never as root. Blank lines are skipped. Any problem
+        raises `DatasetError` naming `file:line` and field, never the file's content.
         """
         path = Path(source)
-        if not path.is_file():
-            raise DatasetError(f"{path}: dataset file not found")
+        try:
+            found = path_kind(path, roots)
+        except DataReadError as e:
+            raise refused(e) from None
+        if found != "file":
+            why = {None: "dataset file not found", "dir": "is a directory, not a dataset file"}.get(
+                found, "is not a regular file (a FIFO, socket or device)")
+            raise DatasetError(f"{path}: {why}")
         rows: list[dict] = []
         seen: dict[str, int] = {}
         if limit is not None and limit <= 0:
             return rows
-        for lineno, where, row in json_lines(path):
+        for lineno, where, row in json_lines(path, roots):
             if not isinstance(row, dict):
                 raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
             for field, types in self.fields.items():
@@ -130,7 +152,7 @@ class TaskHandler(ABC):
                 raise DatasetError(f"{where}: {e}") from None
             key = str(row[self.id_field])
             if key in seen:
-                raise DatasetError(f"{where}: field '{self.id_field}': duplicate id {key!r} (first on line {seen[key]})")
+                raise DatasetError(f"{where}: field '{self.id_field}': duplicate id (first on line {seen[key]})")
             seen[key] = lineno
             rows.append(row)
             if limit is not None and len(rows) >= limit:

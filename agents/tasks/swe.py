@@ -54,7 +54,9 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler, checked_exit
+from rolloutd.crds.safe_read import DataReadError, kind as path_kind
+
+from .base import EvalError, Reward, TaskHandler, checked_exit, refused
 
 SandboxFactory = Callable[[], Awaitable[Any]]
 
@@ -106,6 +108,16 @@ class SweTask(TaskHandler):
         self.system_prompt = system_prompt
 
     # ------------------------------------------------------------------ dataset
+    def load(self, source: str | Path, limit: int | None = None, *, roots: Any = None) -> list[dict]:
+        """The base's load, then each `repo_path` (made absolute, links resolved) must lie beneath `roots`."""
+        rows = super().load(source, limit, roots=roots)
+        for row in rows if roots is not None else ():
+            try:
+                path_kind(row["repo_path"], roots)
+            except DataReadError as e:
+                raise refused(e, f"{source}: task {row[self.id_field]}: field 'repo_path'") from None
+        return rows
+
     def validate_row(self, row: dict, *, base_dir: Path) -> None:
         for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             value = row[key]
@@ -120,7 +132,7 @@ class SweTask(TaskHandler):
         if not row["FAIL_TO_PASS"]:
             raise ValueError("field 'FAIL_TO_PASS' is empty: nothing would show the fix")
         if not re.fullmatch(r"[0-9a-fA-F]{7,40}", row["base_commit"]):
-            raise ValueError(f"field 'base_commit' must be a commit id, got {row['base_commit']!r}")
+            raise ValueError("field 'base_commit' must be a commit id (7 to 40 hex digits)")
         repo = Path(row["repo_path"])
         repo = repo if repo.is_absolute() else (base_dir / repo).resolve()
         if not repo.exists():

@@ -1,6 +1,7 @@
 """Dataset expansion: a job's dataset loaded once into tasks and prompt × samples queued items (restart-safe).
 
 Called by the scheduler before a job's work is read (`batches` opens batch jobs' items by group); `queue` runs them.
+The dataset is read beneath the data roots of the job's effective policy (`policy_for`; None: an admin's job).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlmodel import Session
 
 from rolloutd.agents.tasks import get_handler
 from rolloutd.crds.rolloutjob import RolloutJob
+from rolloutd.crds.tenancy import TenantPolicySpec
 
 from . import tables
 from .tables import ExpansionRow, ItemRow, TaskRow
@@ -22,8 +24,10 @@ log = logging.getLogger("rolloutd.scheduler")
 
 
 class Expansions:
-    def __init__(self, engine: Engine, clock: Callable[[], float], wake: Callable[[str], None]) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], float], wake: Callable[[str], None],
+                 policy_for: Callable[[RolloutJob], TenantPolicySpec | None] = lambda job: None) -> None:
         self.engine, self.clock, self.wake = engine, clock, wake
+        self.policy_for = policy_for  # the job's effective tenant policy: its data roots bound what load reads
         self._rows: dict[str, ExpansionRow] = {}
 
     def expand(self, job: RolloutJob) -> ExpansionRow:
@@ -41,7 +45,7 @@ class Expansions:
                 tables.purge(s, name)
                 self._rows.pop(name, None)
             try:
-                rows = get_handler(job.spec.tasks.kind).load(job.spec.tasks.source, job.spec.tasks.limit)
+                rows = _load(job, self.policy_for(job))
                 error = "" if rows else f"dataset {job.spec.tasks.source} has no rows"
             except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message
                 rows, error = [], f"{type(e).__name__}: {e}"
@@ -79,3 +83,11 @@ class Expansions:
 
     def forget(self, name: str) -> None:
         self._rows.pop(name, None)
+
+
+def _load(job: RolloutJob, policy: TenantPolicySpec | None) -> list[dict]:
+    """The job's rows; a tenant's read beneath its policy's data roots (a plug-in whose load takes no roots fails it)."""
+    tasks, handler = job.spec.tasks, get_handler(job.spec.tasks.kind)
+    if policy is None:
+        return handler.load(tasks.source, tasks.limit)
+    return handler.load(tasks.source, tasks.limit, roots=list(policy.data_roots))
