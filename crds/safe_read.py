@@ -47,7 +47,8 @@ from .tenancy import beneath
 
 T = TypeVar("T")
 SOURCE = "spec.tasks.source"
-MAX_FILE = 1 << 30        # a dataset or one file of a task directory
+MAX_FILE = 8 << 30        # a dataset (its rows are bounded by the namespace's items quota besides)
+MAX_TEXT = 16 << 20       # one text file of a task directory: instruction.md, task.toml, the Dockerfile
 MAX_TREE = 1 << 30        # all files of one staged directory together
 MAX_LINKS = 40            # symlinks followed in one path (the kernel's own bound)
 SYS_OPENAT2 = 437         # the same number on every architecture (syscalls from 424 on are shared)
@@ -111,7 +112,7 @@ def read_bytes(path: str | os.PathLike, roots: Sequence[str] | None, *, field: s
 
 
 def read_text(path: str | os.PathLike, roots: Sequence[str] | None, *, field: str = SOURCE,
-              max_bytes: int = MAX_FILE) -> str:
+              max_bytes: int = MAX_TEXT) -> str:
     """The file as UTF-8 text; text that is not UTF-8 is an error that quotes no byte of it."""
     data = read_bytes(path, roots, field=field, max_bytes=max_bytes)
     try:
@@ -322,13 +323,18 @@ def _as_reader(roots: Sequence[str] | None, work: Callable[[], T]) -> T:
     return _reader.submit(_unprivileged, work).result()
 
 
-def _unprivileged(work: Callable[[], T]) -> T:
-    # every time: a setuid() elsewhere in the process (glibc broadcasts it) would have reset this thread too
+def nobody() -> tuple[int, int]:
+    """(uid, gid) of the unprivileged identity a root process reads a tenant's data as."""
     try:
         entry = pwd.getpwnam("nobody")
-        uid, gid = entry.pw_uid, entry.pw_gid
+        return entry.pw_uid, entry.pw_gid
     except KeyError:
-        uid = gid = 65534
+        return 65534, 65534
+
+
+def _unprivileged(work: Callable[[], T]) -> T:
+    # every time: a setuid() elsewhere in the process (glibc broadcasts it) would have reset this thread too
+    uid, gid = nobody()
     number = SYS_SETGROUPS.get(platform.machine())
     if number is None or _libc.syscall(ctypes.c_long(number), ctypes.c_long(0), None) != 0:
         raise DataReadError(SOURCE, "-", "cannot drop the node's groups before reading a tenant's data")
@@ -339,4 +345,5 @@ def _unprivileged(work: Callable[[], T]) -> T:
     return work()
 
 
-__all__ = ["DataReadError", "TreeEntry", "kind", "list_dir", "open_file", "read_bytes", "read_text", "read_tree"]
+__all__ = ["DataReadError", "TreeEntry", "kind", "list_dir", "nobody", "open_file", "read_bytes", "read_text",
+           "read_tree"]

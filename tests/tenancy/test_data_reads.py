@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 HARBOR_TASK = REPO / "examples" / "harbor" / "tasks" / "word-count"
 EXAMPLE = REPO / "examples" / "math-demo.yaml"
 SECRET = f"TOPSECRET-{secrets.token_hex(8)}"
+DUPLICATE = json.dumps({"id": SECRET, "question": "q", "answer": "2"})
 
 
 def _row(i: int, answer: str = "2") -> str:
@@ -182,7 +183,7 @@ def test_the_admins_job_reads_as_before(tmp_path):
     ("math", '{"id": "a", "question": "q", "answer": "' + SECRET, "data.jsonl:2: not valid JSON"),
     ("stem", json.dumps({"id": "a", "question": "q", "choices": ["x", "y"], "answer": SECRET}),
      "data.jsonl:2: field 'answer' must be one of A, B"),
-    ("math", json.dumps({"id": "q0", "question": "q", "answer": SECRET}), "data.jsonl:2: field 'id': duplicate id"),
+    ("math", f"{DUPLICATE}\n{DUPLICATE}", "data.jsonl:3: field 'id': duplicate id (first on line 2)"),
     ("swe", json.dumps({"instance_id": "a", "problem_statement": "p", "base_commit": SECRET, "FAIL_TO_PASS": ["t"],
                         "PASS_TO_PASS": [], "test_patch": "", "repo_path": ".", "test_command": "x"}),
      "data.jsonl:2: field 'base_commit' must be a commit id"),
@@ -209,7 +210,7 @@ def test_bytes_that_are_not_utf8_are_not_echoed(area):
     ("task.toml", False, f'[agent]\nuser = "root:$6${SECRET}"\n', "task.toml agent.user must be"),
     ("task.toml", False, f'[agent]\ntimeout_sec = "{SECRET}"\n', "task.toml agent.timeout_sec must be"),
     ("task.toml", False, f'password = {SECRET}\n', "task.toml: Invalid value (at line 1"),
-    ("environment/Dockerfile", False, f'FROM python:3.12-slim\nENV "{SECRET}"\n', "Dockerfile:2: ENV needs"),
+    ("environment/Dockerfile", False, f'FROM python:3.12-slim\nARG -{SECRET}\n', "Dockerfile:2: ARG name '…' is not"),
 ])
 def test_harbor_task_files_that_link_out_or_do_not_parse_leak_nothing(area, name, link, toml, says):
     tasks = area / "team-a" / "tasks"
@@ -261,3 +262,38 @@ def test_the_node_stages_no_file_from_outside_the_root(area):
     assert not any(n.startswith(".rolloutd-stage") for n in listing)
     assert [(e.rel, e.kind, e.target or e.data) for e in entries] == [
         ("data", "link", "/etc/shadow"), ("test.sh", "file", b"echo ok\n")]
+
+
+# ---------------------------------------------------------------------- swe: the tenant's repository, read by git as nobody
+def _git(cwd: Path, *args: str) -> str:
+    import subprocess
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_swe_repository_borrowing_another_teams_objects_is_not_staged(area, tmp_path):
+    """team-a's repository names team-b's private object store as its alternate: git on the node reads as nobody,
+    so team-b's tree is not staged; team-a's own repository still is."""
+    from rolloutd.agents.tasks.base import EvalError
+    from rolloutd.agents.tasks.swe import stage_repo
+
+    if os.geteuid() != 0:
+        pytest.skip("the node reads as nobody only when it runs as root")
+    theirs, ours = area / "team-b" / "repo", area / "team-a" / "repo"
+    for repo in (theirs, ours):
+        repo.mkdir()
+        _git(repo, "init", "-q", "-b", "main")
+        (repo / "file.txt").write_text(SECRET if repo == theirs else "ours\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", "base")
+    theirs.chmod(0o700)
+    (ours / ".git" / "objects" / "info" / "alternates").write_text(f"{theirs}/.git/objects\n")
+    base = _git(theirs, "rev-parse", "HEAD")
+    roots = [str(area / "team-a")]
+    with pytest.raises(EvalError, match="git archive") as info:
+        stage_repo(str(ours), base, tmp_path / "stolen", roots)
+    assert SECRET not in str(info.value)
+    assert not (tmp_path / "stolen" / "file.txt").exists()
+    stage_repo(str(ours), _git(ours, "rev-parse", "HEAD"), tmp_path / "own", roots)
+    assert (tmp_path / "own" / "file.txt").read_text() == "ours\n"
