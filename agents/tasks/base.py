@@ -12,7 +12,10 @@ final_text, then the last assistant message in `trajectory.messages`), so EVAL a
 trajectory produced by some other caller of the agent loop. Every `Reward.details` repeats the
 extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
 
-Errors: `DatasetError` (a bad dataset row: names the file, line and field), `EvalError` (the
+Every read of the tenant's data goes through `rolloutd.crds.safe_read` (beneath the job's data roots, never as
+root, never through a link out); `refused` turns its refusal into a `DatasetError`.
+
+Errors: `DatasetError` (a bad dataset row: names the file, line and field, never the row's content), `EvalError` (the
 evaluator itself failed: an infrastructure failure, never reward 0), `ConfigError` (the job's
 configuration cannot work: fails the job, never a reward), `UnknownTaskKind`.
 """
@@ -102,6 +105,9 @@ class TaskHandler(ABC):
     - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
       agent left behind). The node daemon then starts one as RUN ends and passes
       `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
+    - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
+      daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
+      solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
       sandbox of the job's spec from the warm pool (which the daemon then leaves empty).

@@ -10,7 +10,8 @@ reused by `rolloutd.sandbox.image_build`, under a lock, once per node or shared 
 `instruction.md`, `task.toml`, `environment/Dockerfile` (+ build context), `tests/test.sh` and
 optionally `solution/solve.sh`. task.toml fields read: `[agent] timeout_sec` and `user`, `[verifier] timeout_sec`
 and `env`, `[solution] env`, `[environment] memory_mb` (or `memory = "2G"`: the sandbox's memory limit
-instead of the job's) and `allow_internet`; the rest is kept in the row (`config`).
+instead of the job's) and `allow_internet`; the rest is kept in the row (`config`). Every file of it is read beneath the job's data
+roots (harbor_files.py: `load` takes them, the node sets `roots` on its handler), never as root.
 
 In the sandbox (see image_build.py): everything runs as the task's user (`[agent] user`, else the Dockerfile's
 last USER) when that is not root, else as the runtime's unprivileged user; WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live

@@ -13,7 +13,8 @@ interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
 
 INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
 history, so the fix cannot be read from the log), built host-side with `git archive` into the
-sandbox's `workspace` before the agent starts. The commit is deterministic, so EVAL can rebuild it.
+sandbox's `workspace` before the agent starts. A tenant's `repo_path` lies beneath the job's data roots
+(`roots`) and its git runs as nobody on a root node (crds/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
 
 EVAL:
 1. the agent's diff: `git add -A && git diff --cached <staged commit>` run INSIDE the RUN sandbox

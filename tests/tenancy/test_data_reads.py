@@ -297,3 +297,15 @@ def test_a_swe_repository_borrowing_another_teams_objects_is_not_staged(area, tm
     assert not (tmp_path / "stolen" / "file.txt").exists()
     stage_repo(str(ours), _git(ours, "rev-parse", "HEAD"), tmp_path / "own", roots)
     assert (tmp_path / "own" / "file.txt").read_text() == "ours\n"
+
+
+def test_the_node_checks_a_harbor_tasks_directory_again(area):
+    """A task row naming a directory outside the job's data roots (a job stored before its policy narrowed) is
+    refused at INIT, before any image is built from it: a configuration failure, never a rollout."""
+    handler = get_handler("harbor")
+    handler.roots = [str(area / "team-a")]
+    (area / "team-a" / "t1").symlink_to(area / "outside")
+    for path in (str(area / "outside"), str(area / "team-a" / "t1")):
+        task = {"id": "t1", "path": path}
+        with pytest.raises(ConfigError, match=r"^spec\.tasks\.source: .*(not beneath a data root|leads out)"):
+            asyncio.run(handler.sandbox_spec(task, SandboxSpec(runtime="bwrap", image="host")))
