@@ -72,8 +72,10 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
             text = read_text(f"{task_dir}/task.toml", roots)
             try:
                 config = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as e:  # tomllib says where (line, column), never what
-                raise DatasetError(f"spec.tasks.source: {where}: {task_dir}/task.toml: {e}") from None
+            except tomllib.TOMLDecodeError as e:  # only where: tomllib's text may quote a key or a character
+                at = re.search(r"\(at ([^)]*)\)", str(e))
+                raise DatasetError(f"spec.tasks.source: {where}: {task_dir}/task.toml: not valid TOML"
+                                   f"{f' (at {at.group(1)})' if at else ''}") from None
         dockerfile = read_text(f"{task_dir}/environment/Dockerfile", roots)
         instruction = read_text(f"{task_dir}/instruction.md", roots)
     except DataReadError as e:

@@ -209,7 +209,8 @@ def test_bytes_that_are_not_utf8_are_not_echoed(area):
     ("task.toml", True, None, "task.toml: leads out of the data root"),
     ("task.toml", False, f'[agent]\nuser = "root:$6${SECRET}"\n', "task.toml agent.user must be"),
     ("task.toml", False, f'[agent]\ntimeout_sec = "{SECRET}"\n', "task.toml agent.timeout_sec must be"),
-    ("task.toml", False, f'password = {SECRET}\n', "task.toml: Invalid value (at line 1"),
+    ("task.toml", False, f'password = {SECRET}\n', "task.toml: not valid TOML (at line 1, column 12)"),
+    ("task.toml", False, f'{SECRET} = 1\n{SECRET} = 2\n', "task.toml: not valid TOML (at line 2"),
     ("environment/Dockerfile", False, f'FROM python:3.12-slim\nARG -{SECRET}\n', "Dockerfile:2: ARG name '…' is not"),
 ])
 def test_harbor_task_files_that_link_out_or_do_not_parse_leak_nothing(area, name, link, toml, says):
@@ -309,3 +310,26 @@ def test_the_node_checks_a_harbor_tasks_directory_again(area):
         task = {"id": "t1", "path": path}
         with pytest.raises(ConfigError, match=r"^spec\.tasks\.source: .*(not beneath a data root|leads out)"):
             asyncio.run(handler.sandbox_spec(task, SandboxSpec(runtime="bwrap", image="host")))
+
+
+def test_the_read_is_nobodys_and_the_rest_of_the_process_stays_as_it_was(area):
+    """A root-group 0640 file is refused (root's supplementary groups are gone in the reader's thread, not only its
+    uid), and the process's other threads keep their identity: this one still reads a root-only 0600 file."""
+    if os.geteuid() != 0:
+        pytest.skip("the reader changes identity only in a root process")
+    group_only = area / "team-a" / "group.jsonl"
+    group_only.write_text(_row(0, SECRET))
+    group_only.chmod(0o640)
+    os.chown(group_only, 0, 4242)
+    groups = os.getgroups()
+    os.setgroups([*groups, 4242])  # the daemon is in the file's group, as root often is (root, adm, shadow...)
+    try:
+        _refused(lambda: get_handler("math").load(str(group_only), roots=[str(area / "team-a")]),
+                 match="not readable by an unprivileged user")
+        assert 4242 in os.getgroups()  # the reader's thread dropped its groups, this thread kept them
+    finally:
+        os.setgroups(groups)
+    before = (os.geteuid(), os.getegid(), sorted(os.getgroups()))
+    assert len(get_handler("math").load(str(area / "team-a" / "train.jsonl"), roots=[str(area / "team-a")])) == 2
+    assert (os.geteuid(), os.getegid(), sorted(os.getgroups())) == before
+    assert SECRET in (area / "team-b" / "private.jsonl").read_text()  # root-only, read by this (root) thread
