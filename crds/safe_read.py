@@ -10,9 +10,10 @@ How a tenant's path is opened:
 - The root is opened as a directory; the rest with openat2(2) RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, so no
   `..`, absolute symlink or /proc magic link (/proc/*/root, /proc/*/fd/*) leads out of it; a symlink that stays
   beneath the root is followed. Mount points below a root are crossed (only the admin mounts there, so
-  RESOLVE_NO_XDEV would only refuse the admin's own layout). Where openat2 is missing (ENOSYS, kernels < 5.6)
-  a walk component by component from the root's fd with O_NOFOLLOW does the same, resolving relative links
-  itself and refusing absolute ones and any `..` above the root.
+  RESOLVE_NO_XDEV would only refuse the admin's own layout). Where openat2 is missing (kernels < 5.6, or a
+  container's seccomp profile refusing it: probed once) a walk component by component from the root's fd with
+  O_NOFOLLOW does the same, resolving relative links itself and refusing absolute ones and any `..` above the
+  root (an admin's job then opens plainly, magic links included).
 - Only a regular file with a single link (a hard link could name a file of someone else's beneath the root) or
   a directory; a FIFO, socket or device is refused (opened O_NONBLOCK, so a FIFO cannot stall the reader).
 - A size bound per file (`max_bytes`) and per tree.
@@ -61,7 +62,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _reader: ThreadPoolExecutor | None = None
 _reader_lock = threading.Lock()
-_have_openat2 = True  # False once the kernel said ENOSYS: the O_NOFOLLOW walk from then on
+_have_openat2: bool | None = None  # probed on first use; False: the O_NOFOLLOW walk
 
 _WHY = {
     errno.EXDEV: "leads out of the data root (a symbolic link, '..' or a magic link)",
@@ -234,6 +235,13 @@ def _walk_tree(dir_fd: int, rel: str, path: str, roots, field: str, max_bytes: i
 # ---------------------------------------------------------------------- opening beneath a root
 def _open(path: str, roots: Sequence[str] | None, field: str, flags: int) -> int:
     """An fd for `path` (see the module docstring); run in the reader's thread."""
+    global _have_openat2
+    if _have_openat2 is None:  # missing (ENOSYS), or refused by a container's seccomp profile (EPERM)
+        try:
+            os.close(_openat2(-100, "/", os.O_PATH | os.O_CLOEXEC, RESOLVE_NO_MAGICLINKS))
+            _have_openat2 = True
+        except OSError:
+            _have_openat2 = False
     try:
         if roots is None:  # the admin's job: anywhere, as the process, but no magic link
             return _openat2(-100, path, flags, RESOLVE_NO_MAGICLINKS) if _have_openat2 else os.open(path, flags)
@@ -263,17 +271,13 @@ class _OpenHow(ctypes.Structure):
 
 
 def _openat2(dir_fd: int, rel: str, flags: int, resolve: int) -> int:
-    global _have_openat2
     how = _OpenHow(flags, 0, resolve)
     fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd), os.fsencode(rel), ctypes.byref(how),
                        ctypes.c_size_t(ctypes.sizeof(how)))
-    if fd >= 0:
-        return int(fd)
-    err = ctypes.get_errno()
-    if err == errno.ENOSYS:
-        _have_openat2 = False
-        return os.open(rel, flags, dir_fd=dir_fd) if dir_fd == -100 else _walk_open(dir_fd, rel, flags)
-    raise OSError(err, os.strerror(err))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(fd)
 
 
 def _walk_open(root_fd: int, rel: str, flags: int) -> int:
