@@ -12,7 +12,10 @@ final_text, then the last assistant message in `trajectory.messages`), so EVAL a
 trajectory produced by some other caller of the agent loop. Every `Reward.details` repeats the
 extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
 
-Errors: `DatasetError` (a bad dataset row: names the file, line and field), `EvalError` (the
+Every read of the tenant's data goes through `rolloutd.crds.safe_read` (beneath the job's data roots, never as
+root, never through a link out); `refused` turns its refusal into a `DatasetError`.
+
+Errors: `DatasetError` (a bad dataset row: names the file, line and field, never the row's content), `EvalError` (the
 evaluator itself failed: an infrastructure failure, never reward 0), `ConfigError` (the job's
 configuration cannot work: fails the job, never a reward), `UnknownTaskKind`.
 """
@@ -23,10 +26,11 @@ import re
 from abc import ABC
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from pydantic import BaseModel, Field
 
+from rolloutd.crds.safe_read import DataReadError, kind as path_kind, open_file
 from rolloutd.crds.trajectory import Trajectory
 
 ENTRY_POINT_GROUP = "rolloutd.tasks"
@@ -43,19 +47,31 @@ class DatasetError(ValueError):
     """A dataset file or row is malformed. The message names the file, the line and the field."""
 
 
-def json_lines(path: Path):
-    """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file;
-    a line that is not JSON raises `DatasetError` naming `file:line`. Read lazily."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+def json_lines(path: str | Path, roots: Sequence[str] | None = None):
+    """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file, read through
+    `rolloutd.crds.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
+    `DatasetError` naming `file:line`, never its content. Read lazily."""
+    try:
+        f = open_file(path, roots)
+    except DataReadError as e:
+        raise refused(e) from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                value = json.loads(line)
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
+                raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             yield lineno, where, value
+
+
+def refused(e: DataReadError, where: str = "") -> "DatasetError":
+    """The reader's refusal as a `DatasetError`: the spec field, where in the dataset, the path and why."""
+    return DatasetError(f"{e.field}: {where + ': ' if where else ''}{e.path}: {e.why}")
 
 
 class EvalError(RuntimeError):
@@ -89,12 +105,16 @@ class TaskHandler(ABC):
     - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
       agent left behind). The node daemon then starts one as RUN ends and passes
       `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
+    - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
+      daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
+      solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
       sandbox of the job's spec from the warm pool (which the daemon then leaves empty).
     """
 
     name: ClassVar[str] = ""
+    roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
     sandbox_spec: ClassVar[Any] = None
@@ -102,19 +122,27 @@ class TaskHandler(ABC):
     id_field: ClassVar[str] = "id"
 
     # ------------------------------------------------------------------ dataset
-    def load(self, source: str | Path, limit: int | None = None) -> list[dict]:
+    def load(self, source: str | Path, limit: int | None = None, *, roots: Sequence[str] | None = None) -> list[dict]:
         """Read up to `limit` rows of a JSON-lines file, each validated for this kind.
 
-        Blank lines are skipped. Any problem raises `DatasetError` naming `file:line` and field.
+        `roots`: the job's data roots (its policy's `data_roots`; None for an admin's job): the file is read
+        beneath them through `rolloutd.crds.safe_read`, never as root. Blank lines are skipped. Any problem
+        raises `DatasetError` naming `file:line` and field, never the file's content.
         """
         path = Path(source)
-        if not path.is_file():
-            raise DatasetError(f"{path}: dataset file not found")
+        try:
+            found = path_kind(path, roots)
+        except DataReadError as e:
+            raise refused(e) from None
+        if found != "file":
+            why = {None: "dataset file not found", "dir": "is a directory, not a dataset file"}.get(
+                found, "is not a regular file (a FIFO, socket or device)")
+            raise DatasetError(f"{path}: {why}")
         rows: list[dict] = []
         seen: dict[str, int] = {}
         if limit is not None and limit <= 0:
             return rows
-        for lineno, where, row in json_lines(path):
+        for lineno, where, row in json_lines(path, roots):
             if not isinstance(row, dict):
                 raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
             for field, types in self.fields.items():
@@ -130,7 +158,7 @@ class TaskHandler(ABC):
                 raise DatasetError(f"{where}: {e}") from None
             key = str(row[self.id_field])
             if key in seen:
-                raise DatasetError(f"{where}: field '{self.id_field}': duplicate id {key!r} (first on line {seen[key]})")
+                raise DatasetError(f"{where}: field '{self.id_field}': duplicate id (first on line {seen[key]})")
             seen[key] = lineno
             rows.append(row)
             if limit is not None and len(rows) >= limit:

@@ -51,7 +51,7 @@ class StemTask(TaskHandler):
             letter = answer.strip().strip("()").upper()
             if len(letter) != 1 or letter not in LETTERS[: len(choices)]:
                 raise ValueError(
-                    f"field 'answer' must be one of {', '.join(LETTERS[:len(choices)])}, got {answer!r}"
+                    f"field 'answer' must be one of {', '.join(LETTERS[:len(choices)])} (or a choice's index)"
                 )
             row["answer"] = letter
 

@@ -13,7 +13,8 @@ interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
 
 INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
 history, so the fix cannot be read from the log), built host-side with `git archive` into the
-sandbox's `workspace` before the agent starts. The commit is deterministic, so EVAL can rebuild it.
+sandbox's `workspace` before the agent starts. A tenant's `repo_path` lies beneath the job's data roots
+(`roots`) and its git runs as nobody on a root node (crds/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
 
 EVAL:
 1. the agent's diff: `git add -A && git diff --cached <staged commit>` run INSIDE the RUN sandbox
@@ -50,11 +51,12 @@ import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
+from rolloutd.crds.safe_read import DataReadError, kind as path_kind, nobody, open_file
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler, checked_exit
+from .base import ConfigError, EvalError, Reward, TaskHandler, checked_exit, refused
 
 SandboxFactory = Callable[[], Awaitable[Any]]
 
@@ -106,6 +108,16 @@ class SweTask(TaskHandler):
         self.system_prompt = system_prompt
 
     # ------------------------------------------------------------------ dataset
+    def load(self, source: str | Path, limit: int | None = None, *, roots: Any = None) -> list[dict]:
+        """The base's load, then each `repo_path` (made absolute, links resolved) must lie beneath `roots`."""
+        rows = super().load(source, limit, roots=roots)
+        for row in rows if roots is not None else ():
+            try:
+                path_kind(row["repo_path"], roots)
+            except DataReadError as e:
+                raise refused(e, f"{source}: task {row[self.id_field]}: field 'repo_path'") from None
+        return rows
+
     def validate_row(self, row: dict, *, base_dir: Path) -> None:
         for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             value = row[key]
@@ -120,7 +132,7 @@ class SweTask(TaskHandler):
         if not row["FAIL_TO_PASS"]:
             raise ValueError("field 'FAIL_TO_PASS' is empty: nothing would show the fix")
         if not re.fullmatch(r"[0-9a-fA-F]{7,40}", row["base_commit"]):
-            raise ValueError(f"field 'base_commit' must be a commit id, got {row['base_commit']!r}")
+            raise ValueError("field 'base_commit' must be a commit id (7 to 40 hex digits)")
         repo = Path(row["repo_path"])
         repo = repo if repo.is_absolute() else (base_dir / repo).resolve()
         if not repo.exists():
@@ -135,7 +147,7 @@ class SweTask(TaskHandler):
 
     # ------------------------------------------------------------------ INIT
     async def init(self, task: dict, sandbox: Any) -> None:
-        await _stage(task, sandbox)
+        await _stage(task, sandbox, self.roots)
 
     # ------------------------------------------------------------------ EVAL
     async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory, *,
@@ -143,7 +155,7 @@ class SweTask(TaskHandler):
         if sandbox is None:
             raise EvalError("swe: eval needs the RUN sandbox to collect the agent's diff")
         try:
-            patch, problem = await agent_diff(sandbox, task)
+            patch, problem = await agent_diff(sandbox, task, self.roots)
         except EvalError:
             raise
         except Exception as e:  # noqa: BLE001 - the RUN sandbox failed us: infrastructure
@@ -186,7 +198,7 @@ class SweTask(TaskHandler):
                         "or runtime= and spec=, or give the RUN sandbox a `spec` attribute")
 
     async def _score(self, task: dict, sb: Any, patch: str, details: dict[str, Any]) -> Reward:
-        await _stage(task, sb)
+        await _stage(task, sb, self.roots)
         await _bash_ok(sb, f"mkdir -p {EVAL_DIR}", "prepare")
         if patch.strip():
             await sb.write_file(f"{EVAL_DIR}/agent.diff", patch)
@@ -234,55 +246,72 @@ class SweTask(TaskHandler):
 _extract_lock = threading.Lock()
 
 
-def _git(cwd: Path | str, *args: str, input: bytes | None = None) -> bytes:
+def _git(cwd: Path | str, *args: str, input: bytes | None = None, tenant: bool = False) -> bytes:
+    """git in `cwd`; `tenant`: over a tenant's repository, as nobody on a root node (git -C, so that even the
+    chdir is nobody's; the kernel then refuses what nobody cannot read, .git/objects/info/alternates included)."""
+    drop = tenant and os.geteuid() == 0
+    uid, gid = nobody() if drop else (None, None)
     try:
-        return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, input=input, check=True,
-                              capture_output=True, env={**os.environ, **_GIT_ENV}).stdout
+        return subprocess.run(["git", "-c", "commit.gpgsign=false", "-c", "safe.directory=*", "-C", str(cwd), *args],
+                              cwd="/", input=input, check=True, capture_output=True, env={**os.environ, **_GIT_ENV},
+                              user=uid, group=gid, extra_groups=[] if drop else None).stdout
     except subprocess.CalledProcessError as e:
         raise EvalError(f"git {' '.join(args[:2])} failed in {cwd}: {e.stderr.decode(errors='replace')[-500:]}") from None
 
 
-def _unpacked(repo_path: str) -> Path:
-    """A git directory for `repo_path`; a tarball is extracted once (per file version) into a cache."""
-    path = Path(repo_path)
-    if path.is_dir():
-        return path
-    if not path.is_file() or not tarfile.is_tarfile(path):
-        raise EvalError(f"swe: repo_path {path} is neither a directory nor a tarball")
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache = Path(tempfile.gettempdir()) / f"rolloutd-swe-{os.getuid()}"
-    dest = cache / key
-    with _extract_lock:
-        if not dest.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache))
-            with tarfile.open(path) as tar:
-                tar.extractall(tmp, filter="data")
-            try:
-                tmp.rename(dest)  # atomic: another process may have won the race, which is fine
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
+def _unpacked(repo_path: str, roots: Sequence[str] | None) -> Path:
+    """A git directory for `repo_path` (beneath `roots`); a tarball is read through the safe reader and
+    extracted once (per file version) into a cache, readable by any user (a tenant's git runs as nobody)."""
+    try:
+        found = path_kind(repo_path, roots)
+        if found == "dir":
+            return Path(repo_path)
+        f = open_file(repo_path, roots) if found == "file" else None
+    except DataReadError as e:
+        raise ConfigError(str(refused(e))) from None
+    if f is None or not tarfile.is_tarfile(f):
+        raise EvalError(f"swe: repo_path {repo_path} is neither a directory nor a tarball")
+    with f:
+        st = os.fstat(f.fileno())
+        key = hashlib.sha256(f"{repo_path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()).hexdigest()[:16]
+        cache = Path(tempfile.gettempdir()) / f"rolloutd-swe-{os.getuid()}"
+        dest = cache / key
+        with _extract_lock:
+            if not dest.exists():
+                cache.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache))
+                f.seek(0)
+                with tarfile.open(fileobj=f) as tar:
+                    tar.extractall(tmp, filter="data")
+                for dirpath, _, names in os.walk(tmp):
+                    os.chmod(dirpath, 0o755)
+                    for name in names:
+                        if not os.path.islink(os.path.join(dirpath, name)):
+                            os.chmod(os.path.join(dirpath, name), os.stat(os.path.join(dirpath, name)).st_mode | 0o444)
+                try:
+                    tmp.rename(dest)  # atomic: another process may have won the race, which is fine
+                except OSError:
+                    shutil.rmtree(tmp, ignore_errors=True)
     entries = list(dest.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-async def _stage(task: dict, sandbox: Any) -> None:
+async def _stage(task: dict, sandbox: Any, roots: Sequence[str] | None) -> None:
     """The repository at /workspace/repo, owned by the sandbox's user (a root node's sandboxes run as nobody)."""
     dest = Path(sandbox.workspace) / REPO_DIR
-    await _to_thread(stage_repo, task["repo_path"], task["base_commit"], dest)
+    await _to_thread(stage_repo, task["repo_path"], task["base_commit"], dest, roots)
     if hasattr(sandbox, "give"):
         await _to_thread(sandbox.give, dest)
 
 
-def stage_repo(repo_path: str, base_commit: str, dest: Path) -> str:
+def stage_repo(repo_path: str, base_commit: str, dest: Path, roots: Sequence[str] | None = None) -> str:
     """Write the tree of `base_commit` at `dest` as a fresh one-commit repository; return its id.
 
     Runs on the host, into a workspace nothing untrusted has touched yet. The commit's identity and
     date are fixed, so staging the same base twice gives the same commit id.
     """
-    source = _unpacked(repo_path)
-    archive = _git(source, "archive", "--format=tar", base_commit)
+    source = _unpacked(repo_path, roots)
+    archive = _git(source, "archive", "--format=tar", base_commit, tenant=roots is not None)
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise EvalError(f"swe: staging target {dest} is not empty")
@@ -294,7 +323,7 @@ def stage_repo(repo_path: str, base_commit: str, dest: Path) -> str:
     return _git(dest, "rev-parse", "HEAD").decode().strip()
 
 
-async def agent_diff(sandbox: Any, task: dict) -> tuple[str, str | None]:
+async def agent_diff(sandbox: Any, task: dict, roots: Sequence[str] | None = None) -> tuple[str, str | None]:
     """(diff, problem): the agent's changes against the staged commit, computed inside the RUN sandbox.
 
     Runs in a bash session of its own, so nothing the agent did to its shell (aliases, functions,
@@ -302,7 +331,7 @@ async def agent_diff(sandbox: Any, task: dict) -> tuple[str, str | None]:
     """
     out = f"{EVAL_DIR}/agent.diff"
     # the staged commit is the repository's root commit; recompute it rather than trust HEAD
-    root = await _staged_commit(task)
+    root = await _staged_commit(task, roots)
     cmd = (f"mkdir -p {EVAL_DIR} && cd {REPO} && {_SAFE_GIT} add -A && "
            f"{_SAFE_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color {root} > {out}")
     result = await sandbox.bash(cmd, timeout=120, **SESSION)
@@ -318,11 +347,12 @@ async def agent_diff(sandbox: Any, task: dict) -> tuple[str, str | None]:
 _staged_cache: dict[tuple[str, str], str] = {}
 
 
-async def _staged_commit(task: dict) -> str:
+async def _staged_commit(task: dict, roots: Sequence[str] | None) -> str:
     key = (task["repo_path"], task["base_commit"])
     if key not in _staged_cache:
         with tempfile.TemporaryDirectory(prefix="rolloutd-swe-stage-") as tmp:
-            _staged_cache[key] = await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(tmp) / "r")
+            _staged_cache[key] = await _to_thread(stage_repo, task["repo_path"], task["base_commit"], Path(tmp) / "r",
+                                                  roots)
     return _staged_cache[key]
 
 

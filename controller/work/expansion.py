@@ -4,6 +4,7 @@ The step "admit" (`Expansions.admit`, driven by `Scheduler.admit` from the recon
 the dataset read once, the item quota of the job's policy checked — or continues it by one short transaction
 of at most `CHUNK` rows, so a job of half a million items never holds the event loop or the database for
 long. Reads (`row`, `prompts`) never expand. Restart-safe: `ExpansionRow.pending` says where to go on.
+The dataset is read beneath the data roots of the job's effective policy (`policy_for`; None: an admin's job).
 `batches` opens batch jobs' items by group; `queue` runs them. Next step: `queue.py`.
 """
 from __future__ import annotations
@@ -86,9 +87,15 @@ class Expansions:
         return row
 
     def _load(self, job: RolloutJob, limit: int | None) -> tuple[list[dict], str]:
+        """The job's rows: a tenant's read beneath its policy's data roots (a plug-in whose load takes no roots
+        fails such a job), an admin's as the handler reads it."""
+        policy, handler, source = self.policy_for(job), get_handler(job.spec.tasks.kind), job.spec.tasks.source
         try:
-            rows = get_handler(job.spec.tasks.kind).load(job.spec.tasks.source, limit)
-            return rows, "" if rows else f"dataset {job.spec.tasks.source} has no rows"
+            if policy is None:
+                rows = handler.load(source, limit)
+            else:
+                rows = handler.load(source, limit, roots=list(policy.data_roots))
+            return rows, "" if rows else f"dataset {source} has no rows"
         except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message
             return [], f"{type(e).__name__}: {e}"
 

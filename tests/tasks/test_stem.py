@@ -63,7 +63,7 @@ def test_dataset_answer_must_be_a_listed_letter(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text('{"id": 1, "question": "q", "choices": ["x", "y"], "answer": 1}\n'
                  '{"id": 2, "question": "q", "choices": ["x", "y"], "answer": "c"}\n')
-    with pytest.raises(DatasetError, match=r"d\.jsonl:2: field 'answer' must be one of A, B, got 'c'"):
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: field 'answer' must be one of A, B \(or a choice's index\)"):
         StemTask().load(p)
     assert StemTask().load(p, limit=1)[0]["answer"] == "B"   # an index becomes its letter
 
