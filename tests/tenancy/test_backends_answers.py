@@ -120,7 +120,8 @@ def test_health_reasons_reload_errors_metrics_and_logs_carry_no_byte_of_a_backen
     with controller.client(team.token) as a:
         assert a.post(f"{P}/namespaces/team-a/rolloutjobs", json=_job(secret500)).status_code == 201
         for url in (secret500, junk, bad_line):  # the pool probes what a job lists once it is added
-            assert a.post(f"{job}/backends", json={"url": url}).status_code == 200
+            added = a.post(f"{job}/backends", json={"url": url})
+            assert added.status_code == 200, added.text
         seen: dict[str, dict] = {}
 
         def probed() -> bool:  # every backend probed: the two failing ones carry a reason

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -254,9 +255,12 @@ def test_a_big_job_expands_in_bounded_steps_while_other_calls_go_on(tmp_path):
 
 
 def test_the_item_quota_of_the_jobs_policy_fails_it_with_quota_exceeded(tmp_path):
-    policy = TenantPolicySpec(quotas=TenantQuotas(items_per_job=100))
+    root = Path(tempfile.mkdtemp(prefix="rolloutd-quota-", dir="/tmp"))  # the tenant's reads are nobody's
+    root.chmod(0o755)
+    policy = TenantPolicySpec(quotas=TenantQuotas(items_per_job=100), data_roots=[str(root)])
     store, sched = _sched(tmp_path, policy_for=lambda job: policy if job.metadata.namespace == "team-a" else None)
-    data = dataset(tmp_path, "d", 64)
+    data = dataset(root, "d", 64)
+    data.chmod(0o644)
     for ns in ("team-a", "default"):
         store.apply(RolloutJob.model_validate(job_doc("train", ns, source=data, samples=2)))
     over = asyncio.run(reconcile(store.get("team-a/train"), _Executor(), sched)).status
