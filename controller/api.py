@@ -36,7 +36,9 @@ from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.openapi import describe
 from .kube import jobs
+from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
+from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
 from .store import Store
 
@@ -100,6 +102,7 @@ class _AuthAndMetrics:
                 return await _error(err)(scope, receive, send_and_count)
             if problem := forbidden(scoped, method, path):
                 return await _error(Forbidden(problem))(scope, receive, send_and_count)
+            scope = {**scope, TOKEN_KEY: scoped}  # admission holds its writes to the namespace's policy
         try:
             await self.app(scope, receive, send_and_count)
         except ApiError as e:
@@ -219,6 +222,7 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
 
     app.include_router(jobs.namespaced_router(store))
     app.include_router(discovery_router(store))
+    app.include_router(tenantpolicy_router(store))
     if scheduler is not None:
         from .http.nodes import node_router
         from .http.trainer import trainer_router

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .base import Model
+from .tenancy import TenantPolicySpec
 from .trajectory import Trajectory
 
 Stage = Literal["leased", "init", "run", "eval"]
@@ -118,6 +119,11 @@ class RegisterResponse(Model):
     heartbeat_seconds: float
     features: list[str] | None = Field(default=None, description="the asked FEATURES this controller serves "
                                                                   "(absent: none asked)")
+    policy: TenantPolicySpec | None = Field(default=None, description="the TenantPolicy the job is held to, as "
+                                            "stored at registration (absent: unrestricted, the admin's job); the node "
+                                            "checks the spec against it again before it starts a sandbox")
+    policy_name: str | None = Field(default=None, description="how a refusal names it: 'TenantPolicy team-a' or "
+                                                             "'the restricted profile'")
 
 
 class LeaseRequest(Model):
