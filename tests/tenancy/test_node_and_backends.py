@@ -47,13 +47,10 @@ def test_a_policy_tightened_after_apply_stops_the_job_on_the_node(kube, admin):
     assert lines and all(t["failure"]["kind"] == "config" and t["reward"] is None for t in lines), lines
     assert "spec.sandbox.network" in lines[0]["failure"]["reason"] and "TenantPolicy tight" in lines[0]["failure"]["reason"]
     assert "sandbox" not in done.stderr.replace("spec.sandbox", ""), done.stderr  # none was started
-
-
-def test_the_admins_job_registers_unrestricted(kube, admin):
-    assert admin.post(jobs_path("adm"), json=job("j", sandbox={"network": True})).status_code == 201
-    join = {"Authorization": f"Bearer {DataDir(kube.data_dir).join_token.read_text().strip()}"}
-    reg = admin.post(f"{jobs_path('adm')}/j/nodes/register", headers=join,
-                     json={"job": "j", "name": "probe", "protocol": NODE_PROTOCOL})
+    # the same spec written by the admin: unrestricted, the registration carries no policy
+    assert admin.post(jobs_path("tight"), json={**oracle, "metadata": {"name": "adm"}}).status_code == 201
+    reg = admin.post(f"{jobs_path('tight')}/adm/nodes/register", headers=join,
+                     json={"job": "adm", "name": "probe", "protocol": NODE_PROTOCOL})
     assert reg.status_code == 200 and "policy" not in reg.json(), reg.text
 
 
