@@ -75,3 +75,13 @@ def test_rolloutctl_policy_apply_get_delete(kube, tmp_path):
     assert ctl("delete", "team-r").returncode == 0
     gone = ctl("get", "team-r")
     assert gone.returncode == 1 and "404" in gone.stderr
+
+
+def test_the_tenant_policy_crd_is_generated_from_the_model_and_valid():
+    import kubernetes_validate
+
+    from rolloutd.crds.crd import POLICY_CRD_PATH, build_policy_crd, render_policy_crd
+    assert POLICY_CRD_PATH.read_text() == render_policy_crd(), "crds/tenantpolicy.yaml is stale: run `rolloutd crd`"
+    kubernetes_validate.validate(build_policy_crd(), "1.33", strict=True)
+    spec = build_policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert {"runtimes", "volumes", "dataRoots", "ownedBackends", "quotas"} <= set(spec)
