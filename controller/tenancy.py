@@ -64,7 +64,7 @@ class Policies:
         TenantPolicyRow.__table__.create(self.engine, checkfirst=True)
         self._lock = threading.RLock()
         self._cache: dict[str, tuple[TenantPolicySpec, str | None]] = {}
-        self.watches: dict[str, int] = {}  # namespace → open watches of scoped tokens (`kube/admit.py`)
+        self.watches: dict[str, int] = {}  # namespace → open watches of scoped tokens (`take_watch`)
 
     # ------------------------------------------------------------ the answers
     def for_namespace(self, namespace: str) -> tuple[TenantPolicySpec, str | None]:
@@ -91,6 +91,20 @@ class Policies:
             return None, None
         spec, name = self.for_namespace(job.metadata.namespace)
         return spec, describe(name)
+
+    # ------------------------------------------------------------ open watches (quotas.watches)
+    def take_watch(self, key: str, limit: int) -> int | None:
+        """One more open watch for `key` (a namespace): None when taken, else how many are open (at `limit`)."""
+        with self._lock:
+            open_now = self.watches.get(key, 0)
+            if open_now >= limit:
+                return open_now
+            self.watches[key] = open_now + 1
+        return None
+
+    def give_back_watch(self, key: str) -> None:
+        with self._lock:
+            self.watches[key] = max(0, self.watches.get(key, 1) - 1)
 
     # ------------------------------------------------------------ the resource
     def get_wire(self, name: str) -> dict[str, Any]:

@@ -103,20 +103,14 @@ def count_watch(request: Request, store: Store, namespace: str | None):
     policies = policies_for(store)
     key = namespace or ""
     policy, policy_name = policies.for_namespace(namespace) if namespace else (RESTRICTED, None)
-    with policies._lock:  # noqa: SLF001 - the counter lives with the policies
-        open_now = policies.watches.get(key, 0)
-        if open_now >= policy.quotas.watches:
-            raise TooManyRequests(f"namespace {namespace or '(all)'!r} has {open_now} open watches, its quota "
-                                  f"(quotas.watches) is {policy.quotas.watches} ({describe(policy_name)}); close "
-                                  "one or ask the admin for more",
-                                  causes=[{"field": "watch", "reason": "FieldValueForbidden", "message": "over quota"}])
-        policies.watches[key] = open_now + 1
-
-    def release() -> None:
-        with policies._lock:  # noqa: SLF001
-            policies.watches[key] = max(0, policies.watches.get(key, 1) - 1)
+    open_now = policies.take_watch(key, policy.quotas.watches)
+    if open_now is not None:
+        raise TooManyRequests(f"namespace {namespace or '(all)'!r} has {open_now} open watches, its quota "
+                              f"(quotas.watches) is {policy.quotas.watches} ({describe(policy_name)}); close "
+                              "one or ask the admin for more",
+                              causes=[{"field": "watch", "reason": "FieldValueForbidden", "message": "over quota"}])
 
     def wrap(response):
-        response.body_iterator = _Counted(response.body_iterator, release)
+        response.body_iterator = _Counted(response.body_iterator, lambda: policies.give_back_watch(key))
         return response
     return wrap

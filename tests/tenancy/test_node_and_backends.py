@@ -70,3 +70,13 @@ def test_a_tenant_pauses_or_reloads_only_the_backends_its_namespace_owns(kube, a
                            headers=MERGE).status_code == 200
         r = t.post(policy, json={"version": 4, "pause": True})
         assert r.status_code == 200 and r.json()["version"] == 4, r.text
+
+
+def test_a_tenant_adds_only_backends_its_policy_allows(kube, admin):
+    put_policy(admin, "addb", backends=["http://127.0.0.1:8000"])
+    with tenant(kube, "addb") as t:
+        assert t.post(jobs_path("addb"), json=job("j")).status_code == 201
+        refused(t.post(f"{jobs_path('addb')}/j/backends", json={"url": "http://127.0.0.1:9999"}), "url",
+                "TenantPolicy addb")
+        urls = [b["url"] for b in t.get(f"{jobs_path('addb')}/j/backends").json()["items"]]
+        assert urls == ["http://127.0.0.1:8000"]
