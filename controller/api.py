@@ -2,6 +2,7 @@
 
     /version · /api · /apis · /openapi/v2 · /openapi/v3 …        discovery (`kube/discovery.py`)
     /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs[/{name}[/status]]   the Kubernetes verbs (`kube/jobs.py`)
+    /apis/rolloutd.io/v1alpha1/tenantpolicies[/{ns}]  the admin's TenantPolicies (`kube/tenantpolicies.py`)
     /apis/rolloutd.io/v1alpha1/rolloutjobs            POST create · GET list/watch (all namespaces)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
@@ -12,7 +13,8 @@
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
-a bearer token: the admin token, the join token (node paths only) or a scoped one (`http/access.py`: 403 beyond it). Errors are Kubernetes `Status` objects (see `errors.py`).
+a bearer token: the admin token, the join token (node paths only) or a scoped one (`http/access.py`: 403 beyond it;
+its writes of jobs are admitted against the namespace's TenantPolicy, `kube/admit.py`). Errors are Kubernetes `Status` objects (see `errors.py`).
 """
 from __future__ import annotations
 
