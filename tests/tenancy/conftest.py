@@ -1,14 +1,12 @@
 """Fixtures of the tenancy suite: one real `rolloutd controller` per module, over https (kubectl sends a bearer
-token only over TLS) and with no executor, as tests/kube runs it; the admin's client; namespace tokens made
-with the real token files (`tenant(kube, "team-a")`), as `rolloutd token create` writes them."""
+token only over TLS) and with no executor, as tests/kube runs it, and the admin's client. The helpers the tests
+share (a tenant's client, its job, the admin's policy write) are in tenancy_helpers.py."""
 from __future__ import annotations
 
-import copy
 import importlib.util
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -16,17 +14,7 @@ _spec = importlib.util.spec_from_file_location("kube_fixtures_for_tenancy", HERE
 kube_fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kube_fixtures)  # puts tests/ and tests/kube on sys.path
 sys.path.insert(0, str(HERE))
-
-from kube_helpers import tenant_job_doc, tenant_policy  # noqa: E402
-
-from rolloutd.controller.auth import create_scoped_token  # noqa: E402
-from rolloutd.controller.config import DataDir  # noqa: E402
-
-P = "/apis/rolloutd.io/v1alpha1"
-POLICIES = f"{P}/tenantpolicies"
-ADMITTED_BY = "rolloutd.io/admitted-by"
-MERGE = {"Content-Type": "application/merge-patch+json"}
-https_controller, kubectl_for = kube_fixtures.https_controller, kube_fixtures.kubectl_for
+https_controller = kube_fixtures.https_controller
 
 
 @pytest.fixture(scope="module")
@@ -40,46 +28,3 @@ def kube(tmp_path_factory):
 def admin(kube):
     with kube.client() as client:
         yield client
-
-
-def tenant(kube, namespace: str, name: str | None = None) -> httpx.Client:
-    """A client holding a fresh namespace token for `namespace` (a tenant's)."""
-    token = create_scoped_token(DataDir(kube.data_dir).tokens, name or f"tok-{namespace}", read_only=False,
-                                namespaces=[namespace]).token
-    return kube.client(token)
-
-
-def merged(base: dict, change: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in change.items():
-        out[k] = merged(out.get(k) or {}, v) if isinstance(v, dict) and not k.endswith("env") else v
-    return out
-
-
-def job(name: str, **spec_change) -> dict:
-    """The example job as a tenant applies it (dataset by absolute path), with `spec_change` merged into spec."""
-    doc = tenant_job_doc(name)
-    doc["spec"] = merged(doc["spec"], spec_change)
-    return doc
-
-
-def put_policy(admin: httpx.Client, namespace: str, **spec) -> dict:
-    r = admin.put(f"{POLICIES}/{namespace}", json=tenant_policy(namespace, **spec))
-    assert r.status_code in (200, 201), r.text
-    return r.json()
-
-
-def jobs_path(namespace: str) -> str:
-    return f"{P}/namespaces/{namespace}/rolloutjobs"
-
-
-def refused(r: httpx.Response, field: str, policy: str, code: int = 403) -> dict:
-    """`r` is a Kubernetes Status refusing the write, naming `field` among its causes and `policy` in its message."""
-    assert r.status_code == code, r.text
-    body = r.json()
-    assert body["kind"] == "Status" and body["code"] == code, body
-    fields = [c["field"] for c in body["details"].get("causes", [])]
-    assert field in fields, (field, fields)
-    assert policy in body["message"], body["message"]
-    assert all(policy in c["message"] for c in body["details"]["causes"]), body
-    return body

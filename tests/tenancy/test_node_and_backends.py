@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from conftest import MERGE, POLICIES, job, jobs_path, put_policy, refused, tenant
+from tenancy_helpers import MERGE, POLICIES, job, jobs_path, put_policy, refused, tenant
 
 from rolloutd.controller.config import DataDir
 from rolloutd.crds.node import NODE_PROTOCOL

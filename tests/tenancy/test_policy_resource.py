@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import yaml
-from conftest import MERGE, POLICIES, job, jobs_path, kubectl_for, put_policy, refused, tenant
+from tenancy_helpers import MERGE, POLICIES, job, jobs_path, kubectl_for, put_policy, refused, tenant
 from kube_helpers import tenant_policy
 
 
