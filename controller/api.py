@@ -2,6 +2,7 @@
 
     /version · /api · /apis · /openapi/v2 · /openapi/v3 …        discovery (`kube/discovery.py`)
     /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs[/{name}[/status]]   the Kubernetes verbs (`kube/jobs.py`)
+    /apis/rolloutd.io/v1alpha1/tenantpolicies[/{ns}]  the admin's TenantPolicies (`kube/tenantpolicies.py`)
     /apis/rolloutd.io/v1alpha1/rolloutjobs            POST create · GET list/watch (all namespaces)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
@@ -14,7 +15,8 @@
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
 a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
-scoped one (`http/access.py`: 403 beyond it; never on node paths). Errors are Kubernetes `Status` objects (see `errors.py`).
+scoped one (`http/access.py`: 403 beyond it; never on node paths; its writes of jobs are admitted against the
+namespace's TenantPolicy, `kube/admit.py`). Errors are Kubernetes `Status` objects (see `errors.py`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.openapi import describe
 from .kube import jobs
+from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
+from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
 from .store import Store
 
@@ -111,6 +115,7 @@ class _AuthAndMetrics:
                 return await _error(err)(scope, receive, send_and_count)
             if problem := forbidden(scoped, method, path):
                 return await _error(Forbidden(problem))(scope, receive, send_and_count)
+            scope = {**scope, TOKEN_KEY: scoped}  # admission holds its writes to the namespace's policy
         try:
             await self.app(scope, receive, send_and_count)
         except ApiError as e:
@@ -233,6 +238,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     app.include_router(jobs.namespaced_router(store))
     app.include_router(discovery_router(store))
+    app.include_router(tenantpolicy_router(store))
     if scheduler is not None:
         from .http.nodes import node_router
         from .http.trainer import trainer_router

@@ -8,6 +8,7 @@
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
+    rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`ctl_policy.py`)
 
 `-n/--namespace NS` goes before or after the verb, as with kubectl.
 
@@ -32,6 +33,7 @@ from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, Wa
 from rolloutd.crds.names import TERMINAL_PHASES
 
 from . import ctl_views as views
+from .ctl_policy import bind as bind_policy
 from .documents import load_documents
 
 _NAMESPACE_FLAGS = ("-n", "--namespace")
@@ -392,9 +394,7 @@ def backends_remove(name: str = typer.Argument(...), url: str = typer.Argument(.
     views.print_backends(_run(lambda: client.remove_backend(name, url)))
 
 
-def main() -> None:  # pragma: no cover
-    app()
-
+app.add_typer(bind_policy(_State, _run, _fail, _load_documents), name="policy")  # the admin's TenantPolicies
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    app()

@@ -78,6 +78,10 @@ class Invalid(ApiError):
     code, reason = 422, "Invalid"
 
 
+class TooManyRequests(ApiError):
+    code, reason = 429, "TooManyRequests"
+
+
 _REASONS = {
     "extra_forbidden": "FieldValueUnknown",
     "missing": "FieldValueRequired",

@@ -164,6 +164,10 @@ def crd(
     for target in targets:  # the chart's folder exists in a checkout, not in an installed package
         target.write_text(text)
         typer.echo(f"wrote {target}")
+    if output is None:  # the TenantPolicy's beside it
+        from rolloutd.crds.crd import POLICY_CRD_PATH, render_policy_crd
+        POLICY_CRD_PATH.write_text(render_policy_crd())
+        typer.echo(f"wrote {POLICY_CRD_PATH}")
 
 
 @app.command()

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .base import Model
+from .tenancy import TenantPolicySpec
 from .trajectory import Trajectory
 
 Stage = Literal["leased", "init", "run", "eval"]
@@ -124,6 +125,11 @@ class RegisterResponse(Model):
                                                                   "(absent: none asked)")
     node_token: str | None = Field(default=None, description="the node's own bearer token for its per-node calls "
                                                              "(feature node-token; absent: not asked)")
+    policy: TenantPolicySpec | None = Field(default=None, description="the TenantPolicy the job is held to, as "
+                                            "stored at registration (absent: unrestricted, the admin's job); the node "
+                                            "checks the spec against it again before it starts a sandbox")
+    policy_name: str | None = Field(default=None, description="how a refusal names it: 'TenantPolicy team-a' or "
+                                                             "'the restricted profile'")
 
 
 class LeaseRequest(Model):

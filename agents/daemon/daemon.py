@@ -266,11 +266,13 @@ class NodeDaemon:
     async def _set_up(self) -> None:
         """The job's spec → `JobConfig` and `Pipeline`; the tokenizer; the warm pool last."""
         spec = load_spec(self.registration.spec)
-        self.config = JobConfig.build(spec, job=self.opts.job, node=self.name, handler=self._handler)
+        self.config = JobConfig.build(spec, job=self.opts.job, node=self.name, handler=self._handler,
+                                      policy=self.registration.policy, policy_name=self.registration.policy_name)
         self.pipeline = Pipeline(self.config, self.rollouts, self.outbox, self.gate, log=self.log, stats=self.stats,
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
+        self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
         if self.pipeline.tokenizer is None:
             self.pipeline.tokenizer = await self._load_tokenizer(spec.llm.tokenizer)
         self.pipeline.start()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
+from rolloutd.crds.tenancy import TenantPolicySpec, violations
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec
 
@@ -47,9 +48,22 @@ class JobConfig:
     needs_sandbox: bool   # the handler or one of the agent's tools needs one
     eval_sandbox: bool    # EVAL scores in a fresh sandbox (`TaskHandler.eval_sandbox`)
     warm: int             # sandboxes the warm pool keeps started
+    policy: TenantPolicySpec | None = None  # the TenantPolicy the controller holds the job to (None: the admin's)
+    policy_name: str | None = None          # "TenantPolicy team-a" or "the restricted profile"
+
+    def check_policy(self) -> None:
+        """The node's own check of the spec against the policy the controller sent at registration (the one
+        stored now, not the one at apply): a `NodeError` that fails the job as a configuration error naming
+        each field and the policy."""
+        found = violations(self.spec, self.policy)
+        if found:
+            why = "; ".join(f"{field}: {reason}" for field, reason in found)
+            label = self.policy_name or "the tenant policy"
+            raise NodeError(f"job {self.job!r} is forbidden by {label}: {why}", config=f"{why} (forbidden by {label})")
 
     @classmethod
-    def build(cls, spec: RolloutJobSpec, *, job: str, node: str, handler: TaskHandler | None = None) -> "JobConfig":
+    def build(cls, spec: RolloutJobSpec, *, job: str, node: str, handler: TaskHandler | None = None,
+              policy: TenantPolicySpec | None = None, policy_name: str | None = None) -> "JobConfig":
         try:
             handler = handler if handler is not None else get_handler(spec.tasks.kind)
         except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
@@ -67,7 +81,8 @@ class JobConfig:
         # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
         warm = 0 if handler.sandbox_spec is not None else spec.sandbox.warm
         return cls(job=job, node=node, spec=spec, handler=handler, agent=agent, sandbox=sandbox,
-                   needs_sandbox=needs_sandbox, eval_sandbox=needs_sandbox and handler.eval_sandbox, warm=warm)
+                   needs_sandbox=needs_sandbox, eval_sandbox=needs_sandbox and handler.eval_sandbox, warm=warm,
+                   policy=policy, policy_name=policy_name)
 
     def default_backend(self) -> str | None:
         """The backend of a lease that names none: the job's first."""

@@ -1,4 +1,5 @@
-"""What a scoped token may do: read-only tokens get, list and watch; namespace tokens stay in their namespaces.
+"""What a scoped token may do: read-only tokens get, list and watch; namespace tokens stay in their namespaces;
+TenantPolicies are the admin's (a scoped token reads at most its own namespaces' policies).
 
 Called by the API middleware (`api.py`) for a request carrying a scoped token (`auth.ScopedToken`); the
 answer is None (allowed) or the message of a 403 Forbidden Status. The admin token never comes here; on node paths a scoped token is refused before (`api.py`).
@@ -18,6 +19,7 @@ DISCOVERY = frozenset({"/version", "/api", "/api/v1", "/apis", "/apis/rolloutd.i
                        "/openapi/v2", "/openapi/v3"})
 _NAMESPACED = re.compile(rf"(?:{re.escape(API_PREFIX)}|/api/v1)/namespaces/([^/]+)(?:/.*)?")
 _OLD_PER_JOB = re.compile(rf"{re.escape(API_PREFIX)}/rolloutjobs/[^/]+(?:/.*)?")  # the `default` namespace's
+_POLICIES = re.compile(rf"{re.escape(API_PREFIX)}/tenantpolicies(?:/([^/]+))?/?")  # the admin's (crds/tenancy.py)
 
 
 def request_namespace(path: str) -> str | None:
@@ -37,6 +39,10 @@ def forbidden(token: ScopedToken, method: str, path: str) -> str | None:
         return f"{who} is read-only: it cannot {verb} ({method} {path})"
     if method in READ_METHODS and (path in DISCOVERY or path.startswith("/openapi/")):
         return None
+    if m := _POLICIES.fullmatch(path):  # the admin's: a scoped token reads at most its namespaces' own
+        mine = method in READ_METHODS and (not token.namespaces or (m[1] is not None and m[1] in token.namespaces))
+        return None if mine else (f"{who} cannot {verb} TenantPolicies ({method} {path}): only the admin token "
+                                  "manages them")
     if not token.namespaces:
         return None
     namespace = request_namespace(path)

@@ -5,7 +5,8 @@ to `default` by `api.py`, for clients of the previous version):
     GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
     GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
     POST …/rolloutjobs/{name}/batches · GET …/batches/{k}                 batch server (DAPO)
-    POST | GET …/rolloutjobs/{name}/policy                               policy versions
+    POST | GET …/rolloutjobs/{name}/policy                               policy versions (a job under a tenant
+                                                                         policy pauses or reloads only its owned backends)
     GET | POST | DELETE …/rolloutjobs/{name}/backends                    list / add / remove
 
 Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. The client
@@ -21,12 +22,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from rolloutd.crds.names import API_PREFIX, job_key
-from rolloutd.crds.rolloutjob import BackendSpec
+from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
+from rolloutd.crds.tenancy import owns_backend, violations
 
-from ..errors import BadRequest, Invalid, NotFound
+from ..errors import BadRequest, Forbidden, Invalid, NotFound
 from ..policy import backend_url_problem
 from ..work.scheduler import Scheduler
 from ..store import Store
+from ..tenancy import Policies, policies_for
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
@@ -48,6 +51,8 @@ class PolicyRequest(BaseModel):
 
 def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
     r = APIRouter()
+
+    policies = policies_for(store)
 
     def finished(name: str) -> bool:
         try:
@@ -101,6 +106,10 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
     async def announce_policy(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
         req = await read_model(request, PolicyRequest)
+        job = await asyncio.to_thread(store.get, name)
+        pause = job.spec.policy.pause_on_update if req.pause is None else req.pause
+        if pause or req.weightsPath:
+            check_owned(policies, job, "pause" if pause else "reload")
         return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
 
     @r.get(f"{JOBS}/{{name}}/policy")
@@ -134,6 +143,12 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         job = store.get(name).model_copy(deep=True)
         if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
+            policy, label = policies.effective_named(job)
+            refused = [(f, why) for f, why in violations(job.spec, policy) if f.startswith("spec.llm.backends")]
+            if refused:
+                raise Forbidden(f"backend {url[:200]!r} is not allowed by {label}", causes=[
+                    {"field": "url", "reason": "FieldValueForbidden", "message": f"{why} ({label})"}
+                    for _f, why in refused])
             await asyncio.to_thread(store.apply, job)
         scheduler.pool.add(url)
         return describe_backends(name)
@@ -153,6 +168,21 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         return describe_backends(name)
 
     return r
+
+
+def check_owned(policies: Policies, job: RolloutJob, verb: str) -> None:
+    """403 unless the job's tenant policy owns every backend the job would pause or reload (the admin's job:
+    always): a backend another namespace's job shares is never paused or reloaded by a tenant."""
+    policy, label = policies.effective_named(job)
+    if policy is None:
+        return
+    shared = [b.url for b in job.spec.llm.backends if not owns_backend(policy, b.url.rstrip("/"))]
+    if shared:
+        raise Forbidden(f"rolloutjob {job.metadata.key} may not {verb} backends its namespace does not own "
+                        f"(ownedBackends of {label}): {', '.join(u[:200] for u in shared)}",
+                        causes=[{"field": f"spec.llm.backends[{i}].url", "reason": "FieldValueForbidden",
+                                 "message": f"not owned by namespace {job.metadata.namespace!r} ({label})"}
+                                for i, b in enumerate(job.spec.llm.backends) if b.url in shared])
 
 
 def validate_backend_url(url: str, field: str) -> str:

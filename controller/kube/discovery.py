@@ -17,6 +17,7 @@ from rolloutd.crds.crd import PLURAL
 from rolloutd.crds.k8s_names import validate_name
 from rolloutd.crds.names import GROUP, VERSION, job_key
 from rolloutd.crds.rolloutjob import API_VERSION, KIND
+from rolloutd.crds.tenancy import POLICY_KIND, POLICY_PLURAL
 
 from ..errors import Invalid, NotFound
 from ..http.bodies import parse_document
@@ -44,6 +45,9 @@ def rolloutjob_resources() -> dict[str, Any]:
              "shortNames": SHORT_NAMES, "categories": CATEGORIES, "storageVersionHash": ""},
             {"name": f"{PLURAL}/status", "singularName": "", "namespaced": True, "kind": KIND,
              "verbs": ["get", "patch", "update"]},
+            {"name": POLICY_PLURAL, "singularName": "tenantpolicy", "namespaced": False, "kind": POLICY_KIND,
+             "verbs": ["create", "delete", "get", "list", "patch", "update"], "shortNames": ["tp"],
+             "categories": CATEGORIES, "storageVersionHash": ""},
         ],
     }
 

@@ -22,6 +22,7 @@ from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from . import patch as patches
+from .admit import admit, count_watch
 from .table import table, wants_table
 from .validate import Options, options, validate_job, validate_status
 from .watch import watch_response
@@ -85,12 +86,13 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
         sse_mode = sse_ok and "application/json" not in accept
         as_table = wants_table(accept)
         include = q.get("includeObject", "Metadata")
-        return watch_response(
+        response = watch_response(
             store, since=request.headers.get("last-event-id") or q.get("resourceVersion") or None,
             label_selector=label_selector, field_selector=field_selector, namespace=namespace,
             timeout=_timeout(q.get("timeoutSeconds")), bookmarks=q.get("allowWatchBookmarks") == "true",
             sse_mode=sse_mode, send_initial_events=q.get("sendInitialEvents") == "true",
             render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
+        return count_watch(request, store, namespace)(response)
     limit = _limit(q.get("limit"))
     items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
                                         field_selector=field_selector)
@@ -122,6 +124,7 @@ async def create(store: Store, request: Request, namespace: str | None) -> Respo
     opts = options(request)
     doc = await parse_document(request)
     job = validate_job(doc, namespace=namespace, opts=opts)
+    await asyncio.to_thread(admit, request, store, job, None)
     managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
     wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run, managed_fields=managed)
     return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
@@ -131,6 +134,11 @@ async def rolloutctl_apply(store: Store, request: Request, namespace: str | None
     """rolloutctl's apply, a PUT that creates or updates (`Store.apply`), with X-Rolloutd-Outcome; on a
     namespaced path only when the request carries APPLY_HEADER (a plain PUT replaces, as Kubernetes does)."""
     job = validate_job(await parse_document(request), url_name=name, namespace=namespace)
+    try:
+        current = await asyncio.to_thread(store.get_wire, name, job.metadata.namespace)
+    except NotFound:
+        current = None
+    await asyncio.to_thread(admit, request, store, job, current)
     wire, outcome = await asyncio.to_thread(store.apply, job)
     return JSONResponse(wire, status_code=201 if outcome == "created" else 200, headers={"X-Rolloutd-Outcome": outcome})
 
@@ -140,6 +148,7 @@ async def replace(store: Store, request: Request, namespace: str, name: str) -> 
     doc = await parse_document(request)
     job = validate_job(doc, url_name=name, namespace=namespace, opts=opts)
     current = await asyncio.to_thread(store.get_wire, name, namespace)
+    await asyncio.to_thread(admit, request, store, job, current)
     managed = patches.record_update(current, doc, _manager(request, "unknown"))
     expect = parse_version(job.metadata.resource_version or None, "metadata.resourceVersion")
     wire = await asyncio.to_thread(store.update, job, expect_rv=expect, dry_run=opts.dry_run,
@@ -219,6 +228,7 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
                                                dry_run=opts.dry_run)
             else:
                 job = validate_job(patched, url_name=name, namespace=namespace, opts=opts)
+                await asyncio.to_thread(admit, request, store, job, current)
                 wire = await asyncio.to_thread(store.update, job, expect_rv=rv, dry_run=opts.dry_run,
                                                managed_fields=managed)
         except Conflict:
@@ -231,6 +241,7 @@ async def _apply_create(store: Store, request: Request, namespace: str, name: st
                         manager: str, force: bool, opts: Options) -> Response:
     created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, ""))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
+    await asyncio.to_thread(admit, request, store, job, None)
     wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
                                    managed_fields=created["metadata"]["managedFields"])
     return respond(request, wire, 201, opts)

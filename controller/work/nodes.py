@@ -18,6 +18,7 @@ from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, 
                                 beat_gap, heartbeat_seconds)
 
 from ..errors import BadRequest, Conflict, NotFound
+from ..tenancy import policies_for
 from .jobs import Jobs, closed
 from .states import DaemonState
 from .tables import NodeRow
@@ -71,11 +72,12 @@ class NodeRegistry:
         self.features[node.id] = frozenset(served or ())
         self.live += 1
         lease = job.spec.pipeline.lease_seconds
+        policy, policy_name = policies_for(self.jobs.store).effective_named(job)  # the policy stored now
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
                                 lease_seconds=lease,
                                 heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease),
-                                features=served)
+                                features=served, policy=policy, policy_name=policy_name)
 
     def node(self, s: Session, node_id: str) -> NodeRow:
         """The calling daemon's record (NotFound when it is not registered or was declared lost)."""

@@ -1,5 +1,5 @@
-"""Helpers of the Kubernetes-API tests: the example job under another name, and a status write as an operator
-makes it. Where kubectl is: tests/kube_tools.py."""
+"""Helpers of the Kubernetes-API tests: the example job under another name (and as a tenant may apply it, with
+the TenantPolicy that lets it), and a status write as an operator makes it. Where kubectl is: tests/kube_tools.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,6 +18,19 @@ def job_doc(name: str, **labels: str) -> dict:
     doc["metadata"]["name"] = name
     doc["metadata"].setdefault("labels", {}).update(labels)
     return doc
+
+
+def tenant_job_doc(name: str, **labels: str) -> dict:
+    """`job_doc` as a namespace token may apply it under `tenant_policy`: its dataset named by absolute path."""
+    doc = job_doc(name, **labels)
+    doc["spec"]["tasks"]["source"] = str(EXAMPLE.parent.parent / doc["spec"]["tasks"]["source"])
+    return doc
+
+
+def tenant_policy(namespace: str, **spec) -> dict:
+    """A TenantPolicy letting `namespace`'s tokens apply `tenant_job_doc` (its data root is the examples)."""
+    return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "TenantPolicy", "metadata": {"name": namespace},
+            "spec": {"dataRoots": [str(EXAMPLE.parent)], "quotas": {"jobs": 64, "nodes": 64}, **spec}}
 
 
 def job_yaml(name: str, **labels: str) -> str:

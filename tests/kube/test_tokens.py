@@ -6,7 +6,7 @@ import stat
 
 import pytest
 from fastapi.testclient import TestClient
-from kube_helpers import job_doc
+from kube_helpers import job_doc, tenant_job_doc, tenant_policy
 from typer.testing import CliRunner
 
 from rolloutd.controller.api import create_app
@@ -33,6 +33,8 @@ def api(tmp_path):
                                                          **kw.pop("headers", {})}, **kw)
         for ns in ("default", "team-a"):
             assert call("admin-secret", "POST", f"{P}/namespaces/{ns}/rolloutjobs", json=job_doc("j")).status_code == 201
+        # team-a's jobs are held to its TenantPolicy (the restricted profile allows no dataset at all)
+        assert call("admin-secret", "PUT", f"{P}/tenantpolicies/team-a", json=tenant_policy("team-a")).status_code == 201
         call.tokens_dir = tokens
         yield call
 
@@ -71,7 +73,7 @@ def test_a_read_only_token_reads_and_watches_but_every_write_verb_is_forbidden(a
 def test_a_namespace_token_stays_in_its_namespaces(api):
     own, other = f"{P}/namespaces/team-a/rolloutjobs", f"{P}/namespaces/default/rolloutjobs"
     assert api("team", "GET", own).json()["items"][0]["metadata"]["namespace"] == "team-a"
-    assert api("team", "POST", own, json=job_doc("k")).status_code == 201
+    assert api("team", "POST", own, json=tenant_job_doc("k")).status_code == 201
     assert api("team", "PATCH", f"{own}/k", json={"metadata": {"labels": {"a": "b"}}}, headers=MERGE).status_code == 200
     assert api("team", "DELETE", f"{own}/k").status_code == 200
     assert api("team", "GET", f"{P}/namespaces/team-a/rolloutjobs/j/events").status_code == 200
