@@ -26,6 +26,7 @@ from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
 from .nodeauth import NodeCredentials
+from .tenancy import policies_for
 from .operator import embedded
 from .operator.handlers import Reconciler
 from .operator.kubeapi import Connection, JobApi
@@ -48,7 +49,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     token = ensure_token(paths.token)
     credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
     store = Store(paths.db)
-    scheduler = Scheduler(store)
+    scheduler = Scheduler(store, policy_for=policies_for(store).effective)  # quotas and data roots
     app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"

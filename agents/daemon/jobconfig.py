@@ -68,6 +68,7 @@ class JobConfig:
             handler = handler if handler is not None else get_handler(spec.tasks.kind)
         except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
             raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
+        handler.roots = None if policy is None else list(policy.data_roots)  # files it reads after load, too
         tools = list(spec.agent.tools)
         needs_sandbox = bool(handler.needs_sandbox or SANDBOX_TOOLS & set(tools))
         sandbox = spec.sandbox  # the job's own spec.sandbox is what the runtimes take (one SandboxSpec)

@@ -15,7 +15,7 @@ side is `rolloutd.client` (`core.Calls` builds these requests).
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
@@ -25,7 +25,7 @@ from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
 
-from ..errors import BadRequest, Forbidden, Invalid, NotFound
+from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
 from ..policy import backend_url_problem
 from ..work.scheduler import Scheduler
 from ..store import Store
@@ -140,8 +140,10 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
         name = job_key(namespace, name)
         doc = await read_model(request, BackendSpec)
         url = validate_backend_url(doc.url, "url")
-        job = store.get(name).model_copy(deep=True)
-        if url not in [b.url.rstrip("/") for b in job.spec.llm.backends]:
+
+        def add(job: RolloutJob) -> bool:
+            if url in [b.url.rstrip("/") for b in job.spec.llm.backends]:
+                return False
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
             policy, label = policies.effective_named(job)
             refused = [(f, why) for f, why in violations(job.spec, policy) if f.startswith("spec.llm.backends")]
@@ -149,7 +151,9 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
                 raise Forbidden(f"backend {url[:200]!r} is not allowed by {label}", causes=[
                     {"field": "url", "reason": "FieldValueForbidden", "message": f"{why} ({label})"}
                     for _f, why in refused])
-            await asyncio.to_thread(store.apply, job)
+            return True
+
+        await edit_spec(store, name, add)
         scheduler.pool.add(url)
         return describe_backends(name)
 
@@ -157,17 +161,36 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
     async def remove_backend(namespace: str, name: str, url: str):
         name = job_key(namespace, name)
         url = validate_backend_url(url, "url")
-        job = store.get(name).model_copy(deep=True)
-        kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
-        if len(kept) == len(job.spec.llm.backends):
-            raise NotFound(f"backend {url} is not in rolloutjob {name}")
-        if not kept:
-            raise BadRequest("cannot remove the last backend of a job; add another first")
-        job.spec.llm.backends = kept
-        await asyncio.to_thread(store.apply, job)
+
+        def remove(job: RolloutJob) -> bool:
+            kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
+            if len(kept) == len(job.spec.llm.backends):
+                raise NotFound(f"backend {url} is not in rolloutjob {name}")
+            if not kept:
+                raise BadRequest("cannot remove the last backend of a job; add another first")
+            job.spec.llm.backends = kept
+            return True
+
+        await edit_spec(store, name, remove)
         return describe_backends(name)
 
     return r
+
+
+async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], attempts: int = 5) -> None:
+    """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it. The write names the
+    resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
+    conflict: read again and retry, rather than answer 409 to a request that did nothing wrong."""
+    for attempt in range(attempts):
+        job = store.get(name).model_copy(deep=True)
+        if not edit(job):
+            return
+        try:
+            await asyncio.to_thread(store.apply, job)
+            return
+        except Conflict:
+            if attempt == attempts - 1 or store.get(name).metadata.resource_version == job.metadata.resource_version:
+                raise  # not a write that raced ours (the job is being deleted, say)
 
 
 def check_owned(policies: Policies, job: RolloutJob, verb: str) -> None:
