@@ -23,6 +23,13 @@ LAUNCHER = (
 )
 
 
+# The server's own environment, whatever the job says: it starts as root (a root node) and loads its
+# interpreter before it drops privileges, so nothing of `sandbox.env` (LD_PRELOAD, PYTHONPATH, ...) may reach
+# it; `-I -S` makes the interpreter ignore PYTHON* variables, the user site and site.py besides. The job's
+# environment travels in `LaunchConfig.env`, applied to each session and kernel the server starts.
+SERVER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_CTYPE": "C.UTF-8"}
+
+
 class LaunchConfig(BaseModel):
     """What the server needs to know, with the paths as the sandbox sees them."""
 
@@ -71,11 +78,11 @@ def _compile_server() -> None:
 
 
 def server_argv(config: LaunchConfig, python: str = sys.executable) -> list[str]:
-    """The argv that starts the execution server with `config` (see server/main.py)."""
+    """The argv that starts the execution server with `config` (see server/main.py), in `SERVER_ENV`."""
     try:
         _compile_server()
     except OSError:
         pass
     wire = config.model_dump()
     wire["path"] = [SANDBOX_PACKAGE, *server_site_dirs()]
-    return [python, "-S", "-c", LAUNCHER, marshal.dumps(wire).hex()]
+    return [python, "-I", "-S", "-c", LAUNCHER, marshal.dumps(wire).hex()]

@@ -13,7 +13,7 @@ from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout, sandbox_base_dir
 from ..hostview import check_mounts, host_mounts
-from ..launch import LaunchConfig, runtime_paths, server_argv
+from ..launch import SERVER_ENV, LaunchConfig, runtime_paths, server_argv
 from ..rootfs import ImageBuildError, lookup_user, user_home
 from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
@@ -184,7 +184,7 @@ class BwrapRuntime(SandboxRuntime):
             image / user[2].lstrip("/")).is_symlink() else None
         if home is not None:
             _copy_home(image / home.lstrip("/"), layout.root / "home", uid, gid)
-        opts = self._options(spec, image, runtime_paths(), layout, config.env, uid, str(void), home)
+        opts = self._options(spec, image, runtime_paths(), layout, uid, str(void), home)
         if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
             opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]
         (seccomp_fd,) = fds
@@ -195,7 +195,7 @@ class BwrapRuntime(SandboxRuntime):
         )
 
     @staticmethod
-    def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout, env: dict[str, str],
+    def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout,
                  uid: int | None, void: str, home: str | None = None) -> list[str]:
         # --as-pid-1: the execution server is the namespace's init. Without it
         # bwrap's own init reports the exit through an eventfd and the outer bwrap
@@ -212,8 +212,8 @@ class BwrapRuntime(SandboxRuntime):
             opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
         if spec.network:
             opts.append("--share-net")
-        opts.append("--clearenv")
-        for key, value in env.items():
+        opts.append("--clearenv")  # the server's environment is fixed; the job's goes to its sessions only
+        for key, value in SERVER_ENV.items():
             opts.extend(["--setenv", key, value])
         opts.extend(["--tmpfs", "/"])
         opts.extend(host_mounts(void) if image is None else image_mounts(image, [*keep, *([home] if home else [])]))
