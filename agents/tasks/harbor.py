@@ -272,22 +272,24 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
 
 
 async def stage_dir(sandbox: Any, source: Path, target: str) -> None:
-    """Copy a host directory to `target` inside the sandbox (binary-safe: through the workspace, then copied
-    by the sandbox's own user, so that the files are its own whatever uid it runs as)."""
+    """Copy a host directory to `target` inside the sandbox (binary-safe: through the control directory, then
+    copied by the sandbox's own user, so that the files are its own whatever uid it runs as). Never through the
+    workspace: a process the agent left there could swap the staged tree for its own (a forged test.sh); the
+    confined agent cannot write the control directory (sandbox/server/confine.py)."""
     name = f".rolloutd-stage-{secrets.token_hex(6)}"
-    staging = Path(sandbox.workspace) / name
+    staging = Path(sandbox.root) / "ctl" / name
     await asyncio.to_thread(_copy_fresh, source, staging)
     inner = shlex.quote(f"{HARBOR_ROOT}{target}")
     try:
-        await _bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /workspace/{name} {inner}",
+        await _bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /.rolloutd/{name} {inner}",
                        f"stage {target}", 60)
     finally:
         await asyncio.to_thread(shutil.rmtree, staging, True)
 
 
 def _copy_fresh(source: Path, staging: Path) -> None:
-    """Copy `source` to `staging`, readable by any uid. Prepared beside the workspace (sandboxed code cannot
-    reach it there), then renamed in whole, so that no host step touches a path sandboxed code could swap."""
+    """Copy `source` to `staging`, readable by any uid. Prepared beside the control directory (sandboxed code
+    cannot reach it there), then renamed in whole, so that no host step touches a path sandboxed code could swap."""
     private = Path(tempfile.mkdtemp(dir=staging.parent.parent))
     try:
         tree = private / "tree"

@@ -1,0 +1,97 @@
+"""EVAL's staging is out of the agent's reach (issue 24, item 8), through the harbor handler as
+tests/tasks/test_harbor.py drives it: real image, real bwrap, real server, the oracle agent as the attacker.
+
+A process the agent leaves running swaps every staging directory it sees in the workspace for a forged
+`tests/` (one atomic `renameat2(RENAME_EXCHANGE)`) whose test.sh writes reward 1. On the code before, the
+verifier's tests were staged through the workspace and the forgery scored 1.0 with `agent_confined: true`.
+Next step: the rest of the tenancy suite (tests/tenancy/).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rolloutd.agents.tasks import EvalError, get_handler
+
+from harbor_rollouts import task_sandbox  # tests/
+
+TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
+RUNS = 8
+
+SWAPPER = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+FORGED = "#!/bin/bash\necho FORGED; mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+def forged(n):
+    d = "/workspace/.forged-%d" % n
+    os.makedirs(d, exist_ok=True)
+    for name, text in (("test.sh", FORGED), ("test_outputs.py", "def test_ok():\n    pass\n")):
+        with open(d + "/" + name, "w") as f:
+            f.write(text)
+    return d
+n, seen = 0, set()
+spare = forged(n)
+while True:
+    try:
+        names = os.listdir("/workspace")
+    except OSError:
+        continue
+    for name in names:
+        if name.startswith(".rolloutd-stage-") and name not in seen:
+            if libc.renameat2(-100, spare.encode(), -100, ("/workspace/" + name).encode(), 2) == 0:
+                seen.add(name)
+                n += 1
+                spare = forged(n)
+"""
+SOLVE = ("#!/bin/bash\necho '{\"orders\": 1, \"total\": 0}' > /app/total.json\n"
+         "cat > /tmp/swapper.py <<'PY'\n" + SWAPPER + "PY\n"
+         "nohup python3 /tmp/swapper.py > /dev/null 2>&1 &\nnohup python3 /tmp/swapper.py > /dev/null 2>&1 &\n"
+         "sleep 0.3\n")
+
+
+def _needs_image():
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    if os.geteuid() != 0:
+        pytest.skip("building the task's image needs root here")
+
+
+def _swapping_task(tmp_path: Path) -> dict:
+    task = tmp_path / "tasks" / "csv-total"
+    shutil.copytree(TASKS / "csv-total", task)
+    (task / "solution" / "solve.sh").write_text(SOLVE)
+    return get_handler("harbor").load(tmp_path / "tasks")[0]
+
+
+async def _rollout(handler, task: dict):
+    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+
+    async with task_sandbox(handler, task) as sandbox:
+        trajectory = await handler.run(task, sandbox, None, tokenizer=None, config=AgentConfig(agent_kind="oracle"),
+                                       ctx=RolloutContext(job="j", prompt=0, sample=0, task_id=task["id"]))
+        try:
+            reward = await handler.eval(task, sandbox, trajectory)
+        except EvalError as e:  # a swap half-way through the copy: infra, never scored (an attack that missed)
+            return trajectory, None, str(e)
+        assert reward.details["agent_confined"] is True
+        return trajectory, reward.value, reward.details["verifier_output"]
+
+
+def test_a_process_the_agent_left_never_swaps_the_verifiers_tests(tmp_path):
+    _needs_image()
+    handler = get_handler("harbor")
+    task = _swapping_task(tmp_path)
+
+    async def main():
+        return [await _rollout(handler, task) for _ in range(RUNS)]
+
+    results = asyncio.run(main())
+    if not results[0][0].metrics["agent_confined"]:
+        pytest.skip("this kernel has no Landlock: the agent runs unconfined (README: Known gap)")
+    forged = [(value, output[-200:]) for _, value, output in results if "FORGED" in output or value != 0.0]
+    assert forged == [], f"{len(forged)} of {RUNS} rollouts ran or scored the forged verifier"
+    assert all(" failed" in output for _, _, output in results)  # the task's own tests ran, and failed
