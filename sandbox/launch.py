@@ -28,6 +28,16 @@ LAUNCHER = (
 # it; `-I -S` makes the interpreter ignore PYTHON* variables, the user site and site.py besides. The job's
 # environment travels in `LaunchConfig.env`, applied to each session and kernel the server starts.
 SERVER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_CTYPE": "C.UTF-8"}
+NODE_VARS = ("LD_LIBRARY_PATH",)  # the node's own (never the job's): an interpreter may need it to load at all
+
+
+def server_env(sandbox_id: str) -> dict[str, str]:
+    """The server's environment: `SERVER_ENV`, the node's `NODE_VARS` and the sandbox's id (which
+    `footprint.reap_leftovers` looks for)."""
+    from .footprint import ID_VAR
+
+    node = {k: os.environ[k] for k in NODE_VARS if os.environ.get(k)}
+    return {**SERVER_ENV, **node, ID_VAR: sandbox_id}
 
 
 class LaunchConfig(BaseModel):

@@ -12,8 +12,10 @@ from pathlib import Path
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout, sandbox_base_dir
+from .. import netns
 from ..hostview import check_mounts, host_mounts
-from ..launch import SERVER_ENV, LaunchConfig, runtime_paths, server_argv
+from ..netns import RESOLV_CONF, Outbound
+from ..launch import LaunchConfig, runtime_paths, server_argv, server_env
 from ..rootfs import ImageBuildError, lookup_user, user_home
 from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
@@ -116,7 +118,8 @@ class BwrapRuntime(SandboxRuntime):
     """What the sandbox sees (the full list and the reasons: README.md, "Containment"):
 
     * its own ipc, pid, net, uts and cgroup namespaces: only a loopback
-      interface unless ``spec.network``; only its own processes in /proc.
+      interface, and with ``spec.network`` a tap with outbound NAT (`netns.py`, slirp4netns), never the
+      host's loopback; only its own processes in /proc.
       ``--die-with-parent``: the sandbox dies with the node daemon.
       ``--new-session``: no TIOCSTI into the daemon's terminal.
     * no privileges: under a root daemon no user namespace, and the server drops
@@ -149,6 +152,8 @@ class BwrapRuntime(SandboxRuntime):
 
     def check(self, spec: SandboxSpec) -> None:
         check_mounts(spec.mounts)
+        if spec.network and netns.missing():
+            raise RuntimeUnavailable(netns.missing())
         if spec.image != "host" and not Path(spec.image).is_dir():
             raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
         image_user(spec)
@@ -188,10 +193,18 @@ class BwrapRuntime(SandboxRuntime):
         if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
             opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]
         (seccomp_fd,) = fds
+        outbound = Outbound(layout.id, layout.root / "slirp4netns.log") if spec.network else None
+        if outbound is not None:
+            opts.extend(outbound.bwrap_args())
+            resolv = (image or Path("/")) / "etc" / "resolv.conf"
+            if resolv.is_file() and not resolv.is_symlink():  # its DNS: slirp4netns's forwarder
+                (layout.root / "resolv.conf").write_text(RESOLV_CONF)
+                opts.extend(["--ro-bind", str(layout.root / "resolv.conf"), "/etc/resolv.conf"])
         return Launch(
             argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(config)],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds,
-            enforced={"uid": uid, "seccomp": True},
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds + (outbound.pass_fds if outbound else ()),
+            enforced={"uid": uid, "seccomp": True, "network": "slirp4netns" if outbound else "none"},
+            outbound=outbound,
         )
 
     @staticmethod
@@ -210,10 +223,8 @@ class BwrapRuntime(SandboxRuntime):
             # the server keeps only what it needs to become `uid` (which clears them), see early.become
             opts.extend(["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"])
             opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
-        if spec.network:
-            opts.append("--share-net")
         opts.append("--clearenv")  # the server's environment is fixed; the job's goes to its sessions only
-        for key, value in SERVER_ENV.items():
+        for key, value in server_env(layout.id).items():  # the id: `footprint.reap_leftovers` finds it
             opts.extend(["--setenv", key, value])
         opts.extend(["--tmpfs", "/"])
         opts.extend(host_mounts(void) if image is None else image_mounts(image, [*keep, *([home] if home else [])]))

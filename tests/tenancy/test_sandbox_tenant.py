@@ -118,3 +118,118 @@ def test_a_mount_over_what_the_server_runs_from_is_refused_naming_the_field(tmp_
     for inside in ("/usr/lib/python3", "/etc/ld.so.preload", "/usr/local/lib", "/etc", "/lib64", "/bin"):
         with pytest.raises(ValueError, match="exec server loads"):
             SandboxSpec(mounts=[{"host_path": str(data), "path": inside}])
+
+
+# -- network: true -------------------------------------------------------------------------------------------
+PROBE = ("python3 -c \"import socket, sys\ns = socket.socket(); s.settimeout(3)\n"
+         "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('reached')\n"
+         "except OSError as e:\n    print('refused', e)\" {} {}")
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"host loopback")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def host_loopback_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def _needs_slirp():
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
+
+
+def test_a_network_sandbox_has_its_own_namespace_with_a_route_out_but_not_the_host_loopback(host_loopback_server):
+    """On the code before, `network: true` was the host's network namespace: the sandbox reached a service on
+    the node's 127.0.0.1. Now: a tap with a default route (slirp4netns), and neither 127.0.0.1 nor slirp's
+    alias of the host's loopback (10.0.2.2, refused by slirp4netns itself: no packet leaves the node)."""
+    _needs_slirp()
+    port = host_loopback_server
+    spec = SandboxSpec(network=True)
+    loopback, alias, links, route = asyncio.run(_with_sandbox(
+        spec, PROBE.format("127.0.0.1", port), PROBE.format("10.0.2.2", port),
+        "tail -n +3 /proc/net/dev | cut -d: -f1", "cat /proc/net/route"))
+    assert loopback.startswith("refused") and alias.startswith("refused"), (loopback, alias)
+    assert [n for n in links.split() if n != "lo"], links  # an interface of its own besides lo
+    assert any(line.split()[1] == "00000000" for line in route.splitlines()[1:]), route  # a default route
+
+
+def test_two_network_sandboxes_do_not_share_a_loopback():
+    """Two rollouts' relays (agents/gateway.py, one port for all) met on the host's loopback before."""
+    _needs_slirp()
+
+    async def main():
+        runtime = get_runtime("bwrap")
+        a = await runtime.create(SandboxSpec(network=True))
+        b = await runtime.create(SandboxSpec(network=True))
+        try:
+            serve = "nohup python3 -m http.server 41999 --bind 127.0.0.1 > /dev/null 2>&1 & sleep 0.5; echo up"
+            assert (await a.bash(serve)).output.strip() == "up"
+            seen_from_a = (await a.bash(PROBE.format("127.0.0.1", 41999))).output
+            seen_from_b = (await b.bash(PROBE.format("127.0.0.1", 41999))).output
+            also_in_b = (await b.bash(serve + "; " + PROBE.format("127.0.0.1", 41999))).output
+            return seen_from_a, seen_from_b, also_in_b, a.limits["network"]
+        finally:
+            await a.close()
+            await b.close()
+
+    seen_from_a, seen_from_b, also_in_b, kind = asyncio.run(main())
+    assert seen_from_a.startswith("reached") and seen_from_b.startswith("refused"), (seen_from_a, seen_from_b)
+    assert also_in_b.strip().endswith("reached")  # the same port is free in b: its own loopback
+    assert kind == "slirp4netns"
+
+
+# -- CPU and workspace bounds ----------------------------------------------------------------------------------
+# two burners for one second of wall time: the cgroup's CPU time, at most 0.05 core, stays far below a core's
+BURN = ("python3 -c \"import os, time\nos.fork()\nt = time.time()\nwhile time.time() - t < 1.0: pass\n"
+        "print(time.process_time(), flush=True)\"")
+
+
+def test_the_cpu_bound_holds_where_the_node_may_create_cgroups():
+    async def main():
+        sandbox = await get_runtime("bwrap").create(SandboxSpec(limits={"cpus": 0.05}))
+        try:
+            if "cpu" not in sandbox.limits["cgroup"]:
+                return sandbox.limits.get("cpu_skipped"), None, None
+            used = sum(float(x) for x in (await sandbox.bash(BURN + "; wait", timeout=30)).output.split())
+            stat = [(d / "cpu.stat").read_text() for d in sandbox._cgroup.dirs if (d / "cpu.stat").exists()]
+            return None, used, stat
+        finally:
+            await sandbox.close()
+
+    skipped, used, stat = asyncio.run(main())
+    if skipped:
+        assert skipped.startswith("no cgroup cpu controller")  # recorded, never silent
+        pytest.skip(skipped)
+    throttled = {k: int(v) for line in stat[0].splitlines() for k, v in [line.split()]}["nr_throttled"]
+    assert throttled > 0 and used < 0.3, (used, stat)  # a twentieth of a core: ~0.05 s of CPU per second
+
+
+def test_the_workspace_bound_trips_with_a_clear_error():
+    async def main():
+        sandbox = await get_runtime("bwrap").create(SandboxSpec(limits={"workspace_mb": 4}))
+        try:
+            if "workspace_mb" not in sandbox.limits:
+                return sandbox.limits.get("workspace_skipped"), None, None
+            shell = (await sandbox.bash("head -c 8000000 /dev/zero > /workspace/big; echo rc=$?")).output
+            with pytest.raises(Exception) as caught:
+                await sandbox.write_file("/workspace/more", "x" * 6_000_000)
+            return None, shell, str(caught.value)
+        finally:
+            await sandbox.close()
+
+    skipped, shell, error = asyncio.run(main())
+    if skipped:
+        pytest.skip(skipped)
+    assert "No space left on device" in shell and "rc=1" in shell
+    assert "spec.sandbox.limits.workspaceMB" in error and "4 MB" in error
