@@ -341,8 +341,30 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
+async def _network_cold_starts(n: int) -> dict[str, list[float]]:
+    """Cold create → first command answered, `network: false` and `network: true` alternating."""
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    out: dict[str, list[float]] = {"false": [], "true": []}
+    for _ in range(n):
+        for flag in ("false", "true"):
+            t = time.perf_counter()
+            sb = await get_runtime("bwrap").create(SandboxSpec(network=flag == "true"))
+            await sb.bash("true")
+            out[flag].append(time.perf_counter() - t)
+            await sb.close()
+    return out
+
+
+def network_rows(n: int = 20) -> list[dict]:
+    """`--network`: the cost of network: true's own namespace (slirp4netns) on a cold start."""
+    got = asyncio.run(_network_cold_starts(n))
+    return [{"benchmark": f"cold start, network: {flag} (p50 / p95 ms, n={n})", "ours": _fmt(xs), "baseline": "-",
+             "ratio": None, "target": "-", "met": None} for flag, xs in got.items()]
+
+
 def main() -> None:
-    rows = run(quick="--quick" in sys.argv)
+    rows = network_rows() if "--network" in sys.argv else run(quick="--quick" in sys.argv)
     print("| benchmark | ours | baseline | ratio | target | met |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -2,7 +2,7 @@
 
 Where it sits: `runtimes/bwrap.py` makes an `Outbound` for a spec with ``network: true`` and adds its
 ``--info-fd`` to bwrap's command line; the create template (`runtimes/base.py` `start`) calls `attach` once
-bwrap has started (bwrap reports the sandbox's init pid there), before the sandbox is handed out.
+the server is READY (bwrap has reported the sandbox's init pid and set up its loopback), before the sandbox is handed out.
 
 slirp4netns (Debian package ``slirp4netns``) gives the namespace a ``tap0`` with 10.0.2.100/24, a default
 route through 10.0.2.2 and a DNS forwarder at 10.0.2.3, in user space: the sandbox reaches the outside the

@@ -198,14 +198,14 @@ async def start(layout: Layout, spec: SandboxSpec, launch: Launch, cgroup: Cgrou
                 proc = await asyncio.shield(spawn)
             except OSError as e:
                 raise SandboxCreateError(f"cannot start {argv[0]}: {e}") from None
-        if launch.outbound is not None:
-            await launch.outbound.attach()
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT)
         except asyncio.TimeoutError:
             line = b""
         if not line.startswith(b"READY"):
             raise SandboxCreateError(f"the sandbox did not start ({' '.join(argv[:3])} ...): {log_tail(log_path)}")
+        if launch.outbound is not None:  # after READY: bwrap has set up the namespace's loopback (no race on lo)
+            await launch.outbound.attach()
         client = await ExecClient.connect(str(layout.ctl / "exec.sock"))
     except BaseException:
         # synchronous on purpose: a cancelled start (the caller's timeout, a
