@@ -95,3 +95,34 @@ def test_a_process_the_agent_left_never_swaps_the_verifiers_tests(tmp_path):
     forged = [(value, output[-200:]) for _, value, output in results if "FORGED" in output or value != 0.0]
     assert forged == [], f"{len(forged)} of {RUNS} rollouts ran or scored the forged verifier"
     assert all(" failed" in output for _, _, output in results)  # the task's own tests ran, and failed
+
+
+def test_two_network_rollouts_relays_each_reach_their_own_gateway(tmp_path):
+    """`network: true` was the host's namespace: two harness rollouts' relays (agents/gateway.py, one port for
+    every rollout) met on the host's loopback, the second could not listen. Each has its own loopback now."""
+    _needs_image()
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
+    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+
+    from harbor_rollouts import PROBE
+
+    handler = get_handler("harbor")
+    task = [t for t in handler.load(TASKS) if t["id"] == "csv-total"][0]
+
+    async def one(sandbox, sample: int) -> str:
+        await handler.run(task, sandbox, None, tokenizer=None,
+                          config=AgentConfig(agent_kind="harness", agent_command=PROBE),
+                          ctx=RolloutContext(job="j", prompt=0, sample=sample, task_id=task["id"]))
+        return (await sandbox.read_file("/logs/agent/harness.txt")).strip()
+
+    async def main():  # both open at once: the first one's relay still listens while the second starts its own
+        async with task_sandbox(handler, task, network=True) as a, task_sandbox(handler, task, network=True) as b:
+            first = await one(a, 0)
+            try:
+                second = await one(b, 1)
+            except RuntimeError as e:  # the relay could not listen: its port was taken on a shared loopback
+                second = str(e)
+            return [first, second]
+
+    assert asyncio.run(main()) == ["policy", "policy"]
