@@ -13,7 +13,7 @@ SECRET_HOST_PATHS = (
     "/var/lib/slurm", "/proc", "/sys", "/dev", "/boot", "/root/.ssh",
 )
 INNER_RESERVED = ("/", "/tmp", "/run", "/workspace")  # a mount may go below these, not on them
-INNER_FORBIDDEN = ("/proc", "/dev", "/sys", "/.rolloutd")  # nor anywhere below these
+INNER_FORBIDDEN = ("/proc", "/dev", "/sys", "/.rolloutd", "/.rolloutd-host")  # nor anywhere below these
 # what the exec server's interpreter loads while it is still root (the dynamic loader, its libraries and
 # configuration, the programs): a mount may go neither on, below nor above these
 INNER_SERVER = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.preload",

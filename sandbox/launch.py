@@ -78,6 +78,43 @@ def runtime_paths() -> list[str]:
     return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
 
 
+HOST_LIB = "/.rolloutd-host"  # where a root node binds its loader's directory for a root filesystem image
+
+
+@functools.cache
+def host_loader() -> str | None:
+    """The host path of the dynamic loader the server's interpreter names (its ELF PT_INTERP); None when
+    it cannot be read (not a 64-bit little-endian ELF)."""
+    import struct
+
+    try:
+        with open(os.path.realpath(sys.executable), "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                kind, _, offset, _, _, size = struct.unpack("<IIQQQQ", f.read(40))
+                if kind == 3:  # PT_INTERP
+                    f.seek(offset)
+                    return os.path.realpath(f.read(size).rstrip(b"\0").decode())
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def host_loaded(argv: list[str]) -> list[str]:
+    """`argv` (the server's) run by the host's own loader and libraries, bound at `HOST_LIB`: in a root
+    filesystem image the server, still root, would otherwise load the image's loader, its
+    /etc/ld.so.cache and its libraries (a tenant's Dockerfile builds them)."""
+    loader = host_loader()
+    if loader is None:
+        return argv
+    return [f"{HOST_LIB}/{os.path.basename(loader)}", "--inhibit-cache", "--library-path", HOST_LIB, *argv]
+
+
 @functools.cache
 def _compile_server() -> None:
     """Byte-compile the server once, here on the host: inside the sandbox the

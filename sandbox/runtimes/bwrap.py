@@ -15,7 +15,7 @@ from ..footprint import Layout, sandbox_base_dir
 from .. import netns
 from ..hostview import check_mounts, host_mounts
 from ..netns import RESOLV_CONF, Outbound
-from ..launch import LaunchConfig, runtime_paths, server_argv, server_env
+from ..launch import HOST_LIB, LaunchConfig, host_loaded, host_loader, runtime_paths, server_argv, server_env
 from ..rootfs import ImageBuildError, lookup_user, user_home
 from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
@@ -138,8 +138,9 @@ class BwrapRuntime(SandboxRuntime):
       its home, a private writable copy of the image's.
 
     The server's interpreter and packages are bound at their host paths
-    (`launch.runtime_paths`), so a root filesystem image must be able to run the host's
-    Python (same glibc family — e.g. a debootstrap of the host's release).
+    (`launch.runtime_paths`); under a root daemon it runs on the host's loader and libraries
+    (`launch.host_loaded`), never a root filesystem image's. Unprivileged, the image must be able
+    to run the host's Python (same glibc family — e.g. a debootstrap of the host's release).
     """
 
     name = "bwrap"
@@ -156,6 +157,9 @@ class BwrapRuntime(SandboxRuntime):
             raise RuntimeUnavailable(netns.missing())
         if spec.image != "host" and not Path(spec.image).is_dir():
             raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+        if spec.image != "host" and os.path.lexists(Path(spec.image) / "etc" / "ld.so.preload"):
+            raise SandboxCreateError(f"spec.sandbox.image {spec.image!r}: /etc/ld.so.preload would load its "
+                                     "libraries into the sandbox's exec server: an image may not have one")
         image_user(spec)
 
     def open_fds(self) -> tuple[int, ...]:
@@ -200,8 +204,13 @@ class BwrapRuntime(SandboxRuntime):
             if resolv.is_file() and not resolv.is_symlink():  # its DNS: slirp4netns's forwarder
                 (layout.root / "resolv.conf").write_text(RESOLV_CONF)
                 opts.extend(["--ro-bind", str(layout.root / "resolv.conf"), "/etc/resolv.conf"])
+        server = server_argv(config)
+        if image is not None and uid is not None and host_loader():  # root until `become`: the host's loader
+            at = opts.index("--remount-ro")  # while the tmpfs root can still take the mount point
+            opts[at:at] = ["--ro-bind", os.path.dirname(host_loader()), HOST_LIB]
+            server = host_loaded(server)
         return Launch(
-            argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(config)],
+            argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server],
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds + (outbound.pass_fds if outbound else ()),
             enforced={"uid": uid, "seccomp": True, "network": "slirp4netns" if outbound else "none"},
             outbound=outbound,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from rolloutd.agents.tasks import EvalError, get_handler
 
 from harbor_rollouts import task_sandbox  # tests/
+from waiting import wait_until
 
 TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
 RUNS = 8
@@ -126,3 +128,76 @@ def test_two_network_rollouts_relays_each_reach_their_own_gateway(tmp_path):
             return [first, second]
 
     assert asyncio.run(main()) == ["policy", "policy"]
+
+
+# -- a root filesystem image the tenant's Dockerfile built -------------------------------------------------------
+def _image_copy(tmp_path: Path) -> Path:
+    """The task's image, as hard links (the cache is untouched)."""
+    rootfs = asyncio.run(get_handler("harbor").image(get_handler("harbor").load(TASKS)[0])).rootfs
+    image = tmp_path / "image"
+    subprocess.run(["cp", "-al", str(rootfs), str(image)], check=True)
+    return image
+
+
+def _shared_objects(root: Path) -> set[tuple[int, int]]:
+    out = set()
+    for top in ("usr/lib", "usr/local/lib"):
+        for dirpath, _, names in os.walk(root / top):
+            for name in names:
+                if ".so" in name and not os.path.islink(os.path.join(dirpath, name)):
+                    st = os.stat(os.path.join(dirpath, name))
+                    out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def test_an_image_never_steers_the_server_while_it_is_root(tmp_path):
+    """The server runs as root until it drops privileges. On the code before it ran under the image's loader,
+    /etc/ld.so.cache and libraries (a tenant's Dockerfile builds them: its libc would run as root). Now not one
+    shared object the server maps is the image's; the agent's own processes still run on the image's."""
+    _needs_image()
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+    from rolloutd.sandbox.footprint import pids_with_id
+
+    image = _image_copy(tmp_path)
+    theirs = _shared_objects(image)
+
+    def mapped(pid: int) -> set[tuple[int, int]]:
+        out = set()
+        for line in open(f"/proc/{pid}/maps"):
+            fields = line.split()
+            if len(fields) >= 6 and ".so" in fields[5]:
+                st = os.stat(f"/proc/{pid}/map_files/{fields[0]}")
+                out.add((st.st_dev, st.st_ino))
+        return out
+
+    async def main():
+        sandbox = await get_runtime("bwrap").create(SandboxSpec(image=str(image)))
+        try:
+            await sandbox.bash("sleep 30 > /dev/null 2>&1 &")
+
+            def command_lines() -> dict[int, bytes]:
+                return {p: open(f"/proc/{p}/cmdline", "rb").read() for p in pids_with_id(sandbox.id)}
+
+            await asyncio.to_thread(wait_until, lambda: any(c.startswith(b"sleep") for c in command_lines().values()))
+            lines = command_lines()
+            server = [p for p, c in lines.items() if b"-S\0-c\0" in c]
+            sleeper = [p for p, c in lines.items() if c.startswith(b"sleep")]
+            return mapped(server[0]), mapped(sleeper[0])
+        finally:
+            await sandbox.close()
+
+    by_server, by_agent = asyncio.run(main())
+    assert by_agent & theirs  # the agent's `sleep` runs on the image's libc
+    assert not by_server & theirs, "the server, still root, loaded the image's shared objects"
+
+
+def test_an_image_with_a_preload_file_is_refused(tmp_path):
+    """/etc/ld.so.preload would be read by the loader of every process, the server's included."""
+    _needs_image()
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+    from rolloutd.sandbox.errors import SandboxCreateError
+
+    image = _image_copy(tmp_path)
+    (image / "etc" / "ld.so.preload").write_text("/usr/lib/x86_64-linux-gnu/libffi.so.8\n")
+    with pytest.raises(SandboxCreateError, match=r"spec\.sandbox\.image .*ld\.so\.preload"):
+        asyncio.run(get_runtime("bwrap").create(SandboxSpec(image=str(image))))
