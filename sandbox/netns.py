@@ -35,6 +35,8 @@ def missing() -> str | None:
     """Why `network: true` cannot be given here, or None."""
     if slirp_binary() is None:
         return "network: true needs slirp4netns (apt-get install slirp4netns; see .ci/system-packages.sh)"
+    if os.geteuid() != 0 and not os.access("/dev/net/tun", os.R_OK | os.W_OK):
+        return "network: true needs /dev/net/tun, which this node's user cannot open (a root node can)"
     return None
 
 
@@ -69,19 +71,22 @@ class Outbound:
         ready_r, ready_w = os.pipe()
         argv = [slirp_binary(), "--configure", "--mtu=65520", "--disable-host-loopback",
                 "--ready-fd", str(ready_w), "--exit-fd", str(self.exit_r)]
-        if os.geteuid() != 0:  # bwrap's user namespace owns the network namespace
-            argv.append(f"--userns-path=/proc/{pid}/ns/user")
+        keep = [ready_w, self.exit_r]
+        if os.geteuid() != 0:  # unprivileged: enter the user namespace that owns the network namespace
+            owner = _owning_userns(pid)  # (bwrap's outer one: the sandbox's init sits in a nested one)
+            keep.append(owner)
+            argv.append(f"--userns-path=/proc/self/fd/{owner}")
         try:
             with open(self.log, "ab") as log:
                 self.proc = await asyncio.create_subprocess_exec(
                     *argv, str(pid), "tap0", stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(ready_w, self.exit_r), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", ID_VAR: self.sandbox_id},
+                    pass_fds=tuple(keep), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", ID_VAR: self.sandbox_id},
                     start_new_session=True)
         except OSError as e:
             raise SandboxCreateError(f"network: cannot start slirp4netns: {e}") from None
         finally:
-            os.close(ready_w)
-            os.close(self.exit_r)
+            for fd in keep:
+                os.close(fd)
         try:
             ready = await asyncio.wait_for(asyncio.to_thread(_read_until, ready_r, b"1"), ATTACH_TIMEOUT)
         except asyncio.TimeoutError:
@@ -104,6 +109,19 @@ class Outbound:
                 self.proc.kill()
             except ProcessLookupError:
                 pass
+
+
+def _owning_userns(pid: int) -> int:
+    """An fd of the user namespace owning `pid`'s network namespace (ioctl NS_GET_USERNS)."""
+    import fcntl
+
+    net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return fcntl.ioctl(net, 0xB701)
+    except OSError as e:
+        raise SandboxCreateError(f"network: cannot find the sandbox's user namespace: {e}") from None
+    finally:
+        os.close(net)
 
 
 def _read_until(fd: int, end: bytes) -> bytes:
