@@ -3,8 +3,9 @@
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
+# slirp4netns: outbound NAT for a sandbox with network: true, in its own network namespace (sandbox/netns.py)
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
-PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip)
+PKGS=(bubblewrap slirp4netns python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

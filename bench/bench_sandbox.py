@@ -341,8 +341,32 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
+async def _network_cold_starts(n: int, image: str) -> dict[str, list[float]]:
+    """Cold create → first command answered, `network: false` and `network: true` alternating."""
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    out: dict[str, list[float]] = {"false": [], "true": []}
+    for _ in range(n):
+        for flag in ("false", "true"):
+            t = time.perf_counter()
+            sb = await get_runtime("bwrap").create(SandboxSpec(network=flag == "true", image=image))
+            await sb.bash("true")
+            out[flag].append(time.perf_counter() - t)
+            await sb.close()
+    return out
+
+
+def network_rows(n: int = 30, image: str = "host") -> list[dict]:
+    """`--network [--image DIR]`: the cost of network: true's own namespace (slirp4netns) on a cold start."""
+    got = asyncio.run(_network_cold_starts(n, image))
+    what = "image: host" if image == "host" else "a rootfs image"
+    return [{"benchmark": f"cold start, {what}, network: {flag} (n={n})", "ours": _fmt(xs), "baseline": "-",
+             "ratio": None, "target": "-", "met": None} for flag, xs in got.items()]
+
+
 def main() -> None:
-    rows = run(quick="--quick" in sys.argv)
+    image = sys.argv[sys.argv.index("--image") + 1] if "--image" in sys.argv else "host"
+    rows = network_rows(image=image) if "--network" in sys.argv else run(quick="--quick" in sys.argv)
     print("| benchmark | ours | baseline | ratio | target | met |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -13,7 +13,11 @@ SECRET_HOST_PATHS = (
     "/var/lib/slurm", "/proc", "/sys", "/dev", "/boot", "/root/.ssh",
 )
 INNER_RESERVED = ("/", "/tmp", "/run", "/workspace")  # a mount may go below these, not on them
-INNER_FORBIDDEN = ("/proc", "/dev", "/sys", "/.rolloutd")  # nor anywhere below these
+INNER_FORBIDDEN = ("/proc", "/dev", "/sys", "/.rolloutd", "/.rolloutd-host")  # nor anywhere below these
+# what the exec server's interpreter loads while it is still root (the dynamic loader, its libraries and
+# configuration, the programs): a mount may go neither on, below nor above these
+INNER_SERVER = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.preload",
+                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -33,3 +37,7 @@ def check_mount_paths(host_path: str, inside: str) -> None:
     inner = inside.rstrip("/") or "/"
     if inner in INNER_RESERVED or any(overlaps(inner, p) for p in INNER_FORBIDDEN):
         raise ValueError(f"mount {host_path!r}: {inner} is the sandbox's own")
+    for p in INNER_SERVER:
+        if overlaps(inner, p):
+            raise ValueError(f"mount {host_path!r}: {inner} would cover {p}, which the sandbox's exec server loads "
+                             "before it drops its privileges")

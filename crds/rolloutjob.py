@@ -167,6 +167,12 @@ class SandboxLimits(Model):
                               description="largest file a process may write (RLIMIT_FSIZE)")
     wall_seconds: int = Field(default=600, ge=1, description="the sandbox is killed this long after it starts")
     tmp_mb: int = Field(default=1024, ge=1, alias="tmpMB", description="size of the private /tmp and /dev/shm (tmpfs)")
+    cpus: float | None = Field(default=1.0, gt=0, le=1024,
+                               description="CPU bound in cores (a cgroup cpu quota) where the node may create cgroups "
+                                           "(v2 delegated, or v1); elsewhere skipped, the reason in the sandbox's limits")
+    workspace_mb: int | None = Field(default=4096, ge=1, alias="workspaceMB",
+                                     description="size bound of /workspace (a tmpfs of this size, in memory) under a root "
+                                                 "node; elsewhere skipped, the reason in the sandbox's limits. null: no bound")
 
 
 class MountSpec(Model):

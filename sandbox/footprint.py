@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .limits import Cgroup, candidate_parents
+from .limits import Cgroup, candidate_parents, unbound_workspace
 from .server.procs import identity, kill_until_gone
 
 ID_VAR = "ROLLOUTD_SANDBOX_ID"  # set in every sandbox process; how leftovers are found
@@ -87,6 +87,7 @@ def remove(root: Path, cgroup: Cgroup | None) -> None:
     """The sandbox's cgroup (killing what is still in it) and its directory."""
     if cgroup is not None:
         cgroup.destroy()
+    unbound_workspace(root / "workspace")
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -115,6 +116,7 @@ def sweep_stale() -> list[str]:
         if owner and pid.isdigit() and identity(int(pid)) == owner:
             continue  # its daemon is alive: not ours to touch
         reap_leftovers(entry, timeout=5.0)
+        unbound_workspace(root / "workspace")
         shutil.rmtree(root, ignore_errors=True)
         removed.append(entry)
     for parent in candidate_parents():

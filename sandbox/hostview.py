@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .footprint import sandbox_base_dir
+from .launch import runtime_paths
 from .errors import SandboxCreateError
 
 HOST_ALLOW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
@@ -112,16 +113,24 @@ def forbidden_paths() -> list[str]:
 
 
 def check_mounts(mounts: list) -> None:
-    """Refuse a mount of (or above) a secret or rolloutd's own state, and one that does not exist."""
+    """Refuse a mount of (or above) a secret or rolloutd's own state, one that does not exist, and one landing
+    on, below or above what the exec server runs from (its interpreter, packages, this code): it imports them
+    as root, before it drops its privileges. The error names ``spec.sandbox.mounts[i]``."""
     forbidden = forbidden_paths()
-    for m in mounts:
+    server = runtime_paths()
+    for i, m in enumerate(mounts):
+        where = f"spec.sandbox.mounts[{i}]"
         try:
             check_mount_paths(m.host_path, m.inside)
         except ValueError as e:
-            raise SandboxCreateError(f"sandbox {e}") from None
+            raise SandboxCreateError(f"{where}: sandbox {e}") from None
         real = os.path.realpath(m.host_path)
         for bad in forbidden:
             if overlaps(real, bad):
-                raise SandboxCreateError(f"sandbox mount {m.host_path!r}: {bad} (or a part of it) is never mounted")
+                raise SandboxCreateError(f"{where}: sandbox mount {m.host_path!r}: {bad} (or a part of it) is never mounted")
+        for path in server:
+            if overlaps(m.inside, path):
+                raise SandboxCreateError(f"{where}.path: {m.inside} would cover {path}, where the sandbox's exec server "
+                                         "runs from on this node (it loads it before it drops its privileges)")
         if not os.path.exists(real):
-            raise SandboxCreateError(f"sandbox mount {m.host_path!r} does not exist on this node")
+            raise SandboxCreateError(f"{where}: sandbox mount {m.host_path!r} does not exist on this node")

@@ -23,6 +23,23 @@ LAUNCHER = (
 )
 
 
+# The server's own environment, whatever the job says: it starts as root (a root node) and loads its
+# interpreter before it drops privileges, so nothing of `sandbox.env` (LD_PRELOAD, PYTHONPATH, ...) may reach
+# it; `-I -S` makes the interpreter ignore PYTHON* variables, the user site and site.py besides. The job's
+# environment travels in `LaunchConfig.env`, applied to each session and kernel the server starts.
+SERVER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_CTYPE": "C.UTF-8"}
+NODE_VARS = ("LD_LIBRARY_PATH",)  # the node's own (never the job's): an interpreter may need it to load at all
+
+
+def server_env(sandbox_id: str) -> dict[str, str]:
+    """The server's environment: `SERVER_ENV`, the node's `NODE_VARS` and the sandbox's id (which
+    `footprint.reap_leftovers` looks for)."""
+    from .footprint import ID_VAR
+
+    node = {k: os.environ[k] for k in NODE_VARS if os.environ.get(k)}
+    return {**SERVER_ENV, **node, ID_VAR: sandbox_id}
+
+
 class LaunchConfig(BaseModel):
     """What the server needs to know, with the paths as the sandbox sees them."""
 
@@ -61,6 +78,43 @@ def runtime_paths() -> list[str]:
     return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
 
 
+HOST_LIB = "/.rolloutd-host"  # where a root node binds its loader's directory for a root filesystem image
+
+
+@functools.cache
+def host_loader() -> str | None:
+    """The host path of the dynamic loader the server's interpreter names (its ELF PT_INTERP); None when
+    it cannot be read (not a 64-bit little-endian ELF)."""
+    import struct
+
+    try:
+        with open(os.path.realpath(sys.executable), "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                kind, _, offset, _, _, size = struct.unpack("<IIQQQQ", f.read(40))
+                if kind == 3:  # PT_INTERP
+                    f.seek(offset)
+                    return os.path.realpath(f.read(size).rstrip(b"\0").decode())
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def host_loaded(argv: list[str]) -> list[str]:
+    """`argv` (the server's) run by the host's own loader and libraries, bound at `HOST_LIB`: in a root
+    filesystem image the server, still root, would otherwise load the image's loader, its
+    /etc/ld.so.cache and its libraries (a tenant's Dockerfile builds them)."""
+    loader = host_loader()
+    if loader is None:
+        return argv
+    return [f"{HOST_LIB}/{os.path.basename(loader)}", "--inhibit-cache", "--library-path", HOST_LIB, *argv]
+
+
 @functools.cache
 def _compile_server() -> None:
     """Byte-compile the server once, here on the host: inside the sandbox the
@@ -71,11 +125,11 @@ def _compile_server() -> None:
 
 
 def server_argv(config: LaunchConfig, python: str = sys.executable) -> list[str]:
-    """The argv that starts the execution server with `config` (see server/main.py)."""
+    """The argv that starts the execution server with `config` (see server/main.py), in `SERVER_ENV`."""
     try:
         _compile_server()
     except OSError:
         pass
     wire = config.model_dump()
     wire["path"] = [SANDBOX_PACKAGE, *server_site_dirs()]
-    return [python, "-S", "-c", LAUNCHER, marshal.dumps(wire).hex()]
+    return [python, "-I", "-S", "-c", LAUNCHER, marshal.dumps(wire).hex()]

@@ -16,6 +16,9 @@ from .server.procs import kill_until_gone
 SERVER_HEADROOM_MB = 256
 PIDS_HEADROOM = 64  # the server's threads and the kernel's count as tasks
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000  # the quota's period: `cpus` × this much CPU time per period
+CPU_SKIPPED = ("no cgroup cpu controller this node may write (cgroup v2 without cpu delegated to the daemon's "
+               "cgroup, and no v1 cpu hierarchy): the sandbox has no CPU bound")
 
 
 def rlimits_for(limits: SandboxLimits, *, nproc: bool) -> dict[str, int]:
@@ -63,7 +66,7 @@ def candidate_parents() -> list[Path]:
     own = _own_cgroups()
     if (CGROUP_ROOT / "cgroup.controllers").exists():
         return [CGROUP_ROOT / own.get("", "/").lstrip("/")]
-    return [CGROUP_ROOT / kind / own[kind].lstrip("/") for kind in ("memory", "pids") if kind in own]
+    return [CGROUP_ROOT / kind / own[kind].lstrip("/") for kind in ("memory", "pids", "cpu") if kind in own]
 
 
 class Cgroup:
@@ -82,15 +85,18 @@ class Cgroup:
         self.kinds = kinds  # e.g. ["memory", "pids"]
 
     @classmethod
-    def create(cls, name: str, memory_mb: int | None, processes: int | None) -> "Cgroup | None":
+    def create(cls, name: str, memory_mb: int | None, processes: int | None,
+               cpus: float | None = None) -> "Cgroup | None":
         own = _own_cgroups()
         dirs: list[Path] = []
         kinds: list[str] = []
-        wants = {}
+        wants: dict[str, object] = {}
         if memory_mb:
             wants["memory"] = (memory_mb + SERVER_HEADROOM_MB) * 1024 * 1024
         if processes:
             wants["pids"] = processes + PIDS_HEADROOM
+        if cpus:
+            wants["cpu"] = max(1000, int(cpus * CPU_PERIOD_US))
         if not wants:
             return None
         if (CGROUP_ROOT / "cgroup.controllers").exists():  # pure v2
@@ -99,7 +105,9 @@ class Cgroup:
                 d.mkdir()
             except OSError:
                 return None
-            files = {"memory": "memory.max", "pids": "pids.max"}
+            files = {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.max"}
+            if "cpu" in wants:
+                wants["cpu"] = f"{wants['cpu']} {CPU_PERIOD_US}"
             for kind, value in wants.items():
                 try:
                     (d / files[kind]).write_text(str(value))
@@ -110,7 +118,7 @@ class Cgroup:
                 _rmdir(d)
                 return None
             return cls([d], kinds)
-        files = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
+        files = {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpu": "cpu.cfs_quota_us"}
         for kind, value in wants.items():
             if kind not in own or not (CGROUP_ROOT / kind).is_dir():
                 continue
@@ -120,6 +128,8 @@ class Cgroup:
             except OSError:
                 continue
             try:
+                if kind == "cpu":
+                    (d / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
                 (d / files[kind]).write_text(str(value))
             except OSError:
                 _rmdir(d)
@@ -170,3 +180,31 @@ def _rmdir(d: Path, deadline: float | None = None) -> None:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.005)
+
+
+WORKSPACE_SKIPPED = "the node does not run as root (mounting the bounded workspace needs it): no workspace bound"
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def bound_workspace(workspace: Path, size_mb: int | None) -> dict[str, object]:
+    """Make `workspace` (empty, just created) a tmpfs of `size_mb`: what the sandbox can write there is bounded
+    (ENOSPC beyond). Returns what `Sandbox.limits` records: the bound, or the reason it was skipped."""
+    if not size_mb:
+        return {}
+    if os.geteuid() != 0:
+        return {"workspace_skipped": WORKSPACE_SKIPPED}
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size_mb}m,mode=0755".encode()
+    if libc.mount(b"tmpfs", str(workspace).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        return {"workspace_skipped": f"cannot mount the bounded workspace: {os.strerror(ctypes.get_errno())}"}
+    return {"workspace_mb": size_mb}
+
+
+def unbound_workspace(workspace: Path) -> None:
+    """Undo `bound_workspace` (its files go with it); nothing when it was not mounted."""
+    if os.path.ismount(workspace):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).umount2(str(workspace).encode(), _MNT_DETACH)

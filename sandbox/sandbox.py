@@ -69,6 +69,7 @@ class Sandbox:
         log_path: Path,
         owner: int | None = None,
         owner_gid: int | None = None,
+        outbound: Any = None,
     ) -> None:
         self.id = sandbox_id
         self.owner = owner  # host uid of the sandboxed code when it is not ours (a root daemon's sandbox)
@@ -80,6 +81,7 @@ class Sandbox:
         self._proc = proc
         self._client = client
         self._cgroup = cgroup
+        self._outbound = outbound  # network: true: its slirp4netns (netns.Outbound)
         self._log_path = log_path
         self._closed = False
         self._died: str | None = None
@@ -203,11 +205,21 @@ class Sandbox:
         return FileContent.model_validate(await self._call(req, REPLY_MARGIN))
 
     async def write_file(self, path: str, content: str) -> None:
-        await self._call(WriteFileRequest(path=path, content=content), REPLY_MARGIN)
+        await self._bounded(WriteFileRequest(path=path, content=content))
 
     async def edit_file(self, path: str, old: str, new: str) -> None:
         """str_replace: raises ExecError unless `old` occurs exactly once."""
-        await self._call(EditFileRequest(path=path, old=old, new=new), REPLY_MARGIN)
+        await self._bounded(EditFileRequest(path=path, old=old, new=new))
+
+    async def _bounded(self, request: Any) -> None:
+        """A write; a full workspace says which bound it met."""
+        try:
+            await self._call(request, REPLY_MARGIN)
+        except ExecError as e:
+            size = self.limits.get("workspace_mb")
+            if size and "No space left on device" in str(e):
+                raise ExecError(f"{e} (the workspace holds at most {size} MB: spec.sandbox.limits.workspaceMB)") from None
+            raise
 
     async def list_dir(self, path: str = ".") -> list[DirEntry]:
         result = await self._call(ListDirRequest(path=path), REPLY_MARGIN)
@@ -260,6 +272,8 @@ class Sandbox:
             await asyncio.shield(release)  # a cancel here still lets the release finish
 
     def _release(self) -> None:
+        if self._outbound is not None:
+            self._outbound.close()
         reap_leftovers(self.id)
         remove(self.root, self._cgroup)
 

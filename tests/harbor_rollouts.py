@@ -71,13 +71,15 @@ async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
 
 
 async def probe_command(source: str, command: str, env: dict[str, str] | None = None) -> dict:
-    """`command`'s output in each task's sandbox (INIT done): who the sandbox's code is."""
+    """`command`'s output in each task's sandbox (INIT done): who the sandbox's code is.
+    ``ROLLOUTD_TEST_NETWORK=1``: sandboxes with `network: true`."""
     from rolloutd.agents.tasks import get_handler
 
     handler = get_handler("harbor")
     out = {}
+    network = os.environ.get("ROLLOUTD_TEST_NETWORK") == "1"
     for task in handler.load(source):
-        async with task_sandbox(handler, task, env) as sandbox:
+        async with task_sandbox(handler, task, env, network=network) as sandbox:
             out[task["id"]] = (await sandbox.bash(command)).output.split()
     return out
 

@@ -104,25 +104,27 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
 # ---------------------------------------------------------------------- staging into a sandbox
 async def stage_dir(sandbox: Any, source: str | Path, target: str, roots: Sequence[str] | None = None) -> None:
     """Copy a task's directory to `target` inside the sandbox (binary-safe: read beneath `roots`, written through
-    the workspace, then copied by the sandbox's own user, so that the files are its own whatever uid it runs as)."""
+    the control directory, then copied by the sandbox's own user, so that the files are its own whatever uid it
+    runs as). Never through the workspace: a process the agent left there could swap the staged tree for its own
+    (a forged test.sh); the confined agent cannot write the control directory (sandbox/server/confine.py)."""
     try:
         entries = await asyncio.to_thread(read_tree, source, roots)
     except DataReadError as e:  # the job's data is at fault: it fails the job, never a reward
         raise ConfigError(str(refused(e))) from None
     name = f".rolloutd-stage-{secrets.token_hex(6)}"
-    staging = Path(sandbox.workspace) / name
+    staging = Path(sandbox.root) / "ctl" / name
     await asyncio.to_thread(_write_fresh, entries, staging)
     inner = shlex.quote(f"{HARBOR_ROOT}{target}")
     try:
-        await bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /workspace/{name} {inner}",
+        await bash_ok(sandbox, f"rm -rf {inner} && cp -R --preserve=mode,timestamps /.rolloutd/{name} {inner}",
                        f"stage {target}", 60)
     finally:
         await asyncio.to_thread(shutil.rmtree, staging, True)
 
 
 def _write_fresh(entries: list[TreeEntry], staging: Path) -> None:
-    """Write `entries` to `staging`, readable by any uid. Prepared beside the workspace (sandboxed code cannot
-    reach it there), then renamed in whole, so that no host step touches a path sandboxed code could swap."""
+    """Write `entries` to `staging`, readable by any uid. Prepared beside the control directory (sandboxed code
+    cannot reach it there), then renamed in whole, so that no host step touches a path sandboxed code could swap."""
     private = Path(tempfile.mkdtemp(dir=staging.parent.parent))
     try:
         tree = private / "tree"

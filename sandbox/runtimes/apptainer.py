@@ -11,7 +11,7 @@ from ...crds.rolloutjob import SandboxSpec
 from ..errors import SandboxCreateError
 from ..footprint import Layout
 from ..hostview import check_mounts
-from ..launch import LaunchConfig, runtime_paths, server_argv
+from ..launch import LaunchConfig, runtime_paths, server_argv, server_env
 from .base import CONTAINED, Launch, SandboxRuntime
 
 
@@ -62,6 +62,6 @@ class ApptainerRuntime(SandboxRuntime):
             argv += ["--bind", f"{path}:{path}:ro"]
         for m in spec.mounts:
             argv += ["--bind", f"{m.host_path}:{m.inside}:{'ro' if m.read_only else 'rw'}"]
-        for key, value in config.env.items():
+        for key, value in server_env(layout.id).items():  # the job's environment goes to the sessions only (launch.py)
             argv += ["--env", f"{key}={value}"]
         return Launch(argv=[*argv, spec.image, *server_argv(config)])

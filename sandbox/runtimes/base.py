@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,8 @@ from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import ID_VAR, Layout, reap_leftovers, remove
 from ..launch import LaunchConfig
-from ..limits import Cgroup, rlimits_for
+from ..limits import CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
+from ..netns import Outbound
 from ..sandbox import Sandbox, log_tail, terminate
 
 READY_TIMEOUT = 30.0
@@ -71,6 +71,7 @@ class Launch:
     cwd: Path | None = None
     pass_fds: tuple[int, ...] = ()
     enforced: dict[str, Any] = field(default_factory=dict)  # added to `Sandbox.limits`
+    outbound: Outbound | None = None  # network: true (netns.py): attached once the runtime has started
 
 
 class SandboxRuntime(ABC):
@@ -112,15 +113,18 @@ class SandboxRuntime(ABC):
             runtime_dir=inside.runtime_dir, env=env, rlimits=rlimits, wall_seconds=spec.limits.wall_seconds, uid=uid,
             gid=who.gid,
         )
+        bounds = bound_workspace(layout.workspace, spec.limits.workspace_mb)
         try:
             launch = self.launch(spec, layout, config, fds)
         except (SandboxCreateError, OSError) as e:
-            shutil.rmtree(layout.root, ignore_errors=True)
+            remove(layout.root, None)
             if isinstance(e, OSError):
                 raise SandboxCreateError(f"cannot prepare the sandbox directory: {e}") from None
             raise
-        cgroup = Cgroup.create(layout.id, spec.limits.memory_mb, spec.limits.processes)
-        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], **launch.enforced}
+        cgroup = Cgroup.create(layout.id, spec.limits.memory_mb, spec.limits.processes, spec.limits.cpus)
+        limits = {"rlimits": rlimits, "cgroup": cgroup.kinds if cgroup else [], **bounds, **launch.enforced}
+        if spec.limits.cpus and "cpu" not in limits["cgroup"]:
+            limits["cpu_skipped"] = CPU_SKIPPED
         return await start(layout, spec, launch, cgroup, limits, owner=uid, owner_gid=who.gid)
 
     # -- hooks -------------------------------------------------------------------
@@ -200,10 +204,14 @@ async def start(layout: Layout, spec: SandboxSpec, launch: Launch, cgroup: Cgrou
             line = b""
         if not line.startswith(b"READY"):
             raise SandboxCreateError(f"the sandbox did not start ({' '.join(argv[:3])} ...): {log_tail(log_path)}")
+        if launch.outbound is not None:  # after READY: bwrap has set up the namespace's loopback (no race on lo)
+            await launch.outbound.attach()
         client = await ExecClient.connect(str(layout.ctl / "exec.sock"))
     except BaseException:
         # synchronous on purpose: a cancelled start (the caller's timeout, a
         # second cancel) must still leave no process, cgroup or directory
+        if launch.outbound is not None:
+            launch.outbound.close()
         if proc is not None and proc.returncode is None:
             terminate(proc.pid)
         elif spawn is not None and not spawn.done():
@@ -213,7 +221,7 @@ async def start(layout: Layout, spec: SandboxSpec, launch: Launch, cgroup: Cgrou
         raise
     return Sandbox(sandbox_id=layout.id, spec=spec, root=layout.root, workspace=layout.workspace, proc=proc,
                    client=client, cgroup=cgroup, limits=limits, log_path=log_path, owner=owner,
-                   owner_gid=owner_gid)
+                   owner_gid=owner_gid, outbound=launch.outbound)
 
 
 def _kill_late_spawn(fut: asyncio.Future, layout: Layout, cgroup: Cgroup | None) -> None:

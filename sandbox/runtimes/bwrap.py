@@ -12,8 +12,10 @@ from pathlib import Path
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout, sandbox_base_dir
+from .. import netns
 from ..hostview import check_mounts, host_mounts
-from ..launch import LaunchConfig, runtime_paths, server_argv
+from ..netns import RESOLV_CONF, Outbound
+from ..launch import HOST_LIB, LaunchConfig, host_loaded, host_loader, runtime_paths, server_argv, server_env
 from ..rootfs import ImageBuildError, lookup_user, user_home
 from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
@@ -116,7 +118,8 @@ class BwrapRuntime(SandboxRuntime):
     """What the sandbox sees (the full list and the reasons: README.md, "Containment"):
 
     * its own ipc, pid, net, uts and cgroup namespaces: only a loopback
-      interface unless ``spec.network``; only its own processes in /proc.
+      interface, and with ``spec.network`` a tap with outbound NAT (`netns.py`, slirp4netns), never the
+      host's loopback; only its own processes in /proc.
       ``--die-with-parent``: the sandbox dies with the node daemon.
       ``--new-session``: no TIOCSTI into the daemon's terminal.
     * no privileges: under a root daemon no user namespace, and the server drops
@@ -135,8 +138,9 @@ class BwrapRuntime(SandboxRuntime):
       its home, a private writable copy of the image's.
 
     The server's interpreter and packages are bound at their host paths
-    (`launch.runtime_paths`), so a root filesystem image must be able to run the host's
-    Python (same glibc family — e.g. a debootstrap of the host's release).
+    (`launch.runtime_paths`); under a root daemon it runs on the host's loader and libraries
+    (`launch.host_loaded`), never a root filesystem image's. Unprivileged, the image must be able
+    to run the host's Python (same glibc family — e.g. a debootstrap of the host's release).
     """
 
     name = "bwrap"
@@ -149,8 +153,13 @@ class BwrapRuntime(SandboxRuntime):
 
     def check(self, spec: SandboxSpec) -> None:
         check_mounts(spec.mounts)
+        if spec.network and netns.missing():
+            raise RuntimeUnavailable(netns.missing())
         if spec.image != "host" and not Path(spec.image).is_dir():
             raise SandboxCreateError(f"image {spec.image!r} is neither 'host' nor a root filesystem directory")
+        if spec.image != "host" and os.path.lexists(Path(spec.image) / "etc" / "ld.so.preload"):
+            raise SandboxCreateError(f"spec.sandbox.image {spec.image!r}: /etc/ld.so.preload would load its "
+                                     "libraries into the sandbox's exec server: an image may not have one")
         image_user(spec)
 
     def open_fds(self) -> tuple[int, ...]:
@@ -184,18 +193,31 @@ class BwrapRuntime(SandboxRuntime):
             image / user[2].lstrip("/")).is_symlink() else None
         if home is not None:
             _copy_home(image / home.lstrip("/"), layout.root / "home", uid, gid)
-        opts = self._options(spec, image, runtime_paths(), layout, config.env, uid, str(void), home)
+        opts = self._options(spec, image, runtime_paths(), layout, uid, str(void), home)
         if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
             opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]
         (seccomp_fd,) = fds
+        outbound = Outbound(layout.id, layout.root / "slirp4netns.log") if spec.network else None
+        if outbound is not None:
+            opts.extend(outbound.bwrap_args())
+            resolv = (image or Path("/")) / "etc" / "resolv.conf"
+            if resolv.is_file() and not resolv.is_symlink():  # its DNS: slirp4netns's forwarder
+                (layout.root / "resolv.conf").write_text(RESOLV_CONF)
+                opts.extend(["--ro-bind", str(layout.root / "resolv.conf"), "/etc/resolv.conf"])
+        server = server_argv(config)
+        if image is not None and uid is not None and host_loader():  # root until `become`: the host's loader
+            at = opts.index("--remount-ro")  # while the tmpfs root can still take the mount point
+            opts[at:at] = ["--ro-bind", os.path.dirname(host_loader()), HOST_LIB]
+            server = host_loaded(server)
         return Launch(
-            argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server_argv(config)],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds,
-            enforced={"uid": uid, "seccomp": True},
+            argv=[_bwrap_binary(), *opts, "--seccomp", str(seccomp_fd), "--", *server],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, pass_fds=fds + (outbound.pass_fds if outbound else ()),
+            enforced={"uid": uid, "seccomp": True, "network": "slirp4netns" if outbound else "none"},
+            outbound=outbound,
         )
 
     @staticmethod
-    def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout, env: dict[str, str],
+    def _options(spec: SandboxSpec, image: Path | None, keep: list[str], layout: Layout,
                  uid: int | None, void: str, home: str | None = None) -> list[str]:
         # --as-pid-1: the execution server is the namespace's init. Without it
         # bwrap's own init reports the exit through an eventfd and the outer bwrap
@@ -210,10 +232,8 @@ class BwrapRuntime(SandboxRuntime):
             # the server keeps only what it needs to become `uid` (which clears them), see early.become
             opts.extend(["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"])
             opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
-        if spec.network:
-            opts.append("--share-net")
-        opts.append("--clearenv")
-        for key, value in env.items():
+        opts.append("--clearenv")  # the server's environment is fixed; the job's goes to its sessions only
+        for key, value in server_env(layout.id).items():  # the id: `footprint.reap_leftovers` finds it
             opts.extend(["--setenv", key, value])
         opts.extend(["--tmpfs", "/"])
         opts.extend(host_mounts(void) if image is None else image_mounts(image, [*keep, *([home] if home else [])]))

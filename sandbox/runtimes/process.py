@@ -18,7 +18,7 @@ import warnings
 
 from ...crds.rolloutjob import SandboxSpec
 from ..footprint import Layout
-from ..launch import LaunchConfig, server_argv
+from ..launch import LaunchConfig, server_argv, server_env
 from .base import Inside, Launch, SandboxRuntime
 
 log = logging.getLogger(__name__)
@@ -44,4 +44,4 @@ class ProcessRuntime(SandboxRuntime):
 
     def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
         (layout.root / "tmp").mkdir()
-        return Launch(argv=server_argv(config), env=config.env, cwd=layout.workspace, enforced={"isolation": "none"})
+        return Launch(argv=server_argv(config), env=server_env(layout.id), cwd=layout.workspace, enforced={"isolation": "none"})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -94,12 +95,18 @@ def test_no_network_by_default(make_sandbox, run):
         srv.close()
 
 
-def test_network_true_reaches_the_host(make_sandbox, run):
+def test_network_true_is_a_namespace_of_its_own_with_a_route_out(make_sandbox, run):
+    """network: true is no longer the host's namespace (issue 24): slirp4netns gives it a tap and a default
+    route out, never the host's loopback (tests/tenancy/test_sandbox_tenant.py plays the tenant)."""
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
     srv, port, accepted = _listener()
     try:
         sb = make_sandbox(network=True)
         r = run(sb.bash(f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"))
-        assert r.output == "connected\n"
+        assert r.exit_code != 0 and accepted == []
+        assert "default via 10.0.2.2 dev tap0" in run(sb.bash("ip route")).output
+        assert "tap0:" in run(sb.bash("cat /proc/net/dev")).output  # its namespace's, not the host's /sys
     finally:
         srv.close()
 

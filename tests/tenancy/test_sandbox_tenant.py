@@ -1,0 +1,235 @@
+"""The sandbox side of tenancy, played as the hostile tenant against real bwrap and the real exec server:
+`sandbox.env` and `sandbox.mounts` cannot steer the server while it is root (issue 24, item 1), the network
+of `network: true` is its own (item 8), and the CPU and workspace bounds hold (item 8).
+
+Next step: tests/tenancy/test_sandbox_tenant_eval.py (the verifier's staging, through the harbor handler).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from rolloutd.sandbox import SandboxSpec, get_runtime
+from rolloutd.sandbox.errors import SandboxCreateError
+from rolloutd.sandbox.launch import SANDBOX_PACKAGE
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed (.ci/system-packages.sh)")
+
+# What a tenant plants in a mount: each piece writes a canary naming its uid when anything loads it.
+CANARY = "import os\nopen('/out/canary-{name}-%d' % os.getpid(), 'w').write(str(os.getuid()))\n"
+# a shadowing `ctypes` (the server imports it to drop privileges): the canary, then the real module
+SHADOW_CTYPES = CANARY.format(name="ctypes") + (
+    "import sys\nsys.path[:] = [p for p in sys.path if not p.startswith('/evil')]\ndel sys.modules['ctypes']\n"
+    "import ctypes\n")
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void canary(void) {
+  char path[64]; snprintf(path, sizeof path, "/out/canary-preload-%d", (int)getpid());
+  FILE *f = fopen(path, "w"); if (f) { fprintf(f, "%d", (int)getuid()); fclose(f); }
+}
+"""
+
+
+async def _with_sandbox(spec: SandboxSpec, *commands: str) -> list[str]:
+    sandbox = await get_runtime("bwrap").create(spec)
+    try:
+        return [(await sandbox.bash(c, timeout=30)).output for c in commands]
+    finally:
+        await sandbox.close()
+
+
+def _plant(tmp_path: Path) -> tuple[Path, Path]:
+    evil, out = tmp_path / "evil", tmp_path / "out"
+    site = evil / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (site / "encodings").mkdir(parents=True)
+    (site / "encodings" / "__init__.py").write_text(CANARY.format(name="home"))  # PYTHONHOME's first import
+    (evil / "ctypes.py").write_text(SHADOW_CTYPES)
+    for name in ("sitecustomize", "usercustomize", "startup"):
+        (evil / f"{name}.py").write_text(CANARY.format(name=name))
+    (evil / "evil.pth").write_text("import os; open('/out/canary-pth-%d' % os.getpid(), 'w').write(str(os.getuid()))\n")
+    user_site = evil / "userbase" / "lib" / site.name / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(CANARY.format(name="userbase"))
+    if shutil.which("cc"):
+        (evil / "preload.c").write_text(PRELOAD_C)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(evil / "preload.so"), str(evil / "preload.c")], check=True)
+    out.mkdir()
+    for d in (tmp_path, evil, out):
+        os.chmod(d, 0o777 if d == out else 0o755)  # the sandbox's own user (nobody, under a root node) reaches them
+    return evil, out
+
+
+ENVS = {
+    "PYTHONPATH": {"PYTHONPATH": "/evil", "PYTHONSTARTUP": "/evil/startup.py", "PYTHONINSPECT": "1"},
+    "PYTHONHOME": {"PYTHONHOME": "/evil"},
+    "PYTHONUSERBASE": {"PYTHONUSERBASE": "/evil/userbase", "PYTHONNOUSERSITE": ""},
+    "LD_PRELOAD": {"LD_PRELOAD": "/evil/preload.so", "LD_LIBRARY_PATH": "/evil"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENVS))
+def test_sandbox_env_and_a_mount_never_steer_the_server_while_it_is_root(tmp_path, case):
+    """On the code before, the server (root, not yet dropped) imported the planted `ctypes` through PYTHONPATH,
+    ran PYTHONHOME's `encodings` and loaded LD_PRELOAD's library: a root-owned canary. Now the server starts
+    in a fixed environment (`python -I -S`) and the job's environment reaches the agent's processes only."""
+    evil, out = _plant(tmp_path)
+    if case == "LD_PRELOAD" and not (evil / "preload.so").exists():
+        pytest.skip("no C compiler to build the preloaded library")
+    env = ENVS[case]
+    spec = SandboxSpec(env=env, mounts=[{"host_path": str(evil), "path": "/evil"},
+                                        {"host_path": str(out), "path": "/out", "read_only": False}])
+    name = next(iter(env))
+    echoed, python = asyncio.run(_with_sandbox(spec, f'echo "${name}"', "id -u"))
+    assert echoed.strip() == env[name]  # sandbox.env still reaches the agent's shell
+    assert python.strip() != "0"
+    by_root = sorted(p.name for p in out.iterdir() if p.stat().st_uid == 0 or p.read_text() == "0")
+    assert by_root == [], f"loaded as root before the server dropped privileges: {by_root}"
+
+
+def test_the_agents_own_processes_still_get_the_environment(tmp_path):
+    """What the job sets is the agent's: its python imports the tenant's path (as the sandbox's user)."""
+    evil, out = _plant(tmp_path)
+    spec = SandboxSpec(env={"PYTHONPATH": "/evil"}, mounts=[{"host_path": str(evil), "path": "/evil"},
+                                                       {"host_path": str(out), "path": "/out", "read_only": False}])
+    (listing,) = asyncio.run(_with_sandbox(spec, f"{sys.executable} -c 'import sitecustomize' && ls /out"))
+    assert "canary-sitecustomize" in listing
+    assert all(p.stat().st_uid != 0 for p in out.iterdir())
+
+
+def test_a_mount_over_what_the_server_runs_from_is_refused_naming_the_field(tmp_path):
+    """The server's interpreter, packages and code, and the loader's files: a mount on, below or above them is
+    refused with the field's name (on the code before, each was mounted over what the server imports as root)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    stdlib = os.path.dirname(os.__file__)
+    for inside in (stdlib, f"{SANDBOX_PACKAGE}/server", os.path.dirname(SANDBOX_PACKAGE)):
+        spec = SandboxSpec(mounts=[{"host_path": str(data), "path": "/data"}, {"host_path": str(data), "path": inside}])
+        with pytest.raises(SandboxCreateError, match=r"spec\.sandbox\.mounts\[1\]\.path: .*exec server"):
+            asyncio.run(_with_sandbox(spec, "true"))
+    for inside in ("/usr/lib/python3", "/etc/ld.so.preload", "/usr/local/lib", "/etc", "/lib64", "/bin"):
+        with pytest.raises(ValueError, match="exec server loads"):
+            SandboxSpec(mounts=[{"host_path": str(data), "path": inside}])
+
+
+# -- network: true -------------------------------------------------------------------------------------------
+PROBE = ("python3 -c \"import socket, sys\ns = socket.socket(); s.settimeout(3)\n"
+         "try:\n    s.connect((sys.argv[1], int(sys.argv[2]))); print('reached')\n"
+         "except OSError as e:\n    print('refused', e)\" {} {}")
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"host loopback")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def host_loopback_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def _needs_slirp():
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
+
+
+def test_a_network_sandbox_has_its_own_namespace_with_a_route_out_but_not_the_host_loopback(host_loopback_server):
+    """On the code before, `network: true` was the host's network namespace: the sandbox reached a service on
+    the node's 127.0.0.1. Now: a tap with a default route (slirp4netns), and neither 127.0.0.1 nor slirp's
+    alias of the host's loopback (10.0.2.2, refused by slirp4netns itself: no packet leaves the node)."""
+    _needs_slirp()
+    port = host_loopback_server
+    spec = SandboxSpec(network=True)
+    loopback, alias, links, route = asyncio.run(_with_sandbox(
+        spec, PROBE.format("127.0.0.1", port), PROBE.format("10.0.2.2", port),
+        "tail -n +3 /proc/net/dev | cut -d: -f1", "cat /proc/net/route"))
+    assert loopback.startswith("refused") and alias.startswith("refused"), (loopback, alias)
+    assert [n for n in links.split() if n != "lo"], links  # an interface of its own besides lo
+    assert any(line.split()[1] == "00000000" for line in route.splitlines()[1:]), route  # a default route
+
+
+def test_two_network_sandboxes_do_not_share_a_loopback():
+    """Two rollouts' relays (agents/gateway.py, one port for all) met on the host's loopback before."""
+    _needs_slirp()
+
+    async def main():
+        runtime = get_runtime("bwrap")
+        a = await runtime.create(SandboxSpec(network=True))
+        b = await runtime.create(SandboxSpec(network=True))
+        try:
+            serve = "nohup python3 -m http.server 41999 --bind 127.0.0.1 > /dev/null 2>&1 & sleep 0.5; echo up"
+            assert (await a.bash(serve)).output.strip() == "up"
+            seen_from_a = (await a.bash(PROBE.format("127.0.0.1", 41999))).output
+            seen_from_b = (await b.bash(PROBE.format("127.0.0.1", 41999))).output
+            also_in_b = (await b.bash(serve + "; " + PROBE.format("127.0.0.1", 41999))).output
+            return seen_from_a, seen_from_b, also_in_b, a.limits["network"]
+        finally:
+            await a.close()
+            await b.close()
+
+    seen_from_a, seen_from_b, also_in_b, kind = asyncio.run(main())
+    assert seen_from_a.startswith("reached") and seen_from_b.startswith("refused"), (seen_from_a, seen_from_b)
+    assert also_in_b.strip().endswith("reached")  # the same port is free in b: its own loopback
+    assert kind == "slirp4netns"
+
+
+# -- CPU and workspace bounds ----------------------------------------------------------------------------------
+# two burners for one second of wall time: the cgroup's CPU time, at most 0.05 core, stays far below a core's
+BURN = ("python3 -c \"import os, time\nos.fork()\nt = time.time()\nwhile time.time() - t < 1.0: pass\n"
+        "print(time.process_time(), flush=True)\"")
+
+
+def test_the_cpu_bound_holds_where_the_node_may_create_cgroups():
+    async def main():
+        sandbox = await get_runtime("bwrap").create(SandboxSpec(limits={"cpus": 0.05}))
+        try:
+            if "cpu" not in sandbox.limits["cgroup"]:
+                return sandbox.limits.get("cpu_skipped"), None, None
+            used = sum(float(x) for x in (await sandbox.bash(BURN + "; wait", timeout=30)).output.split())
+            stat = [(d / "cpu.stat").read_text() for d in sandbox._cgroup.dirs if (d / "cpu.stat").exists()]
+            return None, used, stat
+        finally:
+            await sandbox.close()
+
+    skipped, used, stat = asyncio.run(main())
+    if skipped:
+        assert skipped.startswith("no cgroup cpu controller")  # recorded, never silent
+        pytest.skip(skipped)
+    throttled = {k: int(v) for line in stat[0].splitlines() for k, v in [line.split()]}["nr_throttled"]
+    assert throttled > 0 and used < 0.3, (used, stat)  # a twentieth of a core: ~0.05 s of CPU per second
+
+
+def test_the_workspace_bound_trips_with_a_clear_error():
+    async def main():
+        sandbox = await get_runtime("bwrap").create(SandboxSpec(limits={"workspace_mb": 4}))
+        try:
+            if "workspace_mb" not in sandbox.limits:
+                return sandbox.limits.get("workspace_skipped"), None, None
+            shell = (await sandbox.bash("head -c 8000000 /dev/zero > /workspace/big; echo rc=$?")).output
+            with pytest.raises(Exception) as caught:
+                await sandbox.write_file("/workspace/more", "x" * 6_000_000)
+            return None, shell, str(caught.value)
+        finally:
+            await sandbox.close()
+
+    skipped, shell, error = asyncio.run(main())
+    if skipped:
+        pytest.skip(skipped)
+    assert "No space left on device" in shell and "rc=1" in shell
+    assert "spec.sandbox.limits.workspaceMB" in error and "4 MB" in error
