@@ -89,12 +89,14 @@ class TaskHandler(ABC):
     - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
       agent left behind). The node daemon then starts one as RUN ends and passes
       `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
+    - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
       sandbox of the job's spec from the warm pool (which the daemon then leaves empty).
     """
 
     name: ClassVar[str] = ""
+    agent_kinds: ClassVar[tuple[str, ...]] = ("loop",)
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
     sandbox_spec: ClassVar[Any] = None
@@ -155,7 +157,7 @@ class TaskHandler(ABC):
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
 
         kind = getattr(config, "agent_kind", "loop")
-        if kind != "loop":
+        if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here
             raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
             self.messages(task, list(config.tools)),
