@@ -13,6 +13,7 @@ import yaml
 from kube_helpers import EXAMPLE, job_yaml
 from waiting import wait_until
 
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
@@ -35,7 +36,8 @@ def _job(name: str, backend: str) -> str:
     spec = doc["spec"]
     spec["tasks"].update(source=str(EXAMPLE.parent / "math" / "train.jsonl"), limit=2)
     spec["samplesPerPrompt"] = 2
-    spec["llm"] = {"tokenizer": "none", "backends": [{"url": backend}]}
+    # an absolute directory (tokenizers load offline only; the local executor's is checked at apply): none loads it
+    spec["llm"] = {"tokenizer": str(model_dir("tiny")), "backends": [{"url": backend}]}
     spec["executor"]["nodes"] = 0  # no daemon process: the test is the node
     spec["pipeline"]["maxAttempts"] = 1  # an infrastructure failure is final at once
     return yaml.safe_dump(doc)
@@ -89,4 +91,5 @@ def test_get_shows_the_reward_mean_of_scored_rollouts(local_kube, local_kubectl,
     status = yaml.safe_load(kubectl("get", "rj", "rewarded", "-o", "yaml").stdout)["status"]
     assert status["rewardMean"] == pytest.approx(2 / 3, abs=1e-4)  # the infra failure is not a 0
     assert status["counts"]["succeeded"] == 3 and status["counts"]["failed"] == 1
+    assert (status["counts"]["scored"], status["counts"]["infraFailed"]) == (3, 1)  # 1 of 4: under the ratio
     assert _reward_cell(kubectl("get", "rj", "rewarded").stdout) == "0.6667"
