@@ -251,6 +251,7 @@ class NodeDaemon:
         self.registration = resp
         self.node_id = self.outbox.node_id = self.heart.node_id = self.leaser.node_id = resp.node_id
         self.heart.interval = max(resp.heartbeat_seconds, 0.05)
+        self.heart.reached = time.monotonic()  # the controller's silence is counted from here
         self.outbox.coalesce = max(o.result_coalesce, result_coalesce(resp.heartbeat_seconds))
         served = set(resp.features or ()) & set(o.features)
         self.outbox.on_beats = BEAT_RESULTS in served
