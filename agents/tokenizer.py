@@ -21,6 +21,7 @@ from typing import Any
 
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # "PyTorch was not found" is intended
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tokenizers load offline only: never a model hub's retries
 
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
@@ -39,7 +40,10 @@ class ChatTokenizer:
 
     def __init__(self, path: str | os.PathLike, *, observation_role: str | None = None) -> None:
         self.path = Path(path)
-        self.hf = AutoTokenizer.from_pretrained(str(self.path))
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"{self.path}: no such tokenizer directory on this node (tokenizers load "
+                                    "offline only, from the directory holding the model's tokenizer files)")
+        self.hf = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
         template = self.hf.chat_template
         if isinstance(template, dict):  # named templates: take the default one
             template = template.get("default") or next(iter(template.values()))

@@ -135,7 +135,8 @@ def _job(name: str, source: Path, items: int, backends: list[str]) -> dict:
             "tasks": {"kind": NOOP, "source": str(source), "limit": items // 8},
             "samplesPerPrompt": 8,
             "agent": {"maxTurns": 1, "tools": []},
-            "llm": {"tokenizer": "none", "backends": [{"url": u} for u in backends]},
+            # a directory (tokenizers load offline only, absolute paths): the simulated daemons load none
+            "llm": {"tokenizer": str(source.parent), "backends": [{"url": u} for u in backends]},
             "executor": {"kind": "local", "nodes": 0},  # the simulated daemons register on their own
             "pipeline": {"workersPerNode": {"init": SLOTS, "run": SLOTS, "eval": SLOTS}},
         },
@@ -151,7 +152,8 @@ class Controller:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
                # the stub backends report no max_num_seqs: admission would cap them at 4 × 256 episodes
                # (~30 rollouts/s); the bench measures the node protocol, not the admission
-               "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000"}
+               "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000",
+               "ROLLOUTD_TOKENIZER_ROOTS": str(root)}  # the job's "tokenizer", its dataset's directory (`_job`)
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),

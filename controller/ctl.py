@@ -32,7 +32,7 @@ from typer.core import TyperGroup
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
 from rolloutd.crds.names import TERMINAL_PHASES
 
-from . import ctl_views as views
+from . import ctl_views as views, spec_paths
 from .ctl_policy import bind as bind_policy
 from .documents import load_documents
 
@@ -163,7 +163,7 @@ def _load_documents(filename: str) -> list[dict[str, Any]]:
             raise _fail(f"{filename}: expected a RolloutJob mapping, got {type(d).__name__}")
         if problem := _non_finite(d):
             raise _fail(f"{filename}: {problem} (JSON, and so the API, has no NaN or infinities)")
-    return docs
+    return [spec_paths.resolve_paths(d, Path(filename).parent if filename != "-" else Path.cwd()) for d in docs]
 
 
 @app.command()

@@ -12,7 +12,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-STAGES = ("total", "queued", "init", "run", "eval", "succeeded", "failed", "cancelled")
+from rolloutd.crds.crd import PRINTER_COLUMNS
+
+# one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
+STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
+LABELS = {"agentFailed": "agent-failed", "infraFailed": "infra-failed"}
 TRAJECTORY_HEADER = f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON"
 
 
@@ -38,23 +42,27 @@ def print_obj(out: Console, obj: Any, output: str) -> None:
         print(yaml.safe_dump(obj, sort_keys=False), end="")
 
 
+def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
+    """A printer column's value in `obj` (its jsonPath), as text; a date column as an age."""
+    cur: Any = obj
+    for part in column["jsonPath"].lstrip(".").split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    if column["type"] == "date":
+        return age(cur)
+    if cur is None or cur == "":
+        return "0" if column["type"] == "integer" else "-"
+    return f"{cur:.3g}" if column["type"] == "number" else str(cur)
+
+
 def jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
+    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    cols = ["NAME", "PHASE", "NODES", "DONE", "TOTAL", "AGE"]
-    if wide:
-        cols += ["EXECUTOR", "TASKS", "SAMPLES", "GENERATION", "MESSAGE"]
-    for c in cols:
-        table.add_column(c, no_wrap=True)
+    columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
+    table.add_column("NAME", no_wrap=True, min_width=4)
+    for c in columns:
+        table.add_column(c["name"].upper(), no_wrap=True)
     for o in items:
-        st, spec, c = o.get("status", {}), o["spec"], counts(o)
-        row = [o["metadata"]["name"], st.get("phase", "Pending"), f"{st.get('nodes', 0)}/{spec['executor']['nodes']}",
-               str(c.get("succeeded", 0) + c.get("failed", 0)), str(c.get("total", 0)),
-               age(o["metadata"].get("creationTimestamp"))]
-        if wide:
-            msg = next((x["message"] for x in reversed(st.get("conditions", [])) if x.get("status") != "True"), "")
-            row += [spec["executor"]["kind"], f"{spec['tasks']['kind']}:{spec['tasks']['source']}",
-                    str(spec["samplesPerPrompt"]), str(o["metadata"].get("generation")), msg]
-        table.add_row(*row)
+        table.add_row(o["metadata"]["name"], *(cell(o, c) for c in columns))
     return table
 
 
@@ -89,7 +97,9 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
         f"  Nodes:       {st.get('nodes', 0)}",
         f"  Started:     {st.get('startTime') or '-'}",
         f"  Completed:   {st.get('completionTime') or '-'}",
-        "  Rollouts:    " + ", ".join(f"{k} {counts(obj).get(k, 0)}" for k in STAGES),
+        "  Rollouts:    " + ", ".join(f"{LABELS.get(k, k)} {counts(obj).get(k, 0)}" for k in STAGES)
+        + f"; total {counts(obj).get('total', 0)}",
+        f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} (mean of the scored)",
         "Conditions:",
     ]
     for c in st.get("conditions", []):
@@ -112,10 +122,10 @@ def progress_table(obj: dict[str, Any]) -> Table:
     table.add_column("stage")
     table.add_column("rollouts", justify="right")
     table.add_column("", min_width=30)
-    for stage in ("queued", "init", "run", "eval", "succeeded", "failed", "cancelled"):
+    for stage in STAGES:
         n = c.get(stage, 0)
         bar = "█" * round(30 * n / total)
-        table.add_row(stage, str(n), bar)
+        table.add_row(LABELS.get(stage, stage), str(n), bar)
     table.add_row("total", str(c.get("total", 0)), "")
     return table
 

@@ -39,6 +39,9 @@ def controller(
                                           "starts (their ROLLOUTD_CA_FILE) [default: the certificate: self-signed]"),
     operator: bool = typer.Option(True, help="reconcile this controller's RolloutJobs with the embedded kopf "
                                              "operator (--no-operator: another one does, `rolloutd operator`)"),
+    keep_daemons: bool = typer.Option(False, "--keep-daemons", help="on SIGTERM leave the local node daemons "
+                                      "running for a restarted controller to adopt (default: release them; a "
+                                      "killed controller always leaves them)"),
 ) -> None:
     """Run the controller: API, SQLite store, scheduler and the kopf operator."""
     from .config import default_data_dir
@@ -50,7 +53,7 @@ def controller(
         raise typer.BadParameter("--tls-ca-file needs --tls-cert-file and --tls-key-file")
     run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors),
                    tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator,
-                   ca_file=tls_ca_file)
+                   ca_file=tls_ca_file, keep_daemons=keep_daemons)
 
 
 @app.command()

@@ -8,8 +8,8 @@ config (`config.backend_allow_nets`, `config.tokenizer_roots`, set from the envi
   cloud metadata services, fe80::/10), unspecified (0.0.0.0, ::), multicast or broadcast, unless
   an allowed network contains it; the cloud metadata host names are refused too. Host names are
   not resolved here (that would not stop DNS rebinding): egress firewalls remain the real fence.
-- tokenizer: a model name or a path relative to the node daemon's working directory without `..`,
-  or an absolute path under one of the tokenizer roots.
+- tokenizer: an absolute path under one of the tokenizer roots (tokenizers load offline only: a model hub
+  name is refused, as is a relative path, which would depend on the daemon's working directory).
 """
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ def tokenizer_problem(path: str) -> str | None:
     if path.startswith("~"):
         return "must not start with ~ (the daemon's home is not the controller's): give an absolute path"
     if not path.startswith("/"):
-        if ".." in path.split("/"):
-            return "a relative path must not contain '..'"
-        return None
+        return ("must be an absolute path: tokenizers load offline only (a model hub name cannot load), and a "
+                "relative path would resolve against the daemon's working directory; `rolloutctl apply -f FILE` "
+                "resolves a relative path against FILE's directory")
     normal = posixpath.normpath(path)
     roots = tokenizer_roots()
     if any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):

@@ -22,6 +22,7 @@ from .api import create_app
 from .auth import TokenBook, ensure_token
 from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
+from . import spec_checks
 from .executors.local import LocalExecutor
 from .executors.base import advertised_url
 from .executors.slurm.executor import SlurmExecutor
@@ -40,10 +41,11 @@ EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
               operator: bool = True, kube: Connection | None = None, tls: bool = False,
-              ca_file: Path | None = None):
+              ca_file: Path | None = None, keep_daemons: bool = False):
     """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
     mirrored into this controller's store), else against this controller's own API. `tls`: served over
-    https, the local daemons trusting `ca_file` (the CA that signed the certificate)."""
+    https, the local daemons trusting `ca_file` (the CA that signed the certificate). `keep_daemons`: a graceful
+    stop leaves the local daemons running, for a restart to adopt (else it releases them)."""
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(paths.token)
@@ -67,6 +69,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), credentials,
                                                              api_client=client, in_job_namespace=kube is not None)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
+    spec_checks.SHARED_FILESYSTEM.clear()
+    spec_checks.SHARED_FILESYSTEM.update({"local"} & set(enabled))  # its daemons see our files: check them at apply
     own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
     app.state.scheduler, app.state.executors = scheduler, enabled
@@ -97,6 +101,10 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             scheduler.stop()
             if operator:
                 await api.aclose()
+            if not keep_daemons:  # stopped on purpose: no daemon of ours outlives us (a crash or SIGKILL keeps them)
+                released = local.release_all()
+                if released:
+                    logging.getLogger("rolloutd").info("released %d local node daemon(s)", released)
             for ex in executors_by_kind.values():
                 await ex.shutdown()
             for t in tasks:
@@ -126,11 +134,11 @@ def tune_gc() -> None:
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                    log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS,
                    tls: tuple[Path, Path] | None = None, operator: bool = True,
-                   kube: Connection | None = None, ca_file: Path | None = None) -> None:
+                   kube: Connection | None = None, ca_file: Path | None = None, keep_daemons: bool = False) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
-                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]))
+                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
     _Server(server_config(app, host, port, log_level, tls)).run()
 

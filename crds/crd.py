@@ -72,6 +72,26 @@ def _schema(model: type) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}))
 
 
+# The job table's columns, for `kubectl get` (here) and `rolloutctl get` (`controller/ctl_views.py`) alike: one
+# vocabulary (scored / agent-failed / infra-failed / cancelled, as `StageCounts`); priority 1: `-o wide` only.
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes", "description": "node daemons registered"},
+    {"name": "Scored", "type": "integer", "jsonPath": ".status.counts.scored"},
+    {"name": "Agent-Failed", "type": "integer", "jsonPath": ".status.counts.agentFailed"},
+    {"name": "Infra-Failed", "type": "integer", "jsonPath": ".status.counts.infraFailed"},
+    {"name": "Total", "type": "integer", "jsonPath": ".status.counts.total"},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Cancelled", "type": "integer", "jsonPath": ".status.counts.cancelled", "priority": 1},
+    {"name": "Requested", "type": "integer", "jsonPath": ".spec.executor.nodes", "priority": 1,
+     "description": "nodes asked for"},
+    {"name": "Executor", "type": "string", "jsonPath": ".spec.executor.kind", "priority": 1},
+    {"name": "Tasks", "type": "string", "jsonPath": ".spec.tasks.kind", "priority": 1},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+]
+
+
 def build_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -88,14 +108,7 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Nodes", "type": "integer", "jsonPath": ".spec.executor.nodes"},
-                        {"name": "Done", "type": "integer", "jsonPath": ".status.counts.succeeded"},
-                        {"name": "Total", "type": "integer", "jsonPath": ".status.counts.total"},
-                        {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

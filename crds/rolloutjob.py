@@ -223,7 +223,11 @@ class PipelineSpec(Model):
     workers_per_node: WorkersPerNode = Field(default_factory=WorkersPerNode)
     max_attempts: int = Field(default=3, ge=1, description="attempts per rollout for infrastructure failures")
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0,
-                                 description="a lease not extended by a heartbeat for this long goes back to the queue")
+                                 description="a lease not extended by a heartbeat for this long goes back to the queue; "
+                                 "a node daemon that has not reached the controller for 10 × this long exits")
+    max_infra_failure_ratio: float = Field(default=0.5, ge=0.0, le=1.0, description="the job ends Failed "
+                                           "(InfraFailures) when more than this share of its finished rollouts failed "
+                                           "for infrastructure reasons, and always when none was scored")
 
 
 class DapoSpec(Model):
@@ -324,13 +328,18 @@ class Condition(Model):
 
 
 class StageCounts(Model):
-    """Rollouts per stage; `total` = prompts × samplesPerPrompt once the job is expanded."""
+    """Rollouts per stage; `total` = prompts × samplesPerPrompt once the job is expanded. Finished ones by outcome:
+    scored (a reward), agentFailed (the policy's fault, still a reward), infraFailed (ours, after every attempt: no
+    reward), cancelled; `succeeded` (scored + agentFailed) and `failed` (infra or config) are the older totals."""
 
     total: int = 0
     queued: int = 0
     init: int = 0
     run: int = 0
     eval: int = 0
+    scored: int = 0
+    agent_failed: int = 0
+    infra_failed: int = 0
     succeeded: int = 0
     failed: int = 0
     cancelled: int = 0

@@ -69,7 +69,7 @@ def main() -> int:
     engine = EngineServer("smollm2", port=port, max_model_len=4096).start()
     print(f"backend ready at {engine.url} in {time.monotonic() - t0:.0f} s\n", flush=True)
     doc["spec"]["llm"]["backends"] = [{"url": engine.url}]
-    # the example names the tokenizer `models/smollm2-135m-instruct`: point it at the prepared model
+    # the example names the tokenizer `../models/smollm2-135m-instruct`: point it at the prepared model
     link = REPO / "models" / "smollm2-135m-instruct"
     link.parent.mkdir(exist_ok=True)
     if link.is_symlink() or not link.exists():
@@ -77,6 +77,9 @@ def main() -> int:
             link.unlink()
         link.symlink_to(engine.model_dir)
 
+    from rolloutd.controller.spec_paths import resolve_paths  # what `rolloutctl apply -f` does to the file
+
+    doc = resolve_paths(doc, SPEC.parent)
     cport = free_port()
     url = f"http://127.0.0.1:{cport}"
     env = {**os.environ, "ROLLOUTD_SERVER": url, "ROLLOUTD_TOKEN_FILE": str(DATA / "token"), "ROLLOUTD_TOKEN": ""}
@@ -128,16 +131,18 @@ def main() -> int:
 
 
 def summarize(obj: dict, trajs: list[dict], elapsed: float, out: Path) -> None:
-    rewards = [t["reward"] for t in trajs if t["reward"] is not None]
-    infra = [t for t in trajs if t["failure"]["kind"] == "infra"]
-    agent = [t for t in trajs if t["failure"]["kind"] == "agent"]
+    """The job's outcome in the vocabulary of its status and of `rolloutctl get` (scored, agent-failed,
+    infra-failed, cancelled), from its status counts."""
+    c = obj["status"]["counts"]
     print()
     print(f"job {obj['metadata']['name']}: {obj['status']['phase']}")
-    print(f"  rollouts            {len(trajs)} of {obj['status']['counts']['total']}")
-    if rewards:
-        print(f"  reward mean         {statistics.fmean(rewards):.3f}  ({sum(r > 0 for r in rewards)} with reward > 0)")
-    print(f"  agent failures      {len(agent)}  (turn/token limits, no answer: scored by EVAL)")
-    print(f"  infra failures      {len(infra)}  (never scored; retried up to pipeline.maxAttempts)")
+    print(f"  rollouts            {len(trajs)} of {c['total']}")
+    if obj["status"].get("rewardMean") is not None:
+        print(f"  reward mean         {obj['status']['rewardMean']:.3f}  (scored and agent-failed rollouts)")
+    print(f"  scored              {c.get('scored', 0)}")
+    print(f"  agent-failed        {c.get('agentFailed', 0)}  (turn/token limits, no answer: a reward all the same)")
+    print(f"  infra-failed        {c.get('infraFailed', 0)}  (never scored; retried up to pipeline.maxAttempts)")
+    print(f"  cancelled           {c.get('cancelled', 0)}")
     print(f"  rollouts/s          {len(trajs) / elapsed:.2f}  over {elapsed:.0f} s")
     for stage in ("queue", "init", "run", "eval"):
         vals = [t["timings"][stage] for t in trajs]

@@ -6,7 +6,8 @@ Started per allocated node by Slurm (`srun`) or the local executor, from agents/
 
 Leaving: SIGTERM stops leasing, hands back unstarted leases, lets in-flight rollouts finish for `drain_seconds`,
 cancels and hands back the rest, exit 0 (a second signal a second or more later ends the grace period); the
-controller's drain or "no more work": finish in flight, exit 0; a controller that forgot the node: exit 1.
+controller's drain or "no more work": finish in flight, exit 0; a controller that forgot the node, or has not
+answered for 10 × leaseSeconds (heartbeat.py): cancel everything, end the sandboxes, exit 1.
 Test seams (keyword arguments): `client`, `handler`, `llm_factory(url)`, `tokenizer`, `sandbox_runtime`; what
 happened: `rollouts.transitions` (monotonic time, attemptId, phase) and `stats` (counts).
 """
@@ -35,7 +36,7 @@ from ..aiokit import Backoff, wait_event
 from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError
-from .heartbeat import Heartbeater
+from .heartbeat import UNREACHABLE_LEASES, Heartbeater
 from .jobconfig import JobConfig, load_spec
 from .lease import UNSTARTED, Leaser
 from .llmgate import PolicyGate
@@ -255,6 +256,7 @@ class NodeDaemon:
         self.registration = resp
         self.node_id = self.outbox.node_id = self.heart.node_id = self.leaser.node_id = resp.node_id
         self.heart.interval = max(resp.heartbeat_seconds, 0.05)
+        self.heart.reached = time.monotonic()  # the controller's silence is counted from here
         self.outbox.coalesce = max(o.result_coalesce, result_coalesce(resp.heartbeat_seconds))
         served = set(resp.features or ()) & set(o.features)
         self.outbox.on_beats = BEAT_RESULTS in served
@@ -271,6 +273,7 @@ class NodeDaemon:
         self.pipeline = Pipeline(self.config, self.rollouts, self.outbox, self.gate, log=self.log, stats=self.stats,
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
+        self.heart.unreachable_after = UNREACHABLE_LEASES * spec.pipeline.lease_seconds
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
         self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
         if self.pipeline.tokenizer is None:

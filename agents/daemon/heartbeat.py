@@ -1,5 +1,6 @@
 """Heartbeats: every `heartbeatSeconds` and promptly on stage changes, the node tells the controller each live
 attempt's stage and which left RUN; the reply may cancel, repin, forget attempts, drain the node or hold the policy.
+A controller that has not answered for `UNREACHABLE_LEASES` × leaseSeconds is given up: the node is lost (exit 1).
 
 With the features the controller serves (`crds.node.FEATURES`): beat-results, beats carry finished results (from
 `outbox.Outbox`, acknowledged by the reply) and come no closer than the reply's `beatGap`; beat-deltas, a beat
@@ -27,6 +28,7 @@ from .options import NodeOptions
 from .outbox import Outbox
 from .rollouts import Phase, Rollouts
 
+UNREACHABLE_LEASES = 10  # a daemon the controller has not answered for this many leaseSeconds exits (LOST)
 REPINNABLE = (Phase.LEASED, Phase.INIT, Phase.WAIT_RUN)  # a backend can change until RUN starts
 
 
@@ -46,6 +48,8 @@ class Heartbeater:
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self.deltas = False                # beat-deltas served (set at registration)
         self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
+        self.unreachable_after: float | None = None  # set from the spec: UNREACHABLE_LEASES × leaseSeconds
+        self.reached = time.monotonic()    # when the controller last answered a beat
         self._told = ToldStages()
         self._last = 0.0                   # when the last beat was sent
         self._last_full = 0.0              # ... and the last full one (beat-deltas: the next timed beat is due)
@@ -101,6 +105,7 @@ class Heartbeater:
         finally:
             self.outbox.release(aids)  # settled below, before any other task runs
         self.stats["heartbeats"] += 1
+        self.reached = time.monotonic()
         if self.deltas:
             self.stats["full_beats" if full else "delta_beats"] += 1
             self._told.answered(stages, full=full, sent_at=now)
@@ -122,6 +127,12 @@ class Heartbeater:
             self._on_gone(f"heartbeat: {e}")
             return
         self.log.warning("heartbeat: %s", e)
+        silent = time.monotonic() - self.reached
+        if self.unreachable_after is not None and silent > self.unreachable_after:
+            # the controller is gone for good (stopped, its host lost): a daemon must not outlive it for ever
+            self._on_gone(f"the controller has not answered for {silent:.0f} s ({UNREACHABLE_LEASES} × "
+                          f"spec.pipeline.leaseSeconds): leaving, its sandboxes ended")
+            return
         if carried and not e.retryable:
             # refused (too large, or a result it cannot take): the results go by POST …/results, which splits a
             # batch and stands in for a result refused alone; the stages go again on the next beat, without them

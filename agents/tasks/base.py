@@ -108,6 +108,7 @@ class TaskHandler(ABC):
     - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
       daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
       solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
+    - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
       sandbox of the job's spec from the warm pool (which the daemon then leaves empty).
@@ -115,6 +116,7 @@ class TaskHandler(ABC):
 
     name: ClassVar[str] = ""
     roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
+    agent_kinds: ClassVar[tuple[str, ...]] = ("loop",)
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
     sandbox_spec: ClassVar[Any] = None
@@ -183,7 +185,7 @@ class TaskHandler(ABC):
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
 
         kind = getattr(config, "agent_kind", "loop")
-        if kind != "loop":
+        if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here
             raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
             self.messages(task, list(config.tools)),

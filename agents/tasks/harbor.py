@@ -48,6 +48,7 @@ SYSTEM_PROMPT = ("You are an agent working in a Linux terminal. Complete the tas
 
 class HarborTask(TaskHandler):
     name: ClassVar[str] = "harbor"
+    agent_kinds: ClassVar[tuple[str, ...]] = ("loop", "oracle", "harness")
     needs_sandbox: ClassVar[bool] = True
 
     def __init__(self, *, image_cache: str | None = None) -> None:

@@ -2,12 +2,15 @@
 
 Called by the reconcile through `Executor` (base.py); each daemon is `rolloutd node --slot K` with the
 contract in its environment (`base.daemon_env`, with the job's node credential, minted on `ensure` and revoked on
-`release`), in its own process group, tracked by pid + start time
-in `local-executor.json`: a restarted controller adopts them and only ever signals what it started.
+`release`), in its own process group, tracked by pid + start time in `local-executor.json`: a restarted
+controller adopts them and only ever signals what it started. A controller stopped on purpose (SIGTERM) releases
+them (`release_all`) unless run with --keep-daemons; one killed or crashed leaves them to be adopted, and a
+daemon that has not reached it for 10 × leaseSeconds exits by itself.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -169,7 +172,21 @@ class LocalExecutor:
         os.killpg(d.pid, signal.SIGKILL)
         return d.pid
 
+    def release_all(self) -> int:
+        """The controller stops on purpose (SIGTERM, without --keep-daemons): SIGTERM to every daemon it started,
+        which hands back its leases and drains (it would give up on its own once the controller has not answered
+        for 10 × leaseSeconds). Not waited for. The number signalled."""
+        n = 0
+        for slots in self.daemons.values():
+            for d in slots.values():
+                if d.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(d.pid, signal.SIGTERM)
+                        n += 1
+        return n
+
     async def shutdown(self) -> None:
-        """Controller exit: leave daemons running (they are adopted after a restart)."""
+        """Controller exit: leave daemons running (they are adopted after a restart); `release_all` first
+        when the controller was stopped on purpose."""
         for task in list(self._stopping):
             task.cancel()

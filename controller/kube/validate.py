@@ -16,6 +16,7 @@ from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, Rollo
 
 from ..errors import BadRequest, Invalid, from_validation_error
 from ..policy import backend_url_problem, tokenizer_problem
+from ..spec_checks import check_spec
 
 VALIDATION = ("Strict", "Warn", "Ignore")
 
@@ -100,6 +101,7 @@ def validate_job(doc: dict[str, Any], url_name: str | None = None, *, namespace:
         named = body_name if isinstance(body_name, str) else None  # Status.details.name is a string
         raise from_validation_error(e, name=named or url_name, root=RolloutJob) from None
     check_policy(job)
+    check_spec(job)  # what cannot run: an agent kind the task kind lacks, relative paths, a missing tokenizer
     return job
 
 

@@ -4,7 +4,8 @@ Driven by the kopf handlers (`handlers.py`), which write the returned status and
 API. A pass compares the RolloutJob's desired state (spec) with what is observed (executor: node
 daemons; work: rollouts per stage) and takes the next idempotent step:
 
-    Pending → Provisioning (executor.ensure) → Running (a daemon is up) → Succeeded/Failed
+    Pending → Provisioning (executor.ensure) → Running (a daemon is up) → Succeeded/Failed (`outcome`: a job
+    whose rollouts mostly failed for infrastructure reasons ends Failed, never a silent Succeeded)
     deletionTimestamp set → Cancelling → `release` (executor.release) → Cancelled → finalizer dropped
 
 Ports: the executors (`executors/base.py`: `Executor`) and the work tracker (`ports.py`: `WorkTracker`).
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus
+from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus, StageCounts
 
 from ..executors.base import Executor, ExecutorError
 from ..ports import WorkTracker
@@ -98,8 +99,7 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
             return _finish(step, Phase.failed, progress.reason, progress.failed)
         if progress.done:
             await executor.release(job)
-            return _finish(step, Phase.succeeded, "AllRolloutsFinished",
-                           f"{progress.counts.succeeded} rollouts finished, {progress.counts.failed} failed")
+            return _finish(step, *outcome(job, progress.counts, (progress.extra or {}).get("infraReason", "")))
 
     try:
         await executor.ensure(job, job.spec.executor.nodes)
@@ -125,9 +125,23 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
     return step
 
 
+def outcome(job: RolloutJob, c: StageCounts, infra_reason: str = "") -> tuple[Phase, str, str]:
+    """How a job whose every rollout has finished ends: Failed (InfraFailures) when none was scored or more than
+    spec.pipeline.maxInfraFailureRatio of them failed for infrastructure reasons, else Succeeded."""
+    said = f"{c.scored} scored, {c.agent_failed} agent-failed, {c.infra_failed} infra-failed, {c.cancelled} cancelled"
+    ran = c.scored + c.agent_failed + c.infra_failed
+    limit = job.spec.pipeline.max_infra_failure_ratio
+    if c.infra_failed and (c.scored + c.agent_failed == 0 or c.infra_failed > limit * ran):
+        why = f" (last: {infra_reason[:300]})" if infra_reason else ""
+        return (Phase.failed, "InfraFailures", f"{c.infra_failed} of {ran} rollouts failed for infrastructure "
+                f"reasons after every attempt, more than spec.pipeline.maxInfraFailureRatio {limit:g} allows{why}; {said}")
+    return Phase.succeeded, "AllRolloutsFinished", said
+
+
 def _finish(step: Step, phase: Phase, reason: str, message: str) -> Step:
     status = step.status
     status.phase = phase
+    status.message = message
     status.completion_time = now()
     status.nodes = 0
     if phase == Phase.succeeded:

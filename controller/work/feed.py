@@ -77,13 +77,24 @@ class Feed:
             if not await wait_event(ev, wait):
                 yield 0, ""  # keep-alive tick
 
-    def reward_mean(self, job: str) -> float | None:
-        """The mean reward of the job's scored trajectories (None before the first); infrastructure
-        failures carry no reward and are left out."""
+    def outcomes(self, job: str) -> tuple[dict[str, int], float | None]:
+        """The job's delivered trajectories by failure kind (none, agent, infra, config) and the mean reward of
+        the scored ones (None before the first); infrastructure failures carry no reward and are left out."""
         with Session(self.engine, expire_on_commit=False) as s:
-            mean = s.exec(select(func.avg(TrajectoryRow.reward)).where(
-                TrajectoryRow.job == job, TrajectoryRow.reward.is_not(None), TrajectoryRow.failure != "infra")).one()
-        return None if mean is None else round(float(mean), 4)
+            rows = s.exec(select(TrajectoryRow.failure, func.count(), func.sum(TrajectoryRow.reward),
+                                 func.count(TrajectoryRow.reward))
+                          .where(TrajectoryRow.job == job).group_by(TrajectoryRow.failure)).all()
+        kinds = {kind: n for kind, n, _, _ in rows}
+        total = sum(t or 0.0 for kind, _, t, _ in rows if kind != "infra")
+        rewarded = sum(r for kind, _, _, r in rows if kind != "infra")
+        return kinds, (round(total / rewarded, 4) if rewarded else None)
+
+    def last_reason(self, job: str, kind: str) -> str:
+        """The failure reason of the job's latest trajectory of failure `kind` ("" when there is none)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            data = s.exec(select(TrajectoryRow.data).where(TrajectoryRow.job == job, TrajectoryRow.failure == kind)
+                          .order_by(TrajectoryRow.seq.desc()).limit(1)).first()
+        return "" if data is None else str(json.loads(data).get("failure", {}).get("reason", ""))
 
     def groups(self, job: str, samples: int) -> list[dict[str, Any]]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -227,8 +227,11 @@ class Scheduler:
             return Progress(counts, failed=exp.error, reason=exp.reason or "WorkFailed")
         expanded = exp is not None and not exp.pending
         live = counts.queued + counts.init + counts.run + counts.eval
-        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key),
-                                 "rewardMean": await asyncio.to_thread(self.feed.reward_mean, job.metadata.key)}
+        kinds, reward_mean = await asyncio.to_thread(self.feed.outcomes, job.metadata.key)
+        counts.scored, counts.agent_failed, counts.infra_failed = (kinds.get(k, 0) for k in ("none", "agent", "infra"))
+        extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key), "rewardMean": reward_mean}
+        if counts.infra_failed and live == 0:  # the reconciler names it if the job fails for it
+            extra["infraReason"] = await asyncio.to_thread(self.feed.last_reason, job.metadata.key, "infra")
         if job.spec.batch_mode:
             with Session(self.engine, expire_on_commit=False) as s:
                 counts.total = live + counts.succeeded + counts.failed + counts.cancelled

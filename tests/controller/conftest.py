@@ -107,4 +107,7 @@ def api(controller):
 
 @pytest.fixture
 def example_yaml() -> str:
-    return EXAMPLE.read_text()
+    """The example job as `rolloutctl apply -f` sends it (relative paths resolved: the API refuses them)."""
+    from example_job import example_yaml
+
+    return example_yaml()

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-import yaml
 from fastapi.testclient import TestClient
 
 from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.rolloutjob import RolloutJob
+from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"
@@ -25,7 +25,7 @@ def node_api(tmp_path: Path, clock=None, lease_seconds: float | None = None) -> 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(4)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()
     doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
     doc["spec"]["samplesPerPrompt"] = 2
     doc["spec"]["executor"]["nodes"] = 1

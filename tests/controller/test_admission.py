@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import yaml
 
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.admission import FALLBACK_EPISODES, WANT_SECONDS
@@ -18,6 +17,7 @@ from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
+from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
 
 URL = "http://a"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
@@ -28,7 +28,7 @@ def job_doc(tmp_path, name, prompts, priority=1, cap=None, nodes=1, backends=(UR
     data = tmp_path / f"{name}.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(prompts)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()
     doc["metadata"]["name"] = name
     doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
     doc["spec"]["samplesPerPrompt"] = 1

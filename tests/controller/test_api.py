@@ -285,7 +285,7 @@ def test_unsupported_media_type(bad_api):
 def test_immutable_field(bad_api, example_yaml):
     d = doc(example_yaml, "immutable")
     put(bad_api, d)
-    d["spec"]["tasks"]["source"] = "examples/math/other.jsonl"
+    d["spec"]["tasks"]["source"] = "/data/math/other.jsonl"
     d["spec"]["executor"]["kind"] = "slurm"
     body = _status(put(bad_api, d), 422)
     assert _fields(body) == ["spec.tasks", "spec.executor.kind"]

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rolloutd.controller.errors import BadRequest, Conflict
 from rolloutd.controller.work.scheduler import Scheduler
@@ -15,6 +14,7 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
+from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
@@ -23,7 +23,7 @@ def make(tmp_path, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, c
          max_staleness=None):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}?", "answer": "1"}) + "\n" for i in range(prompts)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()
     doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
     doc["spec"]["samplesPerPrompt"] = samples
     doc["spec"]["llm"]["backends"] = [{"url": "http://a"}]

@@ -31,8 +31,11 @@ def test_apply_get_describe_delete(controller, example_yaml, tmp_path):
     table = ctl(controller, "get", "rolloutjobs")
     assert table.returncode == 0
     header, row = table.stdout.splitlines()[:2]
-    assert header.split()[:3] == ["NAME", "PHASE", "NODES"]
-    assert row.split()[0] == "math-demo" and row.split()[2] == "0/3"
+    # kubectl's columns (crds/crd.py PRINTER_COLUMNS): NODES is the daemons registered, as kubectl prints it
+    assert header.split() == ["NAME", "PHASE", "NODES", "SCORED", "AGENT-FAILED", "INFRA-FAILED", "TOTAL", "REWARD",
+                              "AGE"]
+    assert row.split()[:3] == ["math-demo", "Pending", "0"]
+    assert "REQUESTED" in ctl(controller, "get", "rolloutjobs", "-o", "wide").stdout
 
     obj = json.loads(ctl(controller, "get", "rj", "math-demo", "-o", "json").stdout)
     assert obj["metadata"]["generation"] == 2 and obj["spec"]["executor"]["nodes"] == 3
@@ -149,8 +152,11 @@ def test_watch_shows_progress_until_the_end(controller, example_yaml):
     ctl(controller, "apply", "-f", "-", stdin=example_yaml)
     with controller.client() as api:
         api.put("/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status", json={"status": {
-            "phase": "Succeeded", "counts": {"total": 8, "succeeded": 7, "failed": 1}}})
+            "phase": "Succeeded", "counts": {"total": 8, "scored": 5, "agentFailed": 2, "infraFailed": 1,
+                                             "succeeded": 7, "failed": 1}}})
     r = ctl(controller, "watch", "rj", "math-demo", "--timeout=30s")
     assert r.returncode == 0, r.stderr
     assert "phase Succeeded" in r.stdout
-    assert re.search(r"succeeded\W+7\W", r.stdout) and re.search(r"failed\W+1\W", r.stdout), r.stdout
+    # one vocabulary (scored / agent-failed / infra-failed / cancelled), as the status counts them
+    assert re.search(r"scored\W+5\W", r.stdout) and re.search(r"agent-failed\W+2\W", r.stdout), r.stdout
+    assert re.search(r"infra-failed\W+1\W", r.stdout) and "succeeded" not in r.stdout, r.stdout

@@ -9,7 +9,6 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rolloutd.controller.work.backends import BackendPool
 from rolloutd.controller.work.scheduler import Scheduler
@@ -18,6 +17,7 @@ from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
 from waiting import until
+from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
@@ -34,7 +34,7 @@ def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(prompts)))
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()
     doc["spec"]["tasks"] = {"kind": "math", "source": str(data)}
     doc["spec"]["samplesPerPrompt"] = samples
     doc["spec"]["llm"]["backends"] = [{"url": u} for u in backends]

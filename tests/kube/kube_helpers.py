@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NS = "/apis/rolloutd.io/v1alpha1/namespaces"
@@ -14,7 +15,7 @@ WATCH_HISTORY = 100  # changes the test controller keeps for resuming watches (R
 
 
 def job_doc(name: str, **labels: str) -> dict:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()
     doc["metadata"]["name"] = name
     doc["metadata"].setdefault("labels", {}).update(labels)
     return doc

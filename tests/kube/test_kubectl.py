@@ -5,20 +5,26 @@ import subprocess
 import threading
 
 import yaml
+from example_job import example_yaml
 from kube_helpers import EXAMPLE, job_yaml, set_status
 from waiting import wait_until
 
 from rolloutd.controller.store import Store
 
 
-def test_apply_client_side_then_server_side(kube, kubectl):
-    assert "rolloutjob.rolloutd.io/math-demo created" in kubectl("apply", "-f", str(EXAMPLE)).stdout
-    again = kubectl("apply", "-f", str(EXAMPLE)).stdout
+def test_apply_client_side_then_server_side(kube, kubectl, tmp_path):
+    # kubectl sends paths as they are, and the API refuses relative ones: the example with its paths resolved
+    example = tmp_path / "math-demo.yaml"
+    example.write_text(example_yaml())
+    assert "spec.llm.tokenizer: must be an absolute path" in kubectl("apply", "-f", str(EXAMPLE), check=False).stderr
+    assert "rolloutjob.rolloutd.io/math-demo created" in kubectl("apply", "-f", str(example)).stdout
+    again = kubectl("apply", "-f", str(example)).stdout
     assert "math-demo" in again and ("configured" in again or "unchanged" in again)
-    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", str(EXAMPLE)).stdout
+    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", str(example)).stdout
     table = kubectl("get", "rj").stdout.splitlines()
-    assert table[0].split()[:3] == ["NAME", "PHASE", "NODES"]
-    assert table[1].split()[:3] == ["math-demo", "Pending", "2"]
+    assert table[0].split() == ["NAME", "PHASE", "NODES", "SCORED", "AGENT-FAILED", "INFRA-FAILED", "TOTAL",
+                                "REWARD", "AGE"]  # rolloutctl get prints the same (crds/crd.py PRINTER_COLUMNS)
+    assert table[1].split()[:3] == ["math-demo", "Pending", "0"]
     job = yaml.safe_load(kubectl("get", "rj", "math-demo", "-o", "yaml", "--show-managed-fields").stdout)
     meta = job["metadata"]
     assert meta["namespace"] == "default" and meta["uid"] and meta["generation"] == 1

@@ -451,16 +451,19 @@ def test_a_job_that_takes_no_more_nodes_is_a_clean_exit_an_unknown_job_is_not(co
     assert fake.lease_log == []
 
 
-def test_a_tokenizer_that_does_not_load_is_reported_as_a_config_error_of_the_job(controller, tmp_path):
+@pytest.mark.parametrize("name", ["no-tokenizer", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+def test_a_tokenizer_that_does_not_load_is_reported_as_a_config_error_of_the_job(controller, tmp_path, name):
     """Nothing can run, and restarting the daemon cannot help: it reports the reason (naming the
-    field) on one leased rollout, unscored, so the controller fails the job; then exits 2."""
-    missing = str(tmp_path / "no-tokenizer")
+    field) on one leased rollout, unscored, so the controller fails the job; then exits 2. Offline only: a model
+    hub name is not tried at the hub (that took ~50 s, five attempts, and ended "couldn't connect")."""
+    missing = str(tmp_path / name) if name == "no-tokenizer" else name
     fake = controller(make_spec(llm={"tokenizer": missing, "backends": [{"url": "http://127.0.0.1:9/llm"}]}))
     fake.add({"id": "p0"}, {"id": "p1"})
-    assert asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 60)) == EXIT_REFUSED
+    assert asyncio.run(asyncio.wait_for(daemon(fake, ScriptedTask()).run(), 30)) == EXIT_REFUSED
     [t] = [Trajectory.model_validate(w) for w in fake.accepted.values()]
     assert t.failure.kind.value == "config" and t.reward is None
     assert t.failure.reason.startswith(f"spec.llm.tokenizer: cannot load {missing!r}")
+    assert "offline only" in t.failure.reason
     assert fake.deregistered == 1
 
 

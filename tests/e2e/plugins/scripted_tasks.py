@@ -8,11 +8,15 @@ the e2e and Slurm tests): real rollouts against a real engine, with one thing sc
 - `GatedMath` ("gated"): math, but INIT waits until the file named by the row's "gate" exists. A
   test then knows the job cannot finish before it creates the file (a kill, a restart, an outage
   happens mid-job whatever the machine's speed), and can count the rollouts held at the gate.
+- `ScriptedOracle` ("scripted-oracle"): math rows run by `agent.kind: oracle` (no LLM, no engine) in a bwrap
+  sandbox: the answer is the row's own; a row with "script": "infra" fails in RUN as an infrastructure failure,
+  every attempt; "gate" as above.
 """
 import asyncio
 import os
 
-from rolloutd.agents.tasks.base import Reward
+from rolloutd.agents.tasks.base import Reward, stash_answer
+from rolloutd.crds.trajectory import Trajectory
 from rolloutd.agents.tasks.math import MathTask
 
 
@@ -29,3 +33,15 @@ class ScriptedRewards(GatedMath):
         script = task.get("script", "wrong")
         value = float(trajectory.sample % 2) if script == "mixed" else float(script == "right")
         return Reward(value=value, details={"script": script})
+
+
+class ScriptedOracle(GatedMath):
+    agent_kinds = ("oracle",)
+    needs_sandbox = True  # a real bwrap sandbox per rollout, though the oracle runs nothing in it
+
+    async def run(self, task, sandbox, llm, *, tokenizer, config, ctx):
+        if task.get("script") == "infra":
+            raise RuntimeError("scripted infrastructure failure")
+        t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
+                       attempt=ctx.attempt, finish_reason="oracle", messages=self.messages(task, []))
+        return stash_answer(t, submitted=str(task["answer"]), final_text="")

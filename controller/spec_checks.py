@@ -1,0 +1,53 @@
+"""What the API checks of a RolloutJob's spec beyond its schema, before storing it: things a job could not do.
+
+Called by the write routes' validation (`kube/validate.py`, after the controller's policy) so that a job that
+cannot run is a 422 naming the field at apply, not a job that fails, or silently "succeeds", later:
+- the task kind's handler runs the job's `agent.kind` (`TaskHandler.agent_kinds`; e.g. math runs the loop only);
+- `tasks.source` is an absolute path (a relative one would resolve against whichever directory the controller
+  or a daemon runs in; `rolloutctl apply -f` resolves it against the file's directory before sending);
+- `llm.tokenizer` is an absolute path (`policy.tokenizer_problem`) and, where the controller sees the node's
+  filesystem (the local executor, when this controller runs it), a directory: tokenizers load offline only, so a model hub name cannot load.
+A Slurm or Kubernetes node checks its tokenizer itself: a config error naming spec.llm.tokenizer fails the job.
+Next step: the reconcile (`operator/reconcile.py`).
+"""
+from __future__ import annotations
+
+import os
+
+from rolloutd.agents.tasks import UnknownTaskKind, get_handler
+from rolloutd.crds.rolloutjob import RolloutJob
+
+from .errors import Invalid
+
+# Executor kinds whose nodes see this controller's filesystem: the local executor, when this controller runs it
+# (`server.build_app` sets it). Their jobs' tokenizer directories are checked here, at apply.
+SHARED_FILESYSTEM: set[str] = set()
+
+
+def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
+    """(camelCase field, why) for each thing in the spec that cannot work."""
+    spec, problems = job.spec, []
+    try:
+        kinds = type(get_handler(spec.tasks.kind)).agent_kinds
+    except (UnknownTaskKind, TypeError):
+        kinds = None  # an unknown kind fails the job when its dataset is read, naming it
+    if kinds is not None and spec.agent.kind not in kinds:
+        problems.append(("spec.agent.kind", f"task kind {spec.tasks.kind!r} (spec.tasks.kind) runs agent.kind "
+                                            f"{' or '.join(kinds)}, not {spec.agent.kind!r}"))
+    if not os.path.isabs(spec.tasks.source):
+        problems.append(("spec.tasks.source", f"{spec.tasks.source!r} is not an absolute path (a relative path would "
+                                              "resolve against the controller's working directory); `rolloutctl "
+                                              "apply -f FILE` resolves it against FILE's directory"))
+    tokenizer = spec.llm.tokenizer
+    if tokenizer and os.path.isabs(tokenizer) and spec.executor.kind in SHARED_FILESYSTEM and not os.path.isdir(tokenizer):
+        problems.append(("spec.llm.tokenizer", f"{tokenizer} is not a directory on this machine (tokenizers load "
+                                               "offline only, from the directory holding tokenizer.json)"))
+    return problems
+
+
+def check_spec(job: RolloutJob) -> None:
+    """422 naming every field of `spec_problems`."""
+    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, m in spec_problems(job)]
+    if causes:
+        raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
+                      causes=causes, name=job.metadata.name)

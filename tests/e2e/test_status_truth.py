@@ -1,0 +1,228 @@
+"""Status that tells the truth, end to end: a real controller (local executor), real node daemons and bwrap
+sandboxes, agent.kind oracle (no LLM, no engine) on the test plug-in `scripted-oracle` (tests/e2e/plugins).
+
+- a task kind that cannot run the agent kind is a 422 at apply naming the fields;
+- a job whose rollouts (mostly) fail as infra ends Failed (InfraFailures), never Complete;
+- tokenizers: a missing directory or a model hub name is a 422 naming spec.llm.tokenizer;
+- relative paths: refused by the API, resolved by `rolloutctl apply -f DIR/job.yaml` against DIR;
+- one vocabulary: `rolloutctl get` prints kubectl's table (same columns, same values, the reward in both);
+- daemons never outlive their controller: released on SIGTERM, given up after 10 × leaseSeconds without it,
+  and still adopted after a SIGKILL (a restart).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import P, REPO, Cluster, held_at_gate  # tests/e2e/cluster.py
+from waiting import wait_until
+
+from rolloutd.client import JobEnded, RolloutClient
+from rolloutd.crds.paths import models_dir
+
+pytestmark = pytest.mark.timeout(300)
+
+ROWS = [{"id": i, "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
+
+
+def oracle_doc(name: str, source: str, *, samples: int = 2, attempts: int = 1, lease: float = 30) -> dict:
+    return {
+        "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
+        "spec": {
+            "tasks": {"kind": "scripted-oracle", "source": source},
+            "samplesPerPrompt": samples,
+            "agent": {"kind": "oracle"},
+            "sandbox": {"runtime": "bwrap", "warm": 0},
+            "executor": {"kind": "local", "nodes": 1},
+            "pipeline": {"workersPerNode": {"init": 4, "run": 4, "eval": 4}, "maxAttempts": attempts,
+                         "leaseSeconds": lease},
+            "timeouts": {"initSeconds": 300},
+        },
+    }
+
+
+def dataset(path: Path, scripts: list[str], gate: Path | None = None) -> str:
+    extra = {"gate": str(gate)} if gate else {}
+    path.write_text("".join(json.dumps({**row, "script": s, **extra}) + "\n" for row, s in zip(ROWS, scripts)))
+    return str(path)
+
+
+def final(cluster: Cluster, name: str) -> dict:
+    return next(o for o in cluster.events(name, timeout=240)
+                if o["status"].get("phase") in ("Succeeded", "Failed", "Cancelled"))
+
+
+def ctl(cluster: Cluster, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ROLLOUTD_SERVER": cluster.url, "ROLLOUTD_TOKEN": cluster.token,
+           "ROLLOUTD_CONFIG": str(cluster.root / "no-config.yaml")}
+    return subprocess.run([sys.executable, "-m", "rolloutd.controller.ctl", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=60)
+
+
+# ---------------------------------------------------------------- 1. agent kinds, infra failures
+
+
+def test_math_with_the_oracle_agent_is_refused_at_apply_naming_both_fields(cluster, tmp_path):
+    doc = oracle_doc("math-oracle", str(REPO / "examples" / "math" / "train.jsonl"))
+    doc["spec"]["tasks"]["kind"] = "math"
+    r = cluster.api.put(f"{P}/rolloutjobs/math-oracle", json=doc)
+    assert r.status_code == 422, r.text
+    [cause] = r.json()["details"]["causes"]
+    assert cause["field"] == "spec.agent.kind"
+    assert "task kind 'math' (spec.tasks.kind) runs agent.kind loop, not 'oracle'" in cause["message"]
+    assert cluster.api.get(f"{P}/rolloutjobs/math-oracle").status_code == 404
+
+
+def test_a_job_whose_rollouts_all_fail_as_infra_ends_failed_and_is_never_complete(cluster, tmp_path):
+    cluster.apply(oracle_doc("all-infra", dataset(tmp_path / "d.jsonl", ["infra"] * 4), attempts=2))
+    end = final(cluster, "all-infra")
+    st = end["status"]
+    assert st["phase"] == "Failed", st
+    assert st["counts"]["infraFailed"] == 8 and st["counts"]["scored"] == 0 and st["counts"]["agentFailed"] == 0
+    conditions = {c["type"]: c for c in st["conditions"]}
+    assert conditions["Complete"]["status"] == "False"  # what kubectl wait --for=condition=Complete reads
+    assert conditions["Failed"]["status"] == "True" and conditions["Failed"]["reason"] == "InfraFailures"
+    assert "8 of 8 rollouts failed for infrastructure reasons" in conditions["Failed"]["message"]
+    assert "scripted infrastructure failure" in conditions["Failed"]["message"]
+    with RolloutClient(cluster.url, token=cluster.token) as client, pytest.raises(JobEnded):
+        client.wait("all-infra", "Complete", timeout=30)
+
+
+def test_a_few_infra_failures_under_the_ratio_still_succeed_and_are_counted(cluster, tmp_path):
+    cluster.apply(oracle_doc("few-infra", dataset(tmp_path / "d.jsonl", ["ok", "ok", "ok", "infra"])))
+    st = final(cluster, "few-infra")["status"]
+    assert st["phase"] == "Succeeded", st
+    assert (st["counts"]["scored"], st["counts"]["agentFailed"], st["counts"]["infraFailed"]) == (6, 0, 2)
+    assert st["rewardMean"] == 1.0
+    assert st["message"] == "6 scored, 0 agent-failed, 2 infra-failed, 0 cancelled"
+    # maxInfraFailureRatio is the user's: 2 of 8 over 0.2 fails the same job
+    doc = oracle_doc("few-infra-strict", dataset(tmp_path / "e.jsonl", ["ok", "ok", "ok", "infra"]))
+    doc["spec"]["pipeline"]["maxInfraFailureRatio"] = 0.2
+    cluster.apply(doc)
+    assert final(cluster, "few-infra-strict")["status"]["phase"] == "Failed"
+
+
+# ---------------------------------------------------------------- 2 and 3. tokenizers and relative paths
+
+
+@pytest.mark.parametrize("tokenizer, says", [
+    (str(models_dir() / "no-such-model"), "is not a directory on this machine"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "must be an absolute path: tokenizers load offline only"),
+])
+def test_a_tokenizer_that_cannot_load_offline_is_refused_at_apply(cluster, tmp_path, tokenizer, says):
+    doc = oracle_doc("tok", dataset(tmp_path / "d.jsonl", ["ok"] * 4))
+    doc["spec"]["agent"] = {"kind": "loop"}
+    doc["spec"]["tasks"]["kind"] = "math"
+    doc["spec"]["llm"] = {"tokenizer": tokenizer, "backends": [{"url": "http://127.0.0.1:9"}]}
+    r = cluster.api.put(f"{P}/rolloutjobs/tok", json=doc)
+    assert r.status_code == 422, r.text
+    causes = r.json()["details"]["causes"]
+    assert [c["field"] for c in causes] == ["spec.llm.tokenizer"] and says in causes[0]["message"], causes
+
+
+def test_the_api_refuses_a_relative_source_and_rolloutctl_resolves_it_against_the_file(cluster, tmp_path):
+    job_dir = tmp_path / "project"
+    job_dir.mkdir()
+    dataset(job_dir / "rows.jsonl", ["ok"] * 4)
+    doc = oracle_doc("rel", "rows.jsonl")
+    r = cluster.api.put(f"{P}/rolloutjobs/rel", json=doc)
+    assert r.status_code == 422 and r.json()["details"]["causes"][0]["field"] == "spec.tasks.source", r.text
+    (job_dir / "job.yaml").write_text(json.dumps(doc))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = ctl(cluster, "apply", "-f", "../project/job.yaml", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    assert cluster.get("rel")["spec"]["tasks"]["source"] == str(job_dir / "rows.jsonl")
+    assert final(cluster, "rel")["status"]["counts"]["scored"] == 8
+
+
+# ---------------------------------------------------------------- 4. one vocabulary, one table
+
+
+def test_rolloutctl_get_prints_the_table_kubectl_prints(cluster, tmp_path):
+    cluster.apply(oracle_doc("table", dataset(tmp_path / "d.jsonl", ["ok", "ok", "ok", "infra"])))
+    final(cluster, "table")
+    kube = cluster.api.get(f"{P}/rolloutjobs/table", headers={
+        "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()
+    names = [c["name"].upper() for c in kube["columnDefinitions"] if c["priority"] == 0]
+    cells = [str(c) for c, d in zip(kube["rows"][0]["cells"], kube["columnDefinitions"]) if d["priority"] == 0]
+    header, row = ctl(cluster, "get", "rj", "table").stdout.splitlines()[:2]
+    assert header.split() == names == ["NAME", "PHASE", "NODES", "SCORED", "AGENT-FAILED", "INFRA-FAILED",
+                                       "TOTAL", "REWARD", "AGE"]
+    assert row.split()[:-1] == ["table", "Succeeded", "0", "6", "0", "2", "8", "1"] == cells[:-2] + ["1"]
+    assert cells[-2] == "1.0"  # the reward in both
+    described = ctl(cluster, "describe", "rj", "table").stdout
+    assert "Rollouts:    queued 0, init 0, run 0, eval 0, scored 6, agent-failed 0, infra-failed 2, cancelled 0" \
+        in described and "Reward:      1.0" in described
+
+
+# ---------------------------------------------------------------- 5. daemons never outlive their controller
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out.update(kids)
+            todo.extend(kids)
+    return out
+
+
+def _held_job(cluster: Cluster, tmp_path: Path, name: str, lease: float = 30) -> tuple[Path, list[int]]:
+    gate = tmp_path / "gate"
+    cluster.apply(oracle_doc(name, dataset(tmp_path / "d.jsonl", ["ok"] * 4, gate), lease=lease))
+    wait_until(lambda: held_at_gate(cluster, name) >= 1, 120, "a rollout held at INIT's gate", every=0.1)
+    return gate, cluster.daemon_pids()
+
+
+def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(cluster, tmp_path):
+    _, pids = _held_job(cluster, tmp_path, "released")
+    assert pids and all(_alive(p) for p in pids)
+    os.killpg(cluster.proc.pid, signal.SIGTERM)
+    cluster.proc.wait(30)
+    # ROLLOUTD_DRAIN_SECONDS is 10 in the test cluster: the held rollout is given that long, then handed back
+    wait_until(lambda: not any(_alive(p) for p in pids), 90, "the daemons to exit after the controller's SIGTERM",
+               every=0.2)
+
+
+def test_a_daemon_that_cannot_reach_its_controller_for_10_leases_exits_and_ends_its_sandboxes(cluster, tmp_path):
+    _, pids = _held_job(cluster, tmp_path, "orphan", lease=2)
+    [pid] = pids
+    sandbox_procs = _descendants(pid)
+    assert sandbox_procs, "the held rollout's sandbox runs under the daemon"
+    cluster.kill()  # SIGKILL: the daemons live on (a restart would adopt them) ...
+    assert _alive(pid)
+    # ... but not for ever: 10 × leaseSeconds (20 s) without an answer, then they leave
+    wait_until(lambda: not _alive(pid), 120, "the daemon to give up on its controller", every=0.2)
+    assert not [p for p in sandbox_procs if _alive(p)], "its sandboxes ended with it"
+    log = next((cluster.data_dir / "logs").glob("orphan-node0.log")).read_text()
+    assert "the controller has not answered for" in log and "10 × spec.pipeline.leaseSeconds" in log
+
+
+def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(cluster, tmp_path):
+    gate, pids = _held_job(cluster, tmp_path, "adopted")
+    cluster.kill()
+    cluster.start()
+    assert cluster.daemon_pids() == pids and all(_alive(p) for p in pids)
+    gate.touch()
+    assert final(cluster, "adopted")["status"]["counts"]["scored"] == 8
+    assert cluster.daemon_pids() == [] or all(p in pids for p in cluster.daemon_pids())
