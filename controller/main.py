@@ -123,7 +123,9 @@ def token_create(
 def crd(
     output: Path = typer.Option(None, "-o", "--output", help="write here instead of crds/rolloutjob.yaml; '-' for stdout"),
 ) -> None:
-    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) from the pydantic models."""
+    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) and the docs' spec reference
+    from the pydantic models."""
+    from rolloutd.crds import reference
     from rolloutd.crds.crd import CHART_CRD_PATH, CRD_PATH, render_crd
 
     text = render_crd()
@@ -134,6 +136,9 @@ def crd(
     for target in targets:  # the chart's folder exists in a checkout, not in an installed package
         target.write_text(text)
         typer.echo(f"wrote {target}")
+    if output is None and reference.DOCS_REFERENCE.parent.is_dir():  # docs/ too exists only in a checkout
+        for page in reference.write():
+            typer.echo(f"wrote {page}")
 
 
 @app.command()
