@@ -7,12 +7,15 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
+.PHONY: demo test setup system-packages demo-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
 
 setup: system-packages venv engine trl-venv kube-tools
 
 system-packages:
 	@bash .ci/system-packages.sh
+
+demo-packages:
+	@bash .ci/system-packages.sh demo
 
 venv: $(BIN)/.installed
 
@@ -46,7 +49,9 @@ kube-tools: system-packages
 test: setup
 	$(BIN)/python -m pytest -q tests
 
-demo: setup
+# only what the demo needs: no Slurm, no image builder, no TRL venv (torch), no kubectl/helm
+demo: demo-packages venv
+	$(BIN)/rolloutd serve-model --prepare-only --model smollm2
 	$(BIN)/python examples/demo.py
 
 # GRPO through rolloutd on this CPU (examples/train_grpo.py; ~25 min per run, two runs): SmolLM2

@@ -12,16 +12,26 @@ from pathlib import Path
 
 import typer
 
+from .cli_common import TYPER_SETTINGS, version_option
 from .config import DEFAULT_HOST, DEFAULT_PORT
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
     no_args_is_help=True,
-    add_completion=False,
+    **TYPER_SETTINGS,
 )
+
+
+@app.callback()
+def _global(_version: bool = version_option()) -> None:
+    pass
+
+
+
 for _part in sorted(entry_points(group="rolloutd.commands"), key=lambda e: e.name):
     _part.load()(app)  # each part's `register(app)` adds its sub-commands
-token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True)
+token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(token_app, name="token")
 
 
@@ -144,9 +154,9 @@ def crd(
 @app.command()
 def version() -> None:
     """Print the version."""
-    from importlib.metadata import version as _v
+    from .cli_common import installed_version
 
-    typer.echo(_v("rolloutd"))
+    typer.echo(installed_version())
 
 
 if __name__ == "__main__":  # pragma: no cover
