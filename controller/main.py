@@ -159,5 +159,17 @@ def version() -> None:
     typer.echo(installed_version())
 
 
+def run() -> None:
+    """The `rolloutd` console script: a command whose extra is not installed says which one to install."""
+    try:
+        app()
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.startswith("rolloutd"):
+            raise
+        typer.echo(f"rolloutd: {e.name} is not installed, and this command needs it: pip install "
+                   "'rolloutd[controller]' for the controller, 'rolloutd[node]' for a node daemon", err=True)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 DOCS_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "content" / "reference"
 
@@ -50,8 +49,8 @@ def _type(annotation: typing.Any) -> str:
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    value = field.default_factory() if field.default_factory is not None else field.default
-    if value is PydanticUndefined or value is None:
+    value = field.get_default(call_default_factory=True)
+    if value is None:
         return "—"
     if isinstance(value, BaseModel):
         return "see below" if type(value).model_fields else "—"
