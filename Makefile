@@ -7,12 +7,15 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
+.PHONY: demo test setup system-packages demo-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
 
 setup: system-packages venv engine trl-venv kube-tools
 
 system-packages:
 	@bash .ci/system-packages.sh
+
+demo-packages:
+	@bash .ci/system-packages.sh demo
 
 venv: $(BIN)/.installed
 
@@ -26,8 +29,9 @@ $(BIN)/.installed: pyproject.toml
 engine: venv
 	$(BIN)/rolloutd serve-model --prepare-only --model tiny --model smollm2
 
-# The TRL trainer's own venv (torch + trl, pinned in pyproject's [trl] extra; not the core venv, not the
-# engine venv, which pins vLLM's libraries): reinstalled when those pins change (the stamp is their hash).
+# The TRL trainer's own venv (torch + trl, pinned in pyproject's [trl] extra, and the controller, which the
+# example trainer starts; not the core venv, not the engine venv, which pins vLLM's libraries): reinstalled
+# when those pins change (the stamp is their hash).
 TRL_VENV ?= $(HOME)/.cache/rolloutd/trl/venv
 TRL_KEY  := $(shell grep '^trl = ' pyproject.toml | sha256sum | cut -c1-12)
 
@@ -35,7 +39,7 @@ trl-venv: $(TRL_VENV)/.installed-$(TRL_KEY)
 
 $(TRL_VENV)/.installed-$(TRL_KEY):
 	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl]'
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl,controller]'
 	rm -f $(TRL_VENV)/.installed-*
 	touch $@
 
@@ -46,7 +50,9 @@ kube-tools: system-packages
 test: setup
 	$(BIN)/python -m pytest -q tests
 
-demo: setup
+# only what the demo needs: no Slurm, no image builder, no TRL venv (torch), no kubectl/helm
+demo: demo-packages venv
+	$(BIN)/rolloutd serve-model --prepare-only --model smollm2
 	$(BIN)/python examples/demo.py
 
 # GRPO through rolloutd on this CPU (examples/train_grpo.py; ~25 min per run, two runs): SmolLM2

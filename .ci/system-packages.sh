@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages rolloutd's runtimes and tests need, once.
 # Idempotent: does nothing when every package is already installed.
+# `system-packages.sh demo`: only what `make demo` needs (the sandbox runtime and its seccomp compiler).
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
 # slirp4netns: outbound NAT for a sandbox with network: true, in its own network namespace (sandbox/netns.py)
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
 PKGS=(bubblewrap slirp4netns python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip)
+[ "${1:-all}" = demo ] && PKGS=(bubblewrap python3-seccomp)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -27,52 +27,21 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
 
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
 from rolloutd.crds.names import TERMINAL_PHASES
 
 from . import ctl_views as views, spec_paths
+from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
 from .ctl_policy import bind as bind_policy
 from .documents import load_documents
 
-_NAMESPACE_FLAGS = ("-n", "--namespace")
-
-
-def hoist_namespace(args: list[str]) -> list[str]:
-    """`-n NS` / `--namespace[=]NS` wherever it stands (kubectl takes it after the verb too), moved in front
-    of the verb where the global option parses it; nothing after `--` moves."""
-    front: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            rest.extend(args[i:])
-            break
-        if arg in _NAMESPACE_FLAGS:
-            front.extend(args[i:i + 2])
-            i += 2
-            continue
-        if arg.startswith("--namespace=") or (arg.startswith("-n") and not arg.startswith("--") and len(arg) > 2):
-            front.append(arg)
-        else:
-            rest.append(arg)
-        i += 1
-    return front + rest
-
-
-class _NamespaceAnywhere(TyperGroup):
-    def parse_args(self, ctx, args):  # noqa: ANN001 - click's signature
-        return super().parse_args(ctx, hoist_namespace(args))
-
-
 app = typer.Typer(
-    cls=_NamespaceAnywhere,
+    cls=NamespaceAnywhere,
     help="rolloutctl: declare RolloutJobs and follow them (kubectl-style).",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    **TYPER_SETTINGS,
 )
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -95,6 +64,7 @@ def _global(
     ca_file: Optional[Path] = typer.Option(None, "--certificate-authority",
                                            help="CA bundle of an https controller [default: $ROLLOUTD_CA_FILE, "
                                                 "config caFile, else the system's]"),
+    _version: bool = version_option(),
 ) -> None:
     _State.server = server
     _State.token_file = token_file
@@ -126,6 +96,8 @@ def _run(fn):
         raise _fail("\n".join(lines)) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
+    except BrokenPipeError:  # `rolloutctl trajectories … | head`: the reader has what it wanted
+        raise reader_gone() from None
     except Exception as e:  # noqa: BLE001 - e.g. a malformed server URL: one line, never a traceback
         raise _fail(f"{type(e).__name__}: {e}") from None
 
@@ -369,7 +341,8 @@ def trajectories(
 
 # ---------------------------------------------------------------- backends
 
-backends_app = typer.Typer(help="List, add or remove a job's LLM backends while it runs.", no_args_is_help=True)
+backends_app = typer.Typer(help="List, add or remove a job's LLM backends while it runs.", no_args_is_help=True,
+                           rich_markup_mode=None)
 app.add_typer(backends_app, name="backends")
 
 

@@ -18,7 +18,8 @@ import typer
 from rolloutd.client import RolloutdError
 from rolloutd.crds.names import API_PREFIX
 
-policy_app = typer.Typer(help="The admin's TenantPolicies: what each namespace's jobs may use.", no_args_is_help=True)
+policy_app = typer.Typer(help="The admin's TenantPolicies: what each namespace's jobs may use.", no_args_is_help=True,
+                         rich_markup_mode=None)
 PATH = f"{API_PREFIX}/tenantpolicies"
 _ctl: dict[str, Any] = {}  # rolloutctl's global options (`state`) and helpers (`run`, `fail`, `load`)
 

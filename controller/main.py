@@ -12,16 +12,26 @@ from pathlib import Path
 
 import typer
 
+from .cli_common import TYPER_SETTINGS, version_option
 from .config import DEFAULT_HOST, DEFAULT_PORT
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
     no_args_is_help=True,
-    add_completion=False,
+    **TYPER_SETTINGS,
 )
+
+
+@app.callback()
+def _global(_version: bool = version_option()) -> None:
+    pass
+
+
+
 for _part in sorted(entry_points(group="rolloutd.commands"), key=lambda e: e.name):
     _part.load()(app)  # each part's `register(app)` adds its sub-commands
-token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True)
+token_app = typer.Typer(help="Scoped API tokens (read-only, limited to namespaces).", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(token_app, name="token")
 
 
@@ -156,7 +166,9 @@ def node_credential(
 def crd(
     output: Path = typer.Option(None, "-o", "--output", help="write here instead of crds/rolloutjob.yaml; '-' for stdout"),
 ) -> None:
-    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) from the pydantic models."""
+    """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) and the docs' spec reference
+    from the pydantic models."""
+    from rolloutd.crds import reference
     from rolloutd.crds.crd import CHART_CRD_PATH, CRD_PATH, render_crd
 
     text = render_crd()
@@ -171,15 +183,30 @@ def crd(
         from rolloutd.crds.crd import POLICY_CRD_PATH, render_policy_crd
         POLICY_CRD_PATH.write_text(render_policy_crd())
         typer.echo(f"wrote {POLICY_CRD_PATH}")
+    if output is None and reference.DOCS_REFERENCE.parent.is_dir():  # docs/ too exists only in a checkout
+        for page in reference.write():
+            typer.echo(f"wrote {page}")
 
 
 @app.command()
 def version() -> None:
     """Print the version."""
-    from importlib.metadata import version as _v
+    from .cli_common import installed_version
 
-    typer.echo(_v("rolloutd"))
+    typer.echo(installed_version())
+
+
+def run() -> None:
+    """The `rolloutd` console script: a command whose extra is not installed says which one to install."""
+    try:
+        app()
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.startswith("rolloutd"):
+            raise
+        typer.echo(f"rolloutd: {e.name} is not installed, and this command needs it: pip install "
+                   "'rolloutd[controller]' for the controller, 'rolloutd[node]' for a node daemon", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -140,7 +140,19 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                     tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
+    logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
+                                       connect_hint(data_dir, host, port, tls is not None,
+                                                    ca_file or (tls and tls[0])))
     _Server(server_config(app, host, port, log_level, tls)).run()
+
+
+def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None) -> str:
+    """The environment that points rolloutctl and the trainer client at this controller."""
+    parts = [f"ROLLOUTD_SERVER={advertised_url(host, port, 'https' if tls else 'http')}",
+             f"ROLLOUTD_TOKEN_FILE={DataDir(data_dir).token}"]
+    if tls and ca_file:
+        parts.append(f"ROLLOUTD_CA_FILE={ca_file}")
+    return "export " + " ".join(parts)
 
 
 def server_config(app: object, host: str, port: int, log_level: str = "info",

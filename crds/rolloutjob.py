@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from .agent_spec import (LLM_FREE_AGENTS, AgentKind, AgentSpec, BackendSpec, LLMSpec,  # noqa: F401 - re-exported
+                         SamplingSpec, Tool)
 from .base import Model
 from .mounts import check_mount_paths
 from .executor import ExecutorSpec
@@ -82,78 +84,12 @@ class ObjectMeta(Model):
 
 
 class TasksSpec(Model):
+    """What the rollouts are about: a task handler and its dataset."""
+
     kind: str = Field(description="math | stem | code | swe | a plug-in name (entry point group rolloutd.tasks)",
                       pattern=r"^[a-z][a-z0-9_-]*$")
     source: str = Field(description="JSON-lines dataset (path on the controller's filesystem)")
     limit: int | None = Field(default=None, ge=1, description="use only the first N prompts")
-
-
-class SamplingSpec(Model):
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, description="-1 or null disables")
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    max_tokens_per_turn: int = Field(default=256, ge=1)
-    max_total_tokens: int = Field(default=2048, ge=1)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-
-    @model_validator(mode="after")
-    def _turn_fits(self) -> "SamplingSpec":
-        # caught at apply time; a prompt longer than maxTotalTokens is caught by the first rollout
-        if self.max_tokens_per_turn > self.max_total_tokens:
-            raise ValueError(f"maxTokensPerTurn ({self.max_tokens_per_turn}) is larger than maxTotalTokens "
-                             f"({self.max_total_tokens}), which bounds the prompt and every turn together")
-        return self
-
-
-Tool = Literal["bash", "ipython", "editor", "submit"]
-
-
-AgentKind = Literal["loop", "oracle", "harness"]
-LLM_FREE_AGENTS = ("oracle",)  # agent kinds that make no LLM call: `llm` may be omitted
-
-
-class AgentSpec(Model):
-    kind: AgentKind = Field(default="loop", description="loop: rolloutd's multi-turn agent loop on `llm`; "
-                            "oracle: the task's reference solution (harbor: solution/solve.sh), to validate a task set; "
-                            "harness: `command`, a black-box agent calling `llm` through an OpenAI-compatible gateway")
-    command: str | None = Field(default=None, validate_default=True,
-                                description="harness: the command line run in the sandbox (OPENAI_BASE_URL set, "
-                                            "the instruction on stdin and in $ROLLOUTD_INSTRUCTION_FILE)")
-    max_turns: int = Field(default=4, ge=1)
-    tools: list[Tool] = Field(default_factory=lambda: ["bash", "ipython", "editor", "submit"])
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    drift_check: bool = Field(default=False, description="re-tokenize decoded conversations and report drift")
-
-    @field_validator("command")
-    @classmethod
-    def _command_for_harness(cls, command: str | None, info: ValidationInfo) -> str | None:
-        kind = info.data.get("kind", "loop")
-        if kind == "harness" and not (command and command.strip()):
-            raise ValueError("agent.kind harness needs agent.command (the harness's command line)")
-        if kind != "harness" and command is not None:
-            raise ValueError(f"agent.command is only for agent.kind harness, not {kind!r}")
-        return command
-
-
-class BackendSpec(Model):
-    url: str = Field(pattern=r"^https?://")
-    name: str | None = None
-
-
-class LLMSpec(Model):
-    tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer directory (the model's own chat "
-                                  "template); required unless agent.kind makes no LLM call (oracle)")
-    model: str | None = Field(default=None, description="model name sent to the backends (default: discovered)")
-    backends: list[BackendSpec] = Field(default_factory=list)
-    max_episodes_per_backend: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="episodes in RUN at once per backend, each from its lease until its "
-        "RUN ends (default: the controller's, else the max_num_seqs vLLM reports, else 256; jobs sharing a backend: "
-        "the smallest value among those using it now)")
 
 
 class SandboxLimits(Model):
@@ -178,7 +114,7 @@ class SandboxLimits(Model):
 class MountSpec(Model):
     host_path: str = Field(description="absolute host path; secrets and rolloutd's data dirs are refused")
     path: str | None = Field(default=None, description="where it appears in the sandbox (default: hostPath)")
-    read_only: bool = True
+    read_only: bool = Field(default=True, description="false: the sandbox may write it")
 
     @model_validator(mode="after")
     def _policy(self) -> "MountSpec":
@@ -195,9 +131,11 @@ class MountSpec(Model):
 class SandboxSpec(Model):
     """Where a rollout's commands run: one sandbox per rollout."""
 
-    runtime: Literal["bwrap", "apptainer", "process"] = "bwrap"
+    runtime: Literal["bwrap", "apptainer", "process"] = Field(
+        default="bwrap", description="bwrap (rootless, the default), apptainer (where installed), process (development "
+        "only: no isolation)")
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
-    network: bool = False
+    network: bool = Field(default=False, description="give sandboxes an outbound network")
     user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
                              description="run sandboxed code as this non-root user of the image (name or uid[:group], "
                                          "from the rootfs image's /etc/passwd; HOME is its home); default: the "
@@ -214,13 +152,17 @@ class SandboxSpec(Model):
 
 
 class WorkersPerNode(Model):
-    init: int = Field(default=8, ge=1)
-    run: int = Field(default=32, ge=1)
-    eval: int = Field(default=8, ge=1)
+    """Pool sizes per node daemon: rollouts in each stage at once."""
+
+    init: int = Field(default=8, ge=1, description="INIT workers: sandboxes being created and staged")
+    run: int = Field(default=32, ge=1, description="RUN workers: agent loops talking to the model")
+    eval: int = Field(default=8, ge=1, description="EVAL workers: verifiers scoring finished rollouts")
 
 
 class PipelineSpec(Model):
-    workers_per_node: WorkersPerNode = Field(default_factory=WorkersPerNode)
+    """How the node daemons run rollouts: the INIT, RUN and EVAL pools, attempts and leases."""
+
+    workers_per_node: WorkersPerNode = Field(default_factory=WorkersPerNode, description="the pools' sizes")
     max_attempts: int = Field(default=3, ge=1, description="attempts per rollout for infrastructure failures")
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0,
                                  description="a lease not extended by a heartbeat for this long goes back to the queue; "
@@ -231,12 +173,17 @@ class PipelineSpec(Model):
 
 
 class DapoSpec(Model):
-    enabled: bool = False
-    target_groups: int = Field(default=16, ge=1)
-    max_in_flight_groups: int | None = Field(default=None, ge=1)
-    filter: Literal["zeroVariance", "band"] = "zeroVariance"
+    """DAPO's dynamic sampling: keep sampling until `targetGroups` informative groups are scored, then cancel the rest on the daemons."""
+
+    enabled: bool = Field(default=False, description="serve DAPO batches (a batch job)")
+    target_groups: int = Field(default=16, ge=1, description="informative groups per batch")
+    max_in_flight_groups: int | None = Field(default=None, ge=1, description="groups sampled at once (default: "
+                                             "2 × targetGroups)")
+    filter: Literal["zeroVariance", "band"] = Field(default="zeroVariance", description="zeroVariance: a group "
+                                                    "whose rewards all agree is not informative; band: see band")
     band: tuple[float, float] | None = Field(default=None, description="[low, high] mean-reward band for filter: band")
-    carry_over: bool = False
+    carry_over: bool = Field(default=False, description="groups still running when a batch fills count toward "
+                                                       "the next one instead of being cancelled")
 
 
 class BatchesSpec(Model):
@@ -244,11 +191,14 @@ class BatchesSpec(Model):
 
     groups: int = Field(ge=1, description="groups (prompts × samplesPerPrompt) per batch")
     count: int | None = Field(default=None, ge=1, description="stop after this many batches (null: until deleted)")
-    max_in_flight_groups: int | None = Field(default=None, ge=1)
+    max_in_flight_groups: int | None = Field(default=None, ge=1, description="groups sampled at once (default: "
+                                             "the batch's groups)")
     carry_over: bool = Field(default=False, description="unfinished groups continue into the next batch")
 
 
 class PolicySpec(Model):
+    """Policy versions: what happens while the trainer publishes new weights."""
+
     pause_on_update: bool = Field(default=True, description="hold new LLM calls and drain in-flight ones while "
                                                             "the weights change")
     max_staleness: int | None = Field(default=None, ge=0,
@@ -256,15 +206,19 @@ class PolicySpec(Model):
 
 
 class TimeoutsSpec(Model):
-    init_seconds: float = Field(default=120, gt=0)
-    run_seconds: float = Field(default=900, gt=0)
-    eval_seconds: float = Field(default=600, gt=0)
-    action_seconds: float = Field(default=60, gt=0)
+    """Deadlines per stage; a stage past its deadline is an infrastructure failure of that attempt."""
+
+    init_seconds: float = Field(default=120, gt=0, description="INIT: sandbox created and task staged")
+    run_seconds: float = Field(default=900, gt=0, description="RUN: the whole agent loop")
+    eval_seconds: float = Field(default=600, gt=0, description="EVAL: scoring")
+    action_seconds: float = Field(default=60, gt=0, description="one tool call in the sandbox")
 
 
 class RolloutJobSpec(Model):
+    """What a RolloutJob asks for."""
+
     tasks: TasksSpec
-    samples_per_prompt: int = Field(default=1, ge=1, le=1024)
+    samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="rollouts per prompt (one GRPO group)")
     priority: int = Field(default=1, ge=1, le=1000, description="weight of this job's share of the backends it "
                           "shares with other jobs (weighted fair queueing of their episode admissions)")
     agent: AgentSpec = Field(default_factory=AgentSpec)

@@ -70,8 +70,9 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
             token = tf.read_text().strip()
         except OSError as e:
             raise RolloutdError(
-                f"no API token: cannot read {tf} ({e.strerror}); pass token= or token_file=, set ROLLOUTD_TOKEN, "
-                f"or write 'token:' / 'tokenFile:' in {path}"
+                f"no API token: cannot read {tf} ({e.strerror}); give rolloutctl --token-file FILE (the Python "
+                f"client: token_file=), set ROLLOUTD_TOKEN_FILE or ROLLOUTD_TOKEN, or write 'tokenFile:' / 'token:' "
+                f"in {path}"
             ) from None
     namespace = namespace or os.environ.get("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
     ca_file = ca_file or os.environ.get("ROLLOUTD_CA_FILE") or cfg.get("caFile") or None
