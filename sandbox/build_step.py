@@ -114,7 +114,7 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
     opts = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-net", "--unshare-cgroup-try"]
     if os.geteuid() == 0:
-        outer += [sys.executable, "-I", "-c", USERNS, str(ID_COUNT)]
+        outer += [sys.executable, "-I", "-S", "-c", USERNS, str(ID_COUNT)]
         opts += ["--cap-drop", "ALL", *(a for c in STEP_CAPS for a in ("--cap-add", f"CAP_{c}"))]
     else:  # bwrap's own user namespace maps only the daemon's uid (to 0): a chown to another id fails
         opts += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL"]
@@ -127,7 +127,7 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
         if Path(CA_BUNDLE).exists() and inside(rootfs, CA_BUNDLE).is_file():  # a site's TLS-intercepting CA too
             opts += ["--ro-bind", os.path.realpath(CA_BUNDLE), CA_BUNDLE]
         env = {**{k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS}, **env}
-        relay = ["/usr/bin/python3", "-I", "-c", BUILD_RELAY, EGRESS_SOCKET, str(EGRESS_PORT)]
+        relay = ["/usr/bin/python3", "-I", "-S", "-c", BUILD_RELAY, EGRESS_SOCKET, str(EGRESS_PORT)]
     else:
         relay = []
     for src, dest in binds:

@@ -26,6 +26,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 HEAD_LIMIT = 64 * 1024
+MAX_CONNECTIONS = 64  # at once, per proxy: a step cannot spend the daemon's descriptors
+MAX_REFUSED_KEPT = 100
+HEAD_SECONDS = 30  # for the request line and headers
 ALLOW_ENV = "ROLLOUTD_EGRESS_ALLOW"
 BLOCKED_NAMES = {"localhost", "metadata", "metadata.google.internal", "metadata.goog", "instance-data",
                  "instance-data.ec2.internal", "metadata.azure.internal"}
@@ -117,6 +120,10 @@ class EgressProxy:
         await asyncio.gather(*self._conns, return_exceptions=True)
 
     async def _track(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= MAX_CONNECTIONS:
+            _answer(writer, "503 Service Unavailable", f"egress: more than {MAX_CONNECTIONS} connections at once\n")
+            writer.close()
+            return
         task = asyncio.current_task()
         self._conns.add(task)
         try:
@@ -127,8 +134,8 @@ class EgressProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
             return
         method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
         target = rest.rpartition(" ")[0]
@@ -143,7 +150,8 @@ class EgressProxy:
             return
         address, why = await pick_address(host, int(port), self._allow)
         if address is None:
-            self.refused.append(f"{host}:{port}: {why}")
+            if len(self.refused) < MAX_REFUSED_KEPT:
+                self.refused.append(f"{host}:{port}: {why}")
             _answer(writer, "403 Forbidden", f"egress: {host}:{port} refused: {why}\n")
             return
         try:

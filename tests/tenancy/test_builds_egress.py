@@ -10,6 +10,7 @@ import http.server
 import ipaddress
 import socket
 import threading
+import time
 
 import pytest
 
@@ -49,7 +50,10 @@ def _ask(path, request: str) -> str:
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(20)
         s.connect(str(path))
-        s.sendall(request.encode())
+        if request:
+            s.sendall(request.encode())
+        else:
+            s.shutdown(socket.SHUT_WR)
         data = b""
         while chunk := s.recv(65536):
             data += chunk
@@ -96,6 +100,28 @@ def test_the_admin_may_allow_a_network(tmp_path, monkeypatch, loopback_server):
                                                           "Host: x\r\nConnection: close\r\n\r\n")
         assert _ask(tmp_path / "egress.sock", "CONNECT 10.0.0.1:80 HTTP/1.1\r\n\r\n").startswith("HTTP/1.1 403")
     assert len(hits) == 1 and hits[0].endswith("/ok")
+
+
+def test_a_step_cannot_spend_the_daemons_descriptors(proxy):
+    """Connections beyond MAX_CONNECTIONS at once are answered 503 and closed at once."""
+    from rolloutd.sandbox.egress import MAX_CONNECTIONS
+
+    path, _ = proxy
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(path))
+            held.append(s)
+        assert _ask(path, "").startswith("HTTP/1.1 503")  # answered before it asks anything
+        held.pop().close()
+        until = time.monotonic() + 10  # a slot comes free once the server has seen that close
+        while (answer := _ask(path, "")).startswith("HTTP/1.1 503"):
+            assert time.monotonic() < until
+        assert answer == ""  # served: waiting for its request (closed by us, unanswered)
+    finally:
+        for s in held:
+            s.close()
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "127.8.9.10", "10.1.2.3", "172.31.255.1", "192.168.0.1",
