@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .egress import BUILD_RELAY
 from .rootfs import ImageBuildError
-from .rootpath import inside
+from .rootpath import inside, resolve
 from .syscall_filter import filter_fd
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -118,13 +118,17 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
         opts += ["--cap-drop", "ALL", *(a for c in STEP_CAPS for a in ("--cap-add", f"CAP_{c}"))]
     else:  # bwrap's own user namespace maps only the daemon's uid (to 0): a chown to another id fails
         opts += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL"]
+    for dest in ("/proc", "/dev", "/tmp", *(dest for _, dest in binds)):  # bwrap would follow a link there
+        if resolve(rootfs, dest) != dest:
+            raise ImageBuildError(f"{dest} is a link in the image; a build step mounts there, keep it a directory")
     tmp_size = min(TMP_MB << 20, max_bytes) if max_bytes else TMP_MB << 20
     opts += ["--bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(tmp_size), "--tmpfs", "/tmp"]
     python = inside(rootfs, "/usr/bin/python3")
     if egress is not None and python.is_file() and not python.is_symlink():
         opts += ["--bind", str(egress), EGRESS_SOCKET]
-        if Path(CA_BUNDLE).exists() and inside(rootfs, CA_BUNDLE).is_file():  # a site's TLS-intercepting CA too
+        ca_here = resolve(rootfs, CA_BUNDLE) == CA_BUNDLE and inside(rootfs, CA_BUNDLE).is_file()
+        if ca_here and Path(CA_BUNDLE).exists():  # the host's trust store (a site's TLS-intercepting CA too)
             opts += ["--ro-bind", os.path.realpath(CA_BUNDLE), CA_BUNDLE]
         env = {**{k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS}, **env}
         relay = ["/usr/bin/python3", "-I", "-S", "-c", BUILD_RELAY, EGRESS_SOCKET, str(EGRESS_PORT)]

@@ -162,6 +162,15 @@ def test_workdir_and_copy_through_a_planted_link_stay_in_the_image(hostile, cana
     assert not hostile.writable_workdir  # a WORKDIR through a link stays read-only (nothing moved on the host)
 
 
+def test_a_mount_point_planted_as_a_link_stops_the_build(needs_builder, canary, tmp_path):
+    """A step's mounts (here the build context's, for COPY) never go through a link the Dockerfile planted."""
+    (tmp_path / "Dockerfile").write_text(f"FROM debian:bookworm\nRUN rm -rf /.rolloutd-context && "
+                                         f"ln -s /oldroot{canary} /.rolloutd-context\nCOPY Dockerfile /x\n")
+    with pytest.raises(ImageBuildError, match="Dockerfile:3: COPY: /.rolloutd-context is a link in the image"):
+        build_image(tmp_path, log=lambda m: None)
+    assert sorted(os.listdir(canary)) == ["agent", "group"]
+
+
 def _size_context(tmp_path: Path, run: str) -> Path:
     (tmp_path / "Dockerfile").write_text(f"FROM debian:bookworm\nRUN {run}\n")
     return tmp_path
