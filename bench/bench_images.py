@@ -11,6 +11,9 @@ Where it sits: run by the bench runner (`python -m bench images`) through `run(q
    hashing the context alone.
 3. sandbox ready from a built image: `create` → first command answered (then closed, untimed), against
    the same with `image: host`; the two alternate one by one. Target p50 ≤ 100 ms.
+4. sandboxed builds (issue 24): an apt-free build (WORKDIR, COPY, four RUNs, USER) and a bare `RUN true`
+   step with today's step runner against the one before it (build_isolation.py), alternating in one run.
+   ``python -m bench.bench_images --isolation`` runs only these rows.
 """
 from __future__ import annotations
 
@@ -52,6 +55,16 @@ def _row(name: str, ours: list[float], base: list[float], unit: str, target: str
             "ratio": o50 / b50 if b50 else None, "target": target, "met": met}
 
 
+def isolation_rows(quick: bool = False) -> list[dict]:
+    from bench.build_isolation import measure  # noqa: PLC0415
+
+    out = measure(2 if quick else 3)
+    return [_row("image build, apt-free (4 RUN), sandboxed steps vs before", out["build"]["after"],
+                 out["build"]["before"], "s", "small", None),
+            _row("one RUN step (true), sandboxed vs before", out["step"]["after"], out["step"]["before"], "ms",
+                 "small", None)]
+
+
 def run(quick: bool = False) -> list[dict]:
     cache = image_cache_dir()
     base = base_rootfs(cache)
@@ -87,7 +100,7 @@ def run(quick: bool = False) -> list[dict]:
     rows.append(_row("image build, cached image", hits, hashes, "ms", "≈ hashing", None))
     rows.append(_row("sandbox ready from a built image (vs image: host)", ready, host, "ms", "p50 ≤ 100 ms",
                      _p(ready)[0] <= 0.100))
-    return rows
+    return rows + isolation_rows(quick)
 
 
 async def _ready(rootfs: Path, n: int) -> tuple[list[float], list[float]]:
@@ -109,4 +122,5 @@ async def _ready(rootfs: Path, n: int) -> tuple[list[float], list[float]]:
 if __name__ == "__main__":
     from bench.__main__ import render
 
-    print(render(run(quick="--quick" in sys.argv)))
+    quick = "--quick" in sys.argv
+    print(render(isolation_rows(quick) if "--isolation" in sys.argv else run(quick=quick)))

@@ -22,16 +22,24 @@ import os
 import posixpath
 import shlex
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile
-from .rootfs import (STEP_PATH, ImageBuildError, base_params, base_rootfs, copy_tree, image_cache_dir, locked,
-                     lookup_user, run_in_rootfs)
+from .egress import serving
+from .rootfs import STEP_PATH, ImageBuildError, base_params, base_rootfs, copy_tree, image_cache_dir, locked, lookup_user
+from .rootpath import ignore_special, resolve
 
-FORMAT = 2  # 2: /logs, /tests and /solution point into the control directory (was /tmp/.harbor)
+# 2: /logs, /tests and /solution point into the control directory (was /tmp/.harbor). 3: steps sandboxed (user
+# and network namespaces, the egress proxy), no setuid/setgid file: an image an older builder made is rebuilt
+FORMAT = 3
+MAX_MB_ENV = "ROLLOUTD_IMAGE_MAX_MB"
+DEFAULT_MAX_MB = 8192  # the root filesystem's bytes, base included (the base is ~260 MB)
+SIGXFSZ = 25
 CONTEXT = "/.rolloutd-context"
 HARBOR_DIRS = ("logs", "tests", "solution")
 # In the sandbox's control directory, which a confined agent cannot write (sandbox/server/confine.py): what
@@ -76,7 +84,7 @@ class Image:
     def seed_workspace(self, workspace: Path) -> None:
         """Copy the image's WORKDIR files into a sandbox's (empty) workspace, where `WORKDIR` points."""
         if self.writable_workdir and self.seed.is_dir():
-            shutil.copytree(self.seed, workspace, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(self.seed, workspace, symlinks=True, dirs_exist_ok=True, ignore=ignore_special)
 
 
 def image_key(context: Path, dockerfile: Path, build_args: dict[str, str]) -> str:
@@ -110,9 +118,23 @@ def load_image(path: Path) -> Image:
     return Image(**{k: v for k, v in meta.items() if k in Image.__dataclass_fields__})
 
 
+def max_bytes(max_mb: int | None = None) -> int:
+    """The build's size bound: `max_mb`, else $ROLLOUTD_IMAGE_MAX_MB, else DEFAULT_MAX_MB (in bytes)."""
+    value = max_mb if max_mb is not None else os.environ.get(MAX_MB_ENV) or DEFAULT_MAX_MB
+    try:
+        mb = int(value)
+    except ValueError:
+        raise ImageBuildError(f"{MAX_MB_ENV}={value!r}: expected a whole number of MB") from None
+    if mb <= 0:
+        raise ImageBuildError(f"the image size limit must be positive, got {mb} MB")
+    return mb << 20
+
+
 def build_image(directory: str | Path, *, cache: str | Path | None = None, build_args: dict[str, str] | None = None,
-                timeout: float | None = None, log=print) -> Image:
-    """The image of `directory`'s Dockerfile: from the cache, or built now (under a lock)."""
+                timeout: float | None = None, log=print, max_mb: int | None = None) -> Image:
+    """The image of `directory`'s Dockerfile: from the cache, or built now (under a lock), at most `max_mb`
+    MB of root filesystem (`max_bytes`)."""
+    limit = max_bytes(max_mb)
     context, dockerfile = find_dockerfile(Path(directory).resolve())
     build_args = dict(build_args or {})
     parsed = load_dockerfile(dockerfile, build_args)  # errors name the line before anything is built
@@ -135,7 +157,7 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
         work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache_dir))
         work.chmod(0o755)  # readable by every user of a shared cache, like the base
         try:
-            image = _build(parsed, context, base, work, key, timeout, log)
+            image = _build(parsed, context, base, work, key, _Limits(timeout, limit), log)
             image.seconds = round(time.monotonic() - t0, 2)
             meta = {k: v for k, v in asdict(image).items() if k not in ("path", "cached")}
             (work / "image.json").write_text(json.dumps(meta, indent=1))
@@ -154,33 +176,25 @@ def _cached(dest: Path) -> Image:
     return image
 
 
-def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, timeout: float | None, log) -> Image:
+@dataclass
+class _Limits:
+    timeout: float | None  # seconds per step
+    max_bytes: int         # the root filesystem's
+
+
+def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, limits: _Limits, log) -> Image:
     rootfs = work / "rootfs"
     copy_tree(base, rootfs)
     env: dict[str, str] = {"PATH": STEP_PATH}
     if parsed.base.flavor == "python":
         env["LANG"] = "C.UTF-8"
-        _step(rootfs, ["/bin/sh", "-c", PYTHON_FLAVOR], env, "/", None, "FROM", 0, timeout)
-    args: dict[str, str] = {}
-    cwd, user = "/", None
-    for step in parsed.steps:
-        if step.op == "RUN":
-            argv = list(step.args) if step.exec_form else ["/bin/sh", "-c", step.args[0]]
-            log(f"Dockerfile:{step.line}: RUN {' '.join(step.args)[:120]}")
-            _step(rootfs, argv, {**args, **env}, cwd, user and lookup_user(rootfs, user), "RUN", step.line, timeout)
-        elif step.op in ("COPY", "ADD"):
-            script = _copy_script(step, context, cwd)
-            _step(rootfs, ["/bin/sh", "-ec", script], env, "/", None, step.op, step.line, timeout, network=False,
-                  binds=[(str(context), CONTEXT)])
-        elif step.op == "WORKDIR":
-            cwd = posixpath.normpath(posixpath.join(cwd, step.args[0]))
-            _step(rootfs, ["mkdir", "-p", cwd], env, "/", None, "WORKDIR", step.line, timeout, network=False)
-        elif step.op == "ENV":
-            env.update(step.options)
-        elif step.op == "ARG":
-            args.update(step.options)
-        elif step.op == "USER":
-            user = step.args[0]
+        _step(rootfs, ["/bin/sh", "-c", PYTHON_FLAVOR], env, "/", None, "FROM", 0, limits)
+    sockets = Path(tempfile.mkdtemp(prefix="rolloutd-egress-"))  # 0700: the build's steps reach it, bound in
+    try:
+        with serving(sockets / "egress.sock") as proxy:
+            cwd, user = _replay(parsed, context, rootfs, env, limits, log, proxy)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     image = Image(key=key, path=work, base=parsed.base.ref, python=parsed.base.python, env=env, workdir=cwd,
                   user=user, notes=list(parsed.notes))
     _finalize(image, rootfs, work)
@@ -188,12 +202,48 @@ def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, 
     return image
 
 
-def _step(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, user, op: str, line: int,
-          timeout: float | None, *, network: bool = True, binds=()) -> None:
-    proc = run_in_rootfs(rootfs, argv, env=env, cwd=cwd, user=user, network=network, binds=list(binds), timeout=timeout)
+def _replay(parsed: Dockerfile, context: Path, rootfs: Path, env: dict[str, str], limits: _Limits, log,
+            proxy) -> tuple[str, str | None]:
+    """Run the Dockerfile's steps over `rootfs` (`env` is updated); the final (WORKDIR, USER)."""
+    args: dict[str, str] = {}
+    cwd, user = "/", None
+    for step in parsed.steps:
+        if step.op == "RUN":
+            argv = list(step.args) if step.exec_form else ["/bin/sh", "-c", step.args[0]]
+            log(f"Dockerfile:{step.line}: RUN {' '.join(step.args)[:120]}")
+            _step(rootfs, argv, {**args, **env}, cwd, user and lookup_user(rootfs, user), "RUN", step.line, limits,
+                  egress=proxy.path)
+            while proxy.refused:
+                log(f"Dockerfile:{step.line}: egress refused {proxy.refused.pop(0)}")
+        elif step.op in ("COPY", "ADD"):
+            script = _copy_script(step, context, cwd)
+            _step(rootfs, ["/bin/sh", "-ec", script], env, "/", None, step.op, step.line, limits,
+                  binds=[(str(context), CONTEXT)])
+        elif step.op == "WORKDIR":
+            cwd = posixpath.normpath(posixpath.join(cwd, step.args[0]))
+            _step(rootfs, ["mkdir", "-p", cwd], env, "/", None, "WORKDIR", step.line, limits)
+        elif step.op == "ENV":
+            env.update(step.options)
+        elif step.op == "ARG":
+            args.update(step.options)
+        elif step.op == "USER":
+            user = step.args[0]
+    return cwd, user
+
+
+def _step(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, user, op: str, line: int, limits: _Limits,
+          *, egress: Path | None = None, binds=()) -> None:
+    where = f"Dockerfile:{line}" if line else "base"
+    try:
+        proc = run_in_rootfs(rootfs, argv, env=env, cwd=cwd, user=user, egress=egress, binds=list(binds),
+                             timeout=limits.timeout, max_bytes=limits.max_bytes)
+    except ImageBuildError as e:
+        raise type(e)(f"{where}: {op}: {e}") from None
     if proc.returncode != 0:
-        where = f"Dockerfile:{line}" if line else "base"
-        output = (proc.stdout + proc.stderr)[-3000:]
+        output = proc.stdout[-3000:]
+        if proc.returncode in (-SIGXFSZ, 128 + SIGXFSZ):
+            raise SizeLimitExceeded(f"{where}: {op} wrote a file over the image's size limit of "
+                                    f"{limits.max_bytes >> 20} MB ({MAX_MB_ENV}, or rolloutd image build --max-size-mb)")
         raise ImageBuildError(f"{where}: {op} failed with exit code {proc.returncode}:\n{output}")
 
 
@@ -248,10 +298,10 @@ def _context_matches(context: Path, pattern: str, line: int) -> list[str]:
 
 def _finalize(image: Image, rootfs: Path, work: Path) -> None:
     """Make the image usable read-only: WORKDIR → /workspace (files kept as the seed), Harbor's dirs → /tmp."""
+    _strip_setid(rootfs)
     wd = image.workdir
     parts = Path(wd).parts[1:]
-    through_links = any((rootfs.joinpath(*parts[: i + 1])).is_symlink() for i in range(len(parts)))
-    if wd in SYSTEM_DIRS or through_links:
+    if wd in SYSTEM_DIRS or resolve(rootfs, wd) != wd or not rootfs.joinpath(*parts).is_dir():
         image.notes.append(f"WORKDIR {wd} stays read-only in the sandbox (a system directory or a symlink); "
                            "the agent writes in /workspace and /tmp")
     else:
@@ -267,6 +317,17 @@ def _finalize(image: Image, rootfs: Path, work: Path) -> None:
             (rootfs / name).symlink_to(f"{HARBOR_ROOT}/{name}")
         else:
             image.notes.append(f"/{name} exists in the image and is read-only in the sandbox")
+
+
+def _strip_setid(rootfs: Path) -> None:
+    """No setuid or setgid file in an image: its root is the host's uid 0 (build_step.py), a sandbox never
+    honours the bits (no_new_privs), and on the host they would make a tenant's program run as root."""
+    for dirpath, _dirs, files in os.walk(rootfs):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
 
 def _apptainer(image: Image, work: Path, log) -> None:

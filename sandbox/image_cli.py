@@ -30,6 +30,8 @@ def build(
                                              "or ~/.cache/rolloutd/images]; a shared filesystem path builds once per cluster"),
     build_arg: List[str] = typer.Option([], "--build-arg", help="KEY=VALUE, as docker build --build-arg"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per step"),
+    max_size_mb: Optional[int] = typer.Option(None, "--max-size-mb", help="the image's size bound, base included "
+                                              "[default: $ROLLOUTD_IMAGE_MAX_MB or 8192]"),
 ) -> None:
     """Build DIR's Dockerfile into a root filesystem; print its path."""
     from .dockerfile import DockerfileError
@@ -47,7 +49,7 @@ def build(
         typer.echo(message, err=True)
 
     try:
-        image = build_image(directory, cache=cache_dir, build_args=args, timeout=timeout, log=log)
+        image = build_image(directory, cache=cache_dir, build_args=args, timeout=timeout, log=log, max_mb=max_size_mb)
     except (DockerfileError, ImageBuildError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

@@ -1,12 +1,12 @@
-"""Root filesystems for `rolloutd image build`: the cached Debian bookworm base, and bwrap steps in a rootfs.
+"""Root filesystems for `rolloutd image build`: the cached Debian bookworm base, and the image's user database.
 
 Where it sits: `image_build.build_image` asks `base_rootfs(cache)` for the base (made once per set
-of parameters with mmdebstrap, else debootstrap) and copies it; `run_in_rootfs` executes one
-Dockerfile step inside a copy (writable, network for the build only). Image *use* is runtimes/bwrap.py's.
+of parameters with mmdebstrap, else debootstrap) and copies it; build_step.py runs each Dockerfile step
+inside the copy, sandboxed. Image *use* is runtimes/bwrap.py's, which asks `lookup_user`/`user_home` here.
 
-Builds run as root with Docker's default capability set (no CAP_SYS_ADMIN: a step cannot mount);
-as an unprivileged user the base needs mmdebstrap's unshare mode (subuid ranges) and steps run as
-root of a user namespace that maps only that user (a package chown-ing to another uid fails there).
+As an unprivileged user the base needs mmdebstrap's unshare mode (subuid ranges). The image's
+/etc/passwd and /etc/group are read through rootpath.py: a link planted by the Dockerfile never leads
+to the host's files.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .syscall_filter import filter_fd
+from .rootpath import read_text, resolve
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -30,11 +30,6 @@ SOURCES = (f"deb {MIRROR} {SUITE} main", f"deb {MIRROR} {SUITE}-updates main",
            f"deb http://deb.debian.org/debian-security {SUITE}-security main")
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
-# Docker's default capabilities for a build step (moby's oci/caps/defaults.go)
-DOCKER_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
-               "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
 
 
 class ImageBuildError(RuntimeError):
@@ -114,46 +109,11 @@ def copy_tree(src: Path, dest: Path) -> None:
         raise ImageBuildError(f"cannot copy {src} to {dest}: {proc.stderr[-1000:]}")
 
 
-def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: str = "/", network: bool = True,
-                  binds: list[tuple[str, str]] = (), user: tuple[int, int] | None = None,
-                  timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run `argv` with `rootfs` as a writable root: a Dockerfile step. Output is returned, not raised."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise ImageBuildError("bwrap is not installed (bash .ci/system-packages.sh)")
-    opts = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    if os.geteuid() == 0:
-        opts += ["--cap-drop", "ALL", *(a for c in DOCKER_CAPS for a in ("--cap-add", f"CAP_{c}"))]
-    else:
-        opts += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL"]
-    if not network:
-        opts.append("--unshare-net")
-    opts += ["--bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    if network:  # the host's resolver and trust store (a site's TLS-intercepting proxy CA included)
-        for path in ("/etc/resolv.conf", CA_BUNDLE):
-            if Path(path).exists() and (path == "/etc/resolv.conf" or (rootfs / path.lstrip("/")).exists()):
-                opts += ["--ro-bind", os.path.realpath(path), path]
-        env = {**{k: v for k, v in os.environ.items() if k.lower() in PROXY_VARS}, **env}
-    for src, dest in binds:
-        opts += ["--ro-bind", src, dest]
-    opts += ["--clearenv", *(a for k, v in env.items() for a in ("--setenv", k, v)), "--chdir", cwd]
-    if user is not None:  # USER: drop to it inside, as Docker does for the following RUN steps
-        argv = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--init-groups", *argv]
-    seccomp_fd = filter_fd()  # the sandbox's filter (bwrap sets no_new_privs with it): apt and pip need none of it
-    try:
-        return subprocess.run([*opts, "--seccomp", str(seccomp_fd), "--", *argv], capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, pass_fds=(seccomp_fd,))
-    except subprocess.TimeoutExpired as e:
-        raise ImageBuildError(f"the step did not finish within {timeout:g}s") from e
-    finally:
-        os.close(seccomp_fd)
-
-
 def lookup_user(rootfs: Path, spec: str) -> tuple[int, int]:
     """(uid, gid) of a USER spec (`name`, `uid`, `name:group`, `uid:gid`) from the rootfs' own databases."""
     name, _, group = spec.partition(":")
-    passwd = _table(rootfs / "etc/passwd")
-    groups = _table(rootfs / "etc/group")
+    passwd = _table(rootfs, "/etc/passwd")
+    groups = _table(rootfs, "/etc/group")
     if name.isdigit():
         uid = int(name)
         gid = next((int(f[3]) for f in passwd.values() if f[2] == name), uid)
@@ -172,20 +132,21 @@ def lookup_user(rootfs: Path, spec: str) -> tuple[int, int]:
 
 
 def user_home(rootfs: Path, spec: str) -> str:
-    """The home directory /etc/passwd gives a USER spec's user ("/" when it names none)."""
+    """The home directory /etc/passwd gives a USER spec's user, resolved inside the image (links followed as
+    the image sees them, never to the host: rootpath.py); "/" when it names none."""
     name = spec.partition(":")[0]
-    for fields in _table(rootfs / "etc/passwd").values():
+    for fields in _table(rootfs, "/etc/passwd").values():
         if (fields[2] if name.isdigit() else fields[0]) == name and len(fields) >= 6 and fields[5].startswith("/"):
-            return fields[5]
+            return resolve(rootfs, fields[5])
     return "/"
 
 
-def _table(path: Path) -> dict[str, list[str]]:
+def _table(rootfs: Path, path: str) -> dict[str, list[str]]:
     try:
-        lines = path.read_text().splitlines()
+        lines = read_text(rootfs, path).splitlines()
     except OSError:
         return {}
     return {f[0]: f for f in (line.split(":") for line in lines) if len(f) >= 4}
 
 
-__all__ = ["ImageBuildError", "base_rootfs", "copy_tree", "image_cache_dir", "locked", "lookup_user", "run_in_rootfs", "user_home"]
+__all__ = ["ImageBuildError", "base_rootfs", "copy_tree", "image_cache_dir", "locked", "lookup_user", "user_home"]

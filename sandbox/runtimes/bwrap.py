@@ -17,6 +17,7 @@ from ..hostview import check_mounts, host_mounts
 from ..netns import RESOLV_CONF, Outbound
 from ..launch import HOST_LIB, LaunchConfig, host_loaded, host_loader, runtime_paths, server_argv, server_env
 from ..rootfs import ImageBuildError, lookup_user, user_home
+from ..rootpath import ignore_special, inside
 from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
 
@@ -68,7 +69,7 @@ def image_mounts(image: Path, keep: list[str]) -> list[str]:
 def _copy_home(source: Path, dest: Path, uid: int | None, gid: int | None) -> None:
     """The image user's home as a private writable directory (its files, owned by the sandbox's user)."""
     try:
-        shutil.copytree(source, dest, symlinks=True)
+        shutil.copytree(source, dest, symlinks=True, ignore=ignore_special)
     except OSError:  # none in the image, or not readable by an unprivileged daemon: an empty home
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
@@ -192,7 +193,7 @@ class BwrapRuntime(SandboxRuntime):
         home = user[2] if user and image is not None and _writable_home(user[2]) and not (
             image / user[2].lstrip("/")).is_symlink() else None
         if home is not None:
-            _copy_home(image / home.lstrip("/"), layout.root / "home", uid, gid)
+            _copy_home(inside(image, home), layout.root / "home", uid, gid)  # never through a link to the host
         opts = self._options(spec, image, runtime_paths(), layout, uid, str(void), home)
         if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
             opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]

@@ -1,6 +1,6 @@
-"""The verifier's network (agents/egress.py, `sandbox.verifierNetwork`): on the real bwrap runtime, a Harbor
-verifier reaches an HTTP server on the host's 127.0.0.1 only with the job's consent and the task's
-`allow_internet`; the agent's phase never reaches it, and what the agent left running is gone before the
+"""The verifier's network (sandbox/egress.py, `sandbox.verifierNetwork`): on the real bwrap runtime, a Harbor
+verifier reaches an HTTP server on the host's 127.0.0.1 (allowed by the admin, as a site mirror would be) only
+with the job's consent and the task's `allow_internet`, and never without the admin's allowance; the agent's phase never reaches it, and what the agent left running is gone before the
 verifier gets its proxy. (The real download of Terminal-Bench 2's verifiers, uv from astral.sh, cannot be
 exercised here: only package registries are reachable.)"""
 import asyncio
@@ -61,7 +61,9 @@ def _task(root, name: str, port: int, toml: str = "") -> None:
     (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + FETCH.format(port=port, write=write))
 
 
-def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(host_server, tmp_path):
+def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(host_server, tmp_path, monkeypatch):
+    """The proxy refuses loopback (sandbox/egress.py): the host's server here stands for a site mirror the admin
+    allows (ROLLOUTD_EGRESS_ALLOW); without that the consented verifier is refused too."""
     if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
     if os.geteuid() != 0:
@@ -73,7 +75,11 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
     agent_probe = FETCH.format(port=host_server, write="")
     proxied_probe = "".join(f"export {k}=http://127.0.0.1:41401; " for k in ("http_proxy", "HTTP_PROXY")) + agent_probe
 
-    async def one(task_id: str, consent: bool):
+    async def one(task_id: str, consent: bool, allow: bool = True):
+        if allow:
+            monkeypatch.setenv("ROLLOUTD_EGRESS_ALLOW", "127.0.0.1/32")
+        else:
+            monkeypatch.delenv("ROLLOUTD_EGRESS_ALLOW", raising=False)
         task = dict(tasks[task_id])
         async with task_sandbox(handler, task, verifier_network=consent) as sandbox:
             seen = [(await sandbox.bash(probe)).output.split()[-1] for probe in (agent_probe, proxied_probe)]
@@ -86,7 +92,9 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
             return seen, reward, alive
 
     async def main():
-        return {(t, c): await one(t, c) for t, c in (("online", True), ("online", False), ("offline", True))}
+        out = {(t, c): await one(t, c) for t, c in (("online", True), ("online", False), ("offline", True))}
+        out["not allowed"] = await one("online", True, allow=False)
+        return out
 
     out = asyncio.run(main())
     for seen, _, _ in out.values():  # the agent's phase: neither directly nor through a proxy port
@@ -96,3 +104,5 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
     assert alive == "gone"  # what the agent left running never shares the verifier's way out
     for key in (("online", False), ("offline", True)):
         assert out[key][1].value == 0.0 and out[key][1].details["verifier_network"] is False
+    reward = out["not allowed"][1]  # consent, but the host's loopback is not the internet
+    assert reward.value == 0.0 and reward.details["verifier_network"] is True
