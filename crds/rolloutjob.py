@@ -141,8 +141,9 @@ class SandboxSpec(Model):
                                          "from the rootfs image's /etc/passwd; HOME is its home); default: the "
                                          "runtime's unprivileged user. harbor tasks set it from the task")
     verifier_network: bool = Field(default=False, description="consent: a harbor task that allows the internet "
-                                   "([environment] allow_internet, Harbor's default) gets an egress proxy to the host's "
-                                   "network in EVAL (its verifier), never while the agent runs")
+                                   "([environment] allow_internet, Harbor's default) gets an egress proxy in EVAL (its "
+                                   "verifier), never while the agent runs; it reaches public destinations only "
+                                   "(loopback, private, link-local and metadata addresses are refused)")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     env: dict[str, str] = Field(default_factory=dict, description="added to the sandbox's default environment")
     mounts: list[MountSpec] = Field(default_factory=list, max_length=32,

@@ -61,6 +61,12 @@ class TenantQuotas(Model):
     sandboxes_per_node: int = Field(default=64, ge=1, description="sandboxes one node daemon may hold at once "
                                     "(pipeline.workersPerNode init + run + eval, plus sandbox.warm)")
     watches: int = Field(default=16, ge=0, description="open watches by the namespace's tokens (more: 429)")
+    sandbox_cpus: float = Field(default=2.0, gt=0, description="the most sandbox.limits.cpus a job may ask for (a "
+                                "job may not turn the bound off)")
+    sandbox_memory_mb: int = Field(default=8192, ge=16, alias="sandboxMemoryMB", description="the most "
+                                   "sandbox.limits.memoryMB a job may ask for")
+    workspace_mb: int = Field(default=8192, ge=1, alias="workspaceMB", description="the most "
+                              "sandbox.limits.workspaceMB a job may ask for (a job may not turn the bound off)")
 
 
 class TenantPolicySpec(Model):
@@ -175,6 +181,13 @@ def violations(spec: "RolloutJobSpec", policy: TenantPolicySpec | None) -> list[
     q = policy.quotas
     if ex.nodes > q.nodes:
         out.append(("spec.executor.nodes", f"{ex.nodes} is over the namespace's node quota ({q.nodes})"))
+    lim = box.limits
+    if lim.cpus is None or lim.cpus > q.sandbox_cpus:
+        out.append(("spec.sandbox.limits.cpus", f"{lim.cpus} is over the quota of {q.sandbox_cpus} cores per sandbox"))
+    if lim.memory_mb > q.sandbox_memory_mb:
+        out.append(("spec.sandbox.limits.memoryMB", f"{lim.memory_mb} is over the quota of {q.sandbox_memory_mb} MB"))
+    if lim.workspace_mb is None or lim.workspace_mb > q.workspace_mb:
+        out.append(("spec.sandbox.limits.workspaceMB", f"{lim.workspace_mb} is over the quota of {q.workspace_mb} MB"))
     w = spec.pipeline.workers_per_node
     held = w.init + w.run + w.eval + box.warm
     if held > q.sandboxes_per_node:

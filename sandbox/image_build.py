@@ -107,6 +107,8 @@ def image_key(context: Path, dockerfile: Path, build_args: dict[str, str]) -> st
 def find_dockerfile(directory: Path) -> tuple[Path, Path]:
     """(context, Dockerfile) of a Harbor task directory (environment/Dockerfile) or a build context."""
     for context in (directory / "environment", directory):
+        if (context / "Dockerfile").is_symlink():  # read as root: a link could name any file of the host
+            raise ImageBuildError(f"{context / 'Dockerfile'}: the Dockerfile is a symbolic link; give the file itself")
         if (context / "Dockerfile").is_file():
             return context, context / "Dockerfile"
     raise ImageBuildError(f"{directory}: no environment/Dockerfile (Harbor task) and no Dockerfile")

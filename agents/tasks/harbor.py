@@ -36,7 +36,7 @@ from rolloutd.crds.safe_read import DataReadError, kind as path_kind
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, refused, stash_answer
-from .harbor_files import EVAL_SESSION, HARBOR_ROOT, bash_ok as _bash_ok, read_task, stage_dir, task_dirs
+from .harbor_files import EVAL_SESSION, HARBOR_ROOT, bash_ok as _bash_ok, read_task, snapshot, stage_dir, task_dirs
 from .leftovers import confine_agent, end_agent_processes
 
 HARBOR_TMP = "/tmp/.harbor"        # the agent's side: /logs/agent, the instruction, the relay's log
@@ -104,10 +104,18 @@ class HarborTask(TaskHandler):
         path = task["path"]
         future = self._builds.get(path)
         if future is None or (future.done() and future.exception() is not None):
-            future = asyncio.ensure_future(asyncio.to_thread(build_image, path, cache=self.image_cache,
-                                                             log=lambda _m: None))
+            future = asyncio.ensure_future(asyncio.to_thread(self._build, build_image, path))
             self._builds[path] = future
         return await asyncio.shield(future)  # an INIT timeout leaves the build running for the retry
+
+    def _build(self, build_image: Any, path: str) -> Any:
+        """An admin's task builds from its directory; a tenant's from a private copy of it read beneath the job's
+        data roots as nobody (`snapshot`), so the builder, which reads the Dockerfile and hashes and copies the
+        context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
+        if self.roots is None:
+            return build_image(path, cache=self.image_cache, log=lambda _m: None)
+        with snapshot(path, self.roots) as private:
+            return build_image(private, cache=self.image_cache, log=lambda _m: None)
 
     async def init(self, task: dict, sandbox: Any) -> None:
         image = await self.image(task)

@@ -9,6 +9,7 @@ Dockerfile's build context the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 import re
@@ -18,7 +19,7 @@ import shutil
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from rolloutd.crds.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
 
@@ -199,3 +200,21 @@ def _env(value: Any, where: str, field: str) -> dict[str, str]:
 
 
 __all__ = ["bash_ok", "read_task", "stage_dir", "task_dirs"]
+
+
+@contextlib.contextmanager
+def snapshot(source: str | Path, roots: Sequence[str] | None) -> Iterator[Path]:
+    """A private copy of a task directory's `environment/` (or the directory itself when it has none), read
+    beneath `roots` (links kept as links, never followed), removed afterwards; a refused read fails the job."""
+    env = Path(source) / "environment"
+    try:
+        entries = read_tree(env, roots) if kind(env, roots) == "dir" else read_tree(source, roots)
+    except DataReadError as e:
+        raise ConfigError(str(refused(e))) from None
+    holder = Path(tempfile.mkdtemp(prefix="rolloutd-context-"))
+    try:
+        (holder / "scratch").mkdir()
+        _write_fresh(entries, holder / "scratch" / "environment")
+        yield holder / "scratch"
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)

