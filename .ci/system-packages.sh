@@ -4,7 +4,8 @@
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
-PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip)
+# chromium + chromium-driver: tests/ui drive the web UI in a headless browser (selenium)
+PKGS=(bubblewrap python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip chromium chromium-driver)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

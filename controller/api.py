@@ -10,6 +10,7 @@
     …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
+    /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
 a bearer token: the admin token, the join token (node paths only) or a scoped one (`http/access.py`: 403 beyond it). Errors are Kubernetes `Status` objects (see `errors.py`).
@@ -88,7 +89,8 @@ class _AuthAndMetrics:
                 self.latency.labels(method).observe(time.perf_counter() - start)
             await send(message)
 
-        if path != "/healthz" and not node_call and not token_matches(header, self.token):
+        own_auth = path == "/healthz" or path == "/ui" or path.startswith("/ui/")  # the UI checks its own (`ui/`)
+        if not own_auth and not node_call and not token_matches(header, self.token):
             scoped = self.tokens.find(header)
             if scoped is None:
                 err: ApiError = Unauthorized(
@@ -226,4 +228,7 @@ def create_app(store: Store, token: str, *, join_token: str | None = None, sched
         app.include_router(node_router(scheduler))
         app.include_router(trainer_router(store, scheduler))
     describe(app)
+    from .ui.app import create_ui
+
+    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler))
     return app
