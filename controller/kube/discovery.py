@@ -166,7 +166,8 @@ def discovery_router(store: Store) -> APIRouter:
             job = await asyncio.to_thread(store.get_wire, name, ns)
         except NotFound:
             raise NotFound(f'rolloutjobs.rolloutd.io "{name}" not found: an Event needs its object') from None
-        await asyncio.to_thread(store.add_event, name, reason, message, type_)
+        # events are kept under the job's key ("ns/name" outside `default`), as the reconciler's own are
+        await asyncio.to_thread(store.add_event, job_key(job["metadata"]["namespace"], name), reason, message, type_)
         events = await asyncio.to_thread(core_events, store, job["metadata"]["namespace"])
         return JSONResponse([e for e in events if e["involvedObject"]["name"] == name][-1], status_code=201)
 

@@ -37,7 +37,7 @@ SECURITY_HEADERS = [
                                  b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make a form POST's Origin "null"
     (b"cache-control", b"no-store"),
 ]
 
