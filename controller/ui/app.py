@@ -78,8 +78,6 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None) -> An
     sessions = Sessions(token, tokens)
     engine = store.engine
     job_stats = stats.JobStats(engine)
-    if scheduler is not None:
-        stats.create_indexes(engine)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:

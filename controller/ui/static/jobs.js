@@ -85,8 +85,8 @@ function searchForm(section, ns, name) {
     try {
       const page = await UI.getJSON(base + "?" + params);
       rows = rows.concat(page.items.map(t => [UI.link("#" + t.seq, "jobs", ns, name, "t", t.seq), t.taskId || "", t.prompt, t.sample,
-        UI.fmt(t.reward), t.failure, UI.el("span", {class: "reason", text: t.reason}), UI.fmt(t.policyVersion), t.finishReason || ""]));
-      UI.replace(results, rows.length ? UI.table(["seq", "task", "prompt", "sample", "reward", "failure", "reason", "policy", "finish"], rows, "trajectories")
+        UI.fmt(t.reward), t.failure, UI.el("span", {class: "reason", text: t.reason}), UI.fmt(t.policyVersion)]));
+      UI.replace(results, rows.length ? UI.table(["seq", "task", "prompt", "sample", "reward", "failure", "reason", "policy"], rows, "trajectories")
                                      : UI.el("p", {class: "muted", text: "No trajectory matches."}));
       after = page.next;
       more.hidden = page.next === null;
