@@ -74,17 +74,19 @@ class JobStats:
             return self._render(acc)
 
     def _catch_up(self, job: str, acc: _Acc) -> None:
-        # the columns the feed copied out of each document, read from the covering index `ix_trajectories_facts`
+        # the columns the feed copied out of each document: a first read walks the covering index (its order is not
+        # seq's, which the sums do not need), a later one only the rows after the last seq seen
+        index = "INDEXED BY ix_trajectories_facts " if acc.last_seq == 0 else ""
         sql = ("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, reason FROM trajectories "
-               "WHERE job = ? AND seq > ?")
+               f"{index}WHERE job = ? AND seq > ?")
         with self.engine.connect() as c:
-            rows = sorted(c.exec_driver_sql(sql, (job, acc.last_seq)).all())
-        for seq, reward, failure, *timings, version, reason in rows:
-            acc.last_seq = seq
-            if failure in ("none", "agent"):  # infra and config failures did not run to the end: no stage times
-                for stage, t in zip(STAGES, timings):
+            rows = c.exec_driver_sql(sql, (job, acc.last_seq)).all()
+        stages = [acc.stages[s] for s in STAGES]
+        for seq, reward, failure, tq, ti, tr, te, version, reason in rows:
+            if failure == "none" or failure == "agent":  # infra and config failures did not run to the end
+                for xs, t in zip(stages, (tq, ti, tr, te)):
                     if t is not None:
-                        acc.stages[stage].append(t)
+                        xs.append(t)
             if reward is not None:
                 if acc.reward_lo <= reward <= acc.reward_hi:
                     i = min(REWARD_BINS - 1, int((reward - acc.reward_lo) / (acc.reward_hi - acc.reward_lo) * REWARD_BINS))
@@ -97,12 +99,14 @@ class JobStats:
             if failure != "none":
                 why = (reason or "").strip()[:200]
                 acc.reasons[failure][why] += 1
-                ex = acc.examples[(failure, why)]
-                if len(ex) < EXAMPLES:
-                    ex.append(seq)
-        if rows:  # timsort: the sorted run and the new tail
-            for xs in acc.stages.values():
+                acc.examples[(failure, why)].append(seq)
+        if rows:
+            acc.last_seq = max(acc.last_seq, max(r[0] for r in rows))
+            for xs in stages:  # timsort: the sorted run and the new tail
                 xs.sort()
+            for key, seqs in acc.examples.items():  # the first few of each reason
+                if len(seqs) > EXAMPLES:
+                    acc.examples[key] = sorted(seqs)[:EXAMPLES]
 
     @staticmethod
     def _render(acc: _Acc) -> dict[str, Any]:

@@ -192,18 +192,39 @@ def test_state_changes_need_post_csrf_and_this_origin(cluster, jobs, api):
     r = api.post("/ui/login", data={"token": cluster.controller.token}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/ui/jobs"
     sid = r.cookies["rolloutd_session"]
-    assert api.get("/ui/api/jobs", cookies={"rolloutd_session": sid}).status_code == 200
-    assert api.get("/ui/logout", cookies={"rolloutd_session": sid}).status_code == 405  # no state-changing GET
-    assert api.post("/ui/logout", cookies={"rolloutd_session": sid}).status_code == 403  # no csrf field
-    csrf = api.get("/ui/api/me", cookies={"rolloutd_session": sid}).json()["csrf"]
-    assert api.post("/ui/logout", data={"csrf": csrf}, cookies={"rolloutd_session": sid},
-                    headers={"Origin": "https://evil.example"}).status_code == 403
+    import httpx
+    with httpx.Client(base_url=cluster.controller.url, cookies={"rolloutd_session": sid}) as session:
+        assert session.get("/ui/api/jobs").status_code == 200
+        assert session.get("/ui/logout").status_code == 405  # no state-changing GET
+        assert session.post("/ui/logout").status_code == 403  # no csrf field
+        csrf = session.get("/ui/api/me").json()["csrf"]
+        assert session.post("/ui/logout", data={"csrf": csrf}, headers={"Origin": "https://evil.example"}).status_code == 403
+        assert session.post("/ui/logout", data={"csrf": "x" + csrf}).status_code == 403
+        assert session.post("/ui/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+        assert session.get("/ui/api/jobs").status_code == 401  # logged out: the session is gone on the server
     assert api.post("/ui/login", data={"token": cluster.controller.token},
                     headers={"Origin": "https://evil.example"}).status_code == 403
-    assert api.post("/ui/logout", data={"csrf": csrf}, cookies={"rolloutd_session": sid},
-                    follow_redirects=False).status_code == 303
-    assert api.get("/ui/api/jobs", cookies={"rolloutd_session": sid}).status_code == 401  # logged out
     join = (cluster.controller.data_dir / "join-token").read_text().strip()
     assert api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {join}"}).status_code == 401
     r = api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {cluster.scoped}"})
     assert [j["name"] for j in r.json()["items"]] == ["alpha"]
+
+
+def test_rolloutctl_trajectory_prints_the_decoded_conversation(cluster, jobs):
+    import subprocess
+    import sys
+
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rolloutd.controller.ctl", "--server", cluster.controller.url,
+                               "--token-file", str(cluster.controller.data_dir / "token"), "-n", "team-a", *args],
+                              capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    known = jobs["known"]
+    r = ctl("trajectory", "alpha", str(jobs["known_seq"]))
+    assert r.returncode == 0, r.stderr
+    assert known["messages"][0]["content"] in r.stdout and known["messages"][1]["content"] in r.stdout
+    assert "reward" in r.stdout and "1.0" in r.stdout and "tokens: " in r.stdout
+    r = ctl("trajectory", "alpha", str(jobs["hostile_seq"]))
+    assert r.returncode == 0, r.stderr
+    assert '<script>alert("xss")</script>' in r.stdout and "[me](javascript:alert(4))" in r.stdout  # as text, no markup
+    r = ctl("trajectory", "alpha", str(jobs["secret_seq"]))  # another job's seq
+    assert r.returncode == 1 and "no trajectory" in r.stderr
