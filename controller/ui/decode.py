@@ -28,13 +28,14 @@ def tokenizer(path: str | None) -> tuple[Any | None, str]:
     load leaves the conversation readable from `messages`; the message names no file content)."""
     if not path:
         return None, "the job names no tokenizer (spec.llm.tokenizer)"
+    problem = f"spec.llm.tokenizer {path!r} could not be loaded on the controller's host"  # one answer for every cause
     if not Path(path).is_dir():
-        return None, f"spec.llm.tokenizer {path!r} is not a directory on the controller's host"
+        return None, problem
     try:
         return _load(path), ""
     except Exception as e:  # noqa: BLE001 - any loader error: show the page without the token view
         log.warning("tokenizer %s: %s: %s", path, type(e).__name__, e)
-        return None, f"spec.llm.tokenizer {path!r} could not be loaded ({type(e).__name__})"
+        return None, problem
 
 
 def _text(tok: Any, ids: list[int]) -> str:
