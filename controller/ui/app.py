@@ -195,7 +195,8 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None) -> An
             pinned = scheduler.pinned(key)
             out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in scheduler.pool.unhealthy,
                                 "reason": scheduler.pool.unhealthy.get(u, ""), "inflight": scheduler.pool.inflight.get(u, 0),
-                                "pinnedToJob": pinned.get(u, 0)} for b in (job["spec"].get("llm") or {}).get("backends", [])]
+                                "pinnedToJob": pinned.get(u, 0), "admissionCap": scheduler.pool.admission.cap(u, key)}
+                               for b in (job["spec"].get("llm") or {}).get("backends", [])]
             out["policy"] = scheduler.policy(key)
         return out
 

@@ -60,8 +60,13 @@ function jobSections(doc) {
   out.push(UI.section("Nodes", doc.nodes.length ? UI.table(["node", "host", "state", "slot", "last beat"],
     doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")
     : UI.el("p", {class: "muted", text: "No node registered."})));
-  out.push(UI.section("Backends", UI.table(["url", "healthy", "in flight", "pinned to this job", "reason"],
-    doc.backends.map(b => [b.url, b.healthy ? "yes" : "no", b.inflight, b.pinnedToJob, b.reason]), "backends")));
+  if (doc.status.batch) {
+    const b = doc.status.batch;
+    out.push(UI.section("Batches", UI.table(["current", "state", "informative groups", "target", "completed"],
+      [[b.current, b.state, b.counted, b.target, b.completed]], "batch")));
+  }
+  out.push(UI.section("Backends", UI.table(["url", "healthy", "in flight", "tasks of this job pinned", "admission cap", "reason"],
+    doc.backends.map(b => [b.url, b.healthy ? "yes" : "no", b.inflight, b.pinnedToJob, b.admissionCap, b.reason]), "backends")));
   out.push(UI.section("Conditions", UI.table(["type", "status", "reason", "message", "since"],
     (doc.status.conditions || []).map(k => [k.type, k.status, k.reason || "", k.message || "", k.lastTransitionTime || ""]), "conditions")));
   out.push(UI.section("Events", UI.table(["time", "type", "reason", "message"],
