@@ -76,13 +76,21 @@ class JobStats:
     def _catch_up(self, job: str, acc: _Acc) -> None:
         # the columns the feed copied out of each document: a first read walks the covering index (its order is not
         # seq's, which the sums do not need), a later one only the rows after the last seq seen
+        # (both reads stop at the same seq: a row stored between them waits for the next view)
         index = "INDEXED BY ix_trajectories_facts " if acc.last_seq == 0 else ""
-        sql = ("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, reason FROM trajectories "
-               f"{index}WHERE job = ? AND seq > ?")
         with self.engine.connect() as c:
-            rows = c.exec_driver_sql(sql, (job, acc.last_seq)).all()
+            max_seq = c.exec_driver_sql("SELECT max(seq) FROM trajectories WHERE job = ?", (job,)).scalar() or 0
+            if max_seq <= acc.last_seq:
+                return
+            span = (job, acc.last_seq, max_seq)
+            rows = c.exec_driver_sql("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy FROM "
+                                     f"trajectories {index}WHERE job = ? AND seq > ? AND seq <= ?", span).all()
+            # the failure reasons are not in the index (text made each insert dearer): read from the failed rows
+            failed = c.exec_driver_sql("SELECT seq, failure, reason FROM trajectories INDEXED BY ix_trajectories_facts "
+                                       "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND "
+                                       "seq <= ?", span).all()
         stages = [acc.stages[s] for s in STAGES]
-        for seq, reward, failure, tq, ti, tr, te, version, reason in rows:
+        for seq, reward, failure, tq, ti, tr, te, version in rows:
             if failure == "none" or failure == "agent":  # infra and config failures did not run to the end
                 for xs, t in zip(stages, (tq, ti, tr, te)):
                     if t is not None:
@@ -96,17 +104,16 @@ class JobStats:
                 p = acc.by_policy[version or "null"]
                 p[0] += reward
                 p[1] += 1
-            if failure != "none":
-                why = (reason or "").strip()[:200]
-                acc.reasons[failure][why] += 1
-                acc.examples[(failure, why)].append(seq)
-        if rows:
-            acc.last_seq = max(acc.last_seq, max(r[0] for r in rows))
-            for xs in stages:  # timsort: the sorted run and the new tail
-                xs.sort()
-            for key, seqs in acc.examples.items():  # the first few of each reason
-                if len(seqs) > EXAMPLES:
-                    acc.examples[key] = sorted(seqs)[:EXAMPLES]
+        for seq, failure, reason in failed:
+            why = (reason or "").strip()[:200]
+            acc.reasons[failure][why] += 1
+            acc.examples[(failure, why)].append(seq)
+        acc.last_seq = max_seq
+        for xs in stages:  # timsort: the sorted run and the new tail
+            xs.sort()
+        for key, seqs in acc.examples.items():  # the first few of each reason
+            if len(seqs) > EXAMPLES:
+                acc.examples[key] = sorted(seqs)[:EXAMPLES]
 
     @staticmethod
     def _render(acc: _Acc) -> dict[str, Any]:
