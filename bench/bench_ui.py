@@ -7,7 +7,8 @@ calls the UI's JSON routes in-process through the real app (`api.create_app`, be
   timings once) and warm (p50 of 5; only rows newer than the last view are read), and the jobs list;
 - the job page's trajectory list: first page, failure filter, task-id search, text search (server-side, 50/page);
 - trajectory page: `/ui/api/jobs/{ns}/{name}/trajectories/{seq}` decoded with the tiny model's tokenizer
-  (p50 of 20, tokenizer loaded before).
+  (p50 of 20, tokenizer loaded before);
+- what it costs the hot path: µs per stored trajectory with and without the UI's two indexes.
 Targets (issue 27): job page ≤ 1 s, trajectory page ≤ 300 ms.
 
     python -m bench ui [--quick]      (writes bench/RESULTS-ui.md; --quick seeds 20 000)
@@ -24,12 +25,16 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from typing import Iterator
+
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine
 
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.feed import Feed
+from rolloutd.controller.work import tables
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.rolloutjob import RolloutJob
 
@@ -64,19 +69,46 @@ def _trajectory(rng: random.Random, prompt: int, sample: int) -> dict:
                         "run": rng.lognormvariate(2, 0.7), "eval": rng.lognormvariate(0, 0.5)}}
 
 
-def seed(db: Path, n: int) -> float:
-    """N trajectories of one job, inserted as the feed inserts them; the seconds it took."""
-    t0 = time.perf_counter()
-    rng = random.Random(7)
-    con = sqlite3.connect(db)
-    batch = []
+def _rows(n: int, rng: random.Random, first_item: int = 1) -> Iterator[dict]:
     for i in range(n):
         prompt, sample = divmod(i, SAMPLES)
         t = _trajectory(rng, prompt, sample)
-        batch.append({"job": JOB, "item": i + 1, "prompt": prompt, "sample": sample, "reward": t["reward"],
-                      "failure": t["failure"]["kind"], "data": json.dumps(t, separators=(",", ":")), "group_id": None,
-                      "task_id": t["taskId"], "policy": json.dumps(t["policyVersion"]), "reason": t["failure"]["reason"],
-                      **{f"t_{k}": v for k, v in t["timings"].items()}})
+        yield {"job": JOB, "item": first_item + i, "prompt": prompt, "sample": sample, "reward": t["reward"],
+               "failure": t["failure"]["kind"], "data": json.dumps(t, separators=(",", ":")), "group_id": None,
+               "task_id": t["taskId"], "policy": json.dumps(t["policyVersion"]), "reason": t["failure"]["reason"],
+               **{f"t_{k}": v for k, v in t["timings"].items()}}
+
+
+def insert_cost(n: int = 20_000) -> dict[str, float]:
+    """µs per stored trajectory (batches of 64, one commit each, WAL) with and without the UI's two indexes."""
+    rows = list(_rows(n, random.Random(1)))
+    out = {}
+    for variant in ("without", "with", "without", "with"):
+        db = Path(tempfile.mkdtemp(prefix="rolloutd-bench-ui-insert-")) / "db.sqlite"
+        tables.create(create_engine(f"sqlite:///{db}"))
+        con = sqlite3.connect(db)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        if variant == "without":
+            con.execute("DROP INDEX ix_trajectories_facts")
+            con.execute("DROP INDEX ix_trajectories_job_prompt")
+        t0 = time.perf_counter()
+        for k in range(0, n, 64):
+            Feed.insert(con, rows[k:k + 64])
+            con.commit()
+        out[variant] = min(out.get(variant, 1e9), (time.perf_counter() - t0) / n * 1e6)
+        con.close()
+    return out
+
+
+def seed(db: Path, n: int) -> float:
+    """N trajectories of one job, inserted as the feed inserts them; the seconds it took."""
+    t0 = time.perf_counter()
+    rows = _rows(n, random.Random(7))
+    con = sqlite3.connect(db)
+    batch = []
+    for row in rows:
+        batch.append(row)
         if len(batch) == 5000:
             Feed.insert(con, batch)
             con.commit()
@@ -127,6 +159,7 @@ def run(quick: bool = False) -> list[dict]:
             "trajectory list, text search (absent: whole job scanned)": _time(client, f"{base}/trajectories?q=zz-absent", 3),
             "trajectory page (p50 of 20)": _time(client, f"{base}/trajectories/{mid}", 20),
         }
+    cost = insert_cost(5_000 if quick else 20_000)
     targets = {"job page, cold": 1.0, "job page, warm": 1.0, "trajectory page": 0.3}
     rows = []
     for name, (secs, size) in timings.items():
@@ -139,7 +172,13 @@ def run(quick: bool = False) -> list[dict]:
         f"{platform.processor() or platform.machine()}; seeded {n} trajectories in {seeded:.1f} s "
         f"(database {db_mb:.0f} MB)\n\n| call | time (response size) | target | met |\n|---|---|---|---|\n"
         + "".join(f"| {r['benchmark'][3:]} | {r['ours']} | {r['target']} | "
-                  f"{ {True: 'yes', False: '**no**', None: '-'}[r['met']]} |\n" for r in rows))
+                  f"{ {True: 'yes', False: '**no**', None: '-'}[r['met']]} |\n" for r in rows)
+        + f"\nWhat the UI costs the store: {cost['with']:.0f} µs per stored trajectory with its two indexes "
+          f"(`ix_trajectories_facts`, `ix_trajectories_job_prompt`), {cost['without']:.0f} µs without them "
+          "(batches of 64, WAL; best of two each).\n")
+    rows.append({"benchmark": "ui store cost per trajectory (with / without the UI's indexes)",
+                 "ours": f"{cost['with']:.0f} µs / {cost['without']:.0f} µs", "baseline": "-", "ratio": None,
+                 "target": "-", "met": None})
     return rows
 
 
