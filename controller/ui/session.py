@@ -20,6 +20,7 @@ from ..http.access import forbidden
 
 COOKIE = "rolloutd_session"
 SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 10_000  # beyond it, a login ends the oldest session
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Sessions:
             return None
         now = time.time()
         self._by_id = {k: s for k, s in self._by_id.items() if s.expires > now}
+        while len(self._by_id) >= MAX_SESSIONS:
+            self._by_id.pop(next(iter(self._by_id)))  # dicts keep insertion order: the oldest login
         sid = secrets.token_urlsafe(32)
         self._by_id[sid] = _Session(token.strip(), secrets.token_urlsafe(24), now + SESSION_SECONDS)
         return sid, who

@@ -204,6 +204,7 @@ def test_state_changes_need_post_csrf_and_this_origin(cluster, jobs, api):
         assert session.get("/ui/api/jobs").status_code == 401  # logged out: the session is gone on the server
     assert api.post("/ui/login", data={"token": cluster.controller.token},
                     headers={"Origin": "https://evil.example"}).status_code == 403
+    assert api.post("/ui/login", data={"token": "x" * 100_000}).status_code == 413
     join = (cluster.controller.data_dir / "join-token").read_text().strip()
     assert api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {join}"}).status_code == 401
     r = api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {cluster.scoped}"})
