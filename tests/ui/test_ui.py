@@ -82,6 +82,17 @@ def fetch(browser, path: str) -> tuple[int, str]:
     return status, body
 
 
+@pytest.fixture
+def admin(cluster, jobs, browser):
+    """The browser logged in with the admin token (each test can run alone)."""
+    url = cluster.controller.url
+    if not browser.current_url.startswith(url) or fetch(browser, "/ui/api/me")[0] != 200 \
+            or json.loads(fetch(browser, "/ui/api/me")[1])["name"] != "admin":
+        login(browser, url, cluster.controller.token)
+    browser.get_log("browser")  # what came before is not this test's
+    return browser
+
+
 def test_login_sets_an_httponly_strict_session_cookie_and_the_jobs_page_updates_live(cluster, jobs, browser):
     url = cluster.controller.url
     browser.get(url + "/ui/login")
@@ -104,7 +115,8 @@ def test_login_sets_an_httponly_strict_session_cookie_and_the_jobs_page_updates_
     assert console_errors(browser) == []
 
 
-def test_job_page_stage_counts_match_the_api(cluster, jobs, browser):
+def test_job_page_stage_counts_match_the_api(cluster, jobs, admin):
+    browser = admin
     browser.get(cluster.controller.url + "/ui/jobs/team-a/alpha")
     api = cluster.job("team-a", "alpha")["status"]["counts"]
     wait(browser, lambda d: stage_counts(d) == {k: api[k] for k in stage_counts(d)} and stage_counts(d),
@@ -126,7 +138,8 @@ def test_job_page_stage_counts_match_the_api(cluster, jobs, browser):
     assert console_errors(browser) == []
 
 
-def test_trajectory_page_shows_the_decoded_turns_and_the_reward(cluster, jobs, browser):
+def test_trajectory_page_shows_the_decoded_turns_and_the_reward(cluster, jobs, admin):
+    browser = admin
     seq, known = jobs["known_seq"], jobs["known"]
     browser.get(f"{cluster.controller.url}/ui/jobs/team-a/alpha/t/{seq}")
     wait(browser, lambda d: d.find_elements(By.ID, "reward"), "the trajectory page")
@@ -146,7 +159,8 @@ def test_trajectory_page_shows_the_decoded_turns_and_the_reward(cluster, jobs, b
     assert console_errors(browser) == []
 
 
-def test_a_hostile_trajectory_renders_as_text_under_the_csp(cluster, jobs, browser, api):
+def test_a_hostile_trajectory_renders_as_text_under_the_csp(cluster, jobs, admin, api):
+    browser = admin
     path = f"/ui/jobs/team-a/alpha/t/{jobs['hostile_seq']}"
     browser.get(cluster.controller.url + path)
     wait(browser, lambda d: d.find_elements(By.ID, "reward"), "the hostile trajectory's page")
@@ -158,6 +172,13 @@ def test_a_hostile_trajectory_renders_as_text_under_the_csp(cluster, jobs, brows
     assert [s.removeprefix(cluster.controller.url) for s in scripts] == list(OURS)
     assert not browser.find_elements(By.CSS_SELECTOR, "main img, main a[href^='javascript']")
     assert console_errors(browser) == []  # nothing ran, nothing was blocked either: it never became markup
+    # and were some text to become markup, the CSP would still refuse to run it
+    browser.execute_script("const s = document.createElement('script'); s.textContent = 'window.pwned = 1';"
+                           "document.body.append(s); const i = document.createElement('img'); i.src = 'x';"
+                           "i.setAttribute('onerror', 'window.pwned = 2'); document.body.append(i);")
+    wait(browser, lambda d: any("Content Security Policy" in e["message"] for e in d.get_log("browser")),
+         "chromium reports the CSP refusing the inline script")
+    assert browser.execute_script("return window.pwned") is None
     csp = api.get(path).headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
     assert api.get("/ui/static/app.js").headers["x-content-type-options"] == "nosniff"
