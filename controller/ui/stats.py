@@ -9,6 +9,7 @@ Next step: throughput over time (rollouts per minute from the timings' stamps).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import threading
@@ -35,6 +36,17 @@ def failure_counts(engine: Engine, job: str) -> dict[str, Any]:
     return {"delivered": total, "byKind": kinds,
             "infraRate": round(kinds.get("infra", 0) / total, 4) if total else None,
             "rewardMean": round(sum(s for s, _ in scored) / count, 4) if count else None}
+
+
+def _histogram(sorted_xs: list[float], bins: int = 12) -> list[dict[str, float]]:
+    """Counts in `bins` equal bins from the smallest value to the 99th percentile (the last bin takes the tail)."""
+    if not sorted_xs:
+        return []
+    lo, hi = sorted_xs[0], _pct(sorted_xs, 0.99) or sorted_xs[0]
+    width = (hi - lo) / bins or 1.0
+    edges = [lo + k * width for k in range(1, bins)]
+    cuts = [0, *(bisect.bisect_right(sorted_xs, e) for e in edges), len(sorted_xs)]
+    return [{"lo": round(lo + k * width, 4), "n": cuts[k + 1] - cuts[k]} for k in range(bins)]
 
 
 def _pct(sorted_xs: list[float], q: float) -> float | None:
@@ -119,8 +131,8 @@ class JobStats:
     def _render(acc: _Acc) -> dict[str, Any]:
         width = (acc.reward_hi - acc.reward_lo) / REWARD_BINS
         return {
-            "stages": [{"stage": s, "n": len(xs), "p50": _pct(xs, 0.5), "p95": _pct(xs, 0.95)}
-                       for s, xs in acc.stages.items()],
+            "stages": [{"stage": s, "n": len(xs), "p50": _pct(xs, 0.5), "p95": _pct(xs, 0.95),
+                        "histogram": _histogram(xs)} for s, xs in acc.stages.items()],
             "rewardHistogram": [{"lo": round(acc.reward_lo + i * width, 4), "hi": round(acc.reward_lo + (i + 1) * width, 4),
                                  "n": n} for i, n in enumerate(acc.rewards)],
             "rewardOutOfRange": acc.out_of_range,

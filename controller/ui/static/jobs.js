@@ -44,8 +44,8 @@ function jobSections(doc) {
     doc.status.message ? UI.el("span", {class: "message", text: " — " + doc.status.message}) : null);
   const out = [head, UI.section("Stages", funnel)];
   if (doc.stages) {
-    out.push(UI.section("Stage times (seconds, finished rollouts)", UI.table(["stage", "rollouts", "p50", "p95"],
-      doc.stages.map(s => [s.stage, s.n, UI.fmt(s.p50), UI.fmt(s.p95)]), "stages")));
+    out.push(UI.section("Stage times (seconds, finished rollouts)", UI.table(["stage", "rollouts", "p50", "p95", "distribution (to p99)"],
+      doc.stages.map(s => [s.stage, s.n, UI.fmt(s.p50), UI.fmt(s.p95), spark(s.histogram)]), "stages")));
     const hmax = Math.max(1, ...doc.rewardHistogram.map(b => b.n));
     out.push(UI.section("Rewards",
       UI.table(["reward", "", "rollouts"], doc.rewardHistogram.map(b => [`${b.lo} – ${b.hi}`, UI.bar(b.n, hmax), b.n]), "histogram"),
@@ -72,6 +72,16 @@ function jobSections(doc) {
   out.push(UI.section("Events", UI.table(["time", "type", "reason", "message"],
     doc.events.slice(-50).reverse().map(e => [e.lastTimestamp || e.time || e.firstTimestamp || "", e.type, e.reason, e.message]), "events")));
   return out;
+}
+
+// A stage's distribution as a row of bars (each bar's height: its share of the tallest bin).
+function spark(bins) {
+  const top = Math.max(1, ...bins.map(b => b.n));
+  return UI.el("span", {class: "spark", title: bins.map(b => `≥ ${b.lo} s: ${b.n}`).join("\n")}, bins.map(b => {
+    const bar = UI.el("span", {class: "sparkbar"});
+    bar.style.height = Math.max(1, Math.round(18 * b.n / top)) + "px";
+    return bar;
+  }));
 }
 
 function searchForm(section, ns, name) {
