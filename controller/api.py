@@ -12,6 +12,7 @@
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
+    /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
 Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
 a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
@@ -92,7 +93,8 @@ class _AuthAndMetrics:
                 self.latency.labels(method).observe(time.perf_counter() - start)
             await send(message)
 
-        admin = path == "/healthz" or token_matches(header, self.token)
+        own_auth = path == "/healthz" or path == "/ui" or path.startswith("/ui/")  # the UI checks its own (`ui/`)
+        admin = own_auth or token_matches(header, self.token)
         if not admin and NodeGate.is_node_path(path):
             bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
             allowed, job = self.nodes.check(path, bearer) if self.nodes is not None else (False, None)
@@ -246,4 +248,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         app.include_router(node_router(scheduler, credentials))
         app.include_router(trainer_router(store, scheduler))
     describe(app)
+    from .ui.app import create_ui
+
+    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler))
     return app

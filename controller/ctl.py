@@ -7,6 +7,7 @@
     rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
+    rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (ctl_trajectory.py)
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
     rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`ctl_policy.py`)
 
@@ -34,6 +35,7 @@ from rolloutd.crds.names import TERMINAL_PHASES
 from . import ctl_views as views, spec_paths
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
 from .ctl_policy import bind as bind_policy
+from .ctl_trajectory import register as register_trajectory
 from .documents import load_documents
 
 app = typer.Typer(
@@ -45,6 +47,7 @@ app = typer.Typer(
 )
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
 
 
@@ -192,9 +195,7 @@ def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...
     """Show a RolloutJob: spec summary, status, conditions and events."""
     _check_resource(resource)
     client = _client()
-    obj = _run(lambda: client.get(name))
-    events = _run(lambda: client.events(name))
-    print(views.describe_text(obj, events))
+    print(views.describe_text(_run(lambda: client.get(name)), _run(lambda: client.events(name))))
 
 
 # ---------------------------------------------------------------- delete
@@ -333,8 +334,7 @@ def trajectories(
             else:
                 table_rows.append(views.trajectory_line(t))
         if output == "table" and not follow:
-            print(views.TRAJECTORY_HEADER)
-            print("\n".join(table_rows))
+            print("\n".join([views.TRAJECTORY_HEADER, *table_rows]))
 
     _run(go)
 

@@ -17,7 +17,13 @@ from rolloutd.crds.trajectory import Trajectory
 
 from .jobs import Wakeups
 from .plain import Item
-from .tables import ItemRow, TrajectoryRow
+from .tables import FACT_REASON, ItemRow, TrajectoryRow
+
+
+def facts(t: Trajectory) -> dict[str, Any]:
+    """The columns beside a trajectory's document that the UI sums up (`tables.FACTS`)."""
+    return {"task_id": t.task_id, "policy": json.dumps(t.policy_version), "reason": t.failure.reason[:FACT_REASON],
+            "t_queue": t.timings.queue, "t_init": t.timings.init, "t_run": t.timings.run, "t_eval": t.timings.eval}
 
 
 class Feed:
@@ -35,7 +41,7 @@ class Feed:
             t.group = item.group_id
         row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample, "reward": t.reward,
                "failure": t.failure.kind.value, "data": t.model_dump_json(by_alias=True),
-               "group_id": item.group_id}
+               "group_id": item.group_id, **facts(t)}
         if into is None:
             s.add(TrajectoryRow(**row))
         else:
@@ -45,8 +51,10 @@ class Feed:
     @staticmethod
     def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
         """The rows `deliver` collected, in order (their seqs follow it)."""
-        db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id) "
-                       "VALUES (:job, :item, :prompt, :sample, :reward, :failure, :data, :group_id)", rows)
+        db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id, task_id, "
+                       "policy, reason, t_queue, t_init, t_run, t_eval) VALUES (:job, :item, :prompt, :sample, "
+                       ":reward, :failure, :data, :group_id, :task_id, :policy, :reason, :t_queue, :t_init, :t_run, "
+                       ":t_eval)", rows)
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:

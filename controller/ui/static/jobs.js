@@ -1,0 +1,114 @@
+// The jobs page (every job the token may see, live) and a job's page (funnel, stage times, rewards, failures,
+// nodes, backends, conditions, events, and a search over its trajectories). Uses dom.js; data from /ui/api.
+"use strict";
+const STAGES = ["queued", "init", "run", "eval", "succeeded", "failed", "cancelled"];
+
+UI.jobsPage = main => {
+  const body = UI.el("div", {id: "jobs"});
+  UI.replace(main, UI.el("h1", {text: "Rollout jobs"}), body);
+  const render = doc => {
+    if (!doc.items.length) { UI.replace(body, UI.el("p", {class: "muted", text: "No jobs you may see."})); return; }
+    const rows = doc.items.map(j => [
+      j.namespace, UI.link(j.name, "jobs", j.namespace, j.name),
+      UI.el("span", {class: "phase " + j.phase, text: j.phase}),
+      UI.el("span", {class: "progress"}, UI.bar((j.counts.succeeded || 0) + (j.counts.failed || 0), j.counts.total || 0),
+            ` ${(j.counts.succeeded || 0) + (j.counts.failed || 0)} / ${j.counts.total || 0}`),
+      ...["queued", "init", "run", "eval", "succeeded", "failed"].map(s => UI.el("span", {"data-stage": s, text: j.counts[s] || 0})),
+      UI.fmt(j.rolloutsPerSecond), UI.secs(j.etaSeconds), UI.fmt(j.rewardMean), UI.pct(j.infraRate)]);
+    UI.replace(body, UI.table(["namespace", "name", "phase", "progress", "queued", "init", "run", "eval", "succeeded",
+                               "failed", "rollouts/s", "ETA", "reward mean", "infra failures"], rows, "jobs"));
+    body.dataset.updated = String(Date.now());
+  };
+  UI.follow("/ui/api/jobs/stream", render);
+};
+
+UI.jobPage = (main, ns, name) => {
+  const live = UI.el("div", {id: "job"});
+  const search = UI.el("section", {id: "search"});
+  UI.replace(main, UI.el("h1", {}, name, UI.el("span", {class: "muted", text: "  namespace " + ns})), live, search);
+  UI.follow(`/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/stream`,
+            doc => UI.replace(live, ...jobSections(doc)), gone => UI.replace(live, UI.error(String(gone))));
+  searchForm(search, ns, name);
+};
+
+function jobSections(doc) {
+  const c = doc.status.counts || {};
+  const max = Math.max(c.total || 0, 1);
+  const funnel = UI.table(["stage", "", "rollouts"], STAGES.map(s => [s, UI.bar(c[s] || 0, max, s),
+                          UI.el("span", {"data-stage": s, text: c[s] || 0})]), "funnel");
+  const head = UI.el("p", {class: "summary"},
+    UI.el("span", {class: "phase " + doc.phase, id: "phase", text: doc.phase}),
+    ` ${c.total || 0} rollouts · ${UI.fmt(doc.rolloutsPerSecond)} rollouts/s · ETA ${UI.secs(doc.etaSeconds)} · policy version ` +
+    `${UI.fmt(doc.status.policyVersion)} · reward mean ${UI.fmt(doc.trajectories ? doc.trajectories.rewardMean : null)} · ` +
+    `infra failures ${UI.pct(doc.trajectories ? doc.trajectories.infraRate : null)}`,
+    doc.status.message ? UI.el("span", {class: "message", text: " — " + doc.status.message}) : null);
+  const out = [head, UI.section("Stages", funnel)];
+  if (doc.stages) {
+    out.push(UI.section("Stage times (seconds, finished rollouts)", UI.table(["stage", "rollouts", "p50", "p95", "distribution (to p99)"],
+      doc.stages.map(s => [s.stage, s.n, UI.fmt(s.p50), UI.fmt(s.p95), spark(s.histogram)]), "stages")));
+    const hmax = Math.max(1, ...doc.rewardHistogram.map(b => b.n));
+    out.push(UI.section("Rewards",
+      UI.table(["reward", "", "rollouts"], doc.rewardHistogram.map(b => [`${b.lo} – ${b.hi}`, UI.bar(b.n, hmax), b.n]), "histogram"),
+      doc.rewardOutOfRange ? UI.el("p", {class: "muted", text: `${doc.rewardOutOfRange} rewards outside [0, 1]`}) : null,
+      UI.table(["policy version", "rollouts", "reward mean"], doc.rewardByPolicy.map(p => [p.policyVersion, p.n, UI.fmt(p.mean)]), "policies")));
+    out.push(UI.section("Failures", doc.failures.length ? UI.table(["kind", "count", "most common reasons"],
+      doc.failures.map(f => [f.kind, f.count, UI.el("ul", {}, f.reasons.map(r => UI.el("li", {},
+        UI.el("span", {class: "reason", text: r.reason || "(no reason)"}), ` × ${r.count} `,
+        r.examples.map(seq => [UI.link("#" + seq, "jobs", doc.namespace, doc.name, "t", seq), " "]))))]), "failures")
+      : UI.el("p", {class: "muted", text: "None."})));
+  }
+  out.push(UI.section("Nodes", doc.nodes.length ? UI.table(["node", "host", "state", "slot", "last beat"],
+    doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")
+    : UI.el("p", {class: "muted", text: "No node registered."})));
+  if (doc.status.batch) {
+    const b = doc.status.batch;
+    out.push(UI.section("Batches", UI.table(["current", "state", "informative groups", "target", "completed"],
+      [[b.current, b.state, b.counted, b.target, b.completed]], "batch")));
+  }
+  out.push(UI.section("Backends", UI.table(["url", "healthy", "in flight", "tasks of this job pinned", "admission cap", "reason"],
+    doc.backends.map(b => [b.url, b.healthy ? "yes" : "no", b.inflight, b.pinnedToJob, b.admissionCap, b.reason]), "backends")));
+  out.push(UI.section("Conditions", UI.table(["type", "status", "reason", "message", "since"],
+    (doc.status.conditions || []).map(k => [k.type, k.status, k.reason || "", k.message || "", k.lastTransitionTime || ""]), "conditions")));
+  out.push(UI.section("Events", UI.table(["time", "type", "reason", "message"],
+    doc.events.slice(-50).reverse().map(e => [e.lastTimestamp || e.time || e.firstTimestamp || "", e.type, e.reason, e.message]), "events")));
+  return out;
+}
+
+// A stage's distribution as a row of bars (each bar's height: its share of the tallest bin).
+function spark(bins) {
+  const top = Math.max(1, ...bins.map(b => b.n));
+  return UI.el("span", {class: "spark", title: bins.map(b => `≥ ${b.lo} s: ${b.n}`).join("\n")}, bins.map(b => {
+    const bar = UI.el("span", {class: "sparkbar"});
+    bar.style.height = Math.max(1, Math.round(18 * b.n / top)) + "px";
+    return bar;
+  }));
+}
+
+function searchForm(section, ns, name) {
+  const input = (label, nm, type) => UI.el("label", {}, label + " ", UI.el("input", {name: nm, type: type || "text", step: "any"}));
+  const kind = UI.el("select", {name: "failure"}, ["", "none", "agent", "infra", "config"].map(k => UI.el("option", {value: k, text: k || "any"})));
+  const results = UI.el("div", {id: "results"});
+  const more = UI.el("button", {type: "button", hidden: "hidden", text: "More"});
+  const form = UI.el("form", {id: "filter"}, input("reward ≥", "rewardMin", "number"), input("reward ≤", "rewardMax", "number"),
+    UI.el("label", {}, "failure ", kind), input("task id", "task"), input("text", "q"), UI.el("button", {type: "submit", text: "Search"}));
+  let after = 0, rows = [];
+  const base = `/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/trajectories`;
+  const load = async () => {
+    const params = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v !== "") params.set(k, v);
+    params.set("after", after);
+    try {
+      const page = await UI.getJSON(base + "?" + params);
+      rows = rows.concat(page.items.map(t => [UI.link("#" + t.seq, "jobs", ns, name, "t", t.seq), t.taskId || "", t.prompt, t.sample,
+        UI.fmt(t.reward), t.failure, UI.el("span", {class: "reason", text: t.reason}), UI.fmt(t.policyVersion)]));
+      UI.replace(results, rows.length ? UI.table(["seq", "task", "prompt", "sample", "reward", "failure", "reason", "policy"], rows, "trajectories")
+                                     : UI.el("p", {class: "muted", text: "No trajectory matches."}));
+      after = page.next;
+      more.hidden = page.next === null;
+    } catch (e) { UI.replace(results, UI.error(e.message)); }
+  };
+  form.addEventListener("submit", e => { e.preventDefault(); after = 0; rows = []; load(); });
+  more.addEventListener("click", load);
+  UI.replace(section, UI.el("h2", {text: "Trajectories"}), form, results, more);
+  load();
+}

@@ -1,0 +1,199 @@
+"""A job's trajectories summed up for the UI, in SQL and on the server: never the whole table to a browser.
+
+Called by `app.py` (job page, jobs list, trajectory search). Per-stage p50/p95, rewards per policy version and
+failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
+and keeps the running sums in memory. It reads the columns the feed copies out of each document, from the
+covering index `ix_trajectories_facts` (`work/tables.py`), never `data` (seconds at 100 000 rollouts).
+`search` filters one page of a job's trajectories.
+Next step: throughput over time (rollouts per minute from the timings' stamps).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+STAGES = ("queue", "init", "run", "eval")
+REWARD_BINS = 10
+EXAMPLES = 3
+
+
+def failure_counts(engine: Engine, job: str) -> dict[str, Any]:
+    """Trajectories by failure kind and the reward mean (infra left out), from the index alone."""
+    with engine.connect() as c:
+        rows = c.exec_driver_sql("SELECT failure, count(*), sum(reward), count(reward) FROM trajectories "
+                                 "WHERE job = ? GROUP BY failure", (job,)).all()
+    kinds = {kind: n for kind, n, _, _ in rows}
+    total = sum(kinds.values())
+    scored = [(s, n) for kind, _, s, n in rows if kind != "infra" and n]
+    count = sum(n for _, n in scored)
+    return {"delivered": total, "byKind": kinds,
+            "infraRate": round(kinds.get("infra", 0) / total, 4) if total else None,
+            "rewardMean": round(sum(s for s, _ in scored) / count, 4) if count else None}
+
+
+def _histogram(sorted_xs: list[float], bins: int = 12) -> list[dict[str, float]]:
+    """Counts in `bins` equal bins from the smallest value to the 99th percentile (the last bin takes the tail)."""
+    if not sorted_xs:
+        return []
+    lo, hi = sorted_xs[0], _pct(sorted_xs, 0.99) or sorted_xs[0]
+    width = (hi - lo) / bins or 1.0
+    edges = [lo + k * width for k in range(1, bins)]
+    cuts = [0, *(bisect.bisect_right(sorted_xs, e) for e in edges), len(sorted_xs)]
+    return [{"lo": round(lo + k * width, 4), "n": cuts[k + 1] - cuts[k]} for k in range(bins)]
+
+
+def _pct(sorted_xs: list[float], q: float) -> float | None:
+    if not sorted_xs:
+        return None
+    return round(sorted_xs[min(len(sorted_xs) - 1, max(0, math.ceil(q * len(sorted_xs)) - 1))], 4)
+
+
+@dataclass
+class _Acc:
+    uid: str
+    last_seq: int = 0
+    stages: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STAGES})
+    rewards: list[int] = field(default_factory=lambda: [0] * REWARD_BINS)
+    reward_lo: float = 0.0
+    reward_hi: float = 1.0
+    out_of_range: int = 0
+    by_policy: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0]))
+    reasons: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    examples: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(list))
+
+
+class JobStats:
+    """Running aggregates per job (keyed with the job's uid: a job created again under its name starts afresh)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._acc: dict[str, _Acc] = {}
+        self._lock = threading.Lock()
+
+    def summary(self, job: str, uid: str) -> dict[str, Any]:
+        with self._lock:
+            acc = self._acc.get(job)
+            if acc is None or acc.uid != uid:
+                acc = self._acc[job] = _Acc(uid)
+            self._catch_up(job, acc)
+            return self._render(acc)
+
+    def _catch_up(self, job: str, acc: _Acc) -> None:
+        # the columns the feed copied out of each document: a first read walks the covering index (its order is not
+        # seq's, which the sums do not need), a later one only the rows after the last seq seen
+        # (both reads stop at the same seq: a row stored between them waits for the next view)
+        index = "INDEXED BY ix_trajectories_facts " if acc.last_seq == 0 else ""
+        with self.engine.connect() as c:
+            max_seq = c.exec_driver_sql("SELECT max(seq) FROM trajectories WHERE job = ?", (job,)).scalar() or 0
+            if max_seq <= acc.last_seq:
+                return
+            span = (job, acc.last_seq, max_seq)
+            rows = c.exec_driver_sql("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy FROM "
+                                     f"trajectories {index}WHERE job = ? AND seq > ? AND seq <= ?", span).all()
+            # the failure reasons are not in the index (text made each insert dearer): read from the failed rows
+            failed = c.exec_driver_sql("SELECT seq, failure, reason FROM trajectories INDEXED BY ix_trajectories_facts "
+                                       "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND "
+                                       "seq <= ?", span).all()
+        stages = [acc.stages[s] for s in STAGES]
+        for seq, reward, failure, tq, ti, tr, te, version in rows:
+            if failure == "none" or failure == "agent":  # infra and config failures did not run to the end
+                for xs, t in zip(stages, (tq, ti, tr, te)):
+                    if t is not None:
+                        xs.append(t)
+            if reward is not None:
+                if acc.reward_lo <= reward <= acc.reward_hi:
+                    i = min(REWARD_BINS - 1, int((reward - acc.reward_lo) / (acc.reward_hi - acc.reward_lo) * REWARD_BINS))
+                    acc.rewards[i] += 1
+                else:
+                    acc.out_of_range += 1
+                p = acc.by_policy[version or "null"]
+                p[0] += reward
+                p[1] += 1
+        for seq, failure, reason in failed:
+            why = (reason or "").strip()[:200]
+            acc.reasons[failure][why] += 1
+            acc.examples[(failure, why)].append(seq)
+        acc.last_seq = max_seq
+        for xs in stages:  # timsort: the sorted run and the new tail
+            xs.sort()
+        for key, seqs in acc.examples.items():  # the first few of each reason
+            if len(seqs) > EXAMPLES:
+                acc.examples[key] = sorted(seqs)[:EXAMPLES]
+
+    @staticmethod
+    def _render(acc: _Acc) -> dict[str, Any]:
+        width = (acc.reward_hi - acc.reward_lo) / REWARD_BINS
+        return {
+            "stages": [{"stage": s, "n": len(xs), "p50": _pct(xs, 0.5), "p95": _pct(xs, 0.95),
+                        "histogram": _histogram(xs)} for s, xs in acc.stages.items()],
+            "rewardHistogram": [{"lo": round(acc.reward_lo + i * width, 4), "hi": round(acc.reward_lo + (i + 1) * width, 4),
+                                 "n": n} for i, n in enumerate(acc.rewards)],
+            "rewardOutOfRange": acc.out_of_range,
+            "rewardByPolicy": [{"policyVersion": json.loads(v), "n": n, "mean": round(s / n, 4)}
+                               for v, (s, n) in sorted(acc.by_policy.items())],
+            "failures": [{"kind": kind, "count": sum(c.values()),
+                          "reasons": [{"reason": r, "count": n, "examples": acc.examples[(kind, r)]}
+                                      for r, n in c.most_common(5)]}
+                         for kind, c in sorted(acc.reasons.items())],
+        }
+
+
+def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_min: float | None = None,
+           reward_max: float | None = None, failure: str | None = None, task: str | None = None,
+           text: str | None = None) -> dict[str, Any]:
+    """One page of a job's trajectories (seq > `after`, in order) matching every filter given."""
+    where, args = ["job = ?", "seq > ?"], [job, after]
+    if reward_min is not None:
+        where.append("reward >= ?")
+        args.append(reward_min)
+    if reward_max is not None:
+        where.append("reward <= ?")
+        args.append(reward_max)
+    if failure:
+        where.append("failure = ?")
+        args.append(failure)
+    if task:
+        where.append("task_id = ?")
+        args.append(task)
+    if text:
+        where.append("instr(data, ?) > 0")
+        args.append(text)
+    sql = ("SELECT seq, prompt, sample, reward, failure, task_id, policy, reason FROM trajectories WHERE "
+           + " AND ".join(where) + " ORDER BY seq LIMIT ?")
+    with engine.connect() as c:
+        rows = c.exec_driver_sql(sql, (*args, limit + 1)).all()
+    items = [{"seq": seq, "prompt": prompt, "sample": sample, "reward": reward, "failure": fail, "taskId": task_id,
+              "policyVersion": json.loads(version) if version else None, "reason": reason}
+             for seq, prompt, sample, reward, fail, task_id, version, reason in rows[:limit]]
+    return {"items": items, "next": items[-1]["seq"] if len(rows) > limit else None}
+
+
+def trajectory(engine: Engine, job: str, seq: int) -> str | None:
+    """The stored JSON of trajectory `seq` when it belongs to `job`."""
+    with engine.connect() as c:
+        row = c.exec_driver_sql("SELECT data FROM trajectories WHERE seq = ? AND job = ?", (seq, job)).first()
+    return None if row is None else row[0]
+
+
+def group(engine: Engine, job: str, prompt: int, group_id: int | None) -> list[dict[str, Any]]:
+    """The samples of a GRPO group (the prompt's, or the batch group's) with their rewards and advantages."""
+    with engine.connect() as c:
+        if group_id is not None:
+            rows = c.exec_driver_sql("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
+                                     "group_id = ? ORDER BY sample", (job, group_id)).all()
+        else:
+            rows = c.exec_driver_sql("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
+                                     "prompt = ? AND group_id IS NULL ORDER BY sample", (job, prompt)).all()
+    scored = [r[2] for r in rows if r[2] is not None]
+    mean = sum(scored) / len(scored) if scored else 0.0
+    std = math.sqrt(sum((x - mean) ** 2 for x in scored) / len(scored)) if scored else 0.0
+    return [{"seq": seq, "sample": sample, "reward": reward, "failure": fail,
+             "advantage": None if reward is None else round((reward - mean) / std, 4) if std > 0 else 0.0}
+            for seq, sample, reward, fail in rows]

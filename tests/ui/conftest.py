@@ -1,0 +1,61 @@
+"""Fixtures for the web UI tests: a real controller (local executor, no daemon: the test is the node, over the
+real node protocol), two namespaces' jobs with trajectories made with the tiny model's tokenizer, a namespace
+token, and Debian's chromium driven headless by selenium (its console log kept for the checks)."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+_spec = importlib.util.spec_from_file_location("controller_fixtures", HERE.parent / "controller" / "conftest.py")
+controller_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(controller_fixtures)
+ControllerProcess = controller_fixtures.ControllerProcess
+
+from protocol import Cluster  # noqa: E402
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ui")
+    c = ControllerProcess(base / "data", executors="local").start()
+    try:
+        yield Cluster(c, base)
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and DRIVER):
+        pytest.fail("chromium and chromium-driver are needed (.ci/system-packages.sh installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1360,1000",
+                "--disable-gpu", "--no-first-run"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def api(cluster):
+    with httpx.Client(base_url=cluster.controller.url, timeout=30) as client:
+        yield client

@@ -1,0 +1,72 @@
+"""The columns the UI sums (`work/tables.FACTS`): written by the feed with each trajectory, and filled once for
+the trajectories of a database from before them; the job page's sums read them, never the documents. Also the
+decoded view of a harness's segments (real SQLite, the tiny model's real tokenizer)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from sqlalchemy import create_engine
+
+from rolloutd.agents.model_dirs import model_dir
+from rolloutd.controller.ui import decode, stats
+from rolloutd.controller.work import tables
+from rolloutd.controller.work.feed import facts
+from rolloutd.crds.trajectory import Trajectory
+
+OLD = ("CREATE TABLE trajectories (seq INTEGER PRIMARY KEY, job VARCHAR NOT NULL, item INTEGER NOT NULL UNIQUE, "
+       "prompt INTEGER NOT NULL, sample INTEGER NOT NULL, reward FLOAT, failure VARCHAR NOT NULL, data VARCHAR NOT NULL, "
+       "group_id INTEGER)")
+
+
+def doc(sample: int, reward, kind: str = "none", reason: str = "", version=3) -> dict:
+    return {"job": "j", "prompt": 0, "sample": sample, "taskId": "t0", "reward": reward, "policyVersion": version,
+            "failure": {"kind": kind, "reason": reason}, "timings": {"queue": 0.1, "init": 1.0, "run": 2.0 + sample,
+                                                                    "eval": 0.5}}
+
+
+def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.execute(OLD)
+    rows = [doc(0, 1.0), doc(1, 0.0, "agent", "no answer"), doc(2, None, "infra", "sandbox died", "v2")]
+    for i, d in enumerate(rows):
+        con.execute("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data) VALUES (?,?,?,?,?,?,?)",
+                    ("j", i, 0, d["sample"], d["reward"], d["failure"]["kind"], json.dumps(d)))
+    con.commit()
+    con.close()
+    engine = create_engine(f"sqlite:///{db}")
+    tables.create(engine)
+    got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run FROM trajectories ORDER BY seq").fetchall()
+    assert got == [("t0", "3", "", 2.0), ("t0", "3", "no answer", 3.0), ("t0", '"v2"', "sandbox died", 4.0)]
+    summary = stats.JobStats(engine).summary("j", "uid")
+    run = next(s for s in summary["stages"] if s["stage"] == "run")
+    assert run["n"] == 2 and run["p50"] == 2.0 and run["p95"] == 3.0  # the infra failure has no stage times
+    assert summary["rewardByPolicy"] == [{"policyVersion": 3, "n": 2, "mean": 0.5}]
+    assert {f["kind"]: f["reasons"][0]["reason"] for f in summary["failures"]} == {"agent": "no answer",
+                                                                                   "infra": "sandbox died"}
+    assert stats.search(engine, "j", task="t0", failure="agent")["items"][0]["reason"] == "no answer"
+
+
+def test_the_feed_writes_the_same_facts_the_migration_fills():
+    t = Trajectory.model_validate(doc(1, 0.0, "agent", "x" * 500))
+    assert facts(t) == {"task_id": "t0", "policy": "3", "reason": "x" * tables.FACT_REASON, "t_queue": 0.1,
+                        "t_init": 1.0, "t_run": 3.0, "t_eval": 0.5}
+
+
+def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir("tiny")), local_files_only=True)
+    first, second = tok.encode("Hello there", add_special_tokens=False), tok.encode("General Kenobi", add_special_tokens=False)
+    seg = lambda ids, p: {"tokenIds": ids, "promptLength": p, "lossMask": [0] * p + [1] * (len(ids) - p),  # noqa: E731
+                          "logprobs": [None] * p + [-0.5] * (len(ids) - p),
+                          "turns": [{"generatedStart": p, "generatedEnd": len(ids)}]}
+    t = {"job": "j", "prompt": 0, "sample": 0, "segments": [seg(first + second, len(first)), seg(second + first, 0)]}
+    view = decode.decode(t, str(model_dir("tiny")))
+    assert view["tokenizerProblem"] == "" and len(view["sequences"]) == 2
+    assert view["sequences"][0]["prompt"] == "Hello there"
+    assert view["sequences"][0]["turns"][0]["assistant"].strip() == "General Kenobi"
+    assert [k["mask"] for k in view["sequences"][1]["tokenView"]["tokens"]] == [1] * len(second + first)
+    missing = decode.decode(t, "/nonexistent/tokenizer")
+    assert missing["tokenizerProblem"] == "spec.llm.tokenizer '/nonexistent/tokenizer' could not be loaded on the controller's host"
