@@ -1,5 +1,5 @@
 """The UI tests' cluster: jobs applied through the API and their trajectories reported through the real node
-protocol (register, lease, results with the join token), made token-exact with the tiny model's tokenizer."""
+protocol (register, lease, results, as the admin may), made token-exact with the tiny model's tokenizer."""
 from __future__ import annotations
 
 import json
@@ -25,8 +25,9 @@ class Cluster:
         self.controller, self.base = controller, base
         self.admin = httpx.Client(base_url=controller.url, timeout=30,
                                   headers={"Authorization": f"Bearer {controller.token}"})
-        join = (controller.data_dir / "join-token").read_text().strip()
-        self.node_api = httpx.Client(base_url=controller.url, timeout=30, headers={"Authorization": f"Bearer {join}"})
+        # the admin token acts as any node (a job's node credential registers only the daemons its executor starts)
+        self.node_api = httpx.Client(base_url=controller.url, timeout=30,
+                                     headers={"Authorization": f"Bearer {controller.token}"})
         self.tok = AutoTokenizer.from_pretrained(str(TINY), local_files_only=True)
         self.scoped = create_scoped_token(controller.data_dir / "tokens", "team-a-reader", read_only=True,
                                           namespaces=["team-a"]).token
@@ -41,7 +42,7 @@ class Cluster:
                                 + "\n" for i in range(prompts)))
         doc = {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name, "namespace": namespace},
                "spec": {"tasks": {"kind": "math", "source": str(data)}, "samplesPerPrompt": samples,
-                        "agent": {"kind": "oracle"}, "llm": {"tokenizer": str(TINY)},
+                        "llm": {"tokenizer": str(TINY)},
                         "executor": {"kind": "local", "nodes": 0}}}
         r = self.admin.post(f"{P}/namespaces/{namespace}/rolloutjobs", json=doc)
         assert r.status_code == 201, r.text

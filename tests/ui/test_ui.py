@@ -12,7 +12,7 @@ from selenium.common.exceptions import NoAlertPresentException, StaleElementRefe
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from protocol import HOSTILE
+from protocol import HOSTILE, P
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "content" / "images"
 OURS = ("/ui/static/dom.js", "/ui/static/jobs.js", "/ui/static/trajectory.js", "/ui/static/app.js")
@@ -234,8 +234,8 @@ def test_state_changes_need_post_csrf_and_this_origin(cluster, jobs, api):
         assert s.get("/ui/api/jobs").status_code == 200
         (cluster.controller.data_dir / "tokens" / "short-lived.json").unlink()
         assert s.get("/ui/api/jobs").status_code == 401
-    join = (cluster.controller.data_dir / "join-token").read_text().strip()
-    assert api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {join}"}).status_code == 401
+    credential = cluster.admin.post(f"{P}/namespaces/team-a/rolloutjobs/alpha/nodes/credential").json()["credential"]
+    assert api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {credential}"}).status_code == 401  # a node's
     r = api.get("/ui/api/jobs", headers={"Authorization": f"Bearer {cluster.scoped}"})
     assert [j["name"] for j in r.json()["items"]] == ["alpha"]
 
