@@ -117,8 +117,9 @@ def test_health_reasons_reload_errors_metrics_and_logs_carry_no_byte_of_a_backen
     secret500, junk, bad_line = services
     team = create_scoped_token(controller.data_dir / "tokens", "team-a", read_only=False, namespaces=["team-a"])
     job = f"{P}/namespaces/team-a/rolloutjobs/probe"
-    with controller.client(team.token) as a:
-        assert a.post(f"{P}/namespaces/team-a/rolloutjobs", json=_job(secret500)).status_code == 201
+    with controller.client(controller.token) as admin:  # the admin's job in team-a: no data root to grant
+        assert admin.post(f"{P}/namespaces/team-a/rolloutjobs", json=_job(secret500)).status_code == 201
+    with controller.client(team.token) as a:  # the tenant adds backends, reads the job, its events and metrics
         for url in (secret500, junk, bad_line):  # the pool probes what a job lists once it is added
             added = a.post(f"{job}/backends", json={"url": url})
             assert added.status_code == 200, added.text
