@@ -88,6 +88,7 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
             ("post", N + "/{node_id}/return"): dict(body=inp(ReturnRequest), ok={200: obj}, errors=BODY_ERRORS),
             ("post", N + "/{node_id}/deregister"): dict(ok={200: obj}, errors=(404,)),
         })
+    nodes[("post", JOB_NODES + "/credential")] = dict(ok={200: obj}, errors=(404, 409))  # the admin's, by hand
     return {
         **nodes,
         ("post", J): dict(body=inp(RolloutJob), ok={201: job_out}, errors=(400, 409, 413, 415, 422)),

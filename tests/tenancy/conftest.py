@@ -28,3 +28,11 @@ def kube(tmp_path_factory):
 def admin(kube):
     with kube.client() as client:
         yield client
+
+
+@pytest.fixture
+def local_kube(tmp_path):
+    """The same with the local executor: its reconcile admits a job's items (`nodes: 0`: the test is the daemon)."""
+    c = https_controller(tmp_path, executors="local")
+    yield c
+    c.stop()

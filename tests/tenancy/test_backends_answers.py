@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
+from example_job import example_doc
 from waiting import wait_until
 
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
@@ -106,7 +106,7 @@ def controller(tmp_path):
 
 
 def _job(backend: str) -> dict:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()  # its paths absolute, as the API wants them
     doc["metadata"] = {"name": "probe"}
     doc["spec"]["llm"]["backends"] = [{"url": backend}]
     doc["spec"]["executor"]["nodes"] = 1

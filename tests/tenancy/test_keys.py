@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
+from example_job import example_doc
 from waiting import wait_until
 
 from rolloutd.controller.auth import create_scoped_token
@@ -27,7 +27,6 @@ from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
 
 TESTS = Path(__file__).resolve().parents[1]
-EXAMPLE = TESTS.parent / "examples" / "math-demo.yaml"
 P = "/apis/rolloutd.io/v1alpha1"
 _spec = importlib.util.spec_from_file_location("controller_fixtures_keys", TESTS / "controller" / "conftest.py")
 _fixtures = importlib.util.module_from_spec(_spec)
@@ -44,7 +43,7 @@ def dataset(directory: Path, name: str, prompts: int) -> Path:
 def job_doc(name: str, namespace: str | None = None, *, source: Path | None = None, samples: int = 1,
             backends: tuple[str, ...] = ("http://127.0.0.1:8000",), cap: int | None = None,
             priority: int = 1) -> dict:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = example_doc()  # its paths absolute, as the API wants them
     doc["metadata"] = {"name": name, **({"namespace": namespace} if namespace else {})}
     if source is not None:
         doc["spec"]["tasks"] = {"kind": "math", "source": str(source)}
@@ -128,8 +127,10 @@ def test_an_old_path_put_naming_another_namespace_is_a_400_and_changes_nothing(c
         names = {n["metadata"]["name"] for n in _ok(admin.get("/api/v1/namespaces"))["items"]}
         assert "team-new" not in names
         assert _ok(admin.get(f"{P}/rolloutjobs"))["items"][0]["metadata"]["namespace"] == "team-b"
-        # the old path stays the default namespace's
-        _ok(d.put(f"{P}/rolloutjobs/own", json=job_doc("own")), 201)
+        # the old path stays the default namespace's: a tenant's write there is held to default's policy
+        refused = d.put(f"{P}/rolloutjobs/own", json=job_doc("own"))
+        assert refused.status_code == 403 and "namespace 'default'" in refused.text, refused.text
+        _ok(admin.put(f"{P}/rolloutjobs/own", json=job_doc("own")), 201)
         assert _ok(admin.get(f"{P}/namespaces/default/rolloutjobs/own"))["metadata"]["namespace"] == "default"
 
 

@@ -10,36 +10,49 @@ import sys
 
 from tenancy_helpers import MERGE, POLICIES, job, jobs_path, put_policy, refused, tenant
 
-from rolloutd.controller.config import DataDir
+from stub_llm import StubLLM
+from waiting import wait_until
+
+from rolloutd.agents.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 
 
-def _daemon(kube, key: str) -> subprocess.CompletedProcess:
+def _daemon(kube, key: str, credential: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROLLOUTD_CONTROLLER": kube.url, "ROLLOUTD_JOB": key, "ROLLOUTD_CA_FILE": str(kube.cert),
-           "ROLLOUTD_JOIN_TOKEN": DataDir(kube.data_dir).join_token.read_text().strip()}
+           "ROLLOUTD_JOIN_TOKEN": credential}
     env.pop("ROLLOUTD_TOKEN", None)
     return subprocess.run([sys.executable, "-m", "rolloutd.controller.main", "node", "--name", "n1"], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
-def test_a_policy_tightened_after_apply_stops_the_job_on_the_node(kube, admin):
+def test_a_policy_tightened_after_apply_stops_the_job_on_the_node(local_kube):
+    """With the local executor, so the reconcile admits the job's items (`nodes: 0`: the daemon is this test's)."""
+    stub = StubLLM()  # a backend that answers, so the job's items lease (no engine: the model is not the subject)
+    try:
+        with local_kube.client() as admin:
+            _tightened(local_kube, admin, stub.url)
+    finally:
+        stub.close()
+
+
+def _tightened(kube, admin, backend: str) -> None:
     put_policy(admin, "tight", network=True)
+    spec = {"sandbox": {"network": True}, "agent": {"maxTurns": 1, "tools": ["submit"]},
+            "llm": {"tokenizer": str(model_dir("tiny")), "backends": [{"url": backend}]}, "samplesPerPrompt": 1,
+            "executor": {"kind": "local", "nodes": 0}}
     with tenant(kube, "tight") as t:
-        # an agent without an LLM (the reference solution): its items lease without a backend to wait for
-        oracle = job("j", sandbox={"network": True}, agent={"kind": "oracle", "tools": []})
-        oracle["spec"].pop("llm")
-        assert t.post(jobs_path("tight"), json=oracle).status_code == 201
+        assert t.post(jobs_path("tight"), json=job("j", **spec)).status_code == 201
     put_policy(admin, "tight", network=False)  # the admin tightens the policy; the stored job is unchanged
-    join = {"Authorization": f"Bearer {DataDir(kube.data_dir).join_token.read_text().strip()}"}
-    reg = admin.post(f"{jobs_path('tight')}/j/nodes/register", headers=join,
+    reg = admin.post(f"{jobs_path('tight')}/j/nodes/register",  # the admin token acts as any node
                      json={"job": "j", "name": "probe", "protocol": NODE_PROTOCOL})
     assert reg.status_code == 200 and reg.json()["policy"]["network"] is False, reg.text  # the policy stored now
     assert reg.json()["policyName"] == "TenantPolicy tight"
     probe = f"{jobs_path('tight')}/j/nodes/{reg.json()['nodeId']}"
-    # the job's items are expanded at its first lease call (the daemons of an executor make it)
-    assert admin.post(f"{probe}/lease", headers=join, json={"maxItems": 0}).status_code == 200
-    assert admin.post(f"{probe}/deregister", headers=join, json={}).status_code == 200
-    done = _daemon(kube, "tight/j")
+    assert admin.post(f"{probe}/deregister", json={}).status_code == 200
+    wait_until(lambda: admin.get(f"{jobs_path('tight')}/j").json()["status"].get("counts", {}).get("total"),
+               timeout=60, what="the job's items admitted")
+    credential = admin.post(f"{jobs_path('tight')}/j/nodes/credential").json()["credential"]
+    done = _daemon(kube, "tight/j", credential)
     assert done.returncode == 2, done.stderr[-2000:]  # refused, not retried
     assert "spec.sandbox.network" in done.stderr and "TenantPolicy tight" in done.stderr, done.stderr[-2000:]
     # the rollout it leased comes back as a configuration failure (what fails a job) naming field and policy
@@ -48,8 +61,8 @@ def test_a_policy_tightened_after_apply_stops_the_job_on_the_node(kube, admin):
     assert "spec.sandbox.network" in lines[0]["failure"]["reason"] and "TenantPolicy tight" in lines[0]["failure"]["reason"]
     assert "sandbox" not in done.stderr.replace("spec.sandbox", ""), done.stderr  # none was started
     # the same spec written by the admin: unrestricted, the registration carries no policy
-    assert admin.post(jobs_path("tight"), json={**oracle, "metadata": {"name": "adm"}}).status_code == 201
-    reg = admin.post(f"{jobs_path('tight')}/adm/nodes/register", headers=join,
+    assert admin.post(jobs_path("tight"), json=job("adm", **spec)).status_code == 201
+    reg = admin.post(f"{jobs_path('tight')}/adm/nodes/register",
                      json={"job": "adm", "name": "probe", "protocol": NODE_PROTOCOL})
     assert reg.status_code == 200 and "policy" not in reg.json(), reg.text
 
