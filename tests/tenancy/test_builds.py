@@ -10,7 +10,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
