@@ -101,7 +101,13 @@ class Cluster:
     # ------------------------------------------------------------ jobs
 
     def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
-        r = self.api.put(f"{P}/rolloutjobs/{doc['metadata']['name']}", json=doc)
+        namespace, name = doc["metadata"].get("namespace") or "default", doc["metadata"]["name"]
+        if namespace == "default":  # the old path is default's alone: rolloutctl's apply, create or update
+            r = self.api.put(f"{P}/rolloutjobs/{name}", json=doc)
+        else:  # the namespaced paths are Kubernetes': create, else update
+            r = self.api.post(f"{P}/namespaces/{namespace}/rolloutjobs", json=doc)
+            if r.status_code == 409:
+                r = self.api.put(f"{P}/namespaces/{namespace}/rolloutjobs/{name}", json=doc)
         assert r.status_code in (200, 201), r.text
         return r.json()
 

@@ -104,9 +104,9 @@ def test_kubectl_wait_for_complete_does_not_succeed_on_a_job_whose_rollouts_fail
     kubectl("apply", "-f", "-", input=_job("all-infra", health_url))
     wait_until(lambda: kubectl("get", "rj", "all-infra", "-o", "jsonpath={.status.phase}").stdout == "Provisioning",
                60, "the operator's first pass")
-    join = (local_kube.data_dir / "join-token").read_text().strip()
+    admin = (local_kube.data_dir / "token").read_text().strip()  # the admin acts as any node (a simulated one)
     with httpx.Client(base_url=local_kube.url, verify=local_kube.verify, timeout=30,
-                      headers={"Authorization": f"Bearer {join}"}) as node:
+                      headers={"Authorization": f"Bearer {admin}"}) as node:
         reg = node.post(f"{NODES}/register", json={"job": "all-infra", "protocol": NODE_PROTOCOL, "name": "sim0",
                                                     "host": "sim", "pid": 0, "slot": 0})
         node_id = reg.json()["nodeId"]
