@@ -195,10 +195,15 @@ def get(
 
 @app.command()
 def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...)) -> None:
-    """Show a RolloutJob: spec summary, status, conditions and events."""
+    """Show a RolloutJob: spec summary, status, reward and stage times, conditions and events."""
     _check_resource(resource)
     client = _client()
-    print(views.describe_text(_run(lambda: client.get(name)), _run(lambda: client.events(name))))
+    obj = _run(lambda: client.get(name))
+    try:
+        stats = client.stats(name)
+    except NotFound:  # a controller of an earlier version
+        stats = None
+    print(views.describe_text(obj, _run(lambda: client.events(name)), _run(lambda: stats)))
 
 
 # ---------------------------------------------------------------- delete

@@ -147,6 +147,9 @@ class AsyncRolloutClient:
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
 
+    async def stats(self, name: str) -> dict[str, Any]:
+        return await self._do(Calls.stats(self._key(name)))
+
     async def groups(self, name: str) -> list[dict[str, Any]]:
         return await self._do(Calls.groups(self._key(name)))
 

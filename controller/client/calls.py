@@ -147,6 +147,10 @@ class Calls:
                     if follow else STREAM_TIMEOUT)
 
     @staticmethod
+    def stats(name: str) -> Call:
+        return Call("GET", job_path(name, "stats"))
+
+    @staticmethod
     def groups(name: str) -> Call:
         return Call("GET", job_path(name, "groups"), decode=_items)
 

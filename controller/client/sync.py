@@ -168,6 +168,11 @@ class RolloutClient:
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
 
+    def stats(self, name: str) -> dict[str, Any]:
+        """`{delivered, byKind, infraRate, rewardMean, stages: [{stage, n, p50, p95}]}` (seconds; queue, init, run,
+        eval of the rollouts that ran to the end), as `rolloutctl describe` and the web UI show them."""
+        return self._do(Calls.stats(self._key(name)))
+
     def groups(self, name: str) -> list[dict[str, Any]]:
         """Every trajectory so far, grouped per prompt: `[{prompt, samples, rewards, complete}]`."""
         return self._do(Calls.groups(self._key(name)))
