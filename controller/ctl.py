@@ -187,7 +187,7 @@ def get(
         if not items:
             err.print("No resources found.")
             return
-    out.print(views.jobs_table(items, wide=output == "wide"))
+    print(views.jobs_table(items, wide=output == "wide"))
 
 
 # ---------------------------------------------------------------- describe

@@ -54,16 +54,15 @@ def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
     return f"{cur:.3g}" if column["type"] == "number" else str(cur)
 
 
-def jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
-    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
+def jobs_table(items: list[dict[str, Any]], wide: bool) -> str:
+    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values,
+    laid out as kubectl does (each column as wide as its widest cell, three spaces apart): never cut to fit a
+    terminal, whose lines wrap instead (a rich table shrank NAME to nothing on a narrow one)."""
     columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
-    table.add_column("NAME", no_wrap=True, min_width=4)
-    for c in columns:
-        table.add_column(c["name"].upper(), no_wrap=True)
-    for o in items:
-        table.add_row(o["metadata"]["name"], *(cell(o, c) for c in columns))
-    return table
+    rows = [["NAME", *(c["name"].upper() for c in columns)]]
+    rows += [[o["metadata"]["name"], *(cell(o, c) for c in columns)] for o in items]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def describe_text(obj: dict[str, Any], events: list[dict[str, Any]], stats: dict[str, Any] | None = None) -> str:
