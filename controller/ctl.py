@@ -199,11 +199,14 @@ def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...
     _check_resource(resource)
     client = _client()
     obj = _run(lambda: client.get(name))
+    print(views.describe_text(obj, _run(lambda: client.events(name)), _run(lambda: _stats(client, name))))
+
+
+def _stats(client: RolloutClient, name: str) -> dict[str, Any] | None:
     try:
-        stats = client.stats(name)
+        return client.stats(name)
     except NotFound:  # a controller of an earlier version
-        stats = None
-    print(views.describe_text(obj, _run(lambda: client.events(name)), _run(lambda: stats)))
+        return None
 
 
 # ---------------------------------------------------------------- delete
