@@ -110,3 +110,36 @@ def test_logs_tail_follow_until_the_job_ends_and_only_in_the_tokens_namespace(cl
     text = "".join(lines)
     assert "registered with" not in text  # --tail 0: only what came after it started
     assert "no more work for this node" in text, text  # written when the job ended
+
+
+def test_the_local_executor_sends_a_bounded_tail_of_its_own_files_and_follows_no_link(tmp_path):
+    """What `logs` reads on the local executor: only `<job>-node<K>.log` files that are files (a link planted where
+    a daemon's log would be is not read), at most MAX_BYTES of tail whatever `tail` asks."""
+    import asyncio
+
+    from rolloutd.controller.executors.local import LocalExecutor
+    from rolloutd.controller.executors.logs import MAX_BYTES, NoLogs
+    from rolloutd.crds.rolloutjob import RolloutJob
+
+    secret = tmp_path / "secret"
+    secret.write_text("not a log\n")
+    logs = tmp_path / "data" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "team-a_j-node0.log").write_text("".join(f"line {i:07d} {'x' * 80}\n" for i in range(30_000)))  # ~2.7 MB
+    (logs / "team-a_j-node1.log").symlink_to(secret)
+    (logs / "team-a_j-node2.log.old").write_text("rotated\n")
+    (logs / "team-a_jj-node3.log").write_text("another job's\n")
+    job = RolloutJob.model_validate({"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob",
+                                     "metadata": {"name": "j", "namespace": NS},
+                                     "spec": {"tasks": {"kind": "math", "source": "/x"}, "agent": {"kind": "oracle"}}})
+    ex = LocalExecutor("http://127.0.0.1:9", None, tmp_path / "data")
+
+    async def read(node, tail):
+        return "".join([chunk async for chunk in await ex.logs(job, node, tail, False)])
+
+    text = asyncio.run(read(None, 10_000))
+    assert len(text.encode()) <= MAX_BYTES and text.endswith(f"line {29_999:07d} {'x' * 80}\n")
+    assert "not a log" not in text and "rotated" not in text and "another job" not in text and "[node" not in text
+    assert asyncio.run(read(0, 3)).splitlines()[0].startswith(f"line {29_997:07d}")
+    with pytest.raises(NoLogs):
+        asyncio.run(read(1, 10))
