@@ -249,10 +249,17 @@ def test_logs_read_each_indexs_newest_pod_through_the_api_bounded(apiserver):
         assert sorted((await read(None, 200)).splitlines()) == ["[node0] a", "[node0] b", "[node0] c", "[node1] d"]
         with pytest.raises(NoLogs, match="no pod for node 5"):
             await ex.logs(job, 5, 10, False)
+        # followed: a stream read as it comes, which ends when the API server ends it (the container exited)
+        assert await read_followed(0) == "a\nb\nc\n"
+
+    async def read_followed(node):
+        return "".join([chunk async for chunk in await ex.logs(job, node, 10, True)])
 
     asyncio.run(go())
     reads = [r for r in apiserver.requests if r["path"].endswith("/log")]
-    assert [r["path"] for r in reads] == [f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-1-x/log"]
+    assert [r["path"] for r in reads] == [f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-1-x/log",
+                                          f"{PODS}/{name}-0-x/log"]
+    assert reads[-1]["query"]["follow"] == ["true"] and reads[0]["query"]["follow"] == ["false"]
     assert reads[0]["query"]["container"] == ["node"] and reads[0]["query"]["tailLines"] == ["2"]
     assert reads[0]["query"]["limitBytes"] == [str(MAX_BYTES)]
 
