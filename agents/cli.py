@@ -102,8 +102,6 @@ def serve_model(
         if len(names) != 1:
             raise typer.BadParameter("serve one model at a time (several only with --prepare-only)")
         server = EngineServer(names[0], host=host, port=port, dtype=dtype, max_model_len=max_model_len)
-        if not engine.installed():
-            typer.echo(f"installing the engine venv in {engine.venv} (once; a few minutes)", err=True)
 
         def _stop(signum: int, _frame: object) -> None:
             raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -111,11 +109,11 @@ def serve_model(
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         try:
-            server.start()
+            server.start(progress=lambda message: typer.echo(message, err=True))
             typer.echo(server.url, nl=True)
             sys.stdout.flush()
-            typer.echo(f"serving {server.served_name} from {server.model_dir} "
-                       f"(ready in {server.started_in:.1f}s; log {server.log_path})", err=True)
+            typer.echo(f"ready at {server.url}: serving {server.served_name} from {server.model_dir} "
+                       f"(started in {server.started_in:.1f}s; log {server.log_path})", err=True)
             while server.alive():
                 time.sleep(0.5)
             raise EngineError(f"vLLM exited unexpectedly; log {server.log_path}:\n{server.log_tail()}")

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -36,6 +36,7 @@ from .lifeline import live_group_members
 LIFELINE = Path(__file__).with_name("lifeline.py")
 
 KV_CACHE_GIB = 1
+STILL_WAITING_SECONDS = 10.0  # how often `start` says it is still waiting for the server to answer
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -108,13 +109,19 @@ class EngineServer:
     def served_name(self) -> str:
         return self.model if self.model in ("tiny", "smollm2") else Path(self.model).name
 
-    def start(self) -> "EngineServer":
+    def start(self, progress: Callable[[str], None] | None = None) -> "EngineServer":
+        """Install the engine (once), prepare the model, start vLLM and wait until it answers; `progress` is told
+        each step (`rolloutd serve-model` prints them: the start takes ~40 s, minutes the first time)."""
         from .model_dirs import prepare_model
 
         if self.proc is not None:
             raise EngineError("already started")
+        say = progress or (lambda _message: None)
         t0 = time.monotonic()
+        if not self.engine.installed():
+            say(f"installing the engine venv in {self.engine.venv} (once; a few minutes)")
         self.engine.install()
+        say(f"preparing the model {self.model}")
         self.model_dir = prepare_model(self.model, self.engine)
         if self.port == 0:
             self.port = free_port(self.host or "127.0.0.1")
@@ -146,18 +153,24 @@ class EngineServer:
                 )
         finally:
             os.close(lifeline_in)
+        say(f"starting vLLM on {self.model_dir} (log {self.log_path})")
         try:
-            self._wait_ready(t0)
+            self._wait_ready(t0, say)
         except BaseException:
             self.stop()
             raise
         self.started_in = time.monotonic() - t0
         return self
 
-    def _wait_ready(self, t0: float) -> None:
+    def _wait_ready(self, t0: float, say: Callable[[str], None]) -> None:
         deadline = t0 + self.startup_timeout
+        said = time.monotonic()
+        say(f"waiting for vLLM to answer at {self.url}/health (loading the weights)")
         with httpx.Client(timeout=2.0) as client:
             while True:
+                if time.monotonic() - said >= STILL_WAITING_SECONDS:
+                    said = time.monotonic()
+                    say(f"still waiting for vLLM ({said - t0:.0f}s since the start)")
                 if self.proc is None or self.proc.poll() is not None:
                     raise EngineError(f"vLLM exited during start-up; log {self.log_path}:\n{self.log_tail()}")
                 try:

@@ -7,8 +7,9 @@
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/events   GET (what `rolloutctl describe` shows)
-    …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends}   trainer (`http/trainer.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends,stats}   trainer (`http/trainer.py`)
     …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/logs          the node daemons' logs (`http/logs.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
     /healthz (no auth) · /metrics (Prometheus) · /openapi.json
@@ -241,14 +242,20 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     app.include_router(jobs.namespaced_router(store))
     app.include_router(discovery_router(store))
     app.include_router(tenantpolicy_router(store))
+    from .http.logs import logs_router
+
+    app.include_router(logs_router(store))  # the node daemons' logs, from app.state.executors (server.py)
+    from .work.stats import JobStats
+
+    job_stats = JobStats(store.engine)  # one set of running sums for the API's …/stats and the web UI
     if scheduler is not None:
         from .http.nodes import node_router
         from .http.trainer import trainer_router
 
         app.include_router(node_router(scheduler, credentials))
-        app.include_router(trainer_router(store, scheduler))
+        app.include_router(trainer_router(store, scheduler, job_stats))
     describe(app)
     from .ui.app import create_ui
 
-    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler))
+    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats))
     return app

@@ -8,6 +8,7 @@
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
     rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (ctl_trajectory.py)
+    rolloutctl logs NAME [--node K] [-f]           the node daemons' logs (ctl_logs.py)
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
     rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`ctl_policy.py`)
 
@@ -34,6 +35,7 @@ from rolloutd.crds.names import TERMINAL_PHASES
 
 from . import ctl_views as views, spec_paths
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
+from .ctl_logs import register as register_logs
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
 from .documents import load_documents
@@ -48,6 +50,7 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
+register_logs(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl logs`
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
 
 
@@ -184,7 +187,7 @@ def get(
         if not items:
             err.print("No resources found.")
             return
-    out.print(views.jobs_table(items, wide=output == "wide"))
+    print(views.jobs_table(items, wide=output == "wide"))
 
 
 # ---------------------------------------------------------------- describe
@@ -192,10 +195,18 @@ def get(
 
 @app.command()
 def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...)) -> None:
-    """Show a RolloutJob: spec summary, status, conditions and events."""
+    """Show a RolloutJob: spec summary, status, reward and stage times, conditions and events."""
     _check_resource(resource)
     client = _client()
-    print(views.describe_text(_run(lambda: client.get(name)), _run(lambda: client.events(name))))
+    obj = _run(lambda: client.get(name))
+    print(views.describe_text(obj, _run(lambda: client.events(name)), _run(lambda: _stats(client, name))))
+
+
+def _stats(client: RolloutClient, name: str) -> dict[str, Any] | None:
+    try:
+        return client.stats(name)
+    except NotFound:  # a controller of an earlier version
+        return None
 
 
 # ---------------------------------------------------------------- delete

@@ -54,19 +54,19 @@ def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
     return f"{cur:.3g}" if column["type"] == "number" else str(cur)
 
 
-def jobs_table(items: list[dict[str, Any]], wide: bool) -> Table:
-    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
+def jobs_table(items: list[dict[str, Any]], wide: bool) -> str:
+    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values,
+    laid out as kubectl does (each column as wide as its widest cell, three spaces apart): never cut to fit a
+    terminal, whose lines wrap instead (a rich table shrank NAME to nothing on a narrow one)."""
     columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
-    table.add_column("NAME", no_wrap=True, min_width=4)
-    for c in columns:
-        table.add_column(c["name"].upper(), no_wrap=True)
-    for o in items:
-        table.add_row(o["metadata"]["name"], *(cell(o, c) for c in columns))
-    return table
+    rows = [["NAME", *(c["name"].upper() for c in columns)]]
+    rows += [[o["metadata"]["name"], *(cell(o, c) for c in columns)] for o in items]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
+def describe_text(obj: dict[str, Any], events: list[dict[str, Any]], stats: dict[str, Any] | None = None) -> str:
+    """kubectl describe's layout; `stats`: the job's `GET …/stats` (reward mean, per-stage p50/p95)."""
     m, spec, st = obj["metadata"], obj["spec"], obj.get("status", {})
     labels = ",".join(f"{k}={v}" for k, v in (m.get("labels") or {}).items()) or "<none>"
     lines = [
@@ -85,7 +85,7 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
         + (f" (first {spec['tasks']['limit']})" if spec['tasks'].get('limit') else ""),
         f"  Samples:     {spec['samplesPerPrompt']} per prompt"
         + (f"; DAPO target {spec['dapo']['targetGroups']} informative groups" if spec['dapo']['enabled'] else ""),
-        f"  Agent:       {spec['agent']['maxTurns']} turns, tools {', '.join(spec['agent']['tools'])}; "
+        f"  Agent:       {spec['agent'].get('kind', 'loop')}, {spec['agent']['maxTurns']} turns, tools {', '.join(spec['agent']['tools'])}; "
         f"temperature {smp['temperature']}, {smp['maxTokensPerTurn']} tokens/turn, seed {smp.get('seed')}",
         f"  LLM:         {len(spec['llm']['backends'])} backend(s): "
         + (", ".join(b["url"] for b in spec["llm"]["backends"]) or "<none>"),
@@ -100,6 +100,7 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
         "  Rollouts:    " + ", ".join(f"{LABELS.get(k, k)} {counts(obj).get(k, 0)}" for k in STAGES)
         + f"; total {counts(obj).get('total', 0)}",
         f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} (mean of the scored)",
+        *stage_lines(stats),
         "Conditions:",
     ]
     for c in st.get("conditions", []):
@@ -112,6 +113,19 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]]) -> str:
     if not events:
         lines.append("  <none>")
     return "\n".join(lines)
+
+
+def stage_lines(stats: dict[str, Any] | None) -> list[str]:
+    """Each stage's p50 / p95 in seconds over the rollouts that ran to the end (`GET …/stats`)."""
+    if not stats:
+        return []
+
+    def sec(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+    out = ["  Stages:      p50 / p95 seconds (rollouts that ran to the end)"]
+    for s in stats.get("stages", []):
+        out.append(f"    {s['stage']:<6} {sec(s.get('p50')):>9} / {sec(s.get('p95')):<9} n={s.get('n', 0)}")
+    return out
 
 
 def progress_table(obj: dict[str, Any]) -> Table:

@@ -134,6 +134,22 @@ class AsyncRolloutClient:
                 return
             cursor = rows[-1]["seq"]
 
+    async def logs(self, name: str, node: int | None = None, tail: int = 200,
+                   follow: bool = False) -> AsyncIterator[str]:
+        call = Calls.logs(self._key(name), node, tail, follow)
+        try:
+            async with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    raise status_error(r)
+                async for line in r.aiter_lines():
+                    yield line
+        except httpx.TransportError as e:
+            raise unreachable(self.conn.server, e) from None
+
+    async def stats(self, name: str) -> dict[str, Any]:
+        return await self._do(Calls.stats(self._key(name)))
+
     async def groups(self, name: str) -> list[dict[str, Any]]:
         return await self._do(Calls.groups(self._key(name)))
 

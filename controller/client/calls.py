@@ -139,6 +139,18 @@ class Calls:
         return Call("GET", job_path(name, "events"), decode=_items)
 
     @staticmethod
+    def logs(name: str, node: int | None, tail: int, follow: bool) -> Call:
+        """The node daemons' log lines (plain text); a followed stream may be quiet for long: no read timeout."""
+        params: dict[str, Any] = {"tail": tail, **({"node": node} if node is not None else {}),
+                                  **({"follow": "true"} if follow else {})}
+        return Call("GET", job_path(name, "logs"), params=params, timeout=httpx.Timeout(30.0, read=None)
+                    if follow else STREAM_TIMEOUT)
+
+    @staticmethod
+    def stats(name: str) -> Call:
+        return Call("GET", job_path(name, "stats"))
+
+    @staticmethod
     def groups(name: str) -> Call:
         return Call("GET", job_path(name, "groups"), decode=_items)
 

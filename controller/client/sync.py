@@ -155,6 +155,24 @@ class RolloutClient:
                 return
             cursor = rows[-1]["seq"]
 
+    def logs(self, name: str, node: int | None = None, tail: int = 200, follow: bool = False) -> Iterator[str]:
+        """The job's node daemons' log lines (`node`: one daemon's; several are prefixed `[nodeK]`), each source's
+        last `tail`; with `follow`, new ones until the job ends."""
+        call = Calls.logs(self._key(name), node, tail, follow)
+        try:
+            with self.http.stream(call.method, call.path, **call.kwargs()) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise status_error(r)
+                yield from r.iter_lines()
+        except httpx.TransportError as e:
+            raise unreachable(self.conn.server, e) from None
+
+    def stats(self, name: str) -> dict[str, Any]:
+        """`{delivered, byKind, infraRate, rewardMean, stages: [{stage, n, p50, p95}]}` (seconds; queue, init, run,
+        eval of the rollouts that ran to the end), as `rolloutctl describe` and the web UI show them."""
+        return self._do(Calls.stats(self._key(name)))
+
     def groups(self, name: str) -> list[dict[str, Any]]:
         """Every trajectory so far, grouped per prompt: `[{prompt, samples, rewards, complete}]`."""
         return self._do(Calls.groups(self._key(name)))

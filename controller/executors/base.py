@@ -12,7 +12,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Protocol, Sequence
+from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
 from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
@@ -43,6 +43,11 @@ class Executor(Protocol):
     async def observe(self, job: RolloutJob) -> list[NodeState]: ...     # what runs now
     async def release(self, job: RolloutJob) -> None: ...                # drain, then stop everything
     async def shutdown(self) -> None: ...                                # controller exit: daemons stay
+
+    async def logs(self, job: RolloutJob, node: int | None, tail: int, follow: bool) -> AsyncIterator[str]:
+        """The daemons' log lines (all nodes when `node` is None): each source's last `tail` lines, then, with
+        `follow`, new ones ("" while quiet) until the caller stops reading; `logs.NoLogs` when there are none."""
+        ...
 
 
 class Credentials(Protocol):

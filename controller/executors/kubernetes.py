@@ -27,11 +27,11 @@ from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .base import Credentials, ExecutorError, NodeState
+from .logs import MAX_BYTES, NoLogs, merged
+from .pods import CONTAINER, newest_pods, node_states, pod_log_stream
 
 log = logging.getLogger("rolloutd.executor.kubernetes")
 
-CONTAINER = "node"
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 RESTARTS_PER_NODE = 5  # like the Slurm batch script's supervisor: a crashing daemon's pod is replaced this often
 SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -132,53 +132,6 @@ def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url:
             "template": {"metadata": {"labels": labels(job)}, "spec": pod},
         },
     }
-
-
-def _waiting_reason(pod: dict[str, Any]) -> str:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting")
-        if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
-            return f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return f"{cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".rstrip(": ")
-    return ""
-
-
-def _terminated(pod: dict[str, Any]) -> str:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term:
-            return f"exited with code {term.get('exitCode')}" + (f" ({term['reason']})" if term.get("reason") else "")
-    return (pod.get("status") or {}).get("reason") or "failed"
-
-
-def node_states(job_name: str, pods: list[dict[str, Any]]) -> list[NodeState]:
-    """Pods of the Job → one NodeState per completion index (its newest pod), sorted by index."""
-    newest: dict[int, dict[str, Any]] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(INDEX_ANNOTATION) or (meta.get("labels") or {}).get(INDEX_ANNOTATION)
-        if raw is None or not str(raw).isdigit():
-            continue
-        index = int(raw)
-        if index not in newest or meta.get("creationTimestamp", "") >= newest[index]["metadata"].get("creationTimestamp", ""):
-            newest[index] = pod
-    out = []
-    for index, pod in sorted(newest.items()):
-        phase = (pod.get("status") or {}).get("phase", "Pending")
-        name = f"{job_name}-{index}"
-        if pod["metadata"].get("deletionTimestamp"):
-            out.append(NodeState(name, "lost", "pod is being deleted"))
-        elif phase == "Running":
-            out.append(NodeState(name, "running"))
-        elif phase == "Succeeded":
-            out.append(NodeState(name, "finished"))
-        elif phase == "Failed":
-            out.append(NodeState(name, "lost", _terminated(pod)))
-        else:
-            out.append(NodeState(name, "pending", _waiting_reason(pod)))
-    return out
 
 
 def _condition(job: dict[str, Any], type_: str) -> str | None:
@@ -374,6 +327,22 @@ class KubernetesExecutor:
 
     async def shutdown(self) -> None:
         """Controller exit: the Job keeps running (a restarted controller finds it by name)."""
+
+    async def logs(self, job: RolloutJob, node: int | None, tail: int, follow: bool):
+        """The `node` container's log of each index's newest pod (node K: completion index K), from the API."""
+        _, core, _ = self._client()
+        namespace, name = self._target(job)
+        listed = await self._call(f"listing the pods of Job {namespace}/{name}", core.list_namespaced_pod, namespace,
+                                  label_selector=f"{JOB_NAME_LABEL}={name}")
+        pods = newest_pods(core.api_client.sanitize_for_serialization(listed).get("items") or [])
+        pods = {k: p for k, p in pods.items() if node is None or k == node}
+        if not pods:
+            raise NoLogs(f"rolloutjob {job.metadata.key} has no pod" + ("" if node is None else f" for node {node}"))
+        opened = {f"node{k}": await self._call(
+            f"reading the log of pod {namespace}/{p['metadata']['name']}", core.read_namespaced_pod_log,
+            p["metadata"]["name"], namespace, container=CONTAINER, tail_lines=tail, follow=follow,
+            limit_bytes=MAX_BYTES, _preload_content=False) for k, p in sorted(pods.items())}
+        return merged({label: pod_log_stream(r) for label, r in opened.items()})
 
 
 def _own_namespace() -> str:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.sandbox.server.procs import read_stat
 
 from .base import Credentials, NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
+from .logs import files_stream, job_files, log_stem, pick
 
 log = logging.getLogger("rolloutd.executor.local")
 
@@ -92,7 +94,7 @@ class LocalExecutor:
     def _spawn(self, job: str, credential: str, slot: int, restarts: int) -> _Daemon:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = daemon_env(os.environ, self.extra_env, self.controller_url, job, credential)
-        logf = open(self.log_dir / f"{job.replace('/', '_')}-node{slot}.log", "ab")
+        logf = open(self.log_dir / f"{log_stem(job)}-node{slot}.log", "ab")
         popen = subprocess.Popen(daemon_argv(self.python, "--slot", str(slot)), env=env,
                                  stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
@@ -165,6 +167,13 @@ class LocalExecutor:
                 pass
         if d.popen is not None:
             d.popen.poll()
+
+    async def logs(self, job: RolloutJob, node: int | None, tail: int, follow: bool):
+        """The daemons' log files (`<job>-node<slot>.log`), node K being slot K."""
+        name = job.metadata.key
+        files = pick(job_files(self.log_dir, re.escape(log_stem(name)) + r"-node(\d+)\.log"), node, name,
+                     "node daemon log")
+        return files_stream(((f"node{k}", p) for k, p in sorted(files.items())), tail, follow)
 
     def kill(self, job: str, slot: int) -> int:
         """SIGKILL one daemon (tests and `rolloutctl debug`): returns its pid."""

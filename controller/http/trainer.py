@@ -8,6 +8,7 @@ to `default` by `api.py`, for clients of the previous version):
     POST | GET …/rolloutjobs/{name}/policy                               policy versions (a job under a tenant
                                                                          policy pauses or reloads only its owned backends)
     GET | POST | DELETE …/rolloutjobs/{name}/backends                    list / add / remove
+    GET  …/rolloutjobs/{name}/stats                                      reward mean, per-stage p50/p95 (`work/stats.py`)
 
 Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. The client
 side is `rolloutd.client` (`core.Calls` builds these requests).
@@ -27,6 +28,7 @@ from rolloutd.crds.tenancy import owns_backend, violations
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
 from ..policy import backend_url_problem
+from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store
 from ..tenancy import Policies, policies_for
@@ -49,8 +51,9 @@ class PolicyRequest(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
+def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats | None = None) -> APIRouter:
     r = APIRouter()
+    job_stats = job_stats or stats.JobStats(store.engine)
 
     policies = policies_for(store)
 
@@ -79,6 +82,19 @@ def trainer_router(store: Store, scheduler: Scheduler) -> APIRouter:
                 yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @r.get(f"{JOBS}/{{name}}/stats")
+    async def job_stats_route(namespace: str, name: str):
+        """The delivered trajectories by failure kind, the reward mean (infra left out) and each stage's p50/p95 in
+        seconds (of the rollouts that ran to the end), as the web UI's job page shows them."""
+        key = job_key(namespace, name)
+        job = await asyncio.to_thread(store.get, key)
+
+        def compute() -> dict[str, Any]:
+            summary = job_stats.summary(key, job.metadata.uid or "")
+            return {**stats.failure_counts(store.engine, key),
+                    "stages": [{k: s[k] for k in ("stage", "n", "p50", "p95")} for s in summary["stages"]]}
+        return await asyncio.to_thread(compute)
 
     @r.get(f"{JOBS}/{{name}}/groups")
     async def groups(namespace: str, name: str):

@@ -3,7 +3,7 @@
 Mounted by `api.create_app` at /ui; the API's bearer middleware lets /ui through and this app authenticates
 itself (`session.py`: the session cookie, or `Authorization: Bearer` for scripts). Every job it shows passes
 the API's scope rule first; the data comes from the same store and scheduler calls the API routes make, summed
-up by `stats.py` and decoded by `decode.py`. Every response carries a CSP without inline script, nosniff and
+up by `work/stats.py` and decoded by `decode.py`. Every response carries a CSP without inline script, nosniff and
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
@@ -29,7 +29,8 @@ from rolloutd.crds.names import API_PREFIX, job_key
 from ..auth import TokenBook
 from ..errors import ApiError
 from ..store import Store
-from . import decode, stats
+from ..work import stats
+from . import decode
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
@@ -73,11 +74,12 @@ def _rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
     return round(rate, 3), (round(left / rate, 1) if not end else 0.0)
 
 
-def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None) -> Any:
+def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
+              job_stats: stats.JobStats | None = None) -> Any:
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
-    job_stats = stats.JobStats(engine)
+    job_stats = job_stats or stats.JobStats(engine)  # the API's (`GET …/stats`, rolloutctl describe) when given
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:

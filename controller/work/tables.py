@@ -45,7 +45,7 @@ class TrajectoryRow(SQLModel, table=True):
     sample: int
     reward: float | None = None
     failure: str = "none"
-    # what the UI sums up over a whole job (`ui/stats.py`), copied out of `data` when stored: reading `data` back
+    # what the UI sums up over a whole job (`work/stats.py`), copied out of `data` when stored: reading `data` back
     # for 100 000 rollouts takes seconds; the numbers sit in the covering index `ix_trajectories_facts`
     task_id: str | None = None
     policy: str | None = None  # JSON: the policy version

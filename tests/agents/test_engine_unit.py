@@ -50,3 +50,59 @@ def test_a_directory_model_is_used_as_is(tmp_path):
         model_dirs.prepare_model(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
     assert model_dirs.prepare_model(str(tmp_path)) == tmp_path.resolve()
+
+
+FAKE_VLLM = '''#!/bin/sh
+# stands in for the engine venv's python: `python -m vllm.entrypoints.openai.api_server ... --port P`; answers
+# /health after 1.5 s, as vLLM does once its weights are loaded
+exec "{python}" -c '
+import sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+time.sleep(1.5)
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+' "$@"
+'''
+
+
+def test_serve_model_says_what_it_is_doing_while_it_starts(tmp_path):
+    """`rolloutd serve-model` through its start (an engine venv whose python stands in for vLLM: no engine here):
+    each step on stderr before the URL on stdout, then `ready at URL`."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    env = EngineEnv(tmp_path / "home")
+    env.python.parent.mkdir(parents=True)
+    env.python.write_text(FAKE_VLLM.format(python=sys.executable))
+    env.python.chmod(0o755)
+    env.marker.write_text(INSTALL_KEY + "\n")
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    proc = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.main", "serve-model", "--model", str(model),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ROLLOUTD_HOME": str(tmp_path / "home")})
+    steps: list[str] = []
+    reader = threading.Thread(target=lambda: steps.extend(line.strip() for line in proc.stderr), daemon=True)
+    reader.start()
+    try:
+        url = proc.stdout.readline().strip()  # printed once the server answers
+        deadline = time.monotonic() + 30
+        while not any(s.startswith("ready at") for s in steps) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        reader.join(10)
+    steps = steps[:4]
+    assert url.startswith("http://127.0.0.1:"), (url, steps)
+    assert [s.split(" ")[0] for s in steps] == ["preparing", "starting", "waiting", "ready"], steps
+    assert steps[0] == "preparing the model " + str(model) and f"{url}/health" in steps[2]
+    assert steps[3].startswith(f"ready at {url}: serving my-model from {model}")

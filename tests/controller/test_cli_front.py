@@ -1,5 +1,6 @@
 """The command lines as a new user meets them: defaults shown in help, --version, shell completion, a
-pipe closed early, the no-token message, and the controller saying how to reach it."""
+pipe closed early, the no-token message, the controller saying how to reach it, and `get -o wide` on a
+narrow terminal."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,10 @@ import pytest
 from rolloutd.controller.cli_common import installed_version
 
 
-def run(module: str, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(module: str, *args: str, env: dict | None = None, timeout: float = 60,
+        stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, input=stdin)
 
 
 def test_help_keeps_the_defaults_written_in_brackets():
@@ -88,3 +90,44 @@ def test_the_controller_says_how_to_point_rolloutctl_at_it(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert f"ROLLOUTD_TOKEN_FILE={tmp_path / 'data' / 'token'}" in hint and "ROLLOUTD_SERVER=http://127.0.0.1:" in hint
+
+
+def _on_a_terminal(argv: list[str], env: dict, columns: int = 80) -> str:
+    """What `argv` prints on a terminal `columns` wide (a pseudo-terminal), colours stripped."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env={**env, "COLUMNS": str(columns)})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode()).replace("\r", "")
+
+
+def test_get_wide_on_a_narrow_terminal_cuts_no_name_and_no_column(controller, example_yaml):
+    name = "a-job-with-a-rather-long-name-for-a-narrow-terminal"
+    env = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+           "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml")}
+    done = run("rolloutd.controller.ctl", "apply", "-f", "-", env=env, timeout=60,
+               stdin=example_yaml.replace("name: math-demo", f"name: {name}"))
+    assert done.returncode == 0, done.stderr
+    shown = _on_a_terminal([sys.executable, "-m", "rolloutd.controller.ctl", "get", "rj", "-o", "wide"], env)
+    header, row = [line for line in shown.splitlines() if line.strip()][:2]
+    assert header.split() == ["NAME", "PHASE", "NODES", "SCORED", "AGENT-FAILED", "INFRA-FAILED", "TOTAL", "REWARD",
+                              "AGE", "CANCELLED", "REQUESTED", "EXECUTOR", "TASKS", "MESSAGE"], shown
+    assert row.split()[:3] == [name, "Pending", "0"], shown
+    assert "…" not in shown

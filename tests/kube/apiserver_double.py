@@ -1,5 +1,5 @@
 """A local HTTP double of kube-apiserver for the kubernetes executor's unit tests: batch/v1 Jobs and
-core/v1 Secrets and Pods of one namespace, every request recorded, created Jobs validated strictly
+core/v1 Secrets and Pods (and their logs) of one namespace, every request recorded, created Jobs validated strictly
 against the Kubernetes schemas (422 like the real server). Used by test_kubernetes_executor.py."""
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class FakeApiServer:
         self.jobs: dict[tuple[str, str], dict] = {}
         self.secrets: dict[tuple[str, str], dict] = {}
         self.pods: list[dict] = []
+        self.logs: dict[str, str] = {}  # pod name → its `node` container's log
         self.forbidden: set[str] = set()
         self.lock = threading.Lock()
         server = self
@@ -31,9 +32,10 @@ class FakeApiServer:
                 pass
 
             def _reply(self, code, obj):
-                data = json.dumps(obj).encode()
+                text = isinstance(obj, str)  # a pod's log
+                data = obj.encode() if text else json.dumps(obj).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -70,6 +72,11 @@ class FakeApiServer:
         if ns in self.forbidden:
             return self.status(403, "Forbidden", f'{kind} is forbidden: User "system:serviceaccount:rolloutd:rolloutd" '
                                                  f'cannot {method.lower()} resource "{kind}" in the namespace "{ns}"')
+        if kind == "pods" and parts[-1] == "log":  # …/pods/NAME/log?container=&tailLines=
+            if name not in self.logs:
+                return self.status(404, "NotFound", f'pods "{name}" not found')
+            tail = int(query.get("tailLines", ["0"])[0])
+            return 200, "".join(line + "\n" for line in self.logs[name].splitlines()[-tail:] if tail)
         if kind == "pods":
             selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
             items = [p for p in self.pods if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())]

@@ -16,6 +16,7 @@ import pytest
 import typer
 import yaml
 
+from rolloutd.controller.executors.logs import MAX_BYTES, NoLogs
 from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesExecutor, job_manifest, node_states,
                                                       resource_name)
 from rolloutd.controller.main import app as rolloutd_app
@@ -232,6 +233,37 @@ def test_create_scale_observe_release_through_the_client(apiserver):
     asyncio.run(go())
 
 
+def test_logs_read_each_indexs_newest_pod_through_the_api_bounded(apiserver):
+    """`rolloutctl logs` on the kubernetes executor: the `node` container's log of each index's newest pod."""
+    ex, job, name = executor(apiserver.url), make_job(nodes=2), "rolloutd-math-demo"
+    apiserver.add_pod(name, 0, "Running")
+    apiserver.add_pod(name, 1, "Running")
+    apiserver.add_pod("rolloutd-other", 0, "Running")  # another job's pod: never read
+    apiserver.logs.update({f"{name}-0-x": "a\nb\nc\n", f"{name}-1-x": "d\n", "rolloutd-other-0-x": "secret\n"})
+
+    async def read(node, tail):
+        return "".join([chunk async for chunk in await ex.logs(job, node, tail, False)])
+
+    async def go():
+        assert await read(0, 2) == "b\nc\n"
+        assert sorted((await read(None, 200)).splitlines()) == ["[node0] a", "[node0] b", "[node0] c", "[node1] d"]
+        with pytest.raises(NoLogs, match="no pod for node 5"):
+            await ex.logs(job, 5, 10, False)
+        # followed: a stream read as it comes, which ends when the API server ends it (the container exited)
+        assert await read_followed(0) == "a\nb\nc\n"
+
+    async def read_followed(node):
+        return "".join([chunk async for chunk in await ex.logs(job, node, 10, True)])
+
+    asyncio.run(go())
+    reads = [r for r in apiserver.requests if r["path"].endswith("/log")]
+    assert [r["path"] for r in reads] == [f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-0-x/log", f"{PODS}/{name}-1-x/log",
+                                          f"{PODS}/{name}-0-x/log"]
+    assert reads[-1]["query"]["follow"] == ["true"] and reads[0]["query"]["follow"] == ["false"]
+    assert reads[0]["query"]["container"] == ["node"] and reads[0]["query"]["tailLines"] == ["2"]
+    assert reads[0]["query"]["limitBytes"] == [str(MAX_BYTES)]
+
+
 def test_a_leftover_secret_is_overwritten_and_an_earlier_jobs_job_replaced(apiserver):
     ex = executor(apiserver.url)
     name = "rolloutd-math-demo"
@@ -376,6 +408,10 @@ def test_chart_rbac_allows_exactly_the_executors_calls(apiserver, tmp_path):
         await ex.ensure(job, 1)
         await ex.ensure(job, 2)
         await ex.observe(job)
+        apiserver.add_pod("rolloutd-math-demo", 0, "Running")
+        apiserver.logs["rolloutd-math-demo-0-x"] = "ok\n"
+        async for _ in await ex.logs(job, None, 10, False):
+            pass
         await ex.release(job)
 
     asyncio.run(go())
@@ -384,6 +420,8 @@ def test_chart_rbac_allows_exactly_the_executors_calls(apiserver, tmp_path):
     for r in apiserver.requests:
         parts = r["path"].strip("/").split("/")
         group, resource = ("", parts[4]) if parts[0] == "api" else (parts[1], parts[5])
+        if parts[-1] == "log":  # the pods/log subresource
+            resource += "/log"
         named = len(parts) > (5 if parts[0] == "api" else 6)
         used.add((group, resource, verb.get(r["method"], "get" if named else "list")))
     rendered = subprocess.run([helm(), "template", "r", str(REPO / "charts" / "rolloutd"), "-n", "rl"],

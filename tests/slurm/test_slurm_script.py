@@ -10,11 +10,11 @@ from rolloutd.crds.executor import SlurmSpec
 GOLDEN_SCRIPT = """#!/bin/bash
 # rolloutd node daemons for RolloutJob "math" (uid u-1), written by the controller's slurm executor.
 # One daemon per allocated node, started again if it crashes. The controller URL and the join token come in through the
-# environment (sbatch --export=ALL), never on a command line.
+# environment (sbatch --export=ALL), never on a command line. --label puts each node's index before its lines.
 set -e
 module load foo
 export X=1
-exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 '/opt/py env/bin/python' -m rolloutd.controller.main node --restarts 5
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --label '/opt/py env/bin/python' -m rolloutd.controller.main node --restarts 5
 """
 
 

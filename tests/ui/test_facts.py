@@ -9,7 +9,8 @@ import sqlite3
 from sqlalchemy import create_engine
 
 from rolloutd.agents.model_dirs import model_dir
-from rolloutd.controller.ui import decode, stats
+from rolloutd.controller.ui import decode
+from rolloutd.controller.work import stats
 from rolloutd.controller.work import tables
 from rolloutd.controller.work.feed import facts
 from rolloutd.crds.trajectory import Trajectory

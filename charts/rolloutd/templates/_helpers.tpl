@@ -62,6 +62,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   resources: [pods]
   verbs: [list]
 - apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
+- apiGroups: [""]
   resources: [secrets]
   verbs: [create, update, delete]
 {{- end -}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
+from ..logs import NoLogs, files_stream, job_files, log_stem
 from ..base import Credentials, ExecutorError, NodeRegistry, NodeState, StateFile, crash_count, crash_delay, daemon_env
 from .cli import PERMANENT_PENDING, Runner, SlurmCli, SlurmJob, expand_hostlist, last_lines, read_tail, refusal, \
     unavailable
@@ -142,6 +144,17 @@ class SlurmExecutor:
         """Controller exit: allocations keep running (a restarted controller adopts them)."""
         for t in list(self._tasks):
             t.cancel()
+
+    async def logs(self, job: RolloutJob, node: int | None, tail: int, follow: bool):
+        """Each allocation's output file (`slurm-<job>-<id>.out`, where sbatch writes it), in which srun's --label
+        puts the node's index before each daemon line: node K is the lines of every allocation's K-th node."""
+        name = job.metadata.key
+        found = job_files(self.log_dir, rf"slurm-{re.escape(log_stem(name))}-(\d+)\.out")
+        if not found:
+            raise NoLogs(f"rolloutjob {name} has no Slurm output file yet")
+        keep = None if node is None else re.compile(rf"\s*{node}: ").match
+        return files_stream(((f"slurm-{k}", p) for k, p in sorted(found.items())), tail, follow,
+                            keep and (lambda line: keep(line) is not None))
 
     # ------------------------------------------------------------ record
 

@@ -12,14 +12,15 @@ from pathlib import Path
 from rolloutd.crds.executor import SlurmSpec
 
 from ..base import daemon_argv
+from ..logs import log_stem
 
 SCRIPT = """#!/bin/bash
 # rolloutd node daemons for RolloutJob "{job}" (uid {uid}), written by the controller's slurm executor.
 # One daemon per allocated node, started again if it crashes. The controller URL and the join token come in through the
-# environment (sbatch --export=ALL), never on a command line.
+# environment (sbatch --export=ALL), never on a command line. --label puts each node's index before its lines.
 set -e
 {setup}
-exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 {daemon}
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --label {daemon}
 """
 RESTARTS = 5  # a daemon that crashes is started again on its node (agents/daemon/supervise.py), this often per 10 min
 
@@ -46,7 +47,7 @@ def sbatch_argv(job: str, uid: str, count: int, spec: SlurmSpec, *, data_dir: Pa
                 grace: float) -> list[str]:
     """`sbatch` for one allocation of `count` nodes. With a time limit long enough, Slurm sends SIGTERM
     `grace` + 30 s before the end, so the daemons drain before the hard kill."""
-    log_name = job.replace("/", "_")  # a job key outside `default` is "namespace/name"
+    log_name = log_stem(job)  # a job key outside `default` is "namespace/name"
     argv = ["sbatch", "--parsable", f"--job-name=rolloutd-{job}", f"--comment={allocation_tag(job, uid)}",
             f"--nodes={count}", "--ntasks-per-node=1", "--export=ALL", f"--chdir={data_dir}",
             f"--output={log_dir / f'slurm-{log_name}-%j.out'}"]

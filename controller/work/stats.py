@@ -1,7 +1,8 @@
-"""A job's trajectories summed up for the UI, in SQL and on the server: never the whole table to a browser.
+"""A job's trajectories summed up, in SQL and on the server: never the whole table to a browser or a CLI.
 
-Called by `app.py` (job page, jobs list, trajectory search). Per-stage p50/p95, rewards per policy version and
-failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
+Called by the web UI (`ui/app.py`: job page, jobs list, trajectory search) and the API's `GET …/stats`
+(`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Per-stage p50/p95, rewards
+per policy version and failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
 and keeps the running sums in memory. It reads the columns the feed copies out of each document, from the
 covering index `ix_trajectories_facts` (`work/tables.py`), never `data` (seconds at 100 000 rollouts).
 `search` filters one page of a job's trajectories.
