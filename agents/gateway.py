@@ -27,47 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rolloutd.sandbox.relay import RELAY
+
 from .llm import BackendError, RequestRejected, SamplingParams, derive_seed
 from .openai_wire import (Invalid, chat_messages, chat_tools, completion_prompt, max_tokens, parse_tool_calls,
                           read_body, respond)
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 
-# Runs inside the sandbox with any python3: 127.0.0.1:PORT → the gateway's socket (argv 1, 2). Two blocking
-# threads per connection: it adds ~0.05 ms per call, an asyncio pipe (read/write/drain) added ~0.3 ms
-# (bench/RESULTS-gateway.md).
-RELAY = r"""
-import socket, sys, threading
-def pipe(src, dst):
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    try:
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-def serve(client):
-    try:
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        upstream = socket.socket(socket.AF_UNIX)
-        upstream.connect(sys.argv[1])
-    except OSError:
-        client.close()
-        return
-    back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
-    back.start()
-    pipe(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
-server = socket.create_server(("127.0.0.1", int(sys.argv[2])), backlog=64)
-print("relay ready", flush=True)
-while True:
-    conn, _ = server.accept()
-    threading.Thread(target=serve, args=(conn,), daemon=True).start()
-"""
 
 
 async def start_relay(sandbox: Any, socket: str, port: int, log: str, session: dict) -> None:

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from .egress import BUILD_RELAY
+from .relay import RELAY
 from .rootfs import ImageBuildError
 from .rootpath import inside, resolve
 from .syscall_filter import filter_fd
@@ -131,7 +131,7 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
         if ca_here and Path(CA_BUNDLE).exists():  # the host's trust store (a site's TLS-intercepting CA too)
             opts += ["--ro-bind", os.path.realpath(CA_BUNDLE), CA_BUNDLE]
         env = {**{k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS}, **env}
-        relay = ["/usr/bin/python3", "-I", "-S", "-c", BUILD_RELAY, EGRESS_SOCKET, str(EGRESS_PORT)]
+        relay = ["/usr/bin/python3", "-I", "-S", "-c", RELAY, EGRESS_SOCKET, str(EGRESS_PORT)]
     else:
         relay = []
     for src, dest in binds:

@@ -2,16 +2,17 @@
 
 Where it sits: image builds (`build_step.run_in_rootfs`: every RUN of a Dockerfile, for apt/pip/npm) and the
 Harbor verifier's EVAL (agents/tasks/harbor.py, through agents/egress.py) serve an `EgressProxy` on a socket
-bound into the sandbox; a relay on the sandbox's own loopback (`BUILD_RELAY` here, the gateway's for the
+bound into the sandbox; a relay on the sandbox's own loopback (`relay.RELAY`, as the gateway's for the
 verifier) turns it into `http_proxy`/`https_proxy`. Next step: downloaders inside reach public hosts only.
 
 It speaks what downloaders use: `CONNECT host:port` (https, tunnelled as is) and plain-http requests in
 absolute form (`GET http://host:port/path`), forwarded unchanged. Before connecting it resolves the host itself
 and checks every address (`refusal`): loopback, private (RFC 1918, ULA), link-local (169.254.169.254, the
-cloud metadata service, included), shared/reserved/documentation, unspecified, multicast, and the IPv4 inside
+cloud metadata service, included), shared (CGNAT), reserved, unspecified, multicast, and the IPv4 inside
 IPv4-mapped, 6to4, Teredo and NAT64 forms are refused with 403, as are metadata and localhost host names;
 then it connects to the address it checked (no second lookup, so no DNS-rebinding gap). An admin may allow
-chosen networks (a site mirror) with ROLLOUTD_EGRESS_ALLOW="10.1.2.3/32,...".
+chosen networks (a site mirror) with ROLLOUTD_EGRESS_ALLOW="10.1.2.3/32,...". Documentation ranges (TEST-NET)
+are not refused: some sites resolve public registries into them.
 """
 from __future__ import annotations
 
@@ -201,46 +202,7 @@ def serving(path: Path) -> Iterator[EgressProxy]:
         loop.close()
 
 
-# Runs inside a build step with the image's python3, as the step's first process: listens on 127.0.0.1:PORT
-# (argv 2) of the step's own network namespace, relays each connection to the proxy's socket (argv 1) in a
-# forked child, and execs the step's command (argv 3...). The child dies with the step's pid namespace.
-BUILD_RELAY = r"""
-import os, socket, sys, threading
-def pipe(src, dst):
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    try:
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-def serve(client):
-    upstream = socket.socket(socket.AF_UNIX)
-    try:
-        upstream.connect(sys.argv[1])
-    except OSError:
-        client.close()
-        return
-    back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
-    back.start()
-    pipe(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
-server = socket.create_server(("127.0.0.1", int(sys.argv[2])), backlog=64)
-if os.fork() == 0:
-    null = os.open("/dev/null", os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    while True:
-        conn, _ = server.accept()
-        threading.Thread(target=serve, args=(conn,), daemon=True).start()
-server.close()
-os.execvp(sys.argv[3], sys.argv[3:])
-"""
 
 
-__all__ = ["ALLOW_ENV", "BUILD_RELAY", "EgressProxy", "allowed_networks", "name_refusal", "pick_address", "refusal",
+__all__ = ["ALLOW_ENV", "EgressProxy", "allowed_networks", "name_refusal", "pick_address", "refusal",
           "serving"]
