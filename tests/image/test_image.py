@@ -30,8 +30,8 @@ from rolloutd.agents.model_dirs import model_dir
 REPO = Path(__file__).resolve().parents[2]
 JOBS = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 # What bwrap (run by the non-root daemon, so through user namespaces) needs from podman: podman's masked /proc
-# paths make the kernel refuse the sandbox a fresh /proc. (Its default seccomp profile allows user namespaces;
-# Docker's does not without CAP_SYS_ADMIN, so there add `--security-opt seccomp=unconfined`.)
+# paths make the kernel refuse the sandbox a fresh /proc. Its default seccomp profile allows user namespaces, and
+# no capability is added.
 SANDBOX_OPTIONS = ("--security-opt", "unmask=/proc/*")
 PROBE = "echo MARK-$((6*7)); ls -d /data /opt/rolloutd 2>&1"  # the container has both; a sandbox only the venv
 TIMINGS: dict[str, float] = {}
