@@ -111,7 +111,8 @@ def controller(image: str, base: Path, *options: str, executors: str = "", mount
     c.data.mkdir()
     os.chown(c.data, 1000, 1000)  # the image's user writes it (rootful podman: the same uid on the host)
     volumes = [f"{c.data}:/data"] + [f"{src}:{dest}:ro" for dest, src in mounts.items()]
-    _podman("run", "-d", "--name", name,  # no --rm: its log outlives a crash, for the assertion "--network", "host", *options,
+    # no --rm: a crashed controller's log outlives it, for the assertion; removed below
+    _podman("run", "-d", "--name", name, "--network", "host", *options,
             *[a for v in volumes for a in ("-v", v)], *[a for k, v in env.items() for a in ("-e", f"{k}={v}")],
             image, "rolloutd", "controller", "--data-dir", "/data/rolloutd", "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "warning", "--executors", executors)
