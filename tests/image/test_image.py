@@ -1,6 +1,7 @@
 """The container image (charts/image/Containerfile), built with Debian's podman from an mmdebstrap base and run:
 the controller starts from it as the unprivileged user 1000 and answers, and a node daemon inside it (the
-local executor's) runs a real job's rollouts in bwrap sandboxes inside the container.
+local executor's) runs a real job's rollouts in bwrap sandboxes inside the container; both under the Helm
+chart's settings (read-only root, every capability dropped, no privilege escalation).
 
 The build is cached in podman's store by content (charts/image/build.py): a second run only tags it. The LLM
 is a stand-in on the host's loopback (tests/stub_llm.py; the container shares the host's network) scripted to
@@ -33,6 +34,10 @@ JOBS = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 # paths make the kernel refuse the sandbox a fresh /proc. Its default seccomp profile allows user namespaces, and
 # no capability is added.
 SANDBOX_OPTIONS = ("--security-opt", "unmask=/proc/*")
+# How the Helm chart runs it (charts/rolloutd: readOnlyRootFilesystem, capabilities dropped, no privilege
+# escalation, HOME and /tmp on an emptyDir)
+AS_THE_CHART = ("--read-only", "--tmpfs", "/tmp", "-e", "HOME=/tmp", "--cap-drop", "ALL",
+                "--security-opt", "no-new-privileges")
 PROBE = "echo MARK-$((6*7)); ls -d /data /opt/rolloutd 2>&1"  # the container has both; a sandbox only the venv
 TIMINGS: dict[str, float] = {}
 
@@ -128,7 +133,7 @@ def controller(image: str, base: Path, *options: str, executors: str = "", mount
 
 
 def test_the_controller_starts_from_the_image_as_a_non_root_user(image, tmp_path):
-    with controller(image, tmp_path) as c:
+    with controller(image, tmp_path, *AS_THE_CHART) as c:
         with c.client() as api:
             r = api.get(JOBS)
             assert r.status_code == 200 and r.json()["kind"] == "RolloutJobList", r.text
@@ -195,7 +200,7 @@ def _observations(trajectory: dict, tok) -> list[str]:
 def test_a_node_daemon_in_the_image_runs_a_jobs_rollouts_in_bwrap(image, tmp_path, scripted_llm):
     mounts = {"/tasks": _tasks(tmp_path), "/models/tiny": model_dir("tiny")}
     t0 = time.monotonic()
-    with controller(image, tmp_path, *SANDBOX_OPTIONS, executors="local", mounts=mounts,
+    with controller(image, tmp_path, *AS_THE_CHART, *SANDBOX_OPTIONS, executors="local", mounts=mounts,
                     env={"ROLLOUTD_TOKENIZER_ROOTS": "/models"}) as c, c.client() as api:
         r = api.post(JOBS, json=_job(scripted_llm.url))
         assert r.status_code == 201, r.text
