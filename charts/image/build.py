@@ -100,6 +100,8 @@ def limit_options() -> list[str]:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # processes: at most 32768 (on the VM this was made on, runc refused 49152 and more although the hard limit
+    # was 96365; the reason was not found)
     nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
     return ["--ulimit", f"nofile={soft}:{hard}", "--ulimit", f"nproc={nproc}:{nproc}"]
 
