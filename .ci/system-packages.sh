@@ -5,9 +5,11 @@
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
 # slirp4netns: outbound NAT for a sandbox with network: true, in its own network namespace (sandbox/netns.py)
+# podman + buildah: the rolloutd container image (charts/image/Containerfile, `make image`, tests/image); runc
+# beside podman's crun, which refuses hosts with a hybrid cgroup hierarchy (charts/image/build.py picks runc there)
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
 # chromium + chromium-driver: tests/ui drive the web UI in a headless browser (selenium)
-PKGS=(bubblewrap slirp4netns python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap unzip
+PKGS=(bubblewrap slirp4netns python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap podman buildah runc unzip
       chromium chromium-driver)
 [ "${1:-all}" = demo ] && PKGS=(bubblewrap python3-seccomp)
 missing=()

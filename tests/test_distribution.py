@@ -3,14 +3,13 @@ extra, each importing every module it promises — and every third-party import 
 
 The trainer's install (no extra) must stay slim: the client and rolloutctl, no transformers, kopf, fastapi,
 ipykernel or sympy. Wheels of the dependencies are downloaded once into `~/.cache/rolloutd/wheelhouse/<hash of
-the requirements>`; the venvs install from there only (`--no-index`), so a missing declaration fails here.
+the requirements>` (charts/image/build.py's `wheelhouse()`, which the container image installs from too); the venvs install from there only (`--no-index`), so a missing declaration fails here.
 """
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata as md
-import os
+import importlib.util
 import re
 import subprocess
 import sys
@@ -77,27 +76,18 @@ def test_every_import_is_declared(folder, extra, skip):
     assert not missing, f"{folder} imports modules no requirement of {extra or 'the base install'} declares: {missing}"
 
 
-def _wheelhouse() -> Path:
-    reqs = sorted(declared("controller") | declared("node"))
-    key = hashlib.sha256("\n".join(PROJECT["dependencies"] + [str(PROJECT["optional-dependencies"])]).encode())
-    house = Path(os.environ.get("ROLLOUTD_HOME", Path.home() / ".cache" / "rolloutd")) / "wheelhouse" / \
-        key.hexdigest()[:16]
-    if not (house / ".complete").exists():
-        house.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(house), *[
-            r for r in PROJECT["dependencies"] + PROJECT["optional-dependencies"]["node"]
-            + PROJECT["optional-dependencies"]["controller"] if not r.startswith("rolloutd[")]],
-            check=True, timeout=900)
-        (house / ".complete").write_text("\n".join(reqs))
-    return house
+def _image_build():
+    """charts/image/build.py, whose wheelhouse (every extra's dependency wheels, downloaded once) the image uses too."""
+    spec = importlib.util.spec_from_file_location("image_build", REPO / "charts" / "image" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(REPO)], check=True, timeout=300)
-    return next(out.glob("rolloutd-*.whl")), _wheelhouse()
+    image_build = _image_build()
+    return image_build.build_wheel(tmp_path_factory.mktemp("wheel")), image_build.wheelhouse()
 
 
 def _install(tmp_path: Path, wheel: Path, house: Path, extra: str) -> Path:

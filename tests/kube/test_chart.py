@@ -245,3 +245,23 @@ def test_notes_tell_how_to_reach_the_api():
     assert f"kubectl -n {NS} port-forward svc/r-rolloutd 7350:7350" in notes
     assert f"kubectl -n {NS} get secret r-rolloutd-tokens -o jsonpath='{{.data.token}}' | base64 -d" in notes
     assert "ROLLOUTD_SERVER=http://127.0.0.1:7350" in notes
+
+
+def test_the_default_image_is_the_one_make_image_builds():
+    """`make image` (charts/image/build.py) tags rolloutd:<the project's version>; the chart runs that by default,
+    in the controller, its init container and the kubernetes executor's node pods (tests/image runs the image)."""
+    import tomllib
+
+    version = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == version
+    pod = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]
+    images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert images == {f"rolloutd:{version}"} and env["ROLLOUTD_K8S_NODE_IMAGE"] == f"rolloutd:{version}"
+    assert pod["securityContext"]["runAsUser"] == 1000  # the image's user (charts/image/Containerfile)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_build", CHART.parent / "image" / "build.py")
+    image_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(image_build)
+    assert image_build.DEFAULT_TAG == f"rolloutd:{version}"
