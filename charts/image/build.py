@@ -152,9 +152,29 @@ def build(tags: tuple[str, ...] = (), log=print) -> str:
                 log(f"building {ref} from {base}")
                 podman("build", "--quiet", "--pull=never", "--network=none", *limit_options(), "-f", str(CONTAINERFILE),
                        "--build-arg", f"BASE={base}", "-t", ref, tmp, stdout=subprocess.DEVNULL)
+                prune(keep=ref)
     for tag in tags:
         podman("tag", ref, tag)
     return ref
+
+
+def prune(keep: str) -> None:
+    """Remove the images of earlier trees (named only `localhost/rolloutd:<key>`, not `keep`): each is ~600 MB of
+    its own, and every change of the tree makes a new one. An image with any other name (the base, a release tag
+    such as rolloutd:0.1.0) stays; podman refuses to remove one another image is built on."""
+    listed = podman("images", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}", check=False, capture_output=True,
+                    text=True)
+    names: dict[str, set[str]] = {}
+    for line in listed.stdout.splitlines():
+        image_id, _, name = line.strip().partition(" ")
+        if image_id:
+            names.setdefault(image_id, set()).add(name)
+    prefix, key = keep.rsplit(":", 1)
+    for image_id, refs in names.items():
+        if keep in refs:
+            continue
+        if all(r.rsplit(":", 1)[0] == prefix and len(r.rsplit(":", 1)[1]) == len(key) for r in refs):
+            podman("rmi", image_id, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
