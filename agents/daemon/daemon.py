@@ -355,8 +355,8 @@ class NodeDaemon:
         try:
             await self.client.deregister(self.node_id)
             self.log.info("deregistered")
-        except ControllerError as e:
-            self.log.warning("deregister: %s", e)
+        except ControllerError as e:  # `gone`: the job was released (its credential revoked), nothing to undo
+            (self.log.info if e.gone else self.log.warning)("deregister: %s", "the job was released" if e.gone else e)
 
 
 async def run_node(options: NodeOptions, **seams: Any) -> int:
