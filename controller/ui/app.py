@@ -8,7 +8,7 @@ frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/trajectories[/{seq}]   JSON, SSE
-Next step: throughput over time on the job page.
+Next step: throughput per node on the job page.
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             out.update(job_stats.summary(key, job["metadata"]["uid"]))
             now = time.time()
             out["nodes"] = [{"id": n.id, "name": n.name, "host": n.host, "state": n.state, "slot": n.slot,
-                             "secondsSinceBeat": round(now - n.last_seen, 1)} for n in scheduler.nodes(key)]
+                             "inflight": scheduler.leases_held(n.id), "secondsSinceBeat": round(now - n.last_seen, 1)} for n in scheduler.nodes(key)]
             pinned = scheduler.pinned(key)
             out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in scheduler.pool.unhealthy,
                                 "reason": scheduler.pool.unhealthy.get(u, ""), "inflight": scheduler.pool.inflight.get(u, 0),
