@@ -110,7 +110,8 @@ def run(quick: bool = False) -> list[dict]:
         rows.append({"benchmark": f"scale {nodes} nodes with {p['variant']} (`ui_live`)",
                      "ours": f"{p['rollouts_per_s']:.0f} rollouts/s, p99 lease/beat/results "
                              f"{p99['lease']:.0f}/{p99['heartbeat']:.0f}/{p99['results']:.0f} ms",
-                     "baseline": "-", "ratio": None, "target": "p99 kept with dashboards", "met": None})
+                     "baseline": "-", "ratio": None, "target": "p99 ≤ 50 ms with dashboards open" if d else "-",
+                     "met": max((v for v in p99.values() if v == v), default=0) <= 50 if d else None})
     section = (f"{MARKER} ({nodes} simulated nodes × 64 slots, {window:.0f} s window)\n\n"
                f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. `ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES={nodes} "
                f"ROLLOUTD_UI_WINDOW={window:.0f} ROLLOUTD_UI_DASHBOARDS={n} python -m bench ui_live` (raw: "

@@ -93,3 +93,19 @@ def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
     assert [k["mask"] for k in view["sequences"][1]["tokenView"]["tokens"]] == [1] * len(second + first)
     missing = decode.decode(t, "/nonexistent/tokenizer")
     assert missing["tokenizerProblem"] == "spec.llm.tokenizer '/nonexistent/tokenizer' could not be loaded on the controller's host"
+
+
+def test_a_facts_index_from_before_the_end_time_is_made_again(tmp_path):
+    engine = create_engine(f"sqlite:///{tmp_path / 'db'}")
+    tables.create(engine)
+    with engine.begin() as c:  # the index as the first UI shipped it
+        c.exec_driver_sql("DROP INDEX ix_trajectories_facts")
+        c.exec_driver_sql("CREATE INDEX ix_trajectories_facts ON trajectories (job, failure, reward, policy, t_queue, "
+                          "t_init, t_run, t_eval)")
+    tables.create(engine)
+    with engine.connect() as c:
+        assert [r[2] for r in c.exec_driver_sql("PRAGMA index_info(ix_trajectories_facts)")][-1] == "t_end"
+        plan = " ".join(r[3] for r in c.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
+            "trajectories INDEXED BY ix_trajectories_facts WHERE job = 'j'"))
+    assert "COVERING INDEX ix_trajectories_facts" in plan  # the first view of a job reads no row
