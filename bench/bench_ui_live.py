@@ -57,15 +57,20 @@ class Dashboards:
                             return
                         if line.startswith("data: "):
                             self.events.append(time.time())
-            except httpx.HTTPError as e:
+            except Exception as e:  # noqa: BLE001 - closed under it (the end), or a failed call (counted)
+                if self.stop_ev.is_set():
+                    return
                 self.errors.append(f"stream: {type(e).__name__}")
+                self.stop_ev.wait(1.0)
 
     def _poll(self, c: httpx.Client) -> None:
         while not self.stop_ev.is_set():
             t0 = time.time()
             try:
                 status = c.get(self.base).status_code
-            except httpx.HTTPError as e:
+            except Exception as e:  # noqa: BLE001 - as in _follow
+                if self.stop_ev.is_set():
+                    return
                 self.errors.append(f"poll: {type(e).__name__}")
                 status = 0
             self.polls.append((t0, time.time() - t0, status))
