@@ -251,8 +251,10 @@ def top_frames(raw: Path, n: int = 15) -> dict:
 
 
 def point(nodes: int, time_factor: float, window: float, profile_seconds: float = 0.0, src: Path | None = None,
-          variant: str = "after") -> dict:
-    """One sweep point: a fresh controller (from `src` if given), a job, `nodes` simulated daemons."""
+          variant: str = "after", watch=None) -> dict:
+    """One sweep point: a fresh controller (from `src` if given), a job, `nodes` simulated daemons; with `watch`
+    (url, token, job → an object with `report(w0, w1)` and `close()`), something watching the job meanwhile
+    (`bench_ui_live.Dashboards`)."""
     root = Path(tempfile.mkdtemp(prefix=f"rolloutd-bench-scale-{nodes}-"))
     mean = MEDIAN_SECONDS * math.exp(SIGMA ** 2 / 2) / time_factor
     offered = nodes * SLOTS / mean
@@ -264,12 +266,14 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
     health = HealthServer()
     ctl = Controller(root, src)
     shards: list[subprocess.Popen] = []
+    watcher = None
     try:
         name = f"scale-{nodes}"
         ctl.api.put(f"{P}/rolloutjobs/{name}", json=_job(name, source, items, health.urls)).raise_for_status()
         t = time.monotonic()
         _wait_expanded(ctl.api, name, items)
         expand_s = time.monotonic() - t
+        watcher = watch(ctl.url, ctl.token, name) if watch else None
         k = 1 if nodes <= 100 else 2
         start_at = time.time() + 2 + nodes / 100
         stop_at = start_at + run_for
@@ -304,6 +308,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                 if (root / "profile.txt").exists():
                     prof = top_frames(root / "profile.txt")
                     shutil.copy(root / "profile.txt", Path(tempfile.gettempdir()) / f"rolloutd-scale-profile-{nodes}-{variant}.txt")
+        watched = watcher.report(w0, w0 + window) if watcher else None
         for s in shards:  # a saturated controller answers their last calls late: the wait grows with N
             s.wait(max(0.0, stop_at - time.time()) + 120 + nodes / 5)
         outs = [json.loads((root / f"shard{i}.out.json").read_text()) for i in range(k)]
@@ -334,9 +339,11 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "failed_loops": sum(o["n_failed_loops"] for o in outs),
             "empty_leases": sum(o["empty_leases"] for o in outs), "cancelled": sum(o["cancelled"] for o in outs),
             "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
-            "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof,
+            "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched,
         }
     finally:
+        if watcher is not None:
+            watcher.close()
         for s in shards:
             if s.poll() is None:
                 s.kill()

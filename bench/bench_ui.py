@@ -167,6 +167,7 @@ def run(quick: bool = False) -> list[dict]:
         rows.append({"benchmark": f"ui {name}", "ours": f"{secs * 1000:.0f} ms ({size / 1000:.0f} kB)",
                      "baseline": "-", "ratio": None, "target": f"≤ {target * 1000:.0f} ms" if target else "-",
                      "met": None if target is None else secs <= target})
+    kept = (HERE / "RESULTS-ui.md").read_text().partition("\n## With dashboards open")  # bench_ui_live's section
     (HERE / "RESULTS-ui.md").write_text(
         f"# UI at {n} rollouts\n\n{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{platform.processor() or platform.machine()}; seeded {n} trajectories in {seeded:.1f} s "
@@ -175,7 +176,7 @@ def run(quick: bool = False) -> list[dict]:
                   f"{ {True: 'yes', False: '**no**', None: '-'}[r['met']]} |\n" for r in rows)
         + f"\nWhat the UI costs the store: {cost['with']:.0f} µs per stored trajectory with its two indexes "
           f"(`ix_trajectories_facts`, `ix_trajectories_job_prompt`), {cost['without']:.0f} µs without them "
-          "(batches of 64, WAL; best of two each).\n")
+          "(batches of 64, WAL; best of two each).\n" + "".join(kept[1:]))
     rows.append({"benchmark": "ui store cost per trajectory (with / without the UI's indexes)",
                  "ours": f"{cost['with']:.0f} µs / {cost['without']:.0f} µs", "baseline": "-", "ratio": None,
                  "target": "-", "met": None})

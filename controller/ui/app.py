@@ -8,7 +8,7 @@ frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/trajectories[/{seq}]   JSON, SSE
-Next step: throughput over time on the job page.
+Next step: throughput per node on the job page.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from . import decode
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
+SUMMARY_SECONDS = 1.0
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                  b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
@@ -182,8 +183,20 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
                           "message": status.get("message", "")})
         return {"items": items}
 
+    cache: dict[str, tuple[float, dict[str, Any]]] = {}  # job → (monotonic, summary): one build a second, shared
+
     def job_summary(p: Principal, namespace: str, name: str) -> dict[str, Any]:
+        """The job page's data; every open page of a job shares one build per SUMMARY_SECONDS (at 1000 nodes a
+        build takes ~0.3 s of the controller's CPU: four dashboards building their own raised the nodes' p99)."""
         key = visible(p, namespace, name)
+        hit = cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < SUMMARY_SECONDS:
+            return hit[1]
+        out = build_summary(key, namespace, name)
+        cache[key] = (time.monotonic(), out)
+        return out
+
+    def build_summary(key: str, namespace: str, name: str) -> dict[str, Any]:
         try:
             job = store.get_wire(name, namespace)
         except ApiError as e:
@@ -200,7 +213,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             out.update(job_stats.summary(key, job["metadata"]["uid"]))
             now = time.time()
             out["nodes"] = [{"id": n.id, "name": n.name, "host": n.host, "state": n.state, "slot": n.slot,
-                             "secondsSinceBeat": round(now - n.last_seen, 1)} for n in scheduler.nodes(key)]
+                             "inflight": scheduler.leases_held(n.id), "secondsSinceBeat": round(now - n.last_seen, 1)} for n in scheduler.nodes(key)]
             pinned = scheduler.pinned(key)
             out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in scheduler.pool.unhealthy,
                                 "reason": scheduler.pool.unhealthy.get(u, ""), "inflight": scheduler.pool.inflight.get(u, 0),

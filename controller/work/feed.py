@@ -23,7 +23,8 @@ from .tables import FACT_REASON, ItemRow, TrajectoryRow
 def facts(t: Trajectory) -> dict[str, Any]:
     """The columns beside a trajectory's document that the UI sums up (`tables.FACTS`)."""
     return {"task_id": t.task_id, "policy": json.dumps(t.policy_version), "reason": t.failure.reason[:FACT_REASON],
-            "t_queue": t.timings.queue, "t_init": t.timings.init, "t_run": t.timings.run, "t_eval": t.timings.eval}
+            "t_queue": t.timings.queue, "t_init": t.timings.init, "t_run": t.timings.run, "t_eval": t.timings.eval,
+            "t_end": t.timings.stamps.get("end")}
 
 
 class Feed:
@@ -42,6 +43,8 @@ class Feed:
         row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample, "reward": t.reward,
                "failure": t.failure.kind.value, "data": t.model_dump_json(by_alias=True),
                "group_id": item.group_id, **facts(t)}
+        if row["t_end"] is None:  # no end stamp (the controller's own infra failures): placed when delivered
+            row["t_end"] = time.time()
         if into is None:
             s.add(TrajectoryRow(**row))
         else:
@@ -52,9 +55,9 @@ class Feed:
     def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
         """The rows `deliver` collected, in order (their seqs follow it)."""
         db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id, task_id, "
-                       "policy, reason, t_queue, t_init, t_run, t_eval) VALUES (:job, :item, :prompt, :sample, "
+                       "policy, reason, t_queue, t_init, t_run, t_eval, t_end) VALUES (:job, :item, :prompt, :sample, "
                        ":reward, :failure, :data, :group_id, :task_id, :policy, :reason, :t_queue, :t_init, :t_run, "
-                       ":t_eval)", rows)
+                       ":t_eval, :t_end)", rows)
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:

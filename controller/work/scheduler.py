@@ -157,6 +157,10 @@ class Scheduler:
     def nodes(self, job: str) -> list[NodeRow]:
         return self.registry.nodes(job)
 
+    def leases_held(self, node_id: str) -> int:
+        """The rollouts node `node_id` holds leased now (in flight on it), from memory."""
+        return self.queue.live.held(node_id)
+
     def drain(self, job: str, node_ids: list[str]) -> None:
         self.registry.drain(job, node_ids)
 

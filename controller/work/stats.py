@@ -5,8 +5,10 @@ Called by the web UI (`ui/app.py`: job page, jobs list, trajectory search) and t
 per policy version and failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
 and keeps the running sums in memory. It reads the columns the feed copies out of each document, from the
 covering index `ix_trajectories_facts` (`work/tables.py`), never `data` (seconds at 100 000 rollouts).
+Throughput over time: rollouts finished per time bucket, from each trajectory's end (`t_end`), kept per second
+(coarser as a long job's seconds grow past ENDS_KEPT) and drawn in at most THROUGHPUT_BUCKETS buckets.
 `search` filters one page of a job's trajectories.
-Next step: throughput over time (rollouts per minute from the timings' stamps).
+Next step: throughput per node (the trajectory's node is not a column yet).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from sqlalchemy.engine import Engine
 STAGES = ("queue", "init", "run", "eval")
 REWARD_BINS = 10
 EXAMPLES = 3
+THROUGHPUT_BUCKETS = 60
+ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
 
 
 def failure_counts(engine: Engine, job: str) -> dict[str, Any]:
@@ -68,6 +72,9 @@ class _Acc:
     by_policy: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0]))
     reasons: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     examples: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(list))
+    ends: Counter = field(default_factory=Counter)  # int(t_end // resolution) → rollouts
+    resolution: int = 1  # seconds per key of `ends`
+    unplaced: int = 0  # rollouts without an end time (from before the column, their documents had no stamp)
 
 
 class JobStats:
@@ -96,14 +103,18 @@ class JobStats:
             if max_seq <= acc.last_seq:
                 return
             span = (job, acc.last_seq, max_seq)
-            rows = c.exec_driver_sql("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy FROM "
+            rows = c.exec_driver_sql("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
                                      f"trajectories {index}WHERE job = ? AND seq > ? AND seq <= ?", span).all()
             # the failure reasons are not in the index (text made each insert dearer): read from the failed rows
             failed = c.exec_driver_sql("SELECT seq, failure, reason FROM trajectories INDEXED BY ix_trajectories_facts "
                                        "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND "
                                        "seq <= ?", span).all()
         stages = [acc.stages[s] for s in STAGES]
-        for seq, reward, failure, tq, ti, tr, te, version in rows:
+        for seq, reward, failure, tq, ti, tr, te, version, end in rows:
+            if end is None:
+                acc.unplaced += 1
+            else:
+                acc.ends[int(end // acc.resolution)] += 1
             if failure == "none" or failure == "agent":  # infra and config failures did not run to the end
                 for xs, t in zip(stages, (tq, ti, tr, te)):
                     if t is not None:
@@ -122,6 +133,11 @@ class JobStats:
             acc.reasons[failure][why] += 1
             acc.examples[(failure, why)].append(seq)
         acc.last_seq = max_seq
+        while len(acc.ends) > ENDS_KEPT:  # halve the resolution: floor(t / 2r) == floor(floor(t / r) / 2)
+            coarser: Counter = Counter()
+            for k, n in acc.ends.items():
+                coarser[k // 2] += n
+            acc.ends, acc.resolution = coarser, acc.resolution * 2
         for xs in stages:  # timsort: the sorted run and the new tail
             xs.sort()
         for key, seqs in acc.examples.items():  # the first few of each reason
@@ -143,7 +159,27 @@ class JobStats:
                           "reasons": [{"reason": r, "count": n, "examples": acc.examples[(kind, r)]}
                                       for r, n in c.most_common(5)]}
                          for kind, c in sorted(acc.reasons.items())],
+            "throughput": _throughput(acc),
         }
+
+
+def _throughput(acc: _Acc) -> dict[str, Any]:
+    """Rollouts finished per bucket: `start` (epoch seconds) and `bucketSeconds` wide, at most THROUGHPUT_BUCKETS."""
+    out: dict[str, Any] = {"start": None, "bucketSeconds": None, "counts": [], "total": sum(acc.ends.values()),
+                           "unplaced": acc.unplaced}
+    if not acc.ends:
+        return out
+    r = acc.resolution
+    lo, hi = min(acc.ends) * r, (max(acc.ends) + 1) * r
+    width = r
+    while -(-(hi - lo // width * width) // width) > THROUGHPUT_BUCKETS:
+        width *= 2
+    start = lo // width * width
+    counts = [0] * -(-(hi - start) // width)
+    for k, n in acc.ends.items():
+        counts[(k * r - start) // width] += n
+    out.update(start=start, bucketSeconds=width, counts=counts)
+    return out
 
 
 def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_min: float | None = None,

@@ -23,7 +23,7 @@ OLD = ("CREATE TABLE trajectories (seq INTEGER PRIMARY KEY, job VARCHAR NOT NULL
 def doc(sample: int, reward, kind: str = "none", reason: str = "", version=3) -> dict:
     return {"job": "j", "prompt": 0, "sample": sample, "taskId": "t0", "reward": reward, "policyVersion": version,
             "failure": {"kind": kind, "reason": reason}, "timings": {"queue": 0.1, "init": 1.0, "run": 2.0 + sample,
-                                                                    "eval": 0.5}}
+                                                                    "eval": 0.5, "stamps": {"end": 1000.0 + sample}}}
 
 
 def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
@@ -38,8 +38,9 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     con.close()
     engine = create_engine(f"sqlite:///{db}")
     tables.create(engine)
-    got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run FROM trajectories ORDER BY seq").fetchall()
-    assert got == [("t0", "3", "", 2.0), ("t0", "3", "no answer", 3.0), ("t0", '"v2"', "sandbox died", 4.0)]
+    got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run, t_end FROM trajectories ORDER BY seq").fetchall()
+    assert got == [("t0", "3", "", 2.0, 1000.0), ("t0", "3", "no answer", 3.0, 1001.0),
+                   ("t0", '"v2"', "sandbox died", 4.0, 1002.0)]
     summary = stats.JobStats(engine).summary("j", "uid")
     run = next(s for s in summary["stages"] if s["stage"] == "run")
     assert run["n"] == 2 and run["p50"] == 2.0 and run["p95"] == 3.0  # the infra failure has no stage times
@@ -47,12 +48,33 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     assert {f["kind"]: f["reasons"][0]["reason"] for f in summary["failures"]} == {"agent": "no answer",
                                                                                    "infra": "sandbox died"}
     assert stats.search(engine, "j", task="t0", failure="agent")["items"][0]["reason"] == "no answer"
+    assert summary["throughput"] == {"start": 1000, "bucketSeconds": 1, "counts": [1, 1, 1], "total": 3, "unplaced": 0}
+    index = [r[2] for r in sqlite3.connect(db).execute("PRAGMA index_info(ix_trajectories_facts)")]
+    assert index[-1] == "t_end"  # the sums (throughput too) still read the covering index alone
+
+
+def test_throughput_keeps_bounded_buckets_whose_total_is_every_rollout(tmp_path):
+    """A week of rollouts, a few at a time: at most THROUGHPUT_BUCKETS buckets, ENDS_KEPT keys, nothing lost."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'db'}")
+    tables.create(engine)
+    job_stats, week, n = stats.JobStats(engine), 7 * 86400, 20_000
+    insert = ("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, reason, t_end) "
+              "VALUES ('j', ?, 0, 0, 1.0, 'none', '{}', '', ?)")
+    for part in range(4):  # read as it grows: the resolution coarsens between views, and the sums stay exact
+        with engine.begin() as c:
+            rows = [(i, 1_700_000_000 + i * week / n) for i in range(part * n // 4, (part + 1) * n // 4)]
+            c.connection.executemany(insert, rows)
+        tp = job_stats.summary("j", "uid")["throughput"]
+        assert sum(tp["counts"]) == tp["total"] == (part + 1) * n // 4
+        assert len(tp["counts"]) <= stats.THROUGHPUT_BUCKETS
+    assert len(job_stats._acc["j"].ends) <= stats.ENDS_KEPT
+    assert tp["start"] <= 1_700_000_000 and tp["start"] + len(tp["counts"]) * tp["bucketSeconds"] >= 1_700_000_000 + week * (n - 1) / n
 
 
 def test_the_feed_writes_the_same_facts_the_migration_fills():
     t = Trajectory.model_validate(doc(1, 0.0, "agent", "x" * 500))
     assert facts(t) == {"task_id": "t0", "policy": "3", "reason": "x" * tables.FACT_REASON, "t_queue": 0.1,
-                        "t_init": 1.0, "t_run": 3.0, "t_eval": 0.5}
+                        "t_init": 1.0, "t_run": 3.0, "t_eval": 0.5, "t_end": 1001.0}
 
 
 def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
@@ -71,3 +93,19 @@ def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
     assert [k["mask"] for k in view["sequences"][1]["tokenView"]["tokens"]] == [1] * len(second + first)
     missing = decode.decode(t, "/nonexistent/tokenizer")
     assert missing["tokenizerProblem"] == "spec.llm.tokenizer '/nonexistent/tokenizer' could not be loaded on the controller's host"
+
+
+def test_a_facts_index_from_before_the_end_time_is_made_again(tmp_path):
+    engine = create_engine(f"sqlite:///{tmp_path / 'db'}")
+    tables.create(engine)
+    with engine.begin() as c:  # the index as the first UI shipped it
+        c.exec_driver_sql("DROP INDEX ix_trajectories_facts")
+        c.exec_driver_sql("CREATE INDEX ix_trajectories_facts ON trajectories (job, failure, reward, policy, t_queue, "
+                          "t_init, t_run, t_eval)")
+    tables.create(engine)
+    with engine.connect() as c:
+        assert [r[2] for r in c.exec_driver_sql("PRAGMA index_info(ix_trajectories_facts)")][-1] == "t_end"
+        plan = " ".join(r[3] for r in c.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
+            "trajectories INDEXED BY ix_trajectories_facts WHERE job = 'j'"))
+    assert "COVERING INDEX ix_trajectories_facts" in plan  # the first view of a job reads no row

@@ -258,3 +258,32 @@ def test_rolloutctl_trajectory_prints_the_decoded_conversation(cluster, jobs):
     assert '<script>alert("xss")</script>' in r.stdout and "[me](javascript:alert(4))" in r.stdout  # as text, no markup
     r = ctl("trajectory", "alpha", str(jobs["secret_seq"]))  # another job's seq
     assert r.returncode == 1 and "no trajectory" in r.stderr
+
+
+def test_job_page_draws_throughput_over_time_and_each_nodes_in_flight_count(cluster, jobs, admin):
+    """The chart's bars add up to the finished rollouts and the node's in-flight count is the leases this test
+    holds; both follow the job live when one more rollout is reported."""
+    browser = admin
+    key = "team-a/alpha"
+    browser.get(cluster.controller.url + "/ui/jobs/team-a/alpha")
+
+    def shown(d) -> tuple[int, int, int]:
+        return tuple(d.execute_script(
+            "const svg = document.querySelector('#throughput'), n = document.querySelector('table.nodes .inflight');"
+            "return [svg ? [...svg.querySelectorAll('rect')].reduce((s, r) => s + +r.dataset.n, 0) : -1,"
+            "        svg ? +svg.dataset.total : -1, n ? +n.textContent : -1]"))
+
+    def expected() -> tuple[int, int, int]:
+        finished = len(cluster.seqs("team-a", "alpha"))
+        return finished, finished, len(cluster.leases[key])
+
+    held = len(cluster.leases[key])
+    assert held >= 1  # the fixture leased all six and reported fewer
+    wait(browser, lambda d: shown(d) == expected(), f"a chart of {expected()[0]} rollouts, {held} in flight")
+    api = json.loads(fetch(browser, "/ui/api/jobs/team-a/alpha")[1])
+    assert sum(api["throughput"]["counts"]) == expected()[0] and len(api["throughput"]["counts"]) <= 60
+    assert [n["inflight"] for n in api["nodes"]] == [held]
+    before = shown(browser)
+    cluster.report(key, 1)
+    wait(browser, lambda d: shown(d) == (before[0] + 1, before[1] + 1, held - 1), "the chart and the node follow live")
+    assert console_errors(browser) == []

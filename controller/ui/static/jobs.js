@@ -1,5 +1,5 @@
 // The jobs page (every job the token may see, live) and a job's page (funnel, stage times, rewards, failures,
-// nodes, backends, conditions, events, and a search over its trajectories). Uses dom.js; data from /ui/api.
+// throughput over time, nodes, backends, conditions, events, and a search over its trajectories). Uses dom.js; data from /ui/api.
 "use strict";
 const STAGES = ["queued", "init", "run", "eval", "succeeded", "failed", "cancelled"];
 
@@ -51,14 +51,19 @@ function jobSections(doc) {
       UI.table(["reward", "", "rollouts"], doc.rewardHistogram.map(b => [`${b.lo} – ${b.hi}`, UI.bar(b.n, hmax), b.n]), "histogram"),
       doc.rewardOutOfRange ? UI.el("p", {class: "muted", text: `${doc.rewardOutOfRange} rewards outside [0, 1]`}) : null,
       UI.table(["policy version", "rollouts", "reward mean"], doc.rewardByPolicy.map(p => [p.policyVersion, p.n, UI.fmt(p.mean)]), "policies")));
+    const tp = doc.throughput;
+    out.push(UI.section("Throughput (rollouts finished" + (tp.bucketSeconds ? ` per ${UI.secs(tp.bucketSeconds)})` : ")"),
+      tp.counts.length ? throughputChart(tp) : UI.el("p", {class: "muted", text: "No rollout finished yet."}),
+      tp.unplaced ? UI.el("p", {class: "muted", text: `${tp.unplaced} rollouts without an end time`}) : null));
     out.push(UI.section("Failures", doc.failures.length ? UI.table(["kind", "count", "most common reasons"],
       doc.failures.map(f => [f.kind, f.count, UI.el("ul", {}, f.reasons.map(r => UI.el("li", {},
         UI.el("span", {class: "reason", text: r.reason || "(no reason)"}), ` × ${r.count} `,
         r.examples.map(seq => [UI.link("#" + seq, "jobs", doc.namespace, doc.name, "t", seq), " "]))))]), "failures")
       : UI.el("p", {class: "muted", text: "None."})));
   }
-  out.push(UI.section("Nodes", doc.nodes.length ? UI.table(["node", "host", "state", "slot", "last beat"],
-    doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")
+  out.push(UI.section("Nodes", doc.nodes.length ? UI.table(["node", "host", "state", "slot", "in flight", "last beat"],
+    doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.el("span", {class: "inflight", text: n.inflight}),
+                        UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")
     : UI.el("p", {class: "muted", text: "No node registered."})));
   if (doc.status.batch) {
     const b = doc.status.batch;
@@ -82,6 +87,30 @@ function spark(bins) {
     bar.style.height = Math.max(1, Math.round(18 * b.n / top)) + "px";
     return bar;
   }));
+}
+
+// Rollouts finished per bucket as an SVG bar chart (no library; attributes only, nothing inline for the CSP).
+function throughputChart(tp) {
+  const NS = "http://www.w3.org/2000/svg", W = 1000, H = 120, top = Math.max(1, ...tp.counts);
+  const svg = (tag, attrs, ...kids) => {
+    const node = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    node.append(...kids);
+    return node;
+  };
+  const w = W / tp.counts.length;
+  const when = t => new Date(t * 1000).toLocaleTimeString();
+  const bars = tp.counts.map((n, i) => {
+    const h = n ? Math.max(1, (H - 14) * n / top) : 0;
+    const title = svg("title", {});
+    title.textContent = `${when(tp.start + i * tp.bucketSeconds)}: ${n} rollouts (${UI.fmt(n / tp.bucketSeconds)}/s)`;
+    return svg("rect", {class: "tpbar", x: i * w + 0.5, y: H - h, width: Math.max(1, w - 1), height: h, "data-n": n}, title);
+  });
+  const label = (x, anchor, text) => { const t = svg("text", {x, y: 10, "text-anchor": anchor, class: "tplabel"}); t.textContent = text; return t; };
+  return svg("svg", {id: "throughput", viewBox: `0 0 ${W} ${H}`, "data-total": tp.total,
+                     role: "img", "aria-label": `${tp.total} rollouts finished`},
+             ...bars, label(0, "start", `${when(tp.start)} · peak ${top}`),
+             label(W, "end", when(tp.start + tp.counts.length * tp.bucketSeconds)));
 }
 
 function searchForm(section, ns, name) {
