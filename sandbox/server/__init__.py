@@ -1,4 +1,4 @@
-"""The in-sandbox execution server (stdlib only; jupyter_client on the first IPython cell).
+"""The in-sandbox execution server (stdlib only; its IPython kernel, `ipyrunner`, is a process of its own).
 
 Where it sits: started inside every sandbox as a bare ``server`` package by the launcher in
 `rolloutd.sandbox.launch`; `main.py` is its entry. It must not import anything from ``rolloutd``: it

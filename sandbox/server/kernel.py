@@ -1,27 +1,35 @@
-"""A persistent IPython kernel inside the sandbox, driven through jupyter_client.
+"""A persistent IPython kernel inside the sandbox: a child process running `ipyrunner`, JSON lines over two pipes.
 
 Where it sits: the in-sandbox execution server (`server/main.py`) owns one
 `IPythonKernel` and calls `execute` / `interrupt` from its request threads.
-The kernel starts lazily on the first cell (jupyter_client and ipykernel are
-imported only then: they cost ~0.3 s, which the server's start must not pay).
-Transport is ZeroMQ over ``ipc`` sockets in a private runtime directory: no
-TCP port is opened, even on the sandbox's own loopback.
+The kernel starts lazily on the first cell (the agent's first ``ipython`` call;
+a sandbox whose agent never uses it never pays for one). No ZeroMQ and no
+jupyter_client: the server imports nothing third-party, the kernel only IPython
+(see `ipyrunner`), and no socket is opened.
 
-A cell past its timeout is interrupted (SIGINT through the kernel manager); if
-the kernel is still busy after a grace period it is restarted and the result
-says so (its state is lost). A kernel that dies (``os._exit``, the memory
-limit) is reported in the cell's error and restarted on the next cell.
+A cell past its timeout is interrupted (SIGINT to the kernel's process group);
+if the kernel is still busy after a grace period it is killed and restarted and
+the result says so (its state is lost). A kernel that dies (``os._exit``, the
+memory limit) is reported in the cell's error and restarted on the next cell.
+Next step: kernels forked from a per-node template (bench/bench_density.py).
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import os
-import queue
-import re
-import threading
+import select
+import signal
+import sys
 import time
 
 GRACE = 3.0
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ipyrunner.py")
+REQUEST_FD, REPLY_FD = 3, 4  # in the kernel (ipyrunner.REQUESTS, REPLIES)
+
+
+class KernelDied(Exception):
+    pass
 
 
 class IPythonKernel:
@@ -30,144 +38,141 @@ class IPythonKernel:
         self.env = env
         self.runtime_dir = runtime_dir
         self.preexec_fn = preexec_fn
-        self.km = None
-        self.kc = None
+        self.pid: int | None = None
+        self._to = self._from = None  # our ends of the request and reply pipes
+        self._pending = b""
+        import threading
+
         self._lock = threading.Lock()  # one cell at a time
 
     @property
     def running(self) -> bool:
-        return self.km is not None
+        return self.pid is not None
 
     def _start(self) -> None:
-        from jupyter_client import KernelManager
-
         os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
         env = dict(self.env)
         env.setdefault("IPYTHONDIR", os.path.join(self.runtime_dir, "ipython"))
-        env.setdefault("JUPYTER_RUNTIME_DIR", self.runtime_dir)
         env.setdefault("MPLCONFIGDIR", os.path.join(self.runtime_dir, "mpl"))
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-        # one malloc arena: ipykernel's threads would each reserve 64 MB of address
+        # one malloc arena: threads a cell starts would each reserve 64 MB of address
         # space, and the kernel would not start under a small RLIMIT_AS
         env.setdefault("MALLOC_ARENA_MAX", "1")
-        km = KernelManager(
-            kernel_name="python3",
-            transport="ipc",
-            ip=os.path.join(self.runtime_dir, "k"),
-            connection_file=os.path.join(self.runtime_dir, f"kernel-{os.getpid()}.json"),
-        )
-        # the kernel spec says "python"; run it with this interpreter (the venv's)
-        kwargs = {"cwd": self.cwd, "env": env}
-        if self.preexec_fn is not None:
-            kwargs["preexec_fn"] = self.preexec_fn
-        km.start_kernel(**kwargs)
-        kc = km.client()
-        kc.start_channels()
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: the pipes at fds 3 and 4, the limits, then the sandbox's Python
+            try:
+                os.setsid()
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in (req_r, rep_w)]  # out of 0-4's way
+                for fd, target in zip(high, (REQUEST_FD, REPLY_FD)):
+                    os.dup2(fd, target)
+                null = os.open("/dev/null", os.O_RDWR)
+                for target in (0, 1, 2):
+                    os.dup2(null, target)
+                os.closerange(REPLY_FD + 1, os.sysconf("SC_OPEN_MAX"))
+                os.chdir(self.cwd)
+                if self.preexec_fn is not None:
+                    self.preexec_fn()
+                os.execve(sys.executable, [sys.executable, RUNNER], env)
+            finally:
+                os._exit(127)
+        os.close(req_r)
+        os.close(rep_w)
+        self.pid, self._to, self._from, self._pending = pid, req_w, rep_r, b""
         try:
-            kc.wait_for_ready(timeout=60)
-        except RuntimeError:
-            kc.stop_channels()
-            km.shutdown_kernel(now=True)
-            raise
-        self.km, self.kc = km, kc
+            hello = self._read(time.monotonic() + 60)
+        except (KernelDied, TimeoutError) as e:
+            self.shutdown()
+            raise RuntimeError(f"the kernel did not start ({e})") from None
+        if "fatal" in hello:
+            self.shutdown()
+            raise ImportError(hello["fatal"])
+
+    def _read(self, deadline: float) -> dict:
+        """The kernel's next reply line; TimeoutError at `deadline`, KernelDied at EOF or garbage."""
+        while b"\n" not in self._pending:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([self._from], [], [], wait)[0]:
+                raise TimeoutError("no reply")
+            chunk = os.read(self._from, 1 << 20)
+            if not chunk:
+                raise KernelDied("the kernel exited")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise KernelDied("the kernel sent a malformed reply") from None
+        if not isinstance(reply, dict):
+            raise KernelDied("the kernel sent a malformed reply")
+        return reply
 
     def shutdown(self) -> None:
-        km, kc = self.km, self.kc
-        self.km = self.kc = None
-        if kc is not None:
+        pid, self.pid = self.pid, None
+        for fd in (self._to, self._from):
+            if fd is not None:
+                os.close(fd)
+        self._to = self._from = None
+        if pid is not None:
+            for kill in (os.killpg, os.kill):  # its process group (what `!cmd` started), then itself
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             try:
-                kc.stop_channels()
-            except Exception:  # noqa: BLE001
-                pass
-        if km is not None:
-            try:
-                km.shutdown_kernel(now=True)
-            except Exception:  # noqa: BLE001
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
 
     def interrupt(self) -> None:
-        km = self.km
-        if km is not None:
-            km.interrupt_kernel()
+        pid = self.pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGINT)
+            except OSError:
+                pass
 
     def execute(self, code: str, timeout: float) -> dict:
         with self._lock:
-            if self.km is None or not self.km.is_alive():
+            if self.pid is None or not self._alive():
                 self.shutdown()
                 self._start()
             return self._execute(code, timeout)
 
+    def _alive(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
     def _execute(self, code: str, timeout: float) -> dict:
-        kc, km = self.kc, self.km
         start = time.monotonic()
-        msg_id = kc.execute(code, allow_stdin=False, stop_on_error=False)
-        out = {
-            "stdout": "",
-            "stderr": "",
-            "result": None,
-            "error": None,
-            "images": [],
-            "timed_out": False,
-            "kernel_restarted": False,
-        }
-        deadline = start + timeout
-        interrupted_at = None
-        while True:
-            now = time.monotonic()
-            if interrupted_at is None and now >= deadline:
-                out["timed_out"] = True
-                interrupted_at = now
-                km.interrupt_kernel()
-            if interrupted_at is not None and now >= interrupted_at + GRACE:
-                self._restart()
-                out["kernel_restarted"] = True
-                out["error"] = (out["error"] or "") + (
-                    "rolloutd: the cell did not stop after an interrupt; the kernel was restarted "
-                    "(its state is lost)"
-                )
-                break
-            wait = min(0.5, max(0.001, (interrupted_at + GRACE if interrupted_at else deadline) - now))
+        out = {"stdout": "", "stderr": "", "result": None, "error": None, "images": [],
+               "timed_out": False, "kernel_restarted": False}
+        data = memoryview((json.dumps({"code": code}) + "\n").encode())
+        try:
+            while data:
+                data = data[os.write(self._to, data):]
             try:
-                msg = kc.get_iopub_msg(timeout=wait)
-            except queue.Empty:
-                if not km.is_alive():
-                    self.shutdown()
-                    out["kernel_restarted"] = True
-                    out["error"] = (out["error"] or "") + (
-                        "rolloutd: the kernel died (its state is lost); the next cell starts a new one"
-                    )
-                    break
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                key = "stderr" if content.get("name") == "stderr" else "stdout"
-                out[key] += content.get("text", "")
-            elif kind in ("execute_result", "display_data"):
-                data = content.get("data", {})
-                if "image/png" in data:
-                    out["images"].append(data["image/png"].replace("\n", ""))
-                text = data.get("text/plain")
-                if text is not None:
-                    if kind == "execute_result":
-                        out["result"] = text
-                    elif "image/png" not in data:
-                        out["stdout"] += text + "\n"
-            elif kind == "error":
-                tb = "\n".join(content.get("traceback", [])) or (
-                    f"{content.get('ename')}: {content.get('evalue')}"
-                )
-                out["error"] = ANSI.sub("", tb)
-            elif kind == "status" and content.get("execution_state") == "idle":
-                break
+                reply = self._read(start + timeout)
+            except TimeoutError:
+                out["timed_out"] = True
+                self.interrupt()
+                reply = self._read(time.monotonic() + GRACE)
+        except TimeoutError:
+            self.shutdown()
+            self._start()
+            out["kernel_restarted"] = True
+            out["error"] = ("rolloutd: the cell did not stop after an interrupt; the kernel was restarted "
+                            "(its state is lost)")
+        except (KernelDied, OSError):
+            self.shutdown()
+            out["kernel_restarted"] = True
+            out["error"] = "rolloutd: the kernel died (its state is lost); the next cell starts a new one"
+        else:
+            for key in ("stdout", "stderr", "result", "error", "images"):
+                if key in reply:
+                    out[key] = reply[key]
         out["duration"] = time.monotonic() - start
         return out
-
-    def _restart(self) -> None:
-        try:
-            self.km.restart_kernel(now=True)
-            self.kc.wait_for_ready(timeout=60)
-        except Exception:  # noqa: BLE001 - fall back to a fresh start next time
-            self.shutdown()
-

@@ -37,7 +37,7 @@ def bash_result(produce, session: str) -> dict:
 
 
 class Server:
-    """Requests → operations. Stdlib only (jupyter_client on the first IPython cell), run with
+    """Requests → operations. Stdlib only (the IPython kernel is a process of its own), run with
     ``python -S`` from a bare ``server`` package: importing asyncio or pydantic would cost more
     than the whole 50 ms start budget, and neither json nor socket nor re is imported on the start
     path (they pull in enum, functools, collections). Concurrency is therefore plain threads: one
@@ -245,16 +245,14 @@ class Server:
     def known_children(self) -> set[int]:
         with self.sessions_lock:
             pids = {s.pid for s in self.sessions.values()}
-        km = self._kernel.km if self._kernel is not None else None
-        if km is not None and getattr(km, "provisioner", None) is not None:
-            pid = getattr(km.provisioner, "pid", None)
-            if pid:
-                pids.add(pid)
+        pid = self._kernel.pid if self._kernel is not None else None
+        if pid:
+            pids.add(pid)
         return pids
 
     def reap_orphans(self) -> None:
         """As the pid namespace's init, reap orphaned zombies (not our own
-        children: the sessions and jupyter_client wait for those themselves)."""
+        children: the sessions and the kernel wait for those themselves)."""
         while not self.exiting:
             time.sleep(0.5)
             mine = self.known_children()
