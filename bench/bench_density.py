@@ -209,36 +209,59 @@ def _mb(kb: float) -> str:
     return f"{kb / 1024:.1f} MB"
 
 
-def run(quick: bool = False, n: int | None = None) -> list[dict]:
+def _baseline(tree: str, n: int) -> dict:
+    """`_sandboxes(n)` run with the `rolloutd` of another checkout (`tree`, e.g. ``git archive`` of main)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as shim:
+        os.symlink(os.path.abspath(tree), os.path.join(shim, "rolloutd"))
+        env = {**os.environ, "PYTHONPATH": shim}  # before the editable install's finder
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run([sys.executable, "-m", "bench.bench_density", "--sandboxes-json", "--n", str(n)],
+                             cwd=here, env=env, check=True, stdout=subprocess.PIPE).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def _per(got: dict, n: int, key: str) -> str:
+    total, by = got[key]
+    parts = ", ".join(f"{k} {_mb(by.get(k, 0) / n)}" for k in ("server", "kernel", "bash", "bwrap") if by.get(k))
+    return f"{_mb(total / n)} ({parts}; total {_mb(total)})"
+
+
+def run(quick: bool = False, n: int | None = None, baseline: str | None = None) -> list[dict]:
+    """`baseline`: a checkout of the code to compare with, measured first in the same run."""
     n = n or (8 if quick else 128)
+    base = _baseline(baseline, n) if baseline else None
     got = asyncio.run(_sandboxes(n))
-    bash_total, bash_by = got["bash"]
-    kern_total, kern_by = got["kernel"]
     own, forked = _shells(n, forked=False), _shells(n, forked=True)
-    per = {k: kern_by.get(k, 0) / n for k in ("bwrap", "server", "bash", "kernel")}
-    print(f"bash-only by process, kB per sandbox: { {k: round(v / n) for k, v in bash_by.items()} }", file=sys.stderr)
-    print(f"with kernel, kB per sandbox: { {k: round(v) for k, v in per.items()} }", file=sys.stderr)
     print(f"seconds: {n} sandboxes ready {got['seconds'][0]:.1f}, their first cells {got['seconds'][1]:.1f}; "
-          f"shells own {own[1]:.1f}, forked {forked[1]:.1f}", file=sys.stderr)
-    return [
-        {"benchmark": f"PSS per sandbox, bash only ({n} alive, total {_mb(bash_total)})",
-         "ours": _mb(bash_total / n), "baseline": "-", "ratio": None, "target": "≤ 5 MB",
-         "met": bash_total / n <= 5 * 1024},
-        {"benchmark": f"PSS per sandbox with its IPython kernel, one cell run ({n} alive, total {_mb(kern_total)}; "
-                      f"server {_mb(per['server'])}, kernel {_mb(per['kernel'])}, bash {_mb(per['bash'])}, "
-                      f"bwrap {_mb(per['bwrap'])})",
-         "ours": _mb(kern_total / n), "baseline": f"bash only {_mb(bash_total / n)}",
-         "ratio": kern_total / bash_total, "target": "≤ 20 MB", "met": kern_total / n <= 20 * 1024},
-        {"benchmark": f"lever, outside sandboxes: PSS per IPython shell (no ZeroMQ), {n} forked from one "
-                      f"template vs {n} started on their own, one cell each",
-         "ours": _mb(forked[0] / n), "baseline": f"own process {_mb(own[0] / n)}",
-         "ratio": own[0] / forked[0], "target": "(reference)", "met": None},
-    ]
+          f"shells own {own[1]:.1f}, forked {forked[1]:.1f}"
+          + (f"; baseline ready {base['seconds'][0]:.1f}, cells {base['seconds'][1]:.1f}" if base else ""),
+          file=sys.stderr)
+    rows = []
+    for key, what, target in (("bash", "bash only", 5), ("kernel", "with its IPython kernel, one cell run", 20)):
+        total = got[key][0]
+        rows.append({"benchmark": f"PSS per sandbox, {what} ({n} alive at once)", "ours": _per(got, n, key),
+                     "baseline": f"{baseline}: {_per(base, n, key)}" if base else "-",
+                     "ratio": base[key][0] / total if base else None, "target": f"≤ {target} MB",
+                     "met": total / n <= target * 1024})
+    rows.append({"benchmark": f"lever, outside sandboxes: PSS per IPython shell (no ZeroMQ), {n} forked from one "
+                              f"template vs {n} started on their own, one cell each",
+                 "ours": _mb(forked[0] / n), "baseline": f"own process {_mb(own[0] / n)}",
+                 "ratio": own[0] / forked[0], "target": "(reference)", "met": None})
+    return rows
 
 
 def main() -> None:
     n = int(sys.argv[sys.argv.index("--n") + 1]) if "--n" in sys.argv else None
-    rows = run(quick="--quick" in sys.argv, n=n)
+    if "--sandboxes-json" in sys.argv:  # `_baseline`'s child
+        import json
+
+        print(json.dumps(asyncio.run(_sandboxes(n or 8))))
+        return
+    baseline = sys.argv[sys.argv.index("--baseline") + 1] if "--baseline" in sys.argv else None
+    rows = run(quick="--quick" in sys.argv, n=n, baseline=baseline)
     print("| benchmark | ours | baseline | ratio | target | met |")
     print("|---|---|---|---|---|---|")
     for r in rows:

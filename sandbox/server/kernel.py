@@ -64,7 +64,9 @@ class IPythonKernel:
         if pid == 0:  # child: the pipes at fds 3 and 4, the limits, then the sandbox's Python
             try:
                 os.setsid()
-                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in (req_r, rep_w)]  # out of 0-4's way
+                if self.preexec_fn is not None:  # first: it may use an fd of ours (the Landlock ruleset)
+                    self.preexec_fn()
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (req_r, rep_w)]  # clear of 3 and 4
                 for fd, target in zip(high, (REQUEST_FD, REPLY_FD)):
                     os.dup2(fd, target)
                 null = os.open("/dev/null", os.O_RDWR)
@@ -72,8 +74,6 @@ class IPythonKernel:
                     os.dup2(null, target)
                 os.closerange(REPLY_FD + 1, os.sysconf("SC_OPEN_MAX"))
                 os.chdir(self.cwd)
-                if self.preexec_fn is not None:
-                    self.preexec_fn()
                 os.execve(sys.executable, [sys.executable, RUNNER], env)
             finally:
                 os._exit(127)

@@ -1,0 +1,99 @@
+"""The IPython kernel is a process of its sandbox like any other: its user, namespaces, filter and root, no
+socket of its own, and nothing shared with another sandbox's kernel. Real bwrap, real kernels."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .conftest import host_pids_of, is_root
+
+
+@pytest.fixture(scope="module")
+def two(run):
+    from rolloutd.sandbox import SandboxSpec, get_runtime
+
+    from .conftest import require_bwrap
+
+    require_bwrap()
+    a = run(get_runtime("bwrap").create(SandboxSpec()))
+    b = run(get_runtime("bwrap").create(SandboxSpec()))
+    yield a, b
+    run(a.close())
+    run(b.close())
+
+
+def _sockets(pid: int) -> int:
+    n = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n
+
+
+def test_the_kernel_opens_no_socket(two, run):
+    """The server's one connection to the node is the sandbox's only socket, a kernel running or not
+    (a ZeroMQ kernel held a dozen: its own and the server's client)."""
+    a, _ = two
+    assert run(a.ipython("k = 1")).error is None
+    assert run(a.health()).kernel
+    counts = {pid: _sockets(pid) for pid in host_pids_of(a.id)}
+    assert sum(counts.values()) == 1, counts
+
+
+def test_each_kernel_sees_only_its_own_sandbox(two, run):
+    a, b = two
+    run(b.bash("sleep 4242 &"))
+    assert run(b.bash("echo b-only > /workspace/b-marker && echo b-tmp > /tmp/b-marker")).exit_code == 0
+    probe = ("import os, socket\n"
+             "mine = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+             "def cmd(p):\n"
+             "    try:\n"
+             "        return open(f'/proc/{p}/cmdline', 'rb').read()\n"
+             "    except OSError:\n"
+             "        return b''\n"
+             "(any(b'4242' in cmd(p) for p in mine), os.path.exists('/workspace/b-marker'),"
+             " os.path.exists('/tmp/b-marker'), sorted(n for _, n in socket.if_nameindex()), b'-S' in cmd(1))")
+    assert run(a.ipython(probe)).result == "(False, False, False, ['lo'], True)"  # pid 1: a's own exec server
+    assert run(b.ipython(probe)).result == "(True, True, True, ['lo'], True)"
+
+
+def test_two_kernels_share_no_state(two, run):
+    a, b = two
+    assert run(a.ipython("secret = 'a'; import sys; sys.modules['planted'] = sys")).error is None
+    assert run(b.ipython("secret = 'b'")).error is None
+    assert run(b.ipython("(secret, 'planted' in __import__('sys').modules)")).result == "('b', False)"
+    assert run(a.ipython("secret")).result == "'a'"
+
+
+def test_the_kernel_runs_confined_as_the_sandbox_user(two, run):
+    a, _ = two
+    cell = run(a.ipython(
+        "import os\n"
+        "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "(os.getuid(), status['NoNewPrivs'].strip(), status['Seccomp'].strip(), status['CapEff'].strip())"))
+    uid = 65534 if is_root() else os.getuid()
+    assert cell.result == f"({uid}, '1', '2', '0000000000000000')", cell
+
+
+def test_output_written_below_python_is_captured(two, run):
+    """print, a raw write to fd 1, a shell command and a subprocess all come back, in order."""
+    a, _ = two
+    cell = run(a.ipython("import os, subprocess, sys\nprint('p')\nos.write(1, b'raw\\n')\n"
+                         "!echo shell\nsubprocess.run(['echo', 'sub'])\nprint('e', file=sys.stderr)\n"))
+    assert cell.error is None, cell.error
+    assert cell.stdout.split() == ["p", "raw", "shell", "sub"], cell.stdout
+    assert cell.stderr == "e\n"
+
+
+def test_a_timeout_interrupts_a_shell_command_and_keeps_the_state(two, run):
+    a, _ = two
+    run(a.ipython("kept = 7"))
+    cell = run(a.ipython("!sleep 100", timeout=1))
+    assert cell.timed_out and not cell.kernel_restarted
+    assert run(a.ipython("kept")).result == "7"
