@@ -6,8 +6,8 @@ No ZeroMQ, no ipykernel, no jupyter_client on either side: they cost ~20 MB in t
 in the kernel than IPython itself (bench/bench_density.py). Next step: the same shell built once in a
 per-node template and forked into each sandbox (copy-on-write), see the benchmarks page.
 
-    → {"code": "x = 1\\nx"}
-    ← {"stdout": "", "stderr": "", "result": "1", "error": null, "images": []}
+    → {"id": 7, "code": "x = 1\\nx"}
+    ← {"id": 7, "stdout": "", "stderr": "", "result": "1", "error": null, "images": []}
 
 The first line written is ``{"ready": true}`` (or ``{"fatal": "..."}`` when IPython cannot be imported).
 What the process writes to its fds 1 and 2 (``print``, ``!ls``, a subprocess, C code) lands in two
@@ -75,7 +75,13 @@ def build_shell():
         def _showtraceback(self, etype, evalue, stb) -> None:
             self.rolloutd_cell.error = ANSI.sub("", "\n".join(stb))
 
-    shell = Shell.instance(colors="nocolor")
+    from traitlets.config import Config
+
+    config = Config()
+    # no history database: it would be a SQLite file and a thread in every sandbox, thrown away with it
+    # (In, Out, _i1 and %history of this session work from memory)
+    config.HistoryManager.enabled = False
+    shell = Shell.instance(colors="nocolor", config=config)
     shell.rolloutd_cell = Cell()
     return shell
 
@@ -144,8 +150,8 @@ def serve(shell, streams: Streams) -> None:
             pending += chunk
             continue
         line, pending = pending.split(b"\n", 1)
-        code = json.loads(line)["code"]  # the server's own request
-        reply(run_cell(shell, streams, code))
+        request = json.loads(line)  # the server's own
+        reply({"id": request["id"], **run_cell(shell, streams, request["code"])})
 
 
 def main() -> None:

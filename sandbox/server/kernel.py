@@ -16,20 +16,47 @@ Next step: kernels forked from a per-node template (bench/bench_density.py).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import select
-import signal
 import sys
 import time
 
+import _json  # not json: it imports re and enum (~0.6 MB in every sandbox that runs a cell)
+
+from .wire import to_json
+
 GRACE = 3.0
+SIGINT, SIGKILL = 2, 9  # not `signal`: it imports enum
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ipyrunner.py")
 REQUEST_FD, REPLY_FD = 3, 4  # in the kernel (ipyrunner.REQUESTS, REPLIES)
 
 
 class KernelDied(Exception):
     pass
+
+
+class _Plain:
+    """What `_json`'s scanner asks of a decoder: JSON's own types, NaN and Infinity as null."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = staticmethod(lambda name: None)
+
+
+_scan = _json.make_scanner(_Plain())
+
+
+def parse_reply(line: bytes) -> dict:
+    """One reply line of the kernel (the agent's own process: untrusted) as a dict; KernelDied if it is not one."""
+    try:
+        text = line.decode("utf-8")
+        obj, end = _scan(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
+        raise KernelDied("the kernel sent a malformed reply") from None
+    if not isinstance(obj, dict) or text[end:].strip():
+        raise KernelDied("the kernel sent a malformed reply")
+    return obj
 
 
 class IPythonKernel:
@@ -41,6 +68,7 @@ class IPythonKernel:
         self.pid: int | None = None
         self._to = self._from = None  # our ends of the request and reply pipes
         self._pending = b""
+        self._seq = 0  # each request's id, echoed by its reply: a reply the cell forged on fd 4 is skipped
         import threading
 
         self._lock = threading.Lock()  # one cell at a time
@@ -100,13 +128,13 @@ class IPythonKernel:
                 raise KernelDied("the kernel exited")
             self._pending += chunk
         line, self._pending = self._pending.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            raise KernelDied("the kernel sent a malformed reply") from None
-        if not isinstance(reply, dict):
-            raise KernelDied("the kernel sent a malformed reply")
-        return reply
+        return parse_reply(line)
+
+    def _reply(self, seq: int, deadline: float) -> dict:
+        while True:
+            reply = self._read(deadline)
+            if reply.get("id") == seq:
+                return reply
 
     def shutdown(self) -> None:
         pid, self.pid = self.pid, None
@@ -117,7 +145,7 @@ class IPythonKernel:
         if pid is not None:
             for kill in (os.killpg, os.kill):  # its process group (what `!cmd` started), then itself
                 try:
-                    kill(pid, signal.SIGKILL)
+                    kill(pid, SIGKILL)
                 except OSError:
                     pass
             try:
@@ -129,7 +157,7 @@ class IPythonKernel:
         pid = self.pid
         if pid is not None:
             try:
-                os.killpg(pid, signal.SIGINT)
+                os.killpg(pid, SIGINT)
             except OSError:
                 pass
 
@@ -150,16 +178,18 @@ class IPythonKernel:
         start = time.monotonic()
         out = {"stdout": "", "stderr": "", "result": None, "error": None, "images": [],
                "timed_out": False, "kernel_restarted": False}
-        data = memoryview((json.dumps({"code": code}) + "\n").encode())
+        self._seq += 1
+        seq = self._seq
+        data = memoryview((to_json({"id": seq, "code": code}) + "\n").encode())
         try:
             while data:
                 data = data[os.write(self._to, data):]
             try:
-                reply = self._read(start + timeout)
+                reply = self._reply(seq, start + timeout)
             except TimeoutError:
                 out["timed_out"] = True
                 self.interrupt()
-                reply = self._read(time.monotonic() + GRACE)
+                reply = self._reply(seq, time.monotonic() + GRACE)
         except TimeoutError:
             self.shutdown()
             self._start()

@@ -97,3 +97,31 @@ def test_a_timeout_interrupts_a_shell_command_and_keeps_the_state(two, run):
     cell = run(a.ipython("!sleep 100", timeout=1))
     assert cell.timed_out and not cell.kernel_restarted
     assert run(a.ipython("kept")).result == "7"
+
+
+def test_a_reply_forged_by_the_cell_is_not_taken_for_the_kernels(two, run):
+    """The cell may write to the kernel's reply pipe (it is the agent's own process): a line without the
+    request's id is skipped, garbage ends that kernel (reported, a new one next cell), never the server."""
+    a, _ = two
+    cell = run(a.ipython("import os\nos.write(4, b'{\"id\": 0, \"stdout\": \"forged\"}\\n')\n'real'"))
+    assert (cell.result, cell.stdout, cell.kernel_restarted) == ("'real'", "", False), cell
+    cell = run(a.ipython("import os\nos.write(4, b'{\"id\": [[[' * 1000 + b'\\n')\nimport time; time.sleep(5)"))
+    assert cell.kernel_restarted and "died" in cell.error
+    assert run(a.ipython("1 + 1")).result == "2"
+    assert run(a.health()).sessions == ["default"]
+
+
+def test_history_of_the_session_works_without_a_database(two, run):
+    a, _ = two
+    run(a.ipython("first = 'h'"))
+    cell = run(a.ipython("%history\n_ih[-2]"))
+    assert cell.result == "\"first = 'h'\"" and "first = 'h'" in cell.stdout, cell
+
+
+def test_parse_reply_takes_one_json_object_and_nothing_else():
+    from rolloutd.sandbox.server.kernel import KernelDied, parse_reply
+
+    assert parse_reply(b'{"id": 1, "result": "\\u00e9", "x": NaN}') == {"id": 1, "result": "é", "x": None}
+    for line in (b"[1]", b'{"id": 1} {"id": 2}', b"\xff{}", b"{" * 100000, b"", b'"s"'):
+        with pytest.raises(KernelDied):
+            parse_reply(line)
