@@ -27,6 +27,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from rolloutd.sandbox import SandboxSpec, create_sandbox
@@ -212,7 +213,6 @@ def _mb(kb: float) -> str:
 def _baseline(tree: str, n: int) -> dict:
     """`_sandboxes(n)` run with the `rolloutd` of another checkout (`tree`, e.g. ``git archive`` of main)."""
     import json
-    import tempfile
 
     with tempfile.TemporaryDirectory() as shim:
         os.symlink(os.path.abspath(tree), os.path.join(shim, "rolloutd"))
@@ -232,8 +232,17 @@ def _per(got: dict, n: int, key: str) -> str:
 def run(quick: bool = False, n: int | None = None, baseline: str | None = None) -> list[dict]:
     """`baseline`: a checkout of the code to compare with, measured first in the same run."""
     n = n or (8 if quick else 128)
-    base = _baseline(baseline, n) if baseline else None
-    got = asyncio.run(_sandboxes(n))
+    # our own sandbox directory: tests running meanwhile on this machine expect theirs to empty out
+    own_dir = None if os.environ.get("ROLLOUTD_SANDBOX_DIR") else tempfile.mkdtemp(prefix="rolloutd-bench-density-")
+    if own_dir:
+        os.environ["ROLLOUTD_SANDBOX_DIR"] = own_dir
+    try:
+        base = _baseline(baseline, n) if baseline else None
+        got = asyncio.run(_sandboxes(n))
+    finally:
+        if own_dir:
+            del os.environ["ROLLOUTD_SANDBOX_DIR"]
+            os.rmdir(own_dir)
     own, forked = _shells(n, forked=False), _shells(n, forked=True)
     print(f"seconds: {n} sandboxes ready {got['seconds'][0]:.1f}, their first cells {got['seconds'][1]:.1f}; "
           f"shells own {own[1]:.1f}, forked {forked[1]:.1f}"
