@@ -137,11 +137,11 @@ class IPythonKernel:
                 return reply
 
     def shutdown(self) -> None:
-        pid, self.pid = self.pid, None
-        for fd in (self._to, self._from):
+        pid = self.pid  # stays in `Server.known_children` until reaped here: the orphan reaper leaves it
+        to, frm, self._to, self._from = self._to, self._from, None, None
+        for fd in (to, frm):
             if fd is not None:
                 os.close(fd)
-        self._to = self._from = None
         if pid is not None:
             for kill in (os.killpg, os.kill):  # its process group (what `!cmd` started), then itself
                 try:
@@ -152,6 +152,7 @@ class IPythonKernel:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+        self.pid = None
 
     def interrupt(self) -> None:
         pid = self.pid
@@ -169,8 +170,10 @@ class IPythonKernel:
             return self._execute(code, timeout)
 
     def _alive(self) -> bool:
+        """Whether the kernel still runs. Not reaped here (WNOWAIT): until `shutdown` reaps it, its pid
+        (and process group id) cannot be reused by another process of the sandbox that `shutdown` would kill."""
         try:
-            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
         except ChildProcessError:
             return False
 
