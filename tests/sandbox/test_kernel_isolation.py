@@ -125,3 +125,23 @@ def test_parse_reply_takes_one_json_object_and_nothing_else():
     for line in (b"[1]", b'{"id": 1} {"id": 2}', b"\xff{}", b"{" * 100000, b"", b'"s"'):
         with pytest.raises(KernelDied):
             parse_reply(line)
+
+
+def test_no_kernel_runs_before_the_first_cell(make_sandbox, run):
+    """The kernel starts on the agent's first `ipython` call: a bash-only sandbox never pays for one."""
+    sb = make_sandbox()
+    assert run(sb.bash("true")).exit_code == 0
+    assert not run(sb.health()).kernel
+
+    def runner_running() -> bool:
+        for pid in host_pids_of(sb.id):
+            try:
+                if b"ipyrunner.py" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    return True
+            except OSError:
+                pass
+        return False
+
+    assert not runner_running()
+    assert run(sb.ipython("1")).result == "1"
+    assert run(sb.health()).kernel and runner_running()
