@@ -19,6 +19,7 @@ import fcntl
 import os
 import select
 import sys
+import threading
 import time
 
 import _json  # not json: it imports re and enum (~0.6 MB in every sandbox that runs a cell)
@@ -69,8 +70,6 @@ class IPythonKernel:
         self._to = self._from = None  # our ends of the request and reply pipes
         self._pending = b""
         self._seq = 0  # each request's id, echoed by its reply: a reply the cell forged on fd 4 is skipped
-        import threading
-
         self._lock = threading.Lock()  # one cell at a time
 
     @property
