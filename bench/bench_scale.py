@@ -3,7 +3,7 @@
 For each N (10, 100, 300, 1000; `$ROLLOUTD_SCALE_NODES`): a fresh controller process (the
 production one: uvicorn, SQLite WAL, the local executor asked for 0 nodes), one `bench-noop` job
 with 4 backends (a `/health` stub) and enough items for the run, and N simulated daemons
-(`simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
+(`sim/simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
 rollouts last lognormal(median 40 s, σ 0.5) / `$ROLLOUTD_SCALE_TIME_FACTOR` (default 1); leases
 ride on beat and results replies (a 1.5 s long-poll after a short answer); beats every
 `heartbeatSeconds` (from registration) and on stage changes at most every `heartbeat_min_gap`;
@@ -43,11 +43,11 @@ from pathlib import Path
 import httpx
 
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
-from bench.simnodes import audit
+from sim.noop import SLOTS, HealthServer, noop_job as _job
+from sim.simnodes import audit
 
 P = "/apis/rolloutd.io/v1alpha1"
 HERE = Path(__file__).resolve().parent
-SLOTS = 64
 MEDIAN_SECONDS, SIGMA = 40.0, 0.5
 
 
@@ -96,51 +96,6 @@ def _pct(xs: list[float], q: float) -> float:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-BACKENDS = 4
-
-
-class HealthServer:
-    """Answers 200 to `GET …/health`: the job's LLM backends (`/b0` … `/b3`) for the controller's health
-    checks. Nobody generates anything (the task is a no-op), but leases pin a backend from the min-heap
-    and beats release it, as in production."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                self.send_response(200 if self.path.endswith("/health") else 404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.urls = [f"http://127.0.0.1:{self.server.server_address[1]}/b{i}" for i in range(BACKENDS)]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _job(name: str, source: Path, items: int, backends: list[str]) -> dict:
-    return {
-        "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
-        "spec": {
-            "tasks": {"kind": NOOP, "source": str(source), "limit": items // 8},
-            "samplesPerPrompt": 8,
-            "agent": {"maxTurns": 1, "tools": []},
-            # a directory (tokenizers load offline only, absolute paths): the simulated daemons load none
-            "llm": {"tokenizer": str(source.parent), "backends": [{"url": u} for u in backends]},
-            "executor": {"kind": "local", "nodes": 0},  # the simulated daemons register on their own
-            "pipeline": {"workersPerNode": {"init": SLOTS, "run": SLOTS, "eval": SLOTS}},
-        },
-    }
 
 
 class Controller:
@@ -290,7 +245,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                    "piggyback": src is None or not os.environ.get("ROLLOUTD_SCALE_OLD_DAEMON"),
                    "sync": os.environ.get("ROLLOUTD_SCALE_SYNC", "1") != "0"}
             (root / f"shard{i}.json").write_text(json.dumps(cfg))
-            shards.append(subprocess.Popen([sys.executable, "-m", "bench.simnodes", str(root / f"shard{i}.json"),
+            shards.append(subprocess.Popen([sys.executable, "-m", "sim.simnodes", str(root / f"shard{i}.json"),
                                             str(root / f"shard{i}.out.json")], cwd=REPO, start_new_session=True))
             _prioritize(shards[-1].pid)
         w0 = start_at + warmup

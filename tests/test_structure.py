@@ -188,3 +188,49 @@ def test_the_checks_catch_what_they_claim_to():
     assert _size_problems("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES) == [f"class Big {MAX_CLASS_LINES + 1} lines"]
     assert _size_problems("x = 1\n" * (MAX_MODULE_LINES + 1)) == [f"{MAX_MODULE_LINES + 1} lines"]
     assert _size_problems("x = 1\n" * MAX_MODULE_LINES) == []
+
+
+# --- tests/, bench/ and sim/ (issue 26): tests and benches share only sim/ and the product ------------------
+TESTS, BENCH, SIM = REPO / "tests", REPO / "bench", REPO / "sim"
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The top-level names a file imports (absolute imports only: tests/ and bench/ use no relative ones
+    across folders)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _sys_path_edits(path: Path) -> list[str]:
+    """`sys.path.insert(…)` / `.append(…)` calls in a file, as source text."""
+    source = path.read_text()
+    return [ast.get_source_segment(source, node) for node in ast.walk(ast.parse(source, str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append") and ast.unparse(node.func.value) == "sys.path"]
+
+
+def _py(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "harness_tasks" not in p.parts)
+
+
+def test_tests_and_bench_do_not_import_each_other():
+    """bench/ measures, tests/ proves: neither imports the other (what both need lives in sim/ or the
+    product), and sim/ imports neither."""
+    bench_in_tests = {str(p.relative_to(REPO)) for p in _py(TESTS) if "bench" in _top_imports(p)}
+    tests_in_bench = {str(p.relative_to(REPO)) for p in _py(BENCH) + _py(SIM)
+                      if _top_imports(p) & {"tests", "support"}
+                      or any("tests" in edit for edit in _sys_path_edits(p))}
+    bench_in_sim = {str(p.relative_to(REPO)) for p in _py(SIM) if "bench" in _top_imports(p)}
+    assert (sorted(bench_in_tests), sorted(tests_in_bench), sorted(bench_in_sim)) == ([], [], [])
+
+
+def test_the_import_rules_see_what_they_claim_to(tmp_path):
+    """The two readers on made-up files: an import of bench and a sys.path edit are found."""
+    (tmp_path / "a.py").write_text("import sys\nsys.path.insert(0, 'tests/slurm')\nfrom bench.x import y\n")
+    assert _top_imports(tmp_path / "a.py") == {"sys", "bench"}
+    assert _sys_path_edits(tmp_path / "a.py") == ["sys.path.insert(0, 'tests/slurm')"]

@@ -111,9 +111,11 @@ def local_kubectl(local_kube):
 
 @pytest.fixture(scope="module")
 def plugin_kube(tmp_path_factory):
-    """The local executor, with the benchmarks' task plug-ins (bench/plugins: bench-noop) on the controller's
+    """The local executor, with the benchmarks' task plug-ins (sim/plugins: bench-noop) on the controller's
     and so its daemons' PYTHONPATH: a real job that needs no LLM."""
-    plugins = str(HERE.parents[1] / "bench" / "plugins")
+    from sim.noop import PLUGINS
+
+    plugins = str(PLUGINS)
     path = os.pathsep.join(filter(None, [plugins, os.environ.get("PYTHONPATH")]))
     c = https_controller(tmp_path_factory.mktemp("kube-plugins"), executors="local", env={"PYTHONPATH": path})
     yield c

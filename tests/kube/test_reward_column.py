@@ -4,9 +4,6 @@ writes status.rewardMean, the CRD's printer column shows it. An infrastructure f
 must not pull the mean down."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 import yaml
@@ -16,9 +13,8 @@ from waiting import wait_until
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+from sim.noop import HealthServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench` is a folder, not installed
-from bench.bench_scale import HealthServer  # noqa: E402
 
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"
 

@@ -16,9 +16,8 @@ from waiting import wait_until
 import kube_tools
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.client import RolloutClient, RolloutdError
+from sim.noop import HealthServer, noop_job as _job
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench` is a folder, not installed
-from bench.bench_scale import HealthServer, _job  # noqa: E402
 
 
 def _kubeconfig(kube, path: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import Cluster, gated_job_doc, job_doc
-from minicluster import MiniSlurm
+from sim.minicluster import MiniSlurm
 
 
 class SlurmCluster(Cluster):

@@ -1,13 +1,8 @@
-"""The scale benchmark's bookkeeping (bench/simnodes.py): what the controller accepted from the simulated
+"""The scale benchmark's bookkeeping (sim/simnodes.py): what the controller accepted from the simulated
 nodes against what it delivers. A wrong audit would let a lost or duplicated rollout pass unseen."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: `bench` is a folder, not installed
-
-from bench.simnodes import Ledger, audit  # noqa: E402
+from sim.simnodes import Ledger, audit
 
 
 def ledger_with(*accepted: tuple[str, int, int]) -> Ledger:
