@@ -234,3 +234,18 @@ def test_the_import_rules_see_what_they_claim_to(tmp_path):
     (tmp_path / "a.py").write_text("import sys\nsys.path.insert(0, 'tests/slurm')\nfrom bench.x import y\n")
     assert _top_imports(tmp_path / "a.py") == {"sys", "bench"}
     assert _sys_path_edits(tmp_path / "a.py") == ["sys.path.insert(0, 'tests/slurm')"]
+
+
+# Files under tests/ that are scripts run in a process of their own, not imported by pytest → why they edit sys.path.
+SYS_PATH_SCRIPTS: dict[str, str] = {
+    "tests/rl/grpo_checks.py": "run by the engine venv's interpreter; it imports the example trainer (examples/rl)",
+}
+
+
+def test_tests_import_their_helpers_from_support_not_through_sys_path():
+    """The shared helpers are the package tests/support (pyproject puts tests/ on pytest's sys.path), so no test
+    file or conftest edits sys.path to reach a neighbour's helpers."""
+    edits = {str(p.relative_to(REPO)): _sys_path_edits(p) for p in _py(TESTS)}
+    edits = {path: found for path, found in edits.items() if found and path not in SYS_PATH_SCRIPTS}
+    assert edits == {}
+    assert "tests" in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["pythonpath"]

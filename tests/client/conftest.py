@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake import FakeController, transport  # noqa: E402
+from support.client_fake import FakeController, transport
 
 from rolloutd.client import AsyncRolloutClient, Connection, RolloutClient  # noqa: E402
 
@@ -50,9 +49,3 @@ def fake() -> FakeController:
 def api(request, fake) -> Driver:
     return Driver(request.param, fake)
 
-
-# the end-to-end tests use the real-cluster helpers (tests/e2e/cluster.py, tests/engine_fixtures.py)
-_TESTS = Path(__file__).resolve().parents[1]
-for _p in (_TESTS, _TESTS / "e2e"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from fake import traj
+from support.client_fake import traj
 
 from rolloutd.client import Batch, grpo_advantages
 

@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from fake import J, P, Stream, ndjson, status, traj
+from support.client_fake import J, P, Stream, ndjson, status, traj
 
 from rolloutd.client import (
     Batch, ConnectionFailed, Invalid, JobEnded, NotFound, RolloutdError, WaitTimeout,

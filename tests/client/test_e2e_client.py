@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cluster import Cluster, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
-from engine_fixtures import engine_pool, tiny_engine  # noqa: F401
+from support.cluster import Cluster, job_doc
+from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
 
 from rolloutd.client import AsyncRolloutClient, BadRequest, Invalid, NotFound, RolloutClient
 

@@ -17,7 +17,7 @@ from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
-from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
+from support.example_job import example_doc
 
 URL = "http://a"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"

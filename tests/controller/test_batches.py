@@ -14,7 +14,7 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
-from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
+from support.example_job import example_doc
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 

@@ -9,7 +9,7 @@ import pytest
 
 from rolloutd.crds.node import NODE_PROTOCOL, LeaseResponse, beat_gap
 
-from .node_api import call, node_api, result
+from support.node_api import call, node_api, result
 from .test_scheduler import Clock
 
 

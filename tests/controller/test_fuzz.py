@@ -4,7 +4,7 @@ content type, schema). Bounded: `EXAMPLES` per operation and mode (hypothesis, n
 database). Streams do not hang it: `watch`, `follow` and `wait` requests get `timeoutSeconds` ≤ 1 s.
 
 Driven through schemathesis's Python API (operation strategies under hypothesis) rather than its
-pytest plugin, whose lazy fixture loader does not work with pytest 9. `python -m
+pytest plugin, whose lazy fixture loader does not work with pytest 9. `PYTHONPATH=tests python -m
 tests.controller.test_fuzz URL TOKEN [SCHEMA_URL_OR_FILE]` runs the same fuzzing against any controller and
 prints the counts (bench/RESULTS-api.md)."""
 from __future__ import annotations
@@ -27,8 +27,7 @@ from rolloutd.crds.names import API_PREFIX
 EXAMPLES = 12
 SEED_JOB = "fuzz-seed"  # a batch-mode job: most cases address it, so they reach past the 404
 STREAMING = ("watch", "follow", "wait")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: also when run as `python -m`
-from example_job import example_doc  # noqa: E402 - tests/example_job.py
+from support.example_job import example_doc
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 

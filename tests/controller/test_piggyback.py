@@ -8,7 +8,7 @@ import pytest
 
 from rolloutd.crds.node import NODE_PROTOCOL, HeartbeatResponse, LeaseResponse, ResultAck
 
-from .node_api import JOIN, NODES, call, node_api, result
+from support.node_api import JOIN, NODES, call, node_api, result
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from rolloutd.controller.operator import handlers
 from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
-from store_api import StoreApi, reconcile_all
+from support.store_api import StoreApi, reconcile_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 

@@ -16,8 +16,8 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
-from waiting import until
-from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
+from support.waiting import until
+from support.example_job import example_doc
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
@@ -91,7 +91,7 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
     periodic pass is a minute away."""
     from rolloutd.controller.executors.base import NodeState
     from rolloutd.controller.operator.handlers import Reconciler, observe
-    from store_api import Stopped, StoreApi
+    from support.store_api import Stopped, StoreApi
 
     class OneNode:  # an executor whose one node is up
         async def ensure(self, job, nodes): pass

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 import yaml
 
-from .conftest import ControllerProcess
+from support.controller_process import ControllerProcess
 from .test_api import P, YAML, _fields, _status, doc
 from .test_cli import ctl
 

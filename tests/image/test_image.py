@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stub_llm import StubLLM, _StubBackend
-from waiting import wait_until
+from support.stub_llm import StubLLM, _StubBackend
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import yaml
-from kube_helpers import MERGE, NS, job_doc
+from support.kube_helpers import MERGE, NS, job_doc
 
 from rolloutd.crds.crd import build_crd
 

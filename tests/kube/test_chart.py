@@ -24,7 +24,7 @@ from rolloutd.controller.operator.kubeapi import Connection
 from rolloutd.controller.server import EXECUTOR_KINDS
 from rolloutd.crds.crd import render_crd
 
-from kube_tools import helm
+from support.kube_tools import helm
 
 K8S_VERSION = "1.33"  # the oldest Kubernetes the chart supports (kubeVersion in Chart.yaml)
 CHART = Path(__file__).resolve().parents[2] / "charts" / "rolloutd"

@@ -5,9 +5,9 @@ import subprocess
 import threading
 
 import yaml
-from example_job import example_yaml
-from kube_helpers import EXAMPLE, job_yaml, set_status
-from waiting import wait_until
+from support.example_job import example_yaml
+from support.kube_helpers import EXAMPLE, job_yaml, set_status
+from support.waiting import wait_until
 
 from rolloutd.controller.store import Store
 

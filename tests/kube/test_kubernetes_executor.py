@@ -27,9 +27,9 @@ from rolloutd.controller.server import build_app
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from kube.apiserver_double import K8S_VERSION, FakeApiServer
-from kube_tools import helm
-from store_api import StoreApi, reconcile_all
+from support.apiserver_double import K8S_VERSION, FakeApiServer
+from support.kube_tools import helm
+from support.store_api import StoreApi, reconcile_all
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "join-secret-abc123"

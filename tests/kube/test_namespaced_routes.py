@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from kube_helpers import job_doc
+from support.kube_helpers import job_doc
 
 from rolloutd.controller.api import create_app
 from rolloutd.controller.auth import TokenBook, create_scoped_token

@@ -3,7 +3,7 @@ watch with resume, patch of the status subresource, and the errors it raises."""
 from __future__ import annotations
 
 import pytest
-from kube_helpers import MERGE, NS, WATCH_HISTORY, job_doc
+from support.kube_helpers import MERGE, NS, WATCH_HISTORY, job_doc
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes.dynamic import DynamicClient  # noqa: E402

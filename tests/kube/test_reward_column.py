@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import yaml
-from kube_helpers import EXAMPLE, job_yaml
-from waiting import wait_until
+from support.kube_helpers import EXAMPLE, job_yaml
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from kube_helpers import job_doc
+from support.kube_helpers import job_doc
 
 from rolloutd.controller.store import Store
 from rolloutd.controller.store_schema import RELEASE_FINALIZER, SCHEMA_VERSION

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from waiting import wait_until
+from support.waiting import wait_until
 
-import kube_tools
+from support import kube_tools
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.client import RolloutClient, RolloutdError
 from sim.noop import HealthServer, noop_job as _job

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 from fastapi.testclient import TestClient
-from kube_helpers import job_doc, tenant_job_doc, tenant_policy
+from support.kube_helpers import job_doc, tenant_job_doc, tenant_policy
 from typer.testing import CliRunner
 
 from rolloutd.controller.api import create_app

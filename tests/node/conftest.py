@@ -1,7 +1,7 @@
 """Fixtures for tests/node: the node daemon against a fake controller (fake_controller.py), a
 scripted task handler (scripted_tasks.py), real bwrap sandboxes and the tiny model's tokenizer.
 
-pytest runs with --import-mode=importlib, so this folder is put on sys.path for its helpers.
+The helpers are in tests/support (fake_controller, node_helpers, scripted_tasks).
 No asyncio plugin: each test runs its scenario with `asyncio.run`; the fake controller serves from
 its own thread. Waiting is always on a condition with a deadline (`until`, `FakeController.wait_for`).
 """
@@ -14,12 +14,8 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from fake_controller import FakeController  # noqa: E402
-from node_helpers import TOKEN, tiny_dir  # noqa: E402
+from support.fake_controller import FakeController
+from support.node_helpers import TOKEN, tiny_dir
 
 
 @pytest.fixture(scope="session")

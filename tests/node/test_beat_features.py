@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from fake_controller import FakeController
-from node_helpers import make_spec, options, until
+from support.fake_controller import FakeController
+from support.node_helpers import make_spec, options, until
 from rolloutd.agents.daemon import heartbeat
 from rolloutd.agents.daemon.daemon import NodeDaemon
 from rolloutd.crds.node import BEAT_DELTAS, BEAT_RESULTS, FEATURES, Heartbeat
 from rolloutd.crds.trajectory import Trajectory
-from scripted_tasks import ScriptedTask
+from support.scripted_tasks import ScriptedTask
 
 
 def answered(fake: FakeController) -> list[tuple[float, Heartbeat]]:

@@ -10,12 +10,12 @@ from collections import Counter
 
 import pytest
 
-from fake_controller import FakeController
-from node_helpers import make_spec, options, sandbox_pids, until
+from support.fake_controller import FakeController
+from support.node_helpers import make_spec, options, sandbox_pids, until
 from rolloutd.agents.daemon.daemon import SAME_SIGNAL_SECONDS, NodeDaemon, Shutdown
 from rolloutd.agents.daemon.supervise import EXIT_REFUSED
 from rolloutd.crds.trajectory import Trajectory
-from scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
+from support.scripted_tasks import BlockingLLM, FreshEvalTask, ReplyLLM, ScriptedTask
 
 
 def daemon(fake: FakeController, handler: ScriptedTask, llm=None, tokenizer=None, **opts) -> NodeDaemon:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node_helpers import BASE_SPEC, options
+from support.node_helpers import BASE_SPEC, options
 from rolloutd.agents.daemon.daemon import NodeDaemon
 from rolloutd.agents.tasks.harbor import HarborTask
 from rolloutd.crds.trajectory import Trajectory

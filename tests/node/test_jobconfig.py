@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from node_helpers import BASE_SPEC
+from support.node_helpers import BASE_SPEC
 from rolloutd.agents.daemon.jobconfig import JobConfig, load_spec, sampling_params
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import SamplingSpec
-from scripted_tasks import FreshEvalTask, ScriptedTask
+from support.scripted_tasks import FreshEvalTask, ScriptedTask
 
 LIMITS = {"max_tokens_per_turn", "max_total_tokens"}   # the loop's limits, not sampling fields
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from node_helpers import make_spec, options
+from support.node_helpers import make_spec, options
 from rolloutd.agents.daemon.daemon import NodeDaemon
-from scripted_tasks import ScriptedTask
+from support.scripted_tasks import ScriptedTask
 
 
 @pytest.mark.parametrize("answers", [True, False], ids=["controller answers", "older controller"])

@@ -13,10 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from node_helpers import TOKEN, make_spec
+from support import scripted_tasks
+from support.node_helpers import TOKEN, make_spec
 from rolloutd.crds.trajectory import Trajectory
 
-HERE = Path(__file__).resolve().parent
+SUPPORT = Path(scripted_tasks.__file__).resolve().parent  # the daemon imports the plug-in from there
 DRAIN = 3.0
 
 
@@ -43,7 +44,7 @@ def test_sigterm_returns_unstarted_drains_in_flight_exits_0(controller, sandbox_
     fake.add({"id": "A", "run_file": str(finish_a)}, {"id": "C", "run_file": str(never)})
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)), str(HERE)]),
+        "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)), str(SUPPORT)]),
         "ROLLOUTD_CONTROLLER": fake.url, "ROLLOUTD_JOB": fake.job, "ROLLOUTD_JOIN_TOKEN": TOKEN,
         "ROLLOUTD_DRAIN_SECONDS": str(DRAIN), "ROLLOUTD_SANDBOX_DIR": str(sandbox_dir),
         "SLURMD_NODENAME": "sn1", "SLURM_JOB_ID": "4242", "SLURM_NODEID": "1",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.daemon.supervise import EXIT_REFUSED, supervise
-from waiting import wait_until
+from support.waiting import wait_until
 
 
 def child(tmp_path: Path, body: str) -> list[str]:

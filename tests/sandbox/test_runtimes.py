@@ -16,9 +16,9 @@ from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec
 from rolloutd.sandbox.footprint import sandbox_base_dir
 from rolloutd.sandbox.runtimes.apptainer import ApptainerRuntime
 
-from waiting import wait_until
+from support.waiting import wait_until
 
-from .conftest import host_pids_of, require_bwrap
+from support.sandbox_checks import host_pids_of, require_bwrap
 
 
 def test_unknown_runtime():

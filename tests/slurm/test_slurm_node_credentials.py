@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import httpx
 
-from slurm_cluster import SlurmCluster, slurm_job_doc  # tests/slurm (on sys.path)
-from stub_llm import StubLLM
-from waiting import wait_until
+from support.slurm_cluster import SlurmCluster, slurm_job_doc
+from support.stub_llm import StubLLM
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 

@@ -24,7 +24,8 @@ from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
 from rolloutd.sandbox.rootfs import image_cache_dir
 
-from harbor_rollouts import harness_probe, rollouts, task_sandbox  # tests/ (also run as a script, as another user)
+from support import harbor_rollouts  # also run as a script, as another user
+from support.harbor_rollouts import harness_probe, rollouts, task_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "harbor" / "tasks"
@@ -179,7 +180,7 @@ def _as_unprivileged_daemon(extra_env: dict[str, str], tasks: Path = TASKS):
         (shared / "sandboxes").mkdir(mode=0o700)
         os.chown(shared / "sandboxes", user.pw_uid, user.pw_gid)
         proc = subprocess.run([shutil.which("runuser"), "-u", user.pw_name, "--", str(interpreter),
-                               str(Path(__file__).parents[1] / "harbor_rollouts.py"), str(tasks), site_dir],
+                               harbor_rollouts.__file__, str(tasks), site_dir],
                               env=env, capture_output=True, text=True, timeout=600, cwd=shared)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout)
@@ -230,7 +231,7 @@ def user_tasks():
 def test_the_agent_runs_as_the_tasks_user_under_a_root_and_an_unprivileged_daemon(user_tasks):
     """uid, gid and HOME (a writable copy of the image's home) are the image user's, for both kinds of daemon;
     a root image user leaves today's unprivileged uid. The containment tests (tests/sandbox) still hold."""
-    from harbor_rollouts import probe_command
+    from support.harbor_rollouts import probe_command
 
     as_agent = ["1234", "1234", "/home/agent", "hi", "home-writable", "1234"]
     root_out = asyncio.run(probe_command(str(user_tasks), WHO))

@@ -14,7 +14,7 @@ import pytest
 from rolloutd.agents.tasks import get_handler
 from rolloutd.crds.trajectory import Trajectory
 
-from harbor_rollouts import task_sandbox  # tests/
+from support.harbor_rollouts import task_sandbox
 
 FETCH = """python3 - <<'PY'
 import urllib.request

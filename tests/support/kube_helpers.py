@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
+from support.example_job import example_doc
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NS = "/apis/rolloutd.io/v1alpha1/namespaces"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fake_controller import FakeController
-from waiting import until  # noqa: F401  (re-exported for the node tests)
+from support.fake_controller import FakeController
+from support.waiting import until  # noqa: F401  (re-exported for the node tests)
 
 TOKEN = "join-secret"
 

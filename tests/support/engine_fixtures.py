@@ -2,11 +2,10 @@
 
 Who uses it: tests/agents/conftest.py (and any other test folder) imports the fixtures:
 
-    import sys, pathlib; sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from engine_fixtures import tiny_engine, smollm2_engine, engine_pool  # noqa: F401
+    from support.engine_fixtures import tiny_engine, smollm2_engine, engine_pool  # noqa: F401
 
 Engines are cached in a module-level pool keyed by model name, so two folders that import these
-fixtures still share one engine per model (the module is imported once as `engine_fixtures`).
+fixtures still share one engine per model (the module is imported once as `support.engine_fixtures`).
 The first use installs the engine venv and prepares the model if needed (idempotent; minutes on a
 fresh machine). `fresh_engine(model)` gives a dedicated, short-lived engine for tests that kill it.
 """

@@ -13,7 +13,7 @@ from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.rolloutjob import RolloutJob
-from example_job import example_doc  # tests/example_job.py: the example, its paths resolved
+from support.example_job import example_doc
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"

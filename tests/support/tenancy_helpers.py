@@ -8,8 +8,8 @@ import os
 import subprocess
 
 import httpx
-import kube_tools
-from kube_helpers import tenant_job_doc, tenant_policy
+from support import kube_tools
+from support.kube_helpers import tenant_job_doc, tenant_policy
 
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.config import DataDir

@@ -12,7 +12,7 @@ import yaml
 from rolloutd.controller.spec_paths import resolve_paths
 from rolloutd.crds.paths import models_dir
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math-demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 
 
 def example_doc() -> dict:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster import Cluster, gated_job_doc, job_doc
+from support.cluster import Cluster, gated_job_doc, job_doc
 from sim.minicluster import MiniSlurm
 
 

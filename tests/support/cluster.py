@@ -15,7 +15,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 P = "/apis/rolloutd.io/v1alpha1"
-PLUGINS = Path(__file__).resolve().parent / "plugins"  # test-only task plug-ins (scripted, gated)
+PLUGINS = Path(__file__).resolve().parents[1] / "e2e" / "plugins"  # test-only task plug-ins (scripted, gated)
 
 
 def plugin_env() -> dict[str, str]:
