@@ -15,7 +15,7 @@ from rolloutd.agents.daemon.daemon import NodeDaemon
 from rolloutd.agents.tasks.harbor import HarborTask
 from rolloutd.crds.trajectory import Trajectory
 
-TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
+TASKS = Path(__file__).resolve().parents[3] / "examples" / "harbor" / "tasks"
 
 
 def test_oracle_job_scores_every_harbor_task_1(controller, sandbox_dir):

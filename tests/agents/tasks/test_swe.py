@@ -13,7 +13,7 @@ from rolloutd.agents.tasks.swe import SweTask, parse_test_log, patch_paths, stag
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox.protocol import FileContent
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATASET = ROOT / "examples" / "swe" / "train.jsonl"
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

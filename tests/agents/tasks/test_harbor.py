@@ -27,7 +27,7 @@ from rolloutd.sandbox.rootfs import image_cache_dir
 from support import harbor_rollouts  # also run as a script, as another user
 from support.harbor_rollouts import harness_probe, rollouts, task_sandbox
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TASKS = ROOT / "examples" / "harbor" / "tasks"
 EXPECTED = {"config-port": {"oracle": 1.0, "noop": 0.0}, "csv-total": {"oracle": 1.0, "noop": 0.0},
             "word-count": {"oracle": 1.0, "noop": 0.0}}
