@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from support.controller_process import ControllerProcess
-from .test_api import P, YAML, _fields, _status, doc
+from .http.test_api import P, YAML, _fields, _status, doc
 from .test_cli import ctl
 
 JSON = {"Content-Type": "application/json"}

@@ -16,7 +16,7 @@ from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
 from support.example_job import example_doc
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
 
 
 def make(tmp_path, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, carry=False, batches=None,

@@ -20,7 +20,7 @@ from rolloutd.crds.trajectory import Failure, Trajectory
 from support.example_job import example_doc
 
 URL = "http://a"
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
 
 
 

@@ -58,7 +58,7 @@ def test_executors_and_the_reconcile_ports_import_nothing_of_the_controller_arou
     import ast
     from pathlib import Path
 
-    controller = Path(__file__).resolve().parents[2] / "controller"
+    controller = Path(__file__).resolve().parents[3] / "controller"
     for path in [controller / "ports.py", *sorted((controller / "executors").rglob("*.py"))]:
         package = path.parent.relative_to(controller).parts  # () for ports.py, ("executors", …) below
         for node in ast.walk(ast.parse(path.read_text())):

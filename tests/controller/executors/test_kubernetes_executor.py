@@ -31,7 +31,7 @@ from support.apiserver_double import K8S_VERSION, FakeApiServer
 from support.kube_tools import helm
 from support.store_api import StoreApi, reconcile_all
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "join-secret-abc123"
 
 

@@ -19,7 +19,7 @@ from rolloutd.crds.trajectory import Failure, Trajectory
 from support.waiting import until
 from support.example_job import example_doc
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
 
 
 class Clock:

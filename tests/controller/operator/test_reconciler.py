@@ -17,7 +17,7 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from support.store_api import StoreApi, reconcile_all
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
 
 
 class ScriptedExecutor:

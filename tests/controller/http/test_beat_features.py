@@ -10,7 +10,7 @@ import pytest
 from rolloutd.crds.node import NODE_PROTOCOL, LeaseResponse, beat_gap
 
 from support.node_api import call, node_api, result
-from .test_scheduler import Clock
+from ..work.test_scheduler import Clock
 
 
 @pytest.fixture
