@@ -2,7 +2,7 @@
 dist-info on a daemon's PYTHONPATH) against LLM backends that only answer the controller's health checks.
 
 Used by the scale, operator and tenancy benches and by tests that need a real job to finish without an
-engine (tests/kube/test_tls.py). Next step: a backend that also generates, for jobs with a real task kind."""
+engine (tests/controller/kube/test_tls.py). Next step: a backend that also generates, for jobs with a real task kind."""
 from __future__ import annotations
 
 import http.server

@@ -1,7 +1,7 @@
 """`rolloutctl logs` on the Slurm executor: the allocation's output file (where sbatch writes it, in the
 controller's data dir), served by the controller; srun's --label puts each node's index before its lines, so
 `--node K` is that node's daemon. A real allocation of two nodes on the mini cluster; the LLM is a stub
-(tests/stub_llm.py): no engine is started."""
+(tests/support/stub_llm.py): no engine is started."""
 from __future__ import annotations
 
 import os

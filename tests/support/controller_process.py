@@ -1,6 +1,6 @@
 """`ControllerProcess`: a real `rolloutd controller` process on a free port, with a data dir of its own:
 start, stop (SIGTERM or SIGKILL), restart on the same data, an authenticated client. The fixtures of
-tests/controller, tests/kube (over https: support/kube_controller.py), tests/tenancy and tests/ui start it.
+tests/controller, tests/controller/kube (over https: support/kube_controller.py), tests/tenancy and tests/ui start it.
 Next step: one start-up wait shared with support/cluster.py (the e2e controller)."""
 from __future__ import annotations
 

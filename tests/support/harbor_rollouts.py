@@ -1,6 +1,6 @@
 """Harbor task rollouts for tests: `task_sandbox` (a task's sandbox from its own image, INIT done) and
 `rollouts` (oracle and no-op rollouts of every task under a directory: JSON `{task_id: {"oracle": reward,
-"noop": reward}}` on stdout). Used by tests/tasks/test_harbor.py in process (as root) and as an
+"noop": reward}}` on stdout). Used by tests/agents/tasks/test_harbor.py in process (as root) and as an
 unprivileged user (`python harbor_rollouts.py TASKS [SITE_DIR]`; `ROLLOUTD_TEST_COMMAND=...`: that command's
 output in each task's sandbox instead), and by tests/agents/test_gateway.py."""
 from __future__ import annotations

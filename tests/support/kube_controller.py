@@ -1,6 +1,6 @@
 """A real `rolloutd controller` served over https (kubectl and client-go send a bearer token only over TLS),
 its self-signed certificate and a kubeconfig written beside it, and `kubectl_for`: kubectl pointed at it.
-The fixtures of tests/kube and tests/tenancy start it. Next step: a CA of its own instead of a self-signed
+The fixtures of tests/controller/kube and tests/tenancy start it. Next step: a CA of its own instead of a self-signed
 leaf, to test rotation."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Helpers of the Kubernetes-API tests: the example job under another name (and as a tenant may apply it, with
-the TenantPolicy that lets it), and a status write as an operator makes it. Where kubectl is: tests/kube_tools.py."""
+the TenantPolicy that lets it), and a status write as an operator makes it. Where kubectl is: tests/support/kube_tools.py."""
 from __future__ import annotations
 
 import atexit

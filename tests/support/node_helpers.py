@@ -1,4 +1,4 @@
-"""Helpers shared by the tests/node modules: job specs, daemon options, waiting with a deadline."""
+"""Helpers shared by the tests/agents/daemon modules: job specs, daemon options, waiting with a deadline."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""`SlurmCluster`: the e2e test controller (tests/e2e/cluster.py) with the slurm executor, and Slurm's
+"""`SlurmCluster`: the e2e test controller (tests/support/cluster.py) with the slurm executor, and Slurm's
 view of its jobs. A module of its own (not conftest.py) so that test modules import it by a name no
 other folder uses."""
 from __future__ import annotations
@@ -82,7 +82,7 @@ def slurm_job_doc(name: str, engine, *, nodes: int, slurm: dict[str, Any] | None
 
 def slurm_gated_doc(name: str, engine, gate: Path, *, nodes: int, slurm: dict[str, Any] | None = None,
                     **kw) -> dict[str, Any]:
-    """`slurm_job_doc` whose rollouts wait in INIT until `gate` exists (tests/e2e/cluster.py)."""
+    """`slurm_job_doc` whose rollouts wait in INIT until `gate` exists (tests/support/cluster.py)."""
     doc = gated_job_doc(name, engine, gate, nodes=nodes, **kw)
     doc["spec"]["executor"] = {"kind": "slurm", "nodes": nodes, "slurm": slurm or {}}
     return doc

@@ -1,5 +1,5 @@
 """Fixtures of the tenancy suite: one real `rolloutd controller` per module, over https (kubectl sends a bearer
-token only over TLS) and with no executor, as tests/kube runs it, and the admin's client. The helpers the tests
+token only over TLS) and with no executor, as tests/controller/kube runs it, and the admin's client. The helpers the tests
 share (a tenant's client, its job, the admin's policy write) are in tests/support/tenancy_helpers.py."""
 from __future__ import annotations
 

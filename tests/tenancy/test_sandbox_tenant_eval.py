@@ -1,5 +1,5 @@
 """EVAL's staging is out of the agent's reach (issue 24, item 8), through the harbor handler as
-tests/tasks/test_harbor.py drives it: real image, real bwrap, real server, the oracle agent as the attacker.
+tests/agents/tasks/test_harbor.py drives it: real image, real bwrap, real server, the oracle agent as the attacker.
 
 A process the agent leaves running swaps every staging directory it sees in the workspace for a forged
 `tests/` (one atomic `renameat2(RENAME_EXCHANGE)`) whose test.sh writes reward 1. On the code before, the

@@ -1,4 +1,4 @@
-"""Fixtures for tests/node: the node daemon against a fake controller (fake_controller.py), a
+"""Fixtures for tests/agents/daemon: the node daemon against a fake controller (fake_controller.py), a
 scripted task handler (scripted_tasks.py), real bwrap sandboxes and the tiny model's tokenizer.
 
 The helpers are in tests/support (fake_controller, node_helpers, scripted_tasks).

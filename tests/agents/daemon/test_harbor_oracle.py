@@ -1,6 +1,6 @@
 """An `agent.kind: oracle` job of Harbor tasks through the real node daemon (fake controller): no LLM,
 no tokenizer; INIT builds or reuses each task's image and starts the sandbox in it; every task
-scores 1 and no sandbox is left behind. Images are cached (tests/tasks/test_harbor.py builds them)."""
+scores 1 and no sandbox is left behind. Images are cached (tests/agents/tasks/test_harbor.py builds them)."""
 from __future__ import annotations
 
 import asyncio

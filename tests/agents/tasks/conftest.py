@@ -1,4 +1,4 @@
-"""Fixtures for tests/tasks: the repository root as cwd (the shipped examples/ paths resolve) and
+"""Fixtures for tests/agents/tasks: the repository root as cwd (the shipped examples/ paths resolve) and
 real bwrap sandboxes (`rolloutd.sandbox`) for the handlers whose EVAL runs tests (code, swe)."""
 from pathlib import Path
 

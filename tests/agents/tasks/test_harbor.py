@@ -158,7 +158,7 @@ def _link_interpreter(prefix: Path, dest: Path) -> None:
 
 
 def _as_unprivileged_daemon(extra_env: dict[str, str], tasks: Path = TASKS):
-    """Runs tests/harbor_rollouts.py as `nobody`: its own interpreter (a hard-linked copy of ours: /root
+    """Runs tests/support/harbor_rollouts.py as `nobody`: its own interpreter (a hard-linked copy of ours: /root
     is not readable) and the images in a directory it can read, as a cluster filesystem cache would be."""
     user = pwd.getpwnam(_unprivileged_user())
     shared = Path(tempfile.mkdtemp(prefix="rolloutd-harbor-user-", dir="/var/tmp"))

@@ -1,7 +1,7 @@
 """`Sandbox.confine` on the real bwrap runtime: after it, sessions (but the exempt ones) and the IPython kernel
 cannot write the control directory, can still write their usual places, and cannot signal or read the
 process of an exempt session; the shells running at the call end. What Harbor builds on it:
-tests/tasks/test_harbor.py."""
+tests/agents/tasks/test_harbor.py."""
 from __future__ import annotations
 
 import pytest
