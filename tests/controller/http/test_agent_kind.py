@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_harbor_oracle_example_needs_no_llm():
