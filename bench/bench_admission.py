@@ -15,7 +15,7 @@ runSeconds = 4 × the mean episode measured alone in the warm-up (the machine's 
   under 2 %): episodes started per job while both still had work queued, past each job's first 4; target
   ratio 3 ± 10 %.
 
-    python -m bench admission [--quick]      (writes bench/RESULTS-admission.md)
+    python -m bench admission [--quick]      (writes bench/results/RESULTS-admission.md)
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def _write(rows: list[dict], load: list[tuple[float, float, float]], warm: dict,
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = ", ".join(f"{a:.1f}" for a, _, _ in load)
-    out = HERE / "RESULTS-admission.md"
+    out = HERE / "results" / "RESULTS-admission.md"
     old = out.read_text() if out.exists() else ""
     history = old[old.index(RUNS_HEADING):] if RUNS_HEADING in old else ""
     out.write_text(

@@ -20,8 +20,8 @@ results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pi
 py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
 `$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
 `$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. Raw numbers:
-`bench/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
-`python -m bench.bench_scale --table FILE` prints the table. Results: bench/RESULTS-scale.md.
+`bench/results/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
+`python -m bench.bench_scale --table FILE` prints the table. Results: bench/results/RESULTS-scale.md.
 Goals (issue 16): at 1000 nodes p99 ≤ 50 ms for every node call, the controller below one core,
 ≥ 1000 rollouts/s sustained.
 """
@@ -339,7 +339,7 @@ def run(quick: bool = False) -> list[dict]:
     points = sweep(ns, factor, window=10.0 if quick else 30.0, profile_seconds=0.0 if quick else 15.0,
                    before=os.environ.get("ROLLOUTD_SCALE_BEFORE"))
     label = os.environ.get("ROLLOUTD_SCALE_LABEL", "latest")
-    out = HERE / "scale-results"
+    out = HERE / "results" / "scale-results"
     out.mkdir(exist_ok=True)
     (out / f"{label}.json").write_text(json.dumps(
         {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
@@ -364,7 +364,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def table(points: list[dict]) -> str:
-    """The sweep as the markdown table of bench/RESULTS-scale.md."""
+    """The sweep as the markdown table of bench/results/RESULTS-scale.md."""
     out = ["| N × 64 | code | offered/s | rollouts/s | ctl cores | ctl ms/rollout | ctl ms/call | calls/s lease/beat/results "
            "| p50 ms lease/beat/results | p99 ms lease/beat/results | KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
            "|" + "---|" * 14]
@@ -382,7 +382,7 @@ def table(points: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--table"]:  # python -m bench.bench_scale --table bench/scale-results/LABEL.json
+    if sys.argv[1:2] == ["--table"]:  # python -m bench.bench_scale --table bench/results/scale-results/LABEL.json
         print(table(json.loads(Path(sys.argv[2]).read_text())["points"]))
         sys.exit(0)
     from bench.__main__ import render

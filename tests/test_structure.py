@@ -8,6 +8,7 @@ reason; a module that stops offending must leave its list (the test says so), so
 from __future__ import annotations
 
 import ast
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -249,3 +250,13 @@ def test_tests_import_their_helpers_from_support_not_through_sys_path():
     edits = {path: found for path, found in edits.items() if found and path not in SYS_PATH_SCRIPTS}
     assert edits == {}
     assert "tests" in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["pythonpath"]
+
+
+def test_bench_keeps_code_at_its_top_and_results_under_results():
+    """bench/: the benchmarks' code at the top, what they measured (RESULTS-*.md, figures, raw JSON) in bench/results/."""
+    tracked = subprocess.run(["git", "ls-files", "bench"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    misplaced = [f for f in tracked if not f.startswith("bench/results/") and not f.endswith(".py")]
+    assert misplaced == []
+    assert {Path(f).suffix for f in tracked if f.startswith("bench/results/")} <= {".md", ".png", ".json", ".csv", ""}

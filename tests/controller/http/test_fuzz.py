@@ -6,7 +6,7 @@ database). Streams do not hang it: `watch`, `follow` and `wait` requests get `ti
 Driven through schemathesis's Python API (operation strategies under hypothesis) rather than its
 pytest plugin, whose lazy fixture loader does not work with pytest 9. `PYTHONPATH=tests python -m
 tests.controller.http.test_fuzz URL TOKEN [SCHEMA_URL_OR_FILE]` runs the same fuzzing against any controller and
-prints the counts (bench/RESULTS-api.md)."""
+prints the counts (bench/results/RESULTS-api.md)."""
 from __future__ import annotations
 
 import json
