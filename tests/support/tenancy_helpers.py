@@ -4,11 +4,9 @@ The fixtures (a real controller per module) are conftest.py's."""
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 
 import httpx
-from support import kube_tools
+from support.kube_controller import kubectl_for  # noqa: F401 - the tenancy tests' kubectl, one for all folders
 from support.kube_helpers import tenant_job_doc, tenant_policy
 
 from rolloutd.controller.auth import create_scoped_token
@@ -61,17 +59,3 @@ def refused(r: httpx.Response, field: str, policy: str, code: int = 403) -> dict
     assert policy in body["message"], body["message"]
     assert all(policy in c["message"] for c in body["details"]["causes"]), body
     return body
-
-
-def kubectl_for(kube):
-    """`run(*args)`: the real kubectl against `kube` (its kubeconfig, the admin token); asserts success unless
-    check=False."""
-    binary = kube_tools.kubectl()
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(kube.kubeconfig.parent)}
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=60)
-        if check:
-            assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
-        return r
-    return run
