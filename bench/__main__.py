@@ -6,7 +6,7 @@
 
 Each module exposes `run(quick: bool = False) -> list[dict]` with rows
 `{benchmark, ours, baseline, ratio, target, met}`. The table is also written to
-`bench/RESULTS.md` (the README quotes it).
+`bench/results/RESULTS.md` (the README quotes it).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
     ap.add_argument("names", nargs="*")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/RESULTS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/results/RESULTS.md")
     args = ap.parse_args()
     rows: list[dict] = []
     failed = []
@@ -64,7 +64,7 @@ def main() -> int:
     print(table)
     if not args.no_write and not args.names:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        (HERE / "RESULTS.md").write_text(
+        (HERE / "results" / "RESULTS.md").write_text(
             f"# Benchmark results\n\n`python -m bench` on {platform.node()} ({platform.machine()}, "
             f"{__import__('os').cpu_count()} cores), {stamp}{' (quick)' if args.quick else ''}.\n\n{table}"
         )

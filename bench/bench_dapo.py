@@ -23,7 +23,7 @@ is full — what is still alive: rollouts in the job's status, processes under t
 (sandboxes, exec servers; read from /proc), and requests in flight at the engine.
 Targets (issue 7): ≥ 1.5× faster; zero rollouts of the batch alive 1 s after it is full.
 
-    python -m bench dapo [--quick]          (writes bench/RESULTS-dapo.md)
+    python -m bench dapo [--quick]          (writes bench/results/RESULTS-dapo.md)
     python -m bench.bench_dapo stub ...     (the stub engine; started by the bench)
 """
 # no `from __future__ import annotations`: the stub's FastAPI handlers need real annotations
@@ -443,7 +443,7 @@ def _write(rows: list[dict], quick: bool, reps: int, ours: list[dict], base: lis
             f"| rep | ours | baseline | ratio | peak while filling |\n|---|---|---|---|---|\n{per_rep}\n")
     if leftover:
         text += "\nStill alive 1 s after full:\n\n" + "\n".join(f"- `{p}`" for p in leftover) + "\n"
-    (HERE / "RESULTS-dapo.md").write_text(text)
+    (HERE / "results" / "RESULTS-dapo.md").write_text(text)
 
 
 if __name__ == "__main__":

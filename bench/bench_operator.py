@@ -2,7 +2,7 @@
 handlers side by side with the hand-written loop they replaced (the branch's base, from `git archive`).
 
     python -m bench operator            (ROLLOUTD_BENCH_BASE=<rev> picks the "before" revision;
-                                         writes bench/RESULTS-operator.md)
+                                         writes bench/results/RESULTS-operator.md)
 
 One controller per variant (`--executors local`, jobs of `nodes: 0`: no daemon process, the node is
 simulated over the real node protocol as in `bench_scale.py`). Per job: the time from the apply request
@@ -153,7 +153,7 @@ def _write(rows: list[dict], quick: bool, load: list[float], p95: dict) -> None:
     from bench.__main__ import render
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    (HERE / "RESULTS-operator.md").write_text(
+    (HERE / "results" / "RESULTS-operator.md").write_text(
         f"# Reconcile latency: kopf handlers and the hand-written loop\n\n"
         f"`python -m bench operator{' --quick' if quick else ''}` (base {BASE_REV}) on {platform.node()} "
         f"({os.cpu_count()} cores), {stamp}. Load average (1 min) at start, between the variants, at the end: "

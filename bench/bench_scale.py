@@ -3,7 +3,7 @@
 For each N (10, 100, 300, 1000; `$ROLLOUTD_SCALE_NODES`): a fresh controller process (the
 production one: uvicorn, SQLite WAL, the local executor asked for 0 nodes), one `bench-noop` job
 with 4 backends (a `/health` stub) and enough items for the run, and N simulated daemons
-(`simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
+(`sim/simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
 rollouts last lognormal(median 40 s, σ 0.5) / `$ROLLOUTD_SCALE_TIME_FACTOR` (default 1); leases
 ride on beat and results replies (a 1.5 s long-poll after a short answer); beats every
 `heartbeatSeconds` (from registration) and on stage changes at most every `heartbeat_min_gap`;
@@ -20,8 +20,8 @@ results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pi
 py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
 `$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
 `$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. Raw numbers:
-`bench/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
-`python -m bench.bench_scale --table FILE` prints the table. Results: bench/RESULTS-scale.md.
+`bench/results/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
+`python -m bench.bench_scale --table FILE` prints the table. Results: bench/results/RESULTS-scale.md.
 Goals (issue 16): at 1000 nodes p99 ≤ 50 ms for every node call, the controller below one core,
 ≥ 1000 rollouts/s sustained.
 """
@@ -43,11 +43,11 @@ from pathlib import Path
 import httpx
 
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
-from bench.simnodes import audit
+from sim.noop import SLOTS, HealthServer, noop_job as _job
+from sim.simnodes import audit
 
 P = "/apis/rolloutd.io/v1alpha1"
 HERE = Path(__file__).resolve().parent
-SLOTS = 64
 MEDIAN_SECONDS, SIGMA = 40.0, 0.5
 
 
@@ -96,51 +96,6 @@ def _pct(xs: list[float], q: float) -> float:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-BACKENDS = 4
-
-
-class HealthServer:
-    """Answers 200 to `GET …/health`: the job's LLM backends (`/b0` … `/b3`) for the controller's health
-    checks. Nobody generates anything (the task is a no-op), but leases pin a backend from the min-heap
-    and beats release it, as in production."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                self.send_response(200 if self.path.endswith("/health") else 404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.urls = [f"http://127.0.0.1:{self.server.server_address[1]}/b{i}" for i in range(BACKENDS)]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _job(name: str, source: Path, items: int, backends: list[str]) -> dict:
-    return {
-        "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
-        "spec": {
-            "tasks": {"kind": NOOP, "source": str(source), "limit": items // 8},
-            "samplesPerPrompt": 8,
-            "agent": {"maxTurns": 1, "tools": []},
-            # a directory (tokenizers load offline only, absolute paths): the simulated daemons load none
-            "llm": {"tokenizer": str(source.parent), "backends": [{"url": u} for u in backends]},
-            "executor": {"kind": "local", "nodes": 0},  # the simulated daemons register on their own
-            "pipeline": {"workersPerNode": {"init": SLOTS, "run": SLOTS, "eval": SLOTS}},
-        },
-    }
 
 
 class Controller:
@@ -290,7 +245,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                    "piggyback": src is None or not os.environ.get("ROLLOUTD_SCALE_OLD_DAEMON"),
                    "sync": os.environ.get("ROLLOUTD_SCALE_SYNC", "1") != "0"}
             (root / f"shard{i}.json").write_text(json.dumps(cfg))
-            shards.append(subprocess.Popen([sys.executable, "-m", "bench.simnodes", str(root / f"shard{i}.json"),
+            shards.append(subprocess.Popen([sys.executable, "-m", "sim.simnodes", str(root / f"shard{i}.json"),
                                             str(root / f"shard{i}.out.json")], cwd=REPO, start_new_session=True))
             _prioritize(shards[-1].pid)
         w0 = start_at + warmup
@@ -384,7 +339,7 @@ def run(quick: bool = False) -> list[dict]:
     points = sweep(ns, factor, window=10.0 if quick else 30.0, profile_seconds=0.0 if quick else 15.0,
                    before=os.environ.get("ROLLOUTD_SCALE_BEFORE"))
     label = os.environ.get("ROLLOUTD_SCALE_LABEL", "latest")
-    out = HERE / "scale-results"
+    out = HERE / "results" / "scale-results"
     out.mkdir(exist_ok=True)
     (out / f"{label}.json").write_text(json.dumps(
         {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
@@ -409,7 +364,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def table(points: list[dict]) -> str:
-    """The sweep as the markdown table of bench/RESULTS-scale.md."""
+    """The sweep as the markdown table of bench/results/RESULTS-scale.md."""
     out = ["| N × 64 | code | offered/s | rollouts/s | ctl cores | ctl ms/rollout | ctl ms/call | calls/s lease/beat/results "
            "| p50 ms lease/beat/results | p99 ms lease/beat/results | KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
            "|" + "---|" * 14]
@@ -427,7 +382,7 @@ def table(points: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--table"]:  # python -m bench.bench_scale --table bench/scale-results/LABEL.json
+    if sys.argv[1:2] == ["--table"]:  # python -m bench.bench_scale --table bench/results/scale-results/LABEL.json
         print(table(json.loads(Path(sys.argv[2]).read_text())["points"]))
         sys.exit(0)
     from bench.__main__ import render

@@ -1,7 +1,7 @@
 """Rollout throughput with 1, 2 and 4 Slurm nodes on an I/O-bound workload.
 
 Side by side in one run, on a real Slurm 22.05 (slurmctld + 4 slurmd on this machine, started by
-tests/slurm/minicluster.py, reused if running): the same job — one-turn math rollouts, no tools —
+sim/minicluster.py, reused if running): the same job — one-turn math rollouts, no tools —
 through the controller's `slurm` executor with `nodes` = 1, 2, 4. The LLM backend is the stub
 (`stub_backend.py --latency-ms`), which answers every completion after a fixed delay, concurrently:
 a rollout's time is dominated by waiting on the backend, as with a real remote vLLM fleet, and
@@ -58,8 +58,7 @@ def _steady_rate(ends: list[float]) -> float:
 
 
 def run(quick: bool = False) -> list[dict]:
-    sys.path.insert(0, str(REPO / "tests" / "slurm"))
-    from minicluster import MiniSlurm  # noqa: E402
+    from sim.minicluster import MiniSlurm
 
     from rolloutd.agents.model_dirs import prepare_model
 

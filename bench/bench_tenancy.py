@@ -1,6 +1,6 @@
 """Quotas under load: team-b's GETs while team-a applies a 512 000-item job, beside an idle baseline.
 
-    python -m bench tenancy          (writes bench/RESULTS-tenancy.md; --quick: 128 000 items)
+    python -m bench tenancy          (writes bench/results/RESULTS-tenancy.md; --quick: 128 000 items)
 
 One real `rolloutd controller` (the local executor asked for 0 nodes, as in `bench_scale.py`: nothing is
 started, the job is expanded and waits for daemons). team-b holds a namespace token and GETs its own job
@@ -106,7 +106,7 @@ def run(quick: bool = False) -> list[dict]:
              f"{load['p99']:.1f} | {load['max']:.1f} |\n")
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not quick:
-        (HERE / "RESULTS-tenancy.md").write_text(
+        (HERE / "results" / "RESULTS-tenancy.md").write_text(
             f"# Quotas under load (issue 24)\n\n`python -m bench tenancy` on {platform.node()} "
             f"({platform.machine()}, {__import__('os').cpu_count()} cores, shared with other jobs), {stamp}.\n\n"
             f"team-a applies a {PROMPTS} prompts × {SAMPLES} samples job ({m['items']:,} items) while team-b GETs "

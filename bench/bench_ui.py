@@ -11,7 +11,7 @@ calls the UI's JSON routes in-process through the real app (`api.create_app`, be
 - what it costs the hot path: µs per stored trajectory with and without the UI's two indexes.
 Targets (issue 27): job page ≤ 1 s, trajectory page ≤ 300 ms.
 
-    python -m bench ui [--quick]      (writes bench/RESULTS-ui.md; --quick seeds 20 000)
+    python -m bench ui [--quick]      (writes bench/results/RESULTS-ui.md; --quick seeds 20 000)
 """
 from __future__ import annotations
 
@@ -167,8 +167,8 @@ def run(quick: bool = False) -> list[dict]:
         rows.append({"benchmark": f"ui {name}", "ours": f"{secs * 1000:.0f} ms ({size / 1000:.0f} kB)",
                      "baseline": "-", "ratio": None, "target": f"≤ {target * 1000:.0f} ms" if target else "-",
                      "met": None if target is None else secs <= target})
-    kept = (HERE / "RESULTS-ui.md").read_text().partition("\n## With dashboards open")  # bench_ui_live's section
-    (HERE / "RESULTS-ui.md").write_text(
+    kept = (HERE / "results" / "RESULTS-ui.md").read_text().partition("\n## With dashboards open")  # bench_ui_live's section
+    (HERE / "results" / "RESULTS-ui.md").write_text(
         f"# UI at {n} rollouts\n\n{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{platform.processor() or platform.machine()}; seeded {n} trajectories in {seeded:.1f} s "
         f"(database {db_mb:.0f} MB)\n\n| call | time (response size) | target | met |\n|---|---|---|---|\n"

@@ -8,8 +8,8 @@ Reported for both: p99 of the node calls (lease, beat, results) and rollouts/s o
 dashboards: the job page JSON's p50/p99 and the SSE documents received.
 
     ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES=1000 ROLLOUTD_UI_WINDOW=60 python -m bench ui_live
-writes the section "With dashboards open" of bench/RESULTS-ui.md (bench_ui.py keeps it) and
-bench/scale-results/ui-live.json. Next step: a real chromium as one of the dashboards.
+writes the section "With dashboards open" of bench/results/RESULTS-ui.md (bench_ui.py keeps it) and
+bench/results/scale-results/ui-live.json. Next step: a real chromium as one of the dashboards.
 """
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ def run(quick: bool = False) -> list[dict]:
         points.append(p)
         print(f"   N={nodes} {dash} dashboards: {p['rollouts_per_s']}/s, p99 {p['p99_ms']}, "
               f"dashboards {p.get('dashboards')}, load {p['load_avg']}", flush=True)
-    (HERE / "scale-results").mkdir(exist_ok=True)
-    (HERE / "scale-results" / "ui-live.json").write_text(json.dumps({"points": points}, indent=1))
+    (HERE / "results" / "scale-results").mkdir(exist_ok=True)
+    (HERE / "results" / "scale-results" / "ui-live.json").write_text(json.dumps({"points": points}, indent=1))
     rows, lines = [], []
     for p in points:
         p99, d = p["p99_ms"], p.get("dashboards")
@@ -124,7 +124,7 @@ def run(quick: bool = False) -> list[dict]:
                "followed, the job page's JSON fetched every second.\n\n"
                "| run | rollouts/s | ctl cores | p99 ms lease / beat / results | lost/dup | job page JSON p50 / p99, calls, "
                "SSE | load |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
-    path = HERE / "RESULTS-ui.md"
+    path = HERE / "results" / "RESULTS-ui.md"
     head = path.read_text().split(MARKER)[0] if path.exists() else "# UI\n"
     path.write_text(head.rstrip("\n") + "\n" + section)
     return rows

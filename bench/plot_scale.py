@@ -1,6 +1,6 @@
-"""Draws bench/RESULTS-scale.png from the scale sweep's JSON (`bench/scale-results/LABEL.json`).
+"""Draws bench/results/RESULTS-scale.png from the scale sweep's JSON (`bench/results/scale-results/LABEL.json`).
 
-    python bench/plot_scale.py bench/scale-results/final.json [OTHER.json=AFTER_LABEL[,BEFORE_LABEL] ...]
+    python bench/plot_scale.py bench/results/scale-results/final.json [OTHER.json=AFTER_LABEL[,BEFORE_LABEL] ...]
     (needs matplotlib: not a rolloutd dependency; any venv that has it)
 
 Three panels against the node count: rollouts/s (and the load offered), controller cores, and the
@@ -50,7 +50,7 @@ def main(*files: str) -> None:
     axes[0].set_yscale("log")
     axes[2].set_yscale("log")
     fig.tight_layout()
-    out = Path(__file__).with_name("RESULTS-scale.png")
+    out = Path(__file__).parent / "results" / "RESULTS-scale.png"
     fig.savefig(out, dpi=100)
     print(f"wrote {out}")
 

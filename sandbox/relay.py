@@ -2,7 +2,7 @@
 
 Used by the harness gateway (agents/gateway.py: the harness's `OPENAI_BASE_URL`) and by image builds
 (build_step.py: a RUN step's `http_proxy`, the egress proxy of egress.py). Two blocking threads per connection:
-~0.05 ms per call, where an asyncio pipe added ~0.3 ms (bench/RESULTS-gateway.md).
+~0.05 ms per call, where an asyncio pipe added ~0.3 ms (bench/results/RESULTS-gateway.md).
 
     python3 -I -c RELAY SOCKET PORT               serve until killed; prints "relay ready" once listening
     python3 -I -c RELAY SOCKET PORT CMD ARG...    serve in a child (its output to /dev/null), exec CMD

@@ -1,10 +1,5 @@
 """Shared pytest configuration. Part-specific fixtures live in tests/<part>/conftest.py.
 
-pytest imports test modules with --import-mode=importlib, so this folder is put on sys.path for the
-helpers every part shares (`waiting`)."""
-import sys
-from pathlib import Path
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+pytest imports test modules with --import-mode=importlib; the helpers every part shares are the package
+tests/support (`from support.waiting import wait_until`), importable because pyproject's pytest settings
+put tests/ on sys.path (`pythonpath`). tests/README.md says where a test goes."""

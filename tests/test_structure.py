@@ -8,6 +8,7 @@ reason; a module that stops offending must leave its list (the test says so), so
 from __future__ import annotations
 
 import ast
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -188,3 +189,115 @@ def test_the_checks_catch_what_they_claim_to():
     assert _size_problems("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES) == [f"class Big {MAX_CLASS_LINES + 1} lines"]
     assert _size_problems("x = 1\n" * (MAX_MODULE_LINES + 1)) == [f"{MAX_MODULE_LINES + 1} lines"]
     assert _size_problems("x = 1\n" * MAX_MODULE_LINES) == []
+
+
+# --- tests/, bench/ and sim/ (issue 26): tests and benches share only sim/ and the product ------------------
+TESTS, BENCH, SIM = REPO / "tests", REPO / "bench", REPO / "sim"
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The top-level names a file imports (absolute imports only: tests/ and bench/ use no relative ones
+    across folders)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _sys_path_edits(path: Path) -> list[str]:
+    """`sys.path.insert(…)` / `.append(…)` calls in a file, as source text."""
+    source = path.read_text()
+    return [ast.get_source_segment(source, node) for node in ast.walk(ast.parse(source, str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append") and ast.unparse(node.func.value) == "sys.path"]
+
+
+def _py(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "harness_tasks" not in p.parts)
+
+
+def test_tests_and_bench_do_not_import_each_other():
+    """bench/ measures, tests/ proves: neither imports the other (what both need lives in sim/ or the
+    product), and sim/ imports neither."""
+    bench_in_tests = {str(p.relative_to(REPO)) for p in _py(TESTS) if "bench" in _top_imports(p)}
+    tests_in_bench = {str(p.relative_to(REPO)) for p in _py(BENCH) + _py(SIM)
+                      if _top_imports(p) & {"tests", "support"}
+                      or any("tests" in edit for edit in _sys_path_edits(p))}
+    bench_in_sim = {str(p.relative_to(REPO)) for p in _py(SIM) if "bench" in _top_imports(p)}
+    assert (sorted(bench_in_tests), sorted(tests_in_bench), sorted(bench_in_sim)) == ([], [], [])
+
+
+def test_the_import_rules_see_what_they_claim_to(tmp_path):
+    """The two readers on made-up files: an import of bench and a sys.path edit are found."""
+    (tmp_path / "a.py").write_text("import sys\nsys.path.insert(0, 'tests/slurm')\nfrom bench.x import y\n")
+    assert _top_imports(tmp_path / "a.py") == {"sys", "bench"}
+    assert _sys_path_edits(tmp_path / "a.py") == ["sys.path.insert(0, 'tests/slurm')"]
+
+
+# Files under tests/ that are scripts run in a process of their own, not imported by pytest → why they edit sys.path.
+SYS_PATH_SCRIPTS: dict[str, str] = {
+    "tests/rl/grpo_checks.py": "run by the engine venv's interpreter; it imports the example trainer (examples/rl)",
+}
+
+
+def test_tests_import_their_helpers_from_support_not_through_sys_path():
+    """The shared helpers are the package tests/support (pyproject puts tests/ on pytest's sys.path), so no test
+    file or conftest edits sys.path to reach a neighbour's helpers."""
+    edits = {str(p.relative_to(REPO)): _sys_path_edits(p) for p in _py(TESTS)}
+    edits = {path: found for path, found in edits.items() if found and path not in SYS_PATH_SCRIPTS}
+    assert edits == {}
+    assert "tests" in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["pythonpath"]
+
+
+def test_bench_keeps_code_at_its_top_and_results_under_results():
+    """bench/: the benchmarks' code at the top, what they measured (RESULTS-*.md, figures, raw JSON) in bench/results/."""
+    tracked = subprocess.run(["git", "ls-files", "bench"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    misplaced = [f for f in tracked if not f.startswith("bench/results/") and not f.endswith(".py")]
+    assert misplaced == []
+    assert {Path(f).suffix for f in tracked if f.startswith("bench/results/")} <= {".md", ".png", ".json", ".csv", ""}
+
+
+# --- independence (issue 26, kopf-style contracts): parts that must stand without another ---------------------
+# importer prefix → (the rolloutd prefixes it may import, why)
+INDEPENDENT: dict[str, tuple[tuple[str, ...], str]] = {
+    # the trainer's client runs in the trainer's venv: it talks to the controller over HTTP, never imports it
+    "rolloutd.client": (("rolloutd.client", "rolloutd.crds"), "the client imports nothing of the controller or the node"),
+    # the exec server runs inside the sandbox: it knows nothing of the node daemon that asked for it
+    "rolloutd.sandbox.server": (("rolloutd.sandbox", "rolloutd.crds"), "the sandbox server imports nothing of the node"),
+}
+# Imports that break a contract today → why; each is an expected failure (strict): when the import goes, the
+# test passes unexpectedly and fails until its line here is removed, so the list only shrinks.
+INDEPENDENCE_KNOWN: dict[tuple[str, str], str] = {
+    ("rolloutd.client.calls", "rolloutd.controller.documents"): "the YAML/JSON reading both share: moves to a base layer",
+    ("rolloutd.client.connection", "rolloutd.controller.config"): "the kubeconfig/rolloutctl config reading: moves to a base layer",
+    ("rolloutd.client.connection", "rolloutd.controller.documents"): "the YAML/JSON reading both share: moves to a base layer",
+    ("rolloutd.client.core", "rolloutd.agents.aiokit"): "the async kit both share: moves to a base layer",
+}
+
+
+def _contract_breaks() -> set[tuple[str, str]]:
+    return {(name, target) for prefix, (allowed, _) in INDEPENDENT.items() for name in MODULES
+            if name == prefix or name.startswith(prefix + ".")
+            for target in GRAPH[name] if not target.startswith(allowed)}
+
+
+def test_independent_parts_import_only_what_their_contract_allows():
+    new = sorted(_contract_breaks() - set(INDEPENDENCE_KNOWN))
+    assert new == [], f"{new}: {[INDEPENDENT[p][1] for p in INDEPENDENT if any(n.startswith(p) for n, _ in new)]}"
+
+
+@pytest.mark.parametrize("importer,imported", [
+    pytest.param(*pair, marks=pytest.mark.xfail(strict=True, reason=f"known, to be removed: {why}"), id=f"{pair[0]}->{pair[1]}")
+    for pair, why in INDEPENDENCE_KNOWN.items()])
+def test_a_known_contract_break_is_gone(importer, imported):
+    assert imported not in GRAPH[importer]
+
+
+def test_the_contracts_name_real_packages():
+    for prefix in INDEPENDENT:
+        assert prefix in MODULES and any(name.startswith(prefix + ".") for name in MODULES)

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = Path(__file__).resolve().parent / "Containerfile"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 VERSION = PROJECT["version"]
-DEFAULT_TAG = f"rolloutd:{VERSION}"  # the Helm chart's default image (tests/kube/test_chart.py)
+DEFAULT_TAG = f"rolloutd:{VERSION}"  # the Helm chart's default image (tests/charts/test_chart.py)
 # the image installs rolloutd[controller,kubernetes]; the wheelhouse holds every extra's dependencies but trl's
 WHEEL_EXTRAS = ("node", "controller", "kubernetes")
 BASE_PACKAGES = ("python3", "python3-venv", "bubblewrap", "python3-seccomp", "ca-certificates")

@@ -2,7 +2,7 @@
 
 The routes read their bodies by hand (YAML or JSON, `http.bodies`), so FastAPI sees none; this module
 describes them from the pydantic models, with the Kubernetes `Status` schema for every error code a
-route really returns (the schemathesis run in tests/controller/test_fuzz.py holds the two together).
+route really returns (the schemathesis run in tests/controller/http/test_fuzz.py holds the two together).
 Installed by `api.create_app` through `describe(app)`.
 """
 from __future__ import annotations

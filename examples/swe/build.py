@@ -11,7 +11,7 @@ pytest suite — and `BUGS` below. Outputs (committed too, rebuilt by `python ex
   `repo_path` (relative to this folder) and `test_command` (`{python}` is replaced by the handler).
 
 The build checks every instance for real: at base + test_patch every FAIL_TO_PASS test fails and
-every PASS_TO_PASS test passes; with the gold patch too, all pass. `tests/tasks/test_swe.py` rebuilds
+every PASS_TO_PASS test passes; with the gold patch too, all pass. `tests/agents/tasks/test_swe.py` rebuilds
 into a temporary folder and fails when the committed `train.jsonl` is stale.
 Used by: the `swe` task handler (`rolloutd.agents.tasks.swe`) through `train.jsonl`; no rolloutd import.
 """

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
+from support.engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
 from rolloutd.agents.engine import live_group_members
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.loop import run_agent_loop
@@ -20,8 +20,8 @@ from rolloutd.agents.tools import tool_specs
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
-from agent_fakes import FakeSandbox
-from waiting import wait_until
+from support.agent_fakes import FakeSandbox
+from support.waiting import wait_until
 
 MESSAGES = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "List the files."}]
 

@@ -18,7 +18,7 @@ from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.client import sequences
 
-from harbor_rollouts import task_sandbox  # tests/
+from support.harbor_rollouts import task_sandbox
 
 TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
 

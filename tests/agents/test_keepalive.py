@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rolloutd.agents.keepalive import KeepAliveTransport
-from waiting import until
+from support.waiting import until
 
 
 class Server:

@@ -9,7 +9,7 @@ from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
-from engine_fixtures import log_mark, metric, wait_engine_took, wait_until
+from support.engine_fixtures import log_mark, metric, wait_engine_took, wait_until
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 17 + 25?"}]
 

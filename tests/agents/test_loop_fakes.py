@@ -13,7 +13,7 @@ from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
-from agent_fakes import FakeSandbox, ScriptedLLM
+from support.agent_fakes import FakeSandbox, ScriptedLLM
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def test_templates_that_rewrite_history_are_refused(tiny_dir):
 def test_a_tokenizer_loads_offline_only_and_a_missing_one_says_so(tmp_path, name, monkeypatch):
     """A model hub name (or a directory that is not there) never reaches for the hub: it used to try five times
     (~50 s) and fail with "couldn't connect to huggingface.co". The daemon turns this into a config error naming
-    spec.llm.tokenizer (tests/node/test_daemon.py)."""
+    spec.llm.tokenizer (tests/agents/daemon/test_daemon.py)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such tokenizer directory on this node .*offline only"):
         ChatTokenizer(name)

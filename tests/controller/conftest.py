@@ -5,77 +5,9 @@ These tests exercise the API and CLI mechanics, so the controller runs with no e
 is started. The end-to-end tests (tests/e2e) run the real executors."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "math-demo.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ControllerProcess:
-    """`rolloutd controller` as a subprocess: start, stop (SIGTERM or SIGKILL), restart on the same data."""
-
-    def __init__(self, data_dir: Path, executors: str = "", extra_args: tuple[str, ...] = (), scheme: str = "http",
-                 verify: str | bool = True):
-        self.data_dir = data_dir
-        self.executors = executors
-        # https: extra_args name the certificate, `verify` is the CA file that signed it
-        self.extra_args, self.scheme, self.verify = extra_args, scheme, verify
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
-
-    @property
-    def token(self) -> str:
-        return (self.data_dir / "token").read_text().strip()
-
-    def start(self) -> "ControllerProcess":
-        log = open(self.data_dir.parent / f"controller-{self.port}.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
-             "--port", str(self.port), "--log-level", "warning", "--executors", self.executors, *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited with {self.proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("controller did not become healthy within 30 s")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-
-    def restart(self, sig: int = signal.SIGKILL) -> None:
-        self.stop(sig)
-        self.start()
-
-    def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, verify=self.verify,
-                            headers={"Authorization": f"Bearer {token or self.token}"})
+from support.controller_process import ControllerProcess
 
 
 @pytest.fixture
@@ -108,6 +40,6 @@ def api(controller):
 @pytest.fixture
 def example_yaml() -> str:
     """The example job as `rolloutctl apply -f` sends it (relative paths resolved: the API refuses them)."""
-    from example_job import example_yaml
+    from support.example_job import example_yaml
 
     return example_yaml()

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from cluster import Cluster, plugin_env  # noqa: E402 - tests/e2e/cluster.py
+from support.cluster import Cluster, plugin_env
 
 from rolloutd.client import RolloutClient
 

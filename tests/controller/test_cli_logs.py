@@ -19,9 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from cluster import Cluster, plugin_env  # noqa: E402 - tests/e2e/cluster.py
-from waiting import wait_until  # noqa: E402
+from support.cluster import Cluster, plugin_env
+from support.waiting import wait_until
 
 from rolloutd.client import RolloutClient
 from rolloutd.controller.auth import create_scoped_token

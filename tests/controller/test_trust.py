@@ -8,8 +8,8 @@ import sqlite3
 import pytest
 import yaml
 
-from .conftest import ControllerProcess
-from .test_api import P, YAML, _fields, _status, doc
+from support.controller_process import ControllerProcess
+from .http.test_api import P, YAML, _fields, _status, doc
 from .test_cli import ctl
 
 JSON = {"Content-Type": "application/json"}

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import P, Cluster, job_doc, plugin_env  # tests/e2e/cluster.py
-from waiting import wait_until
+from support.cluster import P, Cluster, job_doc, plugin_env
+from support.waiting import wait_until
 
 SCRIPTS = ["right", "wrong", "mixed"]  # prompt i gets SCRIPTS[i % 3]: every third group is informative
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import P, Cluster, job_doc, plugin_env  # tests/e2e/cluster.py (on sys.path via conftest)
-from waiting import wait_until
+from support.cluster import P, Cluster, job_doc, plugin_env
+from support.waiting import wait_until
 
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.config import DataDir

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from cluster import P, gated_job_doc, held_at_gate, in_stage, job_doc  # tests/e2e/cluster.py
-from waiting import wait_until
+from support.cluster import P, gated_job_doc, held_at_gate, in_stage, job_doc
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(660)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc  # tests/e2e/cluster.py (on sys.path via conftest)
-from waiting import wait_until
+from support.cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc
+from support.waiting import wait_until
 
 # the waits below (up to 300 s each, for a loaded machine) must end before pytest-timeout does, so
 # that a stuck job fails with Cluster.diagnose's status and log tails rather than a bare stack

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import P, REPO, Cluster, held_at_gate  # tests/e2e/cluster.py
-from waiting import wait_until
+from support.cluster import P, REPO, Cluster, held_at_gate
+from support.waiting import wait_until
 
 from rolloutd.client import JobEnded, RolloutClient
 from rolloutd.crds.paths import models_dir

@@ -4,7 +4,7 @@ local executor's) runs a real job's rollouts in bwrap sandboxes inside the conta
 chart's settings (read-only root, every capability dropped, no privilege escalation).
 
 The build is cached in podman's store by content (charts/image/build.py): a second run only tags it. The LLM
-is a stand-in on the host's loopback (tests/stub_llm.py; the container shares the host's network) scripted to
+is a stand-in on the host's loopback (tests/support/stub_llm.py; the container shares the host's network) scripted to
 make one bash tool call, whose output, read back from the trajectories, shows a sandbox that hides the
 container's own /data. `SANDBOX_OPTIONS` are the fewest podman options bwrap needs in the container; each is
 shown necessary below. Needs root (podman runs rootful here) and `make system-packages` (podman, mmdebstrap).
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stub_llm import StubLLM, _StubBackend
-from waiting import wait_until
+from support.stub_llm import StubLLM, _StubBackend
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 

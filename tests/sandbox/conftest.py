@@ -8,13 +8,13 @@ keep the suite fast: a sandbox starts in ~50 ms, a kernel in ~1 s.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import threading
 from collections.abc import Coroutine
 from typing import Any, Callable, TypeVar
 
 import pytest
+
+from support.sandbox_checks import require_bwrap
 
 from rolloutd.sandbox import Sandbox, SandboxLimits, SandboxSpec, get_runtime
 
@@ -33,11 +33,6 @@ def run() -> Callable[..., Any]:
     yield _run
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
-
-
-def require_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed (bash .ci/system-packages.sh installs it)")
 
 
 def spec_of(**fields: Any) -> SandboxSpec:
@@ -70,13 +65,3 @@ def sandbox(run):
     sb = run(get_runtime("bwrap").create(SandboxSpec()))
     yield sb
     run(sb.close())
-
-
-def host_pids_of(sandbox_id: str) -> list[int]:
-    from rolloutd.sandbox.footprint import pids_with_id
-
-    return pids_with_id(sandbox_id)
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0

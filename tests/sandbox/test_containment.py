@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import is_root, require_bwrap
+from support.sandbox_checks import is_root, require_bwrap
 
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parents[1]

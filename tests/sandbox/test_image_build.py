@@ -1,6 +1,6 @@
 """`rolloutd image build`: Docker's COPY/ADD/WORKDIR/ENV/ARG/RUN rules replayed in a real bookworm rootfs,
 the content-keyed cache, the CLI, and failures that name the Dockerfile line. The base is built once
-(~35 s, cached under ~/.cache/rolloutd/images; tests/tasks/test_harbor.py shares it)."""
+(~35 s, cached under ~/.cache/rolloutd/images; tests/agents/tasks/test_harbor.py shares it)."""
 import gzip
 import io
 import os

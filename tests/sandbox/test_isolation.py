@@ -14,9 +14,9 @@ import pytest
 
 from rolloutd.sandbox import SandboxDied
 
-from waiting import wait_until
+from support.waiting import wait_until
 
-from .conftest import host_pids_of, is_root
+from support.sandbox_checks import host_pids_of, is_root
 
 
 def test_writes_outside_the_workspace_fail(make_sandbox, run):

@@ -12,9 +12,9 @@ import pytest
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
 from rolloutd.sandbox.footprint import sandbox_base_dir
 
-from waiting import until, wait_until
+from support.waiting import until, wait_until
 
-from .conftest import host_pids_of, require_bwrap
+from support.sandbox_checks import host_pids_of, require_bwrap
 
 
 @pytest.fixture

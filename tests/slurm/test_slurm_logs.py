@@ -1,7 +1,7 @@
 """`rolloutctl logs` on the Slurm executor: the allocation's output file (where sbatch writes it, in the
 controller's data dir), served by the controller; srun's --label puts each node's index before its lines, so
 `--node K` is that node's daemon. A real allocation of two nodes on the mini cluster; the LLM is a stub
-(tests/stub_llm.py): no engine is started."""
+(tests/support/stub_llm.py): no engine is started."""
 from __future__ import annotations
 
 import os
@@ -10,9 +10,9 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from slurm_cluster import SlurmCluster, slurm_job_doc  # tests/slurm (on sys.path)
-from stub_llm import StubLLM
-from waiting import wait_until
+from support.slurm_cluster import SlurmCluster, slurm_job_doc
+from support.stub_llm import StubLLM
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 

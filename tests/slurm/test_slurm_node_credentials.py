@@ -1,7 +1,7 @@
 """The Slurm executor hands a job's daemons that job's own node credential (issue 24): a real allocation on
 the mini cluster, its daemons registering with the credential the executor minted at sbatch (there is no
 controller-wide join token), Slurm's job record never showing it, and the job's release revoking it.
-The LLM is a stub (tests/stub_llm.py): no engine is started."""
+The LLM is a stub (tests/support/stub_llm.py): no engine is started."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import httpx
 
-from slurm_cluster import SlurmCluster, slurm_job_doc  # tests/slurm (on sys.path)
-from stub_llm import StubLLM
-from waiting import wait_until
+from support.slurm_cluster import SlurmCluster, slurm_job_doc
+from support.stub_llm import StubLLM
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 

@@ -4,7 +4,7 @@ every write path; the admin token applies the same spec. The server, not the cli
 from __future__ import annotations
 
 import pytest
-from tenancy_helpers import ADMITTED_BY, MERGE, P, job, jobs_path, put_policy, refused, tenant
+from support.tenancy_helpers import ADMITTED_BY, MERGE, P, job, jobs_path, put_policy, refused, tenant
 
 # (what the hostile spec asks, the field the refusal must name): issue 24, item 1 and the quotas a spec shows
 ATTACKS = [

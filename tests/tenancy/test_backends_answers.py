@@ -5,15 +5,15 @@ status and a fixed reason, never a byte of the body."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from example_job import example_doc
-from waiting import wait_until
+from support.example_job import example_doc
+from support import controller_process as _fixtures
+from support.waiting import wait_until
 
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
 from rolloutd.controller.auth import create_scoped_token
@@ -22,9 +22,6 @@ TESTS = Path(__file__).resolve().parents[1]
 EXAMPLE = TESTS.parent / "examples" / "math-demo.yaml"
 P = "/apis/rolloutd.io/v1alpha1"
 SECRET = "s3cr3t-0f-the-loopback-service"
-_spec = importlib.util.spec_from_file_location("controller_fixtures_answers", TESTS / "controller" / "conftest.py")
-_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fixtures)
 
 
 class _Secret500(BaseHTTPRequestHandler):

@@ -7,7 +7,6 @@ bounded steps and stops at the item quota of the job's policy (QuotaExceeded).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import sqlite3
@@ -15,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from example_job import example_doc
-from waiting import wait_until
+from support.example_job import example_doc
+from support import controller_process as _fixtures
+from support.waiting import wait_until
 
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.operator.reconcile import reconcile
@@ -28,9 +28,6 @@ from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
 
 TESTS = Path(__file__).resolve().parents[1]
 P = "/apis/rolloutd.io/v1alpha1"
-_spec = importlib.util.spec_from_file_location("controller_fixtures_keys", TESTS / "controller" / "conftest.py")
-_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fixtures)
 
 
 def dataset(directory: Path, name: str, prompts: int) -> Path:

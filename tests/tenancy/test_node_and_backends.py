@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-from tenancy_helpers import MERGE, POLICIES, job, jobs_path, put_policy, refused, tenant
+from support.tenancy_helpers import MERGE, POLICIES, job, jobs_path, put_policy, refused, tenant
 
-from stub_llm import StubLLM
-from waiting import wait_until
+from support.stub_llm import StubLLM
+from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL

@@ -18,9 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from cluster import P, REPO, Cluster, free_port  # noqa: E402
-from stub_llm import StubLLM  # noqa: E402
+from support.cluster import P, REPO, Cluster, free_port
+from support.stub_llm import StubLLM
 
 from rolloutd.agents.model_dirs import model_dir  # noqa: E402
 from rolloutd.controller.auth import create_scoped_token  # noqa: E402
@@ -216,10 +215,9 @@ def test_a_local_job_runs_end_to_end_with_its_own_credentials(tmp_path):
 
 
 def test_a_node_reports_only_the_rollouts_leased_to_it(tmp_path):
-    """In-process app and scheduler (tests/controller/node_api.py): node 1, with its own token, names a rollout
+    """In-process app and scheduler (tests/support/node_api.py): node 1, with its own token, names a rollout
     leased to node 2 in its results; it is dropped, and node 2's own report of it is accepted."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "controller"))
-    from node_api import NODES, node_api, result
+    from support.node_api import NODES, node_api, result
 
     with node_api(tmp_path) as (api, _):
         def reg(name: str) -> dict:

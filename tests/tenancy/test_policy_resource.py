@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import yaml
-from tenancy_helpers import MERGE, POLICIES, job, jobs_path, kubectl_for, put_policy, refused, tenant
-from kube_helpers import tenant_policy
+from support.tenancy_helpers import MERGE, POLICIES, job, jobs_path, kubectl_for, put_policy, refused, tenant
+from support.kube_helpers import tenant_policy
 
 
 def test_a_namespace_token_cannot_write_any_tenant_policy(kube, admin):

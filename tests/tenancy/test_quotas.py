@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
-from tenancy_helpers import job, jobs_path, put_policy, refused, tenant
+from support.tenancy_helpers import job, jobs_path, put_policy, refused, tenant
 
 
 def test_the_jobs_quota_refuses_one_job_too_many(kube, admin):

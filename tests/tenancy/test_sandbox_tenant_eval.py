@@ -1,5 +1,5 @@
 """EVAL's staging is out of the agent's reach (issue 24, item 8), through the harbor handler as
-tests/tasks/test_harbor.py drives it: real image, real bwrap, real server, the oracle agent as the attacker.
+tests/agents/tasks/test_harbor.py drives it: real image, real bwrap, real server, the oracle agent as the attacker.
 
 A process the agent leaves running swaps every staging directory it sees in the workspace for a forged
 `tests/` (one atomic `renameat2(RENAME_EXCHANGE)`) whose test.sh writes reward 1. On the code before, the
@@ -18,8 +18,8 @@ import pytest
 
 from rolloutd.agents.tasks import EvalError, get_handler
 
-from harbor_rollouts import task_sandbox  # tests/
-from waiting import wait_until
+from support.harbor_rollouts import task_sandbox
+from support.waiting import wait_until
 
 TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor" / "tasks"
 RUNS = 8
@@ -107,7 +107,7 @@ def test_two_network_rollouts_relays_each_reach_their_own_gateway(tmp_path):
         pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
     from rolloutd.agents.rollout import AgentConfig, RolloutContext
 
-    from harbor_rollouts import PROBE
+    from support.harbor_rollouts import PROBE
 
     handler = get_handler("harbor")
     task = [t for t in handler.load(TASKS) if t["id"] == "csv-total"][0]

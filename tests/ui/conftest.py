@@ -3,23 +3,13 @@ real node protocol), two namespaces' jobs with trajectories made with the tiny m
 token, and Debian's chromium driven headless by selenium (its console log kept for the checks)."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-_spec = importlib.util.spec_from_file_location("controller_fixtures", HERE.parent / "controller" / "conftest.py")
-controller_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(controller_fixtures)
-ControllerProcess = controller_fixtures.ControllerProcess
-
-from protocol import Cluster  # noqa: E402
+from support.controller_process import ControllerProcess
+from support.ui_protocol import Cluster
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 

@@ -12,7 +12,7 @@ from selenium.common.exceptions import NoAlertPresentException, StaleElementRefe
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from protocol import HOSTILE, P
+from support.ui_protocol import HOSTILE, P
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "content" / "images"
 OURS = ("/ui/static/dom.js", "/ui/static/jobs.js", "/ui/static/trajectory.js", "/ui/static/app.js")

@@ -1,7 +1,7 @@
 """What the Slurm executor submits: the sbatch command line and the batch script, as pure strings.
 
 Called by `executor.py` when it submits an allocation; `cli.py` runs the result. No I/O here, so
-tests compare both against golden text (tests/slurm/test_slurm_script.py).
+tests compare both against golden text (tests/controller/executors/slurm/test_slurm_script.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,59 @@
+"""Helpers shared by the tests/agents/daemon modules: job specs, daemon options, waiting with a deadline."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.fake_controller import FakeController
+from support.waiting import until  # noqa: F401  (re-exported for the node tests)
+
+TOKEN = "join-secret"
+
+BASE_SPEC: dict[str, Any] = {
+    "tasks": {"kind": "scripted", "source": "/dev/null"},
+    "llm": {"tokenizer": "", "backends": [{"url": "http://127.0.0.1:9/llm"}]},
+    "agent": {"maxTurns": 2, "tools": ["bash"], "sampling": {"maxTokensPerTurn": 32, "maxTotalTokens": 1024, "seed": 3}},
+    "sandbox": {"runtime": "bwrap", "image": "host", "limits": {"wallSeconds": 300, "memoryMB": 2048}},
+    "pipeline": {"workersPerNode": {"init": 2, "run": 2, "eval": 2}},
+    "timeouts": {"initSeconds": 30, "runSeconds": 60, "evalSeconds": 30, "actionSeconds": 10},
+}
+
+
+def tiny_dir() -> Path:
+    from rolloutd.agents.model_dirs import is_ready, model_dir
+
+    if not is_ready("tiny"):
+        pytest.skip("the tiny model is not prepared (rolloutd serve-model --prepare-only -m tiny)")
+    return model_dir("tiny")
+
+
+def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> dict:
+    """BASE_SPEC with the tiny tokenizer, the given pool sizes and shallow-merged sections."""
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["llm"]["tokenizer"] = str(tiny_dir())
+    spec["pipeline"]["workersPerNode"] = dict(zip(("init", "run", "eval"), workers))
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def options(fake: FakeController, name: str = "node-a", **kw: Any):
+    from rolloutd.agents.daemon.options import NodeOptions
+
+    kw.setdefault("lease_wait", 0.5)
+    kw.setdefault("retry_max", 0.3)
+    kw.setdefault("job", fake.job)
+    return NodeOptions(controller=fake.url, token=TOKEN, name=name, **kw)
+
+
+def sandbox_pids(sandbox_id: str) -> list[int]:
+    """Processes still carrying this sandbox's id (the sandbox package's own leftover check)."""
+    from rolloutd.sandbox.footprint import pids_with_id
+
+    return pids_with_id(sandbox_id)
