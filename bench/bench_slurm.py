@@ -58,7 +58,7 @@ def _steady_rate(ends: list[float]) -> float:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from sim.minicluster import MiniSlurm
+    from rolloutd.controller.sim.minicluster import MiniSlurm
 
     from rolloutd.agents.model_dirs import prepare_model
 

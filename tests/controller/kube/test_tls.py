@@ -16,7 +16,7 @@ from support.waiting import wait_until
 from support import kube_tools
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.client import RolloutClient, RolloutdError
-from sim.noop import HealthServer, noop_job as _job
+from rolloutd.controller.sim.noop import HealthServer, noop_job as _job
 
 
 

@@ -3,5 +3,6 @@
 backends that only answer health checks and a task kind that does nothing (`noop.py`, `plugins/`).
 
 tests/ and bench/ may both import this package; it imports neither (tests/test_structure.py keeps the
-three apart). It is not shipped in the wheel. Next step: the stub LLM backends of tests/ and bench/ could
+three apart). It ships with the controller (`rolloutd.controller.sim`) so a user can load-test or try the
+Slurm executor on one machine too (`python -m rolloutd.controller.sim.minicluster start`). Next step: the stub LLM backends of tests/ and bench/ could
 join here as one."""

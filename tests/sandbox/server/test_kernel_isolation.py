@@ -6,14 +6,14 @@ import os
 
 import pytest
 
-from .conftest import host_pids_of, is_root
+from support.sandbox_checks import host_pids_of, is_root
 
 
 @pytest.fixture(scope="module")
 def two(run):
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
-    from .conftest import require_bwrap
+    from support.sandbox_checks import require_bwrap
 
     require_bwrap()
     a = run(get_runtime("bwrap").create(SandboxSpec()))
