@@ -21,6 +21,7 @@ log = logging.getLogger("rolloutd.sandbox.pool")
 
 BURST_WINDOW = 1.0   # s: a burst is what is acquired within this long (about the time to refill it)
 MEMORY = 60.0        # s: the largest burst seen this long ago still sizes the pool
+MAX_IDLE = 64        # idle sandboxes at most, whatever the demand (spec.sandbox.warm's own bound)
 
 
 class Demand:
@@ -59,7 +60,7 @@ def default_max_idle(wall_seconds: float | None) -> float | None:
 
 
 class WarmPool:
-    """`size` to `most` started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one).
+    """`size` or more started, idle sandboxes of one `spec`; `acquire` hands one out (or creates one).
 
         pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2, most=32)
         pool.start()                 # begin warming (needs a running event loop; acquire() starts it too)
@@ -71,11 +72,14 @@ class WarmPool:
     * Before one is handed out it is checked cheaply (no round trip): its runtime process is
       running and not a zombie, and the exec server still holds its end of the connection (a dead
       server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
-    * Sized from the INIT rate: the pool keeps `target` idle sandboxes, the largest burst of
-      acquisitions within one second over the last minute (`Demand`), at least `size` and at most
-      `most` (default `size`: a fixed pool). A burst of N INITs thus finds N warm sandboxes once the
-      pool has seen such a burst (a DAPO refill, the next wave of a job), and the pool shrinks back
-      to `size` a minute after the bursts stop (the extra idle ones are closed).
+    * Sized from the INIT rate when given `most`: the pool keeps `target` idle sandboxes, the largest
+      burst of acquisitions within one second over the last minute (`Demand`), at least `size` and at
+      most `MAX_IDLE`. A burst of N INITs thus finds N warm sandboxes once the pool has seen such a
+      burst (a DAPO refill, the next wave of a job), and the pool shrinks back to `size` a minute after
+      the bursts stop (the extra idle ones are closed). `most` bounds every sandbox of the pool alive at
+      once (idle, being started, handed out and not yet closed): the node daemon passes what the tenant's
+      quota admitted (init + run + eval + warm), so warming never makes a node hold more. Without `most`
+      the pool is fixed: `size` idle sandboxes, however many are out.
     * Refill runs in one background task, up to `parallel` creations at once (default: the node's
       cores), and never while acquisitions are creating cold (the cores are theirs then: a refill
       would only slow them). A creation that fails is logged and retried with back-off; `acquire`
@@ -93,9 +97,9 @@ class WarmPool:
         self.runtime = runtime
         self.spec = spec
         self.size = max(0, int(size))
-        self.most = max(self.size, int(most)) if most is not None and self.size else self.size
+        self.most = None if most is None or not self.size else max(self.size, int(most))
         self.parallel = max(1, parallel or os.cpu_count() or 1)
-        self.demand = Demand(self.most, memory)
+        self.demand = Demand(MAX_IDLE if self.most else 0, memory)
         # None: derived from the wall time (`default_max_idle`); math.inf: never recycle
         wall = spec.limits.wall_seconds
         max_idle = default_max_idle(wall) if max_idle is None else max_idle
@@ -110,6 +114,7 @@ class WarmPool:
         self._loop_task: asyncio.Task | None = None
         self._creating: set[asyncio.Task] = set()    # the refill's creations in progress
         self._cold = 0                                # acquisitions creating cold right now
+        self._out: set[Sandbox] = set()               # handed out and still open (counted against `most`)
         self._closing: set[asyncio.Task] = set()     # closes of discarded sandboxes
         self._close_task: asyncio.Task | None = None
         self._closed = False
@@ -123,8 +128,14 @@ class WarmPool:
 
     @property
     def target(self) -> int:
-        """How many idle sandboxes the pool keeps now: `size`, raised to the recent peak demand (≤ `most`)."""
+        """How many idle sandboxes the pool keeps now: `size`, raised to the recent peak demand."""
         return max(self.size, self.demand.peak())
+
+    @property
+    def held(self) -> int:
+        """Sandboxes of the pool alive now: idle, being started, handed out and not yet closed."""
+        self._out = {sb for sb in self._out if sb.alive}
+        return len(self._idle) + len(self._creating) + len(self._out)
 
     @property
     def closed(self) -> bool:
@@ -148,16 +159,23 @@ class WarmPool:
                 why = self._unusable(sb, born)
                 if why is None:
                     self.stats["warm"] += 1
+                    self._handed(sb)
                     return sb
                 self._discard(sb, why)
             self.stats["cold"] += 1
             self._cold += 1
             try:
-                return await self.runtime.create(self.spec)
+                return self._handed(await self.runtime.create(self.spec))
             finally:
                 self._cold -= 1
                 self._need.set()  # the refill may go on
         return await self.runtime.create(self.spec)
+
+    def _handed(self, sb: Sandbox) -> Sandbox:
+        if self.most is not None:
+            self._out = {o for o in self._out if o.alive}
+            self._out.add(sb)
+        return sb
 
     async def close(self) -> None:
         """Stop refilling and close every idle sandbox (and one being created, once it is up).
@@ -209,6 +227,8 @@ class WarmPool:
             while len(self._idle) > target:  # the bursts are over: back to size
                 self._discard(self._idle.popleft()[0], "shrunk")
             missing = target - len(self._idle) - len(self._creating)
+            if self.most is not None:
+                missing = min(missing, self.most - self.held)
             if missing <= 0 or self._cold or len(self._creating) >= self.parallel:
                 self._need.clear()
                 await self._wait_for_need()
@@ -250,10 +270,11 @@ class WarmPool:
         task.add_done_callback(self._closing.discard)
 
     async def _wait_for_need(self) -> None:
-        """Until an acquire came, a creation ended, an idle sandbox died, the oldest one is due for
-        recycling or the remembered demand may fall."""
+        """Until an acquire came, a creation ended, an idle sandbox died, one handed out ended, the oldest
+        idle one is due for recycling or the remembered demand may fall."""
         waiters: list[asyncio.Future] = [asyncio.ensure_future(self._need.wait())]
         waiters += [sb.exited for sb, _ in self._idle]  # done when the sandbox's process exits
+        waiters += [sb.exited for sb in self._out]       # one handed out closed: room under `most`
         due = []
         if self.max_idle is not None and self._idle:
             due.append(max(0.0, self._idle[0][1] + self.max_idle - time.monotonic()) + 0.01)

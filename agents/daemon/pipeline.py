@@ -80,7 +80,10 @@ class Pipeline:
         if self.config.needs_sandbox:
             if self.runtime is None:
                 self.runtime = get_runtime(self.config.spec.sandbox.runtime)
-            self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm)
+            # sized from the INIT rate, never holding more than the tenant's quota admitted for the job
+            # (init + run + eval + warm, `crds.tenancy.violations`)
+            self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,
+                                 most=sum(self.workers.values()) + self.config.warm)
             self.pool.start()
 
     async def aclose(self) -> None:

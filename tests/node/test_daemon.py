@@ -390,6 +390,7 @@ def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sa
     used = {tid: ids["init"] for tid, ids in handler.sandbox_ids.items()}
     assert {used["a"], used["b"]} == warm and len(set(used.values())) == 3
     assert d.pipeline.pool.stats["warm"] >= 2 and d.pipeline.pool.closed
+    assert d.pipeline.pool.most == 1 + 3 + 1 + 2   # sized from the INIT rate within init + run + eval + warm
     for chain in handler.chains.values():   # each rollout kept its one sandbox through every stage
         assert chain["init"] == chain["run"] == chain["eval"]
     made = {sb.id: sb for sb in runtime.made}
