@@ -33,8 +33,9 @@ class Demand:
         self._at: collections.deque[float] = collections.deque(maxlen=max(1, cap) * 4)
         self._cap = cap
 
-    def note(self) -> None:
-        self._at.append(time.monotonic())
+    def note(self, n: int = 1) -> None:
+        now = time.monotonic()
+        self._at.extend([now] * n)
 
     def peak(self) -> int:
         now = time.monotonic()
@@ -140,6 +141,14 @@ class WarmPool:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def expect(self, n: int) -> None:
+        """A burst of `n` acquisitions is coming (a job's first wave on this node): warm for it as if it had
+        been seen now (no effect on a fixed pool)."""
+        if self.most is not None:
+            self.demand.note(max(0, n))
+            if self._need is not None:
+                self._need.set()
 
     def start(self) -> None:
         """Begin warming in the background (idempotent; needs a running event loop)."""

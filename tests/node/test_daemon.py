@@ -399,6 +399,29 @@ def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sa
     assert list(sandbox_dir.iterdir()) == []
 
 
+def test_the_first_wave_finds_sandboxes_warmed_for_it_before_any_lease(controller, sandbox_dir):
+    """The pool warms for a first wave as wide as the INIT pool (4 here; spec.sandbox.warm is 1) from the
+    set-up on, while the tokenizer loads and before any lease: the first 4 INITs all get warm sandboxes."""
+    fake = controller(make_spec(workers=(4, 4, 1), sandbox={"warm": 1}))
+    fake.add(*({"id": f"t{i}"} for i in range(4)))
+    fake.hold_next_lease = True   # the first lease call waits until the pool is warm
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = NodeDaemon(options(fake), handler=handler)
+        run = asyncio.create_task(d.run())
+        await until(lambda: d.pipeline is not None and d.pipeline.pool is not None and d.pipeline.pool.idle == 4,
+                    60, "4 sandboxes warm before any lease")
+        assert not handler.ran and sum(d.pipeline.pool.stats.values()) == 0   # nothing acquired yet
+        fake.release_lease.set()
+        return d, await asyncio.wait_for(run, 60)
+
+    d, code = asyncio.run(scenario())
+    assert code == 0 and len(fake.accepted) == 4
+    assert (d.pipeline.pool.stats["warm"], d.pipeline.pool.stats["cold"]) == (4, 0)
+    assert list(sandbox_dir.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------- control
 def test_repin_unknown_and_drain(controller, sandbox_dir):
     """repin before RUN moves the rollout to the new backend; `unknown` drops a rollout (sandbox
