@@ -43,9 +43,10 @@ async def bare_burst(n: int) -> list[float]:
     t0 = time.perf_counter()
 
     async def one() -> float:
-        p = await asyncio.create_subprocess_exec(*BARE)
-        if await p.wait() != 0:
-            raise RuntimeError(f"{' '.join(BARE)} exited {p.returncode}")
+        p = await asyncio.create_subprocess_exec(*BARE, stderr=asyncio.subprocess.PIPE)
+        _, err = await p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(BARE)} exited {p.returncode}: {err.decode(errors='replace').strip()}")
         return time.perf_counter() - t0
 
     return list(await asyncio.gather(*(one() for _ in range(n))))
