@@ -33,6 +33,7 @@ from rolloutd.sandbox import SandboxSpec, WarmPool, get_runtime
 BARE = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]
 GOAL = 2.5
 MOST = 64
+COLD: dict[int, int] = {}    # N → sandboxes of the "seen" bursts that were started cold (the pool had not them)
 FAILED: dict[int, int] = {}  # N → sandboxes of its bursts that failed to start (an infra error, not a time)
 
 
@@ -112,7 +113,10 @@ async def one_rep(n: int, order: int) -> dict[str, float]:
             await full(pool, 2)
             await pool_burst(pool, n)            # untimed: the burst the pool learns from
             await full(pool, pool.target)
-            return p95(await pool_burst(pool, n))
+            before = dict(pool.stats)
+            took = p95(await pool_burst(pool, n))
+            COLD[n] = COLD.get(n, 0) + pool.stats["cold"] - before.get("cold", 0)  # expired while refilling
+            return took
         finally:
             await pool.close()
 
@@ -146,7 +150,8 @@ def rows(got: dict[int, list[dict[str, float]]], load: tuple[float, float]) -> l
                 "benchmark": f"burst of {n} at once, p95 ready: {what[key]} ({len(reps)} reps, load "
                              f"{load[0]:.1f}→{load[1]:.1f})",
                 "ours": f"p95 {statistics.median(r[key] for r in reps):.0f} ms"
-                        + (f" ({FAILED[n]} of all its bursts' sandboxes failed to start)" if FAILED.get(n) else ""),
+                        + (f" ({FAILED[n]} of all its bursts' sandboxes failed to start)" if FAILED.get(n) else "")
+                        + (f" ({COLD[n]} of {n * len(reps)} started cold)" if key == "seen" and COLD.get(n) else ""),
                 "baseline": f"{n} bare `bwrap --unshare-all true` at once: p95 {bare:.0f} ms",
                 "ratio": round(ratio, 2),
                 "target": f"≤ {GOAL}× bare" if key == "seen" else "(reference)",

@@ -19,17 +19,19 @@ from .sandbox import Sandbox
 
 log = logging.getLogger("rolloutd.sandbox.pool")
 
-BURST_WINDOW = 1.0   # s: a burst is what is acquired within this long (about the time to refill it)
+BURST_GAP = 0.25     # s: acquisitions each this close to the one before form one burst
 MEMORY = 60.0        # s: the largest burst seen this long ago still sizes the pool
 MAX_IDLE = 64        # idle sandboxes at most, whatever the demand (spec.sandbox.warm's own bound)
 
 
 class Demand:
-    """The INIT rate as the pool sees it: the most acquisitions within any `BURST_WINDOW` over the last
-    `memory` seconds (at most `cap` remembered: more could not raise the pool's size anyway)."""
+    """The INIT rate as the pool sees it: the largest burst over the last `memory` seconds, a burst being a run
+    of acquisitions each within `gap` of the one before (a daemon's own work spreads the acquisitions of
+    one burst over ~3 ms each, much more on a loaded node: a fixed window would cut the burst), at most
+    `cap` (more could not raise the pool's size anyway)."""
 
-    def __init__(self, cap: int, memory: float = MEMORY, window: float = BURST_WINDOW) -> None:
-        self.memory, self.window = memory, window
+    def __init__(self, cap: int, memory: float = MEMORY, gap: float = BURST_GAP) -> None:
+        self.memory, self.gap = memory, gap
         self._at: collections.deque[float] = collections.deque(maxlen=max(1, cap) * 4)
         self._cap = cap
 
@@ -41,11 +43,10 @@ class Demand:
         now = time.monotonic()
         while self._at and now - self._at[0] > self.memory:
             self._at.popleft()
-        best, lo, at = 0, 0, self._at
-        for hi in range(len(at)):  # two pointers over the sorted times
-            while at[hi] - at[lo] > self.window:
-                lo += 1
-            best = max(best, hi - lo + 1)
+        best, run, last = 0, 0, None
+        for t in self._at:
+            run = run + 1 if last is not None and t - last <= self.gap else 1
+            best, last = max(best, run), t
         return min(best, self._cap)
 
     def next_change(self) -> float | None:
@@ -74,7 +75,7 @@ class WarmPool:
       running and not a zombie, and the exec server still holds its end of the connection (a dead
       server's socket reports a hang-up). A dead idle sandbox is closed (cleaned up), never handed out.
     * Sized from the INIT rate when given `most`: the pool keeps `target` idle sandboxes, the largest
-      burst of acquisitions within one second over the last minute (`Demand`), at least `size` and at
+      burst of acquisitions over the last minute (`Demand`), at least `size` and at
       most `MAX_IDLE`. A burst of N INITs thus finds N warm sandboxes once the pool has seen such a
       burst (a DAPO refill, the next wave of a job), and the pool shrinks back to `size` a minute after
       the bursts stop (the extra idle ones are closed). `most` bounds every sandbox of the pool alive at
