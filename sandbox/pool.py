@@ -109,7 +109,7 @@ class WarmPool:
         extra = math.ceil(self.max_idle) if self.max_idle is not None and wall else 0
         longer = spec.limits.model_copy(update={"wall_seconds": wall + extra})
         self.warm_spec = spec.model_copy(update={"limits": longer}) if extra else spec
-        self.stats: collections.Counter[str] = collections.Counter()  # warm, cold, dead, expired, failures
+        self.stats: collections.Counter[str] = collections.Counter()  # warm, cold, dead, expired, shrunk, failures
         self._backoff = backoff
         self._idle: collections.deque[tuple[Sandbox, float]] = collections.deque()  # (sandbox, created at)
         self._need: asyncio.Event | None = None
@@ -188,7 +188,7 @@ class WarmPool:
         return sb
 
     async def close(self) -> None:
-        """Stop refilling and close every idle sandbox (and one being created, once it is up).
+        """Stop refilling and close every idle sandbox (and those being created, once they are up).
         Idempotent; a cancelled close still finishes in the background."""
         if self._close_task is None:
             self._closed = True
