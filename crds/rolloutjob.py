@@ -149,7 +149,10 @@ class SandboxSpec(Model):
     mounts: list[MountSpec] = Field(default_factory=list, max_length=32,
                                     description="host paths a task needs (read-only unless readOnly: false)")
     warm: int = Field(default=2, ge=0, le=64,
-                      description="sandboxes each node starts ahead of need (0: start one per rollout)")
+                      description="sandboxes each node keeps started ahead of need, at least; after a burst of "
+                                  "INITs a node keeps as many as the largest burst of the last minute (at most 64, "
+                                  "and never more sandboxes alive than init + run + eval + warm) (0: start one per "
+                                  "rollout)")
 
 
 class WorkersPerNode(Model):

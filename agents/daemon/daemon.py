@@ -266,7 +266,8 @@ class NodeDaemon:
         return True
 
     async def _set_up(self) -> None:
-        """The job's spec → `JobConfig` and `Pipeline`; the tokenizer; the warm pool last."""
+        """The job's spec → `JobConfig` and `Pipeline`; the warm pool (it warms for the first wave while the
+        tokenizer loads; `_close` closes it on every way out, a tokenizer that fails to load too); the tokenizer."""
         spec = load_spec(self.registration.spec)
         self.config = JobConfig.build(spec, job=self.opts.job, node=self.name, handler=self._handler,
                                       policy=self.registration.policy, policy_name=self.registration.policy_name)
@@ -276,9 +277,9 @@ class NodeDaemon:
         self.heart.unreachable_after = UNREACHABLE_LEASES * spec.pipeline.lease_seconds
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
         self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
+        self.pipeline.start()
         if self.pipeline.tokenizer is None:
             self.pipeline.tokenizer = await self._load_tokenizer(spec.llm.tokenizer)
-        self.pipeline.start()
         w, sandboxed = self.pipeline.workers, self.config.needs_sandbox
         self.log.info("job %s: tasks %s, sandbox %s (%s, %d warm), pools init=%d run=%d eval=%d", self.opts.job,
                       spec.tasks.kind, spec.sandbox.runtime if sandboxed else "none", spec.sandbox.image,

@@ -76,11 +76,16 @@ class Pipeline:
         self._pools = {phase: asyncio.Semaphore(n) for phase, n in self.workers.items()}
 
     def start(self) -> None:
-        """Start the warm pool (last in the set-up: nothing after it can fail and leave it running)."""
+        """Start the warm pool, warming for a first wave as wide as the INIT pool (every way out of the daemon
+        closes it: `aclose`)."""
         if self.config.needs_sandbox:
             if self.runtime is None:
                 self.runtime = get_runtime(self.config.spec.sandbox.runtime)
-            self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm)
+            # sized from the INIT rate, never holding more than the tenant's quota admitted for the job
+            # (init + run + eval + warm, `crds.tenancy.violations`)
+            self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,
+                                 most=sum(self.workers.values()) + self.config.warm)
+            self.pool.expect(self.workers[Phase.INIT])
             self.pool.start()
 
     async def aclose(self) -> None:

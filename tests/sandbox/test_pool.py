@@ -140,11 +140,11 @@ def test_close_leaves_nothing_even_with_a_creation_in_progress(run, base):
         # a pool closed while its first sandbox is being started: closed once it is up
         busy = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
         busy.start()
-        await until(lambda: busy._creating is not None and os.listdir(base), 10, "a creation under way")
+        await until(lambda: busy._creating and os.listdir(base), 10, "a creation under way")
         ids += os.listdir(base)
         await asyncio.gather(busy.close(), busy.close())   # twice at once: both wait for the same close
         await busy.close()                                 # and again afterwards
-        assert busy.closed and busy.idle == 0 and busy._creating is None
+        assert busy.closed and busy.idle == 0 and not busy._creating
         after = leftovers(base, ids)
         # after close, acquire is a plain create (the caller owns the sandbox)
         sb = await busy.acquire()

@@ -390,11 +390,35 @@ def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sa
     used = {tid: ids["init"] for tid, ids in handler.sandbox_ids.items()}
     assert {used["a"], used["b"]} == warm and len(set(used.values())) == 3
     assert d.pipeline.pool.stats["warm"] >= 2 and d.pipeline.pool.closed
+    assert d.pipeline.pool.most == 1 + 3 + 1 + 2   # sized from the INIT rate within init + run + eval + warm
     for chain in handler.chains.values():   # each rollout kept its one sandbox through every stage
         assert chain["init"] == chain["run"] == chain["eval"]
     made = {sb.id: sb for sb in runtime.made}
     assert set(used.values()) <= set(made) and len(made) > len(used)   # the pool refilled after a and b
     assert all(not sb.root.exists() and not sandbox_pids(i) for i, sb in made.items())
+    assert list(sandbox_dir.iterdir()) == []
+
+
+def test_the_first_wave_finds_sandboxes_warmed_for_it_before_any_lease(controller, sandbox_dir):
+    """The pool warms for a first wave as wide as the INIT pool (4 here; spec.sandbox.warm is 1) from the
+    set-up on, while the tokenizer loads and before any lease: the first 4 INITs all get warm sandboxes."""
+    fake = controller(make_spec(workers=(4, 4, 1), sandbox={"warm": 1}))
+    fake.add(*({"id": f"t{i}"} for i in range(4)))
+    fake.hold_next_lease = True   # the first lease call waits until the pool is warm
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = NodeDaemon(options(fake), handler=handler)
+        run = asyncio.create_task(d.run())
+        await until(lambda: d.pipeline is not None and d.pipeline.pool is not None and d.pipeline.pool.idle == 4,
+                    60, "4 sandboxes warm before any lease")
+        assert not handler.ran and sum(d.pipeline.pool.stats.values()) == 0   # nothing acquired yet
+        fake.release_lease.set()
+        return d, await asyncio.wait_for(run, 60)
+
+    d, code = asyncio.run(scenario())
+    assert code == 0 and len(fake.accepted) == 4
+    assert (d.pipeline.pool.stats["warm"], d.pipeline.pool.stats["cold"]) == (4, 0)
     assert list(sandbox_dir.iterdir()) == []
 
 
