@@ -195,6 +195,14 @@ def slot_budget(trajectories: list[dict], concurrency: int, start: float, end: f
     return out
 
 
+def refill_delays(trajectories: list[dict], concurrency: int) -> list[float]:
+    """How long each RUN slot stayed empty after a rollout left it, while more rollouts were to come: the k-th RUN
+    end is refilled by the (C + k)-th RUN start (both sorted); the last ones have nothing left to refill them."""
+    starts = sorted(t["timings"]["stamps"]["run"] for t in trajectories)
+    ends = sorted(t["timings"]["stamps"]["run"] + t["timings"]["run"] for t in trajectories)
+    return [max(0.0, start - end) for end, start in zip(ends, starts[concurrency:])]
+
+
 # ---------------------------------------------------------------------- the job
 def _job(name: str, source: Path, tokenizer: str, backend: str, n: int, concurrency: int) -> dict:
     return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
@@ -266,7 +274,7 @@ def run(quick: bool = False) -> list[dict]:
             base = _replayed(engine, trees, model, replay_plan(ts), c)
             load.append(os.getloadavg())
             results[c] = {"ours": ours, "base": base, "wall": wall, "n": n, "per": _per_rollout(ts),
-                          "slots": slot_budget(ts, c, ours["start"], ours["end"]),
+                          "slots": slot_budget(ts, c, ours["start"], ours["end"]), "refill": refill_delays(ts, c),
                           "tokens": sum(t["metrics"]["generated_tokens"] for t in ts)}
     finally:
         if ctl is not None:
@@ -295,6 +303,13 @@ def _rows(results: dict, turns: int, tokens: int) -> list[dict]:
                      "baseline": f"replay {b_tps:.0f} tok/s ({base['window']:.1f} s, mean running "
                                  f"{base['mean_running']:.1f})",
                      "ratio": o_tps / b_tps, "target": "≥ 0.97×", "met": o_tps / b_tps >= 0.97})
+        o_eff = r["tokens"] / (ours["cpu_engine"] * ours["seconds"])
+        b_eff = base["generated"] / (base["cpu_engine"] * base["seconds"])
+        rows.append({"benchmark": f"C={c}: generated tokens per CPU-second the engine got (a shared box gives the "
+                                  "engine what its neighbours leave: this is what it made of it)",
+                     "ours": f"rolloutd {o_eff:.0f} (engine {ours['cpu_engine']:.2f} cores of {os.cpu_count()})",
+                     "baseline": f"replay {b_eff:.0f} (engine {base['cpu_engine']:.2f} cores)",
+                     "ratio": o_eff / b_eff, "target": "≥ 0.97×", "met": o_eff / b_eff >= 0.97})
         rows.append({"benchmark": f"C={c}: engine busy fraction (≥ 1 request running, /metrics every {SAMPLE_S:g} s)",
                      "ours": f"rolloutd {ours['busy']:.1%}", "baseline": f"replay {base['busy']:.1%}",
                      "ratio": ours["busy"] / base["busy"], "target": "≥ 0.95×",
@@ -308,14 +323,17 @@ def _write(rows: list[dict], results: dict, load: list, quick: bool) -> None:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     loads = ", ".join(f"{a:.1f}" for a, _, _ in load)
     lines = ["| C | queue | INIT | RUN (LLM / tool) | wait for RUN | EVAL | slot-s generating | between turns | "
-             "in RUN outside turns | no rollout in RUN |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "in RUN outside turns | no rollout in RUN | RUN slot refill: mean / max / refills > 50 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, r in results.items():
         p, s = r["per"], r["slots"]
         total = sum(s.values())
         pct = {k: f"{v:.1f} ({v / total:.0%})" for k, v in s.items()}
         lines.append(f"| {c} | {p['queue']:.0f} ms | {p['init']:.0f} ms | {p['run']:.0f} ms ({p['llm']:.0f} / "
                      f"{p['tool']:.0f}) | {p['wait_run']:.0f} ms | {p['eval']:.0f} ms | {pct['generating']} | "
-                     f"{pct['between_turns']} | {pct['run_outside_turns']} | {pct['no_rollout_in_run']} |")
+                     f"{pct['between_turns']} | {pct['run_outside_turns']} | {pct['no_rollout_in_run']} | "
+                     f"{statistics.mean(r['refill']) * 1e3:.0f} ms / {max(r['refill']) * 1e3:.0f} ms / "
+                     f"{sum(d > 0.05 for d in r['refill'])} of {len(r['refill'])} |")
     engine = ["| C | run | generated / prompt / cached prompt tokens (engine's counters) | mean inter-token latency | "
               "mean running | cores used: engine / rolloutd / bench client / whole machine |", "|---|---|---|---|---|---|"]
     for c, r in results.items():
