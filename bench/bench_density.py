@@ -2,7 +2,7 @@
 
 Where it sits: run by the bench runner (`python -m bench density`) through `run(quick)`, or alone as
 ``python -m bench.bench_density [--n 128] [--quick]`` (prints its own table and the breakdown). Rows:
-``{benchmark, ours, baseline, ratio, target, met}``; results go to bench/RESULTS-sandbox.md by hand.
+``{benchmark, ours, baseline, ratio, target, met}``; results go to bench/results/RESULTS-sandbox.md by hand.
 
 What is measured (smem's way: the sum of ``Pss`` from ``/proc/PID/smaps_rollup`` over every process of
 every sandbox — bwrap, the exec server, bash, the kernel — while all N are alive, so pages shared

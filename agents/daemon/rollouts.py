@@ -99,11 +99,14 @@ class Rollouts:
         self._changed(stage=True)
 
     def room(self, init_workers: int, run_workers: int) -> int:
-        """How many more leases fit: (leased + init) < init workers and (wait_run + run) < run workers."""
+        """How many more leases fit: (leased + init) < init workers, and every rollout not past RUN yet (leased,
+        init, wait_run, run) < run workers + init workers. A full RUN pool thus keeps up to an INIT pool's worth of
+        rollouts initialised and waiting, so a RUN slot that frees is taken at once, not after a lease round trip
+        and an INIT (the engine would idle meanwhile)."""
         n = collections.Counter(r.phase for r in self.live.values())
         init_room = init_workers - n[Phase.LEASED] - n[Phase.INIT]
-        run_room = run_workers - n[Phase.WAIT_RUN] - n[Phase.RUN]
-        return max(0, min(init_room, run_room))
+        ahead = n[Phase.LEASED] + n[Phase.INIT] + n[Phase.WAIT_RUN] + n[Phase.RUN]
+        return max(0, min(init_room, run_workers + init_workers - ahead))
 
     def in_flight(self) -> list[Rollout]:
         """Rollouts still working towards a result (not cancelled, not reported yet)."""

@@ -425,10 +425,11 @@ def test_the_first_wave_finds_sandboxes_warmed_for_it_before_any_lease(controlle
 # ------------------------------------------------------------------------------------- control
 def test_repin_unknown_and_drain(controller, sandbox_dir):
     """repin before RUN moves the rollout to the new backend; `unknown` drops a rollout (sandbox
-    closed, nothing reported); drain stops leasing and the daemon exits 0 once in-flight work is in."""
+    closed, nothing reported); drain stops leasing and the daemon exits 0 once in-flight work is in (p3, leased
+    and initialised ahead of the full RUN pool, included)."""
     fake = controller(make_spec(workers=(1, 1, 1)))
     fake.add({"id": "p0", "eval_gate": "g"}, {"id": "p1", "init_gate": "i"}, {"id": "p2", "run_gate": "r"},
-             {"id": "p3"})
+             {"id": "p3"}, {"id": "p4"})
     handler, other = ScriptedTask(), "http://127.0.0.1:9/other"
 
     async def scenario():
@@ -443,6 +444,7 @@ def test_repin_unknown_and_drain(controller, sandbox_dir):
         await until(lambda: "p2" in handler.ran, 30, "p2 in RUN")
         p2 = fake.lease_of("p2").attempt_id
         sandbox = handler.sandboxes["p2"]
+        await until(lambda: "p3" in handler.sandboxes, 30, "p3 initialised ahead of the full RUN pool")
         fake.forget(p2)           # its lease expired on the controller: the next beat says unknown
         fake.drain = True         # ... and, in the same reply, drain
         await until(lambda: p2 not in d.rollouts.live, 10, "p2 dropped")
@@ -453,9 +455,9 @@ def test_repin_unknown_and_drain(controller, sandbox_dir):
     d, code, p2 = asyncio.run(scenario())
     assert code == 0 and fake.deregistered == 1
     got = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
-    assert set(got) == {"p0", "p1"} and p2 not in fake.receipts
+    assert set(got) == {"p0", "p1", "p3"} and p2 not in fake.receipts
     assert got["p1"].backend == other and got["p0"].backend == fake.backend
-    assert [item["task"]["id"] for item in fake.queue] == ["p3"]   # never leased: drained
+    assert [item["task"]["id"] for item in fake.queue] == ["p4"]   # never leased: drained
     assert max_concurrent(intervals(d, "run", ("wait_eval",))) == 1
     assert list(sandbox_dir.iterdir()) == []
 
