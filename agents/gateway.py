@@ -7,8 +7,8 @@ relay inside the sandbox (`RELAY`) serves it on the sandbox's own loopback, and 
 token-in/token-out to the rollout's pinned backend (agents/llm.py) and recorded; `stitch` turns the
 calls into the trajectory's token sequence. Next step: the trajectory goes to EVAL like any other.
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (tools: `<tool_call>{json}</tool_call>` in
-the model's text, Hermes/Qwen style, becomes `tool_calls`; `stream: true` answers in server-sent
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (tools: the model family's calls in its
+text, agents/toolcall_formats.py chosen from the chat template, become `tool_calls`; `stream: true` answers in server-sent
 events, the whole completion in one chunk), `POST /v1/completions` (a text or token-id prompt).
 Sampling is the job's (`agent.sampling`), not the harness's: the policy's distribution is the
 trainer's to choose; the harness's `max_tokens` only lowers the job's limit.
@@ -29,6 +29,7 @@ from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
 
+from .toolcall_formats import format_for
 from .llm import BackendError, RequestRejected, SamplingParams, derive_seed
 from .openai_wire import (Invalid, chat_messages, chat_tools, completion_prompt, max_tokens, parse_tool_calls,
                           read_body, respond)
@@ -148,6 +149,7 @@ class Gateway:
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
         self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
+        self.tool_format = format_for(tokenizer) if tokenizer is not None else None  # the model family's
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
         self._long_texts = asyncio.Semaphore(1)
@@ -239,7 +241,7 @@ class Gateway:
         if call is None:
             return
         text = self.tokenizer.decode_content(call.token_ids)
-        content, tool_calls = parse_tool_calls(text) if tools else (text, [])
+        content, tool_calls = parse_tool_calls(text, self.tool_format) if tools else (text, [])
         finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
         message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
