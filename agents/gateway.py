@@ -60,7 +60,7 @@ class Call:
 
 @dataclass
 class Segment:
-    """A run of calls each extending the previous tokens: one token sequence with its loss mask."""
+    """A run of calls each extending the sequence's tokens: one token sequence with its loss mask."""
 
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
@@ -68,27 +68,45 @@ class Segment:
     prompt_length: int = 0
     calls: int = 0
     drift: bool = False  # started because a re-tokenized history no longer matched the recorded ids
+    turns: list[tuple[int, int, str]] = field(default_factory=list)  # each call's generated [start, end), finish
+    retokenized: int = 0  # prompt ids past the longest prefix shared with an earlier sequence (sent again as text)
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def stitch(calls: list[Call], decode=None) -> list[Segment]:
-    """Calls → segments. A call whose prompt starts with the segment's tokens continues it (the new
-    prompt tokens get mask 0, the generated ones mask 1); any other starts a new segment. With
-    `decode`, a new segment whose text still starts with the previous one's is marked `drift` (the
-    harness kept the history, the tokens changed) rather than a rewrite (summarised, truncated)."""
+    """Calls → as few sequences as the ids allow. PREFIX MERGE: a call whose prompt starts with the tokens
+    of any sequence so far (the longest such) continues it, new prompt tokens with mask 0 and the generated
+    ones with mask 1; a harness that made a side call (a title, a summary) and went back to its history
+    lands in its old sequence. Any other call starts a new sequence, whose prompt ids past the longest prefix
+    shared with an earlier sequence count as `retokenized` (the harness sent that history again as text, or
+    rewrote it). With `decode`, a new sequence whose text still starts with the closest one's is marked
+    `drift` (the harness kept the history, the tokens changed) rather than a rewrite (compacted, truncated)."""
     segments: list[Segment] = []
     for call in calls:
-        cur = segments[-1] if segments else None
-        if cur is not None and call.prompt_ids[: len(cur.token_ids)] == cur.token_ids:
-            extra = call.prompt_ids[len(cur.token_ids):]
+        prompt = call.prompt_ids
+        fits = [s for s in segments if prompt[: len(s.token_ids)] == s.token_ids]
+        cur = max(fits, key=lambda s: len(s.token_ids), default=None)
+        if cur is not None:
+            extra = prompt[len(cur.token_ids):]
         else:
-            drift = bool(cur is not None and decode is not None
-                         and decode(call.prompt_ids).startswith(decode(cur.token_ids)))
-            cur = Segment(prompt_length=len(call.prompt_ids), drift=drift)
+            shared, near = max(((_shared(prompt, s.token_ids), s) for s in segments),
+                               key=lambda x: x[0], default=(0, None))
+            drift = bool(near is not None and decode is not None and decode(prompt).startswith(decode(near.token_ids)))
+            cur = Segment(prompt_length=len(prompt), drift=drift, retokenized=len(prompt) - shared if near else 0)
             segments.append(cur)
-            extra = call.prompt_ids
+            extra = prompt
         cur.token_ids += extra
         cur.loss_mask += [0] * len(extra)
         cur.logprobs += [None] * len(extra)
+        if call.token_ids:
+            cur.turns.append((len(cur.token_ids), len(cur.token_ids) + len(call.token_ids), call.finish_reason))
         cur.token_ids += call.token_ids
         cur.loss_mask += [1] * len(call.token_ids)
         cur.logprobs += list(call.logprobs)

@@ -9,7 +9,9 @@ and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
 Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
-`Trajectory.segments` holds every sequence (never a silently re-tokenized one). A backend error
+`Trajectory.segments` holds every sequence (never a silently re-tokenized one), as few as the ids allow
+(a call extending any earlier sequence continues it); `metrics.segments` and `metrics.retokenized_tokens`
+say how many sequences and how many prompt ids came from re-sent or rewritten text. A backend error
 behind any call makes the rollout `infra`; a call the backend refuses as invalid, `config` (the gateway
 checks the harness's part of a request first, so what is left is the job's sampling).
 """
@@ -51,9 +53,9 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
-    calls = iter(c for c in gateway.calls if c.token_ids)  # in order: each segment's generated runs, one per call
     sequences = [Segment(token_ids=s.token_ids, prompt_length=s.prompt_length, loss_mask=s.loss_mask,
-                         logprobs=s.logprobs, turns=_turns(s.loss_mask, calls), calls=s.calls, drift=s.drift)
+                         logprobs=s.logprobs, calls=s.calls, drift=s.drift,
+                         turns=[Turn(generated_start=a, generated_end=b, finish_reason=f) for a, b, f in s.turns])
                  for s in segments]
     if len(sequences) == 1:
         one = sequences[0]
@@ -64,6 +66,10 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     t.metrics = {
         "gateway_calls": len(gateway.calls),
         "drifted_segments": sum(s.drift for s in segments),
+        # token-exact whatever the harness did to its history: how many sequences the trainer gets, and how
+        # many prompt ids came from re-tokenized (re-sent or rewritten) text rather than from a recorded sequence
+        "segments": len(segments),
+        "retokenized_tokens": sum(s.retokenized for s in segments),
         "harness_timed_out": bool(result.timed_out),
         "harness_output": result.output[-1000:],
     }
@@ -76,18 +82,6 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     elif result.timed_out:
         t.failure = Failure(kind=FailureKind.agent, reason="the harness did not finish within its time")
     return stash_answer(t, submitted=None, final_text="")
-
-
-def _turns(mask: list[int], calls: Any) -> list[Turn]:
-    """The generated runs of one sequence, one per call (from `calls`), with the call's finish reason."""
-    turns, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            turns.append([start, i])
-            start = None
-    return [Turn(generated_start=a, generated_end=b, finish_reason=next(calls).finish_reason) for a, b in turns]
 
 
 __all__ = ["run_harness"]
