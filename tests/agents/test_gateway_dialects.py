@@ -304,3 +304,34 @@ def test_a_stop_sequence_ends_the_text_before_it(tok, tmp_path):
                 assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "STOP")
             assert whole.content[0].text == streamed == "one two "
     asyncio.run(go())
+
+
+class FailingMidStream(ScriptLLM):
+    async def stream(self, prompt_ids, sampling, request_id):
+        from rolloutd.agents.llm import BackendError
+
+        self.prompts.append(list(prompt_ids))
+        yield Generation(self.tok.encode_text("Hi"), [-0.1], "", None, None)
+        raise BackendError("connection reset")
+
+
+@pytest.mark.parametrize("dialect", ["chat", "messages", "responses"])
+def test_a_backend_failure_mid_stream_is_the_dialects_error_event_and_infra(tok, tmp_path, dialect):
+    """The response has started (200, the first text sent) when the engine fails: the client gets the dialect's
+    own error event (its SDK raises or reports it), the gateway records the failure (the rollout is infra)."""
+    async def go():
+        llm = FailingMidStream(tok, [])
+        async with gateway(tok, llm, tmp_path) as (gw, client):
+            ask = [{"role": "user", "content": "Hi"}]
+            if dialect == "messages":
+                with pytest.raises(anthropic.APIError, match="connection reset"):
+                    async with sdk_anthropic(client).messages.stream(model="m", max_tokens=8, messages=ask) as s:
+                        [t async for t in s.text_stream]
+            elif dialect == "responses":
+                events = [e async for e in await sdk_openai(client).responses.create(model="m", input="Hi", stream=True)]
+                assert events[-1].type == "response.failed" and "connection reset" in events[-1].response.error.message
+            else:
+                with pytest.raises(openai.APIError, match="connection reset"):
+                    [c async for c in await sdk_openai(client).chat.completions.create(model="m", messages=ask, stream=True)]
+            assert "connection reset" in gw.backend_error and gw.calls == []
+    asyncio.run(go())
