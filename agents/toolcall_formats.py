@@ -61,6 +61,7 @@ def _bad_json(e: json.JSONDecodeError, span: tuple[int, int]) -> RawCall:
 class Format:
     name = "base"
     marker = ""
+    openers: tuple[str, ...] = ()  # texts a call may start with: a stream holds its text back from there
 
     def parse(self, text: str) -> list[RawCall]:
         raise NotImplementedError
@@ -82,6 +83,7 @@ class Format:
 
 class Hermes(Format):
     name, marker = "hermes", "<tool_call>"
+    openers = ("<tool_call>",)
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
     def parse(self, text: str) -> list[RawCall]:
@@ -99,6 +101,7 @@ class Hermes(Format):
 
 class Llama3(Format):
     name, marker = "llama3", "<|python_tag|>"
+    openers = ("<|python_tag|>", "{")  # the marker is dropped by a content decode: a call is a JSON answer
 
     def parse(self, text: str) -> list[RawCall]:
         body = text.strip()
@@ -123,6 +126,7 @@ class Llama3(Format):
 
 class Mistral(Format):
     name, marker = "mistral", "[TOOL_CALLS]"
+    openers = ("[TOOL_CALLS]", "[{")
     _NAMED = re.compile(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]")
 
     def parse(self, text: str) -> list[RawCall]:

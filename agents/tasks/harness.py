@@ -3,8 +3,9 @@ per-rollout gateway (agents/gateway.py), the trajectory stitched from the record
 
 Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rollout's sandbox, its
 pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
-`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` (a relay on the sandbox's own loopback to the gateway's
-socket in /.rolloutd: the sandbox still has no network), `OPENAI_API_KEY`, the instruction on stdin
+`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` and `ANTHROPIC_BASE_URL=http://127.0.0.1:PORT` (a relay on the
+sandbox's own loopback to the gateway's socket in /.rolloutd: the sandbox still has no network), placeholder
+`OPENAI_API_KEY` / `ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN` (`harness_env`), the instruction on stdin
 and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
 Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
@@ -39,14 +40,21 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
         await start_relay(sandbox, "/.rolloutd/gateway.sock", PORT, "/tmp/.harbor/relay.log", SESSION)
-        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1", "OPENAI_API_BASE": f"http://127.0.0.1:{PORT}/v1",
-               "OPENAI_API_KEY": "rolloutd", "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
+        env = {**harness_env(PORT), "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
         result = await sandbox.bash(f"{exports}cd {shlex.quote(workdir)} && ({config.agent_command}) < {INSTRUCTION} "
                                     f"> /logs/agent/harness.txt 2>&1; echo \"harness-exit=$?\"", timeout=timeout)
     finally:
         await gateway.stop()
     return _trajectory(gateway, tokenizer, ctx, result)
+
+
+def harness_env(port: int) -> dict[str, str]:
+    """Where each client finds the gateway, by its own convention: OpenAI's with `/v1`, Anthropic's without (its
+    SDK adds `/v1/messages`); the keys are placeholders each client insists on (the socket is the boundary)."""
+    base = f"http://127.0.0.1:{port}"
+    return {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_BASE": f"{base}/v1", "OPENAI_API_KEY": "rolloutd",
+            "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "rolloutd", "ANTHROPIC_AUTH_TOKEN": "rolloutd"}
 
 
 def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Trajectory:
@@ -84,4 +92,4 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     return stash_answer(t, submitted=None, final_text="")
 
 
-__all__ = ["run_harness"]
+__all__ = ["harness_env", "run_harness"]
