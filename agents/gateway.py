@@ -1,37 +1,37 @@
-"""The per-rollout OpenAI-compatible gateway for black-box harnesses: text in, token ids recorded.
+"""The per-rollout gateway for black-box harnesses, in their own dialects: text in, token ids recorded.
 
 Where it sits: a handler's RUN for `agent.kind: harness` (agents/tasks/harbor.py) starts one
 `Gateway` per rollout on a Unix socket in the sandbox's control directory (`/.rolloutd` inside), a
 relay inside the sandbox (`RELAY`) serves it on the sandbox's own loopback, and the harness gets
-`OPENAI_BASE_URL`. Every call is rendered with the model's chat template (agents/tokenizer.py), sent
-token-in/token-out to the rollout's pinned backend (agents/llm.py) and recorded; `stitch` turns the
-calls into the trajectory's token sequence. Next step: the trajectory goes to EVAL like any other.
+`OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`. Every call is parsed by its dialect (agents/wire/), rendered with
+the model's chat template (agents/tokenizer.py), sent token-in/token-out to the rollout's pinned backend
+(agents/llm.py) and recorded (agents/gateway_calls.py); `stitch` turns the calls into the trajectory's token
+sequences. Next step: the trajectory goes to EVAL like any other.
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (tools: `<tool_call>{json}</tool_call>` in
-the model's text, Hermes/Qwen style, becomes `tool_calls`; `stream: true` answers in server-sent
-events, the whole completion in one chunk), `POST /v1/completions` (a text or token-id prompt).
-Sampling is the job's (`agent.sampling`), not the harness's: the policy's distribution is the
-trainer's to choose; the harness's `max_tokens` only lowers the job's limit.
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/messages` (+ `/count_tokens`), `POST
+/v1/responses` (each may stream: the text is sent as the engine produces tokens, held back from where a tool
+call may start; the tool calls follow whole), `POST /v1/completions` (a text or token-id prompt). Auth
+headers are accepted and not checked: the socket is the boundary. Sampling is the job's (`agent.sampling`),
+not the harness's: the harness's `max_tokens` only lowers the job's limit, its stop sequences are added.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import shlex
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
 
-from .llm import BackendError, RequestRejected, SamplingParams, derive_seed
-from .openai_wire import (Invalid, chat_messages, chat_tools, completion_prompt, max_tokens, parse_tool_calls,
-                          read_body, respond)
+from .gateway_calls import Call, PieceEncoder, Segment, stitch
+from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
+from .openai_wire import Invalid, completion_prompt, max_tokens, read_body, respond
+from .wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
+from .wire import anthropic, chat, responses
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 
@@ -47,100 +47,8 @@ async def start_relay(sandbox: Any, socket: str, port: int, log: str, session: d
         raise RuntimeError(f"the relay to {socket} did not start in the sandbox: {started.output[-500:]}")
 
 
-@dataclass
-class Call:
-    """One LLM call the harness made, exactly as the engine saw and produced it."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-@dataclass
-class Segment:
-    """A run of calls each extending the previous tokens: one token sequence with its loss mask."""
-
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float | None] = field(default_factory=list)
-    prompt_length: int = 0
-    calls: int = 0
-    drift: bool = False  # started because a re-tokenized history no longer matched the recorded ids
-
-
-def stitch(calls: list[Call], decode=None) -> list[Segment]:
-    """Calls → segments. A call whose prompt starts with the segment's tokens continues it (the new
-    prompt tokens get mask 0, the generated ones mask 1); any other starts a new segment. With
-    `decode`, a new segment whose text still starts with the previous one's is marked `drift` (the
-    harness kept the history, the tokens changed) rather than a rewrite (summarised, truncated)."""
-    segments: list[Segment] = []
-    for call in calls:
-        cur = segments[-1] if segments else None
-        if cur is not None and call.prompt_ids[: len(cur.token_ids)] == cur.token_ids:
-            extra = call.prompt_ids[len(cur.token_ids):]
-        else:
-            drift = bool(cur is not None and decode is not None
-                         and decode(call.prompt_ids).startswith(decode(cur.token_ids)))
-            cur = Segment(prompt_length=len(call.prompt_ids), drift=drift)
-            segments.append(cur)
-            extra = call.prompt_ids
-        cur.token_ids += extra
-        cur.loss_mask += [0] * len(extra)
-        cur.logprobs += [None] * len(extra)
-        cur.token_ids += call.token_ids
-        cur.loss_mask += [1] * len(call.token_ids)
-        cur.logprobs += list(call.logprobs)
-        cur.calls += 1
-    return segments
-
-
-class PieceEncoder:
-    """Ids of rendered chat text, each stretch between the tokenizer's added tokens (`<|im_end|>`...) encoded
-    once per rollout: a harness re-sends its whole history every call, and the tokenizer splits on added
-    tokens before anything else, so the stretches are independent and the ids those of one `encode_text`.
-    Used only where that holds (no strip/normalized added tokens, checked on a probe); else `encode_text`."""
-
-    LIMIT = 4096  # stretches kept per rollout
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[str, list[int]] = {}
-        self._split: re.Pattern | None = None
-        backend = getattr(getattr(tokenizer, "hf", None), "_tokenizer", None)
-        try:
-            added = backend.get_added_tokens_decoder()
-        except AttributeError:
-            return
-        if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
-            return
-        self._backend, self._ids = backend, {t.content: i for i, t in added.items()}
-        self._split = re.compile("(" + "|".join(map(re.escape, sorted(self._ids, key=len, reverse=True))) + ")")
-        special = sorted(self._ids)
-        probe = f"{special[0]} Hé llo\n  {special[-1]}\n\tx{special[0]}{special[-1]}y  "
-        if self.encode(probe) != tokenizer.encode_text(probe):  # e.g. a prefix space only at the text's start
-            self._split = None
-        self._cache.clear()
-
-    def encode(self, text: str) -> list[int]:
-        if self._split is None:
-            return self.tokenizer.encode_text(text)
-        out: list[int] = []
-        for i, piece in enumerate(self._split.split(text)):
-            if i % 2:
-                out.append(self._ids[piece])
-            elif piece:
-                ids = self._cache.get(piece)
-                if ids is None:
-                    ids = self.tokenizer.encode_text(piece)
-                    if len(self._cache) < self.LIMIT:
-                        self._cache[piece] = ids
-                out += ids
-        return out
-
-
 class Gateway:
-    """An OpenAI-compatible server over a Unix socket, for one rollout. `calls` records every call."""
+    """The harness's model server over a Unix socket, for one rollout. `calls` records every call."""
 
     def __init__(self, llm: Any, tokenizer: Any, sampling: SamplingParams, *, model: str = "policy",
                  seed_parts: tuple = (), request_prefix: str = "gw") -> None:
@@ -148,6 +56,7 @@ class Gateway:
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
         self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
+        self.tools = tool_call_parser(tokenizer)  # the model family's tool-call format
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
         self._long_texts = asyncio.Semaphore(1)
@@ -180,43 +89,70 @@ class Gateway:
                 await asyncio.wait_for(self._task, 5)
 
     # ------------------------------------------------------------------ the calls
-    async def generate(self, prompt_ids: list[int], max_tokens: int | None) -> Call:
+    async def generate(self, prompt_ids: list[int], max_tokens: int | None, stop: list[str] | None = None,
+                       on_tokens: Any = None) -> Call:
+        """One engine call, recorded. With `on_tokens` (an async callable) and a backend that streams, each run
+        of ids is handed to it as the engine produces it; the recorded call holds all of them, exactly."""
         index = len(self.calls)
         limit = self.sampling.max_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
-        sampling = self.sampling.model_copy(update={
-            "max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)})
+        update: dict[str, Any] = {"max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)}
+        if stop:
+            update["stop"] = [*self.sampling.stop, *(s for s in stop if s not in self.sampling.stop)]
+        sampling = self.sampling.model_copy(update=update)
         request_id = f"{self.request_prefix}-{index}-{uuid.uuid4().hex[:8]}"
-        task = asyncio.ensure_future(self.llm.generate(list(prompt_ids), sampling, request_id))
+        task = asyncio.ensure_future(self._produce(list(prompt_ids), sampling, request_id, on_tokens))
         self._inflight.add(task)
         try:
             gen = await task
         finally:
             self._inflight.discard(task)
-        call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason)
+        call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason, gen.stop_reason)
         self.calls.append(call)
         return call
 
+    async def _produce(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: Any) -> Generation:
+        stream = getattr(self.llm, "stream", None)
+        if on_tokens is None or stream is None:
+            gen = await self.llm.generate(prompt_ids, sampling, request_id)
+            if on_tokens is not None and gen.token_ids:
+                await on_tokens(gen.token_ids)
+            return gen
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last: Generation | None = None
+        async for piece in stream(prompt_ids, sampling, request_id):
+            ids += piece.token_ids
+            logprobs += piece.logprobs
+            last = piece
+            if piece.token_ids:
+                await on_tokens(piece.token_ids)
+        if last is None or not last.finish_reason:
+            raise BackendError("the engine's stream ended before the generation finished")
+        return Generation(ids, logprobs, last.finish_reason, prompt_ids, last.cached_tokens, last.stop_reason)
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """The ASGI app: a plain path dispatch (a framework's middleware and routing cost more per call
-        than the whole goal; FACTS and bench/results/RESULTS-gateway.md). A malformed request is a 4xx
-        (`openai_wire`), never a 500."""
+        than the whole goal; FACTS and bench/results/RESULTS-gateway.md). A malformed request is a 4xx in the
+        route's dialect, never a 500."""
         if scope["type"] != "http":
             return
         route = _ROUTES.get(scope["path"].rstrip("/"))
+        wire = route[2] if route else (anthropic if scope["path"].startswith("/v1/messages") else chat)
         if route is None:
-            return await respond(send, 404, {"error": {"message": f"no route {scope['path']}", "type": "not_found"}})
-        method, handler = route
+            return await respond(send, 404, wire.error(404, f"no route {scope['path']}", "not_found"))
+        method, handler, wire = route
         if scope["method"] != method:
-            return await respond(send, 405, {"error": {"message": f"use {method}", "type": "invalid_request_error"}})
+            return await respond(send, 405, wire.error(405, f"use {method}", "invalid_request_error"))
         try:
             request = await read_body(scope, receive)
             if request is None:
                 return
             await handler(self, request, send)
         except Invalid as e:  # raised before anything is sent
-            await respond(send, e.status, e.payload())
+            await respond(send, e.status, wire.error(e.status, str(e), e.kind))
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= INLINE_CHARS:
@@ -225,43 +161,74 @@ class Gateway:
             return await asyncio.to_thread(self.tokenizer.encode_text_in_thread, text)
 
     async def _models(self, body: dict, send: Any) -> None:
-        await respond(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "rolloutd"}]})
+        """Both SDKs' model list shapes in one (OpenAI: object/owned_by; Anthropic: type/display_name/has_more)."""
+        entry = {"id": self.model, "object": "model", "type": "model", "owned_by": "rolloutd",
+                 "display_name": self.model, "created": 0, "created_at": "1970-01-01T00:00:00Z"}
+        await respond(send, 200, {"object": "list", "data": [entry], "has_more": False,
+                                  "first_id": self.model, "last_id": self.model})
 
-    async def _chat(self, body: dict, send: Any) -> None:
-        messages, tools = chat_messages(body), chat_tools(body)
-        limit = max_tokens(body.get("max_completion_tokens") or body.get("max_tokens"))
+    async def _prompt_ids(self, prompt: Prompt) -> list[int]:
         try:
-            text = self.tokenizer.render(messages, tools=tools, add_generation_prompt=True)
+            text = self.tokenizer.render(prompt.messages, tools=prompt.tools, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - the template's own checks (roles, tool shapes) on the harness's input
             raise Invalid(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
-        prompt = await self._encode(text)
-        call = await self._call(prompt, limit, send)
+        return await self._encode(text)
+
+    async def _count_tokens(self, body: dict, send: Any) -> None:
+        ids = await self._prompt_ids(anthropic.parse(body, counting=True))
+        await respond(send, 200, {"input_tokens": len(ids)})
+
+    async def _dialect(self, wire: Any, body: dict, send: Any) -> None:
+        """One model call in `wire`'s dialect: parsed to a `Prompt`, answered whole or streamed as it comes."""
+        prompt = wire.parse(body)
+        ids = await self._prompt_ids(prompt)
+        if prompt.stream:
+            return await self._stream(wire, prompt, ids, body, send)
+        call = await self._call(ids, prompt, send, wire)
+        if call is not None:
+            turn = self._turn(self.tokenizer.decode_content(call.token_ids), call, prompt)
+            await respond(send, 200, wire.reply(turn, self.model, body) if wire is responses else wire.reply(turn, self.model))
+
+    def _turn(self, text: str, call: Call, prompt: Prompt) -> Turn:
+        return make_turn(text, prompt, self.tools, finish_reason=call.finish_reason, stop_reason=call.stop_reason,
+                         prompt_tokens=len(call.prompt_ids), completion_tokens=len(call.token_ids))
+
+    async def _stream(self, wire: Any, prompt: Prompt, ids: list[int], body: dict, send: Any) -> None:
+        """Server-sent events as the engine produces tokens. The response starts with the first tokens (a
+        call that fails before is an ordinary error response); a failure after is the dialect's error event."""
+        events = wire.Events(self.model, len(ids), body)
+        deltas = TextDeltas(self.tokenizer.decode_content,
+                            [*(self.tools.openers if prompt.tools and prompt.parse_tools else ()), *prompt.stop])
+        started = False
+
+        async def write(make: Any, more: bool = True) -> None:
+            """Send `make()`'s events, the response's head and first events before them the first time."""
+            nonlocal started
+            head = b""
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+                head = events.start()
+            await send({"type": "http.response.body", "body": head + make(), "more_body": more})
+
+        async def on_tokens(new: list[int]) -> None:
+            await write(lambda: events.text(deltas.feed(new)))
+
+        try:
+            call = await self._call(ids, prompt, send, wire, on_tokens)
+        except (BackendError, RequestRejected) as e:  # after the response started: the dialect's error event
+            return await write(lambda: events.failed(str(e)), more=False)
         if call is None:
             return
-        text = self.tokenizer.decode_content(call.token_ids)
-        content, tool_calls = parse_tool_calls(text) if tools else (text, [])
-        finish = "tool_calls" if tool_calls else ("length" if call.finish_reason == "length" else "stop")
-        message = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(call.token_ids),
-                 "total_tokens": len(prompt) + len(call.token_ids)}
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "created": int(time.time()), "model": self.model}
-        if not body.get("stream"):
-            return await respond(send, 200, {**head, "object": "chat.completion", "usage": usage,
-                                             "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
-        chunks = [{**head, "object": "chat.completion.chunk",
-                   "choices": [{"index": 0, "delta": message, "finish_reason": None}]},
-                  {**head, "object": "chat.completion.chunk",
-                   "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage}]
-        events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-        await send({"type": "http.response.body", "body": events.encode()})
+        turn = self._turn(self.tokenizer.decode_content(call.token_ids), call, prompt)
+        await write(lambda: events.end(turn, deltas.rest(turn)), more=False)
 
     async def _completions(self, body: dict, send: Any) -> None:
         prompt = completion_prompt(body, getattr(self.tokenizer, "vocab_size", None))
         limit = max_tokens(body.get("max_tokens"))
         ids = await self._encode(prompt) if isinstance(prompt, str) else prompt
-        call = await self._call(ids, limit, send)
+        call = await self._call(ids, Prompt([], max_tokens=limit), send, chat)
         if call is None:
             return
         await respond(send, 200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "text_completion",
@@ -271,21 +238,46 @@ class Gateway:
                                   "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
                                             "total_tokens": len(ids) + len(call.token_ids)}})
 
-    async def _call(self, prompt: list[int], limit: int | None, send: Any) -> Call | None:
+    async def _call(self, prompt_ids: list[int], prompt: Prompt, send: Any, wire: Any,
+                    on_tokens: Any = None) -> Call | None:
+        """The engine call; a failure is recorded and answered in the dialect (502 infra, 400 the job's
+        configuration) while nothing was sent yet, else re-raised for the stream's own error event."""
+        started = [False]
+
+        async def tokens(new: list[int]) -> None:
+            started[0] = True
+            await on_tokens(new)
         try:
-            return await self.generate(prompt, limit)
+            return await self.generate(prompt_ids, prompt.max_tokens, prompt.stop, tokens if on_tokens else None)
         except BackendError as e:  # the harness sees a 502; the rollout's RUN reports it as infra
             self.backend_error = str(e)
-            await respond(send, 502, {"error": {"message": f"backend: {e}", "type": "backend_error"}})
+            if started[0]:
+                raise
+            await respond(send, 502, wire.error(502, f"backend: {e}", "backend_error"))
         except RequestRejected as e:  # the prompt is checked above: the job's sampling fields; RUN reports config
             self.rejected = str(e)
-            await respond(send, 400, {"error": {"message": f"backend refused the request: {e}",
-                                                "type": "invalid_request_error"}})
+            if started[0]:
+                raise
+            await respond(send, 400, wire.error(400, f"backend refused the request: {e}", "invalid_request_error"))
         return None
 
 
-_ROUTES = {"/v1/models": ("GET", Gateway._models), "/v1/chat/completions": ("POST", Gateway._chat),
-           "/v1/completions": ("POST", Gateway._completions)}
+async def _chat(gateway: Gateway, body: dict, send: Any) -> None:
+    await gateway._dialect(chat, body, send)
+
+
+async def _messages(gateway: Gateway, body: dict, send: Any) -> None:
+    await gateway._dialect(anthropic, body, send)
+
+
+async def _responses(gateway: Gateway, body: dict, send: Any) -> None:
+    await gateway._dialect(responses, body, send)
+
+
+_ROUTES = {"/v1/models": ("GET", Gateway._models, chat), "/v1/chat/completions": ("POST", _chat, chat),
+           "/v1/completions": ("POST", Gateway._completions, chat), "/v1/messages": ("POST", _messages, anthropic),
+           "/v1/messages/count_tokens": ("POST", Gateway._count_tokens, anthropic),
+           "/v1/responses": ("POST", _responses, responses)}
 
 
 __all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "start_relay", "stitch"]

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import math
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -102,6 +104,9 @@ class LLMBackend(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    # optional: `stream(prompt_ids, sampling, request_id)`, an async iterator of `Generation` pieces (the ids and
+    # logprobs produced since the last piece; the last piece carries the finish reason); the gateway streams with it
+
 
 _OVERFLOW = re.compile(r"maximum context length|context length|max_model_len|too long", re.I)
 
@@ -138,6 +143,9 @@ class VLLMBackend:
             mounts=mounts,
         )
         self._owns_client = client is None
+        # streamed completions: KeepAliveTransport reads whole replies, so they go through httpx's own transport
+        self._streamer = self._client if mounts is None else httpx.AsyncClient(
+            timeout=self._timeout, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         # plain http through our own pool: requests go to it straight, not through the client's layers (URL and
         # header merging, auth, redirects, cookies: ~6 % of a daemon's CPU with an instant LLM; none applies here)
         self._direct = mounts["http://"] if client is None and mounts and self.url.startswith("http://") else None
@@ -147,6 +155,8 @@ class VLLMBackend:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+        if self._streamer is not self._client:
+            await self._streamer.aclose()
 
     async def __aenter__(self) -> "VLLMBackend":
         return self
@@ -201,25 +211,31 @@ class VLLMBackend:
             self._discovered = True
             return self.model
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
+    async def _body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict | None:
+        """The /v1/completions body; None when nothing fits in the context (a truncated ending)."""
         model = await self.discover()
         max_tokens = sampling.max_tokens
         if self.max_model_len is not None:
             room = self.max_model_len - len(prompt_ids)
-            if room <= 0:  # nothing fits: a truncated ending, not an error
-                return Generation([], [], "length", list(prompt_ids), None)
+            if room <= 0:
+                return None
             max_tokens = min(max_tokens, room)
-        body = {
-            **sampling.request_fields(),
-            "model": model,
-            "prompt": list(prompt_ids),
-            "max_tokens": max_tokens,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False,
-            "request_id": request_id,
-        }
+        return {**sampling.request_fields(), "model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
+                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "skip_special_tokens": False, "request_id": request_id}
+
+    def _refused(self, status: int, text: str) -> bool:
+        """A non-200 answer: True for a context overflow (a truncated ending), else raises."""
+        if status == 400 and _OVERFLOW.search(text):
+            return True
+        if status in (400, 404, 422):
+            raise RequestRejected(f"{self.url}/v1/completions: HTTP {status}")
+        raise BackendError(f"/v1/completions: HTTP {status}")
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
+        body = await self._body(prompt_ids, sampling, request_id)
+        if body is None:
+            return Generation([], [], "length", list(prompt_ids), None)
         try:
             resp = await self._request("POST", "/v1/completions", json=body)
         except asyncio.CancelledError:
@@ -228,29 +244,71 @@ class VLLMBackend:
                 await asyncio.shield(self.abort(request_id))
             raise
         if resp.status_code != 200:
-            text = resp.text
-            if resp.status_code == 400 and _OVERFLOW.search(text):
-                return Generation([], [], "length", list(prompt_ids), None)
-            if resp.status_code in (400, 404, 422):
-                raise RequestRejected(f"{self.url}/v1/completions: HTTP {resp.status_code}")
-            raise BackendError(f"/v1/completions: HTTP {resp.status_code}")
+            self._refused(resp.status_code, resp.text)
+            return Generation([], [], "length", list(prompt_ids), None)
         try:
             data = resp.json()
         except ValueError:
             raise BackendError("malformed completion response: not JSON") from None
         return self._parse(data, prompt_ids)
 
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> AsyncIterator[Generation]:
+        """`generate`, streamed (`stream: true`): each piece holds the ids and logprobs vLLM sent in one chunk
+        (the engine's own, as token ids), the last one the finish reason. Same failure classes as `generate`."""
+        body = await self._body(prompt_ids, sampling, request_id)
+        if body is None:
+            yield Generation([], [], "length", list(prompt_ids), None)
+            return
+        url = f"{self.url}/v1/completions"
+        finished = False
+        try:
+            async with self._streamer.stream("POST", url, json={**body, "stream": True}) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    self._refused(resp.status_code, text)
+                    yield Generation([], [], "length", list(prompt_ids), None)
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise BackendError("malformed completion stream: not JSON") from None
+                    if not isinstance(chunk, dict) or "error" in chunk:
+                        raise BackendError("the engine failed the request mid-stream")
+                    if not chunk.get("choices"):  # a usage-only chunk
+                        continue
+                    piece = self._parse(chunk, prompt_ids, partial=True)
+                    finished = finished or bool(piece.finish_reason)
+                    yield piece
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.abort(request_id))
+            raise
+        except httpx.TimeoutException as e:
+            raise BackendError(f"{url}: timed out ({type(e).__name__})",
+                               unreachable=isinstance(e, httpx.ConnectTimeout)) from e
+        except httpx.HTTPError as e:
+            raise BackendError(f"{url}: {type(e).__name__}", unreachable=isinstance(e, httpx.ConnectError)) from e
+        if not finished:
+            raise BackendError("the engine's stream ended before the generation finished")
+
     @staticmethod
-    def _parse(data: dict[str, Any], prompt_ids: list[int]) -> Generation:
+    def _parse(data: dict[str, Any], prompt_ids: list[int], partial: bool = False) -> Generation:
+        """A completion (or, `partial`, one chunk of a streamed one: its finish reason "" until the last)."""
         try:
             choice = data["choices"][0]
-            ids = [int(i) for i in choice["token_ids"]]
+            ids = [int(i) for i in (choice.get("token_ids") or [] if partial else choice["token_ids"])]
             lp = choice.get("logprobs") or {}
             logprobs = lp.get("token_logprobs") or []
             tokens = lp.get("tokens") or []
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed completion response ({type(e).__name__})") from e
-        finish = choice.get("finish_reason") or "stop"
+        finish = choice.get("finish_reason") or ("" if partial else "stop")
         if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
             raise BackendError("request aborted by the server")
         if len(logprobs) != len(ids):

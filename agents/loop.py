@@ -30,6 +30,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, 
 
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer
+from .toolcall_formats import FORMATS, format_for
 from .tools import ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions, tool_specs
 from .rollout import AgentConfig, AgentResult, RolloutContext
 
@@ -75,8 +76,10 @@ async def run_agent_loop(
     t0 = time.monotonic()
     tools = list(config.tools)
     specs = tool_specs(tools) if tools else None
+    fmt = format_for(tokenizer)
     if specs and not tokenizer.supports_tools:
-        messages, specs = with_tool_instructions(messages, tools), None
+        # the loop describes the tools itself, in the Hermes format
+        messages, specs, fmt = with_tool_instructions(messages, tools), None, FORMATS["hermes"]
     conversation = [dict(m) for m in messages]
     prompt_ids = tokenizer.encode_chat(conversation, tools=specs)
 
@@ -167,7 +170,7 @@ async def run_agent_loop(
                 failure = Failure(kind=FailureKind.agent, reason=f"{limit} after {len(gen.token_ids)} tokens")
                 finish = "length"
                 return
-            calls = parse_tool_calls(final_text, tools)
+            calls = parse_tool_calls(final_text, tools, fmt)
             if not calls:  # a final answer
                 finish = "stop"
                 return

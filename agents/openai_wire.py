@@ -8,15 +8,14 @@ request may be hostile. Next step: the gateway renders the checked messages, tok
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
+
+from .toolcall_formats import FORMATS, Format
 
 # One request's body: ~8x the JSON of a whole 128k-token history. A larger one is refused (413) before it is
 # read in whole, so a harness cannot grow the node daemon's memory or keep its tokenizer busy for minutes.
 MAX_BODY = 4 << 20
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 class Invalid(Exception):
@@ -119,23 +118,13 @@ def completion_prompt(body: dict, vocab_size: int | None) -> str | list[int]:
     raise Invalid("prompt must be a string or a list of token ids")
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks → OpenAI `tool_calls`."""
-    calls = []
-    for m in _TOOL_CALL.finditer(text):
-        try:
-            data = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            arguments = data.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                          "function": {"name": data["name"], "arguments": json.dumps(arguments)
-                                       if not isinstance(arguments, str) else arguments}})
-    if not calls:
-        return text, []
-    content = _TOOL_CALL.sub("", text).strip()
-    return content or None, calls
+def parse_tool_calls(text: str, fmt: Format | None = None) -> tuple[str | None, list[dict]]:
+    """The model's tool calls in its family's format `fmt` (agents/toolcall_formats.py; Hermes when not
+    given) → (the text left, or None; OpenAI `tool_calls`). A malformed call stays in the text, as the real
+    APIs answer it."""
+    content, calls = (fmt or FORMATS["hermes"]).split(text)
+    return content, [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
 
 
 async def respond(send: Any, status: int, payload: dict) -> None:

@@ -6,9 +6,9 @@ the tools in the prompt, `parse_tool_calls` on every assistant turn's decoded te
 `execute` for each call; `execute` talks to the sandbox interface (`rolloutd.sandbox`:
 `bash`, `ipython`, `read_file`, `write_file`, `edit_file`).
 
-Formats parsed: the Hermes/Qwen `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (several
-per turn allowed; an unclosed last one is accepted if its JSON is complete), and, only when there is
-no `<tool_call>` at all, a fenced-code fallback: a ```bash / ```sh block is a bash call, a
+Formats parsed: the model family's (agents/toolcall_formats.py: Hermes/Qwen `<tool_call>`, Llama 3
+JSON, Mistral `[TOOL_CALLS]`, read from the chat template), and, only when the turn holds no call in
+that format, a fenced-code fallback: a ```bash / ```sh block is a bash call, a
 ```python block an ipython call. A malformed call is not an exception for the episode: it becomes
 a `ToolCall` with `error` set, whose observation tells the model what was wrong.
 
@@ -18,12 +18,13 @@ Tools: `bash(command)`, `ipython(code)`, `editor(command=view|create|str_replace
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from rolloutd.sandbox.errors import ExecError, SandboxError
+
+from .toolcall_formats import FORMATS, Format
 
 TOOL_NAMES = ("bash", "ipython", "editor", "submit")
 MAX_OBSERVATION_CHARS = 8000
@@ -90,7 +91,7 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # set when the call is malformed; the observation reports it
-    format: str = "hermes"  # "hermes" | "fenced"
+    format: str = "hermes"  # a toolcall_formats name, or "fenced"
 
     def wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "arguments": self.arguments, "format": self.format}
@@ -99,7 +100,6 @@ class ToolCall:
         return d
 
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 _FENCE_TOOL = {"bash": "bash", "sh": "bash", "shell": "bash", "console": "bash",
                "python": "ipython", "py": "ipython", "ipython": "ipython", "python3": "ipython"}
@@ -118,30 +118,15 @@ def _validate(name: Any, args: Any, allowed: list[str]) -> str | None:
     return None
 
 
-def parse_tool_calls(text: str, allowed: list[str]) -> list[ToolCall]:
-    """All tool calls in one assistant turn, in order. Empty list: a final answer."""
+def parse_tool_calls(text: str, allowed: list[str], fmt: Format | None = None) -> list[ToolCall]:
+    """All tool calls in one assistant turn, in order, in the model family's format `fmt`
+    (agents/toolcall_formats.py; Hermes when not given). Empty list: a final answer."""
+    fmt = fmt or FORMATS["hermes"]
+    raw = fmt.parse(text)
+    if raw:
+        return [ToolCall(c.name, c.arguments, c.error or _validate(c.name, c.arguments, allowed), fmt.name)
+                for c in raw]
     calls: list[ToolCall] = []
-    if "<tool_call>" in text:
-        for m in _TOOL_CALL.finditer(text):
-            raw = m.group(1).strip()
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                calls.append(ToolCall("", {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos})"))
-                continue
-            if not isinstance(obj, dict):
-                calls.append(ToolCall("", {}, "the tool call must be a JSON object"))
-                continue
-            name = obj.get("name")
-            args = obj.get("arguments", obj.get("parameters", {}))
-            if isinstance(args, str):  # some models emit arguments as a JSON string
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            err = _validate(name, args, allowed)
-            calls.append(ToolCall(name if isinstance(name, str) else "", args if isinstance(args, dict) else {}, err))
-        return calls
     for m in _FENCE.finditer(text):
         tool = _FENCE_TOOL.get(m.group(1).lower())
         if tool is None or tool not in allowed:

@@ -3,13 +3,16 @@ per-rollout gateway (agents/gateway.py), the trajectory stitched from the record
 
 Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rollout's sandbox, its
 pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
-`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` (a relay on the sandbox's own loopback to the gateway's
-socket in /.rolloutd: the sandbox still has no network), `OPENAI_API_KEY`, the instruction on stdin
+`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` and `ANTHROPIC_BASE_URL=http://127.0.0.1:PORT` (a relay on the
+sandbox's own loopback to the gateway's socket in /.rolloutd: the sandbox still has no network), placeholder
+`OPENAI_API_KEY` / `ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN` (`harness_env`), the instruction on stdin
 and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
 Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
-`Trajectory.segments` holds every sequence (never a silently re-tokenized one). A backend error
+`Trajectory.segments` holds every sequence (never a silently re-tokenized one), as few as the ids allow
+(a call extending any earlier sequence continues it); `metrics.segments` and `metrics.retokenized_tokens`
+say how many sequences and how many prompt ids came from re-sent or rewritten text. A backend error
 behind any call makes the rollout `infra`; a call the backend refuses as invalid, `config` (the gateway
 checks the harness's part of a request first, so what is left is the job's sampling).
 """
@@ -37,8 +40,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
         await start_relay(sandbox, "/.rolloutd/gateway.sock", PORT, "/tmp/.harbor/relay.log", SESSION)
-        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{PORT}/v1", "OPENAI_API_BASE": f"http://127.0.0.1:{PORT}/v1",
-               "OPENAI_API_KEY": "rolloutd", "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
+        env = {**harness_env(PORT), "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
         result = await sandbox.bash(f"{exports}cd {shlex.quote(workdir)} && ({config.agent_command}) < {INSTRUCTION} "
                                     f"> /logs/agent/harness.txt 2>&1; echo \"harness-exit=$?\"", timeout=timeout)
@@ -47,13 +49,21 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     return _trajectory(gateway, tokenizer, ctx, result)
 
 
+def harness_env(port: int) -> dict[str, str]:
+    """Where each client finds the gateway, by its own convention: OpenAI's with `/v1`, Anthropic's without (its
+    SDK adds `/v1/messages`); the keys are placeholders each client insists on (the socket is the boundary)."""
+    base = f"http://127.0.0.1:{port}"
+    return {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_BASE": f"{base}/v1", "OPENAI_API_KEY": "rolloutd",
+            "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "rolloutd", "ANTHROPIC_AUTH_TOKEN": "rolloutd"}
+
+
 def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Trajectory:
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
-    calls = iter(c for c in gateway.calls if c.token_ids)  # in order: each segment's generated runs, one per call
     sequences = [Segment(token_ids=s.token_ids, prompt_length=s.prompt_length, loss_mask=s.loss_mask,
-                         logprobs=s.logprobs, turns=_turns(s.loss_mask, calls), calls=s.calls, drift=s.drift)
+                         logprobs=s.logprobs, calls=s.calls, drift=s.drift,
+                         turns=[Turn(generated_start=a, generated_end=b, finish_reason=f) for a, b, f in s.turns])
                  for s in segments]
     if len(sequences) == 1:
         one = sequences[0]
@@ -64,6 +74,10 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     t.metrics = {
         "gateway_calls": len(gateway.calls),
         "drifted_segments": sum(s.drift for s in segments),
+        # token-exact whatever the harness did to its history: how many sequences the trainer gets, and how
+        # many prompt ids came from re-tokenized (re-sent or rewritten) text rather than from a recorded sequence
+        "segments": len(segments),
+        "retokenized_tokens": sum(s.retokenized for s in segments),
         "harness_timed_out": bool(result.timed_out),
         "harness_output": result.output[-1000:],
     }
@@ -78,16 +92,4 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     return stash_answer(t, submitted=None, final_text="")
 
 
-def _turns(mask: list[int], calls: Any) -> list[Turn]:
-    """The generated runs of one sequence, one per call (from `calls`), with the call's finish reason."""
-    turns, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            turns.append([start, i])
-            start = None
-    return [Turn(generated_start=a, generated_end=b, finish_reason=next(calls).finish_reason) for a, b in turns]
-
-
-__all__ = ["run_harness"]
+__all__ = ["harness_env", "run_harness"]

