@@ -368,3 +368,21 @@ def test_a_claude_code_sized_request_and_a_codex_sized_one_stream(tok, tmp_path)
         assert all(f"Tool{i}" in tok.decode(llm.prompts[0]) for i in range(21))
         assert all(f"tool{i}" in tok.decode(llm.prompts[1]) for i in range(9))
     asyncio.run(go())
+
+
+def test_the_deltas_of_any_ids_join_to_their_decoded_text(tok):
+    """Each run of ids is decoded with a few ids of context, not the whole answer again: over random ids (broken
+    UTF-8, special tokens, spaces) and multilingual text, fed one id at a time, the deltas are the full decode."""
+    import random
+
+    from rolloutd.agents.wire import TextDeltas, Turn
+
+    rng = random.Random(1)
+    samples = [[rng.randrange(tok.vocab_size) for _ in range(60)] for _ in range(50)]
+    samples.append(tok.encode_text("Héllo  wörld 日本語 🚀 x\n\n  y <|im_end|> z " * 3))
+    for ids in samples:
+        deltas = TextDeltas(tok.decode_content, [])
+        out = "".join(deltas.feed([i]) for i in ids)
+        full = tok.decode_content(ids)
+        assert out + deltas.rest(Turn(full, [], "stop", 0, 0)) == full
+        assert len(out) >= len(full) - 8  # sent along the way, not at the end
