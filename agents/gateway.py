@@ -187,7 +187,7 @@ class Gateway:
         call = await self._call(ids, prompt, send, wire)
         if call is not None:
             turn = self._turn(self.tokenizer.decode_content(call.token_ids), call, prompt)
-            await respond(send, 200, wire.reply(turn, self.model, body) if wire is responses else wire.reply(turn, self.model))
+            await respond(send, 200, wire.reply(turn, self.model, body))
 
     def _turn(self, text: str, call: Call, prompt: Prompt) -> Turn:
         return make_turn(text, prompt, self.tools, finish_reason=call.finish_reason, stop_reason=call.stop_reason,

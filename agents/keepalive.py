@@ -3,7 +3,7 @@
 httpx's default pool (httpcore 1.0) rescans every pooled connection — with a syscall each — on every
 request, which costs 1–3 ms of CPU per request at the 32–64 connections a daemon keeps to one
 backend, and its locks retry a failing `import sniffio` each time. These clients send small bodies
-and read whole replies, so a pool of asyncio streams driven by h11 (httpx's own HTTP/1.1 parser)
+and read whole replies (or, asked with the `"stream"` request extension, a streamed body), so a pool of asyncio streams driven by h11 (httpx's own HTTP/1.1 parser)
 does the job. Plain http only: https and a configured proxy stay on httpx's transport (see
 `http_proxy_configured`).
 """
@@ -38,7 +38,7 @@ class _Conn:
 
 class KeepAliveTransport(httpx.AsyncBaseTransport):
     """A minimal keep-alive connection pool for plain-http requests whose bodies are read whole
-    (what `VLLMBackend` sends): one request per connection at a time, idle connections kept per
+    (what `VLLMBackend` sends) or streamed (`VLLMBackend.stream`): one request per connection at a time, idle connections kept per
     origin (at most `max_keepalive`, closed after `keepalive_expiry` s idle: under uvicorn's 5 s),
     at most `max_connections` open. A connection is reused only after a complete exchange; an
     error or a cancellation mid-request closes it (the server sees the disconnect). Errors are
@@ -52,6 +52,8 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The whole reply read at once; with the request extension `"stream": True` the body is read as it comes
+        (`Response.aiter_*`; the connection is reused after the body was read to its end and the response closed)."""
         url = request.url
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol(f"KeepAliveTransport speaks plain http only, not {url.scheme}://")
@@ -62,10 +64,10 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 await self._slots.acquire()
         except TimeoutError:
             raise httpx.PoolTimeout("no free connection slot", request=request) from None
+        origin = (url.host, url.port or 80)
         conn: _Conn | None = None
-        reusable = False
         try:
-            conn = await self._connect(request, (url.host, url.port or 80), timeouts.get("connect"))
+            conn = await self._connect(request, origin, timeouts.get("connect"))
             c = conn.h11
             try:
                 out = c.send(h11.Request(method=request.method, target=url.raw_path, headers=request.headers.raw))
@@ -82,51 +84,36 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 raise httpx.WriteTimeout("timed out sending the request", request=request) from None
             except OSError as e:
                 raise httpx.WriteError(f"{type(e).__name__}: {e}", request=request) from None
-            response, chunks = None, []
-            while True:
-                try:
-                    event = c.next_event()
-                except h11.RemoteProtocolError as e:
-                    raise httpx.RemoteProtocolError(str(e), request=request) from None
-                if event is h11.NEED_DATA:
-                    try:
-                        async with asyncio.timeout(timeouts.get("read")):
-                            data = await conn.reader.read(65536)
-                    except TimeoutError:
-                        raise httpx.ReadTimeout("timed out waiting for the response", request=request) from None
-                    except OSError as e:
-                        raise httpx.ReadError(f"{type(e).__name__}: {e}", request=request) from None
-                    if not data and response is None:
-                        raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
-                                                        request=request)
-                    try:
-                        c.receive_data(data)
-                    except h11.RemoteProtocolError as e:
-                        raise httpx.RemoteProtocolError(str(e), request=request) from None
-                elif isinstance(event, h11.Response):
-                    response = event
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
-                                                    request=request)
-            reusable = c.our_state is h11.DONE and c.their_state is h11.DONE
-            if reusable:
-                c.start_next_cycle()
+            response = await _next_event(conn, request, timeouts, None)
+            while not isinstance(response, h11.Response):
+                response = await _next_event(conn, request, timeouts, None)
+            head = {"headers": response.headers,
+                    "extensions": {"http_version": b"HTTP/1.1", "reason_phrase": response.reason}}
+            if request.extensions.get("stream"):
+                stream, conn = _Body(self, conn, origin, request, timeouts), None  # the body releases it
+                return httpx.Response(response.status_code, stream=stream, **head)
+            chunks = []
+            while not isinstance(event := await _next_event(conn, request, timeouts, response), h11.EndOfMessage):
+                chunks.append(bytes(event.data))
+            self._release(conn, origin)
+            conn = None
+            return httpx.Response(response.status_code, content=b"".join(chunks), **head)
         finally:
-            self._slots.release()
-            if conn is not None:
-                idle = self._idle[(url.host, url.port or 80)]
-                if reusable and not self._closed and len(idle) < self.max_keepalive:
-                    conn.idle_since = time.monotonic()
-                    idle.append(conn)
-                else:
-                    conn.close()
-        assert response is not None
-        return httpx.Response(response.status_code, headers=response.headers, content=b"".join(chunks),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason})
+            if conn is not None:  # failed or cancelled mid-exchange: never reused
+                conn.close()
+                self._slots.release()
+
+    def _release(self, conn: _Conn, origin: tuple[str, int]) -> None:
+        """One exchange is over: its slot freed, the connection kept if the exchange completed."""
+        self._slots.release()
+        c = conn.h11
+        idle = self._idle[origin]
+        if c.our_state is h11.DONE and c.their_state is h11.DONE and not self._closed and len(idle) < self.max_keepalive:
+            c.start_next_cycle()
+            conn.idle_since = time.monotonic()
+            idle.append(conn)
+        else:
+            conn.close()
 
     async def _connect(self, request: httpx.Request, origin: tuple[str, int], timeout: float | None) -> _Conn:
         idle, now = self._idle[origin], time.monotonic()
@@ -150,6 +137,55 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+async def _next_event(conn: _Conn, request: httpx.Request, timeouts: dict, response: object) -> object:
+    """The connection's next h11 event (a response, data or the end of the message), reading as needed; the
+    errors are httpx's."""
+    c = conn.h11
+    while True:
+        try:
+            event = c.next_event()
+        except h11.RemoteProtocolError as e:
+            raise httpx.RemoteProtocolError(str(e), request=request) from None
+        if event is not h11.NEED_DATA:
+            if isinstance(event, h11.ConnectionClosed):
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+            return event
+        try:
+            async with asyncio.timeout(timeouts.get("read")):
+                data = await conn.reader.read(65536)
+        except TimeoutError:
+            raise httpx.ReadTimeout("timed out waiting for the response", request=request) from None
+        except OSError as e:
+            raise httpx.ReadError(f"{type(e).__name__}: {e}", request=request) from None
+        if not data and response is None:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        try:
+            c.receive_data(data)
+        except h11.RemoteProtocolError as e:
+            raise httpx.RemoteProtocolError(str(e), request=request) from None
+
+
+class _Body(httpx.AsyncByteStream):
+    """A streamed response body: each chunk as it arrives; closing it returns the connection to the pool (or
+    closes it, when the body was not read to its end)."""
+
+    def __init__(self, pool: KeepAliveTransport, conn: _Conn, origin: tuple[str, int], request: httpx.Request,
+                 timeouts: dict) -> None:
+        self.pool, self.conn, self.origin, self.request, self.timeouts = pool, conn, origin, request, timeouts
+
+    async def __aiter__(self):
+        while self.conn is not None:
+            event = await _next_event(self.conn, self.request, self.timeouts, True)
+            if isinstance(event, h11.EndOfMessage):
+                break
+            yield bytes(event.data)
+
+    async def aclose(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool._release(conn, self.origin)
 
 
 def http_proxy_configured() -> bool:

@@ -143,9 +143,6 @@ class VLLMBackend:
             mounts=mounts,
         )
         self._owns_client = client is None
-        # streamed completions: KeepAliveTransport reads whole replies, so they go through httpx's own transport
-        self._streamer = self._client if mounts is None else httpx.AsyncClient(
-            timeout=self._timeout, limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         # plain http through our own pool: requests go to it straight, not through the client's layers (URL and
         # header merging, auth, redirects, cookies: ~6 % of a daemon's CPU with an instant LLM; none applies here)
         self._direct = mounts["http://"] if client is None and mounts and self.url.startswith("http://") else None
@@ -155,8 +152,6 @@ class VLLMBackend:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
-        if self._streamer is not self._client:
-            await self._streamer.aclose()
 
     async def __aenter__(self) -> "VLLMBackend":
         return self
@@ -261,30 +256,30 @@ class VLLMBackend:
             return
         url = f"{self.url}/v1/completions"
         finished = False
+        resp: httpx.Response | None = None
         try:
-            async with self._streamer.stream("POST", url, json={**body, "stream": True}) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
-                    self._refused(resp.status_code, text)
-                    yield Generation([], [], "length", list(prompt_ids), None)
-                    return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise BackendError("malformed completion stream: not JSON") from None
-                    if not isinstance(chunk, dict) or "error" in chunk:
-                        raise BackendError("the engine failed the request mid-stream")
-                    if not chunk.get("choices"):  # a usage-only chunk
-                        continue
-                    piece = self._parse(chunk, prompt_ids, partial=True)
-                    finished = finished or bool(piece.finish_reason)
-                    yield piece
+            resp = await self._open_stream(url, {**body, "stream": True})
+            if resp.status_code != 200:
+                self._refused(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                yield Generation([], [], "length", list(prompt_ids), None)
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise BackendError("malformed completion stream: not JSON") from None
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    raise BackendError("the engine failed the request mid-stream")
+                if not chunk.get("choices"):  # a usage-only chunk
+                    continue
+                piece = self._parse(chunk, prompt_ids, partial=True)
+                finished = finished or bool(piece.finish_reason)
+                yield piece
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.abort(request_id))
@@ -294,8 +289,21 @@ class VLLMBackend:
                                unreachable=isinstance(e, httpx.ConnectTimeout)) from e
         except httpx.HTTPError as e:
             raise BackendError(f"{url}: {type(e).__name__}", unreachable=isinstance(e, httpx.ConnectError)) from e
+        finally:
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    await resp.aclose()  # a stream not read to its end closes its connection (vLLM aborts)
         if not finished:
             raise BackendError("the engine's stream ended before the generation finished")
+
+    async def _open_stream(self, url: str, body: dict) -> httpx.Response:
+        """A streamed POST: through our own pool (its "stream" extension) on plain http, else the client's."""
+        if self._direct is None:
+            return await self._client.send(self._client.build_request("POST", url, json=body), stream=True)
+        request = httpx.Request("POST", url, json=body, extensions={"timeout": self._timeout.as_dict(), "stream": True})
+        resp = await self._direct.handle_async_request(request)
+        resp.request = request
+        return resp
 
     @staticmethod
     def _parse(data: dict[str, Any], prompt_ids: list[int], partial: bool = False) -> Generation:

@@ -124,11 +124,16 @@ def hold_point(text: str, markers: tuple[str, ...] | list[str]) -> int:
 class TextDeltas:
     """The engine's ids as they come → the text to send now. The rule: text is sent as soon as it decodes
     (no half character); with tools, from where a tool-call opener (or a stop sequence) may start, text is
-    held back, and at the end the tool calls come as whole blocks after the remaining text."""
+    held back, and at the end the tool calls come as whole blocks after the remaining text. Each run of ids is
+    decoded with a few ids before it as context (as vLLM's own detokenizer does), not the whole answer again."""
+
+    CONTEXT = 6  # ids decoded before the new ones: a word's leading space, a character's first bytes
 
     def __init__(self, decode: Callable[[list[int]], str], markers: list[str]) -> None:
         self.decode, self.markers = decode, tuple(m for m in markers if m)
         self.ids: list[int] = []
+        self.text = ""  # the decoded text so far
+        self.start = self.done = 0  # ids[start:done]: the context of the next decode; ids[:done] are in `text`
         self.sent = ""
         self.held = False  # a marker was seen: nothing more before the end
 
@@ -136,13 +141,17 @@ class TextDeltas:
         self.ids += ids
         if self.held or not ids:
             return ""
-        text = self.decode(self.ids)
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
-            return ""
-        safe = hold_point(text, self.markers) if self.markers else len(text)
-        if any(m in text for m in self.markers):
+        before = self.decode(self.ids[self.start:self.done]) if self.done > self.start else ""
+        after = self.decode(self.ids[self.start:])
+        if after.endswith("\ufffd") or not after.startswith(before):
+            return ""  # a character still incomplete: wait for its next bytes
+        self.text += after[len(before):]
+        self.done = len(self.ids)
+        self.start = max(0, self.done - self.CONTEXT)
+        safe = hold_point(self.text, self.markers) if self.markers else len(self.text)
+        if any(m in self.text for m in self.markers):
             self.held = True
-        delta = text[len(self.sent):safe] if safe > len(self.sent) else ""
+        delta = self.text[len(self.sent):safe] if safe > len(self.sent) else ""
         self.sent += delta
         return delta
 

@@ -124,7 +124,7 @@ def _blocks(turn: Turn) -> list[dict]:
                       "input": c.input} for c in turn.tool_calls]
 
 
-def reply(turn: Turn, model: str) -> dict:
+def reply(turn: Turn, model: str, body: dict | None = None) -> dict:
     return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model, "content": _blocks(turn),
             "stop_reason": STOP[turn.finish], "stop_sequence": turn.stop_sequence,
             "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens}}

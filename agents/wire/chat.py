@@ -38,7 +38,7 @@ def _usage(turn: Turn) -> dict:
             "total_tokens": turn.prompt_tokens + turn.completion_tokens}
 
 
-def reply(turn: Turn, model: str) -> dict:
+def reply(turn: Turn, model: str, body: dict | None = None) -> dict:
     calls = [{k: v for k, v in c.items() if k != "index"} for c in _tool_calls(turn)]
     message = {"role": "assistant", "content": turn.text if turn.text or not calls else None,
                **({"tool_calls": calls} if calls else {})}

@@ -335,3 +335,54 @@ def test_a_backend_failure_mid_stream_is_the_dialects_error_event_and_infra(tok,
                     [c async for c in await sdk_openai(client).chat.completions.create(model="m", messages=ask, stream=True)]
             assert "connection reset" in gw.backend_error and gw.calls == []
     asyncio.run(go())
+
+
+def test_a_claude_code_sized_request_and_a_codex_sized_one_stream(tok, tmp_path):
+    """The shapes issue 28 saw from the real harnesses: Claude Code's first call (~78 KB, 21 tools, system blocks
+    with cache_control, `stream: true`, `?beta=true`) and Codex's (`/v1/responses`, 9 tools, `stream: true`)."""
+    schema = {"type": "object", "properties": {f"p{j}": {"type": "string", "description": "d" * 300} for j in range(10)}}
+    tools = [{"name": f"Tool{i}", "description": "Does a thing. " * 60, "input_schema": schema} for i in range(21)]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": True, "metadata": {"user_id": "u"},
+            "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                       {"type": "text", "text": "Instructions. " * 800}],
+            "tools": tools, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>context</system-reminder>"},
+                {"type": "text", "text": "Count the words.", "cache_control": {"type": "ephemeral"}}]}]}
+    assert 70_000 < len(json.dumps(body)) < 200_000
+    codex = {"model": "gpt-5-codex", "stream": True, "store": False, "instructions": "You are Codex." * 200,
+             "tools": [{**BASH_OPENAI, "name": f"tool{i}"} for i in range(9)], "tool_choice": "auto",
+             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Count."}]}]}
+
+    async def go():
+        llm = ScriptLLM(tok, ["Sure.", "Sure."])
+        async with gateway(tok, llm, tmp_path) as (gw, client):
+            async with client(sdk=False) as http:
+                r = await http.post("http://gw/v1/messages?beta=true", json=body,
+                                    headers={"x-api-key": "k", "anthropic-version": "2023-06-01",
+                                             "anthropic-beta": "claude-code-20250219"})
+                kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+                assert r.status_code == 200 and kinds[0] == "message_start" and kinds[-1] == "message_stop", r.text[:500]
+                r = await http.post("http://gw/v1/responses", json=codex, headers={"authorization": "Bearer k"})
+                kinds = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+                assert r.status_code == 200 and kinds[-1] == "response.completed", r.text[:500]
+        assert all(f"Tool{i}" in tok.decode(llm.prompts[0]) for i in range(21))
+        assert all(f"tool{i}" in tok.decode(llm.prompts[1]) for i in range(9))
+    asyncio.run(go())
+
+
+def test_the_deltas_of_any_ids_join_to_their_decoded_text(tok):
+    """Each run of ids is decoded with a few ids of context, not the whole answer again: over random ids (broken
+    UTF-8, special tokens, spaces) and multilingual text, fed one id at a time, the deltas are the full decode."""
+    import random
+
+    from rolloutd.agents.wire import TextDeltas, Turn
+
+    rng = random.Random(1)
+    samples = [[rng.randrange(tok.vocab_size) for _ in range(60)] for _ in range(50)]
+    samples.append(tok.encode_text("Héllo  wörld 日本語 🚀 x\n\n  y <|im_end|> z " * 3))
+    for ids in samples:
+        deltas = TextDeltas(tok.decode_content, [])
+        out = "".join(deltas.feed([i]) for i in ids)
+        full = tok.decode_content(ids)
+        assert out + deltas.rest(Turn(full, [], "stop", 0, 0)) == full
+        assert len(out) >= len(full) - 8  # sent along the way, not at the end

@@ -14,7 +14,8 @@ from support.waiting import until
 
 class Server:
     """A small asyncio HTTP/1.1 server (h11). Paths: `/ok` answers "ok", `/slow` answers after
-    `release` is set, `/close` answers and then closes the connection without saying so."""
+    `release` is set, `/close` answers and then closes the connection without saying so, `/parts` sends "one"
+    at once and "two" (chunked) after `release` is set."""
 
     def __init__(self) -> None:
         self.connections = 0
@@ -44,6 +45,14 @@ class Server:
                     conn.receive_data(data)
                 elif isinstance(event, h11.Request):
                     path = event.target.decode()
+                elif isinstance(event, h11.EndOfMessage) and path == "/parts":
+                    writer.write(conn.send(h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")]))
+                                 + conn.send(h11.Data(data=b"one")))
+                    await writer.drain()
+                    await self.release.wait()
+                    writer.write(conn.send(h11.Data(data=b"two")) + conn.send(h11.EndOfMessage()))
+                    await writer.drain()
+                    conn.start_next_cycle()
                 elif isinstance(event, h11.EndOfMessage):
                     if path == "/slow":
                         await self.release.wait()
@@ -129,5 +138,35 @@ def test_unreachable_server_and_https_are_clear_errors():
                 await http.get(url + "/ok")
             with pytest.raises(httpx.UnsupportedProtocol, match="plain http"):
                 await http.get("https://127.0.0.1:9/ok")
+
+    asyncio.run(scenario())
+
+
+def test_a_streamed_body_comes_as_it_is_sent_and_its_connection_is_reused_once_read():
+    """The "stream" request extension (VLLMBackend.stream): the first part is read while the server still holds
+    the second; read to its end and closed, the connection goes back to the pool; closed mid-body, it is closed."""
+    async def scenario():
+        transport = KeepAliveTransport()
+        async with Server() as srv:
+            async def stream():
+                request = httpx.Request("GET", srv.url + "/parts", extensions={"stream": True, "timeout": {}})
+                return await transport.handle_async_request(request)
+            r = await stream()
+            parts = r.aiter_raw()
+            assert await parts.__anext__() == b"one"  # the server holds "two" until released
+            srv.release.set()
+            assert [p async for p in parts] == [b"two"]
+            await r.aclose()
+            srv.release.clear()
+            r = await stream()
+            assert srv.connections == 1  # reused
+            assert await r.aiter_raw().__anext__() == b"one"
+            await r.aclose()  # mid-body: the connection is closed, not reused
+            srv.release.set()  # the server sends the rest, then reads: end of stream
+            await until(lambda: srv.disconnects, 5, "the server to see the disconnect")
+            r = await stream()
+            assert srv.connections == 2 and [p async for p in r.aiter_raw()] == [b"one", b"two"]
+            await r.aclose()
+            await transport.aclose()
 
     asyncio.run(scenario())
