@@ -218,7 +218,8 @@ class Gateway:
         try:
             call = await self._call(ids, prompt, send, wire, on_tokens)
         except (BackendError, RequestRejected) as e:  # after the response started: the dialect's error event
-            return await write(lambda: events.failed(str(e)), more=False)
+            reason = str(e)
+            return await write(lambda: events.failed(reason), more=False)
         if call is None:
             return
         turn = self._turn(self.tokenizer.decode_content(call.token_ids), call, prompt)
