@@ -11,6 +11,7 @@ import json
 import re
 import uuid
 from typing import Any
+from rolloutd.crds.errors import AgentError
 
 # One request's body: ~8x the JSON of a whole 128k-token history. A larger one is refused (413) before it is
 # read in whole, so a harness cannot grow the node daemon's memory or keep its tokenizer busy for minutes.
@@ -19,15 +20,15 @@ MAX_BODY = 4 << 20
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
-class Invalid(Exception):
+class Invalid(AgentError):
     """A request the gateway refuses: `status` and an OpenAI-style error body."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.error_type = status, kind  # `kind` is the taxonomy's (rolloutd.crds.errors)
 
     def payload(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind}}
+        return {"error": {"message": str(self), "type": self.error_type}}
 
 
 async def read_body(scope: dict, receive: Any) -> dict | None:

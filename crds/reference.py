@@ -14,10 +14,13 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from .errors import ConfigurationError
+
+
 DOCS_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "content" / "reference"
 
 
-class Undescribed(ValueError):
+class Undescribed(ConfigurationError, ValueError):
     """Fields without a description: the docs build refuses them."""
 
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rolloutd.crds.errors import InfraError
+
 from .rootpath import read_text, resolve
 
 SUITE = "bookworm"
@@ -32,7 +34,7 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(InfraError, RuntimeError):
     """An image could not be built: a step failed, a tool is missing, the base could not be made."""
 
 

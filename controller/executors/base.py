@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
 from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
+from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.rolloutjob import RolloutJob
 
 
@@ -27,13 +28,18 @@ class NodeState:
     reason: str = ""
 
 
-class ExecutorError(Exception):
-    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job."""
+class ExecutorError(RolloutdError):
+    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job: `config`;
+    the others are retried: `infra`."""
 
     def __init__(self, message: str, *, reason: str = "ExecutorError", permanent: bool = False):
         super().__init__(message)
         self.reason = reason
         self.permanent = permanent
+
+    @property
+    def kind(self) -> FailureKind:  # type: ignore[override]
+        return FailureKind.config if self.permanent else FailureKind.infra
 
 
 class Executor(Protocol):
