@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rolloutd.crds.errors import InfraError
+from rolloutd.crds.paths import rolloutd_home
+from rolloutd.crds.settings import env
 
 from .rootpath import read_text, resolve
 
@@ -40,8 +42,8 @@ class ImageBuildError(InfraError, RuntimeError):
 
 def image_cache_dir(override: str | Path | None = None) -> Path:
     """Where images live: `override`, else $ROLLOUTD_IMAGE_DIR (e.g. a cluster filesystem), else
-    ~/.cache/rolloutd/images."""
-    path = override or os.environ.get("ROLLOUTD_IMAGE_DIR") or Path.home() / ".cache" / "rolloutd" / "images"
+    `$ROLLOUTD_HOME/images` (~/.cache/rolloutd/images)."""
+    path = override or env("ROLLOUTD_IMAGE_DIR") or rolloutd_home() / "images"
     path = Path(path).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -8,12 +8,12 @@ Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`. Callers: the 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
+from rolloutd.crds.settings import env
 from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
@@ -104,7 +104,7 @@ def crash_delay(count: int, maximum: float, *, free: int = 1) -> float:
 def advertised_url(host: str, port: int, scheme: str = "http") -> str:
     """The controller URL the daemons on other hosts use: $ROLLOUTD_ADVERTISE_URL, else this host's
     name when listening on every address, else the address it listens on (`scheme`: https when it serves TLS)."""
-    url = os.environ.get("ROLLOUTD_ADVERTISE_URL")
+    url = env("ROLLOUTD_ADVERTISE_URL")
     if url:
         return url.rstrip("/")
     if host in ("0.0.0.0", "::", ""):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
 
+from rolloutd.crds.settings import env
 from rolloutd.agents.aiokit import wait_event
 from rolloutd.crds.node import (
     Heartbeat,
@@ -54,7 +54,7 @@ log = logging.getLogger("rolloutd.scheduler")
 
 def _env_max_episodes() -> int | None:
     """The controller-wide default of llm.maxEpisodesPerBackend (ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
-    raw = os.environ.get("ROLLOUTD_MAX_EPISODES_PER_BACKEND", "").strip()
+    raw = (env("ROLLOUTD_MAX_EPISODES_PER_BACKEND") or "").strip()
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
