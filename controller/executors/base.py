@@ -74,8 +74,9 @@ class NodeRegistry(Protocol):
 # ---------------------------------------------------------------- daemon launch
 
 def daemon_argv(python: str, *options: str) -> list[str]:
-    """The command line of one node daemon (`rolloutd node …`); never carries a secret."""
-    return [python, "-m", "rolloutd.controller.main", "node", *options]
+    """The command line of one node daemon: its own module (agents/daemon/__main__.py, `rolloutd node`'s options),
+    not the controller's command; never carries a secret."""
+    return [python, "-m", "rolloutd.agents.daemon", *options]
 
 
 def daemon_env(base: Mapping[str, str], extra: Mapping[str, str], controller: str, job: str,

@@ -84,11 +84,10 @@ class Scheduler:
         self.registry = NodeRegistry(self.engine, self.jobs, clock)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
-        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
-                             self.batches, clock)
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
                                    self.expansions, self.batches, self.feed, clock)
-        self.leases.intake = self.intake.apply  # results riding on beats
+        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
+                             self.batches, clock, intake=self.intake.apply)  # results riding on beats
         self.group = plain.GroupCommit(self.engine)  # node calls committed together
         with plain.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
