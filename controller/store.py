@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from rolloutd.crds.names import job_key, split_key
+from rolloutd.crds.settings import env
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
 from .errors import AlreadyExists, Conflict, Invalid, NotFound
@@ -29,17 +29,20 @@ from .store_schema import (RELEASE_FINALIZER, ChangeRow, EventRow, JobRow, Unser
 log = logging.getLogger("rolloutd.store")
 
 FIELD_SELECTABLE = ("metadata.name", "metadata.namespace")
-# Watch history kept for resuming watchers; older resourceVersions answer 410 Expired.
-CHANGE_LOG_KEEP = int(os.environ.get("ROLLOUTD_WATCH_HISTORY", "50000"))
-_TRIM_EVERY = max(1, min(1000, CHANGE_LOG_KEEP // 2))
+# Watch history kept for resuming watchers; older resourceVersions answer 410 Expired ($ROLLOUTD_WATCH_HISTORY).
+CHANGE_LOG_KEEP = 50000
 OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedded.py): kept by rolloutctl apply
 
 
 class Store(StoreDB):
     """RolloutJobs' reads and writes over the database and change log of `StoreDB`."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, *, watch_history: int | None = None):
         super().__init__(path)
+        # read as the store opens, not at import: `watch_history`, else $ROLLOUTD_WATCH_HISTORY, else the default
+        keep = env("ROLLOUTD_WATCH_HISTORY")
+        self._keep = watch_history if watch_history is not None else int(keep) if keep else CHANGE_LOG_KEEP
+        self._trim_every = max(1, min(1000, self._keep // 2))
         self._cache: dict[str, RolloutJob] = {}
         self._epoch = 0  # bumped by every write; a read that straddles a write is not cached
 
@@ -126,8 +129,8 @@ class Store(StoreDB):
         wire = to_wire(row)
         change.object = dumps(wire)
         s.add(change)
-        if change.rv % _TRIM_EVERY == 0:  # bounded history
-            s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - CHANGE_LOG_KEEP))
+        if change.rv % self._trim_every == 0:  # bounded history
+            s.exec(ChangeRow.__table__.delete().where(ChangeRow.rv <= change.rv - self._keep))
         return wire
 
     def _finish(self, s: Session, row: JobRow, dry_run: bool) -> None:

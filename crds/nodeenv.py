@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from .errors import ConfigurationError
+
+
 CONTROLLER = "ROLLOUTD_CONTROLLER"
 JOB = "ROLLOUTD_JOB"
 JOIN_TOKEN = "ROLLOUTD_JOIN_TOKEN"
@@ -36,7 +39,7 @@ TABLE: dict[str, tuple[str, str]] = {
 }
 
 
-class NodeEnvError(ValueError):
+class NodeEnvError(ConfigurationError, ValueError):
     """A variable of the contract holds a value of the wrong kind (the message names it)."""
 
 

@@ -1,4 +1,4 @@
-"""Generates the docs' spec reference (`docs/content/reference/*.md`) from the pydantic models.
+"""Generates the docs' reference (`docs/content/reference/*.md`) from the pydantic models and the variable table.
 
 Called by `rolloutd crd` (which regenerates every generated file) and by the docs test, which fails when a
 page is stale or a field has no description: the reference cannot drift from the code, nor leave a field out.
@@ -14,10 +14,14 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from . import settings
+from .errors import ConfigurationError
+
+
 DOCS_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "content" / "reference"
 
 
-class Undescribed(ValueError):
+class Undescribed(ConfigurationError, ValueError):
     """Fields without a description: the docs build refuses them."""
 
 
@@ -104,6 +108,7 @@ def pages() -> dict[str, str]:
         "tenantpolicy.md": render("TenantPolicy spec", "What the admin lets one namespace's jobs use "
                                   "([multi-tenant clusters](../multi-tenancy.md)). The defaults are the "
                                   "restricted profile a namespace without a policy gets.", TenantPolicySpec, "spec"),
+        "environment.md": settings.reference_page(),
     }
 
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence, TypeVar
 
 from .tenancy import beneath
+from .errors import ConfigurationError
+
 
 T = TypeVar("T")
 SOURCE = "spec.tasks.source"
@@ -75,7 +77,7 @@ _WHY = {
 }
 
 
-class DataReadError(ValueError):
+class DataReadError(ConfigurationError, ValueError):
     """A tenant's file refused or unreadable: `{field}: {path}: {why}`, never its content."""
 
     def __init__(self, field: str, path: str, why: str) -> None:

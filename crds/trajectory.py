@@ -6,20 +6,12 @@ that rewrote its history (a harness) leaves several sequences: `segments`, the f
 """
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
 from .base import Model
-
-
-class FailureKind(str, Enum):
-    none = "none"
-    agent = "agent"   # the policy's fault: bad format, turn or token limit; a legitimate reward
-    infra = "infra"   # our fault: sandbox died, backend unreachable, INIT/EVAL crashed; never a reward
-    config = "config"  # the job's configuration: the prompt exceeds the token budget or the model's
-    #                    context, the backend refuses the request; never a reward, fails the job
+from .errors import FailureKind  # noqa: F401 - defined with the taxonomy, a field here
 
 
 class Failure(Model):

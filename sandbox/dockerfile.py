@@ -18,13 +18,16 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rolloutd.crds.errors import ConfigurationError
+
+
 BOOKWORM_PYTHON = "3.11"  # Debian 12's python3
 SKIPPED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER"}
 SUPPORTED = {"FROM", "RUN", "COPY", "ADD", "WORKDIR", "ENV", "USER", "ARG"} | SKIPPED
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
 
 
-class DockerfileError(ValueError):
+class DockerfileError(ConfigurationError, ValueError):
     """The Dockerfile is outside the supported subset or malformed; the message names the line."""
 
 

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rolloutd.crds.settings import env
+
 HEAD_LIMIT = 64 * 1024
 MAX_CONNECTIONS = 64  # at once, per proxy: a step cannot spend the daemon's descriptors
 MAX_REFUSED_KEPT = 100
@@ -52,7 +54,7 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """The admin's exceptions (ROLLOUTD_EGRESS_ALLOW, comma-separated networks), read at each start."""
-    text = os.environ.get(ALLOW_ENV, "")
+    text = env(ALLOW_ENV) or ""
     return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
 
 

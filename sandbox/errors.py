@@ -16,8 +16,10 @@ normal `BashResult` (``exit_code``, ``timed_out``).
 """
 from __future__ import annotations
 
+from rolloutd.crds.errors import AgentError, InfraError
 
-class SandboxError(Exception):
+
+class SandboxError(InfraError):
     """Base class of every sandbox failure."""
 
 
@@ -37,5 +39,5 @@ class RuntimeUnavailable(SandboxCreateError):
     """The runtime cannot run on this machine (e.g. no apptainer binary)."""
 
 
-class ExecError(Exception):
+class ExecError(AgentError):
     """The request failed for a reason the caller controls (e.g. file not found)."""

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rolloutd.crds.settings import env
 from .limits import Cgroup, candidate_parents, unbound_workspace
 from .server.procs import identity, kill_until_gone
 
@@ -25,7 +26,7 @@ STALE_AFTER = 60.0  # seconds: younger directories and cgroups may be another da
 
 
 def sandbox_base_dir() -> Path:
-    base = Path(os.environ.get("ROLLOUTD_SANDBOX_DIR") or Path(tempfile.gettempdir()) / f"rolloutd-sandboxes-{os.getuid()}")
+    base = Path(env("ROLLOUTD_SANDBOX_DIR") or Path(tempfile.gettempdir()) / f"rolloutd-sandboxes-{os.getuid()}")
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     return base
 

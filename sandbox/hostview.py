@@ -20,6 +20,8 @@ import stat
 import time
 from pathlib import Path
 
+from rolloutd.crds.paths import xdg_data_dir
+from rolloutd.crds.settings import env
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .footprint import sandbox_base_dir
 from .launch import runtime_paths
@@ -94,14 +96,15 @@ def host_mounts(void_dir: str) -> list[str]:
 
 
 def data_dirs() -> list[str]:
-    """rolloutd's own state on this node (controller and daemon: the API and join tokens)."""
+    """rolloutd's own state on this node (controller and daemon: the API and join tokens): the data directory by
+    the controller's own rule (crds/paths.py), its default as well, the client's config and ssh keys."""
     try:
         home = Path.home()
     except (KeyError, RuntimeError):  # no $HOME and no passwd entry: only the explicit ones are known
         home = Path("/nonexistent")
     dirs = [
-        os.environ.get("ROLLOUTD_DATA_DIR"),
-        str(Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share") / "rolloutd"),
+        env("ROLLOUTD_DATA_DIR"),
+        str(xdg_data_dir(home)),  # hidden too when $ROLLOUTD_DATA_DIR moved the data elsewhere
         str(Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "rolloutd"),
         str(home / ".ssh"),
     ]

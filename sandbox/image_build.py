@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rolloutd.crds.settings import env
 from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile
 from .egress import serving
@@ -122,7 +123,7 @@ def load_image(path: Path) -> Image:
 
 def max_bytes(max_mb: int | None = None) -> int:
     """The build's size bound: `max_mb`, else $ROLLOUTD_IMAGE_MAX_MB, else DEFAULT_MAX_MB (in bytes)."""
-    value = max_mb if max_mb is not None else os.environ.get(MAX_MB_ENV) or DEFAULT_MAX_MB
+    value = max_mb if max_mb is not None else env(MAX_MB_ENV) or DEFAULT_MAX_MB
     try:
         mb = int(value)
     except ValueError:

@@ -22,6 +22,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rolloutd.crds.errors import InfraError
+from rolloutd.crds.paths import rolloutd_home
+from rolloutd.crds.settings import env
+
 from .rootpath import read_text, resolve
 
 SUITE = "bookworm"
@@ -32,14 +36,14 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(InfraError, RuntimeError):
     """An image could not be built: a step failed, a tool is missing, the base could not be made."""
 
 
 def image_cache_dir(override: str | Path | None = None) -> Path:
     """Where images live: `override`, else $ROLLOUTD_IMAGE_DIR (e.g. a cluster filesystem), else
-    ~/.cache/rolloutd/images."""
-    path = override or os.environ.get("ROLLOUTD_IMAGE_DIR") or Path.home() / ".cache" / "rolloutd" / "images"
+    `$ROLLOUTD_HOME/images` (~/.cache/rolloutd/images)."""
+    path = override or env("ROLLOUTD_IMAGE_DIR") or rolloutd_home() / "images"
     path = Path(path).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path

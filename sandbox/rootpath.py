@@ -17,10 +17,13 @@ import os
 import stat
 from pathlib import Path
 
+from rolloutd.crds.errors import ConfigurationError
+
+
 MAX_LINKS = 40  # the kernel's ELOOP bound
 
 
-class OutsideRoot(OSError):
+class OutsideRoot(ConfigurationError, OSError):
     """The path loops through links (more than MAX_LINKS)."""
 
 

@@ -1,4 +1,5 @@
-"""The node daemon (`rolloutd node`): one per allocated node; leases rollouts, runs INIT → RUN → EVAL, reports.
+"""The node daemon (`python -m rolloutd.agents.daemon`, or `rolloutd node` by hand): one per allocated node;
+leases rollouts, runs INIT → RUN → EVAL, reports.
 
-Entry: `daemon.run_node` (from agents/cli.py); the modules beside it each do one step of the flow.
+Entry: `__main__.py` → agents/cli.py `node` → `daemon.run_node`; the modules beside it each do one step of the flow.
 """

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
+from rolloutd.crds.errors import StatusError
 from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
     DAEMON_KEEP_ALIVE_SECONDS,
@@ -39,12 +40,16 @@ NODES_PREFIX = "/apis/rolloutd.io/v1alpha1/nodes"  # the previous version's path
 M = TypeVar("M", bound=BaseModel)
 
 
-class ControllerError(Exception):
+class ControllerError(StatusError):
     """A call to the controller failed. `status` is the HTTP status (None: no answer at all)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def code(self) -> int | None:
+        return self.status
 
     @property
     def retryable(self) -> bool:

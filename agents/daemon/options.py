@@ -10,15 +10,20 @@ import socket
 from dataclasses import dataclass, field
 
 from rolloutd.crds import nodeenv
+from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.node import FEATURES
 
-class NodeError(Exception):
+class NodeError(RolloutdError):
     """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
     `config`: the job's spec is at fault (a reason naming the field): reported so the job fails."""
 
     def __init__(self, message: str, *, config: str | None = None) -> None:
         super().__init__(message)
         self.config = config
+
+    @property
+    def kind(self) -> FailureKind:  # type: ignore[override]
+        return FailureKind.config if self.config else FailureKind.infra
 
 
 @dataclass

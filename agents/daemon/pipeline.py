@@ -5,8 +5,9 @@ never stops RUN; `Pipeline._stage` is the one place a stage is stamped, timed, b
 The result goes to `outbox.Outbox`; the sandbox made in INIT serves RUN and EVAL and is closed when the rollout ends.
 
 Failure classes: INIT failing or timing out, a RUN trajectory marked `infra`, a handler crashing, EVAL raising or
-timing out → `failure.kind = infra`, `reward = None` (the controller retries or excludes it). `ConfigError` from
-INIT or RUN, or a trajectory marked `config`, skips EVAL and is reported unscored as `config` (the job fails).
+timing out → `failure.kind = infra`, `reward = None` (the controller retries or excludes it). A configuration
+error (`rolloutd.crds.errors.classify` says `config`: `ConfigError`, ...) from INIT or RUN, or a trajectory
+marked `config`, skips EVAL and is reported unscored as `config` (the job fails).
 Agent failures go through EVAL and get a reward.
 """
 from __future__ import annotations
@@ -19,27 +20,29 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rolloutd.crds.errors import InfraError, RolloutdError, classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 
 from ..llm import LLMBackend, VLLMBackend
-from ..tasks.base import ConfigError, EvalError
+from ..tasks.base import EvalError
 from .jobconfig import JobConfig
 from .llmgate import PolicyGate, TrackedLLM
 from .outbox import Outbox
 from .rollouts import Phase, Rollout, Rollouts
 
 
-class _Infra(Exception):
+class _Infra(InfraError):
     """An infrastructure problem found by the node itself (reported as `infra`)."""
 
 
-class _StageFailed(Exception):
-    """A stage failed for a reason that is not the policy's (reported as `infra` with `reason`)."""
+class _StageFailed(RolloutdError):
+    """A stage failed for a reason that is not the policy's: `kind` `infra`, or `config` when INIT or RUN
+    raised a configuration error (`classify`), reported with `reason`."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.infra) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.kind = reason, kind
 
 
 def _describe(phase: Phase, e: Exception) -> str:
@@ -136,9 +139,9 @@ class Pipeline:
             self.rollouts.set_phase(r, Phase.WAIT_RUN)   # repins apply until RUN starts
             trajectory = await self._stage(r, Phase.RUN, lambda: self._run(r), time.monotonic(),
                                            timeouts.run_seconds, bound=backstop, leave=lambda: self._left_run(r))
-        except ConfigError as e:
-            return self.config_failure(r, None, str(e))
         except _StageFailed as f:
+            if f.kind is FailureKind.config:
+                return self.config_failure(r, None, f.reason)
             self.log.warning("rollout %s: %s", r.aid, f.reason)
             return self.infra(r, None, f.reason)
         if trajectory.failure.kind == FailureKind.infra:
@@ -163,7 +166,8 @@ class Pipeline:
     async def _stage(self, r: Rollout, phase: Phase, work: Callable[[], Awaitable[Any]], since: float,
                      seconds: float, *, bound: float | None = None, leave: Callable[[], None] | None = None) -> Any:
         """Run `work()` as `phase` of `r` in the phase's pool: stamped, timed, bounded by `bound` (default
-        `seconds`). A failure raises `_StageFailed`; `ConfigError` from INIT or RUN passes through.
+        `seconds`). A failure raises `_StageFailed` of the kind `classify` gives, but never `agent` (a stage
+        that raises is not the policy's doing) and always `infra` in EVAL (the evaluator's).
         `leave()` runs as the stage ends, however it ends, while the slot is still held."""
         async with self._pools[phase]:
             self.rollouts.set_phase(r, phase)
@@ -175,9 +179,9 @@ class Pipeline:
                     return await work()
             except TimeoutError:
                 raise _StageFailed(f"{phase.name} exceeded {seconds:g}s") from None
-            except Exception as e:  # noqa: BLE001 - classed by _describe: never the policy's fault
-                if isinstance(e, ConfigError) and phase is not Phase.EVAL:
-                    raise
+            except Exception as e:  # noqa: BLE001 - classed here: never the policy's fault
+                if classify(e) is FailureKind.config and phase is not Phase.EVAL:
+                    raise _StageFailed(str(e), FailureKind.config) from None
                 raise _StageFailed(_describe(phase, e)) from None
             finally:
                 r.timings[phase.value] = time.monotonic() - t0

@@ -31,7 +31,10 @@ from typing import Any, ClassVar, Sequence
 from pydantic import BaseModel, Field
 
 from rolloutd.crds.safe_read import DataReadError, kind as path_kind, open_file
+from rolloutd.crds.errors import ConfigurationError, InfraError
 from rolloutd.crds.trajectory import Trajectory
+
+from .seams import LLM, Sandbox
 
 ENTRY_POINT_GROUP = "rolloutd.tasks"
 
@@ -43,7 +46,7 @@ class Reward(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-class DatasetError(ValueError):
+class DatasetError(ConfigurationError, ValueError):
     """A dataset file or row is malformed. The message names the file, the line and the field."""
 
 
@@ -74,7 +77,7 @@ def refused(e: DataReadError, where: str = "") -> "DatasetError":
     return DatasetError(f"{e.field}: {where + ': ' if where else ''}{e.path}: {e.why}")
 
 
-class EvalError(RuntimeError):
+class EvalError(InfraError, RuntimeError):
     """The evaluator itself failed (sandbox died, test harness crashed, repository unusable), or
     staging the task in INIT did (e.g. `swe` cannot check out its repository).
 
@@ -83,13 +86,13 @@ class EvalError(RuntimeError):
     """
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError, ValueError):
     """The job's configuration cannot work for this task (a handler rejecting its settings, a file
     the spec names missing). Raised from INIT or RUN: never a reward, the controller fails the job.
     The message starts with the spec field at fault (`spec.tasks.source: ...`)."""
 
 
-class UnknownTaskKind(LookupError):
+class UnknownTaskKind(ConfigurationError, LookupError):
     """No handler is registered under the requested kind."""
 
 
@@ -99,7 +102,8 @@ class TaskHandler(ABC):
     - `fields`: required row fields and their accepted types, checked by `load`.
     - `validate_row(row)`: extra per-row checks; raise `ValueError("field 'x': ...")`.
     - `messages(task, tools)`: the initial chat (system + user).
-    - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing).
+    - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing). The sandbox and the
+      LLM a handler gets are typed by `seams.Sandbox` and `seams.LLM` (None when the job has none).
     - `run(...)`: the agent loop; the default suits every built-in.
     - `eval(task, sandbox, trajectory)`: the reward (abstract in spirit: the default raises).
     - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
@@ -177,10 +181,11 @@ class TaskHandler(ABC):
     def messages(self, task: dict, tools: list[str]) -> list[dict]:
         raise NotImplementedError(f"task kind {self.name!r} does not build messages")
 
-    async def init(self, task: dict, sandbox: Any) -> None:
+    async def init(self, task: dict, sandbox: Sandbox | None) -> None:
         """Stage task files into the sandbox workspace. Nothing by default."""
 
-    async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+    async def run(self, task: dict, sandbox: Sandbox | None, llm: LLM | None, *, tokenizer: Any, config: Any,
+                  ctx: Any) -> Trajectory:
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
 
@@ -193,7 +198,7 @@ class TaskHandler(ABC):
         )
         return stash_answer(result.trajectory, submitted=result.submitted, final_text=result.final_text)
 
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory) -> Reward:
         raise NotImplementedError(f"task kind {self.name!r} does not evaluate")
 
 

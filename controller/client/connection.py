@@ -13,12 +13,12 @@ The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. Th
 """
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rolloutd.crds.settings import env
 from rolloutd.controller.config import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
 from rolloutd.controller.documents import malformed_yaml
 
@@ -26,7 +26,7 @@ from .errors import RolloutdError
 
 
 def config_path() -> Path:
-    return Path(os.environ.get("ROLLOUTD_CONFIG") or Path.home() / ".config" / "rolloutd" / "config.yaml")
+    return Path(env("ROLLOUTD_CONFIG") or Path.home() / ".config" / "rolloutd" / "config.yaml")
 
 
 @dataclass
@@ -60,11 +60,11 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
     """Where the controller is and which bearer token to send (see the module docstring)."""
     path = config_path()
     cfg = _read_config(path)
-    server = server or os.environ.get("ROLLOUTD_SERVER") or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+    server = server or env("ROLLOUTD_SERVER") or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
     if not token and not token_file:
-        token = os.environ.get("ROLLOUTD_TOKEN") or cfg.get("token")
+        token = env("ROLLOUTD_TOKEN") or cfg.get("token")
     if not token:
-        tf = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or DataDir(default_data_dir()).token
+        tf = token_file or env("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or DataDir(default_data_dir()).token
         tf = Path(tf).expanduser()
         try:
             token = tf.read_text().strip()
@@ -74,8 +74,8 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
                 f"client: token_file=), set ROLLOUTD_TOKEN_FILE or ROLLOUTD_TOKEN, or write 'tokenFile:' / 'token:' "
                 f"in {path}"
             ) from None
-    namespace = namespace or os.environ.get("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
-    ca_file = ca_file or os.environ.get("ROLLOUTD_CA_FILE") or cfg.get("caFile") or None
+    namespace = namespace or env("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
+    ca_file = ca_file or env("ROLLOUTD_CA_FILE") or cfg.get("caFile") or None
     return Connection(str(server).rstrip("/"), token, str(namespace), str(Path(ca_file).expanduser()) if ca_file else None)
 
 

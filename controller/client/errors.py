@@ -9,9 +9,12 @@ from typing import Any
 
 import httpx
 
+from rolloutd.crds import errors as taxonomy
 
-class RolloutdError(Exception):
-    """A failure of a controller call. `status` is the server's Kubernetes `Status` object
+
+class RolloutdError(taxonomy.StatusError):
+    """A failure of a controller call (the client's root, beneath the product's `rolloutd.crds.errors`
+    root of the same name: a 4xx is the caller's configuration, the rest infrastructure). `status` is the server's Kubernetes `Status` object
     (`{kind: Status, reason, message, code, details: {causes: [{field, reason, message}]}}`) or
     `{}` when the controller never answered (see `ConnectionFailed`)."""
 

@@ -8,14 +8,15 @@ Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`. Callers: the 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
+from rolloutd.crds.settings import env
 from rolloutd.agents.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
+from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.rolloutjob import RolloutJob
 
 
@@ -27,13 +28,18 @@ class NodeState:
     reason: str = ""
 
 
-class ExecutorError(Exception):
-    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job."""
+class ExecutorError(RolloutdError):
+    """Raised by an executor. `permanent` errors (bad partition, invalid spec) fail the job: `config`;
+    the others are retried: `infra`."""
 
     def __init__(self, message: str, *, reason: str = "ExecutorError", permanent: bool = False):
         super().__init__(message)
         self.reason = reason
         self.permanent = permanent
+
+    @property
+    def kind(self) -> FailureKind:  # type: ignore[override]
+        return FailureKind.config if self.permanent else FailureKind.infra
 
 
 class Executor(Protocol):
@@ -68,8 +74,9 @@ class NodeRegistry(Protocol):
 # ---------------------------------------------------------------- daemon launch
 
 def daemon_argv(python: str, *options: str) -> list[str]:
-    """The command line of one node daemon (`rolloutd node …`); never carries a secret."""
-    return [python, "-m", "rolloutd.controller.main", "node", *options]
+    """The command line of one node daemon: its own module (agents/daemon/__main__.py, `rolloutd node`'s options),
+    not the controller's command; never carries a secret."""
+    return [python, "-m", "rolloutd.agents.daemon", *options]
 
 
 def daemon_env(base: Mapping[str, str], extra: Mapping[str, str], controller: str, job: str,
@@ -98,7 +105,7 @@ def crash_delay(count: int, maximum: float, *, free: int = 1) -> float:
 def advertised_url(host: str, port: int, scheme: str = "http") -> str:
     """The controller URL the daemons on other hosts use: $ROLLOUTD_ADVERTISE_URL, else this host's
     name when listening on every address, else the address it listens on (`scheme`: https when it serves TLS)."""
-    url = os.environ.get("ROLLOUTD_ADVERTISE_URL")
+    url = env("ROLLOUTD_ADVERTISE_URL")
     if url:
         return url.rstrip("/")
     if host in ("0.0.0.0", "::", ""):

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from rolloutd.crds.settings import env
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
@@ -186,8 +187,8 @@ class KubernetesExecutor:
         self.controller_url = controller_url
         self.credentials = credentials
         self.in_job_namespace = in_job_namespace
-        self.namespace = namespace or os.environ.get("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
-        self.image = image or os.environ.get("ROLLOUTD_K8S_NODE_IMAGE") or ""
+        self.namespace = namespace or env("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
+        self.image = image or env("ROLLOUTD_K8S_NODE_IMAGE") or ""
         self.drain = drain_seconds if drain_seconds is not None else nodeenv.drain_seconds(os.environ)
         self._api_factory = api_client
         self._api: Any = None

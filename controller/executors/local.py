@@ -1,6 +1,6 @@
 """The local executor (embedded default): node daemons as subprocesses of the controller.
 
-Called by the reconcile through `Executor` (base.py); each daemon is `rolloutd node --slot K` with the
+Called by the reconcile through `Executor` (base.py); each daemon is `python -m rolloutd.agents.daemon --slot K` with the
 contract in its environment (`base.daemon_env`, with the job's node credential, minted on `ensure` and revoked on
 `release`), in its own process group, tracked by pid + start time in `local-executor.json`: a restarted
 controller adopts them and only ever signals what it started. A controller stopped on purpose (SIGTERM) releases

@@ -16,6 +16,9 @@ import re
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterable
 
+from rolloutd.crds.errors import ConfigurationError
+
+
 TAIL_DEFAULT = 200     # lines per source unless asked otherwise
 TAIL_MAX = 10_000
 MAX_BYTES = 1 << 20    # the most a source's tail sends
@@ -24,7 +27,7 @@ POLL_SECONDS = 0.25
 HEARTBEAT_SECONDS = 1.0  # a quiet stream yields "" this often (the route checks whether the job ended)
 
 
-class NoLogs(LookupError):
+class NoLogs(ConfigurationError, LookupError):
     """The job (or the node asked for) has no log yet: a 404 naming what is missing."""
 
 

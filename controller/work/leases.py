@@ -33,13 +33,14 @@ from .tables import ItemRow, NodeRow
 
 class Leases:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
-                 expansions: Expansions, batches: Batches, clock: Callable[[], float]) -> None:
+                 expansions: Expansions, batches: Batches, clock: Callable[[], float], *,
+                 intake: Callable[[plain.Tx, str, RolloutJob, Any, list[Result]],
+                                  tuple[ResultAck, Callable[[], None]]] | None = None) -> None:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.clock = expansions, batches, clock
         self.pool: BackendPool = queue.pool
         # results riding on a beat (beat-results), applied in the beat's transaction: `results.ResultIntake.apply`
-        self.intake: Callable[[plain.Tx, str, RolloutJob, Any, list[Result]],
-                              tuple[ResultAck, Callable[[], None]]] | None = None
+        self.intake = intake
 
     def _fair_share(self, db: sqlite3.Connection, node_id: str, job_name: str, job: RolloutJob,
                     asked: int) -> tuple[int, int | None]:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import uuid
 from typing import Callable
@@ -14,6 +13,7 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from rolloutd.crds.settings import env
 from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest, RegisterResponse,
                                 beat_gap, heartbeat_seconds)
 
@@ -29,7 +29,7 @@ NODE_SILENCE_SECONDS = 60.0
 
 
 def _calls_budget() -> float:
-    raw = os.environ.get("ROLLOUTD_NODE_CALLS_PER_SECOND", "")
+    raw = env("ROLLOUTD_NODE_CALLS_PER_SECOND") or ""
     try:
         return float(raw) if raw else NODE_CALLS_PER_SECOND
     except ValueError:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
 
+from rolloutd.crds.settings import env
 from rolloutd.agents.aiokit import wait_event
 from rolloutd.crds.node import (
     Heartbeat,
@@ -54,7 +54,7 @@ log = logging.getLogger("rolloutd.scheduler")
 
 def _env_max_episodes() -> int | None:
     """The controller-wide default of llm.maxEpisodesPerBackend (ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
-    raw = os.environ.get("ROLLOUTD_MAX_EPISODES_PER_BACKEND", "").strip()
+    raw = (env("ROLLOUTD_MAX_EPISODES_PER_BACKEND") or "").strip()
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
@@ -84,11 +84,10 @@ class Scheduler:
         self.registry = NodeRegistry(self.engine, self.jobs, clock)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
-        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
-                             self.batches, clock)
         self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
                                    self.expansions, self.batches, self.feed, clock)
-        self.leases.intake = self.intake.apply  # results riding on beats
+        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
+                             self.batches, clock, intake=self.intake.apply)  # results riding on beats
         self.group = plain.GroupCommit(self.engine)  # node calls committed together
         with plain.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)

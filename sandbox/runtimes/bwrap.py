@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+from rolloutd.crds.settings import env
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout, sandbox_base_dir
@@ -90,7 +91,7 @@ def sandbox_uid() -> int | None:
     """The host uid sandboxed code runs as when the daemon is root (None: the daemon's own uid)."""
     if os.geteuid() != 0:
         return None
-    return int(os.environ.get("ROLLOUTD_SANDBOX_UID") or SANDBOX_UID)
+    return int(env("ROLLOUTD_SANDBOX_UID") or SANDBOX_UID)
 
 
 def image_user(spec: SandboxSpec) -> tuple[int, int, str] | None:

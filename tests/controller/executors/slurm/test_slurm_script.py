@@ -14,7 +14,7 @@ GOLDEN_SCRIPT = """#!/bin/bash
 set -e
 module load foo
 export X=1
-exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --label '/opt/py env/bin/python' -m rolloutd.controller.main node --restarts 5
+exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --label '/opt/py env/bin/python' -m rolloutd.agents.daemon --restarts 5
 """
 
 

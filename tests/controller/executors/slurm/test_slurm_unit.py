@@ -132,7 +132,7 @@ def test_the_token_travels_in_the_environment_never_on_argv(fake, monkeypatch):
                  "--exclusive", "--export=ALL", "--ntasks-per-node=1"):
         assert flag in argv
     assert "module load foo\n" in script and "srun --ntasks-per-node=1" in script
-    assert "/opt/py/bin/python -m rolloutd.controller.main node --restarts 5" in script and "SECRET" not in script
+    assert "/opt/py/bin/python -m rolloutd.agents.daemon --restarts 5" in script and "SECRET" not in script
     assert "SLURM_CONF" not in sanitized_env({"SLURM_NODEID": "1"}) and \
         sanitized_env({"SLURM_CONF": "/c"}) == {"SLURM_CONF": "/c"}
     # idempotent: the next pass submits nothing
