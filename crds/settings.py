@@ -77,6 +77,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),
+    Variable("ROLLOUTD_SLURM_DIR", "path", "`/tmp/rolloutd-slurm`", (CONTROLLER,),
+             "where `python -m rolloutd.controller.sim.minicluster` keeps a one-machine Slurm cluster's files"),
 )
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
 

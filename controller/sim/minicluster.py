@@ -18,7 +18,6 @@ Needs root (slurmd runs jobs as their users) and the Debian packages
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import signal
@@ -29,7 +28,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_DIR = Path(os.environ.get("ROLLOUTD_SLURM_DIR", "/tmp/rolloutd-slurm"))
+def default_dir() -> Path:
+    """`$ROLLOUTD_SLURM_DIR`, read when a cluster is made (never at import), or /tmp/rolloutd-slurm."""
+    from rolloutd.crds.settings import env
+    return Path(env("ROLLOUTD_SLURM_DIR") or "/tmp/rolloutd-slurm")
+
+
 CTLD_PORT = 16817
 SLURMD_PORT0 = 17001
 MUNGE_SOCKET_DIR = Path("/run/munge")
@@ -102,7 +106,7 @@ PartitionName=maint Nodes=n[1-{nodes}] Default=NO MaxTime=INFINITE State=DOWN De
 
 @dataclass
 class MiniSlurm:
-    dir: Path = DEFAULT_DIR
+    dir: Path = field(default_factory=default_dir)
     nodes: int = 4
     host: str = field(default_factory=socket.gethostname)
     started: bool = False          # this object started (part of) the cluster: stop() tears it down
@@ -346,7 +350,7 @@ class MiniSlurm:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="minicluster")
     ap.add_argument("action", choices=("start", "stop", "status"))
-    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--dir", type=Path, default=default_dir())
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     c = MiniSlurm(args.dir, args.nodes)

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("crds", "sandbox", "agents", "controller")
 # The exec server runs inside the sandbox on the standard library only; its errors cross the socket as
 # answers (`ok: false`), never as Python exceptions, so they stay outside the product's taxonomy.
-OUTSIDE = {"rolloutd.sandbox.server.bash.SessionDead", "rolloutd.sandbox.server.wire.RequestError"}
+OUTSIDE = {"rolloutd.sandbox.server.bash.SessionDead", "rolloutd.sandbox.server.wire.RequestError",
+           "rolloutd.sandbox.server.kernel.KernelDied"}
 
 I, C, A = FailureKind.infra, FailureKind.config, FailureKind.agent
 # class → (how to make one, the kind it classifies as)
