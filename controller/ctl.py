@@ -38,7 +38,7 @@ from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_
 from .ctl_logs import register as register_logs
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
-from .documents import load_documents
+from rolloutd.crds.documents import load_documents
 
 app = typer.Typer(
     cls=NamespaceAnywhere,

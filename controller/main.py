@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from .cli_common import TYPER_SETTINGS, version_option
-from .config import DEFAULT_HOST, DEFAULT_PORT
+from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
@@ -54,7 +54,7 @@ def controller(
                                       "killed controller always leaves them)"),
 ) -> None:
     """Run the controller: API, SQLite store, scheduler and the kopf operator."""
-    from .config import default_data_dir
+    from rolloutd.crds.paths import default_data_dir
     from .server import run_controller
 
     if (tls_cert_file is None) != (tls_key_file is None):
@@ -80,7 +80,7 @@ def operator(
 ) -> None:
     """Run the kopf operator against another API server (a cluster, or a `rolloutd controller --no-operator`),
     with the scheduler and trainer API beside it."""
-    from .config import default_data_dir
+    from rolloutd.crds.paths import default_data_dir
     from .operator.kubeapi import Connection
     from .server import run_controller
 
@@ -113,7 +113,7 @@ def token_create(
     import os
 
     from .auth import create_scoped_token
-    from .config import DataDir, default_data_dir
+    from rolloutd.crds.paths import DataDir, default_data_dir
 
     try:
         scoped = create_scoped_token(DataDir(data_dir or default_data_dir()).tokens, name, read_only=read_only,
@@ -147,7 +147,7 @@ def node_credential(
 
     from rolloutd.crds.names import job_path
 
-    from .config import DataDir, default_data_dir
+    from rolloutd.crds.paths import DataDir, default_data_dir
 
     token = (token_file or DataDir(default_data_dir()).token).read_text().strip()
     key = job if "/" in job else f"{namespace}/{job}"

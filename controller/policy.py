@@ -2,7 +2,7 @@
 
 Applied by the API to every created or applied job (`kube/validate.py`) and to backends added
 while a job runs (`http/trainer.py`, `rolloutctl backends add|remove`). The lists are the controller's
-config (`config.backend_allow_nets`, `config.tokenizer_roots`, set from the environment).
+environment's (`backend_allow_nets`, `tokenizer_roots` below).
 
 - backend URL: http/https with a host; a literal address must not be link-local (169.254/16 holds
   cloud metadata services, fe80::/10), unspecified (0.0.0.0, ::), multicast or broadcast, unless
@@ -17,9 +17,27 @@ import ipaddress
 import os
 import posixpath
 import socket
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from .config import backend_allow_nets, tokenizer_roots
+from rolloutd.crds.settings import env
+
+def backend_allow_nets() -> list:
+    """`$ROLLOUTD_BACKEND_ALLOW_NETS`: comma-separated networks (e.g. 169.254.0.0/16) a backend URL's
+    literal address may be in although the default policy refuses them (link-local, unspecified…)."""
+    raw = (env("ROLLOUTD_BACKEND_ALLOW_NETS") or "")
+    return [ipaddress.ip_network(n.strip(), strict=False) for n in raw.split(",") if n.strip()]
+
+
+def tokenizer_roots() -> list[str]:
+    """Directories an absolute `llm.tokenizer` may be under: `$ROLLOUTD_TOKENIZER_ROOTS` (os.pathsep-
+    separated) added to rolloutd's models dir (`$ROLLOUTD_HOME/models`) and the Hugging Face cache."""
+    from rolloutd.crds.paths import models_dir
+
+    hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    extra = [p for p in (env("ROLLOUTD_TOKENIZER_ROOTS") or "").split(os.pathsep) if p.strip()]
+    return [os.path.normpath(str(p)) for p in (models_dir(), hf, *extra)]
+
 
 METADATA_HOSTS = {"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
                   "instance-data.ec2.internal", "metadata.azure.com"}

@@ -20,7 +20,7 @@ from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
 
 from .api import create_app
 from .auth import TokenBook, ensure_token
-from .config import DEFAULT_HOST, DEFAULT_PORT, DataDir
+from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
 from . import spec_checks
 from .executors.local import LocalExecutor

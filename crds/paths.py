@@ -1,15 +1,20 @@
-"""Where rolloutd keeps things: `$ROLLOUTD_HOME` (what every clone on a machine shares, its models directory)
-and the controller's data directory.
+"""Where rolloutd keeps things: `$ROLLOUTD_HOME` (what every clone on a machine shares, its models directory),
+the controller's data directory and every file in it (`DataDir`), and the controller's default address.
 
-Shared by the node side (agents/engine_venv.py installs there, agents/model_dirs.py builds models there)
-and the controller (controller/config.py lets tokenizers come from the models directory).
+Shared by the node side (agents/engine_venv.py installs there, agents/model_dirs.py builds models there),
+the controller (its data dir; `controller/policy.py` lets tokenizers come from the models directory) and the
+trainer client (the local controller's token file). The bottom layer: imports only `settings`.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .settings import env
+
+DEFAULT_HOST = "127.0.0.1"  # the controller's address when none is given (the CLI, the trainer client)
+DEFAULT_PORT = 7350
 
 
 def rolloutd_home() -> Path:
@@ -32,3 +37,39 @@ def xdg_data_dir(home: Path | None = None) -> Path:
 def models_dir(home: Path | None = None) -> Path:
     """The models rolloutd builds (`tiny`, `smollm2`) live here, one directory each."""
     return (home or rolloutd_home()) / "models"
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """Every path in the controller's data dir, named once. All of it survives restarts."""
+
+    root: Path
+
+    @property
+    def db(self) -> Path:
+        """The SQLite database (WAL: `-wal` and `-shm` files beside it)."""
+        return self.root / "rolloutd.db"
+
+    @property
+    def token(self) -> Path:
+        """The API token (0600): full access; rolloutctl and the trainer client read it."""
+        return self.root / "token"
+
+    @property
+    def node_credentials(self) -> Path:
+        """The jobs' node credentials (0600; `nodeauth.py`): each registers nodes for its own job only."""
+        return self.root / "node-credentials.json"
+
+    @property
+    def tokens(self) -> Path:
+        """Scoped tokens (read-only, limited to namespaces), one JSON file each (0600): `rolloutd token create`."""
+        return self.root / "tokens"
+
+    @property
+    def logs(self) -> Path:
+        """The node daemons' logs, one file per daemon."""
+        return self.root / "logs"
+
+    def executor_state(self, kind: str) -> Path:
+        """An executor's record of what it started (`local`: daemon pids, `slurm`: allocations)."""
+        return self.root / f"{kind}-executor.json"

@@ -50,11 +50,10 @@ def test_trainer_client_imports_only_httpx_and_the_standard_library(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     heavy, ours = out.stdout.splitlines()
     assert heavy == "[]"
-    # only the import-light modules: the back-off kit, config (defaults, data dir), documents (YAML errors), names,
-    # the failure taxonomy (the client's errors hang off its root), the variable table and the paths it sets
-    assert ours == ("['rolloutd.agents', 'rolloutd.agents.aiokit', 'rolloutd.controller', 'rolloutd.controller.config', "
-                    "'rolloutd.controller.documents', 'rolloutd.crds', 'rolloutd.crds.errors', 'rolloutd.crds.names', "
-                    "'rolloutd.crds.nodeenv', 'rolloutd.crds.paths', 'rolloutd.crds.settings']")
+    # only the base layer's import-light modules: the back-off kit, documents (YAML errors), names, the failure
+    # taxonomy (the client's errors hang off its root), the variable table and the paths it sets (the data dir)
+    assert ours == ("['rolloutd.crds', 'rolloutd.crds.aiokit', 'rolloutd.crds.documents', 'rolloutd.crds.errors', "
+                    "'rolloutd.crds.names', 'rolloutd.crds.nodeenv', 'rolloutd.crds.paths', 'rolloutd.crds.settings']")
 
 
 def test_no_bare_top_level_modules_are_importable_outside_the_repo(tmp_path):

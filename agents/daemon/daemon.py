@@ -32,7 +32,7 @@ from rolloutd.crds.node import (
     result_coalesce,
 )
 
-from ..aiokit import Backoff, wait_event
+from rolloutd.crds.aiokit import Backoff, wait_event
 from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError

@@ -7,7 +7,7 @@ Resolution (first hit wins, per item):
           `ROLLOUTD_CA_FILE`, config `caFile`, else the system's;
   token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
           config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
-          local controller's token file (`controller.config.DataDir`).
+          local controller's token file (`crds.paths.DataDir`).
 The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. The clients (`sync`,
 `aio`) build their httpx client from `client_options`.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.crds.settings import env
-from rolloutd.controller.config import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
-from rolloutd.controller.documents import malformed_yaml
+from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
+from rolloutd.crds.documents import malformed_yaml
 
 from .errors import RolloutdError
 

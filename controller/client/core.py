@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from rolloutd.agents.aiokit import backoff_delay
+from rolloutd.crds.aiokit import backoff_delay
 from rolloutd.crds.names import TERMINAL_PHASES
 
 from .calls import POLL_SLICE_SECONDS, Call, Calls, trajectory_line

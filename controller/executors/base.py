@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
 from rolloutd.crds.settings import env
-from rolloutd.agents.aiokit import backoff_delay
+from rolloutd.crds.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.rolloutjob import RolloutJob

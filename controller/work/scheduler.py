@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from sqlmodel import Session
 
 from rolloutd.crds.settings import env
-from rolloutd.agents.aiokit import wait_event
+from rolloutd.crds.aiokit import wait_event
 from rolloutd.crds.node import (
     Heartbeat,
     HeartbeatResponse,

@@ -92,7 +92,7 @@ def test_the_image_cache_honours_rolloutd_home(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("data_dir", [None, "moved"])
 def test_the_sandbox_hides_the_data_dir_by_the_controllers_rule(tmp_path, monkeypatch, data_dir):
-    from rolloutd.controller.config import default_data_dir
+    from rolloutd.crds.paths import default_data_dir
     from rolloutd.sandbox.hostview import data_dirs
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
