@@ -75,6 +75,8 @@ class _Acc:
     ends: Counter = field(default_factory=Counter)  # int(t_end // resolution) → rollouts
     resolution: int = 1  # seconds per key of `ends`
     unplaced: int = 0  # rollouts without an end time (from before the column, their documents had no stamp)
+    kinds: Counter = field(default_factory=Counter)  # failure kind → trajectories (every row, once)
+    scored: list[float] = field(default_factory=lambda: [0.0, 0])  # reward sum and count, infra left out
 
 
 class JobStats:
@@ -87,11 +89,23 @@ class JobStats:
 
     def summary(self, job: str, uid: str) -> dict[str, Any]:
         with self._lock:
-            acc = self._acc.get(job)
-            if acc is None or acc.uid != uid:
-                acc = self._acc[job] = _Acc(uid)
-            self._catch_up(job, acc)
-            return self._render(acc)
+            return self._render(self._caught_up(job, uid))
+
+    def counts(self, job: str, uid: str) -> dict[str, Any]:
+        """What `failure_counts` recounts, from the running sums (a restarted controller sums the store again)."""
+        with self._lock:
+            acc = self._caught_up(job, uid)
+            total, (s, n) = sum(acc.kinds.values()), acc.scored
+            return {"delivered": total, "byKind": dict(acc.kinds),
+                    "infraRate": round(acc.kinds.get("infra", 0) / total, 4) if total else None,
+                    "rewardMean": round(s / n, 4) if n else None}
+
+    def _caught_up(self, job: str, uid: str) -> _Acc:
+        acc = self._acc.get(job)
+        if acc is None or acc.uid != uid:
+            acc = self._acc[job] = _Acc(uid)
+        self._catch_up(job, acc)
+        return acc
 
     def _catch_up(self, job: str, acc: _Acc) -> None:
         # the columns the feed copied out of each document: a first read walks the covering index (its order is not
@@ -110,7 +124,12 @@ class JobStats:
                                        "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND "
                                        "seq <= ?", span).all()
         stages = [acc.stages[s] for s in STAGES]
+        kinds, scored = acc.kinds, acc.scored
         for seq, reward, failure, tq, ti, tr, te, version, end in rows:
+            kinds[failure] += 1
+            if reward is not None and failure != "infra":
+                scored[0] += reward
+                scored[1] += 1
             if end is None:
                 acc.unplaced += 1
             else:
