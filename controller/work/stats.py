@@ -1,10 +1,11 @@
 """A job's trajectories summed up, in SQL and on the server: never the whole table to a browser or a CLI.
 
 Called by the web UI (`ui/app.py`: job page, jobs list, trajectory search) and the API's `GET …/stats`
-(`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Per-stage p50/p95, rewards
-per policy version and failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
-and keeps the running sums in memory. It reads the columns the feed copies out of each document, from the
-covering index `ix_trajectories_facts` (`work/tables.py`), never `data` (seconds at 100 000 rollouts).
+(`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Counts by failure kind, the
+reward mean, per-stage p50/p95, rewards per policy version and failures by reason come from `JobStats`, which reads
+each trajectory once (the rows after the last seq it saw) and keeps the running sums in memory. It reads the
+columns the feed copies out of each document, from the covering index `ix_trajectories_facts` (`work/tables.py`),
+never `data` (seconds at 100 000 rollouts).
 Throughput over time: rollouts finished per time bucket, from each trajectory's end (`t_end`), kept per second
 (coarser as a long job's seconds grow past ENDS_KEPT) and drawn in at most THROUGHPUT_BUCKETS buckets.
 `search` filters one page of a job's trajectories.
@@ -27,20 +28,6 @@ REWARD_BINS = 10
 EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
-
-
-def failure_counts(engine: Engine, job: str) -> dict[str, Any]:
-    """Trajectories by failure kind and the reward mean (infra left out), from the index alone."""
-    with engine.connect() as c:
-        rows = c.exec_driver_sql("SELECT failure, count(*), sum(reward), count(reward) FROM trajectories "
-                                 "WHERE job = ? GROUP BY failure", (job,)).all()
-    kinds = {kind: n for kind, n, _, _ in rows}
-    total = sum(kinds.values())
-    scored = [(s, n) for kind, _, s, n in rows if kind != "infra" and n]
-    count = sum(n for _, n in scored)
-    return {"delivered": total, "byKind": kinds,
-            "infraRate": round(kinds.get("infra", 0) / total, 4) if total else None,
-            "rewardMean": round(sum(s for s, _ in scored) / count, 4) if count else None}
 
 
 def _histogram(sorted_xs: list[float], bins: int = 12) -> list[dict[str, float]]:
@@ -92,7 +79,8 @@ class JobStats:
             return self._render(self._caught_up(job, uid))
 
     def counts(self, job: str, uid: str) -> dict[str, Any]:
-        """What `failure_counts` recounts, from the running sums (a restarted controller sums the store again)."""
+        """Trajectories by failure kind, the infra rate and the reward mean (infra left out), from the running sums
+        (a restarted controller sums the store once again; `tests/ui/test_job_numbers.py` recounts them)."""
         with self._lock:
             acc = self._caught_up(job, uid)
             total, (s, n) = sum(acc.kinds.values()), acc.scored
