@@ -92,7 +92,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
 
         def compute() -> dict[str, Any]:
             summary = job_stats.summary(key, job.metadata.uid or "")
-            return {**stats.failure_counts(store.engine, key),
+            return {**job_stats.counts(key, job.metadata.uid or ""),
                     "stages": [{k: s[k] for k in ("stage", "n", "p50", "p95")} for s in summary["stages"]]}
         return await asyncio.to_thread(compute)
 

@@ -116,6 +116,15 @@ class NodeRegistry:
         with Session(self.engine, expire_on_commit=False) as s:
             return list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != DaemonState.gone)))
 
+    def listing(self, job: str) -> list[tuple[str, str, str, str, int | None, float]]:
+        """(id, name, host, state, slot, last call) of the job's daemons not gone: plain rows (1000 ORM objects
+        cost a dashboard's build ~20 ms), the last call from memory (the table keeps the registration's)."""
+        with self.engine.connect() as c:
+            rows = c.exec_driver_sql("SELECT id, name, host, state, slot, last_seen FROM nodes WHERE job = ? AND "
+                                     "state != ?", (job, DaemonState.gone.value)).all()
+        seen = self._seen
+        return [(i, name, host, state, slot, seen.get(i, last)) for i, name, host, state, slot, last in rows]
+
     def count_active(self, job: str) -> int:
         with Session(self.engine) as s:
             return s.exec(select(func.count()).where(NodeRow.job == job, NodeRow.state == DaemonState.active)).one()

@@ -94,10 +94,3 @@ class ItemQueue:
         with Session(self.engine, expire_on_commit=False) as s:
             q = select(ItemRow.state, func.count()).where(ItemRow.job == job).group_by(ItemRow.state)
             return {state: n for state, n in s.exec(q)}
-
-    def pinned(self, job: str) -> dict[str, int]:
-        """Backend URL → tasks of this job currently pinned to it (for status and tests)."""
-        with Session(self.engine, expire_on_commit=False) as s:
-            q = (select(ItemRow.backend, func.count()).where(ItemRow.job == job, ItemRow.holds_backend == True)  # noqa: E712
-                 .group_by(ItemRow.backend))
-            return {b: n for b, n in s.exec(q)}

@@ -156,6 +156,9 @@ class Scheduler:
     def nodes(self, job: str) -> list[NodeRow]:
         return self.registry.nodes(job)
 
+    def node_listing(self, job: str) -> list[tuple[str, str, str, str, int | None, float]]:
+        return self.registry.listing(job)
+
     def leases_held(self, node_id: str) -> int:
         """The rollouts node `node_id` holds leased now (in flight on it), from memory."""
         return self.queue.live.held(node_id)
@@ -176,7 +179,9 @@ class Scheduler:
         return self.feed.groups(job, samples)
 
     def pinned(self, job: str) -> dict[str, int]:
-        return self.queue.pinned(job)
+        """Backend URL → the job's tasks pinned to it now, from admission's counts in memory (the database's
+        GROUP BY over every item of the job took a dashboard's build ~50 ms at 1000 nodes)."""
+        return {url: n for url, jobs in list(self.pool.admission.admitted.items()) if (n := jobs.get(job, 0)) > 0}
 
     def policy(self, job: str) -> dict[str, Any]:
         return self.policies.describe(job)

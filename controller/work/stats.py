@@ -1,10 +1,11 @@
 """A job's trajectories summed up, in SQL and on the server: never the whole table to a browser or a CLI.
 
 Called by the web UI (`ui/app.py`: job page, jobs list, trajectory search) and the API's `GET …/stats`
-(`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Per-stage p50/p95, rewards
-per policy version and failures by reason come from `JobStats`, which reads each trajectory once (the rows after the last seq it saw)
-and keeps the running sums in memory. It reads the columns the feed copies out of each document, from the
-covering index `ix_trajectories_facts` (`work/tables.py`), never `data` (seconds at 100 000 rollouts).
+(`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Counts by failure kind, the
+reward mean, per-stage p50/p95, rewards per policy version and failures by reason come from `JobStats`, which reads
+each trajectory once (the rows after the last seq it saw) and keeps the running sums in memory. It reads the
+columns the feed copies out of each document, from the covering index `ix_trajectories_facts` (`work/tables.py`),
+never `data` (seconds at 100 000 rollouts).
 Throughput over time: rollouts finished per time bucket, from each trajectory's end (`t_end`), kept per second
 (coarser as a long job's seconds grow past ENDS_KEPT) and drawn in at most THROUGHPUT_BUCKETS buckets.
 `search` filters one page of a job's trajectories.
@@ -27,20 +28,6 @@ REWARD_BINS = 10
 EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
-
-
-def failure_counts(engine: Engine, job: str) -> dict[str, Any]:
-    """Trajectories by failure kind and the reward mean (infra left out), from the index alone."""
-    with engine.connect() as c:
-        rows = c.exec_driver_sql("SELECT failure, count(*), sum(reward), count(reward) FROM trajectories "
-                                 "WHERE job = ? GROUP BY failure", (job,)).all()
-    kinds = {kind: n for kind, n, _, _ in rows}
-    total = sum(kinds.values())
-    scored = [(s, n) for kind, _, s, n in rows if kind != "infra" and n]
-    count = sum(n for _, n in scored)
-    return {"delivered": total, "byKind": kinds,
-            "infraRate": round(kinds.get("infra", 0) / total, 4) if total else None,
-            "rewardMean": round(sum(s for s, _ in scored) / count, 4) if count else None}
 
 
 def _histogram(sorted_xs: list[float], bins: int = 12) -> list[dict[str, float]]:
@@ -75,6 +62,8 @@ class _Acc:
     ends: Counter = field(default_factory=Counter)  # int(t_end // resolution) → rollouts
     resolution: int = 1  # seconds per key of `ends`
     unplaced: int = 0  # rollouts without an end time (from before the column, their documents had no stamp)
+    kinds: Counter = field(default_factory=Counter)  # failure kind → trajectories (every row, once)
+    scored: list[float] = field(default_factory=lambda: [0.0, 0])  # reward sum and count, infra left out
 
 
 class JobStats:
@@ -87,11 +76,24 @@ class JobStats:
 
     def summary(self, job: str, uid: str) -> dict[str, Any]:
         with self._lock:
-            acc = self._acc.get(job)
-            if acc is None or acc.uid != uid:
-                acc = self._acc[job] = _Acc(uid)
-            self._catch_up(job, acc)
-            return self._render(acc)
+            return self._render(self._caught_up(job, uid))
+
+    def counts(self, job: str, uid: str) -> dict[str, Any]:
+        """Trajectories by failure kind, the infra rate and the reward mean (infra left out), from the running sums
+        (a restarted controller sums the store once again; `tests/ui/test_job_numbers.py` recounts them)."""
+        with self._lock:
+            acc = self._caught_up(job, uid)
+            total, (s, n) = sum(acc.kinds.values()), acc.scored
+            return {"delivered": total, "byKind": dict(acc.kinds),
+                    "infraRate": round(acc.kinds.get("infra", 0) / total, 4) if total else None,
+                    "rewardMean": round(s / n, 4) if n else None}
+
+    def _caught_up(self, job: str, uid: str) -> _Acc:
+        acc = self._acc.get(job)
+        if acc is None or acc.uid != uid:
+            acc = self._acc[job] = _Acc(uid)
+        self._catch_up(job, acc)
+        return acc
 
     def _catch_up(self, job: str, acc: _Acc) -> None:
         # the columns the feed copied out of each document: a first read walks the covering index (its order is not
@@ -110,7 +112,12 @@ class JobStats:
                                        "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND "
                                        "seq <= ?", span).all()
         stages = [acc.stages[s] for s in STAGES]
+        kinds, scored = acc.kinds, acc.scored
         for seq, reward, failure, tq, ti, tr, te, version, end in rows:
+            kinds[failure] += 1
+            if reward is not None and failure != "infra":
+                scored[0] += reward
+                scored[1] += 1
             if end is None:
                 acc.unplaced += 1
             else:

@@ -36,14 +36,14 @@ class Cluster:
 
     # ------------------------------------------------------------ jobs
 
-    def create_job(self, namespace: str, name: str, prompts: int, samples: int = 2) -> None:
+    def create_job(self, namespace: str, name: str, prompts: int, samples: int = 2, pipeline: dict | None = None) -> None:
         data = self.base / f"{namespace}-{name}.jsonl"
         data.write_text("".join(json.dumps({"id": f"{name}-q{i}", "question": f"What is {i}+3?", "answer": str(i + 3)})
                                 + "\n" for i in range(prompts)))
         doc = {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name, "namespace": namespace},
                "spec": {"tasks": {"kind": "math", "source": str(data)}, "samplesPerPrompt": samples,
                         "llm": {"tokenizer": str(TINY)},
-                        "executor": {"kind": "local", "nodes": 0}}}
+                        "executor": {"kind": "local", "nodes": 0}, **({"pipeline": pipeline} if pipeline else {})}}
         r = self.admin.post(f"{P}/namespaces/{namespace}/rolloutjobs", json=doc)
         assert r.status_code == 201, r.text
         self.wait(lambda: self.job(namespace, name)["status"].get("counts", {}).get("total") == prompts * samples,
@@ -53,10 +53,15 @@ class Cluster:
                                      "protocol": NODE_PROTOCOL})
         assert r.status_code == 200, r.text
         self.nodes[f"{namespace}/{name}"] = r.json()["nodeId"]
-        r = self.node_api.post(f"{P}/nodes/{self.nodes[f'{namespace}/{name}']}/lease", json={"maxItems": prompts * samples})
+        self.leases[f"{namespace}/{name}"] = []
+        assert self.lease(f"{namespace}/{name}", prompts * samples) == prompts * samples
+
+    def lease(self, key: str, n: int) -> int:
+        """Lease up to `n` more rollouts of job `key` (queued ones: first attempts, or retries); how many came."""
+        r = self.node_api.post(f"{P}/nodes/{self.nodes[key]}/lease", json={"maxItems": n})
         assert r.status_code == 200, r.text
-        self.leases[f"{namespace}/{name}"] = r.json()["leases"]
-        assert len(self.leases[f"{namespace}/{name}"]) == prompts * samples
+        self.leases[key] += r.json()["leases"]
+        return len(r.json()["leases"])
 
     def job(self, namespace: str, name: str) -> dict[str, Any]:
         r = self.admin.get(f"{P}/namespaces/{namespace}/rolloutjobs/{name}")

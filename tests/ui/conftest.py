@@ -24,6 +24,16 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A controller of the test's own (it may restart it)."""
+    c = ControllerProcess(tmp_path / "data", executors="local").start()
+    try:
+        yield Cluster(c, tmp_path)
+    finally:
+        c.stop()
+
+
 @pytest.fixture(scope="module")
 def browser():
     if not (CHROMIUM and DRIVER):

@@ -21,8 +21,9 @@ OURS = ("/ui/static/dom.js", "/ui/static/jobs.js", "/ui/static/trajectory.js", "
 @pytest.fixture(scope="module")
 def jobs(cluster):
     """team-a/alpha: 3 prompts × 2, four reported (one hostile); team-b/secret: 2 × 2, all reported."""
-    cluster.create_job("team-a", "alpha", 3)
-    cluster.create_job("team-b", "secret", 2)
+    long = {"leaseSeconds": 600}  # the test holds leases without beating: a busy machine must not expire them
+    cluster.create_job("team-a", "alpha", 3, pipeline=long)
+    cluster.create_job("team-b", "secret", 2, pipeline=long)
     known = cluster.report("team-a/alpha", 3)
     cluster.report("team-a/alpha", 1, text=HOSTILE, reward=0.0,
                    failure={"kind": "agent", "reason": "bad format: " + HOSTILE})
