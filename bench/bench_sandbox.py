@@ -40,7 +40,7 @@ import time
 
 from rolloutd.sandbox import SandboxSpec, WarmPool, create_sandbox, get_runtime
 from rolloutd.sandbox.runtimes.base import DEFAULT_ENV
-from rolloutd.sandbox.server.early import spawn_bash
+from rolloutd.sandbox.server.first_bash import spawn_bash
 
 COMMANDS = {"true": "true", "echo": "echo hello", "ls /": "ls /"}
 BLOCK = 10

@@ -1,14 +1,14 @@
 """The controller's HTTP app (FastAPI): auth, metrics, error handling, and the routes mounted on it.
 
     /version · /api · /apis · /openapi/v2 · /openapi/v3 …        discovery (`kube/discovery.py`)
-    /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs[/{name}[/status]]   the Kubernetes verbs (`kube/jobs.py`)
+    /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs[/{name}[/status]]   the Kubernetes verbs (`kube/rolloutjobs.py`)
     /apis/rolloutd.io/v1alpha1/tenantpolicies[/{ns}]  the admin's TenantPolicies (`kube/tenantpolicies.py`)
     /apis/rolloutd.io/v1alpha1/rolloutjobs            POST create · GET list/watch (all namespaces)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}     PUT apply (rolloutctl) · GET · DELETE
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/status   GET · PUT (status subresource)
     /apis/rolloutd.io/v1alpha1/rolloutjobs/{name}/events   GET (what `rolloutctl describe` shows)
     …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends,stats}   trainer (`http/trainer.py`)
-    …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/nodes.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/node_protocol.py`)
     …/namespaces/{ns}/rolloutjobs/{name}/logs          the node daemons' logs (`http/logs.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
@@ -43,7 +43,7 @@ from .errors import ApiError, BadRequest, Forbidden, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.openapi import describe
-from .kube import jobs
+from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
@@ -201,7 +201,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     @app.post(f"{PREFIX}/rolloutjobs", status_code=201)
     async def create(request: Request):
-        return await jobs.create(store, request, None)
+        return await rolloutjobs.create(store, request, None)
 
     @app.get(f"{PREFIX}/rolloutjobs")
     async def list_or_watch(
@@ -212,19 +212,19 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         resourceVersion: str | None = None,
         timeoutSeconds: float | None = Query(default=None, gt=0, allow_inf_nan=False),
     ):
-        return await jobs.list_or_watch(store, request, None, sse_ok=True)
+        return await rolloutjobs.list_or_watch(store, request, None, sse_ok=True)
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}")
     async def apply(name: str, request: Request):
-        return await jobs.rolloutctl_apply(store, request, DEFAULT_NAMESPACE, name)
+        return await rolloutjobs.rolloutctl_apply(store, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}")
     async def get(name: str, request: Request):
-        return jobs.respond(request, await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE))
+        return rolloutjobs.respond(request, await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE))
 
     @app.delete(f"{PREFIX}/rolloutjobs/{{name}}")
     async def delete(name: str, request: Request):
-        return await jobs.delete(store, request, DEFAULT_NAMESPACE, name, code=202)
+        return await rolloutjobs.delete(store, request, DEFAULT_NAMESPACE, name, code=202)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def get_status(name: str):
@@ -232,14 +232,14 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def put_status(name: str, request: Request):
-        return await jobs.replace_status(store, request, DEFAULT_NAMESPACE, name)
+        return await rolloutjobs.replace_status(store, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/events")
     async def events(name: str):
         await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE)  # 404 for unknown jobs
         return {"items": await asyncio.to_thread(store.events, job_key(DEFAULT_NAMESPACE, name))}
 
-    app.include_router(jobs.namespaced_router(store))
+    app.include_router(rolloutjobs.namespaced_router(store))
     app.include_router(discovery_router(store))
     app.include_router(tenantpolicy_router(store))
     from .http.logs import logs_router
@@ -249,7 +249,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     job_stats = JobStats(store.engine)  # one set of running sums for the API's …/stats and the web UI
     if scheduler is not None:
-        from .http.nodes import node_router
+        from .http.node_protocol import node_router
         from .http.trainer import trainer_router
 
         app.include_router(node_router(scheduler, credentials))

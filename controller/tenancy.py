@@ -2,7 +2,7 @@
 
 `policies_for(store)` is the controller's single `Policies` over a store: the TenantPolicy routes
 (`kube/tenantpolicies.py`) write through it, admission at apply (`kube/admit.py`), node registration
-(`work/nodes.py`) and the trainer's backend routes read `effective(job)`. Reads are cached in memory and the
+(`work/node_registry.py`) and the trainer's backend routes read `effective(job)`. Reads are cached in memory and the
 cache is dropped on every policy write (one controller process writes the table). Next step: the dataset
 reader and the item quota read `effective(job)` too.
 """

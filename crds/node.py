@@ -1,6 +1,6 @@
 """Wire models of the node-daemon protocol (controller ⇄ `rolloutd node`).
 
-The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.controller.http.nodes`
+The daemon (`rolloutd.agents.daemon`) *pulls* work; the controller (`rolloutd.controller.http.node_protocol`
 + `controller/work/`) owns every decision. All calls are POSTs under
 `/apis/rolloutd.io/v1alpha1/nodes` (or the job's namespaced `…/rolloutjobs/{name}/nodes`): register with the
 job's node credential, every other call with the node's own token (feature node-token) as `Authorization: Bearer`:

@@ -2,7 +2,7 @@
 the controller's data directory and every file in it (`DataDir`), and the controller's default address.
 
 Shared by the node side (agents/engine_venv.py installs there, agents/model_dirs.py builds models there),
-the controller (its data dir; `controller/policy.py` lets tokenizers come from the models directory) and the
+the controller (its data dir; `controller/allowlists.py` lets tokenizers come from the models directory) and the
 trainer client (the local controller's token file). The bottom layer: imports only `settings`.
 """
 from __future__ import annotations

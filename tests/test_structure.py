@@ -151,9 +151,9 @@ def _oversized() -> dict[str, str]:
 
 def test_the_checker_sees_every_part_and_resolves_imports():
     assert {part for part, _ in MODULES.values()} == set(PRODUCT)
-    assert "rolloutd.client.core" in MODULES and "rolloutd.controller.http.nodes" in MODULES
-    assert "rolloutd.crds.names" in GRAPH["rolloutd.controller.http.nodes"]  # absolute import
-    assert "rolloutd.controller.http.bodies" in GRAPH["rolloutd.controller.http.nodes"]  # relative, same package
+    assert "rolloutd.client.core" in MODULES and "rolloutd.controller.http.node_protocol" in MODULES
+    assert "rolloutd.crds.names" in GRAPH["rolloutd.controller.http.node_protocol"]  # absolute import
+    assert "rolloutd.controller.http.bodies" in GRAPH["rolloutd.controller.http.node_protocol"]  # relative, same package
     assert "rolloutd.controller.errors" in GRAPH["rolloutd.controller.http.trainer"]  # relative, parent package
     assert "rolloutd.client.batch" in GRAPH["rolloutd.client.core"]  # function-level import
 

@@ -25,7 +25,7 @@ POLL_SLICE_SECONDS = 30.0
 STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)  # the server sends a keep-alive every 5 s
 
 
-APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates (controller/kube/jobs.py)
+APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates (controller/kube/rolloutjobs.py)
 
 
 def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:

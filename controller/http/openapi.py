@@ -19,7 +19,7 @@ from rolloutd.crds.k8s_names import DNS1123_LABEL
 from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
 
-from .nodes import JOB_NODES, NODES
+from .node_protocol import JOB_NODES, NODES
 from .trainer import JOBS as T, BatchRequest, PolicyRequest
 
 J = f"{API_PREFIX}/rolloutjobs"  # the cluster-wide paths (api.py); T: the namespaced trainer routes

@@ -27,7 +27,7 @@ from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
-from ..policy import backend_url_problem
+from ..allowlists import backend_url_problem
 from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store

@@ -26,7 +26,7 @@ from ..http.bodies import parse_document, parse_version
 from ..store import Store
 from ..tenancy import API_VERSION, policies_for
 from . import patch as patches
-from .jobs import _patch_body
+from .rolloutjobs import _patch_body
 from .table import wants_table
 from .validate import options
 

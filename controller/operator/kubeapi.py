@@ -2,7 +2,7 @@
 embedded controller's own address and token), kopf's HTTP session, and `JobApi`, the handlers' writes.
 
 Used by `embedded.py` (kopf's login handler, the operator's wiring) and `handlers.py` (status through the
-status subresource, core/v1 Events). Next step: the API's routes (`controller/kube/jobs.py`) or a real cluster.
+status subresource, core/v1 Events). Next step: the API's routes (`controller/kube/rolloutjobs.py`) or a real cluster.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from sqlmodel import Session, select
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import BadRequest, Conflict, NotFound
-from .live import LiveLeases
+from .held_leases import LiveLeases
 from .states import LIVE, BatchState, GroupState, ItemState
 from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
 

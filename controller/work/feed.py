@@ -15,8 +15,8 @@ from sqlmodel import Session, func, select
 from rolloutd.crds.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
-from .jobs import Wakeups
-from .plain import Item
+from .job_state import Wakeups
+from .hot_sql import Item
 from .tables import FACT_REASON, ItemRow, TrajectoryRow
 
 

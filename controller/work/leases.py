@@ -18,14 +18,14 @@ from rolloutd.crds.node import BEAT_RESULTS, Heartbeat, HeartbeatResponse, Lease
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import NotFound
-from . import plain
+from . import hot_sql
 from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
-from .jobs import JobCache, Jobs, closed
-from .live import Live
-from .nodes import NodeRegistry
-from .policy import PolicyVersions
+from .job_state import JobCache, Jobs, closed
+from .held_leases import Live
+from .node_registry import NodeRegistry
+from .policy_versions import PolicyVersions
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
 from .tables import ItemRow, NodeRow
@@ -34,7 +34,7 @@ from .tables import ItemRow, NodeRow
 class Leases:
     def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
                  expansions: Expansions, batches: Batches, clock: Callable[[], float], *,
-                 intake: Callable[[plain.Tx, str, RolloutJob, Any, list[Result]],
+                 intake: Callable[[hot_sql.Tx, str, RolloutJob, Any, list[Result]],
                                   tuple[ResultAck, Callable[[], None]]] | None = None) -> None:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.clock = expansions, batches, clock
@@ -58,12 +58,12 @@ class Leases:
             return asked, live
         return max(0, min(asked, -(-live // nodes) - held)), live
 
-    def lease_now(self, node_id: str, max_items: int, tx: plain.Tx | None = None,
+    def lease_now(self, node_id: str, max_items: int, tx: hot_sql.Tx | None = None,
                   job: RolloutJob | None = None) -> LeaseResponse:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
         in that call's transaction `tx`, with the `job` it read before writing: reading it after may wait on
         the store's lock, held by a thread that waits on our write lock — a 30 s stall)."""
-        with plain.joined(self.engine, tx) as tx:
+        with hot_sql.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = self.nodes.caller(db, node_id)
             try:
@@ -87,7 +87,7 @@ class Leases:
                                     " ORDER BY id LIMIT ?", (job_name, ItemState.queued.value, max_items)).fetchall()
                 prompts = sorted({row[1] for row in queued})
                 tasks = dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN "
-                                        f"{plain.in_list(len(prompts))}", (job_name, *prompts))) if prompts else {}
+                                        f"{hot_sql.in_list(len(prompts))}", (job_name, *prompts))) if prompts else {}
                 changes: list[tuple[Any, ...]] = []
                 for item, prompt, sample, attempt, queued_at in queued:
                     backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
@@ -108,7 +108,7 @@ class Leases:
                                    "attempt_id = ?, deadline = ?, backend = ?, holds_backend = ? WHERE id = ?", changes)
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
-            idle = not leases and (live == 0 if live is not None else not plain.has_live(db, job_name))
+            idle = not leases and (live == 0 if live is not None else not hot_sql.has_live(db, job_name))
         exp = self.expansions.row(job)  # a read: the expansion is the reconcile's step (`Scheduler.admit`)
         if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
             with Session(self.engine, expire_on_commit=False) as s:
@@ -121,7 +121,7 @@ class Leases:
         while True:
             job_name = self.nodes.job_of(node_id)
             if job_name is None:
-                with plain.transaction(self.engine) as tx:
+                with hot_sql.transaction(self.engine) as tx:
                     job_name = self.nodes.caller(tx.db, node_id)[0]
             ev = self.queue.changed.event(job_name)
             ev.clear()
@@ -134,9 +134,9 @@ class Leases:
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
         """A beat in a transaction of its own (`heartbeat_in` says what it does)."""
         job = self.jobs.find(self.nodes.job_of(node_id))
-        return plain.run_alone(self.engine, lambda tx: self.heartbeat_in(tx, node_id, hb, lease, job))
+        return hot_sql.run_alone(self.engine, lambda tx: self.heartbeat_in(tx, node_id, hb, lease, job))
 
-    def heartbeat_in(self, tx: plain.Tx, node_id: str, hb: Heartbeat, lease: int | None,
+    def heartbeat_in(self, tx: hot_sql.Tx, node_id: str, hb: Heartbeat, lease: int | None,
                      job: RolloutJob | None) -> tuple[HeartbeatResponse, Callable[[], None]]:
         """A beat in the caller's transaction `tx`, with its node's `job` read before (None: deleted) — reading
         it inside may wait on the store's lock, held by a thread that waits on our write lock. With `lease` (the
@@ -144,7 +144,7 @@ class Leases:
         (beat-results: applied first) and may name only the stages that changed (`hb.full` false, beat-deltas):
         only a full beat renews the leases it names. Returns the reply and what to do once committed."""
         resp = HeartbeatResponse()
-        after: Callable[[], None] = plain.nothing
+        after: Callable[[], None] = hot_sql.nothing
         job_name, state = self.nodes.caller(tx.db, node_id)
         paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
         if paced:
@@ -219,7 +219,7 @@ class Leases:
                 live.renew(aid, held, until)
         if gone:
             cancelled = {aid for (aid,) in db.execute(
-                f"SELECT attempt_id FROM items WHERE attempt_id IN {plain.in_list(len(gone))} AND state = ?",
+                f"SELECT attempt_id FROM items WHERE attempt_id IN {hot_sql.in_list(len(gone))} AND state = ?",
                 (*gone, ItemState.cancelled.value))}
             for aid in gone:
                 (resp.cancel if aid in cancelled else resp.unknown).append(aid)

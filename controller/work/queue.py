@@ -17,9 +17,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from .backends import BackendPool
-from .jobs import Wakeups
-from .plain import LIVE_SQL, Item
-from .live import Live, LiveLeases
+from .job_state import Wakeups
+from .hot_sql import LIVE_SQL, Item
+from .held_leases import Live, LiveLeases
 from .states import LIVE, ItemState
 from .tables import ItemRow
 

@@ -24,14 +24,14 @@ from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..errors import NotFound
-from . import plain
+from . import hot_sql
 from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed
-from .jobs import JobCache, Jobs
-from .nodes import NodeRegistry
-from .plain import Item
-from .policy import PolicyVersions, staleness
+from .job_state import JobCache, Jobs
+from .node_registry import NodeRegistry
+from .hot_sql import Item
+from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
 from .tables import ItemRow
@@ -53,8 +53,8 @@ class ResultIntake:
         return bool(item.backend) and not pool.healthy(item.backend) \
             and not any(pool.healthy(u) for u in cache.backends)
 
-    def results_in(self, tx: plain.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
-                   also: Callable[[plain.Tx, RolloutJob], LeaseResponse] | None = None,
+    def results_in(self, tx: hot_sql.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
+                   also: Callable[[hot_sql.Tx, RolloutJob], LeaseResponse] | None = None,
                    ) -> tuple[ResultAck, Callable[[], None]]:
         """Apply a batch of results in the caller's transaction `tx`, with the node's `job` read before (None:
         deleted); `also` (the lease riding on the reply) runs once they are, not when the batch is refused whole.
@@ -65,15 +65,15 @@ class ResultIntake:
         job_name, node_state = node
         if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue
             return ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost"
-                                      for r in batch.results}), plain.nothing
+                                      for r in batch.results}), hot_sql.nothing
         if job is None or job.metadata.key != job_name:
-            return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results}), plain.nothing
+            return ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results}), hot_sql.nothing
         ack, after = self.apply(tx, node_id, job, self.jobs.sync(job), batch.results)
         if also is not None:
             ack.lease = also(tx, job)
         return ack, after
 
-    def apply(self, tx: plain.Tx, node_id: str, job: RolloutJob, cache: JobCache,
+    def apply(self, tx: hot_sql.Tx, node_id: str, job: RolloutJob, cache: JobCache,
               results: list[Result]) -> tuple[ResultAck, Callable[[], None]]:
         """`results` of node `node_id` (of `job`) applied in the caller's transaction `tx`: the ack, and what to
         do once it is committed (wake the job's waiting leases, tell the reconciler the job may be over)."""
@@ -85,7 +85,7 @@ class ResultIntake:
         settled: list[int] = []
         config_error = ""
         delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
-        items = plain.items_by_attempt(tx.db, [r.attempt_id for r in results])
+        items = hot_sql.items_by_attempt(tx.db, [r.attempt_id for r in results])
         changed: dict[int, Item] = {}
         for res in results:
             item = items.get(res.attempt_id)
@@ -119,7 +119,7 @@ class ResultIntake:
             changed[item.id] = item
             ack.accepted.append(res.attempt_id)
         if changed:
-            plain.save(tx.db, changed.values())
+            hot_sql.save(tx.db, changed.values())
         if delivered:  # in order: their seqs follow the batch
             self.feed.insert(tx.db, delivered)
         for gid in settled:
@@ -128,7 +128,7 @@ class ResultIntake:
         if config_error:
             self.expansions.fail(tx.session(), job_name, config_error)
             self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
-        idle = bool(settled) and self.on_idle is not None and not plain.has_live(tx.db, job_name)
+        idle = bool(settled) and self.on_idle is not None and not hot_sql.has_live(tx.db, job_name)
 
         def after() -> None:
             if config_error and self.on_idle is not None:

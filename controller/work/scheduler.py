@@ -34,16 +34,16 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from ..errors import BadRequest, Conflict, NotFound
 from ..ports import Progress
 from ..store import Store
-from . import plain, tables
+from . import hot_sql, tables
 from .admission import Admission
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
 from .expansion import Expansions, PolicyFor
 from .feed import Feed
-from .jobs import Jobs, closed
+from .job_state import Jobs, closed
 from .leases import Leases
-from .nodes import NodeRegistry
-from .policy import PolicyVersions
+from .node_registry import NodeRegistry
+from .policy_versions import PolicyVersions
 from .queue import ItemQueue
 from .results import ResultIntake
 from .states import BatchState, ItemState
@@ -88,8 +88,8 @@ class Scheduler:
                                    self.expansions, self.batches, self.feed, clock)
         self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                              self.batches, clock, intake=self.intake.apply)  # results riding on beats
-        self.group = plain.GroupCommit(self.engine)  # node calls committed together
-        with plain.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
+        self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
+        with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
 
     def _lease_seconds(self, name: str) -> float:
@@ -120,7 +120,7 @@ class Scheduler:
         return self.leases.heartbeat(node_id, hb, lease)
 
     async def heartbeat_grouped(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """`heartbeat`, its transaction committed with the other calls of this turn of the loop (`plain.GroupCommit`)."""
+        """`heartbeat`, its transaction committed with the other calls of this turn of the loop (`hot_sql.GroupCommit`)."""
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
         return await self.group.submit(lambda tx: self.leases.heartbeat_in(tx, node_id, hb, lease, job))
 
@@ -130,12 +130,12 @@ class Scheduler:
 
     def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
-        return plain.run_alone(self.engine, self._results(node_id, batch, lease))
+        return hot_sql.run_alone(self.engine, self._results(node_id, batch, lease))
 
-    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> plain.Work:
+    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> hot_sql.Work:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
 
-        def work(tx: plain.Tx) -> tuple[ResultAck, Callable[[], None]]:
+        def work(tx: hot_sql.Tx) -> tuple[ResultAck, Callable[[], None]]:
             also = (lambda tx, job: self.leases.lease_now(node_id, lease, tx, job)) if lease is not None else None
             ack, after = self.intake.results_in(tx, node_id, batch, job, also)
             if lease is not None and ack.lease is None:  # refused whole: node lost (its lease call says 404) or job gone

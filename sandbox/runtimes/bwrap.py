@@ -125,7 +125,7 @@ class BwrapRuntime(SandboxRuntime):
       ``--die-with-parent``: the sandbox dies with the node daemon.
       ``--new-session``: no TIOCSTI into the daemon's terminal.
     * no privileges: under a root daemon no user namespace, and the server drops
-      to `sandbox_uid()` (early.become); under an unprivileged one bwrap's user
+      to `sandbox_uid()` (first_bash.become); under an unprivileged one bwrap's user
       namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
       on every process.
     * a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
@@ -231,7 +231,7 @@ class BwrapRuntime(SandboxRuntime):
             opts.extend(["--unshare-all", "--cap-drop", "ALL"])
         else:
             # root: no user namespace (root inside one is still root to every file it can reach);
-            # the server keeps only what it needs to become `uid` (which clears them), see early.become
+            # the server keeps only what it needs to become `uid` (which clears them), see first_bash.become
             opts.extend(["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"])
             opts.extend(["--cap-drop", "ALL", *(a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}"))])
         opts.append("--clearenv")  # the server's environment is fixed; the job's goes to its sessions only

@@ -3,5 +3,5 @@
 Where it sits: started inside every sandbox as a bare ``server`` package by the launcher in
 `rolloutd.sandbox.launch`; `main.py` is its entry. It must not import anything from ``rolloutd``: it
 runs before, and apart from, the rest of the code. The node side imports only `procs.py` (the one
-/proc reader and kill loop, stdlib only so that both sides share it) and, in tests and benches, `early.py`.
+/proc reader and kill loop, stdlib only so that both sides share it) and, in tests and benches, `first_bash.py`.
 """

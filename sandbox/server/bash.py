@@ -10,7 +10,7 @@ import select
 import threading
 import time
 
-from .early import spawn_bash
+from .first_bash import spawn_bash
 from .output import Capture
 from .procs import boot_ticks, last_pid
 
@@ -81,7 +81,7 @@ class BashSession:
     The server's connection thread begins a command with `start` when the session is idle (the
     pty's reader thread then hands the result over as soon as the prompt is back: no thread waits
     per command); its request threads call `run` (session busy), `send_input` and `interrupt`.
-    The pty comes from `early.spawn_bash` (``os.forkpty``: stdlib only, the server starts in ms).
+    The pty comes from `first_bash.spawn_bash` (``os.forkpty``: stdlib only, the server starts in ms).
 
     bash runs interactive on a pty (``--noediting``: no readline, so no bracketed
     paste or line-editing escapes; the tty does not echo). Its prompt is a marker
@@ -119,7 +119,7 @@ class BashSession:
         self.dead = False
         if adopt is None:
             adopt = spawn_bash(cwd, env, rlimits, landlock)
-        self.pid, self.fd = adopt  # `adopt`: a bash started early by server/early.py
+        self.pid, self.fd = adopt  # `adopt`: a bash started early by server/first_bash.py
         self.exit_status: int | None = None
         self._reaped = threading.Lock()
         os.set_blocking(self.fd, False)

@@ -4,7 +4,7 @@ write only beneath the sandbox's writable places other than the control director
 nor trace a process outside its own domain: a verifier's output and the verifier itself are out of reach.
 
 Unprivileged (Linux 5.13+, ABI 6 for the signal scope); where the kernel lacks it, `ruleset` raises OSError
-and the sandbox runs unconfined, as before. Next step: `early.spawn_bash` and the kernel call `enter`.
+and the sandbox runs unconfined, as before. Next step: `first_bash.spawn_bash` and the kernel call `enter`.
 """
 from __future__ import annotations
 

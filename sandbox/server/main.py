@@ -15,7 +15,7 @@ import time
 import _socket  # not `socket`: it imports enum
 
 from .bash import BashSession, SessionDead
-from .early import apply_limits, undumpable
+from .first_bash import apply_limits, undumpable
 from .procs import all_stats
 from .threads import Deadlines, Workers
 from .wire import RequestError, read_frames, reply_to, to_json
@@ -334,7 +334,7 @@ class Server:
 
 def main(cfg: dict, early_bash: tuple[int, int] | None = None) -> None:
     """Bind the socket (0600, in the 0700 control directory bound into the sandbox), adopt the
-    default bash session (forked by the launcher, see `early.py`) and write ``READY <pid>`` on
+    default bash session (forked by the launcher, see `first_bash.py`) and write ``READY <pid>`` on
     stdout, which is what the node side waits for. Accept exactly one connection, then remove the
     socket. Exit when the client disconnects, on ``shutdown``, or at ``wall_seconds``, killing
     every process started, by process session."""

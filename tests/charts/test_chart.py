@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from rolloutd.controller.policy import backend_allow_nets
+from rolloutd.controller.allowlists import backend_allow_nets
 from rolloutd.controller.executors.kubernetes import KubernetesExecutor
 from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app

@@ -1,4 +1,4 @@
-"""Node calls' transactions committed together (`controller/work/plain.GroupCommit`): the calls submitted in one
+"""Node calls' transactions committed together (`controller/work/hot_sql.GroupCommit`): the calls submitted in one
 turn of the event loop share one transaction and one commit; a call that fails is rolled back alone and gets
 its own error; each caller is answered only after the commit, and the after-commit steps run after it."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.work.plain import GroupCommit
+from rolloutd.controller.work.hot_sql import GroupCommit
 
 
 @pytest.fixture

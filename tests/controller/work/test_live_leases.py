@@ -1,11 +1,11 @@
-"""The leases held now live in memory (`controller/work/live.py`): a beat reads and renews them there (no
+"""The leases held now live in memory (`controller/work/held_leases.py`): a beat reads and renews them there (no
 deadline written), every way out of `leased` forgets them, and a restarted controller loads them back from
 the database and gives each a whole lease."""
 from __future__ import annotations
 
 import asyncio
 
-from rolloutd.controller.work.live import Live, LiveLeases
+from rolloutd.controller.work.held_leases import Live, LiveLeases
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import Heartbeat, ResultBatch
 
@@ -81,19 +81,19 @@ def test_a_lease_held_in_memory_but_not_in_the_database_is_forgotten_not_requeue
 
 
 def test_a_result_writes_back_only_the_columns_it_changed(tmp_path):
-    """SQLite rewrites every index of a column an UPDATE sets, changed or not: `plain.save` sets only what
+    """SQLite rewrites every index of a column an UPDATE sets, changed or not: `hot_sql.save` sets only what
     changed (a finished attempt keeps its attempt and node ids, whose indexes are then left alone)."""
-    from rolloutd.controller.work import plain
+    from rolloutd.controller.work import hot_sql
 
     store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
     node = reg(sched)
     [l] = lease(sched, node, 1)
-    with plain.transaction(sched.engine) as tx:
+    with hot_sql.transaction(sched.engine) as tx:
         statements: list[str] = []
         tx.db.set_trace_callback(statements.append)
-        item = plain.items_by_attempt(tx.db, [l.attempt_id])[l.attempt_id]
+        item = hot_sql.items_by_attempt(tx.db, [l.attempt_id])[l.attempt_id]
         sched.queue.finish(item, "done")
-        plain.save(tx.db, [item])
+        hot_sql.save(tx.db, [item])
         tx.db.set_trace_callback(None)
     [update] = [s for s in statements if s.startswith("UPDATE")]
     assert "state = " in update and "attempt_id" not in update and "node_id" not in update, update

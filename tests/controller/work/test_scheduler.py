@@ -428,7 +428,7 @@ def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
 
 def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path):
     from rolloutd.controller.errors import NotFound
-    from rolloutd.controller.work.nodes import NODE_SILENCE_SECONDS
+    from rolloutd.controller.work.node_registry import NODE_SILENCE_SECONDS
 
     store, sched, clock, job = make(tmp_path)
     quiet, talking = reg(sched, "quiet"), reg(sched, "talking")

@@ -19,7 +19,7 @@ from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, 
 
 from ..errors import BadRequest, Conflict, NotFound
 from ..tenancy import policies_for
-from .jobs import Jobs, closed
+from .job_state import Jobs, closed
 from .states import DaemonState
 from .tables import NodeRow
 

@@ -18,8 +18,8 @@ from sqlmodel import Session
 from rolloutd.crds.trajectory import Trajectory
 
 from .backends import BackendHttp
-from .jobs import Jobs
-from .nodes import NodeRegistry
+from .job_state import Jobs
+from .node_registry import NodeRegistry
 from .tables import PolicyRow
 
 log = logging.getLogger("rolloutd.scheduler")

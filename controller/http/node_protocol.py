@@ -25,7 +25,7 @@ from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, Heartbeat, LeaseRequ
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from ..nodeauth import NodeCredentials
-from ..work.jobs import closed
+from ..work.job_state import closed
 from ..work.scheduler import Scheduler
 from .bodies import read_model, read_model_fast
 
