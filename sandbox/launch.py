@@ -58,8 +58,8 @@ class LaunchConfig(BaseModel):
 
 
 def server_site_dirs() -> list[str]:
-    """Where the server's one third-party import, jupyter_client (first IPython cell), lives."""
-    spec = importlib.util.find_spec("jupyter_client")
+    """Where the kernel's one third-party import, IPython (and what it imports), lives: bound into the sandbox."""
+    spec = importlib.util.find_spec("IPython")
     if spec is None or spec.origin is None:
         return []
     return [str(Path(spec.origin).resolve().parent.parent)]

@@ -1,4 +1,4 @@
-"""IPython through the whole path: client → UDS → exec server → jupyter_client → ipykernel."""
+"""IPython through the whole path: client → UDS → exec server → the kernel process (IPython over two pipes)."""
 from __future__ import annotations
 
 import base64
