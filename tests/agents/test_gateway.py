@@ -241,3 +241,27 @@ def test_cancelling_the_rollout_cancels_the_harness_calls():
         return llm.cancelled.is_set()
 
     assert asyncio.run(go())
+
+
+def test_a_harness_that_never_calls_the_model_is_still_scored_by_eval():
+    """A harness may solve a task without one model call (or fail before its first): the rollout is not an infra
+    failure and EVAL scores the sandbox as for any agent. The backend here answers nothing: no call may reach it."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+    solve = ("cd /srv/corpus && grep -oE '[A-Za-z]+' words.txt | tr 'A-Z' 'a-z' | sort -u | wc -l | tr -d ' ' "
+             "> distinct.txt")
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            async with VLLMBackend("http://127.0.0.1:9") as llm:  # discard port: nothing listens
+                config = AgentConfig(agent_kind="harness", agent_command=solve, sampling=SamplingParams(seed=7))
+                trajectory = await handler.run(task, sandbox, llm, tokenizer=None, config=config,
+                                               ctx=RolloutContext(job="gw", prompt=0, sample=0, task_id=task["id"]))
+            return trajectory, await handler.eval(task, sandbox, trajectory)
+
+    trajectory, reward = asyncio.run(go())
+    assert trajectory.failure.kind.value == "none", trajectory.failure
+    assert trajectory.metrics["gateway_calls"] == 0 and trajectory.token_ids == [] and trajectory.segments == []
+    assert reward.value == 1.0
