@@ -1,6 +1,6 @@
 """Whole-episode admission per backend, shared among jobs by weighted fair queueing.
 
-`backends.BackendPool.acquire` asks `Admission.admits` before it pins a task; `leases` notes which nodes wait.
+`backends.BackendPool.acquire` asks `Admission.admits` before it pins a task; `attempts` notes which nodes wait.
 
 An episode is admitted when its task is pinned to a backend at lease time and keeps the admission
 until its RUN ends (the pin's release: RUN left, result, cancel, give-back or lease expiry), so a

@@ -1,6 +1,6 @@
 """The item state machine: add, back to the queue, cancel, finish, each written here once.
 
-`leases` grants leases (a bulk UPDATE on the hot path) and extends them, `results` applies an attempt's outcome.
+`attempts` grants leases (a bulk UPDATE on the hot path), extends them and applies an attempt's outcome.
 
 An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
 extend in memory, see `live`) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure

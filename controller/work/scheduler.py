@@ -107,7 +107,7 @@ class Scheduler:
         return await self.attempts.lease(node_id, max_items, wait)
 
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """A beat in a transaction of its own; with `lease` (the node's free slots) the next leases ride on the reply."""
+        """A beat in a transaction of its own; with `lease` (the node's free slots) the next leases ride on it."""
         return plain.run_alone(self.engine, self._beat(node_id, hb, lease))
 
     async def heartbeat_grouped(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
