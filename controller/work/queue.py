@@ -25,12 +25,11 @@ from .tables import ItemRow
 
 
 class ItemQueue:
-    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float], changed: Wakeups) -> None:
         self.engine, self.pool, self.clock = engine, pool, clock
-        self.changed = Wakeups()  # set when a job's queue changed: a waiting lease looks again
+        self.changed = changed  # set when a job's queue changed: a waiting lease looks again
         self.live = LiveLeases()  # the leases held now, in memory: what beats read and renew
         self.stopped = False
-        pool.admission.on_free = lambda jobs: [self.wake(job) for job in jobs]  # a slot they wait for is free
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
                 self.pool.take(item.backend, item.job)

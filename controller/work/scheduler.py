@@ -42,7 +42,7 @@ from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
 from .expansion import Expansions, PolicyFor
 from .feed import Feed
-from .jobs import Jobs, closed
+from .jobs import Jobs, Wakeups, closed
 from .nodes import NodeRegistry
 from .policy import PolicyVersions
 from .queue import ItemQueue
@@ -71,14 +71,17 @@ class Scheduler:
         failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted)."""
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
-        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
+        # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
+        changed = Wakeups()
+        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes(),
+                                          on_free=lambda jobs: [changed.set(job) for job in jobs]))
         self.health_interval = health_interval
         http = BackendHttp()
         # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
         self.health = HealthProbe(self.pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
-        self.queue = ItemQueue(self.engine, self.pool, clock)
+        self.queue = ItemQueue(self.engine, self.pool, clock, changed)
         # policy_for: the job's effective TenantPolicy (None: unrestricted), for its item quota
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
