@@ -189,6 +189,7 @@ class Attempts:
         cache = self.jobs.sync(job)
         resp.lease_seconds = cache.lease_seconds
         resp.drain = state == DaemonState.draining
+        now = self.clock()
         ended: set[str] = set()
         if hb.results:
             ack, after = self._end(tx, node_id, job, cache, hb.results)
@@ -199,7 +200,7 @@ class Attempts:
         self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
         version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
         resp.policy_version = json.loads(version)
-        _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, self.clock(), resp)
+        _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:
             resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job, caller)
         return resp, after
