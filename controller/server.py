@@ -29,7 +29,7 @@ from .executors.slurm.executor import SlurmExecutor
 from .nodeauth import NodeCredentials
 from .tenancy import policies_for
 from .operator import embedded
-from .operator.handlers import Reconciler
+from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .work.scheduler import Scheduler
@@ -51,7 +51,9 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     token = ensure_token(paths.token)
     credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
     store = Store(paths.db)
-    scheduler = Scheduler(store, policy_for=policies_for(store).effective)  # quotas and data roots
+    nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
+    scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
+                          on_idle=nudges.nudge)
     app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
@@ -81,9 +83,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         stop = asyncio.Event()
         if operator:
             api = JobApi(kube or own)
-            reconciler = Reconciler(api, enabled, scheduler, interval=resync,
+            reconciler = Reconciler(api, enabled, scheduler, interval=resync, nudges=nudges,
                                     mirror=mirror and mirror.put, forget=mirror and mirror.drop)
-            scheduler.on_idle = reconciler.nudge  # a finished job is marked Succeeded now, not at the next pass
             app.state.reconciler = reconciler
             tasks.append(asyncio.create_task(embedded.run(kube or own, reconciler, stop), name="operator"))
 

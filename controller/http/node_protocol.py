@@ -10,7 +10,8 @@
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
          unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
-Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. Wire models:
+Mounted by `api.create_app` when a scheduler is given; the scheduler does the work: a call goes route →
+`Scheduler` → `work.attempts.Attempts`, which reads the node's row once, in the call's transaction. Wire models:
 `rolloutd.crds.node`; the daemon's side is `rolloutd.agents.daemon.controller_client`.
 """
 from __future__ import annotations

@@ -27,21 +27,14 @@ log = logging.getLogger("rolloutd.operator")
 PLURAL = "rolloutjobs"
 
 
-class Reconciler:
-    """What the handlers share (kopf's `memo`): executors, the work tracker, the API writer, the
-    operator-mode mirror, and one wake-up per observed job so that `nudge` ends its wait at once."""
+class Nudges:
+    """One wake-up per observed job: its observer waits on `wake(key)`, `nudge(key)` ends that wait at once.
+    Made before the work tracker and the reconciler and given to both (the tracker nudges a job whose last
+    rollout ended), so neither is patched into the other after construction."""
 
-    def __init__(self, api: JobApi, executors: dict[str, Executor], work: WorkTracker | None = None, *,
-                 interval: float = 2.0, mirror: Callable[[RolloutJob], Any] | None = None,
-                 forget: Callable[[RolloutJob], Any] | None = None):
-        self.api, self.executors, self.work, self.interval = api, executors, work, interval
-        self.mirror, self.forget = mirror, forget   # operator mode: the local copy the scheduler reads
+    def __init__(self) -> None:
         self._wakes: dict[str, asyncio.Event] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    def __copy__(self) -> "Reconciler":  # kopf copies its memo per object: all of them share this one
-        return self
 
     def nudge(self, key: str) -> None:
         """Observe this job (its key: `crds.names.job_key`) now rather than at the end of its wait (its last
@@ -53,6 +46,26 @@ class Reconciler:
     def wake(self, key: str) -> asyncio.Event:
         self._loop = asyncio.get_running_loop()
         return self._wakes.setdefault(key, asyncio.Event())
+
+    def drop(self, key: str) -> None:
+        self._wakes.pop(key, None)
+
+
+class Reconciler:
+    """What the handlers share (kopf's `memo`): executors, the work tracker, the API writer, the
+    operator-mode mirror, and one wake-up per observed job (`nudges`) so that `nudge` ends its wait at once."""
+
+    def __init__(self, api: JobApi, executors: dict[str, Executor], work: WorkTracker | None = None, *,
+                 interval: float = 2.0, mirror: Callable[[RolloutJob], Any] | None = None,
+                 forget: Callable[[RolloutJob], Any] | None = None, nudges: Nudges | None = None):
+        self.api, self.executors, self.work, self.interval = api, executors, work, interval
+        self.mirror, self.forget = mirror, forget   # operator mode: the local copy the scheduler reads
+        self.nudges = nudges if nudges is not None else Nudges()
+        self.nudge, self.wake = self.nudges.nudge, self.nudges.wake
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def __copy__(self) -> "Reconciler":  # kopf copies its memo per object: all of them share this one
+        return self
 
     async def step(self, namespace: str, name: str, body: Mapping[str, Any] | None = None) -> RolloutJob | None:
         """One pass over the job as stored now, or as `body` (kopf's copy from the event that called the
@@ -130,7 +143,7 @@ async def observe(name: str, namespace: str, memo: Reconciler, stopped: Any, **_
                 for w in waits:
                     w.cancel()
     finally:
-        memo._wakes.pop(key, None)
+        memo.nudges.drop(key)
 
 
 async def release(name: str, namespace: str, memo: Reconciler, **_: Any) -> None:

@@ -1,6 +1,6 @@
 """Whole-episode admission per backend, shared among jobs by weighted fair queueing.
 
-`backends.BackendPool.acquire` asks `Admission.admits` before it pins a task; `leases` notes which nodes wait.
+`backends.BackendPool.acquire` asks `Admission.admits` before it pins a task; `attempts` notes which nodes wait.
 
 An episode is admitted when its task is pinned to a backend at lease time and keeps the admission
 until its RUN ends (the pin's release: RUN left, result, cancel, give-back or lease expiry), so a
@@ -30,7 +30,8 @@ class JobShare:
 
 
 class Admission:
-    def __init__(self, clock: Callable[[], float], default: int | None = None) -> None:
+    def __init__(self, clock: Callable[[], float], default: int | None = None,
+                 on_free: Callable[[Iterable[str]], None] = lambda jobs: None) -> None:
         self.clock, self.default = clock, default
         self.learning = False  # a health probe asks backends their max_num_seqs: an unasked one waits for it
         self.reported: dict[str, int | None] = {}  # url → max_num_seqs (None: the backend does not say)
@@ -39,7 +40,7 @@ class Admission:
         # url → job → (its nodes refused there, the latest refusal): what `waiting` reads on every admission
         self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
-        self.on_free: Callable[[Iterable[str]], None] = lambda jobs: None  # wake these jobs' waiting leases
+        self.on_free = on_free  # a slot these jobs wait for is free: wake their waiting leases
 
     # ---------------------------------------------------------------- jobs and caps
 

@@ -1,6 +1,7 @@
 """Batch mode and DAPO dynamic sampling: which prompts run, which groups count, when to stop.
 
-The scheduler calls `request`/`snapshot` (batch API), `results` calls `group_settled`; items go via `Items` (`queue`).
+The scheduler calls `request`/`snapshot` (batch API), `attempts` calls `group_settled` (a result or an expiry
+settles a group); items go via `Items` (`queue`).
 
 A job is in batch mode when `spec.dapo.enabled` or `spec.batches` is set; a trainer asks for batch k and
 the job opens groups (one prompt × samplesPerPrompt each, prompts in dataset order, cycling,

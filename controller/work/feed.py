@@ -1,6 +1,6 @@
 """The trainer feed: the trajectories table, written once per final item and read in order (or followed).
 
-`results` (and a lease's expiry) call `deliver`; the trainer routes read `trajectories`/`follow`/`groups`.
+`attempts` (a result, or a lease's expiry) calls `deliver`; the trainer routes read `trajectories`/`follow`/`groups`.
 """
 from __future__ import annotations
 

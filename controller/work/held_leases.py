@@ -1,8 +1,8 @@
 """The leases held right now, in memory: who holds each attempt, its stage and backend pin, and until when.
 
-`leases` adds a lease when it grants one and a beat reads and renews it there instead of in the database;
+`attempts` adds a lease when it grants one and a beat reads and renews it there instead of in the database;
 `queue.ItemQueue` forgets it when the attempt ends (every way out of `leased` goes through it), and the expiry
-pass (`results.ResultIntake.expire`) requeues what no full beat renewed in time. A restarted controller loads
+pass (`attempts.Attempts.expire`) requeues what no full beat renewed in time. A restarted controller loads
 the leased items from the database and gives each a whole lease from its start.
 
 Why: a thousand daemons each naming 64 leases in a beat every few seconds read 64 rows per beat and rewrote

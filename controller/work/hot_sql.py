@@ -1,9 +1,10 @@
 """Plain sqlite3 for the node protocol's hot paths: rows as tuples, statements by text, calls' transactions
 committed together (`GroupCommit`).
 
-Used by `leases` (lease, beat) and `results`, thousands of calls a second at a thousand nodes, where an ORM
-Session and its statements cost ~6 ms of CPU per call; their rare branches (batch groups, a configuration
-error) join the same transaction through `Tx.session`. sqlite3 keeps each statement text prepared (its cache).
+Used by `attempts` (lease, beat, result: the attempt path's statements are all here), thousands of calls a
+second at a thousand nodes, where an ORM Session and its statements cost ~6 ms of CPU per call; their rare
+branches (batch groups, a configuration error) join the same transaction through `Tx.session`. sqlite3 keeps
+each statement text prepared (its cache).
 """
 from __future__ import annotations
 
@@ -123,6 +124,38 @@ def has_live(db: sqlite3.Connection, job: str) -> bool:
     """Whether `job` has an item still queued or leased."""
     return db.execute(f"SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT 1", (job,)).fetchone() \
         is not None
+
+
+def queued(db: sqlite3.Connection, job: str, limit: int) -> list[tuple[int, int, int, int, float]]:
+    """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items."""
+    return db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+                      " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
+
+
+def tasks(db: sqlite3.Connection, job: str, prompts: list[int]) -> dict[int, str]:
+    """Prompt → its task (JSON text), for `prompts` of the job."""
+    if not prompts:
+        return {}
+    return dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN {in_list(len(prompts))}",
+                           (job, *prompts)))
+
+
+def grant(db: sqlite3.Connection, grants: list[tuple[Any, ...]]) -> None:
+    """Items leased: (node_id, attempt, attempt_id, deadline, backend, holds_backend, id) each, in one statement."""
+    db.executemany("UPDATE items SET state = 'leased', stage = 'leased', node_id = ?, attempt = ?, "
+                   "attempt_id = ?, deadline = ?, backend = ?, holds_backend = ? WHERE id = ?", grants)
+
+
+def cancelled(db: sqlite3.Connection, attempt_ids: list[str]) -> set[str]:
+    """Those of `attempt_ids` whose item was cancelled."""
+    return {aid for (aid,) in db.execute(
+        f"SELECT attempt_id FROM items WHERE attempt_id IN {in_list(len(attempt_ids))} AND state = ?",
+        (*attempt_ids, ItemState.cancelled.value))}
+
+
+def save_pins(db: sqlite3.Connection, pins: Iterable[tuple[str | None, bool, int]]) -> None:
+    """(backend, holds_backend, id) each: a backend released or re-pinned (admission is restored from these)."""
+    db.executemany("UPDATE items SET backend = ?, holds_backend = ? WHERE id = ?", list(pins))
 
 
 # ------------------------------------------------------------------ a call's work: alone or grouped

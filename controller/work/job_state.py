@@ -1,6 +1,6 @@
 """What the work core keeps in memory per job: its spec's scheduling settings and its wake-up events.
 
-Read by every part (`queue`, `leases`, `results`, `nodes`, `policy`); the jobs themselves live in `..store`.
+Read by every part (`queue`, `attempts`, `nodes`, `policy`); the jobs themselves live in `..store`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The registry of node daemons: registration, liveness (kept in memory), draining, retiring the silent.
 
-`leases` and `results` look a caller up with `node`; `policy` waits on the active daemons; `..executors.slurm` drains.
+`attempts` looks a caller up with `node`; `policy` waits on the active daemons; `..executors.slurm` drains.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Policy versions: the version every lease and beat carries, and the switch to a new one around weight sync.
 
-Called by the policy routes (`announce`, `describe`); `leases` reads the version, `results` measures staleness.
+Called by the policy routes (`announce`, `describe`); `attempts` reads the version (a lease)
+and measures staleness (a result).
 """
 from __future__ import annotations
 

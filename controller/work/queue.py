@@ -1,6 +1,6 @@
 """The item state machine: add, back to the queue, cancel, finish, each written here once.
 
-`leases` grants leases (a bulk UPDATE on the hot path) and extends them, `results` applies an attempt's outcome.
+`attempts` grants leases (a bulk UPDATE on the hot path), extends them and applies an attempt's outcome.
 
 An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
 extend in memory, see `live`) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure
@@ -25,12 +25,11 @@ from .tables import ItemRow
 
 
 class ItemQueue:
-    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float], changed: Wakeups) -> None:
         self.engine, self.pool, self.clock = engine, pool, clock
-        self.changed = Wakeups()  # set when a job's queue changed: a waiting lease looks again
+        self.changed = changed  # set when a job's queue changed: a waiting lease looks again
         self.live = LiveLeases()  # the leases held now, in memory: what beats read and renew
         self.stopped = False
-        pool.admission.on_free = lambda jobs: [self.wake(job) for job in jobs]  # a slot they wait for is free
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
                 self.pool.take(item.backend, item.job)

@@ -1,6 +1,7 @@
 """The central scheduler: one façade over the work core, for the routes, the reconciler and the server.
 
-It wires `expansion`, `queue`, `leases`, `results`, `nodes`, `policy`, `feed`, `batches`, `backends`: they do the work.
+It wires `expansion`, `queue`, `attempts`, `nodes`, `policy`, `feed`, `batches`, `backends`: they do the work
+(`attempts` owns an attempt's life: lease, beat, result, expiry). Every collaborator is passed at construction.
 
 All state lives in SQLite (`tables`, beside the jobs), so a restarted controller resumes with every
 lease, result and backend pin where it was. The reconciler calls `progress`/`registered`/`forget`
@@ -36,16 +37,15 @@ from ..ports import Progress
 from ..store import Store
 from . import hot_sql, tables
 from .admission import Admission
+from .attempts import Attempts
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
 from .expansion import Expansions, PolicyFor
 from .feed import Feed
-from .job_state import Jobs, closed
-from .leases import Leases
+from .job_state import Jobs, Wakeups, closed
 from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
-from .results import ResultIntake
 from .states import BatchState, ItemState
 from .tables import ExpansionRow, NodeRow
 
@@ -66,17 +66,22 @@ class Scheduler:
     def __init__(self, store: Store, *, health_interval: float = 2.0,
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
                  health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None,
-                 policy_for: PolicyFor = lambda job: None):
+                 policy_for: PolicyFor = lambda job: None, on_idle: Callable[[str], None] | None = None):
+        """`on_idle`: called with a job's name when it may be finished now (its last rollout ended, or it
+        failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted)."""
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
-        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes()))
+        # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
+        changed = Wakeups()
+        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes(),
+                                          on_free=lambda jobs: [changed.set(job) for job in jobs]))
         self.health_interval = health_interval
         http = BackendHttp()
         # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
         self.health = HealthProbe(self.pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
-        self.queue = ItemQueue(self.engine, self.pool, clock)
+        self.queue = ItemQueue(self.engine, self.pool, clock, changed)
         # policy_for: the job's effective TenantPolicy (None: unrestricted), for its item quota
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -84,10 +89,8 @@ class Scheduler:
         self.registry = NodeRegistry(self.engine, self.jobs, clock)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
-        self.intake = ResultIntake(self.engine, self.queue, self.jobs, self.registry, self.policies,
-                                   self.expansions, self.batches, self.feed, clock)
-        self.leases = Leases(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
-                             self.batches, clock, intake=self.intake.apply)  # results riding on beats
+        self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
+                                 self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
@@ -98,31 +101,25 @@ class Scheduler:
         except NotFound:
             return 30.0
 
-    @property
-    def on_idle(self) -> Callable[[str], None] | None:
-        """Called with a job's name when it has no queued or leased item left (or failed)."""
-        return self.intake.on_idle
-
-    @on_idle.setter
-    def on_idle(self, listener: Callable[[str], None] | None) -> None:
-        self.intake.on_idle = listener
-
     # ------------------------------------------------------------ node protocol (node routes)
 
     def register(self, req: RegisterRequest, features: list[str] | None = None) -> RegisterResponse:
         return self.registry.register(req, features)
 
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
-        return await self.leases.lease(node_id, max_items, wait)
+        return await self.attempts.lease(node_id, max_items, wait)
 
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
-        """A beat; with `lease` (the node's free slots) the next leases ride on the reply."""
-        return self.leases.heartbeat(node_id, hb, lease)
+        """A beat in a transaction of its own; with `lease` (the node's free slots) the next leases ride on it."""
+        return hot_sql.run_alone(self.engine, self._beat(node_id, hb, lease))
 
     async def heartbeat_grouped(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
         """`heartbeat`, its transaction committed with the other calls of this turn of the loop (`hot_sql.GroupCommit`)."""
+        return await self.group.submit(self._beat(node_id, hb, lease))
+
+    def _beat(self, node_id: str, hb: Heartbeat, lease: int | None) -> hot_sql.Work:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
-        return await self.group.submit(lambda tx: self.leases.heartbeat_in(tx, node_id, hb, lease, job))
+        return lambda tx: self.attempts.beat(tx, node_id, hb, lease, job)
 
     async def results_grouped(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """`results`, committed with the other calls of this turn of the loop."""
@@ -134,18 +131,10 @@ class Scheduler:
 
     def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> hot_sql.Work:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
-
-        def work(tx: hot_sql.Tx) -> tuple[ResultAck, Callable[[], None]]:
-            also = (lambda tx, job: self.leases.lease_now(node_id, lease, tx, job)) if lease is not None else None
-            ack, after = self.intake.results_in(tx, node_id, batch, job, also)
-            if lease is not None and ack.lease is None:  # refused whole: node lost (its lease call says 404) or job gone
-                ack.lease = LeaseResponse(done=job is None)
-            return ack, after
-
-        return work
+        return lambda tx: self.attempts.results(tx, node_id, batch, job, lease)
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
-        return self.leases.give_back(node_id, attempt_ids, reason)
+        return self.attempts.give_back(node_id, attempt_ids, reason)
 
     def deregister(self, node_id: str) -> None:
         self.registry.deregister(node_id)
@@ -306,7 +295,7 @@ class Scheduler:
     # ------------------------------------------------------------ background duties
 
     def expire(self) -> int:
-        return self.intake.expire()
+        return self.attempts.expire()
 
     async def check_health(self) -> None:
         asked = dict(self.pool.admission.reported)
@@ -330,7 +319,7 @@ class Scheduler:
         self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
         while not self.queue.stopped:
             try:
-                self.intake.expire()
+                self.attempts.expire()
                 if time.monotonic() - last_health >= self.health_interval or self._unasked():
                     last_health = time.monotonic()
                     await self.check_health()

@@ -257,3 +257,20 @@ def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(t
         assert sched.pool.admission.cap(URL) == 0  # not known yet: episodes wait for the answer
     asyncio.run(sched.check_health())
     assert sched.pool.admission.cap(URL) == FALLBACK_EPISODES
+
+
+def test_a_lease_waiting_for_a_slot_is_answered_when_one_frees(tmp_path):
+    """A long-polling lease refused by a full backend is answered when an episode there ends (a done result wakes
+    nothing else): `Admission.on_free` rings the queue's wake-ups, both given them at construction."""
+    _, sched, _ = make(tmp_path, {"j": dict(prompts=3)}, max_episodes=1)
+
+    async def scenario():
+        a, b = reg(sched, "j", "a"), reg(sched, "j", "b")
+        [first] = (await sched.lease(a, 1)).leases  # the backend's one slot
+        waiting = asyncio.create_task(sched.lease(b, 1, wait=120))
+        await asyncio.sleep(0)  # b asked, was refused, and waits
+        assert not waiting.done()
+        sched.results(a, ResultBatch(results=[ok(first)]))
+        return await asyncio.wait_for(waiting, 30)  # un-woken, it would wait its whole 120 s
+
+    assert len(asyncio.run(scenario()).leases) == 1

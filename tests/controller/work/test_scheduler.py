@@ -30,7 +30,7 @@ class Clock:
         return self.t
 
 
-def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2, nodes=1):
+def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2, nodes=1, on_idle=None):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(prompts)))
@@ -44,7 +44,7 @@ def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(doc))
     clock = Clock()
-    sched = Scheduler(store, clock=clock)
+    sched = Scheduler(store, clock=clock, on_idle=on_idle)
     job = store.get("math-demo")
     sched.expand(job)
     return store, sched, clock, job
@@ -90,7 +90,7 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
     observing daemon (the kopf handler, run by hand here) marks it Succeeded at once, although its next
     periodic pass is a minute away."""
     from rolloutd.controller.executors.base import NodeState
-    from rolloutd.controller.operator.handlers import Reconciler, observe
+    from rolloutd.controller.operator.handlers import Nudges, Reconciler, observe
     from support.store_api import Stopped, StoreApi
 
     class OneNode:  # an executor whose one node is up
@@ -98,15 +98,16 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
         async def observe(self, job): return [NodeState("n1", "running")]
         async def release(self, job): pass
 
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=2)
     idle: list[str] = []
+    nudges = Nudges()  # made first, given to both: the scheduler is built with its listener, nothing patched later
+    store, sched, clock, job = make(tmp_path, prompts=2, samples=2,
+                                    on_idle=lambda name: (idle.append(name), nudges.nudge(name)))
 
     def phase() -> str:
         return store.get("math-demo").status.phase.value
 
     async def scenario():
-        rec = Reconciler(StoreApi(store), {"local": OneNode()}, sched, interval=60.0)
-        sched.on_idle = lambda name: (idle.append(name), rec.nudge(name))
+        rec = Reconciler(StoreApi(store), {"local": OneNode()}, sched, interval=60.0, nudges=nudges)
         stopped = Stopped()
         node = reg(sched)
         task = asyncio.create_task(observe("math-demo", "default", rec, stopped))

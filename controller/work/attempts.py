@@ -1,0 +1,394 @@
+"""An attempt's life, in one place: granted (a lease), kept (beats), ended (its result, or its lease runs out).
+
+Called by the scheduler's node methods (`lease`, `beat`, `results`, `give_back`) and its background loop
+(`expire`). The leases held now are `live.LiveLeases` (in memory); every state change goes through
+`queue.ItemQueue`, the statements through `plain`, what is final to `feed`. Next step: `queue.py`.
+
+A daemon takes queued items (its fair share, each pinned to a backend) and keeps them by beating. A result
+is accepted only from the attempt that currently holds the lease, so a late duplicate from an expired
+attempt is dropped and every rollout reaches the trainer exactly once. Infrastructure failures are retried
+up to `pipeline.maxAttempts`, then delivered as `failure.kind = infra` with no reward — never as a reward
+of 0; one that happens while every backend of the job is down uses no attempt (leasing pauses until a
+backend is healthy). A `failure.kind = config` result fails the job with its reason (which names the spec
+field) and cancels the job's other rollouts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+import uuid
+from typing import Any, Callable
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from rolloutd.crds.aiokit import wait_event
+from rolloutd.crds.node import (BEAT_RESULTS, Heartbeat, HeartbeatResponse, Lease, LeaseResponse, Result, ResultAck,
+                                ResultBatch)
+from rolloutd.crds.rolloutjob import RolloutJob
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+
+from ..errors import NotFound
+from . import hot_sql
+from .backends import BackendPool
+from .batches import Batches
+from .expansion import Expansions
+from .feed import Feed
+from .job_state import JobCache, Jobs, closed
+from .held_leases import Live
+from .node_registry import NodeRegistry
+from .hot_sql import Item
+from .policy_versions import PolicyVersions, staleness
+from .queue import ItemQueue
+from .states import DaemonState, ItemState
+from .tables import ItemRow, NodeRow
+
+log = logging.getLogger("rolloutd.scheduler")
+Done = Callable[[], None]  # what a call does once its transaction is committed
+
+
+class Attempts:
+    """The attempts of every job: `lease`, `beat`, `results`, `give_back`, `expire`. `on_idle` is called with a
+    job's name when it may be finished now (its last rollout ended, or it failed)."""
+
+    def __init__(self, engine: Engine, queue: ItemQueue, jobs: Jobs, nodes: NodeRegistry, policy: PolicyVersions,
+                 expansions: Expansions, batches: Batches, feed: Feed, clock: Callable[[], float],
+                 on_idle: Callable[[str], None] | None = None) -> None:
+        self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
+        self.expansions, self.batches, self.feed, self.clock, self.on_idle = expansions, batches, feed, clock, on_idle
+        self.pool, self.held = queue.pool, queue.live
+
+    # ------------------------------------------------------------ lease: queued items granted to a node
+
+    def lease_now(self, node_id: str, max_items: int, tx: hot_sql.Tx | None = None, job: RolloutJob | None = None,
+                  caller: tuple[str, str] | None = None) -> LeaseResponse:
+        """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
+        in that call's transaction `tx`, with the `job` it read before writing — reading it after may wait on
+        the store's lock, held by a thread that waits on our write lock: a 30 s stall — and the node's
+        (job, state) it looked up, `caller`)."""
+        with hot_sql.joined(self.engine, tx) as tx:
+            db = tx.db
+            job_name, state = caller if caller is not None else self.nodes.caller(db, node_id)
+            try:
+                job = job if job is not None else self.jobs.get(job_name)
+            except NotFound:
+                return LeaseResponse(done=True)
+            cache = self.jobs.sync(job)
+            if closed(job):
+                return LeaseResponse(done=True)
+            if state == DaemonState.draining:
+                return LeaseResponse(drain=True)
+            leases: list[Lease] = []
+            now = self.clock()
+            version = json.loads(self.policy.plain(db, job_name)[0])
+            max_items, live = self._fair_share(db, node_id, job_name, job, max_items)
+            refused: list[str] = []
+            if max_items > 0:
+                # plain rows, one query for their tasks, one executemany for the updates: per item,
+                # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
+                queued = hot_sql.queued(db, job_name, max_items)
+                tasks = hot_sql.tasks(db, job_name, sorted({row[1] for row in queued}))
+                grants: list[tuple[Any, ...]] = []
+                for item, prompt, sample, attempt, queued_at in queued:
+                    backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
+                    if cache.backends and backend is None:
+                        refused = cache.backends  # no healthy backend admits it: the rest waits queued
+                        break
+                    attempt += 1
+                    attempt_id = f"{item}.{attempt}.{uuid.uuid4().hex[:6]}"
+                    until = now + cache.lease_seconds
+                    grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
+                    self.held.add(attempt_id, Live(item, job_name, node_id, "leased", backend, backend is not None,
+                                                   until))
+                    leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
+                                        attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
+                                        policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
+                if grants:
+                    hot_sql.grant(db, grants)
+            self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
+            # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
+            idle = not leases and (live == 0 if live is not None else not hot_sql.has_live(db, job_name))
+        exp = self.expansions.row(job)  # a read: the expansion is the reconcile's step (`Scheduler.admit`)
+        if job.spec.batch_mode:  # a batch server has more work whenever the trainer asks
+            with Session(self.engine, expire_on_commit=False) as s:
+                done = idle and self.batches.finished(s, job)
+            return LeaseResponse(leases=leases, done=done)
+        return LeaseResponse(leases=leases, done=exp is not None and not exp.pending and exp.total > 0 and idle)
+
+    def _fair_share(self, db: sqlite3.Connection, node_id: str, job_name: str, job: RolloutJob,
+                    asked: int) -> tuple[int, int | None]:
+        """How many of the `asked` items (its free slots) a node may lease, and the job's live items
+        if they were counted: its share of the job's live work, ⌈live ÷ executor.nodes⌉, minus what
+        it holds. The first daemon up must not take a small job whole before the others registered;
+        with a long queue the share exceeds any node's free slots, and the count stops there."""
+        nodes = job.spec.executor.nodes
+        if nodes <= 1 or asked <= 0:
+            return asked, None
+        held = self.held.held(node_id)
+        enough = nodes * (asked + held - 1) + 1  # this many live items give a share of asked + held
+        live = self.queue.count_live(db, job_name, enough)
+        if live >= enough:
+            return asked, live
+        return max(0, min(asked, -(-live // nodes) - held)), live
+
+    async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
+        """`lease_now`, waiting up to `wait` seconds for work (a long-poll) while it grants nothing."""
+        deadline = time.monotonic() + wait
+        while True:
+            job_name = self.nodes.job_of(node_id)
+            if job_name is None:
+                with hot_sql.transaction(self.engine) as tx:
+                    job_name = self.nodes.caller(tx.db, node_id)[0]
+            ev = self.queue.changed.event(job_name)
+            ev.clear()
+            resp = self.lease_now(node_id, max_items)
+            left = deadline - time.monotonic()
+            if resp.leases or resp.done or resp.drain or max_items == 0 or left <= 0 or self.queue.stopped:
+                return resp
+            await wait_event(ev, left)
+
+    def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
+        """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
+        n = 0
+        with Session(self.engine, expire_on_commit=False) as s:
+            node = s.get(NodeRow, node_id)
+            if node is None:
+                return 0
+            for item in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(attempt_ids))):
+                if item.node_id == node.id and item.state == ItemState.leased:
+                    self.queue.requeue(item, reason, keep_attempt=True)
+                    s.add(item)
+                    n += 1
+            s.commit()
+            self.queue.wake(node.job)
+        return n
+
+    # ------------------------------------------------------------ beat: the held leases kept, their stages
+
+    def beat(self, tx: hot_sql.Tx, node_id: str, hb: Heartbeat, lease: int | None,
+             job: RolloutJob | None) -> tuple[HeartbeatResponse, Done]:
+        """A beat in the caller's transaction `tx`, with its node's `job` read before (None: deleted) — reading
+        it inside may wait on the store's lock, held by a thread that waits on our write lock. With `lease` (the
+        node's free slots) the next leases ride on the reply. A beat may carry the node's finished results
+        (beat-results: applied first) and may name only the stages that changed (`hb.full` false, beat-deltas):
+        only a full beat renews the leases it names. Returns the reply and what to do once committed."""
+        resp = HeartbeatResponse()
+        after: Done = hot_sql.nothing
+        caller = self.nodes.caller(tx.db, node_id)
+        job_name, state = caller
+        paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
+        if paced:
+            resp.beat_gap = self.nodes.beat_gap()
+        if job is None or job.metadata.key != job_name:  # deleted: everything still running is to be cancelled
+            resp.cancel, resp.drain = list(hb.stages), True
+            if hb.results:
+                resp.accepted, resp.dropped = [], {r.attempt_id: "job deleted" for r in hb.results}
+            return resp, after
+        cache = self.jobs.sync(job)
+        resp.lease_seconds = cache.lease_seconds
+        resp.drain = state == DaemonState.draining
+        now = self.clock()
+        ended: set[str] = set()
+        if hb.results:
+            ack, after = self._end(tx, node_id, job, cache, hb.results)
+            resp.accepted, resp.dropped = ack.accepted, ack.dropped
+            ended = set(ack.accepted) | set(ack.dropped)
+        elif paced:
+            resp.accepted, resp.dropped = [], {}
+        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
+        version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        resp.policy_version = json.loads(version)
+        _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
+        if lease is not None:
+            resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job, caller)
+        return resp, after
+
+    # ------------------------------------------------------------ result: an attempt ends, exactly once
+
+    def results(self, tx: hot_sql.Tx, node_id: str, batch: ResultBatch, job: RolloutJob | None,
+                lease: int | None = None) -> tuple[ResultAck, Done]:
+        """Apply a batch of results in the caller's transaction `tx`, with the node's `job` read before (None:
+        deleted); with `lease` (the node's free slots) the next leases ride on the reply. Returns the ack and
+        what to do once committed."""
+        node = self.nodes.lookup(tx.db, node_id)
+        if node is None:
+            raise NotFound(f"node {node_id} is not registered")
+        job_name, node_state = node
+        if node_state == DaemonState.gone:  # declared lost: its leases went back to the queue (its lease: 404)
+            ack = ResultAck(dropped={r.attempt_id: "stale attempt: node was declared lost" for r in batch.results})
+        elif job is None or job.metadata.key != job_name:
+            ack = ResultAck(dropped={r.attempt_id: "job deleted" for r in batch.results})
+        else:
+            ack, after = self._end(tx, node_id, job, self.jobs.sync(job), batch.results)
+            if lease is not None:
+                ack.lease = self.lease_now(node_id, lease, tx, job, node)
+            return ack, after
+        if lease is not None:  # refused whole
+            ack.lease = LeaseResponse(done=job is None)
+        return ack, hot_sql.nothing
+
+    def _end(self, tx: hot_sql.Tx, node_id: str, job: RolloutJob, cache: JobCache,
+             results: list[Result]) -> tuple[ResultAck, Done]:
+        """`results` of node `node_id` (of `job`) applied in the caller's transaction `tx`: the ack, and what to
+        do once it is committed (wake the job's waiting leases, tell `on_idle` the job may be over)."""
+        ack = ResultAck()
+        woke: set[str] = set()
+        job_name = job.metadata.key
+        max_stale = job.spec.policy.max_staleness
+        history = json.loads(self.policy.plain(tx.db, job_name)[1]) if max_stale is not None else []
+        settled: list[int] = []
+        config_error = ""
+        delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
+        items = hot_sql.items_by_attempt(tx.db, [r.attempt_id for r in results])
+        changed: dict[int, Item] = {}
+        for res in results:
+            item = items.get(res.attempt_id)
+            if item is None or item.state != ItemState.leased or item.node_id != node_id:
+                why = "stale attempt: the lease expired or the item was re-leased"
+                if item is not None and item.state == ItemState.cancelled:
+                    why = "cancelled"
+                ack.dropped[res.attempt_id] = why
+                continue
+            t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
+                                                   "attempt": item.attempt})
+            if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
+                self.queue.finish(item, ItemState.failed)
+                self.feed.deliver(None, item, t, delivered)
+                config_error = config_error or t.failure.reason or "configuration error"
+            elif t.failure.kind == FailureKind.infra:
+                state = self.queue.requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
+                                           keep_attempt=_outage(self.pool, item, cache))
+                if state == ItemState.failed:
+                    self.feed.deliver(None, item, t, delivered)
+                    settled.append(item.group_id)
+                woke.add(item.job)
+            elif max_stale is not None and staleness(t, history) > max_stale:
+                # too old for the trainer: run it again, with the current policy
+                self.queue.requeue(item, f"stale: generated by policy {t.policy_versions or t.policy_version}")
+                woke.add(item.job)
+            else:
+                self.queue.finish(item, ItemState.done)
+                self.feed.deliver(None, item, t, delivered)
+                settled.append(item.group_id)
+            changed[item.id] = item
+            ack.accepted.append(res.attempt_id)
+        if changed:
+            hot_sql.save(tx.db, changed.values())
+        if delivered:  # in order: their seqs follow the batch
+            self.feed.insert(tx.db, delivered)
+        for gid in settled:
+            if gid is not None:
+                self.batches.group_settled(tx.session(), job, gid)
+        if config_error:
+            self.expansions.fail(tx.session(), job_name, config_error)
+            self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
+        idle = bool(settled) and self.on_idle is not None and not hot_sql.has_live(tx.db, job_name)
+
+        def after() -> None:
+            if config_error and self.on_idle is not None:
+                self.on_idle(job_name)  # the reconciler marks it Failed now
+            if idle:
+                self.on_idle(job_name)  # its last rollout: the job may be complete now
+            for name in woke:
+                self.queue.wake(name)
+
+        return ack, after
+
+    # ------------------------------------------------------------ expire: a lease no full beat renewed in time
+
+    def expire(self) -> int:
+        """Leases past their deadline go back to the queue (node killed, network lost): those no full beat
+        renewed in time (held in memory)."""
+        now = self.clock()
+        n = 0
+        with Session(self.engine, expire_on_commit=False) as s:
+            late = dict(self.held.expired(now))
+            expired = []
+            if late:
+                rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late)))).all()
+                expired = [r for r in rows if r.state == ItemState.leased]
+                for aid in late.keys() - {r.attempt_id for r in expired}:
+                    self.held.forget(aid)  # not leased in the database (its grant was rolled back)
+            for item in expired:
+                cache = self.jobs.cached(item.job)
+                state = self.queue.requeue(item, f"lease expired on node {item.node_id}",
+                                           cache.max_attempts if cache else 3)
+                if state == ItemState.failed:
+                    t = Trajectory(job=item.job, prompt=item.prompt, sample=item.sample, attempt=item.attempt,
+                                   failure=Failure(kind=FailureKind.infra, reason=item.last_error))
+                    self.feed.deliver(s, item, t)
+                    if item.group_id is not None:
+                        s.add(item)
+                        s.flush()
+                        try:
+                            self.batches.group_settled(s, self.jobs.get(item.job), item.group_id)
+                        except NotFound:
+                            pass
+                s.add(item)
+                self.queue.wake(item.job)
+                n += 1
+            self.nodes.retire_silent(s, now)
+            s.commit()
+        if n:
+            log.info("requeued %d expired lease(s)", n)
+        return n
+
+
+def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: str, cache: JobCache, hb: Heartbeat,
+            ended: set[str], now: float, resp: HeartbeatResponse) -> None:
+    """The beat's stages, against the leases held in memory, where a stage changes and a full beat renews
+    what it names; a released or re-pinned backend is also written to the database. An attempt not held in
+    memory is no lease of this node's any more: cancelled (its job or group was) or unknown (it expired, or is
+    not this node's)."""
+    held_now, pool = queue.live, queue.pool
+    changed: dict[int, Live] = {}
+    until = now + cache.lease_seconds
+
+    def release(held: Live) -> None:
+        if held.holds_backend:
+            queue.release(held)
+            changed[held.item] = held
+
+    for aid in hb.left_run:
+        held = held_now.get(aid)
+        if held is not None and held.node_id == node_id:
+            release(held)
+    gone = []
+    for aid, stage in hb.stages.items():
+        if aid in ended:
+            continue
+        held = held_now.get(aid)
+        if held is None or held.node_id != node_id:
+            gone.append(aid)
+            continue
+        if stage != held.stage:  # in memory only: the database keeps the stage of the grant
+            held_now.set_stage(held, stage)
+        backend = held.backend
+        if stage in ("leased", "init") and backend \
+                and (not pool.healthy(backend) or backend not in cache.backends):
+            new = pool.acquire(cache.backends, job_name)
+            if new is not None:
+                release(held)
+                held.backend, held.holds_backend = new, True
+                changed[held.item] = held
+                resp.repin[aid] = new
+        # Only the leases a full beat names are extended. One granted but not yet in a beat is
+        # covered by its own deadline (lease_seconds from the grant); one whose lease answer
+        # never reached the daemon (the controller died while sending it) is named by nobody
+        # and goes back to the queue when that deadline passes.
+        if hb.full:
+            held_now.renew(aid, held, until)
+    if gone:
+        cancelled = hot_sql.cancelled(db, gone)
+        for aid in gone:
+            (resp.cancel if aid in cancelled else resp.unknown).append(aid)
+    if changed:  # a backend released or re-pinned: admission is restored from these after a restart
+        hot_sql.save_pins(db, ((h.backend, h.holds_backend, h.item) for h in changed.values()))
+
+
+def _outage(pool: BackendPool, item: Item, cache: JobCache) -> bool:
+    """The item's backend is down and so is every other backend of its job: its failure is the
+    outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
+    return bool(item.backend) and not pool.healthy(item.backend) and not any(pool.healthy(u) for u in cache.backends)
