@@ -152,7 +152,7 @@ class Gateway:
                 return
             await handler(self, request, send)
         except Invalid as e:  # raised before anything is sent
-            await respond(send, e.status, wire.error(e.status, str(e), e.kind))
+            await respond(send, e.status, wire.error(e.status, str(e), e.error_type))
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= INLINE_CHARS:

@@ -67,7 +67,7 @@ def test_agent_loop_on_a_real_engine_is_token_exact(tiny_engine, monkeypatch):
     tok = ChatTokenizer(model_dir("tiny"))
     parsed: list[str] = []
 
-    def parse(text, allowed):
+    def parse(text, allowed, *_format):
         parsed.append(text)
         return [ToolCall("bash", {"command": f"echo turn {len(parsed)}"})] if len(parsed) <= 2 else []
 

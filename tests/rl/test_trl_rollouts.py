@@ -161,7 +161,7 @@ def test_a_real_multi_turn_bash_rollout_becomes_one_trl_row(tiny_engine, monkeyp
         pytest.skip(f"bwrap runtime unavailable: {reason}")
     calls: list[str] = []
 
-    def parse(text, allowed):
+    def parse(text, allowed, *_format):
         calls.append(text)
         return [ToolCall("bash", {"command": f"echo out-{len(calls)}"})] if len(calls) <= 2 else []
 
