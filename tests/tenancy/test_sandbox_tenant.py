@@ -191,8 +191,9 @@ def test_two_network_sandboxes_do_not_share_a_loopback():
 
 # -- CPU and workspace bounds ----------------------------------------------------------------------------------
 # two burners for one second of wall time: the cgroup's CPU time, at most 0.05 core, stays far below a core's
+# each process reports its CPU time in one write(2), so the two lines cannot interleave on the pty
 BURN = ("python3 -c \"import os, time\nos.fork()\nt = time.time()\nwhile time.time() - t < 1.0: pass\n"
-        "print(time.process_time(), flush=True)\"")
+        "os.write(1, ('%f\\n' % time.process_time()).encode())\"")
 
 
 def test_the_cpu_bound_holds_where_the_node_may_create_cgroups():
