@@ -45,10 +45,12 @@ def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> 
 
 def options(fake: FakeController, name: str = "node-a", **kw: Any):
     from rolloutd.agents.daemon.options import NodeOptions
+    from rolloutd.crds.settings import SandboxSettings
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)
     kw.setdefault("job", fake.job)
+    kw.setdefault("sandbox", SandboxSettings.from_env())  # as `rolloutd node` reads it (the sandbox_dir fixture's)
     return NodeOptions(controller=fake.url, token=TOKEN, name=name, **kw)
 
 
