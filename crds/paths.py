@@ -18,7 +18,7 @@ DEFAULT_PORT = 7350
 
 
 def rolloutd_home() -> Path:
-    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: what the engine and model commands share on a machine."""
+    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: where `rolloutd serve-model` keeps the engine venv and models."""
     return home_dir()
 
 

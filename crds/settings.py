@@ -48,7 +48,7 @@ class Variable:
 VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_HOME", "path", "`~/.cache/rolloutd`", (CONTROLLER, SANDBOX),
              "what every clone on a machine shares: the engine venv, built models (`models/`), images (`images/`); "
-             "the engine and model commands (`rolloutd serve-model`, `rolloutd model`) read it too"),
+             "`rolloutd serve-model` (the engine and its models) reads it too"),
     Variable("ROLLOUTD_DATA_DIR", "path", "`$XDG_DATA_HOME/rolloutd` (`~/.local/share/rolloutd`)",
              (CONTROLLER, CLIENT, SANDBOX), "the controller's data directory: database, tokens, certificate, logs; "
              "the sandbox hides it"),
@@ -148,8 +148,8 @@ def read(cls: type, process: str, environ: Mapping[str, str] | None) -> dict[str
 
 
 def home_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: shared by every clone on the machine (the engine and model
-    tools read it here; the processes below take it from their settings object)."""
+    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: shared by every clone on the machine (`rolloutd serve-model`
+    reads it here, through `paths.rolloutd_home`; the controller and the sandbox take it from their settings)."""
     raw = env("ROLLOUTD_HOME", environ)
     return parse("ROLLOUTD_HOME", raw) if raw else Path.home() / ".cache" / "rolloutd"
 
@@ -233,7 +233,11 @@ def reference_page() -> str:
     out = ["# Environment variables", "",
            "Every `ROLLOUTD_*` variable rolloutd reads, generated from its table (`rolloutd crd` rewrites this page). "
            "*Read by*: the controller, a node daemon, the sandbox runtime on a node, or the trainer client and "
-           "`rolloutctl`.", "", "| variable | type | default | read by | what it does |", "|---|---|---|---|---|"]
+           "`rolloutctl`.", "",
+           "Each variable is read once, when its process starts (the client: when it is made, `rolloutctl`: for each "
+           "command), into that process's settings; a change takes effect at the next start. A value of the wrong "
+           "kind stops the start with a message naming the variable. An empty value counts as unset.", "",
+           "| variable | type | default | read by | what it does |", "|---|---|---|---|---|"]
     for v in VARIABLES:
         out.append(f"| `{v.name}` | {v.type} | {v.default} | {', '.join(v.processes)} | {v.doc.replace('|', '/')} |")
     return "\n".join(out) + "\n"
