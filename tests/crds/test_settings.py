@@ -57,6 +57,20 @@ def test_each_row_is_a_field_of_its_processes_settings_and_each_field_a_row(proc
     assert have - rows == set(), f"fields of {OBJECTS[process].__name__} without a row"
 
 
+def test_the_objects_defaults_are_the_tables():
+    """The docs' default column (generated from the table) says what an unset variable gives."""
+    from rolloutd.crds.node import NODE_CALLS_PER_SECOND
+    from rolloutd.sandbox.image_build import DEFAULT_MAX_MB
+
+    for process, cls in OBJECTS.items():
+        made = cls()
+        for v in settings.VARIABLES:
+            if process in v.processes and v.field and v.type in ("int", "number") and v.default[0].isdigit():
+                assert getattr(made, v.field) == float(v.default.split()[0]), (cls.__name__, v.name)
+    assert ControllerSettings().node_calls_per_second == NODE_CALLS_PER_SECOND
+    assert SandboxSettings().image_max_mb == DEFAULT_MAX_MB
+
+
 def test_a_name_outside_the_table_is_refused():
     with pytest.raises(KeyError, match="ROLLOUTD_NOPE"):
         settings.env("ROLLOUTD_NOPE")
