@@ -106,10 +106,15 @@ async def _bounded(items, fn, limit: int) -> list:
 
 
 async def _sandboxes(n: int) -> dict:
+    try:  # this checkout: the sandbox settings, read here from the environment (an older one reads it itself)
+        from rolloutd.crds.settings import SandboxSettings
+        settings = (SandboxSettings.from_env(),)
+    except ImportError:
+        settings = ()
     sbs = []
     try:
         async def make(_):
-            sb = await create_sandbox(SandboxSpec())
+            sb = await create_sandbox(SandboxSpec(), *settings)
             sbs.append(sb)
             r = await sb.bash("true")
             assert r.exit_code == 0, r

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
 from rolloutd.sandbox.image_build import build_image, find_dockerfile, image_key
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import base_rootfs, image_cache_dir
 
 DOCKERFILE = "FROM debian:bookworm\nENV APP=/srv/app\nWORKDIR $APP\nCOPY data.txt ./\nRUN wc -l data.txt > lines.txt\n"
@@ -66,7 +67,7 @@ def isolation_rows(quick: bool = False) -> list[dict]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    cache = image_cache_dir()
+    cache = image_cache_dir(SandboxSettings.from_env().images)
     base = base_rootfs(cache)
     base_meta = json.loads((base.parent / "base.json").read_text())
     rows = [{"benchmark": "base rootfs build (mmdebstrap, once per cache)", "ours": f"{base_meta['seconds']:.1f} s",
@@ -82,13 +83,13 @@ def run(quick: bool = False) -> list[dict]:
             shutil.rmtree(root / f"copy{i}")
             ctx = _context(root, i)
             t0 = time.perf_counter()
-            image = build_image(ctx, log=lambda m: None)
+            image = build_image(ctx, cache=cache, log=lambda m: None)
             builds.append(time.perf_counter() - t0)
             made.append((ctx, image))
         for _ in range(5 if quick else 20):
             ctx = made[0][0]
             t0 = time.perf_counter()
-            build_image(ctx, log=lambda m: None)
+            build_image(ctx, cache=cache, log=lambda m: None)
             hits.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             image_key(*find_dockerfile(ctx), {})

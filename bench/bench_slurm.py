@@ -59,10 +59,11 @@ def _steady_rate(ends: list[float]) -> float:
 
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.controller.sim.minicluster import MiniSlurm
+    from rolloutd.crds.settings import ControllerSettings
 
     from rolloutd.agents.model_dirs import prepare_model
 
-    slurm = MiniSlurm().start()
+    slurm = MiniSlurm(ControllerSettings.from_env().slurm_dir).start()
     prompts, samples = (20, 8) if quick else (50, 8)
     n = prompts * samples
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-slurm-"))

@@ -20,6 +20,7 @@ from unittest import mock
 from rolloutd.sandbox import image_build
 from rolloutd.sandbox.build_step import run_in_rootfs
 from rolloutd.sandbox.egress import serving
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import STEP_PATH, base_rootfs, copy_tree, image_cache_dir
 from rolloutd.sandbox.syscall_filter import filter_fd
 
@@ -79,7 +80,7 @@ def before():
 
 def measure(n: int) -> dict[str, dict[str, list[float]]]:
     """{"build": {"before": [...], "after": [...]}, "step": {...}}: seconds, alternating before/after."""
-    cache = image_cache_dir()
+    cache = image_cache_dir(SandboxSettings.from_env().images)
     base = base_rootfs(cache)
     out = {"build": {"before": [], "after": []}, "step": {"before": [], "after": []}}
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -92,7 +93,7 @@ def measure(n: int) -> dict[str, dict[str, list[float]]]:
                 (ctx / "data.txt").write_text(f"{mode} {i} {time.time_ns()}\n")
                 with before() if mode == "before" else contextlib.nullcontext():
                     t0 = time.perf_counter()
-                    image = image_build.build_image(ctx, log=lambda m: None)
+                    image = image_build.build_image(ctx, cache=cache, log=lambda m: None)
                     out["build"][mode].append(time.perf_counter() - t0)
                 shutil.rmtree(image.path, ignore_errors=True)
         rootfs = root / "rootfs"

@@ -1,8 +1,8 @@
 """What a RolloutJob may point the cluster at: LLM backend URLs and the tokenizer path.
 
 Applied by the API to every created or applied job (`kube/validate.py`) and to backends added
-while a job runs (`http/trainer.py`, `rolloutctl backends add|remove`). The lists are the controller's
-environment's (`backend_allow_nets`, `tokenizer_roots` below).
+while a job runs (`http/trainer.py`, `rolloutctl backends add|remove`). The lists are the controller's settings'
+(`ControllerSettings.backend_allow_nets`, `.tokenizer_roots`), held by one `AllowLists` the API is built with.
 
 - backend URL: http/https with a host; a literal address must not be link-local (169.254/16 holds
   cloud metadata services, fe80::/10), unspecified (0.0.0.0, ::), multicast or broadcast, unless
@@ -17,26 +17,32 @@ import ipaddress
 import os
 import posixpath
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rolloutd.crds.settings import env
-
-def backend_allow_nets() -> list:
-    """`$ROLLOUTD_BACKEND_ALLOW_NETS`: comma-separated networks (e.g. 169.254.0.0/16) a backend URL's
-    literal address may be in although the default policy refuses them (link-local, unspecified…)."""
-    raw = (env("ROLLOUTD_BACKEND_ALLOW_NETS") or "")
-    return [ipaddress.ip_network(n.strip(), strict=False) for n in raw.split(",") if n.strip()]
+from rolloutd.crds.paths import models_dir
+from rolloutd.crds.settings import ControllerSettings, Networks
 
 
-def tokenizer_roots() -> list[str]:
-    """Directories an absolute `llm.tokenizer` may be under: `$ROLLOUTD_TOKENIZER_ROOTS` (os.pathsep-
-    separated) added to rolloutd's models dir (`$ROLLOUTD_HOME/models`) and the Hugging Face cache."""
-    from rolloutd.crds.paths import models_dir
-
+def tokenizer_roots(home: Path, extra: tuple[Path, ...] = ()) -> tuple[str, ...]:
+    """Directories an absolute `llm.tokenizer` may be under: `extra` ($ROLLOUTD_TOKENIZER_ROOTS) added to
+    rolloutd's models dir (`$ROLLOUTD_HOME/models`) and the Hugging Face cache."""
     hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    extra = [p for p in (env("ROLLOUTD_TOKENIZER_ROOTS") or "").split(os.pathsep) if p.strip()]
-    return [os.path.normpath(str(p)) for p in (models_dir(), hf, *extra)]
+    return tuple(os.path.normpath(str(p)) for p in (models_dir(home), hf, *extra))
+
+
+@dataclass(frozen=True)
+class AllowLists:
+    """The controller's lists: `backend_nets` a backend URL's literal address may be in although the default
+    policy refuses them (link-local, unspecified…); `tokenizer_roots` a tokenizer path must be under."""
+
+    backend_nets: Networks = ()
+    tokenizer_roots: tuple[str, ...] = field(default_factory=lambda: tokenizer_roots(ControllerSettings().home))
+
+    @classmethod
+    def of(cls, settings: ControllerSettings) -> "AllowLists":
+        return cls(settings.backend_allow_nets, tokenizer_roots(settings.home, settings.tokenizer_roots))
 
 
 METADATA_HOSTS = {"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
@@ -57,8 +63,9 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return ip
 
 
-def backend_url_problem(url: str) -> str | None:
-    """Why `url` may not be a backend, or None when it may."""
+def backend_url_problem(url: str, allow: AllowLists | None = None) -> str | None:
+    """Why `url` may not be a backend, or None when it may (`allow`: the controller's lists; None: the defaults)."""
+    allow = allow or AllowLists()
     try:
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".").lower()
@@ -72,7 +79,7 @@ def backend_url_problem(url: str) -> str | None:
     if host in METADATA_HOSTS:
         return f"{host} is a cloud metadata service"
     ip = _address(host)
-    if ip is None or any(ip in net for net in backend_allow_nets()):
+    if ip is None or any(ip in net for net in allow.backend_nets):
         return None
     if ip.is_link_local:
         return f"{ip} is link-local (cloud metadata services live there); allow it with ROLLOUTD_BACKEND_ALLOW_NETS"
@@ -81,8 +88,9 @@ def backend_url_problem(url: str) -> str | None:
     return None
 
 
-def tokenizer_problem(path: str) -> str | None:
-    """Why `path` may not be a tokenizer, or None when it may."""
+def tokenizer_problem(path: str, allow: AllowLists | None = None) -> str | None:
+    """Why `path` may not be a tokenizer, or None when it may (`allow`: the controller's lists; None: the defaults)."""
+    allow = allow or AllowLists()
     if not path.strip():
         return "must name a tokenizer directory or model"
     if "\x00" in path:
@@ -94,7 +102,7 @@ def tokenizer_problem(path: str) -> str | None:
                 "relative path would resolve against the daemon's working directory; `rolloutctl apply -f FILE` "
                 "resolves a relative path against FILE's directory")
     normal = posixpath.normpath(path)
-    roots = tokenizer_roots()
+    roots = allow.tokenizer_roots
     if any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):
         return None
     return (f"{normal} is outside the tokenizer roots ({os.pathsep.join(roots) or 'none'}); "

@@ -48,6 +48,7 @@ from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
+from .allowlists import AllowLists
 from .store import Store
 
 log = logging.getLogger("rolloutd.api")
@@ -142,9 +143,9 @@ class _JobsCollector:
 
 
 def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
-               tokens: TokenBook | None = None) -> FastAPI:
+               tokens: TokenBook | None = None, allow: AllowLists | None = None) -> FastAPI:
     """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
-    (`nodeauth.py`; in memory when omitted)."""
+    (`nodeauth.py`; in memory when omitted); `allow`: the controller's allow-lists (the defaults when omitted)."""
     app = FastAPI(
         title="rolloutd controller",
         version="v1alpha1",
@@ -157,6 +158,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
     app.state.store = store
+    app.state.allow = allow = allow or AllowLists()
     app.state.registry = registry
 
     credentials = node_credentials or NodeCredentials(None)
@@ -253,7 +255,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         from .http.trainer import trainer_router
 
         app.include_router(node_router(scheduler, credentials))
-        app.include_router(trainer_router(store, scheduler, job_stats))
+        app.include_router(trainer_router(store, scheduler, job_stats, allow))
     describe(app)
     from .ui.app import create_ui
 

@@ -54,16 +54,16 @@ def controller(
                                       "killed controller always leaves them)"),
 ) -> None:
     """Run the controller: API, SQLite store, scheduler and the kopf operator."""
-    from rolloutd.crds.paths import default_data_dir
     from .server import run_controller
 
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
     if tls_ca_file and not tls_cert_file:
         raise typer.BadParameter("--tls-ca-file needs --tls-cert-file and --tls-key-file")
-    run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors),
+    settings = _settings()
+    run_controller(data_dir or settings.data_dir, host, port, log_level, _kinds(executors),
                    tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator,
-                   ca_file=tls_ca_file, keep_daemons=keep_daemons)
+                   ca_file=tls_ca_file, keep_daemons=keep_daemons, settings=settings)
 
 
 @app.command()
@@ -80,7 +80,6 @@ def operator(
 ) -> None:
     """Run the kopf operator against another API server (a cluster, or a `rolloutd controller --no-operator`),
     with the scheduler and trainer API beside it."""
-    from rolloutd.crds.paths import default_data_dir
     from .operator.kubeapi import Connection
     from .server import run_controller
 
@@ -88,7 +87,20 @@ def operator(
         kube = Connection.from_kubeconfig(kubeconfig, context) if kubeconfig else Connection.in_cluster()
     except (ValueError, KeyError, OSError) as e:
         raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}" if kubeconfig else str(e)) from None
-    run_controller(data_dir or default_data_dir(), host, port, log_level, _kinds(executors), kube=kube)
+    settings = _settings()
+    run_controller(data_dir or settings.data_dir, host, port, log_level, _kinds(executors), kube=kube,
+                   settings=settings)
+
+
+def _settings():
+    """The controller's variables, read once here (its entry point); a bad value ends the command, naming it."""
+    from rolloutd.crds.settings import ControllerSettings, SettingsError
+
+    try:
+        return ControllerSettings.from_env()
+    except SettingsError as e:
+        typer.echo(f"rolloutd: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _kinds(executors: str) -> tuple[str, ...]:
@@ -113,10 +125,10 @@ def token_create(
     import os
 
     from .auth import create_scoped_token
-    from rolloutd.crds.paths import DataDir, default_data_dir
+    from rolloutd.crds.paths import DataDir
 
     try:
-        scoped = create_scoped_token(DataDir(data_dir or default_data_dir()).tokens, name, read_only=read_only,
+        scoped = create_scoped_token(DataDir(data_dir or _settings().data_dir).tokens, name, read_only=read_only,
                                      namespaces=namespace)
     except FileExistsError:
         raise typer.BadParameter(f"a token named {name!r} exists; delete its file to revoke it first") from None
@@ -147,9 +159,9 @@ def node_credential(
 
     from rolloutd.crds.names import job_path
 
-    from rolloutd.crds.paths import DataDir, default_data_dir
+    from rolloutd.crds.paths import DataDir
 
-    token = (token_file or DataDir(default_data_dir()).token).read_text().strip()
+    token = (token_file or DataDir(_settings().data_dir).token).read_text().strip()
     key = job if "/" in job else f"{namespace}/{job}"
     try:
         r = httpx.post(controller.rstrip("/") + job_path(key, "nodes", "credential"), timeout=30,

@@ -17,7 +17,9 @@ import uvicorn
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
+from rolloutd.crds.settings import ControllerSettings
 
+from .allowlists import AllowLists
 from .api import create_app
 from .auth import TokenBook, ensure_token
 from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
@@ -41,35 +43,42 @@ EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
               operator: bool = True, kube: Connection | None = None, tls: bool = False,
-              ca_file: Path | None = None, keep_daemons: bool = False):
+              ca_file: Path | None = None, keep_daemons: bool = False, settings: ControllerSettings | None = None):
     """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
     mirrored into this controller's store), else against this controller's own API. `tls`: served over
     https, the local daemons trusting `ca_file` (the CA that signed the certificate). `keep_daemons`: a graceful
-    stop leaves the local daemons running, for a restart to adopt (else it releases them)."""
+    stop leaves the local daemons running, for a restart to adopt (else it releases them). `settings`: the
+    controller's variables, read once by its entry point (`main.py`; the defaults when omitted)."""
+    settings = settings or ControllerSettings()
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     token = ensure_token(paths.token)
     credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
-    store = Store(paths.db)
+    store = Store(paths.db, watch_history=settings.watch_history)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
-                          on_idle=nudges.nudge)
-    app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens))
+                          on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
+                          node_calls_per_second=settings.node_calls_per_second)
+    app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens),
+                     allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
     local = LocalExecutor(f"{scheme}://{reach}:{port}", credentials, data_dir, grace_seconds=node_grace_seconds,
                           extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
     executors_by_kind = {"local": local}
+    advertised = advertised_url(host, port, scheme, settings.advertise_url) if {"slurm", "kubernetes"} & set(executors) \
+        else ""  # the host's name (a DNS lookup) only for executors whose daemons run elsewhere
     if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
         executors_by_kind["slurm"] = SlurmExecutor(
-            advertised_url(host, port, scheme), credentials, data_dir, scheduler=scheduler,
+            advertised, credentials, data_dir, scheduler=scheduler, drain_seconds=settings.drain_seconds,
             event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
     if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
         # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
         client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
                                                                          kube.insecure)
-        executors_by_kind["kubernetes"] = KubernetesExecutor(advertised_url(host, port, scheme), credentials,
-                                                             api_client=client, in_job_namespace=kube is not None)
+        executors_by_kind["kubernetes"] = KubernetesExecutor(
+            advertised, credentials, namespace=settings.k8s_namespace, image=settings.k8s_node_image,
+            drain_seconds=settings.drain_seconds, api_client=client, in_job_namespace=kube is not None)
     enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
     spec_checks.SHARED_FILESYSTEM.clear()
     spec_checks.SHARED_FILESYSTEM.update({"local"} & set(enabled))  # its daemons see our files: check them at apply
@@ -135,21 +144,24 @@ def tune_gc() -> None:
 def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                    log_level: str = "info", executors: tuple[str, ...] = EXECUTOR_KINDS,
                    tls: tuple[Path, Path] | None = None, operator: bool = True,
-                   kube: Connection | None = None, ca_file: Path | None = None, keep_daemons: bool = False) -> None:
+                   kube: Connection | None = None, ca_file: Path | None = None, keep_daemons: bool = False,
+                   settings: ControllerSettings | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
-                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons)
+                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons,
+                    settings=settings)
     logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
     logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
                                        connect_hint(data_dir, host, port, tls is not None,
-                                                    ca_file or (tls and tls[0])))
+                                                    ca_file or (tls and tls[0]), settings and settings.advertise_url))
     _Server(server_config(app, host, port, log_level, tls)).run()
 
 
-def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None) -> str:
+def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None,
+                 advertise_url: str | None = None) -> str:
     """The environment that points rolloutctl and the trainer client at this controller."""
-    parts = [f"ROLLOUTD_SERVER={advertised_url(host, port, 'https' if tls else 'http')}",
+    parts = [f"ROLLOUTD_SERVER={advertised_url(host, port, 'https' if tls else 'http', advertise_url)}",
              f"ROLLOUTD_TOKEN_FILE={DataDir(data_dir).token}"]
     if tls and ca_file:
         parts.append(f"ROLLOUTD_CA_FILE={ca_file}")

@@ -17,7 +17,6 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from rolloutd.crds.names import job_key, split_key
-from rolloutd.crds.settings import env
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
 from .errors import AlreadyExists, Conflict, Invalid, NotFound
@@ -37,11 +36,10 @@ OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedde
 class Store(StoreDB):
     """RolloutJobs' reads and writes over the database and change log of `StoreDB`."""
 
-    def __init__(self, path: Path | str, *, watch_history: int | None = None):
+    def __init__(self, path: Path | str, *, watch_history: int = CHANGE_LOG_KEEP):
+        """`watch_history`: the changes kept for resuming watches (the controller's `ControllerSettings`)."""
         super().__init__(path)
-        # read as the store opens, not at import: `watch_history`, else $ROLLOUTD_WATCH_HISTORY, else the default
-        keep = env("ROLLOUTD_WATCH_HISTORY")
-        self._keep = watch_history if watch_history is not None else int(keep) if keep else CHANGE_LOG_KEEP
+        self._keep = watch_history
         self._trim_every = max(1, min(1000, self._keep // 2))
         self._cache: dict[str, RolloutJob] = {}
         self._epoch = 0  # bumped by every write; a read that straddles a write is not cached

@@ -3,35 +3,23 @@ the controller's data directory and every file in it (`DataDir`), and the contro
 
 Shared by the node side (agents/engine_venv.py installs there, agents/model_dirs.py builds models there),
 the controller (its data dir; `controller/allowlists.py` lets tokenizers come from the models directory) and the
-trainer client (the local controller's token file). The bottom layer: imports only `settings`.
+trainer client (the local controller's token file). The bottom layer: imports only `settings`, where the
+variables that choose these directories are read (each process's settings object holds its own).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import env
+from .settings import home_dir
 
 DEFAULT_HOST = "127.0.0.1"  # the controller's address when none is given (the CLI, the trainer client)
 DEFAULT_PORT = 7350
 
 
 def rolloutd_home() -> Path:
-    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: shared by every clone on the machine."""
-    return Path(env("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd")
-
-
-def default_data_dir() -> Path:
-    """The controller's data directory: `$ROLLOUTD_DATA_DIR`, else `$XDG_DATA_HOME/rolloutd`
-    (~/.local/share/rolloutd). The one rule: the controller keeps its state there, the sandbox hides it."""
-    data = env("ROLLOUTD_DATA_DIR")
-    return Path(data) if data else xdg_data_dir()
-
-
-def xdg_data_dir(home: Path | None = None) -> Path:
-    """`$XDG_DATA_HOME/rolloutd`, else `<home>/.local/share/rolloutd`: the data directory's default."""
-    return Path(os.environ.get("XDG_DATA_HOME") or (home or Path.home()) / ".local" / "share") / "rolloutd"
+    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: where `rolloutd serve-model` keeps the engine venv and models."""
+    return home_dir()
 
 
 def models_dir(home: Path | None = None) -> Path:

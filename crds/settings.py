@@ -1,22 +1,34 @@
-"""Every `ROLLOUTD_*` environment variable rolloutd reads, in one table, and the one way to read them.
+"""Every `ROLLOUTD_*` environment variable rolloutd reads, in one table, and the typed settings object of each
+process that reads them.
 
 Where it sits: the bottom layer, beside the node's launch contract (`nodeenv.py`, whose names it lists). Each
 row says the variable's name, type, default, which processes read it and what it does; the docs' variable
-reference (docs/content/reference/environment.md) is generated from it by `crds/reference.py` (`rolloutd crd`),
-and tests/crds/test_settings.py fails when product code names a `ROLLOUTD_*` variable the table lacks.
-Product code reads a variable through `env(name)` (a name outside the table raises `KeyError`), when it needs
-it — never at import time. The node daemon's own launch variables are read once, into `nodeenv.NodeEnv`, by
-agents/daemon/options.py. The next step: `paths.py` (the directories several variables choose).
+reference (docs/content/reference/environment.md) is generated from it by `crds/reference.py` (`rolloutd crd`).
+Each process reads its variables once, at its entry point, into one frozen object whose fields are the rows'
+`field`s: `ControllerSettings` (`rolloutd controller`/`operator`), `SandboxSettings` (the node daemon builds it
+and hands it to its sandbox runtime; `rolloutd sandbox`/`image` build their own), the node's `nodeenv.NodeEnv`
+and the client's `controller/client/connection.ClientSettings`. Parsing and defaults live here; a bad value is a
+`SettingsError` naming the variable. Nothing below an entry point reads a `ROLLOUTD_*` variable
+(tests/crds/test_settings.py). The next step: `paths.py` (the directories several variables choose).
 """
 from __future__ import annotations
 
+import ipaddress
 import os
-from dataclasses import dataclass
-from typing import Mapping
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
 
 from . import nodeenv
+from .errors import ConfigurationError
 
 CONTROLLER, NODE, SANDBOX, CLIENT = "controller", "node", "sandbox", "client"
+SET_BY_ROLLOUTD = "set by rolloutd"  # the default of a variable rolloutd sets for others rather than reads
+
+
+class SettingsError(ConfigurationError, ValueError):
+    """A `ROLLOUTD_*` variable holds a value of the wrong kind (the message names it)."""
 
 
 @dataclass(frozen=True)
@@ -27,10 +39,16 @@ class Variable:
     processes: tuple[str, ...]  # who reads it: controller, node, sandbox (the node's sandbox runtime), client
     doc: str
 
+    @property
+    def field(self) -> str:
+        """The settings objects' field holding it ("" for a variable rolloutd sets rather than reads)."""
+        return "" if self.default == SET_BY_ROLLOUTD else self.name.removeprefix("ROLLOUTD_").lower()
+
 
 VARIABLES: tuple[Variable, ...] = (
-    Variable("ROLLOUTD_HOME", "path", "`~/.cache/rolloutd`", (CONTROLLER, NODE, SANDBOX),
-             "what every clone on a machine shares: the engine venv, built models (`models/`), images (`images/`)"),
+    Variable("ROLLOUTD_HOME", "path", "`~/.cache/rolloutd`", (CONTROLLER, SANDBOX),
+             "what every clone on a machine shares: the engine venv, built models (`models/`), images (`images/`); "
+             "`rolloutd serve-model` (the engine and its models) reads it too"),
     Variable("ROLLOUTD_DATA_DIR", "path", "`$XDG_DATA_HOME/rolloutd` (`~/.local/share/rolloutd`)",
              (CONTROLLER, CLIENT, SANDBOX), "the controller's data directory: database, tokens, certificate, logs; "
              "the sandbox hides it"),
@@ -41,11 +59,11 @@ VARIABLES: tuple[Variable, ...] = (
              "where each sandbox's private directory (workspace, control socket) is made"),
     Variable("ROLLOUTD_SANDBOX_UID", "int", "65534 (nobody)", (SANDBOX,),
              "the user sandboxed code runs as when the node daemon is root"),
-    Variable("ROLLOUTD_SANDBOX_ID", "name", "set by rolloutd", (SANDBOX,),
+    Variable("ROLLOUTD_SANDBOX_ID", "name", SET_BY_ROLLOUTD, (SANDBOX,),
              "set inside every sandbox process: how a restarted daemon finds what a sandbox left running"),
     Variable("ROLLOUTD_EGRESS_ALLOW", "networks", "none", (SANDBOX,),
              "comma-separated networks an image build's egress proxy may reach although private (a site mirror)"),
-    Variable("ROLLOUTD_INSTRUCTION_FILE", "path", "set by rolloutd", (SANDBOX,),
+    Variable("ROLLOUTD_INSTRUCTION_FILE", "path", SET_BY_ROLLOUTD, (SANDBOX,),
              "set for a harness agent inside its sandbox: the file holding the task's instruction"),
     Variable(nodeenv.CONTROLLER, "url", "none", (NODE,), nodeenv.TABLE[nodeenv.CONTROLLER][1]),
     Variable(nodeenv.JOB, "name", "none", (NODE,), nodeenv.TABLE[nodeenv.JOB][1]),
@@ -81,13 +99,133 @@ VARIABLES: tuple[Variable, ...] = (
              "where `python -m rolloutd.controller.sim.minicluster` keeps a one-machine Slurm cluster's files"),
 )
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
+Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 
 
 def env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The value of table variable `name` (None when unset or empty); a name outside the table is a `KeyError`."""
+    """The value of table variable `name` (None when unset or empty); a name outside the table is a `KeyError`.
+    Called only by the settings objects' `from_env` constructors below (and `home_dir`)."""
     if name not in BY_NAME:
         raise KeyError(f"{name} is not in rolloutd's variable table (crds/settings.py)")
-    return (os.environ if environ is None else environ).get(name) or None
+    value = (os.environ if environ is None else environ).get(name) or None
+    return value if value is None or value.strip() else None
+
+
+def parse(name: str, raw: str) -> Any:
+    """`raw`, the value of variable `name`, read by its row's type (SettingsError naming the variable)."""
+    kind = BY_NAME[name].type
+    try:
+        if kind == "path":
+            return Path(raw.strip())
+        if kind == "paths":
+            return tuple(Path(p.strip()) for p in raw.split(os.pathsep) if p.strip())
+        if kind == "int":
+            return int(raw.strip())
+        if kind == "number":
+            return float(raw.strip())
+        if kind == "networks":
+            return tuple(ipaddress.ip_network(n.strip(), strict=False) for n in raw.split(",") if n.strip())
+    except ValueError as e:
+        what = {"int": "a whole number", "number": "a number", "networks": "comma-separated networks (10.0.0.0/8)"}
+        raise SettingsError(f"{name}={raw!r}: expected {what.get(kind, kind)}"
+                            + (f" ({e})" if kind == "networks" else "")) from None
+    return raw.strip() if kind in ("url", "name") else raw
+
+
+def at_least(name: str, value: float | None, least: float) -> None:
+    if value is not None and value < least:
+        raise SettingsError(f"{name}={value!r}: expected at least {least:g}")
+
+
+def read(cls: type, process: str, environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The set variables of `process` that are fields of `cls`, parsed: the keyword arguments of its constructor."""
+    names = {f.name for f in fields(cls)}
+    out = {}
+    for v in VARIABLES:
+        if process in v.processes and v.field in names and (raw := env(v.name, environ)) is not None:
+            out[v.field] = parse(v.name, raw)
+    return out
+
+
+def home_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """`$ROLLOUTD_HOME`, default `~/.cache/rolloutd`: shared by every clone on the machine (`rolloutd serve-model`
+    reads it here, through `paths.rolloutd_home`; the controller and the sandbox take it from their settings)."""
+    raw = env("ROLLOUTD_HOME", environ)
+    return parse("ROLLOUTD_HOME", raw) if raw else Path.home() / ".cache" / "rolloutd"
+
+
+def xdg_data_dir(home: Path | None = None) -> Path:
+    """`$XDG_DATA_HOME/rolloutd`, else `<home>/.local/share/rolloutd`: the data directory's default."""
+    return Path(os.environ.get("XDG_DATA_HOME") or (home or Path.home()) / ".local" / "share") / "rolloutd"
+
+
+def _home() -> Path:
+    return Path.home() / ".cache" / "rolloutd"
+
+
+def _sandbox_data_dir() -> Path:
+    """The data directory's default as the sandbox hides it (a node user without a home: a path that is none)."""
+    try:
+        return xdg_data_dir()
+    except (KeyError, RuntimeError):
+        return xdg_data_dir(Path("/nonexistent"))
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """The controller's variables, read once by `rolloutd controller`/`operator` and passed to the store, the
+    scheduler, the node registry, the executors and the allow-list checks."""
+
+    home: Path = field(default_factory=_home)
+    data_dir: Path = field(default_factory=xdg_data_dir)
+    drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS
+    advertise_url: str | None = None
+    backend_allow_nets: Networks = ()
+    tokenizer_roots: tuple[Path, ...] = ()
+    max_episodes_per_backend: int | None = None
+    node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
+    watch_history: int = 50000
+    k8s_namespace: str | None = None
+    k8s_node_image: str | None = None
+    slurm_dir: Path = Path("/tmp/rolloutd-slurm")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ControllerSettings":
+        values = read(cls, CONTROLLER, environ)
+        if "drain_seconds" in values:
+            values["drain_seconds"] = max(values["drain_seconds"], 0.0)
+        at_least("ROLLOUTD_MAX_EPISODES_PER_BACKEND", values.get("max_episodes_per_backend"), 1)
+        at_least("ROLLOUTD_NODE_CALLS_PER_SECOND", values.get("node_calls_per_second"), 0)
+        at_least("ROLLOUTD_WATCH_HISTORY", values.get("watch_history"), 1)
+        if "advertise_url" in values:
+            values["advertise_url"] = values["advertise_url"].rstrip("/")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """The sandbox runtime's variables on a node, read once by the node daemon (or `rolloutd sandbox`/`image`)
+    and handed to the runtime: where sandboxes and images live, who sandboxed code runs as, what it hides."""
+
+    home: Path = field(default_factory=_home)
+    data_dir: Path = field(default_factory=_sandbox_data_dir)
+    image_dir: Path | None = None  # None: `home`/images
+    image_max_mb: int = 8192
+    sandbox_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / f"rolloutd-sandboxes-{os.getuid()}")
+    sandbox_uid: int = 65534  # nobody
+    egress_allow: Networks = ()
+
+    @property
+    def images(self) -> Path:
+        """Where built root filesystem images are cached."""
+        return self.image_dir or self.home / "images"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "SandboxSettings":
+        values = read(cls, SANDBOX, environ)
+        at_least("ROLLOUTD_IMAGE_MAX_MB", values.get("image_max_mb"), 1)
+        at_least("ROLLOUTD_SANDBOX_UID", values.get("sandbox_uid"), 0)
+        return cls(**values)
 
 
 def reference_page() -> str:
@@ -95,7 +233,11 @@ def reference_page() -> str:
     out = ["# Environment variables", "",
            "Every `ROLLOUTD_*` variable rolloutd reads, generated from its table (`rolloutd crd` rewrites this page). "
            "*Read by*: the controller, a node daemon, the sandbox runtime on a node, or the trainer client and "
-           "`rolloutctl`.", "", "| variable | type | default | read by | what it does |", "|---|---|---|---|---|"]
+           "`rolloutctl`.", "",
+           "Each variable is read once, when its process starts (the client: when it is made, `rolloutctl`: for each "
+           "command), into that process's settings; a change takes effect at the next start. A value of the wrong "
+           "kind stops the start with a message naming the variable. An empty value counts as unset.", "",
+           "| variable | type | default | read by | what it does |", "|---|---|---|---|---|"]
     for v in VARIABLES:
         out.append(f"| `{v.name}` | {v.type} | {v.default} | {', '.join(v.processes)} | {v.doc.replace('|', '/')} |")
     return "\n".join(out) + "\n"

@@ -41,6 +41,7 @@ def exec_(
 ) -> None:
     """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
     from ..crds.rolloutjob import SandboxSpec
+    from ..crds.settings import SandboxSettings, SettingsError
     from .errors import ExecError, SandboxError
 
     limits = {}
@@ -49,23 +50,24 @@ def exec_(
     if processes is not None:
         limits["processes"] = processes
     try:
+        settings = SandboxSettings.from_env()  # this command's entry point: the variables are read here, once
         spec = SandboxSpec(runtime=runtime, image=image, network=network, limits=limits)
-    except ValueError as e:
+    except (SettingsError, ValueError) as e:
         typer.echo(f"rolloutd sandbox exec: {e}", err=True)
         raise typer.Exit(2) from None
     text = command[0] if len(command) == 1 else shlex.join(command)
     try:
-        code = asyncio.run(_run(spec, text, timeout))
+        code = asyncio.run(_run(spec, settings, text, timeout))
     except (SandboxError, ExecError) as e:
         typer.echo(f"rolloutd sandbox exec: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(125) from None
     raise typer.Exit(code)
 
 
-async def _run(spec, command: str, timeout: float) -> int:
+async def _run(spec, settings, command: str, timeout: float) -> int:
     from .runtimes import create_sandbox
 
-    sandbox = await create_sandbox(spec)
+    sandbox = await create_sandbox(spec, settings)
     try:
         result = await sandbox.bash(command, timeout=timeout, max_output=1 << 20)
     finally:

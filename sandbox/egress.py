@@ -22,17 +22,14 @@ import ipaddress
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
-
-from rolloutd.crds.settings import env
 
 HEAD_LIMIT = 64 * 1024
 MAX_CONNECTIONS = 64  # at once, per proxy: a step cannot spend the daemon's descriptors
 MAX_REFUSED_KEPT = 100
 HEAD_SECONDS = 30  # for the request line and headers
-ALLOW_ENV = "ROLLOUTD_EGRESS_ALLOW"
 BLOCKED_NAMES = {"localhost", "metadata", "metadata.google.internal", "metadata.goog", "instance-data",
                  "instance-data.ec2.internal", "metadata.azure.internal"}
 # What reaches the host itself, the site's private networks or a cloud's metadata service. (Documentation and
@@ -50,12 +47,6 @@ REFUSED = [(ipaddress.ip_network(net), what) for nets, what in (
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
 COMPATIBLE = ipaddress.ip_network("::/96")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """The admin's exceptions (ROLLOUTD_EGRESS_ALLOW, comma-separated networks), read at each start."""
-    text = env(ALLOW_ENV) or ""
-    return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
 
 
 def refusal(address: str | Address, allow=()) -> str | None:
@@ -103,10 +94,11 @@ async def pick_address(host: str, port: int, allow=()) -> tuple[str | None, str 
 class EgressProxy:
     """Serve `path` (a Unix socket) until `stop`: each connection is one proxied TCP connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()) -> None:
+        """`allow`: the admin's exceptions (the settings' egress_allow, $ROLLOUTD_EGRESS_ALLOW)."""
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task] = set()
-        self._allow = allowed_networks()
+        self._allow = list(allow)
         self.refused: list[str] = []  # what was refused, for the caller's log
         self.path: Path | None = None
 
@@ -188,10 +180,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 @contextlib.contextmanager
-def serving(path: Path) -> Iterator[EgressProxy]:
+def serving(path: Path, allow: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()) -> Iterator[EgressProxy]:
     """An `EgressProxy` on `path` served by a thread of its own (for synchronous callers: image builds)."""
     loop = asyncio.new_event_loop()
-    proxy = EgressProxy()
+    proxy = EgressProxy(allow)
     loop.run_until_complete(proxy.start(path))
     thread = threading.Thread(target=loop.run_forever, name="egress", daemon=True)
     thread.start()
@@ -206,5 +198,5 @@ def serving(path: Path) -> Iterator[EgressProxy]:
 
 
 
-__all__ = ["ALLOW_ENV", "EgressProxy", "allowed_networks", "name_refusal", "pick_address", "refusal",
+__all__ = ["EgressProxy", "name_refusal", "pick_address", "refusal",
           "serving"]

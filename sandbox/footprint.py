@@ -11,12 +11,10 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rolloutd.crds.settings import env
 from .limits import Cgroup, candidate_parents, unbound_workspace
 from .server.procs import identity, kill_until_gone
 
@@ -25,8 +23,8 @@ OWNER_FILE = "owner"  # "<pid> <start time>" of the daemon that created the sand
 STALE_AFTER = 60.0  # seconds: younger directories and cgroups may be another daemon's sandbox being created
 
 
-def sandbox_base_dir() -> Path:
-    base = Path(env("ROLLOUTD_SANDBOX_DIR") or Path(tempfile.gettempdir()) / f"rolloutd-sandboxes-{os.getuid()}")
+def sandbox_base_dir(base: Path) -> Path:
+    """`base` (the settings' `sandbox_dir`, $ROLLOUTD_SANDBOX_DIR), made 0700 if it is missing."""
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     return base
 
@@ -47,11 +45,12 @@ class Layout:
         return self.root / "ctl"
 
     @classmethod
-    def new(cls) -> "Layout":
-        """A fresh id and its private directories (the first call sweeps dead daemons' leftovers)."""
-        _sweep_once()
+    def new(cls, base: Path) -> "Layout":
+        """A fresh id and its private directories under `base` (the first call per base sweeps dead daemons'
+        leftovers)."""
+        _sweep_once(base)
         sandbox_id = secrets.token_hex(6)
-        layout = cls(sandbox_id, sandbox_base_dir() / sandbox_id)
+        layout = cls(sandbox_id, sandbox_base_dir(base) / sandbox_id)
         layout.root.mkdir(mode=0o700)
         (layout.root / OWNER_FILE).write_text(identity(os.getpid()) or "")
         layout.workspace.mkdir()
@@ -92,14 +91,14 @@ def remove(root: Path, cgroup: Cgroup | None) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def sweep_stale() -> list[str]:
+def sweep_stale(base: Path) -> list[str]:
     """Remove what sandboxes of dead daemons left behind (a daemon killed with
     SIGKILL never runs its clean-up; its sandboxes die with it, by
     --die-with-parent, but their directories and cgroups stay): directories
     whose owner process is gone, and our empty ``rolloutd-*`` cgroups that
     have no directory any more. Returns the ids removed."""
     removed = []
-    base = sandbox_base_dir()
+    base = sandbox_base_dir(base)
     for entry in os.listdir(base):
         root = base / entry
         try:
@@ -140,8 +139,8 @@ def sweep_stale() -> list[str]:
 
 
 @functools.cache
-def _sweep_once() -> None:
+def _sweep_once(base: Path) -> None:
     try:
-        sweep_stale()
+        sweep_stale(base)
     except OSError:
         pass

@@ -20,8 +20,7 @@ import stat
 import time
 from pathlib import Path
 
-from rolloutd.crds.paths import xdg_data_dir
-from rolloutd.crds.settings import env
+from rolloutd.crds.settings import SandboxSettings, xdg_data_dir
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .footprint import sandbox_base_dir
 from .launch import runtime_paths
@@ -95,15 +94,15 @@ def host_mounts(void_dir: str) -> list[str]:
     return args
 
 
-def data_dirs() -> list[str]:
+def data_dirs(settings: SandboxSettings) -> list[str]:
     """rolloutd's own state on this node (controller and daemon: the API and join tokens): the data directory by
-    the controller's own rule (crds/paths.py), its default as well, the client's config and ssh keys."""
+    the controller's own rule (`crds/settings.py`), its default as well, the client's config and ssh keys."""
     try:
         home = Path.home()
     except (KeyError, RuntimeError):  # no $HOME and no passwd entry: only the explicit ones are known
         home = Path("/nonexistent")
     dirs = [
-        env("ROLLOUTD_DATA_DIR"),
+        str(settings.data_dir),
         str(xdg_data_dir(home)),  # hidden too when $ROLLOUTD_DATA_DIR moved the data elsewhere
         str(Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "rolloutd"),
         str(home / ".ssh"),
@@ -111,15 +110,15 @@ def data_dirs() -> list[str]:
     return [os.path.realpath(d) for d in dirs if d]
 
 
-def forbidden_paths() -> list[str]:
-    return [*SECRET_HOST_PATHS, *data_dirs(), os.path.realpath(sandbox_base_dir())]
+def forbidden_paths(settings: SandboxSettings) -> list[str]:
+    return [*SECRET_HOST_PATHS, *data_dirs(settings), os.path.realpath(sandbox_base_dir(settings.sandbox_dir))]
 
 
-def check_mounts(mounts: list) -> None:
+def check_mounts(mounts: list, settings: SandboxSettings) -> None:
     """Refuse a mount of (or above) a secret or rolloutd's own state, one that does not exist, and one landing
     on, below or above what the exec server runs from (its interpreter, packages, this code): it imports them
     as root, before it drops its privileges. The error names ``spec.sandbox.mounts[i]``."""
-    forbidden = forbidden_paths()
+    forbidden = forbidden_paths(settings)
     server = runtime_paths()
     for i, m in enumerate(mounts):
         where = f"spec.sandbox.mounts[{i}]"

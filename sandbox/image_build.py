@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rolloutd.crds.settings import env
+from rolloutd.crds.settings import SandboxSettings
 from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile
 from .egress import serving
@@ -121,23 +121,22 @@ def load_image(path: Path) -> Image:
     return Image(**{k: v for k, v in meta.items() if k in Image.__dataclass_fields__})
 
 
-def max_bytes(max_mb: int | None = None) -> int:
-    """The build's size bound: `max_mb`, else $ROLLOUTD_IMAGE_MAX_MB, else DEFAULT_MAX_MB (in bytes)."""
-    value = max_mb if max_mb is not None else env(MAX_MB_ENV) or DEFAULT_MAX_MB
-    try:
-        mb = int(value)
-    except ValueError:
-        raise ImageBuildError(f"{MAX_MB_ENV}={value!r}: expected a whole number of MB") from None
+def max_bytes(max_mb: int = DEFAULT_MAX_MB) -> int:
+    """The build's size bound, `max_mb` (the settings' $ROLLOUTD_IMAGE_MAX_MB, or --max-size-mb), in bytes."""
+    mb = int(max_mb)
     if mb <= 0:
         raise ImageBuildError(f"the image size limit must be positive, got {mb} MB")
     return mb << 20
 
 
 def build_image(directory: str | Path, *, cache: str | Path | None = None, build_args: dict[str, str] | None = None,
-                timeout: float | None = None, log=print, max_mb: int | None = None) -> Image:
+                timeout: float | None = None, log=print, max_mb: int | None = None,
+                settings: SandboxSettings | None = None) -> Image:
     """The image of `directory`'s Dockerfile: from the cache, or built now (under a lock), at most `max_mb`
-    MB of root filesystem (`max_bytes`)."""
-    limit = max_bytes(max_mb)
+    MB of root filesystem (`max_bytes`). `settings`: the node's (image cache, size bound, egress allow-list;
+    None: the defaults); `cache` and `max_mb` override them."""
+    settings = settings or SandboxSettings()
+    limit = max_bytes(max_mb if max_mb is not None else settings.image_max_mb)
     context, dockerfile = find_dockerfile(Path(directory).resolve())
     build_args = dict(build_args or {})
     parsed = load_dockerfile(dockerfile, build_args)  # errors name the line before anything is built
@@ -145,7 +144,7 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
         if step.op in ("COPY", "ADD"):
             for pattern in step.args[:-1]:
                 _context_matches(context, pattern, step.line)
-    cache_dir = image_cache_dir(cache)
+    cache_dir = image_cache_dir(cache or settings.images)
     key = image_key(context, dockerfile, build_args)
     dest = cache_dir / key
     if (dest / "image.json").is_file():
@@ -160,7 +159,7 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
         work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache_dir))
         work.chmod(0o755)  # readable by every user of a shared cache, like the base
         try:
-            image = _build(parsed, context, base, work, key, _Limits(timeout, limit), log)
+            image = _build(parsed, context, base, work, key, _Limits(timeout, limit, settings.egress_allow), log)
             image.seconds = round(time.monotonic() - t0, 2)
             meta = {k: v for k, v in asdict(image).items() if k not in ("path", "cached")}
             (work / "image.json").write_text(json.dumps(meta, indent=1))
@@ -183,6 +182,7 @@ def _cached(dest: Path) -> Image:
 class _Limits:
     timeout: float | None  # seconds per step
     max_bytes: int         # the root filesystem's
+    egress_allow: tuple = ()  # networks the steps' egress proxy may reach although private
 
 
 def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, limits: _Limits, log) -> Image:
@@ -194,7 +194,7 @@ def _build(parsed: Dockerfile, context: Path, base: Path, work: Path, key: str, 
         _step(rootfs, ["/bin/sh", "-c", PYTHON_FLAVOR], env, "/", None, "FROM", 0, limits)
     sockets = Path(tempfile.mkdtemp(prefix="rolloutd-egress-"))  # 0700: the build's steps reach it, bound in
     try:
-        with serving(sockets / "egress.sock") as proxy:
+        with serving(sockets / "egress.sock", limits.egress_allow) as proxy:
             cwd, user = _replay(parsed, context, rootfs, env, limits, log, proxy)
     finally:
         shutil.rmtree(sockets, ignore_errors=True)

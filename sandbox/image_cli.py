@@ -34,6 +34,7 @@ def build(
                                               "[default: $ROLLOUTD_IMAGE_MAX_MB or 8192]"),
 ) -> None:
     """Build DIR's Dockerfile into a root filesystem; print its path."""
+    from rolloutd.crds.settings import SandboxSettings, SettingsError
     from .dockerfile import DockerfileError
     from .image_build import build_image
     from .rootfs import ImageBuildError
@@ -49,8 +50,10 @@ def build(
         typer.echo(message, err=True)
 
     try:
-        image = build_image(directory, cache=cache_dir, build_args=args, timeout=timeout, log=log, max_mb=max_size_mb)
-    except (DockerfileError, ImageBuildError) as e:
+        settings = SandboxSettings.from_env()  # this command's entry point: the variables are read here, once
+        image = build_image(directory, cache=cache_dir, build_args=args, timeout=timeout, log=log, max_mb=max_size_mb,
+                            settings=settings)
+    except (SettingsError, DockerfileError, ImageBuildError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     for note in image.notes:

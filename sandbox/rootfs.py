@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rolloutd.crds.errors import InfraError
-from rolloutd.crds.paths import rolloutd_home
-from rolloutd.crds.settings import env
 
 from .rootpath import read_text, resolve
 
@@ -40,10 +38,9 @@ class ImageBuildError(InfraError, RuntimeError):
     """An image could not be built: a step failed, a tool is missing, the base could not be made."""
 
 
-def image_cache_dir(override: str | Path | None = None) -> Path:
-    """Where images live: `override`, else $ROLLOUTD_IMAGE_DIR (e.g. a cluster filesystem), else
-    `$ROLLOUTD_HOME/images` (~/.cache/rolloutd/images)."""
-    path = override or env("ROLLOUTD_IMAGE_DIR") or rolloutd_home() / "images"
+def image_cache_dir(path: str | Path) -> Path:
+    """Where images live, made if missing: the settings' `images` ($ROLLOUTD_IMAGE_DIR, e.g. a cluster
+    filesystem, else `$ROLLOUTD_HOME/images`: ~/.cache/rolloutd/images) or a directory given on the command line."""
     path = Path(path).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -270,9 +270,11 @@ class NodeDaemon:
         tokenizer loads; `_close` closes it on every way out, a tokenizer that fails to load too); the tokenizer."""
         spec = load_spec(self.registration.spec)
         self.config = JobConfig.build(spec, job=self.opts.job, node=self.name, handler=self._handler,
-                                      policy=self.registration.policy, policy_name=self.registration.policy_name)
+                                      policy=self.registration.policy, policy_name=self.registration.policy_name,
+                                      sandbox_settings=self.opts.sandbox)
         self.pipeline = Pipeline(self.config, self.rollouts, self.outbox, self.gate, log=self.log, stats=self.stats,
-                                 llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer)
+                                 llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
+                                 sandbox_settings=self.opts.sandbox)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
         self.heart.unreachable_after = UNREACHABLE_LEASES * spec.pipeline.lease_seconds
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]

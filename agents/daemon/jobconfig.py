@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
 from rolloutd.crds.tenancy import TenantPolicySpec, violations
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec
 
@@ -63,12 +64,14 @@ class JobConfig:
 
     @classmethod
     def build(cls, spec: RolloutJobSpec, *, job: str, node: str, handler: TaskHandler | None = None,
-              policy: TenantPolicySpec | None = None, policy_name: str | None = None) -> "JobConfig":
+              policy: TenantPolicySpec | None = None, policy_name: str | None = None,
+              sandbox_settings: SandboxSettings | None = None) -> "JobConfig":
         try:
             handler = handler if handler is not None else get_handler(spec.tasks.kind)
         except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
             raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
         handler.roots = None if policy is None else list(policy.data_roots)  # files it reads after load, too
+        handler.sandbox_settings = sandbox_settings  # the node's (image cache, egress allow-list): harbor's builds
         tools = list(spec.agent.tools)
         needs_sandbox = bool(handler.needs_sandbox or SANDBOX_TOOLS & set(tools))
         sandbox = spec.sandbox  # the job's own spec.sandbox is what the runtimes take (one SandboxSpec)

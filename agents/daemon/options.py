@@ -1,7 +1,9 @@
 """Who this node daemon is and how it talks to the controller: `NodeOptions`, read from the CLI and the environment.
 
 The only place the daemon reads its environment: the launch contract's table (crds/nodeenv.py: controller URL,
-job, join token, drain period, Slurm's node identity), read back through `read_node_env`. `daemon.NodeDaemon` takes the options next.
+job, join token, drain period, Slurm's node identity), read back through `read_node_env`, and the sandbox runtime's
+settings (`crds.settings.SandboxSettings`), which the daemon hands to its runtime and task handler.
+`daemon.NodeDaemon` takes the options next.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.node import FEATURES
+from rolloutd.crds.settings import SandboxSettings, SettingsError
 
 class NodeError(RolloutdError):
     """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
@@ -50,13 +53,16 @@ class NodeOptions:
     heartbeat_min_gap: float = 0.05
     retry_max: float = 5.0               # longest back-off between retries to an unreachable controller
     features: tuple[str, ...] = FEATURES  # node-protocol features asked for at registration (crds.node)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the sandbox runtime's settings
 
     @classmethod
     def from_env(cls, *, controller: str | None = None, job: str | None = None, name: str | None = None,
                  slot: int | None = None, environ: dict[str, str] | None = None) -> "NodeOptions":
+        environ = os.environ if environ is None else environ
         try:
-            env = nodeenv.read_node_env(os.environ if environ is None else environ)
-        except nodeenv.NodeEnvError as e:
+            env = nodeenv.read_node_env(environ)
+            sandbox = SandboxSettings.from_env(environ)
+        except (nodeenv.NodeEnvError, SettingsError) as e:
             raise NodeError(str(e)) from None
         controller = controller or env.controller
         job = job or env.job
@@ -72,5 +78,5 @@ class NodeOptions:
             controller=controller, job=job, token=env.join_token,
             name=name or env.node_name or socket.gethostname(),
             slot=slot, slurm_job_id=env.slurm_job_id, slurm_node_id=env.slurm_node_id,
-            drain_seconds=env.drain_seconds, ca_file=env.ca_file,
+            drain_seconds=env.drain_seconds, ca_file=env.ca_file, sandbox=sandbox,
         )

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutd.crds.errors import InfraError, RolloutdError, classify
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 
@@ -66,8 +67,9 @@ class Pipeline:
     def __init__(self, config: JobConfig, rollouts: Rollouts, outbox: Outbox, gate: PolicyGate, *,
                  log: logging.LoggerAdapter, stats: collections.Counter[str],
                  llm_factory: Callable[[str], LLMBackend] | None = None, runtime: Any = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, sandbox_settings: SandboxSettings | None = None) -> None:
         self.config, self.rollouts, self.outbox, self.gate = config, rollouts, outbox, gate
+        self.sandbox_settings = sandbox_settings  # the node's, for the spec's runtime (None: the defaults)
         self.log, self.stats = log, stats
         self.tokenizer = tokenizer
         self.runtime = runtime
@@ -83,7 +85,7 @@ class Pipeline:
         closes it: `aclose`)."""
         if self.config.needs_sandbox:
             if self.runtime is None:
-                self.runtime = get_runtime(self.config.spec.sandbox.runtime)
+                self.runtime = get_runtime(self.config.spec.sandbox.runtime, self.sandbox_settings)
             # sized from the INIT rate, never holding more than the tenant's quota admitted for the job
             # (init + run + eval + warm, `crds.tenancy.violations`)
             self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,

@@ -113,9 +113,9 @@ class HarborTask(TaskHandler):
         data roots as nobody (`snapshot`), so the builder, which reads the Dockerfile and hashes and copies the
         context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
         if self.roots is None:
-            return build_image(path, cache=self.image_cache, log=lambda _m: None)
+            return build_image(path, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings)
         with snapshot(path, self.roots) as private:
-            return build_image(private, cache=self.image_cache, log=lambda _m: None)
+            return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings)
 
     async def init(self, task: dict, sandbox: Any) -> None:
         image = await self.image(task)
@@ -172,7 +172,7 @@ class HarborTask(TaskHandler):
             await stage_dir(sandbox, f"{self._task_dir(task)}/tests", "/tests", self.roots)
             exports = _exports(task.get('verifier_env', {}))
             if task.get("verifier_network"):
-                egress = await _open_egress(sandbox)
+                egress = await _open_egress(sandbox, self.sandbox_settings)
                 exports += _exports({k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS})
             run = await sandbox.bash(f"{exports}cd "
                                      f"{shlex.quote(task.get('workdir', '/workspace'))} && bash /tests/test.sh "
@@ -232,14 +232,15 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
     return None
 
 
-async def _open_egress(sandbox: Any) -> Any:
+async def _open_egress(sandbox: Any, settings: Any = None) -> Any:
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
-    killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it."""
+    killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it.
+    `settings`: the node's sandbox settings (their `egress_allow`; None: no exception)."""
     from rolloutd.agents.egress import EgressProxy
     from rolloutd.agents.gateway import start_relay
 
     await end_agent_processes(sandbox, EVAL_SESSION, "harbor")
-    egress = EgressProxy()
+    egress = EgressProxy(settings.egress_allow if settings is not None else ())
     await egress.start(Path(sandbox.root) / "ctl" / "egress.sock")
     try:
         await start_relay(sandbox, "/.rolloutd/egress.sock", EGRESS_PORT, "/tmp/.harbor/egress.log", EVAL_SESSION)

@@ -188,7 +188,7 @@ class SweTask(TaskHandler):
                 return await self.runtime.create(self.spec)
             spec = getattr(run_sandbox, "spec", None)
             if spec is not None:
-                runtime = getattr(run_sandbox, "runtime", None) or _runtime_named(spec.runtime)
+                runtime = getattr(run_sandbox, "runtime", None) or _runtime_named(spec.runtime, self.sandbox_settings)
                 return await runtime.create(spec)
         except EvalError:
             raise
@@ -383,10 +383,10 @@ async def _bash_ok(sb: Any, command: str, what: str) -> str:
     return result.output
 
 
-def _runtime_named(name: str) -> Any:
+def _runtime_named(name: str, settings: Any = None) -> Any:
     from rolloutd.sandbox import get_runtime
 
-    return get_runtime(name)
+    return get_runtime(name, settings)
 
 
 async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:

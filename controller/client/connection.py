@@ -8,25 +8,42 @@ Resolution (first hit wins, per item):
   token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
           config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
           local controller's token file (`crds.paths.DataDir`).
-The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. The clients (`sync`,
-`aio`) build their httpx client from `client_options`.
+The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. The variables are the client's
+settings object, `ClientSettings`, read once per `resolve` (the client's entry point: each client, each
+`rolloutctl` command) unless one is given. The clients (`sync`, `aio`) build their httpx client from `client_options`.
 """
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from rolloutd.crds.settings import env
-from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir, default_data_dir
+from rolloutd.crds.settings import CLIENT, SettingsError, read, xdg_data_dir
+from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from rolloutd.crds.documents import malformed_yaml
 
 from .errors import RolloutdError
 
 
-def config_path() -> Path:
-    return Path(env("ROLLOUTD_CONFIG") or Path.home() / ".config" / "rolloutd" / "config.yaml")
+@dataclass(frozen=True)
+class ClientSettings:
+    """The client's variables (None: unset, the config file or the default decides)."""
+
+    server: str | None = None
+    namespace: str | None = None
+    token: str | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    config: Path = field(default_factory=lambda: Path.home() / ".config" / "rolloutd" / "config.yaml")
+    data_dir: Path = field(default_factory=xdg_data_dir)  # the local controller's, for its token file
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ClientSettings":
+        try:
+            return cls(**read(cls, CLIENT, environ))
+        except SettingsError as e:
+            raise RolloutdError(str(e)) from None
 
 
 @dataclass
@@ -56,15 +73,18 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def resolve(server: str | None = None, token_file: str | Path | None = None, token: str | None = None,
-            namespace: str | None = None, ca_file: str | Path | None = None) -> Connection:
-    """Where the controller is and which bearer token to send (see the module docstring)."""
-    path = config_path()
+            namespace: str | None = None, ca_file: str | Path | None = None,
+            settings: ClientSettings | None = None) -> Connection:
+    """Where the controller is and which bearer token to send (see the module docstring); `settings`: the
+    client's variables (read from the environment now when omitted)."""
+    env = settings or ClientSettings.from_env()
+    path = env.config
     cfg = _read_config(path)
-    server = server or env("ROLLOUTD_SERVER") or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+    server = server or env.server or cfg.get("server") or f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
     if not token and not token_file:
-        token = env("ROLLOUTD_TOKEN") or cfg.get("token")
+        token = env.token or cfg.get("token")
     if not token:
-        tf = token_file or env("ROLLOUTD_TOKEN_FILE") or cfg.get("tokenFile") or DataDir(default_data_dir()).token
+        tf = token_file or env.token_file or cfg.get("tokenFile") or DataDir(env.data_dir).token
         tf = Path(tf).expanduser()
         try:
             token = tf.read_text().strip()
@@ -74,8 +94,8 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
                 f"client: token_file=), set ROLLOUTD_TOKEN_FILE or ROLLOUTD_TOKEN, or write 'tokenFile:' / 'token:' "
                 f"in {path}"
             ) from None
-    namespace = namespace or env("ROLLOUTD_NAMESPACE") or cfg.get("namespace") or "default"
-    ca_file = ca_file or env("ROLLOUTD_CA_FILE") or cfg.get("caFile") or None
+    namespace = namespace or env.namespace or cfg.get("namespace") or "default"
+    ca_file = ca_file or env.ca_file or cfg.get("caFile") or None
     return Connection(str(server).rstrip("/"), token, str(namespace), str(Path(ca_file).expanduser()) if ca_file else None)
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
-from rolloutd.crds.settings import env
 from rolloutd.crds.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
@@ -102,10 +101,9 @@ def crash_delay(count: int, maximum: float, *, free: int = 1) -> float:
     return backoff_delay(count, initial=2.0, maximum=maximum, free=free)
 
 
-def advertised_url(host: str, port: int, scheme: str = "http") -> str:
-    """The controller URL the daemons on other hosts use: $ROLLOUTD_ADVERTISE_URL, else this host's
+def advertised_url(host: str, port: int, scheme: str = "http", url: str | None = None) -> str:
+    """The controller URL the daemons on other hosts use: `url` ($ROLLOUTD_ADVERTISE_URL), else this host's
     name when listening on every address, else the address it listens on (`scheme`: https when it serves TLS)."""
-    url = env("ROLLOUTD_ADVERTISE_URL")
     if url:
         return url.rstrip("/")
     if host in ("0.0.0.0", "::", ""):

@@ -19,11 +19,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
-from rolloutd.crds.settings import env
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
@@ -182,14 +180,15 @@ class KubernetesExecutor:
     daemons run in the RolloutJob's own namespace (else in `namespace`, the controller's), owned by it."""
 
     def __init__(self, controller_url: str, credentials: Credentials, *, namespace: str | None = None,
-                 image: str | None = None, drain_seconds: float | None = None,
+                 image: str | None = None, drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS,
                  api_client: Callable[[], Any] = default_api_client, in_job_namespace: bool = False):
         self.controller_url = controller_url
         self.credentials = credentials
         self.in_job_namespace = in_job_namespace
-        self.namespace = namespace or env("ROLLOUTD_K8S_NAMESPACE") or _own_namespace()
-        self.image = image or env("ROLLOUTD_K8S_NODE_IMAGE") or ""
-        self.drain = drain_seconds if drain_seconds is not None else nodeenv.drain_seconds(os.environ)
+        # `namespace`, `image`, `drain_seconds`: the controller's settings ($ROLLOUTD_K8S_NAMESPACE, ...)
+        self.namespace = namespace or _own_namespace()
+        self.image = image or ""
+        self.drain = drain_seconds
         self._api_factory = api_client
         self._api: Any = None
         self._released: set[str] = set()  # uids whose Job is gone: release() is called on every pass

@@ -27,7 +27,7 @@ from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
-from ..allowlists import backend_url_problem
+from ..allowlists import AllowLists, backend_url_problem
 from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store
@@ -51,7 +51,8 @@ class PolicyRequest(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats | None = None) -> APIRouter:
+def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats | None = None,
+                   allow: AllowLists | None = None) -> APIRouter:
     r = APIRouter()
     job_stats = job_stats or stats.JobStats(store.engine)
 
@@ -155,7 +156,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
     async def add_backend(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
         doc = await read_model(request, BackendSpec)
-        url = validate_backend_url(doc.url, "url")
+        url = validate_backend_url(doc.url, "url", allow)
 
         def add(job: RolloutJob) -> bool:
             if url in [b.url.rstrip("/") for b in job.spec.llm.backends]:
@@ -176,7 +177,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
     @r.delete(f"{JOBS}/{{name}}/backends")
     async def remove_backend(namespace: str, name: str, url: str):
         name = job_key(namespace, name)
-        url = validate_backend_url(url, "url")
+        url = validate_backend_url(url, "url", allow)
 
         def remove(job: RolloutJob) -> bool:
             kept = [b for b in job.spec.llm.backends if b.url.rstrip("/") != url]
@@ -224,9 +225,9 @@ def check_owned(policies: Policies, job: RolloutJob, verb: str) -> None:
                                 for i, b in enumerate(job.spec.llm.backends) if b.url in shared])
 
 
-def validate_backend_url(url: str, field: str) -> str:
-    """The URL without its trailing slash, or 422 when the backend policy (`policy.py`) refuses it."""
-    if problem := backend_url_problem(url):
+def validate_backend_url(url: str, field: str, allow: AllowLists | None = None) -> str:
+    """The URL without its trailing slash, or 422 when the controller's allow-lists (`allowlists.py`) refuse it."""
+    if problem := backend_url_problem(url, allow):
         raise Invalid(f"backend url {url[:200]!r}: {problem}",
                       causes=[{"field": field, "reason": "FieldValueForbidden", "message": problem}])
     return url.rstrip("/")

@@ -24,7 +24,7 @@ from ..store import Store
 from . import patch as patches
 from .admit import admit, count_watch
 from .table import table, wants_table
-from .validate import Options, options, validate_job, validate_status
+from .validate import Options, allow_lists, options, validate_job, validate_status
 from .watch import watch_response
 
 NS = API_PREFIX + "/namespaces/{namespace}/rolloutjobs"
@@ -133,7 +133,8 @@ async def create(store: Store, request: Request, namespace: str | None) -> Respo
 async def rolloutctl_apply(store: Store, request: Request, namespace: str | None, name: str) -> Response:
     """rolloutctl's apply, a PUT that creates or updates (`Store.apply`), with X-Rolloutd-Outcome; on a
     namespaced path only when the request carries APPLY_HEADER (a plain PUT replaces, as Kubernetes does)."""
-    job = validate_job(await parse_document(request), url_name=name, namespace=namespace)
+    job = validate_job(await parse_document(request), url_name=name, namespace=namespace,
+                       opts=Options(allow=allow_lists(request)))
     try:
         current = await asyncio.to_thread(store.get_wire, name, job.metadata.namespace)
     except NotFound:
@@ -212,7 +213,7 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
             patched = patches.json_patch(current, body)
         else:
             patched = patches.server_side_apply(current, body, manager, force, subresource,
-                                                normalize=_normalizer(name, namespace, subresource))
+                                                normalize=_normalizer(name, namespace, subresource, opts))
         precondition = parse_version(patched.get("metadata", {}).get("resourceVersion") or None,
                                      "metadata.resourceVersion") if ptype != patches.APPLY else None
         if precondition is not None and precondition != rv:
@@ -239,7 +240,7 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
 
 async def _apply_create(store: Store, request: Request, namespace: str, name: str, body: dict[str, Any],
                         manager: str, force: bool, opts: Options) -> Response:
-    created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, ""))
+    created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, "", opts))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
     await asyncio.to_thread(admit, request, store, job, None)
     wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
@@ -247,12 +248,13 @@ async def _apply_create(store: Store, request: Request, namespace: str, name: st
     return respond(request, wire, 201, opts)
 
 
-def _normalizer(name: str, namespace: str, subresource: str):
+def _normalizer(name: str, namespace: str, subresource: str, opts: Options):
     """The defaulted form of a candidate object (422 if it is invalid), for apply's conflict check."""
     def normalize(doc: dict[str, Any]) -> dict[str, Any]:
         if subresource == "status":
             return {**doc, "status": validate_status(doc.get("status") or {}, name).wire()}
-        return {**doc, "spec": validate_job(doc, url_name=name, namespace=namespace).spec.wire()}
+        return {**doc, "spec": validate_job(doc, url_name=name, namespace=namespace,
+                                            opts=Options(allow=opts.allow)).spec.wire()}
     return normalize
 
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob, RolloutJobStatus
 
 from ..errors import BadRequest, Invalid, from_validation_error
-from ..allowlists import backend_url_problem, tokenizer_problem
+from ..allowlists import AllowLists, backend_url_problem, tokenizer_problem
 from ..spec_checks import check_spec
 
 VALIDATION = ("Strict", "Warn", "Ignore")
@@ -26,6 +26,12 @@ class Options:
     dry_run: bool = False
     field_validation: str = "Strict"
     warnings: list[str] = field(default_factory=list)
+    allow: AllowLists | None = None  # the controller's allow-lists (None: the defaults)
+
+
+def allow_lists(request: Request) -> AllowLists | None:
+    """The allow-lists the API was built with (`api.create_app`)."""
+    return getattr(request.app.state, "allow", None)
 
 
 def options(request: Request) -> Options:
@@ -38,7 +44,7 @@ def options(request: Request) -> Options:
     if fv not in VALIDATION:
         raise BadRequest(f"fieldValidation must be one of Strict, Warn, Ignore; got {fv[:40]!r}", causes=[
             {"field": "fieldValidation", "reason": "FieldValueNotSupported", "message": "supported: Strict, Warn, Ignore"}])
-    return Options(dry_run=bool(dry), field_validation=fv)
+    return Options(dry_run=bool(dry), field_validation=fv, allow=allow_lists(request))
 
 
 def _drop(doc: Any, loc: tuple[Any, ...]) -> None:
@@ -100,7 +106,7 @@ def validate_job(doc: dict[str, Any], url_name: str | None = None, *, namespace:
     except ValidationError as e:
         named = body_name if isinstance(body_name, str) else None  # Status.details.name is a string
         raise from_validation_error(e, name=named or url_name, root=RolloutJob) from None
-    check_policy(job)
+    check_policy(job, opts.allow)
     check_spec(job)  # what cannot run: an agent kind the task kind lacks, relative paths, a missing tokenizer
     return job
 
@@ -112,12 +118,12 @@ def validate_status(status: Any, name: str) -> RolloutJobStatus:
         raise from_validation_error(e, prefix=("status",), name=name, root=RolloutJobStatus) from None
 
 
-def check_policy(job: RolloutJob) -> None:
-    """422 for a backend or tokenizer the controller's policy refuses (`policy.py`)."""
+def check_policy(job: RolloutJob, allow: AllowLists | None = None) -> None:
+    """422 for a backend or tokenizer the controller's allow-lists refuse (`allowlists.py`)."""
     llm = job.spec.llm
-    problems = [(f"spec.llm.backends[{i}].url", backend_url_problem(b.url)) for i, b in enumerate(llm.backends)]
+    problems = [(f"spec.llm.backends[{i}].url", backend_url_problem(b.url, allow)) for i, b in enumerate(llm.backends)]
     if llm.tokenizer is not None:  # absent for agents that make no LLM call (oracle)
-        problems.append(("spec.llm.tokenizer", tokenizer_problem(llm.tokenizer)))
+        problems.append(("spec.llm.tokenizer", tokenizer_problem(llm.tokenizer, allow)))
     causes = [{"field": f, "reason": "FieldValueForbidden", "message": p} for f, p in problems if p]
     if causes:
         raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),

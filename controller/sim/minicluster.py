@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 def default_dir() -> Path:
-    """`$ROLLOUTD_SLURM_DIR`, read when a cluster is made (never at import), or /tmp/rolloutd-slurm."""
-    from rolloutd.crds.settings import env
-    return Path(env("ROLLOUTD_SLURM_DIR") or "/tmp/rolloutd-slurm")
+    """The cluster's directory when none is given: the settings' default, /tmp/rolloutd-slurm (`main` and the
+    test fixtures read $ROLLOUTD_SLURM_DIR through `ControllerSettings.from_env`)."""
+    from rolloutd.crds.settings import ControllerSettings
+    return ControllerSettings().slurm_dir
 
 
 CTLD_PORT = 16817
@@ -350,7 +351,9 @@ class MiniSlurm:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="minicluster")
     ap.add_argument("action", choices=("start", "stop", "status"))
-    ap.add_argument("--dir", type=Path, default=default_dir())
+    from rolloutd.crds.settings import ControllerSettings
+
+    ap.add_argument("--dir", type=Path, default=ControllerSettings.from_env().slurm_dir)
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     c = MiniSlurm(args.dir, args.nodes)

@@ -13,7 +13,6 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.settings import env
 from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest, RegisterResponse,
                                 beat_gap, heartbeat_seconds)
 
@@ -28,21 +27,14 @@ log = logging.getLogger("rolloutd.scheduler")
 NODE_SILENCE_SECONDS = 60.0
 
 
-def _calls_budget() -> float:
-    raw = env("ROLLOUTD_NODE_CALLS_PER_SECOND") or ""
-    try:
-        return float(raw) if raw else NODE_CALLS_PER_SECOND
-    except ValueError:
-        raise ValueError(f"ROLLOUTD_NODE_CALLS_PER_SECOND={raw!r}: expected a number of calls per second") from None
-
-
 class NodeRegistry:
-    def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float],
+                 calls_per_second: float = NODE_CALLS_PER_SECOND) -> None:
         self.engine, self.jobs, self.clock = engine, jobs, clock
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
         self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
         self.features: dict[str, frozenset[str]] = {}  # node id → the protocol features it registered with
-        self.budget = _calls_budget()  # beats per second all beat-results daemons may send together
+        self.budget = calls_per_second  # beats per second all beat-results daemons may send together
         self.live = 0  # daemons not gone, counted by the silent-node pass (every half second)
 
     def beat_gap(self) -> float:

@@ -19,12 +19,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
 
-from rolloutd.crds.settings import env
 from rolloutd.crds.aiokit import wait_event
 from rolloutd.crds.node import (
     Heartbeat,
     HeartbeatResponse,
     LeaseResponse,
+    NODE_CALLS_PER_SECOND,
     RegisterRequest,
     RegisterResponse,
     ResultAck,
@@ -52,28 +52,21 @@ from .tables import ExpansionRow, NodeRow
 log = logging.getLogger("rolloutd.scheduler")
 
 
-def _env_max_episodes() -> int | None:
-    """The controller-wide default of llm.maxEpisodesPerBackend (ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
-    raw = (env("ROLLOUTD_MAX_EPISODES_PER_BACKEND") or "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"ROLLOUTD_MAX_EPISODES_PER_BACKEND={raw!r}: expected a whole number ≥ 1")
-    return int(raw)
-
-
 class Scheduler:
     def __init__(self, store: Store, *, health_interval: float = 2.0,
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
                  health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None,
-                 policy_for: PolicyFor = lambda job: None, on_idle: Callable[[str], None] | None = None):
+                 policy_for: PolicyFor = lambda job: None, on_idle: Callable[[str], None] | None = None,
+                 node_calls_per_second: float = NODE_CALLS_PER_SECOND):
         """`on_idle`: called with a job's name when it may be finished now (its last rollout ended, or it
-        failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted)."""
+        failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted);
+        `max_episodes` (the default of llm.maxEpisodesPerBackend) and `node_calls_per_second` (the node
+        protocol's budget): the controller's settings (`ControllerSettings`)."""
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
         # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
         changed = Wakeups()
-        self.pool = BackendPool(Admission(clock, max_episodes if max_episodes is not None else _env_max_episodes(),
+        self.pool = BackendPool(Admission(clock, max_episodes,
                                           on_free=lambda jobs: [changed.set(job) for job in jobs]))
         self.health_interval = health_interval
         http = BackendHttp()
@@ -86,7 +79,7 @@ class Scheduler:
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.feed = Feed(self.engine)
-        self.registry = NodeRegistry(self.engine, self.jobs, clock)
+        self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 from ...crds.rolloutjob import SandboxSpec
+from ...crds.settings import SandboxSettings
 from ..sandbox import Sandbox
 from .base import SandboxRuntime
 
@@ -26,9 +27,10 @@ def runtime_class(name: str) -> type[SandboxRuntime]:
     return getattr(importlib.import_module(module, __name__), cls)
 
 
-def get_runtime(name: str) -> SandboxRuntime:
-    return runtime_class(name)()
+def get_runtime(name: str, settings: SandboxSettings | None = None) -> SandboxRuntime:
+    """The runtime `name`, with the node's sandbox settings (None: the defaults)."""
+    return runtime_class(name)(settings)
 
 
-async def create_sandbox(spec: SandboxSpec) -> Sandbox:
-    return await get_runtime(spec.runtime).create(spec)
+async def create_sandbox(spec: SandboxSpec, settings: SandboxSettings | None = None) -> Sandbox:
+    return await get_runtime(spec.runtime, settings).create(spec)

@@ -51,7 +51,7 @@ class ApptainerRuntime(SandboxRuntime):
     def check(self, spec: SandboxSpec) -> None:
         if not spec.image.endswith(".sif"):
             raise SandboxCreateError(f"the apptainer runtime needs a .sif image, not {spec.image!r}")
-        check_mounts(spec.mounts)
+        check_mounts(spec.mounts, self.settings)
 
     def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
         argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", CONTAINED.workspace]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...crds.rolloutjob import SandboxSpec
+from ...crds.settings import SandboxSettings
 from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import ID_VAR, Layout, reap_leftovers, remove
@@ -79,6 +80,10 @@ class SandboxRuntime(ABC):
 
     name: ClassVar[str]
 
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        """`settings`: the node's (where sandboxes are made, who sandboxed code runs as; None: the defaults)."""
+        self.settings = settings or SandboxSettings()
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox for `spec`; raises SandboxCreateError (or RuntimeUnavailable).
 
@@ -104,7 +109,7 @@ class SandboxRuntime(ABC):
     async def _start(self, spec: SandboxSpec, fds: tuple[int, ...]) -> Sandbox:
         who = self.identity(spec)
         uid = who.uid
-        layout = Layout.new()
+        layout = Layout.new(self.settings.sandbox_dir)
         inside = self.inside(layout)
         env = sandbox_env(spec, layout.id, HOME=who.home or inside.home, TMPDIR=inside.tmp)
         rlimits = rlimits_for(spec.limits, nproc=self.rlimit_nproc(uid))

@@ -9,10 +9,10 @@ import os
 import shutil
 from pathlib import Path
 
-from rolloutd.crds.settings import env
+from rolloutd.crds.settings import SandboxSettings
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
-from ..footprint import Layout, sandbox_base_dir
+from ..footprint import Layout
 from .. import netns
 from ..hostview import check_mounts, host_mounts
 from ..netns import RESOLV_CONF, Outbound
@@ -23,7 +23,6 @@ from ..syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
 
 RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data
-SANDBOX_UID = 65534  # nobody: what sandboxed code runs as when the daemon is root (ROLLOUTD_SANDBOX_UID)
 SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "workspace", ".rolloutd", "lost+found"}
 
 
@@ -87,11 +86,11 @@ def _parents(path: str) -> list[str]:
     return [arg for parent in reversed(list(parts)[:-1]) for arg in ("--dir", str(parent))]
 
 
-def sandbox_uid() -> int | None:
+def sandbox_uid(settings: SandboxSettings) -> int | None:
     """The host uid sandboxed code runs as when the daemon is root (None: the daemon's own uid)."""
     if os.geteuid() != 0:
         return None
-    return int(env("ROLLOUTD_SANDBOX_UID") or SANDBOX_UID)
+    return settings.sandbox_uid
 
 
 def image_user(spec: SandboxSpec) -> tuple[int, int, str] | None:
@@ -125,7 +124,7 @@ class BwrapRuntime(SandboxRuntime):
       ``--die-with-parent``: the sandbox dies with the node daemon.
       ``--new-session``: no TIOCSTI into the daemon's terminal.
     * no privileges: under a root daemon no user namespace, and the server drops
-      to `sandbox_uid()` (first_bash.become); under an unprivileged one bwrap's user
+      to `sandbox_uid(settings)` (first_bash.become); under an unprivileged one bwrap's user
       namespace and ``--cap-drop ALL``. The seccomp filter (`syscall_filter.py`)
       on every process.
     * a read-only root: a tmpfs ``/`` holding, read-only, the host's allow-list
@@ -154,7 +153,7 @@ class BwrapRuntime(SandboxRuntime):
         return None
 
     def check(self, spec: SandboxSpec) -> None:
-        check_mounts(spec.mounts)
+        check_mounts(spec.mounts, self.settings)
         if spec.network and netns.missing():
             raise RuntimeUnavailable(netns.missing())
         if spec.image != "host" and not Path(spec.image).is_dir():
@@ -176,7 +175,7 @@ class BwrapRuntime(SandboxRuntime):
         if os.geteuid() != 0:
             return Identity(home=home)  # the user namespace maps the daemon's uid to the image user's
         if user is None:
-            return Identity(uid=sandbox_uid(), gid=sandbox_uid())
+            return Identity(uid=sandbox_uid(self.settings), gid=sandbox_uid(self.settings))
         return Identity(uid=user[0], gid=user[1], home=home)
 
     def rlimit_nproc(self, uid: int | None) -> bool:
@@ -256,7 +255,7 @@ class BwrapRuntime(SandboxRuntime):
         opts.extend(["--bind", str(layout.workspace), CONTAINED.workspace, "--bind", str(layout.ctl), CONTAINED.ctl])
         if home is not None:
             opts.extend([*_parents(home), "--bind", str(layout.root / "home"), home])
-        base = str(sandbox_base_dir())
+        base = str(layout.root.parent)  # the settings' sandbox_dir
         if not base.startswith(("/tmp/", "/run/")):
             opts.extend(["--tmpfs", base])  # other sandboxes' workspaces stay hidden
         for m in spec.mounts:

@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from rolloutd.controller.allowlists import backend_allow_nets
+from rolloutd.crds.settings import ControllerSettings
 from rolloutd.controller.executors.kubernetes import KubernetesExecutor
 from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app
@@ -127,7 +127,7 @@ def test_chart_crd_is_valid_kubernetes():
     kubernetes_validate.validate(one(render("defaults"), "CustomResourceDefinition"), K8S_VERSION, strict=True)
 
 
-def test_deployment_starts_the_real_controller(monkeypatch):
+def test_deployment_starts_the_real_controller():
     docs = render("defaults")
     dep, svc = one(docs, "Deployment"), one(docs, "Service")
     pod = dep["spec"]["template"]["spec"]
@@ -148,10 +148,9 @@ def test_deployment_starts_the_real_controller(monkeypatch):
     # the Service reaches it, and the kubernetes executor tells node daemons that Service's address
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["targetPort"] in {p["name"] for p in ctl["ports"]}
-    env = env_of(ctl)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    ex = KubernetesExecutor(advertised_url(params["host"], params["port"]), "t")
+    settings = ControllerSettings.from_env(env_of(ctl))  # what the controller reads as it starts
+    ex = KubernetesExecutor(advertised_url(params["host"], params["port"], url=settings.advertise_url), "t",
+                            namespace=settings.k8s_namespace, image=settings.k8s_node_image)
     assert ex.controller_url == f"http://{svc['metadata']['name']}.{NS}.svc:{svc['spec']['ports'][0]['port']}"
     assert (ex.namespace, ex.image) == (NS, ctl["image"])
     # its service account is the one the executor's Role is bound to; nothing cluster-wide by default
@@ -173,7 +172,7 @@ def test_service_monitor_scrapes_metrics_with_the_token():
     assert endpoint["authorization"]["credentials"] == {"name": one(docs, "Secret")["metadata"]["name"], "key": "token"}
 
 
-def test_executor_and_backend_values_reach_the_controller(monkeypatch):
+def test_executor_and_backend_values_reach_the_controller():
     docs = render("executor-backends")
     ctl = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert ctl["image"] == "registry.example/rolloutd:9"
@@ -182,8 +181,10 @@ def test_executor_and_backend_values_reach_the_controller(monkeypatch):
     env = env_of(ctl)
     assert env["ROLLOUTD_K8S_NAMESPACE"] == "rl-jobs" and env["ROLLOUTD_K8S_NODE_IMAGE"] == "registry.example/node:2"
     assert env["ROLLOUTD_DRAIN_SECONDS"] == "60" and env["ROLLOUTD_TOKENIZER_ROOTS"] == os.pathsep.join(["/models", "/hf"])
-    monkeypatch.setenv("ROLLOUTD_BACKEND_ALLOW_NETS", env["ROLLOUTD_BACKEND_ALLOW_NETS"])
-    assert [str(n) for n in backend_allow_nets()] == ["169.254.0.0/16", "fd00::/8"]  # parsed by the controller's code
+    settings = ControllerSettings.from_env(env)  # parsed by the controller's code, as it starts
+    assert [str(n) for n in settings.backend_allow_nets] == ["169.254.0.0/16", "fd00::/8"]
+    assert (settings.k8s_namespace, settings.k8s_node_image, settings.drain_seconds) == \
+        ("rl-jobs", "registry.example/node:2", 60.0)
     assert {"name": "datasets", "mountPath": "/datasets", "readOnly": True} in ctl["volumeMounts"]
     assert {r["metadata"]["namespace"] for r in docs if r["kind"] in ("Role", "RoleBinding")} == {"rl-jobs", "rl-b"}
     pvc = one(docs, "PersistentVolumeClaim")["spec"]

@@ -33,6 +33,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.crds.errors.StatusError": [((), {}, I)],
     "rolloutd.crds.nodeenv.NodeEnvError": [((), {}, C)],
     "rolloutd.crds.reference.Undescribed": [((), {}, C)],
+    "rolloutd.crds.settings.SettingsError": [((), {}, C)],
     "rolloutd.crds.safe_read.DataReadError": [(("spec.x", "/p", "why"), {}, C)],
     "rolloutd.sandbox.build_step.SizeLimitExceeded": [((), {}, I)],
     "rolloutd.sandbox.dockerfile.DockerfileError": [((), {}, C)],

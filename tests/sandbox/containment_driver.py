@@ -13,6 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox import SandboxSpec, get_runtime
 from rolloutd.sandbox.footprint import pids_with_id
 from rolloutd.sandbox.launch import runtime_paths
@@ -41,7 +42,7 @@ async def main(runtime: str, out: str) -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     spec = SandboxSpec(runtime=runtime, limits=SPEC)
-    sb = await get_runtime(runtime).create(spec)
+    sb = await get_runtime(runtime, SandboxSettings.from_env()).create(spec)  # this script: a node's entry point
     results: dict[str, str] = {}
     try:
         await sb.write_file("probe.py", (HERE / "containment_probe.py").read_text())

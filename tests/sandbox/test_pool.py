@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.footprint import sandbox_base_dir
 
 from support.waiting import until, wait_until
@@ -35,7 +36,7 @@ def leftovers(base, ids) -> tuple[list[str], dict[str, list[int]]]:
 
 async def warm_pool(spec: SandboxSpec | None = None, **kw) -> WarmPool:
     """A started bwrap pool of 2, once both sandboxes are idle in it."""
-    pool = WarmPool(get_runtime("bwrap"), spec or SandboxSpec(), size=2, **kw)
+    pool = WarmPool(get_runtime("bwrap", SandboxSettings.from_env()), spec or SandboxSpec(), size=2, **kw)
     pool.start()
     await until(lambda: pool.idle == 2, what="the pool warm")
     return pool
@@ -109,9 +110,9 @@ def test_an_idle_sandbox_killed_behind_the_pools_back_is_never_handed_out(run, b
 
 def test_acquire_on_an_empty_pool_creates_cold_and_size_0_is_no_pool(run, base):
     async def scenario():
-        pool = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
+        pool = WarmPool(get_runtime("bwrap", SandboxSettings.from_env()), SandboxSpec(), size=2)
         sb = await pool.acquire()              # nothing warmed yet: created on the spot
-        none = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=0)
+        none = WarmPool(get_runtime("bwrap", SandboxSettings.from_env()), SandboxSpec(), size=0)
         plain = await none.acquire()
         try:
             assert pool.stats["cold"] == 1 and pool.stats["warm"] == 0
@@ -138,7 +139,7 @@ def test_close_leaves_nothing_even_with_a_creation_in_progress(run, base):
         await full.close()
         assert full.idle == 0
         # a pool closed while its first sandbox is being started: closed once it is up
-        busy = WarmPool(get_runtime("bwrap"), SandboxSpec(), size=2)
+        busy = WarmPool(get_runtime("bwrap", SandboxSettings.from_env()), SandboxSpec(), size=2)
         busy.start()
         await until(lambda: busy._creating and os.listdir(base), 10, "a creation under way")
         ids += os.listdir(base)
@@ -162,7 +163,7 @@ def test_close_leaves_nothing_even_with_a_creation_in_progress(run, base):
 def test_failing_creations_back_off_and_acquire_raises_the_cold_error(run, base, caplog):
     async def scenario():
         spec = SandboxSpec(image="/nonexistent-rolloutd-rootfs")
-        pool = WarmPool(get_runtime("bwrap"), spec, size=2, backoff=(0.05, 0.2))
+        pool = WarmPool(get_runtime("bwrap", SandboxSettings.from_env()), spec, size=2, backoff=(0.05, 0.2))
         pool.start()
         try:
             await until(lambda: pool.stats["failures"] >= 3, 30, "refill retried")

@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
 from rolloutd.controller.sim.minicluster import MiniSlurm, missing_binaries  # noqa: E402
+from rolloutd.crds.settings import ControllerSettings
 from support.cluster import plugin_env
 from support.slurm_cluster import SlurmCluster
 
@@ -35,7 +36,7 @@ def slurm() -> Iterator[MiniSlurm]:
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
-    cluster = MiniSlurm().start()
+    cluster = MiniSlurm(ControllerSettings.from_env().slurm_dir).start()
     yield cluster
     cluster.release()  # stopped only if this session started it and no other session uses it
 

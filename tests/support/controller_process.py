@@ -26,8 +26,9 @@ class ControllerProcess:
     """`rolloutd controller` as a subprocess: start, stop (SIGTERM or SIGKILL), restart on the same data."""
 
     def __init__(self, data_dir: Path, executors: str = "", extra_args: tuple[str, ...] = (), scheme: str = "http",
-                 verify: str | bool = True):
+                 verify: str | bool = True, env: dict[str, str] | None = None):
         self.data_dir = data_dir
+        self.env = env  # added to this process's environment (its ROLLOUTD_* settings)
         self.executors = executors
         # https: extra_args name the certificate, `verify` is the CA file that signed it
         self.extra_args, self.scheme, self.verify = extra_args, scheme, verify
@@ -48,6 +49,7 @@ class ControllerProcess:
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data_dir),
              "--port", str(self.port), "--log-level", "warning", "--executors", self.executors, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -19,12 +19,19 @@ async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None, *
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
     base = SandboxSpec(env=env or {}, **spec)
-    sandbox = await get_runtime("bwrap").create(await handler.sandbox_spec(task, base))
+    sandbox = await get_runtime("bwrap", handler.sandbox_settings).create(await handler.sandbox_spec(task, base))
     try:
         await handler.init(task, sandbox)
         yield sandbox
     finally:
         await sandbox.close()
+
+
+def _node_settings():
+    """The sandbox settings from this process's environment, as a node daemon hands them to its handler."""
+    from rolloutd.crds.settings import SandboxSettings
+
+    return SandboxSettings.from_env()
 
 
 async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
@@ -33,6 +40,7 @@ async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
     from rolloutd.crds.trajectory import Trajectory
 
     handler = get_handler("harbor")
+    handler.sandbox_settings = _node_settings()
 
     async def one(task: dict, agent: str) -> float:
         async with task_sandbox(handler, task, env) as sandbox:
@@ -60,6 +68,7 @@ async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
     from rolloutd.agents.rollout import AgentConfig, RolloutContext
 
     handler = get_handler("harbor")
+    handler.sandbox_settings = _node_settings()
     out = {}
     for task in handler.load(source)[:1]:
         async with task_sandbox(handler, task, env) as sandbox:
@@ -76,6 +85,7 @@ async def probe_command(source: str, command: str, env: dict[str, str] | None = 
     from rolloutd.agents.tasks import get_handler
 
     handler = get_handler("harbor")
+    handler.sandbox_settings = _node_settings()
     out = {}
     network = os.environ.get("ROLLOUTD_TEST_NETWORK") == "1"
     for task in handler.load(source):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,19 @@ BASE_SPEC: dict[str, Any] = {
     "pipeline": {"workersPerNode": {"init": 2, "run": 2, "eval": 2}},
     "timeouts": {"initSeconds": 30, "runSeconds": 60, "evalSeconds": 30, "actionSeconds": 10},
 }
+
+
+def scripted_plugin_path(tmp_path: Path) -> str:
+    """A PYTHONPATH under which a `rolloutd node` subprocess finds the scripted task kind as a plug-in: a dist-info
+    with a `rolloutd.tasks` entry point (found by `get_handler` like any third-party kind), and its module."""
+    from support import scripted_tasks
+
+    site = tmp_path / "plugin"
+    info = site / "scripted_tasks_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: scripted-tasks-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[rolloutd.tasks]\nscripted = scripted_tasks:ScriptedTask\n")
+    return os.pathsep.join([str(site), str(Path(scripted_tasks.__file__).resolve().parent)])
 
 
 def tiny_dir() -> Path:
@@ -45,10 +59,12 @@ def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> 
 
 def options(fake: FakeController, name: str = "node-a", **kw: Any):
     from rolloutd.agents.daemon.options import NodeOptions
+    from rolloutd.crds.settings import SandboxSettings
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)
     kw.setdefault("job", fake.job)
+    kw.setdefault("sandbox", SandboxSettings.from_env())  # as `rolloutd node` reads it (the sandbox_dir fixture's)
     return NodeOptions(controller=fake.url, token=TOKEN, name=name, **kw)
 
 

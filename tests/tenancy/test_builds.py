@@ -19,6 +19,7 @@ import pytest
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
 from rolloutd.sandbox.image_build import build_image
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import ImageBuildError, base_rootfs, image_cache_dir, lookup_user
 
 SECRET = "host-loopback-secret-7f3a"
@@ -177,17 +178,17 @@ def _size_context(tmp_path: Path, run: str) -> Path:
 
 def _limit_mb(extra: int) -> int:
     from rolloutd.sandbox.build_step import tree_bytes
-    return (tree_bytes(base_rootfs(image_cache_dir(), log=lambda m: None)) >> 20) + extra
+    return (tree_bytes(base_rootfs(image_cache_dir(SandboxSettings().images), log=lambda m: None)) >> 20) + extra
 
 
-def test_the_size_bound_stops_a_step_that_keeps_writing(needs_builder, tmp_path, monkeypatch):
+def test_the_size_bound_stops_a_step_that_keeps_writing(needs_builder, tmp_path):
     """Many small files, then a long sleep: the step is stopped while it runs, the error names the limit."""
     limit = _limit_mb(24)
-    monkeypatch.setenv("ROLLOUTD_IMAGE_MAX_MB", str(limit))
+    settings = SandboxSettings.from_env({"ROLLOUTD_IMAGE_MAX_MB": str(limit)})  # the node's, as its daemon reads it
     ctx = _size_context(tmp_path, "for i in $(seq 12); do head -c 4M /dev/urandom > /fill$i; done; sleep 300")
     t0 = time.monotonic()
     with pytest.raises(ImageBuildError) as err:
-        build_image(ctx, log=lambda m: None)
+        build_image(ctx, log=lambda m: None, settings=settings)
     assert time.monotonic() - t0 < 200
     assert f"size limit of {limit} MB" in str(err.value) and "Dockerfile:2" in str(err.value)
     assert "ROLLOUTD_IMAGE_MAX_MB" in str(err.value)

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from rolloutd.sandbox.egress import pick_address, refusal, serving
+from rolloutd.crds.settings import SandboxSettings
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +41,8 @@ def loopback_server():
 
 
 @pytest.fixture()
-def proxy(tmp_path, monkeypatch):
-    monkeypatch.delenv("ROLLOUTD_EGRESS_ALLOW", raising=False)
-    with serving(tmp_path / "egress.sock") as served:
+def proxy(tmp_path):
+    with serving(tmp_path / "egress.sock") as served:  # no network allowed
         yield tmp_path / "egress.sock", served
 
 
@@ -91,11 +91,11 @@ def test_the_proxy_refuses_internal_destinations_and_never_connects(proxy, loopb
     assert len(served.refused) == len(targets) + 3
 
 
-def test_the_admin_may_allow_a_network(tmp_path, monkeypatch, loopback_server):
+def test_the_admin_may_allow_a_network(tmp_path, loopback_server):
     """ROLLOUTD_EGRESS_ALLOW (e.g. a site mirror): the named network passes, nothing else does."""
     port, hits = loopback_server
-    monkeypatch.setenv("ROLLOUTD_EGRESS_ALLOW", "127.0.0.1/32")
-    with serving(tmp_path / "egress.sock"):
+    allow = SandboxSettings.from_env({"ROLLOUTD_EGRESS_ALLOW": "127.0.0.1/32"}).egress_allow
+    with serving(tmp_path / "egress.sock", allow):
         assert "secret" in _ask(tmp_path / "egress.sock", f"GET http://127.0.0.1:{port}/ok HTTP/1.1\r\n"
                                                           "Host: x\r\nConnection: close\r\n\r\n")
         assert _ask(tmp_path / "egress.sock", "CONNECT 10.0.0.1:80 HTTP/1.1\r\n\r\n").startswith("HTTP/1.1 403")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import sys
 import time
@@ -41,15 +40,16 @@ class SlurmExecutor:
                  poll_interval: float = 1.0,
                  extra_env: dict[str, str] | None = None, scheduler: NodeRegistry | None = None,
                  event: Callable[[str, str, str, str], None] | None = None,
-                 run: Runner | None = None, clock: Callable[[], float] = time.time):
+                 run: Runner | None = None, clock: Callable[[], float] = time.time,
+                 drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS):
         self.controller_url = controller_url
         self.credentials = credentials
         self.data_dir = data_dir
         self.log_dir = data_dir / "logs"
         self.file = StateFile(data_dir / "slurm-executor.json")
         self.python = python
-        drain = nodeenv.drain_seconds(os.environ)  # the daemons' own grace, from the same environment
-        self.grace = grace_seconds if grace_seconds is not None else drain + 15.0
+        # `drain_seconds`: the daemons' own grace ($ROLLOUTD_DRAIN_SECONDS, which they inherit through sbatch)
+        self.grace = grace_seconds if grace_seconds is not None else drain_seconds + 15.0
         self.max_failures = max_failures
         self.finish_grace = finish_grace
         self.stable_seconds = stable_seconds

@@ -13,21 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from support import scripted_tasks
-from support.node_helpers import TOKEN, make_spec
+from support.node_helpers import TOKEN, make_spec, scripted_plugin_path
 from rolloutd.crds.trajectory import Trajectory
 
-SUPPORT = Path(scripted_tasks.__file__).resolve().parent  # the daemon imports the plug-in from there
 DRAIN = 3.0
-
-
-def plugin_dir(tmp_path: Path) -> Path:
-    site = tmp_path / "plugin"
-    info = site / "scripted_tasks_plugin-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: scripted-tasks-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[rolloutd.tasks]\nscripted = scripted_tasks:ScriptedTask\n")
-    return site
 
 
 def wait_file(path: Path, text: str, timeout: float, proc: subprocess.Popen) -> None:
@@ -44,7 +33,7 @@ def test_sigterm_returns_unstarted_drains_in_flight_exits_0(controller, sandbox_
     fake.add({"id": "A", "run_file": str(finish_a)}, {"id": "C", "run_file": str(never)})
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)), str(SUPPORT)]),
+        "PYTHONPATH": scripted_plugin_path(tmp_path),
         "ROLLOUTD_CONTROLLER": fake.url, "ROLLOUTD_JOB": fake.job, "ROLLOUTD_JOIN_TOKEN": TOKEN,
         "ROLLOUTD_DRAIN_SECONDS": str(DRAIN), "ROLLOUTD_SANDBOX_DIR": str(sandbox_dir),
         "SLURMD_NODENAME": "sn1", "SLURM_JOB_ID": "4242", "SLURM_NODEID": "1",

@@ -22,6 +22,7 @@ from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import image_cache_dir
 
 from support import harbor_rollouts  # also run as a script, as another user
@@ -36,7 +37,7 @@ EXPECTED = {"config-port": {"oracle": 1.0, "noop": 0.0}, "csv-total": {"oracle":
 def _needs_builders():
     if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
-    if os.geteuid() != 0 and not all((image_cache_dir() / _key(d)).is_dir() for d in TASKS.iterdir()):
+    if os.geteuid() != 0 and not all((image_cache_dir(SandboxSettings.from_env().images) / _key(d)).is_dir() for d in TASKS.iterdir()):
         pytest.skip("building a base root filesystem needs root (or prebuilt images in $ROLLOUTD_IMAGE_DIR)")
 
 
@@ -169,7 +170,7 @@ def _as_unprivileged_daemon(extra_env: dict[str, str], tasks: Path = TASKS):
         images = shared / "images"
         images.mkdir()
         for task_dir in tasks.iterdir():
-            subprocess.run(["cp", "-al", str(image_cache_dir() / _key(task_dir)), str(images)], check=True)
+            subprocess.run(["cp", "-al", str(image_cache_dir(SandboxSettings.from_env().images) / _key(task_dir)), str(images)], check=True)
         os.chown(images, user.pw_uid, user.pw_gid)
         site_dir = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
         interpreter = python / Path(sys.executable).resolve().relative_to(Path(sys.base_prefix).resolve())

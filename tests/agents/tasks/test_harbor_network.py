@@ -13,6 +13,7 @@ import pytest
 
 from rolloutd.agents.tasks import get_handler
 from rolloutd.crds.trajectory import Trajectory
+from rolloutd.crds.settings import SandboxSettings
 
 from support.harbor_rollouts import task_sandbox
 
@@ -76,10 +77,8 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
     proxied_probe = "".join(f"export {k}=http://127.0.0.1:41401; " for k in ("http_proxy", "HTTP_PROXY")) + agent_probe
 
     async def one(task_id: str, consent: bool, allow: bool = True):
-        if allow:
-            monkeypatch.setenv("ROLLOUTD_EGRESS_ALLOW", "127.0.0.1/32")
-        else:
-            monkeypatch.delenv("ROLLOUTD_EGRESS_ALLOW", raising=False)
+        # the node's settings, as its daemon hands them to the handler
+        handler.sandbox_settings = SandboxSettings.from_env({"ROLLOUTD_EGRESS_ALLOW": "127.0.0.1/32"} if allow else {})
         task = dict(tasks[task_id])
         async with task_sandbox(handler, task, verifier_network=consent) as sandbox:
             seen = [(await sandbox.bash(probe)).output.split()[-1] for probe in (agent_probe, proxied_probe)]

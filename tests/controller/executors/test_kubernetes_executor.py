@@ -16,6 +16,7 @@ import pytest
 import typer
 import yaml
 
+from rolloutd.crds.settings import ControllerSettings
 from rolloutd.controller.executors.logs import MAX_BYTES, NoLogs
 from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesExecutor, job_manifest, node_states,
                                                       resource_name)
@@ -315,12 +316,13 @@ def test_refusals_fail_the_job_drained_or_unreachable_is_retried(apiserver):
     asyncio.run(go())
 
 
-def test_operator_mode_runs_the_daemons_in_the_rolloutjobs_own_namespace(apiserver, tmp_path, monkeypatch):
+def test_operator_mode_runs_the_daemons_in_the_rolloutjobs_own_namespace(apiserver, tmp_path):
     """`rolloutd operator --kubeconfig`: the Job and its Secret go to the RolloutJob's namespace on the
     kubeconfig's cluster (with its token), owned by the RolloutJob; the controller's namespace is not used."""
-    monkeypatch.setenv("ROLLOUTD_K8S_NAMESPACE", "rl")  # the controller's own: only the embedded mode's default
-    monkeypatch.setenv("ROLLOUTD_K8S_NODE_IMAGE", "rolloutd:0.1.0")
-    app = build_app(tmp_path / "data", executors=("kubernetes",), kube=Connection(apiserver.url, "op-token"))
+    settings = ControllerSettings(k8s_namespace="rl",  # the controller's own: only the embedded mode's default
+                                  k8s_node_image="rolloutd:0.1.0")
+    app = build_app(tmp_path / "data", executors=("kubernetes",), kube=Connection(apiserver.url, "op-token"),
+                    settings=settings)
     ex = app.state.executors["kubernetes"]
     job = RolloutJob.model_validate({**make_job("j", uid="uid-9").wire(),
                                      "metadata": {"name": "j", "namespace": "team-a", "uid": "uid-9"}})

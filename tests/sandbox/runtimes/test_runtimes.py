@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
-from rolloutd.sandbox.footprint import sandbox_base_dir
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.sandbox.runtimes.apptainer import ApptainerRuntime
 
 from support.waiting import wait_until
@@ -113,12 +113,12 @@ def test_rootfs_image(make_sandbox, run, tmp_path):
     assert run(sb.bash("echo x > note && cat note")).output == "x\n"
 
 
-def test_32_sandboxes_at_once_all_closed_without_leftovers(run, tmp_path, monkeypatch):
+def test_32_sandboxes_at_once_all_closed_without_leftovers(run, tmp_path):
     require_bwrap()
-    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))  # ours alone
+    ours = SandboxSettings(sandbox_dir=tmp_path / "sandboxes")  # a sandbox directory of our own
 
     async def one(i: int):
-        sb = await create_sandbox(SandboxSpec())
+        sb = await create_sandbox(SandboxSpec(), ours)
         try:
             r = await sb.bash(f"echo sandbox-{i} > id && cat id")
             await sb.write_file("f.txt", str(i))
@@ -139,7 +139,7 @@ def test_32_sandboxes_at_once_all_closed_without_leftovers(run, tmp_path, monkey
     assert [content for _, _, content in made] == [str(i) for i in range(32)]
     assert len(workspaces) == 32
     assert all(host_pids_of(i) == [] for i in ids)
-    assert os.listdir(sandbox_base_dir()) == []
+    assert os.listdir(ours.sandbox_dir) == []
     assert not any(sb.alive for sb, _, _ in made)
 
 
@@ -160,27 +160,27 @@ def test_cli_exec_prints_output_and_exits_with_the_exit_code():
     assert "timed out" in p.stderr
 
 
-def test_create_failures_are_typed_and_leave_nothing(run, tmp_path, monkeypatch):
+def test_create_failures_are_typed_and_leave_nothing(run, tmp_path):
     require_bwrap()
     from rolloutd.sandbox import SandboxCreateError
 
-    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
+    ours = SandboxSettings(sandbox_dir=tmp_path / "sandboxes")
     with pytest.raises(SandboxCreateError, match="nonexistent"):
-        run(create_sandbox(SandboxSpec(mounts=[{"host_path": "/nonexistent-rolloutd-path"}])))
+        run(create_sandbox(SandboxSpec(mounts=[{"host_path": "/nonexistent-rolloutd-path"}]), ours))
     with pytest.raises(SandboxCreateError, match="neither 'host' nor"):
-        run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs")))
-    assert os.listdir(sandbox_base_dir()) == []
+        run(create_sandbox(SandboxSpec(image="/nonexistent-rootfs"), ours))
+    assert os.listdir(ours.sandbox_dir) == []
 
 
-def test_cancelled_create_and_close_leave_nothing(run, tmp_path, monkeypatch):
+def test_cancelled_create_and_close_leave_nothing(run, tmp_path):
     """A caller's timeout may cancel create() or close() half-way: no directory, no process."""
     require_bwrap()
     from rolloutd.sandbox.sandbox import _live
 
-    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
+    ours = SandboxSettings(sandbox_dir=tmp_path / "sandboxes")
 
     async def cancel_create_after(seconds: float):
-        task = asyncio.ensure_future(create_sandbox(SandboxSpec()))
+        task = asyncio.ensure_future(create_sandbox(SandboxSpec(), ours))
         done, _ = await asyncio.wait({task}, timeout=seconds)
         if not done:
             task.cancel()
@@ -228,13 +228,15 @@ def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     from rolloutd.sandbox.footprint import sweep_stale
     from rolloutd.sandbox.limits import candidate_parents
 
-    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
-    live = run(create_sandbox(SandboxSpec()))  # a live sandbox of this process must survive the sweep
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))  # the killed daemon's, read at its start
+    ours = SandboxSettings(sandbox_dir=tmp_path / "sandboxes")
+    live = run(create_sandbox(SandboxSpec(), ours))  # a live sandbox of this process must survive the sweep
     script = (
         "import asyncio, os, sys\n"
+        "from rolloutd.crds.settings import SandboxSettings\n"
         "from rolloutd.sandbox import SandboxSpec, create_sandbox\n"
         "async def main():\n"
-        "    sb = await create_sandbox(SandboxSpec())\n"
+        "    sb = await create_sandbox(SandboxSpec(), SandboxSettings.from_env())\n"
         "    print(sb.id, flush=True)\n"
         "    await sb.bash('true')\n"
         "    os.kill(os.getpid(), 9)\n"
@@ -254,7 +256,7 @@ def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(_cgroup_procs(d) for d in dead_cgroups):
             time.sleep(0.005)
-        removed = sweep_stale()
+        removed = sweep_stale(base)
         assert dead_id in removed and live.id not in removed
         assert not (base / dead_id).exists() and live.root.exists()
         assert not any((parent / f"rolloutd-{dead_id}").exists() for parent in candidate_parents())
@@ -289,7 +291,7 @@ def test_an_interpreter_under_tmp_stays_visible_inside_the_sandbox(run, tmp_path
         shutil.rmtree(where, ignore_errors=True)
 
 
-def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, run, tmp_path, monkeypatch):
+def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, run, tmp_path):
     shared = tmp_path / "dataset"
     shared.mkdir()
     (shared / "rows.txt").write_text("row\n")
@@ -299,10 +301,9 @@ def test_mounts_are_read_only_by_default_and_never_show_secrets(make_sandbox, ru
     assert run(sb.bash("touch /data/new")).exit_code != 0 and not (shared / "new").exists()
     data_dir = tmp_path / "rolloutd-data"
     data_dir.mkdir()
-    monkeypatch.setenv("ROLLOUTD_DATA_DIR", str(data_dir))
     for host_path in (str(data_dir), str(tmp_path)):  # the node's data dir, or a directory above it
         with pytest.raises(SandboxCreateError, match="never mounted"):
-            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path}])))
+            run(create_sandbox(SandboxSpec(mounts=[{"host_path": host_path}]), SandboxSettings(data_dir=data_dir)))
     for host_path, inside, why in (("/etc/shadow", None, "never mounted"), ("/etc", None, "never mounted"),
                                    ("/", None, "never mounted"), (str(shared), "/workspace", "sandbox's own"),
                                    (str(shared), "/proc/x", "sandbox's own")):
