@@ -107,7 +107,7 @@ def spawn_bash(cwd: str, env: dict, rlimits: dict, landlock: int | None = None) 
 
     What ``ptyprocess.PtyProcess.spawn(..., echo=False)`` does, with builtin
     modules only: `os.forkpty` (new session, the pty as controlling terminal
-    and stdio), echo off, the window size, the limits, `landlock` (a ruleset fd), then exec.
+    and stdio), echo and "\n" → "\r\n" off, the window size, the limits, `landlock` (a ruleset fd), then exec.
     """
     pid, fd = os.forkpty()
     if pid == 0:  # child
@@ -117,6 +117,7 @@ def spawn_bash(cwd: str, env: dict, rlimits: dict, landlock: int | None = None) 
             import termios
 
             attrs = termios.tcgetattr(0)
+            attrs[1] &= ~termios.ONLCR  # "\n" stays "\n" (what `stty -onlcr` did, without its fork and exec)
             attrs[3] &= ~termios.ECHO
             termios.tcsetattr(0, termios.TCSANOW, attrs)
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
