@@ -25,6 +25,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rolloutd.controller.sim.noop import NOOP, PLUGINS, HealthServer
@@ -57,6 +58,17 @@ def _inits(api, name: str, n: int) -> list[float]:
     return [t["timings"]["init"] for t in got]
 
 
+def _settled(sandboxes: Path, limit: float = 120) -> None:
+    """Until the node's sandboxes are all closed: a bare ``bwrap --ro-bind / /`` copies the host's mounts and fails
+    when a workspace mount of a sandbox being closed vanishes under it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if str(sandboxes) not in Path("/proc/self/mountinfo").read_text() and not any(sandboxes.iterdir()):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the node's sandboxes under {sandboxes} were not closed within {limit} s")
+
+
 def measure(ns: list[int], reps: int) -> tuple[dict[int, list[dict[str, float]]], tuple[float, float]]:
     from rolloutd.agents.model_dirs import prepare_model
 
@@ -66,7 +78,10 @@ def measure(ns: list[int], reps: int) -> tuple[dict[int, list[dict[str, float]]]
     source = tmp / "rows.jsonl"
     source.write_text("".join(json.dumps({"id": f"r{i}"}) + "\n" for i in range(max(ns))))
     health = HealthServer()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+    sandboxes = tmp / "sandboxes"  # the node's own (the local executor's daemon inherits the controller's environment)
+    sandboxes.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
+           "ROLLOUTD_SANDBOX_DIR": str(sandboxes)}
     ctl, api = start_controller(tmp / "data", _port(), env)
     got: dict[int, list[dict[str, float]]] = {}
     try:
@@ -83,6 +98,7 @@ def measure(ns: list[int], reps: int) -> tuple[dict[int, list[dict[str, float]]]
                                                                   warm)).raise_for_status()
                     _wait_phase(api, name, "Succeeded")
                     row["warmed" if warm else "cold"] = p95(_inits(api, name, n))
+                    _settled(sandboxes)
                     row.setdefault("bare", [])
                     row["bare"].append(p95(asyncio.run(bare_burst(n))))
                 row["bare"] = statistics.median(row["bare"])
