@@ -72,8 +72,8 @@ def undumpable(cfg: dict) -> None:
     environment. Its children become dumpable again when they exec (same credentials).
 
     After `become` the kernel has done it already (a change of uid sets the flag from
-    fs.suid_dumpable, 0 by default): no ctypes import (4 ms) then, and none needed in an
-    image whose libffi the host's ctypes cannot find."""
+    fs.suid_dumpable, 0 by default): no `_ctypes` then, and none needed in an image
+    whose libffi the host's `_ctypes` cannot find."""
     if cfg.get("uid") is not None:
         try:
             with open("/proc/sys/fs/suid_dumpable") as f:
@@ -81,10 +81,10 @@ def undumpable(cfg: dict) -> None:
                     return
         except OSError:
             pass
-    import ctypes
+    import _ctypes
 
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    if _Libc().prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise OSError(_ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def apply_limits(rlimits: dict) -> None:
