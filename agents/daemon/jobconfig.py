@@ -88,6 +88,24 @@ class JobConfig:
                    needs_sandbox=needs_sandbox, eval_sandbox=needs_sandbox and handler.eval_sandbox, warm=warm,
                    policy=policy, policy_name=policy_name)
 
+    def landable(self) -> int | None:
+        """The most rollouts of this job that can be in flight at once as far as the spec tells (None: no bound
+        known): samplesPerPrompt × the prompts it may have open, `tasks.limit` and a batch job's groups in flight."""
+        spec, groups = self.spec, []
+        if spec.tasks.limit is not None:
+            groups.append(spec.tasks.limit)
+        if spec.dapo.enabled:
+            groups.append(spec.dapo.max_in_flight_groups or 2 * spec.dapo.target_groups)
+        elif spec.batches is not None:
+            groups.append(spec.batches.max_in_flight_groups or spec.batches.groups)
+        return min(groups) * spec.samples_per_prompt if groups else None
+
+    def first_wave(self, init: int) -> int:
+        """How many sandboxes to warm for the job's first wave on this node: the INIT pool's width, never more
+        than the rollouts that can land (a job of 4 rollouts on an INIT pool of 32 warms 4)."""
+        bound = self.landable()
+        return init if bound is None else min(init, bound)
+
     def default_backend(self) -> str | None:
         """The backend of a lease that names none: the job's first."""
         return self.spec.llm.backends[0].url if self.spec.llm.backends else None

@@ -81,8 +81,8 @@ class Pipeline:
         self._pools = {phase: asyncio.Semaphore(n) for phase, n in self.workers.items()}
 
     def start(self) -> None:
-        """Start the warm pool, warming for a first wave as wide as the INIT pool (every way out of the daemon
-        closes it: `aclose`)."""
+        """Start the warm pool, warming for a first wave as wide as the INIT pool or the rollouts that can land,
+        whichever is fewer (`JobConfig.first_wave`; every way out of the daemon closes it: `aclose`)."""
         if self.config.needs_sandbox:
             if self.runtime is None:
                 self.runtime = get_runtime(self.config.spec.sandbox.runtime, self.sandbox_settings)
@@ -90,7 +90,7 @@ class Pipeline:
             # (init + run + eval + warm, `crds.tenancy.violations`)
             self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,
                                  most=sum(self.workers.values()) + self.config.warm)
-            self.pool.expect(self.workers[Phase.INIT])
+            self.pool.expect(self.config.first_wave(self.workers[Phase.INIT]))
             self.pool.start()
 
     async def aclose(self) -> None:

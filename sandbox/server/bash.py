@@ -125,7 +125,7 @@ class BashSession:
         os.set_blocking(self.fd, False)
         threading.Thread(target=self._read_loop, name=f"pty-{name}", daemon=True).start()
         init = (
-            "stty -onlcr 2>/dev/null; unset HISTFILE PROMPT_COMMAND; set +o history; "
+            "unset HISTFILE PROMPT_COMMAND; set +o history; "
             f"PS2=''; PS1='{PS1}'"
         )
         result = self._run_line(init, timeout=10.0, max_output=4096)

@@ -17,19 +17,43 @@ SIGKILL = 9
 ROWS, COLS = 40, 200
 
 
+class _Libc:
+    """libc's `prctl` and `capset` through `_ctypes` alone: `import ctypes` (its Python layer, struct, ...)
+    cost 2-3 ms of CPU at every sandbox start; `_ctypes`, the extension under it, 0.2 ms."""
+
+    def __init__(self) -> None:
+        import _ctypes
+
+        class Fn(_ctypes.CFuncPtr):  # int f(...), cdecl: what ctypes.CDLL(None).f is
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+
+        class Lib:
+            _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
+
+        class U32(_ctypes._SimpleCData):
+            _type_ = "I"
+
+        class Words2(_ctypes.Array):
+            _type_, _length_ = U32, 2
+
+        class Words6(_ctypes.Array):
+            _type_, _length_ = U32, 6
+
+        self.prctl, self.capset = Fn(("prctl", Lib)), Fn(("capset", Lib))
+        self.words2, self.words6 = Words2, Words6
+
+
 def become(cfg: dict) -> None:
     """First thing in the sandbox, before any child: a root runtime's server drops to the
     sandbox's own uid (no groups); changing uid clears every capability it still had.
     The bounding and inheritable sets are emptied too (no_new_privs already makes them
-    unusable; where the image's libffi cannot load ctypes they stay, harmless)."""
+    unusable; where the image's libffi cannot load _ctypes they stay, harmless)."""
     uid = cfg.get("uid")
     if uid is None:
         return
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-    except (ImportError, OSError):
+        libc = _Libc()
+    except (ImportError, OSError, AttributeError):
         libc = None
     if libc is not None:
         cap = 0
@@ -40,7 +64,7 @@ def become(cfg: dict) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if libc is not None:  # capset(v3 header, all three sets empty): the inheritable set bwrap left
-        libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)())
+        libc.capset(libc.words2(0x20080522, 0), libc.words6())
 
 
 def undumpable(cfg: dict) -> None:
@@ -48,8 +72,8 @@ def undumpable(cfg: dict) -> None:
     environment. Its children become dumpable again when they exec (same credentials).
 
     After `become` the kernel has done it already (a change of uid sets the flag from
-    fs.suid_dumpable, 0 by default): no ctypes import (4 ms) then, and none needed in an
-    image whose libffi the host's ctypes cannot find."""
+    fs.suid_dumpable, 0 by default): no `_ctypes` then, and none needed in an image
+    whose libffi the host's `_ctypes` cannot find."""
     if cfg.get("uid") is not None:
         try:
             with open("/proc/sys/fs/suid_dumpable") as f:
@@ -57,10 +81,10 @@ def undumpable(cfg: dict) -> None:
                     return
         except OSError:
             pass
-    import ctypes
+    import _ctypes
 
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    if _Libc().prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise OSError(_ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def apply_limits(rlimits: dict) -> None:
@@ -83,7 +107,7 @@ def spawn_bash(cwd: str, env: dict, rlimits: dict, landlock: int | None = None) 
 
     What ``ptyprocess.PtyProcess.spawn(..., echo=False)`` does, with builtin
     modules only: `os.forkpty` (new session, the pty as controlling terminal
-    and stdio), echo off, the window size, the limits, `landlock` (a ruleset fd), then exec.
+    and stdio), echo and "\n" → "\r\n" off, the window size, the limits, `landlock` (a ruleset fd), then exec.
     """
     pid, fd = os.forkpty()
     if pid == 0:  # child
@@ -93,6 +117,7 @@ def spawn_bash(cwd: str, env: dict, rlimits: dict, landlock: int | None = None) 
             import termios
 
             attrs = termios.tcgetattr(0)
+            attrs[1] &= ~termios.ONLCR  # "\n" stays "\n" (what `stty -onlcr` did, without its fork and exec)
             attrs[3] &= ~termios.ECHO
             termios.tcsetattr(0, termios.TCSANOW, attrs)
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))

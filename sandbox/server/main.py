@@ -9,8 +9,15 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-import threading
 import time
+
+import _functools
+
+if "functools" not in sys.modules:  # threading uses functools.partial alone, which the builtin _functools has:
+    sys.modules["functools"] = _functools  # lent for its import, collections & co. stay out of every start (~2 ms)
+    import threading
+    del sys.modules["functools"]
+import threading
 
 import _socket  # not `socket`: it imports enum
 

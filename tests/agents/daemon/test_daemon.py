@@ -423,6 +423,32 @@ def test_the_first_wave_finds_sandboxes_warmed_for_it_before_any_lease(controlle
     assert list(sandbox_dir.iterdir()) == []
 
 
+def test_a_job_smaller_than_the_init_pool_warms_only_the_rollouts_that_can_land(controller, sandbox_dir):
+    """2 prompts × 1 sample (tasks.limit) on an INIT pool of 6: the first wave warms 2 sandboxes, not 6 (the pool
+    settles at 2 idle before any lease and never starts more), and both rollouts get warm ones."""
+    fake = controller(make_spec(workers=(6, 6, 1), sandbox={"warm": 1},
+                                tasks={"kind": "scripted", "source": "/dev/null", "limit": 2}))
+    fake.add(*({"id": f"t{i}"} for i in range(2)))
+    fake.hold_next_lease = True
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = NodeDaemon(options(fake), handler=handler)
+        run = asyncio.create_task(d.run())
+        await until(lambda: d.pipeline is not None and d.pipeline.pool is not None and d.pipeline.pool.idle >= 2
+                    and not d.pipeline.pool._creating, 60, "the pool settled before any lease")
+        pool = d.pipeline.pool
+        settled = (pool.target, pool.idle, pool.held)
+        fake.release_lease.set()
+        return d, settled, await asyncio.wait_for(run, 60)
+
+    d, settled, code = asyncio.run(scenario())
+    assert code == 0 and len(fake.accepted) == 2
+    assert settled == (2, 2, 2)
+    assert (d.pipeline.pool.stats["warm"], d.pipeline.pool.stats["cold"]) == (2, 0)
+    assert list(sandbox_dir.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------- control
 def test_repin_unknown_and_drain(controller, sandbox_dir):
     """repin before RUN moves the rollout to the new backend; `unknown` drops a rollout (sandbox

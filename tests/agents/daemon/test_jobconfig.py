@@ -56,3 +56,15 @@ def test_a_stand_in_carries_the_attempts_identity_and_an_infra_failure():
     ctx = config.context(lease, "http://other:2")   # what the agent loop copies into its trajectory
     assert (ctx.job, ctx.prompt, ctx.sample, ctx.attempt, ctx.task_id, ctx.node, ctx.backend, ctx.policy_version) \
         == ("demo", 2, 1, 3, "t2", "gpu-1", "http://other:2", 7)
+
+
+def test_the_first_wave_is_the_init_pool_or_the_rollouts_that_can_land_whichever_is_fewer():
+    def config(**sections: Any) -> JobConfig:
+        return JobConfig.build(load_spec({**BASE_SPEC, **sections}), job="j", node="n", handler=ScriptedTask())
+
+    tasks = BASE_SPEC["tasks"]
+    assert config().landable() is None and config().first_wave(8) == 8              # no bound known
+    assert config(tasks={**tasks, "limit": 2}, samplesPerPrompt=3).first_wave(8) == 6
+    assert config(tasks={**tasks, "limit": 20}, samplesPerPrompt=3).first_wave(8) == 8
+    assert config(dapo={"enabled": True, "targetGroups": 1}, samplesPerPrompt=2).landable() == 4
+    assert config(batches={"groups": 1, "maxInFlightGroups": 3}, samplesPerPrompt=2).landable() == 6

@@ -22,6 +22,15 @@ def test_multiline_command_and_output(sandbox, run):
     assert r.exit_code == 0
 
 
+def test_the_terminal_keeps_newlines_and_does_not_echo(sandbox, run):
+    """The session's pty is set before bash starts: no echo, and "\\n" is not turned into "\\r\\n" (onlcr off),
+    in the first session and in a later one alike."""
+    for session in ("default", "second"):
+        r = run(sandbox.bash("stty -a", session=session))
+        flags = r.output.split()
+        assert r.exit_code == 0 and "-onlcr" in flags and "-echo" in flags, r.output
+
+
 def test_output_without_final_newline(sandbox, run):
     r = run(sandbox.bash("printf 'no newline'"))
     assert r.output == "no newline"
