@@ -386,3 +386,84 @@ def test_the_deltas_of_any_ids_join_to_their_decoded_text(tok):
         full = tok.decode_content(ids)
         assert out + deltas.rest(Turn(full, [], "stop", 0, 0)) == full
         assert len(out) >= len(full) - 8  # sent along the way, not at the end
+
+
+STREAMED = {"chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+            "messages": ("/v1/messages", {"max_tokens": 32, "messages": [{"role": "user", "content": "Hi"}]}),
+            "responses": ("/v1/responses", {"input": "Hi"})}
+
+
+@pytest.mark.parametrize("dialect", ["chat", "messages", "responses"])
+def test_the_last_piece_of_a_stream_goes_out_with_its_end_in_one_write(tok, dialect):
+    """Coalescing: the engine's last piece (it carries the finish) is no event of its own; its text goes out in
+    the same write as the answer's end. One write per earlier piece, as it comes; the text is the answer's."""
+    path, body = STREAMED[dialect]
+    text = "one two three four"
+    llm = ScriptLLM(tok, [text])
+    writes: list[bytes] = []
+
+    async def go():
+        gw = Gateway(llm, tok, SamplingParams(max_tokens=64))
+        request = json.dumps({"model": "m", "stream": True, **body}).encode()
+        scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(request)).encode())]}
+
+        async def receive():
+            return {"type": "http.request", "body": request, "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                writes.append(message["body"])
+        await gw(scope, receive, send)
+
+    asyncio.run(go())
+    pieces = len(llm.answers[0])
+    assert pieces >= 4 and len(writes) == pieces  # one per piece before the last, one for the last with the end
+    last = tok.decode_content(llm.answers[0][-1:])
+    assert last.strip() and last.strip() in writes[-1].decode()
+    assert b"[DONE]" in writes[-1] or b"message_stop" in writes[-1] or b"response.completed" in writes[-1]
+
+
+def test_the_engines_chunks_that_arrive_together_go_on_as_one_piece():
+    """VLLMBackend.stream reads the socket, not line by line: the chunks one read brings (the reader fell behind
+    the engine) are one piece, their ids and logprobs in order, exactly; over a real HTTP connection."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    from rolloutd.agents.llm import VLLMBackend
+
+    chunks = [{"choices": [{"index": 0, "text": "", "token_ids": [7 + k], "finish_reason": "stop" if k == 2 else None,
+                            "logprobs": {"token_logprobs": [-0.5 * k], "tokens": [f"token_id:{7 + k}"]}}]}
+              for k in range(3)]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode() + b"data: [DONE]\n\n"
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - /v1/models
+            self._send(json.dumps({"data": [{"id": "e", "max_model_len": 4096}]}).encode(), "application/json")
+
+        def do_POST(self):  # noqa: N802 - the three chunks in one write
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(sse, "text/event-stream")
+
+        def _send(self, data, kind):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def go():
+        async with VLLMBackend(f"http://127.0.0.1:{server.server_address[1]}") as llm:
+            return [p async for p in llm.stream([1, 2, 3], SamplingParams(max_tokens=8), "r")]
+    try:
+        pieces = asyncio.run(go())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(p.token_ids, p.logprobs, p.finish_reason) for p in pieces] == [([7, 8, 9], [0.0, -0.5, -1.0], "stop")]
