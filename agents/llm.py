@@ -258,9 +258,10 @@ class VLLMBackend:
         return self._parse(data, prompt_ids)
 
     async def stream(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> AsyncIterator[Generation]:
-        """`generate`, streamed (`stream: true`): each piece holds the ids and logprobs vLLM sent (the engine's
-        own, as token ids) in the chunks one read of the socket brought (one chunk while the reader keeps up;
-        several, joined, when it fell behind), the last one the finish reason. Same failure classes as `generate`."""
+        """`generate`, streamed (`stream: true`): a first empty piece once the engine has taken the request (its
+        response started: the caller may start its own), then pieces holding the ids and logprobs vLLM sent (the
+        engine's own, as token ids) in the chunks one read of the socket brought (one chunk while the reader keeps
+        up; several, joined, when it fell behind), the last one the finish reason. Failures as `generate`'s."""
         body = await self._body(prompt_ids, sampling, request_id)
         if body is None:
             yield Generation([], [], "length", list(prompt_ids), None)
@@ -274,6 +275,7 @@ class VLLMBackend:
                 self._refused(resp.status_code, (await resp.aread()).decode(errors="replace"))
                 yield Generation([], [], "length", list(prompt_ids), None)
                 return
+            yield Generation([], [], "", None, None)  # the engine took the request: its stream has started
             tail, done = b"", False
             async for data in resp.aiter_bytes():  # what one read of the socket gave: maybe several chunks
                 *lines, tail = (tail + data).split(b"\n")
