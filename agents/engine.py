@@ -128,18 +128,17 @@ class EngineServer:
         logs = self.engine.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_path = logs / f"vllm-{self.served_name}-{self.port}.log"
-        env = {
-            **os.environ,
+        env = {k: v for k, v in os.environ.items()  # the main venv's own, not the engine's
+               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+        env.update({
             "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            **self.extra_env,
-        }
-        for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the main venv's, not the engine's
-            env.pop(var, None)
+            **self.extra_env,  # the caller's win (a test's PYTHONPATH for a logits processor of its own)
+        })
         # An engine never outlives its owner: it runs under lifeline.py, which ends the whole
         # process group (API server, EngineCore, workers) once the pipe we hold is closed, i.e. when
         # this process dies, however (kill -9 included), from whichever thread started the engine.

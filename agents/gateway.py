@@ -92,7 +92,9 @@ class Gateway:
     async def generate(self, prompt_ids: list[int], max_tokens: int | None, stop: list[str] | None = None,
                        on_tokens: Any = None) -> Call:
         """One engine call, recorded. With `on_tokens` (an async callable) and a backend that streams, each run
-        of ids is handed to it as the engine produces it; the recorded call holds all of them, exactly."""
+        of ids is handed to it as the engine produces it (an empty one first when the engine has taken the call:
+        the response may start), but the last (it comes with the finish: the caller sends it with the answer's
+        end, one write); the recorded call holds all of them, exactly."""
         index = len(self.calls)
         limit = self.sampling.max_tokens
         if max_tokens is not None:
@@ -116,10 +118,7 @@ class Gateway:
                        on_tokens: Any) -> Generation:
         stream = getattr(self.llm, "stream", None)
         if on_tokens is None or stream is None:
-            gen = await self.llm.generate(prompt_ids, sampling, request_id)
-            if on_tokens is not None and gen.token_ids:
-                await on_tokens(gen.token_ids)
-            return gen
+            return await self.llm.generate(prompt_ids, sampling, request_id)
         ids: list[int] = []
         logprobs: list[float] = []
         last: Generation | None = None
@@ -127,7 +126,7 @@ class Gateway:
             ids += piece.token_ids
             logprobs += piece.logprobs
             last = piece
-            if piece.token_ids:
+            if not piece.finish_reason:
                 await on_tokens(piece.token_ids)
         if last is None or not last.finish_reason:
             raise BackendError("the engine's stream ended before the generation finished")
@@ -194,8 +193,9 @@ class Gateway:
                          prompt_tokens=len(call.prompt_ids), completion_tokens=len(call.token_ids))
 
     async def _stream(self, wire: Any, prompt: Prompt, ids: list[int], body: dict, send: Any) -> None:
-        """Server-sent events as the engine produces tokens. The response starts with the first tokens (a
-        call that fails before is an ordinary error response); a failure after is the dialect's error event."""
+        """Server-sent events as the engine produces tokens. The response starts once the engine has taken the
+        call (a call it refuses, or that fails before, is an ordinary error response); a failure after is the
+        dialect's error event."""
         events = wire.Events(self.model, len(ids), body)
         deltas = TextDeltas(self.tokenizer.decode_content,
                             [*(self.tools.openers if prompt.tools and prompt.parse_tools else ()), *prompt.stop])
@@ -213,7 +213,9 @@ class Gateway:
             await send({"type": "http.response.body", "body": head + make(), "more_body": more})
 
         async def on_tokens(new: list[int]) -> None:
-            await write(lambda: events.text(deltas.feed(new)))
+            delta = deltas.feed(new)
+            if delta or not started:  # nothing to send (held back, half a character): no write, once started
+                await write(lambda: events.text(delta))
 
         try:
             call = await self._call(ids, prompt, send, wire, on_tokens)

@@ -85,6 +85,15 @@ class Generation:
     stop_reason: int | str | None = None
 
 
+def _joined(pieces: list[Generation]) -> Generation:
+    """Streamed pieces that arrived together, as one: their ids and logprobs in order, the last one's finish."""
+    last = pieces[-1]
+    return Generation([i for p in pieces for i in p.token_ids], [x for p in pieces for x in p.logprobs],
+                      last.finish_reason, next((p.prompt_token_ids for p in pieces if p.prompt_token_ids is not None), None),
+                      next((p.cached_tokens for p in reversed(pieces) if p.cached_tokens is not None), None),
+                      last.stop_reason)
+
+
 class BackendError(InfraError):
     """Infrastructure failure talking to an LLM backend (never a reward). `unreachable`: the server
     did not answer (refused, reset, closed, connect timeout), as when it is down or restarting."""
@@ -249,8 +258,10 @@ class VLLMBackend:
         return self._parse(data, prompt_ids)
 
     async def stream(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> AsyncIterator[Generation]:
-        """`generate`, streamed (`stream: true`): each piece holds the ids and logprobs vLLM sent in one chunk
-        (the engine's own, as token ids), the last one the finish reason. Same failure classes as `generate`."""
+        """`generate`, streamed (`stream: true`): a first empty piece once the engine has taken the request (its
+        response started: the caller may start its own), then pieces holding the ids and logprobs vLLM sent (the
+        engine's own, as token ids) in the chunks one read of the socket brought (one chunk while the reader keeps
+        up; several, joined, when it fell behind), the last one the finish reason. Failures as `generate`'s."""
         body = await self._body(prompt_ids, sampling, request_id)
         if body is None:
             yield Generation([], [], "length", list(prompt_ids), None)
@@ -264,23 +275,32 @@ class VLLMBackend:
                 self._refused(resp.status_code, (await resp.aread()).decode(errors="replace"))
                 yield Generation([], [], "length", list(prompt_ids), None)
                 return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            yield Generation([], [], "", None, None)  # the engine took the request: its stream has started
+            tail, done = b"", False
+            async for data in resp.aiter_bytes():  # what one read of the socket gave: maybe several chunks
+                *lines, tail = (tail + data).split(b"\n")
+                pieces = []
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        raise BackendError("malformed completion stream: not JSON") from None
+                    if not isinstance(chunk, dict) or "error" in chunk:
+                        raise BackendError("the engine failed the request mid-stream")
+                    if chunk.get("choices"):  # else a usage-only chunk
+                        pieces.append(self._parse(chunk, prompt_ids, partial=True))
+                if pieces:  # the chunks that came together go on as one piece
+                    piece = pieces[0] if len(pieces) == 1 else _joined(pieces)
+                    finished = finished or bool(piece.finish_reason)
+                    yield piece
+                if done:
                     break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise BackendError("malformed completion stream: not JSON") from None
-                if not isinstance(chunk, dict) or "error" in chunk:
-                    raise BackendError("the engine failed the request mid-stream")
-                if not chunk.get("choices"):  # a usage-only chunk
-                    continue
-                piece = self._parse(chunk, prompt_ids, partial=True)
-                finished = finished or bool(piece.finish_reason)
-                yield piece
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.abort(request_id))

@@ -94,6 +94,12 @@ def chat_tools(body: dict) -> list[dict] | None:
     return tools
 
 
+def function_tool(name: str, parameters: dict, description: Any = None) -> dict:
+    """One tool in OpenAI chat's function shape (what the chat template renders), from another dialect's tool."""
+    return {"type": "function", "function": {"name": name, "parameters": parameters,
+                                             **({"description": description} if isinstance(description, str) else {})}}
+
+
 def max_tokens(value: Any) -> int | None:
     """The harness's `max_tokens` (or `max_completion_tokens`): a positive integer, or none given."""
     if value is None:
@@ -135,5 +141,5 @@ async def respond(send: Any, status: int, payload: dict) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-__all__ = ["Invalid", "MAX_BODY", "chat_messages", "chat_tools", "completion_prompt", "max_tokens",
+__all__ = ["Invalid", "MAX_BODY", "chat_messages", "chat_tools", "completion_prompt", "function_tool", "max_tokens",
            "parse_tool_calls", "read_body", "respond"]

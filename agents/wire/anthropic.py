@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..openai_wire import max_tokens
+from ..openai_wire import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse, string_list
 
 STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -88,9 +88,7 @@ def _tools(body: dict) -> list[dict] | None:
             continue
         if not isinstance(tool["input_schema"], dict):
             raise Invalid(f"tools[{i}].input_schema: a JSON schema object")
-        description = tool.get("description")
-        out.append({"type": "function", "function": {"name": tool["name"], "parameters": tool["input_schema"],
-                                                     **({"description": description} if isinstance(description, str) else {})}})
+        out.append(function_tool(tool["name"], tool["input_schema"], tool.get("description")))
     return out or None
 
 

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from ..openai_wire import max_tokens
+from ..openai_wire import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -86,9 +86,7 @@ def _tools(body: dict) -> list[dict] | None:
             continue
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("parameters", {}), (dict, type(None))):
             raise Invalid(f"tools[{i}]: a function tool needs a string name and an object parameters")
-        description = tool.get("description")
-        out.append({"type": "function", "function": {"name": tool["name"], "parameters": tool.get("parameters") or {},
-                                                     **({"description": description} if isinstance(description, str) else {})}})
+        out.append(function_tool(tool["name"], tool.get("parameters") or {}, tool.get("description")))
     return out or None
 
 

@@ -5,6 +5,7 @@ and logprobs are the engine's own (it re-scores the recorded sequence to the rec
 from __future__ import annotations
 
 import asyncio
+import json
 
 import anthropic
 import httpx
@@ -16,6 +17,9 @@ from rolloutd.agents.gateway import Gateway
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
+from rolloutd.agents.toolcall_formats import format_for
+
+from support.scripted_policy import script, tool_call
 
 ASK = [{"role": "user", "content": "Count to ten, slowly."}]
 
@@ -65,3 +69,34 @@ def test_each_dialect_streams_the_engines_tokens_as_they_come(tiny_engine, tmp_p
     n = len(call.prompt_ids)
     rescored = [r["prompt_logprobs"][n + i][str(t)]["logprob"] for i, t in enumerate(call.token_ids)]
     assert rescored == pytest.approx(call.logprobs, abs=1e-3)  # the engine's own ids and logprobs, token-exact
+
+
+def test_the_scripted_policy_in_the_engine_answers_only_prompts_that_carry_a_script(tiny_engine, tmp_path):
+    """The harness tests' scripted policy (support/scripted_engine.py, a logits processor in this session's engine):
+    a prompt carrying a script is answered with exactly the script's ids and end-of-sequence, which the gateway
+    hands on as a tool call in the dialect's shape; the same call without the script is the model's own answer."""
+    tok = ChatTokenizer(model_dir("tiny"))
+    first = tool_call(format_for(tok).name, "bash", {"command": "ls"})
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+    async def ask(content: str):
+        async with VLLMBackend(tiny_engine.url) as llm:
+            gw = Gateway(llm, tok, SamplingParams(seed=5, max_tokens=64))
+            await gw.start(tmp_path / "gw.sock")
+            try:
+                http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(tmp_path / "gw.sock")), timeout=300)
+                sdk = openai.AsyncOpenAI(base_url="http://gw/v1", api_key="k", http_client=http, max_retries=0)
+                answer = await sdk.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": content}], tools=tools)
+                return answer.choices[0], gw.calls[0]
+            finally:
+                await gw.stop()
+
+    choice, call = asyncio.run(ask("List the files." + script((None, first))))
+    assert call.token_ids == tok.encode_text(first) + [tok.hf.eos_token_id]  # the script, forced in the engine
+    assert choice.finish_reason == "tool_calls"
+    [used] = choice.message.tool_calls
+    assert (used.function.name, json.loads(used.function.arguments)) == ("bash", {"command": "ls"})
+    choice, call = asyncio.run(ask("List the files."))
+    assert call.token_ids[: len(tok.encode_text(first))] != tok.encode_text(first) and not choice.message.tool_calls

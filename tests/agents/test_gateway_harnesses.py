@@ -7,9 +7,14 @@ chat through litellm; tests/agents/harness_tasks/; on SmolLM2 as well in test_ga
 What each shows: the harness starts offline (telemetry, update checks and auth switched off by their own
 variables; anything left fails closed: the sandbox has no network) and ends within its time; it made at least
 one model call; every generated id in the trajectory is the engine's own output (the same prompt ids sent to
-the engine directly with the call's seed give the same ids); EVAL scores the sandbox. What the tiny model
-cannot show: it writes random text, never a well-formed tool call, so no tool is executed here (tool calls
-per family: test_toolcall_formats.py; executed in the sandbox by the built-in loop: test_engine_vllm.py)."""
+the engine directly with the call's seed give the same ids); EVAL scores the sandbox.
+
+Two runs per harness: on the tiny model's own random answers (never a well-formed tool call: the task's file is
+not written, reward 0), and on a scripted policy INSIDE the same engine (support/scripted_engine.py, a logits
+processor that forces a scripted answer on a prompt carrying a script): the first call is answered by a tool call
+in the harness's own tool (Claude Code's `Bash`, Codex's `exec_command`, mini-swe-agent's bash block) written in
+the model family's format, which the harness executes in the sandbox (EVAL finds the file it writes: reward 1);
+the next call carries the tool's output and gets a final answer."""
 from __future__ import annotations
 
 import asyncio
@@ -23,41 +28,50 @@ from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
+from rolloutd.agents.toolcall_formats import format_for
 from rolloutd.client import sequences
 
 from support.harbor_rollouts import task_sandbox
+from support.scripted_policy import script, tool_call
 
 TASKS = Path(__file__).parent / "harness_tasks_npm"
 PYPI_TASKS = Path(__file__).parent / "harness_tasks"  # mini-swe-agent from PyPI
 SAMPLING = SamplingParams(seed=11, max_tokens=24)
 
-CLAUDE = (
+ASK = '"$(cat $ROLLOUTD_INSTRUCTION_FILE)"'  # the task's instruction, as each harness's prompt
+
+
+def claude(prefix: str = "") -> str:
     # no telemetry, error reports, update checks or side calls; model names it knows (the gateway serves the
-    # policy whatever the name)
-    "export HOME=/tmp/home DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 DISABLE_ERROR_REPORTING=1 "
-    "DISABLE_BUG_COMMAND=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_NON_ESSENTIAL_MODEL_CALLS=1 "
-    "IS_SANDBOX=1 ANTHROPIC_SMALL_FAST_MODEL=claude-haiku-4-5 ANTHROPIC_DEFAULT_HAIKU_MODEL=claude-haiku-4-5 "
-    "API_TIMEOUT_MS=300000; mkdir -p $HOME; "
-    "timeout 400 claude -p \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\" --model claude-sonnet-4-5 --max-turns 2 "
-    "--output-format json --dangerously-skip-permissions")
-CODEX = (
-    "export CODEX_HOME=/tmp/home/.codex HOME=/tmp/home; mkdir -p $CODEX_HOME $HOME; "
-    "printf 'model = \"policy\"\\nmodel_provider = \"rolloutd\"\\ncheck_for_update_on_startup = false\\n"
-    "[analytics]\\nenabled = false\\n[model_providers.rolloutd]\\nname = \"rolloutd\"\\nbase_url = \"%s\"\\n"
-    "env_key = \"OPENAI_API_KEY\"\\nwire_api = \"responses\"\\nrequest_max_retries = 0\\nstream_max_retries = 0\\n' "
-    "\"$OPENAI_BASE_URL\" > $CODEX_HOME/config.toml; "
-    "timeout 400 codex exec --skip-git-repo-check --sandbox danger-full-access \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
+    # policy whatever the name); tools run without asking (rolloutd's sandbox is the sandbox; as root it needs
+    # IS_SANDBOX=1)
+    return ("export HOME=/tmp/home DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 DISABLE_ERROR_REPORTING=1 "
+            "DISABLE_BUG_COMMAND=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_NON_ESSENTIAL_MODEL_CALLS=1 "
+            "IS_SANDBOX=1 ANTHROPIC_SMALL_FAST_MODEL=claude-haiku-4-5 ANTHROPIC_DEFAULT_HAIKU_MODEL=claude-haiku-4-5 "
+            "API_TIMEOUT_MS=300000; mkdir -p $HOME; "
+            f'timeout 400 claude -p "{prefix}"{ASK} --model claude-sonnet-4-5 --max-turns 3 '
+            "--output-format json --dangerously-skip-permissions")
 
 
-MINI = ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
-        "LITELLM_LOCAL_MODEL_COST_MAP=True HOME=/tmp/home "
-        "mini --agent-class default --model-class litellm_textbased -m openai/policy -c mini_textbased.yaml "
-        "-c agent.step_limit=3 -c agent.cost_limit=0 -c model.model_kwargs.api_base=$OPENAI_BASE_URL "
-        "-c model.model_kwargs.api_key=$OPENAI_API_KEY -o /logs/agent/mini.traj.json "
-        "-t \"$(cat $ROLLOUTD_INSTRUCTION_FILE)\"")
+def codex(prefix: str = "") -> str:
+    # no approvals and no sandbox of its own (rolloutd's sandbox is the sandbox)
+    return ("export CODEX_HOME=/tmp/home/.codex HOME=/tmp/home; mkdir -p $CODEX_HOME $HOME; "
+            "printf 'model = \"policy\"\\nmodel_provider = \"rolloutd\"\\ncheck_for_update_on_startup = false\\n"
+            "[analytics]\\nenabled = false\\n[model_providers.rolloutd]\\nname = \"rolloutd\"\\nbase_url = \"%s\"\\n"
+            "env_key = \"OPENAI_API_KEY\"\\nwire_api = \"responses\"\\nrequest_max_retries = 0\\nstream_max_retries = 0\\n' "
+            "\"$OPENAI_BASE_URL\" > $CODEX_HOME/config.toml; "
+            f'timeout 400 codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{prefix}"{ASK}')
 
 
-def run_harness(engine, command: str, tasks: Path = TASKS):
+def mini(prefix: str = "") -> str:
+    return ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
+            "LITELLM_LOCAL_MODEL_COST_MAP=True HOME=/tmp/home "
+            "mini --agent-class default --model-class litellm_textbased -m openai/policy -c mini_textbased.yaml "
+            "-c agent.step_limit=3 -c agent.cost_limit=0 -c model.model_kwargs.api_base=$OPENAI_BASE_URL "
+            f'-c model.model_kwargs.api_key=$OPENAI_API_KEY -o /logs/agent/mini.traj.json -t "{prefix}"{ASK}')
+
+
+def run_harness(engine, command: str, tasks: Path = TASKS, sampling: SamplingParams = SAMPLING):
     tok = ChatTokenizer(model_dir("tiny"))
     handler = get_handler("harbor")
     [task] = handler.load(tasks)
@@ -66,39 +80,56 @@ def run_harness(engine, command: str, tasks: Path = TASKS):
     async def go():
         async with task_sandbox(handler, task) as sandbox:
             async with VLLMBackend(engine.url) as llm:
-                config = AgentConfig(agent_kind="harness", agent_command=command, sampling=SAMPLING)
+                config = AgentConfig(agent_kind="harness", agent_command=command, sampling=sampling)
                 trajectory = await handler.run(task, sandbox, llm, tokenizer=tok, config=config, ctx=ctx)
                 log = await sandbox.read_file("/logs/agent/harness.txt")
                 reward = await handler.eval(task, sandbox, trajectory)
                 # the engine's own output: each recorded prompt sent directly, with the seed of one of the calls
                 direct = {}
-                for seg in sequences(trajectory.wire()):
-                    for turn in seg["turns"]:
-                        prompt = seg["tokenIds"][: turn["generatedStart"]]
-                        for index in range(trajectory.metrics["gateway_calls"]):
-                            seed = derive_seed(SAMPLING.seed, ctx.prompt, ctx.sample, index)
-                            gen = await llm.generate(prompt, SAMPLING.model_copy(update={"seed": seed}), f"direct-{index}")
-                            direct.setdefault(index, []).append(gen.token_ids)
+                for prompt, _ in runs(trajectory):
+                    for index in range(trajectory.metrics["gateway_calls"]):
+                        seed = derive_seed(sampling.seed, ctx.prompt, ctx.sample, index)
+                        gen = await llm.generate(prompt, sampling.model_copy(update={"seed": seed}), f"direct-{index}")
+                        direct.setdefault(index, []).append(gen.token_ids)
             trajectory.metrics["harness_output"] = log[-3000:]  # the harness's own output, for the messages below
             return trajectory, reward, direct
 
     return asyncio.run(go())
 
 
-def check(trajectory, reward, direct):
+def runs(trajectory) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, generated ids) of each recorded call, from the stored trajectory's sequences."""
+    return [(seg["tokenIds"][: t["generatedStart"]], seg["tokenIds"][t["generatedStart"]:t["generatedEnd"]])
+            for seg in sequences(trajectory.wire()) for t in seg["turns"]]
+
+
+def one_seed_each(candidates: list[set[int]]) -> bool:
+    """Whether each run can be given its own call (a perfect matching; the scripted policy answers a prompt the
+    same whatever the seed, so one run may match several calls' seeds)."""
+    owner: dict[int, int] = {}
+
+    def place(k: int, seen: set[int]) -> bool:
+        for i in candidates[k] - seen:
+            seen.add(i)
+            if i not in owner or place(owner[i], seen):
+                owner[i] = k
+                return True
+        return False
+    return all(place(k, set()) for k in range(len(candidates)))
+
+
+def check(trajectory, reward, direct, expect_reward: float):
     output = trajectory.metrics["harness_output"]
     assert trajectory.failure.kind.value != "infra", (trajectory.failure, output)
     assert not trajectory.metrics["harness_timed_out"], output  # offline: nothing it tried hung it
     calls = trajectory.metrics["gateway_calls"]
     assert calls >= 1, output
-    generated = [seg["tokenIds"][t["generatedStart"]:t["generatedEnd"]]
-                 for seg in sequences(trajectory.wire()) for t in seg["turns"]]
+    generated = [ids for _, ids in runs(trajectory)]
     assert len(generated) == calls  # one generated run per call, each in the sequence its prompt extends
-    # token-exact: each run is what the engine answers that prompt with exactly one call's seed
-    matched = sorted(next((i for i, runs in direct.items() if runs[k] == ids), -1) for k, ids in enumerate(generated))
-    assert matched == list(range(calls))
+    # token-exact: each run is what the engine answers that prompt with one call's seed, each call's seed once
+    assert one_seed_each([{i for i, answers in direct.items() if answers[k] == ids} for k, ids in enumerate(generated)])
     assert trajectory.metrics["segments"] >= 1 and trajectory.metrics["retokenized_tokens"] >= 0
-    assert reward.value in (0.0, 1.0)  # EVAL scored it like any agent
+    assert reward.value == expect_reward, output  # EVAL scored the sandbox like any agent's
     print(f"calls={calls} segments={trajectory.metrics['segments']} retokenized={trajectory.metrics['retokenized_tokens']} "
           f"first prompt={sequences(trajectory.wire())[0]['promptLength']} tokens, reward={reward.value}")
 
@@ -108,16 +139,69 @@ def _needs_sandbox():
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
 
 
+# ---------------------------------------------------------------- the tiny model's own (random) answers
+# No tool call: the task's file is never written, EVAL gives 0.
+
 def test_mini_swe_agent_from_pypi_runs_unchanged_against_the_tiny_model(tiny_engine):
     _needs_sandbox()
-    check(*run_harness(tiny_engine, MINI, PYPI_TASKS))
+    check(*run_harness(tiny_engine, mini(), PYPI_TASKS), expect_reward=0.0)
 
 
 def test_claude_code_from_npm_runs_unchanged_against_the_tiny_model(tiny_engine):
     _needs_sandbox()
-    check(*run_harness(tiny_engine, CLAUDE))
+    check(*run_harness(tiny_engine, claude()), expect_reward=0.0)
 
 
 def test_codex_cli_from_npm_runs_unchanged_against_the_tiny_model(tiny_engine):
     _needs_sandbox()
-    check(*run_harness(tiny_engine, CODEX))
+    check(*run_harness(tiny_engine, codex()), expect_reward=0.0)
+
+
+# ---------------------------------------------------------------- the scripted policy in the engine
+# The prompt carries a script (support/scripted_policy.py): the engine answers the first call with a tool call in
+# the harness's own tool and the model family's format, running PROOF in the sandbox; once the tool's output
+# (RESULT, which the command computes and nothing else writes) is in the prompt, with a final answer.
+
+PROOF = "echo done > /app/done.txt && echo proof-$((6*7))"  # the task's file: EVAL's reward 1
+RESULT = "proof-42"
+SCRIPTED = SamplingParams(seed=11, max_tokens=200)  # room for the scripted call
+MINI_CALL = f"THOUGHT: write the file.\n\n```mswea_bash_command\n{PROOF}\n```"
+MINI_SUBMIT = "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
+
+
+def family_call(name: str, arguments: dict) -> str:
+    """The call written in the tiny model's family's format, which its chat template decides."""
+    return tool_call(format_for(ChatTokenizer(model_dir("tiny"))).name, name, arguments)
+
+
+def check_tool_ran(result, first: str, final: str) -> None:
+    """The harness got `first` (the engine's scripted ids) through the gateway, ran it in the sandbox (EVAL finds
+    the file: reward 1), and called the model again with the tool's output in its prompt, answered by `final`."""
+    trajectory = result[0]
+    check(*result, expect_reward=1.0)
+    tok = ChatTokenizer(model_dir("tiny"))
+    texts = [(tok.decode(prompt), tok.decode_content(ids)) for prompt, ids in runs(trajectory)]
+    output = trajectory.metrics["harness_output"]
+    assert any(answer == first and RESULT not in prompt for prompt, answer in texts), (texts[0][1], output)
+    assert any(answer == final and RESULT in prompt for prompt, answer in texts), output  # the tool's output came back
+    assert trajectory.metrics["gateway_calls"] >= 2
+
+
+def test_claude_code_runs_the_bash_tool_call_the_engine_writes(tiny_engine):
+    _needs_sandbox()
+    first = family_call("Bash", {"command": PROOF, "description": "Write the file"})
+    result = run_harness(tiny_engine, claude(script((RESULT, "Done."), (None, first))), sampling=SCRIPTED)
+    check_tool_ran(result, first, "Done.")
+
+
+def test_codex_cli_runs_the_exec_command_call_the_engine_writes(tiny_engine):
+    _needs_sandbox()
+    first = family_call("exec_command", {"cmd": PROOF})
+    result = run_harness(tiny_engine, codex(script((RESULT, "Done."), (None, first))), sampling=SCRIPTED)
+    check_tool_ran(result, first, "Done.")
+
+
+def test_mini_swe_agent_runs_the_bash_block_the_engine_writes(tiny_engine):
+    _needs_sandbox()
+    result = run_harness(tiny_engine, mini(script((RESULT, MINI_SUBMIT), (None, MINI_CALL))), PYPI_TASKS, SCRIPTED)
+    check_tool_ran(result, MINI_CALL, MINI_SUBMIT)

