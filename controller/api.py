@@ -48,6 +48,7 @@ from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
+from .looplag import LoopLag
 from .store import Store
 
 log = logging.getLogger("rolloutd.api")
@@ -156,6 +157,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
+    app.state.loop_lag = LoopLag(registry)  # its probe runs from the server's lifespan (`server.py`)
     app.state.store = store
     app.state.registry = registry
 
