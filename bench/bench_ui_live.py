@@ -12,7 +12,8 @@ documents received.
 
     ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES=1000 ROLLOUTD_UI_WINDOW=60 python -m bench ui_live
 (`$ROLLOUTD_UI_REPEATS` runs of each, interleaved, medians reported; `$ROLLOUTD_UI_BEFORE=REV` adds that revision's
-controller with the most dashboards, side by side) appends a dated run to the section "With dashboards open" of
+controller with the most dashboards, side by side; `$ROLLOUTD_UI_PROFILE=S` py-spies the controller for S seconds
+after each window, the dashboards still open: top frames in the raw file, the stacks in $TMPDIR) appends a dated run to the section "With dashboards open" of
 bench/results/RESULTS-ui.md (what is above and below stays as kept by hand; bench_ui.py keeps the part above) and
 writes bench/results/scale-results/ui-live.json. Next step: a real chromium as one of the dashboards.
 """
@@ -182,7 +183,8 @@ def run(quick: bool = False) -> list[dict]:
     counts = [int(x) for x in os.environ.get("ROLLOUTD_UI_DASHBOARDS", "1,4").split(",") if x.strip()]
     repeats = int(os.environ.get("ROLLOUTD_UI_REPEATS", "1"))
     before = os.environ.get("ROLLOUTD_UI_BEFORE")  # a git revision: its controller with the most dashboards too
-    label = os.environ.get("ROLLOUTD_UI_LABEL", "")
+    label = os.environ.get("ROLLOUTD_UI_LABEL", "")  # the raw file: scale-results/ui-live-LABEL.json
+    profile = float(os.environ.get("ROLLOUTD_UI_PROFILE", "0"))  # seconds of py-spy after each window
     points = []
     with contextlib.ExitStack() as stack:
         configs = [("this tree", None, n) for n in dict.fromkeys([0, *counts])]
@@ -191,7 +193,7 @@ def run(quick: bool = False) -> list[dict]:
         for r in range(repeats):  # interleaved: a change of the machine's load falls on every configuration
             for code, src, dash in configs:
                 watch = lambda url, token, job, dash=dash: Watch(url, token, job, dash)  # noqa: E731
-                p = point(nodes, 1.0, window, src=src, variant=f"{dash} dashboard{'s' * (dash != 1)}, {code}",
+                p = point(nodes, 1.0, window, profile, src=src, variant=f"{dash} dashboard{'s' * (dash != 1)}, {code}",
                           watch=watch)
                 seen = p.pop("dashboards") or {}
                 p.update(repeat=r, dashboards=seen.get("ui"), loop=seen.get("loop"))

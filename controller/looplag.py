@@ -8,7 +8,8 @@ how much later than asked it woke: with a short period the largest lag approache
     rolloutd_event_loop_lag_seconds              histogram of the lags (one sample every PERIOD)
     rolloutd_event_loop_lag_max_seconds          the largest lag of the last 2 × WINDOW seconds at most
     rolloutd_gc_pause_seconds{generation}        each cyclic garbage collection, start to end
-The cost: PERIOD = 10 ms is a hundred timer wake-ups a second (~0.3 % of a core). `bench ui_live` reads them.
+The cost: PERIOD = 10 ms is a hundred timer wake-ups a second (~0.3 % of a core). `bench ui_live` reads them; the
+web UI (`ui/live.py`) refreshes its pages less often while `recent_max` is high.
 Next step: name the callback behind a long lag (asyncio's debug mode does, at a cost too high to leave on).
 """
 from __future__ import annotations
@@ -54,6 +55,10 @@ class LoopLag:
                 self.max.set(max(self._windows))
         finally:
             gc.callbacks.remove(self._on_gc)
+
+    def recent_max(self) -> float:
+        """The largest lag of the last WINDOW to 2 × WINDOW seconds (0 before the probe runs): the web UI's `busy`."""
+        return max(self._windows)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
