@@ -12,7 +12,7 @@ documents received.
 
     ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES=1000 ROLLOUTD_UI_WINDOW=60 python -m bench ui_live
 (`$ROLLOUTD_UI_REPEATS` runs of each, interleaved, medians reported; `$ROLLOUTD_UI_BEFORE=REV` adds that revision's
-controller with the most dashboards, side by side; `$ROLLOUTD_UI_PROFILE=S` py-spies the controller for S seconds
+controller with each count of dashboards, side by side; `$ROLLOUTD_UI_PROFILE=S` py-spies the controller for S seconds
 after each window, the dashboards still open: top frames in the raw file, the stacks in $TMPDIR) appends a dated run to the section "With dashboards open" of
 bench/results/RESULTS-ui.md (what is above and below stays as kept by hand; bench_ui.py keeps the part above) and
 writes bench/results/scale-results/ui-live.json. Next step: a real chromium as one of the dashboards.
@@ -182,14 +182,15 @@ def run(quick: bool = False) -> list[dict]:
     window = float(os.environ.get("ROLLOUTD_UI_WINDOW", "15" if quick else "60"))
     counts = [int(x) for x in os.environ.get("ROLLOUTD_UI_DASHBOARDS", "1,4").split(",") if x.strip()]
     repeats = int(os.environ.get("ROLLOUTD_UI_REPEATS", "1"))
-    before = os.environ.get("ROLLOUTD_UI_BEFORE")  # a git revision: its controller with the most dashboards too
+    before = os.environ.get("ROLLOUTD_UI_BEFORE")  # a git revision: its controller with each count of dashboards too
     label = os.environ.get("ROLLOUTD_UI_LABEL", "")  # the raw file: scale-results/ui-live-LABEL.json
     profile = float(os.environ.get("ROLLOUTD_UI_PROFILE", "0"))  # seconds of py-spy after each window
     points = []
     with contextlib.ExitStack() as stack:
-        configs = [("this tree", None, n) for n in dict.fromkeys([0, *counts])]
-        if before:
-            configs.append((before, stack.enter_context(older_source(before)), max(counts)))
+        src = stack.enter_context(older_source(before)) if before else None
+        configs = [("this tree", None, 0)]
+        for n in dict.fromkeys(c for c in counts if c):
+            configs += [("this tree", None, n)] + ([(before, src, n)] if before else [])
         for r in range(repeats):  # interleaved: a change of the machine's load falls on every configuration
             for code, src, dash in configs:
                 watch = lambda url, token, job, dash=dash: Watch(url, token, job, dash)  # noqa: E731
@@ -233,13 +234,14 @@ def section(points: list[dict], command: str, raw: str) -> tuple[str, list[dict]
         mine = [p for p in points if p["variant"] == variant]
         beat = _median([p["p99_ms"]["heartbeat"] for p in mine])
         stall = _median([(p.get("loop") or {}).get("max_ms", float("nan")) for p in mine])
+        over5 = _median([(p.get("loop") or {}).get("over_5ms", float("nan")) for p in mine])
         base = beat if base is None else base  # the first variant: no dashboards
         rate = _median([p["rollouts_per_s"] for p in mine])
         d = [p["dashboards"] for p in mine if p.get("dashboards")]
         json_ms = (f"{_median([x['job_json_p50_ms'] for x in d]):.1f} / {_median([x['job_json_p99_ms'] for x in d]):.1f}"
                    if d else "-")
         medians.append(f"| {variant} | {len(mine)} | {rate:.0f} | {_median([p['ctl_cores'] for p in mine]):.2f} "
-                       f"| {beat:.0f} | {beat / base:.2f}× | {stall:.0f} | {json_ms} |")
+                       f"| {beat:.0f} | {beat / base:.2f}× | {stall:.0f} | {over5:.0f} | {json_ms} |")
         rows.append({"benchmark": f"scale {nodes} nodes with {variant} (`ui_live`, median of {len(mine)})",
                      "ours": f"{rate:.0f} rollouts/s, beat p99 {beat:.0f} ms, longest loop stall {stall:.0f} ms",
                      "baseline": f"no dashboard: beat p99 {base:.0f} ms" if d else "-",
@@ -252,7 +254,7 @@ def section(points: list[dict], command: str, raw: str) -> tuple[str, list[dict]
             "largest in the window (±5 s), its p99 (a bucket's bound), the samples above 5 / 20 ms; GC: collections "
             "and their time in the window.\n\n"
             "| run | runs | rollouts/s | ctl cores | p99 ms beat | beat p99 ÷ none | longest loop stall ms "
-            "| job page JSON p50 / p99 ms |\n|---|---|---|---|---|---|---|---|\n"
+            "| loop lags > 5 ms | job page JSON p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(medians) + "\n\nEach run:\n\n"
             "| run | rollouts/s | ctl cores | p99 ms lease / beat / results | longest loop stall ms | loop lag p99 ms "
             "| lags > 5 / > 20 ms | GC | lost/dup | job page JSON p50 / p99, calls, SSE | load |\n"
