@@ -102,6 +102,7 @@ class LoopWatch:
     for the window's deltas, and the largest lag gauge (it covers the last 5–10 s, so every stall is seen)."""
 
     LAG, MAX, GC = "rolloutd_event_loop_lag_seconds", "rolloutd_event_loop_lag_max_seconds", "rolloutd_gc_pause_seconds"
+    STEP = "rolloutd_ui_step_seconds"  # each step of the UI's builds on the loop (this tree's, not an older one's)
 
     def __init__(self, url: str, token: str, every: float = 2.0) -> None:
         self.client = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
@@ -123,7 +124,7 @@ class LoopWatch:
                 for smp in fam.samples:
                     if smp.name == self.MAX:
                         self.maxima.append((t, smp.value))
-                    elif smp.name.startswith((self.LAG + "_", self.GC + "_")):  # the GC's generations summed
+                    elif smp.name.startswith((self.LAG + "_", self.GC + "_", self.STEP + "_")):  # GC generations summed
                         key = (smp.name, float(smp.labels["le"]) if "le" in smp.labels else None)
                         snap[key] = snap.get(key, 0.0) + smp.value
             if snap:
@@ -142,13 +143,17 @@ class LoopWatch:
         above = lambda name, le: d.get((name + "_count", None), 0) - d.get((name + "_bucket", le), 0)  # noqa: E731
         bounds = sorted(le for (name, le) in d if name == self.LAG + "_bucket")
         p99 = next(le for le in bounds if d[(self.LAG + "_bucket", le)] >= 0.99 * n)  # the bucket's upper bound
+        steps = d.get((self.STEP + "_count", None))
+        longest = next((le for le in sorted(le for (name, le) in d if name == self.STEP + "_bucket")
+                        if d[(self.STEP + "_bucket", le)] >= steps), None) if steps else None
         return {"samples": int(n), "p99_le_ms": p99 * 1e3,
                 "mean_ms": round(d.get((self.LAG + "_sum", None), 0.0) / max(n, 1) * 1e3, 2),
                 "max_ms": round(max((v for t, v in self.maxima if w0 + 5 <= t <= w1 + 5), default=float("nan")) * 1e3, 1),
                 "over_5ms": int(above(self.LAG, 0.005)), "over_20ms": int(above(self.LAG, 0.02)),
                 "gc_pauses": int(d.get((self.GC + "_count", None), 0)),
                 "gc_ms": round(d.get((self.GC + "_sum", None), 0.0) * 1e3, 1),
-                "gc_over_20ms": int(above(self.GC, 0.02))}
+                "gc_over_20ms": int(above(self.GC, 0.02)),
+                "ui_steps": None if steps is None else int(steps), "ui_step_max_le_ms": longest and longest * 1e3}
 
     def close(self) -> None:
         self.stop_ev.set()
@@ -212,9 +217,11 @@ def run(quick: bool = False) -> list[dict]:
 
 def _loop_cells(lp: dict | None) -> str:
     if not lp:
-        return "- | - | - | -"
+        return "- | - | - | - | -"
+    steps = (f"{lp['ui_steps']}, ≤ {lp['ui_step_max_le_ms']:g} ms" if lp.get("ui_step_max_le_ms")
+             else str(lp.get("ui_steps", "-")))
     return (f"{lp['max_ms']:.0f} | ≤ {lp['p99_le_ms']:.0f} | {lp['over_5ms']} / {lp['over_20ms']} "
-            f"| {lp['gc_pauses']}, {lp['gc_ms']:.0f} ms")
+            f"| {lp['gc_pauses']}, {lp['gc_ms']:.0f} ms | {steps}")
 
 
 def section(points: list[dict], command: str, raw: str) -> tuple[str, list[dict]]:
@@ -252,13 +259,14 @@ def section(points: list[dict], command: str, raw: str) -> tuple[str, list[dict]
             "SSE stream followed, the job page's JSON fetched every second. Runs interleaved; medians first. "
             "Loop: the controller's event loop lag (`rolloutd_event_loop_lag_seconds`, sampled every 10 ms): the "
             "largest in the window (±5 s), its p99 (a bucket's bound), the samples above 5 / 20 ms; GC: collections "
-            "and their time in the window.\n\n"
+            "and their time in the window; UI steps: the steps of the UI's builds on the loop (`rolloutd_ui_step_seconds`) "
+            "and the bucket bound of the longest (none for an older revision).\n\n"
             "| run | runs | rollouts/s | ctl cores | p99 ms beat | beat p99 ÷ none | longest loop stall ms "
             "| loop lags > 5 ms | job page JSON p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(medians) + "\n\nEach run:\n\n"
             "| run | rollouts/s | ctl cores | p99 ms lease / beat / results | longest loop stall ms | loop lag p99 ms "
-            "| lags > 5 / > 20 ms | GC | lost/dup | job page JSON p50 / p99, calls, SSE | load |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            "| lags > 5 / > 20 ms | GC | UI steps, longest | lost/dup | job page JSON p50 / p99, calls, SSE | load |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
     return text, rows
 
 

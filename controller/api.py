@@ -48,7 +48,7 @@ from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
-from .looplag import LoopLag
+from .looplag import BUCKETS, LoopLag
 from .store import Store
 
 log = logging.getLogger("rolloutd.api")
@@ -278,6 +278,9 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     describe(app)
     from .ui.app import create_ui
 
+    steps = Histogram("rolloutd_ui_step_seconds", "Each step of the web UI's live builds on the event loop: how long "
+                      "it held the loop", buckets=BUCKETS, registry=registry)
+    job_stats.observe_step = steps.observe
     app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats,
-                               busy=app.state.loop_lag.recent_max))
+                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe))
     return app

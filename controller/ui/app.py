@@ -59,13 +59,15 @@ class _Headers:
 
 
 def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
-              job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None) -> Any:
+              job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
+              observe_step: Callable[[float], None] | None = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
-    largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller."""
+    largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
+    `observe_step`: each step of a live page's build, in seconds (a metric)."""
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
-    live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy)
+    live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:

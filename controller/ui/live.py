@@ -72,26 +72,32 @@ def rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
 
 
 class _Slices:
-    """The CPU of a build's own slices (the loop's other work between them not counted), and the pause between."""
+    """The CPU of a build's own slices (the loop's other work between them not counted), and the pause between;
+    `observe` gets each slice's wall time (how long it held the loop)."""
 
-    def __init__(self) -> None:
-        self.cpu, self._t = 0.0, time.thread_time()
+    def __init__(self, observe: Callable[[float], None]) -> None:
+        self.observe, self.cpu = observe, 0.0
+        self._t, self._wall = time.thread_time(), time.perf_counter()
 
     async def pause(self) -> None:
-        self.cpu += time.thread_time() - self._t
+        self.end()
         await asyncio.sleep(0)
-        self._t = time.thread_time()
+        self._t, self._wall = time.thread_time(), time.perf_counter()
 
-    def total(self) -> float:
-        return self.cpu + time.thread_time() - self._t
+    def end(self) -> None:
+        self.cpu += time.thread_time() - self._t
+        self.observe(time.perf_counter() - self._wall)
+        self._t, self._wall = time.thread_time(), time.perf_counter()
 
 
 class Live:
     """The live pages' data, one shared build per job (and one per principal's jobs list) at a time."""
 
-    def __init__(self, store: Store, scheduler, job_stats: stats.JobStats, busy: Callable[[], float] | None = None):
+    def __init__(self, store: Store, scheduler, job_stats: stats.JobStats, busy: Callable[[], float] | None = None,
+                 observe_step: Callable[[float], None] | None = None):
         self.store, self.scheduler, self.job_stats = store, scheduler, job_stats
         self.busy = busy or (lambda: 0.0)  # the loop's recent largest lag, in seconds
+        self.observe_step = observe_step or (lambda seconds: None)  # each slice a build held the loop
         self._built: dict[str, Built] = {}
         self._building: dict[str, asyncio.Future] = {}
         self._versions = 0
@@ -108,10 +114,11 @@ class Live:
         return await asyncio.shield(task)  # a page that goes away does not stop the build the others wait for
 
     async def _make(self, key: str, make: Callable[[_Slices], Any]) -> Built:
-        t0, slices = time.monotonic(), _Slices()
+        t0, slices = time.monotonic(), _Slices(self.observe_step)
         body = await make(slices)
+        slices.end()
         self._versions += 1
-        wait = max(SUMMARY_SECONDS, BUILD_SHARE * slices.total(), BUSY_SECONDS if self.busy() >= BUSY_LAG else 0.0)
+        wait = max(SUMMARY_SECONDS, BUILD_SHARE * slices.cpu, BUSY_SECONDS if self.busy() >= BUSY_LAG else 0.0)
         built = self._built[key] = Built(self._versions, body, b"data: " + body + b"\n\n", t0 + wait)
         return built
 

@@ -17,9 +17,10 @@ import asyncio
 import bisect
 import json
 import math
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from sqlalchemy.engine import Engine
 
@@ -89,6 +90,7 @@ class JobStats:
         self._acc: dict[str, _Acc] = {}
         self._final: dict[str, _Final] = {}
         self._tasks: dict[str, asyncio.Future] = {}
+        self.observe_step: Callable[[float], None] = lambda seconds: None  # each slice `numbers` held the loop
 
     # ------------------------------------------------------------ without a loop (tools, tests)
 
@@ -132,15 +134,21 @@ class JobStats:
                     return final.out
             del self._final[job]  # a trajectory after all: summed again from the store
         acc = self._acc_of(job, uid)
+        t = time.perf_counter()
         try:
             for _ in self._steps(job, acc):
+                self.observe_step(time.perf_counter() - t)
                 await asyncio.sleep(0)  # the loop serves the nodes' calls between chunks
+                t = time.perf_counter()
             out = {"uid": uid, "counts": _counts(acc), "summary": None}
             if summary or finished:
                 for xs in acc.stages.values():
                     xs.sort()  # timsort: the sorted run and the new tail, one stage per slice
+                    self.observe_step(time.perf_counter() - t)
                     await asyncio.sleep(0)
+                    t = time.perf_counter()
                 out["summary"] = self._render(acc)
+            self.observe_step(time.perf_counter() - t)
         except BaseException:
             self._acc.pop(job, None)  # half-applied: the next view sums the store again
             raise
