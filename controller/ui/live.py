@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from rolloutd.crds.names import TERMINAL_PHASES as FINAL_PHASES
 from rolloutd.crds.names import job_key
@@ -36,6 +36,7 @@ BUILD_SHARE = 20  # built at most once per 20 × its slices' CPU: ≤ 5 % of a c
 BUSY_SECONDS = 5.0
 BUSY_LAG = 0.05
 NODE_CHUNK = 250  # node rows made and encoded per slice (~0.4 ms)
+T = TypeVar("T")
 
 
 @dataclass
@@ -80,9 +81,15 @@ class _Slices:
         self._t, self._wall = time.thread_time(), time.perf_counter()
 
     async def pause(self) -> None:
+        await self.wait(asyncio.sleep(0))
+
+    async def wait(self, other: Awaitable[T]) -> T:
+        """`other` awaited outside the build's slices (what runs meanwhile is not the build's)."""
         self.end()
-        await asyncio.sleep(0)
-        self._t, self._wall = time.thread_time(), time.perf_counter()
+        try:
+            return await other
+        finally:
+            self._t, self._wall = time.thread_time(), time.perf_counter()
 
     def end(self) -> None:
         self.cpu += time.thread_time() - self._t
@@ -124,7 +131,7 @@ class Live:
 
     # ------------------------------------------------------------ a job's page
 
-    def job(self, key: str, namespace: str, name: str) -> "asyncio.Future[Built]":
+    def job(self, key: str, namespace: str, name: str) -> Awaitable[Built]:
         return self.get("job " + key, lambda slices: self._job(slices, key, namespace, name))
 
     async def _job(self, slices: _Slices, key: str, namespace: str, name: str) -> bytes:
@@ -145,7 +152,7 @@ class Live:
         await slices.pause()
         parts: list[str] = []
         if scheduler is not None:
-            numbers = await self.job_stats.numbers(key, uid, finished=status.get("phase") in FINAL_PHASES)
+            numbers = await slices.wait(self.job_stats.numbers(key, uid, finished=status.get("phase") in FINAL_PHASES))
             out["trajectories"] = numbers["counts"]
             out.update(numbers["summary"])
             pinned = scheduler.pinned(key)
@@ -170,7 +177,7 @@ class Live:
 
     # ------------------------------------------------------------ the jobs list
 
-    def jobs(self, principal) -> "asyncio.Future[Built]":
+    def jobs(self, principal) -> Awaitable[Built]:
         scope = principal.scoped and principal.scoped.namespaces
         return self.get(f"jobs {principal.name} {scope}", lambda slices: self._jobs(slices, principal))
 
@@ -182,8 +189,9 @@ class Live:
                 continue
             await slices.pause()
             per_second, eta = rate(status)
-            counts = (await self.job_stats.numbers(job_key(meta["namespace"], meta["name"]), meta["uid"],
-                                                   finished=status.get("phase") in FINAL_PHASES, summary=False))["counts"]
+            counts = (await slices.wait(self.job_stats.numbers(job_key(meta["namespace"], meta["name"]), meta["uid"],
+                                                               finished=status.get("phase") in FINAL_PHASES,
+                                                               summary=False)))["counts"]
             items.append({"namespace": meta["namespace"], "name": meta["name"], "phase": status.get("phase", "Pending"),
                           "counts": status.get("counts") or {}, "rolloutsPerSecond": per_second, "etaSeconds": eta,
                           "rewardMean": counts["rewardMean"], "infraRate": counts["infraRate"],
