@@ -102,7 +102,7 @@ class LoopWatch:
     for the window's deltas, and the largest lag gauge (it covers the last 5–10 s, so every stall is seen)."""
 
     LAG, MAX, GC = "rolloutd_event_loop_lag_seconds", "rolloutd_event_loop_lag_max_seconds", "rolloutd_gc_pause_seconds"
-    STEP = "rolloutd_ui_step_seconds"  # each step of the UI's builds on the loop (this tree's, not an older one's)
+    STEP = "rolloutd_ui_step_cpu_seconds"  # each step of the UI's builds on the loop (this tree's, not an older one's)
 
     def __init__(self, url: str, token: str, every: float = 2.0) -> None:
         self.client = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
@@ -208,7 +208,8 @@ def run(quick: bool = False) -> list[dict]:
                       f"loop {p['loop']}, dashboards {p['dashboards']}, load {p['load_avg']}", flush=True)
     command = (f"ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES={nodes} ROLLOUTD_UI_WINDOW={window:.0f} "
                f"ROLLOUTD_UI_DASHBOARDS={','.join(map(str, counts))} ROLLOUTD_UI_REPEATS={repeats}"
-               + (f" ROLLOUTD_UI_BEFORE={before}" if before else "") + " python -m bench ui_live")
+               + (f" ROLLOUTD_UI_BEFORE={before}" if before else "") + (f" ROLLOUTD_UI_PROFILE={profile:g}" if profile else "")
+               + " python -m bench ui_live")
     (HERE / "results" / "scale-results").mkdir(exist_ok=True)
     raw = HERE / "results" / "scale-results" / f"ui-live{'-' + label if label else ''}.json"
     raw.write_text(json.dumps({"command": command, "points": points}, indent=1))
@@ -219,7 +220,7 @@ def _loop_cells(lp: dict | None) -> str:
     if not lp:
         return "- | - | - | - | -"
     steps = (f"{lp['ui_steps']}, ≤ {lp['ui_step_max_le_ms']:g} ms" if lp.get("ui_step_max_le_ms")
-             else str(lp.get("ui_steps", "-")))
+             else "-" if lp.get("ui_steps") is None else str(lp["ui_steps"]))
     return (f"{lp['max_ms']:.0f} | ≤ {lp['p99_le_ms']:.0f} | {lp['over_5ms']} / {lp['over_20ms']} "
             f"| {lp['gc_pauses']}, {lp['gc_ms']:.0f} ms | {steps}")
 
@@ -259,8 +260,8 @@ def section(points: list[dict], command: str, raw: str) -> tuple[str, list[dict]
             "SSE stream followed, the job page's JSON fetched every second. Runs interleaved; medians first. "
             "Loop: the controller's event loop lag (`rolloutd_event_loop_lag_seconds`, sampled every 10 ms): the "
             "largest in the window (±5 s), its p99 (a bucket's bound), the samples above 5 / 20 ms; GC: collections "
-            "and their time in the window; UI steps: the steps of the UI's builds on the loop (`rolloutd_ui_step_seconds`) "
-            "and the bucket bound of the longest (none for an older revision).\n\n"
+            "and their time in the window; UI steps: the steps of the UI's builds on the loop (`rolloutd_ui_step_cpu_seconds`, CPU: "
+            "not stretched by the machine's load) and the bucket bound of the longest (none for an older revision).\n\n"
             "| run | runs | rollouts/s | ctl cores | p99 ms beat | beat p99 ÷ none | longest loop stall ms "
             "| loop lags > 5 ms | job page JSON p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(medians) + "\n\nEach run:\n\n"

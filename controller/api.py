@@ -278,8 +278,8 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     describe(app)
     from .ui.app import create_ui
 
-    steps = Histogram("rolloutd_ui_step_seconds", "Each step of the web UI's live builds on the event loop: how long "
-                      "it held the loop", buckets=BUCKETS, registry=registry)
+    steps = Histogram("rolloutd_ui_step_cpu_seconds", "Each step of the web UI's live builds on the event loop: the "
+                      "CPU it held the loop for", buckets=BUCKETS, registry=registry)
     job_stats.observe_step = steps.observe
     app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats,
                                busy=app.state.loop_lag.recent_max, observe_step=steps.observe))

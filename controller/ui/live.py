@@ -74,11 +74,11 @@ def rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
 
 class _Slices:
     """The CPU of a build's own slices (the loop's other work between them not counted), and the pause between;
-    `observe` gets each slice's wall time (how long it held the loop)."""
+    `observe` gets each slice's CPU time (how long it held the loop, a busy machine's preemption left out)."""
 
     def __init__(self, observe: Callable[[float], None]) -> None:
         self.observe, self.cpu = observe, 0.0
-        self._t, self._wall = time.thread_time(), time.perf_counter()
+        self._t = time.thread_time()
 
     async def pause(self) -> None:
         await self.wait(asyncio.sleep(0))
@@ -89,12 +89,13 @@ class _Slices:
         try:
             return await other
         finally:
-            self._t, self._wall = time.thread_time(), time.perf_counter()
+            self._t = time.thread_time()
 
     def end(self) -> None:
-        self.cpu += time.thread_time() - self._t
-        self.observe(time.perf_counter() - self._wall)
-        self._t, self._wall = time.thread_time(), time.perf_counter()
+        step = time.thread_time() - self._t
+        self.cpu += step
+        self.observe(step)
+        self._t = time.thread_time()
 
 
 class Live:

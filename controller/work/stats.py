@@ -30,6 +30,7 @@ EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
 CHUNK = 500  # rows summed per slice of the event loop (~1 ms)
+FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
 
 
 def _histogram(sorted_xs: list[float], bins: int = 12) -> list[dict[str, float]]:
@@ -90,7 +91,7 @@ class JobStats:
         self._acc: dict[str, _Acc] = {}
         self._final: dict[str, _Final] = {}
         self._tasks: dict[str, asyncio.Future] = {}
-        self.observe_step: Callable[[float], None] = lambda seconds: None  # each slice `numbers` held the loop
+        self.observe_step: Callable[[float], None] = lambda seconds: None  # each slice's CPU on the loop (`numbers`)
 
     # ------------------------------------------------------------ without a loop (tools, tests)
 
@@ -134,21 +135,21 @@ class JobStats:
                     return final.out
             del self._final[job]  # a trajectory after all: summed again from the store
         acc = self._acc_of(job, uid)
-        t = time.perf_counter()
+        t = time.thread_time()
         try:
             for _ in self._steps(job, acc):
-                self.observe_step(time.perf_counter() - t)
+                self.observe_step(time.thread_time() - t)
                 await asyncio.sleep(0)  # the loop serves the nodes' calls between chunks
-                t = time.perf_counter()
+                t = time.thread_time()
             out = {"uid": uid, "counts": _counts(acc), "summary": None}
             if summary or finished:
                 for xs in acc.stages.values():
                     xs.sort()  # timsort: the sorted run and the new tail, one stage per slice
-                    self.observe_step(time.perf_counter() - t)
+                    self.observe_step(time.thread_time() - t)
                     await asyncio.sleep(0)
-                    t = time.perf_counter()
+                    t = time.thread_time()
                 out["summary"] = self._render(acc)
-            self.observe_step(time.perf_counter() - t)
+            self.observe_step(time.thread_time() - t)
         except BaseException:
             self._acc.pop(job, None)  # half-applied: the next view sums the store again
             raise
@@ -190,15 +191,17 @@ class JobStats:
             span = (job, acc.last_seq, max_seq)
             rows = db.execute("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
                               f"trajectories {index}WHERE job = ? AND seq > ? AND seq <= ?", span)
+            failed: list[int] = []
             while chunk := rows.fetchmany(size):
-                _add_rows(acc, chunk)
+                failed += _add_rows(acc, chunk)
                 yield
-            # the failure reasons are not in the index (text made each insert dearer): read from the failed rows
-            failed = db.execute("SELECT seq, failure, reason FROM trajectories INDEXED BY ix_trajectories_facts "
-                                "WHERE job = ? AND failure IN ('agent', 'infra', 'config') AND seq > ? AND seq <= ?",
-                                span)
-            while chunk := failed.fetchmany(size):
-                for seq, failure, reason in chunk:
+            # the failure reasons are not in the index (text made each insert dearer): read from the failed rows, by
+            # seq (a scan of the job's failed rows for the few new ones made one step grow with the job)
+            failed.sort()
+            for i in range(0, len(failed), size):
+                part = failed[i:i + size]
+                for seq, failure, reason in db.execute("SELECT seq, failure, reason FROM trajectories WHERE seq IN "
+                                                       f"({','.join('?' * len(part))})", part):
                     why = (reason or "").strip()[:200]
                     acc.reasons[failure][why] += 1
                     acc.examples[(failure, why)].append(seq)
@@ -244,11 +247,14 @@ def _counts(acc: _Acc) -> dict[str, Any]:
             "rewardMean": round(s / n, 4) if n else None}
 
 
-def _add_rows(acc: _Acc, rows: list[tuple]) -> None:
+def _add_rows(acc: _Acc, rows: list[tuple]) -> list[int]:
+    """`rows` added to the sums; the seqs of the failed ones (their reasons are read apart)."""
     stages = [acc.stages[s] for s in STAGES]
-    kinds, scored = acc.kinds, acc.scored
+    kinds, scored, failed = acc.kinds, acc.scored, []
     for seq, reward, failure, tq, ti, tr, te, version, end in rows:
         kinds[failure] += 1
+        if failure in FAILED:
+            failed.append(seq)
         if reward is not None and failure != "infra":
             scored[0] += reward
             scored[1] += 1
@@ -269,6 +275,7 @@ def _add_rows(acc: _Acc, rows: list[tuple]) -> None:
             p = acc.by_policy[version or "null"]
             p[0] += reward
             p[1] += 1
+    return failed
 
 
 def _throughput(acc: _Acc) -> dict[str, Any]:
