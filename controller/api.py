@@ -49,6 +49,7 @@ from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
 from .kube.validate import validate_job
 from .allowlists import AllowLists
+from .looplag import BUCKETS, LoopLag
 from .store import Store
 
 log = logging.getLogger("rolloutd.api")
@@ -142,6 +143,23 @@ class _JobsCollector:
         yield g
 
 
+class _StatsCollector:
+    """What the trajectories' running sums (`work/stats.JobStats`) hold in memory."""
+
+    def __init__(self, job_stats):
+        self.job_stats = job_stats
+
+    def collect(self):
+        kept = self.job_stats.kept()
+        g = GaugeMetricFamily("rolloutd_job_stats_jobs", "Jobs whose trajectory numbers the controller keeps in "
+                              "memory: running sums, or a finished job's rendered numbers", labels=["kind"])
+        for kind in ("running", "final"):
+            g.add_metric([kind], kept[kind])
+        yield g
+        yield GaugeMetricFamily("rolloutd_job_stats_stage_times", "Stage times kept for the running sums' percentiles",
+                                value=kept["stage_times"])
+
+
 def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
                tokens: TokenBook | None = None, allow: AllowLists | None = None) -> FastAPI:
     """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
@@ -157,6 +175,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
+    app.state.loop_lag = LoopLag(registry)  # its probe runs from the server's lifespan (`server.py`)
     app.state.store = store
     app.state.allow = allow = allow or AllowLists()
     app.state.registry = registry
@@ -249,7 +268,9 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     app.include_router(logs_router(store))  # the node daemons' logs, from app.state.executors (server.py)
     from .work.stats import JobStats
 
-    job_stats = JobStats(store.engine)  # one set of running sums for the API's …/stats and the web UI
+    # one set of running sums for the API's …/stats and the web UI (the scheduler's: a deleted job's go with it)
+    job_stats = scheduler.stats if scheduler is not None else JobStats(store.engine)
+    registry.register(_StatsCollector(job_stats))
     if scheduler is not None:
         from .http.node_protocol import node_router
         from .http.trainer import trainer_router
@@ -259,5 +280,9 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     describe(app)
     from .ui.app import create_ui
 
-    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats))
+    steps = Histogram("rolloutd_ui_step_cpu_seconds", "Each step of the web UI's live builds on the event loop: the "
+                      "CPU it held the loop for", buckets=BUCKETS, registry=registry)
+    job_stats.observe_step = steps.observe
+    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats,
+                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe))
     return app

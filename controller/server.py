@@ -88,7 +88,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        tasks = [asyncio.create_task(scheduler.run(), name="scheduler")]
+        tasks = [asyncio.create_task(scheduler.run(), name="scheduler"),
+                 asyncio.create_task(app.state.loop_lag.run(), name="loop-lag")]
         stop = asyncio.Event()
         if operator:
             api = JobApi(kube or own)

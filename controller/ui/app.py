@@ -3,7 +3,8 @@
 Mounted by `api.create_app` at /ui; the API's bearer middleware lets /ui through and this app authenticates
 itself (`session.py`: the session cookie, or `Authorization: Bearer` for scripts). Every job it shows passes
 the API's scope rule first; the data comes from the same store and scheduler calls the API routes make, summed
-up by `work/stats.py` and decoded by `decode.py`. Every response carries a CSP without inline script, nosniff and
+up by `work/stats.py`, built for the live pages by `live.py` (on the event loop, in slices) and decoded by
+`decode.py`. Every response carries a CSP without inline script, nosniff and
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
@@ -14,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -28,15 +27,13 @@ from fastapi.staticfiles import StaticFiles
 from rolloutd.crds.names import API_PREFIX, job_key
 
 from ..auth import TokenBook
-from ..errors import ApiError
 from ..store import Store
 from ..work import stats
 from . import decode
+from .live import Built, Gone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
-SUMMARY_SECONDS = 1.0
-BUILD_SHARE = 20  # a job's summary is built at most once per 20 × its build time: ≤ 5 % of a core per job
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                  b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
@@ -61,28 +58,16 @@ class _Headers:
         await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
 
 
-def _rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
-    """Rollouts per second since the job started, and the seconds left at that rate (None when unknown)."""
-    counts, start = status.get("counts") or {}, status.get("startTime")
-    if not start:
-        return None, None
-    begin = datetime.fromisoformat(start.replace("Z", "+00:00")).timestamp()
-    end = status.get("completionTime")
-    now = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp() if end else time.time()
-    done = counts.get("succeeded", 0) + counts.get("failed", 0) + counts.get("cancelled", 0)
-    if now - begin <= 0 or done == 0:
-        return None, None
-    rate = done / (now - begin)
-    left = max(counts.get("total", 0) - done, 0)
-    return round(rate, 3), (round(left / rate, 1) if not end else 0.0)
-
-
 def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
-              job_stats: stats.JobStats | None = None) -> Any:
+              job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
+              observe_step: Callable[[float], None] | None = None) -> Any:
+    """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
+    largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
+    `observe_step`: each step of a live page's build, in seconds (a metric)."""
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
-    job_stats = job_stats or stats.JobStats(engine)  # the API's (`GET …/stats`, rolloutctl describe) when given
+    live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:
@@ -170,102 +155,46 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         return {"name": p.name, "namespaces": list(p.scoped.namespaces) if p.scoped else [],
                 "readOnly": bool(p.scoped and p.scoped.read_only), "csrf": sessions.csrf(request.cookies.get(COOKIE))}
 
-    def jobs_list(p: Principal) -> dict[str, Any]:
-        items = []
-        for job in store.list_wire()[0]:
-            meta, status = job["metadata"], job.get("status") or {}
-            if p.may_read(meta["namespace"], meta["name"]):
-                continue
-            rate, eta = _rate(status)
-            counts = job_stats.counts(job_key(meta["namespace"], meta["name"]), meta["uid"])
-            items.append({"namespace": meta["namespace"], "name": meta["name"], "phase": status.get("phase", "Pending"),
-                          "counts": status.get("counts") or {}, "rolloutsPerSecond": rate, "etaSeconds": eta,
-                          "rewardMean": counts["rewardMean"], "infraRate": counts["infraRate"],
-                          "delivered": counts["delivered"], "policyVersion": status.get("policyVersion"),
-                          "message": status.get("message", "")})
-        return {"items": items}
-
-    cache: dict[str, tuple[float, str]] = {}  # job → (monotonic when it may be built again, the summary's JSON)
-    building = threading.Lock()  # one build at a time: a page arriving meanwhile waits for it and shares it
-
-    def job_summary(p: Principal, namespace: str, name: str) -> str:
-        """The job page's data as JSON, one build shared by every open page of the job. A build holds the GIL the
-        event loop needs for the nodes' calls, so what it reads is kept summed (`JobStats`), in memory (pins,
-        leases, liveness) or read as plain rows, it is serialised once, and it is made again after SUMMARY_SECONDS
-        or BUILD_SHARE times the CPU it took, whichever is longer (the UI's share of a core stays bounded)."""
-        key = visible(p, namespace, name)
-        with building:
-            hit = cache.get(key)
-            if hit is None or time.monotonic() >= hit[0]:
-                t0, cpu = time.monotonic(), time.thread_time()  # its own CPU: a busy machine does not stretch it
-                body = json.dumps(build_summary(key, namespace, name))
-                hit = cache[key] = (t0 + max(SUMMARY_SECONDS, BUILD_SHARE * (time.thread_time() - cpu)), body)
-        return hit[1]
-
-    def build_summary(key: str, namespace: str, name: str) -> dict[str, Any]:
+    async def job_summary(p: Principal, namespace: str, name: str) -> Built:
         try:
-            job = store.get_wire(name, namespace)
-        except ApiError as e:
+            return await live.job(visible(p, namespace, name), namespace, name)
+        except Gone as e:
             raise HTTPException(e.code, e.message) from None
-        status = job.get("status") or {}
-        rate, eta = _rate(status)
-        uid = job["metadata"]["uid"]
-        out: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid,
-                               "phase": status.get("phase", "Pending"), "status": status,
-                               "rolloutsPerSecond": rate, "etaSeconds": eta, "events": store.events(key),
-                               "tokenizer": (job["spec"].get("llm") or {}).get("tokenizer"),
-                               "trajectories": job_stats.counts(key, uid) if scheduler else None,
-                               "nodes": [], "backends": []}
-        if scheduler is not None:
-            out.update(job_stats.summary(key, uid))
-            now, held = time.time(), scheduler.leases_held
-            out["nodes"] = [{"id": i, "name": n, "host": h, "state": st, "slot": slot, "inflight": held(i),
-                             "secondsSinceBeat": round(now - seen, 1)}
-                            for i, n, h, st, slot, seen in scheduler.node_listing(key)]
-            pinned = scheduler.pinned(key)
-            out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in scheduler.pool.unhealthy,
-                                "reason": scheduler.pool.unhealthy.get(u, ""), "inflight": scheduler.pool.inflight.get(u, 0),
-                                "pinnedToJob": pinned.get(u, 0), "admissionCap": scheduler.pool.admission.cap(u, key)}
-                               for b in (job["spec"].get("llm") or {}).get("backends", [])]
-            out["policy"] = scheduler.policy(key)
-        return out
 
-    def sse(request: Request, produce: Callable[[], str]) -> StreamingResponse:
+    def sse(request: Request, produce: Callable[[], Awaitable[Built]]) -> StreamingResponse:
         async def events():
             ev, last, end = store.subscribe(), None, time.monotonic() + 300  # the browser reconnects after
             try:
                 while time.monotonic() < end and not await request.is_disconnected():
                     ev.clear()
                     try:
-                        body = await asyncio.to_thread(produce)
+                        built = await produce()
                     except HTTPException as e:
-                        yield f"event: gone\ndata: {json.dumps(e.detail)}\n\n"
+                        yield f"event: gone\ndata: {json.dumps(e.detail)}\n\n".encode()
                         return
-                    yield f"data: {body}\n\n" if body != last else ": tick\n\n"
-                    last = body
+                    yield built.frame if built.version != last else b": tick\n\n"  # the same bytes for every page
+                    last = built.version
                     try:  # a store change (status, counts), or every 2 s for trajectories and nodes
                         await asyncio.wait_for(ev.wait(), 2.0)
                     except asyncio.TimeoutError:
                         pass
-                    await asyncio.sleep(0.25)  # at most four updates a second
+                    await asyncio.sleep(0.25)  # at most four updates a second (a build is made at most once a second)
             finally:
                 store.unsubscribe(ev)
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @ui.get("/api/jobs")
     async def jobs(request: Request):
-        p = who(request)
-        return await asyncio.to_thread(jobs_list, p)
+        return Response((await live.jobs(who(request))).body, media_type="application/json")
 
     @ui.get("/api/jobs/stream")
     async def jobs_stream(request: Request):
         p = who(request)
-        return sse(request, lambda: json.dumps(jobs_list(p)))
+        return sse(request, lambda: live.jobs(p))
 
     @ui.get("/api/jobs/{namespace}/{name}")
     async def job(request: Request, namespace: str, name: str):
-        p = who(request)
-        return Response(await asyncio.to_thread(job_summary, p, namespace, name), media_type="application/json")
+        return Response((await job_summary(who(request), namespace, name)).body, media_type="application/json")
 
     @ui.get("/api/jobs/{namespace}/{name}/stream")
     async def job_stream(request: Request, namespace: str, name: str):

@@ -47,6 +47,7 @@ from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
 from .states import BatchState, ItemState
+from .stats import JobStats
 from .tables import ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
@@ -79,6 +80,7 @@ class Scheduler:
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.feed = Feed(self.engine)
+        self.stats = JobStats(self.engine)  # the trajectories' running sums: the web UI's and the API's `…/stats`
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
@@ -245,10 +247,12 @@ class Scheduler:
         self.queue.wake(name)
         self.expansions.forget(name)  # nothing the job kept in memory outlives it (a re-created job starts clean)
         self._admitting.pop(name, None)
+        self.stats.forget(name)
         self.jobs.forget(name)
 
     def purge(self, name: str) -> None:
         self.expansions.forget(name)
+        self.stats.forget(name)
         with Session(self.engine, expire_on_commit=False) as s:
             tables.purge(s, name)
             s.commit()

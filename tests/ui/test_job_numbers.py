@@ -1,8 +1,8 @@
 """The job's numbers the dashboard and `rolloutctl describe` show are running sums (`work/stats.JobStats`), not a
 recount per view: they must equal a full recount of the delivered trajectories after any mix of results
 (scored, agent, config and infra failures, infra retries, a last attempt's infra failure) and after a controller
-restart (the sums are rebuilt from the store). Also: a node's seconds since its last call come from its calls, not
-from its registration. A real controller; the test is the node, over the real node protocol."""
+restart (the sums are rebuilt from the store). A finished job keeps its numbers, not its sums; a deleted job keeps
+nothing. Also: a node's seconds since its last call come from its calls, not from its registration. A real controller; the test is the node, over the real node protocol."""
 from __future__ import annotations
 
 import sqlite3
@@ -11,6 +11,7 @@ from collections import Counter
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from support.ui_protocol import P, Cluster
 
@@ -105,3 +106,41 @@ def test_a_nodes_seconds_since_its_last_call_count_from_that_call(mixed):
         [node] = ui.get("/ui/api/jobs/team-c/mix").json()["nodes"]
     assert node["name"] == "node-mix" and node["inflight"] == 16
     assert node["secondsSinceBeat"] <= round(time.time() - called, 1) + 0.1
+
+
+def kept(cluster: Cluster) -> dict[str, float]:
+    """What the controller's running sums hold in memory, from /metrics."""
+    out = {}
+    for fam in text_string_to_metric_families(cluster.admin.get("/metrics").text):
+        for s in fam.samples:
+            if s.name == "rolloutd_job_stats_jobs":
+                out[s.labels["kind"]] = s.value
+            elif s.name == "rolloutd_job_stats_stage_times":
+                out["stage_times"] = s.value
+    return out
+
+
+def test_a_finished_jobs_sums_give_way_to_its_numbers_and_a_deleted_jobs_are_gone(mixed):
+    """A finished job's stage times are not kept (its numbers, rendered once, are), the numbers stay equal to a
+    recount, a restarted controller makes them again from the store, and a deleted job leaves nothing behind."""
+    cluster = mixed
+    ui = httpx.Client(base_url=cluster.controller.url, timeout=30,
+                      headers={"Authorization": f"Bearer {cluster.controller.token}"})
+    cluster.report(KEY, 12)
+    cluster.report(KEY, 3, reward=0.0, failure={"kind": "agent", "reason": "no answer"})
+    check(cluster, ui)
+    assert kept(cluster) == {"running": 1, "final": 0, "stage_times": 4 * 15}
+    cluster.report(KEY, 1)  # the last one: the job succeeds
+    cluster.wait(lambda: cluster.job("team-c", "mix")["status"].get("phase") == "Succeeded", "the job succeeded")
+    cluster.wait(lambda: ui.get("/ui/api/jobs/team-c/mix").json()["phase"] == "Succeeded", "the page's build after it")
+    numbers = check(cluster, ui)
+    assert numbers["delivered"] == 16 and kept(cluster) == {"running": 0, "final": 1, "stage_times": 0}
+
+    cluster.controller.restart()  # the numbers are made again from the store
+    assert check(cluster, ui) == numbers
+    assert kept(cluster) == {"running": 0, "final": 1, "stage_times": 0}
+
+    assert cluster.admin.delete(f"{P}/namespaces/team-c/rolloutjobs/mix").status_code in (200, 202)
+    cluster.wait(lambda: cluster.admin.get(f"{P}/namespaces/team-c/rolloutjobs/mix").status_code == 404, "the job gone")
+    cluster.wait(lambda: kept(cluster) == {"running": 0, "final": 0, "stage_times": 0}, "its numbers gone too")
+    ui.close()

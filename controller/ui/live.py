@@ -1,0 +1,202 @@
+"""The data of the UI's live pages (the jobs list, a job's page), built on the event loop in slices.
+
+Called by `ui/app.py` for the JSON routes and their server-sent events. The controller is one asyncio process: a
+build holds whatever thread runs it, and a build in a worker thread (as before) held the GIL the event loop needs
+for the nodes' calls, so each of the loop's GIL hand-overs (every SQLite statement, every socket call) could wait
+a switch interval (5 ms) behind it. So a build runs on the loop itself and yields to it (`await asyncio.sleep(0)`)
+after every bounded step: a statement, CHUNK rows summed (`work/stats.JobStats.numbers`), NODE_CHUNK node rows
+made and encoded. A node call waits behind one step at most.
+
+Each job's summary is built once for every page open on it (one task, shared) and kept as encoded bytes, the JSON
+and the SSE frame, sent as they are to each client. It is built again when a page asks after
+    max(SUMMARY_SECONDS, BUILD_SHARE × the CPU its slices took, BUSY_SECONDS when the controller is busy)
+where busy means its event loop lagged BUSY_LAG or more within the last 5-10 s (`looplag.LoopLag.recent_max`): a
+controller already late for its nodes refreshes its dashboards every BUSY_SECONDS instead of every second. The jobs
+list is built the same way, once for every principal (each sees the rows it may read).
+Next step: node-table deltas on the SSE stream (today the whole table, pre-encoded, in each document).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Awaitable, Callable, TypeVar
+
+from rolloutd.crds.names import TERMINAL_PHASES as FINAL_PHASES
+from rolloutd.crds.names import job_key
+
+from ..errors import ApiError
+from ..store import Store
+from ..work import stats
+
+SUMMARY_SECONDS = 1.0
+BUILD_SHARE = 20  # built at most once per 20 × its slices' CPU: ≤ 5 % of a core per job
+BUSY_SECONDS = 5.0
+BUSY_LAG = 0.05
+NODE_CHUNK = 250  # node rows made and encoded per slice (~0.4 ms)
+T = TypeVar("T")
+
+
+@dataclass
+class Built:
+    """One build, encoded once: `body` the JSON document, `frame` the same as one server-sent event."""
+    version: int
+    body: bytes
+    frame: bytes
+    due: float  # monotonic time after which a page's request builds it again
+
+
+class Gone(Exception):
+    """The job is not there (or no longer): `code` and `message` for the page."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
+    """Rollouts per second since the job started, and the seconds left at that rate (None when unknown)."""
+    counts, start = status.get("counts") or {}, status.get("startTime")
+    if not start:
+        return None, None
+    begin = datetime.fromisoformat(start.replace("Z", "+00:00")).timestamp()
+    end = status.get("completionTime")
+    now = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp() if end else time.time()
+    done = counts.get("succeeded", 0) + counts.get("failed", 0) + counts.get("cancelled", 0)
+    if now - begin <= 0 or done == 0:
+        return None, None
+    per_second = done / (now - begin)
+    left = max(counts.get("total", 0) - done, 0)
+    return round(per_second, 3), (round(left / per_second, 1) if not end else 0.0)
+
+
+class _Slices:
+    """The CPU of a build's own slices (the loop's other work between them not counted), and the pause between;
+    `observe` gets each slice's CPU time (how long it held the loop, a busy machine's preemption left out)."""
+
+    def __init__(self, observe: Callable[[float], None]) -> None:
+        self.observe, self.cpu = observe, 0.0
+        self._t = time.thread_time()
+
+    async def pause(self) -> None:
+        await self.wait(asyncio.sleep(0))
+
+    async def wait(self, other: Awaitable[T]) -> T:
+        """`other` awaited outside the build's slices (what runs meanwhile is not the build's)."""
+        self.end()
+        try:
+            return await other
+        finally:
+            self._t = time.thread_time()
+
+    def end(self) -> None:
+        step = time.thread_time() - self._t
+        self.cpu += step
+        self.observe(step)
+        self._t = time.thread_time()
+
+
+class Live:
+    """The live pages' data, one shared build per job (and one per principal's jobs list) at a time."""
+
+    def __init__(self, store: Store, scheduler, job_stats: stats.JobStats, busy: Callable[[], float] | None = None,
+                 observe_step: Callable[[float], None] | None = None):
+        self.store, self.scheduler, self.job_stats = store, scheduler, job_stats
+        self.busy = busy or (lambda: 0.0)  # the loop's recent largest lag, in seconds
+        self.observe_step = observe_step or (lambda seconds: None)  # each slice a build held the loop
+        self._built: dict[str, Built] = {}
+        self._building: dict[str, asyncio.Future] = {}
+        self._versions = 0
+
+    async def get(self, key: str, make: Callable[[_Slices], Any]) -> Built:
+        """The build kept under `key`, made again (by `make`, once for every caller of the moment) when due."""
+        hit = self._built.get(key)
+        if hit is not None and time.monotonic() < hit.due:
+            return hit
+        task = self._building.get(key)
+        if task is None:
+            task = self._building[key] = asyncio.ensure_future(self._make(key, make))
+            task.add_done_callback(lambda t: self._building.pop(key) if self._building.get(key) is t else None)
+        return await asyncio.shield(task)  # a page that goes away does not stop the build the others wait for
+
+    async def _make(self, key: str, make: Callable[[_Slices], Any]) -> Built:
+        t0, slices = time.monotonic(), _Slices(self.observe_step)
+        body = await make(slices)
+        slices.end()
+        self._versions += 1
+        wait = max(SUMMARY_SECONDS, BUILD_SHARE * slices.cpu, BUSY_SECONDS if self.busy() >= BUSY_LAG else 0.0)
+        built = self._built[key] = Built(self._versions, body, b"data: " + body + b"\n\n", t0 + wait)
+        return built
+
+    # ------------------------------------------------------------ a job's page
+
+    def job(self, key: str, namespace: str, name: str) -> Awaitable[Built]:
+        return self.get("job " + key, lambda slices: self._job(slices, key, namespace, name))
+
+    async def _job(self, slices: _Slices, key: str, namespace: str, name: str) -> bytes:
+        try:
+            job = self.store.get_wire(name, namespace)
+        except ApiError as e:
+            self._built.pop("job " + key, None)
+            self.job_stats.forget(key)  # a page open while its job was deleted made its sums again: not kept
+            raise Gone(e.code, e.message) from None
+        status, scheduler = job.get("status") or {}, self.scheduler
+        per_second, eta = rate(status)
+        uid = job["metadata"]["uid"]
+        out: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid,
+                               "phase": status.get("phase", "Pending"), "status": status,
+                               "rolloutsPerSecond": per_second, "etaSeconds": eta, "events": self.store.events(key),
+                               "tokenizer": (job["spec"].get("llm") or {}).get("tokenizer"),
+                               "trajectories": None, "backends": []}
+        await slices.pause()
+        parts: list[str] = []
+        if scheduler is not None:
+            numbers = await slices.wait(self.job_stats.numbers(key, uid, finished=status.get("phase") in FINAL_PHASES))
+            out["trajectories"] = numbers["counts"]
+            out.update(numbers["summary"])
+            pinned = scheduler.pinned(key)
+            pool = scheduler.pool
+            out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in pool.unhealthy,
+                                "reason": pool.unhealthy.get(u, ""), "inflight": pool.inflight.get(u, 0),
+                                "pinnedToJob": pinned.get(u, 0), "admissionCap": pool.admission.cap(u, key)}
+                               for b in (job["spec"].get("llm") or {}).get("backends", [])]
+            out["policy"] = scheduler.policy(key)
+            await slices.pause()
+            listing = scheduler.node_listing(key)
+            held = scheduler.leases_held
+            for start in range(0, len(listing), NODE_CHUNK):
+                await slices.pause()
+                now = time.time()
+                part = json.dumps([{"id": i, "name": n, "host": h, "state": st, "slot": slot, "inflight": held(i),
+                                    "secondsSinceBeat": round(now - seen, 1)}
+                                   for i, n, h, st, slot, seen in listing[start:start + NODE_CHUNK]])
+                parts.append(part[1:-1])
+        head = json.dumps(out)
+        return (head[:-1] + ', "nodes": [' + ", ".join(parts) + "]}").encode()
+
+    # ------------------------------------------------------------ the jobs list
+
+    def jobs(self, principal) -> Awaitable[Built]:
+        scope = principal.scoped and principal.scoped.namespaces
+        return self.get(f"jobs {principal.name} {scope}", lambda slices: self._jobs(slices, principal))
+
+    async def _jobs(self, slices: _Slices, principal) -> bytes:
+        items = []
+        for job in self.store.list_wire()[0]:
+            meta, status = job["metadata"], job.get("status") or {}
+            if principal.may_read(meta["namespace"], meta["name"]):
+                continue
+            await slices.pause()
+            per_second, eta = rate(status)
+            counts = (await slices.wait(self.job_stats.numbers(job_key(meta["namespace"], meta["name"]), meta["uid"],
+                                                               finished=status.get("phase") in FINAL_PHASES,
+                                                               summary=False)))["counts"]
+            items.append({"namespace": meta["namespace"], "name": meta["name"], "phase": status.get("phase", "Pending"),
+                          "counts": status.get("counts") or {}, "rolloutsPerSecond": per_second, "etaSeconds": eta,
+                          "rewardMean": counts["rewardMean"], "infraRate": counts["infraRate"],
+                          "delivered": counts["delivered"], "policyVersion": status.get("policyVersion"),
+                          "message": status.get("message", "")})
+        return json.dumps({"items": items}).encode()
+
