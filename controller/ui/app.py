@@ -30,7 +30,7 @@ from ..auth import TokenBook
 from ..store import Store
 from ..work import stats
 from . import decode
-from .live import Built, Gone, Live
+from .live import Built, JobGone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
@@ -158,7 +158,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     async def job_summary(p: Principal, namespace: str, name: str) -> Built:
         try:
             return await live.job(visible(p, namespace, name), namespace, name)
-        except Gone as e:
+        except JobGone as e:
             raise HTTPException(e.code, e.message) from None
 
     def sse(request: Request, produce: Callable[[], Awaitable[Built]]) -> StreamingResponse:

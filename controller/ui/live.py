@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
 
 from rolloutd.crds.names import TERMINAL_PHASES as FINAL_PHASES
+from rolloutd.crds.errors import ConfigurationError
 from rolloutd.crds.names import job_key
 
 from ..errors import ApiError
@@ -48,7 +49,7 @@ class Built:
     due: float  # monotonic time after which a page's request builds it again
 
 
-class Gone(Exception):
+class JobGone(ConfigurationError):
     """The job is not there (or no longer): `code` and `message` for the page."""
 
     def __init__(self, code: int, message: str):
@@ -141,7 +142,7 @@ class Live:
         except ApiError as e:
             self._built.pop("job " + key, None)
             self.job_stats.forget(key)  # a page open while its job was deleted made its sums again: not kept
-            raise Gone(e.code, e.message) from None
+            raise JobGone(e.code, e.message) from None
         status, scheduler = job.get("status") or {}, self.scheduler
         per_second, eta = rate(status)
         uid = job["metadata"]["uid"]

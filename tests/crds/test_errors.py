@@ -78,6 +78,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.controller.errors.AlreadyExists": [(("m",), {}, C)],
     "rolloutd.controller.errors.Conflict": [(("m",), {}, C)],
     "rolloutd.controller.errors.Gone": [(("m",), {}, C)],
+    "rolloutd.controller.ui.live.JobGone": [((404, "m"), {}, C)],
     "rolloutd.controller.errors.TooLarge": [(("m",), {}, C)],
     "rolloutd.controller.errors.UnsupportedMediaType": [(("m",), {}, C)],
     "rolloutd.controller.errors.Invalid": [(("m",), {}, C)],
