@@ -10,7 +10,7 @@ how much later than asked it woke: with a short period the largest lag approache
     rolloutd_gc_pause_seconds{generation}        each cyclic garbage collection, start to end
 The cost: PERIOD = 10 ms is a hundred timer wake-ups a second (~0.3 % of a core). `bench ui_live` reads them; the
 web UI (`ui/live.py`) refreshes its pages less often while `recent_max` is high.
-Next step: name the callback behind a long lag (asyncio's debug mode does, at a cost too high to leave on).
+Next step: `stalls.py` names what a long lag ran (a diagnostic, off by default); a per-route view of the lags.
 """
 from __future__ import annotations
 
