@@ -19,7 +19,11 @@ rollout, the db + WAL size, and an audit of the trajectories the controller serv
 results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pip install
 py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
 `$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
-`$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. Raw numbers:
+`$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. The controller's event loop
+lag (`controller/looplag.py`, read from /metrics every 2 s as `bench ui_live` does) is reported beside the p99s: the
+largest lag of the window and the samples late by more than 5 and 20 ms. `$ROLLOUTD_SCALE_STALLS=1` turns on the
+controller's stall sampler (`controller/stalls.py`: the functions the loop ran while it stalled > 20 ms, over the
+window, in the JSON's `stalls`; it costs a little: compare timings without it). Raw numbers:
 `bench/results/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
 `python -m bench.bench_scale --table FILE` prints the table. Results: bench/results/RESULTS-scale.md.
 Goals (issue 16): at 1000 nodes p99 ≤ 50 ms for every node call, the controller below one core,
@@ -109,6 +113,8 @@ class Controller:
                # (~30 rollouts/s); the bench measures the node protocol, not the admission
                "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000",
                "ROLLOUTD_TOKENIZER_ROOTS": str(root)}  # the job's "tokenizer", its dataset's directory (`_job`)
+        if os.environ.get("ROLLOUTD_SCALE_STALLS"):  # the loop's stalls attributed (`controller/stalls.py`)
+            env["ROLLOUTD_STALL_SAMPLES"] = str(root / "stalls.json")
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),
@@ -129,6 +135,13 @@ class Controller:
         r = self.api.post(f"{P}/namespaces/default/rolloutjobs/{name}/nodes/credential")
         r.raise_for_status()
         return r.json()["credential"]
+
+    def stalls(self) -> dict | None:
+        """The stall sampler's report so far (None when it is off, or an older controller)."""
+        try:
+            return json.loads((self.root / "stalls.json").read_text())
+        except (OSError, ValueError):
+            return None
 
     def db_bytes(self) -> dict[str, int]:
         data = self.root / "data"
@@ -205,6 +218,31 @@ def top_frames(raw: Path, n: int = 15) -> dict:
     return {"samples": samples, "self": pct(own), "total": pct(total)}
 
 
+class _LoopOnly:
+    """A `watch` with the loop's metrics only (no dashboards)."""
+
+    def __init__(self, loop) -> None:
+        self.loop = loop
+
+    def report(self, w0: float, w1: float) -> dict:
+        return {"loop": self.loop.report(w0, w1), "ui": None}
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def _stall_delta(a: dict | None, b: dict | None, n: int = 25) -> dict | None:
+    """The stall sampler's report over the window: its cumulative counters at the window's end less those at its
+    start (the file is rewritten every 5 s: the start's may be up to 5 s older), the functions by stalled ms."""
+    if not b:
+        return None
+    a = a or {}
+    diff = lambda key: sorted(((f, round(v - a.get(key, {}).get(f, 0.0), 1)) for f, v in b[key].items()),  # noqa: E731
+                              key=lambda x: -x[1])[:n]
+    return {"stalls": b["stalls"] - a.get("stalls", 0), "stalled_ms": round(b["stalled_ms"] - a.get("stalled_ms", 0), 1),
+            "inclusive_ms": diff("inclusive_ms"), "top_ms": diff("top_ms"), "longest": b["longest"][:5]}
+
+
 def point(nodes: int, time_factor: float, window: float, profile_seconds: float = 0.0, src: Path | None = None,
           variant: str = "after", watch=None) -> dict:
     """One sweep point: a fresh controller (from `src` if given), a job, `nodes` simulated daemons; with `watch`
@@ -229,6 +267,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         _wait_expanded(ctl.api, name, items)
         expand_s = time.monotonic() - t
         watcher = watch(ctl.url, ctl.token, name) if watch else None
+        if watcher is None:  # the event loop's lag from /metrics, as `bench ui_live` reads it
+            from bench.bench_ui_live import LoopWatch
+            watcher = _LoopOnly(LoopWatch(ctl.url, ctl.token))
         k = 1 if nodes <= 100 else 2
         start_at = time.time() + 2 + nodes / 100
         stop_at = start_at + run_for
@@ -250,11 +291,13 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             _prioritize(shards[-1].pid)
         w0 = start_at + warmup
         time.sleep(max(w0 - time.time(), 0))
+        stalls0 = ctl.stalls()
         cpu0, io0, sim0, load0 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         time.sleep(max(w0 + window - time.time(), 0))
         cpu1, io1, sim1, load1 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
+        stalls = _stall_delta(stalls0, ctl.stalls())
         prof = None
         if profile_seconds:
             spy = _profile(ctl.proc.pid, profile_seconds - 1, root / "profile.txt")
@@ -263,7 +306,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                 if (root / "profile.txt").exists():
                     prof = top_frames(root / "profile.txt")
                     shutil.copy(root / "profile.txt", Path(tempfile.gettempdir()) / f"rolloutd-scale-profile-{nodes}-{variant}.txt")
-        watched = watcher.report(w0, w0 + window) if watcher else None
+        watched = watcher.report(w0, w0 + window)
         for s in shards:  # a saturated controller answers their last calls late: the wait grows with N
             s.wait(max(0.0, stop_at - time.time()) + 120 + nodes / 5)
         outs = [json.loads((root / f"shard{i}.out.json").read_text()) for i in range(k)]
@@ -294,7 +337,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "failed_loops": sum(o["n_failed_loops"] for o in outs),
             "empty_leases": sum(o["empty_leases"] for o in outs), "cancelled": sum(o["cancelled"] for o in outs),
             "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
-            "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched,
+            "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched.get("ui"),
+            "loop": watched.get("loop"), "stalls": stalls,
         }
     finally:
         if watcher is not None:
@@ -326,8 +370,10 @@ def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile
                 except Exception as e:  # noqa: BLE001 - one failed point (a busy machine) does not void the others
                     print(f"   N={n} {variant}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
+                lp = p["loop"] or {}
                 print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores "
-                      f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, audit {p['audit']}, load {p['load_avg']} "
+                      f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, loop max {lp.get('max_ms')} ms, "
+                      f"lags > 5 ms {lp.get('over_5ms')}, audit {p['audit']}, load {p['load_avg']} "
                       f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
                 points.append(p)
     return points
@@ -366,16 +412,19 @@ def run(quick: bool = False) -> list[dict]:
 def table(points: list[dict]) -> str:
     """The sweep as the markdown table of bench/results/RESULTS-scale.md."""
     out = ["| N × 64 | code | offered/s | rollouts/s | ctl cores | ctl ms/rollout | ctl ms/call | calls/s lease/beat/results "
-           "| p50 ms lease/beat/results | p99 ms lease/beat/results | KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
-           "|" + "---|" * 14]
+           "| p50 ms lease/beat/results | p99 ms lease/beat/results | loop max ms | loop lags > 5 / > 20 ms "
+           "| KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
+           "|" + "---|" * 16]
     for p in sorted(points, key=lambda p: (p["nodes"], p.get("variant") != "before")):
         c, p50, p99, a = p["calls_per_s"], p["p50_ms"], p["p99_ms"], p["audit"]
+        lp = p.get("loop") or {}
         out.append(
             f"| {p['nodes']} | {p.get('variant', '-')} | {p['offered_per_s']:.0f} | {p['rollouts_per_s']:.0f} "
             f"| {p['ctl_cores']:.2f} | {p['ctl_ms_per_rollout']:.2f} | {p.get('ctl_ms_per_call', float('nan')):.2f} "
             f"| {c['lease']:.0f}/{c['heartbeat']:.0f}/{c['results']:.0f} "
             f"| {p50['lease']:.0f}/{p50['heartbeat']:.0f}/{p50['results']:.0f} "
             f"| {p99['lease']:.0f}/{p99['heartbeat']:.0f}/{p99['results']:.0f} "
+            f"| {lp.get('max_ms', '-')} | {lp.get('over_5ms', '-')} / {lp.get('over_20ms', '-')} "
             f"| {p['write_bytes_per_rollout'] / 1024:.1f} | {(p['db_bytes'] + p['wal_bytes']) / 2**20:.1f} "
             f"| {a['lost']}/{a['duplicated']}/{a['phantom']} | {p['load_avg'][0]}–{p['load_avg'][1]} |")
     return "\n".join(out)

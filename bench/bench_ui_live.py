@@ -201,8 +201,7 @@ def run(quick: bool = False) -> list[dict]:
                 watch = lambda url, token, job, dash=dash: Watch(url, token, job, dash)  # noqa: E731
                 p = point(nodes, 1.0, window, profile, src=src, variant=f"{dash} dashboard{'s' * (dash != 1)}, {code}",
                           watch=watch)
-                seen = p.pop("dashboards") or {}
-                p.update(repeat=r, dashboards=seen.get("ui"), loop=seen.get("loop"))
+                p.update(repeat=r)  # `point` keeps the watch's loop metrics and dashboards apart
                 points.append(p)
                 print(f"   N={nodes} {p['variant']} #{r}: {p['rollouts_per_s']}/s, p99 {p['p99_ms']}, "
                       f"loop {p['loop']}, dashboards {p['dashboards']}, load {p['load_avg']}", flush=True)

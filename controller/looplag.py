@@ -10,12 +10,13 @@ how much later than asked it woke: with a short period the largest lag approache
     rolloutd_gc_pause_seconds{generation}        each cyclic garbage collection, start to end
 The cost: PERIOD = 10 ms is a hundred timer wake-ups a second (~0.3 % of a core). `bench ui_live` reads them; the
 web UI (`ui/live.py`) refreshes its pages less often while `recent_max` is high.
-Next step: name the callback behind a long lag (asyncio's debug mode does, at a cost too high to leave on).
+Next step: `stalls.py` names what a long lag ran (a diagnostic, off by default); a per-route view of the lags.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -37,16 +38,20 @@ class LoopLag:
                             ["generation"], buckets=BUCKETS, registry=registry)
         self._windows = [0.0, 0.0]  # the largest lag of the previous WINDOW and of the current one
         self._gc_start = 0.0
+        self.ticked = time.monotonic()  # the probe's last wake (`stalls.StallSampler` watches it)
+        self.thread_id = threading.get_ident()  # the loop's thread, once `run` runs
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         turn = loop.time() + WINDOW
+        self.thread_id = threading.get_ident()
         gc.callbacks.append(self._on_gc)
         try:
             while True:
                 asked = loop.time() + PERIOD
                 await asyncio.sleep(PERIOD)
                 now = loop.time()
+                self.ticked = time.monotonic()
                 late = max(0.0, now - asked)
                 self.lag.observe(late)
                 if now >= turn:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -34,6 +35,8 @@ from .operator import embedded
 from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
+from .stalls import StallSampler
+from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work.scheduler import Scheduler
 from .store import Store
 
@@ -105,9 +108,16 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                     await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
         app.state.stop_operator = stop_operator
         tune_gc()
+        checkpoints = Checkpointer(paths.db).start()  # the WAL copied back off the event loop
+        store.checkpoint_aside(BACKSTOP_PAGES)
+        sampler = settings.stall_samples and StallSampler(settings.stall_samples, lambda: app.state.loop_lag.ticked,
+                                                          threading.get_ident()).start()
         try:
             yield
         finally:
+            if sampler:
+                sampler.stop()
+            checkpoints.stop()
             await stop_operator()
             scheduler.stop()
             if operator:

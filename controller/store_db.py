@@ -35,6 +35,7 @@ class StoreDB:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.autocheckpoint = AUTOCHECKPOINT_PAGES  # pages of WAL past which a commit checkpoints (`checkpoint_aside`)
         self.engine = create_engine(
             f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30},
             # LIFO: the event loop's calls, one after another, reuse the connection the last one returned, whose
@@ -50,7 +51,7 @@ class StoreDB:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             cur.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-            cur.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+            cur.execute(f"PRAGMA wal_autocheckpoint={self.autocheckpoint}")
             cur.close()
 
         self._lock = threading.RLock()
@@ -80,6 +81,12 @@ class StoreDB:
     def schema_version(self) -> int:
         with Session(self.engine) as s:
             return s.get(SchemaVersionRow, 1).version
+
+    def checkpoint_aside(self, backstop_pages: int) -> None:
+        """A thread copies the WAL back now (`wal_checkpoints.Checkpointer`): commits checkpoint only past
+        `backstop_pages`. The pooled connections are replaced (the setting is per connection, set when one opens)."""
+        self.autocheckpoint = backstop_pages
+        self.engine.dispose()
 
     # ------------------------------------------------------------ notifications
 

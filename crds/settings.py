@@ -92,6 +92,9 @@ VARIABLES: tuple[Variable, ...] = (
              "how many node protocol calls a second the controller takes before answering 429"),
     Variable("ROLLOUTD_WATCH_HISTORY", "int", "50000", (CONTROLLER,),
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
+    Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
+             "a diagnostic: the file where the controller reports what its event loop ran while it stalled > 20 ms "
+             "(stacks sampled by a watchdog thread, `controller/stalls.py`; `bench scale` sets it)"),
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),
@@ -185,6 +188,7 @@ class ControllerSettings:
     max_episodes_per_backend: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
+    stall_samples: Path | None = None
     k8s_namespace: str | None = None
     k8s_node_image: str | None = None
     slurm_dir: Path = Path("/tmp/rolloutd-slurm")

@@ -1,0 +1,62 @@
+"""The stall sampler (`controller/stalls.py`): a slice that holds the event loop is named by its function, with the
+real lag probe (`looplag.LoopLag`) as its clock; a controller started with `$ROLLOUTD_STALL_SAMPLES` writes its
+report there."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from prometheus_client import CollectorRegistry
+
+from rolloutd.controller.looplag import LoopLag
+from rolloutd.controller.stalls import StallSampler
+from support.controller_process import ControllerProcess
+from support.waiting import wait_until
+
+
+def hold_the_loop() -> None:
+    time.sleep(0.3)  # the stall under test: a synchronous slice on the loop, as a blocking call would be
+
+
+def quick_step() -> None:
+    sum(range(1000))
+
+
+async def _scenario(path) -> StallSampler:
+    probe = LoopLag(CollectorRegistry())
+    task = asyncio.create_task(probe.run())
+    await asyncio.sleep(0.1)  # the probe ticks
+    sampler = StallSampler(path, lambda: probe.ticked, threading.get_ident()).start()
+    for _ in range(20):
+        quick_step()
+        await asyncio.sleep(0.01)
+    hold_the_loop()
+    await asyncio.sleep(0.1)  # the probe ticks again: the stall is closed
+    sampler.stop()
+    task.cancel()
+    return sampler
+
+
+def test_a_slice_that_holds_the_loop_is_named_with_its_length(tmp_path):
+    path = tmp_path / "stalls.json"
+    asyncio.run(_scenario(path))
+    report = json.loads(path.read_text())
+    assert report["stalls"] >= 1
+    assert report["longest_ms"] >= 250
+    inclusive = report["inclusive_ms"]
+    holder = next(f for f in inclusive if f.startswith("hold_the_loop "))
+    assert inclusive[holder] >= 200  # most of the 300 ms (the first 20 ms are the threshold)
+    assert not any(f.startswith("quick_step ") for f in inclusive)
+    assert any(frame.startswith("hold_the_loop ") for frame in report["longest"][0]["stack"])
+
+
+def test_the_controller_reports_its_stalls_to_the_file_its_setting_names(tmp_path):
+    path = tmp_path / "stalls.json"
+    c = ControllerProcess(tmp_path / "data", env={"ROLLOUTD_STALL_SAMPLES": str(path)}).start()
+    try:
+        report = wait_until(lambda: path.exists() and json.loads(path.read_text()), 30, "the sampler's report")
+        assert {"stalls", "stalled_ms", "inclusive_ms", "top_ms", "longest"} <= set(report)
+    finally:
+        c.stop()
