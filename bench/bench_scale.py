@@ -267,6 +267,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         _wait_expanded(ctl.api, name, items)
         expand_s = time.monotonic() - t
         watcher = watch(ctl.url, ctl.token, name) if watch else None
+        if hasattr(watcher, "pid"):  # a watch that reads the controller's CPU itself (`bench_ui_toggle`)
+            watcher.pid = ctl.proc.pid
         if watcher is None:  # the event loop's lag from /metrics, as `bench ui_live` reads it
             from bench.bench_ui_live import LoopWatch
             watcher = _LoopOnly(LoopWatch(ctl.url, ctl.token))
@@ -317,6 +319,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         lat = {kind: [d * 1e3 for o in outs for t_, d in o["latency"].get(kind, []) if w0 <= t_ < w1]
                for kind in ("lease", "heartbeat", "results")}
         sizes = ctl.db_bytes()
+        split = getattr(watcher, "split", None)  # the calls by the watch's phases (`bench_ui_toggle`)
+        phases = split({kind: [(t_, d * 1e3) for o in outs for t_, d in o["latency"].get(kind, [])]
+                        for kind in ("heartbeat",)}, w0, w1) if split else None
         return {
             "variant": variant, "nodes": nodes, "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
             "expand_s": round(expand_s, 1), "offered_per_s": round(offered, 1),
@@ -338,7 +343,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "empty_leases": sum(o["empty_leases"] for o in outs), "cancelled": sum(o["cancelled"] for o in outs),
             "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
             "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched.get("ui"),
-            "loop": watched.get("loop"), "stalls": stalls,
+            "loop": watched.get("loop"), "stalls": stalls, "phases": phases,
         }
     finally:
         if watcher is not None:

@@ -17,7 +17,8 @@ if "functools" not in sys.modules:  # threading uses functools.partial alone, wh
     sys.modules["functools"] = _functools  # lent for its import, collections & co. stay out of every start (~2 ms)
     import threading
     del sys.modules["functools"]
-import threading
+else:
+    import threading
 
 import _socket  # not `socket`: it imports enum
 

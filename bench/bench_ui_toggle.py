@@ -1,0 +1,119 @@
+"""What a dashboard costs the nodes, measured inside one run: the same controller and nodes, the dashboard opened
+and closed every few seconds, the node calls of its "on" phases against those of its "off" phases (issue 27).
+
+Where it sits: `python -m bench ui_toggle` (or alone: ``python -m bench.bench_ui_toggle``). `bench_ui_live.py`
+compares whole runs, one without and one with dashboards; on this 2-core machine one run's beat p99 moves by 2-3×
+from the next as the load moves, more than a dashboard costs. Here every phase shares its neighbours' load: a
+`bench_scale.point` at `$ROLLOUTD_UI_NODES` (1000) simulated nodes, during which `$ROLLOUTD_UI_DASHBOARDS` (1)
+dashboards (`bench_ui_live.Dashboards`: a login, the job's SSE stream, its JSON every second) are open for
+`$ROLLOUTD_UI_PHASE` (10) seconds, closed for as long, and so on over `$ROLLOUTD_UI_WINDOW` (120) seconds. A call
+counts in the phase it started in, the phase's first second left out (the switch). Per side: beat p99 and p50,
+calls, the controller's CPU (/proc) and the loop's lags above 5 ms (`bench_ui_live.LoopWatch`, per phase).
+Appends a dated section to bench/results/RESULTS-ui.md, the raw phases to scale-results/ui-toggle.json.
+Next step: a real chromium as the dashboard.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.bench_scale import _cpu_seconds, _pct, point
+from bench.bench_ui_live import Dashboards, LoopWatch
+
+HERE = Path(__file__).resolve().parent
+SETTLE = 1.0  # s: the start of each phase is left out (the dashboard logging in or going away)
+
+
+class Toggled:
+    """A `bench_scale.point` watch: the loop's metrics throughout, `n` dashboards open every other phase."""
+
+    def __init__(self, url: str, token: str, job: str, n: int, phase: float) -> None:
+        self.url, self.token, self.job, self.n, self.phase = url, token, job, n, phase
+        self.loop = LoopWatch(url, token, every=1.0)
+        self.pid: int | None = None  # the controller's, set by `point` (its CPU per phase)
+        self.phases: list[dict] = []  # {"on", "start", "end", "cpu0", "cpu1"}
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _cpu(self) -> float:
+        return _cpu_seconds(self.pid) if self.pid else float("nan")
+
+    def _run(self) -> None:
+        on = False
+        while not self.stop_ev.is_set():
+            dash = Dashboards(self.url, self.token, self.job, self.n) if on else None
+            start, cpu0 = time.time(), self._cpu()
+            self.stop_ev.wait(self.phase)
+            if dash is not None:
+                dash.close()
+            self.phases.append({"on": on, "start": start, "end": time.time(), "cpu0": cpu0, "cpu1": self._cpu()})
+            on = not on
+
+    def report(self, w0: float, w1: float) -> dict:
+        return {"loop": self.loop.report(w0, w1), "ui": None}
+
+    def split(self, latency: dict[str, list[tuple[float, float]]], w0: float, w1: float) -> dict:
+        """The window's calls (kind → (start, ms)) and the loop's lags by side: "on" and "off"."""
+        out = {}
+        for side in (True, False):
+            spans = [(p["start"] + SETTLE, p["end"]) for p in self.phases
+                     if p["on"] is side and p["start"] >= w0 and p["end"] <= w1]
+            inside = lambda t: any(a <= t < b for a, b in spans)  # noqa: E731
+            beats = [ms for t, ms in latency.get("heartbeat", []) if inside(t)]
+            seconds = sum(b - a for a, b in spans)
+            cpu = sum(p["cpu1"] - p["cpu0"] for p in self.phases
+                      if p["on"] is side and p["start"] >= w0 and p["end"] <= w1)
+            lags = [self.loop.report(a, b) for a, b in spans]
+            out["on" if side else "off"] = {
+                "phases": len(spans), "seconds": round(seconds, 1), "beats": len(beats),
+                "beat_p50_ms": round(_pct(beats, 0.5), 2), "beat_p99_ms": round(_pct(beats, 0.99), 2),
+                "ctl_cores": round(cpu / max(sum(p["end"] - p["start"] for p in self.phases
+                                                 if p["on"] is side and p["start"] >= w0 and p["end"] <= w1), 1e-9), 3),
+                "lags_over_5ms_per_min": round(sum(x["over_5ms"] for x in lags if x) / max(seconds, 1e-9) * 60, 1)}
+        return out
+
+    def close(self) -> None:
+        self.stop_ev.set()
+        self.thread.join(30)
+        self.loop.close()
+
+
+def run(quick: bool = False) -> list[dict]:
+    nodes = int(os.environ.get("ROLLOUTD_UI_NODES", "100" if quick else "1000"))
+    window = float(os.environ.get("ROLLOUTD_UI_WINDOW", "40" if quick else "120"))
+    phase = float(os.environ.get("ROLLOUTD_UI_PHASE", "10"))
+    n = int(os.environ.get("ROLLOUTD_UI_DASHBOARDS", "1"))
+    p = point(nodes, 1.0, window, variant=f"{n} dashboard(s) every other {phase:g} s",
+              watch=lambda url, token, job: Toggled(url, token, job, n, phase))
+    sides = p["phases"]
+    on, off = sides["on"], sides["off"]
+    command = (f"ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES={nodes} ROLLOUTD_UI_WINDOW={window:g} "
+               f"ROLLOUTD_UI_PHASE={phase:g} ROLLOUTD_UI_DASHBOARDS={n} python -m bench ui_toggle")
+    (HERE / "results" / "scale-results").mkdir(exist_ok=True)
+    (HERE / "results" / "scale-results" / "ui-toggle.json").write_text(json.dumps({"command": command, "point": p}, indent=1))
+    ratio = on["beat_p99_ms"] / off["beat_p99_ms"] if off["beat_p99_ms"] else None
+    row = lambda name, s: (f"| {name} | {s['phases']} × {phase:g} s | {s['beats']} | {s['beat_p50_ms']} "  # noqa: E731
+                           f"| {s['beat_p99_ms']} | {s['ctl_cores']} | {s['lags_over_5ms_per_min']} |")
+    text = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: one run, the dashboard toggled ({nodes} simulated "
+            f"nodes × 64 slots)\n\n`{command}` (raw: `scale-results/ui-toggle.json`). {p['rollouts_per_s']:.0f} "
+            f"rollouts/s, lost/duplicated {p['audit']['lost']}/{p['audit']['duplicated']}, load "
+            f"{p['load_avg'][0]}–{p['load_avg'][1]}. A phase's first {SETTLE:g} s left out.\n\n"
+            "| dashboard | phases | beats | beat p50 ms | beat p99 ms | controller cores | loop lags > 5 ms per minute |\n"
+            "|---|---|---|---|---|---|---|\n" + row("open", on) + "\n" + row("closed", off) + "\n"
+            + (f"\nBeat p99 open ÷ closed: **{ratio:.2f}×**.\n" if ratio else ""))
+    path = HERE / "results" / "RESULTS-ui.md"
+    path.write_text(path.read_text().rstrip("\n") + "\n" + text)
+    print(text, flush=True)
+    return [{"benchmark": f"scale {nodes} nodes, {n} dashboard(s) open every other {phase:g} s (`ui_toggle`)",
+             "ours": f"beat p99 {on['beat_p99_ms']} ms open", "baseline": f"{off['beat_p99_ms']} ms closed",
+             "ratio": ratio, "target": "≤ 1.1× (within the noise of one run)",
+             "met": None if ratio is None else ratio <= 1.1}]
+
+
+if __name__ == "__main__":
+    run()
