@@ -91,7 +91,7 @@ class WarmPool:
       sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
       created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
       (at most `max_idle` more). Cold ones get exactly the spec.
-    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)`` (counted `cold`).
     * `on_created` (a plain callable, default none): called each time a refill creation ends, whether its
       sandbox went idle or it failed (`stats["failures"]`); the node daemon's lease loop re-checks its room on it.
     """
@@ -183,6 +183,7 @@ class WarmPool:
             finally:
                 self._cold -= 1
                 self._need.set()  # the refill may go on
+        self.stats["cold"] += 1
         return await self.runtime.create(self.spec)
 
     def _handed(self, sb: Sandbox) -> Sandbox:

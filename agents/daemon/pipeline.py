@@ -102,8 +102,11 @@ class Pipeline:
                 self.first_wave = FirstWave(self.pool, width, self.rollouts, self._wake_leasing)
 
     async def aclose(self) -> None:
-        """Every way out of the daemon: no warm sandbox left, LLM clients closed."""
+        """Every way out of the daemon: no warm sandbox left (what the pool served, logged), LLM clients closed."""
         if self.pool is not None:
+            st = self.pool.stats
+            self.log.info("warm pool: %d sandboxes handed out warm, %d created cold, %d warm starts failed",
+                          st["warm"], st["cold"], st["failures"])
             await self.pool.close()
         for llm in self._llms.values():
             aclose = getattr(llm, "aclose", None)

@@ -1,16 +1,23 @@
-"""A job's first wave is leased no faster than the warm pool warms (`agents/daemon/firstwave.py`): the node daemon
-in-process against the fake controller (the node API's scripted stand-in), real bwrap sandboxes; and the cap itself
-on a stand-in pool. `PACE_SECONDS` is raised in the daemon tests so that only the pool's own events can end the
-pacing: a node that stalled would hang until the test's deadline instead of passing late."""
+"""A job's first wave is leased no faster than the warm pool warms (`agents/daemon/firstwave.py`): a real controller
+running a job on a real `rolloutd node` (local executor, real bwrap); the node daemon in-process against the fake
+controller (the node API's scripted stand-in); and the cap itself on a stand-in pool. `PACE_SECONDS` is raised in
+the in-process tests so that only the pool's own events can end the pacing: a node that stalled would hang until
+the test's deadline instead of passing late."""
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
+import os
+import re
 
 import pytest
 
+from support.controller_process import ControllerProcess
 from support.node_helpers import make_spec
+from support.waiting import wait_until
+from rolloutd.controller.sim.noop import NOOP, PLUGINS
 from rolloutd.agents.daemon import firstwave
 from rolloutd.agents.daemon.firstwave import FirstWave
 from rolloutd.agents.daemon.rollouts import Phase, Rollouts
@@ -29,6 +36,50 @@ def _scored(fake, n: int) -> list[Trajectory]:
     got = [Trajectory.model_validate(wire) for wire in fake.accepted.values()]
     assert len(got) == n
     return got
+
+
+P = "/apis/rolloutd.io/v1alpha1/rolloutjobs"
+
+
+@pytest.fixture
+def real_controller(tmp_path, sandbox_dir):
+    """A real `rolloutd controller` with the local executor; its daemons find the bench-noop task kind (PYTHONPATH)
+    and put their sandboxes under the `sandbox_dir` fixture's directory (ROLLOUTD_SANDBOX_DIR, inherited)."""
+    path = os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
+    c = ControllerProcess(tmp_path / "data", executors="local", env={"PYTHONPATH": path})
+    c.data_dir.mkdir()
+    yield c.start()
+    c.stop()
+
+
+@pytest.mark.parametrize("warm", [2, 0])
+def test_a_real_node_serves_its_first_wave_warm_or_all_cold_without_a_pool(real_controller, tmp_path, warm):
+    """12 rollouts (bench-noop with the bash tool, so each INIT takes a sandbox; the oracle agent: no tokenizer to
+    load, the node leases as soon as it is set up) on an INIT pool of 12. spec.sandbox.warm 2: every INIT gets a
+    warm sandbox (today: ~all 12 cold at once); warm 0: all 12 cold, as before. The node logs what its pool served."""
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"id": f"r{i}"}) + "\n" for i in range(12)))
+    name = f"wave{warm}"
+    job = {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": {
+        "tasks": {"kind": NOOP, "source": str(source), "limit": 12}, "samplesPerPrompt": 1,
+        "agent": {"kind": "oracle", "maxTurns": 1, "tools": ["bash"]},
+        "executor": {"kind": "local", "nodes": 1}, "sandbox": {"warm": warm},
+        "pipeline": {"workersPerNode": {"init": 12, "run": 12, "eval": 12}}}}
+    with real_controller.client() as api:
+        put = api.put(f"{P}/{name}", json=job)
+        assert put.status_code in (200, 201), put.text
+        wait_until(lambda: api.get(f"{P}/{name}").json().get("status", {}).get("phase") in ("Succeeded", "Failed"),
+                   120, "the job to end")
+        assert api.get(f"{P}/{name}").json()["status"]["phase"] == "Succeeded"
+        got = [json.loads(line) for line in
+               api.get(f"{P}/{name}/trajectories", params={"limit": 100}).text.splitlines()]
+    assert len(got) == 12 and all(t["failure"]["kind"] == "none" and t["reward"] == 1.0 for t in got)
+    logs = real_controller.data_dir / "logs"
+    wait_until(lambda: "warm pool:" in "".join(f.read_text() for f in logs.glob(f"{name}-node*.log")), 60,
+               "the node's exit")
+    node_log = "".join(f.read_text() for f in logs.glob(f"{name}-node*.log"))
+    served = re.search(r"warm pool: (\d+) sandboxes handed out warm, (\d+) created cold", node_log).groups()
+    assert served == (("12", "0") if warm else ("0", "12")), node_log[-3000:]
 
 
 def test_a_first_wave_wider_than_the_warm_pool_gets_only_warm_sandboxes(controller, sandbox_dir, tokenizer, patient):
@@ -64,7 +115,7 @@ def test_no_warm_pool_leases_the_whole_wave_at_once_all_cold(controller, sandbox
     assert code == 0 and d.pipeline.first_wave is None
     assert all(t.failure.kind.value == "none" for t in _scored(fake, 12))
     assert len(fake.lease_log) == 12 and fake.lease_calls <= 2   # the wave leased in one call (or two)
-    assert d.pipeline.pool.stats["warm"] == 0                    # a plain create each time: nothing pooled
+    assert (d.pipeline.pool.stats["warm"], d.pipeline.pool.stats["cold"]) == (0, 12)   # a plain create each
 
 
 def test_a_pool_whose_creations_fail_does_not_stall_the_node(controller, sandbox_dir, tokenizer, patient):
