@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 
 from ..crds.rolloutjob import SandboxSpec
 from .runtimes.base import SandboxRuntime
@@ -90,7 +91,9 @@ class WarmPool:
       sandboxes older than `max_idle` are recycled (closed and replaced), and pooled sandboxes are
       created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
       (at most `max_idle` more). Cold ones get exactly the spec.
-    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)``.
+    * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)`` (counted `cold`).
+    * `on_created` (a plain callable, default none): called each time a refill creation ends, whether its
+      sandbox went idle or it failed (`stats["failures"]`); the node daemon's lease loop re-checks its room on it.
     """
 
     def __init__(self, runtime: SandboxRuntime, spec: SandboxSpec, size: int, *, most: int | None = None,
@@ -110,6 +113,7 @@ class WarmPool:
         longer = spec.limits.model_copy(update={"wall_seconds": wall + extra})
         self.warm_spec = spec.model_copy(update={"limits": longer}) if extra else spec
         self.stats: collections.Counter[str] = collections.Counter()  # warm, cold, dead, expired, shrunk, failures
+        self.on_created: Callable[[], None] | None = None  # a refill creation ended (idle or failed)
         self._backoff = backoff
         self._idle: collections.deque[tuple[Sandbox, float]] = collections.deque()  # (sandbox, created at)
         self._need: asyncio.Event | None = None
@@ -179,6 +183,7 @@ class WarmPool:
             finally:
                 self._cold -= 1
                 self._need.set()  # the refill may go on
+        self.stats["cold"] += 1
         return await self.runtime.create(self.spec)
 
     def _handed(self, sb: Sandbox) -> Sandbox:
@@ -273,6 +278,8 @@ class WarmPool:
             self._idle.append((task.result(), time.monotonic()))
         if self._need is not None:
             self._need.set()
+        if self.on_created is not None:
+            self.on_created()
 
     def _later(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -1,7 +1,8 @@
 """The node daemon's lifecycle (`rolloutd node`): register, set the job up, run the loops, leave in a `Shutdown` way.
 
 Next: lease.py pulls work → pipeline.py runs INIT → RUN → EVAL → outbox.py reports; heartbeat.py carries stages,
-cancels and drains; rollouts.py holds what is live; jobconfig.py reads the spec once, options.py the environment.
+cancels and drains; rollouts.py holds what is live; jobconfig.py reads the spec once, options.py the environment;
+firstwave.py paces a job's first wave to the warm pool.
 Started per allocated node by Slurm (`srun`) or the local executor, from agents/cli.py; it never touches SQLite.
 
 Leaving: SIGTERM stops leasing, hands back unstarted leases, lets in-flight rollouts finish for `drain_seconds`,
@@ -274,7 +275,7 @@ class NodeDaemon:
                                       sandbox_settings=self.opts.sandbox)
         self.pipeline = Pipeline(self.config, self.rollouts, self.outbox, self.gate, log=self.log, stats=self.stats,
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
-                                 sandbox_settings=self.opts.sandbox)
+                                 sandbox_settings=self.opts.sandbox, wake_leasing=self.leaser.room.set)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
         self.heart.unreachable_after = UNREACHABLE_LEASES * spec.pipeline.lease_seconds
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]

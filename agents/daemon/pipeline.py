@@ -27,6 +27,7 @@ from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 
 from ..llm import LLMBackend, VLLMBackend
 from ..tasks.base import EvalError
+from .firstwave import FirstWave
 from .jobconfig import JobConfig
 from .llmgate import PolicyGate, TrackedLLM
 from .outbox import Outbox
@@ -62,18 +63,21 @@ class Pipeline:
     """Runs the rollouts of one job on this node (`run(rollout)` is each rollout's task).
 
     Seams: `llm_factory(url) -> LLMBackend` (default `VLLMBackend`), `runtime` (a `SandboxRuntime`, default the
-    spec's), `tokenizer` (set by the daemon once loaded)."""
+    spec's), `tokenizer` (set by the daemon once loaded), `wake_leasing()` (the lease loop re-checks `room`)."""
 
     def __init__(self, config: JobConfig, rollouts: Rollouts, outbox: Outbox, gate: PolicyGate, *,
                  log: logging.LoggerAdapter, stats: collections.Counter[str],
                  llm_factory: Callable[[str], LLMBackend] | None = None, runtime: Any = None,
-                 tokenizer: Any = None, sandbox_settings: SandboxSettings | None = None) -> None:
+                 tokenizer: Any = None, sandbox_settings: SandboxSettings | None = None,
+                 wake_leasing: Callable[[], None] = lambda: None) -> None:
         self.config, self.rollouts, self.outbox, self.gate = config, rollouts, outbox, gate
         self.sandbox_settings = sandbox_settings  # the node's, for the spec's runtime (None: the defaults)
         self.log, self.stats = log, stats
         self.tokenizer = tokenizer
         self.runtime = runtime
         self.pool: WarmPool | None = None   # sandboxes started ahead of need (spec.sandbox.warm)
+        self.first_wave: FirstWave | None = None   # paces the first wave's leases to the pool's warm sandboxes
+        self._wake_leasing = wake_leasing
         self._llm_factory = llm_factory
         self._llms: dict[str, LLMBackend] = {}
         w = config.spec.pipeline.workers_per_node
@@ -82,7 +86,8 @@ class Pipeline:
 
     def start(self) -> None:
         """Start the warm pool, warming for a first wave as wide as the INIT pool or the rollouts that can land,
-        whichever is fewer (`JobConfig.first_wave`; every way out of the daemon closes it: `aclose`)."""
+        whichever is fewer (`JobConfig.first_wave`; every way out of the daemon closes it: `aclose`), and lease that
+        wave no faster than the pool warms (`FirstWave`; not with `spec.sandbox.warm: 0`: every INIT cold)."""
         if self.config.needs_sandbox:
             if self.runtime is None:
                 self.runtime = get_runtime(self.config.spec.sandbox.runtime, self.sandbox_settings)
@@ -90,12 +95,18 @@ class Pipeline:
             # (init + run + eval + warm, `crds.tenancy.violations`)
             self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,
                                  most=sum(self.workers.values()) + self.config.warm)
-            self.pool.expect(self.config.first_wave(self.workers[Phase.INIT]))
+            width = self.config.first_wave(self.workers[Phase.INIT])
+            self.pool.expect(width)
             self.pool.start()
+            if self.pool.most is not None and width > 0:   # a pool sized from demand (warm > 0)
+                self.first_wave = FirstWave(self.pool, width, self.rollouts, self._wake_leasing)
 
     async def aclose(self) -> None:
-        """Every way out of the daemon: no warm sandbox left, LLM clients closed."""
+        """Every way out of the daemon: no warm sandbox left (what the pool served, logged), LLM clients closed."""
         if self.pool is not None:
+            st = self.pool.stats
+            self.log.info("warm pool: %d sandboxes handed out warm, %d created cold, %d warm starts failed",
+                          st["warm"], st["cold"], st["failures"])
             await self.pool.close()
         for llm in self._llms.values():
             aclose = getattr(llm, "aclose", None)
@@ -106,7 +117,10 @@ class Pipeline:
                     pass
 
     def room(self) -> int:
-        return self.rollouts.room(self.workers[Phase.INIT], self.workers[Phase.RUN])
+        """How many more leases fit (`Rollouts.room`), while the first wave is paced no more than `FirstWave.cap`."""
+        room = self.rollouts.room(self.workers[Phase.INIT], self.workers[Phase.RUN])
+        cap = self.first_wave.cap() if self.first_wave is not None else None
+        return room if cap is None else min(room, cap)
 
     def report(self, r: Rollout, t: Trajectory) -> None:
         r.reported = True

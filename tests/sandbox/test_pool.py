@@ -119,7 +119,7 @@ def test_acquire_on_an_empty_pool_creates_cold_and_size_0_is_no_pool(run, base):
             assert sb.spec == pool.spec        # a cold one gets exactly the spec
             assert (await sb.bash("echo cold")).output == "cold\n"
             assert (await plain.bash("echo plain")).output == "plain\n"
-            assert none.idle == 0 and none._loop_task is None and not none.stats
+            assert none.idle == 0 and none._loop_task is None and none.stats == {"cold": 1}   # counted, never pooled
             await until(lambda: pool.idle == 2, what="the pool warm after a cold acquire")
             ids = [sb.id, plain.id, *idle_ids(pool)]
         finally:

@@ -18,6 +18,7 @@ class NoopTask(TaskHandler):
     name: ClassVar[str] = "bench-noop"
     needs_sandbox: ClassVar[bool] = False
     fields: ClassVar[dict] = {"id": (str, int)}
+    agent_kinds: ClassVar[tuple[str, ...]] = ("loop", "oracle")   # oracle: a job with no LLM and no tokenizer
 
     async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
         return Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=self.task_id(task),
