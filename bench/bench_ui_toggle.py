@@ -9,7 +9,7 @@ dashboards (`bench_ui_live.Dashboards`: a login, the job's SSE stream, its JSON 
 `$ROLLOUTD_UI_PHASE` (10) seconds, closed for as long, and so on over `$ROLLOUTD_UI_WINDOW` (120) seconds. A call
 counts in the phase it started in, the phase's first second left out (the switch). Per side: beat p99 and p50,
 calls, the controller's CPU (/proc) and the loop's lags above 5 ms (`bench_ui_live.LoopWatch`, per phase).
-Appends a dated section to bench/results/RESULTS-ui.md, the raw phases to scale-results/ui-toggle.json.
+Appends a dated section to bench/results/RESULTS-ui.md, the raw run to scale-results/ui-toggle-DATE-TIME.json.
 Next step: a real chromium as the dashboard.
 """
 from __future__ import annotations
@@ -94,13 +94,14 @@ def run(quick: bool = False) -> list[dict]:
     on, off = sides["on"], sides["off"]
     command = (f"ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES={nodes} ROLLOUTD_UI_WINDOW={window:g} "
                f"ROLLOUTD_UI_PHASE={phase:g} ROLLOUTD_UI_DASHBOARDS={n} python -m bench ui_toggle")
+    raw = f"ui-toggle-{datetime.now(timezone.utc):%Y%m%d-%H%M}.json"
     (HERE / "results" / "scale-results").mkdir(exist_ok=True)
-    (HERE / "results" / "scale-results" / "ui-toggle.json").write_text(json.dumps({"command": command, "point": p}, indent=1))
+    (HERE / "results" / "scale-results" / raw).write_text(json.dumps({"command": command, "point": p}, indent=1))
     ratio = on["beat_p99_ms"] / off["beat_p99_ms"] if off["beat_p99_ms"] else None
     row = lambda name, s: (f"| {name} | {s['phases']} × {phase:g} s | {s['beats']} | {s['beat_p50_ms']} "  # noqa: E731
                            f"| {s['beat_p99_ms']} | {s['ctl_cores']} | {s['lags_over_5ms_per_min']} |")
     text = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: one run, the dashboard toggled ({nodes} simulated "
-            f"nodes × 64 slots)\n\n`{command}` (raw: `scale-results/ui-toggle.json`). {p['rollouts_per_s']:.0f} "
+            f"nodes × 64 slots)\n\n`{command}` (raw: `scale-results/{raw}`). {p['rollouts_per_s']:.0f} "
             f"rollouts/s, lost/duplicated {p['audit']['lost']}/{p['audit']['duplicated']}, load "
             f"{p['load_avg'][0]}–{p['load_avg'][1]}. A phase's first {SETTLE:g} s left out.\n\n"
             "| dashboard | phases | beats | beat p50 ms | beat p99 ms | controller cores | loop lags > 5 ms per minute |\n"

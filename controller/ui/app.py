@@ -8,7 +8,7 @@ up by `work/stats.py`, built for the live pages by `live.py` (on the event loop,
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
-    GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/trajectories[/{seq}]   JSON, SSE
+    GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/trajectories[/{seq}]   JSON, SSE
 Next step: throughput per node on the job page.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from rolloutd.crds.names import API_PREFIX, job_key
 
 from ..auth import TokenBook
+from ..errors import ApiError
 from ..store import Store
 from ..work import stats
 from . import decode
@@ -201,6 +202,16 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         p = who(request)
         visible(p, namespace, name)
         return sse(request, lambda: job_summary(p, namespace, name))
+
+    @ui.get("/api/jobs/{namespace}/{name}/nodes")
+    async def job_nodes(request: Request, namespace: str, name: str, offset: int = Query(0, ge=0),
+                        limit: int = Query(200, ge=1, le=1000)):
+        key = visible(who(request), namespace, name)
+        try:
+            store.get_wire(name, namespace)
+        except ApiError as e:
+            raise HTTPException(e.code, e.message) from None
+        return Response(await live.nodes(key, offset, limit), media_type="application/json")
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),

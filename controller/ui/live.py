@@ -13,13 +13,17 @@ and the SSE frame, sent as they are to each client. It is built again when a pag
 where busy means its event loop lagged BUSY_LAG or more within the last 5-10 s (`looplag.LoopLag.recent_max`): a
 controller already late for its nodes refreshes its dashboards every BUSY_SECONDS instead of every second. The jobs
 list is built the same way, once for every principal (each sees the rows it may read).
-Next step: node-table deltas on the SSE stream (today the whole table, pre-encoded, in each document).
+A build carries the job's node counts by state and the NODES_SHOWN nodes that most need a look (not active, then
+the longest silent); the whole table is a page at a time from `nodes`, when the page asks for it.
+Next step: throughput per node.
 """
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Awaitable, Callable, TypeVar
@@ -37,6 +41,7 @@ BUILD_SHARE = 20  # built at most once per 20 × its slices' CPU: ≤ 5 % of a c
 BUSY_SECONDS = 5.0
 BUSY_LAG = 0.05
 NODE_CHUNK = 250  # node rows made and encoded per slice (~0.4 ms)
+NODES_SHOWN = 50  # node rows in a live build: 1000 of them every second made the document ~130 kB for each page
 T = TypeVar("T")
 
 
@@ -71,6 +76,19 @@ def rate(status: dict[str, Any]) -> tuple[float | None, float | None]:
     per_second = done / (now - begin)
     left = max(counts.get("total", 0) - done, 0)
     return round(per_second, 3), (round(left / per_second, 1) if not end else 0.0)
+
+
+def _attention(row: tuple) -> tuple:
+    """The order of the nodes shown live: those not active first, then the longest silent, then by name."""
+    _id, name, _host, state, _slot, seen = row
+    return (state == "active", seen, name)
+
+
+def node_rows(scheduler, listing: list[tuple]) -> str:
+    """`listing` (`Scheduler.node_listing` rows) as a JSON array of the page's node rows."""
+    now, held = time.time(), scheduler.leases_held
+    return json.dumps([{"id": i, "name": n, "host": h, "state": st, "slot": slot, "inflight": held(i),
+                        "secondsSinceBeat": round(now - seen, 1)} for i, n, h, st, slot, seen in listing])
 
 
 class _Slices:
@@ -166,16 +184,24 @@ class Live:
             out["policy"] = scheduler.policy(key)
             await slices.pause()
             listing = scheduler.node_listing(key)
-            held = scheduler.leases_held
-            for start in range(0, len(listing), NODE_CHUNK):
-                await slices.pause()
-                now = time.time()
-                part = json.dumps([{"id": i, "name": n, "host": h, "state": st, "slot": slot, "inflight": held(i),
-                                    "secondsSinceBeat": round(now - seen, 1)}
-                                   for i, n, h, st, slot, seen in listing[start:start + NODE_CHUNK]])
-                parts.append(part[1:-1])
+            await slices.pause()
+            out["nodesTotal"], out["nodeStates"] = len(listing), dict(Counter(row[3] for row in listing))
+            parts.append(node_rows(scheduler, heapq.nsmallest(NODES_SHOWN, listing, key=_attention))[1:-1])
         head = json.dumps(out)
         return (head[:-1] + ', "nodes": [' + ", ".join(parts) + "]}").encode()
+
+    # ------------------------------------------------------------ a job's nodes, all of them
+
+    async def nodes(self, key: str, offset: int, limit: int) -> bytes:
+        """A page of the job's nodes by name (`offset`, `limit`), and how many there are; built when asked, never
+        in the live build, which carries only the NODES_SHOWN that most need a look."""
+        listing = sorted(self.scheduler.node_listing(key), key=lambda row: (row[1], row[0])) if self.scheduler else []
+        page, parts = listing[offset:offset + limit], []
+        for start in range(0, len(page), NODE_CHUNK):
+            await asyncio.sleep(0)
+            parts.append(node_rows(self.scheduler, page[start:start + NODE_CHUNK])[1:-1])
+        return ('{"total": %d, "offset": %d, "items": [' % (len(listing), offset) + ", ".join(p for p in parts if p)
+                + "]}").encode()
 
     # ------------------------------------------------------------ the jobs list
 

@@ -61,9 +61,16 @@ function jobSections(doc) {
         r.examples.map(seq => [UI.link("#" + seq, "jobs", doc.namespace, doc.name, "t", seq), " "]))))]), "failures")
       : UI.el("p", {class: "muted", text: "None."})));
   }
-  out.push(UI.section("Nodes", doc.nodes.length ? UI.table(["node", "host", "state", "slot", "in flight", "last beat"],
-    doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.el("span", {class: "inflight", text: n.inflight}),
-                        UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")
+  const total = doc.nodesTotal || doc.nodes.length;
+  out.push(UI.section("Nodes", doc.nodes.length ? [
+    UI.el("p", {class: "node-states"}, `${total} node${total === 1 ? "" : "s"}: ` +
+      Object.entries(doc.nodeStates || {}).map(([state, n]) => `${n} ${state}`).join(", "),
+      total > doc.nodes.length ? [` — showing the ${doc.nodes.length} that most need a look (not active, then the longest silent); `,
+        UI.el("a", {class: "all-nodes", href: `/ui/api/jobs/${encodeURIComponent(doc.namespace)}/${encodeURIComponent(doc.name)}/nodes?limit=1000`,
+                    text: "all of them (JSON)"})] : null),
+    UI.table(["node", "host", "state", "slot", "in flight", "last beat"],
+      doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.el("span", {class: "inflight", text: n.inflight}),
+                          UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")]
     : UI.el("p", {class: "muted", text: "No node registered."})));
   if (doc.status.batch) {
     const b = doc.status.batch;
