@@ -181,20 +181,30 @@ class JobStats:
         """Catch `acc` up with the job's rows after the last seq it saw, `size` rows per step (a generator: the
         caller may pause between steps). The columns the feed copied out of each document: a first read walks the
         covering index (its order is not seq's, which the sums do not need), a later one only the rows after the
-        last seq seen; both reads stop at the same seq (a row stored between them waits for the next view)."""
-        index = "INDEXED BY ix_trajectories_facts " if acc.last_seq == 0 else ""
+        last seq seen; both reads stop at the same seq (a row stored between them waits for the next view).
+        A later read is one short statement per step (the next `size` rows by seq), never a statement left open
+        across a pause: an open statement pins the WAL at its snapshot, and at a thousand nodes the WAL then grew
+        until the node calls' own commits checkpointed it inline (stalls of 100-300 ms in `bench ui_toggle`).
+        The first read (once per job and controller) still walks the index in one statement."""
         with self.engine.connect() as c:
             db = c.connection.driver_connection
             max_seq = _max_seq(db, job)
             if max_seq <= acc.last_seq:
                 return
-            span = (job, acc.last_seq, max_seq)
-            rows = db.execute("SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
-                              f"trajectories {index}WHERE job = ? AND seq > ? AND seq <= ?", span)
+            columns = "SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM trajectories "
             failed: list[int] = []
-            while chunk := rows.fetchmany(size):
-                failed += _add_rows(acc, chunk)
-                yield
+            if acc.last_seq == 0:
+                rows = db.execute(columns + "INDEXED BY ix_trajectories_facts WHERE job = ? AND seq <= ?", (job, max_seq))
+                while chunk := rows.fetchmany(size):
+                    failed += _add_rows(acc, chunk)
+                    yield
+            else:
+                after = acc.last_seq
+                while chunk := db.execute(columns + "WHERE job = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                                          (job, after, max_seq, size)).fetchall():
+                    failed += _add_rows(acc, chunk)
+                    after = chunk[-1][0]
+                    yield
             # the failure reasons are not in the index (text made each insert dearer): read from the failed rows, by
             # seq (a scan of the job's failed rows for the few new ones made one step grow with the job)
             failed.sort()
