@@ -6,7 +6,9 @@ compares whole runs, one without and one with dashboards; on this 2-core machine
 from the next as the load moves, more than a dashboard costs. Here every phase shares its neighbours' load: a
 `bench_scale.point` at `$ROLLOUTD_UI_NODES` (1000) simulated nodes, during which `$ROLLOUTD_UI_DASHBOARDS` (1)
 dashboards (`bench_ui_live.Dashboards`: a login, the job's SSE stream, its JSON every second) are open for
-`$ROLLOUTD_UI_PHASE` (10) seconds, closed for as long, and so on over `$ROLLOUTD_UI_WINDOW` (120) seconds. A call
+`$ROLLOUTD_UI_PHASE` (10) seconds, closed for as long, and so on over `$ROLLOUTD_UI_WINDOW` (120) seconds, each pair
+of phases in a random order (strict alternation put a periodic stall on one side: 0 dashboards "open" gave 3.6×).
+`$ROLLOUTD_UI_DASHBOARDS=0` is the null run: what a ratio looks like when nothing differs. A call
 counts in the phase it started in, the phase's first second left out (the switch). Per side: beat p99 and p50,
 calls, the controller's CPU (/proc) and the loop's lags above 5 ms (`bench_ui_live.LoopWatch`, per phase).
 Appends a dated section to bench/results/RESULTS-ui.md, the raw run to scale-results/ui-toggle-DATE-TIME.json.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 from datetime import datetime, timezone
@@ -44,15 +47,18 @@ class Toggled:
         return _cpu_seconds(self.pid) if self.pid else float("nan")
 
     def _run(self) -> None:
-        on = False
+        order = random.Random()  # each pair of phases in a random order: a periodic stall (every 20 s, say) of
+        on, pair = False, []       # the controller or the nodes must not fall on one side only
         while not self.stop_ev.is_set():
+            if not pair:
+                pair = order.sample([True, False], 2)
+            on = pair.pop()
             dash = Dashboards(self.url, self.token, self.job, self.n) if on else None
             start, cpu0 = time.time(), self._cpu()
             self.stop_ev.wait(self.phase)
             if dash is not None:
                 dash.close()
             self.phases.append({"on": on, "start": start, "end": time.time(), "cpu0": cpu0, "cpu1": self._cpu()})
-            on = not on
 
     def report(self, w0: float, w1: float) -> dict:
         return {"loop": self.loop.report(w0, w1), "ui": None}

@@ -29,7 +29,8 @@ REWARD_BINS = 10
 EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
-CHUNK = 500  # rows summed per slice of the event loop (~1 ms)
+CHUNK = 500  # rows summed per slice of the event loop (~1 ms): a first read, from the covering index
+LATER_CHUNK = 200  # rows per slice of a later read, by seq from the table's pages: up to ~10 µs a row (500 took 5-9 ms)
 FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
 
 
@@ -201,7 +202,7 @@ class JobStats:
             else:
                 after = acc.last_seq
                 while chunk := db.execute(columns + "WHERE job = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                                          (job, after, max_seq, size)).fetchall():
+                                          (job, after, max_seq, min(size, LATER_CHUNK))).fetchall():
                     failed += _add_rows(acc, chunk)
                     after = chunk[-1][0]
                     yield
