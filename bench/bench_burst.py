@@ -172,11 +172,9 @@ def main() -> None:
     quick = "--quick" in args
     got, load = measure(ns or ([8, 32] if quick else [8, 32, 64]), reps or (2 if quick else 5))
     print(f"load average (1 min) {load[0]:.2f} → {load[1]:.2f} on {os.cpu_count()} cores")
-    print("| benchmark | ours | baseline | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
-    for r in rows(got, load):
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-        print(f"| {r['benchmark']} | {r['ours']} | {r['baseline']} | {r['ratio']:.2f}× | {r['target']} | {met} |")
+    from bench.__main__ import render
+
+    print(render(rows(got, load)), end="")
 
 
 if __name__ == "__main__":

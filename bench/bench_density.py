@@ -276,12 +276,9 @@ def main() -> None:
         return
     baseline = sys.argv[sys.argv.index("--baseline") + 1] if "--baseline" in sys.argv else None
     rows = run(quick="--quick" in sys.argv, n=n, baseline=baseline)
-    print("| benchmark | ours | baseline | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-        print(f"| {r['benchmark']} | {r['ours']} | {r['baseline']} | {ratio} | {r['target']} | {met} |")
+    from bench.__main__ import render
+
+    print(render(rows), end="")
 
 
 if __name__ == "__main__":

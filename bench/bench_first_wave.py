@@ -152,11 +152,9 @@ def main() -> None:
     reps = int(args[args.index("--reps") + 1]) if "--reps" in args else 2
     got, load = measure(ns, reps)
     print(f"load average (1 min) {load[0]:.2f} → {load[1]:.2f} on {os.cpu_count()} cores")
-    print("| benchmark | ours | baseline | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
-    for r in rows(got, load):
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-        print(f"| {r['benchmark']} | {r['ours']} | {r['baseline']} | {r['ratio']:.2f}× | {r['target']} | {met} |")
+    from bench.__main__ import render
+
+    print(render(rows(got, load)), end="")
 
 
 if __name__ == "__main__":

@@ -367,12 +367,9 @@ def network_rows(n: int = 30, image: str = "host") -> list[dict]:
 def main() -> None:
     image = sys.argv[sys.argv.index("--image") + 1] if "--image" in sys.argv else "host"
     rows = network_rows(image=image) if "--network" in sys.argv else run(quick="--quick" in sys.argv)
-    print("| benchmark | ours | baseline | ratio | target | met |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
-        print(f"| {r['benchmark']} | {r['ours']} | {r['baseline']} | {ratio} | {r['target']} | {met} |")
+    from bench.__main__ import render
+
+    print(render(rows), end="")
 
 
 if __name__ == "__main__":
