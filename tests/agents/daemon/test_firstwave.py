@@ -82,18 +82,25 @@ def test_a_real_node_serves_its_first_wave_warm_or_all_cold_without_a_pool(real_
     assert served == (("12", "0") if warm else ("0", "12")), node_log[-3000:]
 
 
-def test_a_first_wave_wider_than_the_warm_pool_gets_only_warm_sandboxes(controller, sandbox_dir, tokenizer, patient):
-    """12 rollouts on an INIT pool of 12, spec.sandbox.warm 2, the tokenizer already loaded: the leases would come
-    before the pool has warmed 12 (today: ~all cold at once). Paced, every INIT gets a warm sandbox."""
-    fake = controller(make_spec(workers=(12, 12, 12), sandbox={"warm": 2}))
-    fake.add(*({"id": f"t{i}"} for i in range(12)))
+def _run_wave(controller, tokenizer, n: int, sandbox: dict):
+    """A job of `n` rollouts on INIT/RUN/EVAL pools of `n`, run to its end by an in-process daemon (real bwrap):
+    the fake controller, the daemon, its exit code and the task handler."""
+    fake = controller(make_spec(workers=(n, n, n), sandbox=sandbox))
+    fake.add(*({"id": f"t{i}"} for i in range(n)))
     handler = ScriptedTask()
 
     async def scenario():
         d = daemon(fake, handler, tokenizer=tokenizer)
-        return d, await asyncio.wait_for(d.run(), 120)
+        return d, await asyncio.wait_for(d.run(), 120)   # a stalled node never gets here
 
     d, code = asyncio.run(scenario())
+    return fake, d, code, handler
+
+
+def test_a_first_wave_wider_than_the_warm_pool_gets_only_warm_sandboxes(controller, sandbox_dir, tokenizer, patient):
+    """12 rollouts on an INIT pool of 12, spec.sandbox.warm 2, the tokenizer already loaded: the leases would come
+    before the pool has warmed 12 (today: ~all cold at once). Paced, every INIT gets a warm sandbox."""
+    fake, d, code, _ = _run_wave(controller, tokenizer, 12, {"warm": 2})
     assert code == 0
     assert all(t.failure.kind.value == "none" and t.reward is not None for t in _scored(fake, 12))
     assert (d.pipeline.pool.stats["warm"], d.pipeline.pool.stats["cold"]) == (12, 0)
@@ -103,15 +110,7 @@ def test_a_first_wave_wider_than_the_warm_pool_gets_only_warm_sandboxes(controll
 
 def test_no_warm_pool_leases_the_whole_wave_at_once_all_cold(controller, sandbox_dir, tokenizer, patient):
     """spec.sandbox.warm 0 keeps today's behaviour: no pacing, every INIT creates its sandbox cold."""
-    fake = controller(make_spec(workers=(12, 12, 12), sandbox={"warm": 0}))
-    fake.add(*({"id": f"t{i}"} for i in range(12)))
-    handler = ScriptedTask()
-
-    async def scenario():
-        d = daemon(fake, handler, tokenizer=tokenizer)
-        return d, await asyncio.wait_for(d.run(), 120)
-
-    d, code = asyncio.run(scenario())
+    fake, d, code, _ = _run_wave(controller, tokenizer, 12, {"warm": 0})
     assert code == 0 and d.pipeline.first_wave is None
     assert all(t.failure.kind.value == "none" for t in _scored(fake, 12))
     assert len(fake.lease_log) == 12 and fake.lease_calls <= 2   # the wave leased in one call (or two)
@@ -121,15 +120,7 @@ def test_no_warm_pool_leases_the_whole_wave_at_once_all_cold(controller, sandbox
 def test_a_pool_whose_creations_fail_does_not_stall_the_node(controller, sandbox_dir, tokenizer, patient):
     """The sandbox image does not exist, so the pool never warms one (real bwrap runtime): its first failure ends
     the pacing, every INIT creates cold and fails, and all 6 rollouts come back as infra failures, none lost."""
-    fake = controller(make_spec(workers=(6, 6, 6), sandbox={"warm": 2, "image": "/nonexistent/rootfs"}))
-    fake.add(*({"id": f"t{i}"} for i in range(6)))
-    handler = ScriptedTask()
-
-    async def scenario():
-        d = daemon(fake, handler, tokenizer=tokenizer)
-        return d, await asyncio.wait_for(d.run(), 120)   # a stalled node never gets here
-
-    d, code = asyncio.run(scenario())
+    fake, d, code, handler = _run_wave(controller, tokenizer, 6, {"warm": 2, "image": "/nonexistent/rootfs"})
     assert code == 0 and handler.ran == []
     for t in _scored(fake, 6):
         assert t.failure.kind.value == "infra" and t.reward is None and "/nonexistent/rootfs" in t.failure.reason
