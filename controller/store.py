@@ -50,6 +50,7 @@ class Store(StoreDB):
         with self._lock:
             self._epoch += 1
             self._cache.pop(key, None)
+        self._mark(key)
         self._notify()
 
     # ------------------------------------------------------------ reads

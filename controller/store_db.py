@@ -56,6 +56,7 @@ class StoreDB:
 
         self._lock = threading.RLock()
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._marks: dict[str, int] = {}  # job key → its writes and events so far, in this process (`mark_of`)
         self._migrate()
 
     # ------------------------------------------------------------ schema
@@ -130,8 +131,23 @@ class StoreDB:
                        .order_by(ChangeRow.rv.desc()).limit(1)).first()
         return None if r is None else Change(r.rv, r.type, r.name, json.loads(r.object))
 
-    def events(self, key: str) -> list[dict[str, Any]]:
-        return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
+    def events(self, key: str, last: int | None = None) -> list[dict[str, Any]]:
+        """The job's events in order; with `last`, only the newest `last` of them."""
+        if last is None:
+            return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
+        with Session(self.engine) as s:
+            rows = s.exec(select(EventRow).where(EventRow.name == key).order_by(EventRow.id.desc()).limit(last)).all()
+        return [{"time": timestamp(r.time), "type": r.type, "reason": r.reason, "message": r.message}
+                for r in reversed(rows)]
+
+    def mark_of(self, key: str) -> int:
+        """A count that moves whenever the job's row or its events change after a commit (in memory, this process):
+        read before the job, it tells a reader whether what it read then is still current."""
+        return self._marks.get(key, 0)
+
+    def _mark(self, key: str) -> None:
+        with self._lock:
+            self._marks[key] = self._marks.get(key, 0) + 1
 
     def event_records(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """Events with their id and job key (the core/v1 Event view builds on these)."""
@@ -147,3 +163,4 @@ class StoreDB:
         with self._lock, Session(self.engine) as s:
             s.add(EventRow(name=key, time=utcnow(), type=type_, reason=reason, message=message))
             s.commit()
+        self._mark(key)

@@ -41,6 +41,10 @@ class PolicyVersions:
         self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
         self._llm: dict[str, tuple[float, int, bool]] = {}  # node id → (beat time, LLM calls in flight, held)
         self._lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # `describe` every second for each live dashboard read the row (~1 ms on a connection the nodes' commits left
+        # cold): kept with the job's count of policy writes (`_changed`), read before the row
+        self._writes: dict[str, int] = defaultdict(int)
+        self._described: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def row(self, s: Session, job: str) -> PolicyRow:
         """The job's policy row, created (and flushed) on first use."""
@@ -67,9 +71,23 @@ class PolicyVersions:
 
     def describe(self, job: str) -> dict[str, Any]:
         self.jobs.store.get(job)  # 404 for unknown jobs
+        writes = self._writes[job]
+        kept = self._described.get(job)
+        if kept is not None and kept[0] == writes:
+            return kept[1]
         with Session(self.engine, expire_on_commit=False) as s:
             row = s.get(PolicyRow, job) or PolicyRow(job=job)
-            return {"version": json.loads(row.version), "history": json.loads(row.history), "paused": row.paused}
+            out = {"version": json.loads(row.version), "history": json.loads(row.history), "paused": row.paused}
+        self._described[job] = (writes, out)
+        return out
+
+    def _changed(self, job: str) -> None:
+        """After a commit to the job's policy row (or its deletion): `describe` reads it again."""
+        self._writes[job] += 1
+        self._described.pop(job, None)
+
+    def forget(self, job: str) -> None:
+        self._changed(job)
 
     def note_beat(self, node_id: str, llm_inflight: int, llm_held: bool) -> None:
         """A daemon's beat: how many LLM calls it has in flight and whether it holds new ones."""
@@ -82,6 +100,7 @@ class PolicyVersions:
                 setattr(row, k, v)
             s.add(row)
             s.commit()
+        self._changed(job)
 
     async def announce(self, name: str, version: int | str, weights_path: str | None = None,
                        pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
@@ -108,6 +127,7 @@ class PolicyVersions:
                 row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
                 s.add(row)
                 s.commit()
+            self._changed(name)
             self.wake(name)
         errors = [b for b in report if b.get("error")]
         if errors:

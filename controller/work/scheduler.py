@@ -248,6 +248,7 @@ class Scheduler:
         self.expansions.forget(name)  # nothing the job kept in memory outlives it (a re-created job starts clean)
         self._admitting.pop(name, None)
         self.stats.forget(name)
+        self.policies.forget(name)
         self.jobs.forget(name)
 
     def purge(self, name: str) -> None:
@@ -256,6 +257,7 @@ class Scheduler:
         with Session(self.engine, expire_on_commit=False) as s:
             tables.purge(s, name)
             s.commit()
+        self.policies.forget(name)
         self.jobs.forget(name)
 
     # ------------------------------------------------------------ batches (trainer API)
