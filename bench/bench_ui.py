@@ -76,7 +76,7 @@ def _rows(n: int, rng: random.Random, first_item: int = 1) -> Iterator[dict]:
         yield {"job": JOB, "item": first_item + i, "prompt": prompt, "sample": sample, "reward": t["reward"],
                "failure": t["failure"]["kind"], "data": json.dumps(t, separators=(",", ":")), "group_id": None,
                "task_id": t["taskId"], "policy": json.dumps(t["policyVersion"]), "reason": t["failure"]["reason"],
-               **{f"t_{k}": v for k, v in t["timings"].items()}}
+               "t_end": 1.7e9 + (first_item + i) * 0.01, **{f"t_{k}": v for k, v in t["timings"].items()}}
 
 
 def insert_cost(n: int = 20_000) -> dict[str, float]:
@@ -119,6 +119,9 @@ def seed(db: Path, n: int) -> float:
     return time.perf_counter() - t0
 
 
+LATER = 20_000  # rows stored between two views of the job page (15 s of 1000 nodes at ~1350/s)
+
+
 def _time(client: TestClient, url: str, n: int = 1) -> tuple[float, int]:
     times, size = [], 0
     for _ in range(n):
@@ -159,6 +162,13 @@ def run(quick: bool = False) -> list[dict]:
             "trajectory list, text search (absent: whole job scanned)": _time(client, f"{base}/trajectories?q=zz-absent", 3),
             "trajectory page (p50 of 20)": _time(client, f"{base}/trajectories/{mid}", 20),
         }
+        # what a live page reads each second: the rows stored since its last view (a later read, by seq)
+        more = LATER // 4 if quick else LATER
+        con = sqlite3.connect(tmp / "db.sqlite")
+        Feed.insert(con, list(_rows(more, random.Random(8), first_item=n + 1)))
+        con.commit()
+        con.close()
+        timings[f"job page after {more} new trajectories (a live page's later read)"] = _time(client, base)
     cost = insert_cost(5_000 if quick else 20_000)
     targets = {"job page, cold": 1.0, "job page, warm": 1.0, "trajectory page": 0.3}
     rows = []

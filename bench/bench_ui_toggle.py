@@ -67,8 +67,16 @@ class Toggled:
         return {"loop": self.loop.report(w0, w1), "ui": None}
 
     def split(self, latency: dict[str, list[tuple[float, float]]], w0: float, w1: float) -> dict:
-        """The window's calls (kind → (start, ms)) and the loop's lags by side: "on" and "off"."""
-        out = {}
+        """The window's calls (kind → (start, ms)) and the loop's lags by side: "on" and "off"; under "each", every
+        phase of the window in order with its pair (the two phases drawn in a random order together) and its beats
+        (ms, sorted: what `interval` pools across runs)."""
+        out: dict = {"each": []}
+        for i, p in enumerate(self.phases):
+            if p["start"] >= w0 and p["end"] <= w1:
+                a, b = p["start"] + SETTLE, p["end"]
+                out["each"].append({"pair": i // 2, "on": p["on"], "start": round(p["start"], 3),
+                                    "cpu": round(p["cpu1"] - p["cpu0"], 3), "seconds": round(b - a, 2),
+                                    "beats": sorted(round(ms, 2) for t, ms in latency.get("heartbeat", []) if a <= t < b)})
         for side in (True, False):
             spans = [(p["start"] + SETTLE, p["end"]) for p in self.phases
                      if p["on"] is side and p["start"] >= w0 and p["end"] <= w1]
@@ -128,5 +136,56 @@ def run(quick: bool = False) -> list[dict]:
              "met": None if ratio is None else ratio <= 1.1}]
 
 
+def _pooled_p99(pairs: list[dict], side: bool) -> float:
+    return _pct([ms for pair in pairs for ms in pair[side]], 0.99)
+
+
+def interval(paths: list[Path], resamples: int = 1000, seed: int = 27) -> str:
+    """The runs in `paths` (raw files of `run`) pooled by their number of dashboards: the beats' p99 of every open
+    phase against that of every closed one, and a 90 % interval for the ratio from resampling whole pairs of phases
+    (a pair shares its load; a stall stays with its phase). The null runs (0 dashboards) show the interval when
+    nothing differs. Returns the markdown table (also appended to RESULTS-ui.md by `main`)."""
+    groups: dict[int, list[dict]] = {}
+    runs: dict[int, list[str]] = {}
+    for path in paths:
+        raw = json.loads(path.read_text())
+        each = (raw["point"].get("phases") or {}).get("each")
+        if not each:
+            continue  # a run from before the phases were kept one by one
+        n = int(raw["command"].split("ROLLOUTD_UI_DASHBOARDS=")[1].split()[0])
+        by_pair: dict[int, dict] = {}
+        for ph in each:
+            by_pair.setdefault(ph["pair"], {})[ph["on"]] = ph["beats"]
+        groups.setdefault(n, []).extend(p for p in by_pair.values() if True in p and False in p)
+        runs.setdefault(n, []).append(path.name)
+    rng = random.Random(seed)
+    lines = ["| dashboards | runs | pairs of phases | beats open / closed | beat p99 open / closed (ms) | ratio "
+             "| 90 % interval (pairs resampled) | median of the pairs' ratios |", "|---|---|---|---|---|---|---|---|"]
+    for n, pairs in sorted(groups.items()):
+        on, off = _pooled_p99(pairs, True), _pooled_p99(pairs, False)
+        ratios = sorted(_pooled_p99(d, True) / _pooled_p99(d, False)
+                        for d in ([rng.choice(pairs) for _ in pairs] for _ in range(resamples)))
+        each = sorted(_pct(p[True], 0.99) / _pct(p[False], 0.99) for p in pairs)
+        lines.append(f"| {n} | {len(runs[n])} | {len(pairs)} | {sum(len(p[True]) for p in pairs)} / "
+                     f"{sum(len(p[False]) for p in pairs)} | {on:.1f} / {off:.1f} | **{on / off:.2f}×** | "
+                     f"{_pct(ratios, 0.05):.2f}–{_pct(ratios, 0.95):.2f}× | {_pct(each, 0.5):.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    """`interval [RAW ...]` (default: every kept raw run) prints and records the pooled intervals; else one run."""
+    if argv[:1] != ["interval"]:
+        run()
+        return
+    paths = [Path(a) for a in argv[1:]] or sorted((HERE / "results" / "scale-results").glob("ui-toggle-*.json"))
+    table = interval(paths)
+    text = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: the toggled runs pooled "
+            f"(`python -m bench.bench_ui_toggle interval {' '.join(a for a in argv[1:])}`)\n\n{table}")
+    path = HERE / "results" / "RESULTS-ui.md"
+    path.write_text(path.read_text().rstrip("\n") + "\n" + text)
+    print(text, flush=True)
+
+
 if __name__ == "__main__":
-    run()
+    import sys
+    main(sys.argv[1:])
