@@ -1,0 +1,49 @@
+"""A job page's stage percentiles and histograms come from `_Times` (sorted times plus a tail of newer ones, merged
+now and then) instead of sorting every time at each view: they must be exactly what the whole sorted list gives,
+with ties, at every size and between merges. Checked against the plain definition on random times."""
+from __future__ import annotations
+
+import math
+import random
+
+from rolloutd.controller.work import stats
+
+
+def _plain_pct(xs: list[float], q: float) -> float:
+    return round(xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))], 4)
+
+
+def test_percentiles_and_histograms_match_the_whole_sorted_list():
+    rng = random.Random(27)
+    times, every = stats._Times(), []
+    merged = 0
+    for step in range(150):
+        for _ in range(rng.choice([1, 7, 150, 2000])):
+            x = round(rng.lognormvariate(0, 1), 2) if rng.random() < 0.8 else 1.0  # ties, and many equal times
+            times.append(x)
+            every.append(x)
+        before = len(times.done)
+        times.settle()
+        merged += len(times.done) != before
+        whole = sorted(every)
+        for q in (0.0, 0.01, 0.5, 0.95, 0.99, 1.0):
+            assert stats._pct(times, q) == _plain_pct(whole, q), (step, q)
+        assert times.kth(0) == whole[0] and times.kth(len(whole) - 1) == whole[-1]
+        if step % 15:
+            continue
+        histogram = stats._histogram(times)
+        assert sum(b["n"] for b in histogram) == len(whole)
+        lo, hi = whole[0], _plain_pct(whole, 0.99) or whole[0]
+        width = (hi - lo) / 12 or 1.0
+        for k, b in enumerate(histogram[:-1]):
+            top = lo + (k + 1) * width
+            assert b["n"] == sum(1 for x in whole if (k == 0 or x > lo + k * width) and x <= top), (step, k)
+    assert merged > 5 and times.tail, "the test went through merges and ended between two"
+
+
+def test_empty_and_single():
+    times = stats._Times()
+    assert stats._pct(times, 0.5) is None and stats._histogram(times) == []
+    times.append(3.0)
+    times.settle()
+    assert stats._pct(times, 0.5) == 3.0 and stats._histogram(times)[0]["n"] == 1
