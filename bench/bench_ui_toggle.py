@@ -17,6 +17,7 @@ Next step: a real chromium as the dashboard.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -113,9 +114,9 @@ def run(quick: bool = False) -> list[dict]:
     on, off = sides["on"], sides["off"]
     command = (f"ROLLOUTD_SCALE_NICE=-10 ROLLOUTD_UI_NODES={nodes} ROLLOUTD_UI_WINDOW={window:g} "
                f"ROLLOUTD_UI_PHASE={phase:g} ROLLOUTD_UI_SETTLE={SETTLE:g} ROLLOUTD_UI_DASHBOARDS={n} python -m bench ui_toggle")
-    raw = f"ui-toggle-{datetime.now(timezone.utc):%Y%m%d-%H%M}.json"
+    raw = f"ui-toggle-{datetime.now(timezone.utc):%Y%m%d-%H%M}.json.gz"  # with every beat: ~200 kB of JSON
     (HERE / "results" / "scale-results").mkdir(exist_ok=True)
-    (HERE / "results" / "scale-results" / raw).write_text(json.dumps({"command": command, "point": p}, indent=1))
+    (HERE / "results" / "scale-results" / raw).write_bytes(gzip.compress(json.dumps({"command": command, "point": p}).encode()))
     ratio = on["beat_p99_ms"] / off["beat_p99_ms"] if off["beat_p99_ms"] else None
     row = lambda name, s: (f"| {name} | {s['phases']} × {phase:g} s | {s['beats']} | {s['beat_p50_ms']} "  # noqa: E731
                            f"| {s['beat_p99_ms']} | {s['phase_p99_median_ms']} ({', '.join(map(str, s['phase_p99_ms']))}) "
@@ -148,7 +149,7 @@ def interval(paths: list[Path], resamples: int = 1000, seed: int = 27) -> str:
     groups: dict[int, list[dict]] = {}
     runs: dict[int, list[str]] = {}
     for path in paths:
-        raw = json.loads(path.read_text())
+        raw = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
         each = (raw["point"].get("phases") or {}).get("each")
         if not each:
             continue  # a run from before the phases were kept one by one
@@ -177,7 +178,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] != ["interval"]:
         run()
         return
-    paths = [Path(a) for a in argv[1:]] or sorted((HERE / "results" / "scale-results").glob("ui-toggle-*.json"))
+    paths = [Path(a) for a in argv[1:]] or sorted((HERE / "results" / "scale-results").glob("ui-toggle-*.json*"))
     table = interval(paths)
     text = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: the toggled runs pooled "
             f"(`python -m bench.bench_ui_toggle interval {' '.join(a for a in argv[1:])}`)\n\n{table}")
