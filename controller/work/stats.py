@@ -17,6 +17,7 @@ import asyncio
 import bisect
 import json
 import math
+import struct
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -30,52 +31,79 @@ EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
 CHUNK = 500  # rows summed per slice of the event loop (~1 ms): a first read, from the covering index
+REASONS_CHUNK = 100  # failed rows' reasons per slice, each a lookup in the table by seq (500 took 5-8 ms at 1000 nodes)
 LATER_CHUNK = 200  # rows per slice of a later read, by seq from the table's pages: up to ~10 µs a row (500 took 5-9 ms)
 FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
-MERGE_MIN = 4096  # new stage times kept apart from the sorted ones before a merge (`_Times`), at the least
+MERGE_MIN = 4096  # new stage times kept apart (sorted at each view) before they join a block (`_Times`), at the least
+BLOCK = 32768  # stage times in one sorted block at most: a step merges at most this many (~1.5 ms of the loop; a
+# merge into 88 000 took 4.3 ms at 1000 nodes)
+
+
+def _key(x: float) -> int:
+    """An integer in the order of the floats (IEEE 754 bit patterns, the negative ones reversed)."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _unkey(key: int) -> float:
+    bits = key if key >= 0 else (-key) | -0x8000_0000_0000_0000
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 class _Times:
-    """One stage's times, for exact percentiles and a histogram without sorting all of them at every view: `done`
-    sorted, `tail` the newer ones, sorted alone at each view (`settle`) and merged into `done` once it outgrows an
-    eighth of it: a merge is O(n) once per n/8 new times, where sorting the whole list at each view (as before)
-    was O(n) every second (~1 ms a stage at 200 000 rollouts, a slice of the event loop each)."""
+    """One stage's times, for exact percentiles and a histogram without sorting all of them at every view.
 
-    __slots__ = ("done", "tail")
+    Sorted blocks of at most BLOCK times, and a tail of the newer ones. At each view (`settle`) the tail is sorted;
+    once it outgrows MERGE_MIN and an eighth of the last block, it is merged into that block, or starts a new one
+    when the block would pass BLOCK. So no step sorts more than ~BLOCK times however long the job: sorting every
+    time at every view (as before) took ~1 ms a stage at 200 000 rollouts and grew with the job, and one sorted
+    list would take a merge of 9 ms at 400 000. The k-th smallest time is the smallest time whose rank reaches
+    k + 1: bisected over the floats' bit patterns (at most 64 counts, a `bisect` per block each)."""
+
+    __slots__ = ("blocks", "tail")
 
     def __init__(self) -> None:
-        self.done: list[float] = []
+        self.blocks: list[list[float]] = []
         self.tail: list[float] = []
 
     def append(self, x: float) -> None:
         self.tail.append(x)
 
     def __len__(self) -> int:
-        return len(self.done) + len(self.tail)
+        return sum(map(len, self.blocks)) + len(self.tail)
 
     def settle(self) -> None:
         self.tail.sort()
-        if len(self.tail) > max(MERGE_MIN, len(self.done) // 8):
-            self.done += self.tail
-            self.done.sort()  # two sorted runs: timsort merges them
-            self.tail = []
+        last = self.blocks[-1] if self.blocks else []
+        if len(self.tail) < max(MERGE_MIN, len(last) // 8):
+            return
+        if self.blocks and len(last) + len(self.tail) <= BLOCK:
+            last += self.tail
+            last.sort()  # two sorted runs: timsort merges them
+        else:
+            self.blocks.append(self.tail)
+        self.tail = []
 
-    def kth(self, k: int) -> float:
-        """The k-th smallest (from 0) of both lists, settled: i of the k + 1 smallest from `done`, the rest from
-        `tail`, found by bisection."""
-        a, b = self.done, self.tail
-        lo, hi = max(0, k + 1 - len(b)), min(k + 1, len(a))
-        while lo < hi:
-            i = (lo + hi) // 2
-            if a[i] < b[k - i]:  # a[i] is below the largest of those taken from `tail`: take more from `done`
-                lo = i + 1
-            else:
-                hi = i
-        j = k + 1 - lo
-        return max(a[lo - 1] if lo > 0 else -math.inf, b[j - 1] if j > 0 else -math.inf)
+    def _lists(self) -> list[list[float]]:
+        return [xs for xs in (*self.blocks, self.tail) if xs]
 
     def at_most(self, x: float) -> int:
-        return bisect.bisect_right(self.done, x) + bisect.bisect_right(self.tail, x)
+        return sum(bisect.bisect_right(xs, x) for xs in self._lists())
+
+    def kth(self, k: int) -> float:
+        """The k-th smallest time (from 0), settled."""
+        lists = self._lists()
+        if len(lists) == 1:
+            return lists[0][k]
+        lo, hi = _key(min(xs[0] for xs in lists)), _key(max(xs[-1] for xs in lists))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            x = _unkey(mid)
+            if sum(bisect.bisect_right(xs, x) for xs in lists) >= k + 1:
+                hi = mid
+            else:
+                lo = mid + 1
+        return _unkey(lo)
 
 
 def _histogram(xs: _Times, bins: int = 12) -> list[dict[str, float]]:
@@ -255,8 +283,8 @@ class JobStats:
             # the failure reasons are not in the index (text made each insert dearer): read from the failed rows, by
             # seq (a scan of the job's failed rows for the few new ones made one step grow with the job)
             failed.sort()
-            for i in range(0, len(failed), size):
-                part = failed[i:i + size]
+            for i in range(0, len(failed), REASONS_CHUNK):
+                part = failed[i:i + REASONS_CHUNK]
                 for seq, failure, reason in db.execute("SELECT seq, failure, reason FROM trajectories WHERE seq IN "
                                                        f"({','.join('?' * len(part))})", part):
                     why = (reason or "").strip()[:200]

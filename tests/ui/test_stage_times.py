@@ -1,6 +1,7 @@
-"""A job page's stage percentiles and histograms come from `_Times` (sorted times plus a tail of newer ones, merged
+"""A job page's stage percentiles and histograms come from `_Times` (sorted blocks plus a tail of newer ones, merged
 now and then) instead of sorting every time at each view: they must be exactly what the whole sorted list gives,
-with ties, at every size and between merges. Checked against the plain definition on random times."""
+with ties, at every size, across many blocks and between merges. Checked against the plain definition on random
+times (blocks made small here, so that the test goes through dozens of them)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,9 @@ def _plain_pct(xs: list[float], q: float) -> float:
     return round(xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))], 4)
 
 
-def test_percentiles_and_histograms_match_the_whole_sorted_list():
+def test_percentiles_and_histograms_match_the_whole_sorted_list(monkeypatch):
+    monkeypatch.setattr(stats, "BLOCK", 3000)
+    monkeypatch.setattr(stats, "MERGE_MIN", 400)
     rng = random.Random(27)
     times, every = stats._Times(), []
     merged = 0
@@ -22,9 +25,9 @@ def test_percentiles_and_histograms_match_the_whole_sorted_list():
             x = round(rng.lognormvariate(0, 1), 2) if rng.random() < 0.8 else 1.0  # ties, and many equal times
             times.append(x)
             every.append(x)
-        before = len(times.done)
+        before = [len(b) for b in times.blocks]
         times.settle()
-        merged += len(times.done) != before
+        merged += [len(b) for b in times.blocks] != before
         whole = sorted(every)
         for q in (0.0, 0.01, 0.5, 0.95, 0.99, 1.0):
             assert stats._pct(times, q) == _plain_pct(whole, q), (step, q)
@@ -38,7 +41,8 @@ def test_percentiles_and_histograms_match_the_whole_sorted_list():
         for k, b in enumerate(histogram[:-1]):
             top = lo + (k + 1) * width
             assert b["n"] == sum(1 for x in whole if (k == 0 or x > lo + k * width) and x <= top), (step, k)
-    assert merged > 5 and times.tail, "the test went through merges and ended between two"
+    assert merged > 20 and len(times.blocks) > 10 and times.tail, "merges, many blocks, and the end between two"
+    assert max(map(len, times.blocks)) <= 3000
 
 
 def test_empty_and_single():
@@ -47,3 +51,13 @@ def test_empty_and_single():
     times.append(3.0)
     times.settle()
     assert stats._pct(times, 0.5) == 3.0 and stats._histogram(times)[0]["n"] == 1
+
+
+def test_negative_and_equal_times_keep_their_order():
+    times, every = stats._Times(), [-2.5, -0.0, 0.0, 1e-300, -1e-300, 7.0, -7.0, 7.0, 3.25]
+    for x in every[:5]:
+        times.append(x)
+    times.settle()
+    times.blocks.append(sorted(every[5:]))  # a second block, as a long job has
+    whole = sorted(every)
+    assert [times.kth(k) for k in range(len(whole))] == whole
