@@ -32,7 +32,8 @@ THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
 CHUNK = 500  # rows summed per slice of the event loop (~1 ms): a first read, from the covering index
 REASONS_CHUNK = 100  # failed rows' reasons per slice, each a lookup in the table by seq (500 took 5-8 ms at 1000 nodes)
-LATER_CHUNK = 200  # rows per slice of a later read, by seq from the table's pages: up to ~10 µs a row (500 took 5-9 ms)
+LATER_CHUNK = 50  # rows per slice of a later read, by seq from the table's pages: at 1000 nodes up to ~25 µs a row
+# (the nodes' commits leave the pages cold: 200 rows took 4.4-5.8 ms a few times a minute, 500 took 5-9 ms)
 FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
 MERGE_MIN = 4096  # new stage times kept apart (sorted at each view) before they join a block (`_Times`), at the least
 BLOCK = 32768  # stage times in one sorted block at most: a step merges at most this many (~1.5 ms of the loop; a
