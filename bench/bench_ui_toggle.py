@@ -146,39 +146,52 @@ def interval(paths: list[Path], resamples: int = 1000, seed: int = 27) -> str:
     phase against that of every closed one, and a 90 % interval for the ratio from resampling whole pairs of phases
     (a pair shares its load; a stall stays with its phase). The null runs (0 dashboards) show the interval when
     nothing differs. Returns the markdown table (also appended to RESULTS-ui.md by `main`)."""
-    groups: dict[int, list[dict]] = {}
-    runs: dict[int, list[str]] = {}
+    groups: dict[tuple[int, int], list[dict]] = {}  # (nodes, dashboards) → pairs
+    runs: dict[tuple[int, int], list[str]] = {}
     for path in paths:
         raw = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
         each = (raw["point"].get("phases") or {}).get("each")
         if not each:
             continue  # a run from before the phases were kept one by one
-        n = int(raw["command"].split("ROLLOUTD_UI_DASHBOARDS=")[1].split()[0])
+        n = (int(raw["command"].split("ROLLOUTD_UI_NODES=")[1].split()[0]),
+             int(raw["command"].split("ROLLOUTD_UI_DASHBOARDS=")[1].split()[0]))
+        length = float(raw["command"].split("ROLLOUTD_UI_PHASE=")[1].split()[0])
         by_pair: dict[int, dict] = {}
         for ph in each:
             by_pair.setdefault(ph["pair"], {})[ph["on"]] = ph["beats"]
+            by_pair[ph["pair"]]["cpu", ph["on"]] = ph["cpu"] / length  # the controller's cores over the phase
         groups.setdefault(n, []).extend(p for p in by_pair.values() if True in p and False in p)
         runs.setdefault(n, []).append(path.name)
     rng = random.Random(seed)
-    lines = ["| dashboards | runs | pairs of phases | beats open / closed | beat p99 open / closed (ms) | ratio "
-             "| 90 % interval (pairs resampled) | median of the pairs' ratios |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| nodes | dashboards | runs | pairs of phases | beats open / closed | beat p99 open / closed (ms) | ratio "
+             "| 90 % interval (pairs resampled) | median of the pairs' ratios | controller cores, open − closed (90 %) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for n, pairs in sorted(groups.items()):
         on, off = _pooled_p99(pairs, True), _pooled_p99(pairs, False)
         ratios = sorted(_pooled_p99(d, True) / _pooled_p99(d, False)
                         for d in ([rng.choice(pairs) for _ in pairs] for _ in range(resamples)))
         each = sorted(_pct(p[True], 0.99) / _pct(p[False], 0.99) for p in pairs)
-        lines.append(f"| {n} | {len(runs[n])} | {len(pairs)} | {sum(len(p[True]) for p in pairs)} / "
+        cpu = [p["cpu", True] - p["cpu", False] for p in pairs]
+        cpus = sorted(sum(d) / len(d) for d in ([rng.choice(cpu) for _ in cpu] for _ in range(resamples)))
+        lines.append(f"| {n[0]} | {n[1]} | {len(runs[n])} | {len(pairs)} | {sum(len(p[True]) for p in pairs)} / "
                      f"{sum(len(p[False]) for p in pairs)} | {on:.1f} / {off:.1f} | **{on / off:.2f}×** | "
-                     f"{_pct(ratios, 0.05):.2f}–{_pct(ratios, 0.95):.2f}× | {_pct(each, 0.5):.2f}× |")
+                     f"{_pct(ratios, 0.05):.2f}–{_pct(ratios, 0.95):.2f}× | {_pct(each, 0.5):.2f}× | "
+                     f"{sum(cpu) / len(cpu):+.3f} ({_pct(cpus, 0.05):+.3f} to {_pct(cpus, 0.95):+.3f}) |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> None:
-    """`interval [RAW ...]` (default: every kept raw run) prints and records the pooled intervals; else one run."""
+    """`interval [RAW ...] [--since YYYYMMDD-HHMM] [--until YYYYMMDD-HHMM]` (default: every kept raw run, or those
+    of that span) prints and records the pooled intervals, by nodes and dashboards; without `interval`, one run."""
     if argv[:1] != ["interval"]:
         run()
         return
-    paths = [Path(a) for a in argv[1:]] or sorted((HERE / "results" / "scale-results").glob("ui-toggle-*.json*"))
+    args = argv[1:]
+    since = args.pop(args.index("--since") + 1) if "--since" in args else ""  # YYYYMMDD-HHMM: runs from then on
+    until = args.pop(args.index("--until") + 1) if "--until" in args else "9"
+    args = [a for a in args if a not in ("--since", "--until")]
+    paths = [Path(a) for a in args] or [p for p in sorted((HERE / "results" / "scale-results").glob("ui-toggle-*.json*"))
+                                        if since <= p.name[len("ui-toggle-"):][:13] <= until]
     table = interval(paths)
     text = (f"\n### {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: the toggled runs pooled "
             f"(`python -m bench.bench_ui_toggle interval {' '.join(a for a in argv[1:])}`)\n\n{table}")
