@@ -257,13 +257,16 @@ def test_tests_import_their_helpers_from_support_not_through_sys_path():
 
 
 def test_bench_keeps_code_at_its_top_and_results_under_results():
-    """bench/: the benchmarks' code at the top, what they measured (RESULTS-*.md, figures, raw JSON) in bench/results/."""
+    """bench/: the benchmarks' code at the top, what they measured (RESULTS-*.md, figures, raw JSON, gzipped when it
+    keeps every sample) in bench/results/."""
     tracked = subprocess.run(["git", "ls-files", "bench"], cwd=REPO, capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout")
     misplaced = [f for f in tracked if not f.startswith("bench/results/") and not f.endswith(".py")]
     assert misplaced == []
-    assert {Path(f).suffix for f in tracked if f.startswith("bench/results/")} <= {".md", ".png", ".json", ".csv", ""}
+    kinds = {"".join(Path(f).suffixes[-2:]) if f.endswith(".gz") else Path(f).suffix
+             for f in tracked if f.startswith("bench/results/")}
+    assert kinds <= {".md", ".png", ".json", ".json.gz", ".csv", ""}
 
 
 # --- independence (issue 26, kopf-style contracts): parts that must stand without another ---------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from rolloutd.controller.work import stats
+from rolloutd.controller.work import stage_times as stats
 
 
 def _plain_pct(xs: list[float], q: float) -> float:
@@ -18,7 +18,7 @@ def test_percentiles_and_histograms_match_the_whole_sorted_list(monkeypatch):
     monkeypatch.setattr(stats, "BLOCK", 3000)
     monkeypatch.setattr(stats, "MERGE_MIN", 400)
     rng = random.Random(27)
-    times, every = stats._Times(), []
+    times, every = stats.Times(), []
     merged = 0
     for step in range(150):
         for _ in range(rng.choice([1, 7, 150, 2000])):
@@ -30,11 +30,11 @@ def test_percentiles_and_histograms_match_the_whole_sorted_list(monkeypatch):
         merged += [len(b) for b in times.blocks] != before
         whole = sorted(every)
         for q in (0.0, 0.01, 0.5, 0.95, 0.99, 1.0):
-            assert stats._pct(times, q) == _plain_pct(whole, q), (step, q)
+            assert stats.percentile(times, q) == _plain_pct(whole, q), (step, q)
         assert times.kth(0) == whole[0] and times.kth(len(whole) - 1) == whole[-1]
         if step % 15:
             continue
-        histogram = stats._histogram(times)
+        histogram = stats.histogram(times)
         assert sum(b["n"] for b in histogram) == len(whole)
         lo, hi = whole[0], _plain_pct(whole, 0.99) or whole[0]
         width = (hi - lo) / 12 or 1.0
@@ -46,15 +46,15 @@ def test_percentiles_and_histograms_match_the_whole_sorted_list(monkeypatch):
 
 
 def test_empty_and_single():
-    times = stats._Times()
-    assert stats._pct(times, 0.5) is None and stats._histogram(times) == []
+    times = stats.Times()
+    assert stats.percentile(times, 0.5) is None and stats.histogram(times) == []
     times.append(3.0)
     times.settle()
-    assert stats._pct(times, 0.5) == 3.0 and stats._histogram(times)[0]["n"] == 1
+    assert stats.percentile(times, 0.5) == 3.0 and stats.histogram(times)[0]["n"] == 1
 
 
 def test_negative_and_equal_times_keep_their_order():
-    times, every = stats._Times(), [-2.5, -0.0, 0.0, 1e-300, -1e-300, 7.0, -7.0, 7.0, 3.25]
+    times, every = stats.Times(), [-2.5, -0.0, 0.0, 1e-300, -1e-300, 7.0, -7.0, 7.0, 3.25]
     for x in every[:5]:
         times.append(x)
     times.settle()
