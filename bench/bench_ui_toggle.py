@@ -12,7 +12,9 @@ of phases in a random order (strict alternation put a periodic stall on one side
 the phase it started in, the phase's first `$ROLLOUTD_UI_SETTLE` (1) seconds left out (the switch). Per side:
 beat p99 and p50, calls, the controller's CPU (/proc) and the loop's lags above 5 ms (`bench_ui_live.LoopWatch`,
 per phase).
-Appends a dated section to bench/results/RESULTS-ui.md, the raw run to scale-results/ui-toggle-DATE-TIME.json.
+Appends a dated section to bench/results/RESULTS-ui.md, the raw run (every beat) to
+scale-results/ui-toggle-DATE-TIME.json.gz. One run's ratio moves 0.7-1.7× with nothing changed: `python -m
+bench.bench_ui_toggle interval` pools the raw runs, with a 90 % interval from resampling pairs of phases.
 Next step: a real chromium as the dashboard.
 """
 from __future__ import annotations

@@ -133,10 +133,9 @@ class StoreDB:
 
     def events(self, key: str, last: int | None = None) -> list[dict[str, Any]]:
         """The job's events in order; with `last`, only the newest `last` of them."""
-        if last is None:
-            return [{k: e[k] for k in ("time", "type", "reason", "message")} for e in self.event_records([key])]
         with Session(self.engine) as s:
-            rows = s.exec(select(EventRow).where(EventRow.name == key).order_by(EventRow.id.desc()).limit(last)).all()
+            q = select(EventRow).where(EventRow.name == key).order_by(EventRow.id.desc())
+            rows = s.exec(q if last is None else q.limit(last)).all()
         return [{"time": timestamp(r.time), "type": r.type, "reason": r.reason, "message": r.message}
                 for r in reversed(rows)]
 

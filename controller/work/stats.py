@@ -35,6 +35,8 @@ REASONS_CHUNK = 100  # failed rows' reasons per slice, each a lookup in the tabl
 LATER_CHUNK = 50  # rows per slice of a later read, by seq from the table's pages: at 1000 nodes up to ~25 µs a row
 # (the nodes' commits leave the pages cold: 200 rows took 4.4-5.8 ms a few times a minute, 500 took 5-9 ms)
 FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
+
+
 @dataclass
 class _Acc:
     uid: str
