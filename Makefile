@@ -29,17 +29,17 @@ $(BIN)/.installed: pyproject.toml
 engine: venv
 	$(BIN)/rolloutd serve-model --prepare-only --model tiny --model smollm2
 
-# The TRL trainer's own venv (torch + trl, pinned in pyproject's [trl] extra, and the controller, which the
-# example trainer starts; not the core venv, not the engine venv, which pins vLLM's libraries): reinstalled
-# when those pins change (the stamp is their hash).
+# The TRL trainer's own venv (torch + trl, pinned in pyproject's [trl] extra; W&B and MLflow, [trackers]; and the
+# controller, which the example trainer starts; not the core venv, not the engine venv, which pins vLLM's
+# libraries): reinstalled when those pins change (the stamp is their hash).
 TRL_VENV ?= $(HOME)/.cache/rolloutd/trl/venv
-TRL_KEY  := $(shell grep '^trl = ' pyproject.toml | sha256sum | cut -c1-12)
+TRL_KEY  := $(shell grep -E '^(trl|trackers) = ' pyproject.toml | sha256sum | cut -c1-12)
 
 trl-venv: $(TRL_VENV)/.installed-$(TRL_KEY)
 
 $(TRL_VENV)/.installed-$(TRL_KEY):
 	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl,controller]'
+	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl,trackers,controller]'
 	rm -f $(TRL_VENV)/.installed-*
 	touch $@
 

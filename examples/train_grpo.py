@@ -114,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(reloaded into the engine), and add both to <out>/summary.json (rebuilt from steps.csv "
                         "when a run was interrupted before writing it)")
     p.add_argument("--data-dir", help="the started controller's data dir (default .rolloutd/<run name>)")
+    p.add_argument("--track", choices=("wandb", "mlflow"),
+                   help="log each batch's samples as a table and its rollout numbers to W&B or MLflow "
+                        "(rolloutd.integrations.trackers; `pip install 'rolloutd[trackers]'` in this venv)")
     return p.parse_args(argv)
 
 
@@ -312,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["heldout_before"] = score_heldout(rc, f"{name}-heldout", heldout_doc)
             print(f"  held-out reward {summary['heldout_before']['mean']:.3f}", flush=True)
 
+        track = tracker(args, name, model_dir)
         model = grpo.load_policy(model_dir, threads=args.threads)
         opt = grpo.make_optimizer(model, lr=args.lr)
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -366,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load": round(os.getloadavg()[0], 1),
             }
             steps.append(row)
+            track(batch, step)
             print(f"step {step:2d}  reward {row['reward_mean']:.3f}  informative {informative}/{settled}  "
                   f"tokens {row['tokens_trained']:5d}  rollout {row['rollout_s']:.1f}s train {row['train_s']:.1f}s "
                   f"sync {row['sync_s']:.1f}s  cancelled {batch.cancelled_rollouts}  stale {stale}  "
@@ -382,6 +387,34 @@ def main(argv: list[str] | None = None) -> int:
         rc.delete(name, wait=True, timeout=300)
         finish(rc, name, summary, heldout_doc, steps, out)
     return 0
+
+
+def tracker(args: argparse.Namespace, name: str, model_dir: Path):
+    """`track(batch, step)`: the batch's samples (decoded with the policy's tokenizer) and rollout numbers to the
+    tracker `--track` names, in a run named after the job; a no-op without `--track`."""
+    if not args.track:
+        return lambda batch, step: None
+    from transformers import AutoTokenizer
+
+    from rolloutd.integrations import trackers
+
+    try:
+        __import__(args.track)
+    except ImportError:
+        raise SystemExit(f"--track {args.track}: {args.track} is not installed in this venv "
+                         "(pip install 'rolloutd[trackers]')") from None
+    decode = AutoTokenizer.from_pretrained(model_dir).decode
+    if args.track == "wandb":
+        import wandb
+
+        run = wandb.init(project="rolloutd", name=name, config=vars(args))
+        return lambda batch, step: trackers.log_wandb(batch, step, decode=decode, run=run)
+    import mlflow
+
+    mlflow.set_experiment("rolloutd")
+    mlflow.start_run(run_name=name)
+    mlflow.log_params({k: v for k, v in vars(args).items() if v is not None})
+    return lambda batch, step: trackers.log_mlflow(batch, step, decode=decode)
 
 
 def finish(rc, name: str, summary: dict, heldout_doc: dict | None, steps: list[dict], out: Path) -> None:

@@ -27,7 +27,7 @@ PROMISES = {"": ["rolloutd.client", "rolloutd.crds", "rolloutd.controller.ctl"],
             "node": ["rolloutd.agents", "rolloutd.sandbox"],
             "controller": ["rolloutd.controller", "rolloutd.agents", "rolloutd.sandbox"]}
 # imported only where an optional part is used, each behind its own extra or a clear error
-OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors"}
+OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors", "wandb", "mlflow"}
 
 
 def _name(requirement: str) -> str:
