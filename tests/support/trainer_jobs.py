@@ -1,0 +1,46 @@
+"""Jobs and checks shared by the verl and SkyRL adapter tests (tests/rl): a batch job of scripted rewards on the
+tiny engine whose last prompt's sample 1 always fails on infrastructure, and the trainers' venvs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .cluster import job_doc
+
+HOME = Path(os.environ.get("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd")
+
+
+def trainer_python(name: str, check: str) -> tuple[Path, str]:
+    """The trainer venv's python, and why it cannot be used ("" when it can)."""
+    py = HOME / name / "venv" / "bin" / "python"
+    if not py.exists():
+        return py, f"no {name} venv at {py} (`make {name}-venv`, part of `make setup`, creates it)"
+    r = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
+    return py, "" if r.returncode == 0 else f"the {name} venv {py} cannot `{check}`: {r.stderr[-300:]}"
+
+
+def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, samples: int = 2) -> Path:
+    """Apply the batch job; return its dataset. Rewards: sample % 2 ("mixed"); the last prompt's sample 1 fails
+    in RUN as an infrastructure failure, every time (one attempt)."""
+    rows = [{"id": f"{name}-{i}", "question": f"What is {i} + 1?", "answer": str(i + 1), "script": "mixed"}
+            for i in range(prompts)]
+    rows[-1]["infraSample"] = 1
+    source = root / f"{name}.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = job_doc(name, engine, kind="scripted", source=str(source), limit=prompts, samples=samples, tools=(),
+                  max_turns=1, tokens=8, max_attempts=1)
+    doc["spec"]["batches"] = {"groups": prompts}
+    cluster.apply(doc)
+    return source
+
+
+def stored(cluster, name: str) -> dict[tuple, dict[str, Any]]:
+    """The job's stored trajectories by (prompt, group, sample)."""
+    return {(t["prompt"], t.get("group"), t["sample"]): t for t in cluster.trajectories(name)}
+
+
+def env_without_venv() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
