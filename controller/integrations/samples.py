@@ -83,15 +83,19 @@ class GroupSource:
     """n usable trajectories per prompt from a batch job (`spec.batches`, `samplesPerPrompt` = the trainer's n).
 
     `groups(prompts, n)` asks for exactly those prompts as one batch and waits; a sample that failed on
-    infrastructure (or has no record) is replaced by a usable sample of a fresh batch of the same prompt, at
-    most `max_replacements` batches per prompt, after which `NoUsableSample` is raised. So a trainer never
-    sees an infra failure as a reward, and its GRPO groups stay full. `replaced` counts the replacements."""
+    infrastructure (or has no record) is replaced by a usable sample of a fresh batch of the prompts still short,
+    at most `max_replacements` rounds, after which `NoUsableSample` is raised. So a trainer never sees an infra
+    failure as a reward, and its GRPO groups stay full. A job serves one batch at a time: calls queue on a lock.
+    `group(prompt, n)` is one prompt's share of a batch made of every prompt asked for in the same turn of the
+    event loop (verl asks row by row). `replaced` counts the replacements, `failures` keeps what was left out."""
 
     def __init__(self, client: AsyncRolloutClient, job: str, *, max_replacements: int = 2, timeout: float = 3600.0):
         self.client, self.job, self.max_replacements, self.timeout = client, job, max_replacements, timeout
         self.replaced = 0
-        self.failures: list[dict[str, Any]] = []  # the infra failures left out, as stored
+        self.failures: list[dict[str, Any]] = []
         self._n: int | None = None
+        self._lock = asyncio.Lock()
+        self._waiting: list[tuple[int, int, asyncio.Future]] = []
 
     async def _check_n(self, n: int) -> None:
         if self._n is None:
@@ -112,24 +116,56 @@ class GroupSource:
         return [sorted(g.samples, key=lambda t: int(t.get("sample", 0))) for g in batch.groups]
 
     async def groups(self, prompts: Sequence[int], n: int) -> list[list[dict[str, Any]]]:
+        prompts = list(prompts)
+        if len(set(prompts)) != len(prompts):
+            raise ValueError(f"prompts {prompts} repeat: one group per prompt and batch")
         await self._check_n(n)
-        first = await self._batch(prompts)
-        return list(await asyncio.gather(*(self._fill(p, g, n) for p, g in zip(prompts, first))))
+        async with self._lock:
+            kept: dict[int, list[dict[str, Any]]] = {p: [] for p in prompts}
+            short = prompts
+            for round_ in range(self.max_replacements + 1):
+                if round_:
+                    log.warning("rolloutjob %s: prompts %s lack samples without an infrastructure failure; asking "
+                                "for fresh groups", self.job, short)
+                for p, samples in zip(short, await self._batch(short)):
+                    take = [t for t in samples if usable(t)][:n - len(kept[p])]
+                    self.failures += [t for t in samples if not usable(t)]
+                    self.replaced += len(take) if round_ else 0
+                    kept[p] += take
+                short = [p for p in prompts if len(kept[p]) < n]
+                if not short:
+                    return [kept[p] for p in prompts]
+        raise NoUsableSample(f"rolloutjob {self.job} prompts {short}: fewer than {n} samples without an "
+                             f"infrastructure failure after {self.max_replacements} fresh groups")
 
-    async def _fill(self, prompt: int, samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-        kept = [t for t in samples if usable(t)][:n]
-        self.failures += [t for t in samples if not usable(t)]
-        for _ in range(self.max_replacements):
-            if len(kept) == n:
-                break
-            log.warning("rolloutjob %s prompt %d: %d of %d samples failed on infrastructure; asking for a fresh "
-                        "group", self.job, prompt, n - len(kept), n)
-            fresh = (await self._batch([prompt]))[0]
-            take = [t for t in fresh if usable(t)][:n - len(kept)]
-            self.failures += [t for t in fresh if not usable(t)]
-            self.replaced += len(take)
-            kept += take
-        if len(kept) < n:
-            raise NoUsableSample(f"rolloutjob {self.job} prompt {prompt}: only {len(kept)} of {n} samples without an "
-                                 f"infrastructure failure after {self.max_replacements} fresh groups")
-        return kept
+    async def group(self, prompt: int, n: int) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiting.append((prompt, n, fut))
+        if len(self._waiting) == 1:
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        """Every prompt asked for since the last flush, as batches of distinct prompts (and one n)."""
+        waiting, self._waiting = self._waiting, []
+        while waiting:
+            round_, rest, seen = [], [], set()
+            for w in waiting:
+                (rest if (w[0] in seen or w[1] != waiting[0][1]) else round_).append(w)
+                seen.add(w[0])
+            asyncio.ensure_future(self.groups([p for p, _, _ in round_], round_[0][1])).add_done_callback(
+                lambda task, round_=round_: _settle(task, round_))
+            waiting = rest
+
+
+def _settle(task: asyncio.Task, waiting: list[tuple[int, int, asyncio.Future]]) -> None:
+    for i, (_, _, fut) in enumerate(waiting):
+        if fut.done():
+            continue
+        if task.cancelled():
+            fut.cancel()
+        elif task.exception() is not None:
+            fut.set_exception(task.exception())
+        else:
+            fut.set_result(task.result()[i])

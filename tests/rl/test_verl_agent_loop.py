@@ -62,3 +62,39 @@ def test_verl_agent_loop_batch_is_rolloutds_trajectories(tmp_path, tiny_engine, 
     second = [r for r in rows if r["index"] == 1]
     assert all(r["trajectory"]["sample"] == 0 for r in second)
     assert len({r["trajectory"]["group"] for r in second}) == 2
+
+
+SYNC = """
+import sys
+from types import SimpleNamespace
+from verl.utils.import_utils import load_class_from_fqn
+from verl.workers.config.rollout import CheckpointEngineConfig
+cls = load_class_from_fqn("rolloutd.integrations.verl.checkpoint.RolloutdCheckpointManager", "CheckpointEngineManager")
+manager = cls(config=CheckpointEngineConfig(backend="naive"), actor_wg=None,
+              replicas=[SimpleNamespace(server_address=sys.argv[1])])
+print(manager.rolloutd_sync(3)["policy"]["version"])
+"""
+
+
+def test_a_weight_sync_moves_the_job_to_verls_servers_and_tags_later_rollouts(tmp_path, tiny_engine, trainer_cluster):
+    """verl's checkpoint-manager hook, loaded as verl loads it (`load_class_from_fqn`), with one stand-in replica
+    whose address is the real engine's (verl's own vLLM servers need CUDA): the job's backend list becomes that
+    address (the job's original backend, a dead one, is dropped) and the next rollouts carry verl's step."""
+    py, reason = trainer_python("verl", "import verl.checkpoint_engine, rolloutd.integrations.verl.checkpoint")
+    if reason:
+        pytest.skip(reason)
+    from rolloutd.client import RolloutClient
+
+    name = "verl-sync"
+    scripted_job(trainer_cluster, tiny_engine, name, tmp_path, backends=["http://127.0.0.1:9"])
+    address = tiny_engine.url.split("://", 1)[1]  # verl's replicas report host:port
+    env = {**env_without_venv(), "ROLLOUTD_JOB": name, "ROLLOUTD_SERVER": trainer_cluster.url,
+           "ROLLOUTD_TOKEN_FILE": str(trainer_cluster.data_dir / "token")}
+    p = subprocess.run([str(py), "-c", SYNC, address], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    with RolloutClient(trainer_cluster.url, token_file=trainer_cluster.data_dir / "token") as rc:
+        assert [b["url"] for b in rc.backends(name)] == [tiny_engine.url]
+        assert str(rc.policy(name)["version"]) == "3"
+        k = rc.request_batch(name, prompts=[0])["batch"]
+        (group,) = rc.batch(name, k, wait=True, timeout=300, all_groups=True).groups
+    assert [t["policyVersion"] for t in group.samples] == [3, 3]

@@ -22,7 +22,8 @@ def trainer_python(name: str, check: str) -> tuple[Path, str]:
     return py, "" if r.returncode == 0 else f"the {name} venv {py} cannot `{check}`: {r.stderr[-300:]}"
 
 
-def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, samples: int = 2) -> Path:
+def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, samples: int = 2,
+                 backends: list[str] | None = None) -> Path:
     """Apply the batch job; return its dataset. Rewards: sample % 2 ("mixed"); the last prompt's sample 1 fails
     in RUN as an infrastructure failure, every time (one attempt)."""
     rows = [{"id": f"{name}-{i}", "question": f"What is {i} + 1?", "answer": str(i + 1), "script": "mixed"}
@@ -31,7 +32,7 @@ def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, sa
     source = root / f"{name}.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     doc = job_doc(name, engine, kind="scripted", source=str(source), limit=prompts, samples=samples, tools=(),
-                  max_turns=1, tokens=8, max_attempts=1)
+                  max_turns=1, tokens=8, max_attempts=1, backends=backends)
     doc["spec"]["batches"] = {"groups": prompts}
     cluster.apply(doc)
     return source

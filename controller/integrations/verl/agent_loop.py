@@ -10,7 +10,8 @@ import asyncio
 import os
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMetrics, AgentLoopOutput,
+                                                     _agent_loop_registry, register)
 
 from rolloutd.client import AsyncRolloutClient
 
@@ -37,7 +38,6 @@ def to_output(sample: Sample) -> AgentLoopOutput:
                            extra_fields=extra)
 
 
-@register("rolloutd")
 class RolloutdAgentLoop(AgentLoopBase):
     """Rows with `agent_name: rolloutd`. A row's `extra_info.index` (verl's `index`) is its prompt index in the
     rolloutd job's dataset; the `rollout.n` copies of a row (one verl `uid`) are one rolloutd group, fetched once
@@ -72,7 +72,7 @@ class RolloutdAgentLoop(AgentLoopBase):
         prompt, uid = int(kwargs["index"]), str(kwargs.get("uid") or kwargs["index"])
         key = (self.job, uid)
         if key not in _pending:
-            _pending[key] = [asyncio.ensure_future(self._source().groups([prompt], self.samples)), 0]
+            _pending[key] = [asyncio.ensure_future(self._source().group(prompt, self.samples)), 0]
         entry = _pending[key]
         taken = entry[1]
         entry[1] += 1
@@ -81,7 +81,7 @@ class RolloutdAgentLoop(AgentLoopBase):
         if taken >= self.samples:
             raise RuntimeError(f"verl asked for more than {self.samples} samples of uid {uid}: set the loop's "
                                "`samples` to the number of copies verl makes of a row")
-        group = (await entry[0])[0]
+        group = await entry[0]
         sample = split(group[taken])
         limits = self.rollout_config
         if len(sample.prompt_ids) > limits.prompt_length or len(sample.response_ids) > limits.response_length:
@@ -90,3 +90,9 @@ class RolloutdAgentLoop(AgentLoopBase):
                              f"{limits.prompt_length} / response_length {limits.response_length}; raise them, or "
                              "lower the job's token limits (verl would not truncate them honestly)")
         return to_output(sample)
+
+
+# verl's registry: agent name "rolloutd". An entry of the agent-loop config file (with the job's settings) is read
+# before this module is imported (hydra imports it for that entry), so it must not be overwritten here.
+if "rolloutd" not in _agent_loop_registry:
+    register("rolloutd")(RolloutdAgentLoop)

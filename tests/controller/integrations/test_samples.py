@@ -82,9 +82,23 @@ def test_an_infra_failure_is_replaced_by_a_fresh_sample_of_the_same_prompt():
 
 def test_a_prompt_that_keeps_failing_raises_instead_of_scoring():
     client = FakeAsyncClient(lambda p, k: [traj(p, 0, failure="infra"), traj(p, 1, failure="infra")])
-    with pytest.raises(NoUsableSample, match="only 0 of 2"):
+    with pytest.raises(NoUsableSample, match=r"prompts \[0, 1\]: fewer than 2"):
         asyncio.run(GroupSource(client, "j", max_replacements=2).groups([0, 1], 2))
-    assert len(client.requests) == 1 + 2 * 2
+    assert client.requests == [[0, 1]] * 3  # the batch, then two rounds of fresh groups of the prompts still short
+
+
+def test_prompts_asked_for_one_by_one_in_a_turn_become_one_batch():
+    """verl asks row by row; a job serves one batch at a time: the prompts asked for together go as one batch
+    (a repeated prompt waits for the next one), each caller gets its own prompt's group."""
+    client = FakeAsyncClient(lambda p, k: [traj(p, 0, group=k), traj(p, 1, group=k)])
+    src = GroupSource(client, "j")
+
+    async def go():
+        return await asyncio.gather(src.group(3, 2), src.group(1, 2), src.group(3, 2))
+
+    a, b, c = asyncio.run(go())
+    assert client.requests == [[3, 1], [3]]
+    assert [t["prompt"] for t in a + b + c] == [3, 3, 1, 1, 3, 3] and a[0]["group"] == 1 and c[0]["group"] == 2
 
 
 def test_the_trainers_n_must_be_the_jobs_samples_per_prompt():
