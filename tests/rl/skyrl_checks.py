@@ -26,6 +26,8 @@ async def main() -> int:
     p.add_argument("--n", type=int, default=2)
     a = p.parse_args()
 
+    from rolloutd.integrations.skyrl import RolloutdGenerator  # first: on Python 3.11 it makes skyrl importable
+
     from skyrl.train.config import SkyRLTrainConfig
     from skyrl.train.dataset import PromptDataset
     from skyrl.train.generators.utils import prepare_generator_input
@@ -33,7 +35,6 @@ async def main() -> int:
     from transformers import AutoTokenizer
 
     from rolloutd.client import AsyncRolloutClient
-    from rolloutd.integrations.skyrl import RolloutdGenerator
 
     rows = [json.loads(line) for line in open(a.rows) if line.strip()]
     data = os.path.join(os.path.dirname(os.path.abspath(a.rows)), "skyrl-train.jsonl")

@@ -6,7 +6,19 @@ trainer's `generator`; `samples.GroupSource` fetches the groups and replaces inf
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import sys
+from typing import Sequence
+
+if sys.version_info < (3, 12):
+    # skyrl 0.2-0.3 declares a pydantic model field with typing.TypedDict (skyrl/tinker/types.py), which pydantic
+    # refuses before Python 3.12, so `import skyrl.train…` fails on 3.11. typing_extensions' TypedDict is the
+    # one pydantic accepts; it must be in place before skyrl's modules are first imported.
+    import typing
+
+    import typing_extensions
+
+    if "skyrl.tinker.types" not in sys.modules:
+        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
 
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput, TrajectoryID
 
