@@ -22,7 +22,7 @@ def unpad_left(row: list, mask: list) -> list:
 
 
 def test_skyrl_generator_training_input_is_rolloutds_trajectories(tmp_path, tiny_engine, trainer_cluster):
-    py, reason = trainer_python("skyrl", "import rolloutd.integrations.skyrl.generator, skyrl.train.trainer")
+    py, reason = trainer_python("skyrl", "skyrl", "torch", "rolloutd")
     if reason:
         pytest.skip(reason)
     name = "skyrl-gen"

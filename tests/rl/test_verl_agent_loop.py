@@ -15,24 +15,35 @@ import pytest
 from support.trainer_jobs import env_without_venv, scripted_job, stored, trainer_python
 
 CHECKS = Path(__file__).with_name("verl_checks.py")
+LOOP, SYNC = "verl-loop", "verl-sync"
 
 
-def test_verl_agent_loop_batch_is_rolloutds_trajectories(tmp_path, tiny_engine, trainer_cluster):
-    py, reason = trainer_python("verl", "import verl.experimental.agent_loop, rolloutd.integrations.verl.agent_loop")
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory, tiny_engine, trainer_cluster):
+    """verl_checks.py once, in verl's venv: the agent-loop batch of job LOOP, then the checkpoint-manager sync of
+    job SYNC (whose own backend is a dead address) with one stand-in replica at the real engine's address."""
+    py, reason = trainer_python("verl", "verl", "torch", "rolloutd")
     if reason:
         pytest.skip(reason)
-    name = "verl-loop"
-    source = scripted_job(trainer_cluster, tiny_engine, name, tmp_path)
-    loops = tmp_path / "agent_loops.yaml"
+    root = tmp_path_factory.mktemp("verl")
+    source = scripted_job(trainer_cluster, tiny_engine, LOOP, root)
+    scripted_job(trainer_cluster, tiny_engine, SYNC, root, backends=["http://127.0.0.1:9"])
+    loops = root / "agent_loops.yaml"
     loops.write_text(json.dumps([{"name": "rolloutd", "_target_": "rolloutd.integrations.verl.agent_loop.RolloutdAgentLoop",
-                                  "job": name, "server": trainer_cluster.url,
+                                  "job": LOOP, "server": trainer_cluster.url,
                                   "token_file": str(trainer_cluster.data_dir / "token")}]))
+    env = {**env_without_venv(), "ROLLOUTD_JOB": SYNC, "ROLLOUTD_SERVER": trainer_cluster.url,
+           "ROLLOUTD_TOKEN_FILE": str(trainer_cluster.data_dir / "token")}
     p = subprocess.run([str(py), str(CHECKS), "--model-dir", str(tiny_engine.model_dir), "--rows", str(source),
-                        "--agent-loops", str(loops), "--n", "2"],
-                       capture_output=True, text=True, timeout=600, env=env_without_venv())
+                        "--agent-loops", str(loops), "--n", "2", "--sync-address", tiny_engine.url.split("://", 1)[1]],
+                       capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    rows, by_id = out["rows"], stored(trainer_cluster, name)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_verl_agent_loop_batch_is_rolloutds_trajectories(verl_run, trainer_cluster):
+    out = verl_run
+    rows, by_id = out["rows"], stored(trainer_cluster, LOOP)
     assert {"rm_scores", "rollout_log_probs", "advantages", "response_mask"} <= set(out["keys"])
     assert [r["index"] for r in rows] == [0, 0, 1, 1]  # verl's n copies of each row, in verl's order
     seen = set()
@@ -64,37 +75,15 @@ def test_verl_agent_loop_batch_is_rolloutds_trajectories(tmp_path, tiny_engine, 
     assert len({r["trajectory"]["group"] for r in second}) == 2
 
 
-SYNC = """
-import sys
-from types import SimpleNamespace
-from verl.utils.import_utils import load_class_from_fqn
-from verl.workers.config.rollout import CheckpointEngineConfig
-cls = load_class_from_fqn("rolloutd.integrations.verl.checkpoint.RolloutdCheckpointManager", "CheckpointEngineManager")
-manager = cls(config=CheckpointEngineConfig(backend="naive"), actor_wg=None,
-              replicas=[SimpleNamespace(server_address=sys.argv[1])])
-print(manager.rolloutd_sync(3)["policy"]["version"])
-"""
-
-
-def test_a_weight_sync_moves_the_job_to_verls_servers_and_tags_later_rollouts(tmp_path, tiny_engine, trainer_cluster):
-    """verl's checkpoint-manager hook, loaded as verl loads it (`load_class_from_fqn`), with one stand-in replica
-    whose address is the real engine's (verl's own vLLM servers need CUDA): the job's backend list becomes that
-    address (the job's original backend, a dead one, is dropped) and the next rollouts carry verl's step."""
-    py, reason = trainer_python("verl", "import verl.checkpoint_engine, rolloutd.integrations.verl.checkpoint")
-    if reason:
-        pytest.skip(reason)
+def test_a_weight_sync_moves_the_job_to_verls_servers_and_tags_later_rollouts(verl_run, tiny_engine, trainer_cluster):
+    """verl's checkpoint-manager hook (`checkpoint_manager_class`), loaded as verl loads it, with one stand-in
+    replica whose address is the real engine's (verl's own vLLM servers need CUDA): the job's backend list becomes
+    that address (its original backend, a dead one, is dropped) and the next rollouts carry verl's step."""
     from rolloutd.client import RolloutClient
 
-    name = "verl-sync"
-    scripted_job(trainer_cluster, tiny_engine, name, tmp_path, backends=["http://127.0.0.1:9"])
-    address = tiny_engine.url.split("://", 1)[1]  # verl's replicas report host:port
-    env = {**env_without_venv(), "ROLLOUTD_JOB": name, "ROLLOUTD_SERVER": trainer_cluster.url,
-           "ROLLOUTD_TOKEN_FILE": str(trainer_cluster.data_dir / "token")}
-    p = subprocess.run([str(py), "-c", SYNC, address], capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert str(verl_run["synced"]) == "3"
     with RolloutClient(trainer_cluster.url, token_file=trainer_cluster.data_dir / "token") as rc:
-        assert [b["url"] for b in rc.backends(name)] == [tiny_engine.url]
-        assert str(rc.policy(name)["version"]) == "3"
-        k = rc.request_batch(name, prompts=[0])["batch"]
-        (group,) = rc.batch(name, k, wait=True, timeout=300, all_groups=True).groups
+        assert [b["url"] for b in rc.backends(SYNC)] == [tiny_engine.url]
+        k = rc.request_batch(SYNC, prompts=[0])["batch"]
+        (group,) = rc.batch(SYNC, k, wait=True, timeout=300, all_groups=True).groups
     assert [t["policyVersion"] for t in group.samples] == [3, 3]

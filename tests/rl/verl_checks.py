@@ -39,6 +39,8 @@ async def main() -> int:
     p.add_argument("--rows", required=True, help="the rolloutd job's dataset (jsonl)")
     p.add_argument("--agent-loops", required=True)
     p.add_argument("--n", type=int, default=2)
+    p.add_argument("--sync-address", default="", help="then: RolloutdCheckpointManager.rolloutd_sync(3) with one "
+                   "stand-in replica at this address (job: ROLLOUTD_JOB)")
     a = p.parse_args()
 
     from torch.utils.data import DataLoader
@@ -89,7 +91,18 @@ async def main() -> int:
             "advantage": float(b["advantages"][i][rmask.bool()][0]) if rmask.any() else 0.0,
             "trajectory": nt["rolloutd_trajectory"][i], "versions": list(nt["rolloutd_versions"][i]),
             "min_global_steps": nt["min_global_steps"][i], "max_global_steps": nt["max_global_steps"][i]})
-    print(json.dumps({"rows": rows_out, "keys": sorted(b.keys())}))
+    synced = None
+    if a.sync_address:  # verl's checkpoint-manager hook, loaded as verl's driver loads it
+        from types import SimpleNamespace
+
+        from verl.utils.import_utils import load_class_from_fqn
+        from verl.workers.config.rollout import CheckpointEngineConfig
+
+        cls = load_class_from_fqn("rolloutd.integrations.verl.checkpoint.RolloutdCheckpointManager", "manager")
+        manager = cls(config=CheckpointEngineConfig(backend="naive"), actor_wg=None,
+                      replicas=[SimpleNamespace(server_address=a.sync_address)])
+        synced = manager.rolloutd_sync(3)["policy"]["version"]
+    print(json.dumps({"rows": rows_out, "keys": sorted(b.keys()), "synced": synced}))
     return 0
 
 

@@ -13,13 +13,15 @@ from .cluster import job_doc
 HOME = Path(os.environ.get("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd")
 
 
-def trainer_python(name: str, check: str) -> tuple[Path, str]:
-    """The trainer venv's python, and why it cannot be used ("" when it can)."""
+def trainer_python(name: str, *packages: str) -> tuple[Path, str]:
+    """The trainer venv's python, and why it cannot be used ("" when it can): the packages must be installed
+    there (found, not imported: importing verl or skyrl takes ~15 s, the test's own script does it)."""
     py = HOME / name / "venv" / "bin" / "python"
     if not py.exists():
         return py, f"no {name} venv at {py} (`make {name}-venv`, part of `make setup`, creates it)"
+    check = f"import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in {list(packages)!r}))"
     r = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
-    return py, "" if r.returncode == 0 else f"the {name} venv {py} cannot `{check}`: {r.stderr[-300:]}"
+    return py, "" if r.returncode == 0 else f"the {name} venv {py} lacks one of {packages}: {r.stderr[-300:]}"
 
 
 def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, samples: int = 2,
