@@ -56,7 +56,8 @@ class Sample:
     reward: float
     versions: list[int | str | None]
     finish_reason: str
-    turns: int
+    turns: int  # assistant turns
+    observations: int  # tool observations among them
     key: dict[str, Any] = field(default_factory=dict)  # job, prompt, group, sample, taskId: the stored record's id
 
 
@@ -76,6 +77,7 @@ def split(t: dict[str, Any]) -> Sample:
                   logprobs=[float(lp) if m else 0.0 for m, lp in zip(mask[p:], lps[p:])], reward=float(t["reward"]),
                   versions=token_versions(t), finish_reason=str(t.get("finishReason") or ""),
                   turns=len(t.get("turns") or []),
+                  observations=sum(1 for turn in t.get("turns") or [] if turn.get("observationStart") is not None),
                   key={k: t.get(k) for k in ("job", "prompt", "group", "sample", "taskId")})
 
 

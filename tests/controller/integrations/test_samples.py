@@ -29,7 +29,7 @@ def test_split_keeps_ids_masks_observations_and_logprobs():
     s = split(traj())
     assert s.prompt_ids == [1, 2, 3] and s.response_ids == [10, 11, 50, 51, 12]
     assert s.response_mask == [1, 1, 0, 0, 1] and s.logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
-    assert s.versions == [2, 2, None, None, 3] and s.reward == 1.0 and s.turns == 2
+    assert s.versions == [2, 2, None, None, 3] and s.reward == 1.0 and (s.turns, s.observations) == (2, 1)
     assert s.key == {"job": "j", "prompt": 0, "group": 1, "sample": 0, "taskId": "q0"}
 
 
