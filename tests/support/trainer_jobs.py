@@ -11,6 +11,7 @@ from typing import Any
 from .cluster import job_doc
 
 HOME = Path(os.environ.get("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def trainer_python(name: str, *packages: str) -> tuple[Path, str]:
@@ -21,7 +22,15 @@ def trainer_python(name: str, *packages: str) -> tuple[Path, str]:
         return py, f"no {name} venv at {py} (`make {name}-venv`, part of `make setup`, creates it)"
     check = f"import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in {list(packages)!r}))"
     r = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
-    return py, "" if r.returncode == 0 else f"the {name} venv {py} lacks one of {packages}: {r.stderr[-300:]}"
+    if r.returncode:
+        return py, f"the {name} venv {py} lacks one of {packages}: {r.stderr[-300:]}"
+    # the venv is shared by checkouts: its editable rolloutd must be this one (as examples/trl/train_trl.py does)
+    where = "import importlib.util as u; print(u.find_spec('rolloutd.integrations').submodule_search_locations[0])"
+    found = subprocess.run([str(py), "-c", where], capture_output=True, text=True).stdout.strip()
+    if not found or not Path(found).resolve().is_relative_to(REPO):
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e",
+                        str(REPO)], check=True, capture_output=True)
+    return py, ""
 
 
 def scripted_job(cluster, engine, name: str, root: Path, *, prompts: int = 2, samples: int = 2,
