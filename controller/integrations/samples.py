@@ -30,16 +30,20 @@ def usable(t: dict[str, Any]) -> bool:
 def token_versions(t: dict[str, Any]) -> list[int | str | None]:
     """The policy version of each response token (None on observation tokens).
 
-    The one place to switch to the per-token version spans of the trajectory record once it carries them
-    (issue #38); today: turn i's generated tokens carry `policyVersions[i]` (one entry per LLM call), or the
-    trajectory's `policyVersion` when the two lists do not line up."""
+    From the record's per-token `versionSpans` (issue #38: runs [start, end) of tokenIds, each sampled by one
+    version; a turn the weights changed in holds several) when it carries them; for records without them,
+    turn i's generated tokens carry `policyVersions[i]` (one entry per LLM call), or the trajectory's
+    `policyVersion` when the two lists do not line up. A version never announced is 0."""
     p, n = int(t.get("promptLength") or 0), len(t.get("tokenIds") or [])
     out: list[int | str | None] = [None] * (n - p)
-    turns, versions = t.get("turns") or [], list(t.get("policyVersions") or [])
-    if len(versions) != len(turns):
-        versions = [t.get("policyVersion")] * len(turns)
-    for turn, v in zip(turns, versions):
-        for i in range(int(turn["generatedStart"]), int(turn["generatedEnd"])):
+    spans = [(s.get("version"), int(s["start"]), int(s["end"])) for s in t.get("versionSpans") or []]
+    if not spans:
+        turns, versions = t.get("turns") or [], list(t.get("policyVersions") or [])
+        if len(versions) != len(turns):
+            versions = [t.get("policyVersion")] * len(turns)
+        spans = [(v, int(turn["generatedStart"]), int(turn["generatedEnd"])) for turn, v in zip(turns, versions)]
+    for v, start, end in spans:
+        for i in range(max(start, p), min(end, n)):
             out[i - p] = 0 if v is None else v
     return out
 

@@ -39,6 +39,13 @@ def test_token_versions_fall_back_to_the_trajectorys_version():
     assert token_versions(t) == [2, 2, None, None, 2]
 
 
+def test_token_versions_from_the_records_version_spans():
+    """A record with per-token version spans (the weights changed inside turn 1, between its two tokens)."""
+    t = {**traj(), "versionSpans": [{"version": 2, "start": 3, "end": 4}, {"version": 3, "start": 4, "end": 5},
+                                    {"version": 3, "start": 7, "end": 8}]}
+    assert token_versions(t) == [2, 3, None, None, 3] == split(t).versions
+
+
 def test_unusable_and_malformed_trajectories():
     assert not usable(traj(failure="infra")) and usable(traj()) and usable(traj(reward=0.0, failure="agent"))
     assert not usable({**traj(), "tokenIds": [], "segments": [{}, {}]})
