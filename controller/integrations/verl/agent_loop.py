@@ -76,11 +76,8 @@ class RolloutdAgentLoop(AgentLoopBase):
         entry = _pending[key]
         taken = entry[1]
         entry[1] += 1
-        if entry[1] >= self.samples:
+        if entry[1] >= self.samples:  # the uid's last copy: a further one would start a new group
             del _pending[key]
-        if taken >= self.samples:
-            raise RuntimeError(f"verl asked for more than {self.samples} samples of uid {uid}: set the loop's "
-                               "`samples` to the number of copies verl makes of a row")
         group = await entry[0]
         sample = split(group[taken])
         limits = self.rollout_config
