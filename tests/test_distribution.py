@@ -27,7 +27,9 @@ PROMISES = {"": ["rolloutd.client", "rolloutd.crds", "rolloutd.controller.ctl"],
             "node": ["rolloutd.agents", "rolloutd.sandbox"],
             "controller": ["rolloutd.controller", "rolloutd.agents", "rolloutd.sandbox"]}
 # imported only where an optional part is used, each behind its own extra or a clear error
-OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors", "wandb", "mlflow"}
+# (verl, skyrl: the trainers' extras; typing_extensions comes with skyrl; wandb, mlflow: the trackers' extra)
+OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors",
+            "verl", "skyrl", "typing_extensions", "wandb", "mlflow"}
 
 
 def _name(requirement: str) -> str:

@@ -15,12 +15,11 @@ import httpx
 import pytest
 from support.cluster import Cluster, job_doc
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
+from support.trainer_jobs import env_without_venv, trainer_python
 from tokenizers import Tokenizer
 
 from rolloutd.client import RolloutClient
 
-REPO = Path(__file__).resolve().parents[2]
-TRL_PY = Path(os.environ.get("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd") / "trl" / "venv" / "bin" / "python"
 
 LOG = """
 import json, sys
@@ -51,9 +50,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp: Path):
+def mlflow_server(py: Path, tmp: Path):
     port = free_port()
-    proc = subprocess.Popen([str(TRL_PY), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([str(py), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
                              "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"],
                             stdout=open(tmp / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -74,10 +73,9 @@ def mlflow_server(tmp: Path):
 
 
 def test_a_batch_lands_in_wandb_and_mlflow_as_its_rows(tmp_path, tiny_engine):
-    r = subprocess.run([str(TRL_PY), "-c", "import wandb, mlflow"], capture_output=True, text=True) \
-        if TRL_PY.exists() else None
-    if r is None or r.returncode:
-        pytest.skip(f"the trainer venv {TRL_PY} lacks wandb/mlflow (`make trl-venv` installs them)")
+    py, why = trainer_python("trl", "wandb", "mlflow")
+    if why:
+        pytest.skip(why)
     (tmp_path / "c").mkdir()
     cluster = Cluster(tmp_path / "c").start()
     rc = RolloutClient(cluster.url, token=cluster.token)
@@ -91,10 +89,9 @@ def test_a_batch_lands_in_wandb_and_mlflow_as_its_rows(tmp_path, tiny_engine):
         cluster.stop()
     (tmp_path / "batch.json").write_text(json.dumps(batch.raw))
     tokenizer = tiny_engine.model_dir / "tokenizer.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env.update(WANDB_SILENT="true", MLFLOW_ENABLE_ASYNC_LOGGING="false")
-    with mlflow_server(tmp_path) as url:
-        p = subprocess.run([str(TRL_PY), "-c", LOG, str(tmp_path / "batch.json"), str(tokenizer),
+    env = {**env_without_venv(), "WANDB_SILENT": "true", "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
+    with mlflow_server(py, tmp_path) as url:
+        p = subprocess.run([str(py), "-c", LOG, str(tmp_path / "batch.json"), str(tokenizer),
                             str(tmp_path), url], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-4000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])

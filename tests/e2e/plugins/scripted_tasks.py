@@ -4,7 +4,8 @@ the e2e and Slurm tests): real rollouts against a real engine, with one thing sc
 - `ScriptedRewards` ("scripted"): EVAL's reward is scripted per prompt, so DAPO's informative /
   non-informative groups are known in advance. Row fields: like math ({"id", "question", "answer"})
   plus "script": "mixed" (reward = sample % 2, an informative group), "right" (all 1) or "wrong" (all 0),
-  and optionally "gate" (as below).
+  and optionally "gate" (as below) and "infraSample": n (sample n of the group fails in RUN as an
+  infrastructure failure, every attempt; the other samples run).
 - `GatedMath` ("gated"): math, but INIT waits until the file named by the row's "gate" exists. A
   test then knows the job cannot finish before it creates the file (a kill, a restart, an outage
   happens mid-job whatever the machine's speed), and can count the rollouts held at the gate.
@@ -29,6 +30,11 @@ class GatedMath(MathTask):
 
 
 class ScriptedRewards(GatedMath):
+    async def run(self, task, sandbox, llm, *, tokenizer, config, ctx):
+        if task.get("infraSample") == ctx.sample:
+            raise RuntimeError(f"scripted infrastructure failure of sample {ctx.sample}")
+        return await super().run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
+
     async def eval(self, task, sandbox, trajectory):
         script = task.get("script", "wrong")
         value = float(trajectory.sample % 2) if script == "mixed" else float(script == "right")
