@@ -51,6 +51,8 @@ from .stats import JobStats
 from .tables import ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
+EXPIRY_PASS_SECONDS = 0.5  # the background pass: leases past their deadline requeued, backends checked
+STALL_SECONDS = 2.0        # a pass this much later than asked: the controller stalled, the nodes get a grace
 
 
 class Scheduler:
@@ -313,10 +315,22 @@ class Scheduler:
         """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
         return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
 
+    def stalled(self, seconds: float) -> None:
+        """The controller heard nothing for `seconds` (SIGSTOP, a long GC pause, a blocked loop): its silence is
+        not the nodes'. Every lease and node gets a whole lease from now to beat before anything expires."""
+        log.warning("the controller stalled for %.1f s: every lease gets a whole lease to be renewed", seconds)
+        now = self.clock()
+        self.queue.live.grace(now, self._lease_seconds)
+        self.registry.heard_all(now)
+
     async def run(self) -> None:
         last_health = 0.0
         self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
+        asked = time.monotonic()
         while not self.queue.stopped:
+            late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
+            if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
+                self.stalled(late)
             try:
                 self.attempts.expire()
                 if time.monotonic() - last_health >= self.health_interval or self._unasked():
@@ -324,7 +338,8 @@ class Scheduler:
                     await self.check_health()
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass
                 log.exception("scheduler background pass failed")
-            await asyncio.sleep(0.5)
+            asked = time.monotonic()
+            await asyncio.sleep(EXPIRY_PASS_SECONDS)
 
     def stop(self) -> None:
         self.health.close()
