@@ -18,6 +18,19 @@ from support.fault_jobs import LEASE_SECONDS, gated_oracle_job, scored_once
 ROLLOUTS = 6
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _released(cluster, pids: list[int]) -> None:
+    """The finished job's daemons exit on their own (their sandboxes unmounted), before the fixture kills anything."""
+    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the finished job's daemons to exit", every=0.1)
+
+
 def _held(cluster, tmp_path, name: str):
     gate = tmp_path / "gate"
     cluster.apply(gated_oracle_job(name, gate, rollouts=ROLLOUTS))
@@ -29,6 +42,7 @@ def test_a_controller_stopped_for_three_leases_cancels_no_rollout(cluster, tmp_p
     """SIGSTOP for 3 × leaseSeconds, then SIGCONT: the controller heard no beat because it was not running, so it
     gives the nodes a whole lease to beat before expiring anything (before: every lease expired at once)."""
     gate = _held(cluster, tmp_path, "stopped")
+    pids = cluster.daemon_pids()
     os.killpg(cluster.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(3 * LEASE_SECONDS)  # the fault itself: the controller does not run
@@ -37,6 +51,7 @@ def test_a_controller_stopped_for_three_leases_cancels_no_rollout(cluster, tmp_p
     gate.touch()
     cluster.wait_done("stopped", 120)
     scored_once(cluster, "stopped", ROLLOUTS)
+    _released(cluster, pids)
     assert "the controller stalled for" in (cluster.root / "controller.log").read_text()
 
 
@@ -54,3 +69,4 @@ def test_a_controller_killed_and_restarted_after_an_outage_loses_no_rollout(clus
     assert cluster.daemon_pids() == pids
     cluster.wait_done(name, 120)
     scored_once(cluster, name, ROLLOUTS)
+    _released(cluster, pids)
