@@ -8,11 +8,13 @@ the disk answers 503 with the reason and Retry-After (`storage_reason` tells suc
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sqlite3
 import time
 from pathlib import Path
 
+log = logging.getLogger("rolloutd.storage")
 MIN_FREE_BYTES = 1 << 20  # less free space than this in the data dir: not ready (SQLite's next page may not fit)
 RECENT_SECONDS = 10.0     # a write failed on the disk this recently: not ready, even if a probe looks fine now
 RETRY_AFTER_SECONDS = 5
@@ -61,11 +63,12 @@ class StorageWatch:
             try:
                 st = os.stat(self.db)
             except FileNotFoundError:
-                self._lost = f"the store file {self.db} was removed while the controller ran"
+                self._lost = f"the store file {self.db.name} was removed while the controller ran"
             else:
                 if (st.st_dev, st.st_ino) != self._identity:
-                    self._lost = f"the store file {self.db} was replaced while the controller ran"
+                    self._lost = f"the store file {self.db.name} was replaced while the controller ran"
             if self._lost is not None:
+                log.critical("%s (%s)", self._lost, self.db)
                 self._lost += ("; nothing written since can be read back, so the controller stopped serving: put the "
                                "store back (or restore it from a backup) and restart the controller")
         return self._lost
@@ -76,10 +79,10 @@ class StorageWatch:
             return lost
         folder = self.db.parent
         if not os.access(folder, os.W_OK):
-            return f"the data dir {folder} is not writable (a read-only filesystem?)"
+            return "the data dir is not writable (a read-only filesystem?)"
         fs = os.statvfs(folder)
         if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
-            return f"the data dir {folder} is full ({fs.f_bavail * fs.f_frsize} bytes free)"
+            return f"the data dir is full ({fs.f_bavail * fs.f_frsize} bytes free)"
         if self._failed is not None and time.monotonic() - self._failed[0] < RECENT_SECONDS:
             return self._failed[1]
         return None
