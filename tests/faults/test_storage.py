@@ -5,6 +5,7 @@ the same, and a controller whose store file is gone stops serving instead of wri
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 from support.controller_process import ControllerProcess
 from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from rolloutd.controller.storage_faults import StorageWatch, storage_reason
 from support.waiting import wait_until
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
@@ -135,3 +137,27 @@ def c_args(data: Path) -> list[str]:
     import sys
     return [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(data),
             "--executors", ""]
+
+
+def test_a_read_only_filesystem_is_not_ready_and_its_write_errors_are_storage_faults(small_fs):
+    """The filesystem goes read-only (remounted: the kernel refuses that while a file is open for writing, so no
+    controller holds this store): readiness names it, and SQLite's refusal is a storage fault (503), not a bug."""
+    db = small_fs / "rolloutd.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    watch = StorageWatch(db)
+    assert watch.problem() is None
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    try:
+        assert "not writable" in watch.problem()
+        conn = sqlite3.connect(db)
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            conn.execute("INSERT INTO t VALUES (1)")
+            conn.commit()
+        conn.close()
+        assert "cannot be written" in storage_reason(refused.value)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+    assert watch.problem() is None
+    assert storage_reason(ValueError("a bug")) is None
