@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -35,7 +36,7 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from ..errors import BadRequest, Conflict, NotFound
 from ..ports import Progress
 from ..store import Store
-from . import hot_sql, tables
+from . import hot_sql, seq_floor, tables
 from .admission import Admission
 from .attempts import Attempts
 from .backends import BackendHttp, BackendPool, HealthProbe
@@ -89,8 +90,11 @@ class Scheduler:
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
+        self.seq_file = Path(store.path).parent / seq_floor.SEQ_FILE
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
+            seq_floor.raise_floor(tx.db, self.seq_file)  # restored from a backup: seqs go on above those issued
+        self._record_seq()
 
     def _lease_seconds(self, name: str) -> float:
         try:
@@ -315,6 +319,13 @@ class Scheduler:
         """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
         return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
 
+    def _record_seq(self) -> None:
+        try:
+            with hot_sql.transaction(self.engine) as tx:
+                seq_floor.record(tx.db, self.seq_file)
+        except OSError as e:  # the disk full or read-only: the next pass tries again
+            log.warning("cannot record the trajectory seq: %s", e)
+
     def stalled(self, seconds: float) -> None:
         """The controller heard nothing for `seconds` (SIGSTOP, a long GC pause, a blocked loop): its silence is
         not the nodes'. Every lease and node gets a whole lease from now to beat before anything expires."""
@@ -326,8 +337,11 @@ class Scheduler:
     async def run(self) -> None:
         last_health = 0.0
         self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
-        asked = time.monotonic()
+        asked = recorded = time.monotonic()
         while not self.queue.stopped:
+            if asked - recorded >= seq_floor.RECORD_SECONDS:
+                recorded = asked
+                await asyncio.to_thread(self._record_seq)
             late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
             if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
                 self.stalled(late)
@@ -342,6 +356,7 @@ class Scheduler:
             await asyncio.sleep(EXPIRY_PASS_SECONDS)
 
     def stop(self) -> None:
+        self._record_seq()
         self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()
