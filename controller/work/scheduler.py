@@ -94,7 +94,7 @@ class Scheduler:
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
             seq_floor.raise_floor(tx.db, self.seq_file)  # restored from a backup: seqs go on above those issued
-        self._record_seq()
+        seq_floor.record(self.engine, self.seq_file)
 
     def _lease_seconds(self, name: str) -> float:
         try:
@@ -319,13 +319,6 @@ class Scheduler:
         """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
         return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
 
-    def _record_seq(self) -> None:
-        try:
-            with hot_sql.transaction(self.engine) as tx:
-                seq_floor.record(tx.db, self.seq_file)
-        except OSError as e:  # the disk full or read-only: the next pass tries again
-            log.warning("cannot record the trajectory seq: %s", e)
-
     def stalled(self, seconds: float) -> None:
         """The controller heard nothing for `seconds` (SIGSTOP, a long GC pause, a blocked loop): its silence is
         not the nodes'. Every lease and node gets a whole lease from now to beat before anything expires."""
@@ -341,7 +334,7 @@ class Scheduler:
         while not self.queue.stopped:
             if asked - recorded >= seq_floor.RECORD_SECONDS:
                 recorded = asked
-                await asyncio.to_thread(self._record_seq)
+                await asyncio.to_thread(seq_floor.record, self.engine, self.seq_file)
             late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
             if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
                 self.stalled(late)
@@ -356,7 +349,7 @@ class Scheduler:
             await asyncio.sleep(EXPIRY_PASS_SECONDS)
 
     def stop(self) -> None:
-        self._record_seq()
+        seq_floor.record(self.engine, self.seq_file)
         self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()

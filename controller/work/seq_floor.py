@@ -12,6 +12,8 @@ import os
 import sqlite3
 from pathlib import Path
 
+from sqlalchemy.engine import Engine
+
 log = logging.getLogger("rolloutd.feed")
 SEQ_FILE = "trajectory-seq"
 RECORD_SECONDS = 10.0
@@ -39,8 +41,14 @@ def raise_floor(db: sqlite3.Connection, path: Path) -> int | None:
     return floor
 
 
-def record(db: sqlite3.Connection, path: Path) -> None:
-    """Write the largest seq issued so far (atomically: a crash leaves the previous record)."""
+def record(engine: Engine, path: Path) -> None:
+    """Write the largest seq issued so far (atomically: a crash leaves the previous record); a disk that cannot take
+    it (full, read-only) is logged, and the next record tries again."""
+    with engine.connect() as conn:
+        largest = _largest(conn.connection.driver_connection)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{_largest(db)}\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(f"{largest}\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot record the trajectory seq in %s: %s", path, e)
