@@ -20,6 +20,7 @@ def test_a_job_stored_by_the_oldest_schema_deletes_after_the_upgrade(tmp_path):
     data.mkdir()
     with sqlite3.connect(data / "rolloutd.db") as conn:
         conn.executescript(FIXTURE.read_text())
+    (data / "token").write_text("the-token-of-before\n")  # a store's data dir keeps its token (never re-minted)
     c = ControllerProcess(data).start()
     try:
         with c.client() as api:
