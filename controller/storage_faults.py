@@ -20,7 +20,7 @@ RECENT_SECONDS = 10.0     # a write failed on the disk this recently: not ready,
 RETRY_AFTER_SECONDS = 5
 _SQLITE_STORAGE = ("database or disk is full", "readonly database", "disk i/o error", "unable to open database file",
                    "locking protocol")
-_OS_STORAGE = (errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT, errno.ENOENT)
+_OS_STORAGE = (errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT)
 
 
 def storage_reason(exc: BaseException) -> str | None:
