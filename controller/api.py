@@ -12,10 +12,10 @@
     …/namespaces/{ns}/rolloutjobs/{name}/logs          the node daemons' logs (`http/logs.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
-    /healthz (no auth) · /metrics (Prometheus) · /openapi.json
+    /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
     /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
-Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
+Built by `create_app(store, token)`; served by `server.py`. Every endpoint but the probes needs
 a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
 scoped one (`http/access.py`: 403 beyond it; never on node paths; its writes of jobs are admitted against the
 namespace's TenantPolicy, `kube/admit.py`). Errors are Kubernetes `Status` objects (see `errors.py`).
