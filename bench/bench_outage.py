@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +120,7 @@ def one_run(src: Path | None, outage: float) -> dict:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(quick: bool = False) -> list[dict]:
