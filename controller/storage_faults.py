@@ -16,7 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger("rolloutd.storage")
 MIN_FREE_BYTES = 1 << 20  # less free space than this in the data dir: not ready (SQLite's next page may not fit)
-RECENT_SECONDS = 10.0     # a write failed on the disk this recently: not ready, even if a probe looks fine now
+RECENT_SECONDS = 5.0      # a write failed on the disk this recently: not ready, even if a probe looks fine now
 RETRY_AFTER_SECONDS = 5
 _SQLITE_STORAGE = ("database or disk is full", "readonly database", "disk i/o error", "unable to open database file",
                    "locking protocol")
