@@ -66,6 +66,7 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
             raise httpx.PoolTimeout("no free connection slot", request=request) from None
         origin = (url.host, url.port or 80)
         conn: _Conn | None = None
+        held = True  # the slot, until a connection (or the streamed body) takes it over
         try:
             conn = await self._connect(request, origin, timeouts.get("connect"))
             c = conn.h11
@@ -90,17 +91,19 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
             head = {"headers": response.headers,
                     "extensions": {"http_version": b"HTTP/1.1", "reason_phrase": response.reason}}
             if request.extensions.get("stream"):
-                stream, conn = _Body(self, conn, origin, request, timeouts), None  # the body releases it
+                stream = _Body(self, conn, origin, request, timeouts)  # the body releases the slot
+                conn, held = None, False
                 return httpx.Response(response.status_code, stream=stream, **head)
             chunks = []
             while not isinstance(event := await _next_event(conn, request, timeouts, response), h11.EndOfMessage):
                 chunks.append(bytes(event.data))
-            self._release(conn, origin)
-            conn = None
+            self._release(conn, origin)  # frees the slot
+            conn, held = None, False
             return httpx.Response(response.status_code, content=b"".join(chunks), **head)
         finally:
             if conn is not None:  # failed or cancelled mid-exchange: never reused
                 conn.close()
+            if held:  # also when no connection was made (refused, timed out): the slot always comes back
                 self._slots.release()
 
     def _release(self, conn: _Conn, origin: tuple[str, int]) -> None:

@@ -12,10 +12,10 @@
     …/namespaces/{ns}/rolloutjobs/{name}/logs          the node daemons' logs (`http/logs.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
-    /healthz (no auth) · /metrics (Prometheus) · /openapi.json
+    /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
     /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
-Built by `create_app(store, token)`; served by `server.py`. Every endpoint but /healthz needs
+Built by `create_app(store, token)`; served by `server.py`. Every endpoint but the probes needs
 a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
 scoped one (`http/access.py`: 403 beyond it; never on node paths; its writes of jobs are admitted against the
 namespace's TenantPolicy, `kube/admit.py`). Errors are Kubernetes `Status` objects (see `errors.py`).
@@ -39,7 +39,7 @@ from rolloutd.crds.rolloutjob import Phase
 
 from .auth import TokenBook, token_matches
 from .nodeauth import NodeCredentials, NodeGate
-from .errors import ApiError, BadRequest, Forbidden, Unauthorized
+from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.openapi import describe
@@ -51,6 +51,7 @@ from .kube.validate import validate_job
 from .allowlists import AllowLists
 from .looplag import BUCKETS, LoopLag
 from .store import Store
+from .storage_faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
 
 log = logging.getLogger("rolloutd.api")
 # The trainer routes of the previous version (no namespace) are served as the `default` namespace's.
@@ -64,7 +65,8 @@ def _namespaced(path: str) -> str:
 
 
 def _error(err: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else \
+        {"Retry-After": str(RETRY_AFTER_SECONDS)} if err.code == 503 else None
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 
@@ -75,7 +77,9 @@ class _AuthAndMetrics:
     response starts (a watch stream is counted once, not for its whole life)."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
-                 latency: Histogram):
+                 latency: Histogram, storage: StorageWatch | None = None):
+        self.storage = storage
+        self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
 
@@ -96,7 +100,10 @@ class _AuthAndMetrics:
                 self.latency.labels(method).observe(time.perf_counter() - start)
             await send(message)
 
-        own_auth = path == "/healthz" or path == "/ui" or path.startswith("/ui/")  # the UI checks its own (`ui/`)
+        probe = path in ("/healthz", "/readyz")
+        if not probe and self.storage is not None and (lost := self.storage.lost()):
+            return await _error(ServiceUnavailable(lost))(scope, receive, send_and_count)
+        own_auth = probe or path == "/ui" or path.startswith("/ui/")  # the UI checks its own (`ui/`)
         admin = own_auth or token_matches(header, self.token)
         if not admin and NodeGate.is_node_path(path):
             bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
@@ -127,6 +134,16 @@ class _AuthAndMetrics:
             if started:
                 raise
             await _error(e)(scope, receive, send_and_count)
+        except Exception as e:
+            reason = storage_reason(e) if self.storage is not None else None
+            if reason is None or started:
+                raise
+            self.storage.failed(reason)
+            if time.monotonic() - self._told >= RETRY_AFTER_SECONDS:
+                self._told = time.monotonic()
+                log.error("%s (%s %s answered 503; more such errors in the next %d s are not logged)", reason,
+                          method, path, RETRY_AFTER_SECONDS)
+            await _error(ServiceUnavailable(f"{reason}; retry later"))(scope, receive, send_and_count)
 
 
 class _JobsCollector:
@@ -182,8 +199,9 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     credentials = node_credentials or NodeCredentials(None)
     gate = NodeGate(credentials, scheduler.node_job) if scheduler is not None else None
+    app.state.storage = storage = StorageWatch(store.path)
     app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens or TokenBook(None),
-                       requests_total=requests_total, latency=latency)
+                       requests_total=requests_total, latency=latency, storage=storage)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -211,8 +229,14 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
                                  causes=causes))
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> PlainTextResponse:
-        return PlainTextResponse("ok")
+    async def healthz() -> PlainTextResponse:  # a lost store file is for good: the process must be looked at
+        lost = storage.lost(every=0.0)
+        return PlainTextResponse(lost or "ok", status_code=503 if lost else 200)
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> PlainTextResponse:  # a full or read-only disk may pass: not ready meanwhile
+        problem = await asyncio.to_thread(storage.problem)
+        return PlainTextResponse(problem or "ok", status_code=503 if problem else 200)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -22,9 +22,11 @@ log = logging.getLogger("rolloutd.auth")
 _TOKEN_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-def ensure_token(path: Path) -> str:
+def ensure_token(path: Path, *, mint: bool = True) -> str:
     """The token in `path`, created (random, 0600) on first use; its directory is made 0700 (the API
-    token: full access). Node daemons never get it: each job has its own node credential (`nodeauth.py`)."""
+    token: full access). Node daemons never get it: each job has its own node credential (`nodeauth.py`).
+    `mint` False (the data dir already holds a store): a missing or empty file is an error, never a new token that
+    would lock every client out."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     if path.exists():
@@ -32,6 +34,10 @@ def ensure_token(path: Path) -> str:
         token = path.read_text().strip()
         if token:
             return token
+    if not mint:
+        raise SystemExit(f"the admin token file {path} is missing or empty, but the data dir holds a store: every "
+                         "client holds the old token. Restore the file from a backup (or write the token your "
+                         "clients use into it), then start again")
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -84,6 +84,11 @@ class TooManyRequests(ApiError):
     code, reason = 429, "TooManyRequests"
 
 
+class ServiceUnavailable(ApiError):
+    """Not the request's fault and not a bug: the store's disk is full or read-only, or its file is gone."""
+    code, reason = 503, "ServiceUnavailable"
+
+
 _REASONS = {
     "extra_forbidden": "FieldValueUnknown",
     "missing": "FieldValueRequired",

@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 
+import sqlalchemy.exc
 import uvicorn
 
 from rolloutd.crds import nodeenv
@@ -23,6 +25,7 @@ from rolloutd.crds.settings import ControllerSettings
 from .allowlists import AllowLists
 from .api import create_app
 from .auth import TokenBook, ensure_token
+from .storage_faults import opening_problem
 from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
 from . import spec_checks
@@ -55,9 +58,12 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     settings = settings or ControllerSettings()
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = ensure_token(paths.token)
+    token = ensure_token(paths.token, mint=not paths.db.exists())  # a store's clients hold its token
     credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
-    store = Store(paths.db, watch_history=settings.watch_history)
+    try:
+        store = Store(paths.db, watch_history=settings.watch_history)
+    except (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError) as e:
+        raise SystemExit(opening_problem(paths.db, e)) from None
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,

@@ -194,7 +194,7 @@ class Store(StoreDB):
     def _update_main(self, row: JobRow, job: RolloutJob) -> None:
         meta, spec = job.metadata, job.spec.wire()
         old_spec = json.loads(row.spec)
-        if old_spec != spec:
+        if old_spec != spec and _defaulted(job, old_spec) != spec:  # not just what an upgrade added as defaults
             if row.deleted is not None:
                 raise Conflict(f'rolloutjobs "{row.name}" is being deleted; its spec cannot change', name=row.name)
             causes = [{"field": "spec." + ".".join(path), "reason": "FieldValueForbidden",
@@ -320,3 +320,11 @@ def _row(s: Session, name: str, namespace: str | None = None) -> JobRow:
 
 def _parse_rv(rv: str | None) -> int | None:
     return int(rv) if rv and rv.isdigit() and len(rv) < 19 else None
+
+
+def _defaulted(job: RolloutJob, spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec as this version reads it (the defaults it added filled in); as stored if it no longer parses."""
+    try:
+        return type(job.spec).model_validate(spec).wire()
+    except ValueError:
+        return spec

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap, spaced_gap
 
-from rolloutd.crds.aiokit import wait_event
+from rolloutd.crds.aiokit import Backoff, wait_event
 from .beatbody import ToldStages, beat_body
 from .controller_client import ControllerClient, ControllerError
 from .lease import Leaser
@@ -54,6 +54,8 @@ class Heartbeater:
         self._last = 0.0                   # when the last beat was sent
         self._last_full = 0.0              # ... and the last full one (beat-deltas: the next timed beat is due)
         self._one_at_a_time = asyncio.Lock()  # the loop's beat and the daemon's last one at exit
+        self._retry = Backoff(0.2, opts.retry_max)  # after a failed beat: no beat before `_retry_at`
+        self._retry_at = 0.0
 
     def least_gap(self) -> float:
         """Beats come no closer than this: the controller's `beatGap` once it gave one (`spaced_gap` of it, drawn
@@ -74,7 +76,7 @@ class Heartbeater:
 
     async def beat(self, *, timed: bool = False) -> None:
         async with self._one_at_a_time:
-            gap = self._last + self.least_gap() - time.monotonic()
+            gap = max(self._last + self.least_gap(), self._retry_at) - time.monotonic()
             if gap > 0:
                 await asyncio.sleep(gap)   # coalesce a burst of stage changes (and results) into one beat
             self.wake.clear()
@@ -100,10 +102,14 @@ class Heartbeater:
             resp = await self.client.heartbeat(self.node_id, beat_body(hb, [body for _, body in carried],
                                                                        deltas=self.deltas), lease=ask)
         except ControllerError as e:
+            # stage changes and results wake the loop often: while the controller is away, beats back off
+            self._retry_at = time.monotonic() + min(self._retry.next(), self.interval)
             self._failed(e, ask, aids)
             return
         finally:
             self.outbox.release(aids)  # settled below, before any other task runs
+        self._retry.reset()
+        self._retry_at = 0.0
         self.stats["heartbeats"] += 1
         self.reached = time.monotonic()
         if self.deltas:

@@ -25,6 +25,7 @@ from .kubeapi import JobApi
 
 log = logging.getLogger("rolloutd.operator")
 PLURAL = "rolloutjobs"
+RETRY_SECONDS = 5.0  # a failed handler or the observe daemon runs again this soon (kopf's default: 60 s)
 
 
 class Nudges:
@@ -156,7 +157,8 @@ def build_registry() -> kopf.OperatorRegistry:
     """A registry holding the handlers (a fresh one each time: two operators in one process, as in tests,
     must not share handlers)."""
     registry = kopf.OperatorRegistry()
-    on = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    # a handler that failed (the store's disk full, the API briefly away) retries in RETRY_SECONDS, not kopf's 60
+    on = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry, backoff=RETRY_SECONDS)
     kopf.on.resume(**on, id="ensure-on-resume")(ensure)
     kopf.on.create(**on, id="ensure-on-create")(ensure)
     kopf.on.update(**on, id="ensure-on-update")(ensure)

@@ -90,6 +90,12 @@ class LiveLeases:
                     out.append((aid, live))
         return out
 
+    def grace(self, now: float, lease_seconds: Callable[[str], float]) -> None:
+        """The controller itself stalled (stopped, paused, its loop blocked): it heard no beat meanwhile, so every
+        lease gets at least a whole lease from now to be renewed in, as after a restart (`load`)."""
+        for aid, live in list(self.by_attempt.items()):
+            self.renew(aid, live, max(live.until, now + lease_seconds(live.job)))
+
     def held(self, node_id: str) -> int:
         """The leases node `node_id` holds."""
         return self._held.get(node_id, 0)

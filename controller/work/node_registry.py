@@ -139,6 +139,11 @@ class NodeRegistry:
                 s.add(node)
             s.commit()
 
+    def heard_all(self, now: float) -> None:
+        """The controller stalled: no node's silence meanwhile counts against it."""
+        for node_id in self._seen:
+            self._seen[node_id] = max(self._seen[node_id], now)
+
     def retire_silent(self, s: Session, now: float) -> None:
         """Nodes silent for long are gone. Their leases expire on their own deadlines; this only
         retires the node record, so it can wait out a daemon's start-up (imports and the tokenizer

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -35,7 +36,7 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from ..errors import BadRequest, Conflict, NotFound
 from ..ports import Progress
 from ..store import Store
-from . import hot_sql, tables
+from . import hot_sql, seq_floor, tables
 from .admission import Admission
 from .attempts import Attempts
 from .backends import BackendHttp, BackendPool, HealthProbe
@@ -51,6 +52,8 @@ from .stats import JobStats
 from .tables import ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
+EXPIRY_PASS_SECONDS = 0.5  # the background pass: leases past their deadline requeued, backends checked
+STALL_SECONDS = 2.0        # a pass this much later than asked: the controller stalled, the nodes get a grace
 
 
 class Scheduler:
@@ -87,8 +90,11 @@ class Scheduler:
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
+        self.seq_file = Path(store.path).parent / seq_floor.SEQ_FILE
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
+            seq_floor.raise_floor(tx.db, self.seq_file)  # restored from a backup: seqs go on above those issued
+        seq_floor.record(self.engine, self.seq_file)
 
     def _lease_seconds(self, name: str) -> float:
         try:
@@ -313,10 +319,25 @@ class Scheduler:
         """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
         return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
 
+    def stalled(self, seconds: float) -> None:
+        """The controller heard nothing for `seconds` (SIGSTOP, a long GC pause, a blocked loop): its silence is
+        not the nodes'. Every lease and node gets a whole lease from now to beat before anything expires."""
+        log.warning("the controller stalled for %.1f s: every lease gets a whole lease to be renewed", seconds)
+        now = self.clock()
+        self.queue.live.grace(now, self._lease_seconds)
+        self.registry.heard_all(now)
+
     async def run(self) -> None:
         last_health = 0.0
         self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
+        asked = recorded = time.monotonic()
         while not self.queue.stopped:
+            if asked - recorded >= seq_floor.RECORD_SECONDS:
+                recorded = asked
+                await asyncio.to_thread(seq_floor.record, self.engine, self.seq_file)
+            late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
+            if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
+                self.stalled(late)
             try:
                 self.attempts.expire()
                 if time.monotonic() - last_health >= self.health_interval or self._unasked():
@@ -324,9 +345,11 @@ class Scheduler:
                     await self.check_health()
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass
                 log.exception("scheduler background pass failed")
-            await asyncio.sleep(0.5)
+            asked = time.monotonic()
+            await asyncio.sleep(EXPIRY_PASS_SECONDS)
 
     def stop(self) -> None:
+        seq_floor.record(self.engine, self.seq_file)
         self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()

@@ -3,6 +3,8 @@ are reused only after a complete exchange, and every failure is httpx's error, n
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 
 import h11
 import httpx
@@ -15,16 +17,18 @@ from support.waiting import until
 class Server:
     """A small asyncio HTTP/1.1 server (h11). Paths: `/ok` answers "ok", `/slow` answers after
     `release` is set, `/close` answers and then closes the connection without saying so, `/parts` sends "one"
-    at once and "two" (chunked) after `release` is set."""
+    at once and "two" (chunked) after `release` is set, `/reset` resets the connection, `/half` shuts its
+    sending side without a reply."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
         self.connections = 0
         self.disconnects = 0
         self.release = asyncio.Event()
         self._server: asyncio.base_events.Server | None = None
 
     async def __aenter__(self) -> "Server":
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
@@ -45,6 +49,15 @@ class Server:
                     conn.receive_data(data)
                 elif isinstance(event, h11.Request):
                     path = event.target.decode()
+                elif isinstance(event, h11.EndOfMessage) and path == "/reset":
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()  # an RST, no reply
+                    return
+                elif isinstance(event, h11.EndOfMessage) and path == "/half":
+                    writer.write_eof()  # half-closed: the server's side ends without a reply
+                    await self.release.wait()
+                    return
                 elif isinstance(event, h11.EndOfMessage) and path == "/parts":
                     writer.write(conn.send(h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")]))
                                  + conn.send(h11.Data(data=b"one")))
@@ -168,5 +181,78 @@ def test_a_streamed_body_comes_as_it_is_sent_and_its_connection_is_reused_once_r
             assert srv.connections == 2 and [p async for p in r.aiter_raw()] == [b"one", b"two"]
             await r.aclose()
             await transport.aclose()
+
+    asyncio.run(scenario())
+
+
+def free_slots(transport: KeepAliveTransport) -> int:
+    return transport._slots._value
+
+
+def test_refused_connects_give_their_slots_back_and_the_n_plus_first_call_succeeds():
+    """More refused connects than the pool has slots (a controller or backend restarting), then the server is
+    back on the same port: the next call succeeds and every slot is free again."""
+    async def scenario():
+        transport = KeepAliveTransport(max_connections=2)
+        async with Server() as srv:
+            port = int(srv.url.rsplit(":", 1)[1])
+        async with client(transport) as http:
+            for _ in range(5):
+                with pytest.raises(httpx.ConnectError):
+                    await http.get(f"http://127.0.0.1:{port}/ok", timeout=httpx.Timeout(2.0, pool=0.5))
+            assert free_slots(transport) == 2
+            async with Server(port) as srv:
+                assert (await http.get(srv.url + "/ok")).content == b"/ok"
+            assert free_slots(transport) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_connect_timeout_gives_its_slot_back():
+    """A listener whose accept queue is full drops the SYN: the connect times out (httpx's ConnectTimeout)."""
+    async def scenario():
+        transport = KeepAliveTransport(max_connections=1)
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(0)
+            port = listener.getsockname()[1]
+            fillers = []
+            try:  # fill the accept queue (never accepted) until a connect no longer completes at once
+                for _ in range(8):
+                    s = socket.socket()
+                    s.settimeout(0.2)
+                    fillers.append(s)
+                    try:
+                        s.connect(("127.0.0.1", port))
+                    except (TimeoutError, OSError):
+                        break
+                async with client(transport) as http:
+                    for _ in range(3):
+                        with pytest.raises(httpx.ConnectTimeout):
+                            await http.get(f"http://127.0.0.1:{port}/ok", timeout=httpx.Timeout(5.0, connect=0.2))
+                    assert free_slots(transport) == 1
+            finally:
+                for s in fillers:
+                    s.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path, errors", [
+    ("/reset", (httpx.ReadError, httpx.RemoteProtocolError)),
+    ("/half", (httpx.RemoteProtocolError,)),
+    ("/slow", (httpx.ReadTimeout,)),
+])
+def test_reset_half_closed_and_timed_out_exchanges_give_their_slots_back(path, errors):
+    async def scenario():
+        transport = KeepAliveTransport(max_connections=2)
+        async with Server() as srv, client(transport) as http:
+            for _ in range(3):  # more failures than slots
+                with pytest.raises(errors):
+                    await http.get(srv.url + path, timeout=httpx.Timeout(0.3, pool=0.5))
+            assert free_slots(transport) == 2
+            srv.release.set()
+            assert (await http.get(srv.url + "/ok")).content == b"/ok"
+            assert free_slots(transport) == 2
 
     asyncio.run(scenario())

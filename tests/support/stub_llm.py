@@ -36,8 +36,8 @@ class _StubBackend(BaseHTTPRequestHandler):
 class StubLLM:
     """The stub on a free loopback port, served from a thread until `close`."""
 
-    def __init__(self) -> None:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _StubBackend)
+    def __init__(self, port: int = 0) -> None:  # a port: the same backend back after an outage
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _StubBackend)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

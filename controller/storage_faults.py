@@ -1,0 +1,88 @@
+"""The store's disk as a fault the API names: a full or read-only filesystem, the store file removed or replaced.
+
+`api.py` asks `StorageWatch.problem()` for /readyz and `lost()` before serving (a controller whose store file was
+removed stops serving: it would write into an unlinked file and lose it at the next start); a request that fails on
+the disk answers 503 with the reason and Retry-After (`storage_reason` tells such an error from a bug).
+`opening_problem` words a store that cannot be opened at start. Next step: the same for PostgreSQL's errors.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+log = logging.getLogger("rolloutd.storage")
+MIN_FREE_BYTES = 1 << 20  # less free space than this in the data dir: not ready (SQLite's next page may not fit)
+RECENT_SECONDS = 5.0      # a write failed on the disk this recently: not ready, even if a probe looks fine now
+RETRY_AFTER_SECONDS = 5
+_SQLITE_STORAGE = ("database or disk is full", "readonly database", "disk i/o error", "unable to open database file",
+                   "locking protocol")
+_OS_STORAGE = (errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT)
+
+
+def storage_reason(exc: BaseException) -> str | None:
+    """Why `exc` is the disk's fault, not a bug (None: it is not a storage error)."""
+    orig = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
+    if isinstance(orig, sqlite3.OperationalError) and any(s in str(orig).lower() for s in _SQLITE_STORAGE):
+        return f"the store cannot be written: {orig}"
+    if isinstance(orig, OSError) and orig.errno in _OS_STORAGE:
+        return f"the data dir cannot be written: {orig.strerror or orig}"
+    return None
+
+
+def opening_problem(path: Path, exc: BaseException) -> str:
+    """The message for a store that cannot be opened at start: which file, and what to do."""
+    return (f"cannot open the store {path}: {getattr(exc, 'orig', None) or exc}. If the file is damaged, stop here "
+            "and restore it from a backup (see Operations: Backups); do not delete it, the jobs and trajectories "
+            "are in it")
+
+
+class StorageWatch:
+    """The store file as opened (device and inode) and the data dir's state; `failed(reason)` records a write that
+    failed on the disk."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = Path(db)
+        st = os.stat(self.db)
+        self._identity = (st.st_dev, st.st_ino)
+        self._failed: tuple[float, str] | None = None
+        self._checked, self._lost = 0.0, None
+
+    def failed(self, reason: str) -> None:
+        self._failed = (time.monotonic(), reason)
+
+    def lost(self, every: float = 1.0) -> str | None:
+        """The store file was removed or replaced since it was opened (checked at most every `every` s; once
+        lost, lost for good)."""
+        now = time.monotonic()
+        if self._lost is None and now - self._checked >= every:
+            self._checked = now
+            try:
+                st = os.stat(self.db)
+            except FileNotFoundError:
+                self._lost = f"the store file {self.db.name} was removed while the controller ran"
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    self._lost = f"the store file {self.db.name} was replaced while the controller ran"
+            if self._lost is not None:
+                log.critical("%s (%s)", self._lost, self.db)
+                self._lost += ("; nothing written since can be read back, so the controller stopped serving: put the "
+                               "store back (or restore it from a backup) and restart the controller")
+        return self._lost
+
+    def problem(self) -> str | None:
+        """Why the controller cannot take writes now (None: it can)."""
+        if lost := self.lost(every=0.0):
+            return lost
+        folder = self.db.parent
+        if not os.access(folder, os.W_OK):
+            return "the data dir is not writable (a read-only filesystem?)"
+        fs = os.statvfs(folder)
+        if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
+            return f"the data dir is full ({fs.f_bavail * fs.f_frsize} bytes free)"
+        if self._failed is not None and time.monotonic() - self._failed[0] < RECENT_SECONDS:
+            return self._failed[1]
+        return None

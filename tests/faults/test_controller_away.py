@@ -1,0 +1,72 @@
+"""A controller that is away — stopped (SIGSTOP) or killed and restarted — while healthy nodes hold leases charges
+none of their rollouts as infrastructure failures: with `maxAttempts: 1` every rollout is scored exactly once.
+
+Real controller, real daemons, real bwrap (gated oracle rollouts, tests/faults/conftest.py). The rollouts wait at
+INIT's gate during the fault, so the fault happens mid-job whatever the machine's speed."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from support.cluster import held_at_gate
+from support.waiting import wait_until
+from support.fault_jobs import LEASE_SECONDS, gated_oracle_job, scored_once
+
+ROLLOUTS = 6
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _released(cluster, pids: list[int]) -> None:
+    """The finished job's daemons exit on their own (their sandboxes unmounted), before the fixture kills anything."""
+    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the finished job's daemons to exit", every=0.1)
+
+
+def _held(cluster, tmp_path, name: str):
+    gate = tmp_path / "gate"
+    cluster.apply(gated_oracle_job(name, gate, rollouts=ROLLOUTS))
+    wait_until(lambda: held_at_gate(cluster, name) == ROLLOUTS, 120, "every rollout held at INIT's gate", every=0.1)
+    return gate
+
+
+def test_a_controller_stopped_for_three_leases_cancels_no_rollout(cluster, tmp_path):
+    """SIGSTOP for 3 × leaseSeconds, then SIGCONT: the controller heard no beat because it was not running, so it
+    gives the nodes a whole lease to beat before expiring anything (before: every lease expired at once)."""
+    gate = _held(cluster, tmp_path, "stopped")
+    pids = cluster.daemon_pids()
+    os.killpg(cluster.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(3 * LEASE_SECONDS)  # the fault itself: the controller does not run
+    finally:
+        os.killpg(cluster.proc.pid, signal.SIGCONT)
+    gate.touch()
+    cluster.wait_done("stopped", 120)
+    scored_once(cluster, "stopped", ROLLOUTS)
+    _released(cluster, pids)
+    assert "the controller stalled for" in (cluster.root / "controller.log").read_text()
+
+
+@pytest.mark.parametrize("leases", [2, 8])
+def test_a_controller_killed_and_restarted_after_an_outage_loses_no_rollout(cluster, tmp_path, leases):
+    """kill -9, away for `leases` × leaseSeconds (up to the daemons' orphan bound of 10), restarted on the same data:
+    the daemons kept their work and their finished results, and deliver every one once."""
+    name = f"away{leases}"
+    gate = _held(cluster, tmp_path, name)
+    pids = cluster.daemon_pids()
+    cluster.kill()
+    gate.touch()  # the rollouts finish while the controller is away: their results wait on the daemon
+    time.sleep(leases * LEASE_SECONDS)  # the outage itself
+    cluster.start()
+    assert cluster.daemon_pids() == pids
+    cluster.wait_done(name, 120)
+    scored_once(cluster, name, ROLLOUTS)
+    _released(cluster, pids)

@@ -1,0 +1,163 @@
+"""Storage faults are visible and retryable on a real controller: its data dir on a small filesystem of its own
+(tmpfs with size=, mounted for the test: needs root) fills up and is freed; its store file is deleted under it.
+Writes answer 503 with the reason (not 500), /readyz says why, nothing written before is lost, the admin token stays
+the same, and a controller whose store file is gone stops serving instead of writing into the unlinked file."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from support.controller_process import ControllerProcess
+from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from rolloutd.controller.storage_faults import StorageWatch, storage_reason
+from support.waiting import wait_until
+
+P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}  # bench-noop
+
+
+def job(name: str) -> dict:
+    """A job no executor runs (the controller starts with none): only the store is exercised."""
+    return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": {
+        "tasks": {"kind": NOOP, "source": "/nonexistent/rows.jsonl"}, "agent": {"kind": "oracle", "maxTurns": 1},
+        "executor": {"kind": "local", "nodes": 1}}}
+
+
+@pytest.fixture
+def small_fs(tmp_path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    """A file that takes every free byte of `folder`'s filesystem."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _logs(tmp_path: Path, fs: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in [*tmp_path.glob("controller-*.log"), *fs.glob("*.log")])
+
+
+def test_a_full_disk_answers_503_with_the_reason_and_loses_nothing_once_freed(small_fs, tmp_path):
+    data = small_fs / "data"
+    data.mkdir()
+    c = ControllerProcess(data, env=ENV).start()
+    try:
+        token = c.token
+        with c.client() as api:
+            for i in range(3):
+                assert api.post(P, json=job(f"before-{i}")).status_code == 201
+            assert api.get("/readyz").status_code == 200
+            filler = _fill(small_fs)
+            refused = [api.post(P, json=job(f"full-{i}")) for i in range(20)]  # some may fit in SQLite's last pages
+            assert {r.status_code for r in refused} <= {201, 503}, [r.text for r in refused]
+            full = [r for r in refused if r.status_code == 503]
+            assert full, "a write on a full disk was taken"
+            assert "full" in full[-1].json()["message"] and full[-1].headers["Retry-After"]
+            ready = api.get("/readyz")
+            assert ready.status_code == 503 and "full" in ready.text
+            assert api.get("/healthz").status_code == 200  # alive: restarting it would not free the disk
+            filler.unlink()
+            wait_until(lambda: api.get("/readyz").status_code == 200, 30, "readiness once the disk has room", every=0.2)
+            assert api.post(P, json=job("after")).status_code == 201
+            names = {j["metadata"]["name"] for j in api.get(P).json()["items"]}
+            taken = {f"full-{i}" for i, r in enumerate(refused) if r.status_code == 201}
+            assert names == {"before-0", "before-1", "before-2", "after"} | taken
+        assert c.token == token
+    finally:
+        c.stop()
+    c.start()  # the same store, the same token: nothing lost across a restart either
+    try:
+        with c.client(token) as api:
+            assert {"before-0", "before-1", "before-2", "after"} <= {j["metadata"]["name"]
+                                                                     for j in api.get(P).json()["items"]}
+    finally:
+        c.stop()
+    assert _logs(tmp_path, small_fs).count("Traceback") <= 1
+
+
+def test_a_store_file_deleted_under_a_running_controller_stops_it_serving(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    c = ControllerProcess(data, env=ENV).start()
+    try:
+        with c.client() as api:
+            assert api.post(P, json=job("kept")).status_code == 201
+            (data / "rolloutd.db").unlink()
+            wait_until(lambda: api.get("/healthz").status_code == 503, 10, "the controller to see its store gone",
+                       every=0.1)
+            assert "was removed" in api.get("/healthz").text and api.get("/readyz").status_code == 503
+            refused = api.post(P, json=job("void"))
+            assert refused.status_code == 503 and "restore it from a backup" in refused.json()["message"]
+            assert api.get(P).status_code == 503  # nothing served from the unlinked file either
+    finally:
+        c.stop()
+
+
+def test_a_missing_token_is_never_silently_re_minted_and_a_corrupt_store_names_the_file(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    c = ControllerProcess(data, env=ENV).start()
+    c.stop()
+    (data / "token").unlink()  # as after an fsck that lost it
+    run = [*c_args(data), "--port", "0"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
+    assert out.returncode != 0 and "token" in out.stderr and "Restore the file from a backup" in out.stderr
+    assert not (data / "token").exists()
+    (data / "token").write_text("kept\n")
+    (data / "rolloutd.db").write_bytes(b"not a database" * 100)
+    for extra in ("rolloutd.db-wal", "rolloutd.db-shm"):
+        (data / extra).unlink(missing_ok=True)
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
+    assert out.returncode != 0 and str(data / "rolloutd.db") in out.stderr and "backup" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def c_args(data: Path) -> list[str]:
+    import sys
+    return [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(data),
+            "--executors", ""]
+
+
+def test_a_read_only_filesystem_is_not_ready_and_its_write_errors_are_storage_faults(small_fs):
+    """The filesystem goes read-only (remounted: the kernel refuses that while a file is open for writing, so no
+    controller holds this store): readiness names it, and SQLite's refusal is a storage fault (503), not a bug."""
+    db = small_fs / "rolloutd.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    watch = StorageWatch(db)
+    assert watch.problem() is None
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    try:
+        assert "not writable" in watch.problem()
+        conn = sqlite3.connect(db)
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            conn.execute("INSERT INTO t VALUES (1)")
+            conn.commit()
+        conn.close()
+        assert "cannot be written" in storage_reason(refused.value)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+    assert watch.problem() is None
+    assert storage_reason(ValueError("a bug")) is None
