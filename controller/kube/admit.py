@@ -8,12 +8,15 @@ namespace); any refusal is one 403 Forbidden naming every field and the policy. 
 `metadata.annotations[ADMITTED_BY]` on every write, never from the client: the scoped token's name, or "admin",
 for whoever wrote the spec; a write that leaves the spec as it was (labels, the operator's annotations) asks
 for nothing new and keeps the previous writer, so touching a tenant's job never lifts its policy and an
-operator's scoped token may annotate any job. Next step: the items quota at expansion.
+operator's scoped token may annotate any job. `admit_and_write` takes the quota counts and the write as one
+step per namespace (parallel creates cannot all see the same count); the release finalizer is the operator's
+(a scoped token's write keeps it). Next step: the items quota at expansion.
 """
 from __future__ import annotations
 
+import threading
 import weakref
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request
 
@@ -24,9 +27,13 @@ from rolloutd.crds.tenancy import ADMITTED_BY, RESTRICTED, TenantPolicySpec, vio
 from ..auth import ScopedToken
 from ..errors import Forbidden, TooManyRequests
 from ..store import Store
+from ..store_schema import RELEASE_FINALIZER
 from ..tenancy import ADMIN, describe, policies_for
 
 TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)
+T = TypeVar("T")
+_NS_LOCKS: dict[str, threading.Lock] = {}
+_NS_LOCKS_GUARD = threading.Lock()
 
 
 def scoped_token(request: Request) -> ScopedToken | None:
@@ -55,6 +62,9 @@ def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, An
     """Check `job` (about to be stored; `current`: the stored one, None on create) and stamp ADMITTED_BY;
     403 Forbidden naming each field and the policy when a scoped token asks for more than it may."""
     token = scoped_token(request)
+    held = (current or {}).get("metadata", {}).get("finalizers") or []
+    if token is not None and RELEASE_FINALIZER in held and RELEASE_FINALIZER not in job.metadata.finalizers:
+        job.metadata.finalizers = [RELEASE_FINALIZER, *job.metadata.finalizers]  # only the operator drops it
     annotations = dict(job.metadata.annotations)
     annotations.pop(ADMITTED_BY, None)  # never the client's
     if current is not None and current.get("spec") == job.spec.wire():  # asks for nothing new: the writer stays
@@ -73,6 +83,20 @@ def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, An
                         f'{job.metadata.namespace!r}: ' + "; ".join(f"{f}: {why}" for f, why in problems),
                         causes=causes, name=job.metadata.name)
     job.metadata.annotations = {**annotations, ADMITTED_BY: token.name}
+
+
+def _namespace_lock(namespace: str) -> threading.Lock:
+    with _NS_LOCKS_GUARD:
+        return _NS_LOCKS.setdefault(namespace, threading.Lock())
+
+
+def admit_and_write(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None,
+                    write: Callable[[], T]) -> T:
+    """`admit` then `write()` with no other write of the namespace's jobs in between: the quota counts
+    (jobs, nodes) hold under parallel requests. Runs in a worker thread (the count reads the database)."""
+    with _namespace_lock(job.metadata.namespace):
+        admit(request, store, job, current)
+        return write()
 
 
 class _Counted:

@@ -22,7 +22,7 @@ from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from . import patch as patches
-from .admit import admit, count_watch
+from .admit import admit_and_write, count_watch
 from .table import table, wants_table
 from .validate import Options, allow_lists, options, validate_job, validate_status
 from .watch import watch_response
@@ -124,9 +124,9 @@ async def create(store: Store, request: Request, namespace: str | None) -> Respo
     opts = options(request)
     doc = await parse_document(request)
     job = validate_job(doc, namespace=namespace, opts=opts)
-    await asyncio.to_thread(admit, request, store, job, None)
     managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
-    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run, managed_fields=managed)
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, None,
+                                   lambda: store.create(job, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
 
 
@@ -139,8 +139,7 @@ async def rolloutctl_apply(store: Store, request: Request, namespace: str | None
         current = await asyncio.to_thread(store.get_wire, name, job.metadata.namespace)
     except NotFound:
         current = None
-    await asyncio.to_thread(admit, request, store, job, current)
-    wire, outcome = await asyncio.to_thread(store.apply, job)
+    wire, outcome = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
     return JSONResponse(wire, status_code=201 if outcome == "created" else 200, headers={"X-Rolloutd-Outcome": outcome})
 
 
@@ -149,11 +148,10 @@ async def replace(store: Store, request: Request, namespace: str, name: str) -> 
     doc = await parse_document(request)
     job = validate_job(doc, url_name=name, namespace=namespace, opts=opts)
     current = await asyncio.to_thread(store.get_wire, name, namespace)
-    await asyncio.to_thread(admit, request, store, job, current)
     managed = patches.record_update(current, doc, _manager(request, "unknown"))
     expect = parse_version(job.metadata.resource_version or None, "metadata.resourceVersion")
-    wire = await asyncio.to_thread(store.update, job, expect_rv=expect, dry_run=opts.dry_run,
-                                   managed_fields=managed)
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.update(
+        job, expect_rv=expect, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 200, opts)
 
 
@@ -229,9 +227,8 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
                                                dry_run=opts.dry_run)
             else:
                 job = validate_job(patched, url_name=name, namespace=namespace, opts=opts)
-                await asyncio.to_thread(admit, request, store, job, current)
-                wire = await asyncio.to_thread(store.update, job, expect_rv=rv, dry_run=opts.dry_run,
-                                               managed_fields=managed)
+                wire = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.update(
+                    job, expect_rv=rv, dry_run=opts.dry_run, managed_fields=managed))
         except Conflict:
             continue
         return respond(request, wire, 200, opts)
@@ -242,9 +239,8 @@ async def _apply_create(store: Store, request: Request, namespace: str, name: st
                         manager: str, force: bool, opts: Options) -> Response:
     created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, "", opts))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
-    await asyncio.to_thread(admit, request, store, job, None)
-    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
-                                   managed_fields=created["metadata"]["managedFields"])
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, None, lambda: store.create(
+        job, dry_run=opts.dry_run, managed_fields=created["metadata"]["managedFields"]))
     return respond(request, wire, 201, opts)
 
 
