@@ -32,6 +32,7 @@ from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store
 from ..tenancy import Policies, policies_for
+from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
@@ -66,7 +67,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         return job.status.phase.terminal
 
     @r.get(f"{JOBS}/{{name}}/trajectories")
-    async def trajectories(namespace: str, name: str, cursor: int = Query(0, ge=0, le=INT64_MAX),
+    async def trajectories(request: Request, namespace: str, name: str, cursor: int = Query(0, ge=0, le=INT64_MAX),
                            follow: bool = False, limit: int = Query(1000, ge=1, le=100_000),
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
@@ -78,11 +79,13 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
                                      headers={"X-Rolloutd-Cursor": str(last)})
 
+        slot = streams.take(request, store, namespace)
+
         async def stream():
             async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
                 yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
 
-        return StreamingResponse(stream(), media_type="application/x-ndjson")
+        return streams.guard(slot, StreamingResponse(stream(), media_type="application/x-ndjson"))
 
     @r.get(f"{JOBS}/{{name}}/stats")
     async def job_stats_route(namespace: str, name: str):
@@ -111,11 +114,14 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         return scheduler.request_batch(name, req.batch, req.prompts)
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
-    async def get_batch(namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
+    async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
                         all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
         store.get(name)
-        return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
+        slot = streams.take(request, store, namespace) if wait else None
+        timeout = timeoutSeconds if slot is None else min(timeoutSeconds or streams.STREAM_MAX_SECONDS,
+                                                          streams.STREAM_MAX_SECONDS)
+        return await streams.long_poll(slot, scheduler.batch(name, k, wait=wait, timeout=timeout, include_all=all))
 
     @r.post(f"{JOBS}/{{name}}/policy")
     async def announce_policy(namespace: str, name: str, request: Request):

@@ -1,8 +1,7 @@
 """Tenant admission of RolloutJob writes, the analogue of Pod Security Admission and ResourceQuota.
 
-Called by every RolloutJob write route (`jobs.py`: create, replace, patch, server-side apply, rolloutctl's
-apply, on the namespaced and the old paths) after the body validated, and by the watch route for the watch
-quota. A write made with a scoped token is checked against its namespace's TenantPolicy (or the restricted
+Called by every RolloutJob write route (`rolloutjobs.py`: create, replace, patch, server-side apply, rolloutctl's
+apply, on the namespaced and the old paths) after the body validated (the watch quota is `http/streams.py`'s). A write made with a scoped token is checked against its namespace's TenantPolicy (or the restricted
 profile) with `crds.tenancy.violations` plus the quotas only the controller can count (jobs and nodes of the
 namespace); any refusal is one 403 Forbidden naming every field and the policy. The server sets
 `metadata.annotations[ADMITTED_BY]` on every write, never from the client: the scoped token's name, or "admin",
@@ -15,17 +14,16 @@ step per namespace (parallel creates cannot all see the same count); the release
 from __future__ import annotations
 
 import threading
-import weakref
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 
 from rolloutd.crds.names import TERMINAL_PHASES
 from rolloutd.crds.rolloutjob import RolloutJob
-from rolloutd.crds.tenancy import ADMITTED_BY, RESTRICTED, TenantPolicySpec, violations
+from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, violations
 
 from ..auth import ScopedToken
-from ..errors import Forbidden, TooManyRequests
+from ..errors import Forbidden
 from ..store import Store
 from ..store_schema import RELEASE_FINALIZER
 from ..tenancy import ADMIN, describe, policies_for
@@ -97,44 +95,3 @@ def admit_and_write(request: Request, store: Store, job: RolloutJob, current: di
     with _namespace_lock(job.metadata.namespace):
         admit(request, store, job, current)
         return write()
-
-
-class _Counted:
-    """A watch stream's body that gives its slot back once, however the stream ends (done, the client gone,
-    or never started and collected)."""
-
-    def __init__(self, inner: AsyncIterator[bytes], release: Callable[[], None]):
-        self.inner = inner
-        self._release = weakref.finalize(self, release)
-
-    def __aiter__(self) -> "_Counted":
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self.inner.__anext__()
-        except BaseException:
-            self._release()
-            raise
-
-
-def count_watch(request: Request, store: Store, namespace: str | None):
-    """For a scoped token's watch: take one of the namespace's watch slots (quotas.watches; a watch of every
-    namespace counts against the restricted profile's) or 429. Returns `wrap(response)`, which gives the slot
-    back when the stream ends."""
-    if scoped_token(request) is None:
-        return lambda response: response
-    policies = policies_for(store)
-    key = namespace or ""
-    policy, policy_name = policies.for_namespace(namespace) if namespace else (RESTRICTED, None)
-    open_now = policies.take_watch(key, policy.quotas.watches)
-    if open_now is not None:
-        raise TooManyRequests(f"namespace {namespace or '(all)'!r} has {open_now} open watches, its quota "
-                              f"(quotas.watches) is {policy.quotas.watches} ({describe(policy_name)}); close "
-                              "one or ask the admin for more",
-                              causes=[{"field": "watch", "reason": "FieldValueForbidden", "message": "over quota"}])
-
-    def wrap(response):
-        response.body_iterator = _Counted(response.body_iterator, lambda: policies.give_back_watch(key))
-        return response
-    return wrap

@@ -22,7 +22,8 @@ from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from . import patch as patches
-from .admit import admit_and_write, count_watch
+from ..http import streams
+from .admit import admit_and_write
 from .table import table, wants_table
 from .validate import Options, allow_lists, options, validate_job, validate_status
 from .watch import watch_response
@@ -82,6 +83,7 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
     q = request.query_params
     label_selector, field_selector = q.get("labelSelector"), q.get("fieldSelector")
     if q.get("watch") in ("true", "1", "True"):
+        slot = streams.take(request, store, namespace)
         accept = request.headers.get("accept", "")
         sse_mode = sse_ok and "application/json" not in accept
         as_table = wants_table(accept)
@@ -92,7 +94,7 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
             timeout=_timeout(q.get("timeoutSeconds")), bookmarks=q.get("allowWatchBookmarks") == "true",
             sse_mode=sse_mode, send_initial_events=q.get("sendInitialEvents") == "true",
             render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
-        return count_watch(request, store, namespace)(response)
+        return streams.guard(slot, response)
     limit = _limit(q.get("limit"))
     items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
                                         field_selector=field_selector)

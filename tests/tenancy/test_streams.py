@@ -1,0 +1,56 @@
+"""Every long-lived answer of a namespace token counts as a watch (quotas.watches): a following trajectory stream,
+a waiting batch read and the web UI's live stream as much as `?watch=true`; and a revoked token's open stream
+ends (the real controller, real connections)."""
+from __future__ import annotations
+
+import time
+
+from support.tenancy_helpers import job, jobs_path, put_policy
+
+from rolloutd.controller.auth import create_scoped_token
+from rolloutd.crds.paths import DataDir
+
+
+def _token(kube, namespace: str, name: str) -> str:
+    return create_scoped_token(DataDir(kube.data_dir).tokens, name, read_only=False, namespaces=[namespace]).token
+
+
+def _follow(client, namespace: str, name: str):
+    cm = client.stream("GET", f"{jobs_path(namespace)}/{name}/trajectories",
+                       params={"follow": "true", "timeoutSeconds": "120"})
+    return cm, cm.__enter__()
+
+
+def test_follows_waits_and_ui_streams_count_as_watches(kube, admin):
+    put_policy(admin, "qstream", quotas={"watches": 1})
+    with kube.client(_token(kube, "qstream", "tok-qstream")) as t:
+        assert t.post(jobs_path("qstream"), json=job("a")).status_code == 201
+        cm, first = _follow(t, "qstream", "a")
+        assert first.status_code == 200
+        try:
+            over = [
+                t.get(f"{jobs_path('qstream')}/a/trajectories", params={"follow": "true", "timeoutSeconds": "1"}),
+                t.get(f"{jobs_path('qstream')}/a/batches/0", params={"wait": "true", "timeoutSeconds": "1"}),
+                t.get(jobs_path("qstream"), params={"watch": "true", "timeoutSeconds": "1"}),
+                t.get("/ui/api/jobs/qstream/a/stream"),
+            ]
+            for r in over:
+                assert r.status_code == 429 and "quotas.watches" in r.text, (r.request.url, r.text)
+            assert t.get(f"{jobs_path('qstream')}/a/trajectories").status_code == 200  # a read is no stream
+        finally:
+            cm.__exit__(None, None, None)
+
+
+def test_a_revoked_tokens_open_stream_ends(kube, admin):
+    put_policy(admin, "qrevoke", quotas={"watches": 4})
+    tokens = DataDir(kube.data_dir).tokens
+    with kube.client(_token(kube, "qrevoke", "tok-qrevoke")) as t:
+        assert t.post(jobs_path("qrevoke"), json=job("a")).status_code == 201
+        with t.stream("GET", f"{jobs_path('qrevoke')}/a/trajectories",
+                      params={"follow": "true", "timeoutSeconds": "120"}) as r:
+            assert r.status_code == 200
+            (tokens / "tok-qrevoke.json").unlink()  # what `rolloutctl token revoke` does
+            start = time.monotonic()
+            for _ in r.iter_bytes():  # the server ends the stream; the 120 s the client asked for never pass
+                assert time.monotonic() - start < 60
+        assert time.monotonic() - start < 60
