@@ -111,7 +111,14 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         name = job_key(namespace, name)
         req = await read_model(request, BatchRequest)
         await scheduler.admit(await asyncio.to_thread(store.get, name))  # step by step, before the batch opens
-        return scheduler.request_batch(name, req.batch, req.prompts)
+        out = scheduler.request_batch(name, req.batch, req.prompts)
+        opened = 0
+        while scheduler.fill_batch(name, out["batch"]):  # the rest of its groups a step at a time, the loop free
+            opened += 1
+            await asyncio.sleep(0)
+        if opened:
+            out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
+        return out
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
     async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
