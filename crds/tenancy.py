@@ -55,7 +55,8 @@ class TenantQuotas(Model):
 
     jobs: int = Field(default=16, ge=0, le=100_000, description="RolloutJobs stored in the namespace")
     items_per_job: int = Field(default=100_000, ge=1, description="rollouts (prompts × samplesPerPrompt) one job "
-                               "expands to; the expansion stops and the job fails with QuotaExceeded past it")
+                               "opens over its life: its expansion stops and the job fails with QuotaExceeded past it; "
+                               "a batch or DAPO job's batch request past it is refused (403)")
     nodes: int = Field(default=2, ge=0, le=4096, description="node daemons of all the namespace's jobs together "
                        "(the sum of executor.nodes)")
     sandboxes_per_node: int = Field(default=64, ge=1, description="sandboxes one node daemon may hold at once "
