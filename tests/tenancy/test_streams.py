@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import httpx
+
 from support.tenancy_helpers import job, jobs_path, put_policy
 
 from rolloutd.controller.auth import create_scoped_token
@@ -54,3 +56,28 @@ def test_a_revoked_tokens_open_stream_ends(kube, admin):
             for _ in r.iter_bytes():  # the server ends the stream; the 120 s the client asked for never pass
                 assert time.monotonic() - start < 60
         assert time.monotonic() - start < 60
+
+
+def _anonymous(kube) -> httpx.Client:
+    return httpx.Client(base_url=kube.url, timeout=30, verify=kube.verify)
+
+
+def _login(kube, token: str) -> str:
+    with _anonymous(kube) as anon:
+        r = anon.post("/ui/login", data={"token": token}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/jobs", r.text
+        return r.cookies["rolloutd_session"]
+
+
+def test_a_tenants_logins_end_only_its_own_oldest_sessions(kube, admin):
+    from rolloutd.controller.ui.session import SESSIONS_PER_PRINCIPAL
+    token = _token(kube, "qlogin", "tok-qlogin")
+    admins = _login(kube, kube.token)
+    first = _login(kube, token)
+    for _ in range(SESSIONS_PER_PRINCIPAL):
+        _login(kube, token)
+    with _anonymous(kube) as anon:
+        def status(sid: str) -> int:
+            return anon.get("/ui/api/jobs", cookies={"rolloutd_session": sid}).status_code
+        assert status(first) == 401  # the tenant's oldest session made room for its newest
+        assert status(admins) == 200  # the admin's session is not the tenant's to end
