@@ -4,8 +4,13 @@ past quotas.itemsPerJob (counted over the job's life), and a YAML alias bomb is 
 from __future__ import annotations
 
 import re
+import socket
+import ssl
+from urllib.parse import urlsplit
 
 from support.tenancy_helpers import job, jobs_path, put_policy, tenant
+
+from rolloutd.controller.server import HEAD_SECONDS
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
@@ -50,3 +55,27 @@ def test_a_yaml_alias_bomb_is_refused_while_composing(kube, admin):
         r = t.patch(f"{jobs_path('qbomb')}/x", content=BOMB, params={"fieldManager": "t"},
                     headers={"Content-Type": "application/apply-patch+yaml"})
         assert r.status_code == 400 and "YAML aliases" in r.json()["message"], r.text
+
+
+def _half_open(kube, first: bytes) -> ssl.SSLSocket:
+    host, port = urlsplit(kube.url).hostname, urlsplit(kube.url).port
+    ctx = ssl.create_default_context(cafile=str(kube.cert))
+    sock = ctx.wrap_socket(socket.create_connection((host, port), timeout=5), server_hostname=host)
+    sock.sendall(first)
+    sock.settimeout(HEAD_SECONDS * 3)
+    return sock
+
+
+def test_connections_that_never_finish_a_request_head_are_closed(kube, admin):
+    """Slowloris: a connection with no head, or half a head, is closed by the server (no token needed)."""
+    socks = [_half_open(kube, b""), _half_open(kube, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")]
+    try:
+        for sock in socks:
+            try:
+                assert sock.recv(1) == b""  # closed by the server; a timeout here means it held the socket
+            except ConnectionResetError:
+                pass
+    finally:
+        for sock in socks:
+            sock.close()
+    assert admin.get("/healthz").status_code == 200
