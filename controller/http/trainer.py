@@ -31,7 +31,9 @@ from ..allowlists import AllowLists, backend_url_problem
 from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store
-from ..tenancy import Policies, policies_for
+from ..auth import ScopedToken
+from ..kube.admit import admit_and_write, scoped_token
+from ..tenancy import Policies, describe, policies_for
 from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
@@ -137,7 +139,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         job = await asyncio.to_thread(store.get, name)
         pause = job.spec.policy.pause_on_update if req.pause is None else req.pause
         if pause or req.weightsPath:
-            check_owned(policies, job, "pause" if pause else "reload")
+            check_owned(policies, job, "pause" if pause else "reload", scoped_token(request))
         return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
 
     @r.get(f"{JOBS}/{{name}}/policy")
@@ -173,7 +175,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             if url in [b.url.rstrip("/") for b in job.spec.llm.backends]:
                 return False
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
-            policy, label = policies.effective_named(job)
+            policy, label = caller_policy(policies, job, scoped_token(request))
             refused = [(f, why) for f, why in violations(job.spec, policy) if f.startswith("spec.llm.backends")]
             if refused:
                 raise Forbidden(f"backend {url[:200]!r} is not allowed by {label}", causes=[
@@ -181,7 +183,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                     for _f, why in refused])
             return True
 
-        await edit_spec(store, name, add)
+        await edit_spec(store, name, add, request)
         scheduler.pool.add(url)
         return describe_backends(name)
 
@@ -199,32 +201,47 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             job.spec.llm.backends = kept
             return True
 
-        await edit_spec(store, name, remove)
+        await edit_spec(store, name, remove, request)
         return describe_backends(name)
 
     return r
 
 
-async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], attempts: int = 5) -> None:
-    """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it. The write names the
-    resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
+async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], request: Request | None = None,
+                    attempts: int = 5) -> None:
+    """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it, admitted as the caller's
+    write (`kube/admit.py`: a namespace token's edit is held to its policy whoever wrote the job). The write names
+    the resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
     conflict: read again and retry, rather than answer 409 to a request that did nothing wrong."""
     for attempt in range(attempts):
         job = store.get(name).model_copy(deep=True)
+        current = job.wire()
         if not edit(job):
             return
         try:
-            await asyncio.to_thread(store.apply, job)
+            if request is None:
+                await asyncio.to_thread(store.apply, job)
+            else:
+                await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
             return
         except Conflict:
             if attempt == attempts - 1 or store.get(name).metadata.resource_version == job.metadata.resource_version:
                 raise  # not a write that raced ours (the job is being deleted, say)
 
 
-def check_owned(policies: Policies, job: RolloutJob, verb: str) -> None:
-    """403 unless the job's tenant policy owns every backend the job would pause or reload (the admin's job:
-    always): a backend another namespace's job shares is never paused or reloaded by a tenant."""
-    policy, label = policies.effective_named(job)
+def caller_policy(policies: Policies, job: RolloutJob, token: ScopedToken | None) -> tuple[Any, str | None]:
+    """(the policy a call on `job` is held to, its name): a namespace token's call its namespace's, whoever wrote
+    the job; the admin's call the job's (`Policies.effective_named`: a tenant's job stays the tenant's)."""
+    if token is None:
+        return policies.effective_named(job)
+    spec, name = policies.for_namespace(job.metadata.namespace)
+    return spec, describe(name)
+
+
+def check_owned(policies: Policies, job: RolloutJob, verb: str, token: ScopedToken | None) -> None:
+    """403 unless the policy the call is held to (`caller_policy`) owns every backend the job would pause or
+    reload: a backend another namespace's job shares is never paused or reloaded by a tenant."""
+    policy, label = caller_policy(policies, job, token)
     if policy is None:
         return
     shared = [b.url for b in job.spec.llm.backends if not owns_backend(policy, b.url.rstrip("/"))]

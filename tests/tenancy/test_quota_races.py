@@ -82,3 +82,18 @@ def test_a_job_keeps_its_newest_events_only(kube, admin):
         items = t.get(f"{jobs_path('qevents')}/a/events").json()["items"]
         assert len(items) == EVENTS_PER_JOB
         assert items[-1]["message"] == f"event {EVENTS_PER_JOB + 9}" and items[0]["message"] == "event 10"
+
+
+def test_backend_calls_are_held_to_the_callers_policy_whoever_wrote_the_job(kube, admin):
+    """An admin-written job in a tenant's namespace: the tenant's pause, reload and backend writes on it are
+    still the tenant's (its policy owns no backend and allows only the shared one)."""
+    put_policy(admin, "qcaller", backends=["http://127.0.0.1:8000"])
+    assert admin.post(jobs_path("qcaller"), json=job("adm")).status_code == 201
+    with tenant(kube, "qcaller") as t:
+        base = f"{jobs_path('qcaller')}/adm"
+        for body in ({"version": 2, "pause": True}, {"version": 2, "pause": False, "weightsPath": "/tmp/evil"}):
+            r = t.post(f"{base}/policy", json=body)
+            assert r.status_code == 403 and "ownedBackends" in r.text, r.text
+        r = t.post(f"{base}/backends", json={"url": "http://127.0.0.1:9999"})
+        assert r.status_code == 403 and "not allowed" in r.text, r.text
+        assert [b["url"] for b in t.get(f"{base}/backends").json()["items"]] == ["http://127.0.0.1:8000"]
