@@ -149,21 +149,25 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
 
     # ------------------------------------------------------------ backends
 
-    def describe_backends(name: str) -> dict[str, Any]:
+    def describe_backends(name: str, token: ScopedToken | None) -> dict[str, Any]:
+        """The job's backends; a namespace token sees a backend it does not own as up or down, without reason."""
         job = store.get(name)
         pinned = scheduler.pinned(name)
+        policy = caller_policy(policies, job, token)[0] if token is not None else None
         items = []
         for b in job.spec.llm.backends:
             url = b.url.rstrip("/")
-            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy,
-                          "reason": scheduler.pool.unhealthy.get(url, ""),
+            reason = scheduler.pool.unhealthy.get(url, "")
+            if policy is not None and reason and not owns_backend(policy, url):
+                reason = "down"
+            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy, "reason": reason,
                           "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
         return {"items": items}
 
     @r.get(f"{JOBS}/{{name}}/backends")
-    async def list_backends(namespace: str, name: str):
+    async def list_backends(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
-        return describe_backends(name)
+        return describe_backends(name, scoped_token(request))
 
     @r.post(f"{JOBS}/{{name}}/backends")
     async def add_backend(namespace: str, name: str, request: Request):
@@ -185,10 +189,10 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
 
         await edit_spec(store, name, add, request)
         scheduler.pool.add(url)
-        return describe_backends(name)
+        return describe_backends(name, scoped_token(request))
 
     @r.delete(f"{JOBS}/{{name}}/backends")
-    async def remove_backend(namespace: str, name: str, url: str):
+    async def remove_backend(namespace: str, name: str, url: str, request: Request):
         name = job_key(namespace, name)
         url = validate_backend_url(url, "url", allow)
 
@@ -202,7 +206,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             return True
 
         await edit_spec(store, name, remove, request)
-        return describe_backends(name)
+        return describe_backends(name, scoped_token(request))
 
     return r
 

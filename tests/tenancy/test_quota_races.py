@@ -97,3 +97,19 @@ def test_backend_calls_are_held_to_the_callers_policy_whoever_wrote_the_job(kube
         r = t.post(f"{base}/backends", json={"url": "http://127.0.0.1:9999"})
         assert r.status_code == 403 and "not allowed" in r.text, r.text
         assert [b["url"] for b in t.get(f"{base}/backends").json()["items"]] == ["http://127.0.0.1:8000"]
+
+
+def test_a_tenant_sees_a_backend_it_does_not_own_as_up_or_down_only(kube, admin):
+    from support.waiting import wait_until
+    put_policy(admin, "qhealth")
+    closed = "http://127.0.0.1:9"  # nothing listens: its probe fails with a reason naming why
+    assert admin.post(jobs_path("qhealth"), json=job("j")).status_code == 201
+    base = f"{jobs_path('qhealth')}/j/backends"
+    assert admin.post(base, json={"url": closed}).status_code == 200
+
+    def reason(client) -> str:
+        return next(b for b in client.get(base).json()["items"] if b["url"] == closed)["reason"]
+    wait_until(lambda: reason(admin), timeout=30, what="the closed backend probed")
+    assert reason(admin) not in ("", "down")  # the admin sees why
+    with tenant(kube, "qhealth") as t:
+        assert reason(t) == "down"
