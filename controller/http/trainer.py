@@ -38,6 +38,7 @@ from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
+BATCH_STEP_PAUSE = 0.01  # between two steps of opening a batch: room for the calls of other jobs and nodes
 
 
 class BatchRequest(BaseModel):
@@ -117,7 +118,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         opened = 0
         while scheduler.fill_batch(name, out["batch"]):  # the rest of its groups a step at a time, the loop free
             opened += 1
-            await asyncio.sleep(0)
+            await asyncio.sleep(BATCH_STEP_PAUSE)
         if opened:
             out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
         return out
