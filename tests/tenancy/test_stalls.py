@@ -33,17 +33,20 @@ def test_a_batch_past_the_item_quota_is_refused_before_anything_opens(kube, admi
         assert ok.status_code == 200 and ok.json()["openedGroups"] == 12, ok.text
 
 
-def _loop_lag_max(client) -> float:
+def _long_lags(client) -> float:
+    """How many samples of the controller's event loop lag were over half a second so far."""
     text = client.get("/metrics").text
-    return float(re.search(r"^rolloutd_event_loop_lag_max_seconds (\S+)$", text, re.M)[1])
+    total = float(re.search(r"^rolloutd_event_loop_lag_seconds_count (\S+)$", text, re.M)[1])
+    fast = float(re.search(r'^rolloutd_event_loop_lag_seconds_bucket\{le="0.5"\} (\S+)$', text, re.M)[1])
+    return total - fast
 
 
 def test_a_large_batch_opens_in_steps_that_leave_the_loop_free(kube, admin):
     assert admin.post(jobs_path("default"), json=_batch_job("big", 800)).status_code == 201
+    before = _long_lags(admin)
     r = admin.post(f"{jobs_path('default')}/big/batches", json={}, timeout=120)
     assert r.status_code == 200 and r.json()["openedGroups"] == 800, r.text  # 6400 rollouts
-    lag = _loop_lag_max(admin)
-    assert lag < 0.5, lag  # opened at once it held the loop for seconds (2.2 s on the last main)
+    assert _long_lags(admin) == before  # opened at once, it held the loop for seconds (2.2 s on the last main)
 
 
 def test_a_yaml_alias_bomb_is_refused_while_composing(kube, admin):
