@@ -34,6 +34,11 @@ from .wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
 from .wire import anthropic, chat, responses
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
+ENGINE_CALLS = 1  # engine calls of one rollout at once: a harness's parallel calls wait their turn (one episode
+# is admitted per backend slot: it may not hold more of the shared engine than that)
+REQUESTS_IN_FLIGHT = 4  # calls of one rollout being read, rendered or waiting at once: more are 429 (bodies of
+# up to MAX_BODY each, held in the node daemon's memory)
+MAX_MESSAGES = 4096  # messages of one call
 
 
 
@@ -60,6 +65,8 @@ class Gateway:
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
         self._long_texts = asyncio.Semaphore(1)
+        self._engine_calls = asyncio.Semaphore(ENGINE_CALLS)
+        self._requests = 0
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # backend calls, cancelled by stop (VLLMBackend aborts them)
@@ -104,12 +111,13 @@ class Gateway:
             update["stop"] = [*self.sampling.stop, *(s for s in stop if s not in self.sampling.stop)]
         sampling = self.sampling.model_copy(update=update)
         request_id = f"{self.request_prefix}-{index}-{uuid.uuid4().hex[:8]}"
-        task = asyncio.ensure_future(self._produce(list(prompt_ids), sampling, request_id, on_tokens))
-        self._inflight.add(task)
-        try:
-            gen = await task
-        finally:
-            self._inflight.discard(task)
+        async with self._engine_calls:
+            task = asyncio.ensure_future(self._produce(list(prompt_ids), sampling, request_id, on_tokens))
+            self._inflight.add(task)
+            try:
+                gen = await task
+            finally:
+                self._inflight.discard(task)
         call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason, gen.stop_reason)
         self.calls.append(call)
         return call
@@ -145,6 +153,10 @@ class Gateway:
         method, handler, wire = route
         if scope["method"] != method:
             return await respond(send, 405, wire.error(405, f"use {method}", "invalid_request_error"))
+        if self._requests >= REQUESTS_IN_FLIGHT:
+            return await respond(send, 429, wire.error(429, f"this rollout has {self._requests} calls in flight; the "
+                                                       f"gateway takes at most {REQUESTS_IN_FLIGHT}", "rate_limit_error"))
+        self._requests += 1
         try:
             request = await read_body(scope, receive)
             if request is None:
@@ -152,6 +164,8 @@ class Gateway:
             await handler(self, request, send)
         except Invalid as e:  # raised before anything is sent
             await respond(send, e.status, wire.error(e.status, str(e), e.error_type))
+        finally:
+            self._requests -= 1
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= INLINE_CHARS:
@@ -167,8 +181,12 @@ class Gateway:
                                   "first_id": self.model, "last_id": self.model})
 
     async def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if len(prompt.messages) > MAX_MESSAGES:
+            raise Invalid(f"{len(prompt.messages)} messages: the gateway takes at most {MAX_MESSAGES} in one call")
         try:
-            text = self.tokenizer.render(prompt.messages, tools=prompt.tools, add_generation_prompt=True)
+            async with self._long_texts:  # the template off the node daemon's loop, one rendering at a time
+                text = await asyncio.to_thread(self.tokenizer.render, prompt.messages, tools=prompt.tools,
+                                               add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - the template's own checks (roles, tool shapes) on the harness's input
             raise Invalid(f"the model's chat template cannot render these messages: {type(e).__name__}: {e}") from None
         return await self._encode(text)

@@ -196,11 +196,12 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     app.state.store = store
     app.state.allow = allow = allow or AllowLists()
     app.state.registry = registry
+    app.state.tokens = tokens = tokens or TokenBook(None)  # also read by streams (`http/streams.py`: revocation)
 
     credentials = node_credentials or NodeCredentials(None)
     gate = NodeGate(credentials, scheduler.node_job) if scheduler is not None else None
     app.state.storage = storage = StorageWatch(store.path)
-    app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens or TokenBook(None),
+    app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens,
                        requests_total=requests_total, latency=latency, storage=storage)
 
     @app.exception_handler(ApiError)
@@ -307,6 +308,6 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     steps = Histogram("rolloutd_ui_step_cpu_seconds", "Each step of the web UI's live builds on the event loop: the "
                       "CPU it held the loop for", buckets=BUCKETS, registry=registry)
     job_stats.observe_step = steps.observe
-    app.mount("/ui", create_ui(store, token, tokens or TokenBook(None), scheduler, job_stats,
+    app.mount("/ui", create_ui(store, token, tokens, scheduler, job_stats,
                                busy=app.state.loop_lag.recent_max, observe_step=steps.observe))
     return app

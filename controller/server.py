@@ -17,6 +17,7 @@ from pathlib import Path
 
 import sqlalchemy.exc
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
@@ -44,6 +45,7 @@ from .work.scheduler import Scheduler
 from .store import Store
 
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
+HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
 
 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
@@ -185,10 +187,28 @@ def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path 
     return "export " + " ".join(parts)
 
 
+class _HeadDeadline(H11Protocol):
+    """uvicorn's h11 protocol, with a deadline on a connection's first request head: uvicorn has none, so a
+    connection that never sends one (slowloris, half-open) held its socket for good."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(HEAD_SECONDS, self._head_late)
+
+    def _head_late(self) -> None:
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_timer.cancel()
+        super().connection_lost(exc)
+
+
 def server_config(app: object, host: str, port: int, log_level: str = "info",
                   tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
-    """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one)."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+    """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one); a
+    connection's first request head due within HEAD_SECONDS (`_HeadDeadline`)."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_HeadDeadline,
                           timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
                           ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
 

@@ -89,6 +89,6 @@ class LLMSpec(Model):
     backends: list[BackendSpec] = Field(default_factory=list, description="the servers; may change while the "
                                         "job runs (rolloutctl backends add|remove)")
     max_episodes_per_backend: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="episodes in RUN at once per backend, each from its lease until its "
-        "RUN ends (default: the controller's, else the max_num_seqs vLLM reports, else 256; jobs sharing a backend: "
-        "the smallest value among those using it now)")
+        default=None, ge=1, le=1_000_000, description="this job's episodes in RUN at once per backend, each from its "
+        "lease until its RUN ends (default: no cap of its own); it limits this job only: the backend's own cap is the "
+        "controller's, else the max_num_seqs vLLM reports, else 256, shared among its jobs by priority")

@@ -55,7 +55,8 @@ class TenantQuotas(Model):
 
     jobs: int = Field(default=16, ge=0, le=100_000, description="RolloutJobs stored in the namespace")
     items_per_job: int = Field(default=100_000, ge=1, description="rollouts (prompts × samplesPerPrompt) one job "
-                               "expands to; the expansion stops and the job fails with QuotaExceeded past it")
+                               "opens over its life: its expansion stops and the job fails with QuotaExceeded past it; "
+                               "a batch or DAPO job's batch request past it is refused (403)")
     nodes: int = Field(default=2, ge=0, le=4096, description="node daemons of all the namespace's jobs together "
                        "(the sum of executor.nodes)")
     sandboxes_per_node: int = Field(default=64, ge=1, description="sandboxes one node daemon may hold at once "
@@ -67,6 +68,15 @@ class TenantQuotas(Model):
                                    "sandbox.limits.memoryMB a job may ask for")
     workspace_mb: int = Field(default=8192, ge=1, alias="workspaceMB", description="the most "
                               "sandbox.limits.workspaceMB a job may ask for (a job may not turn the bound off)")
+    sandbox_processes: int = Field(default=1024, ge=8, description="the most sandbox.limits.processes a job may "
+                                   "ask for")
+    tmp_mb: int = Field(default=4096, ge=1, alias="tmpMB", description="the most sandbox.limits.tmpMB a job may ask "
+                        "for (tmpfs counts against the node's memory)")
+    wall_seconds: int = Field(default=3600, ge=1, description="the most sandbox.limits.wallSeconds a job may ask for")
+    stage_seconds: float = Field(default=3600.0, gt=0, description="the most any of timeouts.initSeconds, "
+                                 "runSeconds, evalSeconds and actionSeconds may be")
+    priority: int = Field(default=10, ge=1, le=1000, description="the largest spec.priority (a job's fair-share "
+                          "weight on the backends it shares) a job may set")
 
 
 class TenantPolicySpec(Model):
@@ -188,6 +198,17 @@ def violations(spec: "RolloutJobSpec", policy: TenantPolicySpec | None) -> list[
         out.append(("spec.sandbox.limits.memoryMB", f"{lim.memory_mb} is over the quota of {q.sandbox_memory_mb} MB"))
     if lim.workspace_mb is None or lim.workspace_mb > q.workspace_mb:
         out.append(("spec.sandbox.limits.workspaceMB", f"{lim.workspace_mb} is over the quota of {q.workspace_mb} MB"))
+    for field, asked, most in (("processes", lim.processes, q.sandbox_processes), ("tmpMB", lim.tmp_mb, q.tmp_mb),
+                               ("wallSeconds", lim.wall_seconds, q.wall_seconds)):
+        if asked > most:
+            out.append((f"spec.sandbox.limits.{field}", f"{asked} is over the quota of {most}"))
+    t = spec.timeouts
+    for field, asked in (("initSeconds", t.init_seconds), ("runSeconds", t.run_seconds),
+                         ("evalSeconds", t.eval_seconds), ("actionSeconds", t.action_seconds)):
+        if asked > q.stage_seconds:
+            out.append((f"spec.timeouts.{field}", f"{asked} is over the quota of {q.stage_seconds} seconds"))
+    if spec.priority > q.priority:
+        out.append(("spec.priority", f"{spec.priority} is over the namespace's largest priority ({q.priority})"))
     w = spec.pipeline.workers_per_node
     held = w.init + w.run + w.eval + box.warm
     if held > q.sandboxes_per_node:

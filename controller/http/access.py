@@ -1,5 +1,6 @@
 """What a scoped token may do: read-only tokens get, list and watch; namespace tokens stay in their namespaces;
-TenantPolicies are the admin's (a scoped token reads at most its own namespaces' policies).
+TenantPolicies are the admin's (a scoped token reads at most its own namespaces' policies); a job's `status` is
+the operator's (a namespace token reads it, as Kubernetes RBAC without `rolloutjobs/status` would).
 
 Called by the API middleware (`api.py`) for a request carrying a scoped token (`auth.ScopedToken`); the
 answer is None (allowed) or the message of a 403 Forbidden Status. The admin token never comes here; on node paths a scoped token is refused before (`api.py`).
@@ -19,6 +20,7 @@ DISCOVERY = frozenset({"/version", "/api", "/api/v1", "/apis", "/apis/rolloutd.i
                        "/openapi/v2", "/openapi/v3"})
 _NAMESPACED = re.compile(rf"(?:{re.escape(API_PREFIX)}|/api/v1)/namespaces/([^/]+)(?:/.*)?")
 _OLD_PER_JOB = re.compile(rf"{re.escape(API_PREFIX)}/rolloutjobs/[^/]+(?:/.*)?")  # the `default` namespace's
+_STATUS = re.compile(rf"{re.escape(API_PREFIX)}/(?:namespaces/[^/]+/)?rolloutjobs/[^/]+/status/?")
 _POLICIES = re.compile(rf"{re.escape(API_PREFIX)}/tenantpolicies(?:/([^/]+))?/?")  # the admin's (crds/tenancy.py)
 
 
@@ -45,6 +47,9 @@ def forbidden(token: ScopedToken, method: str, path: str) -> str | None:
                                   "manages them")
     if not token.namespaces:
         return None
+    if method not in READ_METHODS and _STATUS.fullmatch(path):
+        return (f"{who} cannot {verb} a RolloutJob's status ({method} {path}): the status is written by the "
+                "operator only")
     namespace = request_namespace(path)
     if namespace is None:
         return (f"{who} is limited to the namespaces {', '.join(token.namespaces)}: it cannot {verb} at cluster "

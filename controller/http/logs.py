@@ -23,6 +23,7 @@ from ..errors import Conflict, NotFound
 from ..executors.base import ExecutorError
 from ..executors.logs import TAIL_DEFAULT, TAIL_MAX, NoLogs
 from ..store import Store
+from . import streams
 from .bodies import INT64_MAX
 from .trainer import JOBS
 
@@ -50,6 +51,7 @@ def logs_router(store: Store) -> APIRouter:
             raise Conflict(f"rolloutjob {key} runs on the {kind} executor, which this controller does not run: "
                            "its daemons' logs are not here")
         follow = follow and not job.status.phase.terminal
+        slot = streams.take(request, store, namespace) if follow else None
         try:
             chunks = await executor.logs(job, node, tail, follow)
         except NoLogs as e:
@@ -76,6 +78,6 @@ def logs_router(store: Store) -> APIRouter:
             finally:
                 await chunks.aclose()
 
-        return StreamingResponse(stream(), media_type="text/plain; charset=utf-8")
+        return streams.guard(slot, StreamingResponse(stream(), media_type="text/plain; charset=utf-8"))
 
     return r

@@ -31,10 +31,14 @@ from ..allowlists import AllowLists, backend_url_problem
 from ..work import stats
 from ..work.scheduler import Scheduler
 from ..store import Store
-from ..tenancy import Policies, policies_for
+from ..auth import ScopedToken
+from ..kube.admit import admit_and_write, scoped_token
+from ..tenancy import Policies, describe, policies_for
+from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
+BATCH_STEP_PAUSE = 0.01  # between two steps of opening a batch: room for the calls of other jobs and nodes
 
 
 class BatchRequest(BaseModel):
@@ -66,7 +70,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         return job.status.phase.terminal
 
     @r.get(f"{JOBS}/{{name}}/trajectories")
-    async def trajectories(namespace: str, name: str, cursor: int = Query(0, ge=0, le=INT64_MAX),
+    async def trajectories(request: Request, namespace: str, name: str, cursor: int = Query(0, ge=0, le=INT64_MAX),
                            follow: bool = False, limit: int = Query(1000, ge=1, le=100_000),
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
@@ -78,11 +82,13 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
                                      headers={"X-Rolloutd-Cursor": str(last)})
 
+        slot = streams.take(request, store, namespace)
+
         async def stream():
             async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
                 yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
 
-        return StreamingResponse(stream(), media_type="application/x-ndjson")
+        return streams.guard(slot, StreamingResponse(stream(), media_type="application/x-ndjson"))
 
     @r.get(f"{JOBS}/{{name}}/stats")
     async def job_stats_route(namespace: str, name: str):
@@ -108,14 +114,24 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         name = job_key(namespace, name)
         req = await read_model(request, BatchRequest)
         await scheduler.admit(await asyncio.to_thread(store.get, name))  # step by step, before the batch opens
-        return scheduler.request_batch(name, req.batch, req.prompts)
+        out = scheduler.request_batch(name, req.batch, req.prompts)
+        opened = 0
+        while scheduler.fill_batch(name, out["batch"]):  # the rest of its groups a step at a time, the loop free
+            opened += 1
+            await asyncio.sleep(BATCH_STEP_PAUSE)
+        if opened:
+            out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
+        return out
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
-    async def get_batch(namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
+    async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
                         all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
         store.get(name)
-        return await scheduler.batch(name, k, wait=wait, timeout=timeoutSeconds, include_all=all)
+        slot = streams.take(request, store, namespace) if wait else None
+        timeout = timeoutSeconds if slot is None else min(timeoutSeconds or streams.STREAM_MAX_SECONDS,
+                                                          streams.STREAM_MAX_SECONDS)
+        return await streams.long_poll(slot, scheduler.batch(name, k, wait=wait, timeout=timeout, include_all=all))
 
     @r.post(f"{JOBS}/{{name}}/policy")
     async def announce_policy(namespace: str, name: str, request: Request):
@@ -124,7 +140,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         job = await asyncio.to_thread(store.get, name)
         pause = job.spec.policy.pause_on_update if req.pause is None else req.pause
         if pause or req.weightsPath:
-            check_owned(policies, job, "pause" if pause else "reload")
+            check_owned(policies, job, "pause" if pause else "reload", scoped_token(request))
         return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
 
     @r.get(f"{JOBS}/{{name}}/policy")
@@ -134,21 +150,25 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
 
     # ------------------------------------------------------------ backends
 
-    def describe_backends(name: str) -> dict[str, Any]:
+    def describe_backends(name: str, token: ScopedToken | None) -> dict[str, Any]:
+        """The job's backends; a namespace token sees a backend it does not own as up or down, without reason."""
         job = store.get(name)
         pinned = scheduler.pinned(name)
+        policy = caller_policy(policies, job, token)[0] if token is not None else None
         items = []
         for b in job.spec.llm.backends:
             url = b.url.rstrip("/")
-            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy,
-                          "reason": scheduler.pool.unhealthy.get(url, ""),
+            reason = scheduler.pool.unhealthy.get(url, "")
+            if policy is not None and reason and not owns_backend(policy, url):
+                reason = "down"
+            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy, "reason": reason,
                           "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
         return {"items": items}
 
     @r.get(f"{JOBS}/{{name}}/backends")
-    async def list_backends(namespace: str, name: str):
+    async def list_backends(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
-        return describe_backends(name)
+        return describe_backends(name, scoped_token(request))
 
     @r.post(f"{JOBS}/{{name}}/backends")
     async def add_backend(namespace: str, name: str, request: Request):
@@ -160,7 +180,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             if url in [b.url.rstrip("/") for b in job.spec.llm.backends]:
                 return False
             job.spec.llm.backends = [*job.spec.llm.backends, BackendSpec(url=url, name=doc.name)]
-            policy, label = policies.effective_named(job)
+            policy, label = caller_policy(policies, job, scoped_token(request))
             refused = [(f, why) for f, why in violations(job.spec, policy) if f.startswith("spec.llm.backends")]
             if refused:
                 raise Forbidden(f"backend {url[:200]!r} is not allowed by {label}", causes=[
@@ -168,12 +188,12 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                     for _f, why in refused])
             return True
 
-        await edit_spec(store, name, add)
+        await edit_spec(store, name, add, request)
         scheduler.pool.add(url)
-        return describe_backends(name)
+        return describe_backends(name, scoped_token(request))
 
     @r.delete(f"{JOBS}/{{name}}/backends")
-    async def remove_backend(namespace: str, name: str, url: str):
+    async def remove_backend(namespace: str, name: str, url: str, request: Request):
         name = job_key(namespace, name)
         url = validate_backend_url(url, "url", allow)
 
@@ -186,32 +206,47 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             job.spec.llm.backends = kept
             return True
 
-        await edit_spec(store, name, remove)
-        return describe_backends(name)
+        await edit_spec(store, name, remove, request)
+        return describe_backends(name, scoped_token(request))
 
     return r
 
 
-async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], attempts: int = 5) -> None:
-    """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it. The write names the
-    resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
+async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], request: Request | None = None,
+                    attempts: int = 5) -> None:
+    """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it, admitted as the caller's
+    write (`kube/admit.py`: a namespace token's edit is held to its policy whoever wrote the job). The write names
+    the resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
     conflict: read again and retry, rather than answer 409 to a request that did nothing wrong."""
     for attempt in range(attempts):
         job = store.get(name).model_copy(deep=True)
+        current = job.wire()
         if not edit(job):
             return
         try:
-            await asyncio.to_thread(store.apply, job)
+            if request is None:
+                await asyncio.to_thread(store.apply, job)
+            else:
+                await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
             return
         except Conflict:
             if attempt == attempts - 1 or store.get(name).metadata.resource_version == job.metadata.resource_version:
                 raise  # not a write that raced ours (the job is being deleted, say)
 
 
-def check_owned(policies: Policies, job: RolloutJob, verb: str) -> None:
-    """403 unless the job's tenant policy owns every backend the job would pause or reload (the admin's job:
-    always): a backend another namespace's job shares is never paused or reloaded by a tenant."""
-    policy, label = policies.effective_named(job)
+def caller_policy(policies: Policies, job: RolloutJob, token: ScopedToken | None) -> tuple[Any, str | None]:
+    """(the policy a call on `job` is held to, its name): a namespace token's call its namespace's, whoever wrote
+    the job; the admin's call the job's (`Policies.effective_named`: a tenant's job stays the tenant's)."""
+    if token is None:
+        return policies.effective_named(job)
+    spec, name = policies.for_namespace(job.metadata.namespace)
+    return spec, describe(name)
+
+
+def check_owned(policies: Policies, job: RolloutJob, verb: str, token: ScopedToken | None) -> None:
+    """403 unless the policy the call is held to (`caller_policy`) owns every backend the job would pause or
+    reload: a backend another namespace's job shares is never paused or reloaded by a tenant."""
+    policy, label = caller_policy(policies, job, token)
     if policy is None:
         return
     shared = [b.url for b in job.spec.llm.backends if not owns_backend(policy, b.url.rstrip("/"))]

@@ -1,32 +1,37 @@
 """Tenant admission of RolloutJob writes, the analogue of Pod Security Admission and ResourceQuota.
 
-Called by every RolloutJob write route (`jobs.py`: create, replace, patch, server-side apply, rolloutctl's
-apply, on the namespaced and the old paths) after the body validated, and by the watch route for the watch
-quota. A write made with a scoped token is checked against its namespace's TenantPolicy (or the restricted
+Called by every RolloutJob write route (`rolloutjobs.py`: create, replace, patch, server-side apply, rolloutctl's
+apply, on the namespaced and the old paths) after the body validated (the watch quota is `http/streams.py`'s). A write made with a scoped token is checked against its namespace's TenantPolicy (or the restricted
 profile) with `crds.tenancy.violations` plus the quotas only the controller can count (jobs and nodes of the
 namespace); any refusal is one 403 Forbidden naming every field and the policy. The server sets
 `metadata.annotations[ADMITTED_BY]` on every write, never from the client: the scoped token's name, or "admin",
 for whoever wrote the spec; a write that leaves the spec as it was (labels, the operator's annotations) asks
 for nothing new and keeps the previous writer, so touching a tenant's job never lifts its policy and an
-operator's scoped token may annotate any job. Next step: the items quota at expansion.
+operator's scoped token may annotate any job. `admit_and_write` takes the quota counts and the write as one
+step per namespace (parallel creates cannot all see the same count); the release finalizer is the operator's
+(a scoped token's write keeps it). Next step: the items quota at expansion.
 """
 from __future__ import annotations
 
-import weakref
-from typing import Any, AsyncIterator, Callable
+import threading
+from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 
 from rolloutd.crds.names import TERMINAL_PHASES
 from rolloutd.crds.rolloutjob import RolloutJob
-from rolloutd.crds.tenancy import ADMITTED_BY, RESTRICTED, TenantPolicySpec, violations
+from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, violations
 
 from ..auth import ScopedToken
-from ..errors import Forbidden, TooManyRequests
+from ..errors import Forbidden
 from ..store import Store
+from ..store_schema import RELEASE_FINALIZER
 from ..tenancy import ADMIN, describe, policies_for
 
 TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)
+T = TypeVar("T")
+_NS_LOCKS: dict[str, threading.Lock] = {}
+_NS_LOCKS_GUARD = threading.Lock()
 
 
 def scoped_token(request: Request) -> ScopedToken | None:
@@ -55,6 +60,9 @@ def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, An
     """Check `job` (about to be stored; `current`: the stored one, None on create) and stamp ADMITTED_BY;
     403 Forbidden naming each field and the policy when a scoped token asks for more than it may."""
     token = scoped_token(request)
+    held = (current or {}).get("metadata", {}).get("finalizers") or []
+    if token is not None and RELEASE_FINALIZER in held and RELEASE_FINALIZER not in job.metadata.finalizers:
+        job.metadata.finalizers = [RELEASE_FINALIZER, *job.metadata.finalizers]  # only the operator drops it
     annotations = dict(job.metadata.annotations)
     annotations.pop(ADMITTED_BY, None)  # never the client's
     if current is not None and current.get("spec") == job.spec.wire():  # asks for nothing new: the writer stays
@@ -75,42 +83,15 @@ def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, An
     job.metadata.annotations = {**annotations, ADMITTED_BY: token.name}
 
 
-class _Counted:
-    """A watch stream's body that gives its slot back once, however the stream ends (done, the client gone,
-    or never started and collected)."""
-
-    def __init__(self, inner: AsyncIterator[bytes], release: Callable[[], None]):
-        self.inner = inner
-        self._release = weakref.finalize(self, release)
-
-    def __aiter__(self) -> "_Counted":
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self.inner.__anext__()
-        except BaseException:
-            self._release()
-            raise
+def _namespace_lock(namespace: str) -> threading.Lock:
+    with _NS_LOCKS_GUARD:
+        return _NS_LOCKS.setdefault(namespace, threading.Lock())
 
 
-def count_watch(request: Request, store: Store, namespace: str | None):
-    """For a scoped token's watch: take one of the namespace's watch slots (quotas.watches; a watch of every
-    namespace counts against the restricted profile's) or 429. Returns `wrap(response)`, which gives the slot
-    back when the stream ends."""
-    if scoped_token(request) is None:
-        return lambda response: response
-    policies = policies_for(store)
-    key = namespace or ""
-    policy, policy_name = policies.for_namespace(namespace) if namespace else (RESTRICTED, None)
-    open_now = policies.take_watch(key, policy.quotas.watches)
-    if open_now is not None:
-        raise TooManyRequests(f"namespace {namespace or '(all)'!r} has {open_now} open watches, its quota "
-                              f"(quotas.watches) is {policy.quotas.watches} ({describe(policy_name)}); close "
-                              "one or ask the admin for more",
-                              causes=[{"field": "watch", "reason": "FieldValueForbidden", "message": "over quota"}])
-
-    def wrap(response):
-        response.body_iterator = _Counted(response.body_iterator, lambda: policies.give_back_watch(key))
-        return response
-    return wrap
+def admit_and_write(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None,
+                    write: Callable[[], T]) -> T:
+    """`admit` then `write()` with no other write of the namespace's jobs in between: the quota counts
+    (jobs, nodes) hold under parallel requests. Runs in a worker thread (the count reads the database)."""
+    with _namespace_lock(job.metadata.namespace):
+        admit(request, store, job, current)
+        return write()

@@ -22,7 +22,8 @@ from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from . import patch as patches
-from .admit import admit, count_watch
+from ..http import streams
+from .admit import admit_and_write
 from .table import table, wants_table
 from .validate import Options, allow_lists, options, validate_job, validate_status
 from .watch import watch_response
@@ -82,6 +83,7 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
     q = request.query_params
     label_selector, field_selector = q.get("labelSelector"), q.get("fieldSelector")
     if q.get("watch") in ("true", "1", "True"):
+        slot = streams.take(request, store, namespace)
         accept = request.headers.get("accept", "")
         sse_mode = sse_ok and "application/json" not in accept
         as_table = wants_table(accept)
@@ -92,7 +94,7 @@ async def list_or_watch(store: Store, request: Request, namespace: str | None, *
             timeout=_timeout(q.get("timeoutSeconds")), bookmarks=q.get("allowWatchBookmarks") == "true",
             sse_mode=sse_mode, send_initial_events=q.get("sendInitialEvents") == "true",
             render=(lambda o: table([o], include_object=include)) if as_table else (lambda o: o))
-        return count_watch(request, store, namespace)(response)
+        return streams.guard(slot, response)
     limit = _limit(q.get("limit"))
     items, rv = await asyncio.to_thread(store.list_wire, label_selector, namespace=namespace,
                                         field_selector=field_selector)
@@ -124,9 +126,9 @@ async def create(store: Store, request: Request, namespace: str | None) -> Respo
     opts = options(request)
     doc = await parse_document(request)
     job = validate_job(doc, namespace=namespace, opts=opts)
-    await asyncio.to_thread(admit, request, store, job, None)
     managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
-    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run, managed_fields=managed)
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, None,
+                                   lambda: store.create(job, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
 
 
@@ -139,8 +141,7 @@ async def rolloutctl_apply(store: Store, request: Request, namespace: str | None
         current = await asyncio.to_thread(store.get_wire, name, job.metadata.namespace)
     except NotFound:
         current = None
-    await asyncio.to_thread(admit, request, store, job, current)
-    wire, outcome = await asyncio.to_thread(store.apply, job)
+    wire, outcome = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
     return JSONResponse(wire, status_code=201 if outcome == "created" else 200, headers={"X-Rolloutd-Outcome": outcome})
 
 
@@ -149,11 +150,10 @@ async def replace(store: Store, request: Request, namespace: str, name: str) -> 
     doc = await parse_document(request)
     job = validate_job(doc, url_name=name, namespace=namespace, opts=opts)
     current = await asyncio.to_thread(store.get_wire, name, namespace)
-    await asyncio.to_thread(admit, request, store, job, current)
     managed = patches.record_update(current, doc, _manager(request, "unknown"))
     expect = parse_version(job.metadata.resource_version or None, "metadata.resourceVersion")
-    wire = await asyncio.to_thread(store.update, job, expect_rv=expect, dry_run=opts.dry_run,
-                                   managed_fields=managed)
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.update(
+        job, expect_rv=expect, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 200, opts)
 
 
@@ -231,10 +231,9 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
                 kept = patched.get("spec") == current.get("spec")  # metadata only: finalizers, annotations, labels
                 job = validate_job(patched, url_name=name, namespace=namespace, opts=opts, spec_checks=not kept)
                 # a job stored before an upgrade: its spec defaulted by this version asks for nothing new
-                await asyncio.to_thread(admit, request, store, job, {**current, "spec": job.spec.wire()} if kept
-                                        else current)
-                wire = await asyncio.to_thread(store.update, job, expect_rv=rv, dry_run=opts.dry_run,
-                                               managed_fields=managed)
+                before = {**current, "spec": job.spec.wire()} if kept else current
+                wire = await asyncio.to_thread(admit_and_write, request, store, job, before, lambda: store.update(
+                    job, expect_rv=rv, dry_run=opts.dry_run, managed_fields=managed))
         except Conflict:
             continue
         return respond(request, wire, 200, opts)
@@ -245,9 +244,8 @@ async def _apply_create(store: Store, request: Request, namespace: str, name: st
                         manager: str, force: bool, opts: Options) -> Response:
     created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, "", opts))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
-    await asyncio.to_thread(admit, request, store, job, None)
-    wire = await asyncio.to_thread(store.create, job, dry_run=opts.dry_run,
-                                   managed_fields=created["metadata"]["managedFields"])
+    wire = await asyncio.to_thread(admit_and_write, request, store, job, None, lambda: store.create(
+        job, dry_run=opts.dry_run, managed_fields=created["metadata"]["managedFields"]))
     return respond(request, wire, 201, opts)
 
 

@@ -28,6 +28,7 @@ from rolloutd.crds.names import API_PREFIX, job_key
 
 from ..auth import TokenBook
 from ..errors import ApiError
+from ..http import streams
 from ..store import Store
 from ..work import stats
 from . import decode
@@ -162,7 +163,13 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         except JobGone as e:
             raise HTTPException(e.code, e.message) from None
 
-    def sse(request: Request, produce: Callable[[], Awaitable[Built]]) -> StreamingResponse:
+    def sse(request: Request, p: Principal, produce: Callable[[], Awaitable[Built]],
+            namespace: str | None = None) -> StreamingResponse:
+        """A live page's stream: a scoped token's holds one of its watch slots and ends once it is revoked."""
+        try:
+            slot = streams.take_for(store, p.scoped, namespace, lambda: _still(request))
+        except ApiError as e:  # over quotas.watches: the UI's own error form
+            raise HTTPException(e.code, e.message) from None
         async def events():
             ev, last, end = store.subscribe(), None, time.monotonic() + 300  # the browser reconnects after
             try:
@@ -182,7 +189,11 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
                     await asyncio.sleep(0.25)  # at most four updates a second (a build is made at most once a second)
             finally:
                 store.unsubscribe(ev)
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return streams.guard(slot, StreamingResponse(events(), media_type="text/event-stream"))
+
+    def _still(request: Request) -> bool:
+        return (sessions.from_header(request.headers.get("authorization"))
+                or sessions.from_cookie(request.cookies.get(COOKIE))) is not None
 
     @ui.get("/api/jobs")
     async def jobs(request: Request):
@@ -191,7 +202,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     @ui.get("/api/jobs/stream")
     async def jobs_stream(request: Request):
         p = who(request)
-        return sse(request, lambda: live.jobs(p))
+        return sse(request, p, lambda: live.jobs(p))
 
     @ui.get("/api/jobs/{namespace}/{name}")
     async def job(request: Request, namespace: str, name: str):
@@ -201,7 +212,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     async def job_stream(request: Request, namespace: str, name: str):
         p = who(request)
         visible(p, namespace, name)
-        return sse(request, lambda: job_summary(p, namespace, name))
+        return sse(request, p, lambda: job_summary(p, namespace, name), namespace)
 
     @ui.get("/api/jobs/{namespace}/{name}/nodes")
     async def job_nodes(request: Request, namespace: str, name: str, offset: int = Query(0, ge=0),

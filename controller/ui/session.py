@@ -21,6 +21,7 @@ from ..http.access import forbidden
 COOKIE = "rolloutd_session"
 SESSION_SECONDS = 12 * 3600
 MAX_SESSIONS = 10_000  # beyond it, a login ends the oldest session
+SESSIONS_PER_PRINCIPAL = 32  # beyond it, a login ends that token's own oldest session (never another's)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class _Session:
     token: str
     csrf: str
     expires: float
+    who: str = ""  # the principal's name: sessions are capped per principal
 
 
 class Sessions:
@@ -66,10 +68,14 @@ class Sessions:
             return None
         now = time.time()
         self._by_id = {k: s for k, s in self._by_id.items() if s.expires > now}
+        key = f"token/{who.name}" if who.scoped is not None else who.name
+        mine = [k for k, s in self._by_id.items() if s.who == key]  # oldest first: dicts keep insertion order
+        for k in mine[:max(0, len(mine) - SESSIONS_PER_PRINCIPAL + 1)]:
+            del self._by_id[k]
         while len(self._by_id) >= MAX_SESSIONS:
-            self._by_id.pop(next(iter(self._by_id)))  # dicts keep insertion order: the oldest login
+            self._by_id.pop(next(iter(self._by_id)))
         sid = secrets.token_urlsafe(32)
-        self._by_id[sid] = _Session(token.strip(), secrets.token_urlsafe(24), now + SESSION_SECONDS)
+        self._by_id[sid] = _Session(token.strip(), secrets.token_urlsafe(24), now + SESSION_SECONDS, key)
         return sid, who
 
     def _session(self, sid: str | None) -> _Session | None:

@@ -5,9 +5,10 @@
 An episode is admitted when its task is pinned to a backend at lease time and keeps the admission
 until its RUN ends (the pin's release: RUN left, result, cancel, give-back or lease expiry), so a
 backend never has more episodes in RUN than its cap and no agent waits mid-episode in the engine's
-queue. The cap of a backend: the smallest `llm.maxEpisodesPerBackend` among the jobs listing it,
-else the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the vLLM server
-reports (`/server_info`, learned by the health probe), else `FALLBACK_EPISODES`.
+queue. The cap of a backend: the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the
+vLLM server reports (`/server_info`, learned by the health probe), else `FALLBACK_EPISODES`. A job's
+`llm.maxEpisodesPerBackend` limits that job's episodes on each backend, never the backend: a tenant's small cap
+cannot throttle another job sharing it.
 Jobs sharing a backend share its cap by `spec.priority`: a job is admitted only if a slot is left once the
 waiting jobs whose next admission would bring them less far, `(admitted + 1) / weight`, had theirs.
 """
@@ -55,14 +56,14 @@ class Admission:
             del self._marks[node]
 
     def cap(self, url: str, job: str | None = None) -> int:
-        """The episodes `url` admits at once, as `job` asks: the smallest cap set by the jobs that use it now
-        (hold or wait for its admissions; a finished job's setting no longer counts), else the defaults."""
-        active = {k for k, n in self.admitted[url].items() if n > 0} | set(self._wanting.get(url, ()))
-        if job is not None:
-            active.add(job)
-        caps = [self._jobs[k].cap for k in active if k in self._jobs and self._jobs[k].cap is not None]
-        if caps:
-            return min(caps)
+        """The episodes `url` admits at once for `job`: the backend's (`backend_cap`), or less when the job's own
+        cap leaves it less."""
+        backend = self.backend_cap(url)
+        share = self._jobs.get(job) if job is not None else None
+        return backend if share is None or share.cap is None else min(backend, share.cap)
+
+    def backend_cap(self, url: str) -> int:
+        """The episodes `url` admits at once, over all jobs: the defaults only (no job sets it)."""
         if self.default is not None:
             return self.default
         if url in self.reported:
@@ -96,7 +97,9 @@ class Admission:
 
     def admits(self, url: str, job: str | None, inflight: int) -> bool:
         """Whether `job` may start one more episode on `url`, which has `inflight` episodes."""
-        free = self.cap(url, job) - inflight
+        free = self.backend_cap(url) - inflight
+        if job is not None and self.admitted[url][job] >= self.cap(url, job):
+            return False  # the job's own cap
         if free <= 0 or job is None:
             return free > 0
         others = [k for k in self.waiting(url) if k != job]

@@ -28,11 +28,12 @@ import json
 import statistics
 from typing import Any, Callable, Protocol
 
+from sqlalchemy import func
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from ..errors import BadRequest, Conflict, NotFound
+from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from .held_leases import LiveLeases
 from .states import LIVE, BatchState, GroupState, ItemState
 from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
@@ -50,6 +51,10 @@ class Items(Protocol):
     def cancel_item(self, item: ItemRow) -> None: ...
 
     def wake(self, job: str) -> None: ...
+
+
+CHUNK_ITEMS = 32  # rollouts opened per step (`fill`): a step holds the event loop for tens of milliseconds at most
+ItemQuota = Callable[[RolloutJob], "int | None"]  # a job's quotas.itemsPerJob (None: unrestricted)
 
 
 def batch_target(job: RolloutJob) -> int:
@@ -86,8 +91,17 @@ def informative(job: RolloutJob, rewards: list[float]) -> bool:
 class Batches:
     """Helpers over the batch tables; callers pass their session. `prompts(job)`: the job's dataset rows."""
 
-    def __init__(self, items: Items, prompts: Callable[[RolloutJob], int]) -> None:
-        self.items, self.prompts = items, prompts
+    def __init__(self, items: Items, prompts: Callable[[RolloutJob], int],
+                 item_quota: ItemQuota = lambda job: None) -> None:
+        self.items, self.prompts, self.item_quota = items, prompts, item_quota
+
+    def _items_left(self, s: Session, job: RolloutJob) -> int | None:
+        """Rollouts the job may still open under quotas.itemsPerJob, counted over its whole life (None: no quota)."""
+        quota = self.item_quota(job)
+        if quota is None:
+            return None
+        opened = s.exec(select(func.count()).select_from(ItemRow).where(ItemRow.job == job.metadata.key)).one()
+        return max(0, quota - opened)
 
     # ------------------------------------------------------------ requests
 
@@ -116,15 +130,17 @@ class Batches:
             raise Conflict(f"rolloutjobs \"{name}\" serves {limit} batches; all are done")
         row = BatchRow(job=name, k=want, target=batch_target(job) if prompts is None else len(prompts),
                        created=self.items.clock())
+        left = self._items_left(s, job)
+        if left is not None and row.target * job.spec.samples_per_prompt > left:
+            message = (f"batch {want} needs {row.target} groups × {job.spec.samples_per_prompt} samples; the job may "
+                       f"open {left} more rollouts under its quota (quotas.itemsPerJob {self.item_quota(job)})")
+            raise Forbidden(f'rolloutjobs "{name}": {message}', causes=[
+                {"field": "quotas.itemsPerJob", "reason": "FieldValueForbidden", "message": message}])
         s.add(row)
         if prompts is not None:
             s.add(BatchPromptsRow(job=name, k=want, prompts=json.dumps(prompts)))
-            s.flush()
-            self._open(s, job, row, prompts)
-            return row
-        # groups carried over from the previous batch are already running for this one
-        carried = s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == want)).all()
-        row.opened_groups = len(carried)
+        else:  # groups carried over from the previous batch are already running for this one
+            row.opened_groups = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == want)).all())
         s.flush()
         self.fill(s, job, row)
         return row
@@ -152,15 +168,28 @@ class Batches:
     # ------------------------------------------------------------ opening groups
 
     def fill(self, s: Session, job: RolloutJob, batch: BatchRow) -> int:
-        """Open groups until the batch has enough running (DAPO: up to maxInFlightGroups)."""
-        if batch.state != BatchState.running or self.named_prompts(s, batch.job, batch.k) is not None:
-            return 0  # a batch of named prompts opened all its groups at once and replaces none
+        """Open groups towards the batch's need (DAPO: up to maxInFlightGroups; named prompts: each once), at most
+        CHUNK_ITEMS rollouts per call and never past quotas.itemsPerJob: how many groups it opened (the caller
+        calls again while that is more than 0, a step at a time)."""
+        if batch.state != BatchState.running:
+            return 0
+        step = max(1, CHUNK_ITEMS // job.spec.samples_per_prompt)
+        left = self._items_left(s, job)
+        if left is not None:
+            step = min(step, left // job.spec.samples_per_prompt)
+        named = self.named_prompts(s, batch.job, batch.k)
+        if named is not None:  # a batch of named prompts opens each group once and replaces none
+            chunk = named[batch.opened_groups:batch.opened_groups + step]
+            if chunk:
+                self._open(s, job, batch, chunk)
+            return len(chunk)
         name = job.metadata.key
-        running = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.batch == batch.k,
-                                                       GroupRow.state == GroupState.running)).all())
+        running = s.exec(select(func.count()).select_from(GroupRow).where(
+            GroupRow.job == name, GroupRow.batch == batch.k, GroupRow.state == GroupState.running)).one()
         cap = max_in_flight(job) - running
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
+        cap = min(cap, step)
         if cap <= 0:
             return 0
         prompts_in_dataset = self.prompts(job)
@@ -224,7 +253,8 @@ class Batches:
                 s.add(batch)
                 return
         named = self.named_prompts(s, group.job, batch.k) is not None
-        if batch.counted >= batch.target or (named and self._all_settled(s, group.job, batch.k)):
+        if batch.counted >= batch.target or (named and batch.opened_groups >= batch.target
+                                             and self._all_settled(s, group.job, batch.k)):
             self._complete(s, job, batch)
         else:
             self.fill(s, job, batch)  # replenish at once

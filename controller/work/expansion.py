@@ -108,11 +108,11 @@ class Expansions:
         policy = self.policy_for(job)
         limit = job.spec.tasks.limit
         if policy is not None:  # read no more prompts than the quota holds, and one more to see it overflow
-            fit = policy.quotas.items_per_job // n + 1
+            fit = policy.quotas.items_per_job // n + (0 if job.spec.batch_mode else 1)  # batches: counted as opened
             limit = fit if limit is None else min(limit, fit)
         rows, error = self._load(job, limit)
         reason = "WorkFailed" if error else ""
-        if policy is not None and len(rows) * n > policy.quotas.items_per_job:
+        if policy is not None and not job.spec.batch_mode and len(rows) * n > policy.quotas.items_per_job:
             quota = policy.quotas.items_per_job
             more = "at least " if len(rows) == limit and limit != job.spec.tasks.limit else ""
             error = (f"spec.tasks: {more}{len(rows)} prompts × spec.samplesPerPrompt {n} = {more}{len(rows) * n} "

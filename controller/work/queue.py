@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Callable
 
-from sqlalchemy import func
+from sqlalchemy import func, insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -38,9 +38,11 @@ class ItemQueue:
         self.changed.set(job)
 
     def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None:
-        """Queue the `samples` items of one batch group."""
-        for k in range(samples):
-            s.add(ItemRow(job=job, prompt=prompt, sample=k, queued_at=now, group_id=group_id))
+        """Queue the `samples` items of one batch group: one row built, inserted `samples` times in one statement
+        (a model object per row cost ~0.6 ms of the event loop each)."""
+        row = ItemRow(job=job, prompt=prompt, sample=0, queued_at=now, group_id=group_id)
+        base = {c.name: getattr(row, c.name) for c in ItemRow.__table__.columns if c.name != "id"}
+        s.execute(insert(ItemRow.__table__), [{**base, "sample": k} for k in range(samples)])
 
     def release(self, item: ItemRow | Item | Live) -> None:
         """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""

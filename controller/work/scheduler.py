@@ -49,7 +49,7 @@ from .policy_versions import PolicyVersions
 from .queue import ItemQueue
 from .states import BatchState, ItemState
 from .stats import JobStats
-from .tables import ExpansionRow, NodeRow
+from .tables import BatchRow, ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
 EXPIRY_PASS_SECONDS = 0.5  # the background pass: leases past their deadline requeued, backends checked
@@ -86,7 +86,7 @@ class Scheduler:
         self.stats = JobStats(self.engine)  # the trajectories' running sums: the web UI's and the API's `…/stats`
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
-        self.batches = Batches(self.queue, self.expansions.prompts)
+        self.batches = Batches(self.queue, self.expansions.prompts, lambda job: _items_per_job(policy_for(job)))
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
@@ -282,6 +282,15 @@ class Scheduler:
         out.pop("groups")
         return out
 
+    def fill_batch(self, name: str, k: int) -> int:
+        """One more step of opening batch `k`'s groups (`Batches.fill`): how many it opened (0: done)."""
+        job = self.jobs.get(name)
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = s.get(BatchRow, (name, k))
+            opened = 0 if row is None else self.batches.fill(s, job, row)
+            s.commit()
+        return opened
+
     async def batch(self, name: str, k: int, wait: bool = False, timeout: float | None = None,
                     include_all: bool = False) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -354,3 +363,7 @@ class Scheduler:
         self.queue.stopped = True
         self.queue.changed.set_all()
         self.feed.stop()
+
+
+def _items_per_job(policy) -> int | None:
+    return None if policy is None else policy.quotas.items_per_job

@@ -169,3 +169,46 @@ def test_a_call_the_engine_refuses_is_a_400_and_the_rollout_a_configuration_fail
     trajectory = _trajectory(gateway, tokenizer, RolloutContext(job="gw", prompt=0, sample=0), result)
     assert trajectory.failure.kind.value == "config"
     assert "spec.agent.sampling" in trajectory.failure.reason and "repetition_penalty" in trajectory.failure.reason
+
+
+class SlowLLM:
+    """Holds each call until released, counting how many are in the engine at once."""
+
+    def __init__(self):
+        self.now = self.most = 0
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        await asyncio.sleep(0.5)  # long beside the 16 requests' arrival: the ones past the cap find it full
+        self.now -= 1
+        return Generation([5, 6], [-0.5, -0.25], "stop", list(prompt_ids), None)
+
+
+def test_parallel_calls_of_one_rollout_reach_the_engine_one_at_a_time(tokenizer, tmp_path):
+    """Issue 36: one harness sent 64 concurrent calls, 64 generations on a shared engine."""
+    from rolloutd.agents.gateway import ENGINE_CALLS, REQUESTS_IN_FLIGHT
+    llm = SlowLLM()
+
+    async def go():
+        gateway = Gateway(llm, tokenizer, SamplingParams(max_tokens=8))
+        sock = tmp_path / "gw.sock"
+        await gateway.start(sock)
+        try:
+            limits = httpx.Limits(max_connections=64)
+            async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sock), limits=limits),
+                                         base_url="http://gw", timeout=60) as client:
+                return await asyncio.gather(*(client.post("/v1/chat/completions", json={"messages": [USER]})
+                                              for _ in range(16)))
+        finally:
+            await gateway.stop()
+    codes = [r.status_code for r in asyncio.run(go())]
+    assert llm.most == ENGINE_CALLS == 1
+    assert set(codes) <= {200, 429} and 1 <= codes.count(200) <= REQUESTS_IN_FLIGHT, codes
+
+
+def test_deep_json_nesting_is_a_400_not_a_500(tokenizer, tmp_path):
+    deep = '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (r,), _ = serve(tokenizer, tmp_path, RecordingLLM(), [("POST", "/v1/chat/completions", {
+        "content": deep, "headers": {"Content-Type": "application/json"}})])
+    assert r.status_code == 400 and "nests too deeply" in r.text, r.text

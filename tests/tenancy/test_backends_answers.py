@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from support.example_job import example_doc
+from support.kube_helpers import tenant_job_doc, tenant_policy
 from support import controller_process as _fixtures
 from support.waiting import wait_until
 
@@ -103,7 +103,7 @@ def controller(tmp_path):
 
 
 def _job(backend: str) -> dict:
-    doc = example_doc()  # its paths absolute, as the API wants them
+    doc = tenant_job_doc("probe")  # its dataset beneath the tenant data root the policy grants
     doc["metadata"] = {"name": "probe"}
     doc["spec"]["llm"]["backends"] = [{"url": backend}]
     doc["spec"]["executor"]["nodes"] = 1
@@ -114,7 +114,10 @@ def test_health_reasons_reload_errors_metrics_and_logs_carry_no_byte_of_a_backen
     secret500, junk, bad_line = services
     team = create_scoped_token(controller.data_dir / "tokens", "team-a", read_only=False, namespaces=["team-a"])
     job = f"{P}/namespaces/team-a/rolloutjobs/probe"
-    with controller.client(controller.token) as admin:  # the admin's job in team-a: no data root to grant
+    with controller.client(controller.token) as admin:  # the admin's job in team-a, whose policy admits its spec
+        # (a tenant's backend write is admitted against the tenant's policy, whoever wrote the job)
+        assert admin.put(f"{P}/tenantpolicies/team-a", json=tenant_policy(
+            "team-a", ownedBackends=[secret500, junk, bad_line])).status_code in (200, 201)
         assert admin.post(f"{P}/namespaces/team-a/rolloutjobs", json=_job(secret500)).status_code == 201
     with controller.client(team.token) as a:  # the tenant adds backends, reads the job, its events and metrics
         for url in (secret500, junk, bad_line):  # the pool probes what a job lists once it is added

@@ -164,6 +164,20 @@ def _node(sched: Scheduler, key: str, name: str) -> str:
     return sched.register(RegisterRequest(job=key, protocol=NODE_PROTOCOL, name=name)).node_id
 
 
+def test_team_a_s_small_cap_limits_team_a_only_on_a_shared_backend(tmp_path):
+    store, sched = _sched(tmp_path, max_episodes=16)
+    data = dataset(tmp_path, "d", 32)
+    store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, cap=1)))
+    store.apply(RolloutJob.model_validate(job_doc("train", "team-b", source=data)))
+    for key in ("team-a/train", "team-b/train"):
+        sched.expand(store.get(key))
+        sched.jobs.sync(store.get(key))
+    assert len(asyncio.run(sched.lease(_node(sched, "team-a/train", "a1"), 8)).leases) == 1  # its own cap
+    leases = asyncio.run(sched.lease(_node(sched, "team-b/train", "b1"), 8)).leases
+    assert len(leases) == 8  # the backend still admits 16: team-a's 1 is not the backend's cap
+    assert sched.pool.admission.backend_cap(URL) == 16
+
+
 def test_team_a_train_sets_neither_the_cap_nor_the_weight_of_default_train(tmp_path):
     store, sched = _sched(tmp_path)
     data = dataset(tmp_path, "d", 16)

@@ -75,7 +75,7 @@ def queued_attempts(sched, job):
 
 
 def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_path):
-    _, sched, _ = make(tmp_path, {"big": dict(prompts=20, cap=5, nodes=2), "other": dict(prompts=20, nodes=2)})
+    _, sched, _ = make(tmp_path, {"big": dict(prompts=20, nodes=2), "other": dict(prompts=20, nodes=2)}, max_episodes=5)
     nodes = [reg(sched, "big", "b1"), reg(sched, "big", "b2"), reg(sched, "other", "o1"), reg(sched, "other", "o2")]
     got = [lease_ for _ in range(3) for node in nodes for lease_ in lease(sched, node, 8)]
     assert len(got) == 5 and sched.pool.inflight[URL] == 5  # the smallest cap of the jobs sharing the backend
@@ -118,7 +118,7 @@ def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path):
 
 
 def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path):
-    _, sched, _ = make(tmp_path, {"big": dict(prompts=100, cap=4), "small": dict(prompts=3)})
+    _, sched, _ = make(tmp_path, {"big": dict(prompts=100), "small": dict(prompts=3)}, max_episodes=4)
     big, small = reg(sched, "big", "b"), reg(sched, "small", "s")
     running = lease(sched, big, 8)
     assert len(running) == 4  # the big job came first and holds the whole cap, 96 more queued
@@ -139,7 +139,7 @@ def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path):
 
 def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path):
     rng = random.Random(7)
-    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=240, priority=3, cap=8), "light": dict(prompts=240)})
+    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=240, priority=3), "light": dict(prompts=240)}, max_episodes=8)
     nodes = {"heavy": reg(sched, "heavy", "h"), "light": reg(sched, "light", "l")}
     live: dict[str, object] = {}  # attempt id → (job, lease)
     granted: Counter[str] = Counter()
@@ -175,7 +175,7 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path):
 
 
 def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path):
-    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=20, priority=3, cap=4), "light": dict(prompts=20)})
+    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=20, priority=3), "light": dict(prompts=20)}, max_episodes=4)
     heavy, light = reg(sched, "heavy", "h"), reg(sched, "light", "l")
     running = lease(sched, heavy, 3)
     running_light = lease(sched, light, 8)
@@ -186,7 +186,7 @@ def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path):
 
 
 def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path):
-    _, sched, clock = make(tmp_path, {"a": dict(prompts=10, cap=2), "b": dict(prompts=10)})
+    _, sched, clock = make(tmp_path, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=2)
     a, b = reg(sched, "a", "a1"), reg(sched, "b", "b1")
     held = lease(sched, a, 4)
     assert len(held) == 2 and lease(sched, b, 4) == []  # b waits (marked)
@@ -197,10 +197,10 @@ def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path):
 
 
 def test_restart_restores_each_job_s_admissions(tmp_path):
-    store, sched, _ = make(tmp_path, {"a": dict(prompts=10, cap=3), "b": dict(prompts=10)})
+    store, sched, _ = make(tmp_path, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=3)
     lease(sched, reg(sched, "a", "a1"), 2)
     lease(sched, reg(sched, "b", "b1"), 4)
-    again = Scheduler(store, clock=lambda: 2000.0)
+    again = Scheduler(store, clock=lambda: 2000.0, max_episodes=3)
     for name in ("a", "b"):
         again.jobs.get(name)
     assert again.pool.inflight[URL] == 3
