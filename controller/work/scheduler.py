@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from collections import defaultdict
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -90,11 +89,11 @@ class Scheduler:
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
-        self.seq_file = Path(store.path).parent / seq_floor.SEQ_FILE
+        self.seqs = seq_floor.SeqFloor(self.engine, store.path)
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self._lease_seconds)
-            seq_floor.raise_floor(tx.db, self.seq_file)  # restored from a backup: seqs go on above those issued
-        seq_floor.record(self.engine, self.seq_file)
+            self.seqs.raise_floor(tx.db)  # restored from a backup: seqs go on above those issued
+        self.seqs.record()
 
     def _lease_seconds(self, name: str) -> float:
         try:
@@ -329,8 +328,8 @@ class Scheduler:
         return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
 
     def stalled(self, seconds: float) -> None:
-        """The controller heard nothing for `seconds` (SIGSTOP, a long GC pause, a blocked loop): its silence is
-        not the nodes'. Every lease and node gets a whole lease from now to beat before anything expires."""
+        """The controller heard nothing for `seconds` (SIGSTOP, GC, a blocked loop): every lease and node gets a
+        whole lease from now to beat before anything expires (the silence was the controller's, not theirs)."""
         log.warning("the controller stalled for %.1f s: every lease gets a whole lease to be renewed", seconds)
         now = self.clock()
         self.queue.live.grace(now, self._lease_seconds)
@@ -339,11 +338,9 @@ class Scheduler:
     async def run(self) -> None:
         last_health = 0.0
         self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
-        asked = recorded = time.monotonic()
+        asked = time.monotonic()
         while not self.queue.stopped:
-            if asked - recorded >= seq_floor.RECORD_SECONDS:
-                recorded = asked
-                await asyncio.to_thread(seq_floor.record, self.engine, self.seq_file)
+            await self.seqs.tick()
             late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
             if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
                 self.stalled(late)
@@ -358,7 +355,7 @@ class Scheduler:
             await asyncio.sleep(EXPIRY_PASS_SECONDS)
 
     def stop(self) -> None:
-        seq_floor.record(self.engine, self.seq_file)
+        self.seqs.record()
         self.health.close()
         self.queue.stopped = True
         self.queue.changed.set_all()

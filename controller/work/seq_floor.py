@@ -2,14 +2,16 @@
 
 A trajectory's seq is SQLite's rowid (the largest + 1). A restored backup would hand the numbers issued after it out
 again, and a trainer resuming a job's stream from a cursor it saved later would skip the rollouts run again.
-`Scheduler` records the largest seq in a file beside the store (`SEQ_FILE`: at start, every RECORD_SECONDS and at
-stop) and, at start, `raise_floor` puts a placeholder row (job '', never listed) above it when the store's own
+`SeqFloor` (the scheduler's) records the largest seq in a file beside the store (`SEQ_FILE`: at start, every
+RECORD_SECONDS and at stop) and, at start, `raise_floor` puts a placeholder row (job '', never listed) above it when the store's own
 largest is lower: the next seq follows it. Next step: the same for PostgreSQL (a sequence's setval)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
@@ -52,3 +54,23 @@ def record(engine: Engine, path: Path) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.warning("cannot record the trajectory seq in %s: %s", path, e)
+
+
+class SeqFloor:
+    """The seq record of one store, kept by the scheduler: `raise_floor` at start, `tick` from its background pass,
+    `record` at start and stop."""
+
+    def __init__(self, engine: Engine, store_path: str | Path):
+        self.engine, self.path = engine, Path(store_path).parent / SEQ_FILE
+        self.recorded = time.monotonic()
+
+    def raise_floor(self, db: sqlite3.Connection) -> int | None:
+        return raise_floor(db, self.path)
+
+    def record(self) -> None:
+        record(self.engine, self.path)
+
+    async def tick(self) -> None:
+        if time.monotonic() - self.recorded >= RECORD_SECONDS:
+            self.recorded = time.monotonic()
+            await asyncio.to_thread(self.record)
