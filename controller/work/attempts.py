@@ -197,8 +197,9 @@ class Attempts:
             ended = set(ack.accepted) | set(ack.dropped)
         elif paced:
             resp.accepted, resp.dropped = [], {}
-        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
+        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
         version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:
