@@ -154,7 +154,12 @@ class TrackedLLM:
                     stream.runs.append((self.gate.version_of(self.url), 0))
                 stream.marks.clear()
         settle(stream, len(gen.token_ids))
-        gen.versions = [(v, n) for v, n in stream.runs if n > 0]
+        gen.versions = []
+        for v, n in stream.runs:  # runs of one version merged (a backend that kept its version), empty ones left out
+            if n > 0 and gen.versions and gen.versions[-1][0] == v:
+                gen.versions[-1] = (v, gen.versions[-1][1] + n)
+            elif n > 0:
+                gen.versions.append((v, n))
         self.versions.append(gen.versions[0][0] if gen.versions else stream.runs[0][0])
         return gen
 
