@@ -84,6 +84,7 @@ def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, 
     assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
     split = spans[0]["end"]
     assert start < split < end, "the update did not land inside the turn"
+    print(f"{mode}: split after {split - start} of {TOKENS} tokens; the update took {answer['pausedSeconds']} s")
     # the update returned while the turn was still generating (RUN ended later)
     assert returned_at < t["timings"]["stamps"]["eval"]
 
