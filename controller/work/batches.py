@@ -255,6 +255,9 @@ class Batches:
         batch.cancelled_rollouts, batch.never_started = cancelled, never
         batch.saved_tokens = int(per * cancelled)
 
+    def cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
+        return self._cancel_group(s, g)
+
     def _cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
         """Cancel a running group's live rollouts (daemons learn it at their next beat)."""
         cancelled = never = 0

@@ -37,8 +37,9 @@ def staleness(t: Trajectory, history: list) -> int:
 
 class PolicyVersions:
     def __init__(self, engine: Engine, jobs: Jobs, nodes: NodeRegistry, http: BackendHttp,
-                 wake: Callable[[str], None]) -> None:
+                 wake: Callable[[str], None], on_version: Callable[[str], None] = lambda job: None) -> None:
         self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
+        self.on_version = on_version  # a new version is in place (the staleness bound counts from here)
         self._llm: dict[str, tuple[float, int, bool, int]] = {}  # node id → (beat time, calls in flight, held, fence)
         self._fences: dict[str, int] = defaultdict(int)  # job → the keep-mode fence the daemons are asked to take
         self._behind: dict[str, dict[str, Any]] = {}  # job → {backend url: the older version it still runs}
@@ -149,6 +150,7 @@ class PolicyVersions:
                 s.add(row)
                 s.commit()
             self._changed(name)
+            self.on_version(name)
             self.wake(name)
         errors = [b for b in report if b.get("error")]
         if errors:
