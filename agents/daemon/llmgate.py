@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
 
-# keep mode: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
+# a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
 QUIET_SECONDS = 0.2
+# abort mode: how long an aborted request waits to hear of the update that aborted it (a beat or two)
+UPDATE_NOTICE_SECONDS = 5.0
 
 
 class Stream:
-    """One streamed generation in flight: the tokens received so far and, per keep-mode fence, where it stood."""
+    """One streamed generation in flight: the tokens received so far and, per keep-mode fence, where it stood.
+    Abort mode: `abort` stops its current request on the engine; `parked` while it waits, aborted, for the update."""
 
     def __init__(self, url: str | None) -> None:
         self.url = url
+        self.abort: Callable[[], Awaitable[None]] | None = None
+        self.parked = False
         self.received = 0
         self.last = time.monotonic()
         self.marks: list[int] = []  # token counts at fences whose new version is not known yet
@@ -35,8 +40,9 @@ class Stream:
 class PolicyGate:
     """The node's view of the job's policy: the version new LLM requests are tagged with, whether new
     requests must wait (the weights are being updated), the backends that failed to load the current version
-    (they still run an older one), and the keep-mode fence (`fence_asked`/`fence_done`): the controller has
-    paused the engines with their requests in place and asks where each in-flight stream stands."""
+    (they still run an older one), and the fence of a keep or abort update (`fence_asked`/`fence_done`): the
+    controller has paused the engines (keep: requests in place; abort: aborted) and asks where each in-flight
+    stream stands."""
 
     def __init__(self, version: int | str | None = None) -> None:
         self.version = version
@@ -75,15 +81,25 @@ class PolicyGate:
             self._open.set()
 
     async def _fence(self, epoch: int) -> None:
-        """The engines are paused (keep mode): once every in-flight stream went quiet (the tokens generated
-        before the pause have arrived: the engine makes none while paused), mark where each stands."""
-        for _ in range(600):  # bounded: 600 × QUIET_SECONDS at most
-            now = time.monotonic()
-            if all(now - s.last >= QUIET_SECONDS for s in self.streams):
-                break
-            await asyncio.sleep(QUIET_SECONDS)
-        for s in self.streams:
-            s.marks.append(s.received)
+        """The engines are paused. keep: once every in-flight stream went quiet (the tokens generated before the
+        pause have arrived: the engine makes none while paused), mark where each stands. abort: abort every
+        stream's current request (the engine aborted those it ran; this also stops those that reached it after the
+        pause, queued there) and wait until each is parked with its tokens so far (its split, exact) or ended."""
+        if self.mode == "abort":
+            await asyncio.gather(*(s.abort() for s in self.streams if s.abort is not None and not s.parked),
+                                 return_exceptions=True)
+            for _ in range(3000):  # bounded: 60 s at most
+                if all(s.parked for s in self.streams):
+                    break
+                await asyncio.sleep(0.02)
+        else:
+            for _ in range(600):  # bounded: 600 × QUIET_SECONDS at most
+                now = time.monotonic()
+                if all(now - s.last >= QUIET_SECONDS for s in self.streams):
+                    break
+                await asyncio.sleep(QUIET_SECONDS)
+            for s in self.streams:
+                s.marks.append(s.received)
         self.fence_done = max(self.fence_done, epoch)
         self.on_change()
 
@@ -93,6 +109,13 @@ class PolicyGate:
 
     async def wait_open(self) -> None:
         await self._open.wait()
+
+    async def wait_paused(self, timeout: float) -> None:
+        """Until the gate is held, `timeout` seconds at most."""
+        for _ in range(max(int(timeout / 0.02), 1)):
+            if self.paused:
+                return
+            await asyncio.sleep(0.02)
 
     async def enter(self) -> int | str | None:
         while True:
@@ -181,6 +204,7 @@ class TrackedLLM:
             if sampling.min_tokens:
                 update["min_tokens"] = max(sampling.min_tokens - len(ids), 0)
             self.in_flight.add(rid)
+            stream.abort = lambda rid=rid: self.inner.abort(rid)
             try:
                 async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
                     ids += piece.token_ids
@@ -190,7 +214,10 @@ class TrackedLLM:
                     cached = cached if piece.cached_tokens is None else piece.cached_tokens
                 break
             except BackendError as e:
-                # not ours unless the gate is held in abort mode: an abort nobody announced is an infra failure
+                # an update in abort mode aborts the engines first and tells the daemons at their next beat: wait
+                # for that (bounded); an abort nobody announced is an infrastructure failure
+                if self.mode == "abort" and isinstance(e, Preempted):
+                    await self.gate.wait_paused(UPDATE_NOTICE_SECONDS)
                 if not (self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
                     raise
                 partial = getattr(e, "partial", None)
@@ -198,7 +225,9 @@ class TrackedLLM:
                     ids += partial.token_ids
                     logprobs += partial.logprobs
                     stream.got(len(partial.token_ids))
+                stream.parked = True
                 await self.gate.wait_open()
+                stream.parked = False
                 settle(stream, len(ids))
                 stream.runs.append((self.gate.version_of(self.url), 0))
                 part += 1

@@ -101,7 +101,7 @@ class Attempts:
                     until = now + cache.lease_seconds
                     grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
                     self.held.add(attempt_id, Live(item, job_name, node_id, "leased", backend, backend is not None,
-                                                   until))
+                                                   until, version))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
                                         policy_version=version, queued_seconds=max(now - queued_at, 0.0)))

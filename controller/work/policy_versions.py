@@ -37,9 +37,8 @@ def staleness(t: Trajectory, history: list) -> int:
 
 class PolicyVersions:
     def __init__(self, engine: Engine, jobs: Jobs, nodes: NodeRegistry, http: BackendHttp,
-                 wake: Callable[[str], None], on_version: Callable[[str], None] = lambda job: None) -> None:
+                 wake: Callable[[str], None]) -> None:
         self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
-        self.on_version = on_version  # a new version is in place (the staleness bound counts from here)
         self._llm: dict[str, tuple[float, int, bool, int]] = {}  # node id → (beat time, calls in flight, held, fence)
         self._fences: dict[str, int] = defaultdict(int)  # job → the keep-mode fence the daemons are asked to take
         self._behind: dict[str, dict[str, Any]] = {}  # job → {backend url: the older version it still runs}
@@ -113,9 +112,9 @@ class PolicyVersions:
                        pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
         """Switch the job to policy `version` in its `spec.policy.updateMode`. drain: hold new LLM calls on every
         daemon, wait for the in-flight ones to finish, then on every backend pause → reload weights → reset the
-        prefix cache → resume (no request spans two versions). keep / abort: hold new calls until every daemon
-        says it holds them (a beat, never a generation), then `_live`; requests in flight continue on the new
-        weights and the daemons record where (versionSpans). Returns once every backend runs the new version or
+        prefix cache → resume (no request spans two versions). keep / abort: `_live`, which waits for one beat
+        of each daemon, never for a generation; requests in flight continue on the new weights and the daemons
+        record where (versionSpans). Returns once every backend runs the new version or
         has failed to load it (reported; it keeps its version and the daemons tag its tokens with that)."""
         job = self.jobs.get(name)
         mode = job.spec.policy.update_mode
@@ -130,9 +129,7 @@ class PolicyVersions:
                     drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
                 report = [await self.http.update(url, weights_path, pause) for url in urls]
             else:
-                self._set(name, paused=True)
-                drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2])
-                report = await self._live(name, urls, weights_path, mode, drain_timeout)
+                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout)
             behind = dict(self._behind.get(name, {}))
             with Session(self.engine, expire_on_commit=False) as s:
                 row = self.row(s, name)
@@ -150,7 +147,6 @@ class PolicyVersions:
                 s.add(row)
                 s.commit()
             self._changed(name)
-            self.on_version(name)
             self.wake(name)
         errors = [b for b in report if b.get("error")]
         if errors:
@@ -159,21 +155,22 @@ class PolicyVersions:
                 "drained": drained, "backends": report}
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
-                    timeout: float) -> list[dict[str, Any]]:
-        """keep: pause every engine with its requests in place, ask the daemons for a fence (where each of their
-        streams stands: the tokens before it are the old version's), load, reset the prefix cache including the
-        kept requests' KV (recomputed on the new weights), resume. abort: pause aborting the requests (the
-        daemons keep their tokens and continue them once the gate opens), load, reset, resume."""
+                    timeout: float) -> tuple[bool, list[dict[str, Any]]]:
+        """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
+        continue them once the gate opens), then ask the daemons, in one beat reply, to hold new LLM calls and take
+        a fence: where each of their streams stands once it went quiet (the tokens before it are the old version's;
+        a request that reached the engine after the pause stands at 0). Meanwhile load the weights and reset the
+        prefix cache, including the kept requests' KV (recomputed on the new weights); resume once every daemon has
+        taken the fence. Returns (every daemon answered, the per-backend report)."""
         paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
-        fenced: asyncio.Future | None = None
-        if mode == "keep":
-            self._fences[name] += 1
-            epoch = self._fences[name]
-            fenced = asyncio.ensure_future(self._wait_beats(name, time.monotonic(), timeout, lambda b: b[3] >= epoch))
+        self._fences[name] += 1
+        epoch = self._fences[name]
+        self._set(name, paused=True)
+        fenced = asyncio.ensure_future(self._wait_beats(name, time.monotonic(), timeout,
+                                                        lambda b: b[2] and b[3] >= epoch))
         loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep") for u, why in
                                        zip(urls, paused) if why is None))
-        if fenced is not None:
-            await fenced
+        answered = await fenced
         resumed = await asyncio.gather(*(self.http.post(u, "/resume") for u in urls))
         by_url = {b["url"]: b for b in loads}
         report = []
@@ -181,7 +178,7 @@ class PolicyVersions:
             b = by_url.get(u) or {"url": u, "reloaded": False, "error": why_paused}
             b["error"] = b["error"] or why_resumed
             report.append(b)
-        return report
+        return answered, report
 
     async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool]) -> bool:
         """True once every active daemon of the job beat after `since` and its beat (time, in flight, held, fence)

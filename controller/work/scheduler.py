@@ -83,9 +83,8 @@ class Scheduler:
         self.feed = Feed(self.engine)
         self.stats = JobStats(self.engine)  # the trajectories' running sums: the web UI's and the API's `…/stats`
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
-        self.stale = StaleGroups(clock)
-        self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake,
-                                       on_version=self.stale.announced)
+        self.stale = StaleGroups()
+        self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.batches = Batches(self.queue, self.expansions.prompts)
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
@@ -180,13 +179,14 @@ class Scheduler:
                               pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
         out = await self.policies.announce(name, version, weights_path, pause, drain_timeout)
         job = self.jobs.get(name)
-        if job.spec.batch_mode and job.spec.policy.max_staleness is not None:
+        if job.spec.policy.max_staleness is not None:
             out["staleness"] = self._sweep(job)  # on the loop, as request_batch: it wakes leasing
         return out
 
     def _sweep(self, job: RolloutJob) -> dict[str, int]:
+        history = self.policies.describe(job.metadata.key)["history"]
         with Session(self.engine, expire_on_commit=False) as s:
-            done = self.stale.sweep(s, job, self.batches)
+            done = self.stale.sweep(s, job, history, self.queue, self.batches)
             s.commit()
         return done
 

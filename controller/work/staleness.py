@@ -1,72 +1,76 @@
-"""Staleness as a bound for batch-mode jobs (`spec.policy.maxStaleness` = S): no group admitted more than S versions
-before the current one stays in the batch being filled.
+"""Staleness as a bound (`spec.policy.maxStaleness` = S): after each announce, nothing admitted more than S versions
+before the current one keeps running or stays in the batch being filled.
 
-`Scheduler.announce_policy` calls `StaleGroups.sweep` once a version is in place: running groups that are now too old
-are cancelled on the daemons (the DAPO cancellation path: sandboxes killed, LLM requests aborted), counted groups of
-the running batch that are too old are taken out of it, and the batch is refilled with fresh groups. A group's
-admission is the moment it opened; the announce times are kept in memory (after a controller restart the sweep starts
-again from the next announce). The per-sample check when a result arrives (`attempts`) stays as it was.
+`Scheduler.announce_policy` calls `StaleGroups.sweep` once the version is in place: leases that carried a version more
+than S behind go back to the queue (the daemon holding one is told its attempt is no longer leased to it and cancels it:
+sandbox killed, LLM request aborted) and run again with the current version; in batch jobs, groups counted in the
+running batch whose samples were admitted more than S versions ago are taken out of it and the batch is refilled
+(batches of prompts the trainer named are left whole: they replace nothing). The per-sample check when a result arrives
+(`attempts`) stays as it was.
 """
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+import json
+from typing import Any
 
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .batches import Batches
-from .states import BatchState, GroupState
-from .tables import BatchRow, GroupRow
+from .queue import ItemQueue
+from .states import BatchState, GroupState, ItemState
+from .tables import BatchRow, GroupRow, ItemRow, TrajectoryRow
+
+ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}
+
+
+def behind(version: Any, history: list) -> int:
+    """How many versions `version` is behind the newest of `history` (one more than all of it when unknown)."""
+    return len(history) - 1 - (history.index(version) if version in history else -1)
 
 
 class StaleGroups:
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self._announced: dict[str, list[float]] = collections.defaultdict(list)  # job → when each version came
+    def __init__(self) -> None:
         self.counters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 
-    def announced(self, job: str) -> None:
-        self._announced[job].append(self.clock())
-
     def forget(self, job: str) -> None:
-        self._announced.pop(job, None)
         self.counters.pop(job, None)
 
-    def cutoff(self, job: str, bound: int) -> float | None:
-        """Groups opened before this moment are more than `bound` versions old (None: none can be)."""
-        times = self._announced.get(job) or []
-        return times[len(times) - bound - 1] if len(times) > bound else None
-
-    def sweep(self, s: Session, job: RolloutJob, batches: Batches) -> dict[str, int]:
-        """Take the groups older than the bound out of the running batch (cancelled on the daemons if running) and
-        refill it; returns what this sweep did."""
+    def sweep(self, s: Session, job: RolloutJob, history: list, queue: ItemQueue, batches: Batches) -> dict[str, int]:
+        """Requeue the leases older than the bound and take stale groups out of the running batch; returns what
+        this sweep did."""
         bound = job.spec.policy.max_staleness
+        if bound is None:
+            return dict(ZERO)
         name = job.metadata.key
-        cut = self.cutoff(name, bound) if bound is not None and job.spec.batch_mode else None
-        if cut is None:
-            return {"cancelledGroups": 0, "sweptGroups": 0, "cancelledRollouts": 0}
-        running_batches = {b.k: b for b in s.exec(select(BatchRow).where(BatchRow.job == name,
-                                                                         BatchRow.state == BatchState.running))}
-        cancelled = swept = rollouts = 0
-        for g in s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.opened < cut,
-                                               GroupRow.state.in_([GroupState.running, GroupState.counted]))).all():
-            batch = running_batches.get(g.batch)
-            if g.state == GroupState.running:
-                n, _ = batches.cancel_group(s, g)
-                cancelled, rollouts = cancelled + 1, rollouts + n
-            elif batch is not None:  # counted in the batch being filled: out of it
-                g.state, g.settled = GroupState.cancelled, self.clock()
-                s.add(g)
-                batch.counted -= 1
+        done = collections.Counter(ZERO)
+        for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state == ItemState.leased)).all():
+            held = queue.live.get(item.attempt_id) if item.attempt_id else None
+            if held is not None and behind(held.version, history) > bound:
+                queue.requeue(item, f"stale: leased with policy {held.version!r}, more than {bound} versions ago",
+                              keep_attempt=True)
+                s.add(item)
+                done["cancelledRollouts"] += 1
+        if job.spec.batch_mode:
+            for batch in s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == BatchState.running)):
+                if batches.named_prompts(s, name, batch.k) is not None:
+                    continue
+                for g in s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
+                                                       GroupRow.state == GroupState.counted)).all():
+                    admitted = [json.loads(d).get("admittedVersion") for d in s.exec(
+                        select(TrajectoryRow.data).where(TrajectoryRow.group_id == g.id)).all()]
+                    if any(behind(v, history) > bound for v in admitted):
+                        g.state, g.settled = GroupState.cancelled, queue.clock()
+                        batch.counted -= 1
+                        s.add(g)
+                        done["sweptGroups"] += 1
                 s.add(batch)
-                swept += 1
-        for batch in running_batches.values():
-            batches.fill(s, job, batch)
-        done = {"cancelledGroups": cancelled, "sweptGroups": swept, "cancelledRollouts": rollouts}
+                batches.fill(s, job, batch)
+        queue.wake(name)
         self.counters[name].update(done)
-        return done
+        return dict(done)
 
     def describe(self, job: str) -> dict[str, Any]:
         return dict(self.counters.get(job) or {})

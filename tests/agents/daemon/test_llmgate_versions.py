@@ -121,7 +121,8 @@ def test_a_backend_that_failed_to_load_keeps_its_version_on_the_tokens():
     asyncio.run(go())
 
 
-def test_an_abort_nobody_announced_is_an_infrastructure_failure():
+def test_an_abort_nobody_announced_is_an_infrastructure_failure(monkeypatch):
+    monkeypatch.setattr("rolloutd.agents.daemon.llmgate.UPDATE_NOTICE_SECONDS", 0.1)
     async def go():
         gate, engine = PolicyGate(version=1), Scripted()
         llm = TrackedLLM(engine, gate, mode="abort", url="http://b")
