@@ -211,9 +211,9 @@ class PolicySpec(Model):
     pause_on_update: bool = Field(default=True, description="drain mode: hold new LLM calls and drain in-flight ones "
                                                             "while the weights change (false: neither)")
     max_staleness: int | None = Field(default=None, ge=0,
-                                      description="re-run a sample generated more than this many versions ago; "
-                                      "batch jobs: at each announce, cancel (or take out of the running batch) "
-                                      "groups admitted more than this many versions ago, and refill")
+                                      description="re-run a sample generated more than this many versions ago; at "
+                                      "each announce, cancel and re-run rollouts leased more than this many versions "
+                                      "before it, and take such groups out of the running batch")
 
 
 class TimeoutsSpec(Model):

@@ -34,6 +34,7 @@ def behind(version: Any, history: list) -> int:
 class StaleGroups:
     def __init__(self) -> None:
         self.counters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.totals: collections.Counter[str] = collections.Counter(ZERO)  # every job's, for /metrics
 
     def forget(self, job: str) -> None:
         self.counters.pop(job, None)
@@ -70,6 +71,7 @@ class StaleGroups:
                 batches.fill(s, job, batch)
         queue.wake(name)
         self.counters[name].update(done)
+        self.totals.update(done)
         return dict(done)
 
     def describe(self, job: str) -> dict[str, Any]:

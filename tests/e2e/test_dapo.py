@@ -185,3 +185,5 @@ def test_rollouts_older_than_the_staleness_bound_are_cancelled_on_the_daemons(da
     # no sample admitted before version 1 reached the batch
     assert {t["admittedVersion"] for g in snap["groups"] for t in g["samples"]} == {1}
     assert c.api.get(f"{P}/rolloutjobs/stale/policy").json()["staleness"]["cancelledRollouts"] == cancelled
+    metrics = c.api.get("/metrics").text
+    assert f"rolloutd_stale_rollouts_cancelled_total {float(cancelled)}" in metrics
