@@ -173,6 +173,8 @@ class _StalenessCollector:
         yield CounterMetricFamily("rolloutd_stale_groups_swept", "Counted groups taken out of a running batch at an "
                                   "announce: admitted more than maxStaleness versions before it",
                                   value=self.stale.totals["sweptGroups"])
+        yield CounterMetricFamily("rolloutd_stale_groups_gated", "Groups not opened by the capacity gate: (S + v + 1)"
+                                  " x the batch's groups accepted or running at most", value=self.stale.totals["gated"])
 
 
 def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,

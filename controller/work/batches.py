@@ -86,8 +86,10 @@ def informative(job: RolloutJob, rewards: list[float]) -> bool:
 class Batches:
     """Helpers over the batch tables; callers pass their session. `prompts(job)`: the job's dataset rows."""
 
-    def __init__(self, items: Items, prompts: Callable[[RolloutJob], int]) -> None:
-        self.items, self.prompts = items, prompts
+    def __init__(self, items: Items, prompts: Callable[[RolloutJob], int],
+                 gate: Callable[[Session, RolloutJob, int], int] | None = None) -> None:
+        """`gate(s, job, n)`: how many of `n` groups the job may open now (the staleness bound's capacity)."""
+        self.items, self.prompts, self.gate = items, prompts, gate
 
     # ------------------------------------------------------------ requests
 
@@ -161,6 +163,8 @@ class Batches:
         cap = max_in_flight(job) - running
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
+        if cap > 0 and self.gate is not None:
+            cap = self.gate(s, job, cap)
         if cap <= 0:
             return 0
         prompts_in_dataset = self.prompts(job)

@@ -83,9 +83,9 @@ class Scheduler:
         self.feed = Feed(self.engine)
         self.stats = JobStats(self.engine)  # the trajectories' running sums: the web UI's and the API's `…/stats`
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
-        self.stale = StaleGroups()
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
-        self.batches = Batches(self.queue, self.expansions.prompts)
+        self.stale = StaleGroups(lambda job: self.policies.describe(job)["history"])
+        self.batches = Batches(self.queue, self.expansions.prompts, gate=self.stale.gate)
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together

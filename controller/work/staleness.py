@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import collections
 import json
-from typing import Any
+from typing import Any, Callable
 
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from .batches import Batches
+from .batches import Batches, batch_target
 from .queue import ItemQueue
 from .states import BatchState, GroupState, ItemState
 from .tables import BatchRow, GroupRow, ItemRow, TrajectoryRow
 
-ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}
+ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}  # an announce's sweep; `gated` counts the capacity gate
 
 
 def behind(version: Any, history: list) -> int:
@@ -32,7 +32,8 @@ def behind(version: Any, history: list) -> int:
 
 
 class StaleGroups:
-    def __init__(self) -> None:
+    def __init__(self, history: Callable[[str], list]) -> None:
+        self.history = history  # job → the versions announced, oldest first
         self.counters: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.totals: collections.Counter[str] = collections.Counter(ZERO)  # every job's, for /metrics
 
@@ -73,6 +74,22 @@ class StaleGroups:
         self.counters[name].update(done)
         self.totals.update(done)
         return dict(done)
+
+    def gate(self, s: Session, job: RolloutJob, wanted: int) -> int:
+        """The capacity gate (batch jobs), in groups: at most (S + v + 1)·B groups accepted or running, with v the
+        versions announced and B the batch's groups: a trainer that announces no new version is served at most
+        S + 1 batches ahead of its last one. Returns how many of `wanted` groups may open now."""
+        bound = job.spec.policy.max_staleness
+        if bound is None:
+            return wanted
+        name = job.metadata.key
+        taken = len(s.exec(select(GroupRow.id).where(GroupRow.job == name, GroupRow.state.in_(
+            [GroupState.running, GroupState.counted]))).all())
+        room = max((bound + len(self.history(name)) + 1) * batch_target(job) - taken, 0)
+        if room < wanted:
+            self.counters[name]["gated"] += wanted - room
+            self.totals["gated"] += wanted - room
+        return min(wanted, room)
 
     def describe(self, job: str) -> dict[str, Any]:
         return dict(self.counters.get(job) or {})

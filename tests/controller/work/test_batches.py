@@ -269,3 +269,14 @@ def test_named_prompts_are_checked(tmp_path):
     _, dapo_sched, _ = make(tmp_path / "dapo", dapo=True)
     with pytest.raises(BadRequest, match="DAPO"):
         dapo_sched.request_batch("math-demo", prompts=[0])
+
+
+def test_the_capacity_gate_opens_no_more_than_the_bound_allows(tmp_path):
+    # DAPO would run 4 groups at once; with maxStaleness 0 and no version announced, (0 + 0 + 1) x 1 group at most
+    store, sched, node = make(tmp_path, target=1, in_flight=4, max_staleness=0)
+    sched.request_batch("math-demo")
+    every = asyncio.run(sched.batch("math-demo", 1, include_all=True))
+    assert every["openedGroups"] == 1
+    assert sched.policy("math-demo")["staleness"]["gated"] == 3
+    asyncio.run(sched.announce_policy("math-demo", 1, pause=False))  # one version more: room for one group more
+    assert asyncio.run(sched.batch("math-demo", 1, include_all=True))["openedGroups"] == 2
