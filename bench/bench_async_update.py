@@ -6,8 +6,11 @@ at once (the engine's batch). Once the engine has generated LEAD tokens of the f
 version 1 with `weightsPath` = the model's own directory (a real `reload_weights`, same weights).
 Measured per update:
 - **trainer wait**: the wall time of `announce_policy` (what a trainer blocks on);
-- **engine idle**: from the announce until the engine generates again after it returned, the time in which the engine
-  generated no token (`vllm:generation_tokens_total` sampled every SAMPLE_S s);
+- **engines paused**: the controller's own measure (`enginesPausedSeconds`): from the first pause call to the last
+  resume (drain: pause, reload, resume after the drain; keep/abort: pause, fence, reload, resume);
+- **no token sampled**: from the announce until the engine generates again after it returned, the time in which the
+  engine generated no token (`vllm:generation_tokens_total` sampled every SAMPLE_S s; a /metrics answer can take longer
+  than a short pause, so this undercounts short pauses);
 - **reload**: the backend's `reloadSeconds` (the floor for any mode).
 Goal (issue 38): keep and abort wait ≤ reload + 100 ms, whatever the generation length.
 
@@ -113,6 +116,7 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
     api.delete(f"{P}/rolloutjobs/{name}")
     reload = max((b.get("reloadSeconds") or 0.0) for b in answer["backends"])
     return {"mode": mode, "wait": returned - start, "idle": clock.idle(start, returned), "reload": reload,
+            "paused": answer["enginesPausedSeconds"],
             "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs)}
 
 
@@ -145,9 +149,9 @@ def run(quick: bool = False) -> list[dict]:
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, tiny model, C={c}, "
              f"{tokens}-token greedy turns, update after {lead} tokens. `python -m bench async_update"
              f"{' --quick' if quick else ''}`.", "",
-             "| mode | trainer wait (s) | engine idle (s) | reload (s) | turns split by the update | rollouts | infra |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['idle']:.2f} | {r['reload']:.2f} | {r['split']} | "
+             "| mode | trainer wait (s) | engines paused (s) | no token sampled (s) | reload (s) | turns split by the "
+             "update | rollouts | infra |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | {r['reload']:.2f} | {r['split']} | "
               f"{r['rollouts']} | {r['infra']} |" for r in results]
     (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -127,9 +127,13 @@ class PolicyVersions:
                 if pause:
                     self._set(name, paused=True)
                     drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
+                t_engines = time.monotonic()
                 report = [await self.http.update(url, weights_path, pause) for url in urls]
+                engines = time.monotonic() - t_engines
             else:
+                t_engines = time.monotonic()
                 drained, report = await self._live(name, urls, weights_path, mode, drain_timeout)
+                engines = time.monotonic() - t_engines
             behind = dict(self._behind.get(name, {}))
             with Session(self.engine, expire_on_commit=False) as s:
                 row = self.row(s, name)
@@ -152,6 +156,7 @@ class PolicyVersions:
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
         return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
+                "enginesPausedSeconds": round(engines, 3),
                 "drained": drained, "backends": report}
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
