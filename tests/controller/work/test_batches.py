@@ -280,3 +280,21 @@ def test_the_capacity_gate_opens_no_more_than_the_bound_allows(tmp_path):
     assert sched.policy("math-demo")["staleness"]["gated"] == 3
     asyncio.run(sched.announce_policy("math-demo", 1, pause=False))  # one version more: room for one group more
     assert asyncio.run(sched.batch("math-demo", 1, include_all=True))["openedGroups"] == 2
+
+
+def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path):
+    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 1})
+    sched.request_batch("math-demo")
+    leases = lease_all(sched, node)
+    assert sorted(l.sample for l in leases) == [0, 1, 2, 3]
+    bad = [l for l in leases if l.sample == 2]
+    good = [l for l in leases if l.sample != 2]
+    report(sched, node, good, lambda p, s: float(s % 2))
+    sched.results(node, ResultBatch(results=[Result(attempt_id=bad[0].attempt_id, trajectory=Trajectory(
+        job="x", prompt=0, sample=0, failure=Failure(kind="infra", reason="sandbox died")))]))
+    again = lease_all(sched, node)
+    assert [(l.prompt, l.sample) for l in again] == [(bad[0].prompt, 2)]  # that sample, not the group
+    assert asyncio.run(sched.batch("math-demo", 1))["counted"] == 0       # the group waits for it
+    report(sched, node, again, lambda p, s: 1.0)
+    snap = asyncio.run(sched.batch("math-demo", 1))
+    assert snap["counted"] == 1 and len(snap["groups"][0]["samples"]) == 4
