@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 from support.cluster import job_doc
-from support.engine_fixtures import metric
+from support.engine_fixtures import log_mark, metric
 
 from rolloutd.client import RolloutClient
 
-TOKENS = 1200  # ~10 s of the tiny model on this box: the update lands well inside
+TOKENS = 1500  # 10-20 s of the tiny model on this box (its API server answers slowly while it streams)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,13 @@ def checkpoint_b(tmp_path_factory, tiny_engine) -> Path:
                    if v.ndim == 2 and "embed" not in k else v) for k, v in load_file(a / "model.safetensors").items()}
     save_file(weights, b / "model.safetensors")
     return b
+
+
+def added(engine, mark: int, request: str) -> bool:
+    """The engine logged a request whose id names `request` since log offset `mark`."""
+    with open(engine.log_path, "rb") as f:
+        f.seek(mark)
+        return any("Added request" in line and request in line for line in f.read().decode(errors="replace").splitlines())
 
 
 def load(engine, weights: Path) -> None:
@@ -60,13 +67,17 @@ def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, 
     job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": 4096})
     job["spec"]["policy"] = {"updateMode": mode}
     rc = RolloutClient(cluster.url, token=cluster.token)
-    before = metric(tiny_engine, "vllm:generation_tokens_total")
+    mark, before = log_mark(tiny_engine), metric(tiny_engine, "vllm:generation_tokens_total")
     try:
         cluster.apply(job)
+        # the turn is under way once the engine logged its request and generated a token; polled lightly: the API
+        # server of an engine that streams answers late (a late answer only moves the update later in the turn)
         deadline = time.monotonic() + 240
-        while metric(tiny_engine, "vllm:generation_tokens_total") - before < 100:  # the turn is under way
+        while not added(tiny_engine, mark, name):
             assert time.monotonic() < deadline, cluster.diagnose(name)
-            time.sleep(0.05)
+            time.sleep(0.02)
+        while metric(tiny_engine, "vllm:generation_tokens_total") <= before:
+            assert time.monotonic() < deadline, cluster.diagnose(name)
         answer = rc.announce_policy(name, 1, weights_path=checkpoint_b)
         returned_at = time.time()
         assert answer["mode"] == mode and [b["error"] for b in answer["backends"]] == [None]

@@ -298,3 +298,18 @@ def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path)
     report(sched, node, again, lambda p, s: 1.0)
     snap = asyncio.run(sched.batch("math-demo", 1))
     assert snap["counted"] == 1 and len(snap["groups"][0]["samples"]) == 4
+
+
+def test_a_backend_that_fails_to_load_is_reported_and_the_daemons_keep_its_old_version(tmp_path):
+    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 1})
+    job = store.get("math-demo")
+    job.spec.policy.update_mode = "keep"
+    store.apply(job)
+    # http://a answers nothing: its pause and reload fail; no daemon beats, so the fence is not waited for long
+    answer = asyncio.run(sched.announce_policy("math-demo", 1, weights_path="/nonexistent", drain_timeout=0.3))
+    assert answer["mode"] == "keep" and answer["version"] == 1 and answer["drained"] is False
+    [b] = answer["backends"]
+    assert b["url"] == "http://a" and b["error"] and b["reloaded"] is False
+    hb = sched.heartbeat(node, Heartbeat())
+    assert hb.policy_version == 1 and hb.llm_paused is False
+    assert hb.backend_versions == {"http://a": None} and hb.llm_fence == 1
