@@ -83,6 +83,8 @@ class Generation:
     prompt_token_ids: list[int] | None = None
     cached_tokens: int | None = None
     stop_reason: int | str | None = None
+    # run-length policy versions over `token_ids` [(version, count), ...] when the caller recorded them (llmgate)
+    versions: list[tuple[int | str | None, int]] | None = None
 
 
 def _joined(pieces: list[Generation]) -> Generation:
@@ -101,6 +103,16 @@ class BackendError(InfraError):
     def __init__(self, message: str, *, unreachable: bool = False) -> None:
         super().__init__(message)
         self.unreachable = unreachable
+
+
+class Preempted(BackendError):
+    """The server aborted the request (vLLM's `/pause?mode=abort`, `/abort_requests`) or refused it while paused
+    (HTTP 503): `partial` holds the ids and logprobs of the piece that carried the abort (the caller kept the
+    pieces before it), so a weight update in abort mode can continue the generation on the new weights."""
+
+    def __init__(self, message: str, partial: "Generation | None" = None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 class RequestRejected(ConfigurationError):
@@ -271,6 +283,8 @@ class VLLMBackend:
         resp: httpx.Response | None = None
         try:
             resp = await self._open_stream(url, {**body, "stream": True})
+            if resp.status_code == 503:  # paused (a weight update): nothing generated
+                raise Preempted(f"{url}: HTTP 503", Generation([], [], "abort"))
             if resp.status_code != 200:
                 self._refused(resp.status_code, (await resp.aread()).decode(errors="replace"))
                 yield Generation([], [], "length", list(prompt_ids), None)
@@ -338,10 +352,11 @@ class VLLMBackend:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed completion response ({type(e).__name__})") from e
         finish = choice.get("finish_reason") or ("" if partial else "stop")
-        if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
-            raise BackendError("request aborted by the server")
         if len(logprobs) != len(ids):
             raise BackendError(f"{len(logprobs)} logprobs for {len(ids)} generated ids")
+        if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
+            raise Preempted("request aborted by the server", Generation(
+                ids, [float(x) if x is not None else -math.inf for x in logprobs], "abort"))
         if tokens and tokens != [f"token_id:{i}" for i in ids]:
             raise BackendError("logprob tokens do not match the generated ids")
         returned_prompt = choice.get("prompt_token_ids")

@@ -27,7 +27,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from rolloutd.crds.errors import classify
-from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn
+from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn, VersionSpan
 
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer
@@ -104,6 +104,7 @@ async def run_agent_loop(
     mask: list[int] = [0] * len(ids)
     logprobs: list[float | None] = [None] * len(ids)
     turns: list[Turn] = []
+    spans: list[VersionSpan] = []
     metrics: dict[str, Any] = {
         "turns": 0, "tool_calls": 0, "malformed_tool_calls": 0, "tool_errors": 0,
         "generated_tokens": 0, "observation_tokens": 0, "cached_tokens": 0,
@@ -177,6 +178,10 @@ async def run_agent_loop(
             metrics["turns"] += 1
             metrics["generated_tokens"] += len(gen.token_ids)
             metrics["cached_tokens"] += gen.cached_tokens or 0
+            at = start
+            for version, n in getattr(gen, "versions", None) or []:
+                spans.append(VersionSpan(version=version, start=at, end=at + n))
+                at += n
             record = Turn(generated_start=start, generated_end=len(ids), finish_reason=gen.finish_reason)
             turns.append(record)
             final_text = tokenizer.decode_content(gen.token_ids)
@@ -248,7 +253,7 @@ async def run_agent_loop(
     trajectory = Trajectory(
         job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id,
         token_ids=ids, prompt_length=len(prompt_ids), loss_mask=mask, logprobs=logprobs,
-        turns=turns, messages=conversation, reward=None, failure=failure, finish_reason=finish,
+        turns=turns, version_spans=spans, messages=conversation, reward=None, failure=failure, finish_reason=finish,
         policy_version=ctx.policy_version, backend=ctx.backend, node=ctx.node, attempt=ctx.attempt,
         timings=Timings(run=run_seconds), metrics=metrics,
     )

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rolloutd.crds.names import API_PREFIX as PREFIX
 from rolloutd.crds.names import DEFAULT_NAMESPACE, job_key
@@ -177,6 +177,23 @@ class _StatsCollector:
                                 value=kept["stage_times"])
 
 
+class _StalenessCollector:
+    """The staleness bound's work since the controller started (`work/staleness.StaleGroups`), all jobs together."""
+
+    def __init__(self, stale):
+        self.stale = stale
+
+    def collect(self):
+        yield CounterMetricFamily("rolloutd_stale_rollouts_cancelled", "Rollouts in flight cancelled on the daemons "
+                                  "at an announce: leased more than spec.policy.maxStaleness versions before it",
+                                  value=self.stale.totals["cancelledRollouts"])
+        yield CounterMetricFamily("rolloutd_stale_groups_swept", "Counted groups taken out of a running batch at an "
+                                  "announce: admitted more than maxStaleness versions before it",
+                                  value=self.stale.totals["sweptGroups"])
+        yield CounterMetricFamily("rolloutd_stale_groups_gated", "Groups not opened by the capacity gate: (S + v + 1)"
+                                  " x the batch's groups accepted or running at most", value=self.stale.totals["gated"])
+
+
 def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
                tokens: TokenBook | None = None, allow: AllowLists | None = None) -> FastAPI:
     """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
@@ -300,6 +317,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         from .http.node_protocol import node_router
         from .http.trainer import trainer_router
 
+        registry.register(_StalenessCollector(scheduler.stale))
         app.include_router(node_router(scheduler, credentials))
         app.include_router(trainer_router(store, scheduler, job_stats, allow))
     describe(app)

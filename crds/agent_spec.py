@@ -30,6 +30,8 @@ class SamplingSpec(Model):
                                               "(1: none)")
     presence_penalty: float | None = Field(default=None, description="OpenAI-style presence penalty")
     frequency_penalty: float | None = Field(default=None, description="OpenAI-style frequency penalty")
+    ignore_eos: bool | None = Field(default=None, description="keep generating past the end-of-sequence token "
+                                    "(turns of a fixed length: benchmarks and tests)")
 
     @model_validator(mode="after")
     def _turn_fits(self) -> "SamplingSpec":

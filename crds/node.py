@@ -173,6 +173,8 @@ class Heartbeat(Model):
     llm_inflight: int = Field(default=0, description="LLM requests this node has in flight right now")
     llm_held: bool = Field(default=False, description="this node holds new LLM requests (it saw llmPaused)")
     policy_version: int | str | None = Field(default=None, description="the version this node tags new requests with")
+    llm_fence: int = Field(default=0, description="keep mode: the last fence this node took (it recorded where each "
+                                                  "in-flight generation stood while the engines were paused)")
     full: bool = Field(default=True, description="`stages` names every live lease, and the beat renews them; false "
                                                  "(beat-deltas): only the stages changed since the last answered beat")
     results: list[Result] = Field(default_factory=list, description="finished results (beat-results), applied as "
@@ -187,6 +189,10 @@ class HeartbeatResponse(Model):
     lease_seconds: float = 30.0
     policy_version: int | str | None = None
     llm_paused: bool = Field(default=False, description="hold new LLM requests (weights are being updated)")
+    llm_fence: int = Field(default=0, description="keep mode: the engines are paused with their requests in place; "
+                                                  "record where each in-flight generation stands, then say so")
+    backend_versions: dict[str, int | str | None] = Field(default_factory=dict, description=(
+        "backends that failed to load the current version: url → the version they still run"))
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
     # beat-results only (absent for a daemon that did not register with the feature):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")

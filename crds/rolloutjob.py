@@ -203,10 +203,17 @@ class BatchesSpec(Model):
 class PolicySpec(Model):
     """Policy versions: what happens while the trainer publishes new weights."""
 
-    pause_on_update: bool = Field(default=True, description="hold new LLM calls and drain in-flight ones while "
-                                                            "the weights change")
+    update_mode: Literal["drain", "keep", "abort"] = Field(default="drain", description=(
+        "how a weight update treats generations in flight: drain (hold new LLM calls, wait for the running ones to "
+        "end, then load), keep (pause the engines with their requests in place, load, resume: requests continue on "
+        "the new weights), abort (abort them, keep their tokens, continue each on the new weights); keep and abort "
+        "never wait for a generation and record where in each turn the version changed (versionSpans)"))
+    pause_on_update: bool = Field(default=True, description="drain mode: hold new LLM calls and drain in-flight ones "
+                                                            "while the weights change (false: neither)")
     max_staleness: int | None = Field(default=None, ge=0,
-                                      description="re-run a sample generated more than this many versions ago")
+                                      description="re-run a sample generated more than this many versions ago; at "
+                                      "each announce, cancel and re-run rollouts leased more than this many versions "
+                                      "before it, and take such groups out of the running batch")
 
 
 class TimeoutsSpec(Model):

@@ -41,12 +41,35 @@ class Timings(Model):
     stamps: dict[str, float] = Field(default_factory=dict)
 
 
+class VersionSpan(Model):
+    """A run of generated tokens sampled by one policy version: positions [start, end) of the sequence's
+    `tokenIds` (absolute, like `Turn.generatedStart`). A turn whose weights changed mid-generation has two or
+    more spans; each token's logprob is the one its own version sampled with."""
+
+    version: int | str | None = Field(description="the policy version the backend ran when it sampled these tokens")
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+def _check_spans(spans: list[VersionSpan], n: int) -> None:
+    last = 0
+    for s in spans:
+        if not last <= s.start < s.end <= n:
+            raise ValueError(f"versionSpans: [{s.start}, {s.end}) is empty, overlaps the span before it or lies "
+                             f"beyond the {n} token ids")
+        last = s.end
+
+
 def _check_aligned(ids: list[int], mask: list[int], logprobs: list) -> None:
     n = len(ids)
     if mask and len(mask) != n:
         raise ValueError(f"lossMask has {len(mask)} entries, tokenIds has {n}")
     if logprobs and len(logprobs) != n:
         raise ValueError(f"logprobs has {len(logprobs)} entries, tokenIds has {n}")
+
+
+_SPANS = ("run-length policy versions of the generated tokens, in order: each span [start, end) of tokenIds "
+          "was sampled by `version` (a turn the weights changed in holds several); empty when not recorded")
 
 
 class Segment(Model):
@@ -63,10 +86,12 @@ class Segment(Model):
     calls: int = Field(default=0, description="LLM calls this sequence holds")
     drift: bool = Field(default=False, description="started because a re-tokenized history no longer matched the "
                         "recorded ids (the text was kept), not because the agent rewrote it")
+    version_spans: list[VersionSpan] = Field(default_factory=list, description=_SPANS)
 
     @model_validator(mode="after")
     def _aligned(self) -> "Segment":
         _check_aligned(self.token_ids, self.loss_mask, self.logprobs)
+        _check_spans(self.version_spans, len(self.token_ids))
         return self
 
 
@@ -92,6 +117,9 @@ class Trajectory(Model):
     finish_reason: str | None = None
     policy_version: int | str | None = None
     policy_versions: list[int | str] = Field(default_factory=list)
+    version_spans: list[VersionSpan] = Field(default_factory=list, description=_SPANS)
+    admitted_version: int | str | None = Field(default=None, description="the job's policy version when the "
+                                               "rollout was leased (its staleness counts from here)")
     backend: str | None = None
     node: str | None = None
     attempt: int = 0
@@ -104,6 +132,7 @@ class Trajectory(Model):
     @model_validator(mode="after")
     def _aligned(self) -> "Trajectory":
         _check_aligned(self.token_ids, self.loss_mask, self.logprobs)
+        _check_spans(self.version_spans, len(self.token_ids))
         if self.segments and self.token_ids:
             raise ValueError("a trajectory holds its tokens in tokenIds or, when there are several sequences, "
                              "in segments, not both")

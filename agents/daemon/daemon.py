@@ -273,6 +273,7 @@ class NodeDaemon:
         self.config = JobConfig.build(spec, job=self.opts.job, node=self.name, handler=self._handler,
                                       policy=self.registration.policy, policy_name=self.registration.policy_name,
                                       sandbox_settings=self.opts.sandbox)
+        self.gate.mode = self.config.spec.policy.update_mode
         self.pipeline = Pipeline(self.config, self.rollouts, self.outbox, self.gate, log=self.log, stats=self.stats,
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
                                  sandbox_settings=self.opts.sandbox, wake_leasing=self.leaser.room.set)

@@ -96,6 +96,7 @@ class Heartbeater:
         aids = [aid for aid, _ in carried]
         hb = Heartbeat(stages=stages if full else self._told.changed(stages), left_run=sorted(left),
                        llm_inflight=self.gate.inflight, llm_held=self.gate.paused, policy_version=self.gate.version,
+                       llm_fence=self.gate.fence_done,
                        full=full)
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
@@ -121,6 +122,8 @@ class Heartbeater:
         if resp.beat_gap is not None:  # paced: a random share of it, so daemons answered together spread out
             self.beat_gap = spaced_gap(resp.beat_gap, random.random())
         self.apply(resp)
+        if self.gate.paused and self.gate.mode != "drain":  # a live update: its steps wait on our beats, beat again
+            self.wake.set()
         if self.leaser is not None:
             await self.leaser.answered(ask, resp.lease, "beats")
 
@@ -150,7 +153,7 @@ class Heartbeater:
     def apply(self, resp: HeartbeatResponse) -> None:
         if resp.llm_paused != self.gate.paused or resp.policy_version != self.gate.version:
             self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
-        self.gate.set(resp.policy_version, resp.llm_paused)
+        self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

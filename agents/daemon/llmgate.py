@@ -1,41 +1,121 @@
 """The node's side of the job's policy: `PolicyGate` (the version LLM requests carry, held during weight updates)
 and `TrackedLLM` (one rollout's view of the shared backend: its in-flight request ids, for server-side aborts).
 
-`heartbeat.Heartbeater` sets the gate from the controller's replies; `pipeline.Pipeline` hands each RUN a `TrackedLLM`.
+`heartbeat.Heartbeater` sets the gate from the controller's replies; `pipeline.Pipeline` hands each RUN a `TrackedLLM`,
+whose generations carry their run-length versions (`Generation.versions`) for the agent loop's `versionSpans`.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..llm import LLMBackend, SamplingParams
+from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
+
+# a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
+QUIET_SECONDS = 0.2
+# abort mode: how long an aborted request waits to hear of the update that aborted it (a beat or two)
+UPDATE_NOTICE_SECONDS = 5.0
+
+
+class Stream:
+    """One streamed generation in flight: the tokens received so far and, per keep-mode fence, where it stood.
+    Abort mode: `abort` stops its current request on the engine; `parked` while it waits, aborted, for the update."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.abort: Callable[[], Awaitable[None]] | None = None
+        self.parked = False
+        self.received = 0
+        self.last = time.monotonic()
+        self.marks: list[int] = []  # token counts at fences whose new version is not known yet
+        self.runs: list[tuple[Any, int]] = []  # (version, tokens) settled so far
+
+    def got(self, n: int) -> None:
+        self.received += n
+        self.last = time.monotonic()
 
 
 class PolicyGate:
-    """The node's view of the job's policy: the version new LLM requests are tagged with, and
-    whether new requests must wait (the weights are being updated). The controller sets both
-    through heartbeat replies and waits until `inflight` reaches 0 before it touches the weights,
-    so no request ever spans two versions."""
+    """The node's view of the job's policy: the version new LLM requests are tagged with, whether new
+    requests must wait (the weights are being updated), the backends that failed to load the current version
+    (they still run an older one), and the fence of a keep or abort update (`fence_asked`/`fence_done`): the
+    controller has paused the engines (keep: requests in place; abort: aborted) and asks where each in-flight
+    stream stands."""
 
     def __init__(self, version: int | str | None = None) -> None:
         self.version = version
+        self.mode = "drain"  # the job's spec.policy.updateMode
         self.inflight = 0
+        self.backend_versions: dict[str, Any] = {}
+        self.fence_asked = 0
+        self.fence_done = 0
+        self.streams: set[Stream] = set()
         self.on_change: Callable[[], None] = lambda: None  # tell the controller soon (a heartbeat)
         self._open = asyncio.Event()
         self._open.set()
+        self._fencing: asyncio.Task | None = None
 
-    def set(self, version: int | str | None, paused: bool) -> None:
+    def version_of(self, url: str | None) -> Any:
+        """The version the backend at `url` runs (the job's, unless it failed to load that one)."""
+        return self.backend_versions.get(url, self.version) if url else self.version
+
+    def set(self, version: int | str | None, paused: bool, fence: int = 0,
+            backend_versions: dict[str, Any] | None = None) -> None:
         self.version = version if version is not None else self.version
+        if backend_versions is not None:
+            self.backend_versions = dict(backend_versions)
+        if fence > self.fence_asked:
+            self.fence_asked = fence
+            self._fencing = asyncio.get_running_loop().create_task(self._fence(fence))
         if paused and self._open.is_set():
             self._open.clear()
             self.on_change()  # report "held, N in flight" without waiting for the next beat
-        elif not paused:
+        elif not paused and not self._open.is_set():
+            for s in self.streams:  # the update is over: tokens after each fence are the backend's new version
+                for mark in s.marks:
+                    settle(s, mark)
+                    s.runs.append((self.version_of(s.url), 0))
+                s.marks.clear()
             self._open.set()
+
+    async def _fence(self, epoch: int) -> None:
+        """The engines are paused. keep: once every in-flight stream went quiet (the tokens generated before the
+        pause have arrived: the engine makes none while paused), mark where each stands. abort: abort every
+        stream's current request (the engine aborted those it ran; this also stops those that reached it after the
+        pause, queued there) and wait until each is parked with its tokens so far (its split, exact) or ended."""
+        if self.mode == "abort":
+            await asyncio.gather(*(s.abort() for s in self.streams if s.abort is not None and not s.parked),
+                                 return_exceptions=True)
+            for _ in range(3000):  # bounded: 60 s at most
+                if all(s.parked for s in self.streams):
+                    break
+                await asyncio.sleep(0.02)
+        else:
+            for _ in range(600):  # bounded: 600 × QUIET_SECONDS at most
+                now = time.monotonic()
+                if all(now - s.last >= QUIET_SECONDS for s in self.streams):
+                    break
+                await asyncio.sleep(QUIET_SECONDS)
+            for s in self.streams:
+                s.marks.append(s.received)
+        self.fence_done = max(self.fence_done, epoch)
+        self.on_change()
 
     @property
     def paused(self) -> bool:
         return not self._open.is_set()
+
+    async def wait_open(self) -> None:
+        await self._open.wait()
+
+    async def wait_paused(self, timeout: float) -> None:
+        """Until the gate is held, `timeout` seconds at most."""
+        for _ in range(max(int(timeout / 0.02), 1)):
+            if self.paused:
+                return
+            await asyncio.sleep(0.02)
 
     async def enter(self) -> int | str | None:
         while True:
@@ -50,27 +130,110 @@ class PolicyGate:
             self.on_change()
 
 
+def settle(s: Stream, upto: int) -> None:
+    """Extend the stream's last run to `upto` tokens in all."""
+    version, n = s.runs[-1]
+    s.runs[-1] = (version, n + upto - sum(c for _, c in s.runs))
+
+
 class TrackedLLM:
     """Wraps the shared backend for one rollout: remembers which request ids are in flight, so a
     cancel can abort them server-side (`abort_in_flight`), holds new requests while the policy is
-    being updated, and records the policy version of every turn."""
+    being updated, and records the policy version of every turn and of every generated token.
 
-    def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None) -> None:
+    `mode` is the job's `spec.policy.updateMode`: in drain mode a call runs on one version; in keep and abort
+    mode it streams, so that a weight update that lands mid-generation splits it exactly (see `_streamed`)."""
+
+    def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None, *, mode: str = "drain",
+                 url: str | None = None) -> None:
         self.inner = inner
         self.gate = gate or PolicyGate()
+        self.mode = mode
+        self.url = url
         self.in_flight: set[str] = set()
         self.versions: list[int | str | None] = []
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str):
-        version = await self.gate.enter()
-        self.in_flight.add(request_id)
+        await self.gate.enter()
+        stream = Stream(self.url)
+        stream.runs.append((self.gate.version_of(self.url), 0))
+        self.gate.streams.add(stream)
         try:
-            gen = await self.inner.generate(prompt_ids, sampling, request_id)
-            self.versions.append(version)
-            return gen
+            if self.mode == "drain" or not hasattr(self.inner, "stream"):
+                self.in_flight.add(request_id)
+                gen = await self.inner.generate(prompt_ids, sampling, request_id)
+                stream.got(len(gen.token_ids))
+            else:
+                gen = await self._streamed(stream, prompt_ids, sampling, request_id)
         finally:
             self.in_flight.discard(request_id)
+            self.gate.streams.discard(stream)
             self.gate.leave()
+        while stream.marks:  # a fence was taken and the update has not ended yet: its new version is unknown
+            await self.gate.wait_open()
+            if stream.marks:  # the gate opened before this stream left it: settle here
+                for mark in stream.marks:
+                    settle(stream, mark)
+                    stream.runs.append((self.gate.version_of(self.url), 0))
+                stream.marks.clear()
+        settle(stream, len(gen.token_ids))
+        gen.versions = []
+        for v, n in stream.runs:  # runs of one version merged (a backend that kept its version), empty ones left out
+            if n > 0 and gen.versions and gen.versions[-1][0] == v:
+                gen.versions[-1] = (v, gen.versions[-1][1] + n)
+            elif n > 0:
+                gen.versions.append((v, n))
+        self.versions.append(gen.versions[0][0] if gen.versions else stream.runs[0][0])
+        return gen
+
+    async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
+                        request_id: str) -> Generation:
+        """Stream the generation, counting its tokens. An abort by the server while the gate is held (abort mode:
+        the controller aborted it to load new weights) keeps the tokens so far, waits for the update to end and
+        continues from prompt + those tokens on the backend's new version: the split is exact by construction."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish, stop_reason, cached, part = "", None, None, 0
+        while True:
+            rid = request_id if part == 0 else f"{request_id}-c{part}"
+            left = sampling.max_tokens - len(ids)
+            if left <= 0:
+                finish = "length"
+                break
+            update: dict[str, Any] = {"max_tokens": left}
+            if sampling.min_tokens:
+                update["min_tokens"] = max(sampling.min_tokens - len(ids), 0)
+            self.in_flight.add(rid)
+            stream.abort = lambda rid=rid: self.inner.abort(rid)
+            try:
+                async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
+                    ids += piece.token_ids
+                    logprobs += piece.logprobs
+                    stream.got(len(piece.token_ids))
+                    finish, stop_reason = piece.finish_reason or finish, piece.stop_reason
+                    cached = cached if piece.cached_tokens is None else piece.cached_tokens
+                break
+            except BackendError as e:
+                # an update in abort mode aborts the engines first and tells the daemons at their next beat: wait
+                # for that (bounded); an abort nobody announced is an infrastructure failure
+                if self.mode == "abort" and isinstance(e, Preempted):
+                    await self.gate.wait_paused(UPDATE_NOTICE_SECONDS)
+                if not (self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
+                    raise
+                partial = getattr(e, "partial", None)
+                if partial is not None:
+                    ids += partial.token_ids
+                    logprobs += partial.logprobs
+                    stream.got(len(partial.token_ids))
+                stream.parked = True
+                await self.gate.wait_open()
+                stream.parked = False
+                settle(stream, len(ids))
+                stream.runs.append((self.gate.version_of(self.url), 0))
+                part += 1
+            finally:
+                self.in_flight.discard(rid)
+        return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason)
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)

@@ -222,7 +222,8 @@ class Pipeline:
         cfg = self.config
         if r.backend is None and cfg.spec.llm.tokenizer is not None:
             raise _Infra("no LLM backend is pinned to this task and the job lists none")
-        r.llm = TrackedLLM(self._llm(r.backend), self.gate) if r.backend is not None else None
+        r.llm = TrackedLLM(self._llm(r.backend), self.gate, mode=cfg.spec.policy.update_mode,
+                           url=r.backend) if r.backend is not None else None
         trajectory = await cfg.handler.run(r.lease.task, r.sandbox, r.llm, tokenizer=self.tokenizer,
                                            config=cfg.agent, ctx=cfg.context(r.lease, r.backend))
         if not isinstance(trajectory, Trajectory):
@@ -290,6 +291,7 @@ class Pipeline:
         """Fill what the node knows better than the handler: identity, backend, policy versions, timings."""
         lease = r.lease
         self.config.stamp(t, lease, r.backend)
+        t.admitted_version = lease.policy_version
         if r.llm is not None and r.llm.versions:  # the versions that actually generated each turn
             t.policy_versions = [v for v in r.llm.versions if v is not None]
             t.policy_version = r.llm.versions[0] if r.llm.versions[0] is not None else lease.policy_version

@@ -113,6 +113,9 @@ class Batch:
         - `response_lengths` [N] int: generated tokens (sum of `loss_mask`).
         - `policy_versions` [N]: the policy version of the row's first turn (`policyVersion`;
           None when never announced). Per-turn versions stay in the trajectory's `policyVersions`.
+        - `token_versions` [N][T]: the policy version that sampled each generated token (from the sequence's
+          `versionSpans`: a turn the weights changed in holds two or more), None elsewhere and where the
+          daemon recorded no spans. With `numpy=True` and integer versions: int64, -1 for None.
 
         With `numpy=True` (numpy must be importable) the 2-D and numeric arrays are numpy arrays:
         int64 for ids and masks, float32 for logprobs, rewards and advantages.
@@ -131,7 +134,8 @@ class Batch:
         width = pad_to if pad_to is not None else longest
         out: dict[str, list] = {k: [] for k in (
             "input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "advantages", "group_index",
-            "prompt_index", "sample_index", "segment_index", "prompt_lengths", "response_lengths", "policy_versions")}
+            "prompt_index", "sample_index", "segment_index", "prompt_lengths", "response_lengths", "policy_versions",
+            "token_versions")}
         for (gi, s, seq, j), adv in zip(rows, advantages):
             ids = list(seq.get("tokenIds") or [])
             n, pad = len(ids), width - len(ids)
@@ -152,6 +156,7 @@ class Batch:
             out["prompt_lengths"].append(seq.get("promptLength", 0))
             out["response_lengths"].append(sum(mask))
             out["policy_versions"].append(s.get("policyVersion"))
+            out["token_versions"].append(token_versions(seq, width))
         if not numpy:
             return out
         try:
@@ -166,7 +171,20 @@ class Batch:
         for k in ("rollout_logprobs", "rewards", "advantages"):
             conv[k] = np.asarray(out[k], dtype=np.float32).reshape(
                 (len(rows), width) if k == "rollout_logprobs" else (len(rows),))
+        flat = [v for row in out["token_versions"] for v in row if v is not None]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            conv["token_versions"] = np.asarray([[-1 if v is None else v for v in row] for row in out["token_versions"]],
+                                                dtype=np.int64).reshape((len(rows), width))
         return conv
+
+
+def token_versions(seq: dict[str, Any], width: int) -> list[Any]:
+    """One sequence's `versionSpans` as one version per position (None outside every span), `width` long."""
+    row: list[Any] = [None] * width
+    for span in seq.get("versionSpans") or []:
+        for i in range(max(span.get("start", 0), 0), min(span.get("end", 0), width)):
+            row[i] = span.get("version")
+    return row
 
 
 def sequences(trajectory: dict[str, Any]) -> list[dict[str, Any]]:

@@ -42,12 +42,19 @@ def _text(tok: Any, ids: list[int]) -> str:
     return tok.decode(ids, skip_special_tokens=False) if tok is not None and ids else ""
 
 
-def _tokens(tok: Any, ids: list[int], mask: list[int], logprobs: list, start: int = 0) -> dict[str, Any]:
+def _tokens(tok: Any, ids: list[int], mask: list[int], logprobs: list, start: int = 0,
+            spans: list | None = None) -> dict[str, Any]:
     cut = ids[:MAX_TOKENS]
     pieces = tok.batch_decode([[i] for i in cut], skip_special_tokens=False) if tok is not None else [str(i) for i in cut]
+    versions: dict[int, Any] = {}  # position → the policy version that sampled it (versionSpans)
+    for span in spans or []:
+        for k in range(max(span.get("start", 0), 0), min(span.get("end", 0), len(cut))):
+            versions[k] = span.get("version")
     return {"tokens": [{"i": start + k, "id": t, "text": pieces[k], "mask": mask[k] if k < len(mask) else None,
-                        "logprob": logprobs[k] if k < len(logprobs) else None} for k, t in enumerate(cut)],
-            "truncated": len(ids) > len(cut), "length": len(ids)}
+                        "logprob": logprobs[k] if k < len(logprobs) else None,
+                        **({"version": versions[k]} if k in versions else {})} for k, t in enumerate(cut)],
+            "truncated": len(ids) > len(cut), "length": len(ids),
+            "versions": list(dict.fromkeys(span.get("version") for span in spans or []))}
 
 
 def _turns(tok: Any, ids: list[int], turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,7 +72,8 @@ def _sequence(tok: Any, seq: dict[str, Any]) -> dict[str, Any]:
     ids = seq.get("tokenIds") or []
     plen = seq.get("promptLength") or 0
     return {"prompt": _text(tok, ids[:plen]), "turns": _turns(tok, ids, seq.get("turns") or []),
-            "tokenView": _tokens(tok, ids, seq.get("lossMask") or [], seq.get("logprobs") or []),
+            "tokenView": _tokens(tok, ids, seq.get("lossMask") or [], seq.get("logprobs") or [],
+                                 spans=seq.get("versionSpans") or []),
             "promptLength": plen, "drift": seq.get("drift", False), "calls": seq.get("calls")}
 
 

@@ -101,7 +101,7 @@ class Attempts:
                     until = now + cache.lease_seconds
                     grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
                     self.held.add(attempt_id, Live(item, job_name, node_id, "leased", backend, backend is not None,
-                                                   until))
+                                                   until, version))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
                                         policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
@@ -197,8 +197,9 @@ class Attempts:
             ended = set(ack.accepted) | set(ack.dropped)
         elif paced:
             resp.accepted, resp.dropped = [], {}
-        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held)
+        self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
         version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:

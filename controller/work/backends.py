@@ -133,6 +133,39 @@ class BackendHttp:
             self._client = httpx.AsyncClient()
         return self._client
 
+    async def post(self, url: str, path: str, params: dict[str, Any] | None = None) -> str | None:
+        """One admin call (`/pause`, `/resume`): None when it answered 200, else a fixed reason."""
+        try:
+            r = await self.client.post(f"{url}{path}", params=params, timeout=120)
+        except Exception as e:  # noqa: BLE001 - reported per backend
+            return f"{path}: {failure(e)}"
+        return None if r.status_code == 200 else f"{path}: HTTP {r.status_code}"
+
+    async def load(self, url: str, weights_path: str | None, *, running: bool) -> dict[str, Any]:
+        """On a paused engine: reload weights, then reset the prefix cache — with `running`, also the KV of the
+        requests kept in place (keep mode), which the engine recomputes on the new weights when it resumes."""
+        out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
+        step = "reload_weights"
+        try:
+            if weights_path:
+                t = time.monotonic()
+                r = await self.client.post(f"{url}/collective_rpc", timeout=300, json={
+                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})
+                if r.status_code != 200:
+                    out["error"] = f"reload_weights: HTTP {r.status_code}"
+                    return out
+                out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            step = "reset_prefix_cache"
+            params = {"reset_running_requests": "true"} if running else None
+            for _ in range(20):  # false while blocks are still held by requests finishing
+                r = await self.client.post(f"{url}/reset_prefix_cache", params=params, timeout=30)
+                if r.status_code != 200 or "false" not in r.text.lower():
+                    break
+                await asyncio.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
+            out["error"] = f"{step}: {failure(e)}"
+        return out
+
     async def update(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
         """vLLM's admin sequence for a new policy: pause → reload weights → reset the prefix cache →
         resume. Errors are reported in the answer as the step, a status and a fixed reason (the other

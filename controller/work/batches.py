@@ -92,8 +92,10 @@ class Batches:
     """Helpers over the batch tables; callers pass their session. `prompts(job)`: the job's dataset rows."""
 
     def __init__(self, items: Items, prompts: Callable[[RolloutJob], int],
-                 item_quota: ItemQuota = lambda job: None) -> None:
-        self.items, self.prompts, self.item_quota = items, prompts, item_quota
+                 item_quota: ItemQuota = lambda job: None,
+                 gate: Callable[[Session, RolloutJob, int], int] | None = None) -> None:
+        """`gate(s, job, n)`: how many of `n` groups the job may open now (the staleness bound's capacity)."""
+        self.items, self.prompts, self.item_quota, self.gate = items, prompts, item_quota, gate
 
     def _items_left(self, s: Session, job: RolloutJob) -> int | None:
         """Rollouts the job may still open under quotas.itemsPerJob, counted over its whole life (None: no quota)."""
@@ -190,6 +192,8 @@ class Batches:
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
         cap = min(cap, step)
+        if cap > 0 and self.gate is not None:
+            cap = self.gate(s, job, cap)
         if cap <= 0:
             return 0
         prompts_in_dataset = self.prompts(job)
@@ -284,6 +288,9 @@ class Batches:
         per = statistics.fmean(sum(m) for m in done_tokens) if done_tokens else 0.0
         batch.cancelled_rollouts, batch.never_started = cancelled, never
         batch.saved_tokens = int(per * cancelled)
+
+    def cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
+        return self._cancel_group(s, g)
 
     def _cancel_group(self, s: Session, g: GroupRow) -> tuple[int, int]:
         """Cancel a running group's live rollouts (daemons learn it at their next beat)."""

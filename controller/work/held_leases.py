@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass(slots=True)
@@ -27,6 +27,7 @@ class Live:
     backend: str | None
     holds_backend: bool
     until: float  # epoch seconds: back to the queue after this unless a full beat renews it
+    version: Any = None  # the policy version the lease carried (None also after a controller restart)
 
 
 class LiveLeases:

@@ -39,7 +39,9 @@ class PolicyVersions:
     def __init__(self, engine: Engine, jobs: Jobs, nodes: NodeRegistry, http: BackendHttp,
                  wake: Callable[[str], None]) -> None:
         self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
-        self._llm: dict[str, tuple[float, int, bool]] = {}  # node id → (beat time, LLM calls in flight, held)
+        self._llm: dict[str, tuple[float, int, bool, int]] = {}  # node id → (beat time, calls in flight, held, fence)
+        self._fences: dict[str, int] = defaultdict(int)  # job → the keep-mode fence the daemons are asked to take
+        self._behind: dict[str, dict[str, Any]] = {}  # job → {backend url: the older version it still runs}
         self._lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # `describe` every second for each live dashboard read the row (~1 ms on a connection the nodes' commits left
         # cold): kept with the job's count of policy writes (`_changed`), read before the row
@@ -89,9 +91,13 @@ class PolicyVersions:
     def forget(self, job: str) -> None:
         self._changed(job)
 
-    def note_beat(self, node_id: str, llm_inflight: int, llm_held: bool) -> None:
-        """A daemon's beat: how many LLM calls it has in flight and whether it holds new ones."""
-        self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held)
+    def note_beat(self, node_id: str, llm_inflight: int, llm_held: bool, llm_fence: int = 0) -> None:
+        """A daemon's beat: how many LLM calls it has in flight, whether it holds new ones, its last fence."""
+        self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held, llm_fence)
+
+    def fence(self, job: str) -> tuple[int, dict[str, Any]]:
+        """What a beat's reply tells the daemons: the fence to take, the backends behind the job's version."""
+        return self._fences[job], self._behind.get(job, {})
 
     def _set(self, job: str, **changes: Any) -> None:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -104,23 +110,40 @@ class PolicyVersions:
 
     async def announce(self, name: str, version: int | str, weights_path: str | None = None,
                        pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
-        """Switch the job to policy `version`: hold new LLM calls on every daemon, wait for the
-        in-flight ones to finish, then on every backend pause → reload weights → reset the prefix
-        cache → resume, and release the daemons with the new version. No request spans two versions."""
+        """Switch the job to policy `version` in its `spec.policy.updateMode`. drain: hold new LLM calls on every
+        daemon, wait for the in-flight ones to finish, then on every backend pause → reload weights → reset the
+        prefix cache → resume (no request spans two versions). keep / abort: `_live`, which waits for one beat
+        of each daemon, never for a generation; requests in flight continue on the new weights and the daemons
+        record where (versionSpans). Returns once every backend runs the new version or
+        has failed to load it (reported; it keeps its version and the daemons tag its tokens with that)."""
         job = self.jobs.get(name)
+        mode = job.spec.policy.update_mode
         pause = job.spec.policy.pause_on_update if pause is None else pause
         async with self._lock[name]:
             t0 = time.monotonic()
             drained = True
-            if pause:
-                self._set(name, paused=True)
-                asked = time.monotonic()
-                drained = await self._wait_llm_drained(name, asked, drain_timeout)
-            report = []
-            for url in self.jobs.sync(job).backends:
-                report.append(await self.http.update(url, weights_path, pause))
+            urls = list(self.jobs.sync(job).backends)
+            if mode == "drain":
+                if pause:
+                    self._set(name, paused=True)
+                    drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
+                t_engines = time.monotonic()
+                report = [await self.http.update(url, weights_path, pause) for url in urls]
+                engines = time.monotonic() - t_engines
+            else:
+                t_engines = time.monotonic()
+                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout)
+                engines = time.monotonic() - t_engines
+            behind = dict(self._behind.get(name, {}))
             with Session(self.engine, expire_on_commit=False) as s:
                 row = self.row(s, name)
+                before = json.loads(row.version)
+                for b in report:  # a backend that failed to load runs what it ran before
+                    if b.get("error"):
+                        behind[b["url"]] = behind.get(b["url"], before)
+                    else:
+                        behind.pop(b["url"], None)
+                self._behind[name] = behind
                 history = json.loads(row.history)
                 if version not in history:
                     history.append(version)
@@ -132,17 +155,44 @@ class PolicyVersions:
         errors = [b for b in report if b.get("error")]
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
-        return {"version": version, "pausedSeconds": round(time.monotonic() - t0, 3), "drained": drained,
-                "backends": report}
+        return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
+                "enginesPausedSeconds": round(engines, 3),
+                "drained": drained, "backends": report}
 
-    async def _wait_llm_drained(self, name: str, since: float, timeout: float) -> bool:
-        """True once every active daemon of the job reported, after `since`, that it holds new LLM
-        calls (it saw the pause) and has none in flight."""
+    async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
+                    timeout: float) -> tuple[bool, list[dict[str, Any]]]:
+        """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
+        continue them once the gate opens), then ask the daemons, in one beat reply, to hold new LLM calls and take
+        a fence: where each of their streams stands once it went quiet (the tokens before it are the old version's;
+        a request that reached the engine after the pause stands at 0). Meanwhile load the weights and reset the
+        prefix cache, including the kept requests' KV (recomputed on the new weights); resume once every daemon has
+        taken the fence. Returns (every daemon answered, the per-backend report)."""
+        paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
+        self._fences[name] += 1
+        epoch = self._fences[name]
+        self._set(name, paused=True)
+        fenced = asyncio.ensure_future(self._wait_beats(name, time.monotonic(), timeout,
+                                                        lambda b: b[2] and b[3] >= epoch))
+        loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep") for u, why in
+                                       zip(urls, paused) if why is None))
+        answered = await fenced
+        resumed = await asyncio.gather(*(self.http.post(u, "/resume") for u in urls))
+        by_url = {b["url"]: b for b in loads}
+        report = []
+        for u, why_paused, why_resumed in zip(urls, paused, resumed):
+            b = by_url.get(u) or {"url": u, "reloaded": False, "error": why_paused}
+            b["error"] = b["error"] or why_resumed
+            report.append(b)
+        return answered, report
+
+    async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool]) -> bool:
+        """True once every active daemon of the job beat after `since` and its beat (time, in flight, held, fence)
+        satisfies `ok`; False after `timeout` (logged)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             beats = [self._llm.get(n) for n in self.nodes.active(name)]
-            if all(b is not None and b[0] > since and b[2] and b[1] == 0 for b in beats):
+            if all(b is not None and b[0] > since and ok(b) for b in beats):
                 return True
-            await asyncio.sleep(0.05)
-        log.warning("policy update of %s: daemons still had LLM calls in flight after %.0f s", name, timeout)
+            await asyncio.sleep(0.02)
+        log.warning("policy update of %s: daemons did not answer as asked within %.0f s", name, timeout)
         return False

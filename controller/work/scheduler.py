@@ -46,6 +46,7 @@ from .job_state import Jobs, Wakeups, closed
 from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
+from .staleness import StaleGroups
 from .states import BatchState, ItemState
 from .stats import JobStats
 from .tables import BatchRow, ExpansionRow, NodeRow
@@ -85,7 +86,9 @@ class Scheduler:
         self.stats = JobStats(self.engine)  # the trajectories' running sums: the web UI's and the API's `…/stats`
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
-        self.batches = Batches(self.queue, self.expansions.prompts, lambda job: _items_per_job(policy_for(job)))
+        self.stale = StaleGroups(lambda job: self.policies.describe(job)["history"])
+        self.batches = Batches(self.queue, self.expansions.prompts, lambda job: _items_per_job(policy_for(job)),
+                               gate=self.stale.gate)
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
@@ -173,14 +176,25 @@ class Scheduler:
         return {url: n for url, jobs in list(self.pool.admission.admitted.items()) if (n := jobs.get(job, 0)) > 0}
 
     def policy(self, job: str) -> dict[str, Any]:
-        return self.policies.describe(job)
+        return {**self.policies.describe(job), "staleness": self.stale.describe(job)}
 
     def policy_version(self, job: str) -> int | str | None:
         return self.policies.version(job)
 
     async def announce_policy(self, name: str, version: int | str, weights_path: str | None = None,
                               pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
-        return await self.policies.announce(name, version, weights_path, pause, drain_timeout)
+        out = await self.policies.announce(name, version, weights_path, pause, drain_timeout)
+        job = self.jobs.get(name)
+        if job.spec.policy.max_staleness is not None:
+            out["staleness"] = self._sweep(job)  # on the loop, as request_batch: it wakes leasing
+        return out
+
+    def _sweep(self, job: RolloutJob) -> dict[str, int]:
+        history = self.policies.describe(job.metadata.key)["history"]
+        with Session(self.engine, expire_on_commit=False) as s:
+            done = self.stale.sweep(s, job, history, self.queue, self.batches)
+            s.commit()
+        return done
 
     # ------------------------------------------------------------ WorkTracker (reconciler)
 
@@ -254,6 +268,7 @@ class Scheduler:
         self._admitting.pop(name, None)
         self.stats.forget(name)
         self.policies.forget(name)
+        self.stale.forget(name)
         self.jobs.forget(name)
 
     def purge(self, name: str) -> None:
@@ -263,6 +278,7 @@ class Scheduler:
             tables.purge(s, name)
             s.commit()
         self.policies.forget(name)
+        self.stale.forget(name)
         self.jobs.forget(name)
 
     # ------------------------------------------------------------ batches (trainer API)

@@ -52,6 +52,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.daemon.pipeline._StageFailed": [(("m",), {}, I), (("m", C), {}, C)],
     "rolloutd.agents.engine_venv.EngineError": [((), {}, I)],
     "rolloutd.agents.llm.BackendError": [(("m",), {}, I), (("m",), {"unreachable": True}, I)],
+    "rolloutd.agents.llm.Preempted": [(("m",), {}, I)],
     "rolloutd.agents.llm.RequestRejected": [((), {}, C)],
     "rolloutd.agents.openai_wire.Invalid": [(("m",), {}, A)],
     "rolloutd.agents.tasks.base.DatasetError": [((), {}, C)],

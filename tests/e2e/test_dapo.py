@@ -160,3 +160,30 @@ def test_restart_mid_batch_continues_the_batch(dapo_cluster, tiny_engine, tmp_pa
     assert len(prompts) == len(set(prompts)) == 4 and all(p % 3 == 2 for p in prompts)
     keys = [(t["prompt"], t["sample"]) for g in snap["groups"] for t in g["samples"]]
     assert len(keys) == len(set(keys)) == 16
+
+
+def test_rollouts_older_than_the_staleness_bound_are_cancelled_on_the_daemons(dapo_cluster, tiny_engine, tmp_path):
+    c, gate = dapo_cluster, tmp_path / "gate"
+    doc = dapo_job("stale", tiny_engine, dataset(tmp_path, gate=gate, gate_from=0), target=2, in_flight=3)
+    doc["spec"]["policy"] = {"maxStaleness": 0}
+    c.apply(doc)
+    c.wait_until("stale", lambda o: o["status"]["phase"] == "Running", timeout=120)
+    c.api.post(f"{P}/rolloutjobs/stale/batches", json={})
+    pids = c.daemon_pids()
+    wait_until(lambda: len(exec_servers_of(pids)) >= 4, 60, "the first groups' sandboxes up (waiting in INIT)")
+    old = set(exec_servers_of(pids))
+    r = c.api.post(f"{P}/rolloutjobs/stale/policy", json={"version": 1}, timeout=200)
+    assert r.status_code == 200, r.text
+    cancelled = r.json()["staleness"]["cancelledRollouts"]   # leased under no version: 1 behind
+    assert cancelled >= 4, r.json()
+    # cancelled on the daemons: the stale rollouts' sandboxes are gone (their re-runs wait at the gate again)
+    wait_until(lambda: not old & set(exec_servers_of(pids)), 30, "the stale rollouts' sandboxes gone", every=0.05)
+    gate.touch()
+    snap = c.api.get(f"{P}/rolloutjobs/stale/batches/1", params={"wait": "true", "timeoutSeconds": 240},
+                     timeout=300).json()
+    assert snap["state"] == "complete" and snap["counted"] == 2
+    # no sample admitted before version 1 reached the batch
+    assert {t["admittedVersion"] for g in snap["groups"] for t in g["samples"]} == {1}
+    assert c.api.get(f"{P}/rolloutjobs/stale/policy").json()["staleness"]["cancelledRollouts"] == cancelled
+    metrics = c.api.get("/metrics").text
+    assert f"rolloutd_stale_rollouts_cancelled_total {float(cancelled)}" in metrics

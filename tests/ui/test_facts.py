@@ -109,3 +109,12 @@ def test_a_facts_index_from_before_the_end_time_is_made_again(tmp_path):
             "EXPLAIN QUERY PLAN SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
             "trajectories INDEXED BY ix_trajectories_facts WHERE job = 'j'"))
     assert "COVERING INDEX ix_trajectories_facts" in plan  # the first view of a job reads no row
+
+
+def test_the_token_view_carries_the_version_of_each_generated_token():
+    t = {"job": "j", "prompt": 0, "sample": 0, "tokenIds": [5, 6, 7, 8, 9], "promptLength": 1,
+         "lossMask": [0, 1, 1, 1, 1], "logprobs": [None, -0.1, -0.2, -0.3, -0.4],
+         "turns": [{"generatedStart": 1, "generatedEnd": 5}],
+         "versionSpans": [{"version": 3, "start": 1, "end": 3}, {"version": 4, "start": 3, "end": 5}]}
+    view = decode.decode(t, None)["sequences"][0]["tokenView"]
+    assert [k.get("version") for k in view["tokens"]] == [None, 3, 3, 4, 4] and view["versions"] == [3, 4]

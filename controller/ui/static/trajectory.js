@@ -54,11 +54,16 @@ function tokenView(view, t) {
     UI.el("span", {class: "tok m0", text: "context (mask 0)"}),
     ` · darker green = higher logprob · policy version ${UI.fmt(t.policyVersion)}` +
     (t.policyVersions && t.policyVersions.length > 1 ? ` (versions in this rollout: ${t.policyVersions.join(", ")})` : "") +
+    (view.versions && view.versions.length > 1 ? ` · underline colour = the version that sampled the token ` +
+      `(${view.versions.map(UI.fmt).join(" → ")}; a weight update landed mid-turn)` : "") +
     (view.truncated ? ` · first ${view.tokens.length} of ${view.length} tokens` : ""));
+  const hue = v => 40 + 100 * (view.versions || []).indexOf(v);
   const box = UI.el("div", {class: "tokens"});
   for (const k of view.tokens) {
     const span = UI.el("span", {class: "tok " + (k.mask === 1 ? "m1" : "m0"),
-      title: `#${k.i} id ${k.id} · mask ${k.mask === null ? "—" : k.mask} · logprob ${k.logprob === null ? "—" : k.logprob}`}, k.text);
+      title: `#${k.i} id ${k.id} · mask ${k.mask === null ? "—" : k.mask} · logprob ${k.logprob === null ? "—" : k.logprob}` +
+        ("version" in k ? ` · version ${UI.fmt(k.version)}` : "")}, k.text);
+    if ("version" in k && view.versions.length > 1) span.style.borderBottom = `3px solid hsl(${hue(k.version)}, 70%, 40%)`;
     if (k.mask === 1 && typeof k.logprob === "number") {
       const p = Math.exp(Math.max(k.logprob, -20));
       span.style.backgroundColor = `hsl(${Math.round(120 * p)}, 65%, ${Math.round(88 - 20 * p)}%)`;

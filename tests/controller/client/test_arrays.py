@@ -112,3 +112,17 @@ def test_a_trajectory_with_segments_gives_one_row_per_sequence_with_its_reward_a
         Trajectory(job="j", prompt=0, sample=0, token_ids=[1], segments=segs)
     with pytest.raises(ValueError, match="lossMask"):
         Segment(token_ids=[1, 2], loss_mask=[1])
+
+
+def test_token_versions_follow_the_version_spans_of_each_generated_token():
+    split = traj(0, 9, 0, 1.0, tokenIds=[5, 6, 7, 8, 9, 10], promptLength=2, lossMask=[0, 0, 1, 1, 1, 1],
+                 logprobs=[None, None, -1.0, -1.0, -2.0, -3.0], policyVersion=1,
+                 versionSpans=[{"version": 1, "start": 2, "end": 4}, {"version": 2, "start": 4, "end": 6}])
+    plain = traj(0, 9, 1, 0.0, tokenIds=[5, 6, 7], promptLength=2, lossMask=[0, 0, 1], logprobs=[None, None, -1.0],
+                 policyVersion=1)
+    b = Batch.from_wire({"batch": 0, "state": "complete", "target": 1, "counted": 1, "groups": [
+        {"group": "g", "prompt": 9, "state": "counted", "rewards": [1.0, 0.0], "samples": [split, plain]}]})
+    a = b.to_arrays()
+    assert a["token_versions"] == [[None, None, 1, 1, 2, 2], [None] * 6]
+    if pytest.importorskip("numpy"):
+        assert b.to_arrays(numpy=True)["token_versions"].tolist() == [[-1, -1, 1, 1, 2, 2], [-1] * 6]

