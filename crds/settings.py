@@ -78,6 +78,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_SERVER", "url", "`http://127.0.0.1:7350`", (CLIENT,), "the controller `rolloutctl` and the "
              "client talk to"),
     Variable("ROLLOUTD_NAMESPACE", "name", "`default`", (CLIENT,), "the namespace `rolloutctl` and the client use"),
+    Variable("ROLLOUTD_JOB", "name", "none", (CLIENT,), "the job a trainer's adapter (verl's agent loop and "
+             "checkpoint manager) trains from, where its config names none"),
     Variable("ROLLOUTD_CONFIG", "path", "`~/.config/rolloutd/config.yaml`", (CLIENT,),
              "the client's config file (server, namespace, token, CA)"),
     Variable("ROLLOUTD_ADVERTISE_URL", "url", "this host's name and the controller's port", (CONTROLLER,),

@@ -32,6 +32,7 @@ class ClientSettings:
 
     server: str | None = None
     namespace: str | None = None
+    job: str | None = None  # a trainer adapter's job (verl's), where its config names none
     token: str | None = None
     token_file: Path | None = None
     ca_file: Path | None = None

@@ -28,7 +28,9 @@ ENTRY_POINTS = {"controller/main.py",                # rolloutd controller / ope
                 "controller/client/connection.py",   # every client and rolloutctl command: `resolve`
                 "agents/cli.py",                     # rolloutd node (NodeOptions.from_env)
                 "agents/daemon/options.py",          # ... which reads the node's sandbox settings beside its own
-                "sandbox/cli.py", "sandbox/image_cli.py"}  # rolloutd sandbox exec / rolloutd image build
+                "sandbox/cli.py", "sandbox/image_cli.py",  # rolloutd sandbox exec / rolloutd image build
+                # verl's workers build these from its config: where a trainer's process enters rolloutd (ROLLOUTD_JOB)
+                "controller/integrations/verl/agent_loop.py", "controller/integrations/verl/checkpoint.py"}
 
 
 def _product_files():

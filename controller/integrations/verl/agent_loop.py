@@ -7,13 +7,13 @@ row by `agent_name: rolloutd`; `samples.GroupSource` fetches the groups, `server
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopMetrics, AgentLoopOutput,
                                                      _agent_loop_registry, register)
 
 from rolloutd.client import AsyncRolloutClient
+from rolloutd.client.connection import ClientSettings
 
 from ..samples import GroupSource, Sample, split
 
@@ -51,11 +51,10 @@ class RolloutdAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, job: str | None = None, server: str | None = None, token_file: str | None = None,
                  samples: int | None = None, max_replacements: int = 2, timeout: float = 3600.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.job = job or os.environ.get("ROLLOUTD_JOB") or ""
+        self.job = job or ClientSettings.from_env().job or ""
         if not self.job:
             raise ValueError("agent loop 'rolloutd' needs a job: `job:` in its agent-loop config entry or ROLLOUTD_JOB")
-        self.server = server or os.environ.get("ROLLOUTD_SERVER")
-        self.token_file = token_file or os.environ.get("ROLLOUTD_TOKEN_FILE")
+        self.server, self.token_file = server, token_file  # None: the client's own settings (ROLLOUTD_SERVER, …)
         self.samples = int(samples or self.rollout_config.n)
         self.max_replacements, self.timeout = int(max_replacements), float(timeout)
 

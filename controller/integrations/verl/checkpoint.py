@@ -6,12 +6,12 @@ Where it sits: in verl's driver, selected by `actor_rollout_ref.rollout.checkpoi
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from verl.checkpoint_engine import CheckpointEngineManager
 
 from rolloutd.client import RolloutClient
+from rolloutd.client.connection import ClientSettings
 
 from .servers import announce_weights, follow_servers
 
@@ -26,10 +26,10 @@ class RolloutdCheckpointManager(CheckpointEngineManager):
         return result
 
     def rolloutd_sync(self, version: int) -> dict[str, Any]:
-        job = os.environ.get("ROLLOUTD_JOB")
+        job = ClientSettings.from_env().job
         if not job:
             raise ValueError("RolloutdCheckpointManager needs ROLLOUTD_JOB (the rolloutd job verl trains from)")
-        client = RolloutClient(os.environ.get("ROLLOUTD_SERVER"), token_file=os.environ.get("ROLLOUTD_TOKEN_FILE"))
+        client = RolloutClient()  # the client's own settings: ROLLOUTD_SERVER, ROLLOUTD_TOKEN_FILE, …
         try:
             backends = follow_servers(client, job, [r.server_address for r in self.replicas])
             return {"backends": backends, "policy": announce_weights(client, job, version)}
