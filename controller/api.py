@@ -64,7 +64,7 @@ def _namespaced(path: str) -> str:
 
 
 def _error(err: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else {"Retry-After": "1"} if err.code == 503 else None
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 

@@ -78,9 +78,15 @@ def _global(
     _State.ca_file = ca_file
 
 
-def _client() -> RolloutClient:
+# `watch`, `wait`, `trajectories -f`, `delete --wait`: a controller restart is ridden through for this long
+FOLLOW_RETRY_SECONDS = 300.0
+
+
+def _client(retry_for: float = 0.0) -> RolloutClient:
+    """The client of one command; a one-shot command fails at once when the controller cannot be reached
+    (as kubectl), a following one (`retry_for`) waits for a restarted controller."""
     return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
-                                                         ca_file=_State.ca_file)))
+                                                         ca_file=_State.ca_file), retry_for=retry_for))
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -221,7 +227,7 @@ def delete(
 ) -> None:
     """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
     _check_resource(resource)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS if wait else 0.0)
     _run(lambda: client.delete(name))
     print(f'rolloutjob.rolloutd.io "{name}" deleted')
     if wait:
@@ -280,7 +286,7 @@ def wait(
     _check_resource(resource)
     if not (for_ == "delete" or re.fullmatch(r"(condition|phase)=[A-Za-z]+(=(True|False|Unknown))?", for_)):
         raise _fail(f"invalid --for {for_!r}: use condition=Complete, phase=Running or delete", 2)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS)
     raise typer.Exit(_run(lambda: _wait_for(client, name, for_, _seconds(timeout))))
 
 
@@ -297,7 +303,7 @@ def watch(
     from rich.live import Live
 
     _check_resource(resource)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS)
     obj = _run(lambda: client.get(name))
     deadline = _seconds(timeout)
 
@@ -332,7 +338,7 @@ def trajectories(
     """Print a job's trajectories (JSON lines for programs, a table for people)."""
     if output not in ("jsonl", "table"):
         raise _fail(f"unknown output format {output!r} (jsonl, table)", 2)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS if follow else 0.0)
 
     def go() -> None:
         table_rows = []

@@ -84,6 +84,11 @@ class TooManyRequests(ApiError):
     code, reason = 429, "TooManyRequests"
 
 
+class Unavailable(ApiError):
+    """503 with `Retry-After`: the controller is stopping (a restart); the same call succeeds once it is back."""
+    code, reason = 503, "ServiceUnavailable"
+
+
 _REASONS = {
     "extra_forbidden": "FieldValueUnknown",
     "missing": "FieldValueRequired",

@@ -188,9 +188,13 @@ def server_config(app: object, host: str, port: int, log_level: str = "info",
 
 
 class _Server(uvicorn.Server):
-    """Stops the operator first on exit: its watch is an open connection the server would wait for."""
+    """Stops the operator first on exit (its watch is an open connection the server would wait for) and answers
+    the trainers' long polls, which would otherwise be cancelled mid-wait after the graceful timeout (a 500)."""
 
     async def shutdown(self, sockets=None) -> None:
+        scheduler = getattr(self.config.app.state, "scheduler", None)
+        if scheduler is not None:  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
+            scheduler.feed.stop()
         stop = getattr(self.config.app.state, "stop_operator", None)
         if stop is not None:
             await stop()

@@ -84,6 +84,12 @@ class Call:
     timeout: Any = "default"      # "default": the client's; else an httpx timeout (None = wait forever)
     headers: dict[str, str] | None = None
     decode: Any = None            # callable(httpx.Response) -> value; default: the JSON body
+    # safe to send again after a connection lost mid-answer (GET, PUT; POST/DELETE only where said)
+    idempotent: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.idempotent is None:
+            self.idempotent = self.method in ("GET", "PUT")
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -165,7 +171,8 @@ class Calls:
         body: dict[str, Any] = {} if batch is None else {"batch": batch}
         if prompts is not None:
             body["prompts"] = [int(p) for p in prompts]
-        return Call("POST", job_path(name, "batches"), json=body)
+        # the server answers the current batch while it is open: a retry after a lost answer gets the same one
+        return Call("POST", job_path(name, "batches"), json=body, idempotent=True)
 
     @staticmethod
     def batch(name: str, k: int, wait: bool, timeout: float | None, all_groups: bool) -> Call:

@@ -32,7 +32,7 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
-from ..errors import BadRequest, Conflict, NotFound
+from ..errors import BadRequest, Conflict, NotFound, Unavailable
 from ..ports import Progress
 from ..store import Store
 from . import hot_sql, tables
@@ -284,8 +284,11 @@ class Scheduler:
             ev.clear()
             with Session(self.engine, expire_on_commit=False) as s:
                 snap = self.batches.snapshot(s, name, k, include_all)
-            if not wait or snap["state"] in (BatchState.complete, BatchState.failed) or self.feed.stopped:
+            if not wait or snap["state"] in (BatchState.complete, BatchState.failed):
                 return snap
+            if self.feed.stopped:  # a restart: the client asks again, of the controller that comes back
+                raise Unavailable(f"the controller is stopping; batch {k} of rolloutjobs \"{name}\" is not complete "
+                                  "yet: retry")
             left = 30.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return snap
