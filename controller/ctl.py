@@ -307,8 +307,28 @@ def watch(
     obj = _run(lambda: client.get(name))
     deadline = _seconds(timeout)
 
+    def lines() -> int:  # not a terminal: one line per change, flushed (a Slurm log, a pipe)
+        last = None
+        for type_, new in ((t, o) for t, o, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"],
+                                                               timeout=deadline)):
+            if type_ == "DELETED":
+                print(f"rolloutjob/{name} deleted", flush=True)
+                return 1
+            line = views.progress_line(new)
+            if line != last:
+                print(line, flush=True)
+                last = line
+            phase = new.get("status", {}).get("phase")
+            if phase in TERMINAL_PHASES:
+                return 0 if phase == "Succeeded" else 1
+        return 3
+
     def follow() -> int:
         nonlocal obj
+        if not out.is_terminal:
+            print(views.progress_line(obj), flush=True)
+            phase = obj.get("status", {}).get("phase")
+            return (0 if phase == "Succeeded" else 1) if phase in TERMINAL_PHASES else lines()
         with Live(views.progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
             if obj.get("status", {}).get("phase") in TERMINAL_PHASES:
                 return 0 if obj["status"]["phase"] == "Succeeded" else 1

@@ -144,6 +144,15 @@ def progress_table(obj: dict[str, Any]) -> Table:
     return table
 
 
+def progress_line(obj: dict[str, Any]) -> str:
+    """`watch`'s line per change when stdout is not a terminal (a Slurm log, a pipe)."""
+    st, c = obj.get("status", {}), counts(obj)
+    stages = " ".join(f"{LABELS.get(s, s)}={c.get(s, 0)}" for s in STAGES)
+    message = f"  {st['message']}" if st.get("message") else ""
+    return (f"rolloutjob/{obj['metadata']['name']} phase {st.get('phase', 'Pending')} nodes={st.get('nodes', 0)}/"
+            f"{obj['spec']['executor']['nodes']} {stages} total={c.get('total', 0)}{message}")
+
+
 def trajectory_line(t: dict[str, Any]) -> str:
     reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
     fail = t.get("failure", {})

@@ -160,3 +160,25 @@ def test_watch_shows_progress_until_the_end(controller, example_yaml):
     # one vocabulary (scored / agent-failed / infra-failed / cancelled), as the status counts them
     assert re.search(r"scored\W+5\W", r.stdout) and re.search(r"agent-failed\W+2\W", r.stdout), r.stdout
     assert re.search(r"infra-failed\W+1\W", r.stdout) and "succeeded" not in r.stdout, r.stdout
+
+
+def test_watch_into_a_file_prints_a_line_per_change_and_rides_through_a_restart(controller, example_yaml):
+    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    status = "/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status"
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml")}
+    proc = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.ctl", "watch", "rj", "math-demo",
+                             "--timeout=120s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        assert "phase Pending" in proc.stdout.readline()      # at once, not when the job ends
+        with controller.client() as api:
+            api.put(status, json={"status": {"phase": "Running", "counts": {"total": 8, "run": 3, "queued": 5}}})
+        assert "phase Running" in (running := proc.stdout.readline()) and "run=3" in running
+        controller.restart()                                   # kill -9: the watch reconnects and resumes
+        with controller.client() as api:
+            api.put(status, json={"status": {"phase": "Succeeded", "counts": {"total": 8, "scored": 8}}})
+        assert "phase Succeeded" in (done := proc.stdout.readline()) and "scored=8" in done
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
