@@ -33,12 +33,13 @@ from rich.console import Console
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
 from rolloutd.crds.names import TERMINAL_PHASES
 
-from . import ctl_views as views, spec_paths
+from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
 from .ctl_logs import register as register_logs
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
 from rolloutd.crds.documents import load_documents
+from rolloutd.crds import spec_paths
 
 app = typer.Typer(
     cls=NamespaceAnywhere,

@@ -15,6 +15,7 @@ being imported. Modules: `connection` (server and token), `errors`, `calls` (one
 """
 from .aio import AsyncRolloutClient
 from .batch import Batch, Group, grpo_advantages, sequences
+from .calls import load_job
 from .connection import Connection, resolve
 from .errors import (
     BadRequest, Conflict, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized, WaitTimeout,
@@ -24,5 +25,5 @@ from .sync import RolloutClient
 __all__ = [
     "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",
     "Invalid", "JobEnded", "NotFound", "RolloutClient", "RolloutdError", "Unauthorized", "WaitTimeout",
-    "grpo_advantages", "resolve", "sequences",
+    "grpo_advantages", "load_job", "resolve", "sequences",
 ]

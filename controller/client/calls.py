@@ -29,7 +29,10 @@ APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates (cont
 
 
 def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
-    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text."""
+    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text. From a file, its
+    relative `spec.tasks.source` and `spec.llm.tokenizer` are resolved against the file's directory, as
+    `rolloutctl apply -f FILE` does (`crds/spec_paths.py`); a mapping or text is sent as it is."""
+    base = None
     if isinstance(job, dict):
         doc = job
     else:
@@ -39,9 +42,14 @@ def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
                 text = Path(job).expanduser().read_text()
             except OSError as e:
                 raise RolloutdError(f"cannot read {job}: {e.strerror}") from None
+            base = Path(job).expanduser().parent
         else:
             text = job
         doc = _parse_text(text, str(job) if text is not job else "<text>")
+    if base is not None and isinstance(doc, dict):
+        from rolloutd.crds.spec_paths import resolve_paths
+
+        doc = resolve_paths(doc, base)
     if not isinstance(doc, dict):
         raise RolloutdError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
     if not (doc.get("metadata") or {}).get("name"):

@@ -113,7 +113,7 @@ def test_a_few_infra_failures_under_the_ratio_still_succeed_and_are_counted(clus
 
 @pytest.mark.parametrize("tokenizer, says", [
     (str(models_dir() / "no-such-model"), "is not a directory on this machine"),
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", "must be an absolute path: tokenizers load offline only"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "is not a tokenizer directory: no such directory beside the job file"),
 ])
 def test_a_tokenizer_that_cannot_load_offline_is_refused_at_apply(cluster, tmp_path, tokenizer, says):
     doc = oracle_doc("tok", dataset(tmp_path / "d.jsonl", ["ok"] * 4))
