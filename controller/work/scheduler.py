@@ -198,6 +198,13 @@ class Scheduler:
                 if not row.pending or row.error:
                     return row
 
+    def backends_down(self, job: RolloutJob) -> str:
+        """Why no rollout of the job can call its model ("" while a backend of it is healthy or none is known)."""
+        urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
+        if not urls or any(u not in self.pool.unhealthy for u in urls):
+            return ""
+        return "every LLM backend is down: " + "; ".join(f"{u}: {self.pool.unhealthy[u]}" for u in urls)
+
     async def progress(self, job: RolloutJob) -> Progress:
         """The job's counts and whether it is done or failed; reads only (the expansion is `admit`'s)."""
         exp = self.expansions.row(job)
@@ -222,6 +229,8 @@ class Scheduler:
         kinds, reward_mean = await asyncio.to_thread(self.feed.outcomes, job.metadata.key)
         counts.scored, counts.agent_failed, counts.infra_failed = (kinds.get(k, 0) for k in ("none", "agent", "infra"))
         extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key), "rewardMean": reward_mean}
+        if down := self.backends_down(job):
+            extra["backendsDown"] = down
         if counts.infra_failed and live == 0:  # the reconciler names it if the job fails for it
             extra["infraReason"] = await asyncio.to_thread(self.feed.last_reason, job.metadata.key, "infra")
         if job.spec.batch_mode:

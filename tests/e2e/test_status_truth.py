@@ -226,3 +226,24 @@ def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(
     gate.touch()
     assert final(cluster, "adopted")["status"]["counts"]["scored"] == 8
     assert cluster.daemon_pids() == [] or all(p in pids for p in cluster.daemon_pids())
+
+
+# ---------------------------------------------------------------- 4. every backend down
+
+
+def test_a_job_whose_every_backend_is_down_says_why(cluster, tmp_path):
+    from support.controller_process import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"   # nothing listens there
+    doc = oracle_doc("no-backend", dataset(tmp_path / "d.jsonl", ["ok"] * 4, gate=tmp_path / "gate"))
+    doc["spec"]["llm"] = {"backends": [{"url": dead}]}
+    cluster.apply(doc)
+    with RolloutClient(cluster.url, token=cluster.token) as client:
+        job = client.wait("no-backend", "BackendsReady=False", timeout=120)
+        cond = next(c for c in job["status"]["conditions"] if c["type"] == "BackendsReady")
+        assert cond["reason"] == "BackendsUnavailable" and dead in cond["message"], cond
+        assert job["status"]["message"].startswith("every LLM backend is down") and dead in job["status"]["message"]
+        assert [e for e in client.events("no-backend") if e["reason"] == "BackendsUnavailable"]
+    wide = ctl(cluster, "get", "rolloutjobs", "no-backend", "-o", "wide").stdout
+    assert "MESSAGE" in wide.splitlines()[0] and "every LLM backend is down" in wide, wide
+    (tmp_path / "gate").touch()
