@@ -3,7 +3,7 @@
     rolloutctl apply -f FILE|-                     create or update (prints created/configured/unchanged)
     rolloutctl get rolloutjobs [NAME] [-l SEL] [-o wide|yaml|json]
     rolloutctl describe rolloutjob NAME
-    rolloutctl delete rolloutjob NAME [--wait]
+    rolloutctl delete rolloutjob NAME [--wait] [--export F.jsonl] [--purge]   results kept unless --purge
     rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
@@ -225,14 +225,45 @@ def delete(
     name: str = typer.Argument(...),
     wait: bool = typer.Option(False, "--wait", help="return only once the job is gone"),
     timeout: str = typer.Option("300s", "--timeout"),
+    export: Optional[Path] = typer.Option(None, "--export", help="first write every trajectory to this JSONL file"),
+    purge: bool = typer.Option(False, "--purge", help="also remove its results now (else the controller keeps "
+                                                      "them for its retention period, 7 days by default)"),
 ) -> None:
-    """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
+    """Delete a RolloutJob: running rollouts are cancelled, then the job is removed. Its trajectories stay readable
+    (`rolloutctl trajectories NAME`) for the controller's retention period unless --purge."""
     _check_resource(resource)
-    client = _client(FOLLOW_RETRY_SECONDS if wait else 0.0)
-    _run(lambda: client.delete(name))
-    print(f'rolloutjob.rolloutd.io "{name}" deleted')
-    if wait:
-        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout)))
+    client = _client(FOLLOW_RETRY_SECONDS if wait or purge else 0.0)
+    if export is not None:
+        n = _run(lambda: _export(client, name, export))
+        print(f"{n} trajectories of rolloutjob/{name} written to {export}")
+    if _run(lambda: _delete(client, name, missing_ok=purge)):  # --purge: the job may be gone already
+        print(f'rolloutjob.rolloutd.io "{name}" deleted')
+    if wait or purge:
+        code = _wait_for(client, name, "delete", _seconds(timeout))
+        if code or not purge:
+            raise typer.Exit(code)
+    if purge:
+        _run(lambda: client.purge_results(name))
+        print(f'results of rolloutjob "{name}" purged')
+
+
+def _delete(client: RolloutClient, name: str, missing_ok: bool) -> bool:
+    try:
+        client.delete(name)
+    except NotFound:
+        if not missing_ok:
+            raise
+        return False
+    return True
+
+
+def _export(client: RolloutClient, name: str, path: Path) -> int:
+    n = 0
+    with open(path, "w") as f:
+        for t in client.trajectories(name):
+            f.write(json.dumps(t, separators=(",", ":")) + "\n")
+            n += 1
+    return n
 
 
 # ---------------------------------------------------------------- wait

@@ -61,7 +61,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
-                          node_calls_per_second=settings.node_calls_per_second)
+                          node_calls_per_second=settings.node_calls_per_second,
+                          result_retention=settings.result_retention_seconds)
     app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens),
                      allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

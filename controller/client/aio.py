@@ -176,6 +176,10 @@ class AsyncRolloutClient:
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
 
+    async def purge_results(self, name: str) -> dict[str, Any]:
+        """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
+        return await self._do(Calls.purge_results(self._key(name)))
+
     async def stats(self, name: str) -> dict[str, Any]:
         return await self._do(Calls.stats(self._key(name)))
 

@@ -175,6 +175,10 @@ class Calls:
         return Call("GET", job_path(name, "trajectories"), params={"cursor": cursor, "limit": limit}, decode=decode)
 
     @staticmethod
+    def purge_results(name: str) -> Call:
+        return Call("DELETE", job_path(name, "trajectories"), idempotent=True)
+
+    @staticmethod
     def request_batch(name: str, batch: int | None = None, prompts: list[int] | None = None) -> Call:
         body: dict[str, Any] = {} if batch is None else {"batch": batch}
         if prompts is not None:

@@ -201,6 +201,10 @@ class RolloutClient:
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
 
+    def purge_results(self, name: str) -> dict[str, Any]:
+        """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
+        return self._do(Calls.purge_results(self._key(name)))
+
     def stats(self, name: str) -> dict[str, Any]:
         """`{delivered, byKind, infraRate, rewardMean, stages: [{stage, n, p50, p95}]}` (seconds; queue, init, run,
         eval of the rollouts that ran to the end), as `rolloutctl describe` and the web UI show them."""

@@ -46,6 +46,7 @@ from .job_state import Jobs, Wakeups, closed
 from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
+from .retention import DEFAULT_RETENTION_SECONDS, Retention, stored
 from .states import BatchState, ItemState
 from .stats import JobStats
 from .tables import ExpansionRow, NodeRow
@@ -58,13 +59,16 @@ class Scheduler:
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
                  health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None,
                  policy_for: PolicyFor = lambda job: None, on_idle: Callable[[str], None] | None = None,
-                 node_calls_per_second: float = NODE_CALLS_PER_SECOND):
+                 node_calls_per_second: float = NODE_CALLS_PER_SECOND,
+                 result_retention: float = DEFAULT_RETENTION_SECONDS):
         """`on_idle`: called with a job's name when it may be finished now (its last rollout ended, or it
         failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted);
         `max_episodes` (the default of llm.maxEpisodesPerBackend) and `node_calls_per_second` (the node
-        protocol's budget): the controller's settings (`ControllerSettings`)."""
+        protocol's budget), `result_retention` (how long a deleted job's results stay): the controller's settings
+        (`ControllerSettings`)."""
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
+        self.retention = Retention(self.engine, stored(store), self.purge, result_retention, clock)
         # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
         changed = Wakeups()
         self.pool = BackendPool(Admission(clock, max_episodes,
@@ -334,6 +338,8 @@ class Scheduler:
                 if time.monotonic() - last_health >= self.health_interval or self._unasked():
                     last_health = time.monotonic()
                     await self.check_health()
+                if self.retention.due():
+                    await asyncio.to_thread(self.retention.sweep)
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass
                 log.exception("scheduler background pass failed")
             await asyncio.sleep(0.5)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import P, REPO, Cluster, held_at_gate
+from support.cluster import P, REPO, Cluster, held_at_gate, plugin_env
 from support.waiting import wait_until
 
 from rolloutd.client import JobEnded, RolloutClient
@@ -247,3 +247,35 @@ def test_a_job_whose_every_backend_is_down_says_why(cluster, tmp_path):
     wide = ctl(cluster, "get", "rolloutjobs", "no-backend", "-o", "wide").stdout
     assert "MESSAGE" in wide.splitlines()[0] and "every LLM backend is down" in wide, wide
     (tmp_path / "gate").touch()
+
+
+# ---------------------------------------------------------------- 5. results outlive a delete
+
+
+def test_results_outlive_a_delete_until_purged_and_can_be_exported_first(cluster, tmp_path):
+    cluster.apply(oracle_doc("kept", dataset(tmp_path / "d.jsonl", ["ok"] * 4)))
+    assert final(cluster, "kept")["status"]["phase"] == "Succeeded"
+    out = ctl(cluster, "delete", "rj", "kept", "--wait", "--export", str(tmp_path / "kept.jsonl"))
+    assert out.returncode == 0, out.stderr
+    exported = [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()]
+    assert len(exported) == 8 and "8 trajectories" in out.stdout
+    assert cluster.api.get(f"{P}/rolloutjobs/kept").status_code == 404          # the job is gone …
+    kept = ctl(cluster, "trajectories", "kept", "-o", "jsonl")                   # … its results are not
+    assert [json.loads(line)["seq"] for line in kept.stdout.splitlines()] == [t["seq"] for t in exported]
+    with RolloutClient(cluster.url, token=cluster.token) as client:              # a follow ends with what is kept
+        assert len(list(client.trajectories("kept", follow=True, timeout=30))) == 8
+    purged = ctl(cluster, "delete", "rj", "kept", "--purge")
+    assert purged.returncode == 0 and "purged" in purged.stdout, purged.stderr
+    assert ctl(cluster, "trajectories", "kept").returncode == 1                  # NotFound now
+
+
+def test_a_deleted_jobs_results_are_purged_once_the_retention_ends(tmp_path):
+    c = Cluster(tmp_path, env={**plugin_env(), "ROLLOUTD_RESULT_RETENTION_SECONDS": "1"}).start()
+    try:
+        c.apply(oracle_doc("brief", dataset(tmp_path / "d.jsonl", ["ok"] * 4)))
+        assert final(c, "brief")["status"]["phase"] == "Succeeded"
+        assert c.api.get(f"{P}/rolloutjobs/brief/trajectories").text.count("\n") == 8   # kept while the job lives
+        c.api.delete(f"{P}/rolloutjobs/brief")
+        wait_until(lambda: c.api.get(f"{P}/rolloutjobs/brief/trajectories").status_code == 404, timeout=60, every=0.2)
+    finally:
+        c.stop()
