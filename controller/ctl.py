@@ -31,10 +31,10 @@ import typer
 from rich.console import Console
 
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
-from rolloutd.crds.names import TERMINAL_PHASES
 
 from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
+from .ctl_follow import export_jsonl, follow_job
 from .ctl_logs import register as register_logs
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
@@ -234,7 +234,7 @@ def delete(
     _check_resource(resource)
     client = _client(FOLLOW_RETRY_SECONDS if wait or purge else 0.0)
     if export is not None:
-        n = _run(lambda: _export(client, name, export))
+        n = _run(lambda: export_jsonl(client, name, export))
         print(f"{n} trajectories of rolloutjob/{name} written to {export}")
     if _run(lambda: _delete(client, name, missing_ok=purge)):  # --purge: the job may be gone already
         print(f'rolloutjob.rolloutd.io "{name}" deleted')
@@ -255,15 +255,6 @@ def _delete(client: RolloutClient, name: str, missing_ok: bool) -> bool:
             raise
         return False
     return True
-
-
-def _export(client: RolloutClient, name: str, path: Path) -> int:
-    n = 0
-    with open(path, "w") as f:
-        for t in client.trajectories(name):
-            f.write(json.dumps(t, separators=(",", ":")) + "\n")
-            n += 1
-    return n
 
 
 # ---------------------------------------------------------------- wait
@@ -331,50 +322,13 @@ def watch(
     name: str = typer.Argument(...),
     timeout: str = typer.Option("24h", "--timeout"),
 ) -> None:
-    """Follow a RolloutJob live (per-stage counts) until it ends."""
-    from rich.live import Live
-
+    """Follow a RolloutJob live (per-stage counts) until it ends; a line per change when stdout is not a terminal."""
     _check_resource(resource)
     client = _client(FOLLOW_RETRY_SECONDS)
     obj = _run(lambda: client.get(name))
     deadline = _seconds(timeout)
 
-    def lines() -> int:  # not a terminal: one line per change, flushed (a Slurm log, a pipe)
-        last = None
-        for type_, new in ((t, o) for t, o, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"],
-                                                               timeout=deadline)):
-            if type_ == "DELETED":
-                print(f"rolloutjob/{name} deleted", flush=True)
-                return 1
-            line = views.progress_line(new)
-            if line != last:
-                print(line, flush=True)
-                last = line
-            phase = new.get("status", {}).get("phase")
-            if phase in TERMINAL_PHASES:
-                return 0 if phase == "Succeeded" else 1
-        return 3
-
-    def follow() -> int:
-        nonlocal obj
-        if not out.is_terminal:
-            print(views.progress_line(obj), flush=True)
-            phase = obj.get("status", {}).get("phase")
-            return (0 if phase == "Succeeded" else 1) if phase in TERMINAL_PHASES else lines()
-        with Live(views.progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
-            if obj.get("status", {}).get("phase") in TERMINAL_PHASES:
-                return 0 if obj["status"]["phase"] == "Succeeded" else 1
-            for type_, new, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=deadline):
-                if type_ == "DELETED":
-                    return 1
-                obj = new
-                live.update(views.progress_table(obj), refresh=True)
-                phase = obj.get("status", {}).get("phase")
-                if phase in TERMINAL_PHASES:
-                    return 0 if phase == "Succeeded" else 1
-        return 3
-
-    raise typer.Exit(_run(follow))
+    raise typer.Exit(_run(lambda: follow_job(client, obj, deadline, out)))
 
 
 # ---------------------------------------------------------------- trajectories
