@@ -8,11 +8,10 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from rolloutd.crds.crd import PRINTER_COLUMNS
+from rolloutd.crds.columns import PRINTER_COLUMNS
 
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
@@ -39,6 +38,8 @@ def print_obj(out: Console, obj: Any, output: str) -> None:
     if output == "json":
         out.print_json(json.dumps(obj)) if sys.stdout.isatty() else print(json.dumps(obj, indent=2))
     else:
+        import yaml
+
         print(yaml.safe_dump(obj, sort_keys=False), end="")
 
 
