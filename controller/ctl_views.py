@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rolloutd.crds.columns import PRINTER_COLUMNS
+from rolloutd.crds.columns import PRINTER_COLUMNS, REWARD_MEAN
 
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
@@ -100,7 +100,7 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]], stats: dict
         f"  Completed:   {st.get('completionTime') or '-'}",
         "  Rollouts:    " + ", ".join(f"{LABELS.get(k, k)} {counts(obj).get(k, 0)}" for k in STAGES)
         + f"; total {counts(obj).get('total', 0)}",
-        f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} (mean of the scored)",
+        f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} ({REWARD_MEAN})",
         *stage_lines(stats),
         "Conditions:",
     ]
