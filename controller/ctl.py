@@ -36,6 +36,7 @@ from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
 from .ctl_follow import export_jsonl, follow_job
 from .ctl_logs import register as register_logs
+from .ctl_results import register as register_results
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
 from rolloutd.crds.documents import load_documents
@@ -50,8 +51,12 @@ app = typer.Typer(
 )
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+# `watch`, `wait`, `trajectories -f`, `delete --wait`: a controller restart is ridden through for this long
+FOLLOW_RETRY_SECONDS = 300.0
 register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
 register_logs(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl logs`
+register_results(app, lambda retry: _client(retry), lambda fn: _run(fn), lambda m, c=1: _fail(m, c),
+                 FOLLOW_RETRY_SECONDS)  # `rolloutctl trajectories`
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
 
 
@@ -77,10 +82,6 @@ def _global(
     _State.token_file = token_file
     _State.namespace = namespace
     _State.ca_file = ca_file
-
-
-# `watch`, `wait`, `trajectories -f`, `delete --wait`: a controller restart is ridden through for this long
-FOLLOW_RETRY_SECONDS = 300.0
 
 
 def _client(retry_for: float = 0.0) -> RolloutClient:
@@ -176,6 +177,7 @@ def get(
     name: Optional[str] = typer.Argument(None),
     selector: Optional[str] = typer.Option(None, "-l", "--selector", help="label selector, e.g. team=rl,env!=dev"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="wide|yaml|json"),
+    all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces", help="the jobs of every namespace"),
 ) -> None:
     """List RolloutJobs or show one."""
     _check_resource(resource)
@@ -187,14 +189,14 @@ def get(
         if output in ("yaml", "json"):
             return views.print_obj(out, items[0], output)
     else:
-        listing = _run(lambda: client.list(selector))
+        listing = _run(lambda: client.list(selector, all_namespaces=all_namespaces))
         if output in ("yaml", "json"):
             return views.print_obj(out, listing, output)
         items = listing["items"]
         if not items:
             err.print("No resources found.")
             return
-    print(views.jobs_table(items, wide=output == "wide"))
+    print(views.jobs_table(items, wide=output == "wide", namespaces=all_namespaces and not name))
 
 
 # ---------------------------------------------------------------- describe
@@ -222,29 +224,38 @@ def _stats(client: RolloutClient, name: str) -> dict[str, Any] | None:
 @app.command()
 def delete(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: Optional[str] = typer.Argument(None),
+    selector: Optional[str] = typer.Option(None, "-l", "--selector", help="delete every job with these labels"),
     wait: bool = typer.Option(False, "--wait", help="return only once the job is gone"),
     timeout: str = typer.Option("300s", "--timeout"),
     export: Optional[Path] = typer.Option(None, "--export", help="first write every trajectory to this JSONL file"),
     purge: bool = typer.Option(False, "--purge", help="also remove its results now (else the controller keeps "
                                                       "them for its retention period, 7 days by default)"),
 ) -> None:
-    """Delete a RolloutJob: running rollouts are cancelled, then the job is removed. Its trajectories stay readable
-    (`rolloutctl trajectories NAME`) for the controller's retention period unless --purge."""
+    """Delete RolloutJobs (NAME, or -l SELECTOR): running rollouts are cancelled, then the job is removed. Its
+    trajectories stay readable (`rolloutctl trajectories NAME`) for the controller's retention period unless --purge."""
     _check_resource(resource)
+    if (name is None) == (selector is None):
+        raise _fail("give a job's NAME or -l SELECTOR", 2)
+    if export is not None and name is None:
+        raise _fail("--export writes one job's trajectories: give its NAME", 2)
     client = _client(FOLLOW_RETRY_SECONDS if wait or purge else 0.0)
-    if export is not None:
-        n = _run(lambda: export_jsonl(client, name, export))
-        print(f"{n} trajectories of rolloutjob/{name} written to {export}")
-    if _run(lambda: _delete(client, name, missing_ok=purge)):  # --purge: the job may be gone already
-        print(f'rolloutjob.rolloutd.io "{name}" deleted')
-    if wait or purge:
-        code = _wait_for(client, name, "delete", _seconds(timeout))
-        if code or not purge:
+    names = [name] if name else [o["metadata"]["name"] for o in _run(lambda: client.list(selector))["items"]]
+    if not names:
+        err.print("No resources found.")
+    for job in names:
+        if export is not None:
+            n = _run(lambda: export_jsonl(client, job, export))
+            print(f"{n} trajectories of rolloutjob/{job} written to {export}")
+        if _run(lambda: _delete(client, job, missing_ok=purge)):  # --purge: the job may be gone already
+            print(f'rolloutjob.rolloutd.io "{job}" deleted')
+    for job in names if wait or purge else ():
+        code = _wait_for(client, job, "delete", _seconds(timeout))
+        if code:
             raise typer.Exit(code)
-    if purge:
-        _run(lambda: client.purge_results(name))
-        print(f'results of rolloutjob "{name}" purged')
+        if purge:
+            _run(lambda: client.purge_results(job))
+            print(f'results of rolloutjob "{job}" purged')
 
 
 def _delete(client: RolloutClient, name: str, missing_ok: bool) -> bool:
@@ -329,37 +340,6 @@ def watch(
     deadline = _seconds(timeout)
 
     raise typer.Exit(_run(lambda: follow_job(client, obj, deadline, out)))
-
-
-# ---------------------------------------------------------------- trajectories
-
-
-@app.command()
-def trajectories(
-    name: str = typer.Argument(..., help="the RolloutJob"),
-    output: str = typer.Option("table", "-o", "--output", help="jsonl|table"),
-    follow: bool = typer.Option(False, "-f", "--follow", help="stream new ones until the job ends"),
-    cursor: int = typer.Option(0, "--cursor", help="start after this seq (resume)"),
-) -> None:
-    """Print a job's trajectories (JSON lines for programs, a table for people)."""
-    if output not in ("jsonl", "table"):
-        raise _fail(f"unknown output format {output!r} (jsonl, table)", 2)
-    client = _client(FOLLOW_RETRY_SECONDS if follow else 0.0)
-
-    def go() -> None:
-        table_rows = []
-        for t in client.trajectories(name, cursor=cursor, follow=follow):
-            if output == "jsonl":
-                sys.stdout.write(json.dumps(t, separators=(",", ":")) + "\n")
-                sys.stdout.flush()
-            elif follow:
-                print(views.trajectory_line(t), flush=True)
-            else:
-                table_rows.append(views.trajectory_line(t))
-        if output == "table" and not follow:
-            print("\n".join([views.TRAJECTORY_HEADER, *table_rows]))
-
-    _run(go)
 
 
 # ---------------------------------------------------------------- backends

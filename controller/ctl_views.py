@@ -16,7 +16,8 @@ from rolloutd.crds.columns import PRINTER_COLUMNS, REWARD_MEAN
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
 LABELS = {"agentFailed": "agent-failed", "infraFailed": "infra-failed"}
-TRAJECTORY_HEADER = f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON"
+TRAJECTORY_HEADER = (f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TURNS':>5} {'TOKENS':>6} "
+                     f"{'NODE':<14} REASON")
 
 
 def counts(obj: dict[str, Any]) -> dict[str, int]:
@@ -55,13 +56,15 @@ def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
     return f"{cur:.3g}" if column["type"] == "number" else str(cur)
 
 
-def jobs_table(items: list[dict[str, Any]], wide: bool) -> str:
+def jobs_table(items: list[dict[str, Any]], wide: bool, namespaces: bool = False) -> str:
     """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values,
     laid out as kubectl does (each column as wide as its widest cell, three spaces apart): never cut to fit a
     terminal, whose lines wrap instead (a rich table shrank NAME to nothing on a narrow one)."""
     columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
-    rows = [["NAME", *(c["name"].upper() for c in columns)]]
-    rows += [[o["metadata"]["name"], *(cell(o, c) for c in columns)] for o in items]
+    ns = ["NAMESPACE"] if namespaces else []  # `get -A`: kubectl's first column
+    rows = [[*ns, "NAME", *(c["name"].upper() for c in columns)]]
+    rows += [[*([o["metadata"].get("namespace", "default")] if namespaces else []), o["metadata"]["name"],
+              *(cell(o, c) for c in columns)] for o in items]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -158,7 +161,8 @@ def trajectory_line(t: dict[str, Any]) -> str:
     reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
     fail = t.get("failure", {})
     return (f"{t['seq']:>5} {t['prompt']:>6} {t['sample']:>6} {reward:>7} {fail.get('kind', 'none'):<8} "
-            f"{len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} {fail.get('reason', '')}")
+            f"{len(t.get('turns') or []):>5} {len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} "
+            f"{fail.get('reason', '')}")
 
 
 def print_backends(items: list[dict[str, Any]]) -> None:

@@ -111,8 +111,8 @@ class AsyncRolloutClient:
     async def get(self, name: str) -> dict[str, Any]:
         return await self._do(Calls.get(self._key(name)))
 
-    async def list(self, selector: str | None = None) -> dict[str, Any]:
-        return await self._do(Calls.list(selector, self.namespace))
+    async def list(self, selector: str | None = None, all_namespaces: bool = False) -> dict[str, Any]:
+        return await self._do(Calls.list(selector, None if all_namespaces else self.namespace))
 
     async def events(self, name: str) -> list[dict[str, Any]]:
         return await self._do(Calls.events(self._key(name)))

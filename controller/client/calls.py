@@ -140,8 +140,9 @@ class Calls:
         return Call("GET", job_path(name))
 
     @staticmethod
-    def list(selector: str | None, namespace: str) -> Call:
-        params = {"fieldSelector": f"metadata.namespace={namespace}"}
+    def list(selector: str | None, namespace: str | None) -> Call:
+        """The jobs of `namespace` (None: of every namespace the token may see), narrowed by a label selector."""
+        params = {"fieldSelector": f"metadata.namespace={namespace}"} if namespace is not None else {}
         return Call("GET", JOBS, params={**params, "labelSelector": selector} if selector else params)
 
     @staticmethod

@@ -129,8 +129,8 @@ class RolloutClient:
     def get(self, name: str) -> dict[str, Any]:
         return self._do(Calls.get(self._key(name)))
 
-    def list(self, selector: str | None = None) -> dict[str, Any]:
-        return self._do(Calls.list(selector, self.namespace))
+    def list(self, selector: str | None = None, all_namespaces: bool = False) -> dict[str, Any]:
+        return self._do(Calls.list(selector, None if all_namespaces else self.namespace))
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return self._do(Calls.events(self._key(name)))

@@ -182,3 +182,17 @@ def test_watch_into_a_file_prints_a_line_per_change_and_rides_through_a_restart(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_get_all_namespaces_and_delete_by_label(controller, example_yaml):
+    for ns, name, team in (("team-a", "a1", "rl"), ("team-a", "a2", "other"), ("default", "d1", "rl")):
+        doc = example_yaml.replace("name: math-demo", f"name: {name}").replace("team: rl", f"team: {team}")
+        assert ctl(controller, "-n", ns, "apply", "-f", "-", stdin=doc).returncode == 0
+    table = ctl(controller, "get", "rolloutjobs", "-A").stdout.splitlines()
+    assert table[0].split()[:2] == ["NAMESPACE", "NAME"]
+    assert sorted(tuple(r.split()[:2]) for r in table[1:]) == [("default", "d1"), ("team-a", "a1"), ("team-a", "a2")]
+    gone = ctl(controller, "-n", "team-a", "delete", "rj", "-l", "team=rl", "--wait", "--timeout", "60s")
+    assert gone.returncode == 0 and '"a1" deleted' in gone.stdout and "a2" not in gone.stdout, gone.stderr
+    left = ctl(controller, "get", "rolloutjobs", "-A").stdout
+    assert "a2" in left and "d1" in left and "a1" not in left
+    assert ctl(controller, "delete", "rj").returncode == 2          # neither a name nor a selector

@@ -255,6 +255,13 @@ def test_a_job_whose_every_backend_is_down_says_why(cluster, tmp_path):
 def test_results_outlive_a_delete_until_purged_and_can_be_exported_first(cluster, tmp_path):
     cluster.apply(oracle_doc("kept", dataset(tmp_path / "d.jsonl", ["ok"] * 4)))
     assert final(cluster, "kept")["status"]["phase"] == "Succeeded"
+    every = json.loads(ctl(cluster, "trajectories", "kept", "-o", "json").stdout)          # one JSON array
+    assert len(every) == 8
+    one = json.loads(ctl(cluster, "trajectories", "kept", "-o", "json", "--prompt", "1").stdout)
+    assert [t["prompt"] for t in one] == [1, 1]
+    assert ctl(cluster, "trajectories", "kept", "-o", "json", "--outcome", "infra-failed").stdout.strip() == "[]"
+    table = ctl(cluster, "trajectories", "kept", "--outcome", "scored").stdout.splitlines()
+    assert "TURNS" in table[0].split() and len(table) == 9
     out = ctl(cluster, "delete", "rj", "kept", "--wait", "--export", str(tmp_path / "kept.jsonl"))
     assert out.returncode == 0, out.stderr
     exported = [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()]
