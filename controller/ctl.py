@@ -91,6 +91,21 @@ def _client(retry_for: float = 0.0) -> RolloutClient:
                                                          ca_file=_State.ca_file), retry_for=retry_for))
 
 
+def _job_names(incomplete: str) -> list[str]:
+    """Shell completion of a job's name: the namespace's jobs that start with what was typed (nothing when the
+    controller cannot be reached: a TAB must never hang or print an error)."""
+    try:
+        client = RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
+                                                  ca_file=_State.ca_file), timeout=2.0, retry_for=0)
+        names = [o["metadata"]["name"] for o in client.list()["items"]]
+    except Exception:  # noqa: BLE001 - completion offers nothing rather than fail
+        return []
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+JOB_NAME = {"autocompletion": _job_names}
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     err.print(f"[red]error:[/red] {message}" if sys.stderr.isatty() else f"error: {message}", markup=sys.stderr.isatty())
     return typer.Exit(code)
@@ -174,7 +189,7 @@ def apply(
 @app.command()
 def get(
     resource: str = typer.Argument(..., help="rolloutjobs"),
-    name: Optional[str] = typer.Argument(None),
+    name: Optional[str] = typer.Argument(None, **JOB_NAME),
     selector: Optional[str] = typer.Option(None, "-l", "--selector", help="label selector, e.g. team=rl,env!=dev"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="wide|yaml|json"),
     all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces", help="the jobs of every namespace"),
@@ -203,7 +218,7 @@ def get(
 
 
 @app.command()
-def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...)) -> None:
+def describe(resource: str = typer.Argument(...), name: str = typer.Argument(..., **JOB_NAME)) -> None:
     """Show a RolloutJob: spec summary, status, reward and stage times, conditions and events."""
     _check_resource(resource)
     client = _client()
@@ -224,7 +239,7 @@ def _stats(client: RolloutClient, name: str) -> dict[str, Any] | None:
 @app.command()
 def delete(
     resource: str = typer.Argument(...),
-    name: Optional[str] = typer.Argument(None),
+    name: Optional[str] = typer.Argument(None, **JOB_NAME),
     selector: Optional[str] = typer.Option(None, "-l", "--selector", help="delete every job with these labels"),
     wait: bool = typer.Option(False, "--wait", help="return only once the job is gone"),
     timeout: str = typer.Option("300s", "--timeout"),
@@ -311,7 +326,7 @@ def _wait_deleted(client: RolloutClient, name: str, timeout: float) -> int:
 @app.command()
 def wait(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: str = typer.Argument(..., **JOB_NAME),
     for_: str = typer.Option("condition=Complete", "--for",
                              help="condition=TYPE[=True|False], phase=PHASE, or delete"),
     timeout: str = typer.Option("600s", "--timeout", help="e.g. 30s, 10m"),
@@ -330,7 +345,7 @@ def wait(
 @app.command()
 def watch(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: str = typer.Argument(..., **JOB_NAME),
     timeout: str = typer.Option("24h", "--timeout"),
 ) -> None:
     """Follow a RolloutJob live (per-stage counts) until it ends; a line per change when stdout is not a terminal."""

@@ -196,3 +196,17 @@ def test_get_all_namespaces_and_delete_by_label(controller, example_yaml):
     left = ctl(controller, "get", "rolloutjobs", "-A").stdout
     assert "a2" in left and "d1" in left and "a1" not in left
     assert ctl(controller, "delete", "rj").returncode == 2          # neither a name nor a selector
+
+
+def test_tab_completes_job_names_from_the_controller(controller, example_yaml):
+    for name in ("math-one", "math-two", "other"):
+        ctl(controller, "apply", "-f", "-", stdin=example_yaml.replace("name: math-demo", f"name: {name}"))
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml"),
+         "_ROLLOUTCTL_COMPLETE": "complete_bash", "COMP_WORDS": "rolloutctl describe rj math", "COMP_CWORD": "3"}
+    from pathlib import Path
+
+    rolloutctl = str(Path(sys.executable).parent / "rolloutctl")   # the installed command, as a shell runs it
+    r = subprocess.run([rolloutctl], capture_output=True, text=True,
+                       env={**e, "_TYPER_COMPLETE_ARGS": "rolloutctl describe rj math"}, timeout=60)
+    assert r.stdout.split() == ["math-one", "math-two"], (r.stdout, r.stderr)
