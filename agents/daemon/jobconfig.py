@@ -80,7 +80,7 @@ class JobConfig:
             max_turns=spec.agent.max_turns, max_tokens_per_turn=s.max_tokens_per_turn,
             max_total_tokens=s.max_total_tokens, tools=tools, sampling=sampling_params(s),
             action_timeout=t.action_seconds, drift_check=spec.agent.drift_check, run_timeout=t.run_seconds,
-            agent_kind=spec.agent.kind, agent_command=spec.agent.command,
+            agent_kind=spec.agent.kind, agent_command=spec.agent.command, system_prompt=spec.agent.system_prompt,
         )
         # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
         warm = 0 if handler.sandbox_spec is not None else spec.sandbox.warm

@@ -190,12 +190,13 @@ class TaskHandler(ABC):
                   ctx: Any) -> Trajectory:
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
+        from rolloutd.agents.rollout import with_system
 
         kind = getattr(config, "agent_kind", "loop")
         if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here
             raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
-            self.messages(task, list(config.tools)),
+            with_system(self.messages(task, list(config.tools)), getattr(config, "system_prompt", None)),
             sandbox=sandbox, llm=llm, tokenizer=tokenizer, config=config, ctx=ctx,
         )
         return stash_answer(result.trajectory, submitted=result.submitted, final_text=result.final_text)
