@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from rolloutd.agents.tasks import UnknownTaskKind, get_handler
+from rolloutd.agents.tasks.base import UnknownTaskKind, get_handler, handler_options
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .errors import Invalid
@@ -38,6 +38,11 @@ def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
         kinds = None
     except TypeError:
         kinds = None
+    if kinds is not None and spec.tasks.options:
+        try:
+            get_handler(spec.tasks.kind, **handler_options(spec.tasks.options))
+        except (TypeError, ValueError) as e:  # an option the handler does not take, or a value it refuses
+            problems.append(("spec.tasks.options", f"task kind {spec.tasks.kind!r}: {e}"))
     if kinds is not None and spec.agent.kind not in kinds:
         problems.append(("spec.agent.kind", f"task kind {spec.tasks.kind!r} (spec.tasks.kind) runs agent.kind "
                                             f"{' or '.join(kinds)}, not {spec.agent.kind!r}"))

@@ -257,6 +257,11 @@ def known_kinds() -> list[str]:
     return sorted(_entry_points())
 
 
+def handler_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A job's `spec.tasks.options` as the handler's keyword arguments (`requireBoxed` → `require_boxed`)."""
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in options.items()}
+
+
 def get_handler(kind: str, **options: Any) -> TaskHandler:
     """The handler registered as `kind`, instantiated with `options` (e.g. `reward="all"`).
 

@@ -83,6 +83,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.controller.errors.UnsupportedMediaType": [(("m",), {}, C)],
     "rolloutd.controller.errors.Invalid": [(("m",), {}, C)],
     "rolloutd.controller.errors.TooManyRequests": [(("m",), {}, I)],
+    "rolloutd.controller.errors.Unavailable": [(("m",), {}, I)],
     "rolloutd.controller.executors.base.ExecutorError": [(("m",), {}, I), (("m",), {"permanent": True}, C)],
     "rolloutd.controller.executors.logs.NoLogs": [((), {}, C)],
     "rolloutd.integrations.trl.rollouts.StalePolicy": [((), {}, I)],

@@ -39,3 +39,10 @@ def test_a_dataset_the_controller_cannot_read_is_a_422_naming_spec_tasks_source(
         assert r.status_code == 422 and "permission denied" in fields(r)["spec.tasks.source"], r.text
     assert apply(bad_api, example_yaml, "readable").status_code == 201
     bad_api.delete(f"{P}/readable")
+
+
+def test_handler_options_are_checked_against_the_handler_at_apply(bad_api, example_yaml):
+    r = apply(bad_api, example_yaml, "bad-option", options={"requireBoxd": True})
+    assert r.status_code == 422 and "require_boxd" in fields(r)["spec.tasks.options"], r.text
+    assert apply(bad_api, example_yaml, "boxed", options={"requireBoxed": True}).status_code == 201
+    bad_api.delete(f"{P}/boxed")
