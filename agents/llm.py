@@ -119,6 +119,25 @@ class RequestRejected(ConfigurationError):
     """The backend refused the request as invalid (the job's sampling fields or model name): a
     configuration error, neither the policy's nor the infrastructure's."""
 
+    @property
+    def field(self) -> str:
+        """The spec field the refusal points at: a token id the model lacks is the tokenizer's fault."""
+        return "spec.llm.tokenizer" if _VOCABULARY.search(str(self)) else "spec.agent.sampling"
+
+
+_VOCABULARY = re.compile(r"out of vocabulary|token id", re.IGNORECASE)
+
+
+def engine_message(text: str, limit: int = 300) -> str:
+    """The engine's own reason in an error answer (vLLM: `{"error": {"message": …}}` or `{"message": …}`)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:limit] or "(no body)"
+    err = body.get("error", body) if isinstance(body, dict) else body
+    message = err.get("message") if isinstance(err, dict) else None
+    return str(message if message else text.strip())[:limit]
+
 
 @runtime_checkable
 class LLMBackend(Protocol):
@@ -246,7 +265,7 @@ class VLLMBackend:
         if status == 400 and _OVERFLOW.search(text):
             return True
         if status in (400, 404, 422):
-            raise RequestRejected(f"{self.url}/v1/completions: HTTP {status}")
+            raise RequestRejected(f"{self.url}/v1/completions: HTTP {status}: {engine_message(text)}")
         raise BackendError(f"/v1/completions: HTTP {status}")
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:

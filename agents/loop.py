@@ -44,7 +44,7 @@ def _reason(e: Exception, run_timeout: float | None, waited: float | None, backe
     if isinstance(e, BackendError):
         return f"LLM backend: {e}"
     if isinstance(e, RequestRejected):
-        return f"spec.agent.sampling: the backend refused the request: {e}"
+        return f"{e.field}: the backend refused the request: {e}"
     if isinstance(e, ToolInfraError):
         return f"tool execution: {e}"
     if isinstance(e, asyncio.TimeoutError):

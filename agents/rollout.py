@@ -42,6 +42,16 @@ class AgentConfig:
     backend_wait: float | None = None
     agent_kind: str = "loop"
     agent_command: str | None = None
+    system_prompt: str | None = None  # the job's `agent.systemPrompt`: replaces the task kind's system message
+
+
+def with_system(messages: list[dict], prompt: str | None) -> list[dict]:
+    """`messages` with their system message replaced by `prompt` (added first when there is none); as they are
+    when `prompt` is None."""
+    if prompt is None:
+        return messages
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    return [{"role": "system", "content": prompt}, *rest]
 
 
 @dataclass

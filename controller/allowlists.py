@@ -98,9 +98,10 @@ def tokenizer_problem(path: str, allow: AllowLists | None = None) -> str | None:
     if path.startswith("~"):
         return "must not start with ~ (the daemon's home is not the controller's): give an absolute path"
     if not path.startswith("/"):
-        return ("must be an absolute path: tokenizers load offline only (a model hub name cannot load), and a "
-                "relative path would resolve against the daemon's working directory; `rolloutctl apply -f FILE` "
-                "resolves a relative path against FILE's directory")
+        return (f"{path!r} is not a tokenizer directory: no such directory beside the job file, and no model "
+                "rolloutd prepared by that name (`rolloutctl apply -f FILE` and the client's `apply(FILE)` look for "
+                "both; the API itself takes an absolute path only). Tokenizers load offline only, so a model hub "
+                "name cannot load: give the directory holding tokenizer.json")
     normal = posixpath.normpath(path)
     roots = allow.tokenizer_roots
     if any(normal == r or normal.startswith(r.rstrip("/") + "/") for r in roots):

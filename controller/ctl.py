@@ -3,7 +3,7 @@
     rolloutctl apply -f FILE|-                     create or update (prints created/configured/unchanged)
     rolloutctl get rolloutjobs [NAME] [-l SEL] [-o wide|yaml|json]
     rolloutctl describe rolloutjob NAME
-    rolloutctl delete rolloutjob NAME [--wait]
+    rolloutctl delete rolloutjob NAME [--wait] [--export F.jsonl] [--purge]   results kept unless --purge
     rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
@@ -31,14 +31,16 @@ import typer
 from rich.console import Console
 
 from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
-from rolloutd.crds.names import TERMINAL_PHASES
 
-from . import ctl_views as views, spec_paths
+from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
+from .ctl_follow import export_jsonl, follow_job
 from .ctl_logs import register as register_logs
+from .ctl_results import register as register_results
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
 from rolloutd.crds.documents import load_documents
+from rolloutd.crds import spec_paths
 
 app = typer.Typer(
     cls=NamespaceAnywhere,
@@ -49,8 +51,12 @@ app = typer.Typer(
 )
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+# `watch`, `wait`, `trajectories -f`, `delete --wait`: a controller restart is ridden through for this long
+FOLLOW_RETRY_SECONDS = 300.0
 register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
 register_logs(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl logs`
+register_results(app, lambda retry: _client(retry), lambda fn: _run(fn), lambda m, c=1: _fail(m, c),
+                 FOLLOW_RETRY_SECONDS)  # `rolloutctl trajectories`
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
 
 
@@ -78,9 +84,26 @@ def _global(
     _State.ca_file = ca_file
 
 
-def _client() -> RolloutClient:
+def _client(retry_for: float = 0.0) -> RolloutClient:
+    """The client of one command; a one-shot command fails at once when the controller cannot be reached
+    (as kubectl), a following one (`retry_for`) waits for a restarted controller."""
     return _run(lambda: RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
-                                                         ca_file=_State.ca_file)))
+                                                         ca_file=_State.ca_file), retry_for=retry_for))
+
+
+def _job_names(incomplete: str) -> list[str]:
+    """Shell completion of a job's name: the namespace's jobs that start with what was typed (nothing when the
+    controller cannot be reached: a TAB must never hang or print an error)."""
+    try:
+        client = RolloutClient(connection=resolve(_State.server, _State.token_file, namespace=_State.namespace,
+                                                  ca_file=_State.ca_file), timeout=2.0, retry_for=0)
+        names = [o["metadata"]["name"] for o in client.list()["items"]]
+    except Exception:  # noqa: BLE001 - completion offers nothing rather than fail
+        return []
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+JOB_NAME = {"autocompletion": _job_names}
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -166,9 +189,10 @@ def apply(
 @app.command()
 def get(
     resource: str = typer.Argument(..., help="rolloutjobs"),
-    name: Optional[str] = typer.Argument(None),
+    name: Optional[str] = typer.Argument(None, **JOB_NAME),
     selector: Optional[str] = typer.Option(None, "-l", "--selector", help="label selector, e.g. team=rl,env!=dev"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="wide|yaml|json"),
+    all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces", help="the jobs of every namespace"),
 ) -> None:
     """List RolloutJobs or show one."""
     _check_resource(resource)
@@ -180,21 +204,21 @@ def get(
         if output in ("yaml", "json"):
             return views.print_obj(out, items[0], output)
     else:
-        listing = _run(lambda: client.list(selector))
+        listing = _run(lambda: client.list(selector, all_namespaces=all_namespaces))
         if output in ("yaml", "json"):
             return views.print_obj(out, listing, output)
         items = listing["items"]
         if not items:
             err.print("No resources found.")
             return
-    print(views.jobs_table(items, wide=output == "wide"))
+    print(views.jobs_table(items, wide=output == "wide", namespaces=all_namespaces and not name))
 
 
 # ---------------------------------------------------------------- describe
 
 
 @app.command()
-def describe(resource: str = typer.Argument(...), name: str = typer.Argument(...)) -> None:
+def describe(resource: str = typer.Argument(...), name: str = typer.Argument(..., **JOB_NAME)) -> None:
     """Show a RolloutJob: spec summary, status, reward and stage times, conditions and events."""
     _check_resource(resource)
     client = _client()
@@ -215,17 +239,48 @@ def _stats(client: RolloutClient, name: str) -> dict[str, Any] | None:
 @app.command()
 def delete(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: Optional[str] = typer.Argument(None, **JOB_NAME),
+    selector: Optional[str] = typer.Option(None, "-l", "--selector", help="delete every job with these labels"),
     wait: bool = typer.Option(False, "--wait", help="return only once the job is gone"),
     timeout: str = typer.Option("300s", "--timeout"),
+    export: Optional[Path] = typer.Option(None, "--export", help="first write every trajectory to this JSONL file"),
+    purge: bool = typer.Option(False, "--purge", help="also remove its results now (else the controller keeps "
+                                                      "them for its retention period, 7 days by default)"),
 ) -> None:
-    """Delete a RolloutJob: running rollouts are cancelled, then the job is removed."""
+    """Delete RolloutJobs (NAME, or -l SELECTOR): running rollouts are cancelled, then the job is removed. Its
+    trajectories stay readable (`rolloutctl trajectories NAME`) for the controller's retention period unless --purge."""
     _check_resource(resource)
-    client = _client()
-    _run(lambda: client.delete(name))
-    print(f'rolloutjob.rolloutd.io "{name}" deleted')
-    if wait:
-        raise typer.Exit(_wait_for(client, name, "delete", _seconds(timeout)))
+    if (name is None) == (selector is None):
+        raise _fail("give a job's NAME or -l SELECTOR", 2)
+    if export is not None and name is None:
+        raise _fail("--export writes one job's trajectories: give its NAME", 2)
+    client = _client(FOLLOW_RETRY_SECONDS if wait or purge else 0.0)
+    names = [name] if name else [o["metadata"]["name"] for o in _run(lambda: client.list(selector))["items"]]
+    if not names:
+        err.print("No resources found.")
+    for job in names:
+        if export is not None:
+            n = _run(lambda: export_jsonl(client, job, export))
+            print(f"{n} trajectories of rolloutjob/{job} written to {export}")
+        if _run(lambda: _delete(client, job, missing_ok=purge)):  # --purge: the job may be gone already
+            print(f'rolloutjob.rolloutd.io "{job}" deleted')
+    for job in names if wait or purge else ():
+        code = _wait_for(client, job, "delete", _seconds(timeout))
+        if code:
+            raise typer.Exit(code)
+        if purge:
+            _run(lambda: client.purge_results(job))
+            print(f'results of rolloutjob "{job}" purged')
+
+
+def _delete(client: RolloutClient, name: str, missing_ok: bool) -> bool:
+    try:
+        client.delete(name)
+    except NotFound:
+        if not missing_ok:
+            raise
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- wait
@@ -271,7 +326,7 @@ def _wait_deleted(client: RolloutClient, name: str, timeout: float) -> int:
 @app.command()
 def wait(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: str = typer.Argument(..., **JOB_NAME),
     for_: str = typer.Option("condition=Complete", "--for",
                              help="condition=TYPE[=True|False], phase=PHASE, or delete"),
     timeout: str = typer.Option("600s", "--timeout", help="e.g. 30s, 10m"),
@@ -280,7 +335,7 @@ def wait(
     _check_resource(resource)
     if not (for_ == "delete" or re.fullmatch(r"(condition|phase)=[A-Za-z]+(=(True|False|Unknown))?", for_)):
         raise _fail(f"invalid --for {for_!r}: use condition=Complete, phase=Running or delete", 2)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS)
     raise typer.Exit(_run(lambda: _wait_for(client, name, for_, _seconds(timeout))))
 
 
@@ -290,64 +345,16 @@ def wait(
 @app.command()
 def watch(
     resource: str = typer.Argument(...),
-    name: str = typer.Argument(...),
+    name: str = typer.Argument(..., **JOB_NAME),
     timeout: str = typer.Option("24h", "--timeout"),
 ) -> None:
-    """Follow a RolloutJob live (per-stage counts) until it ends."""
-    from rich.live import Live
-
+    """Follow a RolloutJob live (per-stage counts) until it ends; a line per change when stdout is not a terminal."""
     _check_resource(resource)
-    client = _client()
+    client = _client(FOLLOW_RETRY_SECONDS)
     obj = _run(lambda: client.get(name))
     deadline = _seconds(timeout)
 
-    def follow() -> int:
-        nonlocal obj
-        with Live(views.progress_table(obj), console=out, auto_refresh=False, transient=False) as live:
-            if obj.get("status", {}).get("phase") in TERMINAL_PHASES:
-                return 0 if obj["status"]["phase"] == "Succeeded" else 1
-            for type_, new, _ in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=deadline):
-                if type_ == "DELETED":
-                    return 1
-                obj = new
-                live.update(views.progress_table(obj), refresh=True)
-                phase = obj.get("status", {}).get("phase")
-                if phase in TERMINAL_PHASES:
-                    return 0 if phase == "Succeeded" else 1
-        return 3
-
-    raise typer.Exit(_run(follow))
-
-
-# ---------------------------------------------------------------- trajectories
-
-
-@app.command()
-def trajectories(
-    name: str = typer.Argument(..., help="the RolloutJob"),
-    output: str = typer.Option("table", "-o", "--output", help="jsonl|table"),
-    follow: bool = typer.Option(False, "-f", "--follow", help="stream new ones until the job ends"),
-    cursor: int = typer.Option(0, "--cursor", help="start after this seq (resume)"),
-) -> None:
-    """Print a job's trajectories (JSON lines for programs, a table for people)."""
-    if output not in ("jsonl", "table"):
-        raise _fail(f"unknown output format {output!r} (jsonl, table)", 2)
-    client = _client()
-
-    def go() -> None:
-        table_rows = []
-        for t in client.trajectories(name, cursor=cursor, follow=follow):
-            if output == "jsonl":
-                sys.stdout.write(json.dumps(t, separators=(",", ":")) + "\n")
-                sys.stdout.flush()
-            elif follow:
-                print(views.trajectory_line(t), flush=True)
-            else:
-                table_rows.append(views.trajectory_line(t))
-        if output == "table" and not follow:
-            print("\n".join([views.TRAJECTORY_HEADER, *table_rows]))
-
-    _run(go)
+    raise typer.Exit(_run(lambda: follow_job(client, obj, deadline, out)))
 
 
 # ---------------------------------------------------------------- backends

@@ -8,16 +8,16 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from rolloutd.crds.crd import PRINTER_COLUMNS
+from rolloutd.crds.columns import PRINTER_COLUMNS, REWARD_MEAN
 
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
 LABELS = {"agentFailed": "agent-failed", "infraFailed": "infra-failed"}
-TRAJECTORY_HEADER = f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TOKENS':>6} {'NODE':<14} REASON"
+TRAJECTORY_HEADER = (f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TURNS':>5} {'TOKENS':>6} "
+                     f"{'NODE':<14} REASON")
 
 
 def counts(obj: dict[str, Any]) -> dict[str, int]:
@@ -39,6 +39,8 @@ def print_obj(out: Console, obj: Any, output: str) -> None:
     if output == "json":
         out.print_json(json.dumps(obj)) if sys.stdout.isatty() else print(json.dumps(obj, indent=2))
     else:
+        import yaml
+
         print(yaml.safe_dump(obj, sort_keys=False), end="")
 
 
@@ -54,13 +56,15 @@ def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
     return f"{cur:.3g}" if column["type"] == "number" else str(cur)
 
 
-def jobs_table(items: list[dict[str, Any]], wide: bool) -> str:
+def jobs_table(items: list[dict[str, Any]], wide: bool, namespaces: bool = False) -> str:
     """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values,
     laid out as kubectl does (each column as wide as its widest cell, three spaces apart): never cut to fit a
     terminal, whose lines wrap instead (a rich table shrank NAME to nothing on a narrow one)."""
     columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
-    rows = [["NAME", *(c["name"].upper() for c in columns)]]
-    rows += [[o["metadata"]["name"], *(cell(o, c) for c in columns)] for o in items]
+    ns = ["NAMESPACE"] if namespaces else []  # `get -A`: kubectl's first column
+    rows = [[*ns, "NAME", *(c["name"].upper() for c in columns)]]
+    rows += [[*([o["metadata"].get("namespace", "default")] if namespaces else []), o["metadata"]["name"],
+              *(cell(o, c) for c in columns)] for o in items]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -99,7 +103,7 @@ def describe_text(obj: dict[str, Any], events: list[dict[str, Any]], stats: dict
         f"  Completed:   {st.get('completionTime') or '-'}",
         "  Rollouts:    " + ", ".join(f"{LABELS.get(k, k)} {counts(obj).get(k, 0)}" for k in STAGES)
         + f"; total {counts(obj).get('total', 0)}",
-        f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} (mean of the scored)",
+        f"  Reward:      {'-' if st.get('rewardMean') is None else st['rewardMean']} ({REWARD_MEAN})",
         *stage_lines(stats),
         "Conditions:",
     ]
@@ -144,11 +148,21 @@ def progress_table(obj: dict[str, Any]) -> Table:
     return table
 
 
+def progress_line(obj: dict[str, Any]) -> str:
+    """`watch`'s line per change when stdout is not a terminal (a Slurm log, a pipe)."""
+    st, c = obj.get("status", {}), counts(obj)
+    stages = " ".join(f"{LABELS.get(s, s)}={c.get(s, 0)}" for s in STAGES)
+    message = f"  {st['message']}" if st.get("message") else ""
+    return (f"rolloutjob/{obj['metadata']['name']} phase {st.get('phase', 'Pending')} nodes={st.get('nodes', 0)}/"
+            f"{obj['spec']['executor']['nodes']} {stages} total={c.get('total', 0)}{message}")
+
+
 def trajectory_line(t: dict[str, Any]) -> str:
     reward = "-" if t.get("reward") is None else f"{t['reward']:.3g}"
     fail = t.get("failure", {})
     return (f"{t['seq']:>5} {t['prompt']:>6} {t['sample']:>6} {reward:>7} {fail.get('kind', 'none'):<8} "
-            f"{len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} {fail.get('reason', '')}")
+            f"{len(t.get('turns') or []):>5} {len(t.get('tokenIds', [])):>6} {str(t.get('node') or '-'):<14} "
+            f"{fail.get('reason', '')}")
 
 
 def print_backends(items: list[dict[str, Any]]) -> None:

@@ -85,7 +85,8 @@ class TooManyRequests(ApiError):
 
 
 class ServiceUnavailable(ApiError):
-    """Not the request's fault and not a bug: the store's disk is full or read-only, or its file is gone."""
+    """Not the request's fault and not a bug, and answered with `Retry-After`: the store's disk is full or
+    read-only or its file is gone, or the controller is stopping (a restart: the same call succeeds once it is back)."""
     code, reason = 503, "ServiceUnavailable"
 
 

@@ -69,7 +69,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
-                          node_calls_per_second=settings.node_calls_per_second)
+                          node_calls_per_second=settings.node_calls_per_second,
+                          result_retention=settings.result_retention_seconds)
     app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens),
                      allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -214,9 +215,13 @@ def server_config(app: object, host: str, port: int, log_level: str = "info",
 
 
 class _Server(uvicorn.Server):
-    """Stops the operator first on exit: its watch is an open connection the server would wait for."""
+    """Stops the operator first on exit (its watch is an open connection the server would wait for) and answers
+    the trainers' long polls, which would otherwise be cancelled mid-wait after the graceful timeout (a 500)."""
 
     async def shutdown(self, sockets=None) -> None:
+        scheduler = getattr(self.config.app.state, "scheduler", None)
+        if scheduler is not None:  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
+            scheduler.feed.stop()
         stop = getattr(self.config.app.state, "stop_operator", None)
         if stop is not None:
             await stop()

@@ -2,7 +2,11 @@
 
 Called by the write routes' validation (`kube/validate.py`, after the controller's policy) so that a job that
 cannot run is a 422 naming the field at apply, not a job that fails, or silently "succeeds", later:
-- the task kind's handler runs the job's `agent.kind` (`TaskHandler.agent_kinds`; e.g. math runs the loop only);
+- the task kind is one this controller knows (it reads the dataset with that kind's handler) and runs the job's
+  `agent.kind` (`TaskHandler.agent_kinds`; e.g. math runs the loop only);
+- on create by the admin (`check_dataset`, from `kube/admit.py`): `tasks.source` exists and the controller may
+  read it (a tenant's job reads beneath its data roots without following links: a stat here would tell it which
+  files exist elsewhere, so its load fails the job instead, naming spec.tasks.source);
 - `tasks.source` is an absolute path (a relative one would resolve against whichever directory the controller
   or a daemon runs in; `rolloutctl apply -f` resolves it against the file's directory before sending);
 - `llm.tokenizer` is an absolute path (`policy.tokenizer_problem`) and, where the controller sees the node's
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from rolloutd.agents.tasks import UnknownTaskKind, get_handler
+from rolloutd.agents.tasks.base import UnknownTaskKind, get_handler, handler_options
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .errors import Invalid
@@ -29,8 +33,16 @@ def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
     spec, problems = job.spec, []
     try:
         kinds = type(get_handler(spec.tasks.kind)).agent_kinds
-    except (UnknownTaskKind, TypeError):
-        kinds = None  # an unknown kind fails the job when its dataset is read, naming it
+    except UnknownTaskKind as e:  # this controller reads the dataset with the kind's handler: it can never run
+        problems.append(("spec.tasks.kind", str(e)))
+        kinds = None
+    except TypeError:
+        kinds = None
+    if kinds is not None and spec.tasks.options:
+        try:
+            get_handler(spec.tasks.kind, **handler_options(spec.tasks.options))
+        except (TypeError, ValueError) as e:  # an option the handler does not take, or a value it refuses
+            problems.append(("spec.tasks.options", f"task kind {spec.tasks.kind!r}: {e}"))
     if kinds is not None and spec.agent.kind not in kinds:
         problems.append(("spec.agent.kind", f"task kind {spec.tasks.kind!r} (spec.tasks.kind) runs agent.kind "
                                             f"{' or '.join(kinds)}, not {spec.agent.kind!r}"))
@@ -43,6 +55,24 @@ def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
         problems.append(("spec.llm.tokenizer", f"{tokenizer} is not a directory on this machine (tokenizers load "
                                                "offline only, from the directory holding tokenizer.json)"))
     return problems
+
+
+def check_dataset(job: RolloutJob) -> None:
+    """422 naming spec.tasks.source when the controller, which reads the dataset to expand the job, cannot."""
+    source = job.spec.tasks.source
+    why = unreadable(source) if os.path.isabs(source) else None
+    if why is not None:
+        raise Invalid(f"RolloutJob is invalid: spec.tasks.source: {source}: {why}", name=job.metadata.name,
+                      causes=[{"field": "spec.tasks.source", "reason": "FieldValueInvalid", "message": f"{source}: {why}"}])
+
+
+def unreadable(path: str) -> str | None:
+    """Why the controller cannot read the dataset at `path` (checked after the tenant's data roots), or None."""
+    if not os.path.exists(path):
+        return "no such file or directory on the controller (it reads the dataset to expand the job)"
+    if not os.access(path, os.R_OK):
+        return "the controller may not read it (permission denied)"
+    return None
 
 
 def check_spec(job: RolloutJob) -> None:

@@ -63,6 +63,9 @@ class AgentSpec(Model):
                               description="the tools the agent loop offers the model")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="how each turn is sampled")
     drift_check: bool = Field(default=False, description="re-tokenize decoded conversations and report drift")
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=65536,
+                                      description="loop: the conversation's system message, instead of the task "
+                                                  "kind's own (which also names the tools and `submit`)")
 
     @field_validator("command")
     @classmethod

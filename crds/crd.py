@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from .columns import PRINTER_COLUMNS
 from .rolloutjob import GROUP, KIND, VERSION, RolloutJobSpec, RolloutJobStatus
 
 CRD_PATH = Path(__file__).with_name("rolloutjob.yaml")
@@ -70,26 +71,6 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 def _schema(model: type) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(raw, raw.get("$defs", {}))
-
-
-# The job table's columns, for `kubectl get` (here) and `rolloutctl get` (`controller/ctl_views.py`) alike: one
-# vocabulary (scored / agent-failed / infra-failed / cancelled, as `StageCounts`); priority 1: `-o wide` only.
-PRINTER_COLUMNS: list[dict[str, Any]] = [
-    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes", "description": "node daemons registered"},
-    {"name": "Scored", "type": "integer", "jsonPath": ".status.counts.scored"},
-    {"name": "Agent-Failed", "type": "integer", "jsonPath": ".status.counts.agentFailed"},
-    {"name": "Infra-Failed", "type": "integer", "jsonPath": ".status.counts.infraFailed"},
-    {"name": "Total", "type": "integer", "jsonPath": ".status.counts.total"},
-    {"name": "Reward", "type": "number", "jsonPath": ".status.rewardMean"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    {"name": "Cancelled", "type": "integer", "jsonPath": ".status.counts.cancelled", "priority": 1},
-    {"name": "Requested", "type": "integer", "jsonPath": ".spec.executor.nodes", "priority": 1,
-     "description": "nodes asked for"},
-    {"name": "Executor", "type": "string", "jsonPath": ".spec.executor.kind", "priority": 1},
-    {"name": "Tasks", "type": "string", "jsonPath": ".spec.tasks.kind", "priority": 1},
-    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
-]
 
 
 def build_crd() -> dict[str, Any]:

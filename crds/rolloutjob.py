@@ -90,6 +90,18 @@ class TasksSpec(Model):
                       pattern=r"^[a-z][a-z0-9_-]*$")
     source: str = Field(description="JSON-lines dataset (path on the controller's filesystem)")
     limit: int | None = Field(default=None, ge=1, description="use only the first N prompts")
+    options: dict[str, Any] = Field(
+        default_factory=dict, max_length=64,
+        description="the task handler's options (math: requireBoxed), checked at apply against the handler; "
+                    "each a string, number or boolean")
+
+    @field_validator("options")
+    @classmethod
+    def _scalar_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        bad = [k for k, v in options.items() if not isinstance(v, (str, int, float, bool)) or v is None]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: an option is a string, a number or a boolean")
+        return options
 
 
 class SandboxLimits(Model):

@@ -92,6 +92,8 @@ VARIABLES: tuple[Variable, ...] = (
              "the controller-wide default of `llm.maxEpisodesPerBackend`"),
     Variable("ROLLOUTD_NODE_CALLS_PER_SECOND", "number", "250", (CONTROLLER,),
              "how many node protocol calls a second the controller takes before answering 429"),
+    Variable("ROLLOUTD_RESULT_RETENTION_SECONDS", "number", "604800 (7 days)", (CONTROLLER,),
+             "how long a deleted job's trajectories stay readable (from its last result) before they are purged"),
     Variable("ROLLOUTD_WATCH_HISTORY", "int", "50000", (CONTROLLER,),
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
@@ -190,6 +192,7 @@ class ControllerSettings:
     max_episodes_per_backend: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
+    result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
     stall_samples: Path | None = None
     k8s_namespace: str | None = None
     k8s_node_image: str | None = None

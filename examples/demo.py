@@ -77,7 +77,7 @@ def main() -> int:
             link.unlink()
         link.symlink_to(engine.model_dir)
 
-    from rolloutd.controller.spec_paths import resolve_paths  # what `rolloutctl apply -f` does to the file
+    from rolloutd.crds.spec_paths import resolve_paths  # what `rolloutctl apply -f` does to the file
 
     doc = resolve_paths(doc, SPEC.parent)
     cport = free_port()

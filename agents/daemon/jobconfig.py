@@ -16,7 +16,7 @@ from rolloutd.sandbox import SandboxSpec
 
 from ..llm import SamplingParams
 from ..rollout import AgentConfig, RolloutContext
-from ..tasks.base import TaskHandler, get_handler
+from ..tasks.base import TaskHandler, get_handler, handler_options
 from .options import NodeError
 
 SANDBOX_TOOLS = frozenset({"bash", "ipython", "editor"})
@@ -67,7 +67,8 @@ class JobConfig:
               policy: TenantPolicySpec | None = None, policy_name: str | None = None,
               sandbox_settings: SandboxSettings | None = None) -> "JobConfig":
         try:
-            handler = handler if handler is not None else get_handler(spec.tasks.kind)
+            options = handler_options(spec.tasks.options)  # checked at apply against this handler
+            handler = handler if handler is not None else get_handler(spec.tasks.kind, **options)
         except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
             raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
         handler.roots = None if policy is None else list(policy.data_roots)  # files it reads after load, too
@@ -80,7 +81,7 @@ class JobConfig:
             max_turns=spec.agent.max_turns, max_tokens_per_turn=s.max_tokens_per_turn,
             max_total_tokens=s.max_total_tokens, tools=tools, sampling=sampling_params(s),
             action_timeout=t.action_seconds, drift_check=spec.agent.drift_check, run_timeout=t.run_seconds,
-            agent_kind=spec.agent.kind, agent_command=spec.agent.command,
+            agent_kind=spec.agent.kind, agent_command=spec.agent.command, system_prompt=spec.agent.system_prompt,
         )
         # a handler with per-task images (harbor) starts its own: warm ones of the job's image would idle
         warm = 0 if handler.sandbox_spec is not None else spec.sandbox.warm

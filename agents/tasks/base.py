@@ -190,12 +190,13 @@ class TaskHandler(ABC):
                   ctx: Any) -> Trajectory:
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
         from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
+        from rolloutd.agents.rollout import with_system
 
         kind = getattr(config, "agent_kind", "loop")
         if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here
             raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
-            self.messages(task, list(config.tools)),
+            with_system(self.messages(task, list(config.tools)), getattr(config, "system_prompt", None)),
             sandbox=sandbox, llm=llm, tokenizer=tokenizer, config=config, ctx=ctx,
         )
         return stash_answer(result.trajectory, submitted=result.submitted, final_text=result.final_text)
@@ -254,6 +255,11 @@ def _entry_points() -> dict[str, list[Any]]:
 def known_kinds() -> list[str]:
     """Every task kind registered in the `rolloutd.tasks` entry-point group."""
     return sorted(_entry_points())
+
+
+def handler_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A job's `spec.tasks.options` as the handler's keyword arguments (`requireBoxed` → `require_boxed`)."""
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in options.items()}
 
 
 def get_handler(kind: str, **options: Any) -> TaskHandler:

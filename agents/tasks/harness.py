@@ -44,9 +44,18 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
         result = await sandbox.bash(f"{exports}cd {shlex.quote(workdir)} && ({config.agent_command}) < {INSTRUCTION} "
                                     f"> /logs/agent/harness.txt 2>&1; echo \"harness-exit=$?\"", timeout=timeout)
+        # no model call: the harness's own words say why (a login prompt, an unknown model, a missing key)
+        printed = "" if gateway.calls else await _tail(sandbox, "/logs/agent/harness.txt")
     finally:
         await gateway.stop()
-    return _trajectory(gateway, tokenizer, ctx, result)
+    return _trajectory(gateway, tokenizer, ctx, result, printed)
+
+
+async def _tail(sandbox: Any, path: str) -> str:
+    try:
+        return (await sandbox.bash(f"tail -c 400 {path}", session="tail", timeout=10)).output
+    except Exception:  # noqa: BLE001 - the reason is worth having, not worth failing the rollout over
+        return ""
 
 
 def harness_env(port: int) -> dict[str, str]:
@@ -57,7 +66,7 @@ def harness_env(port: int) -> dict[str, str]:
             "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "rolloutd", "ANTHROPIC_AUTH_TOKEN": "rolloutd"}
 
 
-def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Trajectory:
+def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any, printed: str = "") -> Trajectory:
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
@@ -87,6 +96,11 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any) -> Traj
     elif gateway.rejected:
         t.failure = Failure(kind=FailureKind.config, reason="spec.agent.sampling: the backend refused a call "
                                                             f"through the gateway: {gateway.rejected}")
+    elif not gateway.calls and tokenizer is not None:  # nothing the policy generated: no sample to train on
+        printed = " ".join(printed.split())[-300:] or "(nothing)"
+        t.failure = Failure(kind=FailureKind.config, reason=(
+            "spec.agent.command: the harness made no model call through rolloutd's gateway (its model name or "
+            f"offline variables are not the ones the harness needs: see the harness table); it printed: {printed}"))
     elif result.timed_out:
         t.failure = Failure(kind=FailureKind.agent, reason="the harness did not finish within its time")
     return stash_answer(t, submitted=None, final_text="")

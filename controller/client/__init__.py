@@ -13,16 +13,25 @@ import-light modules, so it installs in a trainer's environment without the cont
 being imported. Modules: `connection` (server and token), `errors`, `calls` (one request each),
 `core` (the loops' state: streams with retry, waits, long-polls), `sync`, `aio`, `batch` (`Batch.to_arrays`).
 """
-from .aio import AsyncRolloutClient
 from .batch import Batch, Group, grpo_advantages, sequences
+from .calls import load_job
 from .connection import Connection, resolve
 from .errors import (
     BadRequest, Conflict, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized, WaitTimeout,
 )
 from .sync import RolloutClient
 
+
+def __getattr__(name: str):
+    """`AsyncRolloutClient` on first use: asyncio costs a command-line call (`rolloutctl get`) ~20 ms it never needs."""
+    if name == "AsyncRolloutClient":
+        from .aio import AsyncRolloutClient
+
+        return AsyncRolloutClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",
     "Invalid", "JobEnded", "NotFound", "RolloutClient", "RolloutdError", "Unauthorized", "WaitTimeout",
-    "grpo_advantages", "resolve", "sequences",
+    "grpo_advantages", "load_job", "resolve", "sequences",
 ]

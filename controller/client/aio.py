@@ -16,8 +16,10 @@ from rolloutd.crds.names import job_key
 from .batch import Batch, Group
 from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
-from .core import BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, still_exists, unfilled
-from .errors import NotFound, status_error, unreachable
+from .core import (BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, job_over, still_exists,
+                   unfilled)
+from .errors import NotFound, RolloutdError, status_error, unreachable
+from .retry import RETRY_FOR_SECONDS, RETRY_STATUS, Retry
 
 
 class AsyncRolloutClient:
@@ -26,10 +28,11 @@ class AsyncRolloutClient:
     def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
                  namespace: str | None = None, ca_file: str | Path | None = None,
                  connection: Connection | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 retry_for: float | None = RETRY_FOR_SECONDS, transport: httpx.AsyncBaseTransport | None = None):
         self.conn = connection or resolve(server, token_file, token, namespace, ca_file)
         self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
         self.http = httpx.AsyncClient(**client_options(self.conn, timeout), transport=transport)
+        self.retry_for = retry_for
         self.retry_backoff = 0.2
         self._pending: dict[str, int] = {}
 
@@ -47,17 +50,27 @@ class AsyncRolloutClient:
     def _key(self, name: str) -> str:
         return job_key(self.namespace, name)
 
-    async def _do(self, call: Call) -> Any:
-        try:
-            r = await self.http.request(call.method, call.path, **call.kwargs())
-        except httpx.TransportError as e:
-            raise unreachable(self.conn.server, e) from None
-        if r.status_code >= 400:
-            raise status_error(r)
-        return call.result(r)
+    def _retry(self, deadline: float | None = None) -> Retry:
+        return Retry(self.conn.server, self.retry_for, deadline, self.retry_backoff)
+
+    async def _do(self, call: Call, retry: Retry | None = None) -> Any:
+        retry = retry or self._retry()
+        while True:
+            try:
+                r = await self.http.request(call.method, call.path, **call.kwargs())
+            except httpx.TransportError as e:
+                await asyncio.sleep(retry.after(e, call.idempotent))
+                continue
+            if r.status_code in RETRY_STATUS:
+                await asyncio.sleep(retry.after(status_error(r), call.idempotent, r.headers.get("retry-after")))
+                continue
+            if r.status_code >= 400:
+                raise status_error(r)
+            retry.ok()
+            return call.result(r)
 
     async def _stream(self, stream: Stream):
-        """Run a core stream: open, feed lines, resume after a drop (back-off from the stream)."""
+        """Run a core stream: open, feed lines, resume after a drop or a restart (back-off from the stream)."""
         while (call := stream.next_call()) is not None:
             try:
                 async with self.http.stream(call.method, call.path, **call.kwargs()) as r:
@@ -68,10 +81,24 @@ class AsyncRolloutClient:
                     async for line in r.aiter_lines():
                         if (item := stream.feed(line)) is not None:
                             yield item
-                if stream.final:
+                if stream.final or (stream.final is None and job_over(await self._job_or_none(stream.name))):
                     return
             except (httpx.TransportError, ValueError) as e:
-                await asyncio.sleep(stream.failed(self.conn.server, e))
+                await asyncio.sleep(stream.failed(e))
+            except NotFound:
+                if stream.final is None and stream.resumed:  # deleted while the stream was down: it is complete
+                    return
+                raise
+            except RolloutdError as e:
+                if e.code not in RETRY_STATUS:
+                    raise
+                await asyncio.sleep(stream.failed(e))
+
+    async def _job_or_none(self, key: str) -> dict[str, Any] | None:
+        try:
+            return await self._do(Calls.get(key))
+        except NotFound:
+            return None
 
     # ------------------------------------------------------------ jobs
 
@@ -84,8 +111,8 @@ class AsyncRolloutClient:
     async def get(self, name: str) -> dict[str, Any]:
         return await self._do(Calls.get(self._key(name)))
 
-    async def list(self, selector: str | None = None) -> dict[str, Any]:
-        return await self._do(Calls.list(selector, self.namespace))
+    async def list(self, selector: str | None = None, all_namespaces: bool = False) -> dict[str, Any]:
+        return await self._do(Calls.list(selector, None if all_namespaces else self.namespace))
 
     async def events(self, name: str) -> list[dict[str, Any]]:
         return await self._do(Calls.events(self._key(name)))
@@ -116,14 +143,16 @@ class AsyncRolloutClient:
 
     def watch(self, name: str | None = None, since: str | None = None,
               timeout: float | None = None) -> AsyncIterator[tuple[str, dict[str, Any], str | None]]:
-        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff))
+        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff,
+                                        self.conn.server, self.retry_for))
 
     # ------------------------------------------------------------ results
 
     async def trajectories(self, name: str, cursor: int = 0, follow: bool = False,
                            timeout: float | None = None, page: int = 1000) -> AsyncIterator[dict[str, Any]]:
         if follow:
-            async for t in self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff)):
+            async for t in self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff,
+                                                         self.conn.server, self.retry_for)):
                 yield t
             return
         while True:
@@ -146,6 +175,10 @@ class AsyncRolloutClient:
                     yield line
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
+
+    async def purge_results(self, name: str) -> dict[str, Any]:
+        """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
+        return await self._do(Calls.purge_results(self._key(name)))
 
     async def stats(self, name: str) -> dict[str, Any]:
         return await self._do(Calls.stats(self._key(name)))
@@ -171,8 +204,9 @@ class AsyncRolloutClient:
     async def batch(self, name: str, k: int, wait: bool = True, timeout: float | None = None,
                     all_groups: bool = False) -> Batch:
         poll = BatchPoll(self._key(name), k, wait, timeout, all_groups)
+        retry = self._retry(poll.deadline)
         while True:
-            b = Batch.from_wire(await self._do(poll.call()))
+            b = Batch.from_wire(await self._do(poll.call(), retry))
             if poll.done(b):
                 return b
 

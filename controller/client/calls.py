@@ -29,7 +29,10 @@ APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates (cont
 
 
 def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
-    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text."""
+    """A RolloutJob document from a mapping, a path to a YAML/JSON file, or YAML/JSON text. From a file, its
+    relative `spec.tasks.source` and `spec.llm.tokenizer` are resolved against the file's directory, as
+    `rolloutctl apply -f FILE` does (`crds/spec_paths.py`); a mapping or text is sent as it is."""
+    base = None
     if isinstance(job, dict):
         doc = job
     else:
@@ -39,9 +42,14 @@ def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
                 text = Path(job).expanduser().read_text()
             except OSError as e:
                 raise RolloutdError(f"cannot read {job}: {e.strerror}") from None
+            base = Path(job).expanduser().parent
         else:
             text = job
         doc = _parse_text(text, str(job) if text is not job else "<text>")
+    if base is not None and isinstance(doc, dict):
+        from rolloutd.crds.spec_paths import resolve_paths
+
+        doc = resolve_paths(doc, base)
     if not isinstance(doc, dict):
         raise RolloutdError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
     if not (doc.get("metadata") or {}).get("name"):
@@ -84,6 +92,12 @@ class Call:
     timeout: Any = "default"      # "default": the client's; else an httpx timeout (None = wait forever)
     headers: dict[str, str] | None = None
     decode: Any = None            # callable(httpx.Response) -> value; default: the JSON body
+    # safe to send again after a connection lost mid-answer (GET, PUT; POST/DELETE only where said)
+    idempotent: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.idempotent is None:
+            self.idempotent = self.method in ("GET", "PUT")
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -126,8 +140,9 @@ class Calls:
         return Call("GET", job_path(name))
 
     @staticmethod
-    def list(selector: str | None, namespace: str) -> Call:
-        params = {"fieldSelector": f"metadata.namespace={namespace}"}
+    def list(selector: str | None, namespace: str | None) -> Call:
+        """The jobs of `namespace` (None: of every namespace the token may see), narrowed by a label selector."""
+        params = {"fieldSelector": f"metadata.namespace={namespace}"} if namespace is not None else {}
         return Call("GET", JOBS, params={**params, "labelSelector": selector} if selector else params)
 
     @staticmethod
@@ -161,11 +176,16 @@ class Calls:
         return Call("GET", job_path(name, "trajectories"), params={"cursor": cursor, "limit": limit}, decode=decode)
 
     @staticmethod
+    def purge_results(name: str) -> Call:
+        return Call("DELETE", job_path(name, "trajectories"), idempotent=True)
+
+    @staticmethod
     def request_batch(name: str, batch: int | None = None, prompts: list[int] | None = None) -> Call:
         body: dict[str, Any] = {} if batch is None else {"batch": batch}
         if prompts is not None:
             body["prompts"] = [int(p) for p in prompts]
-        return Call("POST", job_path(name, "batches"), json=body)
+        # the server answers the current batch while it is open: a retry after a lost answer gets the same one
+        return Call("POST", job_path(name, "batches"), json=body, idempotent=True)
 
     @staticmethod
     def batch(name: str, k: int, wait: bool, timeout: float | None, all_groups: bool) -> Call:

@@ -3,8 +3,9 @@ job's condition, long-polls for a batch, groups assembled from trajectories. Sta
 `sync.RolloutClient` and `aio.AsyncRolloutClient` each drive them with a few lines of their own I/O.
 
 A stream (`WatchStream`, `TrajectoryStream`) says which request to (re)open next (`next_call`; None
-once its deadline passed), what each line yields (`feed`), whether a clean end is the end (`final`),
-and how long to back off after a failure (`failed`; `ConnectionFailed` after `STREAM_RETRIES` in a row).
+once its deadline passed), what each line yields (`feed`), whether a clean end is the end (`final`; None:
+only once the job ended, which the client checks), and how long to back off after a failure (`failed`,
+from its `retry.Retry`: the error once the client's `retry_for` or the stream's deadline is spent).
 """
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ import json
 import time
 from typing import Any
 
-from rolloutd.crds.aiokit import backoff_delay
 from rolloutd.crds.names import TERMINAL_PHASES
 
 from .calls import POLL_SLICE_SECONDS, Call, Calls, trajectory_line
-from .errors import ConnectionFailed, JobEnded, WaitTimeout
-
-STREAM_RETRIES = 5
-MAX_RETRY_DELAY = 5.0  # seconds
+from .errors import JobEnded, WaitTimeout
+from .retry import Retry
 
 
 def deadline_after(timeout: float | None) -> float | None:
@@ -58,12 +56,15 @@ class Stream:
     """A server stream resumed after drops until its deadline; subclasses say what a line means."""
 
     what = "the stream"
-    final = True  # a clean end of the response ends the stream (False: reconnect until the deadline)
+    # a clean end of the response ends the stream (False: reconnect until the deadline; None: end only if the
+    # job ended, else the controller stopped mid-stream and the stream resumes from the one that comes back)
+    final: bool | None = True
 
-    def __init__(self, timeout: float | None, retry_backoff: float):
+    def __init__(self, timeout: float | None, retry_backoff: float, server: str = "",
+                 retry_for: float | None = None):
         self.deadline = deadline_after(timeout)
-        self.retry_backoff = retry_backoff
-        self.failures = 0
+        self.retry = Retry(server, retry_for, self.deadline, initial=retry_backoff)
+        self.resumed = False  # a response was open before: this is a reconnection
 
     def next_call(self) -> Call | None:
         left = time_left(self.deadline)
@@ -76,17 +77,16 @@ class Stream:
 
     def opened(self) -> None:
         """A response started (its status was fine)."""
+        self.resumed = True
 
     def feed(self, line: str) -> Any:
         """What `line` yields to the caller, or None."""
         raise NotImplementedError
 
-    def failed(self, server: str, e: Exception) -> float:
-        """The delay before reconnecting after `e` (a transport error or a torn line)."""
-        self.failures += 1
-        if self.failures > STREAM_RETRIES:
-            raise ConnectionFailed(f"{self.what} from {server} keeps failing: {e}") from None
-        return backoff_delay(self.failures, initial=self.retry_backoff, maximum=MAX_RETRY_DELAY)
+    def failed(self, e: Exception, retry_after: str | None = None) -> float:
+        """The delay before reconnecting after `e` (a transport error, a torn line, a 502/503/504), or `e` raised
+        (as `ConnectionFailed` for a transport error) once retrying is over."""
+        return self.retry.after(e, True, retry_after)
 
 
 class WatchStream(Stream):
@@ -96,8 +96,8 @@ class WatchStream(Stream):
     final = False  # the server ends a watch (restart, its timeout): reconnect from `last`
 
     def __init__(self, name: str | None, namespace: str, since: str | None, timeout: float | None,
-                 retry_backoff: float):
-        super().__init__(timeout, retry_backoff)
+                 retry_backoff: float, server: str = "", retry_for: float | None = None):
+        super().__init__(timeout, retry_backoff, server, retry_for)
         self.name, self.namespace, self.last = name, namespace, since
         self.parser = SSEParser()
 
@@ -105,13 +105,14 @@ class WatchStream(Stream):
         return Calls.watch(self.name, self.namespace, self.last, left)
 
     def opened(self) -> None:
+        super().opened()
         self.parser = SSEParser()
 
     def feed(self, line: str) -> tuple[str, dict[str, Any], str | None] | None:
         ev = self.parser.feed(line)
         if ev is None:
             return None
-        self.failures = 0
+        self.retry.ok()
         self.last = ev[2] or self.last
         return None if ev[0] == "BOOKMARK" else ev
 
@@ -120,9 +121,11 @@ class TrajectoryStream(Stream):
     """`trajectories(follow=True)`: each trajectory once, resumed after the last `seq` received."""
 
     what = "the trajectory stream"
+    final = None  # the server ends it when the job ended and all was sent, or when it stops (a restart)
 
-    def __init__(self, name: str, cursor: int, timeout: float | None, retry_backoff: float):
-        super().__init__(timeout, retry_backoff)
+    def __init__(self, name: str, cursor: int, timeout: float | None, retry_backoff: float, server: str = "",
+                 retry_for: float | None = None):
+        super().__init__(timeout, retry_backoff, server, retry_for)
         self.name, self.cursor = name, cursor
 
     def call(self, left: float | None) -> Call:
@@ -131,9 +134,14 @@ class TrajectoryStream(Stream):
     def feed(self, line: str) -> dict[str, Any] | None:
         t = trajectory_line(line)
         if t is not None:
-            self.failures = 0
+            self.retry.ok()
             self.cursor = t["seq"]
         return t
+
+
+def job_over(obj: dict[str, Any] | None) -> bool:
+    """Whether a job (None: deleted) has ended: a trajectory stream that ended cleanly is then complete."""
+    return obj is None or (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
 def condition_met(obj: dict[str, Any], condition: str) -> tuple[bool, str | None]:

@@ -17,8 +17,10 @@ from rolloutd.crds.names import job_key
 from .batch import Batch, Group
 from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
-from .core import BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, still_exists, unfilled
+from .core import (BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, job_over, still_exists,
+                   unfilled)
 from .errors import NotFound, RolloutdError, status_error, unreachable
+from .retry import RETRY_FOR_SECONDS, RETRY_STATUS, Retry
 
 
 class RolloutClient:
@@ -31,17 +33,21 @@ class RolloutClient:
 
     Errors are `RolloutdError` subclasses carrying the server's Status (`reason`, `code`,
     `causes`); `ConnectionFailed` when the controller cannot be reached.
+    A controller restart is ridden through: every call and stream retries an unreachable or stopping
+    controller (back-off with jitter) for up to `retry_for` seconds in a row (None: no limit; 0: never),
+    and never past the call's own `timeout`; streams and long polls resume where they were.
     `transport=` (an `httpx.BaseTransport`) is the test seam.
     """
 
     def __init__(self, server: str | None = None, *, token: str | None = None, token_file: str | Path | None = None,
                  namespace: str | None = None, ca_file: str | Path | None = None,
                  connection: Connection | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+                 retry_for: float | None = RETRY_FOR_SECONDS, transport: httpx.BaseTransport | None = None):
         self.conn = connection or resolve(server, token_file, token, namespace, ca_file)
         self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
         self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
-        self.retry_backoff = 0.2  # seconds, doubled per consecutive failure of a stream (`core.Stream.failed`)
+        self.retry_for = retry_for
+        self.retry_backoff = 0.2  # seconds, the first delay of a retry (doubled per failure in a row, to 5 s)
         self._pending: dict[str, int] = {}  # job → batch requested by next_batch but not yet returned
 
     def close(self) -> None:
@@ -58,17 +64,28 @@ class RolloutClient:
     def _key(self, name: str) -> str:
         return job_key(self.namespace, name)
 
-    def _do(self, call: Call) -> Any:
-        try:
-            r = self.http.request(call.method, call.path, **call.kwargs())
-        except httpx.TransportError as e:
-            raise unreachable(self.conn.server, e) from None
-        if r.status_code >= 400:
-            raise status_error(r)
-        return call.result(r)
+    def _retry(self, deadline: float | None = None) -> Retry:
+        return Retry(self.conn.server, self.retry_for, deadline, self.retry_backoff)
+
+    def _do(self, call: Call, retry: Retry | None = None) -> Any:
+        """Send `call`, retried through a restart (`retry.Retry`); its answer, or the typed error."""
+        retry = retry or self._retry()
+        while True:
+            try:
+                r = self.http.request(call.method, call.path, **call.kwargs())
+            except httpx.TransportError as e:
+                time.sleep(retry.after(e, call.idempotent))
+                continue
+            if r.status_code in RETRY_STATUS:
+                time.sleep(retry.after(status_error(r), call.idempotent, r.headers.get("retry-after")))
+                continue
+            if r.status_code >= 400:
+                raise status_error(r)
+            retry.ok()
+            return call.result(r)
 
     def _stream(self, stream: Stream):
-        """Run a core stream: open, feed lines, resume after a drop (back-off from the stream)."""
+        """Run a core stream: open, feed lines, resume after a drop or a restart (back-off from the stream)."""
         while (call := stream.next_call()) is not None:
             try:
                 with self.http.stream(call.method, call.path, **call.kwargs()) as r:
@@ -79,10 +96,24 @@ class RolloutClient:
                     for line in r.iter_lines():
                         if (item := stream.feed(line)) is not None:
                             yield item
-                if stream.final:
+                if stream.final or (stream.final is None and job_over(self._job_or_none(stream.name))):
                     return
             except (httpx.TransportError, ValueError) as e:
-                time.sleep(stream.failed(self.conn.server, e))
+                time.sleep(stream.failed(e))
+            except NotFound:
+                if stream.final is None and stream.resumed:  # deleted while the stream was down: it is complete
+                    return
+                raise
+            except RolloutdError as e:
+                if e.code not in RETRY_STATUS:
+                    raise
+                time.sleep(stream.failed(e))
+
+    def _job_or_none(self, key: str) -> dict[str, Any] | None:
+        try:
+            return self._do(Calls.get(key))
+        except NotFound:
+            return None
 
     # ------------------------------------------------------------ jobs
 
@@ -98,8 +129,8 @@ class RolloutClient:
     def get(self, name: str) -> dict[str, Any]:
         return self._do(Calls.get(self._key(name)))
 
-    def list(self, selector: str | None = None) -> dict[str, Any]:
-        return self._do(Calls.list(selector, self.namespace))
+    def list(self, selector: str | None = None, all_namespaces: bool = False) -> dict[str, Any]:
+        return self._do(Calls.list(selector, None if all_namespaces else self.namespace))
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return self._do(Calls.events(self._key(name)))
@@ -135,7 +166,8 @@ class RolloutClient:
               timeout: float | None = None) -> Iterator[tuple[str, dict[str, Any], str | None]]:
         """(type, object, resourceVersion) per change; reconnects from the last version seen if the
         stream drops. Without `since`, starts with a synthetic ADDED per existing job."""
-        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff))
+        return self._stream(WatchStream(name and self._key(name), self.namespace, since, timeout, self.retry_backoff,
+                                        self.conn.server, self.retry_for))
 
     # ------------------------------------------------------------ results
 
@@ -146,7 +178,8 @@ class RolloutClient:
         until the job ends (or `timeout`). A dropped stream is resumed after the last `seq`
         received, so nothing is lost or repeated."""
         if follow:
-            yield from self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff))
+            yield from self._stream(TrajectoryStream(self._key(name), cursor, timeout, self.retry_backoff,
+                                                     self.conn.server, self.retry_for))
             return
         while True:
             rows = self._do(Calls.trajectory_page(self._key(name), cursor, page))
@@ -167,6 +200,10 @@ class RolloutClient:
                 yield from r.iter_lines()
         except httpx.TransportError as e:
             raise unreachable(self.conn.server, e) from None
+
+    def purge_results(self, name: str) -> dict[str, Any]:
+        """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
+        return self._do(Calls.purge_results(self._key(name)))
 
     def stats(self, name: str) -> dict[str, Any]:
         """`{delivered, byKind, infraRate, rewardMean, stages: [{stage, n, p50, p95}]}` (seconds; queue, init, run,
@@ -201,8 +238,9 @@ class RolloutClient:
         """Batch `k`. With `wait`, blocks until it is complete or `timeout` seconds passed, and
         returns its state then (check `Batch.complete`)."""
         poll = BatchPoll(self._key(name), k, wait, timeout, all_groups)
+        retry = self._retry(poll.deadline)
         while True:
-            b = Batch.from_wire(self._do(poll.call()))
+            b = Batch.from_wire(self._do(poll.call(), retry))
             if poll.done(b):
                 return b
 

@@ -103,11 +103,12 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         ("get", J + "/{name}/events"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/trajectories"): dict(ok={200: {"application/x-ndjson": {"type": "string"}}},
                                                   errors=(400, 404)),
+        ("delete", T + "/{name}/trajectories"): dict(ok={200: obj}, errors=(404, 409)),  # a deleted job's, purged
         ("get", T + "/{name}/logs"): dict(ok={200: {"text/plain": {"type": "string"}}}, errors=(400, 404, 409)),
         ("get", T + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/stats"): dict(ok={200: obj}, errors=(404,)),
         ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("get", T + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410)),
+        ("get", T + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410, 503)),  # 503: stopping
         ("post", T + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: obj}, errors=BODY_ERRORS),
         ("get", T + "/{name}/policy"): dict(ok={200: obj}, errors=(400, 404)),
         ("get", T + "/{name}/backends"): dict(ok={200: obj}, errors=(404,)),

@@ -2,7 +2,9 @@
 
 Under /apis/rolloutd.io/v1alpha1/namespaces/{ns}/ (the per-job paths without a namespace are rewritten
 to `default` by `api.py`, for clients of the previous version):
-    GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable
+    GET  …/rolloutjobs/{name}/trajectories?cursor=N&follow=true&limit=N  JSON lines, resumable (a deleted job's
+                                                                         while retained: `work/retention.py`)
+    DELETE …/rolloutjobs/{name}/trajectories                             purge a deleted job's retained results
     GET  …/rolloutjobs/{name}/groups                                     per-prompt groups
     POST …/rolloutjobs/{name}/batches · GET …/batches/{k}                 batch server (DAPO)
     POST | GET …/rolloutjobs/{name}/policy                               policy versions (a job under a tenant
@@ -74,7 +76,12 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                            follow: bool = False, limit: int = Query(1000, ge=1, le=100_000),
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
-        await asyncio.to_thread(store.get, name)  # 404 for an unknown job
+        try:
+            await asyncio.to_thread(store.get, name)
+        except NotFound:  # a deleted job's results are served while they are retained (`work/retention.py`)
+            if not await asyncio.to_thread(scheduler.retention.retained, name):
+                raise
+            follow = False  # nothing more will come: what is kept, then the end
         if not follow:
             rows = scheduler.trajectories(name, cursor, limit)
             body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
@@ -89,6 +96,22 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                 yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
 
         return streams.guard(slot, StreamingResponse(stream(), media_type="application/x-ndjson"))
+
+    @r.delete(f"{JOBS}/{{name}}/trajectories")
+    async def purge_results(namespace: str, name: str):
+        """Purge a deleted job's retained results now (`rolloutctl delete --purge`), before the retention ends."""
+        key = job_key(namespace, name)
+        try:
+            await asyncio.to_thread(store.get, key)
+        except NotFound:
+            pass
+        else:
+            raise Conflict(f'rolloutjobs.rolloutd.io "{name}" still exists: delete it first; its results are kept '
+                           "for the retention period unless purged then", name=name)
+        if not await asyncio.to_thread(scheduler.retention.retained, key):
+            raise NotFound(f'no results of rolloutjobs.rolloutd.io "{name}" are kept', name=name)
+        await asyncio.to_thread(scheduler.purge, key)
+        return {"apiVersion": "v1", "kind": "Status", "status": "Success", "details": {"name": name}}
 
     @r.get(f"{JOBS}/{{name}}/stats")
     async def job_stats_route(namespace: str, name: str):

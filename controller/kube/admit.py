@@ -24,6 +24,7 @@ from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, violations
 
 from ..auth import ScopedToken
 from ..errors import Forbidden
+from ..spec_checks import check_dataset
 from ..store import Store
 from ..store_schema import RELEASE_FINALIZER
 from ..tenancy import ADMIN, describe, policies_for
@@ -59,6 +60,12 @@ def _quota_problems(store: Store, policy: TenantPolicySpec, job: RolloutJob,
 def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None) -> None:
     """Check `job` (about to be stored; `current`: the stored one, None on create) and stamp ADMITTED_BY;
     403 Forbidden naming each field and the policy when a scoped token asks for more than it may."""
+    _admit(request, store, job, current)
+    if current is None and scoped_token(request) is None:
+        check_dataset(job)  # the admin's new job: a dataset the controller cannot read is a 422 now, not a failure later
+
+
+def _admit(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None) -> None:
     token = scoped_token(request)
     held = (current or {}).get("metadata", {}).get("finalizers") or []
     if token is not None and RELEASE_FINALIZER in held and RELEASE_FINALIZER not in job.metadata.finalizers:

@@ -94,6 +94,7 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
                 status.policy_version = progress.extra["policyVersion"]
             if "rewardMean" in progress.extra:
                 status.reward_mean = progress.extra["rewardMean"]
+        backends(step, (progress.extra or {}).get("backendsDown", ""))
         if progress.failed:
             await executor.release(job)
             return _finish(step, Phase.failed, progress.reason, progress.failed)
@@ -123,6 +124,23 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
         pending = [n.reason for n in nodes if n.reason]
         set_condition(status, "Provisioned", False, "Waiting", "; ".join(pending) or "waiting for node daemons")
     return step
+
+
+def backends(step: Step, down: str) -> None:
+    """The BackendsReady condition, the message (kubectl's MESSAGE column) and one event per change: a job whose
+    every LLM backend is down says so instead of `Running` with no reason."""
+    status = step.status
+    was = next((c for c in status.conditions if c.type == "BackendsReady"), None)
+    if down:
+        if was is None or was.status != "False":
+            step.event("BackendsUnavailable", down, "Warning")
+        set_condition(status, "BackendsReady", False, "BackendsUnavailable", down)
+        status.message = down
+    elif was is not None and was.status == "False":
+        set_condition(status, "BackendsReady", True, "Healthy", "a backend answers again")
+        step.event("BackendsReady", "a backend answers again")
+        if status.message == was.message:
+            status.message = ""
 
 
 def outcome(job: RolloutJob, c: StageCounts, infra_reason: str = "") -> tuple[Phase, str, str]:

@@ -89,15 +89,19 @@ class Expansions:
     def _load(self, job: RolloutJob, limit: int | None) -> tuple[list[dict], str]:
         """The job's rows: a tenant's read beneath its policy's data roots (a plug-in whose load takes no roots
         fails such a job), an admin's as the handler reads it."""
-        policy, handler, source = self.policy_for(job), get_handler(job.spec.tasks.kind), job.spec.tasks.source
+        policy, source = self.policy_for(job), job.spec.tasks.source
+        try:
+            handler = get_handler(job.spec.tasks.kind)
+        except Exception as e:  # noqa: BLE001 - a kind unknown here (a plug-in since removed) fails the job once
+            return [], f"spec.tasks.kind: {e}"
         try:
             if policy is None:
                 rows = handler.load(source, limit)
             else:
                 rows = handler.load(source, limit, roots=list(policy.data_roots))
-            return rows, "" if rows else f"dataset {source} has no rows"
+            return rows, "" if rows else f"spec.tasks.source: dataset {source} has no rows"
         except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message
-            return [], f"{type(e).__name__}: {e}"
+            return [], f"spec.tasks.source: {type(e).__name__}: {e}"
 
     def _start(self, job: RolloutJob) -> ExpansionRow:
         key, n = job.metadata.key, job.spec.samples_per_prompt

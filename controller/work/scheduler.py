@@ -32,7 +32,7 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
-from ..errors import BadRequest, Conflict, NotFound
+from ..errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 from ..ports import Progress
 from ..store import Store
 from . import hot_sql, seq_floor, tables
@@ -46,6 +46,7 @@ from .job_state import Jobs, Wakeups, closed
 from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
+from .retention import DEFAULT_RETENTION_SECONDS, Retention, stored
 from .staleness import StaleGroups
 from .states import BatchState, ItemState
 from .stats import JobStats
@@ -61,13 +62,16 @@ class Scheduler:
                  health_check: Callable[[str], Awaitable[Any]] | None = None, clock: Callable[[], float] = time.time,
                  health_timeout: float = 3.0, slow_grace: float = 20.0, max_episodes: int | None = None,
                  policy_for: PolicyFor = lambda job: None, on_idle: Callable[[str], None] | None = None,
-                 node_calls_per_second: float = NODE_CALLS_PER_SECOND):
+                 node_calls_per_second: float = NODE_CALLS_PER_SECOND,
+                 result_retention: float = DEFAULT_RETENTION_SECONDS):
         """`on_idle`: called with a job's name when it may be finished now (its last rollout ended, or it
         failed), from any thread; `policy_for`: the job's effective TenantPolicy (None: unrestricted);
         `max_episodes` (the default of llm.maxEpisodesPerBackend) and `node_calls_per_second` (the node
-        protocol's budget): the controller's settings (`ControllerSettings`)."""
+        protocol's budget), `result_retention` (how long a deleted job's results stay): the controller's settings
+        (`ControllerSettings`)."""
         self.store, self.engine, self.clock = store, store.engine, clock
         tables.create(self.engine)
+        self.retention = Retention(self.engine, stored(store), self.purge, result_retention, clock)
         # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
         changed = Wakeups()
         self.pool = BackendPool(Admission(clock, max_episodes,
@@ -217,6 +221,13 @@ class Scheduler:
                 if not row.pending or row.error:
                     return row
 
+    def backends_down(self, job: RolloutJob) -> str:
+        """Why no rollout of the job can call its model ("" while a backend of it is healthy or none is known)."""
+        urls = [b.url.rstrip("/") for b in job.spec.llm.backends]
+        if not urls or any(u not in self.pool.unhealthy for u in urls):
+            return ""
+        return "every LLM backend is down: " + "; ".join(f"{u}: {self.pool.unhealthy[u]}" for u in urls)
+
     async def progress(self, job: RolloutJob) -> Progress:
         """The job's counts and whether it is done or failed; reads only (the expansion is `admit`'s)."""
         exp = self.expansions.row(job)
@@ -241,6 +252,8 @@ class Scheduler:
         kinds, reward_mean = await asyncio.to_thread(self.feed.outcomes, job.metadata.key)
         counts.scored, counts.agent_failed, counts.infra_failed = (kinds.get(k, 0) for k in ("none", "agent", "infra"))
         extra: dict[str, Any] = {"policyVersion": self.policy_version(job.metadata.key), "rewardMean": reward_mean}
+        if down := self.backends_down(job):
+            extra["backendsDown"] = down
         if counts.infra_failed and live == 0:  # the reconciler names it if the job fails for it
             extra["infraReason"] = await asyncio.to_thread(self.feed.last_reason, job.metadata.key, "infra")
         if job.spec.batch_mode:
@@ -314,8 +327,11 @@ class Scheduler:
             ev.clear()
             with Session(self.engine, expire_on_commit=False) as s:
                 snap = self.batches.snapshot(s, name, k, include_all)
-            if not wait or snap["state"] in (BatchState.complete, BatchState.failed) or self.feed.stopped:
+            if not wait or snap["state"] in (BatchState.complete, BatchState.failed):
                 return snap
+            if self.feed.stopped:  # a restart: the client asks again, of the controller that comes back
+                raise ServiceUnavailable(f"the controller is stopping; batch {k} of rolloutjobs \"{name}\" is not complete "
+                                  "yet: retry")
             left = 30.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return snap
@@ -365,6 +381,8 @@ class Scheduler:
                 if time.monotonic() - last_health >= self.health_interval or self._unasked():
                     last_health = time.monotonic()
                     await self.check_health()
+                if self.retention.due():
+                    await asyncio.to_thread(self.retention.sweep)
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass
                 log.exception("scheduler background pass failed")
             asked = time.monotonic()

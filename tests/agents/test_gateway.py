@@ -265,3 +265,29 @@ def test_a_harness_that_never_calls_the_model_is_still_scored_by_eval():
     assert trajectory.failure.kind.value == "none", trajectory.failure
     assert trajectory.metrics["gateway_calls"] == 0 and trajectory.token_ids == [] and trajectory.segments == []
     assert reward.value == 1.0
+
+
+def test_a_harness_with_a_model_that_never_calls_it_fails_as_configuration_naming_what_it_printed():
+    """A job with a model whose harness made no call (Claude Code without its offline variables, say) has no
+    sample to train on: a configuration failure quoting the harness's output, never a reward of the policy's."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+
+    class UnusedLLM:
+        async def generate(self, prompt_ids, sampling, request_id):
+            raise AssertionError("no call was made")
+
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+
+    async def go():
+        async with task_sandbox(handler, task) as sandbox:
+            config = AgentConfig(agent_kind="harness", agent_command="echo 'Invalid API key · Please run /login'",
+                                 sampling=SamplingParams(max_tokens=8))
+            return await handler.run(task, sandbox, UnusedLLM(), tokenizer=ChatTokenizer(model_dir("tiny")),
+                                     config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0))
+
+    trajectory = asyncio.run(go())
+    assert trajectory.failure.kind.value == "config", trajectory.failure
+    assert trajectory.failure.reason.startswith("spec.agent.command: the harness made no model call")
+    assert "Invalid API key" in trajectory.failure.reason

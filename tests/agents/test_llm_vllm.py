@@ -189,3 +189,13 @@ def test_concurrent_seeded_long_prompts_do_not_crash_the_engine(tiny_engine):
     gens = asyncio.run(go())
     assert [len(g.token_ids) for g in gens] == [8] * 8
     assert tiny_engine.alive()
+
+
+def test_a_token_the_model_lacks_is_refused_with_vllms_reason_naming_the_tokenizer(tiny_engine, tok, prompt):
+    from rolloutd.agents.llm import RequestRejected
+
+    beyond = len(tok.hf) + 5000   # a token id another model's tokenizer could produce
+    with pytest.raises(RequestRejected) as e:
+        gen(tiny_engine, prompt + [beyond], max_tokens=4)
+    assert "out of vocabulary" in str(e.value) and str(beyond) in str(e.value)   # vLLM's words, kept
+    assert e.value.field == "spec.llm.tokenizer"

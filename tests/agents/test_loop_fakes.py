@@ -292,3 +292,20 @@ def test_unexpected_sandbox_exception_is_infra_not_an_observation(tok):
     traj = result.trajectory
     assert traj.failure.kind == FailureKind.infra and "different loop" in traj.failure.reason
     assert traj.turns[0].observation_start is None  # the model never saw our bug
+
+
+def test_the_jobs_system_prompt_replaces_the_task_kinds_own(tok):
+    """`spec.agent.systemPrompt` reaches the model: the math handler's conversation, through the job's config."""
+    from rolloutd.agents.daemon.jobconfig import load_spec, JobConfig
+    from rolloutd.agents.tasks import get_handler
+    from support.node_helpers import BASE_SPEC
+
+    spec = load_spec({**BASE_SPEC, "tasks": {"kind": "math", "source": "/dev/null"},
+                      "agent": {**BASE_SPEC["agent"], "tools": ["submit"], "systemPrompt": "Answer like a pirate."}})
+    handler = get_handler("math")
+    config = JobConfig.build(spec, job="j", node="n", handler=handler).agent
+    llm = ScriptedLLM(tok, ["\\boxed{4}"])
+    task = {"id": "t", "question": "What is 2 + 2?", "answer": "4"}
+    asyncio.run(handler.run(task, FakeSandbox(), llm, tokenizer=tok, config=config, ctx=CTX))
+    sent = tok.decode(llm.prompts[0])
+    assert "Answer like a pirate." in sent and handler.system_prompt.split(".")[0] not in sent

@@ -160,3 +160,53 @@ def test_watch_shows_progress_until_the_end(controller, example_yaml):
     # one vocabulary (scored / agent-failed / infra-failed / cancelled), as the status counts them
     assert re.search(r"scored\W+5\W", r.stdout) and re.search(r"agent-failed\W+2\W", r.stdout), r.stdout
     assert re.search(r"infra-failed\W+1\W", r.stdout) and "succeeded" not in r.stdout, r.stdout
+
+
+def test_watch_into_a_file_prints_a_line_per_change_and_rides_through_a_restart(controller, example_yaml):
+    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    status = "/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status"
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml")}
+    proc = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.ctl", "watch", "rj", "math-demo",
+                             "--timeout=120s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    try:
+        assert "phase Pending" in proc.stdout.readline()      # at once, not when the job ends
+        with controller.client() as api:
+            api.put(status, json={"status": {"phase": "Running", "counts": {"total": 8, "run": 3, "queued": 5}}})
+        assert "phase Running" in (running := proc.stdout.readline()) and "run=3" in running
+        controller.restart()                                   # kill -9: the watch reconnects and resumes
+        with controller.client() as api:
+            api.put(status, json={"status": {"phase": "Succeeded", "counts": {"total": 8, "scored": 8}}})
+        assert "phase Succeeded" in (done := proc.stdout.readline()) and "scored=8" in done
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_get_all_namespaces_and_delete_by_label(controller, example_yaml):
+    for ns, name, team in (("team-a", "a1", "rl"), ("team-a", "a2", "other"), ("default", "d1", "rl")):
+        doc = example_yaml.replace("name: math-demo", f"name: {name}").replace("team: rl", f"team: {team}")
+        assert ctl(controller, "-n", ns, "apply", "-f", "-", stdin=doc).returncode == 0
+    table = ctl(controller, "get", "rolloutjobs", "-A").stdout.splitlines()
+    assert table[0].split()[:2] == ["NAMESPACE", "NAME"]
+    assert sorted(tuple(r.split()[:2]) for r in table[1:]) == [("default", "d1"), ("team-a", "a1"), ("team-a", "a2")]
+    gone = ctl(controller, "-n", "team-a", "delete", "rj", "-l", "team=rl", "--wait", "--timeout", "60s")
+    assert gone.returncode == 0 and '"a1" deleted' in gone.stdout and "a2" not in gone.stdout, gone.stderr
+    left = ctl(controller, "get", "rolloutjobs", "-A").stdout
+    assert "a2" in left and "d1" in left and "a1" not in left
+    assert ctl(controller, "delete", "rj").returncode == 2          # neither a name nor a selector
+
+
+def test_tab_completes_job_names_from_the_controller(controller, example_yaml):
+    for name in ("math-one", "math-two", "other"):
+        ctl(controller, "apply", "-f", "-", stdin=example_yaml.replace("name: math-demo", f"name: {name}"))
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml"),
+         "_ROLLOUTCTL_COMPLETE": "complete_bash", "COMP_WORDS": "rolloutctl describe rj math", "COMP_CWORD": "3"}
+    from pathlib import Path
+
+    rolloutctl = str(Path(sys.executable).parent / "rolloutctl")   # the installed command, as a shell runs it
+    r = subprocess.run([rolloutctl], capture_output=True, text=True,
+                       env={**e, "_TYPER_COMPLETE_ARGS": "rolloutctl describe rj math"}, timeout=60)
+    assert r.stdout.split() == ["math-one", "math-two"], (r.stdout, r.stderr)

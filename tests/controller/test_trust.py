@@ -145,7 +145,7 @@ def test_tokenizer_outside_the_roots_is_refused(bad_api, example_yaml):
 def test_a_job_without_a_tokenizer_is_created_not_a_500(bad_api):
     """The oracle agent makes no LLM call and names no tokenizer: the policy check crashed on it (500)."""
     from pathlib import Path
-    from rolloutd.controller.spec_paths import resolve_paths
+    from rolloutd.crds.spec_paths import resolve_paths
     example = Path(__file__).resolve().parents[2] / "examples/harbor/oracle-job.yaml"
     oracle = resolve_paths(yaml.safe_load(example.read_text()), example.parent)  # as rolloutctl apply -f sends it
     oracle["metadata"]["name"] = "oracle-no-tokenizer"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import P, REPO, Cluster, held_at_gate
+from support.cluster import P, REPO, Cluster, held_at_gate, plugin_env
 from support.waiting import wait_until
 
 from rolloutd.client import JobEnded, RolloutClient
@@ -113,7 +113,7 @@ def test_a_few_infra_failures_under_the_ratio_still_succeed_and_are_counted(clus
 
 @pytest.mark.parametrize("tokenizer, says", [
     (str(models_dir() / "no-such-model"), "is not a directory on this machine"),
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", "must be an absolute path: tokenizers load offline only"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "is not a tokenizer directory: no such directory beside the job file"),
 ])
 def test_a_tokenizer_that_cannot_load_offline_is_refused_at_apply(cluster, tmp_path, tokenizer, says):
     doc = oracle_doc("tok", dataset(tmp_path / "d.jsonl", ["ok"] * 4))
@@ -226,3 +226,63 @@ def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(
     gate.touch()
     assert final(cluster, "adopted")["status"]["counts"]["scored"] == 8
     assert cluster.daemon_pids() == [] or all(p in pids for p in cluster.daemon_pids())
+
+
+# ---------------------------------------------------------------- 4. every backend down
+
+
+def test_a_job_whose_every_backend_is_down_says_why(cluster, tmp_path):
+    from support.controller_process import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"   # nothing listens there
+    doc = oracle_doc("no-backend", dataset(tmp_path / "d.jsonl", ["ok"] * 4, gate=tmp_path / "gate"))
+    doc["spec"]["llm"] = {"backends": [{"url": dead}]}
+    cluster.apply(doc)
+    with RolloutClient(cluster.url, token=cluster.token) as client:
+        job = client.wait("no-backend", "BackendsReady=False", timeout=120)
+        cond = next(c for c in job["status"]["conditions"] if c["type"] == "BackendsReady")
+        assert cond["reason"] == "BackendsUnavailable" and dead in cond["message"], cond
+        assert job["status"]["message"].startswith("every LLM backend is down") and dead in job["status"]["message"]
+        assert [e for e in client.events("no-backend") if e["reason"] == "BackendsUnavailable"]
+    wide = ctl(cluster, "get", "rolloutjobs", "no-backend", "-o", "wide").stdout
+    assert "MESSAGE" in wide.splitlines()[0] and "every LLM backend is down" in wide, wide
+    (tmp_path / "gate").touch()
+
+
+# ---------------------------------------------------------------- 5. results outlive a delete
+
+
+def test_results_outlive_a_delete_until_purged_and_can_be_exported_first(cluster, tmp_path):
+    cluster.apply(oracle_doc("kept", dataset(tmp_path / "d.jsonl", ["ok"] * 4)))
+    assert final(cluster, "kept")["status"]["phase"] == "Succeeded"
+    every = json.loads(ctl(cluster, "trajectories", "kept", "-o", "json").stdout)          # one JSON array
+    assert len(every) == 8
+    one = json.loads(ctl(cluster, "trajectories", "kept", "-o", "json", "--prompt", "1").stdout)
+    assert [t["prompt"] for t in one] == [1, 1]
+    assert ctl(cluster, "trajectories", "kept", "-o", "json", "--outcome", "infra-failed").stdout.strip() == "[]"
+    table = ctl(cluster, "trajectories", "kept", "--outcome", "scored").stdout.splitlines()
+    assert "TURNS" in table[0].split() and len(table) == 9
+    out = ctl(cluster, "delete", "rj", "kept", "--wait", "--export", str(tmp_path / "kept.jsonl"))
+    assert out.returncode == 0, out.stderr
+    exported = [json.loads(line) for line in (tmp_path / "kept.jsonl").read_text().splitlines()]
+    assert len(exported) == 8 and "8 trajectories" in out.stdout
+    assert cluster.api.get(f"{P}/rolloutjobs/kept").status_code == 404          # the job is gone …
+    kept = ctl(cluster, "trajectories", "kept", "-o", "jsonl")                   # … its results are not
+    assert [json.loads(line)["seq"] for line in kept.stdout.splitlines()] == [t["seq"] for t in exported]
+    with RolloutClient(cluster.url, token=cluster.token) as client:              # a follow ends with what is kept
+        assert len(list(client.trajectories("kept", follow=True, timeout=30))) == 8
+    purged = ctl(cluster, "delete", "rj", "kept", "--purge")
+    assert purged.returncode == 0 and "purged" in purged.stdout, purged.stderr
+    assert ctl(cluster, "trajectories", "kept").returncode == 1                  # NotFound now
+
+
+def test_a_deleted_jobs_results_are_purged_once_the_retention_ends(tmp_path):
+    c = Cluster(tmp_path, env={**plugin_env(), "ROLLOUTD_RESULT_RETENTION_SECONDS": "1"}).start()
+    try:
+        c.apply(oracle_doc("brief", dataset(tmp_path / "d.jsonl", ["ok"] * 4)))
+        assert final(c, "brief")["status"]["phase"] == "Succeeded"
+        assert c.api.get(f"{P}/rolloutjobs/brief/trajectories").text.count("\n") == 8   # kept while the job lives
+        c.api.delete(f"{P}/rolloutjobs/brief")
+        wait_until(lambda: c.api.get(f"{P}/rolloutjobs/brief/trajectories").status_code == 404, timeout=60, every=0.2)
+    finally:
+        c.stop()

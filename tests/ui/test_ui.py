@@ -107,8 +107,8 @@ def test_login_sets_an_httponly_strict_session_cookie_and_the_jobs_page_updates_
     assert browser.execute_script("return document.cookie") == ""  # no script reads the session
     assert {row[1] for row in cells(browser, "table.jobs")} == {"alpha", "secret"}
 
-    def alpha_succeeded(d):
-        return next(int(row[8]) for row in cells(d, "table.jobs") if row[1] == "alpha")
+    def alpha_succeeded(d):  # scored + agent-failed: the columns after queued, init, run, eval
+        return next(int(row[8]) + int(row[9]) for row in cells(d, "table.jobs") if row[1] == "alpha")
     wait(browser, lambda d: alpha_succeeded(d) == 4, "alpha's 4 rollouts on the jobs page")
     cluster.report("team-a/alpha", 1)  # the job advances: the page follows without a reload
     wait(browser, lambda d: alpha_succeeded(d) == 5, "the jobs page updates live")
@@ -122,7 +122,8 @@ def test_job_page_stage_counts_match_the_api(cluster, jobs, admin):
     api = cluster.job("team-a", "alpha")["status"]["counts"]
     wait(browser, lambda d: stage_counts(d) == {k: api[k] for k in stage_counts(d)} and stage_counts(d),
          f"the funnel shows the API's counts {api}")
-    assert set(stage_counts(browser)) == {"queued", "init", "run", "eval", "succeeded", "failed", "cancelled"}
+    assert set(stage_counts(browser)) == {"queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed",
+                                          "cancelled"}
     stages = {row[0]: row[1] for row in cells(browser, "table.stages")}
     assert stages["run"] == "5"  # p50/p95 over the finished rollouts' timings
     failures = " ".join(" ".join(row) for row in cells(browser, "table.failures"))

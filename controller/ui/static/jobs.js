@@ -1,7 +1,12 @@
 // The jobs page (every job the token may see, live) and a job's page (funnel, stage times, rewards, failures,
 // throughput over time, nodes, backends, conditions, events, and a search over its trajectories). Uses dom.js; data from /ui/api.
 "use strict";
-const STAGES = ["queued", "init", "run", "eval", "succeeded", "failed", "cancelled"];
+// one vocabulary with rolloutctl, kubectl and the docs: a finished rollout is scored, agent-failed, infra-failed
+// or cancelled (status.counts' keys, shown with their words)
+const STAGES = ["queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled"];
+const WORDS = {agentFailed: "agent-failed", infraFailed: "infra-failed"};
+const word = s => WORDS[s] || s;
+const REWARD_MEAN = "the mean reward of the scored and agent-failed rollouts (infra-failed and cancelled ones carry no reward)";
 
 UI.jobsPage = main => {
   const body = UI.el("div", {id: "jobs"});
@@ -13,10 +18,11 @@ UI.jobsPage = main => {
       UI.el("span", {class: "phase " + j.phase, text: j.phase}),
       UI.el("span", {class: "progress"}, UI.bar((j.counts.succeeded || 0) + (j.counts.failed || 0), j.counts.total || 0),
             ` ${(j.counts.succeeded || 0) + (j.counts.failed || 0)} / ${j.counts.total || 0}`),
-      ...["queued", "init", "run", "eval", "succeeded", "failed"].map(s => UI.el("span", {"data-stage": s, text: j.counts[s] || 0})),
-      UI.fmt(j.rolloutsPerSecond), UI.secs(j.etaSeconds), UI.fmt(j.rewardMean), UI.pct(j.infraRate)]);
-    UI.replace(body, UI.table(["namespace", "name", "phase", "progress", "queued", "init", "run", "eval", "succeeded",
-                               "failed", "rollouts/s", "ETA", "reward mean", "infra failures"], rows, "jobs"));
+      ...STAGES.map(s => UI.el("span", {"data-stage": s, text: j.counts[s] || 0})),
+      UI.fmt(j.rolloutsPerSecond), UI.secs(j.etaSeconds), UI.el("span", {title: REWARD_MEAN, text: UI.fmt(j.rewardMean)}),
+      UI.pct(j.infraRate)]);
+    UI.replace(body, UI.table(["namespace", "name", "phase", "progress", ...STAGES.map(word), "rollouts/s", "ETA",
+                               "reward mean", "infra-failed share"], rows, "jobs"));
     body.dataset.updated = String(Date.now());
   };
   UI.follow("/ui/api/jobs/stream", render);
@@ -34,7 +40,7 @@ UI.jobPage = (main, ns, name) => {
 function jobSections(doc) {
   const c = doc.status.counts || {};
   const max = Math.max(c.total || 0, 1);
-  const funnel = UI.table(["stage", "", "rollouts"], STAGES.map(s => [s, UI.bar(c[s] || 0, max, s),
+  const funnel = UI.table(["stage", "", "rollouts"], STAGES.map(s => [word(s), UI.bar(c[s] || 0, max, s),
                           UI.el("span", {"data-stage": s, text: c[s] || 0})]), "funnel");
   const head = UI.el("p", {class: "summary"},
     UI.el("span", {class: "phase " + doc.phase, id: "phase", text: doc.phase}),

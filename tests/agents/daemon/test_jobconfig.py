@@ -68,3 +68,10 @@ def test_the_first_wave_is_the_init_pool_or_the_rollouts_that_can_land_whichever
     assert config(tasks={**tasks, "limit": 20}, samplesPerPrompt=3).first_wave(8) == 8
     assert config(dapo={"enabled": True, "targetGroups": 1}, samplesPerPrompt=2).landable() == 4
     assert config(batches={"groups": 1, "maxInFlightGroups": 3}, samplesPerPrompt=2).landable() == 6
+
+
+def test_the_jobs_handler_options_reach_the_handler():
+    spec = load_spec({**BASE_SPEC, "tasks": {"kind": "math", "source": "/dev/null", "options": {"requireBoxed": True}}})
+    assert JobConfig.build(spec, job="j", node="n").handler.require_boxed is True
+    plain = load_spec({**BASE_SPEC, "tasks": {"kind": "math", "source": "/dev/null"}})
+    assert JobConfig.build(plain, job="j", node="n").handler.require_boxed is False

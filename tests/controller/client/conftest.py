@@ -25,6 +25,7 @@ class Driver:
         else:
             self.client = AsyncRolloutClient(connection=CONN, transport=transport(fake))
         self.client.retry_backoff = 0.0
+        self.client.retry_for = 2.0  # a scripted failure is retried at once, for 2 s at most
 
     def __call__(self, method: str, *args, **kw):
         fn = getattr(self.client, method)

@@ -16,7 +16,7 @@ def test_apply_client_side_then_server_side(kube, kubectl, tmp_path):
     # kubectl sends paths as they are, and the API refuses relative ones: the example with its paths resolved
     example = tmp_path / "math-demo.yaml"
     example.write_text(example_yaml())
-    assert "spec.llm.tokenizer: must be an absolute path" in kubectl("apply", "-f", str(EXAMPLE), check=False).stderr
+    assert "spec.llm.tokenizer: 'smollm2' is not a tokenizer directory" in kubectl("apply", "-f", str(EXAMPLE), check=False).stderr
     assert "rolloutjob.rolloutd.io/math-demo created" in kubectl("apply", "-f", str(example)).stdout
     again = kubectl("apply", "-f", str(example)).stdout
     assert "math-demo" in again and ("configured" in again or "unchanged" in again)

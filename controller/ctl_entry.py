@@ -1,0 +1,19 @@
+"""The `rolloutctl` command's entry point: `--version` answered before anything is imported (a shell's prompt or
+a CI step may call it often), every other call handed to the typer app in `ctl.py`."""
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(version("rolloutd"))
+        except PackageNotFoundError:  # a source tree that was never installed
+            print("unknown")
+        return
+    from .ctl import app
+
+    app()
