@@ -35,7 +35,7 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 from ..errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 from ..ports import Progress
 from ..store import Store
-from . import hot_sql, seq_floor, tables
+from . import background, hot_sql, seq_floor, tables
 from .admission import Admission
 from .attempts import Attempts
 from .backends import BackendHttp, BackendPool, HealthProbe
@@ -53,8 +53,6 @@ from .stats import JobStats
 from .tables import BatchRow, ExpansionRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
-EXPIRY_PASS_SECONDS = 0.5  # the background pass: leases past their deadline requeued, backends checked
-STALL_SECONDS = 2.0        # a pass this much later than asked: the controller stalled, the nodes get a grace
 
 
 class Scheduler:
@@ -98,11 +96,11 @@ class Scheduler:
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
         self.seqs = seq_floor.SeqFloor(self.engine, store.path)
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
-            self.queue.live.load(tx.db, clock(), self._lease_seconds)
+            self.queue.live.load(tx.db, clock(), self.lease_seconds)
             self.seqs.raise_floor(tx.db)  # restored from a backup: seqs go on above those issued
         self.seqs.record()
 
-    def _lease_seconds(self, name: str) -> float:
+    def lease_seconds(self, name: str) -> float:
         try:
             return self.jobs.get(name).spec.pipeline.lease_seconds
         except NotFound:
@@ -343,50 +341,13 @@ class Scheduler:
         return self.attempts.expire()
 
     async def check_health(self) -> None:
-        asked = dict(self.pool.admission.reported)
-        changed = await self.health.check()
-        for url, ok, why in changed:
-            log.warning("backend %s is %s%s", url, "healthy" if ok else "unhealthy", "" if ok else f": {why}")
-        learned = {u: n for u, n in self.pool.admission.reported.items() if u not in asked}
-        for url, seqs in learned.items():
-            log.info("backend %s admits %d episodes at once (max_num_seqs %s)", url, self.pool.admission.cap(url),
-                     seqs if seqs is not None else "not reported")
-        if changed or learned:
-            for job in self.jobs.names():
-                self.queue.wake(job)
-
-    def _unasked(self) -> bool:
-        """A healthy backend whose max_num_seqs is not known yet (its admission waits for the probe)."""
-        return any(self.pool.healthy(u) and u not in self.pool.admission.reported for u in self.pool.known())
+        await background.check_health(self)
 
     def stalled(self, seconds: float) -> None:
-        """The controller heard nothing for `seconds` (SIGSTOP, GC, a blocked loop): every lease and node gets a
-        whole lease from now to beat before anything expires (the silence was the controller's, not theirs)."""
-        log.warning("the controller stalled for %.1f s: every lease gets a whole lease to be renewed", seconds)
-        now = self.clock()
-        self.queue.live.grace(now, self._lease_seconds)
-        self.registry.heard_all(now)
+        background.stalled(self, seconds)
 
     async def run(self) -> None:
-        last_health = 0.0
-        self.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
-        asked = time.monotonic()
-        while not self.queue.stopped:
-            await self.seqs.tick()
-            late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
-            if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
-                self.stalled(late)
-            try:
-                self.attempts.expire()
-                if time.monotonic() - last_health >= self.health_interval or self._unasked():
-                    last_health = time.monotonic()
-                    await self.check_health()
-                if self.retention.due():
-                    await asyncio.to_thread(self.retention.sweep)
-            except Exception:  # noqa: BLE001 - the loop must survive a bad pass
-                log.exception("scheduler background pass failed")
-            asked = time.monotonic()
-            await asyncio.sleep(EXPIRY_PASS_SECONDS)
+        await background.run(self)
 
     def stop(self) -> None:
         self.seqs.record()
