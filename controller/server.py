@@ -18,6 +18,7 @@ import uvicorn
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
+from rolloutd.agents import tracing
 from rolloutd.crds.settings import ControllerSettings
 
 from .allowlists import AllowLists
@@ -159,6 +160,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                    settings: ControllerSettings | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
+    tracing.setup("rolloutd-controller")
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                     tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons,
                     settings=settings)

@@ -6,10 +6,12 @@ and `TrackedLLM` (one rollout's view of the shared backend: its in-flight reques
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..llm import LLMBackend, SamplingParams
+from .. import spans as node_traces
 
 
 class PolicyGate:
@@ -65,7 +67,10 @@ class TrackedLLM:
         version = await self.gate.enter()
         self.in_flight.add(request_id)
         try:
-            gen = await self.inner.generate(prompt_ids, sampling, request_id)
+            with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, version) as span:
+                started = time.monotonic()
+                gen = await self.inner.generate(prompt_ids, sampling, request_id)
+                node_traces.generated(span, gen, started)
             self.versions.append(version)
             return gen
         finally:
