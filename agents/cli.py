@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from . import tracing
+from rolloutd.crds import tracing
 
 
 def register(app: typer.Typer) -> None:

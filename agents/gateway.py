@@ -27,7 +27,7 @@ from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
 
-from . import tracing
+from rolloutd.crds import tracing
 from .gateway_calls import Call, PieceEncoder, Segment, stitch
 from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
 from .openai_wire import Invalid, completion_prompt, max_tokens, read_body, respond

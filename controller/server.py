@@ -18,7 +18,7 @@ import uvicorn
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
-from rolloutd.agents import tracing
+from rolloutd.crds import tracing
 from rolloutd.crds.settings import ControllerSettings
 
 from .allowlists import AllowLists

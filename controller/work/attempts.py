@@ -48,7 +48,6 @@ from .tables import ItemRow, NodeRow
 
 log = logging.getLogger("rolloutd.scheduler")
 Done = Callable[[], None]  # what a call does once its transaction is committed
-_NOT_SCORED = (FailureKind.infra, FailureKind.config)
 
 
 class Attempts:
@@ -106,11 +105,8 @@ class Attempts:
                                                    until))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
-                                        policy_version=version, queued_seconds=max(now - queued_at, 0.0),
-                                        traceparent=attempt_traces.granted(
-                                            attempt_id, job_name, item=item, prompt=prompt, sample=sample,
-                                            attempt=attempt, node=node_id, backend=backend,
-                                            queued_seconds=max(now - queued_at, 0.0))))
+                                        policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
+                    leases[-1].traceparent = attempt_traces.granted(leases[-1], job_name, node_id)
                 if grants:
                     hot_sql.grant(db, grants)
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
@@ -281,8 +277,7 @@ class Attempts:
                 settled.append(item.group_id)
             changed[item.id] = item
             ack.accepted.append(res.attempt_id)
-            attempt_traces.ended(res.attempt_id, str(item.state), t,
-                                 failed=t.failure.reason if t.failure.kind in _NOT_SCORED else None)
+            attempt_traces.ended(res.attempt_id, str(item.state), t)
         if changed:
             hot_sql.save(tx.db, changed.values())
         if delivered:  # in order: their seqs follow the batch
@@ -321,7 +316,7 @@ class Attempts:
                 for aid in late.keys() - {r.attempt_id for r in expired}:
                     self.held.forget(aid)  # not leased in the database (its grant was rolled back)
             for item in expired:
-                attempt_traces.ended(item.attempt_id, "expired", failed=f"lease expired on node {item.node_id}")
+                attempt_traces.ended(item.attempt_id, "expired")
                 cache = self.jobs.cached(item.job)
                 state = self.queue.requeue(item, f"lease expired on node {item.node_id}",
                                            cache.max_attempts if cache else 3)

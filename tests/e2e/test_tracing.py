@@ -5,6 +5,7 @@ One trace per attempt: the controller's root span and queue span, the daemon's a
 traceparent), INIT / RUN / EVAL, a span per turn with its model call (GenAI attributes) and the tool calls."""
 from __future__ import annotations
 
+import os
 import re
 from collections import defaultdict
 
@@ -15,6 +16,14 @@ from support.otlp_receiver import mlflow_receiver, otlp_env, stored_spans
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _traces(spans: list[dict]) -> dict[str, list[dict]]:
@@ -31,24 +40,25 @@ def _complete(spans: list[dict], n: int) -> bool:
 
 
 def test_a_rollouts_trace_holds_every_stage_turn_model_and_tool_call_across_the_processes(tmp_path, tiny_engine):
-    with mlflow_receiver(tmp_path) as url:
-        cluster = Cluster(tmp_path, {**plugin_env(), **otlp_env(url)}).start()
+    with mlflow_receiver(tmp_path) as receiver:   # starts while the controller does
+        cluster = Cluster(tmp_path, {**plugin_env(), **otlp_env(receiver.url)}).start()
         try:
-            doc = job_doc("traced", tiny_engine, kind="tool-first", limit=1, samples=2, max_turns=2, tokens=8)
-            cluster.apply(doc)
+            receiver.ready()
+            cluster.apply(job_doc("traced", tiny_engine, kind="tool-first", limit=1, samples=2, max_turns=2, tokens=8))
             st = cluster.wait_done("traced")["status"]
             assert st["counts"]["succeeded"] == 2, cluster.diagnose("traced")
             trajs = cluster.trajectories("traced")
-            got: list[dict] = []
-
-            def all_in() -> bool:
-                got[:] = stored_spans(url)
-                return _complete(got, len(trajs))
-
-            wait_until(all_in, 120, "every attempt's trace at the receiver", every=0.5)
-            logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
+            wait_until(lambda: not any(_alive(p) for p in cluster.daemon_pids()), 60, "the daemons to exit", every=0.1)
         finally:
-            cluster.stop()
+            cluster.stop()   # every process flushes its spans as it exits
+        logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
+        got: list[dict] = []
+
+        def all_in() -> bool:
+            got[:] = stored_spans(receiver.url)
+            return _complete(got, len(trajs))
+
+        wait_until(all_in, 60, "every attempt's trace at the receiver", every=0.5)
 
     traces = _traces(got)
     assert len(traces) == len(trajs)   # one trace per attempt, nothing split or merged

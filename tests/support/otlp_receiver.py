@@ -32,6 +32,22 @@ print(json.dumps(out, default=str))
 """
 
 
+class Receiver:
+    def __init__(self, url: str, proc: subprocess.Popen, log: Path) -> None:
+        self.url, self.proc, self.log = url, proc, log
+
+    def ready(self) -> str:
+        """Wait until the server answers (2 minutes at most); its URL."""
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self.url
+            assert time.monotonic() < deadline, "the MLflow server did not start"
+            time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,8 +55,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_receiver(tmp: Path) -> Iterator[str]:
-    """An MLflow server on loopback (its store in `tmp`); yields its URL, stopped (its process group) after."""
+def mlflow_receiver(tmp: Path) -> Iterator[Receiver]:
+    """An MLflow server on loopback (its store in `tmp`), starting: `ready()` waits for it; stopped (its process
+    group) after."""
     probe = subprocess.run([str(TRL_PY), "-c", "import mlflow.server.otel_api"], capture_output=True, text=True) \
         if TRL_PY.exists() else None
     if probe is None or probe.returncode != 0:
@@ -50,17 +67,8 @@ def mlflow_receiver(tmp: Path) -> Iterator[str]:
                              "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}",
                              "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"],
                             stdout=open(tmp / "mlflow.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp / "mlflow.log").read_text()[-3000:]
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "the MLflow server did not start"
-            time.sleep(0.2)
-        yield url
+        yield Receiver(f"http://127.0.0.1:{port}", proc, tmp / "mlflow.log")
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(30)

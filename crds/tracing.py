@@ -2,7 +2,7 @@
 
 `setup(service)` is called once by each process (controller, node daemon); the standard `OTEL_*` variables
 (endpoint, headers, service name, resource attributes, sampler) are the SDK's own. With tracing off nothing of
-OpenTelemetry is imported and every helper is a no-op. Next step: `agents/spans.py` (the node's spans)
+OpenTelemetry is imported and every helper is a no-op. Next step: `rolloutd.agents.spans` (the node's spans)
 and `controller/work/tracing.py` (the controller's).
 """
 from __future__ import annotations
