@@ -68,7 +68,7 @@ def node(
         stream=sys.stderr, level=getattr(logging, log_level.upper(), logging.INFO),
         format=f"%(asctime)s rolloutd-node {options.name} %(levelname)s %(name)s: %(message)s",
     )
-    tracing.setup("rolloutd-node")
+    tracing.setup("rolloutd-node", options.tracing)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
     code = asyncio.run(run_node(options))
     tracing.flush()

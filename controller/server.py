@@ -160,7 +160,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                    settings: ControllerSettings | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
-    tracing.setup("rolloutd-controller")
+    tracing.setup("rolloutd-controller", nodeenv.tracing_on((settings or ControllerSettings()).tracing))
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                     tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons,
                     settings=settings)

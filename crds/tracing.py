@@ -1,6 +1,6 @@
 """OpenTelemetry traces for rolloutd's processes: off unless `ROLLOUTD_TRACING=1`, exported over OTLP/HTTP.
 
-`setup(service)` is called once by each process (controller, node daemon); the standard `OTEL_*` variables
+`setup(service, on)` is called once by each process (controller, node daemon) with its settings' word; the standard `OTEL_*` variables
 (endpoint, headers, service name, resource attributes, sampler) are the SDK's own. With tracing off nothing of
 OpenTelemetry is imported and every helper is a no-op. Next step: `rolloutd.agents.spans` (the node's spans)
 and `controller/work/tracing.py` (the controller's).
@@ -13,27 +13,22 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-ENV = "ROLLOUTD_TRACING"
 TRACER = "rolloutd"
 
 _tracer: Any = None   # an opentelemetry Tracer once `setup` turned tracing on
 _provider: Any = None
 
 
-def wanted() -> bool:
-    """Whether this process's environment turns tracing on."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on", "otlp")
-
-
 def enabled() -> bool:
     return _tracer is not None
 
 
-def setup(service: str) -> bool:
-    """Install the SDK's tracer provider with an OTLP/HTTP exporter (batched) when `wanted()`; True when on.
+def setup(service: str, on: bool) -> bool:
+    """Install the SDK's tracer provider with an OTLP/HTTP exporter (batched) when `on` (`ROLLOUTD_TRACING`, read
+    by the process's settings); True when on.
     `OTEL_SERVICE_NAME` overrides `service`. Raises ImportError naming the extra when the SDK is missing."""
     global _tracer
-    if _tracer is not None or not wanted():
+    if _tracer is not None or not on:
         return _tracer is not None
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -41,7 +36,7 @@ def setup(service: str) -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as e:
-        raise ImportError(f"{ENV} is set but OpenTelemetry is not installed: pip install 'rolloutd[tracing]' "
+        raise ImportError(f"ROLLOUTD_TRACING is set but OpenTelemetry is not installed: pip install 'rolloutd[tracing]' "
                           f"({e})") from e
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service})
     # flushed and shut down at exit (the SDK's atexit hook). Not made the global provider: libraries that trace
