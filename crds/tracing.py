@@ -50,6 +50,13 @@ def setup(service: str, on: bool) -> bool:
     return True
 
 
+def use(provider: Any) -> None:
+    """Trace into `provider` (an SDK TracerProvider the caller made: a test's in-memory exporter), or stop (None)."""
+    global _tracer, _provider
+    _provider = provider
+    _tracer = provider.get_tracer(TRACER) if provider is not None else None
+
+
 def flush() -> None:
     """Flush what is batched (a process about to exit by `os._exit` or a signal)."""
     if _provider is not None:
