@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from rolloutd.crds import tracing
+
 
 def register(app: typer.Typer) -> None:
     """Attach the agents' commands to the `rolloutd` app."""
@@ -66,8 +68,10 @@ def node(
         stream=sys.stderr, level=getattr(logging, log_level.upper(), logging.INFO),
         format=f"%(asctime)s rolloutd-node {options.name} %(levelname)s %(name)s: %(message)s",
     )
+    tracing.setup("rolloutd-node", options.tracing)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
     code = asyncio.run(run_node(options))
+    tracing.flush()
     raise typer.Exit(code)
 
 

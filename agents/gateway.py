@@ -27,6 +27,7 @@ from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
 
+from rolloutd.crds import tracing
 from .gateway_calls import Call, PieceEncoder, Segment, stitch
 from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
 from .openai_wire import Invalid, completion_prompt, max_tokens, read_body, respond
@@ -70,6 +71,7 @@ class Gateway:
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # backend calls, cancelled by stop (VLLMBackend aborts them)
+        self._trace = tracing.context()  # the rollout's RUN span: the harness's calls are served in other tasks
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, socket_path: str | Path) -> None:
@@ -141,6 +143,14 @@ class Gateway:
         return Generation(ids, logprobs, last.finish_reason, prompt_ids, last.cached_tokens, last.stop_reason)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        """`_serve`, in the rollout's trace (a span per call, its model calls under it) when tracing is on."""
+        if self._trace is None or scope["type"] != "http":
+            return await self._serve(scope, receive, send)
+        with tracing.attached(self._trace), tracing.span(f"gateway {scope['method']} {scope['path'][:64]}",
+                                                         {"http.route": scope["path"][:64]}):
+            return await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: dict, receive: Any, send: Any) -> None:
         """The ASGI app: a plain path dispatch (a framework's middleware and routing cost more per call
         than the whole goal; FACTS and bench/results/RESULTS-gateway.md). A malformed request is a 4xx in the
         route's dialect, never a 500."""

@@ -22,6 +22,7 @@ the handler may score). A malformed tool call is an error observation, counted i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from rolloutd.crds.errors import classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn, VersionSpan
 
+from rolloutd.crds import tracing
+from . import spans as node_traces
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer
 from .toolcall_formats import FORMATS, format_for
@@ -78,6 +81,15 @@ def drift_report(tokenizer: ChatTokenizer, ids: list[int]) -> dict[str, Any]:
         "drift_positions": positions[:32],
         "drift_length_delta": len(again) - len(ids),
     }
+
+
+async def run_tool(call: Any, sandbox: "Sandbox | None", timeout: float | None) -> Any:
+    """One tool call in the sandbox (`tools.execute`), as an `execute_tool` span when tracing is on."""
+    with node_traces.tool_call(call.name) as span:
+        started = time.monotonic()
+        result = await execute(call, sandbox, timeout)
+        node_traces.tool_result(span, result, started)
+        return result
 
 
 async def run_agent_loop(
@@ -146,6 +158,8 @@ async def run_agent_loop(
     async def turns_loop() -> None:
         nonlocal failure, submitted, final_text, finish
         for turn in range(config.max_turns):
+            turn_span.close()   # the previous turn's
+            turn_span.enter_context(tracing.span("turn", {"rolloutd.turn": turn}))
             room = config.max_total_tokens - len(ids)
             if room <= 0 and turn == 0:
                 failure, finish = too_long("spec.agent.sampling.maxTotalTokens", config.max_total_tokens), "error"
@@ -203,7 +217,7 @@ async def run_agent_loop(
                 metrics["tool_calls"] += 1
                 if call.error:
                     metrics["malformed_tool_calls"] += 1
-                result = await execute(call, sandbox, config.action_timeout)
+                result = await run_tool(call, sandbox, config.action_timeout)
                 if not result.ok:
                     metrics["tool_errors"] += 1
                 observations.append(result.observation if len(calls) == 1 else f"[{call.name}] {result.observation}")
@@ -233,11 +247,17 @@ async def run_agent_loop(
             metrics["observation_tokens"] += len(obs_ids)
             conversation.append({"role": tokenizer.observation_role, "content": observation})
 
+    turn_span = contextlib.ExitStack()  # the current turn's span (tracing on)
+
+    async def traced_turns() -> None:
+        with turn_span:  # the last turn's span ends in the task that opened it
+            await turns_loop()
+
     try:
         if config.run_timeout is None:
-            await turns_loop()
+            await traced_turns()
         else:
-            await asyncio.wait_for(turns_loop(), config.run_timeout)
+            await asyncio.wait_for(traced_turns(), config.run_timeout)
     except Exception as e:  # what the loop can name ends the trajectory, classed by `classify`; the rest propagates
         if not isinstance(e, (BackendError, RequestRejected, ToolInfraError, asyncio.TimeoutError)) \
                 and not is_infra_error(e):

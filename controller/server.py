@@ -21,6 +21,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
+from rolloutd.crds import tracing
 from rolloutd.crds.settings import ControllerSettings
 
 from .allowlists import AllowLists
@@ -168,6 +169,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                    settings: ControllerSettings | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
+    tracing.setup("rolloutd-controller", nodeenv.tracing_on((settings or ControllerSettings()).tracing))
     app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                     tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons,
                     settings=settings)

@@ -147,6 +147,8 @@ class Lease(Model):
     backend: str | None = Field(description="the LLM backend URL pinned to this task")
     policy_version: int | str | None = None
     queued_seconds: float = 0.0
+    traceparent: str | None = Field(default=None, max_length=128,
+                                    description="W3C trace context of the attempt's trace (tracing on)")
 
 
 class LeaseResponse(Model):

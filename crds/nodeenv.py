@@ -20,6 +20,7 @@ SLURM_NODE_ID = "SLURM_NODEID"
 SLURM_NODE_NAME = "SLURMD_NODENAME"
 ADMIN_TOKEN = "ROLLOUTD_TOKEN"
 CA_FILE = "ROLLOUTD_CA_FILE"
+TRACING = "ROLLOUTD_TRACING"
 
 DEFAULT_DRAIN_SECONDS = 30.0
 
@@ -35,6 +36,7 @@ TABLE: dict[str, tuple[str, str]] = {
     SLURM_NODE_ID: ("Slurm", "the daemon's node index within the allocation"),
     SLURM_NODE_NAME: ("Slurm", "the node's name: the daemon's name (else the host name)"),
     CA_FILE: ("executor", "CA bundle that signed an https controller's certificate (default: the system's)"),
+    TRACING: ("operator", "1: export OpenTelemetry traces over OTLP/HTTP (the standard OTEL_* variables say where)"),
     ADMIN_TOKEN: ("never", "the controller's admin API token: removed before a daemon starts"),
 }
 
@@ -55,6 +57,7 @@ class NodeEnv:
     slurm_node_id: int | None = None
     node_name: str | None = None
     ca_file: str | None = None
+    tracing: bool = False
 
 
 def node_env(controller: str, job: str, join_token: str) -> dict[str, str]:
@@ -85,4 +88,10 @@ def read_node_env(environ: Mapping[str, str]) -> NodeEnv:
         slurm_node_id=int(node_id) if node_id.isdigit() else None,
         node_name=environ.get(SLURM_NODE_NAME) or None,
         ca_file=environ.get(CA_FILE) or None,
+        tracing=tracing_on(environ.get(TRACING)),
     )
+
+
+def tracing_on(value: str | None) -> bool:
+    """Whether a `ROLLOUTD_TRACING` value turns tracing on (1, true, yes, on)."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

@@ -72,6 +72,9 @@ VARIABLES: tuple[Variable, ...] = (
              nodeenv.TABLE[nodeenv.DRAIN_SECONDS][1]),
     Variable(nodeenv.CA_FILE, "path", "the system's CAs", (NODE, CLIENT),
              "CA bundle that signed an https controller's certificate"),
+    Variable(nodeenv.TRACING, "text", "unset (off)", (NODE, CONTROLLER),
+             "`1` turns on OpenTelemetry traces, one per rollout attempt, exported over OTLP/HTTP; the standard "
+             "`OTEL_*` variables (endpoint, headers, service name, sampler) say where and how"),
     Variable(nodeenv.ADMIN_TOKEN, "secret", "none", (CLIENT,),
              "the API token `rolloutctl` and the client send; removed before a node daemon starts"),
     Variable("ROLLOUTD_TOKEN_FILE", "path", "the data directory's `token`", (CLIENT,), "a file holding the API token"),
@@ -194,6 +197,7 @@ class ControllerSettings:
     watch_history: int = 50000
     result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
     stall_samples: Path | None = None
+    tracing: str | None = None   # ROLLOUTD_TRACING (`nodeenv.tracing_on` reads it)
     k8s_namespace: str | None = None
     k8s_node_image: str | None = None
     slurm_dir: Path = Path("/tmp/rolloutd-slurm")

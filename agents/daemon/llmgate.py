@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .. import spans as node_traces
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
 
 # a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
@@ -159,12 +160,15 @@ class TrackedLLM:
         stream.runs.append((self.gate.version_of(self.url), 0))
         self.gate.streams.add(stream)
         try:
-            if self.mode == "drain" or not hasattr(self.inner, "stream"):
-                self.in_flight.add(request_id)
-                gen = await self.inner.generate(prompt_ids, sampling, request_id)
-                stream.got(len(gen.token_ids))
-            else:
-                gen = await self._streamed(stream, prompt_ids, sampling, request_id)
+            with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
+                started = time.monotonic()
+                if self.mode == "drain" or not hasattr(self.inner, "stream"):
+                    self.in_flight.add(request_id)
+                    gen = await self.inner.generate(prompt_ids, sampling, request_id)
+                    stream.got(len(gen.token_ids))
+                else:
+                    gen = await self._streamed(stream, prompt_ids, sampling, request_id)
+                node_traces.generated(span, gen, started)
         finally:
             self.in_flight.discard(request_id)
             self.gate.streams.discard(stream)

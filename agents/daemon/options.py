@@ -54,6 +54,7 @@ class NodeOptions:
     retry_max: float = 5.0               # longest back-off between retries to an unreachable controller
     features: tuple[str, ...] = FEATURES  # node-protocol features asked for at registration (crds.node)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the sandbox runtime's settings
+    tracing: bool = False  # ROLLOUTD_TRACING: OpenTelemetry traces (rolloutd.crds.tracing)
 
     @classmethod
     def from_env(cls, *, controller: str | None = None, job: str | None = None, name: str | None = None,
@@ -78,5 +79,5 @@ class NodeOptions:
             controller=controller, job=job, token=env.join_token,
             name=name or env.node_name or socket.gethostname(),
             slot=slot, slurm_job_id=env.slurm_job_id, slurm_node_id=env.slurm_node_id,
-            drain_seconds=env.drain_seconds, ca_file=env.ca_file, sandbox=sandbox,
+            drain_seconds=env.drain_seconds, ca_file=env.ca_file, sandbox=sandbox, tracing=env.tracing,
         )

@@ -32,6 +32,7 @@ from .jobconfig import JobConfig
 from .llmgate import PolicyGate, TrackedLLM
 from .outbox import Outbox
 from .rollouts import Phase, Rollout, Rollouts
+from .. import spans as node_traces
 
 
 class _Infra(InfraError):
@@ -129,7 +130,9 @@ class Pipeline:
     # ------------------------------------------------------------------ one rollout
     async def run(self, r: Rollout) -> None:
         try:
-            trajectory = await self._stages(r)
+            with node_traces.attempt(r, self.config.job, self.config.node, self.log) as span:
+                trajectory = await self._stages(r)
+                node_traces.outcome(span, trajectory)
             if not r.silent:
                 self.report(r, trajectory)
         except asyncio.CancelledError:
@@ -192,7 +195,8 @@ class Pipeline:
             r.waits[phase.value] = t0 - since
             try:
                 async with asyncio.timeout(bound if bound is not None else seconds):
-                    return await work()
+                    with node_traces.stage(phase.name, r.aid, t0 - since):
+                        return await work()
             except TimeoutError:
                 raise _StageFailed(f"{phase.name} exceeded {seconds:g}s") from None
             except Exception as e:  # noqa: BLE001 - classed here: never the policy's fault

@@ -32,6 +32,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..errors import NotFound
 from . import hot_sql
+from . import tracing as attempt_traces
 from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
@@ -105,6 +106,7 @@ class Attempts:
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
                                         policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
+                    leases[-1].traceparent = attempt_traces.granted(leases[-1], job_name, node_id)
                 if grants:
                     hot_sql.grant(db, grants)
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
@@ -251,6 +253,7 @@ class Attempts:
                 if item is not None and item.state == ItemState.cancelled:
                     why = "cancelled"
                 ack.dropped[res.attempt_id] = why
+                attempt_traces.ended(res.attempt_id, "dropped", res.trajectory)
                 continue
             t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
                                                    "attempt": item.attempt})
@@ -275,6 +278,7 @@ class Attempts:
                 settled.append(item.group_id)
             changed[item.id] = item
             ack.accepted.append(res.attempt_id)
+            attempt_traces.ended(res.attempt_id, str(item.state), t)
         if changed:
             hot_sql.save(tx.db, changed.values())
         if delivered:  # in order: their seqs follow the batch
@@ -313,6 +317,7 @@ class Attempts:
                 for aid in late.keys() - {r.attempt_id for r in expired}:
                     self.held.forget(aid)  # not leased in the database (its grant was rolled back)
             for item in expired:
+                attempt_traces.ended(item.attempt_id, "expired")
                 cache = self.jobs.cached(item.job)
                 state = self.queue.requeue(item, f"lease expired on node {item.node_id}",
                                            cache.max_attempts if cache else 3)

@@ -12,6 +12,8 @@ the e2e and Slurm tests): real rollouts against a real engine, with one thing sc
 - `ScriptedOracle` ("scripted-oracle"): math rows run by `agent.kind: oracle` (no LLM, no engine) in a bwrap
   sandbox: the answer is the row's own; a row with "script": "infra" fails in RUN as an infrastructure failure,
   every attempt; "gate" as above.
+- `ToolFirst` ("tool-first"): math, but RUN starts with one scripted bash tool call in the sandbox (through the
+  loop's own `run_tool`), then the real agent loop: a tool call in every rollout, whatever the tiny model says.
 """
 import asyncio
 import os
@@ -51,3 +53,13 @@ class ScriptedOracle(GatedMath):
         t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                        attempt=ctx.attempt, finish_reason="oracle", messages=self.messages(task, []))
         return stash_answer(t, submitted=str(task["answer"]), final_text="")
+
+
+class ToolFirst(MathTask):
+    async def run(self, task, sandbox, llm, *, tokenizer, config, ctx):
+        from rolloutd.agents.loop import run_tool
+        from rolloutd.agents.tools import ToolCall
+
+        result = await run_tool(ToolCall("bash", {"command": "echo scripted; exit 3"}), sandbox, 20)
+        assert "scripted" in result.observation and not result.ok, result
+        return await super().run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)

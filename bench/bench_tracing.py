@@ -1,0 +1,127 @@
+"""The cost of tracing (crds/tracing.py): the span hooks of one rollout attempt with tracing off vs on, side by side.
+
+Where it sits: `python -m bench tracing` through `run(quick)`. The hooks run as the product calls them — the
+controller's `granted` and `ended` (controller/work/tracing.py), the node's attempt, INIT/RUN/EVAL, per turn a
+turn, a model call and a tool call (agents/spans.py) — with the SDK's batch processor exporting over OTLP/HTTP to
+a loopback sink that answers 200, so serialising and sending are counted. Blocks of rollouts alternate off / on
+in one process; CPU time (`time.process_time`, the exporter's thread included) per rollout, and spans per rollout.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+TURNS = 2   # the e2e job's: a model call and a tool call each
+
+
+class _Sink(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _counter():
+    """A span processor that counts ended spans (`.ended`)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Count(SpanProcessor):
+        ended = 0
+
+        def on_end(self, span) -> None:
+            self.ended += 1
+
+    return Count()
+
+
+def _rollout(i: int) -> None:
+    from rolloutd.agents import spans
+    from rolloutd.controller.work import tracing as attempt_traces
+    from rolloutd.crds import tracing
+    from rolloutd.crds.node import Lease
+
+    lease = Lease(attempt_id=f"{i}.1.abcdef", item=i, prompt=i, sample=0, attempt=1, task={},
+                  backend="http://127.0.0.1:1", queued_seconds=0.01)
+    lease.traceparent = attempt_traces.granted(lease, "default/bench", "node-0")
+    r = SimpleNamespace(lease=lease, aid=lease.attempt_id)
+    log = SimpleNamespace(info=lambda *a, **k: None)
+    inner = SimpleNamespace(model="tiny", url="http://127.0.0.1:1")
+    sampling = SimpleNamespace(max_tokens=12, temperature=1.0, seed=3)
+    gen = SimpleNamespace(token_ids=list(range(12)), finish_reason="stop", cached_tokens=0)
+    result = SimpleNamespace(ok=True, submitted=None, observation="ok\n[exit code 0]")
+    with spans.attempt(r, "default/bench", "node-0", log) as node:
+        with spans.stage("INIT", lease.attempt_id, 0.0):
+            pass
+        with spans.stage("RUN", lease.attempt_id, 0.0):
+            for turn in range(TURNS):
+                with tracing.span("turn", {"rolloutd.turn": turn}):
+                    with spans.model_call(inner, list(range(200)), sampling, f"r{i}-t{turn}", 0) as call:
+                        spans.generated(call, gen, time.monotonic())
+                    with spans.tool_call("bash") as tool:
+                        spans.tool_result(tool, result, time.monotonic())
+        with spans.stage("EVAL", lease.attempt_id, 0.0):
+            pass
+        spans.outcome(node, SimpleNamespace(reward=1.0, failure=SimpleNamespace(kind="none", reason=None),
+                                            finish_reason="stop", turns=[0] * TURNS))
+    attempt_traces.ended(lease.attempt_id, "done")
+
+
+def _block(n: int, start: int) -> float:
+    """CPU seconds per rollout over `n` rollouts."""
+    t0 = time.process_time()
+    for i in range(start, start + n):
+        _rollout(i)
+    return (time.process_time() - t0) / n
+
+
+def run(quick: bool = False) -> list[dict]:
+    from rolloutd.crds import tracing
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{server.server_port}/v1/traces")
+    os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", "200000")   # blocks end spans faster than rollouts do: keep all
+    count = _counter()
+    try:
+        tracing.setup("bench", True)
+        tracing._provider.add_span_processor(count)
+        tracer = tracing._tracer
+        n, blocks = (100, 3) if quick else (500, 8)
+        off, on = [], []
+        for b in range(blocks):
+            tracing._tracer = None            # off: what every hook costs when tracing is not on
+            off.append(_block(n, 2 * b * n))
+            tracing._tracer = tracer
+            before = count.ended
+            on.append(_block(n, (2 * b + 1) * n))
+            per_rollout = (count.ended - before) / n
+        tracing.flush()
+    finally:
+        tracing._tracer = None
+        with contextlib.suppress(Exception):
+            tracing._provider.shutdown()
+        server.shutdown()
+    off_us, on_us = statistics.median(off) * 1e6, statistics.median(on) * 1e6
+    return [
+        {"benchmark": f"tracing off: one rollout attempt's span hooks ({TURNS} turns) and this bench's stand-ins, CPU",
+         "ours": f"{off_us:.1f} µs", "baseline": "-", "ratio": None, "target": "nothing measurable", "met": None},
+        {"benchmark": f"tracing on: the same, spans exported over OTLP/HTTP to loopback, CPU",
+         "ours": f"{on_us:.0f} µs", "baseline": f"{off_us:.1f} µs (off)", "ratio": on_us / max(off_us, 1e-9),
+         "target": "-", "met": None},
+        {"benchmark": "tracing on: spans per rollout attempt", "ours": f"{per_rollout:g}",
+         "baseline": "-", "ratio": None, "target": f"6 + 3 per turn ({TURNS} turns)", "met": None},
+    ]
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)

@@ -1,0 +1,200 @@
+"""OpenTelemetry traces for rolloutd's processes: off unless `ROLLOUTD_TRACING=1`, exported over OTLP/HTTP.
+
+`setup(service, on)` is called once by each process (controller, node daemon) with its settings' word; the standard `OTEL_*` variables
+(endpoint, headers, service name, resource attributes, sampler) are the SDK's own. With tracing off nothing of
+OpenTelemetry is imported and every helper is a no-op. Next step: `rolloutd.agents.spans` (the node's spans)
+and `controller/work/tracing.py` (the controller's).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+TRACER = "rolloutd"
+
+_tracer: Any = None   # an opentelemetry Tracer once `setup` turned tracing on
+_provider: Any = None
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def setup(service: str, on: bool) -> bool:
+    """Install the SDK's tracer provider with an OTLP/HTTP exporter (batched) when `on` (`ROLLOUTD_TRACING`, read
+    by the process's settings); True when on.
+    `OTEL_SERVICE_NAME` overrides `service`. Raises ImportError naming the extra when the SDK is missing."""
+    global _tracer
+    if _tracer is not None or not on:
+        return _tracer is not None
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as e:
+        raise ImportError(f"ROLLOUTD_TRACING is set but OpenTelemetry is not installed: pip install 'rolloutd[tracing]' "
+                          f"({e})") from e
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or service})
+    # flushed and shut down at exit (the SDK's atexit hook). Not made the global provider: libraries that trace
+    # whatever a global provider is set (FastAPI 0.165 traces every request) would bury the rollouts' traces.
+    global _provider
+    _provider = TracerProvider(resource=resource)
+    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    _tracer = _provider.get_tracer(TRACER)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(TraceIdFilter())
+    return True
+
+
+def use(provider: Any) -> None:
+    """Trace into `provider` (an SDK TracerProvider the caller made: a test's in-memory exporter), or stop (None)."""
+    global _tracer, _provider
+    _provider = provider
+    _tracer = provider.get_tracer(TRACER) if provider is not None else None
+
+
+def flush() -> None:
+    """Flush what is batched (a process about to exit by `os._exit` or a signal)."""
+    if _provider is not None:
+        with contextlib.suppress(Exception):
+            _provider.force_flush(5_000)
+
+
+class _Nothing:
+    """The span of a process without tracing: takes every call and does nothing."""
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        pass
+
+    def set_status_error(self, description: str) -> None:
+        pass
+
+    def end(self, end_time: int | None = None) -> None:
+        pass
+
+
+NOTHING = _Nothing()
+
+
+def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    """OTLP attribute values: str, bool, int, float or their lists; None dropped, anything else as str."""
+    out: dict[str, Any] = {}
+    for k, v in attributes.items():
+        if v is None:
+            continue
+        if isinstance(v, (str, bool, int, float)):
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, bool, int, float)) for x in v):
+            out[k] = list(v)
+        else:
+            out[k] = str(v)
+    return out
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
+         parent: str | None = None) -> Iterator[Any]:
+    """A span around the block, the current one inside it (child of `parent`, a W3C traceparent, when given,
+    else of the current span). An exception escaping the block marks it as an error. No-op with tracing off."""
+    if _tracer is None:
+        yield NOTHING
+        return
+    ctx = extract(parent) if parent else None
+    with _tracer.start_as_current_span(name, context=ctx, attributes=_clean(attributes or {}),
+                                       start_time=start_time) as s:
+        yield s
+
+
+def start(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
+          parent: Any = None) -> Any:
+    """A span not made current (ended by the caller's `end()`), child of `parent` (a span) or a new trace."""
+    if _tracer is None:
+        return NOTHING
+    from opentelemetry import trace
+
+    ctx = trace.set_span_in_context(parent) if parent is not None else None
+    return _tracer.start_span(name, context=ctx, attributes=_clean(attributes or {}), start_time=start_time)
+
+
+def set_attributes(s: Any, attributes: dict[str, Any]) -> None:
+    if s is not NOTHING:
+        s.set_attributes(_clean(attributes))
+
+
+def error(s: Any, description: str) -> None:
+    """Mark `s` as failed with `description` (an infra or config failure, never a low reward)."""
+    if s is not NOTHING:
+        from opentelemetry.trace import Status, StatusCode
+
+        s.set_status(Status(StatusCode.ERROR, description[:500]))
+
+
+def traceparent(s: Any = None) -> str | None:
+    """The W3C traceparent of `s` (default the current span), for another process; None with tracing off."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    ctx = trace.set_span_in_context(s) if s is not None else None
+    TraceContextTextMapPropagator().inject(carrier, context=ctx)
+    return carrier.get("traceparent")
+
+
+def extract(value: str) -> Any:
+    """The context a W3C traceparent names (a malformed one gives a new trace: it is the peer's word)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": value})
+
+
+def trace_id() -> str | None:
+    """The current span's trace id (32 hex digits), or None."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    sc = trace.get_current_span().get_span_context()
+    return format(sc.trace_id, "032x") if sc.is_valid else None
+
+
+class TraceIdFilter(logging.Filter):
+    """Appends `trace_id=…` to the log lines written inside a span, so a line leads to its trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        tid = trace_id()
+        if tid is not None and isinstance(record.msg, str) and "trace_id=" not in record.msg:
+            record.msg = f"{record.msg} [trace_id={tid}]"
+        return True
+
+
+def context() -> Any:
+    """The current trace context (to carry into work served by other tasks, e.g. the harness gateway)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import context as otel_context
+
+    return otel_context.get_current()
+
+
+@contextlib.contextmanager
+def attached(ctx: Any) -> Iterator[None]:
+    """Run the block in the trace context `ctx` (from `context()`); no-op for None."""
+    if ctx is None or _tracer is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
