@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from support.node_helpers import BASE_SPEC
+from rolloutd.agents.daemon.jobconfig import JobConfig, load_spec
+from rolloutd.agents.tasks.harbor import HarborTask
 from rolloutd.crds.settings import SandboxSettings
-from rolloutd.crds.tenancy import TenantQuotas
+from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
 from rolloutd.sandbox.build_limits import BuildLimits, for_build
 from rolloutd.sandbox.build_step import SizeLimitExceeded, tree_bytes
 from rolloutd.sandbox.image_build import build_image
@@ -96,3 +99,16 @@ def test_a_tenants_build_is_capped_by_its_policy():
                                           "stageSeconds": 600})
     assert for_build(node, quotas) == BuildLimits(1024, 64, 1.0, 600, 600)
     assert for_build(node) == BuildLimits(4096, 512, 4.0, 1800, 3600)  # an admin's: the node's
+
+
+def test_a_tenants_harbor_build_gets_its_policys_process_bound(needs_builder, tmp_path):
+    """The node daemon hands the job's policy quotas to the handler; its build's steps get at most them."""
+    _needs_cgroup("pids")
+    policy = TenantPolicySpec.model_validate({"quotas": {"sandboxProcesses": 64}})
+    handler = HarborTask()
+    JobConfig.build(load_spec(BASE_SPEC), job="j", node="n", handler=handler, policy=policy)
+    assert handler.quotas.sandbox_processes == 64
+    handler.roots = None  # the task directory read in place (the tenant's private copy: test_build_context.py)
+    _context(tmp_path, "for i in $(seq 200); do sleep 5 & done; wait")
+    with pytest.raises(ImageBuildError, match="process bound of 64 "):
+        handler._build(build_image, str(tmp_path))
