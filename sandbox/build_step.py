@@ -176,7 +176,7 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
 
 def _name_the_bound(cgroup: Cgroup, bounds: BuildLimits) -> None:
     """A failed step that met its cgroup's bound fails with the bound's name, not only its exit code."""
-    if cgroup.memory_hit():
+    if cgroup.oom_killed():  # not a reclaim at the limit (page cache hits it too): a process killed for it
         raise ImageBuildError(f"the step went over the build's memory bound of {bounds.memory_mb} MB "
                               "(ROLLOUTD_BUILD_MEMORY_MB, at most the tenant policy's sandboxMemoryMB)")
     if cgroup.pids_hit():

@@ -164,16 +164,6 @@ class Cgroup:
                         return True
         return False
 
-    def memory_hit(self) -> bool:
-        """Whether anything in it was refused memory at the bound (v1 failcnt) or killed for it."""
-        for d in self.dirs:
-            try:
-                if int((d / "memory.failcnt").read_text()) > 0:
-                    return True
-            except (OSError, ValueError):
-                pass
-        return self.oom_killed()
-
     def pids_hit(self) -> bool:
         """Whether a fork or clone in it was refused at pids.max."""
         for d in self.dirs:

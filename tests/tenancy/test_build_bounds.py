@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ def _needs_cgroup(kind: str) -> None:
 
 
 def _context(tmp_path: Path, *runs: str) -> Path:
-    (tmp_path / "Dockerfile").write_text("FROM debian:bookworm\n" + "".join(f"RUN {r}\n" for r in runs))
+    """A Dockerfile of `runs`, its own each time: an image an older, unbounded builder cached never answers it."""
+    (tmp_path / "Dockerfile").write_text(f"# {uuid.uuid4()}\nFROM debian:bookworm\n"
+                                         + "".join(f"RUN {r}\n" for r in runs))
     return tmp_path
 
 
@@ -51,7 +54,7 @@ def test_a_step_forking_1000_processes_fails_at_the_default_process_bound(needs_
     ctx = _context(tmp_path, "for i in $(seq 1000); do sleep 5 & done; wait")
     with pytest.raises(ImageBuildError) as err:
         build_image(ctx, log=lambda m: None)
-    assert "Dockerfile:2: RUN" in str(err.value)
+    assert "Dockerfile:3: RUN" in str(err.value)
     assert "process bound of 512" in str(err.value) and "ROLLOUTD_BUILD_PROCESSES" in str(err.value)
 
 
@@ -70,7 +73,7 @@ def test_a_step_sleeping_past_the_step_timeout_is_stopped(needs_builder, tmp_pat
     with pytest.raises(ImageBuildError) as err:
         build_image(ctx, log=lambda m: None, settings=_settings(step_seconds="3"))
     assert time.monotonic() - t0 < 50
-    assert "Dockerfile:2: RUN" in str(err.value) and "ROLLOUTD_BUILD_STEP_SECONDS" in str(err.value)
+    assert "Dockerfile:3: RUN" in str(err.value) and "ROLLOUTD_BUILD_STEP_SECONDS" in str(err.value)
 
 
 def test_steps_within_their_timeout_still_stop_at_the_whole_build_timeout(needs_builder, tmp_path):
