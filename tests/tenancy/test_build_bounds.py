@@ -3,8 +3,10 @@ creates files without end fails the build with an error naming the bound it met;
 node's cgroups. The bounds are the node's settings (ROLLOUTD_BUILD_*), capped by a tenant's policy quotas."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +21,7 @@ from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
 from rolloutd.sandbox.build_limits import BuildLimits, for_build
 from rolloutd.sandbox.build_step import SizeLimitExceeded, tree_bytes
 from rolloutd.sandbox.image_build import build_image
-from rolloutd.sandbox.limits import Cgroup
+from rolloutd.sandbox.limits import Cgroup, candidate_parents
 from rolloutd.sandbox.rootfs import ImageBuildError, base_rootfs, image_cache_dir
 
 
@@ -67,13 +69,44 @@ def test_a_step_holding_more_than_the_memory_bound_fails(needs_builder, tmp_path
     assert "memory bound of 128 MB" in str(err.value) and "ROLLOUTD_BUILD_MEMORY_MB" in str(err.value)
 
 
-def test_a_step_sleeping_past_the_step_timeout_is_stopped(needs_builder, tmp_path):
+def _step_cgroups(seen: dict, done: threading.Event) -> None:
+    """What the running step's cgroups bound, read from the host while it runs (the last read wins, so a value
+    read between a cgroup's making and its write is overwritten): {file name: value}."""
+    while not done.is_set():
+        for parent in candidate_parents():
+            for d in parent.glob("rolloutd-build-*"):
+                for name in ("cpu.cfs_quota_us", "cpu.max", "memory.limit_in_bytes", "memory.max", "pids.max"):
+                    with contextlib.suppress(OSError):
+                        seen[name] = (d / name).read_text().strip()
+        time.sleep(0.05)
+
+
+def test_a_step_sleeping_past_the_step_timeout_is_stopped_and_ran_in_its_cgroup(needs_builder, tmp_path):
     ctx = _context(tmp_path, "sleep 60")
+    seen: dict = {}
+    done = threading.Event()
+    watcher = threading.Thread(target=_step_cgroups, args=(seen, done), daemon=True)
+    watcher.start()
     t0 = time.monotonic()
-    with pytest.raises(ImageBuildError) as err:
-        build_image(ctx, log=lambda m: None, settings=_settings(step_seconds="3"))
+    try:
+        with pytest.raises(ImageBuildError) as err:
+            build_image(ctx, log=lambda m: None,
+                        settings=_settings(step_seconds="3", cpus="0.5", memory_mb="300", processes="77"))
+    finally:
+        done.set()
+        watcher.join(5)
     assert time.monotonic() - t0 < 50
     assert "Dockerfile:3: RUN" in str(err.value) and "ROLLOUTD_BUILD_STEP_SECONDS" in str(err.value)
+    probe = Cgroup.create(f"probe-{os.getpid()}", 64, 64, 1.0, headroom=False)
+    if probe:
+        probe.destroy()
+    kinds = probe.kinds if probe else []
+    if "cpu" in kinds:
+        assert seen.get("cpu.cfs_quota_us", seen.get("cpu.max", "")).split()[0] == "50000", seen
+    if "memory" in kinds:
+        assert seen.get("memory.limit_in_bytes", seen.get("memory.max")) == str(300 << 20), seen
+    if "pids" in kinds:
+        assert seen.get("pids.max") == "77", seen
 
 
 def test_steps_within_their_timeout_still_stop_at_the_whole_build_timeout(needs_builder, tmp_path):
