@@ -54,7 +54,19 @@ VARIABLES: tuple[Variable, ...] = (
              "the sandbox hides it"),
     Variable("ROLLOUTD_IMAGE_DIR", "path", "`$ROLLOUTD_HOME/images`", (SANDBOX,),
              "where built root filesystem images are cached (e.g. a cluster filesystem)"),
-    Variable("ROLLOUTD_IMAGE_MAX_MB", "int", "8192", (SANDBOX,), "the most an image build may write, in MB"),
+    Variable("ROLLOUTD_IMAGE_MAX_MB", "int", "8192", (SANDBOX,), "the most an image build may write, in MB (every "
+             "file, directory and link counts at least 4 KiB, so many empty files fill it too)"),
+    Variable("ROLLOUTD_BUILD_MEMORY_MB", "int", "4096", (SANDBOX,), "the memory one Dockerfile step of an image build "
+             "may hold (its cgroup; RLIMIT_AS of twice this per process); a tenant's build at most its policy's "
+             "sandboxMemoryMB"),
+    Variable("ROLLOUTD_BUILD_PROCESSES", "int", "512", (SANDBOX,), "the processes one Dockerfile step may run at "
+             "once (its cgroup's pids.max); a tenant's build at most its policy's sandboxProcesses"),
+    Variable("ROLLOUTD_BUILD_CPUS", "number", "2", (SANDBOX,), "the CPU cores one Dockerfile step may use (its "
+             "cgroup's CPU quota); a tenant's build at most its policy's sandboxCpus"),
+    Variable("ROLLOUTD_BUILD_STEP_SECONDS", "number", "1800", (SANDBOX,), "how long one Dockerfile step may run; a "
+             "tenant's build at most its policy's stageSeconds"),
+    Variable("ROLLOUTD_BUILD_SECONDS", "number", "3600", (SANDBOX,), "how long a whole image build may run; a "
+             "tenant's build at most its policy's stageSeconds"),
     Variable("ROLLOUTD_SANDBOX_DIR", "path", "`$TMPDIR/rolloutd-sandboxes-<uid>`", (SANDBOX,),
              "where each sandbox's private directory (workspace, control socket) is made"),
     Variable("ROLLOUTD_SANDBOX_UID", "int", "65534 (nobody)", (SANDBOX,),
@@ -224,6 +236,11 @@ class SandboxSettings:
     data_dir: Path = field(default_factory=_sandbox_data_dir)
     image_dir: Path | None = None  # None: `home`/images
     image_max_mb: int = 8192
+    build_memory_mb: int = 4096
+    build_processes: int = 512
+    build_cpus: float = 2.0
+    build_step_seconds: float = 1800.0
+    build_seconds: float = 3600.0
     sandbox_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / f"rolloutd-sandboxes-{os.getuid()}")
     sandbox_uid: int = 65534  # nobody
     egress_allow: Networks = ()
@@ -237,6 +254,11 @@ class SandboxSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SandboxSettings":
         values = read(cls, SANDBOX, environ)
         at_least("ROLLOUTD_IMAGE_MAX_MB", values.get("image_max_mb"), 1)
+        at_least("ROLLOUTD_BUILD_MEMORY_MB", values.get("build_memory_mb"), 16)
+        at_least("ROLLOUTD_BUILD_PROCESSES", values.get("build_processes"), 8)
+        at_least("ROLLOUTD_BUILD_CPUS", values.get("build_cpus"), 0.01)
+        at_least("ROLLOUTD_BUILD_STEP_SECONDS", values.get("build_step_seconds"), 1)
+        at_least("ROLLOUTD_BUILD_SECONDS", values.get("build_seconds"), 1)
         at_least("ROLLOUTD_SANDBOX_UID", values.get("sandbox_uid"), 0)
         return cls(**values)
 

@@ -63,18 +63,20 @@ class TenantQuotas(Model):
                                     "(pipeline.workersPerNode init + run + eval, plus sandbox.warm)")
     watches: int = Field(default=16, ge=0, description="open watches by the namespace's tokens (more: 429)")
     sandbox_cpus: float = Field(default=2.0, gt=0, description="the most sandbox.limits.cpus a job may ask for (a "
-                                "job may not turn the bound off)")
+                                "job may not turn the bound off); a step of its image builds gets at most this too")
     sandbox_memory_mb: int = Field(default=8192, ge=16, alias="sandboxMemoryMB", description="the most "
-                                   "sandbox.limits.memoryMB a job may ask for")
+                                   "sandbox.limits.memoryMB a job may ask for; a step of its image builds gets at most "
+                                   "this too")
     workspace_mb: int = Field(default=8192, ge=1, alias="workspaceMB", description="the most "
                               "sandbox.limits.workspaceMB a job may ask for (a job may not turn the bound off)")
     sandbox_processes: int = Field(default=1024, ge=8, description="the most sandbox.limits.processes a job may "
-                                   "ask for")
+                                   "ask for; a step of its image builds gets at most this too")
     tmp_mb: int = Field(default=4096, ge=1, alias="tmpMB", description="the most sandbox.limits.tmpMB a job may ask "
                         "for (tmpfs counts against the node's memory)")
     wall_seconds: int = Field(default=3600, ge=1, description="the most sandbox.limits.wallSeconds a job may ask for")
     stage_seconds: float = Field(default=3600.0, gt=0, description="the most any of timeouts.initSeconds, "
-                                 "runSeconds, evalSeconds and actionSeconds may be")
+                                 "runSeconds, evalSeconds and actionSeconds may be, and a step and a whole image build "
+                                 "of its jobs")
     priority: int = Field(default=10, ge=1, le=1000, description="the largest spec.priority (a job's fair-share "
                           "weight on the backends it shares) a job may set")
 

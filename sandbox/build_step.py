@@ -11,7 +11,9 @@ CAP_SETFCAP, inside that namespace only: nothing over the host's network, mounts
 namespace has a loopback and nothing else: no host loopback, no interface of the host. A RUN step's only way
 out is the filtering egress proxy (egress.py) on a Unix socket bound in, relayed to 127.0.0.1:EGRESS_PORT
 inside and given as http_proxy/https_proxy (apt, pip, npm, curl honour them). The size bound: RLIMIT_FSIZE
-for any one file, and the rootfs's bytes, checked every POLL_SECONDS and after the step (`SizeLimitExceeded`).
+for any one file, and the rootfs's bytes (every inode at least INODE_BYTES), checked every POLL_SECONDS and after
+the step (`SizeLimitExceeded`). The step's other bounds (build_limits.py): a cgroup of its own (memory, pids,
+CPU, as a sandbox's, where the node may make one), RLIMIT_AS per process, and a deadline.
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
+from .build_limits import AS_FACTOR, BuildLimits
+from .limits import CGROUP_JOIN, Cgroup
 from .relay import RELAY
 from .rootfs import ImageBuildError
 from .rootpath import inside, resolve
@@ -41,6 +46,7 @@ STEP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "S
 ID_COUNT = 65536  # ids mapped into a step's user namespace (root daemon): 0-65535, nobody included
 TMP_MB = 2048     # the step's private /tmp (memory): pip's downloads and builds
 POLL_SECONDS = 2.0
+INODE_BYTES = 4096  # what each file, directory or link counts at least: 100 000 empty files are 400 MB
 OUTPUT_TAIL = 64 * 1024
 
 # Run by the host's python (-I): enter a new user namespace whose ids 0..ID_COUNT-1 are the host's (a forked
@@ -75,7 +81,8 @@ class SizeLimitExceeded(ImageBuildError):
 
 
 def tree_bytes(root: Path, stop_over: int | None = None) -> int:
-    """Bytes allocated under `root` (links not followed, a hard-linked file once); stops once over `stop_over`."""
+    """Bytes allocated under `root`, each inode at least INODE_BYTES (links not followed, a hard-linked file once);
+    stops once over `stop_over`."""
     total, seen, todo = 0, set(), [str(root)]
     while todo:
         try:
@@ -92,7 +99,7 @@ def tree_bytes(root: Path, stop_over: int | None = None) -> int:
                     if (st.st_dev, st.st_ino) in seen:
                         continue
                     seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
+                total += max(st.st_blocks * 512, INODE_BYTES)
                 if stat.S_ISDIR(st.st_mode):
                     todo.append(entry.path)
         if stop_over is not None and total > stop_over:
@@ -102,15 +109,24 @@ def tree_bytes(root: Path, stop_over: int | None = None) -> int:
 
 def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: str = "/", egress: Path | None = None,
                   binds: list[tuple[str, str]] = (), user: tuple[int, int] | None = None, timeout: float | None = None,
-                  max_bytes: int | None = None) -> subprocess.CompletedProcess:
+                  max_bytes: int | None = None, bounds: BuildLimits | None = None,
+                  timeout_by: str = "") -> subprocess.CompletedProcess:
     """Run `argv` with `rootfs` as a writable root: a Dockerfile step. `egress`: the proxy's socket (a RUN's
-    network), None for none. Output (stdout and stderr, its last OUTPUT_TAIL bytes) is returned, not raised."""
+    network), None for none. `bounds`: memory, processes and CPU (None: none); `timeout_by` names what set
+    `timeout`. Output (stdout and stderr, its last OUTPUT_TAIL bytes) is returned, not raised; a step stopped
+    at a bound raises ImageBuildError naming it."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ImageBuildError("bwrap is not installed (bash .ci/system-packages.sh)")
     outer: list[str] = []
-    if max_bytes is not None:
-        outer = ["prlimit", f"--fsize={max_bytes}:{max_bytes}", "--"]
+    if max_bytes is not None or bounds is not None:
+        outer = ["prlimit"]
+        if max_bytes is not None:
+            outer.append(f"--fsize={max_bytes}:{max_bytes}")
+        if bounds is not None:
+            address_space = AS_FACTOR * bounds.memory_mb << 20
+            outer.append(f"--as={address_space}:{address_space}")
+        outer.append("--")
     opts = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-net", "--unshare-cgroup-try"]
     if os.geteuid() == 0:
@@ -140,15 +156,36 @@ def run_in_rootfs(rootfs: Path, argv: list[str], *, env: dict[str, str], cwd: st
     if user is not None:  # USER: drop to it inside, as Docker does for the following RUN steps
         argv = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--init-groups", *argv]
     seccomp_fd = filter_fd()  # the sandbox's filter (bwrap sets no_new_privs with it): apt and pip need none of it
+    command = [*outer, *opts, "--seccomp", str(seccomp_fd), "--", *relay, *argv]
+    cgroup = None
     try:
-        command = [*outer, *opts, "--seccomp", str(seccomp_fd), "--", *relay, *argv]
-        return _supervise(command, rootfs, timeout, max_bytes, seccomp_fd)
+        if bounds is not None:
+            cgroup = Cgroup.create(f"build-{uuid.uuid4().hex[:12]}", bounds.memory_mb, bounds.processes,
+                                   bounds.cpus, headroom=False)
+        if cgroup is not None:  # joined before exec, as a sandbox's (runtimes/base.py)
+            command = ["/bin/sh", "-c", CGROUP_JOIN, "sh", *(str(d) for d in cgroup.dirs), "--", *command]
+        proc = _supervise(command, rootfs, timeout, max_bytes, seccomp_fd, timeout_by)
+        if proc.returncode != 0 and cgroup is not None:
+            _name_the_bound(cgroup, bounds)
+        return proc
     finally:
         os.close(seccomp_fd)
+        if cgroup is not None:
+            cgroup.destroy()
+
+
+def _name_the_bound(cgroup: Cgroup, bounds: BuildLimits) -> None:
+    """A failed step that met its cgroup's bound fails with the bound's name, not only its exit code."""
+    if cgroup.oom_killed():  # not a reclaim at the limit (page cache hits it too): a process killed for it
+        raise ImageBuildError(f"the step went over the build's memory bound of {bounds.memory_mb} MB "
+                              "(ROLLOUTD_BUILD_MEMORY_MB, at most the tenant policy's sandboxMemoryMB)")
+    if cgroup.pids_hit():
+        raise ImageBuildError(f"the step went over the build's process bound of {bounds.processes} "
+                              "(ROLLOUTD_BUILD_PROCESSES, at most the tenant policy's sandboxProcesses)")
 
 
 def _supervise(command: list[str], rootfs: Path, timeout: float | None, max_bytes: int | None,
-               seccomp_fd: int) -> subprocess.CompletedProcess:
+               seccomp_fd: int, timeout_by: str = "") -> subprocess.CompletedProcess:
     """Run `command`, keeping its output's tail; kill it at `timeout` or once the rootfs is over `max_bytes`."""
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             pass_fds=(seccomp_fd,))
@@ -165,7 +202,8 @@ def _supervise(command: list[str], rootfs: Path, timeout: float | None, max_byte
             except subprocess.TimeoutExpired:
                 pass
             if deadline is not None and time.monotonic() >= deadline:
-                raise ImageBuildError(f"the step did not finish within {timeout:g}s")
+                raise ImageBuildError(f"the step did not finish within {timeout:g}s"
+                                      + (f": {timeout_by}" if timeout_by else ""))
             if max_bytes is not None and (used := tree_bytes(rootfs, max_bytes)) > max_bytes:
                 raise SizeLimitExceeded(_over_message(used, max_bytes))
         if max_bytes is not None and (used := tree_bytes(rootfs, max_bytes)) > max_bytes:

@@ -8,8 +8,9 @@ verifier) turns it into `http_proxy`/`https_proxy`. Next step: downloaders insid
 It speaks what downloaders use: `CONNECT host:port` (https, tunnelled as is) and plain-http requests in
 absolute form (`GET http://host:port/path`), forwarded unchanged. Before connecting it resolves the host itself
 and checks every address (`refusal`): loopback, private (RFC 1918, ULA), link-local (169.254.169.254, the
-cloud metadata service, included), shared (CGNAT), reserved, unspecified, multicast, and the IPv4 inside
-IPv4-mapped, 6to4, Teredo and NAT64 forms are refused with 403, as are metadata and localhost host names;
+cloud metadata service, included), shared (CGNAT), reserved, unspecified, multicast, every address of the
+node's own interfaces (`own_networks`, whatever its range, public ones too), and the
+IPv4 inside IPv4-mapped, 6to4, Teredo and NAT64 forms are refused with 403, as are metadata and localhost names;
 then it connects to the address it checked (no second lookup, so no DNS-rebinding gap). An admin may allow
 chosen networks (a site mirror) with ROLLOUTD_EGRESS_ALLOW="10.1.2.3/32,...". Documentation ranges (TEST-NET)
 are not refused: some sites resolve public registries into them.
@@ -49,8 +50,28 @@ COMPATIBLE = ipaddress.ip_network("::/96")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def refusal(address: str | Address, allow=()) -> str | None:
-    """Why a connection to `address` is refused (None: an address outside REFUSED, or one the admin allows)."""
+def own_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The addresses of this node's interfaces, read now (they may change): the kernel's local routes (IPv4, from
+    /proc/net/fib_trie) and interface addresses (IPv6, /proc/net/if_inet6)."""
+    out: list = []
+    with contextlib.suppress(OSError):
+        previous = ""
+        for line in Path("/proc/net/fib_trie").read_text().splitlines():
+            words = line.split()
+            if words[-2:] == ["host", "LOCAL"] and words[0].startswith("/") and previous:
+                out.append(ipaddress.ip_network(f"{previous}{words[0]}", strict=False))
+            elif len(words) == 2 and words[0] in ("|--", "+--"):
+                previous = words[1]
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            out.append(ipaddress.ip_network(":".join(raw[i:i + 4] for i in range(0, 32, 4))))
+    return out
+
+
+def refusal(address: str | Address, allow=(), own: Sequence | None = None) -> str | None:
+    """Why a connection to `address` is refused (None: an address outside REFUSED and not the node's own, or one
+    the admin allows). `own`: the node's interface networks (None: `own_networks()`, read now)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0]) if isinstance(address, str) else address
     if any(ip in net for net in allow if net.version == ip.version):
         return None
@@ -60,10 +81,14 @@ def refusal(address: str | Address, allow=()) -> str | None:
         candidates += [a for a in (ip.ipv4_mapped, ip.sixtofour, teredo and teredo[1]) if a]
         if ip in NAT64 or (ip in COMPATIBLE and int(ip) > 1):
             candidates.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    own = own_networks() if own is None else own
+    own_hit = next((one for one in candidates if any(one in net for net in own if net.version == one.version)), None)
     for one in candidates:
         for net, what in REFUSED:
             if net.version == one.version and one in net:
                 return f"{what} ({one})"
+    if own_hit is not None:
+        return f"an address of this node's own interfaces ({own_hit})"
     return None
 
 
@@ -84,8 +109,9 @@ async def pick_address(host: str, port: int, allow=()) -> tuple[str | None, str 
     except (OSError, UnicodeError) as e:
         return None, f"cannot resolve {host}: {e}"
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    own = own_networks()
     for address in addresses:
-        why = refusal(address, allow)
+        why = refusal(address, allow, own)
         if why:
             return None, f"{host} resolves to {why}"
     return (addresses[0], None) if addresses else (None, f"{host} has no address")
@@ -198,5 +224,4 @@ def serving(path: Path, allow: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Ne
 
 
 
-__all__ = ["EgressProxy", "name_refusal", "pick_address", "refusal",
-          "serving"]
+__all__ = ["EgressProxy", "name_refusal", "own_networks", "pick_address", "refusal", "serving"]

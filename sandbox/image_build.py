@@ -25,10 +25,11 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rolloutd.crds.settings import SandboxSettings
+from .build_limits import BuildLimits, Deadline, for_build
 from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile
 from .egress import serving
@@ -131,11 +132,15 @@ def max_bytes(max_mb: int = DEFAULT_MAX_MB) -> int:
 
 def build_image(directory: str | Path, *, cache: str | Path | None = None, build_args: dict[str, str] | None = None,
                 timeout: float | None = None, log=print, max_mb: int | None = None,
-                settings: SandboxSettings | None = None) -> Image:
+                settings: SandboxSettings | None = None, bounds: BuildLimits | None = None) -> Image:
     """The image of `directory`'s Dockerfile: from the cache, or built now (under a lock), at most `max_mb`
-    MB of root filesystem (`max_bytes`). `settings`: the node's (image cache, size bound, egress allow-list;
-    None: the defaults); `cache` and `max_mb` override them."""
+    MB of root filesystem (`max_bytes`). `settings`: the node's (image cache, size bound, egress allow-list,
+    build bounds; None: the defaults); `cache` and `max_mb` override them, `bounds` its build bounds (a tenant's:
+    `build_limits.for_build(settings, quotas)`), `timeout` the step timeout."""
     settings = settings or SandboxSettings()
+    bounds = bounds or for_build(settings)
+    if timeout is not None:
+        bounds = replace(bounds, step_seconds=min(bounds.step_seconds, timeout))
     limit = max_bytes(max_mb if max_mb is not None else settings.image_max_mb)
     context, dockerfile = find_dockerfile(Path(directory).resolve())
     build_args = dict(build_args or {})
@@ -159,7 +164,7 @@ def build_image(directory: str | Path, *, cache: str | Path | None = None, build
         work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache_dir))
         work.chmod(0o755)  # readable by every user of a shared cache, like the base
         try:
-            image = _build(parsed, context, base, work, key, _Limits(timeout, limit, settings.egress_allow), log)
+            image = _build(parsed, context, base, work, key, _Limits(Deadline(bounds), limit, settings.egress_allow), log)
             image.seconds = round(time.monotonic() - t0, 2)
             meta = {k: v for k, v in asdict(image).items() if k not in ("path", "cached")}
             (work / "image.json").write_text(json.dumps(meta, indent=1))
@@ -180,7 +185,7 @@ def _cached(dest: Path) -> Image:
 
 @dataclass
 class _Limits:
-    timeout: float | None  # seconds per step
+    deadline: Deadline     # the build's clock and each step's bounds
     max_bytes: int         # the root filesystem's
     egress_allow: tuple = ()  # networks the steps' egress proxy may reach although private
 
@@ -237,9 +242,11 @@ def _replay(parsed: Dockerfile, context: Path, rootfs: Path, env: dict[str, str]
 def _step(rootfs: Path, argv: list[str], env: dict[str, str], cwd: str, user, op: str, line: int, limits: _Limits,
           *, egress: Path | None = None, binds=()) -> None:
     where = f"Dockerfile:{line}" if line else "base"
+    timeout, timeout_by = limits.deadline.step_timeout()
     try:
         proc = run_in_rootfs(rootfs, argv, env=env, cwd=cwd, user=user, egress=egress, binds=list(binds),
-                             timeout=limits.timeout, max_bytes=limits.max_bytes)
+                             timeout=timeout, max_bytes=limits.max_bytes, bounds=limits.deadline.limits,
+                             timeout_by=timeout_by)
     except ImageBuildError as e:
         raise type(e)(f"{where}: {op}: {e}") from None
     if proc.returncode != 0:

@@ -13,6 +13,9 @@ from pathlib import Path
 from ..crds.rolloutjob import SandboxLimits
 from .server.procs import kill_until_gone
 
+CGROUP_JOIN = (  # sh -c CGROUP_JOIN sh DIR... -- ARGV: join each cgroup directory, then exec ARGV
+    'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
+)
 SERVER_HEADROOM_MB = 256
 PIDS_HEADROOM = 64  # the server's threads and the kernel's count as tasks
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -86,15 +89,16 @@ class Cgroup:
 
     @classmethod
     def create(cls, name: str, memory_mb: int | None, processes: int | None,
-               cpus: float | None = None) -> "Cgroup | None":
+               cpus: float | None = None, *, headroom: bool = True) -> "Cgroup | None":
+        """`headroom`: room for the execution server on top (a sandbox's); False for an image build's step."""
         own = _own_cgroups()
         dirs: list[Path] = []
         kinds: list[str] = []
         wants: dict[str, object] = {}
         if memory_mb:
-            wants["memory"] = (memory_mb + SERVER_HEADROOM_MB) * 1024 * 1024
+            wants["memory"] = (memory_mb + SERVER_HEADROOM_MB * headroom) * 1024 * 1024
         if processes:
-            wants["pids"] = processes + PIDS_HEADROOM
+            wants["pids"] = processes + PIDS_HEADROOM * headroom
         if cpus:
             wants["cpu"] = max(1000, int(cpus * CPU_PERIOD_US))
         if not wants:
@@ -158,6 +162,18 @@ class Cgroup:
                     key, _, value = line.partition(" ")
                     if key == "oom_kill" and value.strip() not in ("", "0"):
                         return True
+        return False
+
+    def pids_hit(self) -> bool:
+        """Whether a fork or clone in it was refused at pids.max."""
+        for d in self.dirs:
+            try:
+                for line in (d / "pids.events").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "max" and value.strip() not in ("", "0"):
+                        return True
+            except OSError:
+                pass
         return False
 
     def destroy(self, timeout: float = 5.0) -> None:

@@ -73,6 +73,7 @@ class JobConfig:
             raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
         handler.roots = None if policy is None else list(policy.data_roots)  # files it reads after load, too
         handler.sandbox_settings = sandbox_settings  # the node's (image cache, egress allow-list): harbor's builds
+        handler.quotas = None if policy is None else policy.quotas  # a tenant's builds: at most its sandboxes' bounds
         tools = list(spec.agent.tools)
         needs_sandbox = bool(handler.needs_sandbox or SANDBOX_TOOLS & set(tools))
         sandbox = spec.sandbox  # the job's own spec.sandbox is what the runtimes take (one SandboxSpec)

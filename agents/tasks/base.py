@@ -112,7 +112,8 @@ class TaskHandler(ABC):
     - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
       daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
       solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
-    - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list), set beside `roots`.
+    - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list), set beside `roots`;
+      `quotas`: the job's tenant policy quotas (None for an admin's job), which cap a tenant's image builds.
     - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
@@ -122,6 +123,7 @@ class TaskHandler(ABC):
     name: ClassVar[str] = ""
     roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
     sandbox_settings: Any = None  # the node's `crds.settings.SandboxSettings` (None: the defaults), set by the daemon
+    quotas: Any = None  # the job's `crds.tenancy.TenantQuotas` (None: an admin's job), set by the daemon
     agent_kinds: ClassVar[tuple[str, ...]] = ("loop",)
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False

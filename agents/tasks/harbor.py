@@ -112,10 +112,15 @@ class HarborTask(TaskHandler):
         """An admin's task builds from its directory; a tenant's from a private copy of it read beneath the job's
         data roots as nobody (`snapshot`), so the builder, which reads the Dockerfile and hashes and copies the
         context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
+        from rolloutd.sandbox.build_limits import for_build
+
+        bounds = for_build(self.sandbox_settings, self.quotas)  # a tenant's: at most its policy's sandbox quotas
         if self.roots is None:
-            return build_image(path, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings)
+            return build_image(path, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
+                               bounds=bounds)
         with snapshot(path, self.roots) as private:
-            return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings)
+            return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
+                               bounds=bounds)
 
     async def init(self, task: dict, sandbox: Any) -> None:
         image = await self.image(task)

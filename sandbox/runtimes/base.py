@@ -18,14 +18,11 @@ from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import ID_VAR, Layout, reap_leftovers, remove
 from ..launch import LaunchConfig
-from ..limits import CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
+from ..limits import CGROUP_JOIN, CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
 from ..netns import Outbound
 from ..sandbox import Sandbox, log_tail, terminate
 
 READY_TIMEOUT = 30.0
-CGROUP_JOIN = (
-    'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
-)
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     # UTF-8 text without LANG: with LANG every program's setlocale() opens all 12 category files

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import http.server
 import ipaddress
+import json
+import shutil
+import subprocess
 import socket
 import threading
 import time
@@ -152,3 +155,49 @@ def test_one_internal_address_among_a_names_answers_refuses_the_name(monkeypatch
 
     address, why = asyncio.run(main())
     assert address is None and "loopback" in why
+
+
+def _interface_addresses() -> list[str]:
+    """This machine's own interface addresses (`ip -j addr`), loopback and link-local left out."""
+    out = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout
+    found = [a["local"] for i in json.loads(out) for a in i.get("addr_info", [])]
+    return [a for a in found if not ipaddress.ip_address(a).is_loopback and not ipaddress.ip_address(a).is_link_local]
+
+
+def test_the_proxy_refuses_the_nodes_own_interface_addresses(proxy):
+    """Whatever its range (here a documentation or public one the range filter lets through), an address of the
+    node's own interfaces reaches the node itself: a server listening there is never reached through the proxy."""
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2's ip")
+    addresses = _interface_addresses()
+    ipv4 = [a for a in addresses if ipaddress.ip_address(a).version == 4]
+    if not ipv4:
+        pytest.skip("this machine has no IPv4 interface address besides loopback")
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "6")
+            self.end_headers()
+            self.wfile.write(b"secret")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((ipv4[0], 0), Handler)  # on the interface only: nothing leaves
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path, served = proxy
+        port = server.server_port
+        answer = _ask(path, f"GET http://{ipv4[0]}:{port}/token HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answer.startswith("HTTP/1.1 403") and "own interfaces" in answer and "secret" not in answer, answer
+        for address in addresses:
+            host = f"[{address}]" if ":" in address else address
+            answer = _ask(path, f"CONNECT {host}:{port} HTTP/1.1\r\n\r\n")
+            assert answer.startswith("HTTP/1.1 403"), (address, answer)
+        assert hits == []
+    finally:
+        server.shutdown()
+        server.server_close()
