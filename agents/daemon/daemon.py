@@ -37,7 +37,7 @@ from rolloutd.crds.aiokit import Backoff, wait_event
 from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError
-from .fit import misfit
+from .fit import check_fit
 from .heartbeat import UNREACHABLE_LEASES, Heartbeater
 from .jobconfig import JobConfig, load_spec
 from .lease import UNSTARTED, Leaser
@@ -285,7 +285,7 @@ class NodeDaemon:
         self.pipeline.start()
         if self.pipeline.tokenizer is None:
             self.pipeline.tokenizer = await self._load_tokenizer(spec.llm.tokenizer, spec.agent.chat_template_kwargs)
-            await self._check_fit(spec)
+            await check_fit(self.pipeline.tokenizer, spec, self.config.default_backend(), self.opts.job)
         w, sandboxed = self.pipeline.workers, self.config.needs_sandbox
         self.log.info("job %s: tasks %s, sandbox %s (%s, %d warm), pools init=%d run=%d eval=%d", self.opts.job,
                       spec.tasks.kind, spec.sandbox.runtime if sandboxed else "none", spec.sandbox.image,
@@ -306,16 +306,6 @@ class NodeDaemon:
         except Exception as e:  # noqa: BLE001 - a missing or unreadable tokenizer: nothing can run
             raise NodeError(f"cannot set up job {self.opts.job!r}: {type(e).__name__}: {e}",
                             config=f"spec.llm.tokenizer: cannot load {path!r}: {type(e).__name__}: {e}") from None
-
-    async def _check_fit(self, spec: Any) -> None:
-        """The loaded tokenizer against the engine of the job's first backend (`fit.py`): another model's tokenizer
-        fails the job once, as configuration, before any rollout."""
-        url = self.config.default_backend()
-        if self.pipeline.tokenizer is None or url is None:
-            return
-        reason = await misfit(self.pipeline.tokenizer, spec.llm.tokenizer, url, spec.llm.model)
-        if reason:
-            raise NodeError(f"cannot set up job {self.opts.job!r}: {reason}", config=reason)
 
     async def _report_config(self, reason: str) -> None:
         """The job's spec cannot work here (its tokenizer does not load): report that on one leased

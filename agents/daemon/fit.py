@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from .options import NodeError
+
 # words, digits, accents, CJK, code and whitespace: tokenizers of different models split these differently
 PROBE = "The quick brown fox jumps over 13 lazy dogs: é, ü, ß, 你好.\n  def f(x): return x**2  # done"
 TIMEOUT = 10.0  # seconds: an engine still loading is the backend checks' business, not this one's
@@ -41,3 +43,13 @@ async def misfit(tokenizer: Any, path: str, url: str, model: str | None, *,
             f"{f' ({model})' if model else ''}: a probe text is {len(ours)} tokens with it and {len(theirs)} in the "
             f"engine, the first different at position {at} (id {shown(ours)} against the engine's {shown(theirs)}); "
             f"this tokenizer has {tokenizer.vocab_size} ids. Give the directory of the served model's tokenizer")
+
+
+async def check_fit(tokenizer: Any, spec: Any, url: str | None, job: str) -> None:
+    """At a node's INIT: the loaded tokenizer against the engine of the job's first backend (`url`); a misfit is a
+    `NodeError` the daemon reports once as the job's configuration error."""
+    if tokenizer is None or url is None:
+        return
+    reason = await misfit(tokenizer, spec.llm.tokenizer, url, spec.llm.model)
+    if reason:
+        raise NodeError(f"cannot set up job {job!r}: {reason}", config=reason)
