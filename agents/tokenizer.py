@@ -38,8 +38,10 @@ class ChatTokenizer:
     role (it mentions it), else "user"; pass it to override.
     """
 
-    def __init__(self, path: str | os.PathLike, *, observation_role: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, *, observation_role: str | None = None,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
+        self.template_kwargs = dict(template_kwargs or {})  # the job's `agent.chatTemplateKwargs`, in every render
         if not self.path.is_dir():
             raise FileNotFoundError(f"{self.path}: no such tokenizer directory on this node (tokenizers load "
                                     "offline only, from the directory holding the model's tokenizer files)")
@@ -60,6 +62,7 @@ class ChatTokenizer:
                add_generation_prompt: bool = False) -> str:
         return self.hf.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _plain_backend(self) -> Tokenizer | None:

@@ -1,5 +1,6 @@
 """The `rolloutctl` command's entry point: `--version` answered before anything is imported (a shell's prompt or
-a CI step may call it often), every other call handed to the typer app in `ctl.py`."""
+a CI step may call it often), the plain forms of `get` by `ctl_fast.py`, every other call by the typer app in
+`ctl.py`."""
 from __future__ import annotations
 
 import sys
@@ -14,6 +15,11 @@ def main() -> None:
         except PackageNotFoundError:  # a source tree that was never installed
             print("unknown")
         return
+    if "get" in sys.argv[1:]:
+        from .ctl_fast import run
+
+        if (code := run(sys.argv[1:])) is not None:
+            sys.exit(code)
     from .ctl import app
 
     app()

@@ -5,34 +5,20 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from rolloutd.crds.columns import PRINTER_COLUMNS, REWARD_MEAN
+from rolloutd.crds.columns import REWARD_MEAN
+
+from .ctl_table import age, cell, counts, jobs_table  # noqa: F401 - the views' one namespace for ctl.py
 
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
 LABELS = {"agentFailed": "agent-failed", "infraFailed": "infra-failed"}
 TRAJECTORY_HEADER = (f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TURNS':>5} {'TOKENS':>6} "
                      f"{'NODE':<14} REASON")
-
-
-def counts(obj: dict[str, Any]) -> dict[str, int]:
-    return obj.get("status", {}).get("counts", {}) or {}
-
-
-def age(ts: str | None) -> str:
-    if not ts:
-        return "-"
-    then = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    s = int((datetime.now(timezone.utc) - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{max(s, 0)}s"
 
 
 def print_obj(out: Console, obj: Any, output: str) -> None:
@@ -42,31 +28,6 @@ def print_obj(out: Console, obj: Any, output: str) -> None:
         import yaml
 
         print(yaml.safe_dump(obj, sort_keys=False), end="")
-
-
-def cell(obj: dict[str, Any], column: dict[str, Any]) -> str:
-    """A printer column's value in `obj` (its jsonPath), as text; a date column as an age."""
-    cur: Any = obj
-    for part in column["jsonPath"].lstrip(".").split("."):
-        cur = cur.get(part) if isinstance(cur, dict) else None
-    if column["type"] == "date":
-        return age(cur)
-    if cur is None or cur == "":
-        return "0" if column["type"] == "integer" else "-"
-    return f"{cur:.3g}" if column["type"] == "number" else str(cur)
-
-
-def jobs_table(items: list[dict[str, Any]], wide: bool, namespaces: bool = False) -> str:
-    """The CRD's printer columns (`crds.crd.PRINTER_COLUMNS`): what `kubectl get` prints, same names and values,
-    laid out as kubectl does (each column as wide as its widest cell, three spaces apart): never cut to fit a
-    terminal, whose lines wrap instead (a rich table shrank NAME to nothing on a narrow one)."""
-    columns = [c for c in PRINTER_COLUMNS if wide or not c.get("priority")]
-    ns = ["NAMESPACE"] if namespaces else []  # `get -A`: kubectl's first column
-    rows = [[*ns, "NAME", *(c["name"].upper() for c in columns)]]
-    rows += [[*([o["metadata"].get("namespace", "default")] if namespaces else []), o["metadata"]["name"],
-              *(cell(o, c) for c in columns)] for o in items]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def describe_text(obj: dict[str, Any], events: list[dict[str, Any]], stats: dict[str, Any] | None = None) -> str:

@@ -5,11 +5,17 @@ Part of the RolloutJob spec (`rolloutjob.RolloutJobSpec.agent` and `.llm`, re-ex
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import Model
+
+
+# apply_chat_template's own arguments, which rolloutd sets itself: never a template variable of the job's
+TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+                                "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
+                                "padding", "truncation", "max_length", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 class SamplingSpec(Model):
@@ -66,6 +72,21 @@ class AgentSpec(Model):
     system_prompt: str | None = Field(default=None, min_length=1, max_length=65536,
                                       description="loop: the conversation's system message, instead of the task "
                                                   "kind's own (which also names the tools and `submit`)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, max_length=32,
+        description="variables for the tokenizer's chat template, passed to every prompt it renders (Qwen3: "
+                    "{enable_thinking: false}); each a string, number or boolean")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(set(kwargs) & TEMPLATE_ARGUMENTS)
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: set by rolloutd for every prompt, not a template variable")
+        bad = [k for k, v in kwargs.items() if not k.isidentifier() or not isinstance(v, (str, int, float, bool))]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: a template variable is a name with a string, a number or a boolean")
+        return kwargs
 
     @field_validator("command")
     @classmethod

@@ -43,7 +43,7 @@ def test_nested_folder_maps_to_its_own_package():
 def test_trainer_client_imports_only_httpx_and_the_standard_library(tmp_path):
     """A trainer's environment: importing rolloutd.client pulls in no numpy, torch, yaml,
     pydantic or controller machinery."""
-    code = ("import sys, httpx; base = set(sys.modules); import rolloutd.client; "  # httpx may pull in rich
+    code = ("import sys, httpx; base = set(sys.modules); from rolloutd.client import RolloutClient; "  # httpx may pull in rich
             "print(sorted({m.split('.')[0] for m in set(sys.modules) - base} & {'numpy','torch','yaml','pydantic',"
             "'fastapi','sqlmodel','typer','rich','transformers'})); "
             "print(sorted(m for m in sys.modules if m.startswith('rolloutd.') and not m.startswith('rolloutd.client')))")

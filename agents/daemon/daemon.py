@@ -37,6 +37,7 @@ from rolloutd.crds.aiokit import Backoff, wait_event
 from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError
+from .fit import check_fit
 from .heartbeat import UNREACHABLE_LEASES, Heartbeater
 from .jobconfig import JobConfig, load_spec
 from .lease import UNSTARTED, Leaser
@@ -283,13 +284,14 @@ class NodeDaemon:
         self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
         self.pipeline.start()
         if self.pipeline.tokenizer is None:
-            self.pipeline.tokenizer = await self._load_tokenizer(spec.llm.tokenizer)
+            self.pipeline.tokenizer = await self._load_tokenizer(spec.llm.tokenizer, spec.agent.chat_template_kwargs)
+            await check_fit(self.pipeline.tokenizer, spec, self.config.default_backend(), self.opts.job)
         w, sandboxed = self.pipeline.workers, self.config.needs_sandbox
         self.log.info("job %s: tasks %s, sandbox %s (%s, %d warm), pools init=%d run=%d eval=%d", self.opts.job,
                       spec.tasks.kind, spec.sandbox.runtime if sandboxed else "none", spec.sandbox.image,
                       spec.sandbox.warm if sandboxed else 0, w[Phase.INIT], w[Phase.RUN], w[Phase.EVAL])
 
-    async def _load_tokenizer(self, path: str | None) -> Any:
+    async def _load_tokenizer(self, path: str | None, template_kwargs: dict[str, Any]) -> Any:
         """In a thread: importing transformers and reading a tokenizer blocks for seconds.
         None: an agent without an LLM (oracle)."""
         if path is None:
@@ -297,7 +299,7 @@ class NodeDaemon:
 
         def load():
             from ..tokenizer import ChatTokenizer
-            return ChatTokenizer(path)
+            return ChatTokenizer(path, template_kwargs=template_kwargs)
 
         try:
             return await asyncio.to_thread(load)

@@ -13,22 +13,25 @@ import-light modules, so it installs in a trainer's environment without the cont
 being imported. Modules: `connection` (server and token), `errors`, `calls` (one request each),
 `core` (the loops' state: streams with retry, waits, long-polls), `sync`, `aio`, `batch` (`Batch.to_arrays`).
 """
-from .batch import Batch, Group, grpo_advantages, sequences
-from .calls import load_job
-from .connection import Connection, resolve
-from .errors import (
-    BadRequest, Conflict, ConnectionFailed, Gone, Invalid, JobEnded, NotFound, RolloutdError, Unauthorized, WaitTimeout,
-)
-from .sync import RolloutClient
+# Each name is imported from its module on first use, so that `rolloutctl get` (controller/ctl_fast.py) can read
+# `connection` without importing httpx and the client's loops.
+_WHERE = {
+    "Batch": "batch", "Group": "batch", "grpo_advantages": "batch", "sequences": "batch", "load_job": "calls",
+    "Connection": "connection", "resolve": "connection", "RolloutClient": "sync", "AsyncRolloutClient": "aio",
+    **{n: "errors" for n in ("BadRequest", "Conflict", "ConnectionFailed", "Gone", "Invalid", "JobEnded",
+                             "NotFound", "RolloutdError", "Unauthorized", "WaitTimeout")},
+}
 
 
 def __getattr__(name: str):
-    """`AsyncRolloutClient` on first use: asyncio costs a command-line call (`rolloutctl get`) ~20 ms it never needs."""
-    if name == "AsyncRolloutClient":
-        from .aio import AsyncRolloutClient
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return AsyncRolloutClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",

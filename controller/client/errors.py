@@ -5,9 +5,10 @@ Raised by both clients (`sync`, `aio`) from `status_error` (an HTTP error answer
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # only annotations: `rolloutctl get`'s fast path reads these errors without httpx
+    import httpx
 
 from rolloutd.crds import errors as taxonomy
 

@@ -70,3 +70,33 @@ def test_a_tokenizer_loads_offline_only_and_a_missing_one_says_so(tmp_path, name
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such tokenizer directory on this node .*offline only"):
         ChatTokenizer(name)
+
+
+# Qwen3 style: `enable_thinking=false` closes an empty think block in the generation prompt
+THINKING = ("{% for m in messages %}{{ '<|' + m.role + '|>\\n' + m.content + eos_token + '\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
+            "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+            "{% endif %}{% endif %}")
+
+
+def test_the_jobs_chat_template_variables_reach_every_rendering(tiny_dir):
+    """`spec.agent.chatTemplateKwargs` (the daemon passes them as `template_kwargs`): in the prompt's ids and in
+    the observation's (which are rendered by the same template), validated in the spec."""
+    from pydantic import ValidationError
+
+    from rolloutd.crds.agent_spec import AgentSpec
+
+    plain, off = make(tiny_dir, THINKING), make(tiny_dir, THINKING)
+    off.template_kwargs = AgentSpec.model_validate({"chatTemplateKwargs": {"enable_thinking": False}}
+                                                   ).chat_template_kwargs
+    messages = [{"role": "user", "content": "2+2?"}]
+    assert "<think>" not in plain.decode(plain.encode_chat(messages))
+    assert off.decode(off.encode_chat(messages)).endswith("<|assistant|>\n<think>\n\n</think>\n\n")
+    # the next turn's generation prompt, after a tool's observation, is rendered with them too
+    assert off.decode(off.encode_observation("4", closed=True)).endswith("<|assistant|>\n<think>\n\n</think>\n\n")
+    assert "<think>" not in plain.decode(plain.encode_observation("4", closed=True))
+    for bad, says in (({"tokenize": True}, "set by rolloutd"), ({"x": [1]}, "string, a number or a boolean"),
+                      ({"not a name": 1}, "string, a number or a boolean")):
+        with pytest.raises(ValidationError, match=says) as e:
+            AgentSpec.model_validate({"chatTemplateKwargs": bad})
+        assert e.value.errors()[0]["loc"] == ("chatTemplateKwargs",)

@@ -68,3 +68,13 @@ def test_a_harness_job_needs_the_llm():
 def test_the_harness_example_is_valid():
     job = RolloutJob.model_validate(yaml.safe_load((ROOT / "examples/harbor/harness-job.yaml").read_text()))
     assert job.spec.agent.kind == "harness" and job.spec.llm.tokenizer
+
+
+def test_the_api_answers_422_naming_a_chat_template_argument_rolloutd_sets(bad_api):
+    doc = yaml.safe_load((ROOT / "examples/math-demo.yaml").read_text())
+    doc["spec"]["agent"]["chatTemplateKwargs"] = {"enable_thinking": False, "add_generation_prompt": False}
+    r = bad_api.put(f"/apis/rolloutd.io/v1alpha1/rolloutjobs/{doc['metadata']['name']}", json=doc)
+    assert r.status_code == 422, r.text
+    [cause] = r.json()["details"]["causes"]
+    assert cause["field"] == "spec.agent.chatTemplateKwargs" and "add_generation_prompt: set by rolloutd" in \
+        cause["message"], cause
