@@ -29,7 +29,7 @@ PROMISES = {"": ["rolloutd.client", "rolloutd.crds", "rolloutd.controller.ctl"],
 # imported only where an optional part is used, each behind its own extra or a clear error
 # (verl, skyrl: the trainers' extras; typing_extensions comes with skyrl; wandb, mlflow: the trackers' extra)
 OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors",
-            "verl", "skyrl", "typing_extensions", "wandb", "mlflow"}
+            "verl", "skyrl", "typing_extensions", "wandb", "mlflow", "opentelemetry"}
 
 
 def _name(requirement: str) -> str:

@@ -100,8 +100,9 @@ class Expansions:
             else:
                 rows = handler.load(source, limit, roots=list(policy.data_roots))
             return rows, "" if rows else f"spec.tasks.source: dataset {source} has no rows"
-        except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message
-            return [], f"spec.tasks.source: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - a bad dataset fails the job with its message, naming the field once
+            named = str(e).startswith("spec.tasks.")
+            return [], f"{'' if named else 'spec.tasks.source: '}{type(e).__name__}: {e}"
 
     def _start(self, job: RolloutJob) -> ExpansionRow:
         key, n = job.metadata.key, job.spec.samples_per_prompt

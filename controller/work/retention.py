@@ -14,6 +14,7 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from ..errors import NotFound
+from .seq_floor import PLACEHOLDER_JOB
 from .tables import TrajectoryRow
 
 DEFAULT_RETENTION_SECONDS = 7 * 86400.0
@@ -47,7 +48,8 @@ class Retention:
         cutoff = self.clock() - self.seconds
         with Session(self.engine) as s:
             rows = s.exec(select(TrajectoryRow.job, func.max(TrajectoryRow.t_end)).group_by(TrajectoryRow.job)).all()
-        gone = [job for job, last in rows if (last is None or last < cutoff) and not self.exists(job)]
+        gone = [job for job, last in rows if (last is None or last < cutoff) and job != PLACEHOLDER_JOB
+                and not self.exists(job)]  # the seq floor's placeholder row is no deleted job's result
         for job in gone:
             self.purge(job)
             log.info("purged the results of deleted job %s (retention %gs)", job, self.seconds)

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 log = logging.getLogger("rolloutd.feed")
 SEQ_FILE = "trajectory-seq"
 RECORD_SECONDS = 10.0
+PLACEHOLDER_JOB = ""  # the job of the placeholder row: no job has this key, so no listing shows it
 MARGIN = 100_000  # seqs issued after the file was last written (a crash between records) stay below the floor
 
 
@@ -37,7 +38,7 @@ def raise_floor(db: sqlite3.Connection, path: Path) -> int | None:
         return None
     floor = recorded + MARGIN
     db.execute("INSERT INTO trajectories (seq, job, item, prompt, sample, failure, reason, data) "
-               "VALUES (?, '', ?, 0, 0, 'none', '', '{}')", (floor, -floor))
+               "VALUES (?, ?, ?, 0, 0, 'none', '', '{}')", (floor, PLACEHOLDER_JOB, -floor))
     log.warning("the store's trajectories end below seq %d handed out before (restored from a backup?): new ones "
                 "are numbered from %d, so a trainer resuming from a later cursor skips none", recorded, floor + 1)
     return floor

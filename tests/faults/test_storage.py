@@ -21,10 +21,13 @@ P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}  # bench-noop
 
 
+ROWS = Path(__file__).resolve().parent / "data" / "rows.jsonl"  # a dataset the controller can read (checked at apply)
+
+
 def job(name: str) -> dict:
     """A job no executor runs (the controller starts with none): only the store is exercised."""
     return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name}, "spec": {
-        "tasks": {"kind": NOOP, "source": "/nonexistent/rows.jsonl"}, "agent": {"kind": "oracle", "maxTurns": 1},
+        "tasks": {"kind": NOOP, "source": str(ROWS)}, "agent": {"kind": "oracle", "maxTurns": 1},
         "executor": {"kind": "local", "nodes": 1}}}
 
 

