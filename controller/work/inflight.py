@@ -1,0 +1,59 @@
+"""What a job has in flight right now: one row per leased rollout, from the leases held in memory (no SQL).
+
+Served by `http/inflight.py` (`GET …/rolloutjobs/{name}/inflight`) and printed by `rolloutctl inflight`.
+A rollout is **stalled** when it has been in its stage (queued on its node, init, run, eval) for `stalled_after`
+seconds or more, or no beat of its node has named it for that long: a tool call that never returns, a sandbox
+that never starts, a node that went silent before its lease ran out. The stage comes from the node's beats
+(`held_leases.Live`); `queued` is a lease its node has not started yet.
+The rows are bounded (`limit`, stalled first, then the longest in their stage): a job of 64 000 leases costs one
+pass over its own leases and a heap of `limit`. Next step: the turn of a rollout in RUN (the beats do not carry it).
+"""
+from __future__ import annotations
+
+import heapq
+from datetime import datetime, timezone
+from typing import Any
+
+from .held_leases import Live, LiveLeases
+
+STAGE_NAMES = {"leased": "queued", "init": "init", "run": "run", "eval": "eval"}
+DEFAULT_LIMIT = 500
+MAX_LIMIT = 5000
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _attempt(attempt_id: str) -> int | None:
+    """The attempt number an attempt id carries (`{item}.{attempt}.{random}`, `attempts.py`)."""
+    parts = attempt_id.split(".")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def stalled(live: Live, now: float, stalled_after: float) -> bool:
+    return now - live.since >= stalled_after or now - live.beat >= stalled_after
+
+
+def row(attempt_id: str, live: Live, now: float, stalled_after: float) -> dict[str, Any]:
+    return {"attemptId": attempt_id, "item": live.item, "attempt": _attempt(attempt_id),
+            "stage": STAGE_NAMES.get(live.stage, live.stage), "turn": None,
+            "inStageSeconds": round(max(now - live.since, 0.0), 3), "stageSince": _iso(live.since),
+            "lastHeartbeat": _iso(live.beat), "sinceHeartbeatSeconds": round(max(now - live.beat, 0.0), 3),
+            "node": live.node_id, "backend": live.backend, "policyVersion": live.version,
+            "stalled": stalled(live, now, stalled_after)}
+
+
+def inflight(leases: LiveLeases, job: str, now: float, stalled_after: float, limit: int = DEFAULT_LIMIT
+             ) -> dict[str, Any]:
+    """The job's in-flight rollouts: counts by stage, how many are stalled, and at most `limit` rows."""
+    held = leases.of_job(job)
+    stages = {name: 0 for name in STAGE_NAMES.values()}
+    n_stalled = 0
+    for _aid, live in held:
+        stages[STAGE_NAMES.get(live.stage, live.stage)] = stages.get(STAGE_NAMES.get(live.stage, live.stage), 0) + 1
+        n_stalled += stalled(live, now, stalled_after)
+    # stalled first, then the longest in their stage (the smallest `since`)
+    shown = heapq.nsmallest(limit, held, key=lambda al: (not stalled(al[1], now, stalled_after), al[1].since))
+    return {"total": len(held), "stalled": n_stalled, "stages": stages, "stalledAfterSeconds": stalled_after,
+            "truncated": len(held) > len(shown), "items": [row(aid, live, now, stalled_after) for aid, live in shown]}
