@@ -369,9 +369,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         if held is None or held.node_id != node_id:
             gone.append(aid)
             continue
-        held.beat = now
-        if stage != held.stage:  # in memory only: the database keeps the stage of the grant
-            held_now.set_stage(held, stage, now)
+        held_now.heard(held, stage, now)  # in memory only: the database keeps the stage of the grant
         backend = held.backend
         if stage in ("leased", "init") and backend \
                 and (not pool.healthy(backend) or backend not in cache.backends):

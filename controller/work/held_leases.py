@@ -82,6 +82,12 @@ class LiveLeases:
             if not counter:
                 del self._stages[live.job]
 
+    def heard(self, live: Live, stage: str, now: float) -> None:
+        """A beat named the lease in `stage`."""
+        live.beat = now
+        if stage != live.stage:
+            self.set_stage(live, stage, now)
+
     def set_stage(self, live: Live, stage: str, now: float) -> None:
         self._count_stall(live, now)
         live.since, live.stall_counted = now, False
