@@ -385,6 +385,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         # and goes back to the queue when that deadline passes.
         if hb.full:
             held_now.renew(aid, held, until)
+    held_now.set_turns(node_id, hb.turns)
     if gone:
         cancelled = hot_sql.cancelled(db, gone)
         for aid in gone:

@@ -32,6 +32,7 @@ class Live:
     since: float = 0.0  # epoch seconds: when it entered its stage (the grant, a beat's change, a restart)
     beat: float = 0.0   # epoch seconds: the last beat that named it (the grant until one does)
     stall_counted: bool = False  # counted once in `stalls` for its current stage
+    turn: int | None = None  # the turn of a rollout in RUN, when its node says (beat-turns)
 
 
 class LiveLeases:
@@ -87,6 +88,12 @@ class LiveLeases:
         live.beat = now
         if stage != live.stage:
             self.set_stage(live, stage, now)
+
+    def set_turns(self, node_id: str, turns: dict[str, int]) -> None:
+        """A beat of node `node_id` named these rollouts' turns (beat-turns); those not its leases are ignored."""
+        for aid, turn in turns.items():
+            if (live := self.by_attempt.get(aid)) is not None and live.node_id == node_id:
+                live.turn = turn
 
     def set_stage(self, live: Live, stage: str, now: float) -> None:
         self._count_stall(live, now)

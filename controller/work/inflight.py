@@ -37,7 +37,8 @@ def stalled(live: Live, now: float, stalled_after: float) -> bool:
 
 def row(attempt_id: str, live: Live, now: float, stalled_after: float) -> dict[str, Any]:
     return {"attemptId": attempt_id, "item": live.item, "attempt": _attempt(attempt_id),
-            "stage": STAGE_NAMES.get(live.stage, live.stage), "turn": None,
+            "stage": STAGE_NAMES.get(live.stage, live.stage),
+            "turn": live.turn if live.stage == "run" else None,
             "inStageSeconds": round(max(now - live.since, 0.0), 3), "stageSince": _iso(live.since),
             "lastHeartbeat": _iso(live.beat), "sinceHeartbeatSeconds": round(max(now - live.beat, 0.0), 3),
             "node": live.node_id, "backend": live.backend, "policyVersion": live.version,

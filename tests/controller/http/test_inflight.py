@@ -97,3 +97,16 @@ def test_rollouts_cancelled_on_their_nodes_are_counted_as_cleanups(api):
     asyncio.run(scheduler.forget(scheduler.store.get("math-demo")))  # the job is being deleted
     assert counters(client)["rolloutd_rollout_cleanups_total"] == 3  # the 5 never leased need no cleanup
     assert sorted(call(client, f"{nid}/heartbeat", {"stages": {a: "run" for a in leased}})["cancel"]) == sorted(leased)
+
+
+def test_a_daemon_with_beat_turns_tells_the_turn_of_each_rollout_in_run(api):
+    client, _, _ = api
+    reg = call(client, "register?features=beat-turns", {"job": "math-demo", "name": "n1", "protocol": NODE_PROTOCOL})
+    assert reg["features"] == ["beat-turns"]
+    nid = reg["nodeId"]
+    running, starting = (l.attempt_id for l in
+                         LeaseResponse.model_validate(call(client, f"{nid}/lease", {"maxItems": 2})).leases)
+    call(client, f"{nid}/heartbeat", {"stages": {running: "run", starting: "init"}, "turns": {running: 3,
+                                                                                            "9999.1.ffffff": 1}})
+    rows = {r["attemptId"]: r for r in client.get(INFLIGHT, headers=JOIN).json()["items"]}
+    assert rows[running]["turn"] == 3 and rows[starting]["turn"] is None
