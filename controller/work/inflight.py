@@ -5,8 +5,9 @@ A rollout is **stalled** when it has been in its stage (queued on its node, init
 seconds or more, or no beat of its node has named it for that long: a tool call that never returns, a sandbox
 that never starts, a node that went silent before its lease ran out. The stage comes from the node's beats
 (`held_leases.Live`); `queued` is a lease its node has not started yet.
+The turn of a rollout in RUN is the model calls it started, as its node's beats say (feature beat-turns).
 The rows are bounded (`limit`, stalled first, then the longest in their stage): a job of 64 000 leases costs one
-pass over its own leases and a heap of `limit`. Next step: the turn of a rollout in RUN (the beats do not carry it).
+pass over its own leases and a heap of `limit`. Next step: a live trace link per row (tracing on).
 """
 from __future__ import annotations
 
