@@ -33,6 +33,6 @@ def inflight_router(store: Store, scheduler: Scheduler) -> APIRouter:
         await asyncio.to_thread(store.get, key)  # 404 for an unknown job
         live = scheduler.queue.live
         after = live.stall_seconds if stalledAfterSeconds is None else stalledAfterSeconds
-        return work_inflight.inflight(live, key, scheduler.clock(), after, limit)
+        return await work_inflight.inflight(live, key, scheduler.clock(), after, limit)
 
     return r

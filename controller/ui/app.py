@@ -233,7 +233,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         if scheduler is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
         live_leases = scheduler.queue.live
-        return inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),

@@ -127,9 +127,9 @@ class LiveLeases:
         for aid, live in list(self.by_attempt.items()):
             self.renew(aid, live, max(live.until, now + lease_seconds(live.job)))
 
-    def of_job(self, job: str) -> list[tuple[str, Live]]:
-        """The job's leases held now."""
-        return [(aid, self.by_attempt[aid]) for aid in self._by_job.get(job, ())]
+    def attempts_of(self, job: str) -> list[str]:
+        """The attempts of the job's leases held now."""
+        return list(self._by_job.get(job, ()))
 
     def count_stalls(self, now: float) -> int:
         """Count the leases in one stage `stall_seconds` or more now (once per stage; `forget` and `set_stage`

@@ -6,11 +6,12 @@ seconds or more, or no beat of its node has named it for that long: a tool call 
 that never starts, a node that went silent before its lease ran out. The stage comes from the node's beats
 (`held_leases.Live`); `queued` is a lease its node has not started yet.
 The turn of a rollout in RUN is the model calls it started, as its node's beats say (feature beat-turns).
-The rows are bounded (`limit`, stalled first, then the longest in their stage): a job of 64 000 leases costs one
-pass over its own leases and a heap of `limit`. Next step: a live trace link per row (tracing on).
+The rows are bounded (`limit`, stalled first, then the longest in their stage): one pass over the job's own leases,
+CHUNK at a time between yields to the event loop, keeping the best `limit`. Next step: a live trace link per row (tracing on).
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 from datetime import datetime, timezone
 from typing import Any
@@ -20,6 +21,7 @@ from .held_leases import Live, LiveLeases
 STAGE_NAMES = {"leased": "queued", "init": "init", "run": "run", "eval": "eval"}
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
+CHUNK = 2000  # leases keyed between two yields to the event loop
 
 
 def _iso(epoch: float) -> str:
@@ -46,16 +48,25 @@ def row(attempt_id: str, live: Live, now: float, stalled_after: float) -> dict[s
             "stalled": stalled(live, now, stalled_after)}
 
 
-def inflight(leases: LiveLeases, job: str, now: float, stalled_after: float, limit: int = DEFAULT_LIMIT
-             ) -> dict[str, Any]:
-    """The job's in-flight rollouts: counts by stage, how many are stalled, and at most `limit` rows."""
-    held = leases.of_job(job)
+async def inflight(leases: LiveLeases, job: str, now: float, stalled_after: float, limit: int = DEFAULT_LIMIT
+                   ) -> dict[str, Any]:
+    """The job's in-flight rollouts: counts by stage, how many are stalled, and at most `limit` rows. On the event
+    loop, yielding to it after every CHUNK leases (the leases that end meanwhile are left out)."""
+    attempts = leases.attempts_of(job)
     stages = {name: 0 for name in STAGE_NAMES.values()}
+    for stage, n in leases.stages(job).items():
+        stages[STAGE_NAMES.get(stage, stage)] = n
+    cutoff = now - stalled_after
+    best: list[tuple[bool, float, str]] = []
     n_stalled = 0
-    for _aid, live in held:
-        stages[STAGE_NAMES.get(live.stage, live.stage)] = stages.get(STAGE_NAMES.get(live.stage, live.stage), 0) + 1
-        n_stalled += stalled(live, now, stalled_after)
-    # stalled first, then the longest in their stage (the smallest `since`)
-    shown = heapq.nsmallest(limit, held, key=lambda al: (not stalled(al[1], now, stalled_after), al[1].since))
-    return {"total": len(held), "stalled": n_stalled, "stages": stages, "stalledAfterSeconds": stalled_after,
-            "truncated": len(held) > len(shown), "items": [row(aid, live, now, stalled_after) for aid, live in shown]}
+    for start in range(0, len(attempts), CHUNK):
+        # stalled first (in its stage since the cutoff, or unheard since), then the longest in its stage
+        keyed = [(live.since > cutoff and live.beat > cutoff, live.since, aid)
+                 for aid in attempts[start:start + CHUNK] if (live := leases.get(aid)) is not None]
+        n_stalled += sum(1 for fresh, _since, _aid in keyed if not fresh)
+        best = heapq.nsmallest(limit, best + keyed)
+        if start + CHUNK < len(attempts):
+            await asyncio.sleep(0)
+    shown = [(aid, live) for _fresh, _since, aid in best if (live := leases.get(aid)) is not None]
+    return {"total": len(attempts), "stalled": n_stalled, "stages": stages, "stalledAfterSeconds": stalled_after,
+            "truncated": len(attempts) > len(shown), "items": [row(aid, live, now, stalled_after) for aid, live in shown]}
