@@ -33,7 +33,7 @@ Stage = Literal["leased", "init", "run", "eval"]
 # The node protocol's version: a daemon and a controller of different rolloutd versions may not
 # agree on these messages (a field one side does not know is a 422 at every call), so registration
 # refuses a mismatch up front with a message that says so. Bump it on any incompatible change.
-NODE_PROTOCOL = 1
+NODE_PROTOCOL = 2  # 2: a trajectory's turns carry their times (`Turn.started`, `modelSeconds`, `toolSeconds`)
 
 
 def heartbeat_seconds(nodes: int, lease_seconds: float) -> float:
