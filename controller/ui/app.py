@@ -230,6 +230,10 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     @ui.get("/api/jobs/{namespace}/{name}/inflight")
     async def job_inflight(request: Request, namespace: str, name: str):
         key = visible(who(request), namespace, name)
+        try:
+            store.get_wire(name, namespace)
+        except ApiError as e:
+            raise HTTPException(e.code, e.message) from None
         if scheduler is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
         live_leases = scheduler.queue.live
