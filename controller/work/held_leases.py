@@ -49,7 +49,7 @@ class LiveLeases:
         self._held: Counter[str] = Counter()           # node → leases
         self._by_job: dict[str, set[str]] = {}         # job → its attempts (the in-flight view reads one job's)
         self.stall_seconds = 300.0                     # in one stage this long: stalled (`inflight.py`)
-        self.stalls = 0                                # leases that stayed in one stage stall_seconds or more
+        self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
 
     def add(self, attempt_id: str, live: Live) -> None:
         self.forget(attempt_id)
@@ -132,14 +132,14 @@ class LiveLeases:
         return list(self._by_job.get(job, ()))
 
     def count_stalls(self, now: float) -> int:
-        """Count the leases in one stage `stall_seconds` or more now (once per stage; `forget` and `set_stage`
-        count those that left a stage after that long): the metrics read this at each scrape."""
+        """Count the leases in one stage, or unnamed by a beat, `stall_seconds` or more now (once per stage; `forget`
+        and `set_stage` count those that left a stage after that long): the metrics read this at each scrape."""
         for live in self.by_attempt.values():
             self._count_stall(live, now)
         return self.stalls
 
     def _count_stall(self, live: Live, now: float) -> None:
-        if not live.stall_counted and live.since and now - live.since >= self.stall_seconds:
+        if not live.stall_counted and live.since and max(now - live.since, now - live.beat) >= self.stall_seconds:
             live.stall_counted = True
             self.stalls += 1
 
