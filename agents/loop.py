@@ -172,9 +172,10 @@ async def run_agent_loop(
                 "max_tokens": min(config.max_tokens_per_turn, room),
                 "seed": derive_seed(config.sampling.seed, ctx.prompt, ctx.sample, turn),
             })
-            t = time.monotonic()
+            t, began = time.monotonic(), time.time()
             gen = await generate(list(ids), sampling, f"{rid_base}-t{turn}")
-            metrics["llm_seconds"] += time.monotonic() - t
+            model_seconds = time.monotonic() - t
+            metrics["llm_seconds"] += model_seconds
             if turn == 0 and gen.finish_reason == "length" and not gen.token_ids:  # no room in the context
                 limit = getattr(llm, "max_model_len", None)
                 failure = too_long("spec.llm.backends", limit, f" (the context of the model at {ctx.backend})") \
@@ -196,7 +197,8 @@ async def run_agent_loop(
             for version, n in getattr(gen, "versions", None) or []:
                 spans.append(VersionSpan(version=version, start=at, end=at + n))
                 at += n
-            record = Turn(generated_start=start, generated_end=len(ids), finish_reason=gen.finish_reason)
+            record = Turn(generated_start=start, generated_end=len(ids), finish_reason=gen.finish_reason,
+                          started=round(began, 6), model_seconds=round(model_seconds, 6))
             turns.append(record)
             final_text = tokenizer.decode_content(gen.token_ids)
             conversation.append({"role": "assistant", "content": final_text})
@@ -224,7 +226,8 @@ async def run_agent_loop(
                 if result.submitted is not None:
                     submitted = result.submitted
                     break
-            metrics["tool_seconds"] += time.monotonic() - t
+            record.tool_seconds = round(time.monotonic() - t, 6)
+            metrics["tool_seconds"] += record.tool_seconds
             if submitted is not None:
                 finish = "submit"
                 return

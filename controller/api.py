@@ -10,6 +10,7 @@
     …/namespaces/{ns}/rolloutjobs/{name}/{trajectories,groups,batches,policy,backends,stats}   trainer (`http/trainer.py`)
     …/namespaces/{ns}/rolloutjobs/{name}/nodes/…       the node protocol (`http/node_protocol.py`)
     …/namespaces/{ns}/rolloutjobs/{name}/logs          the node daemons' logs (`http/logs.py`)
+    …/namespaces/{ns}/rolloutjobs/{name}/inflight      the rollouts in flight, stalled ones flagged (`http/inflight.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
     /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
@@ -194,6 +195,27 @@ class _StalenessCollector:
                                   " x the batch's groups accepted or running at most", value=self.stale.totals["gated"])
 
 
+class _RolloutsCollector:
+    """Retries, masked samples, cleanups and stalls since the controller started, all jobs together
+    (`work/queue.ItemQueue.totals`, `work/held_leases.LiveLeases.stalls`): no job or rollout is a label."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def collect(self):
+        totals = self.queue.totals
+        yield CounterMetricFamily("rolloutd_rollout_retries", "Rollout attempts run again after one failed for "
+                                  "infrastructure, lost its lease or came back stale", value=totals["retries"])
+        yield CounterMetricFamily("rolloutd_rollouts_masked", "Rollouts delivered infra-failed once their attempts "
+                                  "were used up: masked samples, no reward", value=totals["masked"])
+        yield CounterMetricFamily("rolloutd_rollout_cleanups", "Rollouts in flight cancelled on their nodes (a job "
+                                  "deleted or failed, a surplus or stale group): the node stops their sandbox",
+                                  value=totals["cleanups"])
+        yield CounterMetricFamily("rolloutd_rollout_stalls", "Rollouts that stayed in one stage (or unnamed by their "
+                                  "node's beats) for ROLLOUTD_STALLED_AFTER_SECONDS or more, once per stage",
+                                  value=self.queue.live.count_stalls(self.queue.clock()))
+
+
 def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
                tokens: TokenBook | None = None, allow: AllowLists | None = None) -> FastAPI:
     """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
@@ -320,6 +342,10 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         registry.register(_StalenessCollector(scheduler.stale))
         app.include_router(node_router(scheduler, credentials))
         app.include_router(trainer_router(store, scheduler, job_stats, allow))
+        from .http.inflight import inflight_router
+
+        app.include_router(inflight_router(store, scheduler))
+        registry.register(_RolloutsCollector(scheduler.queue))
     describe(app)
     from .ui.app import create_ui
 

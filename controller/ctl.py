@@ -9,6 +9,7 @@
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
     rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (ctl_trajectory.py)
     rolloutctl logs NAME [--node K] [-f]           the node daemons' logs (ctl_logs.py)
+    rolloutctl inflight NAME [--stalled-after S]   the rollouts in flight, stalled ones marked (ctl_inflight.py)
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
     rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`ctl_policy.py`)
 
@@ -35,6 +36,7 @@ from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, Wa
 from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
 from .ctl_follow import export_jsonl, follow_job
+from .ctl_inflight import register as register_inflight
 from .ctl_logs import register as register_logs
 from .ctl_results import register as register_results
 from .ctl_policy import bind as bind_policy
@@ -55,6 +57,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 FOLLOW_RETRY_SECONDS = 300.0
 register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
 register_logs(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl logs`
+register_inflight(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl inflight`
 register_results(app, lambda retry: _client(retry), lambda fn: _run(fn), lambda m, c=1: _fail(m, c),
                  FOLLOW_RETRY_SECONDS)  # `rolloutctl trajectories`
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}

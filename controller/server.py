@@ -72,6 +72,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
                           node_calls_per_second=settings.node_calls_per_second,
                           result_retention=settings.result_retention_seconds)
+    scheduler.queue.live.stall_seconds = settings.stalled_after_seconds
     app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens),
                      allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

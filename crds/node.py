@@ -33,7 +33,7 @@ Stage = Literal["leased", "init", "run", "eval"]
 # The node protocol's version: a daemon and a controller of different rolloutd versions may not
 # agree on these messages (a field one side does not know is a 422 at every call), so registration
 # refuses a mismatch up front with a message that says so. Bump it on any incompatible change.
-NODE_PROTOCOL = 1
+NODE_PROTOCOL = 2  # 2: a trajectory's turns carry their times (`Turn.started`, `modelSeconds`, `toolSeconds`)
 
 
 def heartbeat_seconds(nodes: int, lease_seconds: float) -> float:
@@ -77,9 +77,11 @@ CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
 #   node-token    the reply carries the node's own token (`RegisterResponse.nodeToken`): its per-node calls
 #                 (lease, heartbeat, results, return, deregister) send it instead of the job's credential, which
 #                 only registers. A job credential must ask for it (a node acts only as itself)
+#   beat-turns    a beat names the turn of each rollout in RUN (`Heartbeat.turns`: the model calls it started), for
+#                 the in-flight view (`controller/work/inflight.py`)
 FEATURES_PARAM = "features"
-BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN = "beat-results", "beat-deltas", "node-token"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN)
+BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS)
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average: 5 ms for a
@@ -181,6 +183,8 @@ class Heartbeat(Model):
                                                  "(beat-deltas): only the stages changed since the last answered beat")
     results: list[Result] = Field(default_factory=list, description="finished results (beat-results), applied as "
                                                                     "POST …/results applies them")
+    turns: dict[str, int] = Field(default_factory=dict, description="beat-turns: attemptId → the turn of a rollout "
+                                                                    "in RUN (the model calls it started)")
 
 
 class HeartbeatResponse(Model):

@@ -109,6 +109,9 @@ VARIABLES: tuple[Variable, ...] = (
              "how many node protocol calls a second the controller takes before answering 429"),
     Variable("ROLLOUTD_RESULT_RETENTION_SECONDS", "number", "604800 (7 days)", (CONTROLLER,),
              "how long a deleted job's trajectories stay readable (from its last result) before they are purged"),
+    Variable("ROLLOUTD_STALLED_AFTER_SECONDS", "number", "300", (CONTROLLER,),
+             "a rollout in one stage (or unnamed by its node's beats) this long is stalled: flagged in the in-flight "
+             "view and counted in rolloutd_rollout_stalls_total"),
     Variable("ROLLOUTD_WATCH_HISTORY", "int", "50000", (CONTROLLER,),
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
@@ -207,6 +210,7 @@ class ControllerSettings:
     max_episodes_per_backend: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
+    stalled_after_seconds: float = 300.0  # controller/work/held_leases.py LiveLeases.stall_seconds
     result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
     stall_samples: Path | None = None
     tracing: str | None = None   # ROLLOUTD_TRACING (`nodeenv.tracing_on` reads it)
@@ -222,6 +226,7 @@ class ControllerSettings:
         at_least("ROLLOUTD_MAX_EPISODES_PER_BACKEND", values.get("max_episodes_per_backend"), 1)
         at_least("ROLLOUTD_NODE_CALLS_PER_SECOND", values.get("node_calls_per_second"), 0)
         at_least("ROLLOUTD_WATCH_HISTORY", values.get("watch_history"), 1)
+        at_least("ROLLOUTD_STALLED_AFTER_SECONDS", values.get("stalled_after_seconds"), 0)
         if "advertise_url" in values:
             values["advertise_url"] = values["advertise_url"].rstrip("/")
         return cls(**values)

@@ -28,6 +28,10 @@ class Turn(Model):
     observation_end: int | None = None
     finish_reason: str | None = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    started: float | None = Field(default=None, description="epoch seconds its model call began (the web UI's "
+                                                            "waterfall places the turn with it)")
+    model_seconds: float | None = Field(default=None, description="its model call, start to end")
+    tool_seconds: float | None = Field(default=None, description="its tool calls in the sandbox, together")
 
 
 class Timings(Model):

@@ -26,6 +26,7 @@ from typing import Any
 from rolloutd.crds.node import (
     BEAT_DELTAS,
     BEAT_RESULTS,
+    BEAT_TURNS,
     NODE_PROTOCOL,
     Lease,
     RegisterRequest,
@@ -263,6 +264,7 @@ class NodeDaemon:
         served = set(resp.features or ()) & set(o.features)
         self.outbox.on_beats = BEAT_RESULTS in served
         self.heart.deltas = BEAT_DELTAS in served
+        self.heart.turns = BEAT_TURNS in served
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,
                       resp.node_id, resp.job, resp.generation, ",".join(sorted(served)) or "none")
         return True

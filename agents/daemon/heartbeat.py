@@ -47,6 +47,7 @@ class Heartbeater:
         self.wake = asyncio.Event()       # a stage changed: beat soon
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self.deltas = False                # beat-deltas served (set at registration)
+        self.turns = False                 # beat-turns served (set at registration)
         self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
         self.unreachable_after: float | None = None  # set from the spec: UNREACHABLE_LEASES × leaseSeconds
         self.reached = time.monotonic()    # when the controller last answered a beat
@@ -97,11 +98,11 @@ class Heartbeater:
         hb = Heartbeat(stages=stages if full else self._told.changed(stages), left_run=sorted(left),
                        llm_inflight=self.gate.inflight, llm_held=self.gate.paused, policy_version=self.gate.version,
                        llm_fence=self.gate.fence_done,
-                       full=full)
+                       full=full, turns=self.rollouts.turns() if self.turns else {})
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
             resp = await self.client.heartbeat(self.node_id, beat_body(hb, [body for _, body in carried],
-                                                                       deltas=self.deltas), lease=ask)
+                                                                       deltas=self.deltas, turns=self.turns), lease=ask)
         except ControllerError as e:
             # stage changes and results wake the loop often: while the controller is away, beats back off
             self._retry_at = time.monotonic() + min(self._retry.next(), self.interval)

@@ -153,8 +153,10 @@ class TrackedLLM:
         self.url = url
         self.in_flight: set[str] = set()
         self.versions: list[int | str | None] = []
+        self.calls = 0  # model calls started: the rollout's turn, for the in-flight view (beat-turns)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str):
+        self.calls += 1
         await self.gate.enter()
         stream = Stream(self.url)
         stream.runs.append((self.gate.version_of(self.url), 0))

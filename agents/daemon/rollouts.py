@@ -116,6 +116,10 @@ class Rollouts:
         """attemptId → wire stage of every rollout in flight (what a heartbeat carries)."""
         return {r.aid: WIRE_STAGE[r.phase] for r in self.in_flight()}
 
+    def turns(self) -> dict[str, int]:
+        """attemptId → turn (model calls started) of every rollout in RUN that called the model (beat-turns)."""
+        return {r.aid: r.llm.calls for r in self.in_flight() if r.phase == Phase.RUN and r.llm is not None and r.llm.calls}
+
     def spawn(self, aw: Any) -> asyncio.Task:
         task = asyncio.ensure_future(aw)
         self.background.add(task)

@@ -180,6 +180,10 @@ class AsyncRolloutClient:
         """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
         return await self._do(Calls.purge_results(self._key(name)))
 
+    async def inflight(self, name: str, stalled_after: float | None = None,
+                       limit: int | None = None) -> dict[str, Any]:
+        return await self._do(Calls.inflight(self._key(name), stalled_after, limit))
+
     async def stats(self, name: str) -> dict[str, Any]:
         return await self._do(Calls.stats(self._key(name)))
 

@@ -166,6 +166,12 @@ class Calls:
         return Call("GET", job_path(name, "stats"))
 
     @staticmethod
+    def inflight(name: str, stalled_after: float | None = None, limit: int | None = None) -> Call:
+        params = {**({"stalledAfterSeconds": stalled_after} if stalled_after is not None else {}),
+                  **({"limit": limit} if limit is not None else {})}
+        return Call("GET", job_path(name, "inflight"), params=params)
+
+    @staticmethod
     def groups(name: str) -> Call:
         return Call("GET", job_path(name, "groups"), decode=_items)
 

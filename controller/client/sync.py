@@ -205,6 +205,11 @@ class RolloutClient:
         """Remove a deleted job's results now (they are kept for the controller's retention period otherwise)."""
         return self._do(Calls.purge_results(self._key(name)))
 
+    def inflight(self, name: str, stalled_after: float | None = None, limit: int | None = None) -> dict[str, Any]:
+        """The job's rollouts in flight: `{total, stalled, stages, stalledAfterSeconds, truncated, items}`, each
+        item a rollout's stage, time in stage, last heartbeat, node, backend, attempt and `stalled` flag."""
+        return self._do(Calls.inflight(self._key(name), stalled_after, limit))
+
     def stats(self, name: str) -> dict[str, Any]:
         """`{delivered, byKind, infraRate, rewardMean, stages: [{stage, n, p50, p95}]}` (seconds; queue, init, run,
         eval of the rollouts that ran to the end), as `rolloutctl describe` and the web UI show them."""

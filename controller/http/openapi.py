@@ -107,6 +107,7 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         ("get", T + "/{name}/logs"): dict(ok={200: {"text/plain": {"type": "string"}}}, errors=(400, 404, 409)),
         ("get", T + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/stats"): dict(ok={200: obj}, errors=(404,)),
+        ("get", T + "/{name}/inflight"): dict(ok={200: obj}, errors=(400, 404)),
         ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: obj}, errors=BODY_ERRORS),
         ("get", T + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410, 503)),  # 503: stopping
         ("post", T + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: obj}, errors=BODY_ERRORS),

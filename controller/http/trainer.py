@@ -121,7 +121,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         job = await asyncio.to_thread(store.get, key)
         # summed on the event loop in slices (a worker thread would hold the GIL the nodes' calls wait for)
         out = await job_stats.numbers(key, job.metadata.uid or "", finished=job.status.phase.terminal)
-        return {**out["counts"], "stages": [{k: s[k] for k in ("stage", "n", "p50", "p95")}
+        return {**out["counts"], "stages": [{k: s[k] for k in ("stage", "n", "p50", "p95", "seconds")}
                                             for s in out["summary"]["stages"]]}
 
     @r.get(f"{JOBS}/{{name}}/groups")

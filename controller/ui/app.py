@@ -8,7 +8,8 @@ up by `work/stats.py`, built for the live pages by `live.py` (on the event loop,
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
-    GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/trajectories[/{seq}]   JSON, SSE
+    GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/inflight (`work/inflight.py`)
+         · …/trajectories[/{seq}] (with its waterfall: `waterfall.py`)   JSON, SSE
 Next step: throughput per node on the job page.
 """
 from __future__ import annotations
@@ -30,8 +31,10 @@ from ..auth import TokenBook
 from ..errors import ApiError
 from ..http import streams
 from ..store import Store
-from ..work import stats
+from ..work import inflight as inflight_rows, stats
+from ..work.inflight import inflight
 from . import decode
+from .waterfall import waterfall
 from .live import Built, JobGone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
@@ -224,6 +227,18 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             raise HTTPException(e.code, e.message) from None
         return Response(await live.nodes(key, offset, limit), media_type="application/json")
 
+    @ui.get("/api/jobs/{namespace}/{name}/inflight")
+    async def job_inflight(request: Request, namespace: str, name: str):
+        key = visible(who(request), namespace, name)
+        try:
+            store.get_wire(name, namespace)
+        except ApiError as e:
+            raise HTTPException(e.code, e.message) from None
+        if scheduler is None:
+            raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
+        live_leases = scheduler.queue.live
+        return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
                            limit: int = Query(50, ge=1, le=500), rewardMin: float | None = None,
@@ -244,7 +259,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             raw = json.loads(data)
             tokenizer = ((store.get_wire(name, namespace)["spec"].get("llm") or {}).get("tokenizer"))
             view = decode.decode(raw, tokenizer)
-            view.update(seq=seq, raw={"seq": seq, **raw},
+            view.update(seq=seq, raw={"seq": seq, **raw}, waterfall=waterfall(raw),
                         group=stats.group(engine, key, raw.get("prompt", 0), raw.get("group")),
                         api=f"{API_PREFIX}/namespaces/{namespace}/rolloutjobs/{name}/trajectories?cursor={seq - 1}&limit=1")
             return view

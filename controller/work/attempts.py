@@ -102,7 +102,7 @@ class Attempts:
                     until = now + cache.lease_seconds
                     grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
                     self.held.add(attempt_id, Live(item, job_name, node_id, "leased", backend, backend is not None,
-                                                   until, version))
+                                                   until, version, since=now, beat=now))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
                                         policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
@@ -369,8 +369,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         if held is None or held.node_id != node_id:
             gone.append(aid)
             continue
-        if stage != held.stage:  # in memory only: the database keeps the stage of the grant
-            held_now.set_stage(held, stage)
+        held_now.heard(held, stage, now)  # in memory only: the database keeps the stage of the grant
         backend = held.backend
         if stage in ("leased", "init") and backend \
                 and (not pool.healthy(backend) or backend not in cache.backends):
@@ -386,6 +385,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         # and goes back to the queue when that deadline passes.
         if hb.full:
             held_now.renew(aid, held, until)
+    held_now.set_turns(node_id, hb.turns)
     if gone:
         cancelled = hot_sql.cancelled(db, gone)
         for aid in gone:

@@ -13,6 +13,7 @@ of its own; the database keeps the stage of the grant.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,6 +29,10 @@ class Live:
     holds_backend: bool
     until: float  # epoch seconds: back to the queue after this unless a full beat renews it
     version: Any = None  # the policy version the lease carried (None also after a controller restart)
+    since: float = 0.0  # epoch seconds: when it entered its stage (the grant, a beat's change, a restart)
+    beat: float = 0.0   # epoch seconds: the last beat that named it (the grant until one does)
+    stall_counted: bool = False  # counted once in `stalls` for its current stage
+    turn: int | None = None  # the turn of a rollout in RUN, when its node says (beat-turns)
 
 
 class LiveLeases:
@@ -36,11 +41,15 @@ class LiveLeases:
     second), by job how many are in each stage (a job's progress counts them here; beats do not write stages
     to the database) and by node how many it holds (its fair share; no index on the items' node)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.by_attempt: dict[str, Live] = {}
         self._due: dict[int, set[str]] = {}            # int(until) → attempts
         self._stages: dict[str, Counter[str]] = {}     # job → stage → leases
         self._held: Counter[str] = Counter()           # node → leases
+        self._by_job: dict[str, set[str]] = {}         # job → its attempts (the in-flight view reads one job's)
+        self.stall_seconds = 300.0                     # in one stage this long: stalled (`inflight.py`)
+        self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
 
     def add(self, attempt_id: str, live: Live) -> None:
         self.forget(attempt_id)
@@ -48,6 +57,7 @@ class LiveLeases:
         self._due.setdefault(int(live.until), set()).add(attempt_id)
         self._stages.setdefault(live.job, Counter())[live.stage] += 1
         self._held[live.node_id] += 1
+        self._by_job.setdefault(live.job, set()).add(attempt_id)
 
     def get(self, attempt_id: str) -> Live | None:
         return self.by_attempt.get(attempt_id)
@@ -57,6 +67,12 @@ class LiveLeases:
         if live is None:
             return
         self._undue(attempt_id, live.until)
+        self._count_stall(live, self.clock())
+        attempts = self._by_job.get(live.job)
+        if attempts is not None:
+            attempts.discard(attempt_id)
+            if not attempts:
+                del self._by_job[live.job]
         self._held[live.node_id] -= 1
         if self._held[live.node_id] <= 0:
             del self._held[live.node_id]
@@ -67,7 +83,21 @@ class LiveLeases:
             if not counter:
                 del self._stages[live.job]
 
-    def set_stage(self, live: Live, stage: str) -> None:
+    def heard(self, live: Live, stage: str, now: float) -> None:
+        """A beat named the lease in `stage`."""
+        live.beat = now
+        if stage != live.stage:
+            self.set_stage(live, stage, now)
+
+    def set_turns(self, node_id: str, turns: dict[str, int]) -> None:
+        """A beat of node `node_id` named these rollouts' turns (beat-turns); those not its leases are ignored."""
+        for aid, turn in turns.items():
+            if (live := self.by_attempt.get(aid)) is not None and live.node_id == node_id:
+                live.turn = turn
+
+    def set_stage(self, live: Live, stage: str, now: float) -> None:
+        self._count_stall(live, now)
+        live.since, live.stall_counted = now, False
         counter = self._stages[live.job]
         counter[live.stage] -= 1
         if counter[live.stage] <= 0:
@@ -97,6 +127,22 @@ class LiveLeases:
         for aid, live in list(self.by_attempt.items()):
             self.renew(aid, live, max(live.until, now + lease_seconds(live.job)))
 
+    def attempts_of(self, job: str) -> list[str]:
+        """The attempts of the job's leases held now."""
+        return list(self._by_job.get(job, ()))
+
+    def count_stalls(self, now: float) -> int:
+        """Count the leases in one stage, or unnamed by a beat, `stall_seconds` or more now (once per stage; `forget`
+        and `set_stage` count those that left a stage after that long): the metrics read this at each scrape."""
+        for live in self.by_attempt.values():
+            self._count_stall(live, now)
+        return self.stalls
+
+    def _count_stall(self, live: Live, now: float) -> None:
+        if not live.stall_counted and live.since and max(now - live.since, now - live.beat) >= self.stall_seconds:
+            live.stall_counted = True
+            self.stalls += 1
+
     def held(self, node_id: str) -> int:
         """The leases node `node_id` holds."""
         return self._held.get(node_id, 0)
@@ -121,7 +167,7 @@ class LiveLeases:
             if aid is None or node_id is None:
                 continue
             self.add(aid, Live(item, job, node_id, stage or "leased", backend, bool(holds),
-                               max(deadline or 0.0, now + lease_seconds(job))))
+                               max(deadline or 0.0, now + lease_seconds(job)), since=now, beat=now))
         return len(rows)
 
     def __len__(self) -> int:

@@ -10,6 +10,7 @@ the event loop inside the caller's short SQLite transaction, so nothing locks be
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from typing import Callable
 
 from sqlalchemy import func, insert
@@ -28,7 +29,10 @@ class ItemQueue:
     def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float], changed: Wakeups) -> None:
         self.engine, self.pool, self.clock = engine, pool, clock
         self.changed = changed  # set when a job's queue changed: a waiting lease looks again
-        self.live = LiveLeases()  # the leases held now, in memory: what beats read and renew
+        self.live = LiveLeases(clock)  # the leases held now, in memory: what beats read and renew
+        # since the controller started, all jobs together (the metrics, `api.py`): attempts run again after a
+        # failed one, rollouts delivered infra-failed (masked: no reward), live rollouts cancelled on their nodes
+        self.totals: Counter[str] = Counter({"retries": 0, "masked": 0, "cleanups": 0})
         self.stopped = False
         with Session(self.engine, expire_on_commit=False) as s:  # restore backend pins after a restart
             for item in s.exec(select(ItemRow).where(ItemRow.holds_backend == True)):  # noqa: E712
@@ -62,7 +66,9 @@ class ItemQueue:
             item.attempt = max(item.attempt - 1, 0)
         if max_attempts is not None and item.attempt >= max_attempts:
             item.state = ItemState.failed
+            self.totals["masked"] += 1
         else:
+            self.totals["retries"] += not keep_attempt
             item.state, item.attempt_id, item.backend = ItemState.queued, None, None
             item.queued_at = self.clock()
         return item.state
@@ -77,6 +83,7 @@ class ItemQueue:
         """Cancelled (a deleted or failed job, a surplus group); daemons learn it at their next beat."""
         self.release(item)
         self.live.forget(item.attempt_id)
+        self.totals["cleanups"] += item.state == ItemState.leased
         item.state, item.deadline = ItemState.cancelled, None
 
     def cancel_live(self, s: Session, job: str) -> None:

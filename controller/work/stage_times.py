@@ -35,14 +35,16 @@ class Times:
     list would take a merge of 9 ms at 400 000. The k-th smallest time is the smallest time whose rank reaches
     k + 1: bisected over the floats' bit patterns (at most 64 counts, a `bisect` per block each)."""
 
-    __slots__ = ("blocks", "tail")
+    __slots__ = ("blocks", "tail", "total")
 
     def __init__(self) -> None:
         self.blocks: list[list[float]] = []
         self.tail: list[float] = []
+        self.total = 0.0  # the times' sum: the job's time split across stages
 
     def append(self, x: float) -> None:
         self.tail.append(x)
+        self.total += x
 
     def __len__(self) -> int:
         return sum(map(len, self.blocks)) + len(self.tail)

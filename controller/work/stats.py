@@ -219,7 +219,7 @@ class JobStats:
         width = (acc.reward_hi - acc.reward_lo) / REWARD_BINS
         return {
             "stages": [{"stage": s, "n": len(xs), "p50": percentile(xs, 0.5), "p95": percentile(xs, 0.95),
-                        "histogram": histogram(xs)} for s, xs in acc.stages.items()],
+                        "seconds": round(xs.total, 3), "histogram": histogram(xs)} for s, xs in acc.stages.items()],
             "rewardHistogram": [{"lo": round(acc.reward_lo + i * width, 4), "hi": round(acc.reward_lo + (i + 1) * width, 4),
                                  "n": n} for i, n in enumerate(acc.rewards)],
             "rewardOutOfRange": acc.out_of_range,

@@ -14,6 +14,7 @@ from support.stub_llm import StubLLM
 from support.waiting import wait_until
 
 from rolloutd.agents.model_dirs import model_dir
+from rolloutd.crds.node import NODE_PROTOCOL
 
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"
 
@@ -46,7 +47,7 @@ def test_a_slurm_jobs_daemons_use_its_own_credential_and_release_revokes_it(sclu
         assert scluster.allocations(uid)[0]["state"] == "COMPLETED", scluster.allocations(uid)
         r = httpx.post(scluster.url + f"{NODES}/register?features=node-token", timeout=30,
                        headers={"Authorization": f"Bearer {credential}"},
-                       json={"job": "s-creds", "protocol": 1, "name": "late", "host": "h", "pid": 1})
+                       json={"job": "s-creds", "protocol": NODE_PROTOCOL, "name": "late", "host": "h", "pid": 1})
         assert r.status_code == 401, r.text
     finally:
         stub.close()

@@ -23,12 +23,13 @@ from support.stub_llm import StubLLM
 
 from rolloutd.agents.model_dirs import model_dir  # noqa: E402
 from rolloutd.controller.auth import create_scoped_token  # noqa: E402
+from rolloutd.crds.node import NODE_PROTOCOL  # noqa: E402
 
 A, B = ("team-a", "alpha"), ("team-b", "beta")
 VERBS = ("lease", "heartbeat", "results", "return", "deregister")
 BODIES = {"lease": {"maxItems": 1}, "heartbeat": {}, "results": {"results": []}, "return": {"attemptIds": []},
           "deregister": {}}
-REGISTER = {"protocol": 1, "name": "intruder", "host": "h", "pid": 1}
+REGISTER = {"protocol": NODE_PROTOCOL, "name": "intruder", "host": "h", "pid": 1}
 
 
 def ns_path(job: tuple[str, str], *rest: str) -> str:
@@ -222,7 +223,7 @@ def test_a_node_reports_only_the_rollouts_leased_to_it(tmp_path):
     with node_api(tmp_path) as (api, _):
         def reg(name: str) -> dict:
             r = api.post(f"{NODES}/register?features=node-token", headers={"Authorization": "Bearer admin"},
-                         json={"job": "math-demo", "protocol": 1, "name": name})
+                         json={"job": "math-demo", "protocol": NODE_PROTOCOL, "name": name})
             assert r.status_code == 200, r.text
             return r.json()
         one, two = reg("n1"), reg("n2")

@@ -1,5 +1,6 @@
-// The jobs page (every job the token may see, live) and a job's page (funnel, stage times, rewards, failures,
-// throughput over time, nodes, backends, conditions, events, and a search over its trajectories). Uses dom.js; data from /ui/api.
+// The jobs page (every job the token may see, live) and a job's page (funnel, stage times and their split,
+// rewards, failures, throughput over time, nodes, backends, conditions, events, what is in flight (inflight.js)
+// and a search over its trajectories). Uses dom.js; data from /ui/api.
 "use strict";
 // one vocabulary with rolloutctl, kubectl and the docs: a finished rollout is scored, agent-failed, infra-failed
 // or cancelled (status.counts' keys, shown with their words)
@@ -31,7 +32,9 @@ UI.jobsPage = main => {
 UI.jobPage = (main, ns, name) => {
   const live = UI.el("div", {id: "job"});
   const search = UI.el("section", {id: "search"});
-  UI.replace(main, UI.el("h1", {}, name, UI.el("span", {class: "muted", text: "  namespace " + ns})), live, search);
+  const inflight = UI.el("section", {id: "inflight-panel"});
+  UI.replace(main, UI.el("h1", {}, name, UI.el("span", {class: "muted", text: "  namespace " + ns})), live, inflight, search);
+  UI.inflightPanel(inflight, ns, name);
   UI.follow(`/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/stream`,
             doc => UI.replace(live, ...jobSections(doc)), gone => UI.replace(live, UI.error(String(gone))));
   searchForm(search, ns, name);
@@ -52,6 +55,10 @@ function jobSections(doc) {
   if (doc.stages) {
     out.push(UI.section("Stage times (seconds, finished rollouts)", UI.table(["stage", "rollouts", "p50", "p95", "distribution (to p99)"],
       doc.stages.map(s => [s.stage, s.n, UI.fmt(s.p50), UI.fmt(s.p95), spark(s.histogram)]), "stages")));
+    const spent = doc.stages.reduce((a, s) => a + (s.seconds || 0), 0);
+    out.push(UI.section("Time split across stages (finished rollouts, all together)", UI.table(["stage", "", "seconds", "share"],
+      doc.stages.map(s => [s.stage, UI.bar(s.seconds || 0, spent || 1), UI.el("span", {"data-stage-seconds": s.stage, text: UI.fmt(s.seconds, 3)}),
+                           UI.pct(spent ? (s.seconds || 0) / spent : null)]), "stage-split")));
     const hmax = Math.max(1, ...doc.rewardHistogram.map(b => b.n));
     out.push(UI.section("Rewards",
       UI.table(["reward", "", "rollouts"], doc.rewardHistogram.map(b => [`${b.lo} – ${b.hi}`, UI.bar(b.n, hmax), b.n]), "histogram"),

@@ -45,6 +45,7 @@ UI.trajectoryPage = async (main, ns, name, seq) => {
   out.push(UI.section("GRPO group", UI.table(["sample", "reward", "advantage", "failure", ""], t.group.map(g => [
     g.sample, UI.fmt(g.reward, 4), UI.fmt(g.advantage, 4), g.failure,
     String(g.seq) === String(t.seq) ? UI.el("strong", {text: "this one"}) : UI.link("open", "jobs", ns, name, "t", g.seq)]), "group")));
+  if (t.waterfall) out.push(UI.section("Waterfall (seconds from queueing)", UI.waterfall(t.waterfall)));
   out.push(UI.section("Timings (seconds)", json(t.timings || {})));
   UI.replace(main, ...out);
 };

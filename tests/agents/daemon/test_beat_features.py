@@ -215,3 +215,13 @@ def test_a_result_over_the_byte_cap_never_rides_on_a_beat(controller, sandbox_di
     assert len(fake.accepted) == 4 and all(n == 1 for n in fake.receipts.values()), fake.receipts
     assert fake.results_calls == 1 and fake.batch_sizes[0][0] == 1 and big not in fake.results_on_beats
     assert sorted(fake.results_on_beats) == sorted(set(fake.accepted) - {big})
+
+
+def test_a_beat_names_turns_only_to_a_controller_serving_beat_turns():
+    import json
+
+    from rolloutd.agents.daemon.beatbody import beat_body
+
+    hb = Heartbeat(stages={"1.1.aaaaaa": "run"}, turns={"1.1.aaaaaa": 2})
+    assert json.loads(beat_body(hb, [], deltas=True, turns=True))["turns"] == {"1.1.aaaaaa": 2}
+    assert "turns" not in json.loads(beat_body(hb, [], deltas=True))  # a controller of before: no field it refuses

@@ -122,9 +122,9 @@ def test_stage_and_node_counts_follow_every_lease_in_and_out():
     live.add("b", Live(2, "j", "n", "leased", None, False, 10.0))
     live.add("c", Live(3, "k", "m", "leased", None, False, 10.0))
     assert (live.held("n"), live.held("m"), live.held("o")) == (2, 1, 0)
-    live.set_stage(live.get("a"), "run")
-    live.set_stage(live.get("b"), "init")
-    live.set_stage(live.get("b"), "run")
+    live.set_stage(live.get("a"), "run", 0.0)
+    live.set_stage(live.get("b"), "init", 0.0)
+    live.set_stage(live.get("b"), "run", 0.0)
     assert live.stages("j") == {"run": 2} and live.stages("k") == {"leased": 1}
     live.forget("a"), live.forget("c")
     assert live.stages("j") == {"run": 1} and live.stages("k") == {}

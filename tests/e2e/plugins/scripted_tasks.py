@@ -11,7 +11,8 @@ the e2e and Slurm tests): real rollouts against a real engine, with one thing sc
   happens mid-job whatever the machine's speed), and can count the rollouts held at the gate.
 - `ScriptedOracle` ("scripted-oracle"): math rows run by `agent.kind: oracle` (no LLM, no engine) in a bwrap
   sandbox: the answer is the row's own; a row with "script": "infra" fails in RUN as an infrastructure failure,
-  every attempt; "gate" as above.
+  every attempt; "gate" as above; a row with "blockInTool": true spends RUN in a bash tool call that sleeps
+  (the rollout stalls in a tool call until its job is deleted).
 - `ToolFirst` ("tool-first"): math, but RUN starts with one scripted bash tool call in the sandbox (through the
   loop's own `run_tool`), then the real agent loop: a tool call in every rollout, whatever the tiny model says.
 """
@@ -50,6 +51,11 @@ class ScriptedOracle(GatedMath):
     async def run(self, task, sandbox, llm, *, tokenizer, config, ctx):
         if task.get("script") == "infra":
             raise RuntimeError("scripted infrastructure failure")
+        if task.get("blockInTool"):
+            from rolloutd.agents.loop import run_tool
+            from rolloutd.agents.tools import ToolCall
+
+            await run_tool(ToolCall("bash", {"command": "sleep 600"}), sandbox, 600)
         t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                        attempt=ctx.attempt, finish_reason="oracle", messages=self.messages(task, []))
         return stash_answer(t, submitted=str(task["answer"]), final_text="")
