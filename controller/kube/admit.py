@@ -68,8 +68,10 @@ def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, An
 def _admit(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None) -> None:
     token = scoped_token(request)
     held = (current or {}).get("metadata", {}).get("finalizers") or []
-    if token is not None and RELEASE_FINALIZER in held and RELEASE_FINALIZER not in job.metadata.finalizers:
-        job.metadata.finalizers = [RELEASE_FINALIZER, *job.metadata.finalizers]  # only the operator drops it
+    # only the operator drops it: the admin's token or a cluster-wide one (an operator's service account), as for status
+    if token is not None and token.namespaces and RELEASE_FINALIZER in held \
+            and RELEASE_FINALIZER not in job.metadata.finalizers:
+        job.metadata.finalizers = [RELEASE_FINALIZER, *job.metadata.finalizers]
     annotations = dict(job.metadata.annotations)
     annotations.pop(ADMITTED_BY, None)  # never the client's
     if current is not None and current.get("spec") == job.spec.wire():  # asks for nothing new: the writer stays

@@ -243,7 +243,9 @@ def test_a_job_whose_every_backend_is_down_says_why(cluster, tmp_path):
         cond = next(c for c in job["status"]["conditions"] if c["type"] == "BackendsReady")
         assert cond["reason"] == "BackendsUnavailable" and dead in cond["message"], cond
         assert job["status"]["message"].startswith("every LLM backend is down") and dead in job["status"]["message"]
-        assert [e for e in client.events("no-backend") if e["reason"] == "BackendsUnavailable"]
+        # the event is posted after the status write that set the condition: wait for it, not for the status
+        wait_until(lambda: [e for e in client.events("no-backend") if e["reason"] == "BackendsUnavailable"], 30,
+                   "the BackendsUnavailable event")
     wide = ctl(cluster, "get", "rolloutjobs", "no-backend", "-o", "wide").stdout
     assert "MESSAGE" in wide.splitlines()[0] and "every LLM backend is down" in wide, wide
     (tmp_path / "gate").touch()
