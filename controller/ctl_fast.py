@@ -66,14 +66,9 @@ def fetch(url: str, token: str, ca_file: str | None) -> Any:
     parts = urlsplit(url)
     if parts.scheme == "http":
         conn: http.client.HTTPConnection = http.client.HTTPConnection(parts.netloc, timeout=TIMEOUT)
-    elif parts.scheme == "https":
-        if ca_file:
-            context = ssl.create_default_context(cafile=ca_file)
-        else:  # httpx's default trust: certifi's bundle
-            import certifi
-
-            context = ssl.create_default_context(cafile=certifi.where())
-        conn = http.client.HTTPSConnection(parts.netloc, timeout=TIMEOUT, context=context)
+    elif parts.scheme == "https" and ca_file:  # without a CA file httpx trusts certifi's bundle: the full path's call
+        conn = http.client.HTTPSConnection(parts.netloc, timeout=TIMEOUT, context=ssl.create_default_context(
+            cafile=ca_file))
     else:
         return None
     try:
