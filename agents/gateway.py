@@ -12,9 +12,7 @@ Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/messages` (+
 /v1/responses` (each may stream: the text is sent as the engine produces tokens, held back from where a tool
 call may start; the tool calls follow whole), `POST /v1/completions` (a text or token-id prompt). Auth
 headers are accepted and not checked: the socket is the boundary. Sampling is the job's (`agent.sampling`),
-not the harness's: the harness's `max_tokens` only lowers the job's limit, its stop sequences are added. A
-prompt of `max_total_tokens` (the job's agent.sampling.maxTotalTokens) or more never reaches the engine: 400,
-recorded in `over_budget` (the job's configuration).
+not the harness's: the harness's `max_tokens` only lowers the job's limit, its stop sequences are added.
 """
 from __future__ import annotations
 
@@ -59,16 +57,14 @@ class Gateway:
     """The harness's model server over a Unix socket, for one rollout. `calls` records every call."""
 
     def __init__(self, llm: Any, tokenizer: Any, sampling: SamplingParams, *, model: str = "policy",
-                 seed_parts: tuple = (), request_prefix: str = "gw", max_total_tokens: int | None = None) -> None:
+                 seed_parts: tuple = (), request_prefix: str = "gw") -> None:
         self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
-        self.max_total_tokens = max_total_tokens  # the job's token budget: a longer prompt is refused here
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
         self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
         self.tools = tool_call_parser(tokenizer)  # the model family's tool-call format
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
-        self.over_budget: str | None = None  # the last prompt refused for the job's token budget (its configuration)
         self._long_texts = asyncio.Semaphore(1)
         self._engine_calls = asyncio.Semaphore(ENGINE_CALLS)
         self._requests = 0
@@ -277,13 +273,6 @@ class Gateway:
                     on_tokens: Any = None) -> Call | None:
         """The engine call; a failure is recorded and answered in the dialect (502 infra, 400 the job's
         configuration) while nothing was sent yet, else re-raised for the stream's own error event."""
-        budget = self.max_total_tokens
-        if budget is not None and len(prompt_ids) >= budget:  # no room to generate: never sent to the engine
-            n = len(prompt_ids)
-            self.over_budget = (f"spec.agent.sampling.maxTotalTokens: a prompt through the gateway has {n} tokens, "
-                                f"{'more than' if n > budget else 'as many as'} the job's budget of {budget}")
-            await respond(send, 400, wire.error(400, self.over_budget, "invalid_request_error"))
-            return None
         started = [False]
 
         async def tokens(new: list[int]) -> None:

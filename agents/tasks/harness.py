@@ -35,8 +35,7 @@ INSTRUCTION = "/tmp/.harbor/instruction.md"
 async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any,
                       workdir: str, timeout: float) -> Trajectory:
     gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
-                      request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw",
-                      max_total_tokens=config.max_total_tokens)
+                      request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
     await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")  # uvicorn makes it 0666, in a 0700 dir
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
@@ -94,8 +93,6 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any, printed
     error = gateway.backend_error
     if error:
         t.failure = Failure(kind=FailureKind.infra, reason=f"RUN: an LLM call through the gateway failed: {error}")
-    elif gateway.over_budget:
-        t.failure = Failure(kind=FailureKind.config, reason=gateway.over_budget)
     elif gateway.rejected:
         t.failure = Failure(kind=FailureKind.config, reason="spec.agent.sampling: the backend refused a call "
                                                             f"through the gateway: {gateway.rejected}")

@@ -41,10 +41,10 @@ def tokenizer():
     return ChatTokenizer(model_dir("tiny"))
 
 
-def serve(tokenizer, tmp_path, llm, requests, **options):
+def serve(tokenizer, tmp_path, llm, requests):
     """Start a gateway, send `requests` ((method, path, kwargs), ...), return the responses and the gateway."""
     async def go():
-        gateway = Gateway(llm, tokenizer, SamplingParams(max_tokens=8), **options)
+        gateway = Gateway(llm, tokenizer, SamplingParams(max_tokens=8))
         sock = tmp_path / "gw.sock"
         await gateway.start(sock)
         try:
@@ -169,27 +169,6 @@ def test_a_call_the_engine_refuses_is_a_400_and_the_rollout_a_configuration_fail
     trajectory = _trajectory(gateway, tokenizer, RolloutContext(job="gw", prompt=0, sample=0), result)
     assert trajectory.failure.kind.value == "config"
     assert "spec.agent.sampling" in trajectory.failure.reason and "repetition_penalty" in trajectory.failure.reason
-
-
-def test_a_prompt_over_the_jobs_token_budget_never_reaches_the_engine(tokenizer, tmp_path):
-    """A prompt of maxTotalTokens or more (here 800 ids, and a chat whose rendering is longer than the budget, plain
-    and streamed) is a 400 naming the budget field, the rollout a configuration failure; a prompt within it passes."""
-    llm = RecordingLLM()
-    long_chat = {"messages": [{"role": "user", "content": "word " * 400}]}
-    responses, gateway = serve(tokenizer, tmp_path, llm, [
-        ("POST", "/v1/completions", {"json": {"prompt": [5] * 800}}),
-        ("POST", "/v1/chat/completions", {"json": long_chat}),
-        ("POST", "/v1/chat/completions", {"json": {**long_chat, "stream": True}}),
-        ("POST", "/v1/completions", {"json": {"prompt": [5] * 10}})], max_total_tokens=64)
-    assert [r.status_code for r in responses] == [400, 400, 400, 200]
-    for response in responses[:3]:
-        message = response.json()["error"]["message"]
-        assert "spec.agent.sampling.maxTotalTokens" in message and "budget of 64" in message, message
-    assert responses[3].status_code == 200 and llm.prompts == [[5] * 10]  # only the one within the budget
-    result = SimpleNamespace(timed_out=False, output="harness-exit=1")
-    trajectory = _trajectory(gateway, tokenizer, RolloutContext(job="gw", prompt=0, sample=0), result)
-    assert trajectory.failure.kind.value == "config"
-    assert trajectory.failure.reason.startswith("spec.agent.sampling.maxTotalTokens:")
 
 
 class SlowLLM:
