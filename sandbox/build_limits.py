@@ -49,7 +49,8 @@ class Deadline:
         left = max(0.0, self.ends - time.monotonic())
         if left < self.limits.step_seconds:
             return left, f"the build's timeout of {self.limits.build_seconds:g}s (ROLLOUTD_BUILD_SECONDS)"
-        return self.limits.step_seconds, f"the step timeout of {self.limits.step_seconds:g}s (ROLLOUTD_BUILD_STEP_SECONDS)"
+        step = self.limits.step_seconds
+        return step, f"the step timeout of {step:g}s (ROLLOUTD_BUILD_STEP_SECONDS)"
 
 
 __all__ = ["AS_FACTOR", "BuildLimits", "Deadline", "for_build"]
