@@ -21,8 +21,9 @@ from rolloutd.sandbox.egress import pick_address, refusal, serving
 from rolloutd.crds.settings import SandboxSettings
 
 
-@pytest.fixture(scope="module")
-def loopback_server():
+def _secret_server(host: str) -> tuple[http.server.ThreadingHTTPServer, list[str]]:
+    """An HTTP server on `host` answering "secret" to every GET, and the paths it was asked for (a proxy that lets a
+    request through shows up there)."""
     hits = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,8 +37,14 @@ def loopback_server():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer((host, 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, hits
+
+
+@pytest.fixture(scope="module")
+def loopback_server():
+    server, hits = _secret_server("127.0.0.1")
     yield server.server_port, hits
     server.shutdown()
     server.server_close()
@@ -173,21 +180,7 @@ def test_the_proxy_refuses_the_nodes_own_interface_addresses(proxy):
     ipv4 = [a for a in addresses if ipaddress.ip_address(a).version == 4]
     if not ipv4:
         pytest.skip("this machine has no IPv4 interface address besides loopback")
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", "6")
-            self.end_headers()
-            self.wfile.write(b"secret")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer((ipv4[0], 0), Handler)  # on the interface only: nothing leaves
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, hits = _secret_server(ipv4[0])  # on the interface only: nothing leaves
     try:
         path, served = proxy
         port = server.server_port
