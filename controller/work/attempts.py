@@ -180,7 +180,7 @@ class Attempts:
         after: Done = hot_sql.nothing
         caller = self.nodes.caller(tx.db, node_id)
         job_name, state = caller
-        paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
+        paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
         if paced:
             resp.beat_gap = self.nodes.beat_gap()
         if job is None or job.metadata.key != job_name:  # deleted: everything still running is to be cancelled
