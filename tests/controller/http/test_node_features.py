@@ -3,7 +3,7 @@ by the test over HTTPS, tracing on so leases have a trace context to carry): a d
 no feature — the shape of a daemon from before the traces and the keep-mode fence — registers, leases, beats and
 reports, and every reply holds only fields its models knew (they refuse unknown ones); a daemon that declares the
 features gets `traceparent` on its leases and the fence in its beats' replies; a protocol newer than the
-controller's is refused up front."""
+controller's is refused up front; a restarted controller answers each daemon as it registered."""
 from __future__ import annotations
 
 import httpx
@@ -37,7 +37,7 @@ def controller(tmp_path_factory):
                          env={"ROLLOUTD_TRACING": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     admin = (c.data_dir / "token").read_text().strip()  # the admin acts as any node (a simulated one)
     with httpx.Client(base_url=c.url, verify=c.verify, timeout=30, headers={"Authorization": f"Bearer {admin}"}) as api:
-        yield api, health.urls[0]
+        yield api, health.urls[0], c
     c.stop()
     health.close()
 
@@ -73,12 +73,15 @@ def result(lease: dict) -> dict:
     return {"attemptId": lease["attemptId"], "trajectory": t.wire()}
 
 
+NODE_IDS: dict[str, str] = {}  # old / new: the nodes the tests below registered, for the restart at the end
+
+
 def test_an_old_daemon_without_features_gets_only_the_fields_it_knows(controller):
-    api, backend = controller
+    api, backend, _ = controller
     apply_job(api, "old-node", backend)
     reg = register(api, "old-node", 1, None)
     assert set(reg) <= OLD["register"] and "features" not in reg
-    node = reg["nodeId"]
+    node = NODE_IDS["old"] = reg["nodeId"]
     replies = lease_all(api, node, 4)
     leases = [lease for r in replies for lease in r["leases"]]
     for r in replies:
@@ -93,11 +96,11 @@ def test_an_old_daemon_without_features_gets_only_the_fields_it_knows(controller
 
 
 def test_a_daemon_that_declares_the_features_gets_their_fields(controller):
-    api, backend = controller
+    api, backend, _ = controller
     apply_job(api, "new-node", backend)
     reg = register(api, "new-node", NODE_PROTOCOL, FEATURES)
     assert set(reg["features"]) == set(FEATURES)
-    node = reg["nodeId"]
+    node = NODE_IDS["new"] = reg["nodeId"]
     leases = [lease for r in lease_all(api, node, 4) for lease in r["leases"]]
     assert all(lease["traceparent"].startswith("00-") for lease in leases)
     beat = api.post(f"{NODES}/{node}/heartbeat", json={"stages": {x["attemptId"]: "run" for x in leases}}).json()
@@ -105,8 +108,17 @@ def test_a_daemon_that_declares_the_features_gets_their_fields(controller):
 
 
 def test_a_protocol_the_controller_does_not_know_is_refused_up_front(controller):
-    api, backend = controller
+    api, backend, _ = controller
     apply_job(api, "future-node", backend)
     for protocol in (NODE_PROTOCOL + 1, None):
         r = api.post(f"{NODES}/register", json={"job": "future-node", "protocol": protocol, "name": "sim0"})
         assert r.status_code == 400 and "node protocol" in r.json()["message"], r.text
+
+
+def test_a_restarted_controller_answers_each_daemon_as_it_registered(controller):
+    api, _, c = controller
+    c.restart()  # kill -9: the features come back from the nodes' rows, not from memory
+    new = api.post(f"{NODES}/{NODE_IDS['new']}/heartbeat", json={}).json()
+    old = api.post(f"{NODES}/{NODE_IDS['old']}/heartbeat", json={}).json()
+    assert "llmFence" in new and "backendVersions" in new, new
+    assert set(old) <= OLD["beat"], old
