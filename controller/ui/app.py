@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rolloutd.crds.names import API_PREFIX, job_key
@@ -30,6 +30,7 @@ from rolloutd.crds.names import API_PREFIX, job_key
 from ..auth import TokenBook
 from ..errors import ApiError
 from ..http import streams
+from ..http.login_limit import LoginLimits
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
 from ..work.inflight import inflight
@@ -65,10 +66,12 @@ class _Headers:
 
 def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
               job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
-              observe_step: Callable[[float], None] | None = None) -> Any:
+              observe_step: Callable[[float], None] | None = None, limits: LoginLimits | None = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
     largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
-    `observe_step`: each step of a live page's build, in seconds (a metric)."""
+    `observe_step`: each step of a live page's build, in seconds (a metric); `limits`: the login rate limits
+    (`http/login_limit.py`), shared with the API's token checks."""
+    limits = limits or LoginLimits()
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
@@ -76,7 +79,11 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:
-        p = sessions.from_header(request.headers.get("authorization")) or sessions.from_cookie(request.cookies.get(COOKIE))
+        header = request.headers.get("authorization")
+        p = sessions.from_header(header) or sessions.from_cookie(request.cookies.get(COOKIE))
+        if p is None and header and (wait := limits.failed(request.client.host if request.client else None)):
+            raise HTTPException(429, f"too many failed token checks from this address; retry in {wait} s",
+                                headers={"Retry-After": str(wait)})
         if p is None:
             raise HTTPException(401, "log in at /ui/login, or send 'Authorization: Bearer <token>'")
         return p
@@ -121,7 +128,14 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     @ui.post("/login")
     async def login(request: Request):
         same_origin(request)
-        found = sessions.login(((await form(request)).get("token") or [""])[0])
+        token = ((await form(request)).get("token") or [""])[0]
+        who = sessions.principal(token.strip())
+        wait = limits.failed(request.client.host if request.client else None) if who is None else \
+            limits.login(sessions.key(who))
+        if wait:
+            return PlainTextResponse(f"too many {'failed ' if who is None else ''}logins; retry in {wait} s", 429,
+                                     headers={"Retry-After": str(wait)})
+        found = sessions.login(token)
         if found is None:
             return RedirectResponse("/ui/login?failed=1", status_code=303)
         resp = RedirectResponse("/ui/jobs", status_code=303)
