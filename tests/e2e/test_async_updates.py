@@ -19,6 +19,9 @@ from support.engine_fixtures import log_mark
 
 from rolloutd.client import RolloutClient
 
+# the engine's start (the first test's set-up) and up to three runs, each with its replays, on a loaded machine
+pytestmark = pytest.mark.timeout(1200)
+
 TOKENS = 1500  # 10-20 s of the tiny model on this box (its API server answers slowly while it streams)
 
 
@@ -70,6 +73,7 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int) -
     job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": tokens + 2600})
     job["spec"]["policy"] = {"updateMode": mode}
     rc = RolloutClient(cluster.url, token=cluster.token)
+    load(engine, Path(engine.model_dir))  # checkpoint A, whatever a failed run before this one left loaded
     mark = log_mark(engine)
     try:
         cluster.apply(job)
