@@ -9,7 +9,8 @@ frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/inflight (`work/inflight.py`)
-         · …/trajectories[/{seq}] (with its waterfall: `waterfall.py`)   JSON, SSE
+         · …/config · …/curves · …/trajectories (sortable: `jobview.py`) · …/trajectories/{seq} (with its
+         waterfall: `waterfall.py`)   JSON, SSE
 Next step: throughput per node on the job page.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..http import streams
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
 from ..work.inflight import inflight
-from . import decode
+from . import decode, jobview
 from .waterfall import waterfall
 from .live import Built, JobGone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
@@ -73,6 +74,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     sessions = Sessions(token, tokens)
     engine = store.engine
     live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
+    curves = jobview.Curves(engine)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:
@@ -239,14 +241,41 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         live_leases = scheduler.queue.live
         return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
 
+    def existing(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return store.get_wire(name, namespace)
+        except ApiError as e:
+            raise HTTPException(e.code, e.message) from None
+
+    @ui.get("/api/jobs/{namespace}/{name}/config")
+    async def job_config(request: Request, namespace: str, name: str):
+        visible(who(request), namespace, name)
+        return jobview.config(await asyncio.to_thread(existing, namespace, name))
+
+    @ui.get("/api/jobs/{namespace}/{name}/curves")
+    async def job_curves(request: Request, namespace: str, name: str):
+        key = visible(who(request), namespace, name)
+
+        def load() -> dict[str, Any]:
+            job = existing(namespace, name)
+            return curves.get(key, job["metadata"]["uid"], int(job["spec"].get("samplesPerPrompt") or 1))
+        out = await asyncio.to_thread(load)
+        history = scheduler.policy(key)["history"] if scheduler is not None else []
+        return {**out, "byPolicy": [{**p, "behind": jobview.behind(p["policyVersion"], history)} for p in out["byPolicy"]]}
+
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
-                           limit: int = Query(50, ge=1, le=500), rewardMin: float | None = None,
+                           offset: int = Query(0, ge=0, le=1_000_000), limit: int = Query(50, ge=1, le=500),
+                           sort: str = Query("seq", max_length=20), rewardMin: float | None = None,
                            rewardMax: float | None = None, failure: str | None = None, task: str | None = None,
                            q: str | None = Query(None, max_length=500)):
         key = visible(who(request), namespace, name)
-        return await asyncio.to_thread(stats.search, engine, key, after=after, limit=limit, reward_min=rewardMin,
-                                       reward_max=rewardMax, failure=failure, task=task, text=q)
+        try:
+            return await asyncio.to_thread(jobview.search, engine, key, after=after, offset=offset, limit=limit,
+                                           sort=sort, reward_min=rewardMin, reward_max=rewardMax, failure=failure,
+                                           task=task, text=q)
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories/{seq}")
     async def trajectory(request: Request, namespace: str, name: str, seq: int):
