@@ -23,7 +23,7 @@ PLAN = {(0, 0): (1.0, 0), (0, 1): (1.0, 0), (1, 0): (0.0, 1), (1, 1): (0.0, 1), 
         (3, 0): (1.0, 2)}
 
 
-def make_job(cluster, namespace: str, name: str, prompts: int) -> str:
+def make_job(cluster, namespace: str, name: str, prompts: int, **spec) -> str:
     data = cluster.base / f"{namespace}-{name}.jsonl"
     data.write_text("".join(json.dumps({"id": f"{name}-q{i}", "question": f"What is {i}+3?", "answer": str(i + 3)}) + "\n"
                             for i in range(prompts)))
@@ -32,7 +32,7 @@ def make_job(cluster, namespace: str, name: str, prompts: int) -> str:
                     "llm": {"tokenizer": str(TINY)},
                     "agent": {"systemPrompt": f"Reason step by step. OPENAI_API_KEY={SECRET}; later {SECRET}."},
                     "sandbox": {"env": {"MY_API_TOKEN": SECRET, "LANG": "C.UTF-8"}},
-                    "pipeline": {"leaseSeconds": 600}, "executor": {"kind": "local", "nodes": 0}}}
+                    "pipeline": {"leaseSeconds": 600}, "executor": {"kind": "local", "nodes": 0}, **spec}}
     r = cluster.admin.post(f"{P}/namespaces/{namespace}/rolloutjobs", json=doc)
     assert r.status_code == 201, r.text
     key = f"{namespace}/{name}"
@@ -66,7 +66,7 @@ def view(cluster):
 
 
 @pytest.fixture
-def admin(cluster, view, browser):
+def admin(cluster, browser):
     """The browser logged in with the admin token."""
     url = cluster.controller.url
     if not browser.current_url.startswith(url) or fetch(browser, "/ui/api/me")[0] != 200 \

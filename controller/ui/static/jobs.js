@@ -89,6 +89,7 @@ function jobSections(doc) {
       doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.el("span", {class: "inflight", text: n.inflight}),
                           UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")]
     : UI.el("p", {class: "muted", text: "No node registered."})));
+  if (doc.policy) out.push(policySection(doc.policy));
   if (doc.status.batch) {
     const b = doc.status.batch;
     out.push(UI.section("Batches", UI.table(["current", "state", "informative groups", "target", "completed"],
@@ -101,6 +102,21 @@ function jobSections(doc) {
   out.push(UI.section("Events", UI.table(["time", "type", "reason", "message"],
     doc.events.slice(-50).reverse().map(e => [e.lastTimestamp || e.time || e.firstTimestamp || "", e.type, e.reason, e.message]), "events")));
   return out;
+}
+
+// The job's policy versions and the staleness bound's work (spec.policy; work/staleness.py): each counter also a
+// rolloutd_stale_* metric, summed over jobs.
+function policySection(p) {
+  const spec = p.spec || {}, st = p.staleness || {};
+  return UI.section("Policy versions and staleness", UI.el("p", {class: "summary", id: "policy-summary"},
+    `version ${UI.fmt(p.version)} · ${(p.history || []).length} announced (${(p.history || []).map(UI.fmt).join(" → ") || "none"}) · ` +
+    `update mode ${spec.updateMode || "drain"} · max staleness ${spec.maxStaleness ?? "none"}` +
+    (p.paused ? " · paused: a weight update is in progress" : "")),
+    UI.table(["counter", "", "meaning"], [
+      ["gated", UI.el("span", {"data-counter": "gated", text: st.gated || 0}), "groups not opened by the capacity gate ((S + v + 1) × the batch's groups)"],
+      ["cancelled", UI.el("span", {"data-counter": "cancelledRollouts", text: st.cancelledRollouts || 0}), "rollouts in flight cancelled on their daemons at an update (more than S versions behind), run again"],
+      ["swept", UI.el("span", {"data-counter": "sweptGroups", text: st.sweptGroups || 0}), "counted groups taken out of the running batch at an update, the batch refilled"]],
+    "staleness"));
 }
 
 // A stage's distribution as a row of bars (each bar's height: its share of the tallest bin).
