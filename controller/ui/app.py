@@ -34,7 +34,10 @@ from ..http import streams
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
 from ..work.inflight import inflight
-from . import decode, jobview
+from ..executors.base import ExecutorError
+from ..executors.logs import NoLogs
+from ..work import tracing as attempt_traces
+from . import decode, jobview, links
 from .waterfall import waterfall
 from .live import Built, JobGone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
@@ -66,10 +69,11 @@ class _Headers:
 
 def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
               job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
-              observe_step: Callable[[float], None] | None = None) -> Any:
+              observe_step: Callable[[float], None] | None = None, state: Any = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
     largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
-    `observe_step`: each step of a live page's build, in seconds (a metric)."""
+    `observe_step`: each step of a live page's build, in seconds (a metric); `state`: the API app's state, read
+    per request for its `executors` (a node's logs) and `trace_url` (ROLLOUTD_TRACE_URL), set by `server.py`."""
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
@@ -239,7 +243,39 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         if scheduler is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
         live_leases = scheduler.queue.live
-        return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        out = await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        template = getattr(state, "trace_url", None)
+        for row in out["items"]:
+            tid = attempt_traces.trace_id(row["attemptId"])
+            row.update(traceId=tid, traceUrl=links.trace_url(template, tid),
+                       logsUrl=links.logs_page(namespace, name, row["node"], row["attemptId"], tid))
+        return out
+
+    @ui.get("/jobs/{namespace}/{name}/logs")
+    async def logs_page(request: Request, namespace: str, name: str):
+        return page(request)
+
+    @ui.get("/api/jobs/{namespace}/{name}/logs")
+    async def attempt_logs(request: Request, namespace: str, name: str, node: str = Query(..., max_length=200),
+                           attempt: str | None = Query(None, max_length=200),
+                           trace: str | None = Query(None, pattern=r"^[0-9a-f]{32}$")):
+        """One attempt's lines in its node's log (all of the node's last lines when no attempt is named)."""
+        key = visible(who(request), namespace, name)
+        existing(namespace, name)  # 404 for an unknown job, in the UI's own error form
+        job = await asyncio.to_thread(store.get, key)
+        executor = (getattr(state, "executors", None) or {}).get(job.spec.executor.kind)
+        if executor is None or scheduler is None:
+            raise HTTPException(409, f"rolloutjob {key} runs on the {job.spec.executor.kind} executor, which this "
+                                     "controller does not run: its daemons' logs are not here")
+        slot = links.slot_of(scheduler.node_listing(key), node)
+        if slot is None:
+            raise HTTPException(404, f"rolloutjob {key} has no node {node}")
+        try:
+            out = await links.attempt_lines(executor, job, slot, [n for n in (attempt, trace) if n])
+        except (NoLogs, ExecutorError) as e:
+            raise HTTPException(404, f"no log of node {node}: {e}") from None
+        return {"node": node, "slot": slot, "attempt": attempt, "traceId": trace,
+                "traceUrl": links.trace_url(getattr(state, "trace_url", None), trace), **out}
 
     def existing(namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -288,6 +324,9 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             raw = json.loads(data)
             tokenizer = ((store.get_wire(name, namespace)["spec"].get("llm") or {}).get("tokenizer"))
             view = decode.decode(raw, tokenizer)
+            tid = raw.get("traceId")
+            view.update(traceId=tid, traceUrl=links.trace_url(getattr(state, "trace_url", None), tid),
+                        logsUrl=links.logs_page(namespace, name, raw.get("node"), raw.get("attemptId"), tid))
             view.update(seq=seq, raw={"seq": seq, **raw}, waterfall=waterfall(raw),
                         group=stats.group(engine, key, raw.get("prompt", 0), raw.get("group")),
                         api=f"{API_PREFIX}/namespaces/{namespace}/rolloutjobs/{name}/trajectories?cursor={seq - 1}&limit=1")

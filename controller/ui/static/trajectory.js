@@ -20,6 +20,7 @@ UI.trajectoryPage = async (main, ns, name, seq) => {
       ` · failure ${fail.kind}` , fail.reason ? UI.el("span", {class: "reason", id: "failure-reason", text: " — " + fail.reason}) : null,
       ` · task ${t.taskId || "—"} · prompt ${t.prompt} · sample ${t.sample} · policy version ${UI.fmt(t.policyVersion)}` +
       ` · finish ${t.finishReason || "—"} · attempt ${t.attempt} · node ${t.node || "—"} · backend ${t.backend || "—"}`),
+    UI.el("p", {id: "rollout-links"}, UI.rolloutLinks(t)),
     UI.el("p", {}, copy, " ", UI.el("span", {class: "muted", text: "raw API call: "}),
       UI.el("code", {id: "api", text: `curl -H "Authorization: Bearer $TOKEN" '${location.origin}${t.api}'`})));
   const out = [UI.el("h1", {}, `Trajectory ${t.seq}`), head];
