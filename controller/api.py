@@ -360,5 +360,6 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
                       "CPU it held the loop for", buckets=BUCKETS, registry=registry)
     job_stats.observe_step = steps.observe
     app.mount("/ui", create_ui(store, token, tokens, scheduler, job_stats,
-                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe, limits=limits))
+                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe, limits=limits,
+                               state=app.state))
     return app

@@ -256,7 +256,7 @@ class Attempts:
                 attempt_traces.ended(res.attempt_id, "dropped", res.trajectory)
                 continue
             t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
-                                                   "attempt": item.attempt})
+                                                   "attempt": item.attempt, **attempt_traces.ids(res.attempt_id)})
             if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
                 self.queue.finish(item, ItemState.failed)
                 self.feed.deliver(None, item, t, delivered)
