@@ -8,7 +8,7 @@ Started per allocated node by Slurm (`srun`) or the local executor, from agents/
 Leaving: SIGTERM stops leasing, hands back unstarted leases, lets in-flight rollouts finish for `drain_seconds`,
 cancels and hands back the rest, exit 0 (a second signal a second or more later ends the grace period); the
 controller's drain or "no more work": finish in flight, exit 0; a controller that forgot the node, or has not
-answered for 10 × leaseSeconds (heartbeat.py): cancel everything, end the sandboxes, exit 1.
+answered for 20 × leaseSeconds (heartbeat.py): cancel everything, end the sandboxes, exit 1.
 Test seams (keyword arguments): `client`, `handler`, `llm_factory(url)`, `tokenizer`, `sandbox_runtime`; what
 happened: `rollouts.transitions` (monotonic time, attemptId, phase) and `stats` (counts).
 """

@@ -28,7 +28,11 @@ from .options import NodeOptions
 from .outbox import Outbox
 from .rollouts import Phase, Rollouts
 
-UNREACHABLE_LEASES = 10  # a daemon the controller has not answered for this many leaseSeconds exits (LOST)
+OUTAGE_LEASES = 10  # a controller away (stopped, restarting, unreachable) this many leaseSeconds loses nothing
+# a daemon the controller has not answered for this many leaseSeconds exits (LOST): twice the outage it rides
+# through, so the beat's back-off, the controller's start and its lease grace fit inside (#37: at 10 the two
+# rules met, and a 10 × outage was lost to the daemons leaving)
+UNREACHABLE_LEASES = 2 * OUTAGE_LEASES
 REPINNABLE = (Phase.LEASED, Phase.INIT, Phase.WAIT_RUN)  # a backend can change until RUN starts
 
 

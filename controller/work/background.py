@@ -43,9 +43,20 @@ def stalled(s: Scheduler, seconds: float) -> None:
     s.registry.heard_all(now)
 
 
+def serving(s: Scheduler) -> None:
+    """The first pass, as the server starts answering: the leases loaded at the store's opening (`held_leases.load`)
+    got a whole lease from then, but a start on a loaded host can take longer than a lease before any node could
+    reach the controller; every lease and node gets a whole lease from now (#37: a 2 × leaseSeconds outage was
+    charged to the nodes at load 35)."""
+    now = s.clock()
+    s.queue.live.grace(now, s.lease_seconds)
+    s.registry.heard_all(now)
+
+
 async def run(s: Scheduler) -> None:
     last_health = 0.0
     s.pool.admission.learning = True  # from now on a new backend's episodes wait for its max_num_seqs
+    serving(s)
     asked = time.monotonic()
     while not s.queue.stopped:
         await s.seqs.tick()
