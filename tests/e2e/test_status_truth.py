@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,6 +28,23 @@ from rolloutd.client import JobEnded, RolloutClient
 from rolloutd.crds.paths import models_dir
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """One controller for this module's tests that apply jobs (each its own name) and read them back: a controller
+    start is most of such a test's time. The tests that stop, kill or restart their controller take `own`."""
+    c = Cluster(tmp_path_factory.mktemp("status-truth"), plugin_env()).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def own(tmp_path) -> Iterator[Cluster]:
+    """A controller of the test's own (the test stops, kills or restarts it)."""
+    c = Cluster(tmp_path, plugin_env()).start()
+    yield c
+    c.stop()
 
 ROWS = [{"id": i, "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
 
@@ -194,7 +212,8 @@ def _held_job(cluster: Cluster, tmp_path: Path, name: str, lease: float = 30) ->
     return gate, cluster.daemon_pids()
 
 
-def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(cluster, tmp_path):
+def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(own, tmp_path):
+    cluster = own
     _, pids = _held_job(cluster, tmp_path, "released")
     assert pids and all(_alive(p) for p in pids)
     os.killpg(cluster.proc.pid, signal.SIGTERM)
@@ -204,7 +223,8 @@ def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(cluster, t
                every=0.2)
 
 
-def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_its_sandboxes(cluster, tmp_path):
+def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_its_sandboxes(own, tmp_path):
+    cluster = own
     _, pids = _held_job(cluster, tmp_path, "orphan", lease=2)
     [pid] = pids
     sandbox_procs = _descendants(pid)
@@ -218,7 +238,8 @@ def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_
     assert "the controller has not answered for" in log and "20 × spec.pipeline.leaseSeconds" in log
 
 
-def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(cluster, tmp_path):
+def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(own, tmp_path):
+    cluster = own
     gate, pids = _held_job(cluster, tmp_path, "adopted")
     cluster.kill()
     cluster.start()
