@@ -260,7 +260,7 @@ def test_a_daemon_of_another_protocol_is_refused_with_a_clear_reason(tmp_path):
 
     store, sched, clock, job = make(tmp_path)
     for protocol in (None, NODE_PROTOCOL + 1):  # a daemon from before the check; a newer one
-        with pytest.raises(BadRequest, match="same rolloutd version"):
+        with pytest.raises(BadRequest, match="no newer than the controller"):
             sched.register(RegisterRequest(job="math-demo", protocol=protocol, name="old"))
     assert sched.nodes("math-demo") == []
 
