@@ -36,9 +36,10 @@ OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedde
 class Store(StoreDB):
     """RolloutJobs' reads and writes over the database and change log of `StoreDB`."""
 
-    def __init__(self, path: Path | str, *, watch_history: int = CHANGE_LOG_KEEP):
-        """`watch_history`: the changes kept for resuming watches (the controller's `ControllerSettings`)."""
-        super().__init__(path)
+    def __init__(self, path: Path | str, *, watch_history: int = CHANGE_LOG_KEEP, home: Path | None = None):
+        """`path`: an SQLite file or a `postgresql://` URL; `watch_history`: the changes kept for resuming watches
+        (the controller's `ControllerSettings`); `home`: the data dir, for files kept beside a server's store."""
+        super().__init__(path, home=home)
         self._keep = watch_history
         self._trim_every = max(1, min(1000, self._keep // 2))
         self._cache: dict[str, RolloutJob] = {}
