@@ -45,6 +45,7 @@ from .stalls import StallSampler
 from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work.scheduler import Scheduler
 from .store import Store
+from .store_db import SchemaTooNew
 
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
@@ -70,6 +71,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         store = Store(location, watch_history=settings.watch_history, home=data_dir)
     except (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError) as e:
         raise SystemExit(opening_problem(store_name(location), e)) from None
+    except SchemaTooNew as e:
+        raise SystemExit(f"rolloutd: {e}") from None
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,

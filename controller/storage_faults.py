@@ -48,7 +48,10 @@ def _pg_unreachable(exc: BaseException) -> bool:
 
 
 def opening_problem(path: Path | str, exc: BaseException) -> str:
-    """The message for a store that cannot be opened at start: which file, and what to do."""
+    """The message for a store that cannot be opened at start: which file (or server), and what to do."""
+    if isinstance(path, str) and "://" in path:
+        return (f"cannot open the store {path}: {getattr(exc, 'orig', None) or exc}. Check the URL, that the server "
+                "runs and that its user may create tables in the database (see Operations: PostgreSQL)")
     return (f"cannot open the store {path}: {getattr(exc, 'orig', None) or exc}. If the file is damaged, stop here "
             "and restore it from a backup (see Operations: Backups); do not delete it, the jobs and trajectories "
             "are in it")

@@ -32,6 +32,10 @@ MIGRATION_LOCK = 0x726F6C6C  # PostgreSQL advisory lock key held while a control
 EVENTS_PER_JOB = 500  # a job's newest events kept (`add_event`); older ones go as new ones come
 
 
+class SchemaTooNew(RuntimeError):
+    """The database was moved forward by a newer rolloutd: this one stops rather than write rows it cannot read."""
+
+
 class StoreDB:
     """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
 
@@ -92,9 +96,9 @@ class StoreDB:
             if row is None:
                 s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
             elif row.version > SCHEMA_VERSION:
-                raise RuntimeError(
+                raise SchemaTooNew(
                     f"database {self.where} has schema version {row.version}, newer than this "
-                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
+                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd (it refuses to write a schema it does not know)"
                 )
             else:
                 while row.version < SCHEMA_VERSION:
