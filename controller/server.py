@@ -73,6 +73,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         raise SystemExit(opening_problem(store_name(location), e)) from None
     except SchemaTooNew as e:
         raise SystemExit(f"rolloutd: {e}") from None
+    store.listen()  # PostgreSQL: other controllers' writes wake our watches and leave our cache (LISTEN/NOTIFY)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,

@@ -47,12 +47,24 @@ class Store(StoreDB):
 
     def _changed(self, key: str) -> None:
         """After a committed write: drop the cached job (a reader may have cached the old row while
-        the write was in flight) and wake the watchers."""
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(key, None)
+        the write was in flight) and wake the watchers; on PostgreSQL tell the other processes too."""
+        self._forget(key)
         self._mark(key)
         self._notify()
+        self._announce(key)
+
+    def _forget(self, key: str | None) -> None:
+        with self._lock:
+            self._epoch += 1
+            if key is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(key, None)
+
+    def _heard(self, key: str | None) -> None:
+        """Another process wrote job `key` (None: any, perhaps): as a write of our own, without announcing it."""
+        self._forget(key)
+        super()._heard(key)
 
     # ------------------------------------------------------------ reads
 

@@ -53,6 +53,7 @@ class StoreDB:
         self._lock = threading.RLock()
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._marks: dict[str, int] = {}  # job key → its writes and events so far, in this process (`mark_of`)
+        self._listener = None  # PostgreSQL: the thread hearing other processes' writes (`listen`)
         self._migrate()
 
     def _sqlite_engine(self, path: Path):
@@ -121,6 +122,26 @@ class StoreDB:
         self.engine.dispose()
 
     # ------------------------------------------------------------ notifications
+
+    def listen(self) -> None:
+        """On PostgreSQL: hear the other processes' job writes (`store_listen.py`); once, from the server."""
+        if self.url is not None and self._listener is None:
+            from .store_listen import Listener
+
+            conninfo = dialects.engine_url(self.url).replace("postgresql+psycopg://", "postgresql://", 1)
+            self._listener = Listener(conninfo, self._heard).start()
+
+    def _heard(self, key: str | None) -> None:
+        """Another process wrote job `key` (None: perhaps any, while we were not listening)."""
+        if key is not None:
+            self._mark(key)
+        self._notify()
+
+    def _announce(self, key: str) -> None:
+        if self.url is not None:
+            from .store_listen import announce
+
+            announce(self.engine, key)
 
     def subscribe(self) -> asyncio.Event:
         ev = asyncio.Event()
