@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import event, func
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from rolloutd.crds.errors import ConfigurationError
+
 from . import dialects
 from .errors import Gone
 from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
@@ -32,7 +34,7 @@ MIGRATION_LOCK = 0x726F6C6C  # PostgreSQL advisory lock key held while a control
 EVENTS_PER_JOB = 500  # a job's newest events kept (`add_event`); older ones go as new ones come
 
 
-class SchemaTooNew(RuntimeError):
+class SchemaTooNew(ConfigurationError, RuntimeError):
     """The database was moved forward by a newer rolloutd: this one stops rather than write rows it cannot read."""
 
 
