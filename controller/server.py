@@ -71,7 +71,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         store = Store(location, watch_history=settings.watch_history, home=data_dir)
     except (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError) as e:
         raise SystemExit(opening_problem(store_name(location), e)) from None
-    except SchemaTooNew as e:
+    except (SchemaTooNew, ImportError) as e:
         raise SystemExit(f"rolloutd: {e}") from None
     store.listen()  # PostgreSQL: other controllers' writes wake our watches and leave our cache (LISTEN/NOTIFY)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once

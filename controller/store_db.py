@@ -81,6 +81,10 @@ class StoreDB:
 
     @staticmethod
     def _pg_engine(url: str):
+        try:
+            import psycopg  # noqa: F401 - the [postgresql] extra
+        except ImportError:
+            raise ImportError("a postgresql:// store needs psycopg 3: pip install 'rolloutd[postgresql]'") from None
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
         # pre-ping (a round trip per checkout: 1.7 against 2.3 ms of CPU per node call measured): a connection the
         # server dropped fails the call that used it, and SQLAlchemy then replaces every pooled one
