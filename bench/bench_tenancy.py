@@ -3,97 +3,52 @@
     python -m bench tenancy          (writes bench/results/RESULTS-tenancy.md; --quick: 128 000 items)
 
 One real `rolloutd controller` (the local executor asked for 0 nodes, as in `bench_scale.py`: nothing is
-started, the job is expanded and waits for daemons). team-b holds a namespace token and GETs its own job
-in a loop: first with nothing else going on (idle), then from team-a's apply of a 4 000-prompt ×
-128-sample job until the controller has queued all 512 000 items (load). Reported: team-b's GET p50/p99
+started, the job is expanded and waits for daemons; the setup is `teams.py`'s, shared with `bench_stalls`).
+team-b holds a namespace token and GETs its own job in a loop, its node's heartbeat in turn: first with
+nothing else going on (idle), then from team-a's apply of a 4 000-prompt × 128-sample job until the controller has queued all 512 000 items (load). Reported: team-b's GET p50/p99
 in both windows, the number of GETs, and how long the expansion took. Target (issue 24): p99 ≤ 100 ms
 under load. Before (main at ee27890, from the issue): GETs stalled up to 5.9 s — the whole expansion ran
 in one transaction on the event loop.
 """
 from __future__ import annotations
 
-import platform
-import statistics
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import httpx
-
-from bench.bench_scale import P, Controller, HealthServer, _pct
-from rolloutd.controller.auth import create_scoped_token
+from bench.bench_scale import P
+from bench.teams import job, two_teams
 
 HERE = Path(__file__).resolve().parent
 PROMPTS, SAMPLES = 4000, 128
 
 
-def _job(name: str, source: Path, prompts: int, samples: int, backends: list[str]) -> dict:
-    return {
-        "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
-        "spec": {
-            "tasks": {"kind": "bench-noop", "source": str(source), "limit": prompts},
-            "samplesPerPrompt": samples,
-            "agent": {"maxTurns": 1, "tools": []},
-            "llm": {"tokenizer": "none", "backends": [{"url": u} for u in backends]},
-            "executor": {"kind": "local", "nodes": 0},  # nothing starts: the job is expanded and waits
-        },
-    }
-
-
-def _gets(client: httpx.Client, path: str, stop: threading.Event, out: list[float], at_most: float) -> None:
-    """GET `path` in a loop until `stop` is set (or `at_most` seconds passed), each latency in ms."""
-    end = time.monotonic() + at_most
-    while not stop.is_set() and time.monotonic() < end:
-        t = time.perf_counter()
-        client.get(path).raise_for_status()
-        out.append((time.perf_counter() - t) * 1000)
-
-
 def measure(prompts: int = PROMPTS, samples: int = SAMPLES, idle_seconds: float = 5.0) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-tenancy-") as tmp:
-        root = Path(tmp)
-        source = root / "rows.jsonl"
-        source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(prompts)))
-        health = HealthServer()
-        ctl = Controller(root)
+    with two_teams(prompts, "bench-tenancy-") as t:
+        idle = t.probe(idle_seconds)
+        stop, load = threading.Event(), {}
+        loop = threading.Thread(target=lambda: load.update(t.probe(600.0, stop)))
+        t0 = time.monotonic()
+        loop.start()
         try:
-            team_b = create_scoped_token(root / "data" / "tokens", "team-b", read_only=False, namespaces=["team-b"])
-            ctl.api.post(f"{P}/namespaces/team-b/rolloutjobs", json=_job("small", source, 4, 1, health.urls[:1])
-                         ).raise_for_status()
-            mine = f"{P}/namespaces/team-b/rolloutjobs/small"
-            with httpx.Client(base_url=ctl.url, headers={"Authorization": f"Bearer {team_b.token}"},
-                              timeout=60) as b:
-                for _ in range(20):  # warm-up
-                    b.get(mine).raise_for_status()
-                idle: list[float] = []
-                _gets(b, mine, threading.Event(), idle, idle_seconds)
-                load: list[float] = []
-                stop = threading.Event()
-                loop = threading.Thread(target=_gets, args=(b, mine, stop, load, 600.0))
-                t0 = time.monotonic()
-                loop.start()
-                ctl.api.post(f"{P}/namespaces/team-a/rolloutjobs",
-                             json=_job("big", source, prompts, samples, health.urls)).raise_for_status()
-                total, deadline = prompts * samples, time.monotonic() + 300
-                while time.monotonic() < deadline:  # the status shows the counts once every item is queued
-                    counts = (ctl.api.get(f"{P}/namespaces/team-a/rolloutjobs/big").json().get("status") or {}
-                              ).get("counts") or {}
-                    if counts.get("total") == total and counts.get("queued") == total:
-                        break
-                    time.sleep(0.2)
-                else:
-                    raise RuntimeError(f"team-a/big: {total} items not queued within 300 s")
-                expansion = time.monotonic() - t0
-                stop.set()
-                loop.join()
+            t.ctl.api.post(f"{P}/namespaces/team-a/rolloutjobs",
+                           json=job("big", t.source, prompts, samples, t.health.urls)).raise_for_status()
+            total, deadline = prompts * samples, time.monotonic() + 300
+            while time.monotonic() < deadline:  # the status shows the counts once every item is queued
+                counts = (t.ctl.api.get(f"{P}/namespaces/team-a/rolloutjobs/big").json().get("status") or {}
+                          ).get("counts") or {}
+                if counts.get("total") == total and counts.get("queued") == total:
+                    break
+                time.sleep(0.2)
+            else:
+                raise RuntimeError(f"team-a/big: {total} items not queued within 300 s")
+            expansion = time.monotonic() - t0
         finally:
-            ctl.stop()
-            health.close()
-    return {"items": prompts * samples, "expansion_s": expansion,
-            "idle": {"n": len(idle), "p50": statistics.median(idle), "p99": _pct(idle, 0.99), "max": max(idle)},
-            "load": {"n": len(load), "p50": statistics.median(load), "p99": _pct(load, 0.99), "max": max(load)}}
+            stop.set()
+            loop.join()
+    return {"items": prompts * samples, "expansion_s": expansion, "idle": idle["get"], "load": load["get"],
+            "idle_beat": idle["beat"], "load_beat": load["beat"]}
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -103,7 +58,11 @@ def run(quick: bool = False) -> list[dict]:
     table = ("| team-b GET | n | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n"
              f"| idle | {idle['n']} | {idle['p50']:.1f} | {idle['p99']:.1f} | {idle['max']:.1f} |\n"
              f"| while team-a's {m['items']:,}-item job expands | {load['n']} | {load['p50']:.1f} | "
-             f"{load['p99']:.1f} | {load['max']:.1f} |\n")
+             f"{load['p99']:.1f} | {load['max']:.1f} |\n"
+             f"| node beat, idle | {m['idle_beat']['n']} | {m['idle_beat']['p50']:.1f} | {m['idle_beat']['p99']:.1f} | "
+             f"{m['idle_beat']['max']:.1f} |\n"
+             f"| node beat, while it expands | {m['load_beat']['n']} | {m['load_beat']['p50']:.1f} | "
+             f"{m['load_beat']['p99']:.1f} | {m['load_beat']['max']:.1f} |\n")
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not quick:
         (HERE / "results" / "RESULTS-tenancy.md").write_text(

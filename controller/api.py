@@ -40,9 +40,10 @@ from rolloutd.crds.rolloutjob import Phase
 
 from .auth import TokenBook, token_matches
 from .nodeauth import NodeCredentials, NodeGate
-from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, Unauthorized
+from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document
+from .http.login_limit import LoginLimits
 from .http.openapi import describe
 from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
@@ -65,9 +66,9 @@ def _namespaced(path: str) -> str:
     return path if m is None else f"{PREFIX}/namespaces/default/rolloutjobs/{m[1]}/{m[2]}{m[3] or ''}"
 
 
-def _error(err: ApiError) -> JSONResponse:
+def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else \
-        {"Retry-After": str(RETRY_AFTER_SECONDS)} if err.code == 503 else None
+        {"Retry-After": str(retry_after)} if err.code in (429, 503) else None
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 
@@ -78,8 +79,8 @@ class _AuthAndMetrics:
     response starts (a watch stream is counted once, not for its whole life)."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
-                 latency: Histogram, storage: StorageWatch | None = None):
-        self.storage = storage
+                 latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None):
+        self.storage, self.limits = storage, limits or LoginLimits()
         self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
@@ -119,6 +120,11 @@ class _AuthAndMetrics:
         elif not admin:
             scoped = self.tokens.find(header)
             if scoped is None:
+                client = scope.get("client")
+                if header is not None and (wait := self.limits.failed(client[0] if client else None)):
+                    return await _error(TooManyRequests(
+                        f"too many failed token checks from this address; retry in {wait} s (a valid token is "
+                        "never refused)"), wait)(scope, receive, send_and_count)
                 err = Unauthorized(
                     "missing bearer token: send 'Authorization: Bearer <token>' (the token is in the controller's "
                     "data dir, file 'token'; rolloutctl reads it via --token-file or ROLLOUTD_TOKEN)"
@@ -240,8 +246,9 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     credentials = node_credentials or NodeCredentials(None)
     gate = NodeGate(credentials, scheduler.node_job) if scheduler is not None else None
     app.state.storage = storage = StorageWatch(store.path)
+    limits = LoginLimits()  # one budget per address for the API and the UI's login
     app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens,
-                       requests_total=requests_total, latency=latency, storage=storage)
+                       requests_total=requests_total, latency=latency, storage=storage, limits=limits)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -353,5 +360,6 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
                       "CPU it held the loop for", buckets=BUCKETS, registry=registry)
     job_stats.observe_step = steps.observe
     app.mount("/ui", create_ui(store, token, tokens, scheduler, job_stats,
-                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe))
+                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe, limits=limits,
+                               state=app.state))
     return app

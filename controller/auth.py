@@ -42,6 +42,13 @@ def ensure_token(path: Path, *, mint: bool = True) -> str:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # on the disk before any client holds it: a crash or an fs error left it empty (#37)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # ... and its name too
+    finally:
+        os.close(dir_fd)
     return token
 
 

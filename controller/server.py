@@ -106,6 +106,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
     app.state.scheduler, app.state.executors = scheduler, enabled
+    app.state.trace_url = settings.trace_url  # the web UI's trace links
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

@@ -19,6 +19,7 @@ log = logging.getLogger("rolloutd.storage")
 MIN_FREE_BYTES = 1 << 20  # less free space than this in the data dir: not ready (SQLite's next page may not fit)
 RECENT_SECONDS = 5.0      # a write failed on the disk this recently: not ready, even if a probe looks fine now
 RETRY_AFTER_SECONDS = 5
+PROBE_EVERY = 1.0         # the data dir's write probe runs at most this often (`StorageWatch.problem`)
 _SQLITE_STORAGE = ("database or disk is full", "readonly database", "disk i/o error", "unable to open database file",
                    "locking protocol")
 _OS_STORAGE = (errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT)
@@ -68,6 +69,7 @@ class StorageWatch:
         self._identity = st and (st.st_dev, st.st_ino)
         self._failed: tuple[float, str] | None = None
         self._checked, self._lost = 0.0, None
+        self._probed: tuple[float, str | None] = (float("-inf"), None)
 
     def failed(self, reason: str) -> None:
         self._failed = (time.monotonic(), reason)
@@ -102,6 +104,30 @@ class StorageWatch:
             fs = os.statvfs(folder)
             if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
                 return f"the data dir is full ({fs.f_bavail * fs.f_frsize} bytes free)"
+            if probe := self._write_probe(folder):
+                return probe
         if self._failed is not None and time.monotonic() - self._failed[0] < RECENT_SECONDS:
             return self._failed[1]
         return None
+
+    def _write_probe(self, folder: Path) -> str | None:
+        """A small file created, written, synced and removed in the data dir (at most every PROBE_EVERY s): a
+        filesystem the kernel turned read-only after an error (ext4's emergency read-only) still passes
+        `os.access` and `statvfs`, and a controller that takes no write meanwhile would look ready."""
+        at, found = self._probed
+        if time.monotonic() - at < PROBE_EVERY:
+            return found
+        path = folder / ".rolloutd-write-probe"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"ok")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+            found = None
+        except OSError as e:
+            found = f"the data dir cannot be written: {e.strerror or e}"
+        self._probed = (time.monotonic(), found)
+        return found

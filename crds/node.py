@@ -30,10 +30,13 @@ from .trajectory import Trajectory
 Stage = Literal["leased", "init", "run", "eval"]
 
 
-# The node protocol's version: a daemon and a controller of different rolloutd versions may not
-# agree on these messages (a field one side does not know is a 422 at every call), so registration
-# refuses a mismatch up front with a message that says so. Bump it on any incompatible change.
-NODE_PROTOCOL = 2  # 2: a trajectory's turns carry their times (`Turn.started`, `modelSeconds`, `toolSeconds`)
+# The node protocol's version, which a daemon sends at registration. A change of the messages is negotiated, not
+# bumped: a field a peer may not know is sent only to a daemon that declared the feature it belongs to (FEATURES),
+# so a controller serves every daemon from MIN_NODE_PROTOCOL on with the features that daemon declared. 2: a
+# trajectory's turns carry their times (`Turn.started`, `modelSeconds`, `toolSeconds`), which a controller of 1
+# refuses (422), so it refuses a daemon of 2 up front, with a message that says so.
+NODE_PROTOCOL = 2
+MIN_NODE_PROTOCOL = 1
 
 
 def heartbeat_seconds(nodes: int, lease_seconds: float) -> float:
@@ -79,9 +82,18 @@ CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
 #                 only registers. A job credential must ask for it (a node acts only as itself)
 #   beat-turns    a beat names the turn of each rollout in RUN (`Heartbeat.turns`: the model calls it started), for
 #                 the in-flight view (`controller/work/inflight.py`)
+#   lease-trace   a lease carries the attempt's W3C trace context (`Lease.traceparent`, tracing on)
+#   beat-fence    a beat's reply carries the keep-mode fence and the backends behind the job's version
+#                 (`HeartbeatResponse.llmFence`, `backendVersions`); a daemon without it takes no fence (the
+#                 controller's wait for it ends at its timeout) and is told nothing of lagging backends
+# A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS)
+LEASE_TRACE, BEAT_FENCE = "lease-trace", "beat-fence"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE)
+# reply fields sent only to a daemon that declared their feature: (model name, field) per feature
+REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
+                BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions"))}
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average: 5 ms for a

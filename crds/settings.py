@@ -115,6 +115,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_STALLED_AFTER_SECONDS", "number", "300", (CONTROLLER,),
              "a rollout in one stage (or unnamed by its node's beats) this long is stalled: flagged in the in-flight "
              "view and counted in rolloutd_rollout_stalls_total"),
+    Variable("ROLLOUTD_TRACE_URL", "url", "unset (no trace links)", (CONTROLLER,),
+             "the web UI's link to a rollout's trace in your OTLP backend's UI, `{trace_id}` replaced by its 32 hex "
+             "digits (Jaeger: `http://jaeger:16686/trace/{trace_id}`; with ROLLOUTD_TRACING=1)"),
     Variable("ROLLOUTD_WATCH_HISTORY", "int", "50000", (CONTROLLER,),
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
@@ -216,6 +219,7 @@ class ControllerSettings:
     watch_history: int = 50000
     stalled_after_seconds: float = 300.0  # controller/work/held_leases.py LiveLeases.stall_seconds
     result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
+    trace_url: str | None = None  # the web UI's trace links (`ui/links.py`)
     stall_samples: Path | None = None
     tracing: str | None = None   # ROLLOUTD_TRACING (`nodeenv.tracing_on` reads it)
     k8s_namespace: str | None = None
@@ -231,6 +235,10 @@ class ControllerSettings:
         at_least("ROLLOUTD_NODE_CALLS_PER_SECOND", values.get("node_calls_per_second"), 0)
         at_least("ROLLOUTD_WATCH_HISTORY", values.get("watch_history"), 1)
         at_least("ROLLOUTD_STALLED_AFTER_SECONDS", values.get("stalled_after_seconds"), 0)
+        if "trace_url" in values and ("{trace_id}" not in values["trace_url"]
+                                      or not values["trace_url"].startswith(("http://", "https://"))):
+            raise SettingsError("ROLLOUTD_TRACE_URL: an http(s) URL holding {trace_id}, got "
+                                f"{values['trace_url']!r}")
         if "advertise_url" in values:
             values["advertise_url"] = values["advertise_url"].rstrip("/")
         return cls(**values)

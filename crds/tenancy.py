@@ -101,7 +101,7 @@ class TenantPolicySpec(Model):
     data_roots: list[str] = Field(default_factory=list, description="directories tasks.source (datasets, harbor task "
                                   "directories) must lie beneath; read without following links out of them")
     backends: list[str] = Field(default_factory=list, description="URL prefixes llm.backends must start with "
-                                "(empty: any URL the controller's own backend policy allows)")
+                                "(with ownedBackends; empty: none — the namespace's jobs may name no backend)")
     owned_backends: list[str] = Field(default_factory=list, description="URL prefixes of backends this namespace "
                                       "owns: its trainer may pause, resume and reload them (announce a policy with "
                                       "pause or reload); a backend it does not own is shared and stays as it is")
@@ -175,10 +175,11 @@ def violations(spec: "RolloutJobSpec", policy: TenantPolicySpec | None) -> list[
     if not source.startswith("/") or not any(beneath(posixpath.normpath(source), r) for r in policy.data_roots):
         roots = ", ".join(policy.data_roots) or "none granted"
         out.append(("spec.tasks.source", f"must be an absolute path beneath a data root ({roots})"))
-    if policy.backends:
-        for i, b in enumerate(spec.llm.backends):
-            if not _url_allowed(b.url, policy.backends):
-                out.append((f"spec.llm.backends[{i}].url", "is not an allowed backend"))
+    allowed = [*policy.backends, *policy.owned_backends]  # an explicit list: empty allows none (#36)
+    for i, b in enumerate(spec.llm.backends):
+        if not _url_allowed(b.url, allowed):
+            out.append((f"spec.llm.backends[{i}].url", "is not an allowed backend" if allowed else
+                        "is not an allowed backend (the policy lists none: the admin names them in spec.backends)"))
     ex = spec.executor
     if not policy.executor_overrides:
         if ex.slurm.setup:

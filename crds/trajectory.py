@@ -127,6 +127,11 @@ class Trajectory(Model):
     backend: str | None = None
     node: str | None = None
     attempt: int = 0
+    attempt_id: str | None = Field(default=None, max_length=200, description=(
+        "the attempt's lease id (set by the controller): its node's log lines name it"))
+    trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description=(
+        "the W3C trace id of the attempt's trace (set by the controller when tracing is on): the web UI links it "
+        "to ROLLOUTD_TRACE_URL"))
     timings: Timings = Field(default_factory=Timings)
     metrics: dict[str, Any] = Field(default_factory=dict)
     segments: list[Segment] = Field(default_factory=list, description=(

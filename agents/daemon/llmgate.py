@@ -94,11 +94,13 @@ class PolicyGate:
                     break
                 await asyncio.sleep(0.02)
         else:
-            for _ in range(600):  # bounded: 600 × QUIET_SECONDS at most
+            deadline = time.monotonic() + 600 * QUIET_SECONDS  # bounded
+            while True:  # until the stream heard from last has been quiet for QUIET_SECONDS (not in steps of it)
                 now = time.monotonic()
-                if all(now - s.last >= QUIET_SECONDS for s in self.streams):
+                left = max((s.last + QUIET_SECONDS - now for s in self.streams), default=0.0)
+                if left <= 0 or now >= deadline:
                     break
-                await asyncio.sleep(QUIET_SECONDS)
+                await asyncio.sleep(min(left, deadline - now) + 0.001)
             for s in self.streams:
                 s.marks.append(s.received)
         self.fence_done = max(self.fence_done, epoch)

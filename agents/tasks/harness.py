@@ -5,8 +5,9 @@ Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rol
 pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
 `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1` and `ANTHROPIC_BASE_URL=http://127.0.0.1:PORT` (a relay on the
 sandbox's own loopback to the gateway's socket in /.rolloutd: the sandbox still has no network), placeholder
-`OPENAI_API_KEY` / `ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN` (`harness_env`), the instruction on stdin
-and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
+`OPENAI_API_KEY` / `ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN` (`harness_env`), each known harness's offline
+defaults unless the sandbox's environment (`spec.sandbox.env`) names them (`HARNESS_DEFAULTS`, `offline_prelude`),
+the instruction on stdin and in `$ROLLOUTD_INSTRUCTION_FILE`; its output goes to /logs/agent/harness.txt.
 
 Trajectory: one sequence (every call extended the previous tokens) fills `token_ids` / `loss_mask` /
 `logprobs` / `turns`; when the harness rewrote its history the flat fields stay empty and
@@ -41,7 +42,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
         await sandbox.write_file(INSTRUCTION, task["instruction"])
         await start_relay(sandbox, "/.rolloutd/gateway.sock", PORT, "/tmp/.harbor/relay.log", SESSION)
         env = {**harness_env(PORT), "ROLLOUTD_INSTRUCTION_FILE": INSTRUCTION}
-        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items()) + offline_prelude()
         result = await sandbox.bash(f"{exports}cd {shlex.quote(workdir)} && ({config.agent_command}) < {INSTRUCTION} "
                                     f"> /logs/agent/harness.txt 2>&1; echo \"harness-exit=$?\"", timeout=timeout)
         # no model call: the harness's own words say why (a login prompt, an unknown model, a missing key)
@@ -64,6 +65,46 @@ def harness_env(port: int) -> dict[str, str]:
     base = f"http://127.0.0.1:{port}"
     return {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_BASE": f"{base}/v1", "OPENAI_API_KEY": "rolloutd",
             "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "rolloutd", "ANTHROPIC_AUTH_TOKEN": "rolloutd"}
+
+
+# What each known harness needs to run offline and quietly against the gateway, by its own variables: no telemetry,
+# error reports, update checks or side calls, and a model name it accepts (the gateway serves the policy whatever
+# the name). Defaults only: a variable the sandbox's environment sets (`spec.sandbox.env`, even empty) or the
+# command exports wins. Documented in docs/content/tasks.md; run with each real harness in
+# tests/agents/test_gateway_harnesses.py.
+HARNESS_DEFAULTS: dict[str, dict[str, str]] = {
+    "Claude Code": {
+        "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+        "ANTHROPIC_MODEL": "claude-sonnet-4-5", "ANTHROPIC_SMALL_FAST_MODEL": "claude-haiku-4-5",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "claude-haiku-4-5",
+        "IS_SANDBOX": "1",  # --dangerously-skip-permissions as root: rolloutd's sandbox is the sandbox
+        "API_TIMEOUT_MS": "600000",  # a CPU engine answers a first prompt of ~50 000 tokens slowly
+    },
+    "mini-swe-agent (litellm)": {
+        "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1", "MSWEA_COST_TRACKING": "ignore_errors",
+        "MSWEA_MODEL_NAME": "openai/policy", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    },
+}
+
+# Codex CLI reads its provider, update check and analytics from `$CODEX_HOME/config.toml` only: without a
+# CODEX_HOME of the sandbox's and a ~/.codex/config.toml of the image's, one pointing at the gateway is written.
+CODEX_HOME = "/tmp/.rolloutd-codex"
+CODEX_CONFIG = ('model = "policy"\nmodel_provider = "rolloutd"\ncheck_for_update_on_startup = false\n'
+                '[analytics]\nenabled = false\n[model_providers.rolloutd]\nname = "rolloutd"\nbase_url = "%s"\n'
+                'env_key = "OPENAI_API_KEY"\nwire_api = "responses"\nrequest_max_retries = 0\n'
+                'stream_max_retries = 0\n')
+
+
+def offline_prelude() -> str:
+    """The shell lines setting `HARNESS_DEFAULTS` where unset and the Codex config where absent (after
+    `harness_env`'s exports: the Codex config names `$OPENAI_BASE_URL`)."""
+    lines = [f'export {k}="${{{k}-{v}}}"; ' for vars_ in HARNESS_DEFAULTS.values() for k, v in vars_.items()]
+    lines.append('mkdir -p "$HOME" 2>/dev/null; ')
+    lines.append(f'if [ -z "${{CODEX_HOME-}}" ] && [ ! -e "$HOME/.codex/config.toml" ]; then export CODEX_HOME={CODEX_HOME}; '
+                 f'mkdir -p "$CODEX_HOME" && printf {shlex.quote(CODEX_CONFIG)} "$OPENAI_BASE_URL" > "$CODEX_HOME/config.toml"; fi; ')
+    return "".join(lines)
 
 
 def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any, printed: str = "") -> Trajectory:
@@ -106,4 +147,4 @@ def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any, printed
     return stash_answer(t, submitted=None, final_text="")
 
 
-__all__ = ["harness_env", "run_harness"]
+__all__ = ["HARNESS_DEFAULTS", "harness_env", "offline_prelude", "run_harness"]

@@ -2,7 +2,7 @@
 
 Used by every route that reads a body (`api.py`, `http.nodes`, `http.trainer`). Beyond the parsers' own errors it
 bounds what SQLite and the interpreter cannot take: nesting deeper than `MAX_DEPTH` (the parsers
-recurse), integers outside SQLite's int64 and YAML aliases (refused: `_NoAliases`). Non-finite floats are the models' job
+recurse), integers outside SQLite's int64 and YAML aliases (refused: `_no_aliases`). Non-finite floats are the models' job
 (`crds.base.Model` sets `allow_inf_nan=False`, so the 422 names the field).
 """
 from __future__ import annotations
@@ -71,25 +71,31 @@ def _document(text: str, json_: bool, walk: bool) -> dict[str, Any]:
     return doc
 
 
-class _NoAliases(yaml.SafeLoader):
-    """YAML without aliases: a few hundred bytes of nested aliases ("billion laughs") expand to billions of
-    values in whatever walks the document; refused while composing, before anything is built."""
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: 6-20× less CPU than the pure-Python one
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            line = event.start_mark.line + 1 if event.start_mark else "?"
-            raise BadRequest(f"YAML aliases are not accepted in request bodies (*{event.anchor} at line {line}): "
-                             "write the value out, or send JSON", causes=[
-                                 {"field": "body", "reason": "FieldValueForbidden", "message": "YAML alias"}])
-        return super().compose_node(parent, index)
+
+def _no_aliases(text: str) -> None:
+    """Refuse YAML aliases: a few hundred bytes of nested aliases ("billion laughs") expand to billions of values
+    in whatever walks the document. One pass over the parser's events (libyaml's, in C) before anything is built:
+    a bomb costs its first lines' events, a well-formed body one cheap pass."""
+    events = _LOADER(text)
+    try:
+        while (event := events.get_event()) is not None:
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise BadRequest(f"YAML aliases are not accepted in request bodies (*{event.anchor} at line {line}): "
+                                 "write the value out, or send JSON", causes=[
+                                     {"field": "body", "reason": "FieldValueForbidden", "message": "YAML alias"}])
+    finally:
+        events.dispose()
 
 
 def parse_text(text: str, *, json_: bool) -> Any:
     try:
         if json_:  # JSON bodies (every machine client) take the fast parser; YAML is for people
             return json.loads(text)
-        return yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader
+        _no_aliases(text)
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise BadRequest(f"request body nests too deeply (the limit is {MAX_DEPTH} levels)") from None
     except json.JSONDecodeError as e:

@@ -21,8 +21,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
-from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, Heartbeat, LeaseRequest, RegisterRequest, ResultBatch,
-                                ReturnRequest)
+from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, REPLY_FIELDS, Heartbeat, LeaseRequest, RegisterRequest,
+                                ResultBatch, ReturnRequest)
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from ..nodeauth import NodeCredentials
@@ -43,9 +43,27 @@ JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap", "node_token", "policy", "policy_name")
 
 
-def _ok(model: BaseModel) -> Response:
-    unasked = {f for f in ASKED_ONLY if f in type(model).model_fields and getattr(model, f) is None} or None
-    return Response(model.model_dump_json(by_alias=True, exclude=unasked), media_type="application/json")
+def _ok(model: BaseModel, features: frozenset[str] | None = None) -> Response:
+    """`model` as JSON without the fields the caller did not ask for: the ASKED_ONLY ones it left None and, for a
+    node's call, those of the features it did not declare at registration (`crds.node.REPLY_FIELDS`)."""
+    exclude: dict = {f: True for f in ASKED_ONLY if f in type(model).model_fields and getattr(model, f) is None}
+    if features is not None:
+        for feature, fields in REPLY_FIELDS.items():
+            if feature not in features:
+                for owner, field in fields:
+                    _exclude(exclude, model, owner, field)
+    return Response(model.model_dump_json(by_alias=True, exclude=exclude or None), media_type="application/json")
+
+
+def _exclude(spec: dict, model: BaseModel, owner: str, field: str) -> None:
+    """Add to `spec` (pydantic's nested `exclude`) `owner.field` wherever it sits in `model`'s replies: the reply
+    itself, its leases, the leases riding on it (`?lease=N`)."""
+    if type(model).__name__ == owner:
+        spec[field] = True
+    elif owner == "Lease" and hasattr(model, "leases"):
+        spec["leases"] = {"__all__": {field: True}}
+    elif owner == "Lease" and getattr(model, "lease", None) is not None and spec.get("lease") is not True:
+        spec["lease"] = {"leases": {"__all__": {field: True}}}
 
 
 def _features(request: Request) -> list[str] | None:
@@ -114,17 +132,20 @@ def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
             req = await read_model_fast(request, LeaseRequest)
-            return _ok(await scheduler.lease(_owned(scheduler, node_id, request), req.max_items, req.wait))
+            return _ok(await scheduler.lease(_owned(scheduler, node_id, request), req.max_items, req.wait),
+                       scheduler.registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
-            return _ok(await scheduler.heartbeat_grouped(_owned(scheduler, node_id, request), hb, lease))
+            return _ok(await scheduler.heartbeat_grouped(_owned(scheduler, node_id, request), hb, lease),
+                       scheduler.registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             batch = await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)
-            return _ok(await scheduler.results_grouped(_owned(scheduler, node_id, request), batch, lease))
+            return _ok(await scheduler.results_grouped(_owned(scheduler, node_id, request), batch, lease),
+                       scheduler.registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):

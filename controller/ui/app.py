@@ -9,7 +9,8 @@ frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/inflight (`work/inflight.py`)
-         · …/trajectories[/{seq}] (with its waterfall: `waterfall.py`)   JSON, SSE
+         · …/config · …/curves · …/trajectories (sortable: `jobview.py`) · …/trajectories/{seq} (with its
+         waterfall: `waterfall.py`)   JSON, SSE
 Next step: throughput per node on the job page.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rolloutd.crds.names import API_PREFIX, job_key
@@ -30,10 +31,14 @@ from rolloutd.crds.names import API_PREFIX, job_key
 from ..auth import TokenBook
 from ..errors import ApiError
 from ..http import streams
+from ..http.login_limit import LoginLimits
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
 from ..work.inflight import inflight
-from . import decode
+from ..executors.base import ExecutorError
+from ..executors.logs import NoLogs
+from ..work import tracing as attempt_traces
+from . import decode, jobview, links
 from .waterfall import waterfall
 from .live import Built, JobGone, Live
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
@@ -65,18 +70,27 @@ class _Headers:
 
 def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
               job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
-              observe_step: Callable[[float], None] | None = None) -> Any:
+              observe_step: Callable[[float], None] | None = None, limits: LoginLimits | None = None,
+              state: Any = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
     largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
-    `observe_step`: each step of a live page's build, in seconds (a metric)."""
+    `observe_step`: each step of a live page's build, in seconds (a metric); `limits`: the login rate limits
+    (`http/login_limit.py`), shared with the API's token checks; `state`: the API app's state, read per request
+    for its `executors` (a node's logs) and `trace_url` (ROLLOUTD_TRACE_URL), set by `server.py`."""
+    limits = limits or LoginLimits()
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
     live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
+    curves = jobview.Curves(engine)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:
-        p = sessions.from_header(request.headers.get("authorization")) or sessions.from_cookie(request.cookies.get(COOKIE))
+        header = request.headers.get("authorization")
+        p = sessions.from_header(header) or sessions.from_cookie(request.cookies.get(COOKIE))
+        if p is None and header and (wait := limits.failed(request.client.host if request.client else None)):
+            raise HTTPException(429, f"too many failed token checks from this address; retry in {wait} s",
+                                headers={"Retry-After": str(wait)})
         if p is None:
             raise HTTPException(401, "log in at /ui/login, or send 'Authorization: Bearer <token>'")
         return p
@@ -121,7 +135,14 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
     @ui.post("/login")
     async def login(request: Request):
         same_origin(request)
-        found = sessions.login(((await form(request)).get("token") or [""])[0])
+        token = ((await form(request)).get("token") or [""])[0]
+        who = sessions.principal(token.strip())
+        wait = limits.failed(request.client.host if request.client else None) if who is None else \
+            limits.login(sessions.key(who))
+        if wait:
+            return PlainTextResponse(f"too many {'failed ' if who is None else ''}logins; retry in {wait} s", 429,
+                                     headers={"Retry-After": str(wait)})
+        found = sessions.login(token)
         if found is None:
             return RedirectResponse("/ui/login?failed=1", status_code=303)
         resp = RedirectResponse("/ui/jobs", status_code=303)
@@ -237,16 +258,75 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         if scheduler is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
         live_leases = scheduler.queue.live
-        return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        out = await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        template = getattr(state, "trace_url", None)
+        for row in out["items"]:
+            tid = attempt_traces.trace_id(row["attemptId"])
+            row.update(traceId=tid, traceUrl=links.trace_url(template, tid),
+                       logsUrl=links.logs_page(namespace, name, row["node"], row["attemptId"], tid))
+        return out
+
+    @ui.get("/jobs/{namespace}/{name}/logs")
+    async def logs_page(request: Request, namespace: str, name: str):
+        return page(request)
+
+    @ui.get("/api/jobs/{namespace}/{name}/logs")
+    async def attempt_logs(request: Request, namespace: str, name: str, node: str = Query(..., max_length=200),
+                           attempt: str | None = Query(None, max_length=200),
+                           trace: str | None = Query(None, pattern=r"^[0-9a-f]{32}$")):
+        """One attempt's lines in its node's log (all of the node's last lines when no attempt is named)."""
+        key = visible(who(request), namespace, name)
+        existing(namespace, name)  # 404 for an unknown job, in the UI's own error form
+        job = await asyncio.to_thread(store.get, key)
+        executor = (getattr(state, "executors", None) or {}).get(job.spec.executor.kind)
+        if executor is None or scheduler is None:
+            raise HTTPException(409, f"rolloutjob {key} runs on the {job.spec.executor.kind} executor, which this "
+                                     "controller does not run: its daemons' logs are not here")
+        slot = links.slot_of(scheduler.node_listing(key), node)
+        if slot is None:
+            raise HTTPException(404, f"rolloutjob {key} has no node {node}")
+        try:
+            out = await links.attempt_lines(executor, job, slot, [n for n in (attempt, trace) if n])
+        except (NoLogs, ExecutorError) as e:
+            raise HTTPException(404, f"no log of node {node}: {e}") from None
+        return {"node": node, "slot": slot, "attempt": attempt, "traceId": trace,
+                "traceUrl": links.trace_url(getattr(state, "trace_url", None), trace), **out}
+
+    def existing(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return store.get_wire(name, namespace)
+        except ApiError as e:
+            raise HTTPException(e.code, e.message) from None
+
+    @ui.get("/api/jobs/{namespace}/{name}/config")
+    async def job_config(request: Request, namespace: str, name: str):
+        visible(who(request), namespace, name)
+        return jobview.config(await asyncio.to_thread(existing, namespace, name))
+
+    @ui.get("/api/jobs/{namespace}/{name}/curves")
+    async def job_curves(request: Request, namespace: str, name: str):
+        key = visible(who(request), namespace, name)
+
+        def load() -> dict[str, Any]:
+            job = existing(namespace, name)
+            return curves.get(key, job["metadata"]["uid"], int(job["spec"].get("samplesPerPrompt") or 1))
+        out = await asyncio.to_thread(load)
+        history = scheduler.policy(key)["history"] if scheduler is not None else []
+        return {**out, "byPolicy": [{**p, "behind": jobview.behind(p["policyVersion"], history)} for p in out["byPolicy"]]}
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
-                           limit: int = Query(50, ge=1, le=500), rewardMin: float | None = None,
+                           offset: int = Query(0, ge=0, le=1_000_000), limit: int = Query(50, ge=1, le=500),
+                           sort: str = Query("seq", max_length=20), rewardMin: float | None = None,
                            rewardMax: float | None = None, failure: str | None = None, task: str | None = None,
                            q: str | None = Query(None, max_length=500)):
         key = visible(who(request), namespace, name)
-        return await asyncio.to_thread(stats.search, engine, key, after=after, limit=limit, reward_min=rewardMin,
-                                       reward_max=rewardMax, failure=failure, task=task, text=q)
+        try:
+            return await asyncio.to_thread(jobview.search, engine, key, after=after, offset=offset, limit=limit,
+                                           sort=sort, reward_min=rewardMin, reward_max=rewardMax, failure=failure,
+                                           task=task, text=q)
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories/{seq}")
     async def trajectory(request: Request, namespace: str, name: str, seq: int):
@@ -259,6 +339,9 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             raw = json.loads(data)
             tokenizer = ((store.get_wire(name, namespace)["spec"].get("llm") or {}).get("tokenizer"))
             view = decode.decode(raw, tokenizer)
+            tid = raw.get("traceId")
+            view.update(traceId=tid, traceUrl=links.trace_url(getattr(state, "trace_url", None), tid),
+                        logsUrl=links.logs_page(namespace, name, raw.get("node"), raw.get("attemptId"), tid))
             view.update(seq=seq, raw={"seq": seq, **raw}, waterfall=waterfall(raw),
                         group=stats.group(engine, key, raw.get("prompt", 0), raw.get("group")),
                         api=f"{API_PREFIX}/namespaces/{namespace}/rolloutjobs/{name}/trajectories?cursor={seq - 1}&limit=1")

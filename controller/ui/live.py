@@ -197,7 +197,7 @@ class Live:
                                 "reason": pool.unhealthy.get(u, ""), "inflight": pool.inflight.get(u, 0),
                                 "pinnedToJob": pinned.get(u, 0), "admissionCap": pool.admission.cap(u, key)}
                                for b in (job["spec"].get("llm") or {}).get("backends", [])]
-            out["policy"] = scheduler.policy(key)
+            out["policy"] = {**scheduler.policy(key), "spec": job["spec"].get("policy") or {}}
             await slices.pause()
             listing = scheduler.node_listing(key)
             await slices.pause()

@@ -61,6 +61,11 @@ class Sessions:
         scoped = self.tokens.find(header)
         return None if scoped is None else Principal(scoped.name, scoped)
 
+    @staticmethod
+    def key(who: Principal) -> str:
+        """The principal's key for its sessions and its login budget (a scoped token named "admin" is not the admin)."""
+        return f"token/{who.name}" if who.scoped is not None else who.name
+
     def login(self, token: str) -> tuple[str, Principal] | None:
         """A new session id for `token`, or None when the token is not valid."""
         who = self.principal(token.strip())
@@ -68,7 +73,7 @@ class Sessions:
             return None
         now = time.time()
         self._by_id = {k: s for k, s in self._by_id.items() if s.expires > now}
-        key = f"token/{who.name}" if who.scoped is not None else who.name
+        key = self.key(who)
         mine = [k for k, s in self._by_id.items() if s.who == key]  # oldest first: dicts keep insertion order
         for k in mine[:max(0, len(mine) - SESSIONS_PER_PRINCIPAL + 1)]:
             del self._by_id[k]

@@ -180,7 +180,7 @@ class Attempts:
         after: Done = hot_sql.nothing
         caller = self.nodes.caller(tx.db, node_id)
         job_name, state = caller
-        paced = BEAT_RESULTS in self.nodes.features.get(node_id, ()) or bool(hb.results) or not hb.full
+        paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
         if paced:
             resp.beat_gap = self.nodes.beat_gap()
         if job is None or job.metadata.key != job_name:  # deleted: everything still running is to be cancelled
@@ -256,7 +256,7 @@ class Attempts:
                 attempt_traces.ended(res.attempt_id, "dropped", res.trajectory)
                 continue
             t = res.trajectory.model_copy(update={"job": item.job, "prompt": item.prompt, "sample": item.sample,
-                                                   "attempt": item.attempt})
+                                                   "attempt": item.attempt, **attempt_traces.ids(res.attempt_id)})
             if t.failure.kind == FailureKind.config:  # the job cannot work as configured: fail it
                 self.queue.finish(item, ItemState.failed)
                 self.feed.deliver(None, item, t, delivered)

@@ -13,8 +13,8 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest, RegisterResponse,
-                                beat_gap, heartbeat_seconds)
+from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest,
+                                RegisterResponse, beat_gap, heartbeat_seconds)
 
 from ..dialects import raw
 from ..errors import BadRequest, Conflict, NotFound
@@ -44,16 +44,18 @@ class NodeRegistry:
 
     def register(self, req: RegisterRequest, features: list[str] | None = None) -> RegisterResponse:
         """`features`: those the daemon asked for (`crds.node.FEATURES_PARAM`); the answer names the ones served."""
-        if req.protocol != NODE_PROTOCOL:
+        if req.protocol is None or not MIN_NODE_PROTOCOL <= req.protocol <= NODE_PROTOCOL:
             raise BadRequest(f"node {req.name!r} speaks node protocol {req.protocol}, this controller "
-                             f"{NODE_PROTOCOL}: run the same rolloutd version on the controller and the nodes")
+                             f"{MIN_NODE_PROTOCOL} to {NODE_PROTOCOL}: run a rolloutd on the nodes no newer than the "
+                             "controller's")
         job = self.jobs.get(req.job)
         if closed(job):
             raise Conflict(f'rolloutjobs "{req.job}" is {job.status.phase.value}; it takes no more nodes', name=req.job)
         now = self.clock()
+        served = None if features is None else [f for f in features if f in FEATURES]
         node = NodeRow(id=f"{req.name}-{uuid.uuid4().hex[:8]}", job=req.job, name=req.name, host=req.host,
                        pid=req.pid, slot=req.slot, slurm_job_id=req.slurm_job_id, slurm_node_id=req.slurm_node_id,
-                       registered=now, last_seen=now)
+                       registered=now, last_seen=now, features=",".join(served or ()))
         with Session(self.engine, expire_on_commit=False) as s:
             s.add(node)
             s.commit()
@@ -61,7 +63,6 @@ class NodeRegistry:
                                                        NodeRow.state == DaemonState.active)).one()
         self._seen[node.id] = now
         self._job[node.id] = req.job
-        served = None if features is None else [f for f in features if f in FEATURES]
         self.features[node.id] = frozenset(served or ())
         self.live += 1
         lease = job.spec.pipeline.lease_seconds
@@ -71,6 +72,17 @@ class NodeRegistry:
                                 lease_seconds=lease,
                                 heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease),
                                 features=served, policy=policy, policy_name=policy_name)
+
+    def features_of(self, node_id: str) -> frozenset[str]:
+        """The protocol features `node_id` registered with (stored with it: a restarted controller answers each
+        daemon as it registered); none for a node never registered."""
+        if node_id not in self.features:
+            with self.engine.connect() as c:
+                row = raw(c).execute("SELECT features FROM nodes WHERE id = ?", (node_id,)).fetchone()
+            if row is None:
+                return frozenset()
+            self.features[node_id] = frozenset(f for f in (row[0] or "").split(",") if f)
+        return self.features[node_id]
 
     def node(self, s: Session, node_id: str) -> NodeRow:
         """The calling daemon's record (NotFound when it is not registered or was declared lost)."""

@@ -82,6 +82,7 @@ class NodeRow(SQLModel, table=True):
     registered: float
     last_seen: float
     state: str = DaemonState.active  # a DaemonState
+    features: str = ""  # the node-protocol features it registered with, comma-separated (crds.node.FEATURES)
 
 
 class ExpansionRow(SQLModel, table=True):
@@ -163,6 +164,8 @@ def create(engine: Engine) -> None:
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_state")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_node_id")  # a lease wrote it at the node's place in it
+        if "features" not in columns(c, "nodes"):  # older databases
+            c.exec_driver_sql("ALTER TABLE nodes ADD COLUMN features VARCHAR NOT NULL DEFAULT ''")
         have = columns(c, "expansions")  # older databases: complete
         for column, ddl in (("reason", "VARCHAR NOT NULL DEFAULT ''"), ("pending", "INTEGER NOT NULL DEFAULT 0")):
             if column not in have:

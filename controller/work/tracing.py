@@ -42,6 +42,21 @@ def granted(lease: Any, job_key: str, node: str) -> str | None:
     return tracing.traceparent(root)
 
 
+def trace_id(attempt_id: str) -> str | None:
+    """The trace id (32 hex digits) of an attempt whose root span is open (None with tracing off, or once ended)."""
+    root = _open.get(attempt_id) if _open else None
+    if root is None:
+        return None
+    ctx = root.get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
+def ids(attempt_id: str) -> dict[str, str | None]:
+    """What a trajectory records of its attempt (`Trajectory.attempt_id`, `.trace_id`): its node's log lines and its
+    trace are found by them (the web UI's links, `controller/ui/links.py`)."""
+    return {"attempt_id": attempt_id, "trace_id": trace_id(attempt_id)}
+
+
 def ended(attempt_id: str, outcome: str, trajectory: Any = None) -> None:
     """Close the attempt's root span: `outcome` (done, queued again, failed, dropped, expired), the reward and
     failure of its `trajectory` when one came; an error when it expired or failed for a reason not the policy's."""

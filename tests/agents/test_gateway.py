@@ -291,3 +291,29 @@ def test_a_harness_with_a_model_that_never_calls_it_fails_as_configuration_namin
     assert trajectory.failure.kind.value == "config", trajectory.failure
     assert trajectory.failure.reason.startswith("spec.agent.command: the harness made no model call")
     assert "Invalid API key" in trajectory.failure.reason
+
+
+def test_each_known_harness_gets_its_offline_defaults_and_the_sandbox_env_overrides_them():
+    """The defaults of agents/tasks/harness.py HARNESS_DEFAULTS reach the harness's shell (Claude Code's, mini-swe-
+    agent's, a Codex config naming the gateway); a variable of `spec.sandbox.env` wins, even set empty."""
+    if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
+        pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")
+    handler = get_handler("harbor")
+    task = {t["id"]: t for t in handler.load(TASKS)}["word-count"]
+    show = ('echo "T=$DISABLE_TELEMETRY/A=$DISABLE_AUTOUPDATER/M=$ANTHROPIC_MODEL/W=$MSWEA_MODEL_NAME/'
+            'X=${CODEX_HOME}/"; grep -c check_for_update_on_startup.=.false $CODEX_HOME/config.toml; '
+            'grep -o base_url.*41400/v1 $CODEX_HOME/config.toml')
+
+    async def go(env):
+        async with task_sandbox(handler, task, env) as sandbox:
+            config = AgentConfig(agent_kind="harness", agent_command=show, sampling=SamplingParams(max_tokens=8))
+            trajectory = await handler.run(task, sandbox, object(), tokenizer=ChatTokenizer(model_dir("tiny")),
+                                           config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0))
+            assert trajectory.failure.kind.value == "config"  # no model call
+            return await sandbox.read_file("/logs/agent/harness.txt")
+
+    defaults = asyncio.run(go(None))
+    assert "T=1/A=1/M=claude-sonnet-4-5/W=openai/policy/X=/tmp/.rolloutd-codex/" in defaults, defaults
+    assert '1\nbase_url = "http://127.0.0.1:41400/v1' in defaults, defaults
+    mine = asyncio.run(go({"DISABLE_TELEMETRY": "", "ANTHROPIC_MODEL": "my-model"}))
+    assert "T=/A=1/M=my-model/" in mine, mine

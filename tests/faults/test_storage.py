@@ -164,3 +164,68 @@ def test_a_read_only_filesystem_is_not_ready_and_its_write_errors_are_storage_fa
         subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
     assert watch.problem() is None
     assert storage_reason(ValueError("a bug")) is None
+
+
+@pytest.fixture
+def ext4_disk(tmp_path) -> Iterator[tuple[Path, str]]:
+    """An ext4 filesystem of its own (a loop device, mounted with errors=remount-ro as a real data disk is): the
+    kernel turns it read-only under open files when it records an error (`/sys/fs/ext4/<dev>/trigger_fs_error`,
+    the kernel's own test hook), which `mount -o remount,ro` refuses to do while a file is open for writing."""
+    if os.geteuid() != 0:
+        pytest.skip("a loop device needs root")
+    image, mnt = tmp_path / "disk.img", tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
+    dev = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    try:
+        subprocess.run(["blockdev", "--setrw", dev], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True)
+        subprocess.run(["mount", "-o", "errors=remount-ro", dev, str(mnt)], check=True)
+        yield mnt, dev
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def test_a_disk_turned_read_only_under_a_live_controller_refuses_writes_serves_reads_and_loses_nothing(ext4_disk):
+    """The store's disk goes read-only while the controller runs: API writes and node calls that write answer 503
+    with the reason, reads keep working, /readyz says why (its write probe: the kernel's emergency read-only passes
+    `access` and `statvfs`), /healthz stays 200. ext4 lifts that state only by unmounting (fsck, mount): the
+    recovery is a restart on the repaired disk, with every write that was answered 201 there and the same token."""
+    from rolloutd.crds.node import NODE_PROTOCOL
+    mnt, dev = ext4_disk
+    c = ControllerProcess(mnt / "data", env=ENV).start()
+    try:
+        token = c.token
+        with c.client() as api:
+            for i in range(3):
+                assert api.post(P, json=job(f"before-{i}")).status_code == 201
+            assert api.get("/readyz").status_code == 200
+            Path(f"/sys/fs/ext4/{Path(dev).name}/trigger_fs_error").write_text("rolloutd test: disk gone read-only\n")
+            refused = api.post(P, json=job("during"))
+            assert refused.status_code == 503, refused.text
+            assert "cannot be written" in refused.json()["message"] and int(refused.headers["Retry-After"]) > 0
+            node = api.post(f"{P}/before-0/nodes/register", json={"job": "before-0", "name": "n0",
+                                                                    "protocol": NODE_PROTOCOL})
+            assert node.status_code == 503 and "cannot be written" in node.json()["message"], node.text
+            assert {j["metadata"]["name"] for j in api.get(P).json()["items"]} == {f"before-{i}" for i in range(3)}
+            assert api.get(f"{P}/before-1").status_code == 200
+            ready = api.get("/readyz")
+            assert ready.status_code == 503 and "cannot be written" in ready.text, ready.text
+            assert api.get("/healthz").status_code == 200
+    finally:
+        c.stop()
+    subprocess.run(["umount", str(mnt)], check=True)
+    subprocess.run(["e2fsck", "-fy", dev], check=False, capture_output=True)  # 1: errors corrected
+    subprocess.run(["mount", "-o", "errors=remount-ro", dev, str(mnt)], check=True)
+    c.start()
+    try:
+        assert c.token == token
+        with c.client(token) as api:
+            assert api.get("/readyz").status_code == 200
+            assert api.post(P, json=job("after")).status_code == 201
+            names = {j["metadata"]["name"] for j in api.get(P).json()["items"]}
+            assert names == {"before-0", "before-1", "before-2", "after"}, names
+    finally:
+        c.stop()

@@ -38,6 +38,9 @@ def job_doc(name: str, **labels: str) -> dict:
     return doc
 
 
+EXAMPLE_BACKEND = "http://127.0.0.1:8000"  # the example job's llm.backends
+
+
 def tenant_job_doc(name: str, **labels: str) -> dict:
     """`job_doc` as a namespace token may apply it under `tenant_policy`: its dataset named by absolute path."""
     doc = job_doc(name, **labels)
@@ -46,9 +49,11 @@ def tenant_job_doc(name: str, **labels: str) -> dict:
 
 
 def tenant_policy(namespace: str, **spec) -> dict:
-    """A TenantPolicy letting `namespace`'s tokens apply `tenant_job_doc` (its data root is the examples)."""
+    """A TenantPolicy letting `namespace`'s tokens apply `tenant_job_doc` (its data root is the examples, its
+    backend the example's: a policy's backend list is explicit, empty allows none)."""
     return {"apiVersion": "rolloutd.io/v1alpha1", "kind": "TenantPolicy", "metadata": {"name": namespace},
-            "spec": {"dataRoots": [str(TENANT_DATA)], "quotas": {"jobs": 64, "nodes": 64}, **spec}}
+            "spec": {"dataRoots": [str(TENANT_DATA)], "backends": [EXAMPLE_BACKEND], "quotas": {"jobs": 64, "nodes": 64},
+                     **spec}}
 
 
 def job_yaml(name: str, **labels: str) -> str:

@@ -36,13 +36,13 @@ def test_a_policy_tightened_after_apply_stops_the_job_on_the_node(local_kube):
 
 
 def _tightened(kube, admin, backend: str) -> None:
-    put_policy(admin, "tight", network=True)
+    put_policy(admin, "tight", network=True, backends=[backend])
     spec = {"sandbox": {"network": True}, "agent": {"maxTurns": 1, "tools": ["submit"]},
             "llm": {"tokenizer": str(model_dir("tiny")), "backends": [{"url": backend}]}, "samplesPerPrompt": 1,
             "executor": {"kind": "local", "nodes": 0}}
     with tenant(kube, "tight") as t:
         assert t.post(jobs_path("tight"), json=job("j", **spec)).status_code == 201
-    put_policy(admin, "tight", network=False)  # the admin tightens the policy; the stored job is unchanged
+    put_policy(admin, "tight", network=False, backends=[backend])  # the admin tightens the policy; the stored job is unchanged
     reg = admin.post(f"{jobs_path('tight')}/j/nodes/register",  # the admin token acts as any node
                      json={"job": "j", "name": "probe", "protocol": NODE_PROTOCOL})
     assert reg.status_code == 200 and reg.json()["policy"]["network"] is False, reg.text  # the policy stored now
@@ -93,3 +93,25 @@ def test_a_tenant_adds_only_backends_its_policy_allows(kube, admin):
                 "TenantPolicy addb")
         urls = [b["url"] for b in t.get(f"{jobs_path('addb')}/j/backends").json()["items"]]
         assert urls == ["http://127.0.0.1:8000"]
+
+
+def test_a_policy_with_no_backends_allows_none_and_the_admin_stays_unlimited(kube, admin):
+    """A tenant steering the service to call an address of its choosing (the controller itself, a private
+    service) through `spec.llm.backends`: an empty list in its policy allows no URL at all."""
+    put_policy(admin, "nob", backends=[])
+    steer = [kube.url, "http://10.1.2.3:6443"]  # the controller itself, a private service
+    with tenant(kube, "nob") as t:
+        for url in steer:
+            spec = {"llm": {"backends": [{"url": url}]}}
+            refused(t.post(jobs_path("nob"), json=job("j", **spec)), "spec.llm.backends[0].url", "TenantPolicy nob")
+        r = t.post(jobs_path("nob"), json=job("j", llm={"backends": [{"url": "http://127.0.0.1:8000"}]}))
+        body = refused(r, "spec.llm.backends[0].url", "TenantPolicy nob")
+        assert "lists none" in body["message"], body
+        assert t.get(f"{jobs_path('nob')}/j").status_code == 404  # nothing stored
+    # a backend the namespace owns is one it may use; the admin's own jobs name any backend
+    assert admin.patch(f"{POLICIES}/nob", json={"spec": {"ownedBackends": ["http://127.0.0.1:8000"]}},
+                       headers=MERGE).status_code == 200
+    with tenant(kube, "nob", "tok-nob-2") as t:
+        assert t.post(jobs_path("nob"), json=job("j")).status_code == 201
+        refused(t.post(f"{jobs_path('nob')}/j/backends", json={"url": steer[1]}), "url", "TenantPolicy nob")
+    assert admin.post(jobs_path("nob"), json=job("adm", llm={"backends": [{"url": steer[1]}]})).status_code == 201

@@ -15,8 +15,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from support.ui_protocol import HOSTILE, P
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "content" / "images"
-OURS = ("/ui/static/dom.js", "/ui/static/jobs.js", "/ui/static/trajectory.js", "/ui/static/inflight.js",
-        "/ui/static/app.js")
+OURS = ("/ui/static/dom.js", "/ui/static/jobs.js", "/ui/static/jobview.js", "/ui/static/trajectory.js",
+        "/ui/static/inflight.js", "/ui/static/app.js")
 
 
 @pytest.fixture(scope="module")

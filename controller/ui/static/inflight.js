@@ -17,11 +17,11 @@ UI.inflightPanel = (section, ns, name) => {
       const row = [r.attemptId, UI.el("span", {class: "stage", text: r.stage}), r.turn === null ? "—" : r.turn,
         UI.el("span", {class: "in-stage", "data-seconds": r.inStageSeconds, text: UI.secs(r.inStageSeconds)}),
         UI.secs(r.sinceHeartbeatSeconds) + " ago", r.node, r.backend || "—", r.attempt,
-        r.stalled ? UI.el("strong", {class: "stalled", text: "stalled"}) : ""];
+        r.stalled ? UI.el("strong", {class: "stalled", text: "stalled"}) : "", UI.rolloutLinks(r)];
       return row;
     });
     UI.replace(body, head, doc.items.length ? UI.table(["rollout", "stage", "turn", "in stage", "last beat", "node",
-      "backend", "attempt", ""], rows, "inflight-rows") : UI.el("p", {class: "muted", text: "Nothing in flight."}));
+      "backend", "attempt", "", "trace · logs"], rows, "inflight-rows") : UI.el("p", {class: "muted", text: "Nothing in flight."}));
     body.dataset.updated = String(Date.now());
   };
   let stop = false;
@@ -32,6 +32,28 @@ UI.inflightPanel = (section, ns, name) => {
   };
   tick();
   return () => { stop = true; };
+};
+
+// A rollout's links: its trace in the OTLP backend's UI (ROLLOUTD_TRACE_URL, when set and tracing is on) and its
+// node's log lines for the attempt (the UI's logs page). `r`: {traceUrl, traceId, logsUrl}.
+UI.rolloutLinks = r => UI.el("span", {class: "links"},
+  r.traceUrl ? UI.el("a", {class: "trace-link", href: r.traceUrl, target: "_blank", rel: "noopener noreferrer", text: "trace"})
+             : UI.el("span", {class: "muted", title: r.traceId ? "set ROLLOUTD_TRACE_URL for a link" : "tracing is off (ROLLOUTD_TRACING=1)",
+                              text: r.traceId ? "trace " + r.traceId.slice(0, 8) + "…" : "no trace"}),
+  " · ", r.logsUrl ? UI.el("a", {class: "logs-link", href: r.logsUrl, text: "logs"}) : UI.el("span", {class: "muted", text: "no logs"}));
+
+// One attempt's lines in its node's log (/ui/jobs/{ns}/{name}/logs?node=…&attempt=…&trace=…), as text.
+UI.logsPage = async (main, ns, name) => {
+  const q = new URLSearchParams(location.search);
+  const what = q.get("attempt") ? `rollout ${q.get("attempt")}` : "the node";
+  UI.replace(main, UI.el("h1", {text: `Logs of ${what} on node ${q.get("node") || "?"}`}), UI.el("p", {class: "muted", text: "Loading…"}));
+  let doc;
+  try { doc = await UI.getJSON(`/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/logs?${q}`); }
+  catch (e) { UI.replace(main, UI.el("h1", {text: `Logs of ${what}`}), UI.error(e.message)); return; }
+  UI.replace(main, UI.el("h1", {text: `Logs of ${what} on node ${doc.node}`}),
+    UI.el("p", {class: "muted"}, `${doc.matched} of the node's last ${doc.read} lines` +
+      (doc.needles.length ? ` name ${doc.needles.join(" or ")}` : "") + " · ", UI.rolloutLinks({...doc, logsUrl: null})),
+    UI.el("pre", {id: "log-lines", text: doc.lines.join("\n") || "(no line)"}));
 };
 
 // A finished rollout on a time axis: one row per bar, its left edge and width a share of the whole.

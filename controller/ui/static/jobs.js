@@ -1,6 +1,6 @@
 // The jobs page (every job the token may see, live) and a job's page (funnel, stage times and their split,
-// rewards, failures, throughput over time, nodes, backends, conditions, events, what is in flight (inflight.js)
-// and a search over its trajectories). Uses dom.js; data from /ui/api.
+// rewards, failures, throughput over time, nodes, backends, conditions, events, what is in flight (inflight.js),
+// its configuration, curves and a search over its trajectories (jobview.js)). Uses dom.js; data from /ui/api.
 "use strict";
 // one vocabulary with rolloutctl, kubectl and the docs: a finished rollout is scored, agent-failed, infra-failed
 // or cancelled (status.counts' keys, shown with their words)
@@ -33,11 +33,15 @@ UI.jobPage = (main, ns, name) => {
   const live = UI.el("div", {id: "job"});
   const search = UI.el("section", {id: "search"});
   const inflight = UI.el("section", {id: "inflight-panel"});
-  UI.replace(main, UI.el("h1", {}, name, UI.el("span", {class: "muted", text: "  namespace " + ns})), live, inflight, search);
+  const config = UI.el("section", {id: "config"}), curves = UI.el("section", {id: "curves"});
+  UI.replace(main, UI.el("h1", {}, name, UI.el("span", {class: "muted", text: "  namespace " + ns})), config, live, curves,
+             inflight, search);
+  UI.configPanel(config, ns, name);
+  UI.curvesPanel(curves, ns, name);
   UI.inflightPanel(inflight, ns, name);
   UI.follow(`/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/stream`,
             doc => UI.replace(live, ...jobSections(doc)), gone => UI.replace(live, UI.error(String(gone))));
-  searchForm(search, ns, name);
+  UI.searchPanel(search, ns, name);
 };
 
 function jobSections(doc) {
@@ -85,6 +89,7 @@ function jobSections(doc) {
       doc.nodes.map(n => [n.name, n.host, n.state, UI.fmt(n.slot), UI.el("span", {class: "inflight", text: n.inflight}),
                           UI.secs(n.secondsSinceBeat) + " ago"]), "nodes")]
     : UI.el("p", {class: "muted", text: "No node registered."})));
+  if (doc.policy) out.push(policySection(doc.policy));
   if (doc.status.batch) {
     const b = doc.status.batch;
     out.push(UI.section("Batches", UI.table(["current", "state", "informative groups", "target", "completed"],
@@ -97,6 +102,21 @@ function jobSections(doc) {
   out.push(UI.section("Events", UI.table(["time", "type", "reason", "message"],
     doc.events.slice(-50).reverse().map(e => [e.lastTimestamp || e.time || e.firstTimestamp || "", e.type, e.reason, e.message]), "events")));
   return out;
+}
+
+// The job's policy versions and the staleness bound's work (spec.policy; work/staleness.py): each counter also a
+// rolloutd_stale_* metric, summed over jobs.
+function policySection(p) {
+  const spec = p.spec || {}, st = p.staleness || {};
+  return UI.section("Policy versions and staleness", UI.el("p", {class: "summary", id: "policy-summary"},
+    `version ${UI.fmt(p.version)} · ${(p.history || []).length} announced (${(p.history || []).map(UI.fmt).join(" → ") || "none"}) · ` +
+    `update mode ${spec.updateMode || "drain"} · max staleness ${spec.maxStaleness ?? "none"}` +
+    (p.paused ? " · paused: a weight update is in progress" : "")),
+    UI.table(["counter", "", "meaning"], [
+      ["gated", UI.el("span", {"data-counter": "gated", text: st.gated || 0}), "groups not opened by the capacity gate ((S + v + 1) × the batch's groups)"],
+      ["cancelled", UI.el("span", {"data-counter": "cancelledRollouts", text: st.cancelledRollouts || 0}), "rollouts in flight cancelled on their daemons at an update (more than S versions behind), run again"],
+      ["swept", UI.el("span", {"data-counter": "sweptGroups", text: st.sweptGroups || 0}), "counted groups taken out of the running batch at an update, the batch refilled"]],
+    "staleness"));
 }
 
 // A stage's distribution as a row of bars (each bar's height: its share of the tallest bin).
@@ -131,33 +151,4 @@ function throughputChart(tp) {
                      role: "img", "aria-label": `${tp.total} rollouts finished`},
              ...bars, label(0, "start", `${when(tp.start)} · peak ${top}`),
              label(W, "end", when(tp.start + tp.counts.length * tp.bucketSeconds)));
-}
-
-function searchForm(section, ns, name) {
-  const input = (label, nm, type) => UI.el("label", {}, label + " ", UI.el("input", {name: nm, type: type || "text", step: "any"}));
-  const kind = UI.el("select", {name: "failure"}, ["", "none", "agent", "infra", "config"].map(k => UI.el("option", {value: k, text: k || "any"})));
-  const results = UI.el("div", {id: "results"});
-  const more = UI.el("button", {type: "button", hidden: "hidden", text: "More"});
-  const form = UI.el("form", {id: "filter"}, input("reward ≥", "rewardMin", "number"), input("reward ≤", "rewardMax", "number"),
-    UI.el("label", {}, "failure ", kind), input("task id", "task"), input("text", "q"), UI.el("button", {type: "submit", text: "Search"}));
-  let after = 0, rows = [];
-  const base = `/ui/api/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}/trajectories`;
-  const load = async () => {
-    const params = new URLSearchParams();
-    for (const [k, v] of new FormData(form)) if (v !== "") params.set(k, v);
-    params.set("after", after);
-    try {
-      const page = await UI.getJSON(base + "?" + params);
-      rows = rows.concat(page.items.map(t => [UI.link("#" + t.seq, "jobs", ns, name, "t", t.seq), t.taskId || "", t.prompt, t.sample,
-        UI.fmt(t.reward), t.failure, UI.el("span", {class: "reason", text: t.reason}), UI.fmt(t.policyVersion)]));
-      UI.replace(results, rows.length ? UI.table(["seq", "task", "prompt", "sample", "reward", "failure", "reason", "policy"], rows, "trajectories")
-                                     : UI.el("p", {class: "muted", text: "No trajectory matches."}));
-      after = page.next;
-      more.hidden = page.next === null;
-    } catch (e) { UI.replace(results, UI.error(e.message)); }
-  };
-  form.addEventListener("submit", e => { e.preventDefault(); after = 0; rows = []; load(); });
-  more.addEventListener("click", load);
-  UI.replace(section, UI.el("h2", {text: "Trajectories"}), form, results, more);
-  load();
 }

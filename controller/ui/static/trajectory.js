@@ -20,6 +20,7 @@ UI.trajectoryPage = async (main, ns, name, seq) => {
       ` · failure ${fail.kind}` , fail.reason ? UI.el("span", {class: "reason", id: "failure-reason", text: " — " + fail.reason}) : null,
       ` · task ${t.taskId || "—"} · prompt ${t.prompt} · sample ${t.sample} · policy version ${UI.fmt(t.policyVersion)}` +
       ` · finish ${t.finishReason || "—"} · attempt ${t.attempt} · node ${t.node || "—"} · backend ${t.backend || "—"}`),
+    UI.el("p", {id: "rollout-links"}, UI.rolloutLinks(t)),
     UI.el("p", {}, copy, " ", UI.el("span", {class: "muted", text: "raw API call: "}),
       UI.el("code", {id: "api", text: `curl -H "Authorization: Bearer $TOKEN" '${location.origin}${t.api}'`})));
   const out = [UI.el("h1", {}, `Trajectory ${t.seq}`), head];
@@ -50,10 +51,21 @@ UI.trajectoryPage = async (main, ns, name, seq) => {
   UI.replace(main, ...out);
 };
 
+// A trained-on token's background: hue 120·p (green when likely, red when not), lighter as p falls.
+function lpColour(logprob) {
+  const p = Math.exp(Math.max(logprob, -20));
+  return `hsl(${Math.round(120 * p)}, 65%, ${Math.round(88 - 20 * p)}%)`;
+}
+
 function tokenView(view, t) {
-  const legend = UI.el("p", {class: "muted"}, "Tokens: ", UI.el("span", {class: "tok m1", text: "trained on (loss mask 1)"}), " ",
-    UI.el("span", {class: "tok m0", text: "context (mask 0)"}),
-    ` · darker green = higher logprob · policy version ${UI.fmt(t.policyVersion)}` +
+  // each trained-on token's background is its sampling probability p = exp(logprob): green (p near 1, likely) through
+  // yellow to light red (p near 0, unlikely); the swatches below are painted by the same function
+  const swatch = (lp, text) => { const s = UI.el("span", {class: "tok m1 lp-key", "data-logprob": lp, text}); s.style.backgroundColor = lpColour(lp); return s; };
+  const legend = UI.el("p", {class: "muted", id: "token-legend"}, "Tokens: ", UI.el("span", {class: "tok m0", text: "context (mask 0, not trained on)"}),
+    " · trained on (mask 1), coloured by the sampling probability: ", swatch(0, "p = 1 (logprob 0)"), " ",
+    swatch(Math.log(0.5), "p = 0.5"), " ", swatch(Math.log(0.05), "p = 0.05 (low logprob)"), " · no logprob recorded: ",
+    UI.el("span", {class: "tok m1", text: "plain"}),
+    ` · policy version ${UI.fmt(t.policyVersion)}` +
     (t.policyVersions && t.policyVersions.length > 1 ? ` (versions in this rollout: ${t.policyVersions.join(", ")})` : "") +
     (view.versions && view.versions.length > 1 ? ` · underline colour = the version that sampled the token ` +
       `(${view.versions.map(UI.fmt).join(" → ")}; a weight update landed mid-turn)` : "") +
@@ -65,10 +77,7 @@ function tokenView(view, t) {
       title: `#${k.i} id ${k.id} · mask ${k.mask === null ? "—" : k.mask} · logprob ${k.logprob === null ? "—" : k.logprob}` +
         ("version" in k ? ` · version ${UI.fmt(k.version)}` : "")}, k.text);
     if ("version" in k && view.versions.length > 1) span.style.borderBottom = `3px solid hsl(${hue(k.version)}, 70%, 40%)`;
-    if (k.mask === 1 && typeof k.logprob === "number") {
-      const p = Math.exp(Math.max(k.logprob, -20));
-      span.style.backgroundColor = `hsl(${Math.round(120 * p)}, 65%, ${Math.round(88 - 20 * p)}%)`;
-    }
+    if (k.mask === 1 && typeof k.logprob === "number") span.style.backgroundColor = lpColour(k.logprob);
     box.append(span);
   }
   return UI.el("details", {class: "tokenview"}, UI.el("summary", {text: `Token view (${view.length} tokens)`}), legend, box);

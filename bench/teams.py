@@ -1,0 +1,118 @@
+"""Two tenants on one real controller: the setup `bench_stalls` and `bench_tenancy` share (issue 36).
+
+`two_teams(rows)` starts a `rolloutd controller` (`bench_scale.Controller`: the local executor asked for 0 nodes,
+nothing starts) with a dataset of `rows` prompts and a stub backend; team-b holds a namespace token, a small job
+and one registered node of it. `Teams.probe` runs team-b's GET of its job and its node's heartbeat in turn for a
+window, with latencies in ms, while another thread or process does team-a's worst. Next step: the fair-share
+measurement (team-b's episodes/s beside team-a's on a shared backend) needs daemons, which this setup never starts.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.bench_scale import P, Controller, HealthServer, _pct
+from rolloutd.controller.auth import create_scoped_token
+from rolloutd.crds.node import FEATURES_PARAM, NODE_PROTOCOL, NODE_TOKEN
+
+
+def job(name: str, source: Path, prompts: int, samples: int, backends: list[str]) -> dict:
+    """A noop job over `source` that nothing runs: the controller expands it and waits for daemons. Its
+    tokenizer is the dataset's directory (beneath ROLLOUTD_TOKENIZER_ROOTS, which `Controller` sets to the root):
+    the controller refuses a tokenizer it cannot find ("none" was refused, which broke `bench tenancy`)."""
+    return {
+        "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": name},
+        "spec": {
+            "tasks": {"kind": "bench-noop", "source": str(source), "limit": prompts},
+            "samplesPerPrompt": samples,
+            "agent": {"maxTurns": 1, "tools": []},
+            "llm": {"tokenizer": str(source.parent), "backends": [{"url": u} for u in backends]},
+            "executor": {"kind": "local", "nodes": 0},
+        },
+    }
+
+
+def summary(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0, "p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    return {"n": len(xs), "p50": statistics.median(xs), "p99": _pct(xs, 0.99), "max": max(xs)}
+
+
+@dataclass
+class Teams:
+    root: Path
+    source: Path
+    health: HealthServer
+    ctl: Controller
+    b: httpx.Client  # team-b's namespace token
+    mine: str  # team-b's job
+    beat_path: str = ""
+    node: httpx.Client | None = None  # team-b's node credential
+    _closing: list = field(default_factory=list)
+
+    def probe(self, seconds: float, stop: threading.Event | None = None) -> dict:
+        """team-b's GET and its node's heartbeat, in turn, for `seconds` (or until `stop`): ms each."""
+        gets: list[float] = []
+        beats: list[float] = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not (stop and stop.is_set()):
+            t = time.perf_counter()
+            self.b.get(self.mine).raise_for_status()
+            gets.append((time.perf_counter() - t) * 1000)
+            if self.node is not None:
+                t = time.perf_counter()
+                self.node.post(self.beat_path, json={}).raise_for_status()
+                beats.append((time.perf_counter() - t) * 1000)
+        return {"get": summary(gets), "beat": summary(beats)}
+
+    def window(self, seconds: float, load) -> dict:
+        """`probe` for `seconds` while `load(stop)` runs in a thread (None: idle)."""
+        stop = threading.Event()
+        worker = threading.Thread(target=load, args=(stop,)) if load else None
+        if worker:
+            worker.start()
+        try:
+            return self.probe(seconds)
+        finally:
+            stop.set()
+            if worker:
+                worker.join()
+
+
+@contextlib.contextmanager
+def two_teams(rows: int, prefix: str = "bench-teams-", src: Path | None = None) -> Iterator[Teams]:
+    """`src`: an older rolloutd's packages to run the controller from (`bench_scale.older_source`)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        source = root / "rows.jsonl"
+        source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(rows)))
+        health = HealthServer()
+        ctl = Controller(root, src)
+        try:
+            team_b = create_scoped_token(root / "data" / "tokens", "team-b", read_only=False, namespaces=["team-b"])
+            jobs = f"{P}/namespaces/team-b/rolloutjobs"
+            ctl.api.post(jobs, json=job("small", source, 4, 1, health.urls[:1])).raise_for_status()
+            credential = ctl.api.post(f"{jobs}/small/nodes/credential").json()["credential"]
+            node = httpx.Client(base_url=ctl.url, headers={"Authorization": f"Bearer {credential}"}, timeout=120)
+            reg = node.post(f"{jobs}/small/nodes/register", json={"job": "team-b/small", "name": "b-node",
+                                                                   "protocol": NODE_PROTOCOL},
+                            params={FEATURES_PARAM: NODE_TOKEN})
+            reg.raise_for_status()
+            node.headers["Authorization"] = f"Bearer {reg.json()['nodeToken']}"  # the node's own, from now on
+            with httpx.Client(base_url=ctl.url, headers={"Authorization": f"Bearer {team_b.token}"},
+                              timeout=120) as b, contextlib.closing(node):
+                teams = Teams(root, source, health, ctl, b, f"{jobs}/small",
+                              f"{jobs}/small/nodes/{reg.json()['nodeId']}/heartbeat", node)
+                teams.probe(2.0)  # warm-up
+                yield teams
+        finally:
+            ctl.stop()
+            health.close()
