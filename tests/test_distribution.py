@@ -27,9 +27,10 @@ PROMISES = {"": ["rolloutd.client", "rolloutd.crds", "rolloutd.controller.ctl"],
             "node": ["rolloutd.agents", "rolloutd.sandbox"],
             "controller": ["rolloutd.controller", "rolloutd.agents", "rolloutd.sandbox"]}
 # imported only where an optional part is used, each behind its own extra or a clear error
-# (verl, skyrl: the trainers' extras; typing_extensions comes with skyrl; wandb, mlflow: the trackers' extra)
+# (verl, skyrl: the trainers' extras; typing_extensions comes with skyrl; wandb, mlflow: the trackers' extra;
+# psycopg: the [postgresql] extra, imported only by a controller whose --store is a postgresql:// URL)
 OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors",
-            "verl", "skyrl", "typing_extensions", "wandb", "mlflow", "opentelemetry"}
+            "verl", "skyrl", "typing_extensions", "wandb", "mlflow", "opentelemetry", "psycopg"}
 
 
 def _name(requirement: str) -> str:

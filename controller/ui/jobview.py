@@ -17,6 +17,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from ..dialects import PgRaw, is_pg, raw
+
 PASS = 1.0
 CURVE_BUCKETS = 60
 PROMPTS_SHOWN = 200  # per-prompt pass rates listed (the hardest first); the count covers them all
@@ -28,6 +30,7 @@ _SECRET_VALUE = re.compile(r"\b(sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|gh[pousr
 _ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
 _USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 SCORED = "failure IN ('none', 'agent') AND reward IS NOT NULL"
+PASSED = "sum(CASE WHEN reward >= ? THEN 1 ELSE 0 END)"  # (SQLite sums a comparison; PostgreSQL no boolean)
 SORTS = {"seq": "seq", "reward": "reward", "duration": "coalesce(t_queue, 0) + coalesce(t_init, 0) + "
          "coalesce(t_run, 0) + coalesce(t_eval, 0)"}
 
@@ -79,7 +82,7 @@ class Curves:
 
     def get(self, job: str, uid: str, samples: int) -> dict[str, Any]:
         with self.engine.connect() as conn:
-            db = conn.connection.driver_connection
+            db = raw(conn)
             top = _max_seq(db, job)
             kept = self._kept.get(job)
             if kept is not None and kept[0] == uid and kept[1] == top:
@@ -98,33 +101,36 @@ def curves(db, job: str, samples: int) -> dict[str, Any]:
     q = f"FROM trajectories INDEXED BY ix_trajectories_facts WHERE job = ? AND {SCORED}"
     by_policy = [{"policyVersion": json.loads(v) if v else None, "n": n, "rewardMean": _r(mean), "passRate": _r(p / n)}
                  for v, n, mean, p, _first in db.execute(
-                     f"SELECT policy, count(*), avg(reward), sum(reward >= ?), min(seq) {q} GROUP BY policy "
+                     f"SELECT policy, count(*), avg(reward), {PASSED}, min(seq) {q} GROUP BY policy "
                      "ORDER BY min(seq)", (PASS, job))]
     lo, hi = db.execute(f"SELECT min(t_end), max(t_end) {q} AND t_end IS NOT NULL", (job,)).fetchone()
     over_time: dict[str, Any] = {"start": lo, "bucketSeconds": None, "points": []}
     if lo is not None:
         width = max((hi - lo) / CURVE_BUCKETS, 1.0)
+        # (t_end - lo) / width ≥ 0: SQLite's CAST truncates it; PostgreSQL's rounds (floor first), and has LEAST
+        bucket = (f"LEAST(CAST(floor((t_end - ?) / ?) AS INTEGER), {CURVE_BUCKETS - 1})" if isinstance(db, PgRaw)
+                  else f"min(CAST((t_end - ?) / ? AS INTEGER), {CURVE_BUCKETS - 1})")
         over_time["bucketSeconds"] = round(width, 3)
         over_time["points"] = [{"bucket": int(b), "n": n, "rewardMean": _r(mean), "passRate": _r(p / n)}
                                for b, n, mean, p in db.execute(
-                                   f"SELECT min(CAST((t_end - ?) / ? AS INTEGER), {CURVE_BUCKETS - 1}) AS b, count(*), "
-                                   f"avg(reward), sum(reward >= ?) {q} AND t_end IS NOT NULL GROUP BY b ORDER BY b",
-                                   (lo, width, PASS, job))]
+                                   f"SELECT {bucket} AS b, count(*), avg(reward), {PASSED} {q} AND t_end IS NOT NULL "
+                                   "GROUP BY b ORDER BY b", (lo, width, PASS, job))]
     prompts = [{"prompt": pr, "taskId": task, "n": n, "passed": p, "passRate": _r(p / n), "rewardMean": _r(mean)}
                for pr, task, n, p, mean in db.execute(
-                   f"SELECT prompt, max(task_id), count(*), sum(reward >= ?), avg(reward) FROM trajectories "
+                   f"SELECT prompt, max(task_id), count(*), {PASSED}, avg(reward) FROM trajectories "
                    f"WHERE job = ? AND {SCORED} GROUP BY prompt", (PASS, job))]
     prompts.sort(key=lambda p: (p["passRate"], p["prompt"]))
     groups = []
     for gid, pr, task, n, low, high, first in db.execute(
-            f"SELECT group_id, prompt, max(task_id), count(*), min(reward), max(reward), min(seq) FROM trajectories "
+            f"SELECT group_id, min(prompt), max(task_id), count(*), min(reward), max(reward), min(seq) FROM trajectories "
             f"WHERE job = ? AND {SCORED} GROUP BY group_id, CASE WHEN group_id IS NULL THEN prompt END", (job,)):
         if n >= max(samples, 2) and low == high:
             groups.append({"group": gid, "prompt": pr, "taskId": task, "n": n, "reward": low, "seq": first})
     groups.sort(key=lambda g: g["seq"])
     scored_groups = db.execute(
         f"SELECT count(*) FROM (SELECT count(*) AS n FROM trajectories WHERE job = ? AND {SCORED} "
-        "GROUP BY group_id, CASE WHEN group_id IS NULL THEN prompt END HAVING n >= ?)", (job, max(samples, 2))
+        "GROUP BY group_id, CASE WHEN group_id IS NULL THEN prompt END HAVING count(*) >= ?) AS g",
+        (job, max(samples, 2))
     ).fetchone()[0]
     return {"passAt": PASS, "byPolicy": by_policy, "overTime": over_time,
             "prompts": {"total": len(prompts), "items": prompts[:PROMPTS_SHOWN],
@@ -143,6 +149,13 @@ def _r(x: float | None) -> float | None:
 
 # ------------------------------------------------------------ the trajectories table, sorted
 
+# tokens, generated tokens and turns out of the stored document, in each database's JSON functions
+SQLITE_COUNTS = ("json_array_length(data, '$.tokenIds'), json_extract(data, '$.metrics.generated_tokens'), "
+                 "coalesce(json_extract(data, '$.metrics.turns'), json_array_length(data, '$.turns'))")
+PG_COUNTS = ("json_array_length(data::json -> 'tokenIds'), (data::json #>> '{metrics,generated_tokens}')::bigint, "
+             "coalesce((data::json #>> '{metrics,turns}')::bigint, json_array_length(data::json -> 'turns'))")
+
+
 def search(engine: Engine, job: str, *, after: int = 0, offset: int = 0, limit: int = 50, sort: str = "seq",
            reward_min: float | None = None, reward_max: float | None = None, failure: str | None = None,
            task: str | None = None, text: str | None = None) -> dict[str, Any]:
@@ -155,16 +168,16 @@ def search(engine: Engine, job: str, *, after: int = 0, offset: int = 0, limit: 
     where, args = ["job = ?", "seq > ?"], [job, after]
     for cond, value in (("reward >= ?", reward_min), ("reward <= ?", reward_max), ("failure = ?", failure or None),
                         ("task_id = ?", task or None), ("instr(data, ?) > 0", text or None)):
+        cond = cond.replace("instr(", "strpos(") if is_pg(engine) else cond
         if value is not None:
             where.append(cond)
             args.append(value)
     order = f"{column} {'DESC' if desc else 'ASC'} NULLS LAST, seq {'DESC' if desc else 'ASC'}"
     sql = (f"SELECT seq, prompt, sample, reward, failure, task_id, policy, reason, {SORTS['duration']}, "
-           "json_array_length(data, '$.tokenIds'), json_extract(data, '$.metrics.generated_tokens'), "
-           "coalesce(json_extract(data, '$.metrics.turns'), json_array_length(data, '$.turns')) "
+           f"{PG_COUNTS if is_pg(engine) else SQLITE_COUNTS} "
            f"FROM trajectories WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?")
     with engine.connect() as c:
-        rows = c.exec_driver_sql(sql, (*args, limit + 1, offset)).all()
+        rows = raw(c).execute(sql, (*args, limit + 1, offset)).fetchall()
     items = [{"seq": seq, "prompt": prompt, "sample": sample, "reward": reward, "failure": fail, "taskId": task_id,
               "policyVersion": json.loads(version) if version else None, "reason": reason,
               "seconds": round(seconds, 3) if seconds is not None else None, "tokens": tokens,

@@ -17,18 +17,20 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from ..dialects import raw
 from .states import ItemState
 
 LIVE_SQL = f"('{ItemState.queued}', '{ItemState.leased}')"
 
 
 class Tx:
-    """One transaction on one pooled connection: `db` (the sqlite3 connection) for plain statements,
-    `session()` for the ORM on the same transaction (flushed, never committed, by `transaction`)."""
+    """One transaction on one pooled connection: `db` (the sqlite3 connection, or psycopg's taking the same
+    statements: `dialects.raw`) for plain statements, `session()` for the ORM on the same transaction (flushed,
+    never committed, by `transaction`)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, db: Any = None) -> None:
         self.conn = conn
-        self.db: sqlite3.Connection = conn.connection.driver_connection
+        self.db: sqlite3.Connection = db if db is not None else raw(conn)
         self._session: Session | None = None
 
     def session(self) -> Session:
@@ -175,6 +177,10 @@ def run_alone(engine: Engine, work: "Work") -> Any:
 
 # ------------------------------------------------------------------ group commit
 
+def _flush(tx: Tx) -> None:
+    if tx._session is not None:
+        tx._session.flush()
+
 T = TypeVar("T")
 Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
 
@@ -205,18 +211,39 @@ class GroupCommit:
 
     def _run(self) -> None:
         group, self._pending = self._pending, []
+        if len(group) == 1 and self.engine.dialect.name == "postgresql":
+            done = self._alone(*group[0])  # a call alone needs no savepoint: two round trips to the server saved
+        else:
+            done = self._together(group)
+            if done is None:
+                return
+        self.groups, self.calls = self.groups + 1, self.calls + len(group)
+        for future, value, error, _ in done:
+            if future.done():  # its caller went away (the request was cancelled)
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+        for _, _, error, after in done:
+            if after is not None:
+                after()
+
+    def _together(self, group: list[tuple[Work, asyncio.Future]]) -> list | None:
+        """The group's calls in one transaction, a savepoint each; None when the commit failed (every caller
+        has the error)."""
         done: list[tuple[asyncio.Future, Any, BaseException | None, Callable[[], None] | None]] = []
         try:
             with self.engine.begin() as conn:
-                db = conn.connection.driver_connection
-                db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
+                db = raw(conn)
+                if conn.dialect.name == "sqlite":  # psycopg has begun one already, at its first statement
+                    db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
                 for work, future in group:
-                    tx = Tx(conn)
+                    tx = Tx(conn, db)
                     db.execute("SAVEPOINT call")
                     try:
                         value, after = work(tx)
-                        if tx._session is not None:
-                            tx._session.flush()
+                        _flush(tx)
                     except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
                         db.execute("ROLLBACK TO call")
                         done.append((future, None, e, None))
@@ -233,15 +260,20 @@ class GroupCommit:
                     future.set_exception(error)
             if not isinstance(e, Exception):
                 raise
-            return
-        self.groups, self.calls = self.groups + 1, self.calls + len(group)
-        for future, value, error, _ in done:
-            if future.done():  # its caller went away (the request was cancelled)
-                continue
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-        for _, _, error, after in done:
-            if after is not None:
-                after()
+            return None
+        return done
+
+    def _alone(self, work: Work, future: asyncio.Future) -> list:
+        """One call as a whole transaction (PostgreSQL): its error, or its commit's, is its answer."""
+        try:
+            with self.engine.begin() as conn:
+                tx = Tx(conn)
+                try:
+                    value, after = work(tx)
+                    _flush(tx)
+                finally:
+                    if tx._session is not None:
+                        tx._session.close()
+        except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
+            return [(future, None, e, None)]
+        return [(future, value, None, after)]

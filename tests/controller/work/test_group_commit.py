@@ -12,8 +12,8 @@ from rolloutd.controller.work.hot_sql import GroupCommit
 
 
 @pytest.fixture
-def engine(tmp_path):
-    store = Store(tmp_path / "db.sqlite")
+def engine(store_location):
+    store = Store(store_location)
     with store.engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
     return store.engine
@@ -59,3 +59,24 @@ def test_later_turns_make_new_groups(engine):
 
     asyncio.run(scenario())
     assert rows(engine) == {"k0": 0, "k1": 1, "k2": 2} and (group.groups, group.calls) == (3, 3)
+
+
+def test_a_call_alone_that_fails_gets_its_error_and_writes_nothing(engine):
+    """A turn of one call (on PostgreSQL its own transaction, without a savepoint): its error is its answer,
+    its writes are rolled back, and the next call goes on on a clean connection."""
+    group = GroupCommit(engine)
+
+    def work(tx):
+        tx.db.execute("INSERT INTO t VALUES (?, ?)", ("lone", 1))
+        raise ValueError("lone refused")
+
+    async def scenario():
+        try:
+            await group.submit(work)
+        except ValueError as e:
+            failed = e
+        await group.submit(lambda tx: (tx.db.execute("INSERT INTO t VALUES (?, ?)", ("next", 2)), None))
+        return failed
+
+    assert "lone refused" in str(asyncio.run(scenario()))
+    assert rows(engine) == {"next": 2} and (group.groups, group.calls) == (2, 2)
