@@ -46,6 +46,8 @@ class Generation:
     stop_reason: int | str | None = None
     # run-length policy versions over `token_ids` [(version, count), ...] when the caller recorded them (llmgate)
     versions: list[tuple[int | str | None, int]] | None = None
+    # seconds from the request to its first generated token arriving (llmgate, streamed); None when not measured
+    first_token_seconds: float | None = None
 
 
 def _joined(pieces: list[Generation]) -> Generation:

@@ -198,7 +198,8 @@ async def run_agent_loop(
                 spans.append(VersionSpan(version=version, start=at, end=at + n))
                 at += n
             record = Turn(generated_start=start, generated_end=len(ids), finish_reason=gen.finish_reason,
-                          started=round(began, 6), model_seconds=round(model_seconds, 6))
+                          started=round(began, 6), model_seconds=round(model_seconds, 6),
+                          first_token_seconds=getattr(gen, "first_token_seconds", None))
             turns.append(record)
             final_text = tokenizer.decode_content(gen.token_ids)
             conversation.append({"role": "assistant", "content": final_text})

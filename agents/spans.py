@@ -79,10 +79,12 @@ def model_call(inner: Any, prompt_ids: list[int], sampling: Any, request_id: str
 
 
 def generated(s: Any, gen: Any, started: float) -> None:
-    """A model call's outcome on its span: output tokens, finish reason, cached prompt tokens, duration."""
+    """A model call's outcome on its span: output tokens, finish reason, cached prompt tokens, time to first
+    token (GenAI semantic conventions), duration."""
     tracing.set_attributes(s, {"gen_ai.usage.output_tokens": len(gen.token_ids),
                                "gen_ai.response.finish_reasons": [gen.finish_reason],
                                "rolloutd.usage.cached_tokens": gen.cached_tokens,
+                               "gen_ai.server.time_to_first_token": getattr(gen, "first_token_seconds", None),
                                "rolloutd.duration_seconds": round(time.monotonic() - started, 6)})
 
 

@@ -344,9 +344,11 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
     registry.register(_StatsCollector(job_stats))
     if scheduler is not None:
         from .http.node_protocol import node_router
+        from .work.first_tokens import Collector as FirstTokenCollector
         from .http.trainer import trainer_router
 
         registry.register(_StalenessCollector(scheduler.stale))
+        registry.register(FirstTokenCollector(scheduler.first_tokens))
         app.include_router(node_router(scheduler, credentials))
         app.include_router(trainer_router(store, scheduler, job_stats, allow))
         from .http.inflight import inflight_router

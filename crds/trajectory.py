@@ -31,6 +31,9 @@ class Turn(Model):
     started: float | None = Field(default=None, description="epoch seconds its model call began (the web UI's "
                                                             "waterfall places the turn with it)")
     model_seconds: float | None = Field(default=None, description="its model call, start to end")
+    first_token_seconds: float | None = Field(default=None, ge=0, description=(
+        "its model call's time to first token: from the request to the first generated token arriving on the node "
+        "(streamed); None when the backend does not stream"))
     tool_seconds: float | None = Field(default=None, description="its tool calls in the sandbox, together")
 
 

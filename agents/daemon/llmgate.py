@@ -145,7 +145,8 @@ class TrackedLLM:
     being updated, and records the policy version of every turn and of every generated token.
 
     `mode` is the job's `spec.policy.updateMode`: in drain mode a call runs on one version; in keep and abort
-    mode it streams, so that a weight update that lands mid-generation splits it exactly (see `_streamed`)."""
+    mode a weight update that lands mid-generation splits it exactly (see `_streamed`). Every call streams when the
+    backend can (its time to first token, `Generation.first_token_seconds`, is measured)."""
 
     def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None, *, mode: str = "drain",
                  url: str | None = None) -> None:
@@ -166,12 +167,12 @@ class TrackedLLM:
         try:
             with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
                 started = time.monotonic()
-                if self.mode == "drain" or not hasattr(self.inner, "stream"):
+                if not hasattr(self.inner, "stream"):
                     self.in_flight.add(request_id)
                     gen = await self.inner.generate(prompt_ids, sampling, request_id)
                     stream.got(len(gen.token_ids))
-                else:
-                    gen = await self._streamed(stream, prompt_ids, sampling, request_id)
+                else:  # streamed in every mode: the time to first token is measured on each call
+                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started)
                 node_traces.generated(span, gen, started)
         finally:
             self.in_flight.discard(request_id)
@@ -195,13 +196,14 @@ class TrackedLLM:
         return gen
 
     async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
-                        request_id: str) -> Generation:
+                        request_id: str, started: float) -> Generation:
         """Stream the generation, counting its tokens. An abort by the server while the gate is held (abort mode:
         the controller aborted it to load new weights) keeps the tokens so far, waits for the update to end and
         continues from prompt + those tokens on the backend's new version: the split is exact by construction."""
         ids: list[int] = []
         logprobs: list[float] = []
         finish, stop_reason, cached, part = "", None, None, 0
+        first: float | None = None  # seconds from `started` to the first generated token
         while True:
             rid = request_id if part == 0 else f"{request_id}-c{part}"
             left = sampling.max_tokens - len(ids)
@@ -215,6 +217,8 @@ class TrackedLLM:
             stream.abort = lambda rid=rid: self.inner.abort(rid)
             try:
                 async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
+                    if first is None and piece.token_ids:
+                        first = time.monotonic() - started
                     ids += piece.token_ids
                     logprobs += piece.logprobs
                     stream.got(len(piece.token_ids))
@@ -241,7 +245,8 @@ class TrackedLLM:
                 part += 1
             finally:
                 self.in_flight.discard(rid)
-        return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason)
+        return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason,
+                          first_token_seconds=None if first is None else round(first, 6))
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)

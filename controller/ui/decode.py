@@ -64,7 +64,8 @@ def _turns(tok: Any, ids: list[int], turns: list[dict[str, Any]]) -> list[dict[s
         obs_start, obs_end = t.get("observationStart"), t.get("observationEnd")
         obs = ids[obs_start:obs_end] if obs_start is not None and obs_end is not None else []
         out.append({"turn": n, "assistant": _text(tok, gen), "toolCalls": t.get("toolCalls") or [],
-                    "observation": _text(tok, obs), "finishReason": t.get("finishReason")})
+                    "observation": _text(tok, obs), "finishReason": t.get("finishReason"),
+                    "modelSeconds": t.get("modelSeconds"), "firstTokenSeconds": t.get("firstTokenSeconds")})
     return out
 
 

@@ -42,6 +42,7 @@ from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
 from .expansion import Expansions, PolicyFor
 from .feed import Feed
+from .first_tokens import FirstTokens
 from .job_state import Jobs, Wakeups, closed
 from .node_registry import NodeRegistry
 from .policy_versions import PolicyVersions
@@ -72,16 +73,13 @@ class Scheduler:
         self.retention = Retention(self.engine, stored(store), self.purge, result_retention, clock)
         # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
         changed = Wakeups()
-        self.pool = BackendPool(Admission(clock, max_episodes,
-                                          on_free=lambda jobs: [changed.set(job) for job in jobs]))
-        self.health_interval = health_interval
-        http = BackendHttp()
+        self.pool = BackendPool(Admission(clock, max_episodes, on_free=lambda jobs: [changed.set(job) for job in jobs]))
+        self.health_interval, http = health_interval, BackendHttp()
         # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
         self.health = HealthProbe(self.pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
                                   slow_grace=slow_grace)
         self.jobs = Jobs(store, self.pool)
         self.queue = ItemQueue(self.engine, self.pool, clock, changed)
-        # policy_for: the job's effective TenantPolicy (None: unrestricted), for its item quota
         self.expansions = Expansions(self.engine, clock, self.queue.wake, policy_for)
         self._admitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.feed = Feed(self.engine)
@@ -89,6 +87,7 @@ class Scheduler:
         self.registry = NodeRegistry(self.engine, self.jobs, clock, node_calls_per_second)
         self.policies = PolicyVersions(self.engine, self.jobs, self.registry, http, self.queue.wake)
         self.stale = StaleGroups(lambda job: self.policies.describe(job)["history"])
+        self.first_tokens = FirstTokens()  # the model calls' time to first token, as reported (a metric)
         self.batches = Batches(self.queue, self.expansions.prompts, lambda job: _items_per_job(policy_for(job)),
                                gate=self.stale.gate)
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
@@ -124,6 +123,7 @@ class Scheduler:
 
     def _beat(self, node_id: str, hb: Heartbeat, lease: int | None) -> hot_sql.Work:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
+        self.first_tokens.observe_all(hb.results)
         return lambda tx: self.attempts.beat(tx, node_id, hb, lease, job)
 
     async def results_grouped(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
@@ -136,6 +136,7 @@ class Scheduler:
 
     def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> hot_sql.Work:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
+        self.first_tokens.observe_all(batch.results)
         return lambda tx: self.attempts.results(tx, node_id, batch, job, lease)
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:

@@ -311,7 +311,8 @@ class FakeController:
             if self.max_body is not None and len(raw) > self.max_body:
                 with self.cond:
                     self.results_calls += 1
-                    self.batch_sizes.append((raw.count(b'"attemptId"'), len(raw)))
+                    # counted from the body (a trajectory names its attempt too: `attemptId` twice per result)
+                    self.batch_sizes.append((len(json.loads(raw).get("results") or []), len(raw)))
                 return JSONResponse({"message": "request body too large"}, status_code=413)
             body = json.loads(raw)
             with self.cond:
