@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from rolloutd.crds.safe_read import DataReadError, kind as path_kind
+from rolloutd.crds.settings import SandboxSettings
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, refused, stash_answer
 from .harbor_files import EVAL_SESSION, HARBOR_ROOT, bash_ok as _bash_ok, read_task, snapshot, stage_dir, task_dirs
 from .leftovers import confine_agent, end_agent_processes
+from .seams import LLM, AgentConfig, HostSandbox, RolloutContext, Sandbox, SandboxFactory, Tokenizer
 
 HARBOR_TMP = "/tmp/.harbor"        # the agent's side: /logs/agent, the instruction, the relay's log
 EGRESS_PORT = 41401  # the verifier's proxy, on the sandbox's own loopback
@@ -122,7 +124,7 @@ class HarborTask(TaskHandler):
             return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
                                bounds=bounds)
 
-    async def init(self, task: dict, sandbox: Any) -> None:
+    async def init(self, task: dict, sandbox: HostSandbox | None) -> None:
         image = await self.image(task)
         await asyncio.to_thread(image.seed_workspace, Path(sandbox.workspace))
         await asyncio.to_thread(sandbox.give, sandbox.workspace)  # before any agent code: no path to race
@@ -130,13 +132,15 @@ class HarborTask(TaskHandler):
                                 f"ln -sfn {HARBOR_TMP}/logs-agent {HARBOR_ROOT}/logs/agent", "prepare /logs", 30)
 
     # ------------------------------------------------------------------ RUN
-    async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+    async def run(self, task: dict, sandbox: HostSandbox | None, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                  config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         confined = await confine_agent(sandbox, EVAL_SESSION, "harbor")
         trajectory = await self._run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         trajectory.metrics["agent_confined"] = confined
         return trajectory
 
-    async def _run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+    async def _run(self, task: dict, sandbox: HostSandbox, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                   config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         kind = getattr(config, "agent_kind", "loop")
         if kind == "harness":
             from .harness import run_harness  # the gateway's side: only harness jobs load it
@@ -167,7 +171,8 @@ class HarborTask(TaskHandler):
         return stash_answer(trajectory, submitted=None, final_text="")
 
     # ------------------------------------------------------------------ EVAL
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: HostSandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
         if sandbox is None:
             raise EvalError("harbor: eval needs the rollout's sandbox")
         egress = None
@@ -237,7 +242,7 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
     return None
 
 
-async def _open_egress(sandbox: Any, settings: Any = None) -> Any:
+async def _open_egress(sandbox: HostSandbox, settings: SandboxSettings | None = None) -> Any:
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
     killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it.
     `settings`: the node's sandbox settings (their `egress_allow`; None: no exception)."""
@@ -255,7 +260,7 @@ async def _open_egress(sandbox: Any, settings: Any = None) -> Any:
     return egress
 
 
-async def _read(sandbox: Any, path: str, *, tail: bool = False) -> str | None:
+async def _read(sandbox: Sandbox, path: str, *, tail: bool = False) -> str | None:
     """A regular file's first (`tail`: last) 64 KiB, the verifier's output being the agent's to inflate; None
     when there is none (the server refuses a missing file, a directory, a FIFO or a device)."""
     from rolloutd.sandbox.errors import ExecError

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 from rolloutd.crds.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
 
 from .base import ConfigError, DatasetError, EvalError, json_lines, refused
+from .seams import HostSandbox, Sandbox
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
@@ -103,7 +104,7 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
 
 
 # ---------------------------------------------------------------------- staging into a sandbox
-async def stage_dir(sandbox: Any, source: str | Path, target: str, roots: Sequence[str] | None = None) -> None:
+async def stage_dir(sandbox: HostSandbox, source: str | Path, target: str, roots: Sequence[str] | None = None) -> None:
     """Copy a task's directory to `target` inside the sandbox (binary-safe: read beneath `roots`, written through
     the control directory, then copied by the sandbox's own user, so that the files are its own whatever uid it
     runs as). Never through the workspace: a process the agent left there could swap the staged tree for its own
@@ -150,7 +151,7 @@ def _write_fresh(entries: list[TreeEntry], staging: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-async def bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> None:
+async def bash_ok(sandbox: Sandbox, command: str, what: str, timeout: float) -> None:
     """`command` in the verifier's session; a failure or timeout is infrastructure (`EvalError`)."""
     result = await sandbox.bash(command, timeout=timeout, **EVAL_SESSION)
     if result.timed_out or result.exit_code != 0:
