@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
@@ -30,9 +31,10 @@ from rolloutd.sandbox.relay import RELAY
 from rolloutd.crds import tracing
 from .gateway_calls import Call, PieceEncoder, Segment, stitch
 from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
-from .openai_wire import Invalid, completion_prompt, max_tokens, read_body, respond
+from .wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
 from .wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
-from .wire import anthropic, chat, responses
+from .wire import anthropic, chat
+from .wire.dialect import DIALECTS, Dialect
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 ENGINE_CALLS = 1  # engine calls of one rollout at once: a harness's parallel calls wait their turn (one episode
@@ -205,7 +207,7 @@ class Gateway:
         ids = await self._prompt_ids(anthropic.parse(body, counting=True))
         await respond(send, 200, {"input_tokens": len(ids)})
 
-    async def _dialect(self, wire: Any, body: dict, send: Any) -> None:
+    async def _dialect(self, wire: Dialect, body: dict, send: Any) -> None:
         """One model call in `wire`'s dialect: parsed to a `Prompt`, answered whole or streamed as it comes."""
         prompt = wire.parse(body)
         ids = await self._prompt_ids(prompt)
@@ -220,7 +222,7 @@ class Gateway:
         return make_turn(text, prompt, self.tools, finish_reason=call.finish_reason, stop_reason=call.stop_reason,
                          prompt_tokens=len(call.prompt_ids), completion_tokens=len(call.token_ids))
 
-    async def _stream(self, wire: Any, prompt: Prompt, ids: list[int], body: dict, send: Any) -> None:
+    async def _stream(self, wire: Dialect, prompt: Prompt, ids: list[int], body: dict, send: Any) -> None:
         """Server-sent events as the engine produces tokens. The response starts once the engine has taken the
         call (a call it refuses, or that fails before, is an ordinary error response); a failure after is the
         dialect's error event."""
@@ -269,7 +271,7 @@ class Gateway:
                                   "usage": {"prompt_tokens": len(ids), "completion_tokens": len(call.token_ids),
                                             "total_tokens": len(ids) + len(call.token_ids)}})
 
-    async def _call(self, prompt_ids: list[int], prompt: Prompt, send: Any, wire: Any,
+    async def _call(self, prompt_ids: list[int], prompt: Prompt, send: Any, wire: Dialect,
                     on_tokens: Any = None) -> Call | None:
         """The engine call; a failure is recorded and answered in the dialect (502 infra, 400 the job's
         configuration) while nothing was sent yet, else re-raised for the stream's own error event."""
@@ -293,22 +295,16 @@ class Gateway:
         return None
 
 
-async def _chat(gateway: Gateway, body: dict, send: Any) -> None:
-    await gateway._dialect(chat, body, send)
+def _served(wire: Dialect) -> Callable[[Gateway, dict, Any], Awaitable[None]]:
+    async def serve(gateway: Gateway, body: dict, send: Any) -> None:
+        await gateway._dialect(wire, body, send)
+    return serve
 
 
-async def _messages(gateway: Gateway, body: dict, send: Any) -> None:
-    await gateway._dialect(anthropic, body, send)
-
-
-async def _responses(gateway: Gateway, body: dict, send: Any) -> None:
-    await gateway._dialect(responses, body, send)
-
-
-_ROUTES = {"/v1/models": ("GET", Gateway._models, chat), "/v1/chat/completions": ("POST", _chat, chat),
-           "/v1/completions": ("POST", Gateway._completions, chat), "/v1/messages": ("POST", _messages, anthropic),
-           "/v1/messages/count_tokens": ("POST", Gateway._count_tokens, anthropic),
-           "/v1/responses": ("POST", _responses, responses)}
+# Every dialect of agents/wire/dialect.py's table at its path, and the routes of no dialect of their own.
+_ROUTES = {**{path: ("POST", _served(wire), wire) for path, wire in DIALECTS.items()},
+           "/v1/models": ("GET", Gateway._models, chat), "/v1/completions": ("POST", Gateway._completions, chat),
+           "/v1/messages/count_tokens": ("POST", Gateway._count_tokens, anthropic)}
 
 
 __all__ = ["Call", "Gateway", "PieceEncoder", "RELAY", "Segment", "start_relay", "stitch"]

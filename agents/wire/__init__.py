@@ -17,7 +17,7 @@ from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from ..openai_wire import Invalid, parse_tool_calls
+from .openai import Invalid, parse_tool_calls
 from ..toolcall_formats import FORMATS, format_for
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..openai_wire import function_tool, max_tokens
+from .openai import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse, string_list
 
 STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..openai_wire import chat_messages, chat_tools, max_tokens
+from .openai import chat_messages, chat_tools, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse, string_list
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from ..openai_wire import function_tool, max_tokens
+from .openai import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

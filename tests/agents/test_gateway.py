@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from rolloutd.agents.gateway import Call, stitch
-from rolloutd.agents.openai_wire import parse_tool_calls
+from rolloutd.agents.wire.openai import parse_tool_calls
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler

@@ -16,7 +16,7 @@ import pytest
 from rolloutd.agents.gateway import INLINE_CHARS, Gateway
 from rolloutd.agents.llm import Generation, RequestRejected, SamplingParams
 from rolloutd.agents.model_dirs import model_dir
-from rolloutd.agents.openai_wire import MAX_BODY
+from rolloutd.agents.wire.openai import MAX_BODY
 from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.rollout import RolloutContext

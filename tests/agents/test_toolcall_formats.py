@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from rolloutd.agents.gateway import Gateway
 from rolloutd.agents.llm import Generation, SamplingParams
 from rolloutd.agents.model_build import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
-from rolloutd.agents.openai_wire import parse_tool_calls as wire_parse
+from rolloutd.agents.wire.openai import parse_tool_calls as wire_parse
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.toolcall_formats import format_for
 from rolloutd.agents.tools import parse_tool_calls

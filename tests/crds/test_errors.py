@@ -54,7 +54,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.llm.BackendError": [(("m",), {}, I), (("m",), {"unreachable": True}, I)],
     "rolloutd.agents.llm.Preempted": [(("m",), {}, I)],
     "rolloutd.agents.llm.RequestRejected": [((), {}, C)],
-    "rolloutd.agents.openai_wire.Invalid": [(("m",), {}, A)],
+    "rolloutd.agents.wire.openai.Invalid": [(("m",), {}, A)],
     "rolloutd.agents.tasks.base.DatasetError": [((), {}, C)],
     "rolloutd.agents.tasks.base.EvalError": [((), {}, I)],
     "rolloutd.agents.tasks.base.ConfigError": [((), {}, C)],

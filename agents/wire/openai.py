@@ -2,8 +2,8 @@
 the tokenizer or the engine (a malformed one is a 400 naming the field, never a 500), bodies are bounded, tool
 calls are parsed out of the model's text, and answers are written as JSON.
 
-Used by agents/gateway.py, whose callers are black-box harnesses: model-driven code in a sandbox, so every
-request may be hostile. Next step: the gateway renders the checked messages, tokenizes and calls the engine.
+Used by agents/gateway.py and the dialects beside it (agents/wire/), whose callers are black-box harnesses:
+model-driven code in a sandbox, so every request may be hostile. Next step: the gateway renders the checked messages, tokenizes and calls the engine.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 from rolloutd.crds.errors import AgentError
 
-from .toolcall_formats import FORMATS, Format
+from ..toolcall_formats import FORMATS, Format
 
 # One request's body: ~8x the JSON of a whole 128k-token history. A larger one is refused (413) before it is
 # read in whole, so a harness cannot grow the node daemon's memory or keep its tokenizer busy for minutes.
