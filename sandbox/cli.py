@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
-from typing import List, Optional
+from typing import List, Optional, get_args
 
 import typer
+
+from ..crds.rolloutjob import RuntimeKind
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -32,7 +34,7 @@ def _group() -> None:
 )
 def exec_(
     command: List[str] = typer.Argument(..., help="the bash command (put it after --)"),
-    runtime: str = typer.Option("bwrap", "--runtime", help="bwrap | apptainer | process"),
+    runtime: str = typer.Option("bwrap", "--runtime", help=" | ".join(get_args(RuntimeKind))),
     image: str = typer.Option("host", "--image", help="host, a root filesystem directory, or a .sif"),
     network: bool = typer.Option(False, "--network", help="give the sandbox the host's network"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="memory limit (MB)"),
