@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 
 def register(app: typer.Typer) -> None:

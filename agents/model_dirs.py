@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rolloutd.crds.paths import models_dir
+from rolloutd.crds.kit.paths import models_dir
 
 from .engine_venv import EngineEnv, EngineError, file_lock
 

@@ -20,7 +20,7 @@ from unittest import mock
 from rolloutd.sandbox import image_build
 from rolloutd.sandbox.build_step import run_in_rootfs
 from rolloutd.sandbox.egress import serving
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import STEP_PATH, base_rootfs, copy_tree, image_cache_dir
 from rolloutd.sandbox.syscall_filter import filter_fd
 

@@ -38,7 +38,7 @@ def _tokenizer_dir(name: str, base: Path) -> str | None:
     """A relative tokenizer's directory: beside the file, else a model rolloutd prepared; None if neither."""
     if (base / name).is_dir():
         return os.path.realpath(base / name)
-    from rolloutd.crds.paths import models_dir
+    from rolloutd.crds.kit.paths import models_dir
 
     prepared = models_dir() / name
     if "/" not in name and name not in (".", "..") and prepared.is_dir():

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def exec_(
 ) -> None:
     """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
     from ..crds.rolloutjob import SandboxSpec
-    from ..crds.settings import SandboxSettings, SettingsError
+    from ..crds.kit.settings import SandboxSettings, SettingsError
     from .errors import ExecError, SandboxError
 
     limits = {}

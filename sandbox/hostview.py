@@ -20,7 +20,7 @@ import stat
 import time
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings, xdg_data_dir
+from rolloutd.crds.kit.settings import SandboxSettings, xdg_data_dir
 from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .footprint import sandbox_base_dir
 from .launch import runtime_paths
@@ -96,7 +96,7 @@ def host_mounts(void_dir: str) -> list[str]:
 
 def data_dirs(settings: SandboxSettings) -> list[str]:
     """rolloutd's own state on this node (controller and daemon: the API and join tokens): the data directory by
-    the controller's own rule (`crds/settings.py`), its default as well, the client's config and ssh keys."""
+    the controller's own rule (`crds/kit/settings.py`), its default as well, the client's config and ssh keys."""
     try:
         home = Path.home()
     except (KeyError, RuntimeError):  # no $HOME and no passwd entry: only the explicit ones are known

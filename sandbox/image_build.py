@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from .build_limits import BuildLimits, Deadline, for_build
 from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile

@@ -34,7 +34,7 @@ def build(
                                               "[default: $ROLLOUTD_IMAGE_MAX_MB or 8192]"),
 ) -> None:
     """Build DIR's Dockerfile into a root filesystem; print its path."""
-    from rolloutd.crds.settings import SandboxSettings, SettingsError
+    from rolloutd.crds.kit.settings import SandboxSettings, SettingsError
     from .dockerfile import DockerfileError
     from .image_build import build_image
     from .rootfs import ImageBuildError

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
 from rolloutd.crds.tenancy import TenantPolicySpec, violations
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutd.crds.errors import InfraError, RolloutdError, classify
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 

@@ -12,7 +12,7 @@ final_text, then the last assistant message in `trajectory.messages`), so EVAL a
 trajectory produced by some other caller of the agent loop. Every `Reward.details` repeats the
 extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
 
-Every read of the tenant's data goes through `rolloutd.crds.safe_read` (beneath the job's data roots, never as
+Every read of the tenant's data goes through `rolloutd.crds.kit.safe_read` (beneath the job's data roots, never as
 root, never through a link out); `refused` turns its refusal into a `DatasetError`.
 
 Errors: `DatasetError` (a bad dataset row: names the file, line and field, never the row's content), `EvalError` (the
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from pydantic import BaseModel, Field
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind, open_file
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, open_file
 from rolloutd.crds.errors import ConfigurationError, InfraError
 from rolloutd.crds.trajectory import Trajectory
 
 from .seams import LLM, AgentConfig, RolloutContext, Sandbox, SandboxFactory, Tokenizer
 
 if TYPE_CHECKING:
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
     from rolloutd.crds.tenancy import TenantQuotas
 
 ENTRY_POINT_GROUP = "rolloutd.tasks"
@@ -57,7 +57,7 @@ class DatasetError(ConfigurationError, ValueError):
 
 def json_lines(path: str | Path, roots: Sequence[str] | None = None):
     """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file, read through
-    `rolloutd.crds.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
+    `rolloutd.crds.kit.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
     `DatasetError` naming `file:line`, never its content. Read lazily."""
     try:
         f = open_file(path, roots)
@@ -116,7 +116,7 @@ class TaskHandler(ABC):
       (`seams.SandboxFactory`) to `eval`; it closes it if EVAL does not. Without `eval_sandbox` it passes none.
     - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
       daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
-      solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
+      solution/, swe's repository) goes through `rolloutd.crds.kit.safe_read` beneath them. `load` takes its own.
     - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list), set beside `roots`;
       `quotas`: the job's tenant policy quotas (None for an admin's job), which cap a tenant's image builds.
     - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
@@ -141,7 +141,7 @@ class TaskHandler(ABC):
         """Read up to `limit` rows of a JSON-lines file, each validated for this kind.
 
         `roots`: the job's data roots (its policy's `data_roots`; None for an admin's job): the file is read
-        beneath them through `rolloutd.crds.safe_read`, never as root. Blank lines are skipped. Any problem
+        beneath them through `rolloutd.crds.kit.safe_read`, never as root. Blank lines are skipped. Any problem
         raises `DatasetError` naming `file:line` and field, never the file's content.
         """
         path = Path(source)

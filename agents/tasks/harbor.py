@@ -32,8 +32,8 @@ import shlex
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, refused, stash_answer

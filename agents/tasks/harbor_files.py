@@ -1,4 +1,4 @@
-"""What the `harbor` task kind reads of a tenant's Harbor task directories, always through `rolloutd.crds.safe_read`.
+"""What the `harbor` task kind reads of a tenant's Harbor task directories, always through `rolloutd.crds.kit.safe_read`.
 
 `task_dirs` + `read_task` turn `tasks.source` into dataset rows (the controller's expansion, through
 `HarborTask.load`); `stage_dir` copies a task's `tests/` or `solution/` into a sandbox (the node, at RUN and EVAL).
@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
+from rolloutd.crds.kit.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
 
 from .base import ConfigError, DatasetError, EvalError, json_lines, refused
 from .seams import HostSandbox, Sandbox

@@ -14,7 +14,7 @@ interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
 INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
 history, so the fix cannot be read from the log), built host-side with `git archive` into the
 sandbox's `workspace` before the agent starts. A tenant's `repo_path` lies beneath the job's data roots
-(`roots`) and its git runs as nobody on a root node (crds/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
+(`roots`) and its git runs as nobody on a root node (crds/kit/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
 
 EVAL:
 1. the agent's diff: `git add -A && git diff --cached <staged commit>` run INSIDE the RUN sandbox
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind, nobody, open_file
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, nobody, open_file
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, EvalError, Reward, TaskHandler, checked_exit, refused

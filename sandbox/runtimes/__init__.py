@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 
 from ...crds.rolloutjob import SandboxSpec
-from ...crds.settings import SandboxSettings
+from ...crds.kit.settings import SandboxSettings
 from ..sandbox import Sandbox
 from .base import SandboxRuntime
 

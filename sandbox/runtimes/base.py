@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...crds.rolloutjob import SandboxSpec
-from ...crds.settings import SandboxSettings
+from ...crds.kit.settings import SandboxSettings
 from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import ID_VAR, Layout, reap_leftovers, remove

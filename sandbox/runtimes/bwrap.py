@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
 from ..footprint import Layout

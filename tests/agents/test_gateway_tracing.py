@@ -13,7 +13,7 @@ from rolloutd.agents.model_dirs import model_dir
 from rolloutd.agents.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 from support.harbor_rollouts import task_sandbox
 

@@ -13,7 +13,7 @@ import socket
 import sys
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox import SandboxSpec, get_runtime
 from rolloutd.sandbox.footprint import pids_with_id
 from rolloutd.sandbox.launch import runtime_paths

@@ -29,7 +29,7 @@ async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None, *
 
 def _node_settings():
     """The sandbox settings from this process's environment, as a node daemon hands them to its handler."""
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
 
     return SandboxSettings.from_env()
 

@@ -59,7 +59,7 @@ def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> 
 
 def options(fake: FakeController, name: str = "node-a", **kw: Any):
     from rolloutd.agents.daemon.options import NodeOptions
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)

@@ -16,7 +16,7 @@ import pytest
 from support.node_helpers import BASE_SPEC
 from rolloutd.agents.daemon.jobconfig import JobConfig, load_spec
 from rolloutd.agents.tasks.harbor import HarborTask
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
 from rolloutd.sandbox.build_limits import BuildLimits, for_build
 from rolloutd.sandbox.build_step import SizeLimitExceeded, tree_bytes

@@ -19,7 +19,7 @@ import pytest
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
 from rolloutd.sandbox.image_build import build_image
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import ImageBuildError, base_rootfs, image_cache_dir, lookup_user
 
 SECRET = "host-loopback-secret-7f3a"

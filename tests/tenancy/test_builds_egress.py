@@ -18,7 +18,7 @@ import time
 import pytest
 
 from rolloutd.sandbox.egress import pick_address, refusal, serving
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 
 
 def _secret_server(host: str) -> tuple[http.server.ThreadingHTTPServer, list[str]]:

@@ -22,7 +22,7 @@ from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
 from rolloutd.sandbox.image_build import find_dockerfile, image_key
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox.rootfs import image_cache_dir
 
 from support import harbor_rollouts  # also run as a script, as another user

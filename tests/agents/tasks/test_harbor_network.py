@@ -13,7 +13,7 @@ import pytest
 
 from rolloutd.agents.tasks import get_handler
 from rolloutd.crds.trajectory import Trajectory
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 
 from support.harbor_rollouts import task_sandbox
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox.runtimes.apptainer import ApptainerRuntime
 
 from support.waiting import wait_until
@@ -233,7 +233,7 @@ def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     live = run(create_sandbox(SandboxSpec(), ours))  # a live sandbox of this process must survive the sweep
     script = (
         "import asyncio, os, sys\n"
-        "from rolloutd.crds.settings import SandboxSettings\n"
+        "from rolloutd.crds.kit.settings import SandboxSettings\n"
         "from rolloutd.sandbox import SandboxSpec, create_sandbox\n"
         "async def main():\n"
         "    sb = await create_sandbox(SandboxSpec(), SandboxSettings.from_env())\n"

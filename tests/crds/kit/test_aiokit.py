@@ -1,7 +1,7 @@
 """The shared waiting kits: back-off delays and wait-with-timeout."""
 import asyncio
 
-from rolloutd.crds.aiokit import Backoff, backoff_delay, wait_event
+from rolloutd.crds.kit.aiokit import Backoff, backoff_delay, wait_event
 
 
 def test_backoff_delay_grows_to_its_cap_after_free_retries():

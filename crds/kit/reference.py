@@ -15,10 +15,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from . import settings
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 
-DOCS_REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "content" / "reference"
+DOCS_REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "content" / "reference"
 
 
 class Undescribed(ConfigurationError, ValueError):
@@ -99,8 +99,8 @@ def render(title: str, intro: str, model: type[BaseModel], root: str) -> str:
 
 def pages() -> dict[str, str]:
     """Every generated reference page, by file name."""
-    from .rolloutjob import RolloutJobSpec
-    from .tenancy import TenantPolicySpec
+    from ..rolloutjob import RolloutJobSpec
+    from ..tenancy import TenantPolicySpec
     return {
         "rolloutjob.md": render("RolloutJob spec", "Every field of a RolloutJob's `spec` (apiVersion "
                                 "`rolloutd.io/v1alpha1`); unknown fields are refused with their path.",

@@ -1,4 +1,4 @@
-"""The variable table (crds/settings.py) and the settings object of each process: every `ROLLOUTD_*` name in
+"""The variable table (crds/kit/settings.py) and the settings object of each process: every `ROLLOUTD_*` name in
 product code is in the table, each row is a field of its processes' objects (and each field a row), values are
 parsed where the settings are (a bad one is a `SettingsError` naming the variable), nothing below an entry point
 reads a variable, and the parts that once re-derived another part's directories follow the shared rules (the
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from rolloutd.controller.client.connection import ClientSettings
-from rolloutd.crds import nodeenv, settings
+from rolloutd.crds import nodeenv
+from rolloutd.crds.kit import settings
 from rolloutd.crds.errors import ConfigurationError
-from rolloutd.crds.settings import ControllerSettings, SandboxSettings, SettingsError
+from rolloutd.crds.kit.settings import ControllerSettings, SandboxSettings, SettingsError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PRODUCT = ("crds", "sandbox", "agents", "controller")
 NAME = re.compile(r"\bROLLOUTD_[A-Z0-9_]*[A-Z0-9]\b")
 OBJECTS = {settings.CONTROLLER: ControllerSettings, settings.SANDBOX: SandboxSettings,
@@ -40,7 +41,7 @@ def _product_files():
 
 def test_every_variable_named_in_the_product_is_in_the_table():
     named = {m for path in _product_files() for m in NAME.findall(path.read_text())}
-    assert named - set(settings.BY_NAME) == set(), "ROLLOUTD_ variables missing from crds/settings.py VARIABLES"
+    assert named - set(settings.BY_NAME) == set(), "ROLLOUTD_ variables missing from crds/kit/settings.py VARIABLES"
     assert set(settings.BY_NAME) - named == set(), "table rows no product code names"
 
 
@@ -179,18 +180,18 @@ def _reads_a_rolloutd_variable(tree: ast.AST):
 
 
 def test_below_the_entry_points_nothing_reads_a_variable():
-    """`env(` only inside crds/settings.py (the settings' constructors); `from_env(` only at a process's entry
+    """`env(` only inside crds/kit/settings.py (the settings' constructors); `from_env(` only at a process's entry
     point; no `os.environ` read of a `ROLLOUTD_*` name anywhere else."""
     env_calls, from_env, direct = [], [], []
     for path in _product_files():
         rel = str(path.relative_to(REPO))
         tree = ast.parse(path.read_text())
-        if rel != "crds/settings.py":
+        if rel != "crds/kit/settings.py":
             env_calls += [f"{rel}:{n.lineno}" for n in _calls(tree, "env")]
             direct += [f"{rel}:{n.lineno}" for n in _reads_a_rolloutd_variable(tree)]
-        if rel not in ENTRY_POINTS and rel != "crds/settings.py":
+        if rel not in ENTRY_POINTS and rel != "crds/kit/settings.py":
             from_env += [f"{rel}:{n.lineno}" for n in _calls(tree, "from_env")]
-    assert env_calls == [], "settings.env( outside crds/settings.py"
+    assert env_calls == [], "settings.env( outside crds/kit/settings.py"
     assert from_env == [], "a settings object built below an entry point: take it as an argument"
     assert direct == [], "a ROLLOUTD_ variable read from os.environ"
 

@@ -44,8 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Sequence, TypeVar
 
-from .tenancy import beneath
-from .errors import ConfigurationError
+from ..tenancy import beneath
+from ..errors import ConfigurationError
 
 
 T = TypeVar("T")

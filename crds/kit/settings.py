@@ -3,13 +3,13 @@ process that reads them.
 
 Where it sits: the bottom layer, beside the node's launch contract (`nodeenv.py`, whose names it lists). Each
 row says the variable's name, type, default, which processes read it and what it does; the docs' variable
-reference (docs/content/reference/environment.md) is generated from it by `crds/reference.py` (`rolloutd crd`).
+reference (docs/content/reference/environment.md) is generated from it by `crds/kit/reference.py` (`rolloutd crd`).
 Each process reads its variables once, at its entry point, into one frozen object whose fields are the rows'
 `field`s: `ControllerSettings` (`rolloutd controller`/`operator`), `SandboxSettings` (the node daemon builds it
 and hands it to its sandbox runtime; `rolloutd sandbox`/`image` build their own), the node's `nodeenv.NodeEnv`
 and the client's `controller/client/connection.ClientSettings`. Parsing and defaults live here; a bad value is a
 `SettingsError` naming the variable. Nothing below an entry point reads a `ROLLOUTD_*` variable
-(tests/crds/test_settings.py). The next step: `paths.py` (the directories several variables choose).
+(tests/crds/kit/test_settings.py). The next step: `paths.py` (the directories several variables choose).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import nodeenv
-from .errors import ConfigurationError
+from .. import nodeenv
+from ..errors import ConfigurationError
 
 CONTROLLER, NODE, SANDBOX, CLIENT = "controller", "node", "sandbox", "client"
 SET_BY_ROLLOUTD = "set by rolloutd"  # the default of a variable rolloutd sets for others rather than reads
@@ -131,7 +131,7 @@ def env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of table variable `name` (None when unset or empty); a name outside the table is a `KeyError`.
     Called only by the settings objects' `from_env` constructors below (and `home_dir`)."""
     if name not in BY_NAME:
-        raise KeyError(f"{name} is not in rolloutd's variable table (crds/settings.py)")
+        raise KeyError(f"{name} is not in rolloutd's variable table (crds/kit/settings.py)")
     value = (os.environ if environ is None else environ).get(name) or None
     return value if value is None or value.strip() else None
 
