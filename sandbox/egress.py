@@ -1,7 +1,7 @@
 """The one way out of a sandbox's network namespace: an HTTP proxy on a Unix socket that refuses internal addresses.
 
 Where it sits: image builds (`build_step.run_in_rootfs`: every RUN of a Dockerfile, for apt/pip/npm) and the
-Harbor verifier's EVAL (agents/tasks/harbor.py, through agents/egress.py) serve an `EgressProxy` on a socket
+Harbor verifier's EVAL (agents/tasks/harbor.py, through agents/gateway/egress.py) serve an `EgressProxy` on a socket
 bound into the sandbox; a relay on the sandbox's own loopback (`relay.RELAY`, as the gateway's for the
 verifier) turns it into `http_proxy`/`https_proxy`. Next step: downloaders inside reach public hosts only.
 

@@ -1,7 +1,7 @@
 """The `TaskHandler` seam: one dataset kind = one handler (load, prompt, INIT, RUN, EVAL).
 
 Sits between the node daemon's INIT/RUN/EVAL pools (`rolloutd.agents`, the callers) and the
-sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop`) it drives. Handlers are looked
+sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop.run`) it drives. Handlers are looked
 up by `get_handler(kind)` through the `rolloutd.tasks` entry-point group, so the built-ins
 (math, stem, code, swe, registered in pyproject.toml) and third-party plug-ins go the same way.
 
@@ -196,8 +196,8 @@ class TaskHandler(ABC):
     async def run(self, task: dict, sandbox: Sandbox | None, llm: LLM | None, *, tokenizer: Tokenizer | None,
                   config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
-        from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
-        from rolloutd.agents.rollout import with_system
+        from rolloutd.agents.loop.run import run_agent_loop  # the loop imports nothing from here
+        from rolloutd.agents.loop.rollout import with_system
 
         kind = config.agent_kind
         if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here

@@ -21,7 +21,7 @@ in the control directory (`/logs/agent` links to /tmp), which the agent's sessio
 `/logs/verifier/reward.txt` (or `reward.json`). A verifier that leaves no reward, crashes, or times
 out is an infrastructure failure (`EvalError`), never reward 0. The verifier has no network unless the job
 consents (`sandbox.verifierNetwork`) and the task allows it (`[environment] allow_internet`, default true):
-then it gets an egress proxy (agents/egress.py) once the agent's processes are gone.
+then it gets an egress proxy (agents/gateway/egress.py) once the agent's processes are gone.
 """
 from __future__ import annotations
 
@@ -246,8 +246,8 @@ async def _open_egress(sandbox: HostSandbox, settings: SandboxSettings | None = 
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
     killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it.
     `settings`: the node's sandbox settings (their `egress_allow`; None: no exception)."""
-    from rolloutd.agents.egress import EgressProxy
-    from rolloutd.agents.gateway import start_relay
+    from rolloutd.agents.gateway.egress import EgressProxy
+    from rolloutd.agents.gateway.server import start_relay
 
     await end_agent_processes(sandbox, EVAL_SESSION, "harbor")
     egress = EgressProxy(settings.egress_allow if settings is not None else ())

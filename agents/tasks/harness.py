@@ -1,5 +1,5 @@
 """RUN for `agent.kind: harness`: a black-box agent command in the sandbox, its LLM calls through the
-per-rollout gateway (agents/gateway.py), the trajectory stitched from the recorded calls.
+per-rollout gateway (agents/gateway/server.py), the trajectory stitched from the recorded calls.
 
 Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rollout's sandbox, its
 pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
@@ -22,7 +22,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rolloutd.agents.gateway import Gateway, start_relay, stitch
+from rolloutd.agents.gateway.server import Gateway, start_relay, stitch
 from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
 
 from .base import stash_answer

@@ -6,8 +6,8 @@ Where it sits: `TaskHandler.init/run/eval` (agents/tasks/base.py) take these; th
 (`VLLMBackend` behind `TrackedLLM`) and `agents.tokenizer.ChatTokenizer`. A plug-in handler or a test may pass
 anything that has the same methods: tests/agents/test_seams.py checks that the real classes match these
 signatures exactly. The job's limits and the rollout's identity are the daemon's own frozen values
-(`AgentConfig`, `RolloutContext`, agents/rollout.py): a handler reads them, never implements them. The next
-step: the agent loop (agents/loop.py), which drives the sandbox and the LLM through the tools (agents/tools.py).
+(`AgentConfig`, `RolloutContext`, agents/loop/rollout.py): a handler reads them, never implements them. The next
+step: the agent loop (agents/loop/run.py), which drives the sandbox and the LLM through the tools (agents/loop/tools.py).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rolloutd.sandbox.protocol import BashResult, Confinement, DirEntry, FileCon
 from rolloutd.sandbox.sandbox import READ_LIMIT
 
 from ..llm import LLMBackend
-from ..rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
 # What a handler asks for tokens: `generate(prompt_ids, sampling, request_id)` and `abort(request_id)`, the
 # one protocol every backend already satisfies (agents/llm.py); named here as the handler sees it.

@@ -5,7 +5,7 @@ assistant turns, tool_result in user turns; thinking blocks dropped), `tools` (`
 without one are left out), `tool_choice`, `stop_sequences`, `max_tokens` (required, as the real API). Other
 fields (metadata, temperature, thinking, cache_control, ...) are ignored: sampling is the job's. Streaming:
 message_start, ping, per block content_block_start / _delta (text_delta, input_json_delta) / _stop,
-message_delta (stop_reason, usage), message_stop. Used by agents/gateway.py; next step: the template renders.
+message_delta (stop_reason, usage), message_stop. Used by agents/gateway/server.py; next step: the template renders.
 """
 from __future__ import annotations
 

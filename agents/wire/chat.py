@@ -1,7 +1,7 @@
 """OpenAI chat completions (`POST /v1/chat/completions`) ↔ the gateway's `Prompt` / `Turn` / text deltas.
 
 Streaming: a first chunk with the role, one chunk per text delta, the tool calls (whole, each with its index)
-after the text, a last chunk with `finish_reason` and usage, then `data: [DONE]`. Used by agents/gateway.py;
+after the text, a last chunk with `finish_reason` and usage, then `data: [DONE]`. Used by agents/gateway/server.py;
 next step: the gateway renders the prompt and calls the engine.
 """
 from __future__ import annotations

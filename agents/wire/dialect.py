@@ -1,7 +1,7 @@
 """The one shape every harness dialect has (`Dialect`), and the table of dialects the gateway serves (`DIALECTS`).
 
 A dialect is a module of agents/wire/ (chat.py, anthropic.py, responses.py) with `parse`, `reply`, `error` and
-`Events`; it registers by one line in `DIALECTS` (its request path). Used by agents/gateway.py, which routes each
+`Events`; it registers by one line in `DIALECTS` (its request path). Used by agents/gateway/server.py, which routes each
 path in the table through `Gateway._dialect`; tests/agents/test_wire_dialects.py checks every entry against the
 protocol, signature by signature. Writing one: docs/content/write-a-dialect.md.
 """

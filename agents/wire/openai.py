@@ -2,7 +2,7 @@
 the tokenizer or the engine (a malformed one is a 400 naming the field, never a 500), bodies are bounded, tool
 calls are parsed out of the model's text, and answers are written as JSON.
 
-Used by agents/gateway.py and the dialects beside it (agents/wire/), whose callers are black-box harnesses:
+Used by agents/gateway/server.py and the dialects beside it (agents/wire/), whose callers are black-box harnesses:
 model-driven code in a sandbox, so every request may be hostile. Next step: the gateway renders the checked messages, tokenizes and calls the engine.
 """
 from __future__ import annotations

@@ -51,7 +51,7 @@ def _members(protocol: type) -> list[str]:
 def test_the_chat_tokenizer_satisfies_the_tokenizer_seam(tmp_path):
     """Every method of `Tokenizer` is `ChatTokenizer`'s, signature by signature; its properties are properties
     there too, and an instance (the tiny model's) has the plain attributes."""
-    from rolloutd.agents.model_build import build_tiny_tokenizer
+    from rolloutd.agents.engine.model_build import build_tiny_tokenizer
     from rolloutd.agents.tokenizer import ChatTokenizer
 
     build_tiny_tokenizer(tmp_path)

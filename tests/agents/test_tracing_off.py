@@ -10,7 +10,7 @@ PROBE = """
 import sys
 from rolloutd.crds.kit import tracing
 from rolloutd.agents import spans
-import rolloutd.agents.daemon.daemon, rolloutd.agents.gateway, rolloutd.controller.server
+import rolloutd.agents.daemon.daemon, rolloutd.agents.gateway.server, rolloutd.controller.server
 from rolloutd.crds import nodeenv
 from rolloutd.crds.kit.settings import ControllerSettings
 on = nodeenv.read_node_env({}).tracing or nodeenv.tracing_on(ControllerSettings.from_env({}).tracing)

@@ -50,7 +50,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.daemon.options.NodeError": [(("m",), {}, I), (("m",), {"config": "spec.x"}, C)],
     "rolloutd.agents.daemon.pipeline._Infra": [((), {}, I)],
     "rolloutd.agents.daemon.pipeline._StageFailed": [(("m",), {}, I), (("m", C), {}, C)],
-    "rolloutd.agents.engine_venv.EngineError": [((), {}, I)],
+    "rolloutd.agents.engine.venv.EngineError": [((), {}, I)],
     "rolloutd.agents.llm.BackendError": [(("m",), {}, I), (("m",), {"unreachable": True}, I)],
     "rolloutd.agents.llm.Preempted": [(("m",), {}, I)],
     "rolloutd.agents.llm.RequestRejected": [((), {}, C)],
@@ -59,8 +59,8 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.tasks.base.EvalError": [((), {}, I)],
     "rolloutd.agents.tasks.base.ConfigError": [((), {}, C)],
     "rolloutd.agents.tasks.base.UnknownTaskKind": [((), {}, C)],
-    "rolloutd.agents.tools.ToolInfraError": [((), {}, I)],
-    "rolloutd.agents.tools.ToolHung": [((), {}, I)],
+    "rolloutd.agents.loop.tools.ToolInfraError": [((), {}, I)],
+    "rolloutd.agents.loop.tools.ToolHung": [((), {}, I)],
     "rolloutd.client.errors.RolloutdError": [(("m",), {}, I), (("m", {"code": 500}), {}, I)],
     "rolloutd.client.errors.BadRequest": [(("m", {"code": 400}), {}, C)],
     "rolloutd.client.errors.Unauthorized": [(("m", {"code": 401}), {}, C)],
@@ -167,7 +167,7 @@ def test_three_families():
 def test_the_call_sites_class_through_classify():
     """The agent loop and the node pipeline call `classify`; neither makes a `Failure(kind=FailureKind.x)` of an
     exception it caught (the old code mapped each exception class to a kind by hand in both places)."""
-    for rel in ("agents/loop.py", "agents/daemon/pipeline.py"):
+    for rel in ("agents/loop/run.py", "agents/daemon/pipeline.py"):
         tree = ast.parse((REPO / rel).read_text())
         calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert "classify" in calls, rel

@@ -37,7 +37,7 @@ def scripted_plugin_path(tmp_path: Path) -> str:
 
 
 def tiny_dir() -> Path:
-    from rolloutd.agents.model_dirs import is_ready, model_dir
+    from rolloutd.agents.engine.model_dirs import is_ready, model_dir
 
     if not is_ready("tiny"):
         pytest.skip("the tiny model is not prepared (rolloutd serve-model --prepare-only -m tiny)")

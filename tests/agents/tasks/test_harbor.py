@@ -345,7 +345,7 @@ def _forging_task(tmp_path: Path, test_sh: str | None = None) -> Path:
 
 
 def _oracle_then_eval(task: dict):
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     handler = get_handler("harbor")
 

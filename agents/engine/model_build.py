@@ -1,6 +1,6 @@
 """Model builders that run INSIDE the engine venv (torch + transformers + gguf live there only).
 
-Where it sits: `rolloutd.agents.model_dirs.prepare_model` runs this file as a script with the engine
+Where it sits: `rolloutd.agents.engine.model_dirs.prepare_model` runs this file as a script with the engine
 venv's python (`<venv>/bin/python model_build.py KIND OUT_DIR [SOURCE]`); it never imports
 rolloutd, and rolloutd never imports it. Each builder writes a complete Hugging Face directory
 (config, weights, tokenizer with chat template) into OUT_DIR; the caller writes OUT_DIR into place

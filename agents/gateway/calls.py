@@ -2,7 +2,7 @@
 calls stitched into token sequences (`stitch` → `Segment`), and the prompt ids of rendered chat text
 (`PieceEncoder`, each stretch between added tokens encoded once per rollout).
 
-Used by agents/gateway.py (records), agents/tasks/harness.py (stitches). Next step: the segments become the
+Used by agents/gateway/server.py (records), agents/tasks/harness.py (stitches). Next step: the segments become the
 trajectory's sequences.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The agent's tools: their specs, the parser of tool calls in generated text, and their execution
 in a sandbox.
 
-Where it sits: the agent loop (agents/loop.py) calls `tool_specs` / `tool_instructions` to describe
+Where it sits: the agent loop (agents/loop/run.py) calls `tool_specs` / `tool_instructions` to describe
 the tools in the prompt, `parse_tool_calls` on every assistant turn's decoded text, and
 `execute` for each call; `execute` talks to the sandbox interface (`rolloutd.sandbox`:
 `bash`, `ipython`, `read_file`, `write_file`, `edit_file`).
@@ -25,7 +25,7 @@ from rolloutd.crds.errors import InfraError
 
 from rolloutd.sandbox.errors import ExecError, SandboxError
 
-from .toolcall_formats import FORMATS, Format
+from rolloutd.agents.toolcall_formats import FORMATS, Format
 
 TOOL_NAMES = ("bash", "ipython", "editor", "submit")
 MAX_OBSERVATION_CHARS = 8000
