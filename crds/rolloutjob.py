@@ -140,7 +140,8 @@ class MountSpec(Model):
 
 # The sandbox runtimes a spec may name: the one list of their kinds (the CRD's enum, the tenant policy's
 # `runtimes`, `rolloutd sandbox exec --runtime`). Each is registered under the same name in the
-# `rolloutd.sandbox.runtimes` entry-point group (pyproject.toml; tests/sandbox/test_runtimes.py keeps the two equal).
+# `rolloutd.sandbox.runtimes` entry-point group (pyproject.toml); tests/sandbox/runtimes/test_registry.py keeps
+# the two equal.
 RuntimeKind = Literal["bwrap", "apptainer", "process"]
 
 
