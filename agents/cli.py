@@ -89,9 +89,9 @@ def serve_model(
     ),
 ) -> None:
     """Install the vLLM engine (once), prepare the model, serve it until SIGINT/SIGTERM."""
-    from rolloutd.agents.engine.server import EngineServer
-    from rolloutd.agents.engine.venv import EngineEnv, EngineError
-    from rolloutd.agents.engine.model_dirs import prepare_model
+    from .engine.server import EngineServer
+    from .engine.venv import EngineEnv, EngineError
+    from .engine.model_dirs import prepare_model
 
     names = model or ["smollm2"]
     engine = EngineEnv()

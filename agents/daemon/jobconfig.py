@@ -15,7 +15,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec
 
 from ..llm import SamplingParams
-from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
+from ..loop.rollout import AgentConfig, RolloutContext
 from ..tasks.base import TaskHandler, get_handler, handler_options
 from .options import NodeError
 

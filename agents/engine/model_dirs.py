@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rolloutd.crds.kit.paths import models_dir
 
-from rolloutd.agents.engine.venv import EngineEnv, EngineError, file_lock
+from .venv import EngineEnv, EngineError, file_lock
 
 BUILT_MODELS = ("smollm2", "tiny")
 # Bump a model's version to rebuild it everywhere.

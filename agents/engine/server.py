@@ -30,10 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from rolloutd.agents.engine.venv import EngineEnv, EngineError
-from rolloutd.agents.lifeline import live_group_members
+from .venv import EngineEnv, EngineError
+from ..lifeline import live_group_members
 
-LIFELINE = Path(__file__).with_name("lifeline.py")
+LIFELINE = Path(__file__).resolve().parents[1] / "lifeline.py"  # agents/lifeline.py, run by its path
 
 KV_CACHE_GIB = 1
 STILL_WAITING_SECONDS = 10.0  # how often `start` says it is still waiting for the server to answer
@@ -112,7 +112,7 @@ class EngineServer:
     def start(self, progress: Callable[[str], None] | None = None) -> "EngineServer":
         """Install the engine (once), prepare the model, start vLLM and wait until it answers; `progress` is told
         each step (`rolloutd serve-model` prints them: the start takes ~40 s, minutes the first time)."""
-        from rolloutd.agents.engine.model_dirs import prepare_model
+        from .model_dirs import prepare_model
 
         if self.proc is not None:
             raise EngineError("already started")

@@ -29,12 +29,12 @@ from typing import Any
 from rolloutd.sandbox.relay import RELAY
 
 from rolloutd.crds.kit import tracing
-from rolloutd.agents.gateway.calls import Call, PieceEncoder, Segment, stitch
-from rolloutd.agents.llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
-from rolloutd.agents.wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
-from rolloutd.agents.wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
-from rolloutd.agents.wire import anthropic, chat
-from rolloutd.agents.wire.dialect import DIALECTS, Dialect
+from .calls import Call, PieceEncoder, Segment, stitch
+from ..llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
+from ..wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
+from ..wire import Prompt, TextDeltas, Turn, make_turn, tool_call_parser
+from ..wire import anthropic, chat
+from ..wire.dialect import DIALECTS, Dialect
 
 INLINE_CHARS = 1 << 16  # a longer text is tokenized in a worker thread, the event loop free meanwhile
 ENGINE_CALLS = 1  # engine calls of one rollout at once: a harness's parallel calls wait their turn (one episode

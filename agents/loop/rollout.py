@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from rolloutd.crds.trajectory import Trajectory
 
-from rolloutd.agents.llm import SamplingParams
-from rolloutd.agents.loop.tools import TOOL_NAMES
+from ..llm import SamplingParams
+from .tools import TOOL_NAMES
 
 
 @dataclass

@@ -31,13 +31,13 @@ from rolloutd.crds.errors import classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn, VersionSpan
 
 from rolloutd.crds.kit import tracing
-from rolloutd.agents import spans as node_traces
-from rolloutd.agents.llm import BackendError, LLMBackend, RequestRejected, derive_seed
-from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.toolcall_formats import FORMATS, format_for
-from rolloutd.agents.loop.tools import (ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions,
+from .. import spans as node_traces
+from ..llm import BackendError, LLMBackend, RequestRejected, derive_seed
+from ..tokenizer import ChatTokenizer
+from ..toolcall_formats import FORMATS, format_for
+from .tools import (ToolInfraError, is_infra_error, execute, parse_tool_calls, tool_instructions,
                                         tool_specs)
-from rolloutd.agents.loop.rollout import AgentConfig, AgentResult, RolloutContext
+from .rollout import AgentConfig, AgentResult, RolloutContext
 
 if TYPE_CHECKING:  # the sandbox interface (rolloutd.sandbox.Sandbox); duck-typed at run time
     from rolloutd.sandbox import Sandbox  # noqa: F401

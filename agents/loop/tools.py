@@ -25,7 +25,7 @@ from rolloutd.crds.errors import InfraError
 
 from rolloutd.sandbox.errors import ExecError, SandboxError
 
-from rolloutd.agents.toolcall_formats import FORMATS, Format
+from ..toolcall_formats import FORMATS, Format
 
 TOOL_NAMES = ("bash", "ipython", "editor", "submit")
 MAX_OBSERVATION_CHARS = 8000

@@ -18,7 +18,7 @@ from rolloutd.sandbox.protocol import BashResult, Confinement, DirEntry, FileCon
 from rolloutd.sandbox.sandbox import READ_LIMIT
 
 from ..llm import LLMBackend
-from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
+from ..loop.rollout import AgentConfig, RolloutContext
 
 # What a handler asks for tokens: `generate(prompt_ids, sampling, request_id)` and `abort(request_id)`, the
 # one protocol every backend already satisfies (agents/llm.py); named here as the handler sees it.

@@ -3,8 +3,8 @@ import subprocess
 
 import pytest
 
-from rolloutd.agents import engine_venv as engine_mod
-from rolloutd.agents import model_dirs
+from rolloutd.agents.engine import venv as engine_mod
+from rolloutd.agents.engine import model_dirs
 from rolloutd.agents.engine.venv import INSTALL_KEY, EngineEnv, EngineError
 
 

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from rolloutd.agents import gateway
+from rolloutd.agents.gateway import server as gateway
 from rolloutd.agents.wire.dialect import DIALECTS, Dialect, Events
 
 
