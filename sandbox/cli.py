@@ -86,7 +86,7 @@ async def _run(spec, settings, command: str, timeout: float) -> int:
 
 def register(root: typer.Typer) -> None:
     """Attach `rolloutd sandbox …` and `rolloutd image …` (the `rolloutd.commands` entry point)."""
-    from .image_cli import app as image_app
+    from .image.cli import app as image_app
 
     root.add_typer(app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
     root.add_typer(image_app, name="image",

@@ -1,4 +1,4 @@
-"""The verifier's way out: the sandbox layer's filtering egress proxy (sandbox/egress.py), named here for the node side.
+"""The verifier's way out: the sandbox layer's filtering egress proxy (sandbox/host/egress.py), named here for the node side.
 
 Where it sits: the harbor handler's EVAL (agents/tasks/harbor.py) starts an `EgressProxy` in the sandbox's
 control directory when the job consents (`sandbox.verifierNetwork`) and the task allows the internet, after
@@ -9,6 +9,6 @@ proxy refuses loopback, private, link-local and metadata addresses and the node'
 """
 from __future__ import annotations
 
-from rolloutd.sandbox.egress import EgressProxy
+from rolloutd.sandbox.host.egress import EgressProxy
 
 __all__ = ["EgressProxy"]

@@ -2,7 +2,7 @@
 their own Dockerfiles; `agent.kind: oracle` runs the task's `solution/solve.sh` as the agent.
 
 Registered as entry point `harbor`; the node daemon calls `sandbox_spec` (the task's image: built or
-reused by `rolloutd.sandbox.image_build`, under a lock, once per node or shared cache), then
+reused by `rolloutd.sandbox.image.build`, under a lock, once per node or shared cache), then
 `init` / `run` / `eval`. Next step for a task set: validate it with the oracle, then train.
 
 `tasks.source`: a directory of task directories, or a JSON-lines index whose rows name one each
@@ -101,7 +101,7 @@ class HarborTask(TaskHandler):
 
     async def image(self, task: dict) -> Any:
         """The task's image, built at most once per handler at a time (and once per cache, by its lock)."""
-        from rolloutd.sandbox.image_build import build_image  # the sandbox side, imported where needed
+        from rolloutd.sandbox.image.build import build_image  # the sandbox side, imported where needed
 
         path = task["path"]
         future = self._builds.get(path)
@@ -114,7 +114,7 @@ class HarborTask(TaskHandler):
         """An admin's task builds from its directory; a tenant's from a private copy of it read beneath the job's
         data roots as nobody (`snapshot`), so the builder, which reads the Dockerfile and hashes and copies the
         context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
-        from rolloutd.sandbox.build_limits import for_build
+        from rolloutd.sandbox.image.build_limits import for_build
 
         bounds = for_build(self.sandbox_settings, self.quotas)  # a tenant's: at most its policy's sandbox quotas
         if self.roots is None:
@@ -213,7 +213,7 @@ class HarborTask(TaskHandler):
 def run_as(image: Any, user: str | None, task_id: str) -> str | None:
     """The task's user (task.toml `[agent] user`, else the Dockerfile's last USER) when it is not root: the
     sandbox runs as it. One the image lacks is the job's configuration at fault, never the policy's."""
-    from rolloutd.sandbox.rootfs import ImageBuildError, lookup_user
+    from rolloutd.sandbox.image.rootfs import ImageBuildError, lookup_user
 
     if not user:
         return None

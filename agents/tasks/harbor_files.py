@@ -3,7 +3,7 @@
 `task_dirs` + `read_task` turn `tasks.source` into dataset rows (the controller's expansion, through
 `HarborTask.load`); `stage_dir` copies a task's `tests/` or `solution/` into a sandbox (the node, at RUN and EVAL).
 Every file is read beneath the job's data roots, never as root, never through a link out; an error names the
-spec field and the path, never the file's content. Next step: the image build (sandbox/image_build.py) reads the
+spec field and the path, never the file's content. Next step: the image build (sandbox/image/build.py) reads the
 Dockerfile's build context the same way.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .seams import HostSandbox, Sandbox
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
-HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image_build.py)
+HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image/build.py)
 EVAL_SESSION = {"session": "rolloutd-harbor-eval"}  # never confined: the verifier's
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _ELIDED = "'…'"
@@ -62,7 +62,7 @@ def task_dirs(source: str | Path, roots: Sequence[str] | None) -> list[tuple[str
 
 def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[str] | None = None) -> dict:
     """One dataset row from a Harbor task directory; `DatasetError` names what is wrong, never file content."""
-    from rolloutd.sandbox.dockerfile import DockerfileError, parse_dockerfile
+    from rolloutd.sandbox.image.dockerfile import DockerfileError, parse_dockerfile
 
     task_dir = str(task_dir).rstrip("/")
     try:

@@ -35,16 +35,16 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.crds.kit.reference.Undescribed": [((), {}, C)],
     "rolloutd.crds.kit.settings.SettingsError": [((), {}, C)],
     "rolloutd.crds.kit.safe_read.DataReadError": [(("spec.x", "/p", "why"), {}, C)],
-    "rolloutd.sandbox.build_step.SizeLimitExceeded": [((), {}, I)],
-    "rolloutd.sandbox.dockerfile.DockerfileError": [((), {}, C)],
+    "rolloutd.sandbox.image.build_step.SizeLimitExceeded": [((), {}, I)],
+    "rolloutd.sandbox.image.dockerfile.DockerfileError": [((), {}, C)],
     "rolloutd.sandbox.errors.SandboxError": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxCreateError": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxDied": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxTimeout": [((), {}, I)],
     "rolloutd.sandbox.errors.RuntimeUnavailable": [((), {}, I)],
     "rolloutd.sandbox.errors.ExecError": [((), {}, A)],
-    "rolloutd.sandbox.rootfs.ImageBuildError": [((), {}, I)],
-    "rolloutd.sandbox.rootpath.OutsideRoot": [((), {}, C)],
+    "rolloutd.sandbox.image.rootfs.ImageBuildError": [((), {}, I)],
+    "rolloutd.sandbox.image.rootpath.OutsideRoot": [((), {}, C)],
     "rolloutd.agents.daemon.controller_client.ControllerError": [
         (("m",), {}, I), (("m", 503), {}, I), (("m", 429), {}, I), (("m", 403), {}, C)],
     "rolloutd.agents.daemon.options.NodeError": [(("m",), {}, I), (("m",), {"config": "spec.x"}, C)],
@@ -146,7 +146,7 @@ def test_builtin_bases_are_kept():
     """Re-parenting kept what callers catch: `except ValueError` still takes a dataset error, and so on."""
     from rolloutd.agents.tasks.base import ConfigError, DatasetError, EvalError, UnknownTaskKind
     from rolloutd.client.errors import WaitTimeout
-    from rolloutd.sandbox.rootpath import OutsideRoot
+    from rolloutd.sandbox.image.rootpath import OutsideRoot
 
     assert issubclass(DatasetError, ValueError) and issubclass(ConfigError, ValueError)
     assert issubclass(EvalError, RuntimeError) and issubclass(UnknownTaskKind, LookupError)

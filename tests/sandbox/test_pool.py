@@ -11,7 +11,7 @@ import pytest
 
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
 from rolloutd.crds.kit.settings import SandboxSettings
-from rolloutd.sandbox.footprint import sandbox_base_dir
+from rolloutd.sandbox.host.footprint import sandbox_base_dir
 
 from support.waiting import until, wait_until
 

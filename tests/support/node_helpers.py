@@ -70,6 +70,6 @@ def options(fake: FakeController, name: str = "node-a", **kw: Any):
 
 def sandbox_pids(sandbox_id: str) -> list[int]:
     """Processes still carrying this sandbox's id (the sandbox package's own leftover check)."""
-    from rolloutd.sandbox.footprint import pids_with_id
+    from rolloutd.sandbox.host.footprint import pids_with_id
 
     return pids_with_id(sandbox_id)

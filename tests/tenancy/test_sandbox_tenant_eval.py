@@ -156,7 +156,7 @@ def test_an_image_never_steers_the_server_while_it_is_root(tmp_path):
     shared object the server maps is the image's; the agent's own processes still run on the image's."""
     _needs_image()
     from rolloutd.sandbox import SandboxSpec, get_runtime
-    from rolloutd.sandbox.footprint import pids_with_id
+    from rolloutd.sandbox.host.footprint import pids_with_id
 
     image = _image_copy(tmp_path)
     theirs = _shared_objects(image)

@@ -21,9 +21,9 @@ from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
 from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
-from rolloutd.sandbox.image_build import find_dockerfile, image_key
+from rolloutd.sandbox.image.build import find_dockerfile, image_key
 from rolloutd.crds.kit.settings import SandboxSettings
-from rolloutd.sandbox.rootfs import image_cache_dir
+from rolloutd.sandbox.image.rootfs import image_cache_dir
 
 from support import harbor_rollouts  # also run as a script, as another user
 from support.harbor_rollouts import harness_probe, rollouts, task_sandbox

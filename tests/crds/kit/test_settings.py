@@ -29,7 +29,7 @@ ENTRY_POINTS = {"controller/main.py",                # rolloutd controller / ope
                 "controller/client/connection.py",   # every client and rolloutctl command: `resolve`
                 "agents/cli.py",                     # rolloutd node (NodeOptions.from_env)
                 "agents/daemon/options.py",          # ... which reads the node's sandbox settings beside its own
-                "sandbox/cli.py", "sandbox/image_cli.py",  # rolloutd sandbox exec / rolloutd image build
+                "sandbox/cli.py", "sandbox/image/cli.py",  # rolloutd sandbox exec / rolloutd image build
                 # verl's workers build these from its config: where a trainer's process enters rolloutd (ROLLOUTD_JOB)
                 "controller/integrations/verl/agent_loop.py", "controller/integrations/verl/checkpoint.py"}
 
@@ -63,7 +63,7 @@ def test_each_row_is_a_field_of_its_processes_settings_and_each_field_a_row(proc
 def test_the_objects_defaults_are_the_tables():
     """The docs' default column (generated from the table) says what an unset variable gives."""
     from rolloutd.crds.node import NODE_CALLS_PER_SECOND
-    from rolloutd.sandbox.image_build import DEFAULT_MAX_MB
+    from rolloutd.sandbox.image.build import DEFAULT_MAX_MB
 
     for process, cls in OBJECTS.items():
         made = cls()
@@ -204,7 +204,7 @@ def test_the_image_cache_honours_rolloutd_home(tmp_path):
 
 @pytest.mark.parametrize("data_dir", [None, "moved"])
 def test_the_sandbox_hides_the_data_dir_by_the_controllers_rule(tmp_path, monkeypatch, data_dir):
-    from rolloutd.sandbox.hostview import data_dirs
+    from rolloutd.sandbox.host.hostview import data_dirs
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     environ = {"ROLLOUTD_DATA_DIR": str(tmp_path / data_dir)} if data_dir else {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .limits import Cgroup, candidate_parents, unbound_workspace
-from .server.procs import identity, kill_until_gone
+from ..server.procs import identity, kill_until_gone
 
 ID_VAR = "ROLLOUTD_SANDBOX_ID"  # set in every sandbox process; how leftovers are found
 OWNER_FILE = "owner"  # "<pid> <start time>" of the daemon that created the sandbox

@@ -36,7 +36,7 @@ def build(
     """Build DIR's Dockerfile into a root filesystem; print its path."""
     from rolloutd.crds.kit.settings import SandboxSettings, SettingsError
     from .dockerfile import DockerfileError
-    from .image_build import build_image
+    from .build import build_image
     from .rootfs import ImageBuildError
 
     args = {}

@@ -29,11 +29,11 @@ import uuid
 from pathlib import Path
 
 from .build_limits import AS_FACTOR, BuildLimits
-from .limits import CGROUP_JOIN, Cgroup
-from .relay import RELAY
+from ..host.limits import CGROUP_JOIN, Cgroup
+from ..relay import RELAY
 from .rootfs import ImageBuildError
 from .rootpath import inside, resolve
-from .syscall_filter import filter_fd
+from ..host.syscall_filter import filter_fd
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 EGRESS_PORT = 3128

@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import SandboxCreateError
+from ..errors import SandboxCreateError
 from .footprint import ID_VAR
 
 ATTACH_TIMEOUT = 10.0

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from rolloutd.crds.kit.settings import SandboxSettings, xdg_data_dir
-from ..crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
+from rolloutd.crds.mounts import SECRET_HOST_PATHS, check_mount_paths, overlaps
 from .footprint import sandbox_base_dir
-from .launch import runtime_paths
-from .errors import SandboxCreateError
+from ..launch import runtime_paths
+from ..errors import SandboxCreateError
 
 HOST_ALLOW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 # secret whatever their mode (a site may have loosened one)

@@ -32,7 +32,7 @@ from rolloutd.crds.kit.settings import SandboxSettings
 from .build_limits import BuildLimits, Deadline, for_build
 from .build_step import SizeLimitExceeded, run_in_rootfs
 from .dockerfile import Dockerfile, DockerfileError, Step, TAR_SUFFIXES, load_dockerfile
-from .egress import serving
+from ..host.egress import serving
 from .rootfs import STEP_PATH, ImageBuildError, base_params, base_rootfs, copy_tree, image_cache_dir, locked, lookup_user
 from .rootpath import ignore_special, resolve
 

@@ -10,8 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from ..crds.rolloutjob import SandboxLimits
-from .server.procs import kill_until_gone
+from rolloutd.crds.rolloutjob import SandboxLimits
+from ..server.procs import kill_until_gone
 
 CGROUP_JOIN = (  # sh -c CGROUP_JOIN sh DIR... -- ARGV: join each cgroup directory, then exec ARGV
     'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
