@@ -4,7 +4,7 @@
 # `system-packages.sh demo`: only what `make demo` needs (the sandbox runtime and its seccomp compiler).
 set -euo pipefail
 # mmdebstrap (+ debootstrap as the fallback): the Debian bookworm root filesystems `rolloutd image build` makes
-# slirp4netns: outbound NAT for a sandbox with network: true, in its own network namespace (sandbox/netns.py)
+# slirp4netns: outbound NAT for a sandbox with network: true, in its own network namespace (sandbox/host/netns.py)
 # podman + buildah: the rolloutd container image (charts/image/Containerfile, `make image`, tests/image); runc
 # beside podman's crun, which refuses hosts with a hybrid cgroup hierarchy (charts/image/build.py picks runc there)
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)

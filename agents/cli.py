@@ -1,7 +1,7 @@
 """Sub-commands the node side contributes to `rolloutd` (serve-model, node).
 
 Where it sits: `register(app)` is a `rolloutd.commands` entry point that `rolloutd`'s main loads. `serve-model` drives
-agents/engine.py (engine venv + vLLM server) and agents/model_dirs.py (model directories); `node` runs
+agents/engine/server.py (engine venv + vLLM server) and agents/engine/model_dirs.py (model directories); `node` runs
 the node daemon (agents/daemon/daemon.py), as Slurm's srun or the controller's local executor start it.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 
 def register(app: typer.Typer) -> None:
@@ -89,9 +89,9 @@ def serve_model(
     ),
 ) -> None:
     """Install the vLLM engine (once), prepare the model, serve it until SIGINT/SIGTERM."""
-    from .engine import EngineServer
-    from .engine_venv import EngineEnv, EngineError
-    from .model_dirs import prepare_model
+    from .engine.server import EngineServer
+    from .engine.venv import EngineEnv, EngineError
+    from .engine.model_dirs import prepare_model
 
     names = model or ["smollm2"]
     engine = EngineEnv()

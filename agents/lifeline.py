@@ -1,6 +1,6 @@
 """Run a command so that it and every process it starts die with the process that launched it.
 
-Where it sits: `EngineServer` (agents/engine.py) starts vLLM's API server through this file, run by
+Where it sits: `EngineServer` (agents/engine/server.py) starts vLLM's API server through this file, run by
 path with the launcher's Python (stdlib only), as the leader of a new process group. The launcher
 holds the write end of a pipe that is this process's stdin: when the launcher dies, however it dies
 (`kill -9` included), the kernel closes it, the read here returns EOF and the whole group is ended

@@ -1,6 +1,6 @@
 """The token-in/token-out LLM client: one `LLMBackend` interface, one vLLM implementation.
 
-Where it sits: the agent loop (agents/loop.py) calls `generate(prompt_ids, sampling, request_id)`
+Where it sits: the agent loop (agents/loop/run.py) calls `generate(prompt_ids, sampling, request_id)`
 once per turn on the backend the scheduler pinned to the task, and `abort(request_id)` when the
 rollout is cancelled (DAPO surplus, job deleted). The daemon builds one `VLLMBackend` per backend
 URL and shares it between rollouts.

@@ -2,7 +2,7 @@
 the lease's traceparent), its stages, and its model calls with the GenAI semantic conventions.
 
 `daemon.pipeline.Pipeline` opens `attempt` and `stage`, `daemon.llmgate.TrackedLLM` wraps each model call in
-`model_call`, agents/loop.py spans its turns and tool calls. All no-ops unless tracing is on (crds/tracing.py).
+`model_call`, agents/loop/run.py spans its turns and tool calls. All no-ops unless tracing is on (crds/kit/tracing.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 _EXIT = re.compile(r"\[exit code (-?\d+)\]\s*$")
 

@@ -1,9 +1,9 @@
 """The model's own chat template, applied once, and the ids of each later observation.
 
-Where it sits: the agent loop (agents/loop.py) calls `encode_chat` once for the prompt and
+Where it sits: the agent loop (agents/loop/run.py) calls `encode_chat` once for the prompt and
 `encode_observation` after every tool call; it never re-tokenizes generated text (the engine's ids
 are kept verbatim). Works for any Hugging Face tokenizer with a chat template, loaded from the same
-directory the engine serves (agents/model_dirs.py), in the main venv (transformers without torch).
+directory the engine serves (agents/engine/model_dirs.py), in the main venv (transformers without torch).
 
 How observation ids are found: template a reference conversation with and without the observation
 message (and the next assistant generation prompt) and take the suffix. The part of the template

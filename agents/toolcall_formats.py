@@ -1,8 +1,8 @@
 """Tool-call formats per model family: which one a model speaks, read from its chat template, and a parser
 for each that turns the model's decoded text into calls.
 
-Where it sits: the built-in agent loop (agents/tools.py `parse_tool_calls`) and the harness gateway
-(agents/openai_wire.py `parse_tool_calls`, its one call site) both call `format_for(tokenizer)` once and
+Where it sits: the built-in agent loop (agents/loop/tools.py `parse_tool_calls`) and the harness gateway
+(agents/wire/openai.py `parse_tool_calls`, its one call site) both call `format_for(tokenizer)` once and
 `fmt.parse(text)` on every assistant turn. Next step: tools.py validates and executes the calls; the gateway
 answers them as OpenAI `tool_calls` (and the other dialects as theirs).
 

@@ -110,7 +110,7 @@ def _fair_share(api: httpx.Client, source: Path, tokenizer: str, backend: str, n
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
 
     n = 24 if quick else 40
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-admission-"))

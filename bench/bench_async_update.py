@@ -121,7 +121,7 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
 
     c, tokens, lead = (4, 600, 150) if quick else (8, 1500, 300)
     engine = EngineServer("tiny").start()

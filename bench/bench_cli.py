@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from bench.bench_pipeline import REPO, start_controller
-from rolloutd.crds.paths import rolloutd_home
+from rolloutd.crds.kit.paths import rolloutd_home
 
 TARGET = 0.150  # seconds of CPU
 P = "/apis/rolloutd.io/v1alpha1"

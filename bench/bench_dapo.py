@@ -233,7 +233,7 @@ class Env:
     """A controller (with the plug-in on its PYTHONPATH) and the stub engine, for one workload."""
 
     def __init__(self, tmp: Path, rows: list[dict]):
-        from rolloutd.agents.model_dirs import prepare_model
+        from rolloutd.agents.engine.model_dirs import prepare_model
 
         self.tmp, self.rows = tmp, rows
         self.tokenizer = str(prepare_model("tiny"))

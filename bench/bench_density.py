@@ -107,7 +107,7 @@ async def _bounded(items, fn, limit: int) -> list:
 
 async def _sandboxes(n: int) -> dict:
     try:  # this checkout: the sandbox settings, read here from the environment (an older one reads it itself)
-        from rolloutd.crds.settings import SandboxSettings
+        from rolloutd.crds.kit.settings import SandboxSettings
         settings = (SandboxSettings.from_env(),)
     except ImportError:
         settings = ()

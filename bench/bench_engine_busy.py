@@ -190,7 +190,7 @@ def engine_on_its_own_core(engine) -> set[int]:
 
 
 def run(quick: bool = False, shared: bool = False) -> list[dict]:
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
 
     turns, tokens = (3, 32) if quick else (4, 32)
     waves = 2 if quick else 3   # N = waves × C rollouts

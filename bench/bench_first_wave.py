@@ -79,7 +79,7 @@ def _settled(sandboxes: Path, limit: float = 120) -> None:
 
 
 def measure(ns: list[int], reps: int) -> tuple[dict[int, list[dict]], tuple[float, float]]:
-    from rolloutd.agents.model_dirs import prepare_model
+    from rolloutd.agents.engine.model_dirs import prepare_model
 
     load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-first-wave-"))

@@ -1,4 +1,4 @@
-"""Harness gateway overhead (agents/gateway.py): a chat call through the gateway vs the same call
+"""Harness gateway overhead (agents/gateway/server.py): a chat call through the gateway vs the same call
 straight to the backend, side by side.
 
 Where it sits: `python -m bench gateway` through `run(quick)`, or ``python -m bench.bench_gateway``.
@@ -39,9 +39,9 @@ MESSAGES = [{"role": "system", "content": "You are a terminal agent."},
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.agents.gateway import RELAY, Gateway
+    from rolloutd.agents.gateway.server import RELAY, Gateway
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
-    from rolloutd.agents.model_dirs import prepare_model
+    from rolloutd.agents.engine.model_dirs import prepare_model
     from rolloutd.agents.tokenizer import ChatTokenizer
 
     tokenizer = str(prepare_model("tiny"))
@@ -124,7 +124,7 @@ async def _timed(client: httpx.AsyncClient, url: str, body: dict, first_text) ->
 
 
 async def measure_streams(port: int, tok, n: int) -> dict[str, list[tuple[float, float]]]:
-    from rolloutd.agents.gateway import Gateway
+    from rolloutd.agents.gateway.server import Gateway
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in FIRST_TEXT}

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
-from rolloutd.sandbox.image_build import build_image, find_dockerfile, image_key
-from rolloutd.crds.settings import SandboxSettings
-from rolloutd.sandbox.rootfs import base_rootfs, image_cache_dir
+from rolloutd.sandbox.image.build import build_image, find_dockerfile, image_key
+from rolloutd.crds.kit.settings import SandboxSettings
+from rolloutd.sandbox.image.rootfs import base_rootfs, image_cache_dir
 
 DOCKERFILE = "FROM debian:bookworm\nENV APP=/srv/app\nWORKDIR $APP\nCOPY data.txt ./\nRUN wc -l data.txt > lines.txt\n"
 

@@ -85,7 +85,7 @@ def _in_process(source: Path, tokenizer: str, backend: str, prompts: int, sample
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
     from rolloutd.agents.tasks import get_handler
     from rolloutd.agents.tokenizer import ChatTokenizer
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     if kind == NOOP and str(PLUGINS) not in sys.path:
         sys.path.insert(0, str(PLUGINS))  # found through its dist-info, like in the daemons
@@ -175,7 +175,7 @@ def _measure(api: httpx.Client, ctl: int, stub: int, name: str, job: dict, n: in
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.agents.model_dirs import prepare_model
+    from rolloutd.agents.engine.model_dirs import prepare_model
 
     prompts, samples = (32, 8) if quick else (250, 8)
     n = prompts * samples

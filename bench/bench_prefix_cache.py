@@ -66,7 +66,7 @@ async def _run_policy(policy: str, urls: list[str], tok, tasks: list[str]) -> tu
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
     from rolloutd.agents.tokenizer import ChatTokenizer
 
     n = 8 if quick else 24

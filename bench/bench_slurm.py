@@ -59,9 +59,9 @@ def _steady_rate(ends: list[float]) -> float:
 
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.controller.sim.minicluster import MiniSlurm
-    from rolloutd.crds.settings import ControllerSettings
+    from rolloutd.crds.kit.settings import ControllerSettings
 
-    from rolloutd.agents.model_dirs import prepare_model
+    from rolloutd.agents.engine.model_dirs import prepare_model
 
     slurm = MiniSlurm(ControllerSettings.from_env().slurm_dir).start()
     prompts, samples = (20, 8) if quick else (50, 8)

@@ -1,4 +1,4 @@
-"""The cost of tracing (crds/tracing.py): the span hooks of one rollout attempt with tracing off vs on, side by side.
+"""The cost of tracing (crds/kit/tracing.py): the span hooks of one rollout attempt with tracing off vs on, side by side.
 
 Where it sits: `python -m bench tracing` through `run(quick)`. The hooks run as the product calls them — the
 controller's `granted` and `ended` (controller/work/tracing.py), the node's attempt, INIT/RUN/EVAL, per turn a
@@ -46,7 +46,7 @@ def _counter():
 def _rollout(i: int) -> None:
     from rolloutd.agents import spans
     from rolloutd.controller.work import tracing as attempt_traces
-    from rolloutd.crds import tracing
+    from rolloutd.crds.kit import tracing
     from rolloutd.crds.node import Lease
 
     lease = Lease(attempt_id=f"{i}.1.abcdef", item=i, prompt=i, sample=0, attempt=1, task={},
@@ -84,7 +84,7 @@ def _block(n: int, start: int) -> float:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.crds import tracing
+    from rolloutd.crds.kit import tracing
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -30,7 +30,7 @@ from typing import Iterator
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.feed import Feed

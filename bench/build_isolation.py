@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from rolloutd.sandbox import image_build
-from rolloutd.sandbox.build_step import run_in_rootfs
-from rolloutd.sandbox.egress import serving
-from rolloutd.crds.settings import SandboxSettings
-from rolloutd.sandbox.rootfs import STEP_PATH, base_rootfs, copy_tree, image_cache_dir
-from rolloutd.sandbox.syscall_filter import filter_fd
+from rolloutd.sandbox.image import build as image_build
+from rolloutd.sandbox.image.build_step import run_in_rootfs
+from rolloutd.sandbox.host.egress import serving
+from rolloutd.crds.kit.settings import SandboxSettings
+from rolloutd.sandbox.image.rootfs import STEP_PATH, base_rootfs, copy_tree, image_cache_dir
+from rolloutd.sandbox.host.syscall_filter import filter_fd
 
 DOCKERFILE = """\
 FROM debian:bookworm

@@ -27,9 +27,9 @@ import sys
 import time
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
-from rolloutd.sandbox.footprint import Layout, remove
+from rolloutd.sandbox.host.footprint import Layout, remove
 from rolloutd.sandbox.launch import LaunchConfig
-from rolloutd.sandbox.limits import Cgroup, rlimits_for
+from rolloutd.sandbox.host.limits import Cgroup, rlimits_for
 from rolloutd.sandbox.runtimes.base import CGROUP_JOIN, sandbox_env
 
 BARE = ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rolloutd.crds.paths import models_dir
-from rolloutd.crds.settings import ControllerSettings, Networks
+from rolloutd.crds.kit.paths import models_dir
+from rolloutd.crds.kit.settings import ControllerSettings, Networks
 
 
 def tokenizer_roots(home: Path, extra: tuple[Path, ...] = ()) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ from .ctl_logs import register as register_logs
 from .ctl_results import register as register_results
 from .ctl_policy import bind as bind_policy
 from .ctl_trajectory import register as register_trajectory
-from rolloutd.crds.documents import load_documents
+from rolloutd.crds.kit.documents import load_documents
 from rolloutd.crds import spec_paths
 
 app = typer.Typer(

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from .cli_common import TYPER_SETTINGS, version_option
-from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT
+from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT
 
 app = typer.Typer(
     help="rolloutd: Rollout-as-a-Service operator for Slurm (daemons and operator tools).",
@@ -101,7 +101,7 @@ def _settings(store: str | None = None):
     `store`: `--store`, over $ROLLOUTD_STORE."""
     import dataclasses
 
-    from rolloutd.crds.settings import ControllerSettings, SettingsError
+    from rolloutd.crds.kit.settings import ControllerSettings, SettingsError
 
     try:
         settings = ControllerSettings.from_env()
@@ -133,7 +133,7 @@ def token_create(
     import os
 
     from .auth import create_scoped_token
-    from rolloutd.crds.paths import DataDir
+    from rolloutd.crds.kit.paths import DataDir
 
     try:
         scoped = create_scoped_token(DataDir(data_dir or _settings().data_dir).tokens, name, read_only=read_only,
@@ -167,7 +167,7 @@ def node_credential(
 
     from rolloutd.crds.names import job_path
 
-    from rolloutd.crds.paths import DataDir
+    from rolloutd.crds.kit.paths import DataDir
 
     token = (token_file or DataDir(_settings().data_dir).token).read_text().strip()
     key = job if "/" in job else f"{namespace}/{job}"
@@ -188,7 +188,7 @@ def crd(
 ) -> None:
     """Regenerate the Kubernetes CRD (crds/rolloutjob.yaml and the Helm chart's copy) and the docs' spec reference
     from the pydantic models."""
-    from rolloutd.crds import reference
+    from rolloutd.crds.kit import reference
     from rolloutd.crds.crd import CHART_CRD_PATH, CRD_PATH, render_crd
 
     text = render_crd()

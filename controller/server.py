@@ -21,15 +21,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rolloutd.crds import nodeenv
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
-from rolloutd.crds import tracing
-from rolloutd.crds.settings import ControllerSettings
+from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
 from .allowlists import AllowLists
 from .api import create_app
 from .auth import TokenBook, ensure_token
 from .storage_faults import opening_problem
-from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
+from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
 from . import spec_checks
 from .executors.local import LocalExecutor

@@ -1,7 +1,7 @@
 """Which host paths a sandbox mount (``spec.sandbox.mounts``) may name: the node-independent part of the policy.
 
 Used by `rolloutjob.MountSpec` (a job naming a secret is refused at apply time) and
-by `rolloutd.sandbox.hostview`, which adds what only the node knows (its data
+by `rolloutd.sandbox.host.hostview`, which adds what only the node knows (its data
 dirs, symlinks resolved) when the sandbox is created.
 """
 from __future__ import annotations

@@ -39,31 +39,35 @@ NODE_PROTOCOL = 2
 MIN_NODE_PROTOCOL = 1
 
 
+# The timed beats (not the paced ones) all a job's daemons send together, about: `heartbeat_seconds` grows the
+# interval past 100 nodes to keep to it.
+TIMED_BEATS_PER_SECOND = 200.0
+
+
 def heartbeat_seconds(nodes: int, lease_seconds: float) -> float:
     """The beat interval the controller gives each of a job's `nodes` daemons at registration: 0.5 s up
-    to 100 nodes, then growing with the count (1000 nodes: 5 s, so together they send about 200 timed
-    beats/s instead of 2000), at most a sixth of the lease (a lease outlives several missed beats)."""
-    return min(max(0.5, nodes / 200), lease_seconds / 6)
+    to 100 nodes, then growing with the count so that together they send about `TIMED_BEATS_PER_SECOND`,
+    at most a sixth of the lease (a lease outlives several missed beats)."""
+    return min(max(0.5, nodes / TIMED_BEATS_PER_SECOND), lease_seconds / 6)
 
 
 def heartbeat_min_gap(interval: float) -> float:
     """Beats prompted by stage changes come at most this often (a burst of changes is one beat): a
-    fifth of the interval, at least 50 ms. A node's stage changes every few hundred ms at 64 slots;
-    at 1000 nodes an unscaled gap let them send several thousand beats/s."""
+    fifth of the interval, at least 50 ms, so the gap grows with the cluster as the interval does
+    (measured: docs/content/benchmarks.md, `scale`)."""
     return max(0.05, interval / 5)
 
 
 def result_coalesce(interval: float) -> float:
     """How long a daemon gathers finished results into one call, from its beat interval (which grows with the
-    cluster, see `heartbeat_seconds`): 5 ms up to 100 nodes, growing to 250 ms at a thousand, so a big
-    cluster sends fewer, fuller calls while a rollout's result waits a quarter second at most."""
+    cluster, see `heartbeat_seconds`): 5 ms for a small cluster, at most a quarter second, so a big cluster
+    sends fewer, fuller calls while a rollout's result waits a quarter second at most."""
     return min(0.25, max(0.005, (interval - 0.5) / 18))
 
 
-# A daemon's connection to the controller stays open between beats: paced beats come every 2–6 s at a thousand
-# nodes (`beat_gap`), past uvicorn's default of 5 s idle and the 4 s the LLM pool keeps a connection, so half of
-# them reconnected. The daemon closes an idle connection first (before the controller does: a request sent as
-# the server closes it would fail), and one idle longer than any beat gap is not needed.
+# A daemon's connection to the controller stays open between beats, which may be seconds apart on a big cluster
+# (`beat_gap`): longer than any beat gap, and the daemon's shorter than the controller's, so the daemon closes an
+# idle connection first (a request sent as the server closes it would fail).
 DAEMON_KEEP_ALIVE_SECONDS = 60.0
 CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
 
@@ -96,9 +100,9 @@ REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
                 BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions"))}
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
-# (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average: 5 ms for a
-# handful of nodes, 4 s at a thousand. At a thousand simulated nodes a call costs the event loop ~1.5–3 ms:
-# 250 a second keep it near two thirds busy, where calls barely queue (p99 67 ms, against 300 ms at 500 a second).
+# (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average. The budget keeps
+# the controller's event loop about two thirds busy with node calls, where calls barely queue; the measurements
+# behind it are the `scale` rows of docs/content/benchmarks.md (bench/results/RESULTS-scale.md).
 NODE_CALLS_PER_SECOND = 250.0
 MIN_BEAT_GAP = 0.005
 

@@ -138,12 +138,19 @@ class MountSpec(Model):
         return self.path or self.host_path
 
 
+# The sandbox runtimes a spec may name: the one list of their kinds (the CRD's enum, the tenant policy's
+# `runtimes`, `rolloutd sandbox exec --runtime`). Each is registered under the same name in the
+# `rolloutd.sandbox.runtimes` entry-point group (pyproject.toml); tests/sandbox/runtimes/test_registry.py keeps
+# the two equal.
+RuntimeKind = Literal["bwrap", "apptainer", "process"]
+
+
 # The one sandbox spec: a job's `spec.sandbox` is also what `rolloutd.sandbox` runtimes create (its
 # limits enforced as sandbox/README.md "Isolation and limits" says).
 class SandboxSpec(Model):
     """Where a rollout's commands run: one sandbox per rollout."""
 
-    runtime: Literal["bwrap", "apptainer", "process"] = Field(
+    runtime: RuntimeKind = Field(
         default="bwrap", description="bwrap (rootless, the default), apptainer (where installed), process (development "
         "only: no isolation)")
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")

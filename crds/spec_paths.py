@@ -1,8 +1,8 @@
 """Relative paths in a RolloutJob file, made absolute against the file's directory (as kustomize and compose do).
 
-Called by `rolloutctl apply -f FILE` (`controller/ctl.py`) on each document before it is sent: the API refuses a relative
-`spec.tasks.source` or `spec.llm.tokenizer` (`spec_checks.py`, `policy.py`), since it would resolve against
-whichever directory the controller or a daemon runs in. From stdin (`-f -`) the base is the working directory.
+Called by `rolloutctl apply -f FILE` (`controller/ctl.py`) on each document before it is sent: the API refuses a
+relative `spec.tasks.source` or `spec.llm.tokenizer` (`controller/spec_checks.py`, `controller/allowlists.py`), since
+it would resolve against whichever directory the controller or a daemon runs in. From stdin (`-f -`) the base is the working directory.
 - `spec.tasks.source`: always resolved.
 - `spec.llm.tokenizer`: resolved (symbolic links followed, so a link into the models directory stays under the
   tokenizer roots) when that names a directory; else, when it names a model rolloutd prepared (`smollm2`,
@@ -38,7 +38,7 @@ def _tokenizer_dir(name: str, base: Path) -> str | None:
     """A relative tokenizer's directory: beside the file, else a model rolloutd prepared; None if neither."""
     if (base / name).is_dir():
         return os.path.realpath(base / name)
-    from rolloutd.crds.paths import models_dir
+    from rolloutd.crds.kit.paths import models_dir
 
     prepared = models_dir() / name
     if "/" not in name and name not in (".", "..") and prepared.is_dir():

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 
 from .base import Model
 from .names import GROUP, VERSION
+from .rolloutjob import RuntimeKind
 
 if TYPE_CHECKING:
     from .rolloutjob import RolloutJobSpec
@@ -84,7 +85,7 @@ class TenantQuotas(Model):
 class TenantPolicySpec(Model):
     """What a namespace's jobs may use. The defaults are the restricted profile."""
 
-    runtimes: list[Literal["bwrap", "apptainer", "process"]] = Field(
+    runtimes: list[RuntimeKind] = Field(
         default_factory=lambda: ["bwrap"], description="sandbox.runtime values allowed (process runs tool calls on "
         "the host as the daemon's user: give it to no tenant you do not trust with the node)")
     images: list[str] = Field(default_factory=lambda: ["host"], description="sandbox.image values allowed: 'host', "

@@ -53,7 +53,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
 
     doc = yaml.safe_load(SPEC.read_text())
     if os.environ.get("ROLLOUTD_DEMO_LIMIT"):

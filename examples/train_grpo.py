@@ -171,7 +171,7 @@ def engine(args: argparse.Namespace):
     if args.engine_url:
         yield args.engine_url, None
         return
-    from rolloutd.agents.engine import EngineServer
+    from rolloutd.agents.engine.server import EngineServer
 
     server = EngineServer(args.model, dtype="float32", max_model_len=2048)
     t0 = time.monotonic()
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data_dir = Path(args.data_dir) if args.data_dir else REPO / ".rolloutd" / name
     with engine(args) as (engine_url, model_dir), controller(args, data_dir) as (url, token):
-        from rolloutd.agents.model_dirs import model_dir as prepared_dir
+        from rolloutd.agents.engine.model_dirs import model_dir as prepared_dir
 
         model_dir = model_dir or prepared_dir(args.model)
         rc = RolloutClient(url, token_file=token) if token else RolloutClient(url)

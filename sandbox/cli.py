@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import shlex
 import sys
-from typing import List, Optional
+from typing import List, Optional, get_args
 
 import typer
+
+from ..crds.rolloutjob import RuntimeKind
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -32,7 +34,7 @@ def _group() -> None:
 )
 def exec_(
     command: List[str] = typer.Argument(..., help="the bash command (put it after --)"),
-    runtime: str = typer.Option("bwrap", "--runtime", help="bwrap | apptainer | process"),
+    runtime: str = typer.Option("bwrap", "--runtime", help=" | ".join(get_args(RuntimeKind))),
     image: str = typer.Option("host", "--image", help="host, a root filesystem directory, or a .sif"),
     network: bool = typer.Option(False, "--network", help="give the sandbox the host's network"),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="memory limit (MB)"),
@@ -41,7 +43,7 @@ def exec_(
 ) -> None:
     """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
     from ..crds.rolloutjob import SandboxSpec
-    from ..crds.settings import SandboxSettings, SettingsError
+    from ..crds.kit.settings import SandboxSettings, SettingsError
     from .errors import ExecError, SandboxError
 
     limits = {}
@@ -84,7 +86,7 @@ async def _run(spec, settings, command: str, timeout: float) -> int:
 
 def register(root: typer.Typer) -> None:
     """Attach `rolloutd sandbox …` and `rolloutd image …` (the `rolloutd.commands` entry point)."""
-    from .image_cli import app as image_app
+    from .image.cli import app as image_app
 
     root.add_typer(app, name="sandbox", help="Run commands in a sandbox by hand (debugging).")
     root.add_typer(image_app, name="image",

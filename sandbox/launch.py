@@ -34,7 +34,7 @@ NODE_VARS = ("LD_LIBRARY_PATH",)  # the node's own (never the job's): an interpr
 def server_env(sandbox_id: str) -> dict[str, str]:
     """The server's environment: `SERVER_ENV`, the node's `NODE_VARS` and the sandbox's id (which
     `footprint.reap_leftovers` looks for)."""
-    from .footprint import ID_VAR
+    from .host.footprint import ID_VAR
 
     node = {k: os.environ[k] for k in NODE_VARS if os.environ.get(k)}
     return {**SERVER_ENV, **node, ID_VAR: sandbox_id}

@@ -1,6 +1,6 @@
 """The relay that brings a Unix socket of the host onto a sandbox's own loopback: a Python script run inside it.
 
-Used by the harness gateway (agents/gateway.py: the harness's `OPENAI_BASE_URL`) and by image builds
+Used by the harness gateway (agents/gateway/server.py: the harness's `OPENAI_BASE_URL`) and by image builds
 (build_step.py: a RUN step's `http_proxy`, the egress proxy of egress.py). Two blocking threads per connection:
 ~0.05 ms per call, where an asyncio pipe added ~0.3 ms (bench/results/RESULTS-gateway.md).
 

@@ -19,8 +19,8 @@ from typing import Any
 from ..crds.rolloutjob import SandboxSpec
 from .client import ExecClient
 from .errors import ExecError, SandboxDied, SandboxError
-from .footprint import reap_leftovers, remove
-from .limits import Cgroup
+from .host.footprint import reap_leftovers, remove
+from .host.limits import Cgroup
 from .protocol import (
     BashRequest,
     BashResult,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.crds import reference
+from rolloutd.crds.kit import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

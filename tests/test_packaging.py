@@ -52,8 +52,9 @@ def test_trainer_client_imports_only_httpx_and_the_standard_library(tmp_path):
     assert heavy == "[]"
     # only the base layer's import-light modules: the back-off kit, documents (YAML errors), names, the failure
     # taxonomy (the client's errors hang off its root), the variable table and the paths it sets (the data dir)
-    assert ours == ("['rolloutd.crds', 'rolloutd.crds.aiokit', 'rolloutd.crds.documents', 'rolloutd.crds.errors', "
-                    "'rolloutd.crds.names', 'rolloutd.crds.nodeenv', 'rolloutd.crds.paths', 'rolloutd.crds.settings']")
+    assert ours == ("['rolloutd.crds', 'rolloutd.crds.errors', 'rolloutd.crds.kit', 'rolloutd.crds.kit.aiokit', "
+                    "'rolloutd.crds.kit.documents', 'rolloutd.crds.kit.paths', 'rolloutd.crds.kit.settings', "
+                    "'rolloutd.crds.names', 'rolloutd.crds.nodeenv']")
 
 
 def test_no_bare_top_level_modules_are_importable_outside_the_repo(tmp_path):

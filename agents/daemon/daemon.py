@@ -34,7 +34,7 @@ from rolloutd.crds.node import (
     result_coalesce,
 )
 
-from rolloutd.crds.aiokit import Backoff, wait_event
+from rolloutd.crds.kit.aiokit import Backoff, wait_event
 from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from rolloutd.crds.node import Heartbeat, HeartbeatResponse, heartbeat_min_gap, spaced_gap
 
-from rolloutd.crds.aiokit import Backoff, wait_event
+from rolloutd.crds.kit.aiokit import Backoff, wait_event
 from .beatbody import ToldStages, beat_body
 from .controller_client import ControllerClient, ControllerError
 from .lease import Leaser

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from rolloutd.crds.node import Lease
 from rolloutd.crds.rolloutjob import RolloutJobSpec, SamplingSpec
 from rolloutd.crds.tenancy import TenantPolicySpec, violations
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec
 
 from ..llm import SamplingParams
-from ..rollout import AgentConfig, RolloutContext
+from ..loop.rollout import AgentConfig, RolloutContext
 from ..tasks.base import TaskHandler, get_handler, handler_options
 from .options import NodeError
 

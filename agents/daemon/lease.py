@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from rolloutd.crds.node import Lease, LeaseRequest, LeaseResponse, ReturnRequest
 
-from rolloutd.crds.aiokit import Backoff, wait_event
+from rolloutd.crds.kit.aiokit import Backoff, wait_event
 from .controller_client import ControllerClient, ControllerError
 from .options import NodeOptions
 

@@ -2,7 +2,7 @@
 
 The only place the daemon reads its environment: the launch contract's table (crds/nodeenv.py: controller URL,
 job, join token, drain period, Slurm's node identity), read back through `read_node_env`, and the sandbox runtime's
-settings (`crds.settings.SandboxSettings`), which the daemon hands to its runtime and task handler.
+settings (`crds.kit.settings.SandboxSettings`), which the daemon hands to its runtime and task handler.
 `daemon.NodeDaemon` takes the options next.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.node import FEATURES
-from rolloutd.crds.settings import SandboxSettings, SettingsError
+from rolloutd.crds.kit.settings import SandboxSettings, SettingsError
 
 class NodeError(RolloutdError):
     """The daemon cannot go on (bad token, unknown job, unusable spec): exit `EXIT_REFUSED`.
@@ -54,7 +54,7 @@ class NodeOptions:
     retry_max: float = 5.0               # longest back-off between retries to an unreachable controller
     features: tuple[str, ...] = FEATURES  # node-protocol features asked for at registration (crds.node)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the sandbox runtime's settings
-    tracing: bool = False  # ROLLOUTD_TRACING: OpenTelemetry traces (rolloutd.crds.tracing)
+    tracing: bool = False  # ROLLOUTD_TRACING: OpenTelemetry traces (rolloutd.crds.kit.tracing)
 
     @classmethod
     def from_env(cls, *, controller: str | None = None, job: str | None = None, name: str | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 from rolloutd.crds.node import HeartbeatResponse, Lease, Result, ResultAck
 from rolloutd.crds.trajectory import Trajectory
 
-from rolloutd.crds.aiokit import Backoff, wait_event
+from rolloutd.crds.kit.aiokit import Backoff, wait_event
 from .controller_client import ControllerClient, ControllerError, result_json
 from .lease import Leaser
 from .options import NodeOptions

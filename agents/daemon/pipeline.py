@@ -21,12 +21,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rolloutd.crds.errors import InfraError, RolloutdError, classify
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 
 from ..llm import LLMBackend, VLLMBackend
-from ..tasks.base import EvalError
+from ..tasks.base import EvalError, as_reward
+from ..tasks.seams import Sandbox, SandboxFactory
 from .firstwave import FirstWave
 from .jobconfig import JobConfig
 from .llmgate import PolicyGate, TrackedLLM
@@ -235,19 +236,18 @@ class Pipeline:
         return trajectory
 
     async def _eval(self, r: Rollout, trajectory: Trajectory) -> tuple[float, dict]:
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, SandboxFactory] = {}
         if r.eval_sandbox is not None:   # started as RUN ended (`TaskHandler.eval_sandbox`)
             pre = r.eval_sandbox
 
-            async def fresh() -> Any:
+            async def fresh() -> Sandbox:
                 return await asyncio.shield(pre)  # closed in _close if EVAL is cut short
 
             kwargs["sandbox_factory"] = fresh
-        reward = await self.config.handler.eval(r.lease.task, r.sandbox, trajectory, **kwargs)
-        value = float(reward.value if hasattr(reward, "value") else reward)
-        if not math.isfinite(value):
-            raise EvalError(f"EVAL returned a non-finite reward {value!r}")
-        return value, dict(getattr(reward, "details", None) or {})
+        reward = as_reward(await self.config.handler.eval(r.lease.task, r.sandbox, trajectory, **kwargs))
+        if not math.isfinite(reward.value):
+            raise EvalError(f"EVAL returned a non-finite reward {reward.value!r}")
+        return reward.value, dict(reward.details)
 
     def _llm(self, url: str) -> LLMBackend:
         llm = self._llms.get(url)

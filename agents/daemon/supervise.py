@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from rolloutd.crds.aiokit import backoff_delay
+from rolloutd.crds.kit.aiokit import backoff_delay
 
 EXIT_REFUSED = 2
 

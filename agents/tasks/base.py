@@ -1,7 +1,7 @@
 """The `TaskHandler` seam: one dataset kind = one handler (load, prompt, INIT, RUN, EVAL).
 
 Sits between the node daemon's INIT/RUN/EVAL pools (`rolloutd.agents`, the callers) and the
-sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop`) it drives. Handlers are looked
+sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop.run`) it drives. Handlers are looked
 up by `get_handler(kind)` through the `rolloutd.tasks` entry-point group, so the built-ins
 (math, stem, code, swe, registered in pyproject.toml) and third-party plug-ins go the same way.
 
@@ -12,7 +12,7 @@ final_text, then the last assistant message in `trajectory.messages`), so EVAL a
 trajectory produced by some other caller of the agent loop. Every `Reward.details` repeats the
 extracted answer, so the pipeline may overwrite `reward_details` with it without losing anything.
 
-Every read of the tenant's data goes through `rolloutd.crds.safe_read` (beneath the job's data roots, never as
+Every read of the tenant's data goes through `rolloutd.crds.kit.safe_read` (beneath the job's data roots, never as
 root, never through a link out); `refused` turns its refusal into a `DatasetError`.
 
 Errors: `DatasetError` (a bad dataset row: names the file, line and field, never the row's content), `EvalError` (the
@@ -26,15 +26,20 @@ import re
 from abc import ABC
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from numbers import Real
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from pydantic import BaseModel, Field
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind, open_file
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, open_file
 from rolloutd.crds.errors import ConfigurationError, InfraError
 from rolloutd.crds.trajectory import Trajectory
 
-from .seams import LLM, Sandbox
+from .seams import LLM, AgentConfig, RolloutContext, Sandbox, SandboxFactory, Tokenizer
+
+if TYPE_CHECKING:
+    from rolloutd.crds.kit.settings import SandboxSettings
+    from rolloutd.crds.tenancy import TenantQuotas
 
 ENTRY_POINT_GROUP = "rolloutd.tasks"
 
@@ -52,7 +57,7 @@ class DatasetError(ConfigurationError, ValueError):
 
 def json_lines(path: str | Path, roots: Sequence[str] | None = None):
     """Yield `(line number, "file:line", value)` for each non-blank line of a JSON-lines file, read through
-    `rolloutd.crds.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
+    `rolloutd.crds.kit.safe_read` beneath `roots` (None: an admin's job); a line that is not JSON or UTF-8 raises
     `DatasetError` naming `file:line`, never its content. Read lazily."""
     try:
         f = open_file(path, roots)
@@ -105,13 +110,13 @@ class TaskHandler(ABC):
     - `init(task, sandbox)`: stage task files into the sandbox workspace (default: nothing). The sandbox and the
       LLM a handler gets are typed by `seams.Sandbox` and `seams.LLM` (None when the job has none).
     - `run(...)`: the agent loop; the default suits every built-in.
-    - `eval(task, sandbox, trajectory)`: the reward (abstract in spirit: the default raises).
-    - `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
-      agent left behind). The node daemon then starts one as RUN ends and passes
-      `sandbox_factory=` (an async callable returning it) to `eval`; it closes it if EVAL does not.
+    - `eval(task, sandbox, trajectory, *, sandbox_factory=None)`: the `Reward` (abstract in spirit: the default
+      raises). `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
+      agent left behind). The node daemon then starts one as RUN ends and passes `sandbox_factory=`
+      (`seams.SandboxFactory`) to `eval`; it closes it if EVAL does not. Without `eval_sandbox` it passes none.
     - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
       daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
-      solution/, swe's repository) goes through `rolloutd.crds.safe_read` beneath them. `load` takes its own.
+      solution/, swe's repository) goes through `rolloutd.crds.kit.safe_read` beneath them. `load` takes its own.
     - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list), set beside `roots`;
       `quotas`: the job's tenant policy quotas (None for an admin's job), which cap a tenant's image builds.
     - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
@@ -122,8 +127,8 @@ class TaskHandler(ABC):
 
     name: ClassVar[str] = ""
     roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
-    sandbox_settings: Any = None  # the node's `crds.settings.SandboxSettings` (None: the defaults), set by the daemon
-    quotas: Any = None  # the job's `crds.tenancy.TenantQuotas` (None: an admin's job), set by the daemon
+    sandbox_settings: SandboxSettings | None = None  # the node's sandbox settings (None: the defaults), set by the daemon
+    quotas: TenantQuotas | None = None  # the job's tenant policy quotas (None: an admin's job), set by the daemon
     agent_kinds: ClassVar[tuple[str, ...]] = ("loop",)
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
@@ -136,7 +141,7 @@ class TaskHandler(ABC):
         """Read up to `limit` rows of a JSON-lines file, each validated for this kind.
 
         `roots`: the job's data roots (its policy's `data_roots`; None for an admin's job): the file is read
-        beneath them through `rolloutd.crds.safe_read`, never as root. Blank lines are skipped. Any problem
+        beneath them through `rolloutd.crds.kit.safe_read`, never as root. Blank lines are skipped. Any problem
         raises `DatasetError` naming `file:line` and field, never the file's content.
         """
         path = Path(source)
@@ -188,23 +193,36 @@ class TaskHandler(ABC):
     async def init(self, task: dict, sandbox: Sandbox | None) -> None:
         """Stage task files into the sandbox workspace. Nothing by default."""
 
-    async def run(self, task: dict, sandbox: Sandbox | None, llm: LLM | None, *, tokenizer: Any, config: Any,
-                  ctx: Any) -> Trajectory:
+    async def run(self, task: dict, sandbox: Sandbox | None, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                  config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         """Run the agent loop on `messages(task, config.tools)` and stash the answer for EVAL."""
-        from rolloutd.agents.loop import run_agent_loop  # the loop imports nothing from here
-        from rolloutd.agents.rollout import with_system
+        from rolloutd.agents.loop.run import run_agent_loop  # the loop imports nothing from here
+        from rolloutd.agents.loop.rollout import with_system
 
-        kind = getattr(config, "agent_kind", "loop")
+        kind = config.agent_kind
         if kind != "loop":  # the API refuses such a job (`agent_kinds`): a plug-in's own override may get here
             raise NotImplementedError(f"task kind {self.name!r} runs agent.kind loop only, not {kind!r}")
         result = await run_agent_loop(
-            with_system(self.messages(task, list(config.tools)), getattr(config, "system_prompt", None)),
+            with_system(self.messages(task, list(config.tools)), config.system_prompt),
             sandbox=sandbox, llm=llm, tokenizer=tokenizer, config=config, ctx=ctx,
         )
         return stash_answer(result.trajectory, submitted=result.submitted, final_text=result.final_text)
 
-    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
+        """The reward. `sandbox_factory`: passed only when `eval_sandbox` is True (a handler without it may leave
+        the keyword out of its override)."""
         raise NotImplementedError(f"task kind {self.name!r} does not evaluate")
+
+
+def as_reward(result: Reward | Real) -> Reward:
+    """What a handler's `eval` returned, as a `Reward`: a `Reward`, or a bare real number (its value, no
+    details). Anything else is the evaluator's failure (`EvalError`), never a reward."""
+    if isinstance(result, Reward):
+        return result
+    if isinstance(result, Real) and not isinstance(result, bool):
+        return Reward(value=float(result))
+    raise EvalError(f"EVAL returned {type(result).__name__}, not a Reward")
 
 
 # ---------------------------------------------------------------------- the answer seam
@@ -306,5 +324,5 @@ def _type_names(types: type | tuple[type, ...]) -> str:
 
 __all__ = [
     "ENTRY_POINT_GROUP", "DatasetError", "EvalError", "Reward", "TaskHandler", "UnknownTaskKind",
-    "answer_text", "get_handler", "known_kinds", "stash_answer",
+    "answer_text", "as_reward", "get_handler", "known_kinds", "stash_answer",
 ]

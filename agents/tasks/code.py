@@ -35,6 +35,7 @@ from rolloutd.crds.trajectory import Trajectory
 
 from .base import EvalError, Reward, TaskHandler, answer_text, checked_exit
 from .leftovers import end_agent_processes
+from .seams import Sandbox, SandboxFactory
 
 WORKSPACE = "/workspace"
 SOLUTION = f"{WORKSPACE}/solution.py"
@@ -79,7 +80,8 @@ class CodeTask(TaskHandler):
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": f"{task['prompt'].strip()}\n\n{how}"}]
 
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
         if sandbox is None:
             raise EvalError("code: eval needs the rollout's sandbox to run the tests in")
         try:
@@ -89,7 +91,7 @@ class CodeTask(TaskHandler):
         except Exception as e:  # noqa: BLE001 - the evaluator crashed: infrastructure, never reward 0
             raise EvalError(f"code: evaluation failed: {e!r}") from e
 
-    async def _eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def _eval(self, task: dict, sandbox: Sandbox, trajectory: Trajectory) -> Reward:
         text = answer_text(trajectory)
         edir = f"{WORKSPACE}/.rolloutd-eval-{secrets.token_hex(6)}"
         details: dict[str, Any] = {"reward_mode": self.reward, "submitted": trajectory.reward_details.get("submitted")}
@@ -156,7 +158,7 @@ def parse_junit(xml_text: str) -> tuple[int, int]:
     return passed, len(cases)
 
 
-async def _tail(sandbox: Any, path: str, n: int = 2000) -> str:
+async def _tail(sandbox: Sandbox, path: str, n: int = 2000) -> str:
     try:
         return (await sandbox.read_file(path, max_bytes=4 * n, tail=True))[-n:]
     except Exception:  # noqa: BLE001 - the log is a courtesy

@@ -2,7 +2,7 @@
 their own Dockerfiles; `agent.kind: oracle` runs the task's `solution/solve.sh` as the agent.
 
 Registered as entry point `harbor`; the node daemon calls `sandbox_spec` (the task's image: built or
-reused by `rolloutd.sandbox.image_build`, under a lock, once per node or shared cache), then
+reused by `rolloutd.sandbox.image.build`, under a lock, once per node or shared cache), then
 `init` / `run` / `eval`. Next step for a task set: validate it with the oracle, then train.
 
 `tasks.source`: a directory of task directories, or a JSON-lines index whose rows name one each
@@ -21,7 +21,7 @@ in the control directory (`/logs/agent` links to /tmp), which the agent's sessio
 `/logs/verifier/reward.txt` (or `reward.json`). A verifier that leaves no reward, crashes, or times
 out is an infrastructure failure (`EvalError`), never reward 0. The verifier has no network unless the job
 consents (`sandbox.verifierNetwork`) and the task allows it (`[environment] allow_internet`, default true):
-then it gets an egress proxy (agents/egress.py) once the agent's processes are gone.
+then it gets an egress proxy (agents/gateway/egress.py) once the agent's processes are gone.
 """
 from __future__ import annotations
 
@@ -32,12 +32,14 @@ import shlex
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, DatasetError, EvalError, Reward, TaskHandler, refused, stash_answer
 from .harbor_files import EVAL_SESSION, HARBOR_ROOT, bash_ok as _bash_ok, read_task, snapshot, stage_dir, task_dirs
 from .leftovers import confine_agent, end_agent_processes
+from .seams import LLM, AgentConfig, HostSandbox, RolloutContext, Sandbox, SandboxFactory, Tokenizer
 
 HARBOR_TMP = "/tmp/.harbor"        # the agent's side: /logs/agent, the instruction, the relay's log
 EGRESS_PORT = 41401  # the verifier's proxy, on the sandbox's own loopback
@@ -99,7 +101,7 @@ class HarborTask(TaskHandler):
 
     async def image(self, task: dict) -> Any:
         """The task's image, built at most once per handler at a time (and once per cache, by its lock)."""
-        from rolloutd.sandbox.image_build import build_image  # the sandbox side, imported where needed
+        from rolloutd.sandbox.image.build import build_image  # the sandbox side, imported where needed
 
         path = task["path"]
         future = self._builds.get(path)
@@ -112,7 +114,7 @@ class HarborTask(TaskHandler):
         """An admin's task builds from its directory; a tenant's from a private copy of it read beneath the job's
         data roots as nobody (`snapshot`), so the builder, which reads the Dockerfile and hashes and copies the
         context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
-        from rolloutd.sandbox.build_limits import for_build
+        from rolloutd.sandbox.image.build_limits import for_build
 
         bounds = for_build(self.sandbox_settings, self.quotas)  # a tenant's: at most its policy's sandbox quotas
         if self.roots is None:
@@ -122,7 +124,7 @@ class HarborTask(TaskHandler):
             return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
                                bounds=bounds)
 
-    async def init(self, task: dict, sandbox: Any) -> None:
+    async def init(self, task: dict, sandbox: HostSandbox | None) -> None:
         image = await self.image(task)
         await asyncio.to_thread(image.seed_workspace, Path(sandbox.workspace))
         await asyncio.to_thread(sandbox.give, sandbox.workspace)  # before any agent code: no path to race
@@ -130,13 +132,15 @@ class HarborTask(TaskHandler):
                                 f"ln -sfn {HARBOR_TMP}/logs-agent {HARBOR_ROOT}/logs/agent", "prepare /logs", 30)
 
     # ------------------------------------------------------------------ RUN
-    async def run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+    async def run(self, task: dict, sandbox: HostSandbox | None, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                  config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         confined = await confine_agent(sandbox, EVAL_SESSION, "harbor")
         trajectory = await self._run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         trajectory.metrics["agent_confined"] = confined
         return trajectory
 
-    async def _run(self, task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any) -> Trajectory:
+    async def _run(self, task: dict, sandbox: HostSandbox, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                   config: AgentConfig, ctx: RolloutContext) -> Trajectory:
         kind = getattr(config, "agent_kind", "loop")
         if kind == "harness":
             from .harness import run_harness  # the gateway's side: only harness jobs load it
@@ -167,7 +171,8 @@ class HarborTask(TaskHandler):
         return stash_answer(trajectory, submitted=None, final_text="")
 
     # ------------------------------------------------------------------ EVAL
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: HostSandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
         if sandbox is None:
             raise EvalError("harbor: eval needs the rollout's sandbox")
         egress = None
@@ -208,7 +213,7 @@ class HarborTask(TaskHandler):
 def run_as(image: Any, user: str | None, task_id: str) -> str | None:
     """The task's user (task.toml `[agent] user`, else the Dockerfile's last USER) when it is not root: the
     sandbox runs as it. One the image lacks is the job's configuration at fault, never the policy's."""
-    from rolloutd.sandbox.rootfs import ImageBuildError, lookup_user
+    from rolloutd.sandbox.image.rootfs import ImageBuildError, lookup_user
 
     if not user:
         return None
@@ -237,12 +242,12 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
     return None
 
 
-async def _open_egress(sandbox: Any, settings: Any = None) -> Any:
+async def _open_egress(sandbox: HostSandbox, settings: SandboxSettings | None = None) -> Any:
     """The verifier's egress proxy, served on the sandbox's loopback; every process the agent left is
     killed first (`kill -1`: all but this shell and the server, pid 1), so none of them ever uses it.
     `settings`: the node's sandbox settings (their `egress_allow`; None: no exception)."""
-    from rolloutd.agents.egress import EgressProxy
-    from rolloutd.agents.gateway import start_relay
+    from rolloutd.agents.gateway.egress import EgressProxy
+    from rolloutd.agents.gateway.server import start_relay
 
     await end_agent_processes(sandbox, EVAL_SESSION, "harbor")
     egress = EgressProxy(settings.egress_allow if settings is not None else ())
@@ -255,7 +260,7 @@ async def _open_egress(sandbox: Any, settings: Any = None) -> Any:
     return egress
 
 
-async def _read(sandbox: Any, path: str, *, tail: bool = False) -> str | None:
+async def _read(sandbox: Sandbox, path: str, *, tail: bool = False) -> str | None:
     """A regular file's first (`tail`: last) 64 KiB, the verifier's output being the agent's to inflate; None
     when there is none (the server refuses a missing file, a directory, a FIFO or a device)."""
     from rolloutd.sandbox.errors import ExecError

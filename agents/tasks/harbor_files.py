@@ -1,9 +1,9 @@
-"""What the `harbor` task kind reads of a tenant's Harbor task directories, always through `rolloutd.crds.safe_read`.
+"""What the `harbor` task kind reads of a tenant's Harbor task directories, always through `rolloutd.crds.kit.safe_read`.
 
 `task_dirs` + `read_task` turn `tasks.source` into dataset rows (the controller's expansion, through
 `HarborTask.load`); `stage_dir` copies a task's `tests/` or `solution/` into a sandbox (the node, at RUN and EVAL).
 Every file is read beneath the job's data roots, never as root, never through a link out; an error names the
-spec field and the path, never the file's content. Next step: the image build (sandbox/image_build.py) reads the
+spec field and the path, never the file's content. Next step: the image build (sandbox/image/build.py) reads the
 Dockerfile's build context the same way.
 """
 from __future__ import annotations
@@ -21,14 +21,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
+from rolloutd.crds.kit.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
 
 from .base import ConfigError, DatasetError, EvalError, json_lines, refused
+from .seams import HostSandbox, Sandbox
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
-HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image_build.py)
+HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image/build.py)
 EVAL_SESSION = {"session": "rolloutd-harbor-eval"}  # never confined: the verifier's
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _ELIDED = "'…'"
@@ -61,7 +62,7 @@ def task_dirs(source: str | Path, roots: Sequence[str] | None) -> list[tuple[str
 
 def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[str] | None = None) -> dict:
     """One dataset row from a Harbor task directory; `DatasetError` names what is wrong, never file content."""
-    from rolloutd.sandbox.dockerfile import DockerfileError, parse_dockerfile
+    from rolloutd.sandbox.image.dockerfile import DockerfileError, parse_dockerfile
 
     task_dir = str(task_dir).rstrip("/")
     try:
@@ -103,7 +104,7 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
 
 
 # ---------------------------------------------------------------------- staging into a sandbox
-async def stage_dir(sandbox: Any, source: str | Path, target: str, roots: Sequence[str] | None = None) -> None:
+async def stage_dir(sandbox: HostSandbox, source: str | Path, target: str, roots: Sequence[str] | None = None) -> None:
     """Copy a task's directory to `target` inside the sandbox (binary-safe: read beneath `roots`, written through
     the control directory, then copied by the sandbox's own user, so that the files are its own whatever uid it
     runs as). Never through the workspace: a process the agent left there could swap the staged tree for its own
@@ -150,7 +151,7 @@ def _write_fresh(entries: list[TreeEntry], staging: Path) -> None:
         shutil.rmtree(private, ignore_errors=True)
 
 
-async def bash_ok(sandbox: Any, command: str, what: str, timeout: float) -> None:
+async def bash_ok(sandbox: Sandbox, command: str, what: str, timeout: float) -> None:
     """`command` in the verifier's session; a failure or timeout is infrastructure (`EvalError`)."""
     result = await sandbox.bash(command, timeout=timeout, **EVAL_SESSION)
     if result.timed_out or result.exit_code != 0:

@@ -1,5 +1,5 @@
 """RUN for `agent.kind: harness`: a black-box agent command in the sandbox, its LLM calls through the
-per-rollout gateway (agents/gateway.py), the trajectory stitched from the recorded calls.
+per-rollout gateway (agents/gateway/server.py), the trajectory stitched from the recorded calls.
 
 Where it sits: called by a handler's `run` (agents/tasks/harbor.py) with the rollout's sandbox, its
 pinned LLM and the job's tokenizer; EVAL then scores the sandbox as for any agent. The harness sees
@@ -23,17 +23,19 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rolloutd.agents.gateway import Gateway, start_relay, stitch
+from rolloutd.agents.gateway.server import Gateway, start_relay, stitch
 from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
 
 from .base import stash_answer
+from .seams import LLM, AgentConfig, HostSandbox, RolloutContext, Sandbox, Tokenizer
 
 PORT = 41400          # on the sandbox's private loopback: no clash between sandboxes
 SESSION = {"session": "rolloutd-gateway"}
 INSTRUCTION = "/tmp/.harbor/instruction.md"
 
 
-async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, config: Any, ctx: Any,
+async def run_harness(task: dict, sandbox: HostSandbox, llm: LLM | None, *, tokenizer: Tokenizer | None,
+                      config: AgentConfig, ctx: RolloutContext,
                       workdir: str, timeout: float) -> Trajectory:
     gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
                       request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
@@ -52,7 +54,7 @@ async def run_harness(task: dict, sandbox: Any, llm: Any, *, tokenizer: Any, con
     return _trajectory(gateway, tokenizer, ctx, result, printed)
 
 
-async def _tail(sandbox: Any, path: str) -> str:
+async def _tail(sandbox: Sandbox, path: str) -> str:
     try:
         return (await sandbox.bash(f"tail -c 400 {path}", session="tail", timeout=10)).output
     except Exception:  # noqa: BLE001 - the reason is worth having, not worth failing the rollout over
@@ -107,7 +109,7 @@ def offline_prelude() -> str:
     return "".join(lines)
 
 
-def _trajectory(gateway: Gateway, tokenizer: Any, ctx: Any, result: Any, printed: str = "") -> Trajectory:
+def _trajectory(gateway: Gateway, tokenizer: Tokenizer | None, ctx: RolloutContext, result: Any, printed: str = "") -> Trajectory:
     segments = stitch(gateway.calls, decode=tokenizer.decode if tokenizer is not None else None)  # None: no LLM
     t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")

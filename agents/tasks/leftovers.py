@@ -7,9 +7,9 @@ Next step: the handler stages the tests and runs them in its own session.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .base import EvalError
+from .seams import Sandbox
 
 log = logging.getLogger("rolloutd.tasks")
 
@@ -31,13 +31,13 @@ END_AGENT_PROCESSES = r"""_rolloutd_end_agent() {
 }; _rolloutd_end_agent"""
 
 
-def has_own_pids(sandbox: Any) -> bool:
+def has_own_pids(sandbox: Sandbox) -> bool:
     """Whether the sandbox has a pid namespace of its own: not the `process` runtime, where `kill -1` would
     reach every process of the node's user."""
     return (getattr(sandbox, "limits", None) or {}).get("isolation") != "none"
 
 
-async def end_agent_processes(sandbox: Any, session: dict, what: str) -> bool:
+async def end_agent_processes(sandbox: Sandbox, session: dict, what: str) -> bool:
     """Kill every process of the sandbox but `session`'s shell and the server (sessions, background jobs,
     the IPython kernel). False, doing nothing, where the sandbox has no pid namespace of its own."""
     if not has_own_pids(sandbox):
@@ -48,12 +48,10 @@ async def end_agent_processes(sandbox: Any, session: dict, what: str) -> bool:
     return True
 
 
-async def confine_agent(sandbox: Any, eval_session: dict, what: str) -> bool:
+async def confine_agent(sandbox: Sandbox, eval_session: dict, what: str) -> bool:
     """Before the agent runs, every session but `eval_session` is confined (sandbox/server/confine.py): nothing
     it leaves can write the control directory, where the verifier's files are, or signal the verifier. False
     where the kernel has no Landlock (a warning: such a process could then still rewrite the reward)."""
-    if not hasattr(sandbox, "confine"):
-        return False
     result = await sandbox.confine([eval_session["session"]])
     if not result.confined:
         log.warning("%s: the agent runs unconfined (%s): a process it leaves could rewrite the reward",

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import Reward, TaskHandler, answer_text
+from .seams import Sandbox, SandboxFactory
 
 SYSTEM_PROMPT = (
     "You are a careful mathematician. Solve the problem step by step. "
@@ -52,7 +53,8 @@ class MathTask(TaskHandler):
             system += " When you are done, call submit with the final answer."
         return [{"role": "system", "content": system}, {"role": "user", "content": task["question"]}]
 
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
         text = answer_text(trajectory)
         extracted = extract_answer(text, require_boxed=self.require_boxed)
         ok = extracted is not None and is_equiv(extracted, str(task["answer"]))

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import Reward, TaskHandler, answer_text
+from .seams import Sandbox, SandboxFactory
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -64,7 +65,8 @@ class StemTask(TaskHandler):
             {"role": "user", "content": format_question(task["question"], task["choices"])},
         ]
 
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory) -> Reward:
+    async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
+                   sandbox_factory: SandboxFactory | None = None) -> Reward:
         text = answer_text(trajectory)
         chosen = extract_choice(text, task["choices"])
         expected = str(task["answer"]).strip().upper()

@@ -14,7 +14,7 @@ interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
 INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
 history, so the fix cannot be read from the log), built host-side with `git archive` into the
 sandbox's `workspace` before the agent starts. A tenant's `repo_path` lies beneath the job's data roots
-(`roots`) and its git runs as nobody on a root node (crds/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
+(`roots`) and its git runs as nobody on a root node (crds/kit/safe_read.py). The commit is deterministic, so EVAL can rebuild it.
 
 EVAL:
 1. the agent's diff: `git add -A && git diff --cached <staged commit>` run INSIDE the RUN sandbox
@@ -26,7 +26,7 @@ Reward 1 only when every FAIL_TO_PASS test passes and no PASS_TO_PASS test break
 the patch, the per-test outcomes and the log tail.
 
 Where the fresh sandbox comes from, first match wins:
-- `eval(..., sandbox_factory=f)`: an async callable returning a new sandbox (the node daemon passes
+- `eval(..., sandbox_factory=f)`: a `seams.SandboxFactory`, returning a new sandbox (the node daemon passes
   one, started as RUN ends, because `eval_sandbox` is set);
 - `SweTask(sandbox_factory=f)` (e.g. `get_handler("swe", sandbox_factory=f)`);
 - `SweTask(runtime=r, spec=s)`: `await r.create(s)`;
@@ -49,16 +49,16 @@ import sys
 import tarfile
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from rolloutd.crds.safe_read import DataReadError, kind as path_kind, nobody, open_file
+from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, nobody, open_file
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import ConfigError, EvalError, Reward, TaskHandler, checked_exit, refused
+from .seams import HostSandbox, Sandbox, SandboxFactory
 
-SandboxFactory = Callable[[], Awaitable[Any]]
 
 WORKSPACE = "/workspace"
 REPO_DIR = "repo"                      # the repository lives at /workspace/repo
@@ -146,11 +146,11 @@ class SweTask(TaskHandler):
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
 
     # ------------------------------------------------------------------ INIT
-    async def init(self, task: dict, sandbox: Any) -> None:
+    async def init(self, task: dict, sandbox: HostSandbox | None) -> None:
         await _stage(task, sandbox, self.roots)
 
     # ------------------------------------------------------------------ EVAL
-    async def eval(self, task: dict, sandbox: Any, trajectory: Trajectory, *,
+    async def eval(self, task: dict, sandbox: HostSandbox | None, trajectory: Trajectory, *,
                    sandbox_factory: SandboxFactory | None = None) -> Reward:
         if sandbox is None:
             raise EvalError("swe: eval needs the RUN sandbox to collect the agent's diff")
@@ -179,7 +179,7 @@ class SweTask(TaskHandler):
             except Exception:  # noqa: BLE001 - closing is best effort; the score stands
                 pass
 
-    async def _fresh_sandbox(self, run_sandbox: Any, factory: SandboxFactory | None) -> Any:
+    async def _fresh_sandbox(self, run_sandbox: HostSandbox, factory: SandboxFactory | None) -> Sandbox:
         factory = factory or self.sandbox_factory
         try:
             if factory is not None:
@@ -197,7 +197,7 @@ class SweTask(TaskHandler):
         raise EvalError("swe: eval needs a fresh sandbox: pass sandbox_factory= (to eval or SweTask) "
                         "or runtime= and spec=, or give the RUN sandbox a `spec` attribute")
 
-    async def _score(self, task: dict, sb: Any, patch: str, details: dict[str, Any]) -> Reward:
+    async def _score(self, task: dict, sb: Sandbox, patch: str, details: dict[str, Any]) -> Reward:
         await _stage(task, sb, self.roots)
         await _bash_ok(sb, f"mkdir -p {EVAL_DIR}", "prepare")
         if patch.strip():
@@ -296,12 +296,11 @@ def _unpacked(repo_path: str, roots: Sequence[str] | None) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-async def _stage(task: dict, sandbox: Any, roots: Sequence[str] | None) -> None:
+async def _stage(task: dict, sandbox: HostSandbox, roots: Sequence[str] | None) -> None:
     """The repository at /workspace/repo, owned by the sandbox's user (a root node's sandboxes run as nobody)."""
     dest = Path(sandbox.workspace) / REPO_DIR
     await _to_thread(stage_repo, task["repo_path"], task["base_commit"], dest, roots)
-    if hasattr(sandbox, "give"):
-        await _to_thread(sandbox.give, dest)
+    await _to_thread(sandbox.give, dest)
 
 
 def stage_repo(repo_path: str, base_commit: str, dest: Path, roots: Sequence[str] | None = None) -> str:
@@ -323,7 +322,7 @@ def stage_repo(repo_path: str, base_commit: str, dest: Path, roots: Sequence[str
     return _git(dest, "rev-parse", "HEAD").decode().strip()
 
 
-async def agent_diff(sandbox: Any, task: dict, roots: Sequence[str] | None = None) -> tuple[str, str | None]:
+async def agent_diff(sandbox: Sandbox, task: dict, roots: Sequence[str] | None = None) -> tuple[str, str | None]:
     """(diff, problem): the agent's changes against the staged commit, computed inside the RUN sandbox.
 
     Runs in a bash session of its own, so nothing the agent did to its shell (aliases, functions,
@@ -376,7 +375,7 @@ def _shq(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
 
 
-async def _bash_ok(sb: Any, command: str, what: str) -> str:
+async def _bash_ok(sb: Sandbox, command: str, what: str) -> str:
     result = await sb.bash(command, timeout=120, **SESSION)
     if result.timed_out or result.exit_code != 0:
         raise EvalError(f"swe: {what} failed in the evaluation sandbox: {result.output[-1000:]}")

@@ -6,8 +6,8 @@ function shape, limits) and a finished `Turn` (text, tool calls, finish, usage) 
 its own JSON or server-sent events; every dialect exposes `parse`, `reply`, `error` and `Events`.
 `TextDeltas` turns the engine's token ids, as they come, into the text deltas safe to send now.
 
-Used by agents/gateway.py. Next step: the gateway renders `Prompt.messages` with the model's chat template,
-calls the engine token-in/token-out and records the ids (agents/gateway_calls.py).
+Used by agents/gateway/server.py. Next step: the gateway renders `Prompt.messages` with the model's chat template,
+calls the engine token-in/token-out and records the ids (agents/gateway/calls.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from ..openai_wire import Invalid, parse_tool_calls
+from .openai import Invalid, parse_tool_calls
 from ..toolcall_formats import FORMATS, format_for
 
 

@@ -5,14 +5,14 @@ assistant turns, tool_result in user turns; thinking blocks dropped), `tools` (`
 without one are left out), `tool_choice`, `stop_sequences`, `max_tokens` (required, as the real API). Other
 fields (metadata, temperature, thinking, cache_control, ...) are ignored: sampling is the job's. Streaming:
 message_start, ping, per block content_block_start / _delta (text_delta, input_json_delta) / _stop,
-message_delta (stop_reason, usage), message_stop. Used by agents/gateway.py; next step: the template renders.
+message_delta (stop_reason, usage), message_stop. Used by agents/gateway/server.py; next step: the template renders.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from ..openai_wire import function_tool, max_tokens
+from .openai import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse, string_list
 
 STOP = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -1,7 +1,7 @@
 """OpenAI chat completions (`POST /v1/chat/completions`) ↔ the gateway's `Prompt` / `Turn` / text deltas.
 
 Streaming: a first chunk with the role, one chunk per text delta, the tool calls (whole, each with its index)
-after the text, a last chunk with `finish_reason` and usage, then `data: [DONE]`. Used by agents/gateway.py;
+after the text, a last chunk with `finish_reason` and usage, then `data: [DONE]`. Used by agents/gateway/server.py;
 next step: the gateway renders the prompt and calls the engine.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..openai_wire import chat_messages, chat_tools, max_tokens
+from .openai import chat_messages, chat_tools, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse, string_list
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}

@@ -6,7 +6,7 @@ types are left out), `tool_choice`, `max_output_tokens`. Nothing is stored: `pre
 Streaming: response.created, response.in_progress, per output item output_item.added, (a message)
 content_part.added, output_text.delta..., output_text.done, content_part.done, (a call)
 function_call_arguments.delta/done, output_item.done, then response.completed (or .incomplete), each event
-with its `sequence_number`. Used by agents/gateway.py; next step: the template renders the messages.
+with its `sequence_number`. Used by agents/gateway/server.py; next step: the template renders the messages.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from ..openai_wire import function_tool, max_tokens
+from .openai import function_tool, max_tokens
 from . import Invalid, Prompt, Turn, flag, new_id, sse
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

@@ -2,7 +2,7 @@
 
 Where it sits: `make image` and tests/image/test_image.py call `build()`; the Helm chart (charts/rolloutd) runs
 the result. The base is a Debian bookworm minbase made by mmdebstrap (the suite and mirrors of the sandbox's
-root filesystems, sandbox/rootfs.py) and imported with `podman import`; Python packages come from a wheelhouse
+root filesystems, sandbox/image/rootfs.py) and imported with `podman import`; Python packages come from a wheelhouse
 (`wheelhouse()`, shared with tests/test_distribution.py) and the rolloutd wheel built from this tree, installed
 with --no-index in a build without network. The image is tagged `rolloutd:<key>`, the key a hash of what goes
 in (the Containerfile, the wheel's content, the wheelhouse's key, the base's parameters): a second build with
@@ -25,7 +25,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from rolloutd.sandbox.rootfs import SOURCES, SUITE, locked
+from rolloutd.sandbox.image.rootfs import SOURCES, SUITE, locked
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = Path(__file__).resolve().parent / "Containerfile"

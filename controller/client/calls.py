@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from rolloutd.crds.documents import load_documents
+from rolloutd.crds.kit.documents import load_documents
 from rolloutd.crds.names import API_PREFIX, job_key, job_path, split_key
 
 from .errors import RolloutdError

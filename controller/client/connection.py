@@ -7,7 +7,7 @@ Resolution (first hit wins, per item):
           `ROLLOUTD_CA_FILE`, config `caFile`, else the system's;
   token:  argument `token`, else the file of argument `token_file`, else `ROLLOUTD_TOKEN`,
           config `token`, the file of `ROLLOUTD_TOKEN_FILE` / config `tokenFile`, and finally the
-          local controller's token file (`crds.paths.DataDir`).
+          local controller's token file (`crds.kit.paths.DataDir`).
 The config file is `$ROLLOUTD_CONFIG`, else `~/.config/rolloutd/config.yaml`. The variables are the client's
 settings object, `ClientSettings`, read once per `resolve` (the client's entry point: each client, each
 `rolloutctl` command) unless one is given. The clients (`sync`, `aio`) build their httpx client from `client_options`.
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from rolloutd.crds.settings import CLIENT, SettingsError, read, xdg_data_dir
-from rolloutd.crds.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
-from rolloutd.crds.documents import malformed_yaml
+from rolloutd.crds.kit.settings import CLIENT, SettingsError, read, xdg_data_dir
+from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
+from rolloutd.crds.kit.documents import malformed_yaml
 
 from .errors import RolloutdError
 

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from rolloutd.crds.aiokit import Backoff
+from rolloutd.crds.kit.aiokit import Backoff
 
 from .errors import ConnectionFailed, RolloutdError, unreachable
 

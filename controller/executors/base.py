@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
 
-from rolloutd.crds.aiokit import backoff_delay
+from rolloutd.crds.kit.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
 from rolloutd.crds.rolloutjob import RolloutJob

@@ -16,7 +16,7 @@ import yaml
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from rolloutd.crds.documents import malformed_yaml
+from rolloutd.crds.kit.documents import malformed_yaml
 from ..errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType, from_validation_error
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a RolloutJob is a few KB; datasets are referenced, not inlined

@@ -31,7 +31,7 @@ from pathlib import Path
 def default_dir() -> Path:
     """The cluster's directory when none is given: the settings' default, /tmp/rolloutd-slurm (`main` and the
     test fixtures read $ROLLOUTD_SLURM_DIR through `ControllerSettings.from_env`)."""
-    from rolloutd.crds.settings import ControllerSettings
+    from rolloutd.crds.kit.settings import ControllerSettings
     return ControllerSettings().slurm_dir
 
 
@@ -351,7 +351,7 @@ class MiniSlurm:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="minicluster")
     ap.add_argument("action", choices=("start", "stop", "status"))
-    from rolloutd.crds.settings import ControllerSettings
+    from rolloutd.crds.kit.settings import ControllerSettings
 
     ap.add_argument("--dir", type=Path, default=ControllerSettings.from_env().slurm_dir)
     ap.add_argument("--nodes", type=int, default=4)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from rolloutd.crds.aiokit import wait_event
+from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.node import (BEAT_RESULTS, Heartbeat, HeartbeatResponse, Lease, LeaseResponse, Result, ResultAck,
                                 ResultBatch)
 from rolloutd.crds.rolloutjob import RolloutJob

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Callable
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
-from rolloutd.crds.aiokit import wait_event
+from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
 from .job_state import Wakeups

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from sqlmodel import Session
 
-from rolloutd.crds.aiokit import wait_event
+from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.node import (
     Heartbeat,
     HeartbeatResponse,

@@ -2,7 +2,7 @@
 
 `attempts.Attempts.lease_now` calls `granted` for every lease it grants (the answer carries the traceparent the node
 daemon continues, agents/spans.py); `ended` closes the root span when the attempt's result is taken or
-dropped, or its lease expires. A no-op unless tracing is on (crds/tracing.py). Ids are span attributes only.
+dropped, or its lease expires. A no-op unless tracing is on (crds/kit/tracing.py). Ids are span attributes only.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 MOST_OPEN = 100_000   # attempts whose root span is open; past this the oldest is ended as "unknown"
 

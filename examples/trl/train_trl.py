@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     data_dir = Path(args.data_dir) if args.data_dir else REPO / ".rolloutd" / args.name
     with train_grpo.engine(args) as (engine_url, model_dir), train_grpo.controller(args, data_dir) as (url, token):
-        from rolloutd.agents.model_dirs import model_dir as prepared_dir
+        from rolloutd.agents.engine.model_dirs import model_dir as prepared_dir
 
         model_dir = model_dir or prepared_dir(args.model)
         rc = RolloutClient(url, token_file=token) if token else RolloutClient(url)

@@ -1,30 +1,38 @@
-"""The sandbox runtimes, by name: a registry of module paths, each imported on first use.
+"""The sandbox runtimes, by name: registered in the `rolloutd.sandbox.runtimes` entry-point group, loaded on first use.
 
 Where it sits: `get_runtime(spec.runtime)` (or `create_sandbox(spec)`) is how the node daemon and the
-CLI reach a runtime; its `create` (the template in `base.py`) starts the sandbox.
+CLI reach a runtime; its `create` (the template in `base.py`) starts the sandbox. The built-ins (bwrap,
+apptainer, process) and a plug-in's go the same way; the names a spec may use are `crds.rolloutjob.RuntimeKind`.
+Writing one: docs/content/write-a-runtime.md.
 """
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import EntryPoint, entry_points
 
 from ...crds.rolloutjob import SandboxSpec
-from ...crds.settings import SandboxSettings
+from ...crds.kit.settings import SandboxSettings
 from ..sandbox import Sandbox
 from .base import SandboxRuntime
 
-RUNTIMES = {  # name → "module:class", relative to this package
-    "bwrap": ".bwrap:BwrapRuntime",
-    "apptainer": ".apptainer:ApptainerRuntime",
-    "process": ".process:ProcessRuntime",
-}
+ENTRY_POINT_GROUP = "rolloutd.sandbox.runtimes"
+
+
+def registered() -> dict[str, EntryPoint]:
+    """Every runtime of the `rolloutd.sandbox.runtimes` group, by name (the first of a name twice installed)."""
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
 
 
 def runtime_class(name: str) -> type[SandboxRuntime]:
-    try:
-        module, cls = RUNTIMES[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown sandbox runtime {name!r}; choose one of {sorted(RUNTIMES)}") from None
-    return getattr(importlib.import_module(module, __name__), cls)
+    runtimes = registered()
+    if name not in runtimes:
+        raise ValueError(f"unknown sandbox runtime {name!r}; choose one of {sorted(runtimes)}")
+    cls = runtimes[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, SandboxRuntime)):
+        raise ValueError(f"sandbox runtime {name!r}: {runtimes[name].value} is not a SandboxRuntime")
+    return cls
 
 
 def get_runtime(name: str, settings: SandboxSettings | None = None) -> SandboxRuntime:

@@ -9,8 +9,8 @@ import shutil
 
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import SandboxCreateError
-from ..footprint import Layout
-from ..hostview import check_mounts
+from ..host.footprint import Layout
+from ..host.hostview import check_mounts
 from ..launch import LaunchConfig, runtime_paths, server_argv, server_env
 from .base import CONTAINED, Launch, SandboxRuntime
 

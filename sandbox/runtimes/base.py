@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...crds.rolloutjob import SandboxSpec
-from ...crds.settings import SandboxSettings
+from ...crds.kit.settings import SandboxSettings
 from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
-from ..footprint import ID_VAR, Layout, reap_leftovers, remove
+from ..host.footprint import ID_VAR, Layout, reap_leftovers, remove
 from ..launch import LaunchConfig
-from ..limits import CGROUP_JOIN, CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
-from ..netns import Outbound
+from ..host.limits import CGROUP_JOIN, CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
+from ..host.netns import Outbound
 from ..sandbox import Sandbox, log_tail, terminate
 
 READY_TIMEOUT = 30.0

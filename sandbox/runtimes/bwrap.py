@@ -9,17 +9,17 @@ import os
 import shutil
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from ...crds.rolloutjob import SandboxSpec
 from ..errors import RuntimeUnavailable, SandboxCreateError
-from ..footprint import Layout
-from .. import netns
-from ..hostview import check_mounts, host_mounts
-from ..netns import RESOLV_CONF, Outbound
+from ..host.footprint import Layout
+from ..host import netns
+from ..host.hostview import check_mounts, host_mounts
+from ..host.netns import RESOLV_CONF, Outbound
 from ..launch import HOST_LIB, LaunchConfig, host_loaded, host_loader, runtime_paths, server_argv, server_env
-from ..rootfs import ImageBuildError, lookup_user, user_home
-from ..rootpath import ignore_special, inside
-from ..syscall_filter import filter_fd
+from ..image.rootfs import ImageBuildError, lookup_user, user_home
+from ..image.rootpath import ignore_special, inside
+from ..host.syscall_filter import filter_fd
 from .base import CONTAINED, Identity, Launch, SandboxRuntime
 
 RUN_MB = 16  # /run: sockets and pid files of programs a task starts, not data

@@ -17,7 +17,7 @@ import logging
 import warnings
 
 from ...crds.rolloutjob import SandboxSpec
-from ..footprint import Layout
+from ..host.footprint import Layout
 from ..launch import LaunchConfig, server_argv, server_env
 from .base import Inside, Launch, SandboxRuntime
 

@@ -3,9 +3,9 @@ import subprocess
 
 import pytest
 
-from rolloutd.agents import engine_venv as engine_mod
-from rolloutd.agents import model_dirs
-from rolloutd.agents.engine_venv import INSTALL_KEY, EngineEnv, EngineError
+from rolloutd.agents.engine import venv as engine_mod
+from rolloutd.agents.engine import model_dirs
+from rolloutd.agents.engine.venv import INSTALL_KEY, EngineEnv, EngineError
 
 
 def test_install_is_a_no_op_once_marked_and_redone_when_the_marker_is_stale(tmp_path, monkeypatch):

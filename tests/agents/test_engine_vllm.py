@@ -11,13 +11,13 @@ import httpx
 import pytest
 
 from support.engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
-from rolloutd.agents.engine import live_group_members
+from rolloutd.agents.engine.server import live_group_members
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
-from rolloutd.agents.loop import run_agent_loop
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.loop.run import run_agent_loop
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.tools import tool_specs
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.tools import tool_specs
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from support.agent_fakes import FakeSandbox
@@ -61,8 +61,8 @@ def test_agent_loop_on_a_real_engine_is_token_exact(tiny_engine, monkeypatch):
 
     The tiny random model cannot write tool calls, so the parser is told that its first two turns
     were bash calls; the generated ids themselves are the engine's, verbatim."""
-    import rolloutd.agents.loop as loop_mod
-    from rolloutd.agents.tools import ToolCall
+    import rolloutd.agents.loop.run as loop_mod
+    from rolloutd.agents.loop.tools import ToolCall
 
     tok = ChatTokenizer(model_dir("tiny"))
     parsed: list[str] = []

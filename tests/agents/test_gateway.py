@@ -1,4 +1,4 @@
-"""The harness gateway (agents/gateway.py, agents/tasks/harness.py): stitching rules, and a black-box
+"""The harness gateway (agents/gateway/server.py, agents/tasks/harness.py): stitching rules, and a black-box
 harness — a stdlib script that only knows OPENAI_BASE_URL — run in a Harbor task's sandbox against the
 real tiny vLLM engine: every call is recorded token-exactly (the engine re-scores the stitched ids to
 the recorded logprobs), a rewritten history starts a new segment, the sandbox keeps no network."""
@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rolloutd.agents.gateway import Call, stitch
-from rolloutd.agents.openai_wire import parse_tool_calls
+from rolloutd.agents.gateway.server import Call, stitch
+from rolloutd.agents.wire.openai import parse_tool_calls
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.client import sequences
 
 from support.harbor_rollouts import task_sandbox
@@ -65,7 +65,7 @@ def test_stitch_continues_extensions_and_splits_rewrites():
 def test_piecewise_prompt_ids_equal_one_encoding_of_the_whole_text():
     """The gateway encodes each stretch between added tokens once per rollout: the ids must be exactly those
     of encoding the whole rendered text, whatever the conversation (spaces, newlines, unicode, tools)."""
-    from rolloutd.agents.gateway import PieceEncoder
+    from rolloutd.agents.gateway.server import PieceEncoder
 
     tok = ChatTokenizer(model_dir("tiny"))
     pieces = PieceEncoder(tok)

@@ -16,9 +16,9 @@ import httpx2  # the SDKs' own HTTP client
 import openai
 import pytest
 
-from rolloutd.agents.gateway import Gateway
+from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import Generation, SamplingParams
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 CALL = 'Let me look.<tool_call>{"name": "bash", "arguments": {"cmd": "ls -l"}}</tool_call>'

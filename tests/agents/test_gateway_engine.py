@@ -13,9 +13,9 @@ import httpx2
 import openai
 import pytest
 
-from rolloutd.agents.gateway import Gateway
+from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.toolcall_formats import format_for
 

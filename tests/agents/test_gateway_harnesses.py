@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.llm import SamplingParams, VLLMBackend, derive_seed
-from rolloutd.agents.model_dirs import model_dir
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.engine.model_dirs import model_dir
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.toolcall_formats import format_for

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from rolloutd.agents.gateway import INLINE_CHARS, Gateway
+from rolloutd.agents.gateway.server import INLINE_CHARS, Gateway
 from rolloutd.agents.llm import Generation, RequestRejected, SamplingParams
-from rolloutd.agents.model_dirs import model_dir
-from rolloutd.agents.openai_wire import MAX_BODY
+from rolloutd.agents.engine.model_dirs import model_dir
+from rolloutd.agents.wire.openai import MAX_BODY
 from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.rollout import RolloutContext
+from rolloutd.agents.loop.rollout import RolloutContext
 
 USER = {"role": "user", "content": "hi"}
 
@@ -187,7 +187,7 @@ class SlowLLM:
 
 def test_parallel_calls_of_one_rollout_reach_the_engine_one_at_a_time(tokenizer, tmp_path):
     """Issue 36: one harness sent 64 concurrent calls, 64 generations on a shared engine."""
-    from rolloutd.agents.gateway import ENGINE_CALLS, REQUESTS_IN_FLIGHT
+    from rolloutd.agents.gateway.server import ENGINE_CALLS, REQUESTS_IN_FLIGHT
     llm = SlowLLM()
 
     async def go():

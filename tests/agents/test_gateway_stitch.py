@@ -1,4 +1,4 @@
-"""Token-exact whatever a harness does to its history (agents/gateway.py `stitch`, agents/tasks/harness.py):
+"""Token-exact whatever a harness does to its history (agents/gateway/server.py `stitch`, agents/tasks/harness.py):
 scripted call sequences (a side call, a rewrite, a truncation, a compaction) give as few sequences as the
 ids allow (PREFIX MERGE: a call extending ANY earlier sequence continues it), each call's generated run is a
 turn of its own sequence, and the trajectory reports how many sequences and how many re-tokenized ids.
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import httpx
 
-from rolloutd.agents.gateway import Call, Gateway, stitch
+from rolloutd.agents.gateway.server import Call, Gateway, stitch
 from rolloutd.agents.llm import Generation, SamplingParams
-from rolloutd.agents.model_dirs import model_dir
-from rolloutd.agents.rollout import RolloutContext
+from rolloutd.agents.engine.model_dirs import model_dir
+from rolloutd.agents.loop.rollout import RolloutContext
 from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer
 

@@ -1,4 +1,4 @@
-"""How the gateway streams (agents/gateway.py `_stream`, agents/llm.py `VLLMBackend.stream`): the response starts when
+"""How the gateway streams (agents/gateway/server.py `_stream`, agents/llm.py `VLLMBackend.stream`): the response starts when
 the engine has taken the call, before its first token; the engine's chunks that one socket read brings go on as one
 piece; the last piece (it carries the finish) goes out with the answer's end, in one write. Per dialect, through the
 gateway's ASGI app (every write seen), and over a real HTTP connection for the backend. Why: the per-call overhead of a
@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rolloutd.agents.gateway import Gateway
+from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import Generation, SamplingParams, VLLMBackend
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 

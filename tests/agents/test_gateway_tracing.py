@@ -9,11 +9,11 @@ import pytest
 
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
-from rolloutd.agents.model_dirs import model_dir
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.engine.model_dirs import model_dir
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 
 from support.harbor_rollouts import task_sandbox
 

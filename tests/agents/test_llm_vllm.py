@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 from support.engine_fixtures import log_mark, metric, wait_engine_took, wait_until
@@ -160,7 +160,7 @@ def test_abort_by_request_id_is_an_infra_error_for_the_waiting_rollout(smollm2_e
 
 
 def test_connection_refused_is_an_infra_error():
-    from rolloutd.agents.engine import free_port
+    from rolloutd.agents.engine.server import free_port
 
     async def go():
         async with VLLMBackend(f"http://127.0.0.1:{free_port()}", model="m") as llm:

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from rolloutd.agents.llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
-from rolloutd.agents.loop import run_agent_loop
-from rolloutd.agents.model_build import build_tiny_tokenizer
+from rolloutd.agents.loop.run import run_agent_loop
+from rolloutd.agents.engine.model_build import build_tiny_tokenizer
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind
 
 from support.agent_fakes import FakeSandbox, ScriptedLLM
@@ -87,7 +87,7 @@ def test_observation_ids_match_the_template(tok):
     traj = result.trajectory
     specs_text = tok.decode(traj.token_ids[: traj.prompt_length])
     conversation = traj.messages
-    from rolloutd.agents.tools import tool_specs
+    from rolloutd.agents.loop.tools import tool_specs
 
     rendered = tok.render(conversation, tools=tool_specs(["bash"]))
     # the template closes the last turn with "<|im_end|>\n"; the model generated up to <|im_end|>

@@ -5,10 +5,10 @@ import asyncio
 import pytest
 
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
-from rolloutd.agents.loop import run_agent_loop
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.loop.run import run_agent_loop
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.crds.trajectory import FailureKind, Trajectory
 from rolloutd.sandbox import SandboxSpec, get_runtime
 

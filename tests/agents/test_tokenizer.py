@@ -2,7 +2,7 @@
 exactly what the template renders for the whole conversation (no Qwen-only assumptions)."""
 import pytest
 
-from rolloutd.agents.model_build import build_tiny_tokenizer
+from rolloutd.agents.engine.model_build import build_tiny_tokenizer
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 CHATML_WITH_TOOL_ROLE = None  # the tiny model's own template

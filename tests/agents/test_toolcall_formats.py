@@ -15,13 +15,13 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from rolloutd.agents.gateway import Gateway
+from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import Generation, SamplingParams
-from rolloutd.agents.model_build import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
-from rolloutd.agents.openai_wire import parse_tool_calls as wire_parse
+from rolloutd.agents.engine.model_build import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
+from rolloutd.agents.wire.openai import parse_tool_calls as wire_parse
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.toolcall_formats import format_for
-from rolloutd.agents.tools import parse_tool_calls
+from rolloutd.agents.loop.tools import parse_tool_calls
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 FAMILIES = {"llama3": "llama3_1.jinja", "mistral": "mistral_v3.jinja", "hermes": "qwen2_5.jinja"}

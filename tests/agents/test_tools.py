@@ -1,5 +1,5 @@
 """The tool-call parser: Hermes `<tool_call>` JSON, the fenced-code fallback, malformed calls."""
-from rolloutd.agents.tools import parse_tool_calls, tool_instructions, tool_specs
+from rolloutd.agents.loop.tools import parse_tool_calls, tool_instructions, tool_specs
 
 ALL = ["bash", "ipython", "editor", "submit"]
 

@@ -8,11 +8,11 @@ import sys
 
 PROBE = """
 import sys
-from rolloutd.crds import tracing
+from rolloutd.crds.kit import tracing
 from rolloutd.agents import spans
-import rolloutd.agents.daemon.daemon, rolloutd.agents.gateway, rolloutd.controller.server
+import rolloutd.agents.daemon.daemon, rolloutd.agents.gateway.server, rolloutd.controller.server
 from rolloutd.crds import nodeenv
-from rolloutd.crds.settings import ControllerSettings
+from rolloutd.crds.kit.settings import ControllerSettings
 on = nodeenv.read_node_env({}).tracing or nodeenv.tracing_on(ControllerSettings.from_env({}).tracing)
 assert not tracing.setup("probe", on) and not tracing.enabled()
 assert nodeenv.read_node_env({"ROLLOUTD_TRACING": "1"}).tracing
@@ -42,7 +42,7 @@ def test_off_by_default_nothing_of_opentelemetry_is_imported():
 
 def test_on_without_the_sdk_names_the_extra():
     code = ("import sys; sys.modules['opentelemetry'] = None\n"
-            "from rolloutd.crds import tracing\n"
+            "from rolloutd.crds.kit import tracing\n"
             "try:\n    tracing.setup('probe', True)\nexcept ImportError as e:\n    print(e)\n")
     r = _run(code, ROLLOUTD_TRACING="1")
     assert r.returncode == 0, r.stderr[-3000:]

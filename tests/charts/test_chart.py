@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from rolloutd.crds.settings import ControllerSettings
+from rolloutd.crds.kit.settings import ControllerSettings
 from rolloutd.controller.executors.kubernetes import KubernetesExecutor
 from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app

@@ -33,7 +33,7 @@ def test_absolute_paths_and_model_names_are_sent_as_they_are(tmp_path):
 
 def test_a_model_rolloutd_prepared_is_found_by_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUTD_HOME", str(tmp_path / "home"))
-    from rolloutd.crds.paths import models_dir
+    from rolloutd.crds.kit.paths import models_dir
 
     (models_dir() / "smollm2").mkdir(parents=True)
     out = resolve_paths(doc("x.jsonl", "smollm2"), tmp_path)

@@ -32,35 +32,35 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.crds.errors.AgentError": [((), {}, A)],
     "rolloutd.crds.errors.StatusError": [((), {}, I)],
     "rolloutd.crds.nodeenv.NodeEnvError": [((), {}, C)],
-    "rolloutd.crds.reference.Undescribed": [((), {}, C)],
-    "rolloutd.crds.settings.SettingsError": [((), {}, C)],
-    "rolloutd.crds.safe_read.DataReadError": [(("spec.x", "/p", "why"), {}, C)],
-    "rolloutd.sandbox.build_step.SizeLimitExceeded": [((), {}, I)],
-    "rolloutd.sandbox.dockerfile.DockerfileError": [((), {}, C)],
+    "rolloutd.crds.kit.reference.Undescribed": [((), {}, C)],
+    "rolloutd.crds.kit.settings.SettingsError": [((), {}, C)],
+    "rolloutd.crds.kit.safe_read.DataReadError": [(("spec.x", "/p", "why"), {}, C)],
+    "rolloutd.sandbox.image.build_step.SizeLimitExceeded": [((), {}, I)],
+    "rolloutd.sandbox.image.dockerfile.DockerfileError": [((), {}, C)],
     "rolloutd.sandbox.errors.SandboxError": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxCreateError": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxDied": [((), {}, I)],
     "rolloutd.sandbox.errors.SandboxTimeout": [((), {}, I)],
     "rolloutd.sandbox.errors.RuntimeUnavailable": [((), {}, I)],
     "rolloutd.sandbox.errors.ExecError": [((), {}, A)],
-    "rolloutd.sandbox.rootfs.ImageBuildError": [((), {}, I)],
-    "rolloutd.sandbox.rootpath.OutsideRoot": [((), {}, C)],
+    "rolloutd.sandbox.image.rootfs.ImageBuildError": [((), {}, I)],
+    "rolloutd.sandbox.image.rootpath.OutsideRoot": [((), {}, C)],
     "rolloutd.agents.daemon.controller_client.ControllerError": [
         (("m",), {}, I), (("m", 503), {}, I), (("m", 429), {}, I), (("m", 403), {}, C)],
     "rolloutd.agents.daemon.options.NodeError": [(("m",), {}, I), (("m",), {"config": "spec.x"}, C)],
     "rolloutd.agents.daemon.pipeline._Infra": [((), {}, I)],
     "rolloutd.agents.daemon.pipeline._StageFailed": [(("m",), {}, I), (("m", C), {}, C)],
-    "rolloutd.agents.engine_venv.EngineError": [((), {}, I)],
+    "rolloutd.agents.engine.venv.EngineError": [((), {}, I)],
     "rolloutd.agents.llm.BackendError": [(("m",), {}, I), (("m",), {"unreachable": True}, I)],
     "rolloutd.agents.llm.Preempted": [(("m",), {}, I)],
     "rolloutd.agents.llm.RequestRejected": [((), {}, C)],
-    "rolloutd.agents.openai_wire.Invalid": [(("m",), {}, A)],
+    "rolloutd.agents.wire.openai.Invalid": [(("m",), {}, A)],
     "rolloutd.agents.tasks.base.DatasetError": [((), {}, C)],
     "rolloutd.agents.tasks.base.EvalError": [((), {}, I)],
     "rolloutd.agents.tasks.base.ConfigError": [((), {}, C)],
     "rolloutd.agents.tasks.base.UnknownTaskKind": [((), {}, C)],
-    "rolloutd.agents.tools.ToolInfraError": [((), {}, I)],
-    "rolloutd.agents.tools.ToolHung": [((), {}, I)],
+    "rolloutd.agents.loop.tools.ToolInfraError": [((), {}, I)],
+    "rolloutd.agents.loop.tools.ToolHung": [((), {}, I)],
     "rolloutd.client.errors.RolloutdError": [(("m",), {}, I), (("m", {"code": 500}), {}, I)],
     "rolloutd.client.errors.BadRequest": [(("m", {"code": 400}), {}, C)],
     "rolloutd.client.errors.Unauthorized": [(("m", {"code": 401}), {}, C)],
@@ -147,7 +147,7 @@ def test_builtin_bases_are_kept():
     """Re-parenting kept what callers catch: `except ValueError` still takes a dataset error, and so on."""
     from rolloutd.agents.tasks.base import ConfigError, DatasetError, EvalError, UnknownTaskKind
     from rolloutd.client.errors import WaitTimeout
-    from rolloutd.sandbox.rootpath import OutsideRoot
+    from rolloutd.sandbox.image.rootpath import OutsideRoot
 
     assert issubclass(DatasetError, ValueError) and issubclass(ConfigError, ValueError)
     assert issubclass(EvalError, RuntimeError) and issubclass(UnknownTaskKind, LookupError)
@@ -168,7 +168,7 @@ def test_three_families():
 def test_the_call_sites_class_through_classify():
     """The agent loop and the node pipeline call `classify`; neither makes a `Failure(kind=FailureKind.x)` of an
     exception it caught (the old code mapped each exception class to a kind by hand in both places)."""
-    for rel in ("agents/loop.py", "agents/daemon/pipeline.py"):
+    for rel in ("agents/loop/run.py", "agents/daemon/pipeline.py"):
         tree = ast.parse((REPO / rel).read_text())
         calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert "classify" in calls, rel

@@ -14,7 +14,7 @@ from support.cluster import P, Cluster, job_doc, plugin_env
 from support.waiting import wait_until
 
 from rolloutd.controller.auth import create_scoped_token
-from rolloutd.crds.paths import DataDir
+from rolloutd.crds.kit.paths import DataDir
 
 pytestmark = pytest.mark.timeout(660)
 NS = P + "/namespaces/default/rolloutjobs"

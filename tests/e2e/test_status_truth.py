@@ -25,7 +25,7 @@ from support.cluster import P, REPO, Cluster, held_at_gate, plugin_env
 from support.waiting import wait_until
 
 from rolloutd.client import JobEnded, RolloutClient
-from rolloutd.crds.paths import models_dir
+from rolloutd.crds.kit.paths import models_dir
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -26,7 +26,7 @@ import pytest
 from support.stub_llm import StubLLM, _StubBackend
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rolloutd.agents.engine_venv import EngineEnv
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.venv import EngineEnv
+from rolloutd.agents.engine.model_dirs import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "e2e" / "plugins"

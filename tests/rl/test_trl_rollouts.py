@@ -148,12 +148,12 @@ def test_a_real_multi_turn_bash_rollout_becomes_one_trl_row(tiny_engine, monkeyp
     is 0 exactly on the observations, logprobs are the engine's on generated tokens."""
     import asyncio
 
-    import rolloutd.agents.loop as loop_mod
+    import rolloutd.agents.loop.run as loop_mod
     from rolloutd.agents.llm import SamplingParams, VLLMBackend
-    from rolloutd.agents.model_dirs import model_dir
+    from rolloutd.agents.engine.model_dirs import model_dir
     from rolloutd.agents.tokenizer import ChatTokenizer
-    from rolloutd.agents.tools import ToolCall
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.tools import ToolCall
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
     reason = get_runtime("bwrap").available()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "e2e" / "plugins"

@@ -13,11 +13,11 @@ import socket
 import sys
 from pathlib import Path
 
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox import SandboxSpec, get_runtime
-from rolloutd.sandbox.footprint import pids_with_id
+from rolloutd.sandbox.host.footprint import pids_with_id
 from rolloutd.sandbox.launch import runtime_paths
-from rolloutd.sandbox.limits import PIDS_HEADROOM
+from rolloutd.sandbox.host.limits import PIDS_HEADROOM
 
 HERE = Path(__file__).resolve().parent
 SPEC = {"memory_mb": 256, "processes": 48, "tmp_mb": 16, "file_size_mb": 8}

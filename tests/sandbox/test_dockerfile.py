@@ -1,8 +1,8 @@
-"""The Dockerfile subset parser (sandbox/dockerfile.py): golden parses of real-task shapes, and every
+"""The Dockerfile subset parser (sandbox/image/dockerfile.py): golden parses of real-task shapes, and every
 refusal names the file and line."""
 import pytest
 
-from rolloutd.sandbox.dockerfile import Base, DockerfileError, Step, parse_dockerfile
+from rolloutd.sandbox.image.dockerfile import Base, DockerfileError, Step, parse_dockerfile
 
 GOLDEN = """\
 # syntax=docker/dockerfile:1

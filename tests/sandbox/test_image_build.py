@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rolloutd.controller.main import app
-from rolloutd.sandbox.image_build import build_image
-from rolloutd.sandbox.rootfs import ImageBuildError
+from rolloutd.sandbox.image.build import build_image
+from rolloutd.sandbox.image.rootfs import ImageBuildError
 
 DOCKERFILE = """\
 FROM debian:bookworm-slim

@@ -10,8 +10,8 @@ import signal
 import pytest
 
 from rolloutd.sandbox import SandboxCreateError, SandboxSpec, WarmPool, get_runtime
-from rolloutd.crds.settings import SandboxSettings
-from rolloutd.sandbox.footprint import sandbox_base_dir
+from rolloutd.crds.kit.settings import SandboxSettings
+from rolloutd.sandbox.host.footprint import sandbox_base_dir
 
 from support.waiting import until, wait_until
 

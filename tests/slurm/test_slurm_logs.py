@@ -14,7 +14,7 @@ from support.slurm_cluster import SlurmCluster, slurm_job_doc
 from support.stub_llm import StubLLM
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 
 
 def _logs(scluster: SlurmCluster, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from support.slurm_cluster import SlurmCluster, slurm_job_doc
 from support.stub_llm import StubLLM
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from rolloutd.agents.engine import EngineServer
+from rolloutd.agents.engine.server import EngineServer
 
 from support.scripted_policy import ENGINE_ARGS as SCRIPTED_ARGS, ENGINE_ENV as SCRIPTED_ENV
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from rolloutd.crds.spec_paths import resolve_paths
-from rolloutd.crds.paths import models_dir
+from rolloutd.crds.kit.paths import models_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "math-demo.yaml"
 

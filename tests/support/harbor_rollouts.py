@@ -29,14 +29,14 @@ async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None, *
 
 def _node_settings():
     """The sandbox settings from this process's environment, as a node daemon hands them to its handler."""
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
 
     return SandboxSettings.from_env()
 
 
 async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
     from rolloutd.agents.tasks import get_handler
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
     from rolloutd.crds.trajectory import Trajectory
 
     handler = get_handler("harbor")
@@ -65,7 +65,7 @@ async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
     """A harness that needs no LLM (`agent.kind: harness`, no `llm`) asks the gateway for its models
     from inside each task's sandbox: the socket, the relay and the sandbox user's access to them."""
     from rolloutd.agents.tasks import get_handler
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     handler = get_handler("harbor")
     handler.sandbox_settings = _node_settings()

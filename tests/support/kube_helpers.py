@@ -17,7 +17,7 @@ WATCH_HISTORY = 100  # changes the test controller keeps for resuming watches (R
 
 
 def _tenant_data() -> Path:
-    """A world-readable copy of the example dataset: a tenant's reads are nobody's (crds/safe_read.py), and the
+    """A world-readable copy of the example dataset: a tenant's reads are nobody's (crds/kit/safe_read.py), and the
     checkout may lie below a directory only root can enter."""
     root = Path(tempfile.mkdtemp(prefix="rolloutd-tenant-data-", dir="/tmp"))
     root.chmod(0o755)

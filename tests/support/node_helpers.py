@@ -37,7 +37,7 @@ def scripted_plugin_path(tmp_path: Path) -> str:
 
 
 def tiny_dir() -> Path:
-    from rolloutd.agents.model_dirs import is_ready, model_dir
+    from rolloutd.agents.engine.model_dirs import is_ready, model_dir
 
     if not is_ready("tiny"):
         pytest.skip("the tiny model is not prepared (rolloutd serve-model --prepare-only -m tiny)")
@@ -59,7 +59,7 @@ def make_spec(*, workers: tuple[int, int, int] = (2, 2, 2), **sections: Any) -> 
 
 def options(fake: FakeController, name: str = "node-a", **kw: Any):
     from rolloutd.agents.daemon.options import NodeOptions
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
 
     kw.setdefault("lease_wait", 0.5)
     kw.setdefault("retry_max", 0.3)
@@ -70,6 +70,6 @@ def options(fake: FakeController, name: str = "node-a", **kw: Any):
 
 def sandbox_pids(sandbox_id: str) -> list[int]:
     """Processes still carrying this sandbox's id (the sandbox package's own leftover check)."""
-    from rolloutd.sandbox.footprint import pids_with_id
+    from rolloutd.sandbox.host.footprint import pids_with_id
 
     return pids_with_id(sandbox_id)

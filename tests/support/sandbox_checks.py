@@ -15,7 +15,7 @@ def require_bwrap() -> None:
 
 
 def host_pids_of(sandbox_id: str) -> list[int]:
-    from rolloutd.sandbox.footprint import pids_with_id
+    from rolloutd.sandbox.host.footprint import pids_with_id
 
     return pids_with_id(sandbox_id)
 

@@ -10,7 +10,7 @@ from support.kube_controller import kubectl_for  # noqa: F401 - the tenancy test
 from support.kube_helpers import tenant_job_doc, tenant_policy
 
 from rolloutd.controller.auth import create_scoped_token
-from rolloutd.crds.paths import DataDir
+from rolloutd.crds.kit.paths import DataDir
 
 P = "/apis/rolloutd.io/v1alpha1"
 POLICIES = f"{P}/tenantpolicies"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.crds.node import NODE_PROTOCOL
 

@@ -16,13 +16,13 @@ import pytest
 from support.node_helpers import BASE_SPEC
 from rolloutd.agents.daemon.jobconfig import JobConfig, load_spec
 from rolloutd.agents.tasks.harbor import HarborTask
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
-from rolloutd.sandbox.build_limits import BuildLimits, for_build
-from rolloutd.sandbox.build_step import SizeLimitExceeded, tree_bytes
-from rolloutd.sandbox.image_build import build_image
-from rolloutd.sandbox.limits import Cgroup, candidate_parents
-from rolloutd.sandbox.rootfs import ImageBuildError, base_rootfs, image_cache_dir
+from rolloutd.sandbox.image.build_limits import BuildLimits, for_build
+from rolloutd.sandbox.image.build_step import SizeLimitExceeded, tree_bytes
+from rolloutd.sandbox.image.build import build_image
+from rolloutd.sandbox.host.limits import Cgroup, candidate_parents
+from rolloutd.sandbox.image.rootfs import ImageBuildError, base_rootfs, image_cache_dir
 
 
 @pytest.fixture(scope="module")

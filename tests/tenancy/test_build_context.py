@@ -16,8 +16,8 @@ import pytest
 
 from rolloutd.agents.tasks.base import ConfigError
 from rolloutd.agents.tasks.harbor import HarborTask
-from rolloutd.sandbox.image_build import build_image
-from rolloutd.sandbox.rootfs import ImageBuildError
+from rolloutd.sandbox.image.build import build_image
+from rolloutd.sandbox.image.rootfs import ImageBuildError
 
 SECRET = "FROM sEcReT-0f-the-host\nRUN top-secret-line\n"
 

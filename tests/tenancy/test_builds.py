@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import SandboxSpec, get_runtime
-from rolloutd.sandbox.image_build import build_image
-from rolloutd.crds.settings import SandboxSettings
-from rolloutd.sandbox.rootfs import ImageBuildError, base_rootfs, image_cache_dir, lookup_user
+from rolloutd.sandbox.image.build import build_image
+from rolloutd.crds.kit.settings import SandboxSettings
+from rolloutd.sandbox.image.rootfs import ImageBuildError, base_rootfs, image_cache_dir, lookup_user
 
 SECRET = "host-loopback-secret-7f3a"
 
@@ -177,7 +177,7 @@ def _size_context(tmp_path: Path, run: str) -> Path:
 
 
 def _limit_mb(extra: int) -> int:
-    from rolloutd.sandbox.build_step import tree_bytes
+    from rolloutd.sandbox.image.build_step import tree_bytes
     return (tree_bytes(base_rootfs(image_cache_dir(SandboxSettings().images), log=lambda m: None)) >> 20) + extra
 
 

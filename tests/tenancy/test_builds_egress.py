@@ -1,4 +1,4 @@
-"""Tenancy, the egress proxy of image builds and of the verifier (sandbox/egress.py): the real proxy on a Unix
+"""Tenancy, the egress proxy of image builds and of the verifier (sandbox/host/egress.py): the real proxy on a Unix
 socket, asked as a build step asks it, refuses loopback, private, link-local and metadata destinations (by
 address, by name, by a name that resolves to loopback, in IPv4-mapped and other embedded forms) and never
 connects to them; a public address passes the filter. No traffic leaves this machine: refused destinations
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from rolloutd.sandbox.egress import pick_address, refusal, serving
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.sandbox.host.egress import pick_address, refusal, serving
+from rolloutd.crds.kit.settings import SandboxSettings
 
 
 def _secret_server(host: str) -> tuple[http.server.ThreadingHTTPServer, list[str]]:
@@ -114,7 +114,7 @@ def test_the_admin_may_allow_a_network(tmp_path, loopback_server):
 
 def test_a_step_cannot_spend_the_daemons_descriptors(proxy):
     """Connections beyond MAX_CONNECTIONS at once are answered 503 and closed at once."""
-    from rolloutd.sandbox.egress import MAX_CONNECTIONS
+    from rolloutd.sandbox.host.egress import MAX_CONNECTIONS
 
     path, _ = proxy
     held = []

@@ -1,7 +1,7 @@
 """Issue 24, item 2: the node and the controller read a tenant's data beneath its policy's data roots, never as
 root, never through a link out, and no error text carries a byte of a file.
 
-Plays team-a against the real reader (rolloutd.crds.safe_read), the real task handlers and the real scheduler's
+Plays team-a against the real reader (rolloutd.crds.kit.safe_read), the real task handlers and the real scheduler's
 dataset expansion (a Store in SQLite, leases as a node takes them): another namespace's 0600 dataset, symlinks to
 /etc/shadow, to a secret and to /proc, `..`, a hard link, a FIFO, Harbor task files that are links to a secret,
 malformed rows with secret-looking payloads. Both resolvers run: openat2(2) and the O_NOFOLLOW walk kept for
@@ -25,7 +25,7 @@ from rolloutd.agents.tasks.base import ConfigError
 from rolloutd.agents.tasks.harbor import stage_dir
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.scheduler import Scheduler
-from rolloutd.crds import safe_read
+from rolloutd.crds.kit import safe_read
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.tenancy import TenantPolicySpec

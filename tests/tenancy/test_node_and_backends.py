@@ -13,7 +13,7 @@ from support.tenancy_helpers import MERGE, POLICIES, job, jobs_path, put_policy,
 from support.stub_llm import StubLLM
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 
 

@@ -21,7 +21,7 @@ import pytest
 from support.cluster import P, REPO, Cluster, free_port
 from support.stub_llm import StubLLM
 
-from rolloutd.agents.model_dirs import model_dir  # noqa: E402
+from rolloutd.agents.engine.model_dirs import model_dir  # noqa: E402
 from rolloutd.controller.auth import create_scoped_token  # noqa: E402
 from rolloutd.crds.node import NODE_PROTOCOL  # noqa: E402
 

@@ -165,7 +165,7 @@ def test_a_network_sandbox_has_its_own_namespace_with_a_route_out_but_not_the_ho
 
 
 def test_two_network_sandboxes_do_not_share_a_loopback():
-    """Two rollouts' relays (agents/gateway.py, one port for all) met on the host's loopback before."""
+    """Two rollouts' relays (agents/gateway/server.py, one port for all) met on the host's loopback before."""
     _needs_slirp()
 
     async def main():

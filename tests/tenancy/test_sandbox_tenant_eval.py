@@ -70,7 +70,7 @@ def _swapping_task(tmp_path: Path) -> dict:
 
 
 async def _rollout(handler, task: dict):
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     async with task_sandbox(handler, task) as sandbox:
         trajectory = await handler.run(task, sandbox, None, tokenizer=None, config=AgentConfig(agent_kind="oracle"),
@@ -100,12 +100,12 @@ def test_a_process_the_agent_left_never_swaps_the_verifiers_tests(tmp_path):
 
 
 def test_two_network_rollouts_relays_each_reach_their_own_gateway(tmp_path):
-    """`network: true` was the host's namespace: two harness rollouts' relays (agents/gateway.py, one port for
+    """`network: true` was the host's namespace: two harness rollouts' relays (agents/gateway/server.py, one port for
     every rollout) met on the host's loopback, the second could not listen. Each has its own loopback now."""
     _needs_image()
     if shutil.which("slirp4netns") is None:
         pytest.skip("slirp4netns is not installed (.ci/system-packages.sh)")
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     from support.harbor_rollouts import PROBE
 
@@ -156,7 +156,7 @@ def test_an_image_never_steers_the_server_while_it_is_root(tmp_path):
     shared object the server maps is the image's; the agent's own processes still run on the image's."""
     _needs_image()
     from rolloutd.sandbox import SandboxSpec, get_runtime
-    from rolloutd.sandbox.footprint import pids_with_id
+    from rolloutd.sandbox.host.footprint import pids_with_id
 
     image = _image_copy(tmp_path)
     theirs = _shared_objects(image)

@@ -10,7 +10,7 @@ import httpx
 from support.tenancy_helpers import job, jobs_path, put_policy
 
 from rolloutd.controller.auth import create_scoped_token
-from rolloutd.crds.paths import DataDir
+from rolloutd.crds.kit.paths import DataDir
 
 
 def _token(kube, namespace: str, name: str) -> str:

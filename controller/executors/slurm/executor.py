@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from rolloutd.crds.aiokit import backoff_delay
+from rolloutd.crds.kit.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 

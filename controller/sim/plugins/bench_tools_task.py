@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from rolloutd.agents.llm import SamplingParams, derive_seed
 from rolloutd.agents.tasks.base import Reward, TaskHandler
-from rolloutd.agents.tools import ToolCall, execute
+from rolloutd.agents.loop.tools import ToolCall, execute
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory, Turn
 
 TURNS, TOKENS = 4, 32  # unless the row says

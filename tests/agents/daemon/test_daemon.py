@@ -359,7 +359,7 @@ def test_fresh_eval_sandbox_started_as_run_ends(controller, sandbox_dir):
 def test_warm_pool_serves_init_and_no_sandbox_outlives_the_daemon(controller, sandbox_dir):
     """spec.sandbox.warm = 2: rollouts leased while the pool is full get its sandboxes (fresh ones,
     each to one rollout); when the daemon exits, the idle ones and any being started are closed."""
-    from rolloutd.crds.settings import SandboxSettings
+    from rolloutd.crds.kit.settings import SandboxSettings
     from rolloutd.sandbox import get_runtime
 
     class Recording:   # the real bwrap runtime; remembers every sandbox it made

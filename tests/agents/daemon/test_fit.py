@@ -12,7 +12,7 @@ import pytest
 from rolloutd.agents.daemon.daemon import NodeDaemon
 from rolloutd.agents.daemon.fit import PROBE, misfit
 from rolloutd.agents.daemon.supervise import EXIT_REFUSED
-from rolloutd.agents.model_dirs import is_ready, model_dir
+from rolloutd.agents.engine.model_dirs import is_ready, model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.crds.trajectory import Trajectory
 from support.node_helpers import make_spec, options, tiny_dir

@@ -21,9 +21,9 @@ from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
 from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
-from rolloutd.sandbox.image_build import find_dockerfile, image_key
-from rolloutd.crds.settings import SandboxSettings
-from rolloutd.sandbox.rootfs import image_cache_dir
+from rolloutd.sandbox.image.build import find_dockerfile, image_key
+from rolloutd.crds.kit.settings import SandboxSettings
+from rolloutd.sandbox.image.rootfs import image_cache_dir
 
 from support import harbor_rollouts  # also run as a script, as another user
 from support.harbor_rollouts import harness_probe, rollouts, task_sandbox
@@ -345,7 +345,7 @@ def _forging_task(tmp_path: Path, test_sh: str | None = None) -> Path:
 
 
 def _oracle_then_eval(task: dict):
-    from rolloutd.agents.rollout import AgentConfig, RolloutContext
+    from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     handler = get_handler("harbor")
 

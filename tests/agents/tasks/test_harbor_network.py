@@ -1,4 +1,4 @@
-"""The verifier's network (sandbox/egress.py, `sandbox.verifierNetwork`): on the real bwrap runtime, a Harbor
+"""The verifier's network (sandbox/host/egress.py, `sandbox.verifierNetwork`): on the real bwrap runtime, a Harbor
 verifier reaches an HTTP server on the host's 127.0.0.1 (allowed by the admin, as a site mirror would be) only
 with the job's consent and the task's `allow_internet`, and never without the admin's allowance; the agent's phase never reaches it, and what the agent left running is gone before the
 verifier gets its proxy. (The real download of Terminal-Bench 2's verifiers, uv from astral.sh, cannot be
@@ -13,7 +13,7 @@ import pytest
 
 from rolloutd.agents.tasks import get_handler
 from rolloutd.crds.trajectory import Trajectory
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 
 from support.harbor_rollouts import task_sandbox
 
@@ -63,7 +63,7 @@ def _task(root, name: str, port: int, toml: str = "") -> None:
 
 
 def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(host_server, tmp_path, monkeypatch):
-    """The proxy refuses loopback (sandbox/egress.py): the host's server here stands for a site mirror the admin
+    """The proxy refuses loopback (sandbox/host/egress.py): the host's server here stands for a site mirror the admin
     allows (ROLLOUTD_EGRESS_ALLOW); without that the consented verifier is refused too."""
     if shutil.which("bwrap") is None or shutil.which("mmdebstrap") is None:
         pytest.skip("bwrap and mmdebstrap are needed (bash .ci/system-packages.sh)")

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from rolloutd.agents.llm import Generation, SamplingParams
-from rolloutd.agents.model_build import build_tiny_tokenizer
+from rolloutd.agents.engine.model_build import build_tiny_tokenizer
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.agents.rollout import AgentConfig, RolloutContext
+from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 
 CTX = RolloutContext(job="j", prompt=0, sample=0, task_id="t")

@@ -69,4 +69,4 @@ def test_executors_and_the_reconcile_ports_import_nothing_of_the_controller_arou
             for name in names:
                 assert not name.startswith("rolloutd.controller") or name.startswith("rolloutd.controller.executors"), \
                     f"{path.name} imports {name}"
-                assert not name.startswith("rolloutd.agents") or name == "rolloutd.crds.aiokit", f"{path.name}: {name}"
+                assert not name.startswith("rolloutd.agents") or name == "rolloutd.crds.kit.aiokit", f"{path.name}: {name}"

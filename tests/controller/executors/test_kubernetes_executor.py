@@ -16,7 +16,7 @@ import pytest
 import typer
 import yaml
 
-from rolloutd.crds.settings import ControllerSettings
+from rolloutd.crds.kit.settings import ControllerSettings
 from rolloutd.controller.executors.logs import MAX_BYTES, NoLogs
 from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesExecutor, job_manifest, node_states,
                                                       resource_name)

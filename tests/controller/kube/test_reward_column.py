@@ -10,7 +10,7 @@ import yaml
 from support.kube_helpers import EXAMPLE, job_yaml
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 from rolloutd.controller.sim.noop import HealthServer

@@ -14,7 +14,7 @@ import yaml
 from support.waiting import wait_until
 
 from support import kube_tools
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.client import RolloutClient, RolloutdError
 from rolloutd.controller.sim.noop import HealthServer, noop_job as _job
 

@@ -52,8 +52,8 @@ class ScriptedOracle(GatedMath):
         if task.get("script") == "infra":
             raise RuntimeError("scripted infrastructure failure")
         if task.get("blockInTool"):
-            from rolloutd.agents.loop import run_tool
-            from rolloutd.agents.tools import ToolCall
+            from rolloutd.agents.loop.run import run_tool
+            from rolloutd.agents.loop.tools import ToolCall
 
             await run_tool(ToolCall("bash", {"command": "sleep 600"}), sandbox, 600)
         t = Trajectory(job=ctx.job, prompt=ctx.prompt, sample=ctx.sample, task_id=ctx.task_id, node=ctx.node,
@@ -63,8 +63,8 @@ class ScriptedOracle(GatedMath):
 
 class ToolFirst(MathTask):
     async def run(self, task, sandbox, llm, *, tokenizer, config, ctx):
-        from rolloutd.agents.loop import run_tool
-        from rolloutd.agents.tools import ToolCall
+        from rolloutd.agents.loop.run import run_tool
+        from rolloutd.agents.loop.tools import ToolCall
 
         result = await run_tool(ToolCall("bash", {"command": "echo scripted; exit 3"}), sandbox, 20)
         assert "scripted" in result.observation and not result.ok, result

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.sandbox import RuntimeUnavailable, SandboxCreateError, SandboxSpec, create_sandbox, get_runtime
-from rolloutd.crds.settings import SandboxSettings
+from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox.runtimes.apptainer import ApptainerRuntime
 
 from support.waiting import wait_until
@@ -225,15 +225,15 @@ def _cgroup_procs(d: Path) -> list[str]:
 def test_sweep_removes_what_a_killed_daemon_left(run, tmp_path, monkeypatch):
     """A daemon killed with SIGKILL leaves directories and cgroups: the next one sweeps them."""
     require_bwrap()
-    from rolloutd.sandbox.footprint import sweep_stale
-    from rolloutd.sandbox.limits import candidate_parents
+    from rolloutd.sandbox.host.footprint import sweep_stale
+    from rolloutd.sandbox.host.limits import candidate_parents
 
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))  # the killed daemon's, read at its start
     ours = SandboxSettings(sandbox_dir=tmp_path / "sandboxes")
     live = run(create_sandbox(SandboxSpec(), ours))  # a live sandbox of this process must survive the sweep
     script = (
         "import asyncio, os, sys\n"
-        "from rolloutd.crds.settings import SandboxSettings\n"
+        "from rolloutd.crds.kit.settings import SandboxSettings\n"
         "from rolloutd.sandbox import SandboxSpec, create_sandbox\n"
         "async def main():\n"
         "    sb = await create_sandbox(SandboxSpec(), SandboxSettings.from_env())\n"
@@ -327,7 +327,7 @@ def test_a_jobs_sandbox_mounts_become_the_sandbox_spec_and_secrets_are_refused_a
 
 def test_no_seccomp_filter_means_no_sandbox(run, tmp_path, monkeypatch):
     """Fail closed: where libseccomp cannot compile the filter, bwrap refuses to start sandboxes."""
-    from rolloutd.sandbox import syscall_filter
+    from rolloutd.sandbox.host import syscall_filter
 
     if shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
