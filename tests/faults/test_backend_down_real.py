@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rolloutd.agents.engine import EngineServer
+from rolloutd.agents.engine.server import EngineServer
 from support.cluster import gated_job_doc, held_at_gate, in_stage
 from support.engine_fixtures import fresh_engine
 from support.waiting import wait_until

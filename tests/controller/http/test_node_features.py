@@ -13,7 +13,7 @@ from support.kube_controller import https_controller
 from support.kube_helpers import EXAMPLE, job_yaml
 from support.waiting import wait_until
 
-from rolloutd.agents.model_dirs import model_dir
+from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.controller.sim.noop import HealthServer
 from rolloutd.crds.node import FEATURES, NODE_PROTOCOL
 from rolloutd.crds.trajectory import Trajectory
