@@ -24,6 +24,8 @@ from typing import Callable
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from .errors import ServiceUnavailable
+
 log = logging.getLogger("rolloutd.leadership")
 
 LEASE_SECONDS = 5.0
@@ -35,8 +37,8 @@ _CREATE = ("CREATE TABLE IF NOT EXISTS leader_lease (id INTEGER PRIMARY KEY, hol
 _SEED = "INSERT INTO leader_lease (id, holder, epoch, expires, url) VALUES (1, '', 0, 0, '') ON CONFLICT DO NOTHING"
 
 
-class Fenced(RuntimeError):
-    """A leader-only write refused: another replica holds the leader lease now."""
+class Fenced(ServiceUnavailable):
+    """A leader-only write refused: another replica holds the leader lease now (a caller gets 503: retry elsewhere)."""
 
 
 def _pg(engine: Engine) -> bool:

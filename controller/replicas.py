@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import httpx
 
+from rolloutd.crds.node import FAILOVER_CALL_SECONDS
 from rolloutd.crds.settings import ControllerSettings
 
 from .api import create_app
@@ -134,6 +135,10 @@ class Replica:
             await elected.wait()
             started = time.monotonic()
             app = self.build(self.leadership)  # its store is fenced (`Leadership.fence`) before any write
+            # the leases it adopted: their daemons may still be waiting on the old leader (a paused one answers
+            # nothing) for up to FAILOVER_CALL_SECONDS before they call us
+            scheduler = app.state.scheduler
+            scheduler.queue.live.grace(time.time() + FAILOVER_CALL_SECONDS, scheduler.lease_seconds)
             ctx = app.router.lifespan_context(app)
             self.leader = app  # before its operator starts: its calls to our own port reach the leader's app
             await ctx.__aenter__()

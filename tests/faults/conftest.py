@@ -19,3 +19,17 @@ def cluster(tmp_path, monkeypatch) -> Iterator[Cluster]:
     c = Cluster(tmp_path, plugin_env()).start()
     yield c
     c.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path, monkeypatch):
+    """Two controller replicas on one SQLite data dir (support/replicas.py), neither started: the test starts them."""
+    from support.replicas import Replicas
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed (bash .ci/system-packages.sh installs it)")
+    (tmp_path / "sandboxes").mkdir()
+    monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
+    r = Replicas(tmp_path, plugin_env())
+    yield r
+    r.stop()
