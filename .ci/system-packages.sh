@@ -9,8 +9,9 @@ set -euo pipefail
 # beside podman's crun, which refuses hosts with a hybrid cgroup hierarchy (charts/image/build.py picks runc there)
 # unzip: kubectl and helm come out of an npm package's zip (.ci/kube-tools.sh)
 # chromium + chromium-driver: tests/ui drive the web UI in a headless browser (selenium)
+# postgresql: the store's tests run on a real server too (tests/support/postgres.py starts one per session)
 PKGS=(bubblewrap slirp4netns python3-seccomp tmux slurmctld slurmd slurm-client munge mmdebstrap debootstrap podman buildah runc unzip
-      chromium chromium-driver)
+      chromium chromium-driver postgresql)
 [ "${1:-all}" = demo ] && PKGS=(bubblewrap python3-seccomp)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -48,7 +48,11 @@ def main() -> int:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite bench/results/RESULTS.md")
+    ap.add_argument("--store", help="scale: the controller's store, sqlite or postgresql, or both side by side "
+                                    "(sqlite,postgresql) [default: $ROLLOUTD_SCALE_STORES, else sqlite]")
     args = ap.parse_args()
+    if args.store:
+        __import__("os").environ["ROLLOUTD_SCALE_STORES"] = args.store
     rows: list[dict] = []
     failed = []
     for name in discover(args.names):

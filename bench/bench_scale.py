@@ -46,6 +46,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import scale_stores
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
 from rolloutd.controller.sim.noop import SLOTS, HealthServer, noop_job as _job
 from rolloutd.controller.sim.ledger import audit
@@ -105,7 +106,8 @@ def _pct(xs: list[float], q: float) -> float:
 class Controller:
     """A `rolloutd controller` process with a fresh data dir."""
 
-    def __init__(self, root: Path, src: Path | None = None) -> None:
+    def __init__(self, root: Path, src: Path | None = None, store: str | None = None) -> None:
+        """`store`: a PostgreSQL URL (`--store`); None: the data dir's SQLite file."""
         self.root, self.port = root, _port()
         path = [str(src)] if src else []  # an older rolloutd (see `older_source`) instead of this checkout
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
@@ -118,7 +120,8 @@ class Controller:
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),
-             "--port", str(self.port), "--log-level", "warning", "--executors", "local"],
+             "--port", str(self.port), "--log-level", "warning", "--executors", "local",
+             *(("--store", store) if store else ())],
             cwd=REPO, env=env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
         _prioritize(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -244,10 +247,10 @@ def _stall_delta(a: dict | None, b: dict | None, n: int = 25) -> dict | None:
 
 
 def point(nodes: int, time_factor: float, window: float, profile_seconds: float = 0.0, src: Path | None = None,
-          variant: str = "after", watch=None) -> dict:
-    """One sweep point: a fresh controller (from `src` if given), a job, `nodes` simulated daemons; with `watch`
-    (url, token, job → an object with `report(w0, w1)` and `close()`), something watching the job meanwhile
-    (`bench_ui_live.Dashboards`)."""
+          variant: str = "after", watch=None, store: str = "sqlite") -> dict:
+    """One sweep point: a fresh controller (from `src` if given) on `store` (sqlite, or postgresql: a server of
+    the point's own, `scale_stores.py`), a job, `nodes` simulated daemons; with `watch` (url, token, job → an
+    object with `report(w0, w1)` and `close()`), something watching the job meanwhile (`bench_ui_live.Dashboards`)."""
     root = Path(tempfile.mkdtemp(prefix=f"rolloutd-bench-scale-{nodes}-"))
     mean = MEDIAN_SECONDS * math.exp(SIGMA ** 2 / 2) / time_factor
     offered = nodes * SLOTS / mean
@@ -257,7 +260,14 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
     source = root / "rows.jsonl"
     source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(items // 8)))
     health = HealthServer()
-    ctl = Controller(root, src)
+    server = scale_stores.start_server() if store == "postgresql" else None
+    url = server.create_database("scale") if server else None
+    try:
+        ctl = Controller(root, src, url)
+    except BaseException:
+        if server:
+            server.stop()
+        raise
     shards: list[subprocess.Popen] = []
     watcher = None
     try:
@@ -296,9 +306,11 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         stalls0 = ctl.stalls()
         cpu0, io0, sim0, load0 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
+        db0 = scale_stores.server_usage(server)
         time.sleep(max(w0 + window - time.time(), 0))
         cpu1, io1, sim1, load1 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
+        db1 = scale_stores.server_usage(server)
         stalls = _stall_delta(stalls0, ctl.stalls())
         prof = None
         if profile_seconds:
@@ -318,23 +330,25 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         done = sum(1 for o in outs for t_ in o["accepted_at"] if w0 <= t_ < w1)
         lat = {kind: [d * 1e3 for o in outs for t_, d in o["latency"].get(kind, []) if w0 <= t_ < w1]
                for kind in ("lease", "heartbeat", "results")}
-        sizes = ctl.db_bytes()
+        sizes = ctl.db_bytes() if server is None else {"rolloutd.db": scale_stores.database_bytes(server, url),
+                                                         "rolloutd.db-wal": 0}
         split = getattr(watcher, "split", None)  # the calls by the watch's phases (`bench_ui_toggle`)
         phases = split({kind: [(t_, d * 1e3) for o in outs for t_, d in o["latency"].get(kind, [])]
                         for kind in ("heartbeat",)}, w0, w1) if split else None
         return {
-            "variant": variant, "nodes": nodes, "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
+            "variant": variant, "store": store, "nodes": nodes, "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
             "expand_s": round(expand_s, 1), "offered_per_s": round(offered, 1),
             "rollouts_per_s": round(done / window, 1), "rollouts": done,
             "ctl_cores": round((cpu1 - cpu0) / window, 3),
             "ctl_ms_per_rollout": round((cpu1 - cpu0) / max(done, 1) * 1e3, 3),
             "sim_cores": round((sim1 - sim0) / window, 3),
+            "db_cores": round((db1[0] - db0[0]) / window, 3),  # the PostgreSQL server (0: SQLite, in the controller)
             "calls_per_s": {kind: round(len(v) / window, 1) for kind, v in lat.items()},
             "ctl_ms_per_call": round((cpu1 - cpu0) / max(sum(len(v) for v in lat.values()), 1) * 1e3, 3),
             "p50_ms": {kind: round(_pct(v, 0.50), 2) for kind, v in lat.items()},
             "p99_ms": {kind: round(_pct(v, 0.99), 2) for kind, v in lat.items()},
             "max_ms": {kind: round(max(v, default=float("nan")), 1) for kind, v in lat.items()},
-            "write_bytes_per_rollout": round((io1 - io0) / max(done, 1)),
+            "write_bytes_per_rollout": round((io1 - io0 + db1[1] - db0[1]) / max(done, 1)),
             "db_bytes": sizes["rolloutd.db"], "wal_bytes": sizes["rolloutd.db-wal"],
             "audit": {"accepted": check.accepted, "delivered": check.delivered, "lost": len(check.lost),
                       "duplicated": len(check.duplicated), "phantom": len(check.phantom)},
@@ -354,6 +368,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                 s.wait(5)
         ctl.stop()
         health.close()
+        if server:
+            server.stop()
         if os.environ.get("ROLLOUTD_SCALE_KEEP"):
             print(f"   kept {root}", file=sys.stderr)
         else:
@@ -362,21 +378,23 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
 
 def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile_seconds: float = 15.0,
           before: str | None = None) -> list[dict]:
-    """Every N, with this checkout's controller; with `before` (a git revision) that one's first."""
+    """Every N, with this checkout's controller on each store of `$ROLLOUTD_SCALE_STORES` (side by side; its
+    PostgreSQL variant is "after-pg"); with `before` (a git revision) that one's first (on SQLite)."""
     points = []
     with contextlib.ExitStack() as stack:
-        variants = [("before", stack.enter_context(older_source(before)))] if before else []
-        variants.append(("after", None))
+        variants = [("before", stack.enter_context(older_source(before)), "sqlite")] if before else []
+        variants += [("after" if store == "sqlite" else "after-pg", None, store) for store in scale_stores.stores()]
         for n in ns:
-            for variant, src in variants:
+            for variant, src, store in variants:
                 t0 = time.monotonic()
                 try:
-                    p = point(n, time_factor, window, profile_seconds if n == max(ns) else 0.0, src, variant)
+                    p = point(n, time_factor, window, profile_seconds if n == max(ns) else 0.0, src, variant,
+                              store=store)
                 except Exception as e:  # noqa: BLE001 - one failed point (a busy machine) does not void the others
                     print(f"   N={n} {variant}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
                 lp = p["loop"] or {}
-                print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores "
+                print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores, db {p['db_cores']} cores "
                       f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, loop max {lp.get('max_ms')} ms, "
                       f"lags > 5 ms {lp.get('over_5ms')}, audit {p['audit']}, load {p['load_avg']} "
                       f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -395,14 +413,15 @@ def run(quick: bool = False) -> list[dict]:
     (out / f"{label}.json").write_text(json.dumps(
         {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
     rows = []
-    for p in (p for p in points if p["variant"] == "after"):
+    for p in (p for p in points if p["variant"] in ("after", "after-pg")):
         p99 = p["p99_ms"]
         worst = max((v for v in p99.values() if v == v), default=float("nan"))  # nan: a call kind not made
         big = p["nodes"] >= 1000
         rows.append({
             "benchmark": f"{p['nodes']} simulated nodes × {SLOTS} slots, no-op rollouts "
-                         f"(offered {p['offered_per_s']:.0f}/s) (`scale`)",
+                         f"(offered {p['offered_per_s']:.0f}/s), {p.get('store', 'sqlite')} (`scale`)",
             "ours": f"{p['rollouts_per_s']:.0f} rollouts/s, controller {p['ctl_cores']:.2f} cores "
+                    f"+ database {p.get('db_cores', 0):.2f} "
                     f"({p['ctl_ms_per_rollout']:.2f} ms/rollout), p99 lease/beat/results "
                     f"{p99['lease']:.0f}/{p99['heartbeat']:.0f}/{p99['results']:.0f} ms, "
                     f"lost/dup {p['audit']['lost']}/{p['audit']['duplicated']}, load {p['load_avg'][1]}",
@@ -416,16 +435,16 @@ def run(quick: bool = False) -> list[dict]:
 
 def table(points: list[dict]) -> str:
     """The sweep as the markdown table of bench/results/RESULTS-scale.md."""
-    out = ["| N × 64 | code | offered/s | rollouts/s | ctl cores | ctl ms/rollout | ctl ms/call | calls/s lease/beat/results "
+    out = ["| N × 64 | code | offered/s | rollouts/s | ctl cores | db cores | ctl ms/rollout | ctl ms/call | calls/s lease/beat/results "
            "| p50 ms lease/beat/results | p99 ms lease/beat/results | loop max ms | loop lags > 5 / > 20 ms "
            "| KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
-           "|" + "---|" * 16]
-    for p in sorted(points, key=lambda p: (p["nodes"], p.get("variant") != "before")):
+           "|" + "---|" * 17]
+    for p in sorted(points, key=lambda p: (p["nodes"], p.get("variant") != "before", p.get("variant") == "after-pg")):
         c, p50, p99, a = p["calls_per_s"], p["p50_ms"], p["p99_ms"], p["audit"]
         lp = p.get("loop") or {}
         out.append(
             f"| {p['nodes']} | {p.get('variant', '-')} | {p['offered_per_s']:.0f} | {p['rollouts_per_s']:.0f} "
-            f"| {p['ctl_cores']:.2f} | {p['ctl_ms_per_rollout']:.2f} | {p.get('ctl_ms_per_call', float('nan')):.2f} "
+            f"| {p['ctl_cores']:.2f} | {p.get('db_cores', 0):.2f} | {p['ctl_ms_per_rollout']:.2f} | {p.get('ctl_ms_per_call', float('nan')):.2f} "
             f"| {c['lease']:.0f}/{c['heartbeat']:.0f}/{c['results']:.0f} "
             f"| {p50['lease']:.0f}/{p50['heartbeat']:.0f}/{p50['results']:.0f} "
             f"| {p99['lease']:.0f}/{p99['heartbeat']:.0f}/{p99['results']:.0f} "

@@ -52,15 +52,17 @@ def controller(
     keep_daemons: bool = typer.Option(False, "--keep-daemons", help="on SIGTERM leave the local node daemons "
                                       "running for a restarted controller to adopt (default: release them; a "
                                       "killed controller always leaves them)"),
+    store: str = typer.Option(None, help="an SQLite file, or a postgresql://user:password@host/database URL "
+                                         "[default: $ROLLOUTD_STORE, else the data dir's rolloutd.db]"),
 ) -> None:
-    """Run the controller: API, SQLite store, scheduler and the kopf operator."""
+    """Run the controller: API, store (SQLite, or PostgreSQL), scheduler and the kopf operator."""
     from .server import run_controller
 
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
     if tls_ca_file and not tls_cert_file:
         raise typer.BadParameter("--tls-ca-file needs --tls-cert-file and --tls-key-file")
-    settings = _settings()
+    settings = _settings(store)
     run_controller(data_dir or settings.data_dir, host, port, log_level, _kinds(executors),
                    tls=(tls_cert_file, tls_key_file) if tls_cert_file else None, operator=operator,
                    ca_file=tls_ca_file, keep_daemons=keep_daemons, settings=settings)
@@ -77,6 +79,8 @@ def operator(
     port: int = typer.Option(DEFAULT_PORT, help="TCP port of that API"),
     log_level: str = typer.Option("info"),
     executors: str = typer.Option("local,slurm", help="comma-separated executor kinds this operator runs"),
+    store: str = typer.Option(None, help="as `rolloutd controller --store` [default: $ROLLOUTD_STORE, else the "
+                                         "data dir's rolloutd.db]"),
 ) -> None:
     """Run the kopf operator against another API server (a cluster, or a `rolloutd controller --no-operator`),
     with the scheduler and trainer API beside it."""
@@ -87,20 +91,24 @@ def operator(
         kube = Connection.from_kubeconfig(kubeconfig, context) if kubeconfig else Connection.in_cluster()
     except (ValueError, KeyError, OSError) as e:
         raise typer.BadParameter(f"kubeconfig {kubeconfig}: {e}" if kubeconfig else str(e)) from None
-    settings = _settings()
+    settings = _settings(store)
     run_controller(data_dir or settings.data_dir, host, port, log_level, _kinds(executors), kube=kube,
                    settings=settings)
 
 
-def _settings():
-    """The controller's variables, read once here (its entry point); a bad value ends the command, naming it."""
+def _settings(store: str | None = None):
+    """The controller's variables, read once here (its entry point); a bad value ends the command, naming it.
+    `store`: `--store`, over $ROLLOUTD_STORE."""
+    import dataclasses
+
     from rolloutd.crds.settings import ControllerSettings, SettingsError
 
     try:
-        return ControllerSettings.from_env()
+        settings = ControllerSettings.from_env()
     except SettingsError as e:
         typer.echo(f"rolloutd: {e}", err=True)
         raise typer.Exit(2) from None
+    return dataclasses.replace(settings, store=store) if store else settings
 
 
 def _kinds(executors: str) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ import httpx
 from rolloutd.crds.node import FAILOVER_CALL_SECONDS
 from rolloutd.crds.settings import ControllerSettings
 
+from . import dialects
 from .api import create_app
 from .auth import TokenBook, ensure_token
 from .allowlists import AllowLists
@@ -92,10 +93,12 @@ class Replica:
                  build: Callable[[Leadership], Any]) -> None:
         paths = DataDir(data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        token = ensure_token(paths.token, mint=not paths.db.exists())
+        location = settings.store or paths.db  # an SQLite file or a postgresql:// URL (`server.build_app`)
         with open(data_dir / ".replicas.lock", "a") as lock:  # replicas starting together migrate one at a time
             fcntl.flock(lock, fcntl.LOCK_EX)
-            self.store = Store(paths.db, watch_history=settings.watch_history)
+            token = ensure_token(paths.token, mint=dialects.is_url(location) or not Path(location).exists())
+            self.store = Store(location, watch_history=settings.watch_history, home=data_dir)
+        self.store.listen()  # PostgreSQL: LISTEN/NOTIFY as well as the change-log poll
         self.follower = create_app(self.store, token, node_credentials=NodeCredentials(paths.node_credentials),
                                    tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings))
         self.follower.state.executors = {}

@@ -24,6 +24,7 @@ from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
 from rolloutd.crds import tracing
 from rolloutd.crds.settings import ControllerSettings
 
+from . import dialects
 from .allowlists import AllowLists
 from .api import create_app
 from .auth import TokenBook, ensure_token
@@ -46,6 +47,7 @@ from .work.scheduler import Scheduler
 from .store import Store
 from .leadership import Leadership
 from .replicas import Replica, replica_urls
+from .store_db import SchemaTooNew
 
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
@@ -65,14 +67,19 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     settings = settings or ControllerSettings()
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = ensure_token(paths.token, mint=not paths.db.exists())  # a store's clients hold its token
+    location = settings.store or paths.db  # an SQLite file (the data dir's by default) or a postgresql:// URL
+    # a store's clients hold its token (a server's store: the data dir says nothing of it, a token may be minted)
+    token = ensure_token(paths.token, mint=dialects.is_url(location) or not Path(location).exists())
     credentials = NodeCredentials(paths.node_credentials)  # per job: the executors mint and revoke them
     try:
-        store = Store(paths.db, watch_history=settings.watch_history)
+        store = Store(location, watch_history=settings.watch_history, home=data_dir)
     except (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError) as e:
-        raise SystemExit(opening_problem(paths.db, e)) from None
+        raise SystemExit(opening_problem(store_name(location), e)) from None
+    except SchemaTooNew as e:
+        raise SystemExit(f"rolloutd: {e}") from None
     if leadership is not None:
         leadership.fence(store.engine)
+    store.listen()  # PostgreSQL: other controllers' writes wake our watches and leave our cache (LISTEN/NOTIFY)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
                           on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
@@ -128,7 +135,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                     await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
         app.state.stop_operator = stop_operator
         tune_gc()
-        checkpoints = Checkpointer(paths.db).start()  # the WAL copied back off the event loop
+        checkpoints = store.path and Checkpointer(store.path).start()  # SQLite's WAL copied back off the loop
         store.checkpoint_aside(BACKSTOP_PAGES)
         sampler = settings.stall_samples and StallSampler(settings.stall_samples, lambda: app.state.loop_lag.ticked,
                                                           threading.get_ident()).start()
@@ -137,7 +144,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         finally:
             if sampler:
                 sampler.stop()
-            checkpoints.stop()
+            if checkpoints:
+                checkpoints.stop()
             await stop_operator()
             scheduler.stop()
             if operator:
@@ -167,6 +175,11 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+def store_name(location: Path | str) -> str:
+    """The store as messages name it (a server's URL without its password)."""
+    return dialects.redacted(location) if dialects.is_url(location) else str(location)
+
+
 def tune_gc() -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -190,7 +203,9 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
         app = Replica(data_dir, own, settings, build)
     else:
         app = build()
-    logging.getLogger("rolloutd").info("data dir %s; token file %s", data_dir, DataDir(data_dir).token)
+    logging.getLogger("rolloutd").info("data dir %s; store %s; token file %s", data_dir,
+                                       store_name((settings and settings.store) or DataDir(data_dir).db),
+                                       DataDir(data_dir).token)
     logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))

@@ -3,7 +3,8 @@
 `api.py` asks `StorageWatch.problem()` for /readyz and `lost()` before serving (a controller whose store file was
 removed stops serving: it would write into an unlinked file and lose it at the next start); a request that fails on
 the disk answers 503 with the reason and Retry-After (`storage_reason` tells such an error from a bug).
-`opening_problem` words a store that cannot be opened at start. Next step: the same for PostgreSQL's errors.
+`opening_problem` words a store that cannot be opened at start. On PostgreSQL there is no file to watch: a server
+that cannot be reached (refused, shut down, connection lost) is the fault named instead. Next step: none planned.
 """
 from __future__ import annotations
 
@@ -28,13 +29,29 @@ def storage_reason(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
     if isinstance(orig, sqlite3.OperationalError) and any(s in str(orig).lower() for s in _SQLITE_STORAGE):
         return f"the store cannot be written: {orig}"
+    if _pg_unreachable(orig):
+        return f"the database server cannot be reached: {str(orig).strip().splitlines()[0] if str(orig) else orig!r}"
     if isinstance(orig, OSError) and orig.errno in _OS_STORAGE:
         return f"the data dir cannot be written: {orig.strerror or orig}"
     return None
 
 
-def opening_problem(path: Path, exc: BaseException) -> str:
-    """The message for a store that cannot be opened at start: which file, and what to do."""
+def _pg_unreachable(exc: BaseException) -> bool:
+    """psycopg's errors of a connection (not of a statement): the server is down, restarting or out of reach."""
+    try:
+        import psycopg
+    except ImportError:  # the [postgresql] extra is not installed: no PostgreSQL store either
+        return False
+    return isinstance(exc, psycopg.OperationalError) and (
+        isinstance(exc, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow)) or exc.sqlstate is None
+        or exc.sqlstate.startswith("08"))
+
+
+def opening_problem(path: Path | str, exc: BaseException) -> str:
+    """The message for a store that cannot be opened at start: which file (or server), and what to do."""
+    if isinstance(path, str) and "://" in path:
+        return (f"cannot open the store {path}: {getattr(exc, 'orig', None) or exc}. Check the URL, that the server "
+                "runs and that its user may create tables in the database (see Operations: PostgreSQL)")
     return (f"cannot open the store {path}: {getattr(exc, 'orig', None) or exc}. If the file is damaged, stop here "
             "and restore it from a backup (see Operations: Backups); do not delete it, the jobs and trajectories "
             "are in it")
@@ -44,10 +61,11 @@ class StorageWatch:
     """The store file as opened (device and inode) and the data dir's state; `failed(reason)` records a write that
     failed on the disk."""
 
-    def __init__(self, db: Path) -> None:
-        self.db = Path(db)
-        st = os.stat(self.db)
-        self._identity = (st.st_dev, st.st_ino)
+    def __init__(self, db: Path | None) -> None:
+        """`db`: the SQLite file; None for a server's store (only the writes that failed are watched)."""
+        self.db = None if db is None else Path(db)
+        st = None if db is None else os.stat(self.db)
+        self._identity = st and (st.st_dev, st.st_ino)
         self._failed: tuple[float, str] | None = None
         self._checked, self._lost = 0.0, None
 
@@ -58,7 +76,7 @@ class StorageWatch:
         """The store file was removed or replaced since it was opened (checked at most every `every` s; once
         lost, lost for good)."""
         now = time.monotonic()
-        if self._lost is None and now - self._checked >= every:
+        if self.db is not None and self._lost is None and now - self._checked >= every:
             self._checked = now
             try:
                 st = os.stat(self.db)
@@ -77,12 +95,13 @@ class StorageWatch:
         """Why the controller cannot take writes now (None: it can)."""
         if lost := self.lost(every=0.0):
             return lost
-        folder = self.db.parent
-        if not os.access(folder, os.W_OK):
-            return "the data dir is not writable (a read-only filesystem?)"
-        fs = os.statvfs(folder)
-        if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
-            return f"the data dir is full ({fs.f_bavail * fs.f_frsize} bytes free)"
+        if self.db is not None:
+            folder = self.db.parent
+            if not os.access(folder, os.W_OK):
+                return "the data dir is not writable (a read-only filesystem?)"
+            fs = os.statvfs(folder)
+            if fs.f_bavail * fs.f_frsize < MIN_FREE_BYTES:
+                return f"the data dir is full ({fs.f_bavail * fs.f_frsize} bytes free)"
         if self._failed is not None and time.monotonic() - self._failed[0] < RECENT_SECONDS:
             return self._failed[1]
         return None

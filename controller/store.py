@@ -36,9 +36,10 @@ OPERATOR_ANNOTATIONS = "rolloutd.io/"  # kopf's state on a job (operator/embedde
 class Store(StoreDB):
     """RolloutJobs' reads and writes over the database and change log of `StoreDB`."""
 
-    def __init__(self, path: Path | str, *, watch_history: int = CHANGE_LOG_KEEP):
-        """`watch_history`: the changes kept for resuming watches (the controller's `ControllerSettings`)."""
-        super().__init__(path)
+    def __init__(self, path: Path | str, *, watch_history: int = CHANGE_LOG_KEEP, home: Path | None = None):
+        """`path`: an SQLite file or a `postgresql://` URL; `watch_history`: the changes kept for resuming watches
+        (the controller's `ControllerSettings`); `home`: the data dir, for files kept beside a server's store."""
+        super().__init__(path, home=home)
         self._keep = watch_history
         self._trim_every = max(1, min(1000, self._keep // 2))
         self._cache: dict[str, RolloutJob] = {}
@@ -46,12 +47,24 @@ class Store(StoreDB):
 
     def _changed(self, key: str) -> None:
         """After a committed write: drop the cached job (a reader may have cached the old row while
-        the write was in flight) and wake the watchers."""
-        with self._lock:
-            self._epoch += 1
-            self._cache.pop(key, None)
+        the write was in flight) and wake the watchers; on PostgreSQL tell the other processes too."""
+        self._forget(key)
         self._mark(key)
         self._notify()
+        self._announce(key)
+
+    def _forget(self, key: str | None) -> None:
+        with self._lock:
+            self._epoch += 1
+            if key is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(key, None)
+
+    def _heard(self, key: str | None) -> None:
+        """Another process wrote job `key` (None: any, perhaps): as a write of our own, without announcing it."""
+        self._forget(key)
+        super()._heard(key)
 
     # ------------------------------------------------------------ reads
 

@@ -1,5 +1,5 @@
-"""The store's database and its watch side: SQLite (WAL) with its schema version, watchers' wake-ups,
-the change log (each row's id is a resourceVersion) and the events.
+"""The store's database and its watch side: SQLite (WAL; a path) or PostgreSQL (a URL, `dialects.py`) with its
+schema version, watchers' wake-ups, the change log (each row's id is a resourceVersion) and the events.
 
 `store.Store` builds RolloutJobs' reads and writes on it; `kube/watch.py` reads the change log.
 """
@@ -14,6 +14,9 @@ from typing import Any
 from sqlalchemy import event, func
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from rolloutd.crds.errors import ConfigurationError
+
+from . import dialects
 from .errors import Gone
 from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
                            utcnow)
@@ -27,24 +30,44 @@ MMAP_BYTES = 1 << 30
 # commit stalled 20–40 ms copying and syncing 4 MB about once a second at a thousand simulated nodes. A quarter of
 # that makes each stall a quarter as long (p99 of node calls 53 and 60 ms in two runs, 64–119 ms in five at 1000).
 AUTOCHECKPOINT_PAGES = 250
+MIGRATION_LOCK = 0x726F6C6C  # PostgreSQL advisory lock key held while a controller migrates ("roll")
 EVENTS_PER_JOB = 500  # a job's newest events kept (`add_event`); older ones go as new ones come
+
+
+class SchemaTooNew(ConfigurationError, RuntimeError):
+    """The database was moved forward by a newer rolloutd: this one stops rather than write rows it cannot read."""
 
 
 class StoreDB:
     """Thread-safe; one writer at a time (a lock), readers concurrent thanks to WAL."""
 
-    def __init__(self, path: Path | str):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path | str, *, home: Path | None = None):
+        """`path`: the SQLite file, or a `postgresql://` URL (`dialects.is_url`); `home`: where files beside the
+        store go (the SQLite file's folder unless given; none for a server without one)."""
+        self.url = str(path) if dialects.is_url(path) else None
+        self.path = None if self.url else Path(path)
+        self.home = home if home is not None or self.path is None else self.path.parent
         self.autocheckpoint = AUTOCHECKPOINT_PAGES  # pages of WAL past which a commit checkpoints (`checkpoint_aside`)
-        self.engine = create_engine(
-            f"sqlite:///{self.path}", connect_args={"check_same_thread": False, "timeout": 30},
+        self.engine = self._pg_engine(self.url) if self.url else self._sqlite_engine(self.path)
+        self.dialect = self.engine.dialect.name
+        self.where = dialects.redacted(self.url) if self.url else str(self.path)  # for messages
+
+        self._lock = threading.RLock()
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._marks: dict[str, int] = {}  # job key → its writes and events so far, in this process (`mark_of`)
+        self._listener = None  # PostgreSQL: the thread hearing other processes' writes (`listen`)
+        self._migrate()
+
+    def _sqlite_engine(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 30},
             # LIFO: the event loop's calls, one after another, reuse the connection the last one returned, whose
             # page cache is warm (a FIFO pool rotates them, and each starts cold: ~90 page reads per node call)
             pool_use_lifo=True,
         )
 
-        @event.listens_for(self.engine, "connect")
+        @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -54,31 +77,39 @@ class StoreDB:
             cur.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
             cur.execute(f"PRAGMA wal_autocheckpoint={self.autocheckpoint}")
             cur.close()
+        return engine
 
-        self._lock = threading.RLock()
-        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
-        self._marks: dict[str, int] = {}  # job key → its writes and events so far, in this process (`mark_of`)
-        self._migrate()
+    @staticmethod
+    def _pg_engine(url: str):
+        # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend)
+        return create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL, max_overflow=dialects.PG_OVERFLOW,
+                             pool_use_lifo=True, pool_pre_ping=True, connect_args={"options": "-c timezone=UTC"})
 
     # ------------------------------------------------------------ schema
 
     def _migrate(self) -> None:
-        SQLModel.metadata.create_all(self.engine)
-        with Session(self.engine) as s:
+        """Create what is missing and move an older schema forward; refuse a newer one. On PostgreSQL under a
+        transaction-scoped advisory lock: controllers starting together migrate one after another."""
+        with self.engine.begin() as conn:
+            if self.dialect == dialects.POSTGRESQL:
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            SQLModel.metadata.create_all(conn)
+            s = Session(bind=conn)
             row = s.get(SchemaVersionRow, 1)
             if row is None:
                 s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
             elif row.version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"database {self.path} has schema version {row.version}, newer than this "
-                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd"
+                raise SchemaTooNew(
+                    f"database {self.where} has schema version {row.version}, newer than this "
+                    f"rolloutd ({SCHEMA_VERSION}); upgrade rolloutd (it refuses to write a schema it does not know)"
                 )
             else:
                 while row.version < SCHEMA_VERSION:
                     MIGRATIONS[row.version](s)
                     row.version += 1
                     s.add(row)
-            s.commit()
+            s.flush()
+            s.close()
 
     def schema_version(self) -> int:
         with Session(self.engine) as s:
@@ -87,10 +118,32 @@ class StoreDB:
     def checkpoint_aside(self, backstop_pages: int) -> None:
         """A thread copies the WAL back now (`wal_checkpoints.Checkpointer`): commits checkpoint only past
         `backstop_pages`. The pooled connections are replaced (the setting is per connection, set when one opens)."""
+        if self.dialect != dialects.SQLITE:
+            return
         self.autocheckpoint = backstop_pages
         self.engine.dispose()
 
     # ------------------------------------------------------------ notifications
+
+    def listen(self) -> None:
+        """On PostgreSQL: hear the other processes' job writes (`store_listen.py`); once, from the server."""
+        if self.url is not None and self._listener is None:
+            from .store_listen import Listener
+
+            conninfo = dialects.engine_url(self.url).replace("postgresql+psycopg://", "postgresql://", 1)
+            self._listener = Listener(conninfo, self._heard).start()
+
+    def _heard(self, key: str | None) -> None:
+        """Another process wrote job `key` (None: perhaps any, while we were not listening)."""
+        if key is not None:
+            self._mark(key)
+        self._notify()
+
+    def _announce(self, key: str) -> None:
+        if self.url is not None:
+            from .store_listen import announce
+
+            announce(self.engine, key)
 
     def subscribe(self) -> asyncio.Event:
         ev = asyncio.Event()

@@ -52,6 +52,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_DATA_DIR", "path", "`$XDG_DATA_HOME/rolloutd` (`~/.local/share/rolloutd`)",
              (CONTROLLER, CLIENT, SANDBOX), "the controller's data directory: database, tokens, certificate, logs; "
              "the sandbox hides it"),
+    Variable("ROLLOUTD_STORE", "url", "the data dir's SQLite file `rolloutd.db`", (CONTROLLER,),
+             "where the controller keeps jobs, rollouts and trajectories: an SQLite file's path, or a PostgreSQL "
+             "server's `postgresql://user:password@host:5432/database` URL (the `[postgresql]` extra; `--store`)"),
     Variable("ROLLOUTD_IMAGE_DIR", "path", "`$ROLLOUTD_HOME/images`", (SANDBOX,),
              "where built root filesystem images are cached (e.g. a cluster filesystem)"),
     Variable("ROLLOUTD_IMAGE_MAX_MB", "int", "8192", (SANDBOX,), "the most an image build may write, in MB (every "
@@ -208,6 +211,7 @@ class ControllerSettings:
 
     home: Path = field(default_factory=_home)
     data_dir: Path = field(default_factory=xdg_data_dir)
+    store: str | None = None  # ROLLOUTD_STORE: an SQLite path or a postgresql:// URL (None: the data dir's file)
     drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS
     advertise_url: str | None = None
     replicas: str | None = None

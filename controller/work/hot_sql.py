@@ -17,18 +17,20 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from ..dialects import raw
 from .states import ItemState
 
 LIVE_SQL = f"('{ItemState.queued}', '{ItemState.leased}')"
 
 
 class Tx:
-    """One transaction on one pooled connection: `db` (the sqlite3 connection) for plain statements,
-    `session()` for the ORM on the same transaction (flushed, never committed, by `transaction`)."""
+    """One transaction on one pooled connection: `db` (the sqlite3 connection, or psycopg's taking the same
+    statements: `dialects.raw`) for plain statements, `session()` for the ORM on the same transaction (flushed,
+    never committed, by `transaction`)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, db: Any = None) -> None:
         self.conn = conn
-        self.db: sqlite3.Connection = conn.connection.driver_connection
+        self.db: sqlite3.Connection = db if db is not None else raw(conn)
         self._session: Session | None = None
 
     def session(self) -> Session:
@@ -208,10 +210,11 @@ class GroupCommit:
         done: list[tuple[asyncio.Future, Any, BaseException | None, Callable[[], None] | None]] = []
         try:
             with self.engine.begin() as conn:
-                db = conn.connection.driver_connection
-                db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
+                db = raw(conn)
+                if conn.dialect.name == "sqlite":  # psycopg has begun one already, at its first statement
+                    db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
                 for work, future in group:
-                    tx = Tx(conn)
+                    tx = Tx(conn, db)
                     db.execute("SAVEPOINT call")
                     try:
                         value, after = work(tx)

@@ -16,6 +16,7 @@ from sqlmodel import Session, select
 from rolloutd.crds.node import (FEATURES, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest, RegisterResponse,
                                 beat_gap, heartbeat_seconds)
 
+from ..dialects import raw
 from ..errors import BadRequest, Conflict, NotFound
 from ..tenancy import policies_for
 from .job_state import Jobs, closed
@@ -112,8 +113,8 @@ class NodeRegistry:
         """(id, name, host, state, slot, last call) of the job's daemons not gone: plain rows (1000 ORM objects
         cost a dashboard's build ~20 ms), the last call from memory (the table keeps the registration's)."""
         with self.engine.connect() as c:
-            rows = c.exec_driver_sql("SELECT id, name, host, state, slot, last_seen FROM nodes WHERE job = ? AND "
-                                     "state != ?", (job, DaemonState.gone.value)).all()
+            rows = raw(c).execute("SELECT id, name, host, state, slot, last_seen FROM nodes WHERE job = ? AND "
+                                  "state != ?", (job, DaemonState.gone.value)).fetchall()
         seen = self._seen
         return [(i, name, host, state, slot, seen.get(i, last)) for i, name, host, state, slot, last in rows]
 
@@ -149,7 +150,7 @@ class NodeRegistry:
         retires the node record, so it can wait out a daemon's start-up (imports and the tokenizer
         take several seconds on a busy node, before its first beat). Plain rows: this runs every half
         second over every node (a thousand ORM objects each time, at a thousand nodes)."""
-        db = s.connection().connection.driver_connection
+        db = raw(s.connection())
         silent = []
         live = 0
         for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):

@@ -58,12 +58,14 @@ class PolicyVersions:
         return row
 
     def plain(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
-        """`row` as plain (version JSON, history JSON, paused), the row created on first use."""
+        """`row` as plain (version JSON, history JSON, paused), the row created on first use (ON CONFLICT: on
+        PostgreSQL another transaction may create it meanwhile; SQLite, one writer at a time, never races)."""
         row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
         if row is None:
             default = PolicyRow(job=job)
-            row = (default.version, default.history, default.paused)
-            db.execute("INSERT INTO policies (job, version, history, paused) VALUES (?, ?, ?, ?)", (job, *row))
+            db.execute("INSERT INTO policies (job, version, history, paused) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT (job) DO NOTHING", (job, default.version, default.history, default.paused))
+            row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
         return row[0], row[1], bool(row[2])
 
     def version(self, job: str) -> int | str | None:

@@ -94,7 +94,7 @@ class ItemQueue:
 
     def count_live(self, db: sqlite3.Connection, job: str, at_most: int) -> int:
         """The job's live items, counted up to `at_most` (reads at most that many index entries)."""
-        return db.execute(f"SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT ?)",
+        return db.execute(f"SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT ?) AS live",
                           (job, at_most)).fetchone()[0]
 
     def counts(self, job: str) -> dict[str, int]:

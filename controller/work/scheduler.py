@@ -94,7 +94,7 @@ class Scheduler:
         self.attempts = Attempts(self.engine, self.queue, self.jobs, self.registry, self.policies, self.expansions,
                                  self.batches, self.feed, clock, on_idle)
         self.group = hot_sql.GroupCommit(self.engine)  # node calls committed together
-        self.seqs = seq_floor.SeqFloor(self.engine, store.path)
+        self.seqs = seq_floor.SeqFloor(self.engine, store.home)
         with hot_sql.transaction(self.engine) as tx:  # a restart: the leases held when the controller stopped
             self.queue.live.load(tx.db, clock(), self.lease_seconds)
             self.seqs.raise_floor(tx.db)  # restored from a backup: seqs go on above those issued

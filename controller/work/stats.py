@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy.engine import Engine
 
+from ..dialects import is_pg, raw
 from .stage_times import Times, histogram, percentile
 
 STAGES = ("queue", "init", "run", "eval")
@@ -118,7 +119,7 @@ class JobStats:
         final = self._final.get(job)
         if final is not None and final.uid == uid:
             with self.engine.connect() as c:
-                if _max_seq(c.connection.driver_connection, job) == final.last_seq:
+                if _max_seq(raw(c), job) == final.last_seq:
                     return final.out
             del self._final[job]  # a trajectory after all: summed again from the store
         acc = self._acc_of(job, uid)
@@ -174,7 +175,7 @@ class JobStats:
         until the node calls' own commits checkpointed it inline (stalls of 100-300 ms in `bench ui_toggle`).
         The first read (once per job and controller) still walks the index in one statement."""
         with self.engine.connect() as c:
-            db = c.connection.driver_connection
+            db = raw(c)
             max_seq = _max_seq(db, job)
             if max_seq <= acc.last_seq:
                 return
@@ -312,12 +313,12 @@ def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_
         where.append("task_id = ?")
         args.append(task)
     if text:
-        where.append("instr(data, ?) > 0")
+        where.append("strpos(data, ?) > 0" if is_pg(engine) else "instr(data, ?) > 0")
         args.append(text)
     sql = ("SELECT seq, prompt, sample, reward, failure, task_id, policy, reason FROM trajectories WHERE "
            + " AND ".join(where) + " ORDER BY seq LIMIT ?")
     with engine.connect() as c:
-        rows = c.exec_driver_sql(sql, (*args, limit + 1)).all()
+        rows = raw(c).execute(sql, (*args, limit + 1)).fetchall()
     items = [{"seq": seq, "prompt": prompt, "sample": sample, "reward": reward, "failure": fail, "taskId": task_id,
               "policyVersion": json.loads(version) if version else None, "reason": reason}
              for seq, prompt, sample, reward, fail, task_id, version, reason in rows[:limit]]
@@ -327,7 +328,7 @@ def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_
 def trajectory(engine: Engine, job: str, seq: int) -> str | None:
     """The stored JSON of trajectory `seq` when it belongs to `job`."""
     with engine.connect() as c:
-        row = c.exec_driver_sql("SELECT data FROM trajectories WHERE seq = ? AND job = ?", (seq, job)).first()
+        row = raw(c).execute("SELECT data FROM trajectories WHERE seq = ? AND job = ?", (seq, job)).fetchone()
     return None if row is None else row[0]
 
 
@@ -335,11 +336,11 @@ def group(engine: Engine, job: str, prompt: int, group_id: int | None) -> list[d
     """The samples of a GRPO group (the prompt's, or the batch group's) with their rewards and advantages."""
     with engine.connect() as c:
         if group_id is not None:
-            rows = c.exec_driver_sql("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
-                                     "group_id = ? ORDER BY sample", (job, group_id)).all()
+            rows = raw(c).execute("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
+                                  "group_id = ? ORDER BY sample", (job, group_id)).fetchall()
         else:
-            rows = c.exec_driver_sql("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
-                                     "prompt = ? AND group_id IS NULL ORDER BY sample", (job, prompt)).all()
+            rows = raw(c).execute("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
+                                  "prompt = ? AND group_id IS NULL ORDER BY sample", (job, prompt)).fetchall()
     scored = [r[2] for r in rows if r[2] is not None]
     mean = sum(scored) / len(scored) if scored else 0.0
     std = math.sqrt(sum((x - mean) ** 2 for x in scored) / len(scored)) if scored else 0.0

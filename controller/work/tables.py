@@ -1,4 +1,4 @@
-"""The work core's SQLite tables (beside the store's jobs): tasks, items, trajectories, nodes, policies, batches.
+"""The work core's tables (SQLite or PostgreSQL, beside the store's jobs): tasks, items, trajectories, nodes, policies, batches.
 
 Created by `create` when the scheduler starts; `queue`, `nodes`, `feed`, `policy` and `batches` read and write them.
 """
@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel
+
+from ..dialects import columns, index_columns, is_pg
 
 from .states import BatchState, DaemonState, GroupState, ItemState
 
@@ -142,14 +144,18 @@ FACTS = {"task_id": "json_extract(data, '$.taskId')", "policy": "json_quote(json
          "t_end": "json_extract(data, '$.timings.stamps.end')"}
 _FACT_TYPES = {"task_id": "VARCHAR", "policy": "VARCHAR", "reason": "VARCHAR NOT NULL DEFAULT ''"}
 
+CREATE_LOCK = 0x776F726B  # PostgreSQL advisory lock key held by `create` ("work")
 PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, BatchPromptsRow, CursorRow,
            PolicyRow)
 
 
 def create(engine: Engine) -> None:
     """Create the work tables and indexes that are missing (older databases gain them as they are)."""
-    SQLModel.metadata.create_all(engine, tables=[model.__table__ for model in PER_JOB])
-    with engine.begin() as c:  # "a job's live items": leases, completion (also in older databases)
+    with engine.begin() as c:
+        if is_pg(c):  # controllers starting together on one server create these one after another
+            c.exec_driver_sql(f"SELECT pg_advisory_xact_lock({CREATE_LOCK})")
+        SQLModel.metadata.create_all(c, tables=[model.__table__ for model in PER_JOB])
+        # "a job's live items": leases, completion (also in older databases)
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
         # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_state_deadline ON items (state, deadline)")
@@ -157,7 +163,7 @@ def create(engine: Engine) -> None:
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_state")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_node_id")  # a lease wrote it at the node's place in it
-        have = {r[1] for r in c.exec_driver_sql("PRAGMA table_info(expansions)")}  # older databases: complete
+        have = columns(c, "expansions")  # older databases: complete
         for column, ddl in (("reason", "VARCHAR NOT NULL DEFAULT ''"), ("pending", "INTEGER NOT NULL DEFAULT 0")):
             if column not in have:
                 c.exec_driver_sql(f"ALTER TABLE expansions ADD COLUMN {column} {ddl}")
@@ -165,7 +171,7 @@ def create(engine: Engine) -> None:
         # the UI's: a job's sums read from this index alone (never `data`), and a prompt's GRPO group
         # (task_id and reason stay out of it: text made each insert ~25 µs dearer; they are read from the rows)
         # (t_end last: the throughput over time; an index from before it is made again)
-        if "t_end" not in {r[2] for r in c.exec_driver_sql("PRAGMA index_info(ix_trajectories_facts)")}:
+        if "t_end" not in index_columns(c, "ix_trajectories_facts"):
             c.exec_driver_sql("DROP INDEX IF EXISTS ix_trajectories_facts")
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_trajectories_facts ON trajectories (job, failure, reward, "
                           "policy, t_queue, t_init, t_run, t_eval, t_end)")
@@ -174,8 +180,10 @@ def create(engine: Engine) -> None:
 
 def _add_facts(c) -> None:
     """An older database's trajectories gain the FACTS columns, filled once from their documents."""
-    have = {row[1] for row in c.exec_driver_sql("PRAGMA table_info(trajectories)")}
+    have = columns(c, "trajectories")
     missing = [col for col in FACTS if col not in have]
+    if missing and is_pg(c):  # PostgreSQL stores began with every column (FACTS are SQLite's JSON functions)
+        raise RuntimeError(f"trajectories lacks {missing}: this PostgreSQL database was not made by rolloutd")
     for col in missing:
         c.exec_driver_sql(f"ALTER TABLE trajectories ADD COLUMN {col} {_FACT_TYPES.get(col, 'FLOAT')}")
     if missing:

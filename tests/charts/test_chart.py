@@ -46,6 +46,7 @@ VALUE_SETS = {
                        "extraVolumeMounts": [{"name": "datasets", "mountPath": "/datasets", "readOnly": True}]},
     },
     "operator": {"mode": "operator"},
+    "postgresql": {"database": {"existingSecret": "rolloutd-db", "key": "uri"}},
     "bring-your-own": {"auth": {"existingSecret": "my-tokens"}, "storage": {"existingClaim": "my-pvc"},
                        "executor": {"kinds": ["local"]}, "serviceAccount": {"create": False, "name": "builder"}},
 }
@@ -214,6 +215,16 @@ def test_operator_mode_gets_its_cluster_role(tmp_path, monkeypatch):
     assert executor == controller_role and not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_an_external_postgresql_url_comes_from_its_secret():
+    ctl = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "ROLLOUTD_STORE" not in {e["name"] for e in ctl["env"]}  # SQLite on the volume by default
+    ctl = one(render("postgresql"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    [store] = [e for e in ctl["env"] if e["name"] == "ROLLOUTD_STORE"]
+    assert store["valueFrom"] == {"secretKeyRef": {"name": "rolloutd-db", "key": "uri"}}
+    url = "postgresql://rolloutd:pw@db.rl.svc:5432/rolloutd"  # what the controller reads from it as it starts
+    assert ControllerSettings.from_env({"ROLLOUTD_STORE": url}).store == url
 
 
 def test_bring_your_own_secret_and_volume():

@@ -16,10 +16,11 @@ from support.kube_helpers import MERGE, NS, job_doc
 JOBS = f"{NS}/default/rolloutjobs"
 
 
-def test_the_watch_history_set_at_start_is_what_the_store_keeps(tmp_path):
+def test_the_watch_history_set_at_start_is_what_the_store_keeps(tmp_path, store_location):
     """ROLLOUTD_WATCH_HISTORY=4: a few changes later, a watch from the first version is 410 Expired (the default
-    keeps 50 000 changes: the same watch would resume)."""
-    c = ControllerProcess(tmp_path / "data", env={"ROLLOUTD_WATCH_HISTORY": "4"}).start()
+    keeps 50 000 changes: the same watch would resume). On either store (ROLLOUTD_STORE)."""
+    c = ControllerProcess(tmp_path / "data", env={"ROLLOUTD_WATCH_HISTORY": "4",
+                                                  "ROLLOUTD_STORE": str(store_location)}).start()
     try:
         with c.client() as api:
             assert api.post(JOBS, json=job_doc("history")).status_code == 201

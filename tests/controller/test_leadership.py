@@ -1,7 +1,8 @@
 """The leader lease and its fence on the store (controller/leadership.py): one leader at a time, a lease that runs
 out is taken with a higher epoch, and the old leader's commits after that are refused inside their transaction.
 
-Two `Leadership`s stand for two replicas: each its own engine on one database file, as two processes have."""
+Two `Leadership`s stand for two replicas: each its own engine on one database, as two processes have; once on an
+SQLite file, once on the session's PostgreSQL server (`store_location`, tests/conftest.py)."""
 from __future__ import annotations
 
 import time
@@ -10,13 +11,16 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlmodel import Session
 
+from rolloutd.controller import dialects
 from rolloutd.controller.leadership import Fenced, Leadership, current
 
 
 @pytest.fixture
-def engines(tmp_path):
-    url = f"sqlite:///{tmp_path / 'rolloutd.db'}"
-    made = [create_engine(url, connect_args={"timeout": 30}) for _ in range(2)]
+def engines(store_location):
+    if dialects.is_url(store_location):
+        made = [create_engine(dialects.engine_url(store_location)) for _ in range(2)]
+    else:
+        made = [create_engine(f"sqlite:///{store_location}", connect_args={"timeout": 30}) for _ in range(2)]
     with made[0].begin() as c:
         c.exec_driver_sql("CREATE TABLE work (x INTEGER)")
     yield made

@@ -20,8 +20,8 @@ def job(name: str) -> RolloutJob:
     return RolloutJob.model_validate(doc)
 
 
-def test_a_job_written_during_a_list_is_listed_or_after_its_version(tmp_path):
-    store = Store(tmp_path / "db.sqlite")
+def test_a_job_written_during_a_list_is_listed_or_after_its_version(store_location):
+    store = Store(store_location)
     store.apply(job("first"))
     written: list[str] = []
 

@@ -12,10 +12,15 @@ from support.cluster import Cluster, free_port
 
 
 class Replicas:
-    def __init__(self, root: Path, env: dict[str, str], n: int = 2, lease_seconds: float = 5.0) -> None:
+    def __init__(self, root: Path, env: dict[str, str], n: int = 2, lease_seconds: float = 5.0,
+                 store: str | None = None) -> None:
+        """`store`: a postgresql:// URL (the replicas' ROLLOUTD_STORE), else the data dir's SQLite file."""
         ports = [free_port() for _ in range(n)]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         env = {**env, "ROLLOUTD_REPLICAS": ",".join(urls), "ROLLOUTD_LEADER_LEASE_SECONDS": str(lease_seconds)}
+        if store:
+            env["ROLLOUTD_STORE"] = store
+        self.store = store
         self.root, self.data_dir = root, root / "data"
         self.members: list[Cluster] = []
         for i, port in enumerate(ports):
@@ -30,6 +35,17 @@ class Replicas:
 
     def lease(self) -> tuple[str, int, float, str]:
         """(holder, epoch, expires, url) of the lease row."""
+        if self.store:
+            from sqlalchemy import create_engine
+
+            from rolloutd.controller import dialects
+            from rolloutd.controller.leadership import current
+
+            engine = create_engine(dialects.engine_url(self.store))
+            try:
+                return current(engine)
+            finally:
+                engine.dispose()
         with sqlite3.connect(f"file:{self.data_dir / 'rolloutd.db'}?mode=ro", uri=True, timeout=10) as db:
             row = db.execute("SELECT holder, epoch, expires, url FROM leader_lease WHERE id = 1").fetchone()
         return row or ("", 0, 0.0, "")
@@ -46,7 +62,7 @@ class Replicas:
         while time.monotonic() - start < timeout:
             try:
                 m = self.leader()
-            except sqlite3.OperationalError:  # no table yet
+            except Exception:  # noqa: BLE001 - no table yet
                 m = None
             if m is not None and m is not other_than:
                 return m, time.monotonic() - start

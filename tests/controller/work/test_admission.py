@@ -41,9 +41,9 @@ def job_doc(tmp_path, name, prompts, priority=1, cap=None, nodes=1, backends=(UR
     return RolloutJob.model_validate(doc)
 
 
-def make(tmp_path, jobs, **kw):
+def make(tmp_path, store_location, jobs, **kw):
     """jobs: name → keyword arguments of job_doc; returns (store, scheduler, clock)."""
-    store = Store(tmp_path / "db.sqlite")
+    store = Store(store_location)
     for name, args in jobs.items():
         store.apply(job_doc(tmp_path, name, **args))
     clock = SimpleNamespace(t=1000.0)  # the test moves clock.t
@@ -74,8 +74,8 @@ def queued_attempts(sched, job):
     return sched.queue.counts(job)
 
 
-def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_path):
-    _, sched, _ = make(tmp_path, {"big": dict(prompts=20, nodes=2), "other": dict(prompts=20, nodes=2)}, max_episodes=5)
+def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"big": dict(prompts=20, nodes=2), "other": dict(prompts=20, nodes=2)}, max_episodes=5)
     nodes = [reg(sched, "big", "b1"), reg(sched, "big", "b2"), reg(sched, "other", "o1"), reg(sched, "other", "o2")]
     got = [lease_ for _ in range(3) for node in nodes for lease_ in lease(sched, node, 8)]
     assert len(got) == 5 and sched.pool.inflight[URL] == 5  # the smallest cap of the jobs sharing the backend
@@ -86,8 +86,8 @@ def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_p
     assert resp.leases == [] and not resp.done
 
 
-def test_admission_is_released_on_leaving_run_failure_cancel_and_expiry(tmp_path):
-    store, sched, clock = make(tmp_path, {"j": dict(prompts=6, cap=1)})
+def test_admission_is_released_on_leaving_run_failure_cancel_and_expiry(tmp_path, store_location):
+    store, sched, clock = make(tmp_path, store_location, {"j": dict(prompts=6, cap=1)})
     node = reg(sched, "j", "n1")
     first = lease(sched, node, 4)
     assert len(first) == 1 and lease(sched, node, 4) == []
@@ -110,15 +110,15 @@ def test_admission_is_released_on_leaving_run_failure_cancel_and_expiry(tmp_path
     assert sched.pool.inflight[URL] == 0 and sched.pool.admission.admitted[URL]["j"] == 0
 
 
-def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path):
-    _, sched, _ = make(tmp_path, {"wide": dict(prompts=1, cap=100), "default": dict(prompts=10)}, max_episodes=3)
+def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"wide": dict(prompts=1, cap=100), "default": dict(prompts=10)}, max_episodes=3)
     w = reg(sched, "wide", "w")
     sched.results(w, ResultBatch(results=[ok(x) for x in lease(sched, w, 4)]))  # done: holds and wants nothing
     assert len(lease(sched, reg(sched, "default", "d"), 8)) == 3
 
 
-def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path):
-    _, sched, _ = make(tmp_path, {"big": dict(prompts=100), "small": dict(prompts=3)}, max_episodes=4)
+def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"big": dict(prompts=100), "small": dict(prompts=3)}, max_episodes=4)
     big, small = reg(sched, "big", "b"), reg(sched, "small", "s")
     running = lease(sched, big, 8)
     assert len(running) == 4  # the big job came first and holds the whole cap, 96 more queued
@@ -137,9 +137,9 @@ def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path):
     assert [x.prompt for x in small_got + last] == [0, 1, 2]
 
 
-def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path):
+def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path, store_location):
     rng = random.Random(7)
-    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=240, priority=3), "light": dict(prompts=240)}, max_episodes=8)
+    _, sched, _ = make(tmp_path, store_location, {"heavy": dict(prompts=240, priority=3), "light": dict(prompts=240)}, max_episodes=8)
     nodes = {"heavy": reg(sched, "heavy", "h"), "light": reg(sched, "light", "l")}
     live: dict[str, object] = {}  # attempt id → (job, lease)
     granted: Counter[str] = Counter()
@@ -174,8 +174,8 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path):
     assert sched.pool.inflight[URL] == 0
 
 
-def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path):
-    _, sched, _ = make(tmp_path, {"heavy": dict(prompts=20, priority=3), "light": dict(prompts=20)}, max_episodes=4)
+def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"heavy": dict(prompts=20, priority=3), "light": dict(prompts=20)}, max_episodes=4)
     heavy, light = reg(sched, "heavy", "h"), reg(sched, "light", "l")
     running = lease(sched, heavy, 3)
     running_light = lease(sched, light, 8)
@@ -185,8 +185,8 @@ def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path):
     assert len(lease(sched, heavy, 8)) == 2
 
 
-def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path):
-    _, sched, clock = make(tmp_path, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=2)
+def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path, store_location):
+    _, sched, clock = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=2)
     a, b = reg(sched, "a", "a1"), reg(sched, "b", "b1")
     held = lease(sched, a, 4)
     assert len(held) == 2 and lease(sched, b, 4) == []  # b waits (marked)
@@ -196,8 +196,8 @@ def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path):
     assert len(lease(sched, a, 4)) == 1
 
 
-def test_restart_restores_each_job_s_admissions(tmp_path):
-    store, sched, _ = make(tmp_path, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=3)
+def test_restart_restores_each_job_s_admissions(tmp_path, store_location):
+    store, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=3)
     lease(sched, reg(sched, "a", "a1"), 2)
     lease(sched, reg(sched, "b", "b1"), 4)
     again = Scheduler(store, clock=lambda: 2000.0, max_episodes=3)
@@ -208,12 +208,12 @@ def test_restart_restores_each_job_s_admissions(tmp_path):
     assert lease(again, reg(again, "b", "b2"), 4) == []
 
 
-def test_the_controller_default_applies_to_jobs_without_a_cap(tmp_path):
-    _, sched, _ = make(tmp_path, {"j": dict(prompts=10)}, max_episodes=2)
+def test_the_controller_default_applies_to_jobs_without_a_cap(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=10)}, max_episodes=2)
     assert len(lease(sched, reg(sched, "j", "n"), 8)) == 2
 
 
-def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path):
+def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path, store_location, new_store_location):
     asked = []
 
     def engine(request: httpx.Request) -> httpx.Response:
@@ -224,7 +224,7 @@ def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path):
             return httpx.Response(200, json={"vllm_config": {"scheduler_config": {"max_num_seqs": 3}}})
         return httpx.Response(404)
 
-    _, sched, _ = make(tmp_path, {"j": dict(prompts=10)})
+    _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=10)})
     sched.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
     node = reg(sched, "j", "n")
     sched.pool.admission.learning = True  # as the scheduler's loop sets it: a backend not asked yet waits
@@ -234,7 +234,7 @@ def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path):
     assert len(lease(sched, node, 8)) == 3
     # an engine that does not say: the documented fallback
     (tmp_path / "x").mkdir()
-    _, other, _ = make(tmp_path / "x", {"j": dict(prompts=10)})
+    _, other, _ = make(tmp_path / "x", new_store_location(), {"j": dict(prompts=10)})
     other.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(
         lambda r: httpx.Response(200 if r.url.path == "/health" else 404)))
     other.jobs.get("j")
@@ -242,13 +242,13 @@ def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path):
     assert other.pool.admission.cap(URL) == FALLBACK_EPISODES
 
 
-def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(tmp_path):
+def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(tmp_path, store_location):
     def engine(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/server_info":
             raise httpx.ReadTimeout("collecting the environment", request=request)
         return httpx.Response(200)
 
-    _, sched, _ = make(tmp_path, {"j": dict(prompts=10)})
+    _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=10)})
     sched.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
     sched.jobs.get("j")
     sched.pool.admission.learning = True
@@ -259,10 +259,10 @@ def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(t
     assert sched.pool.admission.cap(URL) == FALLBACK_EPISODES
 
 
-def test_a_lease_waiting_for_a_slot_is_answered_when_one_frees(tmp_path):
+def test_a_lease_waiting_for_a_slot_is_answered_when_one_frees(tmp_path, store_location):
     """A long-polling lease refused by a full backend is answered when an episode there ends (a done result wakes
     nothing else): `Admission.on_free` rings the queue's wake-ups, both given them at construction."""
-    _, sched, _ = make(tmp_path, {"j": dict(prompts=3)}, max_episodes=1)
+    _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=3)}, max_episodes=1)
 
     async def scenario():
         a, b = reg(sched, "j", "a"), reg(sched, "j", "b")

@@ -19,7 +19,7 @@ from support.example_job import example_doc
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
 
 
-def make(tmp_path, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, carry=False, batches=None,
+def make(tmp_path, store_location, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, carry=False, batches=None,
          max_staleness=None):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}?", "answer": "1"}) + "\n" for i in range(prompts)))
@@ -35,7 +35,7 @@ def make(tmp_path, *, prompts=20, samples=4, dapo=True, target=3, in_flight=4, c
         doc["spec"]["batches"] = batches or {"groups": target, "maxInFlightGroups": in_flight}
     if max_staleness is not None:
         doc["spec"]["policy"] = {"maxStaleness": max_staleness}
-    store = Store(tmp_path / "db.sqlite")
+    store = Store(store_location)
     store.apply(RolloutJob.model_validate(doc))
     sched = Scheduler(store)
     node = sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n")).node_id
@@ -64,8 +64,8 @@ def mixed_every_third(prompt, sample):
     return float(prompt % 3 == 0)
 
 
-def test_dapo_fills_exactly_the_target_with_informative_groups(tmp_path):
-    store, sched, node = make(tmp_path, target=3, in_flight=4)
+def test_dapo_fills_exactly_the_target_with_informative_groups(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=3, in_flight=4)
     info = sched.request_batch("math-demo")
     assert info["batch"] == 1 and info["target"] == 3
     rounds = 0
@@ -84,8 +84,8 @@ def test_dapo_fills_exactly_the_target_with_informative_groups(tmp_path):
     assert states[0] == "uninformative" and states[1] == "uninformative"
 
 
-def test_replenishment_opens_a_new_prompt_as_soon_as_a_group_is_uninformative(tmp_path):
-    store, sched, node = make(tmp_path, target=2, in_flight=2)
+def test_replenishment_opens_a_new_prompt_as_soon_as_a_group_is_uninformative(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=2, in_flight=2)
     sched.request_batch("math-demo")
     first = lease_all(sched, node)
     assert sorted({l.prompt for l in first}) == [0, 1]  # two groups in flight
@@ -95,8 +95,8 @@ def test_replenishment_opens_a_new_prompt_as_soon_as_a_group_is_uninformative(tm
     assert {l.prompt for l in nxt} == {2}, "prompt 2 started while prompt 1 is still running"
 
 
-def test_surplus_is_cancelled_when_the_target_is_met(tmp_path):
-    store, sched, node = make(tmp_path, target=1, in_flight=3)
+def test_surplus_is_cancelled_when_the_target_is_met(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=1, in_flight=3)
     sched.request_batch("math-demo")
     leases = lease_all(sched, node)
     assert sorted({l.prompt for l in leases}) == [0, 1, 2]
@@ -112,8 +112,8 @@ def test_surplus_is_cancelled_when_the_target_is_met(tmp_path):
     assert late.dropped[others[0].attempt_id] == "cancelled"
 
 
-def test_carry_over_keeps_partial_groups_for_the_next_batch(tmp_path):
-    store, sched, node = make(tmp_path, target=1, in_flight=3, carry=True)
+def test_carry_over_keeps_partial_groups_for_the_next_batch(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=1, in_flight=3, carry=True)
     sched.request_batch("math-demo")
     leases = lease_all(sched, node)
     done_half = [l for l in leases if l.prompt == 0 and l.sample < 2]
@@ -133,8 +133,8 @@ def test_carry_over_keeps_partial_groups_for_the_next_batch(tmp_path):
     assert g0 is None or len(g0["samples"]) == 4  # the carried group kept its two earlier samples
 
 
-def test_infra_failed_sample_makes_its_group_incomplete_never_zero(tmp_path):
-    store, sched, node = make(tmp_path, target=1, in_flight=2)
+def test_infra_failed_sample_makes_its_group_incomplete_never_zero(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=1, in_flight=2)
     doc = store.get("math-demo").wire()
     sched.request_batch("math-demo")
     for _ in range(5):  # prompt 0 keeps failing until its attempts are used up
@@ -148,8 +148,8 @@ def test_infra_failed_sample_makes_its_group_incomplete_never_zero(tmp_path):
     assert doc["spec"]["pipeline"]["maxAttempts"] == 3
 
 
-def test_plain_batches_count_every_complete_group_and_stop_after_count(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 2, "count": 2})
+def test_plain_batches_count_every_complete_group_and_stop_after_count(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 2, "count": 2})
     for k in (1, 2):
         assert sched.request_batch("math-demo")["batch"] == k
         while leases := lease_all(sched, node):
@@ -162,8 +162,8 @@ def test_plain_batches_count_every_complete_group_and_stop_after_count(tmp_path)
     assert asyncio.run(sched.progress(store.get("math-demo"))).done
 
 
-def test_cursor_survives_a_restart(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 2})
+def test_cursor_survives_a_restart(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 2})
     sched.request_batch("math-demo")
     while leases := lease_all(sched, node):
         report(sched, node, leases, lambda p, s: 1.0)
@@ -172,8 +172,8 @@ def test_cursor_survives_a_restart(tmp_path):
     assert sorted({l.prompt for l in lease_all(again, node)}) == [2, 3]
 
 
-def test_non_batch_jobs_refuse_batch_requests(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False)
+def test_non_batch_jobs_refuse_batch_requests(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False)
     job = store.get("math-demo").model_copy(deep=True)
     with pytest.raises(BadRequest):
         doc = job.wire()
@@ -183,8 +183,8 @@ def test_non_batch_jobs_refuse_batch_requests(tmp_path):
         sched.request_batch("oneshot")
 
 
-def test_stale_samples_are_re_run(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 1}, max_staleness=0)
+def test_stale_samples_are_re_run(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1}, max_staleness=0)
     sched.request_batch("math-demo")
     leases = lease_all(sched, node)
     assert all(l.policy_version is None for l in leases)
@@ -207,8 +207,8 @@ def test_stale_samples_are_re_run(tmp_path):
     assert sched.policy("math-demo")["staleness"]["cancelledRollouts"] == 8
 
 
-def test_a_counted_group_admitted_too_long_ago_leaves_the_running_batch(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 2, "maxInFlightGroups": 2}, max_staleness=0)
+def test_a_counted_group_admitted_too_long_ago_leaves_the_running_batch(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 2, "maxInFlightGroups": 2}, max_staleness=0)
     sched.request_batch("math-demo")
     leases = lease_all(sched, node)
     first = [l for l in leases if l.prompt == 0]
@@ -221,8 +221,8 @@ def test_a_counted_group_admitted_too_long_ago_leaves_the_running_batch(tmp_path
     assert len(every["groups"]) == 3  # refilled with a fresh group
 
 
-def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_looping(tmp_path):
-    store, sched, node = make(tmp_path, target=1, in_flight=2)
+def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_looping(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, target=1, in_flight=2)
     sched.request_batch("math-demo")
     for _ in range(60):
         leases = lease_all(sched, node)
@@ -238,10 +238,10 @@ def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_loo
     assert all(t["group"] is not None for t in delivered)
 
 
-def test_named_prompts_run_exactly_those_groups_and_an_infra_failure_is_not_replaced(tmp_path):
+def test_named_prompts_run_exactly_those_groups_and_an_infra_failure_is_not_replaced(tmp_path, store_location):
     """A trainer that picks its prompts (TRL) gets exactly those groups, in its order; a group lost
     to infrastructure stays in the batch as incomplete (never replaced by another prompt, never 0)."""
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 2})
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 2})
     info = sched.request_batch("math-demo", prompts=[7, 3, 7])
     assert info["target"] == 3 and info["prompts"] == [7, 3, 7]
     assert sched.request_batch("math-demo", prompts=[7, 3, 7])["batch"] == 1  # idempotent
@@ -260,20 +260,20 @@ def test_named_prompts_run_exactly_those_groups_and_an_infra_failure_is_not_repl
     assert sched.request_batch("math-demo")["batch"] == 2  # the next batch (cursor order) still works
 
 
-def test_named_prompts_are_checked(tmp_path):
-    _, sched, _ = make(tmp_path, prompts=5, dapo=False, batches={"groups": 2})
+def test_named_prompts_are_checked(tmp_path, store_location, new_store_location):
+    _, sched, _ = make(tmp_path, store_location, prompts=5, dapo=False, batches={"groups": 2})
     for bad in ([], [5], [-1]):
         with pytest.raises(BadRequest):
             sched.request_batch("math-demo", prompts=bad)
     (tmp_path / "dapo").mkdir()
-    _, dapo_sched, _ = make(tmp_path / "dapo", dapo=True)
+    _, dapo_sched, _ = make(tmp_path / "dapo", new_store_location(), dapo=True)
     with pytest.raises(BadRequest, match="DAPO"):
         dapo_sched.request_batch("math-demo", prompts=[0])
 
 
-def test_the_capacity_gate_opens_no_more_than_the_bound_allows(tmp_path):
+def test_the_capacity_gate_opens_no_more_than_the_bound_allows(tmp_path, store_location):
     # DAPO would run 4 groups at once; with maxStaleness 0 and no version announced, (0 + 0 + 1) x 1 group at most
-    store, sched, node = make(tmp_path, target=1, in_flight=4, max_staleness=0)
+    store, sched, node = make(tmp_path, store_location, target=1, in_flight=4, max_staleness=0)
     sched.request_batch("math-demo")
     every = asyncio.run(sched.batch("math-demo", 1, include_all=True))
     assert every["openedGroups"] == 1
@@ -282,8 +282,8 @@ def test_the_capacity_gate_opens_no_more_than_the_bound_allows(tmp_path):
     assert asyncio.run(sched.batch("math-demo", 1, include_all=True))["openedGroups"] == 2
 
 
-def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 1})
+def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1})
     sched.request_batch("math-demo")
     leases = lease_all(sched, node)
     assert sorted(l.sample for l in leases) == [0, 1, 2, 3]
@@ -300,8 +300,8 @@ def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path)
     assert snap["counted"] == 1 and len(snap["groups"][0]["samples"]) == 4
 
 
-def test_a_backend_that_fails_to_load_is_reported_and_the_daemons_keep_its_old_version(tmp_path):
-    store, sched, node = make(tmp_path, dapo=False, batches={"groups": 1})
+def test_a_backend_that_fails_to_load_is_reported_and_the_daemons_keep_its_old_version(tmp_path, store_location):
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1})
     job = store.get("math-demo")
     job.spec.policy.update_mode = "keep"
     store.apply(job)

@@ -12,8 +12,8 @@ from rolloutd.controller.work.hot_sql import GroupCommit
 
 
 @pytest.fixture
-def engine(tmp_path):
-    store = Store(tmp_path / "db.sqlite")
+def engine(store_location):
+    store = Store(store_location)
     with store.engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
     return store.engine

@@ -9,25 +9,51 @@ from rolloutd.controller.work.held_leases import Live, LiveLeases
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import Heartbeat, ResultBatch
 
+from rolloutd.controller.dialects import is_pg, raw
+
 from .test_scheduler import lease, make, ok, reg
 
 
 def stored(sched, attempt_id, column="deadline"):
     with sched.engine.connect() as c:
-        return c.exec_driver_sql(f"SELECT {column} FROM items WHERE attempt_id = ?", (attempt_id,)).scalar_one()
+        return raw(c).execute(f"SELECT {column} FROM items WHERE attempt_id = ?", (attempt_id,)).fetchone()[0]
 
 
-def test_a_beat_renews_and_moves_stages_in_memory_and_writes_nothing(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)  # leaseSeconds 10
+def written(c) -> object:
+    """A mark that moves when another connection commits a change: SQLite's data_version; on PostgreSQL the items'
+    row versions (xmin: an UPDATE makes a new one)."""
+    if is_pg(c):
+        return c.exec_driver_sql("SELECT string_agg(xmin::text, ',' ORDER BY id) FROM items").scalar_one()
+    return c.exec_driver_sql("PRAGMA data_version").scalar_one()
+
+
+class Recording:
+    """A plain-statement connection whose statements' texts are kept (either store's)."""
+
+    def __init__(self, db, texts: list[str]):
+        self.db, self.texts = db, texts
+
+    def execute(self, sql, *args):
+        self.texts.append(sql)
+        return self.db.execute(sql, *args)
+
+    def executemany(self, sql, rows):
+        self.texts.append(sql)
+        return self.db.executemany(sql, rows)
+
+
+def test_a_beat_renews_and_moves_stages_in_memory_and_writes_nothing(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1)  # leaseSeconds 10
     node = reg(sched)
     [l] = lease(sched, node, 1)
     granted = stored(sched, l.attempt_id)
     assert granted == clock.t + 10 and sched.queue.live.get(l.attempt_id).until == granted
     clock.t += 6
-    with sched.engine.connect() as c:  # data_version: moves when another connection commits a change
-        before = c.exec_driver_sql("PRAGMA data_version").scalar_one()
+    with sched.engine.connect() as c:
+        before = written(c)
+        c.rollback()  # PostgreSQL: a new snapshot for the next read
         sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
-        assert c.exec_driver_sql("PRAGMA data_version").scalar_one() == before  # the beat wrote nothing
+        assert written(c) == before  # the beat wrote nothing
     assert stored(sched, l.attempt_id) == granted  # the beat wrote no deadline
     assert stored(sched, l.attempt_id, "stage") == "leased"  # nor the stage: that is in memory
     assert sched.queue.live.get(l.attempt_id).stage == "run"
@@ -41,8 +67,8 @@ def test_a_beat_renews_and_moves_stages_in_memory_and_writes_nothing(tmp_path):
     assert sched.expire() == 1  # no beat since: back to the queue
 
 
-def test_a_restarted_controller_gives_the_leases_it_finds_a_whole_lease(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+def test_a_restarted_controller_gives_the_leases_it_finds_a_whole_lease(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=2)
     node = reg(sched)
     kept, silent = lease(sched, node, 2)
     clock.t += 9  # both stored deadlines are 1 s ahead
@@ -56,8 +82,8 @@ def test_a_restarted_controller_gives_the_leases_it_finds_a_whole_lease(tmp_path
     assert again.results(node, ResultBatch(results=[ok(kept)])).accepted == [kept.attempt_id]
 
 
-def test_every_way_out_of_leased_forgets_the_lease(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=2, nodes=1)
+def test_every_way_out_of_leased_forgets_the_lease(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=2, nodes=1)
     node = reg(sched)
     done, back, cancelled, _ = lease(sched, node, 4)
     sched.results(node, ResultBatch(results=[ok(done)]))
@@ -69,32 +95,31 @@ def test_every_way_out_of_leased_forgets_the_lease(tmp_path):
     assert reply.cancel == [cancelled.attempt_id] and reply.unknown == []
 
 
-def test_a_lease_held_in_memory_but_not_in_the_database_is_forgotten_not_requeued(tmp_path):
+def test_a_lease_held_in_memory_but_not_in_the_database_is_forgotten_not_requeued(tmp_path, store_location):
     """A grant whose transaction did not commit leaves a lease in memory only: the expiry pass drops it and
     leaves the item as the database has it."""
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1)
     reg(sched)
     sched.queue.live.add("1.1.abcdef", Live(1, "math-demo", "n1-x", "leased", None, False, clock.t - 1))
     assert sched.expire() == 0 and len(sched.queue.live) == 0
     with sched.engine.connect() as c:
-        assert c.exec_driver_sql("SELECT state, attempt FROM items WHERE id = 1").one() == ("queued", 0)
+        assert tuple(c.exec_driver_sql("SELECT state, attempt FROM items WHERE id = 1").one()) == ("queued", 0)
 
 
-def test_a_result_writes_back_only_the_columns_it_changed(tmp_path):
+def test_a_result_writes_back_only_the_columns_it_changed(tmp_path, store_location):
     """SQLite rewrites every index of a column an UPDATE sets, changed or not: `hot_sql.save` sets only what
     changed (a finished attempt keeps its attempt and node ids, whose indexes are then left alone)."""
     from rolloutd.controller.work import hot_sql
 
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1)
     node = reg(sched)
     [l] = lease(sched, node, 1)
     with hot_sql.transaction(sched.engine) as tx:
         statements: list[str] = []
-        tx.db.set_trace_callback(statements.append)
-        item = hot_sql.items_by_attempt(tx.db, [l.attempt_id])[l.attempt_id]
+        db = Recording(tx.db, statements)
+        item = hot_sql.items_by_attempt(db, [l.attempt_id])[l.attempt_id]
         sched.queue.finish(item, "done")
-        hot_sql.save(tx.db, [item])
-        tx.db.set_trace_callback(None)
+        hot_sql.save(db, [item])
     [update] = [s for s in statements if s.startswith("UPDATE")]
     assert "state = " in update and "attempt_id" not in update and "node_id" not in update, update
     assert stored(sched, l.attempt_id, "state") == "done"

@@ -30,7 +30,7 @@ class Clock:
         return self.t
 
 
-def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2, nodes=1, on_idle=None):
+def make(tmp_path, store_location, prompts=3, samples=2, backends=("http://a", "http://b"), max_attempts=2, nodes=1, on_idle=None):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"{i}+1?", "answer": str(i + 1)}) + "\n"
                             for i in range(prompts)))
@@ -41,7 +41,7 @@ def make(tmp_path, prompts=3, samples=2, backends=("http://a", "http://b"), max_
     doc["spec"]["pipeline"]["maxAttempts"] = max_attempts
     doc["spec"]["pipeline"]["leaseSeconds"] = 10
     doc["spec"]["executor"]["nodes"] = nodes  # more: leases are capped at each node's fair share
-    store = Store(tmp_path / "db.sqlite")
+    store = Store(store_location)
     store.apply(RolloutJob.model_validate(doc))
     clock = Clock()
     sched = Scheduler(store, clock=clock, on_idle=on_idle)
@@ -67,8 +67,8 @@ def lease(sched, node, n):
     return asyncio.run(sched.lease(node, n)).leases
 
 
-def test_every_item_delivered_exactly_once(tmp_path):
-    store, sched, clock, job = make(tmp_path)
+def test_every_item_delivered_exactly_once(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location)
     node = reg(sched)
     leases = lease(sched, node, 100)
     assert sorted((l.prompt, l.sample) for l in leases) == [(p, s) for p in range(3) for s in range(2)]
@@ -85,7 +85,7 @@ def test_every_item_delivered_exactly_once(tmp_path):
     assert prog.done and prog.counts.succeeded == 6
 
 
-def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resync(tmp_path):
+def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resync(tmp_path, store_location):
     """The scheduler tells the operator when a job has nothing queued or leased left; the job's
     observing daemon (the kopf handler, run by hand here) marks it Succeeded at once, although its next
     periodic pass is a minute away."""
@@ -100,7 +100,7 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
 
     idle: list[str] = []
     nudges = Nudges()  # made first, given to both: the scheduler is built with its listener, nothing patched later
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=2,
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=2,
                                     on_idle=lambda name: (idle.append(name), nudges.nudge(name)))
 
     def phase() -> str:
@@ -127,8 +127,8 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
     asyncio.run(scenario())
 
 
-def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1)
     n1, n2 = reg(sched, "n1"), reg(sched, "n2")
     [first] = lease(sched, n1, 1)
     clock.t += 11  # n1 went silent past its lease; n2 kept beating
@@ -142,8 +142,8 @@ def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path):
     assert len(sched.trajectories("math-demo")) == 1
 
 
-def test_heartbeat_extends_leases(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1)
+def test_heartbeat_extends_leases(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1)
     node = reg(sched)
     [l] = lease(sched, node, 1)
     for _ in range(5):
@@ -153,11 +153,11 @@ def test_heartbeat_extends_leases(tmp_path):
     assert asyncio.run(sched.progress(job)).counts.run == 1
 
 
-def test_a_lease_the_daemon_never_received_expires_although_the_node_beats(tmp_path):
+def test_a_lease_the_daemon_never_received_expires_although_the_node_beats(tmp_path, store_location):
     """The controller commits a lease and dies before its answer reaches the daemon: the daemon
     keeps beating without it. That lease must go back to the queue when its deadline passes
     (before, every lease of a beating node was extended, and the job never completed)."""
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=2)
     node = reg(sched)
     got, lost = lease(sched, node, 2)
     for _ in range(3):
@@ -171,8 +171,8 @@ def test_a_lease_the_daemon_never_received_expires_although_the_node_beats(tmp_p
     assert len(ack.accepted) == 2 and asyncio.run(sched.progress(job)).done
 
 
-def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1, max_attempts=2)
+def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1, max_attempts=2)
     node = reg(sched)
     [a1] = lease(sched, node, 1)
     sched.results(node, ResultBatch(results=[infra(a1)]))
@@ -187,8 +187,8 @@ def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path):
     assert prog.done and prog.counts.failed == 1 and prog.counts.succeeded == 0
 
 
-def test_give_back_requeues_without_using_an_attempt(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+def test_give_back_requeues_without_using_an_attempt(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=2)
     node = reg(sched)
     leases = lease(sched, node, 2)
     assert sched.give_back(node, [l.attempt_id for l in leases], "SIGTERM") == 2
@@ -197,8 +197,8 @@ def test_give_back_requeues_without_using_an_attempt(tmp_path):
     assert [l.attempt for l in again] == [1, 1]
 
 
-def test_min_heap_balances_inflight_within_one_and_releases_on_leaving_run(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=10, samples=2, backends=("http://a", "http://b", "http://c"))
+def test_min_heap_balances_inflight_within_one_and_releases_on_leaving_run(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=10, samples=2, backends=("http://a", "http://b", "http://c"))
     node = reg(sched)
     live = []
     for step in range(10):
@@ -212,8 +212,8 @@ def test_min_heap_balances_inflight_within_one_and_releases_on_leaving_run(tmp_p
     assert sum(sched.pool.inflight.values()) == len(live)
 
 
-def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=2)
+def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=2)
     node = reg(sched)
     leases = lease(sched, node, 4)
     on_a = [l for l in leases if l.backend == "http://a"]
@@ -225,7 +225,7 @@ def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp
     assert sched.pool.inflight["http://b"] == 4 and sched.pool.inflight["http://a"] == 0
 
 
-def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
+def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path, store_location):
     """Real sockets: one backend accepts connections but never answers (a vLLM API server stalled
     while streaming), one refuses them (dead). Only the dead one is unhealthy at once; the silent
     one is declared unhealthy after `slow_grace` seconds of silence."""
@@ -236,7 +236,7 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
     closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     busy, dead = (f"http://127.0.0.1:{s.getsockname()[1]}" for s in (silent, closed))
     try:
-        store, sched, clock, job = make(tmp_path, backends=(busy, dead))
+        store, sched, clock, job = make(tmp_path, store_location, backends=(busy, dead))
         reg(sched)  # the job's backends join the pool
         sched.health.timeout, sched.health.slow_grace = 0.2, 10.0
 
@@ -255,18 +255,18 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path):
         closed.close()
 
 
-def test_a_daemon_of_another_protocol_is_refused_with_a_clear_reason(tmp_path):
+def test_a_daemon_of_another_protocol_is_refused_with_a_clear_reason(tmp_path, store_location):
     from rolloutd.controller.errors import BadRequest
 
-    store, sched, clock, job = make(tmp_path)
+    store, sched, clock, job = make(tmp_path, store_location)
     for protocol in (None, NODE_PROTOCOL + 1):  # a daemon from before the check; a newer one
         with pytest.raises(BadRequest, match="same rolloutd version"):
             sched.register(RegisterRequest(job="math-demo", protocol=protocol, name="old"))
     assert sched.nodes("math-demo") == []
 
 
-def test_removed_backend_repins_tasks_not_yet_running(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=1)
+def test_removed_backend_repins_tasks_not_yet_running(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
     node = reg(sched)
     l1, l2 = lease(sched, node, 2)
     job = store.get("math-demo")
@@ -276,8 +276,8 @@ def test_removed_backend_repins_tasks_not_yet_running(tmp_path):
     assert resp.repin == {l1.attempt_id: l2.backend}  # the running one keeps its backend
 
 
-def test_deleting_a_job_cancels_live_attempts(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=2)
+def test_deleting_a_job_cancels_live_attempts(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=2)
     node = reg(sched)
     a, b = lease(sched, node, 2)
     asyncio.run(sched.forget(job))
@@ -287,16 +287,16 @@ def test_deleting_a_job_cancels_live_attempts(tmp_path):
     assert sum(sched.pool.inflight.values()) == 0
 
 
-def test_restart_restores_backend_pins(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=2, samples=1)
+def test_restart_restores_backend_pins(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
     node = reg(sched)
     lease(sched, node, 2)
     again = Scheduler(store)
     assert again.pool.inflight["http://a"] == 1 and again.pool.inflight["http://b"] == 1
 
 
-def test_bad_dataset_fails_the_job_with_its_message(tmp_path):
-    store, sched, clock, job = make(tmp_path)
+def test_bad_dataset_fails_the_job_with_its_message(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location)
     doc = job.wire()
     doc["metadata"] = {"name": "broken"}
     doc["spec"]["tasks"]["source"] = str(tmp_path / "missing.jsonl")
@@ -320,8 +320,8 @@ def test_pool_skips_stale_entries_and_respects_allowed():
     assert pool.acquire({"z"}) == "z"  # a backend a job lists is added on first use
 
 
-def test_a_config_failure_fails_the_job_unscored_and_cancels_the_rest(tmp_path):
-    store, sched, clock, job = make(tmp_path)
+def test_a_config_failure_fails_the_job_unscored_and_cancels_the_rest(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location)
     node = reg(sched)
     leases = lease(sched, node, 100)
     why = "spec.agent.sampling.maxTotalTokens: the prompt of task q0 has 1017 tokens, more than 512"
@@ -340,8 +340,8 @@ def test_a_config_failure_fails_the_job_unscored_and_cancels_the_rest(tmp_path):
     assert lease(sched, reg(sched, "n2"), 10) == []
 
 
-def test_a_failure_during_an_outage_of_every_backend_uses_no_attempt(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=1, samples=1, backends=("http://a",), max_attempts=1)
+def test_a_failure_during_an_outage_of_every_backend_uses_no_attempt(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1, backends=("http://a",), max_attempts=1)
     node = reg(sched)
     [first] = lease(sched, node, 1)
     sched.pool.set_health("http://a", False, "connection refused")
@@ -358,8 +358,8 @@ def test_a_failure_during_an_outage_of_every_backend_uses_no_attempt(tmp_path):
     assert row["failure"]["kind"] == "infra" and row["reward"] is None
 
 
-def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path):
-    store, sched, clock, job = make(tmp_path, prompts=3, samples=2, nodes=3)
+def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path, store_location):
+    store, sched, clock, job = make(tmp_path, store_location, prompts=3, samples=2, nodes=3)
     first = reg(sched, "n1")
     got = {first: lease(sched, first, 100)}
     assert len(got[first]) == 2  # 6 items, 3 nodes: the first daemon up does not take them all
@@ -379,17 +379,17 @@ def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path):
     assert len(lease(sched, second, 100)) == 2  # 4 live: ceil(4 / 3) = 2, so the queue never stalls
 
 
-def test_a_long_queue_leaves_every_node_its_free_slots_and_a_short_one_caps_them(tmp_path):
+def test_a_long_queue_leaves_every_node_its_free_slots_and_a_short_one_caps_them(tmp_path, store_location):
     """The fair share is only counted as far as it matters: with a queue long enough for every
     node, a lease gets all it asks; once it is short, the count is exact and caps the lease."""
-    store, sched, clock, job = make(tmp_path, prompts=20, samples=2, nodes=2)  # 40 items
+    store, sched, clock, job = make(tmp_path, store_location, prompts=20, samples=2, nodes=2)  # 40 items
     node = reg(sched, "n1")
     assert len(lease(sched, node, 4)) == 4  # 40 live over 2 nodes: 20 each, far more than 4
     assert len(lease(sched, node, 100)) == 16  # ceil(40 / 2) = 20, minus the 4 it holds
     assert lease(sched, node, 100) == []
 
 
-def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
+def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path, store_location):
     """The controller's loop stuck for a second (a thousand nodes' calls queued) while a probe waits: the
     backend answered at once, so it stays healthy even with no grace for slowness at all."""
     import http.server
@@ -409,7 +409,7 @@ def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        store, sched, clock, job = make(tmp_path, backends=(url,))
+        store, sched, clock, job = make(tmp_path, store_location, backends=(url,))
         reg(sched)
         sched.health.timeout, sched.health.slow_grace = 0.2, 0.0  # a timeout would mark it down at once
 
@@ -427,11 +427,11 @@ def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path):
         server.server_close()
 
 
-def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path):
+def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path, store_location):
     from rolloutd.controller.errors import NotFound
     from rolloutd.controller.work.node_registry import NODE_SILENCE_SECONDS
 
-    store, sched, clock, job = make(tmp_path)
+    store, sched, clock, job = make(tmp_path, store_location)
     quiet, talking = reg(sched, "quiet"), reg(sched, "talking")
     clock.t += NODE_SILENCE_SECONDS + 1
     sched.heartbeat(talking, Heartbeat())

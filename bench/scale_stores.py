@@ -1,0 +1,70 @@
+"""`bench scale`'s stores: the controller's SQLite file (the default) or a PostgreSQL server the bench starts
+for the point (`controller/sim/pgserver.py`, Debian's binaries, a data directory of its own), and the server's
+CPU and writes, read from /proc over the postmaster and its backends.
+
+`$ROLLOUTD_SCALE_STORES` (`python -m bench scale --store sqlite,postgresql`): the stores to run at every N,
+side by side. The server runs with fsync on and `synchronous_commit=off`: a commit returns before its WAL is
+flushed, as SQLite's WAL with `synchronous=NORMAL` does (a power loss may lose the last commits, never corrupt).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rolloutd.controller.sim.pgserver import PgServer, binaries
+
+PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_wal_size": "2GB",
+               "checkpoint_timeout": "15min"}
+
+
+def stores() -> list[str]:
+    wanted = [s.strip() for s in os.environ.get("ROLLOUTD_SCALE_STORES", "sqlite").split(",") if s.strip()]
+    bad = set(wanted) - {"sqlite", "postgresql"}
+    if bad:
+        raise SystemExit(f"ROLLOUTD_SCALE_STORES: unknown store(s) {sorted(bad)} (sqlite, postgresql)")
+    return wanted
+
+
+def start_server() -> PgServer:
+    bindir = binaries()
+    if bindir is None:
+        raise RuntimeError("bench scale --store postgresql: install Debian's postgresql (.ci/system-packages.sh)")
+    return PgServer(bindir, fsync=True, settings=PG_SETTINGS).start()
+
+
+def _family(root: int) -> list[int]:
+    """`root` and its children (the postmaster's backends, checkpointer, WAL writer)."""
+    pids = [root]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == root:
+                    pids.append(int(proc.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return pids
+
+
+def _stat(pid: int) -> tuple[float, int]:
+    """(CPU seconds of the process and its reaped children, bytes it wrote)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        io = {k: int(v) for k, v in (line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())}
+    except (OSError, ValueError):
+        return 0.0, 0
+    cpu = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
+    return cpu, io.get("write_bytes", 0)
+
+
+def server_usage(server: PgServer | None) -> tuple[float, int]:
+    """The server's CPU seconds and written bytes so far (0, 0 without one): a window is a difference of two."""
+    pid = server and server.pid()
+    if not pid:
+        return 0.0, 0
+    parts = [_stat(p) for p in _family(pid)]
+    return sum(c for c, _ in parts), sum(w for _, w in parts)
+
+
+def database_bytes(server: PgServer, url: str) -> int:
+    name = url.split("@/", 1)[1].split("?", 1)[0]  # PgServer's URLs: postgresql://ROLE@/NAME?host=DIR
+    return int(server.psql(f"SELECT pg_database_size('{name}')").strip() or 0)

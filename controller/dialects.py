@@ -1,0 +1,100 @@
+"""The store's two databases: SQLite (a file path, the embedded default) and PostgreSQL (a `postgresql://` URL),
+the engine each takes and the plain-statement connection the hot paths use on either (`raw`).
+
+The hot paths (`work/hot_sql.py` and its callers) write their statements once, in SQLite's form (`?` parameters);
+on PostgreSQL `raw` hands them a connection that rewrites each text once (`?` → `%s`, `:name` → `%(name)s`,
+SQLite's `INDEXED BY` hint dropped) and runs it through psycopg, which prepares a statement it sees repeatedly. Next step: a
+statement whose PostgreSQL form must differ in more than that gets its own text, chosen by `is_pg`.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from sqlalchemy.engine import Connection, Engine
+
+SQLITE, POSTGRESQL = "sqlite", "postgresql"
+URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
+# Per process: enough connections for the event loop's groups, the API's threads and the background passes.
+PG_POOL, PG_OVERFLOW = 10, 30
+
+
+def is_url(store: str | Path) -> bool:
+    """Whether `--store` names a PostgreSQL server rather than an SQLite file."""
+    return isinstance(store, str) and store.startswith(URL_SCHEMES)
+
+
+def engine_url(url: str) -> str:
+    """SQLAlchemy's name for the URL, with the psycopg 3 driver."""
+    for scheme in URL_SCHEMES:
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme):]
+    raise ValueError(f"not a PostgreSQL URL: {url}")
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def is_pg(engine_or_conn: Engine | Connection) -> bool:
+    return engine_or_conn.dialect.name == POSTGRESQL
+
+
+_INDEXED_BY = re.compile(r"\bINDEXED BY \w+\s*", re.IGNORECASE)
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+_texts: dict[str, str] = {}
+
+
+def pg_text(sql: str) -> str:
+    """A statement in SQLite's form, in psycopg's (cached: the hot paths repeat a few hundred texts)."""
+    out = _texts.get(sql)
+    if out is None:
+        out = _INDEXED_BY.sub("", sql).replace("%", "%%").replace("?", "%s")
+        out = _texts[sql] = _NAMED.sub(r"%(\1)s", out)
+    return out
+
+
+class PgRaw:
+    """A psycopg connection that takes SQLite-form statements: `execute` (→ a cursor: fetchone, fetchall,
+    iteration) and `executemany`, as the hot paths call sqlite3's."""
+
+    __slots__ = ("pg",)
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        return self.pg.execute(pg_text(sql), params if isinstance(params, dict) else (tuple(params) or None))
+
+    def executemany(self, sql: str, rows: Iterable[Any]) -> None:
+        rows = [r if isinstance(r, dict) else tuple(r) for r in rows]
+        if rows:
+            with self.pg.cursor() as cur:
+                cur.executemany(pg_text(sql), rows)
+
+
+def raw(conn: Connection) -> Any:
+    """The plain-statement connection under a SQLAlchemy connection: sqlite3's own, or psycopg's adapted."""
+    driver = conn.connection.driver_connection
+    return PgRaw(driver) if conn.dialect.name == POSTGRESQL else driver
+
+
+def columns(conn: Connection, table: str) -> set[str]:
+    """The columns `table` has (either database)."""
+    if is_pg(conn):
+        return {r[0] for r in conn.exec_driver_sql(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = %(t)s", {"t": table})}
+    return {r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
+
+
+def index_columns(conn: Connection, index: str) -> list[str]:
+    """The columns of an index, in order (empty when there is none)."""
+    if is_pg(conn):
+        return [r[0] for r in conn.exec_driver_sql(
+            "SELECT a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE c.relname = %(i)s", {"i": index})]
+    return [r[2] for r in conn.exec_driver_sql(f"PRAGMA index_info({index})")]
