@@ -31,8 +31,10 @@ class _Rotation:
 
 
 class Failover(httpx.BaseTransport):
-    def __init__(self, servers: list[str], **kw) -> None:
-        self.rotation, self.inner = _Rotation(servers), httpx.HTTPTransport(**kw)
+    """`inner`: the transport that sends (a test seam; httpx's own by default)."""
+
+    def __init__(self, servers: list[str], inner: httpx.BaseTransport | None = None, **kw) -> None:
+        self.rotation, self.inner = _Rotation(servers), inner or httpx.HTTPTransport(**kw)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for tried in range(1, len(self.rotation.urls) + 1):
