@@ -4,13 +4,17 @@ to it, a streaming trainer client (the Python client, given both addresses) gets
 the job ends Succeeded with true counts. A paused leader that wakes after losing the lease exits (status 3) fenced.
 
 Real controllers, real daemons, real bwrap (gated oracle rollouts: the fault lands while every rollout waits at
-INIT's gate, whatever the machine's speed). The job is applied and watched through the follower."""
+INIT's gate, whatever the machine's speed). The job is applied and watched through the follower. On PostgreSQL the
+leader's database connection is also cut (a relay in front of the server's socket, closed mid-job)."""
 from __future__ import annotations
 
 import os
 import signal
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from rolloutd.client import RolloutClient
 from rolloutd.controller.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
@@ -132,3 +136,74 @@ def test_a_follower_serves_the_api_while_the_leader_is_paused(replicas):
         os.killpg(leader.proc.pid, signal.SIGCONT)
     wait_until(lambda: follower.api.get("/apis/rolloutd.io/v1alpha1/rolloutjobs/served").status_code == 404, 60,
                "the leader's operator to finish the deletion made on the follower", every=0.1)
+
+
+class _Cuttable:
+    """A Unix-socket relay in front of the PostgreSQL server's socket: the leader's only way to its database, until
+    `cut()` closes it and every connection through it (the other replica keeps its own way)."""
+
+    def __init__(self, server_dir, relay_dir) -> None:
+        import socket
+
+        self.target = str(server_dir / ".s.PGSQL.5432")
+        relay_dir.mkdir()
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(relay_dir / ".s.PGSQL.5432"))
+        self.listener.listen(64)
+        self.open: list = []
+        self.cutting = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self.cutting:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.cutting = True
+        for s in [self.listener, *self.open]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_the_leaders_database_cut_off_the_other_leads(replicas, tmp_path, store_kind):
+    """The leader loses its database (its connections and any new one cut; its process runs on): its renewals fail,
+    it steps down once its lease ran out (exit 3), the other leads and the job ends with nothing lost."""
+    if store_kind != "postgresql":
+        pytest.skip("one SQLite file on one machine: there is no database connection to cut")
+    from urllib.parse import parse_qs, urlparse
+
+    server_dir = parse_qs(urlparse(replicas.store).query)["host"][0]
+    relay = _Cuttable(Path(server_dir), tmp_path / "relay")
+    replicas.members[0].env["ROLLOUTD_STORE"] = replicas.store.replace(server_dir, str(tmp_path / "relay"))
+    leader, follower = _first_leads(replicas)
+    gate, trainer = _mid_job(replicas, follower, tmp_path, "cut")
+    pids = leader.daemon_pids()
+    relay.cut()
+    new, took = replicas.wait_leader(60, other_than=leader)
+    assert new is follower and took <= BOUND, f"a replica led {took:.1f} s after the leader's database was cut"
+    print(f"database cut: a replica led {took:.2f} s after the cut")
+    assert leader.proc.wait(30) == EXIT_LOST, "the cut-off leader stepped down"
+    _finish(replicas, follower, trainer, "cut", gate, pids)
