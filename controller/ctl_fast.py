@@ -94,7 +94,7 @@ def answer(opts: dict[str, Any]) -> tuple[Any, bool] | None:
         if opts.get("selector"):
             params["labelSelector"] = opts["selector"]
         path = f"{API_PREFIX}/rolloutjobs" + (f"?{urlencode(params)}" if params else "")
-    body = fetch(c.server + path, c.token, c.ca_file)
+    body = fetch(c.server.split(",")[0] + path, c.token, c.ca_file)  # several: the first; the full path fails over
     return None if body is None else (body, not opts["name"])
 
 

@@ -45,6 +45,8 @@ from .stalls import StallSampler
 from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work.scheduler import Scheduler
 from .store import Store
+from .leadership import Leadership
+from .replicas import Replica, replica_urls
 from .store_db import SchemaTooNew
 
 EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
@@ -54,12 +56,14 @@ HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within 
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
               operator: bool = True, kube: Connection | None = None, tls: bool = False,
-              ca_file: Path | None = None, keep_daemons: bool = False, settings: ControllerSettings | None = None):
+              ca_file: Path | None = None, keep_daemons: bool = False, settings: ControllerSettings | None = None,
+              leadership: Leadership | None = None):
     """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
     mirrored into this controller's store), else against this controller's own API. `tls`: served over
     https, the local daemons trusting `ca_file` (the CA that signed the certificate). `keep_daemons`: a graceful
     stop leaves the local daemons running, for a restart to adopt (else it releases them). `settings`: the
-    controller's variables, read once by its entry point (`main.py`; the defaults when omitted)."""
+    controller's variables, read once by its entry point (`main.py`; the defaults when omitted). `leadership`: this
+    replica leads (`replicas.py`): every commit of its store is fenced by the lease's epoch."""
     settings = settings or ControllerSettings()
     paths = DataDir(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +77,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         raise SystemExit(opening_problem(store_name(location), e)) from None
     except (SchemaTooNew, ImportError) as e:
         raise SystemExit(f"rolloutd: {e}") from None
+    if leadership is not None:
+        leadership.fence(store.engine)
     store.listen()  # PostgreSQL: other controllers' writes wake our watches and leave our cache (LISTEN/NOTIFY)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
     scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
@@ -84,11 +90,14 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                      allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
-    local = LocalExecutor(f"{scheme}://{reach}:{port}", credentials, data_dir, grace_seconds=node_grace_seconds,
+    replicas = replica_urls(settings.replicas)  # the daemons get every replica's address, this one's first
+    own_url = f"{scheme}://{reach}:{port}"
+    local = LocalExecutor(",".join(dict.fromkeys([own_url, *replicas])), credentials, data_dir, grace_seconds=node_grace_seconds,
                           extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
     executors_by_kind = {"local": local}
     advertised = advertised_url(host, port, scheme, settings.advertise_url) if {"slurm", "kubernetes"} & set(executors) \
         else ""  # the host's name (a DNS lookup) only for executors whose daemons run elsewhere
+    advertised = ",".join(dict.fromkeys([advertised, *replicas])) if advertised and replicas else advertised
     if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
         executors_by_kind["slurm"] = SlurmExecutor(
             advertised, credentials, data_dir, scheduler=scheduler, drain_seconds=settings.drain_seconds,
@@ -185,9 +194,16 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     tracing.setup("rolloutd-controller", nodeenv.tracing_on((settings or ControllerSettings()).tracing))
-    app = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
-                    tls=tls is not None, ca_file=ca_file or (tls and tls[0]), keep_daemons=keep_daemons,
-                    settings=settings)
+    def build(leadership: Leadership | None = None):
+        return build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
+                         tls=tls is not None, ca_file=ca_file or (tls and tls[0]), settings=settings,
+                         keep_daemons=keep_daemons or leadership is not None, leadership=leadership)
+    if settings and settings.replicas:  # a replica: a follower until it leads (its daemons outlive a hand-over)
+        reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        own = advertised_url(reach, port, "https" if tls else "http", settings.advertise_url)
+        app = Replica(data_dir, own, settings, build)
+    else:
+        app = build()
     logging.getLogger("rolloutd").info("data dir %s; store %s; token file %s", data_dir,
                                        store_name((settings and settings.store) or DataDir(data_dir).db),
                                        DataDir(data_dir).token)

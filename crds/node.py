@@ -70,6 +70,9 @@ def result_coalesce(interval: float) -> float:
 # idle connection first (a request sent as the server closes it would fail).
 DAEMON_KEEP_ALIVE_SECONDS = 60.0
 CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
+# A daemon given several controller addresses bounds each call by this (a paused leader accepts connections and
+# answers nothing), then moves to the next address; a new leader gives every lease it adopts this much more.
+FAILOVER_CALL_SECONDS = 10.0
 
 
 # Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with

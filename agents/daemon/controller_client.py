@@ -21,6 +21,7 @@ from rolloutd.crds.errors import StatusError
 from rolloutd.crds.names import job_path
 from rolloutd.crds.node import (
     DAEMON_KEEP_ALIVE_SECONDS,
+    FAILOVER_CALL_SECONDS,
     FEATURES_PARAM,
     LEASE_PARAM,
     Heartbeat,
@@ -73,16 +74,21 @@ def _asking(path: str, lease: int | None) -> str:
 
 class ControllerClient:
     """The six calls of the node protocol, under the job's namespaced path when `job` (its key,
-    "namespace/name" or a bare name in `default`) is given. `transport` is a test seam (e.g. httpx.MockTransport)."""
+    "namespace/name" or a bare name in `default`) is given. `transport` is a test seam (e.g. httpx.MockTransport).
+    `base_url` may name several controller replicas, comma-separated: a call that gets no answer, or a 503, moves
+    the next calls to the next address (the caller retries; any replica forwards to the leader)."""
 
     def __init__(self, base_url: str, token: str, *, job: str | None = None, timeout: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None, ca_file: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
+        self.addresses = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()] or [base_url.rstrip("/")]
+        self.base_url = self.addresses[0]
+        self._prefix = job_path(job, "nodes") if job else NODES_PREFIX
+        # several replicas: a call that hangs (a paused leader accepts connections and answers none) moves on sooner
+        self.timeout = timeout if len(self.addresses) == 1 else min(timeout, FAILOVER_CALL_SECONDS)
         self._credential = f"Bearer {token}"  # registers; the node's own token makes the other calls
         self.revoked = False  # a per-node call was refused 401: the job was released, nothing is wrong here
         self._http = httpx.AsyncClient(
-            base_url=self.base_url + (job_path(job, "nodes") if job else NODES_PREFIX),
+            base_url=self.base_url + self._prefix,
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
@@ -98,6 +104,12 @@ class ControllerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    def _move_on(self) -> None:
+        """The next controller address, for the next call (one address: nothing changes)."""
+        if len(self.addresses) > 1:
+            self.base_url = self.addresses[(self.addresses.index(self.base_url) + 1) % len(self.addresses)]
+            self._http.base_url = self.base_url + self._prefix
+
     async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
                     timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
         if isinstance(body, bytes):  # already serialized JSON
@@ -107,7 +119,10 @@ class ControllerClient:
         try:
             resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
         except httpx.HTTPError as e:
+            self._move_on()
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        if resp.status_code == 503:
+            self._move_on()
         if resp.status_code == 401 and not path.startswith("/register"):
             self.revoked = True
         if resp.status_code >= 400:

@@ -31,7 +31,7 @@ class AsyncRolloutClient:
                  retry_for: float | None = RETRY_FOR_SECONDS, transport: httpx.AsyncBaseTransport | None = None):
         self.conn = connection or resolve(server, token_file, token, namespace, ca_file)
         self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
-        self.http = httpx.AsyncClient(**client_options(self.conn, timeout), transport=transport)
+        self.http = httpx.AsyncClient(**{**client_options(self.conn, timeout, asynchronous=True), **({'transport': transport} if transport else {})})
         self.retry_for = retry_for
         self.retry_backoff = 0.2
         self._pending: dict[str, int] = {}

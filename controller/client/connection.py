@@ -24,6 +24,7 @@ from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from rolloutd.crds.kit.documents import malformed_yaml
 
 from .errors import RolloutdError
+from .failover import AsyncFailover, Failover, addresses
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,18 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
     return Connection(str(server).rstrip("/"), token, str(namespace), str(Path(ca_file).expanduser()) if ca_file else None)
 
 
-def client_options(conn: Connection, timeout: float) -> dict[str, Any]:
+
+def client_options(conn: Connection, timeout: float, asynchronous: bool = False) -> dict[str, Any]:
+    """httpx client keywords; a `server` naming several controllers (comma-separated) gets a transport that moves
+    between them (`failover.py`)."""
     # plain http: no TLS to verify, and loading the system's CA bundle costs a command-line call ~30 ms of CPU
-    verify = trust(conn.ca_file) if not conn.server.startswith("http://") else False
-    return {"base_url": conn.server, "timeout": timeout, "headers": {"Authorization": f"Bearer {conn.token}"},
-            "verify": verify}
+    servers = addresses(conn.server)
+    verify = trust(conn.ca_file) if any(not s.startswith("http://") for s in servers) else False
+    out = {"base_url": servers[0] if servers else conn.server, "timeout": timeout,
+           "headers": {"Authorization": f"Bearer {conn.token}"}, "verify": verify}
+    if len(servers) > 1:
+        out["transport"] = (AsyncFailover if asynchronous else Failover)(servers, verify=verify)
+    return out
 
 
 def trust(ca_file: str | None) -> ssl.SSLContext | bool:

@@ -45,7 +45,7 @@ class RolloutClient:
                  retry_for: float | None = RETRY_FOR_SECONDS, transport: httpx.BaseTransport | None = None):
         self.conn = connection or resolve(server, token_file, token, namespace, ca_file)
         self.namespace = namespace or self.conn.namespace  # of every job named by its name alone
-        self.http = httpx.Client(**client_options(self.conn, timeout), transport=transport)
+        self.http = httpx.Client(**{**client_options(self.conn, timeout), **({'transport': transport} if transport else {})})
         self.retry_for = retry_for
         self.retry_backoff = 0.2  # seconds, the first delay of a retry (doubled per failure in a row, to 5 s)
         self._pending: dict[str, int] = {}  # job → batch requested by next_batch but not yet returned

@@ -102,6 +102,11 @@ VARIABLES: tuple[Variable, ...] = (
              "the client's config file (server, namespace, token, CA)"),
     Variable("ROLLOUTD_ADVERTISE_URL", "url", "this host's name and the controller's port", (CONTROLLER,),
              "the controller URL node daemons on other hosts use"),
+    Variable("ROLLOUTD_REPLICAS", "text", "none (one controller, no leader election)", (CONTROLLER,),
+             "comma-separated URLs of every controller replica on this database, this one's included: set, the "
+             "replicas elect one leader (`controller/leadership.py`) and hand the whole list to the node daemons"),
+    Variable("ROLLOUTD_LEADER_LEASE_SECONDS", "number", "5", (CONTROLLER,),
+             "with ROLLOUTD_REPLICAS: the leader lease; a replica leads within this plus 1 s after the leader dies"),
     Variable("ROLLOUTD_BACKEND_ALLOW_NETS", "networks", "none", (CONTROLLER,),
              "comma-separated networks a backend URL may point into although link-local (e.g. 169.254.0.0/16)"),
     Variable("ROLLOUTD_TOKENIZER_ROOTS", "paths", "none (the models directory and the Hugging Face cache always)",
@@ -212,6 +217,8 @@ class ControllerSettings:
     store: str | None = None  # ROLLOUTD_STORE: an SQLite path or a postgresql:// URL (None: the data dir's file)
     drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS
     advertise_url: str | None = None
+    replicas: str | None = None
+    leader_lease_seconds: float = 5.0
     backend_allow_nets: Networks = ()
     tokenizer_roots: tuple[Path, ...] = ()
     max_episodes_per_backend: int | None = None

@@ -47,6 +47,8 @@ VALUE_SETS = {
     },
     "operator": {"mode": "operator"},
     "postgresql": {"database": {"existingSecret": "rolloutd-db", "key": "uri"}},
+    "replicas": {"controller": {"replicas": 3}, "database": {"existingSecret": "rolloutd-db"},
+                 "storage": {"accessModes": ["ReadWriteMany"]}},
     "bring-your-own": {"auth": {"existingSecret": "my-tokens"}, "storage": {"existingClaim": "my-pvc"},
                        "executor": {"kinds": ["local"]}, "serviceAccount": {"create": False, "name": "builder"}},
 }
@@ -225,6 +227,20 @@ def test_an_external_postgresql_url_comes_from_its_secret():
     assert store["valueFrom"] == {"secretKeyRef": {"name": "rolloutd-db", "key": "uri"}}
     url = "postgresql://rolloutd:pw@db.rl.svc:5432/rolloutd"  # what the controller reads from it as it starts
     assert ControllerSettings.from_env({"ROLLOUTD_STORE": url}).store == url
+
+
+def test_replicas_elect_a_leader_on_postgresql_and_sqlite_keeps_one():
+    dep = one(render("replicas"), "Deployment")
+    assert dep["spec"]["replicas"] == 3 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROLLOUTD_REPLICAS"]["value"] == f"http://r-rolloutd.{NS}.svc:7350"  # the daemons' other address
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["ROLLOUTD_ADVERTISE_URL"]["value"] == "http://$(POD_IP):7350"  # where followers forward to
+    assert ControllerSettings.from_env({"ROLLOUTD_REPLICAS": "http://a:1,http://b:1"}).replicas == "http://a:1,http://b:1"
+    out = subprocess.run([helm(), "template", "r", str(CHART), "-f", "-"], capture_output=True, text=True,
+                         input=yaml.safe_dump({"controller": {"replicas": 2}}))
+    assert out.returncode != 0 and "needs the PostgreSQL store" in out.stderr
+    assert one(render("defaults"), "Deployment")["spec"]["replicas"] == 1
 
 
 def test_bring_your_own_secret_and_volume():

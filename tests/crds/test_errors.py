@@ -85,6 +85,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.controller.errors.Invalid": [(("m",), {}, C)],
     "rolloutd.controller.errors.TooManyRequests": [(("m",), {}, I)],
     "rolloutd.controller.errors.ServiceUnavailable": [(("m",), {}, I)],
+    "rolloutd.controller.leadership.Fenced": [(("m",), {}, I)],
     "rolloutd.controller.executors.base.ExecutorError": [(("m",), {}, I), (("m",), {"permanent": True}, C)],
     "rolloutd.controller.executors.logs.NoLogs": [((), {}, C)],
     "rolloutd.integrations.trl.rollouts.StalePolicy": [((), {}, I)],

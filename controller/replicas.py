@@ -1,0 +1,236 @@
+"""A controller replica (ROLLOUTD_REPLICAS set): one ASGI app that is a follower until it wins the leader lease,
+then the whole controller of `server.build_app` (scheduler, operator, executors), built from the database then.
+
+Called by `server.run_controller`; the lease and the fence are `leadership.py`. A follower serves from the shared
+database what needs no scheduler: the Kubernetes verbs (get, list, watch, apply, delete), events, tenant
+policies, discovery, the web UI, probes and its own metrics. It forwards to the leader what the leader's scheduler
+holds in memory (held leases, backend admission, node liveness: `work/held_leases.py` says why they are not
+written): the node protocol, the trainer routes (streams included) and the daemons' logs; with no leader now,
+503 + Retry-After, which every client retries (on another address when it has several). Each replica polls the
+change log (`ChangePoller`), so a write on one wakes the watches and the operator of all.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import httpx
+
+from rolloutd.crds.node import FAILOVER_CALL_SECONDS
+from rolloutd.crds.settings import ControllerSettings
+
+from . import dialects
+from .api import create_app
+from .auth import TokenBook, ensure_token
+from .allowlists import AllowLists
+from .errors import Gone
+from .leadership import EXIT_LOST, Leadership, current
+from .nodeauth import NodeCredentials, NodeGate
+from .store import Store
+from rolloutd.crds.paths import DataDir
+
+log = logging.getLogger("rolloutd.replicas")
+
+POLL_SECONDS = 0.1  # a write on another replica reaches this one's watches within this
+FORWARDED = "x-rolloutd-forwarded"  # set on a forwarded call: a follower never forwards one again
+NOT_LEADER = "x-rolloutd-not-leader"  # on a 503 of a follower that knows no leader now
+_LEADER_PATH = re.compile(r"(?:/apis/rolloutd\.io/v1alpha1)(?:/namespaces/[^/]+)?/rolloutjobs/[^/]+/"
+                          r"(?:trajectories|groups|batches|policy|backends|stats|inflight|logs)(?:/.*)?")
+_HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+def leader_only(path: str) -> bool:
+    """What a follower forwards: the node protocol and the routes of the leader's scheduler."""
+    return NodeGate.is_node_path(path) or _LEADER_PATH.fullmatch(path) is not None
+
+
+class ChangePoller:
+    """The change log read every POLL_SECONDS: a change written by another process drops this store's cached job and
+    wakes its watchers (`StoreDB.subscribe`), as a write of this process does."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.stopped = store, False
+
+    async def run(self) -> None:
+        store = self.store
+        last = await asyncio.to_thread(store.current_rv)
+        while not self.stopped:
+            await asyncio.sleep(POLL_SECONDS)
+            try:
+                rv = await asyncio.to_thread(store.current_rv)
+                if rv <= last:
+                    continue
+                try:
+                    names = {c.name for c in await asyncio.to_thread(store.changes_since, last, None, 100_000)}
+                except Gone:
+                    names = set(store._cache)
+                with store._lock:
+                    store._epoch += 1
+                    for name in names:
+                        store._cache.pop(name, None)
+                for name in names:
+                    store._mark(name)
+                store._notify()
+                last = rv
+            except Exception as e:  # noqa: BLE001 - the database away a moment: the next poll tries again
+                log.warning("change log poll: %s", e)
+
+
+class Replica:
+    """The ASGI app of a replica: `follower` until elected, then `leader` (`build(leadership)` →
+    `server.build_app`). Losing the lease ends the process (`leadership.EXIT_LOST`)."""
+
+    def __init__(self, data_dir: Path, url: str, settings: ControllerSettings,
+                 build: Callable[[Leadership], Any]) -> None:
+        paths = DataDir(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        location = settings.store or paths.db  # an SQLite file or a postgresql:// URL (`server.build_app`)
+        with open(data_dir / ".replicas.lock", "a") as lock:  # replicas starting together migrate one at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            token = ensure_token(paths.token, mint=dialects.is_url(location) or not Path(location).exists())
+            self.store = Store(location, watch_history=settings.watch_history, home=data_dir)
+        self.store.listen()  # PostgreSQL: LISTEN/NOTIFY as well as the change-log poll
+        self.follower = create_app(self.store, token, node_credentials=NodeCredentials(paths.node_credentials),
+                                   tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings))
+        self.follower.state.executors = {}
+        self.leader: Any = None
+        self.build, self.url = build, url
+        self.leadership = Leadership(self.store.engine, url, lease_seconds=settings.leader_lease_seconds)
+        self._leader_url: tuple[float, str] = (0.0, "")
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        self._exit: Callable[[int], None] = os._exit
+
+    @property
+    def state(self) -> Any:  # `server._Server` reads the scheduler and the operator's stop from here
+        return self.leader.state if self.leader is not None else SimpleNamespace()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.leader is not None:
+            return await self.leader(scope, receive, send)
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] == "http" and leader_only(scope["path"]):
+            return await self._forward(scope, receive, send)
+        return await self.follower(scope, receive, send)
+
+    # ------------------------------------------------------------ life
+
+    async def _lifespan(self, receive, send) -> None:
+        loop = asyncio.get_running_loop()
+        elected = asyncio.Event()
+        self.leadership.on_elected = lambda epoch: loop.call_soon_threadsafe(elected.set)
+        self.leadership.on_lost = self._lost
+        pollers = [ChangePoller(self.store)]
+        tasks = [asyncio.create_task(pollers[0].run(), name="change-poller"),
+                 asyncio.create_task(self.follower.state.loop_lag.run(), name="loop-lag")]
+        leading: list[contextlib.AbstractAsyncContextManager] = []
+
+        async def promote() -> None:
+            await elected.wait()
+            started = time.monotonic()
+            app = self.build(self.leadership)  # its store is fenced (`Leadership.fence`) before any write
+            # the leases it adopted: their daemons may still be waiting on the old leader (a paused one answers
+            # nothing) for up to FAILOVER_CALL_SECONDS before they call us
+            scheduler = app.state.scheduler
+            scheduler.queue.live.grace(time.time() + FAILOVER_CALL_SECONDS, scheduler.lease_seconds)
+            ctx = app.router.lifespan_context(app)
+            self.leader = app  # before its operator starts: its calls to our own port reach the leader's app
+            await ctx.__aenter__()
+            leading.append(ctx)
+            pollers.append(ChangePoller(app.state.store))
+            tasks.append(asyncio.create_task(pollers[-1].run(), name="change-poller-leader"))
+            log.info("leader: serving the whole controller (epoch %s; built in %.2f s)", self.leadership.epoch,
+                     time.monotonic() - started)
+
+        await receive()  # lifespan.startup
+        self.leadership.start()
+        tasks.append(asyncio.create_task(promote(), name="promote"))
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        for p in pollers:
+            p.stopped = True
+        self.leadership.stop()
+        for ctx in leading:
+            with contextlib.suppress(Exception):
+                await ctx.__aexit__(None, None, None)
+        self.leadership.resign()  # after the scheduler stopped: a follower takes over at its next try
+        for t in tasks:
+            t.cancel()
+        await self._http.aclose()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    def _lost(self, reason: str) -> None:
+        """Step down: this process's scheduler state is the old epoch's; it ends (its fenced writes were refused) and
+        its supervisor starts it again as a follower. Its node daemons live on and move to the new leader."""
+        logging.getLogger("rolloutd").critical("leadership lost (%s): exiting with status %d", reason, EXIT_LOST)
+        for h in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                h.flush()
+        self._exit(EXIT_LOST)
+
+    # ------------------------------------------------------------ forwarding to the leader
+
+    async def leader_url(self) -> str:
+        """The leader's URL from the lease row (read at most every POLL_SECONDS); "" when no one leads now."""
+        at, url = self._leader_url
+        if time.monotonic() - at > POLL_SECONDS:
+            holder, _, expires, url = await asyncio.to_thread(current, self.store.engine)
+            url = url if holder and expires > time.time() - 1.0 and url.rstrip("/") != self.url.rstrip("/") else ""
+            self._leader_url = (time.monotonic(), url)
+        return url
+
+    async def _forward(self, scope, receive, send) -> None:
+        headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP]
+        url = "" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url()
+        if not url:
+            return await _unavailable(send, "no controller leads now (an election is under way): retry")
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        target = url.rstrip("/") + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + (
+            "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
+        request = self._http.build_request(scope["method"], target, content=body,
+                                           headers=headers + [(FORWARDED.encode(), b"1")])
+        try:
+            resp = await self._http.send(request, stream=True)
+        except httpx.HTTPError as e:
+            self._leader_url = (0.0, "")
+            return await _unavailable(send, f"the leader {url} did not answer ({type(e).__name__}): retry")
+        try:
+            await send({"type": "http.response.start", "status": resp.status_code,
+                        "headers": [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in _HOP]})
+            try:
+                async for chunk in resp.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError:
+                pass  # the leader went away mid-stream: the stream ends, the client resumes from its cursor
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await resp.aclose()
+
+
+async def _unavailable(send, message: str) -> None:
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                       "reason": "ServiceUnavailable", "code": 503}).encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                            (NOT_LEADER.encode(), b"1")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def replica_urls(raw: str | None) -> list[str]:
+    """ROLLOUTD_REPLICAS split: every replica's URL."""
+    return [u.strip().rstrip("/") for u in (raw or "").split(",") if u.strip()]
+

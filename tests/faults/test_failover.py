@@ -1,0 +1,209 @@
+"""Two controller replicas on one database; the leader is killed (kill -9) or paused (SIGSTOP) mid-job: the other
+leads within the bound (leadership.py: lease 5 s + 1 s), the node daemons' in-flight rollouts keep running and report
+to it, a streaming trainer client (the Python client, given both addresses) gets every trajectory exactly once, and
+the job ends Succeeded with true counts. A paused leader that wakes after losing the lease exits (status 3) fenced.
+
+Real controllers, real daemons, real bwrap (gated oracle rollouts: the fault lands while every rollout waits at
+INIT's gate, whatever the machine's speed). The job is applied and watched through the follower. On PostgreSQL the
+leader's database connection is also cut (a relay in front of the server's socket, closed mid-job)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rolloutd.client import RolloutClient
+from rolloutd.controller.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
+from support.cluster import held_at_gate
+from support.fault_jobs import gated_oracle_job, scored_once
+from support.waiting import wait_until
+
+ROLLOUTS = 6
+BOUND = LEASE_SECONDS + RENEW_SECONDS + 4.0  # the documented bound, and the new leader's start on a loaded machine
+
+
+class Trainer(threading.Thread):
+    """A trainer streaming the job's trajectories with the Python client, given every replica's address."""
+
+    def __init__(self, servers: str, token_file, name: str) -> None:
+        super().__init__(daemon=True)
+        self.client = RolloutClient(servers, token_file=str(token_file), retry_for=300)
+        self.name_ = name
+        self.seen: list[tuple[int, int, int]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for t in self.client.trajectories(self.name_, follow=True, timeout=600):
+                self.seen.append((t["seq"], t["prompt"], t["sample"]))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            self.error = e
+
+    def counts(self) -> tuple[int, int]:
+        """(delivered distinct rollouts, duplicates)."""
+        rollouts = [(p, s) for _, p, s in self.seen]
+        return len(set(rollouts)), len(rollouts) - len(set(rollouts))
+
+
+def _first_leads(replicas):
+    first = replicas.start(0)
+    assert replicas.wait_leader(120)[0] is first
+    follower = replicas.start(1)
+    return first, follower
+
+
+def _mid_job(replicas, follower, tmp_path, name):
+    gate = tmp_path / "gate"
+    follower.apply(gated_oracle_job(name, gate, rollouts=ROLLOUTS))  # applied on the follower: the leader runs it
+    wait_until(lambda: held_at_gate(follower, name) == ROLLOUTS, 180, "every rollout held at INIT's gate", every=0.1)
+    trainer = Trainer(replicas.servers, replicas.data_dir / "token", name)
+    trainer.start()
+    return gate, trainer
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _finish(replicas, survivor, trainer, name, gate, pids):
+    assert pids and all(_alive(p) for p in pids), "the in-flight rollouts' daemons live on through the fail-over"
+    gate.touch()  # the rollouts go on from INIT on their nodes: they report to the new leader
+    survivor.wait_done(name, 180)
+    scored_once(survivor, name, ROLLOUTS)
+    trainer.join(120)
+    assert trainer.error is None, trainer.error
+    delivered, duplicated = trainer.counts()
+    assert (ROLLOUTS, delivered, duplicated) == (ROLLOUTS, ROLLOUTS, 0)
+    counts = survivor.get(name)["status"]["counts"]
+    assert (counts["total"], counts["succeeded"], counts.get("infraFailed", 0)) == (ROLLOUTS, ROLLOUTS, 0), counts
+
+
+def test_leader_killed_mid_job_the_other_leads_and_nothing_is_lost(replicas, tmp_path):
+    leader, follower = _first_leads(replicas)
+    gate, trainer = _mid_job(replicas, follower, tmp_path, "killed")
+    pids = leader.daemon_pids()
+    epoch = replicas.lease()[1]
+    leader.kill()
+    new, took = replicas.wait_leader(60, other_than=leader)
+    assert new is follower and replicas.lease()[1] == epoch + 1
+    assert took <= BOUND, f"a replica led {took:.1f} s after the leader died (bound {BOUND:g} s)"
+    print(f"kill -9: a replica led {took:.2f} s after the leader died")
+    _finish(replicas, follower, trainer, "killed", gate, pids)
+
+
+def test_leader_paused_mid_job_is_fenced_and_steps_down(replicas, tmp_path):
+    leader, follower = _first_leads(replicas)
+    gate, trainer = _mid_job(replicas, follower, tmp_path, "paused")
+    pids = leader.daemon_pids()
+    os.killpg(leader.proc.pid, signal.SIGSTOP)
+    try:
+        new, took = replicas.wait_leader(60, other_than=leader)
+        assert new is follower and took <= BOUND, f"a replica led {took:.1f} s after the leader paused"
+        print(f"SIGSTOP: a replica led {took:.2f} s after the leader paused")
+        assert all(_alive(p) for p in pids)
+        gate.touch()  # the rollouts finish while the old leader is still paused
+        time.sleep(2)  # the fault itself: the old leader stays paused while the daemons move to the new one
+    finally:
+        os.killpg(leader.proc.pid, signal.SIGCONT)
+    assert leader.proc.wait(30) == EXIT_LOST, "the old leader woke, found its lease taken and stepped down"
+    log = (leader.root / "controller.log").read_text()
+    assert "stepping down" in log
+    _finish(replicas, follower, trainer, "paused", gate, pids)
+
+
+def test_a_follower_serves_the_api_while_the_leader_is_paused(replicas):
+    """The follower answers the Kubernetes verbs from the database itself (apply, get, list, delete), not through the
+    leader: with the leader paused they still work (a write on it reaches the leader's watches through the change
+    log, as the jobs above, applied on the follower, show)."""
+    leader, follower = _first_leads(replicas)
+    os.killpg(leader.proc.pid, signal.SIGSTOP)
+    try:
+        doc = gated_oracle_job("served", replicas.root / "never", rollouts=1)
+        assert follower.apply(doc)["metadata"]["name"] == "served"
+        assert follower.get("served")["metadata"]["name"] == "served"
+        listed = follower.api.get("/apis/rolloutd.io/v1alpha1/rolloutjobs", timeout=5).json()
+        assert [j["metadata"]["name"] for j in listed["items"]] == ["served"]
+        assert follower.api.delete("/apis/rolloutd.io/v1alpha1/rolloutjobs/served", timeout=5).status_code == 202  # finalizer: the leader
+    finally:
+        os.killpg(leader.proc.pid, signal.SIGCONT)
+    wait_until(lambda: follower.api.get("/apis/rolloutd.io/v1alpha1/rolloutjobs/served").status_code == 404, 60,
+               "the leader's operator to finish the deletion made on the follower", every=0.1)
+
+
+class _Cuttable:
+    """A Unix-socket relay in front of the PostgreSQL server's socket: the leader's only way to its database, until
+    `cut()` closes it and every connection through it (the other replica keeps its own way)."""
+
+    def __init__(self, server_dir, relay_dir) -> None:
+        import socket
+
+        self.target = str(server_dir / ".s.PGSQL.5432")
+        relay_dir.mkdir()
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(relay_dir / ".s.PGSQL.5432"))
+        self.listener.listen(64)
+        self.open: list = []
+        self.cutting = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self.cutting:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.cutting = True
+        for s in [self.listener, *self.open]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_the_leaders_database_cut_off_the_other_leads(replicas, tmp_path, store_kind):
+    """The leader loses its database (its connections and any new one cut; its process runs on): its renewals fail,
+    it steps down once its lease ran out (exit 3), the other leads and the job ends with nothing lost."""
+    if store_kind != "postgresql":
+        pytest.skip("one SQLite file on one machine: there is no database connection to cut")
+    from urllib.parse import parse_qs, urlparse
+
+    server_dir = parse_qs(urlparse(replicas.store).query)["host"][0]
+    relay = _Cuttable(Path(server_dir), tmp_path / "relay")
+    replicas.members[0].env["ROLLOUTD_STORE"] = replicas.store.replace(server_dir, str(tmp_path / "relay"))
+    leader, follower = _first_leads(replicas)
+    gate, trainer = _mid_job(replicas, follower, tmp_path, "cut")
+    pids = leader.daemon_pids()
+    relay.cut()
+    new, took = replicas.wait_leader(60, other_than=leader)
+    assert new is follower and took <= BOUND, f"a replica led {took:.1f} s after the leader's database was cut"
+    print(f"database cut: a replica led {took:.2f} s after the cut")
+    assert leader.proc.wait(30) == EXIT_LOST, "the cut-off leader stepped down"
+    _finish(replicas, follower, trainer, "cut", gate, pids)
