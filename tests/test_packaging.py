@@ -22,6 +22,12 @@ def package_of(folder: Path) -> str:
     return ".".join([PARTS[owner], *rel.parts[len(Path(owner).parts):]])
 
 
+def package_of_data(pkg: str) -> list[str]:
+    """The folder (parts under the repository) a data-only package names: its PARTS entry + the rest."""
+    owner = max((f for f, p in PARTS.items() if pkg == p or pkg.startswith(p + ".")), key=lambda f: len(PARTS[f]))
+    return [*Path(owner).parts, *pkg[len(PARTS[owner]):].strip(".").split(".")] if pkg != PARTS[owner] else [owner]
+
+
 def test_every_package_folder_is_listed():
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert cfg["package-dir"] == {pkg: folder for folder, pkg in PARTS.items()}
@@ -31,7 +37,9 @@ def test_every_package_folder_is_listed():
         for init in (REPO / folder).rglob("__init__.py"):
             found.add(package_of(init.parent))
     assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
-    assert listed - found == set(), f"listed but no such folder: {sorted(listed - found)}"
+    data = set(cfg["package-data"]) - found  # data-only folders, listed so setuptools installs them without a warning
+    assert all(REPO.joinpath(*package_of_data(d)).is_dir() for d in data), f"package-data names no folder: {data}"
+    assert listed - found - data == set(), f"listed but no such folder: {sorted(listed - found - data)}"
 
 
 def test_nested_folder_maps_to_its_own_package():
