@@ -26,7 +26,7 @@ from typing import Any, Callable
 import httpx
 
 from rolloutd.crds.node import FAILOVER_CALL_SECONDS
-from rolloutd.crds.settings import ControllerSettings
+from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
 from .api import create_app
@@ -36,7 +36,7 @@ from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from .nodeauth import NodeCredentials, NodeGate
 from .store import Store
-from rolloutd.crds.paths import DataDir
+from rolloutd.crds.kit.paths import DataDir
 
 log = logging.getLogger("rolloutd.replicas")
 

@@ -1,7 +1,7 @@
 """One click from a rollout to its trace and to its node's log lines: the links the in-flight view and the rollout
 page carry, and the log lines of one attempt.
 
-Called by `ui/app.py`. The trace link is ROLLOUTD_TRACE_URL (`crds/settings.py`, e.g. Jaeger's
+Called by `ui/app.py`. The trace link is ROLLOUTD_TRACE_URL (`crds/kit/settings.py`, e.g. Jaeger's
 `http://jaeger:16686/trace/{trace_id}`) with the attempt's trace id: in flight from its open root span
 (`work/tracing.trace_id`), finished from the trajectory (`Trajectory.trace_id`, set by the controller). The log lines
 come from the job's executor (`executors/*.logs`, as `rolloutctl logs`), the node's file only (its slot in the
