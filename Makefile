@@ -79,7 +79,7 @@ image: system-packages venv
 	$(BIN)/python charts/image/build.py
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --durations=40
 
 # only what the demo needs: no Slurm, no image builder, no TRL venv (torch), no kubectl/helm
 demo: demo-packages venv
