@@ -1,13 +1,14 @@
 """The job page's deeper views, built when the page asks (never in the live build): the spec as written with its
-secrets redacted, reward and pass-rate curves per policy version and over time, pass rates per prompt, zero-variance
-groups, and a sortable page of trajectories with their tokens, turns and duration.
+secrets redacted, reward, pass-rate, response-length, turn, tool-error and truncation curves per policy version and
+over time, pass rates per prompt, zero-variance groups, and a sortable page of trajectories with their tokens, turns
+and duration.
 
 Called by `ui/app.py` (…/config, …/curves, …/trajectories) in a worker thread. The curves read only the covering
-index `ix_trajectories_facts` (job, failure, reward, policy, t_end; the rowid is seq); pass rates and groups the
-job's rows by prompt. A job's curves are kept until its newest seq changes. "Passed" means reward ≥ PASS (full
-marks: rolloutd's handlers score 0–1); only scored and agent-failed rollouts count (infra-failed and cancelled
-carry no reward).
-Next step: response-length and turn curves (needs the generated-token count as a column beside the facts).
+index `ix_trajectories_facts` (job, failure, reward, policy, t_end, generated, turns, tool_errors, truncated; the
+rowid is seq); pass rates and groups the job's rows by prompt. A job's curves are kept until its newest seq changes.
+"Passed" means reward ≥ PASS (full marks: rolloutd's handlers score 0–1); only scored and agent-failed rollouts
+count (infra-failed and cancelled carry no reward).
+Next step: percentiles of the response length (p50/p95) beside its mean.
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ _ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^
 _USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 SCORED = "failure IN ('none', 'agent') AND reward IS NOT NULL"
 PASSED = "sum(CASE WHEN reward >= ? THEN 1 ELSE 0 END)"  # (SQLite sums a comparison; PostgreSQL no boolean)
+# mean generated tokens, mean turns, the share with a tool error (of those whose agent counts them), the share cut
+# at the token limit (floats: PostgreSQL's avg of integers is a numeric)
+LENGTHS = ("avg(CAST(generated AS FLOAT)), avg(CAST(turns AS FLOAT)), "
+           "avg(CASE WHEN tool_errors > 0 THEN 1.0 WHEN tool_errors = 0 THEN 0.0 END), avg(CAST(truncated AS FLOAT))")
 SORTS = {"seq": "seq", "reward": "reward", "duration": "coalesce(t_queue, 0) + coalesce(t_init, 0) + "
          "coalesce(t_run, 0) + coalesce(t_eval, 0)"}
 
@@ -99,9 +104,10 @@ def curves(db, job: str, samples: int) -> dict[str, Any]:
     each rollout's end), pass rates per prompt, and the complete groups (`samples` rewards, or the batch group's)
     whose rewards are all equal: zero variance, nothing for GRPO to learn from."""
     q = f"FROM trajectories INDEXED BY ix_trajectories_facts WHERE job = ? AND {SCORED}"
-    by_policy = [{"policyVersion": json.loads(v) if v else None, "n": n, "rewardMean": _r(mean), "passRate": _r(p / n)}
-                 for v, n, mean, p, _first in db.execute(
-                     f"SELECT policy, count(*), avg(reward), {PASSED}, min(seq) {q} GROUP BY policy "
+    by_policy = [{"policyVersion": json.loads(v) if v else None, "n": n, "rewardMean": _r(mean), "passRate": _r(p / n),
+                  **_lengths(rest)}
+                 for v, n, mean, p, _first, *rest in db.execute(
+                     f"SELECT policy, count(*), avg(reward), {PASSED}, min(seq), {LENGTHS} {q} GROUP BY policy "
                      "ORDER BY min(seq)", (PASS, job))]
     lo, hi = db.execute(f"SELECT min(t_end), max(t_end) {q} AND t_end IS NOT NULL", (job,)).fetchone()
     over_time: dict[str, Any] = {"start": lo, "bucketSeconds": None, "points": []}
@@ -111,10 +117,11 @@ def curves(db, job: str, samples: int) -> dict[str, Any]:
         bucket = (f"LEAST(CAST(floor((t_end - ?) / ?) AS INTEGER), {CURVE_BUCKETS - 1})" if isinstance(db, PgRaw)
                   else f"min(CAST((t_end - ?) / ? AS INTEGER), {CURVE_BUCKETS - 1})")
         over_time["bucketSeconds"] = round(width, 3)
-        over_time["points"] = [{"bucket": int(b), "n": n, "rewardMean": _r(mean), "passRate": _r(p / n)}
-                               for b, n, mean, p in db.execute(
-                                   f"SELECT {bucket} AS b, count(*), avg(reward), {PASSED} {q} AND t_end IS NOT NULL "
-                                   "GROUP BY b ORDER BY b", (lo, width, PASS, job))]
+        over_time["points"] = [{"bucket": int(b), "n": n, "rewardMean": _r(mean), "passRate": _r(p / n),
+                                **_lengths(rest)}
+                               for b, n, mean, p, *rest in db.execute(
+                                   f"SELECT {bucket} AS b, count(*), avg(reward), {PASSED}, {LENGTHS} {q} "
+                                   "AND t_end IS NOT NULL GROUP BY b ORDER BY b", (lo, width, PASS, job))]
     prompts = [{"prompt": pr, "taskId": task, "n": n, "passed": p, "passRate": _r(p / n), "rewardMean": _r(mean)}
                for pr, task, n, p, mean in db.execute(
                    f"SELECT prompt, max(task_id), count(*), {PASSED}, avg(reward) FROM trajectories "
@@ -144,7 +151,12 @@ def behind(version: Any, history: list) -> int | None:
 
 
 def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
+    return None if x is None else round(float(x), 4)
+
+
+def _lengths(row: list) -> dict[str, float | None]:
+    """LENGTHS' four numbers by name (None: no rollout in the set counts that one)."""
+    return dict(zip(("generatedMean", "turnsMean", "toolErrorRate", "truncationRate"), (_r(x) for x in row)))
 
 
 # ------------------------------------------------------------ the trajectories table, sorted

@@ -24,7 +24,19 @@ def facts(t: Trajectory) -> dict[str, Any]:
     """The columns beside a trajectory's document that the UI sums up (`tables.FACTS`)."""
     return {"task_id": t.task_id, "policy": json.dumps(t.policy_version), "reason": t.failure.reason[:FACT_REASON],
             "t_queue": t.timings.queue, "t_init": t.timings.init, "t_run": t.timings.run, "t_eval": t.timings.eval,
-            "t_end": t.timings.stamps.get("end")}
+            "t_end": t.timings.stamps.get("end"), **length_facts(t)}
+
+
+def length_facts(t: Trajectory) -> dict[str, Any]:
+    """Generated tokens and turns (the agent loop's metrics, else the turns' own slices, segments' too), tool errors
+    (its metric; None when not counted) and truncated (1: the rollout ended at the token limit)."""
+    turns = [*t.turns, *(turn for seg in t.segments for turn in seg.turns)]
+    m = t.metrics
+    count = lambda key: m[key] if isinstance(m.get(key), int) and not isinstance(m[key], bool) else None  # noqa: E731
+    generated, n = count("generated_tokens"), count("turns")
+    return {"generated": sum(x.generated_end - x.generated_start for x in turns) if generated is None else generated,
+            "turns": len(turns) if n is None else n, "tool_errors": count("tool_errors"),
+            "truncated": int(t.finish_reason == "length")}
 
 
 class Feed:
@@ -55,9 +67,10 @@ class Feed:
     def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
         """The rows `deliver` collected, in order (their seqs follow it)."""
         db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id, task_id, "
-                       "policy, reason, t_queue, t_init, t_run, t_eval, t_end) VALUES (:job, :item, :prompt, :sample, "
-                       ":reward, :failure, :data, :group_id, :task_id, :policy, :reason, :t_queue, :t_init, :t_run, "
-                       ":t_eval, :t_end)", rows)
+                       "policy, reason, t_queue, t_init, t_run, t_eval, t_end, generated, turns, tool_errors, truncated) "
+                       "VALUES (:job, :item, :prompt, :sample, :reward, :failure, :data, :group_id, :task_id, :policy, "
+                       ":reason, :t_queue, :t_init, :t_run, :t_eval, :t_end, :generated, :turns, :tool_errors, "
+                       ":truncated)", rows)
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:

@@ -57,6 +57,11 @@ class TrajectoryRow(SQLModel, table=True):
     t_run: float | None = None
     t_eval: float | None = None
     t_end: float | None = None  # epoch seconds the rollout ended (its end stamp, else when it was delivered)
+    # the length and turn curves' (`ui/jobview.py`): generated tokens, turns, tool errors, 1 when cut at the token limit
+    generated: int | None = None
+    turns: int | None = None
+    tool_errors: int | None = None
+    truncated: int | None = None
     data: str  # JSON, wire form of the Trajectory
     group_id: int | None = Field(default=None, index=True)
 
@@ -144,6 +149,20 @@ FACTS = {"task_id": "json_extract(data, '$.taskId')", "policy": "json_quote(json
          "t_run": "json_extract(data, '$.timings.run')", "t_eval": "json_extract(data, '$.timings.eval')",
          "t_end": "json_extract(data, '$.timings.stamps.end')"}
 _FACT_TYPES = {"task_id": "VARCHAR", "policy": "VARCHAR", "reason": "VARCHAR NOT NULL DEFAULT ''"}
+# Added later, on either database (column → SQLite's expression, PostgreSQL's): the metrics the agent loop counts,
+# else the turns' own slices; a harness's segments are counted by the feed (`feed.facts`), not by this fill
+_TURN_SUM = "(SELECT sum(json_extract(value, '$.generatedEnd') - json_extract(value, '$.generatedStart')) " \
+            "FROM json_each(data, '$.turns'))"
+_PG_TURN_SUM = "(SELECT sum((x ->> 'generatedEnd')::bigint - (x ->> 'generatedStart')::bigint) " \
+               "FROM json_array_elements(data::json -> 'turns') AS x)"
+LENGTH_FACTS = {
+    "generated": (f"coalesce(json_extract(data, '$.metrics.generated_tokens'), {_TURN_SUM}, 0)",
+                  f"coalesce((data::json #>> '{{metrics,generated_tokens}}')::bigint, {_PG_TURN_SUM}, 0)"),
+    "turns": ("coalesce(json_extract(data, '$.metrics.turns'), json_array_length(data, '$.turns'), 0)",
+              "coalesce((data::json #>> '{metrics,turns}')::bigint, json_array_length(data::json -> 'turns'), 0)"),
+    "tool_errors": ("json_extract(data, '$.metrics.tool_errors')", "(data::json #>> '{metrics,tool_errors}')::bigint"),
+    "truncated": ("CASE WHEN json_extract(data, '$.finishReason') = 'length' THEN 1 ELSE 0 END",
+                  "CASE WHEN data::json ->> 'finishReason' = 'length' THEN 1 ELSE 0 END")}
 
 CREATE_LOCK = 0x776F726B  # PostgreSQL advisory lock key held by `create` ("work")
 PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, BatchPromptsRow, CursorRow,
@@ -173,16 +192,17 @@ def create(engine: Engine) -> None:
         _add_facts(c)
         # the UI's: a job's sums read from this index alone (never `data`), and a prompt's GRPO group
         # (task_id and reason stay out of it: text made each insert ~25 µs dearer; they are read from the rows)
-        # (t_end last: the throughput over time; an index from before it is made again)
-        if "t_end" not in index_columns(c, "ix_trajectories_facts"):
+        # (t_end: the throughput over time; LENGTH_FACTS last: the length curves; an index from before is made again)
+        if "truncated" not in index_columns(c, "ix_trajectories_facts"):
             c.exec_driver_sql("DROP INDEX IF EXISTS ix_trajectories_facts")
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_trajectories_facts ON trajectories (job, failure, reward, "
-                          "policy, t_queue, t_init, t_run, t_eval, t_end)")
+                          f"policy, t_queue, t_init, t_run, t_eval, t_end, {', '.join(LENGTH_FACTS)})")
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_trajectories_job_prompt ON trajectories (job, prompt, sample)")
 
 
 def _add_facts(c) -> None:
-    """An older database's trajectories gain the FACTS columns, filled once from their documents."""
+    """An older database's trajectories gain the FACTS columns (and LENGTH_FACTS, on either database), filled once
+    from their documents."""
     have = columns(c, "trajectories")
     missing = [col for col in FACTS if col not in have]
     if missing and is_pg(c):  # PostgreSQL stores began with every column (FACTS are SQLite's JSON functions)
@@ -192,6 +212,14 @@ def _add_facts(c) -> None:
     if missing:
         sets = ", ".join(f"{col} = {expr}" for col, expr in FACTS.items())
         c.exec_driver_sql(f"UPDATE trajectories SET {sets} WHERE json_valid(data)")
+    later = [col for col in LENGTH_FACTS if col not in have]  # either database, once
+    for col in later:
+        c.exec_driver_sql(f"ALTER TABLE trajectories ADD COLUMN {col} INTEGER")
+    if later:
+        pg = is_pg(c)
+        sets = ", ".join(f"{col} = {LENGTH_FACTS[col][pg]}" for col in later)
+        # (PostgreSQL: a document that is not JSON would stop the fill; rolloutd writes only JSON)
+        c.exec_driver_sql(f"UPDATE trajectories SET {sets}" + ("" if pg else " WHERE json_valid(data)"))
 
 
 def purge(s: Session, job: str) -> None:

@@ -38,9 +38,10 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     con.close()
     engine = create_engine(f"sqlite:///{db}")
     tables.create(engine)
-    got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run, t_end FROM trajectories ORDER BY seq").fetchall()
-    assert got == [("t0", "3", "", 2.0, 1000.0), ("t0", "3", "no answer", 3.0, 1001.0),
-                   ("t0", '"v2"', "sandbox died", 4.0, 1002.0)]
+    got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run, t_end, generated, turns, truncated "
+                                      "FROM trajectories ORDER BY seq").fetchall()
+    assert got == [("t0", "3", "", 2.0, 1000.0, 0, 0, 0), ("t0", "3", "no answer", 3.0, 1001.0, 0, 0, 0),
+                   ("t0", '"v2"', "sandbox died", 4.0, 1002.0, 0, 0, 0)]
     summary = stats.JobStats(engine).summary("j", "uid")
     run = next(s for s in summary["stages"] if s["stage"] == "run")
     assert run["n"] == 2 and run["p50"] == 2.0 and run["p95"] == 3.0  # the infra failure has no stage times
@@ -50,7 +51,7 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     assert stats.search(engine, "j", task="t0", failure="agent")["items"][0]["reason"] == "no answer"
     assert summary["throughput"] == {"start": 1000, "bucketSeconds": 1, "counts": [1, 1, 1], "total": 3, "unplaced": 0}
     index = [r[2] for r in sqlite3.connect(db).execute("PRAGMA index_info(ix_trajectories_facts)")]
-    assert index[-1] == "t_end"  # the sums (throughput too) still read the covering index alone
+    assert index[-5:] == ["t_end", *tables.LENGTH_FACTS]  # the sums (throughput, lengths) read the covering index alone
 
 
 def test_throughput_keeps_bounded_buckets_whose_total_is_every_rollout(tmp_path):
@@ -74,7 +75,8 @@ def test_throughput_keeps_bounded_buckets_whose_total_is_every_rollout(tmp_path)
 def test_the_feed_writes_the_same_facts_the_migration_fills():
     t = Trajectory.model_validate(doc(1, 0.0, "agent", "x" * 500))
     assert facts(t) == {"task_id": "t0", "policy": "3", "reason": "x" * tables.FACT_REASON, "t_queue": 0.1,
-                        "t_init": 1.0, "t_run": 3.0, "t_eval": 0.5, "t_end": 1001.0}
+                        "t_init": 1.0, "t_run": 3.0, "t_eval": 0.5, "t_end": 1001.0, "generated": 0, "turns": 0,
+                        "tool_errors": None, "truncated": 0}
 
 
 def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
@@ -95,7 +97,7 @@ def test_segments_decode_one_by_one_with_the_jobs_tokenizer():
     assert missing["tokenizerProblem"] == "spec.llm.tokenizer '/nonexistent/tokenizer' could not be loaded on the controller's host"
 
 
-def test_a_facts_index_from_before_the_end_time_is_made_again(tmp_path):
+def test_a_facts_index_from_before_the_end_time_or_the_lengths_is_made_again(tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 'db'}")
     tables.create(engine)
     with engine.begin() as c:  # the index as the first UI shipped it
@@ -104,11 +106,12 @@ def test_a_facts_index_from_before_the_end_time_is_made_again(tmp_path):
                           "t_init, t_run, t_eval)")
     tables.create(engine)
     with engine.connect() as c:
-        assert [r[2] for r in c.exec_driver_sql("PRAGMA index_info(ix_trajectories_facts)")][-1] == "t_end"
-        plan = " ".join(r[3] for r in c.exec_driver_sql(
-            "EXPLAIN QUERY PLAN SELECT seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end FROM "
-            "trajectories INDEXED BY ix_trajectories_facts WHERE job = 'j'"))
-    assert "COVERING INDEX ix_trajectories_facts" in plan  # the first view of a job reads no row
+        assert [r[2] for r in c.exec_driver_sql("PRAGMA index_info(ix_trajectories_facts)")][-1] == "truncated"
+        for columns in ("seq, reward, failure, t_queue, t_init, t_run, t_eval, policy, t_end",
+                        "policy, reward, t_end, generated, turns, tool_errors, truncated"):  # the job's sums, its curves
+            plan = " ".join(r[3] for r in c.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN SELECT {columns} FROM trajectories INDEXED BY ix_trajectories_facts WHERE job = 'j'"))
+            assert "COVERING INDEX ix_trajectories_facts" in plan  # the first view of a job reads no row
 
 
 def test_the_token_view_carries_the_version_of_each_generated_token():

@@ -1,5 +1,5 @@
-// The job page's deeper views: the config panel (the spec as written, secrets redacted), reward and pass-rate
-// curves per policy version and over time, pass rates per prompt, zero-variance groups (refreshed every 10 s),
+// The job page's deeper views: the config panel (the spec as written, secrets redacted), reward, pass-rate,
+// response-length, turn, tool-error and truncation curves per policy version and over time, pass rates per prompt, zero-variance groups (refreshed every 10 s),
 // and the trajectories table: filters and sort kept in the page's URL (a link shares the view), sortable headers.
 // Uses dom.js; data from /ui/api/jobs/{ns}/{name}/config, …/curves, …/trajectories (ui/jobview.py).
 "use strict";
@@ -62,18 +62,35 @@ UI.curvesPanel = (section, ns, name) => {
     const pol = c.byPolicy, ot = c.overTime;
     const curve = (rows, idx) => [{name: "reward mean", cls: "reward", points: rows.map((r, i) => [idx(i), r.rewardMean])},
                                   {name: `pass rate (reward ≥ ${c.passAt})`, cls: "pass", points: rows.map((r, i) => [idx(i), r.passRate])}];
+    // the length curves, one chart each (their scales differ): [id suffix, series [name, cls, field]]
+    const lengths = [["length", [["generated tokens (mean)", "generated", "generatedMean"]]],
+                     ["turns", [["turns (mean)", "turns", "turnsMean"]]],
+                     ["rates", [["tool-error rate", "tool-errors", "toolErrorRate"], ["truncation rate", "truncated", "truncationRate"]]]];
+    const lengthCharts = (prefix, rows, xLabel, xs) => lengths.map(([id, series]) => lineChart(`${prefix}-${id}`,
+      series.map(([nm, cls, f]) => ({name: nm, cls, points: rows.map((r, i) => [i, r[f] ?? null])})), xLabel, xs));
     const when = b => new Date((ot.start + b * ot.bucketSeconds) * 1000).toLocaleTimeString();
     const out = [UI.el("h2", {text: "Reward and pass rate"})];
+    const versions = pol.map(p => UI.fmt(p.policyVersion));
     out.push(pol.length ? UI.el("div", {class: "chart", id: "by-policy"}, UI.el("h3", {text: "per policy version"}),
-      lineChart("curve-policy", curve(pol, i => i), "policy version", pol.map(p => UI.fmt(p.policyVersion))),
-      UI.table(["policy version", "versions behind now", "rollouts", "reward mean", "pass rate"], pol.map(p => [UI.fmt(p.policyVersion),
-        UI.fmt(p.behind), p.n, UI.fmt(p.rewardMean), UI.pct(p.passRate)]), "policy-curve")) : UI.el("p", {class: "muted", text: "No scored rollout yet."}));
+      lineChart("curve-policy", curve(pol, i => i), "policy version", versions),
+      UI.table(["policy version", "versions behind now", "rollouts", "reward mean", "pass rate", "generated tokens", "turns",
+        "tool-error rate", "truncation rate"], pol.map(p => [UI.fmt(p.policyVersion), UI.fmt(p.behind), p.n, UI.fmt(p.rewardMean),
+        UI.pct(p.passRate), UI.fmt(p.generatedMean), UI.fmt(p.turnsMean), UI.pct(p.toolErrorRate), UI.pct(p.truncationRate)]),
+        "policy-curve")) : UI.el("p", {class: "muted", text: "No scored rollout yet."}));
+    let timeRows = [], timeXs = [];
     if (ot.points.length) {
-      const xs = [], byBucket = new Map(ot.points.map(p => [p.bucket, p]));
-      const last = ot.points[ot.points.length - 1].bucket, rows = [];
-      for (let b = 0; b <= last; b++) { xs.push(when(b)); rows.push(byBucket.get(b) || {rewardMean: null, passRate: null}); }
+      const byBucket = new Map(ot.points.map(p => [p.bucket, p]));
+      const last = ot.points[ot.points.length - 1].bucket;
+      for (let b = 0; b <= last; b++) { timeXs.push(when(b)); timeRows.push(byBucket.get(b) || {rewardMean: null, passRate: null}); }
       out.push(UI.el("div", {class: "chart", id: "over-time"}, UI.el("h3", {text: `over time (per ${UI.secs(ot.bucketSeconds)}, by end time)`}),
-        lineChart("curve-time", curve(rows, i => i), "time", xs)));
+        lineChart("curve-time", curve(timeRows, i => i), "time", timeXs)));
+    }
+    if (pol.length) {
+      out.push(UI.el("h2", {text: "Response length, turns, tool errors and truncation"}),
+        UI.el("div", {class: "chart", id: "length-by-policy"}, UI.el("h3", {text: "per policy version"}),
+          lengthCharts("curve-policy", pol, "policy version", versions)));
+      if (timeRows.length) out.push(UI.el("div", {class: "chart", id: "length-over-time"},
+        UI.el("h3", {text: `over time (per ${UI.secs(ot.bucketSeconds)}, by end time)`}), lengthCharts("curve-time", timeRows, "time", timeXs)));
     }
     const pr = c.prompts, zv = c.zeroVariance;
     out.push(UI.el("h3", {text: `Pass rate per prompt: ${pr.passed} of ${pr.total} prompts passed at least once`}),
