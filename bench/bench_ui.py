@@ -76,7 +76,9 @@ def _rows(n: int, rng: random.Random, first_item: int = 1) -> Iterator[dict]:
         yield {"job": JOB, "item": first_item + i, "prompt": prompt, "sample": sample, "reward": t["reward"],
                "failure": t["failure"]["kind"], "data": json.dumps(t, separators=(",", ":")), "group_id": None,
                "task_id": t["taskId"], "policy": json.dumps(t["policyVersion"]), "reason": t["failure"]["reason"],
-               "t_end": 1.7e9 + (first_item + i) * 0.01, **{f"t_{k}": v for k, v in t["timings"].items()}}
+               "t_end": 1.7e9 + (first_item + i) * 0.01, **{f"t_{k}": v for k, v in t["timings"].items()},
+               "generated": sum(x["generatedEnd"] - x["generatedStart"] for x in t["turns"]), "turns": len(t["turns"]),
+               "tool_errors": None, "truncated": 0}
 
 
 def insert_cost(n: int = 20_000) -> dict[str, float]:

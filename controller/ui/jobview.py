@@ -161,11 +161,9 @@ def _lengths(row: list) -> dict[str, float | None]:
 
 # ------------------------------------------------------------ the trajectories table, sorted
 
-# tokens, generated tokens and turns out of the stored document, in each database's JSON functions
-SQLITE_COUNTS = ("json_array_length(data, '$.tokenIds'), json_extract(data, '$.metrics.generated_tokens'), "
-                 "coalesce(json_extract(data, '$.metrics.turns'), json_array_length(data, '$.turns'))")
-PG_COUNTS = ("json_array_length(data::json -> 'tokenIds'), (data::json #>> '{metrics,generated_tokens}')::bigint, "
-             "coalesce((data::json #>> '{metrics,turns}')::bigint, json_array_length(data::json -> 'turns'))")
+# tokens out of the stored document, in each database's JSON functions; generated tokens and turns from their columns
+SQLITE_COUNTS = "json_array_length(data, '$.tokenIds'), generated, turns"
+PG_COUNTS = "json_array_length(data::json -> 'tokenIds'), generated, turns"
 
 
 def search(engine: Engine, job: str, *, after: int = 0, offset: int = 0, limit: int = 50, sort: str = "seq",

@@ -1,6 +1,7 @@
 """The job page's deeper views in a real headless chromium against a real controller whose trajectories came through
-the node protocol: the config panel (secrets redacted), reward and pass-rate curves per policy version, pass rates
-per prompt, zero-variance groups counted and listed, a sortable trajectories table whose filters and sort live in
+the node protocol: the config panel (secrets redacted), reward and pass-rate curves per policy version, response
+length, turn, tool-error and truncation curves per policy version and over time (against the trajectories' own
+counts), pass rates per prompt, zero-variance groups counted and listed, a sortable trajectories table whose filters and sort live in
 the URL (a reload shows the same view), the token view's legend painted by the tokens' own colour function, and
 every new JSON route refused to a namespace token of another namespace."""
 from __future__ import annotations
@@ -45,6 +46,37 @@ def make_job(cluster, namespace: str, name: str, prompts: int, **spec) -> str:
     return key
 
 
+def shape(t: dict, prompt: int, sample: int) -> None:
+    """Vary what the length curves count: sample 1 answers in two turns; prompt 2's agent reports no metrics (its
+    turns' own slices count); prompt 1's made a tool error; (1, 1) was cut at the token limit."""
+    turn = t["turns"][0]
+    if sample == 1:
+        mid = (turn["generatedStart"] + turn["generatedEnd"]) // 2
+        t["turns"] = [{"generatedStart": turn["generatedStart"], "generatedEnd": mid, "finishReason": "stop"},
+                      {**turn, "generatedStart": mid}]
+    if prompt != 2:
+        t["metrics"] = {"turns": len(t["turns"]), "generated_tokens": generated(t), "tool_errors": int(prompt == 1)}
+    if (prompt, sample) == (1, 1):
+        t["finishReason"] = "length"
+
+
+def generated(t: dict) -> int:
+    return sum(turn["generatedEnd"] - turn["generatedStart"] for turn in t["turns"])
+
+
+def expected_lengths(sent: list[dict]) -> list[tuple]:
+    """Per policy version (in the order they first came): mean generated tokens, mean turns, tool-error rate (of the
+    rollouts whose agent counts them), truncation rate — from the trajectories as they were sent."""
+    out = []
+    for v in dict.fromkeys(t["policyVersion"] for t in sent):
+        ts = [t for t in sent if t["policyVersion"] == v]
+        counted = [t["metrics"]["tool_errors"] > 0 for t in ts if "metrics" in t]
+        out.append((v, round(sum(map(generated, ts)) / len(ts), 4), round(sum(len(t["turns"]) for t in ts) / len(ts), 4),
+                    round(sum(counted) / len(counted), 4) if counted else None,
+                    round(sum(t["finishReason"] == "length" for t in ts) / len(ts), 4)))
+    return out
+
+
 @pytest.fixture(scope="module")
 def view(cluster):
     key = make_job(cluster, "team-a", "curves", 4)
@@ -55,7 +87,7 @@ def view(cluster):
             continue
         t = cluster.trajectory(key, lease, str(lease["task"]["answer"]), plan[0])
         t["policyVersion"] = plan[1]
-        t["metrics"] = {"turns": 1, "generated_tokens": t["turns"][0]["generatedEnd"] - t["turns"][0]["generatedStart"]}
+        shape(t, lease["prompt"], lease["sample"])
         r = cluster.node_api.post(f"{P}/nodes/{cluster.nodes[key]}/results",
                                   json={"results": [{"attemptId": lease["attemptId"], "trajectory": t}]})
         assert r.status_code == 200 and lease["attemptId"] in r.json()["accepted"], r.text
@@ -85,6 +117,16 @@ def test_curves_pass_rates_and_zero_variance_groups_count_the_reported_rewards(c
     assert sum(p["n"] for p in c["overTime"]["points"]) == 7
     rates = {p["prompt"]: (p["n"], p["passed"]) for p in c["prompts"]["items"]}
     assert rates == {0: (2, 2), 1: (2, 0), 2: (2, 1), 3: (1, 1)} and c["prompts"]["passed"] == 3
+    lengths = [(p["policyVersion"], p["generatedMean"], p["turnsMean"], p["toolErrorRate"], p["truncationRate"])
+               for p in c["byPolicy"]]
+    assert lengths == expected_lengths(view["sent"])
+    assert [(v, turns, errors, cut) for v, _, turns, errors, cut in lengths] == \
+        [(0, 1.5, 0.0, 0.0), (1, 1.5, 1.0, 0.25), (2, 1.0, 0.0, 0.0)]  # (prompt 2's agent counts no tool errors)
+    points = c["overTime"]["points"]  # every rollout in one bucket or another: the sums are the trajectories'
+    assert sum(p["n"] * p["generatedMean"] for p in points) == pytest.approx(sum(map(generated, view["sent"])), abs=0.01)
+    assert sum(p["n"] * p["turnsMean"] for p in points) == pytest.approx(sum(len(t["turns"]) for t in view["sent"]),
+                                                                        abs=0.01)
+    assert sum(p["n"] * p["truncationRate"] for p in points) == pytest.approx(1, abs=0.01)
     zv = c["zeroVariance"]
     assert zv["count"] == 2 and zv["completeGroups"] == 3
     assert sorted((g["prompt"], g["reward"], g["n"]) for g in zv["items"]) == [(0, 1.0, 2), (1, 0.0, 2)]
@@ -125,9 +167,24 @@ def test_job_page_draws_the_curves_and_counts_the_zero_variance_groups(cluster, 
     passes = admin.execute_script("return [...document.querySelectorAll('#curve-policy circle.pass')].map(c => +c.dataset.y)")
     assert passes == [1.0, 0.25, 1.0]
     assert len(admin.find_elements(By.CSS_SELECTOR, "table.zero-variance tbody tr")) == 2
+    points = "return [...document.querySelectorAll(arguments[0])].map(c => [c.dataset.x, +c.dataset.y])"
+    want = expected_lengths(view["sent"])
+    for selector, column in (("#curve-policy-length circle.generated", 1), ("#curve-policy-turns circle.turns", 2),
+                             ("#curve-policy-rates circle.tool-errors", 3), ("#curve-policy-rates circle.truncated", 4)):
+        assert admin.execute_script(points, selector) == [[str(w[0]), w[column]] for w in want if w[column] is not None]
+    api = cluster.admin.get("/ui/api/jobs/team-a/curves/curves").json()["overTime"]["points"]
+    drawn = admin.execute_script("return [...document.querySelectorAll('#curve-time-length circle.generated')]"
+                                 ".map(c => +c.dataset.y)")
+    assert drawn == [p["generatedMean"] for p in api]  # over time: one dot per bucket that holds a rollout
+    assert admin.execute_script(points, "#curve-time-rates circle.truncated")  # drawn, zeros too
     assert console_errors(admin) == []
     IMAGES.mkdir(parents=True, exist_ok=True)  # the docs' picture of the panel (docs/content/ui.md)
-    (IMAGES / "ui-job-curves.png").write_bytes(admin.find_element(By.ID, "curves").screenshot_as_png)
+    size = admin.get_window_size()
+    admin.set_window_size(size["width"], 2400)  # the whole panel (the length curves below the reward's)
+    try:
+        (IMAGES / "ui-job-curves.png").write_bytes(admin.find_element(By.ID, "curves").screenshot_as_png)
+    finally:
+        admin.set_window_size(size["width"], size["height"])
 
 
 def test_trajectory_filters_and_sort_live_in_the_url(cluster, view, admin):
@@ -154,7 +211,10 @@ def test_trajectory_filters_and_sort_live_in_the_url(cluster, view, admin):
     assert admin.execute_script(rows) == sorted(admin.execute_script(rows), reverse=True)
     api = cluster.admin.get("/ui/api/jobs/team-a/curves/trajectories?sort=-duration&limit=3").json()["items"]
     assert [t["seconds"] for t in api] == sorted((t["seconds"] for t in api), reverse=True)
-    assert all(t["tokens"] > t["generatedTokens"] > 0 and t["turns"] == 1 for t in api)
+    sent = {(t["prompt"], t["sample"]): t for t in view["sent"]}
+    assert all(t["tokens"] > t["generatedTokens"] > 0 for t in api)
+    assert [(t["generatedTokens"], t["turns"]) for t in api] == \
+        [(generated(sent[t["prompt"], t["sample"]]), len(sent[t["prompt"], t["sample"]]["turns"])) for t in api]
     assert cluster.admin.get("/ui/api/jobs/team-a/curves/trajectories?sort=data").status_code == 422
     assert console_errors(admin) == []
 

@@ -11,7 +11,8 @@ from rolloutd.controller.work.feed import Feed
 def trajectory(item: int) -> dict:
     return {"job": "j", "item": item, "prompt": 0, "sample": item, "reward": 1.0, "failure": "none", "data": "{}",
             "group_id": None, "task_id": None, "policy": None, "reason": "", "t_queue": None, "t_init": None,
-            "t_run": None, "t_eval": None, "t_end": None}
+            "t_run": None, "t_eval": None, "t_end": None, "generated": None, "turns": None, "tool_errors": None,
+            "truncated": None}
 
 
 def seqs(store: Store) -> list[int]:
