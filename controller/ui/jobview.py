@@ -100,8 +100,8 @@ class Curves:
 
 
 def curves(db, job: str, samples: int) -> dict[str, Any]:
-    """Reward mean and pass rate per policy version (in the order versions first appeared) and per time bucket (by
-    each rollout's end), pass rates per prompt, and the complete groups (`samples` rewards, or the batch group's)
+    """Reward mean, pass rate and LENGTHS (mean generated tokens and turns, tool-error and truncation rates) per
+    policy version (in the order versions first appeared) and per time bucket (by each rollout's end), pass rates per prompt, and the complete groups (`samples` rewards, or the batch group's)
     whose rewards are all equal: zero variance, nothing for GRPO to learn from."""
     q = f"FROM trajectories INDEXED BY ix_trajectories_facts WHERE job = ? AND {SCORED}"
     by_policy = [{"policyVersion": json.loads(v) if v else None, "n": n, "rewardMean": _r(mean), "passRate": _r(p / n),

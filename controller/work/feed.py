@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from typing import Any, AsyncIterator, Callable
@@ -32,7 +33,8 @@ def length_facts(t: Trajectory) -> dict[str, Any]:
     (its metric; None when not counted) and truncated (1: the rollout ended at the token limit)."""
     turns = [*t.turns, *(turn for seg in t.segments for turn in seg.turns)]
     m = t.metrics
-    count = lambda key: m[key] if isinstance(m.get(key), int) and not isinstance(m[key], bool) else None  # noqa: E731
+    count = lambda key: int(m[key]) if isinstance(m.get(key), (int, float)) and not isinstance(m[key], bool) \
+        and math.isfinite(m[key]) else None  # noqa: E731
     generated, n = count("generated_tokens"), count("turns")
     return {"generated": sum(x.generated_end - x.generated_start for x in turns) if generated is None else generated,
             "turns": len(turns) if n is None else n, "tool_errors": count("tool_errors"),

@@ -155,12 +155,22 @@ _TURN_SUM = "(SELECT sum(json_extract(value, '$.generatedEnd') - json_extract(va
             "FROM json_each(data, '$.turns'))"
 _PG_TURN_SUM = "(SELECT sum((x ->> 'generatedEnd')::bigint - (x ->> 'generatedStart')::bigint) " \
                "FROM json_array_elements(data::json -> 'turns') AS x)"
+
+
+def _metric(name: str) -> tuple[str, str]:
+    """metrics.<name> when it is a number (truncated to an integer, as `feed.length_facts` does), else NULL."""
+    return (f"CASE WHEN json_type(data, '$.metrics.{name}') IN ('integer', 'real') "
+            f"THEN CAST(json_extract(data, '$.metrics.{name}') AS INTEGER) END",
+            f"CASE WHEN json_typeof(data::json #> '{{metrics,{name}}}') = 'number' "
+            f"THEN trunc((data::json #>> '{{metrics,{name}}}')::float8)::bigint END")
+
+
+_GEN, _TURNS, _ERRORS = _metric("generated_tokens"), _metric("turns"), _metric("tool_errors")
 LENGTH_FACTS = {
-    "generated": (f"coalesce(json_extract(data, '$.metrics.generated_tokens'), {_TURN_SUM}, 0)",
-                  f"coalesce((data::json #>> '{{metrics,generated_tokens}}')::bigint, {_PG_TURN_SUM}, 0)"),
-    "turns": ("coalesce(json_extract(data, '$.metrics.turns'), json_array_length(data, '$.turns'), 0)",
-              "coalesce((data::json #>> '{metrics,turns}')::bigint, json_array_length(data::json -> 'turns'), 0)"),
-    "tool_errors": ("json_extract(data, '$.metrics.tool_errors')", "(data::json #>> '{metrics,tool_errors}')::bigint"),
+    "generated": (f"coalesce({_GEN[0]}, {_TURN_SUM}, 0)", f"coalesce({_GEN[1]}, {_PG_TURN_SUM}, 0)"),
+    "turns": (f"coalesce({_TURNS[0]}, json_array_length(data, '$.turns'), 0)",
+              f"coalesce({_TURNS[1]}, json_array_length(data::json -> 'turns'), 0)"),
+    "tool_errors": _ERRORS,
     "truncated": ("CASE WHEN json_extract(data, '$.finishReason') = 'length' THEN 1 ELSE 0 END",
                   "CASE WHEN data::json ->> 'finishReason' = 'length' THEN 1 ELSE 0 END")}
 

@@ -53,6 +53,9 @@ DOCS = [  # the agent loop's metrics; none (the turns' own slices); a truncated 
     {"job": "j", "prompt": 1, "sample": 0, "metrics": {"generated_tokens": 64, "turns": 1, "tool_errors": 0},
      "turns": [{"generatedStart": 0, "generatedEnd": 64}], "finishReason": "length"},
     {"job": "j", "prompt": 1, "sample": 1},
+    # metrics that are no counts: a float (an integer's worth), a string, a boolean
+    {"job": "j", "prompt": 2, "sample": 0, "metrics": {"generated_tokens": 9.0, "turns": "two", "tool_errors": True},
+     "turns": [{"generatedStart": 0, "generatedEnd": 3}, {"generatedStart": 5, "generatedEnd": 6}]},
 ]
 
 
@@ -73,6 +76,6 @@ def test_a_database_from_before_the_length_columns_gains_them_filled_from_the_do
     with store.engine.connect() as c:
         got = [tuple(r) for r in raw(c).execute(
             "SELECT generated, turns, tool_errors, truncated FROM trajectories ORDER BY seq").fetchall()]
-    assert got == [(7, 3, 2, 0), (7, 2, None, 0), (64, 1, 0, 1), (0, 0, None, 0)]
+    assert got == [(7, 3, 2, 0), (7, 2, None, 0), (64, 1, 0, 1), (0, 0, None, 0), (9, 2, None, 0)]
     assert [tuple(length_facts(Trajectory.model_validate(d)).values()) for d in DOCS] == got  # as the feed writes
-    assert jobview.Curves(store.engine).get("j", "uid", samples=2)["byPolicy"][0]["truncationRate"] == 0.25
+    assert jobview.Curves(store.engine).get("j", "uid", samples=2)["byPolicy"][0]["truncationRate"] == 0.2
