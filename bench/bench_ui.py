@@ -157,6 +157,7 @@ def run(quick: bool = False) -> list[dict]:
         timings = {
             "job page, cold (first view: every trajectory read once)": _time(client, base),
             "job page, warm (p50 of 5)": _time(client, base, 5),
+            "job curves, cold (reward, pass rate, lengths; per version and over time)": _time(client, f"{base}/curves"),
             "jobs list": _time(client, "/ui/api/jobs", 5),
             "trajectory list, first page": _time(client, f"{base}/trajectories", 5),
             "trajectory list, failure=infra": _time(client, f"{base}/trajectories?failure=infra", 5),
