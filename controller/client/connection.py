@@ -24,7 +24,6 @@ from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from rolloutd.crds.kit.documents import malformed_yaml
 
 from .errors import RolloutdError
-from .failover import AsyncFailover, Failover, addresses
 
 
 @dataclass(frozen=True)
@@ -102,6 +101,11 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
 
 
 
+def addresses(server: str) -> list[str]:
+    """The controller addresses in a `server` setting (comma-separated)."""
+    return [a.strip().rstrip("/") for a in server.split(",") if a.strip()]
+
+
 def client_options(conn: Connection, timeout: float, asynchronous: bool = False) -> dict[str, Any]:
     """httpx client keywords; a `server` naming several controllers (comma-separated) gets a transport that moves
     between them (`failover.py`)."""
@@ -111,6 +115,8 @@ def client_options(conn: Connection, timeout: float, asynchronous: bool = False)
     out = {"base_url": servers[0] if servers else conn.server, "timeout": timeout,
            "headers": {"Authorization": f"Bearer {conn.token}"}, "verify": verify}
     if len(servers) > 1:
+        from .failover import AsyncFailover, Failover  # httpx: not on rolloutctl's fast path (`ctl_fast.py`)
+
         out["transport"] = (AsyncFailover if asynchronous else Failover)(servers, verify=verify)
     return out
 

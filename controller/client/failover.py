@@ -11,11 +11,6 @@ import httpx
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
-def addresses(server: str) -> list[str]:
-    """The controller addresses in a `server` setting (comma-separated)."""
-    return [a.strip().rstrip("/") for a in server.split(",") if a.strip()]
-
-
 class _Rotation:
     def __init__(self, servers: list[str]) -> None:
         self.urls = [httpx.URL(s) for s in servers]
