@@ -23,13 +23,10 @@ from rolloutd.crds.rolloutjob import RolloutJob
 
 from .errors import Invalid
 
-# Executor kinds whose nodes see this controller's filesystem: the local executor, when this controller runs it
-# (`server.build_app` sets it). Their jobs' tokenizer directories are checked here, at apply.
-SHARED_FILESYSTEM: set[str] = set()
 
-
-def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
-    """(camelCase field, why) for each thing in the spec that cannot work."""
+def spec_problems(job: RolloutJob, shared_filesystem: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """(camelCase field, why) for each thing in the spec that cannot work. `shared_filesystem`: the executor kinds
+    whose nodes see this controller's files (`Executor.shares_files`): their jobs' tokenizer directories are checked."""
     spec, problems = job.spec, []
     try:
         kinds = type(get_handler(spec.tasks.kind)).agent_kinds
@@ -51,7 +48,8 @@ def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
                                               "resolve against the controller's working directory); `rolloutctl "
                                               "apply -f FILE` resolves it against FILE's directory"))
     tokenizer = spec.llm.tokenizer
-    if tokenizer and os.path.isabs(tokenizer) and spec.executor.kind in SHARED_FILESYSTEM and not os.path.isdir(tokenizer):
+    if tokenizer and os.path.isabs(tokenizer) and spec.executor.kind in shared_filesystem \
+            and not os.path.isdir(tokenizer):
         problems.append(("spec.llm.tokenizer", f"{tokenizer} is not a directory on this machine (tokenizers load "
                                                "offline only, from the directory holding tokenizer.json)"))
     return problems
@@ -75,9 +73,9 @@ def unreadable(path: str) -> str | None:
     return None
 
 
-def check_spec(job: RolloutJob) -> None:
+def check_spec(job: RolloutJob, shared_filesystem: frozenset[str] = frozenset()) -> None:
     """422 naming every field of `spec_problems`."""
-    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, m in spec_problems(job)]
+    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, m in spec_problems(job, shared_filesystem)]
     if causes:
         raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
                       causes=causes, name=job.metadata.name)

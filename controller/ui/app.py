@@ -32,10 +32,12 @@ from ..errors import ApiError
 from ..http import streams
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
+from ..work.core import Work
 from ..work.inflight import inflight
+from ..work.scheduler import Scheduler
 from . import decode
 from .waterfall import waterfall
-from .live import Built, JobGone, Live
+from .live import Built, JobGone, LivePages
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
@@ -63,16 +65,17 @@ class _Headers:
         await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
 
 
-def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
-              job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
+def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Streams, job_stats: stats.JobStats,
+              scheduler: Scheduler | None = None, work: Work | None = None, busy: Callable[[], float] | None = None,
               observe_step: Callable[[float], None] | None = None) -> Any:
-    """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
-    largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
-    `observe_step`: each step of a live page's build, in seconds (a metric)."""
+    """`job_stats`: the API's (`GET …/stats`, rolloutctl describe); `slots`: the scoped tokens' watch slots;
+    `scheduler`, `work`: the root's (None without a scheduler); `busy`: the event loop's recent largest lag
+    (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller; `observe_step`: each
+    step of a live page's build, in seconds (a metric)."""
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
-    live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
+    live = LivePages(store, job_stats, scheduler, work, busy, observe_step)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     def who(request: Request) -> Principal:
@@ -170,7 +173,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             namespace: str | None = None) -> StreamingResponse:
         """A live page's stream: a scoped token's holds one of its watch slots and ends once it is revoked."""
         try:
-            slot = streams.take_for(store, p.scoped, namespace, lambda: _still(request))
+            slot = slots.take_for(p.scoped, namespace, lambda: _still(request))
         except ApiError as e:  # over quotas.watches: the UI's own error form
             raise HTTPException(e.code, e.message) from None
         async def events():
@@ -234,10 +237,10 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             store.get_wire(name, namespace)
         except ApiError as e:
             raise HTTPException(e.code, e.message) from None
-        if scheduler is None:
+        if work is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
-        live_leases = scheduler.queue.live
-        return await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
+        leases = work.queue.leases
+        return await inflight(leases, key, work.clock(), leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
