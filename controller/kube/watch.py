@@ -21,7 +21,7 @@ from ..http.bodies import parse_version
 from ..errors import ApiError
 from ..store import FIELD_SELECTABLE, Store
 from ..store_schema import Change
-from .selectors import fields_match, matches, parse_field_selector, parse_selector
+from ..selectors import fields_match, matches, parse_field_selector, parse_selector
 
 KEEPALIVE_SECONDS = 15.0
 log = logging.getLogger("rolloutd.api")

@@ -4,7 +4,7 @@ Mounted by `api.create_app` at /ui; the API's bearer middleware lets /ui through
 itself (`session.py`: the session cookie, or `Authorization: Bearer` for scripts). Every job it shows passes
 the API's scope rule first; the data comes from the same store and scheduler calls the API routes make, summed
 up by `work/stats.py`, built for the live pages by `live.py` (on the event loop, in slices) and decoded by
-`decode.py`. Every response carries a CSP without inline script, nosniff and
+`../decode.py`. Every response carries a CSP without inline script, nosniff and
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
@@ -35,7 +35,7 @@ from ..work import inflight as inflight_rows, stats
 from ..work.core import Work
 from ..work.inflight import inflight
 from ..work.scheduler import Scheduler
-from . import decode
+from .. import decode
 from .waterfall import waterfall
 from .live import Built, JobGone, LivePages
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
