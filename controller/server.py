@@ -1,7 +1,7 @@
 """Wires the controller process: store + API + scheduler + executors + the kopf operator, one uvicorn server.
 
 Called by `rolloutd controller` (`main.py`; the operator reconciles this controller's own API) and
-`rolloutd operator` (it reconciles another API server's RolloutJobs into a local mirror the scheduler reads). Everything lives in the data dir (`config.DataDir`
+`rolloutd operator` (it reconciles another API server's RolloutJobs into a local mirror the scheduler reads). Everything lives in the data dir (`crds/paths.DataDir`
 names each file) and survives restarts: stop the controller at any point, start it again, and
 every job, lease and result is where it was (local daemons keep running and are adopted).
 """

@@ -9,7 +9,7 @@ cannot run is a 422 naming the field at apply, not a job that fails, or silently
   files exist elsewhere, so its load fails the job instead, naming spec.tasks.source);
 - `tasks.source` is an absolute path (a relative one would resolve against whichever directory the controller
   or a daemon runs in; `rolloutctl apply -f` resolves it against the file's directory before sending);
-- `llm.tokenizer` is an absolute path (`policy.tokenizer_problem`) and, where the controller sees the node's
+- `llm.tokenizer` is an absolute path (`allowlists.tokenizer_problem`) and, where the controller sees the node's
   filesystem (the local executor, when this controller runs it), a directory: tokenizers load offline only, so a model hub name cannot load.
 A Slurm or Kubernetes node checks its tokenizer itself: a config error naming spec.llm.tokenizer fails the job.
 Next step: the reconcile (`operator/reconcile.py`).

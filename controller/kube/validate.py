@@ -1,7 +1,7 @@
 """A request's RolloutJob body → a validated resource: apiVersion/kind, name and namespace against the URL,
 the controller's policy, `?fieldValidation=Strict|Warn|Ignore` and `?dryRun=All`.
 
-Used by every write route (`jobs.py`). Unknown fields: 422 naming them by default and with Strict;
+Used by every write route (`rolloutjobs.py`). Unknown fields: 422 naming them by default and with Strict;
 dropped with a `Warning` header (Warn) or silently (Ignore), as Kubernetes does.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Watch streams of RolloutJobs: Kubernetes JSON-lines `WatchEvent`s, or server-sent events for older clients.
 
-Called by the list routes (`jobs.py`) on `?watch=true`. Reads the store's change log (each change's
+Called by the list routes (`rolloutjobs.py`) on `?watch=true`. Reads the store's change log (each change's
 id is its resourceVersion), so a watch resumed from version N sees every later change once.
 Next step: a `sendInitialEvents` stream (watch-list) when a client asks for one.
 """

@@ -83,7 +83,7 @@ class Attempts:
                 return LeaseResponse(drain=True)
             leases: list[Lease] = []
             now = self.clock()
-            version = json.loads(self.policy.plain(db, job_name)[0])
+            version = json.loads(self.policy.raw_row(db, job_name)[0])
             max_items, live = self._fair_share(db, node_id, job_name, job, max_items)
             refused: list[str] = []
             if max_items > 0:
@@ -200,7 +200,7 @@ class Attempts:
         elif paced:
             resp.accepted, resp.dropped = [], {}
         self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
-        version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name)
         resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
@@ -240,7 +240,7 @@ class Attempts:
         woke: set[str] = set()
         job_name = job.metadata.key
         max_stale = job.spec.policy.max_staleness
-        history = json.loads(self.policy.plain(tx.db, job_name)[1]) if max_stale is not None else []
+        history = json.loads(self.policy.raw_row(tx.db, job_name)[1]) if max_stale is not None else []
         settled: list[int] = []
         config_error = ""
         delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below

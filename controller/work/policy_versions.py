@@ -57,8 +57,8 @@ class PolicyVersions:
             s.flush()
         return row
 
-    def plain(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
-        """`row` as plain (version JSON, history JSON, paused), the row created on first use."""
+    def raw_row(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
+        """`row` as its raw columns on a DB-API connection (version JSON, history JSON, paused), created on first use."""
         row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
         if row is None:
             default = PolicyRow(job=job)
