@@ -21,11 +21,12 @@ from support.waiting import wait_until
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.operator.reconcile import reconcile
 from rolloutd.controller.store import Store
+from rolloutd.controller.tenancy import Policies
 from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest
 from rolloutd.crds.rolloutjob import RolloutJob
-from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
+from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, TenantQuotas
 
 TESTS = Path(__file__).resolve().parents[1]
 P = "/apis/rolloutd.io/v1alpha1"
@@ -271,11 +272,17 @@ def test_the_item_quota_of_the_jobs_policy_fails_it_with_quota_exceeded(tmp_path
     root = Path(tempfile.mkdtemp(prefix="rolloutd-quota-", dir="/tmp"))  # the tenant's reads are nobody's
     root.chmod(0o755)
     policy = TenantPolicySpec(quotas=TenantQuotas(items_per_job=100), data_roots=[str(root)])
-    store, sched = _sched(tmp_path, policy_for=lambda job: policy if job.metadata.namespace == "team-a" else None)
+    store = Store(tmp_path / "db.sqlite")
+    policies = Policies(store)  # the namespace's stored TenantPolicy, as the admin puts it
+    policies.put("team-a", policy, {})
+    sched = Scheduler(build_work(store, policies=policies))
     data = dataset(root, "d", 64)
     data.chmod(0o644)
     for ns in ("team-a", "default"):
-        store.apply(RolloutJob.model_validate(job_doc("train", ns, source=data, samples=2)))
+        job = RolloutJob.model_validate(job_doc("train", ns, source=data, samples=2))
+        if ns == "team-a":  # written by the namespace's token: held to its policy (`Policies.effective`)
+            job.metadata.annotations = {**job.metadata.annotations, ADMITTED_BY: "team"}
+        store.apply(job)
     over = asyncio.run(reconcile(store.get("team-a/train"), _Executor(), sched)).status
     failed = over.condition("Failed")
     assert over.phase.value == "Failed" and failed is not None and failed.reason == "QuotaExceeded"
