@@ -84,4 +84,6 @@ def test_a_policy_change_shows_at_the_next_build(page):
     scheduler.work.policies._set("j", paused=True)  # what an announce does first (then waits for the daemons)
     assert client.get(PAGE).json()["policy"]["paused"] is True
     scheduler.work.policies._set("j", paused=False, version=json.dumps(3), history=json.dumps([None, 3]))
-    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False, "staleness": {}}
+    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False, "staleness": {},
+                                                 "spec": {"updateMode": "drain", "pauseOnUpdate": True,
+                                                          "maxStaleness": None}}  # the job's spec.policy beside
