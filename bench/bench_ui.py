@@ -35,7 +35,7 @@ from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.feed import Feed
 from rolloutd.controller.work import tables
-from rolloutd.controller.work.scheduler import Scheduler
+from rolloutd.controller.root import assemble
 from rolloutd.crds.rolloutjob import RolloutJob
 
 HERE = Path(__file__).resolve().parent
@@ -145,10 +145,10 @@ def run(quick: bool = False) -> list[dict]:
         "spec": {"tasks": {"kind": "math", "source": str(tmp / "data.jsonl")}, "samplesPerPrompt": SAMPLES,
                  "agent": {"kind": "oracle"}, "llm": {"tokenizer": str(model_dir("tiny"))},
                  "executor": {"kind": "local", "nodes": 0}}}))
-    scheduler = Scheduler(store)
     seeded = seed(tmp / "db.sqlite", n)
     db_mb = (tmp / "db.sqlite").stat().st_size / 1e6
-    app = create_app(store, "admin", scheduler=scheduler)
+    root = assemble(store, "admin", work={})
+    app = create_app(root)
     base = f"/ui/api/jobs/default/{JOB}"
     with TestClient(app, headers={"Authorization": "Bearer admin"}) as client:
         # seq of a trajectory in the middle of the job

@@ -16,7 +16,7 @@
     /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
     /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
-Built by `create_app(store, token)`; served by `server.py`. Every endpoint but the probes needs
+Built by `create_app(root)` over the composition root (`root.py`); served by `server.py`. Every endpoint but the probes needs
 a bearer token: the admin token, a node credential (node paths only, its own job or node: `nodeauth.py`) or a
 scoped one (`http/access.py`: 403 beyond it; never on node paths; its writes of jobs are admitted against the
 namespace's TenantPolicy, `kube/admit.py`). Errors are Kubernetes `Status` objects (see `errors.py`).
@@ -31,7 +31,7 @@ import time
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rolloutd.crds.names import API_PREFIX as PREFIX
@@ -39,7 +39,7 @@ from rolloutd.crds.names import DEFAULT_NAMESPACE, job_key
 from rolloutd.crds.rolloutjob import Phase
 
 from .auth import TokenBook, token_matches
-from .nodeauth import NodeCredentials, NodeGate
+from .nodeauth import NodeGate
 from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document
@@ -49,11 +49,15 @@ from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
 from .kube.discovery import discovery_router
 from .kube.tenantpolicies import tenantpolicy_router
-from .kube.validate import validate_job
-from .allowlists import AllowLists
-from .looplag import BUCKETS, LoopLag
+from .http.inflight import inflight_router
+from .http.logs import logs_router
+from .http.node_protocol import node_router
+from .http.trainer import trainer_router
+from .work.first_tokens import Collector as FirstTokenCollector
+from .root import Root
 from .store import Store
 from .storage_faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
+from .ui.app import create_ui
 
 log = logging.getLogger("rolloutd.api")
 # The trainer routes of the previous version (no namespace) are served as the `default` namespace's.
@@ -203,7 +207,7 @@ class _StalenessCollector:
 
 class _RolloutsCollector:
     """Retries, masked samples, cleanups and stalls since the controller started, all jobs together
-    (`work/queue.ItemQueue.totals`, `work/held_leases.LiveLeases.stalls`): no job or rollout is a label."""
+    (`work/queue.ItemQueue.totals`, `work/held_leases.HeldLeases.stalls`): no job or rollout is a label."""
 
     def __init__(self, queue):
         self.queue = queue
@@ -219,13 +223,11 @@ class _RolloutsCollector:
                                   value=totals["cleanups"])
         yield CounterMetricFamily("rolloutd_rollout_stalls", "Rollouts that stayed in one stage (or unnamed by their "
                                   "node's beats) for ROLLOUTD_STALLED_AFTER_SECONDS or more, once per stage",
-                                  value=self.queue.live.count_stalls(self.queue.clock()))
+                                  value=self.queue.leases.count_stalls(self.queue.clock()))
 
 
-def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | None = None, scheduler=None,
-               tokens: TokenBook | None = None, allow: AllowLists | None = None) -> FastAPI:
-    """The app; `tokens`: the scoped tokens (`auth.TokenBook`; none when omitted); `node_credentials`: the jobs'
-    (`nodeauth.py`; in memory when omitted); `allow`: the controller's allow-lists (the defaults when omitted)."""
+def create_app(root: Root) -> FastAPI:
+    """The app over the parts of `root` (`root.assemble`): each router is handed the parts it uses."""
     app = FastAPI(
         title="rolloutd controller",
         version="v1alpha1",
@@ -233,22 +235,13 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         docs_url=None,
         redoc_url=None,
     )
-    registry = CollectorRegistry()
+    store, registry, storage, work = root.store, root.metrics, root.storage, root.work
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
-    app.state.loop_lag = LoopLag(registry)  # its probe runs from the server's lifespan (`server.py`)
-    app.state.store = store
-    app.state.allow = allow = allow or AllowLists()
-    app.state.registry = registry
-    app.state.tokens = tokens = tokens or TokenBook(None)  # also read by streams (`http/streams.py`: revocation)
-
-    credentials = node_credentials or NodeCredentials(None)
-    gate = NodeGate(credentials, scheduler.node_job) if scheduler is not None else None
-    app.state.storage = storage = StorageWatch(store.path)
-    limits = LoginLimits()  # one budget per address for the API and the UI's login
-    app.add_middleware(_AuthAndMetrics, token=token, nodes=gate, tokens=tokens,
-                       requests_total=requests_total, latency=latency, storage=storage, limits=limits)
+    gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
+    app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
+                       requests_total=requests_total, latency=latency, storage=storage, limits=root.limits)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -290,10 +283,11 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # ---------------------------------------------------------------- cluster-wide paths (rolloutctl, clients)
+    jobs = root.jobs
 
     @app.post(f"{PREFIX}/rolloutjobs", status_code=201)
     async def create(request: Request):
-        return await rolloutjobs.create(store, request, None)
+        return await rolloutjobs.create(jobs, request, None)
 
     @app.get(f"{PREFIX}/rolloutjobs")
     async def list_or_watch(
@@ -304,11 +298,11 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
         resourceVersion: str | None = None,
         timeoutSeconds: float | None = Query(default=None, gt=0, allow_inf_nan=False),
     ):
-        return await rolloutjobs.list_or_watch(store, request, None, sse_ok=True)
+        return await rolloutjobs.list_or_watch(jobs, request, None, sse_ok=True)
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}")
     async def apply(name: str, request: Request):
-        return await rolloutjobs.rolloutctl_apply(store, request, DEFAULT_NAMESPACE, name)
+        return await rolloutjobs.rolloutctl_apply(jobs, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}")
     async def get(name: str, request: Request):
@@ -316,7 +310,7 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     @app.delete(f"{PREFIX}/rolloutjobs/{{name}}")
     async def delete(name: str, request: Request):
-        return await rolloutjobs.delete(store, request, DEFAULT_NAMESPACE, name, code=202)
+        return await rolloutjobs.delete(jobs, request, DEFAULT_NAMESPACE, name, code=202)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def get_status(name: str):
@@ -324,44 +318,29 @@ def create_app(store: Store, token: str, *, node_credentials: NodeCredentials | 
 
     @app.put(f"{PREFIX}/rolloutjobs/{{name}}/status")
     async def put_status(name: str, request: Request):
-        return await rolloutjobs.replace_status(store, request, DEFAULT_NAMESPACE, name)
+        return await rolloutjobs.replace_status(jobs, request, DEFAULT_NAMESPACE, name)
 
     @app.get(f"{PREFIX}/rolloutjobs/{{name}}/events")
     async def events(name: str):
         await asyncio.to_thread(store.get_wire, name, DEFAULT_NAMESPACE)  # 404 for unknown jobs
         return {"items": await asyncio.to_thread(store.events, job_key(DEFAULT_NAMESPACE, name))}
 
-    app.include_router(rolloutjobs.namespaced_router(store))
+    app.include_router(rolloutjobs.namespaced_router(jobs))
     app.include_router(discovery_router(store))
-    app.include_router(tenantpolicy_router(store))
-    from .http.logs import logs_router
-
-    app.include_router(logs_router(store))  # the node daemons' logs, from app.state.executors (server.py)
-    from .work.stats import JobStats
-
-    # one set of running sums for the API's …/stats and the web UI (the scheduler's: a deleted job's go with it)
-    job_stats = scheduler.stats if scheduler is not None else JobStats(store.engine)
-    registry.register(_StatsCollector(job_stats))
-    if scheduler is not None:
-        from .http.node_protocol import node_router
-        from .work.first_tokens import Collector as FirstTokenCollector
-        from .http.trainer import trainer_router
-
-        registry.register(_StalenessCollector(scheduler.stale))
-        registry.register(FirstTokenCollector(scheduler.first_tokens))
-        app.include_router(node_router(scheduler, credentials))
-        app.include_router(trainer_router(store, scheduler, job_stats, allow))
-        from .http.inflight import inflight_router
-
-        app.include_router(inflight_router(store, scheduler))
-        registry.register(_RolloutsCollector(scheduler.queue))
+    app.include_router(tenantpolicy_router(root.policies))
+    app.include_router(logs_router(store, root.executors, root.streams))  # the node daemons' logs
+    registry.register(_StatsCollector(root.stats))
+    if work is not None and root.scheduler is not None:
+        registry.register(_StalenessCollector(work.stale))
+        registry.register(_RolloutsCollector(work.queue))
+        registry.register(FirstTokenCollector(work.first_tokens))
+        app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials))
+        app.include_router(trainer_router(store, root.policies, root.scheduler, feed=work.feed, retention=work.retention,
+                                          pool=work.pool, purge=work.purge, job_stats=root.stats, allow=root.allow,
+                                          slots=root.streams))
+        app.include_router(inflight_router(store, work.queue.leases, work.clock))
     describe(app)
-    from .ui.app import create_ui
-
-    steps = Histogram("rolloutd_ui_step_cpu_seconds", "Each step of the web UI's live builds on the event loop: the "
-                      "CPU it held the loop for", buckets=BUCKETS, registry=registry)
-    job_stats.observe_step = steps.observe
-    app.mount("/ui", create_ui(store, token, tokens, scheduler, job_stats,
-                               busy=app.state.loop_lag.recent_max, observe_step=steps.observe, limits=limits,
-                               state=app.state))
+    app.mount("/ui", create_ui(store, root.token, root.tokens, root.streams, root.stats, root.scheduler, work,
+                               busy=root.loop_lag.recent_max, observe_step=root.ui_steps.observe, limits=root.limits,
+                               executors=root.executors, trace_url=root.trace_url))
     return app

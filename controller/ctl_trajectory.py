@@ -1,7 +1,7 @@
 """`rolloutctl trajectory NAME SEQ`: one trajectory, decoded as the web UI's trajectory page shows it.
 
 Registered on rolloutctl's app by `ctl.py` (`register`); reads the job (its tokenizer, `spec.llm.tokenizer`) and
-the trajectory through the trainer client, decodes it with `ui/decode.py` and prints it with rich. The text is
+the trajectory through the trainer client, decodes it with `decode.py` and prints it with rich. The text is
 the model's: it is printed as `rich.text.Text`, never parsed as rich markup. Next step: the GRPO group beside it.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .ui.decode import decode
+from .decode import decode
 
 _ROLE_STYLE = {"user": "green", "assistant": "blue", "tool": "yellow", "system": "magenta"}
 

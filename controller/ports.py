@@ -7,7 +7,7 @@ implemented by the scheduler (`work/scheduler.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
@@ -18,7 +18,12 @@ class Progress:
     done: bool = False          # every rollout is finished (batch mode: the last batch is complete)
     failed: str | None = None   # a reason when the job cannot finish
     reason: str = "WorkFailed"  # the Failed condition's reason (QuotaExceeded: a quota of the job's policy)
-    extra: dict | None = None   # status fields the work tracker owns: {"batch": …, "policyVersion": …}
+    # the status fields the work tracker owns
+    policy_version: int | str | None = None  # the trainer's last announced policy version
+    reward_mean: float | None = None         # over the scored rollouts (infra failures left out)
+    batch: dict[str, Any] | None = None      # batch mode: the current batch (`work/batches.Batches.status`)
+    backends_down: str = ""     # why no rollout can call its model ("" while a backend is healthy)
+    infra_reason: str = ""      # the last infrastructure failure's reason, once nothing is in flight
 
 
 class WorkTracker(Protocol):

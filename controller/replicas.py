@@ -20,7 +20,6 @@ import os
 import re
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import httpx
@@ -35,6 +34,7 @@ from .allowlists import AllowLists
 from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from .nodeauth import NodeCredentials, NodeGate
+from .root import assemble
 from .store import Store
 from rolloutd.crds.kit.paths import DataDir
 
@@ -87,7 +87,7 @@ class ChangePoller:
 
 class Replica:
     """The ASGI app of a replica: `follower` until elected, then `leader` (`build(leadership)` →
-    `server.build_app`). Losing the lease ends the process (`leadership.EXIT_LOST`)."""
+    `server.build_app`, a `server.Controller`). Losing the lease ends the process (`leadership.EXIT_LOST`)."""
 
     def __init__(self, data_dir: Path, url: str, settings: ControllerSettings,
                  build: Callable[[Leadership], Any]) -> None:
@@ -99,10 +99,12 @@ class Replica:
             token = ensure_token(paths.token, mint=dialects.is_url(location) or not Path(location).exists())
             self.store = Store(location, watch_history=settings.watch_history, home=data_dir)
         self.store.listen()  # PostgreSQL: LISTEN/NOTIFY as well as the change-log poll
-        self.follower = create_app(self.store, token, node_credentials=NodeCredentials(paths.node_credentials),
-                                   tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings))
-        self.follower.state.executors = {}
-        self.leader: Any = None
+        # no scheduler and no executors: what needs them is forwarded to the leader (`leader_only`)
+        self.root = assemble(self.store, token, credentials=NodeCredentials(paths.node_credentials),
+                             tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
+                             trace_url=settings.trace_url)
+        self.follower = create_app(self.root)
+        self.leader: Any = None  # the leader's `server.Controller`, once elected
         self.build, self.url = build, url
         self.leadership = Leadership(self.store.engine, url, lease_seconds=settings.leader_lease_seconds)
         self._leader_url: tuple[float, str] = (0.0, "")
@@ -110,12 +112,17 @@ class Replica:
         self._exit: Callable[[int], None] = os._exit
 
     @property
-    def state(self) -> Any:  # `server._Server` reads the scheduler and the operator's stop from here
-        return self.leader.state if self.leader is not None else SimpleNamespace()
+    def app(self) -> "Replica":  # what `server.run_controller` serves (as a `server.Controller`'s app)
+        return self
+
+    async def before_shutdown(self) -> None:
+        """The leader's stop before the server waits for open connections (`server._Server`); a follower's: none."""
+        if self.leader is not None:
+            await self.leader.before_shutdown()
 
     async def __call__(self, scope, receive, send) -> None:
         if self.leader is not None:
-            return await self.leader(scope, receive, send)
+            return await self.leader.app(scope, receive, send)
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] == "http" and leader_only(scope["path"]):
@@ -131,22 +138,22 @@ class Replica:
         self.leadership.on_lost = self._lost
         pollers = [ChangePoller(self.store)]
         tasks = [asyncio.create_task(pollers[0].run(), name="change-poller"),
-                 asyncio.create_task(self.follower.state.loop_lag.run(), name="loop-lag")]
+                 asyncio.create_task(self.root.loop_lag.run(), name="loop-lag")]
         leading: list[contextlib.AbstractAsyncContextManager] = []
 
         async def promote() -> None:
             await elected.wait()
             started = time.monotonic()
-            app = self.build(self.leadership)  # its store is fenced (`Leadership.fence`) before any write
+            built = self.build(self.leadership)  # its store is fenced (`Leadership.fence`) before any write
             # the leases it adopted: their daemons may still be waiting on the old leader (a paused one answers
             # nothing) for up to FAILOVER_CALL_SECONDS before they call us
-            scheduler = app.state.scheduler
-            scheduler.queue.live.grace(time.time() + FAILOVER_CALL_SECONDS, scheduler.lease_seconds)
-            ctx = app.router.lifespan_context(app)
-            self.leader = app  # before its operator starts: its calls to our own port reach the leader's app
+            work = built.root.work
+            work.queue.leases.grace(time.time() + FAILOVER_CALL_SECONDS, work.lease_seconds)
+            ctx = built.app.router.lifespan_context(built.app)
+            self.leader = built  # before its operator starts: its calls to our own port reach the leader's app
             await ctx.__aenter__()
             leading.append(ctx)
-            pollers.append(ChangePoller(app.state.store))
+            pollers.append(ChangePoller(built.root.store))
             tasks.append(asyncio.create_task(pollers[-1].run(), name="change-poller-leader"))
             log.info("leader: serving the whole controller (epoch %s; built in %.2f s)", self.leadership.epoch,
                      time.monotonic() - started)

@@ -1,7 +1,7 @@
 """Wires the controller process: store + API + scheduler + executors + the kopf operator, one uvicorn server.
 
 Called by `rolloutd controller` (`main.py`; the operator reconciles this controller's own API) and
-`rolloutd operator` (it reconciles another API server's RolloutJobs into a local mirror the scheduler reads). Everything lives in the data dir (`config.DataDir`
+`rolloutd operator` (it reconciles another API server's RolloutJobs into a local mirror the scheduler reads). Everything lives in the data dir (`crds/paths.DataDir`
 names each file) and survives restarts: stop the controller at any point, start it again, and
 every job, lease and result is where it was (local daemons keep running and are adopted).
 """
@@ -13,10 +13,13 @@ import gc
 import logging
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import sqlalchemy.exc
 import uvicorn
+from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rolloutd.crds import nodeenv
@@ -27,23 +30,22 @@ from rolloutd.crds.kit.settings import ControllerSettings
 from . import dialects
 from .allowlists import AllowLists
 from .api import create_app
+from .root import Root, assemble
 from .auth import TokenBook, ensure_token
 from .storage_faults import opening_problem
 from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
-from . import spec_checks
 from .executors.local import LocalExecutor
-from .executors.base import advertised_url
+from .executors.base import Executor, advertised_url
 from .executors.slurm.executor import SlurmExecutor
 from .nodeauth import NodeCredentials
-from .tenancy import policies_for
 from .operator import embedded
 from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .stalls import StallSampler
 from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
-from .work.scheduler import Scheduler
+from .work.core import Work
 from .store import Store
 from .leadership import Leadership
 from .replicas import Replica, replica_urls
@@ -53,11 +55,20 @@ EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
 
 
+@dataclass(frozen=True)
+class Controller:
+    """The controller as built: its app, the parts it is made of (`root.Root`) and what a stop does before the
+    server waits for its open connections (`_Server.shutdown`)."""
+    app: FastAPI
+    root: Root
+    before_shutdown: Callable[[], Awaitable[None]]
+
+
 def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, resync: float = 2.0,
               node_grace_seconds: float = 30.0, executors: tuple[str, ...] = EXECUTOR_KINDS,
               operator: bool = True, kube: Connection | None = None, tls: bool = False,
               ca_file: Path | None = None, keep_daemons: bool = False, settings: ControllerSettings | None = None,
-              leadership: Leadership | None = None):
+              leadership: Leadership | None = None) -> Controller:
     """`operator`: run the kopf handlers in this process; `kube`: against that API server (the jobs are
     mirrored into this controller's store), else against this controller's own API. `tls`: served over
     https, the local daemons trusting `ca_file` (the CA that signed the certificate). `keep_daemons`: a graceful
@@ -81,64 +92,70 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         leadership.fence(store.engine)
     store.listen()  # PostgreSQL: other controllers' writes wake our watches and leave our cache (LISTEN/NOTIFY)
     nudges = Nudges()  # the scheduler nudges a job whose last rollout ended: the reconciler marks it at once
-    scheduler = Scheduler(store, policy_for=policies_for(store).effective,  # quotas and data roots
-                          on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
-                          node_calls_per_second=settings.node_calls_per_second,
-                          result_retention=settings.result_retention_seconds)
-    scheduler.queue.live.stall_seconds = settings.stalled_after_seconds
-    app = create_app(store, token, node_credentials=credentials, scheduler=scheduler, tokens=TokenBook(paths.tokens),
-                     allow=AllowLists.of(settings))
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if tls else "http"
     replicas = replica_urls(settings.replicas)  # the daemons get every replica's address, this one's first
-    own_url = f"{scheme}://{reach}:{port}"
-    local = LocalExecutor(",".join(dict.fromkeys([own_url, *replicas])), credentials, data_dir, grace_seconds=node_grace_seconds,
-                          extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
-    executors_by_kind = {"local": local}
-    advertised = advertised_url(host, port, scheme, settings.advertise_url) if {"slurm", "kubernetes"} & set(executors) \
-        else ""  # the host's name (a DNS lookup) only for executors whose daemons run elsewhere
-    advertised = ",".join(dict.fromkeys([advertised, *replicas])) if advertised and replicas else advertised
-    if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
-        executors_by_kind["slurm"] = SlurmExecutor(
-            advertised, credentials, data_dir, scheduler=scheduler, drain_seconds=settings.drain_seconds,
-            event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
-    if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
-        # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
-        client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
-                                                                         kube.insecure)
-        executors_by_kind["kubernetes"] = KubernetesExecutor(
-            advertised, credentials, namespace=settings.k8s_namespace, image=settings.k8s_node_image,
-            drain_seconds=settings.drain_seconds, api_client=client, in_job_namespace=kube is not None)
-    enabled = {k: v for k, v in executors_by_kind.items() if k in executors}
-    spec_checks.SHARED_FILESYSTEM.clear()
-    spec_checks.SHARED_FILESYSTEM.update({"local"} & set(enabled))  # its daemons see our files: check them at apply
+
+    def make_executors(work: Work | None) -> dict[str, Executor]:
+        local = LocalExecutor(",".join(dict.fromkeys([f"{scheme}://{reach}:{port}", *replicas])), credentials,
+                              data_dir, grace_seconds=node_grace_seconds,
+                              extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
+        made: dict[str, Executor] = {"local": local}
+        advertised = advertised_url(host, port, scheme, settings.advertise_url) \
+            if {"slurm", "kubernetes"} & set(executors) else ""  # a DNS lookup only for daemons that run elsewhere
+        advertised = ",".join(dict.fromkeys([advertised, *replicas])) if advertised and replicas else advertised
+        if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
+            made["slurm"] = SlurmExecutor(
+                advertised, credentials, data_dir, nodes=work and work.registry, drain_seconds=settings.drain_seconds,
+                event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
+        if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
+            # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
+            client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
+                                                                             kube.insecure)
+            made["kubernetes"] = KubernetesExecutor(
+                advertised, credentials, namespace=settings.k8s_namespace, image=settings.k8s_node_image,
+                drain_seconds=settings.drain_seconds, api_client=client, in_job_namespace=kube is not None)
+        made_all.update(made)  # every one made is shut down at exit, the local one released
+        return {k: v for k, v in made.items() if k in executors}
+
+    made_all: dict[str, Executor] = {}
+    root = assemble(store, token, credentials=credentials, tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
+                    executors=make_executors,
+                    work=dict(on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
+                              node_calls_per_second=settings.node_calls_per_second,
+                              result_retention=settings.result_retention_seconds,
+                              stall_seconds=settings.stalled_after_seconds),
+                    trace_url=settings.trace_url)
+    scheduler = root.scheduler
+    assert scheduler is not None and root.work is not None
+    app = create_app(root)
     own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
-    app.state.scheduler, app.state.executors = scheduler, enabled
-    app.state.trace_url = settings.trace_url  # the web UI's trace links
+    stop, tasks = asyncio.Event(), []
+
+    async def stop_operator() -> None:  # before the server waits for open connections (kopf's watch)
+        stop.set()
+        if operator and tasks:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
+
+    async def before_shutdown() -> None:
+        root.work.feed.stop()  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
+        await stop_operator()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        tasks = [asyncio.create_task(scheduler.run(), name="scheduler"),
-                 asyncio.create_task(app.state.loop_lag.run(), name="loop-lag")]
-        stop = asyncio.Event()
+        tasks.extend([asyncio.create_task(scheduler.run(), name="scheduler"),
+                      asyncio.create_task(root.loop_lag.run(), name="loop-lag")])
         if operator:
             api = JobApi(kube or own)
-            reconciler = Reconciler(api, enabled, scheduler, interval=resync, nudges=nudges,
+            reconciler = Reconciler(api, root.executors, scheduler, interval=resync, nudges=nudges,
                                     mirror=mirror and mirror.put, forget=mirror and mirror.drop)
-            app.state.reconciler = reconciler
             tasks.append(asyncio.create_task(embedded.run(kube or own, reconciler, stop), name="operator"))
-
-        async def stop_operator() -> None:  # before the server waits for open connections (kopf's watch)
-            stop.set()
-            if operator:
-                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
-        app.state.stop_operator = stop_operator
         tune_gc()
         checkpoints = store.path and Checkpointer(store.path).start()  # SQLite's WAL copied back off the loop
         store.checkpoint_aside(BACKSTOP_PAGES)
-        sampler = settings.stall_samples and StallSampler(settings.stall_samples, lambda: app.state.loop_lag.ticked,
+        sampler = settings.stall_samples and StallSampler(settings.stall_samples, lambda: root.loop_lag.ticked,
                                                           threading.get_ident()).start()
         try:
             yield
@@ -151,11 +168,12 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
             scheduler.stop()
             if operator:
                 await api.aclose()
-            if not keep_daemons:  # stopped on purpose: no daemon of ours outlives us (a crash or SIGKILL keeps them)
-                released = local.release_all()
+            local = made_all["local"]
+            if not keep_daemons and isinstance(local, LocalExecutor):  # stopped on purpose: no daemon of ours
+                released = local.release_all()                          # outlives us (a crash or SIGKILL keeps them)
                 if released:
                     logging.getLogger("rolloutd").info("released %d local node daemon(s)", released)
-            for ex in executors_by_kind.values():
+            for ex in made_all.values():
                 await ex.shutdown()
             for t in tasks:
                 t.cancel()
@@ -164,7 +182,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                     await t
 
     app.router.lifespan_context = lifespan
-    return app
+    return Controller(app, root, before_shutdown)
 
 
 # The cyclic garbage collector, tuned for a server that keeps tens of thousands of leases in memory and makes
@@ -194,23 +212,24 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     tracing.setup("rolloutd-controller", nodeenv.tracing_on((settings or ControllerSettings()).tracing))
-    def build(leadership: Leadership | None = None):
+    def build(leadership: Leadership | None = None) -> Controller:
         return build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
                          tls=tls is not None, ca_file=ca_file or (tls and tls[0]), settings=settings,
                          keep_daemons=keep_daemons or leadership is not None, leadership=leadership)
+    built: Controller | Replica
     if settings and settings.replicas:  # a replica: a follower until it leads (its daemons outlive a hand-over)
         reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         own = advertised_url(reach, port, "https" if tls else "http", settings.advertise_url)
-        app = Replica(data_dir, own, settings, build)
+        built = Replica(data_dir, own, settings, build)
     else:
-        app = build()
+        built = build()
     logging.getLogger("rolloutd").info("data dir %s; store %s; token file %s", data_dir,
                                        store_name((settings and settings.store) or DataDir(data_dir).db),
                                        DataDir(data_dir).token)
     logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))
-    _Server(server_config(app, host, port, log_level, tls)).run()
+    _Server(server_config(built.app, host, port, log_level, tls), built.before_shutdown).run()
 
 
 def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None,
@@ -253,11 +272,10 @@ class _Server(uvicorn.Server):
     """Stops the operator first on exit (its watch is an open connection the server would wait for) and answers
     the trainers' long polls, which would otherwise be cancelled mid-wait after the graceful timeout (a 500)."""
 
+    def __init__(self, config: uvicorn.Config, before_shutdown: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self.before_shutdown = before_shutdown
+
     async def shutdown(self, sockets=None) -> None:
-        scheduler = getattr(self.config.app.state, "scheduler", None)
-        if scheduler is not None:  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
-            scheduler.feed.stop()
-        stop = getattr(self.config.app.state, "stop_operator", None)
-        if stop is not None:
-            await stop()
+        await self.before_shutdown()
         await super().shutdown(sockets=sockets)

@@ -9,7 +9,7 @@ cannot run is a 422 naming the field at apply, not a job that fails, or silently
   files exist elsewhere, so its load fails the job instead, naming spec.tasks.source);
 - `tasks.source` is an absolute path (a relative one would resolve against whichever directory the controller
   or a daemon runs in; `rolloutctl apply -f` resolves it against the file's directory before sending);
-- `llm.tokenizer` is an absolute path (`policy.tokenizer_problem`) and, where the controller sees the node's
+- `llm.tokenizer` is an absolute path (`allowlists.tokenizer_problem`) and, where the controller sees the node's
   filesystem (the local executor, when this controller runs it), a directory: tokenizers load offline only, so a model hub name cannot load.
 A Slurm or Kubernetes node checks its tokenizer itself: a config error naming spec.llm.tokenizer fails the job.
 Next step: the reconcile (`operator/reconcile.py`).
@@ -23,13 +23,10 @@ from rolloutd.crds.rolloutjob import RolloutJob
 
 from .errors import Invalid
 
-# Executor kinds whose nodes see this controller's filesystem: the local executor, when this controller runs it
-# (`server.build_app` sets it). Their jobs' tokenizer directories are checked here, at apply.
-SHARED_FILESYSTEM: set[str] = set()
 
-
-def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
-    """(camelCase field, why) for each thing in the spec that cannot work."""
+def spec_problems(job: RolloutJob, shared_filesystem: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """(camelCase field, why) for each thing in the spec that cannot work. `shared_filesystem`: the executor kinds
+    whose nodes see this controller's files (`Executor.shares_files`): their jobs' tokenizer directories are checked."""
     spec, problems = job.spec, []
     try:
         kinds = type(get_handler(spec.tasks.kind)).agent_kinds
@@ -51,7 +48,8 @@ def spec_problems(job: RolloutJob) -> list[tuple[str, str]]:
                                               "resolve against the controller's working directory); `rolloutctl "
                                               "apply -f FILE` resolves it against FILE's directory"))
     tokenizer = spec.llm.tokenizer
-    if tokenizer and os.path.isabs(tokenizer) and spec.executor.kind in SHARED_FILESYSTEM and not os.path.isdir(tokenizer):
+    if tokenizer and os.path.isabs(tokenizer) and spec.executor.kind in shared_filesystem \
+            and not os.path.isdir(tokenizer):
         problems.append(("spec.llm.tokenizer", f"{tokenizer} is not a directory on this machine (tokenizers load "
                                                "offline only, from the directory holding tokenizer.json)"))
     return problems
@@ -75,9 +73,9 @@ def unreadable(path: str) -> str | None:
     return None
 
 
-def check_spec(job: RolloutJob) -> None:
+def check_spec(job: RolloutJob, shared_filesystem: frozenset[str] = frozenset()) -> None:
     """422 naming every field of `spec_problems`."""
-    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, m in spec_problems(job)]
+    causes = [{"field": f, "reason": "FieldValueInvalid", "message": m} for f, m in spec_problems(job, shared_filesystem)]
     if causes:
         raise Invalid("RolloutJob is invalid: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
                       causes=causes, name=job.metadata.name)

@@ -20,7 +20,7 @@ from rolloutd.crds.names import job_key, split_key
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
 from .errors import AlreadyExists, Conflict, Invalid, NotFound
-from .kube.selectors import fields_match, matches, parse_field_selector, parse_selector
+from .selectors import fields_match, matches, parse_field_selector, parse_selector
 from .store_db import StoreDB
 from .store_schema import (RELEASE_FINALIZER, ChangeRow, EventRow, JobRow, Unservable, dumps, servable_wire,
                            to_resource, to_wire, utcnow)

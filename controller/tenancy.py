@@ -1,10 +1,10 @@
 """The stored TenantPolicies (one per namespace, the admin's) and the one answer to "what may this job use".
 
-`policies_for(store)` is the controller's single `Policies` over a store: the TenantPolicy routes
+The composition root (`root.py`) makes the controller's one `Policies` over its store: the TenantPolicy routes
 (`kube/tenantpolicies.py`) write through it, admission at apply (`kube/admit.py`), node registration
-(`work/node_registry.py`) and the trainer's backend routes read `effective(job)`. Reads are cached in memory and the
-cache is dropped on every policy write (one controller process writes the table). Next step: the dataset
-reader and the item quota read `effective(job)` too.
+(`work/node_registry.py`), the dataset reader and item quota (`work/expansion.py`) and the trainer's backend routes
+read `effective(job)`. Reads are cached in memory and the cache is dropped on every policy write (one controller
+process writes the table).
 """
 from __future__ import annotations
 
@@ -160,16 +160,3 @@ class Policies:
                 s.commit()
                 self._cache.pop(name, None)
         return wire
-
-
-_BY_STORE_LOCK = threading.Lock()
-
-
-def policies_for(store: Store) -> Policies:
-    """The one `Policies` of `store` (made on first use), so that every reader shares its cache."""
-    with _BY_STORE_LOCK:
-        found = getattr(store, "_tenant_policies", None)
-        if found is None:
-            found = Policies(store)
-            store._tenant_policies = found  # noqa: SLF001 - one per store, kept with it
-        return found

@@ -44,6 +44,8 @@ class ExecutorError(RolloutdError):
 class Executor(Protocol):
     """Keeps a job's node daemons running. Every call is idempotent (level-triggered)."""
 
+    shares_files: bool  # its daemons see this controller's files: a job's tokenizer directory is checked at apply
+
     async def ensure(self, job: RolloutJob, nodes: int) -> None: ...     # exactly `nodes` daemons, healed
     async def observe(self, job: RolloutJob) -> list[NodeState]: ...     # what runs now
     async def release(self, job: RolloutJob) -> None: ...                # drain, then stop everything
@@ -63,8 +65,8 @@ class Credentials(Protocol):
     def revoke(self, job: RolloutJob) -> None: ...   # that job's (not a re-created one's of the same name)
 
 
-class NodeRegistry(Protocol):
-    """The scheduler's view of the registered daemons, for executors that drain single nodes."""
+class NodeRoster(Protocol):
+    """The registered daemons (`work/node_registry.NodeRegistry`), for executors that drain single nodes."""
 
     def nodes(self, job: str) -> Sequence[Any]: ...    # rows with id, name, state, slurm_job_id
     def drain(self, job: str, node_ids: list[str]) -> None: ...

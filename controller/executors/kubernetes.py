@@ -178,6 +178,7 @@ def api_client_for(server: str, token: Callable[[], str | None] | str | None = N
 class KubernetesExecutor:
     """`in_job_namespace`: operator mode, where RolloutJobs are objects of the cluster the Jobs go to: a job's
     daemons run in the RolloutJob's own namespace (else in `namespace`, the controller's), owned by it."""
+    shares_files = False  # its daemons run elsewhere: they do not see this controller's files
 
     def __init__(self, controller_url: str, credentials: Credentials, *, namespace: str | None = None,
                  image: str | None = None, drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS,

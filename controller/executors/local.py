@@ -58,6 +58,8 @@ class _Daemon:
 
 
 class LocalExecutor:
+    shares_files = True  # its daemons see this controller's files
+
     def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
                  grace_seconds: float = 30.0, python: str = sys.executable, extra_env: dict[str, str] | None = None):
         self.controller_url = controller_url

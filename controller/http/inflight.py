@@ -6,11 +6,12 @@ JSON: `total`, `stalled`, `stages` (counts), `stalledAfterSeconds`, `truncated` 
 rollout (stage, time in stage, last heartbeat, node, backend, attempt, `stalled`), stalled first, at most `limit`
 (`work/inflight.py` says what stalled means; the controller's default is `$ROLLOUTD_STALLED_AFTER_SECONDS`).
 Authorised like every per-job route (a namespace token reaches its namespaces' jobs only: `access.py`); read
-from memory on the event loop, no SQL but the job's lookup. Mounted by `api.create_app` with a scheduler.
+from memory on the event loop, no SQL but the job's lookup. Mounted by `api.create_app` with the work core's held leases.
 """
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from fastapi import APIRouter, Query
 
@@ -18,11 +19,11 @@ from rolloutd.crds.names import job_key
 
 from ..store import Store
 from ..work import inflight as work_inflight
-from ..work.scheduler import Scheduler
+from ..work.held_leases import HeldLeases
 from .trainer import JOBS
 
 
-def inflight_router(store: Store, scheduler: Scheduler) -> APIRouter:
+def inflight_router(store: Store, leases: HeldLeases, clock: Callable[[], float]) -> APIRouter:
     r = APIRouter()
 
     @r.get(f"{JOBS}/{{name}}/inflight")
@@ -31,8 +32,7 @@ def inflight_router(store: Store, scheduler: Scheduler) -> APIRouter:
                        limit: int = Query(work_inflight.DEFAULT_LIMIT, ge=1, le=work_inflight.MAX_LIMIT)):
         key = job_key(namespace, name)
         await asyncio.to_thread(store.get, key)  # 404 for an unknown job
-        live = scheduler.queue.live
-        after = live.stall_seconds if stalledAfterSeconds is None else stalledAfterSeconds
-        return await work_inflight.inflight(live, key, scheduler.clock(), after, limit)
+        after = leases.stall_seconds if stalledAfterSeconds is None else stalledAfterSeconds
+        return await work_inflight.inflight(leases, key, clock(), after, limit)
 
     return r

@@ -7,12 +7,13 @@ each), lines prefixed `[nodeK] ` when several nodes answer; with `follow`, new l
 short grace for what the daemons write as they leave), the client goes or `timeoutSeconds` pass. Authorised like
 every per-job route (a namespace token reaches its namespaces' jobs only: `access.py`). The job's executor
 (`executors/*`: `logs`) finds the files or pods; nothing of the request names a file.
-Mounted by `api.create_app`; the executors come from `app.state.executors` (`server.py`). Next step: `--since`.
+Mounted by `api.create_app` with the root's executors (`root.py`). Next step: `--since`.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Mapping
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -20,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from rolloutd.crds.names import job_key
 
 from ..errors import Conflict, NotFound
-from ..executors.base import ExecutorError
+from ..executors.base import Executor, ExecutorError
 from ..executors.logs import TAIL_DEFAULT, TAIL_MAX, NoLogs
 from ..store import Store
 from . import streams
@@ -30,7 +31,7 @@ from .trainer import JOBS
 LEAVING_GRACE_SECONDS = 3.0  # after the job ended: lines the daemons write as they exit
 
 
-def logs_router(store: Store) -> APIRouter:
+def logs_router(store: Store, executors: Mapping[str, Executor], slots: streams.Streams) -> APIRouter:
     r = APIRouter()
 
     def finished(key: str) -> bool:
@@ -46,12 +47,12 @@ def logs_router(store: Store) -> APIRouter:
         key = job_key(namespace, name)
         job = await asyncio.to_thread(store.get, key)  # 404 for an unknown job
         kind = job.spec.executor.kind
-        executor = (getattr(request.app.state, "executors", None) or {}).get(kind)
+        executor = executors.get(kind)
         if executor is None:
             raise Conflict(f"rolloutjob {key} runs on the {kind} executor, which this controller does not run: "
                            "its daemons' logs are not here")
         follow = follow and not job.status.phase.terminal
-        slot = streams.take(request, store, namespace) if follow else None
+        slot = slots.take(request, namespace) if follow else None
         try:
             chunks = await executor.logs(job, node, tail, follow)
         except NoLogs as e:

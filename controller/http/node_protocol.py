@@ -1,4 +1,4 @@
-"""The node-daemon protocol: thin routes over the scheduler's node methods.
+"""The node-daemon protocol: thin routes over the work core's node parts (registry, attempts, node calls).
 
     POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register (`?features=…`) | /{node}/lease
          | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister
@@ -10,8 +10,9 @@
     POST /apis/rolloutd.io/v1alpha1/nodes/…   the same, for daemons of the previous version (job in `default`
          unless the register body's job is a "namespace/name" key); node ids are unique across jobs
 
-Mounted by `api.create_app` when a scheduler is given; the scheduler does the work: a call goes route →
-`Scheduler` → `work.attempts.Attempts`, which reads the node's row once, in the call's transaction. Wire models:
+Mounted by `api.create_app` when the root has a work core: a call goes route → `work.node_registry.NodeRegistry`,
+`work.attempts.Attempts` or `work.node_calls.NodeCalls` (a beat or results in a grouped transaction) →
+`Attempts`, which reads the node's row once, in the call's transaction. Wire models:
 `rolloutd.crds.node`; the daemon's side is `rolloutd.agents.daemon.controller_client`.
 """
 from __future__ import annotations
@@ -26,8 +27,10 @@ from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, REPLY_FIELDS, Heartb
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from ..nodeauth import NodeCredentials
-from ..work.job_state import closed
-from ..work.scheduler import Scheduler
+from ..work.attempts import Attempts
+from ..work.job_state import Jobs, closed
+from ..work.node_calls import NodeCalls
+from ..work.node_registry import NodeRegistry
 from .bodies import read_model, read_model_fast
 
 # Trajectory reports can be large (a long SWE rollout: ~32k tokens with logprobs and messages).
@@ -72,18 +75,19 @@ def _features(request: Request) -> list[str] | None:
     return None if raw is None else [f for f in raw.split(",") if f]
 
 
-def _owned(scheduler: Scheduler, node_id: str, request: Request) -> str:
+def _owned(registry: NodeRegistry, node_id: str, request: Request) -> str:
     """`node_id`, once sure it belongs to the rolloutjob of a namespaced path: a namespace token reaches the
     namespaced paths of its own namespace, and must not act on another namespace's node by naming its id."""
     path = request.path_params
     if "namespace" in path:
-        job = scheduler.node_job(node_id)
+        job = registry.job_of(node_id)
         if job is not None and job != job_key(path["namespace"], path["name"]):
             raise NotFound(f"node {node_id} is not a node of rolloutjob {path['namespace']}/{path['name']}")
     return node_id
 
 
-def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter:
+def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: NodeCalls,
+                credentials: NodeCredentials) -> APIRouter:
     r = APIRouter()
 
     def admit(req: RegisterRequest, request: Request) -> Response:
@@ -94,23 +98,23 @@ def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter
         req.job = job_key(*split_key(req.job))
         if job is not None and req.job != job:
             raise Forbidden(f"this node credential is rolloutjob {job}'s: it cannot register for {req.job}")
-        if job is not None and not credentials.minted_for(scheduler.jobs.get(job)):
+        if job is not None and not credentials.minted_for(jobs.get(job)):
             raise Forbidden(f"this node credential was minted for an earlier rolloutjob {job}")
         if job is not None and NODE_TOKEN not in (features or ()):
             raise BadRequest(f"each node gets a token of its own: ask for feature {NODE_TOKEN!r} "
                              "(run the same rolloutd version on the controller and the nodes)")
-        resp = scheduler.register(req, features)
+        resp = registry.register(req, features)
         if NODE_TOKEN in (resp.features or ()):
             token = credentials.node_token(resp.job, resp.node_id)
             if token is None:  # the admin registering for a job whose daemons no executor started
-                credentials.mint(scheduler.jobs.get(resp.job))
+                credentials.mint(jobs.get(resp.job))
                 token = credentials.node_token(resp.job, resp.node_id)
             resp.node_token = token
         return _ok(resp)
 
     @r.post(f"{JOB_NODES}/credential")
     async def credential(namespace: str, name: str):
-        job = scheduler.jobs.get(job_key(namespace, name))
+        job = jobs.get(job_key(namespace, name))
         if closed(job):
             raise Conflict(f'rolloutjobs "{job.metadata.key}" is {job.status.phase.value}; it takes no more nodes',
                            name=job.metadata.key)
@@ -132,29 +136,29 @@ def node_router(scheduler: Scheduler, credentials: NodeCredentials) -> APIRouter
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
             req = await read_model_fast(request, LeaseRequest)
-            return _ok(await scheduler.lease(_owned(scheduler, node_id, request), req.max_items, req.wait),
-                       scheduler.registry.features_of(node_id))
+            return _ok(await attempts.lease(_owned(registry, node_id, request), req.max_items, req.wait),
+                       registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
-            return _ok(await scheduler.heartbeat_grouped(_owned(scheduler, node_id, request), hb, lease),
-                       scheduler.registry.features_of(node_id))
+            return _ok(await calls.heartbeat_grouped(_owned(registry, node_id, request), hb, lease),
+                       registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             batch = await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)
-            return _ok(await scheduler.results_grouped(_owned(scheduler, node_id, request), batch, lease),
-                       scheduler.registry.features_of(node_id))
+            return _ok(await calls.results_grouped(_owned(registry, node_id, request), batch, lease),
+                       registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):
             req = await read_model(request, ReturnRequest)
-            return {"returned": scheduler.give_back(_owned(scheduler, node_id, request), req.attempt_ids, req.reason)}
+            return {"returned": attempts.give_back(_owned(registry, node_id, request), req.attempt_ids, req.reason)}
 
         @r.post(f"{prefix}/{{node_id}}/deregister")
         async def deregister(node_id: str, request: Request):
-            scheduler.deregister(_owned(scheduler, node_id, request))
+            registry.deregister(_owned(registry, node_id, request))
             return {}
 
     return r

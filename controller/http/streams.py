@@ -3,7 +3,7 @@ the web UI's live pages — holds one of its namespace's watch slots (quotas.wat
 and ends soon after its token is revoked.
 
 Called by the routes that stream or long-poll (`kube/rolloutjobs.py`, `http/trainer.py`, `http/logs.py`,
-`ui/app.py`); the counts are `tenancy.Policies`'. The admin's streams are not counted. Next step: the routes.
+`ui/app.py`) through the root's `Streams`; the counts are `tenancy.Policies`'. The admin's streams are not counted.
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ from fastapi.responses import StreamingResponse
 
 from rolloutd.crds.tenancy import RESTRICTED
 
-from ..auth import ScopedToken
+from ..auth import ScopedToken, TokenBook
 from ..errors import TooManyRequests
 from ..kube.admit import scoped_token
-from ..store import Store
-from ..tenancy import describe, policies_for
+from ..tenancy import Policies, describe
 
 STREAM_MAX_SECONDS = 3600.0  # a scoped token's stream ends after this long whatever it asked (clients reconnect)
 CHECK_SECONDS = 5.0  # how often an idle stream looks whether its token is still valid
@@ -31,9 +30,8 @@ T = TypeVar("T")
 class Slot:
     """One taken watch slot of a namespace: given back once (`release`), however the stream ends."""
 
-    def __init__(self, store: Store, token: ScopedToken, namespace: str | None,
+    def __init__(self, policies: Policies, token: ScopedToken, namespace: str | None,
                  still_valid: Callable[[], bool]):
-        policies = policies_for(store)
         if namespace is None and len(token.namespaces) == 1:  # a UI page of a one-namespace token
             namespace = token.namespaces[0]
         self.key = namespace or ""
@@ -52,15 +50,24 @@ class Slot:
         return time.monotonic() >= self.deadline or not self.still_valid()
 
 
-def _valid(request: Request, token: ScopedToken) -> Callable[[], bool]:
-    book = getattr(request.app.state, "tokens", None)
-    return (lambda: True) if book is None else (lambda: book.find(f"Bearer {token.token}") is not None)
+class Streams:
+    """The watch slots of the scoped tokens' streams: their namespaces' quotas (`policies`), ended once their token
+    is no longer in `tokens` (revoked)."""
 
+    def __init__(self, policies: Policies, tokens: TokenBook) -> None:
+        self.policies, self.tokens = policies, tokens
 
-def take(request: Request, store: Store, namespace: str | None) -> Slot | None:
-    """A slot for the request's scoped token (429 past the quota); None for the admin."""
-    token = scoped_token(request)
-    return None if token is None else Slot(store, token, namespace, _valid(request, token))
+    def take(self, request: Request, namespace: str | None) -> Slot | None:
+        """A slot for the request's scoped token (429 past the quota); None for the admin."""
+        token = scoped_token(request)
+        if token is None:
+            return None
+        return Slot(self.policies, token, namespace, lambda: self.tokens.find(f"Bearer {token.token}") is not None)
+
+    def take_for(self, token: ScopedToken | None, namespace: str | None,
+                 still_valid: Callable[[], bool]) -> Slot | None:
+        """A slot for a web UI stream of a scoped token's session (None for the admin's)."""
+        return None if token is None else Slot(self.policies, token, namespace, still_valid)
 
 
 async def _guarded(inner: AsyncIterator[bytes], slot: Slot) -> AsyncIterator[bytes]:
@@ -107,8 +114,3 @@ async def long_poll(slot: Slot | None, answer: Awaitable[T]) -> T:
         if slot is not None:
             slot.release()
 
-
-def take_for(store: Store, token: ScopedToken | None, namespace: str | None,
-             still_valid: Callable[[], bool]) -> Slot | None:
-    """A slot for a web UI stream of a scoped token's session (None for the admin's)."""
-    return None if token is None else Slot(store, token, namespace, still_valid)

@@ -12,7 +12,8 @@ to `default` by `api.py`, for clients of the previous version):
     GET | POST | DELETE …/rolloutjobs/{name}/backends                    list / add / remove
     GET  …/rolloutjobs/{name}/stats                                      reward mean, per-stage p50/p95 (`work/stats.py`)
 
-Mounted by `api.create_app` when a scheduler is given; the scheduler does the work. The client
+Mounted by `api.create_app` when the root has a work core: the feed, the retention and the backend pool answer
+directly, the scheduler serves batches and policy versions. The client
 side is `rolloutd.client` (`core.Calls` builds these requests).
 """
 from __future__ import annotations
@@ -30,12 +31,15 @@ from rolloutd.crds.tenancy import owns_backend, violations
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
 from ..allowlists import AllowLists, backend_url_problem
-from ..work import stats
+from ..work.backends import BackendPool
+from ..work.feed import Feed
+from ..work.retention import Retention
 from ..work.scheduler import Scheduler
+from ..work.stats import JobStats
 from ..store import Store
 from ..auth import ScopedToken
 from ..kube.admit import admit_and_write, scoped_token
-from ..tenancy import Policies, describe, policies_for
+from ..tenancy import Policies, describe
 from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
@@ -57,12 +61,11 @@ class PolicyRequest(BaseModel):
     model_config = {"extra": "forbid"}
 
 
-def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats | None = None,
-                   allow: AllowLists | None = None) -> APIRouter:
+def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, feed: Feed, retention: Retention,
+                   pool: BackendPool, purge: Callable[[str], None], job_stats: JobStats, allow: AllowLists,
+                   slots: streams.Streams) -> APIRouter:
+    """`purge`: every row of a deleted job (`work.core.Work.purge`)."""
     r = APIRouter()
-    job_stats = job_stats or stats.JobStats(store.engine)
-
-    policies = policies_for(store)
 
     def finished(name: str) -> bool:
         try:
@@ -79,20 +82,20 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         try:
             await asyncio.to_thread(store.get, name)
         except NotFound:  # a deleted job's results are served while they are retained (`work/retention.py`)
-            if not await asyncio.to_thread(scheduler.retention.retained, name):
+            if not await asyncio.to_thread(retention.retained, name):
                 raise
             follow = False  # nothing more will come: what is kept, then the end
         if not follow:
-            rows = scheduler.trajectories(name, cursor, limit)
+            rows = feed.trajectories(name, cursor, limit)
             body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
             last = rows[-1][0] if rows else cursor
             return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
                                      headers={"X-Rolloutd-Cursor": str(last)})
 
-        slot = streams.take(request, store, namespace)
+        slot = slots.take(request, namespace)
 
         async def stream():
-            async for seq, data in scheduler.follow(name, cursor, lambda: finished(name), timeoutSeconds):
+            async for seq, data in feed.follow(name, cursor, lambda: finished(name), timeoutSeconds):
                 yield (f'{{"seq":{seq},{data[1:]}\n' if seq else "\n").encode()
 
         return streams.guard(slot, StreamingResponse(stream(), media_type="application/x-ndjson"))
@@ -108,9 +111,9 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
         else:
             raise Conflict(f'rolloutjobs.rolloutd.io "{name}" still exists: delete it first; its results are kept '
                            "for the retention period unless purged then", name=name)
-        if not await asyncio.to_thread(scheduler.retention.retained, key):
+        if not await asyncio.to_thread(retention.retained, key):
             raise NotFound(f'no results of rolloutjobs.rolloutd.io "{name}" are kept', name=name)
-        await asyncio.to_thread(scheduler.purge, key)
+        await asyncio.to_thread(purge, key)
         return {"apiVersion": "v1", "kind": "Status", "status": "Success", "details": {"name": name}}
 
     @r.get(f"{JOBS}/{{name}}/stats")
@@ -128,7 +131,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
     async def groups(namespace: str, name: str):
         name = job_key(namespace, name)
         job = await asyncio.to_thread(store.get, name)
-        return {"items": scheduler.groups(name, job.spec.samples_per_prompt)}
+        return {"items": feed.groups(name, job.spec.samples_per_prompt)}
 
     # ------------------------------------------------------------ batches and policy versions
 
@@ -151,7 +154,7 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                         all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
         store.get(name)
-        slot = streams.take(request, store, namespace) if wait else None
+        slot = slots.take(request, namespace) if wait else None
         timeout = timeoutSeconds if slot is None else min(timeoutSeconds or streams.STREAM_MAX_SECONDS,
                                                           streams.STREAM_MAX_SECONDS)
         return await streams.long_poll(slot, scheduler.batch(name, k, wait=wait, timeout=timeout, include_all=all))
@@ -176,17 +179,9 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
     def describe_backends(name: str, token: ScopedToken | None) -> dict[str, Any]:
         """The job's backends; a namespace token sees a backend it does not own as up or down, without reason."""
         job = store.get(name)
-        pinned = scheduler.pinned(name)
         policy = caller_policy(policies, job, token)[0] if token is not None else None
-        items = []
-        for b in job.spec.llm.backends:
-            url = b.url.rstrip("/")
-            reason = scheduler.pool.unhealthy.get(url, "")
-            if policy is not None and reason and not owns_backend(policy, url):
-                reason = "down"
-            items.append({"url": url, "healthy": url not in scheduler.pool.unhealthy, "reason": reason,
-                          "inflight": scheduler.pool.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0)})
-        return {"items": items}
+        shown = (lambda url: True) if policy is None else (lambda url: owns_backend(policy, url))
+        return {"items": pool.view(name, [b.url for b in job.spec.llm.backends], shown)}
 
     @r.get(f"{JOBS}/{{name}}/backends")
     async def list_backends(namespace: str, name: str, request: Request):
@@ -211,8 +206,8 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
                     for _f, why in refused])
             return True
 
-        await edit_spec(store, name, add, request)
-        scheduler.pool.add(url)
+        await edit_spec(store, policies, name, add, request)
+        pool.add(url)
         return describe_backends(name, scoped_token(request))
 
     @r.delete(f"{JOBS}/{{name}}/backends")
@@ -229,13 +224,13 @@ def trainer_router(store: Store, scheduler: Scheduler, job_stats: stats.JobStats
             job.spec.llm.backends = kept
             return True
 
-        await edit_spec(store, name, remove, request)
+        await edit_spec(store, policies, name, remove, request)
         return describe_backends(name, scoped_token(request))
 
     return r
 
 
-async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool], request: Request | None = None,
+async def edit_spec(store: Store, policies: Policies, name: str, edit: Callable[[RolloutJob], bool], request: Request | None = None,
                     attempts: int = 5) -> None:
     """Apply `edit` (False: nothing to change) to a fresh copy of the job and store it, admitted as the caller's
     write (`kube/admit.py`: a namespace token's edit is held to its policy whoever wrote the job). The write names
@@ -250,7 +245,7 @@ async def edit_spec(store: Store, name: str, edit: Callable[[RolloutJob], bool],
             if request is None:
                 await asyncio.to_thread(store.apply, job)
             else:
-                await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
+                await asyncio.to_thread(admit_and_write, request, store, policies, job, current, lambda: store.apply(job))
             return
         except Conflict:
             if attempt == attempts - 1 or store.get(name).metadata.resource_version == job.metadata.resource_version:

@@ -27,7 +27,7 @@ from ..errors import Forbidden
 from ..spec_checks import check_dataset
 from ..store import Store
 from ..store_schema import RELEASE_FINALIZER
-from ..tenancy import ADMIN, describe, policies_for
+from ..tenancy import ADMIN, Policies, describe
 
 TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)
 T = TypeVar("T")
@@ -57,15 +57,15 @@ def _quota_problems(store: Store, policy: TenantPolicySpec, job: RolloutJob,
     return out
 
 
-def admit(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None) -> None:
+def admit(request: Request, store: Store, policies: Policies, job: RolloutJob, current: dict[str, Any] | None) -> None:
     """Check `job` (about to be stored; `current`: the stored one, None on create) and stamp ADMITTED_BY;
     403 Forbidden naming each field and the policy when a scoped token asks for more than it may."""
-    _admit(request, store, job, current)
+    _admit(request, store, policies, job, current)
     if current is None and scoped_token(request) is None:
         check_dataset(job)  # the admin's new job: a dataset the controller cannot read is a 422 now, not a failure later
 
 
-def _admit(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None) -> None:
+def _admit(request: Request, store: Store, policies: Policies, job: RolloutJob, current: dict[str, Any] | None) -> None:
     token = scoped_token(request)
     held = (current or {}).get("metadata", {}).get("finalizers") or []
     # only the operator drops it: the admin's token or a cluster-wide one (an operator's service account), as for status
@@ -81,7 +81,7 @@ def _admit(request: Request, store: Store, job: RolloutJob, current: dict[str, A
     if token is None:
         job.metadata.annotations = {**annotations, ADMITTED_BY: ADMIN}
         return
-    policy, policy_name = policies_for(store).for_namespace(job.metadata.namespace)
+    policy, policy_name = policies.for_namespace(job.metadata.namespace)
     label = describe(policy_name)
     problems = violations(job.spec, policy) + _quota_problems(store, policy, job, current)
     if problems:
@@ -97,10 +97,10 @@ def _namespace_lock(namespace: str) -> threading.Lock:
         return _NS_LOCKS.setdefault(namespace, threading.Lock())
 
 
-def admit_and_write(request: Request, store: Store, job: RolloutJob, current: dict[str, Any] | None,
-                    write: Callable[[], T]) -> T:
+def admit_and_write(request: Request, store: Store, policies: Policies, job: RolloutJob,
+                    current: dict[str, Any] | None, write: Callable[[], T]) -> T:
     """`admit` then `write()` with no other write of the namespace's jobs in between: the quota counts
     (jobs, nodes) hold under parallel requests. Runs in a worker thread (the count reads the database)."""
     with _namespace_lock(job.metadata.namespace):
-        admit(request, store, job, current)
+        admit(request, store, policies, job, current)
         return write()

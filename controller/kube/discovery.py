@@ -23,7 +23,7 @@ from ..errors import Invalid, NotFound
 from ..http.bodies import parse_document
 from ..store import Store
 from .openapi_docs import openapi_routes
-from .selectors import fields_match, parse_field_selector
+from ..selectors import fields_match, parse_field_selector
 
 KUBE_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0+rolloutd", "gitCommit": "", "gitTreeState": "",
                 "buildDate": "2026-11-23T00:00:00Z", "goVersion": "python", "compiler": "cpython",

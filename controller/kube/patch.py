@@ -1,6 +1,6 @@
 """PATCH bodies applied to a RolloutJob: JSON merge patch, JSON patch, and server-side apply with managedFields.
 
-Called by the PATCH routes (`jobs.py`) on the stored object's wire form; the result is validated
+Called by the PATCH routes (`rolloutjobs.py`) on the stored object's wire form; the result is validated
 like any update. Server-side apply tracks, per field manager, the leaf fields it set (lists are
 atomic, as in RolloutJob's schema); a value another manager owns differently is a 409 conflict
 unless `force=true`. Next step: list-map keys if the schema ever gains `x-kubernetes-list-type: map`.

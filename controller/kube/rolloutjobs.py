@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,15 +22,26 @@ from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
 from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
+from ..tenancy import Policies
 from . import patch as patches
 from ..http import streams
 from .admit import admit_and_write
 from .table import table, wants_table
-from .validate import Options, allow_lists, options, validate_job, validate_status
+from .validate import Checks, Options, options, validate_job, validate_status
 from .watch import watch_response
 
 NS = API_PREFIX + "/namespaces/{namespace}/rolloutjobs"
 APPLY_HEADER = "X-Rolloutd-Apply"  # the namespaced PUT creates or updates, as rolloutctl apply wants
+
+
+@dataclass(frozen=True)
+class JobParts:
+    """What the RolloutJob verbs use of the composition root (`root.Root.jobs`): the store, the tenancy policies a
+    scoped token's write is admitted against, the checks a spec is held to and the scoped tokens' stream slots."""
+    store: Store
+    policies: Policies
+    checks: Checks
+    streams: streams.Streams
 
 
 def respond(request: Request, obj: dict[str, Any], code: int = 200, opts: Options | None = None,
@@ -79,11 +91,12 @@ def _timeout(value: str | None) -> float | None:
     return t
 
 
-async def list_or_watch(store: Store, request: Request, namespace: str | None, *, sse_ok: bool) -> Response:
+async def list_or_watch(parts: JobParts, request: Request, namespace: str | None, *, sse_ok: bool) -> Response:
+    store = parts.store
     q = request.query_params
     label_selector, field_selector = q.get("labelSelector"), q.get("fieldSelector")
     if q.get("watch") in ("true", "1", "True"):
-        slot = streams.take(request, store, namespace)
+        slot = parts.streams.take(request, namespace)
         accept = request.headers.get("accept", "")
         sse_mode = sse_ok and "application/json" not in accept
         as_table = wants_table(accept)
@@ -122,43 +135,47 @@ def _manager(request: Request, default: str) -> str:
     return manager
 
 
-async def create(store: Store, request: Request, namespace: str | None) -> Response:
-    opts = options(request)
+async def create(parts: JobParts, request: Request, namespace: str | None) -> Response:
+    store = parts.store
+    opts = options(request, parts.checks)
     doc = await parse_document(request)
     job = validate_job(doc, namespace=namespace, opts=opts)
     managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
-    wire = await asyncio.to_thread(admit_and_write, request, store, job, None,
+    wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, None,
                                    lambda: store.create(job, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
 
 
-async def rolloutctl_apply(store: Store, request: Request, namespace: str | None, name: str) -> Response:
+async def rolloutctl_apply(parts: JobParts, request: Request, namespace: str | None, name: str) -> Response:
     """rolloutctl's apply, a PUT that creates or updates (`Store.apply`), with X-Rolloutd-Outcome; on a
     namespaced path only when the request carries APPLY_HEADER (a plain PUT replaces, as Kubernetes does)."""
+    store = parts.store
     job = validate_job(await parse_document(request), url_name=name, namespace=namespace,
-                       opts=Options(allow=allow_lists(request)))
+                       opts=Options(checks=parts.checks))
     try:
         current = await asyncio.to_thread(store.get_wire, name, job.metadata.namespace)
     except NotFound:
         current = None
-    wire, outcome = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.apply(job))
+    wire, outcome = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, current, lambda: store.apply(job))
     return JSONResponse(wire, status_code=201 if outcome == "created" else 200, headers={"X-Rolloutd-Outcome": outcome})
 
 
-async def replace(store: Store, request: Request, namespace: str, name: str) -> Response:
-    opts = options(request)
+async def replace(parts: JobParts, request: Request, namespace: str, name: str) -> Response:
+    store = parts.store
+    opts = options(request, parts.checks)
     doc = await parse_document(request)
     job = validate_job(doc, url_name=name, namespace=namespace, opts=opts)
     current = await asyncio.to_thread(store.get_wire, name, namespace)
     managed = patches.record_update(current, doc, _manager(request, "unknown"))
     expect = parse_version(job.metadata.resource_version or None, "metadata.resourceVersion")
-    wire = await asyncio.to_thread(admit_and_write, request, store, job, current, lambda: store.update(
+    wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, current, lambda: store.update(
         job, expect_rv=expect, dry_run=opts.dry_run, managed_fields=managed))
     return respond(request, wire, 200, opts)
 
 
-async def replace_status(store: Store, request: Request, namespace: str | None, name: str) -> Response:
-    opts = options(request)
+async def replace_status(parts: JobParts, request: Request, namespace: str | None, name: str) -> Response:
+    store = parts.store
+    opts = options(request, parts.checks)
     doc = await parse_document(request)
     if "status" not in doc or not isinstance(doc["status"], dict):
         raise BadRequest("body must contain a 'status' object", causes=[
@@ -186,8 +203,9 @@ async def _patch_body(request: Request, ptype: str) -> Any:
     return body
 
 
-async def patch(store: Store, request: Request, namespace: str, name: str, subresource: str = "") -> Response:
-    opts = options(request)
+async def patch(parts: JobParts, request: Request, namespace: str, name: str, subresource: str = "") -> Response:
+    store = parts.store
+    opts = options(request, parts.checks)
     ptype = patches.patch_type(request.headers.get("content-type"))
     body = await _patch_body(request, ptype)
     force = request.query_params.get("force") == "true"
@@ -205,7 +223,7 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
         except NotFound:
             if ptype != patches.APPLY or subresource:
                 raise
-            return await _apply_create(store, request, namespace, name, body, manager, force, opts)
+            return await _apply_create(parts, request, namespace, name, body, manager, force, opts)
         rv = int(current["metadata"]["resourceVersion"])
         if ptype == patches.MERGE:
             patched = patches.merge_patch(current, body)
@@ -232,7 +250,7 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
                 job = validate_job(patched, url_name=name, namespace=namespace, opts=opts, spec_checks=not kept)
                 # a job stored before an upgrade: its spec defaulted by this version asks for nothing new
                 before = {**current, "spec": job.spec.wire()} if kept else current
-                wire = await asyncio.to_thread(admit_and_write, request, store, job, before, lambda: store.update(
+                wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, before, lambda: store.update(
                     job, expect_rv=rv, dry_run=opts.dry_run, managed_fields=managed))
         except Conflict:
             continue
@@ -240,11 +258,12 @@ async def patch(store: Store, request: Request, namespace: str, name: str, subre
     raise Conflict(f'rolloutjobs.rolloutd.io "{name}" kept changing while it was patched; try again', name=name)
 
 
-async def _apply_create(store: Store, request: Request, namespace: str, name: str, body: dict[str, Any],
+async def _apply_create(parts: JobParts, request: Request, namespace: str, name: str, body: dict[str, Any],
                         manager: str, force: bool, opts: Options) -> Response:
+    store = parts.store
     created = patches.server_side_apply(None, body, manager, force, normalize=_normalizer(name, namespace, "", opts))
     job = validate_job(created, url_name=name, namespace=namespace, opts=opts)
-    wire = await asyncio.to_thread(admit_and_write, request, store, job, None, lambda: store.create(
+    wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, None, lambda: store.create(
         job, dry_run=opts.dry_run, managed_fields=created["metadata"]["managedFields"]))
     return respond(request, wire, 201, opts)
 
@@ -255,14 +274,15 @@ def _normalizer(name: str, namespace: str, subresource: str, opts: Options):
         if subresource == "status":
             return {**doc, "status": validate_status(doc.get("status") or {}, name).wire()}
         return {**doc, "spec": validate_job(doc, url_name=name, namespace=namespace,
-                                            opts=Options(allow=opts.allow)).spec.wire()}
+                                            opts=Options(checks=opts.checks)).spec.wire()}
     return normalize
 
 
-async def delete(store: Store, request: Request, namespace: str | None, name: str, code: int = 200) -> Response:
+async def delete(parts: JobParts, request: Request, namespace: str | None, name: str, code: int = 200) -> Response:
     """DeleteOptions come as query parameters or as a body (kubectl and the kubernetes client send one):
     `dryRun: [All]` and `preconditions: {uid, resourceVersion}` are honoured."""
-    opts = options(request)
+    store = parts.store
+    opts = options(request, parts.checks)
     raw = await read_body(request)
     body = parse_text(raw.decode("utf-8", "replace"), json_=True) if raw.strip() else {}
     if not isinstance(body, dict):
@@ -282,17 +302,17 @@ async def delete(store: Store, request: Request, namespace: str | None, name: st
     return respond(request, wire, code, opts)
 
 
-def namespaced_router(store: Store) -> APIRouter:
+def namespaced_router(parts: JobParts) -> APIRouter:
     """The namespaced routes (documented by /openapi/v2 and /openapi/v3, not by /openapi.json)."""
-    r = APIRouter(include_in_schema=False)
+    r, store = APIRouter(include_in_schema=False), parts.store
 
     @r.get(NS)
     async def _list(namespace: str, request: Request):
-        return await list_or_watch(store, request, _ns(namespace), sse_ok=False)
+        return await list_or_watch(parts, request, _ns(namespace), sse_ok=False)
 
     @r.post(NS)
     async def _create(namespace: str, request: Request):
-        return await create(store, request, _ns(namespace))
+        return await create(parts, request, _ns(namespace))
 
     @r.get(NS + "/{name}")
     @r.get(NS + "/{name}/status")
@@ -302,8 +322,8 @@ def namespaced_router(store: Store) -> APIRouter:
     @r.put(NS + "/{name}")
     async def _replace(namespace: str, name: str, request: Request):
         if request.headers.get(APPLY_HEADER):
-            return await rolloutctl_apply(store, request, _ns(namespace), name)
-        return await replace(store, request, _ns(namespace), name)
+            return await rolloutctl_apply(parts, request, _ns(namespace), name)
+        return await replace(parts, request, _ns(namespace), name)
 
     @r.get(NS + "/{name}/events")
     async def _events(namespace: str, name: str):  # what `rolloutctl describe` shows
@@ -312,19 +332,19 @@ def namespaced_router(store: Store) -> APIRouter:
 
     @r.put(NS + "/{name}/status")
     async def _replace_status(namespace: str, name: str, request: Request):
-        return await replace_status(store, request, _ns(namespace), name)
+        return await replace_status(parts, request, _ns(namespace), name)
 
     @r.patch(NS + "/{name}")
     async def _patch(namespace: str, name: str, request: Request):
-        return await patch(store, request, _ns(namespace), name)
+        return await patch(parts, request, _ns(namespace), name)
 
     @r.patch(NS + "/{name}/status")
     async def _patch_status(namespace: str, name: str, request: Request):
-        return await patch(store, request, _ns(namespace), name, "status")
+        return await patch(parts, request, _ns(namespace), name, "status")
 
     @r.delete(NS + "/{name}")
     async def _delete(namespace: str, name: str, request: Request):
-        return await delete(store, request, _ns(namespace), name)
+        return await delete(parts, request, _ns(namespace), name)
 
     return r
 

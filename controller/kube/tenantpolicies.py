@@ -23,8 +23,7 @@ from rolloutd.crds.tenancy import POLICY_KIND, POLICY_PLURAL, TenantPolicySpec
 
 from ..errors import BadRequest, Invalid, UnsupportedMediaType, from_validation_error
 from ..http.bodies import parse_document, parse_version
-from ..store import Store
-from ..tenancy import API_VERSION, policies_for
+from ..tenancy import API_VERSION, Policies
 from . import patch as patches
 from .rolloutjobs import _patch_body
 from .table import wants_table
@@ -91,9 +90,8 @@ def _respond(request: Request, wire: dict[str, Any], code: int = 200) -> JSONRes
     return JSONResponse(_table([wire]) if wants_table(request.headers.get("accept")) else wire, status_code=code)
 
 
-def tenantpolicy_router(store: Store) -> APIRouter:
+def tenantpolicy_router(policies: Policies) -> APIRouter:
     r = APIRouter(include_in_schema=False)
-    policies = policies_for(store)
 
     async def put(request: Request, doc: dict[str, Any], url_name: str | None, *, create_only: bool) -> JSONResponse:
         opts = options(request)

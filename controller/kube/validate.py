@@ -1,7 +1,7 @@
 """A request's RolloutJob body → a validated resource: apiVersion/kind, name and namespace against the URL,
 the controller's policy, `?fieldValidation=Strict|Warn|Ignore` and `?dryRun=All`.
 
-Used by every write route (`jobs.py`). Unknown fields: 422 naming them by default and with Strict;
+Used by every write route (`rolloutjobs.py`). Unknown fields: 422 naming them by default and with Strict;
 dropped with a `Warning` header (Warn) or silently (Ignore), as Kubernetes does.
 """
 from __future__ import annotations
@@ -21,20 +21,23 @@ from ..spec_checks import check_spec
 VALIDATION = ("Strict", "Warn", "Ignore")
 
 
+@dataclass(frozen=True)
+class Checks:
+    """What this controller holds a written spec to, beyond its model: its allow-lists (None: the defaults) and the
+    executor kinds whose nodes see its files (their tokenizer directories must exist here)."""
+    allow: AllowLists | None = None
+    shared_filesystem: frozenset[str] = frozenset()
+
+
 @dataclass
 class Options:
     dry_run: bool = False
     field_validation: str = "Strict"
     warnings: list[str] = field(default_factory=list)
-    allow: AllowLists | None = None  # the controller's allow-lists (None: the defaults)
+    checks: Checks = Checks()
 
 
-def allow_lists(request: Request) -> AllowLists | None:
-    """The allow-lists the API was built with (`api.create_app`)."""
-    return getattr(request.app.state, "allow", None)
-
-
-def options(request: Request) -> Options:
+def options(request: Request, checks: Checks = Checks()) -> Options:
     q = request.query_params
     dry = q.getlist("dryRun")
     if any(d != "All" for d in dry):
@@ -44,7 +47,7 @@ def options(request: Request) -> Options:
     if fv not in VALIDATION:
         raise BadRequest(f"fieldValidation must be one of Strict, Warn, Ignore; got {fv[:40]!r}", causes=[
             {"field": "fieldValidation", "reason": "FieldValueNotSupported", "message": "supported: Strict, Warn, Ignore"}])
-    return Options(dry_run=bool(dry), field_validation=fv, allow=allow_lists(request))
+    return Options(dry_run=bool(dry), field_validation=fv, checks=checks)
 
 
 def _drop(doc: Any, loc: tuple[Any, ...]) -> None:
@@ -109,8 +112,8 @@ def validate_job(doc: dict[str, Any], url_name: str | None = None, *, namespace:
         named = body_name if isinstance(body_name, str) else None  # Status.details.name is a string
         raise from_validation_error(e, name=named or url_name, root=RolloutJob) from None
     if spec_checks:
-        check_policy(job, opts.allow)
-        check_spec(job)  # what cannot run: an agent kind the task kind lacks, relative paths, a missing tokenizer
+        check_policy(job, opts.checks.allow)
+        check_spec(job, opts.checks.shared_filesystem)  # what cannot run: an agent kind the task kind lacks, relative paths, a missing tokenizer
     return job
 
 

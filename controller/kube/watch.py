@@ -1,6 +1,6 @@
 """Watch streams of RolloutJobs: Kubernetes JSON-lines `WatchEvent`s, or server-sent events for older clients.
 
-Called by the list routes (`jobs.py`) on `?watch=true`. Reads the store's change log (each change's
+Called by the list routes (`rolloutjobs.py`) on `?watch=true`. Reads the store's change log (each change's
 id is its resourceVersion), so a watch resumed from version N sees every later change once.
 Next step: a `sendInitialEvents` stream (watch-list) when a client asks for one.
 """
@@ -21,7 +21,7 @@ from ..http.bodies import parse_version
 from ..errors import ApiError
 from ..store import FIELD_SELECTABLE, Store
 from ..store_schema import Change
-from .selectors import fields_match, matches, parse_field_selector, parse_selector
+from ..selectors import fields_match, matches, parse_field_selector, parse_selector
 
 KEEPALIVE_SECONDS = 15.0
 log = logging.getLogger("rolloutd.api")

@@ -87,20 +87,16 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
     progress = await work.progress(job) if work is not None else None
     if progress is not None:
         status.counts = progress.counts
-        if progress.extra:
-            if "batch" in progress.extra:
-                status.batch = progress.extra["batch"]
-            if "policyVersion" in progress.extra:
-                status.policy_version = progress.extra["policyVersion"]
-            if "rewardMean" in progress.extra:
-                status.reward_mean = progress.extra["rewardMean"]
-        backends(step, (progress.extra or {}).get("backendsDown", ""))
+        if progress.batch is not None:
+            status.batch = progress.batch
+        status.policy_version, status.reward_mean = progress.policy_version, progress.reward_mean
+        backends(step, progress.backends_down)
         if progress.failed:
             await executor.release(job)
             return _finish(step, Phase.failed, progress.reason, progress.failed)
         if progress.done:
             await executor.release(job)
-            return _finish(step, *outcome(job, progress.counts, (progress.extra or {}).get("infraReason", "")))
+            return _finish(step, *outcome(job, progress.counts, progress.infra_reason))
 
     try:
         await executor.ensure(job, job.spec.executor.nodes)

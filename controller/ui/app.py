@@ -4,7 +4,7 @@ Mounted by `api.create_app` at /ui; the API's bearer middleware lets /ui through
 itself (`session.py`: the session cookie, or `Authorization: Bearer` for scripts). Every job it shows passes
 the API's scope rule first; the data comes from the same store and scheduler calls the API routes make, summed
 up by `work/stats.py`, built for the live pages by `live.py` (on the event loop, in slices) and decoded by
-`decode.py`. Every response carries a CSP without inline script, nosniff and
+`../decode.py`. Every response carries a CSP without inline script, nosniff and
 frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -34,13 +34,16 @@ from ..http import streams
 from ..http.login_limit import LoginLimits
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
+from ..work.core import Work
 from ..work.inflight import inflight
-from ..executors.base import ExecutorError
+from ..executors.base import Executor, ExecutorError
 from ..executors.logs import NoLogs
 from ..work import tracing as attempt_traces
-from . import decode, jobview, links
+from ..work.scheduler import Scheduler
+from .. import decode
+from . import jobview, links
 from .waterfall import waterfall
-from .live import Built, JobGone, Live
+from .live import Built, JobGone, LivePages
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
@@ -68,20 +71,22 @@ class _Headers:
         await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
 
 
-def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
-              job_stats: stats.JobStats | None = None, busy: Callable[[], float] | None = None,
+def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Streams, job_stats: stats.JobStats,
+              scheduler: Scheduler | None = None, work: Work | None = None, busy: Callable[[], float] | None = None,
               observe_step: Callable[[float], None] | None = None, limits: LoginLimits | None = None,
-              state: Any = None) -> Any:
-    """`job_stats`: the API's (`GET …/stats`, rolloutctl describe) when given; `busy`: the event loop's recent
-    largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller;
-    `observe_step`: each step of a live page's build, in seconds (a metric); `limits`: the login rate limits
-    (`http/login_limit.py`), shared with the API's token checks; `state`: the API app's state, read per request
-    for its `executors` (a node's logs) and `trace_url` (ROLLOUTD_TRACE_URL), set by `server.py`."""
+              executors: Mapping[str, Executor] | None = None, trace_url: str | None = None) -> Any:
+    """`job_stats`: the API's (`GET …/stats`, rolloutctl describe); `slots`: the scoped tokens' watch slots;
+    `scheduler`, `work`: the root's (None without a scheduler); `busy`: the event loop's recent largest lag
+    (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller; `observe_step`: each
+    step of a live page's build, in seconds (a metric); `limits`: the login rate limits (`http/login_limit.py`),
+    shared with the API's token checks; `executors`: the root's, by kind (a node's logs); `trace_url`:
+    ROLLOUTD_TRACE_URL (the trace links)."""
     limits = limits or LoginLimits()
+    executors = executors or {}
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, tokens)
     engine = store.engine
-    live = Live(store, scheduler, job_stats or stats.JobStats(engine), busy, observe_step)
+    live = LivePages(store, job_stats, scheduler, work, busy, observe_step)
     curves = jobview.Curves(engine)
     ui.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -191,7 +196,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             namespace: str | None = None) -> StreamingResponse:
         """A live page's stream: a scoped token's holds one of its watch slots and ends once it is revoked."""
         try:
-            slot = streams.take_for(store, p.scoped, namespace, lambda: _still(request))
+            slot = slots.take_for(p.scoped, namespace, lambda: _still(request))
         except ApiError as e:  # over quotas.watches: the UI's own error form
             raise HTTPException(e.code, e.message) from None
         async def events():
@@ -255,14 +260,13 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             store.get_wire(name, namespace)
         except ApiError as e:
             raise HTTPException(e.code, e.message) from None
-        if scheduler is None:
+        if work is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
-        live_leases = scheduler.queue.live
-        out = await inflight(live_leases, key, scheduler.clock(), live_leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
-        template = getattr(state, "trace_url", None)
+        leases = work.queue.leases
+        out = await inflight(leases, key, work.clock(), leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
         for row in out["items"]:
             tid = attempt_traces.trace_id(row["attemptId"])
-            row.update(traceId=tid, traceUrl=links.trace_url(template, tid),
+            row.update(traceId=tid, traceUrl=links.trace_url(trace_url, tid),
                        logsUrl=links.logs_page(namespace, name, row["node"], row["attemptId"], tid))
         return out
 
@@ -278,11 +282,11 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         key = visible(who(request), namespace, name)
         existing(namespace, name)  # 404 for an unknown job, in the UI's own error form
         job = await asyncio.to_thread(store.get, key)
-        executor = (getattr(state, "executors", None) or {}).get(job.spec.executor.kind)
-        if executor is None or scheduler is None:
+        executor = executors.get(job.spec.executor.kind)
+        if executor is None or work is None:
             raise HTTPException(409, f"rolloutjob {key} runs on the {job.spec.executor.kind} executor, which this "
                                      "controller does not run: its daemons' logs are not here")
-        slot = links.slot_of(scheduler.node_listing(key), node)
+        slot = links.slot_of(work.registry.listing(key), node)
         if slot is None:
             raise HTTPException(404, f"rolloutjob {key} has no node {node}")
         try:
@@ -290,7 +294,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
         except (NoLogs, ExecutorError) as e:
             raise HTTPException(404, f"no log of node {node}: {e}") from None
         return {"node": node, "slot": slot, "attempt": attempt, "traceId": trace,
-                "traceUrl": links.trace_url(getattr(state, "trace_url", None), trace), **out}
+                "traceUrl": links.trace_url(trace_url, trace), **out}
 
     def existing(namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -340,7 +344,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, scheduler=None,
             tokenizer = ((store.get_wire(name, namespace)["spec"].get("llm") or {}).get("tokenizer"))
             view = decode.decode(raw, tokenizer)
             tid = raw.get("traceId")
-            view.update(traceId=tid, traceUrl=links.trace_url(getattr(state, "trace_url", None), tid),
+            view.update(traceId=tid, traceUrl=links.trace_url(trace_url, tid),
                         logsUrl=links.logs_page(namespace, name, raw.get("node"), raw.get("attemptId"), tid))
             view.update(seq=seq, raw={"seq": seq, **raw}, waterfall=waterfall(raw),
                         group=stats.group(engine, key, raw.get("prompt", 0), raw.get("group")),

@@ -35,6 +35,8 @@ from rolloutd.crds.names import job_key
 from ..errors import ApiError
 from ..store import Store
 from ..work import stats
+from ..work.core import Work
+from ..work.scheduler import Scheduler
 
 SUMMARY_SECONDS = 1.0
 BUILD_SHARE = 20  # built at most once per 20 × its slices' CPU: ≤ 5 % of a core per job
@@ -85,9 +87,9 @@ def _attention(row: tuple) -> tuple:
     return (state == "active", seen, name)
 
 
-def node_rows(scheduler, listing: list[tuple]) -> str:
-    """`listing` (`Scheduler.node_listing` rows) as a JSON array of the page's node rows."""
-    now, held = time.time(), scheduler.leases_held
+def node_rows(held: Callable[[str], int], listing: list[tuple]) -> str:
+    """`listing` (`NodeRegistry.listing` rows) as a JSON array of the page's node rows; `held(node)`: its leases."""
+    now = time.time()
     return json.dumps([{"id": i, "name": n, "host": h, "state": st, "slot": slot, "inflight": held(i),
                         "secondsSinceBeat": round(now - seen, 1)} for i, n, h, st, slot, seen in listing])
 
@@ -118,12 +120,14 @@ class _Slices:
         self._t = time.thread_time()
 
 
-class Live:
+class LivePages:
     """The live pages' data, one shared build per job (and one per principal's jobs list) at a time."""
 
-    def __init__(self, store: Store, scheduler, job_stats: stats.JobStats, busy: Callable[[], float] | None = None,
+    def __init__(self, store: Store, job_stats: stats.JobStats, scheduler: Scheduler | None = None,
+                 work: Work | None = None, busy: Callable[[], float] | None = None,
                  observe_step: Callable[[float], None] | None = None):
-        self.store, self.scheduler, self.job_stats = store, scheduler, job_stats
+        """`scheduler`, `work`: the root's (None: a controller without a scheduler shows no numbers or nodes)."""
+        self.store, self.scheduler, self.work, self.job_stats = store, scheduler, work, job_stats
         self.busy = busy or (lambda: 0.0)  # the loop's recent largest lag, in seconds
         self.observe_step = observe_step or (lambda seconds: None)  # each slice a build held the loop
         self._built: dict[str, Built] = {}
@@ -177,7 +181,7 @@ class Live:
 
     async def _job(self, slices: _Slices, key: str, namespace: str, name: str) -> bytes:
         job, events = self._document(key, namespace, name)
-        status, scheduler = job.get("status") or {}, self.scheduler
+        status, scheduler, work = job.get("status") or {}, self.scheduler, self.work
         per_second, eta = rate(status)
         uid = job["metadata"]["uid"]
         out: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid,
@@ -187,22 +191,17 @@ class Live:
                                "trajectories": None, "backends": []}
         await slices.pause()
         parts: list[str] = []
-        if scheduler is not None:
+        if scheduler is not None and work is not None:
             numbers = await slices.wait(self.job_stats.numbers(key, uid, finished=status.get("phase") in FINAL_PHASES))
             out["trajectories"] = numbers["counts"]
             out.update(numbers["summary"])
-            pinned = scheduler.pinned(key)
-            pool = scheduler.pool
-            out["backends"] = [{"url": (u := b["url"].rstrip("/")), "healthy": u not in pool.unhealthy,
-                                "reason": pool.unhealthy.get(u, ""), "inflight": pool.inflight.get(u, 0),
-                                "pinnedToJob": pinned.get(u, 0), "admissionCap": pool.admission.cap(u, key)}
-                               for b in (job["spec"].get("llm") or {}).get("backends", [])]
+            out["backends"] = work.pool.view(key, [b["url"] for b in (job["spec"].get("llm") or {}).get("backends", [])])
             out["policy"] = {**scheduler.policy(key), "spec": job["spec"].get("policy") or {}}
             await slices.pause()
-            listing = scheduler.node_listing(key)
+            listing = work.registry.listing(key)
             await slices.pause()
             out["nodesTotal"], out["nodeStates"] = len(listing), dict(Counter(row[3] for row in listing))
-            parts.append(node_rows(scheduler, heapq.nsmallest(NODES_SHOWN, listing, key=_attention))[1:-1])
+            parts.append(node_rows(work.queue.leases.held, heapq.nsmallest(NODES_SHOWN, listing, key=_attention))[1:-1])
         head = json.dumps(out)
         return (head[:-1] + ', "nodes": [' + ", ".join(parts) + "]}").encode()
 
@@ -211,11 +210,12 @@ class Live:
     async def nodes(self, key: str, offset: int, limit: int) -> bytes:
         """A page of the job's nodes by name (`offset`, `limit`), and how many there are; built when asked, never
         in the live build, which carries only the NODES_SHOWN that most need a look."""
-        listing = sorted(self.scheduler.node_listing(key), key=lambda row: (row[1], row[0])) if self.scheduler else []
+        work = self.work
+        listing = sorted(work.registry.listing(key), key=lambda row: (row[1], row[0])) if work is not None else []
         page, parts = listing[offset:offset + limit], []
         for start in range(0, len(page), NODE_CHUNK):
             await asyncio.sleep(0)
-            parts.append(node_rows(self.scheduler, page[start:start + NODE_CHUNK])[1:-1])
+            parts.append(node_rows(work.queue.leases.held, page[start:start + NODE_CHUNK])[1:-1])
         return ('{"total": %d, "offset": %d, "items": [' % (len(listing), offset) + ", ".join(p for p in parts if p)
                 + "]}").encode()
 

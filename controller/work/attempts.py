@@ -1,7 +1,7 @@
 """An attempt's life, in one place: granted (a lease), kept (beats), ended (its result, or its lease runs out).
 
 Called by the scheduler's node methods (`lease`, `beat`, `results`, `give_back`) and its background loop
-(`expire`). The leases held now are `live.LiveLeases` (in memory); every state change goes through
+(`expire`). The leases held now are `held_leases.HeldLeases` (in memory); every state change goes through
 `queue.ItemQueue`, the statements through `plain`, what is final to `feed`. Next step: `queue.py`.
 
 A daemon takes queued items (its fair share, each pinned to a backend) and keeps them by beating. A result
@@ -38,7 +38,7 @@ from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed
 from .job_state import JobCache, Jobs, closed
-from .held_leases import Live
+from .held_leases import HeldLease
 from .node_registry import NodeRegistry
 from .hot_sql import Item
 from .policy_versions import PolicyVersions, staleness
@@ -59,7 +59,7 @@ class Attempts:
                  on_idle: Callable[[str], None] | None = None) -> None:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.feed, self.clock, self.on_idle = expansions, batches, feed, clock, on_idle
-        self.pool, self.held = queue.pool, queue.live
+        self.pool, self.held = queue.pool, queue.leases
 
     # ------------------------------------------------------------ lease: queued items granted to a node
 
@@ -83,7 +83,7 @@ class Attempts:
                 return LeaseResponse(drain=True)
             leases: list[Lease] = []
             now = self.clock()
-            version = json.loads(self.policy.plain(db, job_name)[0])
+            version = json.loads(self.policy.raw_row(db, job_name)[0])
             max_items, live = self._fair_share(db, node_id, job_name, job, max_items)
             refused: list[str] = []
             if max_items > 0:
@@ -101,7 +101,7 @@ class Attempts:
                     attempt_id = f"{item}.{attempt}.{uuid.uuid4().hex[:6]}"
                     until = now + cache.lease_seconds
                     grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
-                    self.held.add(attempt_id, Live(item, job_name, node_id, "leased", backend, backend is not None,
+                    self.held.add(attempt_id, HeldLease(item, job_name, node_id, "leased", backend, backend is not None,
                                                    until, version, since=now, beat=now))
                     leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
                                         attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
@@ -200,7 +200,7 @@ class Attempts:
         elif paced:
             resp.accepted, resp.dropped = [], {}
         self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
-        version, _, resp.llm_paused = self.policy.plain(tx.db, job_name)
+        version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name)
         resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
@@ -240,7 +240,7 @@ class Attempts:
         woke: set[str] = set()
         job_name = job.metadata.key
         max_stale = job.spec.policy.max_staleness
-        history = json.loads(self.policy.plain(tx.db, job_name)[1]) if max_stale is not None else []
+        history = json.loads(self.policy.raw_row(tx.db, job_name)[1]) if max_stale is not None else []
         settled: list[int] = []
         config_error = ""
         delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
@@ -348,11 +348,11 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
     what it names; a released or re-pinned backend is also written to the database. An attempt not held in
     memory is no lease of this node's any more: cancelled (its job or group was) or unknown (it expired, or is
     not this node's)."""
-    held_now, pool = queue.live, queue.pool
-    changed: dict[int, Live] = {}
+    held_now, pool = queue.leases, queue.pool
+    changed: dict[int, HeldLease] = {}
     until = now + cache.lease_seconds
 
-    def release(held: Live) -> None:
+    def release(held: HeldLease) -> None:
         if held.holds_backend:
             queue.release(held)
             changed[held.item] = held

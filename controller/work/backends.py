@@ -106,6 +106,24 @@ class BackendPool:
             self._push(url)
         self.admission.give(url, job)
 
+    def pinned(self, job: str) -> dict[str, int]:
+        """Backend URL → the job's tasks pinned to it now, from admission's counts in memory (the database's
+        GROUP BY over every item of the job took a dashboard's build tens of ms at a thousand nodes)."""
+        return {url: n for url, jobs in list(self.admission.admitted.items()) if (n := jobs.get(job, 0)) > 0}
+
+    def view(self, job: str, urls: Iterable[str], shown: Callable[[str], bool] = lambda url: True) -> list[dict]:
+        """The job's backends as the trainer API and the web UI show them; `shown(url)` False: a caller who may see
+        only that the backend is up or down (its reason reads "down")."""
+        pinned, out = self.pinned(job), []
+        for url in urls:
+            url = url.rstrip("/")
+            reason = self.unhealthy.get(url, "")
+            out.append({"url": url, "healthy": url not in self.unhealthy,
+                        "reason": "down" if reason and not shown(url) else reason,
+                        "inflight": self.inflight.get(url, 0), "pinnedToJob": pinned.get(url, 0),
+                        "admissionCap": self.admission.cap(url, job)})
+        return out
+
 
 def failure(e: BaseException) -> str:
     """A fixed reason for a failed call to a backend: the error's kind, never its text (an exception's message

@@ -34,17 +34,17 @@ from sqlmodel import Session, select
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
-from .held_leases import LiveLeases
+from .held_leases import HeldLeases
 from .states import LIVE, BatchState, GroupState, ItemState
 from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
 
 
 class Items(Protocol):
     """What batches need of the item queue (`queue.ItemQueue`): add a group's items, cancel one, wake leasing,
-    and the leases held (`live`: where a leased item's stage is)."""
+    and the leases held (`leases`: where a leased item's stage is)."""
 
     clock: Callable[[], float]
-    live: LiveLeases
+    leases: HeldLeases
 
     def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None: ...
 
@@ -299,7 +299,7 @@ class Batches:
         s.add(g)
         for item in s.exec(select(ItemRow).where(ItemRow.group_id == g.id, ItemRow.state.in_(LIVE))):
             cancelled += 1
-            held = self.items.live.get(item.attempt_id) if item.attempt_id else None  # stages live in memory
+            held = self.items.leases.get(item.attempt_id) if item.attempt_id else None  # stages live in memory
             if item.state == ItemState.queued or (held.stage if held else item.stage) in ("leased", "init"):
                 never += 1
             self.items.cancel_item(item)

@@ -1,7 +1,7 @@
 """Time to first token of the model calls, measured on the node daemons (`agents/daemon/llmgate.py`: every call is
 streamed where the backend can) and carried in each trajectory's turns (`Turn.firstTokenSeconds`).
 
-`Scheduler._results` and `_beat` hand a node's reported results to `FirstTokens.observe_all` (every result, those dropped too: the
+`node_calls.NodeCalls._results` and `_beat` hand a node's reported results to `FirstTokens.observe_all` (every result, those dropped too: the
 calls happened); `Collector` serves the sums as the histogram `rolloutd_model_time_to_first_token_seconds`, no label
 (no job, node or backend: the cardinality stays one family), registered by `api.create_app`.
 Next step: a per-backend split, once the backends are a bounded set worth a label.

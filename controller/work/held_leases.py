@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 
 @dataclass(slots=True)
-class Live:
+class HeldLease:
     item: int
     job: str
     node_id: str
@@ -35,23 +35,27 @@ class Live:
     turn: int | None = None  # the turn of a rollout in RUN, when its node says (beat-turns)
 
 
-class LiveLeases:
-    """attemptId → `Live`, for every item in state `leased`; with them, by second, when each runs out (the expiry
+STALL_SECONDS = 300.0  # a lease in one stage (or unheard) this long is stalled, unless the settings say otherwise
+
+
+class HeldLeases:
+    """attemptId → `HeldLease`, for every item in state `leased`; with them, by second, when each runs out (the expiry
     pass reads only the seconds past, not every lease: 64 000 at 1000 nodes took ~10 ms of the loop every half
     second), by job how many are in each stage (a job's progress counts them here; beats do not write stages
     to the database) and by node how many it holds (its fair share; no index on the items' node)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, stall_seconds: float | None = None) -> None:
         self.clock = clock
-        self.by_attempt: dict[str, Live] = {}
+        self.by_attempt: dict[str, HeldLease] = {}
         self._due: dict[int, set[str]] = {}            # int(until) → attempts
         self._stages: dict[str, Counter[str]] = {}     # job → stage → leases
         self._held: Counter[str] = Counter()           # node → leases
         self._by_job: dict[str, set[str]] = {}         # job → its attempts (the in-flight view reads one job's)
-        self.stall_seconds = 300.0                     # in one stage this long: stalled (`inflight.py`)
+        # in one stage this long: stalled (`inflight.py`; ROLLOUTD_STALLED_AFTER_SECONDS)
+        self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
         self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
 
-    def add(self, attempt_id: str, live: Live) -> None:
+    def add(self, attempt_id: str, live: HeldLease) -> None:
         self.forget(attempt_id)
         self.by_attempt[attempt_id] = live
         self._due.setdefault(int(live.until), set()).add(attempt_id)
@@ -59,7 +63,7 @@ class LiveLeases:
         self._held[live.node_id] += 1
         self._by_job.setdefault(live.job, set()).add(attempt_id)
 
-    def get(self, attempt_id: str) -> Live | None:
+    def get(self, attempt_id: str) -> HeldLease | None:
         return self.by_attempt.get(attempt_id)
 
     def forget(self, attempt_id: str | None) -> None:
@@ -83,7 +87,7 @@ class LiveLeases:
             if not counter:
                 del self._stages[live.job]
 
-    def heard(self, live: Live, stage: str, now: float) -> None:
+    def heard(self, live: HeldLease, stage: str, now: float) -> None:
         """A beat named the lease in `stage`."""
         live.beat = now
         if stage != live.stage:
@@ -95,7 +99,7 @@ class LiveLeases:
             if (live := self.by_attempt.get(aid)) is not None and live.node_id == node_id:
                 live.turn = turn
 
-    def set_stage(self, live: Live, stage: str, now: float) -> None:
+    def set_stage(self, live: HeldLease, stage: str, now: float) -> None:
         self._count_stall(live, now)
         live.since, live.stall_counted = now, False
         counter = self._stages[live.job]
@@ -105,13 +109,13 @@ class LiveLeases:
         counter[stage] += 1
         live.stage = stage
 
-    def renew(self, attempt_id: str, live: Live, until: float) -> None:
+    def renew(self, attempt_id: str, live: HeldLease, until: float) -> None:
         if int(until) != int(live.until):
             self._undue(attempt_id, live.until)
             self._due.setdefault(int(until), set()).add(attempt_id)
         live.until = until
 
-    def expired(self, now: float) -> list[tuple[str, Live]]:
+    def expired(self, now: float) -> list[tuple[str, HeldLease]]:
         """The leases past their `until` (still held: the caller forgets or requeues them)."""
         out = []
         for second in [s for s in self._due if s <= now]:
@@ -138,7 +142,7 @@ class LiveLeases:
             self._count_stall(live, now)
         return self.stalls
 
-    def _count_stall(self, live: Live, now: float) -> None:
+    def _count_stall(self, live: HeldLease, now: float) -> None:
         if not live.stall_counted and live.since and max(now - live.since, now - live.beat) >= self.stall_seconds:
             live.stall_counted = True
             self.stalls += 1
@@ -166,7 +170,7 @@ class LiveLeases:
         for item, job, node_id, aid, stage, backend, holds, deadline in rows:
             if aid is None or node_id is None:
                 continue
-            self.add(aid, Live(item, job, node_id, stage or "leased", backend, bool(holds),
+            self.add(aid, HeldLease(item, job, node_id, stage or "leased", backend, bool(holds),
                                max(deadline or 0.0, now + lease_seconds(job)), since=now, beat=now))
         return len(rows)
 

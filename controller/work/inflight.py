@@ -4,7 +4,7 @@ Served by `http/inflight.py` (`GET …/rolloutjobs/{name}/inflight`) and printed
 A rollout is **stalled** when it has been in its stage (queued on its node, init, run, eval) for `stalled_after`
 seconds or more, or no beat of its node has named it for that long: a tool call that never returns, a sandbox
 that never starts, a node that went silent before its lease ran out. The stage comes from the node's beats
-(`held_leases.Live`); `queued` is a lease its node has not started yet.
+(`held_leases.HeldLease`); `queued` is a lease its node has not started yet.
 The turn of a rollout in RUN is the model calls it started, as its node's beats say (feature beat-turns).
 The rows are bounded (`limit`, stalled first, then the longest in their stage): one pass over the job's own leases,
 CHUNK at a time between yields to the event loop, keeping the best `limit`. Next step: a live trace link per row (tracing on).
@@ -16,7 +16,7 @@ import heapq
 from datetime import datetime, timezone
 from typing import Any
 
-from .held_leases import Live, LiveLeases
+from .held_leases import HeldLease, HeldLeases
 
 STAGE_NAMES = {"leased": "queued", "init": "init", "run": "run", "eval": "eval"}
 DEFAULT_LIMIT = 500
@@ -34,11 +34,11 @@ def _attempt(attempt_id: str) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
-def stalled(live: Live, now: float, stalled_after: float) -> bool:
+def stalled(live: HeldLease, now: float, stalled_after: float) -> bool:
     return now - live.since >= stalled_after or now - live.beat >= stalled_after
 
 
-def row(attempt_id: str, live: Live, now: float, stalled_after: float) -> dict[str, Any]:
+def row(attempt_id: str, live: HeldLease, now: float, stalled_after: float) -> dict[str, Any]:
     return {"attemptId": attempt_id, "item": live.item, "attempt": _attempt(attempt_id),
             "stage": STAGE_NAMES.get(live.stage, live.stage),
             "turn": live.turn if live.stage == "run" else None,
@@ -48,7 +48,7 @@ def row(attempt_id: str, live: Live, now: float, stalled_after: float) -> dict[s
             "stalled": stalled(live, now, stalled_after)}
 
 
-async def inflight(leases: LiveLeases, job: str, now: float, stalled_after: float, limit: int = DEFAULT_LIMIT
+async def inflight(leases: HeldLeases, job: str, now: float, stalled_after: float, limit: int = DEFAULT_LIMIT
                    ) -> dict[str, Any]:
     """The job's in-flight rollouts: counts by stage, how many are stalled, and at most `limit` rows. On the event
     loop, yielding to it after every CHUNK leases (the leases that end meanwhile are left out)."""

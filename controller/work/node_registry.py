@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 from sqlalchemy import func
 from sqlalchemy.engine import Engine
@@ -18,7 +18,6 @@ from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECO
 
 from ..dialects import raw
 from ..errors import BadRequest, Conflict, NotFound
-from ..tenancy import policies_for
 from .job_state import Jobs, closed
 from .states import DaemonState
 from .tables import NodeRow
@@ -30,8 +29,10 @@ NODE_SILENCE_SECONDS = 60.0
 
 class NodeRegistry:
     def __init__(self, engine: Engine, jobs: Jobs, clock: Callable[[], float],
-                 calls_per_second: float = NODE_CALLS_PER_SECOND) -> None:
-        self.engine, self.jobs, self.clock = engine, jobs, clock
+                 calls_per_second: float = NODE_CALLS_PER_SECOND,
+                 policy_named: Callable[[Any], tuple[Any, str | None]] = lambda job: (None, None)) -> None:
+        """`policy_named`: a job's effective TenantPolicy and its name (`tenancy.Policies.effective_named`)."""
+        self.engine, self.jobs, self.clock, self.policy_named = engine, jobs, clock, policy_named
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
         self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
         self.features: dict[str, frozenset[str]] = {}  # node id → the protocol features it registered with
@@ -66,7 +67,7 @@ class NodeRegistry:
         self.features[node.id] = frozenset(served or ())
         self.live += 1
         lease = job.spec.pipeline.lease_seconds
-        policy, policy_name = policies_for(self.jobs.store).effective_named(job)  # the policy stored now
+        policy, policy_name = self.policy_named(job)  # the policy stored now
         log.info("node %s registered for job %s", node.id, req.job)
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
                                 lease_seconds=lease,

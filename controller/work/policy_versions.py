@@ -57,9 +57,10 @@ class PolicyVersions:
             s.flush()
         return row
 
-    def plain(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
-        """`row` as plain (version JSON, history JSON, paused), the row created on first use (ON CONFLICT: on
-        PostgreSQL another transaction may create it meanwhile; SQLite, one writer at a time, never races)."""
+    def raw_row(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
+        """`row` as its raw columns on a DB-API connection (version JSON, history JSON, paused), created on first use
+        (ON CONFLICT: on PostgreSQL another transaction may create it meanwhile; SQLite, one writer at a time, never
+        races)."""
         row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
         if row is None:
             default = PolicyRow(job=job)

@@ -20,16 +20,17 @@ from sqlmodel import Session, select
 from .backends import BackendPool
 from .job_state import Wakeups
 from .hot_sql import LIVE_SQL, Item
-from .held_leases import Live, LiveLeases
+from .held_leases import HeldLease, HeldLeases
 from .states import LIVE, ItemState
 from .tables import ItemRow
 
 
 class ItemQueue:
-    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float], changed: Wakeups) -> None:
+    def __init__(self, engine: Engine, pool: BackendPool, clock: Callable[[], float], changed: Wakeups,
+                 stall_seconds: float | None = None) -> None:
         self.engine, self.pool, self.clock = engine, pool, clock
         self.changed = changed  # set when a job's queue changed: a waiting lease looks again
-        self.live = LiveLeases(clock)  # the leases held now, in memory: what beats read and renew
+        self.leases = HeldLeases(clock, stall_seconds)  # the leases held now, in memory: what beats read and renew
         # since the controller started, all jobs together (the metrics, `api.py`): attempts run again after a
         # failed one, rollouts delivered infra-failed (masked: no reward), live rollouts cancelled on their nodes
         self.totals: Counter[str] = Counter({"retries": 0, "masked": 0, "cleanups": 0})
@@ -48,7 +49,7 @@ class ItemQueue:
         base = {c.name: getattr(row, c.name) for c in ItemRow.__table__.columns if c.name != "id"}
         s.execute(insert(ItemRow.__table__), [{**base, "sample": k} for k in range(samples)])
 
-    def release(self, item: ItemRow | Item | Live) -> None:
+    def release(self, item: ItemRow | Item | HeldLease) -> None:
         """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
         if item.holds_backend:
             self.pool.release(item.backend, item.job)
@@ -59,7 +60,7 @@ class ItemQueue:
         `keep_attempt`: the attempt was not the rollout's fault (given back unstarted, or the
         backend's outage): it is not counted."""
         self.release(item)
-        self.live.forget(item.attempt_id)
+        self.leases.forget(item.attempt_id)
         item.last_error = reason
         item.node_id, item.deadline, item.stage = None, None, None
         if keep_attempt:
@@ -76,13 +77,13 @@ class ItemQueue:
     def finish(self, item: ItemRow | Item, state: ItemState) -> None:
         """The attempt's result is final: done, or failed (a configuration error)."""
         self.release(item)
-        self.live.forget(item.attempt_id)
+        self.leases.forget(item.attempt_id)
         item.state, item.stage, item.deadline = state, None, None
 
     def cancel_item(self, item: ItemRow) -> None:
         """Cancelled (a deleted or failed job, a surplus group); daemons learn it at their next beat."""
         self.release(item)
-        self.live.forget(item.attempt_id)
+        self.leases.forget(item.attempt_id)
         self.totals["cleanups"] += item.state == ItemState.leased
         item.state, item.deadline = ItemState.cancelled, None
 

@@ -49,7 +49,7 @@ class StaleGroups:
         name = job.metadata.key
         done = collections.Counter(ZERO)
         for item in s.exec(select(ItemRow).where(ItemRow.job == name, ItemRow.state == ItemState.leased)).all():
-            held = queue.live.get(item.attempt_id) if item.attempt_id else None
+            held = queue.leases.get(item.attempt_id) if item.attempt_id else None
             if held is not None and behind(held.version, history) > bound:
                 queue.requeue(item, f"stale: leased with policy {held.version!r}, more than {bound} versions ago",
                               keep_attempt=True)

@@ -21,7 +21,7 @@ LIVE = (ItemState.queued, ItemState.leased)  # an item still to run or running
 
 
 class DaemonState(StrEnum):
-    """A registered node daemon (not the executor's view of a node, `reconciler.NodeState`)."""
+    """A registered node daemon (not the executor's view of a node, `executors/base.NodeState`)."""
     active = "active"
     draining = "draining"  # finishes its leases, takes no new ones
     gone = "gone"  # deregistered or silent too long: its calls are refused

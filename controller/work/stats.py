@@ -72,14 +72,15 @@ class JobStats:
     a time and yields to the loop between chunks, in a task of its own (a caller that goes away does not leave the
     sums half-applied; the callers of one moment share it). Without a loop (tools, tests): `summary`, `counts`.
     Never from two threads at once. A finished job's sums give way to its rendered numbers (`_Final`), read again
-    only if a trajectory arrives after all; a deleted job's go (`forget`, from `Scheduler.forget`)."""
+    only if a trajectory arrives after all; a deleted job's go (`forget`, from `core.Work.drop`)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, observe_step: Callable[[float], None] | None = None):
+        """`observe_step`: each slice's CPU on the loop (`numbers`), in seconds (the web UI's step metric)."""
         self.engine = engine
         self._acc: dict[str, _Acc] = {}
         self._final: dict[str, _Final] = {}
         self._tasks: dict[str, asyncio.Future] = {}
-        self.observe_step: Callable[[float], None] = lambda seconds: None  # each slice's CPU on the loop (`numbers`)
+        self.observe_step = observe_step or (lambda seconds: None)
 
     # ------------------------------------------------------------ without a loop (tools, tests)
 

@@ -224,7 +224,7 @@ class ControllerSettings:
     max_episodes_per_backend: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
-    stalled_after_seconds: float = 300.0  # controller/work/held_leases.py LiveLeases.stall_seconds
+    stalled_after_seconds: float = 300.0  # controller/work/held_leases.py HeldLeases.stall_seconds
     result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
     trace_url: str | None = None  # the web UI's trace links (`ui/links.py`)
     stall_samples: Path | None = None

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
+from rolloutd.controller.root import assemble
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.rolloutjob import RolloutJob
 from support.example_job import example_doc
@@ -33,9 +34,10 @@ def node_api(tmp_path: Path, clock=None, lease_seconds: float | None = None) -> 
         doc["spec"]["pipeline"]["leaseSeconds"] = lease_seconds
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(doc))
-    scheduler = Scheduler(store, clock=clock) if clock is not None else Scheduler(store)
-    scheduler.expand(store.get("math-demo"))
-    with TestClient(create_app(store, "admin", scheduler=scheduler)) as client:
+    root = assemble(store, "admin", work={} if clock is None else {"clock": clock})
+    scheduler = root.scheduler
+    scheduler.work.expansions.expand(store.get("math-demo"))
+    with TestClient(create_app(root)) as client:
         yield client, scheduler
 
 

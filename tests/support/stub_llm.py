@@ -1,6 +1,6 @@
 """A stand-in LLM backend for tests whose subject is not the model (tests/tenancy, tests/slurm credentials):
-just enough of vLLM's OpenAI API for the daemon (/health, /v1/models, /v1/completions with token ids), every
-completion one token. It lets a real job run end to end without starting the engine."""
+just enough of vLLM's OpenAI API for the daemon (/health, /v1/models, /v1/completions with token ids, streamed
+or not), every completion one token. It lets a real job run end to end without starting the engine."""
 from __future__ import annotations
 
 import json
@@ -26,8 +26,16 @@ class _StubBackend(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if not self.path.startswith("/v1/completions"):
             return self._send({})
-        self._send({"choices": [{"token_ids": [2], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop",
-                                 "prompt_token_ids": req.get("prompt")}]})
+        doc = {"choices": [{"token_ids": [2], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop",
+                            "prompt_token_ids": req.get("prompt")}]}
+        if not req.get("stream"):
+            return self._send(doc)
+        body = f"data: {json.dumps(doc)}\n\ndata: [DONE]\n\n".encode()  # the node streams where it can
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass

@@ -24,6 +24,7 @@ from rolloutd.agents.tasks import DatasetError, get_handler
 from rolloutd.agents.tasks.base import ConfigError
 from rolloutd.agents.tasks.harbor import stage_dir
 from rolloutd.controller.store import Store
+from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.kit import safe_read
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest
@@ -86,12 +87,12 @@ def _scheduler(tmp_path: Path, source: str, roots: list[str] | None, kind: str =
     doc["spec"]["executor"]["nodes"] = 1  # one node takes every lease
     store = Store(tmp_path / "db.sqlite")
     store.apply(RolloutJob.model_validate(doc))
-    sched = Scheduler(store)
-    sched.expansions.policy_for = lambda job: None if roots is None else TenantPolicySpec(data_roots=roots)
+    sched = Scheduler(build_work(store))
+    sched.work.expansions.policy_for = lambda job: None if roots is None else TenantPolicySpec(data_roots=roots)
     job = store.get("math-demo")
-    row = sched.expand(job)
-    node = sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n1")).node_id
-    leases = asyncio.run(sched.lease(node, 100)).leases
+    row = sched.work.expansions.expand(job)
+    node = sched.work.registry.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n1")).node_id
+    leases = asyncio.run(sched.work.attempts.lease(node, 100)).leases
     return row, leases
 
 

@@ -21,10 +21,12 @@ from support.waiting import wait_until
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.controller.operator.reconcile import reconcile
 from rolloutd.controller.store import Store
+from rolloutd.controller.tenancy import Policies
+from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest
 from rolloutd.crds.rolloutjob import RolloutJob
-from rolloutd.crds.tenancy import TenantPolicySpec, TenantQuotas
+from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, TenantQuotas
 
 TESTS = Path(__file__).resolve().parents[1]
 P = "/apis/rolloutd.io/v1alpha1"
@@ -157,11 +159,11 @@ URL = "http://127.0.0.1:8000"
 
 def _sched(tmp_path: Path, **kw) -> tuple[Store, Scheduler]:
     store = Store(tmp_path / "db.sqlite")
-    return store, Scheduler(store, **kw)
+    return store, Scheduler(build_work(store, **kw))
 
 
 def _node(sched: Scheduler, key: str, name: str) -> str:
-    return sched.register(RegisterRequest(job=key, protocol=NODE_PROTOCOL, name=name)).node_id
+    return sched.work.registry.register(RegisterRequest(job=key, protocol=NODE_PROTOCOL, name=name)).node_id
 
 
 def test_team_a_s_small_cap_limits_team_a_only_on_a_shared_backend(tmp_path):
@@ -170,12 +172,12 @@ def test_team_a_s_small_cap_limits_team_a_only_on_a_shared_backend(tmp_path):
     store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, cap=1)))
     store.apply(RolloutJob.model_validate(job_doc("train", "team-b", source=data)))
     for key in ("team-a/train", "team-b/train"):
-        sched.expand(store.get(key))
-        sched.jobs.sync(store.get(key))
-    assert len(asyncio.run(sched.lease(_node(sched, "team-a/train", "a1"), 8)).leases) == 1  # its own cap
-    leases = asyncio.run(sched.lease(_node(sched, "team-b/train", "b1"), 8)).leases
+        sched.work.expansions.expand(store.get(key))
+        sched.work.jobs.sync(store.get(key))
+    assert len(asyncio.run(sched.work.attempts.lease(_node(sched, "team-a/train", "a1"), 8)).leases) == 1  # its own cap
+    leases = asyncio.run(sched.work.attempts.lease(_node(sched, "team-b/train", "b1"), 8)).leases
     assert len(leases) == 8  # the backend still admits 16: team-a's 1 is not the backend's cap
-    assert sched.pool.admission.backend_cap(URL) == 16
+    assert sched.work.pool.admission.backend_cap(URL) == 16
 
 
 def test_team_a_train_sets_neither_the_cap_nor_the_weight_of_default_train(tmp_path):
@@ -185,12 +187,12 @@ def test_team_a_train_sets_neither_the_cap_nor_the_weight_of_default_train(tmp_p
     store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, cap=1, priority=7)))
     ours, theirs = store.get("train"), store.get("team-a/train")
     for job in (ours, theirs):
-        sched.expand(job)
-        sched.jobs.sync(job)
-    admission = sched.pool.admission
+        sched.work.expansions.expand(job)
+        sched.work.jobs.sync(job)
+    admission = sched.work.pool.admission
     assert admission.cap(URL, "train") == 8
     assert (admission._weight("train"), admission._weight("team-a/train")) == (1, 7)
-    leases = asyncio.run(sched.lease(_node(sched, "train", "n1"), 8)).leases
+    leases = asyncio.run(sched.work.attempts.lease(_node(sched, "train", "n1"), 8)).leases
     assert len(leases) == 8 and {lease.backend for lease in leases} == {URL}  # team-a's cap of 1 is its own
 
 
@@ -200,18 +202,18 @@ def test_a_job_deleted_and_created_again_does_not_inherit_its_backends(tmp_path)
     old_url, new_url = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
     store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, backends=(old_url,))))
     old = store.get("team-a/train")
-    sched.expand(old)
-    (lease,) = asyncio.run(sched.lease(_node(sched, "team-a/train", "n1"), 1)).leases
+    sched.work.expansions.expand(old)
+    (lease,) = asyncio.run(sched.work.attempts.lease(_node(sched, "team-a/train", "n1"), 1)).leases
     assert lease.backend == old_url
     store.mark_deleted("train", "team-a")  # what the operator does: release, then drop the finalizer
     asyncio.run(sched.forget(store.get("team-a/train")))
     store.remove("team-a/train")
-    assert old_url not in sched.pool.known()  # no job lists it now: no longer probed
+    assert old_url not in sched.work.pool.known()  # no job lists it now: no longer probed
     store.apply(RolloutJob.model_validate(job_doc("train", "team-a", source=data, backends=(new_url,))))
     new = store.get("team-a/train")
     assert new.metadata.uid != old.metadata.uid and new.metadata.generation == old.metadata.generation
-    sched.expand(new)
-    leases = asyncio.run(sched.lease(_node(sched, "team-a/train", "n2"), 4)).leases
+    sched.work.expansions.expand(new)
+    leases = asyncio.run(sched.work.attempts.lease(_node(sched, "team-a/train", "n2"), 4)).leases
     assert leases and {x.backend for x in leases} == {new_url}
 
 
@@ -270,11 +272,17 @@ def test_the_item_quota_of_the_jobs_policy_fails_it_with_quota_exceeded(tmp_path
     root = Path(tempfile.mkdtemp(prefix="rolloutd-quota-", dir="/tmp"))  # the tenant's reads are nobody's
     root.chmod(0o755)
     policy = TenantPolicySpec(quotas=TenantQuotas(items_per_job=100), data_roots=[str(root)])
-    store, sched = _sched(tmp_path, policy_for=lambda job: policy if job.metadata.namespace == "team-a" else None)
+    store = Store(tmp_path / "db.sqlite")
+    policies = Policies(store)  # the namespace's stored TenantPolicy, as the admin puts it
+    policies.put("team-a", policy, {})
+    sched = Scheduler(build_work(store, policies=policies))
     data = dataset(root, "d", 64)
     data.chmod(0o644)
     for ns in ("team-a", "default"):
-        store.apply(RolloutJob.model_validate(job_doc("train", ns, source=data, samples=2)))
+        job = RolloutJob.model_validate(job_doc("train", ns, source=data, samples=2))
+        if ns == "team-a":  # written by the namespace's token: held to its policy (`Policies.effective`)
+            job.metadata.annotations = {**job.metadata.annotations, ADMITTED_BY: "team"}
+        store.apply(job)
     over = asyncio.run(reconcile(store.get("team-a/train"), _Executor(), sched)).status
     failed = over.condition("Failed")
     assert over.phase.value == "Failed" and failed is not None and failed.reason == "QuotaExceeded"
@@ -288,10 +296,10 @@ def test_a_controller_restarted_mid_expansion_goes_on_where_it_stopped(tmp_path)
     store, sched = _sched(tmp_path)
     store.apply(RolloutJob.model_validate(job_doc("big", "team-a", source=dataset(tmp_path, "big", 300), samples=64)))
     job = store.get("team-a/big")
-    sched.expansions.admit(job)  # the start: the dataset read, nothing queued yet
-    row = sched.expansions.admit(job)  # one step
+    sched.work.expansions.admit(job)  # the start: the dataset read, nothing queued yet
+    row = sched.work.expansions.admit(job)  # one step
     assert 0 < _items(tmp_path / "db.sqlite", "team-a/big") < 300 * 64 and row.pending
-    again = Scheduler(Store(tmp_path / "db.sqlite"))  # a new controller process on the same database
+    again = Scheduler(build_work(Store(tmp_path / "db.sqlite")))  # a new controller process on the same database
     done = asyncio.run(again.admit(job))
     assert done.pending == 0 and not done.error
     with sqlite3.connect(tmp_path / "db.sqlite") as c:

@@ -8,6 +8,7 @@ import json
 from fastapi.testclient import TestClient
 
 from rolloutd.controller.api import create_app
+from rolloutd.controller.root import assemble
 from rolloutd.controller.store import Store
 from rolloutd.crds.rolloutjob import RolloutJob
 
@@ -20,7 +21,7 @@ def test_an_event_about_a_namespaced_job_is_kept_and_served(tmp_path):
     store.apply(RolloutJob.model_validate({
         "apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "j", "namespace": "team-x"},
         "spec": {"tasks": {"kind": "math", "source": str(tmp_path / "d.jsonl")}, "agent": {"kind": "oracle"}}}))
-    with TestClient(create_app(store, "admin")) as api:
+    with TestClient(create_app(assemble(store, "admin"))) as api:
         r = api.post("/api/v1/namespaces/team-x/events", headers=ADMIN, json={
             "involvedObject": {"kind": "RolloutJob", "name": "j", "namespace": "team-x"}, "type": "Warning",
             "reason": "HandlerFailed", "message": "boom"})

@@ -9,7 +9,7 @@ import sqlite3
 from sqlalchemy import create_engine
 
 from rolloutd.agents.engine.model_dirs import model_dir
-from rolloutd.controller.ui import decode
+from rolloutd.controller import decode
 from rolloutd.controller.work import stats
 from rolloutd.controller.work import tables
 from rolloutd.controller.work.feed import facts

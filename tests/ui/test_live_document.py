@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.ui import live
-from rolloutd.controller.work.scheduler import Scheduler
+from rolloutd.controller.root import assemble
 from rolloutd.crds.rolloutjob import RolloutJob, RolloutJobStatus
 
 ADMIN = {"Authorization": "Bearer admin"}
@@ -40,8 +40,9 @@ def page(tmp_path, monkeypatch):
         reads["events"] += 1
         return events(*a, **k)
 
-    scheduler = Scheduler(store)
-    with TestClient(create_app(store, "admin", scheduler=scheduler), headers=ADMIN) as client:
+    root = assemble(store, "admin", work={})
+    scheduler = root.scheduler
+    with TestClient(create_app(root), headers=ADMIN) as client:
         store.get_wire, store.events = counted_get_wire, counted_events
         yield client, store, scheduler, reads
 
@@ -80,7 +81,9 @@ def test_the_page_carries_the_newest_events_in_order(page):
 def test_a_policy_change_shows_at_the_next_build(page):
     client, _store, scheduler, _reads = page
     assert client.get(PAGE).json()["policy"]["paused"] is False
-    scheduler.policies._set("j", paused=True)  # what an announce does first (then waits for the daemons)
+    scheduler.work.policies._set("j", paused=True)  # what an announce does first (then waits for the daemons)
     assert client.get(PAGE).json()["policy"]["paused"] is True
-    scheduler.policies._set("j", paused=False, version=json.dumps(3), history=json.dumps([None, 3]))
-    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False, "staleness": {}}
+    scheduler.work.policies._set("j", paused=False, version=json.dumps(3), history=json.dumps([None, 3]))
+    assert client.get(PAGE).json()["policy"] == {"version": 3, "history": [None, 3], "paused": False, "staleness": {},
+                                                 "spec": {"updateMode": "drain", "pauseOnUpdate": True,
+                                                          "maxStaleness": None}}  # the job's spec.policy beside

@@ -21,7 +21,7 @@ from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..logs import NoLogs, files_stream, job_files, log_stem
-from ..base import Credentials, ExecutorError, NodeRegistry, NodeState, StateFile, crash_count, crash_delay, daemon_env
+from ..base import Credentials, ExecutorError, NodeRoster, NodeState, StateFile, crash_count, crash_delay, daemon_env
 from .cli import PERMANENT_PENDING, Runner, SlurmCli, SlurmJob, expand_hostlist, last_lines, read_tail, refusal, \
     unavailable
 from .retire import Retirer
@@ -34,11 +34,12 @@ JUST_SUBMITTED_SECONDS = 10.0  # an allocation squeue does not list yet is not l
 
 
 class SlurmExecutor:
+    shares_files = False  # its daemons run elsewhere: they do not see this controller's files
     def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
                  python: str = sys.executable, grace_seconds: float | None = None, max_failures: int = 5,
                  stable_seconds: float = 60.0, finish_grace: float = 15.0, max_backoff: float = 60.0,
                  poll_interval: float = 1.0,
-                 extra_env: dict[str, str] | None = None, scheduler: NodeRegistry | None = None,
+                 extra_env: dict[str, str] | None = None, nodes: NodeRoster | None = None,
                  event: Callable[[str, str, str, str], None] | None = None,
                  run: Runner | None = None, clock: Callable[[], float] = time.time,
                  drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS):
@@ -60,7 +61,7 @@ class SlurmExecutor:
         self.clock = clock
         self.cli = SlurmCli(run)
         self.state = load_records(self.file.load())
-        self.retirer = Retirer(self.cli, self.state, clock=clock, grace=self.grace, registry=scheduler,
+        self.retirer = Retirer(self.cli, self.state, clock=clock, grace=self.grace, registry=nodes,
                                emit=self._emit)
         self._adopted = False
         self._lock = asyncio.Lock()

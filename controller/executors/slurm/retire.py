@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..base import NodeRegistry
+from ..base import NodeRoster
 from .cli import SlurmCli, SlurmJob, expand_hostlist
 from .state import Allocation, JobRecord, Records
 
@@ -22,7 +22,7 @@ FORGET_UNSEEN_SECONDS = 10.0        # a retired allocation squeue never showed i
 
 class Retirer:
     def __init__(self, cli: SlurmCli, records: Records, *, clock: Callable[[], float], grace: float,
-                 registry: NodeRegistry | None, emit: Emit, exit_settle: float = 5.0) -> None:
+                 registry: NodeRoster | None, emit: Emit, exit_settle: float = 5.0) -> None:
         self.cli = cli
         self.records = records
         self.clock = clock

@@ -323,7 +323,7 @@ def test_operator_mode_runs_the_daemons_in_the_rolloutjobs_own_namespace(apiserv
                                   k8s_node_image="rolloutd:0.1.0")
     app = build_app(tmp_path / "data", executors=("kubernetes",), kube=Connection(apiserver.url, "op-token"),
                     settings=settings)
-    ex = app.state.executors["kubernetes"]
+    ex = app.root.executors["kubernetes"]
     job = RolloutJob.model_validate({**make_job("j", uid="uid-9").wire(),
                                      "metadata": {"name": "j", "namespace": "team-a", "uid": "uid-9"}})
     name = resource_name("team-a/j")

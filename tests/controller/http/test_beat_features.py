@@ -49,7 +49,7 @@ def test_results_ride_on_beats_once_each_with_the_next_leases(api):
     assert len(reply["lease"]["leases"]) == 2 and reply["unknown"] == []
     again = call(client, f"{nid}/heartbeat", {"full": False, "stages": {}, "results": [result(a)]})
     assert again["accepted"] == [] and a in again["dropped"]  # a repeat is dropped, never delivered twice
-    delivered = [json.loads(d) for _, d in scheduler.trajectories("math-demo")]
+    delivered = [json.loads(d) for _, d in scheduler.work.feed.trajectories("math-demo")]
     assert sorted(t["reward"] for t in delivered) == [0.0, 1.0]
 
 
@@ -59,13 +59,13 @@ def test_a_delta_beat_renews_nothing_and_a_full_beat_renews_what_it_names(api):
     named, unnamed = (l.attempt_id for l in
                       LeaseResponse.model_validate(call(client, f"{nid}/lease", {"maxItems": 2})).leases)
     clock.t += 6  # leaseSeconds 10
-    granted = scheduler.queue.live.get(named).until
+    granted = scheduler.work.queue.leases.get(named).until
     call(client, f"{nid}/heartbeat", {"full": False, "stages": {named: "run", unnamed: "run"}})
-    assert scheduler.queue.live.get(named).until == granted  # a delta beat is no sign the lease is still held
+    assert scheduler.work.queue.leases.get(named).until == granted  # a delta beat is no sign the lease is still held
     call(client, f"{nid}/heartbeat", {"full": True, "stages": {named: "run"}})
-    assert scheduler.queue.live.get(named).until == clock.t + 10
+    assert scheduler.work.queue.leases.get(named).until == clock.t + 10
     clock.t += 5
-    assert scheduler.expire() == 1  # the one no full beat named: back to the queue
+    assert scheduler.work.attempts.expire() == 1  # the one no full beat named: back to the queue
     reply = call(client, f"{nid}/heartbeat", {"full": False, "stages": {unnamed: "eval"}})
     assert reply["unknown"] == [unnamed]
     assert call(client, f"{nid}/heartbeat", {"results": [result(named)]})["accepted"] == [named]
@@ -73,8 +73,8 @@ def test_a_delta_beat_renews_nothing_and_a_full_beat_renews_what_it_names(api):
 
 def test_the_beat_gap_grows_with_the_registered_daemons(api, monkeypatch):
     client, scheduler, _ = api
-    scheduler.registry.budget = 100.0
+    scheduler.work.registry.budget = 100.0
     nids = [register(client, "beat-results")["nodeId"] for _ in range(50)]
-    scheduler.expire()  # the silent-node pass counts the live daemons
+    scheduler.work.attempts.expire()  # the silent-node pass counts the live daemons
     gap = call(client, f"{nids[0]}/heartbeat", {"stages": {}})["beatGap"]
     assert gap == pytest.approx(50 / 100.0)

@@ -68,7 +68,7 @@ def test_a_bad_query_names_its_field_and_an_unknown_job_is_404(api):
 
 def test_retries_masked_samples_and_stalls_are_counted_without_ids(api):
     client, scheduler, clock = api
-    scheduler.queue.live.stall_seconds = 20
+    scheduler.work.queue.leases.stall_seconds = 20
     before = counters(client)
     assert before == {"rolloutd_rollout_retries_total": 0, "rolloutd_rollouts_masked_total": 0,
                       "rolloutd_rollout_cleanups_total": 0, "rolloutd_rollout_stalls_total": 0}
@@ -94,7 +94,7 @@ def test_retries_masked_samples_and_stalls_are_counted_without_ids(api):
 def test_rollouts_cancelled_on_their_nodes_are_counted_as_cleanups(api):
     client, scheduler, _ = api
     nid, leased = lease(client, 3)
-    asyncio.run(scheduler.forget(scheduler.store.get("math-demo")))  # the job is being deleted
+    asyncio.run(scheduler.forget(scheduler.work.store.get("math-demo")))  # the job is being deleted
     assert counters(client)["rolloutd_rollout_cleanups_total"] == 3  # the 5 never leased need no cleanup
     assert sorted(call(client, f"{nid}/heartbeat", {"stages": {a: "run" for a in leased}})["cancel"]) == sorted(leased)
 

@@ -45,7 +45,7 @@ def test_a_lease_rides_on_a_reply_only_when_asked_and_every_result_lands_once(no
     again = ResultAck.model_validate(call(api, f"{nid}/results", {"results": [result(riding[0].attempt_id)]}))
     assert again.accepted == [] and riding[0].attempt_id in again.dropped
     delivered = [json.loads(data)["prompt"] * 2 + json.loads(data)["sample"]
-                 for _, data in scheduler.trajectories("math-demo")]
+                 for _, data in scheduler.work.feed.trajectories("math-demo")]
     assert sorted(delivered) == list(range(8))
 
 
@@ -54,7 +54,7 @@ def test_a_bad_lease_parameter_is_refused_and_a_lost_node_still_gets_its_results
     r = api.post(f"{NODES}/{nid}/heartbeat?lease=-1", json={}, headers=JOIN)
     assert r.status_code == 400 and "lease" in r.json()["message"]
     (lease,) = LeaseResponse.model_validate(call(api, f"{nid}/lease", {"maxItems": 1})).leases
-    scheduler.deregister(nid)
+    scheduler.work.registry.deregister(nid)
     ack = ResultAck.model_validate(call(api, f"{nid}/results?lease=2", {"results": [result(lease.attempt_id)]}))
     assert ack.accepted == [] and ack.lease.leases == []
     assert api.post(f"{NODES}/{nid}/lease", json={"maxItems": 1}, headers=JOIN).status_code == 404

@@ -10,7 +10,7 @@ from rolloutd.controller.api import create_app
 from rolloutd.controller.auth import TokenBook, create_scoped_token
 from rolloutd.controller.nodeauth import NodeCredentials
 from rolloutd.controller.store import Store
-from rolloutd.controller.work.scheduler import Scheduler
+from rolloutd.controller.root import assemble
 from rolloutd.crds.node import NODE_PROTOCOL
 
 P = "/apis/rolloutd.io/v1alpha1"
@@ -20,10 +20,10 @@ TEAM, DEFAULT = f"{P}/namespaces/team-a/rolloutjobs/j", f"{P}/namespaces/default
 @pytest.fixture
 def setup(tmp_path):
     store = Store(tmp_path / "rolloutd.db")
-    scheduler = Scheduler(store)
     team = create_scoped_token(tmp_path / "tokens", "team", read_only=False, namespaces=["team-a"]).token
     creds = NodeCredentials(None)
-    app = create_app(store, "admin", node_credentials=creds, scheduler=scheduler, tokens=TokenBook(tmp_path / "tokens"))
+    root = assemble(store, "admin", credentials=creds, tokens=TokenBook(tmp_path / "tokens"), work={})
+    scheduler, app = root.scheduler, create_app(root)
     with TestClient(app, headers={"Authorization": "Bearer admin"}) as api:
         for ns in ("default", "team-a"):
             assert api.post(f"{P}/namespaces/{ns}/rolloutjobs", json=job_doc("j")).status_code == 201
@@ -46,15 +46,15 @@ def test_the_node_protocol_under_the_job_registers_with_that_namespace_s_job(set
     reg = _register(api, f"{TEAM}/nodes/register", "j")
     assert reg.status_code == 200, reg.text
     node = reg.json()["nodeId"]
-    assert [n.id for n in scheduler.nodes("team-a/j")] == [node] and scheduler.nodes("j") == []
+    assert [n.id for n in scheduler.work.registry.nodes("team-a/j")] == [node] and scheduler.work.registry.nodes("j") == []
     assert api.post(f"{TEAM}/nodes/{node}/heartbeat", json={}, headers=_as(reg)).status_code == 200
     refused = _register(api, f"{TEAM}/nodes/register", "other")
     assert refused.status_code == 400 and "team-a/j" in refused.json()["message"]
     old = _register(api, f"{P}/nodes/register", "team-a/j", "n2")  # a daemon of the previous version, by key
-    assert old.status_code == 200 and len(scheduler.nodes("team-a/j")) == 2
+    assert old.status_code == 200 and len(scheduler.work.registry.nodes("team-a/j")) == 2
     assert _register(api, f"{P}/nodes/register", "j", "n3").status_code == 403  # team-a's credential: not default's
     assert _register(api, f"{P}/nodes/register", "j", "n3", cred="j").status_code == 200  # a bare name: `default`
-    assert [n.name for n in scheduler.nodes("j")] == ["n3"]
+    assert [n.name for n in scheduler.work.registry.nodes("j")] == ["n3"]
     assert api.post(f"{TEAM}/nodes/register", json={"job": "j", "name": "x", "protocol": NODE_PROTOCOL}).status_code == 200
     node_creds = {"Authorization": f"Bearer {api.creds['team-a/j']}"}
     assert api.get(TEAM, headers=node_creds).status_code == 401  # a node credential: nodes/ only
@@ -90,7 +90,7 @@ def test_a_namespaced_node_path_acts_only_on_that_job_s_nodes(setup):
             r = api.post(f"{TEAM}/nodes/{node}/{verb}", json=body, headers=headers)  # {}: the admin's
             assert r.status_code == code, (verb, r.text)
             assert code != 404 or "team-a/j" in r.json()["message"]
-    assert [n.id for n in scheduler.nodes("j")] == [node] and scheduler.nodes("j")[0].state == "active"
+    assert [n.id for n in scheduler.work.registry.nodes("j")] == [node] and scheduler.work.registry.nodes("j")[0].state == "active"
     own = api.post(f"{DEFAULT}/nodes/{node}/heartbeat", json={}, headers=_as(reg))
     assert own.status_code == 200, own.text
     assert api.post(f"{P}/nodes/{node}/heartbeat", json={}, headers=team).status_code == 403  # cluster scope

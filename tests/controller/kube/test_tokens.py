@@ -10,6 +10,7 @@ from support.kube_helpers import job_doc, tenant_job_doc, tenant_policy
 from typer.testing import CliRunner
 
 from rolloutd.controller.api import create_app
+from rolloutd.controller.root import assemble
 from rolloutd.controller.auth import TokenBook, create_scoped_token
 from rolloutd.controller.main import app as rolloutd_cli
 from rolloutd.controller.store import Store
@@ -26,7 +27,7 @@ def api(tmp_path):
         "team": create_scoped_token(tokens, "team", read_only=False, namespaces=["team-a"]).token,
         "team-ro": create_scoped_token(tokens, "team-ro", read_only=True, namespaces=["team-a"]).token,
     }
-    app = create_app(Store(tmp_path / "rolloutd.db"), "admin-secret", tokens=TokenBook(tokens))
+    app = create_app(assemble(Store(tmp_path / "rolloutd.db"), "admin-secret", tokens=TokenBook(tokens)))
     with TestClient(app) as client:
         def call(token: str, method: str, path: str, **kw):
             return client.request(method, path, headers={"Authorization": f"Bearer {scoped.get(token, token)}",

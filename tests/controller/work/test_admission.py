@@ -13,6 +13,8 @@ import httpx
 
 from rolloutd.controller.store import Store
 from rolloutd.controller.work.admission import FALLBACK_EPISODES, WANT_SECONDS
+from rolloutd.controller.work.core import build_work
+from rolloutd.controller.work import background
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -47,18 +49,18 @@ def make(tmp_path, store_location, jobs, **kw):
     for name, args in jobs.items():
         store.apply(job_doc(tmp_path, name, **args))
     clock = SimpleNamespace(t=1000.0)  # the test moves clock.t
-    sched = Scheduler(store, clock=lambda: clock.t, **kw)
+    sched = Scheduler(build_work(store, clock=lambda: clock.t, **kw))
     for name in jobs:
-        sched.expand(store.get(name))
+        sched.work.expansions.expand(store.get(name))
     return store, sched, clock
 
 
 def reg(sched, job, name):
-    return sched.register(RegisterRequest(job=job, protocol=NODE_PROTOCOL, name=name)).node_id
+    return sched.work.registry.register(RegisterRequest(job=job, protocol=NODE_PROTOCOL, name=name)).node_id
 
 
 def lease(sched, node, n):
-    return asyncio.run(sched.lease(node, n)).leases
+    return asyncio.run(sched.work.attempts.lease(node, n)).leases
 
 
 def ok(lease_):
@@ -71,18 +73,18 @@ def infra(lease_):
 
 
 def queued_attempts(sched, job):
-    return sched.queue.counts(job)
+    return sched.work.queue.counts(job)
 
 
 def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_path, store_location):
     _, sched, _ = make(tmp_path, store_location, {"big": dict(prompts=20, nodes=2), "other": dict(prompts=20, nodes=2)}, max_episodes=5)
     nodes = [reg(sched, "big", "b1"), reg(sched, "big", "b2"), reg(sched, "other", "o1"), reg(sched, "other", "o2")]
     got = [lease_ for _ in range(3) for node in nodes for lease_ in lease(sched, node, 8)]
-    assert len(got) == 5 and sched.pool.inflight[URL] == 5  # the smallest cap of the jobs sharing the backend
-    assert sum(sched.pinned("big").values()) + sum(sched.pinned("other").values()) == 5
+    assert len(got) == 5 and sched.work.pool.inflight[URL] == 5  # the smallest cap of the jobs sharing the backend
+    assert sum(sched.work.pool.pinned("big").values()) + sum(sched.work.pool.pinned("other").values()) == 5
     # the rest waits queued, no attempt used, the job not idle
     assert queued_attempts(sched, "big")["queued"] + queued_attempts(sched, "other")["queued"] == 35
-    resp = asyncio.run(sched.lease(nodes[0], 8))
+    resp = asyncio.run(sched.work.attempts.lease(nodes[0], 8))
     assert resp.leases == [] and not resp.done
 
 
@@ -92,28 +94,28 @@ def test_admission_is_released_on_leaving_run_failure_cancel_and_expiry(tmp_path
     first = lease(sched, node, 4)
     assert len(first) == 1 and lease(sched, node, 4) == []
     # RUN ends (the daemon's beat names it in left_run): the next episode is admitted, EVAL goes on
-    sched.heartbeat(node, Heartbeat(stages={first[0].attempt_id: "eval"}, left_run=[first[0].attempt_id]))
+    sched.work.calls.heartbeat(node, Heartbeat(stages={first[0].attempt_id: "eval"}, left_run=[first[0].attempt_id]))
     second = lease(sched, node, 4)
     assert len(second) == 1 and lease(sched, node, 4) == []
     # a failed attempt (infra, retried) gives its admission back
-    sched.results(node, ResultBatch(results=[infra(second[0])]))
+    sched.work.calls.results(node, ResultBatch(results=[infra(second[0])]))
     third = lease(sched, node, 4)
     assert len(third) == 1 and lease(sched, node, 4) == []
     # the node dies: its lease expires and the admission comes back
     clock.t += 11
-    assert sched.expire() >= 1
+    assert sched.work.attempts.expire() >= 1
     node2 = reg(sched, "j", "n2")
     fourth = lease(sched, node2, 4)
     assert len(fourth) == 1 and lease(sched, node2, 4) == []
     # a deleted job's cancelled items give it back
     asyncio.run(sched.forget(store.get("j")))
-    assert sched.pool.inflight[URL] == 0 and sched.pool.admission.admitted[URL]["j"] == 0
+    assert sched.work.pool.inflight[URL] == 0 and sched.work.pool.admission.admitted[URL]["j"] == 0
 
 
 def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path, store_location):
     _, sched, _ = make(tmp_path, store_location, {"wide": dict(prompts=1, cap=100), "default": dict(prompts=10)}, max_episodes=3)
     w = reg(sched, "wide", "w")
-    sched.results(w, ResultBatch(results=[ok(x) for x in lease(sched, w, 4)]))  # done: holds and wants nothing
+    sched.work.calls.results(w, ResultBatch(results=[ok(x) for x in lease(sched, w, 4)]))  # done: holds and wants nothing
     assert len(lease(sched, reg(sched, "default", "d"), 8)) == 3
 
 
@@ -125,14 +127,14 @@ def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path, store_lo
     assert lease(sched, small, 8) == []  # refused: the small job now waits for a slot
     small_got = []
     for _ in range(2):  # the big job's episodes end; its node asks first, but the slot is owed to the small job
-        sched.results(big, ResultBatch(results=[ok(running.pop(0))]))
+        sched.work.calls.results(big, ResultBatch(results=[ok(running.pop(0))]))
         assert lease(sched, big, 8) == []
         small_got += lease(sched, small, 8)
     assert len(small_got) == 2 and len(running) == 2  # equal weights: half of the cap each
-    sched.results(big, ResultBatch(results=[ok(running.pop(0))]))
+    sched.work.calls.results(big, ResultBatch(results=[ok(running.pop(0))]))
     running += lease(sched, big, 8)  # now the big job is behind: it gets the slot back
     assert len(running) == 2 and lease(sched, small, 8) == []
-    sched.results(small, ResultBatch(results=[ok(small_got[0])]))
+    sched.work.calls.results(small, ResultBatch(results=[ok(small_got[0])]))
     last = lease(sched, small, 8)  # its own slot freed: the small job's last item starts at once
     assert [x.prompt for x in small_got + last] == [0, 1, 2]
 
@@ -151,10 +153,10 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path, sto
                 live[lease_.attempt_id] = (job, lease_)
                 granted[job] += 1
                 steady[job] += step >= 40  # past the first fill
-        assert sched.pool.inflight[URL] == len(live) <= 8
+        assert sched.work.pool.inflight[URL] == len(live) <= 8
         aid = next(iter(live))  # episodes of equal length: the oldest ends first
         job, lease_ = live.pop(aid)
-        ack = sched.results(nodes[job], ResultBatch(results=[ok(lease_)]))
+        ack = sched.work.calls.results(nodes[job], ResultBatch(results=[ok(lease_)]))
         assert ack.accepted == [aid]
         delivered += 1
     ratio = steady["heavy"] / steady["light"]
@@ -167,11 +169,11 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path, sto
                 live[lease_.attempt_id] = (job, lease_)
         for aid in sorted(live):
             job, lease_ = live.pop(aid)
-            sched.results(nodes[job], ResultBatch(results=[ok(lease_)]))
+            sched.work.calls.results(nodes[job], ResultBatch(results=[ok(lease_)]))
     for job in nodes:
-        rows = [json.loads(data) for _, data in sched.trajectories(job, limit=10_000)]
+        rows = [json.loads(data) for _, data in sched.work.feed.trajectories(job, limit=10_000)]
         assert sorted(t["prompt"] for t in rows) == list(range(240))
-    assert sched.pool.inflight[URL] == 0
+    assert sched.work.pool.inflight[URL] == 0
 
 
 def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path, store_location):
@@ -180,7 +182,7 @@ def test_slots_freed_together_go_by_weight_whoever_asks_first(tmp_path, store_lo
     running = lease(sched, heavy, 3)
     running_light = lease(sched, light, 8)
     assert len(running) == 3 and len(running_light) == 1 and lease(sched, heavy, 8) == []  # 3:1, both waiting
-    sched.results(heavy, ResultBatch(results=[ok(x) for x in running[:2]]))  # two heavy slots free in one report
+    sched.work.calls.results(heavy, ResultBatch(results=[ok(x) for x in running[:2]]))  # two heavy slots free in one report
     assert lease(sched, light, 8) == []  # light asks first: both slots are heavy's (its tags 2/3 and 1 < 2)
     assert len(lease(sched, heavy, 8)) == 2
 
@@ -190,7 +192,7 @@ def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path, store_l
     a, b = reg(sched, "a", "a1"), reg(sched, "b", "b1")
     held = lease(sched, a, 4)
     assert len(held) == 2 and lease(sched, b, 4) == []  # b waits (marked)
-    sched.results(a, ResultBatch(results=[ok(held[0])]))
+    sched.work.calls.results(a, ResultBatch(results=[ok(held[0])]))
     assert lease(sched, a, 4) == []  # owed to b
     clock.t += WANT_SECONDS + 1  # b's daemon died without asking again
     assert len(lease(sched, a, 4)) == 1
@@ -200,11 +202,11 @@ def test_restart_restores_each_job_s_admissions(tmp_path, store_location):
     store, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=3)
     lease(sched, reg(sched, "a", "a1"), 2)
     lease(sched, reg(sched, "b", "b1"), 4)
-    again = Scheduler(store, clock=lambda: 2000.0, max_episodes=3)
+    again = Scheduler(build_work(store, clock=lambda: 2000.0, max_episodes=3))
     for name in ("a", "b"):
-        again.jobs.get(name)
-    assert again.pool.inflight[URL] == 3
-    assert dict(again.pool.admission.admitted[URL]) == {"a": 2, "b": 1}
+        again.work.jobs.get(name)
+    assert again.work.pool.inflight[URL] == 3
+    assert dict(again.work.pool.admission.admitted[URL]) == {"a": 2, "b": 1}
     assert lease(again, reg(again, "b", "b2"), 4) == []
 
 
@@ -225,21 +227,21 @@ def test_the_cap_comes_from_the_max_num_seqs_vllm_reports(tmp_path, store_locati
         return httpx.Response(404)
 
     _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=10)})
-    sched.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    sched.work.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
     node = reg(sched, "j", "n")
-    sched.pool.admission.learning = True  # as the scheduler's loop sets it: a backend not asked yet waits
+    sched.work.pool.admission.learning = True  # as the scheduler's loop sets it: a backend not asked yet waits
     assert lease(sched, node, 8) == []
-    asyncio.run(sched.check_health())
+    asyncio.run(background.check_health(sched.work))
     assert "/server_info" in asked
     assert len(lease(sched, node, 8)) == 3
     # an engine that does not say: the documented fallback
     (tmp_path / "x").mkdir()
     _, other, _ = make(tmp_path / "x", new_store_location(), {"j": dict(prompts=10)})
-    other.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(
+    other.work.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(
         lambda r: httpx.Response(200 if r.url.path == "/health" else 404)))
-    other.jobs.get("j")
-    asyncio.run(other.check_health())
-    assert other.pool.admission.cap(URL) == FALLBACK_EPISODES
+    other.work.jobs.get("j")
+    asyncio.run(background.check_health(other.work))
+    assert other.work.pool.admission.cap(URL) == FALLBACK_EPISODES
 
 
 def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(tmp_path, store_location):
@@ -249,14 +251,14 @@ def test_an_engine_slow_to_say_its_max_num_seqs_is_asked_again_then_falls_back(t
         return httpx.Response(200)
 
     _, sched, _ = make(tmp_path, store_location, {"j": dict(prompts=10)})
-    sched.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
-    sched.jobs.get("j")
-    sched.pool.admission.learning = True
+    sched.work.health.http._client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    sched.work.jobs.get("j")
+    sched.work.pool.admission.learning = True
     for _ in range(2):
-        asyncio.run(sched.check_health())
-        assert sched.pool.admission.cap(URL) == 0  # not known yet: episodes wait for the answer
-    asyncio.run(sched.check_health())
-    assert sched.pool.admission.cap(URL) == FALLBACK_EPISODES
+        asyncio.run(background.check_health(sched.work))
+        assert sched.work.pool.admission.cap(URL) == 0  # not known yet: episodes wait for the answer
+    asyncio.run(background.check_health(sched.work))
+    assert sched.work.pool.admission.cap(URL) == FALLBACK_EPISODES
 
 
 def test_a_lease_waiting_for_a_slot_is_answered_when_one_frees(tmp_path, store_location):
@@ -266,11 +268,11 @@ def test_a_lease_waiting_for_a_slot_is_answered_when_one_frees(tmp_path, store_l
 
     async def scenario():
         a, b = reg(sched, "j", "a"), reg(sched, "j", "b")
-        [first] = (await sched.lease(a, 1)).leases  # the backend's one slot
-        waiting = asyncio.create_task(sched.lease(b, 1, wait=120))
+        [first] = (await sched.work.attempts.lease(a, 1)).leases  # the backend's one slot
+        waiting = asyncio.create_task(sched.work.attempts.lease(b, 1, wait=120))
         await asyncio.sleep(0)  # b asked, was refused, and waits
         assert not waiting.done()
-        sched.results(a, ResultBatch(results=[ok(first)]))
+        sched.work.calls.results(a, ResultBatch(results=[ok(first)]))
         return await asyncio.wait_for(waiting, 30)  # un-woken, it would wait its whole 120 s
 
     assert len(asyncio.run(scenario()).leases) == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.controller.errors import BadRequest, Conflict
+from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
@@ -37,13 +38,13 @@ def make(tmp_path, store_location, *, prompts=20, samples=4, dapo=True, target=3
         doc["spec"]["policy"] = {"maxStaleness": max_staleness}
     store = Store(store_location)
     store.apply(RolloutJob.model_validate(doc))
-    sched = Scheduler(store)
-    node = sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n")).node_id
+    sched = Scheduler(build_work(store))
+    node = sched.work.registry.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name="n")).node_id
     return store, sched, node
 
 
 def lease_all(sched, node):
-    return asyncio.run(sched.lease(node, 1000)).leases
+    return asyncio.run(sched.work.attempts.lease(node, 1000)).leases
 
 
 def report(sched, node, leases, reward_of, infra=()):
@@ -54,7 +55,7 @@ def report(sched, node, leases, reward_of, infra=()):
         else:
             t = Trajectory(job="x", prompt=0, sample=0, reward=reward_of(l.prompt, l.sample))
         results.append(Result(attempt_id=l.attempt_id, trajectory=t))
-    return sched.results(node, ResultBatch(results=results))
+    return sched.work.calls.results(node, ResultBatch(results=results))
 
 
 def mixed_every_third(prompt, sample):
@@ -103,7 +104,7 @@ def test_surplus_is_cancelled_when_the_target_is_met(tmp_path, store_location):
     p2 = [l for l in leases if l.prompt == 2]
     report(sched, node, p2, mixed_every_third)  # prompt 2 is informative: the batch is full
     others = [l for l in leases if l.prompt != 2]
-    hb = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in others}))
+    hb = sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in others}))
     assert sorted(hb.cancel) == sorted(l.attempt_id for l in others)
     snap = asyncio.run(sched.batch("math-demo", 1))
     assert snap["state"] == "complete" and snap["cancelledRollouts"] == 8
@@ -120,7 +121,7 @@ def test_carry_over_keeps_partial_groups_for_the_next_batch(tmp_path, store_loca
     report(sched, node, done_half, mixed_every_third)
     report(sched, node, [l for l in leases if l.prompt == 2], mixed_every_third)  # batch 1 full
     running = [l for l in leases if l.prompt in (0, 1) and l not in done_half]
-    hb = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in running}))
+    hb = sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in running}))
     assert hb.cancel == [] and hb.unknown == []  # the partial groups keep running
     with pytest.raises(BadRequest):
         sched.request_batch("math-demo", 3)  # batches come in order
@@ -167,7 +168,7 @@ def test_cursor_survives_a_restart(tmp_path, store_location):
     sched.request_batch("math-demo")
     while leases := lease_all(sched, node):
         report(sched, node, leases, lambda p, s: 1.0)
-    again = Scheduler(store)  # the daemon carries on with its node id (a restart keeps the nodes)
+    again = Scheduler(build_work(store))  # the daemon carries on with its node id (a restart keeps the nodes)
     assert again.request_batch("math-demo")["batch"] == 2
     assert sorted({l.prompt for l in lease_all(again, node)}) == [2, 3]
 
@@ -191,7 +192,7 @@ def test_stale_samples_are_re_run(tmp_path, store_location):
     # in flight when version 1 comes: one version behind, more than the bound; the daemon is told to drop them
     answer = asyncio.run(sched.announce_policy("math-demo", 1, pause=False))
     assert answer["staleness"] == {"cancelledRollouts": 4, "sweptGroups": 0}
-    hb = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in leases}))
+    hb = sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in leases}))
     assert sorted(hb.unknown) == sorted(l.attempt_id for l in leases)
     again = lease_all(sched, node)
     assert len(again) == 4 and all(l.policy_version == 1 for l in again)
@@ -201,8 +202,8 @@ def test_stale_samples_are_re_run(tmp_path, store_location):
     old = [Result(attempt_id=l.attempt_id, trajectory=Trajectory(job="x", prompt=0, sample=0, reward=1.0,
                                                                  policy_version=1, policy_versions=[1]))
            for l in again]
-    ack = sched.results(node, ResultBatch(results=old))
-    assert len(ack.accepted) == 4 and sched.trajectories("math-demo") == []  # re-queued, not delivered
+    ack = sched.work.calls.results(node, ResultBatch(results=old))
+    assert len(ack.accepted) == 4 and sched.work.feed.trajectories("math-demo") == []  # re-queued, not delivered
     assert len(lease_all(sched, node)) == 4
     assert sched.policy("math-demo")["staleness"]["cancelledRollouts"] == 8
 
@@ -233,7 +234,7 @@ def test_a_batch_that_keeps_losing_groups_to_infrastructure_fails_instead_of_loo
     assert every["state"] == "failed"
     prog = asyncio.run(sched.progress(store.get("math-demo")))
     assert prog.failed and "infrastructure" in prog.failed
-    delivered = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    delivered = [json.loads(d) for _, d in sched.work.feed.trajectories("math-demo")]
     assert delivered and all(t["reward"] is None and t["failure"]["kind"] == "infra" for t in delivered)
     assert all(t["group"] is not None for t in delivered)
 
@@ -290,7 +291,7 @@ def test_an_infrastructure_failure_in_a_group_re_runs_that_sample_only(tmp_path,
     bad = [l for l in leases if l.sample == 2]
     good = [l for l in leases if l.sample != 2]
     report(sched, node, good, lambda p, s: float(s % 2))
-    sched.results(node, ResultBatch(results=[Result(attempt_id=bad[0].attempt_id, trajectory=Trajectory(
+    sched.work.calls.results(node, ResultBatch(results=[Result(attempt_id=bad[0].attempt_id, trajectory=Trajectory(
         job="x", prompt=0, sample=0, failure=Failure(kind="infra", reason="sandbox died")))]))
     again = lease_all(sched, node)
     assert [(l.prompt, l.sample) for l in again] == [(bad[0].prompt, 2)]  # that sample, not the group
@@ -310,6 +311,6 @@ def test_a_backend_that_fails_to_load_is_reported_and_the_daemons_keep_its_old_v
     assert answer["mode"] == "keep" and answer["version"] == 1 and answer["drained"] is False
     [b] = answer["backends"]
     assert b["url"] == "http://a" and b["error"] and b["reloaded"] is False
-    hb = sched.heartbeat(node, Heartbeat())
+    hb = sched.work.calls.heartbeat(node, Heartbeat())
     assert hb.policy_version == 1 and hb.llm_paused is False
     assert hb.backend_versions == {"http://a": None} and hb.llm_fence == 1

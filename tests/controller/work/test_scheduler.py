@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.controller.work.backends import BackendPool
+from rolloutd.controller.work.core import build_work
+from rolloutd.controller.work import background
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
@@ -44,14 +46,14 @@ def make(tmp_path, store_location, prompts=3, samples=2, backends=("http://a", "
     store = Store(store_location)
     store.apply(RolloutJob.model_validate(doc))
     clock = Clock()
-    sched = Scheduler(store, clock=clock, on_idle=on_idle)
+    sched = Scheduler(build_work(store, clock=clock, on_idle=on_idle))
     job = store.get("math-demo")
-    sched.expand(job)
+    sched.work.expansions.expand(job)
     return store, sched, clock, job
 
 
 def reg(sched, name="n1"):
-    return sched.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name=name)).node_id
+    return sched.work.registry.register(RegisterRequest(job="math-demo", protocol=NODE_PROTOCOL, name=name)).node_id
 
 
 def ok(lease, reward=1.0):
@@ -64,7 +66,7 @@ def infra(lease):
 
 
 def lease(sched, node, n):
-    return asyncio.run(sched.lease(node, n)).leases
+    return asyncio.run(sched.work.attempts.lease(node, n)).leases
 
 
 def test_every_item_delivered_exactly_once(tmp_path, store_location):
@@ -73,11 +75,11 @@ def test_every_item_delivered_exactly_once(tmp_path, store_location):
     leases = lease(sched, node, 100)
     assert sorted((l.prompt, l.sample) for l in leases) == [(p, s) for p in range(3) for s in range(2)]
     assert lease(sched, node, 100) == []  # nothing left to lease
-    ack = sched.results(node, ResultBatch(results=[ok(l) for l in leases]))
+    ack = sched.work.calls.results(node, ResultBatch(results=[ok(l) for l in leases]))
     assert len(ack.accepted) == 6
-    again = sched.results(node, ResultBatch(results=[ok(leases[0])]))  # a duplicate report
+    again = sched.work.calls.results(node, ResultBatch(results=[ok(leases[0])]))  # a duplicate report
     assert again.accepted == [] and leases[0].attempt_id in again.dropped
-    rows = sched.trajectories("math-demo")
+    rows = sched.work.feed.trajectories("math-demo")
     assert len(rows) == 6
     got = sorted((json.loads(d)["prompt"], json.loads(d)["sample"]) for _, d in rows)
     assert got == [(p, s) for p in range(3) for s in range(2)]  # job/prompt/sample come from the item
@@ -113,10 +115,10 @@ def test_the_last_result_of_a_job_marks_it_succeeded_without_waiting_for_a_resyn
         task = asyncio.create_task(observe("math-demo", "default", rec, stopped))
         try:
             await until(lambda: phase() == "Running", 5, "the first pass")
-            leases = (await sched.lease(node, 100)).leases
-            sched.results(node, ResultBatch(results=[ok(l) for l in leases[:3]]))
+            leases = (await sched.work.attempts.lease(node, 100)).leases
+            sched.work.calls.results(node, ResultBatch(results=[ok(l) for l in leases[:3]]))
             assert idle == []  # one item still leased
-            sched.results(node, ResultBatch(results=[ok(leases[3])]))
+            sched.work.calls.results(node, ResultBatch(results=[ok(leases[3])]))
             assert idle == ["math-demo"]
             await until(lambda: phase() == "Succeeded", 5, "Succeeded (the next periodic pass is 60 s away)")
             await asyncio.wait_for(task, 5)  # a finished job's daemon ends by itself
@@ -132,14 +134,14 @@ def test_expired_lease_is_requeued_and_late_result_dropped(tmp_path, store_locat
     n1, n2 = reg(sched, "n1"), reg(sched, "n2")
     [first] = lease(sched, n1, 1)
     clock.t += 11  # n1 went silent past its lease; n2 kept beating
-    sched.heartbeat(n2, Heartbeat())
-    assert sched.expire() == 1
+    sched.work.calls.heartbeat(n2, Heartbeat())
+    assert sched.work.attempts.expire() == 1
     [second] = lease(sched, n2, 1)
     assert second.item == first.item and second.attempt == 2 and second.attempt_id != first.attempt_id
-    late = sched.results(n1, ResultBatch(results=[ok(first)]))
+    late = sched.work.calls.results(n1, ResultBatch(results=[ok(first)]))
     assert late.accepted == [] and "stale" in late.dropped[first.attempt_id]
-    assert sched.results(n2, ResultBatch(results=[ok(second)])).accepted == [second.attempt_id]
-    assert len(sched.trajectories("math-demo")) == 1
+    assert sched.work.calls.results(n2, ResultBatch(results=[ok(second)])).accepted == [second.attempt_id]
+    assert len(sched.work.feed.trajectories("math-demo")) == 1
 
 
 def test_heartbeat_extends_leases(tmp_path, store_location):
@@ -148,8 +150,8 @@ def test_heartbeat_extends_leases(tmp_path, store_location):
     [l] = lease(sched, node, 1)
     for _ in range(5):
         clock.t += 6
-        sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
-        assert sched.expire() == 0
+        sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "run"}))
+        assert sched.work.attempts.expire() == 0
     assert asyncio.run(sched.progress(job)).counts.run == 1
 
 
@@ -162,12 +164,12 @@ def test_a_lease_the_daemon_never_received_expires_although_the_node_beats(tmp_p
     got, lost = lease(sched, node, 2)
     for _ in range(3):
         clock.t += 6  # leaseSeconds is 10
-        sched.heartbeat(node, Heartbeat(stages={got.attempt_id: "run"}))
-    assert sched.expire() == 1
+        sched.work.calls.heartbeat(node, Heartbeat(stages={got.attempt_id: "run"}))
+    assert sched.work.attempts.expire() == 1
     again = lease(sched, node, 5)
     assert [(l.prompt, l.sample) for l in again] == [(lost.prompt, lost.sample)]
     assert again[0].attempt_id != lost.attempt_id
-    ack = sched.results(node, ResultBatch(results=[ok(got), ok(again[0])]))
+    ack = sched.work.calls.results(node, ResultBatch(results=[ok(got), ok(again[0])]))
     assert len(ack.accepted) == 2 and asyncio.run(sched.progress(job)).done
 
 
@@ -175,12 +177,12 @@ def test_infra_failure_is_retried_then_delivered_without_reward(tmp_path, store_
     store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1, max_attempts=2)
     node = reg(sched)
     [a1] = lease(sched, node, 1)
-    sched.results(node, ResultBatch(results=[infra(a1)]))
-    assert sched.trajectories("math-demo") == []  # retried, not delivered
+    sched.work.calls.results(node, ResultBatch(results=[infra(a1)]))
+    assert sched.work.feed.trajectories("math-demo") == []  # retried, not delivered
     [a2] = lease(sched, node, 1)
     assert a2.attempt == 2
-    sched.results(node, ResultBatch(results=[infra(a2)]))
-    [(_, data)] = sched.trajectories("math-demo")
+    sched.work.calls.results(node, ResultBatch(results=[infra(a2)]))
+    [(_, data)] = sched.work.feed.trajectories("math-demo")
     t = json.loads(data)
     assert t["failure"]["kind"] == "infra" and t["reward"] is None
     prog = asyncio.run(sched.progress(job))
@@ -191,8 +193,8 @@ def test_give_back_requeues_without_using_an_attempt(tmp_path, store_location):
     store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=2)
     node = reg(sched)
     leases = lease(sched, node, 2)
-    assert sched.give_back(node, [l.attempt_id for l in leases], "SIGTERM") == 2
-    sched.deregister(node)  # what a SIGTERMed daemon does next (else n2's fair share would be 1 of 2)
+    assert sched.work.attempts.give_back(node, [l.attempt_id for l in leases], "SIGTERM") == 2
+    sched.work.registry.deregister(node)  # what a SIGTERMed daemon does next (else n2's fair share would be 1 of 2)
     again = lease(sched, reg(sched, "n2"), 2)
     assert [l.attempt for l in again] == [1, 1]
 
@@ -203,13 +205,13 @@ def test_min_heap_balances_inflight_within_one_and_releases_on_leaving_run(tmp_p
     live = []
     for step in range(10):
         live += lease(sched, node, 2)
-        counts = [sched.pool.inflight[u] for u in ("http://a", "http://b", "http://c")]
+        counts = [sched.work.pool.inflight[u] for u in ("http://a", "http://b", "http://c")]
         assert max(counts) - min(counts) <= 1, counts
         if step % 3 == 2:  # some tasks leave RUN: their backend slot is freed at once
             done, live = live[:3], live[3:]
-            sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "eval" for l in done},
+            sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "eval" for l in done},
                                             left_run=[l.attempt_id for l in done]))
-    assert sum(sched.pool.inflight.values()) == len(live)
+    assert sum(sched.work.pool.inflight.values()) == len(live)
 
 
 def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp_path, store_location):
@@ -218,11 +220,11 @@ def test_unhealthy_backend_gets_no_new_tasks_and_unstarted_ones_are_repinned(tmp
     leases = lease(sched, node, 4)
     on_a = [l for l in leases if l.backend == "http://a"]
     assert len(on_a) == 2
-    sched.pool.set_health("http://a", False, "connection refused")
-    resp = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "init" for l in on_a}))
+    sched.work.pool.set_health("http://a", False, "connection refused")
+    resp = sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "init" for l in on_a}))
     assert set(resp.repin) == {l.attempt_id for l in on_a}
     assert set(resp.repin.values()) == {"http://b"}
-    assert sched.pool.inflight["http://b"] == 4 and sched.pool.inflight["http://a"] == 0
+    assert sched.work.pool.inflight["http://b"] == 4 and sched.work.pool.inflight["http://a"] == 0
 
 
 def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path, store_location):
@@ -238,18 +240,18 @@ def test_a_slow_health_answer_is_busy_a_refused_connection_is_down(tmp_path, sto
     try:
         store, sched, clock, job = make(tmp_path, store_location, backends=(busy, dead))
         reg(sched)  # the job's backends join the pool
-        sched.health.timeout, sched.health.slow_grace = 0.2, 10.0
+        sched.work.health.timeout, sched.work.health.slow_grace = 0.2, 10.0
 
         async def go():
-            await sched.check_health()
-            first = (sched.pool.healthy(busy), sched.pool.healthy(dead))
+            await background.check_health(sched.work)
+            first = (sched.work.pool.healthy(busy), sched.work.pool.healthy(dead))
             clock.t += 11.0
-            await sched.check_health()
+            await background.check_health(sched.work)
             return first
 
         assert asyncio.run(go()) == (True, False)
-        assert not sched.pool.healthy(busy) and "unanswered for 11s" in sched.pool.unhealthy[busy]
-        assert "connection failed" in sched.pool.unhealthy[dead]  # a fixed reason, never the error text
+        assert not sched.work.pool.healthy(busy) and "unanswered for 11s" in sched.work.pool.unhealthy[busy]
+        assert "connection failed" in sched.work.pool.unhealthy[dead]  # a fixed reason, never the error text
     finally:
         silent.close()
         closed.close()
@@ -261,8 +263,8 @@ def test_a_daemon_of_another_protocol_is_refused_with_a_clear_reason(tmp_path, s
     store, sched, clock, job = make(tmp_path, store_location)
     for protocol in (None, NODE_PROTOCOL + 1):  # a daemon from before the check; a newer one
         with pytest.raises(BadRequest, match="no newer than the controller"):
-            sched.register(RegisterRequest(job="math-demo", protocol=protocol, name="old"))
-    assert sched.nodes("math-demo") == []
+            sched.work.registry.register(RegisterRequest(job="math-demo", protocol=protocol, name="old"))
+    assert sched.work.registry.nodes("math-demo") == []
 
 
 def test_removed_backend_repins_tasks_not_yet_running(tmp_path, store_location):
@@ -272,7 +274,7 @@ def test_removed_backend_repins_tasks_not_yet_running(tmp_path, store_location):
     job = store.get("math-demo")
     job.spec.llm.backends = [b for b in job.spec.llm.backends if b.url != l1.backend]
     store.apply(job)
-    resp = sched.heartbeat(node, Heartbeat(stages={l1.attempt_id: "leased", l2.attempt_id: "run"}))
+    resp = sched.work.calls.heartbeat(node, Heartbeat(stages={l1.attempt_id: "leased", l2.attempt_id: "run"}))
     assert resp.repin == {l1.attempt_id: l2.backend}  # the running one keeps its backend
 
 
@@ -281,18 +283,18 @@ def test_deleting_a_job_cancels_live_attempts(tmp_path, store_location):
     node = reg(sched)
     a, b = lease(sched, node, 2)
     asyncio.run(sched.forget(job))
-    resp = sched.heartbeat(node, Heartbeat(stages={a.attempt_id: "run", b.attempt_id: "init"}))
+    resp = sched.work.calls.heartbeat(node, Heartbeat(stages={a.attempt_id: "run", b.attempt_id: "init"}))
     assert sorted(resp.cancel) == sorted([a.attempt_id, b.attempt_id])
-    assert sched.results(node, ResultBatch(results=[ok(a)])).dropped[a.attempt_id] == "cancelled"
-    assert sum(sched.pool.inflight.values()) == 0
+    assert sched.work.calls.results(node, ResultBatch(results=[ok(a)])).dropped[a.attempt_id] == "cancelled"
+    assert sum(sched.work.pool.inflight.values()) == 0
 
 
 def test_restart_restores_backend_pins(tmp_path, store_location):
     store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
     node = reg(sched)
     lease(sched, node, 2)
-    again = Scheduler(store)
-    assert again.pool.inflight["http://a"] == 1 and again.pool.inflight["http://b"] == 1
+    again = Scheduler(build_work(store))
+    assert again.work.pool.inflight["http://a"] == 1 and again.work.pool.inflight["http://b"] == 1
 
 
 def test_bad_dataset_fails_the_job_with_its_message(tmp_path, store_location):
@@ -327,16 +329,16 @@ def test_a_config_failure_fails_the_job_unscored_and_cancels_the_rest(tmp_path, 
     why = "spec.agent.sampling.maxTotalTokens: the prompt of task q0 has 1017 tokens, more than 512"
     bad = Result(attempt_id=leases[0].attempt_id, trajectory=Trajectory(
         job="x", prompt=0, sample=0, failure=Failure(kind="config", reason=why)))
-    assert sched.results(node, ResultBatch(results=[bad])).accepted == [leases[0].attempt_id]
+    assert sched.work.calls.results(node, ResultBatch(results=[bad])).accepted == [leases[0].attempt_id]
     progress = asyncio.run(sched.progress(store.get("math-demo")))
     assert progress.failed == why and not progress.done
-    [row] = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    [row] = [json.loads(d) for _, d in sched.work.feed.trajectories("math-demo")]
     assert row["reward"] is None and row["failure"] == {"kind": "config", "reason": why}
     # the other rollouts would fail the same way: cancelled on the daemon at its next beat, not scored
-    beat = sched.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in leases[1:]}))
+    beat = sched.work.calls.heartbeat(node, Heartbeat(stages={l.attempt_id: "run" for l in leases[1:]}))
     assert sorted(beat.cancel) == sorted(l.attempt_id for l in leases[1:])
-    late = sched.results(node, ResultBatch(results=[ok(leases[1])]))
-    assert late.dropped == {leases[1].attempt_id: "cancelled"} and len(sched.trajectories("math-demo")) == 1
+    late = sched.work.calls.results(node, ResultBatch(results=[ok(leases[1])]))
+    assert late.dropped == {leases[1].attempt_id: "cancelled"} and len(sched.work.feed.trajectories("math-demo")) == 1
     assert lease(sched, reg(sched, "n2"), 10) == []
 
 
@@ -344,17 +346,17 @@ def test_a_failure_during_an_outage_of_every_backend_uses_no_attempt(tmp_path, s
     store, sched, clock, job = make(tmp_path, store_location, prompts=1, samples=1, backends=("http://a",), max_attempts=1)
     node = reg(sched)
     [first] = lease(sched, node, 1)
-    sched.pool.set_health("http://a", False, "connection refused")
-    ack = sched.results(node, ResultBatch(results=[infra(first)]))
+    sched.work.pool.set_health("http://a", False, "connection refused")
+    ack = sched.work.calls.results(node, ResultBatch(results=[infra(first)]))
     assert ack.accepted == [first.attempt_id]
-    assert sched.trajectories("math-demo") == []  # not given up although maxAttempts is 1
+    assert sched.work.feed.trajectories("math-demo") == []  # not given up although maxAttempts is 1
     assert lease(sched, node, 1) == []  # leasing pauses while no backend is healthy
-    sched.pool.set_health("http://a", True)
+    sched.work.pool.set_health("http://a", True)
     [again] = lease(sched, node, 1)
     assert again.attempt == 1 and again.backend == "http://a"
     # with a healthy backend the same failure is the rollout's: its one attempt is used up
-    sched.results(node, ResultBatch(results=[infra(again)]))
-    [row] = [json.loads(d) for _, d in sched.trajectories("math-demo")]
+    sched.work.calls.results(node, ResultBatch(results=[infra(again)]))
+    [row] = [json.loads(d) for _, d in sched.work.feed.trajectories("math-demo")]
     assert row["failure"]["kind"] == "infra" and row["reward"] is None
 
 
@@ -371,11 +373,11 @@ def test_queued_work_is_divided_among_the_job_s_nodes_by_fair_share(tmp_path, st
     leased = [(l.prompt, l.sample) for v in got.values() for l in v]
     assert sorted(leased) == [(p, k) for p in range(3) for k in range(2)]
     # a node that gives its share back (SIGTERM) leaves it to the others
-    sched.give_back(first, [l.attempt_id for l in got[first]], "SIGTERM")
-    sched.deregister(first)
+    sched.work.attempts.give_back(first, [l.attempt_id for l in got[first]], "SIGTERM")
+    sched.work.registry.deregister(first)
     second = list(got)[1]
     assert lease(sched, second, 100) == []  # 6 live over the 3 nodes the job asked for: it holds its 2
-    sched.results(second, ResultBatch(results=[ok(l) for l in got[second]]))
+    sched.work.calls.results(second, ResultBatch(results=[ok(l) for l in got[second]]))
     assert len(lease(sched, second, 100)) == 2  # 4 live: ceil(4 / 3) = 2, so the queue never stalls
 
 
@@ -411,16 +413,16 @@ def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path, s
     try:
         store, sched, clock, job = make(tmp_path, store_location, backends=(url,))
         reg(sched)
-        sched.health.timeout, sched.health.slow_grace = 0.2, 0.0  # a timeout would mark it down at once
+        sched.work.health.timeout, sched.work.health.slow_grace = 0.2, 0.0  # a timeout would mark it down at once
 
         async def go():
-            probe = asyncio.create_task(sched.check_health())
+            probe = asyncio.create_task(background.check_health(sched.work))
             await asyncio.sleep(0.02)  # the probe is on its way
             time.sleep(1.0)  # the loop does not come back for a second
             await probe
 
         asyncio.run(go())
-        assert sched.pool.healthy(url), sched.pool.unhealthy
+        assert sched.work.pool.healthy(url), sched.work.pool.unhealthy
     finally:
         sched.stop()
         server.shutdown()
@@ -434,8 +436,8 @@ def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path, 
     store, sched, clock, job = make(tmp_path, store_location)
     quiet, talking = reg(sched, "quiet"), reg(sched, "talking")
     clock.t += NODE_SILENCE_SECONDS + 1
-    sched.heartbeat(talking, Heartbeat())
-    sched.expire()
-    assert [(n.id, n.state) for n in sched.nodes("math-demo")] == [(talking, "active")]  # `nodes` omits the gone
+    sched.work.calls.heartbeat(talking, Heartbeat())
+    sched.work.attempts.expire()
+    assert [(n.id, n.state) for n in sched.work.registry.nodes("math-demo")] == [(talking, "active")]  # `nodes` omits the gone
     with pytest.raises(NotFound):
-        sched.heartbeat(quiet, Heartbeat())
+        sched.work.calls.heartbeat(quiet, Heartbeat())

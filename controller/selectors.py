@@ -10,7 +10,7 @@ from typing import Any
 
 from rolloutd.crds.k8s_names import valid_label_key, valid_label_value
 
-from ..errors import BadRequest
+from .errors import BadRequest
 
 Term = tuple[str, str, Any]  # (key, op, value); op: = != exists !exists in notin
 _EQUALITY = re.compile(r"^\s*(?P<neg>!)?\s*(?P<key>[^!=\s()]+)\s*(?:(?P<op>==|!=|=)\s*(?P<value>[^!=\s]*))?\s*$")

@@ -1,0 +1,48 @@
+"""A node's beats and results, each in a transaction: alone (tools, tests) or committed with the other node calls
+of this turn of the loop (`hot_sql.GroupCommit`, the node routes). `attempts.Attempts` does the work."""
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from rolloutd.crds.node import Heartbeat, HeartbeatResponse, ResultAck, ResultBatch
+
+from . import hot_sql
+from .attempts import Attempts
+from .first_tokens import FirstTokens
+from .job_state import Jobs
+from .node_registry import NodeRegistry
+
+
+class NodeCalls:
+    def __init__(self, engine: Engine, jobs: Jobs, registry: NodeRegistry, attempts: Attempts,
+                 first_tokens: FirstTokens) -> None:
+        """`first_tokens`: the model calls' time to first token of every reported result (a metric)."""
+        self.engine, self.jobs, self.registry, self.attempts = engine, jobs, registry, attempts
+        self.first_tokens = first_tokens
+        self.group = hot_sql.GroupCommit(engine)  # node calls committed together
+
+    def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """A beat in a transaction of its own; with `lease` (the node's free slots) the next leases ride on it."""
+        return hot_sql.run_alone(self.engine, self._beat(node_id, hb, lease))
+
+    async def heartbeat_grouped(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
+        """`heartbeat`, its transaction committed with the other calls of this turn of the loop."""
+        return await self.group.submit(self._beat(node_id, hb, lease))
+
+    def _beat(self, node_id: str, hb: Heartbeat, lease: int | None) -> hot_sql.Work:
+        job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
+        self.first_tokens.observe_all(hb.results)
+        return lambda tx: self.attempts.beat(tx, node_id, hb, lease, job)
+
+    def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
+        return hot_sql.run_alone(self.engine, self._results(node_id, batch, lease))
+
+    async def results_grouped(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
+        """`results`, committed with the other calls of this turn of the loop."""
+        return await self.group.submit(self._results(node_id, batch, lease))
+
+    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> hot_sql.Work:
+        job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
+        self.first_tokens.observe_all(batch.results)
+        return lambda tx: self.attempts.results(tx, node_id, batch, job, lease)
