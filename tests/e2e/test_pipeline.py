@@ -7,12 +7,11 @@ import os
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from support.cluster import P, Cluster, gated_job_doc, held_at_gate, job_doc
-from support.waiting import wait_until
+from support.waiting import alive, wait_until
 
 # the waits below (up to 300 s each, for a loaded machine) must end before pytest-timeout does, so
 # that a stuck job fails with Cluster.diagnose's status and log tails rather than a bare stack
@@ -50,9 +49,9 @@ def test_job_completes_and_every_rollout_arrives_exactly_once(cluster, tiny_engi
     assert len({t["node"] for t in trajs}) >= 1
     # the daemons exit by themselves once the job is done: nothing is left running
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in cluster.daemon_pids()):
+    while time.monotonic() < deadline and any(alive(p) for p in cluster.daemon_pids()):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in cluster.daemon_pids())
+    assert not any(alive(p) for p in cluster.daemon_pids())
 
 
 def test_a_job_outside_default_runs_end_to_end_under_its_namespaced_paths(cluster, tiny_engine):
@@ -65,14 +64,6 @@ def test_a_job_outside_default_runs_end_to_end_under_its_namespaced_paths(cluste
     assert_exactly_once(trajs, 2, 2)
     assert {t["job"] for t in trajs} == {"team-a/e2e-ns"}
     assert cluster.api.get(f"{P}/rolloutjobs/e2e-ns/trajectories").status_code == 404  # not `default`'s
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _wait_held(cluster: Cluster, job: str, n: int) -> None:

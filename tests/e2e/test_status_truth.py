@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from support.cluster import P, REPO, Cluster, held_at_gate, plugin_env
-from support.waiting import wait_until
+from support.waiting import alive, wait_until
 
 from rolloutd.client import JobEnded, RolloutClient
 from rolloutd.crds.kit.paths import models_dir
@@ -183,14 +183,6 @@ def test_rolloutctl_get_prints_the_table_kubectl_prints(cluster, tmp_path):
 # ---------------------------------------------------------------- 5. daemons never outlive their controller
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _descendants(pid: int) -> set[int]:
     out, todo = set(), [pid]
     while todo:
@@ -215,11 +207,11 @@ def _held_job(cluster: Cluster, tmp_path: Path, name: str, lease: float = 30) ->
 def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(own, tmp_path):
     cluster = own
     _, pids = _held_job(cluster, tmp_path, "released")
-    assert pids and all(_alive(p) for p in pids)
+    assert pids and all(alive(p) for p in pids)
     os.killpg(cluster.proc.pid, signal.SIGTERM)
     cluster.proc.wait(30)
     # ROLLOUTD_DRAIN_SECONDS is 10 in the test cluster: the held rollout is given that long, then handed back
-    wait_until(lambda: not any(_alive(p) for p in pids), 90, "the daemons to exit after the controller's SIGTERM",
+    wait_until(lambda: not any(alive(p) for p in pids), 90, "the daemons to exit after the controller's SIGTERM",
                every=0.2)
 
 
@@ -230,10 +222,10 @@ def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_
     sandbox_procs = _descendants(pid)
     assert sandbox_procs, "the held rollout's sandbox runs under the daemon"
     cluster.kill()  # SIGKILL: the daemons live on (a restart would adopt them) ...
-    assert _alive(pid)
+    assert alive(pid)
     # ... but not for ever: 20 × leaseSeconds (40 s) without an answer, then they leave
-    wait_until(lambda: not _alive(pid), 120, "the daemon to give up on its controller", every=0.2)
-    assert not [p for p in sandbox_procs if _alive(p)], "its sandboxes ended with it"
+    wait_until(lambda: not alive(pid), 120, "the daemon to give up on its controller", every=0.2)
+    assert not [p for p in sandbox_procs if alive(p)], "its sandboxes ended with it"
     log = next((cluster.data_dir / "logs").glob("orphan-node0.log")).read_text()
     assert "the controller has not answered for" in log and "20 × spec.pipeline.leaseSeconds" in log
 
@@ -243,7 +235,7 @@ def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(
     gate, pids = _held_job(cluster, tmp_path, "adopted")
     cluster.kill()
     cluster.start()
-    assert cluster.daemon_pids() == pids and all(_alive(p) for p in pids)
+    assert cluster.daemon_pids() == pids and all(alive(p) for p in pids)
     gate.touch()
     assert final(cluster, "adopted")["status"]["counts"]["scored"] == 8
     assert cluster.daemon_pids() == [] or all(p in pids for p in cluster.daemon_pids())

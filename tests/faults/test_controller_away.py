@@ -12,7 +12,7 @@ import time
 import pytest
 
 from support.cluster import held_at_gate
-from support.waiting import wait_until
+from support.waiting import alive, wait_until
 from support.fault_jobs import LEASE_SECONDS, gated_oracle_job, scored_once
 
 from rolloutd.agents.daemon.heartbeat import OUTAGE_LEASES, UNREACHABLE_LEASES
@@ -20,17 +20,9 @@ from rolloutd.agents.daemon.heartbeat import OUTAGE_LEASES, UNREACHABLE_LEASES
 ROLLOUTS = 6
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _released(cluster, pids: list[int]) -> None:
     """The finished job's daemons exit on their own (their sandboxes unmounted), before the fixture kills anything."""
-    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the finished job's daemons to exit", every=0.1)
+    wait_until(lambda: not any(alive(p) for p in pids), 60, "the finished job's daemons to exit", every=0.1)
 
 
 def _held(cluster, tmp_path, name: str):

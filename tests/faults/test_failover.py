@@ -20,7 +20,7 @@ from rolloutd.client import RolloutClient
 from rolloutd.controller.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
 from support.cluster import held_at_gate
 from support.fault_jobs import gated_oracle_job, scored_once
-from support.waiting import wait_until
+from support.waiting import alive, wait_until
 
 ROLLOUTS = 6
 BOUND = LEASE_SECONDS + RENEW_SECONDS + 4.0  # the documented bound, and the new leader's start on a loaded machine
@@ -65,16 +65,8 @@ def _mid_job(replicas, follower, tmp_path, name):
     return gate, trainer
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _finish(replicas, survivor, trainer, name, gate, pids):
-    assert pids and all(_alive(p) for p in pids), "the in-flight rollouts' daemons live on through the fail-over"
+    assert pids and all(alive(p) for p in pids), "the in-flight rollouts' daemons live on through the fail-over"
     gate.touch()  # the rollouts go on from INIT on their nodes: they report to the new leader
     survivor.wait_done(name, 180)
     scored_once(survivor, name, ROLLOUTS)
@@ -108,7 +100,7 @@ def test_leader_paused_mid_job_is_fenced_and_steps_down(replicas, tmp_path):
         new, took = replicas.wait_leader(60, other_than=leader)
         assert new is follower and took <= BOUND, f"a replica led {took:.1f} s after the leader paused"
         print(f"SIGSTOP: a replica led {took:.2f} s after the leader paused")
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         gate.touch()  # the rollouts finish while the old leader is still paused
         time.sleep(2)  # the fault itself: the old leader stays paused while the daemons move to the new one
     finally:

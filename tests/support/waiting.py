@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -28,3 +29,12 @@ async def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str =
     while not (value := _check(predicate, deadline, timeout, what)):
         await asyncio.sleep(0.01)
     return value
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: it exists and is neither a zombie nor dead (its /proc state)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
