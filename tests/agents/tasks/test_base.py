@@ -113,3 +113,23 @@ def test_answer_stash_roundtrip():
     assert t.reward_details == {"submitted": None, "final_text": "final"} and answer_text(t) == "final"
     stash_answer(t, submitted="42", final_text="final")
     assert answer_text(t) == "42"
+
+
+def test_the_entry_point_scan_is_kept_until_a_path_changes(plugin, tmp_path, monkeypatch):
+    """The scan (every distribution's metadata read) runs once per sys.path state: a job create looks handlers up on
+    the controller's event loop (issue 36). A distribution installed later (a new *.dist-info) is still seen."""
+    from rolloutd.agents.tasks import base
+
+    scans = []
+    real = base.entry_points
+    monkeypatch.setattr(base, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    known_kinds()
+    get_handler("echo")
+    known_kinds()
+    assert len(scans) <= 1
+    later = tmp_path / "later"
+    (later / "late_tasks-0.1.dist-info").mkdir(parents=True)
+    (later / "late_tasks-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: late\nVersion: 0.1\n")
+    (later / "late_tasks-0.1.dist-info" / "entry_points.txt").write_text("[rolloutd.tasks]\nlate = echo_tasks:EchoTask\n")
+    monkeypatch.syspath_prepend(str(later))
+    assert "late" in known_kinds()
