@@ -44,7 +44,6 @@ from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
-BATCH_STEP_PAUSE = 0.01  # between two steps of opening a batch: room for the calls of other jobs and nodes
 
 
 class BatchRequest(BaseModel):
@@ -141,11 +140,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         req = await read_model(request, BatchRequest)
         await scheduler.admit(await asyncio.to_thread(store.get, name))  # step by step, before the batch opens
         out = scheduler.request_batch(name, req.batch, req.prompts)
-        opened = 0
-        while scheduler.fill_batch(name, out["batch"]):  # the rest of its groups a step at a time, the loop free
-            opened += 1
-            await asyncio.sleep(BATCH_STEP_PAUSE)
-        if opened:
+        if await scheduler.fill_batch(name, out["batch"]):  # the rest of its groups, off the loop a step at a time
             out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
         return out
 

@@ -21,11 +21,18 @@ A trainer that picks its own prompts (TRL's GRPOTrainer: `rolloutd.integrations.
 when it requests a batch (`prompts`: dataset indices, one group each, repeats allowed; plain
 batches only): exactly those groups run, none is replaced, and the batch completes when every one
 has settled — an incomplete group (infrastructure failure) stays in it for the trainer to see.
+
+Who writes a batch's groups: the event loop (`group_settled` from results and expiries, the staleness sweep) and,
+while a large batch opens, a worker thread (`fill` a step at a time, issue 36: on the loop it held every tenant's
+calls). The item queue's state assumes one writer at a time, so each of them first takes the transaction's write
+lock on the batch (`hold`: SQLite's database lock, PostgreSQL's batch row), then `Batches.lock`, always in that
+order (the other order deadlocks against a group commit holding the database lock).
 """
 from __future__ import annotations
 
 import json
 import statistics
+import threading
 from typing import Any, Callable, Protocol
 
 from sqlalchemy import func
@@ -33,6 +40,7 @@ from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
 
+from ..dialects import raw
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from .held_leases import HeldLeases
 from .states import LIVE, BatchState, GroupState, ItemState
@@ -96,6 +104,16 @@ class Batches:
                  gate: Callable[[Session, RolloutJob, int], int] | None = None) -> None:
         """`gate(s, job, n)`: how many of `n` groups the job may open now (the staleness bound's capacity)."""
         self.items, self.prompts, self.item_quota, self.gate = items, prompts, item_quota, gate
+        self.lock = threading.RLock()  # one writer of the groups at a time: the loop or the fill thread
+
+    def hold(self, s: Session, name: str, k: int) -> BatchRow | None:
+        """The transaction's write lock on batch `k` of `name`, taken before `lock` (see the module docstring):
+        SQLite's database lock (BEGIN IMMEDIATE, unless this transaction has written already and so holds it),
+        PostgreSQL's row lock on the batch. Returns the batch as of now."""
+        conn = s.connection()
+        if conn.dialect.name == "sqlite" and not raw(conn).in_transaction:
+            raw(conn).execute("BEGIN IMMEDIATE")
+        return s.get(BatchRow, (name, k), with_for_update=True, populate_existing=True)
 
     def _items_left(self, s: Session, job: RolloutJob) -> int | None:
         """Rollouts the job may still open under quotas.itemsPerJob, counted over its whole life (None: no quota)."""
@@ -169,10 +187,16 @@ class Batches:
 
     # ------------------------------------------------------------ opening groups
 
-    def fill(self, s: Session, job: RolloutJob, batch: BatchRow) -> int:
+    def fill(self, s: Session, job: RolloutJob, batch: BatchRow, wake: bool = True) -> int:
         """Open groups towards the batch's need (DAPO: up to maxInFlightGroups; named prompts: each once), at most
         CHUNK_ITEMS rollouts per call and never past quotas.itemsPerJob: how many groups it opened (the caller
-        calls again while that is more than 0, a step at a time)."""
+        calls again while that is more than 0, a step at a time). `wake`: wake the job's waiting leases (only on the
+        event loop: a worker thread leaves it to the loop)."""
+        self.hold(s, batch.job, batch.k)
+        with self.lock:
+            return self._fill(s, job, batch, wake)
+
+    def _fill(self, s: Session, job: RolloutJob, batch: BatchRow, wake: bool) -> int:
         if batch.state != BatchState.running:
             return 0
         step = max(1, CHUNK_ITEMS // job.spec.samples_per_prompt)
@@ -183,7 +207,7 @@ class Batches:
         if named is not None:  # a batch of named prompts opens each group once and replaces none
             chunk = named[batch.opened_groups:batch.opened_groups + step]
             if chunk:
-                self._open(s, job, batch, chunk)
+                self._open(s, job, batch, chunk, wake)
             return len(chunk)
         name = job.metadata.key
         running = s.exec(select(func.count()).select_from(GroupRow).where(
@@ -205,10 +229,10 @@ class Batches:
             prompts.append(cursor.next_prompt % prompts_in_dataset)
             cursor.next_prompt += 1
         s.add(cursor)
-        self._open(s, job, batch, prompts)
+        self._open(s, job, batch, prompts, wake)
         return cap
 
-    def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int]) -> None:
+    def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int], wake: bool) -> None:
         name, now = job.metadata.key, self.items.clock()
         for prompt in prompts:
             group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
@@ -217,7 +241,8 @@ class Batches:
             self.items.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
             batch.opened_groups += 1
         s.add(batch)
-        self.items.wake(name)
+        if wake:
+            self.items.wake(name)
 
     # ------------------------------------------------------------ settling groups
 
@@ -226,6 +251,12 @@ class Batches:
         group = s.get(GroupRow, group_id)
         if group is None or group.state != GroupState.running:
             return
+        self.hold(s, group.job, group.batch)
+        with self.lock:
+            self._settled(s, job, group)
+
+    def _settled(self, s: Session, job: RolloutJob, group: GroupRow) -> None:
+        group_id = group.id
         items = s.exec(select(ItemRow).where(ItemRow.group_id == group_id)).all()
         if any(i.state in LIVE for i in items):
             return

@@ -56,24 +56,32 @@ class StaleGroups:
                 s.add(item)
                 done["cancelledRollouts"] += 1
         if job.spec.batch_mode:
-            for batch in s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == BatchState.running)):
+            for batch in s.exec(select(BatchRow).where(BatchRow.job == name, BatchRow.state == BatchState.running)).all():
                 if batches.named_prompts(s, name, batch.k) is not None:
                     continue
-                for g in s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
-                                                       GroupRow.state == GroupState.counted)).all():
-                    admitted = [json.loads(d).get("admittedVersion") for d in s.exec(
-                        select(TrajectoryRow.data).where(TrajectoryRow.group_id == g.id)).all()]
-                    if any(behind(v, history) > bound for v in admitted):
-                        g.state, g.settled = GroupState.cancelled, queue.clock()
-                        batch.counted -= 1
-                        s.add(g)
-                        done["sweptGroups"] += 1
-                s.add(batch)
-                batches.fill(s, job, batch)
+                batches.hold(s, name, batch.k)  # a large batch may be opening in a worker thread (`Batches`)
+                with batches.lock:
+                    self._sweep_batch(s, job, batch, history, bound, queue, batches, done)
         queue.wake(name)
         self.counters[name].update(done)
         self.totals.update(done)
         return dict(done)
+
+    @staticmethod
+    def _sweep_batch(s: Session, job: RolloutJob, batch: BatchRow, history: list, bound: int, queue: ItemQueue,
+                     batches: Batches, done: collections.Counter) -> None:
+        name = job.metadata.key
+        for g in s.exec(select(GroupRow).where(GroupRow.job == name, GroupRow.batch == batch.k,
+                                               GroupRow.state == GroupState.counted)).all():
+            admitted = [json.loads(d).get("admittedVersion") for d in s.exec(
+                select(TrajectoryRow.data).where(TrajectoryRow.group_id == g.id)).all()]
+            if any(behind(v, history) > bound for v in admitted):
+                g.state, g.settled = GroupState.cancelled, queue.clock()
+                batch.counted -= 1
+                s.add(g)
+                done["sweptGroups"] += 1
+        s.add(batch)
+        batches.fill(s, job, batch)
 
     def gate(self, s: Session, job: RolloutJob, wanted: int) -> int:
         """The capacity gate (batch jobs), in groups: at most (S + v + 1)·B groups accepted or running, with v the
