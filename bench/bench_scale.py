@@ -106,15 +106,19 @@ def _pct(xs: list[float], q: float) -> float:
 class Controller:
     """A `rolloutd controller` process with a fresh data dir."""
 
-    def __init__(self, root: Path, src: Path | None = None, store: str | None = None) -> None:
-        """`store`: a PostgreSQL URL (`--store`); None: the data dir's SQLite file."""
+    def __init__(self, root: Path, src: Path | None = None, store: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """`store`: a PostgreSQL URL (`--store`); None: the data dir's SQLite file. `env`: set for the controller
+        over the bench's own settings (`bench_fairshare`: a small ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
         self.root, self.port = root, _port()
+        env_over = env
         path = [str(src)] if src else []  # an older rolloutd (see `older_source`) instead of this checkout
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
                # the stub backends report no max_num_seqs: admission would cap them at 4 × 256 episodes
                # (~30 rollouts/s); the bench measures the node protocol, not the admission
                "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000",
                "ROLLOUTD_TOKENIZER_ROOTS": str(root)}  # the job's "tokenizer", its dataset's directory (`_job`)
+        env.update(env_over or {})
         if os.environ.get("ROLLOUTD_SCALE_STALLS"):  # the loop's stalls attributed (`controller/stalls.py`)
             env["ROLLOUTD_STALL_SAMPLES"] = str(root / "stalls.json")
         self.log = open(root / "controller.log", "wb")

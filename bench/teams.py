@@ -3,13 +3,17 @@
 `two_teams(rows)` starts a `rolloutd controller` (`bench_scale.Controller`: the local executor asked for 0 nodes,
 nothing starts) with a dataset of `rows` prompts and a stub backend; team-b holds a namespace token, a small job
 and one registered node of it. `Teams.probe` runs team-b's GET of its job and its node's heartbeat in turn for a
-window, with latencies in ms, while another thread or process does team-a's worst. Next step: the fair-share
-measurement (team-b's episodes/s beside team-a's on a shared backend) needs daemons, which this setup never starts.
+window, with latencies in ms, while another thread or process does team-a's worst. `sim_nodes` starts simulated
+daemons for a job (`controller/sim/simnodes.py`, as `bench_scale` does): `bench_fairshare` runs several tenants'
+jobs on one shared backend with them. Next step: the stall windows with simulated daemons of team-a running too.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_scale import P, Controller, HealthServer, _pct
+from bench.bench_scale import MEDIAN_SECONDS, P, REPO, SIGMA, Controller, HealthServer, _pct
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.crds.node import FEATURES_PARAM, NODE_PROTOCOL, NODE_TOKEN
 
@@ -116,3 +120,19 @@ def two_teams(rows: int, prefix: str = "bench-teams-", src: Path | None = None) 
         finally:
             ctl.stop()
             health.close()
+
+
+def sim_nodes(ctl: Controller, namespace: str, name: str, nodes: int, slots: int, time_factor: float,
+              start_at: float, stop_at: float, out: Path, seed: int = 0) -> subprocess.Popen:
+    """`nodes` simulated daemons of job `namespace/name` with `slots` slots each, in a process of their own: rollouts
+    of lognormal(median MEDIAN_SECONDS / `time_factor`) seconds from `start_at` to `stop_at` (wall clock); what
+    the controller accepted and when, in `out` (JSON, `simnodes.Shard.run`) once the process exits."""
+    r = ctl.api.post(f"{P}/namespaces/{namespace}/rolloutjobs/{name}/nodes/credential")
+    r.raise_for_status()
+    cfg = {"url": ctl.url, "credential": r.json()["credential"], "job": f"{namespace}/{name}", "slots": slots,
+           "nodes": nodes, "first": 0, "time_factor": time_factor, "median_seconds": MEDIAN_SECONDS, "sigma": SIGMA,
+           "seed": seed, "start_at": start_at, "stop_at": stop_at, "scaled_gap": True, "piggyback": True, "sync": True}
+    config = out.with_suffix(".cfg.json")
+    config.write_text(json.dumps(cfg))
+    return subprocess.Popen([sys.executable, "-m", "rolloutd.controller.sim.simnodes", str(config), str(out)],
+                            cwd=REPO, start_new_session=True)
