@@ -314,3 +314,38 @@ def test_a_backend_that_fails_to_load_is_reported_and_the_daemons_keep_its_old_v
     hb = sched.work.calls.heartbeat(node, Heartbeat())
     assert hb.policy_version == 1 and hb.llm_paused is False
     assert hb.backend_versions == {"http://a": None} and hb.llm_fence == 1
+
+
+def test_a_batch_opening_in_a_thread_and_results_settling_its_groups_never_over_open(tmp_path, store_location):
+    """Issue 36: a large batch opens in a worker thread (`Scheduler._fill_step`, a step at a time) while results
+    settle its groups and replenish it on another thread. Both take the batch's write lock, then `Batches.lock`:
+    neither waits for the other forever, and the batch opens exactly its groups (two writers reading the same
+    counts would open more)."""
+    import threading
+
+    store, sched, node = make(tmp_path, store_location, prompts=400, samples=2, dapo=False, target=120, in_flight=120)
+    sched.request_batch("math-demo")  # its first step, as the route's
+    job = sched.work.jobs.get("math-demo")
+    errors: list[BaseException] = []
+
+    def fill() -> None:
+        try:
+            while sched._fill_step(job, 1):
+                pass
+        except BaseException as e:  # noqa: BLE001 - the assertion below names it
+            errors.append(e)
+
+    opener = threading.Thread(target=fill)
+    opener.start()
+    while opener.is_alive():
+        leases = lease_all(sched, node)
+        if leases:
+            report(sched, node, leases, lambda p, s: 1.0)
+    opener.join(60)
+    assert not opener.is_alive() and not errors, errors
+    while leases := lease_all(sched, node):
+        report(sched, node, leases, lambda p, s: 1.0)
+    snap = asyncio.run(sched.batch("math-demo", 1))
+    assert snap["state"] == "complete" and snap["counted"] == 120 and snap["openedGroups"] == 120, \
+        {k: v for k, v in snap.items() if k != "groups"}
+    assert len(snap["groups"]) == 120
