@@ -25,6 +25,7 @@ from .tables import NodeRow
 log = logging.getLogger("rolloutd.scheduler")
 
 NODE_SILENCE_SECONDS = 60.0
+FULL_PASS_SECONDS = 5.0  # the silent-node pass reads the nodes table at least this often (`live` for the pacing)
 
 
 class NodeRegistry:
@@ -37,7 +38,8 @@ class NodeRegistry:
         self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
         self.features: dict[str, frozenset[str]] = {}  # node id → the protocol features it registered with
         self.budget = calls_per_second  # beats per second all beat-results daemons may send together
-        self.live = 0  # daemons not gone, counted by the silent-node pass (every half second)
+        self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
+        self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
 
     def beat_gap(self) -> float:
         """The least gap between two beats of one beat-results daemon: the controller's pacing."""
@@ -161,17 +163,25 @@ class NodeRegistry:
     def retire_silent(self, s: Session, now: float) -> None:
         """Nodes silent for long are gone. Their leases expire on their own deadlines; this only
         retires the node record, so it can wait out a daemon's start-up (imports and the tokenizer
-        take several seconds on a busy node, before its first beat). Plain rows: this runs every half
-        second over every node (a thousand ORM objects each time, at a thousand nodes)."""
+        take several seconds on a busy node, before its first beat). Plain rows: this runs over every node (a
+        thousand ORM objects each time, at a thousand nodes). It reads the table every FULL_PASS_SECONDS, or sooner
+        when a node it saw live could be silent by then: the scheduler's pass is every half second on the event
+        loop, and the read waited there on SQLite's locks while a batch opened in a worker thread (issue 36)."""
+        if now < self._next_pass:
+            return
         db = raw(s.connection())
         silent = []
         live = 0
+        due = now + FULL_PASS_SECONDS  # a node registered meanwhile is counted live by then
         for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):
             live += 1
             cache = self.jobs.cached(job)
             seen = self._seen.setdefault(node_id, now)
             if now - seen > max(cache.lease_seconds if cache else 30.0, NODE_SILENCE_SECONDS):
                 silent.append((DaemonState.gone.value, seen, node_id))
+            else:  # silent at the earliest NODE_SILENCE_SECONDS after it was last heard
+                due = min(due, seen + NODE_SILENCE_SECONDS)
+        self._next_pass = due
         self.live = live - len(silent)
         if silent:
             db.executemany("UPDATE nodes SET state = ?, last_seen = ? WHERE id = ?", silent)
