@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -185,6 +187,18 @@ T = TypeVar("T")
 Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
 
 
+RETRY_SECONDS = 0.002  # a group commit deferred by a worker's write transaction looks again this much later
+_WRITERS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
+
+
+def worker_writing(engine: Engine) -> threading.Lock:
+    """Held by a worker thread for the whole of a write transaction on `engine` (SQLite: a batch's fill step).
+    The loop's group commit would wait for SQLite's write lock inside BEGIN IMMEDIATE with the whole loop
+    blocked; while this is held it waits its turn on the loop instead (`GroupCommit._run`), and other calls go on
+    (issue 36)."""
+    return _WRITERS.setdefault(engine, threading.Lock())
+
+
 class GroupCommit:
     """Node calls' transactions committed together. A call's work (`submit`) waits for the next turn of the
     event loop, where every call submitted meanwhile runs in one transaction, each in a savepoint of its own (a
@@ -210,6 +224,9 @@ class GroupCommit:
         return future
 
     def _run(self) -> None:
+        if self.engine.dialect.name == "sqlite" and worker_writing(self.engine).locked():
+            asyncio.get_running_loop().call_later(RETRY_SECONDS, self._run)  # the calls stay pending meanwhile
+            return
         group, self._pending = self._pending, []
         if len(group) == 1 and self.engine.dialect.name == "postgresql":
             done = self._alone(*group[0])  # a call alone needs no savepoint: two round trips to the server saved

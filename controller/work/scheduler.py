@@ -9,6 +9,7 @@ with every lease, result and backend pin where it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -20,7 +21,7 @@ from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
 from ..errors import BadRequest, Conflict, ServiceUnavailable
 from ..ports import Progress
-from . import background
+from . import background, hot_sql
 from .core import Work
 from .job_state import closed
 from .states import BatchState, ItemState
@@ -148,7 +149,7 @@ class Scheduler:
         return out
 
     async def fill_batch(self, name: str, k: int) -> int:
-        """Open the rest of batch `k`'s groups, a step (`Batches.fill`) at a time in a worker thread, `pause`
+        """Open the rest of batch `k`'s groups, a step (`Batches.fill`) at a time in a worker thread, FILL_PAUSE
         seconds between steps: the SQL and its commits are off the event loop, which wakes the job's leases after
         each step (issue 36: 3000 groups held the loop ~4 s in commits alone). Returns the steps that opened any."""
         job = self.work.jobs.get(name)
@@ -160,8 +161,11 @@ class Scheduler:
         return steps
 
     def _fill_step(self, job: RolloutJob, k: int) -> int:
-        """One step, in a worker thread: the batch's write lock first, then `Batches.lock` (`Batches.hold`)."""
-        with Session(self.work.store.engine, expire_on_commit=False) as s:
+        """One step, in a worker thread: the batch's write lock first, then `Batches.lock` (`Batches.hold`); the
+        loop's group commits wait on the loop meanwhile (`hot_sql.worker_writing`), not inside SQLite."""
+        engine = self.work.store.engine
+        with hot_sql.worker_writing(engine) if engine.dialect.name == "sqlite" else contextlib.nullcontext(), \
+                Session(engine, expire_on_commit=False) as s:
             row = self.work.batches.hold(s, job.metadata.key, k)
             opened = 0 if row is None else self.work.batches.fill(s, job, row, wake=False)
             s.commit()
