@@ -8,6 +8,8 @@ requested on a batch job (`batch`); while YAML alias bombs are POSTed in a loop 
 connections are held open without sending a request head (`half-open`). Reported per window: team-b's GET
 p50/p99/max and the ratio of its p99 to the idle one (goal of issue 36: within 2×), and the same of team-b's node
 heartbeat (one registered node of its job, the beat in turn with the GET). The setup is `teams.py`'s.
+`$ROLLOUTD_STALLS_BEFORE=REV` (e.g. main) measures that revision's controller first in the same run, and the
+results file shows both tables (side by side on the same loaded box).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.bench_scale import P
+from bench.bench_scale import P, older_source
 from bench.teams import job, two_teams
 
 HERE = Path(__file__).resolve().parent
@@ -77,11 +79,7 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
     return out
 
 
-def run(quick: bool = False) -> list[dict]:
-    groups, seconds, half_open = (500, 4.0, 300) if quick else (2000, 8.0, 1000)
-    m = measure(groups, seconds, half_open)
-    names = {"idle": "idle", "batch": f"a batch of {groups} groups × 8 requested (admin's job: no item quota)",
-             "bombs": "YAML alias bombs POSTed in a loop", "half-open": f"{half_open} connections with half a head"}
+def _table(m: dict, names: dict) -> str:
     rows = []
     for k in names:
         cells = []
@@ -89,15 +87,33 @@ def run(quick: bool = False) -> list[dict]:
             x, idle = m[k][kind], m["idle"][kind]["p99"]
             cells.append(f"{x['n']} | {x['p50']:.1f} | {x['p99']:.1f} | {x['max']:.1f} | {x['p99'] / idle:.2f}×")
         rows.append(f"| {names[k]} | {' | '.join(cells)} |\n")
-    table = ("| team-b while | GET n | p50 ms | p99 ms | max ms | p99 / idle | beat n | p50 ms | p99 ms | max ms | "
-             "p99 / idle |\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "".join(rows))
+    return ("| team-b while | GET n | p50 ms | p99 ms | max ms | p99 / idle | beat n | p50 ms | p99 ms | max ms | "
+            "p99 / idle |\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "".join(rows))
+
+
+def run(quick: bool = False) -> list[dict]:
+    """`$ROLLOUTD_STALLS_BEFORE=REV`: that revision's controller is measured first, in the same run (side by side)."""
+    groups, seconds, half_open = (500, 4.0, 300) if quick else (2000, 8.0, 1000)
+    before_rev = os.environ.get("ROLLOUTD_STALLS_BEFORE")
+    before = None
+    if before_rev:
+        with older_source(before_rev) as src:
+            before = measure(groups, seconds, half_open, src)
+    load0 = os.getloadavg()[0]
+    m = measure(groups, seconds, half_open)
+    names = {"idle": "idle", "batch": f"a batch of {groups} groups × 8 requested (admin's job: no item quota)",
+             "bombs": "YAML alias bombs POSTed in a loop", "half-open": f"{half_open} connections with half a head"}
+    table = _table(m, names)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not quick:
+        side = "" if before is None else (
+            f"\nThe controller of `{before_rev}`, measured just before in the same run (the batch took "
+            f"{before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here):\n\n{_table(before, names)}")
         (HERE / "results" / "RESULTS-stalls.md").write_text(
             f"# Stalls (issue 36)\n\n`python -m bench stalls` on {platform.node()} ({platform.machine()}, "
-            f"{os.cpu_count()} cores, shared with other jobs, load {os.getloadavg()[0]:.1f}), {stamp}. Windows of "
-            f"{seconds:.0f} s each, one after the other, in one run; team-b's GET of its job and its node's heartbeat "
-            f"in turn.\n\n{table}\nGoal: team-b's p99 within 2× of idle in each window.\n")
+            f"{os.cpu_count()} cores, shared with other jobs, load {load0:.1f}→{os.getloadavg()[0]:.1f}), {stamp}. "
+            f"Windows of {seconds:.0f} s each, one after the other, in one run; team-b's GET of its job and its "
+            f"node's heartbeat in turn.\n\n{table}{side}\nGoal: team-b's p99 within 2× of idle in each window.\n")
     return [{"benchmark": f"stalls: team-b {kind} p99 while team-a {names[k]}", "ours": f"{m[k][kind]['p99']:.1f} ms",
              "baseline": f"{m['idle'][kind]['p99']:.1f} ms idle",
              "ratio": m[k][kind]["p99"] / m["idle"][kind]["p99"], "target": "≤ 2×",

@@ -154,11 +154,15 @@ class Scheduler:
         each step (issue 36: 3000 groups held the loop ~4 s in commits alone). Returns the steps that opened any."""
         job = self.work.jobs.get(name)
         steps = 0
-        while await asyncio.to_thread(self._fill_step, job, k):
+        while True:
+            t0 = time.monotonic()
+            if not await asyncio.to_thread(self._fill_step, job, k):
+                return steps
             steps += 1
             self.work.queue.wake(name)
-            await asyncio.sleep(FILL_PAUSE)
-        return steps
+            # the worker holds the GIL the loop needs while it runs (the loop gets it back every switch interval,
+            # 5 ms): it rests at least as long as it worked, so the loop has the GIL to itself half the time or more
+            await asyncio.sleep(max(FILL_PAUSE, time.monotonic() - t0))
 
     def _fill_step(self, job: RolloutJob, k: int) -> int:
         """One step, in a worker thread: the batch's write lock first, then `Batches.lock` (`Batches.hold`); the
