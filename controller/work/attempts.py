@@ -386,7 +386,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         if hb.full:
             held_now.renew(aid, held, until)
     held_now.set_turns(node_id, hb.turns)
-    if gone:
+    if gone and (gone := held_now.readopt(db, node_id, gone, until, pool.take)):  # held: the database says so
         cancelled = hot_sql.cancelled(db, gone)
         for aid in gone:
             (resp.cancel if aid in cancelled else resp.unknown).append(aid)
