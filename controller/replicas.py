@@ -134,7 +134,8 @@ class Replica:
             await self.leader.before_shutdown()
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.shards is not None and scope["type"] == "http" and NodeGate.is_node_path(scope["path"]):
+        if self.shards is not None and scope["type"] == "http" and NodeGate.is_node_path(scope["path"]) \
+                and not scope["path"].endswith("/nodes/credential"):  # minted by the leader's executors alone
             return await self._node_call(scope, receive, send)
         if self.leader is not None:
             return await self.leader.app(scope, receive, send)
@@ -242,7 +243,7 @@ class Replica:
         else forwarded to the owner, whose address the reply names (`shards.OWNER`): the daemon moves to it."""
         node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
         forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
-        if node_id not in ("register", "credential") and not forwarded:
+        if node_id != "register" and not forwarded:
             owner = self.shards.owners.get(node_id) or await asyncio.to_thread(self.shards.owner, node_id)
             if owner != self.shards.url:
                 self.node_calls.labels("forwarded").inc()
