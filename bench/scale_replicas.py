@@ -22,7 +22,7 @@ def counts() -> list[int]:
 def start(make: Callable[..., Any], root: Path, src: Path | None, url: str, n: int) -> list[Any]:
     """`n` replicas (`make`: bench_scale.Controller); the first leads (started alone, given the lease's time)."""
     ports = [_port() for _ in range(n)]
-    env = {"ROLLOUTD_REPLICAS": ",".join(f"http://127.0.0.1:{p}" for p in ports)}
+    env = {"ROLLOUTD_REPLICAS": ",".join(f"http://127.0.0.1:{p}" for p in ports), "ROLLOUTD_NODE_SHARDS": "1"}
     made: list[Any] = []
     try:
         for i, port in enumerate(ports):

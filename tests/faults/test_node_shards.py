@@ -32,7 +32,7 @@ def pg_replicas(tmp_path, monkeypatch, pg_server):
         pytest.skip("bwrap is not installed (bash .ci/system-packages.sh installs it)")
     (tmp_path / "sandboxes").mkdir()
     monkeypatch.setenv("ROLLOUTD_SANDBOX_DIR", str(tmp_path / "sandboxes"))
-    r = Replicas(tmp_path, plugin_env(), store=pg_server.create_database())
+    r = Replicas(tmp_path, {**plugin_env(), "ROLLOUTD_NODE_SHARDS": "1"}, store=pg_server.create_database())
     yield r
     r.stop()
 
