@@ -46,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import scale_stores
+from bench import scale_replicas, scale_stores
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
 from rolloutd.controller.sim.noop import SLOTS, HealthServer, noop_job as _job
 from rolloutd.controller.sim.ledger import audit
@@ -106,37 +106,38 @@ def _pct(xs: list[float], q: float) -> float:
 class Controller:
     """A `rolloutd controller` process with a fresh data dir."""
 
-    def __init__(self, root: Path, src: Path | None = None, store: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
-        """`store`: a PostgreSQL URL (`--store`); None: the data dir's SQLite file. `env`: set for the controller
-        over the bench's own settings (`bench_fairshare`: a small ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
-        self.root, self.port = root, _port()
-        env_over = env
+    def __init__(self, root: Path, src: Path | None = None, store: str | None = None, data: Path | None = None,
+                 port: int | None = None, env: dict[str, str] | None = None) -> None:
+        """`store`: a PostgreSQL URL (`--store`); None: the data dir's SQLite file. `data`, `port`, `env`: a
+        replica's (`scale_replicas.py`): the shared data dir, its port, ROLLOUTD_REPLICAS;
+        `env` also carries a bench's own settings (`bench_fairshare`: a small ROLLOUTD_MAX_EPISODES_PER_BACKEND)."""
+        self.root, self.port = root, port or _port()
+        self.data = data or root / "data"
         path = [str(src)] if src else []  # an older rolloutd (see `older_source`) instead of this checkout
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(PLUGINS), os.environ.get("PYTHONPATH")])),
                # the stub backends report no max_num_seqs: admission would cap them at 4 × 256 episodes
                # (~30 rollouts/s); the bench measures the node protocol, not the admission
                "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000",
-               "ROLLOUTD_TOKENIZER_ROOTS": str(root)}  # the job's "tokenizer", its dataset's directory (`_job`)
-        env.update(env_over or {})
+               "ROLLOUTD_TOKENIZER_ROOTS": str(root.parent if data else root),  # the job's "tokenizer" (`_job`)
+               **(env or {})}
         if os.environ.get("ROLLOUTD_SCALE_STALLS"):  # the loop's stalls attributed (`controller/stalls.py`)
             env["ROLLOUTD_STALL_SAMPLES"] = str(root / "stalls.json")
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(root / "data"),
+            [sys.executable, "-m", "rolloutd.controller.main", "controller", "--data-dir", str(self.data),
              "--port", str(self.port), "--log-level", "warning", "--executors", "local",
              *(("--store", store) if store else ())],
             cwd=REPO, env=env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
         _prioritize(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}"
         _wait_http(self.url + "/healthz")
-        token = self.token = (root / "data" / "token").read_text().strip()
+        token = self.token = (self.data / "token").read_text().strip()
         self.api = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=300)
 
     def node_credential(self, name: str) -> str:
         """What the executor hands a job's daemons: its node credential (a `before` controller older than
         per-job credentials: its controller-wide join token)."""
-        old = self.root / "data" / "join-token"
+        old = self.data / "join-token"
         if old.exists():
             return old.read_text().strip()
         r = self.api.post(f"{P}/namespaces/default/rolloutjobs/{name}/nodes/credential")
@@ -151,7 +152,7 @@ class Controller:
             return None
 
     def db_bytes(self) -> dict[str, int]:
-        data = self.root / "data"
+        data = self.data
         return {name: (data / name).stat().st_size if (data / name).exists() else 0
                 for name in ("rolloutd.db", "rolloutd.db-wal")}
 
@@ -251,7 +252,7 @@ def _stall_delta(a: dict | None, b: dict | None, n: int = 25) -> dict | None:
 
 
 def point(nodes: int, time_factor: float, window: float, profile_seconds: float = 0.0, src: Path | None = None,
-          variant: str = "after", watch=None, store: str = "sqlite") -> dict:
+          variant: str = "after", watch=None, store: str = "sqlite", replicas: int = 1) -> dict:
     """One sweep point: a fresh controller (from `src` if given) on `store` (sqlite, or postgresql: a server of
     the point's own, `scale_stores.py`), a job, `nodes` simulated daemons; with `watch` (url, token, job → an
     object with `report(w0, w1)` and `close()`), something watching the job meanwhile (`bench_ui_live.Dashboards`)."""
@@ -267,7 +268,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
     server = scale_stores.start_server() if store == "postgresql" else None
     url = server.create_database("scale") if server else None
     try:
-        ctl = Controller(root, src, url)
+        ctls = scale_replicas.start(Controller, root, src, url, replicas) if replicas > 1 else [Controller(root, src, url)]
+        ctl = ctls[0]
     except BaseException:
         if server:
             server.stop()
@@ -308,11 +310,13 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         w0 = start_at + warmup
         time.sleep(max(w0 - time.time(), 0))
         stalls0 = ctl.stalls()
-        cpu0, io0, sim0, load0 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
+        per0 = [_cpu_seconds(c.proc.pid) for c in ctls]
+        cpu0, io0, sim0, load0 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db0 = scale_stores.server_usage(server)
         time.sleep(max(w0 + window - time.time(), 0))
-        cpu1, io1, sim1, load1 = (_cpu_seconds(ctl.proc.pid), _write_bytes(ctl.proc.pid),
+        per1 = [_cpu_seconds(c.proc.pid) for c in ctls]
+        cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db1 = scale_stores.server_usage(server)
         stalls = _stall_delta(stalls0, ctl.stalls())
@@ -340,7 +344,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         phases = split({kind: [(t_, d * 1e3) for o in outs for t_, d in o["latency"].get(kind, [])]
                         for kind in ("heartbeat",)}, w0, w1) if split else None
         return {
-            "variant": variant, "store": store, "nodes": nodes, "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
+            "variant": variant, "store": store, "replicas": replicas, "nodes": nodes,
+            "replica_cores": [round((c1 - c0) / window, 3) for c0, c1 in zip(per0, per1)],
+            "forwarded": sum(o.get("forwarded", 0) for o in outs), "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
             "expand_s": round(expand_s, 1), "offered_per_s": round(offered, 1),
             "rollouts_per_s": round(done / window, 1), "rollouts": done,
             "ctl_cores": round((cpu1 - cpu0) / window, 3),
@@ -370,7 +376,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             if s.poll() is None:
                 s.kill()
                 s.wait(5)
-        ctl.stop()
+        for c in ctls:
+            c.stop()
         health.close()
         if server:
             server.stop()
@@ -386,14 +393,15 @@ def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile
     PostgreSQL variant is "after-pg"); with `before` (a git revision) that one's first (on SQLite)."""
     points = []
     with contextlib.ExitStack() as stack:
-        variants = [("before", stack.enter_context(older_source(before)), "sqlite")] if before else []
-        variants += [("after" if store == "sqlite" else "after-pg", None, store) for store in scale_stores.stores()]
+        variants = [("before", stack.enter_context(older_source(before)), "sqlite", 1)] if before else []
+        variants += [("after" if store == "sqlite" else "after-pg", None, store, 1) for store in scale_stores.stores()]
+        variants += [(f"after-pg-{r}r", None, "postgresql", r) for r in scale_replicas.counts() if r > 1]
         for n in ns:
-            for variant, src, store in variants:
+            for variant, src, store, replicas in variants:
                 t0 = time.monotonic()
                 try:
                     p = point(n, time_factor, window, profile_seconds if n == max(ns) else 0.0, src, variant,
-                              store=store)
+                              store=store, replicas=replicas)
                 except Exception as e:  # noqa: BLE001 - one failed point (a busy machine) does not void the others
                     print(f"   N={n} {variant}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
@@ -417,13 +425,14 @@ def run(quick: bool = False) -> list[dict]:
     (out / f"{label}.json").write_text(json.dumps(
         {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
     rows = []
-    for p in (p for p in points if p["variant"] in ("after", "after-pg")):
+    for p in (p for p in points if p["variant"].startswith("after")):
         p99 = p["p99_ms"]
         worst = max((v for v in p99.values() if v == v), default=float("nan"))  # nan: a call kind not made
         big = p["nodes"] >= 1000
         rows.append({
             "benchmark": f"{p['nodes']} simulated nodes × {SLOTS} slots, no-op rollouts "
-                         f"(offered {p['offered_per_s']:.0f}/s), {p.get('store', 'sqlite')} (`scale`)",
+                         f"(offered {p['offered_per_s']:.0f}/s), {p.get('store', 'sqlite')}"
+                         f"{' × %d replicas' % p['replicas'] if p.get('replicas', 1) > 1 else ''} (`scale`)",
             "ours": f"{p['rollouts_per_s']:.0f} rollouts/s, controller {p['ctl_cores']:.2f} cores "
                     f"+ database {p.get('db_cores', 0):.2f} "
                     f"({p['ctl_ms_per_rollout']:.2f} ms/rollout), p99 lease/beat/results "

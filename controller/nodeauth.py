@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -38,13 +39,35 @@ class NodeCredentials:
         self._lock = threading.Lock()
         self._by_job: dict[str, tuple[str, str]] = {}  # job key → (uid, credential)
         self._by_token: dict[str, str] = {}  # credential → job key
+        self._read = (0.0, 0.0)  # (when the file was last looked at, its mtime then)
+        self._load()
+
+    def _load(self) -> None:
+        path = self.path
         if path is not None and path.exists():
+            by_job: dict[str, tuple[str, str]] = {}
             try:
+                self._read = (time.monotonic(), path.stat().st_mtime)
                 for key, rec in json.loads(path.read_text()).items():
-                    self._by_job[key] = (str(rec["uid"]), str(rec["credential"]))
+                    by_job[key] = (str(rec["uid"]), str(rec["credential"]))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                self._by_job = {}  # an unreadable record grants nothing; the executors mint anew
-            self._by_token = {cred: key for key, (_, cred) in self._by_job.items()}
+                by_job = {}  # an unreadable record grants nothing; the executors mint anew
+            self._by_job, self._by_token = by_job, {cred: key for key, (_, cred) in by_job.items()}
+
+    def _fresh(self) -> None:
+        """Replicas sharing the data dir (`replicas.py`): the leader's executors mint and revoke; another replica
+        serving node calls (`shards.py`) reads the file again when it changed (looked at once a second at most)."""
+        if self.path is None or time.monotonic() - self._read[0] < 1.0:
+            return
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError:
+            return
+        if mtime != self._read[1]:
+            with self._lock:
+                self._load()
+        else:
+            self._read = (time.monotonic(), mtime)
 
     def mint(self, job: RolloutJob) -> str:
         """The job's credential: the one it has, or a new one (first start, or the job was re-created)."""
@@ -79,10 +102,12 @@ class NodeCredentials:
 
     def job_of(self, token: str) -> str | None:
         """The job a credential registers nodes for; None for anything else."""
+        self._fresh()
         return self._by_token.get(token)
 
     def node_token(self, job_key: str, node_id: str) -> str | None:
         """The token of node `node_id` of `job_key` (None: the job holds no credential)."""
+        self._fresh()
         rec = self._by_job.get(job_key)
         if rec is None:
             return None

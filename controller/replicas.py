@@ -7,7 +7,9 @@ policies, discovery, the web UI, probes and its own metrics. It forwards to the 
 holds in memory (held leases, backend admission, node liveness: `work/held_leases.py` says why they are not
 written): the node protocol, the trainer routes (streams included) and the daemons' logs; with no leader now,
 503 + Retry-After, which every client retries (on another address when it has several). Each replica polls the
-change log (`ChangePoller`), so a write on one wakes the watches and the operator of all.
+change log (`ChangePoller`), so a write on one wakes the watches and the operator of all. On PostgreSQL with
+ROLLOUTD_NODE_SHARDS=1 the node protocol is not forwarded to the leader: each replica serves the nodes it owns
+(`shards.py`) with a work core of its own, and forwards a call of another's node to that one.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+from prometheus_client import Counter
 
 from rolloutd.crds.node import FAILOVER_CALL_SECONDS
 from rolloutd.crds.kit.settings import ControllerSettings
@@ -35,6 +38,7 @@ from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from .nodeauth import NodeCredentials, NodeGate
 from .root import assemble
+from .shards import OWNER, Shards, adopt
 from .store import Store
 from rolloutd.crds.kit.paths import DataDir
 
@@ -99,10 +103,19 @@ class Replica:
             token = ensure_token(paths.token, mint=dialects.is_url(location) or not Path(location).exists())
             self.store = Store(location, watch_history=settings.watch_history, home=data_dir)
         self.store.listen()  # PostgreSQL: LISTEN/NOTIFY as well as the change-log poll
-        # no scheduler and no executors: what needs them is forwarded to the leader (`leader_only`)
+        # no executors: what needs them is forwarded to the leader (`leader_only`); on PostgreSQL a work core that
+        # serves the node calls of the nodes this replica owns (`shards.py`), on SQLite none (one writer: the leader)
+        sharded = dialects.is_url(location) and (settings.node_shards or "").lower() in ("1", "true", "yes", "on")
+        self.shards = Shards(self.store.engine, url, lease_seconds=settings.leader_lease_seconds) if sharded else None
+        work = dict(max_episodes=settings.max_episodes_per_backend, result_retention=settings.result_retention_seconds,
+                    node_calls_per_second=settings.node_calls_per_second, stall_seconds=settings.stalled_after_seconds)
         self.root = assemble(self.store, token, credentials=NodeCredentials(paths.node_credentials),
                              tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
-                             trace_url=settings.trace_url)
+                             trace_url=settings.trace_url, work=work if self.shards else None)
+        self.served: set[str] | None = None  # the nodes the serving work core was last given (`adopt`)
+        # a node's calls (not registrations) answered here, or forwarded to the replica that owns the node
+        self.node_calls = Counter("rolloutd_replica_node_calls", "Node calls of a node this replica owns (served) or "
+                                  "another does (forwarded to it)", ["how"], registry=self.root.metrics)
         self.follower = create_app(self.root)
         self.leader: Any = None  # the leader's `server.Controller`, once elected
         self.build, self.url = build, url
@@ -121,6 +134,9 @@ class Replica:
             await self.leader.before_shutdown()
 
     async def __call__(self, scope, receive, send) -> None:
+        if self.shards is not None and scope["type"] == "http" and NodeGate.is_node_path(scope["path"]) \
+                and not scope["path"].endswith("/nodes/credential"):  # minted by the leader's executors alone
+            return await self._node_call(scope, receive, send)
         if self.leader is not None:
             return await self.leader.app(scope, receive, send)
         if scope["type"] == "lifespan":
@@ -148,8 +164,15 @@ class Replica:
             # the leases it adopted: their daemons may still be waiting on the old leader (a paused one answers
             # nothing) for up to FAILOVER_CALL_SECONDS before they call us
             work = built.root.work
+            if self.shards is not None:  # our node work's memory ends here: the leader's serves our nodes now
+                assert self.root.scheduler is not None
+                self.root.scheduler.stop()
+                self.served = None
+                self._rebalance(self.shards.owned, work)  # it loaded every lease: it keeps our nodes' only
             work.queue.leases.grace(time.time() + FAILOVER_CALL_SECONDS, work.lease_seconds)
             ctx = built.app.router.lifespan_context(built.app)
+            if self.shards is not None:
+                built.root.metrics.register(self.node_calls)  # the leader's /metrics goes on counting them
             self.leader = built  # before its operator starts: its calls to our own port reach the leader's app
             await ctx.__aenter__()
             leading.append(ctx)
@@ -159,6 +182,13 @@ class Replica:
                      time.monotonic() - started)
 
         await receive()  # lifespan.startup
+        if self.shards is not None:
+            self.shards.on_change = lambda owned: loop.call_soon_threadsafe(self._rebalance, owned)
+            await asyncio.to_thread(self.shards.start)
+            self._rebalance(self.shards.owned)
+            assert self.root.scheduler is not None
+            tasks.append(asyncio.create_task(self.root.scheduler.run(), name="node-work"))
+            tasks.append(asyncio.create_task(self._publish(), name="node-stages"))
         self.leadership.start()
         tasks.append(asyncio.create_task(promote(), name="promote"))
         await send({"type": "lifespan.startup.complete"})
@@ -166,6 +196,11 @@ class Replica:
         for p in pollers:
             p.stopped = True
         self.leadership.stop()
+        if self.shards is not None:
+            self.shards.stop()
+            if self.leader is None and self.root.scheduler is not None:
+                self.root.scheduler.stop()
+            self.shards.resign()  # our nodes move to the others at their next refresh
         for ctx in leading:
             with contextlib.suppress(Exception):
                 await ctx.__aexit__(None, None, None)
@@ -184,6 +219,39 @@ class Replica:
                 h.flush()
         self._exit(EXIT_LOST)
 
+    # ------------------------------------------------------------ node shards (PostgreSQL)
+
+    def _rebalance(self, owned: set[str], work: Any = None) -> None:
+        """The serving work core (the leader's, else ours) serves exactly the nodes owned here now."""
+        work = work or (self.leader.root.work if self.leader is not None else self.root.work)
+        lost, loaded = adopt(work, owned, self.served)
+        work.queue.leases.elsewhere = self.shards.elsewhere
+        self.served = set(owned)
+        work.pool.admission.replicas = len(self.shards.members) if self.shards else 1
+        if lost or loaded:
+            log.info("node shards: %d nodes served here; %d leases handed on, %d adopted", len(owned), lost, loaded)
+
+    async def _publish(self) -> None:
+        """The stages of the leases served here, copied on the loop for the shards' thread to write each second."""
+        while True:
+            work = self.leader.root.work if self.leader is not None else self.root.work
+            self.shards.local = {job: dict(st) for job, st in work.queue.leases._stages.items()}
+            await asyncio.sleep(POLL_SECONDS * 5)
+
+    async def _node_call(self, scope, receive, send) -> None:
+        """A node call: served here when this replica owns the node (or it is a registration, or forwarded here),
+        else forwarded to the owner, whose address the reply names (`shards.OWNER`): the daemon moves to it."""
+        node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
+        forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
+        if node_id != "register" and not forwarded:
+            owner = self.shards.owners.get(node_id) or await asyncio.to_thread(self.shards.owner, node_id)
+            if owner != self.shards.url:
+                self.node_calls.labels("forwarded").inc()
+                return await self._forward(scope, receive, send, owner)
+            self.node_calls.labels("served").inc()
+        app = self.leader.app if self.leader is not None else self.follower
+        return await app(scope, receive, send)
+
     # ------------------------------------------------------------ forwarding to the leader
 
     async def leader_url(self) -> str:
@@ -195,9 +263,10 @@ class Replica:
             self._leader_url = (time.monotonic(), url)
         return url
 
-    async def _forward(self, scope, receive, send) -> None:
+    async def _forward(self, scope, receive, send, owner: str = "") -> None:
+        """To the leader, or to `owner` (a node's: its reply names it)."""
         headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP]
-        url = "" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url()
+        url = owner or ("" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url())
         if not url:
             return await _unavailable(send, "no controller leads now (an election is under way): retry")
         body = b""
@@ -217,7 +286,8 @@ class Replica:
             return await _unavailable(send, f"the leader {url} did not answer ({type(e).__name__}): retry")
         try:
             await send({"type": "http.response.start", "status": resp.status_code,
-                        "headers": [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in _HOP]})
+                        "headers": [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in _HOP]
+                        + ([(OWNER.encode(), owner.encode())] if owner else [])})
             try:
                 async for chunk in resp.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -73,6 +73,9 @@ CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
 # A daemon given several controller addresses bounds each call by this (a paused leader accepts connections and
 # answers nothing), then moves to the next address; a new leader gives every lease it adopts this much more.
 FAILOVER_CALL_SECONDS = 10.0
+# on the reply of a node call one replica forwarded to another (node shards on PostgreSQL, controller/shards.py): the
+# replica that owns the node; the daemon calls it from then on
+OWNER_HEADER = "x-rolloutd-owner"
 
 
 # Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with

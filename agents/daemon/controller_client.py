@@ -24,6 +24,7 @@ from rolloutd.crds.node import (
     FAILOVER_CALL_SECONDS,
     FEATURES_PARAM,
     LEASE_PARAM,
+    OWNER_HEADER,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -110,6 +111,13 @@ class ControllerClient:
             self.base_url = self.addresses[(self.addresses.index(self.base_url) + 1) % len(self.addresses)]
             self._http.base_url = self.base_url + self._prefix
 
+    def _move_to(self, owner: str) -> None:
+        """The replica that owns this node (it answered through another: `controller/shards.py`), from now on."""
+        if owner not in self.addresses:
+            self.addresses.append(owner)
+        self.base_url = owner
+        self._http.base_url = self.base_url + self._prefix
+
     async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
                     timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
         if isinstance(body, bytes):  # already serialized JSON
@@ -123,6 +131,8 @@ class ControllerClient:
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
         if resp.status_code == 503:
             self._move_on()
+        elif (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") != self.base_url:
+            self._move_to(owner.rstrip("/"))
         if resp.status_code == 401 and not path.startswith("/register"):
             self.revoked = True
         if resp.status_code >= 400:

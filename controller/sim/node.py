@@ -36,11 +36,14 @@ class Wire:
         self.transport = KeepAliveTransport(max_connections=connections, max_keepalive=connections)
         self.latency: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)  # kind → (start, s)
         self.errors: collections.Counter[str] = collections.Counter()
+        self.owners: dict[str, str] = {}  # node id → the replica that owns it (named on a forwarded reply), as daemons
+        self.forwarded = 0  # calls answered through another replica (node shards: `controller/shards.py`)
 
     async def post(self, kind: str, path: str, body: bytes, timeout: float = 60.0, token: str | None = None) -> dict:
         """`token`: the node's own (per-node calls); else the job's node credential (register)."""
         headers = self.headers if token is None else {**self.headers, "Authorization": f"Bearer {token}"}
-        req = httpx.Request("POST", self.base + path, content=body, headers=headers,
+        node = path.split("/", 2)[1].split("?", 1)[0]
+        req = httpx.Request("POST", self.owners.get(node, self.base) + path, content=body, headers=headers,
                             extensions={"timeout": {"connect": 10, "read": timeout, "write": 10, "pool": timeout}})
         t0 = time.time()
         try:
@@ -49,6 +52,8 @@ class Wire:
             self.errors[f"{kind} {type(e).__name__}"] += 1
             raise
         self.latency[kind].append((t0, time.time() - t0))
+        if (owner := resp.headers.get("x-rolloutd-owner")) is not None:  # crds.node.OWNER_HEADER
+            self.owners[node], self.forwarded = owner.rstrip("/") + NODES, self.forwarded + 1
         if resp.status_code >= 400:
             self.errors[f"{kind} {resp.status_code}"] += 1
             raise RuntimeError(f"{kind}: HTTP {resp.status_code}: {resp.content[:300]!r}")

@@ -42,6 +42,7 @@ class Admission:
         self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
         self.on_free = on_free  # a slot these jobs wait for is free: wake their waiting leases
+        self.replicas = 1  # node shards (`..shards`): the replicas that grant, each admitting its share of a cap
 
     # ---------------------------------------------------------------- jobs and caps
 
@@ -58,9 +59,9 @@ class Admission:
     def cap(self, url: str, job: str | None = None) -> int:
         """The episodes `url` admits at once for `job`: the backend's (`backend_cap`), or less when the job's own
         cap leaves it less."""
-        backend = self.backend_cap(url)
+        backend = -(-self.backend_cap(url) // self.replicas)
         share = self._jobs.get(job) if job is not None else None
-        return backend if share is None or share.cap is None else min(backend, share.cap)
+        return backend if share is None or share.cap is None else min(backend, -(-share.cap // self.replicas))
 
     def backend_cap(self, url: str) -> int:
         """The episodes `url` admits at once, over all jobs: the defaults only (no job sets it)."""

@@ -304,15 +304,15 @@ class Attempts:
     # ------------------------------------------------------------ expire: a lease no full beat renewed in time
 
     def expire(self) -> int:
-        """Leases past their deadline go back to the queue (node killed, network lost): those no full beat
-        renewed in time (held in memory)."""
+        """Leases no full beat renewed in time (held in memory) go back to the queue (node killed, network lost)."""
         now = self.clock()
         n = 0
         with Session(self.engine, expire_on_commit=False) as s:
             late = dict(self.held.expired(now))
             expired = []
             if late:
-                rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late)))).all()
+                # locked (PG): a replica its node moved to may end one now (`shards.py`); the later sees it ended
+                rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late))).with_for_update()).all()
                 expired = [r for r in rows if r.state == ItemState.leased]
                 for aid in late.keys() - {r.attempt_id for r in expired}:
                     self.held.forget(aid)  # not leased in the database (its grant was rolled back)
@@ -386,7 +386,7 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
         if hb.full:
             held_now.renew(aid, held, until)
     held_now.set_turns(node_id, hb.turns)
-    if gone:
+    if gone and (gone := held_now.readopt(db, node_id, gone, until, pool.take)):  # held: the database says so
         cancelled = hot_sql.cancelled(db, gone)
         for aid in gone:
             (resp.cancel if aid in cancelled else resp.unknown).append(aid)

@@ -16,6 +16,7 @@ from sqlmodel import Session, func, select
 from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
+from ..dialects import PgRaw, raw
 from .job_state import Wakeups
 from .hot_sql import Item
 from .tables import FACT_REASON, ItemRow, TrajectoryRow
@@ -41,6 +42,15 @@ def length_facts(t: Trajectory) -> dict[str, Any]:
             "truncated": int(t.finish_reason == "length")}
 
 
+def ordered(db: Any, jobs: set[str]) -> None:
+    """PostgreSQL, before a transaction inserts trajectories of `jobs`: it holds each job's lock until it commits, so
+    the job's seqs are committed in their order even when several replicas deliver (`shards.py`): a trainer that read
+    seq n never finds a lower one committed later (a gap skipped). SQLite: its one writer does that already."""
+    if isinstance(db, PgRaw):
+        for job in sorted(jobs):  # in one order: two transactions never wait on each other's second lock
+            db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (job,))
+
+
 class Feed:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -60,6 +70,7 @@ class Feed:
         if row["t_end"] is None:  # no end stamp (the controller's own infra failures): placed when delivered
             row["t_end"] = time.time()
         if into is None:
+            ordered(raw(s.connection()), {item.job})
             s.add(TrajectoryRow(**row))
         else:
             into.append(row)
@@ -68,6 +79,7 @@ class Feed:
     @staticmethod
     def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
         """The rows `deliver` collected, in order (their seqs follow it)."""
+        ordered(db, {r["job"] for r in rows})
         db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id, task_id, "
                        "policy, reason, t_queue, t_init, t_run, t_eval, t_end, generated, turns, tool_errors, truncated) "
                        "VALUES (:job, :item, :prompt, :sample, :reward, :failure, :data, :group_id, :task_id, :policy, "

@@ -54,6 +54,7 @@ class HeldLeases:
         # in one stage this long: stalled (`inflight.py`; ROLLOUTD_STALLED_AFTER_SECONDS)
         self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
         self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
+        self.elsewhere: Callable[[str], dict[str, int]] | None = None  # node shards: other replicas' stages
 
     def add(self, attempt_id: str, live: HeldLease) -> None:
         self.forget(attempt_id)
@@ -152,8 +153,11 @@ class HeldLeases:
         return self._held.get(node_id, 0)
 
     def stages(self, job: str) -> dict[str, int]:
-        """Stage → the job's leases in it now."""
-        return dict(self._stages.get(job, ()))
+        """Stage → the job's leases in it now (with node shards, `elsewhere`: those other replicas hold too)."""
+        out = dict(self._stages.get(job, ()))
+        for stage, n in (self.elsewhere(job) if self.elsewhere is not None else {}).items():
+            out[stage] = out.get(stage, 0) + n
+        return out
 
     def _undue(self, attempt_id: str, until: float) -> None:
         bucket = self._due.get(int(until))
@@ -173,6 +177,22 @@ class HeldLeases:
             self.add(aid, HeldLease(item, job, node_id, stage or "leased", backend, bool(holds),
                                max(deadline or 0.0, now + lease_seconds(job)), since=now, beat=now))
         return len(rows)
+
+    def readopt(self, db: Any, node_id: str, attempt_ids: list[str], until: float,
+                take: Callable[[str, str], None]) -> list[str]:
+        """Attempts a beat of `node_id` named that are not held here: those the database says the node holds (a
+        grant another replica's memory had, its node served here now: `..shards`) are held from now (`take`: their
+        backend slot counted); the others are returned (cancelled, expired, or not the node's)."""
+        marks = ",".join("?" * len(attempt_ids))
+        rows = db.execute(f"SELECT attempt_id, id, job, stage, backend, holds_backend FROM items WHERE attempt_id IN "
+                          f"({marks}) AND state = 'leased' AND node_id = ?", (*attempt_ids, node_id)).fetchall()
+        for aid, item, job, stage, backend, holds in rows:
+            if holds and backend:
+                take(backend, job)
+            self.add(aid, HeldLease(item, job, node_id, stage or "leased", backend, bool(holds), until,
+                                    since=self.clock(), beat=self.clock()))
+        found = {r[0] for r in rows}
+        return [aid for aid in attempt_ids if aid not in found]
 
     def __len__(self) -> int:
         return len(self.by_attempt)

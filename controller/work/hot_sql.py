@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from ..dialects import raw
+from ..dialects import PgRaw, raw
 from .states import ItemState
 
 LIVE_SQL = f"('{ItemState.queued}', '{ItemState.leased}')"
@@ -101,7 +101,10 @@ def items_by_attempt(db: sqlite3.Connection, attempt_ids: Iterable[str]) -> dict
     ids = list(attempt_ids)
     if not ids:
         return {}
-    rows = db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}", ids)
+    # PostgreSQL: several replicas may end the same attempt at once (its node moving between them): the rows are
+    # locked, so the second reads them ended (READ COMMITTED re-reads a row it waited for) and drops its result
+    rows = db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}"
+                      + (" FOR UPDATE" if isinstance(db, PgRaw) else ""), ids)
     out = {}
     for r in rows:
         item = Item(*r)
@@ -131,7 +134,11 @@ def has_live(db: sqlite3.Connection, job: str) -> bool:
 
 
 def queued(db: sqlite3.Connection, job: str, limit: int) -> list[tuple[int, int, int, int, float]]:
-    """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items."""
+    """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items. PostgreSQL: locked for the
+    caller's grant, skipping those another replica is granting now (`shards.py`: every replica serves leases)."""
+    if isinstance(db, PgRaw):
+        return db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+                          " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED", (job, ItemState.queued.value, limit)).fetchall()
     return db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
                       " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
 

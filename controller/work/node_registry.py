@@ -40,6 +40,11 @@ class NodeRegistry:
         self.budget = calls_per_second  # beats per second all beat-results daemons may send together
         self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
+        self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
+
+    def seen(self, node_id: str, now: float) -> None:
+        """The node's silence counts from `now` (it moved here from another replica)."""
+        self._seen[node_id] = now
 
     def beat_gap(self) -> float:
         """The least gap between two beats of one beat-results daemon: the controller's pacing."""
@@ -174,6 +179,8 @@ class NodeRegistry:
         live = 0
         due = now + FULL_PASS_SECONDS  # a node registered meanwhile is counted live by then
         for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):
+            if self.serves is not None and not self.serves(node_id):
+                continue  # another replica's: it hears that node
             live += 1
             cache = self.jobs.cached(job)
             seen = self._seen.setdefault(node_id, now)
