@@ -177,12 +177,8 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     return Controller(app, root, before_shutdown)
 
 
-# The cyclic garbage collector, tuned for a server that keeps tens of thousands of leases in memory and makes
-# thousands of short-lived objects per node call: at 1000 simulated nodes, with Python's defaults, a full
-# collection ran about once a second and took ~190 ms (73 in 90 s: 14 s of the event loop, every node call
-# behind it waiting). Objects that exist once the controller is up are frozen out of every collection, and the
-# young generation is collected every 50 000 allocations instead of 700: almost all of a call's objects are
-# freed by their reference counts before then, so fewer survive to be promoted and re-scanned.
+# The cyclic collector for a server holding tens of thousands of leases: the objects of start-up frozen out of it, the
+# young generation collected every 50 000 allocations, not 700 (measured: docs/content/benchmarks.md, "Constants")
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
