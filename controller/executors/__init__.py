@@ -8,8 +8,10 @@ class with the `Executor` interface (`base.py`: ensure / observe / release / shu
 """
 from __future__ import annotations
 
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Iterable
+
+from rolloutd.crds.kit import plugins
 
 from .base import Executor, Site
 
@@ -18,20 +20,15 @@ ENTRY_POINT_GROUP = "rolloutd.controller.executors"
 
 def registered() -> dict[str, EntryPoint]:
     """Every executor of the `rolloutd.controller.executors` group, by kind (the first of a kind twice installed)."""
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
+    return plugins.registered(ENTRY_POINT_GROUP)
 
 
 def executor_class(kind: str) -> type:
     """The class registered as `kind`; a ValueError names the kinds there are."""
-    executors = registered()
-    if kind not in executors:
-        raise ValueError(f"unknown executor {kind!r}; choose one of {sorted(executors)}")
-    cls = executors[kind].load()
+    ep = plugins.entry(ENTRY_POINT_GROUP, kind, "executor")
+    cls = ep.load()
     if not (isinstance(cls, type) and callable(getattr(cls, "from_site", None))):
-        raise ValueError(f"executor {kind!r}: {executors[kind].value} is not a class with from_site(site)")
+        raise ValueError(f"executor {kind!r}: {ep.value} is not a class with from_site(site)")
     return cls
 
 
