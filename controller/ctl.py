@@ -31,7 +31,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from rolloutd.client import JobEnded, NotFound, RolloutClient, RolloutdError, WaitTimeout, resolve
+from rolloutd.client import ClientError, JobEnded, NotFound, RolloutClient, WaitTimeout, resolve
 
 from . import ctl_views as views
 from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
@@ -122,7 +122,7 @@ def _check_resource(resource: str) -> None:
 def _run(fn):
     try:
         return fn()
-    except RolloutdError as e:
+    except ClientError as e:
         causes = e.status.get("details", {}).get("causes", [])
         lines = [str(e)] + [f"  {c.get('field')}: {c.get('message')}" for c in causes if len(causes) > 1]
         raise _fail("\n".join(lines)) from None

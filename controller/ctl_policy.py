@@ -15,7 +15,7 @@ from typing import Any, Callable
 import httpx
 import typer
 
-from rolloutd.client import RolloutdError
+from rolloutd.client import ClientError
 from rolloutd.crds.names import API_PREFIX
 
 policy_app = typer.Typer(help="The admin's TenantPolicies: what each namespace's jobs may use.", no_args_is_help=True,
@@ -42,7 +42,7 @@ def _call(method: str, path: str, body: dict[str, Any] | None = None) -> dict[st
     except ValueError:
         doc = {"message": r.text[:300]}
     if r.status_code >= 400:
-        raise RolloutdError(f"{method} {path}: HTTP {r.status_code}: {doc.get('message', '')}", status=doc)
+        raise ClientError(f"{method} {path}: HTTP {r.status_code}: {doc.get('message', '')}", status=doc)
     return doc
 
 
@@ -81,7 +81,7 @@ def _exists(name: str) -> bool:
     try:
         _call("GET", f"{PATH}/{name}")
         return True
-    except RolloutdError as e:
+    except ClientError as e:
         if e.code == 404:
             return False
         raise

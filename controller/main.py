@@ -112,12 +112,12 @@ def _settings(store: str | None = None):
 
 
 def _kinds(executors: str) -> tuple[str, ...]:
-    from .server import EXECUTOR_KINDS
+    from .executors import registered
 
-    kinds = tuple(k.strip() for k in executors.split(",") if k.strip())
-    unknown = set(kinds) - set(EXECUTOR_KINDS)
+    kinds, known = tuple(k.strip() for k in executors.split(",") if k.strip()), sorted(registered())
+    unknown = set(kinds) - set(known)
     if unknown:
-        raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(EXECUTOR_KINDS)}")
+        raise typer.BadParameter(f"unknown executor(s) {sorted(unknown)}; known: {', '.join(known)}")
     return kinds
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -17,7 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, get_args
 
 import sqlalchemy.exc
 import uvicorn
@@ -25,6 +26,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rolloutd.crds import nodeenv
+from rolloutd.crds.executor import ExecutorKind
 from rolloutd.crds.node import CONTROLLER_KEEP_ALIVE_SECONDS
 from rolloutd.crds.kit import tracing
 from rolloutd.crds.kit.settings import ControllerSettings
@@ -36,10 +38,9 @@ from .root import Root, assemble
 from .auth import TokenBook, ensure_token
 from .storage_faults import opening_problem
 from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
-from .executors.kubernetes import KubernetesExecutor, api_client_for, default_api_client
+from . import executors as registry
 from .executors.local import LocalExecutor
-from .executors.base import Executor, advertised_url
-from .executors.slurm.executor import SlurmExecutor
+from .executors.base import Executor, Site, advertised_url
 from .nodeauth import NodeCredentials
 from .operator import embedded
 from .operator.handlers import Nudges, Reconciler
@@ -53,7 +54,7 @@ from .leadership import Leadership
 from .replicas import Replica, replica_urls
 from .store_db import SchemaTooNew
 
-EXECUTOR_KINDS = ("local", "slurm", "kubernetes")
+EXECUTOR_KINDS: tuple[str, ...] = get_args(ExecutorKind)
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
 
 
@@ -99,26 +100,14 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     replicas = replica_urls(settings.replicas)  # the daemons get every replica's address, this one's first
 
     def make_executors(work: Work | None) -> dict[str, Executor]:
-        local = LocalExecutor(",".join(dict.fromkeys([f"{scheme}://{reach}:{port}", *replicas])), credentials,
-                              data_dir, grace_seconds=node_grace_seconds,
-                              extra_env={nodeenv.CA_FILE: str(ca_file)} if ca_file else None)
-        made: dict[str, Executor] = {"local": local}
-        advertised = advertised_url(host, port, scheme, settings.advertise_url) \
-            if {"slurm", "kubernetes"} & set(executors) else ""  # a DNS lookup only for daemons that run elsewhere
-        advertised = ",".join(dict.fromkeys([advertised, *replicas])) if advertised and replicas else advertised
-        if "slurm" in executors:  # sbatch/squeue/scancel, obeying $SLURM_CONF; daemons reach $ROLLOUTD_ADVERTISE_URL
-            made["slurm"] = SlurmExecutor(
-                advertised, credentials, data_dir, nodes=work and work.registry, drain_seconds=settings.drain_seconds,
-                event=lambda job, reason, msg, type_: store.add_event(job, reason, msg, type_))
-        if "kubernetes" in executors:  # an Indexed Job per RolloutJob; the client ([kubernetes] extra) loads on first use
-            # operator mode: the RolloutJobs are the cluster's (the kubeconfig's), each job's daemons go to its namespace
-            client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
-                                                                             kube.insecure)
-            made["kubernetes"] = KubernetesExecutor(
-                advertised, credentials, namespace=settings.k8s_namespace, image=settings.k8s_node_image,
-                drain_seconds=settings.drain_seconds, api_client=client, in_job_namespace=kube is not None)
-        made_all.update(made)  # every one made is shut down at exit, the local one released
-        return {k: v for k, v in made.items() if k in executors}
+        # daemons elsewhere reach $ROLLOUTD_ADVERTISE_URL or this host's name: a DNS lookup, made only when asked
+        remote = functools.cache(lambda: urls(advertised_url(host, port, scheme, settings.advertise_url), replicas))
+        site = Site(data_dir, credentials, settings, local_url=urls(f"{scheme}://{reach}:{port}", replicas),
+                    remote_url=remote, ca_file=ca_file,
+                    grace_seconds=node_grace_seconds, nodes=work and work.registry, event=store.add_event, kube=kube)
+        # the local one is always made: it adopts, and at a stop releases, the daemons an earlier run left
+        made_all.update(registry.make(dict.fromkeys(["local", *executors]), site))  # every one made is shut down
+        return {k: v for k, v in made_all.items() if k in executors}
 
     made_all: dict[str, Executor] = {}
     root = assemble(store, token, credentials=credentials, tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
@@ -188,13 +177,14 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     return Controller(app, root, before_shutdown)
 
 
-# The cyclic garbage collector, tuned for a server that keeps tens of thousands of leases in memory and makes
-# thousands of short-lived objects per node call: at 1000 simulated nodes, with Python's defaults, a full
-# collection ran about once a second and took ~190 ms (73 in 90 s: 14 s of the event loop, every node call
-# behind it waiting). Objects that exist once the controller is up are frozen out of every collection, and the
-# young generation is collected every 50 000 allocations instead of 700: almost all of a call's objects are
-# freed by their reference counts before then, so fewer survive to be promoted and re-scanned.
+# The cyclic collector for a server holding tens of thousands of leases: the objects of start-up frozen out of it, the
+# young generation collected every 50 000 allocations, not 700 (measured: docs/content/benchmarks.md, "Constants")
 GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def urls(first: str, others: list[str]) -> str:
+    """The controller's addresses as a daemon takes them: comma-separated, `first` first, each once."""
+    return ",".join(dict.fromkeys([first, *others]))
 
 
 def store_name(location: Path | str) -> str:

@@ -81,10 +81,15 @@ class KubernetesSpec(Model):
                                  "mount a fresh /proc (Kubernetes >= 1.33)")
 
 
+# The executors a spec may name: the `rolloutd.controller.executors` entry points (pyproject.toml), kept equal to
+# this list by tests/controller/executors/test_registry.py. A plug-in adds its name here (docs: write-an-executor.md).
+ExecutorKind = Literal["local", "slurm", "kubernetes"]
+
+
 class ExecutorSpec(Model):
     """Where the node daemons run."""
 
-    kind: Literal["local", "slurm", "kubernetes"] = Field(
+    kind: ExecutorKind = Field(
         default="local", description="local (subprocesses of the controller), slurm (an allocation) or kubernetes "
         "(an Indexed Job)")
     nodes: int = Field(default=1, ge=0, le=4096, description="node daemons to run (Slurm nodes, pods)")

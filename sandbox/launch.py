@@ -29,13 +29,12 @@ LAUNCHER = (
 # environment travels in `LaunchConfig.env`, applied to each session and kernel the server starts.
 SERVER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_CTYPE": "C.UTF-8"}
 NODE_VARS = ("LD_LIBRARY_PATH",)  # the node's own (never the job's): an interpreter may need it to load at all
+ID_VAR = "ROLLOUTD_SANDBOX_ID"  # set in every sandbox process; how leftovers are found (`host/footprint.py`)
 
 
 def server_env(sandbox_id: str) -> dict[str, str]:
     """The server's environment: `SERVER_ENV`, the node's `NODE_VARS` and the sandbox's id (which
     `footprint.reap_leftovers` looks for)."""
-    from .host.footprint import ID_VAR
-
     node = {k: os.environ[k] for k in NODE_VARS if os.environ.get(k)}
     return {**SERVER_ENV, **node, ID_VAR: sandbox_id}
 

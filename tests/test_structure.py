@@ -301,7 +301,7 @@ def test_a_known_contract_break_is_gone(importer, imported):
     assert imported not in GRAPH[importer]
 
 
-# Layerings inside the controller (issue 40): importer prefix → (the prefix it must not import, why)
+# Layerings inside the controller and the sandbox part (issue 40): importer prefix → (the prefix it must not import, why)
 FORBIDDEN: dict[str, tuple[str, str]] = {
     "rolloutd.controller.store": ("rolloutd.controller.kube", "the store sits below the API: the selectors are "
                                   "`controller/selectors.py`, which both import"),
@@ -310,6 +310,9 @@ FORBIDDEN: dict[str, tuple[str, str]] = {
     "rolloutd.controller.work": ("rolloutd.controller.http", "the work core does not import the routes"),
     "rolloutd.controller.executors": ("rolloutd.sandbox", "an executor launches daemons; it imports nothing of the "
                                       "sandbox"),
+    # inside the sandbox part (issue 40): the host's confinement builds on the server's launch, not the other way
+    "rolloutd.sandbox.launch": ("rolloutd.sandbox.host", "the launch configuration imports nothing of the host's "
+                                "confinement: the sandbox id's variable is `launch.ID_VAR`, which `host/` imports"),
 }
 FORBIDDEN_KNOWN: dict[tuple[str, str], str] = {
     # the exec server's /proc reader is stdlib-only and inside the server's folder (its start path imports nothing

@@ -18,7 +18,7 @@ being imported. Modules: `connection` (server and token), `errors`, `calls` (one
 _WHERE = {
     "Batch": "batch", "Group": "batch", "grpo_advantages": "batch", "sequences": "batch", "load_job": "calls",
     "Connection": "connection", "resolve": "connection", "RolloutClient": "sync", "AsyncRolloutClient": "aio",
-    **{n: "errors" for n in ("BadRequest", "Conflict", "ConnectionFailed", "Gone", "Invalid", "JobEnded",
+    **{n: "errors" for n in ("BadRequest", "ClientError", "Conflict", "ConnectionFailed", "Gone", "Invalid", "JobEnded",
                              "NotFound", "RolloutdError", "Unauthorized", "WaitTimeout")},
 }
 
@@ -34,7 +34,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AsyncRolloutClient", "BadRequest", "Batch", "Conflict", "Connection", "ConnectionFailed", "Gone", "Group",
+    "AsyncRolloutClient", "BadRequest", "Batch", "ClientError", "Conflict", "Connection", "ConnectionFailed", "Gone",
+    "Group",
     "Invalid", "JobEnded", "NotFound", "RolloutClient", "RolloutdError", "Unauthorized", "WaitTimeout",
     "grpo_advantages", "load_job", "resolve", "sequences",
 ]

@@ -18,7 +18,7 @@ from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
 from .core import (BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, job_over, still_exists,
                    unfilled)
-from .errors import NotFound, RolloutdError, status_error, unreachable
+from .errors import ClientError, NotFound, status_error, unreachable
 from .retry import RETRY_FOR_SECONDS, RETRY_STATUS, Retry
 
 
@@ -89,7 +89,7 @@ class AsyncRolloutClient:
                 if stream.final is None and stream.resumed:  # deleted while the stream was down: it is complete
                     return
                 raise
-            except RolloutdError as e:
+            except ClientError as e:
                 if e.code not in RETRY_STATUS:
                     raise
                 await asyncio.sleep(stream.failed(e))

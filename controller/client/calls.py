@@ -16,7 +16,7 @@ import httpx
 from rolloutd.crds.kit.documents import load_documents
 from rolloutd.crds.names import API_PREFIX, job_key, job_path, split_key
 
-from .errors import RolloutdError
+from .errors import ClientError
 
 JOBS = f"{API_PREFIX}/rolloutjobs"
 # Long-polls are cut into slices of this many seconds (the server answers with the current state
@@ -41,7 +41,7 @@ def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
             try:
                 text = Path(job).expanduser().read_text()
             except OSError as e:
-                raise RolloutdError(f"cannot read {job}: {e.strerror}") from None
+                raise ClientError(f"cannot read {job}: {e.strerror}") from None
             base = Path(job).expanduser().parent
         else:
             text = job
@@ -51,9 +51,9 @@ def load_job(job: dict[str, Any] | str | Path) -> dict[str, Any]:
 
         doc = resolve_paths(doc, base)
     if not isinstance(doc, dict):
-        raise RolloutdError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
+        raise ClientError(f"expected a RolloutJob mapping, got {type(doc).__name__}")
     if not (doc.get("metadata") or {}).get("name"):
-        raise RolloutdError("metadata.name is required")
+        raise ClientError("metadata.name is required")
     return doc
 
 
@@ -61,11 +61,11 @@ def _parse_text(text: str, where: str) -> Any:
     try:
         docs = load_documents(text, where)
     except ImportError:
-        raise RolloutdError(f"{where}: reading YAML needs PyYAML; pass the job as a dict or JSON") from None
+        raise ClientError(f"{where}: reading YAML needs PyYAML; pass the job as a dict or JSON") from None
     except ValueError as e:
-        raise RolloutdError(str(e)) from None
+        raise ClientError(str(e)) from None
     if len(docs) != 1:
-        raise RolloutdError(f"{where}: expected exactly one RolloutJob document, found {len(docs)}")
+        raise ClientError(f"{where}: expected exactly one RolloutJob document, found {len(docs)}")
     return docs[0]
 
 

@@ -23,7 +23,7 @@ from rolloutd.crds.kit.settings import CLIENT, SettingsError, read, xdg_data_dir
 from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from rolloutd.crds.kit.documents import malformed_yaml
 
-from .errors import RolloutdError
+from .errors import ClientError
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ClientSettings:
         try:
             return cls(**read(cls, CLIENT, environ))
         except SettingsError as e:
-            raise RolloutdError(str(e)) from None
+            raise ClientError(str(e)) from None
 
 
 @dataclass
@@ -67,9 +67,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise RolloutdError(f"config file {path}: {malformed_yaml(e)}") from None
+        raise ClientError(f"config file {path}: {malformed_yaml(e)}") from None
     if not isinstance(cfg, dict):
-        raise RolloutdError(f"config file {path}: expected a mapping (server, token, tokenFile, namespace, caFile)")
+        raise ClientError(f"config file {path}: expected a mapping (server, token, tokenFile, namespace, caFile)")
     return cfg
 
 
@@ -90,7 +90,7 @@ def resolve(server: str | None = None, token_file: str | Path | None = None, tok
         try:
             token = tf.read_text().strip()
         except OSError as e:
-            raise RolloutdError(
+            raise ClientError(
                 f"no API token: cannot read {tf} ({e.strerror}); give rolloutctl --token-file FILE (the Python "
                 f"client: token_file=), set ROLLOUTD_TOKEN_FILE or ROLLOUTD_TOKEN, or write 'tokenFile:' / 'token:' "
                 f"in {path}"
@@ -128,4 +128,4 @@ def trust(ca_file: str | None) -> ssl.SSLContext | bool:
     try:
         return ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as e:
-        raise RolloutdError(f"CA file {ca_file} (ROLLOUTD_CA_FILE / config caFile): cannot use it: {e}") from None
+        raise ClientError(f"CA file {ca_file} (ROLLOUTD_CA_FILE / config caFile): cannot use it: {e}") from None

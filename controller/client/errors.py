@@ -13,9 +13,14 @@ if TYPE_CHECKING:  # only annotations: `rolloutctl get`'s fast path reads these 
 from rolloutd.crds import errors as taxonomy
 
 
-class RolloutdError(taxonomy.StatusError):
-    """A failure of a controller call (the client's root, beneath the product's `rolloutd.crds.errors`
-    root of the same name: a 4xx is the caller's configuration, the rest infrastructure). `status` is the server's Kubernetes `Status` object
+# The product's one root (`rolloutd.crds.errors`), under the name the client has always exported: `except
+# RolloutdError` catches every error the client raises (each a `ClientError`), and any other of rolloutd's.
+RolloutdError = taxonomy.RolloutdError
+
+
+class ClientError(taxonomy.StatusError):
+    """A failure of a controller call or of the client's configuration (the client's root, a `RolloutdError`: a
+    4xx is the caller's configuration, the rest infrastructure). `status` is the server's Kubernetes `Status` object
     (`{kind: Status, reason, message, code, details: {causes: [{field, reason, message}]}}`) or
     `{}` when the controller never answered (see `ConnectionFailed`)."""
 
@@ -37,35 +42,35 @@ class RolloutdError(taxonomy.StatusError):
         return list((self.status.get("details") or {}).get("causes") or [])
 
 
-class BadRequest(RolloutdError):
+class BadRequest(ClientError):
     """400: malformed body or parameters."""
 
 
-class Unauthorized(RolloutdError):
+class Unauthorized(ClientError):
     """401: missing or wrong token."""
 
 
-class NotFound(RolloutdError):
+class NotFound(ClientError):
     """404: no such job (or batch, or backend)."""
 
 
-class Conflict(RolloutdError):
+class Conflict(ClientError):
     """409: already exists, or a concurrent update won."""
 
 
-class Gone(RolloutdError):
+class Gone(ClientError):
     """410: a watch resumed from a version the server no longer keeps."""
 
 
-class Invalid(RolloutdError):
+class Invalid(ClientError):
     """422: the job does not validate; `causes` name each field."""
 
 
-class ConnectionFailed(RolloutdError):
+class ConnectionFailed(ClientError):
     """The controller could not be reached (or a stream kept failing after retries)."""
 
 
-class WaitTimeout(RolloutdError, TimeoutError):
+class WaitTimeout(ClientError, TimeoutError):
     """A client-side wait ended before its condition held. `last` is the last state seen
     (the job object, or the `Batch` for `next_batch`)."""
 
@@ -74,7 +79,7 @@ class WaitTimeout(RolloutdError, TimeoutError):
         self.last = last
 
 
-class JobEnded(RolloutdError):
+class JobEnded(ClientError):
     """`wait` for a condition on a job that ended (Failed/Cancelled/deleted) without it."""
 
     def __init__(self, message: str, job: dict[str, Any] | None = None):
@@ -82,22 +87,22 @@ class JobEnded(RolloutdError):
         self.job = job
 
 
-_BY_CODE: dict[int, type[RolloutdError]] = {400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict,
+_BY_CODE: dict[int, type[ClientError]] = {400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict,
                                             410: Gone, 422: Invalid}
 
 
-def status_error(r: httpx.Response) -> RolloutdError:
+def status_error(r: httpx.Response) -> ClientError:
     """The typed error for a ≥400 response (its body read already)."""
     try:
         status = r.json()
     except ValueError:
         status = None
     if not isinstance(status, dict) or status.get("kind") != "Status":
-        cls = _BY_CODE.get(r.status_code, RolloutdError)
+        cls = _BY_CODE.get(r.status_code, ClientError)
         return cls(f"HTTP {r.status_code} from the controller: {r.text[:200]}",
                    {"code": r.status_code, "reason": r.reason_phrase, "message": r.text[:200]})
     status.setdefault("code", r.status_code)
-    cls = _BY_CODE.get(int(status["code"]), RolloutdError)
+    cls = _BY_CODE.get(int(status["code"]), ClientError)
     return cls(f"Error from server ({status.get('reason', r.status_code)}): {status.get('message', '')}", status)
 
 

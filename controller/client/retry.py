@@ -13,7 +13,7 @@ import httpx
 
 from rolloutd.crds.kit.aiokit import Backoff
 
-from .errors import ConnectionFailed, RolloutdError, unreachable
+from .errors import ClientError, ConnectionFailed, unreachable
 
 RETRY_FOR_SECONDS = 120.0  # the clients' default: a controller restart here takes ~10 s, an upgrade longer
 RETRY_STATUS = frozenset({502, 503, 504})  # a stopping controller (503 + Retry-After), a proxy in front of one
@@ -61,7 +61,7 @@ class Retry:
 
 
 def retryable(error: Exception, idempotent: bool) -> bool:
-    if isinstance(error, RolloutdError):
+    if isinstance(error, ClientError):
         return error.code in RETRY_STATUS
     if isinstance(error, NOT_SENT):
         return True
@@ -74,7 +74,7 @@ def describe(error: Exception) -> str:
 
 def final(server: str, error: Exception, tried: float) -> Exception:
     """The error the caller gets once retrying ends (`ConnectionFailed` for a transport error)."""
-    if isinstance(error, RolloutdError):
+    if isinstance(error, ClientError):
         return error
     if tried <= 0:
         return unreachable(server, error)

@@ -19,7 +19,7 @@ from .calls import Call, Calls
 from .connection import Connection, client_options, resolve
 from .core import (BatchPoll, GroupAssembler, JobWait, Stream, TrajectoryStream, WatchStream, job_over, still_exists,
                    unfilled)
-from .errors import NotFound, RolloutdError, status_error, unreachable
+from .errors import ClientError, NotFound, RolloutdError, status_error, unreachable
 from .retry import RETRY_FOR_SECONDS, RETRY_STATUS, Retry
 
 
@@ -31,7 +31,7 @@ class RolloutClient:
             batch = rc.next_batch("my-job")
             arrays = batch.to_arrays(pad_id=tok.pad_token_id)
 
-    Errors are `RolloutdError` subclasses carrying the server's Status (`reason`, `code`,
+    Errors are `ClientError` subclasses carrying the server's Status (`reason`, `code`,
     `causes`); `ConnectionFailed` when the controller cannot be reached.
     A controller restart is ridden through: every call and stream retries an unreachable or stopping
     controller (back-off with jitter) for up to `retry_for` seconds in a row (None: no limit; 0: never),
@@ -104,7 +104,7 @@ class RolloutClient:
                 if stream.final is None and stream.resumed:  # deleted while the stream was down: it is complete
                     return
                 raise
-            except RolloutdError as e:
+            except ClientError as e:
                 if e.code not in RETRY_STATUS:
                     raise
                 time.sleep(stream.failed(e))
@@ -287,4 +287,4 @@ class RolloutClient:
         return self._do(Calls.remove_backend(self._key(name), url))
 
 
-__all__ = ["RolloutClient", "RolloutdError"]
+__all__ = ["RolloutClient", "ClientError", "RolloutdError"]

@@ -1,9 +1,10 @@
 """What an executor is (the `Executor` interface the reconcile calls) and what every executor shares
 to launch node daemons: their environment and argv, a crash back-off, an atomic JSON state file.
 
-Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`. Callers: the kopf handlers
-(`controller/operator/handlers.py`, through `operator/reconcile.py`) and the controller's wiring
-(`server.py`, which also calls `shutdown`). Imports nothing of the controller.
+Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`, found by kind through the registry
+(`executors/__init__.py`), each made from a `Site`. Callers: the kopf handlers (`controller/operator/handlers.py`,
+through `operator/reconcile.py`) and the controller's wiring (`server.py`, which also calls `shutdown`). Imports
+nothing of the controller.
 """
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import json
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol, Sequence
 
 from rolloutd.crds.kit.aiokit import backoff_delay
 from rolloutd.crds import nodeenv
 from rolloutd.crds.errors import FailureKind, RolloutdError
+from rolloutd.crds.kit.settings import ControllerSettings
 from rolloutd.crds.rolloutjob import RolloutJob
 
 
@@ -42,8 +44,10 @@ class ExecutorError(RolloutdError):
 
 
 class Executor(Protocol):
-    """Keeps a job's node daemons running. Every call is idempotent (level-triggered)."""
+    """Keeps a job's node daemons running. Every call is idempotent (level-triggered). A class registered in the
+    `rolloutd.controller.executors` entry-point group also has `from_site(site: Site)`, which makes one."""
 
+    kind: ClassVar[str]  # its name in the registry and in `spec.executor.kind`
     shares_files: bool  # its daemons see this controller's files: a job's tokenizer directory is checked at apply
 
     async def ensure(self, job: RolloutJob, nodes: int) -> None: ...     # exactly `nodes` daemons, healed
@@ -70,6 +74,32 @@ class NodeRoster(Protocol):
 
     def nodes(self, job: str) -> Sequence[Any]: ...    # rows with id, name, state, slurm_job_id
     def drain(self, job: str, node_ids: list[str]) -> None: ...
+
+
+class KubeLogin(Protocol):
+    """An API server and how to log in to it (`operator/kubeapi.Connection`): operator mode's cluster."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+
+    def bearer(self) -> str | None: ...  # the token to send now (a token file is read again when it changes)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the controller hands each executor it makes (`from_site`): its files, how daemons reach it, the jobs'
+    credentials, its settings and the parts an executor may call back into."""
+    data_dir: Path                  # the data dir: state files (`StateFile`), daemon logs
+    credentials: Credentials
+    settings: ControllerSettings    # $ROLLOUTD_DRAIN_SECONDS, $ROLLOUTD_K8S_* ...
+    local_url: str                  # how daemons on this host reach the controller (every replica's, this one's first)
+    remote_url: Callable[[], str]   # ... and daemons on other hosts (asked when needed: it may look this host up)
+    ca_file: Path | None = None     # the CA the daemons trust (the controller serves TLS)
+    grace_seconds: float = 30.0     # SIGTERM to SIGKILL for a daemon that ignores its stop
+    nodes: NodeRoster | None = None  # the registered daemons (None: a controller without a scheduler)
+    event: Callable[[str, str, str, str], None] | None = None  # a job's event: (job, reason, message, type)
+    kube: KubeLogin | None = None   # operator mode: the cluster whose RolloutJobs are reconciled
 
 
 # ---------------------------------------------------------------- daemon launch

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from .base import Credentials, ExecutorError, NodeState
+from .base import Credentials, ExecutorError, NodeState, Site
 from .logs import MAX_BYTES, NoLogs, merged
 from .pods import CONTAINER, newest_pods, node_states, pod_log_stream
 
@@ -178,6 +178,7 @@ def api_client_for(server: str, token: Callable[[], str | None] | str | None = N
 class KubernetesExecutor:
     """`in_job_namespace`: operator mode, where RolloutJobs are objects of the cluster the Jobs go to: a job's
     daemons run in the RolloutJob's own namespace (else in `namespace`, the controller's), owned by it."""
+    kind = "kubernetes"
     shares_files = False  # its daemons run elsewhere: they do not see this controller's files
 
     def __init__(self, controller_url: str, credentials: Credentials, *, namespace: str | None = None,
@@ -193,6 +194,17 @@ class KubernetesExecutor:
         self._api_factory = api_client
         self._api: Any = None
         self._released: set[str] = set()  # uids whose Job is gone: release() is called on every pass
+
+    @classmethod
+    def from_site(cls, site: Site) -> KubernetesExecutor:
+        """An Indexed Job per RolloutJob: on the controller's cluster (its namespace), or in operator mode on the
+        kubeconfig's, in each RolloutJob's own namespace. The client loads on first use ([kubernetes] extra)."""
+        kube, settings = site.kube, site.settings
+        client = default_api_client if kube is None else api_client_for(kube.server, kube.bearer, kube.ca_path,
+                                                                         kube.insecure)
+        return cls(site.remote_url(), site.credentials, namespace=settings.k8s_namespace,
+                   image=settings.k8s_node_image, drain_seconds=settings.drain_seconds, api_client=client,
+                   in_job_namespace=kube is not None)
 
     # ------------------------------------------------------------ client
 

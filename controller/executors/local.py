@@ -24,7 +24,9 @@ from pathlib import Path
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.sandbox.server.procs import read_stat
 
-from .base import Credentials, NodeState, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
+from rolloutd.crds import nodeenv
+
+from .base import Credentials, NodeState, Site, StateFile, crash_count, crash_delay, daemon_argv, daemon_env
 from .logs import files_stream, job_files, log_stem, pick
 
 log = logging.getLogger("rolloutd.executor.local")
@@ -58,6 +60,7 @@ class _Daemon:
 
 
 class LocalExecutor:
+    kind = "local"
     shares_files = True  # its daemons see this controller's files
 
     def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
@@ -72,6 +75,12 @@ class LocalExecutor:
         self.daemons: dict[str, dict[int, _Daemon]] = {}
         self._stopping: set[asyncio.Task] = set()
         self._adopt()
+
+    @classmethod
+    def from_site(cls, site: Site) -> LocalExecutor:
+        """Daemons on this host: they reach the controller at its own address and trust its CA."""
+        return cls(site.local_url, site.credentials, site.data_dir, grace_seconds=site.grace_seconds,
+                   extra_env={nodeenv.CA_FILE: str(site.ca_file)} if site.ca_file else None)
 
     # ------------------------------------------------------------ persistence
 
@@ -97,13 +106,17 @@ class LocalExecutor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = daemon_env(os.environ, self.extra_env, self.controller_url, job, credential)
         logf = open(self.log_dir / f"{log_stem(job)}-node{slot}.log", "ab")
-        popen = subprocess.Popen(daemon_argv(self.python, "--slot", str(slot)), env=env,
+        popen = subprocess.Popen(self.command(slot), env=env,
                                  stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         logf.close()
         start = _proc_start_time(popen.pid) or ""
         log.info("started node daemon pid %s for job %s slot %s", popen.pid, job, slot)
         return _Daemon(slot, popen.pid, start, popen, time.monotonic(), restarts)
+
+    def command(self, slot: int) -> list[str]:
+        """The command line of the daemon in `slot` (a subclass may wrap it: `nice`, `taskset`, ...)."""
+        return daemon_argv(self.python, "--slot", str(slot))
 
     async def ensure(self, job: RolloutJob, nodes: int) -> None:
         """Exactly `nodes` daemons: a dead one is restarted (after a back-off when it keeps dying young),

@@ -107,8 +107,8 @@ class BackendPool:
         self.admission.give(url, job)
 
     def pinned(self, job: str) -> dict[str, int]:
-        """Backend URL → the job's tasks pinned to it now, from admission's counts in memory (the database's
-        GROUP BY over every item of the job took a dashboard's build tens of ms at a thousand nodes)."""
+        """Backend URL → the job's tasks pinned to it now, from admission's counts in memory, not a GROUP BY over the
+        job's items (a dashboard asks every second; docs/content/benchmarks.md, "Constants")."""
         return {url: n for url, jobs in list(self.admission.admitted.items()) if (n := jobs.get(job, 0)) > 0}
 
     def view(self, job: str, urls: Iterable[str], shown: Callable[[str], bool] = lambda url: True) -> list[dict]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .limits import Cgroup, candidate_parents, unbound_workspace
+from ..launch import ID_VAR
 from ..server.procs import identity, kill_until_gone
 
-ID_VAR = "ROLLOUTD_SANDBOX_ID"  # set in every sandbox process; how leftovers are found
 OWNER_FILE = "owner"  # "<pid> <start time>" of the daemon that created the sandbox
 STALE_AFTER = 60.0  # seconds: younger directories and cgroups may be another daemon's sandbox being created
 

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import SandboxCreateError
-from .footprint import ID_VAR
+from ..launch import ID_VAR
 
 ATTACH_TIMEOUT = 10.0
 RESOLV_CONF = "nameserver 10.0.2.3\n"  # slirp4netns's DNS forwarder, inside the namespace

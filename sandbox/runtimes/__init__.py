@@ -7,9 +7,10 @@ Writing one: docs/content/write-a-runtime.md.
 """
 from __future__ import annotations
 
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 
 from ...crds.rolloutjob import SandboxSpec
+from ...crds.kit import plugins
 from ...crds.kit.settings import SandboxSettings
 from ..sandbox import Sandbox
 from .base import SandboxRuntime
@@ -19,19 +20,14 @@ ENTRY_POINT_GROUP = "rolloutd.sandbox.runtimes"
 
 def registered() -> dict[str, EntryPoint]:
     """Every runtime of the `rolloutd.sandbox.runtimes` group, by name (the first of a name twice installed)."""
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
+    return plugins.registered(ENTRY_POINT_GROUP)
 
 
 def runtime_class(name: str) -> type[SandboxRuntime]:
-    runtimes = registered()
-    if name not in runtimes:
-        raise ValueError(f"unknown sandbox runtime {name!r}; choose one of {sorted(runtimes)}")
-    cls = runtimes[name].load()
+    ep = plugins.entry(ENTRY_POINT_GROUP, name, "sandbox runtime")
+    cls = ep.load()
     if not (isinstance(cls, type) and issubclass(cls, SandboxRuntime)):
-        raise ValueError(f"sandbox runtime {name!r}: {runtimes[name].value} is not a SandboxRuntime")
+        raise ValueError(f"sandbox runtime {name!r}: {ep.value} is not a SandboxRuntime")
     return cls
 
 

@@ -16,8 +16,8 @@ from ...crds.rolloutjob import SandboxSpec
 from ...crds.kit.settings import SandboxSettings
 from ..client import ExecClient
 from ..errors import RuntimeUnavailable, SandboxCreateError
-from ..host.footprint import ID_VAR, Layout, reap_leftovers, remove
-from ..launch import LaunchConfig
+from ..host.footprint import Layout, reap_leftovers, remove
+from ..launch import ID_VAR, LaunchConfig
 from ..host.limits import CGROUP_JOIN, CPU_SKIPPED, Cgroup, bound_workspace, rlimits_for
 from ..host.netns import Outbound
 from ..sandbox import Sandbox, log_tail, terminate

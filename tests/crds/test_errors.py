@@ -61,7 +61,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.tasks.base.UnknownTaskKind": [((), {}, C)],
     "rolloutd.agents.loop.tools.ToolInfraError": [((), {}, I)],
     "rolloutd.agents.loop.tools.ToolHung": [((), {}, I)],
-    "rolloutd.client.errors.RolloutdError": [(("m",), {}, I), (("m", {"code": 500}), {}, I)],
+    "rolloutd.client.errors.ClientError": [(("m",), {}, I), (("m", {"code": 500}), {}, I)],
     "rolloutd.client.errors.BadRequest": [(("m", {"code": 400}), {}, C)],
     "rolloutd.client.errors.Unauthorized": [(("m", {"code": 401}), {}, C)],
     "rolloutd.client.errors.NotFound": [(("m", {"code": 404}), {}, C)],
@@ -142,6 +142,18 @@ def test_every_class_is_classified():
         assert issubclass(cls, RolloutdError), f"{name} is outside the taxonomy's root"
         for args, kwargs, kind in rows:
             assert classify(cls(*args, **kwargs)) is kind, (name, args, kwargs)
+
+
+def test_one_class_per_name_and_one_root():
+    """`RolloutdError` is one class: the client's public name (`rolloutd.client.RolloutdError`) is the product's root,
+    and every error the client raises derives from it through `ClientError`."""
+    import rolloutd.client
+    from rolloutd.client.errors import ClientError
+
+    classes = _exception_classes()
+    assert [n for n in classes if n.rpartition(".")[2] == "RolloutdError"] == ["rolloutd.crds.errors.RolloutdError"]
+    assert rolloutd.client.RolloutdError is RolloutdError and "RolloutdError" in rolloutd.client.__all__
+    assert all(issubclass(cls, ClientError) for name, cls in classes.items() if name.startswith("rolloutd.client."))
 
 
 def test_builtin_bases_are_kept():

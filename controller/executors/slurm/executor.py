@@ -21,7 +21,8 @@ from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..logs import NoLogs, files_stream, job_files, log_stem
-from ..base import Credentials, ExecutorError, NodeRoster, NodeState, StateFile, crash_count, crash_delay, daemon_env
+from ..base import Credentials, ExecutorError, NodeRoster, NodeState, Site, StateFile, crash_count, crash_delay, \
+    daemon_env
 from .cli import PERMANENT_PENDING, Runner, SlurmCli, SlurmJob, expand_hostlist, last_lines, read_tail, refusal, \
     unavailable
 from .retire import Retirer
@@ -34,28 +35,22 @@ JUST_SUBMITTED_SECONDS = 10.0  # an allocation squeue does not list yet is not l
 
 
 class SlurmExecutor:
+    kind = "slurm"
     shares_files = False  # its daemons run elsewhere: they do not see this controller's files
     def __init__(self, controller_url: str, credentials: Credentials, data_dir: Path, *,
                  python: str = sys.executable, grace_seconds: float | None = None, max_failures: int = 5,
                  stable_seconds: float = 60.0, finish_grace: float = 15.0, max_backoff: float = 60.0,
-                 poll_interval: float = 1.0,
-                 extra_env: dict[str, str] | None = None, nodes: NodeRoster | None = None,
-                 event: Callable[[str, str, str, str], None] | None = None,
-                 run: Runner | None = None, clock: Callable[[], float] = time.time,
-                 drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS):
-        self.controller_url = controller_url
-        self.credentials = credentials
-        self.data_dir = data_dir
+                 poll_interval: float = 1.0, extra_env: dict[str, str] | None = None, nodes: NodeRoster | None = None,
+                 event: Callable[[str, str, str, str], None] | None = None, run: Runner | None = None,
+                 clock: Callable[[], float] = time.time, drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS):
+        self.controller_url, self.credentials, self.data_dir = controller_url, credentials, data_dir
         self.log_dir = data_dir / "logs"
         self.file = StateFile(data_dir / "slurm-executor.json")
         self.python = python
         # `drain_seconds`: the daemons' own grace ($ROLLOUTD_DRAIN_SECONDS, which they inherit through sbatch)
         self.grace = grace_seconds if grace_seconds is not None else drain_seconds + 15.0
-        self.max_failures = max_failures
-        self.finish_grace = finish_grace
-        self.stable_seconds = stable_seconds
-        self.max_backoff = max_backoff
-        self.poll_interval = poll_interval
+        self.max_failures, self.finish_grace, self.stable_seconds = max_failures, finish_grace, stable_seconds
+        self.max_backoff, self.poll_interval = max_backoff, poll_interval
         self.extra_env = extra_env or {}
         self._event = event
         self.clock = clock
@@ -67,6 +62,12 @@ class SlurmExecutor:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.submitted = 0  # sbatch calls by this process (tests, metrics)
+
+    @classmethod
+    def from_site(cls, site: Site) -> SlurmExecutor:
+        """Daemons elsewhere (the controller's advertised address), drained one by one through the node roster."""
+        return cls(site.remote_url(), site.credentials, site.data_dir, nodes=site.nodes,
+                   drain_seconds=site.settings.drain_seconds, event=site.event)
 
     # ------------------------------------------------------------ Executor
 
