@@ -27,6 +27,7 @@ import asyncio
 import logging
 import re
 import time
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -76,15 +77,21 @@ def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONRespons
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 class _AuthAndMetrics:
     """Bearer-token check and request metrics around every request, as plain ASGI: Starlette's
     `BaseHTTPMiddleware` (`@app.middleware`) runs each request in a task group of its own, which
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
-    response starts (a watch stream is counted once, not for its whole life)."""
+    response starts (a watch stream is counted once, not for its whole life). A write answered 2xx (other than
+    the node protocol's, whose routes settle results themselves) waits for its commit to be on the disk
+    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
-                 latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None):
-        self.storage, self.limits = storage, limits or LoginLimits()
+                 latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None,
+                 durable: Callable[[], Awaitable[None]] | None = None):
+        self.storage, self.limits, self.durable = storage, limits or LoginLimits(), durable
         self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
@@ -97,10 +104,13 @@ class _AuthAndMetrics:
             scope = {**scope, "path": path, "raw_path": path.encode()}
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         started = False
+        settle = self.durable if method in _WRITES and not NodeGate.is_node_path(path) else None
 
         async def send_and_count(message) -> None:
             nonlocal started
             if message["type"] == "http.response.start" and not started:
+                if settle is not None and message["status"] < 300:
+                    await settle()  # raises on a disk that refuses: answered 503 below, nothing sent yet
                 started = True
                 self.requests_total.labels(method, str(message["status"])).inc()
                 self.latency.labels(method).observe(time.perf_counter() - start)
@@ -241,7 +251,8 @@ def create_app(root: Root) -> FastAPI:
     registry.register(_JobsCollector(store))
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
     app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
-                       requests_total=requests_total, latency=latency, storage=storage, limits=root.limits)
+                       requests_total=requests_total, latency=latency, storage=storage, limits=root.limits,
+                       durable=store.durable.settle)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -334,7 +345,8 @@ def create_app(root: Root) -> FastAPI:
         registry.register(_StalenessCollector(work.stale))
         registry.register(_RolloutsCollector(work.queue))
         registry.register(FirstTokenCollector(work.first_tokens))
-        app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials))
+        app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials,
+                                       store.durable.settle))
         app.include_router(trainer_router(store, root.policies, root.scheduler, feed=work.feed, retention=work.retention,
                                           pool=work.pool, purge=work.purge, job_stats=root.stats, allow=root.allow,
                                           slots=root.streams))
