@@ -78,6 +78,13 @@ def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONRespons
 
 
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_CORE_EVENTS = re.compile(r"/api/v1/namespaces/[^/]+/events")
+
+
+def _unsynced(path: str) -> bool:
+    """Writes answered without waiting for a sync: the node protocol's (its routes sync results themselves), and
+    what the operator derives and writes again after a restart (a job's status, core/v1 Events)."""
+    return NodeGate.is_node_path(path) or path.endswith("/status") or _CORE_EVENTS.fullmatch(path) is not None
 
 
 class _AuthAndMetrics:
@@ -104,7 +111,7 @@ class _AuthAndMetrics:
             scope = {**scope, "path": path, "raw_path": path.encode()}
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         started = False
-        settle = self.durable if method in _WRITES and not NodeGate.is_node_path(path) else None
+        settle = self.durable if method in _WRITES and not _unsynced(path) else None
 
         async def send_and_count(message) -> None:
             nonlocal started
@@ -181,6 +188,23 @@ class _JobsCollector:
         yield g
 
 
+class _DurableCollector:
+    """The syncs that make acknowledged writes durable (`durability.Durable`), since the controller started."""
+
+    def __init__(self, durable):
+        self.durable = durable
+
+    def collect(self):
+        d = self.durable
+        yield CounterMetricFamily("rolloutd_store_syncs", "fsyncs of the store's WAL before acknowledging writes",
+                                  value=d.syncs)
+        yield CounterMetricFamily("rolloutd_store_synced_writes", "Acknowledged writes that waited for a sync",
+                                  value=d.settled)
+        yield CounterMetricFamily("rolloutd_store_sync_seconds", "Seconds spent in those fsyncs", value=d.sync_seconds)
+        yield CounterMetricFamily("rolloutd_store_sync_wait_seconds", "Seconds writes waited for their sync, summed",
+                                  value=d.wait_seconds)
+
+
 class _StatsCollector:
     """What the trajectories' running sums (`work/stats.JobStats`) hold in memory."""
 
@@ -249,6 +273,7 @@ def create_app(root: Root) -> FastAPI:
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
+    registry.register(_DurableCollector(store.durable))
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
     app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
                        requests_total=requests_total, latency=latency, storage=storage, limits=root.limits,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +20,8 @@ class Durable:
 
     def __init__(self, path: Path | None) -> None:
         self.path = None if path is None else Path(path)
-        self.syncs = self.settled = 0  # fsync rounds run, callers they answered (for the tests and the bench)
+        self.syncs = self.settled = 0  # fsync rounds run, callers they answered (/metrics, tests, the bench)
+        self.sync_seconds = self.wait_seconds = 0.0  # in the fsyncs; callers' time in `settle`, summed
         self._asked = self._done = 0
         self._lock: asyncio.Lock | None = None
         self._dir_synced = False
@@ -56,7 +58,13 @@ class Durable:
         if self.path is None:
             return
         self._asked += 1
-        ticket = self._asked
+        ticket, began = self._asked, time.perf_counter()
+        try:
+            await self._settle(ticket)
+        finally:
+            self.wait_seconds += time.perf_counter() - began
+
+    async def _settle(self, ticket: int) -> None:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -64,7 +72,9 @@ class Durable:
                 self.settled += 1
                 return
             upto = self._asked  # every caller counted so far committed before this sync starts
+            began = time.perf_counter()
             await asyncio.get_running_loop().run_in_executor(self._thread, self.sync_now)
+            self.sync_seconds += time.perf_counter() - began
             self.syncs += 1
             self._done = upto
             self.settled += 1
