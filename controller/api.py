@@ -27,6 +27,7 @@ import asyncio
 import logging
 import re
 import time
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -76,15 +77,28 @@ def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONRespons
     return JSONResponse(err.status(), status_code=err.code, headers=headers)
 
 
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_CORE_EVENTS = re.compile(r"/api/v1/namespaces/[^/]+/events")
+
+
+def _unsynced(path: str) -> bool:
+    """Writes answered without waiting for a sync: the node protocol's (its routes sync results themselves), and
+    what the operator derives and writes again after a restart (a job's status, core/v1 Events)."""
+    return NodeGate.is_node_path(path) or path.endswith("/status") or _CORE_EVENTS.fullmatch(path) is not None
+
+
 class _AuthAndMetrics:
     """Bearer-token check and request metrics around every request, as plain ASGI: Starlette's
     `BaseHTTPMiddleware` (`@app.middleware`) runs each request in a task group of its own, which
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
-    response starts (a watch stream is counted once, not for its whole life)."""
+    response starts (a watch stream is counted once, not for its whole life). A write answered 2xx (other than
+    the node protocol's, whose routes settle results themselves) waits for its commit to be on the disk
+    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
-                 latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None):
-        self.storage, self.limits = storage, limits or LoginLimits()
+                 latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None,
+                 durable: Callable[[], Awaitable[None]] | None = None):
+        self.storage, self.limits, self.durable = storage, limits or LoginLimits(), durable
         self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
@@ -97,10 +111,13 @@ class _AuthAndMetrics:
             scope = {**scope, "path": path, "raw_path": path.encode()}
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         started = False
+        settle = self.durable if method in _WRITES and not _unsynced(path) else None
 
         async def send_and_count(message) -> None:
             nonlocal started
             if message["type"] == "http.response.start" and not started:
+                if settle is not None and message["status"] < 300:
+                    await settle()  # raises on a disk that refuses: answered 503 below, nothing sent yet
                 started = True
                 self.requests_total.labels(method, str(message["status"])).inc()
                 self.latency.labels(method).observe(time.perf_counter() - start)
@@ -171,6 +188,23 @@ class _JobsCollector:
         yield g
 
 
+class _DurableCollector:
+    """The syncs that make acknowledged writes durable (`durability.Durable`), since the controller started."""
+
+    def __init__(self, durable):
+        self.durable = durable
+
+    def collect(self):
+        d = self.durable
+        yield CounterMetricFamily("rolloutd_store_syncs", "fsyncs of the store's WAL before acknowledging writes",
+                                  value=d.syncs)
+        yield CounterMetricFamily("rolloutd_store_synced_writes", "Acknowledged writes that waited for a sync",
+                                  value=d.settled)
+        yield CounterMetricFamily("rolloutd_store_sync_seconds", "Seconds spent in those fsyncs", value=d.sync_seconds)
+        yield CounterMetricFamily("rolloutd_store_sync_wait_seconds", "Seconds writes waited for their sync, summed",
+                                  value=d.wait_seconds)
+
+
 class _StatsCollector:
     """What the trajectories' running sums (`work/stats.JobStats`) hold in memory."""
 
@@ -239,9 +273,11 @@ def create_app(root: Root) -> FastAPI:
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
+    registry.register(_DurableCollector(store.durable))
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
     app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
-                       requests_total=requests_total, latency=latency, storage=storage, limits=root.limits)
+                       requests_total=requests_total, latency=latency, storage=storage, limits=root.limits,
+                       durable=store.durable.settle)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
@@ -334,7 +370,8 @@ def create_app(root: Root) -> FastAPI:
         registry.register(_StalenessCollector(work.stale))
         registry.register(_RolloutsCollector(work.queue))
         registry.register(FirstTokenCollector(work.first_tokens))
-        app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials))
+        app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials,
+                                       store.durable.settle))
         app.include_router(trainer_router(store, root.policies, root.scheduler, feed=work.feed, retention=work.retention,
                                           pool=work.pool, purge=work.purge, job_stats=root.stats, allow=root.allow,
                                           slots=root.streams))

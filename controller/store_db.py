@@ -17,6 +17,7 @@ from sqlmodel import Session, SQLModel, create_engine, select
 from rolloutd.crds.errors import ConfigurationError
 
 from . import dialects
+from .durability import Durable
 from .errors import Gone
 from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
                            utcnow)
@@ -51,6 +52,7 @@ class StoreDB:
         self.engine = self._pg_engine(self.url) if self.url else self._sqlite_engine(self.path)
         self.dialect = self.engine.dialect.name
         self.where = dialects.redacted(self.url) if self.url else str(self.path)  # for messages
+        self.durable = Durable(self.path)  # commits are written, not synced: `settle()` before promising one
 
         self._lock = threading.RLock()
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
@@ -71,6 +73,8 @@ class StoreDB:
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            # NORMAL: a commit is written, synced at the next checkpoint; what the API acknowledges is synced
+            # first (`durability.Durable`): the node protocol's beats and leases pay no fsync each
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA cache_size=-{CACHE_KIB}")

@@ -189,8 +189,8 @@ class PipelineSpec(Model):
     max_attempts: int = Field(default=3, ge=1, description="attempts per rollout for infrastructure failures")
     lease_seconds: float = Field(default=30.0, ge=1.0, le=3600.0,
                                  description="a lease not extended by a heartbeat for this long goes back to the queue; "
-                                 "a node daemon that has not reached the controller for 20 × this long exits (a "
-                                 "controller away up to 10 × this long loses nothing)")
+                                 "a node daemon that has not reached the controller for 20 × this long plus 60 s (its "
+                                 "start) exits (a controller away up to 10 × this long loses nothing)")
     max_infra_failure_ratio: float = Field(default=0.5, ge=0.0, le=1.0, description="the job ends Failed "
                                            "(InfraFailures) when more than this share of its finished rollouts failed "
                                            "for infrastructure reasons, and always when none was scored")

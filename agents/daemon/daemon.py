@@ -8,7 +8,7 @@ Started per allocated node by Slurm (`srun`) or the local executor, from agents/
 Leaving: SIGTERM stops leasing, hands back unstarted leases, lets in-flight rollouts finish for `drain_seconds`,
 cancels and hands back the rest, exit 0 (a second signal a second or more later ends the grace period); the
 controller's drain or "no more work": finish in flight, exit 0; a controller that forgot the node, or has not
-answered for 20 × leaseSeconds (heartbeat.py): cancel everything, end the sandboxes, exit 1.
+answered for 20 × leaseSeconds + 60 s (heartbeat.py): cancel everything, end the sandboxes, exit 1.
 Test seams (keyword arguments): `client`, `handler`, `llm_factory(url)`, `tokenizer`, `sandbox_runtime`; what
 happened: `rollouts.transitions` (monotonic time, attemptId, phase) and `stats` (counts).
 """
@@ -39,7 +39,7 @@ from ..llm import LLMBackend
 from ..tasks.base import TaskHandler
 from .controller_client import ControllerClient, ControllerError
 from .fit import check_fit
-from .heartbeat import UNREACHABLE_LEASES, Heartbeater
+from .heartbeat import Heartbeater, unreachable_after
 from .jobconfig import JobConfig, load_spec
 from .lease import UNSTARTED, Leaser
 from .llmgate import PolicyGate
@@ -281,7 +281,7 @@ class NodeDaemon:
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
                                  sandbox_settings=self.opts.sandbox, wake_leasing=self.leaser.room.set)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
-        self.heart.unreachable_after = UNREACHABLE_LEASES * spec.pipeline.lease_seconds
+        self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds)
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
         self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
         self.pipeline.start()

@@ -5,7 +5,7 @@ contract in its environment (`base.daemon_env`, with the job's node credential, 
 `release`), in its own process group, tracked by pid + start time in `local-executor.json`: a restarted
 controller adopts them and only ever signals what it started. A controller stopped on purpose (SIGTERM) releases
 them (`release_all`) unless run with --keep-daemons; one killed or crashed leaves them to be adopted, and a
-daemon that has not reached it for 20 × leaseSeconds exits by itself.
+daemon that has not reached it for 20 × leaseSeconds + 60 s exits by itself.
 """
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ class LocalExecutor:
     def release_all(self) -> int:
         """The controller stops on purpose (SIGTERM, without --keep-daemons): SIGTERM to every daemon it started,
         which hands back its leases and drains (it would give up on its own once the controller has not answered
-        for 20 × leaseSeconds). Not waited for. The number signalled."""
+        for 20 × leaseSeconds + 60 s). Not waited for. The number signalled."""
         n = 0
         for slots in self.daemons.values():
             for d in slots.values():

@@ -17,6 +17,8 @@ Mounted by `api.create_app` when the root has a work core: a call goes route →
 """
 from __future__ import annotations
 
+from typing import Awaitable, Callable
+
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -86,9 +88,16 @@ def _owned(registry: NodeRegistry, node_id: str, request: Request) -> str:
     return node_id
 
 
+async def _nothing() -> None:
+    """No store to sync (a router built without one)."""
+
+
 def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: NodeCalls,
-                credentials: NodeCredentials) -> APIRouter:
+                credentials: NodeCredentials, settle: Callable[[], Awaitable[None]] | None = None) -> APIRouter:
+    """`settle`: returns once the commits made so far are on the disk (`durability.Durable.settle`): a node is
+    told its results are stored only then (it forgets them on that answer); beats and leases do not wait for it."""
     r = APIRouter()
+    settled = settle or _nothing
 
     def admit(req: RegisterRequest, request: Request) -> Response:
         """Register `req` (its job resolved): a job credential only for its own job, and only as a node that
@@ -142,14 +151,17 @@ def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: N
         @r.post(f"{prefix}/{{node_id}}/heartbeat")
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
-            return _ok(await calls.heartbeat_grouped(_owned(registry, node_id, request), hb, lease),
-                       registry.features_of(node_id))
+            answer = await calls.heartbeat_grouped(_owned(registry, node_id, request), hb, lease)
+            if hb.results:
+                await settled()
+            return _ok(answer, registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/results")
         async def results(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             batch = await read_model_fast(request, ResultBatch, RESULTS_MAX_BYTES)
-            return _ok(await calls.results_grouped(_owned(registry, node_id, request), batch, lease),
-                       registry.features_of(node_id))
+            answer = await calls.results_grouped(_owned(registry, node_id, request), batch, lease)
+            await settled()
+            return _ok(answer, registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/return")
         async def give_back(node_id: str, request: Request):

@@ -188,24 +188,23 @@ def ext4_disk(tmp_path) -> Iterator[tuple[Path, str]]:
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-# Found by CI (#37, open): one of three writes answered 201 just before the disk aborted its journal was gone after
-# fsck — SQLite in WAL mode with synchronous=NORMAL (store_db.py) does not sync a commit, so an acknowledged
-# write can be lost when the disk fails before the next checkpoint. Passes when the checkpoint came first.
-@pytest.mark.xfail(strict=False, reason="acknowledged writes not yet synced are lost on a journal abort (#37)")
 def test_a_disk_turned_read_only_under_a_live_controller_refuses_writes_serves_reads_and_loses_nothing(ext4_disk):
     """The store's disk goes read-only while the controller runs: API writes and node calls that write answer 503
     with the reason, reads keep working, /readyz says why (its write probe: the kernel's emergency read-only passes
     `access` and `statvfs`), /healthz stays 200. ext4 lifts that state only by unmounting (fsck, mount): the
-    recovery is a restart on the repaired disk, with every write that was answered 201 there and the same token."""
+    recovery is a restart on the repaired disk, with every write that was answered 201 there and the same token
+    (#37: CI lost one of three 201s when the journal aborted right after them, before a checkpoint synced the WAL;
+    a write is now answered only once its commit is synced, `durability.Durable`)."""
     from rolloutd.crds.node import NODE_PROTOCOL
     mnt, dev = ext4_disk
     c = ControllerProcess(mnt / "data", env=ENV).start()
     try:
         token = c.token
         with c.client() as api:
+            assert api.get("/readyz").status_code == 200
             for i in range(3):
                 assert api.post(P, json=job(f"before-{i}")).status_code == 201
-            assert api.get("/readyz").status_code == 200
+            # at once after the last 201: no checkpoint (every 50 ms, `wal_checkpoints.py`) has synced it yet
             Path(f"/sys/fs/ext4/{Path(dev).name}/trigger_fs_error").write_text("rolloutd test: disk gone read-only\n")
             refused = api.post(P, json=job("during"))
             assert refused.status_code == 503, refused.text

@@ -52,11 +52,19 @@ class Cluster:
                 "--port", str(self.port), "--executors", self.executors, "--log-level", "info"]
 
     def start(self) -> "Cluster":
+        return self.launch().ready()
+
+    def launch(self) -> "Cluster":
+        """Start the controller's process, not waiting for it to answer (`ready`)."""
         log = open(self.root / "controller.log", "ab")
         self.proc = subprocess.Popen(
             self.argv(),
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.env, start_new_session=True)
-        deadline = time.monotonic() + 60
+        return self
+
+    def ready(self, timeout: float = 60) -> "Cluster":
+        """Wait until the launched controller answers /healthz."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited: {(self.root / 'controller.log').read_text()[-3000:]}")
