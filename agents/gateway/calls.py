@@ -21,6 +21,7 @@ class Call:
     logprobs: list[float]
     finish_reason: str
     stop_reason: Any = None  # the engine's: the stop string or token id that ended it, if any
+    versions: list[tuple[Any, int]] = field(default_factory=list)  # (policy version, tokens) runs: the node's gate
 
 
 @dataclass
