@@ -206,6 +206,8 @@ def test_stale_samples_are_re_run(tmp_path, store_location):
     assert len(ack.accepted) == 4 and sched.work.feed.trajectories("math-demo") == []  # re-queued, not delivered
     assert len(lease_all(sched, node)) == 4
     assert sched.policy("math-demo")["staleness"]["cancelledRollouts"] == 8
+    assert sched.policy("math-demo")["staleness"]["rerun"] == 4  # the per-sample re-runs, counted per job
+    assert sched.work.stale.totals["rerun"] == 4  # /metrics: rolloutd_stale_rollouts_rerun_total
 
 
 def test_a_counted_group_admitted_too_long_ago_leaves_the_running_batch(tmp_path, store_location):
