@@ -33,8 +33,9 @@ def staleness(t: Trajectory, history: list) -> int:
     versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
     if not history or not versions:
         return 0
-    idx = [history.index(v) for v in versions if v in history]
-    return len(history) - 1 - min(idx) if idx else len(history)
+    if any(v not in history for v in versions):  # another job's weights (a shared backend): older than any of ours
+        return len(history)
+    return len(history) - 1 - min(history.index(v) for v in versions)
 
 
 class PolicyVersions:
@@ -192,12 +193,26 @@ class PolicyVersions:
                 s.commit()
             self._changed(name)
             self.wake(name)
+            if weights_path:
+                self._tag_sharers(name, version, [b["url"] for b in report if b.get("reloaded") and not b.get("error")])
         errors = [b for b in report if b.get("error")]
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
         return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
                 "enginesPausedSeconds": round(engines, 3),
                 "drained": drained, "backends": report}
+
+    def _tag_sharers(self, name: str, version: int | str, reloaded: list[str]) -> None:
+        """Other jobs listing a backend that just loaded `name`'s weights: their daemons tag what it generates from
+        now on as `name@version` (a version not in their history, so their staleness bound counts it as too old),
+        until their own announce loads their weights there again. Their calls in flight at the reload are not
+        fenced: they carry their own version to the end of the call (docs/content/async.md, shared backends)."""
+        for other in self.jobs.names():
+            cache = self.jobs.cached(other)
+            shared = set(reloaded) & set(cache.backends) if cache is not None and other != name else set()
+            if shared:
+                self._behind.setdefault(other, {}).update({u: f"{name}@{version}" for u in shared})
+                self._changed(other)
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
                     timeout: float) -> tuple[bool, list[dict[str, Any]]]:
