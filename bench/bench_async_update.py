@@ -116,8 +116,9 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
     split = sum(1 for t in trajs if len(t.get("versionSpans") or []) > 1)
     api.delete(f"{P}/rolloutjobs/{name}")
     reload = max((b.get("reloadSeconds") or 0.0) for b in answer["backends"])
+    reset = max((b.get("resetSeconds") or 0.0) for b in answer["backends"])
     return {"mode": mode, "wait": returned - start, "idle": clock.idle(start, returned), "reload": reload,
-            "paused": answer["enginesPausedSeconds"], "controller": answer["pausedSeconds"],
+            "paused": answer["enginesPausedSeconds"], "controller": answer["pausedSeconds"], "reset": reset,
             "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs)}
 
 
@@ -151,9 +152,10 @@ def run(quick: bool = False) -> list[dict]:
              f"{tokens}-token greedy turns, update after {lead} tokens. `python -m bench async_update"
              f"{' --quick' if quick else ''}`.", "",
              "| mode | trainer wait (s) | in the controller (s) | engines paused (s) | no token sampled (s) | reload (s) | "
-             "turns split by the update | rollouts | infra |", "|---|---|---|---|---|---|---|---|---|"]
+             "prefix-cache reset (s) | turns split by the update | rollouts | infra |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['controller']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | "
-              f"{r['reload']:.2f} | {r['split']} | {r['rollouts']} | {r['infra']} |" for r in results]
+              f"{r['reload']:.2f} | {r['reset']:.2f} | {r['split']} | {r['rollouts']} | {r['infra']} |" for r in results]
     (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out
