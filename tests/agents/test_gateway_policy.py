@@ -5,6 +5,7 @@ the gateway's Unix socket with the OpenAI SDK streaming, as a harness calls it."
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import httpx
 import httpx2
@@ -14,6 +15,8 @@ from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.loop.rollout import RolloutContext
+from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer
 
 from support.waiting import until
@@ -73,12 +76,18 @@ def test_a_streamed_harness_call_is_held_tagged_and_split_by_the_policy_gate(tin
                 deltas = await asyncio.wait_for(harness, 600)
             finally:
                 await gw.stop()
-        return gw.calls, llm.versions, deltas
+        return gw, llm.versions, deltas
 
-    calls, versions, deltas = asyncio.run(go())
+    gw, versions, deltas = asyncio.run(go())
+    calls = gw.calls
     [call] = calls
     assert len(call.token_ids) == TOKENS
     assert "".join(deltas) == tok.decode_content(call.token_ids)  # streamed as before, every token
     assert versions == [1]  # the version the call started on: after the hold, never the one before it
     [(v1, before_fence), (v3, after)] = call.versions  # split where the keep-mode update landed
     assert (v1, v3) == (1, 3) and before_fence > 0 and after > 0 and before_fence + after == TOKENS
+    # the rollout's trajectory carries the split as versionSpans over its token ids, as the agent loop's does
+    t = _trajectory(gw, tok, RolloutContext(job="gw", prompt=0, sample=0), SimpleNamespace(timed_out=False, output=""))
+    n = len(call.prompt_ids)
+    assert [(s.version, s.start, s.end) for s in t.version_spans] == [(1, n, n + before_fence), (3, n + before_fence,
+                                                                                                   n + TOKENS)]
