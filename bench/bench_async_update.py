@@ -5,7 +5,8 @@ Workload, the same for each mode: 2 × C prompts of one greedy turn of TOKENS to
 at once (the engine's batch). Once the engine has generated LEAD tokens of the first wave, the trainer announces
 version 1 with `weightsPath` = the model's own directory (a real `reload_weights`, same weights).
 Measured per update:
-- **trainer wait**: the wall time of `announce_policy` (what a trainer blocks on);
+- **trainer wait**: the wall time of `announce_policy` (what a trainer blocks on); **in the controller**: the
+  announce's own `pausedSeconds` (the rest is the HTTP call and the controller's loop);
 - **engines paused**: the controller's own measure (`enginesPausedSeconds`): from the first pause call to the last
   resume (drain: pause, reload, resume after the drain; keep/abort: pause, fence, reload, resume);
 - **no token sampled**: from the announce until the engine generates again after it returned, the time in which the
@@ -115,8 +116,9 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
     split = sum(1 for t in trajs if len(t.get("versionSpans") or []) > 1)
     api.delete(f"{P}/rolloutjobs/{name}")
     reload = max((b.get("reloadSeconds") or 0.0) for b in answer["backends"])
+    reset = max((b.get("resetSeconds") or 0.0) for b in answer["backends"])
     return {"mode": mode, "wait": returned - start, "idle": clock.idle(start, returned), "reload": reload,
-            "paused": answer["enginesPausedSeconds"],
+            "paused": answer["enginesPausedSeconds"], "controller": answer["pausedSeconds"], "reset": reset,
             "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs)}
 
 
@@ -149,10 +151,11 @@ def run(quick: bool = False) -> list[dict]:
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, tiny model, C={c}, "
              f"{tokens}-token greedy turns, update after {lead} tokens. `python -m bench async_update"
              f"{' --quick' if quick else ''}`.", "",
-             "| mode | trainer wait (s) | engines paused (s) | no token sampled (s) | reload (s) | turns split by the "
-             "update | rollouts | infra |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | {r['reload']:.2f} | {r['split']} | "
-              f"{r['rollouts']} | {r['infra']} |" for r in results]
+             "| mode | trainer wait (s) | in the controller (s) | engines paused (s) | no token sampled (s) | reload (s) | "
+             "prefix-cache reset (s) | turns split by the update | rollouts | infra |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['controller']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | "
+              f"{r['reload']:.2f} | {r['reset']:.2f} | {r['split']} | {r['rollouts']} | {r['infra']} |" for r in results]
     (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out

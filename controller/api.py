@@ -237,6 +237,9 @@ class _StalenessCollector:
                                   value=self.stale.totals["sweptGroups"])
         yield CounterMetricFamily("rolloutd_stale_groups_gated", "Groups not opened by the capacity gate: (S + v + 1)"
                                   " x the batch's groups accepted or running at most", value=self.stale.totals["gated"])
+        yield CounterMetricFamily("rolloutd_stale_rollouts_rerun", "Results that came back more than "
+                                  "spec.policy.maxStaleness versions old, their samples run again with the current "
+                                  "policy", value=self.stale.totals["rerun"])
 
 
 class _RolloutsCollector:

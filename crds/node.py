@@ -12,6 +12,7 @@ job's node credential, every other call with the node's own token (feature node-
     POST /nodes/{node}/results           ResultBatch      → ResultAck
          (both take `?lease=N`: the next leases ride on the reply, see LEASE_PARAM)
     POST /nodes/{node}/return            ReturnRequest    → {}                (unstarted leases handed back)
+    POST /nodes/{node}/policy-watch      PolicyWatch      → PolicyState       (long-poll: feature policy-watch)
     POST /nodes/{node}/deregister        {}               → {}
 
 Exactly-once delivery rests on `attemptId`: a result is accepted only from the attempt that
@@ -96,11 +97,17 @@ OWNER_HEADER = "x-rolloutd-owner"
 #   beat-fence    a beat's reply carries the keep-mode fence and the backends behind the job's version
 #                 (`HeartbeatResponse.llmFence`, `backendVersions`); a daemon without it takes no fence (the
 #                 controller's wait for it ends at its timeout) and is told nothing of lagging backends
+#   policy-watch  `POST …/{node}/policy-watch` long-polls the job's policy (`PolicyWatch` → `PolicyState`): the
+#                 controller answers as soon as it changes (an update's hold, fence, new version), so an update reaches
+#                 the daemon in one round trip, not at its next beat; the same call (wait 0) reports what a beat
+#                 would (calls in flight, held, fence taken) the moment it changes. A daemon without it learns and
+#                 reports by beats, as before
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
-LEASE_TRACE, BEAT_FENCE = "lease-trace", "beat-fence"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE)
+LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH)
+POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
                 BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions"))}
@@ -226,6 +233,29 @@ class HeartbeatResponse(Model):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")
     dropped: dict[str, str] | None = Field(default=None, description="attemptId → why the beat's result was not accepted")
     beat_gap: float | None = Field(default=None, description="beat at most this often (s): the controller's pacing")
+
+
+class PolicyWatch(Model):
+    """A daemon's policy watch (feature policy-watch): what it knows of the job's policy (`epoch` of `instance`,
+    from the last `PolicyState` it applied) and its report, as a beat's LLM fields carry it."""
+    instance: str = Field(default="", max_length=64, description="the controller process the epoch counts in")
+    epoch: int = Field(default=-1, description="the policy epoch the daemon applied last (-1: none)")
+    wait: float = Field(default=0.0, ge=0.0, le=30.0, description="long-poll this long for a change")
+    seq: int = Field(default=0, description="counts the daemon's watches: a report older than one seen is not noted")
+    llm_inflight: int = 0
+    llm_held: bool = False
+    llm_fence: int = 0
+
+
+class PolicyState(Model):
+    """The job's policy as a beat's reply gives it, with the epoch it was read at: a daemon applies a state only if
+    it is newer than the one it has (two watches may be answered out of order)."""
+    instance: str
+    epoch: int
+    policy_version: int | str | None = None
+    llm_paused: bool = False
+    llm_fence: int = 0
+    backend_versions: dict[str, int | str | None] = Field(default_factory=dict)
 
 
 class ResultBatch(Model):

@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8, help="samples per prompt (group size)")
     p.add_argument("--max-in-flight", type=int, default=16, help="DAPO: groups running at once")
     p.add_argument("--max-tokens", type=int, default=64, help="max tokens per reply")
+    p.add_argument("--update-mode", choices=("drain", "keep", "abort"), default="drain",
+                   help="spec.policy.updateMode: what an announce does with the generations in flight")
+    p.add_argument("--prefetch", action="store_true",
+                   help="asynchronous: request batch k+1 before training on batch k (its rollouts run meanwhile, "
+                        "one version behind)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--clip", type=float, default=0.2)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -196,6 +201,7 @@ def job(name: str, args: argparse.Namespace, source: str, engine_url: str, token
         "executor": {"kind": "local", "nodes": 1},
         "pipeline": {"workersPerNode": {"init": 8, "run": 128, "eval": 8}},
         "timeouts": {"initSeconds": 60, "runSeconds": 1800, "evalSeconds": 60, "actionSeconds": 60},
+        "policy": {"updateMode": args.update_mode},
     }
     if batch_mode:
         if args.dapo:
@@ -327,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             batch = rc.next_batch(name, timeout=3600, all_groups=True)
             t1 = time.monotonic()
+            if args.prefetch and step < args.steps:  # the next batch generates while this one trains
+                rc._pending[name] = int(rc.request_batch(name)["batch"])
             counted = [{"group": g.group, "samples": g.samples} for g in batch.groups if g.state == "counted"]
             trained = [s for g in counted for s in g["samples"]]
             # a rollout generated before the first announcement carries no version: that is version 0

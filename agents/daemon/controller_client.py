@@ -1,6 +1,6 @@
-"""The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`): six POSTs, one error.
+"""The node daemon's HTTP client for the controller's node protocol (`rolloutd.crds.node`): seven POSTs, one error.
 
-Callers: daemon.py (register, deregister), lease.py, heartbeat.py, outbox.py; the server side is the controller's
+Callers: daemon.py (register, deregister), lease.py, heartbeat.py, outbox.py, policywatch.py; the server side is the controller's
 node routes. `register` carries the job's node credential as `Authorization: Bearer`, every later call the
 node's own token from the reply (feature node-token; the credential when the reply has none); bodies and replies
 are the `crds.node` models' wire forms. `ControllerError.retryable` tells a controller briefly away (no answer, 5xx, 408, 429) from a
@@ -29,6 +29,8 @@ from rolloutd.crds.node import (
     HeartbeatResponse,
     LeaseRequest,
     LeaseResponse,
+    PolicyState,
+    PolicyWatch,
     RegisterRequest,
     RegisterResponse,
     Result,
@@ -74,7 +76,7 @@ def _asking(path: str, lease: int | None) -> str:
 
 
 class ControllerClient:
-    """The six calls of the node protocol, under the job's namespaced path when `job` (its key,
+    """The seven calls of the node protocol, under the job's namespaced path when `job` (its key,
     "namespace/name" or a bare name in `default`) is given. `transport` is a test seam (e.g. httpx.MockTransport).
     `base_url` may name several controller replicas, comma-separated: a call that gets no answer, or a 503, moves
     the next calls to the next address (the caller retries; any replica forwards to the leader)."""
@@ -169,6 +171,10 @@ class ControllerClient:
             body = b'{"results":[' + b",".join(batch) + b"]}"
             return await self._post(path, body, ResultAck)
         return await self._post(path, batch, ResultAck)
+
+    async def policy_watch(self, node_id: str, req: PolicyWatch) -> PolicyState:
+        """Feature policy-watch: the job's policy once it differs from `req`'s epoch (long-poll up to `req.wait`)."""
+        return await self._post(f"/{node_id}/policy-watch", req, PolicyState, timeout=req.wait + self.timeout)
 
     async def give_back(self, node_id: str, req: ReturnRequest) -> None:
         await self._post(f"/{node_id}/return", req, None)

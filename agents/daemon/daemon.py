@@ -27,6 +27,7 @@ from rolloutd.crds.node import (
     BEAT_DELTAS,
     BEAT_RESULTS,
     BEAT_TURNS,
+    POLICY_WATCH,
     NODE_PROTOCOL,
     Lease,
     RegisterRequest,
@@ -46,6 +47,7 @@ from .llmgate import PolicyGate
 from .options import NodeError, NodeOptions
 from .outbox import Outbox
 from .pipeline import Pipeline
+from .policywatch import PolicyWatcher
 from .rollouts import Phase, Rollout, Rollouts, insist_cancel
 from .supervise import EXIT_REFUSED
 
@@ -103,7 +105,7 @@ class NodeDaemon:
         self.rollouts = Rollouts(self.log, self.stats, self._changed, drop_result=self.outbox.drop)
         self.heart = Heartbeater(self.client, options, self.log, self.stats, self.rollouts, self.outbox, self.gate,
                                  on_gone=self._lost, on_drain=self._start_drain)
-        self.gate.on_change = self.heart.wake.set
+        self.gate.on_change = self.heart.gate_changed
         self.leaser = Leaser(self.client, options, self.log, self.stats,
                              leasing=lambda: self.state is Shutdown.RUNNING,
                              stopping=lambda: self.state >= Shutdown.STOPPING,
@@ -265,6 +267,7 @@ class NodeDaemon:
         self.outbox.on_beats = BEAT_RESULTS in served
         self.heart.deltas = BEAT_DELTAS in served
         self.heart.turns = BEAT_TURNS in served
+        self.heart.watcher = PolicyWatcher(self.client, resp.node_id, self.gate, self.log) if POLICY_WATCH in served else None
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,
                       resp.node_id, resp.job, resp.generation, ",".join(sorted(served)) or "none")
         return True
@@ -283,6 +286,8 @@ class NodeDaemon:
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
         self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds)
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
+        if self.heart.watcher is not None:
+            self._loops.append(asyncio.create_task(self.heart.watcher.loop(), name="policy-watch"))
         self.config.check_policy()  # before any sandbox: a job stored before its policy tightened cannot exceed it
         self.pipeline.start()
         if self.pipeline.tokenizer is None:

@@ -6,7 +6,8 @@ the node is lost (exit 1).
 With the features the controller serves (`crds.node.FEATURES`): beat-results, beats carry finished results (from
 `outbox.Outbox`, acknowledged by the reply) and come no closer than the reply's `beatGap`; beat-deltas, a beat
 prompted by a change names only the stages changed since the last answered beat (`beatbody.ToldStages`), the
-timed ones every live lease. `daemon.NodeDaemon` runs `Heartbeater.loop`; replies act on `rollouts.Rollouts` and
+timed ones every live lease; policy-watch, the job's policy comes by `policywatch.PolicyWatcher`, not on the replies.
+`daemon.NodeDaemon` runs `Heartbeater.loop`; replies act on `rollouts.Rollouts` and
 `llmgate.PolicyGate`.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .beatbody import ToldStages, beat_body
 from .controller_client import ControllerClient, ControllerError
 from .lease import Leaser
 from .llmgate import PolicyGate
+from .policywatch import PolicyWatcher
 from .options import NodeOptions
 from .outbox import Outbox
 from .rollouts import Phase, Rollouts
@@ -62,6 +64,7 @@ class Heartbeater:
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self.deltas = False                # beat-deltas served (set at registration)
         self.turns = False                 # beat-turns served (set at registration)
+        self.watcher: PolicyWatcher | None = None  # policy-watch served: the policy comes by it, not by beats
         self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
         self.unreachable_after: float | None = None  # set from the spec (`unreachable_after`)
         self.reached = time.monotonic()    # when the controller last answered a beat
@@ -71,6 +74,15 @@ class Heartbeater:
         self._one_at_a_time = asyncio.Lock()  # the loop's beat and the daemon's last one at exit
         self._retry = Backoff(0.2, opts.retry_max)  # after a failed beat: no beat before `_retry_at`
         self._retry_at = 0.0
+
+    def gate_changed(self) -> None:
+        """The policy gate changed (held, calls in flight, a fence taken): tell the controller now, on the policy
+        watch when there is one, else on a beat."""
+        (self.watcher.report if self.watching else self.wake).set()
+
+    @property
+    def watching(self) -> bool:
+        return self.watcher is not None and self.watcher.active
 
     def least_gap(self) -> float:
         """Beats come no closer than this: the controller's `beatGap` once it gave one (`spaced_gap` of it, drawn
@@ -137,7 +149,7 @@ class Heartbeater:
         if resp.beat_gap is not None:  # paced: a random share of it, so daemons answered together spread out
             self.beat_gap = spaced_gap(resp.beat_gap, random.random())
         self.apply(resp)
-        if self.gate.paused and self.gate.mode != "drain":  # a live update: its steps wait on our beats, beat again
+        if self.gate.paused and self.gate.mode != "drain" and not self.watching:  # a live update: its steps wait on our beats, beat again
             self.wake.set()
         if self.leaser is not None:
             await self.leaser.answered(ask, resp.lease, "beats")
@@ -169,7 +181,8 @@ class Heartbeater:
     def apply(self, resp: HeartbeatResponse) -> None:
         if resp.llm_paused != self.gate.paused or resp.policy_version != self.gate.version:
             self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
-        self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
+        if not self.watching:  # policy-watch: the watch's answers, which are never older than a beat's, set it
+            self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

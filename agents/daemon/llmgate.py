@@ -158,7 +158,12 @@ class TrackedLLM:
         self.versions: list[int | str | None] = []
         self.calls = 0  # model calls started: the rollout's turn, for the in-flight view (beat-turns)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str):
+    gated = True  # the gateway streams through `generate(on_tokens=…)`, never around the gate
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: Callable[[list[int]], Awaitable[None]] | None = None):
+        """One model call through the gate. `on_tokens` (the gateway's streamed answer): each run of ids as it
+        arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
         await self.gate.enter()
         stream = Stream(self.url)
@@ -172,7 +177,7 @@ class TrackedLLM:
                     gen = await self.inner.generate(prompt_ids, sampling, request_id)
                     stream.got(len(gen.token_ids))
                 else:  # streamed in every mode: the time to first token is measured on each call
-                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started)
+                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens)
                 node_traces.generated(span, gen, started)
         finally:
             self.in_flight.discard(request_id)
@@ -196,7 +201,8 @@ class TrackedLLM:
         return gen
 
     async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
-                        request_id: str, started: float) -> Generation:
+                        request_id: str, started: float,
+                        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None) -> Generation:
         """Stream the generation, counting its tokens. An abort by the server while the gate is held (abort mode:
         the controller aborted it to load new weights) keeps the tokens so far, waits for the update to end and
         continues from prompt + those tokens on the backend's new version: the split is exact by construction."""
@@ -224,6 +230,8 @@ class TrackedLLM:
                     stream.got(len(piece.token_ids))
                     finish, stop_reason = piece.finish_reason or finish, piece.stop_reason
                     cached = cached if piece.cached_tokens is None else piece.cached_tokens
+                    if on_tokens is not None and not piece.finish_reason:
+                        await on_tokens(piece.token_ids)
                 break
             except BackendError as e:
                 # an update in abort mode aborts the engines first and tells the daemons at their next beat: wait
@@ -237,6 +245,8 @@ class TrackedLLM:
                     ids += partial.token_ids
                     logprobs += partial.logprobs
                     stream.got(len(partial.token_ids))
+                    if on_tokens is not None and partial.token_ids:
+                        await on_tokens(partial.token_ids)
                 stream.parked = True
                 await self.gate.wait_open()
                 stream.parked = False
@@ -252,4 +262,6 @@ class TrackedLLM:
         await self.inner.abort(request_id)
 
     def __getattr__(self, name: str) -> Any:  # model, max_model_len, ... of the shared backend
+        if name == "stream":  # a stream of the backend's own would bypass the gate: `generate(on_tokens=…)` streams
+            raise AttributeError(name)
         return getattr(self.inner, name)

@@ -21,6 +21,7 @@ class Call:
     logprobs: list[float]
     finish_reason: str
     stop_reason: Any = None  # the engine's: the stop string or token id that ended it, if any
+    versions: list[tuple[Any, int]] = field(default_factory=list)  # (policy version, tokens) runs: the node's gate
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Segment:
     drift: bool = False  # started because a re-tokenized history no longer matched the recorded ids
     turns: list[tuple[int, int, str]] = field(default_factory=list)  # each call's generated [start, end), finish
     retokenized: int = 0  # prompt ids past the longest prefix shared with an earlier sequence (sent again as text)
+    versions: list[tuple[Any, int, int]] = field(default_factory=list)  # (policy version, start, end) of generated ids
 
 
 def _shared(a: list[int], b: list[int]) -> int:
@@ -72,6 +74,10 @@ def stitch(calls: list[Call], decode=None) -> list[Segment]:
         cur.logprobs += [None] * len(extra)
         if call.token_ids:
             cur.turns.append((len(cur.token_ids), len(cur.token_ids) + len(call.token_ids), call.finish_reason))
+        at = len(cur.token_ids)
+        for version, n in call.versions:  # the node's gate: which version generated which of the call's ids
+            cur.versions.append((version, at, at + n))
+            at += n
         cur.token_ids += call.token_ids
         cur.loss_mask += [1] * len(call.token_ids)
         cur.logprobs += list(call.logprobs)

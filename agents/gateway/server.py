@@ -122,12 +122,15 @@ class Gateway:
                 gen = await task
             finally:
                 self._inflight.discard(task)
-        call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason, gen.stop_reason)
+        call = Call(list(prompt_ids), list(gen.token_ids), list(gen.logprobs), gen.finish_reason, gen.stop_reason,
+                    list(getattr(gen, "versions", None) or []))
         self.calls.append(call)
         return call
 
     async def _produce(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
                        on_tokens: Any) -> Generation:
+        if on_tokens is not None and getattr(self.llm, "gated", False):  # the node's policy gate: held, tagged
+            return await self.llm.generate(prompt_ids, sampling, request_id, on_tokens=on_tokens)
         stream = getattr(self.llm, "stream", None)
         if on_tokens is None or stream is None:
             return await self.llm.generate(prompt_ids, sampling, request_id)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rolloutd.agents.gateway.server import Gateway, start_relay, stitch
-from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn
+from rolloutd.crds.trajectory import Failure, FailureKind, Segment, Trajectory, Turn, VersionSpan
 
 from .base import stash_answer
 from .seams import LLM, AgentConfig, HostSandbox, RolloutContext, Sandbox, Tokenizer
@@ -115,12 +115,13 @@ def _trajectory(gateway: Gateway, tokenizer: Tokenizer | None, ctx: RolloutConte
                    attempt=ctx.attempt, backend=ctx.backend, finish_reason="harness")
     sequences = [Segment(token_ids=s.token_ids, prompt_length=s.prompt_length, loss_mask=s.loss_mask,
                          logprobs=s.logprobs, calls=s.calls, drift=s.drift,
-                         turns=[Turn(generated_start=a, generated_end=b, finish_reason=f) for a, b, f in s.turns])
+                         turns=[Turn(generated_start=a, generated_end=b, finish_reason=f) for a, b, f in s.turns],
+                         version_spans=[VersionSpan(version=v, start=a, end=b) for v, a, b in s.versions if b > a])
                  for s in segments]
     if len(sequences) == 1:
         one = sequences[0]
-        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length, t.turns = (
-            one.token_ids, one.loss_mask, one.logprobs, one.prompt_length, one.turns)
+        t.token_ids, t.loss_mask, t.logprobs, t.prompt_length, t.turns, t.version_spans = (
+            one.token_ids, one.loss_mask, one.logprobs, one.prompt_length, one.turns, one.version_spans)
     else:
         t.segments = sequences
     t.metrics = {

@@ -1,7 +1,7 @@
 """The node-daemon protocol: thin routes over the work core's node parts (registry, attempts, node calls).
 
     POST /apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{name}/nodes/register (`?features=…`) | /{node}/lease
-         | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister
+         | /{node}/heartbeat | /{node}/results | /{node}/return | /{node}/deregister | /{node}/policy-watch
          register: the job's node credential (its job only) or the admin token; the rest: the node's own token
          (`nodeauth.py`, checked in the API middleware before these routes run) or the admin token
          (heartbeat and results take `?lease=N`: leases ride on the reply, `crds.node.LEASE_PARAM`)
@@ -24,8 +24,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from rolloutd.crds.names import API_PREFIX, job_key, split_key
-from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, REPLY_FIELDS, Heartbeat, LeaseRequest, RegisterRequest,
-                                ResultBatch, ReturnRequest)
+from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, REPLY_FIELDS, Heartbeat, LeaseRequest, PolicyWatch,
+                                RegisterRequest, ResultBatch, ReturnRequest)
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from ..nodeauth import NodeCredentials
@@ -167,6 +167,14 @@ def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: N
         async def give_back(node_id: str, request: Request):
             req = await read_model(request, ReturnRequest)
             return {"returned": attempts.give_back(_owned(registry, node_id, request), req.attempt_ids, req.reason)}
+
+        @r.post(f"{prefix}/{{node_id}}/policy-watch")
+        async def policy_watch(node_id: str, request: Request):
+            req = await read_model(request, PolicyWatch)
+            job = registry.job_of(_owned(registry, node_id, request))
+            if job is None:
+                raise NotFound(f"node {node_id} is not registered")
+            return _ok(await attempts.policy.watch(node_id, job, req))
 
         @r.post(f"{prefix}/{{node_id}}/deregister")
         async def deregister(node_id: str, request: Request):

@@ -173,13 +173,14 @@ class BackendHttp:
                     out["error"] = f"reload_weights: HTTP {r.status_code}"
                     return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
-            step = "reset_prefix_cache"
+            step, t = "reset_prefix_cache", time.monotonic()
             params = {"reset_running_requests": "true"} if running else None
-            for _ in range(20):  # false while blocks are still held by requests finishing
+            for tries in range(1, 21):  # false while blocks are still held by requests finishing
                 r = await self.client.post(f"{url}/reset_prefix_cache", params=params, timeout=30)
                 if r.status_code != 200 or "false" not in r.text.lower():
                     break
                 await asyncio.sleep(0.1)
+            out["resetSeconds"], out["resetTries"] = round(time.monotonic() - t, 3), tries
         except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
             out["error"] = f"{step}: {failure(e)}"
         return out

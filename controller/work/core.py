@@ -111,7 +111,8 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     versions = PolicyVersions(engine, jobs, registry, http, queue.wake)
     stale = StaleGroups(lambda job: versions.describe(job)["history"])
     batches = Batches(queue, expansions.prompts, lambda job: _items_per_job(policies.effective(job)), gate=stale.gate)
-    attempts = Attempts(engine, queue, jobs, registry, versions, expansions, batches, feed, clock, on_idle)
+    attempts = Attempts(engine, queue, jobs, registry, versions, expansions, batches, feed, clock, on_idle,
+                        on_stale=stale.rerun)
     first_tokens = FirstTokens()
     made: list[Work] = []  # the retention purges through the finished record
     retention = Retention(engine, stored(store), lambda name: made[0].purge(name), result_retention, clock)

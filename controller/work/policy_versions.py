@@ -10,12 +10,14 @@ import json
 import logging
 import sqlite3
 import time
+import uuid
 from collections import defaultdict
 from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.trajectory import Trajectory
 
 from .backends import BackendHttp
@@ -31,8 +33,9 @@ def staleness(t: Trajectory, history: list) -> int:
     versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
     if not history or not versions:
         return 0
-    idx = [history.index(v) for v in versions if v in history]
-    return len(history) - 1 - min(idx) if idx else len(history)
+    if any(v not in history for v in versions):  # another job's weights (a shared backend): older than any of ours
+        return len(history)
+    return len(history) - 1 - min(history.index(v) for v in versions)
 
 
 class PolicyVersions:
@@ -47,6 +50,12 @@ class PolicyVersions:
         # cold): kept with the job's count of policy writes (`_changed`), read before the row
         self._writes: dict[str, int] = defaultdict(int)
         self._described: dict[str, tuple[int, dict[str, Any]]] = {}
+        # policy-watch: a job's epoch counts its policy's changes (row writes, fences) in this process (`instance`);
+        # a watch waits on the job's event, set and replaced at each change
+        self.instance = uuid.uuid4().hex[:16]
+        self._epoch: dict[str, int] = defaultdict(int)
+        self._moved: dict[str, asyncio.Event] = {}
+        self._watch_seq: dict[str, int] = {}  # node → the last report its watches carried (the beats' are ignored)
 
     def row(self, s: Session, job: str) -> PolicyRow:
         """The job's policy row, created (and flushed) on first use."""
@@ -90,13 +99,42 @@ class PolicyVersions:
         """After a commit to the job's policy row (or its deletion): `describe` reads it again."""
         self._writes[job] += 1
         self._described.pop(job, None)
+        self._epoch[job] += 1
+        moved = self._moved.pop(job, None)
+        if moved is not None:
+            moved.set()
 
     def forget(self, job: str) -> None:
         self._changed(job)
 
     def note_beat(self, node_id: str, llm_inflight: int, llm_held: bool, llm_fence: int = 0) -> None:
-        """A daemon's beat: how many LLM calls it has in flight, whether it holds new ones, its last fence."""
-        self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held, llm_fence)
+        """A daemon's beat: how many LLM calls it has in flight, whether it holds new ones, its last fence. A daemon
+        that watches reports on its watches (`watch`), never older than a beat that could arrive after them."""
+        if node_id not in self._watch_seq:
+            self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held, llm_fence)
+
+    async def watch(self, node_id: str, job: str, req: PolicyWatch) -> PolicyState:
+        """A daemon's policy watch (feature policy-watch): note its report as a beat's, then answer the job's policy
+        once it differs from the epoch the daemon knows, `req.wait` seconds at most."""
+        if req.seq >= self._watch_seq.get(node_id, -1):  # two watches may arrive out of order: the newer report
+            self._watch_seq[node_id] = req.seq
+            self._llm[node_id] = (time.monotonic(), req.llm_inflight, req.llm_held, req.llm_fence)
+        deadline = time.monotonic() + req.wait
+        while req.instance == self.instance and req.epoch == self._epoch[job]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            moved = self._moved.setdefault(job, asyncio.Event())
+            try:
+                async with asyncio.timeout(left):
+                    await moved.wait()
+            except TimeoutError:
+                break
+        epoch = self._epoch[job]  # read before the state: a change in between makes the next watch answer at once
+        policy = self.describe(job)
+        fence, behind = self.fence(job)
+        return PolicyState(instance=self.instance, epoch=epoch, policy_version=policy["version"],
+                           llm_paused=policy["paused"], llm_fence=fence, backend_versions=behind)
 
     def fence(self, job: str) -> tuple[int, dict[str, Any]]:
         """What a beat's reply tells the daemons: the fence to take, the backends behind the job's version."""
@@ -155,12 +193,26 @@ class PolicyVersions:
                 s.commit()
             self._changed(name)
             self.wake(name)
+            if weights_path:
+                self._tag_sharers(name, version, [b["url"] for b in report if b.get("reloaded") and not b.get("error")])
         errors = [b for b in report if b.get("error")]
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
         return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
                 "enginesPausedSeconds": round(engines, 3),
                 "drained": drained, "backends": report}
+
+    def _tag_sharers(self, name: str, version: int | str, reloaded: list[str]) -> None:
+        """Other jobs listing a backend that just loaded `name`'s weights: their daemons tag what it generates from
+        now on as `name@version` (a version not in their history, so their staleness bound counts it as too old),
+        until their own announce loads their weights there again. Their calls in flight at the reload are not
+        fenced: they carry their own version to the end of the call (docs/content/async.md, shared backends)."""
+        for other in self.jobs.names():
+            cache = self.jobs.cached(other)
+            shared = set(reloaded) & set(cache.backends) if cache is not None and other != name else set()
+            if shared:
+                self._behind.setdefault(other, {}).update({u: f"{name}@{version}" for u in shared})
+                self._changed(other)
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
                     timeout: float) -> tuple[bool, list[dict[str, Any]]]:
@@ -196,6 +248,6 @@ class PolicyVersions:
             beats = [self._llm.get(n) for n in self.nodes.active(name)]
             if all(b is not None and b[0] > since and ok(b) for b in beats):
                 return True
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.005)
         log.warning("policy update of %s: daemons did not answer as asked within %.0f s", name, timeout)
         return False

@@ -6,7 +6,7 @@ than S behind go back to the queue (the daemon holding one is told its attempt i
 sandbox killed, LLM request aborted) and run again with the current version; in batch jobs, groups counted in the
 running batch whose samples were admitted more than S versions ago are taken out of it and the batch is refilled
 (batches of prompts the trainer named are left whole: they replace nothing). The per-sample check when a result arrives
-(`attempts`) stays as it was.
+(`attempts`) runs a sample again when it came back more than S versions old, counted by `rerun`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from .queue import ItemQueue
 from .states import BatchState, GroupState, ItemState
 from .tables import BatchRow, GroupRow, ItemRow, TrajectoryRow
 
-ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}  # an announce's sweep; `gated` counts the capacity gate
+ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}  # an announce's sweep; `gated` counts the capacity gate, `rerun` the
+# results that arrived more than S versions old and were run again (`attempts`)
 
 
 def behind(version: Any, history: list) -> int:
@@ -98,6 +99,11 @@ class StaleGroups:
             self.counters[name]["gated"] += wanted - room
             self.totals["gated"] += wanted - room
         return min(wanted, room)
+
+    def rerun(self, job: str) -> None:
+        """A result of `job` came back more than S versions old: its sample runs again with the current policy."""
+        self.counters[job]["rerun"] += 1
+        self.totals["rerun"] += 1
 
     def describe(self, job: str) -> dict[str, Any]:
         return dict(self.counters.get(job) or {})

@@ -32,7 +32,8 @@ def test_the_job_page_shows_the_staleness_counters_the_api_and_metrics_report(cl
     admin.get(cluster.controller.url + "/ui/jobs/team-a/async")
     read = "return Object.fromEntries([...document.querySelectorAll('[data-counter]')].map(e => [e.dataset.counter, +e.textContent]))"
     shown = wait(admin, lambda d: d.execute_script(read) or None, "the staleness counters")
-    assert shown == {"gated": st.get("gated", 0), "cancelledRollouts": 3, "sweptGroups": st.get("sweptGroups", 0)}
+    assert shown == {"gated": st.get("gated", 0), "cancelledRollouts": 3, "sweptGroups": st.get("sweptGroups", 0),
+                     "rerun": st.get("rerun", 0)}
     summary = admin.find_element(By.ID, "policy-summary").text
     assert "version 1" in summary and "1 announced" in summary and "max staleness 0" in summary
     metrics = cluster.admin.get("/metrics").text

@@ -115,7 +115,8 @@ function policySection(p) {
     UI.table(["counter", "", "meaning"], [
       ["gated", UI.el("span", {"data-counter": "gated", text: st.gated || 0}), "groups not opened by the capacity gate ((S + v + 1) × the batch's groups)"],
       ["cancelled", UI.el("span", {"data-counter": "cancelledRollouts", text: st.cancelledRollouts || 0}), "rollouts in flight cancelled on their daemons at an update (more than S versions behind), run again"],
-      ["swept", UI.el("span", {"data-counter": "sweptGroups", text: st.sweptGroups || 0}), "counted groups taken out of the running batch at an update, the batch refilled"]],
+      ["swept", UI.el("span", {"data-counter": "sweptGroups", text: st.sweptGroups || 0}), "counted groups taken out of the running batch at an update, the batch refilled"],
+      ["re-run", UI.el("span", {"data-counter": "rerun", text: st.rerun || 0}), "results that came back more than S versions old, their samples run again with the current policy"]],
     "staleness"));
 }
 

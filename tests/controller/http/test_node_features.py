@@ -2,7 +2,8 @@
 by the test over HTTPS, tracing on so leases have a trace context to carry): a daemon of protocol 1 that declares
 no feature — the shape of a daemon from before the traces and the keep-mode fence — registers, leases, beats and
 reports, and every reply holds only fields its models knew (they refuse unknown ones); a daemon that declares the
-features gets `traceparent` on its leases and the fence in its beats' replies; a protocol newer than the
+features gets `traceparent` on its leases and the fence in its beats' replies, and its policy watch is answered
+when the policy changes; a protocol newer than the
 controller's is refused up front; a restarted controller answers each daemon as it registered."""
 from __future__ import annotations
 
@@ -105,6 +106,36 @@ def test_a_daemon_that_declares_the_features_gets_their_fields(controller):
     assert all(lease["traceparent"].startswith("00-") for lease in leases)
     beat = api.post(f"{NODES}/{node}/heartbeat", json={"stages": {x["attemptId"]: "run" for x in leases}}).json()
     assert beat["llmFence"] == 0 and beat["backendVersions"] == {}
+
+
+def test_the_policy_watch_answers_a_change_as_it_happens(controller):
+    """Feature policy-watch: a watch that knows no epoch is answered at once; one that knows the current epoch is
+    held until the policy changes (here an announce), then answered with the new version; its report counts as a
+    beat for the announce's wait."""
+    import threading
+    import time
+
+    api, _, _ = controller
+    node = NODE_IDS["new"]
+    now = api.post(f"{NODES}/{node}/policy-watch", json={"epoch": -1, "wait": 20}).json()
+    assert now["policyVersion"] is None and now["llmPaused"] is False and now["instance"]
+    answers: list[tuple[float, dict]] = []
+
+    def watch() -> None:
+        started = time.monotonic()
+        r = api.post(f"{NODES}/{node}/policy-watch", json={"instance": now["instance"], "epoch": now["epoch"],
+                                                            "wait": 25, "llmInflight": 0})
+        answers.append((time.monotonic() - started, r.json()))
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = api.post("/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs/new-node/policy",
+                 json={"version": 7, "pause": False})
+    assert r.status_code == 200, r.text
+    t.join(60)
+    [(took, state)] = answers
+    assert state["policyVersion"] == 7 and state["epoch"] > now["epoch"]
+    assert took < 25  # answered by the change, not by the long-poll's end
 
 
 def test_a_protocol_the_controller_does_not_know_is_refused_up_front(controller):

@@ -206,6 +206,8 @@ def test_stale_samples_are_re_run(tmp_path, store_location):
     assert len(ack.accepted) == 4 and sched.work.feed.trajectories("math-demo") == []  # re-queued, not delivered
     assert len(lease_all(sched, node)) == 4
     assert sched.policy("math-demo")["staleness"]["cancelledRollouts"] == 8
+    assert sched.policy("math-demo")["staleness"]["rerun"] == 4  # the per-sample re-runs, counted per job
+    assert sched.work.stale.totals["rerun"] == 4  # /metrics: rolloutd_stale_rollouts_rerun_total
 
 
 def test_a_counted_group_admitted_too_long_ago_leaves_the_running_batch(tmp_path, store_location):
@@ -349,3 +351,36 @@ def test_a_batch_opening_in_a_thread_and_results_settling_its_groups_never_over_
     assert snap["state"] == "complete" and snap["counted"] == 120 and snap["openedGroups"] == 120, \
         {k: v for k, v in snap.items() if k != "groups"}
     assert len(snap["groups"]) == 120
+
+
+def test_a_reload_on_a_shared_backend_tags_the_other_jobs_tokens_with_the_weights_it_runs(tmp_path, store_location,
+                                                                                           monkeypatch):
+    """Two jobs on one backend, each with its own policy: job A's reload puts A's weights there, so what the backend
+    generates for job B from then on is tagged `A@version` (not in B's history: too old for any staleness bound),
+    until B's own reload; a job on another backend is not touched."""
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1})
+    for name, url in (("eval", "http://a"), ("elsewhere", "http://b")):
+        doc = store.get("math-demo").wire()
+        doc["metadata"] = {"name": name}
+        doc["spec"]["llm"]["backends"] = [{"url": url}]
+        store.apply(RolloutJob.model_validate(doc))
+        sched.work.jobs.get(name)
+
+    async def loaded(url, weights_path, pause):
+        return {"url": url, "reloaded": True, "error": None, "reloadSeconds": 0.1}
+    monkeypatch.setattr(sched.work.policies.http, "update", loaded)
+    a = store.get("math-demo").metadata.key
+    asyncio.run(sched.announce_policy("math-demo", 1, weights_path="/w", pause=False))
+    nodes = {n: sched.work.registry.register(RegisterRequest(job=n, protocol=NODE_PROTOCOL, name=f"n-{n}")).node_id
+             for n in ("eval", "elsewhere")}
+    beat = {n: sched.work.calls.heartbeat(nid, Heartbeat()) for n, nid in nodes.items()}
+    assert beat["eval"].backend_versions == {"http://a": f"{a}@1"} and beat["eval"].policy_version is None
+    assert beat["elsewhere"].backend_versions == {}
+    assert sched.work.calls.heartbeat(node, Heartbeat()).backend_versions == {}  # A's own: runs A's version
+    asyncio.run(sched.announce_policy("eval", 5, weights_path="/w", pause=False))  # B loads its own weights again
+    assert sched.work.calls.heartbeat(nodes["eval"], Heartbeat()).backend_versions == {}
+    assert sched.work.calls.heartbeat(node, Heartbeat()).backend_versions == {"http://a": f"{store.get('eval').metadata.key}@5"}
+    # a turn of B's own current version beside one of A's weights is as stale as it gets for B's bound
+    from rolloutd.controller.work.policy_versions import staleness
+    mixed = Trajectory(job="x", prompt=0, sample=0, policy_version=5, policy_versions=[5, f"{a}@1"])
+    assert staleness(mixed, [5]) == 1 and staleness(mixed.model_copy(update={"policy_versions": [5]}), [5]) == 0
