@@ -1,0 +1,278 @@
+"""What tracing costs the controller at scale and the node daemons per rollout: whole runs with ROLLOUTD_TRACING off and
+on, interleaved (a pair of runs per repeat, its order drawn at random), CPU seconds per rollout from /proc.
+
+Where it sits: `python -m bench tracing_scale` (or alone: ``python -m bench.bench_tracing_scale``). `bench tracing` times
+the span hooks in one process; here the product runs: (1) the controller, a `bench_scale.point` at
+`$ROLLOUTD_TS_NODES` (1000) simulated nodes × 64 slots, its CPU (/proc/PID/stat, every thread: the batch exporter's
+included) over a `$ROLLOUTD_TS_WINDOW` (20) s window per rollout accepted in it; (2) the node daemons, a
+`bench_pipeline`-style job (2 local daemons, one-turn math rollouts against the instant stub LLM), the daemons' and the
+controller's CPU between the 10th and 90th percentile of the rollouts' ends (start-up left out). `$ROLLOUTD_TS_REPEATS`
+(3) pairs each. With tracing on, every process exports over OTLP/HTTP (the SDK's exporter, standard OTEL_* variables)
+to a receiver in this process that decodes each request and counts the spans, so sending is real and checked.
+Reported: median CPU per rollout off and on, the median of the pairs' on/off ratios and their spread, spans received
+per rollout. Raw runs: bench/results/scale-results/tracing-scale-DATE.json; results: bench/results/RESULTS-tracing.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: decodes every `ExportTraceServiceRequest` and counts the spans by name."""
+
+    def __init__(self) -> None:
+        self.names: Counter[str] = Counter()
+        self.requests = 0
+        self._lock = threading.Lock()
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportTraceServiceRequest.FromString(body)
+                got = Counter(s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
+                with me._lock:
+                    me.names.update(got)
+                    me.requests += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self) -> dict:
+        """The spans received since the last take, by name, and the requests that carried them."""
+        with self._lock:
+            out = {"spans": dict(self.names), "requests": self.requests}
+            self.names, self.requests = Counter(), 0
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def traced(on: bool, receiver: Receiver):
+    """The environment every process started inside inherits: tracing on (to `receiver`) or off."""
+    keys = ("ROLLOUTD_TRACING", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    saved = {k: os.environ.get(k) for k in keys}
+    for k in keys:
+        os.environ.pop(k, None)
+    if on:
+        os.environ.update({"ROLLOUTD_TRACING": "1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def controller_run(on: bool, receiver: Receiver, nodes: int, window: float) -> dict:
+    """One `bench scale` point with tracing `on` or off: the controller's CPU per rollout over the window."""
+    from bench.bench_scale import point
+
+    receiver.take()
+    with traced(on, receiver):
+        p = point(nodes, 1.0, window, variant="on" if on else "off")
+    time.sleep(1.0)   # the controller flushed its batch at exit: let the last request land
+    got = receiver.take()
+    return {"on": on, "nodes": nodes, "ms_per_rollout": p["ctl_ms_per_rollout"], "cores": p["ctl_cores"],
+            "rollouts_per_s": p["rollouts_per_s"], "rollouts": p["rollouts"], "accepted": p["audit"]["accepted"],
+            "lost": p["audit"]["lost"], "p99_ms": p["p99_ms"], "load": p["load_avg"], **got}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _samples(ctl: int, out: list, stop: threading.Event) -> None:
+    """Every 50 ms: (wall time, the controller's CPU seconds, its children's (the daemons') CPU seconds so far)."""
+    from bench.bench_pipeline import _cpu_seconds
+    seen: dict[int, float] = {}
+    while not stop.is_set():
+        for pid in _children(ctl):
+            with contextlib.suppress(OSError):
+                seen[pid] = _cpu_seconds(pid)
+        with contextlib.suppress(OSError):
+            out.append((time.time(), _cpu_seconds(ctl), sum(seen.values())))
+        stop.wait(0.05)
+
+
+def _at(samples: list, t: float) -> tuple[float, float]:
+    """(controller, daemons) CPU seconds at wall time `t`, interpolated between the samples around it."""
+    for (t0, c0, d0), (t1, c1, d1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            f = (t - t0) / max(t1 - t0, 1e-9)
+            return c0 + f * (c1 - c0), d0 + f * (d1 - d0)
+    raise ValueError(f"{t} outside the samples")
+
+
+def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, source: Path, prompts: int,
+               samples: int) -> dict:
+    """One controller with 2 local daemons running a math job against the stub: the daemons' and the controller's
+    CPU per rollout between the 10th and 90th percentile of the rollouts' ends."""
+    from bench.bench_pipeline import P, PLUGINS, _job, _port, _wait_phase, start_controller
+
+    receiver.take()
+    tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
+    with traced(on, receiver):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+        ctl, api = start_controller(tmp / "data", _port(), env)
+    try:
+        trace: list = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=_samples, args=(ctl.pid, trace, stop), daemon=True)
+        sampler.start()
+        n = prompts * samples
+        api.put(f"{P}/rolloutjobs/bench", json=_job("bench", source, tokenizer, backend, prompts, samples)).raise_for_status()
+        _wait_phase(api, "bench", "Succeeded")
+        lines = api.get(f"{P}/rolloutjobs/bench/trajectories", params={"limit": 100000}).text.splitlines()
+        trajectories = [json.loads(line) for line in lines]
+        assert len(trajectories) == n and all(t["failure"]["kind"] == "none" for t in trajectories)
+        deadline = time.monotonic() + 15   # tracing on: the roots (ended as results are taken) reach the receiver
+        while on and receiver.names["rollout"] < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.3)
+        stop.set()
+        sampler.join()
+        ends = sorted(t["timings"]["stamps"]["end"] for t in trajectories)
+        lo, hi = ends[n // 10], ends[n * 9 // 10]
+        (c0, d0), (c1, d1) = _at(trace, lo), _at(trace, hi)
+        counted = n * 9 // 10 - n // 10
+        api.close()
+    finally:
+        os.killpg(ctl.pid, signal.SIGTERM)
+        ctl.wait(30)
+    time.sleep(1.0)
+    got = receiver.take()
+    return {"on": on, "rollouts": n, "daemons_ms_per_rollout": (d1 - d0) / counted * 1e3,
+            "ctl_ms_per_rollout": (c1 - c0) / counted * 1e3, "window_s": hi - lo, "load": os.getloadavg()[0], **got}
+
+
+def _pairs(runs: list[dict], key: str) -> dict:
+    off = [r[key] for r in runs if not r["on"]]
+    on = [r[key] for r in runs if r["on"]]
+    ratios = [b / a for a, b in zip(off, on) if a]
+    return {"off": statistics.median(off), "on": statistics.median(on), "ratio": statistics.median(ratios),
+            "ratios": [round(x, 3) for x in ratios]}
+
+
+def _interleaved(repeats: int, one) -> list[dict]:
+    """`repeats` pairs of runs (off, on), each pair's order drawn at random."""
+    rng = random.Random(int(os.environ.get("ROLLOUTD_TS_SEED", "1")))
+    runs: list[dict] = []
+    for i in range(repeats):
+        order = [False, True]
+        rng.shuffle(order)
+        pair = {}
+        for on in order:
+            t0 = time.monotonic()
+            r = pair[on] = one(on)
+            print(f"   pair {i + 1}, tracing {'on' if on else 'off'}: {json.dumps(r)} ({time.monotonic() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+        runs += [pair[False], pair[True]]
+    return runs
+
+
+def run(quick: bool = False) -> list[dict]:
+    from bench.bench_pipeline import REPO, _dataset, _port, _wait_http
+    from rolloutd.agents.engine.model_dirs import prepare_model
+
+    nodes = 100 if quick else int(os.environ.get("ROLLOUTD_TS_NODES", "1000"))
+    repeats = 1 if quick else int(os.environ.get("ROLLOUTD_TS_REPEATS", "3"))
+    window = 10.0 if quick else float(os.environ.get("ROLLOUTD_TS_WINDOW", "20"))
+    prompts, samples = (32, 8) if quick else (250, 8)
+    parts = os.environ.get("ROLLOUTD_TS_PARTS", "controller,daemons").split(",")
+    receiver = Receiver()
+    out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window}
+    try:
+        if "controller" in parts:
+            out["controller"] = _interleaved(repeats, lambda on: controller_run(on, receiver, nodes, window))
+        if "daemons" in parts:
+            tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
+            tokenizer, source, port = str(prepare_model("tiny")), _dataset(tmp, prompts), _port()
+            stub = subprocess.Popen([sys.executable, "-m", "bench.stub_backend", "--port", str(port), "--tokenizer",
+                                     tokenizer], cwd=REPO, start_new_session=True)
+            try:
+                _wait_http(f"http://127.0.0.1:{port}/health")
+                out["daemons"] = _interleaved(repeats, lambda on: daemon_run(
+                    on, receiver, f"http://127.0.0.1:{port}", tokenizer, source, prompts, samples))
+            finally:
+                os.killpg(stub.pid, signal.SIGTERM)
+                stub.wait(20)
+    finally:
+        receiver.close()
+    res = HERE / "results" / "scale-results"
+    res.mkdir(exist_ok=True)
+    (res / f"tracing-scale-{time.strftime('%Y%m%d-%H%M', time.gmtime())}.json").write_text(json.dumps(out, indent=1))
+    return rows(out)
+
+
+def rows(out: dict) -> list[dict]:
+    result = []
+    if out.get("controller"):
+        runs = out["controller"]
+        c = _pairs(runs, "ms_per_rollout")
+        spans = statistics.median(sum(r["spans"].values()) / max(r["accepted"], 1) for r in runs if r["on"])
+        result.append({
+            "benchmark": f"controller CPU per rollout, tracing off vs on, {out['nodes']} simulated nodes × 64 "
+                         f"({len(runs) // 2} interleaved pairs, `tracing_scale`)",
+            "ours": f"on {c['on']:.3f} ms ({spans:.2f} spans received per accepted rollout)",
+            "baseline": f"off {c['off']:.3f} ms", "ratio": c["ratio"],
+            "target": "≤ 1.05× (pairs: " + ", ".join(f"{x:.2f}×" for x in c["ratios"]) + ")",
+            "met": c["ratio"] <= 1.05})
+    if out.get("daemons"):
+        runs = out["daemons"]
+        d, c = _pairs(runs, "daemons_ms_per_rollout"), _pairs(runs, "ctl_ms_per_rollout")
+        spans = statistics.median(sum(r["spans"].values()) / r["rollouts"] for r in runs if r["on"])
+        result.append({
+            "benchmark": f"node daemons' CPU per rollout, tracing off vs on, one-turn math rollouts vs the stub LLM "
+                         f"({len(runs) // 2} interleaved pairs, `tracing_scale`)",
+            "ours": f"on {d['on']:.3f} ms ({spans:.1f} spans received per rollout); controller here "
+                    f"{c['off']:.3f} → {c['on']:.3f} ms ({c['ratio']:.2f}×)",
+            "baseline": f"off {d['off']:.3f} ms", "ratio": d["ratio"],
+            "target": "reported (pairs: " + ", ".join(f"{x:.2f}×" for x in d["ratios"]) + ")", "met": None})
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rows"]:   # python -m bench.bench_tracing_scale --rows scale-results/tracing-scale-….json
+        from bench.__main__ import render
+        print(render(rows(json.loads(Path(sys.argv[2]).read_text()))))
+        sys.exit(0)
+    from bench.__main__ import render
+
+    print(render(run(quick="--quick" in sys.argv)))
