@@ -96,16 +96,17 @@ def traced(on: bool, receiver: Receiver):
                 os.environ[k] = v
 
 
-def controller_run(on: bool, receiver: Receiver, nodes: int, window: float) -> dict:
-    """One `bench scale` point with tracing `on` or off: the controller's CPU per rollout over the window."""
+def controller_run(on: bool, receiver: Receiver, nodes: int, window: float, rev: str = "", src: Path | None = None) -> dict:
+    """One `bench scale` point with tracing `on` or off: the controller's CPU per rollout over the window (the
+    controller of revision `rev`, from `src`, when given: `bench_scale.older_source`)."""
     from bench.bench_scale import point
 
     receiver.take()
     with traced(on, receiver):
-        p = point(nodes, 1.0, window, variant="on" if on else "off")
+        p = point(nodes, 1.0, window, src=src, variant="on" if on else "off")
     time.sleep(1.0)   # the controller flushed its batch at exit: let the last request land
     got = receiver.take()
-    return {"on": on, "nodes": nodes, "ms_per_rollout": p["ctl_ms_per_rollout"], "cores": p["ctl_cores"],
+    return {"on": on, "rev": rev, "nodes": nodes, "ms_per_rollout": p["ctl_ms_per_rollout"], "cores": p["ctl_cores"],
             "rollouts_per_s": p["rollouts_per_s"], "rollouts": p["rollouts"], "accepted": p["audit"]["accepted"],
             "lost": p["audit"]["lost"], "p99_ms": p["p99_ms"], "load": p["load_avg"], **got}
 
@@ -182,33 +183,35 @@ def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, sourc
             "ctl_ms_per_rollout": (c1 - c0) / counted * 1e3, "window_s": hi - lo, "load": os.getloadavg()[0], **got}
 
 
-def _pairs(runs: list[dict], key: str) -> dict:
-    off = [r[key] for r in runs if not r["on"]]
-    on = [r[key] for r in runs if r["on"]]
+def _pairs(runs: list[dict], key: str, rev: str = "") -> dict:
+    """Per side the median of `key`; the median and the list of the pairs' on/off ratios (a pair: a repeat's runs)."""
+    off = [r[key] for r in runs if not r["on"] and r.get("rev", "") == rev]
+    on = [r[key] for r in runs if r["on"] and r.get("rev", "") == rev]
     ratios = [b / a for a, b in zip(off, on) if a]
     return {"off": statistics.median(off), "on": statistics.median(on), "ratio": statistics.median(ratios),
             "ratios": [round(x, 3) for x in ratios]}
 
 
-def _interleaved(repeats: int, one) -> list[dict]:
-    """`repeats` pairs of runs (off, on), each pair's order drawn at random."""
+def _interleaved(repeats: int, one, revs: tuple[str, ...] = ("",)) -> list[dict]:
+    """`repeats` rounds of runs, off and on for each of `revs`, each round's order drawn at random."""
     rng = random.Random(int(os.environ.get("ROLLOUTD_TS_SEED", "1")))
     runs: list[dict] = []
     for i in range(repeats):
-        order = [False, True]
+        order = [(on, rev) for rev in revs for on in (False, True)]
         rng.shuffle(order)
-        pair = {}
-        for on in order:
+        got = {}
+        for on, rev in order:
             t0 = time.monotonic()
-            r = pair[on] = one(on)
-            print(f"   pair {i + 1}, tracing {'on' if on else 'off'}: {json.dumps(r)} ({time.monotonic() - t0:.0f} s)",
-                  file=sys.stderr, flush=True)
-        runs += [pair[False], pair[True]]
+            r = got[on, rev] = one(on, rev) if rev else one(on)
+            print(f"   round {i + 1}, tracing {'on' if on else 'off'} {rev}: {json.dumps(r)} "
+                  f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+        runs += [got[on, rev] for rev in revs for on in (False, True)]
     return runs
 
 
 def run(quick: bool = False) -> list[dict]:
     from bench.bench_pipeline import REPO, _dataset, _port, _wait_http
+    from bench.bench_scale import older_source
     from rolloutd.agents.engine.model_dirs import prepare_model
 
     nodes = 100 if quick else int(os.environ.get("ROLLOUTD_TS_NODES", "1000"))
@@ -220,7 +223,13 @@ def run(quick: bool = False) -> list[dict]:
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window}
     try:
         if "controller" in parts:
-            out["controller"] = _interleaved(repeats, lambda on: controller_run(on, receiver, nodes, window))
+            # $ROLLOUTD_TS_REVS=main,HEAD: those revisions' controllers side by side (each off and on), else this tree's
+            revs = tuple(filter(None, os.environ.get("ROLLOUTD_TS_REVS", "").split(",")))
+            with contextlib.ExitStack() as stack:
+                srcs = {rev: stack.enter_context(older_source(rev)) for rev in revs}
+                out["revs"] = list(revs)
+                out["controller"] = _interleaved(repeats, lambda on, rev="": controller_run(
+                    on, receiver, nodes, window, rev, srcs.get(rev)), revs or ("",))
         if "daemons" in parts:
             tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
             tokenizer, source, port = str(prepare_model("tiny")), _dataset(tmp, prompts), _port()
@@ -243,13 +252,13 @@ def run(quick: bool = False) -> list[dict]:
 
 def rows(out: dict) -> list[dict]:
     result = []
-    if out.get("controller"):
-        runs = out["controller"]
-        c = _pairs(runs, "ms_per_rollout")
+    for rev in out.get("revs") or ([""] if out.get("controller") else []):
+        runs = [r for r in out["controller"] if r.get("rev", "") == rev]
+        c = _pairs(runs, "ms_per_rollout", rev)
         spans = statistics.median(sum(r["spans"].values()) / max(r["accepted"], 1) for r in runs if r["on"])
         result.append({
-            "benchmark": f"controller CPU per rollout, tracing off vs on, {out['nodes']} simulated nodes × 64 "
-                         f"({len(runs) // 2} interleaved pairs, `tracing_scale`)",
+            "benchmark": f"controller{' at ' + rev if rev else ''} CPU per rollout, tracing off vs on, {out['nodes']} "
+                         f"simulated nodes × 64 ({len(runs) // 2} interleaved pairs, `tracing_scale`)",
             "ours": f"on {c['on']:.3f} ms ({spans:.2f} spans received per accepted rollout)",
             "baseline": f"off {c['off']:.3f} ms", "ratio": c["ratio"],
             "target": "≤ 1.05× (pairs: " + ", ".join(f"{x:.2f}×" for x in c["ratios"]) + ")",

@@ -35,6 +35,7 @@ class Finished(NamedTuple):
     attributes: dict[str, Any]
     error: str | None = None
     sampled: bool = True
+    remote: bool = False   # the parent is another process's (the SDK's flags say so)
 
 
 def _varint(n: int) -> bytes:
@@ -95,7 +96,7 @@ def span(s: Finished) -> bytes:
     parts += [_field(b"\x4a", key_value(k, v)) for k, v in s.attributes.items() if v is not None]
     # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known (it is not), as the SDK's
     parts.append(_field(b"\x7a", _field(b"\x12", s.error.encode()) + b"\x18\x02") if s.error is not None else b"\x7a\x00")
-    parts += (b"\x85\x01", _fixed32(0x100))
+    parts += (b"\x85\x01", _fixed32(0x300 if s.remote else 0x100))
     return b"".join(parts)
 
 
@@ -105,6 +106,53 @@ def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished]) -> 
     body = b"".join(_field(b"\x12", span(s)) for s in spans)
     scope_spans = _field(b"\x0a", _field(b"\x0a", scope.encode())) + body
     return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", scope_spans))
+
+
+def sdk_exporter(exporter: Any) -> Any:
+    """A SpanExporter for the SDK's batch processor that encodes the spans it can here (no events, links or trace
+    state, kind INTERNAL, status unset or error) and the others with the SDK's encoder, in one request (protobuf
+    messages concatenated are merged), sent by `exporter`'s HTTP client; None when `exporter` has no such client.
+    The node daemon's spans: ~80 µs each through the SDK's encoder alone (`bench tracing`)."""
+    client = getattr(exporter, "_client", None)
+    if client is None or not callable(getattr(client, "export", None)):
+        return None
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    def plain(s: Any, resource: Any) -> Finished | None:
+        scope = s.instrumentation_scope
+        if (s.events or s.links or s.kind != SpanKind.INTERNAL or s.context.trace_state or s.resource is not resource
+                or scope is None or scope.version or scope.schema_url or scope.attributes
+                or s.status.status_code == StatusCode.OK or s.dropped_attributes):
+            return None
+        error = (s.status.description or "") if s.status.status_code == StatusCode.ERROR else None
+        parent = s.parent
+        return Finished(s.name, s.context.trace_id, s.context.span_id, parent.span_id if parent else 0,
+                        s.start_time, s.end_time, dict(s.attributes or {}), error,
+                        remote=bool(parent is not None and parent.is_remote))
+
+    class Exporter(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            if not spans:
+                return SpanExportResult.SUCCESS
+            resource, scope = spans[0].resource, spans[0].instrumentation_scope
+            ours, others = [], []
+            for s in spans:
+                f = plain(s, resource) if scope is not None and s.instrumentation_scope == scope else None
+                (ours.append(f) if f is not None else others.append(s))
+            data = request(dict(resource.attributes), scope.name, ours) if ours else b""
+            if others:
+                data += encode_spans(others).SerializePartialToString()
+            return SpanExportResult.SUCCESS if client.export(data).success else SpanExportResult.FAILURE
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return Exporter()
 
 
 def _env_int(name: str, default: int) -> int:

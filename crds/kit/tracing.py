@@ -46,7 +46,10 @@ def setup(service: str, on: bool) -> bool:
     # whatever a global provider is set (FastAPI 0.165 traces every request) would bury the rollouts' traces.
     global _provider
     _provider = TracerProvider(resource=resource)
-    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    from rolloutd.crds.kit import otlp
+
+    exporter = OTLPSpanExporter()   # its spans encoded by crds/kit/otlp.py (~4× cheaper), sent by its client
+    _provider.add_span_processor(BatchSpanProcessor(otlp.sdk_exporter(exporter) or exporter))
     _tracer = _provider.get_tracer(TRACER)
     _batches = None
     for handler in logging.getLogger().handlers:

@@ -89,3 +89,48 @@ def test_a_trace_the_sampler_drops_is_not_kept_and_says_so():
     finally:
         tracing.use(None)
     assert exporter.get_finished_spans() == ()
+
+
+def test_the_node_exporter_sends_every_span_as_the_sdk_encoder_would():
+    """The node daemon's exporter: plain spans encoded here, the rest (an exception's event) by the SDK, in one request
+    whose spans are the SDK encoder's, remote parent (the lease's traceparent) flagged as it flags it."""
+    sent: list[bytes] = []
+
+    class Client:
+        def export(self, data: bytes):
+            sent.append(data)
+            return type("R", (), {"success": True})()
+
+    class Wrapped:
+        _client = Client()
+
+        def shutdown(self) -> None:
+            pass
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "rolloutd-node"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.use(provider)
+    try:
+        with tracing.span("node.attempt", ATTRS, parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"):
+            with tracing.span("RUN", {"rolloutd.stage": "run"}):
+                try:
+                    with tracing.span("execute_tool bash", {"gen_ai.tool.name": "bash"}):
+                        raise ValueError("boom")
+                except ValueError:
+                    pass
+    finally:
+        tracing.use(None)
+    spans = memory.get_finished_spans()
+    assert len(spans) == 3 and any(s.events for s in spans)
+    exporter = otlp.sdk_exporter(Wrapped())
+    assert exporter.export(spans).name == "SUCCESS"
+    ours = ExportTraceServiceRequest.FromString(sent[0])
+    theirs = ExportTraceServiceRequest.FromString(encode_spans(spans).SerializeToString())
+    flat = lambda req: sorted((s.SerializeToString(deterministic=True) for rs in req.resource_spans  # noqa: E731
+                               for ss in rs.scope_spans for s in ss.spans))
+    assert flat(ours) == flat(theirs)
+    assert {rs.resource.SerializeToString(deterministic=True) for rs in ours.resource_spans} == \
+        {theirs.resource_spans[0].resource.SerializeToString(deterministic=True)}
+    node = next(s for rs in ours.resource_spans for ss in rs.scope_spans for s in ss.spans if s.name == "node.attempt")
+    assert node.flags == 0x300 and node.parent_span_id.hex() == "b7ad6b7169203331"
