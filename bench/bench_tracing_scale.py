@@ -107,6 +107,8 @@ def controller_run(on: bool, receiver: Receiver, nodes: int, window: float, rev:
     time.sleep(1.0)   # the controller flushed its batch at exit: let the last request land
     got = receiver.take()
     return {"on": on, "rev": rev, "nodes": nodes, "ms_per_rollout": p["ctl_ms_per_rollout"], "cores": p["ctl_cores"],
+            # a controller that cannot keep up takes what CPU the box gives it: per rollout that measures the box
+            "saturated": p["rollouts_per_s"] < 0.9 * p["offered_per_s"], "offered_per_s": p["offered_per_s"],
             "rollouts_per_s": p["rollouts_per_s"], "rollouts": p["rollouts"], "accepted": p["audit"]["accepted"],
             "lost": p["audit"]["lost"], "p99_ms": p["p99_ms"], "load": p["load_avg"], **got}
 
@@ -184,12 +186,16 @@ def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, sourc
 
 
 def _pairs(runs: list[dict], key: str, rev: str = "") -> dict:
-    """Per side the median of `key`; the median and the list of the pairs' on/off ratios (a pair: a repeat's runs)."""
-    off = [r[key] for r in runs if not r["on"] and r.get("rev", "") == rev]
-    on = [r[key] for r in runs if r["on"] and r.get("rev", "") == rev]
-    ratios = [b / a for a, b in zip(off, on) if a]
-    return {"off": statistics.median(off), "on": statistics.median(on), "ratio": statistics.median(ratios),
-            "ratios": [round(x, 3) for x in ratios]}
+    """Per side the median of `key`; the median and the list of the pairs' on/off ratios (a pair: a repeat's runs),
+    pairs with a saturated run left out (counted)."""
+    offs = [r for r in runs if not r["on"] and r.get("rev", "") == rev]
+    ons = [r for r in runs if r["on"] and r.get("rev", "") == rev]
+    pairs = [(a, b) for a, b in zip(offs, ons) if not a.get("saturated") and not b.get("saturated") and a[key]]
+    nan = float("nan")
+    return {"off": statistics.median([a[key] for a, _ in pairs]) if pairs else nan,
+            "on": statistics.median([b[key] for _, b in pairs]) if pairs else nan,
+            "ratio": statistics.median([b[key] / a[key] for a, b in pairs]) if pairs else nan,
+            "ratios": [round(b[key] / a[key], 3) for a, b in pairs], "left_out": len(offs) - len(pairs)}
 
 
 def _interleaved(repeats: int, one, revs: tuple[str, ...] = ("",)) -> list[dict]:
@@ -261,7 +267,8 @@ def rows(out: dict) -> list[dict]:
                          f"simulated nodes × 64 ({len(runs) // 2} interleaved pairs, `tracing_scale`)",
             "ours": f"on {c['on']:.3f} ms ({spans:.2f} spans received per accepted rollout)",
             "baseline": f"off {c['off']:.3f} ms", "ratio": c["ratio"],
-            "target": "≤ 1.05× (pairs: " + ", ".join(f"{x:.2f}×" for x in c["ratios"]) + ")",
+            "target": "≤ 1.05× (pairs: " + ", ".join(f"{x:.2f}×" for x in c["ratios"])
+                      + (f"; {c['left_out']} saturated left out" if c["left_out"] else "") + ")",
             "met": c["ratio"] <= 1.05})
     if out.get("daemons"):
         runs = out["daemons"]

@@ -172,13 +172,14 @@ class Batches:
         self.delay = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.batch = max(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), 1)
         self.most = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self.batch)
-        self.dropped = self.sent = 0
+        self.added = self.dropped = self.sent = 0
         self._queue: deque[Finished] = deque()
         self._wake, self._idle, self._stop = threading.Event(), threading.Event(), False
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
     def add(self, s: Finished) -> None:
+        self.added += 1
         if len(self._queue) >= self.most:
             self.dropped += 1
             return
