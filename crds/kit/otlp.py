@@ -70,15 +70,20 @@ def _any(v: Any) -> bytes:
     return _field(b"\x0a", str(v).encode())
 
 
+def key_value(key: str, v: Any) -> bytes:
+    """A `KeyValue` message's bytes."""
+    return _field(b"\x0a", key.encode()) + _field(b"\x12", _any(v))
+
+
 _cache: dict[tuple[str, type, Any], bytes] = {}
 
 
-def key_value(key: str, v: Any) -> bytes:
-    """A `KeyValue` message's bytes (remembered: most values repeat from one attempt to the next)."""
+def _attribute(key: str, v: Any) -> bytes:
+    """A span's attribute field (a `KeyValue`), remembered: most values repeat from one attempt to the next."""
     k = (key, type(v), v) if type(v) is not list else None
     out = _cache.get(k) if k is not None else None
     if out is None:
-        out = _field(b"\x0a", key.encode()) + _field(b"\x12", _any(v))
+        out = _field(b"\x4a", key_value(key, v))
         if k is not None:
             if len(_cache) > 20_000:
                 _cache.clear()
@@ -93,7 +98,7 @@ def span(s: Finished) -> bytes:
         parts += (b"\x22\x08", s.parent_id.to_bytes(8, "big"))
     name = s.name.encode()
     parts += (b"\x2a", _varint(len(name)), name, b"\x30\x01", b"\x39", _fixed64(s.start), b"\x41", _fixed64(s.end))
-    parts += [_field(b"\x4a", key_value(k, v)) for k, v in s.attributes.items() if v is not None]
+    parts += [_attribute(k, v) for k, v in s.attributes.items() if v is not None]
     # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known (it is not), as the SDK's
     parts.append(_field(b"\x7a", _field(b"\x12", s.error.encode()) + b"\x18\x02") if s.error is not None else b"\x7a\x00")
     parts += (b"\x85\x01", _fixed32(0x300 if s.remote else 0x100))
