@@ -148,12 +148,14 @@ def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, sourc
     """One controller with 2 local daemons running a math job against the stub: the daemons' and the controller's
     CPU per rollout between the 10th and 90th percentile of the rollouts' ends."""
     from bench.bench_pipeline import P, PLUGINS, _job, _port, _wait_phase, start_controller
+    from bench.bench_scale import _prioritize
 
     receiver.take()
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
     with traced(on, receiver):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
         ctl, api = start_controller(tmp / "data", _port(), env)
+    _prioritize(ctl.pid)   # $ROLLOUTD_SCALE_NICE: its session (the daemons are in it) as `bench scale` does
     try:
         trace: list = []
         stop = threading.Event()
@@ -226,7 +228,8 @@ def run(quick: bool = False) -> list[dict]:
     prompts, samples = (32, 8) if quick else (250, 8)
     parts = os.environ.get("ROLLOUTD_TS_PARTS", "controller,daemons").split(",")
     receiver = Receiver()
-    out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window}
+    out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window,
+                 "code": os.environ.get("ROLLOUTD_TS_LABEL", "this tree"), "load": os.getloadavg()[0]}
     try:
         if "controller" in parts:
             # $ROLLOUTD_TS_REVS=main,HEAD: those revisions' controllers side by side (each off and on), else this tree's
@@ -252,7 +255,7 @@ def run(quick: bool = False) -> list[dict]:
         receiver.close()
     res = HERE / "results" / "scale-results"
     res.mkdir(exist_ok=True)
-    (res / f"tracing-scale-{time.strftime('%Y%m%d-%H%M', time.gmtime())}.json").write_text(json.dumps(out, indent=1))
+    (res / f"tracing-scale-{time.strftime('%Y%m%d-%H%M', time.gmtime())}-{'-'.join(parts)}.json").write_text(json.dumps(out, indent=1))
     return rows(out)
 
 
@@ -275,7 +278,8 @@ def rows(out: dict) -> list[dict]:
         d, c = _pairs(runs, "daemons_ms_per_rollout"), _pairs(runs, "ctl_ms_per_rollout")
         spans = statistics.median(sum(r["spans"].values()) / r["rollouts"] for r in runs if r["on"])
         result.append({
-            "benchmark": f"node daemons' CPU per rollout, tracing off vs on, one-turn math rollouts vs the stub LLM "
+            "benchmark": f"node daemons' CPU per rollout ({out.get('code', 'this tree')}), tracing off vs on, one-turn "
+                         f"math rollouts vs the stub LLM "
                          f"({len(runs) // 2} interleaved pairs, `tracing_scale`)",
             "ours": f"on {d['on']:.3f} ms ({spans:.1f} spans received per rollout); controller here "
                     f"{c['off']:.3f} → {c['on']:.3f} ms ({c['ratio']:.2f}×)",
