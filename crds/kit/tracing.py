@@ -173,10 +173,23 @@ def span(name: str, attributes: dict[str, Any] | None = None, *, start_time: int
     if _tracer is None:
         yield NOTHING
         return
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
     ctx = extract(parent) if parent else None
-    with _tracer.start_as_current_span(name, context=ctx, attributes=_clean(attributes or {}),
-                                       start_time=start_time) as s:
+    # what `start_as_current_span` does, without its three nested context managers (~20 % of a span's cost)
+    s = _tracer.start_span(name, context=ctx, attributes=_clean(attributes or {}), start_time=start_time)
+    token = otel_context.attach(set_span_in_context(s))
+    try:
         yield s
+    except Exception as e:   # as `use_span`: not GeneratorExit, not a cancellation
+        if s.is_recording():
+            s.record_exception(e)
+            s.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        s.end()
 
 
 def start(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
