@@ -3,6 +3,8 @@
 `attempts.Attempts.lease_now` calls `granted` for every lease it grants (the answer carries the traceparent the node
 daemon continues, agents/spans.py); `ended` closes the root span when the attempt's result is taken or
 dropped, or its lease expires. A no-op unless tracing is on (crds/kit/tracing.py). Ids are span attributes only.
+Cost: a grant keeps the ids and a few plain values; both spans are built when the attempt ends and encoded by
+crds/kit/otlp.py (`bench tracing_scale`: the SDK's spans cost a controller at 1000 nodes ~40 % more CPU per rollout).
 """
 from __future__ import annotations
 
@@ -11,44 +13,36 @@ from collections import OrderedDict
 from typing import Any
 
 from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit.otlp import Finished
 
 MOST_OPEN = 100_000   # attempts whose root span is open; past this the oldest is ended as "unknown"
 
-_open: OrderedDict[str, Any] = OrderedDict()
+# attempt id → (trace id, span id, queued at, granted at (ns), job key, node, item, prompt, sample, attempt, backend,
+# seconds queued): what its two spans are built from when it ends
+_open: OrderedDict[str, tuple] = OrderedDict()
 
 
 def granted(lease: Any, job_key: str, node: str) -> str | None:
-    """Open the attempt's root span (from when it was queued) with its `queue` span ended now; the traceparent
-    for the lease answer (None with tracing off)."""
+    """Open the attempt's root span (from when it was queued; its `queue` span ends now): the traceparent for the
+    lease answer (None with tracing off; not sampled, by `OTEL_TRACES_SAMPLER`: a traceparent saying so, nothing kept)."""
     if not tracing.enabled():
         return None
-    attempt_id, item, queued_seconds = lease.attempt_id, lease.item, lease.queued_seconds
-    namespace, _, name = job_key.rpartition("/")
+    trace_id, span_id = tracing.new_ids()
+    if not tracing.sampled(trace_id, "rollout"):
+        return tracing.traceparent_of(trace_id, span_id, False)
     now = time.time_ns()
-    start = now - int(max(queued_seconds, 0.0) * 1e9)
-    attrs = {"rolloutd.attempt.id": attempt_id, "rolloutd.rollout.id": f"{job_key}#{item}",
-             "rolloutd.job": name, "rolloutd.namespace": namespace or "default", "rolloutd.item": item,
-             "rolloutd.prompt": lease.prompt, "rolloutd.sample": lease.sample, "rolloutd.attempt": lease.attempt,
-             "rolloutd.node": node, "rolloutd.backend": lease.backend}
-    root = tracing.start("rollout", attrs, start_time=start)
-    queue = tracing.start("queue", {"rolloutd.attempt.id": attempt_id, "rolloutd.queue.seconds": queued_seconds},
-                          start_time=start, parent=root)
-    queue.end(end_time=now)
-    _open[attempt_id] = root
+    queued = lease.queued_seconds
+    _open[lease.attempt_id] = (trace_id, span_id, now - int(max(queued, 0.0) * 1e9), now, job_key, node, lease.item,
+                               lease.prompt, lease.sample, lease.attempt, lease.backend, queued)
     while len(_open) > MOST_OPEN:
-        _, old = _open.popitem(last=False)
-        tracing.set_attributes(old, {"rolloutd.outcome": "unknown"})
-        old.end()
-    return tracing.traceparent(root)
+        _end(*_open.popitem(last=False), "unknown", None)
+    return tracing.traceparent_of(trace_id, span_id)
 
 
 def trace_id(attempt_id: str) -> str | None:
     """The trace id (32 hex digits) of an attempt whose root span is open (None with tracing off, or once ended)."""
-    root = _open.get(attempt_id) if _open else None
-    if root is None:
-        return None
-    ctx = root.get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+    rec = _open.get(attempt_id) if _open else None
+    return format(rec[0], "032x") if rec is not None else None
 
 
 def ids(attempt_id: str) -> dict[str, str | None]:
@@ -60,18 +54,26 @@ def ids(attempt_id: str) -> dict[str, str | None]:
 def ended(attempt_id: str, outcome: str, trajectory: Any = None) -> None:
     """Close the attempt's root span: `outcome` (done, queued again, failed, dropped, expired), the reward and
     failure of its `trajectory` when one came; an error when it expired or failed for a reason not the policy's."""
-    root = _open.pop(attempt_id, None) if _open else None
-    if root is None:
-        return
-    attrs: dict[str, Any] = {"rolloutd.outcome": outcome}
+    rec = _open.pop(attempt_id, None) if _open else None
+    if rec is not None:
+        _end(attempt_id, rec, outcome, trajectory)
+
+
+def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
+    """Send the attempt's `queue` and root spans, built now."""
+    trace_id, span_id, start, granted_at, job_key, node, item, prompt, sample, attempt, backend, queued = rec
+    namespace, _, name = job_key.rpartition("/")
+    attrs = {"rolloutd.attempt.id": attempt_id, "rolloutd.rollout.id": f"{job_key}#{item}",
+             "rolloutd.job": name, "rolloutd.namespace": namespace or "default", "rolloutd.item": item,
+             "rolloutd.prompt": prompt, "rolloutd.sample": sample, "rolloutd.attempt": attempt,
+             "rolloutd.node": node, "rolloutd.backend": backend, "rolloutd.outcome": outcome}
     failed = "lease expired" if outcome == "expired" else None
     if trajectory is not None:
         kind = str(getattr(trajectory.failure.kind, "value", ""))
         attrs.update({"rolloutd.reward": trajectory.reward, "rolloutd.failure.kind": kind,
                       "rolloutd.finish_reason": trajectory.finish_reason})
         if kind in ("infra", "config"):
-            failed = trajectory.failure.reason or kind
-    tracing.set_attributes(root, attrs)
-    if failed:
-        tracing.error(root, failed)
-    root.end()
+            failed = (trajectory.failure.reason or kind)[:500]
+    tracing.finished(Finished("queue", trace_id, tracing.new_ids()[1], span_id, start, granted_at,
+                              {"rolloutd.attempt.id": attempt_id, "rolloutd.queue.seconds": queued}))
+    tracing.finished(Finished("rollout", trace_id, span_id, 0, start, time.time_ns(), attrs, failed))
