@@ -7,6 +7,7 @@ next step is their `_do` / `_stream` loops.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 
 import httpx
@@ -63,9 +64,24 @@ class Retry:
 def retryable(error: Exception, idempotent: bool) -> bool:
     if isinstance(error, ClientError):
         return error.code in RETRY_STATUS
+    if refused_certificate(error):  # not a restart: every try would be refused the same way
+        return False
     if isinstance(error, NOT_SENT):
         return True
     return idempotent and isinstance(error, (httpx.TransportError, ValueError))
+
+
+def refused_certificate(error: BaseException) -> bool:
+    """The TLS handshake failed because this client does not trust the controller's certificate (no CA file, the
+    wrong one, another host's name): httpx raises it as a ConnectError caused by ssl's verification error."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(e):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def describe(error: Exception) -> str:
@@ -76,6 +92,9 @@ def final(server: str, error: Exception, tried: float) -> Exception:
     """The error the caller gets once retrying ends (`ConnectionFailed` for a transport error)."""
     if isinstance(error, ClientError):
         return error
+    if refused_certificate(error):
+        return ConnectionFailed(f"the controller at {server} has a certificate this client does not trust: "
+                                f"{describe(error)} (see ca_file= / ROLLOUTD_CA_FILE)")
     if tried <= 0:
         return unreachable(server, error)
     return ConnectionFailed(f"cannot reach the controller at {server} after retrying for {tried:.0f}s: "

@@ -67,14 +67,14 @@ def test_a_job_outside_default_runs_end_to_end_under_its_namespaced_paths(cluste
 
 
 def _wait_held(cluster: Cluster, job: str, n: int) -> None:
-    """`n` rollouts of a gated job wait at INIT's gate: the job cannot finish before the test opens it."""
+    """`n` rollouts of a gated job wait at INIT's gate: the job cannot finish before the test opens it (so its
+    rollouts can be short, job_doc's 2 turns of 12 tokens: being mid-run is the gate's doing, not their length)."""
     wait_until(lambda: held_at_gate(cluster, job) == n, 240, f"{n} rollouts of {job} held at the gate", every=0.05)
 
 
 def test_kill_9_of_a_daemon_mid_job_re_leases_its_items(cluster, tiny_engine, tmp_path):
     gate = tmp_path / "gate"
-    cluster.apply(gated_job_doc("e2e-kill", tiny_engine, gate, limit=6, samples=2, nodes=2, lease_seconds=3,
-                                max_turns=3, tokens=24))
+    cluster.apply(gated_job_doc("e2e-kill", tiny_engine, gate, limit=6, samples=2, nodes=2, lease_seconds=3))
     _wait_held(cluster, "e2e-kill", 8)  # 4 per daemon (INIT pool of 4): the victim holds work
     with cluster.db() as db:
         pid = db.execute("SELECT n.pid FROM items i JOIN nodes n ON i.node_id = n.id "
@@ -132,7 +132,7 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, 
     b = a.replace("127.0.0.1", "localhost")
     gate = tmp_path / "gate"
     cluster.apply(gated_job_doc("e2e-rm", tiny_engine, gate, limit=6, samples=2, nodes=1, backends=[a, b],
-                                workers=(4, 4, 2), max_turns=3, tokens=48))
+                                workers=(4, 4, 2)))
     _wait_held(cluster, "e2e-rm", 4)  # 4 tasks pinned (2 on each backend), none in RUN yet
     r = cluster.api.delete(f"{P}/rolloutjobs/e2e-rm/backends", params={"url": a})
     assert r.status_code == 200, r.text
@@ -156,8 +156,8 @@ def test_backend_removed_mid_job_tasks_continue_elsewhere(cluster, tiny_engine, 
 def test_controller_restart_mid_job_loses_and_duplicates_nothing(cluster, tiny_engine, tmp_path):
     # gated: each daemon holds one rollout at INIT's gate, so the controller dies mid-job
     gate = tmp_path / "gate"
-    cluster.apply(gated_job_doc("e2e-restart", tiny_engine, gate, limit=4, samples=2, nodes=2, max_turns=3,
-                                tokens=48, workers=(1, 2, 1)))
+    cluster.apply(gated_job_doc("e2e-restart", tiny_engine, gate, limit=4, samples=2, nodes=2,
+                                workers=(1, 2, 1)))
     _wait_held(cluster, "e2e-restart", 2)
     pids = cluster.daemon_pids()
     cluster.kill()

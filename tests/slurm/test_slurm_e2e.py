@@ -6,7 +6,9 @@ the public API, Slurm's view through squeue.
 The jobs are gated (their rollouts wait in INIT until the test opens the gate), so each is mid-run when the test
 acts on it whatever its size: a few prompts beyond what the daemons hold at the gate are enough to show that queued
 work survives the change (a cancelled allocation, a killed daemon or controller, a grown or shrunk fleet), and
-every rollout is still checked to arrive exactly once."""
+every rollout is still checked to arrive exactly once. Being mid-run is the gate's doing, not the rollouts' length:
+once it opens they are short (job_doc's 2 turns of 12 tokens), what a test checks is where they went, not how long
+they took."""
 from __future__ import annotations
 
 import json
@@ -87,7 +89,7 @@ def test_scancel_of_the_allocation_mid_run_resubmits_and_delivers_exactly_once(s
     # that start-up took 6-9 s, and the daemons exited 1 again and again)
     gate = scluster.root / "gate"
     scluster.apply(slurm_gated_doc("s-cancel", tiny_engine, gate, nodes=2, limit=6, samples=2, lease_seconds=10,
-                                   max_turns=3, tokens=64, workers=(2, 3, 2)))
+                                   workers=(2, 3, 2)))
     uid = scluster.uid("s-cancel")
     wait_held(scluster, "s-cancel", 4)  # mid-job whatever the machine's speed
     first = wait_for(lambda: [a for a in scluster.allocations(uid) if a["state"] == "RUNNING"], 30, "a running allocation")
@@ -108,8 +110,8 @@ def test_controller_restart_adopts_the_allocation_and_submits_nothing_twice(sclu
     # gated: both daemons hold a rollout at INIT's gate, so the controller dies mid-job however fast
     # the machine is (it used to wait for 2 results and lose the race on a fast one: `assert 20 < 20`)
     gate = scluster.root / "gate"
-    scluster.apply(slurm_gated_doc("s-restart", tiny_engine, gate, nodes=2, limit=4, samples=2, max_turns=3,
-                                   tokens=24, workers=(1, 2, 1)))
+    scluster.apply(slurm_gated_doc("s-restart", tiny_engine, gate, nodes=2, limit=4, samples=2,
+                                   workers=(1, 2, 1)))
     uid = scluster.uid("s-restart")
     wait_held(scluster, "s-restart", 2)
     before = scluster.allocations(uid)
@@ -135,7 +137,7 @@ def test_a_daemon_killed_mid_run_is_started_again_on_its_node(scluster: SlurmClu
     daemon's leases go back to the queue and every rollout arrives exactly once."""
     gate = scluster.root / "gate"
     scluster.apply(slurm_gated_doc("s-crash", tiny_engine, gate, nodes=2, limit=6, samples=2, lease_seconds=10,
-                                   max_turns=3, tokens=64, workers=(2, 3, 2)))
+                                   workers=(2, 3, 2)))
     uid = scluster.uid("s-crash")
     wait_held(scluster, "s-crash", 4)  # the victim holds work: it cannot have finished and exited
     victim = wait_for(lambda: len(scluster.nodes("s-crash")) == 2 and scluster.nodes("s-crash")[0], 60, "two daemons")
@@ -157,8 +159,8 @@ def test_nodes_2_to_4_mid_run_grows_the_fleet_without_losing_work(scluster: Slur
     # whole nodes (extraArgs reach sbatch), so that the four daemons are on four different nodes
     # gated: every daemon holds one rollout (INIT pool of 1) until all four are up
     gate = scluster.root / "gate"
-    doc = slurm_gated_doc("s-grow", tiny_engine, gate, nodes=2, limit=6, samples=2, max_turns=3, tokens=64,
-                          workers=(1, 2, 1), slurm={"extraArgs": ["--exclusive"]})
+    doc = slurm_gated_doc("s-grow", tiny_engine, gate, nodes=2, limit=6, samples=2, workers=(1, 2, 1),
+                          slurm={"extraArgs": ["--exclusive"]})
     scluster.apply(doc)
     uid = scluster.uid("s-grow")
     wait_held(scluster, "s-grow", 2)
@@ -214,7 +216,7 @@ def test_a_down_partition_is_a_waiting_condition_with_slurms_reason_and_delete_c
 
 def test_delete_mid_run_drains_the_daemons_and_leaves_nothing_in_squeue(scluster: SlurmCluster, tiny_engine):
     scluster.apply(slurm_gated_doc("s-delete", tiny_engine, scluster.root / "gate", nodes=2, limit=40, samples=2,
-                                   max_turns=3, tokens=64, workers=(1, 2, 1)))  # the gate never opens
+                                   workers=(1, 2, 1)))  # the gate never opens
     uid = scluster.uid("s-delete")
     wait_held(scluster, "s-delete", 2)
     r = scluster.api.delete(f"{P}/rolloutjobs/s-delete")
@@ -234,8 +236,7 @@ def _wait_phase(scluster: SlurmCluster, name: str, phase: str, timeout: float = 
 def test_nodes_3_to_1_mid_run_drains_two_daemons_and_gives_their_nodes_back(scluster: SlurmCluster, tiny_engine):
     # gated: the one remaining daemon is still busy when the two drained nodes go back
     gate = scluster.root / "gate"
-    doc = slurm_gated_doc("s-shrink", tiny_engine, gate, nodes=3, limit=6, samples=2, max_turns=3, tokens=64,
-                          workers=(1, 2, 1))
+    doc = slurm_gated_doc("s-shrink", tiny_engine, gate, nodes=3, limit=6, samples=2, workers=(1, 2, 1))
     scluster.apply(doc)
     uid = scluster.uid("s-shrink")
     wait_held(scluster, "s-shrink", 3)

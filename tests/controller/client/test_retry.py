@@ -2,6 +2,8 @@
 The real restart (SIGTERM and kill -9 mid-call) is in test_restart.py."""
 from __future__ import annotations
 
+import ssl
+
 import httpx
 import pytest
 
@@ -47,6 +49,21 @@ def test_retrying_ends_at_the_budget_with_the_last_cause(api, fake):
     with pytest.raises(RolloutdError):   # a 500 is not a restart: raised at once
         api("policy", "j")
     assert len(fake.calls("GET", "j/policy")) == 1
+
+
+def refused_certificate() -> httpx.ConnectError:
+    """What httpx raises when the handshake fails on a certificate the client does not trust."""
+    e = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate")
+    e.__cause__ = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    return e
+
+
+def test_a_certificate_the_client_does_not_trust_is_raised_at_once_naming_the_ca_setting(api, fake):
+    """Not a restart: every try would be refused the same way (the trainer waited out its 120 s budget before)."""
+    fake.on("GET", "j", refused_certificate(), httpx.Response(200, json=JOB))
+    with pytest.raises(ConnectionFailed, match="does not trust.*ROLLOUTD_CA_FILE"):
+        api("get", "j")
+    assert len(fake.calls("GET", "j")) == 1
 
 
 def test_a_follow_stream_the_controller_ended_while_the_job_runs_resumes_from_its_cursor(api, fake):

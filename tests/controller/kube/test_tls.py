@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.waiting import wait_until
 
 from support import kube_tools
 from rolloutd.agents.engine.model_dirs import model_dir
@@ -35,9 +34,9 @@ def test_a_job_runs_end_to_end_over_https(plugin_kube, tmp_path, monkeypatch):
     kubeconfig = _kubeconfig(kube, tmp_path / "kubeconfig")
     ca = f"--certificate-authority={kube.cert}"
 
-    def kubectl(*args, input=None, check=True):
+    def kubectl(*args, input=None, check=True, timeout=60):
         r = subprocess.run([kube_tools.kubectl(), "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                           text=True, timeout=60, input=input)
+                           text=True, timeout=timeout, input=input)
         assert not check or r.returncode == 0, r.stderr
         return r
 
@@ -51,8 +50,12 @@ def test_a_job_runs_end_to_end_over_https(plugin_kube, tmp_path, monkeypatch):
         refused = kubectl("get", "rj", check=False)
         assert refused.returncode != 0 and "certificate" in refused.stderr  # unknown CA: refused
         kubectl(ca, "apply", "-f", "-", input=yaml.safe_dump(job))
-        wait_until(lambda: kubectl(ca, "get", "rj", "tls-job", "-o", "jsonpath={.status.phase}").stdout == "Succeeded",
-                   120, "the job's daemon to run its 16 rollouts over https")
+        # kubectl's own watch over https (one process, woken by the change), not a kubectl process per poll: those
+        # took a core from the daemon the test waits for
+        done = kubectl(ca, "wait", "rj/tls-job", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=120s",
+                       check=False, timeout=150)
+        assert done.returncode == 0 and "condition met" in done.stdout, \
+            (done.stdout, done.stderr, kubectl(ca, "get", "rj", "tls-job", "-o", "yaml", check=False).stdout)
         table = kubectl(ca, "get", "rj").stdout.splitlines()
         assert table[1].split()[:2] == ["tls-job", "Succeeded"]
     finally:
@@ -75,7 +78,8 @@ def test_a_job_runs_end_to_end_over_https(plugin_kube, tmp_path, monkeypatch):
     for var in ("ROLLOUTD_SERVER", "ROLLOUTD_TOKEN", "ROLLOUTD_CA_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ROLLOUTD_CONFIG", str(tmp_path / "no-config.yaml"))
-    with pytest.raises(RolloutdError):  # the trainer client without the CA: the certificate is refused
+    # the trainer client without the CA: the certificate is refused, at once (not retried as a restart would be)
+    with pytest.raises(RolloutdError, match="does not trust"):
         with RolloutClient(kube.url, token=kube.token) as rc:
             rc.get("tls-job")
     monkeypatch.setenv("ROLLOUTD_CA_FILE", str(kube.cert))
