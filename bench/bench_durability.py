@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_scale import P, Controller, _pct, point
-from rolloutd.controller.sim.noop import noop_job
+from support.sim.noop import noop_job
 
 HERE = Path(__file__).resolve().parent
 MODES = ("normal", "settle", "full")

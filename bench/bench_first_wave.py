@@ -4,7 +4,7 @@ N bare bwraps at once (issue #29, goal 1: the "job start / node joining" bursts)
 Where it sits: run by the bench runner (`python -m bench first_wave`) through `run(quick)`, or alone as
 ``python -m bench.bench_first_wave [--n 8,32] [--reps 2]``. `bench_burst.py` measures the pool alone; this one
 the product's path: a real `rolloutd controller` (local executor, one node daemon) runs a job of N rollouts of the
-`bench-noop` kind (controller/sim/plugins) with the `bash` tool, so each rollout's INIT acquires a bwrap sandbox;
+`bench-noop` kind (tests/support/sim/plugins) with the `bash` tool, so each rollout's INIT acquires a bwrap sandbox;
 its RUN and EVAL do nothing. The daemon registers, builds its warm pool and tells it to expect the first wave
 (`JobConfig.first_wave`), loads the job's tokenizer (the tiny model's), then leases: the first N leases are the
 first wave; with a warm pool it leases that wave no faster than the pool warms (agents/daemon/firstwave.py), the
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rolloutd.controller.sim.noop import NOOP, PLUGINS, HealthServer
+from support.sim.noop import NOOP, PLUGINS, HealthServer
 
 from bench.bench_burst import GOAL, bare_burst, p95
 from bench.bench_pipeline import P, _port, _wait_phase, start_controller

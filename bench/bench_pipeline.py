@@ -1,7 +1,7 @@
 """Controller + node-daemon overhead per rollout, with the LLM and the tools taken out.
 
 One run, 2 cores shared by everything (controller, 2 local node daemons, the stub, this script):
-- **orchestration only** (what issue 5 asks): the `bench-noop` task kind (`controller/sim/plugins/`, a
+- **orchestration only** (what issue 5 asks): the `bench-noop` task kind (`tests/support/sim/plugins/`, a
   plug-in registered like tests/e2e/plugins) whose RUN and EVAL do nothing — no LLM call, no tool,
   no sandbox — so the job measures leases, heartbeats, exactly-once results in SQLite and the
   daemons' INIT/RUN/EVAL pools, `prompts × 8` rollouts;
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from support.sim.noop import NOOP, PLUGINS
 
 REPO = Path(__file__).resolve().parents[1]
 P = "/apis/rolloutd.io/v1alpha1"

@@ -3,7 +3,7 @@
 For each N (10, 100, 300, 1000; `$ROLLOUTD_SCALE_NODES`): a fresh controller process (the
 production one: uvicorn, SQLite WAL, the local executor asked for 0 nodes), one `bench-noop` job
 with 4 backends (a `/health` stub) and enough items for the run, and N simulated daemons
-(`controller/sim/simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
+(`tests/support/sim/simnodes.py`, 1–2 processes) speaking the real node protocol with the daemon's own timing:
 rollouts last lognormal(median 40 s, σ 0.5) / `$ROLLOUTD_SCALE_TIME_FACTOR` (default 1); leases
 ride on beat and results replies (a 1.5 s long-poll after a short answer); beats every
 `heartbeatSeconds` (from registration) and on stage changes at most every `heartbeat_min_gap`;
@@ -48,8 +48,9 @@ import httpx
 
 from bench import scale_replicas, scale_stores
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
-from rolloutd.controller.sim.noop import SLOTS, HealthServer, noop_job as _job
-from rolloutd.controller.sim.ledger import audit
+from support.sim import module_command
+from support.sim.noop import SLOTS, HealthServer, noop_job as _job
+from support.sim.ledger import audit
 
 P = "/apis/rolloutd.io/v1alpha1"
 HERE = Path(__file__).resolve().parent
@@ -304,8 +305,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                    "piggyback": src is None or not os.environ.get("ROLLOUTD_SCALE_OLD_DAEMON"),
                    "sync": os.environ.get("ROLLOUTD_SCALE_SYNC", "1") != "0"}
             (root / f"shard{i}.json").write_text(json.dumps(cfg))
-            shards.append(subprocess.Popen([sys.executable, "-m", "rolloutd.controller.sim.simnodes", str(root / f"shard{i}.json"),
-                                            str(root / f"shard{i}.out.json")], cwd=REPO, start_new_session=True))
+            argv, env = module_command("simnodes", str(root / f"shard{i}.json"), str(root / f"shard{i}.out.json"))
+            shards.append(subprocess.Popen(argv, env=env, cwd=REPO, start_new_session=True))
             _prioritize(shards[-1].pid)
         w0 = start_at + warmup
         time.sleep(max(w0 - time.time(), 0))

@@ -58,7 +58,7 @@ def _steady_rate(ends: list[float]) -> float:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from rolloutd.controller.sim.minicluster import MiniSlurm
+    from support.sim.minicluster import MiniSlurm
     from rolloutd.crds.kit.settings import ControllerSettings
 
     from rolloutd.agents.engine.model_dirs import prepare_model

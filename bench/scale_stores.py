@@ -1,5 +1,5 @@
 """`bench scale`'s stores: the controller's SQLite file (the default) or a PostgreSQL server the bench starts
-for the point (`controller/sim/pgserver.py`, Debian's binaries, a data directory of its own), and the server's
+for the point (`tests/support/sim/pgserver.py`, Debian's binaries, a data directory of its own), and the server's
 CPU and writes, read from /proc over the postmaster and its backends.
 
 `$ROLLOUTD_SCALE_STORES` (`python -m bench scale --store sqlite,postgresql`): the stores to run at every N,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rolloutd.controller.sim.pgserver import PgServer, binaries
+from support.sim.pgserver import PgServer, binaries
 
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_wal_size": "2GB",
                "checkpoint_timeout": "15min"}

@@ -4,7 +4,7 @@
 nothing starts) with a dataset of `rows` prompts and a stub backend; team-b holds a namespace token, a small job
 and one registered node of it. `Teams.probe` runs team-b's GET of its job and its node's heartbeat in turn for a
 window, with latencies in ms, while another thread or process does team-a's worst. `sim_nodes` starts simulated
-daemons for a job (`controller/sim/simnodes.py`, as `bench_scale` does): `bench_fairshare` runs several tenants'
+daemons for a job (`tests/support/sim/simnodes.py`, as `bench_scale` does): `bench_fairshare` runs several tenants'
 jobs on one shared backend with them. Next step: the stall windows with simulated daemons of team-a running too.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,6 +25,7 @@ import httpx
 from bench.bench_scale import MEDIAN_SECONDS, P, REPO, SIGMA, Controller, HealthServer, _pct
 from rolloutd.controller.auth import create_scoped_token
 from rolloutd.crds.node import FEATURES_PARAM, NODE_PROTOCOL, NODE_TOKEN
+from support.sim import module_command
 
 
 def job(name: str, source: Path, prompts: int, samples: int, backends: list[str]) -> dict:
@@ -134,5 +134,5 @@ def sim_nodes(ctl: Controller, namespace: str, name: str, nodes: int, slots: int
            "seed": seed, "start_at": start_at, "stop_at": stop_at, "scaled_gap": True, "piggyback": True, "sync": True}
     config = out.with_suffix(".cfg.json")
     config.write_text(json.dumps(cfg))
-    return subprocess.Popen([sys.executable, "-m", "rolloutd.controller.sim.simnodes", str(config), str(out)],
-                            cwd=REPO, start_new_session=True)
+    argv, env = module_command("simnodes", str(config), str(out))
+    return subprocess.Popen(argv, env=env, cwd=REPO, start_new_session=True)

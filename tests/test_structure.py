@@ -36,8 +36,6 @@ ALLOWED_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 # Imports outside ALLOWED_IMPORTS that stay for a reason (importer, imported) → why.
 LAYERS_ALLOWED: dict[tuple[str, str], str] = {
-    ("rolloutd.controller.sim.node", "rolloutd.agents.keepalive"):
-        "simulated node daemons call the controller through the real daemon's keep-alive transport",
 }
 
 
@@ -49,7 +47,7 @@ def _modules() -> dict[str, tuple[str, Path]]:
     for part in PRODUCT:
         for path in sorted((REPO / part).rglob("*.py")):
             if not (path.parent / "__init__.py").exists():
-                continue  # a plug-in loaded by name from a daemon's PYTHONPATH (controller/sim/plugins), no module of ours
+                continue  # a file outside any package of ours
             rel = path.relative_to(REPO)
             owner = max((f for f in folders if rel.parts[:len(f.parts)] == f.parts), key=lambda f: len(f.parts))
             rest = list(rel.with_suffix("").parts[len(owner.parts):])
@@ -195,20 +193,39 @@ def test_the_checks_catch_what_they_claim_to():
     assert _size_problems("x = 1\n" * MAX_MODULE_LINES) == []
 
 
-# --- tests/, bench/ and sim/ (issue 26): tests and benches share only the product (its stand-ins: controller/sim/) ------------------
-TESTS, BENCH, SIM = REPO / "tests", REPO / "bench", REPO / "controller" / "sim"
+# --- tests/, bench/ and sim/ (issues 26, 40): tests and benches share only the product and the stand-ins (tests/support/sim/) ---
+TESTS, BENCH, SIM = REPO / "tests", REPO / "bench", REPO / "tests" / "support" / "sim"
+# The one package of tests/ that bench/ may import (issue 40: the stand-ins left the wheel for tests/support/sim).
+SHARED = "support.sim"
+# The sys.path edits bench/ makes, exactly as written → why (any other edit, of any path, is refused).
+BENCH_SYS_PATH: dict[tuple[str, str], str] = {
+    ("bench/__init__.py", "sys.path.append(_TESTS)"): "tests/ on the path for support.sim (SHARED), and only for it",
+    ("bench/bench_pipeline.py", "sys.path.insert(0, str(PLUGINS))"):
+        "the bench-noop plug-in folder (support.sim.noop.PLUGINS), found through its dist-info as a daemon finds it",
+}
 
 
-def _top_imports(path: Path) -> set[str]:
-    """The top-level names a file imports (absolute imports only: tests/ and bench/ use no relative ones
-    across folders)."""
+def _imported(path: Path) -> set[str]:
+    """The modules a file imports, as written (absolute imports only: tests/ and bench/ use no relative ones
+    across folders; `from a import b` counts as `a`)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The top-level names a file imports."""
+    return {name.split(".")[0] for name in _imported(path)}
+
+
+def _of_tests_but_not_shared(path: Path) -> set[str]:
+    """What a file imports of tests/ (`tests.*`, `support.*`) other than the shared stand-ins (SHARED)."""
+    return {name for name in _imported(path) if name.split(".")[0] in ("tests", "support")
+            and name != SHARED and not name.startswith(SHARED + ".")}
 
 
 def _sys_path_edits(path: Path) -> list[str]:
@@ -224,20 +241,25 @@ def _py(folder: Path) -> list[Path]:
 
 
 def test_tests_and_bench_do_not_import_each_other():
-    """bench/ measures, tests/ proves: neither imports the other (what both need lives in the
-    product), and controller/sim/ imports neither."""
+    """bench/ measures, tests/ proves: neither imports the other, except that bench/ uses the stand-ins of
+    tests/support/sim/ (`support.sim`, not in the wheel) through one sys.path entry; support.sim imports
+    neither bench/ nor the rest of tests/."""
     bench_in_tests = {str(p.relative_to(REPO)) for p in _py(TESTS) if "bench" in _top_imports(p)}
-    tests_in_bench = {str(p.relative_to(REPO)) for p in _py(BENCH) + _py(SIM)
-                      if _top_imports(p) & {"tests", "support"}
-                      or any("tests" in edit for edit in _sys_path_edits(p))}
-    bench_in_sim = {str(p.relative_to(REPO)) for p in _py(SIM) if "bench" in _top_imports(p)}
-    assert (sorted(bench_in_tests), sorted(tests_in_bench), sorted(bench_in_sim)) == ([], [], [])
+    tests_in_bench = {str(p.relative_to(REPO)) for p in _py(BENCH) + _py(SIM) if _of_tests_but_not_shared(p)}
+    edits = {(str(p.relative_to(REPO)), edit) for p in _py(BENCH) + _py(SIM) for edit in _sys_path_edits(p)}
+    assert sorted(edits - set(BENCH_SYS_PATH)) == [], "a sys.path edit in bench/ or support.sim not in BENCH_SYS_PATH"
+    assert sorted(set(BENCH_SYS_PATH) - edits) == [], "no longer made: remove from BENCH_SYS_PATH"
+    assert (sorted(bench_in_tests), sorted(tests_in_bench)) == ([], [])
 
 
 def test_the_import_rules_see_what_they_claim_to(tmp_path):
-    """The two readers on made-up files: an import of bench and a sys.path edit are found."""
-    (tmp_path / "a.py").write_text("import sys\nsys.path.insert(0, 'tests/slurm')\nfrom bench.x import y\n")
-    assert _top_imports(tmp_path / "a.py") == {"sys", "bench"}
+    """The readers on made-up files: an import of bench, one of tests/ beyond support.sim and a sys.path edit
+    are found; support.sim itself is not."""
+    (tmp_path / "a.py").write_text("import sys\nsys.path.insert(0, 'tests/slurm')\nfrom bench.x import y\n"
+                                   "import support.sim.noop\nfrom support.sim import module_command\n"
+                                   "from support.simulated import z\nimport support.waiting\n")
+    assert _top_imports(tmp_path / "a.py") == {"sys", "bench", "support"}
+    assert _of_tests_but_not_shared(tmp_path / "a.py") == {"support.simulated", "support.waiting"}
     assert _sys_path_edits(tmp_path / "a.py") == ["sys.path.insert(0, 'tests/slurm')"]
 
 

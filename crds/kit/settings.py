@@ -135,7 +135,7 @@ VARIABLES: tuple[Variable, ...] = (
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),
     Variable("ROLLOUTD_SLURM_DIR", "path", "`/tmp/rolloutd-slurm`", (CONTROLLER,),
-             "where `python -m rolloutd.controller.sim.minicluster` keeps a one-machine Slurm cluster's files"),
+             "where a checkout's one-machine Slurm cluster (tests/support/sim/minicluster.py) keeps its files"),
 )
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]

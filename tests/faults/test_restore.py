@@ -10,7 +10,7 @@ import sqlite3
 
 from support.controller_process import ControllerProcess
 from support.waiting import wait_until
-from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from support.sim.noop import NOOP, PLUGINS
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}

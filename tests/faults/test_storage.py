@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from support.controller_process import ControllerProcess
-from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from support.sim.noop import NOOP, PLUGINS
 from rolloutd.controller.storage_faults import StorageWatch, storage_reason
 from support.waiting import wait_until
 

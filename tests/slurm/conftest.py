@@ -19,7 +19,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
-from rolloutd.controller.sim.minicluster import MiniSlurm, missing_binaries  # noqa: E402
+from support.sim.minicluster import MiniSlurm, missing_binaries  # noqa: E402
 from rolloutd.crds.kit.settings import ControllerSettings
 from support.cluster import plugin_env
 from support.slurm_cluster import SlurmCluster

@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for the tests: one per session (`controller/sim/pgserver.py`: initdb + postgres under a
+"""A real PostgreSQL server for the tests: one per session (`tests/support/sim/pgserver.py`: initdb + postgres under a
 temporary directory as an unprivileged user, on a Unix socket), a fresh database per test that asks for one.
 
 `store_location` (tests/conftest.py) parametrises a test over both stores: an SQLite file, or such a database's URL.
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rolloutd.controller.sim.pgserver import PgServer, binaries
+from support.sim.pgserver import PgServer, binaries
 
 STORES = ("sqlite", "postgresql")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from support.cluster import Cluster, gated_job_doc, job_doc
-from rolloutd.controller.sim.minicluster import MiniSlurm
+from support.sim.minicluster import MiniSlurm
 
 
 class SlurmCluster(Cluster):

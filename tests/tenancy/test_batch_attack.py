@@ -14,7 +14,7 @@ from support.tenancy_helpers import job, jobs_path, put_policy, tenant
 from support.waiting import wait_until
 
 from rolloutd.agents.engine.model_dirs import model_dir
-from rolloutd.controller.sim.noop import HealthServer
+from support.sim.noop import HealthServer
 from rolloutd.crds.node import NODE_PROTOCOL
 from rolloutd.crds.trajectory import Failure, Trajectory
 

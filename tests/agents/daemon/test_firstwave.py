@@ -17,7 +17,7 @@ import pytest
 from support.controller_process import ControllerProcess
 from support.node_helpers import make_spec
 from support.waiting import wait_until
-from rolloutd.controller.sim.noop import NOOP, PLUGINS
+from support.sim.noop import NOOP, PLUGINS
 from rolloutd.agents.daemon import firstwave
 from rolloutd.agents.daemon.firstwave import FirstWave
 from rolloutd.agents.daemon.rollouts import Phase, Rollouts

@@ -15,7 +15,7 @@ from support.kube_helpers import EXAMPLE, job_yaml
 from support.waiting import wait_until
 
 from rolloutd.agents.engine.model_dirs import model_dir
-from rolloutd.controller.sim.noop import HealthServer
+from support.sim.noop import HealthServer
 from rolloutd.crds.node import FEATURES, NODE_PROTOCOL
 from rolloutd.crds.trajectory import Trajectory
 

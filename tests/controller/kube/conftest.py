@@ -40,9 +40,9 @@ def local_kubectl(local_kube):
 
 @pytest.fixture(scope="module")
 def plugin_kube(tmp_path_factory):
-    """The local executor, with the benchmarks' task plug-ins (controller/sim/plugins: bench-noop) on the controller's
+    """The local executor, with the benchmarks' task plug-ins (tests/support/sim/plugins: bench-noop) on the controller's
     and so its daemons' PYTHONPATH: a real job that needs no LLM."""
-    from rolloutd.controller.sim.noop import PLUGINS
+    from support.sim.noop import PLUGINS
 
     plugins = str(PLUGINS)
     path = os.pathsep.join(filter(None, [plugins, os.environ.get("PYTHONPATH")]))

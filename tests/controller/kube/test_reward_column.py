@@ -13,7 +13,7 @@ from support.waiting import wait_until
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.crds.node import NODE_PROTOCOL
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
-from rolloutd.controller.sim.noop import HealthServer
+from support.sim.noop import HealthServer
 
 
 NODES = "/apis/rolloutd.io/v1alpha1/nodes"

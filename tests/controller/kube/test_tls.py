@@ -15,7 +15,7 @@ import yaml
 from support import kube_tools
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.client import RolloutClient, RolloutdError
-from rolloutd.controller.sim.noop import HealthServer, noop_job as _job
+from support.sim.noop import HealthServer, noop_job as _job
 
 
 

@@ -25,7 +25,6 @@ OBJECTS = {settings.CONTROLLER: ControllerSettings, settings.SANDBOX: SandboxSet
            settings.NODE: nodeenv.NodeEnv, settings.CLIENT: ClientSettings}
 # where a process starts: the only product modules that call a settings object's `from_env`
 ENTRY_POINTS = {"controller/main.py",                # rolloutd controller / operator / token / node-credential
-                "controller/sim/minicluster.py",     # python -m rolloutd.controller.sim.minicluster
                 "controller/client/connection.py",   # every client and rolloutctl command: `resolve`
                 "agents/cli.py",                     # rolloutd node (NodeOptions.from_env)
                 "agents/daemon/options.py",          # ... which reads the node's sandbox settings beside its own

@@ -1,18 +1,18 @@
 """A real controller process on each store (SQLite, and PostgreSQL on the session's server) runs a small job for
-simulated node daemons (`controller/sim/simnodes.py`, the real node protocol) to Succeeded: every rollout
+simulated node daemons (`tests/support/sim/simnodes.py`, the real node protocol) to Succeeded: every rollout
 expected is delivered to the trainer's stream once, none lost, duplicated or made up."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 
 import httpx
 
-from rolloutd.controller.sim.ledger import audit
-from rolloutd.controller.sim.noop import PLUGINS, HealthServer, noop_job
+from support.sim import module_command
+from support.sim.ledger import audit
+from support.sim.noop import PLUGINS, HealthServer, noop_job
 
 from support.controller_process import ControllerProcess
 from support.waiting import wait_until
@@ -53,8 +53,8 @@ def test_a_job_of_simulated_nodes_succeeds_with_every_trajectory_delivered_once(
                    "time_factor": TIME_FACTOR, "median_seconds": 40.0, "sigma": 0.5, "seed": 1,
                    "start_at": time.time() + 1, "stop_at": time.time() + 1 + RUN_SECONDS}
             (tmp_path / "shard.json").write_text(json.dumps(cfg))
-            shard = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.sim.simnodes",
-                                      str(tmp_path / "shard.json"), str(tmp_path / "shard.out.json")])
+            argv, env = module_command("simnodes", str(tmp_path / "shard.json"), str(tmp_path / "shard.out.json"))
+            shard = subprocess.Popen(argv, env=env)
             wait_until(lambda: api.get(f"{P}/{name}").json().get("status", {}).get("phase") == "Succeeded",
                        RUN_SECONDS + 60, "the simulated nodes to finish the job")
             assert shard.wait(RUN_SECONDS + 120) == 0

@@ -1,4 +1,4 @@
-"""A job that runs no model: the `bench-noop` task kind (its plug-in in `controller/sim/plugins/`, found through the
+"""A job that runs no model: the `bench-noop` task kind (its plug-in in `tests/support/sim/plugins/`, found through the
 dist-info on a daemon's PYTHONPATH) against LLM backends that only answer the controller's health checks.
 
 Used by the scale, operator and tenancy benches and by tests that need a real job to finish without an
@@ -9,7 +9,7 @@ import http.server
 import threading
 from pathlib import Path
 
-NOOP = "bench-noop"  # the task kind of controller/sim/plugins/bench_noop_task.py
+NOOP = "bench-noop"  # the task kind of tests/support/sim/plugins/bench_noop_task.py
 PLUGINS = Path(__file__).resolve().parent / "plugins"  # put on a daemon's PYTHONPATH to load it
 BACKENDS = 4
 SLOTS = 64

@@ -1,8 +1,8 @@
-"""The scale benchmark's bookkeeping (controller/sim/simnodes.py): what the controller accepted from the simulated
+"""The scale benchmark's bookkeeping (tests/support/sim/simnodes.py): what the controller accepted from the simulated
 nodes against what it delivers. A wrong audit would let a lost or duplicated rollout pass unseen."""
 import pytest
 
-from rolloutd.controller.sim.ledger import Ledger, audit
+from support.sim.ledger import Ledger, audit
 
 
 def ledger_with(*accepted: tuple[str, int, int]) -> Ledger:

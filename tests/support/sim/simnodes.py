@@ -2,7 +2,7 @@
 the real node protocol (register, lease, heartbeat, results) to a real controller.
 
 Where it sits: `bench_scale.py` starts a controller and one or a few of these processes
-(`python -m rolloutd.controller.sim.simnodes CONFIG OUT`), each simulating a shard of the nodes. A simulated node
+(`python -m support.sim.simnodes CONFIG OUT`), each simulating a shard of the nodes. A simulated node
 copies `rolloutd.agents.daemon.NodeDaemon`'s traffic without its work: leases while it has room
 (long-poll `leaseWait` s), beats every `heartbeatSeconds` (what registration answers) and
 promptly on a stage change (≥ `heartbeat_min_gap` apart) naming every live attempt's stage and

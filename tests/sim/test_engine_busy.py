@@ -1,8 +1,8 @@
-"""The engine-busy benchmark's own logic (controller/sim/engine_replay.py, the baseline of bench engine_busy): the replay must send the engine exactly the
+"""The engine-busy benchmark's own logic (tests/support/sim/engine_replay.py, the baseline of bench engine_busy): the replay must send the engine exactly the
 prompts and turn lengths rolloutd sent (tool outputs included), and the busy window and slot split must add up.
 A wrong replay would compare rolloutd against different work."""
 
-from rolloutd.controller.sim.engine_replay import busy_stats, replay_plan, slot_budget
+from support.sim.engine_replay import busy_stats, replay_plan, slot_budget
 from rolloutd.crds.trajectory import Trajectory, Turn
 
 
