@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, RegisterRequest,
-                                RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
+from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, PolicyState, PolicyWatch,
+                                RegisterRequest, RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
 from rolloutd.crds.k8s_names import DNS1123_LABEL
 from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
@@ -86,6 +86,8 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
                                                        errors=BODY_ERRORS),
             ("post", N + "/{node_id}/results"): dict(body=inp(ResultBatch), ok={200: out(ResultAck)}, errors=BODY_ERRORS),
             ("post", N + "/{node_id}/return"): dict(body=inp(ReturnRequest), ok={200: obj}, errors=BODY_ERRORS),
+            ("post", N + "/{node_id}/policy-watch"): dict(body=inp(PolicyWatch), ok={200: out(PolicyState)},
+                                                          errors=BODY_ERRORS),
             ("post", N + "/{node_id}/deregister"): dict(ok={200: obj}, errors=(404,)),
         })
     nodes[("post", JOB_NODES + "/credential")] = dict(ok={200: obj}, errors=(404, 409))  # the admin's, by hand

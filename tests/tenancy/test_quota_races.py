@@ -62,11 +62,18 @@ def test_a_namespace_token_cannot_strip_the_release_finalizer(kube, admin):
     put_policy(admin, "qfinal")
     with tenant(kube, "qfinal") as t:
         assert t.post(jobs_path("qfinal"), json=job("a")).status_code == 201
-        assert t.delete(f"{jobs_path('qfinal')}/a").status_code == 200
-        stripped = t.patch(f"{jobs_path('qfinal')}/a", json={"metadata": {"finalizers": None}}, headers=MERGE)
+        path = f"{jobs_path('qfinal')}/a"
+        stripped = t.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE)
         assert stripped.status_code == 200, stripped.text
-        held = admin.get(f"{jobs_path('qfinal')}/a")  # still there until the operator has released it
-        assert held.status_code == 200 and "rolloutd.io/release" in held.json()["metadata"]["finalizers"], held.text
+        assert "rolloutd.io/release" in admin.get(path).json()["metadata"]["finalizers"]  # the write kept it
+        assert t.delete(path).status_code == 200
+        # deleted: the operator releases it (its nodes) and only then removes the finalizer; the tenant's strip in
+        # between keeps it too — unless the operator was quicker (the job then gone: 404, released, nothing skipped)
+        stripped = t.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE)
+        assert stripped.status_code in (200, 404), stripped.text
+        if stripped.status_code == 200:
+            held = admin.get(path)
+            assert held.status_code == 404 or "rolloutd.io/release" in held.json()["metadata"]["finalizers"], held.text
 
 
 def test_a_job_keeps_its_newest_events_only(kube, admin):
