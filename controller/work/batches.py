@@ -35,7 +35,6 @@ import statistics
 import threading
 from typing import Any, Callable, Protocol
 
-from sqlalchemy import func
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -44,17 +43,17 @@ from ..dialects import raw
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from .held_leases import HeldLeases
 from .states import LIVE, BatchState, GroupState, ItemState
-from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
+from .tables import BatchPromptsRow, BatchRow, GroupRow, ItemRow, TrajectoryRow
 
 
 class Items(Protocol):
-    """What batches need of the item queue (`queue.ItemQueue`): add a group's items, cancel one, wake leasing,
+    """What batches need of the item queue (`queue.ItemQueue`): add groups' items, cancel one, wake leasing,
     and the leases held (`leases`: where a leased item's stage is)."""
 
     clock: Callable[[], float]
     leases: HeldLeases
 
-    def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None: ...
+    def add_groups_items(self, s: Session, job: str, group_ids: list[int], samples: int, now: float) -> None: ...
 
     def cancel_item(self, item: ItemRow) -> None: ...
 
@@ -120,7 +119,7 @@ class Batches:
         quota = self.item_quota(job)
         if quota is None:
             return None
-        opened = s.exec(select(func.count()).select_from(ItemRow).where(ItemRow.job == job.metadata.key)).one()
+        opened = raw(s.connection()).execute("SELECT count(*) FROM items WHERE job = ?", (job.metadata.key,)).fetchone()[0]
         return max(0, quota - opened)
 
     # ------------------------------------------------------------ requests
@@ -182,8 +181,8 @@ class Batches:
                              f"\"{name}\"" + (f"; out of range: {bad[:10]}" if bad else ""))
 
     def named_prompts(self, s: Session, name: str, k: int) -> list[int] | None:
-        row = s.get(BatchPromptsRow, (name, k))
-        return None if row is None else json.loads(row.prompts)
+        row = raw(s.connection()).execute("SELECT prompts FROM batch_prompts WHERE job = ? AND k = ?", (name, k)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     # ------------------------------------------------------------ opening groups
 
@@ -196,9 +195,21 @@ class Batches:
         with self.lock:
             return self._fill(s, job, batch, wake)
 
+    def fill_step(self, s: Session, job: RolloutJob, k: int) -> int:
+        """`fill` of batch `k` by its key, in a worker thread (`Scheduler.fill_batch`; it wakes the leases)."""
+        batch = self.hold(s, job.metadata.key, k)
+        if batch is None:
+            return 0
+        with self.lock:
+            return self._fill(s, job, batch, False)
+
     def _fill(self, s: Session, job: RolloutJob, batch: BatchRow, wake: bool) -> int:
+        """The step's reads and writes go through the transaction's plain connection (`dialects.raw`, either
+        database): the ORM's per-statement Python work was most of the fill thread's time (issue 36)."""
         if batch.state != BatchState.running:
             return 0
+        s.flush()  # the caller's pending writes (a group just settled) count below
+        db = raw(s.connection())
         step = max(1, CHUNK_ITEMS // job.spec.samples_per_prompt)
         left = self._items_left(s, job)
         if left is not None:
@@ -207,11 +218,11 @@ class Batches:
         if named is not None:  # a batch of named prompts opens each group once and replaces none
             chunk = named[batch.opened_groups:batch.opened_groups + step]
             if chunk:
-                self._open(s, job, batch, chunk, wake)
+                self._open(s, db, job, batch, chunk, wake)
             return len(chunk)
         name = job.metadata.key
-        running = s.exec(select(func.count()).select_from(GroupRow).where(
-            GroupRow.job == name, GroupRow.batch == batch.k, GroupRow.state == GroupState.running)).one()
+        running = db.execute("SELECT count(*) FROM groups WHERE job = ? AND batch = ? AND state = ?",
+                             (name, batch.k, GroupState.running)).fetchone()[0]
         cap = max_in_flight(job) - running
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
@@ -223,23 +234,23 @@ class Batches:
         prompts_in_dataset = self.prompts(job)
         if prompts_in_dataset == 0:
             return 0
-        cursor = s.get(CursorRow, name) or CursorRow(job=name)
-        prompts = []
-        for _ in range(cap):
-            prompts.append(cursor.next_prompt % prompts_in_dataset)
-            cursor.next_prompt += 1
-        s.add(cursor)
-        self._open(s, job, batch, prompts, wake)
+        row = db.execute("SELECT next_prompt FROM cursors WHERE job = ?", (name,)).fetchone()
+        first = 0 if row is None else row[0]
+        db.execute("INSERT INTO cursors (job, next_prompt) VALUES (?, ?) "
+                   "ON CONFLICT (job) DO UPDATE SET next_prompt = excluded.next_prompt", (name, first + cap))
+        self._open(s, db, job, batch, [(first + i) % prompts_in_dataset for i in range(cap)], wake)
         return cap
 
-    def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int], wake: bool) -> None:
+    def _open(self, s: Session, db: Any, job: RolloutJob, batch: BatchRow, prompts: list[int], wake: bool) -> None:
+        """The step's groups in one INSERT (ids in the order of `prompts`), then all their items in one
+        INSERT … SELECT (`Items.add_groups_items`): no row object and no flush per group or item."""
         name, now = job.metadata.key, self.items.clock()
-        for prompt in prompts:
-            group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
-            s.add(group)
-            s.flush()
-            self.items.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
-            batch.opened_groups += 1
+        values = ", ".join(["(?, ?, ?, ?, '[]', ?)"] * len(prompts))
+        params = [v for p in prompts for v in (name, batch.k, p, GroupState.running, now)]
+        ids = [r[0] for r in db.execute("INSERT INTO groups (job, batch, prompt, state, rewards, opened) "
+                                        f"VALUES {values} RETURNING id", params).fetchall()]
+        self.items.add_groups_items(db, ids, job.spec.samples_per_prompt, now)
+        batch.opened_groups += len(prompts)
         s.add(batch)
         if wake:
             self.items.wake(name)
