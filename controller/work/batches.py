@@ -33,9 +33,10 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+from types import SimpleNamespace
 from typing import Any, Callable, Protocol
 
-from sqlalchemy import func
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
@@ -44,17 +45,17 @@ from ..dialects import raw
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
 from .held_leases import HeldLeases
 from .states import LIVE, BatchState, GroupState, ItemState
-from .tables import BatchPromptsRow, BatchRow, CursorRow, GroupRow, ItemRow, TrajectoryRow
+from .tables import BatchPromptsRow, BatchRow, GroupRow, ItemRow, TrajectoryRow
 
 
 class Items(Protocol):
-    """What batches need of the item queue (`queue.ItemQueue`): add a group's items, cancel one, wake leasing,
+    """What batches need of the item queue (`queue.ItemQueue`): add groups' items, cancel one, wake leasing,
     and the leases held (`leases`: where a leased item's stage is)."""
 
     clock: Callable[[], float]
     leases: HeldLeases
 
-    def add_items(self, s: Session, job: str, prompt: int, group_id: int, samples: int, now: float) -> None: ...
+    def add_groups_items(self, s: Session, job: str, group_ids: list[int], samples: int, now: float) -> None: ...
 
     def cancel_item(self, item: ItemRow) -> None: ...
 
@@ -62,6 +63,7 @@ class Items(Protocol):
 
 
 CHUNK_ITEMS = 32  # rollouts opened per step (`fill`): a step holds the event loop for tens of milliseconds at most
+_PLAIN = ("state", "target", "counted", "opened_groups")  # what a step of the fill thread reads of its batch (`hold`)
 ItemQuota = Callable[[RolloutJob], "int | None"]  # a job's quotas.itemsPerJob (None: unrestricted)
 
 
@@ -106,21 +108,26 @@ class Batches:
         self.items, self.prompts, self.item_quota, self.gate = items, prompts, item_quota, gate
         self.lock = threading.RLock()  # one writer of the groups at a time: the loop or the fill thread
 
-    def hold(self, s: Session, name: str, k: int) -> BatchRow | None:
+    def hold(self, s: Session, name: str, k: int, plain: bool = False) -> BatchRow | None:
         """The transaction's write lock on batch `k` of `name`, taken before `lock` (see the module docstring):
         SQLite's database lock (BEGIN IMMEDIATE, unless this transaction has written already and so holds it),
-        PostgreSQL's row lock on the batch. Returns the batch as of now."""
+        PostgreSQL's row lock on the batch. Returns the batch as of now (`plain`: a plain object, no ORM row)."""
         conn = s.connection()
-        if conn.dialect.name == "sqlite" and not raw(conn).in_transaction:
-            raw(conn).execute("BEGIN IMMEDIATE")
-        return s.get(BatchRow, (name, k), with_for_update=True, populate_existing=True)
+        db, pg = raw(conn), conn.dialect.name != "sqlite"
+        if not pg and not db.in_transaction:
+            db.execute("BEGIN IMMEDIATE")
+        if not plain:
+            return s.get(BatchRow, (name, k), with_for_update=True, populate_existing=True)
+        row = db.execute(f"SELECT {', '.join(_PLAIN)} FROM batches WHERE job = ? AND k = ?"
+                         + (" FOR UPDATE" if pg else ""), (name, k)).fetchone()
+        return None if row is None else SimpleNamespace(job=name, k=k, **dict(zip(_PLAIN, row)))  # type: ignore[return-value]
 
     def _items_left(self, s: Session, job: RolloutJob) -> int | None:
         """Rollouts the job may still open under quotas.itemsPerJob, counted over its whole life (None: no quota)."""
         quota = self.item_quota(job)
         if quota is None:
             return None
-        opened = s.exec(select(func.count()).select_from(ItemRow).where(ItemRow.job == job.metadata.key)).one()
+        opened = raw(s.connection()).execute("SELECT count(*) FROM items WHERE job = ?", (job.metadata.key,)).fetchone()[0]
         return max(0, quota - opened)
 
     # ------------------------------------------------------------ requests
@@ -182,23 +189,31 @@ class Batches:
                              f"\"{name}\"" + (f"; out of range: {bad[:10]}" if bad else ""))
 
     def named_prompts(self, s: Session, name: str, k: int) -> list[int] | None:
-        row = s.get(BatchPromptsRow, (name, k))
-        return None if row is None else json.loads(row.prompts)
+        row = raw(s.connection()).execute("SELECT prompts FROM batch_prompts WHERE job = ? AND k = ?", (name, k)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     # ------------------------------------------------------------ opening groups
 
     def fill(self, s: Session, job: RolloutJob, batch: BatchRow, wake: bool = True) -> int:
         """Open groups towards the batch's need (DAPO: up to maxInFlightGroups; named prompts: each once), at most
-        CHUNK_ITEMS rollouts per call and never past quotas.itemsPerJob: how many groups it opened (the caller
-        calls again while that is more than 0, a step at a time). `wake`: wake the job's waiting leases (only on the
-        event loop: a worker thread leaves it to the loop)."""
+        CHUNK_ITEMS rollouts per call and never past quotas.itemsPerJob: how many groups it opened (called again while
+        more than 0, a step at a time). `wake`: wake the job's leases (on the loop; a worker leaves it to the loop)."""
         self.hold(s, batch.job, batch.k)
         with self.lock:
             return self._fill(s, job, batch, wake)
 
+    def fill_step(self, s: Session, job: RolloutJob, k: int) -> int:
+        """`fill` of batch `k` in a worker thread (`Scheduler.fill_batch`, which wakes the leases), without ORM rows."""
+        batch = self.hold(s, job.metadata.key, k, plain=True)
+        with self.lock:
+            return 0 if batch is None else self._fill(s, job, batch, False)
+
     def _fill(self, s: Session, job: RolloutJob, batch: BatchRow, wake: bool) -> int:
+        """Reads and writes through `dialects.raw` (either database): the ORM's Python work was most of a step's."""
         if batch.state != BatchState.running:
             return 0
+        s.flush()  # the caller's pending writes (a group just settled) count below
+        db = raw(s.connection())
         step = max(1, CHUNK_ITEMS // job.spec.samples_per_prompt)
         left = self._items_left(s, job)
         if left is not None:
@@ -207,11 +222,11 @@ class Batches:
         if named is not None:  # a batch of named prompts opens each group once and replaces none
             chunk = named[batch.opened_groups:batch.opened_groups + step]
             if chunk:
-                self._open(s, job, batch, chunk, wake)
+                self._open(db, job, batch, chunk, wake)
             return len(chunk)
         name = job.metadata.key
-        running = s.exec(select(func.count()).select_from(GroupRow).where(
-            GroupRow.job == name, GroupRow.batch == batch.k, GroupRow.state == GroupState.running)).one()
+        running = db.execute("SELECT count(*) FROM groups WHERE job = ? AND batch = ? AND state = ?",
+                             (name, batch.k, GroupState.running)).fetchone()[0]
         cap = max_in_flight(job) - running
         if not job.spec.dapo.enabled:
             cap = min(cap, batch.target - batch.counted - running)
@@ -223,24 +238,24 @@ class Batches:
         prompts_in_dataset = self.prompts(job)
         if prompts_in_dataset == 0:
             return 0
-        cursor = s.get(CursorRow, name) or CursorRow(job=name)
-        prompts = []
-        for _ in range(cap):
-            prompts.append(cursor.next_prompt % prompts_in_dataset)
-            cursor.next_prompt += 1
-        s.add(cursor)
-        self._open(s, job, batch, prompts, wake)
+        first = (db.execute("SELECT next_prompt FROM cursors WHERE job = ?", (name,)).fetchone() or (0,))[0]
+        db.execute("INSERT INTO cursors (job, next_prompt) VALUES (?, ?) "
+                   "ON CONFLICT (job) DO UPDATE SET next_prompt = excluded.next_prompt", (name, first + cap))
+        self._open(db, job, batch, [(first + i) % prompts_in_dataset for i in range(cap)], wake)
         return cap
 
-    def _open(self, s: Session, job: RolloutJob, batch: BatchRow, prompts: list[int], wake: bool) -> None:
+    def _open(self, db: Any, job: RolloutJob, batch: BatchRow, prompts: list[int], wake: bool) -> None:
+        """The groups in one INSERT, their items in one INSERT … SELECT (`Items.add_groups_items`): no row objects."""
         name, now = job.metadata.key, self.items.clock()
-        for prompt in prompts:
-            group = GroupRow(job=name, batch=batch.k, prompt=prompt, opened=now)
-            s.add(group)
-            s.flush()
-            self.items.add_items(s, name, prompt, group.id, job.spec.samples_per_prompt, now)
-            batch.opened_groups += 1
-        s.add(batch)
+        values = ", ".join(["(?, ?, ?, ?, '[]', ?)"] * len(prompts))
+        params = [v for p in prompts for v in (name, batch.k, p, GroupState.running, now)]
+        ids = [r[0] for r in db.execute("INSERT INTO groups (job, batch, prompt, state, rewards, opened) "
+                                        f"VALUES {values} RETURNING id", params).fetchall()]
+        self.items.add_groups_items(db, ids, job.spec.samples_per_prompt, now)
+        n = len(prompts)
+        db.execute("UPDATE batches SET opened_groups = opened_groups + ? WHERE job = ? AND k = ?", (n, name, batch.k))
+        # an ORM row's copy as written (its flush writes nothing more); `fill_step`'s plain object as is
+        (set_committed_value if isinstance(batch, BatchRow) else setattr)(batch, "opened_groups", batch.opened_groups + n)
         if wake:
             self.items.wake(name)
 

@@ -170,8 +170,7 @@ class Scheduler:
         engine = self.work.store.engine
         with hot_sql.worker_writing(engine) if engine.dialect.name == "sqlite" else contextlib.nullcontext(), \
                 Session(engine, expire_on_commit=False) as s:
-            row = self.work.batches.hold(s, job.metadata.key, k)
-            opened = 0 if row is None else self.work.batches.fill(s, job, row, wake=False)
+            opened = self.work.batches.fill_step(s, job, k)
             s.commit()
         return opened
 
