@@ -12,6 +12,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -180,7 +181,7 @@ class Batches:
         self.added = self.dropped = self.sent = 0
         self._queue: deque[Finished] = deque()
         self._wake, self._idle, self._stop, self._flushing = threading.Event(), threading.Event(), False, False
-        self.requests = 0
+        self.requests, self._all_at = 0, time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
@@ -213,15 +214,24 @@ class Batches:
             self._wake.clear()
             self._idle.clear()
             flushing, self._flushing = self._flushing, False
-            self._drain(full=woken and not flushing and not self._stop)
+            # the rest too when flushing, stopping, at the schedule, or when the last such send is `delay` ago
+            full = woken and not flushing and not self._stop and time.monotonic() - self._all_at < self.delay
+            self._drain(full=full)
+            if not full:
+                self._all_at = time.monotonic()
             self._idle.set()
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Send what is queued now (a process about to exit)."""
-        self._idle.clear()
-        self._flushing = True
-        self._wake.set()
-        self._idle.wait(timeout)
+        """Send what is queued now (a process about to exit): rounds until the queue is empty and the round that
+        emptied it has sent (a round under way when called may have sent only full batches)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._idle.clear()
+            self._flushing = True
+            self._wake.set()
+            self._idle.wait(max(deadline - time.monotonic(), 0))
+            if not self._queue or time.monotonic() >= deadline:
+                return
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop = True
