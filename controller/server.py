@@ -237,6 +237,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))
     _Server(server_config(built.app, host, port, log_level, tls), built.before_shutdown).run()
+    tracing.flush()   # the last spans batched (its exit hook alone was seen to lose them, `bench tracing_scale`)
 
 
 def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None,

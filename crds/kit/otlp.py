@@ -12,6 +12,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -179,7 +180,8 @@ class Batches:
         self.most = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self.batch)
         self.added = self.dropped = self.sent = 0
         self._queue: deque[Finished] = deque()
-        self._wake, self._idle, self._stop = threading.Event(), threading.Event(), False
+        self._wake, self._idle, self._stop, self._flushing = threading.Event(), threading.Event(), False, False
+        self.requests, self._all_at = 0, time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
@@ -189,11 +191,14 @@ class Batches:
             self.dropped += 1
             return
         self._queue.append(s)
-        if len(self._queue) >= self.batch:
+        if len(self._queue) % self.batch == 0:   # a batch is full: once, not on every span past it
             self._wake.set()
 
-    def _drain(self) -> None:
-        while self._queue:
+    def _drain(self, full: bool = False) -> None:
+        """Send what is queued in batches; `full`: only full ones (woken by a full batch: the spans that came while
+        one was sent wait for the next, instead of going out in small requests right after, ~1 ms each)."""
+        while len(self._queue) >= (self.batch if full else 1):
+            self.requests += 1
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             try:
                 ok = self.send(request(self.resource, self.scope, batch))
@@ -205,17 +210,28 @@ class Batches:
 
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(self.delay)
+            woken = self._wake.wait(self.delay)
             self._wake.clear()
             self._idle.clear()
-            self._drain()
+            flushing, self._flushing = self._flushing, False
+            # the rest too when flushing, stopping, at the schedule, or when the last such send is `delay` ago
+            full = woken and not flushing and not self._stop and time.monotonic() - self._all_at < self.delay
+            self._drain(full=full)
+            if not full:
+                self._all_at = time.monotonic()
             self._idle.set()
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Send what is queued now (a process about to exit)."""
-        self._idle.clear()
-        self._wake.set()
-        self._idle.wait(timeout)
+        """Send what is queued now (a process about to exit): rounds until the queue is empty and the round that
+        emptied it has sent (a round under way when called may have sent only full batches)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._idle.clear()
+            self._flushing = True
+            self._wake.set()
+            self._idle.wait(max(deadline - time.monotonic(), 0))
+            if not self._queue or time.monotonic() >= deadline:
+                return
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop = True
