@@ -13,6 +13,9 @@ from typing import Any, Iterator
 
 import httpx
 
+from rolloutd.sandbox.host.footprint import sweep_stale
+from support.waiting import alive, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 P = "/apis/rolloutd.io/v1alpha1"
 PLUGINS = Path(__file__).resolve().parents[1] / "e2e" / "plugins"  # test-only task plug-ins (scripted, gated)
@@ -93,11 +96,21 @@ class Cluster:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        killed = []
         for pid in self.daemon_pids():  # never leave daemons behind after a test
             try:
                 os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
             except (ProcessLookupError, PermissionError):
                 pass
+        self.sweep(killed)
+
+    def sweep(self, killed: list[int]) -> None:
+        """What a SIGKILLed daemon leaves — its sandboxes' workspace mounts and directories (their processes die
+        with it) — removed as the node's next daemon would (`sweep_stale`): a per-test sandbox dir has no next one."""
+        wait_until(lambda: not any(alive(p) for p in killed), 30, "the killed daemons to be gone", every=0.05)
+        if self.env.get("ROLLOUTD_SANDBOX_DIR"):
+            sweep_stale(Path(self.env["ROLLOUTD_SANDBOX_DIR"]))
 
     def daemon_pids(self) -> list[int]:
         try:
