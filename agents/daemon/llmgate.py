@@ -161,7 +161,7 @@ class TrackedLLM:
     gated = True  # the gateway streams through `generate(on_tokens=…)`, never around the gate
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
-                       on_tokens: Callable[[list[int]], Awaitable[None]] | None = None):
+                       on_tokens: Callable[[list[int]], Awaitable[None]] | None = None) -> Generation:
         """One model call through the gate. `on_tokens` (the gateway's streamed answer): each run of ids as it
         arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
