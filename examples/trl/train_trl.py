@@ -89,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--controller-env", default="")
     a = p.parse_args(argv)
     a.dapo = False  # train_grpo.job(): plain batches (the trainer names each batch's prompts)
+    a.update_mode = "drain"  # train_grpo.job()'s spec.policy.updateMode: TRL syncs its weights between steps
     return a
 
 
