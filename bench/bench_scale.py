@@ -50,7 +50,7 @@ from bench import scale_replicas, scale_stores
 from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
 from support.sim import module_command
 from support.sim.noop import SLOTS, HealthServer, noop_job as _job
-from support.sim.ledger import audit
+from support.sim.ledger import audit, delivered
 
 P = "/apis/rolloutd.io/v1alpha1"
 HERE = Path(__file__).resolve().parent
@@ -179,18 +179,6 @@ def _wait_expanded(api: httpx.Client, name: str, items: int, timeout: float = 30
             raise RuntimeError(f"{name} failed: {status}")
         time.sleep(0.2)
     raise RuntimeError(f"{name}: {items} items not expanded within {timeout}s")
-
-
-def _delivered(api: httpx.Client, name: str) -> list[tuple[int, int]]:
-    out, cursor = [], 0
-    while True:
-        r = api.get(f"{P}/rolloutjobs/{name}/trajectories", params={"cursor": cursor, "limit": 20000})
-        r.raise_for_status()
-        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
-        if not lines:
-            return out
-        out += [(t["prompt"], t["sample"]) for t in lines]
-        cursor = lines[-1]["seq"]
 
 
 def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
@@ -334,7 +322,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             s.wait(max(0.0, stop_at - time.time()) + 120 + nodes / 5)
         outs = [json.loads((root / f"shard{i}.out.json").read_text()) for i in range(k)]
         accepted = [tuple(key) for o in outs for key in o["ledger"]["accepted"]]
-        check = audit(accepted, _delivered(ctl.api, name))
+        check = audit(accepted, delivered(ctl.api, f"{P}/namespaces/default/rolloutjobs", name, limit=20000))
         w1 = w0 + window
         done = sum(1 for o in outs for t_ in o["accepted_at"] if w0 <= t_ < w1)
         lat = {kind: [d * 1e3 for o in outs for t_, d in o["latency"].get(kind, []) if w0 <= t_ < w1]

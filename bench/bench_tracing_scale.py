@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,20 +82,12 @@ class Receiver:
 @contextlib.contextmanager
 def traced(on: bool, receiver: Receiver):
     """The environment every process started inside inherits: tracing on (to `receiver`) or off."""
-    keys = ("ROLLOUTD_TRACING", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    saved = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ.pop(k, None)
-    if on:
-        os.environ.update({"ROLLOUTD_TRACING": "1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url})
-    try:
+    with mock.patch.dict(os.environ):  # the whole environment as it was, restored at the end
+        for k in ("ROLLOUTD_TRACING", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            os.environ.pop(k, None)
+        if on:
+            os.environ.update({"ROLLOUTD_TRACING": "1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url})
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def controller_run(on: bool, receiver: Receiver, nodes: int, window: float, rev: str = "", src: Path | None = None) -> dict:

@@ -8,10 +8,9 @@ import os
 import subprocess
 import time
 
-import httpx
 
 from support.sim import module_command
-from support.sim.ledger import audit
+from support.sim.ledger import audit, delivered
 from support.sim.noop import PLUGINS, HealthServer, noop_job
 
 from support.controller_process import ControllerProcess
@@ -21,18 +20,6 @@ P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 PROMPTS, SAMPLES, NODES = 12, 8, 3  # 96 rollouts over 3 simulated nodes
 TIME_FACTOR = 40.0  # rollouts of ~1 s (the sim's lognormal median of 40 s, divided)
 RUN_SECONDS = 25.0  # the simulated nodes' life: the job needs a few seconds of it
-
-
-def delivered(api: httpx.Client, name: str) -> list[tuple[int, int]]:
-    out, cursor = [], 0
-    while True:
-        r = api.get(f"{P}/{name}/trajectories", params={"cursor": cursor, "limit": 1000})
-        r.raise_for_status()
-        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
-        if not lines:
-            return out
-        out += [(t["prompt"], t["sample"]) for t in lines]
-        cursor = lines[-1]["seq"]
 
 
 def test_a_job_of_simulated_nodes_succeeds_with_every_trajectory_delivered_once(tmp_path, store_location):
@@ -59,7 +46,7 @@ def test_a_job_of_simulated_nodes_succeeds_with_every_trajectory_delivered_once(
                        RUN_SECONDS + 60, "the simulated nodes to finish the job")
             assert shard.wait(RUN_SECONDS + 120) == 0
             out = json.loads((tmp_path / "shard.out.json").read_text())
-            got = delivered(api, name)
+            got = delivered(api, P, name)
             status = api.get(f"{P}/{name}").json()["status"]
         expected = {(p, s) for p in range(PROMPTS) for s in range(SAMPLES)}
         check = audit(out["ledger"]["accepted"], got, expected=expected)

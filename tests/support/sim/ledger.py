@@ -2,13 +2,17 @@
 and results accepted, `audit` compares them with the trajectories served (lost, duplicated, phantom: all 0).
 
 Used by `simnodes` (each shard keeps a Ledger) and by `bench scale` (the audit after a run). Next step: audit
-a node's drop-out mid-rollout too.
+a node's drop-out mid-rollout too. `delivered` reads what the controller serves, for both.
 """
 from __future__ import annotations
 
 import collections
+import json
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # the simulated nodes' processes import this module too
+    import httpx
 
 Key = tuple[int, int]  # (prompt, sample): one rollout of the job
 
@@ -59,3 +63,18 @@ def audit(accepted: Iterable[Key], delivered: Iterable[Key], expected: set[Key] 
     out.lost = sorted(missing)
     out.phantom = sorted(set(got) - set(acc))
     return out
+
+
+def delivered(api: httpx.Client, jobs: str, name: str, limit: int = 1000) -> list[Key]:
+    """(prompt, sample) of every trajectory job `name` serves (`jobs`: its namespace's rolloutjobs path), in seq
+    order, read `limit` at a time."""
+    out: list[Key] = []
+    cursor = 0
+    while True:
+        r = api.get(f"{jobs}/{name}/trajectories", params={"cursor": cursor, "limit": limit})
+        r.raise_for_status()
+        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+        if not lines:
+            return out
+        out += [(t["prompt"], t["sample"]) for t in lines]
+        cursor = lines[-1]["seq"]
