@@ -173,7 +173,10 @@ def test_two_network_sandboxes_do_not_share_a_loopback():
         a = await runtime.create(SandboxSpec(network=True))
         b = await runtime.create(SandboxSpec(network=True))
         try:
-            serve = "nohup python3 -m http.server 41999 --bind 127.0.0.1 > /dev/null 2>&1 & sleep 0.5; echo up"
+            # up once the port answers on this sandbox's own loopback (a loaded node starts python slowly)
+            serve = ("nohup python3 -m http.server 41999 --bind 127.0.0.1 > /dev/null 2>&1 & "
+                     "for i in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/41999) 2>/dev/null && break; sleep 0.05; done;"
+                     " (exec 3<>/dev/tcp/127.0.0.1/41999) 2>/dev/null && echo up || echo down")
             assert (await a.bash(serve)).output.strip() == "up"
             seen_from_a = (await a.bash(PROBE.format("127.0.0.1", 41999))).output
             seen_from_b = (await b.bash(PROBE.format("127.0.0.1", 41999))).output
