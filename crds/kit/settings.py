@@ -85,6 +85,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(nodeenv.JOIN_TOKEN, "secret", "none", (NODE,), nodeenv.TABLE[nodeenv.JOIN_TOKEN][1]),
     Variable(nodeenv.DRAIN_SECONDS, "number", f"{nodeenv.DEFAULT_DRAIN_SECONDS:g}", (NODE, CONTROLLER),
              nodeenv.TABLE[nodeenv.DRAIN_SECONDS][1]),
+    Variable(nodeenv.CONTROLLER_START_SECONDS, "number", f"{nodeenv.DEFAULT_CONTROLLER_START_SECONDS:g}", (NODE,),
+             nodeenv.TABLE[nodeenv.CONTROLLER_START_SECONDS][1]),
     Variable(nodeenv.CA_FILE, "path", "the system's CAs", (NODE, CLIENT),
              "CA bundle that signed an https controller's certificate"),
     Variable(nodeenv.TRACING, "text", "unset (off)", (NODE, CONTROLLER),
