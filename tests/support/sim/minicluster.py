@@ -28,6 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.sim import alive
+
+
 def default_dir() -> Path:
     """The cluster's directory when none is given: the settings' default, /tmp/rolloutd-slurm (`main` and the
     test fixtures read $ROLLOUTD_SLURM_DIR through `ControllerSettings.from_env`)."""
@@ -46,14 +49,6 @@ def missing_binaries() -> list[str]:
     extra = ["/usr/sbin"]
     path = os.pathsep.join([os.environ.get("PATH", ""), *extra])
     return [b for b in BINARIES if shutil.which(b, path=path) is None]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _read_pid(path: Path) -> int | None:
