@@ -136,8 +136,6 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),
-    Variable("ROLLOUTD_SLURM_DIR", "path", "`/tmp/rolloutd-slurm`", (CONTROLLER,),
-             "where a checkout's one-machine Slurm cluster (tests/support/sim/minicluster.py) keeps its files"),
 )
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
@@ -237,7 +235,6 @@ class ControllerSettings:
     tracing: str | None = None   # ROLLOUTD_TRACING (`nodeenv.tracing_on` reads it)
     k8s_namespace: str | None = None
     k8s_node_image: str | None = None
-    slurm_dir: Path = Path("/tmp/rolloutd-slurm")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ControllerSettings":

@@ -28,11 +28,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.sim import alive
+
+
 def default_dir() -> Path:
-    """The cluster's directory when none is given: the settings' default, /tmp/rolloutd-slurm (`main` and the
-    test fixtures read $ROLLOUTD_SLURM_DIR through `ControllerSettings.from_env`)."""
-    from rolloutd.crds.kit.settings import ControllerSettings
-    return ControllerSettings().slurm_dir
+    """The cluster's directory when none is given: $ROLLOUTD_SLURM_DIR, else /tmp/rolloutd-slurm. A checkout's
+    variable, not the product's (no rolloutd process reads it: the Slurm executor's commands find the cluster through
+    SLURM_CONF), so it is read here rather than in crds/kit/settings.py's table."""
+    return Path(os.environ.get("ROLLOUTD_SLURM_DIR") or "/tmp/rolloutd-slurm")
 
 
 CTLD_PORT = 16817
@@ -46,14 +49,6 @@ def missing_binaries() -> list[str]:
     extra = ["/usr/sbin"]
     path = os.pathsep.join([os.environ.get("PATH", ""), *extra])
     return [b for b in BINARIES if shutil.which(b, path=path) is None]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _read_pid(path: Path) -> int | None:
@@ -351,9 +346,7 @@ class MiniSlurm:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="minicluster")
     ap.add_argument("action", choices=("start", "stop", "status"))
-    from rolloutd.crds.kit.settings import ControllerSettings
-
-    ap.add_argument("--dir", type=Path, default=ControllerSettings.from_env().slurm_dir)
+    ap.add_argument("--dir", type=Path, default=default_dir())
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     c = MiniSlurm(args.dir, args.nodes)
