@@ -16,6 +16,7 @@ from rolloutd.crds.kit import tracing
 from rolloutd.crds.kit.otlp import Finished
 
 MOST_OPEN = 100_000   # attempts whose root span is open; past this the oldest is ended as "unknown"
+STOPPED = "controller stopped"   # the outcome of an attempt still in flight when its controller stopped
 
 # attempt id → (trace id, span id, queued at, granted at (ns), job key, node, item, prompt, sample, attempt, backend,
 # seconds queued): what its two spans are built from when it ends
@@ -57,6 +58,22 @@ def ended(attempt_id: str, outcome: str, trajectory: Any = None) -> None:
     rec = _open.pop(attempt_id, None) if _open else None
     if rec is not None:
         _end(attempt_id, rec, outcome, trajectory)
+
+
+def stopped() -> int:
+    """A graceful stop, once no result can come any more (the server closed): the attempts still in flight get their
+    root span ended now, outcome `controller stopped` (not an error: the rollout did not fail), and every span ended
+    is sent before the process exits; how many were in flight. Not left for the next controller to end: it would not
+    know them (their ids are kept in memory only), and the daemons' spans would be left without their root."""
+    if not tracing.enabled():
+        return 0
+    tracing.stopping()
+    n = len(_open)
+    while _open:
+        attempt_id, rec = _open.popitem(last=False)
+        _end(attempt_id, rec, STOPPED, None)
+    tracing.flush()
+    return n
 
 
 def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:

@@ -171,22 +171,30 @@ def _env_int(name: str, default: int) -> int:
 class Batches:
     """Finished spans queued in memory, encoded and sent by a thread of their own: when a batch is full
     (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 512) or every `OTEL_BSP_SCHEDULE_DELAY` ms (5000); past
-    `OTEL_BSP_MAX_QUEUE_SIZE` (2048) spans waiting, new ones are dropped (counted), as the SDK's batch processor does."""
+    `OTEL_BSP_MAX_QUEUE_SIZE` (2048) spans waiting, new ones are dropped (counted), as the SDK's batch processor does.
+    `send(data, timeout)`: True when sent; `timeout` None, or at a stop (`close`) the seconds it may take."""
 
-    def __init__(self, send: Callable[[bytes], bool], resource: dict[str, Any], scope: str) -> None:
+    def __init__(self, send: Callable[[bytes, float | None], bool], resource: dict[str, Any], scope: str) -> None:
         self.send, self.resource, self.scope = send, resource, scope
         self.delay = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.batch = max(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), 1)
         self.most = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self.batch)
-        self.added = self.dropped = self.sent = 0
+        self.added = self.dropped = self.sent = self.failed = 0
         self._queue: deque[Finished] = deque()
         self._wake, self._idle, self._stop, self._flushing = threading.Event(), threading.Event(), False, False
         self.requests, self._all_at = 0, time.monotonic()
+        self._closing: float | None = None   # `close`'s deadline (monotonic) once called
+        self._failed_before = 0              # spans whose send had failed when `close` was called
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
     def add(self, s: Finished) -> None:
         self.added += 1
+        if self._closing is not None:   # the process is stopping: the caller's thread sends, nothing dropped for room
+            self._queue.append(s)
+            if len(self._queue) >= self.batch:
+                self._last(full=True)
+            return
         if len(self._queue) >= self.most:
             self.dropped += 1
             return
@@ -194,19 +202,25 @@ class Batches:
         if len(self._queue) % self.batch == 0:   # a batch is full: once, not on every span past it
             self._wake.set()
 
-    def _drain(self, full: bool = False) -> None:
+    def _drain(self, full: bool = False) -> bool:
         """Send what is queued in batches; `full`: only full ones (woken by a full batch: the spans that came while
-        one was sent wait for the next, instead of going out in small requests right after, ~1 ms each)."""
+        one was sent wait for the next, instead of going out in small requests right after, ~1 ms each). False when
+        a send failed."""
+        ok = True
         while len(self._queue) >= (self.batch if full else 1):
             self.requests += 1
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             try:
-                ok = self.send(request(self.resource, self.scope, batch))
+                left = None if self._closing is None else self._closing - time.monotonic()
+                ok = self.send(request(self.resource, self.scope, batch), left)
             except Exception:  # noqa: BLE001 - a trace backend's failure never reaches the controller's work
                 log.exception("exporting %d spans failed", len(batch))
                 ok = False
             if ok:
                 self.sent += len(batch)
+            else:
+                self.failed += len(batch)
+        return ok
 
     def _run(self) -> None:
         while not self._stop:
@@ -224,6 +238,8 @@ class Batches:
     def flush(self, timeout: float = 5.0) -> None:
         """Send what is queued now (a process about to exit): rounds until the queue is empty and the round that
         emptied it has sent (a round under way when called may have sent only full batches)."""
+        if self._stop:   # closed: no thread to wake
+            return self._last()
         deadline = time.monotonic() + timeout
         while True:
             self._idle.clear()
@@ -233,8 +249,30 @@ class Batches:
             if not self._queue or time.monotonic() >= deadline:
                 return
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """The process is stopping: the thread stops (its send under way finished), and from now on the spans
+        added are sent by the caller's thread, a batch as soon as one is full, none dropped for room (a controller's
+        stop ends every attempt in flight at once: up to two spans per slot of every node), until `timeout` has
+        passed (each send is given what is left of it) or a send failed: later ones are counted as dropped.
+        `shutdown` sends the rest."""
+        if self._stop:
+            return
+        deadline = time.monotonic() + timeout
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout)
-        self._drain()
+        self._thread.join(timeout)   # it sends what is queued, the spans added meanwhile too
+        self._failed_before, self._closing = self.failed, deadline
+
+    def _last(self, full: bool = False) -> None:
+        """`close`'s sends, in the caller's thread: the queue's batches (`full`: only full ones) while in time."""
+        if (self._thread.is_alive() or self._closing is None or time.monotonic() >= self._closing
+                or self.failed > self._failed_before):
+            self.dropped += len(self._queue)   # the thread still sending (never joined), late, or the backend down
+            self._queue.clear()
+            return
+        self._drain(full)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Send what is queued and stop (`close` first when it was not called)."""
+        self.close(timeout)
+        self._last()

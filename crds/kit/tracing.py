@@ -74,6 +74,19 @@ def flush() -> None:
             _provider.force_flush(5_000)
 
 
+def stopping(timeout: float = 5.0) -> None:
+    """The process is stopping, its work done: from now on `finished` spans are sent by the caller's thread as their
+    batches fill, none dropped for want of room (`otlp.Batches.close`), for `timeout` s at most; `flush` sends the
+    rest. The controller's stop ends every attempt still in flight between the two (controller/work/tracing.py)."""
+    global _batches
+    if _tracer is None:
+        return
+    if _batches is None:
+        _batches = _own_batches()
+    if _batches:
+        _batches.close(timeout)
+
+
 def new_ids() -> tuple[int, int]:
     """A new trace id and span id (random, as the SDK's default id generator makes them)."""
     return random.getrandbits(128) or 1, random.getrandbits(64) or 1
@@ -126,7 +139,12 @@ def _own_batches() -> Any:
     client = getattr(OTLPSpanExporter(), "_client", None)
     if client is None or not callable(getattr(client, "export", None)):
         return False
-    batches = otlp.Batches(lambda data: bool(client.export(data).success), dict(_provider.resource.attributes), TRACER)
+    def send(data: bytes, timeout: float | None) -> bool:
+        if timeout is not None and isinstance(getattr(client, "_timeout", None), (int, float)):
+            client._timeout = min(client._timeout, max(timeout, 0.05))   # a stop's sends: within its time left
+        return bool(client.export(data).success)
+
+    batches = otlp.Batches(send, dict(_provider.resource.attributes), TRACER)
     atexit.register(batches.shutdown)
     return batches
 

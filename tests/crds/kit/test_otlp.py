@@ -134,3 +134,49 @@ def test_the_node_exporter_sends_every_span_as_the_sdk_encoder_would():
         {theirs.resource_spans[0].resource.SerializeToString(deterministic=True)}
     node = next(s for rs in ours.resource_spans for ss in rs.scope_spans for s in ss.spans if s.name == "node.attempt")
     assert node.flags == 0x300 and node.parent_span_id.hex() == "b7ad6b7169203331"
+
+
+def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp.Batches:
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", str(batch))
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", str(most))
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
+    return otlp.Batches(send, {"service.name": "t"}, "rolloutd")
+
+
+def _span(i: int) -> otlp.Finished:
+    return otlp.Finished("rollout", i + 1, i + 1, 0, 1, 2, {"rolloutd.item": i})
+
+
+def _count(data: bytes) -> int:
+    return sum(len(ss.spans) for rs in ExportTraceServiceRequest.FromString(data).resource_spans
+               for ss in rs.scope_spans)
+
+
+def test_a_closing_batcher_sends_every_span_from_the_callers_thread(monkeypatch):
+    """A stop: what was queued goes out, then the spans added after `close` (more than the queue holds: a controller
+    ends every attempt in flight at once) are sent by the caller's thread as batches fill, none dropped."""
+    import threading
+
+    sent: list[tuple[int, str]] = []
+    b = _batches(lambda data, _: sent.append((_count(data), threading.current_thread().name)) or True, monkeypatch)
+    for i in range(150):
+        b.add(_span(i))
+    b.close()
+    assert sum(n for n, _ in sent) == 150   # the thread sent what was queued before it stopped
+    for i in range(150, 1150):               # 5× the queue's room
+        b.add(_span(i))
+    assert {who for _, who in sent[-10:]} == {threading.current_thread().name} and len(b._queue) < 100
+    b.flush()
+    assert sum(n for n, _ in sent) == 1150 and b.dropped == 0 and not b._queue
+
+
+def test_a_closing_batcher_gives_up_at_the_first_failed_send(monkeypatch):
+    """The trace backend down at a stop: one send is tried (each may wait the exporter's timeout), the rest counted
+    as dropped, and the stop goes on."""
+    tries: list[int] = []
+    b = _batches(lambda data, _: tries.append(_count(data)) or False, monkeypatch)
+    b.close()
+    for i in range(1000):
+        b.add(_span(i))
+    b.shutdown()
+    assert tries == [100] and b.dropped == 900 and b.failed == 100 and b.sent == 0
