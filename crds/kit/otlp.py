@@ -1,5 +1,6 @@
 """Finished spans recorded as plain tuples and sent in batches as OTLP protobuf encoded here: the controller's spans of
-every attempt (controller/work/tracing.py) at a fraction of the SDK's cost per span.
+every attempt (controller/work/tracing.py) and the node daemon's (crds/kit/tracing.py `Span`) at a fraction of the
+SDK's cost per span.
 
 Why: the SDK's encoder builds a protobuf object per attribute (~65 µs for a 14-attribute span on this box, against
 ~14 µs here; bench/results/RESULTS-tracing.md), and a controller at 1000 nodes takes ~0.4 ms of CPU per rollout in
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -37,6 +39,50 @@ class Finished(NamedTuple):
     error: str | None = None
     sampled: bool = True
     remote: bool = False   # the parent is another process's (the SDK's flags say so)
+    events: tuple = ()     # (time ns, name, attributes) each: an exception's (crds/kit/tracing.py `Span`)
+
+
+def _plain(v: Any) -> Any:
+    """A subclass's value as its base type (a str enum as its string, as the SDK's encoder sends it), else None."""
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    return None
+
+
+def clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    """OTLP attribute values: str, bool, int, float or their lists; None dropped, anything else as str."""
+    out: dict[str, Any] = {}
+    for k, v in attributes.items():
+        t = type(v)
+        if t is str or t is int or t is float or t is bool:
+            out[k] = v
+        elif v is None:
+            continue
+        elif isinstance(v, (str, bool, int, float)):
+            out[k] = _plain(v)
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, bool, int, float)) for x in v):
+            out[k] = [x if type(x) in (str, int, float, bool) else _plain(x) for x in v]
+        else:
+            out[k] = str(v)
+    return out
+
+
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
+
+
+def parse_traceparent(value: str) -> tuple[int, int, bool] | None:
+    """(trace id, span id, sampled) of a W3C traceparent, None when malformed (the SDK propagator's checks)."""
+    m = _TRACEPARENT.match(value) if len(value) <= 512 else None
+    if m is None or m.group(1) == "ff" or (m.group(1) == "00" and m.group(5)):
+        return None
+    trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
+    return (trace_id, span_id, bool(int(m.group(4), 16) & 1)) if trace_id and span_id else None
 
 
 def _varint(n: int) -> bytes:
@@ -100,6 +146,9 @@ def span(s: Finished) -> bytes:
     name = s.name.encode()
     parts += (b"\x2a", _varint(len(name)), name, b"\x30\x01", b"\x39", _fixed64(s.start), b"\x41", _fixed64(s.end))
     parts += [_attribute(k, v) for k, v in s.attributes.items() if v is not None]
+    for at, name, attrs in s.events:   # Event{time_unix_nano, name, attributes}
+        body = b"".join(_field(b"\x1a", key_value(k, v)) for k, v in attrs.items() if v is not None)
+        parts.append(_field(b"\x5a", b"\x09" + _fixed64(at) + _field(b"\x12", name.encode()) + body))
     # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known (it is not), as the SDK's
     parts.append(_field(b"\x7a", _field(b"\x12", s.error.encode()) + b"\x18\x02") if s.error is not None else b"\x7a\x00")
     parts += (b"\x85\x01", _fixed32(0x300 if s.remote else 0x100))
@@ -112,53 +161,6 @@ def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished]) -> 
     body = b"".join(_field(b"\x12", span(s)) for s in spans)
     scope_spans = _field(b"\x0a", _field(b"\x0a", scope.encode())) + body
     return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", scope_spans))
-
-
-def sdk_exporter(exporter: Any) -> Any:
-    """A SpanExporter for the SDK's batch processor that encodes the spans it can here (no events, links or trace
-    state, kind INTERNAL, status unset or error) and the others with the SDK's encoder, in one request (protobuf
-    messages concatenated are merged), sent by `exporter`'s HTTP client; None when `exporter` has no such client.
-    The node daemon's spans: ~80 µs each through the SDK's encoder alone (`bench tracing`)."""
-    client = getattr(exporter, "_client", None)
-    if client is None or not callable(getattr(client, "export", None)):
-        return None
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-    from opentelemetry.trace import SpanKind, StatusCode
-
-    def plain(s: Any, resource: Any) -> Finished | None:
-        scope = s.instrumentation_scope
-        if (s.events or s.links or s.kind != SpanKind.INTERNAL or s.context.trace_state or s.resource is not resource
-                or scope is None or scope.version or scope.schema_url or scope.attributes
-                or s.status.status_code == StatusCode.OK or s.dropped_attributes):
-            return None
-        error = (s.status.description or "") if s.status.status_code == StatusCode.ERROR else None
-        parent = s.parent
-        return Finished(s.name, s.context.trace_id, s.context.span_id, parent.span_id if parent else 0,
-                        s.start_time, s.end_time, dict(s.attributes or {}), error,
-                        remote=bool(parent is not None and parent.is_remote))
-
-    class Exporter(SpanExporter):
-        def export(self, spans: Any) -> Any:
-            if not spans:
-                return SpanExportResult.SUCCESS
-            resource, scope = spans[0].resource, spans[0].instrumentation_scope
-            ours, others = [], []
-            for s in spans:
-                f = plain(s, resource) if scope is not None and s.instrumentation_scope == scope else None
-                (ours.append(f) if f is not None else others.append(s))
-            data = request(dict(resource.attributes), scope.name, ours) if ours else b""
-            if others:
-                data += encode_spans(others).SerializePartialToString()
-            return SpanExportResult.SUCCESS if client.export(data).success else SpanExportResult.FAILURE
-
-        def shutdown(self) -> None:
-            exporter.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return True
-
-    return Exporter()
 
 
 def _env_int(name: str, default: int) -> int:

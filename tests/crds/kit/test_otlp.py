@@ -91,49 +91,116 @@ def test_a_trace_the_sampler_drops_is_not_kept_and_says_so():
     assert exporter.get_finished_spans() == ()
 
 
-def test_the_node_exporter_sends_every_span_as_the_sdk_encoder_would():
-    """The node daemon's exporter: plain spans encoded here, the rest (an exception's event) by the SDK, in one request
-    whose spans are the SDK encoder's, remote parent (the lease's traceparent) flagged as it flags it."""
-    sent: list[bytes] = []
+def _block(span, error) -> None:
+    """A node's attempt as agents/spans.py traces it: a remote parent, stages, attributes set later (one set again),
+    an error status, an exception escaping a span, a span that is not current."""
+    with span("node.attempt", ATTRS, parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") as node:
+        with span("RUN", {"rolloutd.stage": "run", "rolloutd.none": None}):
+            with span("turn", {"rolloutd.turn": 0}) as turn:
+                turn.set_attributes({"rolloutd.item": 9, "gen_ai.usage.output_tokens": 12, "rolloutd.reward": 0.25})
+                try:
+                    with span("execute_tool bash", {"gen_ai.tool.name": "bash"}):
+                        raise ValueError("boom")
+                except ValueError:
+                    pass
+        error(node, "sandbox died")
 
-    class Client:
-        def export(self, data: bytes):
-            sent.append(data)
-            return type("R", (), {"success": True})()
 
-    class Wrapped:
-        _client = Client()
+def test_the_node_spans_are_the_sdks_spans_of_the_same_block(monkeypatch):
+    """The node daemon's spans (`tracing.Span`, encoded by otlp.py) decode to what the SDK's spans of the same block
+    encode to with the SDK's encoder: names, parent links (the remote one flagged), attributes in order, status,
+    the exception's event; only ids, times and the traceback's lines differ."""
+    import contextlib
 
-        def shutdown(self) -> None:
-            pass
+    from opentelemetry.trace import set_span_in_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "rolloutd-node"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
+    sdk = provider.get_tracer("rolloutd")
+
+    @contextlib.contextmanager
+    def sdk_span(name, attributes, parent=None):   # what tracing.span did with the SDK (3017822)
+        from opentelemetry import context as otel_context
+        ctx = TraceContextTextMapPropagator().extract({"traceparent": parent}) if parent else None
+        s = sdk.start_span(name, context=ctx, attributes=otlp.clean(attributes))
+        token = otel_context.attach(set_span_in_context(s))
+        try:
+            yield s
+        except Exception as e:
+            s.record_exception(e)
+            s.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+            raise
+        finally:
+            otel_context.detach(token)
+            s.end()
+
+    _block(sdk_span, lambda s, d: s.set_status(Status(StatusCode.ERROR, d)))
+    theirs = ExportTraceServiceRequest.FromString(encode_spans(memory.get_finished_spans()).SerializeToString())
+    ours_spans: list[otlp.Finished] = []
     tracing.use(provider)
+    monkeypatch.setattr(tracing, "finished", ours_spans.append)
     try:
-        with tracing.span("node.attempt", ATTRS, parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"):
-            with tracing.span("RUN", {"rolloutd.stage": "run"}):
-                try:
-                    with tracing.span("execute_tool bash", {"gen_ai.tool.name": "bash"}):
-                        raise ValueError("boom")
-                except ValueError:
-                    pass
+        _block(tracing.span, tracing.error)
     finally:
         tracing.use(None)
-    spans = memory.get_finished_spans()
-    assert len(spans) == 3 and any(s.events for s in spans)
-    exporter = otlp.sdk_exporter(Wrapped())
-    assert exporter.export(spans).name == "SUCCESS"
-    ours = ExportTraceServiceRequest.FromString(sent[0])
-    theirs = ExportTraceServiceRequest.FromString(encode_spans(spans).SerializeToString())
-    flat = lambda req: sorted((s.SerializeToString(deterministic=True) for rs in req.resource_spans  # noqa: E731
-                               for ss in rs.scope_spans for s in ss.spans))
-    assert flat(ours) == flat(theirs)
-    assert {rs.resource.SerializeToString(deterministic=True) for rs in ours.resource_spans} == \
-        {theirs.resource_spans[0].resource.SerializeToString(deterministic=True)}
-    node = next(s for rs in ours.resource_spans for ss in rs.scope_spans for s in ss.spans if s.name == "node.attempt")
+    ours = ExportTraceServiceRequest.FromString(otlp.request(dict(provider.resource.attributes), "rolloutd", ours_spans))
+
+    def plain(req) -> list:
+        """Each span in end order, its ids replaced by its name's, times zeroed, tracebacks cut to their last line."""
+        spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        names = {s.span_id: s.name.encode() for s in spans}
+        for s in spans:
+            assert s.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c" and s.end_time_unix_nano >= s.start_time_unix_nano
+            s.span_id, s.parent_span_id = names[s.span_id], names.get(s.parent_span_id, s.parent_span_id)
+            s.trace_id, s.start_time_unix_nano, s.end_time_unix_nano = b"", 0, 0
+            for e in s.events:
+                e.time_unix_nano = 0
+                for a in e.attributes:
+                    if a.key == "exception.stacktrace":
+                        a.value.string_value = a.value.string_value.strip().splitlines()[-1]
+        return spans
+
+    assert [rs.resource for rs in ours.resource_spans] == [rs.resource for rs in theirs.resource_spans]
+    assert [ss.scope for rs in ours.resource_spans for ss in rs.scope_spans] == \
+        [ss.scope for rs in theirs.resource_spans for ss in rs.scope_spans]
+    mine, sdks = plain(ours), plain(theirs)
+    assert [s.name for s in mine] == ["execute_tool bash", "turn", "RUN", "node.attempt"]
+    assert mine == sdks
+    node = mine[-1]
     assert node.flags == 0x300 and node.parent_span_id.hex() == "b7ad6b7169203331"
+    assert mine[0].events[0].name == "exception" and mine[0].status.message == "ValueError: boom"
+
+
+def test_spans_follow_the_sampler_and_carry_their_context(monkeypatch):
+    """A parent's flag decides (the default sampler, parent-based): an unsampled lease's attempt sends nothing but
+    still gives its children its trace; a root follows the root sampler; the log filter and `traceparent` see the
+    current span; the gateway's `attached` makes a span current in another task's context."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    sent: list[otlp.Finished] = []
+    tracing.use(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
+    monkeypatch.setattr(tracing, "finished", sent.append)
+    try:
+        with tracing.span("root") as root:   # the root sampler: off
+            assert not root.is_recording() and tracing.trace_id() == format(root.trace_id, "032x")
+        with tracing.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00") as off:
+            with tracing.span("RUN") as run:
+                assert run.trace_id == off.trace_id == 0x0af7651916cd43dd8448eb211c80319c and not run.sampled
+                assert tracing.traceparent().endswith(f"-{run.span_id:016x}-00")
+        with tracing.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") as on:
+            held = tracing.context()
+        assert tracing.context() is None
+        with tracing.attached(held), tracing.span("gateway GET /v1/models"):
+            pass
+        with tracing.span("bad", parent="00-" + "0" * 32 + "-b7ad6b7169203331-01") as bad:   # malformed: new trace
+            assert bad.parent_id == 0
+    finally:
+        tracing.use(None)
+    assert [(s.name, s.parent_id == on.span_id) for s in sent] == [("node.attempt", False),
+                                                                     ("gateway GET /v1/models", True)]
+    assert sent[0].remote and sent[0].parent_id == 0xb7ad6b7169203331 and not sent[1].remote
 
 
 def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp.Batches:
