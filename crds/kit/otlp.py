@@ -117,9 +117,17 @@ def _any(v: Any) -> bytes:
     return _field(b"\x0a", str(v).encode())
 
 
+_keys: dict[str, bytes] = {}
+
+
 def key_value(key: str, v: Any) -> bytes:
     """A `KeyValue` message's bytes."""
-    return _field(b"\x0a", key.encode()) + _field(b"\x12", _any(v))
+    k = _keys.get(key)
+    if k is None:
+        k = _field(b"\x0a", key.encode())
+        if len(_keys) < 1000:   # the keys are few: every span's, a few events'
+            _keys[key] = k
+    return k + _field(b"\x12", _any(v))
 
 
 _cache: dict[tuple[str, type, Any], bytes] = {}
@@ -138,27 +146,60 @@ def _attribute(key: str, v: Any) -> bytes:
     return out
 
 
-def span(s: Finished) -> bytes:
-    """A `Span` message (kind INTERNAL), field for field what the SDK's encoder writes."""
-    parts = [b"\x0a\x10", s.trace_id.to_bytes(16, "big"), b"\x12\x08", s.span_id.to_bytes(8, "big")]
-    if s.parent_id:
-        parts += (b"\x22\x08", s.parent_id.to_bytes(8, "big"))
-    name = s.name.encode()
-    parts += (b"\x2a", _varint(len(name)), name, b"\x30\x01", b"\x39", _fixed64(s.start), b"\x41", _fixed64(s.end))
-    parts += [_attribute(k, v) for k, v in s.attributes.items() if v is not None]
-    for at, name, attrs in s.events:   # Event{time_unix_nano, name, attributes}
-        body = b"".join(_field(b"\x1a", key_value(k, v)) for k, v in attrs.items() if v is not None)
-        parts.append(_field(b"\x5a", b"\x09" + _fixed64(at) + _field(b"\x12", name.encode()) + body))
-    # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known (it is not), as the SDK's
-    parts.append(_field(b"\x7a", _field(b"\x12", s.error.encode()) + b"\x18\x02") if s.error is not None else b"\x7a\x00")
-    parts += (b"\x85\x01", _fixed32(0x300 if s.remote else 0x100))
+def attributes(pairs: Iterable[tuple[str, Any]]) -> bytes:
+    """Attribute fields of a span (None values left out), each remembered as `_attribute` does."""
+    return b"".join([_attribute(k, v) for k, v in pairs if v is not None])
+
+
+def fresh(pairs: Iterable[tuple[str, Any]]) -> bytes:
+    """`attributes` whose values seldom repeat (ids): encoded, not remembered (a str or a non-negative int inline)."""
+    out = []
+    for k, v in pairs:
+        t = type(v)
+        if t is str:
+            vb = v.encode()
+            value = b"\x0a" + _varint(len(vb)) + vb
+        elif t is int and v >= 0:
+            value = b"\x18" + _varint(v)
+        elif v is None:
+            continue
+        else:
+            value = _any(v)
+        kv = (_keys.get(k) or _field(b"\x0a", k.encode())) + b"\x12" + _varint(len(value)) + value
+        out.append(b"\x4a" + _varint(len(kv)) + kv)
+    return b"".join(out)
+
+
+def encode(name: str, trace_id: int, span_id: int, parent_id: int, start: int, end: int, attrs: bytes,
+           error: str | None = None, remote: bool = False, events: bytes = b"") -> bytes:
+    """A `Span` message (kind INTERNAL) from its attribute fields already encoded (`attributes`), field for field
+    what the SDK's encoder writes."""
+    name_b = name.encode()
+    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+    if parent_id:
+        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+    # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known, as the SDK's
+    parts += (b"\x2a", _varint(len(name_b)), name_b, b"\x30\x01\x39", _fixed64(start), b"\x41", _fixed64(end), attrs,
+              events, _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02") if error is not None else b"\x7a\x00",
+              b"\x85\x01", _fixed32(0x300 if remote else 0x100))
     return b"".join(parts)
 
 
-def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished]) -> bytes:
-    """An `ExportTraceServiceRequest`: one resource, one instrumentation scope, `spans`."""
+def span(s: Finished) -> bytes:
+    """A `Span` message of `s` (`encode`)."""
+    events = b"".join(   # Event{time_unix_nano, name, attributes}
+        _field(b"\x5a", b"\x09" + _fixed64(at) + _field(b"\x12", name.encode())
+               + b"".join(_field(b"\x1a", key_value(k, v)) for k, v in attrs.items() if v is not None))
+        for at, name, attrs in s.events)
+    return encode(s.name, s.trace_id, s.span_id, s.parent_id, s.start, s.end, attributes(s.attributes.items()),
+                  s.error, s.remote, events)
+
+
+def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished | bytes]) -> bytes:
+    """An `ExportTraceServiceRequest`: one resource, one instrumentation scope, `spans` (each a `Finished`, or a
+    `Span` message already encoded: `encode`)."""
     res = b"".join(_field(b"\x0a", key_value(k, v)) for k, v in resource.items())
-    body = b"".join(_field(b"\x12", span(s)) for s in spans)
+    body = b"".join([_field(b"\x12", s if type(s) is bytes else span(s)) for s in spans])
     scope_spans = _field(b"\x0a", _field(b"\x0a", scope.encode())) + body
     return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", scope_spans))
 
@@ -182,7 +223,7 @@ class Batches:
         self.batch = max(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), 1)
         self.most = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self.batch)
         self.added = self.dropped = self.sent = self.failed = 0
-        self._queue: deque[Finished] = deque()
+        self._queue: deque[Finished | bytes] = deque()
         self._wake, self._idle, self._stop, self._flushing = threading.Event(), threading.Event(), False, False
         self.requests, self._all_at = 0, time.monotonic()
         self._closing: float | None = None   # `close`'s deadline (monotonic) once called
@@ -190,7 +231,8 @@ class Batches:
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
-    def add(self, s: Finished) -> None:
+    def add(self, s: Finished | bytes) -> None:
+        """Queue an ended span: a `Finished`, or its `Span` message already encoded (`encode`)."""
         self.added += 1
         if self._closing is not None:   # the process is stopping: the caller's thread sends, nothing dropped for room
             self._queue.append(s)

@@ -17,6 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 from rolloutd.controller.work import tracing as attempt_traces
 from rolloutd.crds.kit import otlp, tracing
 from rolloutd.crds.node import Lease
+from rolloutd.crds.trajectory import Trajectory
 
 ATTRS = {"rolloutd.attempt.id": "3.1.abcdef", "rolloutd.item": 3, "rolloutd.reward": 0.5, "rolloutd.ok": True,
          "rolloutd.negative": -7, "gen_ai.response.finish_reasons": ["stop", "length"], "rolloutd.unicode": "é ✓",
@@ -72,6 +73,37 @@ def test_attempt_spans_through_a_provider_keep_ids_links_and_attributes():
         "rolloutd.attempt": 2, "rolloutd.node": "node-7", "rolloutd.backend": "http://b:1",
         "rolloutd.outcome": "expired"}
     assert root.status.status_code == StatusCode.ERROR and root.status.description == "lease expired"
+
+
+def test_the_controllers_spans_encoded_at_the_end_are_those_a_provider_gets(monkeypatch):
+    """The controller encodes an attempt's two spans itself when it sends them (the attributes shared with other
+    attempts encoded once); decoded, they are the very spans the SDK's encoder makes of what a provider gets."""
+    memory, sent = InMemorySpanExporter(), []
+    provider = TracerProvider(resource=Resource.create({"service.name": "rolloutd-controller"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.use(provider)
+    done = Trajectory(job="j", prompt=1, sample=3, reward=0.5, finish_reason="length")
+    infra = Trajectory(job="j", prompt=1, sample=3, failure={"kind": "infra", "reason": "sandbox died"})
+    try:
+        for path in ("provider", "encoded"):
+            if path == "encoded":
+                monkeypatch.setattr(tracing, "encoded", lambda data: sent.append(data) or True)
+            monkeypatch.setattr(tracing, "new_ids", lambda: (2**127 + 5, 2**63 + 9))
+            monkeypatch.setattr(attempt_traces.time, "time_ns", lambda: 1_700_000_001_000_000_000)
+            for aid, outcome, t in (("4.2.abcdef", "done", done), ("5.1.abcdef", "expired", None),
+                                    ("6.1.abcdef", "queued", infra)):
+                lease = Lease(attempt_id=aid, item=4, prompt=1, sample=3, attempt=2, task={}, backend="http://b:1",
+                              queued_seconds=0.25)
+                attempt_traces.granted(lease, "team/job", "node-7")
+                attempt_traces.ended(aid, outcome, t)
+    finally:
+        tracing.use(None)
+    theirs = ExportTraceServiceRequest.FromString(encode_spans(memory.get_finished_spans()).SerializeToString())
+    ours = ExportTraceServiceRequest.FromString(otlp.request(dict(provider.resource.attributes), "rolloutd", sent))
+    assert len(sent) == 6 and ours == theirs
+    roots = [s for s in ours.resource_spans[0].scope_spans[0].spans if s.name == "rollout"]
+    assert [len(r.attributes) for r in roots] == [14, 11, 12]   # no reward, no finish reason: none sent
+    assert [r.status.message for r in roots] == ["", "lease expired", "sandbox died"]
 
 
 def test_a_trace_the_sampler_drops_is_not_kept_and_says_so():
