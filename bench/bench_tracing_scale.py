@@ -231,6 +231,9 @@ def run(quick: bool = False) -> list[dict]:
     window = 10.0 if quick else float(os.environ.get("ROLLOUTD_TS_WINDOW", "20"))
     prompts, samples = (32, 8) if quick else (250, 8)
     parts = os.environ.get("ROLLOUTD_TS_PARTS", "controller,daemons").split(",")
+    from bench.bench_scale import _prioritize
+
+    _prioritize(os.getpid())   # the receiver here as the controller: one starved would back up its exporter's queue
     receiver = Receiver()
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window,
                  "code": os.environ.get("ROLLOUTD_TS_LABEL", "this tree"), "load": os.getloadavg()[0]}

@@ -10,12 +10,14 @@ ends the attempts in flight (`stopped`).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from rolloutd.crds.kit import otlp, tracing
 from rolloutd.crds.kit.otlp import Finished
 
+log = logging.getLogger("rolloutd.tracing")
 MOST_OPEN = 100_000   # attempts whose root span is open; past this the oldest is ended as "unknown"
 STOPPED = "controller stopped"   # the outcome of an attempt still in flight when its controller stopped
 
@@ -78,6 +80,8 @@ def stopped() -> int:
     for attempt_id in list(_open):
         _end(attempt_id, _open.pop(attempt_id), STOPPED, None)
     tracing.flush()
+    log.log(logging.WARNING if tracing.lost() else logging.INFO, "tracing: %d attempts in flight ended as %r; %s",
+            n, STOPPED, tracing.counts())
     return n
 
 

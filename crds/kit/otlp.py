@@ -240,6 +240,8 @@ class Batches:
                 self._last(full=True)
             return
         if len(self._queue) >= self.most:
+            if not self.dropped:   # once: the trace backend (or this process's share of the CPU) cannot keep up
+                log.warning("%d spans wait to be sent (OTEL_BSP_MAX_QUEUE_SIZE): dropping new ones", self.most)
             self.dropped += 1
             return
         self._queue.append(s)
@@ -320,3 +322,7 @@ class Batches:
         """Send what is queued and stop (`close` first when it was not called)."""
         self.close(timeout)
         self._last()
+
+    def counts(self) -> str:
+        return (f"{self.added} spans: {self.sent} sent in {self.requests} requests, {self.dropped} dropped, "
+                f"{self.failed} not sent (the backend failed)")

@@ -97,6 +97,16 @@ def flush() -> None:
             _provider.force_flush(5_000)
 
 
+def counts() -> str:
+    """What the batches did so far (`otlp.Batches.counts`), for a process's last log line."""
+    return _batches.counts() if _batches else "the provider's processors"
+
+
+def lost() -> int:
+    """Spans dropped or not sent so far."""
+    return (_batches.dropped + _batches.failed) if _batches else 0
+
+
 def stopping(timeout: float = 5.0) -> None:
     """The process is stopping, its work done: from now on `finished` spans are sent by the caller's thread as their
     batches fill, none dropped for want of room (`otlp.Batches.close`), for `timeout` s at most; `flush` sends the
