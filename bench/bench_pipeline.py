@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -228,6 +229,7 @@ def run(quick: bool = False) -> list[dict]:
         os.killpg(stub.pid, signal.SIGTERM)
         stub.wait(20)
         receiver.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for on in modes:
         label = "" if len(modes) == 1 and not on else f", tracing {'on' if on else 'off'}"

@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -185,6 +186,7 @@ def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, sourc
     finally:
         os.killpg(ctl.pid, signal.SIGTERM)
         ctl.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)   # its data dir and the daemons' logs (~10 MB a run)
     time.sleep(1.0)
     got = receiver.take()
     return {"on": on, "rev": rev, "rollouts": n, "daemons_ms_per_rollout": (d1 - d0) / counted * 1e3,
@@ -259,6 +261,7 @@ def run(quick: bool = False) -> list[dict]:
                 finally:
                     os.killpg(stub.pid, signal.SIGTERM)
                     stub.wait(20)
+                    shutil.rmtree(tmp, ignore_errors=True)
     finally:
         receiver.close()
     res = HERE / "results" / "scale-results"
