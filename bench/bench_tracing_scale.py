@@ -10,8 +10,10 @@ controller's CPU between the 10th and 90th percentile of the rollouts' ends (sta
 (3) pairs each. With tracing on, every process exports over OTLP/HTTP (the SDK's exporter, standard OTEL_* variables)
 to a receiver in this process that decodes each request and counts the spans, so sending is real and checked.
 Reported: median CPU per rollout off and on, the median of the pairs' on/off ratios and their spread, spans received
-per rollout. Raw runs: bench/results/scale-results/tracing-scale-DATE.json; results: bench/results/RESULTS-tracing.md.
-Next step: the 1000-node point on a quiet box (on a loaded one the controller cannot keep up: such rounds are left out).
+per rollout. `$ROLLOUTD_TS_REVS=rev1,rev2`: those revisions' controllers and daemons (git archive) instead of this tree's,
+side by side in every round. Raw runs: bench/results/scale-results/tracing-scale-DATE.json; results:
+bench/results/RESULTS-tracing.md. Next step: the 1000-node point on a quiet box (on a loaded one the controller cannot
+keep up: such rounds are left out).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -36,10 +39,12 @@ HERE = Path(__file__).resolve().parent
 
 
 class Receiver:
-    """An OTLP/HTTP trace receiver: decodes every `ExportTraceServiceRequest` and counts the spans by name."""
+    """An OTLP/HTTP trace receiver: decodes every `ExportTraceServiceRequest` and counts the spans by name, and the
+    roots (`rollout`) by their `rolloutd.outcome`."""
 
     def __init__(self) -> None:
         self.names: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
         self.requests = 0
         self._lock = threading.Lock()
         me = self
@@ -51,9 +56,13 @@ class Receiver:
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 req = ExportTraceServiceRequest.FromString(body)
-                got = Counter(s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)
+                spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+                got = Counter(s.name for s in spans)
+                ends = Counter(a.value.string_value for s in spans if s.name == "rollout" for a in s.attributes
+                               if a.key == "rolloutd.outcome")
                 with me._lock:
                     me.names.update(got)
+                    me.outcomes.update(ends)
                     me.requests += 1
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -70,8 +79,8 @@ class Receiver:
     def take(self) -> dict:
         """The spans received since the last take, by name, and the requests that carried them."""
         with self._lock:
-            out = {"spans": dict(self.names), "requests": self.requests}
-            self.names, self.requests = Counter(), 0
+            out = {"spans": dict(self.names), "roots": dict(self.outcomes), "requests": self.requests}
+            self.names, self.outcomes, self.requests = Counter(), Counter(), 0
         return out
 
     def close(self) -> None:
@@ -138,16 +147,18 @@ def _at(samples: list, t: float) -> tuple[float, float]:
 
 
 def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, source: Path, prompts: int,
-               samples: int) -> dict:
+               samples: int, rev: str = "", src: Path | None = None) -> dict:
     """One controller with 2 local daemons running a math job against the stub: the daemons' and the controller's
-    CPU per rollout between the 10th and 90th percentile of the rollouts' ends."""
+    CPU per rollout between the 10th and 90th percentile of the rollouts' ends (revision `rev`'s controller and
+    daemons, from `src` first on their PYTHONPATH, when given: `bench_scale.older_source`)."""
     from bench.bench_pipeline import P, PLUGINS, _job, _port, _wait_phase, start_controller
     from bench.bench_scale import _prioritize
 
     receiver.take()
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
     with traced(on, receiver):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src or ""), str(PLUGINS),
+                                                                          os.environ.get("PYTHONPATH")]))}
         ctl, api = start_controller(tmp / "data", _port(), env)
     _prioritize(ctl.pid)   # $ROLLOUTD_SCALE_NICE: its session (the daemons are in it) as `bench scale` does
     try:
@@ -175,9 +186,10 @@ def daemon_run(on: bool, receiver: Receiver, backend: str, tokenizer: str, sourc
     finally:
         os.killpg(ctl.pid, signal.SIGTERM)
         ctl.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)   # its data dir and the daemons' logs (~10 MB a run)
     time.sleep(1.0)
     got = receiver.take()
-    return {"on": on, "rollouts": n, "daemons_ms_per_rollout": (d1 - d0) / counted * 1e3,
+    return {"on": on, "rev": rev, "rollouts": n, "daemons_ms_per_rollout": (d1 - d0) / counted * 1e3,
             "ctl_ms_per_rollout": (c1 - c0) / counted * 1e3, "window_s": hi - lo, "load": os.getloadavg()[0], **got}
 
 
@@ -221,30 +233,35 @@ def run(quick: bool = False) -> list[dict]:
     window = 10.0 if quick else float(os.environ.get("ROLLOUTD_TS_WINDOW", "20"))
     prompts, samples = (32, 8) if quick else (250, 8)
     parts = os.environ.get("ROLLOUTD_TS_PARTS", "controller,daemons").split(",")
+    from bench.bench_scale import _prioritize
+
+    _prioritize(os.getpid())   # the receiver here as the controller: one starved would back up its exporter's queue
     receiver = Receiver()
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window,
                  "code": os.environ.get("ROLLOUTD_TS_LABEL", "this tree"), "load": os.getloadavg()[0]}
     try:
-        if "controller" in parts:
-            # $ROLLOUTD_TS_REVS=main,HEAD: those revisions' controllers side by side (each off and on), else this tree's
-            revs = tuple(filter(None, os.environ.get("ROLLOUTD_TS_REVS", "").split(",")))
-            with contextlib.ExitStack() as stack:
-                srcs = {rev: stack.enter_context(older_source(rev)) for rev in revs}
-                out["revs"] = list(revs)
+        # $ROLLOUTD_TS_REVS=main,HEAD: those revisions' processes side by side (each off and on), else this tree's
+        revs = tuple(filter(None, os.environ.get("ROLLOUTD_TS_REVS", "").split(",")))
+        out["revs"] = list(revs)
+        with contextlib.ExitStack() as stack:
+            srcs = {rev: stack.enter_context(older_source(rev)) for rev in revs}
+            if "controller" in parts:
                 out["controller"] = _interleaved(repeats, lambda on, rev="": controller_run(
                     on, receiver, nodes, window, rev, srcs.get(rev)), revs or ("",))
-        if "daemons" in parts:
-            tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
-            tokenizer, source, port = str(prepare_model("tiny")), _dataset(tmp, prompts), _port()
-            stub = subprocess.Popen([sys.executable, "-m", "bench.stub_backend", "--port", str(port), "--tokenizer",
-                                     tokenizer], cwd=REPO, start_new_session=True)
-            try:
-                _wait_http(f"http://127.0.0.1:{port}/health")
-                out["daemons"] = _interleaved(repeats, lambda on: daemon_run(
-                    on, receiver, f"http://127.0.0.1:{port}", tokenizer, source, prompts, samples))
-            finally:
-                os.killpg(stub.pid, signal.SIGTERM)
-                stub.wait(20)
+            if "daemons" in parts:
+                tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-tracing-"))
+                tokenizer, source, port = str(prepare_model("tiny")), _dataset(tmp, prompts), _port()
+                stub = subprocess.Popen([sys.executable, "-m", "bench.stub_backend", "--port", str(port),
+                                         "--tokenizer", tokenizer], cwd=REPO, start_new_session=True)
+                try:
+                    _wait_http(f"http://127.0.0.1:{port}/health")
+                    out["daemons"] = _interleaved(repeats, lambda on, rev="": daemon_run(
+                        on, receiver, f"http://127.0.0.1:{port}", tokenizer, source, prompts, samples, rev,
+                        srcs.get(rev)), revs or ("",))
+                finally:
+                    os.killpg(stub.pid, signal.SIGTERM)
+                    stub.wait(20)
+                    shutil.rmtree(tmp, ignore_errors=True)
     finally:
         receiver.close()
     res = HERE / "results" / "scale-results"
@@ -255,25 +272,31 @@ def run(quick: bool = False) -> list[dict]:
 
 def rows(out: dict) -> list[dict]:
     result = []
-    for rev in out.get("revs") or ([""] if out.get("controller") else []):
+    for rev in (out.get("revs") or [""]) if out.get("controller") else []:
         runs = [r for r in out["controller"] if r.get("rev", "") == rev]
         c = _pairs(runs, "ms_per_rollout", rev)
-        spans = statistics.median(sum(r["spans"].values()) / max(r["accepted"], 1) for r in runs if r["on"])
+        on = [r for r in runs if r["on"]]
+        # the roots (and queue spans) of the attempts in flight at the stop, ended then, are not the accepted ones'
+        stopped = [r.get("roots", {}).get("controller stopped", 0) for r in on]
+        spans = statistics.median((sum(r["spans"].values()) - 2 * n) / max(r["accepted"], 1) for r, n in zip(on, stopped))
+        roots = "" if not all("roots" in r for r in on) else (
+            f"; roots received {min(r['roots'].get('done', 0) / max(r['accepted'], 1) for r in on):.2%} of the accepted "
+            f"at worst, {statistics.median(stopped):.0f} ended at the stop")
         result.append({
             "benchmark": f"controller{' at ' + rev if rev else ''} CPU per rollout, tracing off vs on, {out['nodes']} "
                          f"simulated nodes × 64 ({len(runs) // 2} interleaved pairs, `tracing_scale`)",
-            "ours": f"on {c['on']:.3f} ms ({spans:.2f} spans received per accepted rollout)",
+            "ours": f"on {c['on']:.3f} ms ({spans:.2f} spans received per accepted rollout{roots})",
             "baseline": f"off {c['off']:.3f} ms", "ratio": c["ratio"],
             "target": "≤ 1.05× (pairs: " + ", ".join(f"{x:.2f}×" for x in c["ratios"])
                       + (f"; {c['left_out']} saturated left out" if c["left_out"] else "") + ")",
             "met": c["ratio"] <= 1.05})
-    if out.get("daemons"):
-        runs = out["daemons"]
-        d, c = _pairs(runs, "daemons_ms_per_rollout"), _pairs(runs, "ctl_ms_per_rollout")
+    for rev in (out.get("revs") or [""]) if out.get("daemons") else []:
+        runs = [r for r in out["daemons"] if r.get("rev", "") == rev]
+        d, c = _pairs(runs, "daemons_ms_per_rollout", rev), _pairs(runs, "ctl_ms_per_rollout", rev)
         spans = statistics.median(sum(r["spans"].values()) / r["rollouts"] for r in runs if r["on"])
         result.append({
-            "benchmark": f"node daemons' CPU per rollout ({out.get('code', 'this tree')}), tracing off vs on, one-turn "
-                         f"math rollouts vs the stub LLM "
+            "benchmark": f"node daemons' CPU per rollout ({rev or out.get('code', 'this tree')}), tracing off vs on, "
+                         f"one-turn math rollouts vs the stub LLM "
                          f"({len(runs) // 2} interleaved pairs, `tracing_scale`)",
             "ours": f"on {d['on']:.3f} ms ({spans:.1f} spans received per rollout); controller here "
                     f"{c['off']:.3f} → {c['on']:.3f} ms ({c['ratio']:.2f}×)",

@@ -48,6 +48,7 @@ from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .stalls import StallSampler
 from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
+from .work import tracing as attempt_traces
 from .work.core import Work
 from .store import Store
 from .leadership import Leadership
@@ -237,7 +238,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))
     _Server(server_config(built.app, host, port, log_level, tls), built.before_shutdown).run()
-    tracing.flush()   # the last spans batched (its exit hook alone was seen to lose them, `bench tracing_scale`)
+    tracing.flush()   # the last spans batched, when no signal stopped it (`_Server.capture_signals` sends them then)
 
 
 def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path | None,
@@ -287,3 +288,13 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         await self.before_shutdown()
         await super().shutdown(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's, the last spans sent before it raises again the SIGTERM it caught (whose default action ends the
+        process there: no exit hook, nothing after `run()`; ~2 % of a scale run's roots were lost so)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                attempt_traces.stopped()

@@ -3,23 +3,29 @@
 `attempts.Attempts.lease_now` calls `granted` for every lease it grants (the answer carries the traceparent the node
 daemon continues, agents/spans.py); `ended` closes the root span when the attempt's result is taken or
 dropped, or its lease expires. A no-op unless tracing is on (crds/kit/tracing.py). Ids are span attributes only.
-Cost: a grant keeps the ids and a few plain values; both spans are built when the attempt ends and encoded by
-crds/kit/otlp.py (`bench tracing_scale`: the SDK's spans cost a controller at 1000 nodes ~40 % more CPU per rollout).
+Cost: a grant keeps the ids and a few plain values (~2 µs); both spans are encoded when the attempt ends (~10 µs,
+`otlp.encode`, the attributes it shares with other attempts encoded once) and sent in batches by crds/kit/otlp.py
+(`bench tracing_scale`: the SDK's spans cost a controller at 1000 nodes ~40 % more CPU per rollout). A graceful stop
+ends the attempts in flight (`stopped`).
 """
 from __future__ import annotations
 
+import logging
 import time
-from collections import OrderedDict
 from typing import Any
 
-from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit import otlp, tracing
 from rolloutd.crds.kit.otlp import Finished
 
+log = logging.getLogger("rolloutd.tracing")
 MOST_OPEN = 100_000   # attempts whose root span is open; past this the oldest is ended as "unknown"
+STOPPED = "controller stopped"   # the outcome of an attempt still in flight when its controller stopped
 
 # attempt id → (trace id, span id, queued at, granted at (ns), job key, node, item, prompt, sample, attempt, backend,
-# seconds queued): what its two spans are built from when it ends
-_open: OrderedDict[str, tuple] = OrderedDict()
+# seconds queued, traceparent): what its two spans are built from when it ends (a dict keeps the order of grants)
+_open: dict[str, tuple] = {}
+# the attributes an attempt shares with many others, encoded once: (job, node, backend) and its ending's
+_shared: dict[tuple, bytes] = {}
 
 
 def granted(lease: Any, job_key: str, node: str) -> str | None:
@@ -32,17 +38,20 @@ def granted(lease: Any, job_key: str, node: str) -> str | None:
         return tracing.traceparent_of(trace_id, span_id, False)
     now = time.time_ns()
     queued = lease.queued_seconds
+    tp = tracing.traceparent_of(trace_id, span_id)
     _open[lease.attempt_id] = (trace_id, span_id, now - int(max(queued, 0.0) * 1e9), now, job_key, node, lease.item,
-                               lease.prompt, lease.sample, lease.attempt, lease.backend, queued)
-    while len(_open) > MOST_OPEN:
-        _end(*_open.popitem(last=False), "unknown", None)
-    return tracing.traceparent_of(trace_id, span_id)
+                               lease.prompt, lease.sample, lease.attempt, lease.backend, queued, tp)
+    if len(_open) > MOST_OPEN:
+        while len(_open) > MOST_OPEN:
+            oldest = next(iter(_open))
+            _end(oldest, _open.pop(oldest), "unknown", None)
+    return tp
 
 
 def trace_id(attempt_id: str) -> str | None:
     """The trace id (32 hex digits) of an attempt whose root span is open (None with tracing off, or once ended)."""
     rec = _open.get(attempt_id) if _open else None
-    return format(rec[0], "032x") if rec is not None else None
+    return rec[12][3:35] if rec is not None else None
 
 
 def ids(attempt_id: str) -> dict[str, str | None]:
@@ -59,21 +68,60 @@ def ended(attempt_id: str, outcome: str, trajectory: Any = None) -> None:
         _end(attempt_id, rec, outcome, trajectory)
 
 
+def stopped() -> int:
+    """A graceful stop, once no result can come any more (the server closed): the attempts still in flight get their
+    root span ended now, outcome `controller stopped` (not an error: the rollout did not fail), and every span ended
+    is sent before the process exits; how many were in flight. Not left for the next controller to end: it would not
+    know them (their ids are kept in memory only), and the daemons' spans would be left without their root."""
+    if not tracing.enabled():
+        return 0
+    tracing.stopping()
+    n = len(_open)
+    for attempt_id in list(_open):
+        _end(attempt_id, _open.pop(attempt_id), STOPPED, None)
+    tracing.flush()
+    log.log(logging.WARNING if tracing.lost() else logging.INFO, "tracing: %d attempts in flight ended as %r; %s",
+            n, STOPPED, tracing.counts())
+    return n
+
+
 def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
-    """Send the attempt's `queue` and root spans, built now."""
-    trace_id, span_id, start, granted_at, job_key, node, item, prompt, sample, attempt, backend, queued = rec
-    namespace, _, name = job_key.rpartition("/")
-    attrs = {"rolloutd.attempt.id": attempt_id, "rolloutd.rollout.id": f"{job_key}#{item}",
-             "rolloutd.job": name, "rolloutd.namespace": namespace or "default", "rolloutd.item": item,
-             "rolloutd.prompt": prompt, "rolloutd.sample": sample, "rolloutd.attempt": attempt,
-             "rolloutd.node": node, "rolloutd.backend": backend, "rolloutd.outcome": outcome}
+    """Send the attempt's `queue` and root spans, built now: encoded here (`otlp.encode`, the attributes shared with
+    other attempts encoded once), or as `Finished` spans when they go through a provider (`tracing.use`)."""
+    trace_id, span_id, start, granted_at, job_key, node, item, prompt, sample, attempt, backend, queued, _ = rec
     failed = "lease expired" if outcome == "expired" else None
+    reward = kind = finish = None
     if trajectory is not None:
         kind = str(getattr(trajectory.failure.kind, "value", ""))
-        attrs.update({"rolloutd.reward": trajectory.reward, "rolloutd.failure.kind": kind,
-                      "rolloutd.finish_reason": trajectory.finish_reason})
+        reward, finish = trajectory.reward, trajectory.finish_reason
         if kind in ("infra", "config"):
             failed = (trajectory.failure.reason or kind)[:500]
-    tracing.finished(Finished("queue", trace_id, tracing.new_ids()[1], span_id, start, granted_at,
-                              {"rolloutd.attempt.id": attempt_id, "rolloutd.queue.seconds": queued}))
-    tracing.finished(Finished("rollout", trace_id, span_id, 0, start, time.time_ns(), attrs, failed))
+    ids = (("rolloutd.rollout.id", f"{job_key}#{item}"), ("rolloutd.item", item))
+    own = (("rolloutd.prompt", prompt), ("rolloutd.sample", sample), ("rolloutd.attempt", attempt))
+    queue_id, now = tracing.new_ids()[1], time.time_ns()
+    where, ending = (job_key, node, backend), (outcome, type(reward), reward, kind, finish)
+    shared = _shared.get(where), _shared.get(ending)
+    if shared[0] is None or shared[1] is None:
+        if len(_shared) > 10_000:
+            _shared.clear()
+        shared = _shared[where], _shared[ending] = (otlp.attributes(_where(*where)), otlp.attributes(_ending(*ending)))
+    aid, q = (("rolloutd.attempt.id", attempt_id),), (("rolloutd.queue.seconds", queued),)
+    first = otlp.fresh(aid)
+    if tracing.encoded(otlp.encode("queue", trace_id, queue_id, span_id, start, granted_at, first + otlp.fresh(q))):
+        tracing.encoded(otlp.encode("rollout", trace_id, span_id, 0, start, now,
+                                    first + otlp.fresh(ids) + otlp.attributes(own) + shared[0] + shared[1], failed))
+        return
+    tracing.finished(Finished("queue", trace_id, queue_id, span_id, start, granted_at, dict((*aid, *q))))
+    tracing.finished(Finished("rollout", trace_id, span_id, 0, start, now,
+                              dict((*aid, *ids, *own, *_where(*where), *_ending(*ending))), failed))
+
+
+def _where(job_key: str, node: str, backend: str | None) -> tuple:
+    namespace, _, name = job_key.rpartition("/")
+    return (("rolloutd.job", name), ("rolloutd.namespace", namespace or "default"), ("rolloutd.node", node),
+            ("rolloutd.backend", backend))
+
+
+def _ending(outcome: str, _type: type, reward: Any, kind: str | None, finish: str | None) -> tuple:
+    return (("rolloutd.outcome", outcome), ("rolloutd.reward", reward), ("rolloutd.failure.kind", kind),
+            ("rolloutd.finish_reason", finish))

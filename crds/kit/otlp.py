@@ -1,5 +1,6 @@
 """Finished spans recorded as plain tuples and sent in batches as OTLP protobuf encoded here: the controller's spans of
-every attempt (controller/work/tracing.py) at a fraction of the SDK's cost per span.
+every attempt (controller/work/tracing.py) and the node daemon's (crds/kit/tracing.py `Span`) at a fraction of the
+SDK's cost per span.
 
 Why: the SDK's encoder builds a protobuf object per attribute (~65 µs for a 14-attribute span on this box, against
 ~14 µs here; bench/results/RESULTS-tracing.md), and a controller at 1000 nodes takes ~0.4 ms of CPU per rollout in
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -37,6 +39,50 @@ class Finished(NamedTuple):
     error: str | None = None
     sampled: bool = True
     remote: bool = False   # the parent is another process's (the SDK's flags say so)
+    events: tuple = ()     # (time ns, name, attributes) each: an exception's (crds/kit/tracing.py `Span`)
+
+
+def _plain(v: Any) -> Any:
+    """A subclass's value as its base type (a str enum as its string, as the SDK's encoder sends it), else None."""
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    return None
+
+
+def clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    """OTLP attribute values: str, bool, int, float or their lists; None dropped, anything else as str."""
+    out: dict[str, Any] = {}
+    for k, v in attributes.items():
+        t = type(v)
+        if t is str or t is int or t is float or t is bool:
+            out[k] = v
+        elif v is None:
+            continue
+        elif isinstance(v, (str, bool, int, float)):
+            out[k] = _plain(v)
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, bool, int, float)) for x in v):
+            out[k] = [x if type(x) in (str, int, float, bool) else _plain(x) for x in v]
+        else:
+            out[k] = str(v)
+    return out
+
+
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
+
+
+def parse_traceparent(value: str) -> tuple[int, int, bool] | None:
+    """(trace id, span id, sampled) of a W3C traceparent, None when malformed (the SDK propagator's checks)."""
+    m = _TRACEPARENT.match(value) if len(value) <= 512 else None
+    if m is None or m.group(1) == "ff" or (m.group(1) == "00" and m.group(5)):
+        return None
+    trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
+    return (trace_id, span_id, bool(int(m.group(4), 16) & 1)) if trace_id and span_id else None
 
 
 def _varint(n: int) -> bytes:
@@ -71,9 +117,17 @@ def _any(v: Any) -> bytes:
     return _field(b"\x0a", str(v).encode())
 
 
+_keys: dict[str, bytes] = {}
+
+
 def key_value(key: str, v: Any) -> bytes:
     """A `KeyValue` message's bytes."""
-    return _field(b"\x0a", key.encode()) + _field(b"\x12", _any(v))
+    k = _keys.get(key)
+    if k is None:
+        k = _field(b"\x0a", key.encode())
+        if len(_keys) < 1000:   # the keys are few: every span's, a few events'
+            _keys[key] = k
+    return k + _field(b"\x12", _any(v))
 
 
 _cache: dict[tuple[str, type, Any], bytes] = {}
@@ -92,73 +146,62 @@ def _attribute(key: str, v: Any) -> bytes:
     return out
 
 
-def span(s: Finished) -> bytes:
-    """A `Span` message (kind INTERNAL), field for field what the SDK's encoder writes."""
-    parts = [b"\x0a\x10", s.trace_id.to_bytes(16, "big"), b"\x12\x08", s.span_id.to_bytes(8, "big")]
-    if s.parent_id:
-        parts += (b"\x22\x08", s.parent_id.to_bytes(8, "big"))
-    name = s.name.encode()
-    parts += (b"\x2a", _varint(len(name)), name, b"\x30\x01", b"\x39", _fixed64(s.start), b"\x41", _fixed64(s.end))
-    parts += [_attribute(k, v) for k, v in s.attributes.items() if v is not None]
-    # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known (it is not), as the SDK's
-    parts.append(_field(b"\x7a", _field(b"\x12", s.error.encode()) + b"\x18\x02") if s.error is not None else b"\x7a\x00")
-    parts += (b"\x85\x01", _fixed32(0x300 if s.remote else 0x100))
+def attributes(pairs: Iterable[tuple[str, Any]]) -> bytes:
+    """Attribute fields of a span (None values left out), each remembered as `_attribute` does."""
+    return b"".join([_attribute(k, v) for k, v in pairs if v is not None])
+
+
+def fresh(pairs: Iterable[tuple[str, Any]]) -> bytes:
+    """`attributes` whose values seldom repeat (ids): encoded, not remembered (a str or a non-negative int inline)."""
+    out = []
+    for k, v in pairs:
+        t = type(v)
+        if t is str:
+            vb = v.encode()
+            value = b"\x0a" + _varint(len(vb)) + vb
+        elif t is int and v >= 0:
+            value = b"\x18" + _varint(v)
+        elif v is None:
+            continue
+        else:
+            value = _any(v)
+        kv = (_keys.get(k) or _field(b"\x0a", k.encode())) + b"\x12" + _varint(len(value)) + value
+        out.append(b"\x4a" + _varint(len(kv)) + kv)
+    return b"".join(out)
+
+
+def encode(name: str, trace_id: int, span_id: int, parent_id: int, start: int, end: int, attrs: bytes,
+           error: str | None = None, remote: bool = False, events: bytes = b"") -> bytes:
+    """A `Span` message (kind INTERNAL) from its attribute fields already encoded (`attributes`), field for field
+    what the SDK's encoder writes."""
+    name_b = name.encode()
+    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+    if parent_id:
+        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+    # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known, as the SDK's
+    parts += (b"\x2a", _varint(len(name_b)), name_b, b"\x30\x01\x39", _fixed64(start), b"\x41", _fixed64(end), attrs,
+              events, _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02") if error is not None else b"\x7a\x00",
+              b"\x85\x01", _fixed32(0x300 if remote else 0x100))
     return b"".join(parts)
 
 
-def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished]) -> bytes:
-    """An `ExportTraceServiceRequest`: one resource, one instrumentation scope, `spans`."""
+def span(s: Finished) -> bytes:
+    """A `Span` message of `s` (`encode`)."""
+    events = b"".join(   # Event{time_unix_nano, name, attributes}
+        _field(b"\x5a", b"\x09" + _fixed64(at) + _field(b"\x12", name.encode())
+               + b"".join(_field(b"\x1a", key_value(k, v)) for k, v in attrs.items() if v is not None))
+        for at, name, attrs in s.events)
+    return encode(s.name, s.trace_id, s.span_id, s.parent_id, s.start, s.end, attributes(s.attributes.items()),
+                  s.error, s.remote, events)
+
+
+def request(resource: dict[str, Any], scope: str, spans: Iterable[Finished | bytes]) -> bytes:
+    """An `ExportTraceServiceRequest`: one resource, one instrumentation scope, `spans` (each a `Finished`, or a
+    `Span` message already encoded: `encode`)."""
     res = b"".join(_field(b"\x0a", key_value(k, v)) for k, v in resource.items())
-    body = b"".join(_field(b"\x12", span(s)) for s in spans)
+    body = b"".join([_field(b"\x12", s if type(s) is bytes else span(s)) for s in spans])
     scope_spans = _field(b"\x0a", _field(b"\x0a", scope.encode())) + body
     return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", scope_spans))
-
-
-def sdk_exporter(exporter: Any) -> Any:
-    """A SpanExporter for the SDK's batch processor that encodes the spans it can here (no events, links or trace
-    state, kind INTERNAL, status unset or error) and the others with the SDK's encoder, in one request (protobuf
-    messages concatenated are merged), sent by `exporter`'s HTTP client; None when `exporter` has no such client.
-    The node daemon's spans: ~80 µs each through the SDK's encoder alone (`bench tracing`)."""
-    client = getattr(exporter, "_client", None)
-    if client is None or not callable(getattr(client, "export", None)):
-        return None
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-    from opentelemetry.trace import SpanKind, StatusCode
-
-    def plain(s: Any, resource: Any) -> Finished | None:
-        scope = s.instrumentation_scope
-        if (s.events or s.links or s.kind != SpanKind.INTERNAL or s.context.trace_state or s.resource is not resource
-                or scope is None or scope.version or scope.schema_url or scope.attributes
-                or s.status.status_code == StatusCode.OK or s.dropped_attributes):
-            return None
-        error = (s.status.description or "") if s.status.status_code == StatusCode.ERROR else None
-        parent = s.parent
-        return Finished(s.name, s.context.trace_id, s.context.span_id, parent.span_id if parent else 0,
-                        s.start_time, s.end_time, dict(s.attributes or {}), error,
-                        remote=bool(parent is not None and parent.is_remote))
-
-    class Exporter(SpanExporter):
-        def export(self, spans: Any) -> Any:
-            if not spans:
-                return SpanExportResult.SUCCESS
-            resource, scope = spans[0].resource, spans[0].instrumentation_scope
-            ours, others = [], []
-            for s in spans:
-                f = plain(s, resource) if scope is not None and s.instrumentation_scope == scope else None
-                (ours.append(f) if f is not None else others.append(s))
-            data = request(dict(resource.attributes), scope.name, ours) if ours else b""
-            if others:
-                data += encode_spans(others).SerializePartialToString()
-            return SpanExportResult.SUCCESS if client.export(data).success else SpanExportResult.FAILURE
-
-        def shutdown(self) -> None:
-            exporter.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return True
-
-    return Exporter()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -171,42 +214,59 @@ def _env_int(name: str, default: int) -> int:
 class Batches:
     """Finished spans queued in memory, encoded and sent by a thread of their own: when a batch is full
     (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 512) or every `OTEL_BSP_SCHEDULE_DELAY` ms (5000); past
-    `OTEL_BSP_MAX_QUEUE_SIZE` (2048) spans waiting, new ones are dropped (counted), as the SDK's batch processor does."""
+    `OTEL_BSP_MAX_QUEUE_SIZE` (2048) spans waiting, new ones are dropped (counted), as the SDK's batch processor does.
+    `send(data, timeout)`: True when sent; `timeout` None, or at a stop (`close`) the seconds it may take."""
 
-    def __init__(self, send: Callable[[bytes], bool], resource: dict[str, Any], scope: str) -> None:
+    def __init__(self, send: Callable[[bytes, float | None], bool], resource: dict[str, Any], scope: str) -> None:
         self.send, self.resource, self.scope = send, resource, scope
         self.delay = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.batch = max(_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), 1)
         self.most = max(_env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048), self.batch)
-        self.added = self.dropped = self.sent = 0
-        self._queue: deque[Finished] = deque()
+        self.added = self.dropped = self.sent = self.failed = 0
+        self._queue: deque[Finished | bytes] = deque()
         self._wake, self._idle, self._stop, self._flushing = threading.Event(), threading.Event(), False, False
         self.requests, self._all_at = 0, time.monotonic()
+        self._closing: float | None = None   # `close`'s deadline (monotonic) once called
+        self._failed_before = 0              # spans whose send had failed when `close` was called
         self._thread = threading.Thread(target=self._run, name="rolloutd-otlp", daemon=True)
         self._thread.start()
 
-    def add(self, s: Finished) -> None:
+    def add(self, s: Finished | bytes) -> None:
+        """Queue an ended span: a `Finished`, or its `Span` message already encoded (`encode`)."""
         self.added += 1
+        if self._closing is not None:   # the process is stopping: the caller's thread sends, nothing dropped for room
+            self._queue.append(s)
+            if len(self._queue) >= self.batch:
+                self._last(full=True)
+            return
         if len(self._queue) >= self.most:
+            if not self.dropped:   # once: the trace backend (or this process's share of the CPU) cannot keep up
+                log.warning("%d spans wait to be sent (OTEL_BSP_MAX_QUEUE_SIZE): dropping new ones", self.most)
             self.dropped += 1
             return
         self._queue.append(s)
         if len(self._queue) % self.batch == 0:   # a batch is full: once, not on every span past it
             self._wake.set()
 
-    def _drain(self, full: bool = False) -> None:
+    def _drain(self, full: bool = False) -> bool:
         """Send what is queued in batches; `full`: only full ones (woken by a full batch: the spans that came while
-        one was sent wait for the next, instead of going out in small requests right after, ~1 ms each)."""
+        one was sent wait for the next, instead of going out in small requests right after, ~1 ms each). False when
+        a send failed."""
+        ok = True
         while len(self._queue) >= (self.batch if full else 1):
             self.requests += 1
             batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
             try:
-                ok = self.send(request(self.resource, self.scope, batch))
+                left = None if self._closing is None else self._closing - time.monotonic()
+                ok = self.send(request(self.resource, self.scope, batch), left)
             except Exception:  # noqa: BLE001 - a trace backend's failure never reaches the controller's work
                 log.exception("exporting %d spans failed", len(batch))
                 ok = False
             if ok:
                 self.sent += len(batch)
+            else:
+                self.failed += len(batch)
+        return ok
 
     def _run(self) -> None:
         while not self._stop:
@@ -224,6 +284,8 @@ class Batches:
     def flush(self, timeout: float = 5.0) -> None:
         """Send what is queued now (a process about to exit): rounds until the queue is empty and the round that
         emptied it has sent (a round under way when called may have sent only full batches)."""
+        if self._stop:   # closed: no thread to wake
+            return self._last()
         deadline = time.monotonic() + timeout
         while True:
             self._idle.clear()
@@ -233,8 +295,34 @@ class Batches:
             if not self._queue or time.monotonic() >= deadline:
                 return
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """The process is stopping: the thread stops (its send under way finished), and from now on the spans
+        added are sent by the caller's thread, a batch as soon as one is full, none dropped for room (a controller's
+        stop ends every attempt in flight at once: up to two spans per slot of every node), until `timeout` has
+        passed (each send is given what is left of it) or a send failed: later ones are counted as dropped.
+        `shutdown` sends the rest."""
+        if self._stop:
+            return
+        deadline = time.monotonic() + timeout
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout)
-        self._drain()
+        self._thread.join(timeout)   # it sends what is queued, the spans added meanwhile too
+        self._failed_before, self._closing = self.failed, deadline
+
+    def _last(self, full: bool = False) -> None:
+        """`close`'s sends, in the caller's thread: the queue's batches (`full`: only full ones) while in time."""
+        if (self._thread.is_alive() or self._closing is None or time.monotonic() >= self._closing
+                or self.failed > self._failed_before):
+            self.dropped += len(self._queue)   # the thread still sending (never joined), late, or the backend down
+            self._queue.clear()
+            return
+        self._drain(full)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Send what is queued and stop (`close` first when it was not called)."""
+        self.close(timeout)
+        self._last()
+
+    def counts(self) -> str:
+        return (f"{self.added} spans: {self.sent} sent in {self.requests} requests, {self.dropped} dropped, "
+                f"{self.failed} not sent (the backend failed)")
