@@ -119,7 +119,8 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
     reset = max((b.get("resetSeconds") or 0.0) for b in answer["backends"])
     return {"mode": mode, "wait": returned - start, "idle": clock.idle(start, returned), "reload": reload,
             "paused": answer["enginesPausedSeconds"], "controller": answer["pausedSeconds"], "reset": reset,
-            "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs)}
+            "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs),
+            "steps": answer.get("steps") or {}}
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -156,6 +157,16 @@ def run(quick: bool = False) -> list[dict]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['controller']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | "
               f"{r['reload']:.2f} | {r['reset']:.2f} | {r['split']} | {r['rollouts']} | {r['infra']} |" for r in results]
+    lines += ["", "Where the update's time goes (seconds from the announce; `held`/`fenced`: the last daemon's report):", "",
+              "| mode | engines paused | hold asked | calls held | loaded | fence taken | resumed | answered |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = r["steps"]
+        last = lambda k: f"{max(s[k].values()):.3f}" if s.get(k) else "—"  # noqa: E731
+        at = lambda k: f"{s[k]:.3f}" if isinstance(s.get(k), (int, float)) else "—"  # noqa: E731
+        lines.append(f"| {r['mode']} | {at('paused')} | {at('asked')} | {last('held')} | {at('loaded')} | "
+                     f"{last('fenced')} | {at('resumed')} | {r['controller']:.3f} |")
+    lines += ["", f"Load average during the run: {os.getloadavg()[0]:.1f} (1 min) at its end."]
     (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out
