@@ -159,9 +159,11 @@ class BackendHttp:
             return f"{path}: {failure(e)}"
         return None if r.status_code == 200 else f"{path}: HTTP {r.status_code}"
 
-    async def load(self, url: str, weights_path: str | None, *, running: bool) -> dict[str, Any]:
-        """On a paused engine: reload weights, then reset the prefix cache — with `running`, also the KV of the
-        requests kept in place (keep mode), which the engine recomputes on the new weights when it resumes."""
+    async def load(self, url: str, weights_path: str | None, *, running: bool,
+                   label: str | None = None) -> dict[str, Any]:
+        """On a paused engine: reload weights, label them (`label`), then reset the prefix cache — with `running`,
+        also the KV of the requests kept in place (keep mode), which the engine recomputes on the new weights when it
+        resumes."""
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
         step = "reload_weights"
         try:
@@ -173,6 +175,9 @@ class BackendHttp:
                     out["error"] = f"reload_weights: HTTP {r.status_code}"
                     return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            out["error"] = await self.label(url, label)
+            if out["error"]:
+                return out
             step, t = "reset_prefix_cache", time.monotonic()
             params = {"reset_running_requests": "true"} if running else None
             for tries in range(1, 21):  # false while blocks are still held by requests finishing
@@ -185,10 +190,30 @@ class BackendHttp:
             out["error"] = f"{step}: {failure(e)}"
         return out
 
-    async def update(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
-        """vLLM's admin sequence for a new policy: pause → reload weights → reset the prefix cache →
-        resume. Errors are reported in the answer as the step, a status and a fixed reason (the other
-        backends still update)."""
+    async def label(self, url: str, label: str | None) -> str | None:
+        """Label a paused engine's weights (vLLM's `/update_weight_version`: it stamps every token it generates from
+        now on with it), after they loaded, so a label never names weights the engine does not run. An engine
+        without the call (404: it stamps nothing either) is no error; the call is tried three times, and a failure
+        is the backend's error (its tokens keep the old label: the update is reported as not taken there)."""
+        if label is None:
+            return None
+        why = None
+        for _ in range(3):
+            try:
+                r = await self.client.post(f"{url}/update_weight_version", json={"new_version": label}, timeout=30)
+            except Exception as e:  # noqa: BLE001 - reported per backend
+                why = f"update_weight_version: {failure(e)}"
+                continue
+            if r.status_code in (200, 404):
+                return None
+            why = f"update_weight_version: HTTP {r.status_code}"
+        return why
+
+    async def update(self, url: str, weights_path: str | None, pause: bool,
+                     label: str | None = None) -> dict[str, Any]:
+        """vLLM's admin sequence for a new policy: pause → reload weights → label them (`label`) → reset the prefix
+        cache → resume. Errors are reported in the answer as the step, a status and a fixed reason (the
+        other backends still update)."""
         http = self.client
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
         step = "pause"
@@ -203,6 +228,9 @@ class BackendHttp:
                     out["error"] = f"reload_weights: HTTP {r.status_code}"
                     return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
+            out["error"] = await self.label(url, label)
+            if out["error"]:
+                return out
             step = "reset_prefix_cache"
             for _ in range(20):  # false while blocks are still held by requests finishing
                 r = await http.post(f"{url}/reset_prefix_cache", timeout=30)

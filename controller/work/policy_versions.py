@@ -19,6 +19,7 @@ from sqlmodel import Session
 
 from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.trajectory import Trajectory
+from rolloutd.crds.weight_labels import foreign_version, weight_label
 
 from .backends import BackendHttp
 from .job_state import Jobs
@@ -163,6 +164,7 @@ class PolicyVersions:
         async with self._lock[name]:
             t0 = time.monotonic()
             steps = Steps(t0)
+            label = weight_label(name, job.metadata.uid, version)
             drained = True
             urls = list(self.jobs.sync(job).backends)
             if mode == "drain":
@@ -171,12 +173,12 @@ class PolicyVersions:
                     drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
                     steps.mark("drained")
                 t_engines = time.monotonic()
-                report = [await self.http.update(url, weights_path, pause) for url in urls]
+                report = [await self.http.update(url, weights_path, pause, label) for url in urls]
                 engines = time.monotonic() - t_engines
                 steps.mark("resumed")
             else:
                 t_engines = time.monotonic()
-                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout, steps)
+                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout, steps, label)
                 engines = time.monotonic() - t_engines
             behind = dict(self._behind.get(name, {}))
             with Session(self.engine, expire_on_commit=False) as s:
@@ -214,11 +216,11 @@ class PolicyVersions:
             cache = self.jobs.cached(other)
             shared = set(reloaded) & set(cache.backends) if cache is not None and other != name else set()
             if shared:
-                self._behind.setdefault(other, {}).update({u: f"{name}@{version}" for u in shared})
+                self._behind.setdefault(other, {}).update({u: foreign_version(name, version) for u in shared})
                 self._changed(other)
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
-                    timeout: float, steps: "Steps") -> tuple[bool, list[dict[str, Any]]]:
+                    timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]]]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
         continue them once the gate opens), then ask the daemons, in one beat reply, to hold new LLM calls and take
         a fence: where each of their streams stands once it went quiet (the tokens before it are the old version's;
@@ -235,8 +237,8 @@ class PolicyVersions:
         held = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2], steps.nodes("held")))
         fenced = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2] and b[3] >= epoch,
                                                         steps.nodes("fenced")))
-        loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep") for u, why in
-                                       zip(urls, paused) if why is None))
+        loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
+                                       for u, why in zip(urls, paused) if why is None))
         steps.mark("loaded")
         answered = await fenced
         held.cancel()
