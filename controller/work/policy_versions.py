@@ -222,13 +222,22 @@ class PolicyVersions:
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
                     timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]]]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
-        continue them once the gate opens), then ask the daemons, in one beat reply, to hold new LLM calls and take
-        a fence: where each of their streams stands once it went quiet (the tokens before it are the old version's;
-        a request that reached the engine after the pause stands at 0). Meanwhile load the weights and reset the
-        prefix cache, including the kept requests' KV (recomputed on the new weights); resume once every daemon has
-        taken the fence. Returns (every daemon answered, the per-backend report)."""
+        continue them once the gate opens), then load the weights, label them and reset the prefix cache, including
+        the kept requests' KV (recomputed on the new weights), while the daemons are asked, in one watch answer, to
+        hold new LLM calls and take a fence: where each of their streams stands (the tokens before it are the old
+        version's: at once for a stream the engine stamps, else once it went quiet; a request that reached the
+        engine after the pause stands at 0). Resume once every daemon has taken the fence. Returns (every daemon
+        answered, the per-backend report)."""
         paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
         steps.mark("paused")
+
+        async def load() -> list[dict[str, Any]]:
+            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
+                                         for u, why in zip(urls, paused) if why is None))
+            steps.mark("loaded")
+            return out
+        loading = asyncio.ensure_future(load())
+        await asyncio.sleep(0)  # the loads' first calls go out before the policy row's write below holds the loop
         self._fences[name] += 1
         epoch = self._fences[name]
         self._set(name, paused=True)
@@ -237,9 +246,7 @@ class PolicyVersions:
         held = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2], steps.nodes("held")))
         fenced = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2] and b[3] >= epoch,
                                                         steps.nodes("fenced")))
-        loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
-                                       for u, why in zip(urls, paused) if why is None))
-        steps.mark("loaded")
+        loads = await loading
         answered = await fenced
         held.cancel()
         steps.mark("fenced")
