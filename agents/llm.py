@@ -216,15 +216,11 @@ class VLLMBackend:
             return self.model
 
     async def _probe_stamps(self) -> bool:
-        """Once: does the engine serve its token endpoint (an empty request: 400, not 403/404) and weight labels?"""
+        """Once: does the engine serve its token endpoint and label its weights (agents/vllm_tokens.py)?"""
         if self.stamps is None:
-            try:
-                r = await self._request("POST", vllm_tokens.GENERATE, json={}, timeout=30.0)
-                self.stamps = r.status_code in (400, 422) and (
-                    await self._request("GET", "/weight_info", timeout=30.0)).status_code == 200
-            except BackendError:
-                return False  # asked again next time
-        return self.stamps
+            with contextlib.suppress(BackendError):  # else asked again next time
+                self.stamps = await vllm_tokens.served(self._request, self.model)
+        return bool(self.stamps)
 
     async def _body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict | None:
         """The /v1/completions body; None when nothing fits in the context (a truncated ending)."""

@@ -7,9 +7,19 @@ its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM` turns the stamp
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 GENERATE = "/inference/v1/generate"
+# served with it (the same switch), and answers without the engine core or an error in the engine's log: the probe
+PROBE = "/v1/completions/render"
+
+
+async def served(request: Callable[..., Awaitable[Any]], model: str | None) -> bool:
+    """Whether the engine serves this endpoint (probed by rendering a 1-token prompt: 200; 403 when disabled, 404 when
+    absent) and labels its weights (`/weight_info`); `request(method, path, json=, timeout=)` is the client's call."""
+    r = await request("POST", PROBE, json={"model": model, "prompt": [0]}, timeout=30.0)
+    return r.status_code == 200 and (await request("GET", "/weight_info", timeout=30.0)).status_code == 200
 
 
 def body(prompt_ids: list[int], fields: dict[str, Any], request_id: str, model: str) -> dict[str, Any]:
