@@ -222,6 +222,10 @@ class VLLMBackend:
                 self.stamps = await vllm_tokens.served(self._request, self.model)
         return bool(self.stamps)
 
+    async def paused(self) -> bool:
+        """Whether the engine is paused now (a weight update: agents/vllm_tokens.py)."""
+        return await vllm_tokens.paused(self._request)
+
     async def _body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict | None:
         """The /v1/completions body; None when nothing fits in the context (a truncated ending)."""
         model = await self.discover()

@@ -22,6 +22,14 @@ async def served(request: Callable[..., Awaitable[Any]], model: str | None) -> b
     return r.status_code == 200 and (await request("GET", "/weight_info", timeout=30.0)).status_code == 200
 
 
+async def paused(request: Callable[..., Awaitable[Any]]) -> bool:
+    """Whether the engine is paused now (vLLM's `/is_paused`, dev mode); False when it does not answer so."""
+    try:
+        return (await request("GET", "/is_paused", timeout=10.0)).json().get("is_paused") is True
+    except Exception:  # noqa: BLE001 - the client's failure, a body that is not JSON: not paused as far as we know
+        return False
+
+
 def body(prompt_ids: list[int], fields: dict[str, Any], request_id: str, model: str) -> dict[str, Any]:
     """The request for `prompt_ids` with the sampling `fields` (`SamplingParams.request_fields()` with the clamped
     `max_tokens`), streamed, the sampled token's logprob for each id."""

@@ -252,10 +252,12 @@ class TrackedLLM:
                 break
             except BackendError as e:
                 # an update in abort mode aborts the engines first and tells the daemons at their next beat: wait
-                # for that (bounded); an abort nobody announced is an infrastructure failure
-                if self.mode == "abort" and isinstance(e, Preempted):
+                # for that (bounded); an abort nobody announced is an infrastructure failure, unless the engine is
+                # paused and stamps its tokens: another job's update of a shared backend, continued once it resumes
+                theirs = await self._theirs(e)
+                if self.mode == "abort" and isinstance(e, Preempted) and not theirs:
                     await self.gate.wait_paused(UPDATE_NOTICE_SECONDS)
-                if not (self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
+                if not (theirs or self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
                     raise
                 partial = getattr(e, "partial", None)
                 if partial is not None:
@@ -266,9 +268,10 @@ class TrackedLLM:
                     stream.got(len(partial.token_ids))
                     if on_tokens is not None and partial.token_ids:
                         await on_tokens(partial.token_ids)
-                stream.parked = True
-                await self.gate.wait_open()
-                stream.parked = False
+                if not theirs:
+                    stream.parked = True
+                    await self.gate.wait_open()
+                    stream.parked = False
                 settle(stream, len(ids))
                 stream.runs.append((self.gate.version_of(self.url), 0))
                 part += 1
@@ -277,6 +280,21 @@ class TrackedLLM:
         return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason,
                           first_token_seconds=None if first is None else round(first, 6),
                           weight_spans=joined(stamps, len(ids)))
+
+    async def _theirs(self, e: BackendError) -> bool:
+        """After the engine aborted this call: True when another job's update did it (a shared backend): the gate
+        stays open while the engine, which stamps its tokens, was paused; returns once the engine runs again (the
+        call then continues, its tokens tagged by the stamps). False at once when the engine does not stamp or was
+        not paused, and as soon as this job's gate holds (its own update)."""
+        if not (isinstance(e, Preempted) and self.stamped() and not self.gate.paused and await self.inner.paused()):
+            return False
+        for _ in range(int(120 / 0.02)):  # bounded: an update that takes longer fails the call, as before
+            await asyncio.sleep(0.02)
+            if self.gate.paused:
+                return False
+            if not await self.inner.paused():
+                return True
+        return False
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)

@@ -168,21 +168,23 @@ def replayed_split(engine, checkpoint_b, t: dict, split: int) -> None:
     assert a_rest != b_ids[:len(a_rest)], "checkpoints A and B generate alike: the test proves nothing"
 
 
+@pytest.mark.parametrize("mode", ["keep", "abort"])
 def test_a_reload_by_another_job_splits_a_turn_in_flight_on_the_shared_backend(cluster, tiny_engine, checkpoint_b,
-                                                                                tmp_path):
-    """Job `owner` (keep mode, its one rollout held at a gate) reloads the engine that job `guest` (drain mode, the
-    default) generates a long greedy turn on: the guest's turn is split where the weights changed, the tokens after it
-    tagged `<owner>@1` (the engine's stamps, not a fence: the guest's daemon was never asked for one)."""
+                                                                                tmp_path, mode):
+    """Job `owner` (keep or abort mode, its one rollout held at a gate) reloads the engine that job `guest` (drain
+    mode, the default) generates a long greedy turn on: the guest's turn is split where the weights changed, the
+    tokens after it tagged `<owner>@1` (the engine's stamps, not a fence: the guest's daemon was never asked for one;
+    in abort mode the guest's aborted call continues from its tokens once the engine runs again)."""
     gate = tmp_path / "gate"
     owner = gated_job_doc("owner", tiny_engine, gate, limit=1, samples=1)
-    owner["spec"]["policy"] = {"updateMode": "keep"}
+    owner["spec"]["policy"] = {"updateMode": mode}
     cluster.apply(owner)
     cluster.wait_until("owner", lambda o: held_at_gate(cluster, "owner") >= 1, timeout=240)
     key = job_key(cluster.get("owner")["metadata"].get("namespace"), "owner")  # how the guest names the owner
     try:
         for tokens in (TOKENS, 2 * TOKENS, 4 * TOKENS):
-            t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, "drain", f"guest-{tokens}", tokens,
-                                              announcer="owner")
+            t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, "drain", f"guest-{mode}-{tokens}",
+                                              tokens, announcer="owner")
             if len(t["versionSpans"]) > 1:
                 break
             missed_by_its_tokens(tiny_engine, checkpoint_b, t, f"{key}@1")
@@ -195,6 +197,7 @@ def test_a_reload_by_another_job_splits_a_turn_in_flight_on_the_shared_backend(c
     assert [s["version"] for s in spans] == [None, f"{key}@1"], spans
     assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
     split = spans[0]["end"]
-    assert start < split < end and answer["mode"] == "keep"
+    assert start < split < end and answer["mode"] == mode and t["failure"]["kind"] == "none"
+    assert t["attempt"] == 1, "the split turn ran again: the abort was not continued"
     print(f"guest: split after {split - start} of {tokens} tokens by the owner's update ({answer['pausedSeconds']} s)")
     replayed_split(tiny_engine, checkpoint_b, t, split)

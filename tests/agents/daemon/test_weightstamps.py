@@ -62,7 +62,8 @@ class Stamping:
         labels: list[str] = []
         yield Generation([], [], "", None)
         for i in range(sampling.max_tokens):
-            await self.hold.wait()
+            while not self.hold.is_set() and not self.abort_now.is_set():  # paused: only an abort ends the wait
+                await asyncio.sleep(0.001)
             if self.abort_now.is_set():
                 self.abort_now.clear()
                 raise Preempted("aborted", Generation([], [], "abort", weight_spans=spans(labels)))
@@ -74,6 +75,9 @@ class Stamping:
 
     async def abort(self, request_id):
         pass
+
+    async def paused(self) -> bool:
+        return not self.hold.is_set()
 
 
 def spans(labels: list[str]) -> list[tuple[str, int, int]]:
@@ -141,4 +145,46 @@ def test_without_the_controllers_labels_the_stamps_are_not_trusted():
         assert not llm.stamped()
         gen = await llm.generate([0], SamplingParams(max_tokens=6), "r")
         assert gen.versions == [(3, 6)]
+    asyncio.run(go())
+
+
+def test_another_jobs_abort_update_on_the_shared_backend_continues_the_call_once_the_engine_resumes():
+    async def go():
+        gate, engine = PolicyGate(version=1), Stamping(A1)
+        gate.job_uid = UID
+        llm = TrackedLLM(engine, gate, mode="drain", url="http://b")  # this job's mode does not matter
+        task = asyncio.create_task(llm.generate([0, 0], SamplingParams(max_tokens=30), "r"))
+        await wait_for(lambda: gate.streams and next(iter(gate.streams)).received >= 8, "tokens")
+        engine.hold.clear()      # job b pauses the engine, aborting every request on it; this job's gate stays open
+        engine.abort_now.set()
+        await asyncio.sleep(0.1)
+        kept = next(iter(gate.streams)).received
+        assert len(engine.prompts) == 1 and not task.done()  # waits for the engine, not failed
+        engine.label = B7        # b's weights, labelled
+        engine.hold.set()        # resumed
+        gen = await task
+        assert gen.versions == [(1, kept), ("default/b@7", 30 - kept)]
+        assert engine.prompts[1] == [0, 0] + gen.token_ids[:kept]
+    asyncio.run(go())
+
+
+def test_an_abort_of_this_jobs_own_update_still_parks_until_the_gate_opens():
+    async def go():
+        gate, engine = PolicyGate(version=1), Stamping(A1)
+        gate.job_uid = UID
+        llm = TrackedLLM(engine, gate, mode="abort", url="http://b")
+        task = asyncio.create_task(llm.generate([0], SamplingParams(max_tokens=30), "r"))
+        await wait_for(lambda: gate.streams and next(iter(gate.streams)).received >= 8, "tokens")
+        engine.hold.clear()
+        engine.abort_now.set()
+        await asyncio.sleep(0.05)
+        gate.set(1, paused=True)  # the update's notice reaches the daemon while the engine is paused
+        await wait_for(lambda: next(iter(gate.streams)).parked, "parked")
+        engine.label = A2
+        engine.hold.set()
+        await asyncio.sleep(0.05)
+        assert len(engine.prompts) == 1  # parked until the gate opens, not continued when the engine resumed
+        gate.set(2, paused=False)
+        gen = await task
+        assert [v for v, _ in gen.versions] == [1, 2] and sum(n for _, n in gen.versions) == 30
     asyncio.run(go())
