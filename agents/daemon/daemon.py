@@ -32,6 +32,7 @@ from rolloutd.crds.node import (
     Lease,
     RegisterRequest,
     RegisterResponse,
+    WEIGHT_STAMPS,
     result_coalesce,
 )
 
@@ -268,6 +269,7 @@ class NodeDaemon:
         self.heart.deltas = BEAT_DELTAS in served
         self.heart.turns = BEAT_TURNS in served
         self.heart.watcher = PolicyWatcher(self.client, resp.node_id, self.gate, self.log) if POLICY_WATCH in served else None
+        self.gate.job_uid = resp.job_uid if WEIGHT_STAMPS in served else None  # labelled updates: exact stamps
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,
                       resp.node_id, resp.job, resp.generation, ",".join(sorted(served)) or "none")
         return True

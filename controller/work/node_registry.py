@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest,
-                                RegisterResponse, beat_gap, heartbeat_seconds)
+                                RegisterResponse, WEIGHT_STAMPS, beat_gap, heartbeat_seconds)
 
 from ..dialects import raw
 from ..errors import BadRequest, Conflict, NotFound
@@ -79,7 +79,8 @@ class NodeRegistry:
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
                                 lease_seconds=lease,
                                 heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease),
-                                features=served, policy=policy, policy_name=policy_name)
+                                features=served, policy=policy, policy_name=policy_name,
+                                job_uid=job.metadata.uid if WEIGHT_STAMPS in (served or ()) else None)
 
     def features_of(self, node_id: str) -> frozenset[str]:
         """The protocol features `node_id` registered with (stored with it: a restarted controller answers each
