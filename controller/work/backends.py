@@ -45,6 +45,11 @@ class BackendPool:
     def healthy(self, url: str) -> bool:
         return url in self._known and url not in self.unhealthy
 
+    def outage(self, url: str | None, urls: list[str]) -> bool:
+        """Backend `url` is down and so is every other of `urls` (a job's): a failure on it is the outage's, and
+        its rollout waits in the queue (leasing pauses) until a backend is healthy again."""
+        return bool(url) and not self.healthy(url) and not any(self.healthy(u) for u in urls)
+
     def set_health(self, url: str, ok: bool, reason: str = "") -> bool:
         """Returns True when the state changed."""
         was = url not in self.unhealthy

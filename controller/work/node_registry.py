@@ -41,6 +41,7 @@ class NodeRegistry:
         self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
+        self.owning: Any = None  # node shards: `..shards.Serving`, whose `check` fences every node call's transaction
 
     def seen(self, node_id: str, now: float) -> None:
         """The node's silence counts from `now` (it moved here from another replica)."""
@@ -102,7 +103,10 @@ class NodeRegistry:
         return node
 
     def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
-        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life."""
+        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life. With node
+        shards, first the fence: the node's calls are this replica's to answer (`..shards.Serving.check`)."""
+        if self.owning is not None:
+            self.owning.check(db, node_id)
         row = db.execute("SELECT job, state FROM nodes WHERE id = ?", (node_id,)).fetchone()
         if row is not None and row[1] != DaemonState.gone:
             self._seen[node_id] = self.clock()
