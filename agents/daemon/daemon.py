@@ -286,8 +286,7 @@ class NodeDaemon:
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
                                  sandbox_settings=self.opts.sandbox, wake_leasing=self.leaser.room.set)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
-        self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds,
-                                                    self.opts.controller_start_seconds)
+        self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds, self.opts.controller_start_seconds)
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
         if self.heart.watcher is not None:
             self._loops.append(asyncio.create_task(self.heart.watcher.loop(), name="policy-watch"))
