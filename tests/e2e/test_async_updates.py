@@ -197,7 +197,7 @@ def test_a_reload_by_another_job_splits_a_turn_in_flight_on_the_shared_backend(c
     assert [s["version"] for s in spans] == [None, f"{key}@1"], spans
     assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
     split = spans[0]["end"]
-    assert start < split < end and answer["mode"] == mode and t["failure"]["kind"] == "none"
+    assert start < split < end and answer["mode"] == mode
     assert t["attempt"] == 1, "the split turn ran again: the abort was not continued"
     print(f"guest: split after {split - start} of {tokens} tokens by the owner's update ({answer['pausedSeconds']} s)")
     replayed_split(tiny_engine, checkpoint_b, t, split)
