@@ -29,6 +29,7 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rolloutd.sandbox.host.unixsock import listening
 from rolloutd.sandbox.relay import RELAY
 
 from rolloutd.crds.kit import tracing
@@ -91,7 +92,10 @@ class Gateway:
                                 access_log=False)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the node daemon owns the signals
-        self._task = asyncio.create_task(self._server.serve(), name="gateway")
+        # bound here (0666, as uvicorn makes a uds; its 0700 directory keeps others out): the sandbox's ctl/ may be
+        # deeper than a socket's path can be long
+        sock = listening(socket_path, 0o666)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it

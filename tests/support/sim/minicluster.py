@@ -18,6 +18,8 @@ Needs root (slurmd runs jobs as their users) and the Debian packages
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -25,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,8 +180,25 @@ class MiniSlurm:
 
     # ------------------------------------------------------------ start / stop
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One session at a time checks, starts, joins or leaves the cluster (pytest-xdist's workers, other
+        test sessions, the bench): else two find it stale and start it over each other, or one stops it
+        while another, having just found it healthy, joins."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "sessions.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def start(self) -> "MiniSlurm":
         os.environ["SLURM_CONF"] = str(self.conf)
+        with self._locked():
+            return self._start()
+
+    def _start(self) -> "MiniSlurm":
         if self.healthy():
             self.hold()
             return self
@@ -296,9 +316,10 @@ class MiniSlurm:
 
     def release(self) -> None:
         """Leave the cluster; stop it if this object started it and nobody else uses it."""
-        (self.dir / "users" / str(os.getpid())).unlink(missing_ok=True)
-        if self.started and not self.others():
-            self.stop()
+        with self._locked():
+            (self.dir / "users" / str(os.getpid())).unlink(missing_ok=True)
+            if self.started and not self.others():
+                self.stop()
 
     def stop(self) -> None:
         """Stop the Slurm daemons (and munged if this object started it)."""
