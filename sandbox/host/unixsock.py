@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +37,11 @@ def reachable(path: str | Path) -> Iterator[str]:
 
 def listening(path: str | Path, mode: int | None = None) -> socket.socket:
     """A non-blocking stream socket bound at `path` (made `mode` if given) and listening: for asyncio's
-    `start_unix_server(sock=…)` and uvicorn's `serve(sockets=[…])`."""
+    `start_unix_server(sock=…)` and uvicorn's `serve(sockets=[…])`. A socket file left at `path` (a server that
+    stopped) is replaced, as `start_unix_server(path=…)` does; any other file there is an error."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.remove(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with reachable(path) as at:

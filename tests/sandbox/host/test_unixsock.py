@@ -7,6 +7,8 @@ import asyncio
 import os
 import stat
 
+import pytest
+
 from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.sandbox import SandboxSpec, create_sandbox
 from rolloutd.sandbox.host.egress import EgressProxy
@@ -80,3 +82,17 @@ def test_the_egress_proxy_serves_a_socket_in_a_deep_control_directory(tmp_path):
 
     status, mode = asyncio.run(main())
     assert status.startswith(b"HTTP/1.1 403") and mode == 0o666, status
+
+
+def test_a_stale_socket_is_replaced_and_any_other_file_is_kept(tmp_path):
+    """A server started again at its path (the gateway's second start in one sandbox) binds over the socket file its
+    first run left, as asyncio's `start_unix_server(path=…)` does; a regular file there is not removed."""
+    for path in (tmp_path / "short.sock", deep(tmp_path) / "long.sock"):
+        listening(path).close()  # closed: the socket file stays behind
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        listening(path).close()
+    plain = tmp_path / "plain"
+    plain.write_text("keep")
+    with pytest.raises(OSError):
+        listening(plain)
+    assert plain.read_text() == "keep"
