@@ -121,6 +121,9 @@ def test_the_engines_chunks_that_arrive_together_go_on_as_one_piece():
 
         def do_POST(self):  # noqa: N802 - the three chunks in one write
             self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path != "/v1/completions":  # an engine without the token endpoints (agents/vllm_tokens.py)
+                self.send_error(404)
+                return
             self._send(sse, "text/event-stream")
 
         def _send(self, data, kind):
