@@ -19,13 +19,19 @@ class _StubBackend(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _absent(self) -> None:
+        """What an engine says of a route it does not serve (the daemon probes for the token endpoints)."""
+        self.send_error(404)
+
     def do_GET(self) -> None:  # noqa: N802
-        self._send({"data": [{"id": "stub", "max_model_len": 4096}]} if self.path.startswith("/v1/models") else {})
+        if self.path.startswith("/v1/models"):
+            return self._send({"data": [{"id": "stub", "max_model_len": 4096}]})
+        return self._send({}) if self.path.startswith("/health") else self._absent()
 
     def do_POST(self) -> None:  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if not self.path.startswith("/v1/completions"):
-            return self._send({})
+        if self.path != "/v1/completions":
+            return self._absent()
         doc = {"choices": [{"token_ids": [2], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop",
                             "prompt_token_ids": req.get("prompt")}]}
         if not req.get("stream"):
