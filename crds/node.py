@@ -71,6 +71,9 @@ def result_coalesce(interval: float) -> float:
 # idle connection first (a request sent as the server closes it would fail).
 DAEMON_KEEP_ALIVE_SECONDS = 60.0
 CONTROLLER_KEEP_ALIVE_SECONDS = 75.0
+# An engine's server (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, uvicorn's 5 s) closes an idle connection after 5 s: every
+# client of an engine closes its own first, else a call sent just as the engine closes fails ("Server disconnected")
+ENGINE_CLIENT_KEEP_ALIVE_SECONDS = 4.0
 # A daemon given several controller addresses bounds each call by this (a paused leader accepts connections and
 # answers nothing), then moves to the next address; a new leader gives every lease it adopts this much more.
 FAILOVER_CALL_SECONDS = 10.0

@@ -18,6 +18,8 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import httpx
 
+from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS
+
 from .admission import Admission
 
 
@@ -153,7 +155,7 @@ class BackendHttp:
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient()
+            self._client = httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=ENGINE_CLIENT_KEEP_ALIVE_SECONDS))
         return self._client
 
     async def post(self, url: str, path: str, params: dict[str, Any] | None = None) -> str | None:

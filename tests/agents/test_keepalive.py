@@ -256,3 +256,38 @@ def test_reset_half_closed_and_timed_out_exchanges_give_their_slots_back(path, e
             assert free_slots(transport) == 2
 
     asyncio.run(scenario())
+
+
+def test_the_clients_of_an_engine_drop_an_idle_connection_before_the_engine_would():
+    """vLLM's server closes a connection idle for 5 s; a call sent on it just then fails ("Server disconnected").
+    The node's engine client and the controller's (weight updates, minutes apart) open a new one after 4 s idle."""
+    from rolloutd.agents.llm import VLLMBackend
+    from rolloutd.controller.work.backends import BackendHttp
+    from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS
+
+    async def twice(call) -> int:
+        async with Server() as srv:
+            await call(srv.url)
+            await call(srv.url)
+            assert srv.connections == 1  # back to back: one connection
+            await asyncio.sleep(ENGINE_CLIENT_KEEP_ALIVE_SECONDS + 0.2)  # idle past ours, short of the engine's 5 s
+            await call(srv.url)
+            return srv.connections
+
+    async def scenario():
+        node = VLLMBackend("http://127.0.0.1:1")
+        admin = BackendHttp()
+
+        async def by_node(url: str) -> None:
+            node.url = url
+            assert (await node._request("GET", "/ok")).status_code == 200
+
+        async def by_controller(url: str) -> None:
+            assert await admin.post(url, "/ok") is None
+        try:
+            return await asyncio.gather(twice(by_node), twice(by_controller))
+        finally:
+            await node.aclose()
+            await admin.client.aclose()
+    assert ENGINE_CLIENT_KEEP_ALIVE_SECONDS < 5
+    assert asyncio.run(scenario()) == [2, 2]
