@@ -22,7 +22,10 @@ from rolloutd.agents.tokenizer import ChatTokenizer
 from support.waiting import until
 
 ASK = [{"role": "user", "content": "Count to a thousand."}]
-TOKENS = 1200  # greedy, ignore_eos: seconds of generation on the tiny model, long enough to land an update inside
+# closes an idle connection before the engine's server would (uvicorn's keep-alive: 5 s), never racing its close
+UNDER_KEEPALIVE = httpx.Limits(keepalive_expiry=4.0)
+TOKENS = 3000  # greedy, ignore_eos: seconds of generation on the tiny model, long enough to land an update inside
+# (the engine's server may deliver seconds of tokens at once on a loaded machine: the pause must still land inside)
 
 
 def _prompt_tokens(url: str) -> float:
@@ -50,7 +53,8 @@ def test_a_streamed_harness_call_is_held_tagged_and_split_by_the_policy_gate(tin
     async def go():
         gate = PolicyGate(0)
         gate.mode = "keep"
-        async with VLLMBackend(url) as backend, httpx.AsyncClient(base_url=url, timeout=120) as engine:
+        async with VLLMBackend(url) as backend, \
+                httpx.AsyncClient(base_url=url, timeout=120, limits=UNDER_KEEPALIVE) as engine:
             llm = TrackedLLM(backend, gate, mode="keep", url=url)
             gw = Gateway(llm, tok, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))
             await gw.start(tmp_path / "gw.sock")
@@ -67,11 +71,12 @@ def test_a_streamed_harness_call_is_held_tagged_and_split_by_the_policy_gate(tin
                 gate.set(1, paused=False)  # the update is over: the call goes out, tagged with the new version
                 await asyncio.wait_for(first.wait(), 120)
                 assert gate.inflight == 1  # in flight: a drain-mode update waits for it
-                # a keep-mode update mid-stream: the engine paused with the request in place, the node's fence
-                assert (await engine.post("/pause", params={"mode": "keep"})).status_code == 200
-                gate.set(2, paused=True, fence=1)
-                await until(lambda: gate.fence_done == 1, 60, "the keep-mode fence")
-                assert (await engine.post("/resume")).status_code == 200
+                try:
+                    assert (await engine.post("/pause", params={"mode": "keep"})).status_code == 200
+                    gate.set(2, paused=True, fence=1)
+                    await until(lambda: gate.fence_done == 1, 60, "the keep-mode fence")
+                finally:  # the session's engine runs again whatever failed here
+                    assert (await engine.post("/resume")).status_code == 200
                 gate.set(3, paused=False)
                 deltas = await asyncio.wait_for(harness, 600)
             finally:

@@ -10,8 +10,11 @@ import pytest
 from rolloutd.agents.llm import Preempted, SamplingParams, VLLMBackend
 
 from support.engine_fixtures import log_mark, wait_engine_took
+from support.waiting import until
 
 PROMPT = [1, 5, 9, 33, 70, 200, 7]
+LONG = 6000  # tokens: seconds of greedy generation on the tiny model
+UNDER_KEEPALIVE = httpx.Limits(keepalive_expiry=4.0)  # closes before the engine does (uvicorn: 5 s)
 
 
 async def streamed(llm: VLLMBackend, prompt: list[int], sampling: SamplingParams, rid: str):
@@ -35,29 +38,33 @@ def test_a_stream_goes_through_the_token_endpoint_with_the_completions_ids_and_l
 
 def test_the_stamps_split_a_stream_where_the_label_changed_while_the_engine_was_paused(tiny_engine):
     url = tiny_engine.url
+    # long enough that the pause lands mid-stream even where the stream reaches the reader in bursts (a loaded
+    # machine has delivered seconds of a fresh engine's tokens at once)
+    sampling = SamplingParams(max_tokens=LONG, temperature=0, ignore_eos=True)
 
     async def go():
-        async with VLLMBackend(url) as llm, httpx.AsyncClient(timeout=60) as admin:
+        async with VLLMBackend(url) as llm, httpx.AsyncClient(timeout=60, limits=UNDER_KEEPALIVE) as admin:
             await admin.post(f"{url}/update_weight_version", json={"new_version": "test:before"})
             got: list[int] = []
 
             async def read():
-                async for p in llm.stream(PROMPT, SamplingParams(max_tokens=3000, temperature=0, ignore_eos=True),
-                                          "stamps-split"):
+                async for p in llm.stream(PROMPT, sampling, "stamps-split"):
                     got.extend(p.token_ids)
                     if p.finish_reason:
                         return p
             task = asyncio.create_task(read())
-            while len(got) < 20:
-                await asyncio.sleep(0.01)
-            assert (await admin.post(f"{url}/pause", params={"mode": "keep"})).status_code == 200
-            await admin.post(f"{url}/update_weight_version", json={"new_version": "test:after"})
-            await asyncio.sleep(0.3)  # nothing more is generated while paused
-            at = len(got)
-            await admin.post(f"{url}/resume")
-            return await task, at
-    last, at = asyncio.run(go())
-    assert last.weight_spans == [("test:before", 0, at), ("test:after", at, 3000)]
+            await until(lambda: len(got) >= 20 or task.done(), 120, "the stream's first tokens")
+            try:
+                assert (await admin.post(f"{url}/pause", params={"mode": "keep"})).status_code == 200
+                await admin.post(f"{url}/update_weight_version", json={"new_version": "test:after"})
+                received = len(got)  # each made before the resume, so under the old label (none is made while paused)
+            finally:  # the session's engine runs again whatever failed here
+                assert (await admin.post(f"{url}/resume")).status_code == 200
+            return await task, received
+    last, received = asyncio.run(go())
+    [(old, start, split), (new, split_again, end)] = last.weight_spans
+    assert (old, new, start, end) == ("test:before", "test:after", 0, LONG) and split == split_again
+    assert received <= split < LONG
 
 
 def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_tokens_and_stamps(tiny_engine):
@@ -72,10 +79,13 @@ def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_toke
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            mark = log_mark(engine)
-            task = asyncio.create_task(streamed(llm, PROMPT, long, "stamps-abort-me"))
-            await asyncio.to_thread(wait_engine_took, engine, task, mark, "generate-tokens-stamps-abort-me")
-            await asyncio.sleep(0.5)
+            got: list[int] = []
+
+            async def read():
+                async for p in llm.stream(PROMPT, long, "stamps-abort-me"):
+                    got.extend(p.token_ids)
+            task = asyncio.create_task(read())
+            await until(lambda: got or task.done(), 120, "the stream's first token")  # then aborted mid-stream
             await llm.abort("stamps-abort-me")
             with pytest.raises(Preempted) as aborted:
                 await task
