@@ -44,10 +44,14 @@ def job(name: str, source: Path, prompts: int, samples: int, backends: list[str]
     }
 
 
-def summary(xs: list[float]) -> dict:
+def summary(xs: list[float], at: list[float] | None = None) -> dict:
+    """n, p50, p99 and max of `xs` (ms); with `at` (each sample's start, s into the window) the three slowest
+    samples as (s into the window, ms): where in a long window the stalls were."""
     if not xs:
-        return {"n": 0, "p50": float("nan"), "p99": float("nan"), "max": float("nan")}
-    return {"n": len(xs), "p50": statistics.median(xs), "p99": _pct(xs, 0.99), "max": max(xs)}
+        return {"n": 0, "p50": float("nan"), "p99": float("nan"), "max": float("nan"), "worst": []}
+    worst = sorted(zip(at, xs), key=lambda p: -p[1])[:3] if at is not None else []
+    return {"n": len(xs), "p50": statistics.median(xs), "p99": _pct(xs, 0.99), "max": max(xs),
+            "worst": [(round(t, 1), round(ms, 1)) for t, ms in worst]}
 
 
 @dataclass
@@ -67,17 +71,21 @@ class Teams:
         passed): ms each."""
         gets: list[float] = []
         beats: list[float] = []
+        get_at: list[float] = []
+        beat_at: list[float] = []
         start = time.monotonic()
         end = start + seconds
         while time.monotonic() < end and not (stop and stop.is_set() and time.monotonic() >= start + at_least):
             t = time.perf_counter()
+            get_at.append(time.monotonic() - start)
             self.b.get(self.mine).raise_for_status()
             gets.append((time.perf_counter() - t) * 1000)
             if self.node is not None:
                 t = time.perf_counter()
+                beat_at.append(time.monotonic() - start)
                 self.node.post(self.beat_path, json={}).raise_for_status()
                 beats.append((time.perf_counter() - t) * 1000)
-        return {"get": summary(gets), "beat": summary(beats)}
+        return {"get": summary(gets, get_at), "beat": summary(beats, beat_at)}
 
     def window(self, seconds: float, load) -> dict:
         """`probe` for `seconds` while `load(stop)` runs in a thread (None: idle)."""

@@ -43,6 +43,7 @@ from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..dialects import raw
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
+from . import opened
 from .held_leases import HeldLeases
 from .states import LIVE, BatchState, GroupState, ItemState
 from .tables import BatchPromptsRow, BatchRow, GroupRow, ItemRow, TrajectoryRow
@@ -125,10 +126,7 @@ class Batches:
     def _items_left(self, s: Session, job: RolloutJob) -> int | None:
         """Rollouts the job may still open under quotas.itemsPerJob, counted over its whole life (None: no quota)."""
         quota = self.item_quota(job)
-        if quota is None:
-            return None
-        opened = raw(s.connection()).execute("SELECT count(*) FROM items WHERE job = ?", (job.metadata.key,)).fetchone()[0]
-        return max(0, quota - opened)
+        return None if quota is None else max(0, quota - opened.items(raw(s.connection()), job.metadata.key))
 
     # ------------------------------------------------------------ requests
 
@@ -253,6 +251,7 @@ class Batches:
                                         f"VALUES {values} RETURNING id", params).fetchall()]
         self.items.add_groups_items(db, ids, job.spec.samples_per_prompt, now)
         n = len(prompts)
+        opened.add(db, name, n * job.spec.samples_per_prompt)
         db.execute("UPDATE batches SET opened_groups = opened_groups + ? WHERE job = ? AND k = ?", (n, name, batch.k))
         # an ORM row's copy as written (its flush writes nothing more); `fill_step`'s plain object as is
         (set_committed_value if isinstance(batch, BatchRow) else setattr)(batch, "opened_groups", batch.opened_groups + n)

@@ -142,6 +142,14 @@ class CursorRow(SQLModel, table=True):
     next_prompt: int = 0  # grows forever; the dataset index is next_prompt % prompts
 
 
+class OpenedRow(SQLModel, table=True):
+    """The rollouts a batch job has opened over its life (`quotas.itemsPerJob`), kept beside each write that opens
+    some (`batches.opened_items`): counting the job's items at every step of a fill grew with the batch (issue 36)."""
+    __tablename__ = "opened_items"
+    job: str = Field(primary_key=True)
+    items: int = 0
+
+
 FACT_REASON = 200
 FACTS = {"task_id": "json_extract(data, '$.taskId')", "policy": "json_quote(json_extract(data, '$.policyVersion'))",
          "reason": f"substr(coalesce(json_extract(data, '$.failure.reason'), ''), 1, {FACT_REASON})",
@@ -176,7 +184,7 @@ LENGTH_FACTS = {
 
 CREATE_LOCK = 0x776F726B  # PostgreSQL advisory lock key held by `create` ("work")
 PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, BatchPromptsRow, CursorRow,
-           PolicyRow)
+           PolicyRow, OpenedRow)
 
 
 def create(engine: Engine) -> None:
@@ -189,6 +197,8 @@ def create(engine: Engine) -> None:
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
         # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_state_deadline ON items (state, deadline)")
+        # a batch's running groups, counted at every step of its fill: this index alone, not the job's every group
+        c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_groups_job_batch_state ON groups (job, batch, state)")
         # every index an item's state change rewrites is WAL pages written; these two repeat the prefixes above
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job")
         c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_state")
