@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from rolloutd.crds.errors import ConfigurationError, InfraError
-from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS
+from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS as KEEP_ALIVE
 
 import httpx
 
@@ -144,12 +144,11 @@ class VLLMBackend:
         # plain http to the backends through KeepAliveTransport (see the module docstring), unless
         # the environment routes http through a proxy (httpx's own transports honour it)
         mounts = None if http_proxy_configured() else {"http://": KeepAliveTransport(
-            max_connections=256, max_keepalive=64, keepalive_expiry=ENGINE_CLIENT_KEEP_ALIVE_SECONDS)}
+            max_connections=256, max_keepalive=64, keepalive_expiry=KEEP_ALIVE)}
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._client = client or httpx.AsyncClient(
             timeout=self._timeout,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64,
-                                keepalive_expiry=ENGINE_CLIENT_KEEP_ALIVE_SECONDS),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEP_ALIVE),
             mounts=mounts,
         )
         self._owns_client = client is None
