@@ -326,3 +326,24 @@ class Batches:
     def counts(self) -> str:
         return (f"{self.added} spans: {self.sent} sent in {self.requests} requests, {self.dropped} dropped, "
                 f"{self.failed} not sent (the backend failed)")
+
+
+def sdk_batches(resource: dict[str, Any], scope: str) -> Batches | bool:
+    """`Batches` sending by the SDK exporter's HTTP client (the standard OTLP variables: endpoint, headers,
+    compression, timeout, TLS), shut down at exit; False when this SDK's exporter has none (another version)."""
+    import atexit
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    client = getattr(OTLPSpanExporter(), "_client", None)
+    if client is None or not callable(getattr(client, "export", None)):
+        return False
+
+    def send(data: bytes, timeout: float | None) -> bool:
+        if timeout is not None and isinstance(getattr(client, "_timeout", None), (int, float)):
+            client._timeout = min(client._timeout, max(timeout, 0.05))   # a stop's sends: within its time left
+        return bool(client.export(data).success)
+
+    batches = Batches(send, resource, scope)
+    atexit.register(batches.shutdown)
+    return batches

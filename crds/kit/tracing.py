@@ -8,7 +8,6 @@ crds/kit/otlp.py. Next step: `rolloutd.agents.spans` (the node's spans) and `con
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import logging
@@ -181,24 +180,10 @@ def encoded(data: bytes) -> bool:
 
 
 def _own_batches() -> Any:
-    """`otlp.Batches` sending by the SDK exporter's HTTP client (the standard OTLP variables), or False when
-    this SDK's exporter has none (another version)."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
+    """`otlp.Batches` sending by the SDK exporter's HTTP client, or False (`otlp.sdk_batches`)."""
     from rolloutd.crds.kit import otlp
 
-    client = getattr(OTLPSpanExporter(), "_client", None)
-    if client is None or not callable(getattr(client, "export", None)):
-        return False
-
-    def send(data: bytes, timeout: float | None) -> bool:
-        if timeout is not None and isinstance(getattr(client, "_timeout", None), (int, float)):
-            client._timeout = min(client._timeout, max(timeout, 0.05))   # a stop's sends: within its time left
-        return bool(client.export(data).success)
-
-    batches = otlp.Batches(send, dict(_provider.resource.attributes), TRACER)
-    atexit.register(batches.shutdown)
-    return batches
+    return otlp.sdk_batches(dict(_provider.resource.attributes), TRACER)
 
 
 class _Nothing:
@@ -311,35 +296,48 @@ def _parent_of(parent: str | None) -> tuple | None:
     return (cur.trace_id, cur.span_id, cur.sampled, False) if cur is not None else None
 
 
-@contextlib.contextmanager
-def span(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
-         parent: str | None = None) -> Iterator[Any]:
-    """A span around the block, the current one inside it (child of `parent`, a W3C traceparent, when given,
-    else of the current span). An exception escaping the block marks it as an error. No-op with tracing off."""
-    if _tracer is None:
-        yield NOTHING
-        return
-    s = _new(name, attributes, start_time, _parent_of(parent))
-    token = _current.set(s)
-    try:
-        yield s
-    except Exception as e:   # as the SDK's `use_span`: not GeneratorExit, not a cancellation
-        if s.is_recording():
+class _Scope:
+    """`span`'s block: the span current inside it, ended after it (an exception escaping it recorded, as the SDK's
+    `use_span` does: not a cancellation). A class, not a generator: ~1 µs less a span."""
+    __slots__ = ("span", "token")
+
+    def __init__(self, s: Any) -> None:
+        self.span = s
+
+    def __enter__(self) -> Any:
+        self.token = _current.set(self.span)
+        return self.span
+
+    def __exit__(self, kind: Any, e: Any, tb: Any) -> None:
+        _current.reset(self.token)
+        s = self.span
+        if isinstance(e, Exception) and s.is_recording():
             s.record_exception(e)
             s.error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        _current.reset(token)
         s.end()
 
 
-def start(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
-          parent: Any = None) -> Any:
-    """A span not made current (ended by the caller's `end()`), child of `parent` (a span) or a new trace."""
-    if _tracer is None:
+class _Off:
+    """`span`'s block with tracing off: nothing (one object for every call)."""
+
+    def __enter__(self) -> Any:
         return NOTHING
-    up = (parent.trace_id, parent.span_id, parent.sampled, False) if isinstance(parent, Span) else None
-    return _new(name, attributes, start_time, up)
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+OFF = _Off()
+
+
+def span(name: str, attributes: dict[str, Any] | None = None, *, start_time: int | None = None,
+         parent: str | None = None) -> Any:
+    """A span around the block (`with span(...) as s:`), the current one inside it (child of `parent`, a W3C
+    traceparent, when given, else of the current span). An exception escaping the block marks it as an error.
+    No-op with tracing off."""
+    if _tracer is None:
+        return OFF
+    return _Scope(_new(name, attributes, start_time, _parent_of(parent)))
 
 
 def set_attributes(s: Any, attributes: dict[str, Any]) -> None:
