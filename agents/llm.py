@@ -30,6 +30,7 @@ from rolloutd.crds.errors import ConfigurationError, InfraError
 
 import httpx
 
+from rolloutd.agents import vllm_tokens
 from rolloutd.agents.keepalive import KeepAliveTransport, http_proxy_configured
 from rolloutd.agents.sampling import SamplingParams, derive_seed  # noqa: F401 - imported from here too
 
@@ -48,6 +49,8 @@ class Generation:
     versions: list[tuple[int | str | None, int]] | None = None
     # seconds from the request to its first generated token arriving (llmgate, streamed); None when not measured
     first_token_seconds: float | None = None
+    # the engine's stamps over `token_ids`: [(weights label, start, end)] (token endpoint, final piece); None: none
+    weight_spans: list[tuple[str, int, int]] | None = None
 
 
 def _joined(pieces: list[Generation]) -> Generation:
@@ -56,7 +59,7 @@ def _joined(pieces: list[Generation]) -> Generation:
     return Generation([i for p in pieces for i in p.token_ids], [x for p in pieces for x in p.logprobs],
                       last.finish_reason, next((p.prompt_token_ids for p in pieces if p.prompt_token_ids is not None), None),
                       next((p.cached_tokens for p in reversed(pieces) if p.cached_tokens is not None), None),
-                      last.stop_reason)
+                      last.stop_reason, weight_spans=last.weight_spans)
 
 
 class BackendError(InfraError):
@@ -116,7 +119,8 @@ _OVERFLOW = re.compile(r"maximum context length|context length|max_model_len|too
 
 
 class VLLMBackend:
-    """vLLM's OpenAI-compatible server (`/v1/completions` with a token-id prompt).
+    """vLLM's OpenAI-compatible server (`/v1/completions` with a token-id prompt; streamed calls through its token
+    endpoint instead when it serves one and labels its weights: `stamps`, see agents/vllm_tokens.py).
 
     `model` is discovered from `/v1/models` when not given (with its `max_model_len`, used to
     clamp `max_tokens` so a long conversation ends as `length` instead of a 400). `timeout` bounds
@@ -152,6 +156,7 @@ class VLLMBackend:
         self._direct = mounts["http://"] if client is None and mounts and self.url.startswith("http://") else None
         self._discover_lock = asyncio.Lock()
         self._discovered = False
+        self.stamps: bool | None = None  # streams go to the token endpoint, stamped (None: not probed yet)
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -210,6 +215,17 @@ class VLLMBackend:
             self._discovered = True
             return self.model
 
+    async def _probe_stamps(self) -> bool:
+        """Once: does the engine serve its token endpoint and label its weights (agents/vllm_tokens.py)?"""
+        if self.stamps is None:
+            with contextlib.suppress(BackendError):  # else asked again next time
+                self.stamps = await vllm_tokens.served(self._request, self.model)
+        return bool(self.stamps)
+
+    async def paused(self) -> bool:
+        """Whether the engine is paused now (a weight update: agents/vllm_tokens.py)."""
+        return await vllm_tokens.paused(self._request)
+
     async def _body(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> dict | None:
         """The /v1/completions body; None when nothing fits in the context (a truncated ending)."""
         model = await self.discover()
@@ -260,11 +276,13 @@ class VLLMBackend:
         if body is None:
             yield Generation([], [], "length", list(prompt_ids), None)
             return
-        url = f"{self.url}/v1/completions"
+        stamped = await self._probe_stamps()
+        url = f"{self.url}{vllm_tokens.GENERATE if stamped else '/v1/completions'}"
         finished = False
         resp: httpx.Response | None = None
         try:
-            resp = await self._open_stream(url, {**body, "stream": True})
+            resp = await self._open_stream(url, vllm_tokens.body(prompt_ids, body, request_id, body["model"])
+                                           if stamped else {**body, "stream": True})
             if resp.status_code == 503:  # paused (a weight update): nothing generated
                 raise Preempted(f"{url}: HTTP 503", Generation([], [], "abort"))
             if resp.status_code != 200:
@@ -290,7 +308,7 @@ class VLLMBackend:
                     if not isinstance(chunk, dict) or "error" in chunk:
                         raise BackendError("the engine failed the request mid-stream")
                     if chunk.get("choices"):  # else a usage-only chunk
-                        pieces.append(self._parse(chunk, prompt_ids, partial=True))
+                        pieces.append(self._stamped(chunk) if stamped else self._parse(chunk, prompt_ids, partial=True))
                 if pieces:  # the chunks that came together go on as one piece
                     piece = pieces[0] if len(pieces) == 1 else _joined(pieces)
                     finished = finished or bool(piece.finish_reason)
@@ -321,6 +339,16 @@ class VLLMBackend:
         resp = await self._direct.handle_async_request(request)
         resp.request = request
         return resp
+
+    @staticmethod
+    def _stamped(chunk: dict[str, Any]) -> Generation:
+        try:  # a chunk of the token endpoint's stream (the last one with the engine's weight stamps)
+            ids, logprobs, finish, stop_reason, spans = vllm_tokens.parse(chunk)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BackendError(f"malformed token stream ({type(e).__name__})") from e
+        if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
+            raise Preempted("request aborted by the server", Generation(ids, logprobs, "abort", weight_spans=spans))
+        return Generation(ids, logprobs, finish, None, None, stop_reason, weight_spans=spans)
 
     @staticmethod
     def _parse(data: dict[str, Any], prompt_ids: list[int], partial: bool = False) -> Generation:
@@ -364,8 +392,8 @@ class VLLMBackend:
     async def abort(self, request_id: str) -> None:
         """Abort a running request server-side (needs VLLM_SERVER_DEV_MODE=1; best effort).
 
-        The completions endpoint registers choice i of request R as `cmpl-R-i` in the engine
-        (vllm 0.32, entrypoints/openai/completion/serving.py); we send one choice per request."""
-        ids = [f"cmpl-{request_id}-0", request_id]
+        The engine knows request R as `cmpl-R-0` (completions: choice 0, we send one) or `generate-tokens-R` (the
+        token endpoint) in vllm 0.32."""
+        ids = [f"cmpl-{request_id}-0", request_id, *vllm_tokens.engine_ids(request_id)]
         with contextlib.suppress(BackendError):
             await self._request("POST", "/abort_requests", json={"request_ids": ids}, timeout=10.0)

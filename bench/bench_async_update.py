@@ -16,6 +16,7 @@ Measured per update:
 Goal (issue 38): keep and abort wait ≤ reload + 100 ms, whatever the generation length.
 
     python -m bench async_update [--quick]          (writes bench/results/RESULTS-async-update.md)
+    python -m bench.bench_async_update [--quick] --modes keep,abort   (those modes only; prints, writes nothing)
 """
 from __future__ import annotations
 
@@ -119,10 +120,11 @@ def _one(api: httpx.Client, clock: TokenClock, engine, mode: str, source: Path, 
     reset = max((b.get("resetSeconds") or 0.0) for b in answer["backends"])
     return {"mode": mode, "wait": returned - start, "idle": clock.idle(start, returned), "reload": reload,
             "paused": answer["enginesPausedSeconds"], "controller": answer["pausedSeconds"], "reset": reset,
-            "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs)}
+            "split": split, "rollouts": len(trajs), "infra": sum(t["failure"]["kind"] == "infra" for t in trajs),
+            "steps": answer.get("steps") or {}}
 
 
-def run(quick: bool = False) -> list[dict]:
+def run(quick: bool = False, modes: tuple[str, ...] = MODES) -> list[dict]:
     from rolloutd.agents.engine.server import EngineServer
 
     c, tokens, lead = (4, 600, 150) if quick else (8, 1500, 300)
@@ -135,14 +137,14 @@ def run(quick: bool = False) -> list[dict]:
     clock = TokenClock(engine.url)
     results = []
     try:
-        for mode in MODES:
+        for mode in modes:
             results.append(_one(api, clock, engine, mode, source, c, tokens, lead))
     finally:
         clock.stop()
         os.killpg(ctl.pid, signal.SIGTERM)
         ctl.wait(timeout=60)
         engine.stop()
-    base = next(r for r in results if r["mode"] == "drain")
+    base = next((r for r in results if r["mode"] == "drain"), results[0])
     out = [{"benchmark": f"weight update, {r['mode']} (C={c}, {tokens}-token turns)", "ours": f"{r['wait']:.2f} s",
             "baseline": f"{base['wait']:.2f} s (drain)", "ratio": round(base["wait"] / max(r["wait"], 1e-9), 1),
             "target": f"≤ reload + 0.1 s = {r['reload'] + 0.1:.2f} s" if r["mode"] != "drain" else "—",
@@ -156,7 +158,18 @@ def run(quick: bool = False) -> list[dict]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {r['wait']:.2f} | {r['controller']:.2f} | {r['paused']:.2f} | {r['idle']:.2f} | "
               f"{r['reload']:.2f} | {r['reset']:.2f} | {r['split']} | {r['rollouts']} | {r['infra']} |" for r in results]
-    (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
+    lines += ["", "Where the update's time goes (seconds from the announce; `held`/`fenced`: the last daemon's report):", "",
+              "| mode | engines paused | hold asked | calls held | loaded | fence taken | resumed | answered |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = r["steps"]
+        last = lambda k: f"{max(s[k].values()):.3f}" if s.get(k) else "—"  # noqa: E731
+        at = lambda k: f"{s[k]:.3f}" if isinstance(s.get(k), (int, float)) else "—"  # noqa: E731
+        lines.append(f"| {r['mode']} | {at('paused')} | {at('asked')} | {last('held')} | {at('loaded')} | "
+                     f"{last('fenced')} | {at('resumed')} | {r['controller']:.3f} |")
+    lines += ["", f"Load average during the run: {os.getloadavg()[0]:.1f} (1 min) at its end."]
+    if modes == MODES:
+        (HERE / "results" / "RESULTS-async-update.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out
 
@@ -164,4 +177,6 @@ def run(quick: bool = False) -> list[dict]:
 if __name__ == "__main__":
     from bench.__main__ import render
 
-    print(render(run(quick="--quick" in sys.argv)))
+    only = next((a.split("=", 1)[1] if "=" in a else sys.argv[i + 2] for i, a in enumerate(sys.argv[1:])
+                 if a.startswith("--modes")), None)
+    print(render(run(quick="--quick" in sys.argv, modes=tuple(only.split(",")) if only else MODES)))

@@ -1,7 +1,7 @@
 """`rolloutctl --version` and `rolloutctl get rolloutjobs` (against a real controller holding 20 jobs) in CPU
 seconds per call (user + system of the child, from `resource.getrusage`), side by side with
-`kubectl version --client` and the same `get` through the full typer CLI (`ctl.py`, what every call paid before
-`get`'s fast path, `controller/ctl_fast.py`) in the same run. Target: ≤ 150 ms of CPU per call. Results: bench/results/RESULTS-cli.md.
+`kubectl version --client` and the same `get` through the full typer CLI (`controller/ctl/app.py`, what every call paid before
+`get`'s fast path, `controller/ctl/fast.py`) in the same run. Target: ≤ 150 ms of CPU per call. Results: bench/results/RESULTS-cli.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Fair share: episodes/s per tenant on one shared backend, with unequal `quotas.priority` (issue 36).
+"""Fair share: episodes/s per tenant on one shared backend, with unequal `quotas.priority` (issue 36); then
+team-b's episodes/s on a real engine beside team-a's worst legal job (`bench/fairshare_worst.py`).
 
     python -m bench fairshare        (writes bench/results/RESULTS-fairshare.md; --quick: a shorter window)
+    ROLLOUTD_FAIRSHARE_PARTS=worst python -m bench fairshare     (only the worst-job part; `tenants`: only the first)
 
 One real `rolloutd controller` (`bench_scale.Controller`) whose backend admits CAP episodes at once
 (`ROLLOUTD_MAX_EPISODES_PER_BACKEND`: the engine is the bottleneck, as a shared vLLM is), one `/health` stub as that
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import fairshare_worst
 from bench.bench_scale import P, Controller, HealthServer
 from bench.teams import job, sim_nodes
 from rolloutd.controller.auth import create_scoped_token
@@ -33,6 +36,8 @@ CAP = 48  # episodes the shared backend admits at once
 PRIORITIES = {"team-a": 1, "team-b": 3, "team-c": 6}
 NODES, SLOTS = 2, 64  # per tenant: 128 slots each, 384 in all against a cap of 48
 TIME_FACTOR = 20.0  # rollouts of ~2 s (median 40 s / 20)
+WORST_HEADING = "## team-b beside team-a's worst legal job"
+NOTES_HEADING = "\n### Notes"  # hand-written below the generated worst-job part, kept when it is rewritten
 
 
 def _policy(namespace: str, priority: int, root: Path, backend: str) -> dict:
@@ -91,6 +96,32 @@ def measure(window: float, warmup: float = 10.0) -> dict:
 
 
 def run(quick: bool = False) -> list[dict]:
+    parts = os.environ.get("ROLLOUTD_FAIRSHARE_PARTS", "tenants,worst").split(",")
+    out = HERE / "results" / "RESULTS-fairshare.md"
+    old = out.read_text() if out.exists() else ""
+    cut = old.find(WORST_HEADING)
+    tenants_text, worst_text = (old[:cut], old[cut:]) if cut >= 0 else (old, "")
+    results: list[dict] = []
+    if "tenants" in parts:
+        text, rows = _tenants(quick)
+        results += rows
+        tenants_text = text or tenants_text
+    if "worst" in parts:
+        notes = worst_text[worst_text.find(NOTES_HEADING):] if NOTES_HEADING in worst_text else ""
+        m = fairshare_worst.measure(60.0 if quick else 120.0)
+        table, rows = fairshare_worst.rows(m)
+        results += rows
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        worst_text = (f"{WORST_HEADING}\n\n`python -m bench fairshare` on {platform.node()} ({platform.machine()}, "
+                      f"{os.cpu_count()} cores, shared with other jobs, load {m['load'][0]}→{m['load'][1]}), {stamp}; "
+                      f"windows of {m['window_s']:.0f} s after a 15 s warm-up; the engine started in "
+                      f"{m['engine_start_s']:.0f} s.\n\n{table}\n{fairshare_worst.__doc__}{notes}")
+    if not quick:
+        out.write_text(tenants_text.rstrip("\n") + "\n\n" + worst_text if worst_text else tenants_text)
+    return results
+
+
+def _tenants(quick: bool) -> tuple[str, list[dict]]:
     window = 20.0 if quick else 60.0
     m = measure(window)
     total = sum(t["rollouts"] for t in m["tenants"].values()) or 1
@@ -106,10 +137,8 @@ def run(quick: bool = False) -> list[dict]:
     table = ("| tenant | quotas.priority (= spec.priority) | rollouts in window | per s | share | share by priority "
              "| share / due |\n|---|---|---|---|---|---|---|\n" + "".join(rows))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if not quick:
-        errors = {ns: t["errors"] for ns, t in m["tenants"].items() if t["errors"] or t["failed_loops"]}
-        (HERE / "results" / "RESULTS-fairshare.md").write_text(
-            f"# Fair share on a shared backend (issue 36)\n\n`python -m bench fairshare` on {platform.node()} "
+    errors = {ns: t["errors"] for ns, t in m["tenants"].items() if t["errors"] or t["failed_loops"]}
+    text = (f"# Fair share on a shared backend (issue 36)\n\n`python -m bench fairshare` on {platform.node()} "
             f"({platform.machine()}, {os.cpu_count()} cores, shared with other jobs, load {m['load'][0]}→{m['load'][1]}),"
             f" {stamp}. One backend admitting {CAP} episodes at once; three tenants, each with {NODES} simulated "
             f"daemons × {SLOTS} slots ({NODES * SLOTS} episodes offered each, {len(PRIORITIES) * NODES * SLOTS} in all), "
@@ -117,7 +146,7 @@ def run(quick: bool = False) -> list[dict]:
             f"{window:.0f} s after a 10 s warm-up.\n\n{table}\n"
             f"Goal: each tenant's share follows its priority (share / due near 1), none below half its due, none "
             f"starved. Client errors: {errors or 'none'}.\n")
-    return results
+    return ("" if quick else text), results
 
 
 if __name__ == "__main__":

@@ -59,11 +59,10 @@ def _steady_rate(ends: list[float]) -> float:
 
 def run(quick: bool = False) -> list[dict]:
     from support.sim.minicluster import MiniSlurm
-    from rolloutd.crds.kit.settings import ControllerSettings
 
     from rolloutd.agents.engine.model_dirs import prepare_model
 
-    slurm = MiniSlurm(ControllerSettings.from_env().slurm_dir).start()
+    slurm = MiniSlurm().start()  # in $ROLLOUTD_SLURM_DIR, else /tmp/rolloutd-slurm
     prompts, samples = (20, 8) if quick else (50, 8)
     n = prompts * samples
     tmp = Path(tempfile.mkdtemp(prefix="rolloutd-bench-slurm-"))

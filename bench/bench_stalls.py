@@ -1,13 +1,17 @@
 """Stalls: team-b's GET latency while team-a does its worst legal thing, beside an idle window, in one run.
 
     python -m bench stalls           (writes bench/results/RESULTS-stalls.md; --quick: smaller loads)
+    ROLLOUTD_STALLS_GROUPS=100000 python -m bench stalls      (the batch's size; default 2000)
 
 One real `rolloutd controller` (`bench_scale.Controller`: nothing starts, 0 nodes). team-b GETs its own job in
 a loop with its namespace token, four windows one after the other: idle; while a batch of many groups is
 requested on a batch job (`batch`); while YAML alias bombs are POSTed in a loop (`bombs`); while many
 connections are held open without sending a request head (`half-open`). Reported per window: team-b's GET
 p50/p99/max and the ratio of its p99 to the idle one (goal of issue 36: within 2×), and the same of team-b's node
-heartbeat (one registered node of its job, the beat in turn with the GET). The setup is `teams.py`'s.
+heartbeat (one registered node of its job, the beat in turn with the GET). The setup is `teams.py`'s. The batch is
+team-a's own request, with its namespace token, on a job its TenantPolicy allows (`quotas.itemsPerJob` = the
+batch's rollouts: the legal worst case); its window lasts until every group is open (the fill goes on after the
+request returns), and the controller's CPU time, peak memory and store size over it are reported.
 `$ROLLOUTD_STALLS_BEFORE=REV` (e.g. main) measures that revision's controller first in the same run, and the
 results file shows both tables (side by side on the same loaded box).
 """
@@ -23,10 +27,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import httpx
+
+from bench.bench_pipeline import _cpu_seconds
 from bench.bench_scale import P, older_source
 from bench.teams import job, two_teams
+from rolloutd.controller.auth import create_scoped_token
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_GROUPS = 2000
 BOMB = ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))).encode()
 # team-a's bomber is a process of its own, as a hostile tenant is: in the bench's process its loop would hold
@@ -45,10 +54,27 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
         ctl = t.ctl
         big = job("big", t.source, 64, 8, t.health.urls)
         big["spec"]["batches"] = {"groups": groups}
-        ctl.api.post(f"{P}/namespaces/team-a/rolloutjobs", json=big).raise_for_status()
+        a = _team_a(t, groups * 8)
+        r = a.post(f"{P}/namespaces/team-a/rolloutjobs", json=big)
+        if r.status_code != 201:
+            raise RuntimeError(f"team-a's batch job was refused: {r.text[:500]}")
+        opened = threading.Event()
+        batch_stats: dict = {}
 
         def batch(stop: threading.Event) -> None:
-            ctl.api.post(f"{P}/namespaces/team-a/rolloutjobs/big/batches", json={}).raise_for_status()
+            """team-a's batch request, then its groups' opening watched (every 2 s) until all are open."""
+            pid, t0 = ctl.proc.pid, time.monotonic()
+            cpu0 = _cpu_seconds(pid)
+            r = a.post(f"{P}/namespaces/team-a/rolloutjobs/big/batches", json={})
+            r.raise_for_status()
+            batch_stats["request_s"] = time.monotonic() - t0
+            k = r.json()["batch"]
+            while not stop.wait(2.0):
+                if a.get(f"{P}/namespaces/team-a/rolloutjobs/big/batches/{k}").json()["openedGroups"] >= groups:
+                    break
+            batch_stats.update(fill_s=time.monotonic() - t0, cpu_s=_cpu_seconds(pid) - cpu0, peak_mb=_peak_mb(pid),
+                               store_mb=sum(f.stat().st_size for f in (t.root / "data").glob("*.db*")) / 2 ** 20)
+            opened.set()
 
         def bombs(stop: threading.Event) -> None:
             bomber = subprocess.Popen([sys.executable, "-c", _BOMBER, ctl.url, ctl.token,
@@ -72,11 +98,34 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
 
         out = {"idle": t.window(seconds, None)}
         t0 = time.monotonic()
-        out["batch"] = t.window(seconds, batch)
+        worker = threading.Thread(target=batch, args=(threading.Event(),))
+        worker.start()
+        out["batch"] = t.probe(24 * 3600.0, opened, at_least=seconds)  # until every group is open
+        worker.join()
         out["batch_s"] = time.monotonic() - t0
+        out["batch_stats"] = {**batch_stats, "load": os.getloadavg()[0]}
         out["bombs"] = t.window(seconds, bombs)
         out["half-open"] = t.window(seconds, hold)
     return out
+
+
+def _team_a(t, items: int) -> httpx.Client:
+    """team-a's namespace token, under a TenantPolicy allowing `items` rollouts per job (its dataset, its backends)."""
+    t.root.chmod(0o755)  # a tenant's data must be readable by any user (the policy's check)
+    t.source.chmod(0o644)
+    policy = {"apiVersion": "rolloutd.io/v1alpha1", "kind": "TenantPolicy", "metadata": {"name": "team-a"},
+              "spec": {"dataRoots": [str(t.root)], "backends": [t.health.urls[0].rsplit("/", 1)[0]],
+                       "quotas": {"itemsPerJob": max(items, 100_000)}}}
+    t.ctl.api.put(f"{P}/tenantpolicies/team-a", json=policy).raise_for_status()
+    token = create_scoped_token(t.root / "data" / "tokens", "team-a", read_only=False, namespaces=["team-a"])
+    return httpx.Client(base_url=t.ctl.url, headers={"Authorization": f"Bearer {token.token}"}, timeout=300)
+
+
+def _peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _table(m: dict, names: dict) -> str:
@@ -92,8 +141,11 @@ def _table(m: dict, names: dict) -> str:
 
 
 def run(quick: bool = False) -> list[dict]:
-    """`$ROLLOUTD_STALLS_BEFORE=REV`: that revision's controller is measured first, in the same run (side by side)."""
-    groups, seconds, half_open = (500, 4.0, 300) if quick else (2000, 8.0, 1000)
+    """`$ROLLOUTD_STALLS_BEFORE=REV`: that revision's controller is measured first, in the same run (side by side).
+    `$ROLLOUTD_STALLS_GROUPS=N`: the batch's groups (default 2000; 500 with --quick). The default size rewrites the
+    results file's top and keeps its `## ` sections; another size writes (or replaces) a section of its own."""
+    groups, seconds, half_open = (500, 4.0, 300) if quick else (DEFAULT_GROUPS, 8.0, 1000)
+    groups = int(os.environ.get("ROLLOUTD_STALLS_GROUPS") or groups)
     before_rev = os.environ.get("ROLLOUTD_STALLS_BEFORE")
     before = None
     if before_rev:
@@ -101,24 +153,46 @@ def run(quick: bool = False) -> list[dict]:
             before = measure(groups, seconds, half_open, src)
     load0 = os.getloadavg()[0]
     m = measure(groups, seconds, half_open)
-    names = {"idle": "idle", "batch": f"a batch of {groups} groups × 8 requested (admin's job: no item quota)",
+    names = {"idle": "idle", "batch": f"a batch of {groups} groups × 8 requested (team-a's token, its policy allowing it)",
              "bombs": "YAML alias bombs POSTed in a loop", "half-open": f"{half_open} connections with half a head"}
     table = _table(m, names)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    b = m["batch_stats"]
+    fill = (f"The batch: the request answered in {b['request_s']:.2f} s, every group was open {b['fill_s']:.0f} s after "
+            f"it (the batch window lasted that long); the controller's CPU time over it {b['cpu_s']:.0f} s, its peak "
+            f"resident memory {b['peak_mb']:.0f} MB, the store {b['store_mb']:.0f} MB on disk after; load "
+            f"{b['load']:.1f} at its end.\n")
     if not quick:
         side = "" if before is None else (
             f"\nThe controller of `{before_rev}`, measured just before in the same run (the batch took "
             f"{before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here):\n\n{_table(before, names)}")
-        (HERE / "results" / "RESULTS-stalls.md").write_text(
-            f"# Stalls (issue 36)\n\n`python -m bench stalls` on {platform.node()} ({platform.machine()}, "
-            f"{os.cpu_count()} cores, shared with other jobs, load {load0:.1f}→{os.getloadavg()[0]:.1f}), {stamp}. "
-            f"Windows of {seconds:.0f} s each, one after the other, in one run; team-b's GET of its job and its "
-            f"node's heartbeat in turn.\n\n{table}{side}\nGoal: team-b's p99 within 2× of idle in each window.\n")
+        head = (f"`python -m bench stalls` on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, shared "
+                f"with other jobs, load {load0:.1f}→{os.getloadavg()[0]:.1f}), {stamp}. Windows of {seconds:.0f} s "
+                f"each (the batch's: until every group is open), one after the other, in one run; team-b's GET of its "
+                f"job and its node's heartbeat in turn.\n\n{table}{side}\n{fill}\nGoal: team-b's p99 within 2× of "
+                f"idle in each window.\n")
+        _write(head, None if groups == DEFAULT_GROUPS else f"## A batch of {groups} groups")
     return [{"benchmark": f"stalls: team-b {kind} p99 while team-a {names[k]}", "ours": f"{m[k][kind]['p99']:.1f} ms",
              "baseline": f"{m['idle'][kind]['p99']:.1f} ms idle",
              "ratio": m[k][kind]["p99"] / m["idle"][kind]["p99"], "target": "≤ 2×",
              "met": m[k][kind]["p99"] <= 2 * m["idle"][kind]["p99"]}
             for k in ("batch", "bombs", "half-open") for kind in ("get", "beat")]
+
+
+def _write(text: str, heading: str | None) -> None:
+    """`text` as the results file's top (`heading` None; its `## ` sections kept) or as the section `heading`
+    (replacing one of that name, else added before the others)."""
+    out = HERE / "results" / "RESULTS-stalls.md"
+    old = out.read_text() if out.exists() else ""
+    cut = old.find("\n## ")
+    top, sections = (old[:cut + 1], old[cut + 1:]) if cut >= 0 else (old, "")
+    if heading is None:
+        out.write_text(f"# Stalls (issue 36)\n\n{text}\n{sections}")
+        return
+    parts = [p for p in sections.split("\n## ") if p.strip()]
+    parts = ["## " + p.removeprefix("## ") for p in parts]
+    parts = [p for p in parts if not p.startswith(heading + "\n")]
+    out.write_text(top.rstrip("\n") + "\n\n" + "\n".join([f"{heading}\n\n{text}", *parts]).rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -62,12 +62,14 @@ class Teams:
     node: httpx.Client | None = None  # team-b's node credential
     _closing: list = field(default_factory=list)
 
-    def probe(self, seconds: float, stop: threading.Event | None = None) -> dict:
-        """team-b's GET and its node's heartbeat, in turn, for `seconds` (or until `stop`): ms each."""
+    def probe(self, seconds: float, stop: threading.Event | None = None, at_least: float = 0.0) -> dict:
+        """team-b's GET and its node's heartbeat, in turn, for `seconds` (or until `stop`, once `at_least` s have
+        passed): ms each."""
         gets: list[float] = []
         beats: list[float] = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and not (stop and stop.is_set()):
+        start = time.monotonic()
+        end = start + seconds
+        while time.monotonic() < end and not (stop and stop.is_set() and time.monotonic() >= start + at_least):
             t = time.perf_counter()
             self.b.get(self.mine).raise_for_status()
             gets.append((time.perf_counter() - t) * 1000)

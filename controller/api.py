@@ -73,8 +73,8 @@ def _namespaced(path: str) -> str:
 
 def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if err.code == 401 else \
-        {"Retry-After": str(retry_after)} if err.code in (429, 503) else None
-    return JSONResponse(err.status(), status_code=err.code, headers=headers)
+        {"Retry-After": str(retry_after)} if err.code in (429, 503) else {}
+    return JSONResponse(err.status(), status_code=err.code, headers={**headers, **err.headers} or None)
 
 
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})

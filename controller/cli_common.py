@@ -1,7 +1,7 @@
 """What every rolloutd command line shares: plain help text (no rich markup, which ate `[default: …]`),
 shell completion, `--version`, and kubectl's `-n NS` anywhere on the line.
 
-Used by `main.py` (`rolloutd`), `ctl.py` (`rolloutctl`) and the parts' sub-command groups.
+Used by `main.py` (`rolloutd`), `ctl/app.py` (`rolloutctl`) and the parts' sub-command groups.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A stored trajectory made readable: its conversation, its turns and a token view, decoded with the job's
 own tokenizer (`spec.llm.tokenizer`, loaded offline, once per path).
 
-Called by `app.py` (the trajectory page's JSON) and `ctl_trajectory.py` (`rolloutctl trajectory`, which has the
+Called by `ui/app.py` (the trajectory page's JSON) and `ctl/trajectory.py` (`rolloutctl trajectory`, which has the
 job's spec and the trajectory from the API). The text is the model's: this module returns it as data, and the
 page and the terminal print it as text, never as markup. Next step: a harness's raw vs rewritten requests.
 """

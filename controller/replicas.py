@@ -38,7 +38,7 @@ from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from .nodeauth import NodeCredentials, NodeGate
 from .root import assemble
-from .shards import OWNER, Shards, adopt
+from .shards import OWNER, Serving, Shards
 from .store import Store
 from rolloutd.crds.kit.paths import DataDir
 
@@ -112,10 +112,11 @@ class Replica:
         self.root = assemble(self.store, token, credentials=NodeCredentials(paths.node_credentials),
                              tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
                              trace_url=settings.trace_url, work=work if self.shards else None)
-        self.served: set[str] | None = None  # the nodes the serving work core was last given (`adopt`)
+        self.serving: Serving | None = None  # the nodes the serving work core (ours, or the leader's) serves
         # a node's calls (not registrations) answered here, or forwarded to the replica that owns the node
-        self.node_calls = Counter("rolloutd_replica_node_calls", "Node calls of a node this replica owns (served) or "
-                                  "another does (forwarded to it)", ["how"], registry=self.root.metrics)
+        self.node_calls = Counter("rolloutd_replica_node_calls", "Node calls of a node this replica owns (served), "
+                                  "another does (forwarded to it), one it handed over at the call (handed), or one "
+                                  "its fence found another's (fenced: forwarded)", ["how"], registry=self.root.metrics)
         self.follower = create_app(self.root)
         self.leader: Any = None  # the leader's `server.Controller`, once elected
         self.build, self.url = build, url
@@ -167,8 +168,8 @@ class Replica:
             if self.shards is not None:  # our node work's memory ends here: the leader's serves our nodes now
                 assert self.root.scheduler is not None
                 self.root.scheduler.stop()
-                self.served = None
-                self._rebalance(self.shards.owned, work)  # it loaded every lease: it keeps our nodes' only
+                self.serving = Serving(self.shards, work)
+                self._rebalance(self.shards.owned, self.shards.moves, reset=True)  # it loaded every lease: ours kept
             work.queue.leases.grace(time.time() + FAILOVER_CALL_SECONDS, work.lease_seconds)
             ctx = built.app.router.lifespan_context(built.app)
             if self.shards is not None:
@@ -183,9 +184,10 @@ class Replica:
 
         await receive()  # lifespan.startup
         if self.shards is not None:
-            self.shards.on_change = lambda owned: loop.call_soon_threadsafe(self._rebalance, owned)
+            self.shards.on_refresh = lambda owned, moves: loop.call_soon_threadsafe(self._rebalance, owned, moves)
             await asyncio.to_thread(self.shards.start)
-            self._rebalance(self.shards.owned)
+            self.serving = Serving(self.shards, self.root.work)
+            self._rebalance(self.shards.owned, self.shards.moves, reset=True)
             assert self.root.scheduler is not None
             tasks.append(asyncio.create_task(self.root.scheduler.run(), name="node-work"))
             tasks.append(asyncio.create_task(self._publish(), name="node-stages"))
@@ -221,15 +223,16 @@ class Replica:
 
     # ------------------------------------------------------------ node shards (PostgreSQL)
 
-    def _rebalance(self, owned: set[str], work: Any = None) -> None:
-        """The serving work core (the leader's, else ours) serves exactly the nodes owned here now."""
-        work = work or (self.leader.root.work if self.leader is not None else self.root.work)
-        lost, loaded = adopt(work, owned, self.served)
+    def _rebalance(self, owned: dict[str, int], moves: dict[str, int], reset: bool = False) -> None:
+        """After a refresh: the serving work core (the leader's, else ours) serves the nodes owned here now."""
+        assert self.serving is not None and self.shards is not None
+        work = self.serving.work
+        lost, loaded = self.serving.sync(owned, moves, reset)
         work.queue.leases.elsewhere = self.shards.elsewhere
-        self.served = set(owned)
-        work.pool.admission.replicas = len(self.shards.members) if self.shards else 1
+        work.pool.admission.replicas = len(self.shards.members)
         if lost or loaded:
-            log.info("node shards: %d nodes served here; %d leases handed on, %d adopted", len(owned), lost, loaded)
+            log.info("node shards: %d nodes served here; %d nodes handed on, %d leases adopted", len(owned), lost,
+                     loaded)
 
     async def _publish(self) -> None:
         """The stages of the leases served here, copied on the loop for the shards' thread to write each second."""
@@ -239,18 +242,55 @@ class Replica:
             await asyncio.sleep(POLL_SECONDS * 5)
 
     async def _node_call(self, scope, receive, send) -> None:
-        """A node call: served here when this replica owns the node (or it is a registration, or forwarded here),
-        else forwarded to the owner, whose address the reply names (`shards.OWNER`): the daemon moves to it."""
+        """A node call: served here when this replica owns the node (or it is a registration), else forwarded to the
+        owner, whose address the reply names (`shards.OWNER`): the daemon moves to it. A node of ours above our fair
+        share is handed over first (`Shards.give`). The fence of the call's transaction has the last word
+        (`shards.Serving.check`): a call it refuses is forwarded to the owner it names, or (a forwarded call: no
+        second hop) answered 503 naming it."""
         node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
         forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
-        if node_id != "register" and not forwarded:
-            owner = self.shards.owners.get(node_id) or await asyncio.to_thread(self.shards.owner, node_id)
+        app = self.leader.app if self.leader is not None else self.follower
+        if node_id == "register":
+            return await app(scope, receive, send)
+        if not forwarded:
+            owner = await self._owner(node_id)
             if owner != self.shards.url:
                 self.node_calls.labels("forwarded").inc()
                 return await self._forward(scope, receive, send, owner)
-            self.node_calls.labels("served").inc()
-        app = self.leader.app if self.leader is not None else self.follower
-        return await app(scope, receive, send)
+        body = await _body(receive)
+        fenced: list[str] = []
+
+        async def answer(message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                fenced.extend(v.decode("latin-1") for k, v in message["headers"] if k.decode("latin-1").lower() == OWNER)
+            if not fenced:
+                await send(message)
+
+        await app(scope, _replay(body, receive), answer)
+        if not fenced:
+            if not forwarded:
+                self.node_calls.labels("served").inc()
+            return
+        owner = fenced[0].rstrip("/")
+        self.shards.owners[node_id] = owner
+        self.node_calls.labels("fenced").inc()
+        if forwarded or owner == self.shards.url:
+            return await _unavailable(send, f"node {node_id} is served by {owner}: retry there", owner)
+        return await self._forward(scope, _replay(body, receive), send, owner)
+
+    async def _owner(self, node_id: str) -> str:
+        """The node's owner for a call it made to us: our view of the rows, the row itself when the view names
+        another (it may be ours since the view was read), and ours handed over now when we are above our share."""
+        shards = self.shards
+        owner = shards.owners.get(node_id)
+        if owner != shards.url:
+            owner = await asyncio.to_thread(shards.owner, node_id)
+        to = shards.give.pop(node_id, None)
+        if owner == shards.url and to in shards.members and await asyncio.to_thread(shards.hand_over, node_id, to):
+            self.serving.drop({node_id})  # the fence refuses our calls of it from its commit on; memory now
+            self.node_calls.labels("handed").inc()
+            return to
+        return owner
 
     # ------------------------------------------------------------ forwarding to the leader
 
@@ -269,12 +309,7 @@ class Replica:
         url = owner or ("" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url())
         if not url:
             return await _unavailable(send, "no controller leads now (an election is under way): retry")
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await _body(receive)
         target = url.rstrip("/") + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + (
             "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
         request = self._http.build_request(scope["method"], target, content=body,
@@ -287,7 +322,7 @@ class Replica:
         try:
             await send({"type": "http.response.start", "status": resp.status_code,
                         "headers": [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in _HOP]
-                        + ([(OWNER.encode(), owner.encode())] if owner else [])})
+                        + ([(OWNER.encode(), owner.encode())] if owner and OWNER not in resp.headers else [])})
             try:
                 async for chunk in resp.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -298,13 +333,38 @@ class Replica:
             await resp.aclose()
 
 
-async def _unavailable(send, message: str) -> None:
+async def _unavailable(send, message: str, owner: str = "") -> None:
+    """503 + Retry-After: no leader now, or (`owner`) a node call to make to the replica named."""
     body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
                        "reason": "ServiceUnavailable", "code": 503}).encode()
     await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                            (NOT_LEADER.encode(), b"1")]})
+                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+                + ([(OWNER.encode(), owner.encode())] if owner else [(NOT_LEADER.encode(), b"1")])})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _body(receive) -> bytes:
+    """A request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def _replay(body: bytes, receive):
+    """An ASGI `receive` that gives `body` (read from `receive` already) once, then what `receive` gives (the
+    client's disconnect)."""
+    sent = False
+
+    async def again():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return again
 
 
 def replica_urls(raw: str | None) -> list[str]:

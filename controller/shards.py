@@ -1,15 +1,22 @@
 """Node shards: every controller replica on PostgreSQL serves the node protocol for the nodes it owns, so node-call
-load spreads over replicas. Used by `replicas.py`; next step: move nodes to a replica that joins (only new ones go).
+load spreads over replicas. Used by `replicas.py`; next step: read the node rows incrementally (`Shards.refresh`).
 
 Members: each replica renews a row (url, expiry) every RENEW_SECONDS, as the leader renews its lease (same clock,
-same bound). Owners: a node is owned by one live member (`node_owners`), the least-loaded at its registration;
-when its owner's row runs out, the first survivor to look moves it to the least-loaded live member (a conditional
-UPDATE on the old owner: one move wins). The owner serves the node's lease, beat and result calls from memory
-exactly as a single controller does (held leases, liveness, admission); another replica forwards such a call to
-the owner and names it (OWNER header) so the daemon calls it directly from then on. A replica that gains a node
-loads its held leases from the database with a whole lease from now (`adopt`, as a restarted controller does);
-one that loses it forgets them in memory without writing. Two replicas' writes on the same rows are safe by the
-store's locks (`work/hot_sql.py`: SKIP LOCKED grants, locked results and expiry; `work/feed.py`: ordered seqs).
+same bound). Owners: a node is owned by one live member (`node_owners`: owner, and `moves`, bumped by every change
+of owner), the least-loaded at its first call. The rows decide every move: when an owner's row runs out, the first
+survivor to look takes its nodes (a conditional UPDATE: one move wins); when a member joins, or loads are uneven,
+a replica above its fair share hands a node over at the node's next call (`Shards.give`, `hand_over`). Either way
+the call is forwarded to the new owner and the reply names it (OWNER header): the daemon calls it from then on.
+
+The fence (`Serving.check`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
+that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` forwards the
+call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
+earlier owner commits for the node again (a replica paused past its row's lapse included). A work core serves a
+node's calls from memory (held leases, liveness, admission) exactly as a single controller does, for the `moves` it
+loaded the node's leases at: a node that moved (away and back included) is loaded again from the database, with a
+whole lease from now, before its call is answered; one that left is forgotten in memory without writing. Two
+replicas' writes on the same rows are safe by the store's locks (`work/hot_sql.py`: SKIP LOCKED grants, locked
+results and expiry; `work/feed.py`: ordered seqs).
 
 Global caps: a backend's (and a job's) admission cap is split evenly over the live members (`Admission.replicas`,
 rounded up): counting it in the database would put a write on every grant and release, the hot path this removes.
@@ -19,13 +26,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 
 from rolloutd.crds.node import OWNER_HEADER
 
+from .dialects import raw
+from .errors import ServiceUnavailable
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
 from .work.held_leases import HeldLease
 
@@ -34,24 +42,39 @@ log = logging.getLogger("rolloutd.shards")
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
 _CREATE = ("CREATE TABLE IF NOT EXISTS replica_members (url TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL)",
            "CREATE TABLE IF NOT EXISTS node_owners (node_id TEXT PRIMARY KEY, owner TEXT NOT NULL)",
+           "ALTER TABLE node_owners ADD COLUMN IF NOT EXISTS moves BIGINT NOT NULL DEFAULT 0",
            "CREATE TABLE IF NOT EXISTS replica_stages (url TEXT NOT NULL, job TEXT NOT NULL, stage TEXT NOT NULL, "
            "n INTEGER NOT NULL, PRIMARY KEY (url, job, stage))")
+_MOVE = ("UPDATE node_owners SET owner = %s, moves = moves + 1 WHERE node_id = (SELECT node_id FROM node_owners "
+         "WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
+
+
+class NotOwner(ServiceUnavailable):
+    """A node call reached a replica that does not own the node now: nothing was answered from its memory and its
+    transaction is rolled back; 503 naming the owner (`replicas.py` forwards the call there)."""
+
+    def __init__(self, node_id: str, owner: str) -> None:
+        super().__init__(f"node {node_id} is served by {owner or 'no replica yet'}: retry there")
+        self.owner = owner
+        self.headers = {OWNER: owner} if owner else {}
 
 
 class Shards:
-    """This replica's membership and its view of who owns which node (refreshed every `every` seconds by `run`;
-    `on_change(owned)` when the nodes it owns changed)."""
+    """This replica's membership and its view of who owns which node (refreshed every `every` seconds by `run`,
+    then `on_refresh(owned, moves)`: the nodes owned here and every node's moves, as read)."""
 
     def __init__(self, engine: Engine, url: str, *, lease_seconds: float = LEASE_SECONDS,
                  every: float = RENEW_SECONDS) -> None:
         self.engine, self.url, self.lease, self.every = engine, url.rstrip("/"), lease_seconds, every
         self.members: list[str] = [self.url]
         self.owners: dict[str, str] = {}  # node id → owner url (active nodes)
-        self.owned: set[str] = set()
+        self.owned: dict[str, int] = {}  # the nodes owned here → their rows' moves
+        self.moves: dict[str, int] = {}  # every active node → its row's moves (as of the last refresh)
+        self.give: dict[str, str] = {}  # nodes of ours above our fair share → the member each goes to at its call
         # job → stage → leases: this replica's (set on its loop, `publish`), and the other live members' (read)
         self.local: dict[str, dict[str, int]] = {}
         self.remote: dict[str, dict[str, int]] = {}
-        self.on_change: Callable[[set[str]], None] = lambda owned: None
+        self.on_refresh: Callable[[dict[str, int], dict[str, int]], None] = lambda owned, moves: None
         self._stop = threading.Event()
         with engine.begin() as c:
             for sql in _CREATE:
@@ -70,8 +93,9 @@ class Shards:
                 c.connection.driver_connection.cursor().executemany(
                     "INSERT INTO replica_stages (url, job, stage, n) VALUES (%s, %s, %s, %s)", rows)
 
-    def refresh(self) -> set[str]:
-        """Members and owners read; the nodes of members gone moved to live ones. The nodes owned here now."""
+    def refresh(self) -> dict[str, int]:
+        """Members and owners read; the nodes of members gone moved to live ones; the nodes we hand over at their
+        next call planned (`give`). The nodes owned here now, with their rows' moves."""
         with self.engine.begin() as c:
             now = _now(c, True)
             self.members = sorted(u for (u,) in c.exec_driver_sql(
@@ -82,50 +106,52 @@ class Shards:
                                                    (self.url, now)):
                 remote.setdefault(job, {})[stage] = n
             self.remote = remote
-            rows = c.exec_driver_sql("SELECT o.node_id, o.owner FROM node_owners o JOIN nodes n ON n.id = o.node_id "
-                                     "WHERE n.state != 'gone'").fetchall()
-            owners = dict(rows)
-            load = {m: 0 for m in self.members}
-            for owner in owners.values():
-                if owner in load:
-                    load[owner] += 1
+            rows = c.exec_driver_sql("SELECT o.node_id, o.owner, o.moves FROM node_owners o JOIN nodes n "
+                                     "ON n.id = o.node_id WHERE n.state != 'gone'").fetchall()
+            owners = {node: owner for node, owner, _ in rows}
+            moves = {node: m for node, _, m in rows}
+            load = _load(owners, self.members)
             for node, owner in sorted(owners.items()):
                 if owner in load:
                     continue
                 to = _least(load, node)
-                if c.exec_driver_sql("UPDATE node_owners SET owner = %s WHERE node_id = %s AND owner = %s",
-                                     (to, node, owner)).rowcount == 1:
-                    owners[node] = to
+                # skipped while the old owner's transaction on it is open (a paused replica's): taken next time
+                moved = c.exec_driver_sql(_MOVE, (to, node, owner)).scalar()
+                if moved is not None:
+                    owners[node], moves[node] = to, int(moved)
                     load[to] += 1
                     log.info("node %s moved from %s (gone) to %s", node, owner, to)
-        self.owners = owners
-        return {n for n, o in owners.items() if o == self.url}
+        self.owners, self.moves = owners, {n: int(m) for n, m in moves.items()}
+        self.give = _plan(owners, self.members, self.url)
+        return {n: self.moves[n] for n, o in owners.items() if o == self.url}
 
     def assign(self, node_id: str) -> str:
         """A node just registered: owned by the least-loaded live member (a concurrent assignment's row wins)."""
-        load = {m: 0 for m in self.members}
-        for owner in self.owners.values():
-            if owner in load:
-                load[owner] += 1
-        to = _least(load, node_id)
+        to = _least(_load(self.owners, self.members), node_id)
         with self.engine.begin() as c:
-            c.exec_driver_sql("INSERT INTO node_owners (node_id, owner) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                              (node_id, to))
+            c.exec_driver_sql("INSERT INTO node_owners (node_id, owner, moves) VALUES (%s, %s, 1) "
+                              "ON CONFLICT DO NOTHING", (node_id, to))
             to = c.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = %s", (node_id,)).scalar() or to
         self.owners[node_id] = to
         return to
 
     def owner(self, node_id: str) -> str:
-        """The node's owner: this replica's view, else the row (a node another replica saw first), else assigned
-        now (its first call after registering: `assign`)."""
-        owner = self.owners.get(node_id)
+        """The node's owner as its row says now (assigned now when it has none: its first call after registering)."""
+        with self.engine.connect() as c:
+            owner = c.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = %s", (node_id,)).scalar()
         if owner is None:
-            with self.engine.connect() as c:
-                owner = c.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = %s", (node_id,)).scalar()
-            if owner is None:
-                return self.assign(node_id)
-            self.owners[node_id] = owner
+            return self.assign(node_id)
+        self.owners[node_id] = owner
         return owner
+
+    def hand_over(self, node_id: str, to: str) -> bool:
+        """Our node to member `to` (its `give` plan), unless it is ours no more or a call of ours on it is open."""
+        with self.engine.begin() as c:
+            moved = c.exec_driver_sql(_MOVE, (to, node_id, self.url)).scalar() is not None
+        if moved:
+            self.owners[node_id] = to
+            log.info("node %s handed over to %s", node_id, to)
+        return moved
 
     def elsewhere(self, job: str) -> dict[str, int]:
         """Stage → the job's leases held by the other live replicas (as of their last renewal)."""
@@ -154,13 +180,19 @@ class Shards:
         while not self._stop.wait(self.every):
             try:
                 self.renew()
-                owned = self.refresh()
+                self.owned = self.refresh()
             except Exception as e:  # noqa: BLE001 - the database away: the next pass tries again
                 log.warning("shards: %s", e)
                 continue
-            if owned != self.owned:
-                self.owned = owned
-                self.on_change(owned)
+            self.on_refresh(self.owned, self.moves)
+
+
+def _load(owners: dict[str, str], members: list[str]) -> dict[str, int]:
+    load = {m: 0 for m in members}
+    for owner in owners.values():
+        if owner in load:
+            load[owner] += 1
+    return load
 
 
 def _least(load: dict[str, int], node_id: str) -> str:
@@ -170,34 +202,104 @@ def _least(load: dict[str, int], node_id: str) -> str:
     return ties[int(hashlib.blake2b(node_id.encode(), digest_size=4).hexdigest(), 16) % len(ties)]
 
 
-def adopt(work: Any, owned: set[str], before: set[str] | None, now: float | None = None) -> tuple[int, int]:
-    """The work core serves `owned` (it served `before`; None: a core just built, holding every lease of the
-    database): the held leases of nodes it lost are forgotten (memory only, their backend slots freed here), those
-    of nodes it gained loaded from the database with a whole lease from now. A node assigned here since `owned` was
-    read keeps what it holds (it is in the next `owned`). Returns (forgotten, loaded)."""
-    held, queue, registry = work.queue.leases, work.queue, work.registry
-    now = work.clock() if now is None else now
-    registry.serves = owned.__contains__
-    gone = (lambda n: n not in owned) if before is None else (before - owned).__contains__
-    lost = [(aid, live) for aid, live in held.by_attempt.items() if gone(live.node_id)]
-    for aid, live in lost:
-        queue.release(live)
-        held.forget(aid)
-    gained = sorted(owned - (before or set()))
-    loaded = 0
-    if gained:
-        with work.store.engine.connect() as c:
-            rows = c.exec_driver_sql(
-                "SELECT id, job, node_id, attempt_id, stage, backend, holds_backend, deadline FROM items "
-                "WHERE state = 'leased' AND node_id = ANY(%s)", (gained,)).fetchall()
+def _plan(owners: dict[str, str], members: list[str], me: str) -> dict[str, str]:
+    """Our nodes above our fair share (⌈nodes ÷ members⌉), each to the least-loaded member still below its floor
+    share (⌊nodes ÷ members⌋): a member that joined gets its share from each replica above the share. Every
+    replica plans for its own nodes only; one that gives too much (two giving to one joiner at once) is above its
+    share at the next refresh and gives back."""
+    load = _load(owners, members)
+    if me not in load or len(load) < 2:
+        return {}
+    total = sum(load.values())
+    high, low = -(-total // len(load)), total // len(load)
+    give: dict[str, str] = {}
+    for node in sorted((n for n, o in owners.items() if o == me), key=lambda n: hashlib.blake2b(n.encode()).digest()):
+        if load[me] <= high:
+            break
+        to = min((m for m in load if m != me), key=lambda m: (load[m], m))
+        if load[to] >= low:
+            break
+        give[node] = to
+        load[to] += 1
+        load[me] -= 1
+    return give
+
+
+class Serving:
+    """The nodes one work core (a follower's, or the leader's) serves, each at the `moves` of its owner row when the
+    core loaded its held leases; `check` is its fence (`NodeRegistry.owning`: every node call's transaction runs it
+    first), `ours` the expiry's. `sync` follows the rows' view each refresh: nodes gained are loaded now (their
+    leases expire here if their daemon never calls again), nodes lost forgotten."""
+
+    def __init__(self, shards: Shards, work: Any) -> None:
+        self.shards, self.work = shards, work
+        self.held: dict[str, int] = {}  # node → the moves its leases were loaded at
+        work.registry.owning = self
+        work.registry.serves = self.held.__contains__
+
+    def check(self, db: Any, node_id: str) -> None:
+        """In a node call's transaction, before anything is read or written for it: the node is ours (its row held
+        `FOR SHARE` to the commit, so no move commits meanwhile), and its leases are loaded at the row's moves."""
+        row = db.execute("SELECT owner, moves FROM node_owners WHERE node_id = ? FOR SHARE", (node_id,)).fetchone()
+        if row is None or row[0] != self.shards.url:
+            if node_id in self.held:
+                self.drop({node_id})
+            raise NotOwner(node_id, row[0] if row else "")
+        if self.held.get(node_id) != row[1]:
+            self.take(db, {node_id: int(row[1])})
+
+    def ours(self, db: Any, late: dict[str, HeldLease]) -> dict[str, HeldLease]:
+        """The expiry's fence: those of the `late` leases whose nodes are ours now at the moves we loaded them at
+        (their rows held `FOR SHARE` to the commit); the others are their owner's to expire: forgotten here."""
+        rows = db.execute("SELECT node_id, owner, moves FROM node_owners WHERE node_id = ANY(?) FOR SHARE",
+                          (sorted({live.node_id for live in late.values()}),)).fetchall()
+        mine = {n for n, owner, moves in rows if owner == self.shards.url and self.held.get(n) == moves}
+        for node in {live.node_id for live in late.values()} - mine:
+            self.drop({node})
+        return {aid: live for aid, live in late.items() if live.node_id in mine}
+
+    def sync(self, owned: dict[str, int], moves: dict[str, int], reset: bool = False) -> tuple[int, int]:
+        """On the loop, after a refresh that read `owned` (ours: node → moves) and every node's `moves`: the nodes that
+        left us since we loaded them are forgotten, those we gained loaded; a node loaded at a later move than the
+        refresh read (by a call's fence meanwhile) is left as it is. `reset`: a core just built (whatever it loaded
+        is forgotten, the nodes owned loaded again). Returns (nodes forgotten, leases loaded)."""
+        if reset:
+            for live in list(self.work.queue.leases.by_attempt.values()):
+                self.held.setdefault(live.node_id, -1)
+        lost = {n for n, m in self.held.items() if n not in owned and moves.get(n, -1) >= m}
+        self.drop(lost)
+        gained = {n: m for n, m in owned.items() if self.held.get(n, -1) < m}
+        loaded = 0
+        if gained:
+            with self.work.store.engine.connect() as c:
+                loaded = self.take(raw(c), gained)
+        return len(lost), loaded
+
+    def drop(self, nodes: set[str]) -> None:
+        """Forget the held leases of `nodes` (memory only: their backend slots freed here)."""
+        held, queue = self.work.queue.leases, self.work.queue
+        for node in nodes:
+            for aid in held.attempts_on(node):
+                queue.release(held.by_attempt[aid])
+                held.forget(aid)
+            self.held.pop(node, None)
+
+    def take(self, db: Any, nodes: dict[str, int]) -> int:
+        """Load the held leases of `nodes` from the database with a whole lease from now (as a restarted controller
+        does), whatever was held of them forgotten first. Returns how many."""
+        work = self.work
+        held, now = work.queue.leases, work.clock()
+        self.drop(set(nodes))
+        rows = db.execute("SELECT id, job, node_id, attempt_id, stage, backend, holds_backend, deadline FROM items "
+                          "WHERE state = 'leased' AND node_id = ANY(?)", (sorted(nodes),)).fetchall()
         for item, job, node_id, aid, stage, backend, holds, deadline in rows:
-            if aid is None or aid in held.by_attempt:
+            if aid is None:
                 continue
             if holds and backend:
                 work.pool.take(backend, job)
             held.add(aid, HeldLease(item, job, node_id, stage or "leased", backend, bool(holds),
                                     max(deadline or 0.0, now + work.lease_seconds(job)), since=now, beat=now))
-            loaded += 1
-        for node_id in gained:  # silent from now on only: it called another replica until now
-            registry.seen(node_id, now)
-    return len(lost), loaded
+        for node_id, moves in nodes.items():  # silent from now on only: it called another replica until now
+            work.registry.seen(node_id, now)
+            self.held[node_id] = moves
+        return len(rows)

@@ -1,6 +1,6 @@
 """The RolloutJob table's columns, data only (no pydantic: `rolloutctl get` imports it on every call).
 
-Used by the CRD (`crd.py`, kubectl's printer columns) and `rolloutctl get` (`controller/ctl_views.py`).
+Used by the CRD (`crd.py`, kubectl's printer columns) and `rolloutctl get` (`controller/ctl/views.py`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 OUTCOMES = {"scored": "scored", "agentFailed": "agent-failed", "infraFailed": "infra-failed", "cancelled": "cancelled"}
 REWARD_MEAN = "the mean reward of the scored and agent-failed rollouts (infra-failed and cancelled ones carry no reward)"
 
-# The job table's columns, for `kubectl get` (here) and `rolloutctl get` (`controller/ctl_views.py`) alike: one
+# The job table's columns, for `kubectl get` (here) and `rolloutctl get` (`controller/ctl/views.py`) alike: one
 # vocabulary (scored / agent-failed / infra-failed / cancelled, as `StageCounts`); priority 1: `-o wide` only.
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

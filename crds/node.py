@@ -102,11 +102,17 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 the daemon in one round trip, not at its next beat; the same call (wait 0) reports what a beat
 #                 would (calls in flight, held, fence taken) the moment it changes. A daemon without it learns and
 #                 reports by beats, as before
+#   weight-stamps the controller labels every backend at every update it makes (crds/weight_labels.py, vLLM's
+#                 `/update_weight_version` while the engine is paused) and the registration's reply carries the job's
+#                 incarnation (`RegisterResponse.jobUid`), so a daemon whose backend stamps each token with its
+#                 weights' label (vLLM's token endpoint) reads each token's version from the engine and takes a
+#                 keep-mode fence at once for those streams (no quiet wait)
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
 LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH)
+WEIGHT_STAMPS = "weight-stamps"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS)
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
@@ -161,6 +167,8 @@ class RegisterResponse(Model):
                                             "checks the spec against it again before it starts a sandbox")
     policy_name: str | None = Field(default=None, description="how a refusal names it: 'TenantPolicy team-a' or "
                                                              "'the restricted profile'")
+    job_uid: str | None = Field(default=None, description="the job's uid, which the weight labels carry (feature "
+                                                         "weight-stamps; absent: not asked)")
 
 
 class LeaseRequest(Model):

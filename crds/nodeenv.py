@@ -21,8 +21,11 @@ SLURM_NODE_NAME = "SLURMD_NODENAME"
 ADMIN_TOKEN = "ROLLOUTD_TOKEN"
 CA_FILE = "ROLLOUTD_CA_FILE"
 TRACING = "ROLLOUTD_TRACING"
+CONTROLLER_START_SECONDS = "ROLLOUTD_CONTROLLER_START_SECONDS"
 
 DEFAULT_DRAIN_SECONDS = 30.0
+# a controller's start does not scale with leaseSeconds: 20 s on a 2-core box at load 22, more above (#37)
+DEFAULT_CONTROLLER_START_SECONDS = 60.0
 
 # name → (who sets it, what it means)
 TABLE: dict[str, tuple[str, str]] = {
@@ -36,6 +39,9 @@ TABLE: dict[str, tuple[str, str]] = {
     SLURM_NODE_ID: ("Slurm", "the daemon's node index within the allocation"),
     SLURM_NODE_NAME: ("Slurm", "the node's name: the daemon's name (else the host name)"),
     CA_FILE: ("executor", "CA bundle that signed an https controller's certificate (default: the system's)"),
+    CONTROLLER_START_SECONDS: ("operator", "how long a controller may take to start, seconds (default "
+                                           f"{DEFAULT_CONTROLLER_START_SECONDS:g}): a daemon gives its controller "
+                                           "up after 20 × spec.pipeline.leaseSeconds plus this without an answer"),
     TRACING: ("operator", "1: export OpenTelemetry traces over OTLP/HTTP (the standard OTEL_* variables say where)"),
     ADMIN_TOKEN: ("never", "the controller's admin API token: removed before a daemon starts"),
 }
@@ -53,6 +59,7 @@ class NodeEnv:
     job: str | None = None
     join_token: str | None = None
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    controller_start_seconds: float = DEFAULT_CONTROLLER_START_SECONDS
     slurm_job_id: str | None = None
     slurm_node_id: int | None = None
     node_name: str | None = None
@@ -65,15 +72,20 @@ def node_env(controller: str, job: str, join_token: str) -> dict[str, str]:
     return {CONTROLLER: controller, JOB: job, JOIN_TOKEN: join_token}
 
 
-def drain_seconds(environ: Mapping[str, str]) -> float:
-    """`ROLLOUTD_DRAIN_SECONDS` as a non-negative number; unset or empty is the default."""
-    raw = environ.get(DRAIN_SECONDS, "")
+def seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    """Variable `name` as a non-negative number of seconds; unset or empty is `default`."""
+    raw = environ.get(name, "")
     if not raw.strip():
-        return DEFAULT_DRAIN_SECONDS
+        return default
     try:
         return max(float(raw), 0.0)
     except ValueError:
-        raise NodeEnvError(f"{DRAIN_SECONDS} must be a number of seconds, got {raw!r}") from None
+        raise NodeEnvError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def drain_seconds(environ: Mapping[str, str]) -> float:
+    """`ROLLOUTD_DRAIN_SECONDS` as a non-negative number; unset or empty is the default."""
+    return seconds(environ, DRAIN_SECONDS, DEFAULT_DRAIN_SECONDS)
 
 
 def read_node_env(environ: Mapping[str, str]) -> NodeEnv:
@@ -84,6 +96,7 @@ def read_node_env(environ: Mapping[str, str]) -> NodeEnv:
         job=environ.get(JOB) or None,
         join_token=environ.get(JOIN_TOKEN) or None,
         drain_seconds=drain_seconds(environ),
+        controller_start_seconds=seconds(environ, CONTROLLER_START_SECONDS, DEFAULT_CONTROLLER_START_SECONDS),
         slurm_job_id=environ.get(SLURM_JOB_ID) or None,
         slurm_node_id=int(node_id) if node_id.isdigit() else None,
         node_name=environ.get(SLURM_NODE_NAME) or None,

@@ -23,6 +23,7 @@ import select
 from typing import Any
 
 from .errors import ExecError, SandboxDied, SandboxError, SandboxTimeout
+from .host.unixsock import connected
 from .protocol import RequestModel
 
 LINE_LIMIT = 256 * 1024 * 1024  # largest reply line (a big read_file)
@@ -40,7 +41,8 @@ class ExecClient(asyncio.Protocol):
 
     @classmethod
     async def connect(cls, path: str) -> "ExecClient":
-        _, client = await asyncio.get_running_loop().create_unix_connection(cls, path)
+        sock = await connected(path)  # the sandbox's ctl/exec.sock: a deep sandbox directory makes it long
+        _, client = await asyncio.get_running_loop().create_unix_connection(cls, sock=sock)
         return client
 
     def hung_up(self) -> bool:

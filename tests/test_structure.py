@@ -327,8 +327,8 @@ def test_a_known_contract_break_is_gone(importer, imported):
 FORBIDDEN: dict[str, tuple[str, str]] = {
     "rolloutd.controller.store": ("rolloutd.controller.kube", "the store sits below the API: the selectors are "
                                   "`controller/selectors.py`, which both import"),
-    "rolloutd.controller.ctl": ("rolloutd.controller.ui", "rolloutctl does not import the web UI: the decoder both "
-                                "use is `controller/decode.py`"),
+    "rolloutd.controller.ctl": ("rolloutd.controller.ui", "rolloutctl (`controller/ctl/`) does not import the web "
+                                "UI: the decoder both use is `controller/decode.py`"),
     "rolloutd.controller.work": ("rolloutd.controller.http", "the work core does not import the routes"),
     "rolloutd.controller.executors": ("rolloutd.sandbox", "an executor launches daemons; it imports nothing of the "
                                       "sandbox"),
@@ -336,10 +336,14 @@ FORBIDDEN: dict[str, tuple[str, str]] = {
     "rolloutd.sandbox.launch": ("rolloutd.sandbox.host", "the launch configuration imports nothing of the host's "
                                 "confinement: the sandbox id's variable is `launch.ID_VAR`, which `host/` imports"),
 }
-FORBIDDEN_KNOWN: dict[tuple[str, str], str] = {
-    # the exec server's /proc reader is stdlib-only and inside the server's folder (its start path imports nothing
-    # else); the local executor's zombie check reads it there until a stdlib-only kit below both exists
-    ("rolloutd.controller.executors.local", "rolloutd.sandbox.server.procs"): "the /proc reader",
+# Exceptions that stay, each with why it cannot go (and a test that it is still needed, so a stale one is flagged)
+FORBIDDEN_ALLOWED: dict[tuple[str, str], str] = {
+    # the exec server starts with `-I -S` and only its own folder on sys.path (sandbox/launch.py), so the stdlib /proc
+    # parser it needs must live there; the local executor needs the same parse (a live, non-zombie pid's start time,
+    # the identity its state file keeps) — the alternatives are a second copy or psutil's create_time, which would
+    # change local-executor.json's format under daemons that outlive an upgrade (issue 40, third pass)
+    ("rolloutd.controller.executors.local", "rolloutd.sandbox.server.procs"):
+        "the one stdlib /proc parser, held in the exec server's folder",
 }
 
 
@@ -349,16 +353,16 @@ def _forbidden_imports() -> set[tuple[str, str]]:
 
 
 def test_the_controller_layers_hold():
-    assert sorted(_forbidden_imports() - set(FORBIDDEN_KNOWN)) == []
+    assert sorted(_forbidden_imports() - set(FORBIDDEN_ALLOWED)) == []
 
 
-@pytest.mark.parametrize("importer,imported", [
-    pytest.param(*pair, marks=pytest.mark.xfail(strict=True, reason=f"known, to be removed: {why}"), id=f"{pair[0]}->{pair[1]}")
-    for pair, why in FORBIDDEN_KNOWN.items()])
-def test_a_known_layering_break_is_gone(importer, imported):
-    assert imported not in GRAPH[importer]
+@pytest.mark.parametrize("importer,imported", list(FORBIDDEN_ALLOWED), ids=lambda x: x)
+def test_an_allowed_exception_is_still_needed(importer, imported):
+    assert imported in GRAPH[importer], f"{importer} no longer imports {imported}: drop it from FORBIDDEN_ALLOWED"
 
 
 def test_the_contracts_name_real_packages():
     for prefix in INDEPENDENT:
         assert prefix in MODULES and any(name.startswith(prefix + ".") for name in MODULES)
+    for prefix, (banned, _) in FORBIDDEN.items():  # a renamed module must not leave its layering unchecked
+        assert any(name.startswith(prefix) for name in MODULES) and any(n.startswith(banned) for n in MODULES), prefix

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from rolloutd.controller import ctl_views
+from rolloutd.controller.ctl import views
 from rolloutd.crds.columns import OUTCOMES, PRINTER_COLUMNS, REWARD_MEAN
 from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
 
@@ -36,11 +36,11 @@ def test_the_cli_says_the_four_words_and_the_reward_definition():
     job = RolloutJob.model_validate(example_doc()).wire()
     job["status"] = {"phase": "Running", "counts": {"total": 4, "scored": 1, "agentFailed": 1, "infraFailed": 1,
                                                     "cancelled": 1}, "rewardMean": 0.5}
-    line = ctl_views.progress_line(job)
+    line = views.progress_line(job)
     assert all(f"{w}=1" in line for w in OUTCOMES.values()) and not any(f" {w}=" in line for w in OLD)
-    header = ctl_views.jobs_table([job], wide=True).splitlines()[0].lower().split()
+    header = views.jobs_table([job], wide=True).splitlines()[0].lower().split()
     assert all(w in header for w in OUTCOMES.values()) and not set(OLD) & set(header)
-    assert REWARD_MEAN in ctl_views.describe_text(job, [], None)
+    assert REWARD_MEAN in views.describe_text(job, [], None)
 
 
 def test_the_web_ui_says_the_four_words_and_the_reward_definition():

@@ -131,10 +131,10 @@ class ControllerClient:
         except httpx.HTTPError as e:
             self._move_on()
             raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
-        if resp.status_code == 503:
+        if (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") != self.base_url:
+            self._move_to(owner.rstrip("/"))  # the replica that owns the node now (a 503 too: its fence refused)
+        elif resp.status_code == 503:
             self._move_on()
-        elif (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") != self.base_url:
-            self._move_to(owner.rstrip("/"))
         if resp.status_code == 401 and not path.startswith("/register"):
             self.revoked = True
         if resp.status_code >= 400:

@@ -32,6 +32,7 @@ from rolloutd.crds.node import (
     Lease,
     RegisterRequest,
     RegisterResponse,
+    WEIGHT_STAMPS,
     result_coalesce,
 )
 
@@ -268,6 +269,7 @@ class NodeDaemon:
         self.heart.deltas = BEAT_DELTAS in served
         self.heart.turns = BEAT_TURNS in served
         self.heart.watcher = PolicyWatcher(self.client, resp.node_id, self.gate, self.log) if POLICY_WATCH in served else None
+        self.gate.job_uid = resp.job_uid if WEIGHT_STAMPS in served else None  # labelled updates: exact stamps
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,
                       resp.node_id, resp.job, resp.generation, ",".join(sorted(served)) or "none")
         return True
@@ -284,7 +286,7 @@ class NodeDaemon:
                                  llm_factory=self._llm_factory, runtime=self._runtime, tokenizer=self._tokenizer,
                                  sandbox_settings=self.opts.sandbox, wake_leasing=self.leaser.room.set)
         # beating while the tokenizer loads (1-9 s on a busy node): a silent node is declared lost
-        self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds)
+        self.heart.unreachable_after = unreachable_after(spec.pipeline.lease_seconds, self.opts.controller_start_seconds)
         self._loops = [asyncio.create_task(self.heart.loop(), name="heartbeat")]
         if self.heart.watcher is not None:
             self._loops.append(asyncio.create_task(self.heart.watcher.loop(), name="policy-watch"))

@@ -1,6 +1,6 @@
 """Heartbeats: every `heartbeatSeconds` and promptly on stage changes, the node tells the controller each live
 attempt's stage and which left RUN; the reply may cancel, repin, forget attempts, drain the node or hold the policy.
-A controller that has not answered for `UNREACHABLE_LEASES` × leaseSeconds + `CONTROLLER_START_SECONDS` is given up:
+A controller that has not answered for `UNREACHABLE_LEASES` × leaseSeconds + `ROLLOUTD_CONTROLLER_START_SECONDS` is given up:
 the node is lost (exit 1).
 
 With the features the controller serves (`crds.node.FEATURES`): beat-results, beats carry finished results (from
@@ -36,15 +36,14 @@ OUTAGE_LEASES = 10  # a controller away (stopped, restarting, unreachable) this 
 # through, so the beat's back-off, the controller's start and its lease grace fit inside (#37: at 10 the two
 # rules met, and a 10 × outage was lost to the daemons leaving)
 UNREACHABLE_LEASES = 2 * OUTAGE_LEASES
-# ... plus the controller's own start, which does not scale with leaseSeconds: 20 s on this 2-core box at load 22,
-# more above (#37: at 2 s leases a 4 s or 16 s outage and a restart at load 30+ came to 20 × leaseSeconds, and the
-# daemons left a controller that was only starting)
-CONTROLLER_START_SECONDS = 60.0
 
 
-def unreachable_after(lease_seconds: float) -> float:
-    """Seconds without an answer after which a daemon gives its controller up."""
-    return UNREACHABLE_LEASES * lease_seconds + CONTROLLER_START_SECONDS
+def unreachable_after(lease_seconds: float, start_seconds: float) -> float:
+    """Seconds without an answer after which a daemon gives its controller up: the lease rule plus the controller's
+    own start, which does not scale with leaseSeconds (`ROLLOUTD_CONTROLLER_START_SECONDS`, crds/nodeenv.py)."""
+    return UNREACHABLE_LEASES * lease_seconds + start_seconds
+
+
 REPINNABLE = (Phase.LEASED, Phase.INIT, Phase.WAIT_RUN)  # a backend can change until RUN starts
 
 
@@ -167,7 +166,7 @@ class Heartbeater:
         if self.unreachable_after is not None and silent > self.unreachable_after:
             # the controller is gone for good (stopped, its host lost): a daemon must not outlive it for ever
             self._on_gone(f"the controller has not answered for {silent:.0f} s ({UNREACHABLE_LEASES} × "
-                          f"spec.pipeline.leaseSeconds + {CONTROLLER_START_SECONDS:.0f} s for its start): leaving, "
+                          f"spec.pipeline.leaseSeconds + {self.opts.controller_start_seconds:g} s for its start): leaving, "
                           "its sandboxes ended")
             return
         if carried and not e.retryable:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import spans as node_traces
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
+from .weightstamps import joined, stamped_versions
 
 # a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
 QUIET_SECONDS = 0.2
@@ -32,6 +33,7 @@ class Stream:
         self.last = time.monotonic()
         self.marks: list[int] = []  # token counts at fences whose new version is not known yet
         self.runs: list[tuple[Any, int]] = []  # (version, tokens) settled so far
+        self.stamped: Callable[[], bool] = lambda: False  # the engine stamps its tokens: no quiet wait at a fence
 
     def got(self, n: int) -> None:
         self.received += n
@@ -52,6 +54,7 @@ class PolicyGate:
         self.backend_versions: dict[str, Any] = {}
         self.fence_asked = 0
         self.fence_done = 0
+        self.job_uid: str | None = None  # set when the controller labels every update (feature weight-stamps)
         self.streams: set[Stream] = set()
         self.on_change: Callable[[], None] = lambda: None  # tell the controller soon (a heartbeat)
         self._open = asyncio.Event()
@@ -83,7 +86,8 @@ class PolicyGate:
 
     async def _fence(self, epoch: int) -> None:
         """The engines are paused. keep: once every in-flight stream went quiet (the tokens generated before the
-        pause have arrived: the engine makes none while paused), mark where each stands. abort: abort every
+        pause have arrived: the engine makes none while paused), mark where each stands; a stream the engine stamps
+        (`Stream.stamped`) is not waited for, its split is read from the stamps when it ends. abort: abort every
         stream's current request (the engine aborted those it ran; this also stops those that reached it after the
         pause, queued there) and wait until each is parked with its tokens so far (its split, exact) or ended."""
         if self.mode == "abort":
@@ -97,7 +101,7 @@ class PolicyGate:
             deadline = time.monotonic() + 600 * QUIET_SECONDS  # bounded
             while True:  # until the stream heard from last has been quiet for QUIET_SECONDS (not in steps of it)
                 now = time.monotonic()
-                left = max((s.last + QUIET_SECONDS - now for s in self.streams), default=0.0)
+                left = max((s.last + QUIET_SECONDS - now for s in self.streams if not s.stamped()), default=0.0)
                 if left <= 0 or now >= deadline:
                     break
                 await asyncio.sleep(min(left, deadline - now) + 0.001)
@@ -168,6 +172,7 @@ class TrackedLLM:
         await self.gate.enter()
         stream = Stream(self.url)
         stream.runs.append((self.gate.version_of(self.url), 0))
+        stream.stamped = self.stamped
         self.gate.streams.add(stream)
         try:
             with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
@@ -192,13 +197,21 @@ class TrackedLLM:
                 stream.marks.clear()
         settle(stream, len(gen.token_ids))
         gen.versions = []
-        for v, n in stream.runs:  # runs of one version merged (a backend that kept its version), empty ones left out
-            if n > 0 and gen.versions and gen.versions[-1][0] == v:
-                gen.versions[-1] = (v, gen.versions[-1][1] + n)
-            elif n > 0:
-                gen.versions.append((v, n))
+        if self.stamped() and gen.weight_spans is not None and self.gate.job_uid is not None:
+            gen.versions = stamped_versions(gen.weight_spans, self.gate.job_uid, stream.runs[0][0],
+                                            self.gate.version_of(self.url))
+        else:
+            for v, n in stream.runs:  # runs of one version merged (a backend that kept its version), empty ones out
+                if n > 0 and gen.versions and gen.versions[-1][0] == v:
+                    gen.versions[-1] = (v, gen.versions[-1][1] + n)
+                elif n > 0:
+                    gen.versions.append((v, n))
         self.versions.append(gen.versions[0][0] if gen.versions else stream.runs[0][0])
         return gen
+
+    def stamped(self) -> bool:
+        """The engine stamps this call's tokens with labels the controller set at every update (exact versions)."""
+        return self.gate.job_uid is not None and getattr(self.inner, "stamps", None) is True
 
     async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
                         request_id: str, started: float,
@@ -209,6 +222,7 @@ class TrackedLLM:
         ids: list[int] = []
         logprobs: list[float] = []
         finish, stop_reason, cached, part = "", None, None, 0
+        stamps: list[tuple[int, list[tuple[str, int, int]] | None]] = []  # per request: (tokens before it, stamps)
         first: float | None = None  # seconds from `started` to the first generated token
         while True:
             rid = request_id if part == 0 else f"{request_id}-c{part}"
@@ -221,6 +235,7 @@ class TrackedLLM:
                 update["min_tokens"] = max(sampling.min_tokens - len(ids), 0)
             self.in_flight.add(rid)
             stream.abort = lambda rid=rid: self.inner.abort(rid)
+            stamps.append((len(ids), None))
             try:
                 async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
                     if first is None and piece.token_ids:
@@ -230,33 +245,56 @@ class TrackedLLM:
                     stream.got(len(piece.token_ids))
                     finish, stop_reason = piece.finish_reason or finish, piece.stop_reason
                     cached = cached if piece.cached_tokens is None else piece.cached_tokens
+                    if piece.weight_spans is not None:
+                        stamps[-1] = (stamps[-1][0], piece.weight_spans)
                     if on_tokens is not None and not piece.finish_reason:
                         await on_tokens(piece.token_ids)
                 break
             except BackendError as e:
                 # an update in abort mode aborts the engines first and tells the daemons at their next beat: wait
-                # for that (bounded); an abort nobody announced is an infrastructure failure
-                if self.mode == "abort" and isinstance(e, Preempted):
+                # for that (bounded); an abort nobody announced is an infrastructure failure, unless the engine is
+                # paused and stamps its tokens: another job's update of a shared backend, continued once it resumes
+                theirs = await self._theirs(e)
+                if self.mode == "abort" and isinstance(e, Preempted) and not theirs:
                     await self.gate.wait_paused(UPDATE_NOTICE_SECONDS)
-                if not (self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
+                if not (theirs or self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
                     raise
                 partial = getattr(e, "partial", None)
                 if partial is not None:
+                    if partial.weight_spans is not None:
+                        stamps[-1] = (stamps[-1][0], partial.weight_spans)
                     ids += partial.token_ids
                     logprobs += partial.logprobs
                     stream.got(len(partial.token_ids))
                     if on_tokens is not None and partial.token_ids:
                         await on_tokens(partial.token_ids)
-                stream.parked = True
-                await self.gate.wait_open()
-                stream.parked = False
+                if not theirs:
+                    stream.parked = True
+                    await self.gate.wait_open()
+                    stream.parked = False
                 settle(stream, len(ids))
                 stream.runs.append((self.gate.version_of(self.url), 0))
                 part += 1
             finally:
                 self.in_flight.discard(rid)
         return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason,
-                          first_token_seconds=None if first is None else round(first, 6))
+                          first_token_seconds=None if first is None else round(first, 6),
+                          weight_spans=joined(stamps, len(ids)))
+
+    async def _theirs(self, e: BackendError) -> bool:
+        """After the engine aborted this call: True when another job's update did it (a shared backend): the gate
+        stays open while the engine, which stamps its tokens, was paused; returns once the engine runs again (the
+        call then continues, its tokens tagged by the stamps). False at once when the engine does not stamp or was
+        not paused, and as soon as this job's gate holds (its own update)."""
+        if not (isinstance(e, Preempted) and self.stamped() and not self.gate.paused and await self.inner.paused()):
+            return False
+        for _ in range(int(120 / 0.02)):  # bounded: an update that takes longer fails the call, as before
+            await asyncio.sleep(0.02)
+            if self.gate.paused:
+                return False
+            if not await self.inner.paused():
+                return True
+        return False
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)

@@ -43,6 +43,7 @@ class NodeOptions:
     slurm_job_id: str | None = None
     slurm_node_id: int | None = None
     drain_seconds: float = nodeenv.DEFAULT_DRAIN_SECONDS  # SIGTERM grace period for in-flight rollouts
+    controller_start_seconds: float = nodeenv.DEFAULT_CONTROLLER_START_SECONDS  # added to the give-up time
     ca_file: str | None = None           # CA bundle for an https controller (else the system's)
     lease_wait: float = 1.5              # long-poll of one /lease call
     register_timeout: float = 120.0      # keep trying to register this long (controller starting)
@@ -79,5 +80,6 @@ class NodeOptions:
             controller=controller, job=job, token=env.join_token,
             name=name or env.node_name or socket.gethostname(),
             slot=slot, slurm_job_id=env.slurm_job_id, slurm_node_id=env.slurm_node_id,
-            drain_seconds=env.drain_seconds, ca_file=env.ca_file, sandbox=sandbox, tracing=env.tracing,
+            drain_seconds=env.drain_seconds, controller_start_seconds=env.controller_start_seconds,
+            ca_file=env.ca_file, sandbox=sandbox, tracing=env.tracing,
         )

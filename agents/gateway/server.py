@@ -12,7 +12,10 @@ Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/messages` (+
 /v1/responses` (each may stream: the text is sent as the engine produces tokens, held back from where a tool
 call may start; the tool calls follow whole), `POST /v1/completions` (a text or token-id prompt). Auth
 headers are accepted and not checked: the socket is the boundary. Sampling is the job's (`agent.sampling`),
-not the harness's: the harness's `max_tokens` only lowers the job's limit, its stop sequences are added.
+not the harness's: the harness's `max_tokens` only lowers the job's limit, its stop sequences are added. The
+job's token budget (`agent.sampling.maxTotalTokens`, as the agent loop reads it) bounds each call, prompt and
+generation together: a rendered prompt that leaves no room for one generated token is answered 400 in the
+dialect's error shape, naming the budget and the prompt's length, and never reaches the engine (`over_budget`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rolloutd.sandbox.host.unixsock import listening
 from rolloutd.sandbox.relay import RELAY
 
 from rolloutd.crds.kit import tracing
@@ -59,14 +63,19 @@ class Gateway:
     """The harness's model server over a Unix socket, for one rollout. `calls` records every call."""
 
     def __init__(self, llm: Any, tokenizer: Any, sampling: SamplingParams, *, model: str = "policy",
-                 seed_parts: tuple = (), request_prefix: str = "gw") -> None:
+                 seed_parts: tuple = (), request_prefix: str = "gw", max_total_tokens: int | None = None) -> None:
         self.llm, self.tokenizer, self.sampling, self.model = llm, tokenizer, sampling, model
+        self.max_total_tokens = max_total_tokens  # the job's budget per call (prompt + generation); None: the engine's
         self.seed_parts, self.request_prefix = seed_parts, request_prefix
         self.calls: list[Call] = []
         self._pieces = PieceEncoder(tokenizer) if tokenizer is not None else None
         self.tools = tool_call_parser(tokenizer)  # the model family's tool-call format
         self.backend_error: str | None = None  # the last call the backend failed (the rollout is infra)
         self.rejected: str | None = None  # the last call the backend refused as invalid (the job's configuration)
+        # the first prompt refused for the job's token budget, and whether it came before any call was served (the
+        # task's own prompt does not fit: the job's configuration) or after (the conversation grew: the agent's limit)
+        self.over_budget: str | None = None
+        self.over_budget_first = False
         self._long_texts = asyncio.Semaphore(1)
         self._engine_calls = asyncio.Semaphore(ENGINE_CALLS)
         self._requests = 0
@@ -83,7 +92,10 @@ class Gateway:
                                 access_log=False)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the node daemon owns the signals
-        self._task = asyncio.create_task(self._server.serve(), name="gateway")
+        # bound here (0666, as uvicorn makes a uds; its 0700 directory keeps others out): the sandbox's ctl/ may be
+        # deeper than a socket's path can be long
+        sock = listening(socket_path, 0o666)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
@@ -110,6 +122,8 @@ class Gateway:
         limit = self.sampling.max_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
+        if self.max_total_tokens is not None:  # the rest of the job's budget (`_call` refused a prompt that fills it)
+            limit = max(1, min(limit, self.max_total_tokens - len(prompt_ids)))
         update: dict[str, Any] = {"max_tokens": limit, "seed": derive_seed(self.sampling.seed, *self.seed_parts, index)}
         if stop:
             update["stop"] = [*self.sampling.stop, *(s for s in stop if s not in self.sampling.stop)]
@@ -277,7 +291,11 @@ class Gateway:
     async def _call(self, prompt_ids: list[int], prompt: Prompt, send: Any, wire: Dialect,
                     on_tokens: Any = None) -> Call | None:
         """The engine call; a failure is recorded and answered in the dialect (502 infra, 400 the job's
-        configuration) while nothing was sent yet, else re-raised for the stream's own error event."""
+        configuration) while nothing was sent yet, else re-raised for the stream's own error event. A prompt over
+        the job's token budget is answered 400 here: the engine never sees it."""
+        refused = self._over_budget(len(prompt_ids))
+        if refused is not None:
+            return await respond(send, 400, wire.error(400, refused, "invalid_request_error"))
         started = [False]
 
         async def tokens(new: list[int]) -> None:
@@ -296,6 +314,19 @@ class Gateway:
                 raise
             await respond(send, 400, wire.error(400, f"backend refused the request: {e}", "invalid_request_error"))
         return None
+
+    def _over_budget(self, n: int) -> str | None:
+        """Why a prompt of `n` tokens is refused (no room left in the job's budget for one generated token), recorded
+        for the trajectory; None when it fits."""
+        budget = self.max_total_tokens
+        if budget is None or n < budget:
+            return None
+        reason = (f"spec.agent.sampling.maxTotalTokens: this prompt has {n} tokens, "
+                  f"{'more than' if n > budget else 'as many as'} the job's token budget of {budget} (prompt and "
+                  f"generation together); it was not sent to the model")
+        if self.over_budget is None:
+            self.over_budget, self.over_budget_first = reason, not self.calls
+        return reason
 
 
 def _served(wire: Dialect) -> Callable[[Gateway, dict, Any], Awaitable[None]]:

@@ -15,7 +15,10 @@ Trajectory: one sequence (every call extended the previous tokens) fills `token_
 (a call extending any earlier sequence continues it); `metrics.segments` and `metrics.retokenized_tokens`
 say how many sequences and how many prompt ids came from re-sent or rewritten text. A backend error
 behind any call makes the rollout `infra`; a call the backend refuses as invalid, `config` (the gateway
-checks the harness's part of a request first, so what is left is the job's sampling).
+checks the harness's part of a request first, so what is left is the job's sampling). A prompt over the job's
+token budget (`maxTotalTokens`, refused by the gateway before the engine) is `config` when it is the harness's
+first call (the task and the harness's own prompt do not fit the budget: the job must declare one that does) and
+`agent` after (the conversation outgrew the budget: the agent loop's "token limit").
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ async def run_harness(task: dict, sandbox: HostSandbox, llm: LLM | None, *, toke
                       config: AgentConfig, ctx: RolloutContext,
                       workdir: str, timeout: float) -> Trajectory:
     gateway = Gateway(llm, tokenizer, config.sampling, seed_parts=(ctx.prompt, ctx.sample),
-                      request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw")
+                      request_prefix=f"{ctx.job}-{ctx.prompt}-{ctx.sample}-{ctx.attempt}-gw",
+                      max_total_tokens=config.max_total_tokens)
     await gateway.start(Path(sandbox.root) / "ctl" / "gateway.sock")  # uvicorn makes it 0666, in a 0700 dir
     try:
         await sandbox.write_file(INSTRUCTION, task["instruction"])
@@ -137,9 +141,14 @@ def _trajectory(gateway: Gateway, tokenizer: Tokenizer | None, ctx: RolloutConte
     error = gateway.backend_error
     if error:
         t.failure = Failure(kind=FailureKind.infra, reason=f"RUN: an LLM call through the gateway failed: {error}")
+    elif gateway.over_budget and gateway.over_budget_first:
+        t.failure = Failure(kind=FailureKind.config, reason=f"{gateway.over_budget}, and it was the harness's first "
+                                                            "call: the job's budget must hold the harness's prompts")
     elif gateway.rejected:
         t.failure = Failure(kind=FailureKind.config, reason="spec.agent.sampling: the backend refused a call "
                                                             f"through the gateway: {gateway.rejected}")
+    elif gateway.over_budget:
+        t.failure = Failure(kind=FailureKind.agent, reason=f"token limit: {gateway.over_budget}")
     elif not gateway.calls and tokenizer is not None:  # nothing the policy generated: no sample to train on
         printed = " ".join(printed.split())[-300:] or "(nothing)"
         t.failure = Failure(kind=FailureKind.config, reason=(

@@ -13,7 +13,7 @@ import-light modules, so it installs in a trainer's environment without the cont
 being imported. Modules: `connection` (server and token), `errors`, `calls` (one request each),
 `core` (the loops' state: streams with retry, waits, long-polls), `sync`, `aio`, `batch` (`Batch.to_arrays`).
 """
-# Each name is imported from its module on first use, so that `rolloutctl get` (controller/ctl_fast.py) can read
+# Each name is imported from its module on first use, so that `rolloutctl get` (controller/ctl/fast.py) can read
 # `connection` without importing httpx and the client's loops.
 _WHERE = {
     "Batch": "batch", "Group": "batch", "grpo_advantages": "batch", "sequences": "batch", "load_job": "calls",

@@ -115,7 +115,7 @@ def client_options(conn: Connection, timeout: float, asynchronous: bool = False)
     out = {"base_url": servers[0] if servers else conn.server, "timeout": timeout,
            "headers": {"Authorization": f"Bearer {conn.token}"}, "verify": verify}
     if len(servers) > 1:
-        from .failover import AsyncFailover, Failover  # httpx: not on rolloutctl's fast path (`ctl_fast.py`)
+        from .failover import AsyncFailover, Failover  # httpx: not on rolloutctl's fast path (`controller/ctl/fast.py`)
 
         out["transport"] = (AsyncFailover if asynchronous else Failover)(servers, verify=verify)
     return out

@@ -45,7 +45,7 @@ JOB_NODES = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs/{{name}}/nodes"
 # reply fields that only go to a daemon that asked for them (`?lease=N`, `?features=…`): an older one does not
 # know them, and its models refuse unknown fields (a registration's policy is sent when there is one: an older
 # daemon then refuses the reply, and so never runs a restricted job unchecked)
-ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap", "node_token", "policy", "policy_name")
+ASKED_ONLY = ("lease", "features", "accepted", "dropped", "beat_gap", "node_token", "policy", "policy_name", "job_uid")
 
 
 def _ok(model: BaseModel, features: frozenset[str] | None = None) -> Response:

@@ -30,10 +30,10 @@ from rolloutd.crds.node import (BEAT_RESULTS, Heartbeat, HeartbeatResponse, Leas
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
+from ..dialects import raw
 from ..errors import NotFound
 from . import hot_sql
 from . import tracing as attempt_traces
-from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed
@@ -44,7 +44,7 @@ from .hot_sql import Item
 from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
-from .tables import ItemRow, NodeRow
+from .tables import ItemRow
 
 log = logging.getLogger("rolloutd.scheduler")
 Done = Callable[[], None]  # what a call does once its transaction is committed
@@ -155,16 +155,16 @@ class Attempts:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
         n = 0
         with Session(self.engine, expire_on_commit=False) as s:
-            node = s.get(NodeRow, node_id)
+            node = self.nodes.lookup(raw(s.connection()), node_id)  # (job, state); with node shards, fenced
             if node is None:
                 return 0
             for item in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(attempt_ids))):
-                if item.node_id == node.id and item.state == ItemState.leased:
+                if item.node_id == node_id and item.state == ItemState.leased:
                     self.queue.requeue(item, reason, keep_attempt=True)
                     s.add(item)
                     n += 1
             s.commit()
-            self.queue.wake(node.job)
+            self.queue.wake(node[0])
         return n
 
     # ------------------------------------------------------------ beat: the held leases kept, their stages
@@ -263,7 +263,7 @@ class Attempts:
                 config_error = config_error or t.failure.reason or "configuration error"
             elif t.failure.kind == FailureKind.infra:
                 state = self.queue.requeue(item, t.failure.reason or "infrastructure failure", cache.max_attempts,
-                                           keep_attempt=_outage(self.pool, item, cache))
+                                           keep_attempt=self.pool.outage(item.backend, cache.backends))
                 if state == ItemState.failed:
                     self.feed.deliver(None, item, t, delivered)
                     settled.append(item.group_id)
@@ -310,6 +310,8 @@ class Attempts:
         with Session(self.engine, expire_on_commit=False) as s:
             late = dict(self.held.expired(now))
             expired = []
+            if late and self.nodes.owning is not None:  # node shards: the leases of nodes ours now (fenced)
+                late = self.nodes.owning.ours(raw(s.connection()), late)
             if late:
                 # locked (PG): a replica its node moved to may end one now (`shards.py`); the later sees it ended
                 rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late))).with_for_update()).all()
@@ -393,8 +395,3 @@ def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: st
     if changed:  # a backend released or re-pinned: admission is restored from these after a restart
         hot_sql.save_pins(db, ((h.backend, h.holds_backend, h.item) for h in changed.values()))
 
-
-def _outage(pool: BackendPool, item: Item, cache: JobCache) -> bool:
-    """The item's backend is down and so is every other backend of its job: its failure is the
-    outage's, and it waits in the queue (leasing pauses) until a backend is healthy again."""
-    return bool(item.backend) and not pool.healthy(item.backend) and not any(pool.healthy(u) for u in cache.backends)

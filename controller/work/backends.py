@@ -45,6 +45,11 @@ class BackendPool:
     def healthy(self, url: str) -> bool:
         return url in self._known and url not in self.unhealthy
 
+    def outage(self, url: str | None, urls: list[str]) -> bool:
+        """Backend `url` is down and so is every other of `urls` (a job's): a failure on it is the outage's, and
+        its rollout waits in the queue (leasing pauses) until a backend is healthy again."""
+        return bool(url) and not self.healthy(url) and not any(self.healthy(u) for u in urls)
+
     def set_health(self, url: str, ok: bool, reason: str = "") -> bool:
         """Returns True when the state changed."""
         was = url not in self.unhealthy
@@ -159,9 +164,11 @@ class BackendHttp:
             return f"{path}: {failure(e)}"
         return None if r.status_code == 200 else f"{path}: HTTP {r.status_code}"
 
-    async def load(self, url: str, weights_path: str | None, *, running: bool) -> dict[str, Any]:
-        """On a paused engine: reload weights, then reset the prefix cache — with `running`, also the KV of the
-        requests kept in place (keep mode), which the engine recomputes on the new weights when it resumes."""
+    async def load(self, url: str, weights_path: str | None, *, running: bool,
+                   label: str | None = None) -> dict[str, Any]:
+        """On a paused engine: reload weights, then label them (`label`) and, meanwhile, reset the prefix cache —
+        with `running`, also the KV of the requests kept in place (keep mode), which the engine recomputes on the new
+        weights when it resumes."""
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
         step = "reload_weights"
         try:
@@ -174,51 +181,63 @@ class BackendHttp:
                     return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
             step, t = "reset_prefix_cache", time.monotonic()
-            params = {"reset_running_requests": "true"} if running else None
-            for tries in range(1, 21):  # false while blocks are still held by requests finishing
-                r = await self.client.post(f"{url}/reset_prefix_cache", params=params, timeout=30)
-                if r.status_code != 200 or "false" not in r.text.lower():
-                    break
-                await asyncio.sleep(0.1)
-            out["resetSeconds"], out["resetTries"] = round(time.monotonic() - t, 3), tries
+            out["error"], out["resetTries"] = await asyncio.gather(self.label(url, label), self._reset(url, running))
+            out["resetSeconds"] = round(time.monotonic() - t, 3)
         except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
             out["error"] = f"{step}: {failure(e)}"
         return out
 
-    async def update(self, url: str, weights_path: str | None, pause: bool) -> dict[str, Any]:
-        """vLLM's admin sequence for a new policy: pause → reload weights → reset the prefix cache →
-        resume. Errors are reported in the answer as the step, a status and a fixed reason (the other
-        backends still update)."""
-        http = self.client
+    async def _reset(self, url: str, running: bool) -> int:
+        """Reset the engine's prefix cache; the tries it took (the answer is false while blocks are still held by
+        requests finishing: tried again every 20 ms, 50 times at most)."""
+        params = {"reset_running_requests": "true"} if running else None
+        for tries in range(1, 51):
+            r = await self.client.post(f"{url}/reset_prefix_cache", params=params, timeout=30)
+            if r.status_code != 200 or "false" not in r.text.lower():
+                break
+            await asyncio.sleep(0.02)
+        return tries
+
+    async def label(self, url: str, label: str | None) -> str | None:
+        """Label a paused engine's weights (vLLM's `/update_weight_version`: it stamps every token it generates from
+        now on with it), after they loaded, so a label never names weights the engine does not run. An engine
+        without the call (404: it stamps nothing either) is no error; the call is tried three times, and a failure
+        is the backend's error (its tokens keep the old label: the update is reported as not taken there)."""
+        if label is None:
+            return None
+        why = None
+        for _ in range(3):
+            try:
+                r = await self.client.post(f"{url}/update_weight_version", json={"new_version": label}, timeout=30)
+            except Exception as e:  # noqa: BLE001 - reported per backend
+                why = f"update_weight_version: {failure(e)}"
+                continue
+            if r.status_code in (200, 404):
+                return None
+            why = f"update_weight_version: HTTP {r.status_code}"
+        return why
+
+    async def update(self, url: str, weights_path: str | None, pause: bool,
+                     label: str | None = None) -> dict[str, Any]:
+        """vLLM's admin sequence for a new policy: pause (waiting for the requests in flight) → `load` → resume.
+        Errors are reported in the answer as the step, a status and a fixed reason (the other backends still
+        update)."""
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
-        step = "pause"
         try:
             if pause:
-                await http.post(f"{url}/pause", params={"mode": "wait"}, timeout=120)
-            if weights_path:
-                step, t = "reload_weights", time.monotonic()
-                r = await http.post(f"{url}/collective_rpc", timeout=300, json={
-                    "method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})
-                if r.status_code != 200:
-                    out["error"] = f"reload_weights: HTTP {r.status_code}"
+                try:
+                    await self.client.post(f"{url}/pause", params={"mode": "wait"}, timeout=120)
+                except Exception as e:  # noqa: BLE001 - reported per backend
+                    out["error"] = f"pause: {failure(e)}"
                     return out
-                out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
-            step = "reset_prefix_cache"
-            for _ in range(20):  # false while blocks are still held by requests finishing
-                r = await http.post(f"{url}/reset_prefix_cache", timeout=30)
-                if r.status_code != 200 or "false" not in r.text.lower():
-                    break
-                await asyncio.sleep(0.1)
-        except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
-            out["error"] = f"{step}: {failure(e)}"
+            out = await self.load(url, weights_path, running=False, label=label)
         finally:
             if pause:
                 try:
-                    await http.post(f"{url}/resume", timeout=30)
+                    await self.client.post(f"{url}/resume", timeout=30)
                 except httpx.HTTPError as e:
                     out["error"] = out["error"] or f"resume: {failure(e)}"
         return out
-
 
 class HealthProbe:
     """Probes every known backend's /health and marks it healthy or not in the pool.

@@ -42,14 +42,14 @@ class HeldLeases:
     """attemptId → `HeldLease`, for every item in state `leased`; with them, by second, when each runs out (the expiry
     pass reads only the seconds past, not every lease: 64 000 at 1000 nodes took ~10 ms of the loop every half
     second), by job how many are in each stage (a job's progress counts them here; beats do not write stages
-    to the database) and by node how many it holds (its fair share; no index on the items' node)."""
+    to the database) and by node which it holds (its fair share; no index on the items' node)."""
 
     def __init__(self, clock: Callable[[], float] = time.time, stall_seconds: float | None = None) -> None:
         self.clock = clock
         self.by_attempt: dict[str, HeldLease] = {}
         self._due: dict[int, set[str]] = {}            # int(until) → attempts
         self._stages: dict[str, Counter[str]] = {}     # job → stage → leases
-        self._held: Counter[str] = Counter()           # node → leases
+        self._by_node: dict[str, set[str]] = {}        # node → its attempts (node shards hand a node's over whole)
         self._by_job: dict[str, set[str]] = {}         # job → its attempts (the in-flight view reads one job's)
         # in one stage this long: stalled (`inflight.py`; ROLLOUTD_STALLED_AFTER_SECONDS)
         self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
@@ -61,7 +61,7 @@ class HeldLeases:
         self.by_attempt[attempt_id] = live
         self._due.setdefault(int(live.until), set()).add(attempt_id)
         self._stages.setdefault(live.job, Counter())[live.stage] += 1
-        self._held[live.node_id] += 1
+        self._by_node.setdefault(live.node_id, set()).add(attempt_id)
         self._by_job.setdefault(live.job, set()).add(attempt_id)
 
     def get(self, attempt_id: str) -> HeldLease | None:
@@ -78,9 +78,11 @@ class HeldLeases:
             attempts.discard(attempt_id)
             if not attempts:
                 del self._by_job[live.job]
-        self._held[live.node_id] -= 1
-        if self._held[live.node_id] <= 0:
-            del self._held[live.node_id]
+        mine = self._by_node.get(live.node_id)
+        if mine is not None:
+            mine.discard(attempt_id)
+            if not mine:
+                del self._by_node[live.node_id]
         counter = self._stages[live.job]
         counter[live.stage] -= 1
         if counter[live.stage] <= 0:
@@ -150,7 +152,11 @@ class HeldLeases:
 
     def held(self, node_id: str) -> int:
         """The leases node `node_id` holds."""
-        return self._held.get(node_id, 0)
+        return len(self._by_node.get(node_id, ()))
+
+    def attempts_on(self, node_id: str) -> list[str]:
+        """The attempts node `node_id` holds here."""
+        return list(self._by_node.get(node_id, ()))
 
     def stages(self, job: str) -> dict[str, int]:
         """Stage → the job's leases in it now (with node shards, `elsewhere`: those other replicas hold too)."""

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest,
-                                RegisterResponse, beat_gap, heartbeat_seconds)
+                                RegisterResponse, WEIGHT_STAMPS, beat_gap, heartbeat_seconds)
 
 from ..dialects import raw
 from ..errors import BadRequest, Conflict, NotFound
@@ -41,6 +41,7 @@ class NodeRegistry:
         self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
+        self.owning: Any = None  # node shards: `..shards.Serving`, whose `check` fences every node call's transaction
 
     def seen(self, node_id: str, now: float) -> None:
         """The node's silence counts from `now` (it moved here from another replica)."""
@@ -79,7 +80,8 @@ class NodeRegistry:
         return RegisterResponse(node_id=node.id, job=req.job, spec=job.spec.wire(), generation=job.metadata.generation,
                                 lease_seconds=lease,
                                 heartbeat_seconds=heartbeat_seconds(max(job.spec.executor.nodes, active), lease),
-                                features=served, policy=policy, policy_name=policy_name)
+                                features=served, policy=policy, policy_name=policy_name,
+                                job_uid=job.metadata.uid if WEIGHT_STAMPS in (served or ()) else None)
 
     def features_of(self, node_id: str) -> frozenset[str]:
         """The protocol features `node_id` registered with (stored with it: a restarted controller answers each
@@ -101,7 +103,10 @@ class NodeRegistry:
         return node
 
     def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
-        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life."""
+        """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life. With node
+        shards, first the fence: the node's calls are this replica's to answer (`..shards.Serving.check`)."""
+        if self.owning is not None:
+            self.owning.check(db, node_id)
         row = db.execute("SELECT job, state FROM nodes WHERE id = ?", (node_id,)).fetchone()
         if row is not None and row[1] != DaemonState.gone:
             self._seen[node_id] = self.clock()

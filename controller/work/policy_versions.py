@@ -19,6 +19,7 @@ from sqlmodel import Session
 
 from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.trajectory import Trajectory
+from rolloutd.crds.weight_labels import foreign_version, weight_label
 
 from .backends import BackendHttp
 from .job_state import Jobs
@@ -162,18 +163,22 @@ class PolicyVersions:
         pause = job.spec.policy.pause_on_update if pause is None else pause
         async with self._lock[name]:
             t0 = time.monotonic()
+            steps = Steps(t0)
+            label = weight_label(name, job.metadata.uid, version)
             drained = True
             urls = list(self.jobs.sync(job).backends)
             if mode == "drain":
                 if pause:
                     self._set(name, paused=True)
                     drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
+                    steps.mark("drained")
                 t_engines = time.monotonic()
-                report = [await self.http.update(url, weights_path, pause) for url in urls]
+                report = [await self.http.update(url, weights_path, pause, label) for url in urls]
                 engines = time.monotonic() - t_engines
+                steps.mark("resumed")
             else:
                 t_engines = time.monotonic()
-                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout)
+                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout, steps, label)
                 engines = time.monotonic() - t_engines
             behind = dict(self._behind.get(name, {}))
             with Session(self.engine, expire_on_commit=False) as s:
@@ -199,7 +204,7 @@ class PolicyVersions:
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
         return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
-                "enginesPausedSeconds": round(engines, 3),
+                "enginesPausedSeconds": round(engines, 3), "steps": steps.out,
                 "drained": drained, "backends": report}
 
     def _tag_sharers(self, name: str, version: int | str, reloaded: list[str]) -> None:
@@ -211,27 +216,42 @@ class PolicyVersions:
             cache = self.jobs.cached(other)
             shared = set(reloaded) & set(cache.backends) if cache is not None and other != name else set()
             if shared:
-                self._behind.setdefault(other, {}).update({u: f"{name}@{version}" for u in shared})
+                self._behind.setdefault(other, {}).update({u: foreign_version(name, version) for u in shared})
                 self._changed(other)
 
     async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
-                    timeout: float) -> tuple[bool, list[dict[str, Any]]]:
+                    timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]]]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
-        continue them once the gate opens), then ask the daemons, in one beat reply, to hold new LLM calls and take
-        a fence: where each of their streams stands once it went quiet (the tokens before it are the old version's;
-        a request that reached the engine after the pause stands at 0). Meanwhile load the weights and reset the
-        prefix cache, including the kept requests' KV (recomputed on the new weights); resume once every daemon has
-        taken the fence. Returns (every daemon answered, the per-backend report)."""
+        continue them once the gate opens), then load the weights, label them and reset the prefix cache, including
+        the kept requests' KV (recomputed on the new weights), while the daemons are asked, in one watch answer, to
+        hold new LLM calls and take a fence: where each of their streams stands (the tokens before it are the old
+        version's: at once for a stream the engine stamps, else once it went quiet; a request that reached the
+        engine after the pause stands at 0). Resume once every daemon has taken the fence. Returns (every daemon
+        answered, the per-backend report)."""
         paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
+        steps.mark("paused")
+
+        async def load() -> list[dict[str, Any]]:
+            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
+                                         for u, why in zip(urls, paused) if why is None))
+            steps.mark("loaded")
+            return out
+        loading = asyncio.ensure_future(load())
+        await asyncio.sleep(0)  # the loads' first calls go out before the policy row's write below holds the loop
         self._fences[name] += 1
         epoch = self._fences[name]
         self._set(name, paused=True)
-        fenced = asyncio.ensure_future(self._wait_beats(name, time.monotonic(), timeout,
-                                                        lambda b: b[2] and b[3] >= epoch))
-        loads = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep") for u, why in
-                                       zip(urls, paused) if why is None))
+        since = time.monotonic()
+        steps.mark("asked")
+        held = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2], steps.nodes("held")))
+        fenced = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2] and b[3] >= epoch,
+                                                        steps.nodes("fenced")))
+        loads = await loading
         answered = await fenced
+        held.cancel()
+        steps.mark("fenced")
         resumed = await asyncio.gather(*(self.http.post(u, "/resume") for u in urls))
+        steps.mark("resumed")
         by_url = {b["url"]: b for b in loads}
         report = []
         for u, why_paused, why_resumed in zip(urls, paused, resumed):
@@ -240,14 +260,42 @@ class PolicyVersions:
             report.append(b)
         return answered, report
 
-    async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool]) -> bool:
+    async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool],
+                          when: dict[str, float] | None = None) -> bool:
         """True once every active daemon of the job beat after `since` and its beat (time, in flight, held, fence)
-        satisfies `ok`; False after `timeout` (logged)."""
+        satisfies `ok`; False after `timeout` (logged). `when` gets each daemon's first such report's time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            beats = [self._llm.get(n) for n in self.nodes.active(name)]
-            if all(b is not None and b[0] > since and ok(b) for b in beats):
+            beats = {n: self._llm.get(n) for n in self.nodes.active(name)}
+            good = {n: b for n, b in beats.items() if b is not None and b[0] > since and ok(b)}
+            if when is not None:
+                for n, b in good.items():
+                    when.setdefault(n, b[0])
+            if len(good) == len(beats):
                 return True
             await asyncio.sleep(0.005)
         log.warning("policy update of %s: daemons did not answer as asked within %.0f s", name, timeout)
         return False
+
+
+
+class Steps:
+    """An update's timeline for its answer (`steps`): seconds from the announce to each step, and to each daemon's
+    first report of a kind (`held`, `fenced`: node → seconds), for the bench's breakdown."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self._steps: dict[str, float] = {}
+        self._nodes: dict[str, dict[str, float]] = {}
+
+    def mark(self, step: str) -> None:
+        self._steps[step] = time.monotonic()
+
+    def nodes(self, step: str) -> dict[str, float]:
+        return self._nodes.setdefault(step, {})
+
+    @property
+    def out(self) -> dict[str, Any]:
+        since = lambda t: round(t - self.t0, 4)  # noqa: E731
+        return {**{k: since(t) for k, t in self._steps.items()},
+                **{k: {n: since(t) for n, t in v.items()} for k, v in self._nodes.items()}}

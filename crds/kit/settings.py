@@ -85,6 +85,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(nodeenv.JOIN_TOKEN, "secret", "none", (NODE,), nodeenv.TABLE[nodeenv.JOIN_TOKEN][1]),
     Variable(nodeenv.DRAIN_SECONDS, "number", f"{nodeenv.DEFAULT_DRAIN_SECONDS:g}", (NODE, CONTROLLER),
              nodeenv.TABLE[nodeenv.DRAIN_SECONDS][1]),
+    Variable(nodeenv.CONTROLLER_START_SECONDS, "number", f"{nodeenv.DEFAULT_CONTROLLER_START_SECONDS:g}", (NODE,),
+             nodeenv.TABLE[nodeenv.CONTROLLER_START_SECONDS][1]),
     Variable(nodeenv.CA_FILE, "path", "the system's CAs", (NODE, CLIENT),
              "CA bundle that signed an https controller's certificate"),
     Variable(nodeenv.TRACING, "text", "unset (off)", (NODE, CONTROLLER),
@@ -134,8 +136,6 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),
-    Variable("ROLLOUTD_SLURM_DIR", "path", "`/tmp/rolloutd-slurm`", (CONTROLLER,),
-             "where a checkout's one-machine Slurm cluster (tests/support/sim/minicluster.py) keeps its files"),
 )
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
@@ -235,7 +235,6 @@ class ControllerSettings:
     tracing: str | None = None   # ROLLOUTD_TRACING (`nodeenv.tracing_on` reads it)
     k8s_namespace: str | None = None
     k8s_node_image: str | None = None
-    slurm_dir: Path = Path("/tmp/rolloutd-slurm")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ControllerSettings":

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from .unixsock import listening
 
 HEAD_LIMIT = 64 * 1024
 MAX_CONNECTIONS = 64  # at once, per proxy: a step cannot spend the daemon's descriptors
@@ -129,9 +130,9 @@ class EgressProxy:
         self.path: Path | None = None
 
     async def start(self, path: str | Path) -> None:
-        self._server = await asyncio.start_unix_server(self._track, path=str(path), limit=HEAD_LIMIT)
+        # 0666: the sandbox's user, whatever its uid; the socket's directory keeps others out
+        self._server = await asyncio.start_unix_server(self._track, sock=listening(path, 0o666), limit=HEAD_LIMIT)
         self.path = Path(path)
-        os.chmod(path, 0o666)  # the sandbox's user, whatever its uid; the socket's directory keeps others out
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -179,7 +179,8 @@ def test_mini_swe_agent_from_pypi_drives_smollm2_through_the_gateway(smollm2_eng
     async def go():
         async with task_sandbox(handler, task) as sandbox:
             async with VLLMBackend(smollm2_engine.url) as llm:
-                config = AgentConfig(agent_kind="harness", agent_command=MINI,
+                # the job's token budget, declared as a harness job must: the engine's whole context
+                config = AgentConfig(agent_kind="harness", agent_command=MINI, max_total_tokens=4096,
                                      sampling=SamplingParams(seed=3, max_tokens=64))
                 trajectory = await handler.run(task, sandbox, llm, tokenizer=tok, config=config,
                                                ctx=RolloutContext(job="mini", prompt=0, sample=0, task_id=task["id"]))

@@ -37,6 +37,11 @@ from support.scripted_policy import script, tool_call
 TASKS = Path(__file__).parent / "harness_tasks_npm"
 PYPI_TASKS = Path(__file__).parent / "harness_tasks"  # mini-swe-agent from PyPI
 SAMPLING = SamplingParams(seed=11, max_tokens=24)
+# The job's token budget (spec.agent.sampling.maxTotalTokens), declared as a harness job must: each call's prompt and
+# generation together, checked by the gateway before the engine. These harnesses' requests are long (their system
+# prompts and tool schemas: tens of thousands of the tiny model's tokens, whose vocabulary is 1024), so the budget
+# is the model's whole context (the engine serves 65 536 positions); the default 2048 would refuse the first call.
+BUDGET = 65536
 
 ASK = '"$(cat $ROLLOUTD_INSTRUCTION_FILE)"'  # the task's instruction, as each harness's prompt
 
@@ -69,7 +74,8 @@ def run_harness(engine, command: str, tasks: Path = TASKS, sampling: SamplingPar
     async def go():
         async with task_sandbox(handler, task) as sandbox:
             async with VLLMBackend(engine.url) as llm:
-                config = AgentConfig(agent_kind="harness", agent_command=command, sampling=sampling)
+                config = AgentConfig(agent_kind="harness", agent_command=command, sampling=sampling,
+                                     max_total_tokens=BUDGET)
                 trajectory = await handler.run(task, sandbox, llm, tokenizer=tok, config=config, ctx=ctx)
                 log = await sandbox.read_file("/logs/agent/harness.txt")
                 reward = await handler.eval(task, sandbox, trajectory)
@@ -110,6 +116,7 @@ def one_seed_each(candidates: list[set[int]]) -> bool:
 def check(trajectory, reward, direct, expect_reward: float):
     output = trajectory.metrics["harness_output"]
     assert trajectory.failure.kind.value != "infra", (trajectory.failure, output)
+    assert "maxTotalTokens" not in (trajectory.failure.reason or ""), output  # every prompt fit the declared budget
     assert not trajectory.metrics["harness_timed_out"], output  # offline: nothing it tried hung it
     calls = trajectory.metrics["gateway_calls"]
     assert calls >= 1, output

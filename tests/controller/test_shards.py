@@ -31,8 +31,39 @@ def test_nodes_spread_over_live_replicas_and_move_when_one_leaves(pg_server):
     owners = [(a if i % 2 else b).owner(n) for i, n in enumerate(ids)]  # first calls, on either replica
     assert sorted(owners) == ["http://a"] * 3 + ["http://b"] * 3  # least-loaded: an even split
     assert all(b.owner(n) == o for n, o in zip(ids, owners))  # both see one owner per node
-    mine = a.refresh()
+    mine = set(a.refresh())
     assert mine == {n for n, o in zip(ids, owners) if o == "http://a"}
     b.resign()  # b stops: its row runs out now
-    assert a.refresh() == set(ids)  # its nodes moved to the live replica
+    assert set(a.refresh()) == set(ids)  # its nodes moved to the live replica
     assert a.owners == {n: "http://a" for n in ids}
+
+
+def test_a_replica_that_joins_is_planned_its_share_and_a_hand_over_moves_one_node_once(pg_server):
+    """A replica above its fair share plans to hand nodes to the one below it (a member that joined), at each
+    node's next call; the hand-over bumps the row's `moves` (the fence's epoch) and happens once."""
+    store = Store(pg_server.create_database())
+    a = Shards(store.engine, "http://a")
+    a.renew()
+    a.refresh()
+    ids = [f"n{i}" for i in range(5)]
+    _nodes(store, ids)
+    assert [a.owner(n) for n in ids] == ["http://a"] * 5 and a.refresh() == {n: 1 for n in ids}
+    assert a.give == {}  # alone: nothing to give
+    b = Shards(store.engine, "http://b")
+    b.renew()  # b joins
+    a.refresh()
+    assert len(a.give) == 2 and set(a.give.values()) == {"http://b"}  # 5 over 2: it keeps 3
+    node = next(iter(a.give))
+    assert a.hand_over(node, "http://b") and not a.hand_over(node, "http://b")
+    assert b.refresh() == {node: 2} and len(a.refresh()) == 4 and list(a.give.values()) == ["http://b"]
+    assert b.give == {}
+
+
+def test_the_plan_gives_only_what_is_above_the_share_to_whoever_is_below_it():
+    from rolloutd.controller.shards import _plan
+
+    owners = {f"a{i}": "A" for i in range(8)} | {f"c{i}": "C" for i in range(4)}
+    assert list(_plan(owners, ["A", "B", "C"], "A").values()) == ["B"] * 4  # 12 over 3: A gives 4, all to B
+    assert _plan(owners, ["A", "B", "C"], "C") == {}  # C holds its share
+    even = {"a0": "A", "a1": "A", "a2": "A", "b0": "B", "b1": "B"}
+    assert _plan(even, ["A", "B"], "A") == {}  # within one of each other: nothing moves

@@ -8,9 +8,8 @@ import sqlite3
 import pytest
 import yaml
 
-from support.controller_process import ControllerProcess
+from support.controller_process import ControllerProcess, ctl
 from .http.test_api import P, YAML, _fields, _status, doc
-from .test_cli import ctl
 
 JSON = {"Content-Type": "application/json"}
 HUGE = "99999999999999999999999"

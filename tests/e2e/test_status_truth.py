@@ -215,19 +215,27 @@ def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(own, tmp_p
                every=0.2)
 
 
-def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_its_sandboxes(own, tmp_path):
-    cluster = own
+def test_a_daemon_that_cannot_reach_its_controller_for_20_leases_exits_and_ends_its_sandboxes(tmp_path):
+    # the operator's ROLLOUTD_CONTROLLER_START_SECONDS (default 60) shortened: the daemons inherit it
+    cluster = Cluster(tmp_path, {**plugin_env(), "ROLLOUTD_CONTROLLER_START_SECONDS": "5"}).start()
+    try:
+        _gives_up(cluster, tmp_path)
+    finally:
+        cluster.stop()
+
+
+def _gives_up(cluster, tmp_path) -> None:
     _, pids = _held_job(cluster, tmp_path, "orphan", lease=2)
     [pid] = pids
     sandbox_procs = _descendants(pid)
     assert sandbox_procs, "the held rollout's sandbox runs under the daemon"
     cluster.kill()  # SIGKILL: the daemons live on (a restart would adopt them) ...
     assert alive(pid)
-    # ... but not for ever: 20 × leaseSeconds (40 s) + 60 s for a controller's start without an answer, then they leave
-    wait_until(lambda: not alive(pid), 240, "the daemon to give up on its controller", every=0.2)
+    # ... but not for ever: 20 × leaseSeconds (40 s) + 5 s for a controller's start without an answer, then they leave
+    wait_until(lambda: not alive(pid), 180, "the daemon to give up on its controller", every=0.2)
     assert not [p for p in sandbox_procs if alive(p)], "its sandboxes ended with it"
     log = next((cluster.data_dir / "logs").glob("orphan-node0.log")).read_text()
-    assert "the controller has not answered for" in log and "20 × spec.pipeline.leaseSeconds" in log
+    assert "the controller has not answered for" in log and "20 × spec.pipeline.leaseSeconds + 5 s" in log
 
 
 def test_a_killed_controller_restarted_adopts_its_daemons_and_the_job_completes(own, tmp_path):

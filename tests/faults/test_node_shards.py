@@ -7,14 +7,19 @@ Real controllers, real daemons (four, of the leader's local executor), real bwra
 lands while every rollout waits at INIT's gate)."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import signal
+from collections import Counter
 
 import httpx
 import pytest
 from sqlalchemy import create_engine
 
 from rolloutd.controller import dialects
+from rolloutd.controller.shards import OWNER
 from support.cluster import held_at_gate, plugin_env
 from support.fault_jobs import gated_oracle_job, scored_once
 from support.waiting import alive, wait_until
@@ -94,3 +99,104 @@ def test_both_replicas_serve_their_nodes_and_a_killed_ones_nodes_move_with_nothi
     assert (counts["total"], counts["succeeded"], counts.get("infraFailed", 0)) == (ROLLOUTS, ROLLOUTS, 0), counts
     print(f"kill -9 of the replica owning {len(moved)} of {NODES} nodes: all moved, "
           f"{delivered} delivered, {duplicated} duplicated")
+
+
+def _two_gates(tmp_path, name: str) -> tuple[dict, object, object]:
+    """The gated job of NODES nodes, its first half of rollouts held by gate `early`, the rest by `late`."""
+    early, late = tmp_path / "early", tmp_path / "late"
+    doc = gated_oracle_job(name, late, rollouts=ROLLOUTS)
+    doc["spec"]["executor"]["nodes"] = NODES
+    source = tmp_path / f"{name}.jsonl"
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    source.write_text("".join(json.dumps({**row, "gate": str(early if i < ROLLOUTS // 2 else late)}) + "\n"
+                              for i, row in enumerate(rows)))
+    return doc, early, late
+
+
+def test_a_replica_that_joins_takes_its_share_of_running_nodes_with_nothing_lost(pg_replicas, tmp_path):
+    """One replica serves every node of a running job; a second starts: half the nodes move to it at their next
+    call (their held leases adopted, results in flight and beats answered wherever they land), both serve their
+    own nodes from then on, and every rollout ends on its first attempt, delivered once."""
+    replicas = pg_replicas
+    first = replicas.start(0)
+    assert replicas.wait_leader(120)[0] is first
+    doc, early, late = _two_gates(tmp_path, "joined")
+    first.apply(doc)
+    wait_until(lambda: held_at_gate(first, "joined") == ROLLOUTS, 240, "every rollout held at INIT's gate", every=0.2)
+    assert set(owners(replicas).values()) == {first.url}
+    trainer = Trainer(replicas.servers, replicas.data_dir / "token", "joined")
+    trainer.start()
+
+    joiner = replicas.start(1)
+    early.touch()  # half the rollouts end while their nodes move: their results reach whichever replica owns them
+    wait_until(lambda: sorted(Counter(owners(replicas).values()).items()) ==
+               sorted({first.url: NODES // 2, joiner.url: NODES // 2}.items()), 60, "half the nodes moved", every=0.2)
+    before = node_calls(joiner)
+    wait_until(lambda: node_calls(joiner).get("served", 0) >= before.get("served", 0) + 2 * NODES // 2, 120,
+               "the joiner answering its nodes' calls itself", every=0.5)
+    handed = node_calls(first).get("handed", 0)
+    assert handed == NODES // 2, node_calls(first)
+    late.touch()
+    first.wait_done("joined", 240)
+    got = scored_once(first, "joined", ROLLOUTS)
+    assert [t["attempt"] for t in got] == [1] * ROLLOUTS, [(t["prompt"], t["sample"], t["attempt"]) for t in got]
+    trainer.join(120)
+    assert trainer.error is None, trainer.error
+    assert trainer.counts() == (ROLLOUTS, 0)
+    counts = first.get("joined")["status"]["counts"]
+    assert (counts["total"], counts["succeeded"], counts.get("infraFailed", 0)) == (ROLLOUTS, ROLLOUTS, 0), counts
+    print(f"a replica joined a running job: {handed:g} of {NODES} nodes handed over at their next call; "
+          f"calls {node_calls(first)} / {node_calls(joiner)}; {ROLLOUTS} delivered once, all on attempt 1")
+
+
+def test_a_paused_replica_whose_nodes_moved_answers_none_of_their_calls(pg_replicas, tmp_path):
+    """The replica that does not lead is paused (SIGSTOP) past its membership's lapse: its nodes move to the leader.
+    Resumed, it must answer none of their calls from its memory nor commit for them: each call is checked against
+    the node's owner row in its transaction (the fence) and forwarded to the owner, whose address the reply names.
+    To look at the first moments after a resume (before its own refresh would correct its view), this test holds
+    the resumed replica's membership renewal back (its row locked): its view stays the one from before the pause."""
+    replicas = pg_replicas
+    leader = replicas.start(0)
+    assert replicas.wait_leader(120)[0] is leader
+    other = replicas.start(1)
+    gate = tmp_path / "gate"
+    doc = gated_oracle_job("paused", gate, rollouts=ROLLOUTS)
+    doc["spec"]["executor"]["nodes"] = NODES
+    other.apply(doc)
+    wait_until(lambda: held_at_gate(leader, "paused") == ROLLOUTS, 240, "every rollout held at INIT's gate", every=0.2)
+    wait_until(lambda: set(owners(replicas).values()) == {leader.url, other.url}, 60, "both replicas own nodes")
+    moved = sorted(n for n, o in owners(replicas).items() if o == other.url)
+    trainer = Trainer(replicas.servers, replicas.data_dir / "token", "paused")
+    trainer.start()
+    engine = create_engine(dialects.engine_url(replicas.store))
+    os.killpg(other.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: set(owners(replicas).values()) == {leader.url}, 60, "the paused replica's nodes moved",
+                   every=0.2)
+        with engine.connect() as hold:  # its renewal waits on this lock: it keeps its view from before the pause
+            hold.exec_driver_sql("SELECT 1 FROM replica_members WHERE url = %s FOR UPDATE", (other.url,))
+            os.killpg(other.proc.pid, signal.SIGCONT)
+            before = node_calls(other)
+            for node in moved:  # what its daemon would send it (a beat), the admin token standing in for the node's
+                r = httpx.post(f"{other.url}/apis/rolloutd.io/v1alpha1/nodes/{node}/heartbeat", json={}, timeout=30,
+                               headers={"Authorization": f"Bearer {other.token}"})
+                assert r.status_code == 200, r.text
+                assert r.headers.get(OWNER) == leader.url, ("answered by the paused replica", dict(r.headers))
+            after = node_calls(other)
+            # none served; each forwarded, by its fence or by the view a fenced call corrected (the daemons' own
+            # calls that waited in its socket through the pause were fenced the moment it resumed)
+            assert after.get("served", 0) == before.get("served", 0), (before, after)
+            assert sum(after.get(k, 0) - before.get(k, 0) for k in ("fenced", "forwarded")) >= len(moved), (before, after)
+            hold.rollback()
+    finally:
+        os.killpg(other.proc.pid, signal.SIGCONT)
+        engine.dispose()
+    gate.touch()
+    leader.wait_done("paused", 240)
+    got = scored_once(leader, "paused", ROLLOUTS)
+    assert [t["attempt"] for t in got] == [1] * ROLLOUTS, [(t["prompt"], t["sample"], t["attempt"]) for t in got]
+    trainer.join(120)
+    assert trainer.error is None, trainer.error
+    assert trainer.counts() == (ROLLOUTS, 0)
+    print(f"paused past its lapse: {len(moved)} nodes moved; resumed, none of their calls served there: {after} "
+          f"(at the resume {before})")

@@ -19,7 +19,6 @@ SHORT_LIMIT = '''import os
 if os.environ.get("ROLLOUTD_TEST_GIVE_UP_LEASES"):
     import rolloutd.agents.daemon.heartbeat as heartbeat
     heartbeat.UNREACHABLE_LEASES = int(os.environ["ROLLOUTD_TEST_GIVE_UP_LEASES"])
-    heartbeat.CONTROLLER_START_SECONDS = 0.0
 '''
 
 
@@ -49,7 +48,7 @@ def test_a_daemon_that_gives_its_controller_up_leaves_no_mount_and_no_process(cl
     seam.mkdir()
     (seam / "sitecustomize.py").write_text(SHORT_LIMIT)
     cluster.stop()  # the fixture's controller was started without the seam: again, with it
-    cluster.env = {**cluster.env, "ROLLOUTD_TEST_GIVE_UP_LEASES": "2",
+    cluster.env = {**cluster.env, "ROLLOUTD_TEST_GIVE_UP_LEASES": "2", "ROLLOUTD_CONTROLLER_START_SECONDS": "0",
                    "PYTHONPATH": f"{seam}:{cluster.env.get('PYTHONPATH', '')}"}
     cluster.start()
     sandboxes, pids = _held(cluster, tmp_path, "lost")

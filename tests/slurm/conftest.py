@@ -20,7 +20,6 @@ HERE = Path(__file__).resolve().parent
 
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
 from support.sim.minicluster import MiniSlurm, missing_binaries  # noqa: E402
-from rolloutd.crds.kit.settings import ControllerSettings
 from support.cluster import plugin_env
 from support.slurm_cluster import SlurmCluster
 
@@ -36,7 +35,7 @@ def slurm() -> Iterator[MiniSlurm]:
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
-    cluster = MiniSlurm(ControllerSettings.from_env().slurm_dir).start()
+    cluster = MiniSlurm().start()  # in $ROLLOUTD_SLURM_DIR, else /tmp/rolloutd-slurm
     yield cluster
     cluster.release()  # stopped only if this session started it and no other session uses it
 

@@ -1,6 +1,7 @@
 """`ControllerProcess`: a real `rolloutd controller` process on a free port, with a data dir of its own:
-start, stop (SIGTERM or SIGKILL), restart on the same data, an authenticated client. The fixtures of
-tests/controller, tests/controller/kube (over https: support/kube_controller.py), tests/tenancy and tests/ui start it.
+start, stop (SIGTERM or SIGKILL), restart on the same data, an authenticated client; `ctl`: rolloutctl against it.
+The fixtures of tests/controller, tests/controller/kube (over https: support/kube_controller.py), tests/tenancy and
+tests/ui start it.
 Next step: one start-up wait shared with support/cluster.py (the e2e controller)."""
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ctl(controller: ControllerProcess, *args: str, stdin: str | None = None, env: dict | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    """`rolloutctl ARGS` (the full typer app, `python -m rolloutd.controller.ctl`) against `controller`, with its
+    token and no config file; for tests/controller/ctl and tests/controller/test_trust.py."""
+    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
+         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "rolloutd.controller.ctl", *args], input=stdin,
+                          capture_output=True, text=True, env=e, timeout=timeout)
 
 
 class ControllerProcess:

@@ -69,12 +69,31 @@ def test_a_step_holding_more_than_the_memory_bound_fails(needs_builder, tmp_path
     assert "memory bound of 128 MB" in str(err.value) and "ROLLOUTD_BUILD_MEMORY_MB" in str(err.value)
 
 
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
 def _step_cgroups(seen: dict, done: threading.Event) -> None:
     """What the running step's cgroups bound, read from the host while it runs (the last read wins, so a value
-    read between a cgroup's making and its write is overwritten): {file name: value}."""
+    read between a cgroup's making and its write is overwritten): {file name: value}. Only cgroups that hold a
+    process of this test's build: another test's build (another pytest-xdist worker's, another session's) runs
+    in cgroups of its own, with other bounds."""
     while not done.is_set():
         for parent in candidate_parents():
             for d in parent.glob("rolloutd-build-*"):
+                try:
+                    procs = (d / "cgroup.procs").read_text().split()
+                except OSError:
+                    continue
+                if not any(_descends_from_us(int(p)) for p in procs):
+                    continue
                 for name in ("cpu.cfs_quota_us", "cpu.max", "memory.limit_in_bytes", "memory.max", "pids.max"):
                     with contextlib.suppress(OSError):
                         seen[name] = (d / name).read_text().strip()

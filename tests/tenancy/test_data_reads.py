@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,7 +34,8 @@ from rolloutd.sandbox import SandboxSpec, get_runtime
 REPO = Path(__file__).resolve().parents[2]
 HARBOR_TASK = REPO / "examples" / "harbor" / "tasks" / "word-count"
 EXAMPLE = REPO / "examples" / "math-demo.yaml"
-SECRET = f"TOPSECRET-{secrets.token_hex(8)}"
+# fixed, not drawn per run: test ids carry it, and every pytest-xdist worker must collect the same ids
+SECRET = "TOPSECRET-7c1e4f9a02b85d36"
 DUPLICATE = json.dumps({"id": SECRET, "question": "q", "answer": "2"})
 
 

@@ -51,3 +51,14 @@ def test_ca_file_from_env_and_an_unreadable_one_refused(tmp_path):
         str(tmp_path / "ca.pem")
     with pytest.raises(NodeError, match="ROLLOUTD_CA_FILE=.*absent.pem: no such readable file"):
         NodeOptions.from_env(environ={**env, "ROLLOUTD_CA_FILE": str(tmp_path / "absent.pem")})
+
+
+def test_the_controllers_start_time_from_env_sets_when_a_daemon_gives_up():
+    from rolloutd.agents.daemon.heartbeat import unreachable_after
+
+    env = {"ROLLOUTD_CONTROLLER": "http://c", "ROLLOUTD_JOB": "j", "ROLLOUTD_JOIN_TOKEN": "t"}
+    assert NodeOptions.from_env(environ=env).controller_start_seconds == 60
+    quick = NodeOptions.from_env(environ={**env, "ROLLOUTD_CONTROLLER_START_SECONDS": "5"})
+    assert unreachable_after(2.0, quick.controller_start_seconds) == 45.0  # 20 × 2 s + 5 s
+    with pytest.raises(NodeError, match="ROLLOUTD_CONTROLLER_START_SECONDS must be a number of seconds"):
+        NodeOptions.from_env(environ={**env, "ROLLOUTD_CONTROLLER_START_SECONDS": "soon"})

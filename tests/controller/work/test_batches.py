@@ -15,6 +15,7 @@ from rolloutd.controller.store import Store
 from rolloutd.crds.node import NODE_PROTOCOL, Heartbeat, RegisterRequest, Result, ResultBatch
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.trajectory import Failure, Trajectory
+from rolloutd.crds.weight_labels import read_label
 from support.example_job import example_doc
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"
@@ -366,11 +367,15 @@ def test_a_reload_on_a_shared_backend_tags_the_other_jobs_tokens_with_the_weight
         store.apply(RolloutJob.model_validate(doc))
         sched.work.jobs.get(name)
 
-    async def loaded(url, weights_path, pause):
+    labels = []
+
+    async def loaded(url, weights_path, pause, label=None):
+        labels.append(read_label(label))
         return {"url": url, "reloaded": True, "error": None, "reloadSeconds": 0.1}
     monkeypatch.setattr(sched.work.policies.http, "update", loaded)
     a = store.get("math-demo").metadata.key
     asyncio.run(sched.announce_policy("math-demo", 1, weights_path="/w", pause=False))
+    assert labels == [(a, store.get("math-demo").metadata.uid, 1)]  # the engine stamps its tokens with A's weights
     nodes = {n: sched.work.registry.register(RegisterRequest(job=n, protocol=NODE_PROTOCOL, name=f"n-{n}")).node_id
              for n in ("eval", "elsewhere")}
     beat = {n: sched.work.calls.heartbeat(nid, Heartbeat()) for n, nid in nodes.items()}

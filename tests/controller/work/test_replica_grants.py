@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from rolloutd.controller.store import Store
 from rolloutd.controller.work import hot_sql
 from rolloutd.controller.work.core import build_work
@@ -75,3 +77,38 @@ def test_trajectories_commit_in_seq_order_across_replicas(tmp_path, pg_server):
     t.join(30)
     seqs = [seq for seq, _ in b.work.feed.trajectories(job.metadata.key)]
     assert len(seqs) == 2 and seqs == sorted(seqs)
+
+
+def test_a_node_handed_over_is_fenced_off_its_old_owner_and_its_leases_go_with_it(tmp_path, pg_server):
+    """Node shards' fence: a hand-over waits for (skips while) the owner's open call on the node; once it committed
+    the old owner answers nothing for the node and, holding its leases in memory still (as a replica paused through
+    the move does), expires none of them; the new owner loads them at the node's first call and ends them once."""
+    from rolloutd.controller.shards import NotOwner, Serving, Shards
+    from rolloutd.controller.work.held_leases import HeldLease
+    from rolloutd.crds.node import Heartbeat
+
+    a, b, job = _two(tmp_path, pg_server, prompts=1, samples=2)
+    sa, sb = Shards(a.work.store.engine, "http://a"), Shards(b.work.store.engine, "http://b")
+    va, _ = Serving(sa, a.work), Serving(sb, b.work)
+    node = reg(a, "moving")
+    assert sa.owner(node) == "http://a"  # its first call: a is the only member a knows yet
+    leases = a.work.attempts.lease_now(node, 2).leases
+    beat = Heartbeat(stages={lease.attempt_id: "init" for lease in leases})
+    with hot_sql.transaction(a.work.store.engine) as tx:
+        a.work.attempts.beat(tx, node, beat, None, job)  # a's call on the node, open: its owner row held
+        assert not sa.hand_over(node, "http://b"), "moved while its owner's call on it was open"
+    assert sa.hand_over(node, "http://b")
+    with pytest.raises(NotOwner) as refused:
+        a.work.calls.heartbeat(node, beat)
+    assert refused.value.owner == "http://b" and node not in va.held
+    for lease in leases:  # a replica paused through the move would hold them still: put them back
+        a.work.queue.leases.add(lease.attempt_id, HeldLease(lease.item, job.metadata.key, node, "init", None, False,
+                                                            a.work.clock() + 10))
+    a.work.clock.t += 60  # every lease past its deadline
+    assert a.work.attempts.expire() == 0, "the old owner expired a lease of a node it does not own"
+    answer = b.work.calls.heartbeat(node, beat)  # b's first call of it: the leases loaded, not unknown
+    assert answer.unknown == [] and answer.cancel == []
+    ack = b.work.calls.results(node, ResultBatch(results=[ok(leases[0])]))
+    assert ack.accepted == [leases[0].attempt_id]
+    assert len(b.work.feed.trajectories(job.metadata.key)) == 1
+

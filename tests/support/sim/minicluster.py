@@ -18,6 +18,8 @@ Needs root (slurmd runs jobs as their users) and the Debian packages
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -25,14 +27,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.sim import alive
+
+
 def default_dir() -> Path:
-    """The cluster's directory when none is given: the settings' default, /tmp/rolloutd-slurm (`main` and the
-    test fixtures read $ROLLOUTD_SLURM_DIR through `ControllerSettings.from_env`)."""
-    from rolloutd.crds.kit.settings import ControllerSettings
-    return ControllerSettings().slurm_dir
+    """The cluster's directory when none is given: $ROLLOUTD_SLURM_DIR, else /tmp/rolloutd-slurm. A checkout's
+    variable, not the product's (no rolloutd process reads it: the Slurm executor's commands find the cluster through
+    SLURM_CONF), so it is read here rather than in crds/kit/settings.py's table."""
+    return Path(os.environ.get("ROLLOUTD_SLURM_DIR") or "/tmp/rolloutd-slurm")
 
 
 CTLD_PORT = 16817
@@ -46,14 +52,6 @@ def missing_binaries() -> list[str]:
     extra = ["/usr/sbin"]
     path = os.pathsep.join([os.environ.get("PATH", ""), *extra])
     return [b for b in BINARIES if shutil.which(b, path=path) is None]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _read_pid(path: Path) -> int | None:
@@ -182,8 +180,25 @@ class MiniSlurm:
 
     # ------------------------------------------------------------ start / stop
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One session at a time checks, starts, joins or leaves the cluster (pytest-xdist's workers, other
+        test sessions, the bench): else two find it stale and start it over each other, or one stops it
+        while another, having just found it healthy, joins."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "sessions.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def start(self) -> "MiniSlurm":
         os.environ["SLURM_CONF"] = str(self.conf)
+        with self._locked():
+            return self._start()
+
+    def _start(self) -> "MiniSlurm":
         if self.healthy():
             self.hold()
             return self
@@ -301,9 +316,10 @@ class MiniSlurm:
 
     def release(self) -> None:
         """Leave the cluster; stop it if this object started it and nobody else uses it."""
-        (self.dir / "users" / str(os.getpid())).unlink(missing_ok=True)
-        if self.started and not self.others():
-            self.stop()
+        with self._locked():
+            (self.dir / "users" / str(os.getpid())).unlink(missing_ok=True)
+            if self.started and not self.others():
+                self.stop()
 
     def stop(self) -> None:
         """Stop the Slurm daemons (and munged if this object started it)."""
@@ -351,9 +367,7 @@ class MiniSlurm:
 def main() -> int:
     ap = argparse.ArgumentParser(prog="minicluster")
     ap.add_argument("action", choices=("start", "stop", "status"))
-    from rolloutd.crds.kit.settings import ControllerSettings
-
-    ap.add_argument("--dir", type=Path, default=ControllerSettings.from_env().slurm_dir)
+    ap.add_argument("--dir", type=Path, default=default_dir())
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     c = MiniSlurm(args.dir, args.nodes)

@@ -1,6 +1,6 @@
 """`rolloutctl inflight NAME [--stalled-after S] [--limit N] [-o json]`: a job's rollouts in flight right now.
 
-Registered on rolloutctl's app by `ctl.py` (`register`); reads `GET …/rolloutjobs/{name}/inflight`
+Registered on rolloutctl's app by `app.py` (`register`); reads `GET …/rolloutjobs/{name}/inflight`
 (`http/inflight.py`). One line per rollout, stalled ones first and marked `STALLED` (`work/inflight.py` says
 what that means); laid out as `get` lays out jobs (each column as wide as its widest cell).
 Next step: `--watch`, refreshed every few seconds.
@@ -39,7 +39,7 @@ def inflight_table(doc: dict[str, Any]) -> str:
 
 
 def register(app: typer.Typer, client: Callable[[], Any], run: Callable[[Callable[[], Any]], Any]) -> None:
-    """Add the `inflight` command to rolloutctl's `app` (`client` and `run` are ctl.py's)."""
+    """Add the `inflight` command to rolloutctl's `app` (`client` and `run` are app.py's)."""
 
     @app.command()
     def inflight(name: str = typer.Argument(..., help="the RolloutJob"),

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -86,17 +85,20 @@ def test_logs_tail_follow_until_the_job_ends_and_only_in_the_tokens_namespace(cl
     r = cluster.api.get(f"{API_PREFIX}/namespaces/{NS}/rolloutjobs/..%2F..%2Ftoken/logs")
     assert r.status_code == 404 and cluster.token not in r.text
 
-    # -f: started while the job is held, it prints what the daemon writes later and ends with the job
+    # -f: started while the job is held, it prints its one line of tail at once (so it is following: no sleep),
+    # then what the daemon writes later, and ends with the job
     env = {**os.environ, "ROLLOUTD_SERVER": cluster.url, "ROLLOUTD_TOKEN": mine,
            "ROLLOUTD_CONFIG": str(cluster.root / "no-config.yaml")}
     follower = subprocess.Popen([sys.executable, "-m", "rolloutd.controller.ctl", "-n", NS, "logs", "logs-demo", "-f",
-                                 "--tail", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                 "--tail", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(follower.stdout), daemon=True)
     reader.start()
     try:
-        time.sleep(1.0)  # the follower is connected (its tail is empty: --tail 0)
+        wait_until(lambda: lines or follower.poll() is not None, timeout=90, what="the follower's line of tail",
+                   every=0.1)
         assert follower.poll() is None, follower.stderr.read()
+        told = len(lines)
         gate.touch()  # the rollouts go on, the job finishes, its daemon says so and exits
         follower.wait(timeout=90)
     finally:
@@ -106,8 +108,9 @@ def test_logs_tail_follow_until_the_job_ends_and_only_in_the_tokens_namespace(cl
     assert follower.returncode == 0, follower.stderr.read()
     phase = cluster.api.get(f"{API_PREFIX}/namespaces/{NS}/rolloutjobs/logs-demo").json()["status"]["phase"]
     assert phase == "Succeeded"
-    text = "".join(lines)
-    assert "registered with" not in text  # --tail 0: only what came after it started
+    assert told == 1, lines  # --tail 1: one line of what came before it started
+    text = "".join(lines[1:])
+    assert "registered with" not in text  # after the tail, only what the daemon wrote since
     assert "no more work for this node" in text, text  # written when the job ended
 
 

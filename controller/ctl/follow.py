@@ -1,5 +1,5 @@
 """`rolloutctl watch`'s loop (a live table on a terminal, one flushed line per change elsewhere: a Slurm log, a
-pipe) and `delete --export`'s writer. Called by `ctl.py`; what they print is built in `ctl_views.py`."""
+pipe) and `delete --export`'s writer. Called by `app.py`; what they print is built in `views.py`."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from rich.console import Console
 from rolloutd.client import RolloutClient
 from rolloutd.crds.names import TERMINAL_PHASES
 
-from . import ctl_views as views
+from . import views
 
 
 def _exit_code(obj: dict[str, Any]) -> int | None:

@@ -1,5 +1,5 @@
 """The job table `rolloutctl get` prints (kubectl's layout of the CRD's printer columns), in plain text without
-rich, so that `get`'s fast path (`ctl_fast.py`) and the full CLI (`ctl_views.py`) print the same table cheaply."""
+rich, so that `get`'s fast path (`fast.py`) and the full CLI (`views.py`) print the same table cheaply."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

@@ -1,6 +1,6 @@
 """The `rolloutctl` command's entry point: `--version` answered before anything is imported (a shell's prompt or
-a CI step may call it often), the plain forms of `get` by `ctl_fast.py`, every other call by the typer app in
-`ctl.py`."""
+a CI step may call it often), the plain forms of `get` by `fast.py`, every other call by the typer app in
+`app.py`."""
 from __future__ import annotations
 
 import sys
@@ -16,10 +16,10 @@ def main() -> None:
             print("unknown")
         return
     if "get" in sys.argv[1:]:
-        from .ctl_fast import run
+        from .fast import run
 
         if (code := run(sys.argv[1:])) is not None:
             sys.exit(code)
-    from .ctl import app
+    from .app import app
 
     app()

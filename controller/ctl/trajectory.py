@@ -1,6 +1,6 @@
 """`rolloutctl trajectory NAME SEQ`: one trajectory, decoded as the web UI's trajectory page shows it.
 
-Registered on rolloutctl's app by `ctl.py` (`register`); reads the job (its tokenizer, `spec.llm.tokenizer`) and
+Registered on rolloutctl's app by `app.py` (`register`); reads the job (its tokenizer, `spec.llm.tokenizer`) and
 the trajectory through the trainer client, decodes it with `decode.py` and prints it with rich. The text is
 the model's: it is printed as `rich.text.Text`, never parsed as rich markup. Next step: the GRPO group beside it.
 """
@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .decode import decode
+from ..decode import decode
 
 _ROLE_STYLE = {"user": "green", "assistant": "blue", "tool": "yellow", "system": "magenta"}
 
@@ -57,7 +57,7 @@ def render(view: dict[str, Any], seq: int) -> Group:
 
 
 def register(app: typer.Typer, client: Callable[[], Any], run: Callable[[Callable[[], Any]], Any]) -> None:
-    """Add the `trajectory` command to rolloutctl's `app` (`client` and `run` are ctl.py's)."""
+    """Add the `trajectory` command to rolloutctl's `app` (`client` and `run` are app.py's)."""
 
     @app.command()
     def trajectory(name: str = typer.Argument(..., help="the RolloutJob"),

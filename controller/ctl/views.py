@@ -1,5 +1,5 @@
 """What `rolloutctl` shows: job tables, the `describe` text, the live progress table, trajectory and
-backend lines. Pure functions from the API's wire objects to text or rich tables; `ctl.py` calls them.
+backend lines. Pure functions from the API's wire objects to text or rich tables; `app.py` calls them.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rolloutd.crds.columns import REWARD_MEAN
 
-from .ctl_table import age, cell, counts, jobs_table  # noqa: F401 - the views' one namespace for ctl.py
+from .table import age, cell, counts, jobs_table  # noqa: F401 - the views' one namespace for app.py
 
 # one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")

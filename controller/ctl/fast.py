@@ -1,8 +1,8 @@
 """`rolloutctl get`'s fast path: the plain forms of `get` answered with the standard library's http.client and the
 plain-text table, without typer, rich or httpx (each call of a shell loop or a CI step would pay for them).
 
-`ctl_entry.py` calls `run`; anything this path does not know (another flag, `--help`, a tty that wants rich's
-JSON, an error answer, an unreachable controller) returns None and the full typer app (`ctl.py`) handles the call
+`entry.py` calls `run`; anything this path does not know (another flag, `--help`, a tty that wants rich's
+JSON, an error answer, an unreachable controller) returns None and the full typer app (`app.py`) handles the call
 from the start, so flags, errors and exit codes stay exactly the full CLI's.
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def show(body: Any, is_list: bool, opts: dict[str, Any]) -> None:
     if not items:
         print("No resources found.", file=sys.stderr)
         return
-    from .ctl_table import jobs_table
+    from .table import jobs_table
 
     print(jobs_table(items, wide=output == "wide", namespaces=opts["all_namespaces"] and is_list))
 

@@ -4,7 +4,7 @@
     rolloutctl policy apply -f FILE|-                  create or replace each TenantPolicy in the file
     rolloutctl policy delete NAMESPACE                 back to the restricted profile
 
-Mounted by `ctl.py` as the `policy` group (`bind` hands over its options and error helpers); talks to the controller's /apis/rolloutd.io/v1alpha1/tenantpolicies
+Mounted by `app.py` as the `policy` group (`bind` hands over its options and error helpers); talks to the controller's /apis/rolloutd.io/v1alpha1/tenantpolicies
 (admin token only: a namespace token is refused with 403). Next step: `--dry-run`.
 """
 from __future__ import annotations

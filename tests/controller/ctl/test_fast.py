@@ -1,4 +1,4 @@
-"""`rolloutctl get`'s fast path (controller/ctl_fast.py) against a real controller: the same output, errors and
+"""`rolloutctl get`'s fast path (controller/ctl/fast.py) against a real controller: the same output, errors and
 exit codes as the full typer CLI, without importing typer, rich or httpx; everything else falls back."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from support.controller_process import ControllerProcess
 
 # runs the installed command's entry point and then names the heavy modules it imported (on stderr, last line)
-_ENTRY = ("import sys\nfrom rolloutd.controller.ctl_entry import main\nsys.argv = ['rolloutctl', *sys.argv[1:]]\n"
+_ENTRY = ("import sys\nfrom rolloutd.controller.ctl.entry import main\nsys.argv = ['rolloutctl', *sys.argv[1:]]\n"
           "try:\n    main()\nfinally:\n    sys.stdout.flush()\n"
           "    print('HEAVY', sorted(m for m in ('typer', 'rich', 'httpx') if m in sys.modules), file=sys.stderr)\n")
 

@@ -1,8 +1,8 @@
 """`rolloutctl trajectories NAME`: a job's results as a table (SEQ … TURNS … REASON), JSON lines or one JSON
 array, filtered by outcome, prompt and reward; `-f` follows them until the job ends, through controller restarts.
 
-Registered on rolloutctl's app by `ctl.py` (`register`); rows come from the trainer client, lines from
-`ctl_views.py`. Next step: the decoded single trajectory (`ctl_trajectory.py`).
+Registered on rolloutctl's app by `app.py` (`register`); rows come from the trainer client, lines from
+`views.py`. Next step: the decoded single trajectory (`trajectory.py`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from . import ctl_views as views
+from . import views
 
 FAILURE_OF = {"scored": "none", "agent-failed": "agent", "infra-failed": "infra", "config": "config"}
 

@@ -1,4 +1,4 @@
-"""`rolloutctl`: the user's CLI, kubectl-shaped.
+"""`rolloutctl`'s typer app: the user's CLI, kubectl-shaped (every call but `--version` and the plain `get`).
 
     rolloutctl apply -f FILE|-                     create or update (prints created/configured/unchanged)
     rolloutctl get rolloutjobs [NAME] [-l SEL] [-o wide|yaml|json]
@@ -7,16 +7,16 @@
     rolloutctl wait rolloutjob NAME --for=condition=Complete --timeout=600s
     rolloutctl watch rolloutjob NAME               live per-stage progress
     rolloutctl trajectories NAME [-o jsonl] [-f]   results (JSON lines), resumable with --cursor
-    rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (ctl_trajectory.py)
-    rolloutctl logs NAME [--node K] [-f]           the node daemons' logs (ctl_logs.py)
-    rolloutctl inflight NAME [--stalled-after S]   the rollouts in flight, stalled ones marked (ctl_inflight.py)
+    rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (trajectory.py)
+    rolloutctl logs NAME [--node K] [-f]           the node daemons' logs (logs.py)
+    rolloutctl inflight NAME [--stalled-after S]   the rollouts in flight, stalled ones marked (inflight.py)
     rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
-    rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`ctl_policy.py`)
+    rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`policy.py`)
 
 `-n/--namespace NS` goes before or after the verb, as with kubectl.
 
 Talks to the controller through the trainer client (`rolloutd.client.RolloutClient`); what it
-prints is built in `ctl_views.py`. Exit codes: 0 success, 1 error (from the server or the
+prints is built in `views.py`. Exit codes: 0 success, 1 error (from the server or the
 connection), 2 usage error, 3 `wait` timed out.
 """
 from __future__ import annotations
@@ -33,14 +33,14 @@ from rich.console import Console
 
 from rolloutd.client import ClientError, JobEnded, NotFound, RolloutClient, WaitTimeout, resolve
 
-from . import ctl_views as views
-from .cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
-from .ctl_follow import export_jsonl, follow_job
-from .ctl_inflight import register as register_inflight
-from .ctl_logs import register as register_logs
-from .ctl_results import register as register_results
-from .ctl_policy import bind as bind_policy
-from .ctl_trajectory import register as register_trajectory
+from . import views
+from ..cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
+from .follow import export_jsonl, follow_job
+from .inflight import register as register_inflight
+from .logs import register as register_logs
+from .results import register as register_results
+from .policy import bind as bind_policy
+from .trajectory import register as register_trajectory
 from rolloutd.crds.kit.documents import load_documents
 from rolloutd.crds import spec_paths
 
@@ -389,6 +389,3 @@ def backends_remove(name: str = typer.Argument(...), url: str = typer.Argument(.
 
 
 app.add_typer(bind_policy(_State, _run, _fail, _load_documents), name="policy")  # the admin's TenantPolicies
-
-if __name__ == "__main__":  # pragma: no cover
-    app()

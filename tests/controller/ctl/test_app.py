@@ -10,12 +10,7 @@ import threading
 
 import yaml
 
-
-def ctl(controller, *args, stdin: str | None = None, env: dict | None = None, timeout: float = 60):
-    e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
-         "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rolloutd.controller.ctl", *args], input=stdin,
-                          capture_output=True, text=True, env=e, timeout=timeout)
+from support.controller_process import ctl
 
 
 def test_apply_get_describe_delete(controller, example_yaml, tmp_path):

@@ -1,6 +1,6 @@
 """`rolloutctl logs NAME [--node K] [--tail N] [-f]`: the node daemons' logs of a job, from the controller.
 
-Registered on rolloutctl's app by `ctl.py` (`register`); reads `GET …/rolloutjobs/{name}/logs` (`http/logs.py`)
+Registered on rolloutctl's app by `app.py` (`register`); reads `GET …/rolloutjobs/{name}/logs` (`http/logs.py`)
 through the trainer client, so it works from any machine that reaches the controller, whichever executor (local,
 Slurm, Kubernetes) runs the daemons. Lines are printed as they come, never parsed as rich markup.
 Next step: `--since` (a time), as kubectl logs has.
@@ -14,7 +14,7 @@ import typer
 
 
 def register(app: typer.Typer, client: Callable[[], Any], run: Callable[[Callable[[], Any]], Any]) -> None:
-    """Add the `logs` command to rolloutctl's `app` (`client` and `run` are ctl.py's)."""
+    """Add the `logs` command to rolloutctl's `app` (`client` and `run` are app.py's)."""
 
     @app.command()
     def logs(name: str = typer.Argument(..., help="the RolloutJob"),
