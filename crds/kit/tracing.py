@@ -133,7 +133,7 @@ def sampled(trace_id: int, name: str) -> bool:
 
 def traceparent_of(trace_id: int, span_id: int, is_sampled: bool = True) -> str:
     """The W3C traceparent of a span known by its ids (one `finished` will send)."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if is_sampled else '00'}"
+    return f"00-{trace_id.to_bytes(16, 'big').hex()}-{span_id.to_bytes(8, 'big').hex()}-{'01' if is_sampled else '00'}"
 
 
 def finished(s: Any) -> None:
