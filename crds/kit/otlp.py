@@ -348,12 +348,10 @@ class Batches:
 
 def sdk_batches(resource: dict[str, Any], scope: str) -> Batches | bool:
     """`Batches` sending by the SDK exporter's HTTP client (the standard OTLP variables: endpoint, headers,
-    compression, timeout, TLS), shut down at exit; False when this SDK's exporter has none (another version)."""
+    compression, timeout, TLS; its retries), shut down at exit; False when this SDK's exporter has none."""
     import atexit
 
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    client = getattr(OTLPSpanExporter(), "_client", None)
+    client = getattr(sdk_exporter(), "_client", None)
     if client is None or not callable(getattr(client, "export", None)):
         return False
 
@@ -365,3 +363,27 @@ def sdk_batches(resource: dict[str, Any], scope: str) -> Batches | bool:
     batches = Batches(send, resource, scope)
     atexit.register(batches.shutdown)
     return batches
+
+
+def sdk_exporter() -> Any:
+    """The SDK's OTLP/HTTP span exporter, on the SDK's own urllib3 transport when nothing the default `requests` one
+    does beyond it applies (no proxy variable or ~/.netrc entry for the endpoint, the plain session, not a credential
+    provider's): ~half its CPU per request (a 512-span request: 1.05 -> 0.46 ms, kept alive 0.67 -> 0.32 ms)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    exporter = OTLPSpanExporter()
+    try:
+        import requests
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    except ImportError:   # another SDK: its default transport
+        return exporter
+    client = getattr(exporter, "_client", None)
+    session = getattr(getattr(client, "_transport", None), "_session", None)
+    endpoint = getattr(client, "_endpoint", None)
+    if type(session) is not requests.Session or not isinstance(endpoint, str) or session.auth or session.proxies:
+        return exporter
+    # what requests would take from the environment on every request: proxies, a CA bundle; none may differ
+    env = session.merge_environment_settings(endpoint, {}, None, session.verify, session.cert)
+    if env["proxies"] or requests.utils.get_netrc_auth(endpoint):
+        return exporter
+    return OTLPSpanExporter(_transport=Urllib3HTTPTransport(verify=env["verify"], cert=env["cert"]))

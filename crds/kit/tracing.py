@@ -164,17 +164,18 @@ def finished(s: Any) -> None:
         status=Status(StatusCode.ERROR, s.error[:500]) if s.error is not None else Status(StatusCode.UNSET)))
 
 
-def encoded(data: bytes) -> bool:
-    """Send a span already encoded (`otlp.encode`: the controller's, ~2× cheaper than a `Finished` encoded later);
+def encoded(*spans: bytes) -> bool:
+    """Send spans already encoded (`otlp.encode`: the controller's, ~2× cheaper than a `Finished` encoded later);
     False when spans go through the provider's processors instead (`use`, or an SDK without the client): the
-    caller sends a `Finished`."""
+    caller sends `Finished` ones."""
     global _batches
     if _tracer is None:
         return True
     if _batches is None:
         _batches = _own_batches()
     if _batches:
-        _batches.add(data)
+        for data in spans:
+            _batches.add(data)
         return True
     return False
 
