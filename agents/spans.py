@@ -48,12 +48,13 @@ def outcome(s: Any, t: Any) -> None:
         tracing.error(s, t.failure.reason or kind)
 
 
-@contextlib.contextmanager
-def stage(name: str, attempt_id: str, waited: float) -> Iterator[Any]:
-    """One stage (INIT, RUN, EVAL) once its pool slot is held; `waited`: seconds spent waiting for the slot."""
-    with tracing.span(name, {"rolloutd.attempt.id": attempt_id, "rolloutd.stage": name.lower(),
-                             "rolloutd.stage.wait_seconds": round(waited, 6)}) as s:
-        yield s
+def stage(name: str, attempt_id: str, waited: float) -> Any:
+    """One stage (INIT, RUN, EVAL) once its pool slot is held (a `with` block); `waited`: seconds spent waiting for
+    the slot."""
+    if not tracing.enabled():
+        return tracing.OFF
+    return tracing.span(name, {"rolloutd.attempt.id": attempt_id, "rolloutd.stage": name.lower(),
+                               "rolloutd.stage.wait_seconds": round(waited, 6)})
 
 
 @contextlib.contextmanager
@@ -88,11 +89,12 @@ def generated(s: Any, gen: Any, started: float) -> None:
                                "rolloutd.duration_seconds": round(time.monotonic() - started, 6)})
 
 
-@contextlib.contextmanager
-def tool_call(name: str) -> Iterator[Any]:
-    """One tool call in the sandbox (GenAI conventions: `execute_tool {name}`); the caller sets `tool_result`."""
-    with tracing.span(f"execute_tool {name}", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}) as s:
-        yield s
+def tool_call(name: str) -> Any:
+    """One tool call in the sandbox (a `with` block; GenAI conventions: `execute_tool {name}`); the caller sets
+    `tool_result`."""
+    if not tracing.enabled():
+        return tracing.OFF
+    return tracing.span(f"execute_tool {name}", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name})
 
 
 def tool_result(s: Any, result: Any, started: float) -> None:

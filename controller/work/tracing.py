@@ -11,6 +11,7 @@ ends the attempts in flight (`stopped`).
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -98,22 +99,22 @@ def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
             failed = (trajectory.failure.reason or kind)[:500]
     ids = (("rolloutd.rollout.id", f"{job_key}#{item}"), ("rolloutd.item", item))
     own = (("rolloutd.prompt", prompt), ("rolloutd.sample", sample), ("rolloutd.attempt", attempt))
-    queue_id, now = tracing.new_ids()[1], time.time_ns()
     where, ending = (job_key, node, backend), (outcome, type(reward), reward, kind, finish)
-    shared = _shared.get(where), _shared.get(ending)
-    if shared[0] is None or shared[1] is None:
+    shared_where, shared_ending = _shared.get(where), _shared.get(ending)
+    if shared_where is None or shared_ending is None:
         if len(_shared) > 10_000:
             _shared.clear()
-        shared = _shared[where], _shared[ending] = (otlp.attributes(_where(*where)), otlp.attributes(_ending(*ending)))
+        shared_where = _shared[where] = otlp.attributes(_where(*where))
+        shared_ending = _shared[ending] = otlp.attributes(_ending(*ending))
     aid, q = (("rolloutd.attempt.id", attempt_id),), (("rolloutd.queue.seconds", queued),)
-    first = otlp.fresh(aid)
-    if tracing.encoded(otlp.encode("queue", trace_id, queue_id, span_id, start, granted_at, first + otlp.fresh(q))):
-        tracing.encoded(otlp.encode("rollout", trace_id, span_id, 0, start, now,
-                                    first + otlp.fresh(ids) + otlp.attributes(own) + shared[0] + shared[1], failed))
-        return
-    tracing.finished(Finished("queue", trace_id, queue_id, span_id, start, granted_at, dict((*aid, *q))))
-    tracing.finished(Finished("rollout", trace_id, span_id, 0, start, now,
-                              dict((*aid, *ids, *own, *_where(*where), *_ending(*ending))), failed))
+    first, queue_id, now = otlp.fresh(aid), random.getrandbits(64) or 1, time.time_ns()
+    queue = otlp.encode("queue", trace_id, queue_id, span_id, start, granted_at, first + otlp.fresh(q))
+    root = otlp.encode("rollout", trace_id, span_id, 0, start, now,
+                       first + otlp.fresh(ids) + otlp.attributes(own) + shared_where + shared_ending, failed)
+    if not tracing.encoded(queue, root):
+        tracing.finished(Finished("queue", trace_id, queue_id, span_id, start, granted_at, dict((*aid, *q))))
+        tracing.finished(Finished("rollout", trace_id, span_id, 0, start, now,
+                                  dict((*aid, *ids, *own, *_where(*where), *_ending(*ending))), failed))
 
 
 def _where(job_key: str, node: str, backend: str | None) -> tuple:

@@ -97,15 +97,18 @@ def _varint(n: int) -> bytes:
 
 
 def _field(tag: bytes, body: bytes) -> bytes:
-    """A length-delimited field: its tag byte(s), the length, the bytes."""
-    return tag + _varint(len(body)) + body
+    """A length-delimited field: its tag byte(s), the length, the bytes (one %-format when the length fits a byte:
+    ~5× cheaper than concatenating)."""
+    n = len(body)
+    return b"%b%c%b" % (tag, n, body) if n < 0x80 else tag + _varint(n) + body
 
 
 def _any(v: Any) -> bytes:
     """An `AnyValue` message: str, bool, int, float, or a list of those (anything else as its str)."""
     t = type(v)
     if t is str:
-        return _field(b"\x0a", v.encode())
+        vb = v.encode()
+        return b"\x0a%c%b" % (len(vb), vb) if len(vb) < 0x80 else _field(b"\x0a", vb)
     if t is bool:
         return b"\x10\x01" if v else b"\x10\x00"
     if t is int:
@@ -127,7 +130,8 @@ def key_value(key: str, v: Any) -> bytes:
         k = _field(b"\x0a", key.encode())
         if len(_keys) < 1000:   # the keys are few: every span's, a few events'
             _keys[key] = k
-    return k + _field(b"\x12", _any(v))
+    a = _any(v)
+    return b"%b\x12%c%b" % (k, len(a), a) if len(a) < 0x80 else k + _field(b"\x12", a)
 
 
 _cache: dict[tuple[str, type, Any], bytes] = {}
@@ -152,37 +156,51 @@ def attributes(pairs: Iterable[tuple[str, Any]]) -> bytes:
 
 
 def fresh(pairs: Iterable[tuple[str, Any]]) -> bytes:
-    """`attributes` whose values seldom repeat (ids): encoded, not remembered (a str or a non-negative int inline)."""
-    out = []
+    """`attributes` whose values seldom repeat (ids): encoded, not remembered; a short str, a float or a non-negative
+    int in one %-format each."""
+    out = b""
     for k, v in pairs:
+        kb = _keys.get(k)
         t = type(v)
-        if t is str:
-            vb = v.encode()
-            value = b"\x0a" + _varint(len(vb)) + vb
-        elif t is int and v >= 0:
-            value = b"\x18" + _varint(v)
-        elif v is None:
-            continue
-        else:
-            value = _any(v)
-        kv = (_keys.get(k) or _field(b"\x0a", k.encode())) + b"\x12" + _varint(len(value)) + value
-        out.append(b"\x4a" + _varint(len(kv)) + kv)
-    return b"".join(out)
+        if kb is not None:
+            if t is str:
+                vb = v.encode()
+                n = len(vb)
+                if len(kb) + n < 0x7C:   # KeyValue{key, value: AnyValue{string}}, every length one byte
+                    out += b"\x4a%c%b\x12%c\x0a%c%b" % (len(kb) + n + 4, kb, n + 2, n, vb)
+                    continue
+            elif t is float and len(kb) < 0x75:
+                out += b"\x4a%c%b\x12\x09\x21%b" % (len(kb) + 11, kb, _double(v))
+                continue
+            elif t is int and v >= 0 and len(kb) < 0x70:
+                vv = _varint(v)
+                out += b"\x4a%c%b\x12%c\x18%b" % (len(kb) + 3 + len(vv), kb, 1 + len(vv), vv)
+                continue
+        if v is not None:
+            out += _field(b"\x4a", key_value(k, v))
+    return out
+
+
+# Span{trace_id, span_id, [parent_span_id], name, kind INTERNAL, start, end, attributes, events, status, flags}
+_SPAN = b"\x0a\x10%b\x12\x08%b%b%b\x30\x01\x39%b\x41%b%b%b%b\x85\x01%b"
+_FLAGS = {False: _fixed32(0x100), True: _fixed32(0x300)}   # "whether the parent is remote" known, as the SDK's
+_names: dict[str, bytes] = {}   # a span name's field
 
 
 def encode(name: str, trace_id: int, span_id: int, parent_id: int, start: int, end: int, attrs: bytes,
            error: str | None = None, remote: bool = False, events: bytes = b"") -> bytes:
     """A `Span` message (kind INTERNAL) from its attribute fields already encoded (`attributes`), field for field
-    what the SDK's encoder writes."""
-    name_b = name.encode()
-    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
-    if parent_id:
-        parts += (b"\x22\x08", parent_id.to_bytes(8, "big"))
-    # Status{message, code: ERROR}, else empty; flags: "whether the parent is remote" known, as the SDK's
-    parts += (b"\x2a", _varint(len(name_b)), name_b, b"\x30\x01\x39", _fixed64(start), b"\x41", _fixed64(end), attrs,
-              events, _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02") if error is not None else b"\x7a\x00",
-              b"\x85\x01", _fixed32(0x300 if remote else 0x100))
-    return b"".join(parts)
+    what the SDK's encoder writes (one %-format)."""
+    nb = _names.get(name)
+    if nb is None:
+        nb = _field(b"\x2a", name.encode())
+        if len(_names) < 1000:
+            _names[name] = nb
+    # Status{message, code: ERROR}, else empty
+    status = b"\x7a\x00" if error is None else _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02")
+    return _SPAN % (trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"),
+                    b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", nb,
+                    _fixed64(start), _fixed64(end), attrs, events, status, _FLAGS[remote])
 
 
 def span(s: Finished) -> bytes:
@@ -326,3 +344,46 @@ class Batches:
     def counts(self) -> str:
         return (f"{self.added} spans: {self.sent} sent in {self.requests} requests, {self.dropped} dropped, "
                 f"{self.failed} not sent (the backend failed)")
+
+
+def sdk_batches(resource: dict[str, Any], scope: str) -> Batches | bool:
+    """`Batches` sending by the SDK exporter's HTTP client (the standard OTLP variables: endpoint, headers,
+    compression, timeout, TLS; its retries), shut down at exit; False when this SDK's exporter has none."""
+    import atexit
+
+    client = getattr(sdk_exporter(), "_client", None)
+    if client is None or not callable(getattr(client, "export", None)):
+        return False
+
+    def send(data: bytes, timeout: float | None) -> bool:
+        if timeout is not None and isinstance(getattr(client, "_timeout", None), (int, float)):
+            client._timeout = min(client._timeout, max(timeout, 0.05))   # a stop's sends: within its time left
+        return bool(client.export(data).success)
+
+    batches = Batches(send, resource, scope)
+    atexit.register(batches.shutdown)
+    return batches
+
+
+def sdk_exporter() -> Any:
+    """The SDK's OTLP/HTTP span exporter, on the SDK's own urllib3 transport when nothing the default `requests` one
+    does beyond it applies (no proxy variable or ~/.netrc entry for the endpoint, the plain session, not a credential
+    provider's): ~half its CPU per request (a 512-span request: 1.05 -> 0.46 ms, kept alive 0.67 -> 0.32 ms)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    exporter = OTLPSpanExporter()
+    try:
+        import requests
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    except ImportError:   # another SDK: its default transport
+        return exporter
+    client = getattr(exporter, "_client", None)
+    session = getattr(getattr(client, "_transport", None), "_session", None)
+    endpoint = getattr(client, "_endpoint", None)
+    if type(session) is not requests.Session or not isinstance(endpoint, str) or session.auth or session.proxies:
+        return exporter
+    # what requests would take from the environment on every request: proxies, a CA bundle; none may differ
+    env = session.merge_environment_settings(endpoint, {}, None, session.verify, session.cert)
+    if env["proxies"] or requests.utils.get_netrc_auth(endpoint):
+        return exporter
+    return OTLPSpanExporter(_transport=Urllib3HTTPTransport(verify=env["verify"], cert=env["cert"]))

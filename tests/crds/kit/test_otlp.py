@@ -87,8 +87,9 @@ def test_the_controllers_spans_encoded_at_the_end_are_those_a_provider_gets(monk
     try:
         for path in ("provider", "encoded"):
             if path == "encoded":
-                monkeypatch.setattr(tracing, "encoded", lambda data: sent.append(data) or True)
+                monkeypatch.setattr(tracing, "encoded", lambda *spans: sent.extend(spans) or True)
             monkeypatch.setattr(tracing, "new_ids", lambda: (2**127 + 5, 2**63 + 9))
+            monkeypatch.setattr(attempt_traces.random, "getrandbits", lambda n: 77)
             monkeypatch.setattr(attempt_traces.time, "time_ns", lambda: 1_700_000_001_000_000_000)
             for aid, outcome, t in (("4.2.abcdef", "done", done), ("5.1.abcdef", "expired", None),
                                     ("6.1.abcdef", "queued", infra)):
@@ -279,3 +280,29 @@ def test_a_closing_batcher_gives_up_at_the_first_failed_send(monkeypatch):
         b.add(_span(i))
     b.shutdown()
     assert tries == [100] and b.dropped == 900 and b.failed == 100 and b.sent == 0
+
+
+def test_the_exporter_keeps_requests_where_its_environment_matters(monkeypatch):
+    """The SDK's urllib3 transport (half the CPU per request) unless a proxy variable applies to the endpoint,
+    which only the default `requests` transport honours; spans sent gzipped through it reach a real receiver."""
+    from support.otlp_sink import OtlpSink
+
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+              "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    sink = OtlpSink()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{sink.url}/v1/traces")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+        batches = otlp.sdk_batches({"service.name": "t"}, "rolloutd")
+        for i in range(3):
+            batches.add(_span(i))
+        batches.shutdown()
+        assert sorted(s["attributes"]["rolloutd.item"] for s in sink.stored()) == [0, 1, 2]
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+        assert type(otlp.sdk_exporter()._client._transport).__name__ == "RequestsHTTPTransport"
+        monkeypatch.setenv("no_proxy", "127.0.0.1")
+        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+    finally:
+        sink.close()
