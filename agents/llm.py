@@ -141,8 +141,7 @@ class VLLMBackend:
         self.model = model
         self.max_model_len: int | None = None
         self.timeout = timeout
-        # plain http to the backends through KeepAliveTransport (see the module docstring), unless
-        # the environment routes http through a proxy (httpx's own transports honour it)
+        # plain http through KeepAliveTransport (module docstring), unless a proxy routes http (httpx's transports honour it)
         mounts = None if http_proxy_configured() else {"http://": KeepAliveTransport(
             max_connections=256, max_keepalive=64, keepalive_expiry=ENGINE_CLIENT_KEEP_ALIVE_SECONDS)}
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
