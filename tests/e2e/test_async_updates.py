@@ -40,6 +40,9 @@ def checkpoint_b(tmp_path_factory, tiny_engine) -> Path:
     weights = {k: (v + rng.normal(0, 0.5 * float(v.std()), v.shape).astype(v.dtype)
                    if v.ndim == 2 and "embed" not in k else v) for k, v in load_file(a / "model.safetensors").items()}
     save_file(weights, b / "model.safetensors")
+    # the engine's first steps are slow (a started engine's first request took up to 20 s for its first token here):
+    # warm it, so that an update lands inside a turn, not before its second token
+    replay(tiny_engine, [1, 2, 3], 16)
     return b
 
 
