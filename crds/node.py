@@ -110,16 +110,21 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 incarnation (`RegisterResponse.jobUid`), so a daemon whose backend stamps each token with its
 #                 weights' label (vLLM's token endpoint) reads each token's version from the engine and takes a
 #                 keep-mode fence at once for those streams (no quiet wait)
+#   token-share   a beat's reply carries the job's share of each backend it shares with other jobs, in tokens in
+#                 flight per admitted episode (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the
+#                 daemon holds calls that would exceed it (`agents/daemon/tokengate.py`)
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
 LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
-WEIGHT_STAMPS = "weight-stamps"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS)
+WEIGHT_STAMPS, TOKEN_SHARE = "weight-stamps", "token-share"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
+            TOKEN_SHARE)
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
-                BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions"))}
+                BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions")),
+                TOKEN_SHARE: (("HeartbeatResponse", "llm_tokens"),)}
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average. The budget keeps
@@ -239,6 +244,9 @@ class HeartbeatResponse(Model):
                                                   "record where each in-flight generation stands, then say so")
     backend_versions: dict[str, int | str | None] = Field(default_factory=dict, description=(
         "backends that failed to load the current version: url → the version they still run"))
+    llm_tokens: dict[str, int] = Field(default_factory=dict, description=(
+        "token-share: url → the job's tokens in flight allowed per episode it has admitted there (its share of a "
+        "backend other jobs use too); absent: no cap"))
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
     # beat-results only (absent for a daemon that did not register with the feature):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")

@@ -182,6 +182,7 @@ class Heartbeater:
             self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
         if not self.watching:  # policy-watch: the watch's answers, which are never older than a beat's, set it
             self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
+        self.gate.tokens.set(resp.llm_tokens)  # token-share: the job's part of each backend it shares
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

@@ -42,6 +42,7 @@ class Admission:
         self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
         self.on_free = on_free  # a slot these jobs wait for is free: wake their waiting leases
+        self.tokens = 65536  # the tokens in flight its jobs share on each backend (`tokenshare`, ROLLOUTD_BACKEND_TOKENS)
         self.replicas = 1  # node shards (`..shards`): the replicas that grant, each admitting its share of a cap
 
     # ---------------------------------------------------------------- jobs and caps
