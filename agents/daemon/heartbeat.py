@@ -60,6 +60,7 @@ class Heartbeater:
         self.node_id: str | None = None   # set once registered
         self.interval = 5.0               # from the registration
         self.wake = asyncio.Event()       # a stage changed: beat soon
+        gate.tokens.ask = lambda: self.wake.set()  # token-share: a new episode's first call waits for a reply
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self.deltas = False                # beat-deltas served (set at registration)
         self.turns = False                 # beat-turns served (set at registration)
@@ -182,7 +183,7 @@ class Heartbeater:
             self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
         if not self.watching:  # policy-watch: the watch's answers, which are never older than a beat's, set it
             self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
-        self.gate.tokens.set(resp.llm_tokens)  # token-share: the job's part of each backend it shares
+        self.gate.tokens.set(resp.llm_tokens, "llm_tokens" in resp.model_fields_set)  # token-share (its part)
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

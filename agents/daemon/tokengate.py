@@ -8,7 +8,9 @@ its allowance. A call that fits what is left goes at once; a call larger than th
 split, never refused) when nothing else of the job is in flight there, and then holds the backend's gate for
 `seconds × (cost / allowance − 1)` after it ends, so that its tokens × seconds average back down to the allowance
 (a whole-context prompt cannot hold the engine more than the job's share of the time). No allowance: no cap (the
-job is alone on the backend, or the controller does not share tokens).
+job is alone on the backend, or the controller does not share tokens). The first call of an episode the last beat's
+reply did not count yet waits for the next reply (a beat asked at once, 3 s at most): a new episode's whole-context
+call must not go out before its job's share is known.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from collections import defaultdict
 from typing import AsyncIterator, Callable
 
+FRESH_SECONDS = 3.0  # bounded wait for a beat's reply that counts a new episode
 MAX_HOLD_SECONDS = 600.0  # bounded: an allowance cut to almost nothing mid-call holds the next call at most this
 
 
@@ -30,6 +33,9 @@ class TokenGate:
         self.hold_until: dict[str, float] = {}  # url → monotonic time before which no new call starts
         self.waiting = 0  # calls held at this gate now
         self.held = 0  # calls that were held, ever (a counter for tests and the node's stats)
+        self.served = False  # the controller shares tokens (its beat replies carry `llmTokens`)
+        self.counted: dict[str, int] = {}  # url → the node's episodes there when the last reply was applied
+        self.ask: Callable[[], None] = lambda: None  # beat now (set by the heartbeat)
         self._changed = asyncio.Event()  # replaced at each change: set wakes every call waiting on it
 
     def allowance(self, url: str | None) -> int | None:
@@ -37,14 +43,16 @@ class TokenGate:
         per = self.per_episode.get(url) if url else None
         return None if per is None else per * max(1, self.episodes(url))
 
-    def set(self, per_episode: dict[str, int] | None) -> None:
+    def set(self, per_episode: dict[str, int] | None, served: bool = True) -> None:
         """The controller's allowances (a beat's `llmTokens`): absent or empty lifts every cap."""
         new = dict(per_episode or {})
+        self.served = served
+        self.counted = {url: self.episodes(url) for url in set(self.calls) | set(new)}
         if new != self.per_episode:
             self.per_episode = new
             for url in [u for u in self.hold_until if u not in new]:
                 del self.hold_until[url]
-            self._wake()
+        self._wake()
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -68,6 +76,11 @@ class TokenGate:
         if url is None:
             yield
             return
+        self.calls.setdefault(url, 0)  # the next reply counts this backend's episodes
+        if self.served and self.episodes(url) > self.counted.get(url, 0):  # the last reply predates an episode
+            self.ask()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=FRESH_SECONDS)
         wait = self._fits(url, cost)
         if wait is not None:
             self.waiting += 1

@@ -111,3 +111,28 @@ async def _test_allowance_grows_with_the_nodes_episodes_and_no_url_is_never_held
 async def _one(gate: TokenGate, cost: int) -> None:
     async with gate.slot(URL, cost):
         pass
+
+
+def test_a_new_episodes_first_call_waits_for_a_reply_that_counts_it():
+    asyncio.run(_fresh())
+
+
+async def _fresh():
+    gate = TokenGate()
+    asked: list[int] = []
+    gate.ask = lambda: asked.append(1)
+    episodes = {URL: 1}
+    gate.episodes = lambda url: episodes.get(url, 0)
+    gate.set({}, served=True)  # a reply before the episode started: it did not count it
+    first = asyncio.create_task(_one(gate, 10))
+    while not asked:
+        await asyncio.sleep(0)
+    assert not first.done() and gate.calls[URL] == 0  # held until the next reply
+    gate.set({URL: 100}, served=True)  # the next beat's reply counts it (and shares the backend)
+    await asyncio.wait_for(first, 1)
+    await asyncio.wait_for(_one(gate, 10), 1)  # counted: no more waiting
+    assert len(asked) == 1
+    gate.set({}, served=False)  # a controller without token-share: never waits
+    episodes[URL] = 5
+    await asyncio.wait_for(_one(gate, 10), 1)
+    assert len(asked) == 1
