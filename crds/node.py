@@ -110,9 +110,11 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 incarnation (`RegisterResponse.jobUid`), so a daemon whose backend stamps each token with its
 #                 weights' label (vLLM's token endpoint) reads each token's version from the engine and takes a
 #                 keep-mode fence at once for those streams (no quiet wait)
-#   token-share   a beat's reply carries the job's share of each backend it shares with other jobs, in tokens in
-#                 flight per admitted episode (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the
-#                 daemon holds calls that would exceed it (`agents/daemon/tokengate.py`)
+#   token-share   a beat carries the node's tokens in flight or held per backend (`Heartbeat.llmTokens`), its reply the
+#                 job's allowance on every backend it may use, in tokens in flight per admitted episode, 0 where it
+#                 has no cap (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the daemon holds calls
+#                 that would exceed it, and waits for a reply only for a backend no reply named yet
+#                 (`agents/daemon/tokengate.py`). A daemon without it is never held
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
@@ -230,6 +232,8 @@ class Heartbeat(Model):
                                                                     "POST …/results applies them")
     turns: dict[str, int] = Field(default_factory=dict, description="beat-turns: attemptId → the turn of a rollout "
                                                                     "in RUN (the model calls it started)")
+    llm_tokens: dict[str, int] = Field(default_factory=dict, description="token-share: url → the tokens of "
+                                       "this node's model calls in flight or held at its gate (prompt + max_tokens of each)")
 
 
 class HeartbeatResponse(Model):
@@ -245,8 +249,8 @@ class HeartbeatResponse(Model):
     backend_versions: dict[str, int | str | None] = Field(default_factory=dict, description=(
         "backends that failed to load the current version: url → the version they still run"))
     llm_tokens: dict[str, int] = Field(default_factory=dict, description=(
-        "token-share: url → the job's tokens in flight allowed per episode it has admitted there (its share of a "
-        "backend other jobs use too); absent: no cap"))
+        "token-share: url → the job's tokens in flight allowed per episode it has admitted there, for every backend "
+        "the job may use; 0: no cap (no other job has episodes there)"))
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
     # beat-results only (absent for a daemon that did not register with the feature):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")

@@ -18,7 +18,6 @@ from ..store import Store
 from ..tenancy import Policies
 from . import hot_sql, seq_floor, tables
 from .admission import Admission
-from .tokenshare import BACKEND_TOKENS
 from .attempts import Attempts
 from .backends import BackendHttp, BackendPool, HealthProbe
 from .batches import Batches
@@ -91,7 +90,7 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     """`policies`: the tenancy policies (quotas and data roots; the root's, else one of this store's);
     `stats`: the trajectories' running sums (the root's, else new ones); `on_idle`: called with a job's name when it
     may be finished now (its last rollout ended, or it failed), from any thread; `max_episodes` (the default of
-    llm.maxEpisodesPerBackend), `backend_tokens` (the tokens in flight jobs share on a backend), `node_calls_per_second` (the node protocol's budget), `result_retention` (how long a
+    llm.maxEpisodesPerBackend), `backend_tokens` (the tokens in flight jobs share on a backend; None: the engine's KV cache), `node_calls_per_second` (the node protocol's budget), `result_retention` (how long a
     deleted job's results stay) and `stall_seconds` (a rollout in one stage this long is stalled): the controller's
     settings (`ControllerSettings`)."""
     engine = store.engine
@@ -100,7 +99,7 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
     changed = Wakeups()
     pool = BackendPool(Admission(clock, max_episodes, on_free=lambda jobs: [changed.set(job) for job in jobs]))
-    pool.admission.tokens = backend_tokens or BACKEND_TOKENS
+    pool.admission.tokens = backend_tokens  # None: each engine's KV cache (`tokenshare.budget`)
     http = BackendHttp()
     # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
     health = HealthProbe(pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,

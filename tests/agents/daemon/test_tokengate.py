@@ -1,5 +1,6 @@
-"""The token-share rule (issue 36): the controller's per-episode allowance (`controller.work.tokenshare.shares`) and the
-node's `TokenGate` (calls held until they fit; a call over the whole allowance goes alone, then holds the gate).
+"""The token-share rule on the node (issue 36): `TokenGate` holds calls until they fit the allowance a beat's reply
+gave (a call over the whole allowance goes alone, then holds the gate), reports its demand on beats, and waits for a
+reply only the first time it hears of a backend (the controller's side: tests/controller/work/test_tokenshare.py).
 
 Events, not sleeps: each step waits for the state it needs (a call started, a call held)."""
 from __future__ import annotations
@@ -7,28 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import json
+
+from rolloutd.agents.daemon.beatbody import beat_body
+from rolloutd.agents.daemon import tokengate
 from rolloutd.agents.daemon.tokengate import TokenGate
-from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.tokenshare import shares
+from rolloutd.crds.node import Heartbeat
 
 URL = "http://engine"
-
-
-def test_shares_split_by_priority_per_episode_and_none_alone():
-    adm = Admission(time.time, default=8)
-    adm.set_job("ns/a", [URL], None, 30)
-    adm.set_job("ns/b", [URL], None, 10)
-    for _ in range(4):
-        adm.take(URL, "ns/a")
-    assert shares(adm, "ns/a", 1000) == {}  # alone on the backend: no cap
-    adm.take(URL, "ns/b")
-    adm.take(URL, "ns/b")
-    assert shares(adm, "ns/a", 1000) == {URL: 750 // 4}  # 3/4 of the budget over its 4 episodes
-    assert shares(adm, "ns/b", 1000) == {URL: 250 // 2}
-    assert shares(adm, "ns/c", 1000) == {}  # no episode there: nothing to hand out
-    adm.give(URL, "ns/b")
-    adm.give(URL, "ns/b")
-    assert shares(adm, "ns/a", 1000) == {}  # b left: a is alone again
 
 
 async def _started(gate: TokenGate, calls: int) -> None:
@@ -88,7 +75,7 @@ async def _test_the_hold_after_an_oversized_call_and_a_lifted_cap():
     waiter = asyncio.create_task(_one(gate, 10))
     while gate.waiting < 1:
         await asyncio.sleep(0)
-    gate.set({})  # the other job left: no cap, the held call goes at once
+    gate.set({URL: 0})  # the other job left: no cap (0), the held call goes at once
     await asyncio.wait_for(waiter, 1)
     assert gate.held == 1
 
@@ -108,31 +95,70 @@ async def _test_allowance_grows_with_the_nodes_episodes_and_no_url_is_never_held
         pass
 
 
-async def _one(gate: TokenGate, cost: int) -> None:
-    async with gate.slot(URL, cost):
+async def _one(gate: TokenGate, cost: int, url: str = URL) -> None:
+    async with gate.slot(url, cost):
         pass
 
 
-def test_a_new_episodes_first_call_waits_for_a_reply_that_counts_it():
-    asyncio.run(_fresh())
+def test_a_call_waits_for_a_reply_only_the_first_time_the_node_hears_of_its_backend(monkeypatch):
+    asyncio.run(_first_time(monkeypatch))
 
 
-async def _fresh():
+async def _first_time(monkeypatch):
     gate = TokenGate()
     asked: list[int] = []
     gate.ask = lambda: asked.append(1)
     episodes = {URL: 1}
     gate.episodes = lambda url: episodes.get(url, 0)
-    gate.set({}, served=True)  # a reply before the episode started: it did not count it
-    first = asyncio.create_task(_one(gate, 10))
+    gate.set({URL: 0}, served=True)  # the reply names URL (alone there: no cap), before any episode
+    for n in (1, 5):  # new episodes on a named backend: no wait, no beat asked
+        episodes[URL] = n
+        await asyncio.wait_for(_one(gate, 10), 1)
+    assert asked == []
+    other = "http://other"
+    first = asyncio.create_task(_one(gate, 10, other))  # a backend no reply named: waits for one
     while not asked:
         await asyncio.sleep(0)
-    assert not first.done() and gate.calls[URL] == 0  # held until the next reply
-    gate.set({URL: 100}, served=True)  # the next beat's reply counts it (and shares the backend)
+    assert not first.done() and gate.calls[other] == 0
+    gate.set({URL: 0, other: 100}, served=True)  # the next reply names it
     await asyncio.wait_for(first, 1)
-    await asyncio.wait_for(_one(gate, 10), 1)  # counted: no more waiting
+    await asyncio.wait_for(_one(gate, 10, other), 1)
     assert len(asked) == 1
-    gate.set({}, served=False)  # a controller without token-share: never waits
-    episodes[URL] = 5
-    await asyncio.wait_for(_one(gate, 10), 1)
-    assert len(asked) == 1
+    third = "http://third"  # no reply names it: one bounded wait, then the node goes on what it knows
+    monkeypatch.setattr(tokengate, "FRESH_SECONDS", 0.05)  # (that wait, shortened)
+    await asyncio.wait_for(_one(gate, 10, third), 1)
+    assert len(asked) == 2
+    await asyncio.wait_for(_one(gate, 10, third), 1)
+    assert len(asked) == 2
+    fresh = TokenGate()
+    fresh.ask = lambda: asked.append(1)
+    fresh.set({}, served=False)  # a controller without token-share: never waits, never capped
+    await asyncio.wait_for(_one(fresh, 10**6, "http://any"), 1)
+    assert len(asked) == 2
+
+
+def test_a_beat_reports_tokens_in_flight_and_held_only_when_token_share_is_served():
+    asyncio.run(_report())
+
+
+async def _report():
+    gate = TokenGate()
+    gate.set({URL: 100})
+    release = asyncio.Event()
+
+    async def call(cost: int) -> None:
+        async with gate.slot(URL, cost):
+            await release.wait()
+
+    first = asyncio.create_task(call(60))
+    await _started(gate, 1)
+    second = asyncio.create_task(call(70))  # 60 + 70 > 100: held, and reported as wanted
+    while gate.waiting < 1:
+        await asyncio.sleep(0)
+    assert gate.report() == {URL: 130}
+    hb = Heartbeat(llm_tokens=gate.report())
+    assert json.loads(beat_body(hb, [], deltas=True, tokens=True))["llmTokens"] == {URL: 130}
+    assert "llmTokens" not in json.loads(beat_body(hb, [], deltas=True))  # an older controller refuses the field
+    release.set()
+    await asyncio.gather(first, second)
+    assert gate.report() == {}
