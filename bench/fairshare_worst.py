@@ -133,7 +133,9 @@ class Bench:
                 "load": round(os.getloadavg()[0], 1)}
 
 
-def measure(window: float, warmup: float = 15.0) -> dict:
+def measure(window: float, warmup: float = 15.0, backend_tokens: int | None = None) -> dict:
+    """`backend_tokens`: the controller's ROLLOUTD_BACKEND_TOKENS (None: the token share's budget is the engine's KV
+    cache, as it reports it)."""
     from rolloutd.agents.engine.server import EngineServer
 
     with tempfile.TemporaryDirectory(prefix="bench-fairshare-worst-") as tmp, contextlib.ExitStack() as stack:
@@ -143,7 +145,10 @@ def measure(window: float, warmup: float = 15.0) -> dict:
         engine = EngineServer("tiny", max_model_len=CONTEXT)
         stack.callback(engine.stop)
         engine.start()
-        ctl = Controller(root, env={"ROLLOUTD_MAX_EPISODES_PER_BACKEND": str(CAP)})
+        env = {"ROLLOUTD_MAX_EPISODES_PER_BACKEND": str(CAP)}
+        if backend_tokens is not None:
+            env["ROLLOUTD_BACKEND_TOKENS"] = str(backend_tokens)
+        ctl = Controller(root, env=env)
         stack.callback(ctl.stop)
         bench = Bench(root, engine.url, str(engine.model_dir), ctl)
         phases: dict[str, dict] = {}

@@ -107,8 +107,8 @@ class Replica:
         # serves the node calls of the nodes this replica owns (`shards.py`), on SQLite none (one writer: the leader)
         sharded = dialects.is_url(location) and (settings.node_shards or "").lower() in ("1", "true", "yes", "on")
         self.shards = Shards(self.store.engine, url, lease_seconds=settings.leader_lease_seconds) if sharded else None
-        work = dict(max_episodes=settings.max_episodes_per_backend, result_retention=settings.result_retention_seconds,
-                    node_calls_per_second=settings.node_calls_per_second, stall_seconds=settings.stalled_after_seconds)
+        work = dict(max_episodes=settings.max_episodes_per_backend, backend_tokens=settings.backend_tokens,
+                    result_retention=settings.result_retention_seconds, node_calls_per_second=settings.node_calls_per_second, stall_seconds=settings.stalled_after_seconds)
         self.root = assemble(self.store, token, credentials=NodeCredentials(paths.node_credentials),
                              tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
                              trace_url=settings.trace_url, work=work if self.shards else None)

@@ -114,6 +114,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     root = assemble(store, token, credentials=credentials, tokens=TokenBook(paths.tokens), allow=AllowLists.of(settings),
                     executors=make_executors,
                     work=dict(on_idle=nudges.nudge, max_episodes=settings.max_episodes_per_backend,
+                              backend_tokens=settings.backend_tokens,
                               node_calls_per_second=settings.node_calls_per_second,
                               result_retention=settings.result_retention_seconds,
                               stall_seconds=settings.stalled_after_seconds),

@@ -110,16 +110,23 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 incarnation (`RegisterResponse.jobUid`), so a daemon whose backend stamps each token with its
 #                 weights' label (vLLM's token endpoint) reads each token's version from the engine and takes a
 #                 keep-mode fence at once for those streams (no quiet wait)
+#   token-share   a beat carries the node's tokens in flight or held per backend (`Heartbeat.llmTokens`), its reply the
+#                 job's allowance on every backend it may use, in tokens in flight per admitted episode, 0 where it
+#                 has no cap (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the daemon holds calls
+#                 that would exceed it, and waits for a reply only for a backend no reply named yet
+#                 (`agents/daemon/tokengate.py`). A daemon without it is never held
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
 LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
-WEIGHT_STAMPS = "weight-stamps"
-FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS)
+WEIGHT_STAMPS, TOKEN_SHARE = "weight-stamps", "token-share"
+FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
+            TOKEN_SHARE)
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
-                BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions"))}
+                BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions")),
+                TOKEN_SHARE: (("HeartbeatResponse", "llm_tokens"),)}
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average. The budget keeps
@@ -225,6 +232,8 @@ class Heartbeat(Model):
                                                                     "POST …/results applies them")
     turns: dict[str, int] = Field(default_factory=dict, description="beat-turns: attemptId → the turn of a rollout "
                                                                     "in RUN (the model calls it started)")
+    llm_tokens: dict[str, int] = Field(default_factory=dict, description="token-share: url → the tokens of "
+                                       "this node's model calls in flight or held at its gate (prompt + max_tokens of each)")
 
 
 class HeartbeatResponse(Model):
@@ -239,6 +248,9 @@ class HeartbeatResponse(Model):
                                                   "record where each in-flight generation stands, then say so")
     backend_versions: dict[str, int | str | None] = Field(default_factory=dict, description=(
         "backends that failed to load the current version: url → the version they still run"))
+    llm_tokens: dict[str, int] = Field(default_factory=dict, description=(
+        "token-share: url → the job's tokens in flight allowed per episode it has admitted there, for every backend "
+        "the job may use; 0: no cap (no other job has episodes there)"))
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
     # beat-results only (absent for a daemon that did not register with the feature):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")

@@ -32,6 +32,7 @@ from rolloutd.crds.node import (
     Lease,
     RegisterRequest,
     RegisterResponse,
+    TOKEN_SHARE,
     WEIGHT_STAMPS,
     result_coalesce,
 )
@@ -266,8 +267,7 @@ class NodeDaemon:
         self.outbox.coalesce = max(o.result_coalesce, result_coalesce(resp.heartbeat_seconds))
         served = set(resp.features or ()) & set(o.features)
         self.outbox.on_beats = BEAT_RESULTS in served
-        self.heart.deltas = BEAT_DELTAS in served
-        self.heart.turns = BEAT_TURNS in served
+        self.heart.deltas, self.heart.turns, self.heart.tokens = (f in served for f in (BEAT_DELTAS, BEAT_TURNS, TOKEN_SHARE))
         self.heart.watcher = PolicyWatcher(self.client, resp.node_id, self.gate, self.log) if POLICY_WATCH in served else None
         self.gate.job_uid = resp.job_uid if WEIGHT_STAMPS in served else None  # labelled updates: exact stamps
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,

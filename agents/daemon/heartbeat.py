@@ -60,9 +60,11 @@ class Heartbeater:
         self.node_id: str | None = None   # set once registered
         self.interval = 5.0               # from the registration
         self.wake = asyncio.Event()       # a stage changed: beat soon
+        gate.tokens.ask = lambda: self.wake.set()  # token-share: a call to a backend no reply named waits for one
         self.leaser: Leaser | None = None  # set by the daemon: beats carry its lease asks
         self.deltas = False                # beat-deltas served (set at registration)
         self.turns = False                 # beat-turns served (set at registration)
+        self.tokens = False                # token-share served (set at registration)
         self.watcher: PolicyWatcher | None = None  # policy-watch served: the policy comes by it, not by beats
         self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
         self.unreachable_after: float | None = None  # set from the spec (`unreachable_after`)
@@ -123,11 +125,13 @@ class Heartbeater:
         hb = Heartbeat(stages=stages if full else self._told.changed(stages), left_run=sorted(left),
                        llm_inflight=self.gate.inflight, llm_held=self.gate.paused, policy_version=self.gate.version,
                        llm_fence=self.gate.fence_done,
-                       full=full, turns=self.rollouts.turns() if self.turns else {})
+                       full=full, turns=self.rollouts.turns() if self.turns else {},
+                       llm_tokens=self.gate.tokens.report() if self.tokens else {})
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
             resp = await self.client.heartbeat(self.node_id, beat_body(hb, [body for _, body in carried],
-                                                                       deltas=self.deltas, turns=self.turns), lease=ask)
+                                                                       deltas=self.deltas, turns=self.turns,
+                                                                       tokens=self.tokens), lease=ask)
         except ControllerError as e:
             # stage changes and results wake the loop often: while the controller is away, beats back off
             self._retry_at = time.monotonic() + min(self._retry.next(), self.interval)
@@ -182,6 +186,7 @@ class Heartbeater:
             self.log.info("policy version %s%s", resp.policy_version, " (LLM calls held)" if resp.llm_paused else "")
         if not self.watching:  # policy-watch: the watch's answers, which are never older than a beat's, set it
             self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
+        self.gate.tokens.set(resp.llm_tokens, self.tokens)  # token-share: the job's allowances
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import spans as node_traces
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
+from .tokengate import TokenGate
 from .weightstamps import joined, stamped_versions
 
 # a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
@@ -60,6 +61,7 @@ class PolicyGate:
         self._open = asyncio.Event()
         self._open.set()
         self._fencing: asyncio.Task | None = None
+        self.tokens = TokenGate()  # the job's share of each backend's tokens in flight (feature token-share)
 
     def version_of(self, url: str | None) -> Any:
         """The version the backend at `url` runs (the job's, unless it failed to load that one)."""
@@ -169,25 +171,8 @@ class TrackedLLM:
         """One model call through the gate. `on_tokens` (the gateway's streamed answer): each run of ids as it
         arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
-        await self.gate.enter()
-        stream = Stream(self.url)
-        stream.runs.append((self.gate.version_of(self.url), 0))
-        stream.stamped = self.stamped
-        self.gate.streams.add(stream)
-        try:
-            with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
-                started = time.monotonic()
-                if not hasattr(self.inner, "stream"):
-                    self.in_flight.add(request_id)
-                    gen = await self.inner.generate(prompt_ids, sampling, request_id)
-                    stream.got(len(gen.token_ids))
-                else:  # streamed in every mode: the time to first token is measured on each call
-                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens)
-                node_traces.generated(span, gen, started)
-        finally:
-            self.in_flight.discard(request_id)
-            self.gate.streams.discard(stream)
-            self.gate.leave()
+        async with self.gate.tokens.slot(self.url, len(prompt_ids) + sampling.max_tokens):  # the job's share
+            gen, stream = await self._call(prompt_ids, sampling, request_id, on_tokens)
         while stream.marks:  # a fence was taken and the update has not ended yet: its new version is unknown
             await self.gate.wait_open()
             if stream.marks:  # the gate opened before this stream left it: settle here
@@ -208,6 +193,30 @@ class TrackedLLM:
                     gen.versions.append((v, n))
         self.versions.append(gen.versions[0][0] if gen.versions else stream.runs[0][0])
         return gen
+
+    async def _call(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                    on_tokens: Callable[[list[int]], Awaitable[None]] | None) -> tuple[Generation, Stream]:
+        """The call through the policy gate (held during weight updates), counted in flight there."""
+        await self.gate.enter()
+        stream = Stream(self.url)
+        stream.runs.append((self.gate.version_of(self.url), 0))
+        stream.stamped = self.stamped
+        self.gate.streams.add(stream)
+        try:
+            with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
+                started = time.monotonic()
+                if not hasattr(self.inner, "stream"):
+                    self.in_flight.add(request_id)
+                    gen = await self.inner.generate(prompt_ids, sampling, request_id)
+                    stream.got(len(gen.token_ids))
+                else:  # streamed in every mode: the time to first token is measured on each call
+                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens)
+                node_traces.generated(span, gen, started)
+        finally:
+            self.in_flight.discard(request_id)
+            self.gate.streams.discard(stream)
+            self.gate.leave()
+        return gen, stream
 
     def stamped(self) -> bool:
         """The engine stamps this call's tokens with labels the controller set at every update (exact versions)."""

@@ -127,6 +127,10 @@ class Rollouts:
         return task
 
     # ------------------------------------------------------------------ cancellation
+    def running_on(self, url: str) -> int:
+        """The rollouts in RUN on the backend at `url` (the node's part of the job's token share there)."""
+        return sum(1 for r in list(self.live.values()) if r.backend == url and r.phase is Phase.RUN)
+
     def cancel(self, aid: str, why: str) -> bool:
         """Cancel a rollout now: its task (sandbox closed in its finally), its in-flight LLM
         requests aborted server-side, nothing reported. False when it is not here."""

@@ -42,6 +42,13 @@ class Admission:
         self._wanting: dict[str, dict[str, tuple[set[str], float]]] = defaultdict(dict)
         self._marks: dict[str, tuple[str, tuple[str, ...]]] = {}  # node → (job, urls it waits on)
         self.on_free = on_free  # a slot these jobs wait for is free: wake their waiting leases
+        # token share (`tokenshare`): the operator's budget of tokens in flight per backend (ROLLOUTD_BACKEND_TOKENS;
+        # None: the engine's KV cache, `reported_tokens`), and each node's tokens in flight as its last beat said
+        self.tokens: int | None = None
+        self.reported_tokens: dict[str, int | None] = {}  # url → num_gpu_blocks × block_size (None: not said)
+        self.node_tokens: dict[str, tuple[str, dict[str, int], float]] = {}  # node → (job, url → tokens, when)
+        self.token_sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → their sum
+        self.tokens_swept = 0.0  # when `tokenshare` last dropped the reports of nodes gone silent
         self.replicas = 1  # node shards (`..shards`): the replicas that grant, each admitting its share of a cap
 
     # ---------------------------------------------------------------- jobs and caps
@@ -55,6 +62,10 @@ class Admission:
             wanting.pop(name, None)
         for node in [n for n, (job, _) in self._marks.items() if job == name]:
             del self._marks[node]
+        for node in [n for n, (job, _, _) in self.node_tokens.items() if job == name]:
+            del self.node_tokens[node]
+        for sums in self.token_sums.values():
+            sums.pop(name, None)
 
     def cap(self, url: str, job: str | None = None) -> int:
         """The episodes `url` admits at once for `job`: the backend's (`backend_cap`), or less when the job's own
@@ -71,21 +82,29 @@ class Admission:
             return self.reported[url] or FALLBACK_EPISODES
         return 0 if self.learning else FALLBACK_EPISODES  # its probe comes within half a second
 
-    def learned(self, url: str, max_num_seqs: int | None) -> None:
+    def learned(self, url: str, max_num_seqs: int | None, tokens: int | None = None) -> None:
+        """What the engine at `url` said of itself: its `max_num_seqs` and its KV cache in tokens (None: not said)."""
         self.reported[url] = max_num_seqs
+        self.reported_tokens[url] = tokens
 
     def unlearn(self, url: str) -> None:
-        """The backend went down: it may come back with another max_num_seqs."""
+        """The backend went down: it may come back with another max_num_seqs (and KV cache)."""
         self.reported.pop(url, None)
+        self.reported_tokens.pop(url, None)
+
+    def urls_of(self, job: str) -> frozenset[str]:
+        """The backends `job` may use (its `set_job` list)."""
+        share = self._jobs.get(job)
+        return share.urls if share is not None else frozenset()
 
     # ---------------------------------------------------------------- admitting
 
-    def _weight(self, job: str) -> int:
+    def weight(self, job: str) -> int:
         share = self._jobs.get(job)
         return share.weight if share is not None else 1
 
     def _tag(self, url: str, job: str) -> float:
-        return (self.admitted[url][job] + 1) / self._weight(job)
+        return (self.admitted[url][job] + 1) / self.weight(job)
 
     def waiting(self, url: str) -> list[str]:
         """Jobs with a node that was refused on `url` and asked again within WANT_SECONDS (a job whose
@@ -109,7 +128,7 @@ class Admission:
         # the free slots, given one by one to the smallest tag, go to waiting jobs ahead of `job` as long as
         # their tag stays below its: a job of weight w with a admitted takes ⌈mine·w − a − 1⌉ of them first
         mine = self._tag(url, job)
-        ahead = sum(max(0, math.ceil(mine * self._weight(k) - self.admitted[url][k] - 1 - 1e-9)) for k in others)
+        ahead = sum(max(0, math.ceil(mine * self.weight(k) - self.admitted[url][k] - 1 - 1e-9)) for k in others)
         return free > ahead
 
     def take(self, url: str, job: str | None) -> None:

@@ -45,6 +45,7 @@ from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
 from .tables import ItemRow
+from . import tokenshare
 
 log = logging.getLogger("rolloutd.scheduler")
 Done = Callable[[], None]  # what a call does once its transaction is committed
@@ -202,6 +203,7 @@ class Attempts:
         self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
         version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name)
         resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
+        resp.llm_tokens = tokenshare.beat(self.pool.admission, node_id, job_name, hb.llm_tokens)  # token-share
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:

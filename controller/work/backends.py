@@ -241,6 +241,16 @@ class BackendHttp:
                     out["error"] = out["error"] or f"resume: {failure(e)}"
         return out
 
+def _at(tree: Any, *keys: str) -> Any:
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def _positive(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+
 class HealthProbe:
     """Probes every known backend's /health and marks it healthy or not in the pool.
 
@@ -281,7 +291,8 @@ class HealthProbe:
         return url, r.status_code == 200, f"HTTP {r.status_code}"
 
     async def _learn_max_num_seqs(self, url: str) -> None:
-        """The engine's `max_num_seqs`, which vLLM reports only on `/server_info` (VLLM_SERVER_DEV_MODE=1,
+        """The engine's `max_num_seqs` and KV cache in tokens (`cache_config.num_gpu_blocks × block_size`, the token
+        share's budget: `tokenshare.budget`), which vLLM reports only on `/server_info` (VLLM_SERVER_DEV_MODE=1,
         as `rolloutd serve-model` runs it); None when it does not say (the admission falls back). An answer
         that does not come (its first call collects the engine's environment: slow) is asked again at the
         next probe, three times at most."""
@@ -295,10 +306,13 @@ class HealthProbe:
             return
         self._asked.pop(url, None)
         try:
-            seqs = r.json()["vllm_config"]["scheduler_config"]["max_num_seqs"] if r.status_code == 200 else None
+            config = r.json()["vllm_config"] if r.status_code == 200 else {}
         except (ValueError, KeyError, TypeError):
-            seqs = None
-        self.pool.admission.learned(url, seqs if isinstance(seqs, int) and seqs > 0 else None)
+            config = {}
+        seqs, cache = _at(config, "scheduler_config", "max_num_seqs"), _at(config, "cache_config")
+        blocks, size = _at(cache, "num_gpu_blocks"), _at(cache, "block_size")  # its KV cache (token share)
+        self.pool.admission.learned(url, seqs if _positive(seqs) else None,
+                                    blocks * size if _positive(blocks) and _positive(size) else None)
 
     async def check(self) -> list[tuple[str, bool, str]]:
         """Probe all backends at once; returns those whose health changed (url, healthy, why).

@@ -84,13 +84,13 @@ class Work:
 def build_work(store: Store, *, policies: Policies | None = None, stats: JobStats | None = None,
                health_interval: float = 2.0, health_check: Callable[[str], Awaitable[Any]] | None = None,
                clock: Callable[[], float] = time.time, health_timeout: float = 3.0, slow_grace: float = 20.0,
-               max_episodes: int | None = None, on_idle: Callable[[str], None] | None = None,
+               max_episodes: int | None = None, backend_tokens: int | None = None, on_idle: Callable[[str], None] | None = None,
                node_calls_per_second: float = NODE_CALLS_PER_SECOND,
                result_retention: float = DEFAULT_RETENTION_SECONDS, stall_seconds: float | None = None) -> Work:
     """`policies`: the tenancy policies (quotas and data roots; the root's, else one of this store's);
     `stats`: the trajectories' running sums (the root's, else new ones); `on_idle`: called with a job's name when it
     may be finished now (its last rollout ended, or it failed), from any thread; `max_episodes` (the default of
-    llm.maxEpisodesPerBackend), `node_calls_per_second` (the node protocol's budget), `result_retention` (how long a
+    llm.maxEpisodesPerBackend), `backend_tokens` (the tokens in flight jobs share on a backend; None: the engine's KV cache), `node_calls_per_second` (the node protocol's budget), `result_retention` (how long a
     deleted job's results stay) and `stall_seconds` (a rollout in one stage this long is stalled): the controller's
     settings (`ControllerSettings`)."""
     engine = store.engine
@@ -99,6 +99,7 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
     changed = Wakeups()
     pool = BackendPool(Admission(clock, max_episodes, on_free=lambda jobs: [changed.set(job) for job in jobs]))
+    pool.admission.tokens = backend_tokens  # None: each engine's KV cache (`tokenshare.budget`)
     http = BackendHttp()
     # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
     health = HealthProbe(pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,

@@ -118,6 +118,9 @@ VARIABLES: tuple[Variable, ...] = (
              (CONTROLLER,), "more directories an absolute `llm.tokenizer` may be under (separated like PATH)"),
     Variable("ROLLOUTD_MAX_EPISODES_PER_BACKEND", "int", "the backend's own `max_num_seqs`", (CONTROLLER,),
              "the controller-wide default of `llm.maxEpisodesPerBackend`"),
+    Variable("ROLLOUTD_BACKEND_TOKENS", "int", "the engine's KV cache (`num_gpu_blocks × block_size`), else 65536",
+             (CONTROLLER,), "a backend's tokens in flight (prompt + `max_tokens` of each call): when it is full, "
+             "each job with episodes on it is held to its `spec.priority` part; a job alone on a backend has no cap"),
     Variable("ROLLOUTD_NODE_CALLS_PER_SECOND", "number", "250", (CONTROLLER,),
              "how many node protocol calls a second the controller takes before answering 429"),
     Variable("ROLLOUTD_RESULT_RETENTION_SECONDS", "number", "604800 (7 days)", (CONTROLLER,),
@@ -226,6 +229,7 @@ class ControllerSettings:
     backend_allow_nets: Networks = ()
     tokenizer_roots: tuple[Path, ...] = ()
     max_episodes_per_backend: int | None = None
+    backend_tokens: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
     stalled_after_seconds: float = 300.0  # controller/work/held_leases.py HeldLeases.stall_seconds
@@ -242,6 +246,7 @@ class ControllerSettings:
         if "drain_seconds" in values:
             values["drain_seconds"] = max(values["drain_seconds"], 0.0)
         at_least("ROLLOUTD_MAX_EPISODES_PER_BACKEND", values.get("max_episodes_per_backend"), 1)
+        at_least("ROLLOUTD_BACKEND_TOKENS", values.get("backend_tokens"), 1)
         at_least("ROLLOUTD_NODE_CALLS_PER_SECOND", values.get("node_calls_per_second"), 0)
         at_least("ROLLOUTD_WATCH_HISTORY", values.get("watch_history"), 1)
         at_least("ROLLOUTD_STALLED_AFTER_SECONDS", values.get("stalled_after_seconds"), 0)
