@@ -32,7 +32,7 @@ class JobShare:
 
 class Admission:
     def __init__(self, clock: Callable[[], float], default: int | None = None,
-                 on_free: Callable[[Iterable[str]], None] = lambda jobs: None) -> None:
+                 on_free: Callable[[Iterable[str]], None] = lambda jobs: None, tokens: int | None = None) -> None:
         self.clock, self.default = clock, default
         self.learning = False  # a health probe asks backends their max_num_seqs: an unasked one waits for it
         self.reported: dict[str, int | None] = {}  # url → max_num_seqs (None: the backend does not say)
@@ -44,7 +44,7 @@ class Admission:
         self.on_free = on_free  # a slot these jobs wait for is free: wake their waiting leases
         # token share (`tokenshare`): the operator's budget of tokens in flight per backend (ROLLOUTD_BACKEND_TOKENS;
         # None: the engine's KV cache, `reported_tokens`), and each node's tokens in flight as its last beat said
-        self.tokens: int | None = None
+        self.tokens = tokens
         self.reported_tokens: dict[str, int | None] = {}  # url → num_gpu_blocks × block_size (None: not said)
         self.node_tokens: dict[str, tuple[str, dict[str, int], float]] = {}  # node → (job, url → tokens, when)
         self.token_sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → their sum

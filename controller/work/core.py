@@ -98,8 +98,9 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     policies = policies if policies is not None else Policies(store)
     # a job's queue changed, or a backend slot its leases wait for is free: its waiting lease calls look again
     changed = Wakeups()
-    pool = BackendPool(Admission(clock, max_episodes, on_free=lambda jobs: [changed.set(job) for job in jobs]))
-    pool.admission.tokens = backend_tokens  # None: each engine's KV cache (`tokenshare.budget`)
+    # backend_tokens None: each engine's KV cache is its budget of tokens in flight (`tokenshare.budget`)
+    pool = BackendPool(Admission(clock, max_episodes, on_free=lambda jobs: [changed.set(job) for job in jobs],
+                                 tokens=backend_tokens))
     http = BackendHttp()
     # the probes have an HTTP client of their own: they run on a loop of their own (`HealthProbe.check`)
     health = HealthProbe(pool, BackendHttp(), clock, check=health_check, timeout=health_timeout,
