@@ -191,7 +191,7 @@ def test_team_a_train_sets_neither_the_cap_nor_the_weight_of_default_train(tmp_p
         sched.work.jobs.sync(job)
     admission = sched.work.pool.admission
     assert admission.cap(URL, "train") == 8
-    assert (admission._weight("train"), admission._weight("team-a/train")) == (1, 7)
+    assert (admission.weight("train"), admission.weight("team-a/train")) == (1, 7)
     leases = asyncio.run(sched.work.attempts.lease(_node(sched, "train", "n1"), 8)).leases
     assert len(leases) == 8 and {lease.backend for lease in leases} == {URL}  # team-a's cap of 1 is its own
 
