@@ -28,9 +28,10 @@ PROMISES = {"": ["rolloutd.client", "rolloutd.crds", "rolloutd.controller.ctl"],
             "controller": ["rolloutd.controller", "rolloutd.agents", "rolloutd.sandbox"]}
 # imported only where an optional part is used, each behind its own extra or a clear error
 # (verl, skyrl: the trainers' extras; typing_extensions comes with skyrl; wandb, mlflow: the trackers' extra;
-# psycopg: the [postgresql] extra, imported only by a controller whose --store is a postgresql:// URL)
+# psycopg: the [postgresql] extra, imported only by a controller whose --store is a postgresql:// URL; requests:
+# a dependency of the [tracing] extra's OTLP exporter, imported only beside it to pick its transport)
 OPTIONAL = {"torch", "numpy", "seccomp", "spython", "kubernetes", "trl", "datasets", "safetensors",
-            "verl", "skyrl", "typing_extensions", "wandb", "mlflow", "opentelemetry", "psycopg"}
+            "verl", "skyrl", "typing_extensions", "wandb", "mlflow", "opentelemetry", "psycopg", "requests"}
 
 
 def _name(requirement: str) -> str:
