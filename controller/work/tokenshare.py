@@ -52,7 +52,9 @@ def note(admission: Admission, node: str, job: str, tokens: dict[str, int]) -> N
     silent for `REPORT_SECONDS` are taken out at most every half of it."""
     now = admission.clock()
     _drop(admission, node)
-    mine = {url: n for url, n in tokens.items() if n > 0}
+    # a node speaks for its own job's backends only: a report for another's (another tenant's engine) counts nothing
+    allowed = admission.urls_of(job)
+    mine = {url: n for url, n in tokens.items() if n > 0 and url in allowed}
     admission.node_tokens[node] = (job, mine, now)
     for url, n in mine.items():
         admission.token_sums[url][job] += n

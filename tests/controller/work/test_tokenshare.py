@@ -53,6 +53,13 @@ def test_a_full_backend_holds_each_job_to_its_priority_part():
     assert shares(adm, "ns/c", 1000) == {}  # no episode and no backend: nothing to name
 
 
+def test_a_node_cannot_fill_a_backend_its_job_may_not_use():
+    adm = _shared()
+    tokenshare.note(adm, "b1", "ns/b", {OTHER: 10**9, "http://anywhere": 10**9})  # ns/b may use URL only
+    assert tokenshare.in_flight(adm, OTHER) == {} and adm.token_sums.get("http://anywhere") is None
+    assert shares(adm, "ns/a", 1000) == {URL: 1000 // 4, OTHER: 0}  # nothing in flight on URL: all its room lent
+
+
 def test_unused_tokens_are_lent_while_the_backend_has_room():
     clock = SimpleNamespace(t=1000.0)
     adm = _shared(lambda: clock.t)
