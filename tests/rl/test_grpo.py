@@ -14,8 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rolloutd.agents.daemon.jobconfig import sampling_params
 from rolloutd.agents.engine.venv import EngineEnv
 from rolloutd.agents.engine.model_dirs import model_dir
+from rolloutd.crds.rolloutjob import RolloutJob
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "e2e" / "plugins"
@@ -39,6 +41,26 @@ def test_trainer_math(tiny_engine):  # tiny_engine: the model is prepared
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stdout[-3000:] + p.stderr[-3000:]
 
 
+JOB_DOC = """import json, sys
+sys.path.insert(0, "examples")
+import train_grpo
+args = train_grpo.parse_args(sys.argv[1:])
+print(json.dumps(train_grpo.job("j", args, args.train, "http://127.0.0.1:1", "/tmp/tok", batch_mode=True, samples=8)))
+"""
+
+
+def test_seed_flag_reaches_the_submitted_spec():
+    """`--seed N` writes spec.agent.sampling.seed (the daemons derive each request's seed from it); without
+    it the job samples unseeded, as before. The document is the one the trainer applies, read by the CRD
+    models and by the node's own spec reader."""
+    for argv, want in ((["--seed", "7", "--update-mode", "keep"], 7), ([], None)):
+        p = run_engine_py("-c", JOB_DOC, *argv, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        job = RolloutJob.model_validate(json.loads(p.stdout))
+        assert job.spec.agent.sampling.seed == want
+        assert sampling_params(job.spec.agent.sampling).seed == want  # what the node's rollouts get
+
+
 def test_one_training_step_end_to_end(tmp_path, tiny_engine):
     source = tmp_path / "mixed.jsonl"
     source.write_text("".join(json.dumps({"id": f"m{i}", "question": f"What is {i} + 1?", "answer": str(i + 1),
@@ -49,11 +71,12 @@ def test_one_training_step_end_to_end(tmp_path, tiny_engine):
         str(REPO / "examples" / "train_grpo.py"), "--model", "tiny", "--engine-url", tiny_engine.url,
         "--kind", "scripted", "--train", str(source), "--heldout", "", "--controller-env", str(PLUGINS),
         "--steps", "2", "--groups", "2", "--samples", "2", "--max-tokens", "6", "--lr", "1e-2",
-        "--threads", "1", "--name", name, "--out", str(out), "--data-dir", str(tmp_path / "data"))
+        "--threads", "1", "--seed", "7", "--name", name, "--out", str(out), "--data-dir", str(tmp_path / "data"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     s = json.loads((out / "summary.json").read_text())
     first, second = s["steps"]
     # trajectories in, loss finite, tokens trained from the trajectories' own ids
+    assert s["seed"] == 7  # a seeded job is accepted and trained on (the spec: test above)
     assert first["groups_trained"] == 2 and first["tokens_trained"] > 0 and math.isfinite(first["loss"])
     assert first["grad_norm"] > 0 and first["batch_policy_versions"] == "0" and first["stale_samples"] == 0
     # behaviour logprobs (vLLM's) equal the trainer's before its first update (fp32 both)
