@@ -45,6 +45,7 @@ from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooMany
 from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.login_limit import LoginLimits
+from .http.request_rate import MAX_WAITING, RequestRates
 from .http.openapi import describe
 from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
@@ -97,8 +98,8 @@ class _AuthAndMetrics:
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
                  latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None,
-                 durable: Callable[[], Awaitable[None]] | None = None):
-        self.storage, self.limits, self.durable = storage, limits or LoginLimits(), durable
+                 durable: Callable[[], Awaitable[None]] | None = None, rates: RequestRates):
+        self.storage, self.limits, self.durable, self.rates = storage, limits or LoginLimits(), durable, rates
         self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
@@ -153,6 +154,11 @@ class _AuthAndMetrics:
                     else "invalid bearer token"
                 )
                 return await _error(err)(scope, receive, send_and_count)
+            if retry_after := await self.rates.turn(scoped):  # waits its turn, or 429 past the few waiting
+                return await _error(TooManyRequests(
+                    f"token {scoped.name!r} is over its request rate (quotas.requestsPerSecond of its namespace's "
+                    f"TenantPolicy) with {MAX_WAITING} requests waiting; retry in {retry_after} s"), retry_after)(
+                    scope, receive, send_and_count)
             if problem := forbidden(scoped, method, path):
                 return await _error(Forbidden(problem))(scope, receive, send_and_count)
             scope = {**scope, TOKEN_KEY: scoped}  # admission holds its writes to the namespace's policy
@@ -277,10 +283,11 @@ def create_app(root: Root) -> FastAPI:
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
     registry.register(_DurableCollector(store.durable))
+    registry.register(root.rates)
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
     app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
                        requests_total=requests_total, latency=latency, storage=storage, limits=root.limits,
-                       durable=store.durable.settle)
+                       durable=store.durable.settle, rates=root.rates)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):
