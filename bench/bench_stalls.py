@@ -113,7 +113,9 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
                 for s in socks:
                     s.close()
 
+        cpu0, t0 = _cpu_seconds(ctl.proc.pid), time.monotonic()
         out = {"idle": t.window(seconds, None)}
+        idle_cpu = (_cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - t0)  # the controller's, per second
         if "batch" in parts:
             t0 = time.monotonic()
             worker = threading.Thread(target=batch, args=(threading.Event(),))
@@ -126,8 +128,10 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
             out["batch_s"] = time.monotonic() - t0
             out["batch_stats"] = {**batch_stats, "load": os.getloadavg()[0]}
         if "bombs" in parts:
+            cpu0, t0 = _cpu_seconds(ctl.proc.pid), time.monotonic()
             out["bombs"] = t.window(seconds, bombs)
-            out["bombed"] = bombed
+            out["bombed"] = {**bombed, "idle_cpu": idle_cpu,
+                             "cpu": (_cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - t0)}
         if "half-open" in parts:
             out["half-open"] = t.window(seconds, hold)
     return out
@@ -193,7 +197,8 @@ def run(quick: bool = False) -> list[dict]:
     if "bombs" in m:
         x = m["bombed"]
         fill += (f"team-a's bomber (its namespace token, one connection, one request after the other): {x['n']} bombs "
-                 f"answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s), {x['refused']} of them 429.\n")
+                 f"answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s), {x['refused']} of them 429; the controller's "
+                 f"CPU {x['cpu']:.2f} s per s in that window, {x['idle_cpu']:.2f} in the idle one.\n")
     if not quick:
         side = "" if before is None else (
             f"\nThe controller of `{before_rev}`, measured just before in the same run"
@@ -201,7 +206,8 @@ def run(quick: bool = False) -> list[dict]:
             + f":\n\n{_table(before, names)}")
         if "bombs" in before:
             x = before["bombed"]
-            side += f"\nThere, team-a's bomber: {x['n']} bombs answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s).\n"
+            side += (f"\nThere, team-a's bomber: {x['n']} bombs answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s); "
+                     f"the controller's CPU {x['cpu']:.2f} s per s, {x['idle_cpu']:.2f} idle.\n")
         head = (f"`python -m bench stalls` on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, shared "
                 f"with other jobs, load {load0:.1f}→{os.getloadavg()[0]:.1f}), {stamp}. Windows of {seconds:.0f} s "
                 f"each (the batch's: until every group is open), one after the other, in one run; team-b's GET of its "
