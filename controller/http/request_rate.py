@@ -41,7 +41,7 @@ class RequestRates:
         self.waiting: dict[str, int] = {}
         self.delayed = self.refused = 0  # requests that waited their turn / were answered 429, since the start
 
-    def rate(self, token: ScopedToken) -> tuple[int, int]:
+    def rate(self, token: ScopedToken) -> tuple[int, float]:
         """(burst, requests per second) of `token`: its namespace's policy; a token of several namespaces is held to
         the smallest of theirs, one of every namespace (a read-only monitor's) to the default."""
         quotas = [self.policies.for_namespace(ns)[0].quotas for ns in token.namespaces] or [RESTRICTED.quotas]

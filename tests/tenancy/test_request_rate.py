@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from support.tenancy_helpers import POLICIES, jobs_path, put_policy, tenant
+from support.waiting import wait_until
 
 from rolloutd.controller.http.request_rate import DEFAULT_BURST, DEFAULT_RPS, MAX_WAITING
 
@@ -101,6 +104,50 @@ def test_a_concurrent_flood_past_the_queue_is_429_with_retry_after_and_others_ar
         assert codes_of == [200] * others
         assert took_of < (others - burst) / rps, took_of
     assert DEFAULT_BURST >= others  # rate-c's default burst covers its requests: none of them waited
+
+
+def _head_only(kube, token: str, path: str) -> bytes:
+    """A POST that declares a 1 MB body and never sends it: the whole answer, read before any body byte is sent."""
+    url = urlsplit(kube.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as raw, \
+            kube.verify.wrap_socket(raw, server_hostname=url.hostname) as tls:
+        tls.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {token}\r\n"
+                    "Content-Type: application/yaml\r\nContent-Length: 1000000\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(answer):
+            chunk = tls.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def test_past_the_queue_a_request_is_refused_before_its_body_is_read(kube, admin):
+    put_policy(admin, "rate-e", quotas={"requestBurst": 1, "requestsPerSecond": 0.1})  # a turn every 10 s
+    with tenant(kube, "rate-e") as e:
+        token = e.headers["authorization"].removeprefix("Bearer ")
+    delayed = _counter(admin, "rolloutd_api_requests_delayed")
+
+    async def main():
+        flood = asyncio.ensure_future(_flood(kube, token, jobs_path("rate-e"), 1 + MAX_WAITING))
+        # the queue is full once MAX_WAITING of them wait (the first took the one token): the next waits 80 s
+        await asyncio.to_thread(wait_until, lambda: _counter(admin, "rolloutd_api_requests_delayed") - delayed
+                                >= MAX_WAITING, 60, "the token's queue to fill", 0.05)
+        head = await asyncio.to_thread(_head_only, kube, token, jobs_path("rate-e"))
+        flood.cancel()  # the waiting ones go on sleeping on the controller, bounded: they are its queue
+        await asyncio.gather(flood, return_exceptions=True)
+        return head
+
+    head = asyncio.run(main()).decode("latin-1")
+    assert head.startswith("HTTP/1.1 429"), head
+    assert "retry-after: " in head.lower() and "requestsPerSecond" in head, head
 
 
 def test_a_bad_rate_is_refused_naming_the_field(admin):
