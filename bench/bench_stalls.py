@@ -189,7 +189,8 @@ def run(quick: bool = False) -> list[dict]:
     table = _table(m, names)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     b = m.get("batch_stats")
-    fill = "" if b is None else (f"The batch: every group was open and the request answered {b['fill_s']:.0f} s after it was sent (the batch "
+    fill = "" if b is None else (
+            f"The batch: every group was open and the request answered {b['fill_s']:.0f} s after it was sent (the batch "
             f"window lasted that long); the controller's CPU time over it {b['cpu_s']:.0f} s, its peak "
             f"resident memory {b['peak_mb']:.0f} MB, the store {b['store_mb']:.0f} MB on disk after; load "
             f"{b['load']:.1f} at its end. team-b's three slowest calls in that window (s into it, ms): GET "
@@ -202,9 +203,10 @@ def run(quick: bool = False) -> list[dict]:
     if not quick:
         side = "" if before is None else (
             f"\nThe controller of `{before_rev}`, measured just before in the same run"
-            + ("" if b is None else f" (the batch took {before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here)")
+            + ("" if b is None else
+               f" (the batch took {before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here)")
             + f":\n\n{_table(before, names)}")
-        if "bombs" in before:
+        if before is not None and "bombs" in before:
             x = before["bombed"]
             side += (f"\nThere, team-a's bomber: {x['n']} bombs answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s); "
                      f"the controller's CPU {x['cpu']:.2f} s per s, {x['idle_cpu']:.2f} idle.\n")
