@@ -45,7 +45,7 @@ from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooMany
 from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.login_limit import LoginLimits
-from .http.request_rate import MAX_WAITING, RequestRates
+from .http.request_rate import RequestRates
 from .http.openapi import describe
 from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
@@ -94,7 +94,8 @@ class _AuthAndMetrics:
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
     response starts (a watch stream is counted once, not for its whole life). A write answered 2xx (other than
     the node protocol's, whose routes settle results themselves) waits for its commit to be on the disk
-    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503."""
+    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503. A namespace
+    token's request first waits its turn of its request rate (`rates`, `http/request_rate.py`), before the body."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
                  latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None,
@@ -132,10 +133,11 @@ class _AuthAndMetrics:
         if not admin and NodeGate.is_node_path(path):
             bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
             allowed, job = self.nodes.check(path, bearer) if self.nodes is not None else (False, None)
-            if not allowed:
-                err: ApiError = Forbidden("namespace tokens cannot use the node protocol: nodes use their job's node "
-                                "credential") if self.tokens.find(header) is not None else Unauthorized(
-                    "not a node credential of this job, nor this node's token")
+            if not allowed:  # a namespace token's 403 here spends its request rate too (`rates`)
+                scoped = self.tokens.find(header)
+                err: ApiError = Unauthorized("not a node credential of this job, nor this node's token") \
+                    if scoped is None else await self.rates.refusal(scoped) or Forbidden(
+                        "namespace tokens cannot use the node protocol: nodes use their job's node credential")
                 return await _error(err)(scope, receive, send_and_count)
             if job is not None:  # a job credential registering: the route checks the body's job against it
                 scope = {**scope, "state": {**(scope.get("state") or {}), "node_job": job}}
@@ -154,11 +156,8 @@ class _AuthAndMetrics:
                     else "invalid bearer token"
                 )
                 return await _error(err)(scope, receive, send_and_count)
-            if retry_after := await self.rates.turn(scoped):  # waits its turn, or 429 past the few waiting
-                return await _error(TooManyRequests(
-                    f"token {scoped.name!r} is over its request rate (quotas.requestsPerSecond of its namespace's "
-                    f"TenantPolicy) with {MAX_WAITING} requests waiting; retry in {retry_after} s"), retry_after)(
-                    scope, receive, send_and_count)
+            if over := await self.rates.refusal(scoped):  # waits its turn, or 429 past the few waiting
+                return await _error(over)(scope, receive, send_and_count)
             if problem := forbidden(scoped, method, path):
                 return await _error(Forbidden(problem))(scope, receive, send_and_count)
             scope = {**scope, TOKEN_KEY: scoped}  # admission holds its writes to the namespace's policy

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily
 from rolloutd.crds.tenancy import RESTRICTED
 
 from ..auth import ScopedToken
+from ..errors import TooManyRequests
 from ..tenancy import Policies
 from .login_limit import _Buckets
 
@@ -75,6 +76,15 @@ class RequestRates:
             else:
                 del self.waiting[key]
         return 0
+
+    async def refusal(self, token: ScopedToken) -> TooManyRequests | None:
+        """`turn`, as the API answers it: None once the request may go on, else the 429 (Retry-After set)."""
+        if not (retry_after := await self.turn(token)):
+            return None
+        err = TooManyRequests(f"token {token.name!r} is over its request rate (quotas.requestsPerSecond of its "
+                              f"namespace's TenantPolicy) with {MAX_WAITING} requests waiting; retry in {retry_after} s")
+        err.headers = {"Retry-After": str(retry_after)}
+        return err
 
     def collect(self):  # /metrics (registered by `api.create_app`)
         yield CounterMetricFamily("rolloutd_api_requests_delayed", "Requests of namespace tokens that waited their "

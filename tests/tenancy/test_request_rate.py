@@ -1,6 +1,7 @@
 """A namespace token's request rate on a real controller (#36): over its TenantPolicy's rate a sequential client is
-slowed to it (delayed, never refused), a concurrent flood past the few waiting gets 429 with Retry-After, another
-tenant and the admin go on unmetered meanwhile, a policy's new rate applies at once and a bad one is refused."""
+slowed to it (delayed, never refused), a concurrent flood past the few waiting gets 429 with Retry-After (before the
+body is read, on node paths too), another tenant and the admin go on unmetered meanwhile, a policy's new rate applies
+at once and a bad one is refused naming the field."""
 from __future__ import annotations
 
 import asyncio
@@ -129,7 +130,7 @@ def _length(answer: bytes) -> int:
     return 0
 
 
-def test_past_the_queue_a_request_is_refused_before_its_body_is_read(kube, admin):
+def test_past_the_queue_a_request_is_refused_before_its_body_is_read_on_any_path(kube, admin):
     put_policy(admin, "rate-e", quotas={"requestBurst": 1, "requestsPerSecond": 0.1})  # a turn every 10 s
     with tenant(kube, "rate-e") as e:
         token = e.headers["authorization"].removeprefix("Bearer ")
@@ -141,11 +142,15 @@ def test_past_the_queue_a_request_is_refused_before_its_body_is_read(kube, admin
         await asyncio.to_thread(wait_until, lambda: _counter(admin, "rolloutd_api_requests_delayed") - delayed
                                 >= MAX_WAITING, 60, "the token's queue to fill", 0.05)
         head = await asyncio.to_thread(_head_only, kube, token, jobs_path("rate-e"))
+        with kube.client(token) as again:  # the node protocol's 403 to a namespace token spends its rate too
+            node = await asyncio.to_thread(again.post, f"{jobs_path('rate-e')}/j/nodes/register", json={})
         flood.cancel()  # the waiting ones go on sleeping on the controller, bounded: they are its queue
         await asyncio.gather(flood, return_exceptions=True)
-        return head
+        return head, node
 
-    head = asyncio.run(main()).decode("latin-1")
+    head, node = asyncio.run(main())
+    head = head.decode("latin-1")
+    assert node.status_code == 429 and node.headers["retry-after"], node.text
     assert head.startswith("HTTP/1.1 429"), head
     assert "retry-after: " in head.lower() and "requestsPerSecond" in head, head
 
