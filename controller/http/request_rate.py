@@ -2,8 +2,8 @@
 past a few waiting, is answered 429 with Retry-After at once (API Priority and Fairness in spirit, kept simple).
 
 Called by the API middleware (`api.py`) for scoped tokens only, after the token check and before the route reads
-the body: never for the admin token, node credentials (the node protocol), the probes or the web UI (its logins
-and sessions are `login_limit.py`'s). The rates are the namespaces' TenantPolicies' (`quotas.requestsPerSecond`,
+the body: never for the admin token, a token of every namespace, node credentials (the node protocol), the probes
+or the web UI (its logins and sessions are `login_limit.py`'s). The rates are the namespaces' TenantPolicies' (`quotas.requestsPerSecond`,
 `quotas.requestBurst`); the buckets are `login_limit._Buckets`. Next step: a weight per route (a list costs more).
 """
 from __future__ import annotations
@@ -42,15 +42,18 @@ class RequestRates:
         self.waiting: dict[str, int] = {}
         self.delayed = self.refused = 0  # requests that waited their turn / were answered 429, since the start
 
-    def rate(self, token: ScopedToken) -> tuple[int, float]:
+    def rate(self, token: ScopedToken) -> tuple[int, float] | None:
         """(burst, requests per second) of `token`: its namespace's policy; a token of several namespaces is held to
-        the smallest of theirs, one of every namespace (a read-only monitor's) to the default."""
-        quotas = [self.policies.for_namespace(ns)[0].quotas for ns in token.namespaces] or [RESTRICTED.quotas]
-        return min(q.request_burst for q in quotas), min(q.requests_per_second for q in quotas)
+        the smallest of theirs. None for a token of every namespace: no tenant's but the admin's own reach (the
+        operator's in a Kubernetes cluster, a monitor's), not metered."""
+        quotas = [self.policies.for_namespace(ns)[0].quotas for ns in token.namespaces]
+        return (min(q.request_burst for q in quotas), min(q.requests_per_second for q in quotas)) if quotas else None
 
     def admit(self, token: ScopedToken) -> tuple[float, int]:
         """(seconds this request must wait for its turn, 0 now; Retry-After seconds when it is refused, else 0)."""
-        key, (burst, rps) = token.name, self.rate(token)
+        if (rate := self.rate(token)) is None:
+            return 0.0, 0
+        key, (burst, rps) = token.name, rate
         refill = 1 / rps
         level = self.buckets.level(key, burst, refill)
         if level < 1 and self.waiting.get(key, 0) >= MAX_WAITING:
