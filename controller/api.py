@@ -13,7 +13,7 @@
     …/namespaces/{ns}/rolloutjobs/{name}/inflight      the rollouts in flight, stalled ones flagged (`http/inflight.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
-    /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
+    /healthz, /readyz (no auth; the store's disk: `store/faults.py`) · /metrics (Prometheus) · /openapi.json
     /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
 Built by `create_app(root)` over the composition root (`root.py`); served by `server.py`. Every endpoint but the probes needs
@@ -58,7 +58,7 @@ from .http.trainer import trainer_router
 from .work.first_tokens import Collector as FirstTokenCollector
 from .root import Root
 from .store import Store
-from .storage_faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
+from .store.faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
 from .ui.app import create_ui
 
 log = logging.getLogger("rolloutd.api")

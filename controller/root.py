@@ -20,7 +20,7 @@ from .kube.rolloutjobs import JobParts
 from .kube.validate import Checks
 from .looplag import BUCKETS, LoopLag
 from .nodeauth import NodeCredentials
-from .storage_faults import StorageWatch
+from .store.faults import StorageWatch
 from .store import Store
 from .tenancy import Policies
 from .work.core import Work, build_work
