@@ -7,6 +7,7 @@ whose generations carry their run-length versions (`Generation.versions`) for th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -60,6 +61,8 @@ class PolicyGate:
         self.on_change: Callable[[], None] = lambda: None  # tell the controller soon (a heartbeat)
         self._open = asyncio.Event()
         self._open.set()
+        self._held = asyncio.Event()  # set while the gate holds (what `wait_paused` waits for, not a 20 ms poll)
+        self._moved = asyncio.Event()  # a stream parked or ended: what the fence waits for
         self._fencing: asyncio.Task | None = None
         self.tokens = TokenGate()  # the job's share of each backend's tokens in flight (feature token-share)
 
@@ -77,6 +80,7 @@ class PolicyGate:
             self._fencing = asyncio.get_running_loop().create_task(self._fence(fence))
         if paused and self._open.is_set():
             self._open.clear()
+            self._held.set()
             self.on_change()  # report "held, N in flight" without waiting for the next beat
         elif not paused and not self._open.is_set():
             for s in self.streams:  # the update is over: tokens after each fence are the backend's new version
@@ -84,6 +88,7 @@ class PolicyGate:
                     settle(s, mark)
                     s.runs.append((self.version_of(s.url), 0))
                 s.marks.clear()
+            self._held.clear()
             self._open.set()
 
     async def _fence(self, epoch: int) -> None:
@@ -103,10 +108,13 @@ class PolicyGate:
             for s in cut:
                 s.fenced = True
         await asyncio.gather(*(s.abort() for s in cut), return_exceptions=True)
-        for _ in range(3000):  # bounded: 60 s at most
+        deadline = time.monotonic() + 60  # bounded
+        while time.monotonic() < deadline:
+            self._moved.clear()
             if all(s.parked or s not in self.streams for s in cut):
                 break
-            await asyncio.sleep(0.02)
+            with contextlib.suppress(TimeoutError):  # woken by each park or end (`moved`), checked twice a second
+                await asyncio.wait_for(self._moved.wait(), 0.5)
         self.fence_done = max(self.fence_done, epoch)
         self.on_change()
 
@@ -119,10 +127,13 @@ class PolicyGate:
 
     async def wait_paused(self, timeout: float) -> None:
         """Until the gate is held, `timeout` seconds at most."""
-        for _ in range(max(int(timeout / 0.02), 1)):
-            if self.paused:
-                return
-            await asyncio.sleep(0.02)
+        if not self.paused:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._held.wait(), timeout)
+
+    def moved(self) -> None:
+        """A stream parked or ended (the fence waits for the ones it aborted)."""
+        self._moved.set()
 
     async def enter(self) -> int | str | None:
         while True:
@@ -213,6 +224,7 @@ class TrackedLLM:
         finally:
             self.in_flight.discard(request_id)
             self.gate.streams.discard(stream)
+            self.gate.moved()
             self.gate.leave()
         return gen, stream
 
@@ -278,6 +290,7 @@ class TrackedLLM:
                         await on_tokens(partial.token_ids)
                 if not theirs:
                     stream.parked = True
+                    self.gate.moved()
                     await self.gate.wait_open()
                     stream.parked = stream.fenced = False
                 settle(stream, len(ids))
@@ -297,7 +310,7 @@ class TrackedLLM:
         if not (isinstance(e, Preempted) and self.stamped() and not self.gate.paused and await self.inner.paused()):
             return False
         for _ in range(int(120 / 0.02)):  # bounded: an update that takes longer fails the call, as before
-            await asyncio.sleep(0.02)
+            await self.gate.wait_paused(0.02)  # at once when this job's own update comes, else the engine again
             if self.gate.paused:
                 return False
             if not await self.inner.paused():
