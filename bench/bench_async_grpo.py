@@ -84,6 +84,17 @@ def _idle_share(clock: TokenClock, start: float, end: float) -> float:
     return idle / max(end - start, 1e-9)
 
 
+def _base_weights(engine) -> None:
+    """Load the served model's own weights back into the engine (the trainer of the mode before left its trained
+    weights there, and a mode's first batch is sampled before its first update) and drop the prefix cache."""
+    import httpx
+
+    r = httpx.post(f"{engine.url}/collective_rpc", timeout=600,
+                   json={"method": "reload_weights", "kwargs": {"weights_path": str(engine.model_dir)}})
+    r.raise_for_status()
+    httpx.post(f"{engine.url}/reset_prefix_cache", timeout=60).raise_for_status()
+
+
 def _train(mode: str, s: dict, engine_url: str, server: str, token: Path, out: Path) -> dict:
     env = {**os.environ, "ROLLOUTD_TRAIN_REEXEC": "1"}  # never re-installs: the engine venv imports the client
     subprocess.run(trainer_command(mode, s, engine_url, server, token, out), check=True, env=env, cwd=REPO,
@@ -165,7 +176,14 @@ def run(quick: bool = False, model: str | None = None, steps: int | None = None,
     clock = TokenClock(engine.url)
     results = []
     try:
+        reuse = os.environ.get("ROLLOUTD_ASYNC_GRPO_REUSE")  # a folder of an earlier run: its modes not run again
+        run_modes = os.environ.get("ROLLOUTD_ASYNC_GRPO_MODES", ",".join(MODES)).split(",")
         for mode in MODES:
+            if mode not in run_modes and reuse:
+                summary = json.loads((Path(reuse) / mode / "summary.json").read_text())
+                results.append(summarize(mode, summary, float("nan")))
+                continue
+            _base_weights(engine)  # each mode starts from the model as served: not the last mode's trained weights
             start = time.monotonic()
             summary = _train(mode, s, engine.url, str(api.base_url).rstrip("/"), tmp / "data" / "token", tmp / mode)
             results.append(summarize(mode, summary, _idle_share(clock, start, time.monotonic())))
