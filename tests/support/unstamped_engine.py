@@ -58,7 +58,7 @@ class UnstampedEngine:
 
     def __enter__(self) -> str:
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
-                                access_log=False)
+                                interface="asgi3", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="unstamped-engine", daemon=True)
         self._thread.start()
