@@ -7,7 +7,7 @@ set by a `sitecustomize.py` the bench puts on the controller's path (no setting 
 - `normal`: SQLite WAL with synchronous=NORMAL and nothing else (main before #37's fix: a commit is written, synced
   only at the next checkpoint, so a 201 could be lost with the disk);
 - `settle`: as shipped: NORMAL, and an fsync of the WAL shared by every caller waiting meanwhile before a client's
-  write is answered and before a node is told its results are stored (`controller/durability.py`); beats and
+  write is answered and before a node is told its results are stored (`controller/store/durability.py`); beats and
   leases pay none;
 - `full`: synchronous=FULL on every store connection: every commit syncs, the node protocol's beats included.
 Two measures per mode: API creates/s (8 clients POSTing small `nodes: 0` jobs for a window: 201s/s, client p50/p99;
@@ -40,14 +40,14 @@ SITE = f'''
 import os
 _mode = os.environ.get("{ENV}")
 if _mode in ("normal", "full"):
-    from rolloutd.controller import durability
+    from rolloutd.controller.store import durability
 
     async def _settled(self):
         return None
     durability.Durable.settle = _settled
 if _mode == "full":
     from sqlalchemy import event
-    from rolloutd.controller import store_db
+    from rolloutd.controller.store import db as store_db
     _made = store_db.StoreDB._sqlite_engine
 
     def _full(self, path):

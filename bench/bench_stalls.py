@@ -3,11 +3,14 @@
     python -m bench stalls           (writes bench/results/RESULTS-stalls.md; --quick: smaller loads)
     ROLLOUTD_STALLS_GROUPS=100000 python -m bench stalls      (the batch's size; default 2000)
     ROLLOUTD_STALLS_SECONDS=60 …     (the idle, bombs and half-open windows' length; default 8)
+    ROLLOUTD_STALLS_PARTS=bombs …    (the windows to run after idle, of batch,bombs,half-open; default all; a
+                                      subset writes a section of its own in the results file)
 
 One real `rolloutd controller` (`bench_scale.Controller`: nothing starts, 0 nodes). team-b GETs its own job in
 a loop with its namespace token, four windows one after the other: idle; while a batch of many groups is
-requested on a batch job (`batch`); while YAML alias bombs are POSTed in a loop (`bombs`); while many
-connections are held open without sending a request head (`half-open`). Reported per window: team-b's GET
+requested on a batch job (`batch`); while YAML alias bombs are POSTed in a loop by team-a's namespace token
+(`bombs`; its request rate, 50/s by default, holds it); while many connections are held open without sending a
+request head (`half-open`). Reported per window: team-b's GET
 p50/p99/max and the ratio of its p99 to the idle one (goal of issue 36: within 2×), and the same of team-b's node
 heartbeat (one registered node of its job, the beat in turn with the GET). The setup is `teams.py`'s. The batch is
 team-a's own request, with its namespace token, on a job its TenantPolicy allows (`quotas.itemsPerJob` = the
@@ -41,16 +44,23 @@ BOMB = ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))).encode()
 # team-a's bomber is a process of its own, as a hostile tenant is: in the bench's process its loop would hold
 # the GIL that team-b's probe needs, and the window would measure the bench, not the controller
+# (it prints how many bombs were answered, and how many of them 429, when it is told to stop)
 _BOMBER = """
-import sys, httpx
+import collections, signal, sys, httpx
 url, token, path, bomb = sys.argv[1:5]
+codes = collections.Counter()
+def stop(*_):
+    print(sum(codes.values()), codes[429], flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
 with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"}) as a:
     while True:
-        a.post(path, content=bomb.encode())
+        codes[a.post(path, content=bomb.encode()).status_code] += 1
 """
+PARTS = ("batch", "bombs", "half-open")
 
 
-def measure(groups: int, seconds: float, half_open: int, src: Path | None = None) -> dict:
+def measure(groups: int, seconds: float, half_open: int, src: Path | None = None, parts=PARTS) -> dict:
     with two_teams(64, "bench-stalls-", src) as t:
         ctl = t.ctl
         big = job("big", t.source, 64, 8, t.health.urls)
@@ -79,14 +89,18 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
             finally:
                 opened.set()
 
+        bombed: dict = {}
+
         def bombs(stop: threading.Event) -> None:
-            bomber = subprocess.Popen([sys.executable, "-c", _BOMBER, ctl.url, ctl.token,
-                                       f"{P}/namespaces/team-a/rolloutjobs", BOMB.decode()])
+            bomber = subprocess.Popen([sys.executable, "-c", _BOMBER, ctl.url, a.headers["authorization"][7:],
+                                       f"{P}/namespaces/team-a/rolloutjobs", BOMB.decode()], stdout=subprocess.PIPE)
+            t0 = time.monotonic()
             try:
                 stop.wait()
             finally:
-                bomber.kill()
-                bomber.wait()
+                bomber.terminate()
+                answered, refused = (bomber.communicate(timeout=30)[0].split() or [b"0", b"0"])[:2]
+                bombed.update(n=int(answered), refused=int(refused), s=time.monotonic() - t0)
 
         def hold(stop: threading.Event) -> None:
             socks = []
@@ -99,19 +113,27 @@ def measure(groups: int, seconds: float, half_open: int, src: Path | None = None
                 for s in socks:
                     s.close()
 
+        cpu0, t0 = _cpu_seconds(ctl.proc.pid), time.monotonic()
         out = {"idle": t.window(seconds, None)}
-        t0 = time.monotonic()
-        worker = threading.Thread(target=batch, args=(threading.Event(),))
-        worker.start()
-        out["batch"] = t.probe(24 * 3600.0, opened, at_least=seconds)  # until every group is open
-        worker.join()
-        if "error" in batch_stats:
-            raise batch_stats["error"]
-        out["idle-after"] = t.window(seconds, None)  # the store holding the batch's rollouts, nothing running
-        out["batch_s"] = time.monotonic() - t0
-        out["batch_stats"] = {**batch_stats, "load": os.getloadavg()[0]}
-        out["bombs"] = t.window(seconds, bombs)
-        out["half-open"] = t.window(seconds, hold)
+        idle_cpu = (_cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - t0)  # the controller's, per second
+        if "batch" in parts:
+            t0 = time.monotonic()
+            worker = threading.Thread(target=batch, args=(threading.Event(),))
+            worker.start()
+            out["batch"] = t.probe(24 * 3600.0, opened, at_least=seconds)  # until every group is open
+            worker.join()
+            if "error" in batch_stats:
+                raise batch_stats["error"]
+            out["idle-after"] = t.window(seconds, None)  # the store holding the batch's rollouts, nothing running
+            out["batch_s"] = time.monotonic() - t0
+            out["batch_stats"] = {**batch_stats, "load": os.getloadavg()[0]}
+        if "bombs" in parts:
+            cpu0, t0 = _cpu_seconds(ctl.proc.pid), time.monotonic()
+            out["bombs"] = t.window(seconds, bombs)
+            out["bombed"] = {**bombed, "idle_cpu": idle_cpu,
+                             "cpu": (_cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - t0)}
+        if "half-open" in parts:
+            out["half-open"] = t.window(seconds, hold)
     return out
 
 
@@ -136,7 +158,7 @@ def _peak_mb(pid: int) -> float:
 
 def _table(m: dict, names: dict) -> str:
     rows = []
-    for k in names:
+    for k in (k for k in names if k in m):
         cells = []
         for kind in ("get", "beat"):
             x, idle = m[k][kind], m["idle"][kind]["p99"]
@@ -153,39 +175,53 @@ def run(quick: bool = False) -> list[dict]:
     groups, seconds, half_open = (500, 4.0, 300) if quick else (DEFAULT_GROUPS, 8.0, 1000)
     groups = int(os.environ.get("ROLLOUTD_STALLS_GROUPS") or groups)
     seconds = float(os.environ.get("ROLLOUTD_STALLS_SECONDS") or seconds)
+    parts = tuple(p for p in PARTS if p in (os.environ.get("ROLLOUTD_STALLS_PARTS") or ",".join(PARTS)).split(","))
     before_rev = os.environ.get("ROLLOUTD_STALLS_BEFORE")
     before = None
     if before_rev:
         with older_source(before_rev) as src:
-            before = measure(groups, seconds, half_open, src)
+            before = measure(groups, seconds, half_open, src, parts)
     load0 = os.getloadavg()[0]
-    m = measure(groups, seconds, half_open)
+    m = measure(groups, seconds, half_open, parts=parts)
     names = {"idle": "idle", "batch": f"a batch of {groups} groups × 8 requested (team-a's token, its policy allowing it)",
              "idle-after": "idle again, the batch's rollouts stored",
              "bombs": "YAML alias bombs POSTed in a loop", "half-open": f"{half_open} connections with half a head"}
     table = _table(m, names)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    b = m["batch_stats"]
-    fill = (f"The batch: every group was open and the request answered {b['fill_s']:.0f} s after it was sent (the batch "
+    b = m.get("batch_stats")
+    fill = "" if b is None else (
+            f"The batch: every group was open and the request answered {b['fill_s']:.0f} s after it was sent (the batch "
             f"window lasted that long); the controller's CPU time over it {b['cpu_s']:.0f} s, its peak "
             f"resident memory {b['peak_mb']:.0f} MB, the store {b['store_mb']:.0f} MB on disk after; load "
             f"{b['load']:.1f} at its end. team-b's three slowest calls in that window (s into it, ms): GET "
             f"{m['batch']['get']['worst']}, beat {m['batch']['beat']['worst']}.\n")
+    if "bombs" in m:
+        x = m["bombed"]
+        fill += (f"team-a's bomber (its namespace token, one connection, one request after the other): {x['n']} bombs "
+                 f"answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s), {x['refused']} of them 429; the controller's "
+                 f"CPU {x['cpu']:.2f} s per s in that window, {x['idle_cpu']:.2f} in the idle one.\n")
     if not quick:
         side = "" if before is None else (
-            f"\nThe controller of `{before_rev}`, measured just before in the same run (the batch took "
-            f"{before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here):\n\n{_table(before, names)}")
+            f"\nThe controller of `{before_rev}`, measured just before in the same run"
+            + ("" if b is None else
+               f" (the batch took {before['batch_s']:.1f} s to open there, {m['batch_s']:.1f} s here)")
+            + f":\n\n{_table(before, names)}")
+        if before is not None and "bombs" in before:
+            x = before["bombed"]
+            side += (f"\nThere, team-a's bomber: {x['n']} bombs answered in {x['s']:.1f} s ({x['n'] / x['s']:.0f}/s); "
+                     f"the controller's CPU {x['cpu']:.2f} s per s, {x['idle_cpu']:.2f} idle.\n")
         head = (f"`python -m bench stalls` on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, shared "
                 f"with other jobs, load {load0:.1f}→{os.getloadavg()[0]:.1f}), {stamp}. Windows of {seconds:.0f} s "
                 f"each (the batch's: until every group is open), one after the other, in one run; team-b's GET of its "
                 f"job and its node's heartbeat in turn.\n\n{table}{side}\n{fill}\nGoal: team-b's p99 within 2× of "
                 f"idle in each window.\n")
-        _write(head, None if groups == DEFAULT_GROUPS else f"## A batch of {groups} groups")
+        _write(head, f"## Windows {', '.join(parts)} only" if parts != PARTS else
+               None if groups == DEFAULT_GROUPS else f"## A batch of {groups} groups")
     return [{"benchmark": f"stalls: team-b {kind} p99 while team-a {names[k]}", "ours": f"{m[k][kind]['p99']:.1f} ms",
              "baseline": f"{m['idle'][kind]['p99']:.1f} ms idle",
              "ratio": m[k][kind]["p99"] / m["idle"][kind]["p99"], "target": "≤ 2×",
              "met": m[k][kind]["p99"] <= 2 * m["idle"][kind]["p99"]}
-            for k in ("batch", "bombs", "half-open") for kind in ("get", "beat")]
+            for k in parts for kind in ("get", "beat")]
 
 
 def _write(text: str, heading: str | None) -> None:

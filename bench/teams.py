@@ -1,11 +1,12 @@
 """Two tenants on one real controller: the setup `bench_stalls` and `bench_tenancy` share (issue 36).
 
 `two_teams(rows)` starts a `rolloutd controller` (`bench_scale.Controller`: the local executor asked for 0 nodes,
-nothing starts) with a dataset of `rows` prompts and a stub backend; team-b holds a namespace token, a small job
-and one registered node of it. `Teams.probe` runs team-b's GET of its job and its node's heartbeat in turn for a
-window, with latencies in ms, while another thread or process does team-a's worst. `sim_nodes` starts simulated
-daemons for a job (`tests/support/sim/simnodes.py`, as `bench_scale` does): `bench_fairshare` runs several tenants'
-jobs on one shared backend with them. Next step: the stall windows with simulated daemons of team-a running too.
+nothing starts) with a dataset of `rows` prompts and a stub backend; team-b holds a namespace token (its policy
+lifts its request rate: the probe's loop is no tenant's), a small job and one registered node of it. `Teams.probe`
+runs team-b's GET of its job and its node's heartbeat in turn for a window, with latencies in ms, while another
+thread or process does team-a's worst. `sim_nodes` starts simulated daemons for a job (`tests/support/sim/simnodes.py`,
+as `bench_scale` does): `bench_fairshare` runs several tenants' jobs on one shared backend with them. Next step:
+the stall windows with simulated daemons of team-a running too.
 """
 from __future__ import annotations
 
@@ -112,6 +113,11 @@ def two_teams(rows: int, prefix: str = "bench-teams-", src: Path | None = None) 
         ctl = Controller(root, src)
         try:
             team_b = create_scoped_token(root / "data" / "tokens", "team-b", read_only=False, namespaces=["team-b"])
+            if src is None:  # team-b's probe is a tight loop of ~200 GETs/s, no tenant's pattern: it measures the
+                # controller, so its own request rate (quotas.requestsPerSecond, 50 by default) does not hold it
+                ctl.api.put(f"{P}/tenantpolicies/team-b", json={
+                    "apiVersion": "rolloutd.io/v1alpha1", "kind": "TenantPolicy", "metadata": {"name": "team-b"},
+                    "spec": {"quotas": {"requestsPerSecond": 10_000, "requestBurst": 100_000}}}).raise_for_status()
             jobs = f"{P}/namespaces/team-b/rolloutjobs"
             ctl.api.post(jobs, json=job("small", source, 4, 1, health.urls[:1])).raise_for_status()
             credential = ctl.api.post(f"{jobs}/small/nodes/credential").json()["credential"]

@@ -13,7 +13,7 @@
     …/namespaces/{ns}/rolloutjobs/{name}/inflight      the rollouts in flight, stalled ones flagged (`http/inflight.py`)
     The unnamespaced per-job paths above (and the trainer ones, rewritten) are the `default` namespace's: a body
     naming another namespace there is a 400.
-    /healthz, /readyz (no auth; the store's disk: `storage_faults.py`) · /metrics (Prometheus) · /openapi.json
+    /healthz, /readyz (no auth; the store's disk: `store/faults.py`) · /metrics (Prometheus) · /openapi.json
     /ui/…  the web UI (`ui/app.py`; it authenticates itself: session cookie or the same bearer tokens)
 
 Built by `create_app(root)` over the composition root (`root.py`); served by `server.py`. Every endpoint but the probes needs
@@ -45,6 +45,7 @@ from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooMany
 from .http.access import forbidden
 from .http.bodies import parse_document
 from .http.login_limit import LoginLimits
+from .http.request_rate import RequestRates
 from .http.openapi import describe
 from .kube import rolloutjobs
 from .kube.admit import TOKEN_KEY
@@ -57,7 +58,7 @@ from .http.trainer import trainer_router
 from .work.first_tokens import Collector as FirstTokenCollector
 from .root import Root
 from .store import Store
-from .storage_faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
+from .store.faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
 from .ui.app import create_ui
 
 log = logging.getLogger("rolloutd.api")
@@ -93,12 +94,13 @@ class _AuthAndMetrics:
     cost more CPU than a node's heartbeat itself at a thousand nodes. Latency is observed when the
     response starts (a watch stream is counted once, not for its whole life). A write answered 2xx (other than
     the node protocol's, whose routes settle results themselves) waits for its commit to be on the disk
-    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503."""
+    (`durable`, `durability.Durable.settle`); a disk that refuses the sync turns the answer into a 503. A namespace
+    token's request first waits its turn of its request rate (`rates`, `http/request_rate.py`), before the body."""
 
     def __init__(self, app, *, token: str, nodes: NodeGate | None, tokens: TokenBook, requests_total: Counter,
                  latency: Histogram, storage: StorageWatch | None = None, limits: LoginLimits | None = None,
-                 durable: Callable[[], Awaitable[None]] | None = None):
-        self.storage, self.limits, self.durable = storage, limits or LoginLimits(), durable
+                 durable: Callable[[], Awaitable[None]] | None = None, rates: RequestRates):
+        self.storage, self.limits, self.durable, self.rates = storage, limits or LoginLimits(), durable, rates
         self._told = 0.0  # when a storage fault was last logged (one line per interval, not a traceback per call)
         self.app, self.token, self.nodes, self.tokens = app, token, nodes, tokens
         self.requests_total, self.latency = requests_total, latency
@@ -131,10 +133,11 @@ class _AuthAndMetrics:
         if not admin and NodeGate.is_node_path(path):
             bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
             allowed, job = self.nodes.check(path, bearer) if self.nodes is not None else (False, None)
-            if not allowed:
-                err: ApiError = Forbidden("namespace tokens cannot use the node protocol: nodes use their job's node "
-                                "credential") if self.tokens.find(header) is not None else Unauthorized(
-                    "not a node credential of this job, nor this node's token")
+            if not allowed:  # a namespace token's 403 here spends its request rate too (`rates`)
+                scoped = self.tokens.find(header)
+                err: ApiError = Unauthorized("not a node credential of this job, nor this node's token") \
+                    if scoped is None else await self.rates.refusal(scoped) or Forbidden(
+                        "namespace tokens cannot use the node protocol: nodes use their job's node credential")
                 return await _error(err)(scope, receive, send_and_count)
             if job is not None:  # a job credential registering: the route checks the body's job against it
                 scope = {**scope, "state": {**(scope.get("state") or {}), "node_job": job}}
@@ -153,6 +156,8 @@ class _AuthAndMetrics:
                     else "invalid bearer token"
                 )
                 return await _error(err)(scope, receive, send_and_count)
+            if over := await self.rates.refusal(scoped):  # waits its turn, or 429 past the few waiting
+                return await _error(over)(scope, receive, send_and_count)
             if problem := forbidden(scoped, method, path):
                 return await _error(Forbidden(problem))(scope, receive, send_and_count)
             scope = {**scope, TOKEN_KEY: scoped}  # admission holds its writes to the namespace's policy
@@ -277,10 +282,11 @@ def create_app(root: Root) -> FastAPI:
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
     registry.register(_JobsCollector(store))
     registry.register(_DurableCollector(store.durable))
+    registry.register(root.rates)
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
     app.add_middleware(_AuthAndMetrics, token=root.token, nodes=gate, tokens=root.tokens,
                        requests_total=requests_total, latency=latency, storage=storage, limits=root.limits,
-                       durable=store.durable.settle)
+                       durable=store.durable.settle, rates=root.rates)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError):

@@ -14,12 +14,13 @@ from .allowlists import AllowLists
 from .auth import TokenBook
 from .executors.base import Executor
 from .http.login_limit import LoginLimits
+from .http.request_rate import RequestRates
 from .http.streams import Streams
 from .kube.rolloutjobs import JobParts
 from .kube.validate import Checks
 from .looplag import BUCKETS, LoopLag
 from .nodeauth import NodeCredentials
-from .storage_faults import StorageWatch
+from .store.faults import StorageWatch
 from .store import Store
 from .tenancy import Policies
 from .work.core import Work, build_work
@@ -45,6 +46,7 @@ class Root:
     loop_lag: LoopLag               # the event loop's lag probe (run by the server's lifespan)
     storage: StorageWatch           # the store file's disk (`/healthz`, `/readyz`, 503s)
     limits: LoginLimits             # failed token checks and logins per address (the API's and the web UI's)
+    rates: RequestRates             # the namespace tokens' API request rates (`http/request_rate.py`)
     work: Work | None
     scheduler: Scheduler | None
     executors: Mapping[str, Executor] = field(default_factory=dict)
@@ -75,6 +77,6 @@ def assemble(store: Store, token: str, *, credentials: NodeCredentials | None = 
                 allow=allow, tokens=tokens, streams=Streams(policies, tokens),
                 checks=Checks(allow, frozenset(k for k, ex in by_kind.items() if ex.shares_files)),
                 stats=stats, metrics=metrics, ui_steps=ui_steps, loop_lag=LoopLag(metrics),
-                storage=StorageWatch(store.path), limits=LoginLimits(), work=core,
+                storage=StorageWatch(store.path), limits=LoginLimits(), rates=RequestRates(policies), work=core,
                 scheduler=None if core is None else Scheduler(core),
                 executors=by_kind, trace_url=trace_url)

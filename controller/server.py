@@ -36,7 +36,7 @@ from .allowlists import AllowLists
 from .api import create_app
 from .root import Root, assemble
 from .auth import TokenBook, ensure_token
-from .storage_faults import opening_problem
+from .store.faults import opening_problem
 from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from . import executors as registry
 from .executors.local import LocalExecutor
@@ -47,13 +47,13 @@ from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .stalls import StallSampler
-from .wal_checkpoints import BACKSTOP_PAGES, Checkpointer
+from .store.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work import tracing as attempt_traces
 from .work.core import Work
 from .store import Store
 from .leadership import Leadership
 from .replicas import Replica, replica_urls
-from .store_db import SchemaTooNew
+from .store.db import SchemaTooNew
 
 EXECUTOR_KINDS: tuple[str, ...] = get_args(ExecutorKind)
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)

@@ -22,7 +22,7 @@ from rolloutd.crds.tenancy import ADMITTED_BY, POLICY_KIND, RESTRICTED, RESTRICT
 
 from .errors import AlreadyExists, Conflict, NotFound
 from .store import Store
-from .store_schema import dumps, timestamp, utcnow
+from .store.schema import dumps, timestamp, utcnow
 
 API_VERSION = API_PREFIX.removeprefix("/apis/")
 ADMIN = "admin"  # ADMITTED_BY of a job written with the admin token

@@ -109,7 +109,7 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 `/update_weight_version` while the engine is paused) and the registration's reply carries the job's
 #                 incarnation (`RegisterResponse.jobUid`), so a daemon whose backend stamps each token with its
 #                 weights' label (vLLM's token endpoint) reads each token's version from the engine and takes a
-#                 keep-mode fence at once for those streams (no quiet wait)
+#                 keep-mode fence at once for those streams (others are aborted and continued, as in abort mode)
 #   token-share   a beat carries the node's tokens in flight or held per backend (`Heartbeat.llmTokens`), its reply the
 #                 job's allowance on every backend it may use, in tokens in flight per admitted episode, 0 where it
 #                 has no cap (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the daemon holds calls

@@ -80,6 +80,13 @@ class TenantQuotas(Model):
                                  "of its jobs")
     priority: int = Field(default=10, ge=1, le=1000, description="the largest spec.priority (a job's fair-share "
                           "weight on the backends it shares) a job may set")
+    requests_per_second: float = Field(default=50.0, gt=0, le=10_000, description="API requests per second each of "
+                                     "the namespace's tokens may make, sustained (a token bucket per token; a "
+                                     "request over it waits its turn, and is answered 429 with Retry-After when 8 of "
+                                     "that token's requests are already waiting; a watch or follow counts once, when "
+                                     "it opens)")
+    request_burst: int = Field(default=100, ge=1, le=100_000, description="API requests each of the namespace's "
+                               "tokens may make at once before requestsPerSecond holds it")
 
 
 class TenantPolicySpec(Model):

@@ -7,6 +7,7 @@ whose generations carry their run-length versions (`Generation.versions`) for th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,20 +17,20 @@ from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParam
 from .tokengate import TokenGate
 from .weightstamps import joined, stamped_versions
 
-# a fence: a stream counts as flushed once nothing arrived on it for this long while the engines were paused
-QUIET_SECONDS = 0.2
 # abort mode: how long an aborted request waits to hear of the update that aborted it (a beat or two)
 UPDATE_NOTICE_SECONDS = 5.0
 
 
 class Stream:
     """One streamed generation in flight: the tokens received so far and, per keep-mode fence, where it stood.
-    Abort mode: `abort` stops its current request on the engine; `parked` while it waits, aborted, for the update."""
+    Abort mode (and keep mode on an engine that does not stamp its tokens): `abort` stops its current request on the
+    engine; `parked` while it waits, aborted, for the update; `fenced` once a keep-mode fence aborted it."""
 
     def __init__(self, url: str | None) -> None:
         self.url = url
         self.abort: Callable[[], Awaitable[None]] | None = None
         self.parked = False
+        self.fenced = False
         self.received = 0
         self.last = time.monotonic()
         self.marks: list[int] = []  # token counts at fences whose new version is not known yet
@@ -60,6 +61,8 @@ class PolicyGate:
         self.on_change: Callable[[], None] = lambda: None  # tell the controller soon (a heartbeat)
         self._open = asyncio.Event()
         self._open.set()
+        self._held = asyncio.Event()  # set while the gate holds (what `wait_paused` waits for, not a 20 ms poll)
+        self._moved = asyncio.Event()  # a stream parked or ended: what the fence waits for
         self._fencing: asyncio.Task | None = None
         self.tokens = TokenGate()  # the job's share of each backend's tokens in flight (feature token-share)
 
@@ -77,6 +80,7 @@ class PolicyGate:
             self._fencing = asyncio.get_running_loop().create_task(self._fence(fence))
         if paused and self._open.is_set():
             self._open.clear()
+            self._held.set()
             self.on_change()  # report "held, N in flight" without waiting for the next beat
         elif not paused and not self._open.is_set():
             for s in self.streams:  # the update is over: tokens after each fence are the backend's new version
@@ -84,31 +88,33 @@ class PolicyGate:
                     settle(s, mark)
                     s.runs.append((self.version_of(s.url), 0))
                 s.marks.clear()
+            self._held.clear()
             self._open.set()
 
     async def _fence(self, epoch: int) -> None:
-        """The engines are paused. keep: once every in-flight stream went quiet (the tokens generated before the
-        pause have arrived: the engine makes none while paused), mark where each stands; a stream the engine stamps
-        (`Stream.stamped`) is not waited for, its split is read from the stamps when it ends. abort: abort every
-        stream's current request (the engine aborted those it ran; this also stops those that reached it after the
-        pause, queued there) and wait until each is parked with its tokens so far (its split, exact) or ended."""
+        """The engines are paused. abort mode: abort every stream's current request (the engine aborted those it ran;
+        this also stops those that reached it after the pause, queued there). keep mode: a stream the engine stamps
+        (`Stream.stamped`) stays in place, its split read from the stamps when it ends (its mark here is the fallback);
+        a stream it does not stamp is aborted as in abort mode, since where its tokens stood at the pause cannot be
+        proven from the outside (tokens arrive seconds after the engine made them on a loaded box). Then wait until
+        every aborted stream is parked with its tokens so far (its split, exact) or ended."""
         if self.mode == "abort":
-            await asyncio.gather(*(s.abort() for s in self.streams if s.abort is not None and not s.parked),
-                                 return_exceptions=True)
-            for _ in range(3000):  # bounded: 60 s at most
-                if all(s.parked for s in self.streams):
-                    break
-                await asyncio.sleep(0.02)
+            cut = [s for s in self.streams if s.abort is not None and not s.parked]
         else:
-            deadline = time.monotonic() + 600 * QUIET_SECONDS  # bounded
-            while True:  # until the stream heard from last has been quiet for QUIET_SECONDS (not in steps of it)
-                now = time.monotonic()
-                left = max((s.last + QUIET_SECONDS - now for s in self.streams if not s.stamped()), default=0.0)
-                if left <= 0 or now >= deadline:
-                    break
-                await asyncio.sleep(min(left, deadline - now) + 0.001)
+            cut = [s for s in self.streams if s.abort is not None and not s.parked and not s.stamped()]
             for s in self.streams:
-                s.marks.append(s.received)
+                if s not in cut:
+                    s.marks.append(s.received)
+            for s in cut:
+                s.fenced = True
+        await asyncio.gather(*(s.abort() for s in cut), return_exceptions=True)
+        deadline = time.monotonic() + 60  # bounded
+        while time.monotonic() < deadline:
+            self._moved.clear()
+            if all(s.parked or s not in self.streams for s in cut):
+                break
+            with contextlib.suppress(TimeoutError):  # woken by each park or end (`moved`), checked twice a second
+                await asyncio.wait_for(self._moved.wait(), 0.5)
         self.fence_done = max(self.fence_done, epoch)
         self.on_change()
 
@@ -121,10 +127,13 @@ class PolicyGate:
 
     async def wait_paused(self, timeout: float) -> None:
         """Until the gate is held, `timeout` seconds at most."""
-        for _ in range(max(int(timeout / 0.02), 1)):
-            if self.paused:
-                return
-            await asyncio.sleep(0.02)
+        if not self.paused:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._held.wait(), timeout)
+
+    def moved(self) -> None:
+        """A stream parked or ended (the fence waits for the ones it aborted)."""
+        self._moved.set()
 
     async def enter(self) -> int | str | None:
         while True:
@@ -215,6 +224,7 @@ class TrackedLLM:
         finally:
             self.in_flight.discard(request_id)
             self.gate.streams.discard(stream)
+            self.gate.moved()
             self.gate.leave()
         return gen, stream
 
@@ -264,9 +274,10 @@ class TrackedLLM:
                 # for that (bounded); an abort nobody announced is an infrastructure failure, unless the engine is
                 # paused and stamps its tokens: another job's update of a shared backend, continued once it resumes
                 theirs = await self._theirs(e)
-                if self.mode == "abort" and isinstance(e, Preempted) and not theirs:
+                aborting = self.mode == "abort" or stream.fenced  # an update's abort: this job's, or its keep fence's
+                if aborting and isinstance(e, Preempted) and not theirs:
                     await self.gate.wait_paused(UPDATE_NOTICE_SECONDS)
-                if not (theirs or self.gate.paused and (isinstance(e, Preempted) or self.mode == "abort")):
+                if not (theirs or self.gate.paused and (isinstance(e, Preempted) or aborting)):
                     raise
                 partial = getattr(e, "partial", None)
                 if partial is not None:
@@ -279,8 +290,9 @@ class TrackedLLM:
                         await on_tokens(partial.token_ids)
                 if not theirs:
                     stream.parked = True
+                    self.gate.moved()
                     await self.gate.wait_open()
-                    stream.parked = False
+                    stream.parked = stream.fenced = False
                 settle(stream, len(ids))
                 stream.runs.append((self.gate.version_of(self.url), 0))
                 part += 1
@@ -298,7 +310,7 @@ class TrackedLLM:
         if not (isinstance(e, Preempted) and self.stamped() and not self.gate.paused and await self.inner.paused()):
             return False
         for _ in range(int(120 / 0.02)):  # bounded: an update that takes longer fails the call, as before
-            await asyncio.sleep(0.02)
+            await self.gate.wait_paused(0.02)  # at once when this job's own update comes, else the engine again
             if self.gate.paused:
                 return False
             if not await self.inner.paused():

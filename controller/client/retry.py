@@ -17,7 +17,10 @@ from rolloutd.crds.kit.aiokit import Backoff
 from .errors import ClientError, ConnectionFailed, unreachable
 
 RETRY_FOR_SECONDS = 120.0  # the clients' default: a controller restart here takes ~10 s, an upgrade longer
-RETRY_STATUS = frozenset({502, 503, 504})  # a stopping controller (503 + Retry-After), a proxy in front of one
+# a stopping controller (503 + Retry-After), a proxy in front of one, and 429 + Retry-After: a token over its request
+# rate with its queue full, or a watch quota (refused before any work, so even a POST is safe to send again; client-go
+# retries it too)
+RETRY_STATUS = frozenset({429, 502, 503, 504})
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)  # the request never reached the controller
 INITIAL_DELAY, MAX_DELAY = 0.2, 5.0  # seconds
 
@@ -29,7 +32,7 @@ class Retry:
     error when it is not worth retrying or the budget is spent; `ok()` after every success resets the budget.
 
     Retried: a request that never reached the controller (any call), a connection lost mid-answer or a torn line
-    (idempotent calls and the resumable streams), and 502/503/504 answers. The budget is `retry_for` seconds from
+    (idempotent calls and the resumable streams), and 429/502/503/504 answers. The budget is `retry_for` seconds from
     the first failure in a row (None: no limit), and never beyond `deadline` (a `time.monotonic()` instant)."""
 
     def __init__(self, server: str, retry_for: float | None, deadline: float | None = None,

@@ -1,4 +1,5 @@
 """Login rate limits: failed token checks per client address, UI logins per principal (429 with Retry-After).
+Its token buckets (`_Buckets`) also meter the namespace tokens' API requests (`request_rate.py`).
 
 Used by the API middleware (`api.py`, an invalid bearer token) and the UI's login (`ui/app.py`). The token is
 always checked first: a valid token is never refused for what others did from its address (see `LoginLimits`).
@@ -24,9 +25,10 @@ class _Buckets:
         self.burst, self.refill, self.clock = burst, refill, clock
         self._level: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
 
-    def _now(self, key: str) -> float:
-        tokens, at = self._level.get(key, (float(self.burst), 0.0))
-        return min(float(self.burst), tokens + (self.clock() - at) / self.refill)
+    def _now(self, key: str, burst: int | None = None, refill: float | None = None) -> float:
+        burst, refill = burst or self.burst, refill or self.refill
+        tokens, at = self._level.get(key, (float(burst), 0.0))
+        return min(float(burst), tokens + (self.clock() - at) / refill)
 
     def wait(self, key: str) -> int:
         """0 when `key` has a token left, else whole seconds until it has one (at least 1)."""
@@ -34,8 +36,21 @@ class _Buckets:
         return 0 if tokens >= 1 else max(1, math.ceil((1 - tokens) * self.refill))
 
     def take(self, key: str) -> None:
-        tokens = self._now(key) - 1
-        self._level[key] = (max(0.0, tokens), self.clock())
+        self._put(key, max(0.0, self._now(key) - 1))
+
+    def level(self, key: str, burst: int, refill: float) -> float:
+        """The tokens `key` holds now under its own `burst` and `refill` (negative: that many turns promised)."""
+        return self._now(key, burst, refill)
+
+    def reserve(self, key: str, burst: int, refill: float) -> float:
+        """Take one token even when none is left (the level goes below 0: the turns promised to requests waiting):
+        the seconds until that token exists, 0 when there was one. `burst`, `refill`: this key's own."""
+        tokens = self._now(key, burst, refill) - 1
+        self._put(key, tokens)
+        return max(0.0, -tokens * refill)
+
+    def _put(self, key: str, tokens: float) -> None:
+        self._level[key] = (tokens, self.clock())
         self._level.move_to_end(key)
         while len(self._level) > MAX_KEYS:
             self._level.popitem(last=False)

@@ -26,7 +26,7 @@ from ..auth import ScopedToken
 from ..errors import Forbidden
 from ..spec_checks import check_dataset
 from ..store import Store
-from ..store_schema import RELEASE_FINALIZER
+from ..store.schema import RELEASE_FINALIZER
 from ..tenancy import ADMIN, Policies, describe
 
 TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)

@@ -20,7 +20,7 @@ from rolloutd.crds.rolloutjob import API_VERSION, KIND
 from ..http.bodies import parse_version
 from ..errors import ApiError
 from ..store import FIELD_SELECTABLE, Store
-from ..store_schema import Change
+from ..store.schema import Change
 from ..selectors import fields_match, matches, parse_field_selector, parse_selector
 
 KEEPALIVE_SECONDS = 15.0

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from ..store_schema import RELEASE_FINALIZER
+from ..store.schema import RELEASE_FINALIZER
 from .handlers import Reconciler, build_registry
 from .kubeapi import Connection
 

@@ -2,7 +2,7 @@
 scheduler and the trainer API beside the handlers read the jobs from their own SQLite store.
 
 Wired by `server.build_app(kube=…)`; called by the handlers (`handlers.Reconciler`) on every pass and
-on release. Next step: the store (`controller/store.py`).
+on release. Next step: the store (`controller/store/`).
 """
 from __future__ import annotations
 

@@ -4,13 +4,14 @@
 
 An episode is admitted when its task is pinned to a backend at lease time and keeps the admission
 until its RUN ends (the pin's release: RUN left, result, cancel, give-back or lease expiry), so a
-backend never has more episodes in RUN than its cap and no agent waits mid-episode in the engine's
-queue. The cap of a backend: the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the
+backend has no more episodes in RUN than its cap (but for what a full backend lends, below) and no agent waits
+mid-episode in the engine's queue. The cap of a backend: the controller's `ROLLOUTD_MAX_EPISODES_PER_BACKEND`, else the `max_num_seqs` the
 vLLM server reports (`/server_info`, learned by the health probe), else `FALLBACK_EPISODES`. A job's
 `llm.maxEpisodesPerBackend` limits that job's episodes on each backend, never the backend: a tenant's small cap
 cannot throttle another job sharing it.
 Jobs sharing a backend share its cap by `spec.priority`: a job is admitted only if a slot is left once the
-waiting jobs whose next admission would bring them less far, `(admitted + 1) / weight`, had theirs.
+waiting jobs whose next admission would bring them less far, `(admitted + 1) / weight`, had theirs. A full backend
+lends a job under its share the slots it is owed while another job holds more than its own (`owed`).
 """
 from __future__ import annotations
 
@@ -120,8 +121,10 @@ class Admission:
         free = self.backend_cap(url) - inflight
         if job is not None and self.admitted[url][job] >= self.cap(url, job):
             return False  # the job's own cap
-        if free <= 0 or job is None:
+        if job is None:
             return free > 0
+        if free <= 0:
+            return self.owed(url, job)
         others = [k for k in self.waiting(url) if k != job]
         if not others:
             return True
@@ -130,6 +133,21 @@ class Admission:
         mine = self._tag(url, job)
         ahead = sum(max(0, math.ceil(mine * self.weight(k) - self.admitted[url][k] - 1 - 1e-9)) for k in others)
         return free > ahead
+
+    def owed(self, url: str, job: str) -> bool:
+        """Whether the full backend `url` lends `job` one more episode beyond its cap: `job` stays within its
+        weighted share of the cap (among the jobs with episodes there or waiting) and another job holds more than
+        its own. Episodes keep their slot for their whole RUN, so without it a job that came first would keep a
+        latecomer out until its episodes end (hours, at a policy's stage timeout); lent, the backend holds the cap
+        plus the over-share jobs' excess, the token share (`tokenshare`) brings the over-share job's calls down to
+        its part, and the excess is not replaced as its episodes leave RUN."""
+        admitted = self.admitted[url]
+        present = {k for k, n in admitted.items() if n > 0} | set(self.waiting(url)) | {job}
+        weights = sum(self.weight(k) for k in present)
+        whole = self.backend_cap(url)
+        if (admitted[job] + 1) * weights > whole * self.weight(job):
+            return False  # one more would take it past its own share
+        return any(admitted[k] * weights > whole * self.weight(k) for k in present if k != job)
 
     def take(self, url: str, job: str | None) -> None:
         if job is not None:

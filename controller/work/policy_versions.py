@@ -225,8 +225,8 @@ class PolicyVersions:
         continue them once the gate opens), then load the weights, label them and reset the prefix cache, including
         the kept requests' KV (recomputed on the new weights), while the daemons are asked, in one watch answer, to
         hold new LLM calls and take a fence: where each of their streams stands (the tokens before it are the old
-        version's: at once for a stream the engine stamps, else once it went quiet; a request that reached the
-        engine after the pause stands at 0). Resume once every daemon has taken the fence. Returns (every daemon
+        version's: read from the stamps for a stream the engine stamps; any other is aborted and continued from its
+        tokens so far, as in abort mode; a request that reached the engine after the pause stands at 0). Resume once every daemon has taken the fence. Returns (every daemon
         answered, the per-backend report)."""
         paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
         steps.mark("paused")

@@ -1,4 +1,4 @@
-"""A 2xx answer to a write means the write is on the disk (`controller/durability.py`, #37): callers waiting
+"""A 2xx answer to a write means the write is on the disk (`controller/store/durability.py`, #37): callers waiting
 together share one fsync of the WAL, none returns before a sync that began after its call, and a disk that refuses
 the sync turns the API's answer into a 503 naming it (the write is not reported as stored). Real SQLite store; the
 disk's refusal is the one thing simulated (os.fsync raising EIO: the ext4 journal abort itself is
@@ -12,7 +12,7 @@ import os
 from fastapi.testclient import TestClient
 from support.kube_helpers import job_doc
 
-from rolloutd.controller import durability
+from rolloutd.controller.store import durability
 from rolloutd.controller.api import create_app
 from rolloutd.controller.root import assemble
 from rolloutd.controller.store import Store

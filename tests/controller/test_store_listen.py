@@ -1,5 +1,5 @@
 """Two controllers on one PostgreSQL database: a job written by one wakes the other's watchers and leaves its
-cache (LISTEN/NOTIFY, `controller/store_listen.py`); SQLite has one process per file and needs none of this."""
+cache (LISTEN/NOTIFY, `controller/store/listen.py`); SQLite has one process per file and needs none of this."""
 from __future__ import annotations
 
 import asyncio

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.store_db import SchemaTooNew
-from rolloutd.controller.store_schema import SCHEMA_VERSION
+from rolloutd.controller.store.db import SchemaTooNew
+from rolloutd.controller.store.schema import SCHEMA_VERSION
 
 from support.controller_process import free_port
 from rolloutd.crds.rolloutjob import RolloutJob

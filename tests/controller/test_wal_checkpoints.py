@@ -1,4 +1,4 @@
-"""The WAL copied back by a thread (`controller/wal_checkpoints.py`), on a real store: once handed to the thread, a
+"""The WAL copied back by a thread (`controller/store/wal_checkpoints.py`), on a real store: once handed to the thread, a
 commit that grows the WAL past SQLite's usual threshold does not write the database file itself (no checkpoint
 inside the commit); the thread copies the frames; and the inline backstop keeps the WAL from growing without
 bound while writers keep appending."""
@@ -9,8 +9,8 @@ import os
 import pytest
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.store_db import AUTOCHECKPOINT_PAGES
-from rolloutd.controller.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
+from rolloutd.controller.store.db import AUTOCHECKPOINT_PAGES
+from rolloutd.controller.store.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from support.waiting import wait_until
 
 PAGE = 4096

@@ -92,8 +92,8 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.integrations.trl.rollouts.StalePolicy": [((), {}, I)],
     "rolloutd.integrations.samples.NoUsableSample": [(("m",), {}, I)],
     "rolloutd.controller.kube.patch.ApplyConflict": [(("m",), {}, C)],
-    "rolloutd.controller.store_db.SchemaTooNew": [(("m",), {}, C)],
-    "rolloutd.controller.store_schema.Unservable": [(("job", ValueError("v")), {}, I)],
+    "rolloutd.controller.store.db.SchemaTooNew": [(("m",), {}, C)],
+    "rolloutd.controller.store.schema.Unservable": [(("job", ValueError("v")), {}, I)],
 }
 
 

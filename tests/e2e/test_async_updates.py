@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from support.cluster import gated_job_doc, held_at_gate, job_doc
 from support.engine_fixtures import log_mark
+from support.unstamped_engine import UnstampedEngine
 
 from rolloutd.client import RolloutClient
 from rolloutd.crds.names import job_key
@@ -75,13 +76,14 @@ def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
 
 
 def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
-             announcer: str | None = None) -> tuple[dict, dict, float]:
+             announcer: str | None = None, backend: str | None = None) -> tuple[dict, dict, float]:
     """One job of one greedy turn of `tokens` tokens; version 1 (checkpoint B) announced once the engine logged the
     turn's request (its own log line, written as it takes the request: not its API server's /metrics, which under
     load answered after a whole turn had been generated), by the job itself or by job `announcer` on the same
     engine. Returns (trajectory, the announce's answer, when it returned); the engine serves checkpoint A again
-    afterwards."""
-    job = job_doc(name, engine, limit=1, samples=1, tools=(), max_turns=1, tokens=tokens)
+    afterwards. `backend`: the engine's URL for the job (default its own)."""
+    job = job_doc(name, engine, limit=1, samples=1, tools=(), max_turns=1, tokens=tokens,
+                  backends=[backend] if backend else None)
     job["spec"]["agent"]["sampling"].update({"temperature": 0, "ignoreEos": True, "maxTotalTokens": tokens + 2600})
     job["spec"]["policy"] = {"updateMode": mode}
     rc = RolloutClient(cluster.url, token=cluster.token)
@@ -93,7 +95,8 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
         while not (line := added(engine, mark, name)):
             assert time.monotonic() < deadline, cluster.diagnose(name)
             time.sleep(0.02)
-        assert "generate-tokens-" in line, line  # the daemon streams through the token endpoint: stamped tokens
+        # the daemon streams through the token endpoint (stamped tokens), unless the engine hides it
+        assert ("generate-tokens-" in line) == (backend is None), line
         answer = rc.announce_policy(announcer or name, 1, weights_path=checkpoint_b)
         returned_at = time.time()
         assert answer["mode"] == (mode if announcer is None else answer["mode"])
@@ -129,11 +132,23 @@ def missed_by_its_tokens(engine, checkpoint_b, t: dict, b_version: object = 1) -
 # answered; issue #38): a run whose tokens prove the update missed the turn is run again, twice as long.
 @pytest.mark.parametrize("mode", ["keep", "abort"])
 def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, checkpoint_b, mode):
+    split_inside_a_turn(cluster, tiny_engine, checkpoint_b, mode, f"async-{mode}")
+
+
+def test_keep_mode_on_an_engine_without_stamps_splits_the_turn_exactly(cluster, tiny_engine, checkpoint_b):
+    """The same engine behind a proxy that hides its token endpoint and weight labels: the daemon cannot read where
+    the pause fell from stamps, so its fence aborts the turn's request and continues it from the tokens so far."""
+    with UnstampedEngine(tiny_engine.url) as url:
+        split_inside_a_turn(cluster, tiny_engine, checkpoint_b, "keep", "async-unstamped", backend=url)
+
+
+def split_inside_a_turn(cluster, engine, checkpoint_b, mode: str, prefix: str, backend: str | None = None) -> None:
     for tokens in (TOKENS, 2 * TOKENS, 4 * TOKENS):
-        t, answer, returned_at = run_once(cluster, tiny_engine, checkpoint_b, mode, f"async-{mode}-{tokens}", tokens)
+        t, answer, returned_at = run_once(cluster, engine, checkpoint_b, mode, f"{prefix}-{tokens}", tokens,
+                                          backend=backend)
         if len(t["versionSpans"]) > 1:
             break
-        missed_by_its_tokens(tiny_engine, checkpoint_b, t, 1)
+        missed_by_its_tokens(engine, checkpoint_b, t, 1)
         print(f"{mode}: the update missed a {tokens}-token turn (its tokens are one checkpoint's): longer")
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
@@ -147,7 +162,7 @@ def test_an_update_mid_generation_splits_the_turn_exactly(cluster, tiny_engine, 
     # the update returned while the turn was still generating (RUN ended later)
     assert returned_at < t["timings"]["stamps"]["eval"]
 
-    replayed_split(tiny_engine, checkpoint_b, t, split)
+    replayed_split(engine, checkpoint_b, t, split)
 
 
 def replayed_split(engine, checkpoint_b, t: dict, split: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from support.controller_process import ControllerProcess
 from support.sim.noop import NOOP, PLUGINS
-from rolloutd.controller.storage_faults import StorageWatch, storage_reason
+from rolloutd.controller.store.faults import StorageWatch, storage_reason
 from support.waiting import wait_until
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"

@@ -77,7 +77,7 @@ def test_a_namespace_token_cannot_strip_the_release_finalizer(kube, admin):
 
 
 def test_a_job_keeps_its_newest_events_only(kube, admin):
-    from rolloutd.controller.store_db import EVENTS_PER_JOB
+    from rolloutd.controller.store.db import EVENTS_PER_JOB
     put_policy(admin, "qevents")
     with tenant(kube, "qevents") as t:
         assert t.post(jobs_path("qevents"), json=job("a")).status_code == 201

@@ -1,30 +1,34 @@
 """`TrackedLLM`'s per-token versions, as a unit: a scripted stream stands in for the engine (the proof against the real
-engine is tests/e2e/test_async_updates.py). Keep mode: the fence marks where a stream stood while the engines were
-paused; abort mode: an aborted stream's tokens are kept and the rest resubmitted from prompt + those tokens."""
+engine is tests/e2e/test_async_updates.py). Abort mode, and keep mode on an engine that does not stamp its tokens (this
+scripted one; the stamped case is test_weightstamps.py): an aborted stream's tokens are kept and the rest resubmitted
+from prompt + those tokens."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from rolloutd.agents.daemon.llmgate import QUIET_SECONDS, PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
 from rolloutd.agents.llm import BackendError, Generation, Preempted, SamplingParams
 
 
 class Scripted:
-    """Streams token 1, 2, 3, ...; `hold` stops it (an engine paused), `abort` ends it with an abort chunk."""
+    """Streams token 1, 2, 3, ...; `hold` stops it (an engine paused), `abort_now` (or `abort`, a server-side abort,
+    even while paused) ends it with an abort chunk."""
 
     def __init__(self) -> None:
         self.hold = asyncio.Event()
         self.hold.set()
         self.abort_now = asyncio.Event()
         self.prompts: list[list[int]] = []
+        self.aborted: list[str] = []
 
     async def stream(self, prompt_ids, sampling: SamplingParams, request_id):
         self.prompts.append(list(prompt_ids))
         yield Generation([], [], "", None)
         for i in range(sampling.max_tokens):
-            await self.hold.wait()
+            while not self.hold.is_set() and not self.abort_now.is_set():
+                await asyncio.sleep(0.001)
             if self.abort_now.is_set():
                 self.abort_now.clear()
                 raise Preempted("aborted", Generation([], [], "abort"))
@@ -36,7 +40,8 @@ class Scripted:
         return Generation([7] * sampling.max_tokens, [-0.1] * sampling.max_tokens, "length", list(prompt_ids))
 
     async def abort(self, request_id):
-        pass
+        self.aborted.append(request_id)
+        self.abort_now.set()
 
 
 async def wait_for(pred, what: str):
@@ -47,7 +52,7 @@ async def wait_for(pred, what: str):
     raise AssertionError(what)
 
 
-def test_keep_mode_fence_splits_where_the_stream_stood_when_the_engine_paused():
+def test_keep_mode_on_an_engine_that_does_not_stamp_aborts_at_the_fence_and_continues_exactly():
     async def go():
         gate, engine = PolicyGate(version=1), Scripted()
         gate.mode = "keep"
@@ -56,35 +61,30 @@ def test_keep_mode_fence_splits_where_the_stream_stood_when_the_engine_paused():
         await wait_for(lambda: gate.streams and next(iter(gate.streams)).received >= 10, "tokens")
         gate.set(1, paused=True)           # hold new calls
         engine.hold.clear()                # the engine paused with the request in place
-        gate.set(1, paused=True, fence=1)  # the controller asks for the fence
+        gate.set(1, paused=True, fence=1)  # the controller asks for the fence: where the stream stands is not provable
         await wait_for(lambda: gate.fence_done == 1, "the fence")
-        at = next(iter(gate.streams)).marks[0]
+        assert engine.aborted == ["r"]     # so its request is aborted, its tokens so far kept
+        s = next(iter(gate.streams))
+        assert s.parked and s.marks == []
+        kept = s.received
         gate.set(2, paused=False)          # loaded, resumed
         engine.hold.set()
         gen = await task
-        assert gen.versions == [(1, at), (2, 40 - at)] and 10 <= at < 40
+        assert gen.versions == [(1, kept), (2, 40 - kept)] and 10 <= kept < 40
+        assert engine.prompts[1] == [0, 0] + gen.token_ids[:kept]  # resubmitted: prompt + the tokens so far
+        assert len(gen.token_ids) == len(gen.logprobs) == 40
         assert llm.versions == [1]
     asyncio.run(go())
 
 
-def test_fence_waits_for_tokens_still_arriving():
+def test_a_stream_that_ended_before_the_fence_is_not_aborted():
     async def go():
         gate, engine = PolicyGate(version=1), Scripted()
         llm = TrackedLLM(engine, gate, mode="keep", url="http://b")
-        task = asyncio.create_task(llm.generate([0], SamplingParams(max_tokens=400), "r"))
-        await wait_for(lambda: gate.streams and next(iter(gate.streams)).received >= 5, "tokens")
-        gate.set(1, paused=True, fence=1)  # the engine still streams: the fence must not be taken yet
-        await asyncio.sleep(QUIET_SECONDS / 2)
-        assert gate.fence_done == 0
-        engine.hold.clear()
+        gen = await llm.generate([0], SamplingParams(max_tokens=5), "r")
+        gate.set(1, paused=True, fence=1)  # nothing in flight: the fence is taken at once, nothing aborted
         await wait_for(lambda: gate.fence_done == 1, "the fence")
-        s = next(iter(gate.streams))
-        assert s.marks == [s.received]
-        at = s.received
-        gate.set(2, paused=False)
-        engine.hold.set()
-        gen = await task
-        assert gen.versions == [(1, at), (2, 400 - at)]
+        assert engine.aborted == [] and gen.versions == [(1, 5)]
     asyncio.run(go())
 
 

@@ -28,6 +28,14 @@ def test_refused_connections_and_a_stopping_controller_are_retried(api, fake):
     assert len(fake.calls("GET", "j")) == 4
 
 
+def test_a_request_over_its_rate_is_sent_again_after_retry_after_even_a_post(api, fake):
+    over = status(429, "TooManyRequests", "request rate of this token exceeded")
+    over.headers["Retry-After"] = "0"
+    fake.on("POST", "j/policy", over, httpx.Response(200, json={"version": 2}))
+    assert api("announce_policy", "j", 2)["version"] == 2   # a 429 is refused before any work: safe to resend
+    assert len(fake.calls("POST", "j/policy")) == 2
+
+
 def test_a_lost_answer_is_resent_only_when_the_call_is_idempotent(api, fake):
     fake.on("GET", "j", httpx.ReadError("reset"), httpx.Response(200, json=JOB))
     assert api("get", "j")["metadata"]["name"] == "j"

@@ -8,7 +8,7 @@ import sqlite3
 from support.kube_helpers import job_doc
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.store_schema import RELEASE_FINALIZER, SCHEMA_VERSION
+from rolloutd.controller.store.schema import RELEASE_FINALIZER, SCHEMA_VERSION
 from rolloutd.crds.rolloutjob import RolloutJob
 
 V1_TABLES = """

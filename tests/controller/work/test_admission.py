@@ -80,10 +80,11 @@ def test_the_cap_holds_across_jobs_and_nodes_and_waiting_items_stay_queued(tmp_p
     _, sched, _ = make(tmp_path, store_location, {"big": dict(prompts=20, nodes=2), "other": dict(prompts=20, nodes=2)}, max_episodes=5)
     nodes = [reg(sched, "big", "b1"), reg(sched, "big", "b2"), reg(sched, "other", "o1"), reg(sched, "other", "o2")]
     got = [lease_ for _ in range(3) for node in nodes for lease_ in lease(sched, node, 8)]
-    assert len(got) == 5 and sched.work.pool.inflight[URL] == 5  # the smallest cap of the jobs sharing the backend
-    assert sum(sched.work.pool.pinned("big").values()) + sum(sched.work.pool.pinned("other").values()) == 5
+    # big's first node took the whole cap; other is lent its share (2 of 5) beyond it, and no more
+    assert len(got) == 7 and sched.work.pool.inflight[URL] == 7
+    assert sched.work.pool.pinned("big") == {URL: 5} and sched.work.pool.pinned("other") == {URL: 2}
     # the rest waits queued, no attempt used, the job not idle
-    assert queued_attempts(sched, "big")["queued"] + queued_attempts(sched, "other")["queued"] == 35
+    assert queued_attempts(sched, "big")["queued"] + queued_attempts(sched, "other")["queued"] == 33
     resp = asyncio.run(sched.work.attempts.lease(nodes[0], 8))
     assert resp.leases == [] and not resp.done
 
@@ -119,24 +120,32 @@ def test_a_finished_job_s_cap_no_longer_binds_the_backend(tmp_path, store_locati
     assert len(lease(sched, reg(sched, "default", "d"), 8)) == 3
 
 
-def test_a_small_job_gets_its_share_while_a_big_one_is_queued(tmp_path, store_location):
+def test_a_small_job_is_lent_its_share_while_a_big_one_holds_the_cap(tmp_path, store_location):
     _, sched, _ = make(tmp_path, store_location, {"big": dict(prompts=100), "small": dict(prompts=3)}, max_episodes=4)
     big, small = reg(sched, "big", "b"), reg(sched, "small", "s")
     running = lease(sched, big, 8)
     assert len(running) == 4  # the big job came first and holds the whole cap, 96 more queued
-    assert lease(sched, small, 8) == []  # refused: the small job now waits for a slot
-    small_got = []
-    for _ in range(2):  # the big job's episodes end; its node asks first, but the slot is owed to the small job
+    small_got = lease(sched, small, 8)
+    assert len(small_got) == 2 and sched.work.pool.inflight[URL] == 6  # lent its share (half the cap) beyond the cap
+    assert lease(sched, small, 8) == [] and lease(sched, big, 8) == []  # neither goes further
+    for _ in range(2):  # the big job's episodes end: none is replaced while it is over its share and the backend full
         sched.work.calls.results(big, ResultBatch(results=[ok(running.pop(0))]))
         assert lease(sched, big, 8) == []
-        small_got += lease(sched, small, 8)
-    assert len(small_got) == 2 and len(running) == 2  # equal weights: half of the cap each
+    assert sched.work.pool.inflight[URL] == 4  # back at the cap, half each
     sched.work.calls.results(big, ResultBatch(results=[ok(running.pop(0))]))
     running += lease(sched, big, 8)  # now the big job is behind: it gets the slot back
     assert len(running) == 2 and lease(sched, small, 8) == []
     sched.work.calls.results(small, ResultBatch(results=[ok(small_got[0])]))
     last = lease(sched, small, 8)  # its own slot freed: the small job's last item starts at once
     assert [x.prompt for x in small_got + last] == [0, 1, 2]
+
+
+def test_nobody_is_lent_beyond_the_cap_while_every_job_is_within_its_share(tmp_path, store_location):
+    _, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10),
+                                                   "c": dict(prompts=10)}, max_episodes=2)
+    assert len(lease(sched, reg(sched, "a", "a1"), 1)) == 1 and len(lease(sched, reg(sched, "b", "b1"), 1)) == 1
+    assert lease(sched, reg(sched, "c", "c1"), 4) == []  # a and b each hold 1 of 2: nobody over its share of 3
+    assert sched.work.pool.inflight[URL] == 2
 
 
 def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path, store_location):
@@ -153,7 +162,7 @@ def test_weights_3_to_1_give_3_to_1_admissions_and_every_item_once(tmp_path, sto
                 live[lease_.attempt_id] = (job, lease_)
                 granted[job] += 1
                 steady[job] += step >= 40  # past the first fill
-        assert sched.work.pool.inflight[URL] == len(live) <= 8
+        assert sched.work.pool.inflight[URL] == len(live) <= (8 if step >= 40 else 16)  # lent only at the start
         aid = next(iter(live))  # episodes of equal length: the oldest ends first
         job, lease_ = live.pop(aid)
         ack = sched.work.calls.results(nodes[job], ResultBatch(results=[ok(lease_)]))
@@ -191,9 +200,11 @@ def test_a_silent_waiting_node_stops_holding_slots_for_its_job(tmp_path, store_l
     _, sched, clock = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10)}, max_episodes=2)
     a, b = reg(sched, "a", "a1"), reg(sched, "b", "b1")
     held = lease(sched, a, 4)
-    assert len(held) == 2 and lease(sched, b, 4) == []  # b waits (marked)
+    lent = lease(sched, b, 4)
+    assert len(held) == 2 and len(lent) == 1 and lease(sched, b, 4) == []  # b: lent its share, then waits (marked)
     sched.work.calls.results(a, ResultBatch(results=[ok(held[0])]))
-    assert lease(sched, a, 4) == []  # owed to b
+    sched.work.calls.results(b, ResultBatch(results=[ok(lent[0])]))
+    assert lease(sched, a, 4) == []  # the free slot is owed to b (a holds 1, b none)
     clock.t += WANT_SECONDS + 1  # b's daemon died without asking again
     assert len(lease(sched, a, 4)) == 1
 

@@ -3,7 +3,7 @@ finalizers, each write logged in the same transaction (the row's id is the new r
 
 Called by the Kubernetes routes (`kube/`), the operator and the scheduler's job reads. The database, its
 schema version (which also migrates the work tables of `controller/work/tables.py`: they live in the same
-file) and the change log are `store_db.StoreDB`'s.
+file) and the change log are `db.StoreDB`'s.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from sqlmodel import Session, select
 from rolloutd.crds.names import job_key, split_key
 from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
 
-from .errors import AlreadyExists, Conflict, Invalid, NotFound
-from .selectors import fields_match, matches, parse_field_selector, parse_selector
-from .store_db import StoreDB
-from .store_schema import (RELEASE_FINALIZER, ChangeRow, EventRow, JobRow, Unservable, dumps, servable_wire,
+from ..errors import AlreadyExists, Conflict, Invalid, NotFound
+from ..selectors import fields_match, matches, parse_field_selector, parse_selector
+from .db import StoreDB
+from .schema import (RELEASE_FINALIZER, ChangeRow, EventRow, JobRow, Unservable, dumps, servable_wire,
                            to_resource, to_wire, utcnow)
 
 log = logging.getLogger("rolloutd.store")

@@ -14,7 +14,7 @@ from sqlmodel import Field, Session, SQLModel
 
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob
 
-from .errors import ApiError
+from ..errors import ApiError
 
 SCHEMA_VERSION = 3  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).

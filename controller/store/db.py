@@ -16,10 +16,10 @@ from sqlmodel import Session, SQLModel, create_engine, select
 
 from rolloutd.crds.errors import ConfigurationError
 
-from . import dialects
+from .. import dialects
 from .durability import Durable
-from .errors import Gone
-from .store_schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
+from ..errors import Gone
+from .schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
                            utcnow)
 
 
@@ -136,9 +136,9 @@ class StoreDB:
     # ------------------------------------------------------------ notifications
 
     def listen(self) -> None:
-        """On PostgreSQL: hear the other processes' job writes (`store_listen.py`); once, from the server."""
+        """On PostgreSQL: hear the other processes' job writes (`listen.py`); once, from the server."""
         if self.url is not None and self._listener is None:
-            from .store_listen import Listener
+            from .listen import Listener
 
             conninfo = dialects.engine_url(self.url).replace("postgresql+psycopg://", "postgresql://", 1)
             self._listener = Listener(conninfo, self._heard).start()
@@ -151,7 +151,7 @@ class StoreDB:
 
     def _announce(self, key: str) -> None:
         if self.url is not None:
-            from .store_listen import announce
+            from .listen import announce
 
             announce(self.engine, key)
 
