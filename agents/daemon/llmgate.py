@@ -32,14 +32,12 @@ class Stream:
         self.parked = False
         self.fenced = False
         self.received = 0
-        self.last = time.monotonic()
         self.marks: list[int] = []  # token counts at fences whose new version is not known yet
         self.runs: list[tuple[Any, int]] = []  # (version, tokens) settled so far
         self.stamped: Callable[[], bool] = lambda: False  # the engine stamps its tokens: no quiet wait at a fence
 
     def got(self, n: int) -> None:
         self.received += n
-        self.last = time.monotonic()
 
 
 class PolicyGate:
