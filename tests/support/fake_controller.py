@@ -28,7 +28,6 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -50,6 +49,8 @@ from rolloutd.crds.node import (
     TOKEN_SHARE,
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
+
+from support.serve_thread import ThreadServer
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{job_name}/nodes"  # the daemon names its job in the path
 
@@ -112,8 +113,7 @@ class FakeController:
         self.hold_next_lease = False
         self.lease_held = threading.Event()
         self.release_lease = threading.Event()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadServer | None = None
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ work and waiting
@@ -161,23 +161,13 @@ class FakeController:
 
     # ------------------------------------------------------------------ server
     def start(self) -> "FakeController":
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="fake-controller", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the fake controller did not start")
-            time.sleep(0.01)
+        self._server = ThreadServer(self.app, self.port, "fake controller").start()
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
             self.release_lease.set()
-            self._thread.join(10)
+            self._server.stop()
             self._server = None
 
     # ------------------------------------------------------------------ the six endpoints

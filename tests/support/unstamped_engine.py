@@ -5,13 +5,12 @@ everything else through, streams included. Used by tests/e2e/test_async_updates.
 from __future__ import annotations
 
 import socket
-import threading
-import time
 
 import httpx
-import uvicorn
 
 from rolloutd.agents import vllm_tokens
+
+from support.serve_thread import ThreadServer
 
 HIDDEN = (vllm_tokens.PROBE, "/inference/v1/generate", "/weight_info", "/update_weight_version")
 
@@ -57,18 +56,8 @@ class UnstampedEngine:
         await send({"type": "http.response.body", "body": b""})
 
     def __enter__(self) -> str:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
-                                interface="asgi3", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="unstamped-engine", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.01)
+        self._server = ThreadServer(self.app, self.port, "unstamped-engine proxy", interface="asgi3").start()
         return self.url
 
     def __exit__(self, *exc) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._server.stop()
