@@ -40,11 +40,6 @@ from .work.held_leases import HeldLease
 log = logging.getLogger("rolloutd.shards")
 
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
-_CREATE = ("CREATE TABLE IF NOT EXISTS replica_members (url TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL)",
-           "CREATE TABLE IF NOT EXISTS node_owners (node_id TEXT PRIMARY KEY, owner TEXT NOT NULL)",
-           "ALTER TABLE node_owners ADD COLUMN IF NOT EXISTS moves BIGINT NOT NULL DEFAULT 0",
-           "CREATE TABLE IF NOT EXISTS replica_stages (url TEXT NOT NULL, job TEXT NOT NULL, stage TEXT NOT NULL, "
-           "n INTEGER NOT NULL, PRIMARY KEY (url, job, stage))")
 _MOVE = ("UPDATE node_owners SET owner = %s, moves = moves + 1 WHERE node_id = (SELECT node_id FROM node_owners "
          "WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
 
@@ -75,10 +70,7 @@ class Shards:
         self.local: dict[str, dict[str, int]] = {}
         self.remote: dict[str, dict[str, int]] = {}
         self.on_refresh: Callable[[dict[str, int], dict[str, int]], None] = lambda owned, moves: None
-        self._stop = threading.Event()
-        with engine.begin() as c:
-            for sql in _CREATE:
-                c.exec_driver_sql(sql)
+        self._stop = threading.Event()  # the tables are the store's (`store/replica_tables.py`)
 
     # ------------------------------------------------------------ the rows
 
