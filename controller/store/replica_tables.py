@@ -1,10 +1,10 @@
 """The replicas' tables (ROLLOUTD_REPLICAS): the leader lease (`leadership.py`), and the node shards' members, owners
-and stage counts (`shards.py`). Part of the store's schema and its migrations (`schema.py`, version 4): created with
+and stage counts (`shards.py`). Part of the store's schema and its migrations (`schema.py`, versions 4 and 5): created with
 the others, never by the code that uses them; next step: a migration for each new column.
 """
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Double, Integer, Text
+from sqlalchemy import BigInteger, Column, Double, Index, Integer, Text
 from sqlmodel import Field, SQLModel
 
 
@@ -25,11 +25,15 @@ class ReplicaMemberRow(SQLModel, table=True):
 
 
 class NodeOwnerRow(SQLModel, table=True):
-    """A node's owner; `moves` is bumped by every change of owner (the fence's epoch)."""
+    """A node's owner; `moves` is bumped by every change of owner (the fence's epoch); `stamp` (version 5) is the id
+    of the transaction that last wrote the row, or retired its node: a replica reads only rows stamped since its
+    last read (`shards.Shards._rows`), through their index."""
     __tablename__ = "node_owners"
+    __table_args__ = (Index("ix_node_owners_stamp", "stamp"),)
     node_id: str = Field(sa_column=Column(Text, primary_key=True))
     owner: str = Field(sa_column=Column(Text, nullable=False))
     moves: int = Field(sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    stamp: int = Field(sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
 class ReplicaStageRow(SQLModel, table=True):

@@ -18,8 +18,9 @@ from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, Rollo
 from ..errors import ApiError
 from .replica_tables import LEASE_SEED, REPLICA_TABLES, NodeOwnerRow
 
-SCHEMA_VERSION = 4  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
-# 4: the replicas' tables (`replica_tables.py`: the leader lease, node shards), made by the code using them before
+SCHEMA_VERSION = 5  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
+# 4: the replicas' tables (`replica_tables.py`: the leader lease, node shards), made by the code using them before;
+# 5: node_owners.stamp and its index (a replica reads the owner rows written since its last read)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).
 RELEASE_FINALIZER = "rolloutd.io/release"
 
@@ -191,9 +192,18 @@ def _to_v4(s: Session) -> None:
     conn.exec_driver_sql(LEASE_SEED)
 
 
+def _to_v5(s: Session) -> None:
+    """v4 → v5: node owners carry the id of the transaction that wrote them (0: before; a replica reads every row
+    at its start and every minute, so none is missed), indexed."""
+    conn = s.connection()
+    if "stamp" not in {c["name"] for c in inspect(conn).get_columns(NodeOwnerRow.__tablename__)}:
+        conn.exec_driver_sql("ALTER TABLE node_owners ADD COLUMN stamp BIGINT NOT NULL DEFAULT 0")
+    conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_node_owners_stamp ON node_owners (stamp)")
+
+
 def seed(s: Session) -> None:
     """The rows a new database starts with beside its tables (the tables are `SQLModel.metadata`'s)."""
     s.connection().exec_driver_sql(LEASE_SEED)
 
 
-MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4}
+MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5}

@@ -63,9 +63,22 @@ def _tables(location) -> set[str]:
         engine.dispose()
 
 
-def test_an_upgrade_to_schema_4_makes_the_replicas_tables_and_keeps_their_rows(store_location):
-    """A v3 database (the lease and shard tables made, if at all, by the replicas' own statements) opens as v4 with
-    all four tables, the lease's epoch and the owner rows kept, `moves` added (a v3 rolloutd is then refused, as above)."""
+def _indexes(location, table: str) -> set[str]:
+    from sqlalchemy import create_engine, inspect
+
+    from rolloutd.controller import dialects
+
+    engine = create_engine(dialects.engine_url(location) if dialects.is_url(location) else f"sqlite:///{location}")
+    try:
+        return {i["name"] for i in inspect(engine).get_indexes(table)}
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_from_schema_3_makes_the_replicas_tables_and_keeps_their_rows(store_location):
+    """A v3 database (the lease and shard tables made, if at all, by the replicas' own statements) opens at the current
+    version with all four tables, the lease's epoch and the owner rows kept, `moves` (v4) and `stamp` (v5, indexed)
+    added (a v3 rolloutd is then refused, as above)."""
     store = Store(store_location)
     with store.engine.begin() as c:
         for sql in V3_REPLICA_TABLES:
@@ -74,11 +87,12 @@ def test_an_upgrade_to_schema_4_makes_the_replicas_tables_and_keeps_their_rows(s
     assert REPLICA_TABLES - _tables(store_location) == {"replica_members", "replica_stages"}
 
     store = Store(store_location)
-    assert store.schema_version() == SCHEMA_VERSION == 4
+    assert store.schema_version() == SCHEMA_VERSION == 5
     assert REPLICA_TABLES <= _tables(store_location)
+    assert "ix_node_owners_stamp" in _indexes(store_location, "node_owners")
     with store.engine.connect() as c:
         assert c.exec_driver_sql("SELECT holder, epoch FROM leader_lease").all() == [("old-leader", 7)]
-        assert c.exec_driver_sql("SELECT node_id, owner, moves FROM node_owners").all() == [("n1", "http://a", 0)]
+        assert c.exec_driver_sql("SELECT node_id, owner, moves, stamp FROM node_owners").all() == [("n1", "http://a", 0, 0)]
         assert c.exec_driver_sql("SELECT count(*) FROM replica_members").scalar_one() == 0
     store.engine.dispose()
 
