@@ -113,3 +113,12 @@ def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_n
     c = Shards(store.engine, "http://c")
     c.refresh()
     assert (a.owners, a.moves) == (c.owners, c.moves)
+
+
+def test_shards_are_on_by_default_with_replicas_on_postgresql_and_never_on_sqlite():
+    from rolloutd.controller.replicas import node_shards
+
+    url = "postgresql://rolloutd@/rolloutd?host=/run/postgresql"
+    assert node_shards(url, None) and node_shards(url, "1") and node_shards(url, "on")
+    assert not node_shards(url, "0") and not node_shards(url, "off") and not node_shards(url, "false")
+    assert not node_shards("/var/lib/rolloutd/rolloutd.db", None) and not node_shards("/x/rolloutd.db", "1")
