@@ -32,23 +32,12 @@ LEASE_SECONDS = 5.0
 RENEW_SECONDS = 1.0
 EXIT_LOST = 3  # the process's exit status when it lost the lease (its supervisor restarts it as a follower)
 
-_CREATE = ("CREATE TABLE IF NOT EXISTS leader_lease (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, "
-           "epoch BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL, url TEXT NOT NULL)")
-_SEED = "INSERT INTO leader_lease (id, holder, epoch, expires, url) VALUES (1, '', 0, 0, '') ON CONFLICT DO NOTHING"
-
-
 class Fenced(ServiceUnavailable):
     """A leader-only write refused: another replica holds the leader lease now (a caller gets 503: retry elsewhere)."""
 
 
 def _pg(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
-
-
-def ensure_table(engine: Engine) -> None:
-    with engine.begin() as c:
-        c.exec_driver_sql(_CREATE)
-        c.exec_driver_sql(_SEED)
 
 
 def _now(conn, pg: bool) -> float:
@@ -84,8 +73,7 @@ class Leadership:
         self._stop = threading.Event()
         self._lost = threading.Event()
         self.on_elected: Callable[[int], None] = lambda epoch: None
-        self.on_lost: Callable[[str], None] = lambda reason: None
-        ensure_table(engine)
+        self.on_lost: Callable[[str], None] = lambda reason: None  # the row is the store's (its schema version 4)
 
     # ------------------------------------------------------------ the row
 

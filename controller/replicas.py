@@ -7,8 +7,8 @@ policies, discovery, the web UI, probes and its own metrics. It forwards to the 
 holds in memory (held leases, backend admission, node liveness: `work/held_leases.py` says why they are not
 written): the node protocol, the trainer routes (streams included) and the daemons' logs; with no leader now,
 503 + Retry-After, which every client retries (on another address when it has several). Each replica polls the
-change log (`ChangePoller`), so a write on one wakes the watches and the operator of all. On PostgreSQL with
-ROLLOUTD_NODE_SHARDS=1 the node protocol is not forwarded to the leader: each replica serves the nodes it owns
+change log (`ChangePoller`), so a write on one wakes the watches and the operator of all. On PostgreSQL (unless
+ROLLOUTD_NODE_SHARDS=0) the node protocol is not forwarded to the leader: each replica serves the nodes it owns
 (`shards.py`) with a work core of its own, and forwards a call of another's node to that one.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Replica:
         self.store.listen()  # PostgreSQL: LISTEN/NOTIFY as well as the change-log poll
         # no executors: what needs them is forwarded to the leader (`leader_only`); on PostgreSQL a work core that
         # serves the node calls of the nodes this replica owns (`shards.py`), on SQLite none (one writer: the leader)
-        sharded = dialects.is_url(location) and (settings.node_shards or "").lower() in ("1", "true", "yes", "on")
+        sharded = node_shards(location, settings.node_shards)
         self.shards = Shards(self.store.engine, url, lease_seconds=settings.leader_lease_seconds) if sharded else None
         work = dict(max_episodes=settings.max_episodes_per_backend, backend_tokens=settings.backend_tokens,
                     result_retention=settings.result_retention_seconds, node_calls_per_second=settings.node_calls_per_second, stall_seconds=settings.stalled_after_seconds)
@@ -365,6 +365,12 @@ def _replay(body: bytes, receive):
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
     return again
+
+
+def node_shards(location: str | Path, setting: str | None) -> bool:
+    """Whether replicas on this store serve their own nodes (`shards.py`): on PostgreSQL unless ROLLOUTD_NODE_SHARDS
+    turns them off; never on SQLite (one writer: the leader)."""
+    return dialects.is_url(location) and (setting or "on").strip().lower() not in ("0", "false", "no", "off")
 
 
 def replica_urls(raw: str | None) -> list[str]:

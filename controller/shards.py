@@ -1,5 +1,5 @@
 """Node shards: every controller replica on PostgreSQL serves the node protocol for the nodes it owns, so node-call
-load spreads over replicas. Used by `replicas.py`; next step: read the node rows incrementally (`Shards.refresh`).
+load spreads over replicas. Used by `replicas.py`; next step: an owner row deleted with its job's nodes (now: gone at the next whole read).
 
 Members: each replica renews a row (url, expiry) every RENEW_SECONDS, as the leader renews its lease (same clock,
 same bound). Owners: a node is owned by one live member (`node_owners`: owner, and `moves`, bumped by every change
@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
@@ -40,13 +41,10 @@ from .work.held_leases import HeldLease
 log = logging.getLogger("rolloutd.shards")
 
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
-_CREATE = ("CREATE TABLE IF NOT EXISTS replica_members (url TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL)",
-           "CREATE TABLE IF NOT EXISTS node_owners (node_id TEXT PRIMARY KEY, owner TEXT NOT NULL)",
-           "ALTER TABLE node_owners ADD COLUMN IF NOT EXISTS moves BIGINT NOT NULL DEFAULT 0",
-           "CREATE TABLE IF NOT EXISTS replica_stages (url TEXT NOT NULL, job TEXT NOT NULL, stage TEXT NOT NULL, "
-           "n INTEGER NOT NULL, PRIMARY KEY (url, job, stage))")
-_MOVE = ("UPDATE node_owners SET owner = %s, moves = moves + 1 WHERE node_id = (SELECT node_id FROM node_owners "
-         "WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
+STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id of the transaction that wrote it
+FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (a node purged without going gone leaves the view)
+_MOVE = (f"UPDATE node_owners SET owner = %s, moves = moves + 1, stamp = {STAMP} WHERE node_id = (SELECT node_id "
+         "FROM node_owners WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
 
 
 class NotOwner(ServiceUnavailable):
@@ -75,10 +73,11 @@ class Shards:
         self.local: dict[str, dict[str, int]] = {}
         self.remote: dict[str, dict[str, int]] = {}
         self.on_refresh: Callable[[dict[str, int], dict[str, int]], None] = lambda owned, moves: None
-        self._stop = threading.Event()
-        with engine.begin() as c:
-            for sql in _CREATE:
-                c.exec_driver_sql(sql)
+        self._stop = threading.Event()  # the tables are the store's (`store/replica_tables.py`)
+        self._view: dict[str, tuple[str, int]] = {}  # every active node → (owner, moves), as last read (`_rows`)
+        self._since: int | None = None  # the xmin of the last read's snapshot (None: read every row next)
+        self._full_at = 0.0
+        self.rows_read = 0  # owner rows the refreshes read (for `bench node_reads`)
 
     # ------------------------------------------------------------ the rows
 
@@ -95,9 +94,13 @@ class Shards:
 
     def refresh(self) -> dict[str, int]:
         """Members and owners read; the nodes of members gone moved to live ones; the nodes we hand over at their
-        next call planned (`give`). The nodes owned here now, with their rows' moves."""
+        next call planned (`give`). The nodes owned here now, with their rows' moves. The owner rows are read whole
+        at the first refresh and every FULL_READ_SECONDS; in between only those stamped since the last read
+        (`_rows`)."""
         with self.engine.begin() as c:
-            now = _now(c, True)
+            now, xmin = c.exec_driver_sql("SELECT extract(epoch from clock_timestamp()), "
+                                          "pg_snapshot_xmin(pg_current_snapshot())::text::bigint").one()
+            now = float(now)
             self.members = sorted(u for (u,) in c.exec_driver_sql(
                 "SELECT url FROM replica_members WHERE expires > %s", (now,))) or [self.url]
             remote: dict[str, dict[str, int]] = {}
@@ -106,10 +109,10 @@ class Shards:
                                                    (self.url, now)):
                 remote.setdefault(job, {})[stage] = n
             self.remote = remote
-            rows = c.exec_driver_sql("SELECT o.node_id, o.owner, o.moves FROM node_owners o JOIN nodes n "
-                                     "ON n.id = o.node_id WHERE n.state != 'gone'").fetchall()
-            owners = {node: owner for node, owner, _ in rows}
-            moves = {node: m for node, _, m in rows}
+            view = self._rows(c)
+            self._since = int(xmin)
+            owners = {node: owner for node, (owner, _) in view.items()}
+            moves = {node: m for node, (_, m) in view.items()}
             load = _load(owners, self.members)
             for node, owner in sorted(owners.items()):
                 if owner in load:
@@ -119,17 +122,43 @@ class Shards:
                 moved = c.exec_driver_sql(_MOVE, (to, node, owner)).scalar()
                 if moved is not None:
                     owners[node], moves[node] = to, int(moved)
+                    view[node] = (to, int(moved))
                     load[to] += 1
                     log.info("node %s moved from %s (gone) to %s", node, owner, to)
         self.owners, self.moves = owners, {n: int(m) for n, m in moves.items()}
         self.give = _plan(owners, self.members, self.url)
         return {n: self.moves[n] for n, o in owners.items() if o == self.url}
 
+    def _rows(self, c: Any) -> dict[str, tuple[str, int]]:
+        """Every active node's (owner, moves): read whole, or our last view with the rows stamped since it (each
+        write of an owner row stamps it with its transaction's id, `STAMP`; a node gone stamps its row too,
+        `Serving.gone`). Stamps at or above the oldest transaction still open at our last read (`_since`, its
+        snapshot's xmin) cover every write that read could not see, committed in any order since."""
+        if self._since is None or time.monotonic() >= self._full_at:
+            self._view = {node: (owner, int(m)) for node, owner, m in c.exec_driver_sql(
+                "SELECT o.node_id, o.owner, o.moves FROM node_owners o JOIN nodes n ON n.id = o.node_id "
+                "WHERE n.state != 'gone'")}
+            self._full_at = time.monotonic() + FULL_READ_SECONDS
+            self.rows_read += len(self._view)
+            return dict(self._view)
+        # the upper bound is for the planner: a range is estimated narrow (the index) before the table has statistics,
+        # a bare `>=` a third of it (read whole); each changed row's node state read by its key (a join read all)
+        changed = c.exec_driver_sql("SELECT o.node_id, o.owner, o.moves, (SELECT n.state FROM nodes n WHERE n.id = "
+                                    "o.node_id) FROM node_owners o WHERE o.stamp BETWEEN %s AND 9223372036854775807",
+                                    (self._since,)).fetchall()
+        self.rows_read += len(changed)
+        for node, owner, m, state in changed:
+            if state is None or state == "gone":
+                self._view.pop(node, None)
+            else:
+                self._view[node] = (owner, int(m))
+        return dict(self._view)
+
     def assign(self, node_id: str) -> str:
         """A node just registered: owned by the least-loaded live member (a concurrent assignment's row wins)."""
         to = _least(_load(self.owners, self.members), node_id)
         with self.engine.begin() as c:
-            c.exec_driver_sql("INSERT INTO node_owners (node_id, owner, moves) VALUES (%s, %s, 1) "
+            c.exec_driver_sql(f"INSERT INTO node_owners (node_id, owner, moves, stamp) VALUES (%s, %s, 1, {STAMP}) "
                               "ON CONFLICT DO NOTHING", (node_id, to))
             to = c.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = %s", (node_id,)).scalar() or to
         self.owners[node_id] = to
@@ -236,6 +265,7 @@ class Serving:
         self.held: dict[str, int] = {}  # node → the moves its leases were loaded at
         work.registry.owning = self
         work.registry.serves = self.held.__contains__
+        work.registry.served = lambda: list(self.held)
 
     def check(self, db: Any, node_id: str) -> None:
         """In a node call's transaction, before anything is read or written for it: the node is ours (its row held
@@ -247,6 +277,11 @@ class Serving:
             raise NotOwner(node_id, row[0] if row else "")
         if self.held.get(node_id) != row[1]:
             self.take(db, {node_id: int(row[1])})
+
+    def gone(self, db: Any, nodes: list[str]) -> None:
+        """In the transaction that retires `nodes` (state gone): their owner rows stamped, so the replicas' next
+        refresh (`Shards._rows`) drops them from their view."""
+        db.execute(f"UPDATE node_owners SET stamp = {STAMP} WHERE node_id = ANY(?)", (sorted(nodes),))
 
     def ours(self, db: Any, late: dict[str, HeldLease]) -> dict[str, HeldLease]:
         """The expiry's fence: those of the `late` leases whose nodes are ours now at the moves we loaded them at

@@ -19,7 +19,7 @@ from rolloutd.crds.errors import ConfigurationError
 from .. import dialects
 from .durability import Durable
 from ..errors import Gone
-from .schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, timestamp,
+from .schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, seed, timestamp,
                            utcnow)
 
 
@@ -108,6 +108,7 @@ class StoreDB:
             row = s.get(SchemaVersionRow, 1)
             if row is None:
                 s.add(SchemaVersionRow(id=1, version=SCHEMA_VERSION))
+                seed(s)
             elif row.version > SCHEMA_VERSION:
                 raise SchemaTooNew(
                     f"database {self.where} has schema version {row.version}, newer than this "

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from sqlalchemy import inspect
 from sqlmodel import Field, Session, SQLModel
 
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob
 
 from ..errors import ApiError
+from .replica_tables import LEASE_SEED, REPLICA_TABLES, NodeOwnerRow
 
-SCHEMA_VERSION = 3  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name)
+SCHEMA_VERSION = 5  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
+# 4: the replicas' tables (`replica_tables.py`: the leader lease, node shards), made by the code using them before;
+# 5: node_owners.stamp and its index (a replica reads the owner rows written since its last read)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).
 RELEASE_FINALIZER = "rolloutd.io/release"
 
@@ -176,4 +180,30 @@ def _to_v3(s: Session) -> None:
     conn.exec_driver_sql("DROP TABLE jobs_v2")
 
 
-MIGRATIONS = {1: _to_v2, 2: _to_v3}
+def _to_v4(s: Session) -> None:
+    """v3 → v4: the replicas' tables, which `leadership.py` and `shards.py` created (CREATE … IF NOT EXISTS) when they
+    started, are the schema's: made here if missing (the rows of those made before are kept), `node_owners` given
+    the `moves` its first form lacked, the lease row seeded."""
+    conn = s.connection()
+    for model in REPLICA_TABLES:
+        model.__table__.create(conn, checkfirst=True)
+    if "moves" not in {c["name"] for c in inspect(conn).get_columns(NodeOwnerRow.__tablename__)}:
+        conn.exec_driver_sql("ALTER TABLE node_owners ADD COLUMN moves BIGINT NOT NULL DEFAULT 0")
+    conn.exec_driver_sql(LEASE_SEED)
+
+
+def _to_v5(s: Session) -> None:
+    """v4 → v5: node owners carry the id of the transaction that wrote them (0: before; a replica reads every row
+    at its start and every minute, so none is missed), indexed."""
+    conn = s.connection()
+    if "stamp" not in {c["name"] for c in inspect(conn).get_columns(NodeOwnerRow.__tablename__)}:
+        conn.exec_driver_sql("ALTER TABLE node_owners ADD COLUMN stamp BIGINT NOT NULL DEFAULT 0")
+    conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_node_owners_stamp ON node_owners (stamp)")
+
+
+def seed(s: Session) -> None:
+    """The rows a new database starts with beside its tables (the tables are `SQLModel.metadata`'s)."""
+    s.connection().exec_driver_sql(LEASE_SEED)
+
+
+MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5}

@@ -41,6 +41,7 @@ class NodeRegistry:
         self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
+        self.served: Callable[[], list[str]] | None = None  # node shards: those nodes (the silent-node pass reads them)
         self.owning: Any = None  # node shards: `..shards.Serving`, whose `check` fences every node call's transaction
 
     def seen(self, node_id: str, now: float) -> None:
@@ -156,6 +157,9 @@ class NodeRegistry:
             if node is not None:
                 node.state = DaemonState.gone
                 s.add(node)
+                if self.owning is not None:  # node shards: the replicas' views drop it
+                    s.flush()
+                    self.owning.gone(raw(s.connection()), [node_id])
                 s.commit()
 
     def drain(self, job: str, node_ids: list[str]) -> None:
@@ -183,7 +187,12 @@ class NodeRegistry:
         silent = []
         live = 0
         due = now + FULL_PASS_SECONDS  # a node registered meanwhile is counted live by then
-        for node_id, job in db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,)):
+        if self.served is not None:  # node shards: the nodes this replica serves, not every replica's
+            rows = db.execute("SELECT id, job FROM nodes WHERE id = ANY(?) AND state != ?",
+                              (sorted(self.served()), DaemonState.gone.value))
+        else:
+            rows = db.execute("SELECT id, job FROM nodes WHERE state != ?", (DaemonState.gone.value,))
+        for node_id, job in rows:
             if self.serves is not None and not self.serves(node_id):
                 continue  # another replica's: it hears that node
             live += 1
@@ -197,3 +206,5 @@ class NodeRegistry:
         self.live = live - len(silent)
         if silent:
             db.executemany("UPDATE nodes SET state = ?, last_seen = ? WHERE id = ?", silent)
+            if self.owning is not None:
+                self.owning.gone(db, [node_id for _, _, node_id in silent])

@@ -109,9 +109,9 @@ VARIABLES: tuple[Variable, ...] = (
              "replicas elect one leader (`controller/leadership.py`) and hand the whole list to the node daemons"),
     Variable("ROLLOUTD_LEADER_LEASE_SECONDS", "number", "5", (CONTROLLER,),
              "with ROLLOUTD_REPLICAS: the leader lease; a replica leads within this plus 1 s after the leader dies"),
-    Variable("ROLLOUTD_NODE_SHARDS", "text", "off", (CONTROLLER,),
-             "with ROLLOUTD_REPLICAS on PostgreSQL, `1`: every replica serves the node calls of the nodes it owns "
-             "(`controller/shards.py`) instead of forwarding them to the leader"),
+    Variable("ROLLOUTD_NODE_SHARDS", "text", "on", (CONTROLLER,),
+             "with ROLLOUTD_REPLICAS on PostgreSQL: every replica serves the node calls of the nodes it owns "
+             "(`controller/shards.py`); `0` (or off): they are forwarded to the leader instead"),
     Variable("ROLLOUTD_BACKEND_ALLOW_NETS", "networks", "none", (CONTROLLER,),
              "comma-separated networks a backend URL may point into although link-local (e.g. 169.254.0.0/16)"),
     Variable("ROLLOUTD_TOKENIZER_ROOTS", "paths", "none (the models directory and the Hugging Face cache always)",
@@ -225,7 +225,7 @@ class ControllerSettings:
     advertise_url: str | None = None
     replicas: str | None = None
     leader_lease_seconds: float = 5.0
-    node_shards: str | None = None  # "1": node shards (`controller/shards.py`; replicas on PostgreSQL only)
+    node_shards: str | None = None  # unset or "1": node shards (`controller/shards.py`; replicas on PostgreSQL only)
     backend_allow_nets: Networks = ()
     tokenizer_roots: tuple[Path, ...] = ()
     max_episodes_per_backend: int | None = None

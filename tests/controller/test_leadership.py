@@ -13,10 +13,12 @@ from sqlmodel import Session
 
 from rolloutd.controller import dialects
 from rolloutd.controller.leadership import Fenced, Leadership, current
+from rolloutd.controller.store import Store
 
 
 @pytest.fixture
 def engines(store_location):
+    Store(store_location).engine.dispose()  # the lease row is the store's schema (`store/replica_tables.py`)
     if dialects.is_url(store_location):
         made = [create_engine(dialects.engine_url(store_location)) for _ in range(2)]
     else:

@@ -67,3 +67,58 @@ def test_the_plan_gives_only_what_is_above_the_share_to_whoever_is_below_it():
     assert _plan(owners, ["A", "B", "C"], "C") == {}  # C holds its share
     even = {"a0": "A", "a1": "A", "a2": "A", "b0": "B", "b1": "B"}
     assert _plan(even, ["A", "B"], "A") == {}  # within one of each other: nothing moves
+
+
+def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_none(pg_server):
+    """After the first (whole) read a refresh reads only the rows stamped since: none when nothing changed; a write
+    committed late by a transaction older than a later one's (out of order) is still read; a node gone (its row
+    stamped in the same transaction) leaves the view. The view equals a whole read each time."""
+    from rolloutd.controller.shards import STAMP
+
+    store = Store(pg_server.create_database())
+    a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
+    for s in (a, b):
+        s.renew()
+    ids = [f"n{i}" for i in range(6)]
+    _nodes(store, ids + ["late", "early"])
+    for n in ids:
+        a.owner(n)
+    a.refresh()
+    whole = a.rows_read
+    assert whole == 6
+
+    for _ in range(3):
+        a.refresh()
+    assert a.rows_read == whole  # nothing written: nothing read
+
+    late = store.engine.connect()  # an older transaction writes first and commits last
+    tx = late.begin()
+    late.exec_driver_sql(f"INSERT INTO node_owners (node_id, owner, moves, stamp) VALUES ('late', 'http://b', 1, {STAMP})")
+    a.refresh()
+    with store.engine.begin() as c:
+        c.exec_driver_sql(f"INSERT INTO node_owners (node_id, owner, moves, stamp) VALUES ('early', 'http://b', 1, {STAMP})")
+    a.refresh()
+    assert "early" in a.owners and "late" not in a.owners
+    tx.commit()
+    late.close()
+    a.refresh()
+    assert a.owners["late"] == "http://b"
+
+    with store.engine.begin() as c:  # a node retired (`NodeRegistry.retire_silent` with shards): its row stamped
+        c.exec_driver_sql("UPDATE nodes SET state = 'gone' WHERE id = 'n0'")
+        c.exec_driver_sql(f"UPDATE node_owners SET stamp = {STAMP} WHERE node_id = 'n0'")
+    before = a.rows_read
+    a.refresh()
+    assert "n0" not in a.owners and a.rows_read - before <= 3  # n0, and rows of transactions open at the last read
+    c = Shards(store.engine, "http://c")
+    c.refresh()
+    assert (a.owners, a.moves) == (c.owners, c.moves)
+
+
+def test_shards_are_on_by_default_with_replicas_on_postgresql_and_never_on_sqlite():
+    from rolloutd.controller.replicas import node_shards
+
+    url = "postgresql://rolloutd@/rolloutd?host=/run/postgresql"
+    assert node_shards(url, None) and node_shards(url, "1") and node_shards(url, "on")
+    assert not node_shards(url, "0") and not node_shards(url, "off") and not node_shards(url, "false")
+    assert not node_shards("/var/lib/rolloutd/rolloutd.db", None) and not node_shards("/x/rolloutd.db", "1")

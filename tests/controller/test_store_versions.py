@@ -37,3 +37,90 @@ def test_an_older_rolloutd_refuses_a_newer_database_and_leaves_it_as_it_was(tmp_
     with store.engine.connect() as c:
         assert c.exec_driver_sql("SELECT version FROM schema_version").scalar_one() == SCHEMA_VERSION + 1
         assert c.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one() == 1
+
+
+REPLICA_TABLES = {"leader_lease", "node_owners", "replica_members", "replica_stages"}
+# what the replicas' own CREATE statements made before schema 4 (the lease row held; an owner row without `moves`)
+V3_REPLICA_TABLES = (
+    "DROP TABLE leader_lease", "DROP TABLE node_owners", "DROP TABLE replica_members", "DROP TABLE replica_stages",
+    "CREATE TABLE leader_lease (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL, "
+    "expires DOUBLE PRECISION NOT NULL, url TEXT NOT NULL)",
+    "INSERT INTO leader_lease VALUES (1, 'old-leader', 7, 0, 'http://a')",
+    "CREATE TABLE node_owners (node_id TEXT PRIMARY KEY, owner TEXT NOT NULL)",
+    "INSERT INTO node_owners VALUES ('n1', 'http://a')",
+    "UPDATE schema_version SET version = 3")
+
+
+def _tables(location) -> set[str]:
+    from sqlalchemy import create_engine, inspect
+
+    from rolloutd.controller import dialects
+
+    engine = create_engine(dialects.engine_url(location) if dialects.is_url(location) else f"sqlite:///{location}")
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _indexes(location, table: str) -> set[str]:
+    from sqlalchemy import create_engine, inspect
+
+    from rolloutd.controller import dialects
+
+    engine = create_engine(dialects.engine_url(location) if dialects.is_url(location) else f"sqlite:///{location}")
+    try:
+        return {i["name"] for i in inspect(engine).get_indexes(table)}
+    finally:
+        engine.dispose()
+
+
+def test_an_upgrade_from_schema_3_makes_the_replicas_tables_and_keeps_their_rows(store_location):
+    """A v3 database (the lease and shard tables made, if at all, by the replicas' own statements) opens at the current
+    version with all four tables, the lease's epoch and the owner rows kept, `moves` (v4) and `stamp` (v5, indexed)
+    added (a v3 rolloutd is then refused, as above)."""
+    store = Store(store_location)
+    with store.engine.begin() as c:
+        for sql in V3_REPLICA_TABLES:
+            c.exec_driver_sql(sql)
+    store.engine.dispose()
+    assert REPLICA_TABLES - _tables(store_location) == {"replica_members", "replica_stages"}
+
+    store = Store(store_location)
+    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert REPLICA_TABLES <= _tables(store_location)
+    assert "ix_node_owners_stamp" in _indexes(store_location, "node_owners")
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT holder, epoch FROM leader_lease").all() == [("old-leader", 7)]
+        assert c.exec_driver_sql("SELECT node_id, owner, moves, stamp FROM node_owners").all() == [("n1", "http://a", 0, 0)]
+        assert c.exec_driver_sql("SELECT count(*) FROM replica_members").scalar_one() == 0
+    store.engine.dispose()
+
+
+def test_a_new_database_has_the_replicas_tables_and_the_replicas_create_none(store_location, new_store_location):
+    """The tables come with the schema (the lease row seeded); `Leadership` and `Shards` on a database the store
+    never opened create nothing: the election fails there rather than make a table outside the migrations."""
+    from sqlalchemy import create_engine
+
+    from rolloutd.controller import dialects
+    from rolloutd.controller.leadership import Leadership
+    from rolloutd.controller.shards import Shards
+
+    store = Store(store_location)
+    assert REPLICA_TABLES <= _tables(store_location)
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT id, holder, epoch FROM leader_lease").all() == [(1, "", 0)]
+    assert Leadership(store.engine, "http://a", holder="a").try_take() == 1
+    store.engine.dispose()
+
+    bare = new_store_location()  # never opened by a Store
+    engine = create_engine(dialects.engine_url(bare) if dialects.is_url(bare) else f"sqlite:///{bare}")
+    try:
+        leadership = Leadership(engine, "http://a", holder="a")
+        if dialects.is_url(bare):
+            Shards(engine, "http://a")
+        with pytest.raises(Exception, match="leader_lease"):
+            leadership.try_take()
+    finally:
+        engine.dispose()
+    assert _tables(bare) == set()
