@@ -46,10 +46,13 @@ class TokenGate:
         per = self.per_episode.get(url) if url else None
         return None if not per else per * max(1, self.episodes(url))
 
-    def report(self) -> dict[str, int]:
-        """url → the tokens this node has in flight or held there now (its demand: a beat's `llmTokens`)."""
-        urls = set(self.in_flight) | set(self.wanted)
-        return {url: n for url in urls if (n := self.in_flight.get(url, 0) + self.wanted.get(url, 0)) > 0}
+    def report(self, held: dict[str, int] | None = None) -> dict[str, int]:
+        """url → the tokens this node has in flight or held there now (its demand: a beat's `llmTokens`); `held`: the
+        calls the work share holds before they reach this gate (`rategate.RateGate.wanted`)."""
+        held = held or {}
+        urls = set(self.in_flight) | set(self.wanted) | set(held)
+        return {url: n for url in urls
+                if (n := self.in_flight.get(url, 0) + self.wanted.get(url, 0) + held.get(url, 0)) > 0}
 
     def set(self, per_episode: dict[str, int] | None, served: bool = True) -> None:
         """The controller's allowances (a beat's reply `llmTokens`): 0 or absent lifts a backend's cap."""
