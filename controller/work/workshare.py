@@ -48,6 +48,7 @@ class Work:
     counts: dict[str, tuple[dict[str, int], list[float], float]] = field(default_factory=dict)  # node → last report
     held_calls: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))  # namespace → sum
     held_seconds: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
+    swept: float = 0.0  # when the counts of silent nodes were last dropped
 
 
 def state(admission: Admission) -> Work:
@@ -68,7 +69,10 @@ def beat(admission: Admission, node: str, job: str, processed: dict[str, int],
 def note(admission: Admission, node: str, job: str, processed: dict[str, int], held: list[float]) -> None:
     """`node`'s cumulative counts per backend (a restarted daemon counts from 0 again: its whole count is new)."""
     work, now = state(admission), admission.clock()
-    last, last_held, _ = work.counts.get(node, ({}, [0.0, 0.0], now))
+    if node not in work.counts:  # first heard of (a new daemon counts from 0; after a restart: counts from here)
+        work.counts[node] = (dict(processed), list(held), now)
+        return
+    last, last_held, _ = work.counts[node]
     allowed = admission.urls_of(job)  # a node speaks for its own job's backends only
     for url, n in processed.items():
         new = n - last.get(url, 0) if n >= last.get(url, 0) else n
@@ -82,7 +86,8 @@ def note(admission: Admission, node: str, job: str, processed: dict[str, int], h
             was = last_held[i] if len(last_held) > i else 0.0
             sums[namespace] += held[i] - was if held[i] >= was else held[i]
     work.counts[node] = (dict(processed), list(held), now)
-    if len(work.counts) > 64 and int(now) % 60 == 0:  # now and then: forget the counts of nodes long gone
+    if now - work.swept >= SILENT_SECONDS / 2:  # now and then: forget the counts of nodes long gone
+        work.swept = now
         for gone in [k for k, (_, _, at) in list(work.counts.items()) if at < now - SILENT_SECONDS]:
             del work.counts[gone]
 

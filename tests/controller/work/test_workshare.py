@@ -35,6 +35,7 @@ def test_alone_or_unmeasured_means_no_limit():
     adm = Admission(clock, default=8)
     adm.set_job("ns-a/big", [URL, OTHER], None, 10)
     adm.take(URL, "ns-a/big")
+    beat(adm, "n1", "ns-a/big", {})
     assert beat(adm, "n1", "ns-a/big", {URL: 100_000}) == {URL: 0, OTHER: 0}
     adm.set_job("ns-b/small", [URL], None, 10)
     adm.take(URL, "ns-b/small")
@@ -69,6 +70,7 @@ def test_a_job_without_calls_lends_what_it_does_not_use():
 def test_priorities_weigh_the_parts():
     adm, clock = _shared(a_weight=30, b_weight=10)
     beat(adm, "a1", "ns-a/big", {URL: 0})
+    beat(adm, "b1", "ns-b/small", {URL: 0})
     clock.t += WINDOW
     beat(adm, "a1", "ns-a/big", {URL: 60 * 800})
     beat(adm, "b1", "ns-b/small", {URL: 60 * 200})
@@ -82,6 +84,7 @@ def test_the_capacity_does_not_shrink_while_shared_and_follows_the_total_once_al
     adm, clock = _shared()
     tokenshare.note(adm, "b1", "ns-b/small", {URL: 80})
     beat(adm, "a1", "ns-a/big", {URL: 0})
+    beat(adm, "b1", "ns-b/small", {URL: 0})
     clock.t += WINDOW
     beat(adm, "a1", "ns-a/big", {URL: 60 * 1000})
     assert rates(adm, "ns-a/big")[URL] == 1000 / 2 / 2
@@ -99,8 +102,10 @@ def test_the_capacity_does_not_shrink_while_shared_and_follows_the_total_once_al
 
 def test_counts_are_cumulative_per_node_a_restart_counts_anew_and_a_foreign_backend_counts_nothing():
     adm, clock = _shared()
-    beat(adm, "a1", "ns-a/big", {URL: 500})
-    beat(adm, "a1", "ns-a/big", {URL: 800})
+    beat(adm, "a1", "ns-a/big", {URL: 10**9})  # first heard of (the controller restarted): its counts so far are
+    beat(adm, "a2", "ns-a/big", {})            # not this window's
+    beat(adm, "b1", "ns-b/small", {})
+    beat(adm, "a1", "ns-a/big", {URL: 10**9 + 800})
     beat(adm, "a2", "ns-a/big", {URL: 100})
     beat(adm, "a1", "ns-a/big", {URL: 50})  # a1's daemon restarted: its 50 are new
     beat(adm, "b1", "ns-b/small", {URL: 10, "http://not-mine": 10**9})
@@ -113,6 +118,8 @@ def test_counts_are_cumulative_per_node_a_restart_counts_anew_and_a_foreign_back
 
 def test_held_calls_and_seconds_are_counted_per_namespace_on_metrics():
     adm, _ = _shared()
+    beat(adm, "a1", "ns-a/big", {}, [0, 0.0])
+    beat(adm, "a2", "ns-a/big", {}, [0, 0.0])
     beat(adm, "a1", "ns-a/big", {}, [2, 3.5])
     beat(adm, "a1", "ns-a/big", {}, [5, 10.0])
     beat(adm, "a2", "ns-a/big", {}, [1, 1.0])
