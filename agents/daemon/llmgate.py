@@ -180,6 +180,7 @@ class TrackedLLM:
         """One model call through the gate. `on_tokens` (the gateway's streamed answer): each run of ids as it
         arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
+        await self.gate.tokens.fresh(self.url)  # a backend no beat's reply named yet: wait for one (its shares)
         async with (self.gate.rates.slot(self.url, len(prompt_ids)) as charge,  # the job's share of the work
                     self.gate.tokens.slot(self.url, len(prompt_ids) + sampling.max_tokens)):  # ... of tokens in flight
             gen, stream = await self._call(prompt_ids, sampling, request_id, on_tokens)

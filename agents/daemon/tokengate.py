@@ -81,17 +81,21 @@ class TokenGate:
             return None
         return 5.0  # a release or a new allowance wakes it first
 
+    async def fresh(self, url: str | None) -> None:
+        """The first call to a backend no reply named yet waits for one (its share, and the work share's, unknown)."""
+        if url is not None and self.served and url not in self.known:
+            self.ask()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=FRESH_SECONDS)
+            self.known.add(url)  # once per backend, whatever the reply said
+
     @contextlib.asynccontextmanager
     async def slot(self, url: str | None, cost: int) -> AsyncIterator[None]:
         """Hold until a call of `cost` tokens to `url` fits the node's allowance, then count it in flight."""
         if url is None:
             yield
             return
-        if self.served and url not in self.known:  # no reply named this backend yet: its share is unknown
-            self.ask()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=FRESH_SECONDS)
-            self.known.add(url)  # once per backend, whatever the reply said
+        await self.fresh(url)
         wait = self._fits(url, cost)
         if wait is not None:
             self.waiting += 1
