@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily
 
+from rolloutd.crds.names import split_key
+
 from . import tokenshare
 from .admission import Admission
 
@@ -80,7 +82,7 @@ def note(admission: Admission, node: str, job: str, processed: dict[str, int], h
             b = work.backends[url]
             b.events.append((now, job, new))
             b.sums[job] += new
-    namespace = job.split("/", 1)[0]
+    namespace = split_key(job)[0]
     for i, sums in enumerate((work.held_calls, work.held_seconds)):
         if len(held) > i:
             was = last_held[i] if len(last_held) > i else 0.0

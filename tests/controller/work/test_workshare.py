@@ -126,3 +126,25 @@ def test_held_calls_and_seconds_are_counted_per_namespace_on_metrics():
     families = {f.name: {s.labels["namespace"]: s.value for s in f.samples} for f in Collector(adm).collect()}
     assert families == {"rolloutd_llm_rate_held_calls": {"ns-a": 6.0},
                         "rolloutd_llm_rate_held_seconds": {"ns-a": 11.0}}
+
+
+def test_a_beat_carries_processed_tokens_and_its_reply_the_jobs_allowance(tmp_path, store_location):
+    """Through the controller's own beat (`attempts.Attempts.beat`): the counts noted, the allowance answered."""
+    from .test_admission import URL as JOB_URL, lease, make, reg
+    from rolloutd.crds.node import Heartbeat
+
+    _, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=10, priority=3), "b": dict(prompts=10)},
+                       max_episodes=8)
+    na, nb = reg(sched, "a", "na"), reg(sched, "b", "nb")
+    url = JOB_URL
+    assert sched.work.calls.heartbeat(na, Heartbeat()).llm_rates == {url: 0}  # named, no limit
+    sched.work.calls.heartbeat(nb, Heartbeat())
+    got_a, got_b = lease(sched, na, 2), lease(sched, nb, 1)
+    stages = {la.attempt_id: "run" for la in got_a}
+    sched.work.calls.heartbeat(nb, Heartbeat(stages={got_b[0].attempt_id: "run"}, llm_tokens={url: 10},
+                                             llm_processed={url: 100}))  # b has a call in flight: it claims
+    reply = sched.work.calls.heartbeat(na, Heartbeat(stages=stages, llm_processed={url: 40_000},
+                                                     llm_rate_held=[3, 1.5]))
+    capacity = workshare.state(sched.work.pool.admission).backends[url].capacity
+    assert capacity > 0 and reply.llm_rates[url] == round(capacity * 3 / 4 / 2, 3)  # its part, over 2 episodes
+    assert dict(workshare.state(sched.work.pool.admission).held_calls) == {"default": 3.0}
