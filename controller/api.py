@@ -56,6 +56,7 @@ from .http.logs import logs_router
 from .http.node_protocol import node_router
 from .http.trainer import trainer_router
 from .work.first_tokens import Collector as FirstTokenCollector
+from .work import workshare
 from .root import Root
 from .store import Store
 from .store.faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
@@ -379,6 +380,7 @@ def create_app(root: Root) -> FastAPI:
         registry.register(_StalenessCollector(work.stale))
         registry.register(_RolloutsCollector(work.queue))
         registry.register(FirstTokenCollector(work.first_tokens))
+        registry.register(workshare.Collector(work.pool.admission))
         app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials,
                                        store.durable.settle))
         app.include_router(trainer_router(store, root.policies, root.scheduler, feed=work.feed, retention=work.retention,

@@ -115,18 +115,23 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 has no cap (`HeartbeatResponse.llmTokens`, `controller/work/tokenshare.py`); the daemon holds calls
 #                 that would exceed it, and waits for a reply only for a backend no reply named yet
 #                 (`agents/daemon/tokengate.py`). A daemon without it is never held
+#   work-share    a beat carries the tokens the node's model calls processed per backend, ever (`Heartbeat.llmProcessed`:
+#                 prompt tokens the engine did not have cached + tokens generated) and its holds (`llmRateHeld`), its
+#                 reply the job's processed tokens per second allowed per admitted episode on every backend it may use,
+#                 0 where it has no limit (`HeartbeatResponse.llmRates`, `controller/work/workshare.py`); the daemon
+#                 holds a call before sending it while its job is over it (`agents/daemon/rategate.py`)
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
 LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
-WEIGHT_STAMPS, TOKEN_SHARE = "weight-stamps", "token-share"
+WEIGHT_STAMPS, TOKEN_SHARE, WORK_SHARE = "weight-stamps", "token-share", "work-share"
 FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
-            TOKEN_SHARE)
+            TOKEN_SHARE, WORK_SHARE)
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),
                 BEAT_FENCE: (("HeartbeatResponse", "llm_fence"), ("HeartbeatResponse", "backend_versions")),
-                TOKEN_SHARE: (("HeartbeatResponse", "llm_tokens"),)}
+                TOKEN_SHARE: (("HeartbeatResponse", "llm_tokens"),), WORK_SHARE: (("HeartbeatResponse", "llm_rates"),)}
 
 # The controller paces daemons that send results on beats: together they send about this many beats a second
 # (`ROLLOUTD_NODE_CALLS_PER_SECOND`), so each beats every (active nodes ÷ budget) s on average. The budget keeps
@@ -234,6 +239,10 @@ class Heartbeat(Model):
                                                                     "in RUN (the model calls it started)")
     llm_tokens: dict[str, int] = Field(default_factory=dict, description="token-share: url → the tokens of "
                                        "this node's model calls in flight or held at its gate (prompt + max_tokens of each)")
+    llm_processed: dict[str, int] = Field(default_factory=dict, description="work-share: url → the tokens this node's "
+                                          "model calls processed there, ever (prompt tokens not cached + tokens generated)")
+    llm_rate_held: list[float] = Field(default_factory=list, max_length=2, description="work-share: [model calls held "
+                                       "for the job's work share, seconds they waited], both ever")
 
 
 class HeartbeatResponse(Model):
@@ -251,6 +260,9 @@ class HeartbeatResponse(Model):
     llm_tokens: dict[str, int] = Field(default_factory=dict, description=(
         "token-share: url → the job's tokens in flight allowed per episode it has admitted there, for every backend "
         "the job may use; 0: no cap (no other job has episodes there)"))
+    llm_rates: dict[str, float] = Field(default_factory=dict, description=(
+        "work-share: url → the job's processed tokens per second allowed per episode it has admitted there, for every "
+        "backend the job may use; 0: no limit"))
     lease: LeaseResponse | None = Field(default=None, description="the leases `?lease=N` asked for (absent: not asked)")
     # beat-results only (absent for a daemon that did not register with the feature):
     accepted: list[str] | None = Field(default=None, description="the beat's results accepted")

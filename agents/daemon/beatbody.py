@@ -12,13 +12,15 @@ import math
 from rolloutd.crds.node import Heartbeat
 
 
-def beat_body(hb: Heartbeat, results: list[bytes], *, deltas: bool, turns: bool = False, tokens: bool = False) -> bytes:
+def beat_body(hb: Heartbeat, results: list[bytes], *, deltas: bool, turns: bool = False, tokens: bool = False,
+              work: bool = False) -> bytes:
     """`hb` as JSON bytes, without `full` unless beat-deltas is served, without `turns` unless beat-turns is, without
-    `llmTokens` unless token-share is, with
+    `llmTokens` unless token-share is, without `llmProcessed` and `llmRateHeld` unless work-share is, with
     `results` (each one's wire JSON, already serialized) only when there are some: the controller serves
     beat-results if any are given."""
     leave = {"results"} | (set() if deltas else {"full"}) | (set() if turns else {"turns"})
     leave |= set() if tokens else {"llm_tokens"}
+    leave |= set() if work else {"llm_processed", "llm_rate_held"}
     head = json.dumps(hb.wire(exclude=leave), separators=(",", ":")).encode()
     if not results:
         return head

@@ -34,6 +34,7 @@ from rolloutd.crds.node import (
     RegisterResponse,
     TOKEN_SHARE,
     WEIGHT_STAMPS,
+    WORK_SHARE,
     result_coalesce,
 )
 
@@ -268,6 +269,7 @@ class NodeDaemon:
         served = set(resp.features or ()) & set(o.features)
         self.outbox.on_beats = BEAT_RESULTS in served
         self.heart.deltas, self.heart.turns, self.heart.tokens = (f in served for f in (BEAT_DELTAS, BEAT_TURNS, TOKEN_SHARE))
+        self.heart.work = WORK_SHARE in served
         self.heart.watcher = PolicyWatcher(self.client, resp.node_id, self.gate, self.log) if POLICY_WATCH in served else None
         self.gate.job_uid = resp.job_uid if WEIGHT_STAMPS in served else None  # labelled updates: exact stamps
         self.log.info("registered with %s as node %s for job %s (generation %s; features: %s)", o.controller,

@@ -65,6 +65,7 @@ class Heartbeater:
         self.deltas = False                # beat-deltas served (set at registration)
         self.turns = False                 # beat-turns served (set at registration)
         self.tokens = False                # token-share served (set at registration)
+        self.work = False                  # work-share served (set at registration)
         self.watcher: PolicyWatcher | None = None  # policy-watch served: the policy comes by it, not by beats
         self.beat_gap: float | None = None  # the controller's pacing, from beat-results replies
         self.unreachable_after: float | None = None  # set from the spec (`unreachable_after`)
@@ -126,12 +127,14 @@ class Heartbeater:
                        llm_inflight=self.gate.inflight, llm_held=self.gate.paused, policy_version=self.gate.version,
                        llm_fence=self.gate.fence_done,
                        full=full, turns=self.rollouts.turns() if self.turns else {},
-                       llm_tokens=self.gate.tokens.report() if self.tokens else {})
+                       llm_tokens=self.gate.tokens.report(self.gate.rates.wanted) if self.tokens else {})
+        if self.work:
+            hb.llm_processed, hb.llm_rate_held = self.gate.rates.report()
         ask = self.leaser.ask() if self.leaser is not None else None
         try:
             resp = await self.client.heartbeat(self.node_id, beat_body(hb, [body for _, body in carried],
                                                                        deltas=self.deltas, turns=self.turns,
-                                                                       tokens=self.tokens), lease=ask)
+                                                                       tokens=self.tokens, work=self.work), lease=ask)
         except ControllerError as e:
             # stage changes and results wake the loop often: while the controller is away, beats back off
             self._retry_at = time.monotonic() + min(self._retry.next(), self.interval)
@@ -187,6 +190,7 @@ class Heartbeater:
         if not self.watching:  # policy-watch: the watch's answers, which are never older than a beat's, set it
             self.gate.set(resp.policy_version, resp.llm_paused, resp.llm_fence, resp.backend_versions)
         self.gate.tokens.set(resp.llm_tokens, self.tokens)  # token-share: the job's allowances
+        self.gate.rates.set(resp.llm_rates, self.work)  # work-share: the job's processed tokens per second
         for aid in resp.cancel:
             self.rollouts.cancel(aid, "cancelled by the controller")
         for aid in resp.unknown:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import spans as node_traces
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
+from .rategate import RateGate
 from .tokengate import TokenGate
 from .weightstamps import joined, stamped_versions
 
@@ -63,6 +64,7 @@ class PolicyGate:
         self._moved = asyncio.Event()  # a stream parked or ended: what the fence waits for
         self._fencing: asyncio.Task | None = None
         self.tokens = TokenGate()  # the job's share of each backend's tokens in flight (feature token-share)
+        self.rates = RateGate()  # the job's share of each backend's processed tokens per second (feature work-share)
 
     def version_of(self, url: str | None) -> Any:
         """The version the backend at `url` runs (the job's, unless it failed to load that one)."""
@@ -178,8 +180,12 @@ class TrackedLLM:
         """One model call through the gate. `on_tokens` (the gateway's streamed answer): each run of ids as it
         arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
-        async with self.gate.tokens.slot(self.url, len(prompt_ids) + sampling.max_tokens):  # the job's share
+        await self.gate.tokens.fresh(self.url)  # a backend no beat's reply named yet: wait for one (its shares)
+        async with (self.gate.rates.slot(self.url, len(prompt_ids)) as charge,  # the job's share of the work
+                    self.gate.tokens.slot(self.url, len(prompt_ids) + sampling.max_tokens)):  # ... of tokens in flight
             gen, stream = await self._call(prompt_ids, sampling, request_id, on_tokens)
+            if charge is not None:
+                charge.done(len(gen.token_ids), gen.cached_tokens)
         while stream.marks:  # a fence was taken and the update has not ended yet: its new version is unknown
             await self.gate.wait_open()
             if stream.marks:  # the gate opened before this stream left it: settle here

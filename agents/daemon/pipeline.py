@@ -74,6 +74,7 @@ class Pipeline:
                  wake_leasing: Callable[[], None] = lambda: None) -> None:
         self.config, self.rollouts, self.outbox, self.gate = config, rollouts, outbox, gate
         gate.tokens.episodes = rollouts.running_on  # token-share: the node's part of its job's share of a backend
+        gate.rates.episodes = rollouts.running_on  # work-share: likewise, in processed tokens per second
         self.sandbox_settings = sandbox_settings  # the node's, for the spec's runtime (None: the defaults)
         self.log, self.stats = log, stats
         self.tokenizer = tokenizer

@@ -46,10 +46,13 @@ class TokenGate:
         per = self.per_episode.get(url) if url else None
         return None if not per else per * max(1, self.episodes(url))
 
-    def report(self) -> dict[str, int]:
-        """url → the tokens this node has in flight or held there now (its demand: a beat's `llmTokens`)."""
-        urls = set(self.in_flight) | set(self.wanted)
-        return {url: n for url in urls if (n := self.in_flight.get(url, 0) + self.wanted.get(url, 0)) > 0}
+    def report(self, held: dict[str, int] | None = None) -> dict[str, int]:
+        """url → the tokens this node has in flight or held there now (its demand: a beat's `llmTokens`); `held`: the
+        calls the work share holds before they reach this gate (`rategate.RateGate.wanted`)."""
+        held = held or {}
+        urls = set(self.in_flight) | set(self.wanted) | set(held)
+        return {url: n for url in urls
+                if (n := self.in_flight.get(url, 0) + self.wanted.get(url, 0) + held.get(url, 0)) > 0}
 
     def set(self, per_episode: dict[str, int] | None, served: bool = True) -> None:
         """The controller's allowances (a beat's reply `llmTokens`): 0 or absent lifts a backend's cap."""
@@ -78,17 +81,21 @@ class TokenGate:
             return None
         return 5.0  # a release or a new allowance wakes it first
 
+    async def fresh(self, url: str | None) -> None:
+        """The first call to a backend no reply named yet waits for one (its share, and the work share's, unknown)."""
+        if url is not None and self.served and url not in self.known:
+            self.ask()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=FRESH_SECONDS)
+            self.known.add(url)  # once per backend, whatever the reply said
+
     @contextlib.asynccontextmanager
     async def slot(self, url: str | None, cost: int) -> AsyncIterator[None]:
         """Hold until a call of `cost` tokens to `url` fits the node's allowance, then count it in flight."""
         if url is None:
             yield
             return
-        if self.served and url not in self.known:  # no reply named this backend yet: its share is unknown
-            self.ask()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=FRESH_SECONDS)
-            self.known.add(url)  # once per backend, whatever the reply said
+        await self.fresh(url)
         wait = self._fits(url, cost)
         if wait is not None:
             self.waiting += 1

@@ -45,7 +45,7 @@ from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
 from .states import DaemonState, ItemState
 from .tables import ItemRow
-from . import tokenshare
+from . import tokenshare, workshare
 
 log = logging.getLogger("rolloutd.scheduler")
 Done = Callable[[], None]  # what a call does once its transaction is committed
@@ -204,6 +204,7 @@ class Attempts:
         version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name)
         resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.llm_tokens = tokenshare.beat(self.pool.admission, node_id, job_name, hb.llm_tokens)  # token-share
+        resp.llm_rates = workshare.beat(self.pool.admission, node_id, job_name, hb.llm_processed, hb.llm_rate_held)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:

@@ -47,6 +47,7 @@ from rolloutd.crds.node import (
     Result,
     ReturnRequest,
     TOKEN_SHARE,
+    WORK_SHARE,
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 
@@ -251,7 +252,8 @@ class FakeController:
             raw = await request.body()
             body = json.loads(raw)
             served = self.node_features.get(node_id, set())
-            unknown = {f for f, feature in (("results", BEAT_RESULTS), ("full", BEAT_DELTAS), ("llmTokens", TOKEN_SHARE))
+            unknown = {f for f, feature in (("results", BEAT_RESULTS), ("full", BEAT_DELTAS), ("llmTokens", TOKEN_SHARE),
+                                            ("llmProcessed", WORK_SHARE), ("llmRateHeld", WORK_SHARE))
                        if feature not in served and f in body}
             too_large = self.max_beat_body is not None and len(raw) > self.max_beat_body
             with self.cond:

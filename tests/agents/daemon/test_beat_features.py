@@ -135,6 +135,7 @@ def test_a_controller_gets_only_the_fields_of_the_features_it_serves(controller,
     sent = set().union(*fake.beat_fields)
     assert ("results" in sent) == (BEAT_RESULTS in served) and ("full" in sent) == (BEAT_DELTAS in served)
     assert "llmTokens" not in sent and not d.gate.tokens.served  # token-share not served: no field, no cap
+    assert "llmProcessed" not in sent and not d.gate.rates.served  # work-share not served: no field, no limit
     if BEAT_RESULTS in served:
         assert fake.results_calls == 0 and d.stats["results_on_beats"] == 6
     else:
