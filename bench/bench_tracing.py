@@ -21,6 +21,8 @@ TURNS = 2   # the e2e job's: a model call and a tool call each
 
 
 class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"   # connections kept alive, as a collector's (`bench_tracing_scale.Receiver`)
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(200)

@@ -3,8 +3,9 @@
 `attempts.Attempts.lease_now` calls `granted` for every lease it grants (the answer carries the traceparent the node
 daemon continues, agents/spans.py); `ended` closes the root span when the attempt's result is taken or
 dropped, or its lease expires. A no-op unless tracing is on (crds/kit/tracing.py). Ids are span attributes only.
-Cost: a grant keeps the ids and a few plain values (~2 µs); both spans are encoded when the attempt ends (~10 µs,
-`otlp.encode`, the attributes it shares with other attempts encoded once) and sent in batches by crds/kit/otlp.py
+Cost: a grant keeps the ids and a few plain values (~2 µs); both spans are encoded when the attempt ends (~10 µs:
+one %-format each, `otlp.template`, the attributes it shares with other attempts encoded once; in a busy process
+~2× that, `bench tracing_hooks`) and sent in batches by crds/kit/otlp.py
 (`bench tracing_scale`: the SDK's spans cost a controller at 1000 nodes ~40 % more CPU per rollout). A graceful stop
 ends the attempts in flight (`stopped`).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import struct
 import time
 from typing import Any
 
@@ -27,6 +29,9 @@ STOPPED = "controller stopped"   # the outcome of an attempt still in flight whe
 _open: dict[str, tuple] = {}
 # the attributes an attempt shares with many others, encoded once: (job, node, backend) and its ending's
 _shared: dict[tuple, bytes] = {}
+_fixed64 = struct.Struct("<Q").pack   # a span's times
+# the two spans' %-formats (`otlp.template`), and the status of a span that did not fail
+_QUEUE, _ROOT, _OK = otlp.template("queue", True), otlp.template("rollout", False), otlp.status(None)
 
 
 def granted(lease: Any, job_key: str, node: str) -> str | None:
@@ -87,8 +92,8 @@ def stopped() -> int:
 
 
 def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
-    """Send the attempt's `queue` and root spans, built now: encoded here (`otlp.encode`, the attributes shared with
-    other attempts encoded once), or as `Finished` spans when they go through a provider (`tracing.use`)."""
+    """Send the attempt's `queue` and root spans, built now: encoded here (`otlp.template`'s formats, the attributes
+    shared with other attempts encoded once), or as `Finished` spans when they go through a provider (`tracing.use`)."""
     trace_id, span_id, start, granted_at, job_key, node, item, prompt, sample, attempt, backend, queued, _ = rec
     failed = "lease expired" if outcome == "expired" else None
     reward = kind = finish = None
@@ -97,8 +102,6 @@ def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
         reward, finish = trajectory.reward, trajectory.finish_reason
         if kind in ("infra", "config"):
             failed = (trajectory.failure.reason or kind)[:500]
-    ids = (("rolloutd.rollout.id", f"{job_key}#{item}"), ("rolloutd.item", item))
-    own = (("rolloutd.prompt", prompt), ("rolloutd.sample", sample), ("rolloutd.attempt", attempt))
     where, ending = (job_key, node, backend), (outcome, type(reward), reward, kind, finish)
     shared_where, shared_ending = _shared.get(where), _shared.get(ending)
     if shared_where is None or shared_ending is None:
@@ -106,15 +109,22 @@ def _end(attempt_id: str, rec: tuple, outcome: str, trajectory: Any) -> None:
             _shared.clear()
         shared_where = _shared[where] = otlp.attributes(_where(*where))
         shared_ending = _shared[ending] = otlp.attributes(_ending(*ending))
-    aid, q = (("rolloutd.attempt.id", attempt_id),), (("rolloutd.queue.seconds", queued),)
-    first, queue_id, now = otlp.fresh(aid), random.getrandbits(64) or 1, time.time_ns()
-    queue = otlp.encode("queue", trace_id, queue_id, span_id, start, granted_at, first + otlp.fresh(q))
-    root = otlp.encode("rollout", trace_id, span_id, 0, start, now,
-                       first + otlp.fresh(ids) + otlp.attributes(own) + shared_where + shared_ending, failed)
+    queue_id, now = random.getrandbits(64) or 1, time.time_ns()
+    tb, sb, t0 = trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"), _fixed64(start)
+    first = otlp.fresh((("rolloutd.attempt.id", attempt_id),))
+    queue = _QUEUE % (tb, queue_id.to_bytes(8, "big"), sb, t0, _fixed64(granted_at),
+                      first + otlp.fresh((("rolloutd.queue.seconds", queued),)), _OK)
+    own = otlp.fresh((("rolloutd.rollout.id", f"{job_key}#{item}"), ("rolloutd.item", item),
+                      ("rolloutd.prompt", prompt), ("rolloutd.sample", sample), ("rolloutd.attempt", attempt)))
+    root = _ROOT % (tb, sb, t0, _fixed64(now), first + own + shared_where + shared_ending,
+                    _OK if failed is None else otlp.status(failed))
     if not tracing.encoded(queue, root):
-        tracing.finished(Finished("queue", trace_id, queue_id, span_id, start, granted_at, dict((*aid, *q))))
-        tracing.finished(Finished("rollout", trace_id, span_id, 0, start, now,
-                                  dict((*aid, *ids, *own, *_where(*where), *_ending(*ending))), failed))
+        aid = ("rolloutd.attempt.id", attempt_id)
+        tracing.finished(Finished("queue", trace_id, queue_id, span_id, start, granted_at,
+                                  dict((aid, ("rolloutd.queue.seconds", queued)))))
+        tracing.finished(Finished("rollout", trace_id, span_id, 0, start, now, dict((
+            aid, ("rolloutd.rollout.id", f"{job_key}#{item}"), ("rolloutd.item", item), ("rolloutd.prompt", prompt),
+            ("rolloutd.sample", sample), ("rolloutd.attempt", attempt), *_where(*where), *_ending(*ending))), failed))
 
 
 def _where(job_key: str, node: str, backend: str | None) -> tuple:

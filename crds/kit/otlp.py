@@ -196,11 +196,22 @@ def encode(name: str, trace_id: int, span_id: int, parent_id: int, start: int, e
         nb = _field(b"\x2a", name.encode())
         if len(_names) < 1000:
             _names[name] = nb
-    # Status{message, code: ERROR}, else empty
-    status = b"\x7a\x00" if error is None else _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02")
     return _SPAN % (trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"),
                     b"\x22\x08" + parent_id.to_bytes(8, "big") if parent_id else b"", nb,
-                    _fixed64(start), _fixed64(end), attrs, events, status, _FLAGS[remote])
+                    _fixed64(start), _fixed64(end), attrs, events, b"\x7a\x00" if error is None else status(error),
+                    _FLAGS[remote])
+
+
+def template(name: str, child: bool) -> bytes:
+    """`encode`'s %-format for spans named `name` (a local parent, no events): (trace id, span id, [parent id when
+    `child`]: bytes; start, end: fixed64 bytes; attribute fields; `status`), nothing looked up (the controller's)."""
+    return (b"\x0a\x10%b\x12\x08%b" + (b"\x22\x08%b" if child else b"") + _field(b"\x2a", name.encode())
+            + b"\x30\x01\x39%b\x41%b%b%b\x85\x01" + _FLAGS[False])
+
+
+def status(error: str | None) -> bytes:
+    """A span's `Status` field: {message, code ERROR}, else empty."""
+    return b"\x7a\x00" if error is None else _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02")
 
 
 def span(s: Finished) -> bytes:
