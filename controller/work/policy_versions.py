@@ -252,11 +252,14 @@ class PolicyVersions:
         result with it: the trainer had no 2xx, the nodes send their results again
         (tests/controller/work/test_policy_commit.py)."""
         t_engines = time.monotonic()
-        paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
+        # abort: the pause also clears the prefix cache (explicitly), and nothing is computed until the resume
+        how = {"mode": mode, "clear_cache": "true"} if mode == "abort" else {"mode": mode}
+        paused = await asyncio.gather(*(self.http.post(u, "/pause", how) for u in urls))
         steps.mark("paused")
 
         async def load() -> list[dict[str, Any]]:
-            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
+            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label,
+                                                        reset=mode != "abort")
                                          for u, why in zip(urls, paused) if why is None))
             steps.mark("loaded")
             return out

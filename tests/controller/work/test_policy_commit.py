@@ -21,15 +21,17 @@ class Engines(BackendHttp):
 
     def __init__(self, read_row, log: list) -> None:
         super().__init__()
-        self.read_row, self.log = read_row, log
+        self.read_row, self.log, self.asked = read_row, log, []
 
     async def post(self, url, path, params=None):
         self.log.append((path, url, self.read_row()))
+        self.asked.append((path, params))
         await asyncio.sleep(0.01)
         return None
 
-    async def load(self, url, weights_path, *, running, label=None):
+    async def load(self, url, weights_path, *, running, label=None, reset=True):
         self.log.append(("load", url, self.read_row()))
+        self.asked.append(("load", {"running": running, "reset": reset}))
         return {"url": url, "reloaded": True, "error": None, "reloadSeconds": 0.0}
 
 
@@ -66,6 +68,14 @@ def test_the_version_is_committed_on_paused_loaded_engines_and_synced_while_they
     # the engines were still paused and the row still at the old version while they loaded; committed before resuming
     assert all(row == (None, True) for what, _, row in log if what == "load")
     assert all(row == (1, False) for what, _, row in log if what in ("/resume", "sync", "synced"))
+    # abort: the pause clears the prefix cache and nothing runs until the resume, so the load resets nothing again;
+    # keep: the kept requests' KV is reset after the load
+    asked = policies.http.asked
+    if mode == "abort":
+        assert ("/pause", {"mode": "abort", "clear_cache": "true"}) in asked
+        assert ("load", {"running": False, "reset": False}) in asked
+    else:
+        assert ("/pause", {"mode": "keep"}) in asked and ("load", {"running": True, "reset": True}) in asked
     s = answer["steps"]
     assert s["loaded"] <= s["committed"] <= min(s["resumed"], s["synced"]) <= answer["pausedSeconds"]
 
