@@ -192,10 +192,11 @@ class PolicyVersions:
                 "enginesPausedSeconds": round(engines, 3), "steps": steps.out,
                 "drained": drained, "backends": report}
 
-    def _commit(self, name: str, version: int | str, weights_path: str | None, report: list[dict[str, Any]]) -> Any:
+    def _commit(self, name: str, version: int | str, weights_path: str | None, report: list[dict[str, Any]],
+                tell: bool = True) -> Any:
         """The job runs `version` from now on: the backends that failed to load it (`report`) stay behind on what they
-        ran, the policy row (version, history, not paused) is committed, and the daemons are told (their watches).
-        Returns the version the job ran before."""
+        ran, the policy row (version, history, not paused) is committed, and, with `tell`, the daemons are told
+        (`_tell`). Returns the version the job ran before."""
         behind = dict(self._behind.get(name, {}))
         with Session(self.engine, expire_on_commit=False) as s:
             row = self.row(s, name)
@@ -212,11 +213,16 @@ class PolicyVersions:
             row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
             s.add(row)
             s.commit()
+        if tell:
+            self._tell(name, version, weights_path, report)
+        return before
+
+    def _tell(self, name: str, version: int | str, weights_path: str | None, report: list[dict[str, Any]]) -> None:
+        """The daemons' watches answered (and leasing woken) with the committed version."""
         self._changed(name)
         self.wake(name)
         if weights_path:
             self._tag_sharers(name, version, [b["url"] for b in report if b.get("reloaded") and not b.get("error")])
-        return before
 
     def _tag_sharers(self, name: str, version: int | str, reloaded: list[str]) -> None:
         """Other jobs listing a backend that just loaded `name`'s weights: their daemons tag what it generates from
@@ -239,16 +245,16 @@ class PolicyVersions:
         version's: read from the stamps for a stream the engine stamps; any other is aborted and continued from its
         tokens so far, as in abort mode; a request that reached the engine after the pause stands at 0). Once every
         daemon has taken the fence and every engine has loaded, commit the new version (`_commit`), then resume the
-        engines while that commit is synced (`settle`), both at once. Returns (every daemon answered, the
-        per-backend report, the seconds from the first pause to the last resume).
+        engines while that commit is synced (`settle`), and tell the daemons (`_tell`). Returns (every daemon
+        answered, the per-backend report, the seconds from the first pause to the last resume).
 
         Why the commit may come before the resume: the engines are paused (a request sent to one queues there, its
-        tokens made after the resume, on the loaded and labelled weights), so a daemon that opens its gate at the
-        commit tags nothing with the new version that the new version did not generate. And why the resume may come
-        before the sync: every record that names the new version (a result tagged with it) is committed after the
-        policy row, and is acknowledged only once a sync that started after its own commit is done (the node
-        protocol settles results before it answers), which syncs the WAL up to it, the row's commit included (the
-        WAL is synced in order; `durability.py`). A crash before that sync loses the row and every unacknowledged
+        tokens made after the resume, on the loaded and labelled weights), so a daemon that learns the new version
+        from the row before it is told (a lease, a beat) tags nothing with it that it did not generate. And why the
+        resume may come before the sync: every record that names the new version (a result tagged with it) is
+        committed after the policy row, and is acknowledged only once a sync that started after its own commit is
+        done (the node protocol settles results before it answers), which syncs the WAL up to it, the row's commit
+        included (the WAL is synced in order; `durability.py`). A crash before that sync loses the row and every unacknowledged
         result with it: the trainer had no 2xx, the nodes send their results again
         (tests/controller/work/test_policy_commit.py)."""
         t_engines = time.monotonic()
@@ -279,7 +285,7 @@ class PolicyVersions:
         steps.mark("fenced")
         by_url = {b["url"]: b for b in loads}
         report = [by_url.get(u) or {"url": u, "reloaded": False, "error": why} for u, why in zip(urls, paused)]
-        before = self._commit(name, version, weights_path, report)
+        before = self._commit(name, version, weights_path, report, tell=False)
         steps.mark("committed")
 
         async def resume() -> list[str | None]:
@@ -296,11 +302,13 @@ class PolicyVersions:
         for b, why in zip(report, resumed):
             if why and not b["error"]:
                 b["error"], failed = why, True
-        if failed:  # paused still (it generates nothing meanwhile): reported, and behind on what it ran before
+        if failed:  # paused still (it generates nothing): reported, and behind on what it ran before
             for b in report:
                 if b["error"]:
                     self._behind[name].setdefault(b["url"], before)
-            self._changed(name)
+        # the daemons are told once the engines resumed: the calls they send then (abort: every stream's continuation)
+        # would otherwise queue ahead of the resumes at the engines' API servers
+        self._tell(name, version, weights_path, report)
         return answered, report, engines
 
     async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool],

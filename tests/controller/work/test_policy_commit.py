@@ -1,6 +1,7 @@
-"""A keep or abort update's last steps, in order (`PolicyVersions._live`): the new version is committed once every engine
-has loaded it and is paused, then the engines resume while that commit is synced, and the trainer's answer waits for
-both; a result tagged with the new version is acknowledged only after a sync that started after the row's commit."""
+"""A keep or abort update's last steps, in order (`PolicyVersions._live`): once every engine has loaded the new version
+(still paused), it is committed; the engines resume while that commit is synced; the daemons are told once both are
+done, and so is the trainer. A result tagged with the new version is acknowledged only after a sync that started after
+the row's commit."""
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,8 @@ class Engines(BackendHttp):
     async def post(self, url, path, params=None):
         self.log.append((path, url, self.read_row()))
         self.asked.append((path, params))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # a slow engine: the commit and its sync go on meanwhile
+        self.log.append((path + " done", url, self.read_row()))
         return None
 
     async def load(self, url, weights_path, *, running, label=None, reset=True):
@@ -36,7 +38,7 @@ class Engines(BackendHttp):
 
 
 @pytest.mark.parametrize("mode", ["keep", "abort"])
-def test_the_version_is_committed_on_paused_loaded_engines_and_synced_while_they_resume(tmp_path, store_location,
+def test_the_version_is_committed_on_loaded_engines_and_synced_while_they_resume(tmp_path, store_location,
                                                                                          mode):
     store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1})
     job = store.get("math-demo")
@@ -45,29 +47,33 @@ def test_the_version_is_committed_on_paused_loaded_engines_and_synced_while_they
     store.apply(job)
     policies = sched.work.policies
 
-    def read_row():
+    def read_row():  # the row as stored, and whether the daemons were told of a change since (the policy's epoch)
         with Session(policies.engine) as s:
             row = s.get(PolicyRow, "math-demo")
-            return None if row is None else (json.loads(row.version), row.paused)
+            return None if row is None else (json.loads(row.version), row.paused, policies._epoch["math-demo"])
     log: list = []
     policies.http = Engines(read_row, log)
 
     async def settle():
         log.append(("sync", None, read_row()))
-        await asyncio.sleep(0.05)  # a slow disk: the resumes go out meanwhile
+        await asyncio.sleep(0.02)
         log.append(("synced", None, read_row()))
     policies.settle = settle
     answer = asyncio.run(sched.announce_policy("math-demo", 1, weights_path="/w", drain_timeout=0.3))
     assert answer["version"] == 1 and not any(b["error"] for b in answer["backends"])
     steps = [(what, url) for what, url, _ in log]
-    resumes = [i for i, (what, _) in enumerate(steps) if what == "/resume"]
-    loads = [i for i, (what, _) in enumerate(steps) if what == "load"]
+    at = lambda what: [i for i, (w, _) in enumerate(steps) if w == what]  # noqa: E731
+    resumes, resumed, loads = at("/resume"), at("/resume done"), at("load")
     sync, synced = steps.index(("sync", None)), steps.index(("synced", None))
-    assert len(resumes) == 2 and len(loads) == 2
-    assert max(loads) < sync < min(resumes) < synced  # loaded, committed and syncing, then resumed: overlapped
-    # the engines were still paused and the row still at the old version while they loaded; committed before resuming
-    assert all(row == (None, True) for what, _, row in log if what == "load")
-    assert all(row == (1, False) for what, _, row in log if what in ("/resume", "sync", "synced"))
+    assert len(resumes) == len(resumed) == len(loads) == 2
+    # loaded; committed; then the resumes asked and the commit synced at once; the answer after both
+    assert max(loads) < sync < min(resumed) and max(resumes) < synced
+    rows = {what: row for what, _, row in log}
+    told = rows["load"][2]  # the daemons were last told at the hold (the row paused, the old version)
+    assert rows["load"] == (None, True, told)
+    # committed before the resumes and the sync, but the daemons told only once the engines resumed
+    assert all(row == (1, False, told) for what, _, row in log if what in ("/resume", "/resume done", "sync", "synced"))
+    assert policies._epoch["math-demo"] > told and read_row() == (1, False, policies._epoch["math-demo"])
     # abort: the pause clears the prefix cache and nothing runs until the resume, so the load resets nothing again;
     # keep: the kept requests' KV is reset after the load
     asked = policies.http.asked
