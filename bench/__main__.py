@@ -51,6 +51,8 @@ def main() -> int:
     ap.add_argument("--store", help="scale: the controller's store, sqlite or postgresql, or both side by side "
                                     "(sqlite,postgresql) [default: $ROLLOUTD_SCALE_STORES, else sqlite]")
     args = ap.parse_args()
+    if args.no_write:  # benches that write a results file of their own read it too
+        __import__("os").environ["ROLLOUTD_BENCH_NO_WRITE"] = "1"
     if args.store:
         __import__("os").environ["ROLLOUTD_SCALE_STORES"] = args.store
     rows: list[dict] = []

@@ -81,12 +81,15 @@ def _error(err: ApiError, retry_after: int = RETRY_AFTER_SECONDS) -> JSONRespons
 
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CORE_EVENTS = re.compile(r"/api/v1/namespaces/[^/]+/events")
+_ANNOUNCE = re.compile(rf"{PREFIX}/namespaces/[^/]+/rolloutjobs/[^/]+/policy")  # syncs its commit itself, overlapped
 
 
 def _unsynced(path: str) -> bool:
-    """Writes answered without waiting for a sync: the node protocol's (its routes sync results themselves), and
-    what the operator derives and writes again after a restart (a job's status, core/v1 Events)."""
-    return NodeGate.is_node_path(path) or path.endswith("/status") or _CORE_EVENTS.fullmatch(path) is not None
+    """Writes answered without waiting for a sync: the node protocol's (its routes sync results themselves), a policy
+    announce (it syncs its commit while the engines resume: `PolicyVersions._live`), and what the operator derives
+    and writes again after a restart (a job's status, core/v1 Events)."""
+    return NodeGate.is_node_path(path) or path.endswith("/status") or any(
+        r.fullmatch(path) is not None for r in (_CORE_EVENTS, _ANNOUNCE))
 
 
 class _AuthAndMetrics:

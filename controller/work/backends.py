@@ -167,10 +167,11 @@ class BackendHttp:
         return None if r.status_code == 200 else f"{path}: HTTP {r.status_code}"
 
     async def load(self, url: str, weights_path: str | None, *, running: bool,
-                   label: str | None = None) -> dict[str, Any]:
+                   label: str | None = None, reset: bool = True) -> dict[str, Any]:
         """On a paused engine: reload weights, then label them (`label`) and, meanwhile, reset the prefix cache —
         with `running`, also the KV of the requests kept in place (keep mode), which the engine recomputes on the new
-        weights when it resumes."""
+        weights when it resumes. Not `reset`: the pause cleared it and the engine computed nothing since (abort
+        mode: `/pause?mode=abort&clear_cache=true` aborts every request and queues new ones unscheduled)."""
         out: dict[str, Any] = {"url": url, "reloaded": False, "error": None}
         step = "reload_weights"
         try:
@@ -183,7 +184,8 @@ class BackendHttp:
                     return out
                 out["reloaded"], out["reloadSeconds"] = True, round(time.monotonic() - t, 3)
             step, t = "reset_prefix_cache", time.monotonic()
-            out["error"], out["resetTries"] = await asyncio.gather(self.label(url, label), self._reset(url, running))
+            out["error"], out["resetTries"] = await asyncio.gather(self.label(url, label),
+                                                                   self._reset(url, running) if reset else _none())
             out["resetSeconds"] = round(time.monotonic() - t, 3)
         except Exception as e:  # noqa: BLE001 - reported per backend; the others still update
             out["error"] = f"{step}: {failure(e)}"
@@ -240,6 +242,10 @@ class BackendHttp:
                 except httpx.HTTPError as e:
                     out["error"] = out["error"] or f"resume: {failure(e)}"
         return out
+
+async def _none() -> int:
+    return 0
+
 
 def _at(tree: Any, *keys: str) -> Any:
     for key in keys:

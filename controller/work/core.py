@@ -110,7 +110,7 @@ def build_work(store: Store, *, policies: Policies | None = None, stats: JobStat
     expansions = Expansions(engine, clock, queue.wake, policies.effective)  # the job's policy: its item quota
     feed = Feed(engine)
     registry = NodeRegistry(engine, jobs, clock, node_calls_per_second, policies.effective_named)
-    versions = PolicyVersions(engine, jobs, registry, http, queue.wake)
+    versions = PolicyVersions(engine, jobs, registry, http, queue.wake, store.durable.settle)
     stale = StaleGroups(lambda job: versions.describe(job)["history"])
     batches = Batches(queue, expansions.prompts, lambda job: _items_per_job(policies.effective(job)), gate=stale.gate)
     attempts = Attempts(engine, queue, jobs, registry, versions, expansions, batches, feed, clock, on_idle,

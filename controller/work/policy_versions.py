@@ -12,7 +12,7 @@ import sqlite3
 import time
 import uuid
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -41,8 +41,9 @@ def staleness(t: Trajectory, history: list) -> int:
 
 class PolicyVersions:
     def __init__(self, engine: Engine, jobs: Jobs, nodes: NodeRegistry, http: BackendHttp,
-                 wake: Callable[[str], None]) -> None:
+                 wake: Callable[[str], None], settle: Callable[[], Awaitable[None]] | None = None) -> None:
         self.engine, self.jobs, self.nodes, self.http, self.wake = engine, jobs, nodes, http, wake
+        self.settle = settle or _nothing  # the store's sync (`Durable.settle`): the announce's answer waits for it
         self._llm: dict[str, tuple[float, int, bool, int]] = {}  # node id → (beat time, calls in flight, held, fence)
         self._fences: dict[str, int] = defaultdict(int)  # job → the keep-mode fence the daemons are asked to take
         self._behind: dict[str, dict[str, Any]] = {}  # job → {backend url: the older version it still runs}
@@ -157,7 +158,8 @@ class PolicyVersions:
         prefix cache → resume (no request spans two versions). keep / abort: `_live`, which waits for one beat
         of each daemon, never for a generation; requests in flight continue on the new weights and the daemons
         record where (versionSpans). Returns once every backend runs the new version or
-        has failed to load it (reported; it keeps its version and the daemons tag its tokens with that)."""
+        has failed to load it (reported; it keeps its version and the daemons tag its tokens with that), and the
+        policy row's commit is on the disk (`settle`: the route answers without another sync)."""
         job = self.jobs.get(name)
         mode = job.spec.policy.update_mode
         pause = job.spec.policy.pause_on_update if pause is None else pause
@@ -173,39 +175,54 @@ class PolicyVersions:
                     drained = await self._wait_beats(name, time.monotonic(), drain_timeout, lambda b: b[2] and b[1] == 0)
                     steps.mark("drained")
                 t_engines = time.monotonic()
-                report = [await self.http.update(url, weights_path, pause, label) for url in urls]
+                report = list(await asyncio.gather(*(self.http.update(url, weights_path, pause, label) for url in urls)))
                 engines = time.monotonic() - t_engines
                 steps.mark("resumed")
+                self._commit(name, version, weights_path, report)
+                steps.mark("committed")
+                await self.settle()
+                steps.mark("synced")
             else:
-                t_engines = time.monotonic()
-                drained, report = await self._live(name, urls, weights_path, mode, drain_timeout, steps, label)
-                engines = time.monotonic() - t_engines
-            behind = dict(self._behind.get(name, {}))
-            with Session(self.engine, expire_on_commit=False) as s:
-                row = self.row(s, name)
-                before = json.loads(row.version)
-                for b in report:  # a backend that failed to load runs what it ran before
-                    if b.get("error"):
-                        behind[b["url"]] = behind.get(b["url"], before)
-                    else:
-                        behind.pop(b["url"], None)
-                self._behind[name] = behind
-                history = json.loads(row.history)
-                if version not in history:
-                    history.append(version)
-                row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
-                s.add(row)
-                s.commit()
-            self._changed(name)
-            self.wake(name)
-            if weights_path:
-                self._tag_sharers(name, version, [b["url"] for b in report if b.get("reloaded") and not b.get("error")])
+                drained, report, engines = await self._live(name, version, urls, weights_path, mode, drain_timeout,
+                                                            steps, label)
         errors = [b for b in report if b.get("error")]
         if errors:
             log.warning("policy %s of %s: %d backend(s) failed: %s", version, name, len(errors), errors)
         return {"version": version, "mode": mode, "pausedSeconds": round(time.monotonic() - t0, 3),
                 "enginesPausedSeconds": round(engines, 3), "steps": steps.out,
                 "drained": drained, "backends": report}
+
+    def _commit(self, name: str, version: int | str, weights_path: str | None, report: list[dict[str, Any]],
+                tell: bool = True) -> Any:
+        """The job runs `version` from now on: the backends that failed to load it (`report`) stay behind on what they
+        ran, the policy row (version, history, not paused) is committed, and, with `tell`, the daemons are told
+        (`_tell`). Returns the version the job ran before."""
+        behind = dict(self._behind.get(name, {}))
+        with Session(self.engine, expire_on_commit=False) as s:
+            row = self.row(s, name)
+            before = json.loads(row.version)
+            for b in report:  # a backend that failed to load runs what it ran before
+                if b.get("error"):
+                    behind[b["url"]] = behind.get(b["url"], before)
+                else:
+                    behind.pop(b["url"], None)
+            self._behind[name] = behind
+            history = json.loads(row.history)
+            if version not in history:
+                history.append(version)
+            row.version, row.history, row.paused = json.dumps(version), json.dumps(history), False
+            s.add(row)
+            s.commit()
+        if tell:
+            self._tell(name, version, weights_path, report)
+        return before
+
+    def _tell(self, name: str, version: int | str, weights_path: str | None, report: list[dict[str, Any]]) -> None:
+        """The daemons' watches answered (and leasing woken) with the committed version."""
+        self._changed(name)
+        self.wake(name)
+        if weights_path:
+            self._tag_sharers(name, version, [b["url"] for b in report if b.get("reloaded") and not b.get("error")])
 
     def _tag_sharers(self, name: str, version: int | str, reloaded: list[str]) -> None:
         """Other jobs listing a backend that just loaded `name`'s weights: their daemons tag what it generates from
@@ -219,20 +236,36 @@ class PolicyVersions:
                 self._behind.setdefault(other, {}).update({u: foreign_version(name, version) for u in shared})
                 self._changed(other)
 
-    async def _live(self, name: str, urls: list[str], weights_path: str | None, mode: str,
-                    timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]]]:
+    async def _live(self, name: str, version: int | str, urls: list[str], weights_path: str | None, mode: str,
+                    timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]], float]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
         continue them once the gate opens), then load the weights, label them and reset the prefix cache, including
         the kept requests' KV (recomputed on the new weights), while the daemons are asked, in one watch answer, to
         hold new LLM calls and take a fence: where each of their streams stands (the tokens before it are the old
         version's: read from the stamps for a stream the engine stamps; any other is aborted and continued from its
-        tokens so far, as in abort mode; a request that reached the engine after the pause stands at 0). Resume once every daemon has taken the fence. Returns (every daemon
-        answered, the per-backend report)."""
-        paused = await asyncio.gather(*(self.http.post(u, "/pause", {"mode": mode}) for u in urls))
+        tokens so far, as in abort mode; a request that reached the engine after the pause stands at 0). Once every
+        daemon has taken the fence and every engine has loaded, commit the new version (`_commit`), then resume the
+        engines while that commit is synced (`settle`), and tell the daemons (`_tell`). Returns (every daemon
+        answered, the per-backend report, the seconds from the first pause to the last resume).
+
+        Why the commit may come before the resume: the engines are paused (a request sent to one queues there, its
+        tokens made after the resume, on the loaded and labelled weights), so a daemon that learns the new version
+        from the row before it is told (a lease, a beat) tags nothing with it that it did not generate. And why the
+        resume may come before the sync: every record that names the new version (a result tagged with it) is
+        committed after the policy row, and is acknowledged only once a sync that started after its own commit is
+        done (the node protocol settles results before it answers), which syncs the WAL up to it, the row's commit
+        included (the WAL is synced in order; `durability.py`). A crash before that sync loses the row and every unacknowledged
+        result with it: the trainer had no 2xx, the nodes send their results again
+        (tests/controller/work/test_policy_commit.py)."""
+        t_engines = time.monotonic()
+        # abort: the pause also clears the prefix cache (explicitly), and nothing is computed until the resume
+        how = {"mode": mode, "clear_cache": "true"} if mode == "abort" else {"mode": mode}
+        paused = await asyncio.gather(*(self.http.post(u, "/pause", how) for u in urls))
         steps.mark("paused")
 
         async def load() -> list[dict[str, Any]]:
-            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label)
+            out = await asyncio.gather(*(self.http.load(u, weights_path, running=mode == "keep", label=label,
+                                                        reset=mode != "abort")
                                          for u, why in zip(urls, paused) if why is None))
             steps.mark("loaded")
             return out
@@ -250,15 +283,33 @@ class PolicyVersions:
         answered = await fenced
         held.cancel()
         steps.mark("fenced")
-        resumed = await asyncio.gather(*(self.http.post(u, "/resume") for u in urls))
-        steps.mark("resumed")
         by_url = {b["url"]: b for b in loads}
-        report = []
-        for u, why_paused, why_resumed in zip(urls, paused, resumed):
-            b = by_url.get(u) or {"url": u, "reloaded": False, "error": why_paused}
-            b["error"] = b["error"] or why_resumed
-            report.append(b)
-        return answered, report
+        report = [by_url.get(u) or {"url": u, "reloaded": False, "error": why} for u, why in zip(urls, paused)]
+        before = self._commit(name, version, weights_path, report, tell=False)
+        steps.mark("committed")
+
+        async def resume() -> list[str | None]:
+            out = await asyncio.gather(*(self.http.post(u, "/resume") for u in urls))
+            steps.mark("resumed")
+            return out
+
+        async def sync() -> None:
+            await self.settle()
+            steps.mark("synced")
+        resumed, _ = await asyncio.gather(resume(), sync())
+        engines = time.monotonic() - t_engines
+        failed = False
+        for b, why in zip(report, resumed):
+            if why and not b["error"]:
+                b["error"], failed = why, True
+        if failed:  # paused still (it generates nothing): reported, and behind on what it ran before
+            for b in report:
+                if b["error"]:
+                    self._behind[name].setdefault(b["url"], before)
+        # the daemons are told once the engines resumed: the calls they send then (abort: every stream's continuation)
+        # would otherwise queue ahead of the resumes at the engines' API servers
+        self._tell(name, version, weights_path, report)
+        return answered, report, engines
 
     async def _wait_beats(self, name: str, since: float, timeout: float, ok: Callable[[tuple], bool],
                           when: dict[str, float] | None = None) -> bool:
@@ -277,6 +328,10 @@ class PolicyVersions:
         log.warning("policy update of %s: daemons did not answer as asked within %.0f s", name, timeout)
         return False
 
+
+
+async def _nothing() -> None:
+    return None
 
 
 class Steps:

@@ -33,6 +33,13 @@ def test_the_label_follows_a_reload_that_worked():
     assert ("/update_weight_version", {"new_version": "L1"}) in calls
 
 
+def test_a_load_after_a_pause_that_cleared_the_cache_resets_nothing_again():
+    http, calls = backend({})
+    out = asyncio.run(http.load("http://e", "/ckpt", running=False, label="L1", reset=False))
+    assert out["error"] is None and out["reloaded"] and out["resetTries"] == 0
+    assert [p for p, _ in calls] == ["/collective_rpc", "/update_weight_version"]
+
+
 def test_a_reload_that_failed_keeps_the_old_label():
     http, calls = backend({"/collective_rpc": 500})
     out = asyncio.run(http.load("http://e", "/ckpt", running=False, label="L1"))
