@@ -20,13 +20,18 @@ currently holds the item's lease; a late duplicate from an expired attempt is dr
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from .base import Model
 from .tenancy import TenantPolicySpec
 from .trajectory import Trajectory
+
+# A node's counts and seconds, bounded: a hostile beat's 10**400 would overflow the controller's float arithmetic on
+# them (a 500 on every beat of every job sharing that backend), and NaN would poison the namespace's counters
+Count = Annotated[int, Field(ge=0, le=2 ** 53)]
+Seconds = Annotated[float, Field(ge=0.0, le=2.0 ** 53, allow_inf_nan=False)]
 
 Stage = Literal["leased", "init", "run", "eval"]
 
@@ -237,11 +242,11 @@ class Heartbeat(Model):
                                                                     "POST …/results applies them")
     turns: dict[str, int] = Field(default_factory=dict, description="beat-turns: attemptId → the turn of a rollout "
                                                                     "in RUN (the model calls it started)")
-    llm_tokens: dict[str, int] = Field(default_factory=dict, description="token-share: url → the tokens of "
+    llm_tokens: dict[str, Count] = Field(default_factory=dict, description="token-share: url → the tokens of "
                                        "this node's model calls in flight or held at its gate (prompt + max_tokens of each)")
-    llm_processed: dict[str, int] = Field(default_factory=dict, description="work-share: url → the tokens this node's "
+    llm_processed: dict[str, Count] = Field(default_factory=dict, description="work-share: url → the tokens this node's "
                                           "model calls processed there, ever (prompt tokens not cached + tokens generated)")
-    llm_rate_held: list[float] = Field(default_factory=list, max_length=2, description="work-share: [model calls held "
+    llm_rate_held: list[Seconds] = Field(default_factory=list, max_length=2, description="work-share: [model calls held "
                                        "for the job's work share, seconds they waited], both ever")
 
 

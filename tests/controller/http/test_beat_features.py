@@ -9,7 +9,7 @@ import pytest
 
 from rolloutd.crds.node import NODE_PROTOCOL, LeaseResponse, beat_gap
 
-from support.node_api import call, node_api, result
+from support.node_api import JOIN, NODES, call, node_api, result
 from ..work.test_scheduler import Clock
 
 
@@ -78,3 +78,22 @@ def test_the_beat_gap_grows_with_the_registered_daemons(api, monkeypatch):
     scheduler.work.attempts.expire()  # the silent-node pass counts the live daemons
     gap = call(client, f"{nids[0]}/heartbeat", {"stages": {}})["beatGap"]
     assert gap == pytest.approx(50 / 100.0)
+
+
+
+ENGINE = "http://127.0.0.1:8000"  # math-demo's backend
+
+
+@pytest.mark.parametrize("field,value", [("llmProcessed", {ENGINE: 10 ** 400}), ("llmTokens", {ENGINE: -1}),
+                                         ("llmRateHeld", [1.0, "NaN"]), ("llmRateHeld", [1e400])])
+def test_a_hostile_beats_counts_are_refused_naming_the_field_and_the_next_beat_is_served(api, field, value):
+    """A node's token counts and held seconds are bounded (`crds.node.Count`, `Seconds`): 10**400 processed tokens
+    overflowed the work share's float rates (a 500 on this and every later beat of every job on that backend for
+    the share's window), NaN would poison the namespace's counters."""
+    client, _, _ = api
+    nid = register(client, "token-share,work-share")["nodeId"]
+    call(client, f"{nid}/heartbeat", {"stages": {}, "llmProcessed": {ENGINE: 0}})  # the node's baseline
+    r = client.post(f"{NODES}/{nid}/heartbeat", content=json.dumps({"stages": {}, field: value}),
+                    headers={**JOIN, "content-type": "application/json"})
+    assert r.status_code == 422 and field in r.text, r.text
+    assert ENGINE in call(client, f"{nid}/heartbeat", {"stages": {}, "llmProcessed": {ENGINE: 2 ** 53}})["llmRates"]
