@@ -50,6 +50,7 @@ class Admission:
         self.node_tokens: dict[str, tuple[str, dict[str, int], float]] = {}  # node → (job, url → tokens, when)
         self.token_sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # url → job → their sum
         self.tokens_swept = 0.0  # when `tokenshare` last dropped the reports of nodes gone silent
+        self.work = None  # the work share's measurements (`workshare.Work`, made at its first beat by `workshare.state`)
         self.replicas = 1  # node shards (`..shards`): the replicas that grant, each admitting its share of a cap
 
     # ---------------------------------------------------------------- jobs and caps

@@ -54,10 +54,9 @@ class Work:
 
 
 def state(admission: Admission) -> Work:
-    work = getattr(admission, "work", None)
-    if work is None:
-        work = admission.work = Work()  # type: ignore[attr-defined]
-    return work
+    if admission.work is None:
+        admission.work = Work()
+    return admission.work
 
 
 def beat(admission: Admission, node: str, job: str, processed: dict[str, int],
