@@ -26,8 +26,8 @@ MAX_HOLD_SECONDS = 20.0  # a bucket's debt is at most this many seconds of its a
 class Charge:
     """One call's charge: its prompt at the start; `done` adds what the engine answered."""
 
-    def __init__(self, gate: RateGate, url: str, prompt: int) -> None:
-        self.gate, self.url, self.prompt = gate, url, prompt
+    def __init__(self, prompt: int) -> None:
+        self.prompt = prompt
         self.generated = self.cached = 0
 
     def done(self, generated: int, cached: int | None) -> None:
@@ -121,7 +121,7 @@ class RateGate:
                 self.waiting -= 1
                 self.wanted[url] -= prompt
                 self.held_seconds += self.clock() - started
-        c = Charge(self, url, prompt)
+        c = Charge(prompt)
         self.charge(url, prompt)
         try:
             yield c
