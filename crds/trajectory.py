@@ -33,7 +33,8 @@ class Turn(Model):
     model_seconds: float | None = Field(default=None, description="its model call, start to end")
     first_token_seconds: float | None = Field(default=None, ge=0, description=(
         "its model call's time to first token: from the request to the first generated token arriving on the node "
-        "(streamed); None when the backend does not stream"))
+        "(streamed); None when not measured: a drain-mode call on an engine that does not stamp its tokens is one plain "
+        "request"))
     tool_seconds: float | None = Field(default=None, description="its tool calls in the sandbox, together")
 
 

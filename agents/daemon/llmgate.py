@@ -160,8 +160,9 @@ class TrackedLLM:
     being updated, and records the policy version of every turn and of every generated token.
 
     `mode` is the job's `spec.policy.updateMode`: in drain mode a call runs on one version; in keep and abort
-    mode a weight update that lands mid-generation splits it exactly (see `_streamed`). Every call streams when the
-    backend can (its time to first token, `Generation.first_token_seconds`, is measured)."""
+    mode a weight update that lands mid-generation splits it exactly (see `_streamed`). A call streams where that
+    is needed (`streams`), and only a streamed call's time to first token is measured
+    (`Generation.first_token_seconds`)."""
 
     def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None, *, mode: str = "drain",
                  url: str | None = None) -> None:
@@ -218,11 +219,11 @@ class TrackedLLM:
         try:
             with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
                 started = time.monotonic()
-                if not hasattr(self.inner, "stream"):
+                if not self.streams(on_tokens):
                     self.in_flight.add(request_id)
                     gen = await self.inner.generate(prompt_ids, sampling, request_id)
                     stream.got(len(gen.token_ids))
-                else:  # streamed in every mode: the time to first token is measured on each call
+                else:
                     gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens)
                 node_traces.generated(span, gen, started)
         finally:
@@ -231,6 +232,16 @@ class TrackedLLM:
             self.gate.moved()
             self.gate.leave()
         return gen, stream
+
+    def streams(self, on_tokens: Callable[[list[int]], Awaitable[None]] | None = None) -> bool:
+        """Whether a call streams, when the backend can: always in keep and abort mode (the split of an update
+        mid-call), for the gateway's streamed answers (`on_tokens`), and on an engine that stamps its tokens or is
+        not probed yet (another job's update of a shared backend splits the call, in any mode: docs/content/async.md).
+        A drain-mode call on an engine known not to stamp is one plain request: a stream costs the engine and this
+        daemon a chunk per token (measured: bench/results/RESULTS-pipeline.md)."""
+        if not hasattr(self.inner, "stream"):
+            return False
+        return self.mode != "drain" or on_tokens is not None or getattr(self.inner, "stamps", None) is not False
 
     def stamped(self) -> bool:
         """The engine stamps this call's tokens with labels the controller set at every update (exact versions)."""

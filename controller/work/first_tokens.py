@@ -1,5 +1,5 @@
-"""Time to first token of the model calls, measured on the node daemons (`agents/daemon/llmgate.py`: every call is
-streamed where the backend can) and carried in each trajectory's turns (`Turn.firstTokenSeconds`).
+"""Time to first token of the model calls, measured on the node daemons for the calls they stream
+(`agents/daemon/llmgate.py`, `TrackedLLM.streams`) and carried in each trajectory's turns (`Turn.firstTokenSeconds`).
 
 `node_calls.NodeCalls._results` and `_beat` hand a node's reported results to `FirstTokens.observe_all` (every result, those dropped too: the
 calls happened); `Collector` serves the sums as the histogram `rolloutd_model_time_to_first_token_seconds`, no label

