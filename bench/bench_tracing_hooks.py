@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import multiprocessing
 import os
 import statistics
@@ -23,6 +24,7 @@ import time
 import types
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from bench.bench_tracing import _Sink
 
@@ -73,6 +75,17 @@ class World:
         return t
 
 
+def _grant(hooks: types.ModuleType, lease: Any) -> None:
+    """The grant hook as the product of its revision calls it: this tree's takes the lease's fields and its answer goes
+    to the `Lease`'s constructor (here: made already, its fields read); older ones took the lease, their answer
+    assigned to it (pydantic validates that: ~3 µs, counted in their hooks' time as in their controller)."""
+    node = f"node-{lease.item % 1000}"
+    if "grant" in inspect.signature(hooks.granted).parameters:
+        hooks.granted(lease.__dict__, "default/bench", node)
+    else:
+        lease.traceparent = hooks.granted(lease, "default/bench", node)
+
+
 def _block(world: World, hooks: types.ModuleType | None, open_: list, timer: float) -> dict:
     """`world.steps` steps, each: other work, grant a new attempt, other work, end the oldest open one (`hooks`
     None: tracing off). CPU per step: the hooks' in this thread, the export thread's, the process's."""
@@ -89,7 +102,7 @@ def _block(world: World, hooks: types.ModuleType | None, open_: list, timer: flo
         lease = world.lease()
         if hooks is not None:
             t0 = tt()
-            lease.traceparent = hooks.granted(lease, "default/bench", f"node-{lease.item % 1000}")
+            _grant(hooks, lease)
             hook += tt() - t0
         open_.append(lease.attempt_id)
         world.work()
@@ -131,7 +144,7 @@ def run(quick: bool = False) -> list[dict]:
             for _ in range(inflight):
                 lease = world.lease()
                 if hooks is not None:
-                    lease.traceparent = hooks.granted(lease, "default/bench", f"node-{lease.item % 1000}")
+                    _grant(hooks, lease)
                 opens[name].append(lease.attempt_id)
         timer = 0.0
         from rolloutd.controller.server import tune_gc

@@ -104,10 +104,10 @@ class Attempts:
                     grants.append((node_id, attempt, attempt_id, until, backend, backend is not None, item))
                     self.held.add(attempt_id, HeldLease(item, job_name, node_id, "leased", backend, backend is not None,
                                                    until, version, since=now, beat=now))
-                    leases.append(Lease(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample,
-                                        attempt=attempt, task=json.loads(tasks[prompt]), backend=backend,
-                                        policy_version=version, queued_seconds=max(now - queued_at, 0.0)))
-                    leases[-1].traceparent = attempt_traces.granted(leases[-1], job_name, node_id)
+                    grant = dict(attempt_id=attempt_id, item=item, prompt=prompt, sample=sample, attempt=attempt,
+                                 backend=backend, queued_seconds=max(now - queued_at, 0.0))
+                    leases.append(Lease(**grant, task=json.loads(tasks[prompt]), policy_version=version,
+                                        traceparent=attempt_traces.granted(grant, job_name, node_id)))
                 if grants:
                     hot_sql.grant(db, grants)
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot

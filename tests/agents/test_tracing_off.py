@@ -21,9 +21,8 @@ with tracing.span("x", {"a": 1}) as s:
     s.set_attribute("b", 2)
 assert tracing.traceparent() is None and tracing.trace_id() is None
 from rolloutd.controller.work import tracing as ctl
-from rolloutd.crds.node import Lease
-lease = Lease(attempt_id="1.1.x", item=1, prompt=0, sample=0, attempt=1, task={}, backend=None)
-assert ctl.granted(lease, "default/j", "n") is None and lease.traceparent is None
+grant = dict(attempt_id="1.1.x", item=1, prompt=0, sample=0, attempt=1, backend=None, queued_seconds=0.0)
+assert ctl.granted(grant, "default/j", "n") is None and ctl.trace_id("1.1.x") is None
 print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter"))))
 """
 

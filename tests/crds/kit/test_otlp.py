@@ -50,9 +50,10 @@ def test_attempt_spans_through_a_provider_keep_ids_links_and_attributes():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(provider)
     try:
-        lease = Lease(attempt_id="4.2.abcdef", item=4, prompt=1, sample=3, attempt=2, task={},
-                      backend="http://b:1", queued_seconds=0.25)
-        tp = attempt_traces.granted(lease, "team/job", "node-7")
+        grant = dict(attempt_id="4.2.abcdef", item=4, prompt=1, sample=3, attempt=2, backend="http://b:1",
+                     queued_seconds=0.25)
+        lease = Lease(**grant, task={}, traceparent=attempt_traces.granted(grant, "team/job", "node-7"))
+        tp = lease.traceparent
         tid = attempt_traces.trace_id(lease.attempt_id)
         assert tp.startswith(f"00-{tid}-") and tp.endswith("-01")
         assert exporter.get_finished_spans() == ()        # nothing is built before the attempt ends
@@ -93,9 +94,8 @@ def test_the_controllers_spans_encoded_at_the_end_are_those_a_provider_gets(monk
             monkeypatch.setattr(attempt_traces.time, "time_ns", lambda: 1_700_000_001_000_000_000)
             for aid, outcome, t in (("4.2.abcdef", "done", done), ("5.1.abcdef", "expired", None),
                                     ("6.1.abcdef", "queued", infra)):
-                lease = Lease(attempt_id=aid, item=4, prompt=1, sample=3, attempt=2, task={}, backend="http://b:1",
-                              queued_seconds=0.25)
-                attempt_traces.granted(lease, "team/job", "node-7")
+                attempt_traces.granted(dict(attempt_id=aid, item=4, prompt=1, sample=3, attempt=2,
+                                            backend="http://b:1", queued_seconds=0.25), "team/job", "node-7")
                 attempt_traces.ended(aid, outcome, t)
     finally:
         tracing.use(None)
@@ -115,10 +115,10 @@ def test_a_trace_the_sampler_drops_is_not_kept_and_says_so():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(provider)
     try:
-        lease = Lease(attempt_id="5.1.abcdef", item=5, prompt=0, sample=0, attempt=1, task={}, backend=None)
-        tp = attempt_traces.granted(lease, "default/j", "n")
-        assert tp.endswith("-00") and attempt_traces.trace_id(lease.attempt_id) is None
-        attempt_traces.ended(lease.attempt_id, "done")
+        tp = attempt_traces.granted(dict(attempt_id="5.1.abcdef", item=5, prompt=0, sample=0, attempt=1, backend=None,
+                                         queued_seconds=0.0), "default/j", "n")
+        assert tp.endswith("-00") and attempt_traces.trace_id("5.1.abcdef") is None
+        attempt_traces.ended("5.1.abcdef", "done")
     finally:
         tracing.use(None)
     assert exporter.get_finished_spans() == ()
