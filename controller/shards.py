@@ -1,5 +1,5 @@
 """Node shards: every controller replica on PostgreSQL serves the node protocol for the nodes it owns, so node-call
-load spreads over replicas. Used by `replicas.py`; next step: an owner row deleted with its job's nodes (now: gone at the next whole read).
+load spreads over replicas. Used by `replicas.py`; next step: the whole owner read once a minute dropped (every change is stamped now).
 
 Members: each replica renews a row (url, expiry) every RENEW_SECONDS, as the leader renews its lease (same clock,
 same bound). Owners: a node is owned by one live member (`node_owners`: owner, and `moves`, bumped by every change
@@ -36,13 +36,13 @@ from rolloutd.crds.node import OWNER_HEADER
 from .dialects import raw
 from .errors import ServiceUnavailable
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
+from .store.replica_tables import STAMP
 from .work.held_leases import HeldLease
 
 log = logging.getLogger("rolloutd.shards")
 
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
-STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id of the transaction that wrote it
-FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (a node purged without going gone leaves the view)
+FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (with `replica_tables.DELETIONS_KEPT_SECONDS`)
 _MOVE = (f"UPDATE node_owners SET owner = %s, moves = moves + 1, stamp = {STAMP} WHERE node_id = (SELECT node_id "
          "FROM node_owners WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
 
@@ -133,12 +133,13 @@ class Shards:
         """Every active node's (owner, moves): read whole, or our last view with the rows stamped since it (each
         write of an owner row stamps it with its transaction's id, `STAMP`; a node gone stamps its row too,
         `Serving.gone`). Stamps at or above the oldest transaction still open at our last read (`_since`, its
-        snapshot's xmin) cover every write that read could not see, committed in any order since."""
+        snapshot's xmin) cover every write that read could not see, committed in any order since. A deleted row (its
+        job purged) leaves a record with the stamp of the deleting transaction (`replica_tables.delete_owners`)."""
         if self._since is None or time.monotonic() >= self._full_at:
             self._view = {node: (owner, int(m)) for node, owner, m in c.exec_driver_sql(
                 "SELECT o.node_id, o.owner, o.moves FROM node_owners o JOIN nodes n ON n.id = o.node_id "
                 "WHERE n.state != 'gone'")}
-            self._full_at = time.monotonic() + FULL_READ_SECONDS
+            self._full_at = time.monotonic() + FULL_READ_SECONDS  # (well before the deletions' records go)
             self.rows_read += len(self._view)
             return dict(self._view)
         # the upper bound is for the planner: a range is estimated narrow (the index) before the table has statistics,
@@ -146,12 +147,16 @@ class Shards:
         changed = c.exec_driver_sql("SELECT o.node_id, o.owner, o.moves, (SELECT n.state FROM nodes n WHERE n.id = "
                                     "o.node_id) FROM node_owners o WHERE o.stamp BETWEEN %s AND 9223372036854775807",
                                     (self._since,)).fetchall()
-        self.rows_read += len(changed)
+        deleted = c.exec_driver_sql("SELECT node_id FROM node_owner_deletions WHERE stamp BETWEEN %s AND "
+                                    "9223372036854775807", (self._since,)).fetchall()
+        self.rows_read += len(changed) + len(deleted)
         for node, owner, m, state in changed:
             if state is None or state == "gone":
                 self._view.pop(node, None)
             else:
                 self._view[node] = (owner, int(m))
+        for (node,) in deleted:  # (a row deleted after `changed` read it: its record is read next time too)
+            self._view.pop(node, None)
         return dict(self._view)
 
     def assign(self, node_id: str) -> str:
