@@ -6,11 +6,12 @@ same bound). Owners: a node is owned by one live member (`node_owners`: owner, a
 of owner), the least-loaded at its first call. The rows decide every move: when an owner's row runs out, the first
 survivor to look takes its nodes (a conditional UPDATE: one move wins); when a member joins, or loads are uneven,
 a replica above its fair share hands a node over at the node's next call (`Shards.give`, `hand_over`). Either way
-the call is forwarded to the new owner and the reply names it (OWNER header): the daemon calls it from then on.
+the call is answered 421 naming the new owner (OWNER header; feature owner-redirect, else forwarded there and the reply
+names it): the daemon calls it from then on.
 
 The fence (`Serving.check`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
-that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` forwards the
-call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
+that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` redirects or
+forwards the call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
 earlier owner commits for the node again (a replica paused past its row's lapse included). A work core serves a
 node's calls from memory (held leases, liveness, admission) exactly as a single controller does, for the `moves` it
 loaded the node's leases at: a node that moved (away and back included) is loaded again from the database, with a
@@ -49,7 +50,7 @@ _MOVE = (f"UPDATE node_owners SET owner = %s, moves = moves + 1, stamp = {STAMP}
 
 class NotOwner(ServiceUnavailable):
     """A node call reached a replica that does not own the node now: nothing was answered from its memory and its
-    transaction is rolled back; 503 naming the owner (`replicas.py` forwards the call there)."""
+    transaction is rolled back; 503 naming the owner (`replicas.py` answers 421 naming it, or forwards the call there)."""
 
     def __init__(self, node_id: str, owner: str) -> None:
         super().__init__(f"node {node_id} is served by {owner or 'no replica yet'}: retry there")
