@@ -255,6 +255,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
     source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(items // 8)))
     health = HealthServer()
     server = scale_stores.start_server() if store == "postgresql" else None
+    if server:  # the database too: prioritised controllers waiting on a starved server measure the server's wait
+        _prioritize(server.pid())
     url = server.create_database("scale") if server else None
     try:
         ctls = scale_replicas.start(Controller, root, src, url, replicas) if replicas > 1 else [Controller(root, src, url)]
@@ -335,7 +337,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         return {
             "variant": variant, "store": store, "replicas": replicas, "nodes": nodes,
             "replica_cores": [round((c1 - c0) / window, 3) for c0, c1 in zip(per0, per1)],
-            "forwarded": sum(o.get("forwarded", 0) for o in outs), "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
+            "forwarded": sum(o.get("forwarded", 0) for o in outs), "redirected": sum(o.get("redirected", 0) for o in outs),
+            "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
             "expand_s": round(expand_s, 1), "offered_per_s": round(offered, 1),
             "rollouts_per_s": round(done / window, 1), "rollouts": done,
             "ctl_cores": round((cpu1 - cpu0) / window, 3),

@@ -9,7 +9,7 @@ written): the node protocol, the trainer routes (streams included) and the daemo
 503 + Retry-After, which every client retries (on another address when it has several). Each replica polls the
 change log (`ChangePoller`), so a write on one wakes the watches and the operator of all. On PostgreSQL (unless
 ROLLOUTD_NODE_SHARDS=0) the node protocol is not forwarded to the leader: each replica serves the nodes it owns
-(`shards.py`) with a work core of its own, and forwards a call of another's node to that one.
+(`shards.py`) with a work core of its own; another's node's call: 421 naming the owner (owner-redirect) or forwarded.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any, Callable
 import httpx
 from prometheus_client import Counter
 
-from rolloutd.crds.node import FAILOVER_CALL_SECONDS
+from rolloutd.crds.node import FAILOVER_CALL_SECONDS, MISDIRECTED, OWNER_REDIRECT
 from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
@@ -115,8 +115,8 @@ class Replica:
         self.serving: Serving | None = None  # the nodes the serving work core (ours, or the leader's) serves
         # a node's calls (not registrations) answered here, or forwarded to the replica that owns the node
         self.node_calls = Counter("rolloutd_replica_node_calls", "Node calls of a node this replica owns (served), "
-                                  "another does (forwarded to it), one it handed over at the call (handed), or one "
-                                  "its fence found another's (fenced: forwarded)", ["how"], registry=self.root.metrics)
+                                  "another does (forwarded, or redirected: 421 naming it), one it handed over at the "
+                                  "call (handed), or one its fence found another's (fenced)", ["how"], registry=self.root.metrics)
         self.follower = create_app(self.root)
         self.leader: Any = None  # the leader's `server.Controller`, once elected
         self.build, self.url = build, url
@@ -242,11 +242,10 @@ class Replica:
             await asyncio.sleep(POLL_SECONDS * 5)
 
     async def _node_call(self, scope, receive, send) -> None:
-        """A node call: served here when this replica owns the node (or it is a registration), else forwarded to the
-        owner, whose address the reply names (`shards.OWNER`): the daemon moves to it. A node of ours above our fair
-        share is handed over first (`Shards.give`). The fence of the call's transaction has the last word
-        (`shards.Serving.check`): a call it refuses is forwarded to the owner it names, or (a forwarded call: no
-        second hop) answered 503 naming it."""
+        """A node call: served here when this replica owns the node (or it is a registration), else answered 421 naming
+        the owner (`_redirects`) or forwarded to it, the reply naming it (`shards.OWNER`): the daemon moves to it. A node
+        of ours above our fair share is handed over first (`Shards.give`). The fence of the call's transaction has the
+        last word (`shards.Serving.check`): a call it refuses goes the same way, or (forwarded: no second hop) 503."""
         node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
         forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
         app = self.leader.app if self.leader is not None else self.follower
@@ -255,6 +254,9 @@ class Replica:
         if not forwarded:
             owner = await self._owner(node_id)
             if owner != self.shards.url:
+                if await self._redirects(node_id):
+                    self.node_calls.labels("redirected").inc()
+                    return await _misdirected(send, node_id, owner)
                 self.node_calls.labels("forwarded").inc()
                 return await self._forward(scope, receive, send, owner)
         body = await _body(receive)
@@ -276,7 +278,16 @@ class Replica:
         self.node_calls.labels("fenced").inc()
         if forwarded or owner == self.shards.url:
             return await _unavailable(send, f"node {node_id} is served by {owner}: retry there", owner)
+        if await self._redirects(node_id):  # (its transaction rolled back: nothing of the call was processed)
+            return await _misdirected(send, node_id, owner)
         return await self._forward(scope, _replay(body, receive), send, owner)
+
+    async def _redirects(self, node_id: str) -> bool:
+        """The node's daemon registered with feature owner-redirect: a call of it to us that another replica owns is
+        answered 421 naming the owner, not forwarded (it re-sends it there: `agents/daemon/controller_client.py`)."""
+        reg = (self.leader.root.work if self.leader is not None else self.root.work).registry
+        features = reg.features.get(node_id)  # (read from its row once)
+        return OWNER_REDIRECT in (features if features is not None else await asyncio.to_thread(reg.features_of, node_id))
 
     async def _owner(self, node_id: str) -> str:
         """The node's owner for a call it made to us: our view of the rows, the row itself when the view names
@@ -340,6 +351,16 @@ async def _unavailable(send, message: str, owner: str = "") -> None:
     await send({"type": "http.response.start", "status": 503,
                 "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]
                 + ([(OWNER.encode(), owner.encode())] if owner else [(NOT_LEADER.encode(), b"1")])})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _misdirected(send, node_id: str, owner: str) -> None:
+    """421 naming the owner (owner-redirect), nothing of the call processed. Not 307 to its URL: generic clients follow
+    one without moving, and it means the resource is elsewhere, where 421 says this server is the wrong one for it."""
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": MISDIRECTED, "reason":
+                       "Misdirected", "message": f"node {node_id} is served by {owner}: send it there"}).encode()
+    await send({"type": "http.response.start", "status": MISDIRECTED,
+                "headers": [(b"content-type", b"application/json"), (OWNER.encode(), owner.encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

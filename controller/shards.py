@@ -1,16 +1,17 @@
 """Node shards: every controller replica on PostgreSQL serves the node protocol for the nodes it owns, so node-call
-load spreads over replicas. Used by `replicas.py`; next step: an owner row deleted with its job's nodes (now: gone at the next whole read).
+load spreads over replicas. Used by `replicas.py`; next step: the whole owner read once a minute dropped (every change is stamped now).
 
 Members: each replica renews a row (url, expiry) every RENEW_SECONDS, as the leader renews its lease (same clock,
 same bound). Owners: a node is owned by one live member (`node_owners`: owner, and `moves`, bumped by every change
 of owner), the least-loaded at its first call. The rows decide every move: when an owner's row runs out, the first
 survivor to look takes its nodes (a conditional UPDATE: one move wins); when a member joins, or loads are uneven,
 a replica above its fair share hands a node over at the node's next call (`Shards.give`, `hand_over`). Either way
-the call is forwarded to the new owner and the reply names it (OWNER header): the daemon calls it from then on.
+the call is answered 421 naming the new owner (OWNER header; feature owner-redirect, else forwarded there and the reply
+names it): the daemon calls it from then on.
 
 The fence (`Serving.check`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
-that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` forwards the
-call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
+that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` redirects or
+forwards the call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
 earlier owner commits for the node again (a replica paused past its row's lapse included). A work core serves a
 node's calls from memory (held leases, liveness, admission) exactly as a single controller does, for the `moves` it
 loaded the node's leases at: a node that moved (away and back included) is loaded again from the database, with a
@@ -36,20 +37,20 @@ from rolloutd.crds.node import OWNER_HEADER
 from .dialects import raw
 from .errors import ServiceUnavailable
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
+from .store.replica_tables import STAMP
 from .work.held_leases import HeldLease
 
 log = logging.getLogger("rolloutd.shards")
 
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
-STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id of the transaction that wrote it
-FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (a node purged without going gone leaves the view)
+FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (with `replica_tables.DELETIONS_KEPT_SECONDS`)
 _MOVE = (f"UPDATE node_owners SET owner = %s, moves = moves + 1, stamp = {STAMP} WHERE node_id = (SELECT node_id "
          "FROM node_owners WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
 
 
 class NotOwner(ServiceUnavailable):
     """A node call reached a replica that does not own the node now: nothing was answered from its memory and its
-    transaction is rolled back; 503 naming the owner (`replicas.py` forwards the call there)."""
+    transaction is rolled back; 503 naming the owner (`replicas.py` answers 421 naming it, or forwards the call there)."""
 
     def __init__(self, node_id: str, owner: str) -> None:
         super().__init__(f"node {node_id} is served by {owner or 'no replica yet'}: retry there")
@@ -133,12 +134,13 @@ class Shards:
         """Every active node's (owner, moves): read whole, or our last view with the rows stamped since it (each
         write of an owner row stamps it with its transaction's id, `STAMP`; a node gone stamps its row too,
         `Serving.gone`). Stamps at or above the oldest transaction still open at our last read (`_since`, its
-        snapshot's xmin) cover every write that read could not see, committed in any order since."""
+        snapshot's xmin) cover every write that read could not see, committed in any order since. A deleted row (its
+        job purged) leaves a record with the stamp of the deleting transaction (`replica_tables.delete_owners`)."""
         if self._since is None or time.monotonic() >= self._full_at:
             self._view = {node: (owner, int(m)) for node, owner, m in c.exec_driver_sql(
                 "SELECT o.node_id, o.owner, o.moves FROM node_owners o JOIN nodes n ON n.id = o.node_id "
                 "WHERE n.state != 'gone'")}
-            self._full_at = time.monotonic() + FULL_READ_SECONDS
+            self._full_at = time.monotonic() + FULL_READ_SECONDS  # (well before the deletions' records go)
             self.rows_read += len(self._view)
             return dict(self._view)
         # the upper bound is for the planner: a range is estimated narrow (the index) before the table has statistics,
@@ -146,12 +148,16 @@ class Shards:
         changed = c.exec_driver_sql("SELECT o.node_id, o.owner, o.moves, (SELECT n.state FROM nodes n WHERE n.id = "
                                     "o.node_id) FROM node_owners o WHERE o.stamp BETWEEN %s AND 9223372036854775807",
                                     (self._since,)).fetchall()
-        self.rows_read += len(changed)
+        deleted = c.exec_driver_sql("SELECT node_id FROM node_owner_deletions WHERE stamp BETWEEN %s AND "
+                                    "9223372036854775807", (self._since,)).fetchall()
+        self.rows_read += len(changed) + len(deleted)
         for node, owner, m, state in changed:
             if state is None or state == "gone":
                 self._view.pop(node, None)
             else:
                 self._view[node] = (owner, int(m))
+        for (node,) in deleted:  # (a row deleted after `changed` read it: its record is read next time too)
+            self._view.pop(node, None)
         return dict(self._view)
 
     def assign(self, node_id: str) -> str:

@@ -83,8 +83,9 @@ ENGINE_CLIENT_KEEP_ALIVE_SECONDS = 4.0
 # answers nothing), then moves to the next address; a new leader gives every lease it adopts this much more.
 FAILOVER_CALL_SECONDS = 10.0
 # on the reply of a node call one replica forwarded to another (node shards on PostgreSQL, controller/shards.py): the
-# replica that owns the node; the daemon calls it from then on
+# replica that owns the node; the daemon calls it from then on (feature owner-redirect: a 421 naming it, unforwarded)
 OWNER_HEADER = "x-rolloutd-owner"
+MISDIRECTED = 421  # feature owner-redirect: a node call that reached a replica not owning the node, not processed
 
 
 # Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with
@@ -125,13 +126,18 @@ OWNER_HEADER = "x-rolloutd-owner"
 #                 reply the job's processed tokens per second allowed per admitted episode on every backend it may use,
 #                 0 where it has no limit (`HeartbeatResponse.llmRates`, `controller/work/workshare.py`); the daemon
 #                 holds a call before sending it while its job is over it (`agents/daemon/rategate.py`)
+#   owner-redirect a node call that reaches a controller replica not owning the node (node shards) is answered at once
+#                 421 Misdirected Request naming the owner (OWNER_HEADER), not forwarded: nothing of it was processed,
+#                 so the daemon re-sends it to the owner at once and calls the owner from then on. A daemon without it
+#                 has its calls forwarded (twice the hops, and the replica's CPU on each)
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"
 LEASE_TRACE, BEAT_FENCE, POLICY_WATCH = "lease-trace", "beat-fence", "policy-watch"
 WEIGHT_STAMPS, TOKEN_SHARE, WORK_SHARE = "weight-stamps", "token-share", "work-share"
+OWNER_REDIRECT = "owner-redirect"
 FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
-            TOKEN_SHARE, WORK_SHARE)
+            TOKEN_SHARE, WORK_SHARE, OWNER_REDIRECT)
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),

@@ -24,6 +24,7 @@ from rolloutd.crds.node import (
     FAILOVER_CALL_SECONDS,
     FEATURES_PARAM,
     LEASE_PARAM,
+    MISDIRECTED,
     OWNER_HEADER,
     Heartbeat,
     HeartbeatResponse,
@@ -42,6 +43,7 @@ from rolloutd.crds.node import (
 NODES_PREFIX = "/apis/rolloutd.io/v1alpha1/nodes"  # the previous version's paths; the controller serves both
 
 M = TypeVar("M", bound=BaseModel)
+REDIRECTS = 3  # 421s one call follows (each names the owner as its replica read it; a move in between adds one)
 
 
 class ControllerError(StatusError):
@@ -57,7 +59,7 @@ class ControllerError(StatusError):
 
     @property
     def retryable(self) -> bool:
-        return self.status is None or self.status >= 500 or self.status in (408, 429)
+        return self.status is None or self.status >= 500 or self.status in (408, 429, MISDIRECTED)
 
     @property
     def gone(self) -> bool:
@@ -126,11 +128,15 @@ class ControllerClient:
             kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json", **(headers or {})}}
         else:
             kw = {"json": body.wire() if hasattr(body, "wire") else body, "headers": headers}
-        try:
-            resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
-        except httpx.HTTPError as e:
-            self._move_on()
-            raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        for _ in range(REDIRECTS + 1):  # feature owner-redirect: a 421 processed nothing, re-sent to the owner it names
+            try:
+                resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
+            except httpx.HTTPError as e:
+                self._move_on()
+                raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
+            if resp.status_code != MISDIRECTED or not (owner := resp.headers.get(OWNER_HEADER)):
+                break
+            self._move_to(owner.rstrip("/"))
         if (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") != self.base_url:
             self._move_to(owner.rstrip("/"))  # the replica that owns the node now (a 503 too: its fence refused)
         elif resp.status_code == 503:

@@ -1,11 +1,18 @@
-"""The replicas' tables (ROLLOUTD_REPLICAS): the leader lease (`leadership.py`), and the node shards' members, owners
-and stage counts (`shards.py`). Part of the store's schema and its migrations (`schema.py`, versions 4 and 5): created with
-the others, never by the code that uses them; next step: a migration for each new column.
+"""The replicas' tables (ROLLOUTD_REPLICAS): the leader lease (`leadership.py`), and the node shards' members, owners,
+owner deletions and stage counts (`shards.py`). Part of the store's schema and its migrations (`schema.py`, versions 4 to
+6): created with the others, never by the code that uses them; next step: a migration for each new column.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import BigInteger, Column, Double, Index, Integer, Text
 from sqlmodel import Field, SQLModel
+
+STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id of the transaction that wrote it
+# an owner deletion's record is kept this long: a replica that has not read by stamp for a minute reads the owner rows
+# whole (`shards.FULL_READ_SECONDS`), so it needs no record older than that and its longest transaction
+DELETIONS_KEPT_SECONDS = 300.0
 
 
 class LeaderLeaseRow(SQLModel, table=True):
@@ -36,6 +43,16 @@ class NodeOwnerRow(SQLModel, table=True):
     stamp: int = Field(sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
+class NodeOwnerDeletionRow(SQLModel, table=True):
+    """An owner row deleted (its job purged: `delete_owners`), stamped as the row's writes were (version 6): a
+    replica reading the rows stamped since its last read drops the node from its view (a deleted row has no stamp)."""
+    __tablename__ = "node_owner_deletions"
+    __table_args__ = (Index("ix_node_owner_deletions_stamp", "stamp"),)
+    node_id: str = Field(sa_column=Column(Text, primary_key=True))
+    stamp: int = Field(sa_column=Column(BigInteger, nullable=False))
+    at: float = Field(sa_column=Column(Double, nullable=False))  # the server's clock (epoch seconds) when deleted
+
+
 class ReplicaStageRow(SQLModel, table=True):
     """The leases one replica holds, per job and stage (a job's progress sums every live replica's)."""
     __tablename__ = "replica_stages"
@@ -45,5 +62,19 @@ class ReplicaStageRow(SQLModel, table=True):
     n: int = Field(sa_column=Column(Integer, nullable=False))
 
 
-REPLICA_TABLES = (LeaderLeaseRow, ReplicaMemberRow, NodeOwnerRow, ReplicaStageRow)
+REPLICA_TABLES = (LeaderLeaseRow, ReplicaMemberRow, NodeOwnerRow, NodeOwnerDeletionRow, ReplicaStageRow)
 LEASE_SEED = "INSERT INTO leader_lease (id, holder, epoch, expires, url) VALUES (1, '', 0, 0, '') ON CONFLICT DO NOTHING"
+
+
+def delete_owners(c: Any, job: str, pg: bool) -> None:
+    """In the transaction that purges `job`'s nodes (`work.tables.purge`), before the nodes go: their owner rows
+    deleted; on PostgreSQL (the replicas' store) each deletion recorded with its stamp, and the records older than
+    DELETIONS_KEPT_SECONDS removed."""
+    nodes = "SELECT id FROM nodes WHERE job = %s" if pg else "SELECT id FROM nodes WHERE job = ?"
+    if pg:
+        now = "extract(epoch from clock_timestamp())"
+        c.exec_driver_sql(f"DELETE FROM node_owner_deletions WHERE at < {now} - %s", (DELETIONS_KEPT_SECONDS,))
+        c.exec_driver_sql(f"INSERT INTO node_owner_deletions (node_id, stamp, at) SELECT node_id, {STAMP}, {now} "
+                          f"FROM node_owners WHERE node_id IN ({nodes}) ON CONFLICT (node_id) DO UPDATE "
+                          "SET stamp = excluded.stamp, at = excluded.at", (job,))
+    c.exec_driver_sql(f"DELETE FROM node_owners WHERE node_id IN ({nodes})", (job,))

@@ -16,11 +16,12 @@ from sqlmodel import Field, Session, SQLModel
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob
 
 from ..errors import ApiError
-from .replica_tables import LEASE_SEED, REPLICA_TABLES, NodeOwnerRow
+from .replica_tables import LEASE_SEED, REPLICA_TABLES, NodeOwnerDeletionRow, NodeOwnerRow
 
-SCHEMA_VERSION = 5  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
+SCHEMA_VERSION = 6  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
 # 4: the replicas' tables (`replica_tables.py`: the leader lease, node shards), made by the code using them before;
-# 5: node_owners.stamp and its index (a replica reads the owner rows written since its last read)
+# 5: node_owners.stamp and its index (a replica reads the owner rows written since its last read);
+# 6: node_owner_deletions (a purged job's owner rows deleted, each deletion stamped for the replicas to read)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).
 RELEASE_FINALIZER = "rolloutd.io/release"
 
@@ -201,9 +202,15 @@ def _to_v5(s: Session) -> None:
     conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_node_owners_stamp ON node_owners (stamp)")
 
 
+def _to_v6(s: Session) -> None:
+    """v5 → v6: the record of deleted owner rows (`replica_tables.NodeOwnerDeletionRow`); a v5 replica, which would
+    delete no owner row, is refused from then on."""
+    NodeOwnerDeletionRow.__table__.create(s.connection(), checkfirst=True)
+
+
 def seed(s: Session) -> None:
     """The rows a new database starts with beside its tables (the tables are `SQLModel.metadata`'s)."""
     s.connection().exec_driver_sql(LEASE_SEED)
 
 
-MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5}
+MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5, 5: _to_v6}

@@ -8,6 +8,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel
 
 from ..dialects import columns, index_columns, is_pg
+from ..store.replica_tables import delete_owners
 
 from .states import BatchState, DaemonState, GroupState, ItemState
 
@@ -243,6 +244,9 @@ def _add_facts(c) -> None:
 
 
 def purge(s: Session, job: str) -> None:
-    """Delete every row of `job` from the work tables (a deleted job, or one re-created under its name)."""
+    """Delete every row of `job` from the work tables (a deleted job, or one re-created under its name), and the owner
+    rows of its nodes (node shards: the replicas' views drop them at their next refresh, `shards.Shards._rows`)."""
+    c = s.connection()
+    delete_owners(c, job, is_pg(c))
     for model in PER_JOB:
         s.exec(model.__table__.delete().where(model.job == job))

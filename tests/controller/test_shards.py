@@ -115,6 +115,86 @@ def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_n
     assert (a.owners, a.moves) == (c.owners, c.moves)
 
 
+def _owner_rows(store: Store) -> dict[str, tuple[str, int]]:
+    with store.engine.connect() as c:
+        return {n: (o, m) for n, o, m in c.exec_driver_sql("SELECT node_id, owner, moves FROM node_owners")}
+
+
+def test_a_purge_deletes_its_jobs_owner_rows_in_its_transaction_and_no_other(store_location):
+    """Both stores: the owner rows of a purged job's nodes go with the nodes, in the purge's transaction (rolled back
+    with it); every other job's stay as they were. On PostgreSQL each deletion is recorded (stamped)."""
+    store = Store(store_location)
+    tables.create(store.engine)
+    with Session(store.engine) as s:
+        for job, n in (("default/j", "j0"), ("default/j", "j1"), ("default/k", "k0")):
+            s.add(NodeRow(id=n, job=job, name=n, host="h", registered=0, last_seen=0))
+        s.commit()
+    with store.engine.begin() as c:
+        for n in ("j0", "j1", "k0"):
+            c.exec_driver_sql(f"INSERT INTO node_owners (node_id, owner, moves) VALUES ('{n}', 'http://a', 3)")
+    with Session(store.engine) as s:
+        tables.purge(s, "default/j")
+        s.rollback()
+    assert set(_owner_rows(store)) == {"j0", "j1", "k0"}
+    with Session(store.engine) as s:
+        tables.purge(s, "default/j")
+        s.commit()
+    assert _owner_rows(store) == {"k0": ("http://a", 3)}
+    with store.engine.connect() as c:  # on PostgreSQL each deletion recorded for the replicas that read by stamp
+        recorded = {n for (n,) in c.exec_driver_sql("SELECT node_id FROM node_owner_deletions")}
+    assert recorded == ({"j0", "j1"} if store.dialect == "postgresql" else set())
+
+
+def test_on_postgresql_two_replicas_drop_a_purged_jobs_nodes_at_their_next_refresh_and_nothing_else(pg_server):
+    """Two replicas read the owner rows by stamp (no whole read due); a job purged deletes its nodes' rows and
+    records each deletion's stamp: both replicas' next refresh drops exactly those nodes (reading the 4 records),
+    the other job's owners and moves as they were, and the view equals a new replica's whole read."""
+    store = Store(pg_server.create_database())
+    a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
+    for s in (a, b):
+        s.renew()
+    for s in (a, b):
+        s.refresh()
+    kept, purged = [f"j{i}" for i in range(6)], [f"k{i}" for i in range(4)]
+    _nodes(store, kept)
+    tables.create(store.engine)
+    with Session(store.engine) as s:
+        for n in purged:
+            s.add(NodeRow(id=n, job="default/k", name=n, host="h", registered=0, last_seen=0))
+        s.commit()
+    for i, n in enumerate(kept + purged):
+        (a if i % 2 else b).owner(n)
+    a.refresh()
+    a.hand_over(next(n for n in kept if a.owners[n] == "http://a"), "http://b")  # one row moved twice: moves 2
+    for s in (a, b):
+        s.refresh()
+        s.refresh()
+    views = {s.url: (dict(s.owners), dict(s.moves)) for s in (a, b)}
+    assert all(set(owners) == set(kept + purged) for owners, _ in views.values())
+    read = {s.url: s.rows_read for s in (a, b)}
+    for s in (a, b):
+        s.refresh()
+        assert s.rows_read == read[s.url]  # by stamp: nothing changed, nothing read
+
+    with Session(store.engine) as s:
+        tables.purge(s, "default/k")
+        s.commit()
+    for s in (a, b):
+        owned = s.refresh()
+        assert s.rows_read - read[s.url] == len(purged)  # by stamp still: the deletions' records, nothing else
+        before_owners, before_moves = views[s.url]
+        assert s.owners == {n: o for n, o in before_owners.items() if n not in purged}
+        assert s.moves == {n: m for n, m in before_moves.items() if n not in purged}
+        assert owned == {n: m for n, m in s.moves.items() if s.owners[n] == s.url}
+    c = Shards(store.engine, "http://c")
+    c.refresh()
+    assert (a.owners, a.moves) == (b.owners, b.moves) == (c.owners, c.moves)
+    read = {s.url: s.rows_read for s in (a, b)}
+    for s in (a, b):  # the deletion seen once: reads by stamp again
+        s.refresh()
+        assert s.rows_read == read[s.url]
+
+
 def test_shards_are_on_by_default_with_replicas_on_postgresql_and_never_on_sqlite():
     from rolloutd.controller.replicas import node_shards
 

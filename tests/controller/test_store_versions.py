@@ -39,10 +39,11 @@ def test_an_older_rolloutd_refuses_a_newer_database_and_leaves_it_as_it_was(tmp_
         assert c.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one() == 1
 
 
-REPLICA_TABLES = {"leader_lease", "node_owners", "replica_members", "replica_stages"}
+REPLICA_TABLES = {"leader_lease", "node_owners", "node_owner_deletions", "replica_members", "replica_stages"}
 # what the replicas' own CREATE statements made before schema 4 (the lease row held; an owner row without `moves`)
 V3_REPLICA_TABLES = (
-    "DROP TABLE leader_lease", "DROP TABLE node_owners", "DROP TABLE replica_members", "DROP TABLE replica_stages",
+    "DROP TABLE leader_lease", "DROP TABLE node_owners", "DROP TABLE node_owner_deletions", "DROP TABLE replica_members",
+    "DROP TABLE replica_stages",
     "CREATE TABLE leader_lease (id INTEGER PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL, "
     "expires DOUBLE PRECISION NOT NULL, url TEXT NOT NULL)",
     "INSERT INTO leader_lease VALUES (1, 'old-leader', 7, 0, 'http://a')",
@@ -77,19 +78,20 @@ def _indexes(location, table: str) -> set[str]:
 
 def test_an_upgrade_from_schema_3_makes_the_replicas_tables_and_keeps_their_rows(store_location):
     """A v3 database (the lease and shard tables made, if at all, by the replicas' own statements) opens at the current
-    version with all four tables, the lease's epoch and the owner rows kept, `moves` (v4) and `stamp` (v5, indexed)
-    added (a v3 rolloutd is then refused, as above)."""
+    version with all five tables, the lease's epoch and the owner rows kept, `moves` (v4) and `stamp` (v5, indexed)
+    added, the owner deletions' record (v6) made (a v3 rolloutd is then refused, as above)."""
     store = Store(store_location)
     with store.engine.begin() as c:
         for sql in V3_REPLICA_TABLES:
             c.exec_driver_sql(sql)
     store.engine.dispose()
-    assert REPLICA_TABLES - _tables(store_location) == {"replica_members", "replica_stages"}
+    assert REPLICA_TABLES - _tables(store_location) == {"replica_members", "replica_stages", "node_owner_deletions"}
 
     store = Store(store_location)
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     assert REPLICA_TABLES <= _tables(store_location)
     assert "ix_node_owners_stamp" in _indexes(store_location, "node_owners")
+    assert "ix_node_owner_deletions_stamp" in _indexes(store_location, "node_owner_deletions")
     with store.engine.connect() as c:
         assert c.exec_driver_sql("SELECT holder, epoch FROM leader_lease").all() == [("old-leader", 7)]
         assert c.exec_driver_sql("SELECT node_id, owner, moves, stamp FROM node_owners").all() == [("n1", "http://a", 0, 0)]

@@ -76,8 +76,11 @@ def test_both_replicas_serve_their_nodes_and_a_killed_ones_nodes_move_with_nothi
     wait_until(lambda: all(node_calls(m).get("served", 0) >= before[m.url].get("served", 0) + 2 * NODES
                            for m in (leader, follower)), 120, "both replicas answering their nodes' beats", every=0.5)
     after = {m.url: node_calls(m) for m in (leader, follower)}
-    for m in (leader, follower):  # every call reached its owner: none forwarded while the job ran
-        assert after[m.url].get("forwarded", 0) == before[m.url].get("forwarded", 0), (before, after)
+    for m in (leader, follower):  # every call reached its owner: none forwarded, none redirected while the job ran
+        assert after[m.url].get("forwarded", 0) == 0, (before, after)  # (owner-redirect: calls are redirected)
+        assert after[m.url].get("redirected", 0) == before[m.url].get("redirected", 0), (before, after)
+    # the daemons start at the leader: those of the follower's nodes were told at their first call, and moved
+    assert after[leader.url].get("redirected", 0) >= 1, after
     print(f"node calls: before {before}, after {after}; owners {sorted(owned.values())}")
 
     trainer = Trainer(replicas.servers, replicas.data_dir / "token", "sharded")
@@ -136,6 +139,15 @@ def test_a_replica_that_joins_takes_its_share_of_running_nodes_with_nothing_lost
                "the joiner answering its nodes' calls itself", every=0.5)
     handed = node_calls(first).get("handed", 0)
     assert handed == NODES // 2, node_calls(first)
+    # owner-redirect: the calls of the nodes handed over that reached the first replica were answered 421 naming the
+    # joiner (nothing processed) and re-sent there; none forwarded. From then on the daemons call only their owners
+    told = node_calls(first)
+    assert told.get("redirected", 0) >= handed and told.get("forwarded", 0) == 0, told
+    served = node_calls(joiner).get("served", 0)
+    wait_until(lambda: node_calls(joiner).get("served", 0) >= served + 2 * NODES // 2, 120, "the joiner's nodes' beats",
+               every=0.5)
+    assert node_calls(first).get("redirected", 0) == told["redirected"], (told, node_calls(first))
+    assert node_calls(joiner).get("forwarded", 0) == 0, node_calls(joiner)
     late.touch()
     first.wait_done("joined", 240)
     got = scored_once(first, "joined", ROLLOUTS)
@@ -180,13 +192,14 @@ def test_a_paused_replica_whose_nodes_moved_answers_none_of_their_calls(pg_repli
             for node in moved:  # what its daemon would send it (a beat), the admin token standing in for the node's
                 r = httpx.post(f"{other.url}/apis/rolloutd.io/v1alpha1/nodes/{node}/heartbeat", json={}, timeout=30,
                                headers={"Authorization": f"Bearer {other.token}"})
-                assert r.status_code == 200, r.text
+                # the daemons declared owner-redirect: 421 naming the owner, not answered nor forwarded
+                assert r.status_code == 421, r.text
                 assert r.headers.get(OWNER) == leader.url, ("answered by the paused replica", dict(r.headers))
             after = node_calls(other)
-            # none served; each forwarded, by its fence or by the view a fenced call corrected (the daemons' own
+            # none served; each redirected, by its fence or by the view a fenced call corrected (the daemons' own
             # calls that waited in its socket through the pause were fenced the moment it resumed)
             assert after.get("served", 0) == before.get("served", 0), (before, after)
-            assert sum(after.get(k, 0) - before.get(k, 0) for k in ("fenced", "forwarded")) >= len(moved), (before, after)
+            assert sum(after.get(k, 0) - before.get(k, 0) for k in ("fenced", "redirected")) >= len(moved), (before, after)
             hold.rollback()
     finally:
         os.killpg(other.proc.pid, signal.SIGCONT)

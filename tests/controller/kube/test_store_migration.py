@@ -33,7 +33,7 @@ def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
                      (json.dumps({"team": "rl"}), json.dumps(spec), json.dumps({"phase": "Running"})))
         conn.execute("INSERT INTO changes VALUES (7, 'MODIFIED', 'old-job', '{}')")
     store = Store(db)
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     wire = store.get_wire("old-job", "default")
     meta = wire["metadata"]
     assert meta["namespace"] == "default" and meta["finalizers"] == [RELEASE_FINALIZER]
@@ -42,7 +42,7 @@ def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
     store.mark_deleted("old-job")  # the reconciler's release removes it, as for a job created now
     store.remove("old-job")
     assert store.names() == []
-    assert Store(db).schema_version() == 5  # opening again migrates nothing twice
+    assert Store(db).schema_version() == SCHEMA_VERSION  # opening again migrates nothing twice
 
 
 def test_a_v2_database_rekeys_jobs_outside_default_and_one_name_then_lives_in_two_namespaces(tmp_path):
@@ -65,7 +65,7 @@ def test_a_v2_database_rekeys_jobs_outside_default_and_one_name_then_lives_in_tw
                          "'Made', 'x')", (name,))
     del store
     store = Store(db)
-    assert store.schema_version() == 5
+    assert store.schema_version() == SCHEMA_VERSION
     assert sorted(store.names()) == ["b", "team/a"]
     with sqlite3.connect(db) as conn:
         assert sorted(r[0] for r in conn.execute("SELECT job FROM items")) == ["b", "team/a"]

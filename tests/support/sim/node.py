@@ -38,21 +38,27 @@ class Wire:
         self.errors: collections.Counter[str] = collections.Counter()
         self.owners: dict[str, str] = {}  # node id → the replica that owns it (named on a forwarded reply), as daemons
         self.forwarded = 0  # calls answered through another replica (node shards: `controller/shards.py`)
+        self.redirected = 0  # calls answered 421 by another replica, re-sent to the owner it named (owner-redirect)
 
     async def post(self, kind: str, path: str, body: bytes, timeout: float = 60.0, token: str | None = None) -> dict:
         """`token`: the node's own (per-node calls); else the job's node credential (register)."""
         headers = self.headers if token is None else {**self.headers, "Authorization": f"Bearer {token}"}
         node = path.split("/", 2)[1].split("?", 1)[0]
-        req = httpx.Request("POST", self.owners.get(node, self.base) + path, content=body, headers=headers,
-                            extensions={"timeout": {"connect": 10, "read": timeout, "write": 10, "pool": timeout}})
         t0 = time.time()
-        try:
-            resp = await self.transport.handle_async_request(req)
-        except httpx.HTTPError as e:
-            self.errors[f"{kind} {type(e).__name__}"] += 1
-            raise
+        for _ in range(4):  # feature owner-redirect: a 421 processed nothing, re-sent to the owner it names
+            req = httpx.Request("POST", self.owners.get(node, self.base) + path, content=body, headers=headers,
+                                extensions={"timeout": {"connect": 10, "read": timeout, "write": 10, "pool": timeout}})
+            try:
+                resp = await self.transport.handle_async_request(req)
+            except httpx.HTTPError as e:
+                self.errors[f"{kind} {type(e).__name__}"] += 1
+                raise
+            if resp.status_code != 421 or resp.headers.get("x-rolloutd-owner") is None:
+                break
+            self.owners[node] = resp.headers["x-rolloutd-owner"].rstrip("/") + NODES
+            self.redirected += 1
         self.latency[kind].append((t0, time.time() - t0))
-        if (owner := resp.headers.get("x-rolloutd-owner")) is not None:  # crds.node.OWNER_HEADER
+        if (owner := resp.headers.get("x-rolloutd-owner")) is not None and resp.status_code != 421:  # OWNER_HEADER
             self.owners[node], self.forwarded = owner.rstrip("/") + NODES, self.forwarded + 1
         if resp.status_code >= 400:
             self.errors[f"{kind} {resp.status_code}"] += 1
@@ -98,8 +104,8 @@ class SimNode:
     async def register(self) -> None:
         body = json.dumps({"job": self.sim.job, "protocol": self.sim.protocol, "name": self.name,
                            "host": "sim", "pid": 0, "slot": self.slot}).encode()
-        query = "?features=beat-results,beat-deltas,node-token" if self.sim.cfg.get("sync", True) \
-            else "?features=node-token"
+        query = "?features=beat-results,beat-deltas,node-token,owner-redirect" if self.sim.cfg.get("sync", True) \
+            else "?features=node-token,owner-redirect"
         resp = await self.sim.wire.post("register", f"/register{query}", body)
         self.token = resp.get("nodeToken")
         self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.factor, 0.005)

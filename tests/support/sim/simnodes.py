@@ -129,7 +129,7 @@ class Shard:
             await asyncio.wait_for(self.wire.transport.aclose(), 10)
         return {"ledger": self.ledger.to_json(), "accepted_at": self.accepted_at,
                 "latency": {k: v for k, v in self.wire.latency.items()}, "errors": dict(self.wire.errors),
-                "forwarded": self.wire.forwarded,
+                "forwarded": self.wire.forwarded, "redirected": self.wire.redirected,
                 "failed_loops": failed[:10], "n_failed_loops": len(failed),
                 "empty_leases": self.empty_leases, "cancelled": self.cancelled, "piggybacked": self.piggybacked}
 
