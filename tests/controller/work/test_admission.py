@@ -140,6 +140,24 @@ def test_a_small_job_is_lent_its_share_while_a_big_one_holds_the_cap(tmp_path, s
     assert [x.prompt for x in small_got + last] == [0, 1, 2]
 
 
+def test_a_latecomer_keeps_its_share_while_the_first_job_s_nodes_ask_first_for_every_freed_slot(tmp_path,
+                                                                                                   store_location):
+    # the bench's "a first" (issue 36): team-a's episodes run for hours and its two nodes always want more; team-b's
+    # are short. team-b is lent its share at its first lease, and each slot its episodes free is its own again, though
+    # team-a's nodes ask before it does every time
+    _, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=100, nodes=2), "b": dict(prompts=100)},
+                       max_episodes=8)
+    a1, a2, b = reg(sched, "a", "a1"), reg(sched, "a", "a2"), reg(sched, "b", "b1")
+    assert len(lease(sched, a1, 48)) + len(lease(sched, a2, 48)) == 8  # team-a holds the whole cap, both nodes wait
+    running = lease(sched, b, 16)
+    assert len(running) == 4 and sched.work.pool.pinned("b") == {URL: 4}  # half the cap at once, beyond it
+    for _ in range(20):
+        sched.work.calls.results(b, ResultBatch(results=[ok(running.pop(0))]))
+        assert lease(sched, a1, 48) == [] and lease(sched, a2, 48) == []  # over its share: nothing more
+        running += lease(sched, b, 16)
+        assert len(running) == 4 and sched.work.pool.pinned("a") == {URL: 8}
+
+
 def test_nobody_is_lent_beyond_the_cap_while_every_job_is_within_its_share(tmp_path, store_location):
     _, sched, _ = make(tmp_path, store_location, {"a": dict(prompts=10), "b": dict(prompts=10),
                                                    "c": dict(prompts=10)}, max_episodes=2)
