@@ -6,6 +6,7 @@ and measures staleness (a result).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
@@ -58,6 +59,7 @@ class PolicyVersions:
         self._epoch: dict[str, int] = defaultdict(int)
         self._moved: dict[str, asyncio.Event] = {}
         self._watch_seq: dict[str, int] = {}  # node → the last report its watches carried (the beats' are ignored)
+        self._waiting: set[asyncio.Event] = set()  # `_wait_beats`' wake-ups: set by each daemon's report
 
     def row(self, s: Session, job: str) -> PolicyRow:
         """The job's policy row, created (and flushed) on first use."""
@@ -114,6 +116,7 @@ class PolicyVersions:
         that watches reports on its watches (`watch`), never older than a beat that could arrive after them."""
         if node_id not in self._watch_seq:
             self._llm[node_id] = (time.monotonic(), llm_inflight, llm_held, llm_fence)
+            _wake(self._waiting)
 
     async def watch(self, node_id: str, job: str, req: PolicyWatch) -> PolicyState:
         """A daemon's policy watch (feature policy-watch): note its report as a beat's, then answer the job's policy
@@ -121,6 +124,7 @@ class PolicyVersions:
         if req.seq >= self._watch_seq.get(node_id, -1):  # two watches may arrive out of order: the newer report
             self._watch_seq[node_id] = req.seq
             self._llm[node_id] = (time.monotonic(), req.llm_inflight, req.llm_held, req.llm_fence)
+            _wake(self._waiting)
         deadline = time.monotonic() + req.wait
         while req.instance == self.instance and req.epoch == self._epoch[job]:
             left = deadline - time.monotonic()
@@ -239,9 +243,10 @@ class PolicyVersions:
     async def _live(self, name: str, version: int | str, urls: list[str], weights_path: str | None, mode: str,
                     timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]], float]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
-        continue them once the gate opens), then load the weights, label them and reset the prefix cache, including
-        the kept requests' KV (recomputed on the new weights), while the daemons are asked, in one watch answer, to
-        hold new LLM calls and take a fence: where each of their streams stands (the tokens before it are the old
+        continue them once the gate opens) while the daemons are asked to hold new LLM calls (the hold's commit
+        overlaps the pause; a stream the engine aborts under a held gate parks at once). Once paused, load the weights,
+        label them and reset the prefix cache, including the kept requests' KV (recomputed on the new weights), while
+        the daemons are asked to take a fence: where each of their streams stands (the tokens before it are the old
         version's: read from the stamps for a stream the engine stamps; any other is aborted and continued from its
         tokens so far, as in abort mode; a request that reached the engine after the pause stands at 0). Once every
         daemon has taken the fence and every engine has loaded, commit the new version (`_commit`), then resume the
@@ -260,7 +265,11 @@ class PolicyVersions:
         t_engines = time.monotonic()
         # abort: the pause also clears the prefix cache (explicitly), and nothing is computed until the resume
         how = {"mode": mode, "clear_cache": "true"} if mode == "abort" else {"mode": mode}
-        paused = await asyncio.gather(*(self.http.post(u, "/pause", how) for u in urls))
+        pausing = asyncio.ensure_future(asyncio.gather(*(self.http.post(u, "/pause", how) for u in urls)))
+        await asyncio.sleep(0)  # the pause calls go out before the hold's commit below holds the loop
+        self._set(name, paused=True)  # the daemons hold new calls while the engines pause
+        steps.mark("hold")
+        paused = await pausing
         steps.mark("paused")
 
         async def load() -> list[dict[str, Any]]:
@@ -270,10 +279,9 @@ class PolicyVersions:
             steps.mark("loaded")
             return out
         loading = asyncio.ensure_future(load())
-        await asyncio.sleep(0)  # the loads' first calls go out before the policy row's write below holds the loop
-        self._fences[name] += 1
+        self._fences[name] += 1  # asked only now: the fence must follow the pause (see `PolicyGate._fence`)
         epoch = self._fences[name]
-        self._set(name, paused=True)
+        self._changed(name)  # the watches answer with it (the hold is committed already)
         since = time.monotonic()
         steps.mark("asked")
         held = asyncio.ensure_future(self._wait_beats(name, since, timeout, lambda b: b[2], steps.nodes("held")))
@@ -324,7 +332,8 @@ class PolicyVersions:
                     when.setdefault(n, b[0])
             if len(good) == len(beats):
                 return True
-            await asyncio.sleep(0.005)
+            # woken by the next report; the daemons' set is looked at again every 50 ms
+            await _next_report(self._waiting, min(0.05, max(deadline - time.monotonic(), 0)))
         log.warning("policy update of %s: daemons did not answer as asked within %.0f s", name, timeout)
         return False
 
@@ -332,6 +341,23 @@ class PolicyVersions:
 
 async def _nothing() -> None:
     return None
+
+
+def _wake(waiting: set[asyncio.Event]) -> None:
+    """A daemon reported (a beat, a watch): every `_next_report` returns."""
+    for woken in waiting:
+        woken.set()
+
+
+async def _next_report(waiting: set[asyncio.Event], seconds: float) -> None:
+    """Until the next daemon report (`_wake`), `seconds` at most."""
+    woken = asyncio.Event()
+    waiting.add(woken)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), seconds)
+    finally:
+        waiting.discard(woken)
 
 
 class Steps:
