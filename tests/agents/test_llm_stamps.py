@@ -92,7 +92,9 @@ def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_toke
                     got.extend(p.token_ids)
             task = asyncio.create_task(read())
             await until(lambda: got or task.done(), 120, "the stream's first token")  # then aborted mid-stream
-            await llm.abort("stamps-abort-me")
+            while not task.done():  # an abort is best effort (its call may time out on a loaded box): sent again
+                await llm.abort("stamps-abort-me")
+                await asyncio.wait([task], timeout=5)
             with pytest.raises(Preempted) as aborted:
                 await task
             return aborted.value.partial
