@@ -194,8 +194,15 @@ def create(engine: Engine) -> None:
         if is_pg(c):  # controllers starting together on one server create these one after another
             c.exec_driver_sql(f"SELECT pg_advisory_xact_lock({CREATE_LOCK})")
         SQLModel.metadata.create_all(c, tables=[model.__table__ for model in PER_JOB])
-        # "a job's live items": leases, completion (also in older databases)
-        c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
+        # "a job's live items": leases, completion (also in older databases). SQLite's index holds the rowid (`id`),
+        # so a lease's `ORDER BY id LIMIT n` reads the queued items in order; PostgreSQL's must name `id`, else it
+        # walks the primary key past every item already leased or done (81 ms a lease with 160 000 before the first
+        # queued one, against 0.3 ms: tests/controller/work/test_item_indexes.py)
+        if is_pg(c):
+            c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state_id ON items (job, state, id)")
+            c.exec_driver_sql("DROP INDEX IF EXISTS ix_items_job_state")
+        else:
+            c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_job_state ON items (job, state)")
         # expire() every 0.5 s finds the overdue leases, not every live one (64 000 at 1000 nodes)
         c.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_items_state_deadline ON items (state, deadline)")
         # a batch's running groups, counted at every step of its fill: this index alone, not the job's every group
