@@ -31,7 +31,7 @@ from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
 from .api import create_app
-from .auth import TokenBook, ensure_token
+from .auth import TokenBook, ensure_token, token_matches
 from .allowlists import AllowLists
 from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
@@ -254,6 +254,8 @@ class Replica:
         if not forwarded:
             unreachable = next((v.decode("latin-1").rstrip("/") for k, v in scope["headers"]
                                 if k.lower() == UNREACHABLE.encode()), "")
+            if unreachable and not await asyncio.to_thread(self._authentic, scope):
+                unreachable = ""  # (the app refuses the call itself) a move is never made on an unchecked word
             owner = await self._owner(node_id, unreachable)
             if owner != self.shards.url:
                 if await self._redirects(node_id):
@@ -290,6 +292,15 @@ class Replica:
         reg = (self.leader.root.work if self.leader is not None else self.root.work).registry
         features = reg.features.get(node_id)  # (read from its row once)
         return OWNER_REDIRECT in (features if features is not None else await asyncio.to_thread(reg.features_of, node_id))
+
+    def _authentic(self, scope) -> bool:
+        """The call carries the admin token or its node's own (as the app checks it, `api._AuthAndMetrics`)."""
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
+        if token_matches(header, self.root.token):
+            return True
+        bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
+        reg = (self.leader.root.work if self.leader is not None else self.root.work).registry
+        return NodeGate(self.root.credentials, reg.job_of).check(scope["path"], bearer)[0]
 
     async def _owner(self, node_id: str, unreachable: str = "") -> str:
         """The node's owner for a call it made to us: our view of the rows, the row itself when the view names
