@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import re
@@ -27,18 +26,19 @@ from typing import Any, Callable
 import httpx
 from prometheus_client import Counter
 
-from rolloutd.crds.node import FAILOVER_CALL_SECONDS, MISDIRECTED, OWNER_REDIRECT
+from rolloutd.crds.node import FAILOVER_CALL_SECONDS, OWNER_REDIRECT
 from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
 from .api import create_app
-from .auth import TokenBook, ensure_token
+from .auth import TokenBook, ensure_token, token_matches
 from .allowlists import AllowLists
 from .errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from .nodeauth import NodeCredentials, NodeGate
 from .root import assemble
-from .shards import OWNER, Serving, Shards
+from .replies import misdirected, read_body, replay, unavailable
+from .shards import OWNER, UNREACHABLE, Serving, Shards
 from .store import Store
 from rolloutd.crds.kit.paths import DataDir
 
@@ -46,7 +46,6 @@ log = logging.getLogger("rolloutd.replicas")
 
 POLL_SECONDS = 0.1  # a write on another replica reaches this one's watches within this
 FORWARDED = "x-rolloutd-forwarded"  # set on a forwarded call: a follower never forwards one again
-NOT_LEADER = "x-rolloutd-not-leader"  # on a 503 of a follower that knows no leader now
 _LEADER_PATH = re.compile(r"(?:/apis/rolloutd\.io/v1alpha1)(?:/namespaces/[^/]+)?/rolloutjobs/[^/]+/"
                           r"(?:trajectories|groups|batches|policy|backends|stats|inflight|logs)(?:/.*)?")
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -116,7 +115,8 @@ class Replica:
         # a node's calls (not registrations) answered here, or forwarded to the replica that owns the node
         self.node_calls = Counter("rolloutd_replica_node_calls", "Node calls of a node this replica owns (served), "
                                   "another does (forwarded, or redirected: 421 naming it), one it handed over at the "
-                                  "call (handed), or one its fence found another's (fenced)", ["how"], registry=self.root.metrics)
+                                  "call (handed) or took over from an owner its daemon could not reach (taken), or one "
+                                  "its fence found another's (fenced)", ["how"], registry=self.root.metrics)
         self.follower = create_app(self.root)
         self.leader: Any = None  # the leader's `server.Controller`, once elected
         self.build, self.url = build, url
@@ -252,14 +252,18 @@ class Replica:
         if node_id == "register":
             return await app(scope, receive, send)
         if not forwarded:
-            owner = await self._owner(node_id)
+            unreachable = next((v.decode("latin-1").rstrip("/") for k, v in scope["headers"]
+                                if k.lower() == UNREACHABLE.encode()), "")
+            if unreachable and not await asyncio.to_thread(self._authentic, scope):
+                unreachable = ""  # (the app refuses the call itself) a move is never made on an unchecked word
+            owner = await self._owner(node_id, unreachable)
             if owner != self.shards.url:
                 if await self._redirects(node_id):
                     self.node_calls.labels("redirected").inc()
-                    return await _misdirected(send, node_id, owner)
+                    return await misdirected(send, node_id, owner)
                 self.node_calls.labels("forwarded").inc()
                 return await self._forward(scope, receive, send, owner)
-        body = await _body(receive)
+        body = await read_body(receive)
         fenced: list[str] = []
 
         async def answer(message) -> None:
@@ -268,7 +272,7 @@ class Replica:
             if not fenced:
                 await send(message)
 
-        await app(scope, _replay(body, receive), answer)
+        await app(scope, replay(body, receive), answer)
         if not fenced:
             if not forwarded:
                 self.node_calls.labels("served").inc()
@@ -277,10 +281,10 @@ class Replica:
         self.shards.owners[node_id] = owner
         self.node_calls.labels("fenced").inc()
         if forwarded or owner == self.shards.url:
-            return await _unavailable(send, f"node {node_id} is served by {owner}: retry there", owner)
+            return await unavailable(send, f"node {node_id} is served by {owner}: retry there", owner)
         if await self._redirects(node_id):  # (its transaction rolled back: nothing of the call was processed)
-            return await _misdirected(send, node_id, owner)
-        return await self._forward(scope, _replay(body, receive), send, owner)
+            return await misdirected(send, node_id, owner)
+        return await self._forward(scope, replay(body, receive), send, owner)
 
     async def _redirects(self, node_id: str) -> bool:
         """The node's daemon registered with feature owner-redirect: a call of it to us that another replica owns is
@@ -289,13 +293,29 @@ class Replica:
         features = reg.features.get(node_id)  # (read from its row once)
         return OWNER_REDIRECT in (features if features is not None else await asyncio.to_thread(reg.features_of, node_id))
 
-    async def _owner(self, node_id: str) -> str:
+    def _authentic(self, scope) -> bool:
+        """The call carries the admin token or its node's own (as the app checks it, `api._AuthAndMetrics`)."""
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
+        if token_matches(header, self.root.token):
+            return True
+        bearer = header[len("Bearer "):].strip() if header and header.startswith("Bearer ") else None
+        reg = (self.leader.root.work if self.leader is not None else self.root.work).registry
+        return NodeGate(self.root.credentials, reg.job_of).check(scope["path"], bearer)[0]
+
+    async def _owner(self, node_id: str, unreachable: str = "") -> str:
         """The node's owner for a call it made to us: our view of the rows, the row itself when the view names
-        another (it may be ours since the view was read), and ours handed over now when we are above our share."""
+        another (it may be ours since the view was read), ours handed over now when we are above our share, and
+        ours taken over now when its daemon could not reach the owner the row names (`unreachable`, sent back by the
+        daemon after our 421 named it: `Shards.take_over`)."""
         shards = self.shards
         owner = shards.owners.get(node_id)
         if owner != shards.url:
             owner = await asyncio.to_thread(shards.owner, node_id)
+        if owner != shards.url and owner == unreachable:
+            if await asyncio.to_thread(shards.take_over, node_id, owner):
+                self.node_calls.labels("taken").inc()
+                return shards.url
+            owner = await asyncio.to_thread(shards.owner, node_id)  # moved meanwhile, or its call on it still open
         to = shards.give.pop(node_id, None)
         if owner == shards.url and to in shards.members and await asyncio.to_thread(shards.hand_over, node_id, to):
             self.serving.drop({node_id})  # the fence refuses our calls of it from its commit on; memory now
@@ -319,8 +339,8 @@ class Replica:
         headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP]
         url = owner or ("" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url())
         if not url:
-            return await _unavailable(send, "no controller leads now (an election is under way): retry")
-        body = await _body(receive)
+            return await unavailable(send, "no controller leads now (an election is under way): retry")
+        body = await read_body(receive)
         target = url.rstrip("/") + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + (
             "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
         request = self._http.build_request(scope["method"], target, content=body,
@@ -329,7 +349,7 @@ class Replica:
             resp = await self._http.send(request, stream=True)
         except httpx.HTTPError as e:
             self._leader_url = (0.0, "")
-            return await _unavailable(send, f"the leader {url} did not answer ({type(e).__name__}): retry")
+            return await unavailable(send, f"the leader {url} did not answer ({type(e).__name__}): retry")
         try:
             await send({"type": "http.response.start", "status": resp.status_code,
                         "headers": [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in _HOP]
@@ -342,50 +362,6 @@ class Replica:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await resp.aclose()
-
-
-async def _unavailable(send, message: str, owner: str = "") -> None:
-    """503 + Retry-After: no leader now, or (`owner`) a node call to make to the replica named."""
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                       "reason": "ServiceUnavailable", "code": 503}).encode()
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]
-                + ([(OWNER.encode(), owner.encode())] if owner else [(NOT_LEADER.encode(), b"1")])})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _misdirected(send, node_id: str, owner: str) -> None:
-    """421 naming the owner (owner-redirect), nothing of the call processed. Not 307 to its URL: generic clients follow
-    one without moving, and it means the resource is elsewhere, where 421 says this server is the wrong one for it."""
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": MISDIRECTED, "reason":
-                       "Misdirected", "message": f"node {node_id} is served by {owner}: send it there"}).encode()
-    await send({"type": "http.response.start", "status": MISDIRECTED,
-                "headers": [(b"content-type", b"application/json"), (OWNER.encode(), owner.encode())]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _body(receive) -> bytes:
-    """A request's whole body."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
-
-
-def _replay(body: bytes, receive):
-    """An ASGI `receive` that gives `body` (read from `receive` already) once, then what `receive` gives (the
-    client's disconnect)."""
-    sent = False
-
-    async def again():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-    return again
 
 
 def node_shards(location: str | Path, setting: str | None) -> bool:

@@ -7,7 +7,10 @@ of owner), the least-loaded at its first call. The rows decide every move: when 
 survivor to look takes its nodes (a conditional UPDATE: one move wins); when a member joins, or loads are uneven,
 a replica above its fair share hands a node over at the node's next call (`Shards.give`, `hand_over`). Either way
 the call is answered 421 naming the new owner (OWNER header; feature owner-redirect, else forwarded there and the reply
-names it): the daemon calls it from then on.
+names it): the daemon calls it from then on. A daemon that gets no answer from the owner a 421 named goes back to
+the replica that named it, saying so (UNREACHABLE header): that replica takes the node over at once (`take_over`,
+the same conditional move), so a killed replica's nodes are served again at their next call, not once its row
+runs out (the leases of a job with short leases ran out meanwhile: issue #42).
 
 The fence (`Serving.check`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
 that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` redirects or
@@ -32,7 +35,7 @@ from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 
-from rolloutd.crds.node import OWNER_HEADER
+from rolloutd.crds.node import OWNER_HEADER, UNREACHABLE_HEADER
 
 from .dialects import raw
 from .errors import ServiceUnavailable
@@ -43,6 +46,7 @@ from .work.held_leases import HeldLease
 log = logging.getLogger("rolloutd.shards")
 
 OWNER = OWNER_HEADER  # on a forwarded node call's reply: the replica that owns the node (the daemon moves to it)
+UNREACHABLE = UNREACHABLE_HEADER  # on a node call sent back: the owner a 421 named gave no answer (`take_over`)
 FULL_READ_SECONDS = 60.0  # the owner rows read whole this often (with `replica_tables.DELETIONS_KEPT_SECONDS`)
 _MOVE = (f"UPDATE node_owners SET owner = %s, moves = moves + 1, stamp = {STAMP} WHERE node_id = (SELECT node_id "
          "FROM node_owners WHERE node_id = %s AND owner = %s FOR UPDATE SKIP LOCKED) RETURNING moves")
@@ -70,6 +74,7 @@ class Shards:
         self.owned: dict[str, int] = {}  # the nodes owned here → their rows' moves
         self.moves: dict[str, int] = {}  # every active node → its row's moves (as of the last refresh)
         self.give: dict[str, str] = {}  # nodes of ours above our fair share → the member each goes to at its call
+        self.taken: dict[str, str] = {}  # nodes taken over from a member their daemon could not reach → that member
         # job → stage → leases: this replica's (set on its loop, `publish`), and the other live members' (read)
         self.local: dict[str, dict[str, int]] = {}
         self.remote: dict[str, dict[str, int]] = {}
@@ -127,7 +132,11 @@ class Shards:
                     load[to] += 1
                     log.info("node %s moved from %s (gone) to %s", node, owner, to)
         self.owners, self.moves = owners, {n: int(m) for n, m in moves.items()}
-        self.give = _plan(owners, self.members, self.url)
+        # an owner a daemon could not reach is planned none of our nodes while it is a member (a killed one, until its
+        # row runs out; one that daemons cannot reach: a node handed to it would come back at the next call)
+        self.taken = {n: o for n, o in self.taken.items() if owners.get(n) == self.url and o in self.members}
+        shunned = set(self.taken.values())
+        self.give = _plan(owners, [m for m in self.members if m not in shunned], self.url)
         return {n: self.moves[n] for n, o in owners.items() if o == self.url}
 
     def _rows(self, c: Any) -> dict[str, tuple[str, int]]:
@@ -186,6 +195,17 @@ class Shards:
         if moved:
             self.owners[node_id] = to
             log.info("node %s handed over to %s", node_id, to)
+        return moved
+
+    def take_over(self, node_id: str, owner: str) -> bool:
+        """The node of `owner`, which its daemon could not reach, ours now: the same conditional move as a dead
+        member's (`_MOVE`), so not while a call of the owner on it is open (a paused replica's), and only from the
+        owner named (one move wins). The owner's fence refuses its calls of the node from the commit on."""
+        with self.engine.begin() as c:
+            moved = c.exec_driver_sql(_MOVE, (self.url, node_id, owner)).scalar() is not None
+        if moved:
+            self.owners[node_id], self.taken[node_id] = self.url, owner
+            log.info("node %s taken over from %s (its daemon could not reach it)", node_id, owner)
         return moved
 
     def elsewhere(self, job: str) -> dict[str, int]:

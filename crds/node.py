@@ -86,6 +86,9 @@ FAILOVER_CALL_SECONDS = 10.0
 # replica that owns the node; the daemon calls it from then on (feature owner-redirect: a 421 naming it, unforwarded)
 OWNER_HEADER = "x-rolloutd-owner"
 MISDIRECTED = 421  # feature owner-redirect: a node call that reached a replica not owning the node, not processed
+# on a node call a daemon sends back to the replica whose 421 named an owner that gave no answer (a killed replica):
+# that owner's URL; the replica takes the node over at once (controller/shards.py, `Shards.take_over`)
+UNREACHABLE_HEADER = "x-rolloutd-unreachable"
 
 
 # Features a daemon may ask for at registration (`POST …/register?features=a,b`); the controller answers with
@@ -128,8 +131,10 @@ MISDIRECTED = 421  # feature owner-redirect: a node call that reached a replica 
 #                 holds a call before sending it while its job is over it (`agents/daemon/rategate.py`)
 #   owner-redirect a node call that reaches a controller replica not owning the node (node shards) is answered at once
 #                 421 Misdirected Request naming the owner (OWNER_HEADER), not forwarded: nothing of it was processed,
-#                 so the daemon re-sends it to the owner at once and calls the owner from then on. A daemon without it
-#                 has its calls forwarded (twice the hops, and the replica's CPU on each)
+#                 so the daemon re-sends it to the owner at once and calls the owner from then on; an owner that gives
+#                 no answer: the call goes back to the replica that named it, with UNREACHABLE_HEADER, which takes the
+#                 node over and answers it. A daemon without it has its calls forwarded (twice the hops, and the
+#                 replica's CPU on each)
 # A daemon that declared none (an older one) gets none of these fields: `REPLY_FIELDS` names them per feature.
 FEATURES_PARAM = "features"
 BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS = "beat-results", "beat-deltas", "node-token", "beat-turns"

@@ -26,6 +26,7 @@ from rolloutd.crds.node import (
     LEASE_PARAM,
     MISDIRECTED,
     OWNER_HEADER,
+    UNREACHABLE_HEADER,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -92,8 +93,7 @@ class ControllerClient:
         self.timeout = timeout if len(self.addresses) == 1 else min(timeout, FAILOVER_CALL_SECONDS)
         self._credential = f"Bearer {token}"  # registers; the node's own token makes the other calls
         self.revoked = False  # a per-node call was refused 401: the job was released, nothing is wrong here
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url + self._prefix,
+        self._http = httpx.AsyncClient(  # each call names its whole URL (`_post`): base_url + prefix + path
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
@@ -109,18 +109,17 @@ class ControllerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    def _move_on(self) -> None:
-        """The next controller address, for the next call (one address: nothing changes)."""
-        if len(self.addresses) > 1:
-            self.base_url = self.addresses[(self.addresses.index(self.base_url) + 1) % len(self.addresses)]
-            self._http.base_url = self.base_url + self._prefix
+    def _move_on(self, failed: str) -> None:
+        """The address after `failed` (where a call got no answer), for the next calls; nothing when another call
+        moved them elsewhere since (a move back onto `failed` with it), or with one address."""
+        if len(self.addresses) > 1 and self.base_url == failed:
+            self.base_url = self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
 
     def _move_to(self, owner: str) -> None:
         """The replica that owns this node (it answered through another: `controller/shards.py`), from now on."""
         if owner not in self.addresses:
             self.addresses.append(owner)
         self.base_url = owner
-        self._http.base_url = self.base_url + self._prefix
 
     async def _post(self, path: str, body: BaseModel | dict | bytes, reply: type[M] | None,
                     timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
@@ -128,19 +127,29 @@ class ControllerClient:
             kw: dict[str, Any] = {"content": body, "headers": {"Content-Type": "application/json", **(headers or {})}}
         else:
             kw = {"json": body.wire() if hasattr(body, "wire") else body, "headers": headers}
+        # where this call goes: its own, as the daemon's other calls (beats, leases, watches) move `base_url` too
+        at = self.base_url
+        sender = unreachable = ""  # the replica whose 421 we follow; the owner it named, when that gave no answer
         for _ in range(REDIRECTS + 1):  # feature owner-redirect: a 421 processed nothing, re-sent to the owner it names
+            sent = kw if not unreachable else {**kw, "headers": {**(kw["headers"] or {}), UNREACHABLE_HEADER: unreachable}}
             try:
-                resp = await self._http.post(path, timeout=timeout or self.timeout, **kw)
+                resp = await self._http.post(at + self._prefix + path, timeout=timeout or self.timeout, **sent)
             except httpx.HTTPError as e:
-                self._move_on()
+                if sender and not unreachable:  # back to the replica that named it: it takes the node over
+                    unreachable, at = at, sender
+                    self._move_to(at)
+                    continue
+                self._move_on(at)
                 raise ControllerError(f"POST {path}: {type(e).__name__}: {e}".rstrip(": ")) from None
-            if resp.status_code != MISDIRECTED or not (owner := resp.headers.get(OWNER_HEADER)):
+            if resp.status_code != MISDIRECTED or not (owner := resp.headers.get(OWNER_HEADER)) \
+                    or owner.rstrip("/") == unreachable:
                 break
-            self._move_to(owner.rstrip("/"))
-        if (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") != self.base_url:
+            sender, at = at, owner.rstrip("/")
+            self._move_to(at)
+        if (owner := resp.headers.get(OWNER_HEADER)) and owner.rstrip("/") not in (at, unreachable):
             self._move_to(owner.rstrip("/"))  # the replica that owns the node now (a 503 too: its fence refused)
         elif resp.status_code == 503:
-            self._move_on()
+            self._move_on(at)
         if resp.status_code == 401 and not path.startswith("/register"):
             self.revoked = True
         if resp.status_code >= 400:

@@ -3,6 +3,8 @@ live replica at its first call, and when a replica's membership runs out its nod
 move wins), while a graceful stop hands them on at once."""
 from __future__ import annotations
 
+import pytest
+
 from rolloutd.controller.shards import Shards
 from rolloutd.controller.store import Store
 from sqlmodel import Session
@@ -19,13 +21,21 @@ def _nodes(store: Store, ids: list[str]) -> None:
         s.commit()
 
 
-def test_nodes_spread_over_live_replicas_and_move_when_one_leaves(pg_server):
+@pytest.fixture
+def two_replicas(pg_server) -> tuple[Store, Shards, Shards]:
+    """A store on the real server and two replicas' `Shards` on it (a and b), each renewed then refreshed: both
+    live members in both views."""
     store = Store(pg_server.create_database())
     a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
     for s in (a, b):
         s.renew()
     for s in (a, b):
         s.refresh()
+    return store, a, b
+
+
+def test_nodes_spread_over_live_replicas_and_move_when_one_leaves(two_replicas):
+    store, a, b = two_replicas
     ids = [f"n{i}" for i in range(6)]
     _nodes(store, ids)
     owners = [(a if i % 2 else b).owner(n) for i, n in enumerate(ids)]  # first calls, on either replica
@@ -57,6 +67,38 @@ def test_a_replica_that_joins_is_planned_its_share_and_a_hand_over_moves_one_nod
     assert a.hand_over(node, "http://b") and not a.hand_over(node, "http://b")
     assert b.refresh() == {node: 2} and len(a.refresh()) == 4 and list(a.give.values()) == ["http://b"]
     assert b.give == {}
+
+
+def test_a_node_whose_daemon_cannot_reach_its_owner_is_taken_over_at_once_fenced_and_never_planned_back(two_replicas):
+    """Issue #42: b is killed; its membership row has not run out, so the rows still name it and a refresh moves
+    nothing. A daemon of b's node, told unreachable, goes back to a: `take_over` moves the node now (moves bumped:
+    the fence's epoch), only from the owner named, not while a call of b on it is open (its row held FOR SHARE),
+    and once; a's plan hands b nothing (though a is above its share) until b's row runs out."""
+    store, a, b = two_replicas
+    ids = [f"n{i}" for i in range(4)]
+    _nodes(store, ids)
+    for i, n in enumerate(ids):
+        (a if i % 2 else b).owner(n)
+    a.refresh()
+    node = next(n for n in ids if a.owners[n] == "http://b")
+    a.refresh()
+    assert "http://b" in a.members and a.owners[node] == "http://b"  # b's row lives on: a refresh moves nothing
+    moves = _owner_rows(store)[node][1]
+    assert not a.take_over(node, "http://c")  # not the owner the row names: nothing moves
+    with store.engine.connect() as call:  # b's call on the node still open (a paused replica's): the move waits
+        tx = call.begin()
+        call.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = %s FOR SHARE", (node,))
+        assert not a.take_over(node, "http://b")
+        tx.commit()
+    assert a.take_over(node, "http://b") and not a.take_over(node, "http://b")  # one move wins
+    assert _owner_rows(store)[node] == ("http://a", moves + 1) and a.owners[node] == "http://a"
+    owned = a.refresh()
+    assert node in owned and len(owned) == 3 and "http://b" in a.members
+    assert a.give == {}  # above its share (3 of 4), yet plans nothing for the member a daemon could not reach
+    assert a.taken == {node: "http://b"}
+    assert b.refresh().keys() == {n for n in ids if n != node and _owner_rows(store)[n][0] == "http://b"}
+    b.resign()  # its row runs out: its other nodes move, and a remembers no node taken from it
+    assert set(a.refresh()) == set(ids) and a.taken == {}
 
 
 def test_the_plan_gives_only_what_is_above_the_share_to_whoever_is_below_it():
@@ -145,16 +187,11 @@ def test_a_purge_deletes_its_jobs_owner_rows_in_its_transaction_and_no_other(sto
     assert recorded == ({"j0", "j1"} if store.dialect == "postgresql" else set())
 
 
-def test_on_postgresql_two_replicas_drop_a_purged_jobs_nodes_at_their_next_refresh_and_nothing_else(pg_server):
+def test_on_postgresql_two_replicas_drop_a_purged_jobs_nodes_at_their_next_refresh_and_nothing_else(two_replicas):
     """Two replicas read the owner rows by stamp (no whole read due); a job purged deletes its nodes' rows and
     records each deletion's stamp: both replicas' next refresh drops exactly those nodes (reading the 4 records),
     the other job's owners and moves as they were, and the view equals a new replica's whole read."""
-    store = Store(pg_server.create_database())
-    a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
-    for s in (a, b):
-        s.renew()
-    for s in (a, b):
-        s.refresh()
+    store, a, b = two_replicas
     kept, purged = [f"j{i}" for i in range(6)], [f"k{i}" for i in range(4)]
     _nodes(store, kept)
     tables.create(store.engine)

@@ -1,7 +1,7 @@
 """Node shards (controller/shards.py): two controller replicas on the real PostgreSQL server each serve the node
 calls of the nodes they own — none forwarded once the daemons moved to their owners — and when the replica that
-is not the leader is killed (kill -9) mid-job its nodes move to the other, which adopts their leases from the
-database: every rollout is delivered exactly once to a streaming trainer and the job ends Succeeded.
+is not the leader is killed (kill -9) mid-job its nodes move to the other at their daemons' next calls (taken over
+on the daemon's word that the killed one gave no answer), which adopts their leases from the database: every rollout is delivered exactly once to a streaming trainer and the job ends Succeeded.
 
 Real controllers, real daemons (four, of the leader's local executor), real bwrap (gated oracle rollouts: the kill
 lands while every rollout waits at INIT's gate)."""
@@ -87,9 +87,15 @@ def test_both_replicas_serve_their_nodes_and_a_killed_ones_nodes_move_with_nothi
     trainer.start()
     pids = leader.daemon_pids()
     moved = [n for n, o in owned.items() if o == follower.url]
+    handed = node_calls(leader).get("handed", 0)
     follower.kill()
     wait_until(lambda: set(owners(replicas).values()) == {leader.url}, 60, "the killed replica's nodes moved",
                every=0.2)
+    # each at its daemon's next call: the daemon could not reach the owner the leader's 421 named, went back saying
+    # so, and the leader took the node over then (none waited for the killed one's row to run out: issue #42)
+    # and none of the leader's nodes handed to the killed one meanwhile (it was a member until its row ran out)
+    calls = node_calls(leader)
+    assert (calls.get("taken", 0), calls.get("handed", 0)) == (len(moved), handed), (calls, moved)
     assert pids and all(alive(p) for p in pids), "the daemons live on"
     gate.touch()
     leader.wait_done("sharded", 240)
