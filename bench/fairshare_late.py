@@ -7,8 +7,9 @@ a daemon; a beat loop hands each node's report to `workshare.beat` and `tokensha
 answers, as the heartbeat does. team-b alone first (its rate R, every slot its own), then team-a alone until it holds
 every slot with a call done, then team-b again: its episodes/s in a window after a warm-up ÷ its fair share (R / 2,
 equal priorities), the slots it was lent, and how long after its arrival its first episode ended. team-a alone is
-not held (work-conserving), so when team-b arrives each of team-a's episodes has a long prefill queued in the engine,
-served first come, first served. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained.
+not held (work-conserving): on main, when team-b arrives each of team-a's episodes has a long prefill queued in the
+engine, served first come, first served; with each node's prefill gate (`gated`, agents/daemon/prefillgate.py) one per
+node. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained and "the prefill gate".
 
     .venv/bin/python -c "from bench import fairshare_late as f; print(f.measure(16000))"
 """
