@@ -13,7 +13,7 @@ from support.engine_fixtures import log_mark, wait_engine_took
 from support.waiting import until
 
 PROMPT = [1, 5, 9, 33, 70, 200, 7]
-LONG = 6000  # tokens: seconds of greedy generation on the tiny model
+SHORT = 1000  # tokens: seconds of greedy generation on the tiny model (the pause lands after its 20th)
 UNDER_KEEPALIVE = httpx.Limits(keepalive_expiry=4.0)  # closes before the engine does (uvicorn: 5 s)
 
 
@@ -62,9 +62,11 @@ def test_the_stamps_split_a_stream_where_the_label_changed_while_the_engine_was_
                 assert (await admin.post(f"{url}/resume")).status_code == 200
             return await task, received
 
-    # under load the engine may have made every token before the pause landed (the reader and its counter run
-    # behind the engine): the whole stream is then the old label's, and the run goes again, four times longer
-    for tokens in (LONG, 4 * LONG, 10 * LONG):
+    # the stream is read to its end (its last chunk carries the stamps), so it starts short: the pause has landed at
+    # the reader's count (engine and reader at the same token) in runs at load 26. Under load the engine may still
+    # have made every token before the pause landed (a burst the reader had not seen): the whole stream is then the
+    # old label's, and the run goes again, longer each time (up to 60 000 of the model's 65 536 positions)
+    for tokens in (SHORT, 6 * SHORT, 24 * SHORT, 60 * SHORT):
         last, received = asyncio.run(go(tokens))
         if [label for label, _, _ in last.weight_spans or []] != ["test:before"]:
             break
