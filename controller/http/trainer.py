@@ -66,6 +66,11 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     """`purge`: every row of a deleted job (`work.core.Work.purge`)."""
     r = APIRouter()
 
+    async def read_job(key: str) -> RolloutJob:
+        """The job (NotFound): the store's parsed copy on the loop while it is cached, else read in a thread (a hop
+        that cost the announce up to 44 ms on a loaded box, on its way in)."""
+        return store.cached(key) or await asyncio.to_thread(store.get, key)
+
     def finished(name: str) -> bool:
         try:
             job = store.get(name)
@@ -79,7 +84,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
                            timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
         try:
-            await asyncio.to_thread(store.get, name)
+            await read_job(name)
         except NotFound:  # a deleted job's results are served while they are retained (`work/retention.py`)
             if not await asyncio.to_thread(retention.retained, name):
                 raise
@@ -104,7 +109,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         """Purge a deleted job's retained results now (`rolloutctl delete --purge`), before the retention ends."""
         key = job_key(namespace, name)
         try:
-            await asyncio.to_thread(store.get, key)
+            await read_job(key)
         except NotFound:
             pass
         else:
@@ -120,7 +125,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         """The delivered trajectories by failure kind, the reward mean (infra left out) and each stage's p50/p95 in
         seconds (of the rollouts that ran to the end), as the web UI's job page shows them."""
         key = job_key(namespace, name)
-        job = await asyncio.to_thread(store.get, key)
+        job = await read_job(key)
         # summed on the event loop in slices (a worker thread would hold the GIL the nodes' calls wait for)
         out = await job_stats.numbers(key, job.metadata.uid or "", finished=job.status.phase.terminal)
         return {**out["counts"], "stages": [{k: s[k] for k in ("stage", "n", "p50", "p95", "seconds")}
@@ -129,7 +134,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     @r.get(f"{JOBS}/{{name}}/groups")
     async def groups(namespace: str, name: str):
         name = job_key(namespace, name)
-        job = await asyncio.to_thread(store.get, name)
+        job = await read_job(name)
         return {"items": feed.groups(name, job.spec.samples_per_prompt)}
 
     # ------------------------------------------------------------ batches and policy versions
@@ -138,7 +143,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     async def request_batch(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
         req = await read_model(request, BatchRequest)
-        await scheduler.admit(await asyncio.to_thread(store.get, name))  # step by step, before the batch opens
+        await scheduler.admit(await read_job(name))  # step by step, before the batch opens
         out = scheduler.request_batch(name, req.batch, req.prompts)
         if await scheduler.fill_batch(name, out["batch"]):  # the rest of its groups, off the loop a step at a time
             out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
@@ -158,7 +163,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     async def announce_policy(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
         req = await read_model(request, PolicyRequest)
-        job = await asyncio.to_thread(store.get, name)
+        job = await read_job(name)
         pause = job.spec.policy.pause_on_update if req.pause is None else req.pause
         if pause or req.weightsPath:
             check_owned(policies, job, "pause" if pause else "reload", scoped_token(request))

@@ -82,6 +82,11 @@ class Store(StoreDB):
                 self._cache[key] = job
         return job
 
+    def cached(self, key: str) -> RolloutJob | None:
+        """`get`'s parsed job while it is cached (no write since it was read), else None: a dict lookup, for the event
+        loop (a route reads a missing one with `get` in a thread)."""
+        return self._cache.get(key)
+
     def get_wire(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         with Session(self.engine) as s:
             return servable_wire(_row(s, name, namespace))
