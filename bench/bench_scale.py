@@ -412,10 +412,11 @@ def run(quick: bool = False) -> list[dict]:
     points = sweep(ns, factor, window=10.0 if quick else 30.0, profile_seconds=0.0 if quick else 15.0,
                    before=os.environ.get("ROLLOUTD_SCALE_BEFORE"))
     label = os.environ.get("ROLLOUTD_SCALE_LABEL", "latest")
-    out = HERE / "results" / "scale-results"
-    out.mkdir(exist_ok=True)
-    (out / f"{label}.json").write_text(json.dumps(
-        {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
+    if os.environ.get("ROLLOUTD_BENCH_NO_WRITE") != "1":  # `--no-write`: nothing under bench/results changes
+        out = HERE / "results" / "scale-results"
+        out.mkdir(exist_ok=True)
+        (out / f"{label}.json").write_text(json.dumps(
+            {"label": label, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "points": points}, indent=1))
     rows = []
     for p in (p for p in points if p["variant"].startswith("after")):
         p99 = p["p99_ms"]
