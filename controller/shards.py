@@ -188,23 +188,29 @@ class Shards:
         self.owners[node_id] = owner
         return owner
 
-    def hand_over(self, node_id: str, to: str) -> bool:
-        """Our node to member `to` (its `give` plan), unless it is ours no more or a call of ours on it is open."""
+    def _move(self, node_id: str, frm: str, to: str) -> bool:
+        """The node from `frm` to `to` by the conditional move (`_MOVE`: only from `frm`, not while a call of `frm`
+        on it is open; one move wins), in our view too when it moved."""
         with self.engine.begin() as c:
-            moved = c.exec_driver_sql(_MOVE, (to, node_id, self.url)).scalar() is not None
+            moved = c.exec_driver_sql(_MOVE, (to, node_id, frm)).scalar() is not None
         if moved:
             self.owners[node_id] = to
+        return moved
+
+    def hand_over(self, node_id: str, to: str) -> bool:
+        """Our node to member `to` (its `give` plan), unless it is ours no more or a call of ours on it is open."""
+        moved = self._move(node_id, self.url, to)
+        if moved:
             log.info("node %s handed over to %s", node_id, to)
         return moved
 
     def take_over(self, node_id: str, owner: str) -> bool:
         """The node of `owner`, which its daemon could not reach, ours now: the same conditional move as a dead
-        member's (`_MOVE`), so not while a call of the owner on it is open (a paused replica's), and only from the
-        owner named (one move wins). The owner's fence refuses its calls of the node from the commit on."""
-        with self.engine.begin() as c:
-            moved = c.exec_driver_sql(_MOVE, (self.url, node_id, owner)).scalar() is not None
+        member's, so not while a call of the owner on it is open (a paused replica's), and only from the owner named
+        (one move wins). The owner's fence refuses its calls of the node from the commit on."""
+        moved = self._move(node_id, owner, self.url)
         if moved:
-            self.owners[node_id], self.taken[node_id] = self.url, owner
+            self.taken[node_id] = owner
             log.info("node %s taken over from %s (its daemon could not reach it)", node_id, owner)
         return moved
 
