@@ -7,8 +7,9 @@ a daemon; a beat loop hands each node's report to `workshare.beat` and `tokensha
 answers, as the heartbeat does. team-b alone first (its rate R, every slot its own), then team-a alone until it holds
 every slot with a call done, then team-b again: its episodes/s in a window after a warm-up ÷ its fair share (R / 2,
 equal priorities), the slots it was lent, and how long after its arrival its first episode ended. team-a alone is
-not held (work-conserving), so when team-b arrives each of team-a's episodes has a long prefill queued in the engine,
-served first come, first served. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained.
+not held (work-conserving): on main, when team-b arrives each of team-a's episodes has a long prefill queued in the
+engine, served first come, first served; with each node's prefill gate (`gated`, agents/daemon/prefillgate.py) one per
+node. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained and "the prefill gate".
 
     .venv/bin/python -c "from bench import fairshare_late as f; print(f.measure(16000))"
 """
@@ -18,13 +19,12 @@ import asyncio
 import collections
 import time
 
-import httpx
-
 from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare
 from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.backends import BackendPool
+from rolloutd.controller.work.backends import BackendPool, kv_tokens
 
 A, B = "team-a/worst", "team-b/small"
 CAP = 4  # the backend's episodes at once
@@ -33,33 +33,32 @@ B_NODES = {"b1": 4}
 ALONE_SECONDS, WARM_SECONDS = 8.0, 10.0
 
 
-def _kv_tokens(url: str) -> int:
-    try:
-        cache = httpx.get(f"{url}/server_info", params={"config_format": "json"}, timeout=30).json()[
-            "vllm_config"]["cache_config"]
-        return int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return tokenshare.FALLBACK_TOKENS
-
-
-def measure(a_prompt: int, window: float = 40.0) -> dict:
+def measure(a_prompt: int, window: float = 40.0, gated: bool = True, a_alone: float = 0.0) -> dict:
     """An engine of the tiny model with its whole context, started and stopped here; `late_arrival` on it."""
     from rolloutd.agents.engine.server import EngineServer
 
     engine = EngineServer("tiny", dtype="float32", max_model_len=65536)
     try:
         engine.start()
-        m = asyncio.run(late_arrival(engine.url, a_prompt, window))
+        return late_row(engine.url, a_prompt, window, gated, a_alone)
     finally:
         engine.stop()
+
+
+def late_row(url: str, a_prompt: int, window: float, gated: bool = True, a_alone: float = 0.0) -> dict:
+    """`late_arrival` on a running engine, with team-b's ratio to its fair share."""
+    m = asyncio.run(late_arrival(url, a_prompt, window, gated, a_alone))
     fair = m["b_alone"] / 2
-    return {**m, "a_prompt": a_prompt, "window_s": window, "ratio": m["b_shared"] / fair if fair else float("nan")}
+    return {**m, "a_prompt": a_prompt, "window_s": window, "gated": gated,
+            "ratio": m["b_shared"] / fair if fair else float("nan")}
 
 
-async def late_arrival(url: str, a_prompt: int, window: float) -> dict:
+async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = True, a_alone: float = 0.0) -> dict:
+    """`gated=False`: each node's prefill gate lets every long prompt go at once (main before it). `a_alone` > 0:
+    team-a's calls/s alone are measured over that many seconds before team-b arrives."""
     adm = Admission(time.monotonic, default=CAP)
     pool = BackendPool(adm)
-    kv = _kv_tokens(url)
+    kv = kv_tokens(url) or tokenshare.FALLBACK_TOKENS
     for job in (A, B):
         adm.set_job(job, [url], None, 10)
     gates: dict[str, tuple[str, PolicyGate]] = {}
@@ -67,6 +66,8 @@ async def late_arrival(url: str, a_prompt: int, window: float) -> dict:
     peak = collections.Counter()  # job → the most slots its nodes held at once
     for node, job in [(n, A) for n in A_NODES] + [(n, B) for n in B_NODES]:
         gate = PolicyGate()
+        if not gated:
+            gate.prefill = PrefillGate(long_prompt=10**9)
         gate.tokens.episodes = gate.rates.episodes = lambda u, n=node: max(1, holding[n])
         gates[node] = (job, gate)
     episodes: dict[str, list[float]] = {A: [], B: []}  # when each episode (b) or call (a) ended
@@ -151,6 +152,9 @@ async def late_arrival(url: str, a_prompt: int, window: float) -> dict:
         peak.clear()
         a_tasks = start(llm, A_NODES)
         await until(lambda: adm.admitted[url][A] == CAP and len(episodes[A]) >= 1, "team-a holding every slot")
+        t0 = time.monotonic()
+        await asyncio.sleep(a_alone)
+        a_rate = rate(A, t0, time.monotonic()) if a_alone > 0 else None
         arrived = time.monotonic()
         b_tasks = start(llm, B_NODES)
         await asyncio.sleep(WARM_SECONDS)
@@ -166,4 +170,5 @@ async def late_arrival(url: str, a_prompt: int, window: float) -> dict:
     return {"b_alone": alone, "b_shared": rate(B, w0, w1), "a_calls": rate(A, w0, w1), "slots": slots,
             "b_slots_peak": peak[B],
             "b_first_episode_after_s": None if first is None else round(first - arrived, 1),
-            "a_held": sum(g.rates.held_calls for g in a_gates)}
+            "a_held": sum(g.rates.held_calls for g in a_gates), "a_prefill_held": sum(g.prefill.held for g in a_gates),
+            "a_alone": a_rate}

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import spans as node_traces
 from ..llm import BackendError, Generation, LLMBackend, Preempted, SamplingParams
+from .prefillgate import PrefillGate
 from .rategate import RateGate
 from .tokengate import TokenGate
 from .weightstamps import joined, stamped_versions
@@ -65,6 +66,7 @@ class PolicyGate:
         self._fencing: asyncio.Task | None = None
         self.tokens = TokenGate()  # the job's share of each backend's tokens in flight (feature token-share)
         self.rates = RateGate()  # the job's share of each backend's processed tokens per second (feature work-share)
+        self.prefill = PrefillGate()  # the node's long prompts awaiting their prefill: one per backend at a time
 
     def version_of(self, url: str | None) -> Any:
         """The version the backend at `url` runs (the job's, unless it failed to load that one)."""
@@ -182,9 +184,10 @@ class TrackedLLM:
         arrives, as `gateway.Gateway.generate` hands them on, all but the finishing piece."""
         self.calls += 1
         await self.gate.tokens.fresh(self.url)  # a backend no beat's reply named yet: wait for one (its shares)
-        async with (self.gate.rates.slot(self.url, len(prompt_ids)) as charge,  # the job's share of the work
+        async with (self.gate.prefill.slot(self.url, len(prompt_ids)) as prefilled,  # one long prefill queued
+                    self.gate.rates.slot(self.url, len(prompt_ids)) as charge,  # the job's share of the work
                     self.gate.tokens.slot(self.url, len(prompt_ids) + sampling.max_tokens)):  # ... of tokens in flight
-            gen, stream = await self._call(prompt_ids, sampling, request_id, on_tokens)
+            gen, stream = await self._call(prompt_ids, sampling, request_id, on_tokens, prefilled)
             if charge is not None:
                 charge.done(len(gen.token_ids), gen.cached_tokens)
         while stream.marks:  # a fence was taken and the update has not ended yet: its new version is unknown
@@ -209,8 +212,10 @@ class TrackedLLM:
         return gen
 
     async def _call(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
-                    on_tokens: Callable[[list[int]], Awaitable[None]] | None) -> tuple[Generation, Stream]:
-        """The call through the policy gate (held during weight updates), counted in flight there."""
+                    on_tokens: Callable[[list[int]], Awaitable[None]] | None,
+                    prefilled: Callable[[], None] = lambda: None) -> tuple[Generation, Stream]:
+        """The call through the policy gate (held during weight updates), counted in flight there; `prefilled` at
+        its first token (a plain request's ends with the call)."""
         await self.gate.enter()
         stream = Stream(self.url)
         stream.runs.append((self.gate.version_of(self.url), 0))
@@ -224,7 +229,8 @@ class TrackedLLM:
                     gen = await self.inner.generate(prompt_ids, sampling, request_id)
                     stream.got(len(gen.token_ids))
                 else:
-                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens)
+                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens,
+                                               prefilled)
                 node_traces.generated(span, gen, started)
         finally:
             self.in_flight.discard(request_id)
@@ -249,7 +255,8 @@ class TrackedLLM:
 
     async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
                         request_id: str, started: float,
-                        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None) -> Generation:
+                        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None,
+                        prefilled: Callable[[], None] = lambda: None) -> Generation:
         """Stream the generation, counting its tokens. An abort by the server while the gate is held (abort mode:
         the controller aborted it to load new weights) keeps the tokens so far, waits for the update to end and
         continues from prompt + those tokens on the backend's new version: the split is exact by construction."""
@@ -274,6 +281,7 @@ class TrackedLLM:
                 async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
                     if first is None and piece.token_ids:
                         first = time.monotonic() - started
+                        prefilled()
                     ids += piece.token_ids
                     logprobs += piece.logprobs
                     stream.got(len(piece.token_ids))

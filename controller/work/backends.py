@@ -257,6 +257,25 @@ def _positive(n: Any) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0
 
 
+def engine_sizes(config: Any) -> tuple[int | None, int | None]:
+    """From vLLM's `/server_info` `vllm_config`: its `max_num_seqs` and its KV cache in tokens
+    (`cache_config.num_gpu_blocks × block_size`, the token share's budget); None where it does not say."""
+    seqs, cache = _at(config, "scheduler_config", "max_num_seqs"), _at(config, "cache_config")
+    blocks, size = _at(cache, "num_gpu_blocks"), _at(cache, "block_size")
+    return (seqs if _positive(seqs) else None,
+            blocks * size if _positive(blocks) and _positive(size) else None)
+
+
+def kv_tokens(url: str, timeout: float = 30.0) -> int | None:
+    """The engine's KV cache in tokens, read once and synchronously (benches and tests that stand for the health
+    probe); None when the engine does not say (not in dev mode, not vLLM, not reachable)."""
+    try:
+        r = httpx.get(f"{url}/server_info", params={"config_format": "json"}, timeout=timeout)
+        return engine_sizes(r.json()["vllm_config"])[1] if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
 class HealthProbe:
     """Probes every known backend's /health and marks it healthy or not in the pool.
 
@@ -315,10 +334,7 @@ class HealthProbe:
             config = r.json()["vllm_config"] if r.status_code == 200 else {}
         except (ValueError, KeyError, TypeError):
             config = {}
-        seqs, cache = _at(config, "scheduler_config", "max_num_seqs"), _at(config, "cache_config")
-        blocks, size = _at(cache, "num_gpu_blocks"), _at(cache, "block_size")  # its KV cache (token share)
-        self.pool.admission.learned(url, seqs if _positive(seqs) else None,
-                                    blocks * size if _positive(blocks) and _positive(size) else None)
+        self.pool.admission.learned(url, *engine_sizes(config))
 
     async def check(self) -> list[tuple[str, bool, str]]:
         """Probe all backends at once; returns those whose health changed (url, healthy, why).

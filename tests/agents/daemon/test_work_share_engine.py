@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
 from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare
 from rolloutd.controller.work.admission import Admission
+from rolloutd.controller.work.backends import kv_tokens
 
 A, B = "team-a/worst", "team-b/small"
 A_PROMPT = 16_000  # tokens of each of team-a's prompts (fresh each: no prefix shared with another call)
@@ -25,19 +24,10 @@ EPISODES = 2  # each job's episodes, each calling the engine back to back, one c
 ALONE_SECONDS, WARM_SECONDS, WINDOW_SECONDS = 8.0, 5.0, 30.0
 
 
-def _kv_tokens(url: str) -> int:
-    try:
-        cache = httpx.get(f"{url}/server_info", params={"config_format": "json"}, timeout=30).json()[
-            "vllm_config"]["cache_config"]
-        return int(cache["num_gpu_blocks"]) * int(cache["block_size"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return tokenshare.FALLBACK_TOKENS
-
-
 async def run(url: str, gated: bool) -> dict:
     """team-b alone, then beside team-a: calls finished per second (each job), and team-a's calls held."""
     adm = Admission(time.monotonic, default=8)
-    kv = _kv_tokens(url)
+    kv = kv_tokens(url) or tokenshare.FALLBACK_TOKENS
     gates: dict[str, PolicyGate] = {}
     for job in (A, B):
         adm.set_job(job, [url], None, 10)
