@@ -10,6 +10,7 @@ import asyncio
 import time
 
 from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work.admission import Admission
 from rolloutd.controller.work.tokenshare import note, shares
@@ -31,6 +32,9 @@ def _gates(url: str) -> tuple[PolicyGate, PolicyGate]:
     gates = []
     for job, episodes in (("team-a/worst", 3), ("team-b/small", 1)):
         gate = PolicyGate()
+        # the token share alone: the prefill gate (ahead of it, with its own engine test) would hold team-a's
+        # 12 000-token prompts first, and the token gate would never see them
+        gate.prefill = PrefillGate(long_prompt=10**9)
         gate.tokens.set(shares(adm, job, BUDGET))  # what each node's beat reply carries
         gate.tokens.episodes = lambda u, n=episodes: n
         gates.append(gate)
@@ -54,7 +58,9 @@ def test_team_bs_call_completes_while_team_as_calls_wait_at_its_node_gate(tiny_e
                 a_done.append(time.monotonic())
 
             a_tasks = [asyncio.create_task(a_call(i)) for i in range(3)]
+            deadline = time.monotonic() + 600
             while not (gate_a.tokens.calls[url] == 1 and gate_a.tokens.waiting == 2):
+                assert time.monotonic() < deadline, ("team-a's calls never reached its token gate", gate_a.tokens.calls)
                 await asyncio.sleep(0.01)  # one call of team-a at the engine, two held at its node
             gen = await b.generate([11, 12, 13, 14, 15], SamplingParams(max_tokens=2, ignore_eos=True), "tok-b-0")
             b_done = time.monotonic()

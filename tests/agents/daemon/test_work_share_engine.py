@@ -13,6 +13,7 @@ import asyncio
 import time
 
 from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare
 from rolloutd.controller.work.admission import Admission
@@ -32,6 +33,7 @@ async def run(url: str, gated: bool) -> dict:
     for job in (A, B):
         adm.set_job(job, [url], None, 10)
         gates[job] = PolicyGate()
+        gates[job].prefill = PrefillGate(long_prompt=10**9)  # the work share alone (the prefill gate has its own test)
         gates[job].tokens.episodes = gates[job].rates.episodes = lambda u: EPISODES
     done: dict[str, list[float]] = {A: [], B: []}
     stop = asyncio.Event()
