@@ -95,17 +95,6 @@ class RequestRejected(ConfigurationError):
 _VOCABULARY = re.compile(r"out of vocabulary|token id", re.IGNORECASE)
 
 
-def engine_message(text: str, limit: int = 300) -> str:
-    """The engine's own reason in an error answer (vLLM: `{"error": {"message": …}}` or `{"message": …}`)."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text.strip()[:limit] or "(no body)"
-    err = body.get("error", body) if isinstance(body, dict) else body
-    message = err.get("message") if isinstance(err, dict) else None
-    return str(message if message else text.strip())[:limit]
-
-
 @runtime_checkable
 class LLMBackend(Protocol):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation: ...
@@ -168,7 +157,7 @@ class VLLMBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, *, preempt: bool = False, **kw: Any) -> httpx.Response:
         try:
             resp = await self._send(method, f"{self.url}{path}", **kw)
         except httpx.ConnectTimeout as e:
@@ -179,6 +168,8 @@ class VLLMBackend:
             # the kind only: an exception's text can quote what the server sent (a malformed status line)
             raise BackendError(f"{self.url}{path}: {type(e).__name__}",
                                unreachable=isinstance(e, httpx.TransportError)) from e
+        if preempt and resp.status_code == 503:  # paused (a weight update): nothing generated
+            raise Preempted(f"{self.url}{path}: HTTP 503", Generation([], [], "abort"))
         if resp.status_code >= 500:  # a status, never the body (the URL may be any service the node reaches)
             raise BackendError(f"{self.url}{path}: HTTP {resp.status_code}")
         return resp
@@ -244,15 +235,20 @@ class VLLMBackend:
         if status == 400 and _OVERFLOW.search(text):
             return True
         if status in (400, 404, 422):
-            raise RequestRejected(f"{self.url}/v1/completions: HTTP {status}: {engine_message(text)}")
+            raise RequestRejected(f"{self.url}/v1/completions: HTTP {status}: {vllm_tokens.engine_message(text)}")
         raise BackendError(f"/v1/completions: HTTP {status}")
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str, *,
+                       stamped: bool = False) -> Generation:
+        """One plain request to /v1/completions, or (`stamped`: an engine that stamps, `stamps`) to the token endpoint,
+        whose answer carries the stamps; aborted (or refused, paused), it raises Preempted with the tokens so far."""
         body = await self._body(prompt_ids, sampling, request_id)
         if body is None:
             return Generation([], [], "length", list(prompt_ids), None)
         try:
-            resp = await self._request("POST", "/v1/completions", json=body)
+            resp = await (self._request("POST", vllm_tokens.GENERATE, json=vllm_tokens.body(
+                prompt_ids, body, request_id, body["model"], stream=False), preempt=True) if stamped
+                else self._request("POST", "/v1/completions", json=body))
         except asyncio.CancelledError:
             # the rollout was cancelled: stop the work on the server too, not just the wait
             with contextlib.suppress(Exception):
@@ -265,7 +261,7 @@ class VLLMBackend:
             data = resp.json()
         except ValueError:
             raise BackendError("malformed completion response: not JSON") from None
-        return self._parse(data, prompt_ids)
+        return self._stamped(data) if stamped else self._parse(data, prompt_ids)
 
     async def stream(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> AsyncIterator[Generation]:
         """`generate`, streamed (`stream: true`): a first empty piece once the engine has taken the request (its
@@ -342,13 +338,14 @@ class VLLMBackend:
 
     @staticmethod
     def _stamped(chunk: dict[str, Any]) -> Generation:
-        try:  # a chunk of the token endpoint's stream (the last one with the engine's weight stamps)
+        try:  # the token endpoint's answer, or a chunk of its stream (the last one with the engine's weight stamps)
             ids, logprobs, finish, stop_reason, spans = vllm_tokens.parse(chunk)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(f"malformed token stream ({type(e).__name__})") from e
         if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
             raise Preempted("request aborted by the server", Generation(ids, logprobs, "abort", weight_spans=spans))
-        return Generation(ids, logprobs, finish, None, None, stop_reason, weight_spans=spans)
+        cached = ((chunk.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Generation(ids, logprobs, finish, None, cached, stop_reason, weight_spans=spans)
 
     @staticmethod
     def _parse(data: dict[str, Any], prompt_ids: list[int], partial: bool = False) -> Generation:

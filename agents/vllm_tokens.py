@@ -1,11 +1,14 @@
 """vLLM's token endpoint (`POST /inference/v1/generate`, served with `--enable-scale-out`): integer ids in and out,
-and on the final chunk the engine's own weight stamps (`weight_versions`: which labelled weights made each token).
+and on its answer (a stream's final chunk) the engine's own weight stamps (`weight_versions`: which labelled weights
+made each token); and the reason in vLLM's error answers (`engine_message`).
 
-`llm.VLLMBackend` uses it instead of `/v1/completions` for its streamed calls when the engine serves it and labels
-its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM` turns the stamps into per-token policy versions.
+`llm.VLLMBackend` uses it instead of `/v1/completions` for its streamed calls, and for the plain ones it is asked to
+stamp, when the engine serves it and labels its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM` turns the
+stamps into per-token policy versions.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,12 +33,13 @@ async def paused(request: Callable[..., Awaitable[Any]]) -> bool:
         return False
 
 
-def body(prompt_ids: list[int], fields: dict[str, Any], request_id: str, model: str) -> dict[str, Any]:
+def body(prompt_ids: list[int], fields: dict[str, Any], request_id: str, model: str,
+         stream: bool = True) -> dict[str, Any]:
     """The request for `prompt_ids` with the sampling `fields` (`SamplingParams.request_fields()` with the clamped
-    `max_tokens`), streamed, the sampled token's logprob for each id."""
+    `max_tokens`), streamed or not, the sampled token's logprob for each id."""
     sampling = {k: v for k, v in fields.items() if k not in ("model", "prompt", "request_id")}
     sampling.update({"logprobs": 0, "skip_special_tokens": False})
-    return {"model": model, "token_ids": list(prompt_ids), "sampling_params": sampling, "stream": True,
+    return {"model": model, "token_ids": list(prompt_ids), "sampling_params": sampling, "stream": stream,
             "request_id": request_id}
 
 
@@ -57,3 +61,14 @@ def parse(chunk: dict[str, Any]) -> tuple[list[int], list[float], str, Any, list
     stamps = choice.get("weight_versions")
     spans = None if stamps is None else [(str(s["version"]), int(s["start"]), int(s["end"])) for s in stamps]
     return ids, logprobs, choice.get("finish_reason") or "", choice.get("stop_reason"), spans
+
+
+def engine_message(text: str, limit: int = 300) -> str:
+    """The engine's own reason in an error answer (vLLM: `{"error": {"message": …}}` or `{"message": …}`)."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return text.strip()[:limit] or "(no body)"
+    err = answer.get("error", answer) if isinstance(answer, dict) else answer
+    message = err.get("message") if isinstance(err, dict) else None
+    return str(message if message else text.strip())[:limit]

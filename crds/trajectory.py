@@ -33,8 +33,8 @@ class Turn(Model):
     model_seconds: float | None = Field(default=None, description="its model call, start to end")
     first_token_seconds: float | None = Field(default=None, ge=0, description=(
         "its model call's time to first token: from the request to the first generated token arriving on the node "
-        "(streamed); None when not measured: a drain-mode call on an engine that does not stamp its tokens is one plain "
-        "request"))
+        "(streamed); None when not measured: in drain mode a call is one plain request, but for the first calls to an "
+        "engine and one in 64 of the job's on each node, streamed to be timed"))
     tool_seconds: float | None = Field(default=None, description="its tool calls in the sandbox, together")
 
 

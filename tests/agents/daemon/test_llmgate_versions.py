@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TIMED_EVERY, PolicyGate, TrackedLLM
 from rolloutd.agents.llm import BackendError, Generation, Preempted, SamplingParams
 
 
@@ -22,6 +22,7 @@ class Scripted:
         self.abort_now = asyncio.Event()
         self.prompts: list[list[int]] = []
         self.aborted: list[str] = []
+        self.plain: list[bool] = []  # each plain call: to the token endpoint (`stamped`)?
 
     async def stream(self, prompt_ids, sampling: SamplingParams, request_id):
         self.prompts.append(list(prompt_ids))
@@ -36,7 +37,8 @@ class Scripted:
             done = i == sampling.max_tokens - 1
             yield Generation([len(prompt_ids) + 1], [-0.5], "length" if done else "")
 
-    async def generate(self, prompt_ids, sampling, request_id):  # drain mode
+    async def generate(self, prompt_ids, sampling, request_id, *, stamped: bool = False):  # drain mode, plain
+        self.plain.append(stamped)
         return Generation([7] * sampling.max_tokens, [-0.1] * sampling.max_tokens, "length", list(prompt_ids))
 
     async def abort(self, request_id):
@@ -140,22 +142,37 @@ def test_drain_mode_tags_the_whole_turn_with_one_version():
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("mode, stamps, streamed", [("drain", False, False), ("drain", True, True),
+@pytest.mark.parametrize("mode, stamps, streamed", [("drain", False, False), ("drain", True, False),
                                                     ("drain", None, True), ("keep", False, True),
                                                     ("abort", False, True)])
 def test_a_call_streams_only_where_a_split_needs_it_and_only_a_streamed_call_has_its_time_to_first_token(
         mode, stamps, streamed):
-    """Drain mode on an engine known not to stamp its tokens: one plain request (`generate`, ids 7), its time to
-    first token not measured; streamed (ids 1, 2, ...; the time measured) in keep and abort mode and on an engine
-    that stamps (or is not probed yet: None), where another job's update of a shared backend splits the call."""
+    """Drain mode on an engine probed (stamping or not): one plain request (`generate`, ids 7; to the token endpoint,
+    whose answer carries the stamps, on an engine that stamps), its time to first token not measured; streamed (ids
+    1, 2, ...; the time measured) in keep and abort mode and on an engine not probed yet (None)."""
     async def go():
         engine = Scripted()
         engine.stamps = stamps
         llm = TrackedLLM(engine, PolicyGate(version=3), mode=mode, url="http://b")
-        assert llm.streams() is streamed
         gen = await llm.generate([0], SamplingParams(max_tokens=4), "r")
         assert (engine.prompts == [[0]]) is streamed and (gen.token_ids == [7] * 4) is not streamed
+        assert engine.plain == ([] if streamed else [stamps is True])
         assert (gen.first_token_seconds is not None) is streamed and gen.versions == [(3, 4)]
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("stamps", [True, False])
+def test_one_drain_mode_call_in_timed_every_streams_to_measure_its_time_to_first_token(stamps):
+    async def go():
+        engine = Scripted()
+        engine.stamps = stamps
+        gate = PolicyGate(version=3)
+        timed = []
+        for turn in range(2 * TIMED_EVERY):
+            gen = await TrackedLLM(engine, gate, url="http://b").generate([0], SamplingParams(max_tokens=2), f"r{turn}")
+            timed.append(gen.first_token_seconds is not None)
+        assert [i for i, t in enumerate(timed) if t] == [TIMED_EVERY - 1, 2 * TIMED_EVERY - 1]
+        assert len(engine.prompts) == 2 and engine.plain == [stamps] * (2 * TIMED_EVERY - 2)
     asyncio.run(go())
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+import pytest
+
+from rolloutd.agents.daemon.llmgate import TIMED_EVERY, PolicyGate, TrackedLLM
 from rolloutd.agents.daemon.weightstamps import joined, stamped_versions
 from rolloutd.agents.llm import Generation, Preempted, SamplingParams
 from rolloutd.crds.weight_labels import read_label, weight_label
@@ -46,7 +48,9 @@ def test_joined_stamps_cover_each_token_once_or_are_none():
 
 class Stamping:
     """Streams token 1, 2, ... as an engine that stamps them: each token gets the label `self.label` has when it is
-    made; the final chunk (or an abort's) carries the spans. `hold` pauses it, `abort_now` aborts it."""
+    made; the final chunk (or an abort's) carries the spans. `hold` pauses it, `abort_now` aborts it. `generate` is
+    the same as one plain request to the token endpoint: its answer (or its abort's) carries every token and the
+    spans. `made`: tokens made, by either."""
 
     stamps = True
 
@@ -56,6 +60,19 @@ class Stamping:
         self.hold.set()
         self.abort_now = asyncio.Event()
         self.prompts: list[list[int]] = []
+        self.made = 0
+
+    async def generate(self, prompt_ids, sampling: SamplingParams, request_id, *, stamped: bool = False):
+        assert stamped, "a plain call to an engine that stamps goes to its token endpoint"
+        ids: list[int] = []
+        try:
+            async for piece in self.stream(prompt_ids, sampling, request_id):
+                ids += piece.token_ids
+                last = piece
+        except Preempted as e:
+            raise Preempted("aborted", Generation(ids, [-0.5] * len(ids), "abort",
+                                                  weight_spans=e.partial.weight_spans)) from None
+        return Generation(ids, [-0.5] * len(ids), last.finish_reason, weight_spans=last.weight_spans)
 
     async def stream(self, prompt_ids, sampling: SamplingParams, request_id):
         self.prompts.append(list(prompt_ids))
@@ -69,6 +86,7 @@ class Stamping:
                 raise Preempted("aborted", Generation([], [], "abort", weight_spans=spans(labels)))
             await asyncio.sleep(0.001)
             labels.append(self.label)
+            self.made += 1
             done = i == sampling.max_tokens - 1
             yield Generation([len(prompt_ids) + 1], [-0.5], "length" if done else "",
                              weight_spans=spans(labels) if done else None)
@@ -148,23 +166,28 @@ def test_without_the_controllers_labels_the_stamps_are_not_trusted():
     asyncio.run(go())
 
 
-def test_another_jobs_abort_update_on_the_shared_backend_continues_the_call_once_the_engine_resumes():
+@pytest.mark.parametrize("mode, timed", [("drain", False), ("drain", True), ("keep", False)])
+def test_another_jobs_abort_update_on_the_shared_backend_continues_the_call_once_the_engine_resumes(mode, timed):
+    """This job's mode does not matter; in drain mode the call is one plain request to the token endpoint (or, the
+    one call in TIMED_EVERY, a stream): the same tokens and versions either way."""
     async def go():
         gate, engine = PolicyGate(version=1), Stamping(A1)
         gate.job_uid = UID
-        llm = TrackedLLM(engine, gate, mode="drain", url="http://b")  # this job's mode does not matter
+        gate.drain_calls = TIMED_EVERY - 1 if timed else 0
+        llm = TrackedLLM(engine, gate, mode=mode, url="http://b")
         task = asyncio.create_task(llm.generate([0, 0], SamplingParams(max_tokens=30), "r"))
-        await wait_for(lambda: gate.streams and next(iter(gate.streams)).received >= 8, "tokens")
+        await wait_for(lambda: engine.made >= 8, "tokens")
         engine.hold.clear()      # job b pauses the engine, aborting every request on it; this job's gate stays open
         engine.abort_now.set()
         await asyncio.sleep(0.1)
-        kept = next(iter(gate.streams)).received
+        kept = engine.made
         assert len(engine.prompts) == 1 and not task.done()  # waits for the engine, not failed
         engine.label = B7        # b's weights, labelled
         engine.hold.set()        # resumed
         gen = await task
         assert gen.versions == [(1, kept), ("default/b@7", 30 - kept)]
         assert engine.prompts[1] == [0, 0] + gen.token_ids[:kept]
+        assert (gen.first_token_seconds is not None) is (timed or mode == "keep")
     asyncio.run(go())
 
 
