@@ -195,6 +195,10 @@ Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
 
 
 RETRY_SECONDS = 0.002  # a group commit deferred by a worker's write transaction looks again this much later
+# calls per group on PostgreSQL: each of a call's statements is a round trip with the loop blocked, so an unbounded
+# group after a slow one was larger still (1000 nodes: groups blocking the loop for up to 22 s); the rest waits
+# for the next turn, after the loop has served what arrived meanwhile
+PG_GROUP_CALLS = 64
 _WRITERS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
 
 
@@ -234,7 +238,11 @@ class GroupCommit:
         if self.engine.dialect.name == "sqlite" and worker_writing(self.engine).locked():
             asyncio.get_running_loop().call_later(RETRY_SECONDS, self._run)  # the calls stay pending meanwhile
             return
-        group, self._pending = self._pending, []
+        if self.engine.dialect.name == "postgresql" and len(self._pending) > PG_GROUP_CALLS:
+            group, self._pending = self._pending[:PG_GROUP_CALLS], self._pending[PG_GROUP_CALLS:]
+            asyncio.get_running_loop().call_soon(self._run)  # the rest: after the loop's other ready work
+        else:
+            group, self._pending = self._pending, []
         if len(group) == 1 and self.engine.dialect.name == "postgresql":
             done = self._alone(*group[0])  # a call alone needs no savepoint: two round trips to the server saved
         else:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.work.hot_sql import GroupCommit
+from rolloutd.controller.work.hot_sql import PG_GROUP_CALLS, GroupCommit
 
 
 @pytest.fixture
@@ -80,3 +80,30 @@ def test_a_call_alone_that_fails_gets_its_error_and_writes_nothing(engine):
 
     assert "lone refused" in str(asyncio.run(scenario()))
     assert rows(engine) == {"next": 2} and (group.groups, group.calls) == (2, 2)
+
+
+def test_a_large_turn_on_postgresql_commits_in_bounded_groups_and_the_loop_runs_between_them(engine):
+    """On PostgreSQL each statement is a round trip with the loop blocked: a turn's calls go in groups of at most
+    PG_GROUP_CALLS, and what else the loop had ready runs after the first group, not after them all. SQLite
+    keeps one group (its statements are microseconds; one commit is what the group saves)."""
+    group = GroupCommit(engine)
+    order: list[object] = []
+
+    def put(i):
+        def work(tx):
+            tx.db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i}", i))
+            order.append(i)
+            return i, None
+        return work
+
+    async def scenario():
+        futures = [group.submit(put(i)) for i in range(150)]
+        asyncio.get_running_loop().call_soon(order.append, "other")  # ready after the group's first turn
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(scenario()) == list(range(150)) and len(rows(engine)) == 150
+    if engine.dialect.name == "postgresql":
+        assert (group.groups, group.calls) == (3, 150)
+        assert order.index("other") == PG_GROUP_CALLS
+    else:
+        assert (group.groups, group.calls) == (1, 150) and order.index("other") == 150
