@@ -247,7 +247,8 @@ class TrackedLLM:
         """Whether the next call streams, when the backend can: always in keep and abort mode (the split of an update
         mid-call), for the gateway's streamed answers (`on_tokens`), on an engine not probed yet (the stream probes
         whether it stamps) and for a long prompt (its first token passes the prefill gate's turn on, not its end);
-        else, in drain mode, one call in TIMED_EVERY of the job's, to measure the time to first token. The others are one plain request each (a stream costs the engine and this daemon a chunk per token:
+        else, in drain mode, one call in TIMED_EVERY of the job's, to measure the time to first token. The others are
+        one plain request each (a stream costs the engine and this daemon a chunk per token:
         bench/results/RESULTS-pipeline.md), on an engine that stamps its tokens through its token endpoint, whose
         answer carries the stamps (another job's update of a shared backend splits the call: docs/content/async.md).
         Asking counts a drain-mode call."""
@@ -255,7 +256,7 @@ class TrackedLLM:
             return False
         if self.mode != "drain" or on_tokens is not None or getattr(self.inner, "stamps", None) is None:
             return True
-        if prompt > self.gate.prefill.long_prompt:
+        if self.gate.prefill.holds(prompt):
             return True
         self.gate.drain_calls += 1
         return self.gate.drain_calls % TIMED_EVERY == 0

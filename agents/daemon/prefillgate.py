@@ -29,11 +29,15 @@ class PrefillGate:
         self.waiting = 0  # long calls held here now
         self.held = 0  # long calls that were held, ever
 
+    def holds(self, prompt: int) -> bool:
+        """Whether a call of `prompt` tokens takes a turn here (its prefill is long)."""
+        return prompt > self.long_prompt
+
     @contextlib.asynccontextmanager
     async def slot(self, url: str | None, prompt: int) -> AsyncIterator[Callable[[], None]]:
         """Hold a long prompt until no other long prompt of the node awaits its prefill at `url`; yields `prefilled`,
         to call at the call's first token (the turn passes on then, or when the call ends, however it ends)."""
-        if url is None or prompt <= self.long_prompt:
+        if url is None or not self.holds(prompt):
             yield lambda: None
             return
         turn = self._turn[url]

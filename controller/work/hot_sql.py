@@ -238,12 +238,13 @@ class GroupCommit:
         if self.engine.dialect.name == "sqlite" and worker_writing(self.engine).locked():
             asyncio.get_running_loop().call_later(RETRY_SECONDS, self._run)  # the calls stay pending meanwhile
             return
-        if self.engine.dialect.name == "postgresql" and len(self._pending) > PG_GROUP_CALLS:
+        pg = self.engine.dialect.name == "postgresql"
+        if pg and len(self._pending) > PG_GROUP_CALLS:
             group, self._pending = self._pending[:PG_GROUP_CALLS], self._pending[PG_GROUP_CALLS:]
             asyncio.get_running_loop().call_soon(self._run)  # the rest: after the loop's other ready work
         else:
             group, self._pending = self._pending, []
-        if len(group) == 1 and self.engine.dialect.name == "postgresql":
+        if len(group) == 1 and pg:
             done = self._alone(*group[0])  # a call alone needs no savepoint: two round trips to the server saved
         else:
             done = self._together(group)
