@@ -344,8 +344,8 @@ class VLLMBackend:
             raise BackendError(f"malformed token stream ({type(e).__name__})") from e
         if finish == "abort":  # dropped server-side (pause for weight sync, abort): retry, never score
             raise Preempted("request aborted by the server", Generation(ids, logprobs, "abort", weight_spans=spans))
-        cached = ((chunk.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-        return Generation(ids, logprobs, finish, None, cached, stop_reason, weight_spans=spans)
+        return Generation(ids, logprobs, finish, None, vllm_tokens.cached_tokens(chunk), stop_reason,
+                          weight_spans=spans)
 
     @staticmethod
     def _parse(data: dict[str, Any], prompt_ids: list[int], partial: bool = False) -> Generation:
@@ -370,9 +370,8 @@ class VLLMBackend:
         if returned_prompt is not None and list(returned_prompt) != list(prompt_ids):
             raise BackendError("the engine did not use the prompt ids as sent")
         logprobs = [float(x) if x is not None else -math.inf for x in logprobs]
-        usage = data.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        return Generation(ids, logprobs, finish, returned_prompt, cached, choice.get("stop_reason"))
+        return Generation(ids, logprobs, finish, returned_prompt, vllm_tokens.cached_tokens(data),
+                          choice.get("stop_reason"))
 
     async def wait_healthy(self, timeout: float, every: float = 1.0) -> bool:
         """Poll `/health` until it answers 200 (True) or `timeout` seconds pass (False)."""

@@ -1,6 +1,7 @@
 """vLLM's token endpoint (`POST /inference/v1/generate`, served with `--enable-scale-out`): integer ids in and out,
 and on its answer (a stream's final chunk) the engine's own weight stamps (`weight_versions`: which labelled weights
-made each token); and the reason in vLLM's error answers (`engine_message`).
+made each token); and what any vLLM answer says beside its tokens: the reason in an error (`engine_message`), the
+prompt tokens found in the prefix cache (`cached_tokens`).
 
 `llm.VLLMBackend` uses it instead of `/v1/completions` for its streamed calls, and for the plain ones it is asked to
 stamp, when the engine serves it and labels its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM` turns the
@@ -72,3 +73,12 @@ def engine_message(text: str, limit: int = 300) -> str:
     err = answer.get("error", answer) if isinstance(answer, dict) else answer
     message = err.get("message") if isinstance(err, dict) else None
     return str(message if message else text.strip())[:limit]
+
+
+def cached_tokens(answer: dict[str, Any]) -> int | None:
+    """The prompt tokens the engine found in its prefix cache (`usage.prompt_tokens_details.cached_tokens`); None
+    where the answer does not say it as a count (any backend the job names may answer anything)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
