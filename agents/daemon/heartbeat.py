@@ -145,6 +145,7 @@ class Heartbeater:
         self._retry.reset()
         self._retry_at = 0.0
         self.stats["heartbeats"] += 1
+        self._slow(now, resp.lease_seconds)
         self.reached = time.monotonic()
         if self.deltas:
             self.stats["full_beats" if full else "delta_beats"] += 1
@@ -159,6 +160,15 @@ class Heartbeater:
             self.wake.set()
         if self.leaser is not None:
             await self.leaser.answered(ask, resp.lease, "beats")
+
+    def _slow(self, sent: float, lease_seconds: float) -> None:
+        """A beat answered more than half a lease after the one before: say whose time it was (this daemon late to
+        send, or the controller late to answer), before the lease it renews runs out."""
+        answered = time.monotonic()
+        if answered - self.reached > lease_seconds / 2:
+            self.log.warning("no beat answered for %.1f s (lease %g s): sent %.1f s after the last answer, answered "
+                             "%.1f s after it was sent", answered - self.reached, lease_seconds, sent - self.reached,
+                             answered - sent)
 
     def _failed(self, e: ControllerError, ask: int | None, carried: list[str]) -> None:
         """Nothing the beat carried counts as told: the next beat carries its stages and results again."""

@@ -38,7 +38,7 @@ from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed
 from .job_state import JobCache, Jobs, closed
-from .held_leases import HeldLease
+from .held_leases import HeldLease, unheard
 from .node_registry import NodeRegistry
 from .hot_sql import Item
 from .policy_versions import PolicyVersions, staleness
@@ -342,8 +342,8 @@ class Attempts:
                 n += 1
             self.nodes.retire_silent(s, now)
             s.commit()
-        if n:
-            log.info("requeued %d expired lease(s)", n)
+        if n:  # a daemon whose beats came late logs whose time it was
+            log.info("requeued %d expired lease(s): %s", n, unheard(late.values(), now))
         return n
 
 

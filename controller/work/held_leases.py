@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 
 @dataclass(slots=True)
@@ -36,6 +36,11 @@ class HeldLease:
 
 
 STALL_SECONDS = 300.0  # a lease in one stage (or unheard) this long is stalled, unless the settings say otherwise
+
+
+def unheard(leases: Iterable[HeldLease], now: float, most: int = 8) -> str:
+    """For a log line: how long no beat named these leases, by node (a silent node, or beats that came late)."""
+    return ", ".join(sorted({f"{live.node_id} unheard {now - live.beat:.1f} s" for live in leases})[:most])
 
 
 class HeldLeases:

@@ -106,6 +106,11 @@ def _settled(cluster, name: str) -> bool:
     return bool(rows) and all(state in ("done", "failed") or "LLM backend" in err for state, _, err in rows)
 
 
+def _expired(cluster, name: str) -> bool:
+    """A rollout of the job lost a lease (its attempt requeued by the expiry pass, not by the kill)."""
+    return any("lease expired" in (err or "") for _, _, err in _items(cluster, name))
+
+
 def _generated(t: dict) -> int:
     return len(t["tokenIds"]) - t["promptLength"]
 
@@ -136,9 +141,17 @@ def _kill_in_the_turns(cluster, engine, tmp_path, tokens: int, n: int, jobs: dic
     wait_until(lambda: not engine.alive(), 30, "the engine to be gone", every=0.1)
     for name in jobs:
         try:
-            wait_until(lambda: _settled(cluster, name), 300, f"{name}: every rollout meeting the kill", every=0.2)
+            wait_until(lambda: _settled(cluster, name) or _expired(cluster, name), 300,
+                       f"{name}: every rollout meeting the kill", every=0.2)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{_items(cluster, name)}\n{cluster.diagnose(name)}") from None
+    if expired := [name for name in jobs if _expired(cluster, name)]:
+        # a first attempt that lost its lease before the kill (its beats late on a loaded machine: the controller's
+        # and the daemon's logs say whose) did not meet the kill; its second one waits for the engine in RUN
+        print(f"{tokens}-token turns: a lease of {expired} expired before the kill landed: again, longer turns\n"
+              + "\n".join(cluster.diagnose(name) for name in expired))
+        _again(cluster, engine, jobs)
+        return False
     print(f"{tokens}-token turns: every rollout met the kill {time.monotonic() - killed:.1f} s after it")
     # before the engine is back, nothing is delivered with a reward but a turn the killed engine had finished whole
     early = [t for name in jobs for t in cluster.trajectories(name)]
@@ -148,10 +161,15 @@ def _kill_in_the_turns(cluster, engine, tmp_path, tokens: int, n: int, jobs: dic
     if not scored:
         return True
     print(f"{tokens}-token turns: {len(scored)} ended before the kill landed: longer turns")
+    _again(cluster, engine, jobs)
+    return False
+
+
+def _again(cluster, engine, jobs: dict[str, int]) -> None:
+    """The kill did not meet every first attempt: the jobs deleted and the engine restarted, for a longer turn."""
     for name in jobs:
         assert cluster.api.delete(f"{P}/rolloutjobs/{name}").status_code in (200, 202, 204)
     engine.restart()
-    return False
 
 
 @pytest.mark.timeout(2400)
@@ -170,7 +188,7 @@ def test_the_engine_killed_in_the_middle_of_a_response_is_an_infra_failure_retri
         if _kill_in_the_turns(cluster, engine, tmp_path, tokens, n, jobs):
             break
     else:
-        raise AssertionError("every turn, up to 8000 tokens, ended before the kill landed")
+        raise AssertionError("every run, up to 8000-token turns, ended a turn or lost a lease before the kill landed")
     retried, spent = jobs
     # the outage rule: an attempt that failed while the controller saw every backend of its job down is not counted
     kept = {name: sum(1 for state, attempt, _ in _items(cluster, name) if state == "queued" and attempt == 0)
