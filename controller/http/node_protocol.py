@@ -152,8 +152,9 @@ def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: N
         async def heartbeat(node_id: str, request: Request, lease: int | None = Query(None, ge=0, le=MAX_LEASE)):
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
             answer = await calls.heartbeat_grouped(_owned(registry, node_id, request), hb, lease)
-            if hb.results:
-                await settled()
+            if hb.results:  # the node's next beat waits for this answer: its leases wait with it
+                with attempts.held.answering(node_id, hb.stages if hb.full else (), answer.lease_seconds):
+                    await settled()
             return _ok(answer, registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/results")

@@ -60,10 +60,10 @@ async def run(s: Work) -> None:
     serving(s)
     asked = time.monotonic()
     while not s.queue.stopped:
-        await s.seqs.tick()
         late = time.monotonic() - asked - EXPIRY_PASS_SECONDS
         if late > STALL_SECONDS:  # woken this late: the whole process was stopped or its loop blocked
             stalled(s, late)
+        await s.seqs.tick()  # after the check: a record waiting on a busy disk in its thread is no stall of the loop
         try:
             s.attempts.expire()
             if time.monotonic() - last_health >= s.health_interval or _unasked(s):

@@ -12,11 +12,12 @@ of its own; the database keeps the stage of the grant.
 """
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class HeldLeases:
         self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
         self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
         self.elsewhere: Callable[[str], dict[str, int]] | None = None  # node shards: other replicas' stages
+        self._answering: Counter[str] = Counter()      # node → its beats committed, waiting for the disk (`answering`)
 
     def add(self, attempt_id: str, live: HeldLease) -> None:
         self.forget(attempt_id)
@@ -124,14 +126,32 @@ class HeldLeases:
         live.until = until
 
     def expired(self, now: float) -> list[tuple[str, HeldLease]]:
-        """The leases past their `until` (still held: the caller forgets or requeues them)."""
+        """The leases past their `until` (still held: the caller forgets or requeues them), but a node's whose beat
+        is being answered (`answering`)."""
         out = []
         for second in [s for s in self._due if s <= now]:
             for aid in self._due[second]:
                 live = self.by_attempt[aid]
-                if live.until < now:
+                if live.until < now and live.node_id not in self._answering:
                     out.append((aid, live))
         return out
+
+    @contextlib.contextmanager
+    def answering(self, node_id: str, named: Iterable[str], lease_seconds: float) -> Iterator[None]:
+        """A beat of `node_id`, committed, waits for its results to be on the disk before it is answered (an fsync:
+        seconds on a busy disk), and the node beats again only once answered: none of its leases expires meanwhile,
+        and those the beat renewed (`named`: a full beat's stages) run a whole lease from the answer."""
+        self._answering[node_id] += 1
+        try:
+            yield
+        finally:
+            self._answering[node_id] -= 1
+            if self._answering[node_id] <= 0:
+                del self._answering[node_id]
+            until = self.clock() + lease_seconds
+            for aid in named:
+                if (live := self.by_attempt.get(aid)) is not None and live.node_id == node_id and live.until < until:
+                    self.renew(aid, live, until)
 
     def grace(self, now: float, lease_seconds: Callable[[str], float]) -> None:
         """The controller itself stalled (stopped, paused, its loop blocked): it heard no beat meanwhile, so every

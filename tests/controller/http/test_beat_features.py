@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rolloutd.controller.store.durability import Durable
 from rolloutd.crds.node import NODE_PROTOCOL, LeaseResponse, beat_gap
 
 from support.node_api import JOIN, NODES, call, node_api, result
@@ -97,3 +98,28 @@ def test_a_hostile_beats_counts_are_refused_naming_the_field_and_the_next_beat_i
                     headers={**JOIN, "content-type": "application/json"})
     assert r.status_code == 422 and field in r.text, r.text
     assert ENGINE in call(client, f"{nid}/heartbeat", {"stages": {}, "llmProcessed": {ENGINE: 2 ** 53}})["llmRates"]
+
+
+def test_a_beat_waiting_for_the_disk_keeps_its_nodes_leases(tmp_path, monkeypatch):
+    """A beat that carries results is answered only once they are on the disk, and its node beats again only after
+    that answer: an fsync slower than a lease (a busy disk; CI, 2026-11-30) must not expire the node's other leases
+    while it waits (the expiry pass runs meanwhile), and those the beat named run a whole lease from the answer."""
+    clock, slow = Clock(), {}
+
+    async def slow_settle(self):
+        if "scheduler" in slow:  # the beat's own sync: it takes two and a half leases, the expiry pass runs meanwhile
+            clock.t += 25
+            slow["expired"] = slow["scheduler"].work.attempts.expire()
+
+    monkeypatch.setattr(Durable, "settle", slow_settle)
+    with node_api(tmp_path, clock=clock, lease_seconds=10) as (client, scheduler):
+        nid = register(client, "beat-results,beat-deltas")["nodeId"]
+        done, running = (l.attempt_id for l in
+                         LeaseResponse.model_validate(call(client, f"{nid}/lease", {"maxItems": 2})).leases)
+        slow["scheduler"] = scheduler
+        reply = call(client, f"{nid}/heartbeat", {"full": True, "stages": {running: "run"}, "results": [result(done)]})
+        assert reply["accepted"] == [done]
+        assert slow["expired"] == 0  # nothing requeued while the node waited for our disk
+        assert scheduler.work.queue.leases.get(running).until == clock.t + 10  # a whole lease from the answer
+        clock.t += 11
+        assert scheduler.work.attempts.expire() == 1  # then the lease runs out as any other
