@@ -67,7 +67,7 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
     for node, job in [(n, A) for n in A_NODES] + [(n, B) for n in B_NODES]:
         gate = PolicyGate()
         if not gated:
-            gate.prefill = PrefillGate(long_prompt=10**9)
+            gate.prefill = PrefillGate.off()
         gate.tokens.episodes = gate.rates.episodes = lambda u, n=node: max(1, holding[n])
         gates[node] = (job, gate)
     episodes: dict[str, list[float]] = {A: [], B: []}  # when each episode (b) or call (a) ended

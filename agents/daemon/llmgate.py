@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from .rategate import RateGate
 from .tokengate import TokenGate
 from .weightstamps import joined, stamped_versions
 
+log = logging.getLogger("rolloutd.node")
 # abort mode: how long an aborted request waits to hear of the update that aborted it (a beat or two)
 UPDATE_NOTICE_SECONDS = 5.0
 # drain mode: one call in this many streams, its time to first token measured (a stream costs a chunk per token)
@@ -103,6 +105,7 @@ class PolicyGate:
         a stream it does not stamp is aborted as in abort mode, since where its tokens stood at the pause cannot be
         proven from the outside (tokens arrive seconds after the engine made them on a loaded box). Then wait until
         every aborted stream is parked with its tokens so far (its split, exact) or ended."""
+        started = time.monotonic()
         if self.mode == "abort":
             cut = [s for s in self.streams if s.abort is not None and not s.parked]
         else:
@@ -121,6 +124,8 @@ class PolicyGate:
             with contextlib.suppress(TimeoutError):  # woken by each park or end (`moved`), checked twice a second
                 await asyncio.wait_for(self._moved.wait(), 0.5)
         self.fence_done = max(self.fence_done, epoch)
+        log.info("fence %d taken in %.3f s: %d stream(s) kept in place, %d cut and parked", epoch,
+                 time.monotonic() - started, len(self.streams) - len(cut), len(cut))
         self.on_change()
 
     @property

@@ -9,8 +9,9 @@ job arriving later waited behind all of them: 8 whole-context prompts of ~40 s e
 the work share can reach (it holds calls not yet sent). With the gate a latecomer waits behind one long prefill per
 node of the other job, and from then on the work share holds that job's next calls. A prompt is long past
 `LONG_PROMPT_TOKENS`: beyond vLLM's usual step budget with chunked prefill (`max_num_batched_tokens` 8192), so two
-such prefills cannot share one step there and serialising them costs a job alone little (measured:
-bench/results/RESULTS-fairshare.md). Short calls never wait here, and decoding never holds the gate.
+such prefills cannot share one step there, and serialising them should cost a job alone little (expected, not yet
+measured on a quiet box: bench/results/RESULTS-fairshare.md). Short calls never wait here, and decoding never holds
+the gate.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ class PrefillGate:
         self._turn: dict[str | None, asyncio.Lock] = defaultdict(asyncio.Lock)  # url → the one long prefill's turn
         self.waiting = 0  # long calls held here now
         self.held = 0  # long calls that were held, ever
+
+    @classmethod
+    def off(cls) -> "PrefillGate":
+        """A gate that holds no call (a test or bench of the other shares alone, or of the behaviour without it)."""
+        return cls(long_prompt=10**12)
 
     def holds(self, prompt: int) -> bool:
         """Whether a call of `prompt` tokens takes a turn here (its prefill is long)."""

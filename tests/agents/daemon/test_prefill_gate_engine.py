@@ -23,7 +23,7 @@ EPISODES = 6  # team-a's episodes on its one node, each calling back to back
 async def run(url: str, gated: bool) -> dict:
     gate = PolicyGate()
     if not gated:
-        gate.prefill = PrefillGate(long_prompt=10**9)
+        gate.prefill = PrefillGate.off()
     ended: list[int] = []  # team-a's calls, in the order they ended
     first = asyncio.Event()
     salt = random.randrange(800)  # prompts no earlier run left in the engine's prefix cache

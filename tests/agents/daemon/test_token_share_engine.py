@@ -34,7 +34,7 @@ def _gates(url: str) -> tuple[PolicyGate, PolicyGate]:
         gate = PolicyGate()
         # the token share alone: the prefill gate (ahead of it, with its own engine test) would hold team-a's
         # 12 000-token prompts first, and the token gate would never see them
-        gate.prefill = PrefillGate(long_prompt=10**9)
+        gate.prefill = PrefillGate.off()
         gate.tokens.set(shares(adm, job, BUDGET))  # what each node's beat reply carries
         gate.tokens.episodes = lambda u, n=episodes: n
         gates.append(gate)

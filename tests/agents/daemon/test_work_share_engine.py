@@ -33,7 +33,7 @@ async def run(url: str, gated: bool) -> dict:
     for job in (A, B):
         adm.set_job(job, [url], None, 10)
         gates[job] = PolicyGate()
-        gates[job].prefill = PrefillGate(long_prompt=10**9)  # the work share alone (the prefill gate has its own test)
+        gates[job].prefill = PrefillGate.off()  # the work share alone (the prefill gate has its own test)
         gates[job].tokens.episodes = gates[job].rates.episodes = lambda u: EPISODES
     done: dict[str, list[float]] = {A: [], B: []}
     stop = asyncio.Event()
