@@ -1,26 +1,43 @@
-"""The prefill gate on and off on one engine, one after the other (`python -m bench.fairshare_pair`): team-b's
-episodes/s after team-a's 65 000-token episodes filled the backend (`fairshare_late.late_row`), one JSON row each.
-Next step: several alternating pairs over a longer window (bench/results/RESULTS-fairshare.md)."""
+"""Two variants of the fair share on one engine, alternating (`python -m bench.fairshare_pair [window] [variants]`):
+team-b's episodes/s after team-a's 65 000-token episodes filled the backend (`fairshare_late.late_row`), one JSON row
+per run. Variants: `gate` / `nogate` (the node's prefill gate on or off) and `holdN` (a node's work-share debt capped
+at N seconds of its allowance, `rategate.MAX_HOLD_SECONDS`; the default is `crds.node.WORK_WINDOW_SECONDS`).
+Results: bench/results/RESULTS-fairshare.md."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from bench import fairshare_late as f
+from rolloutd.agents.daemon import rategate
 from rolloutd.agents.engine.server import EngineServer
 
 
-def main(window: float = 120.0) -> None:
+def run(url: str, variant: str, window: float) -> dict:
+    hold = rategate.MAX_HOLD_SECONDS
+    if variant.startswith("hold"):
+        rategate.MAX_HOLD_SECONDS = float(variant[4:])
+    try:
+        return f.late_row(url, 65000, window, gated=variant != "nogate")
+    finally:
+        rategate.MAX_HOLD_SECONDS = hold
+
+
+def main(window: float = 120.0, variants: tuple[str, ...] = ("gate", "nogate"), pairs: int = 1) -> None:
     engine = EngineServer("tiny", dtype="float32", max_model_len=65536)
     engine.start()
     try:
-        for gated in (True, False):
-            t = time.time()
-            row = f.late_row(engine.url, 65000, window, gated)
-            print(json.dumps({**row, "took_s": round(time.time() - t)}), flush=True)
+        for i in range(pairs):
+            for variant in variants if i % 2 == 0 else variants[::-1]:
+                t = time.time()
+                row = run(engine.url, variant, window)
+                print(json.dumps({"variant": variant, **row, "took_s": round(time.time() - t)}), flush=True)
     finally:
         engine.stop()
 
 
 if __name__ == "__main__":
-    main()
+    args = sys.argv[1:]
+    main(float(args[0]) if args else 120.0, tuple(args[1].split(",")) if len(args) > 1 else ("gate", "nogate"),
+         int(args[2]) if len(args) > 2 else 1)

@@ -143,6 +143,10 @@ WEIGHT_STAMPS, TOKEN_SHARE, WORK_SHARE = "weight-stamps", "token-share", "work-s
 OWNER_REDIRECT = "owner-redirect"
 FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
             TOKEN_SHARE, WORK_SHARE, OWNER_REDIRECT)
+# work-share: the controller sums each job's processed tokens over this window, and a node's debt for one call is at
+# most this many seconds of its allowance (longer debt than what is measured would be a guess; shorter forgave most of
+# a whole-context prefill: at 20 s a job of 65 000-token prompts was held ~20 s after each, while its call took ~10 s)
+WORK_WINDOW_SECONDS = 60.0
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
 REPLY_FIELDS = {LEASE_TRACE: (("Lease", "traceparent"),),

@@ -19,8 +19,10 @@ import time
 from collections import defaultdict
 from typing import AsyncIterator, Callable
 
+from rolloutd.crds.node import WORK_WINDOW_SECONDS
+
 BURST_SECONDS = 2.0  # a bucket holds this many seconds of its allowance (calls between two beats' replies)
-MAX_HOLD_SECONDS = 20.0  # a bucket's debt is at most this many seconds of its allowance (`workshare.WINDOW`)
+MAX_HOLD_SECONDS = WORK_WINDOW_SECONDS  # a bucket's debt is at most this many seconds of its allowance
 
 
 class Charge:

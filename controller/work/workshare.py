@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily
 
 from rolloutd.crds.names import split_key
+from rolloutd.crds.node import WORK_WINDOW_SECONDS
 
 from . import tokenshare
 from .admission import Admission
 
-WINDOW = 60.0  # seconds a job's processed tokens are summed over (a 65k prefill on a loaded CPU is ~15-30 s)
+WINDOW = WORK_WINDOW_SECONDS  # seconds a job's processed tokens are summed over (a 65k prefill on a loaded CPU is ~15-30 s)
 SILENT_SECONDS = 600.0  # a node's cumulative counts are forgotten after this long without a beat
 
 
