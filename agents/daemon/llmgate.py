@@ -115,6 +115,7 @@ class PolicyGate:
                     s.marks.append(s.received)
             for s in cut:
                 s.fenced = True
+        kept = len(self.streams) - len(cut)
         await asyncio.gather(*(s.abort() for s in cut), return_exceptions=True)
         deadline = time.monotonic() + 60  # bounded
         while time.monotonic() < deadline:
@@ -125,7 +126,7 @@ class PolicyGate:
                 await asyncio.wait_for(self._moved.wait(), 0.5)
         self.fence_done = max(self.fence_done, epoch)
         log.info("fence %d taken in %.3f s: %d stream(s) kept in place, %d cut and parked", epoch,
-                 time.monotonic() - started, len(self.streams) - len(cut), len(cut))
+                 time.monotonic() - started, kept, len(cut))
         self.on_change()
 
     @property

@@ -16,6 +16,7 @@ passes a whitelist of characters and names (sympy parses with `eval`).
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any, ClassVar
 
@@ -56,8 +57,9 @@ class MathTask(TaskHandler):
     async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
                    sandbox_factory: SandboxFactory | None = None) -> Reward:
         text = answer_text(trajectory)
-        extracted = extract_answer(text, require_boxed=self.require_boxed)
-        ok = extracted is not None and is_equiv(extracted, str(task["answer"]))
+        # in a thread: sympy's first import (~1.5 s) and its parse of the model's text would hold the daemon's loop,
+        # and with it the node's beats and a weight update's fence (#38: an update waited ~2 s on it)
+        extracted, ok = await asyncio.to_thread(_judge, text, str(task["answer"]), self.require_boxed)
         return Reward(
             value=1.0 if ok else 0.0,
             details={"extracted": extracted, "expected": str(task["answer"]),
@@ -68,6 +70,12 @@ class MathTask(TaskHandler):
 # ---------------------------------------------------------------------- extraction
 _BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+def _judge(text: str, expected: str, require_boxed: bool) -> tuple[str | None, bool]:
+    """The answer extracted from the agent's text, and whether it equals `expected`."""
+    extracted = extract_answer(text, require_boxed=require_boxed)
+    return extracted, extracted is not None and is_equiv(extracted, expected)
 
 
 def last_boxed(text: str) -> str | None:

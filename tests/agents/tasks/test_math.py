@@ -96,3 +96,31 @@ def test_shipped_dataset():
     assert any(r["question"].startswith("What is") and "Answer with just the number" in r["question"] for r in rows)
     for r in rows:  # every reference answer is equivalent to itself once boxed
         assert _eval(r, _traj(f"\\boxed{{{r['answer']}}}")).value == 1.0
+
+
+def test_eval_leaves_the_event_loop_free(monkeypatch):
+    """The judgement (sympy's import and parse of the model's text) runs off the daemon's loop: a judgement that takes
+    0.6 s does not stop the loop's other work (the node's beats, a weight update's fence) meanwhile."""
+    import time
+
+    from rolloutd.agents.tasks import math as math_task
+    real = math_task.is_equiv
+    monkeypatch.setattr(math_task, "is_equiv", lambda a, b: time.sleep(0.6) or real(a, b))
+
+    async def run():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        reward = await MathTask().eval({"id": "m", "question": "1+1?", "answer": 2}, None, _traj("\\boxed{2}"))
+        t.cancel()
+        return reward, ticks
+
+    reward, ticks = asyncio.run(run())
+    assert reward.value == 1.0
+    assert ticks >= 6, ticks  # about 12 when the loop is free; 0 when the judgement holds it
