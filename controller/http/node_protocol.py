@@ -153,7 +153,7 @@ def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: N
             hb = await read_model_fast(request, Heartbeat, RESULTS_MAX_BYTES)  # it may carry results
             answer = await calls.heartbeat_grouped(_owned(registry, node_id, request), hb, lease)
             if hb.results:  # the node's next beat waits for this answer: its leases wait with it
-                with attempts.held.answering(node_id, hb.stages if hb.full else (), answer.lease_seconds):
+                with attempts.held.answering(node_id, answer.lease_seconds):
                     await settled()
             return _ok(answer, registry.features_of(node_id))
 

@@ -137,10 +137,10 @@ class HeldLeases:
         return out
 
     @contextlib.contextmanager
-    def answering(self, node_id: str, named: Iterable[str], lease_seconds: float) -> Iterator[None]:
+    def answering(self, node_id: str, lease_seconds: float) -> Iterator[None]:
         """A beat of `node_id`, committed, waits for its results to be on the disk before it is answered (an fsync:
         seconds on a busy disk), and the node beats again only once answered: none of its leases expires meanwhile,
-        and those the beat renewed (`named`: a full beat's stages) run a whole lease from the answer."""
+        and each runs at least a whole lease from the answer (those the beat renewed, and those granted on its reply)."""
         self._answering[node_id] += 1
         try:
             yield
@@ -149,8 +149,8 @@ class HeldLeases:
             if self._answering[node_id] <= 0:
                 del self._answering[node_id]
             until = self.clock() + lease_seconds
-            for aid in named:
-                if (live := self.by_attempt.get(aid)) is not None and live.node_id == node_id and live.until < until:
+            for aid in list(self._by_node.get(node_id, ())):
+                if (live := self.by_attempt.get(aid)) is not None and live.until < until:
                     self.renew(aid, live, until)
 
     def grace(self, now: float, lease_seconds: Callable[[str], float]) -> None:

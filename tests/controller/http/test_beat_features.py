@@ -103,7 +103,8 @@ def test_a_hostile_beats_counts_are_refused_naming_the_field_and_the_next_beat_i
 def test_a_beat_waiting_for_the_disk_keeps_its_nodes_leases(tmp_path, monkeypatch):
     """A beat that carries results is answered only once they are on the disk, and its node beats again only after
     that answer: an fsync slower than a lease (a busy disk; CI, 2026-11-30) must not expire the node's other leases
-    while it waits (the expiry pass runs meanwhile), and those the beat named run a whole lease from the answer."""
+    while it waits (the expiry pass runs meanwhile), and each, a lease granted on that beat's reply too, runs a whole
+    lease from the answer."""
     clock, slow = Clock(), {}
 
     async def slow_settle(self):
@@ -117,9 +118,12 @@ def test_a_beat_waiting_for_the_disk_keeps_its_nodes_leases(tmp_path, monkeypatc
         done, running = (l.attempt_id for l in
                          LeaseResponse.model_validate(call(client, f"{nid}/lease", {"maxItems": 2})).leases)
         slow["scheduler"] = scheduler
-        reply = call(client, f"{nid}/heartbeat", {"full": True, "stages": {running: "run"}, "results": [result(done)]})
+        reply = call(client, f"{nid}/heartbeat?lease=1",
+                     {"full": True, "stages": {running: "run"}, "results": [result(done)]})
         assert reply["accepted"] == [done]
+        granted = reply["lease"]["leases"][0]["attemptId"]  # granted before the sync, answered after it
         assert slow["expired"] == 0  # nothing requeued while the node waited for our disk
-        assert scheduler.work.queue.leases.get(running).until == clock.t + 10  # a whole lease from the answer
+        for aid in (running, granted):
+            assert scheduler.work.queue.leases.get(aid).until == clock.t + 10  # a whole lease from the answer
         clock.t += 11
-        assert scheduler.work.attempts.expire() == 1  # then the lease runs out as any other
+        assert scheduler.work.attempts.expire() == 2  # then they run out as any other
