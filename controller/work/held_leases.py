@@ -61,7 +61,7 @@ class HeldLeases:
         self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
         self.stalls = 0                                # leases in one stage, or unheard, stall_seconds or more
         self.elsewhere: Callable[[str], dict[str, int]] | None = None  # node shards: other replicas' stages
-        self._answering: Counter[str] = Counter()      # node → its beats committed, waiting for the disk (`answering`)
+        self._answering: Counter[str] = Counter()      # node → its beats waiting for the disk (`answering`)
 
     def add(self, attempt_id: str, live: HeldLease) -> None:
         self.forget(attempt_id)
@@ -140,7 +140,8 @@ class HeldLeases:
     def answering(self, node_id: str, lease_seconds: float) -> Iterator[None]:
         """A beat of `node_id`, committed, waits for its results to be on the disk before it is answered (an fsync:
         seconds on a busy disk), and the node beats again only once answered: none of its leases expires meanwhile,
-        and each runs at least a whole lease from the answer (those the beat renewed, and those granted on its reply)."""
+        and each runs at least a whole lease from the answer (those the beat renewed, and those granted on its
+        reply)."""
         self._answering[node_id] += 1
         try:
             yield

@@ -32,7 +32,7 @@ from rolloutd.crds.node import WORK_WINDOW_SECONDS
 from . import tokenshare
 from .admission import Admission
 
-WINDOW = WORK_WINDOW_SECONDS  # seconds a job's processed tokens are summed over (a 65k prefill on a loaded CPU is ~15-30 s)
+WINDOW = WORK_WINDOW_SECONDS  # seconds a job's processed tokens are summed over (why 60: `crds.node`)
 SILENT_SECONDS = 600.0  # a node's cumulative counts are forgotten after this long without a beat
 
 

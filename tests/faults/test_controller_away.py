@@ -50,8 +50,8 @@ def test_a_controller_stopped_for_three_leases_cancels_no_rollout(cluster, tmp_p
     assert "the controller stalled for" in (cluster.root / "controller.log").read_text()
     # each daemon said whose time the silence was: its beat sent in time, answered late
     for path in sorted((cluster.data_dir / "logs").glob("stopped-*.log")):
-        late = re.findall(r"no beat answered for ([\d.]+) s .*sent ([\d.]+) s after the last answer, answered ([\d.]+) s",
-                          path.read_text())
+        late = re.findall(r"no beat answered for ([\d.]+) s .*sent ([\d.]+) s after the last answer, "
+                          r"answered ([\d.]+) s", path.read_text())
         assert late and max(float(a) for _, _, a in late) > LEASE_SECONDS, (path.name, late)
 
 
