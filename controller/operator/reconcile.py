@@ -50,12 +50,19 @@ class Step:
         self.events.append((reason, message, type_))
 
 
+async def _stop(job: RolloutJob, executor: Executor, work: WorkTracker | None) -> None:
+    """The executor stops the job's daemons (and revokes their credential); the work tracker counts none of them."""
+    await executor.release(job)
+    if work is not None:
+        await work.released(job)
+
+
 async def release(job: RolloutJob, executor: Executor | None, work: WorkTracker | None) -> Step:
     """The job is being deleted: release what the executor started, cancel its work, mark it
     Cancelled (a job that had finished keeps its phase). The driver then drops the finalizer."""
     status = job.status.model_copy(deep=True)
     if executor is not None:
-        await executor.release(job)
+        await _stop(job, executor, work)
     if work is not None:
         await work.forget(job)
     if status.phase != Phase.cancelled and not (status.phase.terminal and status.phase != Phase.cancelling):
@@ -72,7 +79,7 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
     status = step.status
     if status.phase.terminal:
         if executor is not None:
-            await executor.release(job)  # idempotent: makes sure nothing is left running
+            await _stop(job, executor, work)  # idempotent: makes sure nothing is left running
         return step
 
     status.observed_generation = job.metadata.generation or 0
@@ -92,10 +99,10 @@ async def reconcile(job: RolloutJob, executor: Executor | None, work: WorkTracke
         status.policy_version, status.reward_mean = progress.policy_version, progress.reward_mean
         backends(step, progress.backends_down)
         if progress.failed:
-            await executor.release(job)
+            await _stop(job, executor, work)
             return _finish(step, Phase.failed, progress.reason, progress.failed)
         if progress.done:
-            await executor.release(job)
+            await _stop(job, executor, work)
             return _finish(step, *outcome(job, progress.counts, progress.infra_reason))
 
     try:

@@ -162,6 +162,21 @@ class NodeRegistry:
                     self.owning.gone(raw(s.connection()), [node_id])
                 s.commit()
 
+    def release_job(self, job: str) -> None:
+        """The job's daemons were stopped (its node credential revoked): none of its nodes is active any more, though
+        none could deregister (an update waiting for their beats must not wait for them, `policy_versions`)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            nodes = list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != DaemonState.gone)))
+            if not nodes:
+                return
+            for node in nodes:
+                node.state = DaemonState.gone
+                s.add(node)
+            if self.owning is not None:
+                s.flush()
+                self.owning.gone(raw(s.connection()), [n.id for n in nodes])
+            s.commit()
+
     def drain(self, job: str, node_ids: list[str]) -> None:
         with Session(self.engine, expire_on_commit=False) as s:
             for node in s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.id.in_(node_ids))):

@@ -125,6 +125,9 @@ class Scheduler:
     async def registered(self, job: RolloutJob) -> int:
         return await asyncio.to_thread(self.work.registry.count_active, job.metadata.key)
 
+    async def released(self, job: RolloutJob) -> None:
+        await asyncio.to_thread(self.work.registry.release_job, job.metadata.key)
+
     async def forget(self, job: RolloutJob) -> None:
         """The job is being deleted: cancel its live items (daemons learn it at their next beat)."""
         name = job.metadata.key

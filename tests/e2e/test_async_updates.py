@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from support.cluster import gated_job_doc, held_at_gate, job_doc
 from support.engine_fixtures import log_mark
+from support.scripted_policy import paced
 from support.unstamped_engine import UnstampedEngine
 
 from rolloutd.client import RolloutClient
@@ -26,7 +27,12 @@ from rolloutd.crds.names import job_key
 # the engine's start (the first test's set-up) and up to three runs, each with its replays, on a loaded machine
 pytestmark = pytest.mark.timeout(1200)
 
-TOKENS = 1500  # 10-20 s of the tiny model on this box (its API server answers slowly while it streams)
+TOKENS = 1500  # at least 15 s at PACE_MS a step
+# Until the update returns, the engine is paced: unpaced, the tiny model's core makes ~400 tokens/s here, faster than
+# its API server relays them on 2 busy cores; that server then answers nothing else (the update's /pause included)
+# until it has caught up, at the end of the turn (CI, 2026-11-30: every fence came as the turn ended, 1500 to 6000
+# tokens). Paced, the core leaves the CPU to the API server and to the controller.
+PACE_MS = 10
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +96,16 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
     load(engine, Path(engine.model_dir))  # checkpoint A, whatever a failed run before this one left loaded
     mark = log_mark(engine)
     try:
-        cluster.apply(job)
-        deadline = time.monotonic() + 240
-        while not (line := added(engine, mark, name)):
-            assert time.monotonic() < deadline, cluster.diagnose(name)
-            time.sleep(0.02)
-        # the daemon streams through the token endpoint (stamped tokens), unless the engine hides it
-        assert ("generate-tokens-" in line) == (backend is None), line
-        answer = rc.announce_policy(announcer or name, 1, weights_path=checkpoint_b)
-        returned_at = time.time()
+        with paced(PACE_MS):
+            cluster.apply(job)
+            deadline = time.monotonic() + 240
+            while not (line := added(engine, mark, name)):
+                assert time.monotonic() < deadline, cluster.diagnose(name)
+                time.sleep(0.02)
+            # the daemon streams through the token endpoint (stamped tokens), unless the engine hides it
+            assert ("generate-tokens-" in line) == (backend is None), line
+            answer = rc.announce_policy(announcer or name, 1, weights_path=checkpoint_b)
+            returned_at = time.time()
         assert answer["mode"] == (mode if announcer is None else answer["mode"])
         assert [b["error"] for b in answer["backends"]] == [None]
         cluster.wait_until(name, lambda o: o["status"].get("phase") in ("Succeeded", "Failed"), timeout=300)
@@ -149,7 +156,8 @@ def split_inside_a_turn(cluster, engine, checkpoint_b, mode: str, prefix: str, b
         if len(t["versionSpans"]) > 1:
             break
         missed_by_its_tokens(engine, checkpoint_b, t, 1)
-        print(f"{mode}: the update missed a {tokens}-token turn (its tokens are one checkpoint's): longer")
+        print(f"{mode}: the update missed a {tokens}-token turn (its tokens are one checkpoint's): longer; "
+              f"the update's steps: {answer['steps']}")
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
     assert end - start == tokens
@@ -206,7 +214,7 @@ def test_a_reload_by_another_job_splits_a_turn_in_flight_on_the_shared_backend(c
             if len(t["versionSpans"]) > 1:
                 break
             missed_by_its_tokens(tiny_engine, checkpoint_b, t, f"{key}@1")
-            print(f"the owner's update missed a {tokens}-token turn of the guest: longer")
+            print(f"the owner's update missed a {tokens}-token turn of the guest: longer; its steps: {answer['steps']}")
     finally:
         gate.touch()
     [turn] = t["turns"]

@@ -10,13 +10,18 @@ harness executed the scripted tool call in the sandbox.
 A script is `MARKER:<base64 of JSON [[when, text], ...]>` in the prompt: the answer is the text of the first
 step whose `when` occurs in the prompt's text (null: always), then the end-of-sequence token. Unmarked
 requests cost one search of the prompt's ids (bytes.find) when they join the batch and nothing per step.
+
+Pacing: while the file named by $SCRIPTED_ENGINE_PACE exists, every step sleeps the milliseconds it holds (a test
+that needs a generation to last, `scripted_policy.paced`); without it, one failed open per step.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import json
+import os
 import re
+import time
 from array import array
 
 import torch
@@ -25,6 +30,17 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 MARKER = "scriptedpolicy"  # letters only: its own pre-token after a space or a newline, whatever follows
 _SCRIPT = re.compile(MARKER + r":([A-Za-z0-9+/=]+)")
+PACE = os.environ.get("SCRIPTED_ENGINE_PACE")
+
+
+def _pace() -> None:
+    """Sleep the step out while the pace file exists (its content: milliseconds per step)."""
+    try:
+        with open(PACE) as f:
+            ms = float(f.read() or 0)
+    except (OSError, ValueError):
+        return
+    time.sleep(min(ms, 1000) / 1000)
 
 
 def _ids_bytes(ids) -> bytes:
@@ -91,6 +107,8 @@ class ScriptedPolicy(LogitsProcessor):
                 self.active[a] = staying
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if PACE:
+            _pace()
         for index, (script, output_ids) in self.active.items():
             at = len(output_ids)
             token = script[at] if at < len(script) else self.eos

@@ -10,13 +10,31 @@ history, it writes "Done.". A prompt without the marker is sampled as usual. Nex
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 MARKER = "scriptedpolicy"  # the same as scripted_engine.MARKER (that module imports vllm: not importable here)
 TESTS = Path(__file__).resolve().parents[1]
 ENGINE_ARGS = ["--logits-processors", "support.scripted_engine:ScriptedPolicy"]
-ENGINE_ENV = {"PYTHONPATH": str(TESTS)}  # the engine venv imports support.scripted_engine from here
+# this test process's pace file (scripted_engine: while it exists, every engine step sleeps what it says)
+PACE = Path(tempfile.gettempdir()) / f"scripted-engine-pace-{os.getpid()}"
+ENGINE_ENV = {"PYTHONPATH": str(TESTS),  # the engine venv imports support.scripted_engine from here
+              "SCRIPTED_ENGINE_PACE": str(PACE)}
+
+
+@contextlib.contextmanager
+def paced(ms_per_step: float) -> Iterator[None]:
+    """Within the block, every step of the session's tiny engine takes `ms_per_step` more: a generation lasts
+    (tokens × that) at least, and the engine's core leaves the CPU to its API server and to the controller."""
+    PACE.write_text(str(ms_per_step))
+    try:
+        yield
+    finally:
+        PACE.unlink(missing_ok=True)
 
 
 def script(*steps: tuple[str | None, str]) -> str:

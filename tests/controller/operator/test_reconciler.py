@@ -42,7 +42,7 @@ class ScriptedExecutor:
 class ScriptedWork:
     def __init__(self):
         self.progress_value = Progress(StageCounts(total=8, queued=8))
-        self.forgotten = 0
+        self.forgotten = self.released_times = 0
 
     async def admit(self, job):
         return None
@@ -52,6 +52,9 @@ class ScriptedWork:
 
     async def registered(self, job):
         return len([n for n in self.executor.nodes if n.state == "running"])
+
+    async def released(self, job):
+        self.released_times += 1
 
     async def forget(self, job):
         self.forgotten += 1

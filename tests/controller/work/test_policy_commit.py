@@ -107,3 +107,21 @@ def test_a_result_acknowledged_after_the_commit_waits_for_a_sync_that_started_af
     asyncio.run(both())
     assert syncs and all(t > committed for t in syncs)
     assert durable.settled == 2 and durable.syncs >= 1
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+def test_an_update_does_not_wait_for_the_daemons_of_a_released_job(tmp_path, store_location, mode):
+    """A job that finished as its update came: the reconciler stopped its daemons and revoked their credential, so none
+    could deregister or beat. The update waits for none of them (it waited a whole node timeout, ~60 s, for a daemon
+    that had been stopped: tests/e2e/test_async_updates.py, 2026-11-30)."""
+    store, sched, node = make(tmp_path, store_location, dapo=False, batches={"groups": 1})
+    job = store.get("math-demo")
+    job.spec.policy.update_mode = mode
+    store.apply(job)
+    policies = sched.work.policies
+    policies.http = Engines(lambda: None, [])
+    assert sched.work.registry.active("math-demo") == [node]
+    asyncio.run(sched.released(job))
+    assert sched.work.registry.active("math-demo") == []
+    answer = asyncio.run(sched.announce_policy("math-demo", 1, weights_path="/w", drain_timeout=5))
+    assert answer["drained"] is True and answer["version"] == 1
