@@ -12,17 +12,19 @@ expression ("What is 2 + 3? Answer with just the number." -> "5"), else the last
 Equivalence: equal after normalisation (LaTeX stripped, `\\frac`/`\\dfrac` -> division, thousands
 separators, `x = ...` prefixes, units like degrees/percent), else equal as sympy values
 (2/4 = 0.5 = 1/2, `\\sqrt{8}` = `2\\sqrt{2}`). Agent text never reaches sympy's parser unless it
-passes a whitelist of characters and names (sympy parses with `eval`).
+passes a whitelist of characters and names (sympy parses with `eval`), and sympy runs only in a worker process
+with a time bound (`judge.py`: a whitelisted answer can still make it compute for ever); a judgement stopped
+there scores 0, its details saying so.
 """
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import Reward, TaskHandler, answer_text
+from .judge import JudgementTimedOut, judged
 from .seams import Sandbox, SandboxFactory
 
 SYSTEM_PROMPT = (
@@ -56,15 +58,22 @@ class MathTask(TaskHandler):
 
     async def eval(self, task: dict, sandbox: Sandbox | None, trajectory: Trajectory, *,
                    sandbox_factory: SandboxFactory | None = None) -> Reward:
-        text = answer_text(trajectory)
-        # in a thread: sympy's first import (~1.5 s) and its parse of the model's text would hold the daemon's loop,
-        # and with it the node's beats and a weight update's fence (#38: an update waited ~2 s on it)
-        extracted, ok = await asyncio.to_thread(_judge, text, str(task["answer"]), self.require_boxed)
-        return Reward(
-            value=1.0 if ok else 0.0,
-            details={"extracted": extracted, "expected": str(task["answer"]),
-                     "submitted": trajectory.reward_details.get("submitted"), "final_text": text},
-        )
+        text, expected = answer_text(trajectory), str(task["answer"])
+        stopped = None
+        try:  # on the loop while no sympy is needed (a string or integer comparison: microseconds)
+            extracted, ok = _judge(text, expected, self.require_boxed, symbolic=False)
+        except _Symbolic:
+            # sympy in a worker: its first import (~1.5 s) would hold the daemon's loop (the node's beats, a weight
+            # update's fence: #38), and a thread could not be stopped
+            try:
+                extracted, ok = await judged(_judge, text, expected, self.require_boxed)
+            except JudgementTimedOut as e:
+                extracted, ok, stopped = extract_answer(text, require_boxed=self.require_boxed), False, str(e)
+        details = {"extracted": extracted, "expected": expected,
+                   "submitted": trajectory.reward_details.get("submitted"), "final_text": text}
+        if stopped:
+            details["judgement"] = stopped
+        return Reward(value=1.0 if ok else 0.0, details=details)
 
 
 # ---------------------------------------------------------------------- extraction
@@ -72,10 +81,15 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
-def _judge(text: str, expected: str, require_boxed: bool) -> tuple[str | None, bool]:
-    """The answer extracted from the agent's text, and whether it equals `expected`."""
+class _Symbolic(Exception):
+    """The comparison needs sympy (asked not to use it)."""
+
+
+def _judge(text: str, expected: str, require_boxed: bool, symbolic: bool = True) -> tuple[str | None, bool]:
+    """The answer extracted from the agent's text, and whether it equals `expected`. `symbolic=False`: raise
+    `_Symbolic` rather than call sympy."""
     extracted = extract_answer(text, require_boxed=require_boxed)
-    return extracted, extracted is not None and is_equiv(extracted, expected)
+    return extracted, extracted is not None and is_equiv(extracted, expected, symbolic=symbolic)
 
 
 def last_boxed(text: str) -> str | None:
@@ -211,7 +225,7 @@ def _split_top_level(s: str) -> list[str]:
 _SMALL_INT = re.compile(r"-?(?:0|[1-9]\d{0,8})")
 
 
-def _equal_values(a: str, b: str) -> bool:
+def _equal_values(a: str, b: str, symbolic: bool = True) -> bool:
     if a == b:
         return True
     if _SMALL_INT.fullmatch(a) and _SMALL_INT.fullmatch(b):
@@ -221,6 +235,8 @@ def _equal_values(a: str, b: str) -> bool:
         return int(a) == int(b)
     if not (_sympy_safe(a) and _sympy_safe(b)):
         return False
+    if not symbolic:
+        raise _Symbolic
     try:
         import sympy
 
@@ -235,8 +251,9 @@ def _equal_values(a: str, b: str) -> bool:
         return False
 
 
-def is_equiv(given: str, expected: str) -> bool:
-    """True when `given` and `expected` denote the same value (see the module docstring)."""
+def is_equiv(given: str, expected: str, *, symbolic: bool = True) -> bool:
+    """True when `given` and `expected` denote the same value (see the module docstring); `symbolic=False`: raise
+    `_Symbolic` where sympy would be needed."""
     a, b = _normalize(given), _normalize(expected)
     if not a or not b:
         return False
@@ -246,9 +263,9 @@ def is_equiv(given: str, expected: str) -> bool:
     if len(pa) > 1 and len(pa) == len(pb):  # tuples / lists of solutions, in any order
         remaining = list(pb)
         for p in pa:
-            match = next((q for q in remaining if _equal_values(p, q)), None)
+            match = next((q for q in remaining if _equal_values(p, q, symbolic)), None)
             if match is None:
                 return False
             remaining.remove(match)
         return True
-    return _equal_values(a, b)
+    return _equal_values(a, b, symbolic)

@@ -1,5 +1,7 @@
 """math handler: answer extraction, equivalence, EVAL 1 for a right answer and 0 for a wrong one."""
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 
@@ -98,15 +100,8 @@ def test_shipped_dataset():
         assert _eval(r, _traj(f"\\boxed{{{r['answer']}}}")).value == 1.0
 
 
-def test_eval_leaves_the_event_loop_free(monkeypatch):
-    """The judgement (sympy's import and parse of the model's text) runs off the daemon's loop: a judgement that takes
-    0.6 s does not stop the loop's other work (the node's beats, a weight update's fence) meanwhile."""
-    import time
-
-    from rolloutd.agents.tasks import math as math_task
-    real = math_task.is_equiv
-    monkeypatch.setattr(math_task, "is_equiv", lambda a, b: time.sleep(0.6) or real(a, b))
-
+def _ticking(coro_fn):
+    """(what `coro_fn()` returned, how often a 50-ms ticker ran on the loop meanwhile)."""
     async def run():
         ticks = 0
 
@@ -117,10 +112,43 @@ def test_eval_leaves_the_event_loop_free(monkeypatch):
                 ticks += 1
 
         t = asyncio.create_task(ticker())
-        reward = await MathTask().eval({"id": "m", "question": "1+1?", "answer": 2}, None, _traj("\\boxed{2}"))
-        t.cancel()
-        return reward, ticks
+        try:
+            return await coro_fn(), ticks
+        finally:
+            t.cancel()
+    return asyncio.run(run())
 
-    reward, ticks = asyncio.run(run())
-    assert reward.value == 1.0
-    assert ticks >= 6, ticks  # about 12 when the loop is free; 0 when the judgement holds it
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_an_answer_that_makes_sympy_compute_for_ever_is_stopped_and_scores_0(monkeypatch):
+    """A model's answer that passes the whitelist but never finishes evaluating (`exp(exp(exp(99)))`: sympy did not
+    return in 20 s) is stopped at the judgement's bound, with its worker (a thread could not be stopped: it would
+    spin, holding the GIL, for the daemon's life); it scores 0, its details saying why, and the next judgement
+    runs in a fresh worker. Meanwhile the daemon's loop is free (its beats, a weight update's fence: #38, an update
+    waited ~2 s for a judgement on the loop)."""
+    from rolloutd.agents.tasks import judge
+
+    monkeypatch.setattr(judge, "JUDGE_SECONDS", 2.0)
+    task = {"id": "m", "question": "?", "answer": "2"}
+    assert _eval({"id": "w", "question": "?", "answer": "0.5"}, _traj("\\boxed{1/2}")).value == 1.0  # workers up
+    workers = _children()
+    reward, ticks = _ticking(lambda: MathTask().eval(task, None, _traj("\\boxed{exp(exp(exp(99)))}")))
+    assert ticks >= 20, ticks  # ~40 in the 2 s when the loop is free; 0 when the judgement holds it
+    assert reward.value == 0.0 and "over 2 s" in reward.details["judgement"]
+    assert reward.details["extracted"] == "exp(exp(exp(99)))"
+    assert _eval(task, _traj("\\boxed{4/2}")).value == 1.0
+    now = _children()
+    assert len(now) == len(workers) and now != workers  # the spinning worker is gone, replaced
