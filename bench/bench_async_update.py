@@ -18,6 +18,7 @@ Goal (issue 38): keep and abort wait ≤ reload + 100 ms, whatever the generatio
     python -m bench async_update [--quick]          (rewrites the generated block of bench/results/RESULTS-async-update.md)
     ROLLOUTD_ASYNC_UPDATE_TOKENS=1000,2000 python -m bench async_update     (each mode at each turn length, one run)
     python -m bench.bench_async_update [--quick] [--turn-tokens 1000,2000] [--modes keep,abort] [--no-write]
+    python -m bench.bench_async_update --pace-ms 10 --turn-tokens 1000,2000      (the engine paced; prints only)
 
 Only the block between GENERATED_BEGIN and GENERATED_END of the results file is rewritten (the hand-written
 sections around it are kept); `--modes` other than all three, `--no-write` or ROLLOUTD_BENCH_NO_WRITE=1
@@ -139,13 +140,22 @@ def turn_lengths(quick: bool, given: str | None = None) -> tuple[int, ...]:
 
 
 def run(quick: bool = False, modes: tuple[str, ...] = MODES, lengths: tuple[int, ...] | None = None,
-        write: bool | None = None) -> list[dict]:
+        write: bool | None = None, pace_ms: float = 0.0) -> list[dict]:
+    """`pace_ms` > 0: every engine step takes that much longer (the tests' pacing logits processor,
+    tests/support/scripted_engine.py), so that the engine's API server relays every token as it is made and answers
+    the update's calls at once (unpaced on a small box, it answers them only once it has caught up with its core:
+    `bench.engine_relay`); the update's own cost, without the engine's relay lag."""
     from rolloutd.agents.engine.server import EngineServer
 
     c, lead = (4, 150) if quick else (8, 300)
     lengths = lengths or turn_lengths(quick)
-    engine = EngineServer("tiny").start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    paced = {}
+    if pace_ms > 0:
+        (tmp / "pace").write_text(str(pace_ms))
+        paced = {"extra_args": ["--logits-processors", "support.scripted_engine:ScriptedPolicy"],
+                 "env": {"PYTHONPATH": str(REPO / "tests"), "SCRIPTED_ENGINE_PACE": str(tmp / "pace")}}
+    engine = EngineServer("tiny", **paced).start()
     rows = [{"id": f"q{i}", "question": f"What is {i % 9} + 1?", "answer": str(i % 9 + 1)} for i in range(2 * c)]
     source = tmp / "prompts.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -174,11 +184,15 @@ def run(quick: bool = False, modes: tuple[str, ...] = MODES, lengths: tuple[int,
                     "target": f"≤ reload + 0.1 s = {r['reload'] + 0.1:.2f} s" if r["mode"] != "drain" else "—",
                     "met": r["wait"] <= r["reload"] + 0.1 if r["mode"] != "drain" else None})
     command = "python -m bench async_update" + (" --quick" if quick else "")
+    if pace_ms > 0:
+        command = f"python -m bench.bench_async_update --pace-ms {pace_ms:g}" + (" --quick" if quick else "")
     if lengths != ((600,) if quick else (1500,)):
         command = f"ROLLOUTD_ASYNC_UPDATE_TOKENS={','.join(map(str, lengths))} {command}"
     lines = report(results, c, lengths, lead, command)
+    if pace_ms > 0:
+        lines[0] += f" The engine paced: {pace_ms:g} ms more per step."
     if write is None:
-        write = modes == MODES and os.environ.get("ROLLOUTD_BENCH_NO_WRITE") != "1"
+        write = modes == MODES and not pace_ms and os.environ.get("ROLLOUTD_BENCH_NO_WRITE") != "1"
     if write:
         write_generated(RESULTS, lines)
     print("\n".join(lines))
@@ -247,6 +261,10 @@ if __name__ == "__main__":
     ap.add_argument("--turn-tokens", help="turn lengths, each mode run at each: 1000,2000 "
                                           "[default: $ROLLOUTD_ASYNC_UPDATE_TOKENS, else 1500 (600 with --quick)]")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="slow every engine step by this much (the update's own cost without the engine's relay lag; "
+                         "prints only)")
     args = ap.parse_args()
     print(render(run(quick=args.quick, modes=tuple(args.modes.split(",")),
-                     lengths=turn_lengths(args.quick, args.turn_tokens), write=False if args.no_write else None)))
+                     lengths=turn_lengths(args.quick, args.turn_tokens), write=False if args.no_write else None,
+                     pace_ms=args.pace_ms)))
