@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rolloutd.crds.errors import AgentError
+
 JUDGE_SECONDS = 10.0  # a judgement takes milliseconds; one of seconds is an answer built to be expensive
 WORKERS = 2
 
@@ -21,8 +23,8 @@ _pool: Any = None
 _lock = threading.Lock()
 
 
-class JudgementTimedOut(Exception):
-    """The judgement ran past its bound and was stopped: the answer could not be verified."""
+class JudgementTimedOut(AgentError):
+    """The judgement ran past its bound and was stopped: the answer could not be verified (the answer's doing)."""
 
 
 def _warm() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+from rolloutd.crds.errors import RolloutdError
 from rolloutd.crds.trajectory import Trajectory
 
 from .base import Reward, TaskHandler, answer_text
@@ -81,8 +82,8 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
-class _Symbolic(Exception):
-    """The comparison needs sympy (asked not to use it)."""
+class _Symbolic(RolloutdError):
+    """The comparison needs sympy (asked not to use it); caught in `MathTask.eval`, never a failure."""
 
 
 def _judge(text: str, expected: str, require_boxed: bool, symbolic: bool = True) -> tuple[str | None, bool]:

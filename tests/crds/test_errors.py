@@ -58,6 +58,8 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.tasks.base.DatasetError": [((), {}, C)],
     "rolloutd.agents.tasks.base.EvalError": [((), {}, I)],
     "rolloutd.agents.tasks.base.ConfigError": [((), {}, C)],
+    "rolloutd.agents.tasks.judge.JudgementTimedOut": [((), {}, A)],
+    "rolloutd.agents.tasks.math._Symbolic": [((), {}, I)],
     "rolloutd.agents.tasks.base.UnknownTaskKind": [((), {}, C)],
     "rolloutd.agents.loop.tools.ToolInfraError": [((), {}, I)],
     "rolloutd.agents.loop.tools.ToolHung": [((), {}, I)],

@@ -43,10 +43,10 @@ def controller(tmp_path_factory):
     health.close()
 
 
-def apply_job(api: httpx.Client, name: str, backend: str) -> None:
+def apply_job(api: httpx.Client, name: str, backend: str, limit: int = 2) -> None:
     doc = yaml.safe_load(job_yaml(name))
     spec = doc["spec"]
-    spec["tasks"].update(source=str(EXAMPLE.parent / "math" / "train.jsonl"), limit=2)
+    spec["tasks"].update(source=str(EXAMPLE.parent / "math" / "train.jsonl"), limit=limit)
     spec["samplesPerPrompt"] = 2
     spec["llm"] = {"tokenizer": str(model_dir("tiny")), "backends": [{"url": backend}]}
     spec["executor"]["nodes"] = 0  # no daemon process: the test is the node
@@ -79,7 +79,7 @@ NODE_IDS: dict[str, str] = {}  # old / new: the nodes the tests below registered
 
 def test_an_old_daemon_without_features_gets_only_the_fields_it_knows(controller):
     api, backend, _ = controller
-    apply_job(api, "old-node", backend)
+    apply_job(api, "old-node", backend, limit=3)  # 6 rollouts: the job still runs after the 4 below (the restart test)
     reg = register(api, "old-node", 1, None)
     assert set(reg) <= OLD["register"] and "features" not in reg
     node = NODE_IDS["old"] = reg["nodeId"]
