@@ -30,5 +30,5 @@ class WorkTracker(Protocol):
     async def admit(self, job: RolloutJob) -> object: ...       # the step that expands the job into work items
     async def progress(self, job: RolloutJob) -> Progress: ...
     async def registered(self, job: RolloutJob) -> int: ...   # node daemons registered and alive
-    async def released(self, job: RolloutJob) -> None: ...    # its daemons were stopped: none is active
+    async def released(self, job: RolloutJob) -> None: ...    # its daemons were stopped: they drain
     async def forget(self, job: RolloutJob) -> None: ...

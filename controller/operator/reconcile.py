@@ -51,7 +51,8 @@ class Step:
 
 
 async def _stop(job: RolloutJob, executor: Executor, work: WorkTracker | None) -> None:
-    """The executor stops the job's daemons (and revokes their credential); the work tracker counts none of them."""
+    """The executor stops the job's daemons (and revokes their credential); the work tracker counts none of them as
+    active."""
     await executor.release(job)
     if work is not None:
         await work.released(job)

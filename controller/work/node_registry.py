@@ -163,19 +163,16 @@ class NodeRegistry:
                 s.commit()
 
     def release_job(self, job: str) -> None:
-        """The job's daemons were stopped (its node credential revoked): none of its nodes is active any more, though
-        none could deregister (an update waiting for their beats must not wait for them, `policy_versions`)."""
+        """The job's daemons were stopped (SIGTERM: they drain; their node credential revoked, so none can deregister):
+        its active nodes are draining, still listed (the job's page, their logs) but no longer active (an update
+        waiting for the active nodes' beats must not wait for them, `policy_versions`)."""
         with Session(self.engine, expire_on_commit=False) as s:
-            nodes = list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state != DaemonState.gone)))
-            if not nodes:
-                return
+            nodes = list(s.exec(select(NodeRow).where(NodeRow.job == job, NodeRow.state == DaemonState.active)))
             for node in nodes:
-                node.state = DaemonState.gone
+                node.state = DaemonState.draining
                 s.add(node)
-            if self.owning is not None:
-                s.flush()
-                self.owning.gone(raw(s.connection()), [n.id for n in nodes])
-            s.commit()
+            if nodes:
+                s.commit()
 
     def drain(self, job: str, node_ids: list[str]) -> None:
         with Session(self.engine, expire_on_commit=False) as s:
