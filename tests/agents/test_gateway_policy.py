@@ -19,6 +19,7 @@ from rolloutd.agents.loop.rollout import RolloutContext
 from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer
 
+from support.scripted_policy import paced
 from support.waiting import until
 
 ASK = [{"role": "user", "content": "Count to a thousand."}]
@@ -70,15 +71,18 @@ def test_a_streamed_harness_call_is_held_tagged_and_split_by_the_policy_gate(tin
                 assert llm.calls == 1, "the streamed call went around the policy gate"
                 assert gate.inflight == 0 and not first.is_set()
                 assert _prompt_tokens(url) == before  # held on the node: the engine has not seen it
-                gate.set(1, paused=False)  # the update is over: the call goes out, tagged with the new version
-                await asyncio.wait_for(first.wait(), 120)
-                assert gate.inflight == 1  # in flight: a drain-mode update waits for it
-                try:
-                    assert (await engine.post("/pause", params={"mode": "keep"})).status_code == 200
-                    gate.set(2, paused=True, fence=1)
-                    await until(lambda: gate.fence_done == 1, 60, "the keep-mode fence")
-                finally:  # the session's engine runs again whatever failed here
-                    assert (await engine.post("/resume")).status_code == 200
+                # paced until the pause: unpaced, the engine's API server answers the pause only once it has relayed
+                # every token its core made, often the whole call (tests/e2e/test_async_updates.py, PACE_MS)
+                with paced(10):
+                    gate.set(1, paused=False)  # the update is over: the call goes out, tagged with the new version
+                    await asyncio.wait_for(first.wait(), 120)
+                    assert gate.inflight == 1  # in flight: a drain-mode update waits for it
+                    try:
+                        assert (await engine.post("/pause", params={"mode": "keep"})).status_code == 200
+                        gate.set(2, paused=True, fence=1)
+                        await until(lambda: gate.fence_done == 1, 60, "the keep-mode fence")
+                    finally:  # the session's engine runs again whatever failed here
+                        assert (await engine.post("/resume")).status_code == 200
                 gate.set(3, paused=False)
                 deltas = await asyncio.wait_for(harness, 600)
             finally:

@@ -12,6 +12,7 @@ from rolloutd.agents.llm import Preempted, SamplingParams, VLLMBackend
 from rolloutd.crds.weight_labels import weight_label
 
 from support.engine_fixtures import log_mark, wait_engine_took
+from support.scripted_policy import paced
 from support.waiting import until
 
 PROMPT = [1, 5, 9, 33, 70, 200, 7]
@@ -56,14 +57,17 @@ def test_the_stamps_split_a_stream_where_the_label_changed_while_the_engine_was_
                     got.extend(p.token_ids)
                     if p.finish_reason:
                         return p
-            task = asyncio.create_task(read())
-            await until(lambda: len(got) >= 20 or task.done(), 120, "the stream's first tokens")
-            try:
-                assert (await admin.post(f"{url}/pause", params={"mode": "keep"})).status_code == 200
-                await admin.post(f"{url}/update_weight_version", json={"new_version": "test:after"})
-                received = len(got)  # each made before the resume, so under the old label (none is made while paused)
-            finally:  # the session's engine runs again whatever failed here
-                assert (await admin.post(f"{url}/resume")).status_code == 200
+            # paced until the resume: unpaced, the engine's API server answers the pause only once it has relayed
+            # every token its core made, often the whole stream (tests/e2e/test_async_updates.py, PACE_MS)
+            with paced(10):
+                task = asyncio.create_task(read())
+                await until(lambda: len(got) >= 20 or task.done(), 120, "the stream's first tokens")
+                try:
+                    assert (await admin.post(f"{url}/pause", params={"mode": "keep"})).status_code == 200
+                    await admin.post(f"{url}/update_weight_version", json={"new_version": "test:after"})
+                    received = len(got)  # each made before the resume, so under the old label (none while paused)
+                finally:  # the session's engine runs again whatever failed here
+                    assert (await admin.post(f"{url}/resume")).status_code == 200
             return await task, received
 
     # the stream is read to its end (its last chunk carries the stamps), so it starts short: the pause has landed at
@@ -148,17 +152,20 @@ def test_a_drain_mode_call_is_one_plain_request_split_exactly_by_another_jobs_up
             llm = TrackedLLM(backend, gate, url=url)  # drain mode, the default
             first = await llm.generate(PROMPT, sampling, f"drain-{pause}-{tokens}-first")
             assert backend.stamps is True
-            before = await generated_tokens(admin, url)
-            task = asyncio.create_task(llm.generate(PROMPT, sampling, f"drain-{pause}-{tokens}"))
-            while not task.done() and await generated_tokens(admin, url) < before + 20:  # >= 20 made before the pause
-                await asyncio.wait([task], timeout=0.1)
-            try:
-                assert (await admin.post(f"{url}/pause", params={"mode": pause})).status_code == 200
-                if pause == "abort":  # the abort's answer (its tokens so far) came back while the engine was paused
-                    await until(lambda: backend.asked > 0 or task.done(), 120, "the aborted request's answer")
-                await admin.post(f"{url}/update_weight_version", json={"new_version": OTHER})
-            finally:  # the session's engine runs again whatever failed here
-                assert (await admin.post(f"{url}/resume")).status_code == 200
+            # paced until the resume: unpaced, the engine's API server answers /metrics and the pause only once it has
+            # relayed every token its core made, often the whole call (tests/e2e/test_async_updates.py, PACE_MS)
+            with paced(10):
+                before = await generated_tokens(admin, url)
+                task = asyncio.create_task(llm.generate(PROMPT, sampling, f"drain-{pause}-{tokens}"))
+                while not task.done() and await generated_tokens(admin, url) < before + 20:  # >= 20 before the pause
+                    await asyncio.wait([task], timeout=0.1)
+                try:
+                    assert (await admin.post(f"{url}/pause", params={"mode": pause})).status_code == 200
+                    if pause == "abort":  # the abort's answer (its tokens so far) came back while the engine was paused
+                        await until(lambda: backend.asked > 0 or task.done(), 120, "the aborted request's answer")
+                    await admin.post(f"{url}/update_weight_version", json={"new_version": OTHER})
+                finally:  # the session's engine runs again whatever failed here
+                    assert (await admin.post(f"{url}/resume")).status_code == 200
             return first, await task
 
     # under load the engine may have made every token before the pause landed: the run goes again, longer
