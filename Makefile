@@ -88,7 +88,7 @@ image: system-packages venv
 	$(BIN)/python charts/image/build.py
 
 test: setup
-	$(BIN)/python -m pytest -q tests -n 2 --dist loadgroup --durations=40
+	$(BIN)/python -m pytest -q tests -n 2 --durations=40
 
 # only what the demo needs: no Slurm, no image builder, no TRL venv (torch), no kubectl/helm
 demo: demo-packages venv
