@@ -18,7 +18,7 @@ SANDBOX_PACKAGE = str(Path(__file__).resolve().parent)  # holds the bare `server
 # the config travels as marshal (a builtin: no json/re import before bash is forked)
 LAUNCHER = (
     "import sys,marshal;c=marshal.loads(bytes.fromhex(sys.argv[1]));sys.path[:0]=c['path'][:1];"
-    "from server.first_bash import fork_bash,become;become(c);b=fork_bash(c);"
+    "from server.first_bash import fork_bash,become,interruptible;interruptible();become(c);b=fork_bash(c);"
     "sys.path+=c['path'][1:];from server.main import main;main(c,b)"
 )
 

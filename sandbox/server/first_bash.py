@@ -43,6 +43,15 @@ class _Libc:
         self.words2, self.words6 = Words2, Words6
 
 
+def interruptible() -> None:
+    """SIGINT as a normal Python start leaves it. A node daemon started with SIGINT ignored (a script's `daemon &`, a
+    test runner's worker) would pass the ignore through bwrap to every bash, command and kernel of the sandbox, and
+    no interrupt or timeout could stop a command short of SIGKILL."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def become(cfg: dict) -> None:
     """First thing in the sandbox, before any child: a root runtime's server drops to the
     sandbox's own uid (no groups); changing uid clears every capability it still had.

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
-from rolloutd.sandbox import ExecError
+from rolloutd.sandbox import ExecError, SandboxSpec, get_runtime
 
 
 def test_exit_codes(sandbox, run):
@@ -118,6 +119,21 @@ def test_interrupt_sleep(sandbox, run):
     assert not r.timed_out
     assert r.duration < 30
     assert run(sandbox.bash("echo still here")).output == "still here\n"
+
+
+def test_a_sandbox_started_with_sigint_ignored_still_interrupts_its_commands(run):
+    """A daemon started by a script's `daemon &` (or under a test runner's worker) has SIGINT ignored, and an ignored
+    signal passes through fork and exec: the sandbox resets it, else every interrupt ended in SIGKILL (137)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        sb = run(get_runtime("bwrap").create(SandboxSpec()))
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        assert interrupted(sb, run, "sleep 100").exit_code == 130
+        assert run(sb.bash("sleep 100", timeout=0.5)).exit_code == 130
+    finally:
+        run(sb.close())
 
 
 def test_timeout_interrupts_and_session_stays_usable(sandbox, run):
