@@ -39,6 +39,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py: {', '.join(strays)} use(s) a real engine: add to SERIAL_FILES")
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without pytest-xdist installed never calls it
 def pytest_xdist_make_scheduler(config, log):
     """xdist's own `loadgroup` cannot rename a test's id under pytest 9, so the groups are the scheduler's scopes."""
     from xdist.scheduler import LoadScopeScheduling
