@@ -6,6 +6,8 @@ import signal
 
 import pytest
 
+from support.sandbox_checks import require_bwrap
+
 from rolloutd.sandbox import ExecError, SandboxSpec, get_runtime
 
 
@@ -124,6 +126,7 @@ def test_interrupt_sleep(sandbox, run):
 def test_a_sandbox_started_with_sigint_ignored_still_interrupts_its_commands(run):
     """A daemon started by a script's `daemon &` (or under a test runner's worker) has SIGINT ignored, and an ignored
     signal passes through fork and exec: the sandbox resets it, else every interrupt ended in SIGKILL (137)."""
+    require_bwrap()
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         sb = run(get_runtime("bwrap").create(SandboxSpec()))
