@@ -4,9 +4,11 @@
 the lag probe last woke (`LoopLag.ticked`); while that is more than STALL ago, the loop is stuck in one slice,
 and the watchdog takes the loop thread's stack (`sys._current_frames`) and charges the time since its last look
 to every function on it. The GIL does not hide a stall from it: SQLite, file and socket calls release it, and a
-loop running Python code gives it up every switch interval (5 ms). Every few seconds (and at the end) it writes
-to the file: the stalls seen (count, total and longest ms), the functions by stalled time (inclusive, and on top
-of the stack), and the stacks of the longest stalls. `bench scale` sets it and reads it (bench/bench_scale.py).
+loop running Python code gives it up every switch interval (5 ms). Each stall also says whose CPU it was
+(`_cause`): the loop thread's own work, other threads' (the loop waited for the GIL: a stack on `select` that
+lasts), or neither (the process was not given a core, or the loop waited in a system call). Every few seconds (and
+at the end) it writes to the file: the stalls seen (count, total and longest ms), the functions by stalled time
+(inclusive, and on top of the stack), and the longest stalls with their stacks, start time and CPU. `bench scale` sets it and reads it (bench/bench_scale.py).
 The cost while on: a thread waking every SAMPLE_EVERY (microseconds each); do not compare timings taken with it.
 Next step: the same report for a worker thread the loop waits on (the GIL's holder).
 """
@@ -24,6 +26,7 @@ STALL = 0.020        # the probe wakes every 10 ms: no wake for this long is a s
 SAMPLE_EVERY = 0.004
 WRITE_EVERY = 5.0
 KEEP_LONGEST = 10
+MOSTLY = 0.5         # a stall is a thread's when that thread's CPU covered at least this part of it
 DEPTH = 40           # frames kept per stack, innermost first
 
 
@@ -49,7 +52,8 @@ class StallSampler:
         self.inclusive: collections.Counter[str] = collections.Counter()  # function → seconds stalled under it
         self.top: collections.Counter[str] = collections.Counter()        # frame (with line) → seconds on top
         self.stalls: list[float] = []                                     # each stall's length seen, seconds
-        self.longest: list[tuple[float, list[str]]] = []                  # (length, its most seen stack)
+        self.longest: list[tuple[float, list[str], dict]] = []            # (length, its most seen stack, its CPU)
+        self.causes: collections.Counter[str] = collections.Counter()     # cause → seconds stalled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="stall-sampler", daemon=True)
 
@@ -62,14 +66,26 @@ class StallSampler:
         self._thread.join(2)
         self.write()
 
+    def _cpu(self) -> tuple[float, float]:
+        """(the loop thread's CPU seconds, the whole process's) so far."""
+        try:
+            loop = time.clock_gettime(time.pthread_getcpuclockid(self.thread_id))
+        except (OSError, AttributeError):  # the thread is gone, or no per-thread clock here
+            loop = 0.0
+        return loop, time.process_time()
+
     def _watch(self) -> None:
         last_write = time.monotonic()
         in_stall, last, started, stacks = False, 0.0, 0.0, collections.Counter()
+        cpu, looks = (0.0, 0.0), 0
         while not self._stop.wait(SAMPLE_EVERY):
             now, ticked = time.monotonic(), self.ticked()
             if now - ticked > STALL:
                 frame = sys._current_frames().get(self.thread_id)
                 if frame is not None:
+                    if not in_stall:
+                        cpu, looks = self._cpu(), 0
+                    looks += 1
                     stack = _stack(frame)
                     dt = now - (last if in_stall else ticked + STALL)
                     for name in set(map(_func, stack)):
@@ -79,16 +95,22 @@ class StallSampler:
                     stacks[tuple(stack)] += dt
                     in_stall, last, started = True, now, (started if in_stall else ticked)
             elif in_stall:
-                self._close(ticked - started, stacks)
+                (loop0, proc0), (loop1, proc1) = cpu, self._cpu()
+                self._close(ticked - started, stacks, {
+                    "at": round(time.time() - (now - started), 3), "loop_cpu_ms": round((loop1 - loop0) * 1e3, 1),
+                    "other_threads_cpu_ms": round(max(0.0, (proc1 - proc0) - (loop1 - loop0)) * 1e3, 1),
+                    "looks": looks})
                 in_stall, stacks = False, collections.Counter()
             if now - last_write >= WRITE_EVERY:
                 last_write = now
                 self.write()
 
-    def _close(self, length: float, stacks: collections.Counter) -> None:
+    def _close(self, length: float, stacks: collections.Counter, cpu: dict) -> None:
         self.stalls.append(length)
+        cpu["cause"] = _cause(length, cpu)
+        self.causes[cpu["cause"]] += length
         if stacks:
-            self.longest.append((length, list(stacks.most_common(1)[0][0])))
+            self.longest.append((length, list(stacks.most_common(1)[0][0]), cpu))
             self.longest = sorted(self.longest, key=lambda x: -x[0])[:KEEP_LONGEST]
 
     def report(self) -> dict:
@@ -96,7 +118,8 @@ class StallSampler:
         return {"stalls": len(self.stalls), "stalled_ms": ms(sum(self.stalls)), "longest_ms": ms(max(self.stalls, default=0)),
                 "inclusive_ms": {f: ms(s) for f, s in self.inclusive.most_common()},
                 "top_ms": {f: ms(s) for f, s in self.top.most_common()},
-                "longest": [{"ms": ms(n), "stack": stack} for n, stack in self.longest]}
+                "causes_ms": {c: ms(s) for c, s in self.causes.most_common()},
+                "longest": [{"ms": ms(n), **cpu, "stack": stack} for n, stack, cpu in self.longest]}
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -105,3 +128,13 @@ class StallSampler:
             tmp.replace(self.path)
         except OSError:
             pass  # a diagnostic: never the controller's failure
+
+
+def _cause(length: float, cpu: dict) -> str:
+    """Whose CPU a stall of `length` seconds was: "loop" (its own work), "other threads" (it waited for the GIL they
+    held), or "not running" (the process was not given a core, or the loop waited in a system call)."""
+    if cpu["loop_cpu_ms"] / 1e3 >= MOSTLY * length:
+        return "loop"
+    if cpu["other_threads_cpu_ms"] / 1e3 >= MOSTLY * length:
+        return "other threads"
+    return "not running"

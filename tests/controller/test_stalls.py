@@ -20,11 +20,17 @@ def hold_the_loop() -> None:
     time.sleep(0.3)  # the stall under test: a synchronous slice on the loop, as a blocking call would be
 
 
+def work_on_the_loop() -> None:
+    end = time.thread_time() + 0.3  # 300 ms of the loop thread's own CPU
+    while time.thread_time() < end:
+        pass
+
+
 def quick_step() -> None:
     sum(range(1000))
 
 
-async def _scenario(path) -> StallSampler:
+async def _scenario(path, hold=hold_the_loop) -> StallSampler:
     probe = LoopLag(CollectorRegistry())
     task = asyncio.create_task(probe.run())
     await asyncio.sleep(0.1)  # the probe ticks
@@ -32,7 +38,7 @@ async def _scenario(path) -> StallSampler:
     for _ in range(20):
         quick_step()
         await asyncio.sleep(0.01)
-    hold_the_loop()
+    hold()
     await asyncio.sleep(0.1)  # the probe ticks again: the stall is closed
     sampler.stop()
     task.cancel()
@@ -50,6 +56,18 @@ def test_a_slice_that_holds_the_loop_is_named_with_its_length(tmp_path):
     assert inclusive[holder] >= 200  # most of the 300 ms (the first 20 ms are the threshold)
     assert not any(f.startswith("quick_step ") for f in inclusive)
     assert any(frame.startswith("hold_the_loop ") for frame in report["longest"][0]["stack"])
+    assert report["longest"][0]["cause"] == "not running"  # a blocking call: the loop used no CPU meanwhile
+    assert report["longest"][0]["loop_cpu_ms"] < 100
+
+
+def test_a_stall_says_the_loop_spent_it_working(tmp_path):
+    path = tmp_path / "stalls.json"
+    asyncio.run(_scenario(path, work_on_the_loop))
+    longest = json.loads(path.read_text())["longest"][0]
+    assert any(frame.startswith("work_on_the_loop ") for frame in longest["stack"])
+    assert longest["cause"] == "loop"
+    assert longest["loop_cpu_ms"] >= 150 and longest["looks"] >= 1
+    assert abs(longest["at"] - time.time()) < 60  # when it began, wall clock: to match with the logs
 
 
 def test_the_controller_reports_its_stalls_to_the_file_its_setting_names(tmp_path):
