@@ -7,9 +7,13 @@ sets the allowances from the reply (`set`: tokens per second per episode, × the
 is a token bucket per backend, filled at the allowance, at most `BURST_SECONDS` of it: a call may start while the
 bucket is not below zero; it takes its prompt's tokens when it starts and, once it ends, its generated tokens (and
 gives back the prompt tokens the engine had cached). So one 65 536-token prefill leaves the job waiting about as long
-as its allowance takes to process that many tokens: at most `MAX_HOLD_SECONDS` (the controller's window: debt older
-than what it measures is forgiven, so an allowance measured low never starves a job). A call is never failed or split
-here, only delayed; a held call is cancelled like any other await. An allowance of 0, or none: no limit.
+as its allowance takes to process that many tokens. Debt is bounded: at most `MAX_HOLD_SECONDS` of the allowance (the
+controller's window: debt older than what it measures is forgiven, so an allowance measured low never starves a job),
+but never less than the call just charged (a prompt worth more than the window is paid whole: forgiving part of
+it let a job of whole-context prompts keep most of the engine, bench/results/RESULTS-fairshare.md). A bucket made
+when a limit first comes takes the prompts of the calls already in flight (they started unlimited: the engine is
+processing them for this job now). A call is never failed or split here, only delayed; a held call is cancelled like
+any other await. An allowance of 0, or none: no limit.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class Charge:
     def __init__(self, prompt: int) -> None:
         self.prompt = prompt
         self.generated = self.cached = 0
+        self.paid = False  # its prompt was charged to a bucket (at its start, or when its backend's bucket was made)
 
     def done(self, generated: int, cached: int | None) -> None:
         self.generated, self.cached = generated, min(cached or 0, self.prompt)
@@ -49,6 +54,7 @@ class RateGate:
         self.held_calls = 0  # calls that were held, ever
         self.held_seconds = 0.0  # seconds calls were held, ever
         self.served = False  # the controller shares work (work-share served at registration)
+        self.unpaid: dict[str, set[Charge]] = defaultdict(set)  # url → calls in flight that started without a limit
         self._changed = asyncio.Event()
 
     def rate(self, url: str | None) -> float | None:
@@ -83,8 +89,10 @@ class RateGate:
         now = self.clock()
         if rate is None:
             return None
-        if url not in self.level:
-            self.level[url], self.at[url] = rate * BURST_SECONDS, now
+        if url not in self.level:  # a new limit: the calls it finds in flight pay their prompts now
+            self.level[url], self.at[url] = rate * BURST_SECONDS - sum(c.prompt for c in self.unpaid[url]), now
+            for c in self.unpaid.pop(url, ()):
+                c.paid = True
         self.level[url] = min(rate * BURST_SECONDS, self.level[url] + (now - self.at[url]) * rate)
         self.at[url] = now
         return rate
@@ -96,10 +104,15 @@ class RateGate:
             return None
         return -self.level[url] / rate
 
-    def charge(self, url: str, tokens: float) -> None:
+    def charge(self, url: str, tokens: float, whole: float | None = None) -> None:
+        """`tokens` more of a call whose charge comes to `whole` (default: `tokens`): debt grows to at most the
+        larger of `MAX_HOLD_SECONDS` of the allowance and `whole`; a charge never forgives debt already there."""
         rate = self._fill(url)
         if rate is not None:
-            self.level[url] = max(self.level[url] - tokens, -rate * MAX_HOLD_SECONDS)
+            level = self.level[url]
+            floor = -max(rate * MAX_HOLD_SECONDS, tokens if whole is None else whole)
+            new = level - tokens
+            self.level[url] = new if new >= floor or tokens <= 0 else min(level, floor)
 
     @contextlib.asynccontextmanager
     async def slot(self, url: str | None, prompt: int) -> AsyncIterator[Charge | None]:
@@ -124,9 +137,16 @@ class RateGate:
                 self.wanted[url] -= prompt
                 self.held_seconds += self.clock() - started
         c = Charge(prompt)
-        self.charge(url, prompt)
+        if self._fill(url) is None:
+            self.unpaid[url].add(c)
+        else:
+            self.charge(url, prompt)
+            c.paid = True
         try:
             yield c
         finally:
-            self.charge(url, c.generated - c.cached)
+            if url in self.unpaid:
+                self.unpaid[url].discard(c)
+            if c.paid:
+                self.charge(url, c.generated - c.cached, c.prompt - c.cached + c.generated)
             self.processed[url] += c.prompt - c.cached + c.generated

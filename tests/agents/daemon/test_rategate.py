@@ -1,6 +1,7 @@
 """The work-share rule on the node (issue 36): `RateGate` holds a call before it is sent while its job's bucket of
 processed tokens per second is in debt (a prompt charged when the call starts, its generated tokens when it ends,
-cached prompt tokens given back), at most `MAX_HOLD_SECONDS` of debt; never fails a call; a held call is cancellable;
+cached prompt tokens given back), at most `MAX_HOLD_SECONDS` of debt but one whole call; the calls in flight
+charged when a limit comes; never fails a call; a held call is cancellable;
 no limit where the reply gives none (the controller's side: tests/controller/work/test_workshare.py).
 
 A fake clock; each step waits for the state it needs (a call held), then moves the clock and wakes the gate."""
@@ -62,14 +63,44 @@ def test_a_long_prompt_leaves_its_job_waiting_as_long_as_its_allowance_takes_to_
     asyncio.run(go())
 
 
-def test_debt_is_bounded_so_a_low_allowance_never_starves_the_job():
+def test_a_prompt_worth_more_than_the_window_is_paid_whole():
     async def go():
         clock = Clock()
         gate = RateGate(clock)
-        gate.set({URL: 10.0})
+        gate.set({URL: 10.0})  # 600 tokens in the window: one 65 536-token prompt is worth 109 windows
         await _call(gate, 65536, 1)
-        assert gate.level[URL] == -10.0 * MAX_HOLD_SECONDS
-        assert gate.wait(URL) == MAX_HOLD_SECONDS
+        assert gate.level[URL] == 10.0 * BURST_SECONDS - 65537  # before: capped at 600, 99 % of it forgiven
+        assert gate.wait(URL) == (65537 - 20) / 10
+    asyncio.run(go())
+
+
+def test_debt_from_several_calls_is_bounded_by_the_window_so_a_low_allowance_never_starves_the_job():
+    async def go():
+        gate = RateGate(Clock())
+        gate.set({URL: 100.0})  # the window: 100 × MAX_HOLD_SECONDS tokens
+        window = 100.0 * MAX_HOLD_SECONDS
+        first, second = gate.slot(URL, 100), gate.slot(URL, 100)
+        a, b = await first.__aenter__(), await second.__aenter__()  # both start: the bucket was not below zero
+        a.done(4000, 0)
+        await first.__aexit__(None, None, None)
+        assert gate.level[URL] == 200 - 200 - 4000  # each call's own charge is kept whole
+        b.done(3000, 0)  # 4000 + 3100 is past the window; neither call alone is
+        await second.__aexit__(None, None, None)
+        assert gate.level[URL] == -window  # together they are past the window: the rest is forgiven
+    asyncio.run(go())
+
+
+def test_a_limit_that_comes_while_calls_run_charges_their_prompts():
+    async def go():
+        gate = RateGate(Clock())
+        running = gate.slot(URL, 5000)
+        charge = await running.__aenter__()  # no limit yet: nothing charged
+        assert URL not in gate.level
+        gate.set({URL: 100.0})  # the job now shares the backend
+        assert gate.wait(URL) == (5000 - 200) / 100  # the call in flight is this job's work on the engine now
+        charge.done(10, 0)
+        await running.__aexit__(None, None, None)
+        assert gate.level[URL] == 200 - 5010 and gate.processed[URL] == 5010
     asyncio.run(go())
 
 
