@@ -72,6 +72,8 @@ class RateGate:
             self.per_episode = new
             for url in [u for u in self.level if u not in new]:
                 del self.level[url], self.at[url]  # no limit: no debt kept
+            for url in [u for u in self.unpaid if u in new]:
+                self._fill(url)  # a new limit: the calls in flight pay now (a 1-token call may end before the next)
             self.wake()
 
     def wake(self) -> None:
