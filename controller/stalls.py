@@ -8,7 +8,8 @@ loop running Python code gives it up every switch interval (5 ms). Each stall al
 (`_cause`): the loop thread's own work, other threads' (the loop waited for the GIL: a stack on `select` that
 lasts), or neither (the process was not given a core, or the loop waited in a system call). Every few seconds (and
 at the end) it writes to the file: the stalls seen (count, total and longest ms), the functions by stalled time
-(inclusive, and on top of the stack), and the longest stalls with their stacks, start time and CPU. `bench scale` sets it and reads it (bench/bench_scale.py).
+(inclusive, and on top of the stack), and the longest stalls with their stacks, start time and CPU. `bench scale`
+sets it and reads it (bench/bench_scale.py).
 The cost while on: a thread waking every SAMPLE_EVERY (microseconds each); do not compare timings taken with it.
 Next step: the same report for a worker thread the loop waits on (the GIL's holder).
 """
@@ -77,14 +78,14 @@ class StallSampler:
     def _watch(self) -> None:
         last_write = time.monotonic()
         in_stall, last, started, stacks = False, 0.0, 0.0, collections.Counter()
-        cpu, looks = (0.0, 0.0), 0
+        cpu, looks, looked = (0.0, 0.0), 0, 0.0  # CPU and time at the stall's first look, the looks since
         while not self._stop.wait(SAMPLE_EVERY):
             now, ticked = time.monotonic(), self.ticked()
             if now - ticked > STALL:
                 frame = sys._current_frames().get(self.thread_id)
                 if frame is not None:
                     if not in_stall:
-                        cpu, looks = self._cpu(), 0
+                        cpu, looks, looked = self._cpu(), 0, now
                     looks += 1
                     stack = _stack(frame)
                     dt = now - (last if in_stall else ticked + STALL)
@@ -96,7 +97,7 @@ class StallSampler:
                     in_stall, last, started = True, now, (started if in_stall else ticked)
             elif in_stall:
                 (loop0, proc0), (loop1, proc1) = cpu, self._cpu()
-                self._close(ticked - started, stacks, {
+                self._close(ticked - started, now - looked, stacks, {
                     "at": round(time.time() - (now - started), 3), "loop_cpu_ms": round((loop1 - loop0) * 1e3, 1),
                     "other_threads_cpu_ms": round(max(0.0, (proc1 - proc0) - (loop1 - loop0)) * 1e3, 1),
                     "looks": looks})
@@ -105,9 +106,10 @@ class StallSampler:
                 last_write = now
                 self.write()
 
-    def _close(self, length: float, stacks: collections.Counter, cpu: dict) -> None:
+    def _close(self, length: float, measured: float, stacks: collections.Counter, cpu: dict) -> None:
+        """A stall of `length` seconds; `cpu` was read over its last `measured` seconds (from the first look)."""
         self.stalls.append(length)
-        cpu["cause"] = _cause(length, cpu)
+        cpu["cause"] = _cause(measured, cpu)
         self.causes[cpu["cause"]] += length
         if stacks:
             self.longest.append((length, list(stacks.most_common(1)[0][0]), cpu))
@@ -130,11 +132,11 @@ class StallSampler:
             pass  # a diagnostic: never the controller's failure
 
 
-def _cause(length: float, cpu: dict) -> str:
-    """Whose CPU a stall of `length` seconds was: "loop" (its own work), "other threads" (it waited for the GIL they
-    held), or "not running" (the process was not given a core, or the loop waited in a system call)."""
-    if cpu["loop_cpu_ms"] / 1e3 >= MOSTLY * length:
+def _cause(measured: float, cpu: dict) -> str:
+    """Whose CPU a stall was, from its CPU over `measured` seconds: "loop" (its own work), "other threads" (it waited
+    for the GIL they held), or "not running" (the process was not given a core, or the loop waited in a system call)."""
+    if cpu["loop_cpu_ms"] / 1e3 >= MOSTLY * measured:
         return "loop"
-    if cpu["other_threads_cpu_ms"] / 1e3 >= MOSTLY * length:
+    if cpu["other_threads_cpu_ms"] / 1e3 >= MOSTLY * measured:
         return "other threads"
     return "not running"

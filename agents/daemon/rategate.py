@@ -139,10 +139,10 @@ class RateGate:
                 self.wanted[url] -= prompt
                 self.held_seconds += self.clock() - started
         c = Charge(prompt)
-        if self._fill(url) is None:
+        if self.rate(url) is None:
             self.unpaid[url].add(c)
         else:
-            self.charge(url, prompt)
+            self.charge(url, prompt)  # fills the bucket (making it if the limit is new) and charges
             c.paid = True
         try:
             yield c
