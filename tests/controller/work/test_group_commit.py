@@ -107,3 +107,31 @@ def test_a_large_turn_on_postgresql_commits_in_bounded_groups_and_the_loop_runs_
         assert order.index("other") == PG_GROUP_CALLS
     else:
         assert (group.groups, group.calls) == (1, 150) and order.index("other") == 150
+
+
+def test_a_statement_the_database_refuses_is_its_own_calls_error_and_the_orm_still_counts_rows(engine):
+    """PostgreSQL pipelines a call's statements (nothing waits for a write's answer): a write the server refuses is
+    still the error of the call that sent it, not of the next read, and a call that goes on with the ORM (which
+    reads each UPDATE's row count at once) sees its rows counted."""
+    group = GroupCommit(engine)
+
+    def put(k, v):
+        def work(tx):
+            tx.db.execute("INSERT INTO t VALUES (?, ?)", (k, v))  # nothing read back: pipelined
+            return k, None
+        return work
+
+    def orm_update(tx):
+        tx.db.execute("INSERT INTO t VALUES ('o', 1)")
+        n = tx.session().connection().exec_driver_sql("UPDATE t SET v = v + 1 WHERE k IN ('a', 'o')").rowcount
+        return n, None
+
+    async def scenario():
+        return await asyncio.gather(group.submit(put("a", 1)), group.submit(put("a", 9)),
+                                    group.submit(put("c", 3)), group.submit(orm_update), return_exceptions=True)
+
+    a, dup, c, counted = asyncio.run(scenario())
+    assert (a, c) == ("a", "c"), (a, c)
+    assert "unique" in str(dup).lower() or "duplicate" in str(dup).lower(), dup  # the second "a" is its own error
+    assert counted == 2
+    assert rows(engine) == {"a": 2, "c": 3, "o": 2}
