@@ -2,7 +2,7 @@
 
 Called by the scheduler's node methods (`lease`, `beat`, `results`, `give_back`) and its background loop
 (`expire`). The leases held now are `held_leases.HeldLeases` (in memory); every state change goes through
-`queue.ItemQueue`, the statements through `plain`, what is final to `feed`. Next step: `queue.py`.
+`queue.ItemQueue`, the statements through `hot_sql`, what is final to `feed`. Next step: `queue.py`.
 
 A daemon takes queued items (its fair share, each pinned to a backend) and keeps them by beating. A result
 is accepted only from the attempt that currently holds the lease, so a late duplicate from an expired

@@ -30,7 +30,7 @@ class ItemRow(SQLModel, table=True):
     stage: str | None = None  # leased | init | run | eval (while leased)
     attempt: int = 0
     attempt_id: str | None = Field(default=None, index=True)
-    node_id: str | None = None  # not indexed: the leases a node holds are counted in memory (`live`)
+    node_id: str | None = None  # not indexed: the leases a node holds are counted in memory (`held_leases`)
     deadline: float | None = None
     backend: str | None = None
     holds_backend: bool = False  # counted in the backend min-heap (pinned, RUN not over)
