@@ -372,6 +372,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             c.stop()
         health.close()
         if server:
+            if os.environ.get("ROLLOUTD_SCALE_KEEP") and server.log.exists():
+                shutil.copy(server.log, root / "postgresql.log")  # stop() removes the server's directory
             server.stop()
         if os.environ.get("ROLLOUTD_SCALE_KEEP"):
             print(f"   kept {root}", file=sys.stderr)
@@ -382,12 +384,15 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
 def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile_seconds: float = 15.0,
           before: str | None = None) -> list[dict]:
     """Every N, with this checkout's controller on each store of `$ROLLOUTD_SCALE_STORES` (side by side; its
-    PostgreSQL variant is "after-pg"); with `before` (a git revision) that one's first (on SQLite)."""
+    PostgreSQL variant is "after-pg", two replicas "after-pg-2r"); with `before` (a git revision) that one's in each
+    of the same variants first ("before", "before-pg", …)."""
     points = []
     with contextlib.ExitStack() as stack:
-        variants = [("before", stack.enter_context(older_source(before)), "sqlite", 1)] if before else []
-        variants += [("after" if store == "sqlite" else "after-pg", None, store, 1) for store in scale_stores.stores()]
-        variants += [(f"after-pg-{r}r", None, "postgresql", r) for r in scale_replicas.counts() if r > 1]
+        ours = [("after" if store == "sqlite" else "after-pg", store, 1) for store in scale_stores.stores()]
+        ours += [(f"after-pg-{r}r", "postgresql", r) for r in scale_replicas.counts() if r > 1]
+        old = stack.enter_context(older_source(before)) if before else None
+        variants = [(v.replace("after", "before"), old, store, r) for v, store, r in ours] if before else []
+        variants += [(v, None, store, r) for v, store, r in ours]
         for n in ns:
             for variant, src, store, replicas in variants:
                 t0 = time.monotonic()
@@ -445,7 +450,7 @@ def table(points: list[dict]) -> str:
            "| p50 ms lease/beat/results | p99 ms lease/beat/results | loop max ms | loop lags > 5 / > 20 ms "
            "| KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
            "|" + "---|" * 17]
-    for p in sorted(points, key=lambda p: (p["nodes"], p.get("variant") != "before", p.get("variant") == "after-pg")):
+    for p in sorted(points, key=lambda p: (p["nodes"], not p.get("variant", "").startswith("before"), p.get("variant", ""))):
         c, p50, p99, a = p["calls_per_s"], p["p50_ms"], p["p99_ms"], p["audit"]
         lp = p.get("loop") or {}
         out.append(

@@ -29,7 +29,12 @@ def start_server() -> PgServer:
     bindir = binaries()
     if bindir is None:
         raise RuntimeError("bench scale --store postgresql: install Debian's postgresql (.ci/system-packages.sh)")
-    return PgServer(bindir, fsync=True, settings=PG_SETTINGS).start()
+    # `$ROLLOUTD_SCALE_PG_SETTINGS` ("log_lock_waits=on,deadlock_timeout=200ms"): more server settings, to look inside
+    extra = dict(kv.split("=", 1) for kv in os.environ.get("ROLLOUTD_SCALE_PG_SETTINGS", "").split(",") if "=" in kv)
+    server = PgServer(bindir, fsync=True, settings={**PG_SETTINGS, **extra}).start()
+    if extra:
+        print(f"   PostgreSQL's log: {server.log}", flush=True)
+    return server
 
 
 def _family(root: int) -> list[int]:
