@@ -143,9 +143,9 @@ WEIGHT_STAMPS, TOKEN_SHARE, WORK_SHARE = "weight-stamps", "token-share", "work-s
 OWNER_REDIRECT = "owner-redirect"
 FEATURES = (BEAT_RESULTS, BEAT_DELTAS, NODE_TOKEN, BEAT_TURNS, LEASE_TRACE, BEAT_FENCE, POLICY_WATCH, WEIGHT_STAMPS,
             TOKEN_SHARE, WORK_SHARE, OWNER_REDIRECT)
-# work-share: the controller sums each job's processed tokens over this window, and a node's debt for one call is at
-# most this many seconds of its allowance (longer debt than what is measured would be a guess; shorter forgave most of
-# a whole-context prefill: at 20 s a job of 65 000-token prompts was held ~20 s after each, while its call took ~10 s)
+# work-share: the controller sums each job's processed tokens over this window, and debt from several calls is at most
+# this many seconds of a node's allowance (longer than what is measured would be a guess; shorter: the benchmarks
+# page, Constants)
 WORK_WINDOW_SECONDS = 60.0
 POLICY_WATCH_SECONDS = 25.0  # a watch's long-poll (under the daemon's call timeout and any proxy's idle cut)
 # reply fields sent only to a daemon that declared their feature: (model name, field) per feature
@@ -170,7 +170,7 @@ def beat_gap(active_nodes: int, calls_per_second: float = NODE_CALLS_PER_SECOND)
 def spaced_gap(gap: float, u: float) -> float:
     """A daemon's wait between two paced beats, `u` uniform in [0, 1): between ½ and 1½ `gap`, `gap` on average.
     Daemons answered by one group commit would otherwise all come back at once, `gap` later, again and again
-    (at 1000 simulated nodes the calls arrived in bursts of ~150, each answered ~0.3 s after it came)."""
+    (the benchmarks page, Constants)."""
     return gap * (0.5 + u)
 
 

@@ -27,9 +27,8 @@ from .schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, Sc
 # their indexes, ~100 MB of database), and the file mapped so a page missing from it costs no read call.
 CACHE_KIB = 64 << 10
 MMAP_BYTES = 1 << 30
-# SQLite checkpoints the WAL inside the commit that grows it past this many pages (default 1000): a node call's
-# commit stalled 20–40 ms copying and syncing 4 MB about once a second at a thousand simulated nodes. A quarter of
-# that makes each stall a quarter as long (p99 of node calls 53 and 60 ms in two runs, 64–119 ms in five at 1000).
+# SQLite checkpoints the WAL inside the commit that grows it past this many pages (default 1000): a quarter of that
+# makes each such stall of a node call's commit a quarter as long (the benchmarks page, Constants)
 AUTOCHECKPOINT_PAGES = 250
 MIGRATION_LOCK = 0x726F6C6C  # PostgreSQL advisory lock key held while a controller migrates ("roll")
 EVENTS_PER_JOB = 500  # a job's newest events kept (`add_event`); older ones go as new ones come
@@ -90,8 +89,8 @@ class StoreDB:
         except ImportError:
             raise ImportError("a postgresql:// store needs psycopg 3: pip install 'rolloutd[postgresql]'") from None
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
-        # pre-ping (a round trip per checkout: 1.7 against 2.3 ms of CPU per node call measured): a connection the
-        # server dropped fails the call that used it, and SQLAlchemy then replaces every pooled one
+        # pre-ping (a round trip per checkout; the benchmarks page, Constants): a connection the server dropped fails
+        # the call that used it, and SQLAlchemy then replaces every pooled one
         return create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL, max_overflow=dialects.PG_OVERFLOW,
                              pool_use_lifo=True, pool_pre_ping=False, connect_args={"options": "-c timezone=UTC"})
 
