@@ -60,7 +60,7 @@ from .work import workshare
 from .root import Root
 from .store import Store
 from .store.faults import RETRY_AFTER_SECONDS, StorageWatch, storage_reason
-from .ui.app import create_ui
+from .ui.app import WorkView, create_ui
 
 log = logging.getLogger("rolloutd.api")
 # The trainer routes of the previous version (no namespace) are served as the `default` namespace's.
@@ -391,7 +391,8 @@ def create_app(root: Root) -> FastAPI:
                                           slots=root.streams))
         app.include_router(inflight_router(store, work.queue.leases, work.clock))
     describe(app)
-    app.mount("/ui", create_ui(store, root.token, root.tokens, root.streams, root.stats, root.scheduler, work,
+    view = None if work is None else WorkView(work.pool, work.registry, work.queue.leases, work.clock)
+    app.mount("/ui", create_ui(store, root.token, root.tokens, root.streams, root.stats, root.scheduler, view,
                                busy=root.loop_lag.recent_max, observe_step=root.ui_steps.observe, limits=root.limits,
                                executors=root.executors, trace_url=root.trace_url))
     return app

@@ -34,7 +34,6 @@ from ..http import streams
 from ..http.login_limit import LoginLimits
 from ..store import Store
 from ..work import inflight as inflight_rows, stats
-from ..work.core import Work
 from ..work.inflight import inflight
 from ..executors.base import Executor, ExecutorError
 from ..executors.logs import NoLogs
@@ -43,7 +42,7 @@ from ..work.scheduler import Scheduler
 from .. import decode
 from . import jobview, links
 from .waterfall import waterfall
-from .live import Built, JobGone, LivePages
+from .live import Built, JobGone, LivePages, WorkView
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
 
 STATIC = Path(__file__).parent / "static"
@@ -72,11 +71,11 @@ class _Headers:
 
 
 def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Streams, job_stats: stats.JobStats,
-              scheduler: Scheduler | None = None, work: Work | None = None, busy: Callable[[], float] | None = None,
+              scheduler: Scheduler | None = None, work: WorkView | None = None, busy: Callable[[], float] | None = None,
               observe_step: Callable[[float], None] | None = None, limits: LoginLimits | None = None,
               executors: Mapping[str, Executor] | None = None, trace_url: str | None = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe); `slots`: the scoped tokens' watch slots;
-    `scheduler`, `work`: the root's (None without a scheduler); `busy`: the event loop's recent largest lag
+    `scheduler`, `work`: the root's scheduler and what the UI reads of its work core (None without a scheduler); `busy`: the event loop's recent largest lag
     (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller; `observe_step`: each
     step of a live page's build, in seconds (a metric); `limits`: the login rate limits (`http/login_limit.py`),
     shared with the API's token checks; `executors`: the root's, by kind (a node's logs); `trace_url`:
@@ -262,7 +261,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
             raise HTTPException(e.code, e.message) from None
         if work is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
-        leases = work.queue.leases
+        leases = work.leases
         out = await inflight(leases, key, work.clock(), leases.stall_seconds, inflight_rows.DEFAULT_LIMIT)
         for row in out["items"]:
             tid = attempt_traces.trace_id(row["attemptId"])

@@ -35,7 +35,9 @@ from rolloutd.crds.names import job_key
 from ..errors import ApiError
 from ..store import Store
 from ..work import stats
-from ..work.core import Work
+from ..work.backends import BackendPool
+from ..work.held_leases import HeldLeases
+from ..work.node_registry import NodeRegistry
 from ..work.scheduler import Scheduler
 
 SUMMARY_SECONDS = 1.0
@@ -46,6 +48,16 @@ NODE_CHUNK = 250  # node rows made and encoded per slice (~0.4 ms)
 NODES_SHOWN = 50  # node rows in a live build: 1000 of them every second made the document ~130 kB for each page
 EVENTS_SHOWN = 50  # a job's newest events in a live build (the page lists 50; the API's …/events has them all)
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkView:
+    """What the web UI reads of the work core (`work/core.Work`): the backends' view, the nodes' listing, the leases
+    held and the clock; built by the composition's API (`api.py`)."""
+    pool: BackendPool
+    registry: NodeRegistry
+    leases: HeldLeases
+    clock: Callable[[], float]
 
 
 @dataclass
@@ -124,7 +136,7 @@ class LivePages:
     """The live pages' data, one shared build per job (and one per principal's jobs list) at a time."""
 
     def __init__(self, store: Store, job_stats: stats.JobStats, scheduler: Scheduler | None = None,
-                 work: Work | None = None, busy: Callable[[], float] | None = None,
+                 work: WorkView | None = None, busy: Callable[[], float] | None = None,
                  observe_step: Callable[[float], None] | None = None):
         """`scheduler`, `work`: the root's (None: a controller without a scheduler shows no numbers or nodes)."""
         self.store, self.scheduler, self.work, self.job_stats = store, scheduler, work, job_stats
@@ -201,7 +213,7 @@ class LivePages:
             listing = work.registry.listing(key)
             await slices.pause()
             out["nodesTotal"], out["nodeStates"] = len(listing), dict(Counter(row[3] for row in listing))
-            parts.append(node_rows(work.queue.leases.held, heapq.nsmallest(NODES_SHOWN, listing, key=_attention))[1:-1])
+            parts.append(node_rows(work.leases.held, heapq.nsmallest(NODES_SHOWN, listing, key=_attention))[1:-1])
         head = json.dumps(out)
         return (head[:-1] + ', "nodes": [' + ", ".join(parts) + "]}").encode()
 
@@ -215,7 +227,7 @@ class LivePages:
         page, parts = listing[offset:offset + limit], []
         for start in range(0, len(page), NODE_CHUNK):
             await asyncio.sleep(0)
-            parts.append(node_rows(work.queue.leases.held, page[start:start + NODE_CHUNK])[1:-1])
+            parts.append(node_rows(work.leases.held, page[start:start + NODE_CHUNK])[1:-1])
         return ('{"total": %d, "offset": %d, "items": [' % (len(listing), offset) + ", ".join(p for p in parts if p)
                 + "]}").encode()
 
