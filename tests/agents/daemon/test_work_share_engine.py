@@ -65,6 +65,11 @@ async def run(url: str, gated: bool) -> dict:
         return sum(1 for t in done[job] if t0 <= t < t1) / (t1 - t0)
 
     async with VLLMBackend(url) as llm:
+        # a cold engine's first steps are slow (no call ended in the first 8 s when this file ran alone): one call
+        # of each shape first, so that team-b's rate alone is its rate, not the engine's start
+        await llm.generate([11, 12, 13, 14, 15], SamplingParams(max_tokens=8, ignore_eos=True), "ws-warm-b")
+        await llm.generate([901] + [j % 800 + 10 for j in range(A_PROMPT - 1)],
+                           SamplingParams(max_tokens=1, ignore_eos=True), "ws-warm-a")
         beating = asyncio.create_task(beats())
         for _ in range(EPISODES):
             adm.take(url, B)
