@@ -50,6 +50,21 @@ class Replicas:
             row = db.execute("SELECT holder, epoch, expires, url FROM leader_lease WHERE id = 1").fetchone()
         return row or ("", 0, 0.0, "")
 
+    def write_locked(self) -> bool:
+        """SQLite: whether some process holds the database's write lock now (a leader paused inside a commit holds
+        it until it wakes or dies). Always False on PostgreSQL."""
+        if self.store:
+            return False
+        db = sqlite3.connect(self.data_dir / "rolloutd.db", timeout=2, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError as e:
+            return "locked" in str(e)
+        finally:
+            db.close()
+
     def leader(self) -> Cluster | None:
         holder, _, expires, url = self.lease()
         if not holder or expires < time.time():
