@@ -450,7 +450,10 @@ def table(points: list[dict]) -> str:
            "| p50 ms lease/beat/results | p99 ms lease/beat/results | loop max ms | loop lags > 5 / > 20 ms "
            "| KB written/rollout | db + WAL MB | lost/dup/phantom | load |",
            "|" + "---|" * 17]
-    for p in sorted(points, key=lambda p: (p["nodes"], not p.get("variant", "").startswith("before"), p.get("variant", ""))):
+    def before_first(p: dict) -> tuple:
+        return p["nodes"], not p.get("variant", "").startswith("before"), p.get("variant", "")
+
+    for p in sorted(points, key=before_first):
         c, p50, p99, a = p["calls_per_s"], p["p50_ms"], p["p99_ms"], p["audit"]
         lp = p.get("loop") or {}
         out.append(

@@ -75,11 +75,11 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
               observe_step: Callable[[float], None] | None = None, limits: LoginLimits | None = None,
               executors: Mapping[str, Executor] | None = None, trace_url: str | None = None) -> Any:
     """`job_stats`: the API's (`GET …/stats`, rolloutctl describe); `slots`: the scoped tokens' watch slots;
-    `scheduler`, `work`: the root's scheduler and what the UI reads of its work core (None without a scheduler); `busy`: the event loop's recent largest lag
-    (`looplag.LoopLag.recent_max`), which slows the live pages' refresh on a busy controller; `observe_step`: each
-    step of a live page's build, in seconds (a metric); `limits`: the login rate limits (`http/login_limit.py`),
-    shared with the API's token checks; `executors`: the root's, by kind (a node's logs); `trace_url`:
-    ROLLOUTD_TRACE_URL (the trace links)."""
+    `scheduler`, `work`: the root's scheduler and what the UI reads of its work core (None without a scheduler);
+    `busy`: the event loop's recent largest lag (`looplag.LoopLag.recent_max`), which slows the live pages' refresh
+    on a busy controller; `observe_step`: each step of a live page's build, in seconds (a metric); `limits`: the
+    login rate limits (`http/login_limit.py`), shared with the API's token checks; `executors`: the root's, by kind
+    (a node's logs); `trace_url`: ROLLOUTD_TRACE_URL (the trace links)."""
     limits = limits or LoginLimits()
     executors = executors or {}
     ui = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)

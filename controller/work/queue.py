@@ -3,8 +3,8 @@
 `attempts` grants leases (a bulk UPDATE on the hot path), extends them and applies an attempt's outcome.
 
 An item is `queued` → `leased` (to one attempt of one node daemon, with a deadline that heartbeats
-extend in memory, see `held_leases`) → `done` | `failed` | `cancelled`. A lease that expires or fails for infrastructure
-reasons goes back to the queue with attempt+1, until `pipeline.maxAttempts`. All methods run on
+extend in memory, see `held_leases`) → `done` | `failed` | `cancelled`. A lease that expires or fails for
+infrastructure reasons goes back to the queue with attempt+1, until `pipeline.maxAttempts`. All methods run on
 the event loop inside the caller's short SQLite transaction, so nothing locks between them.
 """
 from __future__ import annotations
