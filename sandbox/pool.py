@@ -92,13 +92,14 @@ class WarmPool:
       created with ``wall_seconds + max_idle``, so a rollout always gets at least the spec's wall time
       (at most `max_idle` more). Cold ones get exactly the spec.
     * `size` 0 (or after `close`): `acquire` is a plain ``runtime.create(spec)`` (counted `cold`).
-    * `on_created` (a plain callable, default none): called each time a refill creation ends, whether its
-      sandbox went idle or it failed (`stats["failures"]`); the node daemon's lease loop re-checks its room on it.
+    * `on_created` (a plain callable given at construction, default none): called each time a refill creation
+      ends, whether its sandbox went idle or it failed (`stats["failures"]`); the node daemon's first wave re-checks
+      its room on it.
     """
 
     def __init__(self, runtime: SandboxRuntime, spec: SandboxSpec, size: int, *, most: int | None = None,
                  parallel: int | None = None, memory: float = MEMORY, max_idle: float | None = None,
-                 backoff: tuple[float, float] = (0.5, 30.0)) -> None:
+                 backoff: tuple[float, float] = (0.5, 30.0), on_created: Callable[[], None] | None = None) -> None:
         self.runtime = runtime
         self.spec = spec
         self.size = max(0, int(size))
@@ -113,7 +114,7 @@ class WarmPool:
         longer = spec.limits.model_copy(update={"wall_seconds": wall + extra})
         self.warm_spec = spec.model_copy(update={"limits": longer}) if extra else spec
         self.stats: collections.Counter[str] = collections.Counter()  # warm, cold, dead, expired, shrunk, failures
-        self.on_created: Callable[[], None] | None = None  # a refill creation ended (idle or failed)
+        self._on_created = on_created  # a refill creation ended (idle or failed)
         self._backoff = backoff
         self._idle: collections.deque[tuple[Sandbox, float]] = collections.deque()  # (sandbox, created at)
         self._need: asyncio.Event | None = None
@@ -278,8 +279,8 @@ class WarmPool:
             self._idle.append((task.result(), time.monotonic()))
         if self._need is not None:
             self._need.set()
-        if self.on_created is not None:
-            self.on_created()
+        if self._on_created is not None:
+            self._on_created()
 
     def _later(self, coro) -> None:
         task = asyncio.ensure_future(coro)

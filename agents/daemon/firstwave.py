@@ -1,9 +1,10 @@
 """Pacing a job's first wave on a node: lease no more of it than the warm pool has sandboxes ready for.
 
 `pipeline.Pipeline.room` (what `lease.Leaser` asks the controller for) is capped by `FirstWave.cap` while the
-pool warms for the first wave (`JobConfig.first_wave`, `WarmPool.expect`); the pool's `on_created` wakes the lease
-loop each time a sandbox goes idle. Next: a node joining a running job goes the same way (registration → pool →
-lease), so it is paced too; a DAPO refill's bursts are served by the pool's own `Demand`.
+pool warms for the first wave (`JobConfig.first_wave`, `WarmPool.expect`); the pool's `on_created` (the pipeline's)
+calls `sandbox_ready`, which wakes the lease loop while the wave is paced. Next: a node joining a running job goes
+the same way (registration → pool → lease), so it is paced too; a DAPO refill's bursts are served by the pool's
+own `Demand`.
 """
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ class FirstWave:
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.over = False
-        pool.on_created = wake   # a sandbox went idle (or a creation failed): the lease loop re-checks its room
+
+    def sandbox_ready(self) -> None:
+        """A sandbox went idle (or a creation failed): while pacing, the lease loop re-checks its room."""
+        if not self.over:
+            self.wake()
 
     def cap(self) -> int | None:
         """The most leases the first wave may take now (None: no pacing any more)."""
@@ -60,7 +65,6 @@ class FirstWave:
                 and not self.pool.closed and time.monotonic() < self._deadline):
             return False
         self.over = True
-        self.pool.on_created = None
         if self._timer is not None:
             self._timer.cancel()
         return True

@@ -16,7 +16,7 @@ from rolloutd.sandbox import SandboxSpec
 
 from ..llm import SamplingParams
 from ..loop.rollout import AgentConfig, RolloutContext
-from ..tasks.base import TaskHandler, get_handler, handler_options
+from ..tasks.base import HandlerScope, TaskHandler, get_handler, handler_options
 from .options import NodeError
 
 SANDBOX_TOOLS = frozenset({"bash", "ipython", "editor"})
@@ -71,9 +71,8 @@ class JobConfig:
             handler = handler if handler is not None else get_handler(spec.tasks.kind, **options)
         except Exception as e:  # noqa: BLE001 - unknown kind: nothing can run
             raise NodeError(f"cannot set up job {job!r}: {type(e).__name__}: {e}") from None
-        handler.roots = None if policy is None else list(policy.data_roots)  # files it reads after load, too
-        handler.sandbox_settings = sandbox_settings  # the node's (image cache, egress allow-list): harbor's builds
-        handler.quotas = None if policy is None else policy.quotas  # a tenant's builds: at most its sandboxes' bounds
+        handler.bind(HandlerScope(roots=None if policy is None else tuple(policy.data_roots),
+                                  sandbox_settings=sandbox_settings, quotas=None if policy is None else policy.quotas))
         tools = list(spec.agent.tools)
         needs_sandbox = bool(handler.needs_sandbox or SANDBOX_TOOLS & set(tools))
         sandbox = spec.sandbox  # the job's own spec.sandbox is what the runtimes take (one SandboxSpec)

@@ -98,12 +98,17 @@ class Pipeline:
             # sized from the INIT rate, never holding more than the tenant's quota admitted for the job
             # (init + run + eval + warm, `crds.tenancy.violations`)
             self.pool = WarmPool(self.runtime, self.config.sandbox, self.config.warm,
-                                 most=sum(self.workers.values()) + self.config.warm)
+                                 most=sum(self.workers.values()) + self.config.warm, on_created=self._sandbox_ready)
             width = self.config.first_wave(self.workers[Phase.INIT])
             self.pool.expect(width)
             self.pool.start()
             if self.pool.most is not None and width > 0:   # a pool sized from demand (warm > 0)
                 self.first_wave = FirstWave(self.pool, width, self.rollouts, self._wake_leasing)
+
+    def _sandbox_ready(self) -> None:
+        """The pool ended a creation (idle or failed): a first wave still pacing re-checks its room."""
+        if self.first_wave is not None:
+            self.first_wave.sandbox_ready()
 
     async def aclose(self) -> None:
         """Every way out of the daemon: no warm sandbox left (what the pool served, logged), LLM clients closed."""

@@ -8,6 +8,7 @@ plug-ins are found the same way, through the `rolloutd.tasks` entry-point group.
 from .base import (
     DatasetError,
     EvalError,
+    HandlerScope,
     Reward,
     TaskHandler,
     UnknownTaskKind,
@@ -18,6 +19,7 @@ from .base import (
 __all__ = [
     "DatasetError",
     "EvalError",
+    "HandlerScope",
     "Reward",
     "TaskHandler",
     "UnknownTaskKind",

@@ -26,6 +26,7 @@ import os
 import re
 import sys
 from abc import ABC
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from numbers import Real
@@ -103,6 +104,22 @@ class UnknownTaskKind(ConfigurationError, LookupError):
     """No handler is registered under the requested kind."""
 
 
+@dataclass(frozen=True)
+class HandlerScope:
+    """Where a job runs on a node, which its handler is given once (`TaskHandler.bind`).
+
+    - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job): what a handler reads
+      of the tenant's data after `load` (harbor's tests/ and solution/, swe's repository) goes through
+      `rolloutd.crds.kit.safe_read` beneath them.
+    - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list; None: defaults).
+    - `quotas`: the job's tenant policy quotas (None for an admin's job), which cap a tenant's image builds.
+    """
+
+    roots: tuple[str, ...] | None = None
+    sandbox_settings: SandboxSettings | None = None
+    quotas: TenantQuotas | None = None
+
+
 class TaskHandler(ABC):
     """Base of every task kind. Subclasses set `name`, `fields` and override what differs.
 
@@ -116,11 +133,8 @@ class TaskHandler(ABC):
       raises). `eval_sandbox`: True when EVAL scores in a fresh sandbox (swe: the tests must not see what the
       agent left behind). The node daemon then starts one as RUN ends and passes `sandbox_factory=`
       (`seams.SandboxFactory`) to `eval`; it closes it if EVAL does not. Without `eval_sandbox` it passes none.
-    - `roots`: the job's data roots (its tenant policy's `data_roots`; None for an admin's job), set by the node
-      daemon on its handler; what a handler reads of the tenant's data after `load` (harbor's tests/ and
-      solution/, swe's repository) goes through `rolloutd.crds.kit.safe_read` beneath them. `load` takes its own.
-    - `sandbox_settings`: the node's sandbox settings (image cache, build size, egress allow-list), set beside `roots`;
-      `quotas`: the job's tenant policy quotas (None for an admin's job), which cap a tenant's image builds.
+    - `scope` (`HandlerScope`): where the job runs on this node, given once by the node daemon (`bind`) before
+      the first task: its data roots, the node's sandbox settings, its tenant's quotas. `load` takes its own roots.
     - `agent_kinds`: the `agent.kind`s this handler runs (the API refuses a job asking another, 422 at apply).
     - `sandbox_spec`: None, or `async sandbox_spec(task, base) -> SandboxSpec` when each task brings
       its own sandbox (harbor: the task's image); INIT then creates that one instead of taking a
@@ -128,15 +142,17 @@ class TaskHandler(ABC):
     """
 
     name: ClassVar[str] = ""
-    roots: Sequence[str] | None = None  # the node's copy of the job's data roots, for files read after load
-    sandbox_settings: SandboxSettings | None = None  # the node's sandbox settings (None: the defaults), set by the daemon
-    quotas: TenantQuotas | None = None  # the job's tenant policy quotas (None: an admin's job), set by the daemon
+    scope: HandlerScope = HandlerScope()  # where the job runs on this node (`bind`; until then an admin's job's)
     agent_kinds: ClassVar[tuple[str, ...]] = ("loop",)
     needs_sandbox: ClassVar[bool] = True
     eval_sandbox: ClassVar[bool] = False
     sandbox_spec: ClassVar[Any] = None
     fields: ClassVar[dict[str, type | tuple[type, ...]]] = {}
     id_field: ClassVar[str] = "id"
+
+    def bind(self, scope: HandlerScope) -> None:
+        """The node daemon's one call before the job's first task: where the job runs (`HandlerScope`)."""
+        self.scope = scope
 
     # ------------------------------------------------------------------ dataset
     def load(self, source: str | Path, limit: int | None = None, *, roots: Sequence[str] | None = None) -> list[dict]:

@@ -11,7 +11,7 @@ reused by `rolloutd.sandbox.image.build`, under a lock, once per node or shared 
 optionally `solution/solve.sh`. task.toml fields read: `[agent] timeout_sec` and `user`, `[verifier] timeout_sec`
 and `env`, `[solution] env`, `[environment] memory_mb` (or `memory = "2G"`: the sandbox's memory limit
 instead of the job's) and `allow_internet`; the rest is kept in the row (`config`). Every file of it is read beneath the job's data
-roots (harbor_files.py: `load` takes them, the node sets `roots` on its handler), never as root.
+roots (harbor_files.py: `load` takes them, the node gives its handler `scope.roots`), never as root.
 
 In the sandbox (see image_build.py): everything runs as the task's user (`[agent] user`, else the Dockerfile's
 last USER) when that is not root, else as the runtime's unprivileged user; WORKDIR is the workspace; `/logs`, `/tests`, `/solution` live
@@ -91,9 +91,9 @@ class HarborTask(TaskHandler):
         return base.model_copy(update=update)
 
     def _task_dir(self, task: dict) -> str:
-        """The task's directory, refused (`ConfigError`, the job's fault) unless it lies beneath `self.roots`."""
+        """The task's directory, refused (`ConfigError`, the job's fault) unless it lies beneath `self.scope.roots`."""
         try:
-            if path_kind(task["path"], self.roots) != "dir":
+            if path_kind(task["path"], self.scope.roots) != "dir":
                 raise ConfigError(f"spec.tasks.source: {task['path']}: the task directory is gone")
         except DataReadError as e:
             raise ConfigError(str(refused(e))) from None
@@ -116,12 +116,13 @@ class HarborTask(TaskHandler):
         context as root, never reads through a link out of the tenant's data or a file the tenant cannot read."""
         from rolloutd.sandbox.image.build_limits import for_build
 
-        bounds = for_build(self.sandbox_settings, self.quotas)  # a tenant's: at most its policy's sandbox quotas
-        if self.roots is None:
-            return build_image(path, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
+        scope = self.scope
+        bounds = for_build(scope.sandbox_settings, scope.quotas)  # a tenant's: at most its policy's sandbox quotas
+        if scope.roots is None:
+            return build_image(path, cache=self.image_cache, log=lambda _m: None, settings=scope.sandbox_settings,
                                bounds=bounds)
-        with snapshot(path, self.roots) as private:
-            return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=self.sandbox_settings,
+        with snapshot(path, scope.roots) as private:
+            return build_image(private, cache=self.image_cache, log=lambda _m: None, settings=scope.sandbox_settings,
                                bounds=bounds)
 
     async def init(self, task: dict, sandbox: HostSandbox | None) -> None:
@@ -152,12 +153,12 @@ class HarborTask(TaskHandler):
             return await super().run(task, sandbox, llm, tokenizer=tokenizer, config=config, ctx=ctx)
         solution = f"{self._task_dir(task)}/solution"
         try:
-            has_solution = path_kind(f"{solution}/solve.sh", self.roots) == "file"
+            has_solution = path_kind(f"{solution}/solve.sh", self.scope.roots) == "file"
         except DataReadError as e:
             raise ConfigError(str(refused(e))) from None
         if not has_solution:
             raise EvalError(f"harbor: task {task['id']} has no solution/solve.sh for the oracle agent")
-        await stage_dir(sandbox, solution, "/solution", self.roots)
+        await stage_dir(sandbox, solution, "/solution", self.scope.roots)
         timeout = _limit(task["agent_timeout"], getattr(config, "run_timeout", None))
         env = _exports(task.get("solution_env", {}))
         result = await sandbox.bash(f"{env}cd {shlex.quote(task.get('workdir', '/workspace'))} && "
@@ -179,10 +180,10 @@ class HarborTask(TaskHandler):
         try:
             await _bash_ok(sandbox, f"rm -rf {HARBOR_ROOT}/tests && rm -f /logs/verifier/reward.txt "
                                     "/logs/verifier/reward.json && mkdir -p /logs/verifier", "prepare /tests", 60)
-            await stage_dir(sandbox, f"{self._task_dir(task)}/tests", "/tests", self.roots)
+            await stage_dir(sandbox, f"{self._task_dir(task)}/tests", "/tests", self.scope.roots)
             exports = _exports(task.get('verifier_env', {}))
             if task.get("verifier_network"):
-                egress = await _open_egress(sandbox, self.sandbox_settings)
+                egress = await _open_egress(sandbox, self.scope.sandbox_settings)
                 exports += _exports({k: f"http://127.0.0.1:{EGRESS_PORT}" for k in PROXY_VARS})
             run = await sandbox.bash(f"{exports}cd "
                                      f"{shlex.quote(task.get('workdir', '/workspace'))} && bash /tests/test.sh "

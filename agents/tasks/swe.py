@@ -147,7 +147,7 @@ class SweTask(TaskHandler):
 
     # ------------------------------------------------------------------ INIT
     async def init(self, task: dict, sandbox: HostSandbox | None) -> None:
-        await _stage(task, sandbox, self.roots)
+        await _stage(task, sandbox, self.scope.roots)
 
     # ------------------------------------------------------------------ EVAL
     async def eval(self, task: dict, sandbox: HostSandbox | None, trajectory: Trajectory, *,
@@ -155,7 +155,7 @@ class SweTask(TaskHandler):
         if sandbox is None:
             raise EvalError("swe: eval needs the RUN sandbox to collect the agent's diff")
         try:
-            patch, problem = await agent_diff(sandbox, task, self.roots)
+            patch, problem = await agent_diff(sandbox, task, self.scope.roots)
         except EvalError:
             raise
         except Exception as e:  # noqa: BLE001 - the RUN sandbox failed us: infrastructure
@@ -188,7 +188,8 @@ class SweTask(TaskHandler):
                 return await self.runtime.create(self.spec)
             spec = getattr(run_sandbox, "spec", None)
             if spec is not None:
-                runtime = getattr(run_sandbox, "runtime", None) or _runtime_named(spec.runtime, self.sandbox_settings)
+                runtime = (getattr(run_sandbox, "runtime", None)
+                           or _runtime_named(spec.runtime, self.scope.sandbox_settings))
                 return await runtime.create(spec)
         except EvalError:
             raise
@@ -198,7 +199,7 @@ class SweTask(TaskHandler):
                         "or runtime= and spec=, or give the RUN sandbox a `spec` attribute")
 
     async def _score(self, task: dict, sb: Sandbox, patch: str, details: dict[str, Any]) -> Reward:
-        await _stage(task, sb, self.roots)
+        await _stage(task, sb, self.scope.roots)
         await _bash_ok(sb, f"mkdir -p {EVAL_DIR}", "prepare")
         if patch.strip():
             await sb.write_file(f"{EVAL_DIR}/agent.diff", patch)

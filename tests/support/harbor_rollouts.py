@@ -19,7 +19,7 @@ async def task_sandbox(handler, task: dict, env: dict[str, str] | None = None, *
     from rolloutd.sandbox import SandboxSpec, get_runtime
 
     base = SandboxSpec(env=env or {}, **spec)
-    sandbox = await get_runtime("bwrap", handler.sandbox_settings).create(await handler.sandbox_spec(task, base))
+    sandbox = await get_runtime("bwrap", handler.scope.sandbox_settings).create(await handler.sandbox_spec(task, base))
     try:
         await handler.init(task, sandbox)
         yield sandbox
@@ -35,12 +35,12 @@ def _node_settings():
 
 
 async def rollouts(source: str, env: dict[str, str] | None = None) -> dict:
-    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.tasks import HandlerScope, get_handler
     from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
     from rolloutd.crds.trajectory import Trajectory
 
     handler = get_handler("harbor")
-    handler.sandbox_settings = _node_settings()
+    handler.bind(HandlerScope(sandbox_settings=_node_settings()))
 
     async def one(task: dict, agent: str) -> float:
         async with task_sandbox(handler, task, env) as sandbox:
@@ -64,11 +64,11 @@ PROBE = ("python3 -c 'import json, os, urllib.request; base = os.environ[\"OPENA
 async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
     """A harness that needs no LLM (`agent.kind: harness`, no `llm`) asks the gateway for its models
     from inside each task's sandbox: the socket, the relay and the sandbox user's access to them."""
-    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.tasks import HandlerScope, get_handler
     from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 
     handler = get_handler("harbor")
-    handler.sandbox_settings = _node_settings()
+    handler.bind(HandlerScope(sandbox_settings=_node_settings()))
     out = {}
     for task in handler.load(source)[:1]:
         async with task_sandbox(handler, task, env) as sandbox:
@@ -82,10 +82,10 @@ async def harness_probe(source: str, env: dict[str, str] | None = None) -> dict:
 async def probe_command(source: str, command: str, env: dict[str, str] | None = None) -> dict:
     """`command`'s output in each task's sandbox (INIT done): who the sandbox's code is.
     ``ROLLOUTD_TEST_NETWORK=1``: sandboxes with `network: true`."""
-    from rolloutd.agents.tasks import get_handler
+    from rolloutd.agents.tasks import HandlerScope, get_handler
 
     handler = get_handler("harbor")
-    handler.sandbox_settings = _node_settings()
+    handler.bind(HandlerScope(sandbox_settings=_node_settings()))
     out = {}
     network = os.environ.get("ROLLOUTD_TEST_NETWORK") == "1"
     for task in handler.load(source):

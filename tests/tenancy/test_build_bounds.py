@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -162,8 +163,8 @@ def test_a_tenants_harbor_build_gets_its_policys_process_bound(needs_builder, tm
     policy = TenantPolicySpec.model_validate({"quotas": {"sandboxProcesses": 64}})
     handler = HarborTask()
     JobConfig.build(load_spec(BASE_SPEC), job="j", node="n", handler=handler, policy=policy)
-    assert handler.quotas.sandbox_processes == 64
-    handler.roots = None  # the task directory read in place (the tenant's private copy: test_build_context.py)
+    assert handler.scope.quotas.sandbox_processes == 64
+    handler.bind(replace(handler.scope, roots=None))  # read in place (the private copy: test_build_context.py)
     _context(tmp_path, "for i in $(seq 200); do sleep 5 & done; wait")
     with pytest.raises(ImageBuildError, match="process bound of 64 "):
         handler._build(build_image, str(tmp_path))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.agents.tasks.base import ConfigError
+from rolloutd.agents.tasks.base import ConfigError, HandlerScope
 from rolloutd.agents.tasks.harbor import HarborTask
 from rolloutd.sandbox.image.build import build_image
 from rolloutd.sandbox.image.rootfs import ImageBuildError
@@ -41,7 +41,7 @@ def area():
 
 def _handler(roots: list[str] | None) -> HarborTask:
     handler = HarborTask()
-    handler.roots = roots
+    handler.bind(HandlerScope(roots=None if roots is None else tuple(roots)))
     return handler
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rolloutd.agents.tasks import DatasetError, get_handler
+from rolloutd.agents.tasks import DatasetError, HandlerScope, get_handler
 from rolloutd.agents.tasks.base import ConfigError
 from rolloutd.agents.tasks.harbor import stage_dir
 from rolloutd.controller.store import Store
@@ -308,7 +308,7 @@ def test_the_node_checks_a_harbor_tasks_directory_again(area):
     """A task row naming a directory outside the job's data roots (a job stored before its policy narrowed) is
     refused at INIT, before any image is built from it: a configuration failure, never a rollout."""
     handler = get_handler("harbor")
-    handler.roots = [str(area / "team-a")]
+    handler.bind(HandlerScope(roots=(str(area / "team-a"),)))
     (area / "team-a" / "t1").symlink_to(area / "outside")
     for path in (str(area / "outside"), str(area / "team-a" / "t1")):
         task = {"id": "t1", "path": path}

@@ -130,10 +130,10 @@ def test_a_pool_whose_creations_fail_does_not_stall_the_node(controller, sandbox
 
 # ------------------------------------------------------------------------------------- the cap alone
 class StandInPool:
-    """What `FirstWave` reads of a `WarmPool`: idle, stats, closed, and the `on_created` hook it sets."""
+    """What `FirstWave` reads of a `WarmPool`: idle, stats, closed."""
 
     def __init__(self) -> None:
-        self.idle, self.closed, self.on_created = 0, False, None
+        self.idle, self.closed = 0, False
         self.stats: collections.Counter[str] = collections.Counter()
 
 
@@ -155,8 +155,9 @@ def test_the_cap_is_the_idle_sandboxes_not_yet_promised_and_ends_with_the_wave()
     async def scenario():
         pool, rollouts, woken = StandInPool(), _rollouts(), []
         wave = FirstWave(pool, 3, rollouts, lambda: woken.append(1))
-        assert pool.on_created is not None                 # the pool's hook wakes the lease loop
         assert wave.cap() == 0                             # nothing warm yet: lease nothing
+        wave.sandbox_ready()                               # the pool's hook wakes the lease loop while pacing
+        assert woken == [1]
         pool.idle = 2
         assert wave.cap() == 2
         a = _lease(rollouts, 0)                            # leased, no sandbox yet: one idle is promised to it
@@ -166,7 +167,9 @@ def test_the_cap_is_the_idle_sandboxes_not_yet_promised_and_ends_with_the_wave()
         pool.idle, a.sandbox = 1, object()                 # it took its sandbox
         assert wave.cap() == 1
         b, c = _lease(rollouts, 1), _lease(rollouts, 2)    # the wave's width (3) leased: normal room from now on
-        assert wave.cap() is None and wave.over and pool.on_created is None
+        assert wave.cap() is None and wave.over
+        wave.sandbox_ready()                               # paced no more: the pool no longer wakes it
+        assert woken == [1]
         for r in (a, b, c):
             r.task.cancel()
 

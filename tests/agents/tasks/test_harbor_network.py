@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rolloutd.agents.tasks import get_handler
+from rolloutd.agents.tasks import HandlerScope, get_handler
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.crds.kit.settings import SandboxSettings
 
@@ -78,7 +78,8 @@ def test_the_verifier_reaches_the_host_only_with_consent_and_the_agent_never(hos
 
     async def one(task_id: str, consent: bool, allow: bool = True):
         # the node's settings, as its daemon hands them to the handler
-        handler.sandbox_settings = SandboxSettings.from_env({"ROLLOUTD_EGRESS_ALLOW": "127.0.0.1/32"} if allow else {})
+        handler.bind(HandlerScope(sandbox_settings=SandboxSettings.from_env(
+            {"ROLLOUTD_EGRESS_ALLOW": "127.0.0.1/32"} if allow else {})))
         task = dict(tasks[task_id])
         async with task_sandbox(handler, task, verifier_network=consent) as sandbox:
             seen = [(await sandbox.bash(probe)).output.split()[-1] for probe in (agent_probe, proxied_probe)]
