@@ -7,7 +7,7 @@ Also the cost of forwarding: a leader-only call straight to the leader and throu
     python -m bench failover        (once on SQLite, the replicas sharing one data dir on this machine, once on a
                                      PostgreSQL server of its own: tests/support/sim/pgserver.py)
 
-Target: a replica leads ≤ 10 s after the leader dies (controller/leadership.py: lease 5 s + renew 1 s + start).
+Target: a replica leads ≤ 10 s after the leader dies (controller/ha/leadership.py: lease 5 s + renew 1 s + start).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _lease(db: Path | str) -> tuple[str, int, float, str]:
         from sqlalchemy import create_engine
 
         from rolloutd.controller import dialects
-        from rolloutd.controller.leadership import current
+        from rolloutd.controller.ha.leadership import current
 
         engine = create_engine(dialects.engine_url(db))
         try:

@@ -29,7 +29,7 @@ import httpx
 from bench import fairshare_worst
 from bench.bench_scale import P, Controller, HealthServer
 from bench.teams import job, sim_nodes
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 
 HERE = Path(__file__).resolve().parent
 CAP = 48  # episodes the shared backend admits at once

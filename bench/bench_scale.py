@@ -20,9 +20,9 @@ results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pi
 py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
 `$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
 `$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. The controller's event loop
-lag (`controller/looplag.py`, read from /metrics every 2 s as `bench ui_live` does) is reported beside the p99s: the
+lag (`controller/health/looplag.py`, read from /metrics every 2 s as `bench ui_live` does) is reported beside the p99s: the
 largest lag of the window and the samples late by more than 5 and 20 ms. `$ROLLOUTD_SCALE_STALLS=1` turns on the
-controller's stall sampler (`controller/stalls.py`: the functions the loop ran while it stalled > 20 ms, over the
+controller's stall sampler (`controller/health/stalls.py`: the functions the loop ran while it stalled > 20 ms, over the
 window, in the JSON's `stalls`; it costs a little: compare timings without it). Raw numbers:
 `bench/results/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,
 `python -m bench.bench_scale --table FILE` prints the table. Results: bench/results/RESULTS-scale.md.
@@ -121,7 +121,7 @@ class Controller:
                "ROLLOUTD_MAX_EPISODES_PER_BACKEND": "1000000",
                "ROLLOUTD_TOKENIZER_ROOTS": str(root.parent if data else root),  # the job's "tokenizer" (`_job`)
                **(env or {})}
-        if os.environ.get("ROLLOUTD_SCALE_STALLS"):  # the loop's stalls attributed (`controller/stalls.py`)
+        if os.environ.get("ROLLOUTD_SCALE_STALLS"):  # the loop's stalls attributed (`controller/health/stalls.py`)
             env["ROLLOUTD_STALL_SAMPLES"] = str(root / "stalls.json")
         self.log = open(root / "controller.log", "wb")
         self.proc = subprocess.Popen(

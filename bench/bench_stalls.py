@@ -36,7 +36,7 @@ import httpx
 from bench.bench_pipeline import _cpu_seconds
 from bench.bench_scale import P, older_source
 from bench.teams import job, two_teams
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_GROUPS = 2000

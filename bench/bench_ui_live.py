@@ -5,7 +5,7 @@ with each count of `$ROLLOUTD_UI_DASHBOARDS` (default "1,4") browsers' worth of 
 whole run, each logged in through `POST /ui/login` (a session cookie, as a browser) and doing what the page does
 and more: following the job's server-sent events (`/ui/api/jobs/default/{job}/stream`) and fetching the job page's
 JSON every second. Reported for each: p99 of the node calls (lease, beat, results), rollouts/s over the window,
-the machine's load, and the controller's event loop (`controller/looplag.py`, read from /metrics every 2 s):
+the machine's load, and the controller's event loop (`controller/health/looplag.py`, read from /metrics every 2 s):
 its lag's p99 and largest value over the window (the longest synchronous slice, near enough), the lags above
 5 and 20 ms, and the garbage collector's pauses; for the dashboards: the job page JSON's p50/p99 and the SSE
 documents received.
@@ -98,7 +98,7 @@ class Dashboards:
 
 
 class LoopWatch:
-    """The controller's event loop metrics (`controller/looplag.py`) read every `every` seconds: histogram snapshots
+    """The controller's event loop metrics (`controller/health/looplag.py`) read every `every` seconds: histogram snapshots
     for the window's deltas, and the largest lag gauge (it covers the last 5–10 s, so every stall is seen)."""
 
     LAG, MAX, GC = "rolloutd_event_loop_lag_seconds", "rolloutd_event_loop_lag_max_seconds", "rolloutd_gc_pause_seconds"

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_scale import P, Controller
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 
 CONTEXT = 65536  # the tiny model's positions (max_position_embeddings), served whole
 CAP = 8  # episodes the shared backend admits at once

@@ -1,5 +1,5 @@
 """`bench scale`'s controller replicas: N `rolloutd controller` processes on one PostgreSQL database and one data dir
-(ROLLOUTD_REPLICAS naming them all), each serving the node calls of the nodes it owns (controller/shards.py).
+(ROLLOUTD_REPLICAS naming them all), each serving the node calls of the nodes it owns (controller/ha/shards.py).
 
 `$ROLLOUTD_SCALE_REPLICAS` (`1,2`): the replica counts run at every N on PostgreSQL, side by side (1: the plain
 controller, no replica machinery). The simulated nodes call the first replica and move to their owner when a
@@ -38,11 +38,11 @@ def start(make: Callable[..., Any], root: Path, src: Path | None, url: str, n: i
 
 
 def _wait_leader(ctl: Any, store: str, timeout: float = 60.0) -> None:
-    """The first replica holds the leader lease (the row: controller/leadership.py)."""
+    """The first replica holds the leader lease (the row: controller/ha/leadership.py)."""
     from sqlalchemy import create_engine
 
     from rolloutd.controller import dialects
-    from rolloutd.controller.leadership import current
+    from rolloutd.controller.ha.leadership import current
 
     engine = create_engine(dialects.engine_url(store))
     deadline = time.monotonic() + timeout

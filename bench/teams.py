@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_scale import MEDIAN_SECONDS, P, REPO, SIGMA, Controller, HealthServer, _pct
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.node import FEATURES_PARAM, NODE_PROTOCOL, NODE_TOKEN
 from support.sim import module_command
 

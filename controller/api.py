@@ -39,8 +39,8 @@ from rolloutd.crds.names import API_PREFIX as PREFIX
 from rolloutd.crds.names import DEFAULT_NAMESPACE, job_key
 from rolloutd.crds.rolloutjob import Phase
 
-from .auth import TokenBook, token_matches
-from .nodeauth import NodeGate
+from .access.auth import TokenBook, token_matches
+from .access.nodeauth import NodeGate
 from .errors import ApiError, BadRequest, Forbidden, ServiceUnavailable, TooManyRequests, Unauthorized
 from .http.access import forbidden
 from .http.bodies import parse_document

@@ -132,7 +132,7 @@ def token_create(
     """Create a scoped token; the running controller accepts it at once. Prints the token unless -o is given."""
     import os
 
-    from .auth import create_scoped_token
+    from .access.auth import create_scoped_token
     from rolloutd.crds.kit.paths import DataDir
 
     try:

@@ -7,7 +7,7 @@ import json
 
 from rolloutd.crds.node import MISDIRECTED
 
-from .shards import OWNER
+from .ha.shards import OWNER
 
 NOT_LEADER = "x-rolloutd-not-leader"  # on a 503 of a follower that knows no leader now
 

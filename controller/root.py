@@ -10,19 +10,19 @@ from typing import Any, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from .allowlists import AllowLists
-from .auth import TokenBook
+from .access.allowlists import AllowLists
+from .access.auth import TokenBook
 from .executors.base import Executor
 from .http.login_limit import LoginLimits
 from .http.request_rate import RequestRates
 from .http.streams import Streams
 from .kube.rolloutjobs import JobParts
 from .kube.validate import Checks
-from .looplag import BUCKETS, LoopLag
-from .nodeauth import NodeCredentials
+from .health.looplag import BUCKETS, LoopLag
+from .access.nodeauth import NodeCredentials
 from .store.faults import StorageWatch
 from .store import Store
-from .tenancy import Policies
+from .access.tenancy import Policies
 from .work.core import Work, build_work
 from .work.scheduler import Scheduler
 from .work.stats import JobStats

@@ -32,27 +32,27 @@ from rolloutd.crds.kit import tracing
 from rolloutd.crds.kit.settings import ControllerSettings
 
 from . import dialects
-from .allowlists import AllowLists
+from .access.allowlists import AllowLists
 from .api import create_app
 from .root import Root, assemble
-from .auth import TokenBook, ensure_token
+from .access.auth import TokenBook, ensure_token
 from .store.faults import opening_problem
 from rolloutd.crds.kit.paths import DEFAULT_HOST, DEFAULT_PORT, DataDir
 from . import executors as registry
 from .executors.local import LocalExecutor
 from .executors.base import Executor, Site, advertised_url
-from .nodeauth import NodeCredentials
+from .access.nodeauth import NodeCredentials
 from .operator import embedded
 from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
-from .stalls import StallSampler
+from .health.stalls import StallSampler
 from .store.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work import tracing as attempt_traces
 from .work.core import Work
 from .store import Store
-from .leadership import Leadership
-from .replicas import Replica, replica_urls
+from .ha.leadership import Leadership
+from .ha.replicas import Replica, replica_urls
 from .store.db import SchemaTooNew
 
 EXECUTOR_KINDS: tuple[str, ...] = get_args(ExecutorKind)

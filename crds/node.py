@@ -82,12 +82,12 @@ ENGINE_CLIENT_KEEP_ALIVE_SECONDS = 4.0
 # A daemon given several controller addresses bounds each call by this (a paused leader accepts connections and
 # answers nothing), then moves to the next address; a new leader gives every lease it adopts this much more.
 FAILOVER_CALL_SECONDS = 10.0
-# on the reply of a node call one replica forwarded to another (node shards on PostgreSQL, controller/shards.py): the
+# on the reply of a node call one replica forwarded to another (node shards on PostgreSQL, controller/ha/shards.py): the
 # replica that owns the node; the daemon calls it from then on (feature owner-redirect: a 421 naming it, unforwarded)
 OWNER_HEADER = "x-rolloutd-owner"
 MISDIRECTED = 421  # feature owner-redirect: a node call that reached a replica not owning the node, not processed
 # on a node call a daemon sends back to the replica whose 421 named an owner that gave no answer (a killed replica):
-# that owner's URL; the replica takes the node over at once (controller/shards.py, `Shards.take_over`)
+# that owner's URL; the replica takes the node over at once (controller/ha/shards.py, `Shards.take_over`)
 UNREACHABLE_HEADER = "x-rolloutd-unreachable"
 
 

@@ -18,7 +18,7 @@ from rolloutd.agents.wire import Prompt, Turn
 from rolloutd.agents.wire.dialect import Dialect, Events
 from rolloutd.controller import executors
 from rolloutd.controller.executors.base import Site
-from rolloutd.controller.nodeauth import NodeCredentials
+from rolloutd.controller.access.nodeauth import NodeCredentials
 from rolloutd.crds.kit.settings import ControllerSettings
 from rolloutd.crds.rolloutjob import RolloutJob, SandboxSpec
 from rolloutd.crds.trajectory import Trajectory

@@ -116,7 +116,7 @@ class ControllerClient:
             self.base_url = self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
 
     def _move_to(self, owner: str) -> None:
-        """The replica that owns this node (it answered through another: `controller/shards.py`), from now on."""
+        """The replica that owns this node (it answered through another: `controller/ha/shards.py`), from now on."""
         if owner not in self.addresses:
             self.addresses.append(owner)
         self.base_url = owner

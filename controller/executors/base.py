@@ -62,7 +62,7 @@ class Executor(Protocol):
 
 
 class Credentials(Protocol):
-    """The jobs' node credentials (`controller/nodeauth.NodeCredentials`): an executor mints the job's when it
+    """The jobs' node credentials (`controller/access/nodeauth.NodeCredentials`): an executor mints the job's when it
     starts the job's daemons and revokes it on release."""
 
     def mint(self, job: RolloutJob) -> str: ...      # the job's credential (the same one until revoked)

@@ -11,7 +11,7 @@ import re
 
 from rolloutd.crds.names import API_PREFIX, DEFAULT_NAMESPACE
 
-from ..auth import ScopedToken
+from ..access.auth import ScopedToken
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 VERBS = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}

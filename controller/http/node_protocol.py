@@ -28,7 +28,7 @@ from rolloutd.crds.node import (FEATURES_PARAM, NODE_TOKEN, REPLY_FIELDS, Heartb
                                 RegisterRequest, ResultBatch, ReturnRequest)
 
 from ..errors import BadRequest, Conflict, Forbidden, NotFound
-from ..nodeauth import NodeCredentials
+from ..access.nodeauth import NodeCredentials
 from ..work.attempts import Attempts
 from ..work.job_state import Jobs, closed
 from ..work.node_calls import NodeCalls

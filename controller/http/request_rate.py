@@ -17,9 +17,9 @@ from prometheus_client.core import CounterMetricFamily
 
 from rolloutd.crds.tenancy import RESTRICTED
 
-from ..auth import ScopedToken
+from ..access.auth import ScopedToken
 from ..errors import TooManyRequests
-from ..tenancy import Policies
+from ..access.tenancy import Policies
 from .login_limit import _Buckets
 
 # What a namespace without its own setting gets (TenantQuotas' defaults): 100 at once, then 50 a second. A trainer

@@ -17,10 +17,10 @@ from fastapi.responses import StreamingResponse
 
 from rolloutd.crds.tenancy import RESTRICTED
 
-from ..auth import ScopedToken, TokenBook
+from ..access.auth import ScopedToken, TokenBook
 from ..errors import TooManyRequests
 from ..kube.admit import scoped_token
-from ..tenancy import Policies, describe
+from ..access.tenancy import Policies, describe
 
 STREAM_MAX_SECONDS = 3600.0  # a scoped token's stream ends after this long whatever it asked (clients reconnect)
 CHECK_SECONDS = 5.0  # how often an idle stream looks whether its token is still valid

@@ -30,16 +30,16 @@ from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
-from ..allowlists import AllowLists, backend_url_problem
+from ..access.allowlists import AllowLists, backend_url_problem
 from ..work.backends import BackendPool
 from ..work.feed import Feed
 from ..work.retention import Retention
 from ..work.scheduler import Scheduler
 from ..work.stats import JobStats
 from ..store import Store
-from ..auth import ScopedToken
+from ..access.auth import ScopedToken
 from ..kube.admit import admit_and_write, scoped_token
-from ..tenancy import Policies, describe
+from ..access.tenancy import Policies, describe
 from . import streams
 from .bodies import INT64_MAX, INT64_MIN, read_model
 

@@ -22,12 +22,12 @@ from rolloutd.crds.names import TERMINAL_PHASES
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.tenancy import ADMITTED_BY, TenantPolicySpec, violations
 
-from ..auth import ScopedToken
+from ..access.auth import ScopedToken
 from ..errors import Forbidden
 from ..spec_checks import check_dataset
 from ..store import Store
 from ..store.schema import RELEASE_FINALIZER
-from ..tenancy import ADMIN, Policies, describe
+from ..access.tenancy import ADMIN, Policies, describe
 
 TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)
 T = TypeVar("T")

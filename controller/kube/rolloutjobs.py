@@ -22,7 +22,7 @@ from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
 from ..errors import BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
-from ..tenancy import Policies
+from ..access.tenancy import Policies
 from . import patch as patches
 from ..http import streams
 from .admit import admit_and_write

@@ -23,7 +23,7 @@ from rolloutd.crds.tenancy import POLICY_KIND, POLICY_PLURAL, TenantPolicySpec
 
 from ..errors import BadRequest, Invalid, UnsupportedMediaType, from_validation_error
 from ..http.bodies import parse_document, parse_version
-from ..tenancy import API_VERSION, Policies
+from ..access.tenancy import API_VERSION, Policies
 from . import patch as patches
 from .rolloutjobs import _patch_body
 from .table import wants_table

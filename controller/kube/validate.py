@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob, RolloutJobStatus
 
 from ..errors import BadRequest, Invalid, from_validation_error
-from ..allowlists import AllowLists, backend_url_problem, tokenizer_problem
+from ..access.allowlists import AllowLists, backend_url_problem, tokenizer_problem
 from ..spec_checks import check_spec
 
 VALIDATION = ("Strict", "Warn", "Ignore")

@@ -28,7 +28,7 @@ from fastapi.staticfiles import StaticFiles
 
 from rolloutd.crds.names import API_PREFIX, job_key
 
-from ..auth import TokenBook
+from ..access.auth import TokenBook
 from ..errors import ApiError
 from ..http import streams
 from ..http.login_limit import LoginLimits

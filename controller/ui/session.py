@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rolloutd.crds.names import API_PREFIX
 
-from ..auth import ScopedToken, TokenBook, token_matches
+from ..access.auth import ScopedToken, TokenBook, token_matches
 from ..http.access import forbidden
 
 COOKIE = "rolloutd_session"

@@ -15,7 +15,7 @@ from rolloutd.crds.node import NODE_CALLS_PER_SECOND
 
 from ..errors import NotFound
 from ..store import Store
-from ..tenancy import Policies
+from ..access.tenancy import Policies
 from . import hot_sql, seq_floor, tables
 from .admission import Admission
 from .attempts import Attempts

@@ -2,7 +2,7 @@
 the controller's data directory and every file in it (`DataDir`), and the controller's default address.
 
 Shared by the node side (agents/engine/venv.py installs there, agents/engine/model_dirs.py builds models there),
-the controller (its data dir; `controller/allowlists.py` lets tokenizers come from the models directory) and the
+the controller (its data dir; `controller/access/allowlists.py` lets tokenizers come from the models directory) and the
 trainer client (the local controller's token file). The bottom layer: imports only `settings`, where the
 variables that choose these directories are read (each process's settings object holds its own).
 """

@@ -106,12 +106,12 @@ VARIABLES: tuple[Variable, ...] = (
              "the controller URL node daemons on other hosts use"),
     Variable("ROLLOUTD_REPLICAS", "text", "none (one controller, no leader election)", (CONTROLLER,),
              "comma-separated URLs of every controller replica on this database, this one's included: set, the "
-             "replicas elect one leader (`controller/leadership.py`) and hand the whole list to the node daemons"),
+             "replicas elect one leader (`controller/ha/leadership.py`) and hand the whole list to the node daemons"),
     Variable("ROLLOUTD_LEADER_LEASE_SECONDS", "number", "5", (CONTROLLER,),
              "with ROLLOUTD_REPLICAS: the leader lease; a replica leads within this plus 1 s after the leader dies"),
     Variable("ROLLOUTD_NODE_SHARDS", "text", "on", (CONTROLLER,),
              "with ROLLOUTD_REPLICAS on PostgreSQL: every replica serves the node calls of the nodes it owns "
-             "(`controller/shards.py`); `0` (or off): they are forwarded to the leader instead"),
+             "(`controller/ha/shards.py`); `0` (or off): they are forwarded to the leader instead"),
     Variable("ROLLOUTD_BACKEND_ALLOW_NETS", "networks", "none", (CONTROLLER,),
              "comma-separated networks a backend URL may point into although link-local (e.g. 169.254.0.0/16)"),
     Variable("ROLLOUTD_TOKENIZER_ROOTS", "paths", "none (the models directory and the Hugging Face cache always)",
@@ -135,7 +135,7 @@ VARIABLES: tuple[Variable, ...] = (
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
              "a diagnostic: the file where the controller reports what its event loop ran while it stalled > 20 ms "
-             "(stacks sampled by a watchdog thread, `controller/stalls.py`; `bench scale` sets it) and whose CPU "
+             "(stacks sampled by a watchdog thread, `controller/health/stalls.py`; `bench scale` sets it) and whose CPU "
              "each stall was: the loop's own work, other threads', or none (the process was not given a core)"),
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
@@ -226,7 +226,7 @@ class ControllerSettings:
     advertise_url: str | None = None
     replicas: str | None = None
     leader_lease_seconds: float = 5.0
-    node_shards: str | None = None  # unset or "1": node shards (`controller/shards.py`; replicas on PostgreSQL only)
+    node_shards: str | None = None  # unset or "1": node shards (`controller/ha/shards.py`; replicas on PostgreSQL only)
     backend_allow_nets: Networks = ()
     tokenizer_roots: tuple[Path, ...] = ()
     max_episodes_per_backend: int | None = None

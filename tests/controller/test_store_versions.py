@@ -105,8 +105,8 @@ def test_a_new_database_has_the_replicas_tables_and_the_replicas_create_none(sto
     from sqlalchemy import create_engine
 
     from rolloutd.controller import dialects
-    from rolloutd.controller.leadership import Leadership
-    from rolloutd.controller.shards import Shards
+    from rolloutd.controller.ha.leadership import Leadership
+    from rolloutd.controller.ha.shards import Shards
 
     store = Store(store_location)
     assert REPLICA_TABLES <= _tables(store_location)

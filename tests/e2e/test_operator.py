@@ -13,7 +13,7 @@ import yaml
 from support.cluster import P, Cluster, job_doc, plugin_env
 from support.waiting import wait_until
 
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.kit.paths import DataDir
 
 pytestmark = pytest.mark.timeout(660)

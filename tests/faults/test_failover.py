@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rolloutd.client import RolloutClient
-from rolloutd.controller.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
+from rolloutd.controller.ha.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
 from support.cluster import held_at_gate
 from support.fault_jobs import gated_oracle_job, scored_once
 from support.waiting import alive, wait_until

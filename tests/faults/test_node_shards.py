@@ -1,4 +1,4 @@
-"""Node shards (controller/shards.py): two controller replicas on the real PostgreSQL server each serve the node
+"""Node shards (controller/ha/shards.py): two controller replicas on the real PostgreSQL server each serve the node
 calls of the nodes they own — none forwarded once the daemons moved to their owners — and when the replica that
 is not the leader is killed (kill -9) mid-job its nodes move to the other at their daemons' next calls (taken over
 on the daemon's word that the killed one gave no answer), which adopts their leases from the database: every rollout is delivered exactly once to a streaming trainer and the job ends Succeeded.
@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from rolloutd.controller import dialects
-from rolloutd.controller.shards import OWNER
+from rolloutd.controller.ha.shards import OWNER
 from support.cluster import held_at_gate, plugin_env
 from support.fault_jobs import gated_oracle_job, scored_once
 from support.waiting import alive, wait_until

@@ -1,7 +1,7 @@
 """Controller replicas for the failover tests: N `rolloutd controller` processes (local executor) on one data dir
 and one SQLite database (WAL lets several processes share it on one machine), ROLLOUTD_REPLICAS naming them all.
 
-`Replicas.leader()` reads the lease row (controller/leadership.py); `wait_leader` times a take-over."""
+`Replicas.leader()` reads the lease row (controller/ha/leadership.py); `wait_leader` times a take-over."""
 from __future__ import annotations
 
 import sqlite3
@@ -39,7 +39,7 @@ class Replicas:
             from sqlalchemy import create_engine
 
             from rolloutd.controller import dialects
-            from rolloutd.controller.leadership import current
+            from rolloutd.controller.ha.leadership import current
 
             engine = create_engine(dialects.engine_url(self.store))
             try:

@@ -9,7 +9,7 @@ import httpx
 from support.kube_controller import kubectl_for  # noqa: F401 - the tenancy tests' kubectl, one for all folders
 from support.kube_helpers import tenant_job_doc, tenant_policy
 
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.kit.paths import DataDir
 
 P = "/apis/rolloutd.io/v1alpha1"

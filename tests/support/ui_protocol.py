@@ -11,7 +11,7 @@ import httpx
 from transformers import AutoTokenizer
 
 from rolloutd.agents.engine.model_dirs import model_dir
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.node import NODE_PROTOCOL
 
 P = "/apis/rolloutd.io/v1alpha1"

@@ -16,7 +16,7 @@ from support import controller_process as _fixtures
 from support.waiting import wait_until
 
 from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 
 TESTS = Path(__file__).resolve().parents[1]
 EXAMPLE = TESTS.parent / "examples" / "math-demo.yaml"

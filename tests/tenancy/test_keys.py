@@ -18,10 +18,10 @@ from support.example_job import example_doc
 from support import controller_process as _fixtures
 from support.waiting import wait_until
 
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.controller.operator.reconcile import reconcile
 from rolloutd.controller.store import Store
-from rolloutd.controller.tenancy import Policies
+from rolloutd.controller.access.tenancy import Policies
 from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest

@@ -22,7 +22,7 @@ from support.cluster import P, REPO, Cluster, free_port
 from support.stub_llm import StubLLM
 
 from rolloutd.agents.engine.model_dirs import model_dir  # noqa: E402
-from rolloutd.controller.auth import create_scoped_token  # noqa: E402
+from rolloutd.controller.access.auth import create_scoped_token  # noqa: E402
 from rolloutd.crds.node import NODE_PROTOCOL  # noqa: E402
 
 A, B = ("team-a", "alpha"), ("team-b", "beta")

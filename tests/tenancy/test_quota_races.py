@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from support.tenancy_helpers import MERGE, job, jobs_path, put_policy, tenant
 
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.kit.paths import DataDir
 
 PARALLEL = 32

@@ -9,7 +9,7 @@ import httpx
 
 from support.tenancy_helpers import job, jobs_path, put_policy
 
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.kit.paths import DataDir
 
 

@@ -18,7 +18,7 @@ from support.otlp_sink import OtlpSink
 from support.waiting import wait_until
 
 from rolloutd.client import RolloutClient
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 
 from .test_inflight_view import oracle_job
 from .test_ui import console_errors, login, wait

@@ -230,7 +230,7 @@ def test_state_changes_need_post_csrf_and_this_origin(cluster, jobs, api):
                     headers={"Origin": "https://evil.example"}).status_code == 403
     assert api.post("/ui/login", data={"token": "x" * 100_000}).status_code == 413
     # a session ends with its token: deleting a scoped token's file logs its browsers out
-    from rolloutd.controller.auth import create_scoped_token
+    from rolloutd.controller.access.auth import create_scoped_token
     gone = create_scoped_token(cluster.controller.data_dir / "tokens", "short-lived", read_only=True, namespaces=["team-a"])
     r = api.post("/ui/login", data={"token": gone.token}, follow_redirects=False)
     with httpx.Client(base_url=cluster.controller.url, cookies={"rolloutd_session": r.cookies["rolloutd_session"]}) as s:

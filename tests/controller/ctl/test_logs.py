@@ -22,7 +22,7 @@ from support.cluster import Cluster, plugin_env
 from support.waiting import wait_until
 
 from rolloutd.client import RolloutClient
-from rolloutd.controller.auth import create_scoped_token
+from rolloutd.controller.access.auth import create_scoped_token
 from rolloutd.crds.names import API_PREFIX
 
 pytestmark = pytest.mark.timeout(240)

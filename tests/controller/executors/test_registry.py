@@ -9,7 +9,7 @@ import pytest
 
 from rolloutd.controller.executors import executor_class, make, registered
 from rolloutd.controller.executors.base import Site
-from rolloutd.controller.nodeauth import NodeCredentials
+from rolloutd.controller.access.nodeauth import NodeCredentials
 from rolloutd.controller.server import EXECUTOR_KINDS
 from rolloutd.crds.executor import ExecutorKind, ExecutorSpec
 from rolloutd.crds.kit.settings import ControllerSettings

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 from support.kube_helpers import job_doc
 
 from rolloutd.controller.api import create_app
-from rolloutd.controller.auth import TokenBook, create_scoped_token
-from rolloutd.controller.nodeauth import NodeCredentials
+from rolloutd.controller.access.auth import TokenBook, create_scoped_token
+from rolloutd.controller.access.nodeauth import NodeCredentials
 from rolloutd.controller.store import Store
 from rolloutd.controller.root import assemble
 from rolloutd.crds.node import NODE_PROTOCOL

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rolloutd.controller.api import create_app
 from rolloutd.controller.root import assemble
-from rolloutd.controller.auth import TokenBook, create_scoped_token
+from rolloutd.controller.access.auth import TokenBook, create_scoped_token
 from rolloutd.controller.main import app as rolloutd_cli
 from rolloutd.controller.store import Store
 

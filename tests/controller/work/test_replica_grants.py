@@ -1,4 +1,4 @@
-"""Two replicas' work cores on one PostgreSQL database serving node calls at once (controller/shards.py): a grant
+"""Two replicas' work cores on one PostgreSQL database serving node calls at once (controller/ha/shards.py): a grant
 skips the queued rows another replica is granting (no rollout leased twice), an attempt ended on two replicas at
 once is delivered once, and trajectories are committed in their seq order per job (a trainer never skips one).
 
@@ -83,7 +83,7 @@ def test_a_node_handed_over_is_fenced_off_its_old_owner_and_its_leases_go_with_i
     """Node shards' fence: a hand-over waits for (skips while) the owner's open call on the node; once it committed
     the old owner answers nothing for the node and, holding its leases in memory still (as a replica paused through
     the move does), expires none of them; the new owner loads them at the node's first call and ends them once."""
-    from rolloutd.controller.shards import NotOwner, Serving, Shards
+    from rolloutd.controller.ha.shards import NotOwner, Serving, Shards
     from rolloutd.controller.work.held_leases import HeldLease
     from rolloutd.crds.node import Heartbeat
 

@@ -37,7 +37,7 @@ class Wire:
         self.latency: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)  # kind → (start, s)
         self.errors: collections.Counter[str] = collections.Counter()
         self.owners: dict[str, str] = {}  # node id → the replica that owns it (named on a forwarded reply), as daemons
-        self.forwarded = 0  # calls answered through another replica (node shards: `controller/shards.py`)
+        self.forwarded = 0  # calls answered through another replica (node shards: `controller/ha/shards.py`)
         self.redirected = 0  # calls answered 421 by another replica, re-sent to the owner it named (owner-redirect)
 
     async def post(self, kind: str, path: str, body: bytes, timeout: float = 60.0, token: str | None = None) -> dict:

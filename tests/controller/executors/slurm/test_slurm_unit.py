@@ -13,7 +13,7 @@ from rolloutd.controller.executors.base import ExecutorError
 from rolloutd.controller.executors.slurm.cli import expand_hostlist, parse_scontrol, parse_squeue, sanitized_env
 from rolloutd.controller.executors.slurm.executor import SlurmExecutor
 from rolloutd.controller.executors.slurm.script import slurm_minutes
-from rolloutd.controller.nodeauth import NodeCredentials
+from rolloutd.controller.access.nodeauth import NodeCredentials
 from rolloutd.crds.rolloutjob import RolloutJob
 
 

@@ -1,4 +1,4 @@
-"""The leader lease and its fence on the store (controller/leadership.py): one leader at a time, a lease that runs
+"""The leader lease and its fence on the store (controller/ha/leadership.py): one leader at a time, a lease that runs
 out is taken with a higher epoch, and the old leader's commits after that are refused inside their transaction.
 
 Two `Leadership`s stand for two replicas: each its own engine on one database, as two processes have; once on an
@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, text
 from sqlmodel import Session
 
 from rolloutd.controller import dialects
-from rolloutd.controller.leadership import Fenced, Leadership, current
+from rolloutd.controller.ha.leadership import Fenced, Leadership, current
 from rolloutd.controller.store import Store
 
 

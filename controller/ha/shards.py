@@ -37,11 +37,11 @@ from sqlalchemy.engine import Engine
 
 from rolloutd.crds.node import OWNER_HEADER, UNREACHABLE_HEADER
 
-from .dialects import raw
-from .errors import ServiceUnavailable
+from ..dialects import raw
+from ..errors import ServiceUnavailable
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
-from .store.replica_tables import STAMP
-from .work.held_leases import HeldLease
+from ..store.replica_tables import STAMP
+from ..work.held_leases import HeldLease
 
 log = logging.getLogger("rolloutd.shards")
 

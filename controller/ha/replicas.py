@@ -29,17 +29,17 @@ from prometheus_client import Counter
 from rolloutd.crds.node import FAILOVER_CALL_SECONDS, OWNER_REDIRECT
 from rolloutd.crds.kit.settings import ControllerSettings
 
-from . import dialects
-from .api import create_app
-from .auth import TokenBook, ensure_token, token_matches
-from .allowlists import AllowLists
-from .errors import Gone
+from .. import dialects
+from ..api import create_app
+from ..access.auth import TokenBook, ensure_token, token_matches
+from ..access.allowlists import AllowLists
+from ..errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
-from .nodeauth import NodeCredentials, NodeGate
-from .root import assemble
-from .replies import misdirected, read_body, replay, unavailable
+from ..access.nodeauth import NodeCredentials, NodeGate
+from ..root import assemble
+from ..replies import misdirected, read_body, replay, unavailable
 from .shards import OWNER, UNREACHABLE, Serving, Shards
-from .store import Store
+from ..store import Store
 from rolloutd.crds.kit.paths import DataDir
 
 log = logging.getLogger("rolloutd.replicas")

@@ -1,4 +1,4 @@
-"""The stall sampler (`controller/stalls.py`): a slice that holds the event loop is named by its function, with the
+"""The stall sampler (`controller/health/stalls.py`): a slice that holds the event loop is named by its function, with the
 real lag probe (`looplag.LoopLag`) as its clock; a controller started with `$ROLLOUTD_STALL_SAMPLES` writes its
 report there."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from rolloutd.controller.looplag import LoopLag
-from rolloutd.controller.stalls import StallSampler
+from rolloutd.controller.health.looplag import LoopLag
+from rolloutd.controller.health.stalls import StallSampler
 from support.controller_process import ControllerProcess
 from support.waiting import wait_until
 

@@ -20,9 +20,9 @@ from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import RolloutJob
 from rolloutd.crds.tenancy import ADMITTED_BY, POLICY_KIND, RESTRICTED, RESTRICTED_NAME, TenantPolicySpec
 
-from .errors import AlreadyExists, Conflict, NotFound
-from .store import Store
-from .store.schema import dumps, timestamp, utcnow
+from ..errors import AlreadyExists, Conflict, NotFound
+from ..store import Store
+from ..store.schema import dumps, timestamp, utcnow
 
 API_VERSION = API_PREFIX.removeprefix("/apis/")
 ADMIN = "admin"  # ADMITTED_BY of a job written with the admin token

@@ -1,11 +1,11 @@
-"""Node shards' ownership (controller/shards.py) on the real PostgreSQL server: a node goes to the least-loaded
+"""Node shards' ownership (controller/ha/shards.py) on the real PostgreSQL server: a node goes to the least-loaded
 live replica at its first call, and when a replica's membership runs out its nodes move to the live ones (one
 move wins), while a graceful stop hands them on at once."""
 from __future__ import annotations
 
 import pytest
 
-from rolloutd.controller.shards import Shards
+from rolloutd.controller.ha.shards import Shards
 from rolloutd.controller.store import Store
 from sqlmodel import Session
 
@@ -102,7 +102,7 @@ def test_a_node_whose_daemon_cannot_reach_its_owner_is_taken_over_at_once_fenced
 
 
 def test_the_plan_gives_only_what_is_above_the_share_to_whoever_is_below_it():
-    from rolloutd.controller.shards import _plan
+    from rolloutd.controller.ha.shards import _plan
 
     owners = {f"a{i}": "A" for i in range(8)} | {f"c{i}": "C" for i in range(4)}
     assert list(_plan(owners, ["A", "B", "C"], "A").values()) == ["B"] * 4  # 12 over 3: A gives 4, all to B
@@ -115,7 +115,7 @@ def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_n
     """After the first (whole) read a refresh reads only the rows stamped since: none when nothing changed; a write
     committed late by a transaction older than a later one's (out of order) is still read; a node gone (its row
     stamped in the same transaction) leaves the view. The view equals a whole read each time."""
-    from rolloutd.controller.shards import STAMP
+    from rolloutd.controller.ha.shards import STAMP
 
     store = Store(pg_server.create_database())
     a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
@@ -233,7 +233,7 @@ def test_on_postgresql_two_replicas_drop_a_purged_jobs_nodes_at_their_next_refre
 
 
 def test_shards_are_on_by_default_with_replicas_on_postgresql_and_never_on_sqlite():
-    from rolloutd.controller.replicas import node_shards
+    from rolloutd.controller.ha.replicas import node_shards
 
     url = "postgresql://rolloutd@/rolloutd?host=/run/postgresql"
     assert node_shards(url, None) and node_shards(url, "1") and node_shards(url, "on")

@@ -24,7 +24,7 @@ from typing import Callable
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from .errors import ServiceUnavailable
+from ..errors import ServiceUnavailable
 
 log = logging.getLogger("rolloutd.leadership")
 
