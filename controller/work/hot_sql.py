@@ -199,8 +199,8 @@ Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
 
 RETRY_SECONDS = 0.002  # a group commit deferred by a worker's write transaction looks again this much later
 # calls per group on PostgreSQL: each of a call's statements is a round trip with the loop blocked, so an unbounded
-# group after a slow one was larger still (1000 nodes: groups blocking the loop for up to 22 s); the rest waits
-# for the next turn, after the loop has served what arrived meanwhile
+# group after a slow one grows larger still (measured: the benchmarks page, "Constants"); the rest waits for the
+# next turn, after the loop has served what arrived meanwhile
 PG_GROUP_CALLS = 64
 _WRITERS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
 

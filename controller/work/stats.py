@@ -32,9 +32,10 @@ EXAMPLES = 3
 THROUGHPUT_BUCKETS = 60
 ENDS_KEPT = 4096  # distinct end times kept per job; beyond, the resolution halves (memory stays bounded)
 CHUNK = 500  # rows summed per slice of the event loop (~1 ms): a first read, from the covering index
-REASONS_CHUNK = 100  # failed rows' reasons per slice, each a lookup in the table by seq (500 took 5-8 ms at 1000 nodes)
-LATER_CHUNK = 50  # rows per slice of a later read, by seq from the table's pages: at 1000 nodes up to ~25 µs a row
-# (the nodes' commits leave the pages cold: 200 rows took 4.4-5.8 ms a few times a minute, 500 took 5-9 ms)
+# rows per slice of the loop where each row is a lookup in the table's pages, which the nodes' commits leave cold:
+# failed rows' reasons by seq, and a later read's rows (measured: the benchmarks page, "Constants")
+REASONS_CHUNK = 100
+LATER_CHUNK = 50
 FAILED = ("agent", "infra", "config")  # the failure kinds whose reasons are counted
 
 
