@@ -122,7 +122,8 @@ VARIABLES: tuple[Variable, ...] = (
              (CONTROLLER,), "a backend's tokens in flight (prompt + `max_tokens` of each call): when it is full, "
              "each job with episodes on it is held to its `spec.priority` part; a job alone on a backend has no cap"),
     Variable("ROLLOUTD_NODE_CALLS_PER_SECOND", "number", "250", (CONTROLLER,),
-             "how many node protocol calls a second the controller takes before answering 429"),
+             "the beats a second all node daemons send together: each daemon beats every (active nodes ÷ this) "
+             "seconds on average, its results riding on its beats"),
     Variable("ROLLOUTD_RESULT_RETENTION_SECONDS", "number", "604800 (7 days)", (CONTROLLER,),
              "how long a deleted job's trajectories stay readable (from its last result) before they are purged"),
     Variable("ROLLOUTD_STALLED_AFTER_SECONDS", "number", "300", (CONTROLLER,),
