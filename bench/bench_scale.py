@@ -20,8 +20,8 @@ results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pi
 py-spy`) the largest N is also profiled for 15 s after its window (top frames in the JSON).
 `$ROLLOUTD_SCALE_BEFORE=REV` runs that revision's controller first at every N (side by side);
 `$ROLLOUTD_SCALE_NICE=-10` (root) prioritises the bench's sessions on a shared box. The controller's event loop
-lag (`controller/health/looplag.py`, read from /metrics every 2 s as `bench ui_live` does) is reported beside the p99s: the
-largest lag of the window and the samples late by more than 5 and 20 ms. `$ROLLOUTD_SCALE_STALLS=1` turns on the
+lag (`controller/health/looplag.py`, read from /metrics every 2 s as `bench ui_live` does) is reported beside the
+p99s: the largest lag of the window and the samples late by more than 5 and 20 ms. `$ROLLOUTD_SCALE_STALLS=1` turns on the
 controller's stall sampler (`controller/health/stalls.py`: the functions the loop ran while it stalled > 20 ms, over the
 window, in the JSON's `stalls`; it costs a little: compare timings without it). Raw numbers:
 `bench/results/scale-results/$ROLLOUTD_SCALE_LABEL.json` (default `latest`); `plot_scale.py` draws them,

@@ -98,8 +98,8 @@ class Dashboards:
 
 
 class LoopWatch:
-    """The controller's event loop metrics (`controller/health/looplag.py`) read every `every` seconds: histogram snapshots
-    for the window's deltas, and the largest lag gauge (it covers the last 5–10 s, so every stall is seen)."""
+    """The controller's event loop metrics (`controller/health/looplag.py`) read every `every` seconds: histogram
+    snapshots for the window's deltas, and the largest lag gauge (it covers the last 5–10 s, so every stall is seen)."""
 
     LAG, MAX, GC = "rolloutd_event_loop_lag_seconds", "rolloutd_event_loop_lag_max_seconds", "rolloutd_gc_pause_seconds"
     STEP = "rolloutd_ui_step_cpu_seconds"  # each step of the UI's builds on the loop (this tree's, not an older one's)

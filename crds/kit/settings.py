@@ -136,8 +136,8 @@ VARIABLES: tuple[Variable, ...] = (
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
              "a diagnostic: the file where the controller reports what its event loop ran while it stalled > 20 ms "
-             "(stacks sampled by a watchdog thread, `controller/health/stalls.py`; `bench scale` sets it) and whose CPU "
-             "each stall was: the loop's own work, other threads', or none (the process was not given a core)"),
+             "(stacks sampled by a watchdog thread, `controller/health/stalls.py`; `bench scale` sets it) and whose "
+             "CPU each stall was: the loop's own work, other threads', or none (the process was not given a core)"),
     Variable("ROLLOUTD_K8S_NAMESPACE", "name", "the controller pod's own namespace", (CONTROLLER,),
              "the Kubernetes executor's namespace for node pods"),
     Variable("ROLLOUTD_K8S_NODE_IMAGE", "name", "none", (CONTROLLER,), "the Kubernetes executor's node pod image"),

@@ -1,5 +1,5 @@
-"""The event loop lag probe (`controller/health/looplag.py`) on a real controller: its samples reach /metrics, and a stall
-of the whole process (SIGSTOP, then SIGCONT: no line of the loop runs meanwhile) shows as a lag at least as long."""
+"""The event loop lag probe (`controller/health/looplag.py`) on a real controller: its samples reach /metrics, and a
+stall of the whole process (SIGSTOP, then SIGCONT: no line of the loop runs meanwhile) shows as a lag at least as long."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,5 @@
-"""The stall sampler (`controller/health/stalls.py`): a slice that holds the event loop is named by its function, with the
-real lag probe (`looplag.LoopLag`) as its clock; a controller started with `$ROLLOUTD_STALL_SAMPLES` writes its
+"""The stall sampler (`controller/health/stalls.py`): a slice that holds the event loop is named by its function, with
+the real lag probe (`looplag.LoopLag`) as its clock; a controller started with `$ROLLOUTD_STALL_SAMPLES` writes its
 report there."""
 from __future__ import annotations
 
