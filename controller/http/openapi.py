@@ -18,6 +18,7 @@ from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, Leas
 from rolloutd.crds.k8s_names import DNS1123_LABEL
 from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
+from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce
 
 from .node_protocol import JOB_NODES, NODES
 from .trainer import JOBS as T, BatchRequest, PolicyRequest
@@ -110,13 +111,15 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         ("get", T + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/stats"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/inflight"): dict(ok={200: obj}, errors=(400, 404)),
-        ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("get", T + "/{name}/batches/{k}"): dict(ok={200: obj}, errors=(400, 404, 409, 410, 503)),  # 503: stopping
-        ("post", T + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: obj}, errors=BODY_ERRORS),
-        ("get", T + "/{name}/policy"): dict(ok={200: obj}, errors=(400, 404)),
-        ("get", T + "/{name}/backends"): dict(ok={200: obj}, errors=(404,)),
-        ("post", T + "/{name}/backends"): dict(body=inp(BackendSpec), ok={200: obj}, errors=BODY_ERRORS),
-        ("delete", T + "/{name}/backends"): dict(ok={200: obj}, errors=(400, 404, 422)),
+        ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: out(BatchOpened)}, errors=BODY_ERRORS),
+        ("get", T + "/{name}/batches/{k}"): dict(ok={200: out(Batch)},
+                                                 errors=(400, 404, 409, 410, 503)),  # 503: stopping
+        ("post", T + "/{name}/policy"): dict(body=inp(PolicyRequest), ok={200: out(PolicyAnnounce)},
+                                             errors=BODY_ERRORS),
+        ("get", T + "/{name}/policy"): dict(ok={200: out(JobPolicy)}, errors=(400, 404)),
+        ("get", T + "/{name}/backends"): dict(ok={200: out(BackendList)}, errors=(404,)),
+        ("post", T + "/{name}/backends"): dict(body=inp(BackendSpec), ok={200: out(BackendList)}, errors=BODY_ERRORS),
+        ("delete", T + "/{name}/backends"): dict(ok={200: out(BackendList)}, errors=(400, 404, 422)),
     }
 
 

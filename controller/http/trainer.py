@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
+from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce, answer
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
 from ..access.allowlists import AllowLists, backend_url_problem
@@ -147,7 +148,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         out = scheduler.request_batch(name, req.batch, req.prompts)
         if await scheduler.fill_batch(name, out["batch"]):  # the rest of its groups, off the loop a step at a time
             out = {k: v for k, v in (await scheduler.batch(name, out["batch"])).items() if k != "groups"}
-        return out
+        return answer(BatchOpened, out)
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}")
     async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
@@ -157,7 +158,8 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         slot = slots.take(request, namespace) if wait else None
         timeout = timeoutSeconds if slot is None else min(timeoutSeconds or streams.STREAM_MAX_SECONDS,
                                                           streams.STREAM_MAX_SECONDS)
-        return await streams.long_poll(slot, scheduler.batch(name, k, wait=wait, timeout=timeout, include_all=all))
+        return answer(Batch, await streams.long_poll(slot, scheduler.batch(name, k, wait=wait, timeout=timeout,
+                                                                          include_all=all)))
 
     @r.post(f"{JOBS}/{{name}}/policy")
     async def announce_policy(namespace: str, name: str, request: Request):
@@ -167,12 +169,12 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         pause = job.spec.policy.pause_on_update if req.pause is None else req.pause
         if pause or req.weightsPath:
             check_owned(policies, job, "pause" if pause else "reload", scoped_token(request))
-        return await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause)
+        return answer(PolicyAnnounce, await scheduler.announce_policy(name, req.version, req.weightsPath, req.pause))
 
     @r.get(f"{JOBS}/{{name}}/policy")
     async def get_policy(namespace: str, name: str):
         name = job_key(namespace, name)
-        return scheduler.policy(name)
+        return answer(JobPolicy, scheduler.policy(name))
 
     # ------------------------------------------------------------ backends
 
@@ -181,7 +183,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         job = store.get(name)
         policy = caller_policy(policies, job, token)[0] if token is not None else None
         shown = (lambda url: True) if policy is None else (lambda url: owns_backend(policy, url))
-        return {"items": pool.view(name, [b.url for b in job.spec.llm.backends], shown)}
+        return answer(BackendList, {"items": pool.view(name, [b.url for b in job.spec.llm.backends], shown)})
 
     @r.get(f"{JOBS}/{{name}}/backends")
     async def list_backends(namespace: str, name: str, request: Request):
