@@ -1,6 +1,7 @@
-"""Wire models of the trainer API's answers: a batch, the job's policy versions, a policy announce, the job's backends.
+"""Wire models of the trainer API's answers: a batch, the prompt groups, the job's policy versions, a policy
+announce, the job's backends.
 
-`controller/http/trainer.py` answers with them (each answer validated against its model, so the document and the
+`controller/http/trainer.py` answers with them (each answer checked against its model, so the document and the
 answer cannot drift apart) and `controller/http/openapi.py` documents them; the client (`rolloutd.client`) hands
 trainers the same JSON as dicts. Next step: the routes in controller/http/trainer.py.
 """
@@ -76,6 +77,19 @@ class BatchGroup(Model):
     samples: list[dict[str, Any]]
 
 
+class PromptGroup(Model):
+    """`GET …/groups`: one prompt's delivered samples so far, and whether all of `spec.samplesPerPrompt` are in."""
+    model_config = ConfigDict(allow_inf_nan=True)
+    prompt: int
+    samples: list[dict[str, Any]]
+    rewards: list[float | None]  # None: a sample with no reward (its rollout failed)
+    complete: bool
+
+
+class PromptGroups(Model):
+    items: list[PromptGroup]
+
+
 class BatchOpened(Model):
     """A batch as the trainer sees it: its state, what is counted, what the early termination saved."""
     batch: int
@@ -95,8 +109,3 @@ class Batch(BatchOpened):
     """`GET …/batches/{k}`: the batch with its counted groups (`all=true`: every group)."""
     groups: list[BatchGroup]
 
-
-def answer(model: type[Model], out: dict[str, Any]) -> dict[str, Any]:
-    """`out` (a route's answer, camelCase) checked against `model`: the same JSON back, or a ValidationError naming
-    the field that drifted from the document."""
-    return model.model_validate(out).wire(exclude_unset=True)

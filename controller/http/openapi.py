@@ -18,7 +18,7 @@ from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, Leas
 from rolloutd.crds.k8s_names import DNS1123_LABEL
 from rolloutd.crds.names import API_PREFIX
 from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
-from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce
+from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce, PromptGroups
 
 from .node_protocol import JOB_NODES, NODES
 from .trainer import JOBS as T, BatchRequest, PolicyRequest
@@ -108,7 +108,7 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
                                                   errors=(400, 404)),
         ("delete", T + "/{name}/trajectories"): dict(ok={200: obj}, errors=(404, 409)),  # a deleted job's, purged
         ("get", T + "/{name}/logs"): dict(ok={200: {"text/plain": {"type": "string"}}}, errors=(400, 404, 409)),
-        ("get", T + "/{name}/groups"): dict(ok={200: obj}, errors=(404,)),
+        ("get", T + "/{name}/groups"): dict(ok={200: out(PromptGroups)}, errors=(404,)),
         ("get", T + "/{name}/stats"): dict(ok={200: obj}, errors=(404,)),
         ("get", T + "/{name}/inflight"): dict(ok={200: obj}, errors=(400, 404)),
         ("post", T + "/{name}/batches"): dict(body=inp(BatchRequest), ok={200: out(BatchOpened)}, errors=BODY_ERRORS),

@@ -1,11 +1,19 @@
-"""The trainer API's answer models (crds/trainer_api.py): an answer goes out as it came, key for key, and one that
-drifted from its model (a field missing, one more, a wrong type) is refused naming the field."""
+"""The trainer API's answer models (crds/trainer_api.py), as the routes use them (FastAPI checks the answer against
+the model, then writes it by alias, unset fields left out): an answer goes out as it came, key for key, and one that
+drifted from its model (a field missing, one more, a wrong type) is refused naming the field. The schemathesis run
+(tests/controller/http/test_fuzz.py) holds the real controller's answers to the same models."""
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from rolloutd.crds.trainer_api import Batch, BackendList, JobPolicy, PolicyAnnounce, answer
+from rolloutd.crds.trainer_api import Batch, BackendList, JobPolicy, PolicyAnnounce
+
+
+def answer(model, out: dict) -> dict:
+    """What a route sends for `out` (`controller/http/trainer.py`'s `typed`)."""
+    return model.model_validate(out).model_dump(mode="json", by_alias=True, exclude_unset=True)
+
 
 BACKENDS = {"items": [{"url": "http://127.0.0.1:8000", "healthy": False, "reason": "down", "inflight": 3,
                        "pinnedToJob": 2, "admissionCap": 64}]}
