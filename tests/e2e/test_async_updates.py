@@ -106,21 +106,13 @@ def scored(engine, ids: list[int], start: int, end: int) -> list[tuple[float, fl
     return out
 
 
-def greedy_on(engine, t: dict, start: int, end: int, what: str) -> None:
-    """Assert that every token of the trajectory in [start, end) is the engine's greedy choice given the tokens before
-    it (to TIE) and that its recorded logprob is the engine's; `what` names the weights."""
-    ids, lps = t["tokenIds"], t["logprobs"]
-    scores = scored(engine, ids, start, end)
+def greedy_on(t: dict, scores: list[tuple[float, float]], start: int, what: str) -> None:
+    """Assert that every token of the trajectory from `start` on that `scores` covers (`scored`) is the engine's
+    greedy choice given the tokens before it (to TIE) and that its recorded logprob is the engine's; `what` names the
+    weights."""
     off = [(i, own, best) for i, (own, best) in enumerate(scores, start) if own < best - TIE]
     assert not off, f"not {what}'s greedy tokens (position, logprob, best): {off[:5]}"
-    assert lps[start:end] == pytest.approx([own for own, _ in scores], abs=TIE)
-
-
-def not_greedy_on(engine, t: dict, start: int, end: int, what: str) -> None:
-    """Some token in [start, end) is clearly not the engine's greedy choice (else A and B agree there and the test
-    proves nothing)."""
-    scores = scored(engine, t["tokenIds"], start, end)
-    assert any(own < best - TIE for own, best in scores), f"{what} would have generated the same tokens"
+    assert t["logprobs"][start:start + len(scores)] == pytest.approx([own for own, _ in scores], abs=TIE)
 
 
 def run_once(cluster, engine, checkpoint_b, mode: str, name: str, tokens: int,
@@ -171,7 +163,8 @@ def missed_by_its_tokens(engine, checkpoint_b, t: dict, b_version: object = 1) -
     if b:
         load(engine, checkpoint_b)
     try:
-        greedy_on(engine, t, start, end, f"checkpoint {'B' if b else 'A'} (the turn's versionSpans say {span})")
+        greedy_on(t, scored(engine, t["tokenIds"], start, end), start,
+                  f"checkpoint {'B' if b else 'A'} (the turn's versionSpans say {span})")
     finally:
         load(engine, Path(engine.model_dir))
 
@@ -220,11 +213,12 @@ def replayed_split(engine, checkpoint_b, t: dict, split: int) -> None:
     each given the tokens before it; and A would not have generated those after it (else this proves nothing)."""
     [turn] = t["turns"]
     start, end = turn["generatedStart"], turn["generatedEnd"]
-    greedy_on(engine, t, start, split, "checkpoint A")          # engine on A again (run_once's finally)
-    not_greedy_on(engine, t, split, end, "checkpoint A")
+    a = scored(engine, t["tokenIds"], start, end)               # engine on A again (run_once's finally)
+    greedy_on(t, a[:split - start], start, "checkpoint A")
+    assert any(own < best - TIE for own, best in a[split - start:]), "checkpoint A would have generated the same tokens"
     load(engine, checkpoint_b)
     try:
-        greedy_on(engine, t, split, end, "checkpoint B")
+        greedy_on(t, scored(engine, t["tokenIds"], split, end), split, "checkpoint B")
     finally:
         load(engine, Path(engine.model_dir))
 
