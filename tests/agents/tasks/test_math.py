@@ -1,6 +1,7 @@
 """math handler: answer extraction, equivalence, EVAL 1 for a right answer and 0 for a wrong one."""
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -150,5 +151,9 @@ def test_an_answer_that_makes_sympy_compute_for_ever_is_stopped_and_scores_0(mon
     assert reward.value == 0.0 and "over 2 s" in reward.details["judgement"]
     assert reward.details["extracted"] == "exp(exp(exp(99)))"
     assert _eval(task, _traj("\\boxed{4/2}")).value == 1.0
-    now = _children()
-    assert len(now) == len(workers) and now != workers  # the spinning worker is gone, replaced
+    replaced = lambda now: len(now) == len(workers) and now != workers  # noqa: E731
+    now, deadline = _children(), time.monotonic() + 60  # pebble's manager starts the replacement on its own beat
+    while not replaced(now) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = _children()
+    assert replaced(now), (workers, now)  # the spinning worker is gone, replaced
