@@ -12,8 +12,9 @@ to a receiver in this process that decodes each request and counts the spans, so
 Reported: median CPU per rollout off and on, the median of the pairs' on/off ratios and their spread, spans received
 per rollout. `$ROLLOUTD_TS_REVS=rev1,rev2`: those revisions' controllers and daemons (git archive) instead of this tree's,
 side by side in every round. Raw runs: bench/results/scale-results/tracing-scale-DATE.json; results:
-bench/results/RESULTS-tracing.md. Next step: the 1000-node point on a quiet box (on a loaded one the controller cannot
-keep up: such rounds are left out).
+bench/results/RESULTS-tracing.md. A cost, not a throughput: with `ROLLOUTD_NODE_CALLS_PER_SECOND` below what the
+controller serves (100 at 300 nodes) the daemons beat at a fixed interval and the controller is not saturated (a
+saturated one takes what CPU the box gives it: such rounds are flagged and left out). Next step: the same at 1000 nodes.
 """
 from __future__ import annotations
 
