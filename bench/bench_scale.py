@@ -329,6 +329,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         check = audit(accepted, delivered(ctl.api, f"{P}/namespaces/default/rolloutjobs", name, limit=20000))
         w1 = w0 + window
         done = sum(1 for o in outs for t_ in o["accepted_at"] if w0 <= t_ < w1)
+        # when the first result was accepted, from the nodes' start: a slow first wave is not read as no throughput
+        first = min((t_ for o in outs for t_ in o["accepted_at"]), default=None)
         lat = {kind: [d * 1e3 for o in outs for t_, d in o["latency"].get(kind, []) if w0 <= t_ < w1]
                for kind in ("lease", "heartbeat", "results")}
         sizes = ctl.db_bytes() if server is None else {"rolloutd.db": scale_stores.database_bytes(server, url),
@@ -343,6 +345,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,
             "expand_s": round(expand_s, 1), "offered_per_s": round(offered, 1),
             "rollouts_per_s": round(done / window, 1), "rollouts": done,
+            "first_result_s": None if first is None else round(first - start_at, 1), "warmup_s": warmup,
             "ctl_cores": round((cpu1 - cpu0) / window, 3),
             "ctl_ms_per_rollout": round((cpu1 - cpu0) / max(done, 1) * 1e3, 3),
             "sim_cores": round((sim1 - sim0) / window, 3),

@@ -40,6 +40,7 @@ from .feed import Feed
 from .job_state import JobCache, Jobs, closed
 from .held_leases import HeldLease, unheard
 from .node_registry import NodeRegistry
+from .node_share import fair_share
 from .hot_sql import Item
 from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
@@ -85,7 +86,8 @@ class Attempts:
             leases: list[Lease] = []
             now = self.clock()
             version = json.loads(self.policy.raw_row(db, job_name)[0])
-            max_items, live = self._fair_share(db, node_id, job_name, job, max_items)
+            max_items, live = fair_share(self.queue, self.held, db, node_id, job_name, job.spec.executor.nodes,
+                                         max_items)
             refused: list[str] = []
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
@@ -119,22 +121,6 @@ class Attempts:
                 done = idle and self.batches.finished(s, job)
             return LeaseResponse(leases=leases, done=done)
         return LeaseResponse(leases=leases, done=exp is not None and not exp.pending and exp.total > 0 and idle)
-
-    def _fair_share(self, db: sqlite3.Connection, node_id: str, job_name: str, job: RolloutJob,
-                    asked: int) -> tuple[int, int | None]:
-        """How many of the `asked` items (its free slots) a node may lease, and the job's live items
-        if they were counted: its share of the job's live work, ⌈live ÷ executor.nodes⌉, minus what
-        it holds. The first daemon up must not take a small job whole before the others registered;
-        with a long queue the share exceeds any node's free slots, and the count stops there."""
-        nodes = job.spec.executor.nodes
-        if nodes <= 1 or asked <= 0:
-            return asked, None
-        held = self.held.held(node_id)
-        enough = nodes * (asked + held - 1) + 1  # this many live items give a share of asked + held
-        live = self.queue.count_live(db, job_name, enough)
-        if live >= enough:
-            return asked, live
-        return max(0, min(asked, -(-live // nodes) - held)), live
 
     async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
         """`lease_now`, waiting up to `wait` seconds for work (a long-poll) while it grants nothing."""

@@ -180,6 +180,10 @@ class HeldLeases:
         """The leases node `node_id` holds."""
         return len(self._by_node.get(node_id, ()))
 
+    def holding(self, job: str) -> int:
+        """The job's leases held here (with node shards, other replicas hold more)."""
+        return len(self._by_job.get(job, ()))
+
     def attempts_on(self, node_id: str) -> list[str]:
         """The attempts node `node_id` holds here."""
         return list(self._by_node.get(node_id, ()))

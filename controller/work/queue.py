@@ -99,6 +99,11 @@ class ItemQueue:
             self.cancel_item(item)
             s.add(item)
 
+    def count_queued(self, db: sqlite3.Connection, job: str, at_most: int) -> int:
+        """The job's queued items, counted up to `at_most` (reads at most that many index entries)."""
+        return db.execute("SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state = ? LIMIT ?) AS q",
+                          (job, ItemState.queued.value, at_most)).fetchone()[0]
+
     def count_live(self, db: sqlite3.Connection, job: str, at_most: int) -> int:
         """The job's live items, counted up to `at_most` (reads at most that many index entries)."""
         return db.execute(f"SELECT count(*) FROM (SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT ?) AS live",
