@@ -19,7 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.work import attempts as attempts_module
+from rolloutd.controller.work.node_share import NodeShares
 from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.scheduler import Scheduler
 from rolloutd.crds.node import NODE_PROTOCOL, RegisterRequest
@@ -28,13 +28,13 @@ from rolloutd.crds.rolloutjob import RolloutJob
 NODES, SLOTS, PROMPTS, SAMPLES = 1000, 64, 20_000, 8
 
 
-def before(queue, leases, db, node_id, job_name, nodes, asked):
+def before(self, db, node_id, job_name, nodes, asked):
     """The share as it was (40f49a7 and earlier): the job's live items counted on every lease."""
     if nodes <= 1 or asked <= 0:
         return asked, None
-    held = leases.held(node_id)
+    held = self.held.held(node_id)
     enough = nodes * (asked + held - 1) + 1
-    live = queue.count_live(db, job_name, enough)
+    live = self.queue.count_live(db, job_name, enough)
     if live >= enough:
         return asked, live
     return max(0, min(asked, -(-live // nodes) - held)), live
@@ -55,7 +55,7 @@ def one(location: str, variant: str, source: Path) -> dict:
     attempts = sched.work.attempts
     nodes = [sched.work.registry.register(RegisterRequest(job="share", protocol=NODE_PROTOCOL, name=f"n{i}")).node_id
              for i in range(NODES)]
-    patch = mock.patch.object(attempts_module, "fair_share", before) if variant == "before" else contextlib.nullcontext()
+    patch = mock.patch.object(NodeShares, "share", before) if variant == "before" else contextlib.nullcontext()
     with patch:
         t = time.perf_counter()
         held = {n: [lease.attempt_id for lease in attempts.lease_now(n, SLOTS).leases] for n in nodes}

@@ -40,7 +40,7 @@ from .feed import Feed
 from .job_state import JobCache, Jobs, closed
 from .held_leases import HeldLease, unheard
 from .node_registry import NodeRegistry
-from .node_share import fair_share
+from .node_share import NodeShares
 from .hot_sql import Item
 from .policy_versions import PolicyVersions, staleness
 from .queue import ItemQueue
@@ -62,6 +62,7 @@ class Attempts:
         self.engine, self.queue, self.jobs, self.nodes, self.policy = engine, queue, jobs, nodes, policy
         self.expansions, self.batches, self.feed, self.clock, self.on_idle = expansions, batches, feed, clock, on_idle
         self.pool, self.held, self.on_stale = queue.pool, queue.leases, on_stale or (lambda job: None)
+        self.shares = NodeShares(queue, self.held, clock)
 
     # ------------------------------------------------------------ lease: queued items granted to a node
 
@@ -86,8 +87,7 @@ class Attempts:
             leases: list[Lease] = []
             now = self.clock()
             version = json.loads(self.policy.raw_row(db, job_name)[0])
-            max_items, live = fair_share(self.queue, self.held, db, node_id, job_name, job.spec.executor.nodes,
-                                         max_items)
+            max_items, live = self.shares.share(db, node_id, job_name, job.spec.executor.nodes, max_items)
             refused: list[str] = []
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
@@ -112,6 +112,7 @@ class Attempts:
                                         traceparent=attempt_traces.granted(grant, job_name, node_id)))
                 if grants:
                     hot_sql.grant(db, grants)
+                    self.shares.granted(job_name, len(grants))
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
             idle = not leases and (live == 0 if live is not None else not hot_sql.has_live(db, job_name))

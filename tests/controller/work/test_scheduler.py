@@ -407,6 +407,27 @@ def test_the_share_reads_only_the_queue_as_far_as_it_needs(tmp_path, store_locat
     assert reads == [7, 2 * (100 + 4 - 1) + 1 - 4, 2 * (100 + 20 - 1) + 1 - 20]
 
 
+def test_the_queue_s_last_count_less_what_was_granted_stands_for_a_second(tmp_path, store_location, monkeypatch):
+    """A thousand nodes leasing at once count the queue once a second, not once each: the count, less what was
+    granted since, still shows the share is not binding. Once it does not (the queue ran short), or a second has
+    passed, the queue is counted again, and the share comes out as exact as before."""
+    from rolloutd.controller.work.node_share import QUEUE_SECONDS
+    store, sched, clock, job = make(tmp_path, store_location, prompts=20, samples=2, nodes=4)  # 40 items
+    nodes = [reg(sched, f"n{i}") for i in range(4)]
+    queue = sched.work.attempts.queue
+    reads, count_queued = [], queue.count_queued
+    monkeypatch.setattr(queue, "count_queued", lambda db, job, at_most: reads.append(at_most) or count_queued(db, job, at_most))
+    assert len(lease(sched, nodes[0], 4)) == 4  # needs 13 live items: 40 queued, counted up to 13
+    assert len(lease(sched, nodes[1], 4)) == 4  # needs 13, 4 held here: 9 more; the count less 4 granted shows 9
+    assert reads == [13]
+    clock.t += QUEUE_SECONDS
+    assert len(lease(sched, nodes[2], 4)) == 4  # a second later: counted again
+    assert reads == [13, 5]
+    assert len(lease(sched, nodes[3], 100)) == 10  # needs more than the count showed: counted whole, 28 queued:
+    assert reads == [13, 5, 4 * 99 + 1 - 12]       # ceil(40 / 4) = 10
+    assert len(lease(sched, nodes[0], 100)) == 6  # 22 held + 18 queued = 40 live: its 10 minus the 4 it holds
+
+
 def test_a_slow_event_loop_does_not_make_a_healthy_backend_look_down(tmp_path, store_location):
     """The controller's loop stuck for a second (a thousand nodes' calls queued) while a probe waits: the
     backend answered at once, so it stays healthy even with no grace for slowness at all."""
