@@ -14,7 +14,9 @@ per rollout. `$ROLLOUTD_TS_REVS=rev1,rev2`: those revisions' controllers and dae
 side by side in every round. Raw runs: bench/results/scale-results/tracing-scale-DATE.json; results:
 bench/results/RESULTS-tracing.md. A cost, not a throughput: with `ROLLOUTD_NODE_CALLS_PER_SECOND` below what the
 controller serves (100 at 300 nodes) the daemons beat at a fixed interval and the controller is not saturated (a
-saturated one takes what CPU the box gives it: such rounds are flagged and left out). Next step: the same at 1000 nodes.
+saturated one takes what CPU the box gives it: such rounds are flagged and left out); at 1000 nodes also
+`$ROLLOUTD_TS_TIME_FACTOR` (0.5: rollouts twice as long, half the rate offered), so that the results alone do not
+saturate it.
 """
 from __future__ import annotations
 
@@ -111,7 +113,9 @@ def controller_run(on: bool, receiver: Receiver, nodes: int, window: float, rev:
 
     receiver.take()
     with traced(on, receiver):
-        p = point(nodes, 1.0, window, src=src, variant="on" if on else "off")
+        # $ROLLOUTD_TS_TIME_FACTOR: rollouts that many times shorter (0.5: half the offered rate of 1.0)
+        p = point(nodes, float(os.environ.get("ROLLOUTD_TS_TIME_FACTOR", "1")), window, src=src,
+                  variant="on" if on else "off")
     time.sleep(1.0)   # the controller flushed its batch at exit: let the last request land
     got = receiver.take()
     return {"on": on, "rev": rev, "nodes": nodes, "ms_per_rollout": p["ctl_ms_per_rollout"], "cores": p["ctl_cores"],
@@ -243,7 +247,9 @@ def run(quick: bool = False) -> list[dict]:
     _prioritize(os.getpid())   # the receiver here as the controller: one starved would back up its exporter's queue
     receiver = Receiver()
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nodes": nodes, "window_s": window,
-                 "code": os.environ.get("ROLLOUTD_TS_LABEL", "this tree"), "load": os.getloadavg()[0]}
+                 "code": os.environ.get("ROLLOUTD_TS_LABEL", "this tree"), "load": os.getloadavg()[0],
+                 "time_factor": float(os.environ.get("ROLLOUTD_TS_TIME_FACTOR", "1")),
+                 "node_calls_per_second": os.environ.get("ROLLOUTD_NODE_CALLS_PER_SECOND")}
     try:
         # $ROLLOUTD_TS_REVS=main,HEAD: those revisions' processes side by side (each off and on), else this tree's
         revs = tuple(filter(None, os.environ.get("ROLLOUTD_TS_REVS", "").split(",")))
