@@ -289,6 +289,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             cfg = {"url": ctl.url, "credential": ctl.node_credential(name), "job": name, "slots": SLOTS, "nodes": per[i],
                    "first": sum(per[:i]), "time_factor": time_factor, "median_seconds": MEDIAN_SECONDS,
                    "sigma": SIGMA, "seed": i, "start_at": start_at, "stop_at": stop_at,
+                   # $ROLLOUTD_SCALE_DURATIONS_ONLY=1: the factor scales the rollouts only, the daemons' beats, gaps
+                   # and lease waits stay at their real timings (a factor below 1 would stretch gaps past the leases)
+                   "durations_only": os.environ.get("ROLLOUTD_SCALE_DURATIONS_ONLY") == "1",
                    # today's daemon against either controller: leases riding on replies and results on paced
                    # beats are asked for, and fall back to the older calls when the controller does not answer
                    # them; $ROLLOUTD_SCALE_OLD_DAEMON=1 for a `before` older than 2026-11-23's third pass (its

@@ -15,8 +15,8 @@ side by side in every round. Raw runs: bench/results/scale-results/tracing-scale
 bench/results/RESULTS-tracing.md. A cost, not a throughput: with `ROLLOUTD_NODE_CALLS_PER_SECOND` below what the
 controller serves (100 at 300 nodes) the daemons beat at a fixed interval and the controller is not saturated (a
 saturated one takes what CPU the box gives it: such rounds are flagged and left out); at 1000 nodes also
-`$ROLLOUTD_TS_TIME_FACTOR` (0.5: rollouts twice as long, half the rate offered), so that the results alone do not
-saturate it.
+`$ROLLOUTD_TS_TIME_FACTOR` (0.5: rollouts twice as long, half the rate offered; the daemons' beats keep their real
+pace), so that the results alone do not saturate it.
 """
 from __future__ import annotations
 
@@ -113,7 +113,9 @@ def controller_run(on: bool, receiver: Receiver, nodes: int, window: float, rev:
 
     receiver.take()
     with traced(on, receiver):
-        # $ROLLOUTD_TS_TIME_FACTOR: rollouts that many times shorter (0.5: half the offered rate of 1.0)
+        # $ROLLOUTD_TS_TIME_FACTOR: rollouts that many times shorter (0.5: half the offered rate of 1.0); the
+        # daemons' beats keep their real pace (the controller's beat gap against its leases' seconds)
+        os.environ["ROLLOUTD_SCALE_DURATIONS_ONLY"] = "1"
         p = point(nodes, float(os.environ.get("ROLLOUTD_TS_TIME_FACTOR", "1")), window, src=src,
                   variant="on" if on else "off")
     time.sleep(1.0)   # the controller flushed its batch at exit: let the last request land

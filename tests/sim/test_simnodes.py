@@ -62,3 +62,28 @@ def test_dropped_results_are_not_counted_as_accepted():
 def test_an_ack_for_an_attempt_never_leased_is_an_error():
     with pytest.raises(KeyError):
         Ledger().acked(["9.1.z"], {})
+
+
+def _shard(**cfg):
+    from support.sim.simnodes import Shard
+
+    base = {"job": "j", "slots": 4, "nodes": 1, "time_factor": 0.25, "url": "http://127.0.0.1:1", "credential": "x",
+            "median_seconds": 40.0, "sigma": 0.0}
+    return Shard({**base, **cfg})
+
+
+def test_a_slow_time_factor_stretches_the_rollouts_and_by_default_the_protocol_too():
+    shard = _shard()
+    assert shard.duration() == 160.0  # 40 s / 0.25
+    plain = _shard(time_factor=1.0)
+    assert shard.pace == 0.25  # a beat interval the controller answers in simulated seconds, stretched 4×
+    assert shard.min_gap(120.0) == pytest.approx(plain.min_gap(30.0) / 0.25)
+    assert shard.coalesce(30.0) == pytest.approx(plain.coalesce(30.0) / 0.25)
+
+
+def test_durations_only_keeps_the_daemons_pace_real():
+    shard = _shard(durations_only=True)
+    assert shard.duration() == 160.0
+    assert shard.pace == 1.0
+    plain = _shard(time_factor=1.0)
+    assert shard.min_gap(30.0) == plain.min_gap(30.0) and shard.coalesce(30.0) == plain.coalesce(30.0)

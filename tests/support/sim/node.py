@@ -108,7 +108,7 @@ class SimNode:
             else "?features=node-token,owner-redirect"
         resp = await self.sim.wire.post("register", f"/register{query}", body)
         self.token = resp.get("nodeToken")
-        self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.factor, 0.005)
+        self.node_id, self.hb_interval = resp["nodeId"], max(resp["heartbeatSeconds"] / self.sim.pace, 0.005)
         self.coalesce = self.sim.coalesce(resp["heartbeatSeconds"])
         self.sync = "beat-results" in (resp.get("features") or ())
         self.gap = self.sim.min_gap(self.hb_interval)
@@ -125,7 +125,7 @@ class SimNode:
                 self.room.clear()
                 await self.room.wait()
                 continue
-            body = json.dumps({"maxItems": room, "wait": LEASE_WAIT / self.sim.factor}).encode()
+            body = json.dumps({"maxItems": room, "wait": LEASE_WAIT / self.sim.pace}).encode()
             self.asking += room
             try:
                 resp = await self.sim.wire.post("lease", f"/{self.node_id}/lease", body, token=self.token)
@@ -286,7 +286,7 @@ class SimNode:
                 self.told = dict(stages)
             else:
                 self.told.update(stages)
-            self.gap = max(resp.get("beatGap") or 0.0, 0.0) / self.sim.factor
+            self.gap = max(resp.get("beatGap") or 0.0, 0.0) / self.sim.pace
             self.spaced = spaced(self.gap, self.sim.rng)
             self.answered(query, resp)
             self.left_run.difference_update(left)

@@ -40,6 +40,9 @@ class Shard:
 
         self.cfg = cfg
         self.job, self.slots, self.factor = cfg["job"], cfg["slots"], cfg["time_factor"]
+        # the protocol's timings (beats, gaps, lease waits) scaled as the durations are, or (`durations_only`) kept
+        # at the daemon's: with a factor below 1, scaled beat gaps outlast the controller's leases
+        self.pace = 1.0 if cfg.get("durations_only") else self.factor
         self.protocol = NODE_PROTOCOL
         self.rng = random.Random(cfg.get("seed", 0))
         self.wire = Wire(cfg["url"], cfg["credential"], connections=4 * cfg["nodes"] + 8)
@@ -55,8 +58,8 @@ class Shard:
         if self.cfg.get("scaled_gap", True):
             from rolloutd.crds.node import heartbeat_min_gap
 
-            return max(HEARTBEAT_MIN_GAP, heartbeat_min_gap(interval * self.factor)) / self.factor
-        return HEARTBEAT_MIN_GAP / self.factor
+            return max(HEARTBEAT_MIN_GAP, heartbeat_min_gap(interval * self.pace)) / self.pace
+        return HEARTBEAT_MIN_GAP / self.pace
 
     def coalesce(self, heartbeat_seconds: float) -> float:
         """The daemon's results coalescing window (grown with the cluster, `crds.node.result_coalesce`;
@@ -64,8 +67,8 @@ class Shard:
         if self.cfg.get("piggyback", True):
             from rolloutd.crds.node import result_coalesce
 
-            return max(RESULT_COALESCE, result_coalesce(heartbeat_seconds)) / self.factor
-        return RESULT_COALESCE / self.factor
+            return max(RESULT_COALESCE, result_coalesce(heartbeat_seconds)) / self.pace
+        return RESULT_COALESCE / self.pace
 
     def duration(self, length_biased: bool = False) -> float:
         """Seconds of one rollout: lognormal around `median_seconds`, divided by the time factor.
