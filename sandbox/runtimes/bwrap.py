@@ -198,7 +198,8 @@ class BwrapRuntime(SandboxRuntime):
         if user is not None and uid is None:  # unprivileged: the namespace's ids are the image user's
             opts[:0] = ["--unshare-user", "--uid", str(user[0]), "--gid", str(user[1])]
         (seccomp_fd,) = fds
-        outbound = Outbound(layout.id, layout.root / "slirp4netns.log") if spec.network else None
+        outbound = Outbound(layout.id, layout.root / "slirp4netns.log", self.settings.egress_allow) \
+            if spec.network else None
         if outbound is not None:
             opts.extend(outbound.bwrap_args())
             resolv = (image or Path("/")) / "etc" / "resolv.conf"

@@ -170,6 +170,59 @@ def test_a_network_sandbox_has_its_own_namespace_with_a_route_out_but_not_the_ho
     assert any(line.split()[1] == "00000000" for line in route.splitlines()[1:]), route  # a default route
 
 
+@pytest.fixture
+def node_address_server():
+    """A service the node runs on 0.0.0.0 and one of the node's own (non-loopback) IPv4 addresses."""
+    from rolloutd.sandbox.host.egress import own_networks
+
+    mine = [n.network_address for n in own_networks() if n.version == 4 and not n.network_address.is_loopback]
+    if not mine:
+        pytest.skip("this node has no IPv4 address besides loopback")
+    server = ThreadingHTTPServer(("0.0.0.0", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield str(mine[0]), server.server_address[1]
+    server.shutdown()
+
+
+def test_a_network_sandbox_reaches_neither_the_node_s_own_addresses_nor_private_or_metadata_ranges(
+        node_address_server):
+    """On the code before, a service the node ran on 0.0.0.0 answered a `network: true` sandbox on the node's
+    address (slirp4netns's NAT connects from the host like any process), and 169.254.169.254 (a cloud's metadata
+    service) and the site's private ranges were routed out. Now each is a `prohibit` route in the sandbox's
+    namespace (connect: "Permission denied" at once), and the sandbox cannot delete them."""
+    _needs_slirp()
+    address, port = node_address_server
+    attack = "ip route del prohibit 169.254.0.0/16; ip route flush table main; echo rc=$?"
+    own, metadata, private, undo, own_after, routes = asyncio.run(_with_sandbox(
+        SandboxSpec(network=True), PROBE.format(address, port), PROBE.format("169.254.169.254", 80),
+        PROBE.format("10.20.30.40", 80), attack, PROBE.format(address, port), "ip route"))
+    for seen in (own, metadata, private, own_after):
+        assert seen.startswith("refused") and "Permission denied" in seen, seen
+    assert "Operation not permitted" in undo, undo
+    assert f"prohibit {address} " in routes + " " and "prohibit 169.254.0.0/16" in routes, routes
+    assert "default via 10.0.2.2 dev tap0" in routes  # the way out stays
+
+
+def test_an_address_the_admin_allows_is_routed_out(node_address_server):
+    """`egress_allow` (the site's mirror on a private network) is the exception for sandboxes as for builds."""
+    import ipaddress
+
+    from rolloutd.crds.kit.settings import SandboxSettings
+
+    _needs_slirp()
+    address, port = node_address_server
+    settings = SandboxSettings(egress_allow=(ipaddress.ip_network(f"{address}/32"),))
+
+    async def main():
+        sandbox = await get_runtime("bwrap", settings).create(SandboxSpec(network=True))
+        try:
+            return (await sandbox.bash(PROBE.format(address, port), timeout=30)).output
+        finally:
+            await sandbox.close()
+
+    assert asyncio.run(main()).startswith("reached")
+
+
 def test_two_network_sandboxes_do_not_share_a_loopback():
     """Two rollouts' relays (agents/gateway/server.py, one port for all) met on the host's loopback before."""
     _needs_slirp()
