@@ -154,7 +154,8 @@ class SandboxSpec(Model):
         default="bwrap", description="bwrap (rootless, the default), apptainer (where installed), process (development "
         "only: no isolation)")
     image: str = Field(default="host", description="host | a rootfs directory | an .sif file")
-    network: bool = Field(default=False, description="give sandboxes an outbound network")
+    network: bool = Field(default=False, description="give sandboxes an outbound network (bwrap): public addresses "
+                          "only, the node's own, private, link-local and metadata addresses refused")
     user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
                              description="run sandboxed code as this non-root user of the image (name or uid[:group], "
                                          "from the rootfs image's /etc/passwd; HOME is its home); default: the "
@@ -172,6 +173,13 @@ class SandboxSpec(Model):
                                   "INITs a node keeps as many as the largest burst of the last minute (at most 64, "
                                   "and never more sandboxes alive than init + run + eval + warm) (0: start one per "
                                   "rollout)")
+
+    @model_validator(mode="after")
+    def _network_needs_bwrap(self) -> "SandboxSpec":
+        if self.network and self.runtime == "apptainer":
+            raise ValueError("network: true needs the bwrap runtime (apptainer would give the sandbox the node's "
+                             "own network, its loopback included)")
+        return self
 
 
 class WorkersPerNode(Model):

@@ -27,9 +27,11 @@ class ApptainerRuntime(SandboxRuntime):
     exercised on the project's own machines.
 
     The container runs ``apptainer exec --containall --cleanenv --no-privs`` with
-    ``--net --network none`` unless ``spec.network`` (Apptainer itself runs the
+    ``--net --network none``; ``spec.network`` is refused (Apptainer's only other
+    unprivileged network is the node's own, loopback included; bwrap gives a fenced
+    namespace of its own, `host/netns.py`). Apptainer itself runs the
     container as the caller, with no_new_privs and no capabilities; it has no
-    seccomp file here, so the bwrap filter does not apply); the workspace is bound at
+    seccomp file here, so the bwrap filter does not apply. The workspace is bound at
     /workspace and the control directory at /.rolloutd. The execution server runs
     with the host's Python, bound at its host paths (so the image needs a
     compatible glibc), exactly as for a bwrap root filesystem image.
@@ -51,12 +53,14 @@ class ApptainerRuntime(SandboxRuntime):
     def check(self, spec: SandboxSpec) -> None:
         if not spec.image.endswith(".sif"):
             raise SandboxCreateError(f"the apptainer runtime needs a .sif image, not {spec.image!r}")
+        if spec.network:
+            raise SandboxCreateError("spec.sandbox.network: true needs the bwrap runtime (apptainer would give the "
+                                     "sandbox the node's own network, its loopback included)")
         check_mounts(spec.mounts, self.settings)
 
     def launch(self, spec: SandboxSpec, layout: Layout, config: LaunchConfig, fds: tuple[int, ...]) -> Launch:
-        argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", CONTAINED.workspace]
-        if not spec.network:
-            argv += ["--net", "--network", "none"]
+        argv = [_binary(), "exec", "--containall", "--cleanenv", "--no-privs", "--pwd", CONTAINED.workspace,
+                "--net", "--network", "none"]  # always: `check` refuses spec.network
         argv += ["--bind", f"{layout.workspace}:{CONTAINED.workspace}", "--bind", f"{layout.ctl}:{CONTAINED.ctl}"]
         for path in runtime_paths():
             argv += ["--bind", f"{path}:{path}:ro"]

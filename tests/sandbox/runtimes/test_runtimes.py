@@ -61,6 +61,17 @@ def test_apptainer_unavailable_is_a_typed_error(run):
         run(create_sandbox(SandboxSpec(runtime="apptainer", image="/nonexistent.sif")))
 
 
+def test_apptainer_refuses_network_true_naming_the_field():
+    """Before, `network: true` on apptainer left out `--network none`: the node's own network, loopback included."""
+    with pytest.raises(ValueError, match=r"network: true needs the bwrap runtime"):  # when the job is applied
+        SandboxSpec(runtime="apptainer", image="/images/task.sif", network=True)
+    runtime = ApptainerRuntime()  # and on the node, whatever built the spec
+    with pytest.raises(SandboxCreateError, match=r"spec\.sandbox\.network: true needs the bwrap runtime"):
+        runtime.check(SandboxSpec.model_construct(runtime="apptainer", image="/images/task.sif", network=True,
+                                                  mounts=[]))
+    runtime.check(SandboxSpec(runtime="apptainer", image="/images/task.sif"))
+
+
 @pytest.mark.skipif(ApptainerRuntime.available() is not None, reason=str(ApptainerRuntime.available()))
 def test_apptainer_runs(run, tmp_path):  # pragma: no cover - needs an apptainer binary and an image
     image = os.environ.get("ROLLOUTD_TEST_SIF")
