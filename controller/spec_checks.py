@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from rolloutd.agents.tasks.base import UnknownTaskKind, get_handler, handler_options
+from rolloutd.agents.tasks.registry import UnknownTaskKind, get_handler, handler_options
 from rolloutd.crds.rolloutjob import RolloutJob
 
 from .errors import Invalid

@@ -16,7 +16,8 @@ from rolloutd.sandbox import SandboxSpec
 
 from ..llm import SamplingParams
 from ..loop.rollout import AgentConfig, RolloutContext
-from ..tasks.base import HandlerScope, TaskHandler, get_handler, handler_options
+from ..tasks.base import HandlerScope, TaskHandler
+from ..tasks.registry import get_handler, handler_options
 from .options import NodeError
 
 SANDBOX_TOOLS = frozenset({"bash", "ipython", "editor"})

@@ -11,10 +11,8 @@ from .base import (
     HandlerScope,
     Reward,
     TaskHandler,
-    UnknownTaskKind,
-    get_handler,
-    known_kinds,
 )
+from .registry import UnknownTaskKind, get_handler, known_kinds
 
 __all__ = [
     "DatasetError",

@@ -2,8 +2,8 @@
 
 Sits between the node daemon's INIT/RUN/EVAL pools (`rolloutd.agents`, the callers) and the
 sandbox (`rolloutd.sandbox`) and agent loop (`rolloutd.agents.loop.run`) it drives. Handlers are looked
-up by `get_handler(kind)` through the `rolloutd.tasks` entry-point group, so the built-ins
-(math, stem, code, swe, registered in pyproject.toml) and third-party plug-ins go the same way.
+up by `rolloutd.agents.tasks.registry.get_handler(kind)` through the `rolloutd.tasks` entry-point group, so the
+built-ins (math, stem, code, swe, registered in pyproject.toml) and third-party plug-ins go the same way.
 
 How the agent's answer reaches EVAL: `run` stores it in `trajectory.reward_details` under
 `"submitted"` (what the agent handed in via a submit tool, or None) and `"final_text"` (the text of
@@ -17,17 +17,15 @@ root, never through a link out); `refused` turns its refusal into a `DatasetErro
 
 Errors: `DatasetError` (a bad dataset row: names the file, line and field, never the row's content), `EvalError` (the
 evaluator itself failed: an infrastructure failure, never reward 0), `ConfigError` (the job's
-configuration cannot work: fails the job, never a reward), `UnknownTaskKind`.
+configuration cannot work: fails the job, never a reward); a kind nobody registered is the registry's
+`UnknownTaskKind`.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from abc import ABC
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from numbers import Real
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
@@ -43,8 +41,6 @@ from .seams import LLM, AgentConfig, RolloutContext, Sandbox, SandboxFactory, To
 if TYPE_CHECKING:
     from rolloutd.crds.kit.settings import SandboxSettings
     from rolloutd.crds.tenancy import TenantQuotas
-
-ENTRY_POINT_GROUP = "rolloutd.tasks"
 
 
 class Reward(BaseModel):
@@ -98,10 +94,6 @@ class ConfigError(ConfigurationError, ValueError):
     """The job's configuration cannot work for this task (a handler rejecting its settings, a file
     the spec names missing). Raised from INIT or RUN: never a reward, the controller fails the job.
     The message starts with the spec field at fault (`spec.tasks.source: ...`)."""
-
-
-class UnknownTaskKind(ConfigurationError, LookupError):
-    """No handler is registered under the requested kind."""
 
 
 @dataclass(frozen=True)
@@ -280,83 +272,6 @@ def answer_text(trajectory: Trajectory) -> str:
     return ""
 
 
-# ---------------------------------------------------------------------- lookup
-_scanned: tuple[tuple, dict[str, list[Any]]] | None = None  # (what the scan depended on, what it found)
-
-
-def _path_key() -> tuple:
-    """What the entry-point set depends on: sys.path and each of its directories' mtime (installing, removing or
-    re-installing a distribution adds or replaces a *.dist-info directory there, which changes the mtime)."""
-    key = []
-    for p in sys.path:
-        try:
-            key.append((p, os.stat(p or ".").st_mtime_ns))
-        except OSError:
-            key.append((p, None))
-    return tuple(key)
-
-
-def _entry_points() -> dict[str, list[Any]]:
-    """The registered task kinds, rescanned only when `_path_key` changed: a scan reads every distribution's
-    metadata (4 ms idle, tens of ms on a loaded host), and the controller looks handlers up on its event loop at
-    every job create (issue 36: ~4.8 s of the loop in one stall run)."""
-    global _scanned
-    key = _path_key()
-    if _scanned is not None and _scanned[0] == key:
-        return _scanned[1]
-    found: dict[str, list[Any]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        same = found.setdefault(ep.name, [])
-        if all(ep.value != other.value for other in same):
-            same.append(ep)
-    _scanned = (key, found)
-    return found
-
-
-def known_kinds() -> list[str]:
-    """Every task kind registered in the `rolloutd.tasks` entry-point group."""
-    return sorted(_entry_points())
-
-
-def handler_options(options: dict[str, Any]) -> dict[str, Any]:
-    """A job's `spec.tasks.options` as the handler's keyword arguments (`requireBoxed` → `require_boxed`)."""
-    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in options.items()}
-
-
-def get_handler(kind: str, **options: Any) -> TaskHandler:
-    """The handler registered as `kind`, instantiated with `options` (e.g. `reward="all"`).
-
-    The entry point may name a `TaskHandler` subclass, a factory returning one, or an instance
-    (then `options` must be empty).
-    """
-    registered = _entry_points()
-    if kind not in registered:
-        raise UnknownTaskKind(
-            f"unknown task kind {kind!r}; known kinds: {', '.join(sorted(registered)) or '(none)'} "
-            f"(plug-ins register in the {ENTRY_POINT_GROUP!r} entry-point group)"
-        )
-    candidates = registered[kind]
-    if len(candidates) > 1:
-        raise UnknownTaskKind(
-            f"task kind {kind!r} is registered more than once: {', '.join(ep.value for ep in candidates)}"
-        )
-    ep = candidates[0]
-    try:
-        target = ep.load()
-    except Exception as e:  # noqa: BLE001 - a broken plug-in must say which one
-        raise UnknownTaskKind(f"task kind {kind!r}: cannot load {ep.value}: {e}") from e
-    if isinstance(target, TaskHandler):
-        if options:
-            raise TypeError(f"task kind {kind!r} is a ready-made instance; it takes no options")
-        return target
-    if not callable(target):
-        raise UnknownTaskKind(f"task kind {kind!r}: {ep.value} is neither a TaskHandler nor a factory")
-    handler = target(**options)
-    if not isinstance(handler, TaskHandler):
-        raise UnknownTaskKind(f"task kind {kind!r}: {ep.value} returned {type(handler).__name__}, not a TaskHandler")
-    return handler
-
-
 def _type_names(types: type | tuple[type, ...]) -> str:
     types = types if isinstance(types, tuple) else (types,)
     names = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}
@@ -364,6 +279,5 @@ def _type_names(types: type | tuple[type, ...]) -> str:
 
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "DatasetError", "EvalError", "Reward", "TaskHandler", "UnknownTaskKind",
-    "answer_text", "as_reward", "get_handler", "known_kinds", "stash_answer",
+    "DatasetError", "EvalError", "Reward", "TaskHandler", "answer_text", "as_reward", "stash_answer",
 ]

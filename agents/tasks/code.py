@@ -1,6 +1,6 @@
 """The `code` task kind: write `solution.py`; EVAL runs hidden pytest tests against it in the sandbox.
 
-Registered as entry point `code` (see `base.get_handler`); the node daemon's INIT/RUN/EVAL pools
+Registered as entry point `code` (see `registry.get_handler`); the node daemon's INIT/RUN/EVAL pools
 call `CodeTask.init` / `run` / `eval` with the rollout's sandbox (`rolloutd.sandbox`).
 
 Rows: `{"id", "prompt", "tests"}`; `tests` is the text of a pytest file that does

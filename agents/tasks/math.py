@@ -1,7 +1,7 @@
 """The `math` task kind: a question, a reference answer, reward 1 when the agent's final answer
 is mathematically equal to it.
 
-Registered as entry point `math` (see `base.get_handler`); the node daemon's RUN pool calls
+Registered as entry point `math` (see `registry.get_handler`); the node daemon's RUN pool calls
 `MathTask.run`, its EVAL pool `MathTask.eval`. Pure: EVAL never touches a sandbox, so the tool-less
 mode (no sandbox) works; with tools the agent may compute in its sandbox.
 

@@ -1,6 +1,6 @@
 """The `stem` task kind: multiple-choice questions; reward 1 when the chosen letter is the key.
 
-Registered as entry point `stem` (see `base.get_handler`); the node daemon's RUN pool calls
+Registered as entry point `stem` (see `registry.get_handler`); the node daemon's RUN pool calls
 `StemTask.run`, its EVAL pool `StemTask.eval`. Pure: EVAL never touches a sandbox.
 
 Rows: `{"id", "question", "choices": [...], "answer": "B"}`; `answer` is a letter within the

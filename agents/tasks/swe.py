@@ -1,7 +1,7 @@
 """The `swe` task kind: fix an issue in a git repository; EVAL replays the agent's diff in a FRESH
 sandbox and runs the repository's tests (SWE-bench semantics).
 
-Registered as entry point `swe` (see `base.get_handler`); the node daemon's INIT/RUN/EVAL pools call
+Registered as entry point `swe` (see `registry.get_handler`); the node daemon's INIT/RUN/EVAL pools call
 `SweTask.init` / `run` / `eval`. Sandboxes come from `rolloutd.sandbox`.
 
 Rows: SWE-bench's fields `instance_id`, `problem_statement`, `base_commit`, `FAIL_TO_PASS`,

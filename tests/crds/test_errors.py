@@ -60,7 +60,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.agents.tasks.base.ConfigError": [((), {}, C)],
     "rolloutd.agents.tasks.judge.JudgementTimedOut": [((), {}, A)],
     "rolloutd.agents.tasks.math._Symbolic": [((), {}, I)],
-    "rolloutd.agents.tasks.base.UnknownTaskKind": [((), {}, C)],
+    "rolloutd.agents.tasks.registry.UnknownTaskKind": [((), {}, C)],
     "rolloutd.agents.loop.tools.ToolInfraError": [((), {}, I)],
     "rolloutd.agents.loop.tools.ToolHung": [((), {}, I)],
     "rolloutd.client.errors.ClientError": [(("m",), {}, I), (("m", {"code": 500}), {}, I)],
@@ -161,7 +161,8 @@ def test_one_class_per_name_and_one_root():
 
 def test_builtin_bases_are_kept():
     """Re-parenting kept what callers catch: `except ValueError` still takes a dataset error, and so on."""
-    from rolloutd.agents.tasks.base import ConfigError, DatasetError, EvalError, UnknownTaskKind
+    from rolloutd.agents.tasks.base import ConfigError, DatasetError, EvalError
+    from rolloutd.agents.tasks.registry import UnknownTaskKind
     from rolloutd.client.errors import WaitTimeout
     from rolloutd.sandbox.image.rootpath import OutsideRoot
 

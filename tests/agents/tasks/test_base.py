@@ -118,11 +118,11 @@ def test_answer_stash_roundtrip():
 def test_the_entry_point_scan_is_kept_until_a_path_changes(plugin, tmp_path, monkeypatch):
     """The scan (every distribution's metadata read) runs once per sys.path state: a job create looks handlers up on
     the controller's event loop (issue 36). A distribution installed later (a new *.dist-info) is still seen."""
-    from rolloutd.agents.tasks import base
+    from rolloutd.agents.tasks import registry
 
     scans = []
-    real = base.entry_points
-    monkeypatch.setattr(base, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    real = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
     known_kinds()
     get_handler("echo")
     known_kinds()
