@@ -281,7 +281,7 @@ def test_a_swe_repository_borrowing_another_teams_objects_is_not_staged(area, tm
     """team-a's repository names team-b's private object store as its alternate: git on the node reads as nobody,
     so team-b's tree is not staged; team-a's own repository still is."""
     from rolloutd.agents.tasks.base import EvalError
-    from rolloutd.agents.tasks.swe import stage_repo
+    from rolloutd.agents.tasks.swe_repo import stage_repo
 
     if os.geteuid() != 0:
         pytest.skip("the node reads as nobody only when it runs as root")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.tasks import DatasetError, EvalError
-from rolloutd.agents.tasks.swe import SweTask, parse_test_log, patch_paths, stage_repo
+from rolloutd.agents.tasks.swe import SweTask, parse_test_log, patch_paths
+from rolloutd.agents.tasks.swe_repo import stage_repo
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox.protocol import FileContent
 
