@@ -21,7 +21,8 @@ import sys
 import time
 
 from rolloutd.agents.daemon import llmgate
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.engine.server import EngineServer
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 

@@ -19,7 +19,8 @@ import asyncio
 import collections
 import time
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare

@@ -46,7 +46,7 @@ from .fit import check_fit
 from .heartbeat import Heartbeater, unreachable_after
 from .jobconfig import JobConfig, load_spec
 from .lease import UNSTARTED, Leaser
-from .llmgate import PolicyGate
+from .policygate import PolicyGate
 from .options import NodeError, NodeOptions
 from .outbox import Outbox
 from .pipeline import Pipeline

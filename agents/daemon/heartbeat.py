@@ -8,7 +8,7 @@ With the features the controller serves (`crds.node.FEATURES`): beat-results, be
 prompted by a change names only the stages changed since the last answered beat (`beatbody.ToldStages`), the
 timed ones every live lease; policy-watch, the job's policy comes by `policywatch.PolicyWatcher`, not on the replies.
 `daemon.NodeDaemon` runs `Heartbeater.loop`; replies act on `rollouts.Rollouts` and
-`llmgate.PolicyGate`.
+`policygate.PolicyGate`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from rolloutd.crds.kit.aiokit import Backoff, wait_event
 from .beatbody import ToldStages, beat_body
 from .controller_client import ControllerClient, ControllerError
 from .lease import Leaser
-from .llmgate import PolicyGate
+from .policygate import PolicyGate
 from .policywatch import PolicyWatcher
 from .options import NodeOptions
 from .outbox import Outbox

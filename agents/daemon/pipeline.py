@@ -30,7 +30,8 @@ from ..tasks.base import EvalError, as_reward
 from ..tasks.seams import Sandbox, SandboxFactory
 from .firstwave import FirstWave
 from .jobconfig import JobConfig
-from .llmgate import PolicyGate, TrackedLLM
+from .llmgate import TrackedLLM
+from .policygate import PolicyGate
 from .outbox import Outbox
 from .rollouts import Phase, Rollout, Rollouts
 from .. import spans as node_traces

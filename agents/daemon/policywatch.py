@@ -14,7 +14,7 @@ from rolloutd.crds.kit.aiokit import Backoff
 from rolloutd.crds.node import POLICY_WATCH_SECONDS, PolicyState, PolicyWatch
 
 from .controller_client import ControllerClient, ControllerError
-from .llmgate import PolicyGate
+from .policygate import PolicyGate
 
 
 class PolicyWatcher:

@@ -2,7 +2,7 @@
 gives a backend's weights at each update, which the engine stamps on every token it generates.
 
 `llmgate.TrackedLLM` calls `stamped_versions` when a call's every request came back stamped (vLLM's token endpoint);
-otherwise it keeps the fence's split (`llmgate.PolicyGate._fence`).
+otherwise it keeps the fence's split (`policygate.PolicyGate._fence`).
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import httpx
 import httpx2
 import openai
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.gateway.server import Gateway
 from rolloutd.agents.llm import SamplingParams, VLLMBackend

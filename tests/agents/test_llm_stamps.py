@@ -7,7 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.llm import Preempted, SamplingParams, VLLMBackend
 from rolloutd.crds.weight_labels import weight_label
 

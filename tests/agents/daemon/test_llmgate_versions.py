@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from rolloutd.agents.daemon.llmgate import TIMED_EVERY, PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TIMED_EVERY, TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.llm import BackendError, Generation, Preempted, SamplingParams
 
 

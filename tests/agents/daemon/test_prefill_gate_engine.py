@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from rolloutd.agents.daemon.llmgate import PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 

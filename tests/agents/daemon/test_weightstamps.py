@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from rolloutd.agents.daemon.llmgate import TIMED_EVERY, PolicyGate, TrackedLLM
+from rolloutd.agents.daemon.llmgate import TIMED_EVERY, TrackedLLM
+from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.daemon.weightstamps import joined, stamped_versions
 from rolloutd.agents.llm import Generation, Preempted, SamplingParams
 from rolloutd.crds.weight_labels import read_label, weight_label
