@@ -16,7 +16,7 @@ from rolloutd.crds.errors import StatusError
 class ApiError(StatusError):
     code = 500
     reason = "InternalError"
-    headers: dict[str, str] = {}  # sent with the error's response (`api._error`)
+    headers: dict[str, str] = {}  # sent with the error's response (`middleware.error_response`)
 
     def __init__(self, message: str, *, causes: list[dict[str, str]] | None = None, name: str | None = None):
         super().__init__(message)

@@ -3,7 +3,7 @@
 `ensure_token(path)` runs at controller start for the admin token file (`crds/paths.DataDir`): it creates
 each (0600, random) once and reuses it afterwards. Scoped tokens (read-only, limited to namespaces) are
 files in `DataDir.tokens`, written by `rolloutd token create` and looked up by `TokenBook`; what a scoped
-token may do is `access.py`'s call. The API middleware (`api.py`) compares tokens in constant time.
+token may do is `access.py`'s call. The API middleware (`middleware.py`) compares tokens in constant time.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ and one per node, derived from its job's at registration, so a node acts only as
                      dies with its job's credential
 
 Kept in `node-credentials.json` (0600, in the data dir beside the admin token) so daemons that outlive a
-controller restart keep working. Checked by `NodeGate` in the API middleware (`api.py`): two dict lookups
+controller restart keep working. Checked by `NodeGate` in the API middleware (`middleware.py`): two dict lookups
 and one HMAC per call, whatever the number of nodes. The register routes (`http/node_protocol.py`) compare the
 body's job with the credential's (`request.state.node_job`).
 """

@@ -3,7 +3,7 @@
 Where it sits: the controller's wiring (`server.py`) makes the enabled kinds with `make(kinds, site)`; each is a
 class with the `Executor` interface (`base.py`: ensure / observe / release / shutdown / logs) and a
 `from_site(site)` that builds it from what the controller offers (`base.Site`). The built-ins (`local.py`,
-`slurm/`, `kubernetes.py`) and a plug-in's go the same way; the kinds a spec may name are
+`slurm/`, `kubernetes/`) and a plug-in's go the same way; the kinds a spec may name are
 `crds.executor.ExecutorKind`. Writing one: docs/content/write-an-executor.md.
 """
 from __future__ import annotations

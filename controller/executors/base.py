@@ -1,7 +1,7 @@
 """What an executor is (the `Executor` interface the reconcile calls) and what every executor shares
 to launch node daemons: their environment and argv, a crash back-off, an atomic JSON state file.
 
-Implementations: `local.py`, `slurm/executor.py`, `kubernetes.py`, found by kind through the registry
+Implementations: `local.py`, `slurm/executor.py`, `kubernetes/executor.py`, found by kind through the registry
 (`executors/__init__.py`), each made from a `Site`. Callers: the kopf handlers (`controller/operator/handlers.py`,
 through `operator/reconcile.py`) and the controller's wiring (`server.py`, which also calls `shutdown`). Imports
 nothing of the controller.

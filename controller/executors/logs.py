@@ -2,7 +2,7 @@
 bounded tails of the files a job's daemons write, their growth while followed, several sources merged.
 
 Called by the executors' `logs` (`local.py`: one file per daemon in the data dir's logs; `slurm/executor.py`: one
-output file per allocation; `kubernetes.py` streams its pods' logs through the API and merges them here). What is
+output file per allocation; `kubernetes/` streams its pods' logs through the API and merges them here). What is
 read is only ever a file this controller named for the job (`job_files`: its own log directory, an exact name
 pattern, no link followed): nothing of the request becomes a path. Each source sends at most `MAX_BYTES` of tail.
 Next step: logs of a finished Kubernetes job (its pods are gone with it).

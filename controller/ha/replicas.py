@@ -294,7 +294,7 @@ class Replica:
         return OWNER_REDIRECT in (features if features is not None else await asyncio.to_thread(reg.features_of, node_id))
 
     def _authentic(self, scope) -> bool:
-        """The call carries the admin token or its node's own (as the app checks it, `api._AuthAndMetrics`)."""
+        """The call carries the admin token or its node's own (as the app checks it, `middleware.AuthAndMetrics`)."""
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
         if token_matches(header, self.root.token):
             return True

@@ -2,8 +2,9 @@
 TenantPolicies are the admin's (a scoped token reads at most its own namespaces' policies); a job's `status` is
 the operator's (a namespace token reads it, as Kubernetes RBAC without `rolloutjobs/status` would).
 
-Called by the API middleware (`api.py`) for a request carrying a scoped token (`auth.ScopedToken`); the
-answer is None (allowed) or the message of a 403 Forbidden Status. The admin token never comes here; on node paths a scoped token is refused before (`api.py`).
+Called by the API middleware (`middleware.py`) for a request carrying a scoped token (`auth.ScopedToken`); the
+answer is None (allowed) or the message of a 403 Forbidden Status. The admin token never comes here; on node paths
+a scoped token is refused before (`middleware.py`).
 """
 from __future__ import annotations
 

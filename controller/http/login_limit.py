@@ -1,7 +1,7 @@
 """Login rate limits: failed token checks per client address, UI logins per principal (429 with Retry-After).
 Its token buckets (`_Buckets`) also meter the namespace tokens' API requests (`request_rate.py`).
 
-Used by the API middleware (`api.py`, an invalid bearer token) and the UI's login (`ui/app.py`). The token is
+Used by the API middleware (`middleware.py`, an invalid bearer token) and the UI's login (`ui/app.py`). The token is
 always checked first: a valid token is never refused for what others did from its address (see `LoginLimits`).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The namespace tokens' API request rates (#36): a token bucket per token; a request over it waits its turn and,
 past a few waiting, is answered 429 with Retry-After at once (API Priority and Fairness in spirit, kept simple).
 
-Called by the API middleware (`api.py`) for scoped tokens only, after the token check and before the route reads
+Called by the API middleware (`middleware.py`) for scoped tokens only, after the token check and before the route reads
 the body: never for the admin token, a token of every namespace, node credentials (the node protocol), the probes
 or the web UI (its logins and sessions are `login_limit.py`'s). The rates are the namespaces' TenantPolicies' (`quotas.requestsPerSecond`,
 `quotas.requestBurst`); the buckets are `login_limit._Buckets`. Next step: a weight per route (a list costs more).

@@ -29,7 +29,7 @@ from ..store import Store
 from ..store.schema import RELEASE_FINALIZER
 from ..access.tenancy import ADMIN, Policies, describe
 
-TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`api.py`)
+TOKEN_KEY = "rolloutd.token"  # the ASGI scope key where the API middleware leaves a scoped token (`middleware.py`)
 T = TypeVar("T")
 _NS_LOCKS: dict[str, threading.Lock] = {}
 _NS_LOCKS_GUARD = threading.Lock()

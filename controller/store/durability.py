@@ -3,7 +3,7 @@ synchronous=NORMAL (a commit is written, not synced; the WAL is synced at each c
 protocol's hot path (beats, leases) free of an fsync each; `Durable.settle()` syncs the WAL before the API answers a
 client's write, and before a node is told its results are stored. Concurrent callers share one fsync: a caller
 waits for the first sync that starts after its commit (group sync). PostgreSQL commits are durable on the server:
-nothing to do. Called by `api.py` (the middleware, writes other than the node protocol's) and
+nothing to do. Called by `middleware.py` (the API's, writes other than the node protocol's) and
 `http/node_protocol.py` (results, alone or riding on a beat). Next step: none planned.
 """
 from __future__ import annotations

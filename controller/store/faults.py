@@ -1,8 +1,8 @@
 """The store's disk as a fault the API names: a full or read-only filesystem, the store file removed or replaced.
 
-`api.py` asks `StorageWatch.problem()` for /readyz and `lost()` before serving (a controller whose store file was
-removed stops serving: it would write into an unlinked file and lose it at the next start); a request that fails on
-the disk answers 503 with the reason and Retry-After (`storage_reason` tells such an error from a bug).
+`api.py` asks `StorageWatch.problem()` for /readyz, `middleware.py` asks `lost()` before serving (a controller whose
+store file was removed stops serving: it would write into an unlinked file and lose it at the next start); a request
+that fails on the disk answers 503 with the reason and Retry-After (`storage_reason` tells such an error from a bug).
 `opening_problem` words a store that cannot be opened at start. On PostgreSQL there is no file to watch: a server
 that cannot be reached (refused, shut down, connection lost) is the fault named instead. Next step: none planned.
 """

@@ -35,7 +35,7 @@ class ItemQueue:
         self.engine, self.pool, self.clock = engine, pool, clock
         self.changed = changed  # set when a job's queue changed: a waiting lease looks again
         self.leases = HeldLeases(clock, stall_seconds)  # the leases held now, in memory: what beats read and renew
-        # since the controller started, all jobs together (the metrics, `api.py`): attempts run again after a
+        # since the controller started, all jobs together (the metrics, `collectors.py`): attempts run again after a
         # failed one, rollouts delivered infra-failed (masked: no reward), live rollouts cancelled on their nodes
         self.totals: Counter[str] = Counter({"retries": 0, "masked": 0, "cleanups": 0})
         self.stopped = False

@@ -43,8 +43,8 @@ class Scheduler:
 
     async def announce_policy(self, name: str, version: int | str, weights_path: str | None = None,
                               pause: bool | None = None, drain_timeout: float = 120.0) -> dict[str, Any]:
-        """The route's answer needs no sync of its own (`api._unsynced`): the announce synced its commit, and a sweep
-        is synced here."""
+        """The route's answer needs no sync of its own (`middleware._unsynced`): the announce synced its commit, and a
+        sweep is synced here."""
         out = await self.work.policies.announce(name, version, weights_path, pause, drain_timeout)
         job = self.work.jobs.get(name)
         if job.spec.policy.max_staleness is not None:

@@ -17,7 +17,7 @@ import typer
 import yaml
 
 from rolloutd.crds.kit.settings import ControllerSettings
-from rolloutd.controller.executors.kubernetes import KubernetesExecutor
+from rolloutd.controller.executors.kubernetes.executor import KubernetesExecutor
 from rolloutd.controller.executors.base import advertised_url
 from rolloutd.controller.main import app as rolloutd_app
 from rolloutd.controller.operator.kubeapi import Connection

@@ -18,8 +18,9 @@ import yaml
 
 from rolloutd.crds.kit.settings import ControllerSettings
 from rolloutd.controller.executors.logs import MAX_BYTES, NoLogs
-from rolloutd.controller.executors.kubernetes import (INSTALL_HINT, KubernetesExecutor, job_manifest, node_states,
-                                                      resource_name)
+from rolloutd.controller.executors.kubernetes.executor import INSTALL_HINT, KubernetesExecutor
+from rolloutd.controller.executors.kubernetes.manifests import job_manifest, resource_name
+from rolloutd.controller.executors.kubernetes.pods import node_states
 from rolloutd.controller.main import app as rolloutd_app
 from rolloutd.controller.executors.base import ExecutorError
 from rolloutd.controller.operator.handlers import Reconciler
@@ -396,7 +397,7 @@ def test_without_the_client_a_job_fails_with_what_to_install(tmp_path, monkeypat
 
 
 def test_the_core_does_not_import_the_client():
-    code = ("import sys; import rolloutd.controller.executors.kubernetes; "
+    code = ("import sys; import rolloutd.controller.executors.kubernetes.executor; "
             "assert 'kubernetes' not in sys.modules, 'kubernetes imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

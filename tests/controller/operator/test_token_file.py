@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from rolloutd.controller.executors.kubernetes import api_client_for
+from rolloutd.controller.executors.kubernetes.clients import api_client_for
 from rolloutd.controller.operator.kubeapi import BearerAuth, Connection
 
 POD_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}

@@ -1,4 +1,4 @@
-"""The pods of a job's Indexed Job (`kubernetes.py`): what state each node daemon is in and its log.
+"""The pods of a job's Indexed Job (`executor.py`): what state each node daemon is in and its log.
 
 `node_states` maps the pods to the executor's NodeStates (`observe`); `pod_log_stream` turns an opened pod log
 (`read_namespaced_pod_log(..., _preload_content=False)`, a urllib3 response) into whole lines for `logs.merged`,
@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
-from .base import NodeState
-from .logs import READ_BYTES
+from ..base import NodeState
+from ..logs import READ_BYTES
 
 CONTAINER = "node"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"

@@ -1,23 +1,19 @@
 """The Kubernetes executor: a RolloutJob's node daemons as one Indexed Job (a pod per node).
 
 Called by the reconciler (`ensure` / `observe` / `release`, the `Executor` protocol) for jobs with
-`executor.kind: kubernetes`. `job_manifest` builds the batch/v1 Job as a pure function (tested against
-the Kubernetes schemas); the executor creates it with the official `kubernetes` client (the
-`[kubernetes]` extra, imported on first use: a controller without it fails such a job with a condition
-saying what to install), scales it by patching `parallelism` and `completions` together (elastic
-Indexed Job), maps its pods to NodeStates and deletes it (propagationPolicy Background: the pods get
+`executor.kind: kubernetes`. It creates the Job and its Secret that `manifests.py` builds with the official
+`kubernetes` client (the `[kubernetes]` extra, imported on first use: a controller without it fails such a job
+with a condition saying what to install), scales it by patching `parallelism` and `completions` together (elastic
+Indexed Job), maps its pods to NodeStates (`pods.py`) and deletes it (propagationPolicy Background: the pods get
 SIGTERM and drain) on release.
 
-The daemon's side is the local and Slurm executors' contract: `rolloutd node --slot <index>` with
-ROLLOUTD_CONTROLLER / ROLLOUTD_JOB in its environment and ROLLOUTD_JOIN_TOKEN (the job's node credential,
-minted on the Job's creation and revoked on release) from a Secret the executor writes beside the Job (never
-in the Job's spec, which anyone who may read Jobs can see).
-Test seam: `api_client` (a `kubernetes.client.ApiClient` factory).
+The job's node credential is minted on the Job's creation and revoked on release; the daemons read it from the
+Secret the executor writes beside the Job.
+Test seam: `api_client` (a `kubernetes.client.ApiClient` factory, `clients.py`).
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -25,112 +21,17 @@ from typing import Any, Callable
 from rolloutd.crds import nodeenv
 from rolloutd.crds.rolloutjob import RolloutJob
 
-from .base import Credentials, ExecutorError, NodeState, Site
-from .logs import MAX_BYTES, NoLogs, merged
+from ..base import Credentials, ExecutorError, NodeState, Site
+from ..logs import MAX_BYTES, NoLogs, merged
+from .clients import api_client_for, default_api_client
+from .manifests import job_manifest, resource_name, secret_manifest
 from .pods import CONTAINER, newest_pods, node_states, pod_log_stream
 
 log = logging.getLogger("rolloutd.executor.kubernetes")
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-RESTARTS_PER_NODE = 5  # like the Slurm batch script's supervisor: a crashing daemon's pod is replaced this often
 SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 INSTALL_HINT = "pip install 'rolloutd[kubernetes]'"
-
-
-def resource_name(job: str) -> str:
-    """The Job's (and its Secret's) name for a job key: `rolloutd-<job>`, shortened with a hash so that the
-    pods' hostnames (`<name>-<index>`) stay within 63 characters; a key outside `default` always has the hash
-    ("a-b/c" and "a/b-c" must not meet)."""
-    name = f"rolloutd-{job.replace('/', '-')}"
-    if len(name) <= 52 and "/" not in job:
-        return name
-    return f"{name[:43]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
-
-
-def labels(job: RolloutJob) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "rolloutd-node", "app.kubernetes.io/managed-by": "rolloutd",
-            "rolloutd.io/job": job.metadata.name,
-            "rolloutd.io/namespace": job.metadata.namespace, "rolloutd.io/uid": job.metadata.uid or ""}
-
-
-def secret_manifest(job: RolloutJob, *, namespace: str, credential: str, owned: bool = False) -> dict[str, Any]:
-    """The Secret holding the job's node credential (key `join-token`, as daemons of earlier versions read it)."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": _metadata(job, namespace, owned),
-            "stringData": {"join-token": credential}}
-
-
-def owner_references(job: RolloutJob, namespace: str) -> list[dict[str, Any]]:
-    """The RolloutJob as the owner of its Job and Secret when they share its namespace on the same cluster
-    (operator mode): Kubernetes' garbage collector then removes them even if the RolloutJob is force-deleted."""
-    if namespace != job.metadata.namespace or not job.metadata.uid:
-        return []
-    return [{"apiVersion": job.api_version, "kind": job.kind, "name": job.metadata.name, "uid": job.metadata.uid,
-             "controller": True, "blockOwnerDeletion": False}]
-
-
-def _metadata(job: RolloutJob, namespace: str, owned: bool) -> dict[str, Any]:
-    meta = {"name": resource_name(job.metadata.key), "namespace": namespace, "labels": labels(job)}
-    if owned and (refs := owner_references(job, namespace)):
-        meta["ownerReferences"] = refs
-    return meta
-
-
-def job_manifest(job: RolloutJob, *, namespace: str, image: str, controller_url: str,
-                 drain_seconds: float = 30.0, owned: bool = False) -> dict[str, Any]:
-    """The Indexed Job running `spec.executor.nodes` node daemons of `job` (pure: no API call); `owned`: the
-    RolloutJob is an object of the same cluster (operator mode), named as its owner."""
-    k = job.spec.executor.kubernetes
-    nodes = job.spec.executor.nodes
-    name = resource_name(job.metadata.key)
-    # the daemon's contract (crds/nodeenv.py); the join token comes from the Secret, never the Job spec
-    env = [{"name": nodeenv.CONTROLLER, "value": controller_url},
-           {"name": nodeenv.JOB, "value": job.metadata.key},
-           {"name": nodeenv.JOIN_TOKEN, "valueFrom": {"secretKeyRef": {"name": name, "key": "join-token"}}},
-           {"name": nodeenv.DRAIN_SECONDS, "value": f"{drain_seconds:g}"}]
-    container: dict[str, Any] = {
-        "name": CONTAINER, "image": k.image or image,
-        # JOB_COMPLETION_INDEX is set by the Job controller in every pod of an Indexed Job
-        "command": ["rolloutd", "node", "--slot", "$(JOB_COMPLETION_INDEX)"],
-        "env": env,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            **({"procMount": "Unmasked"} if k.user_namespace else {})},
-    }
-    if k.image_pull_policy:
-        container["imagePullPolicy"] = k.image_pull_policy
-    resources = {key: dict(value) for key, value in (("requests", k.resources.requests),
-                                                       ("limits", k.resources.limits)) if value}
-    if resources:
-        container["resources"] = resources
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",  # a failed pod is replaced by the Job (backoffLimitPerIndex), exit 2 fails it
-        "automountServiceAccountToken": False,  # a daemon talks to rolloutd, never to the Kubernetes API
-        "terminationGracePeriodSeconds": int(drain_seconds) + 15,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": k.run_as_user, "runAsGroup": k.run_as_user,
-                            "seccompProfile": {"type": k.seccomp_profile},
-                            "appArmorProfile": {"type": k.app_armor_profile}},
-        "containers": [container],
-    }
-    if k.user_namespace:
-        pod["hostUsers"] = False
-    if k.service_account:
-        pod["serviceAccountName"] = k.service_account
-    if k.node_selector:
-        pod["nodeSelector"] = dict(k.node_selector)
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": _metadata(job, namespace, owned),
-        "spec": {
-            "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
-            "backoffLimitPerIndex": RESTARTS_PER_NODE,
-            "podFailurePolicy": {"rules": [
-                # `rolloutd node` exits 2 when the controller refuses it or it is misconfigured: final
-                {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [2]}},
-                # evicted or preempted pods do not count against the per-node budget
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
-            "template": {"metadata": {"labels": labels(job)}, "spec": pod},
-        },
-    }
 
 
 def _condition(job: dict[str, Any], type_: str) -> str | None:
@@ -140,39 +41,6 @@ def _condition(job: dict[str, Any], type_: str) -> str | None:
             return f"{cond.get('reason') or type_}: {cond.get('message') or ''}".rstrip(": ")
     return None
 
-
-def default_api_client() -> Any:
-    """In a pod: its service account; elsewhere: $KUBECONFIG / ~/.kube/config."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
-
-
-def api_client_for(server: str, token: Callable[[], str | None] | str | None = None, ca_path: str | None = None,
-                   insecure: bool = False) -> Callable[[], Any]:
-    """A client factory for one API server (operator mode: the one in `rolloutd operator --kubeconfig`).
-    `token` may be a callable (`Connection.bearer`), asked before each request: a rotated token is picked up."""
-    current = token if callable(token) else (lambda: token)
-
-    def make() -> Any:
-        from kubernetes import client
-
-        conf = client.Configuration()
-        conf.host = server
-        first = current()
-        if first:  # the client sends a token only when it holds one before the hook is asked for a newer one
-            conf.api_key, conf.api_key_prefix = {"authorization": first}, {"authorization": "Bearer"}
-
-            def refresh(c: Any) -> None:
-                c.api_key = {"authorization": current() or c.api_key["authorization"]}
-            conf.refresh_api_key_hook = refresh
-        conf.ssl_ca_cert, conf.verify_ssl = ca_path, not insecure
-        return client.ApiClient(conf)
-    return make
 
 
 class KubernetesExecutor:
