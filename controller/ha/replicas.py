@@ -38,7 +38,8 @@ from .leadership import EXIT_LOST, Leadership, current
 from ..access.nodeauth import NodeCredentials, NodeGate
 from ..root import assemble
 from ..replies import misdirected, read_body, replay, unavailable
-from .shards import OWNER, UNREACHABLE, Serving, Shards
+from .serving import Serving
+from .shards import OWNER, UNREACHABLE, Shards
 from ..store import Store
 from rolloutd.crds.kit.paths import DataDir
 
@@ -245,7 +246,7 @@ class Replica:
         """A node call: served here when this replica owns the node (or it is a registration), else answered 421 naming
         the owner (`_redirects`) or forwarded to it, the reply naming it (`shards.OWNER`): the daemon moves to it. A node
         of ours above our fair share is handed over first (`Shards.give`). The fence of the call's transaction has the
-        last word (`shards.Serving.check`): a call it refuses goes the same way, or (forwarded: no second hop) 503."""
+        last word (`serving.Serving.check`): a call it refuses goes the same way, or (forwarded: no second hop) 503."""
         node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
         forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
         app = self.leader.app if self.leader is not None else self.follower

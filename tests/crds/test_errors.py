@@ -88,7 +88,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.controller.errors.TooManyRequests": [(("m",), {}, I)],
     "rolloutd.controller.errors.ServiceUnavailable": [(("m",), {}, I)],
     "rolloutd.controller.ha.leadership.Fenced": [(("m",), {}, I)],
-    "rolloutd.controller.ha.shards.NotOwner": [(("node", "http://b"), {}, I)],
+    "rolloutd.controller.ha.serving.NotOwner": [(("node", "http://b"), {}, I)],
     "rolloutd.controller.executors.base.ExecutorError": [(("m",), {}, I), (("m",), {"permanent": True}, C)],
     "rolloutd.controller.executors.logs.NoLogs": [((), {}, C)],
     "rolloutd.integrations.trl.rollouts.StalePolicy": [((), {}, I)],

@@ -83,7 +83,8 @@ def test_a_node_handed_over_is_fenced_off_its_old_owner_and_its_leases_go_with_i
     """Node shards' fence: a hand-over waits for (skips while) the owner's open call on the node; once it committed
     the old owner answers nothing for the node and, holding its leases in memory still (as a replica paused through
     the move does), expires none of them; the new owner loads them at the node's first call and ends them once."""
-    from rolloutd.controller.ha.shards import NotOwner, Serving, Shards
+    from rolloutd.controller.ha.serving import NotOwner, Serving
+    from rolloutd.controller.ha.shards import Shards
     from rolloutd.controller.work.held_leases import HeldLease
     from rolloutd.crds.node import Heartbeat
 
