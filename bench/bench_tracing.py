@@ -2,9 +2,9 @@
 
 Where it sits: `python -m bench tracing` through `run(quick)`. The hooks run as the product calls them — the
 controller's `granted` and `ended` (controller/work/tracing.py), the node's attempt, INIT/RUN/EVAL, per turn a
-turn, a model call and a tool call (agents/spans.py) — exported over OTLP/HTTP (crds/kit/otlp.py's batches, the
-SDK's batch processor for an older tree's SDK spans) to a loopback sink (a process of its own) that answers 200, so
-serialising and sending are counted. Blocks of rollouts alternate off / on
+turn, a model call and a tool call (agents/spans.py) — exported over OTLP/HTTP (crds/kit/otlp_batches.py's batches,
+the SDK's batch processor for an older tree's SDK spans) to a loopback sink (a process of its own) that answers 200,
+so serialising and sending are counted. Blocks of rollouts alternate off / on
 in one process; CPU time (`time.process_time`, the exporter's thread included) per rollout, and spans per rollout.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _controller_block(n: int, start: int) -> float:
 
 
 def _controller_spans() -> int:
-    """The spans sent so far by crds/kit/otlp.py's batches (the controller's, and since the node's spans are
+    """The spans sent so far by crds/kit/otlp_batches.py's batches (the controller's, and since the node's spans are
     `tracing.Span`s, the node's too), not the provider's."""
     from rolloutd.crds.kit import tracing
 

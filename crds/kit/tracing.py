@@ -24,7 +24,7 @@ TRACER = "rolloutd"
 
 _tracer: Any = None   # an opentelemetry Tracer once `setup` turned tracing on
 _provider: Any = None
-_batches: Any = None  # `finished` spans' queue (crds/kit/otlp.py) once one was sent; False: through the provider
+_batches: Any = None  # `finished` spans' queue (crds/kit/otlp_batches.py) once one was sent; False: the provider
 _follows_parent = False  # the sampler keeps a child span exactly when its parent was kept (the SDK's default)
 _roots_kept = False      # the sampler keeps every new trace (the SDK's default: parent-based, root always on)
 
@@ -97,7 +97,7 @@ def flush() -> None:
 
 
 def counts() -> str:
-    """What the batches did so far (`otlp.Batches.counts`), for a process's last log line."""
+    """What the batches did so far (`otlp_batches.Batches.counts`), for a process's last log line."""
     return _batches.counts() if _batches else "the provider's processors"
 
 
@@ -108,8 +108,8 @@ def lost() -> int:
 
 def stopping(timeout: float = 5.0) -> None:
     """The process is stopping, its work done: from now on `finished` spans are sent by the caller's thread as their
-    batches fill, none dropped for want of room (`otlp.Batches.close`), for `timeout` s at most; `flush` sends the
-    rest. The controller's stop ends every attempt still in flight between the two (controller/work/tracing.py)."""
+    batches fill, none dropped for want of room (`otlp_batches.Batches.close`), for `timeout` s at most; `flush` sends
+    the rest. The controller's stop ends every attempt still in flight between the two (controller/work/tracing.py)."""
     global _batches
     if _tracer is None:
         return
@@ -181,10 +181,10 @@ def encoded(*spans: bytes) -> bool:
 
 
 def _own_batches() -> Any:
-    """`otlp.Batches` sending by the SDK exporter's HTTP client, or False (`otlp.sdk_batches`)."""
-    from rolloutd.crds.kit import otlp
+    """`otlp_batches.Batches` sending by the SDK exporter's HTTP client, or False (`otlp_batches.sdk_batches`)."""
+    from rolloutd.crds.kit import otlp_batches
 
-    return otlp.sdk_batches(dict(_provider.resource.attributes), TRACER)
+    return otlp_batches.sdk_batches(dict(_provider.resource.attributes), TRACER)
 
 
 class _Nothing:

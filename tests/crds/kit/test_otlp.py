@@ -15,7 +15,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
 from rolloutd.controller.work import tracing as attempt_traces
-from rolloutd.crds.kit import otlp, tracing
+from rolloutd.crds.kit import otlp, otlp_batches, tracing
 from rolloutd.crds.node import Lease
 from rolloutd.crds.trajectory import Trajectory
 
@@ -236,11 +236,11 @@ def test_spans_follow_the_sampler_and_carry_their_context(monkeypatch):
     assert sent[0].remote and sent[0].parent_id == 0xb7ad6b7169203331 and not sent[1].remote
 
 
-def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp.Batches:
+def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp_batches.Batches:
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", str(batch))
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", str(most))
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
-    return otlp.Batches(send, {"service.name": "t"}, "rolloutd")
+    return otlp_batches.Batches(send, {"service.name": "t"}, "rolloutd")
 
 
 def _span(i: int) -> otlp.Finished:
@@ -294,15 +294,15 @@ def test_the_exporter_keeps_requests_where_its_environment_matters(monkeypatch):
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{sink.url}/v1/traces")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
-        batches = otlp.sdk_batches({"service.name": "t"}, "rolloutd")
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+        batches = otlp_batches.sdk_batches({"service.name": "t"}, "rolloutd")
         for i in range(3):
             batches.add(_span(i))
         batches.shutdown()
         assert sorted(s["attributes"]["rolloutd.item"] for s in sink.stored()) == [0, 1, 2]
         monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "RequestsHTTPTransport"
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "RequestsHTTPTransport"
         monkeypatch.setenv("no_proxy", "127.0.0.1")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
     finally:
         sink.close()
