@@ -2,9 +2,9 @@
 
 Where it sits: `python -m bench tracing` through `run(quick)`. The hooks run as the product calls them — the
 controller's `granted` and `ended` (controller/work/tracing.py), the node's attempt, INIT/RUN/EVAL, per turn a
-turn, a model call and a tool call (agents/spans.py) — exported over OTLP/HTTP (crds/kit/otlp.py's batches, the
-SDK's batch processor for an older tree's SDK spans) to a loopback sink (a process of its own) that answers 200, so
-serialising and sending are counted. Blocks of rollouts alternate off / on
+turn, a model call and a tool call (agents/spans.py) — exported over OTLP/HTTP (crds/kit/otlp_batches.py's batches,
+the SDK's batch processor for an older tree's SDK spans) to a loopback sink (a process of its own) that answers 200,
+so serialising and sending are counted. Blocks of rollouts alternate off / on
 in one process; CPU time (`time.process_time`, the exporter's thread included) per rollout, and spans per rollout.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _counter():
 def _rollout(i: int) -> None:
     from rolloutd.agents import spans
     from rolloutd.controller.work import tracing as attempt_traces
-    from rolloutd.crds.kit import tracing
+    from rolloutd.crds.kit import trace_spans
     from rolloutd.crds.node import Lease
 
     grant = dict(attempt_id=f"{i}.1.abcdef", item=i, prompt=i, sample=0, attempt=1, backend="http://127.0.0.1:1",
@@ -66,7 +66,7 @@ def _rollout(i: int) -> None:
             pass
         with spans.stage("RUN", lease.attempt_id, 0.0):
             for turn in range(TURNS):
-                with tracing.span("turn", {"rolloutd.turn": turn}):
+                with trace_spans.span("turn", {"rolloutd.turn": turn}):
                     with spans.model_call(inner, list(range(200)), sampling, f"r{i}-t{turn}", 0) as call:
                         spans.generated(call, gen, time.monotonic())
                     with spans.tool_call("bash") as tool:
@@ -98,8 +98,8 @@ def _controller_block(n: int, start: int) -> float:
 
 
 def _controller_spans() -> int:
-    """The spans sent so far by crds/kit/otlp.py's batches (the controller's, and since the node's spans are
-    `tracing.Span`s, the node's too), not the provider's."""
+    """The spans sent so far by crds/kit/otlp_batches.py's batches (the controller's, and since the node's spans are
+    `trace_spans.Span`s, the node's too), not the provider's."""
     from rolloutd.crds.kit import tracing
 
     batches = getattr(tracing, "_batches", None)   # None: an older tree's, whose controller spans are the provider's

@@ -32,7 +32,7 @@ from typing import Any
 from rolloutd.sandbox.host.unixsock import listening
 from rolloutd.sandbox.relay import RELAY
 
-from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit import trace_spans, tracing
 from .calls import Call, PieceEncoder, Segment, stitch
 from ..llm import BackendError, Generation, RequestRejected, SamplingParams, derive_seed
 from ..wire.openai import Invalid, completion_prompt, max_tokens, read_body, respond
@@ -165,7 +165,7 @@ class Gateway:
         """`_serve`, in the rollout's trace (a span per call, its model calls under it) when tracing is on."""
         if self._trace is None or scope["type"] != "http":
             return await self._serve(scope, receive, send)
-        with tracing.attached(self._trace), tracing.span(f"gateway {scope['method']} {scope['path'][:64]}",
+        with tracing.attached(self._trace), trace_spans.span(f"gateway {scope['method']} {scope['path'][:64]}",
                                                          {"http.route": scope["path"][:64]}):
             return await self._serve(scope, receive, send)
 

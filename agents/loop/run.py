@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rolloutd.crds.errors import classify
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory, Turn, VersionSpan
 
-from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit import trace_spans
 from .. import spans as node_traces
 from ..llm import BackendError, LLMBackend, RequestRejected, derive_seed
 from ..tokenizer import ChatTokenizer
@@ -160,7 +160,7 @@ async def run_agent_loop(
         nonlocal failure, submitted, final_text, finish
         for turn in range(config.max_turns):
             turn_span.close()   # the previous turn's
-            turn_span.enter_context(tracing.span("turn", {"rolloutd.turn": turn}))
+            turn_span.enter_context(trace_spans.span("turn", {"rolloutd.turn": turn}))
             room = config.max_total_tokens - len(ids)
             if room <= 0 and turn == 0:
                 failure, finish = too_long("spec.agent.sampling.maxTotalTokens", config.max_total_tokens), "error"

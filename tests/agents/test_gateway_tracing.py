@@ -13,7 +13,7 @@ from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer
-from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit import trace_spans, tracing
 
 from support.harbor_rollouts import task_sandbox
 
@@ -50,7 +50,7 @@ def test_harness_calls_are_spans_under_the_rollouts_run_span(tiny_engine):
             await sandbox.write_file("/tmp/harness.py", HARNESS)
             config = AgentConfig(agent_kind="harness", agent_command="python3 /tmp/harness.py",
                                  sampling=SamplingParams(max_tokens=8))
-            with tracing.span("RUN"):
+            with trace_spans.span("RUN"):
                 return await handler.run(task, sandbox, TrackedLLM(llm), tokenizer=ChatTokenizer(model_dir("tiny")),
                                          config=config, ctx=RolloutContext(job="gw", prompt=0, sample=0))
 

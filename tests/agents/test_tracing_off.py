@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import sys
-from rolloutd.crds.kit import tracing
+from rolloutd.crds.kit import trace_spans, tracing
 from rolloutd.agents import spans
 import rolloutd.agents.daemon.daemon, rolloutd.agents.gateway.server, rolloutd.controller.server
 from rolloutd.crds import nodeenv
@@ -17,9 +17,9 @@ on = nodeenv.read_node_env({}).tracing or nodeenv.tracing_on(ControllerSettings.
 assert not tracing.setup("probe", on) and not tracing.enabled()
 assert nodeenv.read_node_env({"ROLLOUTD_TRACING": "1"}).tracing
 assert nodeenv.tracing_on(ControllerSettings.from_env({"ROLLOUTD_TRACING": "1"}).tracing)
-with tracing.span("x", {"a": 1}) as s:
+with trace_spans.span("x", {"a": 1}) as s:
     s.set_attribute("b", 2)
-assert tracing.traceparent() is None and tracing.trace_id() is None
+assert trace_spans.traceparent() is None and tracing.trace_id() is None
 from rolloutd.controller.work import tracing as ctl
 grant = dict(attempt_id="1.1.x", item=1, prompt=0, sample=0, attempt=1, backend=None, queued_seconds=0.0)
 assert ctl.granted(grant, "default/j", "n") is None and ctl.trace_id("1.1.x") is None

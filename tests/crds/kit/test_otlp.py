@@ -15,7 +15,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
 from rolloutd.controller.work import tracing as attempt_traces
-from rolloutd.crds.kit import otlp, tracing
+from rolloutd.crds.kit import otlp, otlp_batches, trace_spans, tracing
 from rolloutd.crds.node import Lease
 from rolloutd.crds.trajectory import Trajectory
 
@@ -140,8 +140,8 @@ def _block(span, error) -> None:
 
 
 def test_the_node_spans_are_the_sdks_spans_of_the_same_block(monkeypatch):
-    """The node daemon's spans (`tracing.Span`, encoded by otlp.py) decode to what the SDK's spans of the same block
-    encode to with the SDK's encoder: names, parent links (the remote one flagged), attributes in order, status,
+    """The node daemon's spans (`trace_spans.Span`, encoded by otlp.py) decode to what the SDK's spans of the same
+    block encode to with the SDK's encoder: names, parent links (the remote one flagged), attributes in order, status,
     the exception's event; only ids, times and the traceback's lines differ."""
     import contextlib
 
@@ -175,7 +175,7 @@ def test_the_node_spans_are_the_sdks_spans_of_the_same_block(monkeypatch):
     tracing.use(provider)
     monkeypatch.setattr(tracing, "finished", ours_spans.append)
     try:
-        _block(tracing.span, tracing.error)
+        _block(trace_spans.span, trace_spans.error)
     finally:
         tracing.use(None)
     ours = ExportTraceServiceRequest.FromString(otlp.request(dict(provider.resource.attributes), "rolloutd", ours_spans))
@@ -216,18 +216,18 @@ def test_spans_follow_the_sampler_and_carry_their_context(monkeypatch):
     tracing.use(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
     monkeypatch.setattr(tracing, "finished", sent.append)
     try:
-        with tracing.span("root") as root:   # the root sampler: off
+        with trace_spans.span("root") as root:   # the root sampler: off
             assert not root.is_recording() and tracing.trace_id() == format(root.trace_id, "032x")
-        with tracing.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00") as off:
-            with tracing.span("RUN") as run:
+        with trace_spans.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00") as off:
+            with trace_spans.span("RUN") as run:
                 assert run.trace_id == off.trace_id == 0x0af7651916cd43dd8448eb211c80319c and not run.sampled
-                assert tracing.traceparent().endswith(f"-{run.span_id:016x}-00")
-        with tracing.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") as on:
+                assert trace_spans.traceparent().endswith(f"-{run.span_id:016x}-00")
+        with trace_spans.span("node.attempt", parent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") as on:
             held = tracing.context()
         assert tracing.context() is None
-        with tracing.attached(held), tracing.span("gateway GET /v1/models"):
+        with tracing.attached(held), trace_spans.span("gateway GET /v1/models"):
             pass
-        with tracing.span("bad", parent="00-" + "0" * 32 + "-b7ad6b7169203331-01") as bad:   # malformed: new trace
+        with trace_spans.span("bad", parent="00-" + "0" * 32 + "-b7ad6b7169203331-01") as bad:   # malformed: new trace
             assert bad.parent_id == 0
     finally:
         tracing.use(None)
@@ -236,11 +236,11 @@ def test_spans_follow_the_sampler_and_carry_their_context(monkeypatch):
     assert sent[0].remote and sent[0].parent_id == 0xb7ad6b7169203331 and not sent[1].remote
 
 
-def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp.Batches:
+def _batches(send, monkeypatch, batch: int = 100, most: int = 200) -> otlp_batches.Batches:
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", str(batch))
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", str(most))
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")
-    return otlp.Batches(send, {"service.name": "t"}, "rolloutd")
+    return otlp_batches.Batches(send, {"service.name": "t"}, "rolloutd")
 
 
 def _span(i: int) -> otlp.Finished:
@@ -294,15 +294,15 @@ def test_the_exporter_keeps_requests_where_its_environment_matters(monkeypatch):
     try:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{sink.url}/v1/traces")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
-        batches = otlp.sdk_batches({"service.name": "t"}, "rolloutd")
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+        batches = otlp_batches.sdk_batches({"service.name": "t"}, "rolloutd")
         for i in range(3):
             batches.add(_span(i))
         batches.shutdown()
         assert sorted(s["attributes"]["rolloutd.item"] for s in sink.stored()) == [0, 1, 2]
         monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "RequestsHTTPTransport"
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "RequestsHTTPTransport"
         monkeypatch.setenv("no_proxy", "127.0.0.1")
-        assert type(otlp.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
+        assert type(otlp_batches.sdk_exporter()._client._transport).__name__ == "Urllib3HTTPTransport"
     finally:
         sink.close()
