@@ -22,7 +22,7 @@ from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.crds.weight_labels import foreign_version, weight_label
 
-from .backends import BackendHttp
+from .backend_http import BackendHttp
 from .job_state import Jobs
 from .node_registry import NodeRegistry
 from .tables import PolicyRow
