@@ -25,7 +25,8 @@ from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare
 from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.backends import BackendPool, kv_tokens
+from rolloutd.controller.work.backend_health import kv_tokens
+from rolloutd.controller.work.backends import BackendPool
 
 A, B = "team-a/worst", "team-b/small"
 CAP = 4  # the backend's episodes at once

@@ -1,7 +1,7 @@
 """The label a backend's weights carry in the engine (vLLM's `POST /update_weight_version`), which the engine stamps on
 every token it generates (`weight_versions` spans on its token endpoint's final chunk): job, incarnation, version.
 
-The controller sets it at every update it makes (controller/work/backends.py, node-protocol feature weight-stamps);
+The controller sets it at every update it makes (controller/work/backend_http.py, node-protocol feature weight-stamps);
 the node daemon reads the stamps back into per-token policy versions (agents/daemon/weightstamps.py).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ frame-ancestors 'none'. Routes (under /ui):
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/inflight (`work/inflight.py`)
          · …/config · …/curves · …/trajectories (sortable: `jobview.py`) · …/trajectories/{seq} (with its
-         waterfall: `waterfall.py`)   JSON, SSE
+         waterfall: `waterfall.py`; the document and its group: `work/trajectory_reads.py`)   JSON, SSE
 Next step: throughput per node on the job page.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..errors import ApiError
 from ..http import streams
 from ..http.login_limit import LoginLimits
 from ..store import Store
-from ..work import inflight as inflight_rows, stats
+from ..work import inflight as inflight_rows, stats, trajectory_reads
 from ..work.inflight import inflight
 from ..executors.base import Executor, ExecutorError
 from ..executors.logs import NoLogs
@@ -340,7 +340,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
         key = visible(who(request), namespace, name)
 
         def load() -> dict[str, Any]:
-            data = stats.trajectory(engine, key, seq)
+            data = trajectory_reads.trajectory(engine, key, seq)
             if data is None:
                 raise HTTPException(404, f"rolloutjob {namespace}/{name} has no trajectory {seq}")
             raw = json.loads(data)
@@ -350,7 +350,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
             view.update(traceId=tid, traceUrl=links.trace_url(trace_url, tid),
                         logsUrl=links.logs_page(namespace, name, raw.get("node"), raw.get("attemptId"), tid))
             view.update(seq=seq, waterfall=waterfall(raw),
-                        group=stats.group(engine, key, raw.get("prompt", 0), raw.get("group")),
+                        group=trajectory_reads.group(engine, key, raw.get("prompt", 0), raw.get("group")),
                         api=f"{API_PREFIX}/namespaces/{namespace}/rolloutjobs/{name}/trajectories?cursor={seq - 1}&limit=1")
             return with_raw(view, seq, data)
         return _json(await asyncio.to_thread(load))

@@ -42,8 +42,9 @@ from .held_leases import HeldLease, unheard
 from .node_registry import NodeRegistry
 from .node_share import NodeShares
 from .hot_sql import Item
-from .policy_versions import PolicyVersions, staleness
+from .policy_versions import PolicyVersions
 from .queue import ItemQueue
+from .staleness import staleness
 from .states import DaemonState, ItemState
 from .tables import ItemRow
 from . import tokenshare, workshare

@@ -19,7 +19,9 @@ from ..access.tenancy import Policies
 from . import hot_sql, seq_floor, tables
 from .admission import Admission
 from .attempts import Attempts
-from .backends import BackendHttp, BackendPool, HealthProbe
+from .backend_health import HealthProbe
+from .backend_http import BackendHttp
+from .backends import BackendPool
 from .batches import Batches
 from .expansion import Expansions
 from .feed import Feed

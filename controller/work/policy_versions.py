@@ -1,7 +1,7 @@
 """Policy versions: the version every lease and beat carries, and the switch to a new one around weight sync.
 
-Called by the policy routes (`announce`, `describe`); `attempts` reads the version (a lease)
-and measures staleness (a result).
+Called by the policy routes (`announce`, `describe`); `attempts` reads the version (a lease) and measures a result's
+staleness against the history (`staleness.staleness`). An announce's timeline is `policy_steps.Steps`.
 """
 from __future__ import annotations
 
@@ -19,25 +19,15 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from rolloutd.crds.node import PolicyState, PolicyWatch
-from rolloutd.crds.trajectory import Trajectory
 from rolloutd.crds.weight_labels import foreign_version, weight_label
 
-from .backends import BackendHttp
+from .backend_http import BackendHttp
 from .job_state import Jobs
 from .node_registry import NodeRegistry
+from .policy_steps import Steps
 from .tables import PolicyRow
 
 log = logging.getLogger("rolloutd.scheduler")
-
-
-def staleness(t: Trajectory, history: list) -> int:
-    """How many announced versions ago the oldest turn of `t` was generated (0 = current)."""
-    versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
-    if not history or not versions:
-        return 0
-    if any(v not in history for v in versions):  # another job's weights (a shared backend): older than any of ours
-        return len(history)
-    return len(history) - 1 - min(history.index(v) for v in versions)
 
 
 class PolicyVersions:
@@ -241,7 +231,7 @@ class PolicyVersions:
                 self._changed(other)
 
     async def _live(self, name: str, version: int | str, urls: list[str], weights_path: str | None, mode: str,
-                    timeout: float, steps: "Steps", label: str) -> tuple[bool, list[dict[str, Any]], float]:
+                    timeout: float, steps: Steps, label: str) -> tuple[bool, list[dict[str, Any]], float]:
         """Pause every engine (keep: its requests in place; abort: aborting them, the daemons keep their tokens and
         continue them once the gate opens) while the daemons are asked to hold new LLM calls (the hold's commit
         overlaps the pause; a stream the engine aborts under a held gate parks at once). Once paused, load the weights,
@@ -358,25 +348,3 @@ async def _next_report(waiting: set[asyncio.Event], seconds: float) -> None:
             await asyncio.wait_for(woken.wait(), seconds)
     finally:
         waiting.discard(woken)
-
-
-class Steps:
-    """An update's timeline for its answer (`steps`): seconds from the announce to each step, and to each daemon's
-    first report of a kind (`held`, `fenced`: node → seconds), for the bench's breakdown."""
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self._steps: dict[str, float] = {}
-        self._nodes: dict[str, dict[str, float]] = {}
-
-    def mark(self, step: str) -> None:
-        self._steps[step] = time.monotonic()
-
-    def nodes(self, step: str) -> dict[str, float]:
-        return self._nodes.setdefault(step, {})
-
-    @property
-    def out(self) -> dict[str, Any]:
-        since = lambda t: round(t - self.t0, 4)  # noqa: E731
-        return {**{k: since(t) for k, t in self._steps.items()},
-                **{k: {n: since(t) for n, t in v.items()} for k, v in self._nodes.items()}}

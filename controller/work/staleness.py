@@ -6,7 +6,8 @@ than S behind go back to the queue (the daemon holding one is told its attempt i
 sandbox killed, LLM request aborted) and run again with the current version; in batch jobs, groups counted in the
 running batch whose samples were admitted more than S versions ago are taken out of it and the batch is refilled
 (batches of prompts the trainer named are left whole: they replace nothing). The per-sample check when a result arrives
-(`attempts`) runs a sample again when it came back more than S versions old, counted by `rerun`.
+(`attempts`, measured by `staleness`) runs a sample again when it came back more than S versions old, counted by
+`rerun`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from sqlmodel import Session, select
 
 from rolloutd.crds.rolloutjob import RolloutJob
+from rolloutd.crds.trajectory import Trajectory
 
 from .batches import Batches, batch_target
 from .queue import ItemQueue
@@ -30,6 +32,16 @@ ZERO = {"cancelledRollouts": 0, "sweptGroups": 0}  # an announce's sweep; `gated
 def behind(version: Any, history: list) -> int:
     """How many versions `version` is behind the newest of `history` (one more than all of it when unknown)."""
     return len(history) - 1 - (history.index(version) if version in history else -1)
+
+
+def staleness(t: Trajectory, history: list) -> int:
+    """How many announced versions ago the oldest turn of `t` was generated (0 = current)."""
+    versions = t.policy_versions or ([t.policy_version] if t.policy_version is not None else [])
+    if not history or not versions:
+        return 0
+    if any(v not in history for v in versions):  # another job's weights (a shared backend): older than any of ours
+        return len(history)
+    return len(history) - 1 - min(history.index(v) for v in versions)
 
 
 class StaleGroups:

@@ -1,6 +1,6 @@
 """A job's trajectories summed up, in SQL and on the server: never the whole table to a browser or a CLI.
 
-Called by the web UI (`ui/app.py`: job page, jobs list, trajectory search) and the API's `GET …/stats`
+Called by the web UI (`ui/app.py`, `ui/live.py`: job page, jobs list) and the API's `GET …/stats`
 (`http/trainer.py`, what `rolloutctl describe` prints), which share one `JobStats`. Counts by failure kind, the
 reward mean, per-stage p50/p95, rewards per policy version and failures by reason come from `JobStats`, which reads
 each trajectory once (the rows after the last seq it saw) and keeps the running sums in memory. It reads the
@@ -8,14 +8,13 @@ columns the feed copies out of each document, from the covering index `ix_trajec
 never `data` (seconds at 100 000 rollouts).
 Throughput over time: rollouts finished per time bucket, from each trajectory's end (`t_end`), kept per second
 (coarser as a long job's seconds grow past ENDS_KEPT) and drawn in at most THROUGHPUT_BUCKETS buckets.
-`search` filters one page of a job's trajectories.
+One page of a job's trajectories, one trajectory and its group are read back by `trajectory_reads.py`.
 Next step: throughput per node (the trajectory's node is not a column yet).
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from sqlalchemy.engine import Engine
 
-from ..dialects import is_pg, raw
+from ..dialects import raw
 from .stage_times import Times, histogram, percentile
 
 STAGES = ("queue", "init", "run", "eval")
@@ -295,57 +294,3 @@ def _throughput(acc: _Acc) -> dict[str, Any]:
         counts[(k * r - start) // width] += n
     out.update(start=start, bucketSeconds=width, counts=counts)
     return out
-
-
-def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_min: float | None = None,
-           reward_max: float | None = None, failure: str | None = None, task: str | None = None,
-           text: str | None = None) -> dict[str, Any]:
-    """One page of a job's trajectories (seq > `after`, in order) matching every filter given."""
-    where, args = ["job = ?", "seq > ?"], [job, after]
-    if reward_min is not None:
-        where.append("reward >= ?")
-        args.append(reward_min)
-    if reward_max is not None:
-        where.append("reward <= ?")
-        args.append(reward_max)
-    if failure:
-        where.append("failure = ?")
-        args.append(failure)
-    if task:
-        where.append("task_id = ?")
-        args.append(task)
-    if text:
-        where.append("strpos(data, ?) > 0" if is_pg(engine) else "instr(data, ?) > 0")
-        args.append(text)
-    sql = ("SELECT seq, prompt, sample, reward, failure, task_id, policy, reason FROM trajectories WHERE "
-           + " AND ".join(where) + " ORDER BY seq LIMIT ?")
-    with engine.connect() as c:
-        rows = raw(c).execute(sql, (*args, limit + 1)).fetchall()
-    items = [{"seq": seq, "prompt": prompt, "sample": sample, "reward": reward, "failure": fail, "taskId": task_id,
-              "policyVersion": json.loads(version) if version else None, "reason": reason}
-             for seq, prompt, sample, reward, fail, task_id, version, reason in rows[:limit]]
-    return {"items": items, "next": items[-1]["seq"] if len(rows) > limit else None}
-
-
-def trajectory(engine: Engine, job: str, seq: int) -> str | None:
-    """The stored JSON of trajectory `seq` when it belongs to `job`."""
-    with engine.connect() as c:
-        row = raw(c).execute("SELECT data FROM trajectories WHERE seq = ? AND job = ?", (seq, job)).fetchone()
-    return None if row is None else row[0]
-
-
-def group(engine: Engine, job: str, prompt: int, group_id: int | None) -> list[dict[str, Any]]:
-    """The samples of a GRPO group (the prompt's, or the batch group's) with their rewards and advantages."""
-    with engine.connect() as c:
-        if group_id is not None:
-            rows = raw(c).execute("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
-                                  "group_id = ? ORDER BY sample", (job, group_id)).fetchall()
-        else:
-            rows = raw(c).execute("SELECT seq, sample, reward, failure FROM trajectories WHERE job = ? AND "
-                                  "prompt = ? AND group_id IS NULL ORDER BY sample", (job, prompt)).fetchall()
-    scored = [r[2] for r in rows if r[2] is not None]
-    mean = sum(scored) / len(scored) if scored else 0.0
-    std = math.sqrt(sum((x - mean) ** 2 for x in scored) / len(scored)) if scored else 0.0
-    return [{"seq": seq, "sample": sample, "reward": reward, "failure": fail,
-             "advantage": None if reward is None else round((reward - mean) / std, 4) if std > 0 else 0.0}
-            for seq, sample, reward, fail in rows]

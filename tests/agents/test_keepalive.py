@@ -262,7 +262,7 @@ def test_the_clients_of_an_engine_drop_an_idle_connection_before_the_engine_woul
     """vLLM's server closes a connection idle for 5 s; a call sent on it just then fails ("Server disconnected").
     The node's engine client and the controller's (weight updates, minutes apart) open a new one after 4 s idle."""
     from rolloutd.agents.llm import VLLMBackend
-    from rolloutd.controller.work.backends import BackendHttp
+    from rolloutd.controller.work.backend_http import BackendHttp
     from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS
 
     async def twice(call) -> int:

@@ -18,7 +18,7 @@ from rolloutd.agents.daemon.prefillgate import PrefillGate
 from rolloutd.agents.llm import SamplingParams, VLLMBackend
 from rolloutd.controller.work import tokenshare, workshare
 from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.backends import kv_tokens
+from rolloutd.controller.work.backend_health import kv_tokens
 
 A, B = "team-a/worst", "team-b/small"
 A_PROMPT = 16_000  # tokens of each of team-a's prompts (fresh each: no prefix shared with another call)

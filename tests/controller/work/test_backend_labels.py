@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from rolloutd.controller.work.backends import BackendHttp
+from rolloutd.controller.work.backend_http import BackendHttp
 
 
 def backend(answers: dict[str, int]) -> tuple[BackendHttp, list[tuple[str, object]]]:

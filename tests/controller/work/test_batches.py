@@ -386,6 +386,6 @@ def test_a_reload_on_a_shared_backend_tags_the_other_jobs_tokens_with_the_weight
     assert sched.work.calls.heartbeat(nodes["eval"], Heartbeat()).backend_versions == {}
     assert sched.work.calls.heartbeat(node, Heartbeat()).backend_versions == {"http://a": f"{store.get('eval').metadata.key}@5"}
     # a turn of B's own current version beside one of A's weights is as stale as it gets for B's bound
-    from rolloutd.controller.work.policy_versions import staleness
+    from rolloutd.controller.work.staleness import staleness
     mixed = Trajectory(job="x", prompt=0, sample=0, policy_version=5, policy_versions=[5, f"{a}@1"])
     assert staleness(mixed, [5]) == 1 and staleness(mixed.model_copy(update={"policy_versions": [5]}), [5]) == 0

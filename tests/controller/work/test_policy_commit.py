@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlmodel import Session
 
-from rolloutd.controller.work.backends import BackendHttp
+from rolloutd.controller.work.backend_http import BackendHttp
 from rolloutd.controller.work.tables import PolicyRow
 
 from .test_batches import make

@@ -11,7 +11,9 @@ import httpx
 
 from rolloutd.controller.work import tokenshare
 from rolloutd.controller.work.admission import Admission
-from rolloutd.controller.work.backends import BackendHttp, BackendPool, HealthProbe
+from rolloutd.controller.work.backend_health import HealthProbe
+from rolloutd.controller.work.backend_http import BackendHttp
+from rolloutd.controller.work.backends import BackendPool
 from rolloutd.controller.work.tokenshare import FALLBACK_TOKENS, REPORT_SECONDS, budget, shares
 from rolloutd.crds.node import Heartbeat
 
