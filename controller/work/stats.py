@@ -8,7 +8,7 @@ columns the feed copies out of each document, from the covering index `ix_trajec
 never `data` (seconds at 100 000 rollouts).
 Throughput over time: rollouts finished per time bucket, from each trajectory's end (`t_end`), kept per second
 (coarser as a long job's seconds grow past ENDS_KEPT) and drawn in at most THROUGHPUT_BUCKETS buckets.
-One page of a job's trajectories, one trajectory and its group are read back by `trajectory_reads.py`.
+One trajectory and its group are read back by `trajectory_reads.py`, a page of them by `ui/jobview.py`.
 Next step: throughput per node (the trajectory's node is not a column yet).
 """
 from __future__ import annotations

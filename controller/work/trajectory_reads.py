@@ -1,7 +1,6 @@
-"""One job's trajectories read back for the web UI: a filtered page of them, one stored document, a GRPO group.
+"""One job's trajectories read back for the web UI's trajectory page: one stored document and its GRPO group.
 
-Called by `ui/app.py` (the trajectory page: `trajectory` and its `group`) in a worker thread; `search` filters one
-page by seq (the UI's sortable page is `ui/jobview.search`). Reads the trajectories table the feed writes
+Called by `ui/app.py` in a worker thread (the sortable, filtered page of them is `ui/jobview.search`). Reads the trajectories table the feed writes
 (`work/tables.py`) and hands the rows back as JSON-ready dicts; the running sums over a whole job are `stats.py`'s.
 """
 from __future__ import annotations
@@ -12,37 +11,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from ..dialects import is_pg, raw
-
-
-def search(engine: Engine, job: str, *, after: int = 0, limit: int = 50, reward_min: float | None = None,
-           reward_max: float | None = None, failure: str | None = None, task: str | None = None,
-           text: str | None = None) -> dict[str, Any]:
-    """One page of a job's trajectories (seq > `after`, in order) matching every filter given."""
-    where, args = ["job = ?", "seq > ?"], [job, after]
-    if reward_min is not None:
-        where.append("reward >= ?")
-        args.append(reward_min)
-    if reward_max is not None:
-        where.append("reward <= ?")
-        args.append(reward_max)
-    if failure:
-        where.append("failure = ?")
-        args.append(failure)
-    if task:
-        where.append("task_id = ?")
-        args.append(task)
-    if text:
-        where.append("strpos(data, ?) > 0" if is_pg(engine) else "instr(data, ?) > 0")
-        args.append(text)
-    sql = ("SELECT seq, prompt, sample, reward, failure, task_id, policy, reason FROM trajectories WHERE "
-           + " AND ".join(where) + " ORDER BY seq LIMIT ?")
-    with engine.connect() as c:
-        rows = raw(c).execute(sql, (*args, limit + 1)).fetchall()
-    items = [{"seq": seq, "prompt": prompt, "sample": sample, "reward": reward, "failure": fail, "taskId": task_id,
-              "policyVersion": json.loads(version) if version else None, "reason": reason}
-             for seq, prompt, sample, reward, fail, task_id, version, reason in rows[:limit]]
-    return {"items": items, "next": items[-1]["seq"] if len(rows) > limit else None}
+from ..dialects import raw
 
 
 def trajectory(engine: Engine, job: str, seq: int) -> str | None:

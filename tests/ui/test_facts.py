@@ -10,8 +10,8 @@ from sqlalchemy import create_engine
 
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.controller import decode
-from rolloutd.controller.work import stats
-from rolloutd.controller.work import tables, trajectory_reads
+from rolloutd.controller.ui import jobview
+from rolloutd.controller.work import stats, tables
 from rolloutd.controller.work.feed import facts
 from rolloutd.crds.trajectory import Trajectory
 
@@ -48,7 +48,7 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     assert summary["rewardByPolicy"] == [{"policyVersion": 3, "n": 2, "mean": 0.5}]
     assert {f["kind"]: f["reasons"][0]["reason"] for f in summary["failures"]} == {"agent": "no answer",
                                                                                    "infra": "sandbox died"}
-    assert trajectory_reads.search(engine, "j", task="t0", failure="agent")["items"][0]["reason"] == "no answer"
+    assert jobview.search(engine, "j", task="t0", failure="agent")["items"][0]["reason"] == "no answer"
     assert summary["throughput"] == {"start": 1000, "bucketSeconds": 1, "counts": [1, 1, 1], "total": 3, "unplaced": 0}
     index = [r[2] for r in sqlite3.connect(db).execute("PRAGMA index_info(ix_trajectories_facts)")]
     assert index[-5:] == ["t_end", *tables.LENGTH_FACTS]  # the sums (throughput, lengths) read the covering index alone
