@@ -1,7 +1,7 @@
 """The job's sampling parameters as the engine gets them, and the per-request seed derived from the job's own.
 
-Built by the daemon from `spec.agent.sampling` (agents/daemon/jobconfig.py); the LLM client (agents/llm.py) sends
-`request_fields()` with every generation request."""
+Built by the daemon from `spec.agent.sampling` (agents/daemon/jobconfig.py); the LLM client
+(agents/vllm_backend.py) sends `request_fields()` with every generation request."""
 from __future__ import annotations
 
 import hashlib

@@ -3,9 +3,9 @@ and on its answer (a stream's final chunk) the engine's own weight stamps (`weig
 made each token); and what any vLLM answer says beside its tokens: the reason in an error (`engine_message`), the
 prompt tokens found in the prefix cache (`cached_tokens`).
 
-`llm.VLLMBackend` uses it instead of `/v1/completions` for its streamed calls, and for the plain ones it is asked to
-stamp, when the engine serves it and labels its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM` turns the
-stamps into per-token policy versions.
+`vllm_backend.VLLMBackend` uses it instead of `/v1/completions` for its streamed calls, and for the plain ones it is
+asked to stamp, when the engine serves it and labels its weights (`stamps`, probed once); `daemon.llmgate.TrackedLLM`
+turns the stamps into per-token policy versions.
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from rolloutd.agents.daemon import llmgate
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.engine.server import EngineServer
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 
 BATCH, TOKENS, PROMPT = 16, 128, 64
 WAYS = {"streamed": 1, "plain": 10**9, "shipped": llmgate.TIMED_EVERY}

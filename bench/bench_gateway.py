@@ -40,7 +40,8 @@ MESSAGES = [{"role": "system", "content": "You are a terminal agent."},
 
 def run(quick: bool = False) -> list[dict]:
     from rolloutd.agents.gateway.server import RELAY, Gateway
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
     from rolloutd.agents.engine.model_dirs import prepare_model
     from rolloutd.agents.tokenizer import ChatTokenizer
 
@@ -125,7 +126,8 @@ async def _timed(client: httpx.AsyncClient, url: str, body: dict, first_text) ->
 
 async def measure_streams(port: int, tok, n: int) -> dict[str, list[tuple[float, float]]]:
     from rolloutd.agents.gateway.server import Gateway
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in FIRST_TEXT}
     async with VLLMBackend(f"http://127.0.0.1:{port}") as llm:

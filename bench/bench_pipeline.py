@@ -85,7 +85,8 @@ def _job(name: str, source: Path, tokenizer: str, backend: str, prompts: int, sa
 
 
 def _in_process(source: Path, tokenizer: str, backend: str, prompts: int, samples: int, kind: str = "math") -> float:
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
     from rolloutd.agents.tasks import get_handler
     from rolloutd.agents.tokenizer import ChatTokenizer
     from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext

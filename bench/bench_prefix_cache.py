@@ -29,7 +29,8 @@ def _texts(seed: int, n: int, words: int) -> list[str]:
 
 
 async def _run_policy(policy: str, urls: list[str], tok, tasks: list[str]) -> tuple[int, int]:
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
     from rolloutd.controller.work.backends import BackendPool
 
     pool = BackendPool()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rolloutd.crds.rolloutjob import Phase
+from rolloutd.crds.job_status import Phase
 
 from .store import Store
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from rolloutd.crds.job_status import StageCounts
+from rolloutd.crds.rolloutjob import RolloutJob
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from .columns import PRINTER_COLUMNS
-from .rolloutjob import GROUP, KIND, VERSION, RolloutJobSpec, RolloutJobStatus
+from .job_status import RolloutJobStatus
+from .rolloutjob import GROUP, KIND, VERSION, RolloutJobSpec
 
 CRD_PATH = Path(__file__).with_name("rolloutjob.yaml")
 # the Helm chart ships the same file (Helm installs what its crds/ folder holds): `rolloutd crd` writes both

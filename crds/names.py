@@ -1,7 +1,7 @@
 """The API's names, said once: group, version, URL prefix, the phases that end a job.
 
 Plain constants without pydantic, so that the trainer client and the node daemon can import them
-cheaply; `rolloutjob.py` builds the resource on them, the controller's routes mount under the prefix.
+cheaply; `rolloutjob.py` and `job_status.py` build the resource on them, the controller's routes mount under the prefix.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The RolloutJob resource (apiVersion rolloutd.io/v1alpha1): metadata, spec, status.
+"""The RolloutJob resource (apiVersion rolloutd.io/v1alpha1): metadata and spec (its status is `job_status.py`).
 
 The user's declaration of what they want, reconciled by the controller into allocations,
 daemons, queued work and results. Validated here once (unknown fields rejected), used by
@@ -7,7 +7,6 @@ the API (`rolloutd.controller.api`), the reconciler, the CLI and the CRD generat
 from __future__ import annotations
 
 from datetime import datetime
-from enum import Enum
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -17,8 +16,9 @@ from .agent_spec import (LLM_FREE_AGENTS, AgentKind, AgentSpec, BackendSpec, LLM
 from .base import Model
 from .mounts import check_mount_paths
 from .executor import ExecutorSpec
+from .job_status import RolloutJobStatus
 from .k8s_names import valid_label_key, valid_label_value, validate_name
-from .names import DEFAULT_NAMESPACE, GROUP, TERMINAL_PHASES, VERSION, job_key
+from .names import DEFAULT_NAMESPACE, GROUP, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
 
@@ -295,73 +295,15 @@ IMMUTABLE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("dapo", "enabled"),
 )
 
-# ---------------------------------------------------------------- status
 
-
-class Phase(str, Enum):
-    pending = "Pending"
-    provisioning = "Provisioning"
-    running = "Running"
-    succeeded = "Succeeded"
-    failed = "Failed"
-    cancelling = "Cancelling"
-    cancelled = "Cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self.value in TERMINAL_PHASES
-
-
-class Condition(Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: datetime | None = None
-
-
-class StageCounts(Model):
-    """Rollouts per stage; `total` = prompts × samplesPerPrompt once the job is expanded. Finished ones by outcome:
-    scored (a reward), agentFailed (the policy's fault, still a reward), infraFailed (ours, after every attempt: no
-    reward), cancelled; `succeeded` (scored + agentFailed) and `failed` (infra or config) are the older totals."""
-
-    total: int = 0
-    queued: int = 0
-    init: int = 0
-    run: int = 0
-    eval: int = 0
-    scored: int = 0
-    agent_failed: int = 0
-    infra_failed: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    cancelled: int = 0
-
-
-class BatchStatus(Model):
-    current: int = 0
-    state: str = "idle"  # idle | running | complete
-    counted: int = 0
-    target: int = 0
-    completed: int = Field(default=0, description="batches completed so far")
-
-
-class RolloutJobStatus(Model):
-    phase: Phase = Phase.pending
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int = 0
-    counts: StageCounts = Field(default_factory=StageCounts)
-    nodes: int = Field(default=0, description="node daemons registered and alive")
-    start_time: datetime | None = None
-    completion_time: datetime | None = None
-    message: str = ""
-    batch: BatchStatus | None = None
-    policy_version: int | str | None = None
-    reward_mean: float | None = Field(default=None, description="mean reward of the job's scored rollouts so far "
-                                      "(infrastructure failures, which carry no reward, left out); null before the first")
-
-    def condition(self, type_: str) -> Condition | None:
-        return next((c for c in self.conditions if c.type == type_), None)
+def spec_value(spec: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at a camelCase path of a wire-form spec, or None."""
+    cur: Any = spec
+    for key in path:
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(key)
+    return cur
 
 
 # ---------------------------------------------------------------- the resource
@@ -381,13 +323,3 @@ class RolloutJob(Model):
         if self.kind != KIND:
             raise ValueError(f"kind must be {KIND!r}, got {self.kind!r}")
         return self
-
-
-def spec_value(spec: dict[str, Any], path: tuple[str, ...]) -> Any:
-    """The value at a camelCase path of a wire-form spec, or None."""
-    cur: Any = spec
-    for key in path:
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(key)
-    return cur

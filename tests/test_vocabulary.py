@@ -10,7 +10,8 @@ import yaml
 
 from rolloutd.controller.ctl import views
 from rolloutd.crds.columns import OUTCOMES, PRINTER_COLUMNS, REWARD_MEAN
-from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from rolloutd.crds.job_status import StageCounts
+from rolloutd.crds.rolloutjob import RolloutJob
 
 REPO = Path(__file__).resolve().parents[1]
 OLD = ("succeeded", "failed")  # status.counts keeps them for older clients; no user-facing table shows them

@@ -25,7 +25,8 @@ from rolloutd.crds.kit.settings import SandboxSettings
 from rolloutd.crds.trajectory import Failure, FailureKind, Timings, Trajectory
 from rolloutd.sandbox import SandboxError, WarmPool, get_runtime
 
-from ..llm import LLMBackend, VLLMBackend
+from ..llm import LLMBackend
+from ..vllm_backend import VLLMBackend
 from ..tasks.base import EvalError, as_reward
 from ..tasks.seams import Sandbox, SandboxFactory
 from .firstwave import FirstWave

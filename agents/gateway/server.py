@@ -5,7 +5,7 @@ Where it sits: a handler's RUN for `agent.kind: harness` (agents/tasks/harbor.py
 relay inside the sandbox (`RELAY`) serves it on the sandbox's own loopback, and the harness gets
 `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`. Every call is parsed by its dialect (agents/wire/), rendered with
 the model's chat template (agents/tokenizer.py), sent token-in/token-out to the rollout's pinned backend
-(agents/llm.py) and recorded (agents/gateway/calls.py); `stitch` turns the calls into the trajectory's token
+(agents/vllm_backend.py) and recorded (agents/gateway/calls.py); `stitch` turns the calls into the trajectory's token
 sequences. Next step: the trajectory goes to EVAL like any other.
 
 Endpoints: `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/messages` (+ `/count_tokens`), `POST

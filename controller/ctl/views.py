@@ -14,7 +14,7 @@ from rolloutd.crds.columns import REWARD_MEAN
 
 from .table import age, cell, counts, jobs_table  # noqa: F401 - the views' one namespace for app.py
 
-# one vocabulary everywhere (`crds.rolloutjob.StageCounts`): the live table, describe, the job table, kubectl
+# one vocabulary everywhere (`crds.job_status.StageCounts`): the live table, describe, the job table, kubectl
 STAGES = ("queued", "init", "run", "eval", "scored", "agentFailed", "infraFailed", "cancelled")
 LABELS = {"agentFailed": "agent-failed", "infraFailed": "infra-failed"}
 TRAJECTORY_HEADER = (f"{'SEQ':>5} {'PROMPT':>6} {'SAMPLE':>6} {'REWARD':>7} {'FAILURE':<8} {'TURNS':>5} {'TOKENS':>6} "

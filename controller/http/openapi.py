@@ -15,9 +15,10 @@ from pydantic import BaseModel, Field
 
 from rolloutd.crds.node import (Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse, PolicyState, PolicyWatch,
                                 RegisterRequest, RegisterResponse, ResultAck, ResultBatch, ReturnRequest)
+from rolloutd.crds.job_status import RolloutJobStatus
 from rolloutd.crds.k8s_names import DNS1123_LABEL
 from rolloutd.crds.names import API_PREFIX
-from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob, RolloutJobStatus
+from rolloutd.crds.rolloutjob import API_VERSION, KIND, BackendSpec, RolloutJob
 from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce, PromptGroups
 
 from .node_protocol import JOB_NODES, NODES

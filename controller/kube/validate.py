@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob, RolloutJobStatus
+from rolloutd.crds.job_status import RolloutJobStatus
+from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob
 
 from ..errors import BadRequest, Invalid, from_validation_error
 from ..access.allowlists import AllowLists, backend_url_problem, tokenizer_problem

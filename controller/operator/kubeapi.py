@@ -19,7 +19,8 @@ import aiohttp
 import httpx
 import yaml
 
-from rolloutd.crds.rolloutjob import API_VERSION, KIND, RolloutJob, RolloutJobStatus
+from rolloutd.crds.job_status import RolloutJobStatus
+from rolloutd.crds.rolloutjob import API_VERSION, KIND, RolloutJob
 
 GROUP_VERSION_PATH = "/apis/" + API_VERSION
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

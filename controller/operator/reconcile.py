@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from rolloutd.crds.rolloutjob import Condition, Phase, RolloutJob, RolloutJobStatus, StageCounts
+from rolloutd.crds.job_status import Condition, Phase, RolloutJobStatus, StageCounts
+from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..executors.base import Executor, ExecutorError
 from ..ports import WorkTracker

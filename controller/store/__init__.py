@@ -17,7 +17,8 @@ from sqlalchemy import func
 from sqlmodel import Session, select
 
 from rolloutd.crds.names import job_key, split_key
-from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, Phase, RolloutJob, RolloutJobStatus, spec_value
+from rolloutd.crds.job_status import Phase, RolloutJobStatus
+from rolloutd.crds.rolloutjob import DEFAULT_NAMESPACE, IMMUTABLE_FIELDS, RolloutJob, spec_value
 
 from ..errors import AlreadyExists, Conflict, Invalid, NotFound
 from ..selectors import fields_match, matches, parse_field_selector, parse_selector

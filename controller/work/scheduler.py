@@ -17,7 +17,8 @@ from typing import Any
 from sqlmodel import Session
 
 from rolloutd.crds.kit.aiokit import wait_event
-from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from rolloutd.crds.job_status import StageCounts
+from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import BadRequest, Conflict, ServiceUnavailable
 from ..ports import Progress

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 
 USAGES = [({"prompt_tokens_details": {"cached_tokens": 3}}, 3),
           ({"prompt_tokens_details": {"cached_tokens": -1}}, None),

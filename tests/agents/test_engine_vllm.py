@@ -12,7 +12,8 @@ import pytest
 
 from support.engine_fixtures import LOG_REQUESTS, fresh_engine, wait_engine_took
 from rolloutd.agents.engine.server import live_group_members
-from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import BackendError, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.loop.run import run_agent_loop
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer

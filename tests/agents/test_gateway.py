@@ -11,7 +11,8 @@ import pytest
 
 from rolloutd.agents.gateway.server import Call, stitch
 from rolloutd.agents.wire.openai import parse_tool_calls
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tasks import get_handler
 from rolloutd.agents.tokenizer import ChatTokenizer

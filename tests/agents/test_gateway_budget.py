@@ -15,7 +15,8 @@ import httpx
 
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.gateway.server import Gateway
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.loop.rollout import RolloutContext
 from rolloutd.agents.tasks.harness import _trajectory
 from rolloutd.agents.tokenizer import ChatTokenizer

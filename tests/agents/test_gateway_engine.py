@@ -14,7 +14,8 @@ import openai
 import pytest
 
 from rolloutd.agents.gateway.server import Gateway
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 from rolloutd.agents.toolcall_formats import format_for

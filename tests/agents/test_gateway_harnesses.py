@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from rolloutd.agents.llm import SamplingParams, VLLMBackend, derive_seed
+from rolloutd.agents.llm import SamplingParams, derive_seed
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler

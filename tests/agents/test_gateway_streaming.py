@@ -1,9 +1,9 @@
-"""How the gateway streams (agents/gateway/server.py `_stream`, agents/llm.py `VLLMBackend.stream`): the response starts when
-the engine has taken the call, before its first token; the engine's chunks that one socket read brings go on as one
-piece; the last piece (it carries the finish) goes out with the answer's end, in one write. Per dialect, through the
-gateway's ASGI app (every write seen), and over a real HTTP connection for the backend. Why: the per-call overhead of a
-streamed call (`python -m bench.bench_gateway`, bench/results/RESULTS-gateway.md). The official SDKs reading these
-streams: test_gateway_dialects.py; the real engine: test_gateway_engine.py."""
+"""How the gateway streams (agents/gateway/server.py `_stream`, agents/vllm_backend.py `VLLMBackend.stream`): the
+response starts when the engine has taken the call, before its first token; the engine's chunks that one socket read
+brings go on as one piece; the last piece (it carries the finish) goes out with the answer's end, in one write. Per
+dialect, through the gateway's ASGI app (every write seen), and over a real HTTP connection for the backend. Why: the
+per-call overhead of a streamed call (`python -m bench.bench_gateway`, bench/results/RESULTS-gateway.md). The
+official SDKs reading these streams: test_gateway_dialects.py; the real engine: test_gateway_engine.py."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rolloutd.agents.gateway.server import Gateway
-from rolloutd.agents.llm import Generation, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import Generation, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 

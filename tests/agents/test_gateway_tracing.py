@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.daemon.llmgate import TrackedLLM
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.loop.rollout import AgentConfig, RolloutContext
 from rolloutd.agents.tasks import get_handler

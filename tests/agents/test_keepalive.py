@@ -261,7 +261,7 @@ def test_reset_half_closed_and_timed_out_exchanges_give_their_slots_back(path, e
 def test_the_clients_of_an_engine_drop_an_idle_connection_before_the_engine_would():
     """vLLM's server closes a connection idle for 5 s; a call sent on it just then fails ("Server disconnected").
     The node's engine client and the controller's (weight updates, minutes apart) open a new one after 4 s idle."""
-    from rolloutd.agents.llm import VLLMBackend
+    from rolloutd.agents.vllm_backend import VLLMBackend
     from rolloutd.controller.work.backend_http import BackendHttp
     from rolloutd.crds.node import ENGINE_CLIENT_KEEP_ALIVE_SECONDS
 

@@ -9,7 +9,8 @@ import pytest
 
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.daemon.policygate import PolicyGate
-from rolloutd.agents.llm import Preempted, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import Preempted, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.crds.weight_labels import weight_label
 
 from support.engine_fixtures import log_mark, wait_engine_took

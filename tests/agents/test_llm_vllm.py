@@ -5,7 +5,8 @@ import math
 import httpx
 import pytest
 
-from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import BackendError, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer
 
@@ -177,7 +178,8 @@ def test_concurrent_seeded_long_prompts_do_not_crash_the_engine(tiny_engine):
     started with chunked prefill off; every request must succeed and the engine must stay up."""
     import asyncio
 
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
 
     async def go():
         async with VLLMBackend(tiny_engine.url) as llm:

@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from rolloutd.agents.daemon.llmgate import TrackedLLM
-from rolloutd.agents.llm import VLLMBackend
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.tasks import base
 from rolloutd.agents.tasks.seams import (LLM, AgentConfig, HostSandbox, RolloutContext, Sandbox, SandboxFactory,
                                         Tokenizer)

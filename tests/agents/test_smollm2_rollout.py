@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.agents.loop.run import run_agent_loop
 from rolloutd.agents.engine.model_dirs import model_dir
 from rolloutd.agents.tokenizer import ChatTokenizer

@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import BackendError, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from support.stub_llm import StubLLM
 
 POOL_SLOTS = 256  # VLLMBackend's keep-alive pool

@@ -149,7 +149,8 @@ def test_a_real_multi_turn_bash_rollout_becomes_one_trl_row(tiny_engine, monkeyp
     import asyncio
 
     import rolloutd.agents.loop.run as loop_mod
-    from rolloutd.agents.llm import SamplingParams, VLLMBackend
+    from rolloutd.agents.llm import SamplingParams
+    from rolloutd.agents.vllm_backend import VLLMBackend
     from rolloutd.agents.engine.model_dirs import model_dir
     from rolloutd.agents.tokenizer import ChatTokenizer
     from rolloutd.agents.loop.tools import ToolCall

@@ -15,7 +15,8 @@ from support.kube_helpers import tenant_job_doc, tenant_policy
 from support import controller_process as _fixtures
 from support.waiting import wait_until
 
-from rolloutd.agents.llm import BackendError, SamplingParams, VLLMBackend
+from rolloutd.agents.llm import BackendError, SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.controller.access.auth import create_scoped_token
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from rolloutd.controller.api import create_app
 from rolloutd.controller.store import Store
 from rolloutd.controller.ui import live
 from rolloutd.controller.root import assemble
-from rolloutd.crds.rolloutjob import RolloutJob, RolloutJobStatus
+from rolloutd.crds.job_status import RolloutJobStatus
+from rolloutd.crds.rolloutjob import RolloutJob
 
 ADMIN = {"Authorization": "Bearer admin"}
 PAGE = "/ui/api/jobs/default/j"

@@ -15,7 +15,8 @@ import random
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.daemon.prefillgate import PrefillGate
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 
 A_PROMPT = 16_000  # tokens of each of team-a's prompts (fresh each: nothing cached)
 EPISODES = 6  # team-a's episodes on its one node, each calling back to back

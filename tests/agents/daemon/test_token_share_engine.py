@@ -12,7 +12,8 @@ import time
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.daemon.policygate import PolicyGate
 from rolloutd.agents.daemon.prefillgate import PrefillGate
-from rolloutd.agents.llm import SamplingParams, VLLMBackend
+from rolloutd.agents.llm import SamplingParams
+from rolloutd.agents.vllm_backend import VLLMBackend
 from rolloutd.controller.work.admission import Admission
 from rolloutd.controller.work.tokenshare import note, shares
 

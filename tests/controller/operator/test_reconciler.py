@@ -14,7 +14,8 @@ from rolloutd.controller.ports import Progress
 from rolloutd.controller.operator import handlers
 from rolloutd.controller.operator.handlers import Reconciler
 from rolloutd.controller.store import Store
-from rolloutd.crds.rolloutjob import RolloutJob, StageCounts
+from rolloutd.crds.job_status import StageCounts
+from rolloutd.crds.rolloutjob import RolloutJob
 from support.store_api import StoreApi, reconcile_all
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math-demo.yaml"

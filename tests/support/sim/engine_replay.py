@@ -2,7 +2,7 @@
 between) and the arithmetic both sides share (the engine's busy window, C slots' time split by what fills them).
 
 `replay_plan` rebuilds each turn's prompt ids and length from stored trajectories, `replay` sends them with the
-body `rolloutd.agents.llm.VLLMBackend` sends; `busy_stats` and `slot_budget` read the samples and timings.
+body `rolloutd.agents.vllm_backend.VLLMBackend` sends; `busy_stats` and `slot_budget` read the samples and timings.
 Next step: an A-B-A order (service, replay, service) to cancel a shared machine's drift.
 """
 from __future__ import annotations
