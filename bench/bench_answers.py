@@ -3,8 +3,8 @@ controller/http/trainer.py: FastAPI checks it against `crds.trainer_api.Batch` a
 side by side with the way they wrote it before (a plain dict: FastAPI's generic `jsonable_encoder`, in Python), in
 one run, through the same ASGI app: the seconds per answer and the longest the event loop went without a turn while
 it was written (what every other request, node calls included, waited). The same for the web UI's one-trajectory
-view (`controller/ui/app.py`: encoded by json's C encoder in the route's worker thread, against the generic encoder).
-Results: bench/results/RESULTS-answers.md.
+view (`controller/ui/answers.py`: encoded by json's C encoder in the route's worker thread, against the generic
+encoder). Results: bench/results/RESULTS-answers.md.
 """
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ def batch_app(answer: dict) -> FastAPI:
 def view_app(answer: tuple[dict, str]) -> FastAPI:
     """The trajectory page's route as it answers now (`with_raw`, in a worker thread) and before (the view with
     the stored trajectory parsed under "raw", through the generic encoder)."""
-    from rolloutd.controller.ui.app import _json, with_raw
+    from rolloutd.controller.ui.answers import json_response, with_raw
     app = FastAPI()
     shown, stored = answer
 
     @app.get("/typed")
     async def encoded_route():
-        return _json(await asyncio.to_thread(with_raw, shown, 0, stored))
+        return json_response(await asyncio.to_thread(with_raw, shown, 0, stored))
 
     @app.get("/plain")
     async def plain_route():

@@ -1,6 +1,6 @@
 """Relative paths in a RolloutJob file, made absolute against the file's directory (as kustomize and compose do).
 
-Called by `rolloutctl apply -f FILE` (`controller/ctl/app.py`) on each document before it is sent: the API refuses a
+Called by `rolloutctl apply -f FILE` (`controller/ctl/files.py`) on each document before it is sent: the API refuses a
 relative `spec.tasks.source` or `spec.llm.tokenizer` (`controller/spec_checks.py`,
 `controller/access/allowlists.py`), since it would resolve against whichever directory the controller or a daemon
 runs in. From stdin (`-f -`) the base is the working directory.

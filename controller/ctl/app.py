@@ -10,19 +10,18 @@
     rolloutctl trajectory NAME SEQ                 one, decoded with the job's tokenizer (trajectory.py)
     rolloutctl logs NAME [--node K] [-f]           the node daemons' logs (logs.py)
     rolloutctl inflight NAME [--stalled-after S]   the rollouts in flight, stalled ones marked (inflight.py)
-    rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs
+    rolloutctl backends list|add|remove NAME [URL] the job's LLM backends, while it runs (backends.py)
     rolloutctl policy get|apply -f|delete          the admin's TenantPolicies (`policy.py`)
 
 `-n/--namespace NS` goes before or after the verb, as with kubectl.
 
 Talks to the controller through the trainer client (`rolloutd.client.RolloutClient`); what it
-prints is built in `views.py`. Exit codes: 0 success, 1 error (from the server or the
-connection), 2 usage error, 3 `wait` timed out.
+prints is built in `views.py`, the `-f` files are read by `files.py`, `wait`'s waits are `waits.py`'s.
+Exit codes: 0 success, 1 error (from the server or the connection), 2 usage error, 3 `wait` timed out.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -31,18 +30,19 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from rolloutd.client import ClientError, JobEnded, NotFound, RolloutClient, WaitTimeout, resolve
+from rolloutd.client import ClientError, NotFound, RolloutClient, resolve
 
 from . import views
 from ..cli_common import TYPER_SETTINGS, NamespaceAnywhere, reader_gone, version_option
+from .backends import register as register_backends
+from .files import read_documents
 from .follow import export_jsonl, follow_job
 from .inflight import register as register_inflight
 from .logs import register as register_logs
 from .results import register as register_results
 from .policy import bind as bind_policy
 from .trajectory import register as register_trajectory
-from rolloutd.crds.kit.documents import load_documents
-from rolloutd.crds import spec_paths
+from .waits import wait_for
 
 app = typer.Typer(
     cls=NamespaceAnywhere,
@@ -58,6 +58,7 @@ FOLLOW_RETRY_SECONDS = 300.0
 register_trajectory(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl trajectory` (both defined below)
 register_logs(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl logs`
 register_inflight(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl inflight`
+register_backends(app, lambda: _client(), lambda fn: _run(fn))  # `rolloutctl backends list|add|remove`
 register_results(app, lambda retry: _client(retry), lambda fn: _run(fn), lambda m, c=1: _fail(m, c),
                  FOLLOW_RETRY_SECONDS)  # `rolloutctl trajectories`
 _RESOURCE = {"rolloutjob", "rolloutjobs", "rj", "rolloutjob.rolloutd.io", "rolloutjobs.rolloutd.io"}
@@ -134,40 +135,7 @@ def _run(fn):
         raise _fail(f"{type(e).__name__}: {e}") from None
 
 
-def _non_finite(doc: Any, path: str = "") -> str | None:
-    """The path of the first NaN/Infinity in `doc` (JSON, and so the API, has neither), or None."""
-    stack = [(doc, path)]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return f"{where}: {node} is not a finite number"
-        if isinstance(node, dict):
-            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in reversed(list(node.items())))
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(node))))
-    return None
-
-
 # ---------------------------------------------------------------- apply
-
-
-def _load_documents(filename: str) -> list[dict[str, Any]]:
-    try:
-        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
-    except OSError as e:
-        raise _fail(f"cannot read {filename}: {e.strerror}") from None
-    try:
-        docs = load_documents(text, filename)
-    except ValueError as e:
-        raise _fail(str(e)) from None
-    if not docs:
-        raise _fail(f"{filename}: no documents")
-    for d in docs:
-        if not isinstance(d, dict):
-            raise _fail(f"{filename}: expected a RolloutJob mapping, got {type(d).__name__}")
-        if problem := _non_finite(d):
-            raise _fail(f"{filename}: {problem} (JSON, and so the API, has no NaN or infinities)")
-    return [spec_paths.resolve_paths(d, Path(filename).parent if filename != "-" else Path.cwd()) for d in docs]
 
 
 @app.command()
@@ -176,7 +144,7 @@ def apply(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="json|yaml: print the stored objects"),
 ) -> None:
     """Create or update RolloutJobs from a file (server-side apply)."""
-    docs = _load_documents(filename)
+    docs = read_documents(filename, _fail)
     client = _client()
     for doc in docs:
         obj, outcome = _run(lambda: client.apply_with_outcome(doc))
@@ -268,7 +236,7 @@ def delete(
         if _run(lambda: _delete(client, job, missing_ok=purge)):  # --purge: the job may be gone already
             print(f'rolloutjob.rolloutd.io "{job}" deleted')
     for job in names if wait or purge else ():
-        code = _wait_for(client, job, "delete", _seconds(timeout))
+        code = wait_for(client, job, "delete", _seconds(timeout), err)
         if code:
             raise typer.Exit(code)
         if purge:
@@ -296,36 +264,6 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def _wait_for(client: RolloutClient, name: str, want: str, timeout: float) -> int:
-    """`--for=condition=TYPE[=VALUE]`, `phase=PHASE` or `delete` → exit code: 0 met, 1 never will be, 3 timed out."""
-    if want == "delete":
-        return _wait_deleted(client, name, timeout)
-    kind, _, arg = want.partition("=")
-    try:
-        client.wait(name, arg if kind == "condition" else want, timeout)
-    except JobEnded as e:
-        err.print(f"error: {e}")
-        return 1
-    except WaitTimeout:
-        err.print(f"error: timed out after {timeout:g}s waiting for {want} on rolloutjob/{name}")
-        return 3
-    print(f"rolloutjob.rolloutd.io/{name} {kind} met")
-    return 0
-
-
-def _wait_deleted(client: RolloutClient, name: str, timeout: float) -> int:
-    try:
-        obj = client.get(name)
-    except NotFound:
-        return 0
-    for type_, _obj, _rv in client.watch(name=name, since=obj["metadata"]["resourceVersion"], timeout=timeout):
-        if type_ == "DELETED":
-            print(f"rolloutjob.rolloutd.io/{name} deleted")
-            return 0
-    err.print(f"error: timed out after {timeout:g}s waiting for delete on rolloutjob/{name}")
-    return 3
-
-
 @app.command()
 def wait(
     resource: str = typer.Argument(...),
@@ -339,7 +277,7 @@ def wait(
     if not (for_ == "delete" or re.fullmatch(r"(condition|phase)=[A-Za-z]+(=(True|False|Unknown))?", for_)):
         raise _fail(f"invalid --for {for_!r}: use condition=Complete, phase=Running or delete", 2)
     client = _client(FOLLOW_RETRY_SECONDS)
-    raise typer.Exit(_run(lambda: _wait_for(client, name, for_, _seconds(timeout))))
+    raise typer.Exit(_run(lambda: wait_for(client, name, for_, _seconds(timeout), err)))
 
 
 # ---------------------------------------------------------------- watch
@@ -360,32 +298,5 @@ def watch(
     raise typer.Exit(_run(lambda: follow_job(client, obj, deadline, out)))
 
 
-# ---------------------------------------------------------------- backends
-
-backends_app = typer.Typer(help="List, add or remove a job's LLM backends while it runs.", no_args_is_help=True,
-                           rich_markup_mode=None)
-app.add_typer(backends_app, name="backends")
-
-
-@backends_app.command("list")
-def backends_list(name: str = typer.Argument(..., help="the RolloutJob")) -> None:
-    """The job's backends with health and in-flight tasks."""
-    client = _client()
-    views.print_backends(_run(lambda: client.backends(name)))
-
-
-@backends_app.command("add")
-def backends_add(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
-    """Add a backend (the job's spec is updated; new tasks may be pinned to it at once)."""
-    client = _client()
-    views.print_backends(_run(lambda: client.add_backend(name, url)))
-
-
-@backends_app.command("remove")
-def backends_remove(name: str = typer.Argument(...), url: str = typer.Argument(...)) -> None:
-    """Remove a backend: tasks not yet running move elsewhere; running ones finish on it."""
-    client = _client()
-    views.print_backends(_run(lambda: client.remove_backend(name, url)))
-
-
-app.add_typer(bind_policy(_State, _run, _fail, _load_documents), name="policy")  # the admin's TenantPolicies
+app.add_typer(bind_policy(_State, _run, _fail, lambda filename: read_documents(filename, _fail)),
+              name="policy")  # the admin's TenantPolicies

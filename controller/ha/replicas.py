@@ -7,7 +7,7 @@ policies, discovery, the web UI, probes and its own metrics. It forwards to the 
 holds in memory (held leases, backend admission, node liveness: `work/held_leases.py` says why they are not
 written): the node protocol, the trainer routes (streams included) and the daemons' logs; with no leader now,
 503 + Retry-After, which every client retries (on another address when it has several). Each replica polls the
-change log (`ChangePoller`), so a write on one wakes the watches and the operator of all. On PostgreSQL (unless
+change log (`store/change_poll.py`), so a write on one wakes the watches and the operator of all. On PostgreSQL (unless
 ROLLOUTD_NODE_SHARDS=0) the node protocol is not forwarded to the leader: each replica serves the nodes it owns
 (`shards.py`) with a work core of its own; another's node's call: 421 naming the owner (owner-redirect) or forwarded.
 """
@@ -33,7 +33,6 @@ from .. import dialects
 from ..api import create_app
 from ..access.auth import TokenBook, ensure_token, token_matches
 from ..access.allowlists import AllowLists
-from ..errors import Gone
 from .leadership import EXIT_LOST, Leadership, current
 from ..access.nodeauth import NodeCredentials, NodeGate
 from ..root import assemble
@@ -41,11 +40,11 @@ from ..replies import misdirected, read_body, replay, unavailable
 from .serving import Serving
 from .shards import OWNER, UNREACHABLE, Shards
 from ..store import Store
+from ..store.change_poll import POLL_SECONDS, ChangePoller
 from rolloutd.crds.kit.paths import DataDir
 
 log = logging.getLogger("rolloutd.replicas")
 
-POLL_SECONDS = 0.1  # a write on another replica reaches this one's watches within this
 FORWARDED = "x-rolloutd-forwarded"  # set on a forwarded call: a follower never forwards one again
 _LEADER_PATH = re.compile(r"(?:/apis/rolloutd\.io/v1alpha1)(?:/namespaces/[^/]+)?/rolloutjobs/[^/]+/"
                           r"(?:trajectories|groups|batches|policy|backends|stats|inflight|logs)(?:/.*)?")
@@ -55,38 +54,6 @@ _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive
 def leader_only(path: str) -> bool:
     """What a follower forwards: the node protocol and the routes of the leader's scheduler."""
     return NodeGate.is_node_path(path) or _LEADER_PATH.fullmatch(path) is not None
-
-
-class ChangePoller:
-    """The change log read every POLL_SECONDS: a change written by another process drops this store's cached job and
-    wakes its watchers (`StoreDB.subscribe`), as a write of this process does."""
-
-    def __init__(self, store: Store) -> None:
-        self.store, self.stopped = store, False
-
-    async def run(self) -> None:
-        store = self.store
-        last = await asyncio.to_thread(store.current_rv)
-        while not self.stopped:
-            await asyncio.sleep(POLL_SECONDS)
-            try:
-                rv = await asyncio.to_thread(store.current_rv)
-                if rv <= last:
-                    continue
-                try:
-                    names = {c.name for c in await asyncio.to_thread(store.changes_since, last, None, 100_000)}
-                except Gone:
-                    names = set(store._cache)
-                with store._lock:
-                    store._epoch += 1
-                    for name in names:
-                        store._cache.pop(name, None)
-                for name in names:
-                    store._mark(name)
-                store._notify()
-                last = rv
-            except Exception as e:  # noqa: BLE001 - the database away a moment: the next poll tries again
-                log.warning("change log poll: %s", e)
 
 
 class Replica:

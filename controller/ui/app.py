@@ -3,9 +3,9 @@
 Mounted by `api.create_app` at /ui; the API's bearer middleware lets /ui through and this app authenticates
 itself (`session.py`: the session cookie, or `Authorization: Bearer` for scripts). Every job it shows passes
 the API's scope rule first; the data comes from the same store and scheduler calls the API routes make, summed
-up by `work/stats.py`, built for the live pages by `live.py` (on the event loop, in slices) and decoded by
-`../decode.py`. Every response carries a CSP without inline script, nosniff and
-frame-ancestors 'none'. Routes (under /ui):
+up by `work/stats.py`, built for the live pages by `live.py` (on the event loop, in slices), decoded by
+`../decode.py` and encoded in a worker thread by `answers.py`. Every response carries a CSP without inline
+script, nosniff and frame-ancestors 'none'. Routes (under /ui):
     GET  /login · POST /login (form field `token`) · POST /logout (form field `csrf`)
     GET  /jobs · /jobs/{ns}/{name} · /jobs/{ns}/{name}/t/{seq}        the pages (one shell, `static/app.js`)
     GET  /api/me · /api/jobs[/stream] · /api/jobs/{ns}/{name}[/stream] · …/nodes · …/inflight (`work/inflight.py`)
@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rolloutd.crds.names import API_PREFIX, job_key
@@ -41,6 +41,7 @@ from ..work import tracing as attempt_traces
 from ..work.scheduler import Scheduler
 from .. import decode
 from . import jobview, links
+from .answers import json_response, off_loop, with_raw
 from .waterfall import waterfall
 from .live import Built, JobGone, LivePages, WorkView
 from .session import COOKIE, SESSION_SECONDS, Principal, Sessions
@@ -225,7 +226,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
 
     @ui.get("/api/jobs")
     async def jobs(request: Request):
-        return _json((await live.jobs(who(request))).body)
+        return json_response((await live.jobs(who(request))).body)
 
     @ui.get("/api/jobs/stream")
     async def jobs_stream(request: Request):
@@ -234,7 +235,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
 
     @ui.get("/api/jobs/{namespace}/{name}")
     async def job(request: Request, namespace: str, name: str):
-        return _json((await job_summary(who(request), namespace, name)).body)
+        return json_response((await job_summary(who(request), namespace, name)).body)
 
     @ui.get("/api/jobs/{namespace}/{name}/stream")
     async def job_stream(request: Request, namespace: str, name: str):
@@ -250,7 +251,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
             store.get_wire(name, namespace)
         except ApiError as e:
             raise HTTPException(e.code, e.message) from None
-        return _json(await live.nodes(key, offset, limit))
+        return json_response(await live.nodes(key, offset, limit))
 
     @ui.get("/api/jobs/{namespace}/{name}/inflight")
     async def job_inflight(request: Request, namespace: str, name: str):
@@ -304,7 +305,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
     @ui.get("/api/jobs/{namespace}/{name}/config")
     async def job_config(request: Request, namespace: str, name: str):
         visible(who(request), namespace, name)
-        return await _off_loop(lambda: jobview.config(existing(namespace, name)))
+        return await off_loop(lambda: jobview.config(existing(namespace, name)))
 
     @ui.get("/api/jobs/{namespace}/{name}/curves")
     async def job_curves(request: Request, namespace: str, name: str):
@@ -319,7 +320,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
             out = load()
             return {**out, "byPolicy": [{**p, "behind": jobview.behind(p["policyVersion"], history)}
                                         for p in out["byPolicy"]]}
-        return await _off_loop(answer)
+        return await off_loop(answer)
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
     async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
@@ -329,7 +330,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
                            q: str | None = Query(None, max_length=500)):
         key = visible(who(request), namespace, name)
         try:
-            return await _off_loop(lambda: jobview.search(
+            return await off_loop(lambda: jobview.search(
                 engine, key, after=after, offset=offset, limit=limit, sort=sort, reward_min=rewardMin,
                 reward_max=rewardMax, failure=failure, task=task, text=q))
         except ValueError as e:
@@ -353,30 +354,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
                         group=trajectory_reads.group(engine, key, raw.get("prompt", 0), raw.get("group")),
                         api=f"{API_PREFIX}/namespaces/{namespace}/rolloutjobs/{name}/trajectories?cursor={seq - 1}&limit=1")
             return with_raw(view, seq, data)
-        return _json(await asyncio.to_thread(load))
+        return json_response(await asyncio.to_thread(load))
 
     return _Headers(ui)
 
-
-def _encoded(value: Any) -> bytes:
-    """`value` as the JSON Starlette writes, by json's C encoder, in the route's worker thread: FastAPI's generic
-    encoder walks every value in Python on the loop (a 65 536-token trajectory's view held it 0.53 s: bench answers)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-def with_raw(view: dict[str, Any], seq: int, stored: str) -> bytes:
-    """The trajectory page's answer: `view` encoded, and under "raw" the stored JSON as it is, "seq" put first
-    (encoding its token and logprob lists again took three quarters of the answer's time: bench answers)."""
-    inner = stored.strip()[1:].lstrip()  # the stored object (pydantic's JSON of a Trajectory) after its "{"
-    raw = f'{{"seq":{seq}{"" if inner.startswith("}") else ","}{inner}'
-    head = _encoded(view)[:-1]
-    return head + (b',"raw":' if view else b'"raw":') + raw.encode() + b"}"
-
-
-async def _off_loop(make: Callable[[], Any]) -> Response:
-    """`make()` and its JSON, both in a worker thread."""
-    return _json(await asyncio.to_thread(lambda: _encoded(make())))
-
-
-def _json(body: bytes) -> Response:
-    return Response(body, media_type="application/json")

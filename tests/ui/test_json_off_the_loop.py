@@ -70,5 +70,5 @@ def test_the_patch_is_seen_by_a_route_that_still_uses_the_generic_encoder(client
 @pytest.mark.parametrize("view", [{}, {"a": [1, 2.5], "é": None}])
 @pytest.mark.parametrize("stored", ["{}", ' { "x": [1, 2], "s": "é}" } ', '{"tokenIds":[0],"reward":null}'])
 def test_the_stored_trajectory_is_sent_as_stored_under_raw_with_its_seq(view, stored):
-    from rolloutd.controller.ui.app import with_raw
+    from rolloutd.controller.ui.answers import with_raw
     assert json.loads(with_raw(view, 3, stored)) == {**view, "raw": {"seq": 3, **json.loads(stored)}}
