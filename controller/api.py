@@ -49,7 +49,8 @@ from .work.first_tokens import Collector as FirstTokenCollector
 from .work import workshare
 from .middleware import AuthAndMetrics, error_response
 from .root import Root
-from .ui.app import WorkView, create_ui
+from .ui.app import create_ui
+from .ui.live import WorkView
 
 
 def create_app(root: Root) -> FastAPI:

@@ -298,5 +298,5 @@ def watch(
     raise typer.Exit(_run(lambda: follow_job(client, obj, deadline, out)))
 
 
-app.add_typer(bind_policy(_State, _run, _fail, lambda filename: read_documents(filename, _fail)),
+app.add_typer(bind_policy(_State, _run, _fail, lambda filename: read_documents(filename, _fail, "TenantPolicy")),
               name="policy")  # the admin's TenantPolicies

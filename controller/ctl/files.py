@@ -31,8 +31,9 @@ def non_finite(doc: Any, path: str = "") -> str | None:
     return None
 
 
-def read_documents(filename: str, fail: Callable[[str], typer.Exit]) -> list[dict[str, Any]]:
-    """The documents of `filename` ("-": stdin), checked, their relative paths resolved; a problem: `raise fail(…)`."""
+def read_documents(filename: str, fail: Callable[[str], typer.Exit], kind: str = "RolloutJob") -> list[dict[str, Any]]:
+    """The documents of `filename` ("-": stdin), each a `kind` mapping, checked, their relative paths resolved; a
+    problem: `raise fail(…)`."""
     try:
         text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
     except OSError as e:
@@ -45,7 +46,7 @@ def read_documents(filename: str, fail: Callable[[str], typer.Exit]) -> list[dic
         raise fail(f"{filename}: no documents")
     for d in docs:
         if not isinstance(d, dict):
-            raise fail(f"{filename}: expected a RolloutJob mapping, got {type(d).__name__}")
+            raise fail(f"{filename}: expected a {kind} mapping, got {type(d).__name__}")
         if problem := non_finite(d):
             raise fail(f"{filename}: {problem} (JSON, and so the API, has no NaN or infinities)")
     return [spec_paths.resolve_paths(d, Path(filename).parent if filename != "-" else Path.cwd()) for d in docs]
