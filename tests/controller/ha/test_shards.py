@@ -111,13 +111,24 @@ def test_the_plan_gives_only_what_is_above_the_share_to_whoever_is_below_it():
     assert _plan(even, ["A", "B"], "A") == {}  # within one of each other: nothing moves
 
 
-def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_none(pg_server):
+@pytest.fixture
+def own_pg_server():
+    """A server of this test's own: a refresh reads from the oldest transaction open on the whole server (its snapshot's
+    xmin), so another test's open transaction on the shared server would make it read rows again."""
+    from support.postgres import start_server
+
+    server = start_server()
+    yield server
+    server.stop()
+
+
+def test_a_refresh_reads_only_the_owner_rows_written_since_the_last_and_misses_none(own_pg_server):
     """After the first (whole) read a refresh reads only the rows stamped since: none when nothing changed; a write
     committed late by a transaction older than a later one's (out of order) is still read; a node gone (its row
     stamped in the same transaction) leaves the view. The view equals a whole read each time."""
     from rolloutd.controller.ha.shards import STAMP
 
-    store = Store(pg_server.create_database())
+    store = Store(own_pg_server.create_database())
     a, b = Shards(store.engine, "http://a"), Shards(store.engine, "http://b")
     for s in (a, b):
         s.renew()
