@@ -62,10 +62,15 @@ class Store(StoreDB):
             else:
                 self._cache.pop(key, None)
 
-    def _heard(self, key: str | None) -> None:
-        """Another process wrote job `key` (None: any, perhaps): as a write of our own, without announcing it."""
-        self._forget(key)
-        super()._heard(key)
+    def changed_elsewhere(self, keys: Iterable[str] | None) -> None:
+        """Another process wrote the jobs `keys` (None: perhaps any): their cached jobs dropped first."""
+        keys = None if keys is None else list(keys)
+        if keys is None:
+            self._forget(None)
+        else:
+            for key in keys:
+                self._forget(key)
+        super().changed_elsewhere(keys)
 
     # ------------------------------------------------------------ reads
 

@@ -2,7 +2,7 @@
 Run by each controller replica (`ha/replicas.py`) on its store; what wakes: the watches (`kube/watch.py`), the operator.
 
 On SQLite this is how a write of another replica reaches this one (PostgreSQL also announces each write: `listen.py`);
-what it does with a changed job is what a write of this process does (`Store._changed`), without announcing it.
+what it does with a changed job is what a write of this process does, without announcing it (`Store.changed_elsewhere`).
 """
 from __future__ import annotations
 
@@ -34,16 +34,11 @@ class ChangePoller:
                 if rv <= last:
                     continue
                 try:
-                    names = {c.name for c in await asyncio.to_thread(store.changes_since, last, None, 100_000)}
-                except Gone:
-                    names = set(store._cache)
-                with store._lock:
-                    store._epoch += 1
-                    for name in names:
-                        store._cache.pop(name, None)
-                for name in names:
-                    store._mark(name)
-                store._notify()
+                    names: set[str] | None = {c.name for c in await asyncio.to_thread(store.changes_since, last,
+                                                                                       None, 100_000)}
+                except Gone:  # more changed than the log keeps: any job may have
+                    names = None
+                store.changed_elsewhere(names)
                 last = rv
             except Exception as e:  # noqa: BLE001 - the database away a moment: the next poll tries again
                 log.warning("change log poll: %s", e)

@@ -9,7 +9,7 @@ import asyncio
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from sqlalchemy import event, func
 from sqlmodel import Session, SQLModel, create_engine, select
@@ -141,12 +141,15 @@ class StoreDB:
             from .listen import Listener
 
             conninfo = dialects.engine_url(self.url).replace("postgresql+psycopg://", "postgresql://", 1)
-            self._listener = Listener(conninfo, self._heard).start()
+            heard = lambda key: self.changed_elsewhere(None if key is None else [key])  # noqa: E731
+            self._listener = Listener(conninfo, heard).start()
 
-    def _heard(self, key: str | None) -> None:
-        """Another process wrote job `key` (None: perhaps any, while we were not listening)."""
-        if key is not None:
-            self._mark(key)
+    def changed_elsewhere(self, keys: Iterable[str] | None) -> None:
+        """Another process wrote the jobs `keys` (None: perhaps any, while we were not listening): marked, and the
+        watchers woken, as after a write of our own, without announcing it. Told by `listen.py` and `change_poll.py`."""
+        with self._lock:
+            for key in (self._marks.keys() if keys is None else keys):
+                self._marks[key] = self._marks.get(key, 0) + 1
         self._notify()
 
     def _announce(self, key: str) -> None:
