@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from ..dialects import PgRaw, raw
+from ..dialects import PgRaw, raw, update_by_id
 from .states import ItemState
+from .tables import ItemRow
 
 LIVE_SQL = f"('{ItemState.queued}', '{ItemState.leased}')"
 
@@ -95,6 +96,8 @@ class Item:
     read: tuple = ()  # the saved columns' values as read, to write back only what changed
 
 
+ITEMS = ItemRow.__table__
+_GRANTED = ("state", "stage", "node_id", "attempt", "attempt_id", "deadline", "backend", "holds_backend")
 _ROW = [c for c in Item.__slots__ if c != "read"]
 ITEM_COLUMNS = ", ".join(_ROW)
 _SAVED = tuple(c for c in _ROW if c not in ("id", "job", "prompt", "sample", "group_id"))
@@ -127,7 +130,7 @@ def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
         if changed:
             by_columns.setdefault(changed, []).append([getattr(item, c) for c in changed] + [item.id])
     for columns, rows in by_columns.items():
-        db.executemany(f"UPDATE items SET {', '.join(f'{c} = ?' for c in columns)} WHERE id = ?", rows)
+        update_by_id(db, ITEMS, columns, rows)
 
 
 def has_live(db: sqlite3.Connection, job: str) -> bool:
@@ -155,9 +158,8 @@ def tasks(db: sqlite3.Connection, job: str, prompts: list[int]) -> dict[int, str
 
 
 def grant(db: sqlite3.Connection, grants: list[tuple[Any, ...]]) -> None:
-    """Items leased: (node_id, attempt, attempt_id, deadline, backend, holds_backend, id) each, in one statement."""
-    db.executemany("UPDATE items SET state = 'leased', stage = 'leased', node_id = ?, attempt = ?, "
-                   "attempt_id = ?, deadline = ?, backend = ?, holds_backend = ? WHERE id = ?", grants)
+    """Items leased: (node_id, attempt, attempt_id, deadline, backend, holds_backend, id) each."""
+    update_by_id(db, ITEMS, _GRANTED, [(ItemState.leased.value, "leased", *g) for g in grants])
 
 
 def cancelled(db: sqlite3.Connection, attempt_ids: list[str]) -> set[str]:
@@ -169,7 +171,7 @@ def cancelled(db: sqlite3.Connection, attempt_ids: list[str]) -> set[str]:
 
 def save_pins(db: sqlite3.Connection, pins: Iterable[tuple[str | None, bool, int]]) -> None:
     """(backend, holds_backend, id) each: a backend released or re-pinned (admission is restored from these)."""
-    db.executemany("UPDATE items SET backend = ?, holds_backend = ? WHERE id = ?", list(pins))
+    update_by_id(db, ITEMS, ("backend", "holds_backend"), pins)
 
 
 # ------------------------------------------------------------------ a call's work: alone or grouped
