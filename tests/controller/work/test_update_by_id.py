@@ -1,0 +1,46 @@
+"""`dialects.update_by_id` writes what an `executemany` of `UPDATE … WHERE id = ?` writes, on either store: one
+statement over arrays on PostgreSQL (NULLs, booleans and floats included), sqlite3's executemany on SQLite."""
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from rolloutd.controller.dialects import update_by_id
+from rolloutd.controller.store import Store
+from rolloutd.controller.work import hot_sql
+from rolloutd.controller.work.core import build_work
+
+
+def items(engine, n: int) -> list[int]:
+    with engine.begin() as c:
+        for p in range(n):
+            c.execute(text("INSERT INTO items (job, prompt, sample, state, attempt, holds_backend, queued_at, last_error)"
+                           " VALUES ('j', :p, 0, 'queued', 0, false, 0, '')"), {"p": p})
+        return [r[0] for r in c.execute(text("SELECT id FROM items ORDER BY id"))]
+
+
+def read(engine) -> list[tuple]:
+    with engine.begin() as c:
+        return [tuple(r) for r in c.execute(text(
+            "SELECT id, state, stage, node_id, attempt, attempt_id, deadline, backend, holds_backend FROM items ORDER BY id"))]
+
+
+def test_a_grant_writes_every_row_and_column_it_names_and_nothing_else(store_location):
+    engine = build_work(Store(store_location)).attempts.engine
+    ids = items(engine, 5)
+    granted = ids[1:4]
+    with hot_sql.transaction(engine) as tx:
+        hot_sql.grant(tx.db, [(f"n{i}", 2, f"{i}.2.x", 10.5 * i, None if i % 2 else "b", i % 2 == 0, i) for i in granted])
+    rows = {r[0]: r[1:] for r in read(engine)}
+    for i in granted:
+        assert rows[i] == ("leased", "leased", f"n{i}", 2, f"{i}.2.x", 10.5 * i, None if i % 2 else "b", i % 2 == 0)
+    for i in (ids[0], ids[4]):
+        assert rows[i] == ("queued", None, None, 0, None, None, None, False)
+    with hot_sql.transaction(engine) as tx:  # two columns only: the others keep what the grant wrote
+        update_by_id(tx.db, hot_sql.ITEMS, ("backend", "holds_backend"), [(None, False, granted[0])])
+    rows = {r[0]: r[1:] for r in read(engine)}
+    assert rows[granted[0]][6:] == (None, False) and rows[granted[0]][:6] == ("leased", "leased", f"n{granted[0]}", 2,
+                                                                              f"{granted[0]}.2.x", 10.5 * granted[0])
+    with hot_sql.transaction(engine) as tx:
+        update_by_id(tx.db, hot_sql.ITEMS, ("stage",), [])  # nothing to write: no statement
+    assert {r[0]: r[1:] for r in read(engine)} == rows
+
