@@ -96,6 +96,26 @@ def update_by_id(db: Any, table: Table, columns: Sequence[str], rows: Iterable[S
                   f"WHERE {table.name}.id = v.id", [list(values) for values in zip(*rows)])
 
 
+def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """`INSERT INTO table (columns)` each row: on PostgreSQL one statement over an array per column (a dataset's
+    expansion: psycopg's `executemany` cost ~125 µs of Python per row, holding the interpreter the event loop
+    shares), on SQLite `executemany`."""
+    rows = list(rows)
+    if not rows:
+        return
+    if not isinstance(db, PgRaw):
+        db.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES {in_list(len(columns))}", rows)
+        return
+    arrays = ", ".join(f"%s::{kind}[]" for kind in _pg_types(table, tuple(columns)))
+    db.pg.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})",
+                  [list(values) for values in zip(*rows)])
+
+
+def in_list(n: int) -> str:
+    """`(?,?,…)`: n parameters."""
+    return "(" + ",".join("?" * n) + ")"
+
+
 @lru_cache(maxsize=None)
 def _pg_types(table: Table, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(table.c[name].type.compile(dialect=postgresql.dialect()) for name in names)

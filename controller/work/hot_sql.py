@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from ..dialects import PgRaw, raw, update_by_id
+from ..dialects import PgRaw, in_list, raw, update_by_id
 from .states import ItemState
 from .tables import ItemRow
 
@@ -67,10 +67,6 @@ def joined(engine: Engine, tx: Tx | None) -> Iterator[Tx]:
     else:
         with transaction(engine) as new:
             yield new
-
-
-def in_list(n: int) -> str:
-    return "(" + ",".join("?" * n) + ")"
 
 
 # ------------------------------------------------------------------ items as plain objects

@@ -1,10 +1,11 @@
-"""`dialects.update_by_id` writes what an `executemany` of `UPDATE … WHERE id = ?` writes, on either store: one
-statement over arrays on PostgreSQL (NULLs, booleans and floats included), sqlite3's executemany on SQLite."""
+"""`dialects.update_by_id` and `insert_rows` write what an `executemany` of `UPDATE … WHERE id = ?` or `INSERT`
+writes, on either store: one statement over arrays on PostgreSQL (NULLs, booleans and floats included), sqlite3's
+executemany on SQLite."""
 from __future__ import annotations
 
 from sqlalchemy import text
 
-from rolloutd.controller.dialects import update_by_id
+from rolloutd.controller.dialects import insert_rows, update_by_id
 from rolloutd.controller.store import Store
 from rolloutd.controller.work import hot_sql
 from rolloutd.controller.work.core import build_work
@@ -44,3 +45,16 @@ def test_a_grant_writes_every_row_and_column_it_names_and_nothing_else(store_loc
         update_by_id(tx.db, hot_sql.ITEMS, ("stage",), [])  # nothing to write: no statement
     assert {r[0]: r[1:] for r in read(engine)} == rows
 
+
+
+def test_inserted_rows_are_the_rows_given_in_their_order_of_columns(store_location):
+    engine = build_work(Store(store_location)).attempts.engine
+    columns = ("job", "prompt", "sample", "state", "attempt", "holds_backend", "queued_at", "last_error", "backend")
+    given = [("j", p, s, "queued", 0, s == 1, 0.25 * p, "" if p else "no", None if s else "b")
+             for p in range(3) for s in range(2)]
+    with hot_sql.transaction(engine) as tx:
+        insert_rows(tx.db, hot_sql.ITEMS, columns, given)
+        insert_rows(tx.db, hot_sql.ITEMS, columns, [])  # nothing to write: no statement
+    with engine.begin() as c:
+        got = [tuple(r) for r in c.execute(text(f"SELECT {', '.join(columns)} FROM items ORDER BY prompt, sample"))]
+    assert got == given
