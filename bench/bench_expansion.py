@@ -42,7 +42,8 @@ def orm_step(self, job, row):
     last = min(row.prompts, first + max(1, expansion.CHUNK // n))
     now = self.clock()
     with Session(self.engine, expire_on_commit=False) as s:
-        s.exec(insert(TaskRow), params=[{"job": key, "prompt": p, "data": json.dumps(rows[p])} for p in range(first, last)])
+        s.exec(insert(TaskRow), params=[{"job": key, "prompt": p, "data": json.dumps(rows[p])}
+                                        for p in range(first, last)])
         s.exec(insert(ItemRow), params=[{"job": key, "prompt": p, "sample": k, "queued_at": now}
                                         for p in range(first, last) for k in range(n)])
         fresh = s.get(ExpansionRow, key)

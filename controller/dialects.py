@@ -3,8 +3,9 @@ the engine each takes and the plain-statement connection the hot paths use on ei
 
 The hot paths (`work/hot_sql.py` and its callers) write their statements once, in SQLite's form (`?` parameters);
 on PostgreSQL `raw` hands them a connection that rewrites each text once (`?` → `%s`, `:name` → `%(name)s`,
-SQLite's `INDEXED BY` hint dropped) and runs it through psycopg, which prepares a statement it sees repeatedly. Next step: a
-statement whose PostgreSQL form must differ in more than that gets its own text, chosen by `is_pg`.
+SQLite's `INDEXED BY` hint dropped) and runs it through psycopg, which prepares a statement it sees repeatedly.
+Many rows at once are one statement over arrays on PostgreSQL (`update_by_id`, `insert_rows`). Next step: a statement
+whose PostgreSQL form must differ in more than that gets its own text, chosen by `is_pg`.
 """
 from __future__ import annotations
 

@@ -155,7 +155,8 @@ class Expansions:
         with Session(self.engine, expire_on_commit=False) as s:
             # plain rows: an ORM object per item took minutes (and 800 MB) for 200k items
             db = raw(s.connection())
-            insert_rows(db, TASKS, ("job", "prompt", "data"), [(key, p, json.dumps(rows[p])) for p in range(first, last)])
+            insert_rows(db, TASKS, ("job", "prompt", "data"),
+                        [(key, p, json.dumps(rows[p])) for p in range(first, last)])
             if not job.spec.batch_mode:
                 insert_rows(db, ITEMS, _ITEM_COLUMNS, [(key, p, k, ItemState.queued.value, 0, False, now, "")
                                                        for p in range(first, last) for k in range(n)])

@@ -14,15 +14,16 @@ from rolloutd.controller.work.core import build_work
 def items(engine, n: int) -> list[int]:
     with engine.begin() as c:
         for p in range(n):
-            c.execute(text("INSERT INTO items (job, prompt, sample, state, attempt, holds_backend, queued_at, last_error)"
-                           " VALUES ('j', :p, 0, 'queued', 0, false, 0, '')"), {"p": p})
+            c.execute(text("INSERT INTO items (job, prompt, sample, state, attempt, holds_backend, queued_at, "
+                           "last_error) VALUES ('j', :p, 0, 'queued', 0, false, 0, '')"), {"p": p})
         return [r[0] for r in c.execute(text("SELECT id FROM items ORDER BY id"))]
 
 
 def read(engine) -> list[tuple]:
     with engine.begin() as c:
         return [tuple(r) for r in c.execute(text(
-            "SELECT id, state, stage, node_id, attempt, attempt_id, deadline, backend, holds_backend FROM items ORDER BY id"))]
+            "SELECT id, state, stage, node_id, attempt, attempt_id, deadline, backend, holds_backend FROM items "
+            "ORDER BY id"))]
 
 
 def test_a_grant_writes_every_row_and_column_it_names_and_nothing_else(store_location):
@@ -30,7 +31,8 @@ def test_a_grant_writes_every_row_and_column_it_names_and_nothing_else(store_loc
     ids = items(engine, 5)
     granted = ids[1:4]
     with hot_sql.transaction(engine) as tx:
-        hot_sql.grant(tx.db, [(f"n{i}", 2, f"{i}.2.x", 10.5 * i, None if i % 2 else "b", i % 2 == 0, i) for i in granted])
+        hot_sql.grant(tx.db, [(f"n{i}", 2, f"{i}.2.x", 10.5 * i, None if i % 2 else "b", i % 2 == 0, i)
+                              for i in granted])
     rows = {r[0]: r[1:] for r in read(engine)}
     for i in granted:
         assert rows[i] == ("leased", "leased", f"n{i}", 2, f"{i}.2.x", 10.5 * i, None if i % 2 else "b", i % 2 == 0)
