@@ -94,7 +94,7 @@ def update_by_id(db: Any, table: Table, columns: Sequence[str], rows: Iterable[S
     arrays = ", ".join(f"%s::{kind}[]" for kind in _pg_types(table, names))
     sets = ", ".join(f"{c} = v.{c}" for c in columns)
     db.pg.execute(f"UPDATE {table.name} SET {sets} FROM unnest({arrays}) AS v({', '.join(names)}) "
-                  f"WHERE {table.name}.id = v.id", [list(values) for values in zip(*rows)])
+                  f"WHERE {table.name}.id = v.id", _arrays(table, names, rows))
 
 
 def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -109,7 +109,7 @@ def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Se
         return
     arrays = ", ".join(f"%s::{kind}[]" for kind in _pg_types(table, tuple(columns)))
     db.pg.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})",
-                  [list(values) for values in zip(*rows)])
+                  _arrays(table, tuple(columns), rows))
 
 
 def in_list(n: int) -> str:
@@ -120,6 +120,20 @@ def in_list(n: int) -> str:
 @lru_cache(maxsize=None)
 def _pg_types(table: Table, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(table.c[name].type.compile(dialect=postgresql.dialect()) for name in names)
+
+
+_AS = {"FLOAT": float, "DOUBLE PRECISION": float, "REAL": float, "BOOLEAN": bool, "INTEGER": int, "BIGINT": int,
+       "SMALLINT": int}
+
+
+def _arrays(table: Table, names: tuple[str, ...], rows: list[Sequence[Any]]) -> list[list[Any]]:
+    """The rows as one list per column, each number or flag made its column's Python type: psycopg refuses a list of
+    mixed types (a float column's int, an integer column's bool)."""
+    out = [list(values) for values in zip(*rows)]
+    for i, kind in enumerate(_pg_types(table, names)):
+        if (as_type := _AS.get(kind)) is not None and len(set(map(type, out[i])) - {type(None)}) > 1:
+            out[i] = [None if v is None else as_type(v) for v in out[i]]
+    return out
 
 
 def raw(conn: Connection) -> Any:
