@@ -52,7 +52,8 @@ def test_a_grant_writes_every_row_and_column_it_names_and_nothing_else(store_loc
 def test_inserted_rows_are_the_rows_given_in_their_order_of_columns(store_location):
     engine = build_work(Store(store_location)).attempts.engine
     columns = ("job", "prompt", "sample", "state", "attempt", "holds_backend", "queued_at", "last_error", "backend")
-    given = [("j", p, s, "queued", 0, s == 1, 0.25 * p if p else 7, "" if p else "no", None if s else "b")
+    odd = 'no, "{a}" \\ ü NULL'  # an array literal's separators, quotes, escapes and keyword, as text
+    given = [("j", p, s, "queued", 0, s == 1, 0.25 * p if p else 7, "" if p else odd, None if s else "b")
              for p in range(3) for s in range(2)]  # queued_at: an int among floats (a clock in whole seconds)
     with hot_sql.transaction(engine) as tx:
         insert_rows(tx.db, hot_sql.ITEMS, columns, given)
