@@ -11,7 +11,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rolloutd.controller.health.looplag import LoopLag
-from rolloutd.controller.health.stalls import StallSampler
+from rolloutd.controller.health.stalls import MOSTLY, StallSampler, _cause
 from support.controller_process import ControllerProcess
 from support.waiting import wait_until
 
@@ -65,8 +65,11 @@ def test_a_stall_says_the_loop_spent_it_working(tmp_path):
     asyncio.run(_scenario(path, work_on_the_loop))
     longest = json.loads(path.read_text())["longest"][0]
     assert any(frame.startswith("work_on_the_loop ") for frame in longest["stack"])
-    assert longest["cause"] == "loop"
     assert longest["loop_cpu_ms"] >= 150 and longest["looks"] >= 1
+    # "loop" when the loop thread had a core for most of the stall; a box too loaded to give it one (CI, two workers
+    # and an engine on 2 cores: seen once) makes it "not running", and then its CPU was under MOSTLY of the stall
+    assert longest["cause"] == "loop" or (longest["cause"] == "not running"
+                                          and longest["loop_cpu_ms"] < MOSTLY * longest["ms"])
     assert abs(longest["at"] - time.time()) < 60  # when it began, wall clock: to match with the logs
 
 
@@ -78,3 +81,9 @@ def test_the_controller_reports_its_stalls_to_the_file_its_setting_names(tmp_pat
         assert {"stalls", "stalled_ms", "inclusive_ms", "top_ms", "longest"} <= set(report)
     finally:
         c.stop()
+
+
+def test_a_stall_is_the_thread_s_whose_cpu_covered_most_of_it():
+    assert _cause(0.3, {"loop_cpu_ms": 290, "other_threads_cpu_ms": 0}) == "loop"
+    assert _cause(0.3, {"loop_cpu_ms": 10, "other_threads_cpu_ms": 280}) == "other threads"
+    assert _cause(1.0, {"loop_cpu_ms": 300, "other_threads_cpu_ms": 100}) == "not running"  # no core for the loop
