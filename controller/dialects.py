@@ -91,10 +91,10 @@ def update_by_id(db: Any, table: Table, columns: Sequence[str], rows: Iterable[S
         db.executemany(f"UPDATE {table.name} SET {', '.join(f'{c} = ?' for c in columns)} WHERE id = ?", rows)
         return
     names = (*columns, "id")
-    arrays = ", ".join(f"%s::{kind}[]" for kind in _pg_types(table, names))
+    unnest, arrays = _unnest(table, names, rows)
     sets = ", ".join(f"{c} = v.{c}" for c in columns)
-    db.pg.execute(f"UPDATE {table.name} SET {sets} FROM unnest({arrays}) AS v({', '.join(names)}) "
-                  f"WHERE {table.name}.id = v.id", _arrays(table, names, rows))
+    db.pg.execute(f"UPDATE {table.name} SET {sets} FROM {unnest} AS v({', '.join(names)}) "
+                  f"WHERE {table.name}.id = v.id", arrays)
 
 
 def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
@@ -107,9 +107,8 @@ def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Se
     if not isinstance(db, PgRaw):
         db.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES {in_list(len(columns))}", rows)
         return
-    arrays = ", ".join(f"%s::{kind}[]" for kind in _pg_types(table, tuple(columns)))
-    db.pg.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})",
-                  _arrays(table, tuple(columns), rows))
+    unnest, arrays = _unnest(table, tuple(columns), rows)
+    db.pg.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM {unnest}", arrays)
 
 
 def in_list(n: int) -> str:
@@ -126,14 +125,16 @@ _AS = {"FLOAT": float, "DOUBLE PRECISION": float, "REAL": float, "BOOLEAN": bool
        "SMALLINT": int}
 
 
-def _arrays(table: Table, names: tuple[str, ...], rows: list[Sequence[Any]]) -> list[list[Any]]:
-    """The rows as one list per column, each number or flag made its column's Python type: psycopg refuses a list of
-    mixed types (a float column's int, an integer column's bool)."""
-    out = [list(values) for values in zip(*rows)]
-    for i, kind in enumerate(_pg_types(table, names)):
-        if (as_type := _AS.get(kind)) is not None and len(set(map(type, out[i])) - {type(None)}) > 1:
-            out[i] = [None if v is None else as_type(v) for v in out[i]]
-    return out
+def _unnest(table: Table, names: tuple[str, ...], rows: list[Sequence[Any]]) -> tuple[str, list[list[Any]]]:
+    """`unnest(%s::type[], …)` over the columns `names` of `table`, and its arrays: the rows as one list per column,
+    each number or flag made its column's Python type (psycopg refuses a list of mixed types: a float column's int,
+    an integer column's bool)."""
+    kinds = _pg_types(table, names)
+    arrays = [list(values) for values in zip(*rows)]
+    for i, kind in enumerate(kinds):
+        if (as_type := _AS.get(kind)) is not None and len(set(map(type, arrays[i])) - {type(None)}) > 1:
+            arrays[i] = [None if v is None else as_type(v) for v in arrays[i]]
+    return "unnest(" + ", ".join(f"%s::{kind}[]" for kind in kinds) + ")", arrays
 
 
 def raw(conn: Connection) -> Any:
