@@ -9,7 +9,9 @@ then the new leader builds its scheduler from the database (as a restarted contr
 leader (SIGSTOP) that wakes after losing the row commits nothing more: each commit of its store reads the row's
 epoch inside the transaction (SQLite: the write lock is held from the first write to the commit; PostgreSQL:
 `FOR SHARE` makes a concurrent take-over wait) and is rolled back unless the epoch is still its own; then the
-process exits (EXIT_LOST), as Kubernetes controllers do, to be restarted as a follower by its supervisor.
+process exits (EXIT_LOST), as Kubernetes controllers do, to be restarted as a follower by its supervisor. A lease
+that ran out while its holder's transaction on the row stays open (paused between its fence and its commit) is not
+waited for: the follower ends the holder's database sessions (`replica_tables.end_sessions`) and takes it next try.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from ..errors import ServiceUnavailable
+from ..store.replica_tables import SESSION, end_sessions
 
 log = logging.getLogger("rolloutd.leadership")
 
@@ -65,8 +68,9 @@ class Leadership:
     reached) it calls `on_lost(reason)` — once, never returning to lead in this process."""
 
     def __init__(self, engine: Engine, url: str, *, lease_seconds: float = LEASE_SECONDS,
-                 renew_seconds: float = RENEW_SECONDS, holder: str | None = None) -> None:
+                 renew_seconds: float = RENEW_SECONDS, holder: str | None = None, session: str = SESSION) -> None:
         self.engine, self.url, self.lease, self.every = engine, url, lease_seconds, renew_seconds
+        self.session = session  # the application_name of `engine`'s connections (PostgreSQL: the lease names it)
         self.holder = holder or holder_id()
         self.epoch: int | None = None  # ours while we lead
         self.pg = _pg(engine)
@@ -78,17 +82,26 @@ class Leadership:
     # ------------------------------------------------------------ the row
 
     def try_take(self) -> int | None:
-        """Take the row if it ran out (or was never held): the new epoch, else None."""
+        """Take the row if it ran out (or was never held): the new epoch, else None. On PostgreSQL a row that ran
+        out but is locked (its holder paused in a transaction) is not waited for: the holder's sessions are ended."""
+        if not self.pg:
+            with self.engine.begin() as c:
+                n = c.exec_driver_sql("UPDATE leader_lease SET holder = ?, epoch = epoch + 1, expires = ?, url = ? "
+                                      "WHERE id = 1 AND expires < ?",
+                                      (self.holder, (now := time.time()) + self.lease, self.url, now)).rowcount
+                return int(c.exec_driver_sql("SELECT epoch FROM leader_lease WHERE id = 1").scalar()) if n else None
         with self.engine.begin() as c:
-            now = _now(c, self.pg)
-            n = c.exec_driver_sql(
-                "UPDATE leader_lease SET holder = %s, epoch = epoch + 1, expires = %s, url = %s "
-                "WHERE id = 1 AND expires < %s" if self.pg else
-                "UPDATE leader_lease SET holder = ?, epoch = epoch + 1, expires = ?, url = ? WHERE id = 1 AND expires < ?",
-                (self.holder, now + self.lease, self.url, now)).rowcount
-            if n != 1:
+            now = _now(c, True)
+            expires, session = c.exec_driver_sql("SELECT expires, session FROM leader_lease WHERE id = 1").one()
+            if expires >= now:
                 return None
-            return int(c.exec_driver_sql("SELECT epoch FROM leader_lease WHERE id = 1").scalar())
+            if c.exec_driver_sql("SELECT 1 FROM leader_lease WHERE id = 1 AND expires < %s FOR UPDATE SKIP LOCKED",
+                                 (now,)).first() is not None:
+                return int(c.exec_driver_sql(
+                    "UPDATE leader_lease SET holder = %s, epoch = epoch + 1, expires = %s, url = %s, session = %s "
+                    "WHERE id = 1 RETURNING epoch", (self.holder, now + self.lease, self.url, self.session)).scalar())
+        end_sessions(self.engine, session, "the leader lease ran out with its row locked")
+        return None
 
     def renew(self) -> bool:
         """Extend our lease; False when the row is no longer ours (taken after it ran out)."""

@@ -10,7 +10,9 @@ the call is answered 421 naming the new owner (OWNER header; feature owner-redir
 names it): the daemon calls it from then on. A daemon that gets no answer from the owner a 421 named goes back to
 the replica that named it, saying so (UNREACHABLE header): that replica takes the node over at once (`take_over`,
 the same conditional move), so a killed replica's nodes are served again at their next call, not once its row
-runs out (the leases of a job with short leases ran out meanwhile: issue #42).
+runs out (the leases of a job with short leases ran out meanwhile: issue #42). A move skipped because the gone
+owner's transaction on the node is still open (a paused process) ends that owner's database sessions
+(`replica_tables.end_sessions`): the move is made at the next refresh, not when the process resumes.
 
 Global caps: a backend's (and a job's) admission cap is split evenly over the live members (`Admission.replicas`,
 rounded up): counting it in the database would put a write on every grant and release, the hot path this removes.
@@ -28,7 +30,7 @@ from sqlalchemy.engine import Engine
 from rolloutd.crds.node import OWNER_HEADER, UNREACHABLE_HEADER
 
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
-from ..store.replica_tables import STAMP
+from ..store.replica_tables import SESSION, STAMP, end_sessions
 
 log = logging.getLogger("rolloutd.shards")
 
@@ -44,8 +46,9 @@ class Shards:
     then `on_refresh(owned, moves)`: the nodes owned here and every node's moves, as read)."""
 
     def __init__(self, engine: Engine, url: str, *, lease_seconds: float = LEASE_SECONDS,
-                 every: float = RENEW_SECONDS) -> None:
+                 every: float = RENEW_SECONDS, session: str = SESSION) -> None:
         self.engine, self.url, self.lease, self.every = engine, url.rstrip("/"), lease_seconds, every
+        self.session = session  # the application_name of `engine`'s connections (the member row names it)
         self.members: list[str] = [self.url]
         self.owners: dict[str, str] = {}  # node id → owner url (active nodes)
         self.owned: dict[str, int] = {}  # the nodes owned here → their rows' moves
@@ -67,8 +70,9 @@ class Shards:
     def renew(self) -> None:
         """Our membership extended, and the stages of the leases we hold written (a job's progress sums them)."""
         with self.engine.begin() as c:
-            c.exec_driver_sql("INSERT INTO replica_members (url, expires) VALUES (%s, %s) ON CONFLICT (url) DO UPDATE "
-                              "SET expires = excluded.expires", (self.url, _now(c, True) + self.lease))
+            c.exec_driver_sql("INSERT INTO replica_members (url, expires, session) VALUES (%s, %s, %s) ON CONFLICT (url) "
+                              "DO UPDATE SET expires = excluded.expires, session = excluded.session",
+                              (self.url, _now(c, True) + self.lease, self.session))
             c.exec_driver_sql("DELETE FROM replica_stages WHERE url = %s", (self.url,))
             rows = [(self.url, job, stage, n) for job, st in self.local.items() for stage, n in st.items()]
             if rows:
@@ -84,8 +88,10 @@ class Shards:
             now, xmin = c.exec_driver_sql("SELECT extract(epoch from clock_timestamp()), "
                                           "pg_snapshot_xmin(pg_current_snapshot())::text::bigint").one()
             now = float(now)
-            self.members = sorted(u for (u,) in c.exec_driver_sql(
-                "SELECT url FROM replica_members WHERE expires > %s", (now,))) or [self.url]
+            rows = c.exec_driver_sql("SELECT url, expires, session FROM replica_members").fetchall()
+            self.members = sorted(u for u, expires, _ in rows if expires > now) or [self.url]
+            sessions = {u: session for u, _, session in rows}
+            locked: set[str] = set()  # gone owners whose open transaction on a node of theirs skipped its move
             remote: dict[str, dict[str, int]] = {}
             for job, stage, n in c.exec_driver_sql("SELECT job, stage, n FROM replica_stages WHERE url != %s AND url "
                                                    "IN (SELECT url FROM replica_members WHERE expires > %s)",
@@ -101,13 +107,18 @@ class Shards:
                 if owner in load:
                     continue
                 to = _least(load, node)
-                # skipped while the old owner's transaction on it is open (a paused replica's): taken next time
+                # skipped while the old owner's transaction on it is open (a paused replica's): its sessions are
+                # ended below, the node taken next time
                 moved = c.exec_driver_sql(_MOVE, (to, node, owner)).scalar()
-                if moved is not None:
-                    owners[node], moves[node] = to, int(moved)
-                    view[node] = (to, int(moved))
-                    load[to] += 1
-                    log.info("node %s moved from %s (gone) to %s", node, owner, to)
+                if moved is None:
+                    locked.add(owner)
+                    continue
+                owners[node], moves[node] = to, int(moved)
+                view[node] = (to, int(moved))
+                load[to] += 1
+                log.info("node %s moved from %s (gone) to %s", node, owner, to)
+        for owner in sorted(locked):  # their locks released, their nodes move at the next refresh
+            end_sessions(self.engine, sessions.get(owner, ""), f"member {owner} ran out with a node's row locked")
         self.owners, self.moves = owners, {n: int(m) for n, m in moves.items()}
         # an owner a daemon could not reach is planned none of our nodes while it is a member (a killed one, until its
         # row runs out; one that daemons cannot reach: a node handed to it would come back at the next call)

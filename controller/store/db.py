@@ -18,6 +18,7 @@ from rolloutd.crds.errors import ConfigurationError
 
 from .. import dialects
 from .durability import Durable
+from .replica_tables import SESSION
 from ..errors import Gone
 from .schema import (MIGRATIONS, SCHEMA_VERSION, Change, ChangeRow, EventRow, SchemaVersionRow, seed, timestamp,
                            utcnow)
@@ -90,9 +91,11 @@ class StoreDB:
             raise ImportError("a postgresql:// store needs psycopg 3: pip install 'rolloutd[postgresql]'") from None
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
         # pre-ping (a round trip per checkout; the benchmarks page, Constants): a connection the server dropped fails
-        # the call that used it, and SQLAlchemy then replaces every pooled one
+        # the call that used it, and SQLAlchemy then replaces every pooled one. Named by this process's SESSION (what
+        # a replica taking over from this one ends, `replica_tables.end_sessions`)
         return create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL, max_overflow=dialects.PG_OVERFLOW,
-                             pool_use_lifo=True, pool_pre_ping=False, connect_args={"options": "-c timezone=UTC"})
+                             pool_use_lifo=True, pool_pre_ping=False,
+                             connect_args={"options": "-c timezone=UTC", "application_name": SESSION})
 
     # ------------------------------------------------------------ schema
 

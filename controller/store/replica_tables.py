@@ -4,11 +4,19 @@ owner deletions and stage counts (`shards.py`). Part of the store's schema and i
 """
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Double, Index, Integer, Text
+from sqlalchemy.engine import Engine
 from sqlmodel import Field, SQLModel
 
+log = logging.getLogger("rolloutd.sessions")
+
+# this process's PostgreSQL connections carry this name (their application_name, `db.StoreDB`); its member row and its
+# lease name it (version 7), so a replica taking over from one whose row ran out can end its sessions (`end_sessions`)
+SESSION = f"rolloutd-{uuid.uuid4().hex[:12]}"
 STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id of the transaction that wrote it
 # an owner deletion's record is kept this long: a replica that has not read by stamp for a minute reads the owner rows
 # whole (`shards.FULL_READ_SECONDS`), so it needs no record older than that and its longest transaction
@@ -23,12 +31,14 @@ class LeaderLeaseRow(SQLModel, table=True):
     epoch: int = Field(sa_column=Column(BigInteger, nullable=False))
     expires: float = Field(sa_column=Column(Double, nullable=False))
     url: str = Field(sa_column=Column(Text, nullable=False))
+    session: str = Field(sa_column=Column(Text, nullable=False, server_default=""))  # the holder's (version 7)
 
 
 class ReplicaMemberRow(SQLModel, table=True):
     __tablename__ = "replica_members"
     url: str = Field(sa_column=Column(Text, primary_key=True))
     expires: float = Field(sa_column=Column(Double, nullable=False))
+    session: str = Field(sa_column=Column(Text, nullable=False, server_default=""))  # the member's (version 7)
 
 
 class NodeOwnerRow(SQLModel, table=True):
@@ -78,3 +88,22 @@ def delete_owners(c: Any, job: str, pg: bool) -> None:
                           f"FROM node_owners WHERE node_id IN ({nodes}) ON CONFLICT (node_id) DO UPDATE "
                           "SET stamp = excluded.stamp, at = excluded.at", (job,))
     c.exec_driver_sql(f"DELETE FROM node_owners WHERE node_id IN ({nodes})", (job,))
+
+
+def end_sessions(engine: Engine, session: str, why: str) -> int:
+    """End the database sessions named `session`: a replica whose row ran out while a transaction of it stayed open
+    (a paused process's), whose locks would hold what it lost (its nodes, the lease) until it resumed. Their
+    transactions roll back; once resumed it commits nothing and its pool reconnects. Never this process's own; 0
+    when the server refuses (another database role without pg_signal_backend): then the locks are waited for."""
+    if not session or session == SESSION:
+        return 0
+    try:
+        with engine.begin() as c:
+            ended = c.exec_driver_sql("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                      "WHERE application_name = %s AND pid != pg_backend_pid()", (session,)).scalar()
+    except Exception as e:  # noqa: BLE001 - not ours to end: its locks are waited for, as before
+        log.warning("could not end the database sessions of %s (%s): %s", session, why, e)
+        return 0
+    if ended:
+        log.warning("ended %d database session(s) of %s: %s", ended, session, why)
+    return int(ended or 0)

@@ -16,12 +16,14 @@ from sqlmodel import Field, Session, SQLModel
 from rolloutd.crds.rolloutjob import API_VERSION, DEFAULT_NAMESPACE, KIND, RolloutJob
 
 from ..errors import ApiError
-from .replica_tables import LEASE_SEED, REPLICA_TABLES, NodeOwnerDeletionRow, NodeOwnerRow
+from .replica_tables import (LEASE_SEED, REPLICA_TABLES, LeaderLeaseRow, NodeOwnerDeletionRow, NodeOwnerRow,
+                             ReplicaMemberRow)
 
-SCHEMA_VERSION = 6  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
+SCHEMA_VERSION = 7  # 2: namespace, finalizers, ownerReferences, managedFields; 3: keyed by (namespace, name);
 # 4: the replicas' tables (`replica_tables.py`: the leader lease, node shards), made by the code using them before;
 # 5: node_owners.stamp and its index (a replica reads the owner rows written since its last read);
-# 6: node_owner_deletions (a purged job's owner rows deleted, each deletion stamped for the replicas to read)
+# 6: node_owner_deletions (a purged job's owner rows deleted, each deletion stamped for the replicas to read);
+# 7: the leader lease's and the members' session (their database sessions, ended when a row ran out locked)
 # Held by every job until the reconciler released what the executor started (`Store.remove`).
 RELEASE_FINALIZER = "rolloutd.io/release"
 
@@ -208,9 +210,17 @@ def _to_v6(s: Session) -> None:
     NodeOwnerDeletionRow.__table__.create(s.connection(), checkfirst=True)
 
 
+def _to_v7(s: Session) -> None:
+    """v6 → v7: the lease and each member name the database sessions of their holder ('' until it renews)."""
+    conn = s.connection()
+    for model in (LeaderLeaseRow, ReplicaMemberRow):
+        if "session" not in {c["name"] for c in inspect(conn).get_columns(model.__tablename__)}:
+            conn.exec_driver_sql(f"ALTER TABLE {model.__tablename__} ADD COLUMN session TEXT NOT NULL DEFAULT ''")
+
+
 def seed(s: Session) -> None:
     """The rows a new database starts with beside its tables (the tables are `SQLModel.metadata`'s)."""
     s.connection().exec_driver_sql(LEASE_SEED)
 
 
-MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5, 5: _to_v6}
+MIGRATIONS = {1: _to_v2, 2: _to_v3, 3: _to_v4, 4: _to_v5, 5: _to_v6, 6: _to_v7}

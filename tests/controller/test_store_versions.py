@@ -79,7 +79,8 @@ def _indexes(location, table: str) -> set[str]:
 def test_an_upgrade_from_schema_3_makes_the_replicas_tables_and_keeps_their_rows(store_location):
     """A v3 database (the lease and shard tables made, if at all, by the replicas' own statements) opens at the current
     version with all five tables, the lease's epoch and the owner rows kept, `moves` (v4) and `stamp` (v5, indexed)
-    added, the owner deletions' record (v6) made (a v3 rolloutd is then refused, as above)."""
+    added, the owner deletions' record (v6) made, the lease and members naming their sessions (v7: '' until renewed; a
+    v3 rolloutd is then refused, as above)."""
     store = Store(store_location)
     with store.engine.begin() as c:
         for sql in V3_REPLICA_TABLES:
@@ -88,12 +89,13 @@ def test_an_upgrade_from_schema_3_makes_the_replicas_tables_and_keeps_their_rows
     assert REPLICA_TABLES - _tables(store_location) == {"replica_members", "replica_stages", "node_owner_deletions"}
 
     store = Store(store_location)
-    assert store.schema_version() == SCHEMA_VERSION == 6
+    assert store.schema_version() == SCHEMA_VERSION == 7
     assert REPLICA_TABLES <= _tables(store_location)
     assert "ix_node_owners_stamp" in _indexes(store_location, "node_owners")
     assert "ix_node_owner_deletions_stamp" in _indexes(store_location, "node_owner_deletions")
     with store.engine.connect() as c:
-        assert c.exec_driver_sql("SELECT holder, epoch FROM leader_lease").all() == [("old-leader", 7)]
+        assert c.exec_driver_sql("SELECT holder, epoch, session FROM leader_lease").all() == [("old-leader", 7, "")]
+        assert c.exec_driver_sql("SELECT count(session) FROM replica_members").scalar_one() == 0
         assert c.exec_driver_sql("SELECT node_id, owner, moves, stamp FROM node_owners").all() == [("n1", "http://a", 0, 0)]
         assert c.exec_driver_sql("SELECT count(*) FROM replica_members").scalar_one() == 0
     store.engine.dispose()

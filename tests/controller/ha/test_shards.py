@@ -250,3 +250,41 @@ def test_shards_are_on_by_default_with_replicas_on_postgresql_and_never_on_sqlit
     assert node_shards(url, None) and node_shards(url, "1") and node_shards(url, "on")
     assert not node_shards(url, "0") and not node_shards(url, "off") and not node_shards(url, "false")
     assert not node_shards("/var/lib/rolloutd/rolloutd.db", None) and not node_shards("/x/rolloutd.db", "1")
+
+
+def test_a_gone_members_node_locked_by_its_open_transaction_moves_at_the_next_refresh(pg_server):
+    """A replica paused inside a node call's transaction (the owner row held `FOR SHARE` by its fence) past its
+    membership: the survivor's refresh moves its other nodes, cannot move that one (the move skips a locked row), so
+    ends the paused replica's database sessions (named by the member row), and moves it at its next refresh. The
+    survivor's own sessions are not ended; the paused transaction commits nothing once resumed."""
+    from sqlalchemy import create_engine
+
+    from rolloutd.controller import dialects
+
+    location = pg_server.create_database()
+    store = Store(location)
+    a_engine = create_engine(dialects.engine_url(location), connect_args={"application_name": "rolloutd-test-a"})
+    try:
+        a = Shards(a_engine, "http://a", session="rolloutd-test-a")
+        a.renew()
+        a.refresh()
+        ids = [f"n{i}" for i in range(3)]
+        _nodes(store, ids)
+        assert [a.owner(n) for n in ids] == ["http://a"] * 3
+        b = Shards(store.engine, "http://b")
+        b.renew()
+        paused = a_engine.connect()
+        paused.begin()
+        paused.exec_driver_sql("SELECT owner FROM node_owners WHERE node_id = 'n0' FOR SHARE")  # a's fence
+        paused.exec_driver_sql("UPDATE nodes SET last_seen = 99 WHERE id = 'n0'")
+        with store.engine.begin() as c:  # a's membership runs out (its renewals stopped with it)
+            c.exec_driver_sql("UPDATE replica_members SET expires = 0 WHERE url = 'http://a'")
+        assert set(b.refresh()) == {"n1", "n2"}  # n0 skipped: locked
+        with pytest.raises(Exception, match="terminat|closed"):  # its session was ended
+            paused.exec_driver_sql("SELECT 1")
+        assert set(b.refresh()) == set(ids)
+        assert b.owners == {n: "http://b" for n in ids}
+        with store.engine.connect() as c:
+            assert c.exec_driver_sql("SELECT last_seen FROM nodes WHERE id = 'n0'").scalar() == 0
+    finally:
+        a_engine.dispose()
