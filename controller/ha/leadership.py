@@ -11,7 +11,8 @@ epoch inside the transaction (SQLite: the write lock is held from the first writ
 `FOR SHARE` makes a concurrent take-over wait) and is rolled back unless the epoch is still its own; then the
 process exits (EXIT_LOST), as Kubernetes controllers do, to be restarted as a follower by its supervisor. A lease
 that ran out while its holder's transaction on the row stays open (paused between its fence and its commit) is not
-waited for: the follower ends the holder's database sessions (`replica_tables.end_sessions`) and takes it next try.
+waited for: the follower ends the holder's database sessions (`replica_tables.end_sessions`) and takes it next try;
+once taken, the old holder's sessions are ended too, so no row a paused old leader locked holds the new one's writes.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ class Leadership:
 
     def try_take(self) -> int | None:
         """Take the row if it ran out (or was never held): the new epoch, else None. On PostgreSQL a row that ran
-        out but is locked (its holder paused in a transaction) is not waited for: the holder's sessions are ended."""
+        out but is locked (its holder paused in a transaction) is not waited for: the holder's sessions are ended,
+        as they are once the lease is taken (what a paused old leader locked is not waited for either)."""
         if not self.pg:
             with self.engine.begin() as c:
                 n = c.exec_driver_sql("UPDATE leader_lease SET holder = ?, epoch = epoch + 1, expires = ?, url = ? "
@@ -95,13 +97,16 @@ class Leadership:
             expires, session = c.exec_driver_sql("SELECT expires, session FROM leader_lease WHERE id = 1").one()
             if expires >= now:
                 return None
-            if c.exec_driver_sql("SELECT 1 FROM leader_lease WHERE id = 1 AND expires < %s FOR UPDATE SKIP LOCKED",
-                                 (now,)).first() is not None:
-                return int(c.exec_driver_sql(
+            taken = c.exec_driver_sql("SELECT 1 FROM leader_lease WHERE id = 1 AND expires < %s FOR UPDATE SKIP LOCKED",
+                                      (now,)).first() is not None
+            if taken:
+                epoch = int(c.exec_driver_sql(
                     "UPDATE leader_lease SET holder = %s, epoch = epoch + 1, expires = %s, url = %s, session = %s "
                     "WHERE id = 1 RETURNING epoch", (self.holder, now + self.lease, self.url, self.session)).scalar())
-        end_sessions(self.engine, session, "the leader lease ran out with its row locked")
-        return None
+        # taken: the old leader's sessions ended too (fenced already, a paused one's locks would hold our writes)
+        end_sessions(self.engine, session, "the leader lease was taken from it" if taken else
+                     "the leader lease ran out with its row locked")
+        return epoch if taken else None
 
     def renew(self) -> bool:
         """Extend our lease; False when the row is no longer ours (taken after it ran out)."""

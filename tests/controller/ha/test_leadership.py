@@ -121,3 +121,36 @@ def test_a_lease_that_ran_out_with_its_holder_paused_in_a_transaction_is_taken_n
     finally:
         a_engine.dispose()
         b_engine.dispose()
+
+
+def test_a_paused_old_leaders_locks_do_not_hold_the_new_leaders_writes(pg_server):
+    """On the real server: the leader paused with a row of its work locked (an update not committed), past its
+    lease. The follower takes the lease at once (the lease row is not locked) and ends the old leader's sessions:
+    the new leader's write of that row goes through (bounded statements: a wait fails the test), and the old
+    leader's update is never committed."""
+    location = pg_server.create_database()
+    Store(location).engine.dispose()
+    a_engine = create_engine(dialects.engine_url(location), connect_args={"application_name": "rolloutd-test-a"})
+    b_engine = create_engine(dialects.engine_url(location), connect_args={"options": "-c statement_timeout=10s"})
+    try:
+        with b_engine.begin() as c:
+            c.exec_driver_sql("CREATE TABLE work (x INTEGER)")
+            c.exec_driver_sql("INSERT INTO work VALUES (1)")
+        a = Leadership(a_engine, "http://a", holder="a", session="rolloutd-test-a")
+        b = Leadership(b_engine, "http://b", holder="b")
+        assert a.try_take() == 1
+        paused = a_engine.connect()
+        paused.begin()
+        paused.exec_driver_sql("UPDATE work SET x = 10")  # its row lock held while it is paused
+        with b_engine.begin() as c:  # a's lease runs out (its renewals stopped with it)
+            c.exec_driver_sql("UPDATE leader_lease SET expires = 0")
+        assert b.try_take() == 2
+        with b_engine.begin() as c:
+            c.exec_driver_sql("UPDATE work SET x = x + 1")
+        assert _rows(b_engine) == [2]
+        with pytest.raises(Exception, match="terminat|closed"):
+            paused.commit()
+        assert _rows(b_engine) == [2]
+    finally:
+        a_engine.dispose()
+        b_engine.dispose()
