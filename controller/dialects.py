@@ -22,6 +22,10 @@ SQLITE, POSTGRESQL = "sqlite", "postgresql"
 URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
 # Per process: enough connections for the event loop's groups, the API's threads and the background passes.
 PG_POOL, PG_OVERFLOW = 10, 30
+# A session idle inside a transaction this long is ended by the server (idle_in_transaction_session_timeout): what a
+# paused process locked (rows, a job's feed lock) holds the other replicas' writes at most this long. No transaction of
+# ours waits on its client for more than milliseconds; the node calls' owner rows are freed sooner (`shards.py`).
+IDLE_IN_TRANSACTION_SECONDS = 60
 
 
 def is_url(store: str | Path) -> bool:

@@ -92,10 +92,12 @@ class StoreDB:
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
         # pre-ping (a round trip per checkout; the benchmarks page, Constants): a connection the server dropped fails
         # the call that used it, and SQLAlchemy then replaces every pooled one. Named by this process's SESSION (what
-        # a replica taking over from this one ends, `replica_tables.end_sessions`)
+        # a replica taking over from this one ends, `replica_tables.end_sessions`); a transaction left idle by a paused
+        # process ended by the server (`dialects.IDLE_IN_TRANSACTION_SECONDS`)
         return create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL, max_overflow=dialects.PG_OVERFLOW,
                              pool_use_lifo=True, pool_pre_ping=False,
-                             connect_args={"options": "-c timezone=UTC", "application_name": SESSION})
+                             connect_args={"application_name": SESSION, "options": "-c timezone=UTC -c "
+                                           f"idle_in_transaction_session_timeout={dialects.IDLE_IN_TRANSACTION_SECONDS}s"})
 
     # ------------------------------------------------------------ schema
 

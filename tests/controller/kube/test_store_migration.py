@@ -33,7 +33,7 @@ def test_a_v1_database_migrates_into_the_default_namespace(tmp_path):
                      (json.dumps({"team": "rl"}), json.dumps(spec), json.dumps({"phase": "Running"})))
         conn.execute("INSERT INTO changes VALUES (7, 'MODIFIED', 'old-job', '{}')")
     store = Store(db)
-    assert store.schema_version() == SCHEMA_VERSION == 6
+    assert store.schema_version() == SCHEMA_VERSION == 7
     wire = store.get_wire("old-job", "default")
     meta = wire["metadata"]
     assert meta["namespace"] == "default" and meta["finalizers"] == [RELEASE_FINALIZER]
