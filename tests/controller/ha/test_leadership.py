@@ -91,66 +91,61 @@ def test_renewals_keep_the_lease_and_a_graceful_stop_hands_it_over_at_once(engin
     assert b.try_take() == 2
 
 
-def test_a_lease_that_ran_out_with_its_holder_paused_in_a_transaction_is_taken_not_waited_for(pg_server):
-    """On the real server: the leader paused between its fence's read (`FOR SHARE` on the row) and its commit, past
-    its lease. The follower's try ends the holder's database sessions instead of waiting on the row (its statements
-    are bounded here, so waiting would fail the test, not hang it); the next try takes the lease, and the paused
-    leader's transaction is gone: what it was about to commit is not committed."""
+@pytest.fixture
+def paused_pair(pg_server):
+    """Two replicas' `Leadership` on the real server, `a` leading (epoch 1) on its own sessions (named, as a
+    process's are), `b` on statements bounded to 10 s (a wait on a lock fails the test rather than hang it); the
+    `work` table holds one row."""
     location = pg_server.create_database()
     Store(location).engine.dispose()
     a_engine = create_engine(dialects.engine_url(location), connect_args={"application_name": "rolloutd-test-a"})
     b_engine = create_engine(dialects.engine_url(location), connect_args={"options": "-c statement_timeout=10s"})
-    try:
-        with b_engine.begin() as c:
-            c.exec_driver_sql("CREATE TABLE work (x INTEGER)")
-        a = Leadership(a_engine, "http://a", holder="a", session="rolloutd-test-a")
-        b = Leadership(b_engine, "http://b", holder="b")
-        assert a.try_take() == 1
-        with b_engine.begin() as c:  # a's lease runs out (its renewals stopped with it)
-            c.exec_driver_sql("UPDATE leader_lease SET expires = 0")
-        paused = a_engine.connect()
-        paused.begin()
-        paused.exec_driver_sql("INSERT INTO work VALUES (1)")
-        paused.exec_driver_sql("SELECT epoch FROM leader_lease WHERE id = 1 FOR SHARE")  # the fence's read
-        assert b.try_take() is None  # the row locked: a's sessions ended, not waited for
-        assert b.try_take() == 2
-        assert current(b_engine)[0] == "b"
-        with pytest.raises(Exception, match="terminat|closed"):  # a resumes: its session is gone
-            paused.commit()
-        assert _rows(b_engine) == []
-    finally:
-        a_engine.dispose()
-        b_engine.dispose()
+    with b_engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE work (x INTEGER)")
+        c.exec_driver_sql("INSERT INTO work VALUES (1)")
+    a = Leadership(a_engine, "http://a", holder="a", session="rolloutd-test-a")
+    assert a.try_take() == 1
+    yield a, Leadership(b_engine, "http://b", holder="b")
+    a_engine.dispose()
+    b_engine.dispose()
 
 
-def test_a_paused_old_leaders_locks_do_not_hold_the_new_leaders_writes(pg_server):
+def _runs_out(engine) -> None:
+    with engine.begin() as c:  # the lease runs out (its holder's renewals stopped with it)
+        c.exec_driver_sql("UPDATE leader_lease SET expires = 0")
+
+
+def test_a_lease_that_ran_out_with_its_holder_paused_in_a_transaction_is_taken_not_waited_for(paused_pair):
+    """On the real server: the leader paused between its fence's read (`FOR SHARE` on the row) and its commit, past
+    its lease. The follower's try ends the holder's database sessions instead of waiting on the row; the next try
+    takes the lease, and the paused leader's transaction is gone: what it was about to commit is not committed."""
+    a, b = paused_pair
+    _runs_out(b.engine)
+    paused = a.engine.connect()
+    paused.begin()
+    paused.exec_driver_sql("UPDATE work SET x = 10")
+    paused.exec_driver_sql("SELECT epoch FROM leader_lease WHERE id = 1 FOR SHARE")  # the fence's read
+    assert b.try_take() is None  # the row locked: a's sessions ended, not waited for
+    assert b.try_take() == 2
+    assert current(b.engine)[0] == "b"
+    with pytest.raises(Exception, match="terminat|closed"):  # a resumes: its session is gone
+        paused.commit()
+    assert _rows(b.engine) == [1]
+
+
+def test_a_paused_old_leaders_locks_do_not_hold_the_new_leaders_writes(paused_pair):
     """On the real server: the leader paused with a row of its work locked (an update not committed), past its
     lease. The follower takes the lease at once (the lease row is not locked) and ends the old leader's sessions:
-    the new leader's write of that row goes through (bounded statements: a wait fails the test), and the old
-    leader's update is never committed."""
-    location = pg_server.create_database()
-    Store(location).engine.dispose()
-    a_engine = create_engine(dialects.engine_url(location), connect_args={"application_name": "rolloutd-test-a"})
-    b_engine = create_engine(dialects.engine_url(location), connect_args={"options": "-c statement_timeout=10s"})
-    try:
-        with b_engine.begin() as c:
-            c.exec_driver_sql("CREATE TABLE work (x INTEGER)")
-            c.exec_driver_sql("INSERT INTO work VALUES (1)")
-        a = Leadership(a_engine, "http://a", holder="a", session="rolloutd-test-a")
-        b = Leadership(b_engine, "http://b", holder="b")
-        assert a.try_take() == 1
-        paused = a_engine.connect()
-        paused.begin()
-        paused.exec_driver_sql("UPDATE work SET x = 10")  # its row lock held while it is paused
-        with b_engine.begin() as c:  # a's lease runs out (its renewals stopped with it)
-            c.exec_driver_sql("UPDATE leader_lease SET expires = 0")
-        assert b.try_take() == 2
-        with b_engine.begin() as c:
-            c.exec_driver_sql("UPDATE work SET x = x + 1")
-        assert _rows(b_engine) == [2]
-        with pytest.raises(Exception, match="terminat|closed"):
-            paused.commit()
-        assert _rows(b_engine) == [2]
-    finally:
-        a_engine.dispose()
-        b_engine.dispose()
+    the new leader's write of that row goes through, and the old leader's update is never committed."""
+    a, b = paused_pair
+    paused = a.engine.connect()
+    paused.begin()
+    paused.exec_driver_sql("UPDATE work SET x = 10")  # its row lock held while it is paused
+    _runs_out(b.engine)
+    assert b.try_take() == 2
+    with b.engine.begin() as c:
+        c.exec_driver_sql("UPDATE work SET x = x + 1")
+    assert _rows(b.engine) == [2]
+    with pytest.raises(Exception, match="terminat|closed"):
+        paused.commit()
+    assert _rows(b.engine) == [2]
