@@ -23,8 +23,8 @@ URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
 # Per process: enough connections for the event loop's groups, the API's threads and the background passes.
 PG_POOL, PG_OVERFLOW = 10, 30
 # A session idle inside a transaction this long is ended by the server (idle_in_transaction_session_timeout): what a
-# paused process locked (rows, a job's feed lock) holds the other replicas' writes at most this long. No transaction of
-# ours waits on its client for more than milliseconds; the node calls' owner rows are freed sooner (`shards.py`).
+# paused process locked (rows, a job's feed lock) holds the other replicas' writes at most this long (the controller,
+# simulation and fault suites pass with it at 2 s); the node calls' owner rows are freed sooner (`shards.py`).
 IDLE_IN_TRANSACTION_SECONDS = 60
 
 

@@ -88,9 +88,10 @@ class Leadership:
         as they are once the lease is taken (what a paused old leader locked is not waited for either)."""
         if not self.pg:
             with self.engine.begin() as c:
+                now = _now(c, False)
                 n = c.exec_driver_sql("UPDATE leader_lease SET holder = ?, epoch = epoch + 1, expires = ?, url = ? "
                                       "WHERE id = 1 AND expires < ?",
-                                      (self.holder, (now := time.time()) + self.lease, self.url, now)).rowcount
+                                      (self.holder, now + self.lease, self.url, now)).rowcount
                 return int(c.exec_driver_sql("SELECT epoch FROM leader_lease WHERE id = 1").scalar()) if n else None
         with self.engine.begin() as c:
             now = _now(c, True)

@@ -190,8 +190,7 @@ def _to_v4(s: Session) -> None:
     conn = s.connection()
     for model in REPLICA_TABLES:
         model.__table__.create(conn, checkfirst=True)
-    if "moves" not in {c["name"] for c in inspect(conn).get_columns(NodeOwnerRow.__tablename__)}:
-        conn.exec_driver_sql("ALTER TABLE node_owners ADD COLUMN moves BIGINT NOT NULL DEFAULT 0")
+    _add_column(conn, NodeOwnerRow.__tablename__, "moves", "BIGINT NOT NULL DEFAULT 0")
     conn.exec_driver_sql(LEASE_SEED)
 
 
@@ -199,8 +198,7 @@ def _to_v5(s: Session) -> None:
     """v4 → v5: node owners carry the id of the transaction that wrote them (0: before; a replica reads every row
     at its start and every minute, so none is missed), indexed."""
     conn = s.connection()
-    if "stamp" not in {c["name"] for c in inspect(conn).get_columns(NodeOwnerRow.__tablename__)}:
-        conn.exec_driver_sql("ALTER TABLE node_owners ADD COLUMN stamp BIGINT NOT NULL DEFAULT 0")
+    _add_column(conn, NodeOwnerRow.__tablename__, "stamp", "BIGINT NOT NULL DEFAULT 0")
     conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_node_owners_stamp ON node_owners (stamp)")
 
 
@@ -212,10 +210,14 @@ def _to_v6(s: Session) -> None:
 
 def _to_v7(s: Session) -> None:
     """v6 → v7: the lease and each member name the database sessions of their holder ('' until it renews)."""
-    conn = s.connection()
     for model in (LeaderLeaseRow, ReplicaMemberRow):
-        if "session" not in {c["name"] for c in inspect(conn).get_columns(model.__tablename__)}:
-            conn.exec_driver_sql(f"ALTER TABLE {model.__tablename__} ADD COLUMN session TEXT NOT NULL DEFAULT ''")
+        _add_column(s.connection(), model.__tablename__, "session", "TEXT NOT NULL DEFAULT ''")
+
+
+def _add_column(conn: Any, table: str, column: str, kind: str) -> None:
+    """`column` added to `table` unless it has it (a table made by code older than the migration may)."""
+    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
+        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def seed(s: Session) -> None:
