@@ -102,17 +102,20 @@ def update_by_id(db: Any, table: Table, columns: Sequence[str], rows: Iterable[S
 
 
 def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    """`INSERT INTO table (columns)` each row: on PostgreSQL one statement over an array per column (a dataset's
-    expansion: psycopg's `executemany` cost ~125 µs of Python per row, holding the interpreter the event loop
-    shares), on SQLite `executemany`."""
+    """`INSERT INTO table (columns)` each row, in their order (an identity column's values follow it: the trainer
+    feed's seqs). On PostgreSQL one statement over an array per column (psycopg's `executemany` cost ~125 µs of
+    Python per row, holding the interpreter the event loop shares), `ORDER BY` the arrays' ordinality: a serial
+    default is drawn in the order rows leave the sort. On SQLite `executemany`, row by row."""
     rows = list(rows)
     if not rows:
         return
     if not isinstance(db, PgRaw):
         db.executemany(f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES {in_list(len(columns))}", rows)
         return
+    names = ", ".join(columns)
     unnest, arrays = _unnest(table, tuple(columns), rows)
-    db.pg.execute(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM {unnest}", arrays)
+    db.pg.execute(f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {unnest} WITH ORDINALITY "
+                  f"AS v({names}, ordinal) ORDER BY ordinal", arrays)
 
 
 def in_list(n: int) -> str:
@@ -130,15 +133,16 @@ _AS = {"FLOAT": float, "DOUBLE PRECISION": float, "REAL": float, "BOOLEAN": bool
 
 
 def _unnest(table: Table, names: tuple[str, ...], rows: list[Sequence[Any]]) -> tuple[str, list[list[Any]]]:
-    """`unnest(%s::type[], …)` over the columns `names` of `table`, and its arrays: the rows as one list per column,
+    """`unnest(%b::type[], …)` over the columns `names` of `table`, and its arrays: the rows as one list per column,
     each number or flag made its column's Python type (psycopg refuses a list of mixed types: a float column's int,
-    an integer column's bool)."""
+    an integer column's bool; and the server has no cast from bigint to boolean). Sent in binary: psycopg quotes each
+    element of an array's text form in Python, 3× the CPU of a results call's 64 documents (`bench pg_updates`)."""
     kinds = _pg_types(table, names)
     arrays = [list(values) for values in zip(*rows)]
     for i, kind in enumerate(kinds):
-        if (as_type := _AS.get(kind)) is not None and len(set(map(type, arrays[i])) - {type(None)}) > 1:
+        if (as_type := _AS.get(kind)) is not None and set(map(type, arrays[i])) - {as_type, type(None)}:
             arrays[i] = [None if v is None else as_type(v) for v in arrays[i]]
-    return "unnest(" + ", ".join(f"%s::{kind}[]" for kind in kinds) + ")", arrays
+    return "unnest(" + ", ".join(f"%b::{kind}[]" for kind in kinds) + ")", arrays
 
 
 def raw(conn: Connection) -> Any:

@@ -16,7 +16,7 @@ from sqlmodel import Session, func, select
 from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
-from ..dialects import PgRaw, raw
+from ..dialects import PgRaw, insert_rows, raw
 from .job_state import Wakeups
 from .hot_sql import Item
 from .tables import FACT_REASON, ItemRow, TrajectoryRow
@@ -51,6 +51,12 @@ def ordered(db: Any, jobs: set[str]) -> None:
             db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (job,))
 
 
+TRAJECTORIES = TrajectoryRow.__table__
+FEED_COLUMNS = ("job", "item", "prompt", "sample", "reward", "failure", "data", "group_id", "task_id", "policy",
+                "reason", "t_queue", "t_init", "t_run", "t_eval", "t_end", "generated", "turns", "tool_errors",
+                "truncated")
+
+
 class Feed:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -78,13 +84,9 @@ class Feed:
 
     @staticmethod
     def insert(db: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
-        """The rows `deliver` collected, in order (their seqs follow it)."""
+        """The rows `deliver` collected, in one statement, in order (their seqs follow it)."""
         ordered(db, {r["job"] for r in rows})
-        db.executemany("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data, group_id, task_id, "
-                       "policy, reason, t_queue, t_init, t_run, t_eval, t_end, generated, turns, tool_errors, truncated) "
-                       "VALUES (:job, :item, :prompt, :sample, :reward, :failure, :data, :group_id, :task_id, :policy, "
-                       ":reason, :t_queue, :t_init, :t_run, :t_eval, :t_end, :generated, :turns, :tool_errors, "
-                       ":truncated)", rows)
+        insert_rows(db, TRAJECTORIES, FEED_COLUMNS, [tuple(r[c] for c in FEED_COLUMNS) for r in rows])
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:
