@@ -135,8 +135,9 @@ _AS = {"FLOAT": float, "DOUBLE PRECISION": float, "REAL": float, "BOOLEAN": bool
 def _unnest(table: Table, names: tuple[str, ...], rows: list[Sequence[Any]]) -> tuple[str, list[list[Any]]]:
     """`unnest(%b::type[], …)` over the columns `names` of `table`, and its arrays: the rows as one list per column,
     each number or flag made its column's Python type (psycopg refuses a list of mixed types: a float column's int,
-    an integer column's bool; and the server has no cast from bigint to boolean). Sent in binary: psycopg quotes each
-    element of an array's text form in Python, 3× the CPU of a results call's 64 documents (`bench pg_updates`)."""
+    an integer column's bool; and a binary array keeps its elements' type: 0/1 ints are no boolean array). Sent in
+    binary: psycopg quotes each element of an array's text form in Python, 3× the CPU of a results call's 64
+    documents (`bench pg_updates`)."""
     kinds = _pg_types(table, names)
     arrays = [list(values) for values in zip(*rows)]
     for i, kind in enumerate(kinds):
