@@ -13,7 +13,7 @@ import time
 import psycopg
 
 from rolloutd.controller.dialects import PgRaw, update_by_id
-from rolloutd.controller.store import Store
+from rolloutd.controller.store import Store, nul_text
 from rolloutd.controller.work import hot_sql
 from rolloutd.controller.work.core import build_work
 from rolloutd.controller.work.feed import FEED_COLUMNS, Feed
@@ -75,6 +75,7 @@ def run(quick: bool = False) -> list[dict]:
         url = server.create_database("updates")
         build_work(Store(url))  # the schema, as the controller makes it
         with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+            nul_text.install(conn)  # as the controller's connections: its strings dumped by Python, not C
             n = ROWS * GRANTS * 2
             conn.execute("INSERT INTO items (job, prompt, sample, state, attempt, holds_backend, queued_at, "
                          "last_error) SELECT 'j', g, 0, 'queued', 0, false, 0, '' FROM generate_series(1, %s) g", (n,))

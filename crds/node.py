@@ -174,14 +174,22 @@ def spaced_gap(gap: float, u: float) -> float:
     return gap * (0.5 + u)
 
 
+# A node's name is its id's start (`{name}-{8 hex}`), which goes in a URL's path: letters, digits and ._:@+- only
+# (a '/', '?', '%' or a control character would make a path the node cannot call). Free text it sends has no control
+# character; a NUL elsewhere is stored (`controller.store.nul_text`).
+NODE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._:@+-]{0,199}$"
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+
+
 class RegisterRequest(Model):
     job: str
     protocol: int | None = Field(default=None, description="NODE_PROTOCOL of the daemon (None: a daemon from "
                                                            "before the check)")
-    name: str = Field(description="host or Slurm node name")
-    host: str = ""
+    name: str = Field(pattern=NODE_NAME, description="host or Slurm node name: the node's id, which its calls' URLs "
+                                                      "carry, starts with it")
+    host: str = Field(default="", max_length=253, pattern=PRINTABLE)
     pid: int = 0
-    slurm_job_id: str | None = None
+    slurm_job_id: str | None = Field(default=None, max_length=64, pattern=PRINTABLE)
     slurm_node_id: int | None = None
     slot: int | None = Field(default=None, description="executor slot this daemon fills (local executor)")
 
@@ -325,4 +333,4 @@ class ResultAck(Model):
 
 class ReturnRequest(Model):
     attempt_ids: list[str]
-    reason: str = "returned"
+    reason: str = Field(default="returned", max_length=1000, description="why (the items' last error)")

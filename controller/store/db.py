@@ -87,17 +87,21 @@ class StoreDB:
     def _pg_engine(url: str):
         try:
             import psycopg  # noqa: F401 - the [postgresql] extra
+
+            from . import nul_text
         except ImportError:
             raise ImportError("a postgresql:// store needs psycopg 3: pip install 'rolloutd[postgresql]'") from None
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
         # pre-ping (a round trip per checkout; the benchmarks page, Constants): a connection the server dropped fails
         # the call that used it, and SQLAlchemy then replaces every pooled one. Named by this process's SESSION (what
         # a replica taking over from this one ends, `replica_tables.end_sessions`); a transaction left idle by a paused
-        # process ended by the server (`dialects.IDLE_IN_TRANSACTION_SECONDS`)
-        return create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL, max_overflow=dialects.PG_OVERFLOW,
-                             pool_use_lifo=True, pool_pre_ping=False,
-                             connect_args={"application_name": SESSION, "options": "-c timezone=UTC -c "
-                                           f"idle_in_transaction_session_timeout={dialects.IDLE_IN_TRANSACTION_SECONDS}s"})
+        # process ended by the server (`dialects.IDLE_IN_TRANSACTION_SECONDS`); text with a NUL stored (`nul_text`)
+        options = f"-c timezone=UTC -c idle_in_transaction_session_timeout={dialects.IDLE_IN_TRANSACTION_SECONDS}s"
+        engine = create_engine(dialects.engine_url(url), pool_size=dialects.PG_POOL,
+                               max_overflow=dialects.PG_OVERFLOW, pool_use_lifo=True, pool_pre_ping=False,
+                               connect_args={"application_name": SESSION, "options": options})
+        event.listen(engine, "connect", lambda dbapi_conn, _record: nul_text.install(dbapi_conn))  # NUL in text
+        return engine
 
     # ------------------------------------------------------------ schema
 

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from ..dialects import PgRaw, is_pg, raw
+from ..work.tables import PG_DOC
 
 PASS = 1.0
 CURVE_BUCKETS = 60
@@ -163,7 +164,7 @@ def _lengths(row: list) -> dict[str, float | None]:
 
 # tokens out of the stored document, in each database's JSON functions; generated tokens and turns from their columns
 SQLITE_COUNTS = "json_array_length(data, '$.tokenIds'), generated, turns"
-PG_COUNTS = "json_array_length(data::json -> 'tokenIds'), generated, turns"
+PG_COUNTS = f"json_array_length({PG_DOC} -> 'tokenIds'), generated, turns"
 
 
 def search(engine: Engine, job: str, *, after: int = 0, offset: int = 0, limit: int = 50, sort: str = "seq",

@@ -160,28 +160,32 @@ FACTS = {"task_id": "json_extract(data, '$.taskId')", "policy": "json_quote(json
 _FACT_TYPES = {"task_id": "VARCHAR", "policy": "VARCHAR", "reason": "VARCHAR NOT NULL DEFAULT ''"}
 # Added later, on either database (column → SQLite's expression, PostgreSQL's): the metrics the agent loop counts,
 # else the turns' own slices; a harness's segments are counted by the feed (`feed.facts`), not by this fill
+# PostgreSQL reads a stored document as `json` through this: its json functions refuse the escape of a NUL (\u0000,
+# which a node's text may hold: `store.nul_text`). The 6 characters of the escape become those of U+FFFD's, a valid
+# escape too (and after an escaped backslash, plain letters): only strings change, never a count or a number
+PG_DOC = r"replace(data, '\u0000', '\ufffd')::json"
 _TURN_SUM = "(SELECT sum(json_extract(value, '$.generatedEnd') - json_extract(value, '$.generatedStart')) " \
             "FROM json_each(data, '$.turns'))"
 _PG_TURN_SUM = "(SELECT sum((x ->> 'generatedEnd')::bigint - (x ->> 'generatedStart')::bigint) " \
-               "FROM json_array_elements(data::json -> 'turns') AS x)"
+               f"FROM json_array_elements({PG_DOC} -> 'turns') AS x)"
 
 
 def _metric(name: str) -> tuple[str, str]:
     """metrics.<name> when it is a number (truncated to an integer, as `feed.length_facts` does), else NULL."""
     return (f"CASE WHEN json_type(data, '$.metrics.{name}') IN ('integer', 'real') "
             f"THEN CAST(json_extract(data, '$.metrics.{name}') AS INTEGER) END",
-            f"CASE WHEN json_typeof(data::json #> '{{metrics,{name}}}') = 'number' "
-            f"THEN trunc((data::json #>> '{{metrics,{name}}}')::float8)::bigint END")
+            f"CASE WHEN json_typeof({PG_DOC} #> '{{metrics,{name}}}') = 'number' "
+            f"THEN trunc(({PG_DOC} #>> '{{metrics,{name}}}')::float8)::bigint END")
 
 
 _GEN, _TURNS, _ERRORS = _metric("generated_tokens"), _metric("turns"), _metric("tool_errors")
 LENGTH_FACTS = {
     "generated": (f"coalesce({_GEN[0]}, {_TURN_SUM}, 0)", f"coalesce({_GEN[1]}, {_PG_TURN_SUM}, 0)"),
     "turns": (f"coalesce({_TURNS[0]}, json_array_length(data, '$.turns'), 0)",
-              f"coalesce({_TURNS[1]}, json_array_length(data::json -> 'turns'), 0)"),
+              f"coalesce({_TURNS[1]}, json_array_length({PG_DOC} -> 'turns'), 0)"),
     "tool_errors": _ERRORS,
     "truncated": ("CASE WHEN json_extract(data, '$.finishReason') = 'length' THEN 1 ELSE 0 END",
-                  "CASE WHEN data::json ->> 'finishReason' = 'length' THEN 1 ELSE 0 END")}
+                  f"CASE WHEN {PG_DOC} ->> 'finishReason' = 'length' THEN 1 ELSE 0 END")}
 
 CREATE_LOCK = 0x776F726B  # PostgreSQL advisory lock key held by `create` ("work")
 PER_JOB = (TaskRow, ItemRow, TrajectoryRow, NodeRow, ExpansionRow, GroupRow, BatchRow, BatchPromptsRow, CursorRow,

@@ -1,0 +1,103 @@
+"""A NUL character in text a node or a client sends is stored, or refused with an answer naming its field, on both
+stores (the real controller process). PostgreSQL refuses NUL in text: before, a results call whose failure reason
+(tool output) or task id held one failed at every retry, stalling the job that sent it, and a name with %00 in a URL
+was answered 500. Now a NUL in text is stored as U+FFFD there (`controller.store.nul_text`); the trajectory's own
+document keeps it exactly. A node's name, which its id and so its URLs carry, is refused unless URL-safe."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from support.controller_process import ControllerProcess
+from support.sim.noop import PLUGINS, HealthServer, noop_job
+from support.waiting import wait_until
+
+from rolloutd.crds.node import NODE_PROTOCOL
+from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+
+P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
+NUL = "\x00"
+ROLLOUTS = 16
+
+
+def _result(lease: dict, i: int) -> dict:
+    failure = Failure(kind=FailureKind.agent, reason=f"tool printed {NUL}{NUL} then died") if i % 2 else Failure()
+    t = Trajectory(job="", prompt=lease["prompt"], sample=lease["sample"], task_id=f"row{NUL}{i}",
+                   finish_reason="stop", reward=None if i % 2 else 1.0, failure=failure, node=f"n{NUL}",
+                   attempt=lease["attempt"], policy_version=f"v{NUL}")
+    return {"attemptId": lease["attemptId"], "trajectory": t.wire()}
+
+
+@pytest.fixture
+def controller(tmp_path, store_location):
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(ROLLOUTS // 8)))
+    health = HealthServer()  # the backend's /health: the items lease; nobody generates here
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
+           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp_path)}
+    ctl = ControllerProcess(tmp_path / "data", executors="local", extra_args=("--store", str(store_location)),
+                            env=env).start()
+    try:
+        with ctl.client() as api:
+            assert api.post(P, json=noop_job("nul", source, ROLLOUTS, health.urls[:1])).status_code == 201
+            yield api
+    finally:
+        ctl.stop()
+        health.close()
+
+
+def test_a_name_with_nul_in_a_url_is_not_found(controller):
+    for path in (f"{P}/nul%00", f"{P}/nul%00/status", f"{P}/nul%00/trajectories", "/ui/api/jobs/default/nul%00"):
+        r = controller.get(path)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+    r = controller.get("/ui/api/jobs/default/nul/trajectories", params={"task": f"r{NUL}", "q": f"x{NUL}"})
+    assert r.status_code == 200 and r.json()["items"] == [], r.text
+
+
+@pytest.mark.parametrize("field,value", [("name", f"b{NUL}0"), ("name", "a/b"), ("name", "a?b"), ("host", f"h{NUL}"),
+                                         ("slurmJobId", f"1{NUL}")])
+def test_a_register_with_a_name_no_url_can_carry_or_a_control_character_is_refused_naming_it(controller, field, value):
+    r = controller.post(f"{P}/nul/nodes/register",
+                        json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL, field: value})
+    assert r.status_code == 422, r.text
+    assert [c["field"] for c in r.json()["details"]["causes"]] == [field], r.text
+
+
+def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(controller):
+    api = controller
+    reg = api.post(f"{P}/nul/nodes/register", json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL})
+    assert reg.status_code == 200, reg.text
+    at = f"{P}/nul/nodes/{reg.json()['nodeId']}"
+    leases: list[dict] = []
+
+    def leased(want: int) -> bool:
+        r = api.post(f"{at}/lease", json={"maxItems": want - len(leases), "wait": 2.0})
+        r.raise_for_status()
+        leases.extend(r.json().get("leases", []))
+        return len(leases) >= want
+    wait_until(lambda: leased(ROLLOUTS), 60, "every rollout leased")
+    back = api.post(f"{at}/return", json={"attemptIds": [leases[0]["attemptId"]], "reason": f"sandbox {NUL} lost"})
+    assert back.status_code == 200 and back.json()["returned"] == 1, back.text
+    wait_until(lambda: leased(ROLLOUTS + 1), 60, "the returned rollout leased again")
+    rest = leases[1:]
+    beat = api.post(f"{at}/heartbeat", json={"stages": {x["attemptId"]: "run" for x in rest}, "full": True,
+                                             "policyVersion": f"v{NUL}"})
+    assert beat.status_code == 200 and not beat.json()["cancel"] and not beat.json()["unknown"], beat.text
+
+    r = api.post(f"{at}/results", json={"results": [_result(x, i) for i, x in enumerate(rest)]})
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["accepted"]) == sorted(x["attemptId"] for x in rest) and not r.json()["dropped"], r.text
+    wait_until(lambda: api.get(f"{P}/nul").json()["status"].get("phase") == "Succeeded", 60, "the job to succeed")
+
+    lines = api.get(f"{P}/nul/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
+    docs = [json.loads(line) for line in lines if line.strip()]
+    assert sorted(t["taskId"] for t in docs) == sorted(f"row{NUL}{i}" for i in range(ROLLOUTS))  # the document: exact
+    assert {t["failure"]["reason"] for t in docs if t["failure"]["kind"] == "agent"} == {f"tool printed {NUL}{NUL} "
+                                                                                        "then died"}
+    page = api.get("/ui/api/jobs/default/nul/trajectories", params={"limit": 100}).json()["items"]
+    assert len(page) == ROLLOUTS  # the columns copied out: NUL itself (SQLite) or U+FFFD (PostgreSQL)
+    assert {x["reason"] for x in page if x["failure"] == "agent"} <= {f"tool printed {c}{c} then died"
+                                                                      for c in (NUL, "\ufffd")}
+    assert {x["failure"] for x in page} == {"none", "agent"}
