@@ -93,15 +93,44 @@ def _no_aliases(text: str) -> None:
 def parse_text(text: str, *, json_: bool) -> Any:
     try:
         if json_:  # JSON bodies (every machine client) take the fast parser; YAML is for people
-            return json.loads(text)
+            return _no_lone_surrogates(text, json.loads(text))
         _no_aliases(text)
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader
+        return _no_lone_surrogates(text, yaml.load(text, Loader=_LOADER))  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise BadRequest(f"request body nests too deeply (the limit is {MAX_DEPTH} levels)") from None
     except json.JSONDecodeError as e:
         raise BadRequest(f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except yaml.YAMLError as e:
         raise BadRequest(malformed_yaml(e, "YAML/JSON")) from None
+
+
+# an escape of a UTF-16 surrogate: a pair is one character, but one alone parses to a string that is not Unicode text,
+# which neither store, nor JSON out, can take (a results call holding one failed at every retry: its job stalled)
+_SURROGATE = re.compile(r"\\(u|U0000)[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _no_lone_surrogates(text: str, doc: Any) -> Any:
+    """`doc`, or a 400 naming where it holds a lone surrogate (looked for only when `text` has a surrogate's escape)."""
+    if not _SURROGATE.search(text):
+        return doc
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
+            stack.extend((k, f"{path or '<root>'}: a key") for k in node if isinstance(k, str))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                where = path or "<root>"
+                raise BadRequest(f"request body holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+                                 f"pair), which is not Unicode text, at {where}",
+                                 causes=[{"field": where, "reason": "FieldValueInvalid",
+                                          "message": "a lone UTF-16 surrogate"}]) from None
+    return doc
 
 
 async def read_model(request: Request, model: type[BaseModel], limit: int | None = None) -> Any:

@@ -2,7 +2,9 @@
 stores (the real controller process). PostgreSQL refuses NUL in text: before, a results call whose failure reason
 (tool output) or task id held one failed at every retry, stalling the job that sent it, and a name with %00 in a URL
 was answered 500. Now a NUL in text is stored as U+FFFD there (`controller.store.nul_text`); the trajectory's own
-document keeps it exactly. A node's name, which its id and so its URLs carry, is refused unless URL-safe."""
+document keeps it exactly. A node's name, which its id and so its URLs carry, is refused unless URL-safe. A lone
+UTF-16 surrogate's escape (`\\ud800`), which parses to a string that is not Unicode text and so failed the same way on
+both stores, is refused with a 400 naming where it is; a pair (an emoji, as Python's json writes it) is text."""
 from __future__ import annotations
 
 import json
@@ -86,7 +88,13 @@ def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(contr
                                              "policyVersion": f"v{NUL}"})
     assert beat.status_code == 200 and not beat.json()["cancel"] and not beat.json()["unknown"], beat.text
 
-    r = api.post(f"{at}/results", json={"results": [_result(x, i) for i, x in enumerate(rest)]})
+    results = [_result(x, i) for i, x in enumerate(rest)]
+    lone = json.dumps({"results": results}).replace("tool printed", "tool printed \\ud800", 1)
+    r = api.post(f"{at}/results", content=lone, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "surrogate" in r.text, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "results[1].trajectory.failure.reason", r.text
+    r = api.post(f"{at}/results", content=json.dumps({"results": results}).replace("then died", "then \\ud83d\\udc80"),
+                 headers={"content-type": "application/json"})  # ensure_ascii: the emoji as a surrogate pair
     assert r.status_code == 200, r.text
     assert sorted(r.json()["accepted"]) == sorted(x["attemptId"] for x in rest) and not r.json()["dropped"], r.text
     wait_until(lambda: api.get(f"{P}/nul").json()["status"].get("phase") == "Succeeded", 60, "the job to succeed")
@@ -95,9 +103,20 @@ def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(contr
     docs = [json.loads(line) for line in lines if line.strip()]
     assert sorted(t["taskId"] for t in docs) == sorted(f"row{NUL}{i}" for i in range(ROLLOUTS))  # the document: exact
     assert {t["failure"]["reason"] for t in docs if t["failure"]["kind"] == "agent"} == {f"tool printed {NUL}{NUL} "
-                                                                                        "then died"}
+                                                                                        "then \U0001f480"}
     page = api.get("/ui/api/jobs/default/nul/trajectories", params={"limit": 100}).json()["items"]
     assert len(page) == ROLLOUTS  # the columns copied out: NUL itself (SQLite) or U+FFFD (PostgreSQL)
-    assert {x["reason"] for x in page if x["failure"] == "agent"} <= {f"tool printed {c}{c} then died"
+    assert {x["reason"] for x in page if x["failure"] == "agent"} <= {f"tool printed {c}{c} then \U0001f480"
                                                                       for c in (NUL, "\ufffd")}
     assert {x["failure"] for x in page} == {"none", "agent"}
+
+
+def test_a_job_holding_a_lone_surrogate_is_refused_naming_where(controller, tmp_path):
+    job = noop_job("lone", tmp_path / "rows.jsonl", ROLLOUTS, ["http://127.0.0.1:9"])
+    job["spec"]["agent"]["chatTemplateKwargs"] = {"style": "SURROGATE"}  # a variable's value: any string
+    r = controller.post(P, content=json.dumps(job).replace("SURROGATE", "\\udc00"),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "spec.agent.chatTemplateKwargs.style", r.text
+    assert controller.get(f"{P}/lone").status_code == 404
+    assert controller.get(P).status_code == 200  # the namespace's listing is unharmed
