@@ -6,9 +6,8 @@ out of it (a failure's reason, a task id) shows U+FFFD. Next step: `db.StoreDB` 
 """
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
-
-from psycopg.types import string
 
 REPLACEMENT = "\ufffd"
 
@@ -21,14 +20,19 @@ def _nul_free(base: type) -> type:
     return NulFree
 
 
-# in psycopg's own order (`string.register_default_adapters`): the last of each format is its default for a str,
-# the others are found by the type a statement or an array names
-DUMPERS = tuple(_nul_free(c) for c in (string.StrBinaryDumperName, string.StrBinaryDumperVarchar,
-                                        string.StrBinaryDumper, string.StrDumperName, string.StrDumperVarchar,
-                                        string.StrDumper, string.StrDumperUnknown))
+@cache
+def dumpers() -> tuple[type, ...]:
+    """In psycopg's own order (`string.register_default_adapters`): the last of each format is its default for a str,
+    the others are found by the type a statement or an array names. psycopg is imported here, not at the top: it is
+    the [postgresql] extra, which a controller on SQLite does without."""
+    from psycopg.types import string
+
+    return tuple(_nul_free(c) for c in (string.StrBinaryDumperName, string.StrBinaryDumperVarchar,
+                                         string.StrBinaryDumper, string.StrDumperName, string.StrDumperVarchar,
+                                         string.StrDumper, string.StrDumperUnknown))
 
 
 def install(connection: Any) -> None:
     """On one psycopg connection (its own adapters: the process's other connections are left as they are)."""
-    for dumper in DUMPERS:
+    for dumper in dumpers():
         connection.adapters.register_dumper(str, dumper)
