@@ -17,6 +17,7 @@ from sqlmodel import Session, SQLModel, create_engine, select
 from rolloutd.crds.errors import ConfigurationError
 
 from .. import dialects
+from . import nul_text
 from .durability import Durable
 from .replica_tables import SESSION
 from ..errors import Gone
@@ -87,8 +88,6 @@ class StoreDB:
     def _pg_engine(url: str):
         try:
             import psycopg  # noqa: F401 - the [postgresql] extra
-
-            from . import nul_text
         except ImportError:
             raise ImportError("a postgresql:// store needs psycopg 3: pip install 'rolloutd[postgresql]'") from None
         # times stored without a zone are UTC whatever the server's default; LIFO as above (a warm backend); no
