@@ -53,7 +53,7 @@ from .work.core import Work
 from .store import Store
 from .ha.leadership import Leadership
 from .ha.replicas import Replica, replica_urls
-from .store.db import SchemaTooNew
+from .store.db import SchemaTooNew, ServerTooOld
 
 EXECUTOR_KINDS: tuple[str, ...] = get_args(ExecutorKind)
 HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
@@ -90,7 +90,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
         store = Store(location, watch_history=settings.watch_history, home=data_dir)
     except (sqlalchemy.exc.DatabaseError, sqlite3.DatabaseError) as e:
         raise SystemExit(opening_problem(store_name(location), e)) from None
-    except (SchemaTooNew, ImportError) as e:
+    except (SchemaTooNew, ServerTooOld, ImportError) as e:
         raise SystemExit(f"rolloutd: {e}") from None
     if leadership is not None:
         leadership.fence(store.engine)

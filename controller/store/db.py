@@ -33,11 +33,16 @@ MMAP_BYTES = 1 << 30
 # makes each such stall of a node call's commit a quarter as long (the benchmarks page, Constants)
 AUTOCHECKPOINT_PAGES = 250
 MIGRATION_LOCK = 0x726F6C6C  # PostgreSQL advisory lock key held while a controller migrates ("roll")
+PG_OLDEST = (14,)  # `pg_terminate_backend(pid, timeout)` (`replica_tables.end_sessions`); 13 is out of support
 EVENTS_PER_JOB = 500  # a job's newest events kept (`add_event`); older ones go as new ones come
 
 
 class SchemaTooNew(ConfigurationError, RuntimeError):
     """The database was moved forward by a newer rolloutd: this one stops rather than write rows it cannot read."""
+
+
+class ServerTooOld(ConfigurationError, RuntimeError):
+    """The PostgreSQL server is older than the oldest this rolloutd uses features of (`PG_OLDEST`)."""
 
 
 class StoreDB:
@@ -109,6 +114,10 @@ class StoreDB:
         transaction-scoped advisory lock: controllers starting together migrate one after another."""
         with self.engine.begin() as conn:
             if self.dialect == dialects.POSTGRESQL:
+                if conn.dialect.server_version_info[:1] < PG_OLDEST:
+                    raise ServerTooOld(f"the PostgreSQL server of {self.where} runs version "
+                                       f"{'.'.join(map(str, conn.dialect.server_version_info))}; rolloutd needs "
+                                       f"{PG_OLDEST[0]} or newer")
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             SQLModel.metadata.create_all(conn)
             s = Session(bind=conn)

@@ -21,6 +21,7 @@ STAMP = "pg_current_xact_id()::text::bigint"  # an owner row's `stamp`: the id o
 # an owner deletion's record is kept this long: a replica that has not read by stamp for a minute reads the owner rows
 # whole (`shards.FULL_READ_SECONDS`), so it needs no record older than that and its longest transaction
 DELETIONS_KEPT_SECONDS = 300.0
+END_WAIT_MS = 5000  # how long ending a session may wait for it to exit (PostgreSQL 14 or newer take a timeout)
 
 
 class LeaderLeaseRow(SQLModel, table=True):
@@ -99,8 +100,11 @@ def end_sessions(engine: Engine, session: str, why: str) -> int:
         return 0
     try:
         with engine.begin() as c:
-            ended = c.exec_driver_sql("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-                                      "WHERE application_name = %s AND pid != pg_backend_pid()", (session,)).scalar()
+            # the timeout waits for each session to be gone: without it the signal is only sent, and a next try
+            # (the lease's, within milliseconds) could still find the row locked by a session about to exit
+            ended = c.exec_driver_sql("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, %s)) "
+                                      "FROM pg_stat_activity WHERE application_name = %s AND pid != pg_backend_pid()",
+                                      (END_WAIT_MS, session)).scalar()
     except Exception as e:  # noqa: BLE001 - not ours to end: its locks are waited for, as before
         log.warning("could not end the database sessions of %s (%s): %s", session, why, e)
         return 0

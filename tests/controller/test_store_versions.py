@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from rolloutd.controller.store import Store
-from rolloutd.controller.store.db import SchemaTooNew
+from rolloutd.controller.store import db
+from rolloutd.controller.store.db import SchemaTooNew, ServerTooOld
 from rolloutd.controller.store.schema import SCHEMA_VERSION
 
 from support.controller_process import free_port
@@ -128,3 +129,15 @@ def test_a_new_database_has_the_replicas_tables_and_the_replicas_create_none(sto
     finally:
         engine.dispose()
     assert _tables(bare) == set()
+
+
+def test_a_postgresql_server_older_than_the_oldest_supported_is_refused_naming_its_version(pg_server, monkeypatch):
+    """The real server's version against a raised floor (no older server runs here): refused before any table is
+    made, the message naming the server's version and the one needed."""
+    location = pg_server.create_database()
+    monkeypatch.setattr(db, "PG_OLDEST", (99,))
+    with pytest.raises(ServerTooOld, match=r"runs version 1\d\.\d+; rolloutd needs 99 or newer"):
+        Store(location)
+    monkeypatch.undo()
+    store = Store(location)  # the same database, untouched: the floor met, it is made as any new one
+    assert store.schema_version() == SCHEMA_VERSION

@@ -95,6 +95,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.integrations.samples.NoUsableSample": [(("m",), {}, I)],
     "rolloutd.controller.kube.patch.ApplyConflict": [(("m",), {}, C)],
     "rolloutd.controller.store.db.SchemaTooNew": [(("m",), {}, C)],
+    "rolloutd.controller.store.db.ServerTooOld": [(("m",), {}, C)],
     "rolloutd.controller.store.schema.Unservable": [(("job", ValueError("v")), {}, I)],
 }
 
