@@ -30,7 +30,8 @@ from sqlalchemy.engine import Engine
 from rolloutd.crds.node import OWNER_HEADER, UNREACHABLE_HEADER
 
 from .leadership import LEASE_SECONDS, RENEW_SECONDS, _now
-from ..store.replica_tables import SESSION, STAMP, end_sessions
+from ..dialects import PgRaw, insert_rows
+from ..store.replica_tables import SESSION, STAMP, ReplicaStageRow, end_sessions
 
 log = logging.getLogger("rolloutd.shards")
 
@@ -74,10 +75,8 @@ class Shards:
                               "DO UPDATE SET expires = excluded.expires, session = excluded.session",
                               (self.url, _now(c, True) + self.lease, self.session))
             c.exec_driver_sql("DELETE FROM replica_stages WHERE url = %s", (self.url,))
-            rows = [(self.url, job, stage, n) for job, st in self.local.items() for stage, n in st.items()]
-            if rows:
-                c.connection.driver_connection.cursor().executemany(
-                    "INSERT INTO replica_stages (url, job, stage, n) VALUES (%s, %s, %s, %s)", rows)
+            insert_rows(PgRaw(c.connection.driver_connection), ReplicaStageRow.__table__, ("url", "job", "stage", "n"),
+                        [(self.url, job, stage, n) for job, st in self.local.items() for stage, n in st.items()])
 
     def refresh(self) -> dict[str, int]:
         """Members and owners read; the nodes of members gone moved to live ones; the nodes we hand over at their

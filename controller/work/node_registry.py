@@ -16,7 +16,7 @@ from sqlmodel import Session, select
 from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECOND, NODE_PROTOCOL, RegisterRequest,
                                 RegisterResponse, WEIGHT_STAMPS, beat_gap, heartbeat_seconds)
 
-from ..dialects import raw
+from ..dialects import raw, update_by_id
 from ..errors import BadRequest, Conflict, NotFound
 from .job_state import Jobs, closed
 from .states import DaemonState
@@ -217,6 +217,6 @@ class NodeRegistry:
         self._next_pass = due
         self.live = live - len(silent)
         if silent:
-            db.executemany("UPDATE nodes SET state = ?, last_seen = ? WHERE id = ?", silent)
+            update_by_id(db, NodeRow.__table__, ("state", "last_seen"), silent)
             if self.owning is not None:
                 self.owning.gone(db, [node_id for _, _, node_id in silent])

@@ -288,3 +288,21 @@ def test_a_gone_members_node_locked_by_its_open_transaction_moves_at_the_next_re
             assert c.exec_driver_sql("SELECT last_seen FROM nodes WHERE id = 'n0'").scalar() == 0
     finally:
         a_engine.dispose()
+
+
+def test_each_replica_sees_the_leases_the_others_hold_as_of_their_last_renewal(two_replicas):
+    """A job's progress sums every live replica's leases: what a renewed, each renewal replacing the last, and
+    none once a stopped."""
+    _, a, b = two_replicas
+    a.local = {"default/j": {"RUN": 3, "EVAL": 1}, "default/k": {"INIT": 2}}
+    a.renew()
+    b.refresh()
+    assert b.elsewhere("default/j") == {"RUN": 3, "EVAL": 1} and b.elsewhere("default/k") == {"INIT": 2}
+    assert a.elsewhere("default/j") == {}  # its own are not elsewhere
+    a.local = {"default/j": {"RUN": 1}}
+    a.renew()
+    b.refresh()
+    assert b.elsewhere("default/j") == {"RUN": 1} and b.elsewhere("default/k") == {}
+    a.resign()
+    b.refresh()
+    assert b.elsewhere("default/j") == {}
