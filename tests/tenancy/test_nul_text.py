@@ -80,6 +80,8 @@ def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(contr
         leases.extend(r.json().get("leases", []))
         return len(leases) >= want
     wait_until(lambda: leased(ROLLOUTS), 60, "every rollout leased")
+    long = api.post(f"{at}/return", json={"attemptIds": [leases[0]["attemptId"]], "reason": "x" * 1001})
+    assert long.status_code == 422 and [c["field"] for c in long.json()["details"]["causes"]] == ["reason"], long.text
     back = api.post(f"{at}/return", json={"attemptIds": [leases[0]["attemptId"]], "reason": f"sandbox {NUL} lost"})
     assert back.status_code == 200 and back.json()["returned"] == 1, back.text
     wait_until(lambda: leased(ROLLOUTS + 1), 60, "the returned rollout leased again")
