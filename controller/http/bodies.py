@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -113,15 +114,8 @@ def _no_lone_surrogates(text: str, doc: Any) -> Any:
     """`doc`, or a 400 naming where it holds a lone surrogate (looked for only when `text` has a surrogate's escape)."""
     if not _SURROGATE.search(text):
         return doc
-    stack: list[tuple[Any, str]] = [(doc, "")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in node.items())
-            stack.extend((k, f"{path or '<root>'}: a key") for k in node if isinstance(k, str))
-        elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
-        elif isinstance(node, str):
+    for node, path, _ in _walk(doc, keys=True):
+        if isinstance(node, str):
             try:
                 node.encode("utf-8")
             except UnicodeEncodeError:
@@ -168,23 +162,30 @@ async def read_model_fast(request: Request, model: type[BaseModel], limit: int =
 def check_bounds(doc: Any) -> None:
     """Iteratively: depth ≤ MAX_DEPTH, at most MAX_VALUES values, every integer within int64
     (else 400/422 naming the field)."""
-    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
-    seen = 0
-    while stack:
-        node, path, depth = stack.pop()
-        seen += 1
+    for seen, (node, path, depth) in enumerate(_walk(doc), 1):
         if seen > MAX_VALUES:
             raise TooLarge(f"request body holds more than {MAX_VALUES} values (YAML aliases count once per use)")
         if depth > MAX_DEPTH:
             raise BadRequest(f"request body nests too deeply at {path or '<root>'} (the limit is {MAX_DEPTH} levels)")
-        if isinstance(node, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
-        elif isinstance(node, int) and not isinstance(node, bool) and not INT64_MIN <= node <= INT64_MAX:
+        if isinstance(node, int) and not isinstance(node, bool) and not INT64_MIN <= node <= INT64_MAX:
             message = f"integer out of range (the limit is ±2^63): {str(node)[:30]}…"
             raise Invalid(f"request is invalid: {path}: {message}",
                           causes=[{"field": path, "reason": "FieldValueInvalid", "message": message}])
+
+
+def _walk(doc: Any, *, keys: bool = False) -> Iterator[tuple[Any, str, int]]:
+    """Every value in `doc` with its path (`a.b[2]`) and depth, iteratively; each string key too when `keys`. A
+    value's children are reached only after it is yielded, so a consumer raising at a value walks no further."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        yield node, path, depth
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in node.items())
+            if keys:
+                stack.extend((k, f"{path or '<root>'}: a key", depth + 1) for k in node if isinstance(k, str))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
 
 
 def parse_version(value: Any, field: str) -> int | None:
