@@ -26,7 +26,7 @@ from pydantic import Field
 
 from .base import Model
 from .tenancy import TenantPolicySpec
-from .trajectory import Trajectory
+from .trajectory import PolicyVersion, Trajectory
 
 # A node's counts and seconds, bounded: a hostile beat's 10**400 would overflow the controller's float arithmetic on
 # them (a 500 on every beat of every job sharing that backend), and NaN would poison the namespace's counters
@@ -256,7 +256,8 @@ class Heartbeat(Model):
     left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
     llm_inflight: int = Field(default=0, description="LLM requests this node has in flight right now")
     llm_held: bool = Field(default=False, description="this node holds new LLM requests (it saw llmPaused)")
-    policy_version: int | str | None = Field(default=None, description="the version this node tags new requests with")
+    policy_version: PolicyVersion | None = Field(default=None, description="the version this node tags new requests "
+                                                                           "with")
     llm_fence: int = Field(default=0, description="keep mode: the last fence this node took (it recorded where each "
                                                   "in-flight generation stood while the engines were paused)")
     full: bool = Field(default=True, description="`stages` names every live lease, and the beat renews them; false "

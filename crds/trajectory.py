@@ -6,9 +6,9 @@ that rewrote its history (a harness) leaves several sequences: `segments`, the f
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from .base import Model
 from .errors import FailureKind  # noqa: F401 - defined with the taxonomy, a field here
@@ -49,12 +49,28 @@ class Timings(Model):
     stamps: dict[str, float] = Field(default_factory=dict)
 
 
+# a policy version as a trainer announces it and a node reports it: an int64 or a short text (a step, a checkpoint's
+# hash). Bounded because it is indexed: PostgreSQL refused a trajectory whose version's text outgrew an index row,
+# at every retry of its results call (its job stalled); 128 characters stay within one even if each is escaped
+MAX_VERSION_CHARS = 128
+
+
+def _bounded_version(v: int | str) -> int | str:
+    if isinstance(v, str) and len(v) > MAX_VERSION_CHARS or isinstance(v, int) and not -(1 << 63) <= v < 1 << 63:
+        raise ValueError(f"a policy version is an integer within ±2^63 or a text of at most {MAX_VERSION_CHARS} "
+                         "characters")
+    return v
+
+
+PolicyVersion = Annotated[int | str, AfterValidator(_bounded_version)]
+
+
 class VersionSpan(Model):
     """A run of generated tokens sampled by one policy version: positions [start, end) of the sequence's
     `tokenIds` (absolute, like `Turn.generatedStart`). A turn whose weights changed mid-generation has two or
     more spans; each token's logprob is the one its own version sampled with."""
 
-    version: int | str | None = Field(description="the policy version the backend ran when it sampled these tokens")
+    version: PolicyVersion | None = Field(description="the policy version the backend ran when it sampled these tokens")
     start: int = Field(ge=0)
     end: int = Field(ge=0)
 
@@ -123,10 +139,10 @@ class Trajectory(Model):
     reward_details: dict[str, Any] = Field(default_factory=dict)
     failure: Failure = Field(default_factory=Failure)
     finish_reason: str | None = None
-    policy_version: int | str | None = None
-    policy_versions: list[int | str] = Field(default_factory=list)
+    policy_version: PolicyVersion | None = None
+    policy_versions: list[PolicyVersion] = Field(default_factory=list)
     version_spans: list[VersionSpan] = Field(default_factory=list, description=_SPANS)
-    admitted_version: int | str | None = Field(default=None, description="the job's policy version when the "
+    admitted_version: PolicyVersion | None = Field(default=None, description="the job's policy version when the "
                                                "rollout was leased (its staleness counts from here)")
     backend: str | None = None
     node: str | None = None

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
+from rolloutd.crds.trajectory import PolicyVersion
 from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce, PromptGroups
 
 from ..errors import BadRequest, Conflict, Forbidden, Invalid, NotFound
@@ -62,7 +63,7 @@ class BatchRequest(BaseModel):
 
 
 class PolicyRequest(BaseModel):
-    version: int | str
+    version: PolicyVersion
     weightsPath: str | None = None
     pause: bool | None = None
     model_config = {"extra": "forbid"}

@@ -4,11 +4,13 @@ stores (the real controller process). PostgreSQL refuses NUL in text: before, a 
 was answered 500. Now a NUL in text is stored as U+FFFD there (`controller.store.nul_text`); the trajectory's own
 document keeps it exactly. A node's name, which its id and so its URLs carry, is refused unless URL-safe. A lone
 UTF-16 surrogate's escape (`\\ud800`), which parses to a string that is not Unicode text and so failed the same way on
-both stores, is refused with a 400 naming where it is; a pair (an emoji, as Python's json writes it) is text."""
+both stores, is refused with a 400 naming where it is; a pair (an emoji, as Python's json writes it) is text. A policy
+version, which an index holds, is bounded so that PostgreSQL's index row can always take it."""
 from __future__ import annotations
 
 import json
 import os
+import secrets
 
 import pytest
 
@@ -17,7 +19,7 @@ from support.sim.noop import PLUGINS, HealthServer, noop_job
 from support.waiting import wait_until
 
 from rolloutd.crds.node import NODE_PROTOCOL
-from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
+from rolloutd.crds.trajectory import MAX_VERSION_CHARS, Failure, FailureKind, Trajectory
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 NUL = "\x00"
@@ -122,3 +124,37 @@ def test_a_job_holding_a_lone_surrogate_is_refused_naming_where(controller, tmp_
     assert r.json()["details"]["causes"][0]["field"] == "spec.agent.chatTemplateKwargs.style", r.text
     assert controller.get(f"{P}/lone").status_code == 404
     assert controller.get(P).status_code == 200  # the namespace's listing is unharmed
+
+
+def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the_longest_allowed_is_stored(controller):
+    """The version is copied into an indexed column: on PostgreSQL a results call whose version's text outgrew an
+    index row was a 500 at every retry (its job stalled). Now a version past MAX_VERSION_CHARS is a 422 naming it,
+    from a node and from a trainer alike, and the longest allowed, each character one that JSON escapes twice over
+    (an emoji), is stored on both stores and streamed back exactly."""
+    api = controller
+    reg = api.post(f"{P}/nul/nodes/register", json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL})
+    at = f"{P}/nul/nodes/{reg.json()['nodeId']}"
+    leases: list[dict] = []
+
+    def leased() -> bool:
+        r = api.post(f"{at}/lease", json={"maxItems": 2 - len(leases), "wait": 2.0})
+        leases.extend(r.json().get("leases", []))
+        return len(leases) >= 2
+    wait_until(leased, 60, "two rollouts leased")
+    longest = "\U0001f480" * MAX_VERSION_CHARS
+    results = [_result(x, i) for i, x in enumerate(leases)]
+    results[1]["trajectory"]["policyVersion"] = secrets.token_hex(MAX_VERSION_CHARS)  # incompressible, 2× too long
+    r = api.post(f"{at}/results", json={"results": results})
+    assert r.status_code == 422, r.text
+    assert [c["field"] for c in r.json()["details"]["causes"]] == ["results[1].trajectory.policyVersion"], r.text
+    beat = api.post(f"{at}/heartbeat", json={"stages": {}, "full": False, "policyVersion": longest + "x"})
+    assert beat.status_code == 422 and beat.json()["details"]["causes"][0]["field"] == "policyVersion", beat.text
+    announce = api.post(f"{P}/nul/policy", json={"version": 1 << 63})
+    assert announce.status_code == 422 and announce.json()["details"]["causes"][0]["field"] == "version", announce.text
+
+    for x in results:
+        x["trajectory"]["policyVersion"] = longest
+    r = api.post(f"{at}/results", json={"results": results})
+    assert r.status_code == 200 and len(r.json()["accepted"]) == 2, r.text
+    lines = api.get(f"{P}/nul/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
+    assert [json.loads(line)["policyVersion"] for line in lines if line.strip()] == [longest, longest]
