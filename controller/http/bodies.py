@@ -103,6 +103,9 @@ def parse_text(text: str, *, json_: bool) -> Any:
         raise BadRequest(f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except yaml.YAMLError as e:
         raise BadRequest(malformed_yaml(e, "YAML/JSON")) from None
+    except ValueError as e:  # an integer of more digits than Python converts (4300), a YAML date such as 2026-02-30:
+        # a 500 at every retry before
+        raise BadRequest(f"request body holds a value that cannot be read: {str(e).split(';')[0]}") from None
 
 
 # an escape of a UTF-16 surrogate: a pair is one character, but one alone parses to a string that is not Unicode text,

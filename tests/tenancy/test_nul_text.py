@@ -154,6 +154,9 @@ def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the
 
     for x in results:
         x["trajectory"]["policyVersion"] = longest
+    digits = json.dumps({"results": results}).replace('"metrics": {}', '"metrics": {"n": %s}' % ("1" * 5000), 1)
+    r = api.post(f"{at}/results", content=digits, headers={"content-type": "application/json"})  # was a 500
+    assert r.status_code == 400 and "cannot be read" in r.json()["message"], r.text
     r = api.post(f"{at}/results", json={"results": results})
     assert r.status_code == 200 and len(r.json()["accepted"]) == 2, r.text
     lines = api.get(f"{P}/nul/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
