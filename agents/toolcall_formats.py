@@ -37,6 +37,11 @@ class RawCall:
     span: tuple[int, int]  # where in the text it was written
 
 
+# what a model's JSON may raise besides a syntax error: an integer of more digits than Python converts (ValueError),
+# nesting past the recursion limit; the call is then text, as a malformed one is
+UNREADABLE = (ValueError, RecursionError)
+
+
 def _call(obj: Any, span: tuple[int, int], args_keys: tuple[str, ...]) -> RawCall:
     if not isinstance(obj, dict):
         return RawCall("", {}, "the tool call must be a JSON object", span)
@@ -45,7 +50,7 @@ def _call(obj: Any, span: tuple[int, int], args_keys: tuple[str, ...]) -> RawCal
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except UNREADABLE:
             pass
     if not isinstance(name, str) or not name:
         return RawCall("", {}, 'the call has no "name"', span)
@@ -54,8 +59,10 @@ def _call(obj: Any, span: tuple[int, int], args_keys: tuple[str, ...]) -> RawCal
     return RawCall(name, args, None, span)
 
 
-def _bad_json(e: json.JSONDecodeError, span: tuple[int, int]) -> RawCall:
-    return RawCall("", {}, f"the tool call is not valid JSON ({e.msg} at char {e.pos})", span)
+def _bad_json(e: Exception, span: tuple[int, int]) -> RawCall:
+    why = (f"{e.msg} at char {e.pos}" if isinstance(e, json.JSONDecodeError) else
+           "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0])
+    return RawCall("", {}, f"the tool call is not valid JSON ({why})", span)
 
 
 class Format:
@@ -92,7 +99,7 @@ class Hermes(Format):
             span = (m.start(), m.end())
             try:
                 obj = json.loads(m.group(1).strip())
-            except json.JSONDecodeError as e:
+            except UNREADABLE as e:
                 calls.append(_bad_json(e, span))
                 continue
             calls.append(_call(obj, span, ("arguments", "parameters")))
@@ -113,7 +120,7 @@ class Llama3(Format):
         while True:
             try:
                 obj, end = _DECODER.raw_decode(body, at)
-            except json.JSONDecodeError as e:
+            except UNREADABLE as e:
                 return [_bad_json(e, whole)]
             calls.append(_call(obj, whole if not calls else (len(text), len(text)), ("parameters", "arguments")))
             rest = body[end:].lstrip()
@@ -150,7 +157,7 @@ class Mistral(Format):
                 return [_call({"name": named.group(1), "arguments": obj}, (begin, end), ("arguments",))]
             at += len(text[at:]) - len(text[at:].lstrip())
             items, end = _DECODER.raw_decode(text, at)
-        except json.JSONDecodeError as e:
+        except UNREADABLE as e:
             return [_bad_json(e, (begin, stop))]
         if not isinstance(items, list):
             items = [items]

@@ -86,7 +86,7 @@ def make_turn(text: str, prompt: Prompt, parser: ToolParser, *, finish_reason: s
             function = call.get("function") or {}
             try:
                 arguments = json.loads(function.get("arguments") or "{}")
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):  # what the model wrote: any text at all
                 arguments = None
             if not isinstance(arguments, dict) or not isinstance(function.get("name"), str):
                 calls = []

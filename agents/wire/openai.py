@@ -53,6 +53,8 @@ async def read_body(scope: dict, receive: Any) -> dict | None:
         request = json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise Invalid(f"the body is not JSON: {e}") from None
+    except ValueError as e:  # an integer of more digits than Python converts (4300)
+        raise Invalid(f"the body holds a value that cannot be read: {str(e).split(';')[0]}") from None
     except RecursionError:
         raise Invalid("the body nests too deeply") from None
     if not isinstance(request, dict):

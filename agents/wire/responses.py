@@ -52,7 +52,7 @@ def _items(items: list) -> list[dict]:
                 raise Invalid(f"{where}: a function_call needs string name, call_id and arguments")
             try:
                 arguments = json.loads(item["arguments"] or "{}")
-            except ValueError:
+            except (ValueError, RecursionError):
                 arguments = item["arguments"]
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
             if chat and chat[-1]["role"] == "assistant":  # the same turn's text or calls

@@ -212,3 +212,20 @@ def test_deep_json_nesting_is_a_400_not_a_500(tokenizer, tmp_path):
     (r,), _ = serve(tokenizer, tmp_path, RecordingLLM(), [("POST", "/v1/chat/completions", {
         "content": deep, "headers": {"Content-Type": "application/json"}})])
     assert r.status_code == 400 and "nests too deeply" in r.text, r.text
+
+
+def test_an_integer_too_long_to_read_or_call_arguments_nested_too_deeply_are_not_a_500(tokenizer, tmp_path):
+    """A body holding an integer of more digits than Python converts, and a past call's arguments (a string the
+    gateway parses as JSON) nested past the recursion limit: both were a 500. The first is a 400 naming it; the
+    second's arguments are kept as the text they are, as any arguments that are not JSON."""
+    digits = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"1" * 5000 + b"}"
+    deep_call = {"type": "function_call", "name": "f", "call_id": "c1", "arguments": "[" * 100_000}
+    llm = RecordingLLM()
+    (number, nested), _ = serve(tokenizer, tmp_path, llm, [
+        ("POST", "/v1/chat/completions", {"content": digits, "headers": {"Content-Type": "application/json"}}),
+        ("POST", "/v1/responses", {"json": {"model": "m", "input": [
+            {"role": "user", "content": "hi"}, deep_call,
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"}]}})])
+    assert number.status_code == 400 and "cannot be read" in number.json()["error"]["message"], number.text
+    assert nested.status_code == 200, nested.text
+    assert len(llm.prompts) == 1  # the second reached the engine, the first did not

@@ -125,6 +125,13 @@ def test_mistral_v11_name_args_calls():
 HOSTILE = ["", "{", "[TOOL_CALLS]", "[TOOL_CALLS] [1, 2]", "<|python_tag|>", "<|python_tag|>[]", '{"name": 5}',
            '{"name": "x", "parameters": [1]}', "[{", '[TOOL_CALLS]x[ARGS]{"a"', "<tool_call>", "<tool_call>[]",
            '{"a": 1};', '{"name": "b", "parameters": {}}; nope', "\x00" * 10, "{" * 5000]
+# valid JSON that Python's parser still raises on (not a JSONDecodeError): nesting past the recursion limit, an
+# integer of more than 4300 digits; in each family's call syntax, and as arguments written as a JSON string
+for _value in ("[" * 100_000 + "]" * 100_000, "1" * 5000):
+    HOSTILE += [f'<tool_call>{{"name": "bash", "arguments": {_value}}}</tool_call>',
+                f'{{"name": "bash", "parameters": {{"a": {_value}}}}}', f'[TOOL_CALLS]bash[ARGS]{{"a": {_value}}}',
+                f'[TOOL_CALLS][{{"name": "bash", "arguments": {{"a": {_value}}}}}]',
+                f'<tool_call>{{"name": "bash", "arguments": {json.dumps(_value)}}}</tool_call>']
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
