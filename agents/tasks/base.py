@@ -73,6 +73,10 @@ def json_lines(path: str | Path, roots: Sequence[str] | None = None):
                 raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:  # valid JSON Python cannot read: an integer of more than 4300 digits
+                raise DatasetError(f"{where}: a value cannot be read ({str(e).split(';')[0]})") from None
+            except RecursionError:
+                raise DatasetError(f"{where}: nests too deeply to read") from None
             yield lineno, where, value
 
 

@@ -235,7 +235,7 @@ def parse_reward(text: str | None, json_text: str | None) -> float | None:
     if json_text:
         try:
             data = json.loads(json_text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # the sandbox wrote it: not JSON, or JSON Python cannot read
             return None
         if isinstance(data, dict):
             value = data.get("reward", next(iter(data.values())) if len(data) == 1 else None)

@@ -100,7 +100,7 @@ class SweTask(TaskHandler):
             if isinstance(value, str):  # SWE-bench on Hugging Face stores these JSON-encoded
                 try:
                     value = json.loads(value)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     raise ValueError(f"field '{key}' is a string but not a JSON list") from None
             if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
                 raise ValueError(f"field '{key}' must be a list of test ids")

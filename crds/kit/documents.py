@@ -24,9 +24,17 @@ def load_documents(text: str, where: str) -> list[Any]:
             return [json.loads(text)]
         except json.JSONDecodeError:
             pass  # YAML flow mappings start with '{' too
+        except (ValueError, RecursionError) as e:  # valid JSON Python cannot read (4300+ digits, deep nesting)
+            raise ValueError(f"{where}: {_unreadable(e)}") from None
     import yaml
 
     try:
         return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
         raise ValueError(f"{where}: {malformed_yaml(e)}") from None
+    except (ValueError, RecursionError) as e:  # an integer of 4300+ digits, a date such as 2026-02-30, deep nesting
+        raise ValueError(f"{where}: {_unreadable(e)}") from None
+
+
+def _unreadable(e: Exception) -> str:
+    return "nests too deeply" if isinstance(e, RecursionError) else f"a value cannot be read: {str(e).split(';')[0]}"

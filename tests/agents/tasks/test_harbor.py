@@ -287,6 +287,8 @@ def test_parse_reward():
     assert parse_reward("yes", None) is None
     assert parse_reward(None, '{"a": 1, "b": 0}') is None
     assert parse_reward(None, None) is None
+    assert parse_reward(None, '{"reward": ' + "1" * 5000 + "}") is None  # the sandbox wrote both: each raised
+    assert parse_reward(None, "[" * 100_000 + "]" * 100_000) is None
 
 
 def test_task_memory_becomes_the_sandbox_limit(tmp_path):
