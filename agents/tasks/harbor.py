@@ -80,6 +80,11 @@ class HarborTask(TaskHandler):
             raise EvalError(f"harbor tasks run on sandbox.runtime bwrap (their images are root filesystems), "
                             f"not {base.runtime!r}")
         self._task_dir(task)  # the node checks again: the task's directory lies beneath the job's data roots
+        quotas = self.scope.quotas
+        if quotas is not None and (task.get("memory_mb") or 0) > quotas.sandbox_memory_mb:  # the task's own need
+            raise ConfigError(f"spec.tasks.source: {task['path']}/task.toml: the environment's memory, "
+                              f"{task['memory_mb']} MB, is over the tenant's quota of {quotas.sandbox_memory_mb} MB "
+                              "(sandboxMemoryMB)")
         image = await self.image(task)
         task["workdir"] = image.workdir if image.writable_workdir else "/workspace"
         # the verifier's egress: only with the job's consent, and only for a task that allows the internet

@@ -29,6 +29,8 @@ from .seams import HostSandbox, Sandbox
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
+MAX_SECONDS = 7 * 86400.0  # a task's timeouts: finite and below a week (inf or nan in task.toml ran unbounded)
+MAX_MEMORY_MB = 1 << 24  # a task's memory: below 16 TiB (1e300 or inf in task.toml broke the sandbox's rlimit)
 HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image/build.py)
 EVAL_SESSION = {"session": "rolloutd-harbor-eval"}  # never confined: the verifier's
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
@@ -74,7 +76,9 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
             text = read_text(f"{task_dir}/task.toml", roots)
             try:
                 config = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as e:  # only where: tomllib's text may quote a key or a character
+            except RecursionError:
+                raise DatasetError(f"spec.tasks.source: {where}: {task_dir}/task.toml: nests too deeply") from None
+            except ValueError as e:  # TOMLDecodeError, or 4300+ digits: only where (the text may quote a key)
                 at = re.search(r"\(at ([^)]*)\)", str(e))
                 raise DatasetError(f"spec.tasks.source: {where}: {task_dir}/task.toml: not valid TOML"
                                    f"{f' (at {at.group(1)})' if at else ''}") from None
@@ -159,23 +163,24 @@ async def bash_ok(sandbox: Sandbox, command: str, what: str, timeout: float) -> 
 
 
 # ---------------------------------------------------------------------- task.toml fields (never echoed back)
-def _seconds(value: Any, where: str, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise DatasetError(f"{where}: task.toml {field} must be a positive number of seconds")
+def _seconds(value: Any, where: str, field: str, unit: str = "seconds", most: float = MAX_SECONDS) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:  # nan, inf too
+        raise DatasetError(f"{where}: task.toml {field} must be a positive number of {unit}, at most {most:.0f}")
     return float(value)
 
 
 def _memory_mb(environment: dict, where: str) -> int | None:
     """[environment] memory_mb, or the older `memory = "4G"` spelling; None when absent."""
     if "memory_mb" in environment:
-        return int(_seconds(environment["memory_mb"], where, "environment.memory_mb"))
+        return int(_seconds(environment["memory_mb"], where, "environment.memory_mb", "MB", MAX_MEMORY_MB))
     memory = environment.get("memory")
     if memory is None:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([MG])i?B?\s*", str(memory), re.I)
     if not m:
         raise DatasetError(f"{where}: task.toml environment.memory must look like '2G' or '512M'")
-    return int(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1))
+    return int(_seconds(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1), where, "environment.memory",
+                        "MB", MAX_MEMORY_MB))
 
 
 def _flag(value: Any, where: str, field: str) -> bool:

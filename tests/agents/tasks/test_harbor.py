@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from rolloutd.agents.tasks import DatasetError, EvalError, get_handler
+from rolloutd.agents.tasks.base import ConfigError, HandlerScope
+from rolloutd.crds.tenancy import TenantQuotas
 from rolloutd.agents.tasks.harbor import parse_reward, stage_dir
 from rolloutd.crds.trajectory import Trajectory
 from rolloutd.sandbox import SandboxSpec
@@ -301,6 +304,35 @@ def test_task_memory_becomes_the_sandbox_limit(tmp_path):
     (task / "task.toml").write_text(toml + '\n[environment]\nmemory = "lots"\n')
     with pytest.raises(DatasetError, match=r"environment.memory must look like"):
         get_handler("harbor").load(tmp_path / "tasks")
+    # what a hostile task.toml may hold (inf and nan were an OverflowError and a ValueError, the others accepted:
+    # an rlimit beyond any machine, a verifier never timed out), and TOML that Python cannot read back
+    for extra, why in (("[environment]\nmemory_mb = inf", "environment.memory_mb must be a positive number of MB"),
+                       ("[environment]\nmemory_mb = nan", "environment.memory_mb must be"),
+                       ("[environment]\nmemory_mb = 1e300", "environment.memory_mb must be"),
+                       ('[environment]\nmemory = "99999999999G"', "environment.memory must be"),
+                       ("[x]\na = " + "[" * 100_000 + "]" * 100_000, "task.toml: nests too deeply"),
+                       ("[x]\na = " + "1" * 5000, "task.toml: not valid TOML")):
+        (task / "task.toml").write_text(toml + "\n" + extra + "\n")
+        with pytest.raises(DatasetError, match=re.escape(why)):
+            get_handler("harbor").load(tmp_path / "tasks")
+    for value in ("inf", "nan", "1e9"):
+        (task / "task.toml").write_text(toml.replace("[verifier]\ntimeout_sec = 60.0", f"[verifier]\ntimeout_sec = {value}"))
+        with pytest.raises(DatasetError, match=r"verifier.timeout_sec must be a positive number of seconds, at most"):
+            get_handler("harbor").load(tmp_path / "tasks")
+
+
+def test_a_tasks_memory_over_its_tenants_quota_is_the_jobs_configuration_error(tmp_path):
+    """task.toml's memory raises the job's sandbox limit (Harbor gives its container that much): for a tenant, at
+    most to its policy's sandboxMemoryMB, which the job's own spec is held to. Before, a tenant's task directory
+    walked around the quota; refused before the image is built."""
+    task = tmp_path / "tasks" / "t"
+    shutil.copytree(TASKS / "config-port", task)
+    (task / "task.toml").write_text((task / "task.toml").read_text() + '\n[environment]\nmemory = "8G"\n')
+    handler = get_handler("harbor")
+    handler.bind(HandlerScope(quotas=TenantQuotas.model_validate({"sandboxMemoryMB": 4096})))
+    row = handler.load(tmp_path / "tasks")[0]
+    with pytest.raises(ConfigError, match=r"the environment's memory, 8192 MB, is over the tenant's quota of 4096 MB"):
+        asyncio.run(handler.sandbox_spec(row, SandboxSpec()))
 
 
 def test_other_runtimes_are_refused_with_the_reason():
