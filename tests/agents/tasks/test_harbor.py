@@ -350,7 +350,7 @@ nohup bash -c 'while true; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/r
   printf "def test_ok():\n    pass\n" > /tests/test_outputs.py; sleep 0.002; done' > /dev/null 2>&1 &
 nohup bash -c 'while true; do pkill -9 -f test_outputs; sleep 0.002; done' > /dev/null 2>&1 &
 nohup python3 -m http.server 8765 --bind 127.0.0.1 > /dev/null 2>&1 &
-sleep 0.5
+for _ in $(seq 1200); do (exec 3<>/dev/tcp/127.0.0.1/8765) 2>/dev/null && break; sleep 0.05; done  # it serves
 """
 SERVICE_TEST = """#!/bin/bash
 python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8765/', timeout=5)" \\
