@@ -23,6 +23,7 @@ configuration cannot work: fails the job, never a reward); a kind nobody registe
 from __future__ import annotations
 
 import json
+import math
 import re
 from abc import ABC
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def json_lines(path: str | Path, roots: Sequence[str] | None = None):
                 continue
             where = f"{path}:{lineno}"
             try:
-                value = json.loads(raw.decode("utf-8"))
+                value = json.loads(raw.decode("utf-8"), parse_float=_finite, parse_constant=_not_a_number)
             except UnicodeDecodeError:
                 raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
@@ -78,6 +79,19 @@ def json_lines(path: str | Path, roots: Sequence[str] | None = None):
             except RecursionError:
                 raise DatasetError(f"{where}: nests too deeply to read") from None
             yield lineno, where, value
+
+
+def _finite(text: str) -> float:
+    """A row's number: what a double holds (Python parses 1e400 to inf, which no JSON can carry on)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:30]} is beyond a double")
+    return value
+
+
+def _not_a_number(name: str) -> float:
+    """Python's json takes NaN, Infinity and -Infinity; JSON has none, and the lease that carries a row is JSON."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def refused(e: DataReadError, where: str = "") -> "DatasetError":
