@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import parse_qs, urlsplit
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Path as ApiPath, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -31,6 +31,7 @@ from rolloutd.crds.names import API_PREFIX, job_key
 from ..access.auth import TokenBook
 from ..errors import ApiError
 from ..http import streams
+from ..http.bodies import INT64_MAX
 from ..http.login_limit import LoginLimits
 from ..store import Store
 from ..work import inflight as inflight_rows, stats, trajectory_reads
@@ -244,7 +245,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
         return sse(request, p, lambda: job_summary(p, namespace, name), namespace)
 
     @ui.get("/api/jobs/{namespace}/{name}/nodes")
-    async def job_nodes(request: Request, namespace: str, name: str, offset: int = Query(0, ge=0),
+    async def job_nodes(request: Request, namespace: str, name: str, offset: int = Query(0, ge=0, le=INT64_MAX),
                         limit: int = Query(200, ge=1, le=1000)):
         key = visible(who(request), namespace, name)
         try:
@@ -323,7 +324,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
         return await off_loop(answer)
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories")
-    async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0),
+    async def trajectories(request: Request, namespace: str, name: str, after: int = Query(0, ge=0, le=INT64_MAX),
                            offset: int = Query(0, ge=0, le=1_000_000), limit: int = Query(50, ge=1, le=500),
                            sort: str = Query("seq", max_length=20), rewardMin: float | None = None,
                            rewardMax: float | None = None, failure: str | None = None, task: str | None = None,
@@ -337,7 +338,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
             raise HTTPException(422, str(e)) from None
 
     @ui.get("/api/jobs/{namespace}/{name}/trajectories/{seq}")
-    async def trajectory(request: Request, namespace: str, name: str, seq: int):
+    async def trajectory(request: Request, namespace: str, name: str, seq: int = ApiPath(ge=0, le=INT64_MAX)):
         key = visible(who(request), namespace, name)
 
         def load() -> dict[str, Any]:

@@ -60,6 +60,18 @@ def test_a_name_with_nul_in_a_url_is_not_found(controller):
     assert r.status_code == 200 and r.json()["items"] == [], r.text
 
 
+def test_numbers_beyond_int64_in_the_web_uis_routes_are_refused_not_a_500(controller):
+    """The UI's trajectory list (`after`), one trajectory (its seq) and the node table (`offset`) took any integer:
+    2^70 was a 500 on both stores (the database's integer cannot hold it)."""
+    huge = str(1 << 70)
+    for path, params in (("trajectories", {"after": huge}), (f"trajectories/{huge}", {}), ("trajectories/-1", {}),
+                         ("nodes", {"offset": huge})):
+        r = controller.get(f"/ui/api/jobs/default/nul/{path}", params=params)
+        assert r.status_code == 422, (path, r.status_code, r.text)
+    assert controller.get("/ui/api/jobs/default/nul/trajectories", params={"after": str((1 << 63) - 1)}).json() == \
+        {"items": [], "next": None}
+
+
 @pytest.mark.parametrize("field,value", [("name", f"b{NUL}0"), ("name", "a/b"), ("name", "a?b"), ("host", f"h{NUL}"),
                                          ("slurmJobId", f"1{NUL}")])
 def test_a_register_with_a_name_no_url_can_carry_or_a_control_character_is_refused_naming_it(controller, field, value):
