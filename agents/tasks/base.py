@@ -74,7 +74,7 @@ def json_lines(path: str | Path, roots: Sequence[str] | None = None):
                 raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            except ValueError as e:  # valid JSON Python cannot read: an integer of more than 4300 digits
+            except ValueError as e:  # an integer of 4300+ digits, or a number JSON has not (NaN, 1e400)
                 raise DatasetError(f"{where}: a value cannot be read ({str(e).split(';')[0]})") from None
             except RecursionError:
                 raise DatasetError(f"{where}: nests too deeply to read") from None
