@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rolloutd.crds.kit.documents import unreadable
+
 _DECODER = json.JSONDecoder()
 
 
@@ -60,8 +62,7 @@ def _call(obj: Any, span: tuple[int, int], args_keys: tuple[str, ...]) -> RawCal
 
 
 def _bad_json(e: Exception, span: tuple[int, int]) -> RawCall:
-    why = (f"{e.msg} at char {e.pos}" if isinstance(e, json.JSONDecodeError) else
-           "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0])
+    why = f"{e.msg} at char {e.pos}" if isinstance(e, json.JSONDecodeError) else unreadable(e)
     return RawCall("", {}, f"the tool call is not valid JSON ({why})", span)
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 from pydantic import BaseModel, Field
 
 from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, open_file
+from rolloutd.crds.kit.documents import unreadable
 from rolloutd.crds.errors import ConfigurationError, InfraError
 from rolloutd.crds.trajectory import Trajectory
 
@@ -74,10 +75,8 @@ def json_lines(path: str | Path, roots: Sequence[str] | None = None):
                 raise DatasetError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            except ValueError as e:  # an integer of 4300+ digits, or a number JSON has not (NaN, 1e400)
-                raise DatasetError(f"{where}: a value cannot be read ({str(e).split(';')[0]})") from None
-            except RecursionError:
-                raise DatasetError(f"{where}: nests too deeply to read") from None
+            except (ValueError, RecursionError) as e:  # 4300+ digits, a number JSON has not (NaN, 1e400), nesting
+                raise DatasetError(f"{where}: {unreadable(e)}") from None
             yield lineno, where, value
 
 

@@ -95,8 +95,8 @@ def read_task(task_dir: str | Path, task_id: str, where: str, roots: Sequence[st
         "id": task_id,
         "path": task_dir,
         "instruction": instruction,
-        "agent_timeout": _seconds(section("agent").get("timeout_sec", AGENT_TIMEOUT), where, "agent.timeout_sec"),
-        "verifier_timeout": _seconds(section("verifier").get("timeout_sec", VERIFIER_TIMEOUT), where,
+        "agent_timeout": _positive(section("agent").get("timeout_sec", AGENT_TIMEOUT), where, "agent.timeout_sec"),
+        "verifier_timeout": _positive(section("verifier").get("timeout_sec", VERIFIER_TIMEOUT), where,
                                      "verifier.timeout_sec"),
         "verifier_env": _env(section("verifier").get("env", {}), where, "verifier.env"),
         "solution_env": _env(section("solution").get("env", {}), where, "solution.env"),
@@ -163,7 +163,7 @@ async def bash_ok(sandbox: Sandbox, command: str, what: str, timeout: float) -> 
 
 
 # ---------------------------------------------------------------------- task.toml fields (never echoed back)
-def _seconds(value: Any, where: str, field: str, unit: str = "seconds", most: float = MAX_SECONDS) -> float:
+def _positive(value: Any, where: str, field: str, unit: str = "seconds", most: float = MAX_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:  # nan, inf too
         raise DatasetError(f"{where}: task.toml {field} must be a positive number of {unit}, at most {most:.0f}")
     return float(value)
@@ -172,14 +172,14 @@ def _seconds(value: Any, where: str, field: str, unit: str = "seconds", most: fl
 def _memory_mb(environment: dict, where: str) -> int | None:
     """[environment] memory_mb, or the older `memory = "4G"` spelling; None when absent."""
     if "memory_mb" in environment:
-        return int(_seconds(environment["memory_mb"], where, "environment.memory_mb", "MB", MAX_MEMORY_MB))
+        return int(_positive(environment["memory_mb"], where, "environment.memory_mb", "MB", MAX_MEMORY_MB))
     memory = environment.get("memory")
     if memory is None:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([MG])i?B?\s*", str(memory), re.I)
     if not m:
         raise DatasetError(f"{where}: task.toml environment.memory must look like '2G' or '512M'")
-    return int(_seconds(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1), where, "environment.memory",
+    return int(_positive(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1), where, "environment.memory",
                         "MB", MAX_MEMORY_MB))
 
 

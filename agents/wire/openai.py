@@ -11,6 +11,7 @@ import json
 import uuid
 from typing import Any
 from rolloutd.crds.errors import AgentError
+from rolloutd.crds.kit.documents import unreadable
 
 from ..toolcall_formats import FORMATS, Format
 
@@ -53,10 +54,8 @@ async def read_body(scope: dict, receive: Any) -> dict | None:
         request = json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise Invalid(f"the body is not JSON: {e}") from None
-    except ValueError as e:  # an integer of more digits than Python converts (4300)
-        raise Invalid(f"the body holds a value that cannot be read: {str(e).split(';')[0]}") from None
-    except RecursionError:
-        raise Invalid("the body nests too deeply") from None
+    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts (4300), deep nesting
+        raise Invalid(f"the body: {unreadable(e)}") from None
     if not isinstance(request, dict):
         raise Invalid("the body must be a JSON object")
     return request

@@ -17,7 +17,7 @@ import yaml
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from rolloutd.crds.kit.documents import malformed_yaml
+from rolloutd.crds.kit.documents import malformed_yaml, unreadable
 from ..errors import BadRequest, Invalid, TooLarge, UnsupportedMediaType, from_validation_error
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a RolloutJob is a few KB; datasets are referenced, not inlined
@@ -105,7 +105,7 @@ def parse_text(text: str, *, json_: bool) -> Any:
         raise BadRequest(malformed_yaml(e, "YAML/JSON")) from None
     except ValueError as e:  # an integer of more digits than Python converts (4300), a YAML date such as 2026-02-30:
         # a 500 at every retry before
-        raise BadRequest(f"request body holds a value that cannot be read: {str(e).split(';')[0]}") from None
+        raise BadRequest(f"request body: {unreadable(e)}") from None
 
 
 # an escape of a UTF-16 surrogate: a pair is one character, but one alone parses to a string that is not Unicode text,

@@ -25,7 +25,7 @@ def load_documents(text: str, where: str) -> list[Any]:
         except json.JSONDecodeError:
             pass  # YAML flow mappings start with '{' too
         except (ValueError, RecursionError) as e:  # valid JSON Python cannot read (4300+ digits, deep nesting)
-            raise ValueError(f"{where}: {_unreadable(e)}") from None
+            raise ValueError(f"{where}: {unreadable(e)}") from None
     import yaml
 
     try:
@@ -33,8 +33,10 @@ def load_documents(text: str, where: str) -> list[Any]:
     except yaml.YAMLError as e:
         raise ValueError(f"{where}: {malformed_yaml(e)}") from None
     except (ValueError, RecursionError) as e:  # an integer of 4300+ digits, a date such as 2026-02-30, deep nesting
-        raise ValueError(f"{where}: {_unreadable(e)}") from None
+        raise ValueError(f"{where}: {unreadable(e)}") from None
 
 
-def _unreadable(e: Exception) -> str:
+def unreadable(e: Exception) -> str:
+    """Why JSON/YAML that parsed as text is no value Python holds (the one wording of every reader: the API's bodies,
+    the gateway's, a dataset's rows, a Dockerfile's JSON form, a model's tool call): a RecursionError is nesting."""
     return "nests too deeply" if isinstance(e, RecursionError) else f"a value cannot be read: {str(e).split(';')[0]}"

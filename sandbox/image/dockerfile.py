@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rolloutd.crds.errors import ConfigurationError
+from rolloutd.crds.kit.documents import unreadable
 
 
 BOOKWORM_PYTHON = "3.11"  # Debian 12's python3
@@ -241,8 +242,7 @@ def _json_array(text: str, where: str) -> list[str] | None:
     except json.JSONDecodeError:
         return None  # not JSON: Docker reads it as the shell form too
     except (ValueError, RecursionError) as e:  # JSON Python cannot read: 4300+ digits, deep nesting
-        why = "it nests too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
-        raise DockerfileError(f"{where}: the JSON form cannot be read ({why})") from None
+        raise DockerfileError(f"{where}: the JSON form: {unreadable(e)}") from None
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise DockerfileError(f"{where}: the JSON form must be a non-empty array of strings")
     return value

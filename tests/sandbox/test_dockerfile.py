@@ -86,9 +86,9 @@ def test_build_args_override_defaults():
     ("# only a comment\n", "Dockerfile: no FROM line"),
     ("FROM debian:bookworm\nCOPY a b c\n", "Dockerfile:2: COPY with several sources needs a destination ending in '/'"),
     ("# escape=`\nFROM debian:bookworm\n", "Dockerfile:1: the escape directive"),
-    ("FROM debian:bookworm\nRUN [" + "1" * 5000 + "]\n", "Dockerfile:2: the JSON form cannot be read"),  # ValueError
+    ("FROM debian:bookworm\nRUN [" + "1" * 5000 + "]\n", "Dockerfile:2: the JSON form: a value cannot be read"),  # ValueError
     ("FROM debian:bookworm\nRUN " + "[" * 100_000 + "]" * 100_000 + "\n",  # was a RecursionError
-     "Dockerfile:2: the JSON form cannot be read (it nests too deeply)"),
+     "Dockerfile:2: the JSON form: nests too deeply"),
 ])
 def test_outside_the_subset_names_the_line(text, message):
     with pytest.raises(DockerfileError) as e:

@@ -90,10 +90,10 @@ def test_same_kind_registered_twice_is_refused(plugin, tmp_path):
     ('{"id": "m0", "question": "q", "answer": "1"}', r"bad\.jsonl:3: field 'id': duplicate id \(first on line 1\)"),
     ('{"id": "a", "question": "q", ', r"bad\.jsonl:3: not valid JSON"),
     ('["a", "b"]', r"bad\.jsonl:3: a row must be a JSON object, got list"),
-    ('{"id": ' + "1" * 5000 + "}", r"bad\.jsonl:3: a value cannot be read \(Exceeds the limit"),  # was a ValueError
+    ('{"id": ' + "1" * 5000 + "}", r"bad\.jsonl:3: a value cannot be read: Exceeds the limit"),  # was a ValueError
     ("[" * 100_000 + "]" * 100_000, r"bad\.jsonl:3: nests too deeply"),  # was a RecursionError
-    ('{"id": "a", "question": "q", "answer": NaN}', r"bad\.jsonl:3: a value cannot be read \(NaN is not a JSON number"),
-    ('{"id": "a", "question": "q", "answer": 1e400}', r"bad\.jsonl:3: a value cannot be read \(1e400 is beyond a double"),
+    ('{"id": "a", "question": "q", "answer": NaN}', r"bad\.jsonl:3: a value cannot be read: NaN is not a JSON number"),
+    ('{"id": "a", "question": "q", "answer": 1e400}', r"bad\.jsonl:3: a value cannot be read: 1e400 is beyond a double"),
 ])
 def test_dataset_errors_name_line_and_field(tmp_path, line, message):
     p = tmp_path / "bad.jsonl"
