@@ -21,6 +21,12 @@ from .k8s_names import valid_label_key, valid_label_value, validate_name
 from .names import DEFAULT_NAMESPACE, GROUP, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
+# the most a size or a duration in a spec may be: a size in MB times 2^20 must fit the int64 of an rlimit, a cgroup or
+# tmpfs bound (memoryMB 9·10^12 passed the schema, and then no sandbox of the job could start bash), and a week is
+# longer than any stage or sandbox should live
+MAX_MB = 1 << 24  # 16 TiB
+MAX_SECONDS = 7 * 86400
+MAX_PROCESSES = 1 << 22  # the kernel's PID_MAX_LIMIT
 
 # ---------------------------------------------------------------- metadata
 
@@ -107,20 +113,23 @@ class TasksSpec(Model):
 class SandboxLimits(Model):
     """What one sandbox may use."""
 
-    memory_mb: int = Field(default=1024, ge=16, alias="memoryMB",
+    memory_mb: int = Field(default=1024, ge=16, le=MAX_MB, alias="memoryMB",
                            description="address-space rlimit per process and, where possible, a cgroup memory limit")
-    processes: int = Field(default=256, ge=8,
+    processes: int = Field(default=256, ge=8, le=MAX_PROCESSES,
                            description="process limit (cgroup pids.max where possible; RLIMIT_NPROC for non-root)")
-    file_size_mb: int = Field(default=1024, ge=1, alias="fileSizeMB",
+    file_size_mb: int = Field(default=1024, ge=1, le=MAX_MB, alias="fileSizeMB",
                               description="largest file a process may write (RLIMIT_FSIZE)")
-    wall_seconds: int = Field(default=600, ge=1, description="the sandbox is killed this long after it starts")
-    tmp_mb: int = Field(default=1024, ge=1, alias="tmpMB", description="size of the private /tmp and /dev/shm (tmpfs)")
+    wall_seconds: int = Field(default=600, ge=1, le=MAX_SECONDS,
+                              description="the sandbox is killed this long after it starts")
+    tmp_mb: int = Field(default=1024, ge=1, le=MAX_MB, alias="tmpMB",
+                        description="size of the private /tmp and /dev/shm (tmpfs)")
     cpus: float | None = Field(default=1.0, gt=0, le=1024,
                                description="CPU bound in cores (a cgroup cpu quota) where the node may create cgroups "
                                            "(v2 delegated, or v1); elsewhere skipped, the reason in the sandbox's limits")
-    workspace_mb: int | None = Field(default=4096, ge=1, alias="workspaceMB",
-                                     description="size bound of /workspace (a tmpfs of this size, in memory) under a root "
-                                                 "node; elsewhere skipped, the reason in the sandbox's limits. null: no bound")
+    workspace_mb: int | None = Field(default=4096, ge=1, le=MAX_MB, alias="workspaceMB",
+                                     description="size bound of /workspace (a tmpfs of this size, in memory) under a "
+                                                 "root node; elsewhere skipped, the reason in the sandbox's limits. "
+                                                 "null: no bound")
 
 
 class MountSpec(Model):
@@ -247,10 +256,10 @@ class PolicySpec(Model):
 class TimeoutsSpec(Model):
     """Deadlines per stage; a stage past its deadline is an infrastructure failure of that attempt."""
 
-    init_seconds: float = Field(default=120, gt=0, description="INIT: sandbox created and task staged")
-    run_seconds: float = Field(default=900, gt=0, description="RUN: the whole agent loop")
-    eval_seconds: float = Field(default=600, gt=0, description="EVAL: scoring")
-    action_seconds: float = Field(default=60, gt=0, description="one tool call in the sandbox")
+    init_seconds: float = Field(default=120, gt=0, le=MAX_SECONDS, description="INIT: sandbox created and task staged")
+    run_seconds: float = Field(default=900, gt=0, le=MAX_SECONDS, description="RUN: the whole agent loop")
+    eval_seconds: float = Field(default=600, gt=0, le=MAX_SECONDS, description="EVAL: scoring")
+    action_seconds: float = Field(default=60, gt=0, le=MAX_SECONDS, description="one tool call in the sandbox")
 
 
 class RolloutJobSpec(Model):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from rolloutd.crds.kit.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
+from rolloutd.crds.rolloutjob import MAX_MB, MAX_SECONDS  # a task.toml's timeouts and memory: a spec's own bounds
 
 from .base import ConfigError, DatasetError, EvalError, json_lines, refused
 from .seams import HostSandbox, Sandbox
@@ -29,8 +30,6 @@ from .seams import HostSandbox, Sandbox
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
 AGENT_TIMEOUT = 600.0      # Harbor's defaults when task.toml says nothing
 VERIFIER_TIMEOUT = 600.0
-MAX_SECONDS = 7 * 86400.0  # a task's timeouts: finite and below a week (inf or nan in task.toml ran unbounded)
-MAX_MEMORY_MB = 1 << 24  # a task's memory: below 16 TiB (1e300 or inf in task.toml broke the sandbox's rlimit)
 HARBOR_ROOT = "/.rolloutd/harbor"  # where the image's /logs, /tests, /solution point (sandbox/image/build.py)
 EVAL_SESSION = {"session": "rolloutd-harbor-eval"}  # never confined: the verifier's
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
@@ -172,7 +171,7 @@ def _positive(value: Any, where: str, field: str, unit: str = "seconds", most: f
 def _memory_mb(environment: dict, where: str) -> int | None:
     """[environment] memory_mb, or the older `memory = "4G"` spelling; None when absent."""
     if "memory_mb" in environment:
-        return int(_positive(environment["memory_mb"], where, "environment.memory_mb", "MB", MAX_MEMORY_MB))
+        return int(_positive(environment["memory_mb"], where, "environment.memory_mb", "MB", MAX_MB))
     memory = environment.get("memory")
     if memory is None:
         return None
@@ -180,7 +179,7 @@ def _memory_mb(environment: dict, where: str) -> int | None:
     if not m:
         raise DatasetError(f"{where}: task.toml environment.memory must look like '2G' or '512M'")
     return int(_positive(float(m.group(1)) * (1024 if m.group(2).upper() == "G" else 1), where, "environment.memory",
-                        "MB", MAX_MEMORY_MB))
+                        "MB", MAX_MB))
 
 
 def _flag(value: Any, where: str, field: str) -> bool:

@@ -94,3 +94,28 @@ def test_the_server_says_who_admitted_a_job_and_an_admin_touch_does_not_lift_a_t
     assert r.json()["metadata"]["annotations"][ADMITTED_BY] == "alice", r.text
     r = admin.patch(f"{path}/j", json={"spec": {"priority": 2}}, headers=MERGE)  # the admin rewrites the spec
     assert r.status_code == 200 and r.json()["metadata"]["annotations"][ADMITTED_BY] == "admin", r.text
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"sandbox": {"limits": {"memoryMB": 9 * 10**12}}}, "spec.sandbox.limits.memoryMB"),
+    ({"sandbox": {"limits": {"fileSizeMB": 9 * 10**12}}}, "spec.sandbox.limits.fileSizeMB"),
+    ({"sandbox": {"limits": {"tmpMB": 1 << 40}}}, "spec.sandbox.limits.tmpMB"),
+    ({"sandbox": {"limits": {"workspaceMB": 1 << 40}}}, "spec.sandbox.limits.workspaceMB"),
+    ({"sandbox": {"limits": {"processes": 1 << 40}}}, "spec.sandbox.limits.processes"),
+    ({"sandbox": {"limits": {"wallSeconds": 1 << 40}}}, "spec.sandbox.limits.wallSeconds"),
+    ({"timeouts": {"runSeconds": 1e300}}, "spec.timeouts.runSeconds"),
+], ids=["memory", "file-size", "tmp", "workspace", "processes", "wall", "run"])
+def test_a_size_no_sandbox_can_hold_is_refused_for_the_admin_too(admin, change, field):
+    """memoryMB 9·10^12 passed the schema: times 2^20 it overflows an rlimit, and no sandbox of the job could start
+    bash (an infra failure at every attempt). Sizes are bounded at 16 TiB, durations at a week, for every writer."""
+    name = field.rsplit(".", 1)[1].lower()
+    r = admin.post(jobs_path("sizes"), json=job(name, **change))
+    assert r.status_code == 422, r.text
+    assert field in [c["field"] for c in r.json()["details"]["causes"]], r.text
+    assert admin.get(f"{jobs_path('sizes')}/{name}").status_code == 404  # nothing was stored
+
+
+def test_the_largest_size_and_duration_are_applied(admin):
+    big = job("big", sandbox={"limits": {"memoryMB": 1 << 24, "wallSeconds": 7 * 86400}},
+              timeouts={"runSeconds": 7 * 86400})
+    assert admin.post(jobs_path("sizes"), json=big).status_code == 201
