@@ -23,14 +23,14 @@ ATTACKS = [
     ({"sandbox": {"limits": {"memoryMB": 65536}}}, "spec.sandbox.limits.memoryMB"),
     ({"sandbox": {"limits": {"processes": 100000}}}, "spec.sandbox.limits.processes"),  # issue 36: every limit capped
     ({"sandbox": {"limits": {"tmpMB": 65536}}}, "spec.sandbox.limits.tmpMB"),
-    ({"sandbox": {"limits": {"wallSeconds": 864000}}}, "spec.sandbox.limits.wallSeconds"),
-    ({"timeouts": {"runSeconds": 864000}}, "spec.timeouts.runSeconds"),
+    ({"sandbox": {"limits": {"wallSeconds": 432000}}}, "spec.sandbox.limits.wallSeconds"),
+    ({"timeouts": {"runSeconds": 432000}}, "spec.timeouts.runSeconds"),
     ({"priority": 1000}, "spec.priority"),  # a weight that steers a shared backend
 ]
 IDS = ["process", "image-root", "mount-var-tmp", "mount-cron", "mount-usr-local-bin", "mount-root-cache",
        "user-munge", "env-ld-preload", "env-rolloutd", "slurm-setup", "nodes-16", "dataset-outside-roots",
-       "cpus-unbounded", "workspace-unbounded", "memory-64g", "processes-100k", "tmp-64g", "wall-10-days",
-       "run-10-days", "priority-1000"]
+       "cpus-unbounded", "workspace-unbounded", "memory-64g", "processes-100k", "tmp-64g", "wall-5-days",
+       "run-5-days", "priority-1000"]
 
 
 @pytest.mark.parametrize("change,field", ATTACKS, ids=IDS)
