@@ -4,7 +4,7 @@ Registered as entry point `code` (see `registry.get_handler`); the node daemon's
 call `CodeTask.init` / `run` / `eval` with the rollout's sandbox (`rolloutd.sandbox`).
 
 Rows: `{"id", "prompt", "tests"}`; `tests` is the text of a pytest file that does
-`from solution import ...`. Optional `timeout` (seconds for the whole test run).
+`from solution import ...`. Optional `timeout` (seconds for the whole test run, at most a week).
 The agent hands in its solution either as `/workspace/solution.py` (written with its tools) or, when
 that file does not exist, as the last fenced code block of its answer (`base.answer_text`).
 
@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler, answer_text, checked_exit
+from .base import EvalError, Reward, TaskHandler, answer_text, check_timeout, checked_exit
 from .leftovers import end_agent_processes
 from .seams import Sandbox, SandboxFactory
 
@@ -67,8 +67,7 @@ class CodeTask(TaskHandler):
             raise ValueError(f"field 'tests' is not valid Python (line {e.lineno}: {e.msg})") from None
         if not count_tests(tree):
             raise ValueError("field 'tests' defines no test_* function")
-        if "timeout" in row and not (isinstance(row["timeout"], (int, float)) and row["timeout"] > 0):
-            raise ValueError("field 'timeout' must be a positive number of seconds")
+        check_timeout(row)
 
     def messages(self, task: dict, tools: list[str]) -> list[dict]:
         if tools:

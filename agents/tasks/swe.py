@@ -9,7 +9,8 @@ Rows: SWE-bench's fields `instance_id`, `problem_statement`, `base_commit`, `FAI
 `test_patch`, plus `repo_path` (a git repository — bare or not — or a tarball of one; relative paths
 are taken from the dataset file's folder and made absolute by `load`) and `test_command` (a shell
 command run in the repository with the test ids appended; `{python}` in it becomes the handler's
-interpreter). Extra fields (`patch`, `repo`, `hints_text`, ...) are kept.
+interpreter), and optionally `timeout` (seconds for the test run, at most a week). Extra fields (`patch`,
+`repo`, `hints_text`, ...) are kept.
 
 INIT stages the tree of `base_commit` at `/workspace/repo` as a fresh one-commit repository (no
 history, so the fix cannot be read from the log), built host-side with `git archive` into the
@@ -47,7 +48,7 @@ from typing import Any, ClassVar
 from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind
 from rolloutd.crds.trajectory import Trajectory
 
-from .base import EvalError, Reward, TaskHandler, checked_exit, refused
+from .base import EvalError, Reward, TaskHandler, check_timeout, checked_exit, refused
 from .seams import HostSandbox, Sandbox, SandboxFactory
 from .swe_repo import EVAL_DIR, REPO, SAFE_GIT, SESSION, agent_diff, stage_in_sandbox
 
@@ -114,6 +115,7 @@ class SweTask(TaskHandler):
         if not repo.exists():
             raise ValueError(f"field 'repo_path': {repo} does not exist")
         row["repo_path"] = str(repo)
+        check_timeout(row)
 
     def messages(self, task: dict, tools: list[str]) -> list[dict]:
         user = (f"The repository is checked out at {REPO}. Resolve this issue:\n\n"

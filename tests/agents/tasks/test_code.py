@@ -144,6 +144,13 @@ def test_dataset_validation(tmp_path):
     p.write_text(json.dumps({"id": 1, "prompt": "p", "tests": "def test_x(:\n"}) + "\n")
     with pytest.raises(DatasetError, match=r"c\.jsonl:1: field 'tests' is not valid Python"):
         CodeTask().load(p)
+    good = {"id": 1, "prompt": "p", "tests": "def test_x():\n    pass\n"}
+    for timeout in ("60", True, 0, -1, 10**9):  # a string failed EVAL at every attempt; 0 or less scored 0
+        p.write_text(json.dumps({**good, "timeout": timeout}) + "\n")
+        with pytest.raises(DatasetError, match=r"c\.jsonl:1: field 'timeout' must be a positive number of seconds"):
+            CodeTask().load(p)
+    p.write_text(json.dumps({**good, "timeout": 7 * 86400}) + "\n")
+    assert CodeTask().load(p)[0]["timeout"] == 7 * 86400
     with pytest.raises(ValueError, match="reward must be"):
         CodeTask(reward="half")
 

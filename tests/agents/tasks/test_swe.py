@@ -189,6 +189,11 @@ def test_dataset_fields(tmp_path, rows):
     p.write_text(json.dumps(row) + "\n")
     with pytest.raises(DatasetError, match=r"swe\.jsonl:1: field 'repo_path': .*nowhere\.tar\.gz does not exist"):
         SweTask().load(p)
+    row["repo_path"] = str(DATASET.parent / "minilib.git.tar.gz")
+    for timeout in ("300", -1, 0, 10**9):  # unchecked before: a string failed EVAL as infra, -1 scored 0 as timed out
+        p.write_text(json.dumps({**row, "timeout": timeout}) + "\n")
+        with pytest.raises(DatasetError, match=r"swe\.jsonl:1: field 'timeout' must be a positive number of seconds"):
+            SweTask().load(p)
 
 
 def test_helpers():
