@@ -45,13 +45,13 @@ def small_fs(tmp_path) -> Iterator[Path]:
 
 
 def _fill(folder: Path) -> Path:
-    """A file that takes every free byte of `folder`'s filesystem."""
+    """A file that takes every free byte of `folder`'s filesystem. Unbuffered: a buffered file kept the bytes its
+    last write could not place and raised ENOSPC again when closed (a flake, depending on where the disk ran out)."""
     filler = folder / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError:
             pass
     return filler
