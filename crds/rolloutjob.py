@@ -17,7 +17,8 @@ from .base import Model
 from .mounts import check_mount_paths
 from .executor import ExecutorSpec
 from .job_status import RolloutJobStatus
-from .k8s_names import valid_label_key, valid_label_value, validate_name
+from .k8s_names import (valid_label_key, valid_label_value, validate_annotations, validate_name,
+                        validate_name_prefix)
 from .names import DEFAULT_NAMESPACE, GROUP, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
@@ -42,6 +43,7 @@ class OwnerReference(Model):
 
 class ObjectMeta(Model):
     name: str
+    generate_name: str | None = None  # a create without a name is named from it (kube/rolloutjobs.py); not stored
     namespace: str = DEFAULT_NAMESPACE
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
@@ -66,6 +68,16 @@ class ObjectMeta(Model):
     @classmethod
     def _name(cls, v: str) -> str:
         return validate_name(v)
+
+    @field_validator("generate_name")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        return None if v is None else validate_name_prefix(v)
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, v: dict[str, str]) -> dict[str, str]:
+        return validate_annotations(v)
 
     @field_validator("finalizers")
     @classmethod

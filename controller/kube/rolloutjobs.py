@@ -16,10 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from rolloutd.crds.k8s_names import generated_name, validate_name_prefix
 from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
 
-from ..errors import BadRequest, Conflict, NotFound
+from ..errors import AlreadyExists, BadRequest, Conflict, Invalid, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from ..access.tenancy import Policies
@@ -139,11 +140,36 @@ async def create(parts: JobParts, request: Request, namespace: str | None) -> Re
     store = parts.store
     opts = options(request, parts.checks)
     doc = await parse_document(request)
-    job = validate_job(doc, namespace=namespace, opts=opts)
-    managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
-    wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, None,
-                                   lambda: store.create(job, dry_run=opts.dry_run, managed_fields=managed))
-    return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
+    prefix = _generate_name(doc)
+    tries = GENERATE_ATTEMPTS if prefix is not None else 1
+    for attempt in range(1, tries + 1):
+        if prefix is not None:
+            doc["metadata"]["name"] = generated_name(prefix)
+        job = validate_job(doc, namespace=namespace, opts=opts)
+        managed = patches.record_update({"metadata": {}}, doc, _manager(request, "unknown"))
+        try:
+            wire = await asyncio.to_thread(admit_and_write, request, store, parts.policies, job, None,
+                                           lambda: store.create(job, dry_run=opts.dry_run, managed_fields=managed))
+        except AlreadyExists:
+            if attempt == tries:
+                raise
+        else:
+            return respond(request, wire, 201, opts, {"X-Rolloutd-Outcome": "created"})
+
+
+GENERATE_ATTEMPTS = 8  # 27^5 names per prefix: a collision is rare, eight in a row is the store refusing
+
+
+def _generate_name(doc: Any) -> str | None:
+    """`metadata.generateName` of a create that names no job (Kubernetes' rule: a name, when given, wins)."""
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or meta.get("name") or not isinstance(meta.get("generateName"), str):
+        return None
+    try:
+        return validate_name_prefix(meta["generateName"])
+    except ValueError as e:
+        raise Invalid(f"RolloutJob is invalid: metadata.generateName: {e}",
+                      causes=[{"field": "metadata.generateName", "reason": "FieldValueInvalid", "message": str(e)}])
 
 
 async def rolloutctl_apply(parts: JobParts, request: Request, namespace: str | None, name: str) -> Response:

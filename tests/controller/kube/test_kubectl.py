@@ -154,3 +154,33 @@ def test_bad_input_is_a_clear_4xx(kubectl):
     assert r.returncode == 1 and "labelSelector" in r.stderr
     r = kubectl("get", "--raw", "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs?limit=x", check=False)
     assert r.returncode == 1 and "limit must be a non-negative integer" in r.stderr
+
+
+def test_create_with_generate_name_makes_a_new_job_each_time(kube, kubectl):
+    doc = yaml.safe_load(job_yaml("unused"))
+    del doc["metadata"]["name"]
+    doc["metadata"]["generateName"] = "sweep-"
+    text = yaml.safe_dump(doc)
+    made = {kubectl("create", "-f", "-", "-o", "name", input=text).stdout.strip() for _ in range(3)}
+    assert len(made) == 3 and all(m.startswith("rolloutjob.rolloutd.io/sweep-") for m in made), made
+    name = sorted(made)[0].split("/")[1]
+    assert len(name) == len("sweep-") + 5 and kubectl("get", "rj", name, "-o", "name").stdout.strip() == sorted(made)[0]
+    doc["metadata"]["generateName"] = "Sweep_"
+    bad = kubectl("create", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert bad.returncode != 0 and "metadata.generateName" in bad.stderr, bad.stderr
+    del doc["metadata"]["generateName"]
+    nameless = kubectl("create", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert nameless.returncode != 0 and "name" in nameless.stderr, nameless.stderr
+
+
+def test_annotations_are_bounded_as_kubernetes_bounds_them(kube):
+    with kube.client() as api:
+        doc = yaml.safe_load(job_yaml("noted"))
+        doc["metadata"]["annotations"] = {"example.com/note": "x" * (256 * 1024)}
+        r = api.post("/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs", json=doc)
+        assert r.status_code == 422 and "metadata.annotations" in r.text and "262144" in r.text, r.text
+        doc["metadata"]["annotations"] = {"not a key": "x"}
+        r = api.post("/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs", json=doc)
+        assert r.status_code == 422 and "metadata.annotations" in r.text, r.text
+        doc["metadata"]["annotations"] = {"example.com/note": "x" * 1000}
+        assert api.post("/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs", json=doc).status_code == 201
