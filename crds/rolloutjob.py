@@ -22,12 +22,11 @@ from .k8s_names import (valid_label_key, valid_label_value, validate_annotations
 from .names import DEFAULT_NAMESPACE, GROUP, VERSION, job_key
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RolloutJob"
-# the most a size or a duration in a spec may be: a size in MB times 2^20 must fit the int64 of an rlimit, a cgroup or
-# tmpfs bound (memoryMB 9·10^12 passed the schema, and then no sandbox of the job could start bash), and a week is
-# longer than any stage or sandbox should live
+# the most a sandbox's size may be: a size in MB times 2^20 must fit the int64 of an rlimit, a cgroup or tmpfs bound
+# (memoryMB 9·10^12 passed the schema, and then no sandbox of the job could start bash); pids.max takes no more
+# processes than the kernel's PID_MAX_LIMIT
 MAX_MB = 1 << 24  # 16 TiB
-MAX_SECONDS = 7 * 86400
-MAX_PROCESSES = 1 << 22  # the kernel's PID_MAX_LIMIT
+MAX_PROCESSES = 1 << 22
 
 # ---------------------------------------------------------------- metadata
 
@@ -131,8 +130,7 @@ class SandboxLimits(Model):
                            description="process limit (cgroup pids.max where possible; RLIMIT_NPROC for non-root)")
     file_size_mb: int = Field(default=1024, ge=1, le=MAX_MB, alias="fileSizeMB",
                               description="largest file a process may write (RLIMIT_FSIZE)")
-    wall_seconds: int = Field(default=600, ge=1, le=MAX_SECONDS,
-                              description="the sandbox is killed this long after it starts")
+    wall_seconds: int = Field(default=600, ge=1, description="the sandbox is killed this long after it starts")
     tmp_mb: int = Field(default=1024, ge=1, le=MAX_MB, alias="tmpMB",
                         description="size of the private /tmp and /dev/shm (tmpfs)")
     cpus: float | None = Field(default=1.0, gt=0, le=1024,
@@ -268,10 +266,10 @@ class PolicySpec(Model):
 class TimeoutsSpec(Model):
     """Deadlines per stage; a stage past its deadline is an infrastructure failure of that attempt."""
 
-    init_seconds: float = Field(default=120, gt=0, le=MAX_SECONDS, description="INIT: sandbox created and task staged")
-    run_seconds: float = Field(default=900, gt=0, le=MAX_SECONDS, description="RUN: the whole agent loop")
-    eval_seconds: float = Field(default=600, gt=0, le=MAX_SECONDS, description="EVAL: scoring")
-    action_seconds: float = Field(default=60, gt=0, le=MAX_SECONDS, description="one tool call in the sandbox")
+    init_seconds: float = Field(default=120, gt=0, description="INIT: sandbox created and task staged")
+    run_seconds: float = Field(default=900, gt=0, description="RUN: the whole agent loop")
+    eval_seconds: float = Field(default=600, gt=0, description="EVAL: scoring")
+    action_seconds: float = Field(default=60, gt=0, description="one tool call in the sandbox")
 
 
 class RolloutJobSpec(Model):

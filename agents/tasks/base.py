@@ -36,7 +36,6 @@ from pydantic import BaseModel, Field
 from rolloutd.crds.kit.safe_read import DataReadError, kind as path_kind, open_file
 from rolloutd.crds.kit.documents import unreadable
 from rolloutd.crds.errors import ConfigurationError, InfraError
-from rolloutd.crds.rolloutjob import MAX_SECONDS
 from rolloutd.crds.trajectory import Trajectory
 
 from .seams import LLM, AgentConfig, RolloutContext, Sandbox, SandboxFactory, Tokenizer
@@ -94,13 +93,16 @@ def _not_a_number(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
+MAX_TASK_SECONDS = 7 * 86400  # a task's own timeouts (a row's, a task.toml's): finite and at most a week
+
+
 def check_timeout(row: dict) -> None:
     """A row's optional `timeout` (seconds for its test run, code and swe): a positive number, at most a week (a
     string failed EVAL as infra at every attempt; 0 or less scored 0 as "timed out")."""
     value = row.get("timeout")
     if "timeout" in row and (isinstance(value, bool) or not isinstance(value, (int, float))
-                             or not 0 < value <= MAX_SECONDS):
-        raise ValueError(f"field 'timeout' must be a positive number of seconds, at most {MAX_SECONDS}")
+                             or not 0 < value <= MAX_TASK_SECONDS):
+        raise ValueError(f"field 'timeout' must be a positive number of seconds, at most {MAX_TASK_SECONDS}")
 
 
 def refused(e: DataReadError, where: str = "") -> "DatasetError":

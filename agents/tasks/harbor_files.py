@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from rolloutd.crds.kit.safe_read import DataReadError, TreeEntry, kind, list_dir, read_text, read_tree
-from rolloutd.crds.rolloutjob import MAX_MB, MAX_SECONDS  # a task.toml's timeouts and memory: a spec's own bounds
+from rolloutd.crds.rolloutjob import MAX_MB  # a task.toml's memory: a spec's own bound
 
-from .base import ConfigError, DatasetError, EvalError, json_lines, refused
+from .base import MAX_TASK_SECONDS, ConfigError, DatasetError, EvalError, json_lines, refused
 from .seams import HostSandbox, Sandbox
 
 REQUIRED = ("instruction.md", "environment/Dockerfile", "tests/test.sh")
@@ -162,7 +162,7 @@ async def bash_ok(sandbox: Sandbox, command: str, what: str, timeout: float) -> 
 
 
 # ---------------------------------------------------------------------- task.toml fields (never echoed back)
-def _positive(value: Any, where: str, field: str, unit: str = "seconds", most: float = MAX_SECONDS) -> float:
+def _positive(value: Any, where: str, field: str, unit: str = "seconds", most: float = MAX_TASK_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= most:  # nan, inf too
         raise DatasetError(f"{where}: task.toml {field} must be a positive number of {unit}, at most {most:.0f}")
     return float(value)
