@@ -21,6 +21,8 @@ import typer
 from ..crds.rolloutjob import RuntimeKind
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
+OPTIONS = {"runtime": "--runtime", "image": "--image", "network": "--network", "limits.memory_mb": "--memory-mb",
+           "limits.processes": "--processes"}  # a SandboxSpec field → the option that sets it
 
 
 @app.callback()
@@ -42,6 +44,8 @@ def exec_(
     timeout: float = typer.Option(60.0, "--timeout", help="command timeout (s); Ctrl-C, then kill"),
 ) -> None:
     """Run one bash command in a fresh sandbox; print its output; exit with its exit code."""
+    from pydantic import ValidationError
+
     from ..crds.rolloutjob import SandboxSpec
     from ..crds.kit.settings import SandboxSettings, SettingsError
     from .errors import ExecError, SandboxError
@@ -54,6 +58,11 @@ def exec_(
     try:
         settings = SandboxSettings.from_env()  # this command's entry point: the variables are read here, once
         spec = SandboxSpec(runtime=runtime, image=image, network=network, limits=limits)
+    except ValidationError as e:  # each error as the option it came from, not pydantic's path and help link
+        for error in e.errors():
+            option = OPTIONS.get(".".join(str(p) for p in error["loc"]), ".".join(str(p) for p in error["loc"]))
+            typer.echo(f"rolloutd sandbox exec: {option}: {error['msg']}", err=True)
+        raise typer.Exit(2) from None
     except (SettingsError, ValueError) as e:
         typer.echo(f"rolloutd sandbox exec: {e}", err=True)
         raise typer.Exit(2) from None

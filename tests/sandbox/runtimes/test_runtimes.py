@@ -171,6 +171,16 @@ def test_cli_exec_prints_output_and_exits_with_the_exit_code():
     assert "timed out" in p.stderr
 
 
+def test_cli_names_the_option_a_bad_limit_came_from():
+    """--memory-mb 9e12 was taken, and then bash could not start in the sandbox (RLIMIT_AS overflowed): exit 125 with
+    "Bad file descriptor". Now the limit is refused before any sandbox, naming the option."""
+    p = _cli("--memory-mb", "9000000000000", "--", "echo hi")
+    assert p.returncode == 2 and p.stderr.startswith("rolloutd sandbox exec: --memory-mb: "), p.stderr
+    assert "16777216" in p.stderr and "pydantic" not in p.stderr and not p.stdout
+    p = _cli("--processes", "1", "--", "echo hi")
+    assert p.returncode == 2 and "--processes: " in p.stderr, p.stderr
+
+
 def test_create_failures_are_typed_and_leave_nothing(run, tmp_path):
     require_bwrap()
     from rolloutd.sandbox import SandboxCreateError
