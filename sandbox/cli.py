@@ -60,8 +60,8 @@ def exec_(
         spec = SandboxSpec(runtime=runtime, image=image, network=network, limits=limits)
     except ValidationError as e:  # each error as the option it came from, not pydantic's path and help link
         for error in e.errors():
-            option = OPTIONS.get(".".join(str(p) for p in error["loc"]), ".".join(str(p) for p in error["loc"]))
-            typer.echo(f"rolloutd sandbox exec: {option}: {error['msg']}", err=True)
+            field = ".".join(str(p) for p in error["loc"])
+            typer.echo(f"rolloutd sandbox exec: {OPTIONS.get(field, field)}: {error['msg']}", err=True)
         raise typer.Exit(2) from None
     except (SettingsError, ValueError) as e:
         typer.echo(f"rolloutd sandbox exec: {e}", err=True)

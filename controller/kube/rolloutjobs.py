@@ -20,7 +20,7 @@ from rolloutd.crds.k8s_names import generated_name, validate_name_prefix
 from rolloutd.crds.names import API_PREFIX, job_key
 from rolloutd.crds.rolloutjob import API_VERSION, RolloutJob
 
-from ..errors import AlreadyExists, BadRequest, Conflict, Invalid, NotFound
+from ..errors import AlreadyExists, BadRequest, Conflict, NotFound
 from ..http.bodies import check_bounds, parse_document, parse_text, parse_version, read_body
 from ..store import Store
 from ..access.tenancy import Policies
@@ -161,15 +161,15 @@ GENERATE_ATTEMPTS = 8  # 27^5 names per prefix: a collision is rare, eight in a 
 
 
 def _generate_name(doc: Any) -> str | None:
-    """`metadata.generateName` of a create that names no job (Kubernetes' rule: a name, when given, wins)."""
+    """`metadata.generateName` of a create that names no job (Kubernetes' rule: a name, when given, wins). None for
+    a prefix that is not one too: `validate_job` then refuses the job, naming metadata.generateName (ObjectMeta)."""
     meta = doc.get("metadata") if isinstance(doc, dict) else None
     if not isinstance(meta, dict) or meta.get("name") or not isinstance(meta.get("generateName"), str):
         return None
     try:
         return validate_name_prefix(meta["generateName"])
-    except ValueError as e:
-        raise Invalid(f"RolloutJob is invalid: metadata.generateName: {e}",
-                      causes=[{"field": "metadata.generateName", "reason": "FieldValueInvalid", "message": str(e)}])
+    except ValueError:
+        return None
 
 
 async def rolloutctl_apply(parts: JobParts, request: Request, namespace: str | None, name: str) -> Response:
