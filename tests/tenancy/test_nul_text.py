@@ -34,58 +34,76 @@ def _result(lease: dict, i: int) -> dict:
     return {"attemptId": lease["attemptId"], "trajectory": t.wire()}
 
 
-@pytest.fixture
-def controller(tmp_path, store_location):
-    source = tmp_path / "rows.jsonl"
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def served(request, tmp_path_factory):
+    """One controller per store for the module (a start is ~2 s); each test has its own job in it."""
+    tmp = tmp_path_factory.mktemp("nul")
+    store = tmp / "rolloutd.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
+    source = tmp / "rows.jsonl"
     source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(ROLLOUTS // 8)))
     health = HealthServer()  # the backend's /health: the items lease; nobody generates here
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
-           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp_path)}
-    ctl = ControllerProcess(tmp_path / "data", executors="local", extra_args=("--store", str(store_location)),
-                            env=env).start()
+           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp)}
+    ctl = ControllerProcess(tmp / "data", executors="local", extra_args=("--store", str(store)), env=env).start()
     try:
         with ctl.client() as api:
-            assert api.post(P, json=noop_job("nul", source, ROLLOUTS, health.urls[:1])).status_code == 201
-            yield api
+            yield api, source, health.urls[:1]
     finally:
         ctl.stop()
         health.close()
 
 
-def test_a_name_with_nul_in_a_url_is_not_found(controller):
-    for path in (f"{P}/nul%00", f"{P}/nul%00/status", f"{P}/nul%00/trajectories", "/ui/api/jobs/default/nul%00"):
+@pytest.fixture
+def controller(served):
+    return served[0]
+
+
+@pytest.fixture
+def job(served) -> str:
+    """A fresh job of ROLLOUTS rollouts in the module's controller, named for this test alone."""
+    api, source, backends = served
+    name = "nul-" + secrets.token_hex(4)
+    assert api.post(P, json=noop_job(name, source, ROLLOUTS, backends)).status_code == 201
+    return name
+
+
+def test_a_name_with_nul_in_a_url_is_not_found(controller, job):
+    for path in (f"{P}/{job}%00", f"{P}/{job}%00/status", f"{P}/{job}%00/trajectories",
+                 f"/ui/api/jobs/default/{job}%00"):
         r = controller.get(path)
         assert r.status_code == 404, (path, r.status_code, r.text)
-    r = controller.get("/ui/api/jobs/default/nul/trajectories", params={"task": f"r{NUL}", "q": f"x{NUL}"})
+    r = controller.get(f"/ui/api/jobs/default/{job}/trajectories", params={"task": f"r{NUL}", "q": f"x{NUL}"})
     assert r.status_code == 200 and r.json()["items"] == [], r.text
 
 
-def test_numbers_beyond_int64_in_the_web_uis_routes_are_refused_not_a_500(controller):
+def test_numbers_beyond_int64_in_the_web_uis_routes_are_refused_not_a_500(controller, job):
     """The UI's trajectory list (`after`), one trajectory (its seq) and the node table (`offset`) took any integer:
     2^70 was a 500 on both stores (the database's integer cannot hold it)."""
     huge = str(1 << 70)
     for path, params in (("trajectories", {"after": huge}), (f"trajectories/{huge}", {}), ("trajectories/-1", {}),
                          ("nodes", {"offset": huge})):
-        r = controller.get(f"/ui/api/jobs/default/nul/{path}", params=params)
+        r = controller.get(f"/ui/api/jobs/default/{job}/{path}", params=params)
         assert r.status_code == 422, (path, r.status_code, r.text)
-    assert controller.get("/ui/api/jobs/default/nul/trajectories", params={"after": str((1 << 63) - 1)}).json() == \
+    assert controller.get(f"/ui/api/jobs/default/{job}/trajectories", params={"after": str((1 << 63) - 1)}).json() == \
         {"items": [], "next": None}
 
 
 @pytest.mark.parametrize("field,value", [("name", f"b{NUL}0"), ("name", "a/b"), ("name", "a?b"), ("host", f"h{NUL}"),
                                          ("slurmJobId", f"1{NUL}")])
-def test_a_register_with_a_name_no_url_can_carry_or_a_control_character_is_refused_naming_it(controller, field, value):
-    r = controller.post(f"{P}/nul/nodes/register",
-                        json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL, field: value})
+def test_a_register_with_a_name_no_url_can_carry_or_a_control_character_is_refused_naming_it(controller, job, field,
+                                                                                           value):
+    r = controller.post(f"{P}/{job}/nodes/register",
+                        json={"job": f"default/{job}", "name": "b0", "protocol": NODE_PROTOCOL, field: value})
     assert r.status_code == 422, r.text
     assert [c["field"] for c in r.json()["details"]["causes"]] == [field], r.text
 
 
-def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(controller):
+def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(controller, job):
     api = controller
-    reg = api.post(f"{P}/nul/nodes/register", json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL})
+    reg = api.post(f"{P}/{job}/nodes/register",
+                   json={"job": f"default/{job}", "name": "b0", "protocol": NODE_PROTOCOL})
     assert reg.status_code == 200, reg.text
-    at = f"{P}/nul/nodes/{reg.json()['nodeId']}"
+    at = f"{P}/{job}/nodes/{reg.json()['nodeId']}"
     leases: list[dict] = []
 
     def leased(want: int) -> bool:
@@ -113,22 +131,22 @@ def test_results_and_reasons_holding_nul_are_accepted_and_the_job_finishes(contr
                  headers={"content-type": "application/json"})  # ensure_ascii: the emoji as a surrogate pair
     assert r.status_code == 200, r.text
     assert sorted(r.json()["accepted"]) == sorted(x["attemptId"] for x in rest) and not r.json()["dropped"], r.text
-    wait_until(lambda: api.get(f"{P}/nul").json()["status"].get("phase") == "Succeeded", 60, "the job to succeed")
+    wait_until(lambda: api.get(f"{P}/{job}").json()["status"].get("phase") == "Succeeded", 60, "the job to succeed")
 
-    lines = api.get(f"{P}/nul/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
+    lines = api.get(f"{P}/{job}/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
     docs = [json.loads(line) for line in lines if line.strip()]
     assert sorted(t["taskId"] for t in docs) == sorted(f"row{NUL}{i}" for i in range(ROLLOUTS))  # the document: exact
     assert {t["failure"]["reason"] for t in docs if t["failure"]["kind"] == "agent"} == {f"tool printed {NUL}{NUL} "
                                                                                         "then \U0001f480"}
-    page = api.get("/ui/api/jobs/default/nul/trajectories", params={"limit": 100}).json()["items"]
+    page = api.get(f"/ui/api/jobs/default/{job}/trajectories", params={"limit": 100}).json()["items"]
     assert len(page) == ROLLOUTS  # the columns copied out: NUL itself (SQLite) or U+FFFD (PostgreSQL)
     assert {x["reason"] for x in page if x["failure"] == "agent"} <= {f"tool printed {c}{c} then \U0001f480"
                                                                       for c in (NUL, "\ufffd")}
     assert {x["failure"] for x in page} == {"none", "agent"}
 
 
-def test_a_job_holding_a_lone_surrogate_is_refused_naming_where(controller, tmp_path):
-    job = noop_job("lone", tmp_path / "rows.jsonl", ROLLOUTS, ["http://127.0.0.1:9"])
+def test_a_job_holding_a_lone_surrogate_is_refused_naming_where(controller, served):
+    job = noop_job("lone", served[1], ROLLOUTS, ["http://127.0.0.1:9"])
     job["spec"]["agent"]["chatTemplateKwargs"] = {"style": "SURROGATE"}  # a variable's value: any string
     r = controller.post(P, content=json.dumps(job).replace("SURROGATE", "\\udc00"),
                         headers={"content-type": "application/json"})
@@ -138,14 +156,16 @@ def test_a_job_holding_a_lone_surrogate_is_refused_naming_where(controller, tmp_
     assert controller.get(P).status_code == 200  # the namespace's listing is unharmed
 
 
-def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the_longest_allowed_is_stored(controller):
+def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the_longest_allowed_is_stored(
+        controller, job):
     """The version is copied into an indexed column: on PostgreSQL a results call whose version's text outgrew an
     index row was a 500 at every retry (its job stalled). Now a version past MAX_VERSION_CHARS is a 422 naming it,
     from a node and from a trainer alike, and the longest allowed, each character one that JSON escapes twice over
     (an emoji), is stored on both stores and streamed back exactly."""
     api = controller
-    reg = api.post(f"{P}/nul/nodes/register", json={"job": "default/nul", "name": "b0", "protocol": NODE_PROTOCOL})
-    at = f"{P}/nul/nodes/{reg.json()['nodeId']}"
+    reg = api.post(f"{P}/{job}/nodes/register",
+                   json={"job": f"default/{job}", "name": "b0", "protocol": NODE_PROTOCOL})
+    at = f"{P}/{job}/nodes/{reg.json()['nodeId']}"
     leases: list[dict] = []
 
     def leased() -> bool:
@@ -161,7 +181,7 @@ def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the
     assert [c["field"] for c in r.json()["details"]["causes"]] == ["results[1].trajectory.policyVersion"], r.text
     beat = api.post(f"{at}/heartbeat", json={"stages": {}, "full": False, "policyVersion": longest + "x"})
     assert beat.status_code == 422 and beat.json()["details"]["causes"][0]["field"] == "policyVersion", beat.text
-    announce = api.post(f"{P}/nul/policy", json={"version": 1 << 63})
+    announce = api.post(f"{P}/{job}/policy", json={"version": 1 << 63})
     assert announce.status_code == 422 and announce.json()["details"]["causes"][0]["field"] == "version", announce.text
 
     for x in results:
@@ -171,5 +191,5 @@ def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the
     assert r.status_code == 400 and "cannot be read" in r.json()["message"], r.text
     r = api.post(f"{at}/results", json={"results": results})
     assert r.status_code == 200 and len(r.json()["accepted"]) == 2, r.text
-    lines = api.get(f"{P}/nul/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
+    lines = api.get(f"{P}/{job}/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
     assert [json.loads(line)["policyVersion"] for line in lines if line.strip()] == [longest, longest]
