@@ -253,19 +253,38 @@ def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path 
 
 
 class _HeadDeadline(H11Protocol):
-    """uvicorn's h11 protocol, with a deadline on a connection's first request head: uvicorn has none, so a
-    connection that never sends one (slowloris, half-open) held its socket for good."""
+    """uvicorn's h11 protocol, with a deadline on every request head: uvicorn has none, so a connection that never
+    sent one (slowloris, half-open), or that began the next head on a kept-alive connection and stopped (its first
+    byte ends the keep-alive timer), held its socket for good. The deadline runs from the connection's start, or
+    from the first byte after a response, until the head is read."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._await_head()
+
+    def _await_head(self) -> None:
+        self._head_of = self.cycle  # the request before the awaited head (None: the connection's first)
         self._head_timer = self.loop.call_later(HEAD_SECONDS, self._head_late)
 
     def _head_late(self) -> None:
-        if self.cycle is None and not self.transport.is_closing():
+        self._head_timer = None
+        upgraded = self.transport.get_protocol() is not self  # a websocket's now: not ours to time
+        if self.cycle is self._head_of and not upgraded and not self.transport.is_closing():
             self.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        between = self.cycle is None or self.cycle.response_complete
+        if between and self._head_timer is None:
+            self._await_head()
+        super().data_received(data)
+        if self._head_timer is not None and self.cycle is not self._head_of:  # the head is in
+            self._head_timer.cancel()
+            self._head_timer = None
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self._head_timer.cancel()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
         super().connection_lost(exc)
 
 

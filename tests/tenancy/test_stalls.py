@@ -82,3 +82,23 @@ def test_connections_that_never_finish_a_request_head_are_closed(kube, admin):
         for sock in socks:
             sock.close()
     assert admin.get("/healthz").status_code == 200
+
+
+def test_a_kept_alive_connection_that_stops_inside_its_next_head_is_closed(kube, admin):
+    """The next head's first byte ends the keep-alive timer (uvicorn's): a connection that sent one whole request
+    and then half a head held its socket for good, the head deadline timing only a connection's first."""
+    sock = _half_open(kube, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        try:
+            while chunk := sock.recv(4096):  # the rest of the first answer, then the server's close
+                assert not chunk.startswith(b"HTTP/"), "answered half a head"
+        except ConnectionResetError:
+            pass
+    finally:
+        sock.close()
+    assert admin.get("/healthz").status_code == 200
