@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable, get_args
+from typing import Any, Awaitable, Callable, get_args
 
 import sqlalchemy.exc
 import uvicorn
@@ -56,7 +56,8 @@ from .ha.replicas import Replica, replica_urls
 from .store.db import SchemaTooNew, ServerTooOld
 
 EXECUTOR_KINDS: tuple[str, ...] = get_args(ExecutorKind)
-HEAD_SECONDS = 10.0  # a new connection's first request head must arrive within this (`_HeadDeadline`)
+HEAD_SECONDS = 10.0  # a request head must arrive whole within this (`_RequestDeadlines`)
+BODY_SECONDS = 60.0  # and its body within this of its head (64 MiB, a node's largest, at 1.1 MB/s)
 
 
 @dataclass(frozen=True)
@@ -252,47 +253,58 @@ def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path 
     return "export " + " ".join(parts)
 
 
-class _HeadDeadline(H11Protocol):
-    """uvicorn's h11 protocol, with a deadline on every request head: uvicorn has none, so a connection that never
-    sent one (slowloris, half-open), or that began the next head on a kept-alive connection and stopped (its first
-    byte ends the keep-alive timer), held its socket for good. The deadline runs from the connection's start, or
-    from the first byte after a response, until the head is read."""
+class _RequestDeadlines(H11Protocol):
+    """uvicorn's h11 protocol, with deadlines uvicorn has none of: a request head is due whole within HEAD_SECONDS
+    (from the connection's start, or from its first byte after a response: that byte ends the keep-alive timer), and
+    a request's body within BODY_SECONDS of its head; past either the connection is closed. Without them a client
+    that sent no head, half a head, or a body's declared length never whole (slowloris) held its socket for good."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._await_head()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed: Any = None  # the request whose head (None: the connection's first) or body is due
+        self._arm("head")
 
-    def _await_head(self) -> None:
-        self._head_of = self.cycle  # the request before the awaited head (None: the connection's first)
-        self._head_timer = self.loop.call_later(HEAD_SECONDS, self._head_late)
+    def _arm(self, what: str) -> None:
+        self._what, self._timed = what, self.cycle
+        self._timer = self.loop.call_later(HEAD_SECONDS if what == "head" else BODY_SECONDS, self._late)
 
-    def _head_late(self) -> None:
-        self._head_timer = None
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _late(self) -> None:
+        self._timer = None
         upgraded = self.transport.get_protocol() is not self  # a websocket's now: not ours to time
-        if self.cycle is self._head_of and not upgraded and not self.transport.is_closing():
+        waiting = self.cycle is self._timed and (self._what == "head" or self.cycle.more_body)
+        if waiting and not upgraded and not self.transport.is_closing():
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        between = self.cycle is None or self.cycle.response_complete
-        if between and self._head_timer is None:
-            self._await_head()
+        if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm("head")  # the next head's first byte: uvicorn's keep-alive timer ends here
         super().data_received(data)
-        if self._head_timer is not None and self.cycle is not self._head_of:  # the head is in
-            self._head_timer.cancel()
-            self._head_timer = None
+        if self.cycle is None:
+            return
+        if self.cycle is not self._timed:  # a head is in: its body, if it has one, is due next
+            self._disarm()
+            self._timed = self.cycle
+            if self.cycle.more_body:
+                self._arm("body")
+        elif self._what == "body" and not self.cycle.more_body:  # the body is in
+            self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
+        self._disarm()
         super().connection_lost(exc)
 
 
 def server_config(app: object, host: str, port: int, log_level: str = "info",
                   tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
     """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one); a
-    connection's first request head due within HEAD_SECONDS (`_HeadDeadline`)."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_HeadDeadline,
+    request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`)."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_RequestDeadlines,
                           timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
                           ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
 

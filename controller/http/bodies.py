@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ValidationError
 
 from rolloutd.crds.kit.documents import malformed_yaml, unreadable
@@ -34,10 +35,13 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     if declared and _DIGITS.match(declared) and int(declared) > limit:
         raise TooLarge(f"request body is {declared} bytes; the limit is {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+    except ClientDisconnect:  # the client left, or the server closed a body late (`server._RequestDeadlines`)
+        raise BadRequest("the request body did not arrive whole: the connection closed") from None
     return bytes(body)
 
 

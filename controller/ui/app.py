@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 from fastapi import FastAPI, HTTPException, Path as ApiPath, Query, Request
 from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.requests import ClientDisconnect
 
 from rolloutd.crds.names import API_PREFIX, job_key
 
@@ -117,10 +118,13 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
     async def form(request: Request) -> dict[str, list[str]]:
         """A small urlencoded form (login, logout): 413 beyond 8 KiB."""
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > 8192:
-                raise HTTPException(413, "form too large")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > 8192:
+                    raise HTTPException(413, "form too large")
+        except ClientDisconnect:  # as `http.bodies.read_body`: a 400, not a traceback in the log
+            raise HTTPException(400, "the form did not arrive whole: the connection closed") from None
         return parse_qs(body.decode("utf-8", "replace"))
 
     def page(request: Request) -> Any:

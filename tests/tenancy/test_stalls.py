@@ -102,3 +102,20 @@ def test_a_kept_alive_connection_that_stops_inside_its_next_head_is_closed(kube,
     finally:
         sock.close()
     assert admin.get("/healthz").status_code == 200
+
+
+def test_a_client_that_leaves_inside_its_body_gets_a_400_not_a_traceback(kube, admin):
+    """A body cut short (the client left, or the body deadline closed it) was `ClientDisconnect` escaping to uvicorn:
+    80 lines of traceback in the controller's log per cut request, which any token holder could repeat."""
+    log = kube.data_dir.parent / f"controller-{kube.port}.log"
+    before = log.read_text().count("Exception in ASGI application")
+    head = (f"POST {jobs_path('default')} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {kube.token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+    for _ in range(3):
+        sock = _half_open(kube, head.encode() + b'{"kind": "RolloutJob", ')
+        sock.close()
+    with kube.client() as probe:  # a request after the three on their own connections: they were handled before it
+        assert probe.get("/healthz").status_code == 200
+        metrics = probe.get("/metrics").text
+    assert log.read_text().count("Exception in ASGI application") == before, log.read_text()[-3000:]
+    assert not re.search(r'^rolloutd_api_requests_total\{code="500"', metrics, re.M)
