@@ -101,6 +101,7 @@ class FakeController:
         self.piggyback = False                      # answer `?lease=N` on beats and results (else ignore it)
         self.piggybacked = 0                        # leases that rode on those replies
         self.lease_calls = 0
+        self.granting_lease_calls = 0  # those that handed out a lease (the others came back empty or done)
         # node-protocol features
         self.features: tuple[str, ...] = ()          # served to a daemon that asks (else ignored: an older controller)
         self.node_features: dict[str, set[str]] = {}  # node id → what it was told is served
@@ -241,6 +242,7 @@ class FakeController:
                     done = not leases and self.done()
                     self.cond.notify_all()
                 if leases or done or time.monotonic() >= deadline or req.max_items == 0:
+                    self.granting_lease_calls += bool(leases)
                     return ok(LeaseResponse(leases=leases, done=done))
                 await asyncio.sleep(0.01)
 
