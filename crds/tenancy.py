@@ -78,6 +78,11 @@ class TenantQuotas(Model):
     stage_seconds: float = Field(default=3600.0, gt=0, description="the most any of timeouts.initSeconds, "
                                  "runSeconds, evalSeconds and actionSeconds may be, and a step and a whole image build "
                                  "of its jobs")
+    max_total_tokens: int | None = Field(default=None, ge=1, description="the most agent.sampling.maxTotalTokens "
+                                         "a job may ask for, and so the longest prompt one of its engine calls sends "
+                                         "(null: no cap, the engine's context bounds it). An engine prefills a prompt "
+                                         "in one step, and every other job's calls on that engine wait through it: on "
+                                         "engines namespaces share, a cap bounds that wait")
     priority: int = Field(default=10, ge=1, le=1000, description="the largest spec.priority (a job's fair-share "
                           "weight on the backends it shares) a job may set")
     requests_per_second: float = Field(default=50.0, gt=0, le=10_000, description="API requests per second each of "
@@ -218,6 +223,9 @@ def violations(spec: "RolloutJobSpec", policy: TenantPolicySpec | None) -> list[
                          ("evalSeconds", t.eval_seconds), ("actionSeconds", t.action_seconds)):
         if asked > q.stage_seconds:
             out.append((f"spec.timeouts.{field}", f"{asked} is over the quota of {q.stage_seconds} seconds"))
+    budget = spec.agent.sampling.max_total_tokens
+    if q.max_total_tokens is not None and budget > q.max_total_tokens:
+        out.append(("spec.agent.sampling.maxTotalTokens", f"{budget} is over the quota of {q.max_total_tokens} tokens"))
     if spec.priority > q.priority:
         out.append(("spec.priority", f"{spec.priority} is over the namespace's largest priority ({q.priority})"))
     w = spec.pipeline.workers_per_node

@@ -49,6 +49,21 @@ def test_a_spec_asking_for_host_power_is_refused_for_a_tenant_and_applied_for_th
     assert applied.json()["metadata"]["annotations"][ADMITTED_BY] == "admin"
 
 
+def test_a_policy_caps_the_token_budget_and_so_the_longest_prompt_a_job_sends(kube, admin):
+    """On an engine namespaces share, one call's prompt is prefilled in one step that every other job's calls wait
+    through (issue 36): `quotas.maxTotalTokens` bounds it. No cap by default (a stored job must keep running)."""
+    put_policy(admin, "qtok", quotas={"maxTotalTokens": 4096})
+    budget = lambda n: {"agent": {"sampling": {"maxTotalTokens": n}}}  # noqa: E731
+    with tenant(kube, "qtok") as t:
+        refused(t.post(jobs_path("qtok"), json=job("long", **budget(8192))), "spec.agent.sampling.maxTotalTokens",
+                "TenantPolicy qtok")
+        assert t.post(jobs_path("qtok"), json=job("fits", **budget(4096))).status_code == 201
+    put_policy(admin, "qtok-default", quotas={})  # the restricted profile's quotas set no cap
+    with tenant(kube, "qtok-default") as t:
+        assert t.post(jobs_path("qtok-default"), json=job("long", **budget(65536))).status_code == 201
+    assert admin.post(jobs_path("qtok"), json=job("long", **budget(65536))).status_code == 201  # the admin's
+
+
 def test_every_write_path_is_admitted(kube, admin):
     """create, replace, merge/JSON patch, server-side apply, rolloutctl's apply and the old path of `default`."""
     put_policy(admin, "paths", quotas={})
