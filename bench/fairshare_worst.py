@@ -10,11 +10,13 @@ profile's quotas plus the data root and the engine. Each job is applied with its
   (`quotas.nodes`) and RUN workers (`quotas.sandboxesPerNode`) as allowed, `runSeconds` the policy's
   `stageSeconds`, and each episode calls the engine back to back for its whole run time, one call at a time
   (the gateway's rule), each call a fresh prompt as long as the job's budget leaves room for
-  (`maxTotalTokens` = the model's context: no policy caps it) and one generated token.
+  (`maxTotalTokens` = the model's context: the restricted profile sets no `quotas.maxTotalTokens`) and one
+  generated token.
 Phases, each a WINDOW after a warm-up, the jobs deleted and the engine idle between them:
 - **alone**: team-b's job alone: its rate R.
 - **b first**: team-b's job runs, then team-a's worst joins (admission gives each half the cap).
-- **b first, a's budget B**: the same with team-a's `maxTotalTokens` at B: what a policy cap on it would leave.
+- **b first, a's budget B**: the same with team-a's `maxTotalTokens` at B: what a policy with
+  `quotas.maxTotalTokens: B` leaves.
 - **a first**: team-a's worst holds the backend, then team-b's job arrives.
 team-b's fair share: R × its weight / the weights' sum (equal weights: R / 2). Reported: team-b's episodes
 finished in the window, per second, and the ratio to its fair share; the episodes it held in RUN at the end.
