@@ -29,17 +29,26 @@ def facts(t: Trajectory) -> dict[str, Any]:
             "t_end": t.timings.stamps.get("end"), **length_facts(t)}
 
 
+FACT_COUNT_MAX = 2**31 - 1  # the count columns are 32-bit on PostgreSQL
+
+
+def _count(value: Any) -> int | None:
+    """A count a column can hold, else None (not counted): a node's metrics past it made its results call fail at
+    every retry on either store (SQLite's integer stops at 2^63, PostgreSQL's at 2^31), stalling its job."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if -FACT_COUNT_MAX <= value <= FACT_COUNT_MAX else None
+
+
 def length_facts(t: Trajectory) -> dict[str, Any]:
     """Generated tokens and turns (the agent loop's metrics, else the turns' own slices, segments' too), tool errors
     (its metric; None when not counted) and truncated (1: the rollout ended at the token limit)."""
     turns = [*t.turns, *(turn for seg in t.segments for turn in seg.turns)]
     m = t.metrics
-    count = lambda key: int(m[key]) if isinstance(m.get(key), (int, float)) and not isinstance(m[key], bool) \
-        and math.isfinite(m[key]) else None  # noqa: E731
-    generated, n = count("generated_tokens"), count("turns")
-    return {"generated": sum(x.generated_end - x.generated_start for x in turns) if generated is None else generated,
-            "turns": len(turns) if n is None else n, "tool_errors": count("tool_errors"),
-            "truncated": int(t.finish_reason == "length")}
+    generated, n = _count(m.get("generated_tokens")), _count(m.get("turns"))
+    return {"generated": _count(sum(x.generated_end - x.generated_start for x in turns)) if generated is None
+            else generated, "turns": _count(len(turns)) if n is None else n,
+            "tool_errors": _count(m.get("tool_errors")), "truncated": int(t.finish_reason == "length")}
 
 
 def ordered(db: Any, jobs: set[str]) -> None:

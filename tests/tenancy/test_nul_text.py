@@ -193,3 +193,42 @@ def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the
     assert r.status_code == 200 and len(r.json()["accepted"]) == 2, r.text
     lines = api.get(f"{P}/{job}/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
     assert [json.loads(line)["policyVersion"] for line in lines if line.strip()] == [longest, longest]
+
+
+def test_counts_no_column_can_hold_are_stored_as_not_counted_and_the_job_finishes(controller, job):
+    """The UI's count columns (generated tokens, turns, tool errors) are copied out of a node's metrics or its turns'
+    slices: 3·10^9 was a results call failing at every retry on PostgreSQL (a 32-bit column), 10^19 on SQLite too (a
+    64-bit integer), so the job never finished. Now a metric no column holds counts as absent (the turns' slices count instead) and
+    a sum of slices no column holds is stored as not counted (NULL); the trajectory's own document keeps every number
+    exactly."""
+    api = controller
+    reg = api.post(f"{P}/{job}/nodes/register",
+                   json={"job": f"default/{job}", "name": "b0", "protocol": NODE_PROTOCOL})
+    at = f"{P}/{job}/nodes/{reg.json()['nodeId']}"
+    leases: list[dict] = []
+
+    def leased() -> bool:
+        r = api.post(f"{at}/lease", json={"maxItems": ROLLOUTS - len(leases), "wait": 2.0})
+        leases.extend(r.json().get("leases", []))
+        return len(leases) >= ROLLOUTS
+    wait_until(leased, 60, "every rollout leased")
+    huge = [3e9, 10**19, -(2**40), 1e300, 2**31]
+    results = []
+    for i, x in enumerate(leases):
+        t = Trajectory(job="", prompt=x["prompt"], sample=x["sample"], finish_reason="stop", reward=1.0,
+                       attempt=x["attempt"], metrics={"generated_tokens": huge[i % len(huge)], "turns": 2**33,
+                                                      "tool_errors": huge[(i + 1) % len(huge)]} if i % 2 else {},
+                       turns=[] if i % 2 else [{"generatedStart": 0, "generatedEnd": 2**62},
+                                               {"generatedStart": 0, "generatedEnd": 2**62}])
+        results.append({"attemptId": x["attemptId"], "trajectory": t.wire()})
+    r = api.post(f"{at}/results", json={"results": results})
+    assert r.status_code == 200 and len(r.json()["accepted"]) == ROLLOUTS and not r.json()["dropped"], r.text
+    wait_until(lambda: api.get(f"{P}/{job}").json()["status"].get("phase") == "Succeeded", 60, "the job to succeed")
+    lines = api.get(f"{P}/{job}/trajectories", params={"cursor": 0, "limit": 100}).text.splitlines()
+    docs = [json.loads(line) for line in lines if line.strip()]
+    assert sorted(str(d["metrics"].get("generated_tokens")) for d in docs) == \
+        sorted(str(json.loads(json.dumps(r["trajectory"]))["metrics"].get("generated_tokens")) for r in results)
+    page = api.get(f"/ui/api/jobs/default/{job}/trajectories", params={"limit": 100}).json()["items"]
+    assert len(page) == ROLLOUTS
+    # metrics past a column: the turns' slices count (none here); slices summing past it: not counted
+    assert {(x["generatedTokens"], x["turns"]) for x in page} == {(0, 0), (None, 2)}, page[:2]
