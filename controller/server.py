@@ -256,8 +256,9 @@ def connect_hint(data_dir: Path, host: str, port: int, tls: bool, ca_file: Path 
 class _RequestDeadlines(H11Protocol):
     """uvicorn's h11 protocol, with deadlines uvicorn has none of: a request head is due whole within HEAD_SECONDS
     (from the connection's start, or from its first byte after a response: that byte ends the keep-alive timer), and
-    a request's body within BODY_SECONDS of its head; past either the connection is closed. Without them a client
-    that sent no head, half a head, or a body's declared length never whole (slowloris) held its socket for good."""
+    a request's body within BODY_SECONDS of its head (not counting time in which uvicorn stopped reading until the app
+    reads); past either the connection is closed. Without them a client that sent no head, half a head, or a body's
+    declared length never whole (slowloris) held its socket for good."""
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -276,6 +277,9 @@ class _RequestDeadlines(H11Protocol):
 
     def _late(self) -> None:
         self._timer = None
+        if self._what == "body" and self.flow.read_paused:  # uvicorn waits for the app to read: not the client's time
+            self._arm("body")
+            return
         upgraded = self.transport.get_protocol() is not self  # a websocket's now: not ours to time
         waiting = self.cycle is self._timed and (self._what == "head" or self.cycle.more_body)
         if waiting and not upgraded and not self.transport.is_closing():

@@ -16,9 +16,12 @@ BODY = b"x" * 100
 
 
 async def _echo_length(scope, receive, send) -> None:
-    """An app that reads the whole body, then answers its length."""
+    """An app that reads the whole body, then answers its length; on /late it first waits 2.5 s (twice the
+    deadline), as a route does that waits its turn of a namespace's request rate before it reads."""
     if scope["type"] != "http":
         return
+    if scope["path"] == "/late":
+        await asyncio.sleep(2.5)
     size, more = 0, True
     while more:
         message = await receive()
@@ -93,3 +96,20 @@ def test_a_slow_body_that_arrives_in_time_is_answered_and_the_next_request_timed
 
 def test_a_connection_with_no_head_is_closed(port):
     assert _closed(_connect(port))
+
+
+def test_a_body_the_app_is_slow_to_read_is_not_cut(port):
+    """Past 64 KiB unread, uvicorn stops reading the socket until the app reads: that wait is the app's, not the
+    client's, so it does not count against the body's deadline (the body was cut at the deadline: closed, no answer)."""
+    big = 1 << 20
+    sock = _connect(port)
+    sender = threading.Thread(target=sock.sendall,
+                              args=(b"POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % big + b"y" * big,))
+    sender.start()
+    data = b""
+    while not data.endswith(str(big).encode()):
+        chunk = sock.recv(4096)
+        assert chunk, f"closed before the answer: {data!r}"
+        data += chunk
+    sender.join(10)
+    assert data.startswith(b"HTTP/1.1 200"), data
