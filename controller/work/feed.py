@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import time
 from typing import Any, AsyncIterator, Callable
@@ -35,9 +34,9 @@ FACT_COUNT_MAX = 2**31 - 1  # the count columns are 32-bit on PostgreSQL
 def _count(value: Any) -> int | None:
     """A count a column can hold, else None (not counted): a node's metrics past it made its results call fail at
     every retry on either store (SQLite's integer stops at 2^63, PostgreSQL's at 2^31), stalling its job."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return int(value) if -FACT_COUNT_MAX <= value <= FACT_COUNT_MAX else None
+    return int(value) if -FACT_COUNT_MAX <= value <= FACT_COUNT_MAX else None  # NaN compares false: None
 
 
 def length_facts(t: Trajectory) -> dict[str, Any]:

@@ -198,7 +198,7 @@ def test_a_policy_version_too_long_for_an_index_row_is_refused_naming_it_and_the
 def test_counts_no_column_can_hold_are_stored_as_not_counted_and_the_job_finishes(controller, job):
     """The UI's count columns (generated tokens, turns, tool errors) are copied out of a node's metrics or its turns'
     slices: 3·10^9 was a results call failing at every retry on PostgreSQL (a 32-bit column), 10^19 on SQLite too (a
-    64-bit integer), so the job never finished. Now a metric no column holds counts as absent (the turns' slices count instead) and
+    64-bit integer), 10^400 on both (`math.isfinite` cannot take it), so the job never finished. Now a metric no column holds counts as absent (the turns' slices count instead) and
     a sum of slices no column holds is stored as not counted (NULL); the trajectory's own document keeps every number
     exactly."""
     api = controller
@@ -212,7 +212,7 @@ def test_counts_no_column_can_hold_are_stored_as_not_counted_and_the_job_finishe
         leases.extend(r.json().get("leases", []))
         return len(leases) >= ROLLOUTS
     wait_until(leased, 60, "every rollout leased")
-    huge = [3e9, 10**19, -(2**40), 1e300, 2**31]
+    huge = [3e9, 10**19, -(2**40), 1e300, 2**31, 10**400]
     results = []
     for i, x in enumerate(leases):
         t = Trajectory(job="", prompt=x["prompt"], sample=x["sample"], finish_reason="stop", reward=1.0,
