@@ -164,23 +164,30 @@ _FACT_TYPES = {"task_id": "VARCHAR", "policy": "VARCHAR", "reason": "VARCHAR NOT
 # which a node's text may hold: `store.nul_text`). The 6 characters of the escape become those of U+FFFD's, a valid
 # escape too (and after an escaped backslash, plain letters): only strings change, never a count or a number
 PG_DOC = r"replace(data, '\u0000', '\ufffd')::json"
-_TURN_SUM = "(SELECT sum(json_extract(value, '$.generatedEnd') - json_extract(value, '$.generatedStart')) " \
+COUNT_MAX = 2**31 - 1  # as `feed._count`: a count past it is not counted (PostgreSQL's columns are 32-bit)
+# the turns' slices summed (0 without turns), past COUNT_MAX NULL; as floats (SQLite) and numerics (PostgreSQL): an
+# integer sum past 2^63 was an error that stopped the fill
+_SLICES = "total(json_extract(value, '$.generatedEnd') - json_extract(value, '$.generatedStart'))"
+_TURN_SUM = f"(SELECT CASE WHEN abs({_SLICES}) <= {COUNT_MAX} THEN CAST({_SLICES} AS INTEGER) END " \
             "FROM json_each(data, '$.turns'))"
-_PG_TURN_SUM = "(SELECT sum((x ->> 'generatedEnd')::bigint - (x ->> 'generatedStart')::bigint) " \
+_PG_SLICES = "coalesce(sum((x ->> 'generatedEnd')::numeric - (x ->> 'generatedStart')::numeric), 0)"
+_PG_TURN_SUM = f"(SELECT CASE WHEN abs({_PG_SLICES}) <= {COUNT_MAX} THEN trunc({_PG_SLICES})::int END " \
                f"FROM json_array_elements({PG_DOC} -> 'turns') AS x)"
 
 
 def _metric(name: str) -> tuple[str, str]:
-    """metrics.<name> when it is a number (truncated to an integer, as `feed.length_facts` does), else NULL."""
-    return (f"CASE WHEN json_type(data, '$.metrics.{name}') IN ('integer', 'real') "
-            f"THEN CAST(json_extract(data, '$.metrics.{name}') AS INTEGER) END",
+    """metrics.<name> when it is a number within ±COUNT_MAX (truncated to an integer, as `feed.length_facts` does),
+    else NULL."""
+    value, pg_value = f"json_extract(data, '$.metrics.{name}')", f"({PG_DOC} #>> '{{metrics,{name}}}')::numeric"
+    return (f"CASE WHEN json_type(data, '$.metrics.{name}') IN ('integer', 'real') AND abs({value}) <= {COUNT_MAX} "
+            f"THEN CAST({value} AS INTEGER) END",
             f"CASE WHEN json_typeof({PG_DOC} #> '{{metrics,{name}}}') = 'number' "
-            f"THEN trunc(({PG_DOC} #>> '{{metrics,{name}}}')::float8)::bigint END")
+            f"THEN CASE WHEN abs({pg_value}) <= {COUNT_MAX} THEN trunc({pg_value})::int END END")
 
 
 _GEN, _TURNS, _ERRORS = _metric("generated_tokens"), _metric("turns"), _metric("tool_errors")
 LENGTH_FACTS = {
-    "generated": (f"coalesce({_GEN[0]}, {_TURN_SUM}, 0)", f"coalesce({_GEN[1]}, {_PG_TURN_SUM}, 0)"),
+    "generated": (f"coalesce({_GEN[0]}, {_TURN_SUM})", f"coalesce({_GEN[1]}, {_PG_TURN_SUM})"),
     "turns": (f"coalesce({_TURNS[0]}, json_array_length(data, '$.turns'), 0)",
               f"coalesce({_TURNS[1]}, json_array_length({PG_DOC} -> 'turns'), 0)"),
     "tool_errors": _ERRORS,

@@ -56,6 +56,10 @@ DOCS = [  # the agent loop's metrics; none (the turns' own slices); a truncated 
     # metrics that are no counts: a float (an integer's worth), a string, a boolean
     {"job": "j", "prompt": 2, "sample": 0, "metrics": {"generated_tokens": 9.0, "turns": "two", "tool_errors": True},
      "turns": [{"generatedStart": 0, "generatedEnd": 3}, {"generatedStart": 5, "generatedEnd": 6}]},
+    # counts no column holds (a hostile node's): not counted, the fill not stopped (PostgreSQL's columns: 32-bit)
+    {"job": "j", "prompt": 2, "sample": 1, "metrics": {"generated_tokens": 3e9, "turns": 10**19, "tool_errors": -2**40},
+     "turns": [{"generatedStart": 0, "generatedEnd": 2**62}, {"generatedStart": -2**62, "generatedEnd": 2**62}]},
+    {"job": "j", "prompt": 3, "sample": 0, "metrics": {"generated_tokens": 10**400, "turns": 2**31, "tool_errors": 1e300}},
 ]
 
 
@@ -76,6 +80,7 @@ def test_a_database_from_before_the_length_columns_gains_them_filled_from_the_do
     with store.engine.connect() as c:
         got = [tuple(r) for r in raw(c).execute(
             "SELECT generated, turns, tool_errors, truncated FROM trajectories ORDER BY seq").fetchall()]
-    assert got == [(7, 3, 2, 0), (7, 2, None, 0), (64, 1, 0, 1), (0, 0, None, 0), (9, 2, None, 0)]
+    assert got == [(7, 3, 2, 0), (7, 2, None, 0), (64, 1, 0, 1), (0, 0, None, 0), (9, 2, None, 0), (None, 2, None, 0),
+                   (0, 0, None, 0)]
     assert [tuple(length_facts(Trajectory.model_validate(d)).values()) for d in DOCS] == got  # as the feed writes
-    assert jobview.Curves(store.engine).get("j", "uid", samples=2)["byPolicy"][0]["truncationRate"] == 0.2
+    assert jobview.Curves(store.engine).get("j", "uid", samples=2)["byPolicy"][0]["truncationRate"] == 0.1429  # 1 of 7
