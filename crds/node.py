@@ -35,6 +35,13 @@ Seconds = Annotated[float, Field(ge=0.0, le=2.0 ** 53, allow_inf_nan=False)]
 
 Stage = Literal["leased", "init", "run", "eval"]
 
+# Attempts one call may name (a lease's items, a beat's stages, turns or results, a results call, a return): far more
+# than a node runs at once (each pool's workers are at most MAX_WORKERS), few enough for one query to name them all.
+# Unbounded, a list past PostgreSQL's 65 535 parameters per statement was a 500 at every retry of that call.
+MAX_ATTEMPTS_PER_CALL = 2 ** 14
+# A beat's per-backend maps (url → count): a job's backends, with room to spare
+MAX_BACKENDS_PER_CALL = 1024
+
 
 # The node protocol's version, which a daemon sends at registration. A change of the messages is negotiated, not
 # bumped: a field a peer may not know is sent only to a daemon that declared the feature it belongs to (FEATURES),
@@ -215,7 +222,7 @@ class RegisterResponse(Model):
 
 
 class LeaseRequest(Model):
-    max_items: int = Field(ge=0)
+    max_items: int = Field(ge=0, le=MAX_ATTEMPTS_PER_CALL)
     wait: float = Field(default=0.0, ge=0.0, le=30.0, description="long-poll this long for work")
 
 
@@ -252,8 +259,10 @@ class Result(Model):
 
 
 class Heartbeat(Model):
-    stages: dict[str, Stage] = Field(default_factory=dict, description="attemptId → stage of every live lease")
-    left_run: list[str] = Field(default_factory=list, description="attempts whose RUN ended since the last beat")
+    stages: dict[str, Stage] = Field(default_factory=dict, max_length=MAX_ATTEMPTS_PER_CALL,
+                                     description="attemptId → stage of every live lease")
+    left_run: list[str] = Field(default_factory=list, max_length=MAX_ATTEMPTS_PER_CALL,
+                                description="attempts whose RUN ended since the last beat")
     llm_inflight: int = Field(default=0, description="LLM requests this node has in flight right now")
     llm_held: bool = Field(default=False, description="this node holds new LLM requests (it saw llmPaused)")
     policy_version: PolicyVersion | None = Field(default=None, description="the version this node tags new requests "
@@ -262,14 +271,16 @@ class Heartbeat(Model):
                                                   "in-flight generation stood while the engines were paused)")
     full: bool = Field(default=True, description="`stages` names every live lease, and the beat renews them; false "
                                                  "(beat-deltas): only the stages changed since the last answered beat")
-    results: list[Result] = Field(default_factory=list, description="finished results (beat-results), applied as "
-                                                                    "POST …/results applies them")
-    turns: dict[str, int] = Field(default_factory=dict, description="beat-turns: attemptId → the turn of a rollout "
-                                                                    "in RUN (the model calls it started)")
-    llm_tokens: dict[str, Count] = Field(default_factory=dict, description="token-share: url → the tokens of "
-                                       "this node's model calls in flight or held at its gate (prompt + max_tokens of each)")
-    llm_processed: dict[str, Count] = Field(default_factory=dict, description="work-share: url → the tokens this node's "
-                                          "model calls processed there, ever (prompt tokens not cached + tokens generated)")
+    results: list[Result] = Field(default_factory=list, max_length=MAX_ATTEMPTS_PER_CALL, description=(
+        "finished results (beat-results), applied as POST …/results applies them"))
+    turns: dict[str, int] = Field(default_factory=dict, max_length=MAX_ATTEMPTS_PER_CALL, description=(
+        "beat-turns: attemptId → the turn of a rollout in RUN (the model calls it started)"))
+    llm_tokens: dict[str, Count] = Field(default_factory=dict, max_length=MAX_BACKENDS_PER_CALL, description=(
+        "token-share: url → the tokens of this node's model calls in flight or held at its gate (prompt + max_tokens "
+        "of each)"))
+    llm_processed: dict[str, Count] = Field(default_factory=dict, max_length=MAX_BACKENDS_PER_CALL, description=(
+        "work-share: url → the tokens this node's model calls processed there, ever (prompt tokens not cached + "
+        "tokens generated)"))
     llm_rate_held: list[Seconds] = Field(default_factory=list, max_length=2, description="work-share: [model calls held "
                                        "for the job's work share, seconds they waited], both ever")
 
@@ -323,7 +334,7 @@ class PolicyState(Model):
 
 
 class ResultBatch(Model):
-    results: list[Result]
+    results: list[Result] = Field(max_length=MAX_ATTEMPTS_PER_CALL)
 
 
 class ResultAck(Model):
@@ -333,5 +344,5 @@ class ResultAck(Model):
 
 
 class ReturnRequest(Model):
-    attempt_ids: list[str]
+    attempt_ids: list[str] = Field(max_length=MAX_ATTEMPTS_PER_CALL)
     reason: str = Field(default="returned", max_length=1000, description="why (the items' last error)")

@@ -201,12 +201,17 @@ class SandboxSpec(Model):
         return self
 
 
+# A pool's workers per node at most: a sandbox each (INIT, EVAL) or an agent loop (RUN); a node's calls name at most
+# `crds.node.MAX_ATTEMPTS_PER_CALL` attempts, which the three pools together stay under
+MAX_WORKERS = 4096
+
+
 class WorkersPerNode(Model):
     """Pool sizes per node daemon: rollouts in each stage at once."""
 
-    init: int = Field(default=8, ge=1, description="INIT workers: sandboxes being created and staged")
-    run: int = Field(default=32, ge=1, description="RUN workers: agent loops talking to the model")
-    eval: int = Field(default=8, ge=1, description="EVAL workers: verifiers scoring finished rollouts")
+    init: int = Field(default=8, ge=1, le=MAX_WORKERS, description="INIT workers: sandboxes being created and staged")
+    run: int = Field(default=32, ge=1, le=MAX_WORKERS, description="RUN workers: agent loops talking to the model")
+    eval: int = Field(default=8, ge=1, le=MAX_WORKERS, description="EVAL workers: verifiers scoring finished rollouts")
 
 
 class PipelineSpec(Model):
