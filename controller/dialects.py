@@ -14,9 +14,10 @@ from pathlib import Path
 from functools import lru_cache
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Table
+from sqlalchemy import BigInteger, Table, literal
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import BindParameter
 
 SQLITE, POSTGRESQL = "sqlite", "postgresql"
 URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
@@ -121,6 +122,13 @@ def insert_rows(db: Any, table: Table, columns: Sequence[str], rows: Iterable[Se
 def in_list(n: int) -> str:
     """`(?,?,…)`: n parameters."""
     return "(" + ",".join("?" * n) + ")"
+
+
+def int64(value: int) -> BindParameter[int]:
+    """`value` as a 64-bit parameter to compare an integer column with: SQLAlchemy casts a parameter to its column's
+    type (`%s::INTEGER` for PostgreSQL's 32-bit serial ids), so a cursor or a resourceVersion past 2^31 was an error
+    there (a 500). A value past int64 is clamped to it: as many rows lie beyond it (none) or before it (all)."""
+    return literal(max(-(1 << 63), min(value, (1 << 63) - 1)), BigInteger)
 
 
 @lru_cache(maxsize=None)

@@ -27,6 +27,10 @@ KIND = "RolloutJob"
 # processes than the kernel's PID_MAX_LIMIT
 MAX_MB = 1 << 24  # 16 TiB
 MAX_PROCESSES = 1 << 22
+# a batch's groups: times samplesPerPrompt (≤ 2^10) a batch's rollouts stay within a 32-bit column (PostgreSQL's
+# integer), as do DAPO's in-flight groups (2 × targetGroups by default); a batch's number is such a column too
+MAX_GROUPS = 1 << 20
+MAX_BATCHES = (1 << 31) - 1
 
 # ---------------------------------------------------------------- metadata
 
@@ -232,9 +236,9 @@ class DapoSpec(Model):
     """DAPO's dynamic sampling: keep sampling until `targetGroups` informative groups are scored, then cancel the rest on the daemons."""
 
     enabled: bool = Field(default=False, description="serve DAPO batches (a batch job)")
-    target_groups: int = Field(default=16, ge=1, description="informative groups per batch")
-    max_in_flight_groups: int | None = Field(default=None, ge=1, description="groups sampled at once (default: "
-                                             "2 × targetGroups)")
+    target_groups: int = Field(default=16, ge=1, le=MAX_GROUPS, description="informative groups per batch")
+    max_in_flight_groups: int | None = Field(default=None, ge=1, le=2 * MAX_GROUPS, description="groups sampled at "
+                                             "once (default: 2 × targetGroups)")
     filter: Literal["zeroVariance", "band"] = Field(default="zeroVariance", description="zeroVariance: a group "
                                                     "whose rewards all agree is not informative; band: see band")
     band: tuple[float, float] | None = Field(default=None, description="[low, high] mean-reward band for filter: band")
@@ -245,10 +249,11 @@ class DapoSpec(Model):
 class BatchesSpec(Model):
     """Serve batch after batch (a trainer asks for each): a batch = `groups` complete groups."""
 
-    groups: int = Field(ge=1, description="groups (prompts × samplesPerPrompt) per batch")
-    count: int | None = Field(default=None, ge=1, description="stop after this many batches (null: until deleted)")
-    max_in_flight_groups: int | None = Field(default=None, ge=1, description="groups sampled at once (default: "
-                                             "the batch's groups)")
+    groups: int = Field(ge=1, le=MAX_GROUPS, description="groups (prompts × samplesPerPrompt) per batch")
+    count: int | None = Field(default=None, ge=1, le=MAX_BATCHES, description="stop after this many batches (null: "
+                              "until deleted)")
+    max_in_flight_groups: int | None = Field(default=None, ge=1, le=MAX_GROUPS, description="groups sampled at once "
+                                             "(default: the batch's groups)")
     carry_over: bool = Field(default=False, description="unfinished groups continue into the next batch")
 
 

@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from rolloutd.crds.names import API_PREFIX, job_key
-from rolloutd.crds.rolloutjob import BackendSpec, RolloutJob
+from rolloutd.crds.rolloutjob import MAX_BATCHES, BackendSpec, RolloutJob
 from rolloutd.crds.tenancy import owns_backend, violations
 from rolloutd.crds.trajectory import PolicyVersion
 from rolloutd.crds.trainer_api import Batch, BatchOpened, BackendList, JobPolicy, PolicyAnnounce, PromptGroups
@@ -43,7 +43,7 @@ from ..access.auth import ScopedToken
 from ..kube.admit import admit_and_write, scoped_token
 from ..access.tenancy import Policies, describe
 from . import streams
-from .bodies import INT64_MAX, INT64_MIN, read_model
+from .bodies import INT64_MAX, read_model
 
 JOBS = f"{API_PREFIX}/namespaces/{{namespace}}/rolloutjobs"
 
@@ -56,7 +56,8 @@ def typed(model: type[BaseModel]) -> dict[str, Any]:
 
 
 class BatchRequest(BaseModel):
-    batch: int | None = Field(default=None, description="the batch to open (default: the next one)")
+    batch: int | None = Field(default=None, ge=0, le=MAX_BATCHES, description="the batch to open (default: the next "
+                              "one)")
     prompts: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = Field(
         default=None, description="dataset indices the trainer picked, one group each (plain batches only)")
     model_config = {"extra": "forbid"}
@@ -159,8 +160,9 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
         return out
 
     @r.get(f"{JOBS}/{{name}}/batches/{{k}}", **typed(Batch))
-    async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=INT64_MIN, le=INT64_MAX), wait: bool = False,
-                        all: bool = False, timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
+    async def get_batch(request: Request, namespace: str, name: str, k: int = Path(ge=0, le=MAX_BATCHES),
+                        wait: bool = False, all: bool = False,
+                        timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
         store.get(name)
         slot = slots.take(request, namespace) if wait else None

@@ -202,7 +202,7 @@ class StoreDB:
             oldest = s.exec(select(func.min(ChangeRow.rv))).one()
             if oldest is not None and rv < oldest - 1:
                 raise Gone(f"resourceVersion {rv} is too old (oldest kept: {oldest}); list again and watch from there")
-            q = select(ChangeRow).where(ChangeRow.rv > rv)
+            q = select(ChangeRow).where(ChangeRow.rv > dialects.int64(rv))
             if name:
                 q = q.where(ChangeRow.name == name)
             rows = s.exec(q.order_by(ChangeRow.rv).limit(limit)).all()
@@ -211,7 +211,7 @@ class StoreDB:
     def change_before(self, name: str, rv: int) -> Change | None:
         """The last change of job `name` at or before `rv` (None when the kept log has none)."""
         with Session(self.engine) as s:
-            r = s.exec(select(ChangeRow).where(ChangeRow.name == name, ChangeRow.rv <= rv)
+            r = s.exec(select(ChangeRow).where(ChangeRow.name == name, ChangeRow.rv <= dialects.int64(rv))
                        .order_by(ChangeRow.rv.desc()).limit(1)).first()
         return None if r is None else Change(r.rv, r.type, r.name, json.loads(r.object))
 

@@ -15,7 +15,7 @@ from sqlmodel import Session, func, select
 from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.trajectory import Trajectory
 
-from ..dialects import PgRaw, insert_rows, raw
+from ..dialects import PgRaw, insert_rows, int64, raw
 from .job_state import Wakeups
 from .hot_sql import Item
 from .tables import FACT_REASON, ItemRow, TrajectoryRow
@@ -98,7 +98,8 @@ class Feed:
 
     def trajectories(self, job: str, cursor: int = 0, limit: int = 1000) -> list[tuple[int, str]]:
         with Session(self.engine, expire_on_commit=False) as s:
-            q = (select(TrajectoryRow.seq, TrajectoryRow.data).where(TrajectoryRow.job == job, TrajectoryRow.seq > cursor)
+            q = (select(TrajectoryRow.seq, TrajectoryRow.data)
+                 .where(TrajectoryRow.job == job, TrajectoryRow.seq > int64(cursor))
                  .order_by(TrajectoryRow.seq).limit(limit))
             return list(s.exec(q).all())
 
