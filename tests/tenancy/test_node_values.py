@@ -87,14 +87,15 @@ def _leases(api, at: str) -> list[dict]:
 
 
 def _result(lease: dict, i: int) -> dict:
-    """Every other rollout hostile: a reward from HOSTILE, a stage's seconds 1e308 (a float, but not a sum of them)."""
+    """Every other rollout hostile: a reward from HOSTILE, two stages' seconds 1e308 (a float, but not their sum)."""
     now = time.time()
     stamps = {"init": now - 3, "run": now - 2, "eval": now - 1, "end": now}
     timings = Timings(queue=0.5, init=1.0, run=1.0, eval=1.0, stamps=stamps)
     reward = (i % 4) / 4
     if i % 2:
         reward = HOSTILE[i // 2 % len(HOSTILE)]
-        setattr(timings, ("queue", "init", "run", "eval")[i // 2 % 4], 1e308)
+        for stage in (("queue", "eval"), ("init", "run"))[i // 2 % 2]:  # the trajectory page's waterfall adds them
+            setattr(timings, stage, 1e308)
     t = Trajectory(job="", prompt=lease["prompt"], sample=lease["sample"], finish_reason="stop",
                    attempt=lease["attempt"], timings=timings).wire()
     t["reward"] = reward  # after wire(), which makes NaN and infinities null
@@ -104,7 +105,8 @@ def _result(lease: dict, i: int) -> dict:
 def test_rewards_and_seconds_no_sum_can_take_are_not_counted_and_the_job_finishes(controller, job):
     """A NaN reward made PostgreSQL's mean NaN (the job's status failed validation: the job never finished), and
     SQLite's mean counted infinities (infinite, or 0 with both signs). Now the columns hold NULL (the document keeps
-    what JSON can: NaN and infinities are null there)."""
+    what JSON can: NaN and infinities are null there), and the trajectory page shows no waterfall for two stages of
+    1e308 s (their sum was infinite: a 500)."""
     api = controller
     reg = _register(api, job)
     assert reg.status_code == 200, reg.text
@@ -142,4 +144,5 @@ def test_rewards_and_seconds_no_sum_can_take_are_not_counted_and_the_job_finishe
     assert api.get("/ui/api/jobs").status_code == 200
     for x in page.json()["items"]:
         one = api.get(f"{ui}/trajectories/{x['seq']}")
-        assert one.status_code == 200, one.text
+        assert one.status_code == 200, one.text  # no waterfall for seconds no sum can take (two of 1e308 was a 500)
+        assert (one.json()["waterfall"] is None) == (x["reward"] is None), one.json()["waterfall"]
