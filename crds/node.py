@@ -32,6 +32,8 @@ from .trajectory import PolicyVersion, Trajectory
 # them (a 500 on every beat of every job sharing that backend), and NaN would poison the namespace's counters
 Count = Annotated[int, Field(ge=0, le=2 ** 53)]
 Seconds = Annotated[float, Field(ge=0.0, le=2.0 ** 53, allow_inf_nan=False)]
+# A register's numbers are stored in 32-bit columns on PostgreSQL: a bigger one was a 500 at every retry there
+Int32 = Annotated[int, Field(ge=0, le=2 ** 31 - 1)]
 
 Stage = Literal["leased", "init", "run", "eval"]
 
@@ -195,10 +197,10 @@ class RegisterRequest(Model):
     name: str = Field(pattern=NODE_NAME, description="host or Slurm node name: the node's id, which its calls' URLs "
                                                       "carry, starts with it")
     host: str = Field(default="", max_length=253, pattern=PRINTABLE)
-    pid: int = 0
+    pid: Int32 = 0
     slurm_job_id: str | None = Field(default=None, max_length=64, pattern=PRINTABLE)
-    slurm_node_id: int | None = None
-    slot: int | None = Field(default=None, description="executor slot this daemon fills (local executor)")
+    slurm_node_id: Int32 | None = None
+    slot: Int32 | None = Field(default=None, description="executor slot this daemon fills (local executor)")
 
 
 class RegisterResponse(Model):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..work.feed import real_fact
+
 STAGES = ("init", "run", "eval")
 
 
@@ -23,11 +25,21 @@ def _turns(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for s in segments for t in s.get("turns") or []] if segments else trajectory.get("turns") or []
 
 
+def _held(timings: dict[str, Any], stamps: dict[str, Any], turns: list[dict[str, Any]], node_wait: Any) -> bool:
+    """Every time the waterfall adds up is one a sum can take (`feed.real_fact`): a node's two stages of 1e308 s
+    made the total infinite, which the page's JSON cannot hold (a 500)."""
+    times = [node_wait, *stamps.values(), *(timings.get(stage) for stage in ("queue", *STAGES)),
+             *(turn.get(k) for turn in turns for k in ("started", "modelSeconds", "toolSeconds"))]
+    return all(real_fact(x) is not None for x in times if x is not None)
+
+
 def waterfall(trajectory: dict[str, Any]) -> dict[str, Any] | None:
-    """`{bars, total, split}`, or None for a rollout without stamps (it never reached INIT)."""
+    """`{bars, total, split}`, or None for a rollout without stamps (it never reached INIT) or with a time no sum
+    can take."""
     timings = trajectory.get("timings") or {}
     stamps = timings.get("stamps") or {}
-    if "init" not in stamps:
+    if "init" not in stamps or not _held(timings, stamps, _turns(trajectory),
+                                         (trajectory.get("metrics") or {}).get("node_wait_init_seconds")):
         return None
     queue = float(timings.get("queue") or 0.0)
     node_wait = float((trajectory.get("metrics") or {}).get("node_wait_init_seconds") or 0.0)

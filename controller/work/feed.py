@@ -23,9 +23,10 @@ from .tables import FACT_REASON, ItemRow, TrajectoryRow
 
 def facts(t: Trajectory) -> dict[str, Any]:
     """The columns beside a trajectory's document that the UI sums up (`tables.FACTS`)."""
+    tm = t.timings
     return {"task_id": t.task_id, "policy": json.dumps(t.policy_version), "reason": t.failure.reason[:FACT_REASON],
-            "t_queue": t.timings.queue, "t_init": t.timings.init, "t_run": t.timings.run, "t_eval": t.timings.eval,
-            "t_end": t.timings.stamps.get("end"), **length_facts(t)}
+            **{f"t_{stage}": real_fact(getattr(tm, stage)) for stage in ("queue", "init", "run", "eval")},
+            "t_end": real_fact(tm.stamps.get("end")), **length_facts(t)}
 
 
 FACT_COUNT_MAX = 2**31 - 1  # the count columns are 32-bit on PostgreSQL
@@ -37,6 +38,18 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if -FACT_COUNT_MAX <= value <= FACT_COUNT_MAX else None  # NaN compares false: None
+
+
+FACT_REAL_MAX = 1e15
+
+
+def real_fact(value: Any) -> float | None:
+    """A reward or seconds the job's sums and means can take, else None (not counted): a node's NaN made the job's
+    mean reward NaN on PostgreSQL (its status then failed validation: the job never finished), an infinity or 1e308
+    made a sum infinite (the UI's JSON cannot hold it: a 500)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if -FACT_REAL_MAX <= value <= FACT_REAL_MAX else None  # NaN compares false: None
 
 
 def length_facts(t: Trajectory) -> dict[str, Any]:
@@ -78,10 +91,10 @@ class Feed:
         pydantic's own (in Rust), not `json.dumps` of a dict built in Python: the same document, for less."""
         if item.group_id is not None:
             t.group = item.group_id
-        row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample, "reward": t.reward,
-               "failure": t.failure.kind.value, "data": t.model_dump_json(by_alias=True),
-               "group_id": item.group_id, **facts(t)}
-        if row["t_end"] is None:  # no end stamp (the controller's own infra failures): placed when delivered
+        row = {"job": item.job, "item": item.id, "prompt": item.prompt, "sample": item.sample,
+               "reward": real_fact(t.reward), "failure": t.failure.kind.value,
+               "data": t.model_dump_json(by_alias=True), "group_id": item.group_id, **facts(t)}
+        if row["t_end"] is None:  # no end stamp (the controller's own infra failures) or none a column holds: now
             row["t_end"] = time.time()
         if into is None:
             ordered(raw(s.connection()), {item.job})

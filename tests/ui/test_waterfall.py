@@ -32,3 +32,26 @@ def test_a_harness_segments_turns_and_a_rollout_that_never_started():
     assert [b["label"] for b in waterfall(t)["bars"] if b["kind"] == "model"] == ["turn 1: model", "turn 2: model"]
     assert waterfall({"timings": {"queue": 3.0}}) is None
     assert waterfall({}) is None
+
+
+
+def _plain() -> dict:
+    return {"timings": {"queue": 0.5, "init": 1.0, "run": 4.0, "stamps": {"init": 101.0, "run": 102.5, "end": 107.0}},
+            "turns": [{"started": 102.6, "modelSeconds": 1.0}, {"started": 102.7, "modelSeconds": 1.0}]}
+
+
+@pytest.mark.parametrize("where", ["timings", "turns", "metrics"])
+def test_times_no_sum_can_take_show_no_waterfall(where):
+    """Two stages of 1e308 s made the total infinite, which the page's JSON cannot hold: the page was a 500."""
+    t = _plain()
+    if where == "timings":
+        t["timings"].update(queue=1e308, run=1e308)
+    elif where == "turns":
+        for turn in t["turns"]:
+            turn["modelSeconds"] = 1e308
+    else:
+        t["metrics"] = {"node_wait_init_seconds": 10**400}
+    assert waterfall(t) is None
+    t = _plain()
+    t["timings"]["queue"] = 1e15  # the largest a sum takes
+    assert waterfall(t)["split"]["queue"] == 1e15
