@@ -39,7 +39,7 @@ Stage = Literal["leased", "init", "run", "eval"]
 
 # Attempts one call may name (a lease's items, a beat's stages, turns or results, a results call, a return): far more
 # than a node runs at once (each pool's workers are at most MAX_WORKERS), few enough for one query to name them all.
-# Unbounded, a list past PostgreSQL's 65 535 parameters per statement was a 500 at every retry of that call.
+# Unbounded, a list past PostgreSQL's 65 535 parameters per statement was answered 503 at every retry of that call.
 MAX_ATTEMPTS_PER_CALL = 2 ** 14
 # A beat's per-backend maps (url → count): a job's backends, with room to spare
 MAX_BACKENDS_PER_CALL = 1024

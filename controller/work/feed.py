@@ -18,7 +18,7 @@ from rolloutd.crds.trajectory import Trajectory
 from ..dialects import PgRaw, insert_rows, int64, raw
 from .job_state import Wakeups
 from .hot_sql import Item
-from .tables import FACT_REASON, ItemRow, TrajectoryRow
+from .tables import FACT_REASON, REAL_MAX, ItemRow, TrajectoryRow
 
 
 def facts(t: Trajectory) -> dict[str, Any]:
@@ -40,16 +40,13 @@ def _count(value: Any) -> int | None:
     return int(value) if -FACT_COUNT_MAX <= value <= FACT_COUNT_MAX else None  # NaN compares false: None
 
 
-FACT_REAL_MAX = 1e15
-
-
 def real_fact(value: Any) -> float | None:
     """A reward or seconds the job's sums and means can take, else None (not counted): a node's NaN made the job's
     mean reward NaN on PostgreSQL (its status then failed validation: the job never finished), an infinity or 1e308
     made a sum infinite (the UI's JSON cannot hold it: a 500)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if -FACT_REAL_MAX <= value <= FACT_REAL_MAX else None  # NaN compares false: None
+    return float(value) if -REAL_MAX <= value <= REAL_MAX else None  # NaN compares false: None
 
 
 def length_facts(t: Trajectory) -> dict[str, Any]:

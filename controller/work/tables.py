@@ -152,11 +152,17 @@ class OpenedRow(SQLModel, table=True):
 
 
 FACT_REASON = 200
+REAL_MAX = 1e15  # as `feed.real_fact`: seconds past it are not counted (a sum of them would overflow)
+
+
+def _real(path: str) -> str:
+    return f"CASE WHEN abs(json_extract(data, '{path}')) <= {REAL_MAX:.0f} THEN json_extract(data, '{path}') END"
+
+
 FACTS = {"task_id": "json_extract(data, '$.taskId')", "policy": "json_quote(json_extract(data, '$.policyVersion'))",
          "reason": f"substr(coalesce(json_extract(data, '$.failure.reason'), ''), 1, {FACT_REASON})",
-         "t_queue": "json_extract(data, '$.timings.queue')", "t_init": "json_extract(data, '$.timings.init')",
-         "t_run": "json_extract(data, '$.timings.run')", "t_eval": "json_extract(data, '$.timings.eval')",
-         "t_end": "json_extract(data, '$.timings.stamps.end')"}
+         **{f"t_{stage}": _real(f"$.timings.{stage}") for stage in ("queue", "init", "run", "eval")},
+         "t_end": _real("$.timings.stamps.end")}
 _FACT_TYPES = {"task_id": "VARCHAR", "policy": "VARCHAR", "reason": "VARCHAR NOT NULL DEFAULT ''"}
 # Added later, on either database (column → SQLite's expression, PostgreSQL's): the metrics the agent loop counts,
 # else the turns' own slices; a harness's segments are counted by the feed (`feed.facts`), not by this fill

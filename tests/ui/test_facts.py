@@ -54,6 +54,30 @@ def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
     assert index[-5:] == ["t_end", *tables.LENGTH_FACTS]  # the sums (throughput, lengths) read the covering index alone
 
 
+def test_the_fill_leaves_seconds_no_sum_can_take_not_counted_as_the_feed_does(tmp_path):
+    """A stored document's 1e308 s (a node may report it; JSON keeps it) is not copied into its column: a sum of two
+    was infinite, which the job page's JSON cannot hold."""
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.execute(OLD)
+    big = doc(0, 1.0)
+    big["timings"].update(run=1e308, eval=1e300, stamps={"end": 1e300})
+    for i, d in enumerate([big, doc(1, 1.0)]):
+        con.execute("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data) VALUES (?,?,?,?,?,?,?)",
+                    ("j", i, 0, d["sample"], d["reward"], d["failure"]["kind"], json.dumps(d)))
+    con.commit()
+    con.close()
+    engine = create_engine(f"sqlite:///{db}")
+    tables.create(engine)
+    got = sqlite3.connect(db).execute("SELECT t_queue, t_run, t_eval, t_end FROM trajectories ORDER BY seq").fetchall()
+    assert got == [(0.1, None, None, None), (0.1, 3.0, 0.5, 1001.0)]
+    assert [tuple(facts(Trajectory.model_validate(d))[c] for c in ("t_queue", "t_run", "t_eval", "t_end"))
+            for d in (big, doc(1, 1.0))] == got  # as the feed writes them
+    summary = stats.JobStats(engine).summary("j", "uid")
+    json.dumps(summary, allow_nan=False)
+    assert next(s for s in summary["stages"] if s["stage"] == "run")["n"] == 1
+
+
 def test_throughput_keeps_bounded_buckets_whose_total_is_every_rollout(tmp_path):
     """A week of rollouts, a few at a time: at most THROUGHPUT_BUCKETS buckets, ENDS_KEPT keys, nothing lost."""
     engine = create_engine(f"sqlite:///{tmp_path / 'db'}")
