@@ -181,9 +181,10 @@ class Outbox:
             if e.retryable:
                 self.log.warning("results: %s; %d result(s) kept for a retry", e, len(self.pending))
                 return False
-            if e.status == 413 and len(batch) > 1:
-                # too large together: send them one by one (each alone may still fit)
-                self.log.warning("results: %d result(s) too large as one batch; sending them singly", len(batch))
+            if e.status in (400, 413, 422) and len(batch) > 1:
+                # too large together, or one of them refused as invalid: one by one, so that only a result the
+                # controller cannot take alone becomes a stand-in, not the others of its batch
+                self.log.warning("results: a batch of %d refused (%s); sending them singly", len(batch), e)
                 return await self._send_singly(batch)
             for aid, body in batch:
                 self._refused(aid, body, e)

@@ -11,7 +11,8 @@ Node-protocol features (`crds.node.FEATURES`): `features` names those served to 
 registration (none: an older controller, which ignores the parameter and answers 422 to a body field it does
 not know, as its models forbid extra fields); beats carrying results are answered as /results answers, with
 `beat_gap`; `fail_beat(hb)` may refuse a beat unseen (its status), `max_beat_body` refuses larger beats (413);
-`beat_log` records each beat with its receive time, the leases live before it and its status.
+`beat_log` records each beat with its receive time, the leases live before it and its status; `refuse_tasks`
+refuses (422) a results call holding a scored result of those tasks, as the real controller refuses an invalid one.
 
 The real scheduler's rules it mirrors: attempt ids are unique per lease; a result is accepted only
 for the attempt holding the lease, a duplicate comes back in `dropped`; returned work is re-queued.
@@ -88,6 +89,7 @@ class FakeController:
         self.results_calls = 0
         self.batch_sizes: list[tuple[int, int]] = []  # (results, bytes) of each /results call
         self.max_body: int | None = None             # /results bodies above this get 413
+        self.refuse_tasks: set[str] = set()          # a /results body holding a scored result of these: 422
         self.returns: list[ReturnRequest] = []
         self.deregistered = 0
         self.register_conflict: str | None = None    # answer /register with 409 and this message
@@ -318,6 +320,10 @@ class FakeController:
             if action == 503:
                 return JSONResponse({"message": "controller restarting"}, status_code=503)
             batch = ResultBatch.model_validate(body)
+            bad = [i for i, r in enumerate(batch.results)
+                   if r.trajectory.task_id in self.refuse_tasks and r.trajectory.reward is not None]
+            if bad:  # as the real controller refuses a result it cannot take: the whole call, naming the first
+                return JSONResponse({"message": f"results[{bad[0]}] is invalid"}, status_code=422)
             with self.cond:
                 ack = self._take(batch.results)
                 self.cond.notify_all()

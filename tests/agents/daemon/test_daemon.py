@@ -325,6 +325,30 @@ def test_large_results_are_split_and_an_oversized_one_is_refused_alone(controlle
     assert d.stats["results_refused"] == 1 and not d.outbox.pending
 
 
+def test_a_result_the_controller_refuses_takes_no_other_result_of_its_batch_with_it(controller, sandbox_dir):
+    """A results call refused for good (422: one result the controller cannot take) is resent one by one: only that
+    result becomes an infrastructure failure; the others of its batch are delivered as they were, scored."""
+    fake = controller(make_spec(workers=(4, 4, 4)))
+    fake.refuse_tasks = {"bad"}
+    fake.add(*[{"id": f"ok{i}", "eval_gate": "all"} for i in range(3)], {"id": "bad", "eval_gate": "all"})
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = daemon(fake, handler, result_coalesce=0.3)  # finished together: one batch of four
+        run = asyncio.create_task(d.run())
+        await until(lambda: len(handler.evals) == 4, 30, "all four in EVAL")
+        handler.gate("all").set()
+        return d, await asyncio.wait_for(run, 30)
+
+    d, code = asyncio.run(scenario())
+    assert code == 0
+    got = {t.task_id: t for t in (Trajectory.model_validate(w) for w in fake.accepted.values())}
+    assert {k: (t.failure.kind.value, t.reward) for k, t in got.items()} == {
+        "ok0": ("none", 1.0), "ok1": ("none", 1.0), "ok2": ("none", 1.0), "bad": ("infra", None)}
+    assert "422" in got["bad"].failure.reason and d.stats["results_refused"] == 1
+    assert fake.batch_sizes[0][0] == 4 and not d.outbox.pending
+
+
 def test_result_batches_are_capped_by_bytes(controller):
     from rolloutd.agents.daemon.outbox import Outgoing
 
