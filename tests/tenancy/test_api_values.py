@@ -2,42 +2,16 @@
 (the real controller process): before, PostgreSQL's 32/64-bit columns turned them into 500s or they were taken."""
 from __future__ import annotations
 
-import os
 import secrets
 
 import pytest
 
-from support.controller_process import ControllerProcess
-from support.sim.noop import PLUGINS, HealthServer, noop_job
+from support.sim.noop import noop_job
 
 from rolloutd.crds.rolloutjob import MAX_BATCHES, MAX_GROUPS
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 INT64_MAX = (1 << 63) - 1
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def served(request, tmp_path_factory):
-    """One controller per store for the module; each test has its own job in it."""
-    tmp = tmp_path_factory.mktemp("values")
-    store = tmp / "rolloutd.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
-    source = tmp / "rows.jsonl"
-    source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(4)))
-    health = HealthServer()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
-           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp)}
-    ctl = ControllerProcess(tmp / "data", executors="local", extra_args=("--store", str(store)), env=env).start()
-    try:
-        with ctl.client() as api:
-            yield api, source, health.urls[:1]
-    finally:
-        ctl.stop()
-        health.close()
-
-
-@pytest.fixture
-def controller(served):
-    return served[0]
 
 
 def _doc(served, **spec) -> dict:

@@ -5,13 +5,11 @@ server cannot be reached" at every retry (past its 65 535 parameters per stateme
 outage), and any `maxItems` was taken."""
 from __future__ import annotations
 
-import os
 import secrets
 
 import pytest
 
-from support.controller_process import ControllerProcess
-from support.sim.noop import PLUGINS, HealthServer, noop_job
+from support.sim.noop import noop_job
 from support.waiting import wait_until
 
 from rolloutd.crds.node import MAX_ATTEMPTS_PER_CALL, MAX_BACKENDS_PER_CALL, NODE_PROTOCOL
@@ -19,25 +17,6 @@ from rolloutd.crds.rolloutjob import MAX_WORKERS
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 TOO_MANY = 70_000  # past PostgreSQL's parameters per statement
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def served(request, tmp_path_factory):
-    """One controller per store for the module; each test registers its own node in its own job."""
-    tmp = tmp_path_factory.mktemp("sizes")
-    store = tmp / "rolloutd.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
-    source = tmp / "rows.jsonl"
-    source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(2)))
-    health = HealthServer()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
-           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp)}
-    ctl = ControllerProcess(tmp / "data", executors="local", extra_args=("--store", str(store)), env=env).start()
-    try:
-        with ctl.client() as api:
-            yield api, source, health.urls[:1]
-    finally:
-        ctl.stop()
-        health.close()
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
 import time
 
 import pytest
 
-from support.controller_process import ControllerProcess
-from support.sim.noop import PLUGINS, HealthServer, noop_job
+from support.sim.noop import noop_job
 from support.waiting import wait_until
 
 from rolloutd.crds.node import NODE_PROTOCOL
@@ -21,30 +19,6 @@ P = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
 ROLLOUTS = 16
 NAN, INF = float("nan"), float("inf")
 HOSTILE = [NAN, INF, -INF, 1e300, -1e16]  # rewards no mean can take
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def served(request, tmp_path_factory):
-    """One controller per store for the module (a start is ~2 s); each test has its own job in it."""
-    tmp = tmp_path_factory.mktemp("values")
-    store = tmp / "rolloutd.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
-    source = tmp / "rows.jsonl"
-    source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(ROLLOUTS // 8)))
-    health = HealthServer()  # the backend's /health: the items lease; nobody generates here
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
-           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp)}
-    ctl = ControllerProcess(tmp / "data", executors="local", extra_args=("--store", str(store)), env=env).start()
-    try:
-        with ctl.client() as api:
-            yield api, source, health.urls[:1]
-    finally:
-        ctl.stop()
-        health.close()
-
-
-@pytest.fixture
-def controller(served):
-    return served[0]
 
 
 @pytest.fixture

@@ -9,13 +9,11 @@ version, which an index holds, is bounded so that PostgreSQL's index row can alw
 from __future__ import annotations
 
 import json
-import os
 import secrets
 
 import pytest
 
-from support.controller_process import ControllerProcess
-from support.sim.noop import PLUGINS, HealthServer, noop_job
+from support.sim.noop import noop_job
 from support.waiting import wait_until
 
 from rolloutd.crds.node import NODE_PROTOCOL
@@ -32,30 +30,6 @@ def _result(lease: dict, i: int) -> dict:
                    finish_reason="stop", reward=None if i % 2 else 1.0, failure=failure, node=f"n{NUL}",
                    attempt=lease["attempt"], policy_version=f"v{NUL}")
     return {"attemptId": lease["attemptId"], "trajectory": t.wire()}
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def served(request, tmp_path_factory):
-    """One controller per store for the module (a start is ~2 s); each test has its own job in it."""
-    tmp = tmp_path_factory.mktemp("nul")
-    store = tmp / "rolloutd.db" if request.param == "sqlite" else request.getfixturevalue("pg_server").create_database()
-    source = tmp / "rows.jsonl"
-    source.write_text("".join(f'{{"id":"r{i}"}}\n' for i in range(ROLLOUTS // 8)))
-    health = HealthServer()  # the backend's /health: the items lease; nobody generates here
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])),
-           "ROLLOUTD_TOKENIZER_ROOTS": str(tmp)}
-    ctl = ControllerProcess(tmp / "data", executors="local", extra_args=("--store", str(store)), env=env).start()
-    try:
-        with ctl.client() as api:
-            yield api, source, health.urls[:1]
-    finally:
-        ctl.stop()
-        health.close()
-
-
-@pytest.fixture
-def controller(served):
-    return served[0]
 
 
 @pytest.fixture

@@ -26,18 +26,23 @@ def doc(sample: int, reward, kind: str = "none", reason: str = "", version=3) ->
                                                                     "eval": 0.5, "stamps": {"end": 1000.0 + sample}}}
 
 
-def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
-    db = tmp_path / "old.db"
+def _upgraded(db, docs: list[dict]):
+    """A database from before the facts holding `docs` as its trajectories, opened by today's code (which fills them)."""
     con = sqlite3.connect(db)
     con.execute(OLD)
-    rows = [doc(0, 1.0), doc(1, 0.0, "agent", "no answer"), doc(2, None, "infra", "sandbox died", "v2")]
-    for i, d in enumerate(rows):
+    for i, d in enumerate(docs):
         con.execute("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data) VALUES (?,?,?,?,?,?,?)",
                     ("j", i, 0, d["sample"], d["reward"], d["failure"]["kind"], json.dumps(d)))
     con.commit()
     con.close()
     engine = create_engine(f"sqlite:///{db}")
     tables.create(engine)
+    return engine
+
+
+def test_an_older_database_gains_the_facts_and_the_sums_read_them(tmp_path):
+    db = tmp_path / "old.db"
+    engine = _upgraded(db, [doc(0, 1.0), doc(1, 0.0, "agent", "no answer"), doc(2, None, "infra", "sandbox died", "v2")])
     got = sqlite3.connect(db).execute("SELECT task_id, policy, reason, t_run, t_end, generated, turns, truncated "
                                       "FROM trajectories ORDER BY seq").fetchall()
     assert got == [("t0", "3", "", 2.0, 1000.0, 0, 0, 0), ("t0", "3", "no answer", 3.0, 1001.0, 0, 0, 0),
@@ -58,17 +63,9 @@ def test_the_fill_leaves_seconds_no_sum_can_take_not_counted_as_the_feed_does(tm
     """A stored document's 1e308 s (a node may report it; JSON keeps it) is not copied into its column: a sum of two
     was infinite, which the job page's JSON cannot hold."""
     db = tmp_path / "old.db"
-    con = sqlite3.connect(db)
-    con.execute(OLD)
     big = doc(0, 1.0)
     big["timings"].update(run=1e308, eval=1e300, stamps={"end": 1e300})
-    for i, d in enumerate([big, doc(1, 1.0)]):
-        con.execute("INSERT INTO trajectories (job, item, prompt, sample, reward, failure, data) VALUES (?,?,?,?,?,?,?)",
-                    ("j", i, 0, d["sample"], d["reward"], d["failure"]["kind"], json.dumps(d)))
-    con.commit()
-    con.close()
-    engine = create_engine(f"sqlite:///{db}")
-    tables.create(engine)
+    engine = _upgraded(db, [big, doc(1, 1.0)])
     got = sqlite3.connect(db).execute("SELECT t_queue, t_run, t_eval, t_end FROM trajectories ORDER BY seq").fetchall()
     assert got == [(0.1, None, None, None), (0.1, 3.0, 0.5, 1001.0)]
     assert [tuple(facts(Trajectory.model_validate(d))[c] for c in ("t_queue", "t_run", "t_eval", "t_end"))
