@@ -37,15 +37,21 @@ def storage_reason(exc: BaseException) -> str | None:
     return None
 
 
+# libpq's refusals of a statement before it is sent: like a lost connection's, they carry no SQLSTATE, but the
+# connection is fine (read as an outage, a request could make the controller not ready: /readyz, for every tenant)
+_PG_STATEMENT_REFUSED = ("number of parameters must be between",)
+
+
 def _pg_unreachable(exc: BaseException) -> bool:
     """psycopg's errors of a connection (not of a statement): the server is down, restarting or out of reach."""
     try:
         import psycopg
     except ImportError:  # the [postgresql] extra is not installed: no PostgreSQL store either
         return False
-    return isinstance(exc, psycopg.OperationalError) and (
-        isinstance(exc, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow)) or exc.sqlstate is None
-        or exc.sqlstate.startswith("08"))
+    if not isinstance(exc, psycopg.OperationalError) or any(s in str(exc) for s in _PG_STATEMENT_REFUSED):
+        return False
+    return (isinstance(exc, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow)) or exc.sqlstate is None
+            or exc.sqlstate.startswith("08"))
 
 
 def opening_problem(path: Path | str, exc: BaseException) -> str:

@@ -166,6 +166,23 @@ def test_a_read_only_filesystem_is_not_ready_and_its_write_errors_are_storage_fa
     assert storage_reason(ValueError("a bug")) is None
 
 
+def test_a_statement_libpq_refuses_is_not_read_as_the_server_out_of_reach(pg_server):
+    """On a real server: a statement past 65 535 parameters is refused by libpq with no SQLSTATE, as a lost
+    connection's error is; read as an outage, one request made the controller not ready for every tenant. A
+    connection the server ended is still the server's fault."""
+    import psycopg
+    url = pg_server.create_database()
+    with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as other:
+        with pytest.raises(psycopg.OperationalError) as refused:
+            conn.execute("SELECT 1 WHERE 1 IN (" + ",".join(["%s"] * 70_000) + ")", [1] * 70_000)
+        assert refused.value.sqlstate is None and storage_reason(refused.value) is None
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection was fine
+        conn.execute("SELECT pg_terminate_backend(%s)", [other.info.backend_pid])
+        with pytest.raises(psycopg.OperationalError) as gone:
+            other.execute("SELECT 1")
+        assert "cannot be reached" in storage_reason(gone.value)
+
+
 @pytest.fixture
 def ext4_disk(tmp_path) -> Iterator[tuple[Path, str]]:
     """An ext4 filesystem of its own (a loop device, mounted with errors=remount-ro as a real data disk is): the
