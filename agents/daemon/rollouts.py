@@ -99,13 +99,15 @@ class Rollouts:
         self._changed(stage=True)
 
     def room(self, init_workers: int, run_workers: int) -> int:
-        """How many more leases fit: (leased + init) < init workers, and every rollout not past RUN yet (leased,
-        init, wait_run, run) < run workers + init workers. A full RUN pool thus keeps up to an INIT pool's worth of
-        rollouts initialised and waiting, so a RUN slot that frees is taken at once, not after a lease round trip
-        and an INIT (the engine would idle meanwhile)."""
+        """How many more leases fit: (leased + init) < init workers, and every rollout not in EVAL yet (leased,
+        init, wait_run, run, wait_eval) < run workers + init workers. A full RUN pool thus keeps up to an INIT pool's
+        worth of rollouts initialised and waiting, so a RUN slot that frees is taken at once, not after a lease round
+        trip and an INIT (the engine would idle meanwhile); and a slow EVAL pool holds new work back once that many
+        wait for it: a node's rollouts, each with its sandbox, are at most init + run + eval workers (uncounted, the
+        rollouts waiting for EVAL piled up without bound, a sandbox and its workspace each)."""
         n = collections.Counter(r.phase for r in self.live.values())
         init_room = init_workers - n[Phase.LEASED] - n[Phase.INIT]
-        ahead = n[Phase.LEASED] + n[Phase.INIT] + n[Phase.WAIT_RUN] + n[Phase.RUN]
+        ahead = n[Phase.LEASED] + n[Phase.INIT] + n[Phase.WAIT_RUN] + n[Phase.RUN] + n[Phase.WAIT_EVAL]
         return max(0, min(init_room, run_workers + init_workers - ahead))
 
     def in_flight(self) -> list[Rollout]:

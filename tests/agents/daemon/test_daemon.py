@@ -142,6 +142,33 @@ def test_slow_eval_does_not_stop_run(controller, sandbox_dir):
     assert max_concurrent(intervals(d, "init", ("wait_run",))) <= 2
 
 
+def test_a_stalled_eval_pool_holds_new_work_back_at_init_run_and_eval_workers(controller, sandbox_dir):
+    """EVAL held: RUN goes on until an INIT and a RUN pool's worth of rollouts wait for EVAL, then the node leases
+    nothing more: its rollouts, a sandbox each, are at most init + run + eval (before, they piled up without bound,
+    every queued item leased and its sandbox kept)."""
+    fake = controller(make_spec(workers=(2, 2, 1)))
+    fake.add(*[{"id": f"h{i}", "eval_gate": "held"} for i in range(12)])
+    handler = ScriptedTask()
+
+    async def scenario():
+        d = daemon(fake, handler)
+        run = asyncio.create_task(d.run())
+
+        def settled() -> bool:  # every live rollout in EVAL or waiting for it, and no room: nothing more will come
+            live = [r.phase.value for r in d.rollouts.live.values()]
+            return len(fake.lease_log) > 5 or (d.pipeline is not None and d.pipeline.room() == 0 and live != []
+                                           and set(live) <= {"eval", "wait_eval"})
+        await until(settled, 30, "the node settled with EVAL held")
+        leased = len(fake.lease_log)
+        handler.gate("held").set()
+        return d, leased, await asyncio.wait_for(run, 60)
+
+    d, leased, code = asyncio.run(scenario())
+    assert leased == 2 + 2 + 1, leased
+    assert code == 0 and len(fake.accepted) == 12
+    assert max_concurrent(intervals(d, "init", ("eval",))) <= 2 + 2  # never more than init + run on the way to EVAL
+
+
 # ------------------------------------------------------------------------------------- (3)
 def test_controller_cancel_kills_sandbox_aborts_llm_and_reports_nothing(controller, sandbox_dir):
     fake = controller(make_spec(workers=(2, 1, 1)))
