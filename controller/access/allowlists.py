@@ -56,7 +56,7 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     except ValueError:
         try:
             ip = ipaddress.IPv4Address(socket.inet_aton(host))  # the legacy forms getaddrinfo takes
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in it
             return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
@@ -66,6 +66,8 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def backend_url_problem(url: str, allow: AllowLists | None = None) -> str | None:
     """Why `url` may not be a backend, or None when it may (`allow`: the controller's lists; None: the defaults)."""
     allow = allow or AllowLists()
+    if any(c <= " " or c == "\x7f" for c in url):  # no URL holds one; a NUL in the host was a 500 (inet_aton)
+        return "not a valid URL: it holds a space or a control character"
     try:
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".").lower()

@@ -127,7 +127,8 @@ def test_malformed_label_selector_is_400_with_the_reason(bad_api):
 
 @pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "http://[fe80::1]:8000",
                                  "http://0.0.0.0:8000", "http://2852039166/", "http://[::ffff:169.254.169.254]/",
-                                 "http://metadata.google.internal/", "ftp://127.0.0.1/"])
+                                 "http://metadata.google.internal/", "ftp://127.0.0.1/", "http://a\x00b/",
+                                 "http://127.0.0.1\x00.example/", "http://host /", "http://h\tx/"])
 def test_backend_urls_the_policy_refuses(bad_api, example_yaml, url):
     d = doc(example_yaml, "policy")
     d["spec"]["llm"]["backends"] = [{"url": "http://127.0.0.1:8000"}, {"url": url}]
