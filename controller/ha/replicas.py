@@ -36,7 +36,7 @@ from ..access.allowlists import AllowLists
 from .leadership import EXIT_LOST, Leadership, current
 from ..access.nodeauth import NodeCredentials, NodeGate
 from ..root import assemble
-from ..replies import misdirected, read_body, replay, unavailable
+from ..replies import BodyRefused, misdirected, read_body, refused, replay, unavailable
 from .serving import Serving
 from .shards import OWNER, UNREACHABLE, Shards
 from ..store import Store
@@ -231,7 +231,10 @@ class Replica:
                     return await misdirected(send, node_id, owner)
                 self.node_calls.labels("forwarded").inc()
                 return await self._forward(scope, receive, send, owner)
-        body = await read_body(receive)
+        try:
+            body = await read_body(scope, receive)
+        except BodyRefused as e:
+            return await refused(send, e)
         fenced: list[str] = []
 
         async def answer(message) -> None:
@@ -308,7 +311,10 @@ class Replica:
         url = owner or ("" if any(k.lower() == FORWARDED.encode() for k, _ in headers) else await self.leader_url())
         if not url:
             return await unavailable(send, "no controller leads now (an election is under way): retry")
-        body = await read_body(receive)
+        try:
+            body = await read_body(scope, receive)
+        except BodyRefused as e:
+            return await refused(send, e)
         target = url.rstrip("/") + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + (
             "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
         request = self._http.build_request(scope["method"], target, content=body,
