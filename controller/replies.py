@@ -7,6 +7,7 @@ import json
 
 from rolloutd.crds.node import MISDIRECTED
 
+from .errors import ApiError, BadRequest, TooLarge
 from .ha.shards import OWNER
 from .http.node_protocol import RESULTS_MAX_BYTES
 
@@ -33,39 +34,29 @@ async def misdirected(send, node_id: str, owner: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class BodyRefused(Exception):
-    """A body not read whole: past the limit (413), or the client left before its end (400)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 async def read_body(scope, receive, limit: int = RESULTS_MAX_BYTES) -> bytes:
     """A request's whole body, at most `limit` bytes (the largest any route takes): read before the app's own checks
     (its token's among them), an unbounded read let any client make a replica hold gigabytes; a body the client
     left inside was passed on cut short, as if whole."""
     declared = next((v for k, v in scope["headers"] if k.lower() == b"content-length"), b"")
     if declared.isdigit() and int(declared) > limit:
-        raise BodyRefused(413, f"request body is {int(declared)} bytes; the limit is {limit}")
+        raise TooLarge(f"request body is {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise BodyRefused(400, "the request body did not arrive whole: the connection closed")
+            raise BadRequest("the request body did not arrive whole: the connection closed")
         body += message.get("body", b"")
         if len(body) > limit:
-            raise BodyRefused(413, f"request body exceeds the limit of {limit} bytes")
+            raise TooLarge(f"request body exceeds the limit of {limit} bytes")
         if not message.get("more_body"):
             return bytes(body)
 
 
-async def refused(send, e: BodyRefused) -> None:
-    """The answer to a body not read whole."""
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": str(e),
-                       "reason": "RequestEntityTooLarge" if e.code == 413 else "BadRequest", "code": e.code}).encode()
+async def refused(send, e: ApiError) -> None:
+    """The answer to a body not read whole (`read_body`'s error)."""
     await send({"type": "http.response.start", "status": e.code, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send({"type": "http.response.body", "body": json.dumps(e.status()).encode(), "more_body": False})
 
 
 def replay(body: bytes, receive):

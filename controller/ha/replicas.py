@@ -31,12 +31,13 @@ from rolloutd.crds.kit.settings import ControllerSettings
 
 from .. import dialects
 from ..api import create_app
+from ..errors import ApiError
 from ..access.auth import TokenBook, ensure_token, token_matches
 from ..access.allowlists import AllowLists
 from .leadership import EXIT_LOST, Leadership, current
 from ..access.nodeauth import NodeCredentials, NodeGate
 from ..root import assemble
-from ..replies import BodyRefused, misdirected, read_body, refused, replay, unavailable
+from ..replies import misdirected, read_body, refused, replay, unavailable
 from .serving import Serving
 from .shards import OWNER, UNREACHABLE, Shards
 from ..store import Store
@@ -233,7 +234,7 @@ class Replica:
                 return await self._forward(scope, receive, send, owner)
         try:
             body = await read_body(scope, receive)
-        except BodyRefused as e:
+        except ApiError as e:  # past the limit, or the client left inside it
             return await refused(send, e)
         fenced: list[str] = []
 
@@ -313,7 +314,7 @@ class Replica:
             return await unavailable(send, "no controller leads now (an election is under way): retry")
         try:
             body = await read_body(scope, receive)
-        except BodyRefused as e:
+        except ApiError as e:  # past the limit, or the client left inside it
             return await refused(send, e)
         target = url.rstrip("/") + (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + (
             "?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
