@@ -90,6 +90,9 @@ def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_toke
     long = SamplingParams(max_tokens=60000, temperature=0, ignore_eos=True)
 
     async def go():
+        # paced: unpaced, the tiny model streams ~500 tokens a second, and its API server and this reader take the
+        # CPU that the abort's own call needs; on a loaded 2-core box the abort then landed after 36-70 s, in which
+        # the other test worker's calls waited too (a CLI call on a fresh controller took over 60 s)
         async with VLLMBackend(engine.url) as llm:
             mark = log_mark(engine)
             task = asyncio.create_task(streamed(llm, PROMPT, long, "stamps-cancel-me"))
@@ -110,7 +113,8 @@ def test_a_cancelled_stream_is_aborted_on_the_server_and_an_abort_keeps_its_toke
             with pytest.raises(Preempted) as aborted:
                 await task
             return aborted.value.partial
-    partial = asyncio.run(go())
+    with paced(10):
+        partial = asyncio.run(go())
     log = engine.log_path.read_text(errors="replace")
     assert any("Aborted request" in line and "generate-tokens-stamps-cancel-me" in line for line in log.splitlines())
     # the abort's last chunk carries its tokens (none or a few) and the stamps over every token the stream had

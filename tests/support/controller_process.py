@@ -26,7 +26,7 @@ def free_port() -> int:
 
 
 def ctl(controller: ControllerProcess, *args: str, stdin: str | None = None, env: dict | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess:
+        timeout: float = 120) -> subprocess.CompletedProcess:
     """`rolloutctl ARGS` (the full typer app, `python -m rolloutd.controller.ctl`) against `controller`, with its
     token and no config file; for tests/controller/ctl and tests/controller/test_trust.py."""
     e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,

@@ -158,7 +158,8 @@ def test_watch_shows_progress_until_the_end(controller, example_yaml):
 
 
 def test_watch_into_a_file_prints_a_line_per_change_and_rides_through_a_restart(controller, example_yaml):
-    ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    applied = ctl(controller, "apply", "-f", "-", stdin=example_yaml)
+    assert applied.returncode == 0, applied.stderr
     status = "/apis/rolloutd.io/v1alpha1/rolloutjobs/math-demo/status"
     e = {**os.environ, "ROLLOUTD_SERVER": controller.url, "ROLLOUTD_TOKEN": controller.token,
          "ROLLOUTD_CONFIG": str(controller.data_dir.parent / "no-config.yaml")}
