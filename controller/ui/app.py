@@ -252,19 +252,13 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
     async def job_nodes(request: Request, namespace: str, name: str, offset: int = Query(0, ge=0, le=INT64_MAX),
                         limit: int = Query(200, ge=1, le=1000)):
         key = visible(who(request), namespace, name)
-        try:
-            store.get_wire(name, namespace)
-        except ApiError as e:
-            raise HTTPException(e.code, e.message) from None
+        await asyncio.to_thread(existing, namespace, name)  # off the loop: a stalled database holds this call only
         return json_response(await live.nodes(key, offset, limit))
 
     @ui.get("/api/jobs/{namespace}/{name}/inflight")
     async def job_inflight(request: Request, namespace: str, name: str):
         key = visible(who(request), namespace, name)
-        try:
-            store.get_wire(name, namespace)
-        except ApiError as e:
-            raise HTTPException(e.code, e.message) from None
+        await asyncio.to_thread(existing, namespace, name)
         if work is None:
             raise HTTPException(404, "this controller runs no scheduler: nothing is in flight here")
         leases = work.leases
@@ -285,7 +279,7 @@ def create_ui(store: Store, token: str, tokens: TokenBook, slots: streams.Stream
                            trace: str | None = Query(None, pattern=r"^[0-9a-f]{32}$")):
         """One attempt's lines in its node's log (all of the node's last lines when no attempt is named)."""
         key = visible(who(request), namespace, name)
-        existing(namespace, name)  # 404 for an unknown job, in the UI's own error form
+        await asyncio.to_thread(existing, namespace, name)  # 404 for an unknown job, in the UI's own error form
         job = await asyncio.to_thread(store.get, key)
         executor = executors.get(job.spec.executor.kind)
         if executor is None or work is None:

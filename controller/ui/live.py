@@ -172,27 +172,30 @@ class LivePages:
     def job(self, key: str, namespace: str, name: str) -> Awaitable[Built]:
         return self.get("job " + key, lambda slices: self._job(slices, key, namespace, name))
 
-    def _document(self, key: str, namespace: str, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def _document(self, key: str, namespace: str, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The job and its last EVENTS_SHOWN events, read again only after the store marked a change to either:
-        read afresh, the two cost ~3 ms of the loop each second (the nodes' commits leave the connections' page
-        caches cold), most of a build at a hundred nodes."""
+        read afresh, the two cost ~3 ms each second (the nodes' commits leave the connections' page caches cold),
+        most of a build at a hundred nodes. Read in a worker thread: a stalled database holds this page, never the
+        loop that answers the nodes and every other call (tests/faults/test_ui_database_stall.py)."""
         mark = self.store.mark_of(key)  # before the reads: a change meanwhile makes the next build read again
         kept = self._documents.get(key)
         if kept is not None and kept[0] == mark:
             return kept[1], kept[2]
         try:
-            job = self.store.get_wire(name, namespace)
+            job, events = await asyncio.to_thread(self._read, key, namespace, name)
         except ApiError as e:
             self._built.pop("job " + key, None)
             self._documents.pop(key, None)
             self.job_stats.forget(key)  # a page open while its job was deleted made its sums again: not kept
             raise JobGone(e.code, e.message) from None
-        events = self.store.events(key, last=EVENTS_SHOWN)
         self._documents[key] = (mark, job, events)
         return job, events
 
+    def _read(self, key: str, namespace: str, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        return self.store.get_wire(name, namespace), self.store.events(key, last=EVENTS_SHOWN)
+
     async def _job(self, slices: _Slices, key: str, namespace: str, name: str) -> bytes:
-        job, events = self._document(key, namespace, name)
+        job, events = await slices.wait(self._document(key, namespace, name))  # the loop's work meanwhile is not ours
         status, scheduler, work = job.get("status") or {}, self.scheduler, self.work
         per_second, eta = rate(status)
         uid = job["metadata"]["uid"]
@@ -239,7 +242,7 @@ class LivePages:
 
     async def _jobs(self, slices: _Slices, principal) -> bytes:
         items = []
-        for job in self.store.list_wire()[0]:
+        for job in (await slices.wait(asyncio.to_thread(self.store.list_wire)))[0]:  # off the loop, as `_document`'s
             meta, status = job["metadata"], job.get("status") or {}
             if principal.may_read(meta["namespace"], meta["name"]):
                 continue

@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from rolloutd.client import RolloutClient
 from rolloutd.controller.ha.leadership import EXIT_LOST, LEASE_SECONDS, RENEW_SECONDS
 from support.cluster import held_at_gate
 from support.fault_jobs import gated_oracle_job, scored_once
+from support.pg_relay import PgRelay
 from support.waiting import alive, wait_until
 
 ROLLOUTS = 6
@@ -153,66 +153,13 @@ def test_a_follower_serves_the_api_while_the_leader_is_paused(replicas):
                "the leader's operator to finish the deletion made on the follower", every=0.1)
 
 
-class _Cuttable:
-    """A Unix-socket relay in front of the PostgreSQL server's socket: the leader's only way to its database, until
-    `cut()` closes it and every connection through it (the other replica keeps its own way)."""
-
-    def __init__(self, server_dir, relay_dir) -> None:
-        import socket
-
-        self.target = str(server_dir / ".s.PGSQL.5432")
-        relay_dir.mkdir()
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(relay_dir / ".s.PGSQL.5432"))
-        self.listener.listen(64)
-        self.open: list = []
-        self.cutting = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-
-        while not self.cutting:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.target)
-            self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a, b) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        import socket
-
-        self.cutting = True
-        for s in [self.listener, *self.open]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
 def test_the_leaders_database_cut_off_the_other_leads(replicas, tmp_path, store_kind):
     """The leader loses its database (its connections and any new one cut; its process runs on): its renewals fail,
     it steps down once its lease ran out (exit 3), the other leads and the job ends with nothing lost."""
     if store_kind != "postgresql":
         pytest.skip("one SQLite file on one machine: there is no database connection to cut")
-    from urllib.parse import parse_qs, urlparse
-
-    server_dir = parse_qs(urlparse(replicas.store).query)["host"][0]
-    relay = _Cuttable(Path(server_dir), tmp_path / "relay")
-    replicas.members[0].env["ROLLOUTD_STORE"] = replicas.store.replace(server_dir, str(tmp_path / "relay"))
+    relay = PgRelay(replicas.store, tmp_path / "relay")
+    replicas.members[0].env["ROLLOUTD_STORE"] = relay.url
     leader, follower = _first_leads(replicas)
     gate, trainer = _mid_job(replicas, follower, tmp_path, "cut")
     pids = leader.daemon_pids()
