@@ -65,7 +65,7 @@ def create_app(root: Root) -> FastAPI:
     store, registry, storage, work = root.store, root.metrics, root.storage, root.work
     requests_total = Counter("rolloutd_api_requests", "API requests", ["method", "code"], registry=registry)
     latency = Histogram("rolloutd_api_request_seconds", "API request latency", ["method"], registry=registry)
-    registry.register(JobsCollector(store))
+    registry.register(jobs_by_phase := JobsCollector(store))
     registry.register(DurableCollector(store.durable))
     registry.register(root.rates)
     gate = NodeGate(root.credentials, work.registry.job_of) if work is not None else None
@@ -110,6 +110,7 @@ def create_app(root: Root) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        await asyncio.to_thread(jobs_by_phase.refresh)  # the one collector that reads the store: off the loop
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # ---------------------------------------------------------------- cluster-wide paths (rolloutctl, clients)

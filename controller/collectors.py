@@ -13,15 +13,22 @@ from .store import Store
 
 
 class JobsCollector:
+    """The jobs by phase as `refresh` last read them: /metrics refreshes in a worker thread before it asks the
+    collectors, so that a stalled database holds the scrape, never the event loop."""
+
     def __init__(self, store: Store):
         self.store = store
+        self.counts: dict[str, int] = {p.value: 0 for p in Phase}
 
-    def collect(self):
-        g = GaugeMetricFamily("rolloutd_jobs", "RolloutJobs by phase", labels=["phase"])
+    def refresh(self) -> None:
         counts = {p.value: 0 for p in Phase}
         for item in self.store.list_wire()[0]:
             counts[item["status"].get("phase", "Pending")] += 1
-        for phase, n in counts.items():
+        self.counts = counts
+
+    def collect(self):
+        g = GaugeMetricFamily("rolloutd_jobs", "RolloutJobs by phase", labels=["phase"])
+        for phase, n in self.counts.items():
             g.add_metric([phase], n)
         yield g
 

@@ -83,7 +83,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
 
     def finished(name: str) -> bool:
         try:
-            job = store.get(name)
+            job = store.cached(name) or store.get(name)
         except NotFound:
             return True
         return job.status.phase.terminal
@@ -99,8 +99,8 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
             if not await asyncio.to_thread(retention.retained, name):
                 raise
             follow = False  # nothing more will come: what is kept, then the end
-        if not follow:
-            rows = feed.trajectories(name, cursor, limit)
+        if not follow:  # read in a worker thread: a stalled database holds this call, not the loop
+            rows = await asyncio.to_thread(feed.trajectories, name, cursor, limit)
             body = "".join(f'{{"seq":{seq},{data[1:]}\n' for seq, data in rows)
             last = rows[-1][0] if rows else cursor
             return StreamingResponse(iter([body.encode()]), media_type="application/x-ndjson",
@@ -145,7 +145,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     async def groups(namespace: str, name: str):
         name = job_key(namespace, name)
         job = await read_job(name)
-        return {"items": feed.groups(name, job.spec.samples_per_prompt)}
+        return {"items": await asyncio.to_thread(feed.groups, name, job.spec.samples_per_prompt)}
 
     # ------------------------------------------------------------ batches and policy versions
 
@@ -164,7 +164,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
                         wait: bool = False, all: bool = False,
                         timeoutSeconds: float | None = Query(None, gt=0, allow_inf_nan=False)):
         name = job_key(namespace, name)
-        store.get(name)
+        await read_job(name)  # 404 for an unknown job
         slot = slots.take(request, namespace) if wait else None
         timeout = timeoutSeconds if slot is None else min(timeoutSeconds or streams.STREAM_MAX_SECONDS,
                                                           streams.STREAM_MAX_SECONDS)
@@ -183,13 +183,14 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     @r.get(f"{JOBS}/{{name}}/policy", **typed(JobPolicy))
     async def get_policy(namespace: str, name: str):
         name = job_key(namespace, name)
-        return scheduler.policy(name)
+        await read_job(name)  # 404 for an unknown job, without the store on the loop when it is not cached
+        return await asyncio.to_thread(scheduler.policy, name)
 
     # ------------------------------------------------------------ backends
 
-    def describe_backends(name: str, token: ScopedToken | None) -> dict[str, Any]:
+    async def describe_backends(name: str, token: ScopedToken | None) -> dict[str, Any]:
         """The job's backends; a namespace token sees a backend it does not own as up or down, without reason."""
-        job = store.get(name)
+        job = await read_job(name)
         policy = caller_policy(policies, job, token)[0] if token is not None else None
         shown = (lambda url: True) if policy is None else (lambda url: owns_backend(policy, url))
         return {"items": pool.view(name, [b.url for b in job.spec.llm.backends], shown)}
@@ -197,7 +198,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
     @r.get(f"{JOBS}/{{name}}/backends", **typed(BackendList))
     async def list_backends(namespace: str, name: str, request: Request):
         name = job_key(namespace, name)
-        return describe_backends(name, scoped_token(request))
+        return await describe_backends(name, scoped_token(request))
 
     @r.post(f"{JOBS}/{{name}}/backends", **typed(BackendList))
     async def add_backend(namespace: str, name: str, request: Request):
@@ -219,7 +220,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
 
         await edit_spec(store, policies, name, add, request)
         pool.add(url)
-        return describe_backends(name, scoped_token(request))
+        return await describe_backends(name, scoped_token(request))
 
     @r.delete(f"{JOBS}/{{name}}/backends", **typed(BackendList))
     async def remove_backend(namespace: str, name: str, url: str, request: Request):
@@ -236,7 +237,7 @@ def trainer_router(store: Store, policies: Policies, scheduler: Scheduler, *, fe
             return True
 
         await edit_spec(store, policies, name, remove, request)
-        return describe_backends(name, scoped_token(request))
+        return await describe_backends(name, scoped_token(request))
 
     return r
 
@@ -248,7 +249,7 @@ async def edit_spec(store: Store, policies: Policies, name: str, edit: Callable[
     the resourceVersion it read, so a status write landing in between (the operator's, every few seconds) is a
     conflict: read again and retry, rather than answer 409 to a request that did nothing wrong."""
     for attempt in range(attempts):
-        job = store.get(name).model_copy(deep=True)
+        job = (await asyncio.to_thread(store.get, name)).model_copy(deep=True)
         current = job.wire()
         if not edit(job):
             return
@@ -259,7 +260,8 @@ async def edit_spec(store: Store, policies: Policies, name: str, edit: Callable[
                 await asyncio.to_thread(admit_and_write, request, store, policies, job, current, lambda: store.apply(job))
             return
         except Conflict:
-            if attempt == attempts - 1 or store.get(name).metadata.resource_version == job.metadata.resource_version:
+            if attempt == attempts - 1 or (await asyncio.to_thread(store.get, name)).metadata.resource_version \
+                    == job.metadata.resource_version:
                 raise  # not a write that raced ours (the job is being deleted, say)
 
 

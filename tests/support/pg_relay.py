@@ -27,6 +27,7 @@ class PgRelay:
         self.flowing = threading.Event()
         self.flowing.set()
         self.held = 0  # messages that arrived while held: each waits to be forwarded
+        self.sent: list[bytes] = []  # the last messages sent to the server, newest last (`sent_with`)
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -39,12 +40,15 @@ class PgRelay:
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(str(Path(self.server_dir) / SOCKET))
             self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, log in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, log), daemon=True).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+    def _pump(self, a: socket.socket, b: socket.socket, log: bool) -> None:
         try:
             while data := a.recv(65536):
+                if log:
+                    with self._lock:
+                        self.sent = [*self.sent[-999:], data]
                 if not self.flowing.is_set():
                     with self._lock:
                         self.held += 1
@@ -52,6 +56,11 @@ class PgRelay:
                 b.sendall(data)
         except OSError:
             pass
+
+    def sent_with(self, text: bytes) -> int:
+        """How many of the last messages sent to the server hold `text` (a statement's words)."""
+        with self._lock:
+            return sum(text in m for m in self.sent)
 
     def hold(self) -> None:
         self.flowing.clear()
