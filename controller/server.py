@@ -47,6 +47,7 @@ from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .health.stalls import StallSampler
+from .http.connection_budget import ConnectionBudget, budget_for, listening_socket, raise_descriptor_limit
 from .store.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work import tracing as attempt_traces
 from .work.core import Work
@@ -239,7 +240,8 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))
-    _Server(server_config(built.app, host, port, log_level, tls), built.before_shutdown).run()
+    _Server(server_config(built.app, host, port, log_level, tls, (settings or ControllerSettings()).max_connections),
+            built.before_shutdown).run()
     tracing.flush()   # the last spans batched, when no signal stopped it (`_Server.capture_signals` sends them then)
 
 
@@ -264,6 +266,9 @@ class _RequestDeadlines(H11Protocol):
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
         self._timed: Any = None  # the request whose head (None: the connection's first) or body is due
+        self._budget: ConnectionBudget | None = getattr(self.config, "connection_budget", None)
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
         self._arm("head")
 
     def _arm(self, what: str) -> None:
@@ -292,6 +297,8 @@ class _RequestDeadlines(H11Protocol):
         if self.cycle is None:
             return
         if self.cycle is not self._timed:  # a head is in: its body, if it has one, is due next
+            if self._budget is not None:
+                self._budget.serving(self._fd)
             self._disarm()
             self._timed = self.cycle
             if self.cycle.more_body:
@@ -299,18 +306,28 @@ class _RequestDeadlines(H11Protocol):
         elif self._what == "body" and not self.cycle.more_body:  # the body is in
             self._disarm()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may start a pipelined request's cycle at once
+        if self._budget is not None and (self.cycle is None or self.cycle.response_complete):
+            self._budget.waiting(self._fd)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._budget is not None:
+            self._budget.gone(self._fd)
         super().connection_lost(exc)
 
 
 def server_config(app: object, host: str, port: int, log_level: str = "info",
-                  tls: tuple[Path, Path] | None = None) -> uvicorn.Config:
+                  tls: tuple[Path, Path] | None = None, max_connections: int | None = None) -> uvicorn.Config:
     """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one); a
-    request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`)."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_RequestDeadlines,
-                          timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
-                          ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
+    request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`); connections bounded
+    below the descriptor limit (`connection_budget`, served by `_Server`)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_RequestDeadlines,
+                            timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
+                            ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
+    config.connection_budget = ConnectionBudget(budget_for(raise_descriptor_limit(), max_connections))  # type: ignore[attr-defined]
+    return config
 
 
 class _Server(uvicorn.Server):
@@ -320,6 +337,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, before_shutdown: Callable[[], Awaitable[None]]) -> None:
         super().__init__(config)
         self.before_shutdown = before_shutdown
+
+    async def startup(self, sockets=None) -> None:
+        """Listens on a socket that counts what it accepts (`connection_budget.ListeningSocket`), when the config
+        names a TCP host and port and has a budget."""
+        budget = getattr(self.config, "connection_budget", None)
+        if sockets is None and budget is not None and self.config.uds is None and self.config.fd is None:
+            sockets = [listening_socket(self.config.host, self.config.port, budget)]
+        await super().startup(sockets=sockets)
 
     async def shutdown(self, sockets=None) -> None:
         await self.before_shutdown()

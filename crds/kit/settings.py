@@ -132,6 +132,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROLLOUTD_TRACE_URL", "url", "unset (no trace links)", (CONTROLLER,),
              "the web UI's link to a rollout's trace in your OTLP backend's UI, `{trace_id}` replaced by its 32 hex "
              "digits (Jaeger: `http://jaeger:16686/trace/{trace_id}`; with ROLLOUTD_TRACING=1)"),
+    Variable("ROLLOUTD_MAX_CONNECTIONS", "int", "its file-descriptor limit less a quarter (at least 256 kept)",
+             (CONTROLLER,), "client connections the controller holds at once; past it, the one that has waited "
+             "longest for a request head is closed for the newcomer (one serving a request never is)"),
     Variable("ROLLOUTD_WATCH_HISTORY", "int", "50000", (CONTROLLER,),
              "changes the API server keeps for resuming watches (older resource versions answer 410)"),
     Variable("ROLLOUTD_STALL_SAMPLES", "path", "unset (off)", (CONTROLLER,),
@@ -234,6 +237,7 @@ class ControllerSettings:
     backend_tokens: int | None = None
     node_calls_per_second: float = 250.0  # crds/node.py NODE_CALLS_PER_SECOND
     watch_history: int = 50000
+    max_connections: int | None = None  # controller/http/connection_budget.py budget_for
     stalled_after_seconds: float = 300.0  # controller/work/held_leases.py HeldLeases.stall_seconds
     result_retention_seconds: float = 604800.0  # controller/work/retention.py DEFAULT_RETENTION_SECONDS
     trace_url: str | None = None  # the web UI's trace links (`ui/links.py`)
@@ -251,6 +255,7 @@ class ControllerSettings:
         at_least("ROLLOUTD_BACKEND_TOKENS", values.get("backend_tokens"), 1)
         at_least("ROLLOUTD_NODE_CALLS_PER_SECOND", values.get("node_calls_per_second"), 0)
         at_least("ROLLOUTD_WATCH_HISTORY", values.get("watch_history"), 1)
+        at_least("ROLLOUTD_MAX_CONNECTIONS", values.get("max_connections"), 16)
         at_least("ROLLOUTD_STALLED_AFTER_SECONDS", values.get("stalled_after_seconds"), 0)
         if "trace_url" in values and ("{trace_id}" not in values["trace_url"]
                                       or not values["trace_url"].startswith(("http://", "https://"))):

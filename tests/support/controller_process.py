@@ -6,6 +6,7 @@ Next step: one start-up wait shared with support/cluster.py (the e2e controller)
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -39,8 +40,9 @@ class ControllerProcess:
     """`rolloutd controller` as a subprocess: start, stop (SIGTERM or SIGKILL), restart on the same data."""
 
     def __init__(self, data_dir: Path, executors: str = "", extra_args: tuple[str, ...] = (), scheme: str = "http",
-                 verify: str | bool = True, env: dict[str, str] | None = None):
+                 verify: str | bool = True, env: dict[str, str] | None = None, nofile: int | None = None):
         self.data_dir = data_dir
+        self.nofile = nofile  # the process's file-descriptor limit (soft and hard), when set
         self.env = env  # added to this process's environment (its ROLLOUTD_* settings)
         self.executors = executors
         # https: extra_args name the certificate, `verify` is the CA file that signed it
@@ -63,6 +65,8 @@ class ControllerProcess:
              "--port", str(self.port), "--log-level", "warning", "--executors", self.executors, *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **self.env} if self.env else None,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile)))
+            if self.nofile else None,
         )
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
