@@ -1,7 +1,7 @@
 """A client that opens connections faster than the head deadline closes them cannot take the controller's file
 descriptors: past its connection budget the controller closes the connection that has waited longest for a head, so
 /healthz, the API and a watch already open are served through the flood (the real controller, plain and over TLS,
-its descriptor limit lowered to 512 so that the flood is small; no token sent by the flood)."""
+its descriptor limit lowered to 2048 so that the flood is small; no token sent by the flood)."""
 from __future__ import annotations
 
 import select
@@ -17,18 +17,19 @@ from support.controller_process import ControllerProcess
 from support.kube_controller import self_signed
 from support.tenancy_helpers import job, jobs_path
 
-NOFILE = 512  # the controller's budget: 512 less 256 kept = 256 connections
-FLOOD = 800  # connections the flood keeps open: more than the controller's descriptors
+NOFILE = 2048  # the controller's budget: 2048 less a quarter = 1536 connections
+FLOOD = 2600  # connections the flood keeps open: more than the controller's descriptors
+RATE = 300.0  # new ones a second: the head deadline (10 s) would leave 3000 open; the budget keeps each ~5 s
 
 
 class Flood:
     """Keeps up to FLOOD connections open to `port`, none sending a byte; each one the server closes is opened
-    again (`rate` new ones a second: ten times what the head deadline closes at this budget), as a client that wants
-    to hold every descriptor would."""
+    again (`rate` new ones a second), as a client that wants to hold every descriptor would."""
 
-    def __init__(self, port: int, rate: float = 100.0) -> None:
+    def __init__(self, port: int, rate: float = RATE) -> None:
         self.port, self.rate = port, rate
-        self.socks: list[socket.socket] = []
+        self.socks: dict[int, socket.socket] = {}
+        self.poll = select.poll()
         self.opened = 0
         self.closed_by_server = 0
         self.stop = threading.Event()
@@ -45,21 +46,22 @@ class Flood:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join(10)
-        for s in self.socks:
+        for s in self.socks.values():
             s.close()
 
     def _run(self) -> None:
         while not self.stop.is_set():
             t = time.monotonic()
-            readable = select.select(self.socks, [], [], 0)[0] if self.socks else []
-            for s in readable:  # a socket the server closed reads its end (or a reset)
+            for fd, _ in self.poll.poll(0):  # a socket the server closed reads its end (or a reset)
+                s = self.socks[fd]
                 try:
                     gone = s.recv(1) == b""
                 except OSError:
                     gone = True
                 if gone:
                     self.closed_by_server += 1
-                    self.socks.remove(s)
+                    self.poll.unregister(fd)
+                    del self.socks[fd]
                     s.close()
             for _ in range(min(FLOOD - len(self.socks), int(self.rate * 0.05) + 1)):
                 s = socket.socket()
@@ -69,7 +71,8 @@ class Flood:
                 except OSError:
                     s.close()
                     break
-                self.socks.append(s)
+                self.socks[s.fileno()] = s
+                self.poll.register(s, select.POLLIN)
                 self.opened += 1
             self.stop.wait(max(0.0, 0.05 - (time.monotonic() - t)))
 
@@ -91,7 +94,7 @@ def flooded(request, tmp_path):
 
 def _answered(c: ControllerProcess, what: str, call) -> None:
     """`call()` answered with a 2xx, allowing one resend: a connection the flood displaced before the request's
-    head arrived (at this budget, 256 of the flood's connections opened meanwhile) is closed, not refused."""
+    head arrived (1536 of the flood's connections opened meanwhile: ~5 s at RATE) is closed, not refused."""
     for attempt in (1, 2):
         try:
             r = call()
@@ -126,4 +129,4 @@ def test_a_connection_flood_does_not_take_the_controllers_descriptors(flooded):
                     time.sleep(0.1)
                 # the watch opened before the flood was serving all along: never the one closed
                 assert watched, "the watch opened before the flood saw no event of the job created during it"
-                assert flood.closed_by_server >= FLOOD - 256, flood.closed_by_server  # displaced, not left to time out
+                assert flood.closed_by_server >= FLOOD - 1536, flood.closed_by_server  # displaced, not timed out
