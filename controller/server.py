@@ -47,6 +47,7 @@ from .operator.handlers import Nudges, Reconciler
 from .operator.kubeapi import Connection, JobApi
 from .operator.mirror import StoreMirror
 from .health.stalls import StallSampler
+from .http import connection_budget
 from .http.connection_budget import ConnectionBudget, budget_for, listening_socket, raise_descriptor_limit
 from .store.wal_checkpoints import BACKSTOP_PAGES, Checkpointer
 from .work import tracing as attempt_traces
@@ -223,10 +224,14 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the operator's every status write otherwise
     tracing.setup("rolloutd-controller", nodeenv.tracing_on((settings or ControllerSettings()).tracing))
+    budget = ConnectionBudget(budget_for(raise_descriptor_limit(), (settings or ControllerSettings()).max_connections))
+
     def build(leadership: Leadership | None = None) -> Controller:
-        return build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
-                         tls=tls is not None, ca_file=ca_file or (tls and tls[0]), settings=settings,
-                         keep_daemons=keep_daemons or leadership is not None, leadership=leadership)
+        built = build_app(data_dir, host=host, port=port, executors=executors, operator=operator, kube=kube,
+                          tls=tls is not None, ca_file=ca_file or (tls and tls[0]), settings=settings,
+                          keep_daemons=keep_daemons or leadership is not None, leadership=leadership)
+        built.root.metrics.register(connection_budget.Collector(budget))
+        return built
     built: Controller | Replica
     if settings and settings.replicas:  # a replica: a follower until it leads (its daemons outlive a hand-over)
         reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -240,8 +245,7 @@ def run_controller(data_dir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT
     logging.getLogger("rolloutd").info("point rolloutctl and the Python client at this controller with: %s",
                                        connect_hint(data_dir, host, port, tls is not None,
                                                     ca_file or (tls and tls[0]), settings and settings.advertise_url))
-    _Server(server_config(built.app, host, port, log_level, tls, (settings or ControllerSettings()).max_connections),
-            built.before_shutdown).run()
+    _Server(server_config(built.app, host, port, log_level, tls, budget), built.before_shutdown).run()
     tracing.flush()   # the last spans batched, when no signal stopped it (`_Server.capture_signals` sends them then)
 
 
@@ -319,14 +323,15 @@ class _RequestDeadlines(H11Protocol):
 
 
 def server_config(app: object, host: str, port: int, log_level: str = "info",
-                  tls: tuple[Path, Path] | None = None, max_connections: int | None = None) -> uvicorn.Config:
+                  tls: tuple[Path, Path] | None = None, budget: ConnectionBudget | None = None) -> uvicorn.Config:
     """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one); a
     request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`); connections bounded
     below the descriptor limit (`connection_budget`, served by `_Server`)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_RequestDeadlines,
                             timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
                             ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
-    config.connection_budget = ConnectionBudget(budget_for(raise_descriptor_limit(), max_connections))  # type: ignore[attr-defined]
+    config.connection_budget = (budget if budget is not None  # type: ignore[attr-defined]
+                                else ConnectionBudget(budget_for(raise_descriptor_limit())))
     return config
 
 

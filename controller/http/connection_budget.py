@@ -16,6 +16,8 @@ import resource
 import socket
 import time
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 log = logging.getLogger("rolloutd.server")
 
 RESERVE = 256  # descriptors kept for the controller's own use (store, logs, subprocesses, outgoing calls) at least,
@@ -131,3 +133,21 @@ def listening_socket(host: str, port: int, budget: ConnectionBudget) -> Listenin
     sock.bind((host, port))
     sock.budget = budget
     return sock
+
+
+class Collector:
+    """/metrics: the connections held, the budget, and those closed or turned away for newer ones."""
+
+    def __init__(self, budget: ConnectionBudget) -> None:
+        self.budget = budget
+
+    def collect(self):
+        held = GaugeMetricFamily("rolloutd_connections", "client connections the controller holds")
+        held.add_metric([], len(self.budget))
+        limit = GaugeMetricFamily("rolloutd_connections_budget", "client connections it holds at most "
+                                  "(ROLLOUTD_MAX_CONNECTIONS, the descriptor limit)")
+        limit.add_metric([], self.budget.limit)
+        closed = CounterMetricFamily("rolloutd_connections_closed", "connections closed or turned away at the "
+                                     "budget: the one waiting longest for a request head, or a newcomer")
+        closed.add_metric([], self.budget.closed)
+        yield from (held, limit, closed)

@@ -4,6 +4,7 @@ descriptors: past its connection budget the controller closes the connection tha
 its descriptor limit lowered to 2048 so that the flood is small; no token sent by the flood)."""
 from __future__ import annotations
 
+import re
 import select
 import socket
 import ssl
@@ -130,3 +131,7 @@ def test_a_connection_flood_does_not_take_the_controllers_descriptors(flooded):
                 # the watch opened before the flood was serving all along: never the one closed
                 assert watched, "the watch opened before the flood saw no event of the job created during it"
                 assert flood.closed_by_server >= FLOOD - 1536, flood.closed_by_server  # displaced, not timed out
+            metrics = api.get("/metrics").text
+            assert re.search(r"^rolloutd_connections_budget 1536\.0$", metrics, re.M), metrics
+            closed = float(re.search(r"^rolloutd_connections_closed_total (\S+)$", metrics, re.M)[1])
+            assert closed >= flood.closed_by_server, (closed, flood.closed_by_server)
