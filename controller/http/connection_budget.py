@@ -46,69 +46,74 @@ def budget_for(limit: int, setting: int | None = None) -> int:
 
 
 class ConnectionBudget:
-    """Accepted connections by descriptor, oldest first, each waiting for a head or serving a request."""
+    """Accepted connections by descriptor: those waiting for a head, oldest first, and those serving a request."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._conns: collections.OrderedDict[int, tuple[socket.socket, bool]] = collections.OrderedDict()
+        self._waiting: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
+        self._serving: dict[int, socket.socket] = {}
         self.closed = 0  # connections closed or turned away for newer ones since the start
         self._told = (0.0, 0)  # when the log last said so, and the count then
 
     def __len__(self) -> int:
-        return len(self._conns)
+        return len(self._waiting) + len(self._serving)
 
     def admit(self, conn: socket.socket) -> bool:
         """Count `conn` (just accepted); at the budget, close the connection waiting longest for a head to make
         room. False: every counted connection is serving a request, so `conn` is not taken (the caller closes it)."""
-        if len(self._conns) >= self.limit and not self._make_room():
+        fd = conn.fileno()
+        self._waiting.pop(fd, None)  # a connection closed unseen held this descriptor before
+        self._serving.pop(fd, None)
+        if len(self) >= self.limit and not self._make_room():
             self.closed += 1
             self._tell()
             return False
-        self._conns[conn.fileno()] = (conn, False)
-        self._conns.move_to_end(conn.fileno())
+        self._waiting[fd] = conn
         return True
 
     def serving(self, fd: int) -> None:
         """The connection on `fd` has a request head in: it is not to be displaced until it waits again."""
-        entry = self._conns.get(fd)
-        if entry is not None:
-            self._conns[fd] = (entry[0], True)
+        conn = self._waiting.pop(fd, None)
+        if conn is not None:
+            self._serving[fd] = conn
 
     def waiting(self, fd: int) -> None:
         """The connection on `fd` answered its request and waits for the next head: from now on, the newest waiter."""
-        entry = self._conns.get(fd)
-        if entry is not None:
-            self._conns[fd] = (entry[0], False)
-            self._conns.move_to_end(fd)
+        conn = self._serving.pop(fd, None) or self._waiting.pop(fd, None)
+        if conn is not None:
+            self._waiting[fd] = conn
 
     def gone(self, fd: int) -> None:
-        self._conns.pop(fd, None)
+        self._waiting.pop(fd, None)
+        self._serving.pop(fd, None)
 
     def _make_room(self) -> bool:
-        """Forget the connections closed meanwhile (a TLS handshake that failed tells no protocol), then shut the
-        oldest waiter down (its transport sees the end and closes it); False when none waits."""
-        for fd, (conn, busy) in list(self._conns.items()):
-            if conn.fileno() != fd:  # closed (its descriptor may be a newer connection's: that one re-entered)
-                del self._conns[fd]
+        """Shut the oldest waiter down (its transport sees the end and closes it), or forget one closed meanwhile (a
+        TLS handshake that failed, a websocket: no protocol of ours is told); False when none of either is left."""
+        if self._waiting:
+            fd, conn = self._waiting.popitem(last=False)
+            if conn.fileno() != fd:  # closed meanwhile: its place is free already
                 return True
-            if not busy:
-                del self._conns[fd]
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                self.closed += 1
-                self._tell()
-                return True
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.closed += 1
+            self._tell()
+            return True
+        closed = next((fd for fd, conn in self._serving.items() if conn.fileno() != fd), None)
+        if closed is not None:
+            del self._serving[closed]
+            return True
         return False
 
     def _tell(self) -> None:
         """A warning at most every LOG_SECONDS while connections are being closed: a flood, or a budget too small."""
         now = time.monotonic()
         if now - self._told[0] >= LOG_SECONDS:
-            log.warning("%d connection(s) closed or turned away in %.0f s: the budget of %d connections is full "
-                        "(ROLLOUTD_MAX_CONNECTIONS, the descriptor limit)", self.closed - self._told[1],
-                        min(now - self._told[0], now), self.limit)
+            log.warning("%d connection(s) closed or turned away since the last warning: the budget of %d "
+                        "connections is full (ROLLOUTD_MAX_CONNECTIONS, the descriptor limit)",
+                        self.closed - self._told[1], self.limit)
             self._told = (now, self.closed)
 
 
