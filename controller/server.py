@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import sqlite3
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -348,7 +349,12 @@ class _Server(uvicorn.Server):
         names a TCP host and port and has a budget."""
         budget = getattr(self.config, "connection_budget", None)
         if sockets is None and budget is not None and self.config.uds is None and self.config.fd is None:
-            sockets = [listening_socket(self.config.host, self.config.port, budget)]
+            try:
+                sockets = [listening_socket(self.config.host, self.config.port, budget)]
+            except OSError as e:  # as uvicorn's own bind says it (a port in use): one line, not a traceback
+                logging.getLogger("uvicorn.error").error("cannot listen on %s:%s: %s", self.config.host,
+                                                         self.config.port, e)
+                sys.exit(1)
         await super().startup(sockets=sockets)
 
     async def shutdown(self, sockets=None) -> None:
