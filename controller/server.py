@@ -326,13 +326,12 @@ class _RequestDeadlines(H11Protocol):
 def server_config(app: object, host: str, port: int, log_level: str = "info",
                   tls: tuple[Path, Path] | None = None, budget: ConnectionBudget | None = None) -> uvicorn.Config:
     """uvicorn's settings for the controller: idle connections kept past any daemon's (its beats reuse one); a
-    request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`); connections bounded
-    below the descriptor limit (`connection_budget`, served by `_Server`)."""
+    request's head and body due within HEAD_SECONDS and BODY_SECONDS (`_RequestDeadlines`); connections bounded by
+    `budget` when one is given (`connection_budget`: `_Server` listens on a socket that counts them)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, http=_RequestDeadlines,
                             timeout_keep_alive=int(CONTROLLER_KEEP_ALIVE_SECONDS), timeout_graceful_shutdown=5,
                             ssl_certfile=tls and str(tls[0]), ssl_keyfile=tls and str(tls[1]))
-    config.connection_budget = (budget if budget is not None  # type: ignore[attr-defined]
-                                else ConnectionBudget(budget_for(raise_descriptor_limit())))
+    config.connection_budget = budget  # type: ignore[attr-defined]
     return config
 
 
