@@ -1,8 +1,9 @@
 """A Unix-socket relay in front of the test PostgreSQL server's socket, for a controller whose only way to its database
 it is: `cut()` closes it and every connection through it (a lost database), `hold()` keeps every connection open but
-forwards nothing until `release()` (a stalled one: a paused server, a network that drops and retransmits).
+forwards nothing to the server until `release()` (a stalled one: a paused server, a network that drops and
+retransmits); `hold_after(text)` starts that hold once a given statement's transaction has ended.
 
-Used by tests/faults/test_failover.py (the leader cut off) and tests/faults/test_ui_database_stall.py."""
+Used by tests/faults/test_failover.py (the leader cut off) and tests/faults/test_database_stall_reads.py."""
 from __future__ import annotations
 
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 SOCKET = ".s.PGSQL.5432"
+TRANSACTION_ENDS = (b"ROLLBACK", b"COMMIT")
 
 
 class PgRelay:
@@ -27,7 +29,7 @@ class PgRelay:
         self.flowing = threading.Event()
         self.flowing.set()
         self.held = 0  # messages that arrived while held: each waits to be forwarded
-        self.sent: list[bytes] = []  # the last messages sent to the server, newest last (`sent_with`)
+        self._hold_after: bytes | None = None
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -40,30 +42,50 @@ class PgRelay:
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(str(Path(self.server_dir) / SOCKET))
             self.open += [client, upstream]
-            for a, b, log in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pump, args=(a, b, log), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._answers, args=(upstream, client), daemon=True).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket, log: bool) -> None:
+    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        """The client's messages to the server: held while the relay holds. `armed`: this connection sent the
+        `hold_after` text, so the end of its transaction starts the hold."""
+        armed = False
         try:
-            while data := a.recv(65536):
-                if log:
-                    with self._lock:
-                        self.sent = [*self.sent[-999:], data]
-                if not self.flowing.is_set():
-                    with self._lock:
-                        self.held += 1
+            while data := client.recv(65536):
+                with self._lock:
+                    armed = armed or bool(self._hold_after and self._hold_after in data)
+                    ends = armed and any(word in data for word in TRANSACTION_ENDS)
+                    waits = not self.flowing.is_set() and not ends
+                    self.held += waits
+                if waits:
                     self.flowing.wait()
-                b.sendall(data)
+                upstream.sendall(data)
+                if ends:
+                    with self._lock:
+                        self._hold_after, armed = None, False
+                        self.flowing.clear()
         except OSError:
             pass
 
-    def sent_with(self, text: bytes) -> int:
-        """How many of the last messages sent to the server hold `text` (a statement's words)."""
-        with self._lock:
-            return sum(text in m for m in self.sent)
+    def _answers(self, upstream: socket.socket, client: socket.socket) -> None:
+        """The server's answers always go back: a held server answers what it already took, then nothing more."""
+        try:
+            while data := upstream.recv(65536):
+                client.sendall(data)
+        except OSError:
+            pass
+
+    @property
+    def holding(self) -> bool:
+        return not self.flowing.is_set()
 
     def hold(self) -> None:
         self.flowing.clear()
+
+    def hold_after(self, text: bytes) -> None:
+        """Hold from the end of the next transaction whose statement holds `text` (its COMMIT or ROLLBACK goes
+        through): the process that ran it is past its read before anything is held."""
+        with self._lock:
+            self._hold_after = text
 
     def release(self) -> None:
         self.flowing.set()
