@@ -5,8 +5,8 @@ Slots come from the controller's own classes (`BackendPool.acquire` over `Admiss
 a slot given back when a short episode ends); each node's calls go through its own `PolicyGate` and `TrackedLLM`, as in
 a daemon; a beat loop hands each node's report to `workshare.beat` and `tokenshare.note` and sets its gates from the
 answers, as the heartbeat does. team-b alone first (its rate R, every slot its own), then team-a alone until it holds
-every slot with a call done, then team-b again: its episodes/s in a window after a warm-up ÷ its fair share (R / 2,
-equal priorities), the slots it was lent, and how long after its arrival its first episode ended. team-a alone is
+every slot with a call done, then team-b again, then team-b alone once more: its episodes/s in a window after a
+warm-up ÷ its fair share (half of its rate alone, the mean of before and after, equal priorities), the slots it was lent, and how long after its arrival its first episode ended. team-a alone is
 not held (work-conserving): on main, when team-b arrives each of team-a's episodes has a long prefill queued in the
 engine, served first come, first served; with each node's prefill gate (`gated`, agents/daemon/prefillgate.py) one per
 node. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained and "the prefill gate".
@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+
+import httpx
 
 from rolloutd.agents.daemon.llmgate import TrackedLLM
 from rolloutd.agents.daemon.policygate import PolicyGate
@@ -51,9 +53,11 @@ def measure(a_prompt: int, window: float = 40.0, gated: bool = True, a_alone: fl
 def late_row(url: str, a_prompt: int, window: float, gated: bool = True, a_alone: float = 0.0) -> dict:
     """`late_arrival` on a running engine, with team-b's ratio to its fair share."""
     m = asyncio.run(late_arrival(url, a_prompt, window, gated, a_alone))
-    fair = m["b_alone"] / 2
+    fair = (m["b_alone"] + m["b_alone_after"]) / 4  # half of team-b's rate alone, before and after the shared window
     return {**m, "a_prompt": a_prompt, "window_s": window, "gated": gated,
             "ratio": m["b_shared"] / fair if fair else float("nan"),
+            "ratio_before": 2 * m["b_shared"] / m["b_alone"] if m["b_alone"] else None,
+            "ratio_after": 2 * m["b_shared"] / m["b_alone_after"] if m["b_alone_after"] else None,
             "steady_ratio": m["b_steady"] / fair if fair and m["b_steady"] is not None else None}
 
 
@@ -77,6 +81,7 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
     episodes: dict[str, list[float]] = {A: [], B: []}  # when each episode (b) or call (a) ended
     stop = {A: asyncio.Event(), B: asyncio.Event()}
     running: set[str] = set()  # nodes started
+    drained: list[float] = []  # seconds the engine took to go idle before each of team-b's runs alone
 
     async def beats() -> None:  # every node's heartbeat, 4 a second
         while True:
@@ -144,15 +149,34 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
             assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
             await asyncio.sleep(0.1)
 
-    async with VLLMBackend(url) as llm:
-        beating = asyncio.create_task(beats())
+    async def idle() -> float:
+        """Seconds until the engine runs and queues nothing: a cancelled call's prefill goes on to the end of its
+        engine step (tens of seconds for team-a's 65 000 tokens), which team-b alone must not share."""
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(timeout=120) as http:
+            while True:
+                metrics = (await http.get(f"{url}/metrics")).text
+                if sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                       if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))) == 0:
+                    return time.monotonic() - t0
+                await asyncio.sleep(0.5)
+
+    async def alone_rate() -> float:
+        """team-b alone: its first episodes (every slot free again), then its rate over ALONE_SECONDS."""
+        drained.append(round(await idle(), 1))
+        first = len(episodes[B])
         b_tasks = start(llm, B_NODES)
-        await until(lambda: len(episodes[B]) >= 4 * sum(B_NODES.values()), "team-b's first episodes alone")
+        await until(lambda: len(episodes[B]) >= first + 4 * sum(B_NODES.values()), "team-b's first episodes alone")
         t0 = time.monotonic()
         await asyncio.sleep(ALONE_SECONDS)
-        alone = rate(B, t0, time.monotonic())
+        measured = rate(B, t0, time.monotonic())
         await end(B, b_tasks)
         running.difference_update(B_NODES)
+        return measured
+
+    async with VLLMBackend(url) as llm:
+        beating = asyncio.create_task(beats())
+        alone = await alone_rate()
         peak.clear()
         a_tasks = start(llm, A_NODES)
         await until(lambda: adm.admitted[url][A] == CAP and len(episodes[A]) >= 1, "team-a holding every slot")
@@ -169,13 +193,15 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
         first = min((t for t in episodes[B] if t >= arrived), default=None)
         await end(B, b_tasks)
         await end(A, a_tasks)
+        running.difference_update(A_NODES)
+        alone_after = await alone_rate()
         beating.cancel()
     a_gates = [g for j, g in gates.values() if j == A]
     # from team-b's first episode on: its rate once what team-a had queued in the engine before it came is done
     steady = rate(B, max(first, w0), w1) if first is not None and first < w1 - 30 else None
-    return {"b_alone": alone, "b_shared": rate(B, w0, w1), "b_steady": steady, "a_calls": rate(A, w0, w1),
+    return {"b_alone": alone, "b_alone_after": alone_after, "b_shared": rate(B, w0, w1), "b_steady": steady, "a_calls": rate(A, w0, w1),
             "slots": slots,
             "b_slots_peak": peak[B],
             "b_first_episode_after_s": None if first is None else round(first - arrived, 1),
             "a_held": sum(g.rates.held_calls for g in a_gates), "a_prefill_held": sum(g.prefill.held for g in a_gates),
-            "a_alone": a_rate}
+            "a_alone": a_rate, "idle_wait_s": drained}
