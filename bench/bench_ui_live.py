@@ -116,7 +116,8 @@ class LoopWatch:
         while not self.stop_ev.is_set():
             t = time.time()
             try:
-                text = self.client.get("/metrics").text
+                r = self.client.get("/metrics")
+                text = r.text if r.status_code == 200 else ""
             except Exception:  # noqa: BLE001 - a missed reading: the next one covers it
                 text = ""
             snap: dict = {}
