@@ -46,7 +46,7 @@ from .http.logs import logs_router
 from .http.node_protocol import node_router
 from .http.trainer import trainer_router
 from .work.first_tokens import Collector as FirstTokenCollector
-from .work import workshare
+from .work import node_calls, workshare
 from .middleware import AuthAndMetrics, error_response
 from .root import Root
 from .ui.app import create_ui
@@ -166,6 +166,7 @@ def create_app(root: Root) -> FastAPI:
         registry.register(RolloutsCollector(work.queue))
         registry.register(FirstTokenCollector(work.first_tokens))
         registry.register(workshare.Collector(work.pool.admission))
+        registry.register(node_calls.Collector(work.calls.group))
         app.include_router(node_router(work.jobs, work.registry, work.attempts, work.calls, root.credentials,
                                        store.durable.settle))
         app.include_router(trainer_router(store, root.policies, root.scheduler, feed=work.feed, retention=work.retention,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -224,15 +225,16 @@ class GroupCommit:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._pending: list[tuple[Work, asyncio.Future]] = []
+        self._pending: list[tuple[Work, asyncio.Future, float]] = []  # (work, its caller's answer, submitted at)
         self.groups = self.calls = 0  # for the metrics and the bench
+        self.seconds = self.waited = 0.0  # time in groups; calls' time from submitted to their group's start, summed
 
     def submit(self, work: Work) -> "asyncio.Future[Any]":
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if not self._pending:
             loop.call_soon(self._run)
-        self._pending.append((work, future))
+        self._pending.append((work, future, time.monotonic()))
         return future
 
     def _run(self) -> None:
@@ -245,12 +247,15 @@ class GroupCommit:
             asyncio.get_running_loop().call_soon(self._run)  # the rest: after the loop's other ready work
         else:
             group, self._pending = self._pending, []
+        start = time.monotonic()
+        self.waited += sum(start - submitted for _, _, submitted in group)
         if len(group) == 1 and pg:
-            done = self._alone(*group[0])  # a call alone needs no savepoint: two round trips to the server saved
+            done = self._alone(*group[0][:2])  # a call alone needs no savepoint: two round trips to the server saved
         else:
             done = self._together(group)
-            if done is None:
-                return
+        self.seconds += time.monotonic() - start
+        if done is None:
+            return
         self.groups, self.calls = self.groups + 1, self.calls + len(group)
         for future, value, error, _ in done:
             if future.done():  # its caller went away (the request was cancelled)
@@ -263,7 +268,7 @@ class GroupCommit:
             if after is not None:
                 after()
 
-    def _together(self, group: list[tuple[Work, asyncio.Future]]) -> list | None:
+    def _together(self, group: list[tuple[Work, asyncio.Future, float]]) -> list | None:
         """The group's calls in one transaction, a savepoint each; None when the commit failed (every caller
         has the error)."""
         done: list[tuple[asyncio.Future, Any, BaseException | None, Callable[[], None] | None]] = []
@@ -272,7 +277,7 @@ class GroupCommit:
                 db = raw(conn)
                 if conn.dialect.name == "sqlite":  # psycopg has begun one already, at its first statement
                     db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
-                for work, future in group:
+                for work, future, _ in group:
                     tx = Tx(conn, db)
                     try:
                         with self._pipelined(tx):
@@ -290,7 +295,7 @@ class GroupCommit:
                             tx._session.close()
         except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
             error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
-            for _, future in group:
+            for _, future, _ in group:
                 if not future.done():
                     future.set_exception(error)
             if not isinstance(e, Exception):

@@ -2,6 +2,7 @@
 of this turn of the loop (`hot_sql.GroupCommit`, the node routes). `attempts.Attempts` does the work."""
 from __future__ import annotations
 
+from prometheus_client.core import CounterMetricFamily
 from sqlalchemy.engine import Engine
 
 from rolloutd.crds.node import Heartbeat, HeartbeatResponse, ResultAck, ResultBatch
@@ -46,3 +47,22 @@ class NodeCalls:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
         self.first_tokens.observe_all(batch.results)
         return lambda tx: self.attempts.results(tx, node_id, batch, job, lease)
+
+
+class Collector:
+    """/metrics: the node calls' groups (`hot_sql.GroupCommit`), how long each call waited for its group and how long
+    the groups ran. Waits growing while the groups' own time does not: the calls queue for one lane of groups."""
+
+    def __init__(self, group: hot_sql.GroupCommit) -> None:
+        self.group = group
+
+    def collect(self):
+        g = self.group
+        yield CounterMetricFamily("rolloutd_node_call_groups", "transactions that committed node calls together",
+                                  value=g.groups)
+        yield CounterMetricFamily("rolloutd_node_calls_grouped", "node calls (beats, results) committed in them",
+                                  value=g.calls)
+        yield CounterMetricFamily("rolloutd_node_call_group_seconds", "seconds the event loop ran those groups",
+                                  value=g.seconds)
+        yield CounterMetricFamily("rolloutd_node_call_group_wait_seconds", "node calls' seconds from their arrival "
+                                  "to their group's start, summed", value=g.waited)

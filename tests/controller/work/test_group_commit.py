@@ -4,10 +4,12 @@ its own error; each caller is answered only after the commit, and the after-comm
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from rolloutd.controller.store import Store
+from rolloutd.controller.work import node_calls
 from rolloutd.controller.work.hot_sql import PG_GROUP_CALLS, GroupCommit
 
 
@@ -135,3 +137,39 @@ def test_a_statement_the_database_refuses_is_its_own_calls_error_and_the_orm_sti
     assert "unique" in str(dup).lower() or "duplicate" in str(dup).lower(), dup  # the second "a" is its own error
     assert counted == 2
     assert rows(engine) == {"a": 2, "c": 3, "o": 2}
+
+
+def test_the_groups_time_and_each_calls_wait_for_its_group_are_counted_for_the_metrics(engine):
+    """`/metrics` tells a call's wait for its group from the group's own time (`node_calls.Collector`): calls that
+    queue behind a slow group count its time as their wait. On PostgreSQL a turn of 150 calls is three groups, the
+    first slowed by 0.2 s: the 86 calls after it waited at least that long each. SQLite runs one group, whose own
+    time holds the slow call."""
+    group = GroupCommit(engine)
+
+    def put(i):
+        def work(tx):
+            tx.db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i}", i))
+            if i == 0:
+                time.sleep(0.2)  # a slow call (the server slow to answer), holding its group
+            return i, None
+        return work
+
+    async def scenario():
+        return await asyncio.gather(*[group.submit(put(i)) for i in range(150)])
+
+    assert asyncio.run(scenario()) == list(range(150))
+    assert group.seconds >= 0.2
+    if engine.dialect.name == "postgresql":
+        assert (group.groups, group.calls) == (3, 150)
+        assert group.waited >= 0.2 * (150 - PG_GROUP_CALLS)
+    else:
+        assert (group.groups, group.calls) == (1, 150)
+        assert group.waited < 0.2  # every call was in the slow call's group: none waited for it
+
+
+def test_the_metrics_serve_the_groups_counts():
+    group = GroupCommit.__new__(GroupCommit)
+    group.groups, group.calls, group.seconds, group.waited = 3, 150, 1.5, 17.25
+    served = {m.name: m.samples[0].value for m in node_calls.Collector(group).collect()}
+    assert served == {"rolloutd_node_call_groups": 3, "rolloutd_node_calls_grouped": 150,
+                      "rolloutd_node_call_group_seconds": 1.5, "rolloutd_node_call_group_wait_seconds": 17.25}
