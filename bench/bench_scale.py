@@ -97,6 +97,22 @@ def _write_bytes(pid: int) -> int:
     return 0
 
 
+GROUP_COUNTERS = ("node_call_groups", "node_calls_grouped", "node_call_group_seconds", "node_call_group_wait_seconds")
+
+
+def _groups_delta(before: list[dict | None], after: list[dict | None], window: float) -> dict | None:
+    """The window's node-call groups, every replica's together: calls a group, a group's time, a call's wait for
+    its group, and the share of the window some group ran (`busy`, summed over replicas: near 1 each, a full lane)."""
+    if any(d is None for d in before + after):
+        return None
+    d = {name: sum(a[name] - b[name] for a, b in zip(after, before)) for name in GROUP_COUNTERS}
+    groups, calls = max(d["node_call_groups"], 1), max(d["node_calls_grouped"], 1)
+    return {"calls_per_group": round(d["node_calls_grouped"] / groups, 1),
+            "group_ms": round(d["node_call_group_seconds"] / groups * 1e3, 2),
+            "wait_ms_per_call": round(d["node_call_group_wait_seconds"] / calls * 1e3, 1),
+            "busy": round(d["node_call_group_seconds"] / window, 3)}
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -151,6 +167,18 @@ class Controller:
             return json.loads((self.root / "stalls.json").read_text())
         except (OSError, ValueError):
             return None
+
+    def groups(self) -> dict[str, float] | None:
+        """The node calls' group counters from /metrics (`work/node_calls.Collector`); None from a controller
+        that does not serve them (an older revision) or did not answer."""
+        try:
+            r = self.api.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        lines = r.text.splitlines() if r.status_code == 200 else []
+        found = {name: float(line.split()[-1]) for line in lines for name in GROUP_COUNTERS
+                 if line.startswith(f"rolloutd_{name}_total ")}
+        return found if len(found) == len(GROUP_COUNTERS) else None
 
     def db_bytes(self) -> dict[str, int]:
         data = self.data
@@ -310,7 +338,9 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         cpu0, io0, sim0, load0 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db0 = scale_stores.server_usage(server)
+        groups0 = [c.groups() for c in ctls]
         time.sleep(max(w0 + window - time.time(), 0))
+        groups1 = [c.groups() for c in ctls]
         per1 = [_cpu_seconds(c.proc.pid) for c in ctls]
         cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
@@ -368,6 +398,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
             "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched.get("ui"),
             "loop": watched.get("loop"), "stalls": stalls, "phases": phases,
+            "groups": _groups_delta(groups0, groups1, window),
         }
     finally:
         if watcher is not None:
@@ -413,7 +444,7 @@ def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile
                 lp = p["loop"] or {}
                 print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores, db {p['db_cores']} cores "
                       f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, loop max {lp.get('max_ms')} ms, "
-                      f"lags > 5 ms {lp.get('over_5ms')}, audit {p['audit']}, load {p['load_avg']} "
+                      f"lags > 5 ms {lp.get('over_5ms')}, groups {p['groups']}, audit {p['audit']}, load {p['load_avg']} "
                       f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
                 points.append(p)
     return points
