@@ -444,7 +444,8 @@ def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile
                 lp = p["loop"] or {}
                 print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores, db {p['db_cores']} cores "
                       f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, loop max {lp.get('max_ms')} ms, "
-                      f"lags > 5 ms {lp.get('over_5ms')}, groups {p['groups']}, audit {p['audit']}, load {p['load_avg']} "
+                      f"lags > 5 ms {lp.get('over_5ms')}, groups {p['groups']}, audit {p['audit']}, "
+                      f"load {p['load_avg']} "
                       f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
                 points.append(p)
     return points

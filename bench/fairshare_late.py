@@ -6,8 +6,8 @@ a slot given back when a short episode ends); each node's calls go through its o
 a daemon; a beat loop hands each node's report to `workshare.beat` and `tokenshare.note` and sets its gates from the
 answers, as the heartbeat does. team-b alone first (its rate R, every slot its own), then team-a alone until it holds
 every slot with a call done, then team-b again, then team-b alone once more: its episodes/s in a window after a
-warm-up ÷ its fair share (half of its rate alone, the mean of before and after, equal priorities), the slots it was lent, and how long after its arrival its first episode ended. team-a alone is
-not held (work-conserving): on main, when team-b arrives each of team-a's episodes has a long prefill queued in the
+warm-up ÷ its fair share (half of its rate alone, the mean of before and after, equal priorities), the slots it was
+lent, and how long after its arrival its first episode ended. team-a alone is not held (work-conserving): on main, when team-b arrives each of team-a's episodes has a long prefill queued in the
 engine, served first come, first served; with each node's prefill gate (`gated`, agents/daemon/prefillgate.py) one per
 node. Results: `bench/results/RESULTS-fairshare.md`, "a first" explained and "the prefill gate".
 
@@ -36,6 +36,12 @@ CAP = 4  # the backend's episodes at once
 A_NODES = {"a1": 3, "a2": 3}  # team-a's nodes and their RUN workers: more than the cap, so team-a waits for slots too
 B_NODES = {"b1": 4}
 ALONE_SECONDS, WARM_SECONDS = 30.0, 10.0  # team-b alone: 8 s moved its rate 22-32 episodes/s between runs
+
+
+def engine_requests(metrics: str) -> float:
+    """The requests a vLLM engine runs or queues, from its /metrics text (`fairshare_worst` waits on it too)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
 
 
 def measure(a_prompt: int, window: float = 40.0, gated: bool = True, a_alone: float = 0.0) -> dict:
@@ -155,9 +161,7 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
         t0 = time.monotonic()
         async with httpx.AsyncClient(timeout=120) as http:
             while True:
-                metrics = (await http.get(f"{url}/metrics")).text
-                if sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                       if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))) == 0:
+                if engine_requests((await http.get(f"{url}/metrics")).text) == 0:
                     return time.monotonic() - t0
                 await asyncio.sleep(0.5)
 
@@ -199,8 +203,8 @@ async def late_arrival(url: str, a_prompt: int, window: float, gated: bool = Tru
     a_gates = [g for j, g in gates.values() if j == A]
     # from team-b's first episode on: its rate once what team-a had queued in the engine before it came is done
     steady = rate(B, max(first, w0), w1) if first is not None and first < w1 - 30 else None
-    return {"b_alone": alone, "b_alone_after": alone_after, "b_shared": rate(B, w0, w1), "b_steady": steady, "a_calls": rate(A, w0, w1),
-            "slots": slots,
+    return {"b_alone": alone, "b_alone_after": alone_after, "b_shared": rate(B, w0, w1), "b_steady": steady,
+            "a_calls": rate(A, w0, w1), "slots": slots,
             "b_slots_peak": peak[B],
             "b_first_episode_after_s": None if first is None else round(first - arrived, 1),
             "a_held": sum(g.rates.held_calls for g in a_gates), "a_prefill_held": sum(g.prefill.held for g in a_gates),

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench.bench_scale import P, Controller
+from bench.fairshare_late import engine_requests
 from rolloutd.controller.access.auth import create_scoped_token
 
 CONTEXT = 65536  # the tiny model's positions (max_position_embeddings), served whole
@@ -115,9 +116,7 @@ class Bench:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             busy = any(self.ctl.api.get(f"{P}/namespaces/{ns}/rolloutjobs").json().get("items") for ns in self.clients)
-            metrics = httpx.get(f"{self.url}/metrics", timeout=120).text
-            running = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                          if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))
+            running = engine_requests(httpx.get(f"{self.url}/metrics", timeout=120).text)
             if not busy and running == 0:
                 return
             time.sleep(1)

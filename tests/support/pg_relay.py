@@ -1,7 +1,7 @@
 """A Unix-socket relay in front of the test PostgreSQL server's socket, for a controller whose only way to its database
-it is: `cut()` closes it and every connection through it (a lost database), `hold()` keeps every connection open but
-forwards nothing to the server until `release()` (a stalled one: a paused server, a network that drops and
-retransmits); `hold_after(text)` starts that hold once a given statement's transaction has ended.
+it is: `cut()` closes it and every connection through it (a lost database); `hold_after(text)`, once a given
+statement's transaction has ended, keeps every connection open but forwards nothing to the server until `release()`
+(a stalled one: a paused server, a network that drops and retransmits).
 
 Used by tests/faults/test_failover.py (the leader cut off) and tests/faults/test_database_stall_reads.py."""
 from __future__ import annotations
@@ -77,9 +77,6 @@ class PgRelay:
     @property
     def holding(self) -> bool:
         return not self.flowing.is_set()
-
-    def hold(self) -> None:
-        self.flowing.clear()
 
     def hold_after(self, text: bytes) -> None:
         """Hold from the end of the next transaction whose statement holds `text` (its COMMIT or ROLLBACK goes
