@@ -339,8 +339,10 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db0 = scale_stores.server_usage(server)
         groups0 = [c.groups() for c in ctls]
+        scale_stores.statements_reset(server, url)
         time.sleep(max(w0 + window - time.time(), 0))
         groups1 = [c.groups() for c in ctls]
+        statements = scale_stores.statements(server, url)
         per1 = [_cpu_seconds(c.proc.pid) for c in ctls]
         cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
@@ -398,7 +400,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "piggybacked": sum(o.get("piggybacked", 0) for o in outs),
             "load_avg": [round(load0, 2), round(load1, 2)], "profile": prof, "dashboards": watched.get("ui"),
             "loop": watched.get("loop"), "stalls": stalls, "phases": phases,
-            "groups": _groups_delta(groups0, groups1, window),
+            "groups": _groups_delta(groups0, groups1, window), "statements": statements,
         }
     finally:
         if watcher is not None:

@@ -3,7 +3,8 @@ for the point (`tests/support/sim/pgserver.py`, Debian's binaries, a data direct
 CPU and writes, read from /proc over the postmaster and its backends.
 
 `$ROLLOUTD_SCALE_STORES` (`python -m bench scale --store sqlite,postgresql`): the stores to run at every N,
-side by side. The server runs with fsync on and `synchronous_commit=off`: a commit returns before its WAL is
+side by side. `$ROLLOUTD_SCALE_PG_STATEMENTS=1`: the server's statements over the window (pg_stat_statements:
+calls, time, rows of the costliest) in the JSON's `statements`. The server runs with fsync on and `synchronous_commit=off`: a commit returns before its WAL is
 flushed, as SQLite's WAL with `synchronous=NORMAL` does (a power loss may lose the last commits, never corrupt).
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ def start_server() -> PgServer:
         raise RuntimeError("bench scale --store postgresql: install Debian's postgresql (.ci/system-packages.sh)")
     # `$ROLLOUTD_SCALE_PG_SETTINGS` ("log_lock_waits=on,deadlock_timeout=200ms"): more server settings, to look inside
     extra = dict(kv.split("=", 1) for kv in os.environ.get("ROLLOUTD_SCALE_PG_SETTINGS", "").split(",") if "=" in kv)
+    if os.environ.get("ROLLOUTD_SCALE_PG_STATEMENTS") == "1":
+        extra["shared_preload_libraries"] = "pg_stat_statements"
     server = PgServer(bindir, fsync=True, settings={**PG_SETTINGS, **extra}).start()
     if extra:
         print(f"   PostgreSQL's log: {server.log}", flush=True)
@@ -71,5 +74,30 @@ def server_usage(server: PgServer | None) -> tuple[float, int]:
 
 
 def database_bytes(server: PgServer, url: str) -> int:
-    name = url.split("@/", 1)[1].split("?", 1)[0]  # PgServer's URLs: postgresql://ROLE@/NAME?host=DIR
-    return int(server.psql(f"SELECT pg_database_size('{name}')").strip() or 0)
+    return int(server.psql(f"SELECT pg_database_size('{_database(url)}')").strip() or 0)
+
+
+def _database(url: str) -> str:
+    return url.split("@/", 1)[1].split("?", 1)[0]  # PgServer's URLs: postgresql://ROLE@/NAME?host=DIR
+
+
+def statements_reset(server: PgServer | None, url: str | None) -> None:
+    """With `$ROLLOUTD_SCALE_PG_STATEMENTS=1`: the statements' counts start now (the window's start)."""
+    if server and url and os.environ.get("ROLLOUTD_SCALE_PG_STATEMENTS") == "1":
+        server.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+                    _database(url))
+
+
+def statements(server: PgServer | None, url: str | None, top: int = 25) -> dict | None:
+    """The window's statements (after `statements_reset`): their totals and the `top` costliest (server time:
+    execution and planning), each with its calls, ms, ms a call and rows."""
+    if not (server and url and os.environ.get("ROLLOUTD_SCALE_PG_STATEMENTS") == "1"):
+        return None
+    rows = server.psql(
+        "SELECT calls, total_exec_time, total_plan_time, rows, regexp_replace(query, '\\s+', ' ', 'g') "
+        "FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC", _database(url)).splitlines()
+    parsed = [r.split("|", 4) for r in rows if r.count("|") >= 4]
+    stmts = [{"calls": int(c), "ms": round(float(e) + float(p), 1), "plan_ms": round(float(p), 1),
+              "ms_per_call": round((float(e) + float(p)) / max(int(c), 1), 4), "rows": int(n), "query": q[:300]}
+             for c, e, p, n, q in parsed]
+    return {"calls": sum(s["calls"] for s in stmts), "ms": round(sum(s["ms"] for s in stmts), 1), "top": stmts[:top]}
