@@ -68,11 +68,11 @@ class Attempts:
     # ------------------------------------------------------------ lease: queued items granted to a node
 
     def lease_now(self, node_id: str, max_items: int, tx: hot_sql.Tx | None = None, job: RolloutJob | None = None,
-                  caller: tuple[str, str] | None = None) -> LeaseResponse:
+                  caller: tuple[str, str] | None = None, version: str | None = None) -> LeaseResponse:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
         in that call's transaction `tx`, with the `job` it read before writing — reading it after may wait on
-        the store's lock, held by a thread that waits on our write lock: a 30 s stall — and the node's
-        (job, state) it looked up, `caller`)."""
+        the store's lock, held by a thread that waits on our write lock: a 30 s stall — the node's
+        (job, state) it looked up, `caller`, and the policy version (JSON) it read, `version`)."""
         with hot_sql.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = caller if caller is not None else self.nodes.caller(db, node_id)
@@ -87,7 +87,7 @@ class Attempts:
                 return LeaseResponse(drain=True)
             leases: list[Lease] = []
             now = self.clock()
-            version = json.loads(self.policy.raw_row(db, job_name)[0])
+            version = json.loads(version if version is not None else self.policy.raw_row(db, job_name)[0])
             max_items, live = self.shares.share(db, node_id, job_name, job.spec.executor.nodes, max_items)
             refused: list[str] = []
             if max_items > 0:
@@ -167,6 +167,8 @@ class Attempts:
         only a full beat renews the leases it names. Returns the reply and what to do once committed."""
         resp = HeartbeatResponse()
         after: Done = hot_sql.nothing
+        # the policy row's read rides with the node's (PostgreSQL: one round trip for both, `hot_sql.ahead`)
+        policy = hot_sql.policy_ahead(tx.db, job.metadata.key) if job is not None else None
         caller = self.nodes.caller(tx.db, node_id)
         job_name, state = caller
         paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
@@ -189,14 +191,15 @@ class Attempts:
         elif paced:
             resp.accepted, resp.dropped = [], {}
         self.policy.note_beat(node_id, hb.llm_inflight, hb.llm_held, hb.llm_fence)
-        version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name)
+        version, _, resp.llm_paused = self.policy.raw_row(tx.db, job_name, policy)
         resp.llm_fence, resp.backend_versions = self.policy.fence(job_name)
         resp.llm_tokens = tokenshare.beat(self.pool.admission, node_id, job_name, hb.llm_tokens)  # token-share
         resp.llm_rates = workshare.beat(self.pool.admission, node_id, job_name, hb.llm_processed, hb.llm_rate_held)
         resp.policy_version = json.loads(version)
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:
-            resp.lease = LeaseResponse(drain=True) if resp.drain else self.lease_now(node_id, lease, tx, job, caller)
+            resp.lease = LeaseResponse(drain=True) if resp.drain else \
+                self.lease_now(node_id, lease, tx, job, caller, version)
         return resp, after
 
     # ------------------------------------------------------------ result: an attempt ends, exactly once
@@ -280,12 +283,13 @@ class Attempts:
         if config_error:
             self.expansions.fail(tx.session(), job_name, config_error)
             self.queue.cancel_live(tx.session(), job_name)  # they would fail the same way
-        idle = bool(settled) and self.on_idle is not None and not hot_sql.has_live(tx.db, job_name)
+        # read after the commit: on PostgreSQL the read then waits for no round trip of its own (`hot_sql.live_later`)
+        live = hot_sql.live_later(tx.db, job_name) if settled and self.on_idle is not None else None
 
         def after() -> None:
             if config_error and self.on_idle is not None:
                 self.on_idle(job_name)  # the reconciler marks it Failed now
-            if idle:
+            if live is not None and not live():
                 self.on_idle(job_name)  # its last rollout: the job may be complete now
             for name in woke:
                 self.queue.wake(name)

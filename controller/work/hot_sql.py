@@ -130,10 +130,33 @@ def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
         update_by_id(db, ITEMS, columns, rows)
 
 
+def ahead(db: sqlite3.Connection, sql: str, params: Any = ()) -> Callable[[], Any]:
+    """A one-row read sent now, its row (or None) read by the function returned. On PostgreSQL, in a call's pipeline
+    (`GroupCommit._pipelined`), reads sent together wait for the server once, where each read's own `fetchone` is a
+    round trip with the loop blocked, waiting also for every write sent before it. SQLite reads it at once (its
+    cursors are not kept across the writes after them)."""
+    cursor = db.execute(sql, params)
+    if isinstance(db, PgRaw):
+        return cursor.fetchone
+    row = cursor.fetchone()
+    return lambda: row
+
+
+def policy_ahead(db: sqlite3.Connection, job: str) -> Callable[[], Any]:
+    """The job's policy row (version JSON, history JSON, paused), `ahead` (`PolicyVersions.raw_row` reads it)."""
+    return ahead(db, "SELECT version, history, paused FROM policies WHERE job = ?", (job,))
+
+
 def has_live(db: sqlite3.Connection, job: str) -> bool:
     """Whether `job` has an item still queued or leased."""
-    return db.execute(f"SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT 1", (job,)).fetchone() \
-        is not None
+    return live_later(db, job)()
+
+
+def live_later(db: sqlite3.Connection, job: str) -> Callable[[], bool]:
+    """`has_live` sent now, answered by the function returned: on PostgreSQL from the answers the call's pipeline
+    fetched when it ended (also after the commit), so the read waits for no round trip of its own."""
+    row = ahead(db, f"SELECT 1 FROM items WHERE job = ? AND state IN {LIVE_SQL} LIMIT 1", (job,))
+    return lambda: row() is not None
 
 
 def queued(db: sqlite3.Connection, job: str, limit: int) -> list[tuple[int, int, int, int, float]]:

@@ -22,6 +22,7 @@ from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.weight_labels import foreign_version, weight_label
 
 from .backend_http import BackendHttp
+from .hot_sql import policy_ahead
 from .job_state import Jobs
 from .node_registry import NodeRegistry
 from .policy_steps import Steps
@@ -60,11 +61,11 @@ class PolicyVersions:
             s.flush()
         return row
 
-    def raw_row(self, db: sqlite3.Connection, job: str) -> tuple[str, str, bool]:
+    def raw_row(self, db: sqlite3.Connection, job: str, sent: Callable[[], Any] | None = None) -> tuple[str, str, bool]:
         """`row` as its raw columns on a DB-API connection (version JSON, history JSON, paused), created on first use
         (ON CONFLICT: on PostgreSQL another transaction may create it meanwhile; SQLite, one writer at a time, never
-        races)."""
-        row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
+        races). `sent`: its read, sent earlier (`hot_sql.policy_ahead`) (so that it shared a round trip with the reads after it)."""
+        row = (sent or policy_ahead(db, job))()
         if row is None:
             default = PolicyRow(job=job)
             db.execute("INSERT INTO policies (job, version, history, paused) VALUES (?, ?, ?, ?) "

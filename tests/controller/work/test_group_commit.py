@@ -10,7 +10,7 @@ import pytest
 
 from rolloutd.controller.store import Store
 from rolloutd.controller.work import node_calls
-from rolloutd.controller.work.hot_sql import PG_GROUP_CALLS, GroupCommit
+from rolloutd.controller.work.hot_sql import PG_GROUP_CALLS, GroupCommit, ahead
 
 
 @pytest.fixture
@@ -173,3 +173,27 @@ def test_the_metrics_serve_the_groups_counts():
     served = {m.name: m.samples[0].value for m in node_calls.Collector(group).collect()}
     assert served == {"rolloutd_node_call_groups": 3, "rolloutd_node_calls_grouped": 150,
                       "rolloutd_node_call_group_seconds": 1.5, "rolloutd_node_call_group_wait_seconds": 17.25}
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_a_read_sent_ahead_answers_after_the_commit_with_what_its_call_had_written(engine, calls):
+    """`hot_sql.ahead`: a read sent inside a call and read by its after-commit step (on PostgreSQL from the answers
+    the call's pipeline fetched when it ended, with no round trip of its own) sees the call's own writes before it
+    and none after it; a call alone (its own transaction) and calls grouped (a savepoint each) alike."""
+    group = GroupCommit(engine)
+    seen: dict[str, object] = {}
+
+    def work(k):
+        def run(tx):
+            tx.db.execute("INSERT INTO t VALUES (?, ?)", (k, 1))
+            read = ahead(tx.db, "SELECT count(*), sum(v) FROM t WHERE k = ?", (k,))
+            tx.db.execute("UPDATE t SET v = 5 WHERE k = ?", (k,))  # after the read was sent: not in its answer
+            return k, lambda: seen.__setitem__(k, tuple(read()))
+        return run
+
+    async def scenario():
+        return await asyncio.gather(*(group.submit(work(f"r{i}")) for i in range(calls)))
+
+    assert asyncio.run(scenario()) == [f"r{i}" for i in range(calls)]
+    assert seen == {f"r{i}": (1, 1) for i in range(calls)}
+    assert rows(engine) == {f"r{i}": 5 for i in range(calls)}
