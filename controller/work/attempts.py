@@ -93,8 +93,7 @@ class Attempts:
             if max_items > 0:
                 # plain rows, one query for their tasks, one executemany for the updates: per item,
                 # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
-                queued = hot_sql.queued(db, job_name, max_items)
-                tasks = hot_sql.tasks(db, job_name, sorted({row[1] for row in queued}))
+                queued, tasks = hot_sql.queued(db, job_name, max_items)
                 grants: list[tuple[Any, ...]] = []
                 for item, prompt, sample, attempt, queued_at in queued:
                     backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
@@ -167,9 +166,12 @@ class Attempts:
         only a full beat renews the leases it names. Returns the reply and what to do once committed."""
         resp = HeartbeatResponse()
         after: Done = hot_sql.nothing
-        # the policy row's read rides with the node's (PostgreSQL: one round trip for both, `hot_sql.ahead`)
+        # the fence first (node shards), then the node's, the policy's and the results' items' reads sent together:
+        # on PostgreSQL one round trip for the three (`hot_sql.ahead`)
+        node = self.nodes.lookup_ahead(tx.db, node_id)
         policy = hot_sql.policy_ahead(tx.db, job.metadata.key) if job is not None else None
-        caller = self.nodes.caller(tx.db, node_id)
+        items = hot_sql.items_ahead(tx.db, [r.attempt_id for r in hb.results]) if hb.results and job else None
+        caller = self.nodes.caller(tx.db, node_id, node)
         job_name, state = caller
         paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
         if paced:
@@ -185,7 +187,7 @@ class Attempts:
         now = self.clock()
         ended: set[str] = set()
         if hb.results:
-            ack, after = self._end(tx, node_id, job, cache, hb.results)
+            ack, after = self._end(tx, node_id, job, cache, hb.results, items)
             resp.accepted, resp.dropped = ack.accepted, ack.dropped
             ended = set(ack.accepted) | set(ack.dropped)
         elif paced:
@@ -226,10 +228,11 @@ class Attempts:
             ack.lease = LeaseResponse(done=job is None)
         return ack, hot_sql.nothing
 
-    def _end(self, tx: hot_sql.Tx, node_id: str, job: RolloutJob, cache: JobCache,
-             results: list[Result]) -> tuple[ResultAck, Done]:
+    def _end(self, tx: hot_sql.Tx, node_id: str, job: RolloutJob, cache: JobCache, results: list[Result],
+             sent: Callable[[], dict[str, hot_sql.Item]] | None = None) -> tuple[ResultAck, Done]:
         """`results` of node `node_id` (of `job`) applied in the caller's transaction `tx`: the ack, and what to
-        do once it is committed (wake the job's waiting leases, tell `on_idle` the job may be over)."""
+        do once it is committed (wake the job's waiting leases, tell `on_idle` the job may be over). `sent`: their
+        items' read, sent earlier (`hot_sql.items_ahead`)."""
         ack = ResultAck()
         woke: set[str] = set()
         job_name = job.metadata.key
@@ -238,7 +241,7 @@ class Attempts:
         settled: list[int] = []
         config_error = ""
         delivered: list[dict[str, Any]] = []  # trajectory rows, inserted together below
-        items = hot_sql.items_by_attempt(tx.db, [r.attempt_id for r in results])
+        items = (sent or hot_sql.items_ahead(tx.db, [r.attempt_id for r in results]))()
         changed: dict[int, Item] = {}
         for res in results:
             item = items.get(res.attempt_id)

@@ -101,19 +101,29 @@ _SAVED = tuple(c for c in _ROW if c not in ("id", "job", "prompt", "sample", "gr
 
 
 def items_by_attempt(db: sqlite3.Connection, attempt_ids: Iterable[str]) -> dict[str, Item]:
+    return items_ahead(db, attempt_ids)()
+
+
+def items_ahead(db: sqlite3.Connection, attempt_ids: Iterable[str]) -> Callable[[], dict[str, Item]]:
+    """`items_by_attempt`, sent now and read by the function returned (`ahead`: on PostgreSQL it shares the round
+    trip of the reads sent with it)."""
     ids = list(attempt_ids)
     if not ids:
-        return {}
+        return dict
     # PostgreSQL: several replicas may end the same attempt at once (its node moving between them): the rows are
     # locked, so the second reads them ended (READ COMMITTED re-reads a row it waited for) and drops its result
-    rows = db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}"
-                      + (" FOR UPDATE" if isinstance(db, PgRaw) else ""), ids)
-    out = {}
-    for r in rows:
-        item = Item(*r)
-        item.read = tuple(getattr(item, c) for c in _SAVED)
-        out[r[7]] = item
-    return out
+    cursor = db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}"
+                        + (" FOR UPDATE" if isinstance(db, PgRaw) else ""), ids)
+    rows = cursor.fetchall if isinstance(db, PgRaw) else (lambda got=cursor.fetchall(): got)
+
+    def read() -> dict[str, Item]:
+        out = {}
+        for r in rows():
+            item = Item(*r)
+            item.read = tuple(getattr(item, c) for c in _SAVED)
+            out[r[7]] = item
+        return out
+    return read
 
 
 def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
@@ -159,22 +169,25 @@ def live_later(db: sqlite3.Connection, job: str) -> Callable[[], bool]:
     return lambda: row() is not None
 
 
-def queued(db: sqlite3.Connection, job: str, limit: int) -> list[tuple[int, int, int, int, float]]:
-    """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items. PostgreSQL: locked for the
-    caller's grant, skipping those another replica is granting now (`shards.py`: every replica serves leases)."""
-    if isinstance(db, PgRaw):
-        return db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
-                          " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED", (job, ItemState.queued.value, limit)).fetchall()
-    return db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
-                      " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
-
-
-def tasks(db: sqlite3.Connection, job: str, prompts: list[int]) -> dict[int, str]:
-    """Prompt → its task (JSON text), for `prompts` of the job."""
-    if not prompts:
-        return {}
-    return dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN {in_list(len(prompts))}",
-                           (job, *prompts)))
+def queued(db: sqlite3.Connection, job: str, limit: int) -> tuple[list[tuple[int, int, int, int, float]], dict[int, str]]:
+    """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items, and their prompts' tasks
+    (prompt → JSON text). PostgreSQL: in one round trip (each task once, on its prompt's first item), the items
+    locked for the caller's grant, skipping those another replica is granting now (`shards.py`: every replica serves
+    leases)."""
+    if not isinstance(db, PgRaw):
+        rows = db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+                          " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
+        prompts = sorted({row[1] for row in rows})
+        return rows, (dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN "
+                                      f"{in_list(len(prompts))}", (job, *prompts))) if prompts else {})
+    got = db.execute(
+        "WITH q AS (SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+        " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)"
+        " SELECT q.id, q.prompt, q.sample, q.attempt, q.queued_at,"
+        " CASE WHEN row_number() OVER (PARTITION BY q.prompt ORDER BY q.id) = 1 THEN t.data END"
+        " FROM q LEFT JOIN tasks t ON t.job = ? AND t.prompt = q.prompt ORDER BY q.id",
+        (job, ItemState.queued.value, limit, job)).fetchall()
+    return [r[:5] for r in got], {r[1]: r[5] for r in got if r[5] is not None}
 
 
 def grant(db: sqlite3.Connection, grants: list[tuple[Any, ...]]) -> None:

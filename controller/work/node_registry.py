@@ -18,6 +18,7 @@ from rolloutd.crds.node import (FEATURES, MIN_NODE_PROTOCOL, NODE_CALLS_PER_SECO
 
 from ..dialects import raw, update_by_id
 from ..errors import BadRequest, Conflict, NotFound
+from .hot_sql import ahead
 from .job_state import Jobs, closed
 from .states import DaemonState
 from .tables import NodeRow
@@ -106,13 +107,22 @@ class NodeRegistry:
     def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
         """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life. With node
         shards, first the fence: the node's calls are this replica's to answer (`..ha.serving.Serving.check`)."""
+        return self.lookup_ahead(db, node_id)()
+
+    def lookup_ahead(self, db: sqlite3.Connection, node_id: str) -> Callable[[], tuple[str, str] | None]:
+        """`lookup` with the fence at once and the node's read sent now, read by the function returned (the reads
+        sent after it share its round trip: `hot_sql.ahead`)."""
         if self.owning is not None:
             self.owning.check(db, node_id)
-        row = db.execute("SELECT job, state FROM nodes WHERE id = ?", (node_id,)).fetchone()
-        if row is not None and row[1] != DaemonState.gone:
-            self._seen[node_id] = self.clock()
-            self._job[node_id] = row[0]
-        return row
+        sent = ahead(db, "SELECT job, state FROM nodes WHERE id = ?", (node_id,))
+
+        def read() -> tuple[str, str] | None:
+            row = sent()
+            if row is not None and row[1] != DaemonState.gone:
+                self._seen[node_id] = self.clock()
+                self._job[node_id] = row[0]
+            return row
+        return read
 
     def job_of(self, node_id: str) -> str | None:
         """The key of the job `node_id` registered for (a node's job never changes); None for one never registered."""
@@ -124,9 +134,10 @@ class NodeRegistry:
                 self._job[node_id] = node.job
         return self._job[node_id]
 
-    def caller(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str]:
-        """`node` as plain (job, state)."""
-        row = self.lookup(db, node_id)
+    def caller(self, db: sqlite3.Connection, node_id: str,
+               sent: Callable[[], tuple[str, str] | None] | None = None) -> tuple[str, str]:
+        """`node` as plain (job, state) (`sent`: its `lookup_ahead`)."""
+        row = (sent or self.lookup_ahead(db, node_id))()
         if row is None or row[1] == DaemonState.gone:
             raise NotFound(f"node {node_id} is not registered (or was declared lost); register again")
         return row

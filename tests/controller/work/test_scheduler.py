@@ -478,3 +478,15 @@ def test_a_node_silent_for_long_is_retired_and_one_that_calls_is_kept(tmp_path, 
     assert [(n.id, n.state) for n in sched.work.registry.nodes("math-demo")] == [(talking, "active")]  # `nodes` omits the gone
     with pytest.raises(NotFound):
         sched.work.calls.heartbeat(quiet, Heartbeat())
+
+
+def test_each_lease_carries_its_own_prompts_task_in_queue_order(tmp_path, store_location):
+    """The grant's queued rows and their tasks (on PostgreSQL read in one statement, each task on its prompt's first
+    row only): every lease, whichever of its prompt's samples, carries that prompt's task, in the queue's order."""
+    store, sched, clock, job = make(tmp_path, store_location, prompts=3, samples=3)
+    node = reg(sched)
+    leases = sched.work.attempts.lease_now(node, 7).leases
+    assert [(l.prompt, l.sample) for l in leases] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert [l.task["question"] for l in leases] == [f"{l.prompt}+1?" for l in leases]
+    rest = sched.work.attempts.lease_now(node, 7).leases  # the second sample onwards of a prompt begun before
+    assert [(l.prompt, l.sample, l.task["question"]) for l in rest] == [(2, 1, "2+1?"), (2, 2, "2+1?")]
