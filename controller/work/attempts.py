@@ -68,11 +68,12 @@ class Attempts:
     # ------------------------------------------------------------ lease: queued items granted to a node
 
     def lease_now(self, node_id: str, max_items: int, tx: hot_sql.Tx | None = None, job: RolloutJob | None = None,
-                  caller: tuple[str, str] | None = None, version: str | None = None) -> LeaseResponse:
+                  caller: tuple[str, str] | None = None, version: str | None = None,
+                  waiting: Callable[[], hot_sql.Queued] | None = None) -> LeaseResponse:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
         in that call's transaction `tx`, with the `job` it read before writing — reading it after may wait on
-        the store's lock, held by a thread that waits on our write lock: a 30 s stall — the node's
-        (job, state) it looked up, `caller`, and the policy version (JSON) it read, `version`)."""
+        the store's lock, held by a thread that waits on our write lock: a 30 s stall — the node's (job, state) it
+        looked up, `caller`, the policy version (JSON) it read, `version`, and its `hot_sql.queued_ahead`, `waiting`)."""
         with hot_sql.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = caller if caller is not None else self.nodes.caller(db, node_id)
@@ -91,9 +92,11 @@ class Attempts:
             max_items, live = self.shares.share(db, node_id, job_name, job.spec.executor.nodes, max_items)
             refused: list[str] = []
             if max_items > 0:
-                # plain rows, one query for their tasks, one executemany for the updates: per item,
-                # ORM objects and a task lookup (which autoflushed every item before it) cost ~0.5 ms
-                queued, tasks = hot_sql.queued(db, job_name, max_items)
+                # plain rows (per item, ORM objects and a task lookup cost ~0.5 ms); `waiting` was read before this
+                # call's writes: stale if the ORM ran since (it may have cancelled queued items)
+                fresh = waiting is None or tx._session is not None
+                queued, tasks = hot_sql.queued(db, job_name, max_items) if fresh else waiting()
+                queued = queued[:max_items]
                 grants: list[tuple[Any, ...]] = []
                 for item, prompt, sample, attempt, queued_at in queued:
                     backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
@@ -166,11 +169,13 @@ class Attempts:
         only a full beat renews the leases it names. Returns the reply and what to do once committed."""
         resp = HeartbeatResponse()
         after: Done = hot_sql.nothing
-        # the fence first (node shards), then the node's, the policy's and the results' items' reads sent together:
-        # on PostgreSQL one round trip for the three (`hot_sql.ahead`)
-        node = self.nodes.lookup_ahead(tx.db, node_id)
-        policy = hot_sql.policy_ahead(tx.db, job.metadata.key) if job is not None else None
+        # the fence first (node shards), then the reads sent together (PostgreSQL: one round trip, `hot_sql.ahead`):
+        # the node's, the policy's, the results' items and the queued ones for the lease riding on the reply (the
+        # server then runs this call's writes while the loop builds the leases: the call waits once more, at its end)
+        node, key = self.nodes.lookup_ahead(tx.db, node_id), job.metadata.key if job is not None else ""
+        policy = hot_sql.policy_ahead(tx.db, key) if job is not None else None
         items = hot_sql.items_ahead(tx.db, [r.attempt_id for r in hb.results]) if hb.results and job else None
+        waiting = hot_sql.queued_ahead(tx.db, key, lease) if lease and job is not None else None
         caller = self.nodes.caller(tx.db, node_id, node)
         job_name, state = caller
         paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
@@ -201,7 +206,7 @@ class Attempts:
         _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:
             resp.lease = LeaseResponse(drain=True) if resp.drain else \
-                self.lease_now(node_id, lease, tx, job, caller, version)
+                self.lease_now(node_id, lease, tx, job, caller, version, waiting)
         return resp, after
 
     # ------------------------------------------------------------ result: an attempt ends, exactly once

@@ -169,25 +169,38 @@ def live_later(db: sqlite3.Connection, job: str) -> Callable[[], bool]:
     return lambda: row() is not None
 
 
-def queued(db: sqlite3.Connection, job: str, limit: int) -> tuple[list[tuple[int, int, int, int, float]], dict[int, str]]:
+Queued = tuple[list[tuple[int, int, int, int, float]], dict[int, str]]
+
+
+def queued(db: sqlite3.Connection, job: str, limit: int) -> Queued:
     """(id, prompt, sample, attempt, queued_at) of the job's first `limit` queued items, and their prompts' tasks
     (prompt → JSON text). PostgreSQL: in one round trip (each task once, on its prompt's first item), the items
     locked for the caller's grant, skipping those another replica is granting now (`shards.py`: every replica serves
     leases)."""
+    return queued_ahead(db, job, limit)()
+
+
+def queued_ahead(db: sqlite3.Connection, job: str, limit: int) -> Callable[[], Queued]:
+    """`queued`, sent now and read by the function returned (`ahead`)."""
     if not isinstance(db, PgRaw):
         rows = db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
                           " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
         prompts = sorted({row[1] for row in rows})
-        return rows, (dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN "
-                                      f"{in_list(len(prompts))}", (job, *prompts))) if prompts else {})
-    got = db.execute(
+        tasks = dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN {in_list(len(prompts))}",
+                                (job, *prompts))) if prompts else {}
+        return lambda: (rows, tasks)
+    cursor = db.execute(
         "WITH q AS (SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
         " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)"
         " SELECT q.id, q.prompt, q.sample, q.attempt, q.queued_at,"
         " CASE WHEN row_number() OVER (PARTITION BY q.prompt ORDER BY q.id) = 1 THEN t.data END"
         " FROM q LEFT JOIN tasks t ON t.job = ? AND t.prompt = q.prompt ORDER BY q.id",
-        (job, ItemState.queued.value, limit, job)).fetchall()
-    return [r[:5] for r in got], {r[1]: r[5] for r in got if r[5] is not None}
+        (job, ItemState.queued.value, limit, job))
+
+    def read() -> Queued:
+        got = cursor.fetchall()
+        return [r[:5] for r in got], {r[1]: r[5] for r in got if r[5] is not None}
+    return read
 
 
 def grant(db: sqlite3.Connection, grants: list[tuple[Any, ...]]) -> None:
