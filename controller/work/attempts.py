@@ -175,7 +175,7 @@ class Attempts:
         node, key = self.nodes.lookup_ahead(tx.db, node_id), job.metadata.key if job is not None else ""
         policy = hot_sql.policy_ahead(tx.db, key) if job is not None else None
         items = hot_sql.items_ahead(tx.db, [r.attempt_id for r in hb.results]) if hb.results and job else None
-        waiting = hot_sql.queued_ahead(tx.db, key, lease) if lease and job is not None else None
+        waiting = hot_sql.queued_ahead(tx.db, key, lease) if job and 0 < (lease or 0) <= hot_sql.AHEAD_ITEMS else None
         caller = self.nodes.caller(tx.db, node_id, node)
         job_name, state = caller
         paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full

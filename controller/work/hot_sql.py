@@ -170,6 +170,10 @@ def live_later(db: sqlite3.Connection, job: str) -> Callable[[], bool]:
 
 
 Queued = tuple[list[tuple[int, int, int, int, float]], dict[int, str]]
+# a beat's lease reads its queued items ahead (before its fair share is known) only up to this many: a node that
+# asks for more (a hostile one, up to `?lease=65536`) is read for after its share, so it never makes the controller
+# read and lock more rows than it could be granted
+AHEAD_ITEMS = 64
 
 
 def queued(db: sqlite3.Connection, job: str, limit: int) -> Queued:

@@ -113,3 +113,24 @@ def test_a_node_handed_over_is_fenced_off_its_old_owner_and_its_leases_go_with_i
     assert ack.accepted == [leases[0].attempt_id]
     assert len(b.work.feed.trajectories(job.metadata.key)) == 1
 
+
+
+@pytest.mark.parametrize("asked", [64, 65536])
+def test_a_beat_locks_no_more_queued_rows_than_its_node_may_be_granted(tmp_path, pg_server, asked):
+    """A beat reads the queued items for its lease ahead of its fair share (`hot_sql.AHEAD_ITEMS`), locking them to
+    its commit: a node asking for far more than its share (`?lease=65536`, a hostile daemon) must not lock the rest of
+    the queue away from the other replicas' nodes meanwhile."""
+    from rolloutd.crds.node import Heartbeat
+
+    a, b, job = _two(tmp_path, pg_server, prompts=40, samples=4, nodes=2)  # 160 rollouts, a share of 80 each
+    na, nb = reg(a, "na"), reg(b, "nb")
+    got: dict[str, list] = {}
+    with hot_sql.transaction(a.work.store.engine) as tx:
+        resp, _ = a.work.attempts.beat(tx, na, Heartbeat(), asked, job)  # granted, not committed: its rows locked
+        t = threading.Thread(target=lambda: got.update(second=b.work.attempts.lease_now(nb, 200).leases))
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+    first, second = resp.lease.leases, got["second"]
+    assert len(first) == min(asked, 80) and len(second) == 80
+    assert len({l.item for l in first + second}) == len(first) + len(second)
