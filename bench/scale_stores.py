@@ -4,8 +4,9 @@ CPU and writes, read from /proc over the postmaster and its backends.
 
 `$ROLLOUTD_SCALE_STORES` (`python -m bench scale --store sqlite,postgresql`): the stores to run at every N,
 side by side. `$ROLLOUTD_SCALE_PG_STATEMENTS=1`: the server's statements over the window (pg_stat_statements:
-calls, time, rows of the costliest) in the JSON's `statements`. The server runs with fsync on and `synchronous_commit=off`: a commit returns before its WAL is
-flushed, as SQLite's WAL with `synchronous=NORMAL` does (a power loss may lose the last commits, never corrupt).
+calls, time, rows of the costliest) in the JSON's `statements`. The server runs with fsync on and
+`synchronous_commit=off`: a commit returns before its WAL is flushed, as SQLite's WAL with `synchronous=NORMAL`
+does (a power loss may lose the last commits, never corrupt).
 """
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class Attempts:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
         in that call's transaction `tx`, with the `job` it read before writing — reading it after may wait on
         the store's lock, held by a thread that waits on our write lock: a 30 s stall — the node's (job, state) it
-        looked up, `caller`, the policy version (JSON) it read, `version`, and its `hot_sql.queued_ahead`, `waiting`)."""
+        looked up, `caller`, the policy version JSON it read, `version`, and its `hot_sql.queued_ahead`, `waiting`)."""
         with hot_sql.joined(self.engine, tx) as tx:
             db = tx.db
             job_name, state = caller if caller is not None else self.nodes.caller(db, node_id)

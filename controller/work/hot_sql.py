@@ -112,9 +112,8 @@ def items_ahead(db: sqlite3.Connection, attempt_ids: Iterable[str]) -> Callable[
         return dict
     # PostgreSQL: several replicas may end the same attempt at once (its node moving between them): the rows are
     # locked, so the second reads them ended (READ COMMITTED re-reads a row it waited for) and drops its result
-    cursor = db.execute(f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}"
-                        + (" FOR UPDATE" if isinstance(db, PgRaw) else ""), ids)
-    rows = cursor.fetchall if isinstance(db, PgRaw) else (lambda got=cursor.fetchall(): got)
+    rows = ahead(db, f"SELECT {ITEM_COLUMNS} FROM items WHERE attempt_id IN {in_list(len(ids))}"
+                 + (" FOR UPDATE" if isinstance(db, PgRaw) else ""), ids, many=True)
 
     def read() -> dict[str, Item]:
         out = {}
@@ -140,16 +139,17 @@ def save(db: sqlite3.Connection, items: Iterable[Item]) -> None:
         update_by_id(db, ITEMS, columns, rows)
 
 
-def ahead(db: sqlite3.Connection, sql: str, params: Any = ()) -> Callable[[], Any]:
-    """A one-row read sent now, its row (or None) read by the function returned. On PostgreSQL, in a call's pipeline
-    (`GroupCommit._pipelined`), reads sent together wait for the server once, where each read's own `fetchone` is a
-    round trip with the loop blocked, waiting also for every write sent before it. SQLite reads it at once (its
+def ahead(db: sqlite3.Connection, sql: str, params: Any = (), many: bool = False) -> Callable[[], Any]:
+    """A read sent now, its row (or None; `many`: its rows) read by the function returned. On PostgreSQL, in a call's
+    pipeline (`GroupCommit._pipelined`), reads sent together wait for the server once, where each read's own fetch is
+    a round trip with the loop blocked, waiting also for every write sent before it. SQLite reads it at once (its
     cursors are not kept across the writes after them)."""
     cursor = db.execute(sql, params)
+    fetch = cursor.fetchall if many else cursor.fetchone
     if isinstance(db, PgRaw):
-        return cursor.fetchone
-    row = cursor.fetchone()
-    return lambda: row
+        return fetch
+    got = fetch()
+    return lambda: got
 
 
 def policy_ahead(db: sqlite3.Connection, job: str) -> Callable[[], Any]:
@@ -193,16 +193,16 @@ def queued_ahead(db: sqlite3.Connection, job: str, limit: int) -> Callable[[], Q
         tasks = dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN {in_list(len(prompts))}",
                                 (job, *prompts))) if prompts else {}
         return lambda: (rows, tasks)
-    cursor = db.execute(
-        "WITH q AS (SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
+    rows = ahead(
+        db, "WITH q AS (SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
         " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)"
         " SELECT q.id, q.prompt, q.sample, q.attempt, q.queued_at,"
         " CASE WHEN row_number() OVER (PARTITION BY q.prompt ORDER BY q.id) = 1 THEN t.data END"
         " FROM q LEFT JOIN tasks t ON t.job = ? AND t.prompt = q.prompt ORDER BY q.id",
-        (job, ItemState.queued.value, limit, job))
+        (job, ItemState.queued.value, limit, job), many=True)
 
     def read() -> Queued:
-        got = cursor.fetchall()
+        got = rows()
         return [r[:5] for r in got], {r[1]: r[5] for r in got if r[5] is not None}
     return read
 

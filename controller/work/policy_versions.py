@@ -64,13 +64,14 @@ class PolicyVersions:
     def raw_row(self, db: sqlite3.Connection, job: str, sent: Callable[[], Any] | None = None) -> tuple[str, str, bool]:
         """`row` as its raw columns on a DB-API connection (version JSON, history JSON, paused), created on first use
         (ON CONFLICT: on PostgreSQL another transaction may create it meanwhile; SQLite, one writer at a time, never
-        races). `sent`: its read, sent earlier (`hot_sql.policy_ahead`) (so that it shared a round trip with the reads after it)."""
+        races). `sent`: its read, sent earlier (`hot_sql.policy_ahead`: it shared a round trip with the reads after
+        it)."""
         row = (sent or policy_ahead(db, job))()
         if row is None:
             default = PolicyRow(job=job)
             db.execute("INSERT INTO policies (job, version, history, paused) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (job) DO NOTHING", (job, default.version, default.history, default.paused))
-            row = db.execute("SELECT version, history, paused FROM policies WHERE job = ?", (job,)).fetchone()
+            row = policy_ahead(db, job)()
         return row[0], row[1], bool(row[2])
 
     def version(self, job: str) -> int | str | None:
