@@ -308,8 +308,7 @@ class Attempts:
 
     def expire(self) -> int:
         """Leases no full beat renewed in time (held in memory) go back to the queue (node killed, network lost)."""
-        now = self.clock()
-        n = 0
+        now, n = self.clock(), 0
         with Session(self.engine, expire_on_commit=False) as s:
             late = dict(self.held.expired(now))
             expired = []
@@ -319,8 +318,9 @@ class Attempts:
                 # locked (PG): a replica its node moved to may end one now (`shards.py`); the later sees it ended
                 rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late))).with_for_update()).all()
                 expired = [r for r in rows if r.state == ItemState.leased]
-                for aid in late.keys() - {r.attempt_id for r in expired}:
-                    self.held.forget(aid)  # not leased in the database (its grant was rolled back)
+                for aid in late.keys() - {r.attempt_id for r in expired}:  # its grant was rolled back: its slot too
+                    self.queue.release(late[aid])
+                    self.held.forget(aid)
             for item in expired:
                 attempt_traces.ended(item.attempt_id, "expired")
                 cache = self.jobs.cached(item.job)

@@ -490,3 +490,28 @@ def test_each_lease_carries_its_own_prompts_task_in_queue_order(tmp_path, store_
     assert [l.task["question"] for l in leases] == [f"{l.prompt}+1?" for l in leases]
     rest = sched.work.attempts.lease_now(node, 7).leases  # the second sample onwards of a prompt begun before
     assert [(l.prompt, l.sample, l.task["question"]) for l in rest] == [(2, 1, "2+1?"), (2, 2, "2+1?")]
+
+
+def test_a_grant_whose_transaction_rolled_back_gives_its_backend_slot_back_when_it_expires(tmp_path, store_location):
+    """A beat's lease granted in memory (its backend slot taken) whose transaction then rolled back (its group's
+    commit failed, or a later statement of its call did): the database never leased it, and when its deadline
+    passes the expiry forgets it. Its slot must come back with it: each failed commit otherwise cost the backend
+    one slot for good, until the job's cap refused every lease."""
+    from rolloutd.controller.work import hot_sql
+
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
+    node = reg(sched)
+    work = sched.work
+
+    def granted_then_failed(tx):
+        assert len(work.attempts.lease_now(node, 2, tx).leases) == 2
+        raise RuntimeError("the commit failed")
+
+    with pytest.raises(RuntimeError):
+        hot_sql.run_alone(work.store.engine, lambda tx: (granted_then_failed(tx), None))
+    assert sum(work.pool.inflight.values()) == 2  # in memory until the leases' deadline
+    clock.t += 11
+    assert work.attempts.expire() == 0  # nothing was leased in the database: nothing to requeue
+    assert sum(work.pool.inflight.values()) == 0
+    assert not any(work.pool.admission.admitted.get(u, {}).get("math-demo") for u in ("http://a", "http://b"))
+    assert len(lease(sched, node, 2)) == 2  # both items are leased again
