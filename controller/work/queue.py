@@ -56,10 +56,14 @@ class ItemQueue:
                        (samples, ItemState.queued, now, *group_ids))
 
     def release(self, item: ItemRow | Item | HeldLease) -> None:
-        """The item's task no longer counts on its backend (it left RUN or its attempt ended)."""
-        if item.holds_backend:
-            self.pool.release(item.backend, item.job)
-            item.holds_backend = False
+        """The item's task no longer counts on its backend (it left RUN or its attempt ended). The slot is the held
+        lease's in memory, which took it: a database row may still say it holds one that memory gave back already
+        (its ending was rolled back and comes again) or never took (its node is another replica's)."""
+        held = item if isinstance(item, HeldLease) else self.leases.get(item.attempt_id)
+        if held is not None and held.holds_backend:
+            self.pool.release(held.backend, held.job)
+            held.holds_backend = False
+        item.holds_backend = False
 
     def requeue(self, item: ItemRow | Item, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:
         """Back to the queue, or failed (infra) once `max_attempts` are used up. Returns the new state.

@@ -515,3 +515,29 @@ def test_a_grant_whose_transaction_rolled_back_gives_its_backend_slot_back_when_
     assert sum(work.pool.inflight.values()) == 0
     assert not any(work.pool.admission.admitted.get(u, {}).get("math-demo") for u in ("http://a", "http://b"))
     assert len(lease(sched, node, 2)) == 2  # both items are leased again
+
+
+def test_a_result_whose_transaction_rolled_back_and_came_again_frees_its_backend_slot_once(tmp_path, store_location):
+    """A node's results applied in a transaction that then rolled back (its group's commit failed): the node is
+    answered an error and sends them again. The backend slot its attempt held is freed once, not once per try: a
+    second release took the slot of another rollout still running there (the backend then admitted one too many)."""
+    from rolloutd.controller.work import hot_sql
+
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1, backends=("http://a",))
+    node = reg(sched)
+    work = sched.work
+    first, second = lease(sched, node, 2)
+    assert work.pool.inflight["http://a"] == 2
+
+    def applied_then_failed(tx):
+        ack, _ = work.attempts.results(tx, node, ResultBatch(results=[ok(first)]), store.get("math-demo"))
+        assert ack.accepted == [first.attempt_id]
+        raise RuntimeError("the commit failed")
+
+    with pytest.raises(RuntimeError):
+        hot_sql.run_alone(work.store.engine, lambda tx: (applied_then_failed(tx), None))
+    assert work.calls.results(node, ResultBatch(results=[ok(first)])).accepted == [first.attempt_id]
+    assert work.pool.inflight["http://a"] == 1  # the second rollout still runs there
+    assert work.pool.admission.admitted["http://a"]["math-demo"] == 1
+    assert work.calls.results(node, ResultBatch(results=[ok(second)])).accepted == [second.attempt_id]
+    assert work.pool.inflight["http://a"] == 0 and len(work.feed.trajectories("math-demo")) == 2
