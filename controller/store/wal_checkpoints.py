@@ -3,7 +3,7 @@ on the event loop.
 
 SQLite copies the WAL's frames back into the database file (a checkpoint: two fsyncs and the copy) inside the
 commit that grows the WAL past `wal_autocheckpoint` pages; at a thousand nodes that commit is a group of node
-calls on the event loop (`work/hot_sql.GroupCommit`), and every call behind it waited. `Checkpointer` runs
+calls on the event loop (`work/group_commit.GroupCommit`), and every call behind it waited. `Checkpointer` runs
 PASSIVE checkpoints every EVERY seconds on a connection of its own, in a thread: sqlite3 releases the GIL while it
 copies and syncs, and a PASSIVE checkpoint takes no lock a writer waits for. While it runs the connections of the
 store checkpoint inline only past BACKSTOP_PAGES (`StoreDB.autocheckpoint`), which then finds nearly everything

@@ -32,7 +32,7 @@ from rolloutd.crds.trajectory import Failure, FailureKind, Trajectory
 
 from ..dialects import raw
 from ..errors import NotFound
-from . import hot_sql
+from . import beat_stages, hot_sql
 from . import tracing as attempt_traces
 from .batches import Batches
 from .expansion import Expansions
@@ -51,6 +51,7 @@ from . import tokenshare, workshare
 
 log = logging.getLogger("rolloutd.scheduler")
 Done = Callable[[], None]  # what a call does once its transaction is committed
+BeatReads = tuple[Any, Any, Any, Any]  # a beat's reads sent ahead: node, policy, results' items, queued (`beat_reads`)
 
 
 class Attempts:
@@ -69,7 +70,7 @@ class Attempts:
 
     def lease_now(self, node_id: str, max_items: int, tx: hot_sql.Tx | None = None, job: RolloutJob | None = None,
                   caller: tuple[str, str] | None = None, version: str | None = None,
-                  waiting: Callable[[], hot_sql.Queued] | None = None) -> LeaseResponse:
+                  waiting: Callable[[int], hot_sql.Queued] | None = None) -> LeaseResponse:
         """What a lease call without a long-poll answers (also what rides on a beat's or results' reply, then
         in that call's transaction `tx`, with the `job` it read before writing — reading it after may wait on
         the store's lock, held by a thread that waits on our write lock: a 30 s stall — the node's (job, state) it
@@ -95,8 +96,7 @@ class Attempts:
                 # plain rows (per item, ORM objects and a task lookup cost ~0.5 ms); `waiting` was read before this
                 # call's writes: stale if the ORM ran since (it may have cancelled queued items)
                 fresh = waiting is None or tx._session is not None
-                queued, tasks = hot_sql.queued(db, job_name, max_items) if fresh else waiting()
-                queued = queued[:max_items]
+                queued, tasks = hot_sql.queued(db, job_name, max_items) if fresh else waiting(max_items)
                 grants: list[tuple[Any, ...]] = []
                 for item, prompt, sample, attempt, queued_at in queued:
                     backend = self.pool.acquire(cache.backends, job_name) if cache.backends else None
@@ -113,6 +113,8 @@ class Attempts:
                                  backend=backend, queued_seconds=max(now - queued_at, 0.0))
                     leases.append(Lease(**grant, task=json.loads(tasks[prompt]), policy_version=version,
                                         traceparent=attempt_traces.granted(grant, job_name, node_id)))
+                if tx.group is not None:  # a PostgreSQL group's later beats must not be dealt these
+                    tx.group.granted(job_name, [g[-1] for g in grants])
                 if grants:
                     hot_sql.grant(db, grants)
                     self.shares.granted(job_name, len(grants))
@@ -160,22 +162,28 @@ class Attempts:
 
     # ------------------------------------------------------------ beat: the held leases kept, their stages
 
-    def beat(self, tx: hot_sql.Tx, node_id: str, hb: Heartbeat, lease: int | None,
-             job: RolloutJob | None) -> tuple[HeartbeatResponse, Done]:
+    def beat_reads(self, tx: hot_sql.Tx, node_id: str, hb: Heartbeat, lease: int | None,
+                   job: RolloutJob | None) -> BeatReads:
+        """A beat's reads, sent together (PostgreSQL: one round trip, `hot_sql.ahead`), after the node's fence
+        (node shards): the node's row, the policy's, its results' items and the queued items for the lease riding
+        on its reply (in a PostgreSQL group, with the group's other beats': `group_reads.GroupReads`)."""
+        node, key = self.nodes.lookup_ahead(tx.db, node_id), job.metadata.key if job is not None else ""
+        policy = hot_sql.policy_ahead(tx.db, key) if job is not None else None
+        items = hot_sql.items_ahead(tx.db, [r.attempt_id for r in hb.results]) if hb.results and job else None
+        if job is None or not 0 < (lease or 0) <= hot_sql.AHEAD_ITEMS:
+            return node, policy, items, None
+        return node, policy, items, tx.group.ask(key, lease) if tx.group else hot_sql.queued_ahead(tx.db, key, lease)
+
+    def beat(self, tx: hot_sql.Tx, node_id: str, hb: Heartbeat, lease: int | None, job: RolloutJob | None,
+             sent: BeatReads | None = None) -> tuple[HeartbeatResponse, Done]:
         """A beat in the caller's transaction `tx`, with its node's `job` read before (None: deleted) — reading
         it inside may wait on the store's lock, held by a thread that waits on our write lock. With `lease` (the
         node's free slots) the next leases ride on the reply. A beat may carry the node's finished results
         (beat-results: applied first) and may name only the stages that changed (`hb.full` false, beat-deltas):
-        only a full beat renews the leases it names. Returns the reply and what to do once committed."""
-        resp = HeartbeatResponse()
-        after: Done = hot_sql.nothing
-        # the fence first (node shards), then the reads sent together (PostgreSQL: one round trip, `hot_sql.ahead`):
-        # the node's, the policy's, the results' items and the queued ones for the lease riding on the reply (the
-        # server then runs this call's writes while the loop builds the leases: the call waits once more, at its end)
-        node, key = self.nodes.lookup_ahead(tx.db, node_id), job.metadata.key if job is not None else ""
-        policy = hot_sql.policy_ahead(tx.db, key) if job is not None else None
-        items = hot_sql.items_ahead(tx.db, [r.attempt_id for r in hb.results]) if hb.results and job else None
-        waiting = hot_sql.queued_ahead(tx.db, key, lease) if job and 0 < (lease or 0) <= hot_sql.AHEAD_ITEMS else None
+        only a full beat renews the leases it names. `sent`: its `beat_reads`, sent earlier. Returns the reply and
+        what to do once committed."""
+        resp, after = HeartbeatResponse(), hot_sql.nothing
+        node, policy, items, waiting = sent or self.beat_reads(tx, node_id, hb, lease, job)
         caller = self.nodes.caller(tx.db, node_id, node)
         job_name, state = caller
         paced = BEAT_RESULTS in self.nodes.features_of(node_id) or bool(hb.results) or not hb.full
@@ -203,7 +211,7 @@ class Attempts:
         resp.llm_tokens = tokenshare.beat(self.pool.admission, node_id, job_name, hb.llm_tokens)  # token-share
         resp.llm_rates = workshare.beat(self.pool.admission, node_id, job_name, hb.llm_processed, hb.llm_rate_held)
         resp.policy_version = json.loads(version)
-        _stages(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
+        beat_stages.apply(self.queue, tx.db, node_id, job_name, cache, hb, ended, now, resp)
         if lease is not None:
             resp.lease = LeaseResponse(drain=True) if resp.drain else \
                 self.lease_now(node_id, lease, tx, job, caller, version, waiting)
@@ -345,56 +353,3 @@ class Attempts:
         if n:  # a daemon whose beats came late logs whose time it was
             log.info("requeued %d expired lease(s): %s", n, unheard(late.values(), now))
         return n
-
-
-def _stages(queue: ItemQueue, db: sqlite3.Connection, node_id: str, job_name: str, cache: JobCache, hb: Heartbeat,
-            ended: set[str], now: float, resp: HeartbeatResponse) -> None:
-    """The beat's stages, against the leases held in memory, where a stage changes and a full beat renews
-    what it names; a released or re-pinned backend is also written to the database. An attempt not held in
-    memory is no lease of this node's any more: cancelled (its job or group was) or unknown (it expired, or is
-    not this node's)."""
-    held_now, pool = queue.leases, queue.pool
-    changed: dict[int, HeldLease] = {}
-    until = now + cache.lease_seconds
-
-    def release(held: HeldLease) -> None:
-        if held.holds_backend:
-            queue.release(held)
-            changed[held.item] = held
-
-    for aid in hb.left_run:
-        held = held_now.get(aid)
-        if held is not None and held.node_id == node_id:
-            release(held)
-    gone = []
-    for aid, stage in hb.stages.items():
-        if aid in ended:
-            continue
-        held = held_now.get(aid)
-        if held is None or held.node_id != node_id:
-            gone.append(aid)
-            continue
-        held_now.heard(held, stage, now)  # in memory only: the database keeps the stage of the grant
-        backend = held.backend
-        if stage in ("leased", "init") and backend \
-                and (not pool.healthy(backend) or backend not in cache.backends):
-            new = pool.acquire(cache.backends, job_name)
-            if new is not None:
-                release(held)
-                held.backend, held.holds_backend = new, True
-                changed[held.item] = held
-                resp.repin[aid] = new
-        # Only the leases a full beat names are extended. One granted but not yet in a beat is
-        # covered by its own deadline (lease_seconds from the grant); one whose lease answer
-        # never reached the daemon (the controller died while sending it) is named by nobody
-        # and goes back to the queue when that deadline passes.
-        if hb.full:
-            held_now.renew(aid, held, until)
-    held_now.set_turns(node_id, hb.turns)
-    if gone and (gone := held_now.readopt(db, node_id, gone, until, pool.take)):  # held: the database says so
-        cancelled = hot_sql.cancelled(db, gone)
-        for aid in gone:
-            (resp.cancel if aid in cancelled else resp.unknown).append(aid)
-    if changed:  # a backend released or re-pinned: admission is restored from these after a restart
-        hot_sql.save_pins(db, ((h.backend, h.holds_backend, h.item) for h in changed.values()))
-

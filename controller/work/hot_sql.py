@@ -1,5 +1,5 @@
-"""Plain sqlite3 for the node protocol's hot paths: rows as tuples, statements by text, calls' transactions
-committed together (`GroupCommit`).
+"""Plain sqlite3 for the node protocol's hot paths: rows as tuples, statements by text; a call's work (`Work`) runs
+alone here or with others (`group_commit.GroupCommit`).
 
 Used by `attempts` (lease, beat, result: the attempt path's statements are all here), thousands of calls a
 second at a thousand nodes, where an ORM Session and its statements cost ~6 ms of CPU per call; their rare
@@ -8,14 +8,10 @@ each statement text prepared (its cache).
 """
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-import time
-import weakref
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -38,6 +34,7 @@ class Tx:
         self.db: sqlite3.Connection = db if db is not None else raw(conn)
         self._session: Session | None = None
         self.unpipe: Callable[[], None] = nothing
+        self.group: Any = None  # a PostgreSQL group's reads sent ahead (`group_reads.GroupReads`), if any
 
     def session(self) -> Session:
         if self._session is None:
@@ -184,26 +181,27 @@ def queued(db: sqlite3.Connection, job: str, limit: int) -> Queued:
     return queued_ahead(db, job, limit)()
 
 
-def queued_ahead(db: sqlite3.Connection, job: str, limit: int) -> Callable[[], Queued]:
-    """`queued`, sent now and read by the function returned (`ahead`)."""
+def queued_ahead(db: sqlite3.Connection, job: str, limit: int, after: int = 0) -> Callable[..., Queued]:
+    """`queued` (past item id `after`, if given), sent now and read by the function returned (`ahead`)."""
+    past, params = (" AND id > ?", (job, ItemState.queued.value, after, limit)) if after else \
+        ("", (job, ItemState.queued.value, limit))
     if not isinstance(db, PgRaw):
         rows = db.execute("SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
-                          " ORDER BY id LIMIT ?", (job, ItemState.queued.value, limit)).fetchall()
+                          f"{past} ORDER BY id LIMIT ?", params).fetchall()
         prompts = sorted({row[1] for row in rows})
         tasks = dict(db.execute(f"SELECT prompt, data FROM tasks WHERE job = ? AND prompt IN {in_list(len(prompts))}",
                                 (job, *prompts))) if prompts else {}
-        return lambda: (rows, tasks)
+        return lambda n=None: (rows[:n], tasks)
     rows = ahead(
         db, "WITH q AS (SELECT id, prompt, sample, attempt, queued_at FROM items WHERE job = ? AND state = ?"
-        " ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)"
+        f"{past} ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)"
         " SELECT q.id, q.prompt, q.sample, q.attempt, q.queued_at,"
         " CASE WHEN row_number() OVER (PARTITION BY q.prompt ORDER BY q.id) = 1 THEN t.data END"
-        " FROM q LEFT JOIN tasks t ON t.job = ? AND t.prompt = q.prompt ORDER BY q.id",
-        (job, ItemState.queued.value, limit, job), many=True)
+        " FROM q LEFT JOIN tasks t ON t.job = ? AND t.prompt = q.prompt ORDER BY q.id", (*params, job), many=True)
 
-    def read() -> Queued:
+    def read(n: int | None = None) -> Queued:  # the first `n` (all: None), once
         got = rows()
-        return [r[:5] for r in got], {r[1]: r[5] for r in got if r[5] is not None}
+        return [r[:5] for r in got[:n]], {r[1]: r[5] for r in got if r[5] is not None}
     return read
 
 
@@ -230,159 +228,14 @@ def nothing() -> None:
     """The after-commit step of a call that has none."""
 
 
-def run_alone(engine: Engine, work: "Work") -> Any:
+Done = Callable[[], None]  # what a call does once its transaction is committed
+Work = Callable[[Tx], tuple[Any, Done]]  # a call's work: its value and its after-commit step
+
+
+def run_alone(engine: Engine, work: Work) -> Any:
     """A call's work in a transaction of its own, then its after-commit step (`GroupCommit` runs many together)."""
     with transaction(engine) as tx:
         value, after = work(tx)
     if after is not None:
         after()
     return value
-
-
-# ------------------------------------------------------------------ group commit
-
-def _flush(tx: Tx) -> None:
-    if tx._session is not None:
-        tx._session.flush()
-
-T = TypeVar("T")
-Work = Callable[[Tx], tuple[Any, Callable[[], None]]]
-
-
-RETRY_SECONDS = 0.002  # a group commit deferred by a worker's write transaction looks again this much later
-# calls per group on PostgreSQL: each of a call's statements is a round trip with the loop blocked, so an unbounded
-# group after a slow one grows larger still (measured: the benchmarks page, "Constants"); the rest waits for the
-# next turn, after the loop has served what arrived meanwhile
-PG_GROUP_CALLS = 64
-_WRITERS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
-
-
-def worker_writing(engine: Engine) -> threading.Lock:
-    """Held by a worker thread for the whole of a write transaction on `engine` (SQLite: a batch's fill step).
-    The loop's group commit would wait for SQLite's write lock inside BEGIN IMMEDIATE with the whole loop
-    blocked; while this is held it waits its turn on the loop instead (`GroupCommit._run`), and other calls go on
-    (issue 36)."""
-    return _WRITERS.setdefault(engine, threading.Lock())
-
-
-class GroupCommit:
-    """Node calls' transactions committed together. A call's work (`submit`) waits for the next turn of the
-    event loop, where every call submitted meanwhile runs in one transaction, each in a savepoint of its own (a
-    call that fails is rolled back alone and gets its error), then one commit; then each caller gets its answer,
-    and each call's after-commit step runs. A thousand daemons' beats arrive together: at ~500 calls a second,
-    one commit per call was a third of the controller's time (WAL frames, locks, checkpoints).
-
-    Nothing awaits inside a group: no other code of the loop runs while its transaction is open. The work must
-    not take the store's lock either (a thread holding it may be waiting for our write lock): callers read their
-    job before they submit."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._pending: list[tuple[Work, asyncio.Future, float]] = []  # (work, its caller's answer, submitted at)
-        self.groups = self.calls = 0  # for the metrics and the bench
-        self.seconds = self.waited = 0.0  # time in groups; calls' time from submitted to their group's start, summed
-
-    def submit(self, work: Work) -> "asyncio.Future[Any]":
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._run)
-        self._pending.append((work, future, time.monotonic()))
-        return future
-
-    def _run(self) -> None:
-        if self.engine.dialect.name == "sqlite" and worker_writing(self.engine).locked():
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, self._run)  # the calls stay pending meanwhile
-            return
-        pg = self.engine.dialect.name == "postgresql"
-        if pg and len(self._pending) > PG_GROUP_CALLS:
-            group, self._pending = self._pending[:PG_GROUP_CALLS], self._pending[PG_GROUP_CALLS:]
-            asyncio.get_running_loop().call_soon(self._run)  # the rest: after the loop's other ready work
-        else:
-            group, self._pending = self._pending, []
-        start = time.monotonic()
-        self.waited += sum(start - submitted for _, _, submitted in group)
-        if len(group) == 1 and pg:
-            done = self._alone(*group[0][:2])  # a call alone needs no savepoint: two round trips to the server saved
-        else:
-            done = self._together(group)
-        self.seconds += time.monotonic() - start
-        if done is None:
-            return
-        self.groups, self.calls = self.groups + 1, self.calls + len(group)
-        for future, value, error, _ in done:
-            if future.done():  # its caller went away (the request was cancelled)
-                continue
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
-        for _, _, error, after in done:
-            if after is not None:
-                after()
-
-    def _together(self, group: list[tuple[Work, asyncio.Future, float]]) -> list | None:
-        """The group's calls in one transaction, a savepoint each; None when the commit failed (every caller
-        has the error)."""
-        done: list[tuple[asyncio.Future, Any, BaseException | None, Callable[[], None] | None]] = []
-        try:
-            with self.engine.begin() as conn:
-                db = raw(conn)
-                if conn.dialect.name == "sqlite":  # psycopg has begun one already, at its first statement
-                    db.execute("BEGIN IMMEDIATE")  # savepoints below must not each begin (and commit) one
-                for work, future, _ in group:
-                    tx = Tx(conn, db)
-                    try:
-                        with self._pipelined(tx):
-                            db.execute("SAVEPOINT call")
-                            value, after = work(tx)
-                            _flush(tx)
-                    except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-                        db.execute("ROLLBACK TO call")
-                        done.append((future, None, e, None))
-                    else:
-                        done.append((future, value, None, after))
-                    finally:
-                        db.execute("RELEASE call")
-                        if tx._session is not None:
-                            tx._session.close()
-        except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
-            error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
-            for _, future, _ in group:
-                if not future.done():
-                    future.set_exception(error)
-            if not isinstance(e, Exception):
-                raise
-            return None
-        return done
-
-    @staticmethod
-    @contextmanager
-    def _pipelined(tx: Tx) -> Iterator[None]:
-        """PostgreSQL: the call's statements sent without waiting for each answer (psycopg's pipeline mode) up to
-        a read that needs its rows, and synced when the call's work ends, so that a statement's error is raised
-        here, as this call's. A group's calls were a round trip per statement with the loop blocked (a beat with
-        results: ~10); writes, savepoints and locks now ride with the next read or the sync."""
-        if not isinstance(tx.db, PgRaw):
-            yield
-            return
-        with ExitStack() as stack:
-            stack.enter_context(tx.db.pg.pipeline())
-            tx.unpipe = stack.close  # the ORM's statements run after the pipeline's end (idempotent)
-            yield
-
-    def _alone(self, work: Work, future: asyncio.Future) -> list:
-        """One call as a whole transaction (PostgreSQL): its error, or its commit's, is its answer."""
-        try:
-            with self.engine.begin() as conn:
-                tx = Tx(conn)
-                try:
-                    with self._pipelined(tx):
-                        value, after = work(tx)
-                        _flush(tx)
-                finally:
-                    if tx._session is not None:
-                        tx._session.close()
-        except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-            return [(future, None, e, None)]
-        return [(future, value, None, after)]

@@ -1,5 +1,5 @@
 """A node's beats and results, each in a transaction: alone (tools, tests) or committed with the other node calls
-of this turn of the loop (`hot_sql.GroupCommit`, the node routes). `attempts.Attempts` does the work."""
+of this turn of the loop (`group_commit.GroupCommit`, the node routes). `attempts.Attempts` does the work."""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily
@@ -8,7 +8,8 @@ from sqlalchemy.engine import Engine
 from rolloutd.crds.node import Heartbeat, HeartbeatResponse, ResultAck, ResultBatch
 
 from . import hot_sql
-from .attempts import Attempts
+from .attempts import Attempts, BeatReads
+from .group_commit import GroupCommit
 from .first_tokens import FirstTokens
 from .job_state import Jobs
 from .node_registry import NodeRegistry
@@ -20,7 +21,7 @@ class NodeCalls:
         """`first_tokens`: the model calls' time to first token of every reported result (a metric)."""
         self.engine, self.jobs, self.registry, self.attempts = engine, jobs, registry, attempts
         self.first_tokens = first_tokens
-        self.group = hot_sql.GroupCommit(engine)  # node calls committed together
+        self.group = GroupCommit(engine)  # node calls committed together
 
     def heartbeat(self, node_id: str, hb: Heartbeat, lease: int | None = None) -> HeartbeatResponse:
         """A beat in a transaction of its own; with `lease` (the node's free slots) the next leases ride on it."""
@@ -30,10 +31,10 @@ class NodeCalls:
         """`heartbeat`, its transaction committed with the other calls of this turn of the loop."""
         return await self.group.submit(self._beat(node_id, hb, lease))
 
-    def _beat(self, node_id: str, hb: Heartbeat, lease: int | None) -> hot_sql.Work:
+    def _beat(self, node_id: str, hb: Heartbeat, lease: int | None) -> "_Beat":
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
         self.first_tokens.observe_all(hb.results)
-        return lambda tx: self.attempts.beat(tx, node_id, hb, lease, job)
+        return _Beat(self.attempts, node_id, hb, lease, job)
 
     def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""
@@ -43,17 +44,45 @@ class NodeCalls:
         """`results`, committed with the other calls of this turn of the loop."""
         return await self.group.submit(self._results(node_id, batch, lease))
 
-    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> hot_sql.Work:
+    def _results(self, node_id: str, batch: ResultBatch, lease: int | None) -> "_Results":
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
         self.first_tokens.observe_all(batch.results)
-        return lambda tx: self.attempts.results(tx, node_id, batch, job, lease)
+        return _Results(lambda tx: self.attempts.results(tx, node_id, batch, job, lease),
+                        (node_id, [r.attempt_id for r in batch.results]))
+
+
+class _Results:
+    """A results call's work (`hot_sql.Work`), with the node and attempts it touches (`group_reads.GroupReads`)."""
+
+    def __init__(self, work: hot_sql.Work, claims: tuple[str, list[str]]) -> None:
+        self.work, self.claims = work, claims
+
+    def __call__(self, tx: hot_sql.Tx) -> tuple[ResultAck, hot_sql.Done]:
+        return self.work(tx)
+
+
+class _Beat:
+    """A beat's work (`hot_sql.Work`); in a PostgreSQL group its reads are sent before the group's calls run
+    (`send`), and used at its turn unless the group's ORM ran meanwhile (`group_reads.GroupReads.stale`)."""
+
+    def __init__(self, attempts: Attempts, node_id: str, hb: Heartbeat, lease: int | None, job) -> None:
+        self.attempts, self.node_id, self.hb, self.lease, self.job = attempts, node_id, hb, lease, job
+        self.claims = (node_id, [r.attempt_id for r in hb.results])
+        self.sent: BeatReads | None = None
+
+    def send(self, tx: hot_sql.Tx) -> None:
+        self.sent = self.attempts.beat_reads(tx, self.node_id, self.hb, self.lease, self.job)
+
+    def __call__(self, tx: hot_sql.Tx) -> tuple[HeartbeatResponse, hot_sql.Done]:
+        sent = self.sent if tx.group is not None and not tx.group.stale else None
+        return self.attempts.beat(tx, self.node_id, self.hb, self.lease, self.job, sent)
 
 
 class Collector:
-    """/metrics: the node calls' groups (`hot_sql.GroupCommit`), how long each call waited for its group and how long
+    """/metrics: the node calls' groups (`group_commit.GroupCommit`), how long each call waited for its group and how long
     the groups ran. Waits growing while the groups' own time does not: the calls queue for one lane of groups."""
 
-    def __init__(self, group: hot_sql.GroupCommit) -> None:
+    def __init__(self, group: GroupCommit) -> None:
         self.group = group
 
     def collect(self):

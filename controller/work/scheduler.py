@@ -22,7 +22,7 @@ from rolloutd.crds.rolloutjob import RolloutJob
 
 from ..errors import BadRequest, Conflict, ServiceUnavailable
 from ..ports import Progress
-from . import background, hot_sql
+from . import background, group_commit
 from .core import Work
 from .job_state import closed
 from .states import BatchState, ItemState
@@ -173,9 +173,9 @@ class Scheduler:
 
     def _fill_step(self, job: RolloutJob, k: int) -> int:
         """One step, in a worker thread: the batch's write lock first, then `Batches.lock` (`Batches.hold`); the
-        loop's group commits wait on the loop meanwhile (`hot_sql.worker_writing`), not inside SQLite."""
+        loop's group commits wait on the loop meanwhile (`group_commit.worker_writing`), not inside SQLite."""
         engine = self.work.store.engine
-        with hot_sql.worker_writing(engine) if engine.dialect.name == "sqlite" else contextlib.nullcontext(), \
+        with group_commit.worker_writing(engine) if engine.dialect.name == "sqlite" else contextlib.nullcontext(), \
                 Session(engine, expire_on_commit=False) as s:
             opened = self.work.batches.fill_step(s, job, k)
             s.commit()

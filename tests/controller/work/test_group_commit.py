@@ -1,4 +1,4 @@
-"""Node calls' transactions committed together (`controller/work/hot_sql.GroupCommit`): the calls submitted in one
+"""Node calls' transactions committed together (`controller/work/group_commit.GroupCommit`): the calls submitted in one
 turn of the event loop share one transaction and one commit; a call that fails is rolled back alone and gets
 its own error; each caller is answered only after the commit, and the after-commit steps run after it."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 from rolloutd.controller.store import Store
 from rolloutd.controller.work import node_calls
-from rolloutd.controller.work.hot_sql import PG_GROUP_CALLS, GroupCommit, ahead
+from rolloutd.controller.work.group_commit import PG_GROUP_CALLS, GroupCommit, GroupRolledBack
+from rolloutd.controller.work.hot_sql import ahead
 
 
 @pytest.fixture
@@ -111,10 +112,12 @@ def test_a_large_turn_on_postgresql_commits_in_bounded_groups_and_the_loop_runs_
         assert (group.groups, group.calls) == (1, 150) and order.index("other") == 150
 
 
-def test_a_statement_the_database_refuses_is_its_own_calls_error_and_the_orm_still_counts_rows(engine):
-    """PostgreSQL pipelines a call's statements (nothing waits for a write's answer): a write the server refuses is
-    still the error of the call that sent it, not of the next read, and a call that goes on with the ORM (which
-    reads each UPDATE's row count at once) sees its rows counted."""
+def test_a_statement_the_database_refuses_rolls_its_group_back_then_is_its_own_calls_error(engine):
+    """PostgreSQL runs a group in one pipeline, synced once: a write the server refuses makes it skip everything
+    after it, whoever sent it. So the whole group rolls back and every caller is told to retry (503, nothing of it
+    written); the groups of the next `CAREFUL_SECONDS` sync each call, where the refused write is the error of the
+    call that sent it and its neighbours commit, and a call that goes on with the ORM (which reads each UPDATE's row
+    count at once) sees its rows counted. SQLite runs each call's statements at once: the careful answer first."""
     group = GroupCommit(engine)
 
     def put(k, v):
@@ -132,6 +135,10 @@ def test_a_statement_the_database_refuses_is_its_own_calls_error_and_the_orm_sti
         return await asyncio.gather(group.submit(put("a", 1)), group.submit(put("a", 9)),
                                     group.submit(put("c", 3)), group.submit(orm_update), return_exceptions=True)
 
+    if engine.dialect.name == "postgresql":
+        answers = asyncio.run(scenario())
+        assert all(isinstance(a, GroupRolledBack) and a.code == 503 for a in answers), answers
+        assert rows(engine) == {} and group.rolled_back == 1 and group.careful_until > time.monotonic()
     a, dup, c, counted = asyncio.run(scenario())
     assert (a, c) == ("a", "c"), (a, c)
     assert "unique" in str(dup).lower() or "duplicate" in str(dup).lower(), dup  # the second "a" is its own error
