@@ -95,3 +95,5 @@ class Collector:
                                   value=g.seconds)
         yield CounterMetricFamily("rolloutd_node_call_group_wait_seconds", "node calls' seconds from their arrival "
                                   "to their group's start, summed", value=g.waited)
+        yield CounterMetricFamily("rolloutd_node_call_groups_rolled_back", "PostgreSQL groups rolled back whole (a "
+                                  "statement refused in their one pipeline; each call answered 503)", value=g.rolled_back)

@@ -110,13 +110,14 @@ class NodeRegistry:
         return self.lookup_ahead(db, node_id)()
 
     def lookup_ahead(self, db: sqlite3.Connection, node_id: str) -> Callable[[], tuple[str, str] | None]:
-        """`lookup` with the fence at once and the node's read sent now, read by the function returned (the reads
-        sent after it share its round trip: `hot_sql.ahead`)."""
-        if self.owning is not None:
-            self.owning.check(db, node_id)
+        """`lookup` with the fence and the node's read sent now (the fence's lock first), both read by the function
+        returned, the fence first (the reads sent after them share their round trip: `hot_sql.ahead`)."""
+        fence = self.owning.check_ahead(db, node_id) if self.owning is not None else None
         sent = ahead(db, "SELECT job, state FROM nodes WHERE id = ?", (node_id,))
 
         def read() -> tuple[str, str] | None:
+            if fence is not None:
+                fence()
             row = sent()
             if row is not None and row[1] != DaemonState.gone:
                 self._seen[node_id] = self.clock()

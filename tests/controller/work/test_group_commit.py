@@ -176,10 +176,11 @@ def test_the_groups_time_and_each_calls_wait_for_its_group_are_counted_for_the_m
 
 def test_the_metrics_serve_the_groups_counts():
     group = GroupCommit.__new__(GroupCommit)
-    group.groups, group.calls, group.seconds, group.waited = 3, 150, 1.5, 17.25
+    group.groups, group.calls, group.seconds, group.waited, group.rolled_back = 3, 150, 1.5, 17.25, 1
     served = {m.name: m.samples[0].value for m in node_calls.Collector(group).collect()}
     assert served == {"rolloutd_node_call_groups": 3, "rolloutd_node_calls_grouped": 150,
-                      "rolloutd_node_call_group_seconds": 1.5, "rolloutd_node_call_group_wait_seconds": 17.25}
+                      "rolloutd_node_call_group_seconds": 1.5, "rolloutd_node_call_group_wait_seconds": 17.25,
+                      "rolloutd_node_call_groups_rolled_back": 1}
 
 
 @pytest.mark.parametrize("calls", [1, 3])
