@@ -145,7 +145,7 @@ def node_router(jobs: Jobs, registry: NodeRegistry, attempts: Attempts, calls: N
         @r.post(f"{prefix}/{{node_id}}/lease")
         async def lease(node_id: str, request: Request):
             req = await read_model_fast(request, LeaseRequest)
-            return _ok(await calls.lease_grouped(_owned(registry, node_id, request), req.max_items, req.wait),
+            return _ok(await attempts.lease(_owned(registry, node_id, request), req.max_items, req.wait),
                        registry.features_of(node_id))
 
         @r.post(f"{prefix}/{{node_id}}/heartbeat")

@@ -19,7 +19,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
@@ -128,9 +128,8 @@ class Attempts:
             return LeaseResponse(leases=leases, done=done)
         return LeaseResponse(leases=leases, done=exp is not None and not exp.pending and exp.total > 0 and idle)
 
-    async def lease(self, node_id: str, max_items: int, wait: float = 0.0,
-                    once: Callable[[str, int], Awaitable[LeaseResponse]] | None = None) -> LeaseResponse:
-        """`lease_now` (or `once`, `NodeCalls.lease_grouped`'s), waiting up to `wait` s for work while it grants none."""
+    async def lease(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
+        """`lease_now`, waiting up to `wait` seconds for work (a long-poll) while it grants nothing."""
         deadline = time.monotonic() + wait
         while True:
             job_name = self.nodes.job_of(node_id)
@@ -139,7 +138,7 @@ class Attempts:
                     job_name = self.nodes.caller(tx.db, node_id)[0]
             ev = self.queue.changed.event(job_name)
             ev.clear()
-            resp = await once(node_id, max_items) if once is not None else self.lease_now(node_id, max_items)
+            resp = self.lease_now(node_id, max_items)
             left = deadline - time.monotonic()
             if resp.leases or resp.done or resp.drain or max_items == 0 or left <= 0 or self.queue.stopped:
                 return resp
@@ -147,11 +146,11 @@ class Attempts:
 
     def give_back(self, node_id: str, attempt_ids: list[str], reason: str) -> int:
         """Unstarted (or abandoned) leases handed back: re-queued without using up an attempt."""
+        n = 0
         with Session(self.engine, expire_on_commit=False) as s:
             node = self.nodes.lookup(raw(s.connection()), node_id)  # (job, state); with node shards, fenced
             if node is None:
                 return 0
-            n = 0
             for item in s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(attempt_ids))):
                 if item.node_id == node_id and item.state == ItemState.leased:
                     self.queue.requeue(item, reason, keep_attempt=True)

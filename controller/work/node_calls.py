@@ -2,12 +2,10 @@
 of this turn of the loop (`group_commit.GroupCommit`, the node routes). `attempts.Attempts` does the work."""
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client.core import CounterMetricFamily
 from sqlalchemy.engine import Engine
 
-from rolloutd.crds.node import Heartbeat, HeartbeatResponse, LeaseResponse, ResultAck, ResultBatch
+from rolloutd.crds.node import Heartbeat, HeartbeatResponse, ResultAck, ResultBatch
 
 from . import hot_sql
 from .attempts import Attempts, BeatReads
@@ -37,20 +35,6 @@ class NodeCalls:
         job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
         self.first_tokens.observe_all(hb.results)
         return _Beat(self.attempts, node_id, hb, lease, job)
-
-    async def lease_grouped(self, node_id: str, max_items: int, wait: float = 0.0) -> LeaseResponse:
-        """A lease call (`Attempts.lease`, a long-poll), each try committed with the other calls of its turn of the
-        loop: the leases a change of the queue wakes together are one group, not a transaction each with the loop
-        blocked (at 1000 nodes such a wake-up held the loop for seconds: the benchmarks page)."""
-        return await self.attempts.lease(node_id, max_items, wait, once=self._lease_once)
-
-    def _lease_once(self, node_id: str, max_items: int) -> "asyncio.Future[LeaseResponse]":
-        job = self.jobs.find(self.registry.job_of(node_id))  # read before: the group must not wait on the store
-        if job is None:  # deleted
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(LeaseResponse(done=True))
-            return done
-        return self.group.submit(lambda tx: (self.attempts.lease_now(node_id, max_items, tx, job), None))
 
     def results(self, node_id: str, batch: ResultBatch, lease: int | None = None) -> ResultAck:
         """A batch of results; with `lease` (the node's free slots) the next leases ride on the reply."""

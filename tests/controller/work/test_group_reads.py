@@ -70,18 +70,3 @@ def test_what_a_call_cancelled_with_the_orm_is_seen_cancelled_by_a_later_beat_of
     assert beat.dropped == {second.attempt_id: "cancelled"} and beat.lease.leases == []
     assert len(sched.work.feed.trajectories("math-demo")) == 1  # the config failure only
     assert set(sched.work.queue.counts("math-demo")) == {"failed", "cancelled"}
-
-
-def test_lease_calls_woken_together_are_one_group_and_share_its_items_with_its_beats(tmp_path, store_location):
-    """Long-poll lease calls that a change of the queue wakes together are committed as one group with the beats of
-    that turn, not a transaction each with the loop blocked (at 1000 nodes such a wake-up held the loop for seconds).
-    A lease reads its items at its turn; the beats after it, whose items were read ahead, are not dealt the same."""
-    store, sched, clock, job = make(tmp_path, store_location, prompts=12, samples=1, nodes=4)
-    nodes = [reg(sched, f"n{i}") for i in range(4)]
-    calls = sched.work.calls
-    answers = together(lambda: calls.lease_grouped(nodes[0], 3),
-                       *[lambda n=n: calls.heartbeat_grouped(n, Heartbeat(), lease=3) for n in nodes[1:]])
-    leases = [*answers[0].leases, *[l for a in answers[1:] for l in a.lease.leases]]
-    items = [l.item for l in leases]
-    assert len(items) == 12 == len(set(items)), items
-    assert (calls.group.groups, calls.group.calls) == (1, 4)
