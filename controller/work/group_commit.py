@@ -46,10 +46,6 @@ class GroupRolledBack(ServiceUnavailable):
     pipeline the server skips everything after it, whoever sent it. Nothing of the call took effect: retry it."""
 
 
-class _Whole(Exception):
-    """The group cannot go on: roll it back whole (`GroupRolledBack` to every caller)."""
-
-
 def _flush(tx: Tx) -> None:
     if tx._session is not None:
         tx._session.flush()
@@ -145,12 +141,12 @@ class GroupCommit:
                     raise
         except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
             error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
-            cause = e.__cause__ if isinstance(e, _Whole) else e
+            cause = e.__cause__ if isinstance(e, GroupRolledBack) else e
             if reads is not None and refused(cause) and storage_reason(cause) is None:  # not a server away
                 self.rolled_back, self.careful_until = self.rolled_back + 1, time.monotonic() + CAREFUL_SECONDS
                 log.warning("a group of %d node calls rolled back whole, each retries: %s", len(group), cause)
                 error = GroupRolledBack("rolled back with the node calls committed together: retry")
-            elif isinstance(e, _Whole):
+            elif isinstance(e, GroupRolledBack):
                 error = cause
             for _, future, _ in group:
                 if not future.done():
@@ -163,7 +159,7 @@ class GroupCommit:
     @staticmethod
     def _shared(conn: Any, db: Any, reads: GroupReads, work: Work, future: asyncio.Future) -> Entry:
         """A call in the group's pipeline: its own logic's error rolls back its savepoint; one the server raises
-        (it may be an earlier call's statement) ends the group (`_Whole`)."""
+        (it may be an earlier call's statement) ends the group (`GroupRolledBack`)."""
         tx = Tx(conn, db)
         tx.group, tx.unpipe = reads, reads.end  # the ORM reads each UPDATE's row count at once: the pipeline ends
         try:
@@ -171,8 +167,8 @@ class GroupCommit:
             value, after = work(tx)
             _flush(tx)
         except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-            if refused(e):
-                raise _Whole(str(e)) from e
+            if refused(e):  # the group cannot go on: rolled back whole
+                raise GroupRolledBack(str(e)) from e
             db.execute("ROLLBACK TO call")
             db.execute("RELEASE call")
             return future, None, e, None

@@ -10,18 +10,19 @@ read ahead is not used once the ORM ran in the group (`stale`: a settled batch g
 """
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from typing import Any, Callable, Iterable
-
-import psycopg
 
 from . import hot_sql
 from .hot_sql import Queued, Tx
 
 
 def refused(e: BaseException | None) -> bool:
-    """Whether `e` is the database's (a statement refused, the pipeline aborted), not a call's own logic's."""
-    return isinstance(e, psycopg.Error) or isinstance(getattr(e, "orig", None), psycopg.Error)
+    """Whether `e` is the database's (a statement refused, the pipeline aborted), not a call's own logic's. psycopg
+    is the `postgresql` extra's: without it loaded no error can be its."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and (isinstance(e, psycopg.Error) or isinstance(getattr(e, "orig", None), psycopg.Error))
 
 
 class GroupReads:

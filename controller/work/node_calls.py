@@ -79,8 +79,9 @@ class _Beat:
 
 
 class Collector:
-    """/metrics: the node calls' groups (`group_commit.GroupCommit`), how long each call waited for its group and how long
-    the groups ran. Waits growing while the groups' own time does not: the calls queue for one lane of groups."""
+    """/metrics: the node calls' groups (`group_commit.GroupCommit`), how long each call waited for its group, how long
+    the groups ran, and how many rolled back whole. Waits growing while the groups' own time does not: the calls queue
+    for one lane of groups."""
 
     def __init__(self, group: GroupCommit) -> None:
         self.group = group
@@ -96,4 +97,5 @@ class Collector:
         yield CounterMetricFamily("rolloutd_node_call_group_wait_seconds", "node calls' seconds from their arrival "
                                   "to their group's start, summed", value=g.waited)
         yield CounterMetricFamily("rolloutd_node_call_groups_rolled_back", "PostgreSQL groups rolled back whole (a "
-                                  "statement refused in their one pipeline; each call answered 503)", value=g.rolled_back)
+                                  "statement refused in their one pipeline; each call answered 503)",
+                                  value=g.rolled_back)

@@ -89,6 +89,7 @@ TABLE: dict[str, list[tuple[tuple, dict, FailureKind]]] = {
     "rolloutd.controller.errors.ServiceUnavailable": [(("m",), {}, I)],
     "rolloutd.controller.ha.leadership.Fenced": [(("m",), {}, I)],
     "rolloutd.controller.ha.serving.NotOwner": [(("node", "http://b"), {}, I)],
+    "rolloutd.controller.work.group_commit.GroupRolledBack": [(("m",), {}, I)],
     "rolloutd.controller.executors.base.ExecutorError": [(("m",), {}, I), (("m",), {"permanent": True}, C)],
     "rolloutd.controller.executors.logs.NoLogs": [((), {}, C)],
     "rolloutd.integrations.trl.rollouts.StalePolicy": [((), {}, I)],

@@ -27,7 +27,8 @@ def test_the_beats_of_one_group_are_dealt_distinct_items_in_queue_order(tmp_path
     nodes = [reg(sched, f"n{i}") for i in range(8)]
     calls = sched.work.calls
     asks = [3, 3, 3, 100, 3, 3, 3, 3]
-    answers = together(*[lambda n=n, k=k: calls.heartbeat_grouped(n, Heartbeat(), lease=k) for n, k in zip(nodes, asks)])
+    answers = together(*[lambda n=n, k=k: calls.heartbeat_grouped(n, Heartbeat(), lease=k)
+                         for n, k in zip(nodes, asks)])
     leases = [l for a in answers for l in a.lease.leases]
     items = [l.item for l in leases]
     assert len(items) == len(set(items)), "an item granted twice"
