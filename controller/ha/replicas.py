@@ -214,7 +214,8 @@ class Replica:
         """A node call: served here when this replica owns the node (or it is a registration), else answered 421 naming
         the owner (`_redirects`) or forwarded to it, the reply naming it (`shards.OWNER`): the daemon moves to it. A node
         of ours above our fair share is handed over first (`Shards.give`). The fence of the call's transaction has the
-        last word (`serving.Serving.check`): a call it refuses goes the same way, or (forwarded: no second hop) 503."""
+        last word (`serving.Serving.check_ahead`): a call it refuses goes the same way, or (forwarded: no second hop)
+        503."""
         node_id = scope["path"].rstrip("/").split("/nodes/", 1)[1].split("/", 1)[0]
         forwarded = any(k.lower() == FORWARDED.encode() for k, _ in scope["headers"])
         app = self.leader.app if self.leader is not None else self.follower

@@ -1,7 +1,7 @@
 """The node-shard fence: the nodes one work core serves (`Serving`), checked first in every node call's transaction;
 a call for a node this replica does not own is `NotOwner`. Built by `replicas.py` over `shards.Shards`' view.
 
-The fence (`Serving.check`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
+The fence (`Serving.check_ahead`): every node call's transaction first reads the node's owner row `FOR SHARE`; a replica
 that is not the owner answers nothing from its memory and commits nothing (`NotOwner`: `replicas.py` redirects or
 forwards the call to the owner), and a move waits for the owner's open transactions on that node, so once it committed no
 earlier owner commits for the node again (a replica paused past its row's lapse included). A work core serves a
@@ -37,8 +37,8 @@ class NotOwner(ServiceUnavailable):
 
 class Serving:
     """The nodes one work core (a follower's, or the leader's) serves, each at the `moves` of its owner row when the
-    core loaded its held leases; `check` is its fence (`NodeRegistry.owning`: every node call's transaction runs it
-    first), `ours` the expiry's. `sync` follows the rows' view each refresh: nodes gained are loaded now (their
+    core loaded its held leases; `check_ahead` is its fence (`NodeRegistry.owning`: every node call's transaction
+    runs it first), `ours` the expiry's. `sync` follows the rows' view each refresh: nodes gained are loaded now (their
     leases expire here if their daemon never calls again), nodes lost forgotten."""
 
     def __init__(self, shards: Shards, work: Any) -> None:
@@ -48,14 +48,11 @@ class Serving:
         work.registry.serves = self.held.__contains__
         work.registry.served = lambda: list(self.held)
 
-    def check(self, db: Any, node_id: str) -> None:
-        """In a node call's transaction, before anything is read or written for it: the node is ours (its row held
-        `FOR SHARE` to the commit, so no move commits meanwhile), and its leases are loaded at the row's moves."""
-        self.check_ahead(db, node_id)()
-
     def check_ahead(self, db: Any, node_id: str) -> Callable[[], None]:
-        """`check`, its row's lock sent now (before the call's other statements) and judged by the function returned
-        (`work/hot_sql.ahead`: on PostgreSQL it shares the round trip of the call's first reads)."""
+        """In a node call's transaction, before anything is read or written for it: the node's owner row locked
+        `FOR SHARE` to the commit (so no move commits meanwhile), sent now and judged by the function returned
+        (`work/hot_sql.ahead`: on PostgreSQL it shares the round trip of the call's first reads): the node is ours
+        (else `NotOwner`), and its leases are loaded at the row's moves."""
         row = ahead(db, "SELECT owner, moves FROM node_owners WHERE node_id = ? FOR SHARE", (node_id,))
         return lambda: self._judge(db, node_id, row())
 

@@ -41,7 +41,7 @@ from .job_state import JobCache, Jobs, closed
 from .held_leases import HeldLease, unheard
 from .node_registry import NodeRegistry
 from .node_share import NodeShares
-from .hot_sql import Item
+from .hot_sql import Done, Item
 from .policy_versions import PolicyVersions
 from .queue import ItemQueue
 from .staleness import staleness
@@ -50,7 +50,6 @@ from .tables import ItemRow
 from . import tokenshare, workshare
 
 log = logging.getLogger("rolloutd.scheduler")
-Done = Callable[[], None]  # what a call does once its transaction is committed
 BeatReads = tuple[Any, Any, Any, Any]  # a beat's reads sent ahead: node, policy, results' items, queued (`beat_reads`)
 
 
@@ -113,9 +112,9 @@ class Attempts:
                                  backend=backend, queued_seconds=max(now - queued_at, 0.0))
                     leases.append(Lease(**grant, task=json.loads(tasks[prompt]), policy_version=version,
                                         traceparent=attempt_traces.granted(grant, job_name, node_id)))
-                if tx.group is not None:  # a PostgreSQL group's later beats must not be dealt these
-                    tx.group.granted(job_name, [g[-1] for g in grants])
                 if grants:
+                    if tx.group is not None:  # a PostgreSQL group's later beats must not be dealt these
+                        tx.group.granted(job_name, [g[-1] for g in grants])
                     hot_sql.grant(db, grants)
                     self.shares.granted(job_name, len(grants))
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot

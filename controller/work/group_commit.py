@@ -5,6 +5,7 @@ is one pipeline with its beats' reads sent ahead (`group_reads.py`). Next step: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -129,10 +130,7 @@ class GroupCommit:
                     if reads is not None:
                         reads.send(conn, [work for work, _, _ in group])
                     for work, future, _ in group:
-                        if reads is not None and reads.piped:
-                            done.append(self._shared(conn, db, reads, work, future))
-                        else:
-                            done.append(self._own(conn, db, work, future))
+                        done.append(self._call(conn, db, work, future, reads))
                     if reads is not None:
                         reads.end()  # the one sync: a statement refused anywhere in the group raises here
                 except BaseException as e:
@@ -156,44 +154,31 @@ class GroupCommit:
             return None
         return done
 
-    @staticmethod
-    def _shared(conn: Any, db: Any, reads: GroupReads, work: Work, future: asyncio.Future) -> Entry:
-        """A call in the group's pipeline: its own logic's error rolls back its savepoint; one the server raises
-        (it may be an earlier call's statement) ends the group (`GroupRolledBack`)."""
-        tx = Tx(conn, db)
-        tx.group, tx.unpipe = reads, reads.end  # the ORM reads each UPDATE's row count at once: the pipeline ends
-        try:
-            db.execute("SAVEPOINT call")
-            value, after = work(tx)
-            _flush(tx)
-        except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-            if refused(e):  # the group cannot go on: rolled back whole
-                raise GroupRolledBack(str(e)) from e
-            db.execute("ROLLBACK TO call")
-            db.execute("RELEASE call")
-            return future, None, e, None
-        finally:
-            if tx._session is not None:
-                tx._session.close()
-        db.execute("RELEASE call")
-        return future, value, None, after
-
     @classmethod
-    def _own(cls, conn: Any, db: Any, work: Work, future: asyncio.Future) -> Entry:
-        """A call synced on its own (SQLite; PostgreSQL while careful, or after the ORM ended the group's pipeline)."""
+    def _call(cls, conn: Any, db: Any, work: Work, future: asyncio.Future, reads: GroupReads | None) -> Entry:
+        """A call in a savepoint of its own: its own logic's error rolls back the savepoint and is its answer. In the
+        group's open pipeline (`reads`) an error the server raises may be an earlier call's statement: it ends the
+        group (`GroupRolledBack`). Otherwise (SQLite; PostgreSQL while careful, or after the ORM ended the group's
+        pipeline) the call is synced on its own (`_pipelined`), so the server's error is its own too."""
         tx = Tx(conn, db)
+        shared = reads is not None and reads.piped
+        if shared:  # the ORM reads each UPDATE's row count at once: it ends the group's pipeline
+            tx.group, tx.unpipe = reads, reads.end
         try:
-            with cls._pipelined(tx):
-                db.execute("SAVEPOINT call")
-                value, after = work(tx)
-                _flush(tx)
-        except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-            db.execute("ROLLBACK TO call")
-            return future, None, e, None
-        else:
-            return future, value, None, after
-        finally:
+            try:
+                with contextlib.nullcontext() if shared else cls._pipelined(tx):
+                    db.execute("SAVEPOINT call")
+                    value, after = work(tx)
+                    _flush(tx)
+                entry: Entry = (future, value, None, after)
+            except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
+                if shared and refused(e):  # the group cannot go on: rolled back whole
+                    raise GroupRolledBack(str(e)) from e
+                db.execute("ROLLBACK TO call")
+                entry = (future, None, e, None)
             db.execute("RELEASE call")
+            return entry
+        finally:
             if tx._session is not None:
                 tx._session.close()
 

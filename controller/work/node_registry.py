@@ -43,7 +43,7 @@ class NodeRegistry:
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
         self.served: Callable[[], list[str]] | None = None  # node shards: those nodes (the silent-node pass reads them)
-        self.owning: Any = None  # node shards: `..ha.serving.Serving`, whose `check` fences every node call's transaction
+        self.owning: Any = None  # node shards: `..ha.serving.Serving`, whose `check_ahead` fences every node call's transaction
 
     def seen(self, node_id: str, now: float) -> None:
         """The node's silence counts from `now` (it moved here from another replica)."""
@@ -106,7 +106,7 @@ class NodeRegistry:
 
     def lookup(self, db: sqlite3.Connection, node_id: str) -> tuple[str, str] | None:
         """(job, state) of a node as plain values, None when unknown; the call counts as a sign of life. With node
-        shards, first the fence: the node's calls are this replica's to answer (`..ha.serving.Serving.check`)."""
+        shards, first the fence: the node's calls are this replica's to answer (`..ha.serving.Serving.check_ahead`)."""
         return self.lookup_ahead(db, node_id)()
 
     def lookup_ahead(self, db: sqlite3.Connection, node_id: str) -> Callable[[], tuple[str, str] | None]:
