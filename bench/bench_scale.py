@@ -256,16 +256,18 @@ class _LoopOnly:
         self.loop.close()
 
 
-def _stall_delta(a: dict | None, b: dict | None, n: int = 25) -> dict | None:
+def _stall_delta(a: dict | None, b: dict | None, w0: float, n: int = 25) -> dict | None:
     """The stall sampler's report over the window: its cumulative counters at the window's end less those at its
-    start (the file is rewritten every 5 s: the start's may be up to 5 s older), the functions by stalled ms."""
+    start (the file is rewritten every 5 s: the start's may be up to 5 s older), the functions by stalled ms, and
+    the longest stalls begun in the window (from `w0`, wall clock: the sampler keeps its last 30 s's)."""
     if not b:
         return None
     a = a or {}
     diff = lambda key: sorted(((f, round(v - a.get(key, {}).get(f, 0.0), 1)) for f, v in b[key].items()),  # noqa: E731
                               key=lambda x: -x[1])[:n]
     return {"stalls": b["stalls"] - a.get("stalls", 0), "stalled_ms": round(b["stalled_ms"] - a.get("stalled_ms", 0), 1),
-            "inclusive_ms": diff("inclusive_ms"), "top_ms": diff("top_ms"), "longest": b["longest"][:5]}
+            "inclusive_ms": diff("inclusive_ms"), "top_ms": diff("top_ms"),
+            "longest": [x for x in b["longest"] if x.get("at", 0.0) >= w0][:5]}
 
 
 def point(nodes: int, time_factor: float, window: float, profile_seconds: float = 0.0, src: Path | None = None,
@@ -347,10 +349,11 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db1 = scale_stores.server_usage(server)
-        stalls = _stall_delta(stalls0, ctl.stalls())
+        stalls = _stall_delta(stalls0, ctl.stalls(), w0)
         prof = None
         if profile_seconds:
-            spy = _profile(ctl.proc.pid, profile_seconds - 1, root / "profile.txt")
+            which = min(int(os.environ.get("ROLLOUTD_SCALE_PROFILE_REPLICA", "0")), len(ctls) - 1)  # 0: the leader
+            spy = _profile(ctls[which].proc.pid, profile_seconds - 1, root / "profile.txt")
             if spy is not None:
                 spy.wait(profile_seconds + 30)
                 if (root / "profile.txt").exists():
@@ -375,6 +378,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
                         for kind in ("heartbeat",)}, w0, w1) if split else None
         return {
             "variant": variant, "store": store, "replicas": replicas, "nodes": nodes,
+            "budget_split": replicas > 1 and os.environ.get("ROLLOUTD_SCALE_SPLIT_BUDGET") == "1",
             "replica_cores": [round((c1 - c0) / window, 3) for c0, c1 in zip(per0, per1)],
             "forwarded": sum(o.get("forwarded", 0) for o in outs), "redirected": sum(o.get("redirected", 0) for o in outs),
             "slots": SLOTS, "time_factor": time_factor, "window_s": window, "items": items,

@@ -3,7 +3,9 @@
 
 `$ROLLOUTD_SCALE_REPLICAS` (`1,2`): the replica counts run at every N on PostgreSQL, side by side (1: the plain
 controller, no replica machinery). The simulated nodes call the first replica and move to their owner when a
-forwarded reply names it, as daemons do; the point's CPU is every replica's.
+forwarded reply names it, as daemons do; the point's CPU is every replica's. Each replica paces the beats of the nodes
+it serves to its own budget (`ROLLOUTD_NODE_CALLS_PER_SECOND`, 250 a second), so N replicas take N times the beats of
+one controller for the same rollouts; `$ROLLOUTD_SCALE_SPLIT_BUDGET=1` gives each 1/N of it (the same beats as one).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.bench_pipeline import _cpu_seconds, _port
+from rolloutd.crds.node import NODE_CALLS_PER_SECOND
 
 
 def counts() -> list[int]:
@@ -23,6 +26,8 @@ def start(make: Callable[..., Any], root: Path, src: Path | None, url: str, n: i
     """`n` replicas (`make`: bench_scale.Controller); the first leads (started alone, given the lease's time)."""
     ports = [_port() for _ in range(n)]
     env = {"ROLLOUTD_REPLICAS": ",".join(f"http://127.0.0.1:{p}" for p in ports), "ROLLOUTD_NODE_SHARDS": "1"}
+    if os.environ.get("ROLLOUTD_SCALE_SPLIT_BUDGET") == "1":
+        env["ROLLOUTD_NODE_CALLS_PER_SECOND"] = str(NODE_CALLS_PER_SECOND / n)
     made: list[Any] = []
     try:
         for i, port in enumerate(ports):

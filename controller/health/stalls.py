@@ -8,8 +8,9 @@ loop running Python code gives it up every switch interval (5 ms). Each stall al
 (`_cause`): the loop thread's own work, other threads' (the loop waited for the GIL: a stack on `select` that
 lasts), or neither (the process was not given a core, or the loop waited in a system call). Every few seconds (and
 at the end) it writes to the file: the stalls seen (count, total and longest ms), the functions by stalled time
-(inclusive, and on top of the stack), and the longest stalls with their stacks, start time and CPU. `bench scale`
-sets it and reads it (bench/bench_scale.py).
+(inclusive, and on top of the stack), and the longest stalls of the last LONGEST_SPAN seconds with their stacks,
+start time and CPU (a start-up's long stalls would otherwise hide those of a later window). `bench scale` sets it and
+reads it (bench/bench_scale.py).
 The cost while on: a thread waking every SAMPLE_EVERY (microseconds each); do not compare timings taken with it.
 Next step: the same report for a worker thread the loop waits on (the GIL's holder).
 """
@@ -27,6 +28,7 @@ STALL = 0.020        # the probe wakes every 10 ms: no wake for this long is a s
 SAMPLE_EVERY = 0.004
 WRITE_EVERY = 5.0
 KEEP_LONGEST = 10
+LONGEST_SPAN = 30.0  # seconds: the longest stalls kept are those begun this recently (a `bench scale` window)
 MOSTLY = 0.5         # a stall is a thread's when that thread's CPU covered at least this part of it
 DEPTH = 40           # frames kept per stack, innermost first
 
@@ -113,7 +115,11 @@ class StallSampler:
         self.causes[cpu["cause"]] += length
         if stacks:
             self.longest.append((length, list(stacks.most_common(1)[0][0]), cpu))
-            self.longest = sorted(self.longest, key=lambda x: -x[0])[:KEEP_LONGEST]
+            self.longest = sorted(self._recent(), key=lambda x: -x[0])[:KEEP_LONGEST]
+
+    def _recent(self) -> list[tuple[float, list[str], dict]]:
+        since = time.time() - LONGEST_SPAN
+        return [x for x in self.longest if x[2]["at"] >= since]
 
     def report(self) -> dict:
         ms = lambda s: round(s * 1e3, 1)  # noqa: E731
@@ -121,7 +127,7 @@ class StallSampler:
                 "inclusive_ms": {f: ms(s) for f, s in self.inclusive.most_common()},
                 "top_ms": {f: ms(s) for f, s in self.top.most_common()},
                 "causes_ms": {c: ms(s) for c, s in self.causes.most_common()},
-                "longest": [{"ms": ms(n), **cpu, "stack": stack} for n, stack, cpu in self.longest]}
+                "longest": [{"ms": ms(n), **cpu, "stack": stack} for n, stack, cpu in self._recent()]}
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")

@@ -38,7 +38,7 @@ class NodeRegistry:
         self._seen: dict[str, float] = {}  # node id → last call (a restarted controller starts the clock anew)
         self._job: dict[str, str] = {}  # node id → its job's key: a node never changes job
         self.features: dict[str, frozenset[str]] = {}  # node id → the protocol features it registered with
-        self.budget = calls_per_second  # beats per second all beat-results daemons may send together
+        self.budget = calls_per_second  # beats a second the beat-results daemons served here send together
         self.live = 0  # daemons not gone, counted by the silent-node pass (every FULL_PASS_SECONDS at most)
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves

@@ -122,8 +122,9 @@ VARIABLES: tuple[Variable, ...] = (
              (CONTROLLER,), "a backend's tokens in flight (prompt + `max_tokens` of each call): when it is full, "
              "each job with episodes on it is held to its `spec.priority` part; a job alone on a backend has no cap"),
     Variable("ROLLOUTD_NODE_CALLS_PER_SECOND", "number", "250", (CONTROLLER,),
-             "the beats a second all node daemons send together: each daemon beats every (active nodes ÷ this) "
-             "seconds on average, its results riding on its beats"),
+             "the beats a second all node daemons send together to one controller: each daemon beats every "
+             "(active nodes ÷ this) seconds on average, its results riding on its beats; with replicas, each "
+             "paces the nodes it serves to its own budget (N replicas take up to N times this)"),
     Variable("ROLLOUTD_RESULT_RETENTION_SECONDS", "number", "604800 (7 days)", (CONTROLLER,),
              "how long a deleted job's trajectories stay readable (from its last result) before they are purged"),
     Variable("ROLLOUTD_STALLED_AFTER_SECONDS", "number", "300", (CONTROLLER,),

@@ -4,6 +4,7 @@ report there."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -11,7 +12,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rolloutd.controller.health.looplag import LoopLag
-from rolloutd.controller.health.stalls import MOSTLY, StallSampler, _cause
+from rolloutd.controller.health.stalls import KEEP_LONGEST, LONGEST_SPAN, MOSTLY, StallSampler, _cause
 from support.controller_process import ControllerProcess
 from support.waiting import wait_until
 
@@ -87,3 +88,19 @@ def test_a_stall_is_the_thread_s_whose_cpu_covered_most_of_it():
     assert _cause(0.3, {"loop_cpu_ms": 290, "other_threads_cpu_ms": 0}) == "loop"
     assert _cause(0.3, {"loop_cpu_ms": 10, "other_threads_cpu_ms": 280}) == "other threads"
     assert _cause(1.0, {"loop_cpu_ms": 300, "other_threads_cpu_ms": 100}) == "not running"  # no core for the loop
+
+
+def test_the_longest_stalls_are_those_of_the_last_span_not_the_start_up_s(tmp_path):
+    """A start-up's long stall (the first fill) is counted but no longer listed once LONGEST_SPAN has passed: the
+    list names a later window's own stalls, however much shorter (`bench scale` reads it at a window's end)."""
+    sampler = StallSampler(tmp_path / "stalls.json", time.monotonic, threading.get_ident())
+    now = time.time()
+    sampler._close(1.5, 1.5, collections.Counter({("start_up (x.py:1)",): 1.5}),
+                   {"at": now - LONGEST_SPAN - 5, "loop_cpu_ms": 1400.0, "other_threads_cpu_ms": 0.0, "looks": 9})
+    for i in range(KEEP_LONGEST):
+        sampler._close(0.1, 0.1, collections.Counter({(f"window_{i} (x.py:1)",): 0.1}),
+                       {"at": now - 1, "loop_cpu_ms": 90.0, "other_threads_cpu_ms": 0.0, "looks": 2})
+    report = sampler.report()
+    assert report["stalls"] == KEEP_LONGEST + 1 and report["longest_ms"] == 1500.0
+    assert len(report["longest"]) == KEEP_LONGEST
+    assert all(x["stack"][0].startswith("window_") for x in report["longest"])
