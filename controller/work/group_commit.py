@@ -118,7 +118,9 @@ class GroupCommit:
         """The group's calls in one transaction, a savepoint each; None when the commit failed or the group was
         rolled back whole (every caller has the error)."""
         done: list[Entry] = []
+        txs: list[Tx] = []  # the calls' transactions: their in-memory changes undone if the group rolls back
         reads: GroupReads | None = None
+        committing = False  # a failed commit may have committed (the answer lost): nothing is undone then
         try:
             with self.engine.begin() as conn:
                 db = raw(conn)
@@ -130,14 +132,17 @@ class GroupCommit:
                     if reads is not None:
                         reads.send(conn, [work for work, _, _ in group])
                     for work, future, _ in group:
-                        done.append(self._call(conn, db, work, future, reads))
+                        done.append(self._call(conn, db, work, future, reads, txs))
                     if reads is not None:
                         reads.end()  # the one sync: a statement refused anywhere in the group raises here
                 except BaseException as e:
                     if reads is not None:
                         reads.end(e)  # out of pipeline mode before the rollback
                     raise
+                committing = True
         except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
+            for tx in txs if not committing else ():
+                tx.undone()
             error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
             cause = e.__cause__ if isinstance(e, GroupRolledBack) else e
             if reads is not None and refused(cause) and storage_reason(cause) is None:  # not a server away
@@ -155,12 +160,14 @@ class GroupCommit:
         return done
 
     @classmethod
-    def _call(cls, conn: Any, db: Any, work: Work, future: asyncio.Future, reads: GroupReads | None) -> Entry:
+    def _call(cls, conn: Any, db: Any, work: Work, future: asyncio.Future, reads: GroupReads | None,
+              txs: list[Tx]) -> Entry:
         """A call in a savepoint of its own: its own logic's error rolls back the savepoint and is its answer. In the
         group's open pipeline (`reads`) an error the server raises may be an earlier call's statement: it ends the
         group (`GroupRolledBack`). Otherwise (SQLite; PostgreSQL while careful, or after the ORM ended the group's
         pipeline) the call is synced on its own (`_pipelined`), so the server's error is its own too."""
         tx = Tx(conn, db)
+        txs.append(tx)
         shared = reads is not None and reads.piped
         if shared:  # the ORM reads each UPDATE's row count at once: it ends the group's pipeline
             tx.group, tx.unpipe = reads, reads.end
@@ -175,6 +182,7 @@ class GroupCommit:
                 if shared and refused(e):  # the group cannot go on: rolled back whole
                     raise GroupRolledBack(str(e)) from e
                 db.execute("ROLLBACK TO call")
+                tx.undone()
                 entry = (future, None, e, None)
             db.execute("RELEASE call")
             return entry
@@ -199,6 +207,8 @@ class GroupCommit:
 
     def _alone(self, work: Work, future: asyncio.Future) -> list[Entry]:
         """One call as a whole transaction (PostgreSQL): its error, or its commit's, is its answer."""
+        tx: Tx | None = None
+        committing = False
         try:
             with self.engine.begin() as conn:
                 tx = Tx(conn)
@@ -209,6 +219,9 @@ class GroupCommit:
                 finally:
                     if tx._session is not None:
                         tx._session.close()
+                committing = True
         except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
+            if tx is not None and not committing:
+                tx.undone()
             return [(future, None, e, None)]
         return [(future, value, None, after)]

@@ -35,6 +35,14 @@ class Tx:
         self._session: Session | None = None
         self.unpipe: Callable[[], None] = nothing
         self.group: Any = None  # a PostgreSQL group's reads sent ahead (`group_reads.GroupReads`), if any
+        self.undo: list[Callable[[], None]] = []  # in-memory changes made with its writes (a grant's backend slot)
+
+    def undone(self) -> None:
+        """Its writes did not commit (rolled back, or the commit failed): what `undo` holds taken back, newest
+        first, once."""
+        undo, self.undo = self.undo, []
+        for step in reversed(undo):
+            step()
 
     def session(self) -> Session:
         if self._session is None:
@@ -45,16 +53,26 @@ class Tx:
 
 @contextmanager
 def transaction(engine: Engine) -> Iterator[Tx]:
-    """Commits when the block ends (rolls back on an exception), with the ORM session's changes."""
-    with engine.begin() as conn:
-        tx = Tx(conn)
-        try:
-            yield tx
-            if tx._session is not None:
-                tx._session.flush()
-        finally:
-            if tx._session is not None:
-                tx._session.close()
+    """Commits when the block ends (rolls back on an exception), with the ORM session's changes. Rolled back before
+    its commit, its in-memory changes are undone (`Tx.undone`); not when the commit itself failed, which may have
+    committed all the same (the connection lost after the server's commit): the expiry asks the database then."""
+    tx: Tx | None = None
+    committing = False
+    try:
+        with engine.begin() as conn:
+            tx = Tx(conn)
+            try:
+                yield tx
+                if tx._session is not None:
+                    tx._session.flush()
+            finally:
+                if tx._session is not None:
+                    tx._session.close()
+            committing = True
+    except BaseException:
+        if tx is not None and not committing:
+            tx.undone()
+        raise
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from sqlalchemy import func
 from sqlalchemy.engine import Engine
@@ -64,6 +64,14 @@ class ItemQueue:
             self.pool.release(held.backend, held.job)
             held.holds_backend = False
         item.holds_backend = False
+
+    def ungrant(self, attempt_ids: Iterable[str]) -> None:
+        """Held leases the database never took (their grant rolled back): forgotten, their backend slots given back
+        (`Attempts.lease_now`'s undo, the expiry)."""
+        for aid in attempt_ids:
+            if (held := self.leases.get(aid)) is not None:
+                self.release(held)
+                self.leases.forget(aid)
 
     def requeue(self, item: ItemRow | Item, reason: str, max_attempts: int | None = None, keep_attempt: bool = False) -> str:
         """Back to the queue, or failed (infra) once `max_attempts` are used up. Returns the new state.

@@ -205,3 +205,55 @@ def test_a_read_sent_ahead_answers_after_the_commit_with_what_its_call_had_writt
     assert asyncio.run(scenario()) == [f"r{i}" for i in range(calls)]
     assert seen == {f"r{i}": (1, 1) for i in range(calls)}
     assert rows(engine) == {f"r{i}": 5 for i in range(calls)}
+
+
+def test_a_call_rolled_back_undoes_its_in_memory_changes_and_a_failed_commit_undoes_none(engine):
+    """What a call changed in memory with its writes (`Tx.undo`: a grant's backend slot) is taken back when its
+    writes are rolled back: its own error (its savepoint), or its whole group's (a statement refused in PostgreSQL's
+    one pipeline). Not when the commit itself fails: that one may have committed (the answer lost on the way), and
+    the expiry asks the database later."""
+    from sqlalchemy import event
+
+    group = GroupCommit(engine)
+    undone: list[str] = []
+    changed: list[str] = []  # the calls that changed memory (a call after the group's failure never runs)
+
+    def put(k, v, fail=False):
+        def work(tx):
+            tx.db.execute("INSERT INTO t VALUES (?, ?)", (k, v))
+            changed.append(k)
+            tx.undo.append(lambda: undone.append(k))
+            if fail:
+                raise ValueError(f"{k} refused")
+            return k, None
+        return work
+
+    async def turn(*works):
+        return await asyncio.gather(*(group.submit(w) for w in works), return_exceptions=True)
+
+    a, b, c = asyncio.run(turn(put("a", 1), put("b", 2, fail=True), put("c", 3)))
+    assert (a, c) == ("a", "c") and isinstance(b, ValueError)
+    assert undone == ["b"] and rows(engine) == {"a": 1, "c": 3}
+
+    if engine.dialect.name == "postgresql":  # a duplicate key refused in the one pipeline: the group rolls back
+        undone.clear()
+        changed.clear()
+        answers = asyncio.run(turn(put("d", 1), put("a", 9), put("e", 3)))
+        assert all(isinstance(x, GroupRolledBack) for x in answers), answers
+        # the refusal may reach the loop at the group's sync or sooner (at a later call's statement): the calls
+        # that ran by then are undone, each of them
+        assert "d" in undone and sorted(undone) == sorted(changed) and rows(engine) == {"a": 1, "c": 3}
+
+    undone.clear()
+
+    def commit_fails(conn):
+        raise RuntimeError("the commit's answer was lost")
+
+    event.listen(engine, "commit", commit_fails)
+    try:
+        answers = asyncio.run(turn(put("f", 1), put("g", 2)))
+        alone = asyncio.run(turn(put("h", 1)))
+    finally:
+        event.remove(engine, "commit", commit_fails)
+    assert all(isinstance(x, RuntimeError) for x in answers + alone), (answers, alone)
+    assert undone == []  # kept: the expiry finds out from the database whether they were written

@@ -492,11 +492,10 @@ def test_each_lease_carries_its_own_prompts_task_in_queue_order(tmp_path, store_
     assert [(l.prompt, l.sample, l.task["question"]) for l in rest] == [(2, 1, "2+1?"), (2, 2, "2+1?")]
 
 
-def test_a_grant_whose_transaction_rolled_back_gives_its_backend_slot_back_when_it_expires(tmp_path, store_location):
-    """A beat's lease granted in memory (its backend slot taken) whose transaction then rolled back (its group's
-    commit failed, or a later statement of its call did): the database never leased it, and when its deadline
-    passes the expiry forgets it. Its slot must come back with it: each failed commit otherwise cost the backend
-    one slot for good, until the job's cap refused every lease."""
+def test_a_grant_whose_call_failed_before_its_commit_gives_its_backend_slot_back_at_once(tmp_path, store_location):
+    """A lease granted in memory (its backend slot taken, its lease held) whose call then failed before the commit
+    (a later statement of it, or its group rolled back): the database never leased it and the node was answered an
+    error. Its slots come back at once, not at the leases' deadline, and the items are leased again."""
     from rolloutd.controller.work import hot_sql
 
     store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
@@ -505,10 +504,36 @@ def test_a_grant_whose_transaction_rolled_back_gives_its_backend_slot_back_when_
 
     def granted_then_failed(tx):
         assert len(work.attempts.lease_now(node, 2, tx).leases) == 2
-        raise RuntimeError("the commit failed")
+        raise RuntimeError("a later statement failed")
 
     with pytest.raises(RuntimeError):
         hot_sql.run_alone(work.store.engine, lambda tx: (granted_then_failed(tx), None))
+    assert sum(work.pool.inflight.values()) == 0 and not work.attempts.held.by_attempt
+    assert len(lease(sched, node, 2)) == 2  # both items are leased again
+
+
+def test_a_grant_whose_commit_failed_gives_its_backend_slot_back_when_it_expires(tmp_path, store_location):
+    """A lease granted in memory whose commit failed: it may have committed all the same (the server's answer lost),
+    so memory keeps it until its deadline, when the expiry asks the database: never leased there (this commit was
+    refused), it is forgotten and its slot must come back with it: each failed commit otherwise cost the backend one
+    slot for good, until the job's cap refused every lease."""
+    from sqlalchemy import event
+
+    from rolloutd.controller.work import hot_sql
+
+    store, sched, clock, job = make(tmp_path, store_location, prompts=2, samples=1)
+    node = reg(sched)
+    work = sched.work
+
+    def commit_fails(conn):
+        raise RuntimeError("the commit failed")
+
+    event.listen(work.store.engine, "commit", commit_fails)
+    try:
+        with pytest.raises(RuntimeError):
+            hot_sql.run_alone(work.store.engine, lambda tx: (work.attempts.lease_now(node, 2, tx), None))
+    finally:
+        event.remove(work.store.engine, "commit", commit_fails)
     assert sum(work.pool.inflight.values()) == 2  # in memory until the leases' deadline
     clock.t += 11
     assert work.attempts.expire() == 0  # nothing was leased in the database: nothing to requeue
