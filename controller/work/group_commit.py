@@ -141,8 +141,9 @@ class GroupCommit:
                     raise
                 committing = True
         except BaseException as e:  # noqa: BLE001 - the commit failed: no call of the group took effect
-            for tx in txs if not committing else ():
-                tx.undone()
+            if not committing:
+                for tx in txs:
+                    tx.undone()
             error = e if isinstance(e, Exception) else RuntimeError(f"group commit interrupted: {e!r}")
             cause = e.__cause__ if isinstance(e, GroupRolledBack) else e
             if reads is not None and refused(cause) and storage_reason(cause) is None:  # not a server away
