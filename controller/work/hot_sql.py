@@ -38,8 +38,8 @@ class Tx:
         self.undo: list[Callable[[], None]] = []  # in-memory changes made with its writes (a grant's backend slot)
 
     def undone(self) -> None:
-        """Its writes did not commit (rolled back, or the commit failed): what `undo` holds taken back, newest
-        first, once."""
+        """Its writes were rolled back before their commit (a failed commit may have committed: not then): what
+        `undo` holds taken back, newest first, once."""
         undo, self.undo = self.undo, []
         for step in reversed(undo):
             step()
