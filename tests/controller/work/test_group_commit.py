@@ -171,7 +171,9 @@ def test_the_groups_time_and_each_calls_wait_for_its_group_are_counted_for_the_m
         assert group.waited >= 0.2 * (150 - PG_GROUP_CALLS)
     else:
         assert (group.groups, group.calls) == (1, 150)
-        assert group.waited < 0.2  # every call was in the slow call's group: none waited for it
+        # every call was in the slow call's group: none waited for it (had they, 150 × 0.2 s); what they waited is
+        # the turn's own time before the group started, a few ms each on a loaded box (0.38 s in all, seen in CI)
+        assert group.waited < 0.2 * 150 / 10
 
 
 def test_the_metrics_serve_the_groups_counts():
