@@ -98,11 +98,9 @@ class Serving:
 
     def drop(self, nodes: set[str]) -> None:
         """Forget the held leases of `nodes` (memory only: their backend slots freed here)."""
-        held, queue = self.work.queue.leases, self.work.queue
+        queue = self.work.queue
         for node in nodes:
-            for aid in held.attempts_on(node):
-                queue.release(held.by_attempt[aid])
-                held.forget(aid)
+            queue.forget_held(queue.leases.attempts_on(node))
             self.held.pop(node, None)
 
     def take(self, db: Any, nodes: dict[str, int]) -> int:

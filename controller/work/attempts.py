@@ -118,7 +118,7 @@ class Attempts:
                     hot_sql.grant(db, grants)
                     self.shares.granted(job_name, len(grants))
                     # rolled back before its commit (the node answered an error): forgotten, their slots back now
-                    tx.undo.append(lambda: (self.queue.ungrant(g[2] for g in grants),
+                    tx.undo.append(lambda: (self.queue.forget_held(g[2] for g in grants),
                                             self.shares.granted(job_name, -len(grants))))
             self.pool.admission.note(node_id, job_name, refused)  # in memory: who waits for a slot
             # nothing left to run: no lease granted now, and no item queued or leased (counted or not)
@@ -328,7 +328,7 @@ class Attempts:
                 # locked (PG): a replica its node moved to may end one now (`shards.py`); the later sees it ended
                 rows = s.exec(select(ItemRow).where(ItemRow.attempt_id.in_(list(late))).with_for_update()).all()
                 expired = [r for r in rows if r.state == ItemState.leased]
-                self.queue.ungrant(late.keys() - {r.attempt_id for r in expired})  # its grant was rolled back
+                self.queue.forget_held(late.keys() - {r.attempt_id for r in expired})  # its grant was rolled back
             for item in expired:
                 attempt_traces.ended(item.attempt_id, "expired")
                 cache = self.jobs.cached(item.job)

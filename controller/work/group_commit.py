@@ -19,7 +19,7 @@ from ..dialects import PgRaw, raw
 from ..errors import ServiceUnavailable
 from ..store.faults import storage_reason
 from .group_reads import GroupReads, refused
-from .hot_sql import Tx, Work
+from .hot_sql import Tx, Work, transaction
 
 log = logging.getLogger("rolloutd.scheduler")
 RETRY_SECONDS = 0.002  # a group commit deferred by a worker's write transaction looks again this much later
@@ -207,22 +207,11 @@ class GroupCommit:
             yield
 
     def _alone(self, work: Work, future: asyncio.Future) -> list[Entry]:
-        """One call as a whole transaction (PostgreSQL): its error, or its commit's, is its answer."""
-        tx: Tx | None = None
-        committing = False
+        """One call as a whole transaction (PostgreSQL, `hot_sql.transaction`: undone in memory if rolled back before
+        its commit): its error, or its commit's, is its answer."""
         try:
-            with self.engine.begin() as conn:
-                tx = Tx(conn)
-                try:
-                    with self._pipelined(tx):
-                        value, after = work(tx)
-                        _flush(tx)
-                finally:
-                    if tx._session is not None:
-                        tx._session.close()
-                committing = True
+            with transaction(self.engine) as tx, self._pipelined(tx):
+                value, after = work(tx)
         except Exception as e:  # noqa: BLE001 - this call's error is its caller's answer
-            if tx is not None and not committing:
-                tx.undone()
             return [(future, None, e, None)]
         return [(future, value, None, after)]

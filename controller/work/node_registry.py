@@ -43,7 +43,7 @@ class NodeRegistry:
         self._next_pass = 0.0  # the silent-node pass reads the nodes table again from then on
         self.serves: Callable[[str], bool] | None = None  # node shards (`..shards`): the nodes this replica serves
         self.served: Callable[[], list[str]] | None = None  # node shards: those nodes (the silent-node pass reads them)
-        self.owning: Any = None  # node shards: `..ha.serving.Serving`, whose `check_ahead` fences every node call's transaction
+        self.owning: Any = None  # node shards: `..ha.serving.Serving`: its `check_ahead` fences each node call
 
     def seen(self, node_id: str, now: float) -> None:
         """The node's silence counts from `now` (it moved here from another replica)."""

@@ -65,9 +65,10 @@ class ItemQueue:
             held.holds_backend = False
         item.holds_backend = False
 
-    def ungrant(self, attempt_ids: Iterable[str]) -> None:
-        """Held leases the database never took (their grant rolled back): forgotten, their backend slots given back
-        (`Attempts.lease_now`'s undo, the expiry)."""
+    def forget_held(self, attempt_ids: Iterable[str]) -> None:
+        """Held leases forgotten in memory, their backend slots given back; the database is not touched: their grant
+        rolled back (`Attempts.lease_now`'s undo, the expiry), or their node served by another replica now
+        (`ha.serving.Serving.drop`)."""
         for aid in attempt_ids:
             if (held := self.leases.get(aid)) is not None:
                 self.release(held)
