@@ -221,6 +221,11 @@ def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
 OWN = ("controller", "crds", "agents", "sandbox")  # py-spy names files relative to their sys.path entry
 
 
+def _sys_seconds(pid: int) -> float:
+    """The CPU seconds the kernel spent for `pid` (its stime), the part of `_cpu_seconds` outside the process's code."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def top_frames(raw: Path, n: int = 15) -> dict:
     """py-spy's collapsed stacks → the frames with the most samples: on top of the stack (`self`),
     and rolloutd's own functions anywhere in it (`total`, inclusive), in % of all samples."""
@@ -337,6 +342,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         time.sleep(max(w0 - time.time(), 0))
         stalls0 = ctl.stalls()
         per0 = [_cpu_seconds(c.proc.pid) for c in ctls]
+        sys0 = sum(_sys_seconds(c.proc.pid) for c in ctls)
         cpu0, io0, sim0, load0 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db0 = scale_stores.server_usage(server)
@@ -346,6 +352,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         groups1 = [c.groups() for c in ctls]
         statements = scale_stores.statements(server, url)
         per1 = [_cpu_seconds(c.proc.pid) for c in ctls]
+        sys1 = sum(_sys_seconds(c.proc.pid) for c in ctls)
         cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db1 = scale_stores.server_usage(server)
@@ -386,6 +393,8 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
             "rollouts_per_s": round(done / window, 1), "rollouts": done,
             "first_result_s": None if first is None else round(first - start_at, 1), "warmup_s": warmup,
             "ctl_cores": round((cpu1 - cpu0) / window, 3),
+            # the kernel's part of it (the fsyncs' writeback of the store's pages, the sockets)
+            "ctl_sys_cores": round((sys1 - sys0) / window, 3),
             "ctl_ms_per_rollout": round((cpu1 - cpu0) / max(done, 1) * 1e3, 3),
             "sim_cores": round((sim1 - sim0) / window, 3),
             "db_cores": round((db1[0] - db0[0]) / window, 3),  # the PostgreSQL server (0: SQLite, in the controller)
@@ -448,7 +457,8 @@ def sweep(ns: list[int], time_factor: float = 1.0, window: float = 30.0, profile
                     print(f"   N={n} {variant}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                     continue
                 lp = p["loop"] or {}
-                print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores, db {p['db_cores']} cores "
+                print(f"   N={n} {variant}: {p['rollouts_per_s']}/s, ctl {p['ctl_cores']} cores "
+                      f"(kernel {p.get('ctl_sys_cores')}), db {p['db_cores']} cores "
                       f"{p['ctl_ms_per_call']} ms/call, p99 {p['p99_ms']}, loop max {lp.get('max_ms')} ms, "
                       f"lags > 5 ms {lp.get('over_5ms')}, groups {p['groups']}, audit {p['audit']}, "
                       f"load {p['load_avg']} "
