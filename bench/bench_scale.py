@@ -13,7 +13,7 @@ by the same factor). The first 64 rollouts of each node start at a random point 
 so the cluster is in a steady state from the first second and a 30 s window measures it.
 
 Reported per N, over the window (after a warm-up): rollouts/s accepted, controller CPU (cores,
-ms per rollout and per call, /proc/PID/stat), client-side p50/p99 of lease, heartbeat and results
+ms per rollout and per call, the kernel's part, /proc/PID/stat), client-side p50/p99 of lease, heartbeat and results
 calls, bytes the controller wrote (/proc/PID/io write_bytes: the db, its WAL, checkpoints) per
 rollout, the db + WAL size, and an audit of the trajectories the controller serves against the
 results it accepted (lost, duplicated, phantom: all must be 0). With py-spy (`pip install
