@@ -57,9 +57,15 @@ def _wait_http(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """`pid`'s CPU seconds in its own code and in the kernel for it (utime, stime of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(pid))
 
 
 def _dataset(tmp: Path, prompts: int) -> Path:

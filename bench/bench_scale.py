@@ -47,7 +47,7 @@ from pathlib import Path
 import httpx
 
 from bench import scale_replicas, scale_stores
-from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _port, _wait_http
+from bench.bench_pipeline import NOOP, PLUGINS, REPO, _cpu_seconds, _cpu_times, _port, _wait_http
 from support.sim import module_command
 from support.sim.noop import SLOTS, HealthServer, noop_job as _job
 from support.sim.ledger import audit, delivered
@@ -221,11 +221,6 @@ def _profile(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
 OWN = ("controller", "crds", "agents", "sandbox")  # py-spy names files relative to their sys.path entry
 
 
-def _sys_seconds(pid: int) -> float:
-    """The CPU seconds the kernel spent for `pid` (its stime), the part of `_cpu_seconds` outside the process's code."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
-
-
 def top_frames(raw: Path, n: int = 15) -> dict:
     """py-spy's collapsed stacks → the frames with the most samples: on top of the stack (`self`),
     and rolloutd's own functions anywhere in it (`total`, inclusive), in % of all samples."""
@@ -342,7 +337,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         time.sleep(max(w0 - time.time(), 0))
         stalls0 = ctl.stalls()
         per0 = [_cpu_seconds(c.proc.pid) for c in ctls]
-        sys0 = sum(_sys_seconds(c.proc.pid) for c in ctls)
+        sys0 = sum(_cpu_times(c.proc.pid)[1] for c in ctls)
         cpu0, io0, sim0, load0 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db0 = scale_stores.server_usage(server)
@@ -352,7 +347,7 @@ def point(nodes: int, time_factor: float, window: float, profile_seconds: float 
         groups1 = [c.groups() for c in ctls]
         statements = scale_stores.statements(server, url)
         per1 = [_cpu_seconds(c.proc.pid) for c in ctls]
-        sys1 = sum(_sys_seconds(c.proc.pid) for c in ctls)
+        sys1 = sum(_cpu_times(c.proc.pid)[1] for c in ctls)
         cpu1, io1, sim1, load1 = (scale_replicas.cpu(ctls), _write_bytes(ctl.proc.pid),
                                   sum(_cpu_seconds(s.pid) for s in shards), os.getloadavg()[0])
         db1 = scale_stores.server_usage(server)
