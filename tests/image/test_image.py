@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from support.stub_llm import StubLLM, _StubBackend
 from support.waiting import wait_until
 
 from rolloutd.agents.engine.model_dirs import model_dir
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"
@@ -63,12 +63,6 @@ def image() -> str:
     TIMINGS["build"] = time.monotonic() - t0
     print(f"\nimage {ref}: built or found in {TIMINGS['build']:.1f} s")
     return ref
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -111,7 +105,7 @@ def controller(image: str, base: Path, *options: str, executors: str = "", mount
                env: dict[str, str] | None = None):
     """The container started (`options` added to podman run, `mounts` read-only at their keys), healthy; removed after."""
     mounts, env = mounts or {}, env or {}
-    port, name = _free_port(), f"rolloutd-test-{os.getpid()}-{_free_port()}"
+    port, name = free_port(), f"rolloutd-test-{os.getpid()}-{free_port()}"
     c = Controller(base, name, port)
     c.data.mkdir()
     os.chown(c.data, 1000, 1000)  # the image's user writes it (rootful podman: the same uid on the host)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.cluster import Cluster, job_doc
+from support.ports import free_port
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
 from support.trainer_jobs import env_without_venv, trainer_python
 from tokenizers import Tokenizer
@@ -41,12 +41,6 @@ history = mlflow.MlflowClient().get_metric_history(active.info.run_id, "rollout/
 print(json.dumps({"mlflow_rows": json.loads(table.to_json(orient="records")),
                   "mlflow_scored": [(m.step, m.value) for m in history]}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

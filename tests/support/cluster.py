@@ -15,6 +15,7 @@ import httpx
 
 from rolloutd.sandbox.host.footprint import sweep_stale
 from support.waiting import alive, wait_until
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 P = "/apis/rolloutd.io/v1alpha1"
@@ -24,14 +25,6 @@ PLUGINS = Path(__file__).resolve().parents[1] / "e2e" / "plugins"  # test-only t
 def plugin_env() -> dict[str, str]:
     """Environment for a controller (and so its daemons) that can load the test plug-ins."""
     return {"PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -72,12 +65,15 @@ class Cluster:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited: {(self.root / 'controller.log').read_text()[-3000:]}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    self.api = httpx.Client(base_url=self.url, timeout=60,
-                                            headers={"Authorization": f"Bearer {self.token}"})
-                    return self
+                answered = httpx.get(self.url + "/healthz", timeout=1).status_code == 200
             except httpx.TransportError:
-                time.sleep(0.05)
+                answered = False
+            # its token is written before it listens: a /healthz without it is another process on the port
+            if answered and (self.data_dir / "token").exists():
+                self.api = httpx.Client(base_url=self.url, timeout=60,
+                                        headers={"Authorization": f"Bearer {self.token}"})
+                return self
+            time.sleep(0.05)
         raise RuntimeError("controller did not start")
 
     @property

@@ -8,22 +8,16 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from support.ports import free_port
 
 # a loaded box (load 25+) has taken 30-44 s to start one; a healthy start returns as soon as /healthz answers
 START_SECONDS = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ctl(controller: ControllerProcess, *args: str, stdin: str | None = None, env: dict | None = None,

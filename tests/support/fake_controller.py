@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import socket
 import threading
 import time
 from collections import Counter
@@ -53,14 +52,9 @@ from rolloutd.crds.node import (
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 
 from support.serve_thread import ThreadServer
+from support.ports import free_port
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{job_name}/nodes"  # the daemon names its job in the path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeController:

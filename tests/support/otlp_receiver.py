@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ EXPERIMENT = "0"   # the Default experiment every fresh MLflow store has
 
 _READ = """
 import json, sys, mlflow
+from support.ports import free_port
 mlflow.set_tracking_uri(sys.argv[1])
 out = []
 for tr in mlflow.search_traces(locations=[sys.argv[2]], return_type="list", max_results=1000):
@@ -46,12 +46,6 @@ class Receiver:
                     return self.url
             assert time.monotonic() < deadline, "the MLflow server did not start"
             time.sleep(0.2)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -4,28 +4,22 @@ everything else through, streams included. Used by tests/e2e/test_async_updates.
 """
 from __future__ import annotations
 
-import socket
 
 import httpx
 
 from rolloutd.agents import vllm_tokens
 
 from support.serve_thread import ThreadServer
+from support.ports import free_port
 
 HIDDEN = (vllm_tokens.PROBE, "/inference/v1/generate", "/weight_info", "/update_weight_version")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class UnstampedEngine:
     """`with UnstampedEngine(engine.url) as url:` the engine behind a proxy at `url`."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream, self.port = upstream.rstrip("/"), _port()
+        self.upstream, self.port = upstream.rstrip("/"), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.hidden: list[str] = []  # the hidden paths asked, in order
 

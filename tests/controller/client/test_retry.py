@@ -9,7 +9,7 @@ import pytest
 
 from support.client_fake import Stream, ndjson, status, traj
 
-from rolloutd.client import ConnectionFailed, RolloutdError
+from rolloutd.client import ConnectionFailed, RolloutdError, retry
 
 JOB = {"apiVersion": "rolloutd.io/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "j", "resourceVersion": "1"},
        "spec": {"samplesPerPrompt": 1}, "status": {"phase": "Running"}}
@@ -47,12 +47,25 @@ def test_a_lost_answer_is_resent_only_when_the_call_is_idempotent(api, fake):
     assert api("request_batch", "j")["batch"] == 1   # the server answers the open batch again
 
 
-def test_retrying_ends_at_the_budget_with_the_last_cause(api, fake):
+class Ticks:
+    """A clock for the retry budget that moves 0.1 s at each look: the count of tries is the budget's, not the
+    box's load (a wall clock on a busy CI box let a 0.3 s budget end after two tries)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 0.1
+        return self.now
+
+
+def test_retrying_ends_at_the_budget_with_the_last_cause(api, fake, monkeypatch):
+    monkeypatch.setattr(retry, "time", Ticks())
     api.client.retry_for, api.client.retry_backoff = 0.3, 0.01
     fake.on("GET", "j", stopping())
     with pytest.raises(RolloutdError) as e:
         api("get", "j")
-    assert e.value.code == 503 and len(fake.calls("GET", "j")) >= 3
+    assert e.value.code == 503 and len(fake.calls("GET", "j")) == 4   # tried at 0.1, 0.2, 0.3; 0.4 is past 0.1 + 0.3
     fake.on("GET", "j/policy", status(500, "InternalError", "a bug"))
     with pytest.raises(RolloutdError):   # a 500 is not a restart: raised at once
         api("policy", "j")
