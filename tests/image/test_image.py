@@ -22,11 +22,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.ports import free_port
 from support.stub_llm import StubLLM, _StubBackend
 from support.waiting import wait_until
 
 from rolloutd.agents.engine.model_dirs import model_dir
-from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = "/apis/rolloutd.io/v1alpha1/namespaces/default/rolloutjobs"

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 import httpx
 
 from rolloutd.sandbox.host.footprint import sweep_stale
-from support.waiting import alive, wait_until
 from support.ports import free_port
+from support.waiting import alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 P = "/apis/rolloutd.io/v1alpha1"

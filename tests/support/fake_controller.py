@@ -51,8 +51,8 @@ from rolloutd.crds.node import (
 )
 from rolloutd.crds.rolloutjob import RolloutJobSpec
 
-from support.serve_thread import ThreadServer
 from support.ports import free_port
+from support.serve_thread import ThreadServer
 
 P = "/apis/rolloutd.io/v1alpha1/namespaces/{ns}/rolloutjobs/{job_name}/nodes"  # the daemon names its job in the path
 

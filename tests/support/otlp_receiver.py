@@ -15,13 +15,13 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from support.ports import free_port
 
 TRL_PY = Path(os.environ.get("ROLLOUTD_HOME") or Path.home() / ".cache" / "rolloutd") / "trl" / "venv" / "bin" / "python"
 EXPERIMENT = "0"   # the Default experiment every fresh MLflow store has
 
 _READ = """
 import json, sys, mlflow
-from support.ports import free_port
 mlflow.set_tracking_uri(sys.argv[1])
 out = []
 for tr in mlflow.search_traces(locations=[sys.argv[2]], return_type="list", max_results=1000):

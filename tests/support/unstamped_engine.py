@@ -9,8 +9,8 @@ import httpx
 
 from rolloutd.agents import vllm_tokens
 
-from support.serve_thread import ThreadServer
 from support.ports import free_port
+from support.serve_thread import ThreadServer
 
 HIDDEN = (vllm_tokens.PROBE, "/inference/v1/generate", "/weight_info", "/update_weight_version")
 
