@@ -138,6 +138,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
 
     async def before_shutdown() -> None:
         root.work.feed.stop()  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
+        root.work.policies.stop()  # and so do the daemons' policy watches
         await stop_operator()
 
     @contextlib.asynccontextmanager

@@ -18,9 +18,11 @@ from typing import Any, Awaitable, Callable
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from rolloutd.crds.kit.aiokit import wait_event
 from rolloutd.crds.node import PolicyState, PolicyWatch
 from rolloutd.crds.weight_labels import foreign_version, weight_label
 
+from ..errors import ServiceUnavailable
 from .backend_http import BackendHttp
 from .hot_sql import policy_ahead
 from .job_state import Jobs
@@ -51,6 +53,7 @@ class PolicyVersions:
         self._moved: dict[str, asyncio.Event] = {}
         self._watch_seq: dict[str, int] = {}  # node → the last report its watches carried (the beats' are ignored)
         self._waiting: set[asyncio.Event] = set()  # `_wait_beats`' wake-ups: set by each daemon's report
+        self.stopping = False  # `stop`: the watches end at once, answered 503
 
     def row(self, s: Session, job: str) -> PolicyRow:
         """The job's policy row, created (and flushed) on first use."""
@@ -118,21 +121,22 @@ class PolicyVersions:
             self._llm[node_id] = (time.monotonic(), req.llm_inflight, req.llm_held, req.llm_fence)
             _wake(self._waiting)
         deadline = time.monotonic() + req.wait
-        while req.instance == self.instance and req.epoch == self._epoch[job]:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        while req.instance == self.instance and req.epoch == self._epoch[job] and not self.stopping:
+            if not await wait_event(self._moved.setdefault(job, asyncio.Event()), deadline - time.monotonic()):
                 break
-            moved = self._moved.setdefault(job, asyncio.Event())
-            try:
-                async with asyncio.timeout(left):
-                    await moved.wait()
-            except TimeoutError:
-                break
+        if self.stopping and req.wait > 0:  # a report (wait 0) is answered as ever
+            raise ServiceUnavailable("the controller is stopping: watch again once it is back")
         epoch = self._epoch[job]  # read before the state: a change in between makes the next watch answer at once
         policy = self.describe(job)
         fence, behind = self.fence(job)
         return PolicyState(instance=self.instance, epoch=epoch, policy_version=policy["version"],
                            llm_paused=policy["paused"], llm_fence=fence, backend_versions=behind)
+
+    def stop(self) -> None:
+        """The controller stops: each watch is answered 503 now, not cut at the server's graceful timeout (5 s)."""
+        self.stopping = True
+        for moved in self._moved.values():
+            moved.set()
 
     def fence(self, job: str) -> tuple[int, dict[str, Any]]:
         """What a beat's reply tells the daemons: the fence to take, the backends behind the job's version."""

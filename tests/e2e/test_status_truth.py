@@ -210,6 +210,8 @@ def test_a_controller_stopped_with_sigterm_releases_its_local_daemons(own, tmp_p
     assert pids and all(alive(p) for p in pids)
     os.killpg(cluster.proc.pid, signal.SIGTERM)
     cluster.proc.wait(30)
+    # the daemons' pending policy watches were answered (503: watch again), not cut at the server's graceful timeout
+    assert "Exception in ASGI application" not in (tmp_path / "controller.log").read_text()
     # ROLLOUTD_DRAIN_SECONDS is 10 in the test cluster: the held rollout is given that long, then handed back
     wait_until(lambda: not any(alive(p) for p in pids), 90, "the daemons to exit after the controller's SIGTERM",
                every=0.2)
