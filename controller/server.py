@@ -128,13 +128,15 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
     app = create_app(root)
     own = Connection(f"{scheme}://{reach}:{port}", token, insecure=True)
     mirror = StoreMirror(store) if kube is not None else None
-    stop, tasks = asyncio.Event(), []
+    stop, tasks, clients = asyncio.Event(), [], []
 
     async def stop_operator() -> None:  # before the server waits for open connections (kopf's watch)
         stop.set()
         if operator and tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(tasks[-1]), 15)
+        for client in clients:  # its idle connections to this server: over TLS, each would hold the server's exit
+            await client.aclose()
 
     async def before_shutdown() -> None:
         root.work.feed.stop()  # long polls answer 503 + Retry-After, follow streams end: clients resume elsewhere
@@ -148,6 +150,7 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                       asyncio.create_task(root.loop_lag.run(), name="loop-lag")])
         if operator:
             api = JobApi(kube or own)
+            clients.append(api)
             reconciler = Reconciler(api, root.executors, scheduler, interval=resync, nudges=nudges,
                                     mirror=mirror and mirror.put, forget=mirror and mirror.drop)
             tasks.append(asyncio.create_task(embedded.run(kube or own, reconciler, stop), name="operator"))
@@ -165,8 +168,6 @@ def build_app(data_dir: Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_P
                 checkpoints.stop()
             await stop_operator()
             scheduler.stop()
-            if operator:
-                await api.aclose()
             local = made_all["local"]
             if not keep_daemons and isinstance(local, LocalExecutor):  # stopped on purpose: no daemon of ours
                 released = local.release_all()                          # outlives us (a crash or SIGKILL keeps them)

@@ -89,7 +89,7 @@ def _routes(defs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
             ("post", N + "/{node_id}/results"): dict(body=inp(ResultBatch), ok={200: out(ResultAck)}, errors=BODY_ERRORS),
             ("post", N + "/{node_id}/return"): dict(body=inp(ReturnRequest), ok={200: obj}, errors=BODY_ERRORS),
             ("post", N + "/{node_id}/policy-watch"): dict(body=inp(PolicyWatch), ok={200: out(PolicyState)},
-                                                          errors=BODY_ERRORS),
+                                                          errors=(*BODY_ERRORS, 503)),  # 503: stopping
             ("post", N + "/{node_id}/deregister"): dict(ok={200: obj}, errors=(404,)),
         })
     nodes[("post", JOB_NODES + "/credential")] = dict(ok={200: obj}, errors=(404, 409))  # the admin's, by hand
