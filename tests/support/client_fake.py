@@ -81,3 +81,15 @@ class FakeController:
 
 def transport(handler: Callable) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
+
+
+class Ticks:
+    """A clock for the retry budget that moves 0.1 s at each look: the count of tries is the budget's, not the
+    box's load (a wall clock on a busy CI box let a 0.3 s budget end after two tries)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 0.1
+        return self.now

@@ -7,7 +7,7 @@ import ssl
 import httpx
 import pytest
 
-from support.client_fake import Stream, ndjson, status, traj
+from support.client_fake import Stream, Ticks, ndjson, status, traj
 
 from rolloutd.client import ConnectionFailed, RolloutdError, retry
 
@@ -45,18 +45,6 @@ def test_a_lost_answer_is_resent_only_when_the_call_is_idempotent(api, fake):
     assert len(fake.calls("POST", "j/policy")) == 1
     fake.on("POST", "j/batches", httpx.ReadError("reset"), httpx.Response(200, json={"batch": 1, "state": "open"}))
     assert api("request_batch", "j")["batch"] == 1   # the server answers the open batch again
-
-
-class Ticks:
-    """A clock for the retry budget that moves 0.1 s at each look: the count of tries is the budget's, not the
-    box's load (a wall clock on a busy CI box let a 0.3 s budget end after two tries)."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        self.now += 0.1
-        return self.now
 
 
 def test_retrying_ends_at_the_budget_with_the_last_cause(api, fake, monkeypatch):
