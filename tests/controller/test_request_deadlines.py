@@ -9,6 +9,7 @@ import time
 
 import pytest
 import uvicorn
+from support.ports import free_port
 
 from rolloutd.controller import server
 
@@ -36,10 +37,7 @@ async def _echo_length(scope, receive, send) -> None:
 def port(monkeypatch):
     monkeypatch.setattr(server, "HEAD_SECONDS", 1.0)
     monkeypatch.setattr(server, "BODY_SECONDS", 1.0)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     srv = uvicorn.Server(server.server_config(_echo_length, "127.0.0.1", port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from support.cluster import Cluster, job_doc
-from support.ports import free_port
 from support.engine_fixtures import engine_pool, tiny_engine  # noqa: F401
+from support.ports import free_port
 from support.trainer_jobs import env_without_venv, trainer_python
 from tokenizers import Tokenizer
 

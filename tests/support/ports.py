@@ -20,11 +20,13 @@ def _worker() -> int:
     return int(name[2:]) if name[2:].isdigit() else 0
 
 
+FIRST = BASE + (_worker() % 8) * BLOCK  # this worker's block: FIRST .. FIRST + BLOCK - 1
+
+
 def _ports():
-    first = BASE + (_worker() % 8) * BLOCK
     start = random.randrange(BLOCK)  # a process this worker spawned that picks ports too starts elsewhere
     for i in itertools.count(start):
-        yield first + i % BLOCK
+        yield FIRST + i % BLOCK
 
 
 _next = _ports()
@@ -40,4 +42,4 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in this worker's block {BASE + _worker() % 8 * BLOCK} + {BLOCK}")
+    raise RuntimeError(f"no free port in this worker's block {FIRST}-{FIRST + BLOCK - 1}")

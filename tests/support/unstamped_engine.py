@@ -4,7 +4,6 @@ everything else through, streams included. Used by tests/e2e/test_async_updates.
 """
 from __future__ import annotations
 
-
 import httpx
 
 from rolloutd.agents import vllm_tokens
